@@ -1,0 +1,2 @@
+/** @specd/core public entry point. Re-exports each module's public API. */
+export {};
