@@ -1,0 +1,183 @@
+// GEMM family: bf16 weight packing and Y = X . W^T with fp32 accumulation.
+//
+// JS entry points (wrapped by native/src/gemm.ts; shapes row-major):
+//   packBf16(w: Uint16Array [n*k] bf16, n, k, out: Uint16Array [packedBf16Length(n,k)]) -> undefined
+//   gemmBf16(x: Float32Array [m*k], m, k, packed: Uint16Array, n, y: Float32Array [m*n],
+//            activations: "f32" | "bf16") -> undefined              (synchronous, blocks the caller)
+//   gemmBf16Async(same arguments) -> Promise<undefined>             (libuv thread, see below)
+//
+// Sync vs async: the sync call blocks the JS thread for the duration of the GEMM (~ms for a
+// layer's projection at decode), which is what a model forward running on its own worker
+// thread wants (no Promise/microtask overhead, ~5-20 us). The async call runs on a libuv pool
+// thread and returns a Promise; use it from the main/server thread for long calls (large
+// prefill GEMMs, lm_head over a big vocabulary) so the event loop keeps serving. Both share the
+// one compute pool, so two concurrent calls are serialised, not oversubscribed. While an async
+// call is running the caller must not write x/packed or read y (their buffers are referenced,
+// not copied, and must not be transferred or detached).
+//
+// Layout, reduction order and batch invariance: gemm_kernels.h.
+#include <memory>
+#include <vector>
+
+#include "common.h"
+#include "families.h"
+#include "gemm_kernels.h"
+#include "isa.h"
+#include "threadpool.h"
+
+namespace specd {
+namespace {
+
+using gemm::Problem;
+
+enum class Activations { kF32, kBf16 };
+
+/** Packs W[n, k] bf16 row-major into the panel layout of gemm_kernels.h (parallel over panels). */
+void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
+  const int64_t kpairs = gemm::KPairs(k);
+  ParallelFor(gemm::Panels(n), [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      uint16_t* dst = out + panel * kpairs * 32;
+      for (int64_t lane = 0; lane < 16; ++lane) {
+        const int64_t row = panel * 16 + lane;
+        if (row >= n) {
+          for (int64_t kp = 0; kp < kpairs; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
+          continue;
+        }
+        const uint16_t* src = w + row * k;
+        for (int64_t kp = 0; kp < kpairs; ++kp) {
+          dst[kp * 32 + 2 * lane] = src[2 * kp];
+          dst[kp * 32 + 2 * lane + 1] = (2 * kp + 1 < k) ? src[2 * kp + 1] : 0;
+        }
+      }
+    }
+  });
+}
+
+/** Runs one GEMM on the current ISA path, partitioned over column panels only (never K). */
+void RunGemm(Problem p, Activations act) {
+  std::vector<uint32_t> pairs;
+  if (act == Activations::kBf16) {
+    const int64_t kpairs = gemm::KPairs(p.k);
+    pairs.resize(static_cast<size_t>(p.m * kpairs));
+    for (int64_t r = 0; r < p.m; ++r) {
+      const float* xr = p.x + r * p.ldx;
+      for (int64_t kp = 0; kp < kpairs; ++kp) {
+        const uint32_t lo = F32ToBf16(xr[2 * kp]);
+        const uint32_t hi = 2 * kp + 1 < p.k ? F32ToBf16(xr[2 * kp + 1]) : 0u;
+        pairs[r * kpairs + kp] = lo | (hi << 16);
+      }
+    }
+    p.x_pairs = pairs.data();
+  }
+  void (*kernel)(const Problem&, int64_t, int64_t) =
+      act == Activations::kBf16 ? gemm::PanelsBf16Portable : gemm::PanelsF32Portable;
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) kernel = act == Activations::kBf16 ? gemm::PanelsBf16Avx512 : gemm::PanelsF32Avx512;
+#endif
+  if (p.m == 0 || p.n == 0) return;
+  ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+}
+
+Napi::Value PackBf16Binding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "packBf16");
+  const int64_t n = args.Int(1, "n", 1);
+  const int64_t k = args.Int(2, "k", 1);
+  auto w = args.U16(0, "w", CheckedProduct("packBf16", {n, k}), "n*k");
+  auto out = args.U16(3, "out", CheckedProduct("packBf16", {gemm::Panels(n) * 16, gemm::KPairs(k) * 2}),
+                      "packedBf16Length(n, k)");
+  PackBf16(w.Data(), n, k, out.Data());
+  return info.Env().Undefined();
+}
+
+/** Arguments of gemmBf16 / gemmBf16Async after validation; typed arrays are views (no copy). */
+struct GemmCall {
+  Problem problem{};
+  Activations act = Activations::kF32;
+  Napi::Float32Array x, y;
+  Napi::Uint16Array packed;
+};
+
+GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
+  ArgReader args(info, call);
+  GemmCall c;
+  const int64_t m = args.Int(1, "m", 0);
+  const int64_t k = args.Int(2, "k", 1);
+  const int64_t n = args.Int(4, "n", 1);
+  c.x = args.F32(0, "x", CheckedProduct(call, {m, k}), "m*k");
+  c.packed = args.U16(3, "packed", CheckedProduct(call, {gemm::Panels(n) * 16, gemm::KPairs(k) * 2}),
+                      "packedBf16Length(n, k)");
+  c.y = args.F32(5, "y", CheckedProduct(call, {m, n}), "m*n");
+  const std::string act = args.IsAbsent(6) ? "f32" : args.String(6, "activations");
+  if (act == "f32") {
+    c.act = Activations::kF32;
+  } else if (act == "bf16") {
+    c.act = Activations::kBf16;
+  } else {
+    args.Fail("activations", "\"f32\" or \"bf16\"", "\"" + act + "\"");
+  }
+  c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k, nullptr};
+  return c;
+}
+
+Napi::Value GemmBf16Binding(const Napi::CallbackInfo& info) {
+  GemmCall c = ReadGemmArgs(info, "gemmBf16");
+  RunGemm(c.problem, c.act);
+  return info.Env().Undefined();
+}
+
+// ---- Async worker pattern (copy this for other long kernels) -----------------------------------
+// 1. Validate arguments and take raw pointers on the JS thread (constructor).
+// 2. Keep the typed arrays alive with Napi::Persistent references (no copies).
+// 3. Execute() runs on a libuv thread: no napi calls there; throw or SetError on failure.
+// 4. OnOK/OnError run on the JS thread and settle the Promise.
+class GemmWorker : public Napi::AsyncWorker {
+ public:
+  GemmWorker(Napi::Env env, GemmCall call)
+      : Napi::AsyncWorker(env, "specd:gemmBf16Async"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        problem_(call.problem),
+        act_(call.act),
+        x_ref_(Napi::Persistent(static_cast<Napi::Object>(call.x))),
+        packed_ref_(Napi::Persistent(static_cast<Napi::Object>(call.packed))),
+        y_ref_(Napi::Persistent(static_cast<Napi::Object>(call.y))) {}
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    try {
+      RunGemm(problem_, act_);
+    } catch (const std::exception& e) {
+      SetError(std::string("gemmBf16Async: ") + e.what());
+    }
+  }
+  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
+  void OnError(const Napi::Error& e) override {
+    deferred_.Reject(MakeError(Env(), ErrorKind::kError, "ERR_SPECD_KERNEL", e.Message()).Value());
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Problem problem_;
+  Activations act_;
+  Napi::ObjectReference x_ref_, packed_ref_, y_ref_;
+};
+
+Napi::Value GemmBf16AsyncBinding(const Napi::CallbackInfo& info) {
+  GemmCall c = ReadGemmArgs(info, "gemmBf16Async");
+  auto* worker = new GemmWorker(info.Env(), c);  // deletes itself after OnOK/OnError
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
+
+}  // namespace
+
+void RegisterGemm(Napi::Env env, Napi::Object exports) {
+  exports.Set("packBf16", Napi::Function::New(env, Guarded<PackBf16Binding>, "packBf16"));
+  exports.Set("gemmBf16", Napi::Function::New(env, Guarded<GemmBf16Binding>, "gemmBf16"));
+  exports.Set("gemmBf16Async", Napi::Function::New(env, Guarded<GemmBf16AsyncBinding>, "gemmBf16Async"));
+}
+
+}  // namespace specd

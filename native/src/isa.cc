@@ -1,0 +1,64 @@
+// cpuid-based ISA detection (see isa.h).
+#include "isa.h"
+
+#include <atomic>
+#include <stdexcept>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace specd {
+namespace {
+
+bool DetectAvx512() {
+#if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool osxsave = (c >> 27) & 1;
+  if (!osxsave) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  // XMM (1), YMM (2), opmask (5), ZMM_Hi256 (6), Hi16_ZMM (7) state enabled by the OS.
+  if ((xcr0_lo & 0xE6u) != 0xE6u) return false;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
+             avx512vl = (b >> 31) & 1, fma_ok = true, vnni = (c >> 11) & 1;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool bf16 = (a >> 5) & 1;
+  return avx512f && avx512dq && avx512bw && avx512vl && fma_ok && vnni && bf16;
+#else
+  return false;
+#endif
+}
+
+const bool g_avx512_available = DetectAvx512();
+std::atomic<int> g_isa{static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa::kPortable)};
+
+}  // namespace
+
+bool Avx512Available() { return g_avx512_available; }
+
+Isa CurrentIsa() { return static_cast<Isa>(g_isa.load(std::memory_order_relaxed)); }
+
+const char* IsaName(Isa isa) { return isa == Isa::kAvx512 ? "avx512" : "portable"; }
+
+void SetIsaByName(const std::string& name, const char* source) {
+  if (name == "auto" || name.empty()) {
+    g_isa.store(static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa::kPortable));
+  } else if (name == "portable") {
+    g_isa.store(static_cast<int>(Isa::kPortable));
+  } else if (name == "avx512") {
+    if (!g_avx512_available) {
+      throw std::runtime_error(std::string(source) +
+                               ": \"avx512\" requested but this build or CPU lacks AVX512F/BW/VL/BF16/VNNI");
+    }
+    g_isa.store(static_cast<int>(Isa::kAvx512));
+  } else {
+    throw std::runtime_error(std::string(source) + ": expected \"auto\", \"portable\" or \"avx512\", got \"" + name +
+                             "\"");
+  }
+}
+
+}  // namespace specd

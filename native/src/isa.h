@@ -1,0 +1,31 @@
+// Run-time instruction-set selection.
+//
+// At module load the path is chosen once: kAvx512 when the build has the *_avx512.cc files
+// (x86-64) AND cpuid reports AVX512F, AVX512BW, AVX512VL, AVX512_BF16 and AVX512_VNNI AND the OS
+// saves the ZMM state (XGETBV), else kPortable. SPECD_ISA=portable forces the portable path;
+// SPECD_ISA=avx512 demands AVX-512 and makes the module load fail on a CPU without it;
+// SPECD_ISA=auto (or unset) detects. SetIsa() changes the path later (tests use it to run both
+// paths in one process). Kernels read CurrentIsa() on every call.
+#pragma once
+#include <string>
+
+namespace specd {
+
+enum class Isa { kPortable = 0, kAvx512 = 1 };
+
+/** True when this build contains AVX-512 code and this CPU/OS can run it. */
+bool Avx512Available();
+
+/** The path kernels use now. */
+Isa CurrentIsa();
+
+/** "portable" or "avx512". */
+const char* IsaName(Isa isa);
+
+/**
+ * Selects the path by name: "auto", "portable" or "avx512". Throws std::runtime_error naming
+ * `source` (e.g. "SPECD_ISA" or "setIsa") for an unknown name or an unsupported ISA.
+ */
+void SetIsaByName(const std::string& name, const char* source);
+
+}  // namespace specd

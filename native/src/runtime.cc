@@ -1,0 +1,70 @@
+// Runtime family: ISA selection, thread count, and a parallel memory copy for bandwidth probes.
+//
+// JS entry points (wrapped by native/src/runtime.ts):
+//   isa() -> { isa: "avx512" | "portable", avx512Available: boolean, threads: number }
+//   setIsa(name: "auto" | "portable" | "avx512") -> undefined
+//   setNumThreads(threads: integer >= 1) -> undefined
+//   parallelCopy(dst: Float32Array, src: Float32Array [same length]) -> undefined  (memcpy per thread)
+#include <cstdlib>
+#include <cstring>
+
+#include "common.h"
+#include "families.h"
+#include "isa.h"
+#include "threadpool.h"
+
+namespace specd {
+namespace {
+
+Napi::Value IsaBinding(const Napi::CallbackInfo& info) {
+  Napi::Object o = Napi::Object::New(info.Env());
+  o.Set("isa", IsaName(CurrentIsa()));
+  o.Set("avx512Available", Avx512Available());
+  o.Set("threads", PoolSize());
+  return o;
+}
+
+Napi::Value SetIsaBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "setIsa");
+  const std::string name = args.String(0, "name");
+  try {
+    SetIsaByName(name, "setIsa: name");
+  } catch (const std::runtime_error& e) {
+    throw MakeError(info.Env(), ErrorKind::kRangeError, "ERR_SPECD_INVALID_ARG", e.what());
+  }
+  return info.Env().Undefined();
+}
+
+Napi::Value SetNumThreadsBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "setNumThreads");
+  SetPoolSize(static_cast<int>(args.Int(0, "threads", 1, 1024)));
+  return info.Env().Undefined();
+}
+
+Napi::Value ParallelCopyBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "parallelCopy");
+  auto src = args.F32(1, "src");
+  auto dst = args.F32(0, "dst", src.ElementLength(), "src.length");
+  const float* s = src.Data();
+  float* d = dst.Data();
+  const int64_t n = static_cast<int64_t>(src.ElementLength());
+  const int64_t chunk = 4096;  // floats: 16 KiB units keep every thread's range line-aligned
+  ParallelFor((n + chunk - 1) / chunk, [&](int64_t b, int64_t e) {
+    const int64_t lo = b * chunk, hi = e * chunk < n ? e * chunk : n;
+    std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+  });
+  return info.Env().Undefined();
+}
+
+}  // namespace
+
+void RegisterRuntime(Napi::Env env, Napi::Object exports) {
+  if (const char* isa = std::getenv("SPECD_ISA"); isa != nullptr) SetIsaByName(isa, "SPECD_ISA");
+  (void)PoolSize();  // builds the pool now; throws on a malformed SPECD_NUM_THREADS
+  exports.Set("isa", Napi::Function::New(env, Guarded<IsaBinding>, "isa"));
+  exports.Set("setIsa", Napi::Function::New(env, Guarded<SetIsaBinding>, "setIsa"));
+  exports.Set("setNumThreads", Napi::Function::New(env, Guarded<SetNumThreadsBinding>, "setNumThreads"));
+  exports.Set("parallelCopy", Napi::Function::New(env, Guarded<ParallelCopyBinding>, "parallelCopy"));
+}
+
+}  // namespace specd

@@ -1,0 +1,2 @@
+#include "families.h"
+namespace specd { void RegisterActivation(Napi::Env, Napi::Object) {} }

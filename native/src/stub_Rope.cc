@@ -1,0 +1,2 @@
+#include "families.h"
+namespace specd { void RegisterRope(Napi::Env, Napi::Object) {} }

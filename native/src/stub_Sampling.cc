@@ -1,0 +1,2 @@
+#include "families.h"
+namespace specd { void RegisterSampling(Napi::Env, Napi::Object) {} }
