@@ -19,7 +19,7 @@
 import * as fs from 'node:fs';
 import * as nodePath from 'node:path';
 
-import { describeJsonValue, isJsonObject, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
+import { describeJsonValue, isJsonObject, own, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
 
 /** Thrown for an unreadable config or a missing / mistyped field. */
 export class HfConfigError extends Error {
@@ -113,7 +113,7 @@ export class HfConfig {
 
   /** True if `key` is present and not null. */
   has(key: string): boolean {
-    const v = this.raw[key];
+    const v = own(this.raw, key);
     return v !== undefined && v !== null;
   }
 
@@ -233,7 +233,7 @@ export class HfConfig {
   // ---- internals -----------------------------------------------------------------------------
 
   private get(key: string, required: boolean): JsonValue | undefined {
-    const v = Object.prototype.hasOwnProperty.call(this.raw, key) ? this.raw[key] : undefined;
+    const v = own(this.raw, key);
     if (v === undefined || v === null) {
       if (required) this.fail(key, v === null ? 'is required but is null' : 'is required but missing');
       return undefined;

@@ -25,4 +25,4 @@ export { serializeSafetensors, writeSafetensors, type TensorToWrite, type Tensor
 export { HfConfig, HfConfigError, type NumberBounds } from './hf-config.js';
 export { Tokenizer, TokenizerError, type DecodeOptions, type EncodeOptions, type TokenizerSources } from './tokenizer.js';
 export { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
-export { StrictJsonError, parseStrictJson, type JsonObject, type JsonValue, type StrictJsonOptions } from './strict-json.js';
+export { StrictJsonError, isJsonObject, parseStrictJson, type JsonObject, type JsonValue, type StrictJsonOptions } from './strict-json.js';

@@ -15,7 +15,7 @@ import * as nodePath from 'node:path';
 
 import { SafetensorsError, type SafetensorsDtype, type TensorInfo, type TypedArrayFor } from './safetensors-format.js';
 import { SafetensorsFile, type LoadedTensor } from './safetensors.js';
-import { describeJsonValue, isJsonObject, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
+import { describeJsonValue, isJsonObject, own, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
 
 /** Conventional file names inside an HF checkpoint directory. */
 export const SAFETENSORS_SINGLE_FILE = 'model.safetensors';
@@ -49,9 +49,9 @@ export function readSafetensorsIndex(path: string): SafetensorsIndex {
     throw new SafetensorsError(path, 'index', `not valid JSON: ${(cause as Error).message}`, undefined, { cause });
   }
   if (!isJsonObject(root)) throw new SafetensorsError(path, 'index', `index must be a JSON object, got ${describeJsonValue(root)}`);
-  const metadata = root['metadata'] ?? (Object.create(null) as JsonObject);
+  const metadata = own(root, 'metadata') ?? ({} as JsonObject);
   if (!isJsonObject(metadata)) throw new SafetensorsError(path, 'index', `metadata must be an object, got ${describeJsonValue(metadata)}`);
-  const wm = root['weight_map'];
+  const wm = own(root, 'weight_map');
   if (!isJsonObject(wm)) throw new SafetensorsError(path, 'index', `weight_map must be an object, got ${describeJsonValue(wm)}`);
   const weightMap = new Map<string, string>();
   for (const [name, shard] of Object.entries(wm)) {
@@ -193,6 +193,21 @@ export class SafetensorsCheckpoint {
   /** See {@link SafetensorsFile.readBytes}. */
   readBytes(name: string, startBytes?: number, endBytes?: number): Uint8Array {
     return this.fileOf(name).readBytes(name, startBytes, endBytes);
+  }
+
+  /** See {@link SafetensorsFile.readAsync}. */
+  readAsync(name: string): Promise<LoadedTensor> {
+    return this.fileOf(name).readAsync(name);
+  }
+
+  /** See {@link SafetensorsFile.readIntoAsync}. */
+  readIntoAsync(name: string, target: Uint8Array, startBytes?: number): Promise<void> {
+    return this.fileOf(name).readIntoAsync(name, target, startBytes);
+  }
+
+  /** See {@link SafetensorsFile.readInto}. */
+  readInto(name: string, target: Uint8Array, startBytes?: number): void {
+    this.fileOf(name).readInto(name, target, startBytes);
   }
 
   /** Closes every shard. Idempotent. */

@@ -20,7 +20,7 @@
  * Unknown extra fields inside a tensor entry are ignored, as the crate's serde derive does.
  */
 
-import { describeJsonValue, isJsonObject, parseStrictJson, StrictJsonError, type JsonValue } from './strict-json.js';
+import { describeJsonValue, isJsonObject, own, parseStrictJson, StrictJsonError, type JsonValue } from './strict-json.js';
 
 /** Largest accepted header, in bytes (the reference crate's `MAX_HEADER_SIZE`). */
 export const SAFETENSORS_MAX_HEADER_BYTES = 100_000_000;
@@ -288,7 +288,9 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
   if (!isJsonObject(entry)) {
     throw new SafetensorsError(file, 'tensor-info', `entry must be an object, got ${describeJsonValue(entry)}`, name);
   }
-  const { dtype, shape, data_offsets: offsets } = entry;
+  const dtype = own(entry, 'dtype');
+  const shape = own(entry, 'shape');
+  const offsets = own(entry, 'data_offsets');
   if (typeof dtype !== 'string') {
     throw new SafetensorsError(file, 'tensor-info', `dtype must be a string, got ${describeJsonValue(dtype)}`, name);
   }
@@ -298,33 +300,42 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
   if (!Array.isArray(shape)) {
     throw new SafetensorsError(file, 'shape', `shape must be an array, got ${describeJsonValue(shape)}`, name);
   }
-  let numElements = 1n;
-  const dims: number[] = [];
+  // Element count: plain numbers while the product stays a safe integer, BigInt past that
+  // (a hostile shape like [2^40, 2^40, 2^40] must not wrap or lose precision).
+  let count = 1;
+  let bigCount: bigint | undefined;
+  const dims: number[] = new Array<number>(shape.length);
   for (let i = 0; i < shape.length; i++) {
     const d = shape[i];
     if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 0) {
       throw new SafetensorsError(file, 'shape', `shape[${i}] must be a non-negative safe integer, got ${describeJsonValue(d)}`, name);
     }
-    dims.push(d);
-    numElements *= BigInt(d);
+    dims[i] = d;
+    if (bigCount !== undefined) bigCount *= BigInt(d);
+    else if (d !== 0 && count > Number.MAX_SAFE_INTEGER / d) bigCount = BigInt(count) * BigInt(d);
+    else count *= d;
   }
+  const numElements = bigCount ?? BigInt(count);
   if (!Array.isArray(offsets) || offsets.length !== 2) {
     throw new SafetensorsError(file, 'offsets', `data_offsets must be [begin, end], got ${describeJsonValue(offsets)}`, name);
   }
-  const [begin, end] = offsets;
-  for (const [label, v] of [['begin', begin], ['end', end]] as const) {
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) {
-      throw new SafetensorsError(file, 'offsets', `data_offsets ${label} must be a non-negative safe integer, got ${describeJsonValue(v)}`, name);
-    }
+  const b = offsets[0];
+  const e = offsets[1];
+  if (typeof b !== 'number' || !Number.isSafeInteger(b) || b < 0) {
+    throw new SafetensorsError(file, 'offsets', `data_offsets begin must be a non-negative safe integer, got ${describeJsonValue(b)}`, name);
   }
-  const b = begin as number;
-  const e = end as number;
+  if (typeof e !== 'number' || !Number.isSafeInteger(e) || e < 0) {
+    throw new SafetensorsError(file, 'offsets', `data_offsets end must be a non-negative safe integer, got ${describeJsonValue(e)}`, name);
+  }
   if (e < b) throw new SafetensorsError(file, 'offsets', `data_offsets [${b}, ${e}] has end < begin`, name);
   if (e > dataByteLength) {
     throw new SafetensorsError(file, 'offsets', `data_offsets [${b}, ${e}] exceed the data region of ${dataByteLength} bytes`, name);
   }
-  const bits = numElements * BigInt(dtypeBits(dtype));
-  if (bits !== BigInt(e - b) * 8n) {
+  // Exact check in BigInt only when the fast Number product could be inexact.
+  const bitsPerElement = dtypeBits(dtype);
+  const fast = bigCount === undefined && count * bitsPerElement <= Number.MAX_SAFE_INTEGER;
+  if (fast ? count * bitsPerElement !== (e - b) * 8 : numElements * BigInt(bitsPerElement) !== BigInt(e - b) * 8n) {
+    const bits = numElements * BigInt(bitsPerElement);
     throw new SafetensorsError(
       file,
       'byte-length',
@@ -336,7 +347,7 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
     name,
     dtype,
     shape: Object.freeze(dims),
-    numElements: Number(numElements), // ≤ 8 × (e − b) ≤ 8 × file size: safe
+    numElements: Number(numElements), // ≤ 8 × (e − b) bits ≤ 8 × file size: safe
     dataOffsets: Object.freeze([b, e] as [number, number]),
     byteLength: e - b,
   };

@@ -3,7 +3,7 @@
  *
  * How bytes are read: the file is opened once (`fs.openSync`), the 8-byte prefix and the header are
  * read and validated, and each tensor's bytes are read on demand with positioned `fs.readSync`
- * calls into a fresh `ArrayBuffer` of exactly the tensor's size. Nothing else of the file is held in
+ * calls (or `fs.read` for the async variants) into a fresh `ArrayBuffer` of exactly the tensor's size. Nothing else of the file is held in
  * the JS heap. We do not mmap: Node has no built-in mmap, an addon-backed mapping would make a
  * truncated file a SIGBUS (a process crash) instead of an error, and weights are repacked into
  * kernel layouts anyway, so one copy per tensor is needed regardless.
@@ -49,6 +49,8 @@ interface ByteSource {
   readonly byteLength: number;
   /** Reads exactly `target.length` bytes at absolute `positionBytes` into `target`. */
   readInto(target: Uint8Array, positionBytes: number): void;
+  /** Async {@link readInto}: does not block the event loop; reads of one file may run concurrently. */
+  readIntoAsync(target: Uint8Array, positionBytes: number): Promise<void>;
   /** Returns the bytes [positionBytes, positionBytes+length) without copying, if possible. */
   borrow?(positionBytes: number, length: number): { buffer: ArrayBuffer; byteOffset: number };
   close(): void;
@@ -56,6 +58,9 @@ interface ByteSource {
 
 class FdSource implements ByteSource {
   private fd: number | undefined;
+  /** Async reads in flight; close() defers the real close until they finish (no fd reuse races). */
+  private inFlight = 0;
+  private closeRequested = false;
   constructor(
     private readonly file: string,
     fd: number,
@@ -64,7 +69,7 @@ class FdSource implements ByteSource {
     this.fd = fd;
   }
   readInto(target: Uint8Array, positionBytes: number): void {
-    if (this.fd === undefined) throw new SafetensorsError(this.file, 'closed', 'file was closed');
+    if (this.fd === undefined || this.closeRequested) throw new SafetensorsError(this.file, 'closed', 'file was closed');
     let done = 0;
     while (done < target.length) {
       const want = Math.min(target.length - done, MAX_READ_CHUNK_BYTES);
@@ -80,7 +85,33 @@ class FdSource implements ByteSource {
       done += got;
     }
   }
+  async readIntoAsync(target: Uint8Array, positionBytes: number): Promise<void> {
+    if (this.fd === undefined || this.closeRequested) throw new SafetensorsError(this.file, 'closed', 'file was closed');
+    const fd = this.fd;
+    this.inFlight++;
+    try {
+      let done = 0;
+      while (done < target.length) {
+        const want = Math.min(target.length - done, MAX_READ_CHUNK_BYTES);
+        const at = positionBytes + done;
+        const got = await new Promise<number>((resolve, reject) => {
+          fs.read(fd, target, done, want, at, (err, n) =>
+            err ? reject(new SafetensorsError(this.file, 'io', `read of ${want} bytes at ${at} failed: ${String(err)}`, undefined, { cause: err })) : resolve(n),
+          );
+        });
+        if (got === 0) throw new SafetensorsError(this.file, 'io', `unexpected end of file at byte ${at} (file shrank after opening?)`);
+        done += got;
+      }
+    } finally {
+      this.inFlight--;
+      if (this.closeRequested && this.inFlight === 0) this.closeNow();
+    }
+  }
   close(): void {
+    this.closeRequested = true;
+    if (this.inFlight === 0) this.closeNow();
+  }
+  private closeNow(): void {
     if (this.fd !== undefined) {
       const fd = this.fd;
       this.fd = undefined;
@@ -96,6 +127,10 @@ class MemorySource implements ByteSource {
   }
   readInto(target: Uint8Array, positionBytes: number): void {
     target.set(this.bytes.subarray(positionBytes, positionBytes + target.length));
+  }
+  readIntoAsync(target: Uint8Array, positionBytes: number): Promise<void> {
+    this.readInto(target, positionBytes);
+    return Promise.resolve();
   }
   borrow(positionBytes: number): { buffer: ArrayBuffer; byteOffset: number } {
     return { buffer: this.bytes.buffer as ArrayBuffer, byteOffset: this.bytes.byteOffset + positionBytes };
@@ -210,12 +245,54 @@ export class SafetensorsFile {
   }
 
   /**
+   * Reads `target.length` bytes of `name`, starting `startBytes` into the tensor, into `target`
+   * (a caller-owned buffer: e.g. a SharedArrayBuffer view that worker threads share, or a
+   * pre-allocated staging buffer). No allocation.
+   * @throws {SafetensorsError} `range` if the span leaves the tensor; `tensor-not-found`, `io`, `closed`.
+   */
+  readInto(name: string, target: Uint8Array, startBytes = 0): void {
+    const info = this.info(name);
+    if (!Number.isSafeInteger(startBytes) || startBytes < 0 || startBytes + target.length > info.byteLength) {
+      throw new SafetensorsError(this.path, 'range', `byte range [${startBytes}, ${startBytes + target.length}) outside [0, ${info.byteLength})`, name);
+    }
+    this.readIntoChecked(target, this.header.dataStartBytes + info.dataOffsets[0] + startBytes);
+  }
+
+  /**
    * Reads the whole tensor `name` as its typed array (see {@link TypedArrayFor}).
    * @throws {SafetensorsError} `tensor-not-found`, `too-large`, `io`, `closed`.
    */
   read(name: string): LoadedTensor {
     const info = this.info(name);
     return { name, dtype: info.dtype, shape: info.shape, data: this.viewRange(info, 0, info.byteLength) };
+  }
+
+  /**
+   * Async {@link read}: the event loop stays free while the bytes arrive, and reads of several
+   * tensors (or shards) can be awaited together (`Promise.all`) to keep the disk busy.
+   * @throws {SafetensorsError} as {@link read} (as a rejected promise).
+   */
+  async readAsync(name: string): Promise<LoadedTensor> {
+    const info = this.info(name);
+    if (this.closed) throw new SafetensorsError(this.path, 'closed', 'file was closed', name);
+    const position = this.header.dataStartBytes + info.dataOffsets[0];
+    if (this.source.borrow !== undefined) return this.read(name);
+    const bytes = this.allocate(name, info.byteLength);
+    await this.source.readIntoAsync(bytes, position);
+    return { name, dtype: info.dtype, shape: info.shape, data: viewAs(info.dtype, bytes.buffer as ArrayBuffer, 0, info.byteLength) };
+  }
+
+  /**
+   * Async {@link readInto}.
+   * @throws {SafetensorsError} as {@link readInto} (as a rejected promise).
+   */
+  async readIntoAsync(name: string, target: Uint8Array, startBytes = 0): Promise<void> {
+    const info = this.info(name);
+    if (!Number.isSafeInteger(startBytes) || startBytes < 0 || startBytes + target.length > info.byteLength) {
+      throw new SafetensorsError(this.path, 'range', `byte range [${startBytes}, ${startBytes + target.length}) outside [0, ${info.byteLength})`, name);
+    }
+    if (this.closed) throw new SafetensorsError(this.path, 'closed', 'file was closed', name);
+    await this.source.readIntoAsync(target, this.header.dataStartBytes + info.dataOffsets[0] + startBytes);
   }
 
   /**
@@ -256,7 +333,7 @@ export class SafetensorsFile {
     };
   }
 
-  /** Releases the file descriptor. Later reads throw `closed`. Idempotent. */
+  /** Releases the file descriptor (after any async reads in flight finish). Later reads throw `closed`. Idempotent. */
   close(): void {
     this.closed = true;
     this.source.close();

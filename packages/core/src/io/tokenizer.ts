@@ -13,7 +13,7 @@ import * as nodePath from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 
 import { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
-import { describeJsonValue, isJsonObject, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
+import { describeJsonValue, isJsonObject, own, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
 
 /** Thrown for unreadable / malformed tokenizer files and invalid token ids. */
 export class TokenizerError extends Error {
@@ -91,10 +91,10 @@ export class Tokenizer {
     const config = toJsonObject(label, 'tokenizer_config.json', sources.tokenizerConfig);
     this.config = config;
     // The library iterates added_tokens unconditionally; HF files may omit it.
-    const tokenizerForLib = { ...tokJson, added_tokens: tokJson['added_tokens'] ?? [] };
+    const tokenizerForLib = { ...tokJson, added_tokens: own(tokJson, 'added_tokens') ?? [] };
     // transformers ≥ 4.45 defaults clean_up_tokenization_spaces to false; the library defaults to
     // true. State it explicitly so both agree on files that omit it.
-    const cleanUp = config['clean_up_tokenization_spaces'];
+    const cleanUp = own(config, 'clean_up_tokenization_spaces');
     const configForLib = { ...config, clean_up_tokenization_spaces: typeof cleanUp === 'boolean' ? cleanUp : false };
     try {
       this.hf = new HfTokenizer(tokenizerForLib, configForLib);
@@ -133,7 +133,8 @@ export class Tokenizer {
     if (eosFromConfig !== undefined) eos.add(eosFromConfig);
     this.padTokenId = resolve('pad_token');
     resolve('unk_token');
-    const genEos = sources.generationConfig?.['eos_token_id'];
+    const gen = sources.generationConfig;
+    const genEos = gen !== undefined && Object.hasOwn(gen, 'eos_token_id') ? gen['eos_token_id'] : undefined;
     if (genEos !== undefined && genEos !== null) {
       for (const id of Array.isArray(genEos) ? genEos : [genEos]) {
         if (typeof id !== 'number' || !Number.isSafeInteger(id) || id < 0 || id >= this.vocabSize) {
@@ -253,17 +254,18 @@ function readJsonFile(path: string, required: boolean): JsonObject | undefined {
 
 /** A special-token field is a string or an AddedToken dict `{content: "..."}` (older files), or absent/null. */
 function specialTokenContent(label: string, config: JsonObject, field: string): string | undefined {
-  const v = config[field];
+  const v = own(config, field);
   if (v === undefined || v === null) return undefined;
   if (typeof v === 'string') return v;
-  if (isJsonObject(v) && typeof v['content'] === 'string') return v['content'];
+  const content = isJsonObject(v) ? own(v, 'content') : undefined;
+  if (typeof content === 'string') return content;
   throw new TokenizerError(label, `tokenizer_config.${field} must be a string or {content: string}, got ${describeJsonValue(v)}`);
 }
 
 /** `chat_template` is a string (the default) or a list of `{name, template}`. */
 function chatTemplatesOf(label: string, config: JsonObject): Record<string, string> {
-  const v = config['chat_template'];
-  const out: Record<string, string> = {};
+  const v = own(config, 'chat_template');
+  const out = Object.create(null) as Record<string, string>;
   if (v === undefined || v === null) return out;
   if (typeof v === 'string') {
     out['default'] = v;
@@ -271,10 +273,12 @@ function chatTemplatesOf(label: string, config: JsonObject): Record<string, stri
   }
   if (Array.isArray(v)) {
     for (const [i, entry] of v.entries()) {
-      if (!isJsonObject(entry) || typeof entry['name'] !== 'string' || typeof entry['template'] !== 'string') {
+      const name = isJsonObject(entry) ? own(entry, 'name') : undefined;
+      const template = isJsonObject(entry) ? own(entry, 'template') : undefined;
+      if (typeof name !== 'string' || typeof template !== 'string') {
         throw new TokenizerError(label, `tokenizer_config.chat_template[${i}] must be {name: string, template: string}`);
       }
-      out[entry['name']] = entry['template'];
+      out[name] = template;
     }
     return out;
   }
