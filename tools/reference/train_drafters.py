@@ -1,0 +1,242 @@
+"""Stage 3 (GPU): train the DFlash, DSpark and EAGLE-3 drafters against the frozen bf16 target.
+
+  python train_drafters.py {dflash|dspark|eagle3} --target models/kimi-k3-tiny --regen W/regen \
+      --out W/drafters/<method> [--minutes 6]
+
+Data: the target's own regenerated sequences (train_target.py regen). The target runs online on each
+batch (frozen, bf16 weights as shipped) to give the taps and its probabilities for distillation.
+Objectives (REFERENCE.md §3-5):
+  dflash  random anchors, block = anchor + masks, CE + soft CE to the target, decay exp(−(k−1)/γ), γ=7
+  dspark  0.1·CE + 0.9·L1(p_d − p_t) + BCE(confidence, 1 − ½‖p_d − p_t‖₁), decay γ=4
+  eagle3  training-time test over 6 chained steps, soft CE to the target restricted to the draft
+          vocabulary + CE, weight 0.8^j
+Writes <out>/best.pt, <out>/log.json and the HF folder <out>/hf.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specd_ref.common import decay_weights, load_hf_state, save_hf_folder
+from specd_ref.dflash import DFlashConfig, DFlashDraft
+from specd_ref.eagle3 import Eagle3Config, Eagle3Draft
+from specd_ref.kimi import KimiConfig, KimiForCausalLM
+from specd_ref.targets import MASK_ID
+
+
+def device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_target_hf(folder: Path, dev) -> KimiForCausalLM:
+    cfg = json.loads((folder / "config.json").read_text())
+    model = KimiForCausalLM(KimiConfig.from_hf(cfg))
+    missing, unexpected = model.load_state_dict(load_hf_state(folder), strict=False)
+    if [m for m in missing if "e_score" not in m] or unexpected:
+        raise ValueError(f"target checkpoint mismatch: missing {missing} unexpected {unexpected}")
+    model.to(dev).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def drafter_config(method: str, tcfg: KimiConfig):
+    D = tcfg.hidden_size
+    if method == "dflash":
+        return DFlashConfig(hidden_size=D, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, intermediate_size=512, vocab_size=tcfg.vocab_size, block_size=16,
+                            mask_token_id=MASK_ID, target_layer_ids=[0, 2, 4, 6],
+                            layer_types=["full_attention", "full_attention", "sliding_attention"],
+                            sliding_window=128, method="dflash")
+    if method == "dspark":
+        return DFlashConfig(hidden_size=D, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, intermediate_size=512, vocab_size=tcfg.vocab_size, block_size=7,
+                            mask_token_id=MASK_ID, target_layer_ids=[1, 3, 5, 6],
+                            layer_types=["full_attention"] * 3, sliding_window=0, method="dspark",
+                            markov_rank=64)
+    L = tcfg.num_hidden_layers
+    return Eagle3Config(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                        intermediate_size=768, vocab_size=tcfg.vocab_size, draft_vocab_size=4096,
+                        aux_layer_ids=[2, L // 2, L - 3])
+
+
+def make_drafter(method: str, tcfg: KimiConfig):
+    c = drafter_config(method, tcfg)
+    return (Eagle3Draft(c) if method == "eagle3" else DFlashDraft(c)), c
+
+
+def block_inputs(target, seqs: torch.Tensor, anchors: torch.Tensor, B: int):
+    """Block embeddings/positions for anchors [Bt, nb]: tokens [s_a, MASK…] at a..a+B−1."""
+    Bt, nb = anchors.shape
+    dev = seqs.device
+    pos = anchors[:, :, None] + torch.arange(B, device=dev)[None, None, :]        # [Bt, nb, B]
+    toks = torch.full((Bt, nb, B), MASK_ID, dtype=torch.long, device=dev)
+    toks[:, :, 0] = seqs.gather(1, anchors)
+    emb = target.model.embed_tokens(toks.view(Bt, nb * B))
+    return emb, pos.view(Bt, nb * B), pos
+
+
+def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int):
+    c = model.config
+    B = c.block_size
+    Bt, T = seqs.shape
+    dev = seqs.device
+    taps = torch.cat([hidden[t] for t in c.taps], -1)
+    f = model.context(taps)
+    anchors = torch.from_numpy(rng.integers(16, T - B - 1, size=(Bt, nb))).to(dev)
+    emb, bpos, pos3 = block_inputs(target, seqs, anchors, B)
+    ctx_pos = torch.arange(T, device=dev)[None].expand(Bt, T)
+    ctx_valid = ctx_pos[:, None, :] < anchors[:, :, None]                         # [Bt, nb, T]
+    blk_id = torch.arange(nb, device=dev).repeat_interleave(B)
+    h = model.forward_blocks(f, ctx_pos, ctx_valid, emb, bpos, blk_id).view(Bt, nb, B, -1)
+    if c.method == "dflash":
+        slots = torch.arange(1, B, device=dev)                                    # predicts own position
+        hs = h[:, :, 1:]
+        lab_pos = pos3[:, :, 1:]
+        w = decay_weights(B - 1, 7.0, dev)
+    else:
+        slots = torch.arange(0, B, device=dev)                                    # predicts next token
+        hs = h
+        lab_pos = pos3 + 1
+        w = decay_weights(B, 4.0, dev)
+    labels = seqs.gather(1, lab_pos.reshape(Bt, -1)).view_as(lab_pos)
+    rows = torch.arange(Bt, device=dev)[:, None]
+    p_t = tlogits[rows, (lab_pos - 1).reshape(Bt, -1)].float().softmax(-1).view(*lab_pos.shape, -1)
+    logits = target.lm_head(hs).float()
+    if c.method == "dflash":
+        logp = logits.log_softmax(-1)
+        ce = -logp.gather(-1, labels[..., None])[..., 0]
+        soft = -(p_t * logp).sum(-1)
+        per = 0.5 * ce + 0.5 * soft
+        loss = (per * w).sum(-1).mean() / w.sum()
+        acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
+        return loss, {"acc_per_slot": acc.tolist()}
+    prev = seqs.gather(1, pos3.reshape(Bt, -1)).view_as(pos3)                    # token at p+j
+    logits = logits + model.markov_bias(prev).float()
+    logp = logits.log_softmax(-1)
+    p_d = logp.exp()
+    ce = -logp.gather(-1, labels[..., None])[..., 0]
+    tv = 0.5 * (p_d - p_t).abs().sum(-1)
+    conf = model.confidence(hs, prev)
+    bce = F.binary_cross_entropy(conf.clamp(1e-6, 1 - 1e-6), (1 - tv).detach())
+    per = 0.1 * ce + 0.9 * 2 * tv
+    loss = (per * w).sum(-1).mean() / w.sum() + bce
+    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
+    return loss, {"acc_per_slot": acc.tolist(), "bce": bce.item()}
+
+
+def eagle3_loss(model: Eagle3Draft, target, seqs, hidden, tlogits, steps: int = 6):
+    c = model.config
+    Bt, T = seqs.shape
+    dev = seqs.device
+    taps = torch.cat([hidden[t] for t in c.taps], -1)
+    emb_all = target.model.embed_tokens(seqs)
+    emb_next = [torch.cat([emb_all[:, j + 1:], emb_all[:, :j + 1] * 0], 1) for j in range(steps)]
+    hs = model.ttt_forward(taps, emb_next, steps)
+    vocab = torch.nonzero(model.t2d, as_tuple=True)[0]
+    tot, accs = 0.0, []
+    for j, h in enumerate(hs):
+        n = T - j - 2                                   # anchors t with label x_{t+j+2} inside
+        logp = model.logits(h[:, :n]).log_softmax(-1)
+        p_t = tlogits[:, j + 1:j + 1 + n].float().softmax(-1)[..., vocab]
+        p_t = p_t / p_t.sum(-1, keepdim=True).clamp_min(1e-9)
+        soft = -(p_t * logp).sum(-1)
+        labels = seqs[:, j + 2:j + 2 + n]
+        in_vocab = model.t2d[labels]
+        dlab = torch.searchsorted(vocab, labels).clamp_max(len(vocab) - 1)
+        ce = -logp.gather(-1, dlab[..., None])[..., 0] * in_vocab
+        tot = tot + (0.8 ** j) * (0.5 * soft + 0.5 * ce).mean()
+        accs.append(((model.draft_to_target(logp.argmax(-1)) == labels).float().mean()).item())
+    return tot / sum(0.8 ** j for j in range(steps)), {"acc_per_step": accs}
+
+
+def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: float, seed: int = 0,
+          batch: int = 32, lr: float = 1e-3, max_steps: int = 6000):
+    dev = device()
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    target = load_target_hf(target_dir, dev)
+    meta = json.loads((regen_dir / "meta.json").read_text())
+    data = torch.from_numpy(np.fromfile(regen_dir / "tokens.u16", dtype=np.uint16).astype(np.int64)
+                            .reshape(meta["sequences"], meta["length"]))
+    n_val = 256
+    val, trn = data[:n_val], data[n_val:]
+    model, cfg = make_drafter(method, target.config)
+    model.init_weights()
+    if method == "eagle3":
+        counts = torch.bincount(trn.flatten(), minlength=cfg.vocab_size)
+        top = torch.topk(counts, cfg.draft_vocab_size).indices.sort().values
+        model.set_vocab(top)
+    model.to(dev)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+                            betas=(0.9, 0.95), weight_decay=0.01)
+    out.mkdir(parents=True, exist_ok=True)
+    log, best, step, t0 = [], math.inf, 0, time.time()
+    budget = minutes * 60
+
+    def run_batch(seqs, train_mode):
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            tlogits, hidden, _ = target(seqs)
+        hidden = [h.detach() for h in hidden]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            if method == "eagle3":
+                return eagle3_loss(model, target, seqs, hidden, tlogits)
+            return dflash_loss(model, target, seqs, hidden, tlogits, rng, nb=8 if method == "dflash" else 16)
+
+    while step < max_steps and time.time() - t0 < budget:
+        frac = min(step / 100, 1.0) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min((time.time() - t0) / budget, 1))))
+        for g in opt.param_groups:
+            g["lr"] = lr * frac
+        idx = torch.from_numpy(rng.integers(0, len(trn), size=batch))
+        loss, info = run_batch(trn[idx].to(dev), True)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 200 == 0:
+            model.eval()
+            with torch.no_grad():
+                vl, vi = [], None
+                vrng = np.random.default_rng(123)
+                for i in range(0, n_val, batch):
+                    saved = rng
+                    rng = vrng
+                    l, vi = run_batch(val[i:i + batch].to(dev), False)
+                    rng = saved
+                    vl.append(l.item())
+            model.train()
+            rec = {"step": step, "train_loss": loss.item(), "val_loss": float(np.mean(vl)), **vi,
+                   "seconds": time.time() - t0}
+            log.append(rec)
+            print(json.dumps(rec), flush=True)
+            if rec["val_loss"] < best:
+                best = rec["val_loss"]
+                torch.save({"model": model.state_dict(), "step": step}, out / "best.pt")
+    if not (out / "best.pt").exists():
+        torch.save({"model": model.state_dict(), "step": step}, out / "best.pt")
+    (out / "log.json").write_text(json.dumps({"log": log, "best_val": best, "steps": step,
+                                              "seconds": time.time() - t0,
+                                              "params": sum(p.numel() for p in model.parameters())}, indent=2))
+    model.load_state_dict(torch.load(out / "best.pt", map_location=dev)["model"])
+    save_hf_folder(out / "hf", model.state_dict(), cfg.to_hf())
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("method", choices=["dflash", "dspark", "eagle3"])
+    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--regen", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--minutes", type=float, default=6.0)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--max-steps", type=int, default=6000)
+    a = ap.parse_args()
+    train(a.method, a.target, a.regen, a.out, a.minutes, batch=a.batch, max_steps=a.max_steps)
