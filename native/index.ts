@@ -1,2 +1,19 @@
-/** @specd/native typed facade over the addon (placeholder until the kernels land). */
-export {};
+/**
+ * @specd/native — typed facade over the C++ kernels (bf16 weights, f32 activations and
+ * accumulation, row-major tensors as typed arrays, never copied). This package's
+ * `src/loader.ts` is the only module that loads the `.node` file.
+ *
+ * Environment: `SPECD_ISA=auto|portable|avx512` (ISA path at load), `SPECD_NUM_THREADS=<n>`
+ * (compute pool size). See `isa()`.
+ */
+export { isa, setIsa, setNumThreads, parallelCopy, type IsaInfo, type IsaName } from './src/runtime.js';
+export { f32ToBf16, bf16ToF32 } from './src/convert.js';
+export {
+  packedBf16Length, packBf16Weights, gemmBf16, gemmBf16Async, type GemmActivations, type PackedBf16Weights,
+} from './src/gemm.js';
+export { rmsNorm, gatedRmsNorm, rmsNormPerHead, type RmsNormGate } from './src/norm.js';
+export { applyRope, type RopeOptions, type RopeStyle } from './src/rope.js';
+export { silu, swiglu, swigluFused } from './src/activation.js';
+export { softmax, argmax, topKMask, topPMask } from './src/sampling.js';
+export { SpecdArgumentError } from './src/validate.js';
+export { addonPath } from './src/loader.js';

@@ -17,11 +17,14 @@
 // 4. Long-running calls: also export an async variant returning a Promise; copy GemmWorker in
 //    gemm.cc (validate + take pointers on the JS thread, Persistent references keep the typed
 //    arrays alive, Execute() on a libuv thread touches no napi, OnOK/OnError settle the Promise).
-// 5. ISA dispatch: put AVX-512 code in src/<family>_avx512.cc (CMake gives it the AVX-512 flags),
-//    intrinsics and plain headers only (no STL/napi: ODR, see CMakeLists.txt), declare its entry
-//    points in a small <family>_kernels.h, and pick it at run time with
-//    `#if defined(SPECD_HAVE_AVX512_BUILD)` + `if (CurrentIsa() == Isa::kAvx512)` (isa.h); always
-//    keep a portable implementation, used when SPECD_ISA=portable or the CPU lacks AVX-512.
+// 5. ISA dispatch: put AVX-512 code in src/<family>_avx512.cc (CMake gives it the AVX-512 flags;
+//    src/<family>_amx.cc additionally gets AMX), intrinsics and plain headers only (no STL/napi:
+//    ODR, see CMakeLists.txt; helpers in shared headers must be `static inline`), declare its
+//    entry points in a small <family>_kernels.h (see gemm_kernels.h), and pick it at run time with
+//    `#if defined(SPECD_HAVE_AVX512_BUILD)` + `if (CurrentIsa() == Isa::kAvx512)` (isa.h; AMX also
+//    needs AmxAvailable()); always keep a portable implementation, used when SPECD_ISA=portable or
+//    the CPU lacks AVX-512. Keep every output's reduction order independent of the batch size, the
+//    row's position and the thread count (batch invariance; see gemm_kernels.h) and test it bitwise.
 // 6. Wrap the new functions in native/src/<family>.ts (typed, validated via validate.ts) and
 //    re-export them from native/index.ts; the addon is loaded only by native/src/loader.ts.
 // 7. Tests: native/test/<family>.test.ts against a float64 TS reference, both ISA paths.

@@ -3,7 +3,7 @@
 // JS entry points (wrapped by native/src/gemm.ts; shapes row-major):
 //   packBf16(w: Uint16Array [n*k] bf16, n, k, out: Uint16Array [packedBf16Length(n,k)]) -> undefined
 //   gemmBf16(x: Float32Array [m*k], m, k, packed: Uint16Array, n, y: Float32Array [m*n],
-//            activations: "f32" | "bf16") -> undefined              (synchronous, blocks the caller)
+//            activations?: "f32" | "bf16") -> undefined              (synchronous, blocks the caller)
 //   gemmBf16Async(same arguments) -> Promise<undefined>             (libuv thread, see below)
 //
 // Sync vs async: the sync call blocks the JS thread for the duration of the GEMM (~ms for a
@@ -15,8 +15,13 @@
 // call is running the caller must not write x/packed or read y (their buffers are referenced,
 // not copied, and must not be transferred or detached).
 //
+// Activations: "f32" (default, the project rule) keeps X in fp32 (FMA on widened weights).
+// "bf16" (opt-in) rounds X to bf16 first: on the avx512 path with AMX it runs TDPBF16PS tiles
+// (several times the FLOP rate of fp32 FMA, so verifying 16 tokens costs about one GEMV);
+// otherwise it runs the fp32 kernel of the current path on the rounded X. Both variants are batch
+// invariant; they differ from each other by the rounding of X (and AMX's own summation order).
+//
 // Layout, reduction order and batch invariance: gemm_kernels.h.
-#include <memory>
 #include <vector>
 
 #include "common.h"
@@ -30,18 +35,17 @@ namespace {
 
 using gemm::Problem;
 
-enum class Activations { kF32, kBf16 };
-
 /** Packs W[n, k] bf16 row-major into the panel layout of gemm_kernels.h (parallel over panels). */
 void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
-  const int64_t kpairs = gemm::KPairs(k);
+  const int64_t kpairs = gemm::KPairs(k);           // pairs holding weights
+  const int64_t stored = gemm::PanelPairs(k);       // pairs stored per panel (zero padded)
   ParallelFor(gemm::Panels(n), [&](int64_t begin, int64_t end) {
     for (int64_t panel = begin; panel < end; ++panel) {
-      uint16_t* dst = out + panel * kpairs * 32;
+      uint16_t* dst = out + panel * stored * 32;
       for (int64_t lane = 0; lane < 16; ++lane) {
         const int64_t row = panel * 16 + lane;
         if (row >= n) {
-          for (int64_t kp = 0; kp < kpairs; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
+          for (int64_t kp = 0; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
           continue;
         }
         const uint16_t* src = w + row * k;
@@ -49,34 +53,48 @@ void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
           dst[kp * 32 + 2 * lane] = src[2 * kp];
           dst[kp * 32 + 2 * lane + 1] = (2 * kp + 1 < k) ? src[2 * kp + 1] : 0;
         }
+        for (int64_t kp = kpairs; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
       }
     }
   });
 }
 
-/** Runs one GEMM on the current ISA path, partitioned over column panels only (never K). */
-void RunGemm(Problem p, Activations act) {
-  std::vector<uint32_t> pairs;
-  if (act == Activations::kBf16) {
-    const int64_t kpairs = gemm::KPairs(p.k);
-    pairs.resize(static_cast<size_t>(p.m * kpairs));
-    for (int64_t r = 0; r < p.m; ++r) {
-      const float* xr = p.x + r * p.ldx;
-      for (int64_t kp = 0; kp < kpairs; ++kp) {
-        const uint32_t lo = F32ToBf16(xr[2 * kp]);
-        const uint32_t hi = 2 * kp + 1 < p.k ? F32ToBf16(xr[2 * kp + 1]) : 0u;
-        pairs[r * kpairs + kp] = lo | (hi << 16);
-      }
-    }
-    p.x_pairs = pairs.data();
-  }
-  void (*kernel)(const Problem&, int64_t, int64_t) =
-      act == Activations::kBf16 ? gemm::PanelsBf16Portable : gemm::PanelsF32Portable;
+enum class Activations { kF32, kBf16 };
+
+/** Runs one fp32-activation GEMM on the current ISA path, partitioned over column panels only. */
+void RunGemmF32(const Problem& p) {
+  void (*kernel)(const Problem&, int64_t, int64_t, float*) = gemm::PanelsF32Portable;
 #if defined(SPECD_HAVE_AVX512_BUILD)
-  if (CurrentIsa() == Isa::kAvx512) kernel = act == Activations::kBf16 ? gemm::PanelsBf16Avx512 : gemm::PanelsF32Avx512;
+  if (CurrentIsa() == Isa::kAvx512) kernel = gemm::PanelsF32Avx512;
 #endif
   if (p.m == 0 || p.n == 0) return;
-  ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+  ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(p.m)));
+    kernel(p, begin, end, scratch.data());
+  });
+}
+
+/** Runs one GEMM with the chosen activation precision (never splits K). */
+void RunGemm(Problem p, Activations act) {
+  if (act == Activations::kF32 || p.m == 0) return RunGemmF32(p);
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512 && AmxAvailable()) {
+    const int64_t ldxb = gemm::PanelPairs(p.k) * 2;
+    std::vector<uint16_t> xb(static_cast<size_t>(p.m * ldxb), 0);
+    for (int64_t r = 0; r < p.m; ++r)
+      for (int64_t i = 0; i < p.k; ++i) xb[r * ldxb + i] = F32ToBf16(p.x[r * p.ldx + i]);
+    p.x_bf16 = xb.data();
+    p.ldxb = ldxb;
+    ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); });
+    return;
+  }
+#endif
+  std::vector<float> xr(static_cast<size_t>(p.m * p.k));
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int64_t i = 0; i < p.k; ++i) xr[r * p.k + i] = Bf16ToF32(F32ToBf16(p.x[r * p.ldx + i]));
+  p.x = xr.data();
+  p.ldx = p.k;
+  RunGemmF32(p);
 }
 
 Napi::Value PackBf16Binding(const Napi::CallbackInfo& info) {
@@ -84,7 +102,7 @@ Napi::Value PackBf16Binding(const Napi::CallbackInfo& info) {
   const int64_t n = args.Int(1, "n", 1);
   const int64_t k = args.Int(2, "k", 1);
   auto w = args.U16(0, "w", CheckedProduct("packBf16", {n, k}), "n*k");
-  auto out = args.U16(3, "out", CheckedProduct("packBf16", {gemm::Panels(n) * 16, gemm::KPairs(k) * 2}),
+  auto out = args.U16(3, "out", CheckedProduct("packBf16", {gemm::Panels(n) * 16, gemm::PanelPairs(k) * 2}),
                       "packedBf16Length(n, k)");
   PackBf16(w.Data(), n, k, out.Data());
   return info.Env().Undefined();
@@ -101,22 +119,20 @@ struct GemmCall {
 GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
   ArgReader args(info, call);
   GemmCall c;
+  const std::string act = args.IsAbsent(6) ? "f32" : args.String(6, "activations");
+  if (act == "bf16") {
+    c.act = Activations::kBf16;
+  } else if (act != "f32") {
+    args.Fail("activations", "\"f32\" or \"bf16\"", "\"" + act + "\"");
+  }
   const int64_t m = args.Int(1, "m", 0);
   const int64_t k = args.Int(2, "k", 1);
   const int64_t n = args.Int(4, "n", 1);
   c.x = args.F32(0, "x", CheckedProduct(call, {m, k}), "m*k");
-  c.packed = args.U16(3, "packed", CheckedProduct(call, {gemm::Panels(n) * 16, gemm::KPairs(k) * 2}),
+  c.packed = args.U16(3, "packed", CheckedProduct(call, {gemm::Panels(n) * 16, gemm::PanelPairs(k) * 2}),
                       "packedBf16Length(n, k)");
   c.y = args.F32(5, "y", CheckedProduct(call, {m, n}), "m*n");
-  const std::string act = args.IsAbsent(6) ? "f32" : args.String(6, "activations");
-  if (act == "f32") {
-    c.act = Activations::kF32;
-  } else if (act == "bf16") {
-    c.act = Activations::kBf16;
-  } else {
-    args.Fail("activations", "\"f32\" or \"bf16\"", "\"" + act + "\"");
-  }
-  c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k, nullptr};
+  c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k};
   return c;
 }
 

@@ -1,6 +1,16 @@
 // AVX-512 GEMM kernels over packed bf16 weights (layout and reduction order: gemm_kernels.h).
 // Compiled with -mavx512f/bw/vl/bf16/vnni; called only when isa.cc reports AVX-512 support.
 // Intrinsics only, no STL (see CMakeLists.txt on ODR).
+//
+// Schedule, for one thread's range of panels:
+//   for each panel pair (B = 2 panels = 32 output columns; a last odd panel alone):
+//     for each K block of kBlockPairs pairs (weights of the block: 2 x 128 x 64 B = 16 KiB, in L1):
+//       for each row tile of <= 8 rows:  R x B fp32 accumulators in registers, loaded from / saved
+//                                        to `scratch` between K blocks (exact: fp32 store/load)
+// The first row tile streams the weight block from memory (software prefetch kPrefetchPairs lines
+// ahead, because the hardware streamer stops at 4 KiB pages); later row tiles re-read it from L1,
+// so a verify GEMM of 16 tokens streams the weights once. Each output element still sees exactly
+// one accumulator updated for k = 0..K-1 in order: batch invariant.
 #include <immintrin.h>
 
 #include "gemm_kernels.h"
@@ -9,8 +19,13 @@ namespace specd {
 namespace gemm {
 namespace {
 
-constexpr int kRowTile = 8;  // rows per register tile
-constexpr int kColTile = 2;  // 16-column panels per register tile (R*B accumulators <= 16)
+#ifndef SPECD_GEMM_PREFETCH
+#define SPECD_GEMM_PREFETCH 128
+#endif
+constexpr int64_t kPrefetchPairs = SPECD_GEMM_PREFETCH;  // prefetch distance (one K block), pair lines
+constexpr int64_t kBlockPairs = 128;                      // K pairs per block
+constexpr int kRowTile = 8;                               // rows per register tile
+constexpr int kColTile = 2;                               // panels per register tile
 
 inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
   const int64_t valid = n - col;
@@ -21,21 +36,47 @@ inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
   }
 }
 
-// fp32 activations: widen the bf16 pair line into two fp32 vectors (even k, odd k) and FMA.
+/** Where one tile's accumulators live between K blocks, and which block this is. */
+struct Block {
+  int64_t kp_begin, kp_end;  // pair range of this block
+  bool first, last;          // first: start from +0; last: finish odd k and write Y
+  float* scratch;            // [R][B][16] fp32 accumulators of this tile
+};
+
 template <int R, int B>
-inline void TileF32(const Problem& p, int64_t row0, int64_t panel0) {
-  const int64_t kpairs = KPairs(p.k);
+inline void LoadAcc(__m512 (&acc)[R][B], const Block& blk) {
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b)
+      acc[r][b] = blk.first ? _mm512_setzero_ps() : _mm512_loadu_ps(blk.scratch + (r * B + b) * 16);
+}
+
+template <int R, int B>
+inline void SaveAcc(const Problem& p, const __m512 (&acc)[R][B], const Block& blk, int64_t row0, int64_t panel0) {
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      if (blk.last) {
+        StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kPanelCols, p.n, acc[r][b]);
+      } else {
+        _mm512_storeu_ps(blk.scratch + (r * B + b) * 16, acc[r][b]);
+      }
+    }
+}
+
+// fp32 activations: widen each bf16 pair line into two fp32 vectors (even k, odd k) and FMA.
+template <int R, int B>
+void TileF32(const Problem& p, int64_t row0, int64_t panel0, const Block& blk) {
+  const int64_t panel_stride = PanelPairs(p.k) * 32;  // uint16 per panel
   const int64_t full_pairs = p.k / 2;
-  const int64_t panel_stride = kpairs * 32;  // uint16 per panel
   const uint16_t* w = p.packed + panel0 * panel_stride;
   const float* x = p.x + row0 * p.ldx;
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t kp_end = blk.kp_end < full_pairs ? blk.kp_end : full_pairs;
   __m512 acc[R][B];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
-  for (int64_t kp = 0; kp < full_pairs; ++kp) {
+  LoadAcc<R, B>(acc, blk);
+  for (int64_t kp = blk.kp_begin; kp < kp_end; ++kp) {
     __m512 w0[B], w1[B];
     for (int b = 0; b < B; ++b) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + b * panel_stride + (kp + kPrefetchPairs) * 32), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(w + b * panel_stride + kp * 32);
       w0[b] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       w1[b] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
@@ -47,7 +88,7 @@ inline void TileF32(const Problem& p, int64_t row0, int64_t panel0) {
       for (int b = 0; b < B; ++b) acc[r][b] = _mm512_fmadd_ps(x1, w1[b], acc[r][b]);
     }
   }
-  if (p.k & 1) {  // last k alone (its pair partner is padding and is skipped)
+  if (blk.last && (p.k & 1)) {  // last k alone (its pair partner is padding and is skipped)
     const int64_t kp = full_pairs;
     for (int b = 0; b < B; ++b) {
       const __m512i v = _mm512_loadu_si512(w + b * panel_stride + kp * 32);
@@ -55,76 +96,53 @@ inline void TileF32(const Problem& p, int64_t row0, int64_t panel0) {
       for (int r = 0; r < R; ++r) acc[r][b] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * p.ldx + 2 * kp]), w0, acc[r][b]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kPanelCols, p.n, acc[r][b]);
+  SaveAcc<R, B>(p, acc, blk, row0, panel0);
 }
 
-// bf16 activations: one VDPBF16PS per pair line and row.
-template <int R, int B>
-inline void TileBf16(const Problem& p, int64_t row0, int64_t panel0) {
-  const int64_t kpairs = KPairs(p.k);
-  const int64_t panel_stride = kpairs * 32;
-  const uint16_t* w = p.packed + panel0 * panel_stride;
-  const uint32_t* xp = p.x_pairs + row0 * kpairs;
-  __m512 acc[R][B];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
-  for (int64_t kp = 0; kp < kpairs; ++kp) {
-    __m512bh wv[B];
-    for (int b = 0; b < B; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * panel_stride + kp * 32);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[r * kpairs + kp]));
-      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xv, wv[b]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kPanelCols, p.n, acc[r][b]);
-}
-
-template <int B, bool kBf16>
-inline void RowTail(const Problem& p, int64_t row0, int64_t rows, int64_t panel0) {
-#define SPECD_TILE(R) (kBf16 ? TileBf16<R, B>(p, row0, panel0) : TileF32<R, B>(p, row0, panel0))
+template <int B>
+void RowTile(const Problem& p, int64_t row0, int64_t rows, int64_t panel0, const Block& blk) {
   switch (rows) {
-    case 1: SPECD_TILE(1); break;
-    case 2: SPECD_TILE(2); break;
-    case 3: SPECD_TILE(3); break;
-    case 4: SPECD_TILE(4); break;
-    case 5: SPECD_TILE(5); break;
-    case 6: SPECD_TILE(6); break;
-    case 7: SPECD_TILE(7); break;
+#define SPECD_ROWS(R)                                                            \
+  case R:                                                                        \
+    TileF32<R, B>(p, row0, panel0, blk); \
+    break;
+    SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4) SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
+#undef SPECD_ROWS
     default: break;
   }
-#undef SPECD_TILE
 }
 
-template <int B, bool kBf16>
-inline void AllRows(const Problem& p, int64_t panel0) {
-  int64_t row = 0;
-  for (; row + kRowTile <= p.m; row += kRowTile) {
-    if (kBf16) {
-      TileBf16<kRowTile, B>(p, row, panel0);
-    } else {
-      TileF32<kRowTile, B>(p, row, panel0);
+template <int B>
+void PanelTile(const Problem& p, int64_t panel0, float* scratch) {
+  const int64_t kpairs = KPairs(p.k);
+  for (int64_t kb = 0; kb < kpairs; kb += kBlockPairs) {
+    Block blk;
+    blk.kp_begin = kb;
+    blk.kp_end = kb + kBlockPairs < kpairs ? kb + kBlockPairs : kpairs;
+    blk.first = kb == 0;
+    blk.last = blk.kp_end == kpairs;
+    // Balanced row tiles (m = 9 -> 5 + 4, not 8 + 1): a 1-row tile is FMA-latency bound and
+    // would cost half a full tile. Tiling never changes an output's reduction order.
+    const int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t row = p.m * t / tiles;
+      const int64_t rows = p.m * (t + 1) / tiles - row;
+      blk.scratch = scratch + row * B * 16;
+      RowTile<B>(p, row, rows, panel0, blk);
     }
   }
-  if (row < p.m) RowTail<B, kBf16>(p, row, p.m - row, panel0);
 }
 
-template <bool kBf16>
-void Panels(const Problem& p, int64_t panel_begin, int64_t panel_end) {
+void Panels(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch) {
   int64_t panel = panel_begin;
-  for (; panel + kColTile <= panel_end; panel += kColTile) AllRows<kColTile, kBf16>(p, panel);
-  for (; panel < panel_end; ++panel) AllRows<1, kBf16>(p, panel);
+  for (; panel + kColTile <= panel_end; panel += kColTile) PanelTile<kColTile>(p, panel, scratch);
+  for (; panel < panel_end; ++panel) PanelTile<1>(p, panel, scratch);
 }
 
 }  // namespace
 
-void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end) {
-  Panels<false>(p, panel_begin, panel_end);
-}
-
-void PanelsBf16Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end) {
-  Panels<true>(p, panel_begin, panel_end);
+void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch) {
+  Panels(p, panel_begin, panel_end, scratch);
 }
 
 }  // namespace gemm

@@ -1,18 +1,25 @@
 // Inner GEMM kernels over packed bf16 weights, shared by gemm.cc (dispatch, threading, bindings),
-// gemm_portable.cc and gemm_avx512.cc. Plain declarations only: safe for *_avx512.cc.
+// gemm_portable.cc, gemm_avx512.cc and gemm_amx.cc. Plain declarations only: safe for the ISA files.
 //
 // Packed weight layout ("VNNI pairs in 16-column panels"), dtype bf16 (uint16 raw bits):
 //   packed[panel][kp][lane][j] = W[panel*16 + lane][2*kp + j]
-//   panel in [0, ceil(N/16)), kp in [0, ceil(K/2)), lane in [0, 16), j in {0, 1}
-// i.e. `[Npad/16][Kpad/2][16][2]` with Npad = roundup(N, 16), Kpad = roundup(K, 2), padding = 0.
+//   panel in [0, ceil(N/16)), kp in [0, Kpad/2), lane in [0, 16), j in {0, 1}
+// i.e. `[Npad/16][Kpad/2][16][2]` with Npad = roundup(N, 16), Kpad = roundup(K, 32), padding = 0.
+// (K is padded to 32 so that every 16 pairs of a panel form one AMX B tile of 16 rows x 64 B.)
 // One 64-byte line holds K-pairs for 16 output columns (one zmm feeds 16 FMA lanes), and each
-// panel is one contiguous stream over K, so a GEMV reads weights strictly sequentially.
+// panel is one contiguous stream over K, so a GEMV reads weights strictly sequentially (the
+// `[K/2][N][2]` order would jump N*4 bytes between lines, a new 4 KiB page almost every line).
 //
-// Reduction order (batch invariance): output Y[m][n] is ONE fp32 accumulator starting at +0 and
-// updated for k = 0, 1, ..., K-1 in order, whatever M, the row's tile or the thread. The
-// fp32-activation kernels do acc = fma(x[m][k], w[n][k], acc) (AVX-512) or acc = acc + x*w with
-// two roundings (portable; -ffp-contract=off). Hence row i of a GEMM equals the GEMV of row i bit
-// for bit on one path; the two paths differ from each other by rounding only.
+// Reduction order (batch invariance), fp32 activations (the default and the project rule): output
+// Y[m][n] is ONE fp32 accumulator starting at +0 and updated for k = 0, 1, ..., K-1 in order,
+// whatever M, the row's tile or the thread: acc = fma(x[m][k], w[n][k], acc) on AVX-512, or
+// acc = acc + x*w with two roundings on the portable path (-ffp-contract=off). Hence row i of a
+// GEMM equals the GEMV of row i bit for bit on one path; the two paths differ by rounding only.
+//
+// bf16 activations (opt-in): X rounded to bf16. With AMX, TDPBF16PS tiles (PanelsBf16Amx); else
+// the fp32 kernels run on the rounded X. A VDPBF16PS (AVX512_BF16) register kernel was measured and
+// dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened weights (1 core, cached, M=16), while
+// AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
 #pragma once
 #include <cstdint>
 
@@ -29,24 +36,34 @@ struct Problem {
   float* y;
   int64_t ldy;
   int64_t m, n, k;
-  /** For the bf16-activation variant only: X rounded to bf16 pairs, [m][ceil(k/2)] uint32. */
-  const uint32_t* x_pairs;
+  /** bf16-activation variant only: X rounded to bf16, [m][ldxb] with zero padding up to Kpad. */
+  const uint16_t* x_bf16 = nullptr;
+  int64_t ldxb = 0;
 };
 
-inline int64_t KPairs(int64_t k) { return (k + 1) / 2; }
-inline int64_t Panels(int64_t n) { return (n + kPanelCols - 1) / kPanelCols; }
-
-/** Computes all rows of Y for panels [panel_begin, panel_end), fp32 activations. */
-void PanelsF32Portable(const Problem& p, int64_t panel_begin, int64_t panel_end);
-void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end);
+/** K pairs that hold weights: ceil(k/2). */
+static inline int64_t KPairs(int64_t k) { return (k + 1) / 2; }
+/** K pairs stored per panel (Kpad/2, a multiple of 16): the panel stride is PanelPairs*32 uint16. */
+static inline int64_t PanelPairs(int64_t k) { return (KPairs(k) + 15) / 16 * 16; }
+static inline int64_t Panels(int64_t n) { return (n + kPanelCols - 1) / kPanelCols; }
 
 /**
- * bf16-activation variant (opt-in): per pair acc = (acc + x1*w1) + x0*w0 with x rounded to bf16,
- * the order of AVX512_BF16 VDPBF16PS (products of two bf16 are exact in fp32). The AVX-512 path
- * additionally flushes denormals (instruction semantics); the portable path does not.
+ * Computes all rows of Y for panels [panel_begin, panel_end), fp32 activations. `scratch` holds
+ * ScratchFloats(m) floats owned by the calling thread (accumulators between K blocks).
  */
-void PanelsBf16Portable(const Problem& p, int64_t panel_begin, int64_t panel_end);
-void PanelsBf16Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end);
+void PanelsF32Portable(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch);
+void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch);
+
+/**
+ * bf16-activation variant on AMX (opt-in; X rounded to bf16, TDPBF16PS with fp32 accumulation in
+ * tiles of 16 rows x 16 columns x 32 k). Row results depend only on that row of X, so the variant
+ * is batch invariant too; its rounding differs from the fp32-activation kernels (X in bf16, the
+ * tile's internal summation order, denormals flushed). Needs p.x_bf16; compiled in gemm_amx.cc.
+ */
+void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end);
+
+/** Scratch floats a kernel call needs per thread for m rows. */
+static inline int64_t ScratchFloats(int64_t m) { return (m + 8) * 2 * kPanelCols; }
 
 }  // namespace gemm
 }  // namespace specd

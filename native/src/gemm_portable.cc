@@ -12,11 +12,10 @@ namespace {
 
 constexpr int kRowTile = 4;
 
-template <int R, bool kBf16>
+template <int R>
 void Tile(const Problem& p, int64_t row0, int64_t panel) {
-  const int64_t kpairs = KPairs(p.k);
-  const int64_t full_pairs = kBf16 ? kpairs : p.k / 2;
-  const uint16_t* w = p.packed + panel * kpairs * 32;
+  const int64_t full_pairs = p.k / 2;
+  const uint16_t* w = p.packed + panel * PanelPairs(p.k) * 32;
   float acc[R][16];
   std::memset(acc, 0, sizeof acc);  // +0
   float w0[16], w1[16];
@@ -27,23 +26,13 @@ void Tile(const Problem& p, int64_t row0, int64_t panel) {
       w1[l] = Bf16ToF32(line[2 * l + 1]);
     }
     for (int r = 0; r < R; ++r) {
-      float x0, x1;
-      if (kBf16) {
-        const uint32_t pair = p.x_pairs[(row0 + r) * kpairs + kp];
-        x0 = Bf16ToF32(static_cast<uint16_t>(pair & 0xFFFFu));
-        x1 = Bf16ToF32(static_cast<uint16_t>(pair >> 16));
-        // VDPBF16PS order: odd element first; both products are exact in fp32.
-        for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x1 * w1[l];
-        for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x0 * w0[l];
-      } else {
-        x0 = p.x[(row0 + r) * p.ldx + 2 * kp];
-        x1 = p.x[(row0 + r) * p.ldx + 2 * kp + 1];
-        for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x0 * w0[l];
-        for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x1 * w1[l];
-      }
+      const float x0 = p.x[(row0 + r) * p.ldx + 2 * kp];
+      const float x1 = p.x[(row0 + r) * p.ldx + 2 * kp + 1];
+      for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x0 * w0[l];
+      for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x1 * w1[l];
     }
   }
-  if (!kBf16 && (p.k & 1)) {
+  if (p.k & 1) {
     const uint16_t* line = w + full_pairs * 32;
     for (int l = 0; l < 16; ++l) w0[l] = Bf16ToF32(line[2 * l]);
     for (int r = 0; r < R; ++r) {
@@ -56,15 +45,14 @@ void Tile(const Problem& p, int64_t row0, int64_t panel) {
   for (int r = 0; r < R; ++r) std::memcpy(p.y + (row0 + r) * p.ldy + col0, acc[r], valid * sizeof(float));
 }
 
-template <bool kBf16>
 void Panels(const Problem& p, int64_t panel_begin, int64_t panel_end) {
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     int64_t row = 0;
-    for (; row + kRowTile <= p.m; row += kRowTile) Tile<kRowTile, kBf16>(p, row, panel);
+    for (; row + kRowTile <= p.m; row += kRowTile) Tile<kRowTile>(p, row, panel);
     switch (p.m - row) {
-      case 1: Tile<1, kBf16>(p, row, panel); break;
-      case 2: Tile<2, kBf16>(p, row, panel); break;
-      case 3: Tile<3, kBf16>(p, row, panel); break;
+      case 1: Tile<1>(p, row, panel); break;
+      case 2: Tile<2>(p, row, panel); break;
+      case 3: Tile<3>(p, row, panel); break;
       default: break;
     }
   }
@@ -72,12 +60,8 @@ void Panels(const Problem& p, int64_t panel_begin, int64_t panel_end) {
 
 }  // namespace
 
-void PanelsF32Portable(const Problem& p, int64_t panel_begin, int64_t panel_end) {
-  Panels<false>(p, panel_begin, panel_end);
-}
-
-void PanelsBf16Portable(const Problem& p, int64_t panel_begin, int64_t panel_end) {
-  Panels<true>(p, panel_begin, panel_end);
+void PanelsF32Portable(const Problem& p, int64_t panel_begin, int64_t panel_end, float*) {
+  Panels(p, panel_begin, panel_end);
 }
 
 }  // namespace gemm

@@ -7,6 +7,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace specd {
 namespace {
@@ -33,12 +37,32 @@ bool DetectAvx512() {
 #endif
 }
 
+bool DetectAmx() {
+#if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__) && defined(__linux__)
+  if (!DetectAvx512()) return false;
+  unsigned a, b, c, d;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+  if (!amx_bf16 || !amx_tile) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if (((xcr0_lo >> 17) & 3u) != 3u) return false;  // XTILECFG and XTILEDATA state enabled
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 const bool g_avx512_available = DetectAvx512();
+const bool g_amx_available = DetectAmx();
 std::atomic<int> g_isa{static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa::kPortable)};
 
 }  // namespace
 
 bool Avx512Available() { return g_avx512_available; }
+
+bool AmxAvailable() { return g_amx_available; }
 
 Isa CurrentIsa() { return static_cast<Isa>(g_isa.load(std::memory_order_relaxed)); }
 

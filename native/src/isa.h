@@ -16,6 +16,13 @@ enum class Isa { kPortable = 0, kAvx512 = 1 };
 /** True when this build contains AVX-512 code and this CPU/OS can run it. */
 bool Avx512Available();
 
+/**
+ * True when AMX-TILE and AMX-BF16 are usable: cpuid, OS state (XCR0) and, on Linux, the
+ * process-wide permission for tile data (arch_prctl ARCH_REQ_XCOMP_PERM, requested at load).
+ * Used only by the opt-in bf16-activation GEMM, and only on the avx512 path.
+ */
+bool AmxAvailable();
+
 /** The path kernels use now. */
 Isa CurrentIsa();
 

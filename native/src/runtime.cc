@@ -1,7 +1,8 @@
 // Runtime family: ISA selection, thread count, and a parallel memory copy for bandwidth probes.
 //
 // JS entry points (wrapped by native/src/runtime.ts):
-//   isa() -> { isa: "avx512" | "portable", avx512Available: boolean, threads: number }
+//   isa() -> { isa: "avx512" | "portable", avx512Available: boolean, amxAvailable: boolean,
+//              threads: number }
 //   setIsa(name: "auto" | "portable" | "avx512") -> undefined
 //   setNumThreads(threads: integer >= 1) -> undefined
 //   parallelCopy(dst: Float32Array, src: Float32Array [same length]) -> undefined  (memcpy per thread)
@@ -20,6 +21,7 @@ Napi::Value IsaBinding(const Napi::CallbackInfo& info) {
   Napi::Object o = Napi::Object::New(info.Env());
   o.Set("isa", IsaName(CurrentIsa()));
   o.Set("avx512Available", Avx512Available());
+  o.Set("amxAvailable", AmxAvailable());
   o.Set("threads", PoolSize());
   return o;
 }

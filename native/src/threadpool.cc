@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
-#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -135,11 +134,16 @@ class Pool {
   std::exception_ptr error_;
 };
 
-std::mutex g_run_mu;  // one ParallelFor at a time; also guards g_pool replacement
-std::unique_ptr<Pool> g_pool;
+// Process-lifetime objects, deliberately never destroyed: no static-destruction-order hazards and
+// no join at exit while a libuv thread may still be inside ParallelFor.
+std::mutex& RunMutex() {  // one ParallelFor at a time; also guards pool replacement
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+Pool* g_pool = nullptr;
 
 Pool& GetPool() {
-  if (!g_pool) g_pool = std::make_unique<Pool>(DefaultPoolSize());
+  if (g_pool == nullptr) g_pool = new Pool(DefaultPoolSize());
   return *g_pool;
 }
 
@@ -166,18 +170,18 @@ int DefaultPoolSize() {
 }
 
 int PoolSize() {
-  std::lock_guard<std::mutex> lock(g_run_mu);
+  std::lock_guard<std::mutex> lock(RunMutex());
   return GetPool().size();
 }
 
 void SetPoolSize(int threads) {
-  std::lock_guard<std::mutex> lock(g_run_mu);
-  g_pool.reset();
-  g_pool = std::make_unique<Pool>(threads);
+  std::lock_guard<std::mutex> lock(RunMutex());
+  delete g_pool;  // joins the old workers (idle: no ParallelFor can run while we hold the mutex)
+  g_pool = new Pool(threads);
 }
 
 void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  std::lock_guard<std::mutex> lock(g_run_mu);
+  std::lock_guard<std::mutex> lock(RunMutex());
   GetPool().Run(n, fn);
 }
 

@@ -10,8 +10,10 @@
 // to exactly one range (e.g. GEMM partitions over N only, never K) are deterministic and
 // independent of the thread count.
 //
-// Concurrent callers (the JS thread plus AsyncWorkers on libuv threads) are serialised by a
-// mutex: one ParallelFor runs at a time. fn must not call ParallelFor (that would deadlock);
+// The pool is process-wide: the main thread, AsyncWorkers on libuv threads and every Node
+// worker_thread that loads the addon (e.g. TP ranks) share it, and concurrent callers are
+// serialised by a mutex: one ParallelFor runs at a time (the cores are shared anyway). When n == 1
+// or the pool has one thread, fn runs inline on the caller. fn must not call ParallelFor (that would deadlock);
 // the first exception thrown by any range is rethrown on the caller after all ranges finish.
 #pragma once
 #include <cstdint>

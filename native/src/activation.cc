@@ -1,0 +1,82 @@
+// Activation family: SiLU and SwiGLU, elementwise f32.
+//
+// JS entry points (wrapped by native/src/activation.ts):
+//   silu(x: Float32Array [n], out: Float32Array [n]) -> undefined          out = x * sigmoid(x)
+//   swiglu(gate: Float32Array [n], up: Float32Array [n], out: Float32Array [n]) -> undefined
+//                                                                         out = silu(gate) * up
+//   swigluFused(gateUp: Float32Array [rows*2*inter], rows, inter, out: Float32Array [rows*inter])
+//     -> undefined   gateUp row = [gate (inter) | up (inter)], the output of a fused gate_up GEMM
+// sigmoid(g) = 1 / (1 + exp(-g)) in f32. out may alias an input (except swigluFused).
+#include <cmath>
+
+#include "common.h"
+#include "families.h"
+#include "threadpool.h"
+
+namespace specd {
+namespace {
+
+constexpr int64_t kChunk = 1 << 13;
+
+inline float Silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+template <typename Fn>
+void Chunked(int64_t n, Fn fn) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  ParallelFor(chunks, [&](int64_t b, int64_t e) { fn(b * kChunk, e * kChunk < n ? e * kChunk : n); });
+}
+
+Napi::Value SiluBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "silu");
+  auto x = args.F32(0, "x");
+  auto out = args.F32(1, "out", x.ElementLength(), "x.length");
+  const float* px = x.Data();
+  float* po = out.Data();
+  Chunked(static_cast<int64_t>(x.ElementLength()), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) po[i] = Silu(px[i]);
+  });
+  return info.Env().Undefined();
+}
+
+Napi::Value SwigluBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "swiglu");
+  auto gate = args.F32(0, "gate");
+  auto up = args.F32(1, "up", gate.ElementLength(), "gate.length");
+  auto out = args.F32(2, "out", gate.ElementLength(), "gate.length");
+  const float* pg = gate.Data();
+  const float* pu = up.Data();
+  float* po = out.Data();
+  Chunked(static_cast<int64_t>(gate.ElementLength()), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) po[i] = Silu(pg[i]) * pu[i];
+  });
+  return info.Env().Undefined();
+}
+
+Napi::Value SwigluFusedBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "swigluFused");
+  const int64_t rows = args.Int(1, "rows", 0);
+  const int64_t inter = args.Int(2, "inter", 1);
+  auto gu = args.F32(0, "gateUp", CheckedProduct("swigluFused", {rows, 2, inter}), "rows*2*inter");
+  auto out = args.F32(3, "out", CheckedProduct("swigluFused", {rows, inter}), "rows*inter");
+  const float* pg = gu.Data();
+  float* po = out.Data();
+  ParallelFor(rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* g = pg + r * 2 * inter;
+      const float* u = g + inter;
+      float* o = po + r * inter;
+      for (int64_t i = 0; i < inter; ++i) o[i] = Silu(g[i]) * u[i];
+    }
+  });
+  return info.Env().Undefined();
+}
+
+}  // namespace
+
+void RegisterActivation(Napi::Env env, Napi::Object exports) {
+  exports.Set("silu", Napi::Function::New(env, Guarded<SiluBinding>, "silu"));
+  exports.Set("swiglu", Napi::Function::New(env, Guarded<SwigluBinding>, "swiglu"));
+  exports.Set("swigluFused", Napi::Function::New(env, Guarded<SwigluFusedBinding>, "swigluFused"));
+}
+
+}  // namespace specd

@@ -1,0 +1,103 @@
+/**
+ * Linear layers with bf16 weights: `Y[m, n] = X[m, k] · W[n, k]ᵀ`, X and Y f32, accumulation f32.
+ *
+ * Weights are packed once at load (`packBf16Weights`) into 16-column panels of K-pairs (layout in
+ * native/src/gemm_kernels.h), so one 64-byte line feeds 16 output columns and a GEMV streams the
+ * weights sequentially. Batch invariance: row i of a GEMM is bit-identical to the GEMV of row i,
+ * for every m, every thread count, on a given ISA path (each output is one fp32 accumulator over
+ * k = 0..k-1 in order; threads split N, never K).
+ *
+ * Activations: `'f32'` (default; the project rule "bf16 weights, fp32 activations and
+ * accumulation") keeps X in fp32 and runs fp32 FMA on weights widened from bf16. `'bf16'` (opt-in)
+ * rounds X to bf16 first and, on the avx512 path of a CPU with AMX, runs AMX tiles: several times
+ * the FLOP rate, so a 16-token verify costs about one GEMV (docs/BENCHMARKS.md). It loses X
+ * precision (8 significant bits): use it only where that was validated (e.g. acceptance unchanged).
+ * Each variant is batch invariant on its own; they differ from each other.
+ *
+ * Sync vs async: `gemmBf16` blocks the calling thread (use it inside a model forward that runs on
+ * a worker thread, or for small shapes: no Promise overhead); `gemmBf16Async` runs on a libuv
+ * thread and resolves when done (use it on the main/server thread for long calls such as prefill
+ * or a big lm_head). Both share one compute pool, so concurrent calls queue rather than compete.
+ */
+import { addon } from './loader.js';
+import { expectArray, expectInt, expectOneOf, outArray } from './validate.js';
+
+declare const packedBrand: unique symbol;
+
+/** bf16 weights `[n, k]` packed for `gemmBf16`; immutable once packed. */
+export interface PackedBf16Weights {
+  /** Output features (rows of W). */
+  readonly n: number;
+  /** Input features (columns of W). */
+  readonly k: number;
+  /** Packed bf16 bits, `packedBf16Length(n, k)` elements. */
+  readonly data: Uint16Array;
+  readonly [packedBrand]: true;
+}
+
+/** Activation precision of `gemmBf16` (see the module comment). */
+export type GemmActivations = 'f32' | 'bf16';
+
+/** Elements of the packed layout: `roundUp(n, 16) * roundUp(k, 32)`. */
+export function packedBf16Length(n: number, k: number): number {
+  expectInt('packedBf16Length', 'n', n, 1);
+  expectInt('packedBf16Length', 'k', k, 1);
+  return Math.ceil(n / 16) * 16 * Math.ceil(k / 32) * 32;
+}
+
+/**
+ * Packs row-major bf16 weights W `[n, k]` (HF `nn.Linear.weight` layout) for `gemmBf16`.
+ * @param w Uint16Array [n*k] of bf16 bits.
+ * @param n output features; @param k input features.
+ * @throws SpecdArgumentError on a wrong type, size or length.
+ */
+export function packBf16Weights(w: Uint16Array, n: number, k: number): PackedBf16Weights {
+  const out = new Uint16Array(packedBf16Length(n, k));
+  addon.packBf16(expectArray('packBf16Weights', 'w', w, Uint16Array, n * k, 'n*k'), n, k, out);
+  return Object.freeze({ n, k, data: out }) as PackedBf16Weights;
+}
+
+function checkGemm(
+  call: string, x: Float32Array, m: number, w: PackedBf16Weights, out: Float32Array | undefined, activations: unknown,
+) {
+  expectOneOf(call, 'activations', activations, ['f32', 'bf16'] as const);
+  expectInt(call, 'm', m, 0);
+  if (typeof w !== 'object' || w === null || !(w.data instanceof Uint16Array)) {
+    expectArray(call, 'w.data', (w as { data?: unknown } | null)?.data, Uint16Array);
+  }
+  expectArray(call, 'w.data', w.data, Uint16Array, packedBf16Length(w.n, w.k), 'packedBf16Length(w.n, w.k)');
+  expectArray(call, 'x', x, Float32Array, m * w.k, 'm*w.k');
+  return outArray(call, out, Float32Array, m * w.n, 'm*w.n');
+}
+
+/**
+ * `Y = X · Wᵀ` synchronously (GEMV when m = 1).
+ * @param x Float32Array [m, k] (k = w.k), row-major.
+ * @param m rows (tokens), >= 0.
+ * @param w packed weights [n, k].
+ * @param out optional Float32Array [m, n] to write into (must not alias x).
+ * @param activations "f32" (default) or "bf16" (opt-in, see the module comment).
+ * @returns Float32Array [m, n].
+ * @throws SpecdArgumentError on a wrong type, shape, length or activations.
+ */
+export function gemmBf16(
+  x: Float32Array, m: number, w: PackedBf16Weights, out?: Float32Array, activations: GemmActivations = 'f32',
+): Float32Array {
+  const y = checkGemm('gemmBf16', x, m, w, out, activations);
+  addon.gemmBf16(x, m, w.k, w.data, w.n, y, activations);
+  return y;
+}
+
+/**
+ * `Y = X · Wᵀ` on a libuv thread. Do not write x or w.data, nor read out, until the Promise
+ * settles (their memory is used in place, not copied); do not transfer their buffers.
+ * Arguments and result as `gemmBf16`.
+ * @throws SpecdArgumentError synchronously on bad arguments; the Promise rejects (code
+ *   ERR_SPECD_KERNEL) on a kernel failure.
+ */
+export function gemmBf16Async(
+  x: Float32Array, m: number, w: PackedBf16Weights, out?: Float32Array, activations: GemmActivations = 'f32',
+): Promise<Float32Array> {
+  const y = checkGemm('gemmBf16Async', x, m, w, out, activations);
+  return addon.gemmBf16Async(x, m, w.k, w.data, w.n, y, activations).then(() => y);
+}

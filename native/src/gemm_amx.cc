@@ -1,0 +1,99 @@
+// AMX GEMM kernel for the opt-in bf16-activation variant (see gemm_kernels.h). Compiled with
+// -mamx-tile -mamx-bf16 (+ AVX-512 flags); called only when isa.cc reports AMX usable (cpuid,
+// XCR0 and the Linux arch_prctl permission). Intrinsics only, no STL (see CMakeLists.txt on ODR).
+//
+// Tiles: C0..C3 = 4 panels x (rows x 16) fp32 accumulators, A = X rows x 32 k (bf16),
+// B = 16 K pairs x 16 columns of one panel (exactly 1 KiB of the packed layout, stride 64 B).
+// Loop: row tiles of <= 16 rows (one tile config each) > groups of 4 panels > K in steps of 32.
+// For m <= 16 (verification) the weights are streamed exactly once.
+#include <immintrin.h>
+
+#include "gemm_kernels.h"
+
+namespace specd {
+namespace gemm {
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void Configure(int rows) {
+  TileConfig cfg = {};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 4; ++t) {  // C tiles
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
+  }
+  cfg.rows[4] = static_cast<uint8_t>(rows);  // A
+  cfg.colsb[4] = 64;
+  for (int t = 5; t < 7; ++t) {  // B
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+inline void StoreTile(const Problem& p, const float* tile, int64_t row0, int rows, int64_t panel) {
+  const int64_t col = panel * kPanelCols;
+  const int64_t valid = p.n - col;
+  const __mmask16 mask = valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1u);
+  for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(p.y + (row0 + r) * p.ldy + col, mask, _mm512_load_ps(tile + r * 16));
+}
+
+}  // namespace
+
+void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end) {
+  const int64_t blocks = PanelPairs(p.k) / 16;             // 32-k steps
+  const int64_t panel_stride = PanelPairs(p.k) * 32;       // uint16 per panel
+  const int64_t a_stride = p.ldxb * 2;                     // bytes per X row
+  alignas(64) float tile[4][16 * 16];
+  for (int64_t row0 = 0; row0 < p.m; row0 += 16) {
+    const int rows = static_cast<int>(p.m - row0 < 16 ? p.m - row0 : 16);
+    Configure(rows);
+    const uint16_t* a = p.x_bf16 + row0 * p.ldxb;
+    int64_t panel = panel_begin;
+    for (; panel + 4 <= panel_end; panel += 4) {
+      const uint16_t* w = p.packed + panel * panel_stride;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        _tile_loadd(4, a + kb * 32, a_stride);
+        _tile_loadd(5, w + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, w + panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, w + 2 * panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(6, w + 3 * panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(3, 4, 6);
+      }
+      _tile_stored(0, tile[0], 64);
+      _tile_stored(1, tile[1], 64);
+      _tile_stored(2, tile[2], 64);
+      _tile_stored(3, tile[3], 64);
+      for (int t = 0; t < 4; ++t) StoreTile(p, tile[t], row0, rows, panel + t);
+    }
+    for (; panel < panel_end; ++panel) {
+      const uint16_t* w = p.packed + panel * panel_stride;
+      _tile_zero(0);
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        _tile_loadd(4, a + kb * 32, a_stride);
+        _tile_loadd(5, w + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+      }
+      _tile_stored(0, tile[0], 64);
+      StoreTile(p, tile[0], row0, rows, panel);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace gemm
+}  // namespace specd

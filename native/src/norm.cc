@@ -1,0 +1,81 @@
+// Norm family: RMSNorm over the last dimension, optionally gated.
+//
+// JS entry point (wrapped by native/src/norm.ts):
+//   rmsNorm(x: Float32Array [rows*dim], weight: Float32Array [dim], rows, dim, eps,
+//           out: Float32Array [rows*dim], gate: Float32Array [rows*dim] | null,
+//           gateKind: "none" | "sigmoid" | "silu") -> undefined
+//   y[r][i] = float(x[r][i] * inv_r) * weight[i] * act(gate[r][i]),
+//   inv_r = 1 / sqrt(mean_i(x[r][i]^2) + eps)   (sum of squares in double, index order)
+//   act = 1 (none), sigmoid(g) = 1/(1+exp(-g)), silu(g) = g*sigmoid(g).
+// The per-head form over [tokens, heads, headDim] is the same call with rows = tokens*heads and
+// dim = headDim (weight shared by the heads). out may alias x. Rows are independent, so results
+// do not depend on the batch or the thread count. Portable only (memory-bound, vectorised by the
+// compiler at the baseline ISA).
+#include <cmath>
+
+#include "common.h"
+#include "families.h"
+#include "threadpool.h"
+
+namespace specd {
+namespace {
+
+enum class Gate { kNone, kSigmoid, kSilu };
+
+template <Gate G>
+void NormRows(const float* x, const float* w, const float* gate, float* out, int64_t begin, int64_t end, int64_t dim,
+              double eps) {
+  for (int64_t r = begin; r < end; ++r) {
+    const float* xr = x + r * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    float* yr = out + r * dim;
+    const float* gr = gate ? gate + r * dim : nullptr;
+    for (int64_t i = 0; i < dim; ++i) {
+      float y = (xr[i] * inv) * w[i];
+      if (G == Gate::kSigmoid) y = y * (1.0f / (1.0f + std::exp(-gr[i])));
+      if (G == Gate::kSilu) y = y * (gr[i] / (1.0f + std::exp(-gr[i])));
+      yr[i] = y;
+    }
+  }
+}
+
+Napi::Value RmsNormBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "rmsNorm");
+  const int64_t rows = args.Int(2, "rows", 0);
+  const int64_t dim = args.Int(3, "dim", 1);
+  const double eps = args.Number(4, "eps");
+  if (eps < 0) args.Fail("eps", "a number >= 0", std::to_string(eps));
+  const size_t total = CheckedProduct("rmsNorm", {rows, dim});
+  auto x = args.F32(0, "x", total, "rows*dim");
+  auto w = args.F32(1, "weight", static_cast<size_t>(dim), "dim");
+  auto out = args.F32(5, "out", total, "rows*dim");
+  const std::string kind = args.IsAbsent(7) ? "none" : args.String(7, "gateKind");
+  Gate g;
+  if (kind == "none") g = Gate::kNone;
+  else if (kind == "sigmoid") g = Gate::kSigmoid;
+  else if (kind == "silu") g = Gate::kSilu;
+  else args.Fail("gateKind", "\"none\", \"sigmoid\" or \"silu\"", "\"" + kind + "\"");
+  const float* gate = nullptr;
+  if (g != Gate::kNone) gate = args.F32(6, "gate", total, "rows*dim").Data();
+  const float* px = x.Data();
+  const float* pw = w.Data();
+  float* po = out.Data();
+  ParallelFor(rows, [&](int64_t b, int64_t e) {
+    switch (g) {
+      case Gate::kNone: NormRows<Gate::kNone>(px, pw, gate, po, b, e, dim, eps); break;
+      case Gate::kSigmoid: NormRows<Gate::kSigmoid>(px, pw, gate, po, b, e, dim, eps); break;
+      case Gate::kSilu: NormRows<Gate::kSilu>(px, pw, gate, po, b, e, dim, eps); break;
+    }
+  });
+  return info.Env().Undefined();
+}
+
+}  // namespace
+
+void RegisterNorm(Napi::Env env, Napi::Object exports) {
+  exports.Set("rmsNorm", Napi::Function::New(env, Guarded<RmsNormBinding>, "rmsNorm"));
+}
+
+}  // namespace specd

@@ -1,0 +1,55 @@
+/** Runtime controls: which ISA path the kernels use and how many threads the pool has. */
+import { addon } from './loader.js';
+import { expectArray, expectInt, expectOneOf } from './validate.js';
+
+/** Instruction-set path of the kernels. */
+export type IsaName = 'avx512' | 'portable';
+
+/** What the addon runs on. */
+export interface IsaInfo {
+  /** Path the kernels use now. */
+  readonly isa: IsaName;
+  /** Whether this build and CPU can run the AVX-512 (F/BW/VL/BF16/VNNI) path. */
+  readonly avx512Available: boolean;
+  /** Whether AMX-TILE/AMX-BF16 are usable (used only by `gemmBf16(..., 'bf16')` on the avx512 path). */
+  readonly amxAvailable: boolean;
+  /** Threads of the compute pool, caller included (SPECD_NUM_THREADS or the CPU affinity mask). */
+  readonly threads: number;
+}
+
+/**
+ * Reports the chosen ISA path and thread count. At load the path is AVX-512 when available,
+ * unless `SPECD_ISA=portable` (or `avx512` to demand it, `auto` to detect) is set.
+ */
+export function isa(): IsaInfo {
+  return addon.isa();
+}
+
+/**
+ * Switches the ISA path for all later calls, process-wide (tests use it to run both paths).
+ * @param name "auto" (detect), "portable", or "avx512".
+ * @throws SpecdArgumentError for another name; RangeError (code ERR_SPECD_INVALID_ARG) when
+ *   "avx512" is asked on a CPU or build without it.
+ */
+export function setIsa(name: 'auto' | IsaName): void {
+  addon.setIsa(expectOneOf('setIsa', 'name', name, ['auto', 'portable', 'avx512'] as const));
+}
+
+/**
+ * Rebuilds the compute pool with `threads` threads (caller included). Results never depend on it
+ * (kernels partition outputs statically); only speed does.
+ * @throws SpecdArgumentError unless 1 <= threads <= 1024.
+ */
+export function setNumThreads(threads: number): void {
+  addon.setNumThreads(expectInt('setNumThreads', 'threads', threads, 1, 1024));
+}
+
+/**
+ * Copies `src` into `dst` with the compute pool (one memcpy per thread); used by the bandwidth
+ * benchmark (STREAM "copy": bytes moved = 2 * 4 * length).
+ * @param dst Float32Array [n]; @param src Float32Array [n].
+ */
+export function parallelCopy(dst: Float32Array, src: Float32Array): void {
+  const s = expectArray('parallelCopy', 'src', src, Float32Array);
+  addon.parallelCopy(expectArray('parallelCopy', 'dst', dst, Float32Array, s.length, 'src.length'), s);
+}

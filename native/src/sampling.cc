@@ -1,0 +1,168 @@
+// Sampling family: row-wise softmax, argmax, and top-k / top-p logit filters, all over
+// [rows, cols] f32 row-major (rows = sequences or draft positions, cols = vocabulary).
+//
+// JS entry points (wrapped by native/src/sampling.ts):
+//   softmax(x, rows, cols, temperature (> 0), out: Float32Array [rows*cols]) -> undefined
+//       out = exp((x - max)/T) / sum, exp in f32, sum in double. Entries of -Infinity get 0.
+//       Throws (ERR_SPECD_KERNEL) when a row has no finite maximum (all -Infinity or NaN).
+//   argmax(x, rows, cols, out: Int32Array [rows]) -> undefined
+//       first index of the largest value; NaN never wins; a row of only NaN gives 0.
+//   topKMask(logits, rows, cols, k (1..cols), out) -> undefined
+//       keeps entries >= the k-th largest value of the row (ties at the boundary are all kept, so
+//       more than k may survive), sets the others to -Infinity.
+//   topPMask(logits, rows, cols, p (0 < p <= 1), out) -> undefined
+//       on probabilities softmax(logits) (apply the temperature to the logits first), keeps the
+//       smallest prefix of tokens sorted by (probability desc, index asc) whose cumulative mass
+//       reaches p (at least one token), sets the others to -Infinity. p = 1 keeps all.
+// out may alias the input for softmax, topKMask and topPMask. Rows are independent.
+#include <algorithm>
+#include <functional>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "families.h"
+#include "threadpool.h"
+
+namespace specd {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/** Writes exp((x-max)/T)/sum into out; returns false when the row has no finite maximum. */
+bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
+  float mx = kNegInf;
+  for (int64_t i = 0; i < cols; ++i) mx = x[i] > mx ? x[i] : mx;
+  if (!std::isfinite(mx)) return false;
+  double sum = 0.0;
+  for (int64_t i = 0; i < cols; ++i) {
+    const float e = std::exp((x[i] - mx) * inv_t);
+    out[i] = e;
+    sum += e;
+  }
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < cols; ++i) out[i] *= inv_sum;
+  return true;
+}
+
+struct RowsArgs {
+  int64_t rows, cols;
+  const float* x;
+  float* out;
+};
+
+RowsArgs ReadRows(ArgReader& args, const char* x_name, size_t out_index) {
+  RowsArgs r;
+  r.rows = args.Int(1, "rows", 0);
+  r.cols = args.Int(2, "cols", 1);
+  const size_t total = CheckedProduct(args.call(), {r.rows, r.cols});
+  r.x = args.F32(0, x_name, total, "rows*cols").Data();
+  r.out = args.F32(out_index, "out", total, "rows*cols").Data();
+  return r;
+}
+
+Napi::Value SoftmaxBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "softmax");
+  RowsArgs r = ReadRows(args, "x", 4);
+  const double t = args.Number(3, "temperature");
+  if (!(t > 0)) args.Fail("temperature", "a number > 0", std::to_string(t));
+  const float inv_t = static_cast<float>(1.0 / t);
+  ParallelFor(r.rows, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      if (!SoftmaxRow(r.x + row * r.cols, r.out + row * r.cols, r.cols, inv_t)) {
+        throw KernelError("softmax: x: row " + std::to_string(row) + " has no finite value");
+      }
+    }
+  });
+  return info.Env().Undefined();
+}
+
+Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "argmax");
+  const int64_t rows = args.Int(1, "rows", 0);
+  const int64_t cols = args.Int(2, "cols", 1, INT32_MAX);
+  auto x = args.F32(0, "x", CheckedProduct("argmax", {rows, cols}), "rows*cols");
+  auto out = args.I32(3, "out", static_cast<size_t>(rows), "rows");
+  const float* px = x.Data();
+  int32_t* po = out.Data();
+  ParallelFor(rows, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      const float* xr = px + row * cols;
+      int64_t best = -1;
+      for (int64_t i = 0; i < cols; ++i) {
+        if (std::isnan(xr[i])) continue;
+        if (best < 0 || xr[i] > xr[best]) best = i;
+      }
+      po[row] = static_cast<int32_t>(best < 0 ? 0 : best);
+    }
+  });
+  return info.Env().Undefined();
+}
+
+Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "topKMask");
+  RowsArgs r = ReadRows(args, "logits", 4);
+  const int64_t k = args.Int(3, "k", 1, r.cols);
+  ParallelFor(r.rows, [&](int64_t b, int64_t e) {
+    std::vector<float> tmp(static_cast<size_t>(r.cols));
+    for (int64_t row = b; row < e; ++row) {
+      const float* xr = r.x + row * r.cols;
+      float* o = r.out + row * r.cols;
+      for (int64_t i = 0; i < r.cols; ++i) tmp[i] = std::isnan(xr[i]) ? kNegInf : xr[i];
+      std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
+      const float threshold = tmp[static_cast<size_t>(k - 1)];
+      for (int64_t i = 0; i < r.cols; ++i) o[i] = xr[i] >= threshold ? xr[i] : kNegInf;
+    }
+  });
+  return info.Env().Undefined();
+}
+
+Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "topPMask");
+  RowsArgs r = ReadRows(args, "logits", 4);
+  const double p = args.Number(3, "p");
+  if (!(p > 0 && p <= 1)) args.Fail("p", "a number in (0, 1]", std::to_string(p));
+  ParallelFor(r.rows, [&](int64_t b, int64_t e) {
+    std::vector<float> prob(static_cast<size_t>(r.cols));
+    std::vector<int32_t> order(static_cast<size_t>(r.cols));
+    std::vector<uint8_t> keep(static_cast<size_t>(r.cols));
+    for (int64_t row = b; row < e; ++row) {
+      const float* xr = r.x + row * r.cols;
+      float* o = r.out + row * r.cols;
+      if (p >= 1.0) {
+        if (o != xr) std::copy(xr, xr + r.cols, o);
+        continue;
+      }
+      if (!SoftmaxRow(xr, prob.data(), r.cols, 1.0f)) {
+        throw KernelError("topPMask: logits: row " + std::to_string(row) + " has no finite value");
+      }
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t c) {
+        return prob[a] > prob[c] || (prob[a] == prob[c] && a < c);
+      });
+      std::fill(keep.begin(), keep.end(), 0);
+      double cum = 0.0;
+      for (int64_t j = 0; j < r.cols; ++j) {
+        keep[order[j]] = 1;
+        cum += prob[order[j]];
+        if (cum >= p) break;
+      }
+      for (int64_t i = 0; i < r.cols; ++i) o[i] = keep[i] ? xr[i] : kNegInf;
+    }
+  });
+  return info.Env().Undefined();
+}
+
+}  // namespace
+
+void RegisterSampling(Napi::Env env, Napi::Object exports) {
+  exports.Set("softmax", Napi::Function::New(env, Guarded<SoftmaxBinding>, "softmax"));
+  exports.Set("argmax", Napi::Function::New(env, Guarded<ArgmaxBinding>, "argmax"));
+  exports.Set("topKMask", Napi::Function::New(env, Guarded<TopKMaskBinding>, "topKMask"));
+  exports.Set("topPMask", Napi::Function::New(env, Guarded<TopPMaskBinding>, "topPMask"));
+}
+
+}  // namespace specd

@@ -1,0 +1,75 @@
+/**
+ * Row-wise helpers for sampling and verification over logits `[rows, vocab]` f32: softmax with
+ * temperature, argmax (greedy), and top-k / top-p filters (applied, like temperature, to both the
+ * target p and the draft q before rejection sampling, REFERENCE.md §6).
+ */
+import { addon } from './loader.js';
+import { expectArray, expectInt, expectNumber, outArray, rowsOf } from './validate.js';
+
+function rows(call: string, param: string, x: Float32Array, vocab: number): number {
+  expectInt(call, 'vocab', vocab, 1);
+  return rowsOf(call, param, expectArray(call, param, x, Float32Array), vocab, 'vocab');
+}
+
+/**
+ * `softmax(x / temperature)` per row (max-subtracted; exp f32, sum double).
+ * @param x Float32Array [rows, vocab]; @param vocab row length; @param temperature > 0 (default 1).
+ * @param out optional Float32Array [rows, vocab]; may be `x`.
+ * @returns probabilities, Float32Array [rows, vocab].
+ * @throws SpecdArgumentError on bad arguments; Error (code ERR_SPECD_KERNEL) when a row has no
+ *   finite value (all -Infinity/NaN).
+ */
+export function softmax(x: Float32Array, vocab: number, temperature = 1, out?: Float32Array): Float32Array {
+  const n = rows('softmax', 'x', x, vocab);
+  const t = expectNumber('softmax', 'temperature', temperature, (v) => v > 0, 'a number > 0');
+  const y = outArray('softmax', out, Float32Array, x.length, 'x.length');
+  addon.softmax(x, n, vocab, t, y);
+  return y;
+}
+
+/**
+ * Index of the largest value per row (first one on ties; NaN never wins; all-NaN row gives 0).
+ * @param x Float32Array [rows, vocab]; @param vocab row length (<= 2^31-1).
+ * @returns Int32Array [rows] of token ids.
+ * @throws SpecdArgumentError on bad arguments.
+ */
+export function argmax(x: Float32Array, vocab: number): Int32Array {
+  const n = rows('argmax', 'x', x, vocab);
+  const out = new Int32Array(n);
+  addon.argmax(x, n, vocab, out);
+  return out;
+}
+
+/**
+ * Top-k filter: keeps logits >= the k-th largest of the row (all ties at the boundary survive),
+ * sets the rest to -Infinity.
+ * @param logits Float32Array [rows, vocab]; @param vocab row length; @param k in [1, vocab].
+ * @param out optional Float32Array [rows, vocab]; may be `logits`.
+ * @returns filtered logits, Float32Array [rows, vocab].
+ * @throws SpecdArgumentError on bad arguments.
+ */
+export function topKMask(logits: Float32Array, vocab: number, k: number, out?: Float32Array): Float32Array {
+  const n = rows('topKMask', 'logits', logits, vocab);
+  expectInt('topKMask', 'k', k, 1, vocab);
+  const y = outArray('topKMask', out, Float32Array, logits.length, 'logits.length');
+  addon.topKMask(logits, n, vocab, k, y);
+  return y;
+}
+
+/**
+ * Top-p (nucleus, Holtzman et al. 2019) filter on `softmax(logits)`: keeps the smallest set of
+ * tokens, taken by (probability desc, index asc), whose mass reaches p (at least one token), sets
+ * the rest to -Infinity. Apply the temperature to the logits first.
+ * @param logits Float32Array [rows, vocab]; @param vocab row length; @param p in (0, 1] (1 keeps all).
+ * @param out optional Float32Array [rows, vocab]; may be `logits`.
+ * @returns filtered logits, Float32Array [rows, vocab].
+ * @throws SpecdArgumentError on bad arguments; Error (code ERR_SPECD_KERNEL) when a row has no
+ *   finite value.
+ */
+export function topPMask(logits: Float32Array, vocab: number, p: number, out?: Float32Array): Float32Array {
+  const n = rows('topPMask', 'logits', logits, vocab);
+  const pp = expectNumber('topPMask', 'p', p, (v) => v > 0 && v <= 1, 'a number in (0, 1]');
+  const y = outArray('topPMask', out, Float32Array, logits.length, 'logits.length');
+  addon.topPMask(logits, n, vocab, pp, y);
+  return y;
+}

@@ -1,2 +1,0 @@
-#include "families.h"
-namespace specd { void RegisterActivation(Napi::Env, Napi::Object) {} }

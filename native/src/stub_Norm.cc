@@ -1,2 +1,0 @@
-#include "families.h"
-namespace specd { void RegisterNorm(Napi::Env, Napi::Object) {} }

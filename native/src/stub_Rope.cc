@@ -1,2 +1,0 @@
-#include "families.h"
-namespace specd { void RegisterRope(Napi::Env, Napi::Object) {} }

@@ -1,2 +1,0 @@
-#include "families.h"
-namespace specd { void RegisterSampling(Napi::Env, Napi::Object) {} }

@@ -1,0 +1,218 @@
+// GEMM over packed bf16 weights: accuracy vs float64, batch invariance (bitwise), thread
+// invariance, async == sync, argument errors. Both ISA paths.
+import { createRequire } from 'node:module';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  addonPath, bf16ToF32, gemmBf16, gemmBf16Async, isa, packBf16Weights, packedBf16Length, setIsa, setNumThreads,
+  type GemmActivations, type PackedBf16Weights,
+} from '@specd/native';
+import {
+  bf16Bits, bf16Value, firstBitDifference, firstMismatches, freshSeed, isaPaths, poisoned, randomF32, relError, rng,
+  tolDot, withIsa,
+} from './reference.js';
+
+/** Random bf16 weights W [n, k] (bits) and their exact values. */
+function randomWeights(n: number, k: number, next: () => number): { bits: Uint16Array; values: Float64Array } {
+  const bits = new Uint16Array(n * k);
+  const values = new Float64Array(n * k);
+  for (let i = 0; i < n * k; i++) {
+    bits[i] = bf16Bits((next() * 2 - 1) * 0.5);
+    values[i] = bf16Value(bits[i]!);
+  }
+  return { bits, values };
+}
+
+/** float64 reference Y[m, n] = X[m, k] · W[n, k]ᵀ. */
+function referenceGemm(x: Float32Array, w: Float64Array, m: number, n: number, k: number): Float64Array {
+  const y = new Float64Array(m * n);
+  for (let i = 0; i < m; i++)
+    for (let j = 0; j < n; j++) {
+      let s = 0;
+      for (let l = 0; l < k; l++) s += x[i * k + l]! * w[j * k + l]!;
+      y[i * n + j] = s;
+    }
+  return y;
+}
+
+function gemm(x: Float32Array, m: number, w: PackedBf16Weights, activations: GemmActivations = 'f32'): Float32Array {
+  return gemmBf16(x, m, w, poisoned(m * w.n), activations);
+}
+
+/** X rounded to bf16, as the 'bf16' activation variant sees it. */
+function roundedToBf16(x: Float32Array): Float32Array {
+  return x.map((v) => bf16Value(bf16Bits(v)));
+}
+
+const shapes: Array<[m: number, n: number, k: number]> = [
+  [1, 16, 32], [1, 1, 1], [3, 17, 33], [17, 45, 301], [1, 130, 257], [5, 64, 1024], [16, 96, 1000], [33, 31, 77],
+];
+
+afterAll(() => {
+  setIsa('auto');
+  setNumThreads(isa().threads);
+});
+
+describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
+  it.each(shapes)('matches float64 at m=%i n=%i k=%i', (m, n, k) => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const { bits, values } = randomWeights(n, k, next);
+    const x = randomF32(m * k, next);
+    const w = packBf16Weights(bits, n, k);
+    const y = withIsa(path, () => gemm(x, m, w));
+    const ref = referenceGemm(x, values, m, n, k);
+    const err = relError(y, ref);
+    expect(err, `seed ${seed}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(tolDot(k));
+  });
+
+  it('is batch invariant: row i of every GEMM (m = 1..33) equals the GEMV of row i, bit for bit', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [n, k] = [67, 301];
+    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+    const x = randomF32(33 * k, next);
+    withIsa(path, () => {
+      const gemv = Array.from({ length: 33 }, (_, i) => gemm(x.subarray(i * k, (i + 1) * k), 1, w));
+      for (let m = 1; m <= 33; m++) {
+        // Rows taken from different offsets so a row's position in the batch changes with m.
+        const offset = (m * 7) % (34 - m);
+        const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w);
+        for (let i = 0; i < m; i++) {
+          const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
+          expect(diff, `seed ${seed}: m=${m} row ${i} (x row ${offset + i}) differs at column ${diff}`).toBe(-1);
+        }
+      }
+    });
+  });
+
+  it.each(shapes.slice(0, 6))('with bf16 activations (opt-in) matches float64 on bf16-rounded x at m=%i n=%i k=%i', (m, n, k) => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const { bits, values } = randomWeights(n, k, next);
+    const x = randomF32(m * k, next);
+    const w = packBf16Weights(bits, n, k);
+    const y = withIsa(path, () => gemm(x, m, w, 'bf16'));
+    const ref = referenceGemm(roundedToBf16(x), values, m, n, k);
+    const err = relError(y, ref);
+    expect(err, `seed ${seed}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(2 * tolDot(k));
+  });
+
+  it('with bf16 activations is batch invariant too (m = 1..33, bitwise)', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [n, k] = [75, 333];
+    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+    const x = randomF32(33 * k, next);
+    withIsa(path, () => {
+      const gemv = Array.from({ length: 33 }, (_, i) => gemm(x.subarray(i * k, (i + 1) * k), 1, w, 'bf16'));
+      for (let m = 1; m <= 33; m++) {
+        const offset = (m * 5) % (34 - m);
+        const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w, 'bf16');
+        for (let i = 0; i < m; i++) {
+          const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
+          expect(diff, `seed ${seed}: m=${m} row ${i} differs at column ${diff}`).toBe(-1);
+        }
+      }
+    });
+  });
+
+  it('gives bit-identical results with 1, 2 and 3 threads', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [m, n, k] = [9, 200, 515];
+    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+    const x = randomF32(m * k, next);
+    const threads = isa().threads;
+    withIsa(path, () => {
+      for (const act of ['f32', 'bf16'] as const) {
+        setNumThreads(1);
+        const one = gemm(x, m, w, act);
+        setNumThreads(2);
+        const two = gemm(x, m, w, act);
+        setNumThreads(3);
+        const three = gemm(x, m, w, act);
+        setNumThreads(threads);
+        expect(firstBitDifference(one, two), `seed ${seed} ${act}: 1 vs 2 threads`).toBe(-1);
+        expect(firstBitDifference(one, three), `seed ${seed} ${act}: 1 vs 3 threads`).toBe(-1);
+      }
+    });
+  });
+
+  it('async equals sync bit for bit', async () => {
+    const next = rng(freshSeed());
+    const [m, n, k] = [4, 48, 130];
+    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+    const x = randomF32(m * k, next);
+    setIsa(path);
+    try {
+      for (const act of ['f32', 'bf16'] as const) {
+        const sync = gemm(x, m, w, act);
+        const async = await gemmBf16Async(x, m, w, poisoned(m * n), act);
+        expect(firstBitDifference(sync, async)).toBe(-1);
+      }
+      // Concurrent calls share the pool (serialised natively) and still give the same bits.
+      const many = await Promise.all(Array.from({ length: 6 }, () => gemmBf16Async(x, m, w, poisoned(m * n))));
+      for (const y of many) expect(firstBitDifference(y, gemm(x, m, w))).toBe(-1);
+    } finally {
+      setIsa('auto');
+    }
+  });
+});
+
+describe('packBf16Weights', () => {
+  it('keeps every weight (unpacking the panel layout gives W back) and pads with zeros', () => {
+    const [n, k] = [19, 7];
+    const bits = new Uint16Array(n * k).map((_, i) => (i * 37 + 1) & 0xffff);
+    const packed = packBf16Weights(bits, n, k).data;
+    expect(packed.length).toBe(packedBf16Length(n, k));
+    const kp = Math.ceil(k / 32) * 16; // pairs stored per panel: K padded to 32
+    for (let row = 0; row < 32; row++)
+      for (let col = 0; col < 2 * kp; col++) {
+        const v = packed[Math.floor(row / 16) * kp * 32 + Math.floor(col / 2) * 32 + (row % 16) * 2 + (col % 2)];
+        expect(v).toBe(row < n && col < k ? bits[row * k + col] : 0);
+      }
+  });
+
+  it('round-trips through bf16ToF32 unchanged', () => {
+    const bits = new Uint16Array([0x3f80, 0xc000, 0x0001, 0x7f80]);
+    expect(Array.from(bf16ToF32(bits))).toEqual([1, -2, bf16Value(1), Number.POSITIVE_INFINITY]);
+  });
+});
+
+describe('gemmBf16 argument errors', () => {
+  const w = packBf16Weights(new Uint16Array(6), 3, 2);
+  it('names the call, the parameter, the expectation and what came', () => {
+    expect(() => gemmBf16(new Float32Array(3), 1, w)).toThrow(
+      'gemmBf16: x: expected Float32Array of length 2 (m*w.k), got Float32Array of length 3',
+    );
+    expect(() => gemmBf16(new Float64Array(2) as unknown as Float32Array, 1, w)).toThrow(
+      /gemmBf16: x: expected Float32Array of length 2 \(m\*w\.k\), got Float64Array/,
+    );
+    expect(() => gemmBf16(new Float32Array(2), 1.5, w)).toThrow(/gemmBf16: m: expected an integer/);
+    expect(() => gemmBf16(new Float32Array(2), 1, w, new Float32Array(2))).toThrow(/gemmBf16: out: expected Float32Array of length 3/);
+    expect(() => packBf16Weights(new Uint16Array(5), 3, 2)).toThrow(/packBf16Weights: w: expected Uint16Array of length 6/);
+    expect(() => gemmBf16(new Float32Array(2), 1, w, undefined, 'fp8' as 'f32')).toThrow(
+      'gemmBf16: activations: expected one of "f32", "bf16", got string "fp8"',
+    );
+    expect(() => gemmBf16Async(new Float32Array(3), 1, w)).toThrow(/gemmBf16Async: x: expected Float32Array of length 2/);
+  });
+
+  it('rejects bad arguments in the native layer too (no crash), with a code', () => {
+    // Test-only: reach the raw binding (same cached instance as loader.ts) to bypass the TS checks.
+    const raw = createRequire(import.meta.url)(addonPath) as {
+      gemmBf16(x: Float32Array, m: number, k: number, p: Uint16Array, n: number, y: Float32Array): void;
+    };
+    try {
+      raw.gemmBf16(new Float32Array(2), 1, 2, new Uint16Array(4), 3, new Float32Array(3));
+      expect.unreachable();
+    } catch (e) {
+      expect((e as Error).message).toBe(
+        'gemmBf16: packed: expected Uint16Array of length 512 (packedBf16Length(n, k)), got Uint16Array of length 4',
+      );
+      expect((e as { code?: string }).code).toBe('ERR_SPECD_INVALID_ARG');
+    }
+    expect(() => raw.gemmBf16(new Float32Array(2), -1, 2, new Uint16Array(512), 3, new Float32Array(3))).toThrow(
+      'gemmBf16: m: expected an integer in [0, 1099511627776], got -1',
+    );
+  });
+});

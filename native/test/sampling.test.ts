@@ -1,0 +1,105 @@
+// softmax (temperature), argmax, top-k and top-p filters vs float64 references.
+import { describe, expect, it } from 'vitest';
+import { argmax, softmax, topKMask, topPMask } from '@specd/native';
+import { freshSeed, poisoned, randomF32, relError, rng, TOL_F32 } from './reference.js';
+
+function refSoftmax(x: ArrayLike<number>, cols: number, t: number): Float64Array {
+  const y = new Float64Array(x.length);
+  for (let r = 0; r < x.length / cols; r++) {
+    let mx = -Infinity;
+    for (let i = 0; i < cols; i++) mx = Math.max(mx, x[r * cols + i]!);
+    let s = 0;
+    for (let i = 0; i < cols; i++) s += (y[r * cols + i] = Math.exp((x[r * cols + i]! - mx) / t));
+    for (let i = 0; i < cols; i++) y[r * cols + i]! /= s;
+  }
+  return y;
+}
+
+describe('softmax', () => {
+  it.each([[1, 5, 1], [3, 1000, 0.7], [17, 4097, 1.5]])('matches float64 (rows=%i vocab=%i T=%f)', (rows, vocab, t) => {
+    const seed = freshSeed();
+    const x = randomF32(rows * vocab, rng(seed), 10);
+    x[0] = -Infinity;
+    const y = softmax(x, vocab, t, poisoned(x.length));
+    expect(relError(y, refSoftmax(x, vocab, t)), `seed ${seed}`).toBeLessThan(4 * TOL_F32);
+    expect(y[0]).toBe(0);
+  });
+
+  it('throws a named error for a row without a finite value', () => {
+    expect(() => softmax(new Float32Array([1, 2, -Infinity, -Infinity]), 2)).toThrow('softmax: x: row 1 has no finite value');
+    expect(() => softmax(new Float32Array(4), 2, 0)).toThrow('softmax: temperature: expected a number > 0, got number 0');
+  });
+});
+
+describe('argmax', () => {
+  it('returns the first index of the row maximum, ignoring NaN', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [rows, vocab] = [9, 3001];
+    const x = randomF32(rows * vocab, next);
+    const ref = Array.from({ length: rows }, (_, r) => {
+      let best = 0;
+      for (let i = 1; i < vocab; i++) if (x[r * vocab + i]! > x[r * vocab + best]!) best = i;
+      return best;
+    });
+    expect(Array.from(argmax(x, vocab)), `seed ${seed}`).toEqual(ref);
+    expect(Array.from(argmax(new Float32Array([Number.NaN, 1, 3, 3, Number.NaN, Number.NaN]), 3))).toEqual([2, 0]);
+  });
+});
+
+describe('topKMask', () => {
+  it('keeps the k largest of each row (ties at the boundary kept) and masks the rest with -Infinity', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [rows, vocab, k] = [4, 1003, 17];
+    const x = randomF32(rows * vocab, next);
+    const y = topKMask(x, vocab, k, poisoned(x.length));
+    for (let r = 0; r < rows; r++) {
+      const row = Array.from(x.subarray(r * vocab, (r + 1) * vocab));
+      const kth = [...row].sort((a, b) => b - a)[k - 1]!;
+      for (let i = 0; i < vocab; i++) expect(y[r * vocab + i], `seed ${seed}`).toBe(row[i]! >= kth ? row[i] : -Infinity);
+    }
+    expect(Array.from(topKMask(new Float32Array([1, 3, 3, 2]), 4, 2))).toEqual([-Infinity, 3, 3, -Infinity]);
+    expect(Array.from(topKMask(new Float32Array([1, 2, 2, 0]), 4, 2))).toEqual([-Infinity, 2, 2, -Infinity]);
+  });
+});
+
+describe('topPMask', () => {
+  it('keeps the smallest most-probable set reaching p, at least one token', () => {
+    const logits = Float32Array.from([0.1, 0.5, 0.2, 0.2].map(Math.log));
+    const pick = (p: number) => Array.from(topPMask(logits, 4, p)).map((v) => (v === -Infinity ? 0 : 1));
+    expect(pick(0.5)).toEqual([0, 1, 0, 0]);
+    expect(pick(0.6)).toEqual([0, 1, 1, 0]); // tie 0.2/0.2: lower index first
+    expect(pick(0.8)).toEqual([0, 1, 1, 1]);
+    expect(pick(0.95)).toEqual([1, 1, 1, 1]);
+    expect(pick(1e-9)).toEqual([0, 1, 0, 0]);
+    expect(pick(1)).toEqual([1, 1, 1, 1]);
+  });
+
+  it('matches a float64 reference on random rows and works in place', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [rows, vocab, p] = [3, 2000, 0.9];
+    const x = randomF32(rows * vocab, next, 6);
+    const y = topPMask(x, vocab, p, poisoned(x.length));
+    for (let r = 0; r < rows; r++) {
+      const prob = refSoftmax(x.subarray(r * vocab, (r + 1) * vocab), vocab, 1);
+      const order = Array.from(prob.keys()).sort((a, b) => prob[b]! - prob[a]! || a - b);
+      const keep = new Set<number>();
+      let cum = 0;
+      for (const i of order) {
+        keep.add(i);
+        if ((cum += prob[i]!) >= p) break;
+      }
+      let kept = 0;
+      for (let i = 0; i < vocab; i++) if (y[r * vocab + i] !== -Infinity) kept++;
+      // float32 vs float64 probabilities may move the boundary by at most one token.
+      expect(Math.abs(kept - keep.size), `seed ${seed}`).toBeLessThanOrEqual(1);
+      for (const i of order.slice(0, keep.size - 1)) expect(y[r * vocab + i], `seed ${seed}`).toBe(x[r * vocab + i]);
+    }
+    const inPlace = Float32Array.from(x);
+    topPMask(inPlace, vocab, p, inPlace);
+    expect(Array.from(inPlace)).toEqual(Array.from(y));
+    expect(() => topPMask(x, vocab, 1.5)).toThrow('topPMask: p: expected a number in (0, 1], got number 1.5');
+  });
+});
