@@ -173,9 +173,9 @@ def spec_generate(target, prop: Proposer, prompt_ids: list[int], new_tokens: int
         else:
             drafts, q = tokens[:0], None
         block = torch.cat([tokens[-1:], drafts])
-        vlogits, vhidden, _ = target(block[None], caches, mode="recurrent")
+        vlogits, vhidden, _ = target(block[None], caches, mode="chunked", chunk=32)
         n, nxt = accept(drafts, q, vlogits[0], temperature, gen)
-        _, _, caches = target(block[None, : n + 1], caches, mode="recurrent", keep_hidden=False)
+        _, _, caches = target(block[None, : n + 1], caches, mode="chunked", chunk=32, keep_hidden=False)
         vt = torch.cat([vhidden[t] for t in prop.taps], -1)[:, : n + 1]
         taps = torch.cat([taps, vt], 1)
         tokens = torch.cat([tokens, drafts[:n], nxt.view(1)])
