@@ -124,8 +124,7 @@ def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int)
     p_d = logp.exp()
     ce = -logp.gather(-1, labels[..., None])[..., 0]
     tv = 0.5 * (p_d - p_t).abs().sum(-1)
-    conf = model.confidence(hs, prev)
-    bce = F.binary_cross_entropy(conf.clamp(1e-6, 1 - 1e-6), (1 - tv).detach())
+    bce = F.binary_cross_entropy_with_logits(model.confidence_logit(hs, prev), (1 - tv).detach().float())
     per = 0.1 * ce + 0.9 * 2 * tv
     loss = (per * w).sum(-1).mean() / w.sum() + bce
     acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))

@@ -215,10 +215,14 @@ class DFlashDraft(nn.Module):
         """W2 · W1[prev] for prev [...] int64 → [..., V]."""
         return self.markov_head.proj(self.markov_head.embed(prev_tokens))
 
-    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """sigmoid(w · [hidden; W1[prev]] + b) → [...] in (0, 1)."""
+    def confidence_logit(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """w · [hidden; W1[prev]] + b → [...] fp32 (the confidence before the sigmoid)."""
         z = torch.cat([hidden, self.markov_head.embed(prev_tokens).to(hidden.dtype)], -1)
-        return torch.sigmoid(self.confidence_head(z).float())[..., 0]
+        return self.confidence_head(z).float()[..., 0]
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """sigmoid(w · [hidden; W1[prev]] + b) → [...] in (0, 1): P(slot accepted | earlier accepted)."""
+        return torch.sigmoid(self.confidence_logit(hidden, prev_tokens))
 
 
 def _cos_sin(pos: torch.Tensor, dim: int, theta: float):
