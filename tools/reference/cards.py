@@ -70,8 +70,8 @@ Command: `python3 train_target.py target --work W --minutes 6.3 --max-steps 2400
 {rows}
 
 ## Limits
-Under-trained on purpose of the time budget (one 10-minute GPU call): loss was still falling. A re-train
-with a faster trainer is planned (issue #2 allows one).
+Under-trained: one 10-minute GPU call of the session's 30 minutes went to it, and held-out loss was
+still falling. A re-train with a faster trainer is planned (issue #2 allows one).
 """
 
 
@@ -83,7 +83,7 @@ def drafter_card(name: str, folder: Path, log: dict, taus: dict, method: str) ->
         for dom, d in r["domains"].items():
             ppa = ", ".join(f"{x:.2f}" for x in d["per_position_acceptance"][:8])
             rows.append(f"| {key} | {dom} | {d['tau']:.3f} ± {d['tau_se']:.3f} | "
-                        f"{d['tau_mean_of_request_means']:.3f} | {d['verify_steps']} | {ppa} |")
+                        f"{d['tau_mean_of_request_means']:.3f} | {d['verify_steps']} | {ppa} | {d.get('device', '')} |")
     table = "\n".join(rows)
     last = log["log"][-1] if log["log"] else {}
     arch = cfg["architectures"][0]
@@ -101,7 +101,7 @@ def drafter_card(name: str, folder: Path, log: dict, taus: dict, method: str) ->
     }[method]
     return f"""# {name}
 
-A {method.upper() if method != 'eagle3' else 'EAGLE-3'} drafter for `models/kimi-k3-tiny`
+A {dict(dflash='DFlash', dspark='DSpark', eagle3='EAGLE-3')[method]} drafter for `models/kimi-k3-tiny`
 (`architectures` {cfg['architectures']}). Reference implementation:
 `tools/reference/specd_ref/{'eagle3' if method == 'eagle3' else 'dflash'}.py`.
 
@@ -115,17 +115,18 @@ A {method.upper() if method != 'eagle3' else 'EAGLE-3'} drafter for `models/kimi
 
 ## Data and training
 {DATA}; 256 sequences held out for validation. Objective: {objective}. AdamW lr 1e-3, batch 32 sequences,
-bf16 autocast, seed 0, one H200 (trained concurrently with the other two drafters):
+bf16 autocast, seed 0, one H200 (trained concurrently with other drafters or evaluations):
 {log.get('steps')} steps in {log.get('seconds', 0) / 60:.1f} min; best validation loss {log.get('best_val', float('nan')):.4f}.
-Command: `tools/reference/gpu/drafters.sh` (calls `train_drafters.py {method}`).
+Command: `tools/reference/gpu/{'finish' if method == 'dspark' else 'drafters'}.sh` (calls `train_drafters.py {method}`).
 
-## Acceptance length τ on the committed held-out prompts (`test/prompts/`, 48 prose + 48 code)
+## Acceptance length τ on the committed held-out prompts (`test/prompts/`, 32 prose + 32 code)
 τ = mean over verify steps of (accepted + 1), 128 new tokens per prompt, EOS ignored, fp32 on the bf16
-weights; ± is the standard error with prompts as clusters. "mean of request means" is the other τ
+weights (GPU runs: an H200 with TF32 off; CPU runs: this 2-core machine); ± is the standard error with
+prompts as clusters. Run names: t0 greedy, t1 temperature 1.0, b7 block size 7. "mean of request means" is the other τ
 definition (REFERENCE.md §1), reported separately.
 
-| run | prompts | τ | τ (mean of request means) | verify steps | per-position acceptance (first 8) |
-| --- | --- | --- | --- | --- | --- |
+| run | prompts | τ | τ (mean of request means) | verify steps | per-position acceptance (first 8) | device |
+| --- | --- | --- | --- | --- | --- | --- |
 {table}
 
 Command: `{TAU_CMD.format(folder=folder.name, t=0, extra='')}` (`--temperature 1` for t1{', `--block-size 7` for b7' if method == 'dflash' else ''}).
@@ -136,7 +137,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=Path, required=True)
     ap.add_argument("--target-log", type=Path, required=True)
-    ap.add_argument("--drafter-logs", type=Path, required=True)
+    ap.add_argument("--drafter-logs", type=Path, nargs="+", required=True,
+                    help="folders with <method>/log.json and tau_<run>[.<domain>].json; later folders "
+                         "add the domains earlier ones lack")
     ap.add_argument("--out-tau", type=Path, required=True)
     a = ap.parse_args()
     tdir = a.models / "kimi-k3-tiny"
@@ -149,9 +152,20 @@ def main():
         if not folder.exists():
             continue
         taus = {}
-        for f in sorted(a.drafter_logs.glob(f"tau_{method}_*.json")):
-            taus[f.stem[len("tau_"):]] = json.loads(f.read_text())
-        log = json.loads((a.drafter_logs / method / "log.json").read_text())
+        log = None
+        for folder_logs in a.drafter_logs:
+            if (folder_logs / method / "log.json").exists():
+                log = json.loads((folder_logs / method / "log.json").read_text())
+            for f in sorted(folder_logs.glob(f"tau_{method}_*.json")):
+                run = f.name[len("tau_"):].split(".")[0]
+                r = json.loads(f.read_text())
+                for d in r["domains"].values():
+                    d["device"] = r.get("device", "cuda")
+                if run in taus:
+                    for dom, d in r["domains"].items():
+                        taus[run]["domains"].setdefault(dom, d)
+                else:
+                    taus[run] = r
         (folder / "MODEL_CARD.md").write_text(drafter_card(folder.name, folder, log, taus, method))
         summary["drafters"][folder.name] = {
             run: {dom: {"tau": d["tau"], "tau_se": d["tau_se"],
@@ -159,7 +173,7 @@ def main():
                         "verify_steps": d["verify_steps"], "prompts": d["prompts"],
                         "per_position_acceptance": d["per_position_acceptance"],
                         "block_size": r["block_size"], "max_drafts": r["max_drafts"],
-                        "temperature": r["temperature"]}
+                        "temperature": r["temperature"], "device": d.get("device")}
                   for dom, d in r["domains"].items()}
             for run, r in taus.items()}
     a.out_tau.write_text(json.dumps(summary, indent=2) + "\n")
