@@ -1,0 +1,115 @@
+/**
+ * Plain generation (no drafter): load a target through its model plugin, prefill the prompt in
+ * chunks, then decode one token per forward with greedy or seeded sampling. What `specd generate`
+ * runs; the spec-decode engine (propose → verify → accept → commit) will reuse the same pieces.
+ */
+
+import 'reflect-metadata';
+import { container as rootContainer } from 'tsyringe';
+
+import { HfConfig } from '../io/hf-config.js';
+import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
+import { Tokenizer } from '../io/tokenizer.js';
+import { SequenceCache } from '../kv/sequence-cache.js';
+import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
+import { loadPluginPackages, ModelRegistry } from '../plugin/registry.js';
+import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
+
+/** Tokens per prefill forward. */
+export const PREFILL_CHUNK_TOKENS = 64;
+/** KV page size used by generate. */
+const PAGE_SIZE = 16;
+
+/** A loaded target + tokenizer. */
+export interface LoadedTarget {
+  readonly model: StageModel;
+  readonly tokenizer: Tokenizer;
+  readonly pluginName: string;
+  /** EOS ids (tokenizer ∪ generation_config). */
+  readonly eosTokenIds: readonly number[];
+}
+
+/**
+ * Imports the plugin packages, resolves the plugin for `modelDir`'s config, loads the whole model
+ * (one stage) and the tokenizer.
+ * @throws {PluginError} / {HfConfigError} / {SafetensorsError} / {TokenizerError} / the plugin's errors.
+ */
+export async function loadTarget(modelDir: string, plugins: readonly string[], onProgress?: (p: LoadProgress) => void): Promise<LoadedTarget> {
+  const container = rootContainer.createChildContainer();
+  await loadPluginPackages(plugins, container);
+  const config = HfConfig.read(modelDir);
+  const plugin = ModelRegistry.fromContainer(container).resolve(config);
+  const tokenizer = Tokenizer.load(modelDir);
+  const weights = SafetensorsCheckpoint.open(modelDir);
+  let model: StageModel;
+  try {
+    model = await plugin.load({ dir: modelDir, config, weights }, { onProgress });
+  } finally {
+    weights.close();
+  }
+  return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
+}
+
+/** Options of {@link generateTokens}. */
+export interface GenerateOptions {
+  readonly promptIds: Int32Array;
+  /** New tokens at most (≥ 1). */
+  readonly maxTokens: number;
+  readonly sampling: SamplingParams;
+  readonly seed: number;
+  /** Keep going after EOS. */
+  readonly ignoreEos?: boolean;
+  /** Called with each new token id, in order. */
+  readonly onToken?: (id: number) => void;
+}
+
+/** What {@link generateTokens} returns. */
+export interface GenerateResult {
+  readonly tokenIds: number[];
+  /** Wall time of prefill + decode, seconds (loading excluded). */
+  readonly seconds: number;
+  /** True if generation stopped at an EOS token (included in tokenIds). */
+  readonly stoppedAtEos: boolean;
+}
+
+/**
+ * Generates up to `maxTokens` tokens after the prompt (prefill in {@link PREFILL_CHUNK_TOKENS}
+ * chunks; one forward per new token).
+ * @throws {RangeError} for an empty prompt or a bad maxTokens.
+ */
+export function generateTokens(target: LoadedTarget, options: GenerateOptions): GenerateResult {
+  const { promptIds, maxTokens, sampling } = options;
+  if (promptIds.length === 0) throw new RangeError('generate: the prompt encodes to no tokens');
+  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1) throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
+  const model = target.model;
+  const total = promptIds.length + maxTokens;
+  const cache = new SequenceCache(model.cacheGeometry, { pageSize: PAGE_SIZE, numPages: Math.ceil(total / PAGE_SIZE) + 1, numSlots: 1 });
+  const rng = new SeededRandom(options.seed);
+  const id = 0;
+  const t0 = performance.now();
+  cache.add(id);
+  const out: number[] = [];
+  let stoppedAtEos = false;
+  try {
+    let logits: Float32Array | undefined;
+    for (let p = 0; p < promptIds.length; p += PREFILL_CHUNK_TOKENS) {
+      const tokens = promptIds.subarray(p, Math.min(promptIds.length, p + PREFILL_CHUNK_TOKENS));
+      const last = p + tokens.length === promptIds.length;
+      logits = model.forward({ sequences: [{ id, position: p, tokens, logits: last ? 'last' : 'none', phase: 'prefill' }] }, cache).logits;
+    }
+    for (;;) {
+      const tok = nextToken(logits!, sampling, rng);
+      out.push(tok);
+      options.onToken?.(tok);
+      if (!options.ignoreEos && target.eosTokenIds.includes(tok)) {
+        stoppedAtEos = true;
+        break;
+      }
+      if (out.length >= maxTokens) break;
+      logits = model.forward({ sequences: [{ id, position: cache.length(id), tokens: Int32Array.of(tok), logits: 'last' }] }, cache).logits;
+    }
+  } finally {
+    cache.finish(id);
+  }
+  return { tokenIds: out, seconds: (performance.now() - t0) / 1000, stoppedAtEos };
+}

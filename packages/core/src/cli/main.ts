@@ -1,0 +1,156 @@
+/**
+ * The `specd` command line (commander). Commands: `generate` (plain generation with the target).
+ * Errors are one line on stderr (`specd: error: …`) and a non-zero exit code: 2 for usage errors
+ * (unknown option, malformed value), 1 for everything else (missing model, bad config, …).
+ *
+ *   specd generate --prompt "The history of the" --max-tokens 32 [--temperature 0.8 --top-p 0.9 --seed 1] [--json]
+ */
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+
+import cliProgress from 'cli-progress';
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+
+import { BUILTIN_PLUGIN_PACKAGES } from '../plugin/registry.js';
+import { readCliConfig, type CliConfig } from './config-file.js';
+import { generateTokens, loadTarget } from './generate.js';
+import { defaultModelDir } from './paths.js';
+
+/** Where the CLI writes (injectable for tests). */
+export interface CliIo {
+  readonly stdout: { write(s: string): unknown; isTTY?: boolean };
+  readonly stderr: { write(s: string): unknown };
+  readonly cwd: string;
+}
+
+const intArg = (min: number) => (v: string): number => {
+  const n = Number(v);
+  if (!/^\s*-?\d+\s*$/.test(v) || !Number.isSafeInteger(n) || n < min) throw new InvalidArgumentError(`expected an integer >= ${min}`);
+  return n;
+};
+const numArg = (check: (n: number) => boolean, expected: string) => (v: string): number => {
+  const n = Number(v);
+  if (v.trim() === '' || !Number.isFinite(n) || !check(n)) throw new InvalidArgumentError(`expected ${expected}`);
+  return n;
+};
+
+interface GenerateFlags {
+  config?: string;
+  model?: string;
+  prompt?: string;
+  promptFile?: string;
+  maxTokens?: number;
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  seed?: number;
+  ignoreEos?: boolean;
+  json?: boolean;
+}
+
+/** A failure to report as one line (exit code 1). */
+class CliError extends Error {}
+
+async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
+  const cfg: CliConfig = flags.config !== undefined ? readCliConfig(path.resolve(io.cwd, flags.config)) : { generate: {} };
+  if ((flags.prompt === undefined) === (flags.promptFile === undefined)) throw new CliError('give exactly one of --prompt TEXT or --prompt-file FILE');
+  let prompt: string;
+  if (flags.promptFile !== undefined) {
+    try {
+      prompt = fs.readFileSync(path.resolve(io.cwd, flags.promptFile), 'utf8');
+    } catch (cause) {
+      throw new CliError(`--prompt-file: cannot read ${flags.promptFile}: ${(cause as Error).message}`);
+    }
+  } else {
+    prompt = flags.prompt!;
+  }
+  const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
+  if (!fs.existsSync(path.join(modelDir, 'config.json'))) throw new CliError(`model directory ${modelDir} has no config.json (use --model DIR)`);
+  const g = cfg.generate;
+  const maxTokens = flags.maxTokens ?? g.maxTokens ?? 64;
+  const temperature = flags.temperature ?? g.temperature ?? 0;
+  const topP = flags.topP ?? g.topP ?? 1;
+  const topK = flags.topK ?? g.topK ?? 0;
+  const seed = flags.seed ?? g.seed ?? (Math.random() * 2 ** 32) >>> 0;
+
+  const showBar = io.stdout.isTTY === true && flags.json !== true;
+  const bar = showBar ? new cliProgress.SingleBar({ format: 'loading {bar} {value}/{total} tensors', clearOnComplete: true, hideCursor: true }, cliProgress.Presets.shades_classic) : undefined;
+  let started = false;
+  const target = await loadTarget(modelDir, cfg.plugins ?? BUILTIN_PLUGIN_PACKAGES, (p) => {
+    if (bar === undefined) return;
+    if (!started) {
+      bar.start(p.total, 0);
+      started = true;
+    }
+    bar.update(p.done);
+  });
+  if (started) bar!.stop();
+
+  const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
+  if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
+  const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
+  const stream = flags.json !== true;
+  const result = generateTokens(target, {
+    promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, ignoreEos: flags.ignoreEos === true,
+    onToken: stream ? (id) => io.stdout.write(detok.push(id)) : undefined,
+  });
+  const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
+  const n = result.tokenIds.length;
+  const tps = result.seconds > 0 ? n / result.seconds : 0;
+  if (flags.json === true) {
+    io.stdout.write(`${JSON.stringify({
+      text, token_ids: result.tokenIds, num_prompt_tokens: promptIds.length, num_output_tokens: n,
+      seconds: result.seconds, output_tokens_per_s: tps, seed, stopped_at_eos: result.stoppedAtEos, model: modelDir, plugin: target.pluginName,
+    })}\n`);
+  } else {
+    io.stdout.write(`${detok.flush()}\n`);
+    io.stderr.write(`[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}]\n`);
+  }
+  target.model.dispose();
+}
+
+/** Builds the commander program. */
+export function buildProgram(io: CliIo): Command {
+  const program = new Command('specd')
+    .description('speculative decoding with pluggable drafters')
+    .exitOverride()
+    .configureOutput({ writeOut: (s) => io.stdout.write(s), writeErr: (s) => io.stderr.write(s), outputError: (s, write) => write(`specd: ${s.replace(/^error: /, 'error: ').trimEnd()}\n`) });
+  program
+    .command('generate')
+    .description('generate text with the target model (no drafter)')
+    .option('--config <file>', 'JSON config: {model, plugins, generate: {max_tokens, temperature, top_p, top_k, seed}}')
+    .option('--model <dir>', 'HF checkpoint directory (default: models/kimi-k3-tiny of this repository)')
+    .addOption(new Option('--prompt <text>', 'prompt text').conflicts('promptFile'))
+    .option('--prompt-file <file>', 'read the prompt from a file')
+    .option('--max-tokens <n>', 'new tokens at most (default 64)', intArg(1))
+    .option('--temperature <t>', '0 = greedy (default 0)', numArg((n) => n >= 0, 'a number >= 0'))
+    .option('--top-p <p>', 'nucleus sampling mass in (0, 1] (default 1)', numArg((n) => n > 0 && n <= 1, 'a number in (0, 1]'))
+    .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
+    .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
+    .option('--ignore-eos', 'do not stop at EOS')
+    .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …}')
+    .action(async (flags: GenerateFlags) => runGenerate(flags, io));
+  for (const c of program.commands) c.exitOverride().configureOutput(program.configureOutput());
+  return program;
+}
+
+/**
+ * Runs the CLI on `argv` (user arguments, without `node` and the script).
+ * @returns the exit code (0 ok, 1 failure, 2 usage error).
+ */
+export async function main(argv: readonly string[], io: CliIo = { stdout: process.stdout, stderr: process.stderr, cwd: process.cwd() }): Promise<number> {
+  const program = buildProgram(io);
+  try {
+    await program.parseAsync([...argv], { from: 'user' });
+    return 0;
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.exitCode === 0) return 0;
+      return err.code === 'commander.help' || err.code === 'commander.executeSubCommandAsync' ? 1 : 2;
+    }
+    const msg = (err as Error).message ?? String(err);
+    io.stderr.write(`specd: error: ${msg.split('\n')[0]}\n`);
+    return 1;
+  }
+}

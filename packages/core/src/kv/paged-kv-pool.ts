@@ -1,0 +1,213 @@
+/**
+ * Paged KV pool for attention-style caches (MLA latent + k_pe, or K/V heads): fixed-size pages of
+ * `pageSize` tokens, one f32 store per cached layer, per-sequence block tables (vLLM's
+ * PagedAttention layout, Kwon et al. 2023).
+ *
+ * Layout of one layer's store, f32: `[numPages, pageSize, floatsPerToken]`; token `pos` of a
+ * sequence lives in page `blockTable[floor(pos / pageSize)]` at row `pos % pageSize`. Every layer
+ * uses the same page ids for a sequence (one block table per sequence, shared by all layers), so
+ * a page id names `layers.length` byte ranges, one per layer ({@link PagedKvPool.describePages}).
+ *
+ * Pages are handed out lowest id first and recycled LIFO; nothing is zeroed (a sequence only reads
+ * rows it wrote).
+ */
+
+/** Thrown when the pool has no free page (or slot) left, or a sequence id is unknown / duplicated. */
+export class CacheError extends Error {
+  override readonly name = 'CacheError';
+  constructor(
+    /** `'full'` (no capacity left), `'unknown-sequence'`, `'duplicate-sequence'`, `'range'`. */
+    readonly code: 'full' | 'unknown-sequence' | 'duplicate-sequence' | 'range',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** Identifies one sequence (request) in the caches. */
+export type SequenceId = string | number;
+
+/** Shape of a {@link PagedKvPool}. */
+export interface PagedKvPoolOptions {
+  /** Absolute layer ids that keep paged KV (e.g. the MLA layers `[3, 7]`), each distinct. */
+  readonly layers: readonly number[];
+  /** f32 values cached per token per layer (MLA: `kv_lora_rank + qk_rope_head_dim`). */
+  readonly floatsPerToken: number;
+  /** Tokens per page (e.g. 16). */
+  readonly pageSize: number;
+  /** Pages in the pool (shared by all sequences). */
+  readonly numPages: number;
+}
+
+/** One page of one layer as a byte range of that layer's store ({@link PagedKvPool.layerStore}). */
+export interface PageDescriptor {
+  /** Absolute layer id. */
+  readonly layer: number;
+  /** Page id in [0, numPages). */
+  readonly page: number;
+  /** Offset of the page in the layer's store, bytes. */
+  readonly byteOffset: number;
+  /** Length of the page, bytes (`pageSize · floatsPerToken · 4`). */
+  readonly byteLength: number;
+}
+
+interface SeqPages {
+  /** Page ids in token order. */
+  pages: number[];
+  /** Tokens stored (positions [0, length) are valid). */
+  length: number;
+}
+
+/** A paged KV pool. Not thread-safe; one per stage (or per TP rank). */
+export class PagedKvPool {
+  readonly layers: readonly number[];
+  readonly floatsPerToken: number;
+  readonly pageSize: number;
+  readonly numPages: number;
+  private readonly stores = new Map<number, Float32Array>();
+  private readonly freePages: number[] = [];
+  private readonly seqs = new Map<SequenceId, SeqPages>();
+
+  /** @throws {RangeError} on a non-positive size or a repeated layer id. */
+  constructor(options: PagedKvPoolOptions) {
+    const { layers, floatsPerToken, pageSize, numPages } = options;
+    for (const [name, v] of [['floatsPerToken', floatsPerToken], ['pageSize', pageSize], ['numPages', numPages]] as const) {
+      if (!Number.isSafeInteger(v) || v < 1) throw new RangeError(`PagedKvPool: ${name}: expected an integer >= 1, got ${v}`);
+    }
+    if (new Set(layers).size !== layers.length) throw new RangeError(`PagedKvPool: layers: expected distinct ids, got [${layers.join(', ')}]`);
+    this.layers = Object.freeze([...layers]);
+    this.floatsPerToken = floatsPerToken;
+    this.pageSize = pageSize;
+    this.numPages = numPages;
+    for (const l of layers) this.stores.set(l, new Float32Array(numPages * pageSize * floatsPerToken));
+    for (let p = numPages - 1; p >= 0; p--) this.freePages.push(p);
+  }
+
+  /** Bytes of one page of one layer. */
+  get pageBytes(): number {
+    return this.pageSize * this.floatsPerToken * 4;
+  }
+
+  /** Pages currently owned by some sequence. */
+  get pagesInUse(): number {
+    return this.numPages - this.freePages.length;
+  }
+
+  /** Pages free. */
+  get pagesFree(): number {
+    return this.freePages.length;
+  }
+
+  /** Sequences registered. */
+  get numSequences(): number {
+    return this.seqs.size;
+  }
+
+  /** True if `id` is registered. */
+  has(id: SequenceId): boolean {
+    return this.seqs.has(id);
+  }
+
+  /** Registers an empty sequence (no pages yet). @throws {CacheError} `duplicate-sequence`. */
+  addSequence(id: SequenceId): void {
+    if (this.seqs.has(id)) throw new CacheError('duplicate-sequence', `PagedKvPool: sequence ${String(id)} already exists`);
+    this.seqs.set(id, { pages: [], length: 0 });
+  }
+
+  /** Tokens stored for `id`. @throws {CacheError} `unknown-sequence`. */
+  length(id: SequenceId): number {
+    return this.seq(id).length;
+  }
+
+  /** The block table of `id`: page ids in token order (a copy), `[ceil(length / pageSize)]` i32. */
+  blockTable(id: SequenceId): Int32Array {
+    return Int32Array.from(this.seq(id).pages);
+  }
+
+  /**
+   * Grows `id` to `newLength` tokens, allocating pages as needed (all or nothing).
+   * @throws {CacheError} `full` if not enough pages are free (nothing is allocated then);
+   *   `range` if `newLength` < the current length.
+   */
+  extend(id: SequenceId, newLength: number): void {
+    const s = this.seq(id);
+    if (!Number.isSafeInteger(newLength) || newLength < s.length) {
+      throw new CacheError('range', `PagedKvPool.extend: newLength: expected an integer >= ${s.length}, got ${newLength}`);
+    }
+    const need = Math.ceil(newLength / this.pageSize) - s.pages.length;
+    if (need > this.freePages.length) {
+      throw new CacheError('full', `PagedKvPool: sequence ${String(id)} needs ${need} more page(s), ${this.freePages.length} free of ${this.numPages}`);
+    }
+    for (let i = 0; i < need; i++) s.pages.push(this.freePages.pop()!);
+    s.length = newLength;
+  }
+
+  /**
+   * Shrinks `id` to `newLength` tokens (rolls back rejected draft tokens), freeing pages past it.
+   * @throws {CacheError} `range` if `newLength` is negative or above the current length.
+   */
+  truncate(id: SequenceId, newLength: number): void {
+    const s = this.seq(id);
+    if (!Number.isSafeInteger(newLength) || newLength < 0 || newLength > s.length) {
+      throw new CacheError('range', `PagedKvPool.truncate: newLength: expected an integer in [0, ${s.length}], got ${newLength}`);
+    }
+    const keep = Math.ceil(newLength / this.pageSize);
+    while (s.pages.length > keep) this.freePages.push(s.pages.pop()!);
+    s.length = newLength;
+  }
+
+  /** Frees every page of `id` and forgets it. Idempotent (unknown ids are ignored). */
+  free(id: SequenceId): void {
+    const s = this.seqs.get(id);
+    if (s === undefined) return;
+    while (s.pages.length > 0) this.freePages.push(s.pages.pop()!);
+    this.seqs.delete(id);
+  }
+
+  /** The f32 store of `layer`, `[numPages, pageSize, floatsPerToken]`. @throws {RangeError} if the layer has no KV here. */
+  layerStore(layer: number): Float32Array {
+    const s = this.stores.get(layer);
+    if (s === undefined) throw new RangeError(`PagedKvPool: layer ${layer} keeps no paged KV (layers [${this.layers.join(', ')}])`);
+    return s;
+  }
+
+  /**
+   * Offset, in f32 elements of a layer store, of token `pos` of `id` (same for every layer).
+   * @throws {CacheError} `range` if `pos` is not in [0, length).
+   */
+  tokenOffset(id: SequenceId, pos: number): number {
+    const s = this.seq(id);
+    if (!(pos >= 0 && pos < s.length)) throw new CacheError('range', `PagedKvPool.tokenOffset: pos: expected [0, ${s.length}), got ${pos}`);
+    return (s.pages[Math.floor(pos / this.pageSize)]! * this.pageSize + (pos % this.pageSize)) * this.floatsPerToken;
+  }
+
+  /**
+   * Byte ranges of the pages holding tokens [tokenStart, tokenEnd) of `id`, for every layer
+   * (layer-major, then token order). Use for transfers (PD) and inspection.
+   * @throws {CacheError} `range` if the range is not inside [0, length].
+   */
+  describePages(id: SequenceId, tokenStart = 0, tokenEnd?: number): PageDescriptor[] {
+    const s = this.seq(id);
+    const end = tokenEnd ?? s.length;
+    if (!(tokenStart >= 0 && tokenStart <= end && end <= s.length)) {
+      throw new CacheError('range', `PagedKvPool.describePages: expected 0 <= tokenStart <= tokenEnd <= ${s.length}, got [${tokenStart}, ${end})`);
+    }
+    const out: PageDescriptor[] = [];
+    if (end === tokenStart) return out;
+    const first = Math.floor(tokenStart / this.pageSize);
+    const last = Math.floor((end - 1) / this.pageSize);
+    for (const layer of this.layers) {
+      for (let i = first; i <= last; i++) {
+        const page = s.pages[i]!;
+        out.push({ layer, page, byteOffset: page * this.pageBytes, byteLength: this.pageBytes });
+      }
+    }
+    return out;
+  }
+
+  private seq(id: SequenceId): SeqPages {
+    const s = this.seqs.get(id);
+    if (s === undefined) throw new CacheError('unknown-sequence', `PagedKvPool: unknown sequence ${String(id)}`);
+    return s;
+  }
+}

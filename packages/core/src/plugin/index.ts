@@ -1,0 +1,7 @@
+/** @specd/core plugin: the model-plugin contract, DI token, registry and package loading. */
+export {
+  forwardSequence,
+  type ForwardBatch, type ForwardOptions, type ForwardResult, type ForwardSequence, type LoadProgress, type LogitsRequest,
+  type ModelPlugin, type ModelSource, type StageInfo, type StageLoadOptions, type StageModel,
+} from './model-plugin.js';
+export { BUILTIN_PLUGIN_PACKAGES, MODEL_PLUGIN, ModelRegistry, PluginError, loadPluginPackages } from './registry.js';

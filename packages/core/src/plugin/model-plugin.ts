@@ -1,0 +1,143 @@
+/**
+ * The model-plugin contract: a package that owns a target architecture (e.g. Kimi-K3 /
+ * Kimi-Linear) implements {@link ModelPlugin}; core and the engine know only these types.
+ *
+ * Lifecycle: `load` (one stage = a layer range, weights packed) → `forward` per step (prefill
+ * chunk, decode, verify block) with a {@link SequenceCache} sized from `cacheGeometry` →
+ * `dispose`. Drafter contracts (DrafterPlugin) will sit beside this file.
+ */
+
+import type { HfConfig } from '../io/hf-config.js';
+import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
+import type { CacheGeometry, SequenceCache } from '../kv/sequence-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+
+/** A checkpoint to load: its directory, parsed `config.json` and weights. */
+export interface ModelSource {
+  /** The HF checkpoint directory. */
+  readonly dir: string;
+  readonly config: HfConfig;
+  readonly weights: SafetensorsCheckpoint;
+}
+
+/** Progress of a load, for progress bars. */
+export interface LoadProgress {
+  /** Tensors loaded so far. */
+  readonly done: number;
+  /** Tensors to load in total. */
+  readonly total: number;
+  /** Name of the tensor just loaded. */
+  readonly tensor: string;
+}
+
+/** Options of {@link ModelPlugin.load}. */
+export interface StageLoadOptions {
+  /** First layer of the stage, inclusive (default 0). */
+  readonly layerStart?: number;
+  /** End of the stage, exclusive (default: num_hidden_layers). */
+  readonly layerEnd?: number;
+  /** Called after each tensor. */
+  readonly onProgress?: (p: LoadProgress) => void;
+}
+
+/** Static facts about a loaded stage. */
+export interface StageInfo {
+  /** Layers of the whole model. */
+  readonly numLayers: number;
+  /** Stage layer range [layerStart, layerEnd). */
+  readonly layerStart: number;
+  readonly layerEnd: number;
+  /** Residual width. */
+  readonly hiddenSize: number;
+  /** Logit width. */
+  readonly vocabSize: number;
+  /** True if the stage embeds tokens (layerStart = 0). */
+  readonly isFirst: boolean;
+  /** True if the stage produces logits (layerEnd = numLayers). */
+  readonly isLast: boolean;
+  /** Layer kinds of the whole model, by absolute layer id (e.g. `'kda'`, `'mla'`). */
+  readonly layerKinds: readonly string[];
+}
+
+/** Which logits a sequence of a batch wants. */
+export type LogitsRequest = 'all' | 'last' | 'none';
+
+/** One sequence of a forward batch. Immutable. */
+export interface ForwardSequence {
+  /** Cache identity (registered with `SequenceCache.add`). */
+  readonly id: SequenceId;
+  /** Position of the first new token = tokens already in the cache for this sequence. */
+  readonly position: number;
+  /** New token ids `[numNew]` i32 (numNew ≥ 1: a prefill chunk, 1 decode token, or a verify block). */
+  readonly tokens: Int32Array;
+  /** Logit rows wanted: every new token (verify), the last one (prefill / decode), or none. */
+  readonly logits: LogitsRequest;
+  /**
+   * `'prefill'` lets the model use prefill-only kernels (e.g. chunked linear attention), equal to
+   * the decode kernels within tolerance but not bitwise; absent = decode / verify kernels, whose
+   * results are bitwise independent of how tokens are grouped into forwards.
+   */
+  readonly phase?: 'prefill';
+}
+
+/** A forward batch. Tokens are concatenated in sequence order (`numTokens = Σ numNew`). */
+export interface ForwardBatch {
+  readonly sequences: readonly ForwardSequence[];
+  /** Residual stream from the previous stage `[numTokens, hiddenSize]` f32; required iff the stage is not first. */
+  readonly hidden?: Float32Array;
+}
+
+/** Options of {@link StageModel.forward}. */
+export interface ForwardOptions {
+  /**
+   * Tap ids to capture. Tap `i` = residual stream entering layer `i` (0 = embeddings, numLayers =
+   * after the last layer, before the final norm; REFERENCE.md §2). A stage may capture taps in
+   * [layerStart, layerEnd]; others are an error.
+   */
+  readonly taps?: readonly number[];
+}
+
+/** What a forward returns. */
+export interface ForwardResult {
+  /** Logits `[numLogitRows, vocabSize]` f32 (last stage only; rows in batch order). */
+  readonly logits: Float32Array | undefined;
+  /** Row ranges into `logits`: sequence `s` has rows [logitRowStart[s], logitRowStart[s+1]); `[numSeqs + 1]` i32. */
+  readonly logitRowStart: Int32Array;
+  /** Residual stream leaving the stage `[numTokens, hiddenSize]` f32 (for the next stage; also set on the last stage). */
+  readonly hidden: Float32Array;
+  /** Captured taps: tap id → `[numTokens, hiddenSize]` f32. */
+  readonly taps: ReadonlyMap<number, Float32Array>;
+}
+
+/** A loaded stage of a target model. */
+export interface StageModel {
+  readonly info: StageInfo;
+  /** What the stage caches per sequence (size a {@link SequenceCache} from it). */
+  readonly cacheGeometry: CacheGeometry;
+  /**
+   * forward: runs the stage on new tokens, appends their KV / advances linear state in `cache`.
+   * Results of a token never depend on the other tokens of the batch (batch invariance).
+   */
+  forward(batch: ForwardBatch, cache: SequenceCache, options?: ForwardOptions): ForwardResult;
+  /** dispose: drops the weights. */
+  dispose(): void;
+}
+
+/** A target architecture. */
+export interface ModelPlugin {
+  /** Plugin name, e.g. `'kimi-k3'`. */
+  readonly name: string;
+  /** `config.json` `model_type` values it accepts. */
+  readonly modelTypes: readonly string[];
+  /** `config.json` `architectures` entries it accepts. */
+  readonly architectures: readonly string[];
+  /** load: validates the config and builds the stage for [layerStart, layerEnd). */
+  load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel>;
+}
+
+/** Factory of a {@link ForwardSequence} for tests and callers (`logits` defaults to `'last'`). */
+export function forwardSequence(
+  id: SequenceId, position: number, tokens: ArrayLike<number>, logits: LogitsRequest = 'last', phase?: 'prefill',
+): ForwardSequence {
+  return Object.freeze({ id, position, tokens: Int32Array.from(tokens), logits, ...(phase === undefined ? {} : { phase }) });
+}

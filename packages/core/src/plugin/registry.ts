@@ -1,0 +1,83 @@
+/**
+ * Plugin registration (tsyringe) and resolution.
+ *
+ * A plugin package exports `register(container)` which registers its {@link ModelPlugin} under
+ * {@link MODEL_PLUGIN}. The CLI imports the configured package names (defaults:
+ * {@link BUILTIN_PLUGIN_PACKAGES}) with a dynamic `import()`: core never imports a plugin statically.
+ */
+
+import 'reflect-metadata';
+import { container as rootContainer, type DependencyContainer, type InjectionToken } from 'tsyringe';
+
+import type { HfConfig } from '../io/hf-config.js';
+import type { ModelPlugin } from './model-plugin.js';
+
+/** DI token under which every model plugin is registered (`container.resolveAll`). */
+export const MODEL_PLUGIN: InjectionToken<ModelPlugin> = 'specd:ModelPlugin';
+
+/** Plugin packages loaded when the config names none. */
+export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3']);
+
+/** Thrown when no plugin matches a config, or a plugin package cannot be loaded. */
+export class PluginError extends Error {
+  override readonly name = 'PluginError';
+}
+
+/** The model plugins registered in a container. */
+export class ModelRegistry {
+  private readonly list: ModelPlugin[];
+
+  constructor(plugins: readonly ModelPlugin[] = []) {
+    this.list = [...plugins];
+  }
+
+  /** All model plugins registered in `container` under {@link MODEL_PLUGIN}. */
+  static fromContainer(container: DependencyContainer = rootContainer): ModelRegistry {
+    return new ModelRegistry(container.isRegistered(MODEL_PLUGIN, true) ? container.resolveAll(MODEL_PLUGIN) : []);
+  }
+
+  /** Adds a plugin. */
+  register(plugin: ModelPlugin): void {
+    this.list.push(plugin);
+  }
+
+  /** Registered plugins, in registration order. */
+  plugins(): readonly ModelPlugin[] {
+    return this.list;
+  }
+
+  /**
+   * The plugin for a config: the first whose `modelTypes` contains `model_type`, else the first
+   * whose `architectures` intersects the config's.
+   * @throws {PluginError} naming the config's model_type / architectures and every loaded plugin.
+   */
+  resolve(config: HfConfig): ModelPlugin {
+    const type = config.modelType;
+    const archs = config.architectures;
+    const byType = type === undefined ? undefined : this.list.find((p) => p.modelTypes.includes(type));
+    const found = byType ?? this.list.find((p) => p.architectures.some((a) => archs.includes(a)));
+    if (found !== undefined) return found;
+    const loaded = this.list.length === 0 ? 'none'
+      : this.list.map((p) => `${p.name} (model_type ${p.modelTypes.join('|')}; architectures ${p.architectures.join('|')})`).join(', ');
+    throw new PluginError(
+      `${config.file}: no model plugin for model_type ${JSON.stringify(type ?? null)} / architectures [${archs.join(', ')}]; loaded: ${loaded}`,
+    );
+  }
+}
+
+/**
+ * Imports plugin packages by name and calls each one's exported `register(container)`.
+ * @throws {PluginError} naming the package that cannot be imported or has no `register` function.
+ */
+export async function loadPluginPackages(names: readonly string[], container: DependencyContainer = rootContainer): Promise<void> {
+  for (const name of names) {
+    let mod: { register?: unknown };
+    try {
+      mod = (await import(name)) as { register?: unknown };
+    } catch (cause) {
+      throw new PluginError(`plugin package ${JSON.stringify(name)} cannot be imported: ${(cause as Error).message}`, { cause });
+    }
+    if (typeof mod.register !== 'function') throw new PluginError(`plugin package ${JSON.stringify(name)} exports no register(container) function`);
+    (mod.register as (c: DependencyContainer) => void)(container);
+  }
+}

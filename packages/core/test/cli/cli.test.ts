@@ -1,0 +1,107 @@
+// `specd generate` end to end: JSON output against the golden greedy continuation, streaming text
+// mode, config files, one-line errors with non-zero exit codes, and the installed `specd` bin.
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+
+import { main, type CliIo } from '../../src/cli/index.js';
+import { makeTempDir } from '../io/helpers.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
+const goldens = JSON.parse(fs.readFileSync(path.join(ROOT, 'test/goldens/index.json'), 'utf8')) as {
+  goldens: Record<string, { prompt: string; greedy_continuation: number[] }>;
+};
+const tmp = makeTempDir('cli');
+afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+async function run(args: string[], tty = false): Promise<{ code: number; out: string; err: string }> {
+  let out = '';
+  let err = '';
+  const io: CliIo = { stdout: { write: (s: string) => (out += s), isTTY: tty }, stderr: { write: (s: string) => (err += s) }, cwd: ROOT };
+  const code = await main(args, io);
+  return { code, out, err };
+}
+
+describe('specd generate', () => {
+  it('--json: greedy tokens equal the reference continuation; fields and timing', async () => {
+    const g = goldens.goldens['sentence']!;
+    const { code, out, err } = await run(['generate', '--prompt', g.prompt, '--max-tokens', '24', '--json', '--ignore-eos']);
+    expect(err).toBe('');
+    expect(code).toBe(0);
+    const lines = out.trim().split('\n');
+    expect(lines.length).toBe(1);
+    const r = JSON.parse(lines[0]!) as Record<string, unknown>;
+    expect(r['token_ids']).toEqual(g.greedy_continuation.slice(0, 24));
+    expect(r['num_output_tokens']).toBe(24);
+    expect(r['num_prompt_tokens']).toBe(18);
+    expect(typeof r['text']).toBe('string');
+    expect(r['seconds']).toBeGreaterThan(0);
+    expect(r['output_tokens_per_s']).toBeCloseTo(24 / (r['seconds'] as number), 6);
+  });
+
+  it('streams text and prints stats on stderr; sampling is reproducible with --seed', async () => {
+    const a = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12']);
+    expect(a.code).toBe(0);
+    expect(a.out.length).toBeGreaterThan(1);
+    expect(a.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+\]\n$/);
+    const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '16', '--temperature', '0.9', '--top-k', '40', '--top-p', '0.95', '--seed', '7', '--json'];
+    const s1 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
+    const s2 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
+    expect(s1.token_ids).toEqual(s2.token_ids);
+    expect(s1.seed).toBe(7);
+  });
+
+  it('reads --prompt-file and --config (flags override the file)', async () => {
+    fs.writeFileSync(path.join(tmp, 'p.txt'), 'The history of the');
+    fs.writeFileSync(path.join(tmp, 'c.json'), JSON.stringify({ model: path.relative(tmp, path.join(ROOT, 'models/kimi-k3-tiny')), plugins: ['@specd/model-kimi-k3'], generate: { max_tokens: 5, temperature: 0 } }));
+    const r = await run(['generate', '--config', path.join(tmp, 'c.json'), '--prompt-file', path.join(tmp, 'p.txt'), '--json', '--max-tokens', '6']);
+    expect(r.code).toBe(0);
+    expect((JSON.parse(r.out) as { token_ids: number[] }).token_ids).toEqual(goldens.goldens['short']!.greedy_continuation.slice(0, 6));
+  });
+
+  it.each([
+    [['generate', '--prompt', 'x', '--max-tokens', 'abc'], 2, /^specd: error: option '--max-tokens <n>' argument 'abc' is invalid\. expected an integer >= 1\n$/],
+    [['generate', '--prompt', 'x', '--temperature', '-1'], 2, /--temperature.*expected a number >= 0/],
+    [['generate', '--prompt', 'x', '--top-p', '0'], 2, /--top-p.*\(0, 1\]/],
+    [['generate', '--prompt', 'x', '--bogus'], 2, /^specd: error: unknown option '--bogus'\n$/],
+    [['frobnicate'], 2, /unknown command 'frobnicate'/],
+    [['generate'], 1, /^specd: error: give exactly one of --prompt TEXT or --prompt-file FILE\n$/],
+    [['generate', '--prompt', 'x', '--prompt-file', 'y'], 2, /cannot be used with/],
+    [['generate', '--prompt', 'x', '--model', '/no/such/dir'], 1, /^specd: error: model directory \/no\/such\/dir has no config.json/],
+    [['generate', '--prompt-file', '/no/such/file'], 1, /^specd: error: --prompt-file: cannot read/],
+  ])('%j → one error line, exit %i', async (args, code, re) => {
+    const r = await run(args as string[]);
+    expect(r.code).toBe(code);
+    expect(r.err).toMatch(re);
+    expect(r.err.trim().split('\n').length).toBe(1);
+    expect(r.out).toBe('');
+  });
+
+  it('config file errors name the file and the JSON path; unknown plugins are listed', async () => {
+    const bad = path.join(tmp, 'bad.json');
+    fs.writeFileSync(bad, JSON.stringify({ generate: { top_p: 3 } }));
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: generate\.top_p: expected a number in \(0, 1\], got 3/);
+    fs.writeFileSync(bad, JSON.stringify({ modle: 'x' }));
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: modle: unknown key/);
+    fs.writeFileSync(bad, JSON.stringify({ plugins: [] }));
+    const r = await run(['generate', '--prompt', 'x', '--config', bad]);
+    expect(r.code).toBe(1);
+    expect(r.err).toMatch(/no model plugin for model_type "kimi_k3" .*loaded: none/);
+  });
+});
+
+describe('installed bin', () => {
+  it('`specd generate` runs from the repository root through node_modules/.bin', () => {
+    const bin = path.join(ROOT, 'node_modules/.bin/specd');
+    const target = fs.existsSync(bin) ? bin : path.join(ROOT, 'packages/core/src/cli/bin.js');
+    const r = spawnSync(process.execPath, [target, 'generate', '--prompt', 'The history of the', '--max-tokens', '4', '--json'], { cwd: ROOT, encoding: 'utf8' });
+    expect(r.stderr).toBe('');
+    expect(r.status).toBe(0);
+    expect((JSON.parse(r.stdout) as { token_ids: number[] }).token_ids).toEqual(goldens.goldens['short']!.greedy_continuation.slice(0, 4));
+    const e = spawnSync(process.execPath, [target, 'generate', '--max-tokens', '0', '--prompt', 'x'], { cwd: ROOT, encoding: 'utf8' });
+    expect(e.status).toBe(2);
+    expect(e.stderr).toMatch(/^specd: error: .*--max-tokens/);
+  });
+});

@@ -1,0 +1,136 @@
+/**
+ * Kimi Delta Attention layer (REFERENCE.md §7; tools/reference/specd_ref/kimi.py `KDAAttention`).
+ *
+ * Per token x `[hidden]` (already input-normalised):
+ *   q, k, v = SiLU(causal depthwise conv1d(q_proj x, k_proj x, v_proj x)), kernel ks, no bias,
+ *             conv state = the last ks−1 inputs; q, k L2-normalised per head, q · d^−½
+ *   g = −exp(A_log[h]) · softplus(f_b(f_a(x)) + dt_bias)   (log decay, per channel, f32)
+ *   β = sigmoid(b_proj x)                                 (per head)
+ *   S' = diag(exp g)·S;  S = S' + β·k (v − S'ᵀk)ᵀ;  o = Sᵀ q   (S `[H, d, d]` f32, {@link KimiKernels.kda})
+ *   out = o_proj( RMSNorm_d(o) · o_norm · sigmoid(g_b(g_a(x))) )
+ * Decode and verify use the recurrent form, so a token's output and the state after it are bitwise
+ * identical however tokens are grouped into forwards. Prefill may use the chunked form.
+ */
+
+import type { SequenceCache } from '@specd/core';
+import { gatedRmsNorm, gemmBf16, type PackedBf16Weights } from '@specd/native';
+
+import type { KimiConfig } from './config.js';
+import type { KimiKernels } from './kernels.js';
+import { sliceColumns, type SeqSpan } from './layout.js';
+import type { WeightReader } from './weights.js';
+
+/** Weights of one KDA layer (HD = H·d). */
+export interface KdaWeights {
+  /** Stacked input projections `[3·HD + 2·d + H, hidden]`: q, k, v, f_a (d), g_a (d), b (H). */
+  readonly inProj: PackedBf16Weights;
+  /** f_b `[HD, d]`, g_b `[HD, d]`. */
+  readonly fB: PackedBf16Weights;
+  readonly gB: PackedBf16Weights;
+  /** q_conv1d | k_conv1d | v_conv1d `[3·HD, ks]` f32. */
+  readonly convWeight: Float32Array;
+  /** −exp(A_log) `[H]` f32. */
+  readonly negA: Float32Array;
+  /** dt_bias `[HD]` f32. */
+  readonly dtBias: Float32Array;
+  /** o_norm weight `[d]` f32. */
+  readonly oNorm: Float32Array;
+  /** o_proj `[hidden, HD]`. */
+  readonly oProj: PackedBf16Weights;
+}
+
+/** Tensors read by {@link loadKdaWeights} (for progress totals). */
+export const KDA_TENSORS_PER_LAYER = 15;
+
+/** Reads layer `l`'s KDA weights (`model.layers.{l}.self_attn.*`). @throws {KimiWeightError}. */
+export function loadKdaWeights(r: WeightReader, c: KimiConfig, l: number): KdaWeights {
+  const p = `model.layers.${l}.self_attn.`;
+  const H = c.kdaHeads;
+  const d = c.kdaHeadDim;
+  const HD = H * d;
+  const D = c.hiddenSize;
+  const ks = c.convKernel;
+  const convWeight = new Float32Array(3 * HD * ks);
+  ['q', 'k', 'v'].forEach((n, i) => convWeight.set(r.f32(`${p}${n}_conv1d.weight`, [HD, 1, ks]), i * HD * ks));
+  const aLog = r.f32(`${p}A_log`, [1, 1, H, 1]);
+  return {
+    inProj: r.packedRows(
+      ['q_proj', 'k_proj', 'v_proj', 'f_a_proj', 'g_a_proj', 'b_proj'].map((n) => `${p}${n}.weight`), [HD, HD, HD, d, d, H], D),
+    fB: r.packedRows([`${p}f_b_proj.weight`], [HD], d),
+    gB: r.packedRows([`${p}g_b_proj.weight`], [HD], d),
+    convWeight,
+    negA: Float32Array.from(aLog, (a) => -Math.exp(a)),
+    dtBias: r.f32(`${p}dt_bias`, [HD]),
+    oNorm: r.f32(`${p}o_norm.weight`, [d]),
+    oProj: r.packedRows([`${p}o_proj.weight`], [D], HD),
+  };
+}
+
+/** Per-token KDA states of one layer after a forward (rollback by copy; batch rows). */
+export interface KdaLayerSnapshots {
+  /** `[numTokens, H, d, d]` f32: row r = recurrent state of row r's sequence after token r. */
+  readonly state: Float32Array;
+  /** `[numTokens, 3·H·d, ks − 1]` f32: row r = conv state after token r. */
+  readonly conv: Float32Array;
+}
+
+/** torch.nn.functional.softplus (beta 1, threshold 20). */
+function softplus(x: number): number {
+  return x > 20 ? x : Math.log1p(Math.exp(x));
+}
+
+/**
+ * KDA forward for a batch: `xn [N, hidden]` f32 (input-normalised) → `[N, hidden]` f32; advances
+ * each sequence's recurrent and conv state in `cache` (layer `l`). `chunked[i]` selects the
+ * chunked form for span i (prefill only).
+ */
+export function kdaForward(w: KdaWeights, c: KimiConfig, l: number, xn: Float32Array, spans: readonly SeqSpan[], N: number,
+  cache: SequenceCache, kernels: KimiKernels, chunked: readonly boolean[], snapshots?: KdaLayerSnapshots): Float32Array {
+  const H = c.kdaHeads;
+  const d = c.kdaHeadDim;
+  const HD = H * d;
+  const width = 3 * HD + 2 * d + H;
+  const proj = gemmBf16(xn, N, w.inProj);
+  const fb = gemmBf16(sliceColumns(proj, N, width, 3 * HD, d), N, w.fB);
+  const gb = gemmBf16(sliceColumns(proj, N, width, 3 * HD + d, d), N, w.gB);
+  const qkv = sliceColumns(proj, N, width, 0, 3 * HD);
+  const g = new Float32Array(N * HD);
+  const beta = new Float32Array(N * H);
+  for (let t = 0; t < N; t++) {
+    for (let h = 0; h < H; h++) {
+      const a = w.negA[h]!;
+      for (let i = 0; i < d; i++) {
+        const ch = h * d + i;
+        g[t * HD + ch] = a * Math.fround(softplus(Math.fround(fb[t * HD + ch]! + w.dtBias[ch]!)));
+      }
+      beta[t * H + h] = 1 / (1 + Math.exp(-proj[t * width + 3 * HD + 2 * d + h]!));
+    }
+  }
+  const o = new Float32Array(N * HD);
+  const pools = cache.state!;
+  const state = pools.recurrentStore(l);
+  const conv = pools.convStore(l);
+  // one kernel call per mode; each covers a contiguous run of spans with that mode
+  let i = 0;
+  while (i < spans.length) {
+    let j = i;
+    while (j < spans.length && chunked[j] === chunked[i]) j++;
+    const first = spans[i]!.tokenStart;
+    const last = spans[j - 1]!.tokenStart + spans[j - 1]!.numNew;
+    kernels.kda({
+      qkv: qkv.subarray(first * 3 * HD, last * 3 * HD), g: g.subarray(first * HD, last * HD), beta: beta.subarray(first * H, last * H),
+      convWeight: w.convWeight, seqLens: Int32Array.from(spans.slice(i, j), (s) => s.numNew),
+      slots: Int32Array.from(spans.slice(i, j), (s) => pools.slotOf(s.id)), state, conv, heads: H, headDim: d,
+      out: o.subarray(first * HD, last * HD),
+      ...(snapshots === undefined ? {} : {
+        snapshots: {
+          state: snapshots.state.subarray(first * H * d * d, last * H * d * d),
+          conv: snapshots.conv.subarray(first * 3 * HD * (c.convKernel - 1), last * 3 * HD * (c.convKernel - 1)),
+        },
+      }),
+    }, chunked[i] ? 'chunked' : 'recurrent');
+    i = j;
+  }
+  gatedRmsNorm(o, w.oNorm, gb, c.rmsNormEps, 'sigmoid', o);
+  return gemmBf16(o, N, w.oProj);
+}

@@ -1,0 +1,20 @@
+/** Internal batch bookkeeping shared by the layers. */
+import type { SequenceId } from '@specd/core';
+
+/** One sequence's place in a flattened batch. */
+export interface SeqSpan {
+  readonly id: SequenceId;
+  /** First row of this sequence in the `[numTokens, ·]` batch tensors. */
+  readonly tokenStart: number;
+  /** New tokens of the sequence. */
+  readonly numNew: number;
+  /** Position of its first new token (= cached tokens before this forward). */
+  readonly position: number;
+}
+
+/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` f32. */
+export function sliceColumns(src: Float32Array, rows: number, srcWidth: number, col: number, width: number): Float32Array {
+  const out = new Float32Array(rows * width);
+  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
+  return out;
+}

@@ -1,0 +1,302 @@
+/**
+ * A Kimi-K3 / Kimi-Linear stage: layers [layerStart, layerEnd) of the target, plus the embedding
+ * when layerStart = 0 and the final norm + lm_head when layerEnd = num_hidden_layers.
+ *
+ * Decoder layer (kimi.py `DecoderLayer`): h += mixer(RMSNorm(h)); h += ffn(RMSNorm(h)), with the
+ * mixer KDA or MLA by `linear_attn_config` and the ffn dense for layers < first_k_dense_replace,
+ * else MoE. One residual stream (no separate `residual`), so tap i = h entering layer i
+ * (residual semantics, REFERENCE.md §2).
+ */
+
+import type {
+  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, StageInfo, StageLoadOptions, StageModel,
+} from '@specd/core';
+import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
+
+import { parseKimiConfig, type KimiConfig } from './config.js';
+import { KDA_TENSORS_PER_LAYER, kdaForward, loadKdaWeights, type KdaLayerSnapshots, type KdaWeights } from './kda.js';
+import { swigluForward, tsKernels, type KimiKernels, type SwigluWeights } from './kernels.js';
+import { nativeKernels } from './kernels-native.js';
+import type { SeqSpan } from './layout.js';
+import { loadMlaWeights, MLA_TENSORS_PER_LAYER, mlaBatch, mlaFloatsPerToken, mlaForward, type MlaWeights } from './mla.js';
+import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
+import { WeightReader } from './weights.js';
+
+/** Thrown for a malformed forward call (names the argument). */
+export class KimiForwardError extends Error {
+  override readonly name = 'KimiForwardError';
+}
+
+interface LayerWeights {
+  readonly kind: 'kda' | 'mla';
+  readonly inputNorm: Float32Array;
+  readonly postNorm: Float32Array;
+  readonly kda?: KdaWeights;
+  readonly mla?: MlaWeights;
+  readonly dense?: SwigluWeights;
+  readonly moe?: MoeWeights;
+}
+
+/** Kimi forward options: the core ones plus per-token KDA snapshots. */
+export interface KimiForwardOptions extends ForwardOptions {
+  /**
+   * Keep the KDA state after every token (verify steps): commit an accepted prefix later with
+   * {@link commitFromSnapshots} instead of a replay. Forces the recurrent form.
+   */
+  readonly kdaSnapshots?: boolean;
+}
+
+/** Per-token KDA states of a forward, by absolute layer id, plus where each sequence's rows are. */
+export interface KdaSnapshotSet {
+  readonly spans: readonly SeqSpan[];
+  readonly layers: ReadonlyMap<number, KdaLayerSnapshots>;
+}
+
+/** A Kimi forward's result: the core one plus the snapshots when asked for. */
+export interface KimiForwardResult extends ForwardResult {
+  readonly kdaSnapshots?: KdaSnapshotSet;
+}
+
+/** Debug hooks of {@link KimiStageModel.forward} (tests). */
+export interface KimiDebugHooks {
+  /** Router decisions of MoE layer `layer` for the batch. */
+  onRoute?(layer: number, r: RouterChoice): void;
+}
+
+/** A loaded stage. Create with {@link loadKimiStage}. */
+export class KimiStageModel implements StageModel {
+  readonly info: StageInfo;
+  readonly cacheGeometry: CacheGeometry;
+  /** Test hooks; undefined in normal runs. */
+  debug: KimiDebugHooks | undefined;
+  /**
+   * KDA form for sequences marked `phase: 'prefill'`: `'chunked'` (WY form, default; not bitwise
+   * equal to decode) or `'recurrent'`. Decode and verify always use the recurrent form.
+   */
+  kdaPrefill: 'chunked' | 'recurrent' = 'chunked';
+
+  constructor(
+    readonly config: KimiConfig,
+    /** Inner kernels the weights were prepared for. */
+    readonly kernels: KimiKernels,
+    layerStart: number,
+    layerEnd: number,
+    private embed: Uint16Array | undefined,
+    private layers: LayerWeights[],
+    private finalNorm: Float32Array | undefined,
+    private lmHead: PackedBf16Weights | undefined,
+  ) {
+    const c = config;
+    this.info = Object.freeze({
+      numLayers: c.numLayers, layerStart, layerEnd, hiddenSize: c.hiddenSize, vocabSize: c.vocabSize,
+      isFirst: layerStart === 0, isLast: layerEnd === c.numLayers, layerKinds: c.layerKinds,
+    });
+    const own = (kind: string) => c.layerKinds.flatMap((k, i) => (k === kind && i >= layerStart && i < layerEnd ? [i] : []));
+    this.cacheGeometry = Object.freeze({
+      pagedKv: { layers: own('mla'), floatsPerToken: mlaFloatsPerToken(c) },
+      linearState: {
+        layers: own('kda'), heads: c.kdaHeads, keyDim: c.kdaHeadDim, valueDim: c.kdaHeadDim,
+        convStates: 3, convChannels: c.kdaHeads * c.kdaHeadDim, convWidth: c.convKernel - 1,
+      },
+    });
+  }
+
+  /**
+   * Runs the stage. Every sequence must be registered in `cache` with `cache.length(id) ===
+   * position`; the cache is extended by its new tokens (all sequences or none).
+   * @throws {KimiForwardError} on an empty batch, a sequence listed twice, a bad token id, a position that disagrees with
+   *   the cache, a missing/mis-sized `batch.hidden`, or a tap outside [layerStart, layerEnd].
+   * @throws {CacheError} `full` when the KV pool has no room (nothing was extended).
+   */
+  forward(batch: ForwardBatch, cache: SequenceCache, options: KimiForwardOptions = {}): KimiForwardResult {
+    const c = this.config;
+    const D = c.hiddenSize;
+    const { layerStart, layerEnd, isFirst, isLast } = this.info;
+    if (batch.sequences.length === 0) throw new KimiForwardError('forward: batch.sequences: expected at least one sequence');
+    const spans: SeqSpan[] = [];
+    let N = 0;
+    const ids = new Set<unknown>();
+    for (const [i, s] of batch.sequences.entries()) {
+      if (ids.has(s.id)) throw new KimiForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
+      ids.add(s.id);
+      if (s.tokens.length < 1) throw new KimiForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
+      const have = cache.length(s.id);
+      if (have !== s.position) throw new KimiForwardError(`forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`);
+      spans.push({ id: s.id, tokenStart: N, numNew: s.tokens.length, position: s.position });
+      N += s.tokens.length;
+    }
+    const taps = options.taps ?? [];
+    for (const t of taps) {
+      if (!Number.isInteger(t) || t < layerStart || t > layerEnd) throw new KimiForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
+    }
+    let h: Float32Array;
+    if (isFirst) {
+      h = new Float32Array(N * D);
+      let row = 0;
+      for (const [i, s] of batch.sequences.entries()) {
+        for (const id of s.tokens) {
+          if (!(id >= 0 && id < c.vocabSize)) throw new KimiForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
+          h.set(bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D)), row * D);
+          row++;
+        }
+      }
+    } else {
+      if (batch.hidden === undefined || batch.hidden.length !== N * D) {
+        throw new KimiForwardError(`forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`);
+      }
+      h = batch.hidden.slice();
+    }
+    // extend every sequence's cache, all or nothing
+    const done: SeqSpan[] = [];
+    try {
+      for (const s of spans) {
+        cache.extend(s.id, s.position + s.numNew);
+        done.push(s);
+      }
+    } catch (err) {
+      for (const s of done) cache.rollback(s.id, { length: s.position, state: undefined });
+      throw err;
+    }
+    const captured = new Map<number, Float32Array>();
+    const capture = (tap: number) => {
+      if (taps.includes(tap)) captured.set(tap, h.slice());
+    };
+    capture(layerStart);
+    const chunked = batch.sequences.map((s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && options.kdaSnapshots !== true);
+    const snapshots = options.kdaSnapshots === true ? new Map<number, KdaLayerSnapshots>() : undefined;
+    if (snapshots !== undefined) {
+      const g = this.cacheGeometry.linearState;
+      for (const l of g.layers) {
+        snapshots.set(l, { state: new Float32Array(N * g.heads * g.keyDim * g.valueDim), conv: new Float32Array(N * g.convStates * g.convChannels * g.convWidth) });
+      }
+    }
+    const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
+    for (let li = 0; li < this.layers.length; li++) {
+      const l = layerStart + li;
+      const w = this.layers[li]!;
+      const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
+      const a = w.kind === 'kda'
+        ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l))
+        : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!);
+      for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;
+      const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
+      const debug = this.debug;
+      const f = w.dense !== undefined
+        ? swigluForward(w.dense, xm, N)
+        : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined);
+      for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
+      capture(l + 1);
+    }
+    const logitRowStart = new Int32Array(spans.length + 1);
+    let logits: Float32Array | undefined;
+    if (isLast) {
+      const rows: number[] = [];
+      batch.sequences.forEach((s, i) => {
+        const sp = spans[i]!;
+        if (s.logits === 'all') for (let t = 0; t < sp.numNew; t++) rows.push(sp.tokenStart + t);
+        else if (s.logits === 'last') rows.push(sp.tokenStart + sp.numNew - 1);
+        logitRowStart[i + 1] = rows.length;
+      });
+      if (rows.length > 0) {
+        const x = new Float32Array(rows.length * D);
+        rows.forEach((r, i) => x.set(h.subarray(r * D, (r + 1) * D), i * D));
+        logits = gemmBf16(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length, this.lmHead!);
+      } else {
+        logits = new Float32Array(0);
+      }
+    }
+    return {
+      logits, logitRowStart, hidden: h, taps: captured,
+      ...(snapshots === undefined ? {} : { kdaSnapshots: { spans: spans.map((s) => ({ ...s })), layers: snapshots } }),
+    };
+  }
+
+  /** Drops the weights (the stage is unusable afterwards). */
+  dispose(): void {
+    this.layers = [];
+    this.embed = undefined;
+    this.finalNorm = undefined;
+    this.lmHead = undefined;
+  }
+}
+
+/**
+ * Loads a stage from a checkpoint (weights prepared for the chosen kernels): validates the config
+ * ({@link parseKimiConfig}) and reads only the tensors the stage needs. Blocks until done; see
+ * {@link loadKimiStageAsync} to let the event loop run (progress bars) between layers.
+ * @throws {HfConfigError} for a bad config; {@link KimiWeightError} for a missing / mis-shaped
+ *   tensor; RangeError for a bad layer range or kernel choice.
+ */
+export function loadKimiStage(source: ModelSource, options: KimiLoadOptions = {}): KimiStageModel {
+  const steps = buildStage(source, options);
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return next.value;
+  }
+}
+
+/** {@link loadKimiStage}, yielding to the event loop after each layer. Same errors (as rejections). */
+export async function loadKimiStageAsync(source: ModelSource, options: KimiLoadOptions = {}): Promise<KimiStageModel> {
+  const steps = buildStage(source, options);
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return next.value;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
+}
+
+/** The loader as steps: yields after the embedding and after each layer. */
+function* buildStage(source: ModelSource, options: KimiLoadOptions): Generator<void, KimiStageModel, void> {
+  const c = parseKimiConfig(source.config);
+  const kernels = selectKernels(options.kernels);
+  const start = options.layerStart ?? 0;
+  const end = options.layerEnd ?? c.numLayers;
+  if (!(Number.isInteger(start) && Number.isInteger(end) && start >= 0 && start < end && end <= c.numLayers)) {
+    throw new RangeError(`loadKimiStage: layer range [${start}, ${end}) is not inside [0, ${c.numLayers}) or is empty`);
+  }
+  let total = (start === 0 ? 1 : 0) + (end === c.numLayers ? 2 : 0);
+  for (let l = start; l < end; l++) {
+    total += 2 + (c.layerKinds[l] === 'kda' ? KDA_TENSORS_PER_LAYER : MLA_TENSORS_PER_LAYER) + (l < c.firstKDenseReplace ? 3 : moeTensorCount(c));
+  }
+  const onProgress = options.onProgress;
+  const r = new WeightReader(source.weights, total, onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined);
+  const D = c.hiddenSize;
+  const embed = start === 0 ? r.bf16('model.embed_tokens.weight', [c.vocabSize, D]) : undefined;
+  yield;
+  const layers: LayerWeights[] = [];
+  for (let l = start; l < end; l++) {
+    const p = `model.layers.${l}.`;
+    const kind = c.layerKinds[l]!;
+    layers.push({
+      kind,
+      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+      ...(kind === 'kda' ? { kda: loadKdaWeights(r, c, l) } : { mla: loadMlaWeights(r, c, l, kernels) }),
+      ...(l < c.firstKDenseReplace
+        ? { dense: loadSwiglu(r, `${p}mlp.`, ['gate_proj', 'up_proj', 'down_proj'], D, c.intermediateSize) }
+        : { moe: loadMoeWeights(r, c, l, kernels) }),
+    });
+    yield;
+  }
+  const isLast = end === c.numLayers;
+  const finalNorm = isLast ? r.f32('model.norm.weight', [D]) : undefined;
+  const lmHead = isLast ? r.packedRows([c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'], [c.vocabSize], D) : undefined;
+  return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead);
+}
+
+/** Which inner kernels a stage uses: `'native'` (@specd/native, default) or `'ts'` (TypeScript reference). */
+export type KimiKernelChoice = 'native' | 'ts';
+
+/** {@link loadKimiStage} options: the core ones plus the kernel choice. */
+export interface KimiLoadOptions extends StageLoadOptions {
+  /** Default: `SPECD_KIMI_KERNELS` if set, else `'native'`. */
+  readonly kernels?: KimiKernelChoice;
+}
+
+function selectKernels(choice: KimiKernelChoice | undefined): KimiKernels {
+  const env = process.env['SPECD_KIMI_KERNELS'];
+  const pick = choice ?? (env === undefined || env === '' ? 'native' : env);
+  if (pick === 'native') return nativeKernels;
+  if (pick === 'ts') return tsKernels;
+  throw new RangeError(`loadKimiStage: kernels: expected "native" or "ts" (option or SPECD_KIMI_KERNELS), got ${JSON.stringify(pick)}`);
+}

@@ -1,0 +1,15 @@
+/** The Kimi-K3 / Kimi-Linear {@link ModelPlugin}: `load` = {@link loadKimiStageAsync} (yields between layers). */
+import type { ModelPlugin, ModelSource, StageLoadOptions, StageModel } from '@specd/core';
+
+import { KIMI_ARCHITECTURES, KIMI_MODEL_TYPES } from './config.js';
+import { loadKimiStageAsync } from './model.js';
+
+/** Accepts model_type "kimi_k3" / "kimi_linear" (architecture KimiLinearForCausalLM). */
+export const kimiPlugin: ModelPlugin = Object.freeze({
+  name: 'kimi-k3',
+  modelTypes: KIMI_MODEL_TYPES,
+  architectures: KIMI_ARCHITECTURES,
+  load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel> {
+    return loadKimiStageAsync(source, options);
+  },
+});
