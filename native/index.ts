@@ -17,3 +17,21 @@ export { silu, swiglu, swigluFused } from './src/activation.js';
 export { softmax, argmax, topKMask, topPMask } from './src/sampling.js';
 export { SpecdArgumentError } from './src/validate.js';
 export { addonPath } from './src/loader.js';
+export {
+  kdaRecurrent, kdaRecurrentAsync, kdaChunked, kdaChunkedAsync, kdaOutputNorm, kdaSlotLengths, createKdaStatePools,
+  createKdaSnapshots, kdaResetSlot, kdaCopySlot, kdaCommitSnapshot, type KdaShape, type KdaStatePools, type KdaInputs,
+  type KdaBatch, type KdaSnapshots, type KdaOptions, type KdaRecurrentOptions, type KdaChunkedOptions,
+} from './src/kda.js';
+export {
+  packMoeExpert, createMoeExpertSet, moeRoute, moeRouter, moeExperts, moeExpertsAsync, type MoeExpertWeights,
+  type MoeExpertSet, type MoeRouting, type MoeRouteOptions,
+} from './src/moe.js';
+export {
+  pagedAttention, pagedAttentionAsync, writeKvPages, writePagedRows, copyPages, createKvPool, kvPageElements,
+  makePagedBatch, type KvPageLayout, type KvLayout, type AttentionMask, type PagedBatch, type PagedSequence,
+  type PagedAttentionOptions,
+} from './src/attention.js';
+export {
+  mlaAttention, mlaAttentionAsync, prepareMlaWeights, writeMlaCache, createMlaPool, mlaRowElements,
+  type MlaDims, type MlaWeights, type MlaAttentionOptions,
+} from './src/mla.js';

@@ -16,6 +16,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
     RegisterRope(env, exports);
     RegisterActivation(env, exports);
     RegisterSampling(env, exports);
+    RegisterKda(env, exports);
+    RegisterMoe(env, exports);
+    RegisterAttention(env, exports);
+    RegisterMla(env, exports);
   } catch (const Napi::Error&) {
     throw;
   } catch (const std::exception& e) {

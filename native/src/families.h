@@ -40,5 +40,9 @@ void RegisterNorm(Napi::Env env, Napi::Object exports);        // norm.cc: RMSNo
 void RegisterRope(Napi::Env env, Napi::Object exports);        // rope.cc: rotary embeddings
 void RegisterActivation(Napi::Env env, Napi::Object exports);  // activation.cc: SiLU, SwiGLU
 void RegisterSampling(Napi::Env env, Napi::Object exports);    // sampling.cc: softmax, argmax, top-k/p
+void RegisterKda(Napi::Env env, Napi::Object exports);         // kda.cc: KDA conv + gated delta rule
+void RegisterMoe(Napi::Env env, Napi::Object exports);         // moe.cc: MoE router, grouped experts
+void RegisterAttention(Napi::Env env, Napi::Object exports);   // attention.cc: paged GQA attention, page writes/copies
+void RegisterMla(Napi::Env env, Napi::Object exports);         // mla.cc: absorbed MLA over a paged latent cache
 
 }  // namespace specd

@@ -3,4 +3,5 @@ export {};
 export * from './io/index.js';
 export * from './kv/index.js';
 export * from './plugin/index.js';
+export * from './engine/index.js';
 export * from './cli/index.js';

@@ -9,7 +9,7 @@
  */
 
 import type {
-  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, StageInfo, StageLoadOptions, StageModel,
+  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, SequenceId, StageInfo, StageLoadOptions, StageModel,
 } from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
@@ -20,6 +20,7 @@ import { nativeKernels } from './kernels-native.js';
 import type { SeqSpan } from './layout.js';
 import { loadMlaWeights, MLA_TENSORS_PER_LAYER, mlaBatch, mlaFloatsPerToken, mlaForward, type MlaWeights } from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
+import { commitFromSnapshots } from './rollback.js';
 import { WeightReader } from './weights.js';
 
 /** Thrown for a malformed forward call (names the argument). */
@@ -84,7 +85,7 @@ export class KimiStageModel implements StageModel {
     private embed: Uint16Array | undefined,
     private layers: LayerWeights[],
     private finalNorm: Float32Array | undefined,
-    private lmHead: PackedBf16Weights | undefined,
+    private lmHeadWeights: PackedBf16Weights | undefined,
   ) {
     const c = config;
     this.info = Object.freeze({
@@ -162,8 +163,9 @@ export class KimiStageModel implements StageModel {
       if (taps.includes(tap)) captured.set(tap, h.slice());
     };
     capture(layerStart);
-    const chunked = batch.sequences.map((s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && options.kdaSnapshots !== true);
-    const snapshots = options.kdaSnapshots === true ? new Map<number, KdaLayerSnapshots>() : undefined;
+    const wantSnapshots = options.kdaSnapshots === true || options.stateSnapshots === true;
+    const chunked = batch.sequences.map((s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && !wantSnapshots);
+    const snapshots = wantSnapshots ? new Map<number, KdaLayerSnapshots>() : undefined;
     if (snapshots !== undefined) {
       const g = this.cacheGeometry.linearState;
       for (const l of g.layers) {
@@ -200,15 +202,52 @@ export class KimiStageModel implements StageModel {
       if (rows.length > 0) {
         const x = new Float32Array(rows.length * D);
         rows.forEach((r, i) => x.set(h.subarray(r * D, (r + 1) * D), i * D));
-        logits = gemmBf16(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length, this.lmHead!);
+        logits = gemmBf16(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length, this.lmHeadWeights!);
       } else {
         logits = new Float32Array(0);
       }
     }
+    const snapshotSet = snapshots === undefined ? undefined : { spans: spans.map((s) => ({ ...s })), layers: snapshots };
     return {
       logits, logitRowStart, hidden: h, taps: captured,
-      ...(snapshots === undefined ? {} : { kdaSnapshots: { spans: spans.map((s) => ({ ...s })), layers: snapshots } }),
+      ...(snapshotSet === undefined ? {} : { kdaSnapshots: snapshotSet, stateSnapshots: snapshotSet }),
     };
+  }
+
+  /**
+   * Core's commit hook: {@link commitFromSnapshots} on a result of a forward run with
+   * `{ stateSnapshots: true }` (or `kdaSnapshots`).
+   * @throws {KimiForwardError} if the result carries no snapshots; RangeError as commitFromSnapshots.
+   */
+  commitPrefix(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void {
+    const snaps = (result as KimiForwardResult).kdaSnapshots;
+    if (snaps === undefined) throw new KimiForwardError('commitPrefix: result: the forward was not run with { stateSnapshots: true }');
+    commitFromSnapshots(cache, snaps, id, committed);
+  }
+
+  /**
+   * The target's token embeddings (first stage only): `[tokens.length, hiddenSize]` f32.
+   * @throws {KimiForwardError} on a non-first stage or an id outside the vocabulary.
+   */
+  embedTokens(tokens: Int32Array): Float32Array {
+    const D = this.config.hiddenSize;
+    if (this.embed === undefined) throw new KimiForwardError('embedTokens: this stage has no embedding (not the first stage, or disposed)');
+    const out = new Float32Array(tokens.length * D);
+    tokens.forEach((id, i) => {
+      if (!(id >= 0 && id < this.config.vocabSize)) throw new KimiForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
+      out.set(bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D)), i * D);
+    });
+    return out;
+  }
+
+  /**
+   * The lm_head alone (last stage only; the caller normalises): `x [rows, hiddenSize]` f32 → `[rows, vocabSize]` f32.
+   * @throws {KimiForwardError} on a non-last stage or a mis-sized x.
+   */
+  lmHead(x: Float32Array, rows: number): Float32Array {
+    if (this.lmHeadWeights === undefined) throw new KimiForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
+    if (x.length !== rows * this.config.hiddenSize) throw new KimiForwardError(`lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`);
+    return gemmBf16(x, rows, this.lmHeadWeights);
   }
 
   /** Drops the weights (the stage is unusable afterwards). */
@@ -216,7 +255,7 @@ export class KimiStageModel implements StageModel {
     this.layers = [];
     this.embed = undefined;
     this.finalNorm = undefined;
-    this.lmHead = undefined;
+    this.lmHeadWeights = undefined;
   }
 }
 

@@ -2,6 +2,7 @@
  * The `--config FILE` JSON of `specd generate` (CLI flags override it):
  *
  *   { "model": "models/kimi-k3-tiny",          // relative to the config file's directory
+ *     "drafter": "models/kimi-k3-tiny-dflash",  // drafter checkpoint (speculative decoding)
  *     "plugins": ["@specd/model-kimi-k3"],     // plugin packages to import (default: built-ins)
  *     "generate": { "max_tokens": 64, "temperature": 0, "top_p": 1, "top_k": 0, "seed": 1 } }
  *
@@ -31,6 +32,8 @@ export interface GenerateSettings {
 export interface CliConfig {
   /** Absolute model directory, if given. */
   readonly model?: string;
+  /** Absolute drafter checkpoint directory, if given. */
+  readonly drafter?: string;
   readonly plugins?: readonly string[];
   readonly generate: GenerateSettings;
 }
@@ -63,12 +66,16 @@ export function readCliConfig(file: string): CliConfig {
   if (!isJsonObject(root)) fail('$', 'expected a JSON object');
   const obj = root as JsonObject;
   let model: string | undefined;
+  let drafter: string | undefined;
   let plugins: string[] | undefined;
   const generate: Record<string, number> = {};
   for (const [k, v] of Object.entries(obj)) {
     if (k === 'model') {
       if (typeof v !== 'string' || v === '') fail('model', `expected a directory path, got ${JSON.stringify(v)}`);
       model = path.resolve(path.dirname(file), v as string);
+    } else if (k === 'drafter') {
+      if (typeof v !== 'string' || v === '') fail('drafter', `expected a directory path, got ${JSON.stringify(v)}`);
+      drafter = path.resolve(path.dirname(file), v as string);
     } else if (k === 'plugins') {
       if (!Array.isArray(v) || v.some((p) => typeof p !== 'string' || p === '')) fail('plugins', 'expected an array of package names');
       plugins = v as string[];
@@ -81,8 +88,8 @@ export function readCliConfig(file: string): CliConfig {
         generate[spec!.key] = gv as number;
       }
     } else {
-      fail(k, 'unknown key (known: model, plugins, generate)');
+      fail(k, 'unknown key (known: model, drafter, plugins, generate)');
     }
   }
-  return { model, plugins, generate: generate as GenerateSettings };
+  return { model, drafter, plugins, generate: generate as GenerateSettings };
 }

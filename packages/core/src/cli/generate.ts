@@ -11,8 +11,11 @@ import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import { Tokenizer } from '../io/tokenizer.js';
 import { SequenceCache } from '../kv/sequence-cache.js';
+import { SpecEngine } from '../engine/engine.js';
+import type { RequestMetrics } from '../engine/metrics.js';
+import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
-import { loadPluginPackages, ModelRegistry } from '../plugin/registry.js';
+import { DrafterRegistry, loadPluginPackages, ModelRegistry } from '../plugin/registry.js';
 import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
 
 /** Tokens per prefill forward. */
@@ -112,4 +115,58 @@ export function generateTokens(target: LoadedTarget, options: GenerateOptions): 
     cache.finish(id);
   }
   return { tokenIds: out, seconds: (performance.now() - t0) / 1000, stoppedAtEos };
+}
+
+/** A loaded drafter bound to a target. */
+export interface LoadedDrafter {
+  readonly drafter: Drafter;
+  readonly dir: string;
+}
+
+/**
+ * Imports the plugin packages, resolves the drafter plugin by `drafterDir`'s config.json
+ * `architectures` and loads it for `target` (room for one sequence of `maxTokensPerSequence`).
+ * @throws {PluginError} naming the loaded methods when none matches; the plugin's errors.
+ */
+export async function loadDrafter(
+  drafterDir: string, plugins: readonly string[], target: LoadedTarget, maxTokensPerSequence: number, maxSequences = 1,
+): Promise<LoadedDrafter> {
+  const container = rootContainer.createChildContainer();
+  await loadPluginPackages(plugins, container);
+  const config = HfConfig.read(drafterDir);
+  const plugin = DrafterRegistry.fromContainer(container).resolve(config);
+  const weights = SafetensorsCheckpoint.open(drafterDir);
+  try {
+    const drafter = await plugin.load({ dir: drafterDir, config, weights }, { target: target.model, maxSequences, maxTokensPerSequence });
+    return { drafter, dir: drafterDir };
+  } finally {
+    weights.close();
+  }
+}
+
+/** What {@link generateSpeculative} returns: the plain result plus the spec-decode counters. */
+export interface SpecGenerateResult extends GenerateResult {
+  readonly metrics: RequestMetrics;
+}
+
+/**
+ * {@link generateTokens} with speculative decoding (one request through {@link SpecEngine}).
+ * Greedy output is token-for-token plain greedy decoding's; sampled output follows the same
+ * distribution (rejection sampling) but not the same random stream.
+ * @throws {RangeError} for an empty prompt or a bad maxTokens.
+ */
+export function generateSpeculative(target: LoadedTarget, drafter: Drafter, options: GenerateOptions & { readonly numDraftTokens?: number }): SpecGenerateResult {
+  const { promptIds, maxTokens } = options;
+  if (promptIds.length === 0) throw new RangeError('generate: the prompt encodes to no tokens');
+  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1) throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
+  const engine = new SpecEngine(target.model, drafter, {
+    maxSequences: 1, maxTokensPerSequence: promptIds.length + maxTokens + drafter.maxDraftTokens + 1, pageSize: PAGE_SIZE, prefillChunk: PREFILL_CHUNK_TOKENS,
+    ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
+  });
+  const t0 = performance.now();
+  const [r] = engine.run([{
+    id: 0, promptIds, maxTokens, sampling: options.sampling, seed: options.seed, ignoreEos: options.ignoreEos,
+    eosTokenIds: target.eosTokenIds, onToken: options.onToken,
+  }]);
+  return { tokenIds: r!.tokenIds, seconds: (performance.now() - t0) / 1000, stoppedAtEos: r!.finishReason === 'eos', metrics: r!.metrics };
 }

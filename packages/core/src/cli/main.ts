@@ -1,9 +1,12 @@
 /**
- * The `specd` command line (commander). Commands: `generate` (plain generation with the target).
+ * The `specd` command line (commander). Commands: `generate` (the target, with a drafter by
+ * default: the embedded default is models/kimi-k3-tiny + models/kimi-k3-tiny-dflash; `--no-spec`
+ * turns drafting off; `--drafter DIR` picks a drafter checkpoint for any target).
  * Errors are one line on stderr (`specd: error: …`) and a non-zero exit code: 2 for usage errors
  * (unknown option, malformed value), 1 for everything else (missing model, bad config, …).
  *
  *   specd generate --prompt "The history of the" --max-tokens 32 [--temperature 0.8 --top-p 0.9 --seed 1] [--json]
+ *   specd generate --drafter models/kimi-k3-tiny-dflash [--num-draft-tokens 7] --prompt … | --no-spec
  */
 
 import * as fs from 'node:fs';
@@ -14,8 +17,8 @@ import { Command, CommanderError, InvalidArgumentError, Option } from 'commander
 
 import { BUILTIN_PLUGIN_PACKAGES } from '../plugin/registry.js';
 import { readCliConfig, type CliConfig } from './config-file.js';
-import { generateTokens, loadTarget } from './generate.js';
-import { defaultModelDir } from './paths.js';
+import { generateSpeculative, generateTokens, loadDrafter, loadTarget, type GenerateResult, type SpecGenerateResult } from './generate.js';
+import { defaultDrafterDir, defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */
 export interface CliIo {
@@ -38,6 +41,9 @@ const numArg = (check: (n: number) => boolean, expected: string) => (v: string):
 interface GenerateFlags {
   config?: string;
   model?: string;
+  drafter?: string;
+  spec?: boolean;
+  numDraftTokens?: number;
   prompt?: string;
   promptFile?: string;
   maxTokens?: number;
@@ -67,6 +73,19 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   }
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   if (!fs.existsSync(path.join(modelDir, 'config.json'))) throw new CliError(`model directory ${modelDir} has no config.json (use --model DIR)`);
+  // drafter: --drafter, else the config's, else the shipped DFlash when the target is the embedded default
+  let drafterDir: string | undefined;
+  if (flags.spec !== false) {
+    if (flags.drafter !== undefined) drafterDir = path.resolve(io.cwd, flags.drafter);
+    else if (cfg.drafter !== undefined) drafterDir = cfg.drafter;
+    else if (flags.model === undefined && cfg.model === undefined) {
+      const d = defaultDrafterDir(io.cwd);
+      if (fs.existsSync(path.join(d, 'config.json'))) drafterDir = d;
+    }
+    if (drafterDir !== undefined && !fs.existsSync(path.join(drafterDir, 'config.json'))) throw new CliError(`drafter directory ${drafterDir} has no config.json (use --drafter DIR, or --no-spec)`);
+  } else if (flags.drafter !== undefined) {
+    throw new CliError('--drafter and --no-spec cannot be used together');
+  }
   const g = cfg.generate;
   const maxTokens = flags.maxTokens ?? g.maxTokens ?? 64;
   const temperature = flags.temperature ?? g.temperature ?? 0;
@@ -89,12 +108,17 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
 
   const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
   if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
+  const loaded = drafterDir === undefined ? undefined
+    : await loadDrafter(drafterDir, cfg.plugins ?? BUILTIN_PLUGIN_PACKAGES, target, promptIds.length + maxTokens + 64);
   const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
   const stream = flags.json !== true;
-  const result = generateTokens(target, {
+  const genOptions = {
     promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, ignoreEos: flags.ignoreEos === true,
-    onToken: stream ? (id) => io.stdout.write(detok.push(id)) : undefined,
-  });
+    onToken: stream ? (id: number) => io.stdout.write(detok.push(id)) : undefined,
+  };
+  const result: GenerateResult = loaded === undefined ? generateTokens(target, genOptions)
+    : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens: flags.numDraftTokens });
+  const m = (result as Partial<SpecGenerateResult>).metrics;
   const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
   const n = result.tokenIds.length;
   const tps = result.seconds > 0 ? n / result.seconds : 0;
@@ -102,11 +126,17 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     io.stdout.write(`${JSON.stringify({
       text, token_ids: result.tokenIds, num_prompt_tokens: promptIds.length, num_output_tokens: n,
       seconds: result.seconds, output_tokens_per_s: tps, seed, stopped_at_eos: result.stoppedAtEos, model: modelDir, plugin: target.pluginName,
+      ...(m === undefined || loaded === undefined ? {} : {
+        drafter: loaded.dir, method: loaded.drafter.method, drafted: m.drafted, accepted: m.accepted, verify_steps: m.verifySteps,
+        acceptance_length: m.tauPerStep, per_position_acceptance: m.perPositionAcceptance,
+      }),
     })}\n`);
   } else {
     io.stdout.write(`${detok.flush()}\n`);
-    io.stderr.write(`[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}]\n`);
+    const spec = m === undefined || loaded === undefined ? '' : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
+    io.stderr.write(`[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`);
   }
+  loaded?.drafter.dispose();
   target.model.dispose();
 }
 
@@ -118,9 +148,12 @@ export function buildProgram(io: CliIo): Command {
     .configureOutput({ writeOut: (s) => io.stdout.write(s), writeErr: (s) => io.stderr.write(s), outputError: (s, write) => write(`specd: ${s.replace(/^error: /, 'error: ').trimEnd()}\n`) });
   program
     .command('generate')
-    .description('generate text with the target model (no drafter)')
-    .option('--config <file>', 'JSON config: {model, plugins, generate: {max_tokens, temperature, top_p, top_k, seed}}')
+    .description('generate text with the target model, speculatively with a drafter (default: the shipped DFlash)')
+    .option('--config <file>', 'JSON config: {model, drafter, plugins, generate: {max_tokens, temperature, top_p, top_k, seed}}')
     .option('--model <dir>', 'HF checkpoint directory (default: models/kimi-k3-tiny of this repository)')
+    .option('--drafter <dir>', 'drafter checkpoint directory (default with the default model: models/kimi-k3-tiny-dflash)')
+    .option('--no-spec', 'no speculative decoding: plain decoding with the target alone')
+    .option('--num-draft-tokens <n>', 'drafts per verify step at most (default: the drafter\'s maximum, e.g. DFlash block_size − 1)', intArg(1))
     .addOption(new Option('--prompt <text>', 'prompt text').conflicts('promptFile'))
     .option('--prompt-file <file>', 'read the prompt from a file')
     .option('--max-tokens <n>', 'new tokens at most (default 64)', intArg(1))
@@ -129,7 +162,7 @@ export function buildProgram(io: CliIo): Command {
     .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
     .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
-    .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …}')
+    .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}')
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   for (const c of program.commands) c.exitOverride().configureOutput(program.configureOutput());
   return program;

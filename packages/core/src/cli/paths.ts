@@ -5,6 +5,8 @@ import { fileURLToPath } from 'node:url';
 
 /** The default target, relative to the repository root. */
 export const DEFAULT_MODEL_RELATIVE = 'models/kimi-k3-tiny';
+/** The default drafter of the default target (DFlash), relative to the repository root. */
+export const DEFAULT_DRAFTER_RELATIVE = 'models/kimi-k3-tiny-dflash';
 
 /**
  * The default model directory: `models/kimi-k3-tiny` in the first ancestor of this module (the
@@ -12,16 +14,25 @@ export const DEFAULT_MODEL_RELATIVE = 'models/kimi-k3-tiny';
  * relative to the working directory (so the error names where it looked).
  */
 export function defaultModelDir(cwd: string = process.cwd()): string {
+  return findShipped(DEFAULT_MODEL_RELATIVE, cwd);
+}
+
+/** The default drafter directory (`models/kimi-k3-tiny-dflash`), located like {@link defaultModelDir}. */
+export function defaultDrafterDir(cwd: string = process.cwd()): string {
+  return findShipped(DEFAULT_DRAFTER_RELATIVE, cwd);
+}
+
+function findShipped(relative: string, cwd: string): string {
   const here = path.dirname(fileURLToPath(import.meta.url));
   for (const start of [here, cwd]) {
     let dir = start;
     for (;;) {
-      const candidate = path.join(dir, DEFAULT_MODEL_RELATIVE);
+      const candidate = path.join(dir, relative);
       if (fs.existsSync(path.join(candidate, 'config.json'))) return candidate;
       const up = path.dirname(dir);
       if (up === dir) break;
       dir = up;
     }
   }
-  return path.resolve(cwd, DEFAULT_MODEL_RELATIVE);
+  return path.resolve(cwd, relative);
 }

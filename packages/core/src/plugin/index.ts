@@ -4,4 +4,11 @@ export {
   type ForwardBatch, type ForwardOptions, type ForwardResult, type ForwardSequence, type LoadProgress, type LogitsRequest,
   type ModelPlugin, type ModelSource, type StageInfo, type StageLoadOptions, type StageModel,
 } from './model-plugin.js';
-export { BUILTIN_PLUGIN_PACKAGES, MODEL_PLUGIN, ModelRegistry, PluginError, loadPluginPackages } from './registry.js';
+export {
+  BUILTIN_PLUGIN_PACKAGES, DRAFTER_PLUGIN, DrafterRegistry, MODEL_PLUGIN, ModelRegistry, PluginError, loadPluginPackages,
+} from './registry.js';
+export {
+  DrafterError, stageTaps,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterPlugin, type DrafterSchema, type DrafterSource,
+  type DraftProposal, type DraftSampling, type DraftSequence, type RandomSource,
+} from './drafter-plugin.js';

@@ -4,7 +4,7 @@
  *
  * Lifecycle: `load` (one stage = a layer range, weights packed) → `forward` per step (prefill
  * chunk, decode, verify block) with a {@link SequenceCache} sized from `cacheGeometry` →
- * `dispose`. Drafter contracts (DrafterPlugin) will sit beside this file.
+ * `dispose`. The drafter contract ({@link DrafterPlugin}) sits beside this file (drafter-plugin.ts).
  */
 
 import type { HfConfig } from '../io/hf-config.js';
@@ -95,6 +95,12 @@ export interface ForwardOptions {
    * [layerStart, layerEnd]; others are an error.
    */
   readonly taps?: readonly number[];
+  /**
+   * Keep the linear-attention state after every token (verify steps), so that an accepted prefix
+   * can be committed with {@link StageModel.commitPrefix} instead of a replay. Ignored by stages
+   * without `commitPrefix`.
+   */
+  readonly stateSnapshots?: boolean;
 }
 
 /** What a forward returns. */
@@ -107,6 +113,8 @@ export interface ForwardResult {
   readonly hidden: Float32Array;
   /** Captured taps: tap id → `[numTokens, hiddenSize]` f32. */
   readonly taps: ReadonlyMap<number, Float32Array>;
+  /** Per-token linear states, when `stateSnapshots` was asked for (opaque; pass to `commitPrefix`). */
+  readonly stateSnapshots?: unknown;
 }
 
 /** A loaded stage of a target model. */
@@ -119,6 +127,19 @@ export interface StageModel {
    * Results of a token never depend on the other tokens of the batch (batch invariance).
    */
   forward(batch: ForwardBatch, cache: SequenceCache, options?: ForwardOptions): ForwardResult;
+  /**
+   * commit (optional): keeps the first `committed` tokens (≥ 1) of `id`'s rows of a forward run
+   * with `{ stateSnapshots: true }` (linear state after token `committed − 1`, KV truncated).
+   * Stages without it are committed by checkpoint + replay.
+   */
+  commitPrefix?(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void;
+  /** Token embeddings (optional, first stage; drafters that reuse the target's): `[tokens.length, hiddenSize]` f32. */
+  embedTokens?(tokens: Int32Array): Float32Array;
+  /**
+   * The output projection alone (optional, last stage; no final norm): `x [rows, hiddenSize]` f32 →
+   * logits `[rows, vocabSize]` f32. Drafters that reuse the target's lm_head call it.
+   */
+  lmHead?(x: Float32Array, rows: number): Float32Array;
   /** dispose: drops the weights. */
   dispose(): void;
 }

@@ -10,13 +10,17 @@ import 'reflect-metadata';
 import { container as rootContainer, type DependencyContainer, type InjectionToken } from 'tsyringe';
 
 import type { HfConfig } from '../io/hf-config.js';
+import type { DrafterPlugin } from './drafter-plugin.js';
 import type { ModelPlugin } from './model-plugin.js';
 
 /** DI token under which every model plugin is registered (`container.resolveAll`). */
 export const MODEL_PLUGIN: InjectionToken<ModelPlugin> = 'specd:ModelPlugin';
 
+/** DI token under which every drafter plugin is registered (`container.resolveAll`). */
+export const DRAFTER_PLUGIN: InjectionToken<DrafterPlugin> = 'specd:DrafterPlugin';
+
 /** Plugin packages loaded when the config names none. */
-export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3']);
+export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3', '@specd/plugin-dflash']);
 
 /** Thrown when no plugin matches a config, or a plugin package cannot be loaded. */
 export class PluginError extends Error {
@@ -79,5 +83,41 @@ export async function loadPluginPackages(names: readonly string[], container: De
     }
     if (typeof mod.register !== 'function') throw new PluginError(`plugin package ${JSON.stringify(name)} exports no register(container) function`);
     (mod.register as (c: DependencyContainer) => void)(container);
+  }
+}
+
+/** The drafter plugins registered in a container; a checkpoint picks one by its `architectures`. */
+export class DrafterRegistry {
+  private readonly list: DrafterPlugin[];
+
+  constructor(plugins: readonly DrafterPlugin[] = []) {
+    this.list = [...plugins];
+  }
+
+  /** All drafter plugins registered in `container` under {@link DRAFTER_PLUGIN}. */
+  static fromContainer(container: DependencyContainer = rootContainer): DrafterRegistry {
+    return new DrafterRegistry(container.isRegistered(DRAFTER_PLUGIN, true) ? container.resolveAll(DRAFTER_PLUGIN) : []);
+  }
+
+  /** Adds a plugin. */
+  register(plugin: DrafterPlugin): void {
+    this.list.push(plugin);
+  }
+
+  /** Registered plugins, in registration order. */
+  plugins(): readonly DrafterPlugin[] {
+    return this.list;
+  }
+
+  /**
+   * The drafter for a checkpoint config: the first plugin whose `architectures` intersects the config's.
+   * @throws {PluginError} naming the config's architectures and every loaded method.
+   */
+  resolve(config: HfConfig): DrafterPlugin {
+    const archs = config.architectures;
+    const found = this.list.find((p) => p.architectures.some((a) => archs.includes(a)));
+    if (found !== undefined) return found;
+    const loaded = this.list.length === 0 ? 'none' : this.list.map((p) => `${p.method} (architectures ${p.architectures.join('|')})`).join(', ');
+    throw new PluginError(`${config.file}: no drafter plugin for architectures [${archs.join(', ')}]; loaded methods: ${loaded}`);
   }
 }

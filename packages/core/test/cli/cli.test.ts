@@ -45,12 +45,43 @@ describe('specd generate', () => {
     const a = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12']);
     expect(a.code).toBe(0);
     expect(a.out.length).toBeGreaterThan(1);
-    expect(a.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+\]\n$/);
+    expect(a.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+; dflash τ [\d.]+ over \d+ verify steps\]\n$/);
+    const plain = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--no-spec']);
+    expect(plain.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+\]\n$/);
+    expect(plain.out).toBe(a.out);
     const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '16', '--temperature', '0.9', '--top-k', '40', '--top-p', '0.95', '--seed', '7', '--json'];
     const s1 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
     const s2 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
     expect(s1.token_ids).toEqual(s2.token_ids);
     expect(s1.seed).toBe(7);
+  });
+
+  it('speculative by default with the shipped DFlash: same greedy tokens as --no-spec, spec fields in --json', async () => {
+    const g = goldens.goldens['sentence']!;
+    const args = ['generate', '--prompt', g.prompt, '--max-tokens', '40', '--json', '--ignore-eos'];
+    const spec = JSON.parse((await run(args)).out) as Record<string, unknown>;
+    const plain = JSON.parse((await run([...args, '--no-spec'])).out) as Record<string, unknown>;
+    const explicit = JSON.parse((await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash'])).out) as Record<string, unknown>;
+    expect(spec['token_ids']).toEqual(plain['token_ids']);
+    expect(explicit['token_ids']).toEqual(plain['token_ids']);
+    expect((spec['token_ids'] as number[]).slice(0, 40)).toEqual(g.greedy_continuation.slice(0, 40));
+    expect(plain).not.toHaveProperty('drafted');
+    expect(spec['method']).toBe('dflash');
+    expect(spec['drafted']).toBeGreaterThan(0);
+    expect(spec['accepted']).toBeGreaterThan(0);
+    expect(spec['verify_steps']).toBeGreaterThan(0);
+    expect(spec['acceptance_length']).toBeCloseTo(1 + (spec['accepted'] as number) / (spec['verify_steps'] as number), 12);
+    expect((spec['per_position_acceptance'] as number[]).length).toBeGreaterThan(0);
+    const short = JSON.parse((await run([...args, '--num-draft-tokens', '3'])).out) as Record<string, unknown>;
+    expect(short['token_ids']).toEqual(plain['token_ids']);
+    expect((short['per_position_acceptance'] as number[]).length).toBeLessThanOrEqual(3);
+    const bad = await run([...args, '--drafter', '/no/such/drafter']);
+    expect(bad.code).toBe(1);
+    expect(bad.err).toMatch(/^specd: error: drafter directory \/no\/such\/drafter has no config.json/);
+    const both = await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash', '--no-spec']);
+    expect(both.err).toMatch(/--drafter and --no-spec cannot be used together/);
+    const wrong = await run([...args, '--drafter', 'models/kimi-k3-tiny']);
+    expect(wrong.err).toMatch(/no drafter plugin for architectures \[KimiLinearForCausalLM\]; loaded methods: dflash/);
   });
 
   it('reads --prompt-file and --config (flags override the file)', async () => {

@@ -1,0 +1,313 @@
+// AVX-512 attention kernels (reduction order: attention_kernels.h). Compiled with the AVX-512
+// flags; called only when isa.cc reports AVX-512. Intrinsics only, no STL (ODR, CMakeLists.txt).
+//
+// Per tile: the rows' visible key intervals are united; for each 16-key chunk the K and V row
+// addresses are resolved once through the block table (slots outside the union read a zero row)
+// and the next chunk's rows are prefetched. Tiles of >= 4 rows first copy the chunk's rows into a
+// blocked buffer [dim/16][16 slots][16 floats] (one head's rows sit numKvHeads*headDim*4 bytes
+// apart in NHD pages, 4 KiB for 8 heads of 128: they would fight for the same L1 sets; the copy
+// holds the same values, so it never changes a result). Then every row of the tile computes
+//   scores: 16 accumulators, one per key slot i, acc_i += q[16b..] * k_i[16b..] for the 16-float
+//           blocks b = 0, 1, … of dim in order (masked tail block last); then one fixed
+//           transpose-and-add tree turns acc_0..acc_15 into the score vector (lane i = key slot i):
+//           pairs (unpacklo + unpackhi), quads (shuffle_ps 0x44 + 0xEE), 128-bit lanes
+//           (shuffle_f32x4 0x88 + 0xDD, twice); times scale;
+//   its online-softmax update (vector exp, Cephes-style polynomial, ~1 ulp);
+//   its P·V update: acc = acc * alpha, then acc = fma(p_j, v_j, acc) for its visible j ascending;
+//           up to 4 consecutive rows that see the same keys of the chunk share the V loads.
+// Rows share loads only, never arithmetic: each row's result is the same in any tile.
+#include <immintrin.h>
+
+#include "attention_kernels.h"
+
+namespace specd {
+namespace attn {
+namespace {
+
+/** exp(x) for x in [-88, 88] (clamped): n = round(x log2 e), r = x - n ln2 (two-part), degree-5
+ *  polynomial (Cephes expf), times 2^n. exp(0) = 1 exactly. */
+inline __m512 Exp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+inline __mmask16 TailMask(int64_t valid) {
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1u);
+}
+
+/**
+ * The chunk's 16 K (or V) rows: row pointers (slots outside the union point to a zero row), or a
+ * packed copy in blocks [dim/16][16 slots][16 floats] (block b of slot i at blocked + (b*16+i)*16),
+ * which reads with constant offsets and no L1 set conflicts. Both give the same values.
+ */
+struct ChunkRows {
+  const float* const* ptr;
+  const float* blocked;
+};
+
+template <bool Blocked>
+inline const float* At(const ChunkRows& c, int64_t i, int64_t d) {
+  return Blocked ? c.blocked + ((d >> 4) * 16 + i) * 16 : c.ptr[i] + d;
+}
+
+/** Scores of 16 key slots for one row: s[i] = dot(q, k_i) over n (see the file comment). */
+template <bool Blocked>
+inline __m512 Scores16(const float* q, const ChunkRows& k, int64_t n) {
+  __m512 a[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    const __m512 qb = _mm512_loadu_ps(q + d);
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_fmadd_ps(qb, _mm512_loadu_ps(At<Blocked>(k, i, d)), a[i]);
+  }
+  if (d < n) {
+    const __mmask16 m = TailMask(n - d);
+    const __m512 qb = _mm512_maskz_loadu_ps(m, q + d);
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_fmadd_ps(qb, _mm512_maskz_loadu_ps(m, At<Blocked>(k, i, d)), a[i]);
+  }
+  __m512 x[8];
+  for (int i = 0; i < 8; ++i)
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  __m512 y[4];
+  for (int i = 0; i < 4; ++i)
+    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x88), _mm512_shuffle_f32x4(y[2], y[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
+}
+
+/** Copies row src[0:n] into slot i of a blocked chunk buffer (tail lanes of the last block zero). */
+inline void PackRow(float* blocked, int64_t i, const float* src, int64_t n) {
+  for (int64_t d = 0; d < n; d += 16) {
+    const __mmask16 m = TailMask(n - d);
+    _mm512_storeu_ps(blocked + ((d >> 4) * 16 + i) * 16, _mm512_maskz_loadu_ps(m, src + d));
+  }
+}
+
+/** Prefetches the n floats at p into L1, one hint per 64-byte line. */
+inline void PrefetchRow(const float* p, int64_t n) {
+  for (int64_t d = 0; d < n; d += 16) _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
+}
+
+/**
+ * P·V update of N rows that see the same key slots [jb, je) of a chunk: per row and lane,
+ * acc = acc * alpha, then acc = fma(p_j, v_j, acc) for j ascending (the rows share V loads only).
+ */
+template <int N, bool Blocked>
+inline void PvGroup(float* const* a, const float* const* p, const float* alpha, int jb, int je,
+                    const ChunkRows& vr, int64_t dv, __mmask16 vtail) {
+  __m512 va[N];
+  for (int n = 0; n < N; ++n) va[n] = _mm512_set1_ps(alpha[n]);
+  int64_t d = 0;
+  for (; d + 32 <= dv; d += 32) {
+    __m512 x[N][2];
+    for (int n = 0; n < N; ++n) {
+      x[n][0] = _mm512_mul_ps(_mm512_loadu_ps(a[n] + d), va[n]);
+      x[n][1] = _mm512_mul_ps(_mm512_loadu_ps(a[n] + d + 16), va[n]);
+    }
+    for (int j = jb; j < je; ++j) {
+      const __m512 v0 = _mm512_loadu_ps(At<Blocked>(vr, j, d));
+      const __m512 v1 = _mm512_loadu_ps(At<Blocked>(vr, j, d + 16));
+      for (int n = 0; n < N; ++n) {
+        const __m512 pj = _mm512_set1_ps(p[n][j]);
+        x[n][0] = _mm512_fmadd_ps(pj, v0, x[n][0]);
+        x[n][1] = _mm512_fmadd_ps(pj, v1, x[n][1]);
+      }
+    }
+    for (int n = 0; n < N; ++n) {
+      _mm512_storeu_ps(a[n] + d, x[n][0]);
+      _mm512_storeu_ps(a[n] + d + 16, x[n][1]);
+    }
+  }
+  for (; d < dv; d += 16) {
+    const __mmask16 dm = d + 16 <= dv ? static_cast<__mmask16>(0xFFFF) : vtail;
+    __m512 x[N];
+    for (int n = 0; n < N; ++n) x[n] = _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, a[n] + d), va[n]);
+    for (int j = jb; j < je; ++j) {
+      const __m512 v = _mm512_maskz_loadu_ps(dm, At<Blocked>(vr, j, d));
+      for (int n = 0; n < N; ++n) x[n] = _mm512_fmadd_ps(_mm512_set1_ps(p[n][j]), v, x[n]);
+    }
+    for (int n = 0; n < N; ++n) _mm512_mask_storeu_ps(a[n] + d, dm, x[n]);
+  }
+}
+
+constexpr float kNegInf = -__builtin_inff();
+
+}  // namespace
+
+template <bool Blocked>
+static void PvDispatch(int n, float* const* ar, const float* const* pp, const float* al, int jb, int je, const ChunkRows& vr,
+                int64_t dv, __mmask16 vtail) {
+  switch (n) {
+    case 1: PvGroup<1, Blocked>(ar, pp, al, jb, je, vr, dv, vtail); break;
+    case 2: PvGroup<2, Blocked>(ar, pp, al, jb, je, vr, dv, vtail); break;
+    case 3: PvGroup<3, Blocked>(ar, pp, al, jb, je, vr, dv, vtail); break;
+    default: PvGroup<4, Blocked>(ar, pp, al, jb, je, vr, dv, vtail); break;
+  }
+}
+
+void AttendTileAvx512(const Tile& t, float* scratch) {
+  const int64_t dk = t.k.dim;
+  const int64_t dv = t.v.dim;
+  const int64_t dk_pad = (dk + 15) / 16 * 16;
+  const int64_t dv_pad = (dv + 15) / 16 * 16;
+  float* acc = scratch;                    // [kMaxRows][dv]
+  float* pr = acc + kMaxRows * dv;         // [kMaxRows][kChunk] probabilities of the current chunk
+  float* m = pr + kMaxRows * kChunk;       // [kMaxRows] running max
+  float* l = m + kMaxRows;                 // [kMaxRows] running sum
+  float* zero = l + kMaxRows;              // [dk] zeros: K row of the key slots outside the union
+  float* kbuf = zero + dk_pad;             // [dk_pad/16][kChunk][16] packed K rows of the chunk
+  float* vbuf = kbuf + kChunk * dk_pad;    // [dv_pad/16][kChunk][16] packed V rows
+  for (int64_t d = 0; d < dk; ++d) zero[d] = 0.0f;
+  // V rows that are prefixes of the K rows (MLA latent) are read from the packed K rows.
+  const bool shared_rows = t.v.base == t.k.base && t.v.page_stride == t.k.page_stride &&
+                           t.v.token_stride == t.k.token_stride && t.v.head_stride == t.k.head_stride && dv <= dk;
+  // Packing copies the same values (it never changes a result); it pays when several rows reuse them.
+  const bool pack = t.rows >= 4;
+  int64_t lo = INT64_MAX;
+  int64_t hi = INT64_MIN;
+  for (int r = 0; r < t.rows; ++r) {
+    const Row& row = t.row[r];
+    if (row.hi <= row.lo) {
+      for (int64_t d = 0; d < dv; ++d) row.out[d] = 0.0f;
+      continue;
+    }
+    lo = row.lo < lo ? row.lo : lo;
+    hi = row.hi > hi ? row.hi : hi;
+    for (int64_t d = 0; d < dv; ++d) acc[r * dv + d] = 0.0f;
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+  if (lo >= hi) return;
+  const float* kp[kChunk];
+  const float* vp[kChunk];
+  const ChunkRows kr{kp, kbuf};
+  const ChunkRows vr{vp, shared_rows ? kbuf : vbuf};
+  float al[kMaxRows];                // alpha of each row for the current chunk
+  int rbs[kMaxRows], res[kMaxRows];  // the row's visible slots [rbs, res) of the current chunk
+  const __mmask16 vtail = TailMask(dv % 16 == 0 ? 16 : dv % 16);
+  (void)dv_pad;
+  for (int64_t c0 = lo / kChunk * kChunk; c0 < hi; c0 += kChunk) {
+    const int64_t jb = lo > c0 ? lo : c0;
+    const int64_t je = hi < c0 + kChunk ? hi : c0 + kChunk;
+    for (int64_t i = 0; i < kChunk; ++i) kp[i] = zero;
+    for (int64_t j = jb; j < je; ++j) {
+      const int64_t i = j - c0;
+      kp[i] = RowPtr(t.k, t.table, t.page_size, j, t.kv_head);
+      vp[i] = RowPtr(t.v, t.table, t.page_size, j, t.kv_head);
+      if (pack) {
+        PackRow(kbuf, i, kp[i], dk);
+        if (!shared_rows) PackRow(vbuf, i, vp[i], dv);
+      }
+    }
+    if (pack) {  // slots outside the union: finite values (their lanes are masked out)
+      for (int64_t i = 0; i < kChunk; ++i)
+        if (i < jb - c0 || i >= je - c0) PackRow(kbuf, i, zero, dk);
+    }
+    const int64_t ne = hi < c0 + 2 * kChunk ? hi : c0 + 2 * kChunk;  // next chunk: prefetch its rows
+    for (int64_t j = c0 + kChunk; j < ne; ++j) {
+      PrefetchRow(RowPtr(t.k, t.table, t.page_size, j, t.kv_head), dk);
+      if (!shared_rows) PrefetchRow(RowPtr(t.v, t.table, t.page_size, j, t.kv_head), dv);
+    }
+    for (int r = 0; r < t.rows; ++r) {
+      const Row& row = t.row[r];
+      const int64_t rb = row.lo > c0 ? row.lo : c0;
+      const int64_t re = row.hi < c0 + kChunk ? row.hi : c0 + kChunk;
+      rbs[r] = res[r] = 0;
+      if (rb >= re) continue;
+      const __mmask16 mask = static_cast<__mmask16>(TailMask(re - c0) & ~TailMask(rb - c0));
+      const __m512 sc = pack ? Scores16<true>(row.q, kr, dk) : Scores16<false>(row.q, kr, dk);
+      const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mask, _mm512_mul_ps(sc, _mm512_set1_ps(t.scale)));
+      const float mc = _mm512_reduce_max_ps(sv);
+      const float mn = m[r] > mc ? m[r] : mc;
+      const __m512 e = _mm512_maskz_mov_ps(mask, Exp(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
+      const float alpha = m[r] == kNegInf ? 0.0f : _mm512_cvtss_f32(Exp(_mm512_set1_ps(m[r] - mn)));
+      l[r] = l[r] * alpha + _mm512_reduce_add_ps(e);
+      m[r] = mn;
+      _mm512_storeu_ps(pr + r * kChunk, e);
+      al[r] = alpha;
+      rbs[r] = static_cast<int>(rb - c0);
+      res[r] = static_cast<int>(re - c0);
+    }
+    // P·V: runs of up to 4 consecutive rows that see the same keys of this chunk share the V loads.
+    for (int r = 0; r < t.rows;) {
+      if (res[r] <= rbs[r]) {
+        ++r;
+        continue;
+      }
+      int n = 1;
+      while (n < 4 && r + n < t.rows && rbs[r + n] == rbs[r] && res[r + n] == res[r]) ++n;
+      float* ar[4];
+      const float* pp[4];
+      for (int i = 0; i < n; ++i) {
+        ar[i] = acc + (r + i) * dv;
+        pp[i] = pr + (r + i) * kChunk;
+      }
+      if (pack) PvDispatch<true>(n, ar, pp, al + r, rbs[r], res[r], vr, dv, vtail);
+      else PvDispatch<false>(n, ar, pp, al + r, rbs[r], res[r], vr, dv, vtail);
+      r += n;
+    }
+  }
+  for (int r = 0; r < t.rows; ++r) {
+    const Row& row = t.row[r];
+    if (row.hi <= row.lo) continue;
+    const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+    const float* a = acc + r * dv;
+    for (int64_t d = 0; d < dv; d += 16) {
+      const __mmask16 dm = d + 16 <= dv ? static_cast<__mmask16>(0xFFFF) : vtail;
+      _mm512_mask_storeu_ps(row.out + d, dm, _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, a + d), inv));
+    }
+  }
+}
+
+void RowsTimesMatrixAvx512(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t k, int64_t n, float* y,
+                           int64_t ldy) {
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t width = n - j0 < 64 ? n - j0 : 64;
+    const int nb = static_cast<int>((width + 15) / 16);
+    __mmask16 bm[4];
+    for (int b = 0; b < 4; ++b) bm[b] = TailMask(width - 16 * b > 0 ? width - 16 * b : 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * ldx;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      if (nb == 4 && width == 64) {
+        for (int64_t i = 0; i < k; ++i) {
+          const __m512 xi = _mm512_set1_ps(xr[i]);
+          const float* wi = w + i * n + j0;
+          a0 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(wi), a0);
+          a1 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(wi + 16), a1);
+          a2 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(wi + 32), a2);
+          a3 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(wi + 48), a3);
+        }
+      } else {
+        for (int64_t i = 0; i < k; ++i) {
+          const __m512 xi = _mm512_set1_ps(xr[i]);
+          const float* wi = w + i * n + j0;
+          a0 = _mm512_fmadd_ps(xi, _mm512_maskz_loadu_ps(bm[0], wi), a0);
+          if (nb > 1) a1 = _mm512_fmadd_ps(xi, _mm512_maskz_loadu_ps(bm[1], wi + 16), a1);
+          if (nb > 2) a2 = _mm512_fmadd_ps(xi, _mm512_maskz_loadu_ps(bm[2], wi + 32), a2);
+          if (nb > 3) a3 = _mm512_fmadd_ps(xi, _mm512_maskz_loadu_ps(bm[3], wi + 48), a3);
+        }
+      }
+      float* yr = y + r * ldy + j0;
+      _mm512_mask_storeu_ps(yr, bm[0], a0);
+      if (nb > 1) _mm512_mask_storeu_ps(yr + 16, bm[1], a1);
+      if (nb > 2) _mm512_mask_storeu_ps(yr + 32, bm[2], a2);
+      if (nb > 3) _mm512_mask_storeu_ps(yr + 48, bm[3], a3);
+    }
+  }
+}
+
+}  // namespace attn
+}  // namespace specd

@@ -1,0 +1,472 @@
+// KDA family: Kimi Delta Attention core (short conv + SiLU, L2 norms, gated delta rule) over a
+// batch of sequences whose fp32 states live in slot pools.
+//
+// JS entry points (wrapped by native/src/kda.ts; all tensors row-major, C = H*d channels per
+// projection, T = sum(seqLens) tokens of the batch, sequence b owning tokens
+// [sum(seqLens[0..b)), +seqLens[b])):
+//   kdaForward(qkv: Float32Array [T, 3C]  (pre-conv q | k | v of each token),
+//              g: Float32Array [T, H, d]  (log decay, <= 0), beta: Float32Array [T, H],
+//              convWeight: Float32Array [3C, 4] (q_conv1d | k_conv1d | v_conv1d weights, [C,1,4] each),
+//              seqLens: Int32Array [B] (>= 0), slots: Int32Array [B] (distinct, in [0, numSlots)),
+//              statePool: Float32Array [numSlots, H, d, d]  (read and updated in place),
+//              convPool: Float32Array [numSlots, 3C, 3]     (last 3 pre-conv inputs per channel, oldest
+//                                                            first; read and updated in place),
+//              heads, headDim, out: Float32Array [T, H, d], mode: "recurrent" | "chunked", chunk,
+//              snapState: Float32Array [T, H, d, d] | null, snapConv: Float32Array [T, 3C, 3] | null,
+//              scale) -> undefined
+//   kdaForwardAsync(same arguments) -> Promise<undefined>     (libuv thread, like gemmBf16Async)
+//
+// Per sequence and head (kimi.py KDAAttention + kda_recurrent / kda_chunked):
+//   x_t = qkv[t][ch];  y = ((w0*x_{t-3} + w1*x_{t-2}) + w2*x_{t-1}) + w3*x_t  (conv state = x_{t-3..t-1})
+//   silu(y) = y / (1 + exp(-y));  q, k: x * (1/sqrt(sum x^2 + 1e-6)) (sum in double), q also * scale;
+//   alpha = exp(g); then the recurrent kernel of kda_kernels.h ("recurrent"), or the WY chunk form
+//   of kda_chunk.h ("chunked", chunk tokens at a time, pairwise exponent differences G_t - G_s <= 0
+//   only). exp is the vectorisable fp32 exp of kda_math.h (~1 ulp; std::exp was most of the cost).
+//
+// ISA: the recurrent kernel (StepsAvx512 intrinsics / StepsPortable), exp/SiLU and the chunk math
+// each have a portable and an AVX-512 build (kda_avx512.cc); the paths differ by rounding only, so
+// a sequence must stay on one path (setIsa is process-wide; the default never changes).
+//
+// Snapshots ("recurrent" only): when snapState/snapConv are given, row t (the batch's token index)
+// receives the head states / conv state of the token's sequence right AFTER token t, so committing
+// n accepted tokens of a block that started at batch row r0 is a copy of row r0+n-1 into the slot.
+//
+// Batch and thread invariance: the work items are (sequence, head) pairs, each computed by one
+// thread in a fixed order that depends only on that sequence's tokens and state (ParallelFor gives
+// whole items to threads), so a token's output and the new state are bit-identical whatever the
+// other sequences of the batch and the thread count. "recurrent" on T tokens in one call equals T
+// calls of one token bit for bit (same per-token arithmetic); "chunked" equals itself when a
+// prefill is split at multiples of `chunk` tokens, and equals "recurrent" within fp32 tolerance
+// only (different summation order).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "families.h"
+#include "isa.h"
+#include "kda_chunk.h"
+#include "kda_kernels.h"
+#include "kda_math.h"
+#include "threadpool.h"
+
+namespace specd {
+namespace {
+
+constexpr int64_t kTaps = 4;      // short_conv_kernel_size
+constexpr int64_t kConvKeep = 3;  // pre-conv inputs kept per channel (kTaps - 1)
+constexpr double kL2Eps = 1e-6;   // kimi.py L2_EPS
+
+enum class Mode { kRecurrent, kChunked };
+
+/** One validated kdaForward call: raw pointers into the caller's typed arrays (no copies). */
+struct KdaProblem {
+  int64_t heads = 0, dim = 0, batch = 0, tokens = 0, chunk = 64;
+  Mode mode = Mode::kRecurrent;
+  float scale = 1.0f;
+  const float* qkv = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  const float* conv_w = nullptr;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* slots = nullptr;
+  float* state_pool = nullptr;
+  float* conv_pool = nullptr;
+  float* out = nullptr;
+  float* snap_state = nullptr;
+  float* snap_conv = nullptr;
+  std::vector<int64_t> starts;  // first batch row of each sequence
+  // Elementwise math of the current ISA path (set by RunKda).
+  void (*exp)(const float*, float*, int64_t) = nullptr;
+  void (*silu)(float*, int64_t) = nullptr;
+  void (*conv)(const float*, const float*, float*, int64_t, int64_t, float*) = nullptr;
+};
+
+void ExpPortable(const float* x, float* y, int64_t n) { kda::ExpArray(x, y, n); }
+void SiluPortable(float* y, int64_t n) { kda::SiluInPlace(y, n); }
+
+using StepsFn = void (*)(const kda::Steps&);
+
+StepsFn PickSteps() {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return kda::StepsAvx512;
+#endif
+  return kda::StepsPortable;
+}
+
+constexpr int64_t kTokenGroup = 64;  // tokens prepared per recurrent kernel call (bounds scratch)
+
+/** Portable conv of one token for channels [ch0, ch0 + n) (contract: kda_kernels.h ConvAvx512). */
+void ConvPortable(const float* x_row, const float* w, float* conv, int64_t ch0, int64_t n, float* y) {
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t ch = ch0 + c;
+    float* st = conv + ch * kConvKeep;
+    const float* wc = w + ch * kTaps;
+    const float x = x_row[ch];
+    float acc = wc[0] * st[0];
+    acc = acc + wc[1] * st[1];
+    acc = acc + wc[2] * st[2];
+    acc = acc + wc[3] * x;
+    st[0] = st[1];
+    st[1] = st[2];
+    st[2] = x;
+    y[c] = acc;
+  }
+}
+
+/**
+ * Causal depthwise conv (kernel 4) + SiLU of one token for `n` channels starting at `ch0`;
+ * shifts those channels' conv state (pool row `conv`, [3C][3]) by one input.
+ */
+inline void ConvSilu(const KdaProblem& p, const float* x_row, const float* w, float* conv, int64_t ch0, int64_t n,
+                     float* y) {
+  p.conv(x_row, w, conv, ch0, n, y);
+  p.silu(y, n);
+}
+
+/**
+ * x[i] *= 1/sqrt(sum x^2 + 1e-6) * post. Sum of squares in double with 8 interleaved partial sums
+ * (lane l takes i = l mod 8, in order; then lanes and tail in index order): a fixed order that the
+ * compiler vectorises (one sequential double chain was ~1/5 of a recurrent token's time).
+ */
+inline void L2Normalize(float* x, int64_t d, float post) {
+  constexpr int64_t kLanes = 8;
+  double part[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) part[l] += static_cast<double>(x[i + l]) * x[i + l];
+  double ss = 0.0;
+  for (int64_t l = 0; l < kLanes; ++l) ss += part[l];
+  for (; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss + kL2Eps));
+  for (int64_t i = 0; i < d; ++i) x[i] = (x[i] * inv) * post;
+}
+
+/** q (scaled), k, v of head h for batch row `row`: conv + SiLU + L2 norms; updates the conv state. */
+inline void PrepareToken(const KdaProblem& p, int64_t row, int64_t h, float* conv, float* q, float* k, float* v) {
+  const int64_t d = p.dim, c = p.heads * p.dim;
+  const float* x_row = p.qkv + row * 3 * c;
+  ConvSilu(p, x_row, p.conv_w, conv, h * d, d, q);
+  ConvSilu(p, x_row, p.conv_w, conv, c + h * d, d, k);
+  ConvSilu(p, x_row, p.conv_w, conv, 2 * c + h * d, d, v);
+  L2Normalize(q, d, p.scale);
+  L2Normalize(k, d, 1.0f);
+}
+
+/** Copies head h's conv channels (q, k, v parts) from a [3C][3] conv state to another. */
+inline void CopyHeadConv(const KdaProblem& p, int64_t h, const float* from, float* to) {
+  const int64_t d = p.dim, c = p.heads * p.dim;
+  for (int64_t part = 0; part < 3; ++part) {
+    const int64_t off = (part * c + h * d) * kConvKeep;
+    std::memcpy(to + off, from + off, static_cast<size_t>(d * kConvKeep) * sizeof(float));
+  }
+}
+
+/** Recurrent scratch floats: q, k, v, alpha for one token group. */
+int64_t RecurrentScratchFloats(int64_t d) { return 4 * kTokenGroup * d + kda::StepsWorkFloats(d); }
+
+/**
+ * Token-by-token recurrence of sequence b, head h (decode, verification, replay), in groups of up
+ * to kTokenGroup tokens: conv/norms of the group first, then the multi-token kernel.
+ */
+void RecurrentItem(const KdaProblem& p, int64_t b, int64_t h, StepsFn steps, float* scratch) {
+  const int64_t d = p.dim, hd = p.heads * d, len = p.seq_lens[b], slot = p.slots[b];
+  float* state = p.state_pool + (slot * p.heads + h) * d * d;
+  float* conv = p.conv_pool + slot * 3 * hd * kConvKeep;
+  float* q = scratch;
+  float* k = q + kTokenGroup * d;
+  float* v = k + kTokenGroup * d;
+  float* alpha = v + kTokenGroup * d;
+  float* work = alpha + kTokenGroup * d;
+  for (int64_t t0 = 0; t0 < len; t0 += kTokenGroup) {
+    const int64_t n = std::min(kTokenGroup, len - t0);
+    const int64_t row0 = p.starts[b] + t0;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = row0 + t;
+      PrepareToken(p, row, h, conv, q + t * d, k + t * d, v + t * d);
+      const float* g = p.g + (row * p.heads + h) * d;
+      p.exp(g, alpha + t * d, d);
+      if (p.snap_conv) CopyHeadConv(p, h, conv, p.snap_conv + row * 3 * hd * kConvKeep);
+    }
+    std::vector<float> beta(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) beta[t] = p.beta[(row0 + t) * p.heads + h];
+    kda::Steps s{state, d, n, q, k, v, alpha, beta.data(), p.out + row0 * hd + h * d, hd,
+                 p.snap_state ? p.snap_state + (row0 * p.heads + h) * d * d : nullptr, p.heads * d * d, work};
+    steps(s);
+  }
+}
+
+/** Scratch floats of one chunked item for chunk length L: q k v G u r o [L][d], akk aqk [L][L], [L], [d], beta [L]. */
+int64_t ChunkScratchFloats(int64_t L, int64_t d) { return 7 * L * d + 2 * L * L + 2 * L + d; }
+
+using ChunkFn = void (*)(const kda::ChunkArgs&);
+
+ChunkFn PickChunk() {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return kda::ChunkAvx512;
+#endif
+  return kda::ChunkPortable;
+}
+
+/**
+ * WY chunk form of sequence b, head h (kimi.py kda_chunked), chunk by chunk (the last may be
+ * shorter): conv/norms and the cumulative decay of a chunk here, its math in kda_chunk.h.
+ */
+void ChunkedItem(const KdaProblem& p, int64_t b, int64_t h, ChunkFn chunk_fn, float* scratch) {
+  const int64_t d = p.dim, hd = p.heads * d, len = p.seq_lens[b], slot = p.slots[b], C = p.chunk;
+  float* state = p.state_pool + (slot * p.heads + h) * d * d;
+  float* conv = p.conv_pool + slot * 3 * hd * kConvKeep;
+  kda::ChunkArgs a{};
+  float* q = scratch;
+  float* k = q + C * d;
+  float* v = k + C * d;
+  float* G = v + C * d;
+  a.u = G + C * d;
+  a.r = a.u + C * d;
+  a.o = a.r + C * d;
+  a.akk = a.o + C * d;
+  a.aqk = a.akk + C * C;
+  a.wrow = a.aqk + C * C;
+  a.ke = a.wrow + C;
+  float* beta = a.ke + d;
+  a.state = state;
+  a.d = d;
+  a.stride = C;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.G = G;
+  a.beta = beta;
+  a.ldo = hd;
+  for (int64_t c0 = 0; c0 < len; c0 += C) {
+    const int64_t L = std::min(C, len - c0);
+    const int64_t row0 = p.starts[b] + c0;
+    for (int64_t t = 0; t < L; ++t) {
+      PrepareToken(p, row0 + t, h, conv, q + t * d, k + t * d, v + t * d);
+      const float* g = p.g + ((row0 + t) * p.heads + h) * d;
+      for (int64_t i = 0; i < d; ++i) G[t * d + i] = (t == 0 ? 0.0f : G[(t - 1) * d + i]) + g[i];
+      beta[t] = p.beta[(row0 + t) * p.heads + h];
+    }
+    a.L = L;
+    a.out = p.out + row0 * hd + h * d;
+    chunk_fn(a);
+  }
+}
+
+/** Runs a validated problem: ParallelFor over (sequence, head) items. */
+void RunKda(KdaProblem& p) {
+  const int64_t items = p.batch * p.heads;
+  if (items == 0 || p.tokens == 0) return;
+  const StepsFn steps = PickSteps();
+  const ChunkFn chunk_fn = PickChunk();
+  p.exp = ExpPortable;
+  p.silu = SiluPortable;
+  p.conv = ConvPortable;
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) {
+    p.exp = kda::ExpAvx512;
+    p.silu = kda::SiluAvx512;
+    p.conv = kda::ConvAvx512;
+  }
+#endif
+  ParallelFor(items, [&](int64_t begin, int64_t end) {
+    const int64_t floats =
+        p.mode == Mode::kRecurrent ? RecurrentScratchFloats(p.dim) : ChunkScratchFloats(p.chunk, p.dim);
+    // Per-thread scratch kept across calls (pool threads are persistent): a fresh allocation of
+    // this size is an mmap + page faults on every call, which dominated single-token decode.
+    // Unusually large requests (> 4 MiB: huge chunk or headDim) get a buffer of their own instead.
+    constexpr int64_t kKeptFloats = INT64_C(1) << 20;
+    thread_local std::vector<float> kept;
+    std::vector<float> own;
+    std::vector<float>& scratch = floats > kKeptFloats ? own : kept;
+    if (scratch.size() < static_cast<size_t>(floats)) scratch.resize(static_cast<size_t>(floats));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / p.heads, h = item % p.heads;
+      if (p.seq_lens[b] == 0) continue;
+      if (p.mode == Mode::kRecurrent) {
+        RecurrentItem(p, b, h, steps, scratch.data());
+      } else {
+        ChunkedItem(p, b, h, chunk_fn, scratch.data());
+      }
+    }
+  });
+}
+
+/** Arguments of kdaForward / kdaForwardAsync after validation; typed arrays kept for async refs. */
+struct KdaCall {
+  KdaProblem problem;
+  std::vector<Napi::Object> arrays;
+};
+
+KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
+  ArgReader args(info, call);
+  KdaCall c;
+  KdaProblem& p = c.problem;
+  p.heads = args.Int(8, "heads", 1, 1 << 16);
+  p.dim = args.Int(9, "headDim", 1, 1 << 12);
+  const std::string mode = args.String(11, "mode");
+  if (mode == "recurrent") {
+    p.mode = Mode::kRecurrent;
+  } else if (mode == "chunked") {
+    p.mode = Mode::kChunked;
+  } else {
+    args.Fail("mode", "\"recurrent\" or \"chunked\"", "\"" + mode + "\"");
+  }
+  p.chunk = args.Int(12, "chunk", 1, 1024);
+  const double scale = args.Number(15, "scale");
+  p.scale = static_cast<float>(scale);
+  const int64_t hd = p.heads * p.dim;
+  auto seq_lens = args.I32(4, "seqLens");
+  p.batch = static_cast<int64_t>(seq_lens.ElementLength());
+  auto slots = args.I32(5, "slots", static_cast<size_t>(p.batch), "seqLens.length");
+  p.seq_lens = seq_lens.Data();
+  p.slots = slots.Data();
+  p.starts.resize(static_cast<size_t>(p.batch));
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    if (p.seq_lens[b] < 0) args.Fail("seqLens", "non-negative lengths", std::to_string(p.seq_lens[b]) + " at " + std::to_string(b));
+    p.starts[static_cast<size_t>(b)] = tokens;
+    tokens += p.seq_lens[b];
+  }
+  p.tokens = tokens;
+  const size_t state_per_slot = CheckedProduct(call, {p.heads, p.dim, p.dim});
+  const size_t conv_per_slot = CheckedProduct(call, {3, hd, kConvKeep});
+  auto state_pool = args.F32(6, "statePool");
+  if (state_pool.ElementLength() == 0 || state_pool.ElementLength() % state_per_slot != 0)
+    args.Fail("statePool", "a Float32Array of numSlots*heads*headDim*headDim elements (numSlots >= 1)",
+              "length " + std::to_string(state_pool.ElementLength()));
+  const int64_t num_slots = static_cast<int64_t>(state_pool.ElementLength() / state_per_slot);
+  auto conv_pool = args.F32(7, "convPool", CheckedProduct(call, {num_slots, 3, hd, kConvKeep}), "numSlots*3*heads*headDim*3");
+  (void)conv_per_slot;
+  std::vector<bool> used(static_cast<size_t>(num_slots), false);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int32_t s = p.slots[b];
+    if (s < 0 || s >= num_slots) args.Fail("slots", "slots in [0, " + std::to_string(num_slots) + ")", std::to_string(s) + " at " + std::to_string(b));
+    if (used[static_cast<size_t>(s)]) args.Fail("slots", "distinct slots", "slot " + std::to_string(s) + " twice");
+    used[static_cast<size_t>(s)] = true;
+  }
+  auto qkv = args.F32(0, "qkv", CheckedProduct(call, {tokens, 3, hd}), "T*3*heads*headDim");
+  auto g = args.F32(1, "g", CheckedProduct(call, {tokens, hd}), "T*heads*headDim");
+  auto beta = args.F32(2, "beta", CheckedProduct(call, {tokens, p.heads}), "T*heads");
+  auto conv_w = args.F32(3, "convWeight", CheckedProduct(call, {3, hd, kTaps}), "3*heads*headDim*4");
+  auto out = args.F32(10, "out", CheckedProduct(call, {tokens, hd}), "T*heads*headDim");
+  p.qkv = qkv.Data();
+  p.g = g.Data();
+  p.beta = beta.Data();
+  p.conv_w = conv_w.Data();
+  p.state_pool = state_pool.Data();
+  p.conv_pool = conv_pool.Data();
+  p.out = out.Data();
+  c.arrays = {qkv, g, beta, conv_w, seq_lens, slots, state_pool, conv_pool, out};
+  if (!args.IsAbsent(13)) {
+    if (p.mode != Mode::kRecurrent) args.Fail("snapState", "null in \"chunked\" mode", "a Float32Array");
+    auto snap = args.F32(13, "snapState", CheckedProduct(call, {tokens, p.heads, p.dim, p.dim}), "T*heads*headDim*headDim");
+    p.snap_state = snap.Data();
+    c.arrays.push_back(snap);
+  }
+  if (!args.IsAbsent(14)) {
+    if (p.mode != Mode::kRecurrent) args.Fail("snapConv", "null in \"chunked\" mode", "a Float32Array");
+    auto snap = args.F32(14, "snapConv", CheckedProduct(call, {tokens, 3, hd, kConvKeep}), "T*3*heads*headDim*3");
+    p.snap_conv = snap.Data();
+    c.arrays.push_back(snap);
+  }
+  return c;
+}
+
+Napi::Value KdaForwardBinding(const Napi::CallbackInfo& info) {
+  KdaCall c = ReadKdaArgs(info, "kdaForward");
+  RunKda(c.problem);
+  return info.Env().Undefined();
+}
+
+/** Async variant (the GemmWorker pattern of gemm.cc): typed arrays referenced, not copied. */
+class KdaWorker : public Napi::AsyncWorker {
+ public:
+  KdaWorker(Napi::Env env, KdaCall call)
+      : Napi::AsyncWorker(env, "specd:kdaForwardAsync"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        problem_(std::move(call.problem)) {
+    for (auto& a : call.arrays) refs_.push_back(Napi::Persistent(a));
+  }
+
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    try {
+      RunKda(problem_);
+    } catch (const std::exception& e) {
+      SetError(std::string("kdaForwardAsync: ") + e.what());
+    }
+  }
+  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
+  void OnError(const Napi::Error& e) override {
+    deferred_.Reject(MakeError(Env(), ErrorKind::kError, "ERR_SPECD_KERNEL", e.Message()).Value());
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  KdaProblem problem_;
+  std::vector<Napi::ObjectReference> refs_;
+};
+
+Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
+  KdaCall c = ReadKdaArgs(info, "kdaForwardAsync");
+  auto* worker = new KdaWorker(info.Env(), std::move(c));  // deletes itself after OnOK/OnError
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
+
+}  // namespace
+
+namespace kda {
+
+void ChunkPortable(const ChunkArgs& a) { ChunkMath(a); }
+
+void StepsPortable(const Steps& st) {
+  const int64_t d = st.d;
+  float pred[kColBlock], u[kColBlock], acc[kColBlock];
+  float* blk = st.work;  // [d][kColBlock]: the current column block, contiguous
+  for (int64_t j0 = 0; j0 < d; j0 += kColBlock) {
+    const int64_t w = std::min(kColBlock, d - j0);
+    for (int64_t i = 0; i < d; ++i) std::memcpy(blk + i * kColBlock, st.state + i * d + j0, static_cast<size_t>(w) * sizeof(float));
+    for (int64_t t = 0; t < st.tokens; ++t) {
+      const float* q = st.q + t * d;
+      const float* k = st.k + t * d;
+      const float* alpha = st.alpha + t * d;
+      for (int64_t j = 0; j < w; ++j) pred[j] = 0.0f;
+      for (int64_t i = 0; i < d; ++i) {
+        const float a = alpha[i], ki = k[i];
+        float* row = blk + i * kColBlock;
+        for (int64_t j = 0; j < w; ++j) pred[j] = pred[j] + ki * (row[j] * a);
+      }
+      const float beta = st.beta[t];
+      for (int64_t j = 0; j < w; ++j) u[j] = beta * (st.v[t * d + j0 + j] - pred[j]);
+      for (int64_t j = 0; j < w; ++j) acc[j] = 0.0f;
+      float* snap = st.snap ? st.snap + t * st.ld_snap : nullptr;
+      for (int64_t i = 0; i < d; ++i) {
+        const float a = alpha[i], ki = k[i], qi = q[i];
+        float* row = blk + i * kColBlock;
+        for (int64_t j = 0; j < w; ++j) {
+          const float x = row[j] * a + ki * u[j];
+          row[j] = x;
+          acc[j] = acc[j] + qi * x;
+        }
+        if (snap) std::memcpy(snap + i * d + j0, row, static_cast<size_t>(w) * sizeof(float));
+      }
+      std::memcpy(st.o + t * st.ldo + j0, acc, static_cast<size_t>(w) * sizeof(float));
+    }
+    for (int64_t i = 0; i < d; ++i) std::memcpy(st.state + i * d + j0, blk + i * kColBlock, static_cast<size_t>(w) * sizeof(float));
+  }
+}
+
+}  // namespace kda
+
+void RegisterKda(Napi::Env env, Napi::Object exports) {
+  exports.Set("kdaForward", Napi::Function::New(env, Guarded<KdaForwardBinding>, "kdaForward"));
+  exports.Set("kdaForwardAsync", Napi::Function::New(env, Guarded<KdaForwardAsyncBinding>, "kdaForwardAsync"));
+}
+
+}  // namespace specd

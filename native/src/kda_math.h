@@ -1,0 +1,59 @@
+// exp for the KDA kernels: a branch-free fp32 exp (Cephes expf polynomial, ~1 ulp on its range)
+// written in plain C++ so that loops over arrays auto-vectorise at the baseline ISA; std::exp is a
+// scalar libm call and was most of the cost of a recurrent token (conv SiLU + decay: 4·d calls per
+// head and token). Plain header, static inline only (safe for the ISA files, see CMakeLists.txt).
+//
+// Contract: x NaN -> NaN; x < -87.3 -> +0 (no denormals); x > 88 -> +inf (exp(88..88.72) is finite
+// but within 2x of FLT_MAX: overflow is reported early, harmless for sigmoid/SiLU and decays <= 1).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+// The selects below are compares of floats: with the default -ftrapping-math GCC keeps them as
+// branches and does not vectorise the loops. no-trapping-math only allows if-conversion here (no
+// reassociation, no contraction): results are unchanged, bit for bit.
+#if defined(__GNUC__) && !defined(__clang__)
+#define SPECD_KDA_VECTORIZABLE __attribute__((optimize("no-trapping-math")))
+#else
+#define SPECD_KDA_VECTORIZABLE
+#endif
+
+namespace specd {
+namespace kda {
+
+SPECD_KDA_VECTORIZABLE static inline float Exp(float x) {
+  const float lo = -87.3f, hi = 88.0f;
+  const float xc = x < lo ? lo : (x > hi ? hi : x);  // NaN passes through (comparisons are false)
+  const float magic = 12582912.0f;                   // 1.5 * 2^23: adding it rounds to an integer
+  const float t = xc * 1.44269504088896341f + magic;
+  const float n = t - magic;                          // round(x * log2(e))
+  float r = xc - n * 0.693359375f;                    // x - n ln2, ln2 split in two parts
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = (p * r) * r + r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  const int32_t e = (bits - 0x4B400000 + 127) << 23;  // 2^n, n in [-126, 127]
+  float scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  const float out = y * scale;
+  return x < lo ? 0.0f : (x > hi ? __builtin_inff() : out);
+}
+
+/** y[i] = Exp(x[i]) (y may alias x). */
+SPECD_KDA_VECTORIZABLE static inline void ExpArray(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Exp(x[i]);
+}
+
+/** y[i] = x[i] / (1 + Exp(-x[i])) in place (SiLU). */
+SPECD_KDA_VECTORIZABLE static inline void SiluInPlace(float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = y[i] / (1.0f + Exp(-y[i]));
+}
+
+}  // namespace kda
+}  // namespace specd

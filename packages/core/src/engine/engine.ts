@@ -1,0 +1,378 @@
+/**
+ * The speculative-decoding engine (aggregated, one stage). It knows only the contracts
+ * ({@link StageModel}, {@link Drafter}) and never branches on a method.
+ *
+ * Per request: prefill in chunks (each chunk's taps → `projectTargetHiddenPartial` →
+ * `writeProjectedContextKV`), first token from the last prefill logits; then every {@link step}:
+ *   propose (all running sequences, one call) → verify (ONE target forward over
+ *   `[last verified token, drafts…]` of every running sequence, logits for every row, taps, and
+ *   per-token linear-state snapshots) → accept (greedy, or rejection sampling at temperature > 0)
+ *   → commit (target: keep `accepted + 1` tokens — KV truncated, linear state restored from the
+ *   snapshot after the last committed token; draft: the block KV was never kept, the verify pass's
+ *   taps of the committed tokens become new draft context).
+ * Without a drafter (or with 0 drafts) a step is plain decoding: a block of one token.
+ *
+ * Commit modes: `'snapshots'` (default when the stage has `commitPrefix`) needs exactly one target
+ * forward per verify step; `'replay'` restores a checkpoint and re-runs the committed tokens when a
+ * draft was rejected (one more forward). docs/ENGINE.md has the measured comparison.
+ */
+
+import { argmax } from '@specd/native';
+
+import { SequenceCache } from '../kv/sequence-cache.js';
+import type { SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { ContextSpan, DraftProposal, DraftSampling, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
+import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import { acceptGreedy, acceptSampled, type AcceptResult } from './accept.js';
+import { RequestMetrics, RunMetrics } from './metrics.js';
+import { sampleFromProbs, samplingProbs } from './probs.js';
+import { SeededRandom } from '../cli/sampling.js';
+
+/** One generation request. */
+export interface SpecRequest {
+  readonly id: SequenceId;
+  /** Prompt token ids `[P]` i32, P ≥ 1. */
+  readonly promptIds: Int32Array;
+  /** New tokens at most (≥ 1). */
+  readonly maxTokens: number;
+  readonly sampling: DraftSampling;
+  /** PRNG seed of the request (drafts and verification draw from one stream). */
+  readonly seed: number;
+  /** Keep going after EOS. */
+  readonly ignoreEos?: boolean;
+  /** EOS ids (ignored with ignoreEos). */
+  readonly eosTokenIds?: readonly number[];
+  /** Stop when the generated text contains one of these (needs the engine's `decode`). */
+  readonly stopStrings?: readonly string[];
+  /** Called with each committed token, in order. */
+  readonly onToken?: (id: number) => void;
+}
+
+/** Why a request ended. */
+export type FinishReason = 'eos' | 'stop' | 'length' | 'abort';
+
+/** A finished request. */
+export interface SpecResult {
+  readonly id: SequenceId;
+  /** Generated ids (the EOS / stop-completing token included). */
+  readonly tokenIds: number[];
+  readonly finishReason: FinishReason;
+  readonly metrics: RequestMetrics;
+}
+
+/** Options of {@link SpecEngine}. */
+export interface SpecEngineOptions {
+  /** Running sequences at most (default 8). */
+  readonly maxSequences?: number;
+  /** Prompt + generated + one draft block, per sequence, at most (sizes the KV pools; default 4096). */
+  readonly maxTokensPerSequence?: number;
+  /** Target KV page size, tokens (default 16). */
+  readonly pageSize?: number;
+  /** Tokens per prefill forward (default 64). */
+  readonly prefillChunk?: number;
+  /** How to commit a partially accepted block (default: 'snapshots' when the stage supports it, else 'replay'). */
+  readonly commit?: 'snapshots' | 'replay';
+  /** Detokenizer for stop strings. */
+  readonly decode?: (ids: readonly number[]) => string;
+  /**
+   * Draft length of a sequence this step (adaptation hook), clamped to [0, drafter.maxDraftTokens];
+   * default: the drafter's maximum.
+   */
+  readonly draftLength?: (id: SequenceId, metrics: RequestMetrics) => number;
+}
+
+interface Running {
+  readonly req: SpecRequest;
+  readonly rng: SeededRandom;
+  readonly metrics: RequestMetrics;
+  /** Prompt + committed tokens, the last verified token included. */
+  history: Int32Array;
+  historyLength: number;
+  readonly out: number[];
+}
+
+/** Thrown for a bad request (names the field) or a misuse of the engine. */
+export class EngineError extends Error {
+  override readonly name = 'EngineError';
+}
+
+/** The spec-decode loop over one target stage and an optional drafter. Not thread-safe. */
+export class SpecEngine {
+  /** The target's caches (inspect `pagesInUse` / `slotsInUse`). */
+  readonly cache: SequenceCache;
+  readonly metrics = new RunMetrics();
+  private readonly waiting: SpecRequest[] = [];
+  /** Ids waiting or running. */
+  private readonly known = new Set<SequenceId>();
+  private readonly running = new Map<SequenceId, Running>();
+  private readonly taps: readonly number[];
+  private readonly maxSequences: number;
+  private readonly maxTokensPerSequence: number;
+  private readonly prefillChunk: number;
+  private readonly commitMode: 'snapshots' | 'replay';
+  private readonly vocab: number;
+
+  constructor(
+    readonly target: StageModel,
+    readonly drafter: Drafter | undefined,
+    private readonly options: SpecEngineOptions = {},
+  ) {
+    const info = target.info;
+    if (!info.isFirst || !info.isLast) throw new EngineError('SpecEngine: target: expected a whole-model stage (first and last); pipeline stages are not wired yet');
+    this.maxSequences = options.maxSequences ?? 8;
+    this.maxTokensPerSequence = options.maxTokensPerSequence ?? 4096;
+    this.prefillChunk = options.prefillChunk ?? 64;
+    const pageSize = options.pageSize ?? 16;
+    const pagesPerSeq = Math.ceil(this.maxTokensPerSequence / pageSize) + 1;
+    this.cache = new SequenceCache(target.cacheGeometry, { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences });
+    this.commitMode = options.commit ?? (target.commitPrefix !== undefined ? 'snapshots' : 'replay');
+    if (this.commitMode === 'snapshots' && target.commitPrefix === undefined) throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
+    this.taps = drafter === undefined ? [] : drafter.captureSetter(info);
+    this.vocab = info.vocabSize;
+  }
+
+  /** Requests not finished (waiting or running). */
+  get pending(): number {
+    return this.waiting.length + this.running.size;
+  }
+
+  /** Queues a request. @throws {EngineError} naming the bad field. */
+  add(req: SpecRequest): void {
+    const P = req.promptIds.length;
+    if (P < 1) throw new EngineError(`add: request ${String(req.id)}: promptIds: expected at least one token`);
+    if (!Number.isSafeInteger(req.maxTokens) || req.maxTokens < 1) throw new EngineError(`add: request ${String(req.id)}: maxTokens: expected an integer >= 1, got ${req.maxTokens}`);
+    const need = P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1;
+    if (need > this.maxTokensPerSequence) {
+      throw new EngineError(`add: request ${String(req.id)}: prompt ${P} + maxTokens ${req.maxTokens} + a draft block needs ${need} tokens, maxTokensPerSequence is ${this.maxTokensPerSequence}`);
+    }
+    if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
+    if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined) throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
+    this.waiting.push(req);
+    this.known.add(req.id);
+  }
+
+  /** Aborts a request: frees its pages, slot and draft context. @returns its result, or undefined if unknown. */
+  abort(id: SequenceId): SpecResult | undefined {
+    const w = this.waiting.findIndex((r) => r.id === id);
+    if (w >= 0) {
+      this.waiting.splice(w, 1);
+      this.known.delete(id);
+      const m = new RequestMetrics();
+      this.metrics.requests.push(m);
+      return { id, tokenIds: [], finishReason: 'abort', metrics: m };
+    }
+    const r = this.running.get(id);
+    return r === undefined ? undefined : this.finish(r, 'abort');
+  }
+
+  /** Runs every queued request to the end. @returns results in finishing order. */
+  run(requests: readonly SpecRequest[] = []): SpecResult[] {
+    for (const r of requests) this.add(r);
+    const out: SpecResult[] = [];
+    while (this.pending > 0) out.push(...this.step());
+    return out;
+  }
+
+  /**
+   * One engine step: admits and prefills waiting requests (up to maxSequences), then one
+   * propose → verify → accept → commit round over every running sequence.
+   * @returns the requests that finished in this step.
+   */
+  step(): SpecResult[] {
+    const done: SpecResult[] = [];
+    const admit = Math.min(this.waiting.length, this.maxSequences - this.running.size);
+    for (const req of this.waiting.splice(0, Math.max(0, admit))) {
+      const r = this.prefill(req);
+      if (r !== undefined) done.push(r);
+    }
+    if (this.running.size > 0) done.push(...this.specStep());
+    return done;
+  }
+
+  /** Aborts every request (frees their pages, slots and draft context); target and drafter stay loaded. */
+  dispose(): void {
+    for (const r of [...this.running.values()]) this.finish(r, 'abort');
+    for (const w of this.waiting) this.known.delete(w.id);
+    this.waiting.length = 0;
+  }
+
+  // --- prefill -----------------------------------------------------------------------------------
+
+  private prefill(req: SpecRequest): SpecResult | undefined {
+    const id = req.id;
+    this.cache.add(id);
+    this.drafter?.addSequence(id);
+    const P = req.promptIds.length;
+    const r: Running = {
+      req, rng: new SeededRandom(req.seed), metrics: new RequestMetrics(),
+      history: new Int32Array(P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1), historyLength: P, out: [],
+    };
+    r.history.set(req.promptIds);
+    this.running.set(id, r);
+    let first: number;
+    try {
+      let logits: Float32Array | undefined;
+      for (let p = 0; p < P; p += this.prefillChunk) {
+        const tokens = req.promptIds.subarray(p, Math.min(P, p + this.prefillChunk));
+        const last = p + tokens.length === P;
+        const res = this.target.forward(
+          { sequences: [{ id, position: p, tokens, logits: last ? 'last' : 'none', phase: 'prefill' }] }, this.cache, { taps: this.taps },
+        );
+        this.metrics.prefillForwards++;
+        r.metrics.prefillForwards++;
+        r.metrics.targetForwards++;
+        if (this.drafter !== undefined) this.materialise([{ id, position: p, numTokens: tokens.length }], res, [0]);
+        logits = res.logits;
+      }
+      first = req.sampling.temperature === 0
+        ? argmax(logits!, this.vocab)[0]!
+        : sampleFromProbs(samplingProbs(logits!, this.vocab, req.sampling), r.rng);
+    } catch (err) {
+      this.finish(r, 'abort'); // frees what the failed prefill holds, then reports the error
+      this.metrics.requests.pop();
+      throw err;
+    }
+    const reason = this.emit(r, [first]);
+    return reason === undefined ? undefined : this.finish(r, reason);
+  }
+
+  /** Projects the taps of rows [rowStart[s], rowStart[s] + spans[s].numTokens) of `res` and writes them as draft context. */
+  private materialise(spans: readonly ContextSpan[], res: ForwardResult, rowStart: readonly number[]): void {
+    const drafter = this.drafter!;
+    const n = spans.reduce((a, s) => a + s.numTokens, 0);
+    if (n === 0) return;
+    const D = this.target.info.hiddenSize;
+    const gathered = new Map<number, Float32Array>();
+    for (const [tap, h] of res.taps) {
+      const g = new Float32Array(n * D);
+      let at = 0;
+      spans.forEach((s, i) => {
+        g.set(h.subarray(rowStart[i]! * D, (rowStart[i]! + s.numTokens) * D), at * D);
+        at += s.numTokens;
+      });
+      gathered.set(tap, g);
+    }
+    const sum = drafter.projectTargetHiddenPartial(gathered, n);
+    drafter.writeProjectedContextKV(sum, spans);
+  }
+
+  // --- the speculative step ------------------------------------------------------------------------
+
+  private specStep(): SpecResult[] {
+    const seqs = [...this.running.values()];
+    const drafter = this.drafter;
+    // propose
+    const t0 = performance.now();
+    const wants = seqs.map((r) => {
+      const remaining = r.req.maxTokens - r.out.length;
+      const maxK = drafter?.maxDraftTokens ?? 0;
+      const chosen = this.options.draftLength === undefined ? maxK : Math.max(0, Math.min(maxK, Math.floor(this.options.draftLength(r.req.id, r.metrics))));
+      return Math.min(chosen, remaining);
+    });
+    const proposals = new Map<SequenceId, DraftProposal>();
+    const toDraft: DraftSequence[] = [];
+    seqs.forEach((r, i) => {
+      if (wants[i]! > 0) {
+        toDraft.push({
+          id: r.req.id, position: r.historyLength - 1, lastToken: r.history[r.historyLength - 1]!, maxDrafts: wants[i]!,
+          history: r.history.subarray(0, r.historyLength), sampling: r.req.sampling, rng: r.rng,
+        });
+      }
+    });
+    if (toDraft.length > 0) {
+      this.metrics.proposeCalls++;
+      for (const p of drafter!.propose({ sequences: toDraft })) {
+        if (p.parents !== undefined && p.parents.some((v, j) => v !== j - 1)) throw new EngineError(`propose: ${String(p.id)}: tree drafts are not verified yet (chains only)`);
+        if (p.tokens.length > (wants[seqs.findIndex((r) => r.req.id === p.id)] ?? 0)) throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
+        proposals.set(p.id, p);
+      }
+    }
+    const t1 = performance.now();
+    // verify: one forward over every running sequence
+    const fseqs: ForwardSequence[] = [];
+    const checkpoints = new Map<SequenceId, SequenceCheckpoint>();
+    for (const r of seqs) {
+      const drafts = proposals.get(r.req.id)?.tokens ?? new Int32Array(0);
+      const tokens = new Int32Array(drafts.length + 1);
+      tokens[0] = r.history[r.historyLength - 1]!;
+      tokens.set(drafts, 1);
+      if (this.commitMode === 'replay') checkpoints.set(r.req.id, this.cache.checkpoint(r.req.id));
+      fseqs.push({ id: r.req.id, position: this.cache.length(r.req.id), tokens, logits: 'all' });
+    }
+    const res = this.target.forward({ sequences: fseqs }, this.cache, { taps: this.taps, stateSnapshots: this.commitMode === 'snapshots' });
+    this.metrics.verifyForwards++;
+    this.metrics.decodeForwards++;
+    const t2 = performance.now();
+    // accept + commit
+    const V = this.vocab;
+    const spans: ContextSpan[] = [];
+    const rowStart: number[] = [];
+    const outcomes: { r: Running; acc: AcceptResult; drafts: Int32Array }[] = [];
+    let row = 0;
+    seqs.forEach((r, i) => {
+      const id = r.req.id;
+      const fs = fseqs[i]!;
+      const k = fs.tokens.length - 1;
+      const drafts = fs.tokens.subarray(1);
+      const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
+      const acc = r.req.sampling.temperature === 0
+        ? acceptGreedy(drafts, lg, V)
+        : acceptSampled(drafts, proposals.get(id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
+      const committed = acc.accepted + 1;
+      if (this.commitMode === 'snapshots') {
+        this.target.commitPrefix!(this.cache, res, id, committed);
+      } else if (committed < k + 1) {
+        this.cache.rollback(id, checkpoints.get(id)!);
+        this.target.forward({ sequences: [{ id, position: fs.position, tokens: fs.tokens.subarray(0, committed), logits: 'none' }] }, this.cache);
+        this.metrics.decodeForwards++;
+        r.metrics.targetForwards++;
+      }
+      r.metrics.targetForwards++;
+      r.metrics.recordStep(k, acc.accepted);
+      spans.push({ id, position: fs.position, numTokens: committed });
+      rowStart.push(row);
+      row += fs.tokens.length;
+      outcomes.push({ r, acc, drafts });
+    });
+    if (this.drafter !== undefined) this.materialise(spans, res, rowStart);
+    const t3 = performance.now();
+    this.metrics.draftMs += t1 - t0;
+    this.metrics.verifyMs += t2 - t1;
+    this.metrics.commitMs += t3 - t2;
+    const done: SpecResult[] = [];
+    for (const { r, acc, drafts } of outcomes) {
+      const toks = [...drafts.subarray(0, acc.accepted), acc.bonus];
+      const reason = this.emit(r, toks);
+      if (reason !== undefined) done.push(this.finish(r, reason));
+    }
+    return done;
+  }
+
+  /** Appends committed tokens to the output, stopping at the first finish condition. */
+  private emit(r: Running, tokens: readonly number[]): FinishReason | undefined {
+    const req = r.req;
+    for (const t of tokens) {
+      r.history[r.historyLength++] = t;
+      r.out.push(t);
+      req.onToken?.(t);
+      if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true) return 'eos';
+      if (req.stopStrings !== undefined && req.stopStrings.length > 0) {
+        const text = this.options.decode!(r.out);
+        if (req.stopStrings.some((s) => text.includes(s))) return 'stop';
+      }
+      if (r.out.length >= req.maxTokens) return 'length';
+    }
+    return undefined;
+  }
+
+  private finish(r: Running, reason: FinishReason): SpecResult {
+    const id = r.req.id;
+    this.running.delete(id);
+    this.known.delete(id);
+    this.cache.finish(id);
+    this.drafter?.freeSequence(id);
+    this.metrics.requests.push(r.metrics);
+    return { id, tokenIds: r.out, finishReason: reason, metrics: r.metrics };
+  }
+}

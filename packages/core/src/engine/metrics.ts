@@ -1,0 +1,123 @@
+/**
+ * Speculative-decoding counters, per request and per run (counting only; printing and export live
+ * with their callers). Definitions (REFERENCE.md §1, §6; glossary in plugin/drafter-plugin.ts):
+ * - acceptance rate = accepted / drafted;
+ * - per-position acceptance[i] = verify steps whose draft i was accepted / verify steps;
+ * - acceptance-length histogram[n] = verify steps that committed n tokens (accepted + 1; index 0 unused);
+ * - `tauPerStep` = mean over verify steps of (accepted + 1) = committed / verify steps;
+ * - `tauMeanOfRequests` = mean over requests of each request's `tauPerStep` (a different number; never mix them).
+ */
+
+/** Counters of one request. Mutable while the request runs. */
+export class RequestMetrics {
+  /** Draft tokens proposed. */
+  drafted = 0;
+  /** Draft tokens accepted. */
+  accepted = 0;
+  /** Verify steps this request took part in. */
+  verifySteps = 0;
+  /** Target forwards this request took part in (prefill chunks, verify, replays). */
+  targetForwards = 0;
+  /** Prefill forwards (chunks). */
+  prefillForwards = 0;
+  /** Accepted count by draft index: `acceptedAt[i]` = steps whose draft i was accepted. */
+  readonly acceptedAt: number[] = [];
+  /** `lengthHistogram[n]` = verify steps committing n tokens (n ≥ 1). */
+  readonly lengthHistogram: number[] = [];
+
+  /** Records one verify step: `drafted` drafts, `accepted` of them kept. */
+  recordStep(drafted: number, accepted: number): void {
+    this.drafted += drafted;
+    this.accepted += accepted;
+    this.verifySteps++;
+    for (let i = 0; i < accepted; i++) this.acceptedAt[i] = (this.acceptedAt[i] ?? 0) + 1;
+    this.lengthHistogram[accepted + 1] = (this.lengthHistogram[accepted + 1] ?? 0) + 1;
+  }
+
+  /** Mean over this request's verify steps of (accepted + 1); 0 before the first step. */
+  get tauPerStep(): number {
+    return this.verifySteps === 0 ? 0 : (this.accepted + this.verifySteps) / this.verifySteps;
+  }
+
+  /** accepted / drafted (0 when nothing was drafted). */
+  get acceptanceRate(): number {
+    return this.drafted === 0 ? 0 : this.accepted / this.drafted;
+  }
+
+  /** `[i]` = fraction of verify steps whose draft i was accepted. */
+  get perPositionAcceptance(): number[] {
+    return this.acceptedAt.map((c) => (this.verifySteps === 0 ? 0 : (c ?? 0) / this.verifySteps));
+  }
+
+  /** Histogram as a dense array `[0 … max]` (index = tokens committed in a step). */
+  get acceptanceLengthHistogram(): number[] {
+    return Array.from({ length: this.lengthHistogram.length }, (_, i) => this.lengthHistogram[i] ?? 0);
+  }
+
+  /** A plain JSON object (snake_case, as the CLI prints it). */
+  toJSON(): Record<string, unknown> {
+    return {
+      drafted: this.drafted, accepted: this.accepted, verify_steps: this.verifySteps, target_forwards: this.targetForwards,
+      acceptance_length: this.tauPerStep, acceptance_rate: this.acceptanceRate,
+      per_position_acceptance: this.perPositionAcceptance, acceptance_length_histogram: this.acceptanceLengthHistogram,
+    };
+  }
+}
+
+/** Counters of a whole run (all requests of an engine). */
+export class RunMetrics {
+  /** Engine steps that ran a verify forward (one target forward covers every running sequence). */
+  verifyForwards = 0;
+  /** Target forwards outside prefill: verify forwards + replays (equal to verifyForwards when committing from snapshots). */
+  decodeForwards = 0;
+  /** Prefill forwards. */
+  prefillForwards = 0;
+  /** Draft proposals (propose calls). */
+  proposeCalls = 0;
+  /** Wall time in propose / verify forward / commit, ms. */
+  draftMs = 0;
+  verifyMs = 0;
+  commitMs = 0;
+  /** Metrics of every request that finished (any reason). */
+  readonly requests: RequestMetrics[] = [];
+
+  get drafted(): number {
+    return this.requests.reduce((a, r) => a + r.drafted, 0);
+  }
+
+  get accepted(): number {
+    return this.requests.reduce((a, r) => a + r.accepted, 0);
+  }
+
+  /** Verify steps summed over requests (a batched forward counts once per sequence in it). */
+  get verifySteps(): number {
+    return this.requests.reduce((a, r) => a + r.verifySteps, 0);
+  }
+
+  /** τ, definition 1: mean over all verify steps (of all requests) of (accepted + 1). */
+  get tauPerStep(): number {
+    const s = this.verifySteps;
+    return s === 0 ? 0 : (this.accepted + s) / s;
+  }
+
+  /** τ, definition 2: mean over requests (with ≥ 1 verify step) of each request's τ. */
+  get tauMeanOfRequests(): number {
+    const rs = this.requests.filter((r) => r.verifySteps > 0);
+    return rs.length === 0 ? 0 : rs.reduce((a, r) => a + r.tauPerStep, 0) / rs.length;
+  }
+
+  /** Per-position acceptance over all verify steps. */
+  get perPositionAcceptance(): number[] {
+    const s = this.verifySteps;
+    const counts: number[] = [];
+    for (const r of this.requests) r.acceptedAt.forEach((c, i) => { counts[i] = (counts[i] ?? 0) + (c ?? 0); });
+    return Array.from({ length: counts.length }, (_, i) => (s === 0 ? 0 : (counts[i] ?? 0) / s));
+  }
+
+  /** Acceptance-length histogram over all verify steps. */
+  get acceptanceLengthHistogram(): number[] {
+    const h: number[] = [];
+    for (const r of this.requests) r.lengthHistogram.forEach((c, i) => { h[i] = (h[i] ?? 0) + (c ?? 0); });
+    return Array.from({ length: h.length }, (_, i) => h[i] ?? 0);
+  }
+}

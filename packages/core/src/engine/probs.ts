@@ -1,0 +1,46 @@
+/**
+ * Probabilities after temperature / top-k / top-p (in that order, as vLLM and plain generation),
+ * the one transform applied to the target's p and the drafter's q before rejection sampling
+ * (REFERENCE.md §6), and sampling from a probability row with a seeded PRNG.
+ */
+
+import { softmax, topKMask, topPMask } from '@specd/native';
+
+import type { DraftSampling, RandomSource } from '../plugin/drafter-plugin.js';
+
+/**
+ * `logits [rows, vocab]` f32 (not modified) → probabilities `[rows, vocab]` f32 after temperature,
+ * top-k and top-p; masked entries are exactly 0.
+ * @throws {RangeError} if temperature ≤ 0 (greedy has no distribution), topK < 0 or topP outside (0, 1].
+ */
+export function samplingProbs(logits: Float32Array, vocab: number, params: DraftSampling): Float32Array {
+  const { temperature, topK, topP } = params;
+  if (!(temperature > 0)) throw new RangeError(`samplingProbs: temperature: expected > 0 (0 is greedy), got ${temperature}`);
+  if (topK !== undefined && !(Number.isSafeInteger(topK) && topK >= 0)) throw new RangeError(`samplingProbs: topK: expected an integer >= 0, got ${topK}`);
+  if (topP !== undefined && !(topP > 0 && topP <= 1)) throw new RangeError(`samplingProbs: topP: expected a number in (0, 1], got ${topP}`);
+  const x = new Float32Array(logits.length);
+  for (let i = 0; i < x.length; i++) x[i] = logits[i]! / temperature;
+  if (topK !== undefined && topK > 0 && topK < vocab) topKMask(x, vocab, topK, x);
+  if (topP !== undefined && topP < 1) topPMask(x, vocab, topP, x);
+  return softmax(x, vocab, 1, x);
+}
+
+/**
+ * Draws an index from `probs [vocab]` f32 (non-negative, summing to ~1 — or any positive total:
+ * the draw is scaled by the row's sum) with one `rng.next()`.
+ */
+export function sampleFromProbs(probs: Float32Array, rng: RandomSource): number {
+  let total = 0;
+  for (let i = 0; i < probs.length; i++) total += probs[i]!;
+  const u = rng.next() * total;
+  let acc = 0;
+  let last = -1;
+  for (let i = 0; i < probs.length; i++) {
+    const p = probs[i]!;
+    if (p <= 0) continue;
+    acc += p;
+    last = i;
+    if (u < acc) return i;
+  }
+  return last;
+}

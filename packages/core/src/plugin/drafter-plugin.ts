@@ -1,0 +1,172 @@
+/**
+ * The drafter contract: a package that owns a speculative-decoding method (`dflash`, `dspark`,
+ * `eagle3`, prompt lookup, …) implements {@link DrafterPlugin} (the factory, registered under
+ * `DRAFTER_PLUGIN`) and returns a {@link Drafter} (the loaded instance). The engine knows only
+ * these types and never branches on a method name.
+ *
+ * Lifecycle of a loaded drafter:
+ * - load: `DrafterPlugin.load(source, {target, …})` validates the checkpoint against the target and packs weights;
+ * - capture: `captureSetter(target)` names the target taps it needs (pinned convention, REFERENCE.md §2), or none;
+ * - add: `addSequence(id)` before a sequence's prefill;
+ * - project: `projectTargetHiddenPartial(stageTaps, …)` on every stage that owns taps (Σ h_i·W_iᵀ, fp32);
+ * - materialise: `writeProjectedContextKV(sum, spans)` on the last stage, for prefill chunks and committed tokens;
+ * - propose: `propose(batch)` → drafts per sequence (+ q for sampling, or a tree);
+ * - free: `freeSequence(id)` when a sequence finishes or is aborted (idempotent);
+ * - dispose: `dispose()` drops weights and pools.
+ *
+ * Glossary (used by the engine and metrics): a *draft* is a proposed token; *verify* is the one
+ * target forward over `[last verified token, drafts…]`; *accepted* drafts are the longest prefix
+ * the verifier keeps; the *bonus* is the target's own token after them (recovered at a rejection,
+ * or after the last draft); *committed* = accepted + 1. τ (acceptance length) has two definitions,
+ * never mixed: `tauPerStep` = mean over verify steps of (accepted + 1), and `tauMeanOfRequests` =
+ * mean over requests of each request's mean (REFERENCE.md §1, §6).
+ */
+
+import type { HfConfig } from '../io/hf-config.js';
+import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { StageInfo, StageModel } from './model-plugin.js';
+
+/** A drafter checkpoint to load: its directory, parsed `config.json` and weights. */
+export interface DrafterSource {
+  readonly dir: string;
+  readonly config: HfConfig;
+  readonly weights: SafetensorsCheckpoint;
+}
+
+/** Options of {@link DrafterPlugin.load}. */
+export interface DrafterLoadOptions {
+  /**
+   * The target stage whose embedding / lm_head a drafter may reuse (`embedTokens`, `lmHead`) and
+   * whose geometry it must match (hidden size, vocabulary, taps).
+   */
+  readonly target: StageModel;
+  /** Sequences drafted at once, at most (sizes the draft KV pool). */
+  readonly maxSequences: number;
+  /** Tokens per sequence, at most (prompt + generated; sizes the draft KV pool). */
+  readonly maxTokensPerSequence: number;
+}
+
+/** JSON-schema fragment of a method's config branch (validation lives elsewhere; discriminator `method`). */
+export type DrafterSchema = Readonly<Record<string, unknown>>;
+
+/** A drafting method. Registered under `DRAFTER_PLUGIN`; chosen by the checkpoint's `architectures`. */
+export interface DrafterPlugin {
+  /** Method name, e.g. `'dflash'`. */
+  readonly method: string;
+  /** `config.json` `architectures` entries it accepts (e.g. `DFlashDraftModel`). */
+  readonly architectures: readonly string[];
+  /** Its branch of the specd config schema (`{ properties: { method: { const } , … } }`). */
+  readonly schema: DrafterSchema;
+  /** load: validates the checkpoint against the target and builds a drafter. */
+  load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter>;
+}
+
+/** Rows of a context batch that belong to one sequence (`[numTokens, ·]` tensors are concatenated in span order). */
+export interface ContextSpan {
+  readonly id: SequenceId;
+  /** Absolute position of the span's first token; must equal the sequence's draft context length. */
+  readonly position: number;
+  /** Tokens of the span (rows). */
+  readonly numTokens: number;
+}
+
+/** A uniform random source in [0, 1) (the engine's seeded PRNG of the request). */
+export interface RandomSource {
+  next(): number;
+}
+
+/** Temperature / top-k / top-p of a request (REFERENCE.md §6: applied to q and to p alike). */
+export interface DraftSampling {
+  /** 0 = greedy (argmax drafts, no q). */
+  readonly temperature: number;
+  readonly topK?: number;
+  readonly topP?: number;
+}
+
+/** One sequence to draft for. Immutable. */
+export interface DraftSequence {
+  readonly id: SequenceId;
+  /** Position of the last verified token (= tokens already committed to the target and the draft context). */
+  readonly position: number;
+  /** The last verified token id (the bonus of the previous step, or the first generated token). */
+  readonly lastToken: number;
+  /** Drafts wanted at most for this sequence this step (≥ 1; chosen by the engine each step). */
+  readonly maxDrafts: number;
+  /** Every token of the sequence so far, prompt + generated, `[position + 1]` i32 (prompt-lookup drafters read it; a view valid during the call). */
+  readonly history: Int32Array;
+  readonly sampling: DraftSampling;
+  /** The request's PRNG (sampled drafts). */
+  readonly rng: RandomSource;
+}
+
+/** A propose batch. Immutable. */
+export interface DraftBatch {
+  readonly sequences: readonly DraftSequence[];
+}
+
+/** Drafts of one sequence. */
+export interface DraftProposal {
+  readonly id: SequenceId;
+  /** Draft token ids in the target vocabulary, `[k]` i32, 0 ≤ k ≤ maxDrafts. */
+  readonly tokens: Int32Array;
+  /**
+   * Draft distributions q, after temperature / top-k / top-p, `[k, vocabSize]` f32 (target
+   * vocabulary), when drafts were sampled; absent for argmax drafts (a point mass, REFERENCE.md §6).
+   */
+  readonly probs?: Float32Array;
+  /** Tree drafts: parent index of each draft (−1 = the last verified token), `[k]` i32; absent = a chain. */
+  readonly parents?: Int32Array;
+}
+
+/**
+ * The taps a pipeline stage produces, of those a drafter needs (REFERENCE.md §2, §8): tap t is the
+ * output of layer t − 1, so the stage owning layer t − 1 (`layerStart < t ≤ layerEnd`) produces it;
+ * tap 0 (the embeddings) belongs to the first stage. A tap on a stage boundary goes to the earlier
+ * stage; a stage may produce none (an empty capture stage).
+ */
+export function stageTaps(taps: readonly number[], stage: Pick<StageInfo, 'layerStart' | 'layerEnd' | 'isFirst'>): number[] {
+  return taps.filter((t) => (t === 0 ? stage.isFirst : t > stage.layerStart && t <= stage.layerEnd));
+}
+
+/** Thrown by drafters: bad checkpoint for this target, unsupported call, unknown sequence. */
+export class DrafterError extends Error {
+  override readonly name = 'DrafterError';
+}
+
+/** A loaded drafter (one method instance bound to one target). */
+export interface Drafter {
+  readonly method: string;
+  /** Drafts per step at most (e.g. DFlash: block_size − 1). */
+  readonly maxDraftTokens: number;
+  /** capture: tap ids the drafter needs, pinned convention (REFERENCE.md §2); `[]` for none. @throws {DrafterError} if the target lacks one. */
+  captureSetter(target: StageInfo): readonly number[];
+  /**
+   * project: this stage's share of the context projection, `Σ_{i ∈ stage} h_i · W_iᵀ`, added into
+   * `accumulator` (`[numTokens, hiddenSize]` f32, created zeroed when absent) and returned.
+   * @param stageTaps tap id → `[numTokens, hiddenSize]` f32, the taps this stage owns (may be none).
+   */
+  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array;
+  /**
+   * materialise: norm after the sum, per draft layer K/V, k-norm, RoPE at the spans' absolute
+   * positions, written into the draft KV pages (appended to each sequence's context).
+   * @param sum `[Σ numTokens, hiddenSize]` f32, the full projection.
+   */
+  writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void;
+  /** propose: drafts for every sequence of the batch (same order). Leaves the draft context unchanged. */
+  propose(batch: DraftBatch): DraftProposal[];
+  /** PD: what prefill hands decode for `id`. @throws {DrafterError} "not supported yet". */
+  buildPDInput(id: SequenceId): unknown;
+  /** PD: takes a payload of {@link buildPDInput} on the decode side. @throws {DrafterError} "not supported yet". */
+  acceptPDInput(payload: unknown): void;
+  /** add: registers a sequence (empty draft context). */
+  addSequence(id: SequenceId): void;
+  /** Draft context tokens of `id`. */
+  contextLength(id: SequenceId): number;
+  /** free: drops everything `id` holds (pages). Idempotent. */
+  freeSequence(id: SequenceId): void;
+  /** Draft KV pages in use over all sequences (0 for drafters without KV). */
+  readonly pagesInUse: number;
+  /** dispose: drops weights and pools. */
+  dispose(): void;
+}

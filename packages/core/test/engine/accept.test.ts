@@ -1,0 +1,135 @@
+// Verification functions: greedy longest-prefix + bonus, and rejection sampling, whose committed
+// tokens must be distributed as the target's p whatever the draft's q (Leviathan et al. 2023,
+// Theorem 1) — checked with χ² tests over 2·10⁴ seeded draws, including q = point mass (argmax
+// drafts), q with support where p has none, and p, q after the same temperature / top-k / top-p.
+import { describe, expect, it } from 'vitest';
+
+import { SeededRandom } from '../../src/cli/sampling.js';
+import { acceptGreedy, acceptSampled, sampleFromProbs, samplingProbs } from '../../src/engine/index.js';
+
+const V = 6;
+const N = 20_000;
+/** χ² critical value at p = 0.001 for V − 1 = 5 degrees of freedom. */
+const CHI2_CRIT_5 = 20.515;
+
+function chi2(counts: number[], probs: ArrayLike<number>, n: number): number {
+  let s = 0;
+  for (let i = 0; i < counts.length; i++) {
+    const e = probs[i]! * n;
+    if (e === 0) {
+      expect(counts[i], `token ${i} has probability 0 but was drawn`).toBe(0);
+      continue;
+    }
+    s += (counts[i]! - e) ** 2 / e;
+  }
+  return s;
+}
+
+function norm(xs: number[]): Float32Array {
+  const t = xs.reduce((a, b) => a + b, 0);
+  return Float32Array.from(xs, (x) => x / t);
+}
+
+describe('acceptGreedy', () => {
+  const logitsFor = (tops: number[]) => {
+    const l = new Float32Array(tops.length * V);
+    tops.forEach((t, r) => { l[r * V + t] = 1; });
+    return l;
+  };
+  it('accepts the longest prefix equal to the target argmax, then the bonus', () => {
+    expect(acceptGreedy(Int32Array.of(1, 2, 3), logitsFor([1, 2, 3, 4]), V)).toEqual({ accepted: 3, bonus: 4 });
+    expect(acceptGreedy(Int32Array.of(1, 5, 3), logitsFor([1, 2, 3, 4]), V)).toEqual({ accepted: 1, bonus: 2 });
+    expect(acceptGreedy(Int32Array.of(0), logitsFor([1, 2]), V)).toEqual({ accepted: 0, bonus: 1 });
+    expect(acceptGreedy(new Int32Array(0), logitsFor([5]), V)).toEqual({ accepted: 0, bonus: 5 });
+  });
+  it('rejects mis-sized logits', () => {
+    expect(() => acceptGreedy(Int32Array.of(1), new Float32Array(V), V)).toThrow(/expected \[2, 6\]/);
+  });
+});
+
+describe('acceptSampled preserves the target distribution (χ², 2·10⁴ draws)', () => {
+  const p0 = norm([0.3, 0.25, 0.2, 0.1, 0.1, 0.05]);
+  const p1 = norm([0.05, 0.05, 0.1, 0.2, 0.3, 0.3]);
+  const cases: [string, Float32Array | 'point-mass'][] = [
+    ['q close to p', norm([0.25, 0.25, 0.2, 0.15, 0.1, 0.05])],
+    ['q far from p', norm([0.01, 0.04, 0.05, 0.3, 0.3, 0.3])],
+    ['q = point mass (argmax drafts, no q)', 'point-mass'],
+    ['q uniform', norm([1, 1, 1, 1, 1, 1])],
+  ];
+  it.each(cases)('first committed token ~ p: %s', (_name, q) => {
+    const rng = new SeededRandom(12345);
+    const counts = new Array<number>(V).fill(0);
+    const p = new Float32Array(2 * V);
+    p.set(p0, 0);
+    p.set(p1, V);
+    let accepted = 0;
+    for (let i = 0; i < N; i++) {
+      const x = q === 'point-mass' ? 1 : sampleFromProbs(q, rng);
+      const r = acceptSampled(Int32Array.of(x), q === 'point-mass' ? undefined : q, p, V, rng);
+      const first = r.accepted === 1 ? x : r.bonus;
+      accepted += r.accepted;
+      counts[first]!++;
+    }
+    expect(chi2(counts, p0, N)).toBeLessThan(CHI2_CRIT_5);
+    expect(accepted).toBeGreaterThan(0);
+  });
+
+  it('the bonus after all drafts accepted ~ p of the next row; two-draft chains keep both marginals', () => {
+    const rng = new SeededRandom(99);
+    const q = new Float32Array(2 * V);
+    q.set(norm([0.2, 0.2, 0.2, 0.2, 0.1, 0.1]), 0);
+    q.set(norm([0.1, 0.1, 0.2, 0.2, 0.2, 0.2]), V);
+    const p = new Float32Array(3 * V);
+    p.set(p0, 0);
+    p.set(p1, V);
+    p.set(norm([1, 2, 3, 3, 2, 1]), 2 * V);
+    const c0 = new Array<number>(V).fill(0);
+    const c1 = new Array<number>(V).fill(0);
+    let n1 = 0;
+    for (let i = 0; i < N; i++) {
+      const d = Int32Array.of(sampleFromProbs(q.subarray(0, V), rng), sampleFromProbs(q.subarray(V), rng));
+      const r = acceptSampled(d, q, p, V, rng);
+      const toks = [...d.subarray(0, r.accepted), r.bonus];
+      c0[toks[0]!]!++;
+      // the second token exists when the first draft was accepted; it is then distributed as p1
+      if (toks.length >= 2) {
+        c1[toks[1]!]!++;
+        n1++;
+      }
+    }
+    expect(chi2(c0, p0, N)).toBeLessThan(CHI2_CRIT_5);
+    expect(chi2(c1, p1, n1)).toBeLessThan(CHI2_CRIT_5);
+  });
+
+  it('temperature / top-k / top-p applied to both p and q: committed tokens ~ processed p; masked tokens never appear', () => {
+    const params = { temperature: 0.7, topK: 4, topP: 0.9 };
+    const tl = Float32Array.from([2.0, 1.5, 1.0, 0.5, 0.2, -1.0, 1.2, 0.3, 0.0, 0.1, 0.4, 0.2]);
+    const ql = Float32Array.from([0.5, 2.0, 1.5, 0.1, 1.0, 0.0]);
+    const p = samplingProbs(tl, V, params);
+    const q = samplingProbs(ql, V, params);
+    expect(p[5]).toBe(0);
+    const rng = new SeededRandom(7);
+    const counts = new Array<number>(V).fill(0);
+    for (let i = 0; i < N; i++) {
+      const x = sampleFromProbs(q, rng);
+      const r = acceptSampled(Int32Array.of(x), q, p, V, rng);
+      counts[r.accepted === 1 ? x : r.bonus]!++;
+    }
+    expect(chi2(counts, p.subarray(0, V), N)).toBeLessThan(CHI2_CRIT_5);
+  });
+
+  it('rejects mis-sized p or q', () => {
+    const rng = new SeededRandom(1);
+    expect(() => acceptSampled(Int32Array.of(1), undefined, new Float32Array(V), V, rng)).toThrow(/p: expected \[2, 6\]/);
+    expect(() => acceptSampled(Int32Array.of(1), new Float32Array(2 * V), new Float32Array(2 * V), V, rng)).toThrow(/q: expected \[1, 6\]/);
+  });
+});
+
+describe('samplingProbs', () => {
+  it('rows sum to 1; temperature 0 is refused (greedy has no distribution)', () => {
+    const p = samplingProbs(Float32Array.from([1, 2, 3, 4, 5, 6]), V, { temperature: 1, topK: 3 });
+    expect(p.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 6);
+    expect(Array.from(p.subarray(0, 3))).toEqual([0, 0, 0]);
+    expect(() => samplingProbs(new Float32Array(V), V, { temperature: 0 })).toThrow(/temperature/);
+  });
+});

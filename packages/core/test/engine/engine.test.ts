@@ -1,0 +1,180 @@
+// The engine against the contracts alone (no real model, no method name): a toy target whose next
+// token is a fixed function of the current one, and a prompt-lookup-style drafter with no taps and
+// no KV that guesses the first `good` drafts right. Checks accept / commit bookkeeping, the two τ
+// definitions, per-position acceptance, the histogram, the replay commit (a stage without
+// commitPrefix), the draft-length hook and request validation.
+import { describe, expect, it } from 'vitest';
+
+import { adaptiveDraftLength, EngineError, RequestMetrics, SpecEngine, type SpecRequest } from '../../src/engine/index.js';
+import { SequenceCache } from '../../src/kv/index.js';
+import type {
+  CacheGeometry, DraftBatch, Drafter, DraftProposal, ForwardBatch, ForwardResult, StageInfo, StageModel,
+} from '../../src/plugin/index.js';
+
+const V = 32;
+const next = (t: number) => (t * 7 + 3) % V;
+
+/** A toy target: logits put all mass on next(token); one fake paged layer so KV bookkeeping is real. */
+class ToyTarget implements StageModel {
+  forwards = 0;
+  readonly info: StageInfo = { numLayers: 1, layerStart: 0, layerEnd: 1, hiddenSize: 4, vocabSize: V, isFirst: true, isLast: true, layerKinds: ['attn'] };
+  readonly cacheGeometry: CacheGeometry = {
+    pagedKv: { layers: [0], floatsPerToken: 1 },
+    linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
+  };
+  forward(batch: ForwardBatch, cache: SequenceCache): ForwardResult {
+    this.forwards++;
+    if (batch.sequences.some((s) => s.tokens.includes(V - 1))) throw new RangeError('toy: token V − 1 is not allowed');
+    const rows: number[] = [];
+    const start = new Int32Array(batch.sequences.length + 1);
+    batch.sequences.forEach((s, i) => {
+      expect(cache.length(s.id)).toBe(s.position);
+      cache.extend(s.id, s.position + s.tokens.length);
+      if (s.logits === 'all') rows.push(...s.tokens);
+      else if (s.logits === 'last') rows.push(s.tokens[s.tokens.length - 1]!);
+      start[i + 1] = rows.length;
+    });
+    const logits = new Float32Array(rows.length * V);
+    rows.forEach((t, r) => { logits[r * V + next(t)] = 10; });
+    const n = batch.sequences.reduce((a, s) => a + s.tokens.length, 0);
+    return { logits, logitRowStart: start, hidden: new Float32Array(n * 4), taps: new Map() };
+  }
+  dispose(): void {}
+}
+
+/** Prompt-lookup-like drafter: no taps, no KV; the first `good` drafts follow the rule, the rest are wrong. */
+class ToyDrafter implements Drafter {
+  readonly method = 'toy';
+  readonly maxDraftTokens = 5;
+  readonly pagesInUse = 0;
+  private readonly ctx = new Map<unknown, number>();
+  constructor(private readonly good: number) {}
+  captureSetter(): readonly number[] { return []; }
+  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array { return acc ?? new Float32Array(n * 4); }
+  writeProjectedContextKV(_sum: Float32Array, spans: readonly { id: unknown; position: number; numTokens: number }[]): void {
+    for (const s of spans) {
+      expect(this.ctx.get(s.id)).toBe(s.position);
+      this.ctx.set(s.id, s.position + s.numTokens);
+    }
+  }
+  propose(batch: DraftBatch): DraftProposal[] {
+    return batch.sequences.map((s) => {
+      expect(s.history[s.history.length - 1]).toBe(s.lastToken);
+      expect(this.ctx.get(s.id)).toBe(s.position);
+      const d = new Int32Array(s.maxDrafts);
+      let t = s.lastToken;
+      for (let j = 0; j < d.length; j++) {
+        t = next(t);
+        d[j] = j < this.good ? t : (t + 1) % V;
+      }
+      return { id: s.id, tokens: d };
+    });
+  }
+  buildPDInput(): unknown { throw new Error('no'); }
+  acceptPDInput(): void { throw new Error('no'); }
+  addSequence(id: unknown): void { this.ctx.set(id, 0); }
+  contextLength(id: unknown): number { return this.ctx.get(id)!; }
+  freeSequence(id: unknown): void { this.ctx.delete(id); }
+  get sequences(): number { return this.ctx.size; }
+  dispose(): void {}
+}
+
+const req = (id: string, first: number, maxTokens: number, extra: Partial<SpecRequest> = {}): SpecRequest => ({
+  id, promptIds: Int32Array.of(5, first), maxTokens, sampling: { temperature: 0 }, seed: 1, ...extra,
+});
+const expected = (first: number, n: number) => {
+  const out: number[] = [];
+  let t = first;
+  for (let i = 0; i < n; i++) out.push((t = next(t)));
+  return out;
+};
+
+describe('SpecEngine on the contracts', () => {
+  it('greedy: output follows the target; 2 of 5 drafts accepted per step → τ = 3 (both definitions)', () => {
+    const t = new ToyTarget();
+    const d = new ToyDrafter(2);
+    const e = new SpecEngine(t, d, { maxSequences: 2, maxTokensPerSequence: 64 });
+    const rs = e.run([req('a', 1, 31), req('b', 2, 31)]);
+    for (const r of rs) expect(r.tokenIds).toEqual(expected(r.id === 'a' ? 1 : 2, 31));
+    const m = e.metrics;
+    expect(m.verifySteps).toBe(20); // 1 prefill token + 10 steps × 3 per request
+    expect(m.tauPerStep).toBe(3);
+    expect(m.tauMeanOfRequests).toBe(3);
+    expect(m.perPositionAcceptance).toEqual([1, 1]);
+    expect(m.acceptanceLengthHistogram).toEqual([0, 0, 0, 20]);
+    expect(m.verifyForwards).toBe(10);
+    expect(m.decodeForwards).toBe(30); // + one replay per sequence per step: the toy stage has no commitPrefix
+    expect(t.forwards).toBe(2 + 30); // prefill + verify + replays
+    expect(e.cache.pagesInUse + e.cache.slotsInUse + d.sequences).toBe(0);
+  });
+
+  it('the two τ definitions differ when requests differ', () => {
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 2, maxTokensPerSequence: 64 });
+    e.run([req('a', 1, 13), req('b', 2, 3)]);
+    // a: 2 steps committing 6; b: 1 step, 2 drafts (the tokens still needed) + bonus = 3 (as the
+    // reference loop, the last step may commit one token past maxTokens; the output is cut)
+    expect(e.metrics.tauPerStep).toBeCloseTo(15 / 3, 12);
+    expect(e.metrics.tauMeanOfRequests).toBeCloseTo((6 + 3) / 2, 12);
+  });
+
+  it('the draft-length hook bounds drafts per sequence; no drafter = plain decoding', () => {
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 1, maxTokensPerSequence: 64, draftLength: () => 1 });
+    const [r] = e.run([req('a', 1, 9)]);
+    expect(r!.tokenIds).toEqual(expected(1, 9));
+    expect(r!.metrics.drafted).toBe(4);
+    const plain = new SpecEngine(new ToyTarget(), undefined, { maxSequences: 1, maxTokensPerSequence: 64 });
+    const [p] = plain.run([req('a', 1, 9)]);
+    expect(p!.tokenIds).toEqual(expected(1, 9));
+    expect(p!.metrics.verifySteps).toBe(8);
+    expect(p!.metrics.tauPerStep).toBe(1);
+  });
+
+  it('adaptiveDraftLength follows each request\'s acceptance; the output does not change', () => {
+    const policy = adaptiveDraftLength({ min: 1, max: 5, alpha: 1, margin: 1 });
+    const m = new RequestMetrics();
+    expect(policy('a', m)).toBe(5);
+    m.recordStep(5, 0);
+    expect(policy('a', m)).toBe(1);
+    m.recordStep(1, 1);
+    expect(policy('a', m)).toBe(2);
+    expect(policy('b', new RequestMetrics())).toBe(5);
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(2), { maxSequences: 1, maxTokensPerSequence: 64, draftLength: adaptiveDraftLength({ margin: 1 }) });
+    const [r] = e.run([req('a', 1, 25)]);
+    expect(r!.tokenIds).toEqual(expected(1, 25));
+    expect(r!.metrics.drafted).toBeLessThan(5 * r!.metrics.verifySteps); // shrank to 2 + 1 after the first step
+    expect(() => adaptiveDraftLength({ min: 0 })).toThrow(RangeError);
+  });
+
+  it('EOS stops inside an accepted block; aborts free everything', () => {
+    const d = new ToyDrafter(5);
+    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, maxTokensPerSequence: 64 });
+    const want = expected(1, 20);
+    e.add(req('a', 1, 20, { eosTokenIds: [want[3]!] }));
+    e.add(req('b', 2, 20));
+    const done = e.step();
+    expect(done.map((r) => [r.id, r.finishReason, r.tokenIds])).toEqual([['a', 'eos', want.slice(0, 4)]]);
+    e.step();
+    expect(e.abort('b')!.finishReason).toBe('abort');
+    expect(e.pending).toBe(0);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse + d.sequences).toBe(0);
+  });
+
+  it('a failing prefill rethrows and frees what the request held', () => {
+    const d = new ToyDrafter(1);
+    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, maxTokensPerSequence: 64 });
+    expect(() => e.run([{ ...req('a', 1, 4), promptIds: Int32Array.of(V - 1) }])).toThrow(/not allowed/);
+    expect(e.pending).toBe(0);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+    expect(e.run([req('b', 1, 4)])[0]!.tokenIds).toEqual(expected(1, 4));
+  });
+
+  it('validates requests with messages naming the field', () => {
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(1), { maxSequences: 1, maxTokensPerSequence: 16 });
+    expect(() => e.add(req('a', 1, 0))).toThrow(/maxTokens: expected an integer >= 1/);
+    expect(() => e.add({ ...req('a', 1, 4), promptIds: new Int32Array(0) })).toThrow(/promptIds/);
+    expect(() => e.add(req('a', 1, 12))).toThrow(/needs 20 tokens, maxTokensPerSequence is 16/);
+    expect(() => e.add(req('a', 1, 4, { stopStrings: ['x'] }))).toThrow(/stopStrings need the engine's decode/);
+    e.add(req('a', 1, 4));
+    expect(() => e.add(req('a', 1, 4))).toThrow(EngineError);
+  });
+});

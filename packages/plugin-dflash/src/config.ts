@@ -1,0 +1,88 @@
+/**
+ * The DFlash checkpoint config (z-lab format, REFERENCE.md §3; oracle: tools/reference/specd_ref/dflash.py
+ * `DFlashConfig.from_hf`) and this method's branch of the specd config schema.
+ */
+
+import type { DrafterSchema, HfConfig } from '@specd/core';
+
+/** `config.json` `architectures` entries of a DFlash checkpoint. */
+export const DFLASH_ARCHITECTURES: readonly string[] = Object.freeze(['DFlashDraftModel']);
+
+/** Draft layer attention kind (`layer_types`). */
+export type DFlashLayerType = 'full_attention' | 'sliding_attention';
+
+/** A validated DFlash config. */
+export interface DFlashConfig {
+  readonly hiddenSize: number;
+  readonly numLayers: number;
+  readonly numHeads: number;
+  readonly numKvHeads: number;
+  readonly headDim: number;
+  readonly intermediateSize: number;
+  readonly vocabSize: number;
+  /** Block length B: the last verified token + B − 1 mask slots → B − 1 drafts. */
+  readonly blockSize: number;
+  readonly maskTokenId: number;
+  /** Checkpoint ids ("output of layer k"). */
+  readonly targetLayerIds: readonly number[];
+  /** Tap ids in the pinned convention: targetLayerIds + 1 (REFERENCE.md §2). */
+  readonly taps: readonly number[];
+  readonly layerTypes: readonly DFlashLayerType[];
+  /** Window of sliding layers, positions (0 if none). */
+  readonly slidingWindow: number;
+  readonly ropeTheta: number;
+  readonly rmsNormEps: number;
+}
+
+/**
+ * Validates a DFlash `config.json`.
+ * @throws {HfConfigError} naming the JSON path of the first bad field.
+ */
+export function parseDFlashConfig(c: HfConfig): DFlashConfig {
+  const archs = c.architectures;
+  if (!archs.some((a) => DFLASH_ARCHITECTURES.includes(a))) c.fail('architectures', `expected one of [${DFLASH_ARCHITECTURES.join(', ')}], got [${archs.join(', ')}]`);
+  const numLayers = c.requireInt('num_hidden_layers', { min: 1 });
+  const numHeads = c.requireInt('num_attention_heads', { min: 1 });
+  const numKvHeads = c.requireInt('num_key_value_heads', { min: 1 });
+  if (numHeads % numKvHeads !== 0) c.fail('num_key_value_heads', `expected a divisor of num_attention_heads = ${numHeads}, got ${numKvHeads}`);
+  const headDim = c.requireInt('head_dim', { min: 2 });
+  if (headDim % 2 !== 0) c.fail('head_dim', `expected an even number (RoPE), got ${headDim}`);
+  const d = c.section('dflash_config');
+  const targetLayerIds = d.requireIntArray('target_layer_ids', { min: 0 });
+  if (targetLayerIds.length === 0) d.fail('target_layer_ids', 'expected at least one layer id');
+  if (new Set(targetLayerIds).size !== targetLayerIds.length) d.fail('target_layer_ids', `expected distinct ids, got [${targetLayerIds.join(', ')}]`);
+  const layerTypes = (c.optionalStringArray('layer_types') ?? Array<string>(numLayers).fill('full_attention'));
+  if (layerTypes.length !== numLayers) c.fail('layer_types', `expected ${numLayers} entries (num_hidden_layers), got ${layerTypes.length}`);
+  layerTypes.forEach((t, i) => {
+    if (t !== 'full_attention' && t !== 'sliding_attention') c.fail(`layer_types`, `entry ${i}: expected "full_attention" or "sliding_attention", got ${JSON.stringify(t)}`);
+  });
+  const slidingWindow = c.optionalInt('sliding_window', { min: 0 }) ?? 0;
+  if (layerTypes.includes('sliding_attention') && slidingWindow < 1) c.fail('sliding_window', `expected >= 1 with sliding_attention layers, got ${slidingWindow}`);
+  return Object.freeze({
+    hiddenSize: c.requireInt('hidden_size', { min: 1 }),
+    numLayers, numHeads, numKvHeads, headDim,
+    intermediateSize: c.requireInt('intermediate_size', { min: 1 }),
+    vocabSize: c.requireInt('vocab_size', { min: 1 }),
+    blockSize: c.requireInt('block_size', { min: 2 }),
+    maskTokenId: d.requireInt('mask_token_id', { min: 0 }),
+    targetLayerIds: Object.freeze(targetLayerIds),
+    taps: Object.freeze(targetLayerIds.map((k) => k + 1)),
+    layerTypes: Object.freeze(layerTypes as DFlashLayerType[]),
+    slidingWindow,
+    ropeTheta: c.optionalNumber('rope_theta', { min: Number.MIN_VALUE }) ?? 10000,
+    rmsNormEps: c.optionalNumber('rms_norm_eps', { min: 0 }) ?? 1e-6,
+  });
+}
+
+/** This method's branch of the specd config schema (JSON Schema draft 2020-12; validated elsewhere). */
+export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
+  $id: 'specd:drafter/dflash',
+  type: 'object',
+  required: ['method', 'path'],
+  additionalProperties: false,
+  properties: {
+    method: { const: 'dflash' },
+    path: { type: 'string', description: 'DFlash checkpoint directory (z-lab format, architectures ["DFlashDraftModel"])' },
+    num_draft_tokens: { type: 'integer', minimum: 1, description: 'drafts per step at most (default block_size − 1)' },
+  },
+});

@@ -1,0 +1,362 @@
+/**
+ * The DFlash drafter (block diffusion; z-lab/dflash, arXiv 2602.06036; REFERENCE.md §3). Oracle:
+ * tools/reference/specd_ref/dflash.py (`DFlashDraft.context`, `forward_blocks`) and
+ * tools/reference/eval_tau.py (`Proposer.propose`).
+ *
+ * - Context (per committed token): f = hidden_norm(Σ_i h_i · fc_iᵀ) — the sum over taps is
+ *   accumulated in fp32 per stage (`projectTargetHiddenPartial`), the norm applied once after it
+ *   (`writeProjectedContextKV`); then per draft layer K = RoPE(k_norm(k_proj f)), V = v_proj f,
+ *   written into that layer's draft KV pages at the tokens' absolute positions. No input_layernorm on f.
+ * - Block (per step): [last verified token, MASK × (B − 1)] at positions p … p + B − 1, embedded
+ *   with the target's embedding. Each layer: x = input_layernorm(h); Q, K, V from x (q/k norm,
+ *   RoPE); the block's K/V are written after the context (temporarily); attention over context +
+ *   block — full-attention layers non-causal, sliding layers causal with the window; o_proj,
+ *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the target's lm_head;
+ *   slot j (1 … B − 1) predicts the token at position p + j. The block's KV is discarded after.
+ *
+ * Draft KV: one core {@link PagedKvPool} whose "layers" are K of draft layer j (id 2j) and V (id
+ * 2j + 1), `numKvHeads · headDim` f32 per token, NHD pages — the layout of @specd/native's
+ * `pagedAttention`; one block table per sequence shared by all layers.
+ */
+
+import {
+  DrafterError, PagedKvPool, sampleFromProbs, samplingProbs,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal, type SafetensorsCheckpoint,
+  type SequenceId, type StageInfo, type StageModel,
+} from '@specd/core';
+import {
+  applyRope, argmax, bf16ToF32, f32ToBf16, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
+  writeKvPages, type KvPageLayout, type PackedBf16Weights,
+} from '@specd/native';
+
+import type { DFlashConfig } from './config.js';
+
+/** Tokens per draft KV page. */
+const DRAFT_PAGE_SIZE = 16;
+
+interface DraftLayerWeights {
+  readonly sliding: boolean;
+  readonly inputNorm: Float32Array;
+  readonly postNorm: Float32Array;
+  /** q_proj `[H·hd, D]`. */
+  readonly q: PackedBf16Weights;
+  /** k_proj ; v_proj stacked: `[2·KV·hd, D]`. */
+  readonly kv: PackedBf16Weights;
+  /** o_proj `[D, H·hd]`. */
+  readonly o: PackedBf16Weights;
+  readonly qNorm: Float32Array;
+  readonly kNorm: Float32Array;
+  /** gate_proj ; up_proj stacked `[2·I, D]`. */
+  readonly gateUp: PackedBf16Weights;
+  /** down_proj `[D, I]`. */
+  readonly down: PackedBf16Weights;
+}
+
+/** Reads checkpoint tensors as bf16 bits or f32, checking shape and dtype (errors name the tensor). */
+class Reader {
+  constructor(private readonly ckpt: SafetensorsCheckpoint, private readonly dir: string) {}
+
+  shape(name: string): readonly number[] {
+    if (!this.ckpt.has(name)) throw new DrafterError(`dflash: ${this.dir}: checkpoint has no tensor ${JSON.stringify(name)}`);
+    return this.ckpt.info(name).shape;
+  }
+
+  bf16(name: string, shape: readonly number[]): Uint16Array {
+    const t = this.read(name, shape);
+    return t.dtype === 'BF16' ? (t.data as Uint16Array) : f32ToBf16(t.data as Float32Array);
+  }
+
+  f32(name: string, shape: readonly number[]): Float32Array {
+    const t = this.read(name, shape);
+    return t.dtype === 'F32' ? (t.data as Float32Array) : bf16ToF32(t.data as Uint16Array);
+  }
+
+  packed(names: readonly string[], rows: readonly number[], k: number): PackedBf16Weights {
+    const n = rows.reduce((a, b) => a + b, 0);
+    const all = new Uint16Array(n * k);
+    let at = 0;
+    names.forEach((name, i) => {
+      all.set(this.bf16(name, [rows[i]!, k]), at);
+      at += rows[i]! * k;
+    });
+    return packBf16Weights(all, n, k);
+  }
+
+  private read(name: string, shape: readonly number[]): { dtype: string; data: Uint16Array | Float32Array } {
+    const got = this.shape(name);
+    if (got.length !== shape.length || got.some((d, i) => d !== shape[i])) {
+      throw new DrafterError(`dflash: ${this.dir}: tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`);
+    }
+    const dtype = this.ckpt.info(name).dtype;
+    if (dtype !== 'BF16' && dtype !== 'F32') throw new DrafterError(`dflash: ${this.dir}: tensor ${JSON.stringify(name)}: expected dtype BF16 or F32, got ${dtype}`);
+    return { dtype, data: this.ckpt.read(name).data as Uint16Array | Float32Array };
+  }
+}
+
+/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` array. */
+function sliceColumns<T extends Float32Array | Uint16Array>(src: T, rows: number, srcWidth: number, col: number, width: number, make: (n: number) => T): T {
+  const out = make(rows * width);
+  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
+  return out;
+}
+
+/**
+ * Loads a DFlash checkpoint for `options.target` (validated against it) and packs its weights.
+ * @throws {DrafterError} if the mask token is outside the target vocabulary, `fc` is not
+ *   `[hidden, taps × hidden]`, a tap is beyond the target's layers, hidden sizes differ, the target
+ *   lacks `embedTokens` / `lmHead`, or a tensor is missing / mis-shaped.
+ */
+export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions): DFlashDrafter {
+  const c = config;
+  const t = options.target;
+  const info = t.info;
+  const where = `dflash: ${source.dir}`;
+  if (c.maskTokenId >= info.vocabSize) {
+    throw new DrafterError(`${where}: dflash_config.mask_token_id ${c.maskTokenId} is outside the target vocabulary [0, ${info.vocabSize})`);
+  }
+  if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
+  const r = new Reader(source.weights, source.dir);
+  const D = c.hiddenSize;
+  const nT = c.taps.length;
+  const fcShape = r.shape('fc.weight');
+  if (fcShape.length !== 2 || fcShape[0] !== D || fcShape[1] !== nT * D) {
+    throw new DrafterError(`${where}: fc.weight is [${fcShape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
+  }
+  const bad = c.taps.filter((tap) => tap > info.numLayers);
+  if (bad.length > 0) {
+    throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
+  }
+  if (t.embedTokens === undefined || t.lmHead === undefined) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
+  const fc = r.bf16('fc.weight', [D, nT * D]);
+  const fcBlocks = c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D, (n) => new Uint16Array(n)), D, D));
+  const H = c.numHeads;
+  const KV = c.numKvHeads;
+  const hd = c.headDim;
+  const I = c.intermediateSize;
+  const layers: DraftLayerWeights[] = [];
+  for (let j = 0; j < c.numLayers; j++) {
+    const p = `layers.${j}.`;
+    layers.push({
+      sliding: c.layerTypes[j] === 'sliding_attention',
+      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+      q: r.packed([`${p}self_attn.q_proj.weight`], [H * hd], D),
+      kv: r.packed([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D),
+      o: r.packed([`${p}self_attn.o_proj.weight`], [D], H * hd),
+      qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
+      kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
+      gateUp: r.packed([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
+      down: r.packed([`${p}mlp.down_proj.weight`], [D], I),
+    });
+  }
+  const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
+  return new DFlashDrafter(c, t, fcBlocks, r.f32('hidden_norm.weight', [D]), r.f32('norm.weight', [D]), layers, options.maxSequences * pagesPerSeq);
+}
+
+/** A loaded DFlash drafter bound to one target stage. */
+export class DFlashDrafter implements Drafter {
+  readonly method = 'dflash';
+  readonly maxDraftTokens: number;
+  /** Draft KV (see the module comment). */
+  readonly pool: PagedKvPool;
+  private readonly layout: KvPageLayout;
+
+  constructor(
+    readonly config: DFlashConfig,
+    private readonly target: StageModel,
+    /** fc column block of each tap (checkpoint order), `[D, D]` packed. */
+    private fcBlocks: PackedBf16Weights[],
+    private readonly hiddenNorm: Float32Array,
+    private readonly finalNorm: Float32Array,
+    private layers: DraftLayerWeights[],
+    numPages: number,
+  ) {
+    const c = config;
+    this.maxDraftTokens = c.blockSize - 1;
+    this.pool = new PagedKvPool({
+      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]), floatsPerToken: c.numKvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages,
+    });
+    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: c.numKvHeads, headDim: c.headDim, kvLayout: 'NHD' });
+  }
+
+  get pagesInUse(): number {
+    return this.pool.pagesInUse;
+  }
+
+  captureSetter(target: StageInfo): readonly number[] {
+    const bad = this.config.taps.filter((t) => t > target.numLayers);
+    if (bad.length > 0) throw new DrafterError(`dflash: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`);
+    return this.config.taps;
+  }
+
+  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+    const D = this.config.hiddenSize;
+    const acc = accumulator ?? new Float32Array(numTokens * D);
+    if (acc.length !== numTokens * D) throw new DrafterError(`dflash: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
+    for (const [tap, h] of stageTaps) {
+      const i = this.config.taps.indexOf(tap);
+      if (i < 0) throw new DrafterError(`dflash: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${this.config.taps.join(', ')}]`);
+      if (h.length !== numTokens * D) throw new DrafterError(`dflash: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
+      const y = gemmBf16(h, numTokens, this.fcBlocks[i]!);
+      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
+    }
+    return acc;
+  }
+
+  writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+    const c = this.config;
+    const n = spans.reduce((a, s) => a + s.numTokens, 0);
+    if (sum.length !== n * c.hiddenSize) throw new DrafterError(`dflash: writeProjectedContextKV: sum: expected [${n}, ${c.hiddenSize}] f32, got length ${sum.length}`);
+    if (n === 0) return;
+    for (const s of spans) {
+      const have = this.pool.length(s.id);
+      if (s.position !== have) throw new DrafterError(`dflash: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`);
+    }
+    const positions = new Int32Array(n);
+    let at = 0;
+    for (const s of spans) for (let i = 0; i < s.numTokens; i++) positions[at++] = s.position + i;
+    const grown: ContextSpan[] = [];
+    try {
+      for (const s of spans) {
+        this.pool.extend(s.id, s.position + s.numTokens);
+        grown.push(s);
+      }
+    } catch (err) {
+      for (const s of grown) this.pool.truncate(s.id, s.position);
+      throw err;
+    }
+    const slots = this.slotsOf(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens })));
+    const f = rmsNorm(sum, this.hiddenNorm, c.rmsNormEps);
+    this.layers.forEach((w, j) => {
+      const [k, v] = this.keysValues(w, f, positions);
+      writeKvPages(this.layout, k, v, this.pool.layerStore(2 * j), this.pool.layerStore(2 * j + 1), slots);
+    });
+  }
+
+  propose(batch: DraftBatch): DraftProposal[] {
+    const c = this.config;
+    const B = c.blockSize;
+    const D = c.hiddenSize;
+    const H = c.numHeads;
+    const hd = c.headDim;
+    const V = this.target.info.vocabSize;
+    const seqs = batch.sequences;
+    const S = seqs.length;
+    if (S === 0) return [];
+    const N = S * B;
+    seqs.forEach((s, i) => {
+      const have = this.pool.length(s.id);
+      if (s.position !== have) throw new DrafterError(`dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`);
+      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
+    });
+    const tokens = new Int32Array(N).fill(c.maskTokenId);
+    const positions = new Int32Array(N);
+    seqs.forEach((s, i) => {
+      tokens[i * B] = s.lastToken;
+      for (let j = 0; j < B; j++) positions[i * B + j] = s.position + j;
+    });
+    const grown: DraftBatch['sequences'][number][] = [];
+    try {
+      for (const s of seqs) {
+        this.pool.extend(s.id, s.position + B);
+        grown.push(s);
+      }
+      const slots = this.slotsOf(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
+      const attnBatch = makePagedBatch(seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })));
+      const h = this.target.embedTokens!(tokens);
+      for (const [j, w] of this.layers.entries()) {
+        const x = rmsNorm(h, w.inputNorm, c.rmsNormEps);
+        const q = rmsNormPerHead(gemmBf16(x, N, w.q), H, w.qNorm, c.rmsNormEps);
+        applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
+        const [k, v] = this.keysValues(w, x, positions);
+        const kPool = this.pool.layerStore(2 * j);
+        const vPool = this.pool.layerStore(2 * j + 1);
+        writeKvPages(this.layout, k, v, kPool, vPool, slots);
+        const a = pagedAttention(q, kPool, vPool, this.layout, attnBatch, {
+          numHeads: H, scale: 1 / Math.sqrt(hd), mask: w.sliding ? 'causal' : 'non-causal', slidingWindow: w.sliding ? c.slidingWindow : 0,
+        });
+        const o = gemmBf16(a, N, w.o);
+        for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
+        const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
+        const m = gemmBf16(swigluFused(gemmBf16(xm, N, w.gateUp), c.intermediateSize), N, w.down);
+        for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
+      }
+      // rows 1 … k of every block → norm → target lm_head
+      const rowsOf = seqs.map((s) => s.maxDrafts);
+      const R = rowsOf.reduce((a, b) => a + b, 0);
+      const x = new Float32Array(R * D);
+      let at = 0;
+      seqs.forEach((s, i) => {
+        x.set(h.subarray((i * B + 1) * D, (i * B + 1 + s.maxDrafts) * D), at * D);
+        at += s.maxDrafts;
+      });
+      const logits = this.target.lmHead!(rmsNorm(x, this.finalNorm, c.rmsNormEps), R);
+      const out: DraftProposal[] = [];
+      at = 0;
+      for (const s of seqs) {
+        const k = s.maxDrafts;
+        const lg = logits.subarray(at * V, (at + k) * V);
+        at += k;
+        if (s.sampling.temperature === 0) {
+          out.push({ id: s.id, tokens: argmax(lg, V) });
+        } else {
+          const q = samplingProbs(lg, V, s.sampling);
+          const d = new Int32Array(k);
+          for (let j = 0; j < k; j++) d[j] = sampleFromProbs(q.subarray(j * V, (j + 1) * V), s.rng);
+          out.push({ id: s.id, tokens: d, probs: q });
+        }
+      }
+      return out;
+    } finally {
+      for (const s of grown) this.pool.truncate(s.id, s.position);
+    }
+  }
+
+  buildPDInput(id: SequenceId): unknown {
+    throw new DrafterError(`dflash: buildPDInput(${String(id)}): prefill/decode hand-over is not supported yet`);
+  }
+
+  acceptPDInput(_payload: unknown): void {
+    throw new DrafterError('dflash: acceptPDInput: prefill/decode hand-over is not supported yet');
+  }
+
+  addSequence(id: SequenceId): void {
+    this.pool.addSequence(id);
+  }
+
+  contextLength(id: SequenceId): number {
+    return this.pool.length(id);
+  }
+
+  freeSequence(id: SequenceId): void {
+    this.pool.free(id);
+  }
+
+  dispose(): void {
+    this.layers = [];
+    this.fcBlocks = [];
+  }
+
+  /** K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each. */
+  private keysValues(w: DraftLayerWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
+    const c = this.config;
+    const n = positions.length;
+    const W = c.numKvHeads * c.headDim;
+    const kv = gemmBf16(x, n, w.kv);
+    const k = sliceColumns(kv, n, 2 * W, 0, W, (m) => new Float32Array(m));
+    const v = sliceColumns(kv, n, 2 * W, W, W, (m) => new Float32Array(m));
+    rmsNormPerHead(k, c.numKvHeads, w.kNorm, c.rmsNormEps, undefined, k);
+    applyRope(k, positions, { heads: c.numKvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
+    return [k, v];
+  }
+
+  /** Pool slots (page · pageSize + offset) of tokens [start, start + n) of each sequence, concatenated. */
+  private slotsOf(ranges: readonly { id: SequenceId; start: number; n: number }[]): Int32Array {
+    const total = ranges.reduce((a, r) => a + r.n, 0);
+    const slots = new Int32Array(total);
+    const F = this.pool.floatsPerToken;
+    let at = 0;
+    for (const r of ranges) for (let i = 0; i < r.n; i++) slots[at++] = this.pool.tokenOffset(r.id, r.start + i) / F;
+    return slots;
+  }
+}

@@ -1,0 +1,17 @@
+/**
+ * @specd/plugin-dflash — the DFlash drafter (z-lab checkpoint format).
+ * Registration: `register(container)` puts {@link dflashPlugin} under core's DRAFTER_PLUGIN token.
+ */
+import { DRAFTER_PLUGIN } from '@specd/core';
+import type { DependencyContainer } from 'tsyringe';
+
+import { dflashPlugin } from './plugin.js';
+
+/** Registers the plugin in a tsyringe container. */
+export function register(container: DependencyContainer): void {
+  container.register(DRAFTER_PLUGIN, { useValue: dflashPlugin });
+}
+
+export { dflashPlugin } from './plugin.js';
+export { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig, type DFlashConfig, type DFlashLayerType } from './config.js';
+export { DFlashDrafter, loadDFlashDrafter } from './dflash.js';

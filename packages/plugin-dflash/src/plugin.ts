@@ -1,0 +1,14 @@
+/** The DFlash {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DFlashDraftModel"]`. */
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterSource } from '@specd/core';
+
+import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig } from './config.js';
+import { loadDFlashDrafter } from './dflash.js';
+
+export const dflashPlugin: DrafterPlugin = Object.freeze({
+  method: 'dflash',
+  architectures: DFLASH_ARCHITECTURES,
+  schema: DFLASH_SCHEMA,
+  load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
+    return Promise.resolve().then(() => loadDFlashDrafter(source, parseDFlashConfig(source.config), options));
+  },
+});
