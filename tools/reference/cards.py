@@ -146,7 +146,7 @@ def main():
     (tdir / "MODEL_CARD.md").write_text(target_card(tdir, json.loads(a.target_log.read_text())))
     summary = {"definition": "mean over verify steps of (accepted + 1); greedy t0 and temperature 1.0 t1; "
                              "128 new tokens per prompt, EOS ignored, fp32 with bf16-rounded weights",
-               "command": "tools/reference/eval_tau.py", "drafters": {}}
+               "command": "tools/reference/eval_tau.py", "runs": {}}
     for method in ("dflash", "dspark", "eagle3"):
         folder = a.models / f"kimi-k3-tiny-{method}"
         if not folder.exists():
@@ -167,15 +167,18 @@ def main():
                 else:
                     taus[run] = r
         (folder / "MODEL_CARD.md").write_text(drafter_card(folder.name, folder, log, taus, method))
-        summary["drafters"][folder.name] = {
-            run: {dom: {"tau": d["tau"], "tau_se": d["tau_se"],
-                        "tau_mean_of_request_means": d["tau_mean_of_request_means"],
-                        "verify_steps": d["verify_steps"], "prompts": d["prompts"],
-                        "per_position_acceptance": d["per_position_acceptance"],
-                        "block_size": r["block_size"], "max_drafts": r["max_drafts"],
-                        "temperature": r["temperature"], "device": d.get("device")}
-                  for dom, d in r["domains"].items()}
-            for run, r in taus.items()}
+        for run, r in sorted(taus.items()):
+            summary["runs"][run] = {
+                "drafter": folder.name, "temperature": r["temperature"], "block_size": r["block_size"],
+                "max_drafts": r["max_drafts"], "new_tokens": r["new_tokens"],
+                "domains": {dom: {"tau": d["tau"], "tau_se": d["tau_se"],
+                                  "tau_mean_of_request_means": d["tau_mean_of_request_means"],
+                                  "verify_steps": d["verify_steps"], "prompts": d["prompts"],
+                                  "per_position_acceptance": d["per_position_acceptance"],
+                                  "device": d.get("device"),
+                                  "requests": [{"id": q["id"], "steps": q["steps"], "committed": q["committed"]}
+                                               for q in d["requests"]]}
+                            for dom, d in r["domains"].items()}}
     a.out_tau.write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -23,7 +23,8 @@ function findRun(x: unknown): RefRun | undefined {
   if (typeof o['domains'] === 'object' && o['domains'] !== null) {
     const dr = typeof o['drafter'] === 'string' ? o['drafter'] : 'dflash';
     const temp = typeof o['temperature'] === 'number' ? o['temperature'] : 0;
-    if (/dflash/i.test(dr) && temp === 0) return o as unknown as RefRun;
+    const block = typeof o['block_size'] === 'number' ? o['block_size'] : 16;
+    if (/dflash/i.test(dr) && temp === 0 && block === 16) return o as unknown as RefRun;
   }
   for (const v of Array.isArray(x) ? x : Object.values(o)) {
     const r = findRun(v);
