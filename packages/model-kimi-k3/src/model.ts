@@ -21,7 +21,7 @@ import type { SeqSpan } from './layout.js';
 import { loadMlaWeights, MLA_TENSORS_PER_LAYER, mlaBatch, mlaFloatsPerToken, mlaForward, type MlaWeights } from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
 import { commitFromSnapshots } from './rollback.js';
-import { WeightReader } from './weights.js';
+import { kimiWeightReader } from './weights.js';
 
 /** Thrown for a malformed forward call (names the argument). */
 export class KimiForwardError extends Error {
@@ -298,7 +298,7 @@ function* buildStage(source: ModelSource, options: KimiLoadOptions): Generator<v
     total += 2 + (c.layerKinds[l] === 'kda' ? KDA_TENSORS_PER_LAYER : MLA_TENSORS_PER_LAYER) + (l < c.firstKDenseReplace ? 3 : moeTensorCount(c));
   }
   const onProgress = options.onProgress;
-  const r = new WeightReader(source.weights, total, onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined);
+  const r = kimiWeightReader(source.weights, total, onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined);
   const D = c.hiddenSize;
   const embed = start === 0 ? r.bf16('model.embed_tokens.weight', [c.vocabSize, D]) : undefined;
   yield;

@@ -20,12 +20,12 @@
  */
 
 import {
-  DrafterError, PagedKvPool, sampleFromProbs, samplingProbs,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal, type SafetensorsCheckpoint,
+  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
   type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
-  applyRope, argmax, bf16ToF32, f32ToBf16, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
+  applyRope, argmax, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
   writeKvPages, type KvPageLayout, type PackedBf16Weights,
 } from '@specd/native';
 
@@ -52,47 +52,6 @@ interface DraftLayerWeights {
   readonly down: PackedBf16Weights;
 }
 
-/** Reads checkpoint tensors as bf16 bits or f32, checking shape and dtype (errors name the tensor). */
-class Reader {
-  constructor(private readonly ckpt: SafetensorsCheckpoint, private readonly dir: string) {}
-
-  shape(name: string): readonly number[] {
-    if (!this.ckpt.has(name)) throw new DrafterError(`dflash: ${this.dir}: checkpoint has no tensor ${JSON.stringify(name)}`);
-    return this.ckpt.info(name).shape;
-  }
-
-  bf16(name: string, shape: readonly number[]): Uint16Array {
-    const t = this.read(name, shape);
-    return t.dtype === 'BF16' ? (t.data as Uint16Array) : f32ToBf16(t.data as Float32Array);
-  }
-
-  f32(name: string, shape: readonly number[]): Float32Array {
-    const t = this.read(name, shape);
-    return t.dtype === 'F32' ? (t.data as Float32Array) : bf16ToF32(t.data as Uint16Array);
-  }
-
-  packed(names: readonly string[], rows: readonly number[], k: number): PackedBf16Weights {
-    const n = rows.reduce((a, b) => a + b, 0);
-    const all = new Uint16Array(n * k);
-    let at = 0;
-    names.forEach((name, i) => {
-      all.set(this.bf16(name, [rows[i]!, k]), at);
-      at += rows[i]! * k;
-    });
-    return packBf16Weights(all, n, k);
-  }
-
-  private read(name: string, shape: readonly number[]): { dtype: string; data: Uint16Array | Float32Array } {
-    const got = this.shape(name);
-    if (got.length !== shape.length || got.some((d, i) => d !== shape[i])) {
-      throw new DrafterError(`dflash: ${this.dir}: tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`);
-    }
-    const dtype = this.ckpt.info(name).dtype;
-    if (dtype !== 'BF16' && dtype !== 'F32') throw new DrafterError(`dflash: ${this.dir}: tensor ${JSON.stringify(name)}: expected dtype BF16 or F32, got ${dtype}`);
-    return { dtype, data: this.ckpt.read(name).data as Uint16Array | Float32Array };
-  }
-}
-
 /** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` array. */
 function sliceColumns<T extends Float32Array | Uint16Array>(src: T, rows: number, srcWidth: number, col: number, width: number, make: (n: number) => T): T {
   const out = make(rows * width);
@@ -115,7 +74,7 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
     throw new DrafterError(`${where}: dflash_config.mask_token_id ${c.maskTokenId} is outside the target vocabulary [0, ${info.vocabSize})`);
   }
   if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
-  const r = new Reader(source.weights, source.dir);
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dflash: ${source.dir}: ${m}`) });
   const D = c.hiddenSize;
   const nT = c.taps.length;
   const fcShape = r.shape('fc.weight');
@@ -140,13 +99,13 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
       sliding: c.layerTypes[j] === 'sliding_attention',
       inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
       postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-      q: r.packed([`${p}self_attn.q_proj.weight`], [H * hd], D),
-      kv: r.packed([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D),
-      o: r.packed([`${p}self_attn.o_proj.weight`], [D], H * hd),
+      q: r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D),
+      kv: r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D),
+      o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
       qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
       kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
-      gateUp: r.packed([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
-      down: r.packed([`${p}mlp.down_proj.weight`], [D], I),
+      gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
+      down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
     });
   }
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;

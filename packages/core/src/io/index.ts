@@ -26,3 +26,4 @@ export { HfConfig, HfConfigError, type NumberBounds } from './hf-config.js';
 export { Tokenizer, TokenizerError, type DecodeOptions, type EncodeOptions, type TokenizerSources } from './tokenizer.js';
 export { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
 export { StrictJsonError, isJsonObject, parseStrictJson, type JsonObject, type JsonValue, type StrictJsonOptions } from './strict-json.js';
+export { WeightReader, type WeightReaderOptions } from './weight-reader.js';
