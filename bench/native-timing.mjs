@@ -1,0 +1,48 @@
+// '@specd/native' with the kernels a model forward calls wrapped by timers (bench/decode.mjs's
+// "where the time goes"). Everything else is re-exported unchanged (`export *` never re-exports a
+// name this module exports itself). Timing is off until `nativeTiming.enabled = true`; a call is
+// then attributed to `nativeTiming.classify(name, args)` (default: the function name).
+import * as real from '@specd/native';
+
+export * from '@specd/native';
+
+/** Totals by family: ms and calls. */
+export const nativeTiming = {
+  enabled: false,
+  /** (functionName, args) → family label. */
+  classify: (name) => name,
+  /** @type {Map<string, { ms: number, calls: number }>} */
+  totals: new Map(),
+  reset() {
+    this.totals.clear();
+  },
+};
+
+function timed(name, fn) {
+  return function (...args) {
+    if (!nativeTiming.enabled) return fn(...args);
+    const t0 = performance.now();
+    try {
+      return fn(...args);
+    } finally {
+      const ms = performance.now() - t0;
+      const family = nativeTiming.classify(name, args);
+      const e = nativeTiming.totals.get(family) ?? { ms: 0, calls: 0 };
+      e.ms += ms;
+      e.calls++;
+      nativeTiming.totals.set(family, e);
+    }
+  };
+}
+
+export const gemmBf16 = timed('gemmBf16', real.gemmBf16);
+export const rmsNorm = timed('rmsNorm', real.rmsNorm);
+export const gatedRmsNorm = timed('gatedRmsNorm', real.gatedRmsNorm);
+export const bf16ToF32 = timed('bf16ToF32', real.bf16ToF32);
+export const swigluFused = timed('swigluFused', real.swigluFused);
+export const kdaRecurrent = timed('kdaRecurrent', real.kdaRecurrent);
+export const kdaChunked = timed('kdaChunked', real.kdaChunked);
+export const mlaAttention = timed('mlaAttention', real.mlaAttention);
+export const moeRoute = timed('moeRoute', real.moeRoute);
+export const moeExperts = timed('moeExperts', real.moeExperts);
+export const argmax = timed('argmax', real.argmax);
