@@ -5,5 +5,5 @@ export {
   type GenerateOptions, type GenerateResult, type LoadedDrafter, type LoadedTarget, type SpecGenerateResult,
 } from './generate.js';
 export { greedyToken, nextToken, sampleToken, SeededRandom, type SamplingParams } from './sampling.js';
-export { CliConfigError, readCliConfig, type CliConfig, type GenerateSettings } from './config-file.js';
+export { chooseDrafter, CliError, type DrafterChoice } from './config-file.js';
 export { defaultDrafterDir, defaultModelDir, DEFAULT_DRAFTER_RELATIVE, DEFAULT_MODEL_RELATIVE } from './paths.js';

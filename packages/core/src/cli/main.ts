@@ -15,8 +15,10 @@ import * as path from 'node:path';
 import cliProgress from 'cli-progress';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 
-import { BUILTIN_PLUGIN_PACKAGES } from '../plugin/registry.js';
-import { readCliConfig, type CliConfig } from './config-file.js';
+import { loadConfig } from '../config/load.js';
+import { chooseDrafter, CliError } from './config-file.js';
+import { registerConfigCommands } from './config-commands.js';
+import { registerServeCommand } from './serve.js';
 import { generateSpeculative, generateTokens, loadDrafter, loadTarget, type GenerateResult, type SpecGenerateResult } from './generate.js';
 import { defaultDrafterDir, defaultModelDir } from './paths.js';
 
@@ -55,11 +57,9 @@ interface GenerateFlags {
   json?: boolean;
 }
 
-/** A failure to report as one line (exit code 1). */
-class CliError extends Error {}
 
 async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
-  const cfg: CliConfig = flags.config !== undefined ? readCliConfig(path.resolve(io.cwd, flags.config)) : { generate: {} };
+  const { config: cfg } = await loadConfig(flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config), io.cwd);
   if ((flags.prompt === undefined) === (flags.promptFile === undefined)) throw new CliError('give exactly one of --prompt TEXT or --prompt-file FILE');
   let prompt: string;
   if (flags.promptFile !== undefined) {
@@ -73,30 +73,21 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   }
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   if (!fs.existsSync(path.join(modelDir, 'config.json'))) throw new CliError(`model directory ${modelDir} has no config.json (use --model DIR)`);
-  // drafter: --drafter, else the config's, else the shipped DFlash when the target is the embedded default
-  let drafterDir: string | undefined;
-  if (flags.spec !== false) {
-    if (flags.drafter !== undefined) drafterDir = path.resolve(io.cwd, flags.drafter);
-    else if (cfg.drafter !== undefined) drafterDir = cfg.drafter;
-    else if (flags.model === undefined && cfg.model === undefined) {
-      const d = defaultDrafterDir(io.cwd);
-      if (fs.existsSync(path.join(d, 'config.json'))) drafterDir = d;
-    }
-    if (drafterDir !== undefined && !fs.existsSync(path.join(drafterDir, 'config.json'))) throw new CliError(`drafter directory ${drafterDir} has no config.json (use --drafter DIR, or --no-spec)`);
-  } else if (flags.drafter !== undefined) {
-    throw new CliError('--drafter and --no-spec cannot be used together');
-  }
-  const g = cfg.generate;
-  const maxTokens = flags.maxTokens ?? g.maxTokens ?? 64;
-  const temperature = flags.temperature ?? g.temperature ?? 0;
-  const topP = flags.topP ?? g.topP ?? 1;
-  const topK = flags.topK ?? g.topK ?? 0;
-  const seed = flags.seed ?? g.seed ?? (Math.random() * 2 ** 32) >>> 0;
+  if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
+  const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
+  const drafterDir = choice?.dir;
+  const s = cfg.sampling;
+  const maxTokens = flags.maxTokens ?? s.max_tokens;
+  const temperature = flags.temperature ?? s.temperature;
+  const topP = flags.topP ?? s.top_p;
+  const topK = flags.topK ?? s.top_k;
+  const seed = flags.seed ?? s.seed ?? (Math.random() * 2 ** 32) >>> 0;
+  const numDraftTokens = flags.numDraftTokens ?? choice?.numDraftTokens;
 
   const showBar = io.stdout.isTTY === true && flags.json !== true;
   const bar = showBar ? new cliProgress.SingleBar({ format: 'loading {bar} {value}/{total} tensors', clearOnComplete: true, hideCursor: true }, cliProgress.Presets.shades_classic) : undefined;
   let started = false;
-  const target = await loadTarget(modelDir, cfg.plugins ?? BUILTIN_PLUGIN_PACKAGES, (p) => {
+  const target = await loadTarget(modelDir, cfg.plugins, (p) => {
     if (bar === undefined) return;
     if (!started) {
       bar.start(p.total, 0);
@@ -109,7 +100,10 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
   if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
   const loaded = drafterDir === undefined ? undefined
-    : await loadDrafter(drafterDir, cfg.plugins ?? BUILTIN_PLUGIN_PACKAGES, target, promptIds.length + maxTokens + 64);
+    : await loadDrafter(drafterDir, cfg.plugins, target, promptIds.length + maxTokens + 64);
+  if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
+    throw new CliError(`drafter ${drafterDir}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`);
+  }
   const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
   const stream = flags.json !== true;
   const genOptions = {
@@ -117,7 +111,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     onToken: stream ? (id: number) => io.stdout.write(detok.push(id)) : undefined,
   };
   const result: GenerateResult = loaded === undefined ? generateTokens(target, genOptions)
-    : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens: flags.numDraftTokens });
+    : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens });
   const m = (result as Partial<SpecGenerateResult>).metrics;
   const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
   const n = result.tokenIds.length;
@@ -149,7 +143,7 @@ export function buildProgram(io: CliIo): Command {
   program
     .command('generate')
     .description('generate text with the target model, speculatively with a drafter (default: the shipped DFlash)')
-    .option('--config <file>', 'JSON config: {model, drafter, plugins, generate: {max_tokens, temperature, top_p, top_k, seed}}')
+    .option('--config <file>', 'deployment config (JSON; `specd config schema`): model, drafter, plugins, sampling defaults; flags override it')
     .option('--model <dir>', 'HF checkpoint directory (default: models/kimi-k3-tiny of this repository)')
     .option('--drafter <dir>', 'drafter checkpoint directory (default with the default model: models/kimi-k3-tiny-dflash)')
     .option('--no-spec', 'no speculative decoding: plain decoding with the target alone')
@@ -164,6 +158,8 @@ export function buildProgram(io: CliIo): Command {
     .option('--ignore-eos', 'do not stop at EOS')
     .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}')
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
+  registerConfigCommands(program, io);
+  registerServeCommand(program, io);
   for (const c of program.commands) c.exitOverride().configureOutput(program.configureOutput());
   return program;
 }

@@ -86,10 +86,24 @@ describe('specd generate', () => {
 
   it('reads --prompt-file and --config (flags override the file)', async () => {
     fs.writeFileSync(path.join(tmp, 'p.txt'), 'The history of the');
-    fs.writeFileSync(path.join(tmp, 'c.json'), JSON.stringify({ model: path.relative(tmp, path.join(ROOT, 'models/kimi-k3-tiny')), plugins: ['@specd/model-kimi-k3'], generate: { max_tokens: 5, temperature: 0 } }));
+    fs.writeFileSync(path.join(tmp, 'c.json'), JSON.stringify({ model: path.relative(tmp, path.join(ROOT, 'models/kimi-k3-tiny')), plugins: ['@specd/model-kimi-k3'], sampling: { max_tokens: 5, temperature: 0 } }));
     const r = await run(['generate', '--config', path.join(tmp, 'c.json'), '--prompt-file', path.join(tmp, 'p.txt'), '--json', '--max-tokens', '6']);
     expect(r.code).toBe(0);
     expect((JSON.parse(r.out) as { token_ids: number[] }).token_ids).toEqual(goldens.goldens['short']!.greedy_continuation.slice(0, 6));
+  });
+
+  it('--config takes the deployment configs: configs/*-dflash.json drafts, *-nospec.json does not; same greedy tokens', async () => {
+    const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--json', '--ignore-eos'];
+    const spec = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-dflash.json'])).out) as Record<string, unknown>;
+    const plain = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-nospec.json'])).out) as Record<string, unknown>;
+    expect(spec['method']).toBe('dflash');
+    expect(plain).not.toHaveProperty('drafted');
+    expect(spec['token_ids']).toEqual(plain['token_ids']);
+    // drafter.num_draft_tokens caps the drafts per step
+    fs.writeFileSync(path.join(tmp, 'k.json'), JSON.stringify({ drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 2 } }));
+    const capped = JSON.parse((await run([...args, '--config', path.join(tmp, 'k.json')])).out) as Record<string, unknown>;
+    expect(capped['token_ids']).toEqual(plain['token_ids']);
+    expect((capped['per_position_acceptance'] as number[]).length).toBeLessThanOrEqual(2);
   });
 
   it.each([
@@ -112,10 +126,13 @@ describe('specd generate', () => {
 
   it('config file errors name the file and the JSON path; unknown plugins are listed', async () => {
     const bad = path.join(tmp, 'bad.json');
-    fs.writeFileSync(bad, JSON.stringify({ generate: { top_p: 3 } }));
-    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: generate\.top_p: expected a number in \(0, 1\], got 3/);
+    fs.writeFileSync(bad, JSON.stringify({ sampling: { top_p: 3 } }));
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: \$\.sampling\.top_p: maximum: must be <= 1, got 3/);
     fs.writeFileSync(bad, JSON.stringify({ modle: 'x' }));
-    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: modle: unknown key/);
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: \$\.modle: additionalProperties: unknown property, got "x"/);
+    // the pre-#5 ad-hoc "generate" section is now "sampling"
+    fs.writeFileSync(bad, JSON.stringify({ generate: { max_tokens: 5 } }));
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: \$\.generate: additionalProperties: unknown property/);
     fs.writeFileSync(bad, JSON.stringify({ plugins: [] }));
     const r = await run(['generate', '--prompt', 'x', '--config', bad]);
     expect(r.code).toBe(1);

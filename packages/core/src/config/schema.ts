@@ -1,0 +1,123 @@
+/**
+ * The specd deployment config schema (JSON Schema draft 2020-12): core's sections plus one
+ * `drafter` branch per loaded drafter plugin (its `schema`, discriminated by `method`), and the
+ * built-in `{"method": "none"}` branch. Core never names a method other than "none".
+ *
+ *   { "model": "models/kimi-k3-tiny",                     // target checkpoint dir (relative to the file)
+ *     "drafter": {"method": "dflash", "path": "…"} | {"method": "none"},
+ *     "plugins": ["@specd/model-kimi-k3", "@specd/plugin-dflash"],
+ *     "sampling": {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens": 64, "seed"?: 1},
+ *     "scheduler": {"max_running_requests": 8, "max_waiting_requests": 64, "prefill_chunk_tokens": 64,
+ *                   "max_tokens_in_flight": 16384, "max_sequence_tokens": 2048, "page_size": 16},
+ *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
+ *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage]},   // reserved: validated, only 1/1 runs
+ *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}} }  // reserved: only "none" runs
+ */
+
+import type { DrafterPlugin } from '../plugin/drafter-plugin.js';
+import { BUILTIN_PLUGIN_PACKAGES } from '../plugin/registry.js';
+
+/** `$id` of the merged schema. */
+export const CONFIG_SCHEMA_ID = 'https://specd.dev/schemas/config.json';
+
+/** The drafter branch that turns speculative decoding off. */
+export const NO_DRAFTER_SCHEMA = Object.freeze({
+  type: 'object',
+  required: ['method'],
+  additionalProperties: false,
+  properties: { method: { const: 'none', description: 'no drafter: plain decoding with the target alone' } },
+});
+
+const port = { type: 'integer', minimum: 0, maximum: 65535 } as const;
+
+/**
+ * The merged config schema for the given drafter plugins (each contributes `schema`, whose
+ * `properties.method.const` must be its method).
+ * @throws {Error} if a plugin's schema lacks `properties.method.const` equal to its method.
+ */
+export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<string, unknown> {
+  const branches: unknown[] = [NO_DRAFTER_SCHEMA];
+  for (const d of drafters) {
+    const props = (d.schema as { properties?: { method?: { const?: unknown } } }).properties;
+    if (props?.method?.const !== d.method) {
+      throw new Error(`drafter plugin ${JSON.stringify(d.method)}: schema.properties.method.const: expected ${JSON.stringify(d.method)}, got ${JSON.stringify(props?.method?.const)}`);
+    }
+    const { $id: _id, $schema: _s, ...branch } = d.schema as Record<string, unknown>; // embedded: no nested resource ids
+    branches.push({ ...branch, required: [...new Set(['method', ...((branch['required'] as string[] | undefined) ?? [])])] });
+  }
+  return {
+    $schema: 'https://json-schema.org/draft/2020-12/schema',
+    $id: CONFIG_SCHEMA_ID,
+    title: 'specd deployment config',
+    type: 'object',
+    additionalProperties: false,
+    properties: {
+      $schema: { type: 'string' },
+      model: { type: 'string', minLength: 1, description: 'target checkpoint directory (HF format), relative to the config file; default: the shipped models/kimi-k3-tiny' },
+      drafter: {
+        type: 'object',
+        description: 'the drafting method, by "method"; absent: the shipped DFlash with the shipped target, else none',
+        required: ['method'],
+        properties: { method: { type: 'string' } },
+        discriminator: { propertyName: 'method' },
+        oneOf: branches,
+      },
+      plugins: {
+        type: 'array', items: { type: 'string', minLength: 1 }, uniqueItems: true, default: [...BUILTIN_PLUGIN_PACKAGES],
+        description: 'plugin packages to import (each exports register(container))',
+      },
+      sampling: {
+        type: 'object', additionalProperties: false, default: {},
+        description: 'defaults for requests that do not say',
+        properties: {
+          temperature: { type: 'number', minimum: 0, default: 0, description: '0 = greedy' },
+          top_p: { type: 'number', exclusiveMinimum: 0, maximum: 1, default: 1 },
+          top_k: { type: 'integer', minimum: 0, default: 0, description: '0 = off' },
+          max_tokens: { type: 'integer', minimum: 1, default: 64 },
+          seed: { type: 'integer', minimum: 0, maximum: 4294967295, description: 'default: random per request' },
+        },
+      },
+      scheduler: {
+        type: 'object', additionalProperties: false, default: {},
+        properties: {
+          max_running_requests: { type: 'integer', minimum: 1, default: 8, description: 'sequences decoded together (KV slots)' },
+          max_waiting_requests: { type: 'integer', minimum: 0, default: 64, description: 'queued beyond that → 503' },
+          prefill_chunk_tokens: { type: 'integer', minimum: 1, default: 64 },
+          max_tokens_in_flight: { type: 'integer', minimum: 1, default: 16384, description: 'Σ (prompt + max_tokens) over waiting and running requests; beyond → 503' },
+          max_sequence_tokens: { type: 'integer', minimum: 2, default: 2048, description: 'prompt + max_tokens (+ a draft block) per request; beyond → 413' },
+          page_size: { type: 'integer', minimum: 1, default: 16, description: 'target KV page size, tokens' },
+        },
+      },
+      server: {
+        type: 'object', additionalProperties: false, default: {},
+        properties: {
+          host: { type: 'string', minLength: 1, default: '127.0.0.1' },
+          port: { ...port, default: 8000, description: '0 = an ephemeral port' },
+          api_key: { type: 'string', minLength: 1, description: 'if set, requests need "Authorization: Bearer <api_key>"' },
+          body_limit_bytes: { type: 'integer', minimum: 1024, default: 1048576 },
+          model_name: { type: 'string', minLength: 1, description: 'model id served by /v1/models (default: the model directory name)' },
+        },
+      },
+      parallelism: {
+        type: 'object', additionalProperties: false, default: {},
+        description: 'reserved: validated now; only tp = pp = 1 runs',
+        properties: {
+          tp: { type: 'integer', minimum: 1, default: 1 },
+          pp: { type: 'integer', minimum: 1, default: 1 },
+          partition: { type: 'array', items: { type: 'integer', minimum: 1 }, minItems: 1, description: 'layers per pipeline stage (length pp, sum = layers)' },
+        },
+      },
+      pd: {
+        type: 'object', additionalProperties: false, default: {},
+        description: 'reserved (prefill/decode disaggregation): validated now; only role "none" runs',
+        properties: {
+          role: { enum: ['none', 'prefill', 'decode'], default: 'none' },
+          bootstrap: {
+            type: 'object', additionalProperties: false, required: ['host', 'port'],
+            properties: { host: { type: 'string', minLength: 1 }, port },
+          },
+        },
+      },
+    },
+  };
+}

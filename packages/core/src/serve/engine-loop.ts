@@ -1,0 +1,156 @@
+/**
+ * Continuous batching over one {@link SpecEngine}: one loop, one `step()` per macrotask
+ * (`setImmediate`), so HTTP handlers run between steps; a request submitted between two steps
+ * joins the running batch at the next one (`SpecEngine.add`), an abort frees its pages, state slot
+ * and draft context before the next step. Admission control: at most `maxWaiting` queued requests
+ * and `maxTokensInFlight` (Σ prompt + max_tokens over waiting and running; an idle loop takes any one
+ * request — its own length is bounded by max_sequence_tokens) → {@link OverloadedError}.
+ */
+
+import type { SpecEngine, SpecResult } from '../engine/engine.js';
+import type { DraftSampling } from '../plugin/drafter-plugin.js';
+
+/** A request for the loop (the loop assigns the id). */
+export interface LoopRequest {
+  readonly promptIds: Int32Array;
+  readonly maxTokens: number;
+  readonly sampling: DraftSampling;
+  readonly seed: number;
+  readonly stopStrings?: readonly string[];
+  readonly ignoreEos?: boolean;
+}
+
+/** Callbacks of one request (called from the loop, between HTTP events). */
+export interface LoopListener {
+  onToken(id: number): void;
+  onFinish(result: SpecResult): void;
+  onError(err: Error): void;
+}
+
+/** Thrown by {@link EngineLoop.submit} when the queue or the tokens in flight are full. */
+export class OverloadedError extends Error {
+  override readonly name = 'OverloadedError';
+}
+
+interface Entry {
+  readonly listener: LoopListener;
+  readonly tokens: number;
+  started: boolean;
+}
+
+/** Options of {@link EngineLoop}. */
+export interface EngineLoopOptions {
+  readonly maxWaiting: number;
+  readonly maxTokensInFlight: number;
+  readonly eosTokenIds: readonly number[];
+}
+
+/** The one engine loop of a server. */
+export class EngineLoop {
+  private nextId = 1;
+  private readonly entries = new Map<number, Entry>();
+  private scheduled = false;
+  private closed = false;
+  private inFlight = 0;
+
+  constructor(readonly engine: SpecEngine, private readonly options: EngineLoopOptions) {}
+
+  /** Requests prefilled and not finished. */
+  get running(): number {
+    let n = 0;
+    for (const e of this.entries.values()) if (e.started) n++;
+    return n;
+  }
+
+  /** Requests queued, not yet prefilled. */
+  get waiting(): number {
+    return this.entries.size - this.running;
+  }
+
+  /** Σ (prompt + max_tokens) over waiting and running requests. */
+  get tokensInFlight(): number {
+    return this.inFlight;
+  }
+
+  /**
+   * Queues a request. @returns its id (for {@link abort}).
+   * @throws {OverloadedError} when full; {@link EngineError} for a request the engine refuses.
+   */
+  submit(req: LoopRequest, listener: LoopListener): number {
+    if (this.closed) throw new OverloadedError('the server is shutting down');
+    if (this.waiting >= this.options.maxWaiting) throw new OverloadedError(`too many waiting requests (${this.waiting}, max_waiting_requests ${this.options.maxWaiting}); retry later`);
+    const tokens = req.promptIds.length + req.maxTokens;
+    if (this.inFlight + tokens > this.options.maxTokensInFlight && this.entries.size > 0) {
+      throw new OverloadedError(`too many tokens in flight (${this.inFlight} + ${tokens} > max_tokens_in_flight ${this.options.maxTokensInFlight}); retry later`);
+    }
+    const id = this.nextId++;
+    const entry: Entry = { listener, tokens, started: false };
+    this.engine.add({
+      id, promptIds: req.promptIds, maxTokens: req.maxTokens, sampling: req.sampling, seed: req.seed,
+      ignoreEos: req.ignoreEos, eosTokenIds: this.options.eosTokenIds, stopStrings: req.stopStrings,
+      onToken: (t) => {
+        entry.started = true;
+        listener.onToken(t);
+      },
+    });
+    this.entries.set(id, entry);
+    this.inFlight += tokens;
+    this.schedule();
+    return id;
+  }
+
+  /** Aborts a request (waiting or running): frees its pages, slot and draft context now. No callback follows. */
+  abort(id: number): void {
+    if (!this.entries.has(id)) return;
+    this.release(id);
+    this.engine.abort(id);
+    this.engine.metrics.requests.length = 0; // the server keeps no per-request history
+  }
+
+  /** Stops taking requests and aborts every one (their listeners get an error). */
+  close(): void {
+    this.closed = true;
+    for (const [id, e] of [...this.entries]) {
+      this.abort(id);
+      e.listener.onError(new OverloadedError('the server is shutting down'));
+    }
+  }
+
+  private release(id: number): Entry | undefined {
+    const e = this.entries.get(id);
+    if (e === undefined) return undefined;
+    this.entries.delete(id);
+    this.inFlight -= e.tokens;
+    return e;
+  }
+
+  private schedule(): void {
+    if (this.scheduled || this.closed || this.engine.pending === 0) return;
+    this.scheduled = true;
+    setImmediate(() => this.tick());
+  }
+
+  private tick(): void {
+    this.scheduled = false;
+    if (this.closed) return;
+    let done: SpecResult[];
+    try {
+      done = this.engine.step();
+    } catch (err) {
+      // a failed step leaves no safe state to continue the batch from: fail every request, free everything
+      for (const [id, e] of [...this.entries]) {
+        this.release(id);
+        this.engine.abort(id);
+        e.listener.onError(err as Error);
+      }
+      this.engine.metrics.requests.length = 0;
+      return;
+    }
+    this.engine.metrics.requests.length = 0;
+    for (const r of done) {
+      const e = this.release(r.id as number);
+      e?.listener.onFinish(r);
+    }
+    this.schedule();
+  }
+}

@@ -1,0 +1,32 @@
+/** OpenAI-format API errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status. */
+
+/** An error answered to the client as-is. */
+export class ApiError extends Error {
+  override readonly name = 'ApiError';
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly type: string,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+  ) {
+    super(message);
+  }
+
+  /** The response body. */
+  toJSON(): { error: { message: string; type: string; param: string | null; code: string | null } } {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+/** 400 for a bad parameter, naming it. */
+export const invalidParam = (param: string, message: string): ApiError => new ApiError(400, `${param}: ${message}`, 'invalid_request_error', param, 'invalid_value');
+/** 401. */
+export const badApiKey = (): ApiError => new ApiError(401, 'Incorrect API key provided (expected "Authorization: Bearer <key>")', 'invalid_request_error', null, 'invalid_api_key');
+/** 404 for a model this server does not serve. */
+export const unknownModel = (model: string, served: string): ApiError =>
+  new ApiError(404, `The model ${JSON.stringify(model)} does not exist (this server serves ${JSON.stringify(served)})`, 'invalid_request_error', 'model', 'model_not_found');
+/** 413 for a request longer than a sequence may be. */
+export const tooLong = (message: string, param: string): ApiError => new ApiError(413, message, 'invalid_request_error', param, 'context_length_exceeded');
+/** 503 when the queue or the tokens in flight are full. */
+export const overloaded = (message: string): ApiError => new ApiError(503, message, 'server_error', null, 'overloaded');

@@ -1,0 +1,77 @@
+/**
+ * The server's Prometheus exporter (prom-client, one registry per server). Counting lives in the
+ * engine (RequestMetrics) and the engine loop; this module only exports it.
+ */
+
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+import type { RequestMetrics } from '../engine/metrics.js';
+
+const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+const TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1];
+
+/** Live values read at scrape time. */
+export interface ServerGaugeSource {
+  running(): number;
+  waiting(): number;
+  targetPagesInUse(): number;
+  draftPagesInUse(): number;
+}
+
+/** The exported metrics (names prefixed `specd_`). */
+export class ServerMetrics {
+  readonly registry = new Registry();
+  readonly requests: Counter<'endpoint' | 'finish_reason'>;
+  readonly errors: Counter<'status'>;
+  readonly promptTokens: Counter;
+  readonly generationTokens: Counter;
+  readonly ttft: Histogram;
+  readonly tpot: Histogram;
+  readonly e2e: Histogram;
+  readonly numDrafts: Counter;
+  readonly numDraftTokens: Counter;
+  readonly numAcceptedTokens: Counter;
+  readonly acceptedPerPos: Counter<'position'>;
+
+  constructor(source: ServerGaugeSource, options: { defaultMetrics?: boolean } = {}) {
+    const registers = [this.registry];
+    if (options.defaultMetrics === true) collectDefaultMetrics({ register: this.registry, prefix: 'specd_process_' });
+    this.requests = new Counter({ name: 'specd_requests_total', help: 'finished generation requests', labelNames: ['endpoint', 'finish_reason'], registers });
+    this.errors = new Counter({ name: 'specd_request_errors_total', help: 'requests answered with an error, by HTTP status', labelNames: ['status'], registers });
+    this.promptTokens = new Counter({ name: 'specd_prompt_tokens_total', help: 'prompt tokens of finished requests', registers });
+    this.generationTokens = new Counter({ name: 'specd_generation_tokens_total', help: 'generated tokens of finished requests', registers });
+    this.ttft = new Histogram({ name: 'specd_time_to_first_token_seconds', help: 'request arrival to first token', buckets: LATENCY_BUCKETS, registers });
+    this.tpot = new Histogram({ name: 'specd_time_per_output_token_seconds', help: '(e2e − ttft) / (tokens − 1), per request with ≥ 2 tokens', buckets: TPOT_BUCKETS, registers });
+    this.e2e = new Histogram({ name: 'specd_e2e_request_latency_seconds', help: 'request arrival to last token', buckets: LATENCY_BUCKETS, registers });
+    new Gauge({ name: 'specd_num_requests_running', help: 'requests being decoded', registers, collect() { this.set(source.running()); } });
+    new Gauge({ name: 'specd_num_requests_waiting', help: 'requests queued, not yet prefilled', registers, collect() { this.set(source.waiting()); } });
+    new Gauge({
+      name: 'specd_kv_pages_used', help: 'KV pages in use (target: paged layers; draft: the drafter\'s pool)', labelNames: ['cache'], registers,
+      collect() {
+        this.set({ cache: 'target' }, source.targetPagesInUse());
+        this.set({ cache: 'draft' }, source.draftPagesInUse());
+      },
+    });
+    this.numDrafts = new Counter({ name: 'specd_spec_decode_num_drafts_total', help: 'verify steps (one draft block each)', registers });
+    this.numDraftTokens = new Counter({ name: 'specd_spec_decode_num_draft_tokens_total', help: 'draft tokens proposed', registers });
+    this.numAcceptedTokens = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_total', help: 'draft tokens accepted', registers });
+    this.acceptedPerPos = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_per_pos_total', help: 'draft tokens accepted, by draft position (0-based)', labelNames: ['position'], registers });
+  }
+
+  /** Records a finished request. Times in seconds; `ttft` undefined when no token came. */
+  recordRequest(endpoint: string, finishReason: string, r: { promptTokens: number; outputTokens: number; ttft?: number; e2e: number; spec?: RequestMetrics }): void {
+    this.requests.inc({ endpoint, finish_reason: finishReason });
+    this.promptTokens.inc(r.promptTokens);
+    this.generationTokens.inc(r.outputTokens);
+    if (r.ttft !== undefined) this.ttft.observe(r.ttft);
+    this.e2e.observe(r.e2e);
+    if (r.ttft !== undefined && r.outputTokens >= 2) this.tpot.observe((r.e2e - r.ttft) / (r.outputTokens - 1));
+    const m = r.spec;
+    if (m !== undefined && m.drafted > 0) {
+      this.numDrafts.inc(m.verifySteps);
+      this.numDraftTokens.inc(m.drafted);
+      this.numAcceptedTokens.inc(m.accepted);
+      m.acceptedAt.forEach((c, i) => { if ((c ?? 0) > 0) this.acceptedPerPos.inc({ position: String(i) }, c); });
+    }
+  }
+}

@@ -1,0 +1,58 @@
+// `specd serve` start-up: defaults (shipped target + DFlash on 127.0.0.1), flags over the config,
+// refused reserved settings. (The HTTP API itself: test/serve/server.test.ts.)
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+
+import { main, type CliIo } from '../../src/cli/index.js';
+import { startServe } from '../../src/cli/serve.js';
+import { makeTempDir } from '../io/helpers.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
+const io: CliIo = { stdout: { write: () => true }, stderr: { write: () => true }, cwd: ROOT };
+const tmp = makeTempDir('serve-cli');
+afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+describe('specd serve', () => {
+  it('with no config: the shipped target with DFlash on 127.0.0.1 (port overridden to ephemeral)', async () => {
+    const s = await startServe({ port: 0, logLevel: 'silent' }, io);
+    try {
+      expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+      expect(s.drafter?.drafter.method).toBe('dflash');
+      expect(s.server.options.modelName).toBe('kimi-k3-tiny');
+      expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
+    } finally {
+      await s.close();
+    }
+  });
+
+  it('configs/kimi-k3-tiny-nospec.json serves without a drafter; --drafter overrides the config', async () => {
+    const a = await startServe({ config: 'configs/kimi-k3-tiny-nospec.json', port: 0, logLevel: 'silent' }, io);
+    await a.close();
+    expect(a.drafter).toBeUndefined();
+    const b = await startServe({ config: 'configs/kimi-k3-tiny-nospec.json', drafter: 'models/kimi-k3-tiny-dflash', port: 0, logLevel: 'silent' }, io);
+    await b.close();
+    expect(b.drafter?.drafter.method).toBe('dflash');
+  });
+
+  it.each([
+    [{ parallelism: { tp: 2 } }, /parallelism: tp 2 \/ pp 1: only tp = pp = 1 runs/],
+    [{ pd: { role: 'prefill' } }, /pd\.role: "prefill": prefill\/decode disaggregation is not wired yet/],
+    [{ server: { port: 99999 } }, /\$\.server\.port: maximum: must be <= 65535, got 99999/],
+  ])('config %j → one error line, exit 1', async (cfg, re) => {
+    const file = path.join(tmp, 'c.json');
+    fs.writeFileSync(file, JSON.stringify(cfg));
+    let err = '';
+    const code = await main(['serve', '--config', file], { ...io, stderr: { write: (s: string) => (err += s) } });
+    expect(code).toBe(1);
+    expect(err).toMatch(re);
+    expect(err.trim().split('\n')).toHaveLength(1);
+  });
+
+  it('usage errors exit 2', async () => {
+    let err = '';
+    expect(await main(['serve', '--port', 'eighty'], { ...io, stderr: { write: (s: string) => (err += s) } })).toBe(2);
+    expect(err).toMatch(/--port.*expected a port/);
+  });
+});

@@ -1,0 +1,128 @@
+// Server pieces without a model: stop-string streaming, the chat template renderer, request parsing.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+import { ApiError, ChatTemplate, ChatTemplateError, parseChatRequest, parseCompletionRequest, StopTextBuffer } from '../../src/serve/index.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
+const DEFAULTS = { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 };
+
+describe('StopTextBuffer', () => {
+  const stream = (stops: string[], pieces: string[]): { sent: string[]; full: string; stopped: boolean } => {
+    const b = new StopTextBuffer(stops);
+    const sent = pieces.map((p) => b.push(p));
+    sent.push(b.finish());
+    return { sent, full: b.fullText, stopped: b.stopped };
+  };
+
+  it('without stops everything passes through at once', () => {
+    expect(stream([], ['a', 'b', 'c']).sent).toEqual(['a', 'b', 'c', '']);
+  });
+
+  it('holds back a possible stop prefix and cuts before the stop string (across pieces)', () => {
+    const r = stream(['END'], ['hello E', 'N', 'D more']);
+    expect(r.sent).toEqual(['hello ', '', '', '']);
+    expect(r.full).toBe('hello ');
+    expect(r.stopped).toBe(true);
+  });
+
+  it('releases held text when the stop does not complete', () => {
+    const r = stream(['END'], ['hello E', 'x', ' EN']);
+    expect(r.sent).toEqual(['hello ', 'Ex', ' ', 'EN']);
+    expect(r.full).toBe('hello Ex EN');
+    expect(r.stopped).toBe(false);
+  });
+
+  it('the earliest of several stops wins; a stop at the very start gives empty text', () => {
+    expect(stream(['b', 'cd'], ['a cd b']).full).toBe('a ');
+    expect(stream(['x'], ['xyz']).full).toBe('');
+  });
+
+  it('random streams: the concatenation equals the text cut at the first stop', () => {
+    let seed = 7;
+    const rnd = (n: number): number => ((seed = (seed * 1103515245 + 12345) >>> 0) % n);
+    for (let t = 0; t < 300; t++) {
+      const text = Array.from({ length: 30 }, () => 'abc '[rnd(4)]).join('');
+      const stops = ['ab', 'cab c', 'bb'].slice(0, 1 + rnd(3));
+      const pieces: string[] = [];
+      for (let i = 0; i < text.length;) {
+        const n = 1 + rnd(4);
+        pieces.push(text.slice(i, i + n));
+        i += n;
+      }
+      const r = stream(stops, pieces);
+      const cuts = stops.map((s) => text.indexOf(s)).filter((i) => i >= 0);
+      const expected = cuts.length === 0 ? text : text.slice(0, Math.min(...cuts));
+      expect(r.sent.join('')).toBe(expected);
+      expect(r.full).toBe(expected);
+    }
+  });
+});
+
+describe('ChatTemplate (@huggingface/jinja)', () => {
+  const shipped = (JSON.parse(fs.readFileSync(path.join(ROOT, 'models/kimi-k3-tiny/tokenizer_config.json'), 'utf8')) as { chat_template: string }).chat_template;
+
+  it('renders the shipped ChatML template', () => {
+    const t = new ChatTemplate(shipped);
+    const msgs = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi {{ there }} %}' }];
+    expect(t.render(msgs)).toBe('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi {{ there }} %}<|im_end|>\n<|im_start|>assistant\n');
+    expect(t.render(msgs, false)).toBe('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi {{ there }} %}<|im_end|>\n');
+  });
+
+  it('supports what common HF templates use: loop vars, conditions, whitespace control, bos_token', () => {
+    const t = new ChatTemplate("{{ bos_token }}{%- for m in messages -%}{% if m.role == 'user' %}[U{{ loop.index }}]{% elif m.role == 'assistant' %}[A]{% else %}[S]{% endif %}{{ m['content'] | trim }}{% if not loop.last %}|{% endif %}{%- endfor -%}", { bos_token: '<s>' });
+    expect(t.render([{ role: 'system', content: ' s ' }, { role: 'user', content: 'u' }, { role: 'assistant', content: 'a' }])).toBe('<s>[S]s|[U2]u|[A]a');
+  });
+
+  it('a template that does not parse is a ChatTemplateError', () => {
+    expect(() => new ChatTemplate('{% for m in messages %}')).toThrow(ChatTemplateError);
+  });
+});
+
+describe('request parsing', () => {
+  const status = (f: () => unknown): { status: number; param: string | null } => {
+    try {
+      f();
+    } catch (e) {
+      expect(e).toBeInstanceOf(ApiError);
+      return { status: (e as ApiError).status, param: (e as ApiError).param };
+    }
+    throw new Error('expected an ApiError');
+  };
+
+  it('completion: defaults from the config, overrides from the request', () => {
+    const r = parseCompletionRequest({ model: 'm', prompt: 'hi', seed: 3 }, DEFAULTS);
+    expect(r).toMatchObject({ model: 'm', prompt: 'hi', maxTokens: 64, temperature: 0, topP: 1, topK: 0, seed: 3, stop: [], stream: false, ignoreEos: false });
+    expect(parseCompletionRequest({ model: 'm', prompt: [1, 2], max_tokens: 5, temperature: 0.5, top_p: 0.9, top_k: -1, stop: 'x', stream: true, stream_options: { include_usage: true } }, DEFAULTS))
+      .toMatchObject({ prompt: [1, 2], maxTokens: 5, temperature: 0.5, topP: 0.9, topK: 0, stop: ['x'], stream: true, includeUsage: true });
+    expect(parseCompletionRequest({ model: 'm', prompt: ['one'] }, DEFAULTS).prompt).toBe('one');
+  });
+
+  it.each([
+    [{ prompt: 'x' }, 'model'],
+    [{ model: 'm' }, 'prompt'],
+    [{ model: 'm', prompt: ['a', 'b'] }, 'prompt'],
+    [{ model: 'm', prompt: 'x', max_tokens: 0 }, 'max_tokens'],
+    [{ model: 'm', prompt: 'x', max_tokens: 2.5 }, 'max_tokens'],
+    [{ model: 'm', prompt: 'x', temperature: -0.1 }, 'temperature'],
+    [{ model: 'm', prompt: 'x', top_p: 0 }, 'top_p'],
+    [{ model: 'm', prompt: 'x', n: 2 }, 'n'],
+    [{ model: 'm', prompt: 'x', stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
+    [{ model: 'm', prompt: 'x', stream: 'yes' }, 'stream'],
+    [{ model: 'm', prompt: 'x', logprobs: 2 }, 'logprobs'],
+  ])('completion %j → 400 naming %s', (body, param) => {
+    expect(status(() => parseCompletionRequest(body, DEFAULTS))).toEqual({ status: 400, param });
+  });
+
+  it('chat: messages with string or text-part content; bad ones name the field', () => {
+    const r = parseChatRequest({ model: 'm', messages: [{ role: 'developer', content: 'a' }, { role: 'user', content: [{ type: 'text', text: 'b' }, { type: 'text', text: 'c' }] }], max_completion_tokens: 7 }, DEFAULTS);
+    expect(r.messages).toEqual([{ role: 'system', content: 'a' }, { role: 'user', content: 'bc' }]);
+    expect(r.maxTokens).toBe(7);
+    expect(status(() => parseChatRequest({ model: 'm', messages: [] }, DEFAULTS)).param).toBe('messages');
+    expect(status(() => parseChatRequest({ model: 'm', messages: [{ role: 'robot', content: 'x' }] }, DEFAULTS)).param).toBe('messages[0].role');
+    expect(status(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 3 }] }, DEFAULTS)).param).toBe('messages[0].content');
+    expect(status(() => parseChatRequest([1], DEFAULTS)).param).toBe('body');
+  });
+});
