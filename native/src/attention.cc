@@ -130,6 +130,10 @@ void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows&
       for (int64_t hb = kvh * group; hb < (kvh + 1) * group; hb += hp)
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; t += tp)
           specs.push_back({s, t, std::min<int64_t>(t + tp, b.cu[s + 1]), hb, std::min(hb + hp, (kvh + 1) * group)});
+  // ParallelFor work per tile (average): rows × heads × context × (K + V dims).
+  int64_t work = 0;
+  for (const TileSpec& sp : specs) work += (sp.t1 - sp.t0) * (sp.h1 - sp.h0) * b.kv_lens[sp.seq] * (k.dim + v.dim);
+  const int64_t tile_work = std::max<int64_t>(1, work / std::max<int64_t>(1, static_cast<int64_t>(specs.size())));
   void (*kernel)(const Tile&, float*) = AttendTilePortable;
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512) kernel = AttendTileAvx512;
@@ -160,7 +164,7 @@ void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows&
       }
       kernel(tile, scratch.data());
     }
-  });
+  }, tile_work);
 }
 
 namespace {
@@ -305,7 +309,7 @@ Napi::Value WritePagedRowsBinding(const Napi::CallbackInfo& info) {
         std::memcpy(p + ((page * heads + h) * page_size + off) * row_elements + col_offset, s + (t * heads + h) * cols,
                     static_cast<size_t>(cols) * sizeof(float));
     }
-  });
+  }, heads * cols);
   return info.Env().Undefined();
 }
 
@@ -353,7 +357,7 @@ Napi::Value CopyPagesBinding(const Napi::CallbackInfo& info) {
     for (int64_t i = b; i < e; ++i)
       if (!(same && si[i] == di[i]))
         std::memcpy(d + di[i] * page_elements, s + si[i] * page_elements, static_cast<size_t>(page_elements) * sizeof(float));
-  });
+  }, 2 * page_elements);
   return info.Env().Undefined();
 }
 

@@ -20,7 +20,7 @@ void Chunked(int64_t n, Fn fn) {
     fn(0, n);
     return;
   }
-  ParallelFor(chunks, [&](int64_t b, int64_t e) { fn(b * kChunk, e * kChunk < n ? e * kChunk : n); });
+  ParallelFor(chunks, [&](int64_t b, int64_t e) { fn(b * kChunk, e * kChunk < n ? e * kChunk : n); }, kChunk);
 }
 
 Napi::Value F32ToBf16Binding(const Napi::CallbackInfo& info) {

@@ -56,7 +56,7 @@ void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
         for (int64_t kp = kpairs; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
       }
     }
-  });
+  }, 16 * k);  // work per panel: 16 rows of k weights
 }
 
 enum class Activations { kF32, kBf16 };
@@ -71,7 +71,7 @@ void RunGemmF32(const Problem& p) {
   ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(p.m)));
     kernel(p, begin, end, scratch.data());
-  });
+  }, gemm::PanelWork(p.m, p.k));
 }
 
 /** Runs one GEMM with the chosen activation precision (never splits K). */
@@ -85,7 +85,7 @@ void RunGemm(Problem p, Activations act) {
       for (int64_t i = 0; i < p.k; ++i) xb[r * ldxb + i] = F32ToBf16(p.x[r * p.ldx + i]);
     p.x_bf16 = xb.data();
     p.ldxb = ldxb;
-    ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); });
+    ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); }, gemm::PanelWork(p.m, p.k));
     return;
   }
 #endif

@@ -46,6 +46,12 @@ static inline int64_t KPairs(int64_t k) { return (k + 1) / 2; }
 /** K pairs stored per panel (Kpad/2, a multiple of 16): the panel stride is PanelPairs*32 uint16. */
 static inline int64_t PanelPairs(int64_t k) { return (KPairs(k) + 15) / 16 * 16; }
 static inline int64_t Panels(int64_t n) { return (n + kPanelCols - 1) / kPanelCols; }
+/**
+ * ParallelFor work units (threadpool.h) of one column panel of an m-row GEMM with depth k: the
+ * panel's kPanelCols·k weights streamed once, plus the multiply-adds at ~1/8 of a weight's cost
+ * (register-tiled, 16 lanes). Decides only how many threads run a call, never a result.
+ */
+static inline int64_t PanelWork(int64_t m, int64_t k) { return kPanelCols * k * (1 + m / 8); }
 
 /**
  * Computes all rows of Y for panels [panel_begin, panel_end), fp32 activations. `scratch` holds

@@ -270,6 +270,8 @@ void RunKda(KdaProblem& p) {
     p.conv = kda::ConvAvx512;
   }
 #endif
+  // Work per (sequence, head) item: ~4 passes over the d×d state per token (average tokens).
+  const int64_t item_work = std::max<int64_t>(1, p.tokens / std::max<int64_t>(1, p.batch)) * 4 * p.dim * p.dim;
   ParallelFor(items, [&](int64_t begin, int64_t end) {
     const int64_t floats =
         p.mode == Mode::kRecurrent ? RecurrentScratchFloats(p.dim) : ChunkScratchFloats(p.chunk, p.dim);
@@ -290,7 +292,7 @@ void RunKda(KdaProblem& p) {
         ChunkedItem(p, b, h, chunk_fn, scratch.data());
       }
     }
-  });
+  }, item_work);
 }
 
 /** Arguments of kdaForward / kdaForwardAsync after validation; typed arrays kept for async refs. */

@@ -63,6 +63,7 @@ void RunMla(const MlaProblem& p) {
   std::vector<float> olat(static_cast<size_t>(T * H * r));
   float* pqe = qext.data();
   float* pol = olat.data();
+  const int64_t block_rows = std::min(kTokenBlock, T);  // ParallelFor work per item: a block's GEMV rows
   // A. absorption: q_ext[t][h] = [W_UK[h]ᵀ q_nope[t][h] | q_pe[t][h]].
   ParallelFor(H * blocks, [&](int64_t b, int64_t e) {
     for (int64_t item = b; item < e; ++item) {
@@ -72,7 +73,7 @@ void RunMla(const MlaProblem& p) {
       for (int64_t t = t0; t < t0 + rows; ++t)
         for (int64_t i = 0; i < p.rope; ++i) pqe[(t * H + h) * ed + r + i] = p.q[(t * H + h) * qd + p.nope + i];
     }
-  });
+  }, block_rows * p.nope * r);
   // B. attention over the latent cache (one KV "head" shared by all H heads).
   const int64_t page_stride = p.batch.page_size * ed;
   const PagedRows k{p.pool, page_stride, ed, 0, ed};
@@ -86,7 +87,7 @@ void RunMla(const MlaProblem& p) {
       mat(pol + (t0 * H + h) * r, H * r, rows, p.wuvt + h * r * p.vdim, r, p.vdim, p.out + (t0 * H + h) * p.vdim,
           H * p.vdim);
     }
-  });
+  }, block_rows * r * p.vdim);
 }
 
 struct MlaCall {

@@ -103,7 +103,7 @@ Napi::Value MoeRouteBinding(const Napi::CallbackInfo& info) {
         pw[t * k + j] = (renormalize ? s / denom : s) * scale;
       }
     }
-  });
+  }, 4 * e_count);
   return info.Env().Undefined();
 }
 
@@ -124,6 +124,9 @@ void RunJobs(const std::vector<GemmJob>& jobs) {
   int64_t max_m = 0;
   for (const auto& j : jobs) max_m = std::max(max_m, j.p.m);
   const int64_t total = jobs.back().panel0 + gemm::Panels(jobs.back().p.n);
+  int64_t work = 0;  // ParallelFor work units of the whole phase (gemm::PanelWork per panel)
+  for (const auto& j : jobs) work += gemm::Panels(j.p.n) * gemm::PanelWork(j.p.m, j.p.k);
+  const int64_t work_per_panel = std::max<int64_t>(1, work / total);
   ParallelFor(total, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(max_m)));
     size_t j = static_cast<size_t>(std::upper_bound(jobs.begin(), jobs.end(), begin,
@@ -136,7 +139,7 @@ void RunJobs(const std::vector<GemmJob>& jobs) {
       if (stop > idx) kernel(job.p, idx - job.panel0, stop - job.panel0, scratch.data());
       idx = std::max(idx, stop);
     }
-  });
+  }, work_per_panel);
 }
 
 /** Validated moeExperts call: raw pointers into the caller's arrays (no copies). */
@@ -218,7 +221,7 @@ void RunMoePass(const MoeProblem& p) {
       float* ar = sh ? sact.data() + (r - rows) * Is : act.data() + r * I;
       for (int64_t c = 0; c < ii; ++c) ar[c] = Silu(hr[c]) * hr[ii + c];
     }
-  });
+  }, 3 * std::max(I, Is));
   // Phase 2: [m_e, D] = A_e . W2_e^T.
   jobs.clear();
   panel = 0;
@@ -252,7 +255,7 @@ void RunMoePass(const MoeProblem& p) {
         for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + sr[c];
       }
     }
-  });
+  }, (k + 1) * 2 * D);
 }
 
 size_t PackedLength(const char* call, int64_t n, int64_t k) {

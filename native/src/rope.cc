@@ -45,7 +45,7 @@ Napi::Value RopeBinding(const Napi::CallbackInfo& info) {
   for (int64_t i = 0; i < half; ++i) inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary));
   const float* px = x.Data();
   float* po = out.Data();
-  ParallelFor(tokens, [&](int64_t begin, int64_t end) {
+  ParallelFor(tokens, [&](int64_t begin, int64_t end) {  // work per token: heads*headDim (+ cos/sin)
     std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = 0; i < half; ++i) {
@@ -67,7 +67,7 @@ Napi::Value RopeBinding(const Napi::CallbackInfo& info) {
         }
       }
     }
-  });
+  }, heads * (head_dim + half));
   return info.Env().Undefined();
 }
 

@@ -54,7 +54,7 @@ Napi::Value ParallelCopyBinding(const Napi::CallbackInfo& info) {
   ParallelFor((n + chunk - 1) / chunk, [&](int64_t b, int64_t e) {
     const int64_t lo = b * chunk, hi = e * chunk < n ? e * chunk : n;
     std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-  });
+  }, 2 * chunk);
   return info.Env().Undefined();
 }
 

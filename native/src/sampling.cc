@@ -76,7 +76,7 @@ Napi::Value SoftmaxBinding(const Napi::CallbackInfo& info) {
         throw KernelError("softmax: x: row " + std::to_string(row) + " has no finite value");
       }
     }
-  });
+  }, 4 * r.cols);
   return info.Env().Undefined();
 }
 
@@ -98,7 +98,7 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
       }
       po[row] = static_cast<int32_t>(best < 0 ? 0 : best);
     }
-  });
+  }, cols);
   return info.Env().Undefined();
 }
 
@@ -116,7 +116,7 @@ Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
       const float threshold = tmp[static_cast<size_t>(k - 1)];
       for (int64_t i = 0; i < r.cols; ++i) o[i] = xr[i] >= threshold ? xr[i] : kNegInf;
     }
-  });
+  }, 8 * r.cols);
   return info.Env().Undefined();
 }
 
@@ -152,7 +152,7 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
       }
       for (int64_t i = 0; i < r.cols; ++i) o[i] = keep[i] ? xr[i] : kNegInf;
     }
-  });
+  }, 16 * r.cols);
   return info.Env().Undefined();
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -44,50 +45,71 @@ class Pool {
 
   int size() const { return size_; }
 
-  void Run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    if (n <= 0) return;
-    const int parts = static_cast<int>(n < size_ ? n : size_);
-    if (parts == 1) {
-      fn(0, n);
-      return;
-    }
+  /** Runs fn over `parts` (2 ≤ parts ≤ size) static ranges of [0, n); see threadpool.h. */
+  void Run(int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
+    uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(mu_);
       fn_ = &fn;
       n_ = n;
       parts_ = parts;
       error_ = nullptr;
-      pending_.store(parts - 1, std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+      finished_.store(0, std::memory_order_relaxed);
+      gen = generation_.load(std::memory_order_relaxed) + 1;
+      claim_.store(gen << kIndexBits, std::memory_order_relaxed);  // (generation, next range 0)
+      generation_.store(gen, std::memory_order_release);
     }
     wake_.notify_all();
-    std::exception_ptr mine;
-    try {
-      fn(0, n / parts);
-    } catch (...) {
-      mine = std::current_exception();
-    }
-    // Wait for the other ranges: spin first, then sleep.
+    // Take ranges until none is left; workers that are running take the others.
+    RunClaimed(gen, n, parts, fn);
+    // Wait for ranges a worker claimed and is still running: spin first, then sleep.
     const auto spin_until = std::chrono::steady_clock::now() + kSpin;
-    while (pending_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < spin_until) {
+    while (finished_.load(std::memory_order_acquire) != parts && std::chrono::steady_clock::now() < spin_until) {
       SPECD_CPU_RELAX();
     }
-    if (pending_.load(std::memory_order_acquire) != 0) {
+    if (finished_.load(std::memory_order_acquire) != parts) {
       std::unique_lock<std::mutex> lock(mu_);
-      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      done_.wait(lock, [&] { return finished_.load(std::memory_order_acquire) == parts; });
     }
-    std::exception_ptr theirs;
+    std::exception_ptr error;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      theirs = error_;
+      error = error_;
       fn_ = nullptr;
     }
-    if (mine) std::rethrow_exception(mine);
-    if (theirs) std::rethrow_exception(theirs);
+    if (error) std::rethrow_exception(error);
   }
 
  private:
-  void WorkerLoop(int index) {
+  static constexpr int kIndexBits = 16;  // parts <= 1024 < 2^16
+
+  /**
+   * Claims ranges of job `gen` one by one and runs them. A claim succeeds only while the claim word
+   * still holds `gen`, so a late worker never runs a range of a newer job with an older fn.
+   */
+  void RunClaimed(uint64_t gen, int64_t n, int parts, const std::function<void(int64_t, int64_t)>& fn) {
+    for (;;) {
+      uint64_t word = claim_.load(std::memory_order_acquire);
+      int64_t index = 0;
+      do {
+        if ((word >> kIndexBits) != gen) return;
+        index = static_cast<int64_t>(word & ((uint64_t{1} << kIndexBits) - 1));
+        if (index >= parts) return;
+      } while (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire));
+      try {
+        fn(n * index / parts, n * (index + 1) / parts);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();  // the first error by range order of completion
+      }
+      if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.notify_all();
+      }
+    }
+  }
+
+  void WorkerLoop(int /*index*/) {
     uint64_t seen = 0;
     for (;;) {
       const auto spin_until = std::chrono::steady_clock::now() + kSpin;
@@ -106,17 +128,8 @@ class Pool {
         n = n_;
         parts = parts_;
       }
-      if (fn == nullptr || index >= parts) continue;  // not needed for this job
-      try {
-        (*fn)(n * index / parts, n * (index + 1) / parts);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mu_);
-        done_.notify_all();
-      }
+      if (fn == nullptr) continue;  // the job already finished
+      RunClaimed(seen, n, parts, *fn);
     }
   }
 
@@ -126,7 +139,8 @@ class Pool {
   std::condition_variable wake_;
   std::condition_variable done_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> claim_{0};  // (generation << kIndexBits) | next unclaimed range
+  std::atomic<int> finished_{0};     // ranges of the current job that returned
   bool stop_ = false;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
@@ -141,9 +155,14 @@ std::mutex& RunMutex() {  // one ParallelFor at a time; also guards pool replace
   return *mu;
 }
 Pool* g_pool = nullptr;
+// Pool size for the lock-free inline test; 0 until the pool exists (then the slow path builds it).
+std::atomic<int> g_size{0};
 
 Pool& GetPool() {
-  if (g_pool == nullptr) g_pool = new Pool(DefaultPoolSize());
+  if (g_pool == nullptr) {
+    g_pool = new Pool(DefaultPoolSize());
+    g_size.store(g_pool->size(), std::memory_order_release);
+  }
   return *g_pool;
 }
 
@@ -178,11 +197,35 @@ void SetPoolSize(int threads) {
   std::lock_guard<std::mutex> lock(RunMutex());
   delete g_pool;  // joins the old workers (idle: no ParallelFor can run while we hold the mutex)
   g_pool = new Pool(threads);
+  g_size.store(g_pool->size(), std::memory_order_release);
 }
 
-void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+int64_t PartitionCount(int64_t n, int64_t workPerItem, int threads) {
+  if (n <= 0) return 0;
+  int64_t parts = n < threads ? n : threads;
+  const int64_t w = workPerItem < 1 ? 1 : workPerItem;
+  // n * w / kMinWorkPerThread without overflow: at most `parts` matters.
+  const int64_t by_work = n > (INT64_MAX / w) ? parts : n * w / kMinWorkPerThread;
+  if (by_work < parts) parts = by_work < 1 ? 1 : by_work;
+  return parts;
+}
+
+void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t workPerItem) {
+  if (n <= 0) return;
+  // Inline calls skip the pool and its mutex entirely: they share nothing with a running job.
+  const int size = g_size.load(std::memory_order_acquire);
+  if (size > 0 && PartitionCount(n, workPerItem, size) <= 1) {
+    fn(0, n);
+    return;
+  }
   std::lock_guard<std::mutex> lock(RunMutex());
-  GetPool().Run(n, fn);
+  Pool& pool = GetPool();
+  const int64_t parts = PartitionCount(n, workPerItem, pool.size());
+  if (parts <= 1) {
+    fn(0, n);
+    return;
+  }
+  pool.Run(n, static_cast<int>(parts), fn);
 }
 
 }  // namespace specd

@@ -4,16 +4,24 @@
 // when set (an integer >= 1). The calling thread takes part, so a pool of size T owns T-1 worker
 // threads. Workers spin briefly (~50 us) after a job, then sleep on a condition variable.
 //
-// ParallelFor(n, fn) splits [0, n) into T' = min(T, n) contiguous ranges with the static rule
-// range i = [n*i/T', n*(i+1)/T') and calls fn(begin, end) once per range, range 0 on the caller.
-// The partition depends only on (n, T), never on timing: kernels that give each output element
-// to exactly one range (e.g. GEMM partitions over N only, never K) are deterministic and
-// independent of the thread count.
+// ParallelFor(n, fn, workPerItem) splits [0, n) into P contiguous ranges with the static rule
+// range i = [n*i/P, n*(i+1)/P) and calls fn(begin, end) once per range, where
+//   P = min(T, n, max(1, n * workPerItem / kMinWorkPerThread)):
+// a call too small to repay a hand-off (tiny-model decode: one row of 256, a 768×256 GEMV) runs
+// inline on the caller (P = 1) without touching the pool, its mutex or the workers. The partition
+// depends only on (n, workPerItem, T), never on timing: kernels that give each output element to
+// exactly one range (e.g. GEMM partitions over N only, never K) are deterministic and independent
+// of the partition, hence of the thread count and of the inline threshold.
+//
+// Ranges are claimed, not assigned: the caller and the woken workers take the next unclaimed range
+// (one atomic per claim) until none is left, so a worker that the OS has not scheduled yet (a
+// loaded 2-vCPU VM: ~100 µs) never holds up the call; the caller does its range itself. Which
+// thread runs a range never changes what the range computes.
 //
 // The pool is process-wide: the main thread, AsyncWorkers on libuv threads and every Node
 // worker_thread that loads the addon (e.g. TP ranks) share it, and concurrent callers are
-// serialised by a mutex: one ParallelFor runs at a time (the cores are shared anyway). When n == 1
-// or the pool has one thread, fn runs inline on the caller. fn must not call ParallelFor (that would deadlock);
+// serialised by a mutex: one ParallelFor runs at a time (the cores are shared anyway). When P == 1
+// (n == 1, a small call, or a pool of one thread), fn runs inline on the caller. fn must not call ParallelFor (that would deadlock);
 // the first exception thrown by any range is rethrown on the caller after all ranges finish.
 #pragma once
 #include <cstdint>
@@ -30,7 +38,24 @@ void SetPoolSize(int threads);
 /** Thread count from SPECD_NUM_THREADS or the CPU affinity mask; throws on a malformed env var. */
 int DefaultPoolSize();
 
-/** Runs fn over a static partition of [0, n); see the file comment. */
-void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
+/**
+ * Work units (≈ one f32 element read or written, or one multiply-add; ~0.1–1 ns on one core) a
+ * range must hold before ParallelFor splits a call: below 2 × this the call runs inline.
+ * Measured on the 2-vCPU VM (docs/BENCHMARKS.md): a pool hand-off costs ~10 µs idle and up to
+ * ~100 µs when the VM is loaded.
+ */
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 17;
+
+/** Work per item when the caller gives none: always split (the partition of older callers). */
+constexpr int64_t kUnknownWork = kMinWorkPerThread;
+
+/**
+ * Runs fn over a static partition of [0, n); see the file comment. `workPerItem` ≥ 1: the cost of
+ * one index in work units (e.g. a row of `dim` elements: `dim`; a GEMM panel: 16·k·m).
+ */
+void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t workPerItem = kUnknownWork);
+
+/** Ranges ParallelFor(n, ·, workPerItem) would use with `threads` threads (tests, benches). */
+int64_t PartitionCount(int64_t n, int64_t workPerItem, int threads);
 
 }  // namespace specd

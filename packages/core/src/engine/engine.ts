@@ -11,6 +11,9 @@
  *   snapshot after the last committed token; draft: the block KV was never kept, the verify pass's
  *   taps of the committed tokens become new draft context).
  * Without a drafter (or with 0 drafts) a step is plain decoding: a block of one token.
+ * Draft lengths per sequence and step come from a draft policy (draft-policy.ts): the drafter's
+ * maximum (`'max'`, default), the cost-based policy (`'cost'`: measured t_verify / t_draft and
+ * online acceptance, k = 0 included), any {@link DraftPolicy}, or the per-sequence `draftLength` hook.
  *
  * Commit modes: `'snapshots'` (default when the stage has `commitPrefix`) needs exactly one target
  * forward per verify step; `'replay'` restores a checkpoint and re-runs the committed tokens when a
@@ -25,6 +28,8 @@ import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { ContextSpan, DraftProposal, DraftSampling, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import { acceptGreedy, acceptSampled, type AcceptResult } from './accept.js';
+import { CostDraftPolicy, fixedDraftPolicy, type CostDraftPolicyOptions, type DraftPolicy } from './draft-policy.js';
+import { calibrateStepCosts, type StepCosts } from './step-costs.js';
 import { RequestMetrics, RunMetrics } from './metrics.js';
 import { sampleFromProbs, samplingProbs } from './probs.js';
 import { SeededRandom } from '../cli/sampling.js';
@@ -76,11 +81,31 @@ export interface SpecEngineOptions {
   /** Detokenizer for stop strings. */
   readonly decode?: (ids: readonly number[]) => string;
   /**
-   * Draft length of a sequence this step (adaptation hook), clamped to [0, drafter.maxDraftTokens];
-   * default: the drafter's maximum.
+   * How many drafts each sequence verifies per step (draft-policy.ts). `'cost'`: the cost-based
+   * policy — at the first step (before any request is admitted) the engine measures
+   * t_verify / t_draft for its batch-size buckets on this machine (step-costs.ts; cached per
+   * target/drafter, thread count and commit mode), then each step picks per sequence the k that
+   * maximises expected committed tokens per second, k = 0 (a plain decode step) included.
+   * `'max'` (default for now): always the drafter's maximum (fixed k = maxDraftTokens; τ tests
+   * compare with the reference at the full block, and sampled outputs stay reproducible per seed,
+   * which a timing-based policy does not guarantee).
+   * Or any {@link DraftPolicy}, e.g. `fixedDraftPolicy(7)`. Ignored when `draftLength` is given.
+   */
+  readonly draftPolicy?: 'cost' | 'max' | DraftPolicy;
+  /** Options of the `'cost'` policy. */
+  readonly costPolicy?: CostDraftPolicyOptions;
+  /**
+   * Per-sequence draft length hook (fixed k: `() => 7`; EMA: `adaptiveDraftLength()`), clamped to
+   * [0, drafter.maxDraftTokens]; takes precedence over `draftPolicy`.
    */
   readonly draftLength?: (id: SequenceId, metrics: RequestMetrics) => number;
 }
+
+/** The engine's draft policy when none is given (see {@link SpecEngineOptions.draftPolicy}). */
+export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'max';
+
+/** Tap bytes a sequence may hold for its deferred draft context before it is written (8 MiB). */
+const PENDING_TAP_BYTES = 8 << 20;
 
 interface Running {
   readonly req: SpecRequest;
@@ -90,6 +115,12 @@ interface Running {
   history: Int32Array;
   historyLength: number;
   readonly out: number[];
+  /**
+   * Committed tokens whose draft context is not written yet (steps with k = 0 defer it: a sequence
+   * that is not drafting does not pay the projection; flushed in one call before it drafts again).
+   * `taps`: per tap id, row blocks `[n_i, hidden]` f32 in position order.
+   */
+  pending?: { position: number; numTokens: number; readonly taps: Map<number, Float32Array[]> };
 }
 
 /** Thrown for a bad request (names the field) or a misuse of the engine. */
@@ -112,6 +143,10 @@ export class SpecEngine {
   private readonly prefillChunk: number;
   private readonly commitMode: 'snapshots' | 'replay';
   private readonly vocab: number;
+  /** The batch-level policy (undefined: `draftLength` hook, or no drafter). Set at the first step for `'cost'`. */
+  private policy: DraftPolicy | undefined;
+  /** The measured costs of the `'cost'` policy (after the first step). */
+  stepCosts: StepCosts | undefined;
 
   constructor(
     readonly target: StageModel,
@@ -130,6 +165,31 @@ export class SpecEngine {
     if (this.commitMode === 'snapshots' && target.commitPrefix === undefined) throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
     this.taps = drafter === undefined ? [] : drafter.captureSetter(info);
     this.vocab = info.vocabSize;
+    if (drafter !== undefined && options.draftLength === undefined) {
+      const p = options.draftPolicy ?? DEFAULT_DRAFT_POLICY;
+      this.policy = p === 'max' ? fixedDraftPolicy(drafter.maxDraftTokens) : p === 'cost' ? undefined : p;
+    }
+  }
+
+  /** True until the `'cost'` policy has its measured costs. */
+  private get needsCalibration(): boolean {
+    return this.drafter !== undefined && this.options.draftLength === undefined && (this.options.draftPolicy ?? DEFAULT_DRAFT_POLICY) === 'cost' && this.policy === undefined;
+  }
+
+  /**
+   * Measures the step costs of the `'cost'` policy now (needs every sequence free; step() calls it
+   * before admitting the first requests). @returns the measured (or cached) costs.
+   */
+  calibrate(): StepCosts | undefined {
+    if (!this.needsCalibration) return this.stepCosts;
+    if (this.running.size > 0) throw new EngineError('calibrate: needs an idle engine (no running sequences)');
+    const t0 = performance.now();
+    this.stepCosts = calibrateStepCosts(this.target, this.drafter!, this.cache, {
+      maxSequences: this.maxSequences, maxDrafts: this.drafter!.maxDraftTokens, stateSnapshots: this.commitMode === 'snapshots', taps: this.taps,
+    });
+    this.metrics.calibrationMs += performance.now() - t0;
+    this.policy = new CostDraftPolicy(this.stepCosts, this.options.costPolicy);
+    return this.stepCosts;
   }
 
   /** Requests not finished (waiting or running). */
@@ -181,6 +241,7 @@ export class SpecEngine {
    */
   step(): SpecResult[] {
     const done: SpecResult[] = [];
+    if (this.needsCalibration && this.running.size === 0 && this.waiting.length > 0) this.calibrate();
     const admit = Math.min(this.waiting.length, this.maxSequences - this.running.size);
     for (const req of this.waiting.splice(0, Math.max(0, admit))) {
       const r = this.prefill(req);
@@ -222,7 +283,7 @@ export class SpecEngine {
         this.metrics.prefillForwards++;
         r.metrics.prefillForwards++;
         r.metrics.targetForwards++;
-        if (this.drafter !== undefined) this.materialise([{ id, position: p, numTokens: tokens.length }], res, [0]);
+        if (this.drafter !== undefined) this.defer(r, res, 0, p, tokens.length); // written before its first propose
         logits = res.logits;
       }
       first = req.sampling.temperature === 0
@@ -257,6 +318,46 @@ export class SpecEngine {
     drafter.writeProjectedContextKV(sum, spans);
   }
 
+  /**
+   * Keeps the taps of `n` committed rows from `row` of `res` for the sequence's draft context, to
+   * write before the sequence next drafts (a sequence that never drafts again never pays the
+   * projection). Written at once when the kept taps pass {@link PENDING_TAP_BYTES}.
+   */
+  private defer(r: Running, res: ForwardResult, row: number, position: number, n: number): void {
+    const D = this.target.info.hiddenSize;
+    r.pending ??= { position, numTokens: 0, taps: new Map() };
+    for (const [tap, h] of res.taps) {
+      let list = r.pending.taps.get(tap);
+      if (list === undefined) r.pending.taps.set(tap, list = []);
+      list.push(h.slice(row * D, (row + n) * D));
+    }
+    r.pending.numTokens += n;
+    if (r.pending.numTokens * res.taps.size * D * 4 > PENDING_TAP_BYTES) this.flushPending([r]);
+  }
+
+  /** Writes the deferred draft context of `rs` (one projection call for all of them). */
+  private flushPending(rs: readonly Running[]): void {
+    if (rs.length === 0) return;
+    const D = this.target.info.hiddenSize;
+    const n = rs.reduce((a, r) => a + r.pending!.numTokens, 0);
+    const gathered = new Map<number, Float32Array>();
+    for (const tap of rs[0]!.pending!.taps.keys()) {
+      const g = new Float32Array(n * D);
+      let at = 0;
+      for (const r of rs) {
+        for (const block of r.pending!.taps.get(tap)!) {
+          g.set(block, at);
+          at += block.length;
+        }
+      }
+      gathered.set(tap, g);
+    }
+    const spans = rs.map((r) => ({ id: r.req.id, position: r.pending!.position, numTokens: r.pending!.numTokens }));
+    const drafter = this.drafter!;
+    drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(gathered, n), spans);
+    for (const r of rs) r.pending = undefined;
+  }
+
   // --- the speculative step ------------------------------------------------------------------------
 
   private specStep(): SpecResult[] {
@@ -264,12 +365,19 @@ export class SpecEngine {
     const drafter = this.drafter;
     // propose
     const t0 = performance.now();
-    const wants = seqs.map((r) => {
-      const remaining = r.req.maxTokens - r.out.length;
-      const maxK = drafter?.maxDraftTokens ?? 0;
-      const chosen = this.options.draftLength === undefined ? maxK : Math.max(0, Math.min(maxK, Math.floor(this.options.draftLength(r.req.id, r.metrics))));
-      return Math.min(chosen, remaining);
-    });
+    const maxK = drafter?.maxDraftTokens ?? 0;
+    const caps = seqs.map((r) => Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length)));
+    let wants: number[];
+    if (drafter === undefined) {
+      wants = caps.map(() => 0);
+    } else if (this.options.draftLength !== undefined) {
+      const hook = this.options.draftLength;
+      wants = seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.req.id, r.metrics))))));
+    } else {
+      const chosen = this.policy!.choose(seqs.map((r, i) => ({ id: r.req.id, maxDrafts: caps[i]!, metrics: r.metrics })));
+      wants = chosen.map((k, i) => Math.max(0, Math.min(caps[i]!, Math.floor(k))));
+    }
+    this.flushPending(seqs.filter((r, i) => wants[i]! > 0 && r.pending !== undefined));
     const proposals = new Map<SequenceId, DraftProposal>();
     const toDraft: DraftSequence[] = [];
     seqs.forEach((r, i) => {
@@ -280,9 +388,13 @@ export class SpecEngine {
         });
       }
     });
+    let proposeMs = 0;
     if (toDraft.length > 0) {
       this.metrics.proposeCalls++;
-      for (const p of drafter!.propose({ sequences: toDraft })) {
+      const tp = performance.now();
+      const proposed = drafter!.propose({ sequences: toDraft });
+      proposeMs = performance.now() - tp;
+      for (const p of proposed) {
         if (p.parents !== undefined && p.parents.some((v, j) => v !== j - 1)) throw new EngineError(`propose: ${String(p.id)}: tree drafts are not verified yet (chains only)`);
         if (p.tokens.length > (wants[seqs.findIndex((r) => r.req.id === p.id)] ?? 0)) throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
         proposals.set(p.id, p);
@@ -297,10 +409,12 @@ export class SpecEngine {
       const tokens = new Int32Array(drafts.length + 1);
       tokens[0] = r.history[r.historyLength - 1]!;
       tokens.set(drafts, 1);
-      if (this.commitMode === 'replay') checkpoints.set(r.req.id, this.cache.checkpoint(r.req.id));
+      if (this.commitMode === 'replay' && drafts.length > 0) checkpoints.set(r.req.id, this.cache.checkpoint(r.req.id));
       fseqs.push({ id: r.req.id, position: this.cache.length(r.req.id), tokens, logits: 'all' });
     }
-    const res = this.target.forward({ sequences: fseqs }, this.cache, { taps: this.taps, stateSnapshots: this.commitMode === 'snapshots' });
+    // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
+    const snapshots = this.commitMode === 'snapshots' && fseqs.some((f) => f.tokens.length > 1);
+    const res = this.target.forward({ sequences: fseqs }, this.cache, { taps: this.taps, stateSnapshots: snapshots });
     this.metrics.verifyForwards++;
     this.metrics.decodeForwards++;
     const t2 = performance.now();
@@ -320,7 +434,7 @@ export class SpecEngine {
         ? acceptGreedy(drafts, lg, V)
         : acceptSampled(drafts, proposals.get(id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
       const committed = acc.accepted + 1;
-      if (this.commitMode === 'snapshots') {
+      if (snapshots) {
         this.target.commitPrefix!(this.cache, res, id, committed);
       } else if (committed < k + 1) {
         this.cache.rollback(id, checkpoints.get(id)!);
@@ -330,16 +444,22 @@ export class SpecEngine {
       }
       r.metrics.targetForwards++;
       r.metrics.recordStep(k, acc.accepted);
-      spans.push({ id, position: fs.position, numTokens: committed });
-      rowStart.push(row);
+      this.policy?.observe(id, k, acc.accepted);
+      if (k === 0 && this.drafter !== undefined) {
+        this.defer(r, res, row, fs.position, committed);
+      } else {
+        spans.push({ id, position: fs.position, numTokens: committed });
+        rowStart.push(row);
+      }
       row += fs.tokens.length;
       outcomes.push({ r, acc, drafts });
     });
-    if (this.drafter !== undefined) this.materialise(spans, res, rowStart);
+    if (this.drafter !== undefined && spans.length > 0) this.materialise(spans, res, rowStart);
     const t3 = performance.now();
     this.metrics.draftMs += t1 - t0;
     this.metrics.verifyMs += t2 - t1;
     this.metrics.commitMs += t3 - t2;
+    this.policy?.observeOverhead?.(t1 - t0 - proposeMs + (t3 - t2), toDraft.length > 0);
     const done: SpecResult[] = [];
     for (const { r, acc, drafts } of outcomes) {
       const toks = [...drafts.subarray(0, acc.accepted), acc.bonus];
@@ -372,6 +492,7 @@ export class SpecEngine {
     this.known.delete(id);
     this.cache.finish(id);
     this.drafter?.freeSequence(id);
+    this.policy?.release(id);
     this.metrics.requests.push(r.metrics);
     return { id, tokenIds: r.out, finishReason: reason, metrics: r.metrics };
   }

@@ -78,6 +78,8 @@ export class RunMetrics {
   draftMs = 0;
   verifyMs = 0;
   commitMs = 0;
+  /** Wall time spent measuring step costs for the cost-based draft policy, ms (once per engine at most). */
+  calibrationMs = 0;
   /** Metrics of every request that finished (any reason). */
   readonly requests: RequestMetrics[] = [];
 

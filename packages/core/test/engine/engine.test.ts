@@ -129,6 +129,20 @@ describe('SpecEngine on the contracts', () => {
     expect(p!.metrics.tauPerStep).toBe(1);
   });
 
+  it('draftPolicy "cost": calibrates once before admitting, output unchanged, caches and drafter left clean', () => {
+    const d = new ToyDrafter(5);
+    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 3, maxTokensPerSequence: 64, draftPolicy: 'cost' });
+    const rs = e.run([req('a', 1, 20), req('b', 2, 17), req('c', 3, 9)]);
+    expect(e.stepCosts?.buckets.map((b) => b.sequences)).toEqual([1, 2, 3]);
+    expect(e.stepCosts!.buckets[0]!.ks[0]).toBe(0);
+    expect(e.metrics.calibrationMs).toBeGreaterThan(0);
+    for (const r of rs) expect(r.tokenIds).toEqual(expected(r.id === 'a' ? 1 : r.id === 'b' ? 2 : 3, r.id === 'a' ? 20 : r.id === 'b' ? 17 : 9));
+    expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+    // Deferred draft context (k = 0 steps) is written before the sequence drafts again.
+    const f = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 1, maxTokensPerSequence: 64, draftLength: (_id, m) => (m.verifySteps % 3 === 2 ? 5 : 0) });
+    expect(f.run([req('a', 1, 30)])[0]!.tokenIds).toEqual(expected(1, 30));
+  });
+
   it('adaptiveDraftLength follows each request\'s acceptance; the output does not change', () => {
     const policy = adaptiveDraftLength({ min: 1, max: 5, alpha: 1, margin: 1 });
     const m = new RequestMetrics();

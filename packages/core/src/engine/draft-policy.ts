@@ -1,0 +1,240 @@
+/**
+ * Batch-level draft-length policies ({@link SpecEngineOptions.draftPolicy}): how many drafts each
+ * running sequence gets this step, k ∈ [0, maxDrafts]; k = 0 is a plain decode step for that
+ * sequence. Any choice is lossless (the verifier decides what is committed); a policy only trades
+ * verify cost against expected committed tokens.
+ *
+ * {@link CostDraftPolicy} (the engine's default) maximises expected committed tokens per second:
+ *   E[committed | k] = 1 + Σ_{i ≤ k} Π_{j ≤ i} a_j      (a_j: P(draft j accepted | drafts < j accepted))
+ *   rate(k_1..k_B)   = Σ_s E_s[committed | k_s] / (t_draft(drafting sequences, Σ k_s) + t_verify(B, Σ (k_s + 1)) + t_overhead)
+ * with the costs measured on this machine ({@link StepCosts}) and the a_j estimated online per
+ * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). With one
+ * sequence this is argmax_k E[committed | k] / (t_draft(k) + t_verify(k)) (REFERENCE.md §4 DSpark
+ * adaptive verification, §11); under load the batch's verify cost grows with every drafted row, so
+ * it drafts less, down to none. Ties go to fewer drafts.
+ */
+
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { RequestMetrics } from './metrics.js';
+import type { StepCosts } from './step-costs.js';
+
+/** One running sequence offered to a policy. Immutable. */
+export interface DraftCandidate {
+  readonly id: SequenceId;
+  /** Most drafts allowed this step (drafter maximum, capped by the tokens still needed). */
+  readonly maxDrafts: number;
+  readonly metrics: RequestMetrics;
+}
+
+/** A draft-length policy: choose → (verify) → observe per sequence, release at finish. */
+export interface DraftPolicy {
+  /** Drafts per candidate, each an integer in [0, candidates[i].maxDrafts]. */
+  choose(candidates: readonly DraftCandidate[]): number[];
+  /** After verification: `drafted` drafts of sequence `id`, the first `accepted` kept. */
+  observe(id: SequenceId, drafted: number, accepted: number): void;
+  /**
+   * Wall time of a step's work outside the propose call and the verify forward (choosing, accept,
+   * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step.
+   */
+  observeOverhead?(ms: number, drafted: boolean): void;
+  /** The sequence finished or was aborted. */
+  release(id: SequenceId): void;
+}
+
+/** Options of {@link AcceptanceEstimator}. */
+export interface AcceptanceEstimatorOptions {
+  /** Weight of the newest observation in a request's per-position EMA, (0, 1] (default 0.2). */
+  readonly alpha?: number;
+  /** Acceptance assumed before anything is observed (default 0.7). */
+  readonly prior?: number;
+  /** Pseudo-observations of the prior in the run's rates (default 2). */
+  readonly priorWeight?: number;
+}
+
+/**
+ * Per-position conditional acceptance a_j (j = 1-based draft index): the run's counts (drafts j
+ * offered = verify steps with k ≥ j whose drafts < j were all accepted; of them, accepted) and a per
+ * request EMA. A request's a_j is its EMA once it has seen position j, else the run's rate; a
+ * position the run never offered takes the rate of the deepest offered one (or the prior).
+ */
+export class AcceptanceEstimator {
+  private readonly alpha: number;
+  private readonly prior: number;
+  private readonly priorWeight: number;
+  private readonly offered: number[] = [];
+  private readonly accepted: number[] = [];
+  private readonly ema = new Map<SequenceId, number[]>();
+
+  constructor(options: AcceptanceEstimatorOptions = {}) {
+    this.alpha = options.alpha ?? 0.2;
+    this.prior = options.prior ?? 0.7;
+    this.priorWeight = options.priorWeight ?? 2;
+    if (!(this.alpha > 0 && this.alpha <= 1)) throw new RangeError(`AcceptanceEstimator: alpha: expected (0, 1], got ${this.alpha}`);
+    if (!(this.prior >= 0 && this.prior <= 1)) throw new RangeError(`AcceptanceEstimator: prior: expected [0, 1], got ${this.prior}`);
+  }
+
+  /** Records one verify step of `id`: `drafted` drafts, `accepted` kept. */
+  observe(id: SequenceId, drafted: number, accepted: number): void {
+    let e = this.ema.get(id);
+    if (e === undefined) this.ema.set(id, e = []);
+    const seen = Math.min(drafted, accepted + 1); // positions 0..seen-1 were decided
+    for (let j = 0; j < seen; j++) {
+      const x = j < accepted ? 1 : 0;
+      const before = e[j] ?? this.runRate(j);
+      this.offered[j] = (this.offered[j] ?? 0) + 1;
+      this.accepted[j] = (this.accepted[j] ?? 0) + x;
+      e[j] = (1 - this.alpha) * before + this.alpha * x;
+    }
+  }
+
+  /** The run's a at 0-based position j (see the class comment). */
+  runRate(j: number): number {
+    let i = Math.min(j, this.offered.length - 1);
+    while (i >= 0 && (this.offered[i] ?? 0) === 0) i--;
+    if (i < 0) return this.prior;
+    return ((this.accepted[i] ?? 0) + this.prior * this.priorWeight) / (this.offered[i]! + this.priorWeight);
+  }
+
+  /** a_1..a_n of request `id` (0-based array). */
+  rates(id: SequenceId, n: number): number[] {
+    const e = this.ema.get(id);
+    return Array.from({ length: n }, (_, j) => e?.[j] ?? this.runRate(j));
+  }
+
+  /** E[committed | k] for k = 0..n: `[1, 1 + a_1, 1 + a_1 + a_1 a_2, …]`. */
+  expectedCommitted(id: SequenceId, n: number): number[] {
+    const a = this.rates(id, n);
+    const out = [1];
+    let p = 1;
+    for (let j = 0; j < n; j++) {
+      p *= a[j]!;
+      out.push(out[j]! + p);
+    }
+    return out;
+  }
+
+  release(id: SequenceId): void {
+    this.ema.delete(id);
+  }
+}
+
+/** Options of {@link CostDraftPolicy}. */
+export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
+  /**
+   * After this many consecutive plain steps (k = 0) a sequence drafts `exploreDrafts` once, so its
+   * acceptance estimate keeps up with the text (default 64; 0 = never). Each exploration after
+   * which the policy still chooses k = 0 doubles the sequence's interval, up to 16×.
+   */
+  readonly exploreEvery?: number;
+  /** Drafts of an exploration step (default 4). */
+  readonly exploreDrafts?: number;
+}
+
+/** The cost-based policy (see the file comment). */
+export class CostDraftPolicy implements DraftPolicy {
+  readonly acceptance: AcceptanceEstimator;
+  private readonly exploreEvery: number;
+  private readonly exploreDrafts: number;
+  /** Per sequence: consecutive plain steps, and the current exploration interval. */
+  private readonly plainRun = new Map<SequenceId, { run: number; every: number }>();
+  private readonly memo = new Map<number, number>();
+  /**
+   * EMA of the per-step overhead (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
+   * that drafted]. A drafting step also writes the committed tokens' draft context, restores the
+   * linear state from a snapshot and accepts over k + 1 rows — on the tiny target that is more than
+   * a whole plain step, and the calibrated forward times do not see it.
+   */
+  private readonly overheadMs = [0, 0];
+  private readonly overheadSeen = [false, false];
+
+  constructor(readonly costs: StepCosts, options: CostDraftPolicyOptions = {}) {
+    this.acceptance = new AcceptanceEstimator(options);
+    this.exploreEvery = options.exploreEvery ?? 64;
+    this.exploreDrafts = options.exploreDrafts ?? 4;
+  }
+
+  choose(candidates: readonly DraftCandidate[]): number[] {
+    const B = candidates.length;
+    const ks = new Array<number>(B).fill(0);
+    if (B === 0) return ks;
+    const gains = candidates.map((c) => this.acceptance.expectedCommitted(c.id, c.maxDrafts));
+    // Greedy ascent on the rate: each round, move the one sequence (to any larger k) that raises it most.
+    let committed = B;
+    let drafts = 0;
+    let drafting = 0;
+    // Cost of a step with d drafts in all over dr drafting sequences (memoised across steps: the
+    // measured costs never change, the ascent asks often).
+    // Before a drafting step was seen, its overhead is assumed equal to a plain step's.
+    const plainOverhead = this.overheadMs[0]!;
+    const specOverhead = this.overheadSeen[1] ? this.overheadMs[1]! : plainOverhead;
+    const cost = (d: number, dr: number): number => {
+      const key = (B * 4096 + d) * 1024 + dr;
+      let c = this.memo.get(key);
+      if (c === undefined) this.memo.set(key, c = this.costs.draftMs(dr, d) + this.costs.verifyMs(B, B + d));
+      return c + (dr > 0 ? specOverhead : plainOverhead);
+    };
+    let best = committed / cost(drafts, drafting);
+    for (;;) {
+      let pick = -1;
+      let pickK = 0;
+      let pickRate = best;
+      for (let s = 0; s < B; s++) {
+        const g = gains[s]!;
+        const k0 = ks[s]!;
+        for (let k = k0 + 1; k <= candidates[s]!.maxDrafts; k++) {
+          const rate = (committed - g[k0]! + g[k]!) / cost(drafts - k0 + k, drafting + (k0 === 0 ? 1 : 0));
+          if (rate > pickRate * (1 + 1e-9)) {
+            pick = s;
+            pickK = k;
+            pickRate = rate;
+          }
+        }
+      }
+      if (pick < 0) break;
+      const k0 = ks[pick]!;
+      committed += gains[pick]![pickK]! - gains[pick]![k0]!;
+      drafts += pickK - k0;
+      if (k0 === 0) drafting++;
+      ks[pick] = pickK;
+      best = pickRate;
+    }
+    if (this.exploreEvery > 0) {
+      candidates.forEach((c, s) => {
+        let st = this.plainRun.get(c.id);
+        if (st === undefined) this.plainRun.set(c.id, st = { run: 0, every: this.exploreEvery });
+        if (ks[s]! > 0) {
+          st.run = 0;
+          st.every = this.exploreEvery;
+          return;
+        }
+        if (++st.run > st.every && c.maxDrafts > 0) {
+          ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
+          st.run = 0;
+          st.every = Math.min(16 * this.exploreEvery, 2 * st.every);
+        }
+      });
+    }
+    return ks;
+  }
+
+  observe(id: SequenceId, drafted: number, accepted: number): void {
+    if (drafted > 0) this.acceptance.observe(id, drafted, accepted);
+  }
+
+  observeOverhead(ms: number, drafted: boolean): void {
+    const i = drafted ? 1 : 0;
+    this.overheadMs[i] = this.overheadSeen[i] ? 0.8 * this.overheadMs[i]! + 0.2 * ms : ms;
+    this.overheadSeen[i] = true;
+  }
+
+  release(id: SequenceId): void {
+    this.acceptance.release(id);
+    this.plainRun.delete(id);
+  }
+}
+
+/** A fixed draft length for every sequence (capped by each sequence's maxDrafts). */
+export function fixedDraftPolicy(k: number): DraftPolicy {
+  if (!(Number.isInteger(k) && k >= 0)) throw new RangeError(`fixedDraftPolicy: k: expected an integer >= 0, got ${k}`);
+  return { choose: (cs) => cs.map((c) => Math.min(k, c.maxDrafts)), observe: () => {}, release: () => {} };
+}

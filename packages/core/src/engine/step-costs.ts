@@ -1,0 +1,205 @@
+/**
+ * Measured step costs for the cost-based draft length ({@link CostDraftPolicy}): on this machine,
+ * thread count and commit mode, how long a target verify forward of `b` sequences × (k + 1) tokens
+ * takes (`verifyMs`), and how long the drafter's propose of k drafts for `b` sequences takes
+ * (`draftMs`), for a few batch-size buckets b and draft lengths k (median of a few repetitions).
+ * k = 0 is a plain decode step (one token per sequence, no propose). REFERENCE.md §11: the speed-up
+ * of speculation is bounded by τ(k)·t_step / (t_draft(k) + t_verify(k)).
+ *
+ * Calibration runs scratch sequences through the engine's own cache and drafter (prefill, then
+ * timed propose / verify forwards undone by checkpoint + rollback), before any request is admitted,
+ * and is cached per (target, drafter, threads, commit mode, buckets).
+ */
+
+import { isa } from '@specd/native';
+
+import type { SequenceCache } from '../kv/sequence-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { Drafter } from '../plugin/drafter-plugin.js';
+import type { StageModel } from '../plugin/model-plugin.js';
+import { SeededRandom } from '../cli/sampling.js';
+
+/** Costs of one batch-size bucket. Immutable. */
+export interface BucketCosts {
+  /** Sequences in the batch. */
+  readonly sequences: number;
+  /** Draft lengths measured, ascending, `ks[0] = 0`. */
+  readonly ks: readonly number[];
+  /** `verifyMs[i]`: one target forward of `sequences` × (ks[i] + 1) tokens, logits for every row, ms. */
+  readonly verifyMs: readonly number[];
+  /** `draftMs[i]`: one propose of ks[i] drafts for each of `sequences` sequences, ms (0 at k = 0). */
+  readonly draftMs: readonly number[];
+}
+
+/** Calibrated costs for every bucket, ascending by `sequences`. */
+export class StepCosts {
+  constructor(readonly buckets: readonly BucketCosts[]) {
+    if (buckets.length === 0) throw new RangeError('StepCosts: buckets: expected at least one');
+  }
+
+  /** Plain decode step of `sequences` sequences (one token each), ms. */
+  stepMs(sequences: number): number {
+    return this.verifyMs(sequences, sequences);
+  }
+
+  /** Verify forward of `sequences` sequences holding `tokens` rows in all (≥ sequences), ms. */
+  verifyMs(sequences: number, tokens: number): number {
+    return this.interpolate(sequences, tokens / sequences - 1, (b) => b.verifyMs);
+  }
+
+  /** Propose for `sequences` drafting sequences, `drafts` drafts in all, ms (0 when nothing is drafted). */
+  draftMs(sequences: number, drafts: number): number {
+    if (sequences === 0 || drafts === 0) return 0;
+    return this.interpolate(sequences, drafts / sequences, (b) => b.draftMs);
+  }
+
+  /** Linear in k within a bucket, then linear in the batch size between buckets (clamped at the ends). */
+  private interpolate(sequences: number, k: number, of: (b: BucketCosts) => readonly number[]): number {
+    const bs = this.buckets;
+    const at = (b: BucketCosts): number => interpolate1(b.ks, of(b), k);
+    if (sequences <= bs[0]!.sequences) return at(bs[0]!) * (sequences / bs[0]!.sequences);
+    for (let i = 1; i < bs.length; i++) {
+      const lo = bs[i - 1]!, hi = bs[i]!;
+      if (sequences <= hi.sequences) {
+        const f = (sequences - lo.sequences) / (hi.sequences - lo.sequences);
+        return at(lo) * (1 - f) + at(hi) * f;
+      }
+    }
+    const last = bs[bs.length - 1]!;
+    return at(last) * (sequences / last.sequences);
+  }
+
+  /** A plain JSON view (benches print it). */
+  toJSON(): unknown {
+    return this.buckets;
+  }
+}
+
+function interpolate1(xs: readonly number[], ys: readonly number[], x: number): number {
+  if (x <= xs[0]!) return ys[0]!;
+  for (let i = 1; i < xs.length; i++) {
+    if (x <= xs[i]!) {
+      const f = (x - xs[i - 1]!) / (xs[i]! - xs[i - 1]!);
+      return ys[i - 1]! * (1 - f) + ys[i]! * f;
+    }
+  }
+  const n = xs.length;
+  if (n < 2) return ys[n - 1]!;
+  const slope = (ys[n - 1]! - ys[n - 2]!) / (xs[n - 1]! - xs[n - 2]!);
+  return ys[n - 1]! + slope * (x - xs[n - 1]!);
+}
+
+/** Options of {@link calibrateStepCosts}. */
+export interface CalibrateOptions {
+  /** Largest batch measured (the engine's maxSequences). */
+  readonly maxSequences: number;
+  /** Largest draft length (the drafter's maxDraftTokens). */
+  readonly maxDrafts: number;
+  /** Whether verify forwards keep per-token linear-state snapshots (the engine's commit mode). */
+  readonly stateSnapshots: boolean;
+  /** Tap ids the engine captures (verify forwards capture them too). */
+  readonly taps: readonly number[];
+  /** Repetitions per point, the median is kept (default 5, after 2 warm-up rounds). */
+  readonly repetitions?: number;
+  /** Scratch prompt tokens per sequence (default 32). */
+  readonly contextTokens?: number;
+}
+
+const cache = new WeakMap<Drafter, Map<string, StepCosts>>();
+
+/** Batch-size buckets measured: 1, 2, 4, … and maxSequences. */
+export function costBuckets(maxSequences: number): number[] {
+  const out: number[] = [];
+  for (let b = 1; b < maxSequences; b *= 2) out.push(b);
+  out.push(maxSequences);
+  return out;
+}
+
+/** Draft lengths measured: dense at small k, sparser above (the costs are close to linear in k). */
+export function costDraftLengths(maxDrafts: number): number[] {
+  return [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 24, 31].filter((k) => k < maxDrafts).concat(maxDrafts > 0 ? [maxDrafts] : []);
+}
+
+/**
+ * Measures (or returns the cached) {@link StepCosts} using free sequences of `seqCache` and the
+ * drafter: needs `maxSequences` free sequences; leaves the cache and the drafter as it found them.
+ */
+export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCache: SequenceCache, options: CalibrateOptions): StepCosts {
+  const buckets = costBuckets(options.maxSequences);
+  const ks = costDraftLengths(options.maxDrafts);
+  const key = `${isa().threads}|${String(options.stateSnapshots)}|${buckets.join(',')}|${ks.join(',')}`;
+  let perDrafter = cache.get(drafter);
+  if (perDrafter === undefined) cache.set(drafter, perDrafter = new Map());
+  const hit = perDrafter.get(key);
+  if (hit !== undefined) return hit;
+  const reps = options.repetitions ?? 5;
+  const P = options.contextTokens ?? 32;
+  const vocab = target.info.vocabSize;
+  const D = target.info.hiddenSize;
+  const maxB = buckets[buckets.length - 1]!;
+  const ids: SequenceId[] = Array.from({ length: maxB }, (_, i) => `__specd_cost_${i}`);
+  const rng = new SeededRandom(1);
+  const prompt = (s: number): Int32Array => Int32Array.from({ length: P }, (_, i) => 2 + (3 + 7 * i + 13 * s) % Math.max(1, vocab - 4));
+  const added: SequenceId[] = [];
+  try {
+    // Scratch sequences with a real draft context (prefill with taps → projection → draft KV).
+    ids.forEach((id, s) => {
+      seqCache.add(id);
+      drafter.addSequence(id);
+      added.push(id);
+      const res = target.forward({ sequences: [{ id, position: 0, tokens: prompt(s), logits: 'none', phase: 'prefill' }] }, seqCache, { taps: options.taps });
+      const sum = drafter.projectTargetHiddenPartial(new Map([...res.taps].map(([t, h]) => [t, h.subarray(0, P * D)])), P);
+      drafter.writeProjectedContextKV(sum, [{ id, position: 0, numTokens: P }]);
+    });
+    const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+    const out: BucketCosts[] = [];
+    for (const B of buckets) {
+      const seqs = ids.slice(0, B);
+      const vTimes: number[][] = ks.map(() => []);
+      const dTimes: number[][] = ks.map(() => []);
+      // Round-robin over k (every repetition visits every k), so a change in the machine's load
+      // hits all k alike; the first `warmup` rounds are not kept (JIT, first-touch allocations).
+      const warmup = 2;
+      for (let r = 0; r < reps + warmup; r++) {
+        ks.forEach((k, ki) => {
+          if (k > 0) {
+            const t0 = performance.now();
+            const props = drafter.propose({
+              sequences: seqs.map((id, s) => ({
+                id, position: P, lastToken: prompt(s)[P - 1]!, maxDrafts: k, history: Int32Array.of(...prompt(s), prompt(s)[P - 1]!), sampling: { temperature: 0 }, rng,
+              })),
+            });
+            const t1 = performance.now();
+            if (r >= warmup) dTimes[ki]!.push(t1 - t0);
+            if (props.length !== B) throw new Error(`calibrateStepCosts: propose returned ${props.length} proposals for ${B} sequences`);
+          }
+          const cps = seqs.map((id) => seqCache.checkpoint(id));
+          const fseqs = seqs.map((id, s) => {
+            // Verify rows: the scratch prompt again (valid ids for any target; the cost of a row does
+            // not depend on whether it would be accepted).
+            const tokens = Int32Array.from({ length: k + 1 }, (_, j) => prompt(s)[(P - 1 + j) % P]!);
+            return { id, position: seqCache.length(id), tokens, logits: 'all' as const };
+          });
+          const t2 = performance.now();
+          target.forward({ sequences: fseqs }, seqCache, { taps: options.taps, stateSnapshots: options.stateSnapshots && k > 0 }); // as the engine
+          const t3 = performance.now();
+          if (r >= warmup) vTimes[ki]!.push(t3 - t2);
+          seqs.forEach((id, s) => seqCache.rollback(id, cps[s]!));
+        });
+      }
+      // Medians, made non-decreasing in k (more rows never cost less; removes noise inversions).
+      const monotone = (xs: number[]): number[] => xs.map((_, i) => Math.max(...xs.slice(0, i + 1)));
+      const verifyMs = monotone(vTimes.map(median));
+      const draftMs = [0, ...monotone(dTimes.slice(1).map(median))];
+      out.push({ sequences: B, ks, verifyMs, draftMs });
+    }
+    const costs = new StepCosts(out);
+    perDrafter.set(key, costs);
+    return costs;
+  } finally {
+    for (const id of added) {
+      seqCache.finish(id);
+      drafter.freeSequence(id);
+    }
+  }
+}
