@@ -39,7 +39,7 @@ const reference = fs.existsSync(refFile) ? JSON.parse(fs.readFileSync(refFile, '
 const result = { target: 'models/kimi-k3-tiny', drafter: 'models/kimi-k3-tiny-dflash', temperature: 0, new_tokens: NEW, definition: 'mean over verify steps of (accepted + 1)', domains: {} };
 for (const name of ['prose', 'code']) {
   const rows = fs.readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).slice(0, limit);
-  const e = new SpecEngine(target, drafter, { maxSequences: conc, maxTokensPerSequence: 4096, ...(commit ? { commit } : {}) });
+  const e = new SpecEngine(target, drafter, { maxSequences: conc, draftPolicy: 'max', maxTokensPerSequence: 4096, ...(commit ? { commit } : {}) });
   const t0 = performance.now();
   const rs = e.run(rows.map((r) => ({ id: r.id, promptIds: Int32Array.from(r.prompt_token_ids), maxTokens: NEW, sampling: { temperature: 0 }, seed: 0, ignoreEos: true })));
   const ms = performance.now() - t0;

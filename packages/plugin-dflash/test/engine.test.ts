@@ -66,7 +66,7 @@ describe('greedy speculative decoding with DFlash', () => {
   });
 
   it.each([1, 4])('is token-for-token plain greedy at %i concurrent sequence(s); drafts, τ > 1.5, one target forward per verify step', (conc) => {
-    const e = new SpecEngine(target, drafter, { maxSequences: conc, maxTokensPerSequence: 2048 });
+    const e = new SpecEngine(target, drafter, { maxSequences: conc, draftPolicy: 'max', maxTokensPerSequence: 2048 });
     const results = byId(e.run(prompts.map((p) => greedy(p))));
     for (const p of prompts) {
       const r = results.get(p.id)!;
@@ -94,7 +94,7 @@ describe('greedy speculative decoding with DFlash', () => {
 
   it('commit by replay gives the same tokens, with extra forwards', () => {
     const few = prompts.slice(0, 2);
-    const e = new SpecEngine(target, drafter, { maxSequences: 2, maxTokensPerSequence: 2048, commit: 'replay' });
+    const e = new SpecEngine(target, drafter, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 2048, commit: 'replay' });
     const results = byId(e.run(few.map((p) => greedy(p, { maxTokens: 48 }))));
     for (const p of few) expect(results.get(p.id)!.tokenIds).toEqual(plain.get(p.id)!.tokenIds.slice(0, 48));
     expect(e.metrics.decodeForwards).toBeGreaterThan(e.metrics.verifyForwards);
@@ -104,7 +104,7 @@ describe('greedy speculative decoding with DFlash', () => {
 describe('resources', () => {
   it('after a mix of length, EOS, stop strings and aborts every page, state slot and draft page is free', () => {
     const tok = Tokenizer.load(TARGET_DIR);
-    const e = new SpecEngine(target, drafter, { maxSequences: 3, maxTokensPerSequence: 2048, decode: (ids) => tok.decode([...ids], { skipSpecialTokens: true }) });
+    const e = new SpecEngine(target, drafter, { maxSequences: 3, draftPolicy: 'max', maxTokensPerSequence: 2048, decode: (ids) => tok.decode([...ids], { skipSpecialTokens: true }) });
     const [a, b, c, d, f] = prompts;
     const pa = plain.get(a!.id)!.tokenIds;
     const pc = plain.get(c!.id)!.tokenIds;
@@ -143,7 +143,7 @@ describe('resources', () => {
 describe('sampling', () => {
   it('temperature > 0: reproducible per seed, finishes, drafts accepted', () => {
     const run = (seed: number) => {
-      const e = new SpecEngine(target, drafter, { maxSequences: 2, maxTokensPerSequence: 2048 });
+      const e = new SpecEngine(target, drafter, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 2048 });
       const rs = e.run(prompts.slice(0, 2).map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })));
       return { tokens: rs.map((r) => r.tokenIds), m: e.metrics };
     };

@@ -54,7 +54,7 @@ describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
     const rows = fs.readFileSync(path.join(REPO_ROOT, 'test/prompts', `${domain}.jsonl`), 'utf8').trim().split('\n')
       .map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] }).filter((r) => refReqs.has(r.id)).slice(0, count);
     expect(rows.length).toBe(count);
-    const e = new SpecEngine(target, drafter, { maxSequences: 8, maxTokensPerSequence: 2048 });
+    const e = new SpecEngine(target, drafter, { maxSequences: 8, draftPolicy: 'max', maxTokensPerSequence: 2048 });
     e.run(rows.map((r) => ({ id: r.id, promptIds: Int32Array.from(r.prompt_token_ids), maxTokens: run!.new_tokens ?? 128, sampling: { temperature: 0 }, seed: 0, ignoreEos: true })));
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);

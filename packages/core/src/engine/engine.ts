@@ -102,7 +102,7 @@ export interface SpecEngineOptions {
 }
 
 /** The engine's draft policy when none is given (see {@link SpecEngineOptions.draftPolicy}). */
-export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'max';
+export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'cost';
 
 /** Tap bytes a sequence may hold for its deferred draft context before it is written (8 MiB). */
 const PENDING_TAP_BYTES = 8 << 20;

@@ -93,7 +93,7 @@ describe('SpecEngine on the contracts', () => {
   it('greedy: output follows the target; 2 of 5 drafts accepted per step → τ = 3 (both definitions)', () => {
     const t = new ToyTarget();
     const d = new ToyDrafter(2);
-    const e = new SpecEngine(t, d, { maxSequences: 2, maxTokensPerSequence: 64 });
+    const e = new SpecEngine(t, d, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 64 });
     const rs = e.run([req('a', 1, 31), req('b', 2, 31)]);
     for (const r of rs) expect(r.tokenIds).toEqual(expected(r.id === 'a' ? 1 : 2, 31));
     const m = e.metrics;
@@ -109,7 +109,7 @@ describe('SpecEngine on the contracts', () => {
   });
 
   it('the two τ definitions differ when requests differ', () => {
-    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 2, maxTokensPerSequence: 64 });
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 64 });
     e.run([req('a', 1, 13), req('b', 2, 3)]);
     // a: 2 steps committing 6; b: 1 step, 2 drafts (the tokens still needed) + bonus = 3 (as the
     // reference loop, the last step may commit one token past maxTokens; the output is cut)
@@ -161,7 +161,7 @@ describe('SpecEngine on the contracts', () => {
 
   it('EOS stops inside an accepted block; aborts free everything', () => {
     const d = new ToyDrafter(5);
-    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, maxTokensPerSequence: 64 });
+    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
     const want = expected(1, 20);
     e.add(req('a', 1, 20, { eosTokenIds: [want[3]!] }));
     e.add(req('b', 2, 20));
@@ -175,7 +175,7 @@ describe('SpecEngine on the contracts', () => {
 
   it('a failing prefill rethrows and frees what the request held', () => {
     const d = new ToyDrafter(1);
-    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, maxTokensPerSequence: 64 });
+    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
     expect(() => e.run([{ ...req('a', 1, 4), promptIds: Int32Array.of(V - 1) }])).toThrow(/not allowed/);
     expect(e.pending).toBe(0);
     expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
@@ -183,7 +183,7 @@ describe('SpecEngine on the contracts', () => {
   });
 
   it('validates requests with messages naming the field', () => {
-    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(1), { maxSequences: 1, maxTokensPerSequence: 16 });
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(1), { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 16 });
     expect(() => e.add(req('a', 1, 0))).toThrow(/maxTokens: expected an integer >= 1/);
     expect(() => e.add({ ...req('a', 1, 4), promptIds: new Int32Array(0) })).toThrow(/promptIds/);
     expect(() => e.add(req('a', 1, 12))).toThrow(/needs 20 tokens, maxTokensPerSequence is 16/);

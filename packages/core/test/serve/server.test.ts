@@ -26,7 +26,8 @@ beforeAll(async () => {
   const cfg = path.join(tmp, 'serve.json');
   fs.writeFileSync(cfg, JSON.stringify({
     model: path.join(ROOT, 'models/kimi-k3-tiny'),
-    drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash') },
+    // a fixed draft length so the spec-decode counters move (the default policy may not draft here)
+    drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 15 },
     scheduler: { max_running_requests: 4, max_sequence_tokens: 1024 },
     server: { port: 8000, api_key: KEY, body_limit_bytes: 8192 },
   }));
