@@ -57,9 +57,6 @@ void VisibleKeys(const PagedBatch& b, int64_t kv_len, int64_t p, int64_t* lo, in
 void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows& v, int64_t num_heads,
                        int64_t num_kv_heads, const float* q, float* out, float scale);
 
-/** Queues fn on a libuv thread; the Promise resolves when it returns (rejects with ERR_SPECD_KERNEL
- *  naming `call` if it throws). `keep` are kept alive until then (typed arrays fn reads/writes). */
-Napi::Promise QueueKernel(Napi::Env env, const char* call, std::function<void()> fn, std::vector<Napi::Object> keep);
 
 }  // namespace attn
 }  // namespace specd

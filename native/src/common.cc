@@ -109,4 +109,43 @@ size_t CheckedProduct(const char* call, std::initializer_list<int64_t> dims) {
   return static_cast<size_t>(p);
 }
 
+namespace {
+
+class KernelWorker : public Napi::AsyncWorker {
+ public:
+  KernelWorker(Napi::Env env, const char* call, std::function<void()> fn, std::vector<Napi::Object> keep)
+      : Napi::AsyncWorker(env, call), deferred_(Napi::Promise::Deferred::New(env)), call_(call), fn_(std::move(fn)) {
+    for (auto& o : keep) refs_.push_back(Napi::Persistent(o));
+  }
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    try {
+      fn_();
+    } catch (const std::exception& e) {
+      SetError(call_ + ": " + e.what());
+    }
+  }
+  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
+  void OnError(const Napi::Error& e) override {
+    deferred_.Reject(MakeError(Env(), ErrorKind::kError, "ERR_SPECD_KERNEL", e.Message()).Value());
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  std::string call_;
+  std::function<void()> fn_;
+  std::vector<Napi::ObjectReference> refs_;
+};
+
+}  // namespace
+
+Napi::Promise QueueKernel(Napi::Env env, const char* call, std::function<void()> fn, std::vector<Napi::Object> keep) {
+  auto* worker = new KernelWorker(env, call, std::move(fn), std::move(keep));  // deletes itself when settled
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
+
 }  // namespace specd

@@ -10,6 +10,8 @@
 #include <napi.h>
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -85,5 +87,13 @@ class ArgReader {
 
 /** Product of sizes with overflow detection (throws KernelError naming `call`). */
 size_t CheckedProduct(const char* call, std::initializer_list<int64_t> dims);
+
+/**
+ * The async pattern of every kernel family: queues fn on a libuv worker thread and returns a
+ * Promise that resolves when it returns (rejects with code ERR_SPECD_KERNEL naming `call` if it
+ * throws). `keep` (the typed arrays fn reads and writes) stay referenced until then, so nothing is
+ * copied.
+ */
+Napi::Promise QueueKernel(Napi::Env env, const char* call, std::function<void()> fn, std::vector<Napi::Object> keep);
 
 }  // namespace specd

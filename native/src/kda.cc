@@ -382,43 +382,10 @@ Napi::Value KdaForwardBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-/** Async variant (the GemmWorker pattern of gemm.cc): typed arrays referenced, not copied. */
-class KdaWorker : public Napi::AsyncWorker {
- public:
-  KdaWorker(Napi::Env env, KdaCall call)
-      : Napi::AsyncWorker(env, "specd:kdaForwardAsync"),
-        deferred_(Napi::Promise::Deferred::New(env)),
-        problem_(std::move(call.problem)) {
-    for (auto& a : call.arrays) refs_.push_back(Napi::Persistent(a));
-  }
-
-  Napi::Promise Promise() const { return deferred_.Promise(); }
-
- protected:
-  void Execute() override {
-    try {
-      RunKda(problem_);
-    } catch (const std::exception& e) {
-      SetError(std::string("kdaForwardAsync: ") + e.what());
-    }
-  }
-  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
-  void OnError(const Napi::Error& e) override {
-    deferred_.Reject(MakeError(Env(), ErrorKind::kError, "ERR_SPECD_KERNEL", e.Message()).Value());
-  }
-
- private:
-  Napi::Promise::Deferred deferred_;
-  KdaProblem problem_;
-  std::vector<Napi::ObjectReference> refs_;
-};
-
 Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
-  KdaCall c = ReadKdaArgs(info, "kdaForwardAsync");
-  auto* worker = new KdaWorker(info.Env(), std::move(c));  // deletes itself after OnOK/OnError
-  Napi::Promise promise = worker->Promise();
-  worker->Queue();
-  return promise;
+  auto c = ReadKdaArgs(info, "kdaForwardAsync");
+  KdaProblem p = std::move(c.problem);
+  return QueueKernel(info.Env(), "kdaForwardAsync", [p]() mutable { RunKda(p); }, std::move(c.arrays));
 }
 
 }  // namespace

@@ -131,7 +131,7 @@ Napi::Value MlaAttentionBinding(const Napi::CallbackInfo& info) {
 Napi::Value MlaAttentionAsyncBinding(const Napi::CallbackInfo& info) {
   MlaCall c = ReadMlaArgs(info, "mlaAttentionAsync");
   const MlaProblem p = c.problem;
-  return attn::QueueKernel(info.Env(), "mlaAttentionAsync", [p]() { RunMla(p); },
+  return QueueKernel(info.Env(), "mlaAttentionAsync", [p]() { RunMla(p); },
                            {c.q, c.pool, c.wuk, c.wuvt, c.out, p.batch.cu_arr, p.batch.kv_arr, p.batch.table_arr,
                             p.batch.pos_arr});
 }

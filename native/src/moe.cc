@@ -335,43 +335,10 @@ Napi::Value MoeExpertsBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-/** Async variant (the GemmWorker pattern of gemm.cc). */
-class MoeWorker : public Napi::AsyncWorker {
- public:
-  MoeWorker(Napi::Env env, MoeCall call)
-      : Napi::AsyncWorker(env, "specd:moeExpertsAsync"),
-        deferred_(Napi::Promise::Deferred::New(env)),
-        problem_(std::move(call.problem)) {
-    for (auto& a : call.arrays) refs_.push_back(Napi::Persistent(a));
-  }
-
-  Napi::Promise Promise() const { return deferred_.Promise(); }
-
- protected:
-  void Execute() override {
-    try {
-      RunMoe(problem_);
-    } catch (const std::exception& e) {
-      SetError(std::string("moeExpertsAsync: ") + e.what());
-    }
-  }
-  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
-  void OnError(const Napi::Error& e) override {
-    deferred_.Reject(MakeError(Env(), ErrorKind::kError, "ERR_SPECD_KERNEL", e.Message()).Value());
-  }
-
- private:
-  Napi::Promise::Deferred deferred_;
-  MoeProblem problem_;
-  std::vector<Napi::ObjectReference> refs_;
-};
-
 Napi::Value MoeExpertsAsyncBinding(const Napi::CallbackInfo& info) {
-  MoeCall c = ReadMoeArgs(info, "moeExpertsAsync");
-  auto* worker = new MoeWorker(info.Env(), std::move(c));  // deletes itself after OnOK/OnError
-  Napi::Promise promise = worker->Promise();
-  worker->Queue();
-  return promise;
+  auto c = ReadMoeArgs(info, "moeExpertsAsync");
+  MoeProblem p = std::move(c.problem);
+  return QueueKernel(info.Env(), "moeExpertsAsync", [p]() mutable { RunMoe(p); }, std::move(c.arrays));
 }
 
 }  // namespace
