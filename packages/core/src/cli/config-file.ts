@@ -14,16 +14,21 @@ export class CliError extends Error {
   override readonly name = 'CliError';
 }
 
-/** The drafter to load: its checkpoint, the method the config asked for (checked after loading), its draft cap. */
+/**
+ * The drafter to load: its checkpoint (absent: a method without one, chosen by `method`), the method
+ * the config asked for (checked after loading), its draft cap, the config's `drafter` object.
+ */
 export interface DrafterChoice {
-  readonly dir: string;
+  readonly dir?: string;
   readonly method?: string;
   readonly numDraftTokens?: number;
+  readonly settings?: Readonly<Record<string, unknown>>;
 }
 
 /**
  * The drafter: `--no-spec` → none; `--drafter DIR` → that checkpoint (method from its
- * architectures); else the config's `drafter` (`{"method": "none"}` → none); else the shipped
+ * architectures); else the config's `drafter` (`{"method": "none"}` → none; no `path` → the
+ * method's plugin loads without a checkpoint); else the shipped
  * DFlash when the target is the shipped default (neither `--model` nor `model` given).
  * @throws {CliError} when the chosen directory has no config.json.
  */
@@ -37,13 +42,16 @@ export function chooseDrafter(
     choice = { dir: path.resolve(cwd, flags.drafter), ...(cap === undefined ? {} : { numDraftTokens: cap }) };
   } else if (cfg.drafter !== undefined) {
     if (cfg.drafter.method === 'none') return undefined;
-    if (typeof cfg.drafter.path !== 'string') throw new CliError(`drafter: method ${JSON.stringify(cfg.drafter.method)} has no "path" to load`);
-    choice = { dir: cfg.drafter.path, method: cfg.drafter.method, ...(cap === undefined ? {} : { numDraftTokens: cap }) };
+    // No "path": a method without a checkpoint, loaded by its name (the plugin says whether it can be).
+    choice = {
+      ...(typeof cfg.drafter.path === 'string' ? { dir: cfg.drafter.path } : {}),
+      method: cfg.drafter.method, settings: cfg.drafter, ...(cap === undefined ? {} : { numDraftTokens: cap }),
+    };
   } else if (flags.model === undefined && cfg.model === undefined) {
     const d = defaultDrafterDir(cwd);
     if (fs.existsSync(path.join(d, 'config.json'))) choice = { dir: d };
   }
-  if (choice !== undefined && !fs.existsSync(path.join(choice.dir, 'config.json'))) {
+  if (choice?.dir !== undefined && !fs.existsSync(path.join(choice.dir, 'config.json'))) {
     throw new CliError(`drafter directory ${choice.dir} has no config.json (use --drafter DIR, or --no-spec)`);
   }
   return choice;

@@ -15,7 +15,8 @@ import { SpecEngine } from '../engine/engine.js';
 import type { RequestMetrics } from '../engine/metrics.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
-import { DrafterRegistry, loadPluginPackages, ModelRegistry } from '../plugin/registry.js';
+import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
+import type { DrafterChoice } from './config-file.js';
 import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
 
 /** Tokens per prefill forward. */
@@ -120,24 +121,36 @@ export function generateTokens(target: LoadedTarget, options: GenerateOptions): 
 /** A loaded drafter bound to a target. */
 export interface LoadedDrafter {
   readonly drafter: Drafter;
-  readonly dir: string;
+  /** Its checkpoint directory; absent for a method without one. */
+  readonly dir?: string;
 }
 
 /**
- * Imports the plugin packages, resolves the drafter plugin by `drafterDir`'s config.json
- * `architectures` and loads it for `target` (room for one sequence of `maxTokensPerSequence`).
- * @throws {PluginError} naming the loaded methods when none matches; the plugin's errors.
+ * Imports the plugin packages and loads a drafter for `target` (room for `maxSequences` sequences of
+ * `maxTokensPerSequence`): from a checkpoint directory (a string, or a choice with `dir`), resolving
+ * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
+ * `choice.method` through its `loadWithoutCheckpoint`.
+ * @throws {PluginError} naming the loaded methods when none matches, or a method that needs a checkpoint; the plugin's errors.
  */
 export async function loadDrafter(
-  drafterDir: string, plugins: readonly string[], target: LoadedTarget, maxTokensPerSequence: number, maxSequences = 1,
+  choice: string | DrafterChoice, plugins: readonly string[], target: LoadedTarget, maxTokensPerSequence: number, maxSequences = 1,
 ): Promise<LoadedDrafter> {
+  const c: DrafterChoice = typeof choice === 'string' ? { dir: choice } : choice;
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
+  const options = { target: target.model, maxSequences, maxTokensPerSequence, ...(c.settings === undefined ? {} : { settings: c.settings }) };
+  const drafterDir = c.dir;
+  if (drafterDir === undefined) {
+    if (c.method === undefined) throw new PluginError('drafter: neither a checkpoint directory nor a method');
+    const plugin = DrafterRegistry.fromContainer(container).resolveMethod(c.method);
+    if (plugin.loadWithoutCheckpoint === undefined) throw new PluginError(`drafter: method ${JSON.stringify(c.method)} needs a checkpoint: give "path"`);
+    return { drafter: await plugin.loadWithoutCheckpoint(options) };
+  }
   const config = HfConfig.read(drafterDir);
   const plugin = DrafterRegistry.fromContainer(container).resolve(config);
   const weights = SafetensorsCheckpoint.open(drafterDir);
   try {
-    const drafter = await plugin.load({ dir: drafterDir, config, weights }, { target: target.model, maxSequences, maxTokensPerSequence });
+    const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
     return { drafter, dir: drafterDir };
   } finally {
     weights.close();

@@ -99,10 +99,10 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
 
   const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
   if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
-  const loaded = drafterDir === undefined ? undefined
-    : await loadDrafter(drafterDir, cfg.plugins, target, promptIds.length + maxTokens + 64);
+  const loaded = choice === undefined ? undefined
+    : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
   if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
-    throw new CliError(`drafter ${drafterDir}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`);
+    throw new CliError(`drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`);
   }
   const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
   const stream = flags.json !== true;

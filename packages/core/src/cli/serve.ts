@@ -55,9 +55,9 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {
-      drafter = await loadDrafter(choice.dir, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests);
+      drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests);
       if (choice.method !== undefined && drafter.drafter.method !== choice.method) {
-        throw new CliError(`drafter ${choice.dir}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(drafter.drafter.method)}`);
+        throw new CliError(`drafter ${choice.dir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(drafter.drafter.method)}`);
       }
     }
     const logger = flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
@@ -107,7 +107,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);
-      io.stderr.write(`specd: serving ${s.server.options.modelName}${s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir})`} on ${s.url}\n`);
+      io.stderr.write(`specd: serving ${s.server.options.modelName}${s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`} on ${s.url}\n`);
       await new Promise<void>((resolve) => {
         const stop = (): void => {
           process.off('SIGINT', stop);

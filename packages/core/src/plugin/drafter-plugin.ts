@@ -45,12 +45,20 @@ export interface DrafterLoadOptions {
   readonly maxSequences: number;
   /** Tokens per sequence, at most (prompt + generated; sizes the draft KV pool). */
   readonly maxTokensPerSequence: number;
+  /**
+   * The deployment config's `drafter` object (its method's schema branch, validated, defaults filled in),
+   * when the drafter was chosen by a config; absent otherwise.
+   */
+  readonly settings?: Readonly<Record<string, unknown>>;
 }
 
 /** JSON-schema fragment of a method's config branch (validation lives elsewhere; discriminator `method`). */
 export type DrafterSchema = Readonly<Record<string, unknown>>;
 
-/** A drafting method. Registered under `DRAFTER_PLUGIN`; chosen by the checkpoint's `architectures`. */
+/**
+ * A drafting method. Registered under `DRAFTER_PLUGIN`; chosen by the checkpoint's `architectures`,
+ * or — for a method without a checkpoint (prompt lookup) — by the config's `drafter.method`.
+ */
 export interface DrafterPlugin {
   /** Method name, e.g. `'dflash'`. */
   readonly method: string;
@@ -60,6 +68,11 @@ export interface DrafterPlugin {
   readonly schema: DrafterSchema;
   /** load: validates the checkpoint against the target and builds a drafter. */
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter>;
+  /**
+   * load, for methods that need no checkpoint (their `architectures` may be empty): builds a drafter
+   * from the options alone (`settings` = the config's `drafter` branch). Absent: the method needs a checkpoint.
+   */
+  loadWithoutCheckpoint?(options: DrafterLoadOptions): Promise<Drafter>;
 }
 
 /** Rows of a context batch that belong to one sequence (`[numTokens, ·]` tensors are concatenated in span order). */
@@ -93,7 +106,7 @@ export interface DraftSequence {
   readonly lastToken: number;
   /** Drafts wanted at most for this sequence this step (≥ 1; chosen by the engine each step). */
   readonly maxDrafts: number;
-  /** Every token of the sequence so far, prompt + generated, `[position + 1]` i32 (prompt-lookup drafters read it; a view valid during the call). */
+  /** Every token of the sequence so far, prompt + generated, `[position + 1]` i32 (n-gram / prompt lookup drafters read it; a view valid during the call). */
   readonly history: Int32Array;
   readonly sampling: DraftSampling;
   /** The request's PRNG (sampled drafts). */

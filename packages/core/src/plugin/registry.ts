@@ -6,6 +6,10 @@
  * {@link BUILTIN_PLUGIN_PACKAGES}) with a dynamic `import()`: core never imports a plugin statically.
  */
 
+import { createRequire } from 'node:module';
+import * as path from 'node:path';
+import { pathToFileURL } from 'node:url';
+
 import 'reflect-metadata';
 import { container as rootContainer, type DependencyContainer, type InjectionToken } from 'tsyringe';
 
@@ -70,14 +74,28 @@ export class ModelRegistry {
 }
 
 /**
- * Imports plugin packages by name and calls each one's exported `register(container)`.
+ * Where `name` resolves from the project directory `from` (its node_modules and those above), or
+ * undefined when it is not installed there (then core's own resolution applies).
+ */
+function resolveFromProject(name: string, from: string): string | undefined {
+  try {
+    return pathToFileURL(createRequire(path.join(from, 'package.json')).resolve(name)).href;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Imports plugin packages by name and calls each one's exported `register(container)`. A name is
+ * resolved first from the project (`from`, default the working directory: a package installed next
+ * to specd), then from core's own location (the built-ins).
  * @throws {PluginError} naming the package that cannot be imported or has no `register` function.
  */
-export async function loadPluginPackages(names: readonly string[], container: DependencyContainer = rootContainer): Promise<void> {
+export async function loadPluginPackages(names: readonly string[], container: DependencyContainer = rootContainer, from: string = process.cwd()): Promise<void> {
   for (const name of names) {
     let mod: { register?: unknown };
     try {
-      mod = (await import(name)) as { register?: unknown };
+      mod = (await import(resolveFromProject(name, from) ?? name)) as { register?: unknown };
     } catch (cause) {
       throw new PluginError(`plugin package ${JSON.stringify(name)} cannot be imported: ${(cause as Error).message}`, { cause });
     }
@@ -119,5 +137,15 @@ export class DrafterRegistry {
     if (found !== undefined) return found;
     const loaded = this.list.length === 0 ? 'none' : this.list.map((p) => `${p.method} (architectures ${p.architectures.join('|')})`).join(', ');
     throw new PluginError(`${config.file}: no drafter plugin for architectures [${archs.join(', ')}]; loaded methods: ${loaded}`);
+  }
+
+  /**
+   * The drafter for a method name (a config's `drafter.method`), used when there is no checkpoint to resolve by.
+   * @throws {PluginError} listing every loaded method.
+   */
+  resolveMethod(method: string): DrafterPlugin {
+    const found = this.list.find((p) => p.method === method);
+    if (found !== undefined) return found;
+    throw new PluginError(`no drafter plugin for method ${JSON.stringify(method)}; loaded methods: ${this.list.length === 0 ? 'none' : this.list.map((p) => p.method).join(', ')}`);
   }
 }
