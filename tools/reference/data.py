@@ -97,10 +97,11 @@ def encode(work: Path) -> dict:
     return stats
 
 
-def make_prompts(work: Path, out: Path, per_domain: int = 48, seed: int = 1234) -> dict:
+def make_prompts(work: Path, out: Path, per_domain: int = 48, keep: int = 32, seed: int = 1234) -> dict:
     """Held-out prompts: a window of 32..160 tokens from a held-out document, decoded to text.
 
     prose.jsonl mixes the three prose domains round-robin; code.jsonl is the code domain.
+    `per_domain` rows are drawn per set (this fixes the random stream) and the first `keep` are written.
     Each line: {"id", "domain", "prompt", "prompt_token_ids"}.
     """
     tok = load_tokenizer(work / "tokenizer")
@@ -126,6 +127,7 @@ def make_prompts(work: Path, out: Path, per_domain: int = 48, seed: int = 1234) 
             rows.append({"id": f"{name}-{len(rows):03d}", "domain": d, "source": doc["id"],
                          "prompt": text,
                          "prompt_token_ids": tok.encode(text, add_special_tokens=False).ids})
+        rows = rows[:keep]
         with open(out / f"{name}.jsonl", "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
