@@ -35,12 +35,13 @@ export interface DFlashConfig {
 }
 
 /**
- * Validates a DFlash `config.json`.
+ * Validates a DFlash `config.json` (or one of a block drafter sharing its backbone: `architectures`
+ * lists the accepted `architectures` entries, default {@link DFLASH_ARCHITECTURES}).
  * @throws {HfConfigError} naming the JSON path of the first bad field.
  */
-export function parseDFlashConfig(c: HfConfig): DFlashConfig {
+export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] = DFLASH_ARCHITECTURES): DFlashConfig {
   const archs = c.architectures;
-  if (!archs.some((a) => DFLASH_ARCHITECTURES.includes(a))) c.fail('architectures', `expected one of [${DFLASH_ARCHITECTURES.join(', ')}], got [${archs.join(', ')}]`);
+  if (!archs.some((a) => architectures.includes(a))) c.fail('architectures', `expected one of [${architectures.join(', ')}], got [${archs.join(', ')}]`);
   const numLayers = c.requireInt('num_hidden_layers', { min: 1 });
   const numHeads = c.requireInt('num_attention_heads', { min: 1 });
   const numKvHeads = c.requireInt('num_key_value_heads', { min: 1 });

@@ -196,25 +196,68 @@ export class DFlashDrafter implements Drafter {
     const c = this.config;
     const B = c.blockSize;
     const D = c.hiddenSize;
-    const H = c.numHeads;
-    const hd = c.headDim;
     const V = this.target.info.vocabSize;
     const seqs = batch.sequences;
     const S = seqs.length;
     if (S === 0) return [];
+    seqs.forEach((s, i) => {
+      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
+    });
+    const h = this.runBlocks(seqs);
+    // rows 1 … k of every block (already final-normed) → target lm_head
+    const rowsOf = seqs.map((s) => s.maxDrafts);
+    const R = rowsOf.reduce((a, b) => a + b, 0);
+    const x = new Float32Array(R * D);
+    let at = 0;
+    seqs.forEach((s, i) => {
+      x.set(h.subarray((i * B + 1) * D, (i * B + 1 + s.maxDrafts) * D), at * D);
+      at += s.maxDrafts;
+    });
+    const logits = this.target.lmHead!(x, R);
+    const out: DraftProposal[] = [];
+    at = 0;
+    for (const s of seqs) {
+      const k = s.maxDrafts;
+      const lg = logits.subarray(at * V, (at + k) * V);
+      at += k;
+      if (s.sampling.temperature === 0) {
+        out.push({ id: s.id, tokens: argmax(lg, V) });
+      } else {
+        const q = samplingProbs(lg, V, s.sampling);
+        const d = new Int32Array(k);
+        for (let j = 0; j < k; j++) d[j] = sampleFromProbs(q.subarray(j * V, (j + 1) * V), s.rng);
+        out.push({ id: s.id, tokens: d, probs: q });
+      }
+    }
+    return out;
+  }
+
+  /**
+   * Runs one draft block per sequence — [lastToken, MASK × (B − 1)] at positions p … p + B − 1
+   * against the sequence's draft context — and returns the hidden states of every slot after the
+   * final `norm`, `[S · B, D]` f32 (sequence-major). The block's KV is discarded afterwards. The
+   * shared backbone of DFlash and of block drafters built on it (e.g. DSpark).
+   * @throws {DrafterError} if a sequence's position is not its draft context length.
+   */
+  runBlocks(seqs: readonly { readonly id: SequenceId; readonly position: number; readonly lastToken: number }[]): Float32Array {
+    const c = this.config;
+    const B = c.blockSize;
+    const H = c.numHeads;
+    const hd = c.headDim;
+    const S = seqs.length;
     const N = S * B;
     seqs.forEach((s, i) => {
       const have = this.pool.length(s.id);
       if (s.position !== have) throw new DrafterError(`dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`);
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
     });
+    if (S === 0) return new Float32Array(0);
     const tokens = new Int32Array(N).fill(c.maskTokenId);
     const positions = new Int32Array(N);
     seqs.forEach((s, i) => {
       tokens[i * B] = s.lastToken;
       for (let j = 0; j < B; j++) positions[i * B + j] = s.position + j;
     });
-    const grown: DraftBatch['sequences'][number][] = [];
+    const grown: (typeof seqs)[number][] = [];
     try {
       for (const s of seqs) {
         this.pool.extend(s.id, s.position + B);
@@ -240,32 +283,7 @@ export class DFlashDrafter implements Drafter {
         const m = gemmBf16(swigluFused(gemmBf16(xm, N, w.gateUp), c.intermediateSize), N, w.down);
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
       }
-      // rows 1 … k of every block → norm → target lm_head
-      const rowsOf = seqs.map((s) => s.maxDrafts);
-      const R = rowsOf.reduce((a, b) => a + b, 0);
-      const x = new Float32Array(R * D);
-      let at = 0;
-      seqs.forEach((s, i) => {
-        x.set(h.subarray((i * B + 1) * D, (i * B + 1 + s.maxDrafts) * D), at * D);
-        at += s.maxDrafts;
-      });
-      const logits = this.target.lmHead!(rmsNorm(x, this.finalNorm, c.rmsNormEps), R);
-      const out: DraftProposal[] = [];
-      at = 0;
-      for (const s of seqs) {
-        const k = s.maxDrafts;
-        const lg = logits.subarray(at * V, (at + k) * V);
-        at += k;
-        if (s.sampling.temperature === 0) {
-          out.push({ id: s.id, tokens: argmax(lg, V) });
-        } else {
-          const q = samplingProbs(lg, V, s.sampling);
-          const d = new Int32Array(k);
-          for (let j = 0; j < k; j++) d[j] = sampleFromProbs(q.subarray(j * V, (j + 1) * V), s.rng);
-          out.push({ id: s.id, tokens: d, probs: q });
-        }
-      }
-      return out;
+      return rmsNorm(h, this.finalNorm, c.rmsNormEps);
     } finally {
       for (const s of grown) this.pool.truncate(s.id, s.position);
     }

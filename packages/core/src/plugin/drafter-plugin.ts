@@ -130,6 +130,11 @@ export interface DraftProposal {
   readonly probs?: Float32Array;
   /** Tree drafts: parent index of each draft (−1 = the last verified token), `[k]` i32; absent = a chain. */
   readonly parents?: Int32Array;
+  /**
+   * Per-draft confidence in (0, 1), `[k]` f32, from drafters with a confidence head (e.g. DSpark:
+   * P(draft j accepted | drafts before it accepted)); absent when the drafter has none. Informational.
+   */
+  readonly confidence?: Float32Array;
 }
 
 /**

@@ -1,0 +1,196 @@
+/**
+ * The DSpark drafter (DeepSpec): the DFlash block-diffusion backbone (context projection, draft KV,
+ * one block per step — reused from @specd/plugin-dflash, {@link DFlashDrafter.runBlocks}) with
+ * next-token slots, a Markov head and a confidence head. Oracle: tools/reference/specd_ref/dflash.py
+ * (module docstring, `markov_bias`, `confidence`) and tools/reference/eval_tau.py (`Proposer.propose`).
+ *
+ * - Slots: block [last verified token, MASK × (B − 1)] at positions p … p + B − 1; slot j (0 … B − 1)
+ *   predicts the NEXT token, at p + j + 1 → up to B drafts.
+ * - Markov head, left to right: logits_j = lm_head(h_j) + W2 · W1[x_j], x_j = the token at p + j
+ *   (the last verified token for j = 0, else draft j − 1); W1 = markov_head.embed `[V, r]`,
+ *   W2 = markov_head.proj `[V, r]`. Greedy: argmax; sampled: q_j = samplingProbs(logits_j), d_j ~ q_j
+ *   (q returned for rejection sampling).
+ * - Confidence head: c_j = sigmoid(w · [h_j; W1[x_j]] + b) (h_j after the final norm), returned as
+ *   the proposal's `confidence`. Informational (no adaptive verification here).
+ */
+
+import {
+  DrafterError, WeightReader, sampleFromProbs, samplingProbs,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
+  type SequenceId, type StageInfo, type StageModel,
+} from '@specd/core';
+import { gemmBf16, type PackedBf16Weights } from '@specd/native';
+import { loadDFlashDrafter, type DFlashDrafter } from '@specd/plugin-dflash';
+
+import type { DSparkConfig } from './config.js';
+
+/**
+ * Loads a DSpark checkpoint for `options.target`: the DFlash backbone (validated as DFlash's) plus
+ * the Markov and confidence heads.
+ * @throws {DrafterError} as {@link loadDFlashDrafter}, or if a head tensor is missing / mis-shaped.
+ */
+export function loadDSparkDrafter(source: DrafterSource, config: DSparkConfig, options: DrafterLoadOptions): DSparkDrafter {
+  const backbone = loadDFlashDrafter(source, config, options);
+  try {
+    const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dspark: ${source.dir}: ${m}`) });
+    const V = options.target.info.vocabSize;
+    const R = config.markovRank;
+    const D = config.hiddenSize;
+    return new DSparkDrafter(config, options.target, backbone, {
+      embed: r.f32('markov_head.embed.weight', [V, R]),
+      proj: r.packedRows(['markov_head.proj.weight'], [V], R),
+      confW: r.f32('confidence_head.weight', [1, D + R]),
+      confB: r.f32('confidence_head.bias', [1])[0]!,
+    });
+  } catch (err) {
+    backbone.dispose();
+    throw err;
+  }
+}
+
+/** DSpark's own weights. */
+export interface DSparkHeads {
+  /** W1 = markov_head.embed `[V, r]` f32. */
+  readonly embed: Float32Array;
+  /** W2 = markov_head.proj `[V, r]` packed. */
+  readonly proj: PackedBf16Weights;
+  /** confidence_head.weight `[D + r]` f32. */
+  readonly confW: Float32Array;
+  readonly confB: number;
+}
+
+/** A loaded DSpark drafter bound to one target stage. */
+export class DSparkDrafter implements Drafter {
+  readonly method = 'dspark';
+  /** block_size: every slot predicts the next token. */
+  readonly maxDraftTokens: number;
+
+  constructor(
+    readonly config: DSparkConfig,
+    private readonly target: StageModel,
+    /** The DFlash backbone: context projection, draft KV, block forward. */
+    readonly backbone: DFlashDrafter,
+    private heads: DSparkHeads | undefined,
+  ) {
+    this.maxDraftTokens = config.blockSize;
+  }
+
+  get pagesInUse(): number {
+    return this.backbone.pagesInUse;
+  }
+
+  /** Draft KV (the backbone's). */
+  get pool(): DFlashDrafter['pool'] {
+    return this.backbone.pool;
+  }
+
+  captureSetter(target: StageInfo): readonly number[] {
+    return this.backbone.captureSetter(target);
+  }
+
+  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+    return this.backbone.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
+  }
+
+  writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+    this.backbone.writeProjectedContextKV(sum, spans);
+  }
+
+  propose(batch: DraftBatch): DraftProposal[] {
+    const heads = this.heads;
+    if (heads === undefined) throw new DrafterError('dspark: propose: the drafter is disposed');
+    const c = this.config;
+    const B = c.blockSize;
+    const D = c.hiddenSize;
+    const R = c.markovRank;
+    const V = this.target.info.vocabSize;
+    const seqs = batch.sequences;
+    const S = seqs.length;
+    if (S === 0) return [];
+    seqs.forEach((s, i) => {
+      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B)) throw new DrafterError(`dspark: propose: sequences[${i}].maxDrafts: expected [1, ${B}], got ${s.maxDrafts}`);
+    });
+    const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
+    // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below)
+    const start = new Int32Array(S);
+    let Rows = 0;
+    seqs.forEach((s, i) => {
+      start[i] = Rows;
+      Rows += s.maxDrafts;
+    });
+    const x = new Float32Array(Rows * D);
+    seqs.forEach((s, i) => x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D));
+    const base = this.target.lmHead!(x, Rows);
+    const tokens = seqs.map((s) => new Int32Array(s.maxDrafts));
+    const conf = seqs.map((s) => new Float32Array(s.maxDrafts));
+    const probs = seqs.map((s) => (s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * V)));
+    const prev = Int32Array.from(seqs, (s) => s.lastToken);
+    const maxK = Math.max(...seqs.map((s) => s.maxDrafts));
+    for (let j = 0; j < maxK; j++) {
+      const active: number[] = [];
+      seqs.forEach((s, i) => {
+        if (j < s.maxDrafts) active.push(i);
+      });
+      const n = active.length;
+      const e = new Float32Array(n * R);
+      active.forEach((i, a) => {
+        const t = prev[i]!;
+        if (!(t >= 0 && t < V)) throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
+        e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
+      });
+      const bias = gemmBf16(e, n, heads.proj); // [n, V]
+      active.forEach((i, a) => {
+        const s = seqs[i]!;
+        const row = start[i]! + j;
+        const lg = new Float32Array(V);
+        for (let v = 0; v < V; v++) lg[v] = base[row * V + v]! + bias[a * V + v]!;
+        // confidence: sigmoid(w · [h_j; W1[x_j]] + b)
+        let z = heads.confB;
+        const hj = (i * B + j) * D;
+        for (let d = 0; d < D; d++) z += heads.confW[d]! * h[hj + d]!;
+        for (let k = 0; k < R; k++) z += heads.confW[D + k]! * e[a * R + k]!;
+        conf[i]![j] = 1 / (1 + Math.exp(-z));
+        let d: number;
+        const q = probs[i];
+        if (q === undefined) {
+          d = 0;
+          for (let v = 1; v < V; v++) if (lg[v]! > lg[d]!) d = v;
+        } else {
+          const qj = samplingProbs(lg, V, s.sampling);
+          q.set(qj, j * V);
+          d = sampleFromProbs(qj, s.rng);
+        }
+        tokens[i]![j] = d;
+        prev[i] = d;
+      });
+    }
+    return seqs.map((s, i) => (probs[i] === undefined
+      ? { id: s.id, tokens: tokens[i]!, confidence: conf[i]! }
+      : { id: s.id, tokens: tokens[i]!, probs: probs[i]!, confidence: conf[i]! }));
+  }
+
+  buildPDInput(id: SequenceId): unknown {
+    throw new DrafterError(`dspark: buildPDInput(${String(id)}): prefill/decode hand-over is not supported yet`);
+  }
+
+  acceptPDInput(_payload: unknown): void {
+    throw new DrafterError('dspark: acceptPDInput: prefill/decode hand-over is not supported yet');
+  }
+
+  addSequence(id: SequenceId): void {
+    this.backbone.addSequence(id);
+  }
+
+  contextLength(id: SequenceId): number {
+    return this.backbone.contextLength(id);
+  }
+
+  freeSequence(id: SequenceId): void {
+    this.backbone.freeSequence(id);
+  }
+
+  dispose(): void {
+    this.heads = undefined;
+    this.backbone.dispose();
+  }
+}

@@ -1,0 +1,14 @@
+/** The DSpark {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DSparkDraftModel"]`. */
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterSource } from '@specd/core';
+
+import { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig } from './config.js';
+import { loadDSparkDrafter } from './dspark.js';
+
+export const dsparkPlugin: DrafterPlugin = Object.freeze({
+  method: 'dspark',
+  architectures: DSPARK_ARCHITECTURES,
+  schema: DSPARK_SCHEMA,
+  load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
+    return Promise.resolve().then(() => loadDSparkDrafter(source, parseDSparkConfig(source.config), options));
+  },
+});

@@ -1,0 +1,71 @@
+// DSpark's first greedy proposal after prefill against the PyTorch goldens (`dspark.first_proposal`,
+// tools/reference/goldens.py): next-token slots, Markov head left to right, block 7 → 7 drafts. The
+// golden taps (hidden.{i}) are fed in, so the drafter is checked in isolation from the target's rounding.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { SafetensorsFile, type StageModel } from '@specd/core';
+
+import type { DSparkDrafter } from '../src/index.js';
+import { GOLDENS_DIR, loadDrafter, loadTarget } from './helpers.js';
+
+const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
+  goldens: Record<string, { file: string; T: number; first_token: number }>;
+};
+
+let target: StageModel;
+let drafter: DSparkDrafter;
+beforeAll(async () => {
+  target = loadTarget();
+  drafter = await loadDrafter(target);
+});
+afterAll(() => {
+  drafter.dispose();
+  target.dispose();
+});
+
+it('loads as method dspark with block_size drafts per step', () => {
+  expect(drafter.method).toBe('dspark');
+  expect(drafter.maxDraftTokens).toBe(7);
+  expect(drafter.config.markovRank).toBe(64);
+});
+
+describe.each(Object.keys(index.goldens))('DSpark vs golden %s', (name) => {
+  const entry = index.goldens[name]!;
+  const g = SafetensorsFile.open(path.join(GOLDENS_DIR, entry.file));
+  afterAll(() => g.close());
+  const f32 = (n: string) => g.read(n).data as Float32Array;
+  const T = entry.T;
+
+  it('the first greedy proposal matches dspark.first_proposal; confidences in (0, 1)', () => {
+    const id = `golden-${name}`;
+    let acc: Float32Array | undefined;
+    for (const t of drafter.config.taps) acc = drafter.projectTargetHiddenPartial(new Map([[t, f32(`hidden.${t}`)]]), T, acc);
+    drafter.addSequence(id);
+    try {
+      drafter.writeProjectedContextKV(acc!, [{ id, position: 0, numTokens: T }]);
+      const [prop] = drafter.propose({
+        sequences: [{
+          id, position: T, lastToken: entry.first_token, maxDrafts: drafter.maxDraftTokens, history: new Int32Array(0),
+          sampling: { temperature: 0 }, rng: { next: () => 0 },
+        }],
+      });
+      const want = Array.from(g.read('dspark.first_proposal').data as Int32Array);
+      expect(want.length).toBe(7);
+      expect(Array.from(prop!.tokens)).toEqual(want);
+      expect(prop!.probs).toBeUndefined();
+      expect(prop!.confidence!.length).toBe(7);
+      for (const c of prop!.confidence!) expect(c > 0 && c < 1).toBe(true);
+      expect(drafter.contextLength(id)).toBe(T); // the block's KV is discarded
+      // fewer drafts: a prefix of the same left-to-right chain
+      const [short] = drafter.propose({
+        sequences: [{ id, position: T, lastToken: entry.first_token, maxDrafts: 3, history: new Int32Array(0), sampling: { temperature: 0 }, rng: { next: () => 0 } }],
+      });
+      expect(Array.from(short!.tokens)).toEqual(want.slice(0, 3));
+    } finally {
+      drafter.freeSequence(id);
+    }
+    expect(drafter.pagesInUse).toBe(0);
+  });
+});
