@@ -11,6 +11,7 @@
 import type {
   CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, SequenceId, StageInfo, StageLoadOptions, StageModel,
 } from '@specd/core';
+import { HfConfig, SafetensorsCheckpoint } from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
@@ -338,4 +339,18 @@ function selectKernels(choice: KimiKernelChoice | undefined): KimiKernels {
   if (pick === 'native') return nativeKernels;
   if (pick === 'ts') return tsKernels;
   throw new RangeError(`loadKimiStage: kernels: expected "native" or "ts" (option or SPECD_KIMI_KERNELS), got ${JSON.stringify(pick)}`);
+}
+
+/**
+ * Loads a Kimi checkpoint folder (config.json + safetensors) as one stage: opens the checkpoint,
+ * reads and validates the config, loads the layer range of `options` (default: the whole model) and
+ * closes the files. @throws as {@link loadKimiStage}, or when the folder is not a checkpoint.
+ */
+export function loadKimiFromDir(dir: string, options: KimiLoadOptions = {}): KimiStageModel {
+  const weights = SafetensorsCheckpoint.open(dir);
+  try {
+    return loadKimiStage({ dir, config: HfConfig.read(dir), weights }, options);
+  } finally {
+    weights.close();
+  }
 }

@@ -3,7 +3,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { HfConfig, SafetensorsCheckpoint, type StageModel } from '@specd/core';
-import { loadKimiStage } from '@specd/model-kimi-k3';
+import { loadKimiFromDir } from '@specd/model-kimi-k3';
 
 import { dflashPlugin, type DFlashDrafter } from '../src/index.js';
 
@@ -14,12 +14,7 @@ export const GOLDENS_DIR = path.join(REPO_ROOT, 'test/goldens');
 
 /** The shipped target, whole model. */
 export function loadTarget(): StageModel {
-  const weights = SafetensorsCheckpoint.open(TARGET_DIR);
-  try {
-    return loadKimiStage({ dir: TARGET_DIR, config: HfConfig.read(TARGET_DIR), weights });
-  } finally {
-    weights.close();
-  }
+  return loadKimiFromDir(TARGET_DIR);
 }
 
 /** The shipped DFlash drafter bound to `target`; `config` overrides config.json fields. */
