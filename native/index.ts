@@ -6,7 +6,7 @@
  * Environment: `SPECD_ISA=auto|portable|avx512` (ISA path at load), `SPECD_NUM_THREADS=<n>`
  * (compute pool size). See `isa()`.
  */
-export { isa, setIsa, setNumThreads, parallelCopy, type IsaInfo, type IsaName } from './src/runtime.js';
+export { isa, setIsa, setNumThreads, parallelCopy, guardedFloat32Array, type IsaInfo, type IsaName } from './src/runtime.js';
 export { f32ToBf16, bf16ToF32 } from './src/convert.js';
 export {
   packedBf16Length, packBf16Weights, gemmBf16, gemmBf16Async, type GemmActivations, type PackedBf16Weights,

@@ -12,7 +12,13 @@ namespace {
 
 constexpr int kRowTile = 4;
 
+// GCC 12 at -O3 vectorises the k-pair loop below as one strided group load over the R rows of X
+// and reads up to one pair past the last row (SIGSEGV when X ends at a page boundary; reproduced
+// with a guard page at m=3, k=2). Loop vectorisation is switched off for this function only: the
+// SLP vectoriser still vectorises the 16-lane loops, and the kernel got ~1.7x faster with it
+// (docs/BENCHMARKS.md, "Kernels"). native/test/gemm.test.ts places X against a guard page.
 template <int R>
+__attribute__((optimize("no-tree-loop-vectorize")))
 void Tile(const Problem& p, int64_t row0, int64_t panel) {
   const int64_t full_pairs = p.k / 2;
   const uint16_t* w = p.packed + panel * PanelPairs(p.k) * 32;

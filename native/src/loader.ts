@@ -16,6 +16,7 @@ export interface RawAddon {
   setIsa(name: string): void;
   setNumThreads(threads: number): void;
   parallelCopy(dst: Float32Array, src: Float32Array): void;
+  guardedFloat32Array(n: number): Float32Array;
   f32ToBf16(src: Float32Array, dst: Uint16Array): void;
   bf16ToF32(src: Uint16Array, dst: Float32Array): void;
   packBf16(w: Uint16Array, n: number, k: number, out: Uint16Array): void;

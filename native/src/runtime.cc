@@ -6,6 +6,11 @@
 //   setIsa(name: "auto" | "portable" | "avx512") -> undefined
 //   setNumThreads(threads: integer >= 1) -> undefined
 //   parallelCopy(dst: Float32Array, src: Float32Array [same length]) -> undefined  (memcpy per thread)
+//   guardedFloat32Array(n: integer >= 0) -> Float32Array [n] whose last element ends exactly where
+//            a PROT_NONE page begins (tests: a kernel reading past its input faults at once)
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -58,6 +63,33 @@ Napi::Value ParallelCopyBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+struct GuardedMapping {
+  void* base;
+  size_t bytes;
+};
+
+Napi::Value GuardedFloat32ArrayBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "guardedFloat32Array");
+  const int64_t n = args.Int(0, "n", 0, int64_t{1} << 28);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t data = static_cast<size_t>(n) * sizeof(float);
+  const size_t data_pages = (data + page - 1) / page;
+  const size_t bytes = (data_pages + 1) * page;
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) throw MakeError(info.Env(), ErrorKind::kError, "ERR_SPECD_ALLOC", "guardedFloat32Array: mmap failed");
+  char* guard = static_cast<char*>(base) + data_pages * page;
+  if (mprotect(guard, page, PROT_NONE) != 0) {
+    munmap(base, bytes);
+    throw MakeError(info.Env(), ErrorKind::kError, "ERR_SPECD_ALLOC", "guardedFloat32Array: mprotect failed");
+  }
+  auto* mapping = new GuardedMapping{base, bytes};
+  auto buffer = Napi::ArrayBuffer::New(info.Env(), guard - data, data, [](Napi::Env, void*, GuardedMapping* m) {
+    munmap(m->base, m->bytes);
+    delete m;
+  }, mapping);
+  return Napi::Float32Array::New(info.Env(), static_cast<size_t>(n), buffer, 0);
+}
+
 }  // namespace
 
 void RegisterRuntime(Napi::Env env, Napi::Object exports) {
@@ -67,6 +99,7 @@ void RegisterRuntime(Napi::Env env, Napi::Object exports) {
   exports.Set("setIsa", Napi::Function::New(env, Guarded<SetIsaBinding>, "setIsa"));
   exports.Set("setNumThreads", Napi::Function::New(env, Guarded<SetNumThreadsBinding>, "setNumThreads"));
   exports.Set("parallelCopy", Napi::Function::New(env, Guarded<ParallelCopyBinding>, "parallelCopy"));
+  exports.Set("guardedFloat32Array", Napi::Function::New(env, Guarded<GuardedFloat32ArrayBinding>, "guardedFloat32Array"));
 }
 
 }  // namespace specd

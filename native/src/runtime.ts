@@ -53,3 +53,15 @@ export function parallelCopy(dst: Float32Array, src: Float32Array): void {
   const s = expectArray('parallelCopy', 'src', src, Float32Array);
   addon.parallelCopy(expectArray('parallelCopy', 'dst', dst, Float32Array, s.length, 'src.length'), s);
 }
+
+/**
+ * A zeroed Float32Array [n] whose last element ends exactly where an inaccessible (PROT_NONE) page
+ * begins, so a kernel that reads even one float past its input faults at once instead of reading
+ * garbage that happens to be mapped. For tests of the native kernels; the memory is unmapped when
+ * the array is garbage collected.
+ * @param n Elements, 0 <= n <= 2^28.
+ * @throws SpecdArgumentError for a bad n; Error (code ERR_SPECD_ALLOC) when mmap fails.
+ */
+export function guardedFloat32Array(n: number): Float32Array {
+  return addon.guardedFloat32Array(expectInt('guardedFloat32Array', 'n', n, 0, 2 ** 28));
+}

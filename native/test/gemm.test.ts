@@ -3,7 +3,7 @@
 import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  addonPath, bf16ToF32, gemmBf16, gemmBf16Async, isa, packBf16Weights, packedBf16Length, setIsa, setNumThreads,
+  addonPath, bf16ToF32, gemmBf16, gemmBf16Async, guardedFloat32Array, isa, packBf16Weights, packedBf16Length, setIsa, setNumThreads,
   type GemmActivations, type PackedBf16Weights,
 } from '@specd/native';
 import {
@@ -113,6 +113,30 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
           expect(diff, `seed ${seed}: m=${m} row ${i} differs at column ${diff}`).toBe(-1);
         }
       }
+    });
+  });
+
+  it('reads no float past X and writes none past Y (both end at a PROT_NONE page)', () => {
+    // GCC 12 -O3 once vectorised the portable tile into a group load that over-read X by a pair
+    // (a SIGSEGV that took down the test worker when X ended at a page boundary).
+    const seed = freshSeed();
+    const next = rng(seed);
+    withIsa(path, () => {
+      for (const k of [1, 2, 3, 5, 33, 64])
+        for (const n of [1, 17])
+          for (let m = 1; m <= 9; m++) {
+            const { bits, values } = randomWeights(n, k, next);
+            const w = packBf16Weights(bits, n, k);
+            const x = guardedFloat32Array(m * k);
+            x.set(randomF32(m * k, next));
+            for (const act of ['f32', 'bf16'] as const) {
+              const y = guardedFloat32Array(m * n);
+              y.fill(Number.NaN);
+              gemmBf16(x, m, w, y, act);
+              const ref = referenceGemm(act === 'bf16' ? roundedToBf16(x) : x, values, m, n, k);
+              expect(relError(y, ref), `seed ${seed}: m=${m} n=${n} k=${k} ${act}`).toBeLessThan(2 * tolDot(k));
+            }
+          }
     });
   });
 
