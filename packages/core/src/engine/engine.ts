@@ -332,7 +332,10 @@ export class SpecEngine {
       list.push(h.slice(row * D, (row + n) * D));
     }
     r.pending.numTokens += n;
-    if (r.pending.numTokens * res.taps.size * D * 4 > PENDING_TAP_BYTES) this.flushPending([r]);
+    // Flush early only when the token after every kept row is known (not at the last prefill chunk,
+    // whose last row is followed by the first generated token): the bound is then one chunk over.
+    const known = r.historyLength > r.pending.position + r.pending.numTokens;
+    if (known && r.pending.numTokens * res.taps.size * D * 4 > PENDING_TAP_BYTES) this.flushPending([r]);
   }
 
   /** Writes the deferred draft context of `rs` (one projection call for all of them). */
@@ -352,7 +355,10 @@ export class SpecEngine {
       }
       gathered.set(tap, g);
     }
-    const spans = rs.map((r) => ({ id: r.req.id, position: r.pending!.position, numTokens: r.pending!.numTokens }));
+    const spans = rs.map((r) => {
+      const { position, numTokens } = r.pending!;
+      return { id: r.req.id, position, numTokens, nextTokens: r.history.slice(position + 1, position + 1 + numTokens) };
+    });
     const drafter = this.drafter!;
     drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(gathered, n), spans);
     for (const r of rs) r.pending = undefined;
@@ -448,7 +454,10 @@ export class SpecEngine {
       if (k === 0 && this.drafter !== undefined) {
         this.defer(r, res, row, fs.position, committed);
       } else {
-        spans.push({ id, position: fs.position, numTokens: committed });
+        const next = new Int32Array(committed);
+        next.set(drafts.subarray(0, acc.accepted));
+        next[acc.accepted] = acc.bonus;
+        spans.push({ id, position: fs.position, numTokens: committed, nextTokens: next });
         rowStart.push(row);
       }
       row += fs.tokens.length;

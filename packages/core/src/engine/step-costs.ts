@@ -149,7 +149,11 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
       added.push(id);
       const res = target.forward({ sequences: [{ id, position: 0, tokens: prompt(s), logits: 'none', phase: 'prefill' }] }, seqCache, { taps: options.taps });
       const sum = drafter.projectTargetHiddenPartial(new Map([...res.taps].map(([t, h]) => [t, h.subarray(0, P * D)])), P);
-      drafter.writeProjectedContextKV(sum, [{ id, position: 0, numTokens: P }]);
+      const tokens = prompt(s);
+      const next = new Int32Array(P);
+      next.set(tokens.subarray(1));
+      next[P - 1] = tokens[0]!; // any token: the scratch context only has to exist
+      drafter.writeProjectedContextKV(sum, [{ id, position: 0, numTokens: P, nextTokens: next }]);
     });
     const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
     const out: BucketCosts[] = [];

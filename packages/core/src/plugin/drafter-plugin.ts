@@ -82,6 +82,14 @@ export interface ContextSpan {
   readonly position: number;
   /** Tokens of the span (rows). */
   readonly numTokens: number;
+  /**
+   * The committed token that follows each row, `[numTokens]` i32: `nextTokens[i]` is the token at
+   * absolute position `position + i + 1` (for the last row: the next prompt token, the first
+   * generated token, or the step's bonus). Drafters whose context entry of position t also reads
+   * x_{t+1} (EAGLE-3: [embed(x_{t+1}); fc(taps_t)], REFERENCE.md §5) need it; the engine always
+   * supplies it. Other drafters ignore it.
+   */
+  readonly nextTokens?: Int32Array;
 }
 
 /** A uniform random source in [0, 1) (the engine's seeded PRNG of the request). */
