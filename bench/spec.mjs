@@ -1,0 +1,155 @@
+#!/usr/bin/env node
+// Speculative decoding, every shipped drafter on equal terms (issues #4, #6): the same prompts,
+// loads (concurrent sequences) and temperatures; one table.
+//
+//   npm run bench:spec                      (root; run `npm run build` first; ~6 min)
+//   node bench/spec.mjs [--drafters dflash,dspark,eagle3] [--prompts N] [--tokens N] [--conc 1,4,8]
+//                       [--reps N] [--json FILE] [--quick]
+//
+// Prompts: the first N/2 of test/prompts/prose.jsonl and of code.jsonl (held out; N = 16 by default),
+// `--tokens` new tokens each (default 64), EOS ignored. Target models/kimi-k3-tiny; each drafter is
+// loaded from models/kimi-k3-tiny-<method> through its config.json (the plugin registry picks it).
+// For every load C and temperature T, in one run, alternating `--reps` times (medians reported):
+//   plain    = SpecEngine without a drafter (one token per target forward);
+//   max k    = the drafter at its full draft length every step (draftPolicy 'max'): τ and the
+//              per-position acceptance of the method, and the speed of always drafting;
+//   cost     = the engine's default policy (draftPolicy 'cost': calibrated t_draft / t_verify and online
+//              acceptance choose k per sequence per step, k = 0 included; confidence budgets where the
+//              drafter reports confidences). Its calibration runs before the timer.
+// Speed-up = tok/s ÷ plain tok/s (output tokens / wall, prefill included). τ in both definitions
+// (docs/ARCHITECTURE.md glossary): per step (mean over verify steps of accepted + 1) and mean of
+// requests. Per-position acceptance a_j = fraction of verify steps whose draft j was accepted.
+// Ceiling (C = 1, greedy): with τ(k) = 1 + Σ_{j ≤ k} a_j from the max-k run and the calibrated costs,
+//   ceiling = max_k τ(k) · t_step / (t_draft(k) + t_verify(k))   (k = 0: 1.0; REFERENCE.md §11).
+// Greedy outputs of every drafter run are checked equal to plain decoding's (the run aborts if not).
+import * as fs from 'node:fs';
+import { cpus, loadavg } from 'node:os';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, loadDrafter, loadTarget } from '@specd/core';
+import { isa } from '@specd/native';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const argv = process.argv.slice(2);
+const arg = (name, dflt) => {
+  const i = argv.indexOf(`--${name}`);
+  return i < 0 ? dflt : argv[i + 1];
+};
+const quick = argv.includes('--quick');
+const NPROMPTS = Number(arg('prompts', quick ? '8' : '16'));
+const NEW = Number(arg('tokens', quick ? '32' : '64'));
+const CONCS = arg('conc', quick ? '1,4' : '1,4,8').split(',').map(Number);
+const REPS = Number(arg('reps', quick ? '1' : '3'));
+const METHODS = arg('drafters', 'dflash,dspark,eagle3').split(',')
+  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')));
+const jsonOut = arg('json', undefined);
+const load = () => loadavg().slice(0, 2);
+
+const target = await loadTarget(path.join(ROOT, 'models/kimi-k3-tiny'), BUILTIN_PLUGIN_PACKAGES);
+const maxSeq = Math.max(...CONCS);
+const drafters = [];
+for (const m of METHODS) {
+  const { drafter } = await loadDrafter(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`), BUILTIN_PLUGIN_PACKAGES, target, 4096, maxSeq);
+  drafters.push(drafter);
+}
+
+const read = (name) => fs.readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+const half = Math.ceil(NPROMPTS / 2);
+const prompts = [...read('prose').slice(0, half), ...read('code').slice(0, NPROMPTS - half)];
+const requests = (temperature) => prompts.map((p, i) => ({
+  id: p.id, promptIds: Int32Array.from(p.prompt_token_ids), maxTokens: NEW, sampling: { temperature }, seed: 1000 + i, ignoreEos: true,
+}));
+
+/** Cost-policy engines are kept per (drafter, C, T) across repetitions, as a server keeps its engine. */
+const costEngines = new Map();
+function run(drafter, C, temperature, mode) {
+  const opts = { maxSequences: C, maxTokensPerSequence: 4096 };
+  let e;
+  if (mode === 'cost') {
+    const key = `${drafter.method}|${C}|${temperature}`;
+    e = costEngines.get(key);
+    if (e === undefined) {
+      e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost' });
+      e.calibrate();
+      costEngines.set(key, e);
+    }
+  } else {
+    e = new SpecEngine(target.model, drafter, mode === 'plain' ? opts : { ...opts, draftPolicy: 'max' });
+  }
+  const t0 = performance.now();
+  const rs = e.run(requests(temperature));
+  const s = (performance.now() - t0) / 1000;
+  const m = e.metrics;
+  return {
+    tokPerS: rs.reduce((a, r) => a + r.tokenIds.length, 0) / s, tauPerStep: m.tauPerStep, tauMeanOfRequests: m.tauMeanOfRequests,
+    perPosition: m.perPositionAcceptance, drafted: m.drafted, verifySteps: m.verifySteps,
+    outputs: new Map(rs.map((r) => [r.id, r.tokenIds.join()])), costs: e.stepCosts,
+  };
+}
+const median = (xs) => [...xs].sort((a, b) => a.tokPerS - b.tokPerS)[xs.length >> 1];
+
+const info = isa();
+const [l1, l5] = load();
+console.log(`bench:spec — drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} tokens; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`);
+run(undefined, 1, 0, 'plain'); // warm-up (JIT, page faults)
+
+const rows = [];
+for (const C of CONCS) {
+  for (const temperature of [0, 1]) {
+    const plains = [];
+    const per = drafters.map(() => ({ max: [], cost: [] }));
+    for (let r = 0; r < REPS; r++) {
+      plains.push(run(undefined, C, temperature, 'plain'));
+      drafters.forEach((d, i) => {
+        per[i].max.push(run(d, C, temperature, 'max'));
+        per[i].cost.push(run(d, C, temperature, 'cost'));
+      });
+    }
+    const plain = median(plains);
+    drafters.forEach((d, i) => {
+      const max = median(per[i].max);
+      const cost = median(per[i].cost);
+      if (temperature === 0) {
+        for (const res of [max, cost]) {
+          for (const [id, toks] of plain.outputs) if (res.outputs.get(id) !== toks) throw new Error(`bench:spec: ${d.method}: greedy output of ${id} differs from plain decoding (C=${C})`);
+        }
+      }
+      let ceiling;
+      if (C === 1 && temperature === 0 && cost.costs !== undefined) {
+        const c = cost.costs;
+        const tStep = c.stepMs(1);
+        let best = { k: 0, value: 1 };
+        let tau = 1;
+        for (let k = 1; k <= d.maxDraftTokens; k++) {
+          tau += max.perPosition[k - 1] ?? 0;
+          const value = tau * tStep / (c.draftMs(1, k) + c.verifyMs(1, k + 1));
+          if (value > best.value) best = { k, value };
+        }
+        ceiling = best;
+      }
+      const row = {
+        method: d.method, C, temperature, plain: plain.tokPerS, maxK: d.maxDraftTokens,
+        tauPerStep: max.tauPerStep, tauMeanOfRequests: max.tauMeanOfRequests, perPosition: max.perPosition,
+        maxTokPerS: max.tokPerS, maxSpeedup: max.tokPerS / plain.tokPerS,
+        costTokPerS: cost.tokPerS, costSpeedup: cost.tokPerS / plain.tokPerS, costDraftsPerStep: cost.drafted / Math.max(1, cost.verifySteps),
+        ceiling, load1: load()[0],
+      };
+      rows.push(row);
+      console.log(`${d.method} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)} (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}`
+        + (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`));
+    });
+  }
+}
+
+const pp = (a) => a.slice(0, 6).map((x) => x.toFixed(2)).join(' ');
+console.log('\n| drafter | sequences | T | τ per step (max k) | τ mean of requests | per-position acceptance a_1…a_6 | plain tok/s | max k tok/s | ×plain | cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) |');
+console.log('|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
+for (const r of rows) {
+  console.log(`| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} | ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`);
+}
+const [e1, e5] = load();
+console.log(`\nload at the end ${e1.toFixed(2)} / ${e5.toFixed(2)} (1/5 min)`);
+if (jsonOut) fs.writeFileSync(jsonOut, `${JSON.stringify({ threads: info.threads, isa: info.isa, prompts: prompts.length, newTokens: NEW, rows })}\n`);
+for (const d of drafters) d.dispose();
+target.model.dispose();
