@@ -130,7 +130,8 @@ export interface LoadedDrafter {
  * `maxTokensPerSequence`): from a checkpoint directory (a string, or a choice with `dir`), resolving
  * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
  * `choice.method` through its `loadWithoutCheckpoint`.
- * @throws {PluginError} naming the loaded methods when none matches, or a method that needs a checkpoint; the plugin's errors.
+ * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a `choice.method`
+ *   other than the plugin that claims the checkpoint; the plugin's errors.
  */
 export async function loadDrafter(
   choice: string | DrafterChoice, plugins: readonly string[], target: LoadedTarget, maxTokensPerSequence: number, maxSequences = 1,
@@ -148,6 +149,11 @@ export async function loadDrafter(
   }
   const config = HfConfig.read(drafterDir);
   const plugin = DrafterRegistry.fromContainer(container).resolve(config);
+  if (c.method !== undefined && c.method !== plugin.method) {
+    throw new PluginError(
+      `drafter: method ${JSON.stringify(c.method)}, but ${config.file} (architectures [${config.architectures.join(', ')}]) is a ${JSON.stringify(plugin.method)} checkpoint; set "method": ${JSON.stringify(plugin.method)} or point "path" at a ${c.method} checkpoint`,
+    );
+  }
   const weights = SafetensorsCheckpoint.open(drafterDir);
   try {
     const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);

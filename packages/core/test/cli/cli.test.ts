@@ -90,6 +90,15 @@ describe('specd generate', () => {
     expect(wrong.err).toMatch(/no drafter plugin for architectures \[KimiLinearForCausalLM\]; loaded methods: dflash/);
   });
 
+  it('a config whose drafter method differs from the checkpoint\'s plugin is refused, naming both', async () => {
+    fs.writeFileSync(path.join(tmp, 'mismatch.json'), JSON.stringify({
+      model: path.join(ROOT, 'models/kimi-k3-tiny'), drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dspark') },
+    }));
+    const r = await run(['generate', '--config', path.join(tmp, 'mismatch.json'), '--prompt', 'The history of the', '--max-tokens', '2']);
+    expect(r.code).toBe(1);
+    expect(r.err).toMatch(/drafter: method "dflash", but .*kimi-k3-tiny-dspark\/config.json \(architectures \[DSparkDraftModel\]\) is a "dspark" checkpoint/);
+  });
+
   it('reads --prompt-file and --config (flags override the file)', async () => {
     fs.writeFileSync(path.join(tmp, 'p.txt'), 'The history of the');
     fs.writeFileSync(path.join(tmp, 'c.json'), JSON.stringify({ model: path.relative(tmp, path.join(ROOT, 'models/kimi-k3-tiny')), plugins: ['@specd/model-kimi-k3'], sampling: { max_tokens: 5, temperature: 0 } }));
