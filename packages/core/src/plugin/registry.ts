@@ -24,7 +24,7 @@ export const MODEL_PLUGIN: InjectionToken<ModelPlugin> = 'specd:ModelPlugin';
 export const DRAFTER_PLUGIN: InjectionToken<DrafterPlugin> = 'specd:DrafterPlugin';
 
 /** Plugin packages loaded when the config names none. */
-export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark']);
+export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
 
 /** Thrown when no plugin matches a config, or a plugin package cannot be loaded. */
 export class PluginError extends Error {

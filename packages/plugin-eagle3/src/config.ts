@@ -1,0 +1,219 @@
+/**
+ * The EAGLE-3 checkpoint config (REFERENCE.md §5; oracle: tools/reference/specd_ref/eagle3.py
+ * `Eagle3Config.from_hf`), in either of two layouts, and this method's branch of the specd config schema.
+ *
+ * - **EAGLE-3 layout** (SafeAILab/EAGLE, SpecForge): `architectures ["LlamaForCausalLMEagle3"]`, the
+ *   Llama fields at the top level (`hidden_size`, `num_attention_heads`, `num_key_value_heads`,
+ *   `head_dim`, `intermediate_size`, `vocab_size`, `rope_theta`, `rms_norm_eps`), `draft_vocab_size`,
+ *   `eagle_config.eagle_aux_hidden_state_layer_ids` (or the same key at the top level). Weights are
+ *   named `midlayer.*`.
+ * - **speculators layout** (vLLM's `speculators` format): `speculators_model_type: "eagle3"`,
+ *   `architectures ["Eagle3Speculator"]`, the Llama fields inside `transformer_layer_config`,
+ *   `draft_vocab_size` and `eagle_aux_hidden_state_layer_ids` at the top level (or inside
+ *   `transformer_layer_config`), `speculators_config.proposal_methods[]` (`speculative_tokens` of
+ *   the `default_proposal_method`, else of the first entry) and `speculators_config.verifier`
+ *   (informational). Weights may be named `layers.0.*` instead of `midlayer.*` (both accepted).
+ *   `norm_before_residual` is honoured (the residual of the draft layer is `hidden_norm(g)` instead
+ *   of `g`); its default is `false` in the EAGLE-3 layout (the reference) and `true` in the
+ *   speculators layout (vLLM's default for that format). `norm_before_fc`, `fc_norm` and
+ *   `norm_output` = true are rejected (not implemented; never approximated).
+ *
+ * Taps: `eagle_aux_hidden_state_layer_ids` are used as given — tap k = the residual stream
+ * entering target layer k (REFERENCE.md §2; vLLM captures the same). They are required in both layouts.
+ */
+
+import { DrafterError, type DrafterSchema, type HfConfig } from '@specd/core';
+
+/** `config.json` `architectures` entries accepted: the EAGLE-3 layout and the speculators layout. */
+export const EAGLE3_ARCHITECTURES: readonly string[] = Object.freeze(['LlamaForCausalLMEagle3', 'Eagle3Speculator']);
+
+/** Chain length (drafts per step) when neither the deployment config nor the checkpoint names one (the reference run's). */
+export const EAGLE3_DEFAULT_DRAFT_TOKENS = 6;
+
+/** Which `config.json` layout a checkpoint uses. */
+export type Eagle3Layout = 'eagle3' | 'speculators';
+
+/** A validated EAGLE-3 config. */
+export interface Eagle3Config {
+  readonly layout: Eagle3Layout;
+  readonly hiddenSize: number;
+  readonly numHeads: number;
+  readonly numKvHeads: number;
+  readonly headDim: number;
+  readonly intermediateSize: number;
+  /** Target vocabulary size the checkpoint was made for. */
+  readonly vocabSize: number;
+  /** Rows of the draft `lm_head` (draft vocabulary; ids mapped to the target's by `d2t`). */
+  readonly draftVocabSize: number;
+  /** Tap ids, as given by `eagle_aux_hidden_state_layer_ids` (tap k = residual entering layer k). */
+  readonly taps: readonly number[];
+  readonly ropeTheta: number;
+  readonly rmsNormEps: number;
+  /** The draft layer's residual is `hidden_norm(g)` (true) or `g` (false, the reference). */
+  readonly normBeforeResidual: boolean;
+  /** Drafts per step named by the checkpoint (speculators `speculative_tokens`), if any. */
+  readonly speculativeTokens?: number;
+}
+
+/** A validated `tree` setting of the deployment config (EAGLE-2 dynamic tree; refused at load for now). */
+export interface Eagle3TreeSettings {
+  readonly topK: number;
+  readonly depth: number;
+  readonly totalTokens: number;
+}
+
+/** The deployment config's `drafter` branch, parsed (defaults not filled in). */
+export interface Eagle3Settings {
+  readonly numDraftTokens?: number;
+  readonly tree?: Eagle3TreeSettings;
+}
+
+/** The Llama fields of either layout (top level, or `transformer_layer_config`). */
+function parseLlama(c: HfConfig): Omit<Eagle3Config, 'layout' | 'draftVocabSize' | 'taps' | 'normBeforeResidual' | 'speculativeTokens'> {
+  const numHeads = c.requireInt('num_attention_heads', { min: 1 });
+  const numKvHeads = c.optionalInt('num_key_value_heads', { min: 1 }) ?? numHeads;
+  if (numHeads % numKvHeads !== 0) c.fail('num_key_value_heads', `expected a divisor of num_attention_heads = ${numHeads}, got ${numKvHeads}`);
+  const hiddenSize = c.requireInt('hidden_size', { min: 1 });
+  const headDim = c.optionalInt('head_dim', { min: 2 }) ?? hiddenSize / numHeads;
+  if (!Number.isInteger(headDim) || headDim % 2 !== 0) c.fail('head_dim', `expected an even integer (RoPE), got ${headDim}`);
+  const layers = c.optionalInt('num_hidden_layers', { min: 1 }) ?? 1;
+  if (layers !== 1) c.fail('num_hidden_layers', `expected 1 (an EAGLE-3 draft has one decoder layer), got ${layers}`);
+  const act = c.optionalString('hidden_act') ?? 'silu';
+  if (act !== 'silu') c.fail('hidden_act', `expected "silu", got ${JSON.stringify(act)}`);
+  if (c.has('rope_scaling')) c.fail('rope_scaling', 'RoPE scaling is not supported (plain RoPE only)');
+  return {
+    hiddenSize, numHeads, numKvHeads, headDim,
+    intermediateSize: c.requireInt('intermediate_size', { min: 1 }),
+    vocabSize: c.requireInt('vocab_size', { min: 1 }),
+    ropeTheta: c.optionalNumber('rope_theta', { min: Number.MIN_VALUE }) ?? 10000,
+    rmsNormEps: c.optionalNumber('rms_norm_eps', { min: 0 }) ?? 1e-6,
+  };
+}
+
+function checkTaps(c: HfConfig, key: string, taps: number[]): number[] {
+  if (taps.length === 0) c.fail(key, 'expected at least one layer id');
+  if (new Set(taps).size !== taps.length) c.fail(key, `expected distinct ids, got [${taps.join(', ')}]`);
+  return taps;
+}
+
+/**
+ * Validates an EAGLE-3 `config.json` in the EAGLE-3 or the speculators layout (module comment).
+ * Both layouts of the same weights parse to the same config except `layout` (and
+ * `speculativeTokens`, which only the speculators layout carries).
+ * @throws {HfConfigError} naming the JSON path of the first bad field.
+ */
+export function parseEagle3Config(c: HfConfig): Eagle3Config {
+  const archs = c.architectures;
+  if (!archs.some((a) => EAGLE3_ARCHITECTURES.includes(a))) c.fail('architectures', `expected one of [${EAGLE3_ARCHITECTURES.join(', ')}], got [${archs.join(', ')}]`);
+  const speculators = c.has('speculators_model_type') || archs.includes('Eagle3Speculator');
+  if (!speculators) {
+    const llama = parseLlama(c);
+    const e = c.optionalSection('eagle_config');
+    const taps = e?.has('eagle_aux_hidden_state_layer_ids') === true
+      ? checkTaps(e, 'eagle_aux_hidden_state_layer_ids', e.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
+      : c.has('eagle_aux_hidden_state_layer_ids')
+        ? checkTaps(c, 'eagle_aux_hidden_state_layer_ids', c.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
+        : c.fail('eagle_config.eagle_aux_hidden_state_layer_ids', 'required (the target layers whose input residuals the drafter reads)');
+    rejectNorms(c);
+    return Object.freeze({
+      layout: 'eagle3', ...llama,
+      draftVocabSize: c.optionalInt('draft_vocab_size', { min: 1 }) ?? llama.vocabSize,
+      taps: Object.freeze(taps),
+      normBeforeResidual: c.optionalBoolean('norm_before_residual') ?? false,
+    });
+  }
+  const type = c.requireString('speculators_model_type');
+  if (type !== 'eagle3') c.fail('speculators_model_type', `expected "eagle3", got ${JSON.stringify(type)}`);
+  const t = c.section('transformer_layer_config');
+  const llama = parseLlama(t);
+  const taps = c.has('eagle_aux_hidden_state_layer_ids')
+    ? checkTaps(c, 'eagle_aux_hidden_state_layer_ids', c.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
+    : t.has('eagle_aux_hidden_state_layer_ids')
+      ? checkTaps(t, 'eagle_aux_hidden_state_layer_ids', t.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
+      : c.fail('eagle_aux_hidden_state_layer_ids', 'required (the target layers whose input residuals the drafter reads)');
+  const targetHidden = c.optionalInt('target_hidden_size', { min: 1 });
+  if (targetHidden !== undefined && targetHidden !== llama.hiddenSize) {
+    c.fail('target_hidden_size', `expected the draft hidden size ${llama.hiddenSize} (a projection between hidden sizes is not supported), got ${targetHidden}`);
+  }
+  rejectNorms(c);
+  let speculativeTokens: number | undefined;
+  const s = c.optionalSection('speculators_config');
+  if (s !== undefined) {
+    const algo = s.optionalString('algorithm');
+    if (algo !== undefined && algo !== 'eagle3') s.fail('algorithm', `expected "eagle3", got ${JSON.stringify(algo)}`);
+    const raw = s.raw['proposal_methods'] ?? [];
+    if (!Array.isArray(raw)) s.fail('proposal_methods', 'expected an array');
+    const methods = raw as readonly unknown[];
+    const wanted = s.optionalString('default_proposal_method');
+    const i = Math.max(0, methods.findIndex((m) => typeof m === 'object' && m !== null && (m as Record<string, unknown>)['proposal_type'] === wanted));
+    const m = methods[i] as unknown;
+    if (m !== undefined) {
+      if (typeof m !== 'object' || m === null || Array.isArray(m)) s.fail(`proposal_methods[${i}]`, 'expected an object');
+      const k = (m as Record<string, unknown>)['speculative_tokens'];
+      if (k !== undefined && k !== null) {
+        if (!(Number.isSafeInteger(k) && (k as number) >= 1)) s.fail(`proposal_methods[${i}].speculative_tokens`, `expected an integer >= 1, got ${JSON.stringify(k)}`);
+        speculativeTokens = k as number;
+      }
+    }
+  }
+  return Object.freeze({
+    layout: 'speculators', ...llama,
+    draftVocabSize: c.optionalInt('draft_vocab_size', { min: 1 }) ?? t.optionalInt('draft_vocab_size', { min: 1 }) ?? llama.vocabSize,
+    taps: Object.freeze(taps),
+    normBeforeResidual: c.optionalBoolean('norm_before_residual') ?? true,
+    ...(speculativeTokens !== undefined ? { speculativeTokens } : {}),
+  });
+}
+
+/** `norm_before_fc` / `fc_norm` / `norm_output` variants change the numerics; refused rather than approximated. */
+function rejectNorms(c: HfConfig): void {
+  for (const key of ['norm_before_fc', 'fc_norm', 'norm_output']) {
+    if (c.optionalBoolean(key) === true) c.fail(key, 'true is not supported (only the plain EAGLE-3 layer: fc, then the decoder layer)');
+  }
+}
+
+/**
+ * Parses the deployment config's `drafter` object (already validated by {@link EAGLE3_SCHEMA}; checked again
+ * here for direct callers).
+ * @throws {DrafterError} on a bad field.
+ */
+export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> | undefined): Eagle3Settings {
+  if (settings === undefined) return {};
+  const int = (v: unknown, where: string): number => {
+    if (!(Number.isSafeInteger(v) && (v as number) >= 1)) throw new DrafterError(`eagle3: settings.${where}: expected an integer >= 1, got ${JSON.stringify(v)}`);
+    return v as number;
+  };
+  const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings } = {};
+  if (settings['num_draft_tokens'] !== undefined) out.numDraftTokens = int(settings['num_draft_tokens'], 'num_draft_tokens');
+  const tree = settings['tree'];
+  if (tree !== undefined) {
+    if (typeof tree !== 'object' || tree === null || Array.isArray(tree)) throw new DrafterError(`eagle3: settings.tree: expected an object, got ${JSON.stringify(tree)}`);
+    const t = tree as Record<string, unknown>;
+    out.tree = Object.freeze({ topK: int(t['top_k'], 'tree.top_k'), depth: int(t['depth'], 'tree.depth'), totalTokens: int(t['total_tokens'], 'tree.total_tokens') });
+  }
+  return Object.freeze(out);
+}
+
+/** This method's branch of the specd config schema (JSON Schema draft 2020-12; validated elsewhere). */
+export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
+  $id: 'specd:drafter/eagle3',
+  type: 'object',
+  required: ['method', 'path'],
+  additionalProperties: false,
+  properties: {
+    method: { const: 'eagle3' },
+    path: { type: 'string', description: 'EAGLE-3 checkpoint directory (architectures ["LlamaForCausalLMEagle3"], or the speculators format ["Eagle3Speculator"])' },
+    num_draft_tokens: { type: 'integer', minimum: 1, description: `chain length, drafts per step at most (default: the checkpoint's speculative_tokens, else ${EAGLE3_DEFAULT_DRAFT_TOKENS})` },
+    tree: {
+      type: 'object',
+      additionalProperties: false,
+      required: ['top_k', 'depth', 'total_tokens'],
+      description: 'EAGLE-2 dynamic tree drafting; not available yet (load refuses it: chain drafting only)',
+      properties: {
+        top_k: { type: 'integer', minimum: 1 },
+        depth: { type: 'integer', minimum: 1 },
+        total_tokens: { type: 'integer', minimum: 1 },
+      },
+    },
+  },
+});

@@ -1,0 +1,20 @@
+/**
+ * @specd/plugin-eagle3 — the EAGLE-3 drafter, chain drafting (EAGLE-3 and vLLM speculators checkpoint formats).
+ * Registration: `register(container)` puts {@link eagle3Plugin} under core's DRAFTER_PLUGIN token.
+ */
+import { DRAFTER_PLUGIN } from '@specd/core';
+import type { DependencyContainer } from 'tsyringe';
+
+import { eagle3Plugin } from './plugin.js';
+
+/** Registers the plugin in a tsyringe container. */
+export function register(container: DependencyContainer): void {
+  container.register(DRAFTER_PLUGIN, { useValue: eagle3Plugin });
+}
+
+export { eagle3Plugin } from './plugin.js';
+export {
+  EAGLE3_ARCHITECTURES, EAGLE3_DEFAULT_DRAFT_TOKENS, EAGLE3_SCHEMA, parseEagle3Config, parseEagle3Settings,
+  type Eagle3Config, type Eagle3Layout, type Eagle3Settings, type Eagle3TreeSettings,
+} from './config.js';
+export { EAGLE3_LAYER_PREFIXES, Eagle3Drafter, loadEagle3Drafter } from './eagle3.js';
