@@ -34,22 +34,43 @@ import type { DFlashConfig } from './config.js';
 /** Tokens per draft KV page. */
 const DRAFT_PAGE_SIZE = 16;
 
-interface DraftLayerWeights {
+/** A draft layer's context-KV path (all a context-KV-only drafter loads). */
+interface DraftLayerKvWeights {
+  /** k_proj ; v_proj stacked: `[2·KV·hd, D]`. */
+  readonly kv: PackedBf16Weights;
+  readonly kNorm: Float32Array;
+}
+
+/** The rest of a draft layer (the block forward only). */
+interface DraftLayerBlockWeights {
   readonly sliding: boolean;
   readonly inputNorm: Float32Array;
   readonly postNorm: Float32Array;
   /** q_proj `[H·hd, D]`. */
   readonly q: PackedBf16Weights;
-  /** k_proj ; v_proj stacked: `[2·KV·hd, D]`. */
-  readonly kv: PackedBf16Weights;
   /** o_proj `[D, H·hd]`. */
   readonly o: PackedBf16Weights;
   readonly qNorm: Float32Array;
-  readonly kNorm: Float32Array;
   /** gate_proj ; up_proj stacked `[2·I, D]`. */
   readonly gateUp: PackedBf16Weights;
   /** down_proj `[D, I]`. */
   readonly down: PackedBf16Weights;
+}
+
+/** A draft layer: its KV path, and the block weights unless loaded context-KV-only. */
+interface DraftLayerWeights extends DraftLayerKvWeights {
+  readonly block?: DraftLayerBlockWeights;
+}
+
+/** Which parts of a checkpoint {@link loadDFlashDrafter} loads. */
+export interface DFlashLoadParts {
+  /**
+   * Context-KV-only (a prefill-only producer): load only `fc`, `hidden_norm` and each layer's
+   * k_proj / v_proj / k_norm — the projection and the draft KV path; the block forward (q / o /
+   * MLP / layer norms / final norm) is not loaded, so `runBlocks` / `propose` throw. The target
+   * then needs no embedTokens / lmHead. Default false (everything).
+   */
+  readonly contextOnly?: boolean;
 }
 
 /** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` array. */
@@ -65,7 +86,8 @@ function sliceColumns<T extends Float32Array | Uint16Array>(src: T, rows: number
  *   `[hidden, taps × hidden]`, a tap is beyond the target's layers, hidden sizes differ, the target
  *   lacks `embedTokens` / `lmHead`, or a tensor is missing / mis-shaped.
  */
-export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions): DFlashDrafter {
+export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions, parts: DFlashLoadParts = {}): DFlashDrafter {
+  const contextOnly = parts.contextOnly === true;
   const c = config;
   const t = options.target;
   const info = t.info;
@@ -85,7 +107,7 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
   if (bad.length > 0) {
     throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
   }
-  if (t.embedTokens === undefined || t.lmHead === undefined) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
+  if (!contextOnly && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
   const fc = r.bf16('fc.weight', [D, nT * D]);
   const fcBlocks = c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D, (n) => new Uint16Array(n)), D, D));
   const H = c.numHeads;
@@ -95,21 +117,27 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
   const layers: DraftLayerWeights[] = [];
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
-    layers.push({
-      sliding: c.layerTypes[j] === 'sliding_attention',
-      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
-      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-      q: r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D),
+    const kvPath: DraftLayerKvWeights = {
       kv: r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D),
-      o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
-      qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
       kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
-      gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
-      down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
+    };
+    layers.push(contextOnly ? kvPath : {
+      ...kvPath,
+      block: {
+        sliding: c.layerTypes[j] === 'sliding_attention',
+        inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+        postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+        q: r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D),
+        o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
+        qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
+        gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
+        down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
+      },
     });
   }
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
-  return new DFlashDrafter(c, t, fcBlocks, r.f32('hidden_norm.weight', [D]), r.f32('norm.weight', [D]), layers, options.maxSequences * pagesPerSeq);
+  const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
+  return new DFlashDrafter(c, t, fcBlocks, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq);
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
@@ -126,7 +154,8 @@ export class DFlashDrafter implements Drafter {
     /** fc column block of each tap (checkpoint order), `[D, D]` packed. */
     private fcBlocks: PackedBf16Weights[],
     private readonly hiddenNorm: Float32Array,
-    private readonly finalNorm: Float32Array,
+    /** The final `norm`; undefined when loaded context-KV-only. */
+    private readonly finalNorm: Float32Array | undefined,
     private layers: DraftLayerWeights[],
     numPages: number,
   ) {
@@ -140,6 +169,11 @@ export class DFlashDrafter implements Drafter {
 
   get pagesInUse(): number {
     return this.pool.pagesInUse;
+  }
+
+  /** Whether only the projection and the draft KV path are loaded ({@link DFlashLoadParts.contextOnly}): no block forward. */
+  get contextOnly(): boolean {
+    return this.finalNorm === undefined;
   }
 
   captureSetter(target: StageInfo): readonly number[] {
@@ -199,6 +233,7 @@ export class DFlashDrafter implements Drafter {
     const V = this.target.info.vocabSize;
     const seqs = batch.sequences;
     const S = seqs.length;
+    if (this.contextOnly) throw new DrafterError('dflash: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without contextOnly to draft');
     if (S === 0) return [];
     seqs.forEach((s, i) => {
       if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
@@ -250,6 +285,8 @@ export class DFlashDrafter implements Drafter {
       const have = this.pool.length(s.id);
       if (s.position !== have) throw new DrafterError(`dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`);
     });
+    const finalNorm = this.finalNorm;
+    if (finalNorm === undefined) throw new DrafterError('dflash: runBlocks: this drafter was loaded in context-KV-only mode (no block forward)');
     if (S === 0) return new Float32Array(0);
     const tokens = new Int32Array(N).fill(c.maskTokenId);
     const positions = new Int32Array(N);
@@ -267,23 +304,24 @@ export class DFlashDrafter implements Drafter {
       const attnBatch = makePagedBatch(seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })));
       const h = this.target.embedTokens!(tokens);
       for (const [j, w] of this.layers.entries()) {
-        const x = rmsNorm(h, w.inputNorm, c.rmsNormEps);
-        const q = rmsNormPerHead(gemmBf16(x, N, w.q), H, w.qNorm, c.rmsNormEps);
+        const b = w.block!; // present whenever finalNorm is
+        const x = rmsNorm(h, b.inputNorm, c.rmsNormEps);
+        const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
         applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
         const [k, v] = this.keysValues(w, x, positions);
         const kPool = this.pool.layerStore(2 * j);
         const vPool = this.pool.layerStore(2 * j + 1);
         writeKvPages(this.layout, k, v, kPool, vPool, slots);
         const a = pagedAttention(q, kPool, vPool, this.layout, attnBatch, {
-          numHeads: H, scale: 1 / Math.sqrt(hd), mask: w.sliding ? 'causal' : 'non-causal', slidingWindow: w.sliding ? c.slidingWindow : 0,
+          numHeads: H, scale: 1 / Math.sqrt(hd), mask: b.sliding ? 'causal' : 'non-causal', slidingWindow: b.sliding ? c.slidingWindow : 0,
         });
-        const o = gemmBf16(a, N, w.o);
+        const o = gemmBf16(a, N, b.o);
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
-        const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
-        const m = gemmBf16(swigluFused(gemmBf16(xm, N, w.gateUp), c.intermediateSize), N, w.down);
+        const xm = rmsNorm(h, b.postNorm, c.rmsNormEps);
+        const m = gemmBf16(swigluFused(gemmBf16(xm, N, b.gateUp), c.intermediateSize), N, b.down);
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
       }
-      return rmsNorm(h, this.finalNorm, c.rmsNormEps);
+      return rmsNorm(h, finalNorm, c.rmsNormEps);
     } finally {
       for (const s of grown) this.pool.truncate(s.id, s.position);
     }
@@ -315,7 +353,7 @@ export class DFlashDrafter implements Drafter {
   }
 
   /** K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each. */
-  private keysValues(w: DraftLayerWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
+  private keysValues(w: DraftLayerKvWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
     const c = this.config;
     const n = positions.length;
     const W = c.numKvHeads * c.headDim;

@@ -9,6 +9,6 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
   architectures: DFLASH_ARCHITECTURES,
   schema: DFLASH_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
-    return Promise.resolve().then(() => loadDFlashDrafter(source, parseDFlashConfig(source.config), options));
+    return Promise.resolve().then(() => loadDFlashDrafter(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }));
   },
 });

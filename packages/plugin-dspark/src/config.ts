@@ -38,5 +38,9 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
   properties: {
     method: { const: 'dspark' },
     path: { type: 'string', description: 'DSpark checkpoint directory (z-lab format, architectures ["DSparkDraftModel"])' },
+    context_only: {
+      type: 'boolean', default: false,
+      description: 'context-KV-only mode for a prefill-only producer: load only the projection (fc, hidden_norm) and each layer\'s k/v projections and k_norm; the drafter never drafts',
+    },
   },
 });

@@ -11,7 +11,12 @@
  *   W2 = markov_head.proj `[V, r]`. Greedy: argmax; sampled: q_j = samplingProbs(logits_j), d_j ~ q_j
  *   (q returned for rejection sampling).
  * - Confidence head: c_j = sigmoid(w · [h_j; W1[x_j]] + b) (h_j after the final norm), returned as
- *   the proposal's `confidence`. Informational (no adaptive verification here).
+ *   the proposal's `confidence`. c_j depends on the token BEFORE draft j (x_j), never on d_j, so the
+ *   engine's cost policy may cut a proposal to its survival budget Π c_l ≥ λ losslessly (adaptive
+ *   verification lives in core: engine/draft-policy.ts; nothing here names it).
+ * - Context-KV-only mode (settings `context_only: true` or `DrafterLoadOptions.contextOnly`): only
+ *   the projection (fc, hidden_norm) and each layer's k_proj / v_proj / k_norm are loaded — for a
+ *   prefill-only producer that writes draft KV and never drafts; `propose` throws.
  */
 
 import {
@@ -30,7 +35,9 @@ import type { DSparkConfig } from './config.js';
  * @throws {DrafterError} as {@link loadDFlashDrafter}, or if a head tensor is missing / mis-shaped.
  */
 export function loadDSparkDrafter(source: DrafterSource, config: DSparkConfig, options: DrafterLoadOptions): DSparkDrafter {
-  const backbone = loadDFlashDrafter(source, config, options);
+  const contextOnly = options.contextOnly === true || options.settings?.['context_only'] === true;
+  const backbone = loadDFlashDrafter(source, config, options, { contextOnly });
+  if (contextOnly) return new DSparkDrafter(config, options.target, backbone, undefined);
   try {
     const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dspark: ${source.dir}: ${m}`) });
     const V = options.target.info.vocabSize;
@@ -70,6 +77,7 @@ export class DSparkDrafter implements Drafter {
     private readonly target: StageModel,
     /** The DFlash backbone: context projection, draft KV, block forward. */
     readonly backbone: DFlashDrafter,
+    /** The Markov and confidence heads; undefined when loaded context-KV-only (or disposed). */
     private heads: DSparkHeads | undefined,
   ) {
     this.maxDraftTokens = config.blockSize;
@@ -77,6 +85,11 @@ export class DSparkDrafter implements Drafter {
 
   get pagesInUse(): number {
     return this.backbone.pagesInUse;
+  }
+
+  /** Loaded in context-KV-only mode (see the module comment): projection and draft KV only, never drafts. */
+  get contextOnly(): boolean {
+    return this.backbone.contextOnly;
   }
 
   /** Draft KV (the backbone's). */
@@ -97,6 +110,9 @@ export class DSparkDrafter implements Drafter {
   }
 
   propose(batch: DraftBatch): DraftProposal[] {
+    if (this.contextOnly) {
+      throw new DrafterError('dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without context_only to draft');
+    }
     const heads = this.heads;
     if (heads === undefined) throw new DrafterError('dspark: propose: the drafter is disposed');
     const c = this.config;

@@ -12,6 +12,23 @@
  * sequence this is argmax_k E[committed | k] / (t_draft(k) + t_verify(k)) (REFERENCE.md §4 DSpark
  * adaptive verification, §11); under load the batch's verify cost grows with every drafted row, so
  * it drafts less, down to none. Ties go to fewer drafts.
+ *
+ * Verify budgets ({@link DraftPolicy.budgets}; adaptive verification, REFERENCE.md §4): when a
+ * proposal carries per-draft `confidence` c_j ≈ P(draft j accepted | drafts < j accepted), the
+ * cost policy verifies only a prefix of it — draft j iff its survival S_j = Π_{l ≤ j} c_l ≥ λ.
+ * Derivation: the step maximises rate = E[committed] / cost with
+ *   E[committed] = Σ_s (1 + Σ_{j ≤ k_s} S_sj),  cost = t_draft + t_verify(B, Σ_s (k_s + 1)) + t_overhead.
+ * After propose the draft cost is spent; verifying one more draft adds S_sj to the numerator and
+ * ∂t_verify/∂tokens = δ to the cost, which raises the rate C/T iff (C + S)/(T + δ) > C/T ⇔ S > (C/T)·δ.
+ * At the optimum C/T = R* (the best achievable rate), so the marginal rule is S_sj ≥ λ = R*·δ
+ * (Dinkelbach's condition for a ratio objective). R* is taken from {@link CostDraftPolicy.choose}
+ * of the same step: the rate it predicted for its choice from the calibrated costs, the measured
+ * overhead and the acceptance estimated from EARLIER steps; δ is the secant slope of the calibrated
+ * t_verify(B, ·) over the tokens the choice drafts. So λ is fixed before the step's drafts exist.
+ * Lossless: S is non-increasing, so the rule is a stopping rule that decides draft j from
+ * c_1 … c_j only; c_j is computed before d_j is drawn (DSpark: from the token before draft j), so
+ * whether d_j is verified never depends on d_j itself, and rejection sampling stays exact for any
+ * stopping rule of that kind. A rule that looked at c_{j+1} (a function of d_j) would not be.
  */
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
@@ -26,10 +43,25 @@ export interface DraftCandidate {
   readonly metrics: RequestMetrics;
 }
 
-/** A draft-length policy: choose → (verify) → observe per sequence, release at finish. */
+/** A proposal offered to {@link DraftPolicy.budgets}: a sequence's per-draft confidences. */
+export interface BudgetItem {
+  readonly id: SequenceId;
+  /** c_1 … c_k of the proposal (`DraftProposal.confidence`), `[k]` f32, k ≥ 1. */
+  readonly confidence: Float32Array;
+}
+
+/** A draft-length policy: choose → propose → (budgets) → verify → observe per sequence, release at finish. */
 export interface DraftPolicy {
   /** Drafts per candidate, each an integer in [0, candidates[i].maxDrafts]. */
   choose(candidates: readonly DraftCandidate[]): number[];
+  /**
+   * Verify budgets, called by the engine right after propose (same step as the last `choose`) for
+   * the proposals that carry `confidence`: how many leading drafts of each to verify, in
+   * [0, confidence.length]; the engine drops the rest (0: a plain decode step for that sequence).
+   * Must be lossless: the decision for draft j may use c_1 … c_j and anything known before the
+   * step, never c_{j+1} … (they depend on draft j). Absent: every draft is verified.
+   */
+  budgets?(items: readonly BudgetItem[]): number[];
   /** After verification: `drafted` drafts of sequence `id`, the first `accepted` kept. */
   observe(id: SequenceId, drafted: number, accepted: number): void;
   /**
@@ -39,6 +71,21 @@ export interface DraftPolicy {
   observeOverhead?(ms: number, drafted: boolean): void;
   /** The sequence finished or was aborted. */
   release(id: SequenceId): void;
+}
+
+/**
+ * The survival stopping rule: the number of leading drafts whose survival S_j = Π_{l ≤ j} c_l is
+ * ≥ `threshold`. Reads c_j only after S_1 … S_{j−1} passed, so the decision for draft j depends on
+ * c_1 … c_j alone.
+ */
+export function survivalBudget(confidence: ArrayLike<number>, threshold: number): number {
+  let s = 1;
+  let k = 0;
+  for (; k < confidence.length; k++) {
+    s *= confidence[k]!;
+    if (!(s >= threshold)) break;
+  }
+  return k;
 }
 
 /** Options of {@link AcceptanceEstimator}. */
@@ -146,6 +193,15 @@ export class CostDraftPolicy implements DraftPolicy {
    */
   private readonly overheadMs = [0, 0];
   private readonly overheadSeen = [false, false];
+  /**
+   * The survival threshold λ = R*·δ of the step last chosen (see the file comment); Infinity
+   * before the first choose (nothing is verified without a choice).
+   */
+  threshold = Number.POSITIVE_INFINITY;
+  /** R*: the rate (expected committed tokens per ms) predicted by the last choose. */
+  predictedRate = 0;
+  /** δ: marginal verify cost per token of the last choose's batch, ms. */
+  marginalVerifyMs = 0;
 
   constructor(readonly costs: StepCosts, options: CostDraftPolicyOptions = {}) {
     this.acceptance = new AcceptanceEstimator(options);
@@ -214,7 +270,26 @@ export class CostDraftPolicy implements DraftPolicy {
         }
       });
     }
+    this.setThreshold(B, ks, best);
     return ks;
+  }
+
+  /**
+   * λ for the step just chosen: R* = `rate` (committed tokens per ms, predicted before any draft
+   * exists), δ = secant slope of t_verify(B, ·) from B rows (plain) to B + Σk rows (one more row
+   * when nobody drafts), λ = R*·δ.
+   */
+  private setThreshold(B: number, ks: readonly number[], rate: number): void {
+    const d = Math.max(1, ks.reduce((a, k) => a + k, 0));
+    const delta = Math.max(0, (this.costs.verifyMs(B, B + d) - this.costs.verifyMs(B, B)) / d);
+    this.predictedRate = rate;
+    this.marginalVerifyMs = delta;
+    this.threshold = rate * delta;
+  }
+
+  /** The survival rule with the threshold of the last choose (see the file comment). */
+  budgets(items: readonly BudgetItem[]): number[] {
+    return items.map((it) => survivalBudget(it.confidence, this.threshold));
   }
 
   observe(id: SequenceId, drafted: number, accepted: number): void {

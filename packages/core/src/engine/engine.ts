@@ -12,8 +12,12 @@
  *   taps of the committed tokens become new draft context).
  * Without a drafter (or with 0 drafts) a step is plain decoding: a block of one token.
  * Draft lengths per sequence and step come from a draft policy (draft-policy.ts): the drafter's
- * maximum (`'max'`, default), the cost-based policy (`'cost'`: measured t_verify / t_draft and
+ * maximum (`'max'`), the cost-based policy (`'cost'`, default: measured t_verify / t_draft and
  * online acceptance, k = 0 included), any {@link DraftPolicy}, or the per-sequence `draftLength` hook.
+ * Verify budgets: a proposal that carries `confidence` (any drafter with a confidence head) is
+ * offered to the policy's optional `budgets` hook right after propose; the engine verifies only the
+ * leading drafts it allows (tokens, q, parents and confidence cut alike; a budget of 0 makes that
+ * sequence's step a plain decode step). The cost policy's rule is survival ≥ λ (draft-policy.ts).
  *
  * Commit modes: `'snapshots'` (default when the stage has `commitPrefix`) needs exactly one target
  * forward per verify step; `'replay'` restores a checkpoint and re-runs the committed tokens when a
@@ -81,12 +85,13 @@ export interface SpecEngineOptions {
   /** Detokenizer for stop strings. */
   readonly decode?: (ids: readonly number[]) => string;
   /**
-   * How many drafts each sequence verifies per step (draft-policy.ts). `'cost'`: the cost-based
-   * policy — at the first step (before any request is admitted) the engine measures
+   * How many drafts each sequence verifies per step (draft-policy.ts). `'cost'` (default, see
+   * {@link DEFAULT_DRAFT_POLICY}): the cost-based policy — at the first step (before any request is admitted) the engine measures
    * t_verify / t_draft for its batch-size buckets on this machine (step-costs.ts; cached per
    * target/drafter, thread count and commit mode), then each step picks per sequence the k that
-   * maximises expected committed tokens per second, k = 0 (a plain decode step) included.
-   * `'max'` (default for now): always the drafter's maximum (fixed k = maxDraftTokens; τ tests
+   * maximises expected committed tokens per second, k = 0 (a plain decode step) included; with
+   * proposal confidences it also cuts each proposal to its survival budget ({@link verifyBudget}).
+   * `'max'`: always the drafter's maximum (fixed k = maxDraftTokens; τ tests
    * compare with the reference at the full block, and sampled outputs stay reproducible per seed,
    * which a timing-based policy does not guarantee).
    * Or any {@link DraftPolicy}, e.g. `fixedDraftPolicy(7)`. Ignored when `draftLength` is given.
@@ -94,6 +99,12 @@ export interface SpecEngineOptions {
   readonly draftPolicy?: 'cost' | 'max' | DraftPolicy;
   /** Options of the `'cost'` policy. */
   readonly costPolicy?: CostDraftPolicyOptions;
+  /**
+   * Verify budgets for proposals with `confidence` (adaptive verification): `'survival'` (default)
+   * asks the policy's `budgets` hook — the `'cost'` policy verifies the drafts whose survival
+   * Π c_l ≥ λ; `'max'` and fixed policies have no hook and verify everything — `'all'` never cuts.
+   */
+  readonly verifyBudget?: 'survival' | 'all';
   /**
    * Per-sequence draft length hook (fixed k: `() => 7`; EMA: `adaptiveDraftLength()`), clamped to
    * [0, drafter.maxDraftTokens]; takes precedence over `draftPolicy`.
@@ -405,6 +416,7 @@ export class SpecEngine {
         if (p.tokens.length > (wants[seqs.findIndex((r) => r.req.id === p.id)] ?? 0)) throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
         proposals.set(p.id, p);
       }
+      this.applyBudgets(proposals);
     }
     const t1 = performance.now();
     // verify: one forward over every running sequence
@@ -476,6 +488,35 @@ export class SpecEngine {
       if (reason !== undefined) done.push(this.finish(r, reason));
     }
     return done;
+  }
+
+  /**
+   * Verify budgets (see {@link SpecEngineOptions.verifyBudget}): offers the proposals with
+   * `confidence` to the policy's `budgets` hook and cuts each to its budget in place (in `proposals`).
+   */
+  private applyBudgets(proposals: Map<SequenceId, DraftProposal>): void {
+    const hook = this.policy?.budgets;
+    if (hook === undefined || (this.options.verifyBudget ?? 'survival') === 'all' || this.options.draftLength !== undefined) return;
+    const items = [...proposals.values()].filter((p) => p.confidence !== undefined && p.tokens.length > 0);
+    if (items.length === 0) return;
+    for (const p of items) {
+      if (p.confidence!.length !== p.tokens.length) throw new EngineError(`propose: ${String(p.id)}: confidence has ${p.confidence!.length} entries for ${p.tokens.length} drafts`);
+    }
+    const budgets = hook.call(this.policy, items.map((p) => ({ id: p.id, confidence: p.confidence! })));
+    const V = this.vocab;
+    items.forEach((p, i) => {
+      const k = p.tokens.length;
+      const b = Math.max(0, Math.min(k, Math.floor(budgets[i] ?? k)));
+      this.running.get(p.id)?.metrics.recordBudget(k, b);
+      if (b === k) return;
+      proposals.set(p.id, {
+        id: p.id,
+        tokens: p.tokens.subarray(0, b),
+        ...(p.probs === undefined ? {} : { probs: p.probs.subarray(0, b * V) }),
+        ...(p.parents === undefined ? {} : { parents: p.parents.subarray(0, b) }),
+        confidence: p.confidence!.subarray(0, b),
+      });
+    });
   }
 
   /** Appends committed tokens to the output, stopping at the first finish condition. */

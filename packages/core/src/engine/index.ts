@@ -4,5 +4,5 @@ export { acceptGreedy, acceptSampled, type AcceptResult } from './accept.js';
 export { sampleFromProbs, samplingProbs } from './probs.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';
-export { AcceptanceEstimator, CostDraftPolicy, fixedDraftPolicy, type AcceptanceEstimatorOptions, type CostDraftPolicyOptions, type DraftCandidate, type DraftPolicy } from './draft-policy.js';
+export { AcceptanceEstimator, CostDraftPolicy, fixedDraftPolicy, survivalBudget, type AcceptanceEstimatorOptions, type BudgetItem, type CostDraftPolicyOptions, type DraftCandidate, type DraftPolicy } from './draft-policy.js';
 export { StepCosts, calibrateStepCosts, costBuckets, costDraftLengths, type BucketCosts, type CalibrateOptions } from './step-costs.js';

@@ -5,13 +5,19 @@
  * - per-position acceptance[i] = verify steps whose draft i was accepted / verify steps;
  * - acceptance-length histogram[n] = verify steps that committed n tokens (accepted + 1; index 0 unused);
  * - `tauPerStep` = mean over verify steps of (accepted + 1) = committed / verify steps;
- * - `tauMeanOfRequests` = mean over requests of each request's `tauPerStep` (a different number; never mix them).
+ * - `tauMeanOfRequests` = mean over requests of each request's `tauPerStep` (a different number; never mix them);
+ * - verify budgets (adaptive verification, engine/draft-policy.ts): `budgetHistogram[n]` = steps whose
+ *   proposal went through the policy's budget hook and kept n drafts for verification;
+ *   `meanBudget` = mean n over those steps; `unverified` = drafts proposed but cut by a budget.
+ *   `drafted` counts verified drafts only (what acceptance is measured against).
  */
 
 /** Counters of one request. Mutable while the request runs. */
 export class RequestMetrics {
-  /** Draft tokens proposed. */
+  /** Draft tokens verified (proposed and kept by the verify budget). */
   drafted = 0;
+  /** Draft tokens proposed but not verified (cut by a verify budget). */
+  unverified = 0;
   /** Draft tokens accepted. */
   accepted = 0;
   /** Verify steps this request took part in. */
@@ -24,6 +30,24 @@ export class RequestMetrics {
   readonly acceptedAt: number[] = [];
   /** `lengthHistogram[n]` = verify steps committing n tokens (n ≥ 1). */
   readonly lengthHistogram: number[] = [];
+  /** `budgetHistogram[n]` = steps whose verify budget kept n drafts (only steps that went through a budget hook). */
+  readonly budgetHistogram: number[] = [];
+
+  /** Records a verify-budget decision: `proposed` drafts, the first `verified` kept. */
+  recordBudget(proposed: number, verified: number): void {
+    this.budgetHistogram[verified] = (this.budgetHistogram[verified] ?? 0) + 1;
+    this.unverified += proposed - verified;
+  }
+
+  /** Steps that went through a verify budget. */
+  get budgetSteps(): number {
+    return sum(this.budgetHistogram);
+  }
+
+  /** Mean verified drafts over the budgeted steps (0 when none). */
+  get meanBudget(): number {
+    return meanOf(this.budgetHistogram);
+  }
 
   /** Records one verify step: `drafted` drafts, `accepted` of them kept. */
   recordStep(drafted: number, accepted: number): void {
@@ -60,6 +84,7 @@ export class RequestMetrics {
       drafted: this.drafted, accepted: this.accepted, verify_steps: this.verifySteps, target_forwards: this.targetForwards,
       acceptance_length: this.tauPerStep, acceptance_rate: this.acceptanceRate,
       per_position_acceptance: this.perPositionAcceptance, acceptance_length_histogram: this.acceptanceLengthHistogram,
+      unverified: this.unverified, verify_budget_histogram: dense(this.budgetHistogram), mean_verify_budget: this.meanBudget,
     };
   }
 }
@@ -116,10 +141,48 @@ export class RunMetrics {
     return Array.from({ length: counts.length }, (_, i) => (s === 0 ? 0 : (counts[i] ?? 0) / s));
   }
 
+  /** Drafts proposed but cut by a verify budget, over all requests. */
+  get unverified(): number {
+    return this.requests.reduce((a, r) => a + r.unverified, 0);
+  }
+
+  /** Verify-budget histogram over all requests (`[n]` = budgeted steps that verified n drafts). */
+  get budgetHistogram(): number[] {
+    const h: number[] = [];
+    for (const r of this.requests) r.budgetHistogram.forEach((c, i) => { h[i] = (h[i] ?? 0) + (c ?? 0); });
+    return dense(h);
+  }
+
+  /** Mean verified drafts over all budgeted steps (0 when none). */
+  get meanBudget(): number {
+    return meanOf(this.budgetHistogram);
+  }
+
   /** Acceptance-length histogram over all verify steps. */
   get acceptanceLengthHistogram(): number[] {
     const h: number[] = [];
     for (const r of this.requests) r.lengthHistogram.forEach((c, i) => { h[i] = (h[i] ?? 0) + (c ?? 0); });
     return Array.from({ length: h.length }, (_, i) => h[i] ?? 0);
   }
+}
+
+function dense(h: readonly (number | undefined)[]): number[] {
+  return Array.from({ length: h.length }, (_, i) => h[i] ?? 0);
+}
+
+function sum(h: readonly (number | undefined)[]): number {
+  let n = 0;
+  for (let i = 0; i < h.length; i++) n += h[i] ?? 0;
+  return n;
+}
+
+/** Mean index of a histogram (0 when empty). */
+function meanOf(h: readonly (number | undefined)[]): number {
+  let n = 0;
+  let s = 0;
+  for (let i = 0; i < h.length; i++) {
+    n += h[i] ?? 0;
+    s += i * (h[i] ?? 0);
+  }
+  return n === 0 ? 0 : s / n;
 }

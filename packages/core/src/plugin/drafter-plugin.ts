@@ -50,6 +50,13 @@ export interface DrafterLoadOptions {
    * when the drafter was chosen by a config; absent otherwise.
    */
   readonly settings?: Readonly<Record<string, unknown>>;
+  /**
+   * Context-KV-only (a prefill-only producer, REFERENCE.md §4 / §8): load only what
+   * `projectTargetHiddenPartial` and `writeProjectedContextKV` need (projection, per-layer draft KV
+   * path); `propose` then throws a {@link DrafterError}. A drafter without such a mode loads fully.
+   * Default false.
+   */
+  readonly contextOnly?: boolean;
 }
 
 /** JSON-schema fragment of a method's config branch (validation lives elsewhere; discriminator `method`). */

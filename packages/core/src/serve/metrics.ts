@@ -9,6 +9,8 @@ import type { RequestMetrics } from '../engine/metrics.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 const TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1];
+/** Verified drafts per budgeted step (integers; every draft count up to 8, then coarser). */
+const BUDGET_BUCKETS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32];
 
 /** Live values read at scrape time. */
 export interface ServerGaugeSource {
@@ -32,6 +34,8 @@ export class ServerMetrics {
   readonly numDraftTokens: Counter;
   readonly numAcceptedTokens: Counter;
   readonly acceptedPerPos: Counter<'position'>;
+  readonly verifyBudget: Histogram;
+  readonly numUnverifiedTokens: Counter;
 
   constructor(source: ServerGaugeSource, options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
@@ -56,6 +60,10 @@ export class ServerMetrics {
     this.numDraftTokens = new Counter({ name: 'specd_spec_decode_num_draft_tokens_total', help: 'draft tokens proposed', registers });
     this.numAcceptedTokens = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_total', help: 'draft tokens accepted', registers });
     this.acceptedPerPos = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_per_pos_total', help: 'draft tokens accepted, by draft position (0-based)', labelNames: ['position'], registers });
+    this.verifyBudget = new Histogram({
+      name: 'specd_verify_budget_tokens', help: 'drafts verified per step whose proposal went through a verify budget (adaptive verification)', buckets: BUDGET_BUCKETS, registers,
+    });
+    this.numUnverifiedTokens = new Counter({ name: 'specd_spec_decode_num_unverified_draft_tokens_total', help: 'draft tokens proposed but cut by a verify budget', registers });
   }
 
   /** Records a finished request. Times in seconds; `ttft` undefined when no token came. */
@@ -72,6 +80,10 @@ export class ServerMetrics {
       this.numDraftTokens.inc(m.drafted);
       this.numAcceptedTokens.inc(m.accepted);
       m.acceptedAt.forEach((c, i) => { if ((c ?? 0) > 0) this.acceptedPerPos.inc({ position: String(i) }, c); });
+    }
+    if (m !== undefined && m.budgetSteps > 0) {
+      m.budgetHistogram.forEach((c, n) => { for (let i = 0; i < (c ?? 0); i++) this.verifyBudget.observe(n); });
+      this.numUnverifiedTokens.inc(m.unverified);
     }
   }
 }

@@ -158,7 +158,7 @@ describe('specd serve (openai client)', () => {
     names.forEach((n, i) => expect(after[i], n).toBeGreaterThan(before[i]!));
     expect(after[3]! - before[3]!).toBe(32);
     const text = await (await fetch(`${s.url}/metrics`)).text();
-    for (const g of ['specd_num_requests_running', 'specd_num_requests_waiting', 'specd_kv_pages_used{cache="target"}', 'specd_time_per_output_token_seconds_bucket']) expect(text).toContain(g);
+    for (const g of ['specd_num_requests_running', 'specd_num_requests_waiting', 'specd_kv_pages_used{cache="target"}', 'specd_time_per_output_token_seconds_bucket', 'specd_verify_budget_tokens_bucket']) expect(text).toContain(g);
   });
 
   it('a client that disconnects mid-stream has its request aborted: every page and slot is freed', async () => {

@@ -1,10 +1,12 @@
-// Server pieces without a model: stop-string streaming, the chat template renderer, request parsing.
+// Server pieces without a model: stop-string streaming, the chat template renderer, request parsing,
+// the Prometheus exporter's verify-budget metrics.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
-import { ApiError, ChatTemplate, ChatTemplateError, parseChatRequest, parseCompletionRequest, StopTextBuffer } from '../../src/serve/index.js';
+import { RequestMetrics } from '../../src/engine/index.js';
+import { ApiError, ChatTemplate, ChatTemplateError, parseChatRequest, parseCompletionRequest, ServerMetrics, StopTextBuffer } from '../../src/serve/index.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
 const DEFAULTS = { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 };
@@ -124,5 +126,29 @@ describe('request parsing', () => {
     expect(status(() => parseChatRequest({ model: 'm', messages: [{ role: 'robot', content: 'x' }] }, DEFAULTS)).param).toBe('messages[0].role');
     expect(status(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 3 }] }, DEFAULTS)).param).toBe('messages[0].content');
     expect(status(() => parseChatRequest([1], DEFAULTS)).param).toBe('body');
+  });
+});
+
+describe('ServerMetrics (prom-client)', () => {
+  it('exports verify budgets: specd_verify_budget_tokens histogram and the unverified-draft counter', async () => {
+    const m = new ServerMetrics({ running: () => 0, waiting: () => 0, targetPagesInUse: () => 0, draftPagesInUse: () => 0 });
+    const spec = new RequestMetrics();
+    spec.recordBudget(7, 2);
+    spec.recordStep(2, 1);
+    spec.recordBudget(7, 0);
+    spec.recordStep(0, 0);
+    spec.recordBudget(5, 5);
+    spec.recordStep(5, 3);
+    m.recordRequest('completion', 'length', { promptTokens: 3, outputTokens: 7, ttft: 0.01, e2e: 0.05, spec });
+    const text = await m.registry.metrics();
+    expect(text).toContain('# TYPE specd_verify_budget_tokens histogram');
+    expect(text).toContain('specd_verify_budget_tokens_bucket{le="0"} 1');
+    expect(text).toContain('specd_verify_budget_tokens_bucket{le="2"} 2');
+    expect(text).toContain('specd_verify_budget_tokens_bucket{le="5"} 3');
+    expect(text).toContain('specd_verify_budget_tokens_count 3');
+    expect(text).toContain('specd_verify_budget_tokens_sum 7');
+    expect(text).toContain('specd_spec_decode_num_unverified_draft_tokens_total 12');
+    expect(spec.meanBudget).toBeCloseTo(7 / 3, 12);
+    expect(spec.toJSON()).toMatchObject({ unverified: 12, verify_budget_histogram: [1, 0, 1, 0, 0, 1] });
   });
 });
