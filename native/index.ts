@@ -11,6 +11,10 @@ export { f32ToBf16, bf16ToF32 } from './src/convert.js';
 export {
   packedBf16Length, packBf16Weights, gemmBf16, gemmBf16Async, type GemmActivations, type PackedBf16Weights,
 } from './src/gemm.js';
+export {
+  quantizedWeights, gemmQuant, gemmQuantAsync, dequantizeToBf16, quantRawBytes, quantPackedBytes, type QuantType,
+  type QuantizedWeights,
+} from './src/quant.js';
 export { rmsNorm, gatedRmsNorm, rmsNormPerHead, type RmsNormGate } from './src/norm.js';
 export { applyRope, type RopeOptions, type RopeStyle } from './src/rope.js';
 export { silu, swiglu, swigluFused } from './src/activation.js';

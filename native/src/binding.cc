@@ -5,6 +5,8 @@
 #include "families.h"
 
 namespace specd {
+
+
 namespace {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -20,6 +22,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
     RegisterMoe(env, exports);
     RegisterAttention(env, exports);
     RegisterMla(env, exports);
+    RegisterQuant(env, exports);
   } catch (const Napi::Error&) {
     throw;
   } catch (const std::exception& e) {

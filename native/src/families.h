@@ -44,5 +44,6 @@ void RegisterKda(Napi::Env env, Napi::Object exports);         // kda.cc: KDA co
 void RegisterMoe(Napi::Env env, Napi::Object exports);         // moe.cc: MoE router, grouped experts
 void RegisterAttention(Napi::Env env, Napi::Object exports);   // attention.cc: paged GQA attention, page writes/copies
 void RegisterMla(Napi::Env env, Napi::Object exports);         // mla.cc: absorbed MLA over a paged latent cache
+void RegisterQuant(Napi::Env env, Napi::Object exports);       // quant.cc: GGUF Q4_0/Q4_1/Q8_0 GEMM, dequant to bf16
 
 }  // namespace specd

@@ -41,6 +41,14 @@ export interface RawAddon {
   argmax(x: Float32Array, rows: number, cols: number, out: Int32Array): void;
   topKMask(logits: Float32Array, rows: number, cols: number, k: number, out: Float32Array): void;
   topPMask(logits: Float32Array, rows: number, cols: number, p: number, out: Float32Array): void;
+  quantPack(src: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, k: number, out: Uint8Array): void;
+  gemmQuant(
+    x: Float32Array, m: number, k: number, packed: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, y: Float32Array,
+  ): void;
+  gemmQuantAsync(
+    x: Float32Array, m: number, k: number, packed: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, y: Float32Array,
+  ): Promise<void>;
+  quantDequantBf16(packed: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, k: number, out: Uint16Array): void;
 }
 
 /** Absolute path of the addon this package loads. */

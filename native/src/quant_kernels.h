@@ -1,0 +1,107 @@
+// Inner GEMM kernels over GGUF-quantized weights (Q4_0, Q4_1, Q8_0), shared by quant.cc (packing,
+// dispatch, threading, bindings), quant_portable.cc and quant_avx512.cc. Plain declarations and
+// static inline helpers only: safe for the ISA files (no STL, no napi; see CMakeLists.txt on ODR).
+//
+// ---- Source block formats (ggml: ggml-common.h block_q4_0/q4_1/q8_0, ggml-quants.c
+//      dequantize_row_q4_0/q4_1/q8_0); QK = 32 weights along K per block, f16 = IEEE binary16 ----
+//   Q4_0 (18 B): f16 d, uint8 qs[16]            w[j] = d·((qs[j] & 0xF) − 8), w[j+16] = d·((qs[j] >> 4) − 8)
+//   Q4_1 (20 B): f16 d, f16 m, uint8 qs[16]     w[j] = d·(qs[j] & 0xF) + m,   w[j+16] = d·(qs[j] >> 4) + m
+//   Q8_0 (34 B): f16 d, int8 qs[32]             w[j] = d·qs[j]
+// A GGUF tensor of shape [n, k] (ggml ne = {k, n}) is n rows of k/32 consecutive blocks.
+//
+// ---- Packed layout ("16-row panels of blocks") -------------------------------------------------
+// Rows are grouped into panels of 16 (lane = row % 16; rows past n are zero: d = m = 0, q = 0, so
+// their weights are exactly 0). For panel p and block b (b = 0 .. k/32−1) one "panel block" of
+// PanelBlockBytes(type) bytes is stored at  packed + (p·(k/32) + b)·PanelBlockBytes(type):
+//   Q4_0 (288 B):  d[16] f16 (32 B) | qs[16][16] u8   qs[j][lane] = row's qs[j] (both nibbles)
+//   Q4_1 (320 B):  d[16] f16 | m[16] f16 (64 B) | qs[16][16] u8 (as Q4_0)
+//   Q8_0 (544 B):  d[16] f16 (32 B) | qs[32][16] i8   qs[j][lane] = row's qs[j]
+// So one 16-byte line feeds 16 output columns (one zmm after widening), the scales of 16 rows are
+// one 256-bit load, and a panel is one sequential stream over K (a GEMV reads the weights in
+// order, as for the bf16 panels of gemm_kernels.h). Bytes moved per weight: Q4_0 4.5 bits, Q4_1 5,
+// Q8_0 8.5 — exactly the GGUF sizes (scales stay f16, widened on the fly).
+//
+// ---- Numerics and reduction order (batch invariance) ------------------------------------------
+// Weights are dequantized on the fly in fp32: w = d·q + m (Q4_1), d·q + (−8·d) (Q4_0), d·q (Q8_0),
+// q the unsigned nibble / signed byte. d·q is exact in fp32 (11 × 8 significant bits), and −8·d
+// too, so w is the correctly rounded d·q + m on both ISA paths (an FMA or a mul + add give the
+// same bits; for Q4_0 and Q8_0 w is exact and equals ggml's value).
+// Each output Y[r][col] is ONE fp32 accumulator starting at +0, updated block by block (b = 0..),
+// and within a block in the fixed order
+//   Q4_0 / Q4_1: k = 0, 16, 1, 17, ..., 15, 31   (low nibble of qs[j], then its high nibble)
+//   Q8_0:        k = 0, 1, ..., 31
+// whatever m, the row's tile or the thread (threads split panels, i.e. N, never K):
+// acc = fma(x, w, acc) on AVX-512, acc = acc + x·w (two roundings, -ffp-contract=off) on the
+// portable path. Hence row i of a GEMM equals the GEMV of row i bit for bit on one path; the two
+// paths differ by the rounding of the products only.
+#pragma once
+#include <cstdint>
+
+namespace specd {
+namespace quant {
+
+enum class Type : int { kQ4_0 = 0, kQ4_1 = 1, kQ8_0 = 2 };
+
+constexpr int64_t kBlock = 32;  // weights per GGUF block (along K)
+constexpr int64_t kLanes = 16;  // rows per panel
+
+/** Bytes of one GGUF block of `t` (the raw tensor is n·(k/32) such blocks). */
+static inline int64_t RawBlockBytes(Type t) { return t == Type::kQ4_0 ? 18 : t == Type::kQ4_1 ? 20 : 34; }
+/** Bytes of the scale part of a panel block: d[16] (+ m[16] for Q4_1), f16. */
+static inline int64_t ScaleBytes(Type t) { return t == Type::kQ4_1 ? 64 : 32; }
+/** Bytes of the quant part of a panel block. */
+static inline int64_t QuantBytes(Type t) { return t == Type::kQ8_0 ? 512 : 256; }
+/** Bytes of one panel block (16 rows × 32 weights). */
+static inline int64_t PanelBlockBytes(Type t) { return ScaleBytes(t) + QuantBytes(t); }
+static inline int64_t Panels(int64_t n) { return (n + kLanes - 1) / kLanes; }
+/** Packed bytes of an [n, k] matrix (k a multiple of 32). */
+static inline int64_t PackedBytes(Type t, int64_t n, int64_t k) { return Panels(n) * (k / kBlock) * PanelBlockBytes(t); }
+
+/** Exact IEEE binary16 -> binary32 (subnormals, ±Inf, NaN kept). */
+static inline float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    // Subnormal or zero: mant · 2^-24, exact in fp32 (mant < 2^10, power-of-two scale).
+    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    uint32_t vb;
+    __builtin_memcpy(&vb, &v, sizeof vb);
+    bits = sign | vb;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/** One GEMM problem: Y[m, n] (f32, row stride ldy) = X[m, k] (f32, row stride ldx) · W[n, k]^T. */
+struct Problem {
+  const float* x;
+  int64_t ldx;
+  const uint8_t* packed;  // see layout above
+  float* y;
+  int64_t ldy;
+  int64_t m, n, k;  // k a multiple of 32
+  Type type;
+};
+
+/**
+ * ParallelFor work units of one panel of an m-row GEMM with depth k (decides only how many threads
+ * run a call, never a result): 16·k weights dequantized once per row tile, plus the multiply-adds.
+ */
+static inline int64_t PanelWork(int64_t m, int64_t k) { return kLanes * k * (1 + m / 8); }
+
+/** Scratch floats a kernel call needs per thread for m rows (accumulators between K chunks). */
+static inline int64_t ScratchFloats(int64_t m) { return (m + 8) * 4 * kLanes; }
+
+/** Computes all rows of Y for panels [panel_begin, panel_end); `scratch` holds ScratchFloats(m). */
+void PanelsPortable(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch);
+void PanelsAvx512(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch);
+
+}  // namespace quant
+}  // namespace specd
