@@ -27,3 +27,25 @@ export { Tokenizer, TokenizerError, type DecodeOptions, type EncodeOptions, type
 export { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
 export { StrictJsonError, isJsonObject, parseStrictJson, type JsonObject, type JsonValue, type StrictJsonOptions } from './strict-json.js';
 export { WeightReader, type WeightReaderOptions } from './weight-reader.js';
+export {
+  GGUF_DEFAULT_ALIGNMENT,
+  GGUF_MAX_ARRAY_DEPTH,
+  GGUF_MAX_DIMS,
+  GGUF_SUPPORTED_TYPES,
+  GgmlType,
+  GgufError,
+  GgufValueType,
+  ggmlBlockSize,
+  ggmlTypeName,
+  isSupportedGgmlType,
+  parseGguf,
+  type GgufArrayValue,
+  type GgufHeader,
+  type GgufMetadataEntry,
+  type GgufRule,
+  type GgufTensorInfo,
+  type GgufValue,
+} from './gguf-format.js';
+export { GGUF_MAX_IN_MEMORY_BYTES, GgufFile } from './gguf.js';
+export { bf16ToF32, dequantize, dequantizeRow, f16ToF32, type GgufTensorView } from './gguf-dequant.js';
+export { GGUF_TOKEN_TYPE, PRE_TOKENIZERS, ggufTokenizerSources, tokenizerFromGguf } from './gguf-tokenizer.js';
