@@ -26,6 +26,20 @@ export interface DrafterChoice {
 }
 
 /**
+ * Checks that `modelPath` is a model specd can load: a Hugging Face folder (config.json), a `.gguf`
+ * file, or a folder holding one `.gguf` and no config.json (e.g. `npm run models:fetch`'s
+ * models/smollm2-135m-instruct).
+ * @throws {CliError} naming the path and what was expected (and `npm run models:fetch` for the SmolLM2 folder).
+ */
+export function checkModelPath(modelPath: string): void {
+  if (fs.existsSync(path.join(modelPath, 'config.json'))) return;
+  if (modelPath.endsWith('.gguf') && fs.existsSync(modelPath)) return;
+  if (fs.existsSync(modelPath) && fs.statSync(modelPath).isDirectory() && fs.readdirSync(modelPath).some((f) => f.endsWith('.gguf'))) return;
+  const hint = /smollm2/i.test(modelPath) ? ' (run `npm run models:fetch` to fetch SmolLM2-135M-Instruct)' : '';
+  throw new CliError(`model ${modelPath}: neither a folder with config.json nor a .gguf file, nor a folder holding one${hint} (use --model DIR|FILE.gguf)`);
+}
+
+/**
  * The drafter: `--no-spec` → none; `--drafter DIR` → that checkpoint (method from its
  * architectures); else the config's `drafter` (`{"method": "none"}` → none; no `path` → the
  * method's plugin loads without a checkpoint); else the shipped

@@ -16,7 +16,7 @@ import cliProgress from 'cli-progress';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 
 import { loadConfig } from '../config/load.js';
-import { chooseDrafter, CliError } from './config-file.js';
+import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerServeCommand } from './serve.js';
 import { generateSpeculative, generateTokens, loadDrafter, loadTarget, type GenerateResult, type SpecGenerateResult } from './generate.js';
@@ -72,7 +72,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     prompt = flags.prompt!;
   }
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
-  if (!fs.existsSync(path.join(modelDir, 'config.json'))) throw new CliError(`model directory ${modelDir} has no config.json (use --model DIR)`);
+  checkModelPath(modelDir);
   if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
   const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
   const drafterDir = choice?.dir;

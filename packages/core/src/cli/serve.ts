@@ -12,7 +12,7 @@ import { pino } from 'pino';
 
 import { loadConfig } from '../config/load.js';
 import { SpecdServer } from '../serve/server.js';
-import { chooseDrafter, CliError } from './config-file.js';
+import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { loadDrafter, loadTarget, type LoadedDrafter, type LoadedTarget } from './generate.js';
 import type { CliIo } from './main.js';
 import { defaultModelDir } from './paths.js';
@@ -48,7 +48,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   if (cfg.pd.role !== 'none') throw new CliError(`pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`);
   if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
-  if (!fs.existsSync(path.join(modelDir, 'config.json'))) throw new CliError(`model directory ${modelDir} has no config.json (use --model DIR)`);
+  checkModelPath(modelDir);
   const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
   const sched = cfg.scheduler;
   const target = await loadTarget(modelDir, cfg.plugins);

@@ -7,6 +7,7 @@
  * `dispose`. The drafter contract ({@link DrafterPlugin}) sits beside this file (drafter-plugin.ts).
  */
 
+import type { GgufFile } from '../io/gguf.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { CacheGeometry, SequenceCache } from '../kv/sequence-cache.js';
@@ -154,6 +155,10 @@ export interface ModelPlugin {
   readonly architectures: readonly string[];
   /** load: validates the config and builds the stage for [layerStart, layerEnd). */
   load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel>;
+  /** GGUF `general.architecture` values it loads through {@link loadGguf} (e.g. `'llama'`); absent: no GGUF. */
+  readonly ggufArchitectures?: readonly string[];
+  /** load from a GGUF file (config from its metadata, quantized tensors as the plugin decides). */
+  loadGguf?(file: GgufFile, options?: StageLoadOptions): Promise<StageModel>;
 }
 
 /** Factory of a {@link ForwardSequence} for tests and callers (`logits` defaults to `'last'`). */

@@ -13,6 +13,7 @@ import { pathToFileURL } from 'node:url';
 import 'reflect-metadata';
 import { container as rootContainer, type DependencyContainer, type InjectionToken } from 'tsyringe';
 
+import type { GgufFile } from '../io/gguf.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { DrafterPlugin } from './drafter-plugin.js';
 import type { ModelPlugin } from './model-plugin.js';
@@ -24,7 +25,7 @@ export const MODEL_PLUGIN: InjectionToken<ModelPlugin> = 'specd:ModelPlugin';
 export const DRAFTER_PLUGIN: InjectionToken<DrafterPlugin> = 'specd:DrafterPlugin';
 
 /** Plugin packages loaded when the config names none. */
-export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
+export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3', '@specd/model-llama', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
 
 /** Thrown when no plugin matches a config, or a plugin package cannot be loaded. */
 export class PluginError extends Error {
@@ -70,6 +71,18 @@ export class ModelRegistry {
     throw new PluginError(
       `${config.file}: no model plugin for model_type ${JSON.stringify(type ?? null)} / architectures [${archs.join(', ')}]; loaded: ${loaded}`,
     );
+  }
+
+  /**
+   * The plugin for a GGUF file: the first whose `ggufArchitectures` contains its `general.architecture`.
+   * @throws {PluginError} naming the file's architecture and every loaded plugin's GGUF architectures.
+   */
+  resolveGguf(file: GgufFile): ModelPlugin {
+    const arch = file.has('general.architecture') ? file.getString('general.architecture') : undefined;
+    const found = arch === undefined ? undefined : this.list.find((p) => p.loadGguf !== undefined && (p.ggufArchitectures ?? []).includes(arch));
+    if (found !== undefined) return found;
+    const loaded = this.list.length === 0 ? 'none' : this.list.map((p) => `${p.name} (GGUF architectures ${(p.ggufArchitectures ?? []).join('|') || 'none'})`).join(', ');
+    throw new PluginError(`${file.file}: no model plugin loads GGUF architecture ${JSON.stringify(arch ?? null)}; loaded: ${loaded}`);
   }
 }
 

@@ -42,7 +42,7 @@ describe('config schema', () => {
     const c = check({});
     expect(c.model).toBeUndefined();
     expect(c.drafter).toBeUndefined();
-    expect(c.plugins).toEqual(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
+    expect(c.plugins).toEqual(['@specd/model-kimi-k3', '@specd/model-llama', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
     expect(c.sampling).toEqual({ temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 });
     expect(c.scheduler).toEqual({ max_running_requests: 8, max_waiting_requests: 64, prefill_chunk_tokens: 64, max_tokens_in_flight: 16384, max_sequence_tokens: 2048, page_size: 16 });
     expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, body_limit_bytes: 1048576 });
@@ -149,8 +149,8 @@ describe('specd config / specd plugins', () => {
     const r = await run(['plugins', '--json']);
     expect(r.code).toBe(0);
     const j = JSON.parse(r.out) as { packages: string[]; models: { name: string }[]; drafters: { method: string }[] };
-    expect(j.packages).toEqual(['@specd/model-kimi-k3', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
-    expect(j.models.map((m) => m.name)).toEqual(['kimi-k3']);
+    expect(j.packages).toEqual(['@specd/model-kimi-k3', '@specd/model-llama', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
+    expect(j.models.map((m) => m.name)).toEqual(['kimi-k3', 'llama']);
     expect(j.drafters.map((d) => d.method)).toEqual(['none', 'dflash', 'dspark', 'eagle3']);
     const text = await run(['plugins']);
     expect(text.out).toMatch(/drafter methods:\n {2}none .*\n {2}dflash \(architectures DFlashDraftModel\)/);

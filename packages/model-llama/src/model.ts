@@ -1,0 +1,319 @@
+/**
+ * A Llama-family stage: layers [layerStart, layerEnd) of the target, plus the embedding when
+ * layerStart = 0 and the final norm + lm_head when layerEnd = num_hidden_layers.
+ *
+ * Decoder layer (HF transformers `LlamaDecoderLayer`): h += o_proj(attn(RoPE(q), RoPE(k), v)) of
+ * input_layernorm(h); h += down(silu(gate(x)) · up(x)) with x = post_attention_layernorm(h). Causal
+ * GQA over paged KV (K of layer l in cache layer 2l, V in 2l + 1, `numKvHeads · headDim` f32 per
+ * token, NHD pages: @specd/native `pagedAttention`). One residual stream, so tap i = h entering
+ * layer i (REFERENCE.md §2). No linear state: committing a verified prefix truncates the KV.
+ */
+
+import type {
+  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, SequenceCache, SequenceId, StageInfo, StageModel,
+} from '@specd/core';
+import { applyRope, makePagedBatch, pagedAttention, rmsNorm, swigluFused, writeKvPages, type KvPageLayout } from '@specd/native';
+
+import type { LlamaConfig } from './config.js';
+import type { EmbeddingTable, LinearWeights, LlamaTensorSource } from './weights.js';
+
+/** Thrown for a malformed forward call (names the argument). */
+export class LlamaForwardError extends Error {
+  override readonly name = 'LlamaForwardError';
+}
+
+interface LayerWeights {
+  readonly inputNorm: Float32Array;
+  readonly postNorm: Float32Array;
+  /** q_proj ; k_proj ; v_proj stacked: `[(H + 2·KV)·hd, D]`. */
+  readonly qkv: LinearWeights;
+  /** o_proj `[D, H·hd]`. */
+  readonly o: LinearWeights;
+  /** gate_proj ; up_proj stacked: `[2·I, D]`. */
+  readonly gateUp: LinearWeights;
+  /** down_proj `[D, I]`. */
+  readonly down: LinearWeights;
+}
+
+/** One sequence's rows in a forward. */
+interface Span {
+  readonly id: SequenceId;
+  readonly row: number;
+  readonly numNew: number;
+  readonly position: number;
+}
+
+/** A Llama forward's result: the core one plus where each sequence's rows are (for commitPrefix). */
+export interface LlamaForwardResult extends ForwardResult {
+  readonly spans: readonly Span[];
+}
+
+/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` f32. */
+function sliceColumns(src: Float32Array, rows: number, srcWidth: number, col: number, width: number): Float32Array {
+  const out = new Float32Array(rows * width);
+  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
+  return out;
+}
+
+/** A loaded stage. Create with {@link loadLlamaStage}. */
+export class LlamaStageModel implements StageModel {
+  readonly info: StageInfo;
+  readonly cacheGeometry: CacheGeometry;
+
+  constructor(
+    readonly config: LlamaConfig,
+    layerStart: number,
+    layerEnd: number,
+    private embed: EmbeddingTable | undefined,
+    private layers: LayerWeights[],
+    private finalNorm: Float32Array | undefined,
+    private lmHeadWeights: LinearWeights | undefined,
+  ) {
+    const c = config;
+    this.info = Object.freeze({
+      numLayers: c.numLayers, layerStart, layerEnd, hiddenSize: c.hiddenSize, vocabSize: c.vocabSize,
+      isFirst: layerStart === 0, isLast: layerEnd === c.numLayers, layerKinds: Object.freeze(new Array<string>(c.numLayers).fill('attention')),
+    });
+    const own: number[] = [];
+    for (let l = layerStart; l < layerEnd; l++) own.push(2 * l, 2 * l + 1);
+    this.cacheGeometry = Object.freeze({
+      pagedKv: { layers: own, floatsPerToken: c.numKvHeads * c.headDim },
+      linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
+    });
+  }
+
+  /**
+   * Runs the stage over a batch (prefill chunks, decode tokens and verify blocks alike; the same
+   * kernels for all, so a token's logits do not depend on how tokens are grouped). Every sequence
+   * must be registered in `cache` with `cache.length(id) === position`; the cache is extended by
+   * its new tokens (all sequences or none).
+   * @param batch `hidden` `[N, hiddenSize]` f32 from the previous stage when this stage is not the first.
+   * @returns logits `[rows, vocabSize]` f32 for the rows each sequence asked for, hidden `[N, hiddenSize]`,
+   *   and the asked taps (tap t = residual entering layer t) `[N, hiddenSize]` f32 each.
+   * @throws {LlamaForwardError} on an empty batch, a sequence listed twice, a bad token id, a position
+   *   that disagrees with the cache, a missing / mis-sized `batch.hidden`, or a tap outside the stage.
+   * @throws {CacheError} `full` when the KV pool has no room (nothing was extended).
+   */
+  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): LlamaForwardResult {
+    const c = this.config;
+    const D = c.hiddenSize;
+    const { layerStart, layerEnd, isFirst, isLast } = this.info;
+    if (batch.sequences.length === 0) throw new LlamaForwardError('forward: batch.sequences: expected at least one sequence');
+    const spans: Span[] = [];
+    let N = 0;
+    const ids = new Set<unknown>();
+    for (const [i, s] of batch.sequences.entries()) {
+      if (ids.has(s.id)) throw new LlamaForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
+      ids.add(s.id);
+      if (s.tokens.length < 1) throw new LlamaForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
+      const have = cache.length(s.id);
+      if (have !== s.position) throw new LlamaForwardError(`forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`);
+      spans.push({ id: s.id, row: N, numNew: s.tokens.length, position: s.position });
+      N += s.tokens.length;
+    }
+    const taps = options.taps ?? [];
+    for (const t of taps) {
+      if (!Number.isInteger(t) || t < layerStart || t > layerEnd) throw new LlamaForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
+    }
+    let h: Float32Array;
+    if (isFirst) {
+      h = new Float32Array(N * D);
+      let row = 0;
+      for (const [i, s] of batch.sequences.entries()) {
+        for (const id of s.tokens) {
+          if (!(id >= 0 && id < c.vocabSize)) throw new LlamaForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
+          this.embed!.row(id, h.subarray(row * D, (row + 1) * D));
+          row++;
+        }
+      }
+    } else {
+      if (batch.hidden === undefined || batch.hidden.length !== N * D) {
+        throw new LlamaForwardError(`forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`);
+      }
+      h = batch.hidden.slice();
+    }
+    const done: Span[] = [];
+    try {
+      for (const s of spans) {
+        cache.extend(s.id, s.position + s.numNew);
+        done.push(s);
+      }
+    } catch (err) {
+      for (const s of done) cache.rollback(s.id, { length: s.position, state: undefined });
+      throw err;
+    }
+    const captured = new Map<number, Float32Array>();
+    const capture = (tap: number) => {
+      if (taps.includes(tap)) captured.set(tap, h.slice());
+    };
+    capture(layerStart);
+    const kv = cache.kv!;
+    const H = c.numHeads;
+    const KV = c.numKvHeads;
+    const hd = c.headDim;
+    const layout: KvPageLayout = { numPages: kv.numPages, pageSize: kv.pageSize, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' };
+    const positions = new Int32Array(N);
+    const slots = new Int32Array(N);
+    for (const s of spans) {
+      for (let t = 0; t < s.numNew; t++) {
+        positions[s.row + t] = s.position + t;
+        slots[s.row + t] = kv.tokenOffset(s.id, s.position + t) / kv.floatsPerToken;
+      }
+    }
+    const attnBatch = makePagedBatch(spans.map((s) => ({ qLen: s.numNew, kvLen: s.position + s.numNew, pages: kv.blockTable(s.id) })));
+    const rope = { theta: c.ropeTheta, style: c.ropeStyle, headDim: hd } as const;
+    const qw = H * hd;
+    const kw = KV * hd;
+    for (let li = 0; li < this.layers.length; li++) {
+      const l = layerStart + li;
+      const w = this.layers[li]!;
+      const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
+      const qkv = w.qkv.apply(xn, N);
+      const q = sliceColumns(qkv, N, qw + 2 * kw, 0, qw);
+      const k = sliceColumns(qkv, N, qw + 2 * kw, qw, kw);
+      const v = sliceColumns(qkv, N, qw + 2 * kw, qw + kw, kw);
+      applyRope(q, positions, { ...rope, heads: H }, q);
+      applyRope(k, positions, { ...rope, heads: KV }, k);
+      const kStore = kv.layerStore(2 * l);
+      const vStore = kv.layerStore(2 * l + 1);
+      writeKvPages(layout, k, v, kStore, vStore, slots);
+      const a = pagedAttention(q, kStore, vStore, layout, attnBatch, { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' });
+      const o = w.o.apply(a, N);
+      for (let i = 0; i < h.length; i++) h[i] = h[i]! + o[i]!;
+      const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
+      const f = w.down.apply(swigluFused(w.gateUp.apply(xm, N), c.intermediateSize), N);
+      for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
+      capture(l + 1);
+    }
+    const logitRowStart = new Int32Array(spans.length + 1);
+    let logits: Float32Array | undefined;
+    if (isLast) {
+      const rows: number[] = [];
+      batch.sequences.forEach((s, i) => {
+        const sp = spans[i]!;
+        if (s.logits === 'all') for (let t = 0; t < sp.numNew; t++) rows.push(sp.row + t);
+        else if (s.logits === 'last') rows.push(sp.row + sp.numNew - 1);
+        logitRowStart[i + 1] = rows.length;
+      });
+      if (rows.length > 0) {
+        const x = new Float32Array(rows.length * D);
+        rows.forEach((r, i) => x.set(h.subarray(r * D, (r + 1) * D), i * D));
+        logits = this.lmHeadWeights!.apply(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length);
+      } else {
+        logits = new Float32Array(0);
+      }
+    }
+    return { logits, logitRowStart, hidden: h, taps: captured, spans };
+  }
+
+  /**
+   * Core's commit hook: keeps the first `committed` tokens of `id`'s block in `result` and drops the
+   * rest of its KV (no linear state to restore). Works on any forward result of this stage.
+   * @throws {LlamaForwardError} if `id` was not in the forward or `committed` is outside [1, block].
+   */
+  commitPrefix(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void {
+    const s = (result as LlamaForwardResult).spans?.find((x) => x.id === id);
+    if (s === undefined) throw new LlamaForwardError(`commitPrefix: sequence ${String(id)} was not in this forward`);
+    if (!(Number.isInteger(committed) && committed >= 1 && committed <= s.numNew)) {
+      throw new LlamaForwardError(`commitPrefix: committed: expected an integer in [1, ${s.numNew}], got ${committed}`);
+    }
+    cache.rollback(id, { length: s.position + committed, state: undefined });
+  }
+
+  /**
+   * The target's token embeddings (first stage only): `[tokens.length, hiddenSize]` f32.
+   * @throws {LlamaForwardError} on a non-first stage or an id outside the vocabulary.
+   */
+  embedTokens(tokens: Int32Array): Float32Array {
+    const D = this.config.hiddenSize;
+    if (this.embed === undefined) throw new LlamaForwardError('embedTokens: this stage has no embedding (not the first stage, or disposed)');
+    const out = new Float32Array(tokens.length * D);
+    tokens.forEach((id, i) => {
+      if (!(id >= 0 && id < this.config.vocabSize)) throw new LlamaForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
+      this.embed!.row(id, out.subarray(i * D, (i + 1) * D));
+    });
+    return out;
+  }
+
+  /**
+   * The lm_head alone (last stage only; the caller normalises): `x [rows, hiddenSize]` f32 → `[rows, vocabSize]` f32.
+   * @throws {LlamaForwardError} on a non-last stage or a mis-sized x.
+   */
+  lmHead(x: Float32Array, rows: number): Float32Array {
+    if (this.lmHeadWeights === undefined) throw new LlamaForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
+    if (x.length !== rows * this.config.hiddenSize) throw new LlamaForwardError(`lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`);
+    return this.lmHeadWeights.apply(x, rows);
+  }
+
+  /** Drops the weights (the stage is unusable afterwards). */
+  dispose(): void {
+    this.layers = [];
+    this.embed = undefined;
+    this.finalNorm = undefined;
+    this.lmHeadWeights = undefined;
+  }
+}
+
+/** Options of {@link loadLlamaStage}. */
+export interface LlamaLoadOptions {
+  /** First layer of the stage, inclusive (default 0). */
+  readonly layerStart?: number;
+  /** End of the stage, exclusive (default: num_hidden_layers). */
+  readonly layerEnd?: number;
+}
+
+/**
+ * Builds a stage from a tensor source (HF names; safetensors or GGUF behind it), reading only the
+ * tensors the stage needs. Yields after the embedding and after each layer (the async loader lets
+ * the event loop run there).
+ * @throws {LlamaWeightError} for a missing / mis-shaped tensor; RangeError for a bad layer range.
+ */
+export function* buildLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options: LlamaLoadOptions = {}): Generator<void, LlamaStageModel, void> {
+  const start = options.layerStart ?? 0;
+  const end = options.layerEnd ?? c.numLayers;
+  if (!(Number.isInteger(start) && Number.isInteger(end) && start >= 0 && start < end && end <= c.numLayers)) {
+    throw new RangeError(`loadLlamaStage: layer range [${start}, ${end}) is not inside [0, ${c.numLayers}) or is empty`);
+  }
+  const D = c.hiddenSize;
+  const I = c.intermediateSize;
+  const qw = c.numHeads * c.headDim;
+  const kw = c.numKvHeads * c.headDim;
+  const embed = start === 0 ? src.embedding('model.embed_tokens.weight', c.vocabSize, D) : undefined;
+  yield;
+  const layers: LayerWeights[] = [];
+  for (let l = start; l < end; l++) {
+    const p = `model.layers.${l}.`;
+    layers.push({
+      inputNorm: src.vector(`${p}input_layernorm.weight`, D),
+      postNorm: src.vector(`${p}post_attention_layernorm.weight`, D),
+      qkv: src.linear([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qw, kw, kw], D),
+      o: src.linear([`${p}self_attn.o_proj.weight`], [D], qw),
+      gateUp: src.linear([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
+      down: src.linear([`${p}mlp.down_proj.weight`], [D], I),
+    });
+    yield;
+  }
+  const isLast = end === c.numLayers;
+  const finalNorm = isLast ? src.vector('model.norm.weight', D) : undefined;
+  const lmHead = isLast ? src.linear([c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'], [c.vocabSize], D) : undefined;
+  return new LlamaStageModel(c, start, end, embed, layers, finalNorm, lmHead);
+}
+
+/** {@link buildLlamaStage} run to the end. Same errors. */
+export function loadLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options: LlamaLoadOptions = {}): LlamaStageModel {
+  const steps = buildLlamaStage(c, src, options);
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return next.value;
+  }
+}
+
+/** {@link buildLlamaStage}, yielding to the event loop after each layer. Same errors (as rejections). */
+export async function loadLlamaStageAsync(c: LlamaConfig, src: LlamaTensorSource, options: LlamaLoadOptions = {}): Promise<LlamaStageModel> {
+  const steps = buildLlamaStage(c, src, options);
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return next.value;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
+}

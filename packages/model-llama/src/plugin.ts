@@ -1,0 +1,44 @@
+/**
+ * The Llama {@link ModelPlugin}: HF safetensors folders (`model_type` "llama", `LlamaForCausalLM`)
+ * and GGUF files with `general.architecture` "llama" (quantized projections kept as blocks unless
+ * `SPECD_GGUF_WEIGHTS=bf16` asks for bf16 panels at load; docs/BENCHMARKS.md "Quantized GEMM").
+ */
+import type { GgufFile, ModelPlugin, ModelSource, StageLoadOptions, StageModel } from '@specd/core';
+
+import { LLAMA_ARCHITECTURES, LLAMA_MODEL_TYPES, parseLlamaConfig } from './config.js';
+import { ggufSource, parseGgufLlamaConfig, type GgufWeightMode } from './gguf.js';
+import { loadLlamaStageAsync, type LlamaLoadOptions } from './model.js';
+import { safetensorsSource } from './weights.js';
+
+function rangeOf(options: StageLoadOptions | undefined): LlamaLoadOptions {
+  return { ...(options?.layerStart === undefined ? {} : { layerStart: options.layerStart }), ...(options?.layerEnd === undefined ? {} : { layerEnd: options.layerEnd }) };
+}
+
+function progress(options: StageLoadOptions | undefined, total: number): ((tensor: string) => void) | undefined {
+  const onProgress = options?.onProgress;
+  let done = 0;
+  return onProgress === undefined ? undefined : (tensor) => onProgress({ done: ++done, total, tensor });
+}
+
+/** `SPECD_GGUF_WEIGHTS`: `quant` (default) or `bf16`. @throws {RangeError} for another value. */
+function ggufWeightMode(): GgufWeightMode {
+  const v = process.env['SPECD_GGUF_WEIGHTS'];
+  if (v === undefined || v === '' || v === 'quant') return 'quant';
+  if (v === 'bf16') return 'bf16';
+  throw new RangeError(`SPECD_GGUF_WEIGHTS: expected "quant" or "bf16", got ${JSON.stringify(v)}`);
+}
+
+export const llamaPlugin: ModelPlugin = Object.freeze({
+  name: 'llama',
+  modelTypes: LLAMA_MODEL_TYPES,
+  architectures: LLAMA_ARCHITECTURES,
+  ggufArchitectures: Object.freeze(['llama']),
+  load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel> {
+    const c = parseLlamaConfig(source.config, 'neox');
+    return loadLlamaStageAsync(c, safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers)), rangeOf(options));
+  },
+  loadGguf(file: GgufFile, options?: StageLoadOptions): Promise<StageModel> {
+    const c = parseGgufLlamaConfig(file);
+    return loadLlamaStageAsync(c, ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers)), rangeOf(options));
+  },
+});
