@@ -12,6 +12,8 @@ weights: prefill → propose → verify (one target forward over [bonus, drafts]
   pre-verify caches (reference simplicity); the taps of the committed tokens come from the verify pass.
 - 128 new tokens per prompt, EOS ignored (as `ignore_eos`); the last step drafts at most the tokens
   still needed (as z-lab's loop).
+SmolLM2 target: --gguf PATH instead of --target, prompts from regen_smollm2.py (--prompts smollm2/prompts
+--domains chat,plain); the target runs in fp32 on the dequantised GGUF weights.
 τ = mean over verify steps of (accepted + 1). The standard error treats prompts as clusters
 (delta method for the ratio Σ committed / Σ steps).
 """
@@ -28,7 +30,7 @@ import torch
 from specd_ref.common import load_hf_state
 from specd_ref.dflash import DFlashConfig, DFlashDraft
 from specd_ref.eagle3 import Eagle3Config, Eagle3Draft
-from train_drafters import load_target_hf
+from train_drafters import load_target, load_target_hf  # noqa: F401 (load_target_hf: goldens.py)
 
 
 def load_drafter(folder: Path, dev):
@@ -198,7 +200,8 @@ def plain_greedy(target, prompt_ids: list[int], new_tokens: int) -> list[int]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--target", type=Path, help="Kimi target HF folder")
+    ap.add_argument("--gguf", help="Llama-family GGUF target (SmolLM2-135M-Instruct) instead of --target")
     ap.add_argument("--drafter", type=Path, required=True)
     ap.add_argument("--prompts", type=Path, required=True)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -215,11 +218,13 @@ def main():
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    target = load_target_hf(a.target, dev)
+    if not (a.target or a.gguf):
+        ap.error("one of --target / --gguf is required")
+    target = load_target(a.target, a.gguf, dev)
     drafter = load_drafter(a.drafter, dev)
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     prop = Proposer(drafter, target, a.temperature, gen, a.block_size)
-    result = {"target": str(a.target), "drafter": str(a.drafter), "temperature": a.temperature,
+    result = {"target": str(a.gguf or a.target), "drafter": str(a.drafter), "temperature": a.temperature,
               "block_size": prop.block, "max_drafts": prop.max_drafts, "new_tokens": a.new_tokens,
               "definition": "mean over verify steps of (accepted + 1)", "domains": {}}
     t0 = time.time()

@@ -11,6 +11,11 @@ Objectives (REFERENCE.md §3-5):
   eagle3  training-time test over 6 chained steps, soft CE to the target restricted to the draft
           vocabulary + CE, weight 0.8^j
 Writes <out>/best.pt, <out>/log.json and the HF folder <out>/hf.
+
+SmolLM2-135M-Instruct target (GGUF): pass --gguf PATH instead of --target (data from
+regen_smollm2.py gen; drafter sizes in SMOL_SIZES, REFERENCE.md §10):
+  python train_drafters.py dflash --gguf G --regen R --out W/dflash --minutes 3.5
+When R/prompt_lens.u16 exists, DFlash anchors are drawn from the generated part of each row only.
 """
 from __future__ import annotations
 
@@ -35,6 +40,14 @@ def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def load_target(target: Path | None, gguf: str | None, dev):
+    """The frozen target: a Kimi HF folder (--target) or a Llama GGUF (--gguf, SmolLM2)."""
+    if gguf:
+        from specd_ref.llama import load_gguf
+        return load_gguf(gguf, device=dev)[0]
+    return load_target_hf(target, dev)
+
+
 def load_target_hf(folder: Path, dev) -> KimiForCausalLM:
     cfg = json.loads((folder / "config.json").read_text())
     model = KimiForCausalLM(KimiConfig.from_hf(cfg))
@@ -47,7 +60,39 @@ def load_target_hf(folder: Path, dev) -> KimiForCausalLM:
     return model
 
 
+# SmolLM2-135M drafters (hidden 576, 30 layers). Sized so both bf16 checkpoints fit 24 MB together:
+#   DFlash 3 layers × (attn 0.885M + MLP 3·576·384) + fc 4·576² ≈ 5.98M params ≈ 11.96 MB
+#   EAGLE-3 fc 3·576² + attn (2H in) 1.66M + MLP 3·576·512 + lm_head 4096·576 ≈ 5.68M ≈ 11.4 MB (+d2t/t2d 81 KB)
+SMOL_SIZES = {"dflash_layers": 3, "dflash_intermediate": 384, "eagle3_intermediate": 512,
+              "draft_vocab": 4096}
+
+
+def smol_drafter_config(method: str, tcfg):
+    """Drafters for the SmolLM2 target: the target's heads/head_dim (9 / 3 KV / 64), RoPE θ 100000.
+    DFlash target_layer_ids follow z-lab's build_target_layer_ids (evenly from layer 1 to L−3):
+    L=30, 4 taps → [1, 10, 18, 27] (taps 2, 11, 19, 28). EAGLE-3 taps (2, L//2, L−3) = [2, 15, 27]."""
+    from specd_ref.llama import SMOL_MASK_ID
+    D, L = tcfg.hidden_size, tcfg.num_hidden_layers
+    H, KV, hd = tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.head_dim
+    if method in ("dflash", "dspark"):
+        n = SMOL_SIZES["dflash_layers"]
+        ntap = 4
+        ids = [round(1 + i * (L - 4) / (ntap - 1)) for i in range(ntap)]
+        return DFlashConfig(hidden_size=D, num_hidden_layers=n, num_attention_heads=H, num_key_value_heads=KV,
+                            head_dim=hd, intermediate_size=SMOL_SIZES["dflash_intermediate"],
+                            vocab_size=tcfg.vocab_size, block_size=16 if method == "dflash" else 7,
+                            mask_token_id=SMOL_MASK_ID, target_layer_ids=ids,
+                            layer_types=["full_attention"] * n, sliding_window=0, rope_theta=tcfg.rope_theta,
+                            rms_norm_eps=1e-6, method=method, markov_rank=64 if method == "dspark" else 0)
+    return Eagle3Config(hidden_size=D, num_attention_heads=H, num_key_value_heads=KV, head_dim=hd,
+                        intermediate_size=SMOL_SIZES["eagle3_intermediate"], vocab_size=tcfg.vocab_size,
+                        draft_vocab_size=SMOL_SIZES["draft_vocab"], aux_layer_ids=[2, L // 2, L - 3],
+                        rope_theta=tcfg.rope_theta, rms_norm_eps=1e-6)
+
+
 def drafter_config(method: str, tcfg: KimiConfig):
+    if not isinstance(tcfg, KimiConfig):
+        return smol_drafter_config(method, tcfg)
     D = tcfg.hidden_size
     if method == "dflash":
         return DFlashConfig(hidden_size=D, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -72,26 +117,30 @@ def make_drafter(method: str, tcfg: KimiConfig):
     return (Eagle3Draft(c) if method == "eagle3" else DFlashDraft(c)), c
 
 
-def block_inputs(target, seqs: torch.Tensor, anchors: torch.Tensor, B: int):
+def block_inputs(target, seqs: torch.Tensor, anchors: torch.Tensor, B: int, mask_id: int = MASK_ID):
     """Block embeddings/positions for anchors [Bt, nb]: tokens [s_a, MASK…] at a..a+B−1."""
     Bt, nb = anchors.shape
     dev = seqs.device
     pos = anchors[:, :, None] + torch.arange(B, device=dev)[None, None, :]        # [Bt, nb, B]
-    toks = torch.full((Bt, nb, B), MASK_ID, dtype=torch.long, device=dev)
+    toks = torch.full((Bt, nb, B), mask_id, dtype=torch.long, device=dev)
     toks[:, :, 0] = seqs.gather(1, anchors)
     emb = target.model.embed_tokens(toks.view(Bt, nb * B))
     return emb, pos.view(Bt, nb * B), pos
 
 
-def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int):
+def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int, lo=None):
     c = model.config
     B = c.block_size
     Bt, T = seqs.shape
     dev = seqs.device
     taps = torch.cat([hidden[t] for t in c.taps], -1)
     f = model.context(taps)
-    anchors = torch.from_numpy(rng.integers(16, T - B - 1, size=(Bt, nb))).to(dev)
-    emb, bpos, pos3 = block_inputs(target, seqs, anchors, B)
+    if lo is None:
+        anchors = torch.from_numpy(rng.integers(16, T - B - 1, size=(Bt, nb))).to(dev)
+    else:  # per-row lower bound (the last prompt token: blocks start in the generated part)
+        lo = np.minimum(np.maximum(np.asarray(lo), 16), T - B - 2)
+        anchors = torch.from_numpy(rng.integers(lo[:, None], T - B - 1, size=(Bt, nb))).to(dev)
+    emb, bpos, pos3 = block_inputs(target, seqs, anchors, B, c.mask_token_id)
     ctx_pos = torch.arange(T, device=dev)[None].expand(Bt, T)
     ctx_valid = ctx_pos[:, None, :] < anchors[:, :, None]                         # [Bt, nb, T]
     blk_id = torch.arange(nb, device=dev).repeat_interleave(B)
@@ -157,22 +206,31 @@ def eagle3_loss(model: Eagle3Draft, target, seqs, hidden, tlogits, steps: int = 
 
 
 def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: float, seed: int = 0,
-          batch: int = 32, lr: float = 1e-3, max_steps: int = 6000):
+          batch: int = 32, lr: float = 1e-3, max_steps: int = 6000, gguf: str | None = None,
+          eval_every: int = 200):
     dev = device()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    target = load_target_hf(target_dir, dev)
+    t_load = time.time()
+    target = load_target(target_dir, gguf, dev)
     meta = json.loads((regen_dir / "meta.json").read_text())
     data = torch.from_numpy(np.fromfile(regen_dir / "tokens.u16", dtype=np.uint16).astype(np.int64)
                             .reshape(meta["sequences"], meta["length"]))
-    n_val = 256
+    n_val = min(256, meta["sequences"] // 8)
     val, trn = data[:n_val], data[n_val:]
+    plens = None
+    if (regen_dir / "prompt_lens.u16").exists():
+        plens = np.fromfile(regen_dir / "prompt_lens.u16", dtype=np.uint16).astype(np.int64) - 1
+    print(f"{method}: target loaded in {time.time() - t_load:.1f}s; {len(trn)} train / {n_val} val rows "
+          f"of {meta['length']} tokens", flush=True)
     model, cfg = make_drafter(method, target.config)
     model.init_weights()
     if method == "eagle3":
         counts = torch.bincount(trn.flatten(), minlength=cfg.vocab_size)
         top = torch.topk(counts, cfg.draft_vocab_size).indices.sort().values
         model.set_vocab(top)
+        print(f"eagle3: draft vocab {cfg.draft_vocab_size} covers {counts[top].sum().item() / counts.sum().item():.4f}"
+              f" of the training tokens", flush=True)
     model.to(dev)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                             betas=(0.9, 0.95), weight_decay=0.01)
@@ -180,27 +238,28 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
     log, best, step, t0 = [], math.inf, 0, time.time()
     budget = minutes * 60
 
-    def run_batch(seqs, train_mode):
+    def run_batch(seqs, train_mode, lo=None):
         with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             tlogits, hidden, _ = target(seqs)
         hidden = [h.detach() for h in hidden]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             if method == "eagle3":
                 return eagle3_loss(model, target, seqs, hidden, tlogits)
-            return dflash_loss(model, target, seqs, hidden, tlogits, rng, nb=8 if method == "dflash" else 16)
+            return dflash_loss(model, target, seqs, hidden, tlogits, rng, nb=8 if method == "dflash" else 16,
+                               lo=lo)
 
     while step < max_steps and time.time() - t0 < budget:
         frac = min(step / 100, 1.0) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min((time.time() - t0) / budget, 1))))
         for g in opt.param_groups:
             g["lr"] = lr * frac
         idx = torch.from_numpy(rng.integers(0, len(trn), size=batch))
-        loss, info = run_batch(trn[idx].to(dev), True)
+        loss, info = run_batch(trn[idx].to(dev), True, None if plens is None else plens[n_val:][idx.numpy()])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % 200 == 0:
+        if step % eval_every == 0:
             model.eval()
             with torch.no_grad():
                 vl, vi = [], None
@@ -208,7 +267,8 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
                 for i in range(0, n_val, batch):
                     saved = rng
                     rng = vrng
-                    l, vi = run_batch(val[i:i + batch].to(dev), False)
+                    l, vi = run_batch(val[i:i + batch].to(dev), False,
+                                      None if plens is None else plens[i:i + batch])
                     rng = saved
                     vl.append(l.item())
             model.train()
@@ -225,17 +285,28 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
                                               "seconds": time.time() - t0,
                                               "params": sum(p.numel() for p in model.parameters())}, indent=2))
     model.load_state_dict(torch.load(out / "best.pt", map_location=dev)["model"])
-    save_hf_folder(out / "hf", model.state_dict(), cfg.to_hf())
+    names = save_hf_folder(out / "hf", model.state_dict(), cfg.to_hf())
+    print(f"{method}: {step} steps in {time.time() - t0:.0f}s, best val {best:.4f}; wrote {out / 'hf'} "
+          f"({sum((out / 'hf' / n).stat().st_size for n in names) / 1e6:.2f} MB)", flush=True)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("method", choices=["dflash", "dspark", "eagle3"])
-    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--target", type=Path, help="Kimi target HF folder")
+    ap.add_argument("--gguf", help="Llama-family GGUF target (SmolLM2-135M-Instruct) instead of --target")
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--draft-vocab", type=int, help="SmolLM2 EAGLE-3 draft vocabulary (default 4096)")
     ap.add_argument("--regen", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-steps", type=int, default=6000)
     a = ap.parse_args()
-    train(a.method, a.target, a.regen, a.out, a.minutes, batch=a.batch, max_steps=a.max_steps)
+    if not (a.target or a.gguf):
+        ap.error("one of --target / --gguf is required")
+    if a.draft_vocab:
+        SMOL_SIZES["draft_vocab"] = a.draft_vocab
+    train(a.method, a.target, a.regen, a.out, a.minutes, batch=a.batch, max_steps=a.max_steps, gguf=a.gguf,
+          eval_every=a.eval_every, lr=a.lr)

@@ -1,0 +1,72 @@
+"""MODEL_CARD.md of a SmolLM2-135M-Instruct drafter from its training log and τ JSONs (gpu/smollm2.sh).
+
+  python cards_smollm2.py --method dflash --hf W/dflash/hf --work W --regen W/regen --out MODEL_CARD.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--method", choices=["dflash", "eagle3"], required=True)
+    ap.add_argument("--hf", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--regen", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    c = json.loads((a.hf / "config.json").read_text())
+    log = json.loads((a.work / a.method / "log.json").read_text())
+    meta = json.loads((a.regen / "meta.json").read_text())
+    size = sum(p.stat().st_size for p in a.hf.glob("*.safetensors"))
+    name = f"smollm2-135m-instruct-{a.method}"
+    L = ["# " + name, "",
+         f"A {'DFlash' if a.method == 'dflash' else 'EAGLE-3'} drafter for SmolLM2-135M-Instruct "
+         f"(`models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`; `architectures` {c['architectures']}). "
+         f"Reference implementation: `tools/reference/specd_ref/{'dflash' if a.method == 'dflash' else 'eagle3'}.py`; "
+         "target: `tools/reference/specd_ref/llama.py` (GGUF dequantised to fp32).", "", "## Architecture"]
+    if a.method == "dflash":
+        d = c["dflash_config"]
+        L += [f"- {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads / "
+              f"{c['num_key_value_heads']} KV heads × {c['head_dim']}, MLP {c['intermediate_size']}, RoPE θ {c['rope_theta']}.",
+              f"- Taps: {d['target_layer_ids']} via `target_layer_ids` (output of layer k → tap k+1).",
+              f"- Block size {c['block_size']}, mask token {d['mask_token_id']} (`<empty_output>`, a control token "
+              f"chat never produces), layer types {c['layer_types']}.",
+              "- Uses the target's (tied) embedding and lm_head."]
+    else:
+        L += [f"- One layer, hidden {c['hidden_size']}, {c['num_attention_heads']} heads / {c['num_key_value_heads']} KV "
+              f"heads × {c['head_dim']}, MLP {c['intermediate_size']}, RoPE θ {c['rope_theta']}.",
+              f"- Taps (used as given): {c['eagle_config']['eagle_aux_hidden_state_layer_ids']}.",
+              f"- Own lm_head over a draft vocabulary of {c['draft_vocab_size']} (the most frequent tokens of the "
+              f"training data; `d2t`/`t2d`); uses the target's embedding."]
+    L += [f"- Parameters: **{log['params'] / 1e6:.2f} M**; checkpoint {size / 1e6:.2f} MB (bf16 safetensors).", "",
+          "## Data and training",
+          f"The target's own continuations (`regen_smollm2.py gen`): {meta['sequences']} rows of {meta['length']} tokens "
+          f"= a prompt (mean {meta['mean_prompt_len']:.0f} tokens; half ChatML chat turns built from corpus snippets with "
+          f"instructions, half raw corpus snippets, from the train splits of brown/nlp/sotu/TypeScript) + the target's "
+          f"continuation (EOS ignored), batches alternating temperatures {meta['temperatures']}. "
+          f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
+          f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafter on one GPU), "
+          f"AdamW lr 1e-3, bf16 autocast, seed 0; best validation "
+          f"loss {log['best_val']:.4f}. Command: `tools/reference/gpu/smollm2.sh`.", "",
+          "## Acceptance length τ (held-out prompts `tools/reference/smollm2/prompts/{chat,plain}.jsonl`)",
+          "τ = mean over verify steps of (accepted + 1), EOS ignored, fp32 target; ± is the standard error with prompts "
+          "as clusters. t0 greedy, t1 temperature 1.", "",
+          "| run | prompts | τ | verify steps | new tokens | per-position acceptance (first 8) |",
+          "| --- | --- | --- | --- | --- | --- |"]
+    for t in ("0", "1"):
+        f = a.work / f"tau_{a.method}_t{t}.json"
+        if not f.exists():
+            continue
+        r = json.loads(f.read_text())
+        for dom, v in r["domains"].items():
+            pp = ", ".join(f"{x:.2f}" for x in v["per_position_acceptance"][:8])
+            L.append(f"| t{t} | {dom} ({v['prompts']}) | {v['tau']:.3f} ± {v['tau_se']:.3f} | {v['verify_steps']} | "
+                     f"{r['new_tokens']} | {pp} |")
+    a.out.write_text("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One GPU call for issue #7: SmolLM2-135M-Instruct drafters. Run from the repo root (or anywhere):
+#   OUT=… bash tools/reference/gpu/smollm2.sh /path/to/SmolLM2-135M-Instruct.Q4_1.gguf [WORK]
+# Stages (each time-boxed, timings printed and kept in logs.tar.gz/timings.txt):
+#   regen  regen_smollm2.py gen: SEQ prompts (smollm2/prompts, committed) → SEQ rows of LEN tokens
+#          (greedy / T=0.8 batches, GEN_BATCH per batch, stops starting batches after GEN_SECONDS)
+#   train  DFlash and EAGLE-3 concurrently on the one GPU, MIN minutes each (or MAX_STEPS)
+#   eval   τ of both drafters, greedy and T=1, EVAL_LIMIT chat + EVAL_LIMIT plain held-out prompts,
+#          NEW new tokens, four evaluations concurrently, each cut at EVAL_TIMEOUT seconds
+# STAGES="regen train eval" by default; without regen, REGEN=<dir with tokens.u16 meta.json> is used.
+# $OUT (≤ 8 files ≤ 16 MiB): dflash/{config.json,model.safetensors,MODEL_CARD.md},
+#   eagle3/{config.json,model.safetensors,MODEL_CARD.md}, logs.tar.gz, regen.tar.gz
+# Offline: torch, numpy, safetensors only (the GGUF is read by specd_ref/gguf_io.py's numpy reader
+# when the pip `gguf` package is missing; no tokenizer is needed on the GPU).
+set -uo pipefail
+G=$(realpath "${1:?path to SmolLM2-135M-Instruct.Q4_1.gguf}")
+cd "$(dirname "$0")/.."
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+W=${2:-/root/smol}; O=${OUT:-$W/out}
+SEQ=${SEQ:-4096}; LEN=${LEN:-320}; GEN_BATCH=${GEN_BATCH:-512}; GEN_SECONDS=${GEN_SECONDS:-90}
+MIN=${MIN:-3.25}; BATCH=${BATCH:-32}; MAX_STEPS=${MAX_STEPS:-100000}; EVAL_EVERY=${EVAL_EVERY:-200}
+EVAL_LIMIT=${EVAL_LIMIT:-16}; NEW=${NEW:-128}; EVAL_TIMEOUT=${EVAL_TIMEOUT:-170}
+STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; P=smollm2/prompts
+R=${REGEN:-$W/regen}
+mkdir -p "$W" "$O"
+T0=$(date +%s)
+tm() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$W/timings.txt"; }
+tm "start: gguf $G work $W out $O; SEQ=$SEQ LEN=$LEN MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW"
+$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
+
+if [[ " $STAGES " == *" regen "* ]]; then
+  tm "regen start"
+  $PY regen_smollm2.py gen --gguf "$G" --prompts $P --out "$R" --sequences "$SEQ" --length "$LEN" \
+      --batch "$GEN_BATCH" --max-seconds "$GEN_SECONDS" 2>&1 | tee "$W/regen.log"
+  tm "regen done"
+fi
+
+if [[ " $STAGES " == *" train "* ]]; then
+  tm "train start (dflash + eagle3 concurrently, $MIN min each)"
+  for m in dflash eagle3; do
+    $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
+        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" > "$W/train_$m.log" 2>&1 &
+  done
+  wait
+  tail -n 3 "$W"/train_*.log
+  tm "train done"
+fi
+
+if [[ " $STAGES " == *" eval "* ]]; then
+  tm "eval start"
+  ev() { timeout "$EVAL_TIMEOUT" $PY eval_tau.py --gguf "$G" --drafter "$W/$1/hf" --prompts $P --domains chat,plain \
+         --limit "$EVAL_LIMIT" --new-tokens "$NEW" --temperature "$2" --out "$W/tau_$1_t$2.json" > "$W/eval_$1_t$2.log" 2>&1; }
+  ev dflash 0 & ev dflash 1 & ev eagle3 0 & ev eagle3 1 &
+  wait
+  tail -n 3 "$W"/eval_*.log
+  tm "eval done"
+fi
+
+for m in dflash eagle3; do
+  if [ -f "$W/$m/hf/model.safetensors" ]; then
+    mkdir -p "$O/$m"; cp "$W/$m/hf/config.json" "$W/$m/hf/model.safetensors" "$O/$m/"
+    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --out "$O/$m/MODEL_CARD.md" || true
+  fi
+done
+tm "all done"
+(cd "$W" && tar czf "$O/logs.tar.gz" --ignore-failed-read timings.txt regen.log train_*.log eval_*.log tau_*.json \
+   */log.json regen/meta.json 2>/dev/null)
+[ -f "$R/tokens.u16" ] && tar czf "$O/regen.tar.gz" -C "$R" tokens.u16 prompt_lens.u16 meta.json
+ls -la "$O" "$O"/*
