@@ -14,9 +14,11 @@ constexpr int kRowTile = 4;
 
 // GCC 12 at -O3 vectorises the k-pair loop below as one strided group load over the R rows of X
 // and reads up to one pair past the last row (SIGSEGV when X ends at a page boundary; reproduced
-// with a guard page at m=3, k=2). Loop vectorisation is switched off for this function only: the
-// SLP vectoriser still vectorises the 16-lane loops, and the kernel got ~1.7x faster with it
-// (docs/BENCHMARKS.md, "Kernels"). native/test/gemm.test.ts places X against a guard page.
+// with a guard page at m=3, k=2). Loop vectorisation is switched off for the multi-row tiles: the
+// SLP vectoriser still vectorises the 16-lane loops (m = 4: 165 → 145 ms, 1 thread, 256 MiB of
+// weights). The one-row tile (Tile1, decode) reads one contiguous row, has no strided group, and is
+// faster with loop vectorisation (78 vs 104 ms), so it keeps it. native/test/gemm.test.ts places X
+// against a guard page for m = 1..9.
 template <int R>
 __attribute__((optimize("no-tree-loop-vectorize")))
 void Tile(const Problem& p, int64_t row0, int64_t panel) {
@@ -51,12 +53,42 @@ void Tile(const Problem& p, int64_t row0, int64_t panel) {
   for (int r = 0; r < R; ++r) std::memcpy(p.y + (row0 + r) * p.ldy + col0, acc[r], valid * sizeof(float));
 }
 
+/** Tile<1> with loop vectorisation (see above): one row of X, same arithmetic and order. */
+void Tile1(const Problem& p, int64_t row0, int64_t panel) {
+  const int64_t full_pairs = p.k / 2;
+  const uint16_t* w = p.packed + panel * PanelPairs(p.k) * 32;
+  const float* x = p.x + row0 * p.ldx;
+  float acc[16];
+  std::memset(acc, 0, sizeof acc);  // +0
+  float w0[16], w1[16];
+  for (int64_t kp = 0; kp < full_pairs; ++kp) {
+    const uint16_t* line = w + kp * 32;
+    for (int l = 0; l < 16; ++l) {
+      w0[l] = Bf16ToF32(line[2 * l]);
+      w1[l] = Bf16ToF32(line[2 * l + 1]);
+    }
+    const float x0 = x[2 * kp];
+    const float x1 = x[2 * kp + 1];
+    for (int l = 0; l < 16; ++l) acc[l] = acc[l] + x0 * w0[l];
+    for (int l = 0; l < 16; ++l) acc[l] = acc[l] + x1 * w1[l];
+  }
+  if (p.k & 1) {
+    const uint16_t* line = w + full_pairs * 32;
+    for (int l = 0; l < 16; ++l) w0[l] = Bf16ToF32(line[2 * l]);
+    const float x0 = x[2 * full_pairs];
+    for (int l = 0; l < 16; ++l) acc[l] = acc[l] + x0 * w0[l];
+  }
+  const int64_t col0 = panel * kPanelCols;
+  const int64_t valid = p.n - col0 < 16 ? p.n - col0 : 16;
+  std::memcpy(p.y + row0 * p.ldy + col0, acc, valid * sizeof(float));
+}
+
 void Panels(const Problem& p, int64_t panel_begin, int64_t panel_end) {
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     int64_t row = 0;
     for (; row + kRowTile <= p.m; row += kRowTile) Tile<kRowTile>(p, row, panel);
     switch (p.m - row) {
-      case 1: Tile<1>(p, row, panel); break;
+      case 1: Tile1(p, row, panel); break;
       case 2: Tile<2>(p, row, panel); break;
       case 3: Tile<3>(p, row, panel); break;
       default: break;
