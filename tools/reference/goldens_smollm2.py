@@ -4,7 +4,8 @@
 
 For each fixed prompt, OUT/<name>.safetensors (fp32 unless noted):
   input_ids [T] i32 · hidden.{i} [T, D] for the taps the drafters read plus 0 and L (tap i = residual
-  entering layer i; L = final pre-norm hidden) · logits.last [min(T,8), V] · argmax [T] i32 ·
+  entering layer i; L = final pre-norm hidden) · hidden_last.{i} [min(T,4), D] for every i = 0..L (the
+  per-layer check on the last positions, small enough to commit) · logits.last [min(T,2), V] · argmax [T] i32 ·
   dflash.context [T, D] (hidden_norm(fc(taps))) · dflash.layer.{j}.k / .v [T, KV, hd] (k_norm + RoPE) ·
   {dflash,eagle3}.first_proposal [n] i32 (greedy drafts for the first block after prefill, the greedy
   first token as the bonus).
@@ -45,10 +46,12 @@ def golden(target, drafters: dict, ids: list[int]):
     L = len(hidden) - 1
     taps = sorted({0, L} | {t for d in drafters.values() for t in d.config.taps})
     out = {"input_ids": torch.tensor(ids, dtype=torch.int32),
-           "logits.last": logits[0, -min(T, 8):].contiguous(),
+           "logits.last": logits[0, -min(T, 2):].contiguous(),
            "argmax": logits[0].argmax(-1).to(torch.int32)}
     for i in taps:
         out[f"hidden.{i}"] = hidden[i][0].contiguous()
+    for i in range(L + 1):
+        out[f"hidden_last.{i}"] = hidden[i][0, -min(T, 4):].clone()
     first = logits[0, -1].argmax()
     tokens = torch.cat([torch.tensor(ids), first.view(1)])
     for name, d in drafters.items():
