@@ -129,7 +129,8 @@ describe('specd generate', () => {
     [['frobnicate'], 2, /unknown command 'frobnicate'/],
     [['generate'], 1, /^specd: error: give exactly one of --prompt TEXT or --prompt-file FILE\n$/],
     [['generate', '--prompt', 'x', '--prompt-file', 'y'], 2, /cannot be used with/],
-    [['generate', '--prompt', 'x', '--model', '/no/such/dir'], 1, /^specd: error: model directory \/no\/such\/dir has no config.json/],
+    [['generate', '--prompt', 'x', '--model', '/no/such/dir'], 1, /^specd: error: model \/no\/such\/dir: neither a folder with config.json nor a .gguf file/],
+    [['generate', '--prompt', 'x', '--model', '/no/such/smollm2-135m-instruct'], 1, /run `npm run models:fetch` to fetch SmolLM2-135M-Instruct/],
     [['generate', '--prompt-file', '/no/such/file'], 1, /^specd: error: --prompt-file: cannot read/],
   ])('%j → one error line, exit %i', async (args, code, re) => {
     const r = await run(args as string[]);
