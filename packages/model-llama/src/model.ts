@@ -41,6 +41,26 @@ interface Span {
   readonly row: number;
   readonly numNew: number;
   readonly position: number;
+  /** Tree verification: parent row of each new row (row 0: −1); absent for a chain. */
+  readonly tree?: Int32Array;
+  /** Depth of each new row in its tree (tree only). */
+  readonly depth?: Int32Array;
+}
+
+/**
+ * Validates a verify tree and returns each row's depth.
+ * @throws {LlamaForwardError} unless `parents[0] = −1` and `0 ≤ parents[r] < r` for r ≥ 1.
+ */
+function treeDepths(parents: Int32Array, numNew: number, where: string): Int32Array {
+  if (parents.length !== numNew) throw new LlamaForwardError(`${where}.tree: expected [${numNew}] parents (one per token), got ${parents.length}`);
+  const depth = new Int32Array(numNew);
+  parents.forEach((p, r) => {
+    if (r === 0 ? p !== -1 : !(Number.isInteger(p) && p >= 0 && p < r)) {
+      throw new LlamaForwardError(`${where}.tree[${r}]: expected ${r === 0 ? '-1 (the root)' : `a parent row in [0, ${r})`}, got ${p}`);
+    }
+    if (r > 0) depth[r] = depth[p]! + 1;
+  });
+  return depth;
 }
 
 /** A Llama forward's result: the core one plus where each sequence's rows are (for commitPrefix). */
@@ -108,7 +128,11 @@ export class LlamaStageModel implements StageModel {
       if (s.tokens.length < 1) throw new LlamaForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
       const have = cache.length(s.id);
       if (have !== s.position) throw new LlamaForwardError(`forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`);
-      spans.push({ id: s.id, row: N, numNew: s.tokens.length, position: s.position });
+      const tree = s.tree;
+      spans.push({
+        id: s.id, row: N, numNew: s.tokens.length, position: s.position,
+        ...(tree === undefined ? {} : { tree, depth: treeDepths(tree, s.tokens.length, `forward: sequences[${i}]`) }),
+      });
       N += s.tokens.length;
     }
     const taps = options.taps ?? [];
@@ -151,16 +175,20 @@ export class LlamaStageModel implements StageModel {
     const H = c.numHeads;
     const KV = c.numKvHeads;
     const hd = c.headDim;
-    const layout: KvPageLayout = { numPages: kv.numPages, pageSize: kv.pageSize, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' };
     const positions = new Int32Array(N);
     const slots = new Int32Array(N);
     for (const s of spans) {
       for (let t = 0; t < s.numNew; t++) {
-        positions[s.row + t] = s.position + t;
+        positions[s.row + t] = s.position + (s.depth === undefined ? t : s.depth[t]!);
         slots[s.row + t] = kv.tokenOffset(s.id, s.position + t) / kv.floatsPerToken;
       }
     }
-    const attnBatch = makePagedBatch(spans.map((s) => ({ qLen: s.numNew, kvLen: s.position + s.numNew, pages: kv.blockTable(s.id) })));
+    const { layout, attnBatch } = spans.some((s) => s.tree !== undefined)
+      ? treeAttention(spans, kv, KV, hd, slots)
+      : {
+        layout: { numPages: kv.numPages, pageSize: kv.pageSize, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' } as KvPageLayout,
+        attnBatch: makePagedBatch(spans.map((s) => ({ qLen: s.numNew, kvLen: s.position + s.numNew, pages: kv.blockTable(s.id) }))),
+      };
     const rope = { theta: c.ropeTheta, style: c.ropeStyle, headDim: hd } as const;
     const qw = H * hd;
     const kw = KV * hd;
@@ -221,6 +249,35 @@ export class LlamaStageModel implements StageModel {
   }
 
   /**
+   * Core's tree-commit hook: keeps the block rows `rows` of `id` (a root-to-node path of the tree it
+   * was verified with) as its next tokens — each kept row's K/V (every layer of the stage) copied to
+   * position `position + j`, the rest of the block dropped.
+   * @throws {LlamaForwardError} if `id` was not in the forward, was verified without a tree, or `rows`
+   *   is not a path from row 0.
+   */
+  commitTreePath(cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]): void {
+    const s = (result as LlamaForwardResult).spans?.find((x) => x.id === id);
+    if (s === undefined) throw new LlamaForwardError(`commitTreePath: sequence ${String(id)} was not in this forward`);
+    if (s.tree === undefined) throw new LlamaForwardError(`commitTreePath: sequence ${String(id)} was verified as a chain (use commitPrefix)`);
+    rows.forEach((r, j) => {
+      const ok = j === 0 ? r === 0 : Number.isInteger(r) && r > 0 && r < s.numNew && s.tree![r] === rows[j - 1];
+      if (!ok) throw new LlamaForwardError(`commitTreePath: rows[${j}] = ${r} is not ${j === 0 ? 'the root row 0' : `a child of row ${rows[j - 1]}`}`);
+    });
+    const kv = cache.kv!;
+    const F = kv.floatsPerToken;
+    for (let j = 1; j < rows.length; j++) {
+      if (rows[j] === j) continue;
+      const src = kv.tokenOffset(id, s.position + rows[j]!);
+      const dst = kv.tokenOffset(id, s.position + j);
+      for (const layer of this.cacheGeometry.pagedKv.layers) {
+        const store = kv.layerStore(layer);
+        store.copyWithin(dst, src, src + F);
+      }
+    }
+    cache.rollback(id, { length: s.position + rows.length, state: undefined });
+  }
+
+  /**
    * The target's token embeddings (first stage only): `[tokens.length, hiddenSize]` f32.
    * @throws {LlamaForwardError} on a non-first stage or an id outside the vocabulary.
    */
@@ -252,6 +309,39 @@ export class LlamaStageModel implements StageModel {
     this.finalNorm = undefined;
     this.lmHeadWeights = undefined;
   }
+}
+
+/**
+ * The attention batch of a forward with token trees, over the same pages viewed one token per page
+ * (`pageSize 1`: a block table lists token slots): a chain sequence is one entry over its slots
+ * 0 … position + numNew − 1; a tree row r is its own entry (qLen 1) over the cached slots, then the
+ * slots of its ancestors and itself in depth order — key j of the entry is the token at position j of
+ * r's root-to-r path, exactly the keys (and order) of that path decoded as a chain, so its output is
+ * bit for bit the chain's (the kernels reduce by key index, attention_kernels.h).
+ */
+function treeAttention(spans: readonly Span[], kv: NonNullable<SequenceCache['kv']>, KV: number, hd: number, slots: Int32Array): { layout: KvPageLayout; attnBatch: ReturnType<typeof makePagedBatch> } {
+  const layout: KvPageLayout = { numPages: kv.numPages * kv.pageSize, pageSize: 1, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' };
+  const F = kv.floatsPerToken;
+  const entries: { qLen: number; kvLen: number; pages: Int32Array }[] = [];
+  for (const s of spans) {
+    const cached = new Int32Array(s.position);
+    for (let t = 0; t < s.position; t++) cached[t] = kv.tokenOffset(s.id, t) / F;
+    if (s.tree === undefined) {
+      const pages = new Int32Array(s.position + s.numNew);
+      pages.set(cached);
+      pages.set(slots.subarray(s.row, s.row + s.numNew), s.position);
+      entries.push({ qLen: s.numNew, kvLen: pages.length, pages });
+      continue;
+    }
+    for (let r = 0; r < s.numNew; r++) {
+      const d = s.depth![r]!;
+      const pages = new Int32Array(s.position + d + 1);
+      pages.set(cached);
+      for (let a = r, k = d; a >= 0; a = s.tree[a]!, k--) pages[s.position + k] = slots[s.row + a]!;
+      entries.push({ qLen: 1, kvLen: pages.length, pages });
+    }
+  }
+  return { layout, attnBatch: makePagedBatch(entries) };
 }
 
 /** Options of {@link loadLlamaStage}. */

@@ -79,6 +79,14 @@ export interface ForwardSequence {
    * results are bitwise independent of how tokens are grouped into forwards.
    */
   readonly phase?: 'prefill';
+  /**
+   * A token tree instead of a chain (tree verification; only stages with {@link StageModel.commitTreePath}):
+   * the parent row of each new token, `[tokens.length]` i32 — row 0 (the last verified token) has −1,
+   * every other row a parent row before it. Row r sits at position `position + depth(r)` and attends
+   * to the cached tokens and to its ancestors (itself included), so its logits equal those of its
+   * root-to-r path decoded as a chain. Its KV is kept in block-row order until `commitTreePath`.
+   */
+  readonly tree?: Int32Array;
 }
 
 /** A forward batch. Tokens are concatenated in sequence order (`numTokens = Σ numNew`). */
@@ -134,6 +142,13 @@ export interface StageModel {
    * Stages without it are committed by checkpoint + replay.
    */
   commitPrefix?(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void;
+  /**
+   * commit a tree path (optional; stages that verify trees — attention-only targets): keeps the block
+   * rows `rows` of `id` in a forward run with a `tree` (a root-to-node path: `rows[0] = 0`, each row the
+   * child of the previous) as the sequence's next tokens — their KV moved to consecutive positions,
+   * the rest dropped. Stages with linear state leave it absent: a tree would need per-branch state.
+   */
+  commitTreePath?(cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]): void;
   /** Token embeddings (optional, first stage; drafters that reuse the target's): `[tokens.length, hiddenSize]` f32. */
   embedTokens?(tokens: Int32Array): Float32Array;
   /**
