@@ -118,6 +118,36 @@ export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'cost';
 /** Tap bytes a sequence may hold for its deferred draft context before it is written (8 MiB). */
 const PENDING_TAP_BYTES = 8 << 20;
 
+/** True for a proposal whose drafts form a tree (some parent is not the previous draft). */
+function isTree(p: DraftProposal): boolean {
+  return p.parents !== undefined && p.parents.some((v, j) => v !== j - 1);
+}
+
+/**
+ * Greedy acceptance of a token tree (REFERENCE.md §5, EAGLE tree verification at temperature 0):
+ * from the root row, follow the child whose token is the target's argmax at the current row; stop
+ * where no child matches — the argmax there is the bonus.
+ * @param tokens block `[n]` (row 0 = the last verified token); @param tree parent row of each row
+ *   (`[n]`, row 0: −1); @param logits `[n, V]` f32, the verify forward's rows.
+ * @returns the kept rows (a root path, `rows[0] = 0`) and the accept result (accepted = rows − 1).
+ */
+export function acceptTreeGreedy(tokens: Int32Array, tree: Int32Array, logits: Float32Array, V: number): { rows: number[]; acc: AcceptResult } {
+  const rows = [0];
+  for (;;) {
+    const cur = rows[rows.length - 1]!;
+    const t = argmax(logits.subarray(cur * V, (cur + 1) * V), V)[0]!;
+    let next = -1;
+    for (let c = cur + 1; c < tokens.length; c++) {
+      if (tree[c] === cur && tokens[c] === t) {
+        next = c;
+        break;
+      }
+    }
+    if (next < 0) return { rows, acc: { accepted: rows.length - 1, bonus: t } };
+    rows.push(next);
+  }
+}
+
 interface Running {
   readonly req: SpecRequest;
   readonly rng: SeededRandom;
@@ -309,8 +339,24 @@ export class SpecEngine {
     return reason === undefined ? undefined : this.finish(r, reason);
   }
 
-  /** Projects the taps of rows [rowStart[s], rowStart[s] + spans[s].numTokens) of `res` and writes them as draft context. */
-  private materialise(spans: readonly ContextSpan[], res: ForwardResult, rowStart: readonly number[]): void {
+  /**
+   * A tree proposal must be verifiable: a target with `commitTreePath` (attention-only; a tree over
+   * linear-attention layers would need per-branch state), greedy sampling (trees are verified along
+   * the argmax path; drafters propose chains at temperature > 0), parents before children.
+   * @throws {EngineError} naming the sequence and the reason.
+   */
+  private checkTree(p: DraftProposal, r: Running): void {
+    const id = String(p.id);
+    if (this.target.commitTreePath === undefined) throw new EngineError(`propose: ${id}: tree drafts need a target that verifies trees (StageModel.commitTreePath: attention-only stages); this one verifies chains only`);
+    if (r.req.sampling.temperature !== 0) throw new EngineError(`propose: ${id}: tree drafts are verified greedily only (temperature 0); at temperature ${r.req.sampling.temperature} the drafter must propose a chain`);
+    if (p.parents!.length !== p.tokens.length) throw new EngineError(`propose: ${id}: parents: expected [${p.tokens.length}], got ${p.parents!.length}`);
+    p.parents!.forEach((v, j) => {
+      if (!(Number.isInteger(v) && v >= -1 && v < j)) throw new EngineError(`propose: ${id}: parents[${j}] = ${v}: expected −1 or an earlier draft`);
+    });
+  }
+
+  /** Projects the taps of rows `rows[s]` (`[spans[s].numTokens]`, batch rows of `res`) and writes them as draft context. */
+  private materialise(spans: readonly ContextSpan[], res: ForwardResult, rows: readonly Int32Array[]): void {
     const drafter = this.drafter!;
     const n = spans.reduce((a, s) => a + s.numTokens, 0);
     if (n === 0) return;
@@ -320,7 +366,7 @@ export class SpecEngine {
       const g = new Float32Array(n * D);
       let at = 0;
       spans.forEach((s, i) => {
-        g.set(h.subarray(rowStart[i]! * D, (rowStart[i]! + s.numTokens) * D), at * D);
+        for (let j = 0; j < s.numTokens; j++) g.set(h.subarray(rows[i]![j]! * D, (rows[i]![j]! + 1) * D), (at + j) * D);
         at += s.numTokens;
       });
       gathered.set(tap, g);
@@ -412,8 +458,9 @@ export class SpecEngine {
       const proposed = drafter!.propose({ sequences: toDraft });
       proposeMs = performance.now() - tp;
       for (const p of proposed) {
-        if (p.parents !== undefined && p.parents.some((v, j) => v !== j - 1)) throw new EngineError(`propose: ${String(p.id)}: tree drafts are not verified yet (chains only)`);
-        if (p.tokens.length > (wants[seqs.findIndex((r) => r.req.id === p.id)] ?? 0)) throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
+        const at = seqs.findIndex((r) => r.req.id === p.id);
+        if (p.tokens.length > (wants[at] ?? 0)) throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
+        if (isTree(p)) this.checkTree(p, seqs[at]!);
         proposals.set(p.id, p);
       }
       this.applyBudgets(proposals);
@@ -428,7 +475,9 @@ export class SpecEngine {
       tokens[0] = r.history[r.historyLength - 1]!;
       tokens.set(drafts, 1);
       if (this.commitMode === 'replay' && drafts.length > 0) checkpoints.set(r.req.id, this.cache.checkpoint(r.req.id));
-      fseqs.push({ id: r.req.id, position: this.cache.length(r.req.id), tokens, logits: 'all' });
+      const p = proposals.get(r.req.id);
+      const tree = p !== undefined && isTree(p) ? Int32Array.from([-1, ...Array.from(p.parents!.subarray(0, drafts.length), (v) => v + 1)]) : undefined;
+      fseqs.push({ id: r.req.id, position: this.cache.length(r.req.id), tokens, logits: 'all', ...(tree === undefined ? {} : { tree }) });
     }
     // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
     const snapshots = this.commitMode === 'snapshots' && fseqs.some((f) => f.tokens.length > 1);
@@ -439,20 +488,27 @@ export class SpecEngine {
     // accept + commit
     const V = this.vocab;
     const spans: ContextSpan[] = [];
-    const rowStart: number[] = [];
+    const spanRows: Int32Array[] = [];
     const outcomes: { r: Running; acc: AcceptResult; drafts: Int32Array }[] = [];
     let row = 0;
     seqs.forEach((r, i) => {
       const id = r.req.id;
       const fs = fseqs[i]!;
       const k = fs.tokens.length - 1;
-      const drafts = fs.tokens.subarray(1);
+      let drafts = fs.tokens.subarray(1);
       const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
-      const acc = r.req.sampling.temperature === 0
-        ? acceptGreedy(drafts, lg, V)
-        : acceptSampled(drafts, proposals.get(id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
+      // A tree is accepted greedily along the target's argmax path (rows = the kept block rows).
+      const path = fs.tree === undefined ? undefined : acceptTreeGreedy(fs.tokens, fs.tree, lg, V);
+      const acc = path !== undefined
+        ? path.acc
+        : r.req.sampling.temperature === 0
+          ? acceptGreedy(drafts, lg, V)
+          : acceptSampled(drafts, proposals.get(id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
+      if (path !== undefined) drafts = Int32Array.from(path.rows.slice(1), (x) => fs.tokens[x]!);
       const committed = acc.accepted + 1;
-      if (snapshots) {
+      if (path !== undefined) {
+        this.target.commitTreePath!(this.cache, res, id, path.rows);
+      } else if (snapshots) {
         this.target.commitPrefix!(this.cache, res, id, committed);
       } else if (committed < k + 1) {
         this.cache.rollback(id, checkpoints.get(id)!);
@@ -470,12 +526,12 @@ export class SpecEngine {
         next.set(drafts.subarray(0, acc.accepted));
         next[acc.accepted] = acc.bonus;
         spans.push({ id, position: fs.position, numTokens: committed, nextTokens: next });
-        rowStart.push(row);
+        spanRows.push(Int32Array.from(path?.rows ?? Array.from({ length: committed }, (_, j) => j), (x) => row + x));
       }
       row += fs.tokens.length;
       outcomes.push({ r, acc, drafts });
     });
-    if (this.drafter !== undefined && spans.length > 0) this.materialise(spans, res, rowStart);
+    if (this.drafter !== undefined && spans.length > 0) this.materialise(spans, res, spanRows);
     const t3 = performance.now();
     this.metrics.draftMs += t1 - t0;
     this.metrics.verifyMs += t2 - t1;

@@ -51,9 +51,15 @@ class ToyDrafter implements Drafter {
   constructor(private readonly good: number) {}
   captureSetter(): readonly number[] { return []; }
   projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array { return acc ?? new Float32Array(n * 4); }
-  writeProjectedContextKV(_sum: Float32Array, spans: readonly { id: unknown; position: number; numTokens: number }[]): void {
+  /** Every context row's next token as the engine reported it, by sequence and position. */
+  readonly nextSeen = new Map<unknown, Map<number, number>>();
+  writeProjectedContextKV(_sum: Float32Array, spans: readonly { id: unknown; position: number; numTokens: number; nextTokens?: Int32Array }[]): void {
     for (const s of spans) {
       expect(this.ctx.get(s.id)).toBe(s.position);
+      expect(s.nextTokens?.length).toBe(s.numTokens);
+      let m = this.nextSeen.get(s.id);
+      if (m === undefined) this.nextSeen.set(s.id, m = new Map());
+      s.nextTokens!.forEach((t, i) => m!.set(s.position + i, t));
       this.ctx.set(s.id, s.position + s.numTokens);
     }
   }
@@ -106,6 +112,28 @@ describe('SpecEngine on the contracts', () => {
     expect(m.decodeForwards).toBe(30); // + one replay per sequence per step: the toy stage has no commitPrefix
     expect(t.forwards).toBe(2 + 30); // prefill + verify + replays
     expect(e.cache.pagesInUse + e.cache.slotsInUse + d.sequences).toBe(0);
+  });
+
+  it('context spans carry nextTokens = the committed token after each row (prompt, first token, accepted drafts, bonus)', () => {
+    const d = new ToyDrafter(2);
+    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
+    const prompt = Int32Array.of(5, 9, 2);
+    const [r] = e.run([{ id: 'n', promptIds: prompt, maxTokens: 12, sampling: { temperature: 0 }, seed: 0 }]);
+    const all = [...prompt, ...r!.tokenIds];
+    const seen = d.nextSeen.get('n')!;
+    expect(seen.size).toBeGreaterThan(prompt.length);
+    // (the last step may commit past maxTokens; those tokens are cut from the output, the sequence ends)
+    for (const [pos, t] of seen) if (pos + 1 < all.length) expect(t, `position ${pos}`).toBe(all[pos + 1]);
+  });
+
+  it('tree drafts on a target without commitTreePath are refused, naming why', () => {
+    class TreeDrafter extends ToyDrafter {
+      override propose(batch: DraftBatch): DraftProposal[] {
+        return super.propose(batch).map((p) => ({ ...p, parents: Int32Array.from(p.tokens, (_, j) => (j === 0 ? -1 : 0)) }));
+      }
+    }
+    const e = new SpecEngine(new ToyTarget(), new TreeDrafter(5), { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
+    expect(() => e.run([req('t', 1, 8)])).toThrow(/tree drafts need a target that verifies trees \(StageModel.commitTreePath/);
   });
 
   it('the two τ definitions differ when requests differ', () => {
