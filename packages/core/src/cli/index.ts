@@ -5,5 +5,6 @@ export {
   type GenerateOptions, type GenerateResult, type LoadedDrafter, type LoadedTarget, type SpecGenerateResult,
 } from './generate.js';
 export { greedyToken, nextToken, sampleToken, SeededRandom, type SamplingParams } from './sampling.js';
-export { chooseDrafter, CliError, type DrafterChoice } from './config-file.js';
+export { checkModelPath, chooseDrafter, CliError, type DrafterChoice } from './config-file.js';
+export { startServe, type ServeFlags, type StartedServer } from './serve.js';
 export { defaultDrafterDir, defaultModelDir, DEFAULT_DRAFTER_RELATIVE, DEFAULT_MODEL_RELATIVE } from './paths.js';
