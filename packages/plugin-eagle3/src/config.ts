@@ -55,7 +55,10 @@ export interface Eagle3Config {
   readonly speculativeTokens?: number;
 }
 
-/** A validated `tree` setting of the deployment config (EAGLE-2 dynamic tree; refused at load for now). */
+/**
+ * A validated `tree` setting of the deployment config: EAGLE-2 dynamic tree, greedy sequences only
+ * (refused at load on targets with non-attention layers, e.g. KDA; see eagle3.ts).
+ */
 export interface Eagle3TreeSettings {
   readonly topK: number;
   readonly depth: number;
@@ -203,12 +206,12 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
   properties: {
     method: { const: 'eagle3' },
     path: { type: 'string', description: 'EAGLE-3 checkpoint directory (architectures ["LlamaForCausalLMEagle3"], or the speculators format ["Eagle3Speculator"])' },
-    num_draft_tokens: { type: 'integer', minimum: 1, description: `chain length, drafts per step at most (default: the checkpoint's speculative_tokens, else ${EAGLE3_DEFAULT_DRAFT_TOKENS})` },
+    num_draft_tokens: { type: 'integer', minimum: 1, description: `chain length, drafts per step at most (default: the checkpoint's speculative_tokens, else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree` },
     tree: {
       type: 'object',
       additionalProperties: false,
       required: ['top_k', 'depth', 'total_tokens'],
-      description: 'EAGLE-2 dynamic tree drafting; not available yet (load refuses it: chain drafting only)',
+      description: 'EAGLE-2 dynamic tree drafting (greedy; all-attention targets only, refused on targets with KDA layers): top_k children per node, frontier = top_k nodes per depth, the total_tokens best nodes by cumulative log-prob; drafts per step at most = total_tokens. At temperature > 0 a chain of depth drafts is drafted instead (the engine verifies trees greedily only)',
       properties: {
         top_k: { type: 'integer', minimum: 1 },
         depth: { type: 'integer', minimum: 1 },

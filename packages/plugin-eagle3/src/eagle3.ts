@@ -1,7 +1,8 @@
 /**
- * The EAGLE-3 drafter, chain drafting (SafeAILab/EAGLE, arXiv 2503.01840; REFERENCE.md §5). Oracle:
- * tools/reference/specd_ref/eagle3.py (`Eagle3Draft.qkv`, `finish`, `logits`; the module docstring
- * pins the semantics) and tools/reference/eval_tau.py (`Proposer._eagle`, the inference chain).
+ * The EAGLE-3 drafter, chain drafting and greedy EAGLE-2-style dynamic trees (SafeAILab/EAGLE, arXiv
+ * 2503.01840; REFERENCE.md §5). Oracle: tools/reference/specd_ref/eagle3.py (`Eagle3Draft.qkv`,
+ * `finish`, `logits`; the module docstring pins the semantics) and tools/reference/eval_tau.py
+ * (`Proposer._eagle`, the inference chain).
  *
  * - Context entry of anchor t (every committed row, `writeProjectedContextKV`): g_t = fc(concat taps
  *   at t) = Σ_i h_i · fc_iᵀ, accumulated in fp32 per stage (`projectTargetHiddenPartial`; no norm after
@@ -9,8 +10,8 @@
  *   embedding, x_{t+1} = `span.nextTokens`); K = RoPE_neox(k_proj x) at position t (no k-norm), V =
  *   v_proj x, written into the draft KV pages. The fc output of each sequence's last row is kept:
  *   propose needs g of anchor p − 1.
- * - propose at `position` p (= draft context length; `lastToken` = x_p), steps j = 1 … k, batched over
- *   sequences (one GEMM per weight per step):
+ * - Chain, propose at `position` p (= draft context length; `lastToken` = x_p), steps j = 1 … k, batched
+ *   over sequences (one GEMM per weight per step):
  *   step 1: query from [input_layernorm(embed(x_p)); hidden_norm(g_{p−1})] at position p − 1 (its K/V
  *   are the context entry of anchor p − 1), attention over context entries 0 … p − 1;
  *   step j > 1: g = the previous step's layer output h (before `norm`), token = the previous draft,
@@ -23,6 +24,28 @@
  *   and maps to the target vocabulary as target_id = draft_id + d2t[draft_id]. q is returned in the
  *   target vocabulary ([k, vocab], exactly 0 outside the draft vocabulary), so rejection sampling
  *   (u·q(x) < p(x)) stays lossless. The chain's KV is discarded after propose.
+ * - Tree (`tree: {top_k, depth, total_tokens}`, accepted only on all-attention targets: verifying a
+ *   tree needs a tree attention mask, which linear-attention / KDA layers cannot apply without
+ *   per-branch state). Trees are greedy-only: at temperature > 0 a tree falls back to a chain of
+ *   `depth` drafts (min(depth, maxDrafts)); the engine verifies trees greedily only. A greedy
+ *   sequence drafts a tree of N = min(total_tokens, maxDrafts) nodes:
+ *   depth 1 = chain step 1; its draft-vocabulary log-softmax gives the root's top_k children
+ *   (cumulative log-prob = their log-prob). Depth d = 2 … depth: the frontier is the top_k nodes of
+ *   depth d − 1 by cumulative log-prob; expanding node n (token t_n, layer output h_n of the step that
+ *   produced it) is exactly the chain step over n's ancestor path: input (embed(t_n), g = h_n) at
+ *   position p + d − 2, its K/V entry written at a temporary slot after the context, its query
+ *   attending over the context entries 0 … p − 1, then the entries of n's ancestors and its own, in
+ *   depth order; its logits give n's top_k children (cumulative = n's + log-prob). Children are the
+ *   top_k logits (ties: lower draft id; top_k 1 = argmax, so top_k 1 is the greedy chain). The tree is
+ *   the N nodes with the highest cumulative log-prob (ties: lower depth, then generation order) — a
+ *   child never outranks its parent, so it is ancestor-closed — emitted by depth, then by that rank,
+ *   with `parents` (index into the emitted drafts, −1 = the last verified token). Nodes that cannot
+ *   enter the N best are not generated (children beyond rank N, depths beyond N); this does not change
+ *   the tree. Each depth level is one set of GEMMs and one `pagedAttention` call over every frontier
+ *   node of every sequence; the attention reads the same pool viewed with pageSize 1 (every token slot
+ *   its own page), each node an entry whose block table lists the global slots it sees — keys at
+ *   consecutive indices, so the result equals the chain's bit for bit. Temporary entries are dropped
+ *   (pool truncated to the context) after propose.
  *
  * Draft KV: one core {@link PagedKvPool} with "layers" 0 (K) and 1 (V), `numKvHeads · headDim` f32 per
  * token, NHD pages — the layout of @specd/native's `pagedAttention`.
@@ -31,14 +54,14 @@
 import {
   DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs,
   type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
-  type SequenceId, type StageInfo, type StageModel,
+  type DraftSequence, type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
   applyRope, argmax, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, swigluFused, writeKvPages,
   type KvPageLayout, type PackedBf16Weights,
 } from '@specd/native';
 
-import { EAGLE3_DEFAULT_DRAFT_TOKENS, parseEagle3Settings, type Eagle3Config } from './config.js';
+import { EAGLE3_DEFAULT_DRAFT_TOKENS, parseEagle3Settings, type Eagle3Config, type Eagle3TreeSettings } from './config.js';
 
 /** Tokens per draft KV page. */
 const DRAFT_PAGE_SIZE = 16;
@@ -92,12 +115,64 @@ function concatRows(a: Float32Array, b: Float32Array, n: number, w: number): Flo
   return out;
 }
 
+/** A node of a dynamic draft tree (draft-vocabulary token, parent node index or −1 for the root). */
+interface TreeNode {
+  readonly draft: number;
+  readonly depth: number;
+  readonly parent: number;
+  /** Cumulative log-prob: the parent's + this token's log-softmax under the parent's step. */
+  readonly cum: number;
+  /** Layer output h of the step that produced this node (its expansion's g), `[D]`. */
+  readonly h: Float32Array;
+  /** Global pool slot of its expansion's K/V entry; −1 until expanded. */
+  slot: number;
+}
+
+/** Tree rank order: higher cumulative log-prob first; ties: lower depth, then generation order (index). */
+function compareNodes(nodes: readonly TreeNode[], a: number, b: number): number {
+  const x = nodes[a]!;
+  const y = nodes[b]!;
+  if (x.cum !== y.cum) return x.cum > y.cum ? -1 : 1;
+  return x.depth - y.depth || a - b;
+}
+
+/** log Σ exp(x) over a row, in f64 (NaN entries skipped). */
+function logSumExp(x: Float32Array): number {
+  let m = -Infinity;
+  for (let e = 0; e < x.length; e++) if (x[e]! > m) m = x[e]!;
+  if (m === -Infinity) return m;
+  let s = 0;
+  for (let e = 0; e < x.length; e++) if (x[e]! >= -Infinity) s += Math.exp(x[e]! - m);
+  return m + Math.log(s);
+}
+
+/** Indices of the k largest values, largest first; ties: lower index first; NaN never chosen (k = 1: `argmax`). */
+function topIndices(x: Float32Array, k: number): number[] {
+  const best: number[] = [];
+  for (let e = 0; e < x.length; e++) {
+    const v = x[e]!;
+    if (!(v >= -Infinity)) continue;
+    if (best.length === k) {
+      if (!(v > x[best[k - 1]!]!)) continue;
+      best.pop();
+    }
+    let at = best.length;
+    best.push(e);
+    while (at > 0 && v > x[best[at - 1]!]!) {
+      best[at] = best[at - 1]!;
+      at--;
+    }
+    best[at] = e;
+  }
+  return best;
+}
+
 /**
  * The "tree needs per-branch state" refusal: a tree can be verified in one target forward only with
  * a tree attention mask, which recurrent (linear-attention) layers cannot apply without one state per branch.
- * On an all-attention target: tree verification itself is not implemented yet.
+ * Undefined on an all-attention target (trees are accepted there).
  */
-function treeRefusal(info: StageInfo): DrafterError {
+function treeRefusal(info: StageInfo): DrafterError | undefined {
   const byKind = new Map<string, number[]>();
   info.layerKinds.forEach((k, i) => {
     if (ATTENTION_LAYER_KINDS.includes(k)) return;
@@ -105,7 +180,7 @@ function treeRefusal(info: StageInfo): DrafterError {
     if (l === undefined) byKind.set(k, l = []);
     l.push(i);
   });
-  if (byKind.size === 0) return new DrafterError('eagle3: tree verification is not implemented yet (chain drafting only); omit `tree`');
+  if (byKind.size === 0) return undefined;
   const what = [...byKind].map(([k, ls]) => `${k === 'kda' ? 'KDA' : `"${k}"`} layers (layers ${ls.join(', ')})`).join(', ');
   return new DrafterError(`eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with ${what} do not have; use chain drafting (omit \`tree\`)`);
 }
@@ -118,7 +193,9 @@ function treeRefusal(info: StageInfo): DrafterError {
  * self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}.weight` with prefix `midlayer.` or `layers.0.`,
  * `norm.weight`, `lm_head.weight`, `d2t` (I64 or I32; required unless draft_vocab_size = vocab_size,
  * then the identity); `t2d` and `embed_tokens.weight` are not read (the target's embedding is used).
- * @throws {DrafterError} if `tree` is set (layer kinds named), hidden or vocabulary sizes differ from
+ * With `tree` (all-attention targets only), `maxDraftTokens` = `tree.total_tokens` (`num_draft_tokens`
+ * is then not used).
+ * @throws {DrafterError} if `tree` is set on a target with non-attention layers (kinds named), hidden or vocabulary sizes differ from
  *   the target's, `fc` is not `[hidden, taps × hidden]`, a tap is beyond the target's layers, the
  *   target lacks `embedTokens`, `d2t` is missing or maps outside the target vocabulary, or a tensor
  *   is missing / mis-shaped.
@@ -129,7 +206,11 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
   const info = t.info;
   const where = `eagle3: ${source.dir}`;
   const settings = parseEagle3Settings(options.settings);
-  if (settings.tree !== undefined) throw treeRefusal(info);
+  const tree = settings.tree;
+  if (tree !== undefined) {
+    const refusal = treeRefusal(info);
+    if (refusal !== undefined) throw refusal;
+  }
   if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
   if (c.vocabSize !== info.vocabSize) throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
   if (c.draftVocabSize > c.vocabSize) throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
@@ -190,15 +271,19 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
     lmHead: r.packedRows(['lm_head.weight'], [Vd], D),
     draftToTarget,
   };
-  const maxDraftTokens = settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
-  const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + maxDraftTokens) / DRAFT_PAGE_SIZE) + 1;
-  return new Eagle3Drafter(c, t, w, maxDraftTokens, options.maxSequences * pagesPerSeq);
+  const maxDraftTokens = tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
+  // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most
+  const temp = tree === undefined
+    ? maxDraftTokens
+    : Math.max(maxDraftTokens, Math.min(tree.topK, Vd, tree.totalTokens) * (Math.min(tree.depth, tree.totalTokens) - 1));
+  const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + temp) / DRAFT_PAGE_SIZE) + 1;
+  return new Eagle3Drafter(c, t, w, maxDraftTokens, options.maxSequences * pagesPerSeq, tree);
 }
 
-/** A loaded EAGLE-3 drafter bound to one target stage (chain drafting). */
+/** A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). */
 export class Eagle3Drafter implements Drafter {
   readonly method = 'eagle3';
-  /** Chain length: drafts per step at most. */
+  /** Drafts per step at most: the chain length, or `tree.totalTokens` in tree mode. */
   readonly maxDraftTokens: number;
   /** Draft KV (see the module comment). */
   readonly pool: PagedKvPool;
@@ -212,6 +297,8 @@ export class Eagle3Drafter implements Drafter {
     private w: Eagle3Weights | undefined,
     maxDraftTokens: number,
     numPages: number,
+    /** Dynamic-tree settings (greedy sequences draft trees); undefined = chain drafting. */
+    readonly tree?: Eagle3TreeSettings,
   ) {
     const c = config;
     this.maxDraftTokens = maxDraftTokens;
@@ -299,31 +386,92 @@ export class Eagle3Drafter implements Drafter {
   }
 
   /**
-   * Chain drafts for every sequence (module comment): `maxDrafts` steps each, batched per step.
+   * Drafts for every sequence (module comment): a chain of `maxDrafts` (no `tree`), or, with `tree`,
+   * a dynamic tree of at most min(total_tokens, maxDrafts) nodes for greedy sequences and a chain of
+   * min(depth, maxDrafts) drafts for sampled ones (temperature > 0). Batched per step / depth level.
    * @throws {DrafterError} if maxDrafts is outside [1, maxDraftTokens], a position is not the draft
    *   context length, or a sequence has no context yet (position 0).
    */
   propose(batch: DraftBatch): DraftProposal[] {
-    const c = this.config;
-    const D = c.hiddenSize;
-    const H = c.numHeads;
-    const hd = c.headDim;
-    const W = c.numKvHeads * hd;
-    const Vd = c.draftVocabSize;
     const V = this.target.info.vocabSize;
     const w = this.weights();
     const seqs = batch.sequences;
-    const S = seqs.length;
     seqs.forEach((s, i) => {
       if (!(s.maxDrafts >= 1 && s.maxDrafts <= this.maxDraftTokens)) throw new DrafterError(`eagle3: propose: sequences[${i}].maxDrafts: expected [1, ${this.maxDraftTokens}], got ${s.maxDrafts}`);
       const have = this.pool.length(s.id);
       if (s.position !== have) throw new DrafterError(`eagle3: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`);
       if (s.position < 1 || !this.lastG.has(s.id)) throw new DrafterError(`eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet (EAGLE-3 drafts from the last context entry)`);
     });
-    if (S === 0) return [];
-    const kMax = seqs.reduce((m, s) => Math.max(m, s.maxDrafts), 0);
-    const tokens = seqs.map((s) => new Int32Array(s.maxDrafts));
-    const probs = seqs.map((s) => (s.sampling.temperature > 0 ? new Float32Array(s.maxDrafts * V) : undefined));
+    if (seqs.length === 0) return [];
+    const tree = this.tree;
+    const out = new Array<DraftProposal>(seqs.length);
+    const chainAt: number[] = [];
+    const treeAt: number[] = [];
+    seqs.forEach((s, i) => (tree !== undefined && !(s.sampling.temperature > 0) ? treeAt : chainAt).push(i));
+    if (chainAt.length > 0) {
+      const cs = chainAt.map((i) => seqs[i]!);
+      const lengths = cs.map((s) => (tree === undefined ? s.maxDrafts : Math.min(tree.depth, s.maxDrafts)));
+      const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * V) : undefined));
+      const drafts = this.runChain(cs, lengths, (r, j, lg, greedy) => {
+        const qRow = probs[r];
+        if (qRow === undefined) return greedy;
+        const s = cs[r]!;
+        const qd = samplingProbs(lg, lg.length, s.sampling);
+        const full = qRow.subarray((j - 1) * V, j * V);
+        for (let e = 0; e < qd.length; e++) full[w.draftToTarget[e]!] = qd[e]!;
+        return sampleFromProbs(qd, s.rng);
+      });
+      chainAt.forEach((i, r) => {
+        const tokens = Int32Array.from(drafts[r]!, (d) => w.draftToTarget[d]!);
+        out[i] = probs[r] === undefined ? { id: seqs[i]!.id, tokens } : { id: seqs[i]!.id, tokens, probs: probs[r]! };
+      });
+    }
+    if (treeAt.length > 0) {
+      const props = this.proposeTree(treeAt.map((i) => seqs[i]!), tree!);
+      treeAt.forEach((i, r) => (out[i] = props[r]!));
+    }
+    return out;
+  }
+
+  /**
+   * Test hook (internal): the draft-vocabulary logits `[forced.length + 1, draftVocab]` of the greedy
+   * chain steps 1 … forced.length + 1 of `seq` when the chain's drafts are forced to the draft ids
+   * `forced` (step j > 1 is fed forced[j − 2]); the same code path as chain drafting. Leaves the
+   * draft context unchanged.
+   * @internal
+   */
+  forcedChainLogits(seq: DraftSequence, forced: ArrayLike<number>): Float32Array {
+    const Vd = this.config.draftVocabSize;
+    if (seq.position !== this.pool.length(seq.id) || seq.position < 1 || !this.lastG.has(seq.id)) {
+      throw new DrafterError(`eagle3: forcedChainLogits: sequence ${String(seq.id)}: position ${seq.position} is not a drafting position (draft context length ${this.pool.length(seq.id)})`);
+    }
+    const out = new Float32Array((forced.length + 1) * Vd);
+    this.runChain([seq], [forced.length + 1], (_r, j, lg) => {
+      out.set(lg, (j - 1) * Vd);
+      return j <= forced.length ? forced[j - 1]! : 0;
+    });
+    return out;
+  }
+
+  /**
+   * The chain (module comment) of `lengths[r]` steps for each of `seqs`, batched per step; `pick`
+   * chooses step j's draft id of sequence r from its draft-vocabulary logits (`greedy` = their argmax).
+   * Returns the draft ids; the chain's temporary KV is discarded.
+   */
+  private runChain(
+    seqs: readonly DraftSequence[], lengths: readonly number[],
+    pick: (r: number, j: number, logits: Float32Array, greedy: number) => number,
+  ): Int32Array[] {
+    const c = this.config;
+    const D = c.hiddenSize;
+    const H = c.numHeads;
+    const hd = c.headDim;
+    const W = c.numKvHeads * hd;
+    const Vd = c.draftVocabSize;
+    const w = this.weights();
+    const S = seqs.length;
+    const kMax = lengths.reduce((m, k) => Math.max(m, k), 0);
+    const drafts = lengths.map((k) => new Int32Array(k));
     // per active sequence: g (the step's residual input) and the step's input token
     let active = seqs.map((_, i) => i);
     let g = new Float32Array(S * D);
@@ -336,9 +484,7 @@ export class Eagle3Drafter implements Drafter {
         const x = this.layerInput(this.target.embedTokens!(tok), g, n);
         let q: Float32Array;
         if (j === 1) {
-          // the query of anchor p − 1; its K/V are already the last context entry
-          q = gemmBf16(x, n, w.q);
-          applyRope(q, Int32Array.from(active, (i) => seqs[i]!.position - 1), { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
+          q = this.firstQuery(x, active.map((i) => seqs[i]!));
         } else {
           const pos = Int32Array.from(active, (i) => seqs[i]!.position + j - 2);
           const qkv = gemmBf16(x, n, w.qkv);
@@ -360,34 +506,145 @@ export class Eagle3Drafter implements Drafter {
         const nextActive: number[] = [];
         const nextRows: number[] = [];
         active.forEach((i, row) => {
-          const s = seqs[i]!;
-          const lg = logits.subarray(row * Vd, (row + 1) * Vd);
-          let d: number;
-          const qRow = probs[i];
-          if (qRow === undefined) {
-            d = greedy[row]!;
-          } else {
-            const qd = samplingProbs(lg, Vd, s.sampling);
-            d = sampleFromProbs(qd, s.rng);
-            const full = qRow.subarray((j - 1) * V, j * V);
-            for (let e = 0; e < Vd; e++) full[w.draftToTarget[e]!] = qd[e]!;
-          }
-          tokens[i]![j - 1] = w.draftToTarget[d]!;
-          if (s.maxDrafts > j) {
+          const d = pick(i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy[row]!);
+          drafts[i]![j - 1] = d;
+          if (lengths[i]! > j) {
             nextActive.push(i);
             nextRows.push(row);
           }
         });
         const ng = new Float32Array(nextRows.length * D);
         nextRows.forEach((row, r) => ng.set(h.subarray(row * D, (row + 1) * D), r * D));
-        tok = Int32Array.from(nextActive, (i) => tokens[i]![j - 1]!);
+        tok = Int32Array.from(nextActive, (i) => w.draftToTarget[drafts[i]![j - 1]!]!);
         g = ng;
         active = nextActive;
       }
     } finally {
       for (const id of grown) this.pool.truncate(id, seqs.find((s) => s.id === id)!.position);
     }
-    return seqs.map((s, i) => (probs[i] === undefined ? { id: s.id, tokens: tokens[i]! } : { id: s.id, tokens: tokens[i]!, probs: probs[i]! }));
+    return drafts;
+  }
+
+  /** Step 1's query: the query of anchor p − 1 from `x` (`[n, 2D]`), RoPE at p − 1; its K/V are already the last context entry. */
+  private firstQuery(x: Float32Array, seqs: readonly DraftSequence[]): Float32Array {
+    const c = this.config;
+    const q = gemmBf16(x, seqs.length, this.weights().q);
+    applyRope(q, Int32Array.from(seqs, (s) => s.position - 1), { heads: c.numHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, q);
+    return q;
+  }
+
+  /**
+   * Greedy dynamic trees (module comment), one per sequence, batched per depth level: one set of
+   * GEMMs and one `pagedAttention` call (over the pool viewed with pageSize 1) per level.
+   */
+  private proposeTree(seqs: readonly DraftSequence[], tree: Eagle3TreeSettings): DraftProposal[] {
+    const c = this.config;
+    const D = c.hiddenSize;
+    const H = c.numHeads;
+    const hd = c.headDim;
+    const W = c.numKvHeads * hd;
+    const Vd = c.draftVocabSize;
+    const w = this.weights();
+    const F = this.pool.floatsPerToken;
+    const S = seqs.length;
+    const attn = { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' } as const;
+    const budget = seqs.map((s) => Math.min(tree.totalTokens, s.maxDrafts));
+    // children per node: a child ranked below `budget` among its siblings can never be selected
+    const width = budget.map((b) => Math.min(tree.topK, Vd, b));
+    const nodes: TreeNode[][] = seqs.map(() => []);
+    const addChildren = (i: number, parent: number, depth: number, lg: Float32Array, h: Float32Array): void => {
+      const base = parent < 0 ? 0 : nodes[i]![parent]!.cum;
+      const lse = logSumExp(lg);
+      for (const d of topIndices(lg, width[i]!)) nodes[i]!.push({ draft: d, depth, parent, cum: base + (lg[d]! - lse), h, slot: -1 });
+    };
+    // depth 1: chain step 1
+    {
+      const g = new Float32Array(S * D);
+      seqs.forEach((s, i) => g.set(this.lastG.get(s.id)!, i * D));
+      const x = this.layerInput(this.target.embedTokens!(Int32Array.from(seqs, (s) => s.lastToken)), g, S);
+      const q = this.firstQuery(x, seqs);
+      const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout,
+        makePagedBatch(seqs.map((s) => ({ qLen: 1, kvLen: s.position, pages: this.pool.blockTable(s.id) }))), attn);
+      const h = this.finish(g, a, S);
+      const logits = gemmBf16(rmsNorm(h, w.finalNorm, c.rmsNormEps), S, w.lmHead);
+      seqs.forEach((_, i) => addChildren(i, -1, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D)));
+    }
+    // deeper levels: every token slot its own "page"
+    const layout1: KvPageLayout = Object.freeze({ ...this.layout, numPages: this.layout.numPages * this.layout.pageSize, pageSize: 1 });
+    const used = seqs.map(() => 0);
+    let ctxSlots: Int32Array[] | undefined;
+    try {
+      for (let d = 2; d <= tree.depth; d++) {
+        // frontier: the top `width` nodes of depth d − 1 by cumulative log-prob, of each sequence
+        const rows: { i: number; n: number }[] = [];
+        seqs.forEach((_, i) => {
+          if (d > budget[i]!) return; // an ancestor-closed tree of budget nodes is at most budget deep
+          const level: number[] = [];
+          nodes[i]!.forEach((nd, n) => { if (nd.depth === d - 1) level.push(n); });
+          level.sort((a, b) => compareNodes(nodes[i]!, a, b));
+          for (const n of level.slice(0, width[i]!)) rows.push({ i, n });
+        });
+        const R = rows.length;
+        if (R === 0) break;
+        ctxSlots ??= seqs.map((s) => this.slotsOf([{ id: s.id, start: 0, n: s.position }]));
+        const g = new Float32Array(R * D);
+        rows.forEach(({ i, n }, r) => g.set(nodes[i]![n]!.h, r * D));
+        const tok = Int32Array.from(rows, ({ i, n }) => w.draftToTarget[nodes[i]![n]!.draft]!);
+        const x = this.layerInput(this.target.embedTokens!(tok), g, R);
+        const pos = Int32Array.from(rows, ({ i }) => seqs[i]!.position + d - 2);
+        const qkv = gemmBf16(x, R, w.qkv);
+        const q = sliceColumns(qkv, R, H * hd + 2 * W, 0, H * hd, (m) => new Float32Array(m));
+        applyRope(q, pos, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
+        const [k, v] = this.keysValues(qkv, pos, H * hd);
+        // temporary entry slots after each sequence's context
+        const counts = seqs.map(() => 0);
+        for (const { i } of rows) counts[i]!++;
+        seqs.forEach((s, i) => {
+          if (counts[i]! === 0) return;
+          this.pool.extend(s.id, s.position + used[i]! + counts[i]!);
+          used[i]! += counts[i]!;
+        });
+        const slots = new Int32Array(R);
+        const next = seqs.map((s, i) => s.position + used[i]! - counts[i]!);
+        rows.forEach(({ i, n }, r) => {
+          slots[r] = this.pool.tokenOffset(seqs[i]!.id, next[i]!++) / F;
+          nodes[i]![n]!.slot = slots[r]!;
+        });
+        writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), slots);
+        // each node sees the context, its ancestors' entries (depth order) and its own entry
+        const attnBatch = makePagedBatch(rows.map(({ i, n }) => {
+          const p = seqs[i]!.position;
+          const pages = new Int32Array(p + d - 1);
+          pages.set(ctxSlots![i]!);
+          for (let a = n, at = p + d - 2; a >= 0; a = nodes[i]![a]!.parent) pages[at--] = nodes[i]![a]!.slot;
+          return { qLen: 1, kvLen: p + d - 1, pages };
+        }));
+        const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), layout1, attnBatch, attn);
+        const h = this.finish(g, a, R);
+        const logits = gemmBf16(rmsNorm(h, w.finalNorm, c.rmsNormEps), R, w.lmHead);
+        rows.forEach(({ i, n }, r) => addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D)));
+      }
+    } finally {
+      seqs.forEach((s, i) => { if (used[i]! > 0) this.pool.truncate(s.id, s.position); });
+    }
+    // the budget best nodes (ancestor-closed: a child ranks after its parent), by depth then rank
+    return seqs.map((s, i) => {
+      const all = nodes[i]!;
+      const ranked = all.map((_, n) => n).sort((a, b) => compareNodes(all, a, b)).slice(0, budget[i]!);
+      const rank = new Map(ranked.map((n, r) => [n, r]));
+      const order = [...ranked].sort((a, b) => all[a]!.depth - all[b]!.depth || rank.get(a)! - rank.get(b)!);
+      const at = new Map(order.map((n, e) => [n, e]));
+      const tokens = new Int32Array(order.length);
+      const parents = new Int32Array(order.length);
+      order.forEach((n, e) => {
+        const nd = all[n]!;
+        tokens[e] = w.draftToTarget[nd.draft]!;
+        const pe = nd.parent < 0 ? -1 : at.get(nd.parent);
+        if (pe === undefined) throw new DrafterError(`eagle3: propose: internal error: tree node ${n} of sequence ${String(s.id)} selected without its parent`);
+        parents[e] = pe;
+      });
+      return { id: s.id, tokens, parents };
+    });
   }
 
   buildPDInput(id: SequenceId): unknown {

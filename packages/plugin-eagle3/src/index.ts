@@ -1,5 +1,6 @@
 /**
- * @specd/plugin-eagle3 — the EAGLE-3 drafter, chain drafting (EAGLE-3 and vLLM speculators checkpoint formats).
+ * @specd/plugin-eagle3 — the EAGLE-3 drafter, chain drafting and greedy dynamic trees on all-attention
+ * targets (EAGLE-3 and vLLM speculators checkpoint formats).
  * Registration: `register(container)` puts {@link eagle3Plugin} under core's DRAFTER_PLUGIN token.
  */
 import { DRAFTER_PLUGIN } from '@specd/core';

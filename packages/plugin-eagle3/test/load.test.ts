@@ -1,8 +1,8 @@
 // Loading an EAGLE-3 checkpoint: config parsing (taps as given), the speculators layout of the same
 // weights (`layers.0.*` names, `transformer_layer_config`), registration under core's DRAFTER_PLUGIN
 // and selection by `architectures`, `num_draft_tokens`, and the specific rejections: fc width ≠ taps ×
-// hidden, taps the target does not have, hidden size mismatch, missing d2t, trees (KDA target; an
-// all-attention target), context writes without nextTokens; PD hand-over calls are refused clearly.
+// hidden, taps the target does not have, hidden size mismatch, missing d2t, trees on the KDA target (an
+// all-attention target accepts them), context writes without nextTokens; PD hand-over calls are refused clearly.
 import 'reflect-metadata';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -164,13 +164,19 @@ describe('EAGLE-3 load', () => {
       /checkpoint has no tensor "d2t" \(the draft → target vocabulary map\), required since draft_vocab_size 4096 < vocab_size 8192/,
     );
   });
-  it('tree drafting on the KDA target names the KDA layers; on an all-attention target: not implemented', async () => {
+  it('tree drafting on the KDA target names the KDA layers; an all-attention target accepts it (test/tree.test.ts drafts trees)', async () => {
     const tree = { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 4, depth: 5, total_tokens: 32 } };
     await expect(loadDrafter(target, { settings: tree })).rejects.toThrow(
       'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
     );
     const allAttention = Object.create(target, { info: { value: { ...target.info, layerKinds: target.info.layerKinds.map(() => 'mla') } } }) as StageModel;
-    await expect(loadDrafter(allAttention, { settings: tree })).rejects.toThrow(/tree verification is not implemented yet \(chain drafting only\)/);
+    const d = await loadDrafter(allAttention, { settings: tree });
+    try {
+      expect(d.maxDraftTokens).toBe(32);
+      expect(d.tree).toEqual({ topK: 4, depth: 5, totalTokens: 32 });
+    } finally {
+      d.dispose();
+    }
   });
   it('context writes need nextTokens', async () => {
     const d = await loadDrafter(target);
