@@ -46,7 +46,7 @@ describe('adaptive verification (draftPolicy "cost")', () => {
     // (~ms) barely move λ at this scale.
     const ks = [0, 1, 2, 3, 4, 5, 6, 7];
     const costs = new StepCosts([{ sequences: 1, ks, verifyMs: ks.map((k) => 100 + 60 * k), draftMs: ks.map((k) => (k === 0 ? 0 : 50)) }]);
-    const policy = new CostDraftPolicy(costs, { exploreEvery: 1, exploreDrafts: 7 });
+    const policy = new CostDraftPolicy(costs, { exploreEvery: 1, exploreDrafts: 7, recalibrate: false }); // keep the synthetic costs
     const e = new SpecEngine(target, drafter, { maxSequences: 4, maxTokensPerSequence: 2048, draftPolicy: policy });
     const rs = e.run(prompts.map(greedy));
     for (const r of rs) {

@@ -69,6 +69,12 @@ export interface DraftPolicy {
    * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step.
    */
   observeOverhead?(ms: number, drafted: boolean): void;
+  /**
+   * The measured cost of the step just run: `sequences` in the verify forward holding `tokens` rows,
+   * of which `drafting` sequences proposed `drafts` drafts in all; the verify forward took
+   * `verifyMs` and the propose call `proposeMs` (0 when nobody drafted).
+   */
+  observeStep?(sequences: number, tokens: number, drafting: number, drafts: number, verifyMs: number, proposeMs: number): void;
   /** The sequence finished or was aborted. */
   release(id: SequenceId): void;
 }
@@ -175,6 +181,13 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
   readonly exploreEvery?: number;
   /** Drafts of an exploration step (default 4). */
   readonly exploreDrafts?: number;
+  /**
+   * After this many consecutive steps in which every sequence drafted, one step decodes plainly
+   * (k = 0 for all), so the plain-step cost keeps being measured (default 32; 0 = never).
+   */
+  readonly explorePlainEvery?: number;
+  /** Correct the calibrated costs from every step's measured times ({@link CostDraftPolicy.costScale}; default true). */
+  readonly recalibrate?: boolean;
 }
 
 /** The cost-based policy (see the file comment). */
@@ -184,7 +197,8 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly exploreDrafts: number;
   /** Per sequence: consecutive plain steps, and the current exploration interval. */
   private readonly plainRun = new Map<SequenceId, { run: number; every: number }>();
-  private readonly memo = new Map<number, number>();
+  /** Calibrated [t_draft, t_verify] by (batch, drafts, drafting sequences); never changes. */
+  private readonly memo = new Map<number, number[]>();
   /**
    * EMA of the per-step overhead (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
    * that drafted]. A drafting step also writes the committed tokens' draft context, restores the
@@ -202,11 +216,25 @@ export class CostDraftPolicy implements DraftPolicy {
   predictedRate = 0;
   /** δ: marginal verify cost per token of the last choose's batch, ms. */
   marginalVerifyMs = 0;
+  /**
+   * Online correction of the calibration: EMA of measured / calibrated time for [plain verify
+   * forwards, verify forwards with drafts, propose calls], clamped to [1/4, 4]. One calibration at
+   * start-up is a few milliseconds of samples on a machine whose load changes (bench:spec saw a
+   * mis-calibrated engine draft at ×0.6 of plain); every step measures the real cost, so the
+   * choice follows the machine. Applied multiplicatively to the calibrated curves.
+   */
+  readonly costScale = [1, 1, 1];
+  private readonly explorePlainEvery: number;
+  private readonly recalibrate: boolean;
+  /** Consecutive steps in which every sequence drafted. */
+  private allDraftingRun = 0;
 
   constructor(readonly costs: StepCosts, options: CostDraftPolicyOptions = {}) {
     this.acceptance = new AcceptanceEstimator(options);
     this.exploreEvery = options.exploreEvery ?? 64;
     this.exploreDrafts = options.exploreDrafts ?? 4;
+    this.explorePlainEvery = options.explorePlainEvery ?? 32;
+    this.recalibrate = options.recalibrate ?? true;
   }
 
   choose(candidates: readonly DraftCandidate[]): number[] {
@@ -223,11 +251,12 @@ export class CostDraftPolicy implements DraftPolicy {
     // Before a drafting step was seen, its overhead is assumed equal to a plain step's.
     const plainOverhead = this.overheadMs[0]!;
     const specOverhead = this.overheadSeen[1] ? this.overheadMs[1]! : plainOverhead;
+    const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
     const cost = (d: number, dr: number): number => {
       const key = (B * 4096 + d) * 1024 + dr;
       let c = this.memo.get(key);
-      if (c === undefined) this.memo.set(key, c = this.costs.draftMs(dr, d) + this.costs.verifyMs(B, B + d));
-      return c + (dr > 0 ? specOverhead : plainOverhead);
+      if (c === undefined) this.memo.set(key, c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)]);
+      return c[0]! * draftScale + c[1]! * (dr > 0 ? verifyScale : plainScale) + (dr > 0 ? specOverhead : plainOverhead);
     };
     let best = committed / cost(drafts, drafting);
     for (;;) {
@@ -270,8 +299,27 @@ export class CostDraftPolicy implements DraftPolicy {
         }
       });
     }
+    if (this.explorePlainEvery > 0 && ks.every((k, i) => k > 0 || candidates[i]!.maxDrafts === 0)) {
+      if (++this.allDraftingRun > this.explorePlainEvery) {
+        ks.fill(0);
+        this.allDraftingRun = 0;
+      }
+    } else {
+      this.allDraftingRun = 0;
+    }
     this.setThreshold(B, ks, best);
     return ks;
+  }
+
+  observeStep(sequences: number, tokens: number, drafting: number, drafts: number, verifyMs: number, proposeMs: number): void {
+    if (!this.recalibrate) return;
+    const ema = (i: number, measured: number, calibrated: number): void => {
+      if (!(calibrated > 0 && measured > 0)) return;
+      const r = Math.min(4, Math.max(0.25, measured / calibrated));
+      this.costScale[i] = 0.8 * this.costScale[i]! + 0.2 * r;
+    };
+    ema(drafting > 0 ? 1 : 0, verifyMs, this.costs.verifyMs(sequences, tokens));
+    if (drafting > 0) ema(2, proposeMs, this.costs.draftMs(drafting, drafts));
   }
 
   /**

@@ -195,13 +195,14 @@ export class SpecEngine {
     private readonly options: SpecEngineOptions = {},
   ) {
     const info = target.info;
-    if (!info.isFirst || !info.isLast) throw new EngineError('SpecEngine: target: expected a whole-model stage (first and last); pipeline stages are not wired yet');
+    if (!info.isFirst || !info.isLast) throw new EngineError('SpecEngine: target: expected a whole-model stage (first and last); a pipeline is one PipelineModel, pipeline/pipeline-model.ts)');
     this.maxSequences = options.maxSequences ?? 8;
     this.maxTokensPerSequence = options.maxTokensPerSequence ?? 4096;
     this.prefillChunk = options.prefillChunk ?? 64;
     const pageSize = options.pageSize ?? 16;
     const pagesPerSeq = Math.ceil(this.maxTokensPerSequence / pageSize) + 1;
-    this.cache = new SequenceCache(target.cacheGeometry, { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences });
+    const cacheOptions = { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences };
+    this.cache = target.createCache?.(cacheOptions) ?? new SequenceCache(target.cacheGeometry, cacheOptions);
     this.commitMode = options.commit ?? (target.commitPrefix !== undefined ? 'snapshots' : 'replay');
     if (this.commitMode === 'snapshots' && target.commitPrefix === undefined) throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
     this.taps = drafter === undefined ? [] : drafter.captureSetter(info);
@@ -537,6 +538,7 @@ export class SpecEngine {
     this.metrics.verifyMs += t2 - t1;
     this.metrics.commitMs += t3 - t2;
     this.policy?.observeOverhead?.(t1 - t0 - proposeMs + (t3 - t2), toDraft.length > 0);
+    this.policy?.observeStep?.(seqs.length, row, toDraft.length, row - seqs.length, t2 - t1, proposeMs);
     const done: SpecResult[] = [];
     for (const { r, acc, drafts } of outcomes) {
       const toks = [...drafts.subarray(0, acc.accepted), acc.bonus];

@@ -65,6 +65,27 @@ describe('CostDraftPolicy', () => {
     expect(new CostDraftPolicy(costs(2, 0.01, 0.2), { ...noExplore, prior: 0.9 }).choose([cand('a', 3)])).toEqual([3]);
   });
 
+  it('corrects a miscalibration online: plain steps measured 5x cheaper than calibrated end the drafting', () => {
+    // Calibrated: plain 5 ms, each verify row +0.5 ms, propose 0.5 ms → drafting 1 looks better than plain.
+    const c = costs(4.5, 0.5, 0.5);
+    const p = new CostDraftPolicy(c, { ...noExplore, prior: 0.7, alpha: 1, explorePlainEvery: 8 });
+    const first = p.choose([cand('a')])[0]!;
+    expect(first).toBeGreaterThan(0);
+    // The machine: a plain step really costs 1 ms; a verify with k drafts 5 + 0.5·k ms; propose 0.5 ms.
+    const chosen: number[] = [];
+    for (let step = 0; step < 120; step++) {
+      const [k] = step === 0 ? [first] : p.choose([cand('a')]);
+      chosen.push(k!);
+      p.observe('a', k!, Math.min(k!, 1)); // the first draft is always accepted, the second never
+      p.observeStep(1, 1 + k!, k! > 0 ? 1 : 0, k!, k! > 0 ? 5 + 0.5 * k! : 1, k! > 0 ? 0.5 : 0);
+    }
+    console.log(`choices: ${chosen.join("")}; scales ${p.costScale.map((x) => x.toFixed(2)).join(" ")}`);
+    expect(chosen.slice(0, 8).every((k) => k > 0)).toBe(true); // it drafted while it believed the calibration
+    expect(chosen.slice(-30).every((k) => k === 0)).toBe(true); // then plain steps, measured, won
+    expect(p.costScale[0]).toBeLessThan(0.3);
+    expect(p.costScale[1]).toBeGreaterThan(0.9);
+  });
+
   it('explores after a run of plain steps, with a growing interval', () => {
     const p = new CostDraftPolicy(costs(1, 1, 5), { prior: 0.9, exploreEvery: 4, exploreDrafts: 2 });
     const ks = Array.from({ length: 20 }, () => p.choose([cand('a')])[0]);
