@@ -6,4 +6,5 @@ export * from './plugin/index.js';
 export * from './engine/index.js';
 export * from './config/index.js';
 export * from './serve/index.js';
+export * from './pipeline/index.js';
 export * from './cli/index.js';

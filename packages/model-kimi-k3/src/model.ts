@@ -227,7 +227,7 @@ export class KimiStageModel implements StageModel {
   }
 
   /**
-   * The target's token embeddings (first stage only): `[tokens.length, hiddenSize]` f32.
+   * The target's token embeddings (first stage, or a stage loaded with `embedding: true`): `[tokens.length, hiddenSize]` f32.
    * @throws {KimiForwardError} on a non-first stage or an id outside the vocabulary.
    */
   embedTokens(tokens: Int32Array): Float32Array {
@@ -294,14 +294,15 @@ function* buildStage(source: ModelSource, options: KimiLoadOptions): Generator<v
   if (!(Number.isInteger(start) && Number.isInteger(end) && start >= 0 && start < end && end <= c.numLayers)) {
     throw new RangeError(`loadKimiStage: layer range [${start}, ${end}) is not inside [0, ${c.numLayers}) or is empty`);
   }
-  let total = (start === 0 ? 1 : 0) + (end === c.numLayers ? 2 : 0);
+  const withEmbedding = start === 0 || options.embedding === true;
+  let total = (withEmbedding ? 1 : 0) + (end === c.numLayers ? 2 : 0);
   for (let l = start; l < end; l++) {
     total += 2 + (c.layerKinds[l] === 'kda' ? KDA_TENSORS_PER_LAYER : MLA_TENSORS_PER_LAYER) + (l < c.firstKDenseReplace ? 3 : moeTensorCount(c));
   }
   const onProgress = options.onProgress;
   const r = kimiWeightReader(source.weights, total, onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined);
   const D = c.hiddenSize;
-  const embed = start === 0 ? r.bf16('model.embed_tokens.weight', [c.vocabSize, D]) : undefined;
+  const embed = withEmbedding ? r.bf16('model.embed_tokens.weight', [c.vocabSize, D]) : undefined;
   yield;
   const layers: LayerWeights[] = [];
   for (let l = start; l < end; l++) {

@@ -21,6 +21,7 @@ import type { RequestMetrics } from '../engine/metrics.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
 import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
+import { startPipeline } from '../pipeline/pipeline-model.js';
 import type { DrafterChoice } from './config-file.js';
 import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
 
@@ -84,6 +85,37 @@ export async function loadTarget(modelDir: string, plugins: readonly string[], o
   return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
 }
 
+/** Options of {@link loadPipelineTarget}. */
+export interface PipelineTargetOptions {
+  /** Stages (≥ 2). */
+  readonly pp: number;
+  /** Layers per stage; default vLLM's split (pipeline/partition.ts). */
+  readonly partition?: readonly number[];
+  /** Load the embedding on the last stage too (needed when a drafter reuses it; default true). */
+  readonly lastStageEmbedding?: boolean;
+  readonly onProgress?: (p: LoadProgress) => void;
+}
+
+/**
+ * {@link loadTarget} under pipeline parallelism: stages 0 … pp−2 as stage processes, the last stage
+ * here ({@link startPipeline}); `model` is the {@link PipelineModel}. Hugging Face folders only.
+ * @throws {PluginError} for a GGUF model; PartitionError / PipelineStageError; the plugin's errors.
+ */
+export async function loadPipelineTarget(modelDir: string, plugins: readonly string[], options: PipelineTargetOptions): Promise<LoadedTarget> {
+  if (ggufPathOf(modelDir) !== undefined) throw new PluginError(`${modelDir}: pipeline parallelism loads Hugging Face folders (config.json + safetensors), not GGUF`);
+  const config = HfConfig.read(modelDir);
+  const container = rootContainer.createChildContainer();
+  await loadPluginPackages(plugins, container);
+  const plugin = ModelRegistry.fromContainer(container).resolve(config);
+  const tokenizer = Tokenizer.load(modelDir);
+  const model = await startPipeline({
+    modelDir, plugins, pp: options.pp, ...(options.partition === undefined ? {} : { partition: options.partition }),
+    ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
+    ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
+  });
+  return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
+}
+
 /** Options of {@link generateTokens}. */
 export interface GenerateOptions {
   readonly promptIds: Int32Array;
@@ -117,7 +149,8 @@ export function generateTokens(target: LoadedTarget, options: GenerateOptions): 
   if (!Number.isSafeInteger(maxTokens) || maxTokens < 1) throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
   const model = target.model;
   const total = promptIds.length + maxTokens;
-  const cache = new SequenceCache(model.cacheGeometry, { pageSize: PAGE_SIZE, numPages: Math.ceil(total / PAGE_SIZE) + 1, numSlots: 1 });
+  const cacheOptions = { pageSize: PAGE_SIZE, numPages: Math.ceil(total / PAGE_SIZE) + 1, numSlots: 1 };
+  const cache = model.createCache?.(cacheOptions) ?? new SequenceCache(model.cacheGeometry, cacheOptions);
   const rng = new SeededRandom(options.seed);
   const id = 0;
   const t0 = performance.now();

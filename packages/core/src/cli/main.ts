@@ -19,7 +19,7 @@ import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerServeCommand } from './serve.js';
-import { generateSpeculative, generateTokens, loadDrafter, loadTarget, type GenerateResult, type SpecGenerateResult } from './generate.js';
+import { generateSpeculative, generateTokens, loadDrafter, loadPipelineTarget, loadTarget, type GenerateResult, type LoadedTarget, type SpecGenerateResult } from './generate.js';
 import { defaultDrafterDir, defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */
@@ -55,7 +55,15 @@ interface GenerateFlags {
   seed?: number;
   ignoreEos?: boolean;
   json?: boolean;
+  pp?: number;
+  ppPartition?: number[];
 }
+
+const listArg = (v: string): number[] => {
+  const parts = v.split(',').map((x) => x.trim());
+  if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1)) throw new InvalidArgumentError('expected layer counts per stage, e.g. 3,5 (each >= 1)');
+  return parts.map(Number);
+};
 
 
 async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
@@ -87,51 +95,65 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const showBar = io.stdout.isTTY === true && flags.json !== true;
   const bar = showBar ? new cliProgress.SingleBar({ format: 'loading {bar} {value}/{total} tensors', clearOnComplete: true, hideCursor: true }, cliProgress.Presets.shades_classic) : undefined;
   let started = false;
-  const target = await loadTarget(modelDir, cfg.plugins, (p) => {
+  const onProgress = (p: { done: number; total: number }) => {
     if (bar === undefined) return;
     if (!started) {
       bar.start(p.total, 0);
       started = true;
     }
     bar.update(p.done);
-  });
-  if (started) bar!.stop();
-
-  const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
-  if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
-  const loaded = choice === undefined ? undefined
-    : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
-  if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
-    throw new CliError(`drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`);
-  }
-  const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
-  const stream = flags.json !== true;
-  const genOptions = {
-    promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, ignoreEos: flags.ignoreEos === true,
-    onToken: stream ? (id: number) => io.stdout.write(detok.push(id)) : undefined,
   };
-  const result: GenerateResult = loaded === undefined ? generateTokens(target, genOptions)
-    : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens });
-  const m = (result as Partial<SpecGenerateResult>).metrics;
-  const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
-  const n = result.tokenIds.length;
-  const tps = result.seconds > 0 ? n / result.seconds : 0;
-  if (flags.json === true) {
-    io.stdout.write(`${JSON.stringify({
-      text, token_ids: result.tokenIds, num_prompt_tokens: promptIds.length, num_output_tokens: n,
-      seconds: result.seconds, output_tokens_per_s: tps, seed, stopped_at_eos: result.stoppedAtEos, model: modelDir, plugin: target.pluginName,
-      ...(m === undefined || loaded === undefined ? {} : {
-        drafter: loaded.dir, method: loaded.drafter.method, drafted: m.drafted, accepted: m.accepted, verify_steps: m.verifySteps,
-        acceptance_length: m.tauPerStep, per_position_acceptance: m.perPositionAcceptance,
-      }),
-    })}\n`);
-  } else {
-    io.stdout.write(`${detok.flush()}\n`);
-    const spec = m === undefined || loaded === undefined ? '' : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
-    io.stderr.write(`[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`);
+  const par = cfg.parallelism;
+  if (par.tp !== 1) throw new CliError(`parallelism.tp ${par.tp}: tensor parallelism is not wired yet (only tp = 1 runs)`);
+  const pp = flags.pp ?? par.pp;
+  const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
+  if (partition !== undefined && partition.length !== pp) throw new CliError(`--pp-partition ${partition.join(',')}: expected ${pp} entries (one per pipeline stage), got ${partition.length}`);
+  const target: LoadedTarget = pp > 1
+    ? await loadPipelineTarget(modelDir, cfg.plugins, { pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress })
+    : await loadTarget(modelDir, cfg.plugins, onProgress);
+  if (started) bar!.stop();
+  try {
+    await generateWith(target);
+  } finally {
+    target.model.dispose();
   }
-  loaded?.drafter.dispose();
-  target.model.dispose();
+  async function generateWith(target: LoadedTarget): Promise<void> {
+
+    const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
+    if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
+    const loaded = choice === undefined ? undefined
+      : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
+    if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
+      throw new CliError(`drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`);
+    }
+    const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
+    const stream = flags.json !== true;
+    const genOptions = {
+      promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, ignoreEos: flags.ignoreEos === true,
+      onToken: stream ? (id: number) => io.stdout.write(detok.push(id)) : undefined,
+    };
+    const result: GenerateResult = loaded === undefined ? generateTokens(target, genOptions)
+      : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens });
+    const m = (result as Partial<SpecGenerateResult>).metrics;
+    const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
+    const n = result.tokenIds.length;
+    const tps = result.seconds > 0 ? n / result.seconds : 0;
+    if (flags.json === true) {
+      io.stdout.write(`${JSON.stringify({
+        text, token_ids: result.tokenIds, num_prompt_tokens: promptIds.length, num_output_tokens: n,
+        seconds: result.seconds, output_tokens_per_s: tps, seed, stopped_at_eos: result.stoppedAtEos, model: modelDir, plugin: target.pluginName,
+        ...(m === undefined || loaded === undefined ? {} : {
+          drafter: loaded.dir, method: loaded.drafter.method, drafted: m.drafted, accepted: m.accepted, verify_steps: m.verifySteps,
+          acceptance_length: m.tauPerStep, per_position_acceptance: m.perPositionAcceptance,
+        }),
+      })}\n`);
+    } else {
+      io.stdout.write(`${detok.flush()}\n`);
+      const spec = m === undefined || loaded === undefined ? '' : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
+      io.stderr.write(`[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`);
+    }
+    loaded?.drafter.dispose();
+  }
 }
 
 /** Builds the commander program. */
@@ -156,6 +178,8 @@ export function buildProgram(io: CliIo): Command {
     .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
     .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
+    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1); stages 0 … n−2 run as processes, the last one here', intArg(1))
+    .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
     .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}')
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   registerConfigCommands(program, io);

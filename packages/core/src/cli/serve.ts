@@ -44,7 +44,7 @@ export interface StartedServer {
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {
   const { config: cfg } = await loadConfig(flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config), io.cwd);
-  if (cfg.parallelism.tp !== 1 || cfg.parallelism.pp !== 1) throw new CliError(`parallelism: tp ${cfg.parallelism.tp} / pp ${cfg.parallelism.pp}: only tp = pp = 1 runs in this version`);
+  if (cfg.parallelism.tp !== 1 || cfg.parallelism.pp !== 1) throw new CliError(`parallelism: tp ${cfg.parallelism.tp} / pp ${cfg.parallelism.pp}: serve runs tp = pp = 1 only in this version (pipeline parallelism runs in specd generate --pp N)`);
   if (cfg.pd.role !== 'none') throw new CliError(`pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`);
   if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));

@@ -195,7 +195,7 @@ export class SpecEngine {
     private readonly options: SpecEngineOptions = {},
   ) {
     const info = target.info;
-    if (!info.isFirst || !info.isLast) throw new EngineError('SpecEngine: target: expected a whole-model stage (first and last); a pipeline is one PipelineModel, pipeline/pipeline-model.ts)');
+    if (!info.isFirst || !info.isLast) throw new EngineError('SpecEngine: target: expected a whole-model stage (first and last; a pipeline is one PipelineModel, pipeline/pipeline-model.ts)');
     this.maxSequences = options.maxSequences ?? 8;
     this.maxTokensPerSequence = options.maxTokensPerSequence ?? 4096;
     this.prefillChunk = options.prefillChunk ?? 64;

@@ -10,7 +10,7 @@
 import type { GgufFile } from '../io/gguf.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
-import type { CacheGeometry, SequenceCache } from '../kv/sequence-cache.js';
+import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 
 /** A checkpoint to load: its directory, parsed `config.json` and weights. */
@@ -37,6 +37,11 @@ export interface StageLoadOptions {
   readonly layerStart?: number;
   /** End of the stage, exclusive (default: num_hidden_layers). */
   readonly layerEnd?: number;
+  /**
+   * Also load the token embedding when layerStart > 0 (default false): the last pipeline stage of a
+   * target whose drafter reuses the embedding (`embedTokens`). It does not make the stage embed its input.
+   */
+  readonly embedding?: boolean;
   /** Called after each tensor. */
   readonly onProgress?: (p: LoadProgress) => void;
 }
@@ -149,6 +154,12 @@ export interface StageModel {
    * the rest dropped. Stages with linear state leave it absent: a tree would need per-branch state.
    */
   commitTreePath?(cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]): void;
+  /**
+   * A cache for this stage (optional): callers that would build `new SequenceCache(cacheGeometry, options)`
+   * call this when present. A pipeline (pipeline/pipeline-model.ts) returns a cache that mirrors the
+   * caller's cache operations on its stage processes.
+   */
+  createCache?(options: SequenceCacheOptions): SequenceCache;
   /** Token embeddings (optional, first stage; drafters that reuse the target's): `[tokens.length, hiddenSize]` f32. */
   embedTokens?(tokens: Int32Array): Float32Array;
   /**

@@ -1,0 +1,503 @@
+/**
+ * Pipeline parallelism (PP) with stages as separate processes (issue #8, docs/ARCHITECTURE.md
+ * "Pipeline parallelism").
+ *
+ * The driver process (the one running {@link SpecEngine}) runs the LAST stage in-process — it owns
+ * the drafter, the sampler and the draft KV (REFERENCE.md §8) — and forks one stage process per
+ * earlier stage (stage-worker.js), each loading only its layer range with its own
+ * {@link SequenceCache}. The engine sees one whole-model {@link StageModel}, {@link PipelineModel}:
+ * - `forward` runs stage 0 → 1 → … → last: each remote stage gets the batch (ids, positions, tokens)
+ *   and the previous stage's `hidden`, and answers its `hidden` plus the taps it owns
+ *   (`stageTaps`); the last stage runs locally; the result carries every stage's taps, so the
+ *   engine's one `projectTargetHiddenPartial` call sees the same taps in the same order as at pp = 1
+ *   (identical bits).
+ * - the engine's cache is a {@link PipelineCache} (`createCache`): a SequenceCache for the last
+ *   stage that also records the engine's cache operations (add, finish/abort, checkpoint, rollback)
+ *   and the commits (`commitPrefix`, `commitTreePath`) per remote stage; the records travel with the
+ *   next forward request and each stage applies them to its own cache before running — no extra
+ *   round trip.
+ * - a stage process that dies fails the call in progress (and every later one) with a
+ *   {@link PipelineStageError} naming the stage, its layers, pid and exit code / signal.
+ */
+
+import { fork, execFileSync, type ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as nodePath from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { SequenceCache, type CacheGeometry, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import { stageTaps } from '../plugin/drafter-plugin.js';
+import type { ForwardBatch, ForwardOptions, ForwardResult, LoadProgress, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import { defaultPartition, partitionRanges } from './partition.js';
+import { loadStage, numHiddenLayers } from './stage-loader.js';
+import type { CacheOp, StageInit, WireSequence } from './stage-worker.js';
+import { FifoChannel, PeerGoneError, type Frame } from './transport.js';
+
+/** A pipeline stage failed: it died (exit code / signal in the message) or its forward threw. */
+export class PipelineStageError extends Error {
+  override readonly name = 'PipelineStageError';
+}
+
+// --- child bookkeeping: no orphans -------------------------------------------------------------
+
+const live = new Set<ChildProcess>();
+let hooked = false;
+
+function killAll(): void {
+  for (const c of live) {
+    try {
+      c.kill('SIGKILL');
+    } catch {
+      /* gone */
+    }
+  }
+  live.clear();
+}
+
+function onSignal(sig: NodeJS.Signals): void {
+  killAll();
+  // re-raise with the default action when nobody else handles the signal
+  if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
+}
+
+function track(c: ChildProcess): void {
+  live.add(c);
+  c.once('exit', () => live.delete(c));
+  if (hooked) return;
+  hooked = true;
+  process.on('exit', killAll);
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+}
+
+/** Pids of the stage processes alive (spawned by this process and not yet exited). */
+export function liveStagePids(): number[] {
+  return [...live].flatMap((c) => (c.pid === undefined ? [] : [c.pid]));
+}
+
+/** `exited with code N` / `was killed by SIGKILL` for a dead child, reading /proc when the event loop could not reap it yet. */
+function exitDescription(child: ChildProcess): string {
+  const pid = child.pid;
+  const deadline = Date.now() + 2000;
+  const cell = new Int32Array(new SharedArrayBuffer(4));
+  for (;;) {
+    if (child.exitCode !== null) return `exited with code ${child.exitCode}`;
+    if (child.signalCode !== null) return `was killed by ${child.signalCode}`;
+    try {
+      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (fields[0] === 'Z') {
+        const status = Number(fields[49]); // field 52: exit status as waitpid(2) reports it
+        if ((status & 0x7f) === 0) return `exited with code ${(status >> 8) & 0xff}`;
+        const sig = Object.entries(os.constants.signals).find(([, n]) => n === (status & 0x7f))?.[0];
+        return `was killed by ${sig ?? `signal ${status & 0x7f}`}`;
+      }
+    } catch {
+      return 'exited (exit code unknown)';
+    }
+    if (Date.now() > deadline) return 'closed its channel (still running)';
+    Atomics.wait(cell, 0, 0, 5);
+  }
+}
+
+// --- the remote stage ----------------------------------------------------------------------------
+
+/** What a stage loaded (tests assert layer ranges). */
+export interface StageReport {
+  readonly stage: number;
+  readonly layerStart: number;
+  readonly layerEnd: number;
+  /** Stage process id; undefined for the last stage (the driver). */
+  readonly pid: number | undefined;
+  /** Tensor names read, in load order. */
+  readonly tensors: readonly string[];
+}
+
+/**
+ * A stage running in another process, as a {@link StageModel}: `forward` ships the batch (and the
+ * cache operations queued for it by a {@link PipelineCache}) and blocks for the answer. The cache
+ * passed in must come from {@link PipelineModel.createCache}.
+ */
+export class RemoteStage implements StageModel {
+  readonly cacheGeometry: CacheGeometry;
+  private dead: PipelineStageError | undefined;
+
+  constructor(
+    readonly index: number,
+    readonly info: StageInfo,
+    private readonly child: ChildProcess,
+    private readonly channel: FifoChannel,
+    readonly report: StageReport,
+  ) {
+    // the driver never sizes a cache from a remote stage (the stage process does)
+    this.cacheGeometry = Object.freeze({
+      pagedKv: { layers: [], floatsPerToken: 0 },
+      linearState: { layers: [], heads: 0, keyDim: 0, valueDim: 0, convStates: 0, convChannels: 0, convWidth: 0 },
+    });
+  }
+
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  private name(): string {
+    return `pipeline stage ${this.index} (layers ${this.info.layerStart}–${this.info.layerEnd - 1}, pid ${this.child.pid})`;
+  }
+
+  /** Throws the stage's death error, if it died. */
+  checkAlive(): void {
+    if (this.dead !== undefined) throw this.dead;
+  }
+
+  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
+    this.checkAlive();
+    const pc = asPipelineCache(cache);
+    const seqs: WireSequence[] = batch.sequences.map((s) => ({
+      id: s.id, position: s.position, n: s.tokens.length, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: Array.from(s.tree) }),
+    }));
+    const tokens = new Int32Array(seqs.reduce((a, s) => a + s.n, 0));
+    let at = 0;
+    for (const s of batch.sequences) {
+      tokens.set(s.tokens, at);
+      at += s.tokens.length;
+    }
+    const frames: Frame[] = [tokens];
+    if (batch.hidden !== undefined) frames.push(batch.hidden);
+    const ops = pc.drain(this.index);
+    let reply;
+    try {
+      this.channel.send({
+        header: { type: 'forward', cache: pc.cacheId, ops, seqs, taps: options.taps ?? [], snapshots: options.stateSnapshots === true, hasHidden: batch.hidden !== undefined },
+        frames,
+      });
+      reply = this.channel.receive();
+    } catch (err) {
+      if (!(err instanceof PeerGoneError)) throw err;
+      this.dead = new PipelineStageError(`${this.name()} ${exitDescription(this.child)}`, { cause: err });
+      throw this.dead;
+    }
+    const h = reply.header;
+    if (h['type'] === 'error') throw new PipelineStageError(`${this.name()}: ${String(h['name'])}: ${String(h['message'])}`);
+    const tapIds = h['taps'] as number[];
+    const taps = new Map<number, Float32Array>();
+    tapIds.forEach((t, i) => taps.set(t, reply.frames[i + 1] as Float32Array));
+    return { logits: undefined, logitRowStart: new Int32Array(batch.sequences.length + 1), hidden: reply.frames[0] as Float32Array, taps };
+  }
+
+  /** Records a commit for the stage's latest forward (sent with the next request). */
+  commitPrefix(cache: SequenceCache, _result: ForwardResult, id: SequenceId, committed: number): void {
+    asPipelineCache(cache).recordFor(this.index, { op: 'commitPrefix', cache: asPipelineCache(cache).cacheId, id, committed });
+  }
+
+  commitTreePath(cache: SequenceCache, _result: ForwardResult, id: SequenceId, rows: readonly number[]): void {
+    asPipelineCache(cache).recordFor(this.index, { op: 'commitTreePath', cache: asPipelineCache(cache).cacheId, id, rows: [...rows] });
+  }
+
+  /** Asks the process to exit, closes the channel and kills it. */
+  dispose(): void {
+    if (this.dead === undefined) {
+      try {
+        this.channel.send({ header: { type: 'exit' }, frames: [] });
+      } catch {
+        /* already gone */
+      }
+    }
+    this.dead ??= new PipelineStageError(`${this.name()}: disposed`);
+    this.channel.close();
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL');
+    live.delete(this.child);
+  }
+}
+
+// --- the mirrored cache --------------------------------------------------------------------------
+
+let nextCacheId = 1;
+
+/**
+ * The engine's cache of a pipeline: the last stage's {@link SequenceCache}, recording the engine's
+ * operations for every remote stage (applied there, in order, before its next forward). Operations
+ * the last stage's own forward / commit performs are not recorded (each stage does its own).
+ */
+export class PipelineCache extends SequenceCache {
+  readonly cacheId = nextCacheId++;
+  /** False while the local last stage runs (its internal cache calls are not the engine's). */
+  mirroring = true;
+  private readonly checkpoints = new Map<SequenceId, SequenceCheckpoint>();
+
+  constructor(private readonly pipeline: PipelineModel, geometry: CacheGeometry, options: SequenceCacheOptions) {
+    super(geometry, options);
+    for (let k = 0; k < pipeline.remotes.length; k++) this.recordFor(k, { op: 'cache', cache: this.cacheId, options });
+  }
+
+  /** Queues `op` for remote stage `k`. */
+  recordFor(k: number, op: CacheOp): void {
+    this.pipeline.queues[k]!.push(op);
+  }
+
+  private record(op: CacheOp): void {
+    if (!this.mirroring) return;
+    for (let k = 0; k < this.pipeline.remotes.length; k++) this.recordFor(k, op);
+  }
+
+  /** Takes the operations queued for remote stage `k`. */
+  drain(k: number): CacheOp[] {
+    return this.pipeline.queues[k]!.splice(0);
+  }
+
+  override add(id: SequenceId): void {
+    super.add(id);
+    this.record({ op: 'add', cache: this.cacheId, id });
+  }
+
+  override finish(id: SequenceId): void {
+    const had = this.has(id);
+    super.finish(id);
+    this.checkpoints.delete(id);
+    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
+  }
+
+  override abort(id: SequenceId): void {
+    const had = this.has(id);
+    super.abort(id);
+    this.checkpoints.delete(id);
+    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
+  }
+
+  override checkpoint(id: SequenceId): SequenceCheckpoint {
+    const cp = super.checkpoint(id);
+    if (this.mirroring) {
+      this.checkpoints.set(id, cp);
+      this.record({ op: 'checkpoint', cache: this.cacheId, id });
+    }
+    return cp;
+  }
+
+  override rollback(id: SequenceId, cp: SequenceCheckpoint): void {
+    if (this.mirroring) {
+      // stages keep the sequence's latest checkpoint only
+      if (this.checkpoints.get(id) !== cp) throw new PipelineStageError(`PipelineCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under pipeline parallelism`);
+      this.checkpoints.delete(id);
+    }
+    super.rollback(id, cp);
+    this.record({ op: 'rollback', cache: this.cacheId, id });
+  }
+}
+
+function asPipelineCache(cache: SequenceCache): PipelineCache {
+  if (!(cache instanceof PipelineCache)) throw new PipelineStageError('pipeline: the cache must come from PipelineModel.createCache()');
+  return cache;
+}
+
+// --- the composite model -------------------------------------------------------------------------
+
+/** Options of {@link startPipeline}. */
+export interface PipelineOptions {
+  /** Hugging Face checkpoint directory of the target. */
+  readonly modelDir: string;
+  /** Plugin packages (the stage processes import the same ones). */
+  readonly plugins: readonly string[];
+  /** Stages (≥ 2). */
+  readonly pp: number;
+  /** Layers per stage (length pp, each ≥ 1, sum = num_hidden_layers); default {@link defaultPartition}. */
+  readonly partition?: readonly number[];
+  /**
+   * Load the token embedding on the last stage too (default true): drafters reuse the target's
+   * embedding (`embedTokens`), and they live with the last stage. Plain decoding does not need it.
+   */
+  readonly lastStageEmbedding?: boolean;
+  /** Progress of the last stage's load (the driver's own). */
+  readonly onProgress?: (p: LoadProgress) => void;
+}
+
+/** The whole target as one {@link StageModel} over stage processes + the local last stage. */
+export class PipelineModel implements StageModel {
+  readonly info: StageInfo;
+  readonly cacheGeometry: CacheGeometry;
+  /** Per remote stage, the cache operations not yet sent. @internal */
+  readonly queues: CacheOp[][];
+  readonly commitPrefix?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number) => void;
+  readonly commitTreePath?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]) => void;
+  readonly embedTokens?: (tokens: Int32Array) => Float32Array;
+  readonly lmHead?: (x: Float32Array, rows: number) => Float32Array;
+  /** The latest forward: the composite result (what the engine holds) and the last stage's own. */
+  private latest: { outer: ForwardResult; inner: ForwardResult } | undefined;
+  private broken: Error | undefined;
+  private readonly dropper = new FinalizationRegistry<number>((id) => this.queues.forEach((q) => q.push({ op: 'drop', cache: id })));
+
+  constructor(
+    readonly remotes: readonly RemoteStage[],
+    readonly last: StageModel,
+    /** What each stage loaded, in stage order (the last one = this process). */
+    readonly stages: readonly StageReport[],
+  ) {
+    const li = last.info;
+    this.info = Object.freeze({ ...li, layerStart: 0, layerEnd: li.numLayers, isFirst: true, isLast: true });
+    this.cacheGeometry = last.cacheGeometry;
+    this.queues = remotes.map(() => []);
+    if (last.commitPrefix !== undefined) {
+      this.commitPrefix = (cache, result, id, committed) => {
+        const pc = this.commit(cache, result);
+        for (const r of remotes) r.commitPrefix(pc, result, id, committed);
+        this.local(pc, () => last.commitPrefix!(pc, this.latest!.inner, id, committed));
+      };
+    }
+    if (last.commitTreePath !== undefined) {
+      this.commitTreePath = (cache, result, id, rows) => {
+        const pc = this.commit(cache, result);
+        for (const r of remotes) r.commitTreePath(pc, result, id, rows);
+        this.local(pc, () => last.commitTreePath!(pc, this.latest!.inner, id, rows));
+      };
+    }
+    if (last.embedTokens !== undefined) this.embedTokens = (tokens) => last.embedTokens!(tokens);
+    if (last.lmHead !== undefined) this.lmHead = (x, rows) => last.lmHead!(x, rows);
+  }
+
+  /** A cache for this pipeline (the engine calls it instead of `new SequenceCache`). */
+  createCache(options: SequenceCacheOptions): SequenceCache {
+    const c = new PipelineCache(this, this.cacheGeometry, options);
+    this.dropper.register(c, c.cacheId);
+    return c;
+  }
+
+  private commit(cache: SequenceCache, result: ForwardResult): PipelineCache {
+    const pc = asPipelineCache(cache);
+    if (this.latest === undefined || this.latest.outer !== result) throw new PipelineStageError('pipeline: commit of a result that is not the latest forward');
+    return pc;
+  }
+
+  private local<T>(pc: PipelineCache, f: () => T): T {
+    pc.mirroring = false;
+    try {
+      return f();
+    } finally {
+      pc.mirroring = true;
+    }
+  }
+
+  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
+    if (this.broken !== undefined) throw this.broken;
+    const pc = asPipelineCache(cache);
+    const taps = options.taps ?? [];
+    const merged = new Map<number, Float32Array>();
+    let hidden: Float32Array | undefined;
+    this.latest = undefined;
+    let k = 0;
+    try {
+      for (; k < this.remotes.length; k++) {
+        const r = this.remotes[k]!.forward({ sequences: batch.sequences, ...(hidden === undefined ? {} : { hidden }) }, pc, {
+          taps: stageTaps(taps, this.remotes[k]!.info), ...(options.stateSnapshots === undefined ? {} : { stateSnapshots: options.stateSnapshots }),
+        });
+        hidden = r.hidden;
+        for (const [t, h] of r.taps) merged.set(t, h);
+      }
+      const inner = this.local(pc, () => this.last.forward({ sequences: batch.sequences, hidden }, pc, { ...options, taps: stageTaps(taps, this.last.info) }));
+      for (const [t, h] of inner.taps) merged.set(t, h);
+      const outer: ForwardResult = { ...inner, taps: merged };
+      this.latest = { outer, inner };
+      return outer;
+    } catch (err) {
+      // stage 0 failing leaves every cache as it was; a later stage failing leaves earlier stages ahead
+      if (k > 0) this.broken = err instanceof PipelineStageError ? err : new PipelineStageError(`pipeline: stage ${k} failed after earlier stages ran: ${(err as Error).message}`, { cause: err });
+      throw err;
+    }
+  }
+
+  /** Stage processes' pids (stage order). */
+  get pids(): number[] {
+    return this.remotes.flatMap((r) => (r.pid === undefined ? [] : [r.pid]));
+  }
+
+  dispose(): void {
+    for (const r of this.remotes) r.dispose();
+    this.last.dispose();
+  }
+}
+
+/** The compiled stage-worker entry (next to this file in dist/). */
+export const STAGE_WORKER_SCRIPT = nodePath.join(nodePath.dirname(fileURLToPath(import.meta.url)), 'stage-worker.js');
+
+/** Forks stage `stage` and waits for it to load. */
+async function spawnStage(stage: number, init: Omit<StageInit, 'type' | 'stage'>, tmp: string): Promise<RemoteStage> {
+  const req = nodePath.join(tmp, `stage${stage}.req`);
+  const resp = nodePath.join(tmp, `stage${stage}.resp`);
+  execFileSync('mkfifo', [req, resp]);
+  // the response FIFO's read end first (non-blocking): the stage's blocking open for writing then succeeds at once
+  const readFd = fs.openSync(resp, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
+  const child = fork(STAGE_WORKER_SCRIPT, [req, resp], { stdio: ['ignore', 2, 2, 'ipc'], serialization: 'json' });
+  track(child);
+  let writeFd: number | undefined;
+  const where = `pipeline stage ${stage} (layers ${init.layerStart}–${init.layerEnd - 1}, pid ${child.pid})`;
+  try {
+    const ready = await new Promise<{ info: StageInfo; tensors: string[] }>((resolve, reject) => {
+      let opening: NodeJS.Timeout | undefined;
+      const onExit = (code: number | null, sig: NodeJS.Signals | null) => {
+        clearTimeout(opening);
+        reject(new PipelineStageError(`${where} ${code !== null ? `exited with code ${code}` : `was killed by ${sig}`} while loading`));
+      };
+      child.once('exit', onExit);
+      child.once('message', (m: { type: string; info: StageInfo; tensors: string[]; name?: string; message?: string }) => {
+        if (m.type === 'ready') {
+          child.off('exit', onExit);
+          resolve(m);
+        } else {
+          reject(new PipelineStageError(`${where}: ${m.name}: ${m.message}`));
+        }
+      });
+      // the request FIFO's write end: succeeds once the stage has opened it for reading
+      const open = () => {
+        try {
+          writeFd = fs.openSync(req, fs.constants.O_WRONLY | fs.constants.O_NONBLOCK);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ENXIO') return reject(err);
+          opening = setTimeout(open, 5);
+        }
+      };
+      open();
+      child.send({ type: 'init', stage, ...init } satisfies StageInit);
+    });
+    if (writeFd === undefined) throw new PipelineStageError(`${where}: ready before its request channel opened`);
+    child.channel?.unref();
+    child.unref();
+    const report: StageReport = { stage, layerStart: init.layerStart, layerEnd: init.layerEnd, pid: child.pid, tensors: ready.tensors };
+    return new RemoteStage(stage, ready.info, child, new FifoChannel(readFd, writeFd), report);
+  } catch (err) {
+    child.kill('SIGKILL');
+    live.delete(child);
+    fs.closeSync(readFd);
+    if (writeFd !== undefined) fs.closeSync(writeFd);
+    throw err;
+  } finally {
+    fs.rmSync(req, { force: true });
+    fs.rmSync(resp, { force: true });
+  }
+}
+
+/**
+ * Starts a pipeline: forks stages 0 … pp−2 (each loads only its layers) and loads the last stage
+ * here, all at once. @throws {PartitionError} for a bad partition; {@link PipelineStageError} when a
+ * stage fails to load (the others are killed).
+ */
+export async function startPipeline(options: PipelineOptions): Promise<PipelineModel> {
+  const L = numHiddenLayers(options.modelDir);
+  const partition = options.partition ?? defaultPartition(L, options.pp);
+  const ranges = partitionRanges(partition, L, options.pp);
+  if (ranges.length < 2) throw new PipelineStageError('startPipeline: pp must be >= 2 (pp = 1 is the plain in-process model)');
+  const tmp = fs.mkdtempSync(nodePath.join(os.tmpdir(), 'specd-pp-'));
+  const [ls, le] = ranges[ranges.length - 1]!;
+  const remotes = ranges.slice(0, -1).map(([a, b], k) => spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b }, tmp));
+  const lastP = loadStage({ modelDir: options.modelDir, plugins: options.plugins, layerStart: ls, layerEnd: le, embedding: options.lastStageEmbedding ?? true }, options.onProgress);
+  const settled = await Promise.allSettled([...remotes, lastP]);
+  fs.rmSync(tmp, { recursive: true, force: true });
+  const failed = settled.find((s) => s.status === 'rejected');
+  if (failed !== undefined) {
+    for (const s of settled) {
+      if (s.status === 'fulfilled') ('index' in s.value ? s.value : s.value.model).dispose();
+    }
+    throw (failed as PromiseRejectedResult).reason;
+  }
+  const stages = settled.slice(0, -1).map((s) => (s as PromiseFulfilledResult<RemoteStage>).value);
+  const last = (settled[settled.length - 1] as PromiseFulfilledResult<Awaited<typeof lastP>>).value;
+  return new PipelineModel(stages, last.model, [...stages.map((s) => s.report), { stage: stages.length, layerStart: ls, layerEnd: le, pid: undefined, tensors: last.tensors }]);
+}

@@ -1,0 +1,188 @@
+/**
+ * The entry script of a pipeline stage process (forked by {@link startPipeline}; `dist/pipeline/stage-worker.js`).
+ *
+ * argv: `<request fifo> <response fifo>`. Over the IPC channel it receives one `init`
+ * (`{modelDir, plugins, layerStart, layerEnd, stage}`), loads ONLY that layer range through the model
+ * plugin, opens the FIFOs and answers `ready` (`{info, tensors}`) or `error`. From then on it serves
+ * requests from the request FIFO synchronously ({@link FifoChannel}), one at a time:
+ *   `forward` — apply the queued cache operations, then run the stage; reply `{taps}` + frames
+ *               `[hidden, …taps]`;
+ *   `exit`    — close and exit.
+ * End of file on the request FIFO (the driver is gone, even killed with SIGKILL) exits the process.
+ *
+ * Cache operations mirror what the driver's engine did to its own cache since the last request
+ * (see pipeline-model.ts, `PipelineCache`): `cache` (create, with the driver's options), `drop`,
+ * `add`, `finish`, `checkpoint`, `rollback` (to the sequence's latest checkpoint), `commitPrefix`
+ * and `commitTreePath` (on this stage's latest forward result).
+ */
+
+import * as fs from 'node:fs';
+
+import { SequenceCache, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import { loadStage, type StageSpec } from './stage-loader.js';
+import { FifoChannel, PeerGoneError, type Frame, type Message } from './transport.js';
+
+/** A cache operation (driver → stage), in program order. */
+export type CacheOp =
+  | { readonly op: 'cache'; readonly cache: number; readonly options: SequenceCacheOptions }
+  | { readonly op: 'drop'; readonly cache: number }
+  | { readonly op: 'add' | 'finish' | 'checkpoint' | 'rollback'; readonly cache: number; readonly id: SequenceId }
+  | { readonly op: 'commitPrefix'; readonly cache: number; readonly id: SequenceId; readonly committed: number }
+  | { readonly op: 'commitTreePath'; readonly cache: number; readonly id: SequenceId; readonly rows: readonly number[] };
+
+/** A sequence of a forward request (tokens travel as one i32 frame). */
+export interface WireSequence {
+  readonly id: SequenceId;
+  readonly position: number;
+  readonly n: number;
+  readonly phase?: 'prefill';
+  readonly tree?: number[];
+}
+
+/** The `init` message. */
+export interface StageInit extends StageSpec {
+  readonly type: 'init';
+  readonly stage: number;
+}
+
+class StageServer {
+  private readonly caches = new Map<number, SequenceCache>();
+  private readonly checkpoints = new Map<number, Map<SequenceId, SequenceCheckpoint>>();
+  private last: { cache: number; result: ForwardResult } | undefined;
+
+  constructor(private readonly model: StageModel) {}
+
+  private cache(id: number): SequenceCache {
+    const c = this.caches.get(id);
+    if (c === undefined) throw new Error(`stage: unknown cache ${id}`);
+    return c;
+  }
+
+  private lastResult(cache: number): ForwardResult {
+    if (this.last === undefined || this.last.cache !== cache) throw new Error('stage: commit without a forward on this cache');
+    return this.last.result;
+  }
+
+  apply(op: CacheOp): void {
+    switch (op.op) {
+      case 'cache':
+        this.caches.set(op.cache, new SequenceCache(this.model.cacheGeometry, op.options));
+        this.checkpoints.set(op.cache, new Map());
+        return;
+      case 'drop':
+        this.caches.delete(op.cache);
+        this.checkpoints.delete(op.cache);
+        if (this.last?.cache === op.cache) this.last = undefined;
+        return;
+      case 'add':
+        this.cache(op.cache).add(op.id);
+        return;
+      case 'finish':
+        this.cache(op.cache).finish(op.id);
+        this.checkpoints.get(op.cache)!.delete(op.id);
+        return;
+      case 'checkpoint':
+        this.checkpoints.get(op.cache)!.set(op.id, this.cache(op.cache).checkpoint(op.id));
+        return;
+      case 'rollback': {
+        const cp = this.checkpoints.get(op.cache)!.get(op.id);
+        if (cp === undefined) throw new Error(`stage: rollback of ${String(op.id)} without a checkpoint`);
+        this.cache(op.cache).rollback(op.id, cp);
+        this.checkpoints.get(op.cache)!.delete(op.id);
+        return;
+      }
+      case 'commitPrefix':
+        this.model.commitPrefix!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.committed);
+        return;
+      case 'commitTreePath':
+        this.model.commitTreePath!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.rows);
+        return;
+    }
+  }
+
+  forward(h: Record<string, unknown>, frames: readonly Frame[]): Message {
+    for (const op of h['ops'] as CacheOp[]) this.apply(op);
+    const cacheId = h['cache'] as number;
+    const tokens = frames[0] as Int32Array;
+    const hidden = h['hasHidden'] === true ? (frames[1] as Float32Array) : undefined;
+    let at = 0;
+    const sequences: ForwardSequence[] = (h['seqs'] as WireSequence[]).map((s) => {
+      const seq: ForwardSequence = {
+        id: s.id, position: s.position, tokens: tokens.subarray(at, at + s.n), logits: 'none',
+        ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: Int32Array.from(s.tree) }),
+      };
+      at += s.n;
+      return seq;
+    });
+    const cache = this.cache(cacheId);
+    this.last = undefined;
+    const result = this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
+      taps: h['taps'] as number[], stateSnapshots: h['snapshots'] === true,
+    });
+    this.last = { cache: cacheId, result };
+    const tapIds = [...result.taps.keys()];
+    return { header: { type: 'ok', taps: tapIds }, frames: [result.hidden, ...tapIds.map((t) => result.taps.get(t)!)] };
+  }
+}
+
+function serve(server: StageServer, ch: FifoChannel): never {
+  for (;;) {
+    let msg: Message;
+    try {
+      msg = ch.receive();
+    } catch (err) {
+      if (err instanceof PeerGoneError) process.exit(0);
+      throw err;
+    }
+    const type = msg.header['type'];
+    if (type === 'exit') {
+      ch.close();
+      process.exit(0);
+    }
+    let reply: Message;
+    try {
+      if (type !== 'forward') throw new Error(`stage: unknown request ${String(type)}`);
+      reply = server.forward(msg.header, msg.frames);
+    } catch (err) {
+      const e = err as Error;
+      reply = { header: { type: 'error', name: e.name, message: e.message }, frames: [] };
+    }
+    try {
+      ch.send(reply);
+    } catch (err) {
+      if (err instanceof PeerGoneError) process.exit(0);
+      throw err;
+    }
+  }
+}
+
+async function main(): Promise<void> {
+  const [reqPath, respPath] = process.argv.slice(2);
+  if (reqPath === undefined || respPath === undefined || process.send === undefined) {
+    process.stderr.write('stage-worker: run by startPipeline (argv: <request fifo> <response fifo>, IPC channel)\n');
+    process.exit(2);
+  }
+  const init = await new Promise<StageInit>((resolve) => process.once('message', (m) => resolve(m as StageInit)));
+  let server: StageServer;
+  let tensors: string[];
+  try {
+    const loaded = await loadStage(init);
+    server = new StageServer(loaded.model);
+    tensors = loaded.tensors;
+    const info = loaded.model.info;
+    // the driver holds the response FIFO open for reading already; the request FIFO opens when it writes
+    const writeFd = fs.openSync(respPath, 'w');
+    const readFd = fs.openSync(reqPath, 'r');
+    const ch = new FifoChannel(readFd, writeFd, 5);
+    await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid }, (err: Error | null) => (err ? reject(err) : resolve())));
+    serve(server, ch);
+  } catch (err) {
+    const e = err as Error;
+    await new Promise<void>((resolve) => process.send!({ type: 'error', name: e.name, message: e.message }, () => resolve()));
+    process.exit(1);
+  }
+}
+
+void main();
