@@ -7,4 +7,5 @@ export * from './engine/index.js';
 export * from './config/index.js';
 export * from './serve/index.js';
 export * from './pipeline/index.js';
+export * from './tensor-parallel/index.js';
 export * from './cli/index.js';

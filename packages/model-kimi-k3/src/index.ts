@@ -15,7 +15,7 @@ export function register(container: DependencyContainer): void {
 export { kimiPlugin } from './plugin.js';
 export { KIMI_ARCHITECTURES, KIMI_MODEL_TYPES, parseKimiConfig, type KimiConfig, type KimiLayerKind } from './config.js';
 export {
-  KimiForwardError, KimiStageModel, loadKimiFromDir, loadKimiStage, loadKimiStageAsync, type KdaSnapshotSet, type KimiDebugHooks, type KimiForwardOptions,
+  KimiForwardError, KimiStageModel, KimiTensorParallelError, kimiShardConfig, loadKimiFromDir, loadKimiShard, loadKimiStage, loadKimiStageAsync, type KdaSnapshotSet, type KimiDebugHooks, type KimiForwardOptions,
   type KimiForwardResult, type KimiKernelChoice, type KimiLoadOptions,
 } from './model.js';
 export type { KdaLayerSnapshots } from './kda.js';

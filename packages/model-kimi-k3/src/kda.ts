@@ -17,7 +17,7 @@ import { gatedRmsNorm, gemmBf16, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels } from './kernels.js';
-import { sliceColumns, type SeqSpan } from './layout.js';
+import { shardRange, sliceColumns, type SeqSpan, type ShardRank } from './layout.js';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one KDA layer (HD = H·d). */
@@ -42,27 +42,40 @@ export interface KdaWeights {
 /** Tensors read by {@link loadKdaWeights} (for progress totals). */
 export const KDA_TENSORS_PER_LAYER = 15;
 
-/** Reads layer `l`'s KDA weights (`model.layers.{l}.self_attn.*`). @throws {KimiWeightError}. */
-export function loadKdaWeights(r: WeightReader, c: KimiConfig, l: number): KdaWeights {
+/**
+ * Reads layer `l`'s KDA weights (`model.layers.{l}.self_attn.*`). With a tensor-parallel `shard`
+ * (and `c` the shard's config: `kdaHeads` = its heads), only the rank's heads [h0, h1): rows of
+ * q/k/v/f_b/g_b (channels [h0·d, h1·d)), b rows and A_log entries [h0, h1), its conv channels and
+ * dt_bias, and o_proj's columns of its channels; f_a, g_a and o_norm whole (replicated).
+ * @throws {KimiWeightError}.
+ */
+export function loadKdaWeights(r: WeightReader, c: KimiConfig, l: number, shard: ShardRank = { rank: 0, size: 1 }): KdaWeights {
   const p = `model.layers.${l}.self_attn.`;
-  const H = c.kdaHeads;
+  const H = c.kdaHeads * shard.size;
   const d = c.kdaHeadDim;
   const HD = H * d;
   const D = c.hiddenSize;
   const ks = c.convKernel;
-  const convWeight = new Float32Array(3 * HD * ks);
-  ['q', 'k', 'v'].forEach((n, i) => convWeight.set(r.f32(`${p}${n}_conv1d.weight`, [HD, 1, ks]), i * HD * ks));
-  const aLog = r.f32(`${p}A_log`, [1, 1, H, 1]);
+  const [h0, h1] = shardRange(H, shard);
+  const ch: [number, number] = [h0 * d, h1 * d];
+  const hd = ch[1] - ch[0];
+  const convWeight = new Float32Array(3 * hd * ks);
+  ['q', 'k', 'v'].forEach((n, i) => convWeight.set(r.f32Range(`${p}${n}_conv1d.weight`, [HD, 1, ks], ch[0] * ks, ch[1] * ks), i * hd * ks));
+  const aLog = r.f32Range(`${p}A_log`, [1, 1, H, 1], h0, h1);
+  const rows = (name: string, n: number, k: number, block?: [number, number]) => ({ name: `${p}${name}.weight`, n, k, ...(block === undefined ? {} : { block: { rows: block } }) });
+  const sharded = shard.size > 1;
   return {
-    inProj: r.packedRows(
-      ['q_proj', 'k_proj', 'v_proj', 'f_a_proj', 'g_a_proj', 'b_proj'].map((n) => `${p}${n}.weight`), [HD, HD, HD, d, d, H], D),
-    fB: r.packedRows([`${p}f_b_proj.weight`], [HD], d),
-    gB: r.packedRows([`${p}g_b_proj.weight`], [HD], d),
+    inProj: r.packedBlocks([
+      rows('q_proj', HD, D, sharded ? ch : undefined), rows('k_proj', HD, D, sharded ? ch : undefined), rows('v_proj', HD, D, sharded ? ch : undefined),
+      rows('f_a_proj', d, D), rows('g_a_proj', d, D), rows('b_proj', H, D, sharded ? [h0, h1] : undefined),
+    ]),
+    fB: r.packedBlocks([rows('f_b_proj', HD, d, sharded ? ch : undefined)]),
+    gB: r.packedBlocks([rows('g_b_proj', HD, d, sharded ? ch : undefined)]),
     convWeight,
     negA: Float32Array.from(aLog, (a) => -Math.exp(a)),
-    dtBias: r.f32(`${p}dt_bias`, [HD]),
+    dtBias: r.f32Range(`${p}dt_bias`, [HD], ch[0], ch[1]),
     oNorm: r.f32(`${p}o_norm.weight`, [d]),
-    oProj: r.packedRows([`${p}o_proj.weight`], [D], HD),
+    oProj: r.packedBlocks([{ name: `${p}o_proj.weight`, n: D, k: HD, ...(sharded ? { block: { cols: ch } } : {}) }]),
   };
 }
 

@@ -18,3 +18,15 @@ export function sliceColumns(src: Float32Array, rows: number, srcWidth: number, 
   for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
   return out;
 }
+
+/** A tensor-parallel rank's place: rank `rank` of `size` (size 1 = the whole model). */
+export interface ShardRank {
+  readonly rank: number;
+  readonly size: number;
+}
+
+/** Rank `s.rank`'s block [start, end) of `n` items split evenly over `s.size` ranks. */
+export function shardRange(n: number, s: ShardRank): [number, number] {
+  const per = n / s.size;
+  return [s.rank * per, (s.rank + 1) * per];
+}

@@ -16,7 +16,7 @@ import { gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels, MlaBatch, MlaPrepared } from './kernels.js';
-import { sliceColumns, type SeqSpan } from './layout.js';
+import { shardRange, sliceColumns, type SeqSpan, type ShardRank } from './layout.js';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one MLA layer. */
@@ -39,15 +39,29 @@ export function mlaFloatsPerToken(c: KimiConfig): number {
   return c.kvLoraRank + c.qkRopeHeadDim;
 }
 
-/** Reads layer `l`'s MLA weights (`model.layers.{l}.self_attn.*`). @throws {KimiWeightError}. */
-export function loadMlaWeights(r: WeightReader, c: KimiConfig, l: number, kernels: KimiKernels): MlaWeights {
+/**
+ * Reads layer `l`'s MLA weights (`model.layers.{l}.self_attn.*`). With a tensor-parallel `shard`
+ * (and `c` the shard's config: `numHeads` = its heads), only the rank's heads [h0, h1): q_proj and
+ * kv_b_proj rows of those heads, o_proj's columns of their values; kv_a_proj_with_mqa and
+ * kv_a_layernorm whole (the latent cache is shared by all heads: every rank keeps it whole).
+ * @throws {KimiWeightError}.
+ */
+export function loadMlaWeights(r: WeightReader, c: KimiConfig, l: number, kernels: KimiKernels, shard: ShardRank = { rank: 0, size: 1 }): MlaWeights {
   const p = `model.layers.${l}.self_attn.`;
-  const { numHeads: H, qkNopeHeadDim: nope, qkRopeHeadDim: rope, vHeadDim: vd, kvLoraRank: rank, hiddenSize: D } = c;
+  const { qkNopeHeadDim: nope, qkRopeHeadDim: rope, vHeadDim: vd, kvLoraRank: rank, hiddenSize: D } = c;
+  const H = c.numHeads * shard.size;
+  const [h0, h1] = shardRange(H, shard);
+  const sharded = shard.size > 1;
+  const qk = nope + rope;
+  const kvb = nope + vd;
   return {
-    inProj: r.packedRows([`${p}q_proj.weight`, `${p}kv_a_proj_with_mqa.weight`], [H * (nope + rope), rank + rope], D),
+    inProj: r.packedBlocks([
+      { name: `${p}q_proj.weight`, n: H * qk, k: D, ...(sharded ? { block: { rows: [h0 * qk, h1 * qk] as const } } : {}) },
+      { name: `${p}kv_a_proj_with_mqa.weight`, n: rank + rope, k: D },
+    ]),
     kvNorm: r.f32(`${p}kv_a_layernorm.weight`, [rank]),
-    kvB: kernels.prepareMla(r.bf16(`${p}kv_b_proj.weight`, [H * (nope + vd), rank]), c),
-    oProj: r.packedRows([`${p}o_proj.weight`], [D], H * vd),
+    kvB: kernels.prepareMla(r.bf16Block(`${p}kv_b_proj.weight`, H * kvb, rank, sharded ? { rows: [h0 * kvb, h1 * kvb] } : {}), c),
+    oProj: r.packedBlocks([{ name: `${p}o_proj.weight`, n: D, k: H * vd, ...(sharded ? { block: { cols: [h0 * vd, h1 * vd] as const } } : {}) }]),
   };
 }
 

@@ -9,7 +9,7 @@
  */
 
 import type {
-  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, SequenceId, StageInfo, StageLoadOptions, StageModel,
+  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, SequenceId, StageInfo, StageLoadOptions, StageModel, TpComm,
 } from '@specd/core';
 import { HfConfig, SafetensorsCheckpoint } from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
@@ -18,11 +18,12 @@ import { parseKimiConfig, type KimiConfig } from './config.js';
 import { KDA_TENSORS_PER_LAYER, kdaForward, loadKdaWeights, type KdaLayerSnapshots, type KdaWeights } from './kda.js';
 import { swigluForward, tsKernels, type KimiKernels, type SwigluWeights } from './kernels.js';
 import { nativeKernels } from './kernels-native.js';
-import type { SeqSpan } from './layout.js';
+import type { SeqSpan, ShardRank } from './layout.js';
 import { loadMlaWeights, MLA_TENSORS_PER_LAYER, mlaBatch, mlaFloatsPerToken, mlaForward, type MlaWeights } from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
 import { commitFromSnapshots } from './rollback.js';
-import { kimiWeightReader } from './weights.js';
+import { kimiWeightReader, type WeightReader } from './weights.js';
+import type { TensorRead } from '@specd/core';
 
 /** Thrown for a malformed forward call (names the argument). */
 export class KimiForwardError extends Error {
@@ -87,6 +88,8 @@ export class KimiStageModel implements StageModel {
     private layers: LayerWeights[],
     private finalNorm: Float32Array | undefined,
     private lmHeadWeights: PackedBf16Weights | undefined,
+    /** Tensor-parallel rank (its config is the shard's: its heads); undefined for the whole model. */
+    readonly comm?: TpComm,
   ) {
     const c = config;
     this.info = Object.freeze({
@@ -132,7 +135,7 @@ export class KimiStageModel implements StageModel {
       if (!Number.isInteger(t) || t < layerStart || t > layerEnd) throw new KimiForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
     }
     let h: Float32Array;
-    if (isFirst) {
+    if (isFirst && batch.hidden === undefined) {
       h = new Float32Array(N * D);
       let row = 0;
       for (const [i, s] of batch.sequences.entries()) {
@@ -148,6 +151,9 @@ export class KimiStageModel implements StageModel {
       }
       h = batch.hidden.slice();
     }
+    // tensor parallelism: a layer's mixer and ffn outputs are this rank's partial sums
+    const comm = this.comm;
+    const reduce = comm === undefined ? (x: Float32Array) => x : (x: Float32Array) => comm.allReduce(x);
     // extend every sequence's cache, all or nothing
     const done: SeqSpan[] = [];
     try {
@@ -178,21 +184,21 @@ export class KimiStageModel implements StageModel {
       const l = layerStart + li;
       const w = this.layers[li]!;
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
-      const a = w.kind === 'kda'
+      const a = reduce(w.kind === 'kda'
         ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l))
-        : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!);
+        : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!));
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;
       const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
       const debug = this.debug;
-      const f = w.dense !== undefined
+      const f = reduce(w.dense !== undefined
         ? swigluForward(w.dense, xm, N)
-        : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined);
+        : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined));
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
       capture(l + 1);
     }
     const logitRowStart = new Int32Array(spans.length + 1);
     let logits: Float32Array | undefined;
-    if (isLast) {
+    if (isLast && this.lmHeadWeights !== undefined) {
       const rows: number[] = [];
       batch.sequences.forEach((s, i) => {
         const sp = spans[i]!;
@@ -286,21 +292,24 @@ export async function loadKimiStageAsync(source: ModelSource, options: KimiLoadO
 }
 
 /** The loader as steps: yields after the embedding and after each layer. */
-function* buildStage(source: ModelSource, options: KimiLoadOptions): Generator<void, KimiStageModel, void> {
-  const c = parseKimiConfig(source.config);
+function* buildStage(source: ModelSource, options: KimiLoadOptions, comm?: TpComm, onReader?: (r: WeightReader) => void): Generator<void, KimiStageModel, void> {
+  const full = parseKimiConfig(source.config);
+  const shard: ShardRank = comm === undefined ? { rank: 0, size: 1 } : { rank: comm.rank, size: comm.size };
+  const c = comm === undefined ? full : kimiShardConfig(full, comm.size);
   const kernels = selectKernels(options.kernels);
   const start = options.layerStart ?? 0;
   const end = options.layerEnd ?? c.numLayers;
   if (!(Number.isInteger(start) && Number.isInteger(end) && start >= 0 && start < end && end <= c.numLayers)) {
     throw new RangeError(`loadKimiStage: layer range [${start}, ${end}) is not inside [0, ${c.numLayers}) or is empty`);
   }
-  const withEmbedding = start === 0 || options.embedding === true;
+  const withEmbedding = (start === 0 || options.embedding === true) && shard.rank === 0;
   let total = (withEmbedding ? 1 : 0) + (end === c.numLayers ? 2 : 0);
   for (let l = start; l < end; l++) {
     total += 2 + (c.layerKinds[l] === 'kda' ? KDA_TENSORS_PER_LAYER : MLA_TENSORS_PER_LAYER) + (l < c.firstKDenseReplace ? 3 : moeTensorCount(c));
   }
   const onProgress = options.onProgress;
   const r = kimiWeightReader(source.weights, total, onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined);
+  onReader?.(r);
   const D = c.hiddenSize;
   const embed = withEmbedding ? r.bf16('model.embed_tokens.weight', [c.vocabSize, D]) : undefined;
   yield;
@@ -312,17 +321,62 @@ function* buildStage(source: ModelSource, options: KimiLoadOptions): Generator<v
       kind,
       inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
       postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-      ...(kind === 'kda' ? { kda: loadKdaWeights(r, c, l) } : { mla: loadMlaWeights(r, c, l, kernels) }),
+      ...(kind === 'kda' ? { kda: loadKdaWeights(r, c, l, shard) } : { mla: loadMlaWeights(r, c, l, kernels, shard) }),
       ...(l < c.firstKDenseReplace
-        ? { dense: loadSwiglu(r, `${p}mlp.`, ['gate_proj', 'up_proj', 'down_proj'], D, c.intermediateSize) }
-        : { moe: loadMoeWeights(r, c, l, kernels) }),
+        ? { dense: loadSwiglu(r, `${p}mlp.`, ['gate_proj', 'up_proj', 'down_proj'], D, full.intermediateSize, shard) }
+        : { moe: loadMoeWeights(r, c, l, kernels, shard) }),
     });
     yield;
   }
-  const isLast = end === c.numLayers;
+  // under TP the final norm and lm_head live on rank 0 only (it alone produces logits)
+  const isLast = end === c.numLayers && shard.rank === 0;
   const finalNorm = isLast ? r.f32('model.norm.weight', [D]) : undefined;
   const lmHead = isLast ? r.packedRows([c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'], [c.vocabSize], D) : undefined;
-  return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead);
+  return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead, comm);
+}
+
+/** Thrown when a tensor-parallel size does not fit the model; names every count it does not divide. */
+export class KimiTensorParallelError extends Error {
+  override readonly name = 'KimiTensorParallelError';
+}
+
+/**
+ * The config of one rank of `tp`: `numHeads` (MLA) and `kdaHeads` = the rank's heads, the rest as
+ * the model's (the dense MLP and shared expert widths are split by the loaders).
+ * @throws {KimiTensorParallelError} when tp does not divide num_attention_heads, linear_attn_config.num_heads,
+ *   num_experts, intermediate_size or the shared experts' width.
+ */
+export function kimiShardConfig(c: KimiConfig, tp: number): KimiConfig {
+  const counts: [string, number][] = [
+    ['num_attention_heads (MLA heads)', c.numHeads], ['linear_attn_config.num_heads (KDA heads)', c.kdaHeads], ['num_experts', c.numExperts],
+    ['intermediate_size', c.intermediateSize], ['moe_intermediate_size × num_shared_experts', c.moeIntermediateSize * c.numSharedExperts],
+  ];
+  if (!Number.isInteger(tp) || tp < 1) throw new KimiTensorParallelError(`tensor parallelism: tp must be an integer >= 1, got ${tp}`);
+  const bad = counts.filter(([, n]) => n % tp !== 0);
+  if (bad.length > 0) {
+    throw new KimiTensorParallelError(`tensor parallelism: tp = ${tp} does not divide ${bad.map(([k, n]) => `${k} = ${n}`).join(', ')}; `
+      + `use a tp that divides ${c.numHeads} MLA heads, ${c.kdaHeads} KDA heads and ${c.numExperts} experts`);
+  }
+  return Object.freeze({ ...c, numHeads: c.numHeads / tp, kdaHeads: c.kdaHeads / tp });
+}
+
+/**
+ * Loads rank `comm.rank`'s shard of the whole model (core's `ModelPlugin.loadShard`): the rank's
+ * heads of every KDA and MLA layer, its block of the dense MLP and shared expert, its experts; the
+ * router and norms whole; the embedding, final norm and lm_head on rank 0 only. Its forward
+ * all-reduces each mixer and ffn output over `comm`.
+ * @returns the stage and every tensor (block) it read.
+ * @throws {KimiTensorParallelError} for a tp that does not fit; as {@link loadKimiStage}.
+ */
+export async function loadKimiShard(source: ModelSource, comm: TpComm, options: KimiLoadOptions = {}): Promise<{ model: KimiStageModel; reads: readonly TensorRead[] }> {
+  kimiShardConfig(parseKimiConfig(source.config), comm.size);
+  let reader: WeightReader | undefined;
+  const steps = buildStage(source, { ...options, layerStart: 0, layerEnd: undefined }, comm, (r) => (reader = r));
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return { model: next.value, reads: reader!.reads };
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
 }
 
 /** Which inner kernels a stage uses: `'native'` (@specd/native, default) or `'ts'` (TypeScript reference). */

@@ -1,8 +1,8 @@
 /** The Kimi-K3 / Kimi-Linear {@link ModelPlugin}: `load` = {@link loadKimiStageAsync} (yields between layers). */
-import type { ModelPlugin, ModelSource, StageLoadOptions, StageModel } from '@specd/core';
+import type { LoadedShard, ModelPlugin, ModelSource, ShardLoadOptions, StageLoadOptions, StageModel } from '@specd/core';
 
 import { KIMI_ARCHITECTURES, KIMI_MODEL_TYPES } from './config.js';
-import { loadKimiStageAsync } from './model.js';
+import { loadKimiShard, loadKimiStageAsync } from './model.js';
 
 /** Accepts model_type "kimi_k3" / "kimi_linear" (architecture KimiLinearForCausalLM). */
 export const kimiPlugin: ModelPlugin = Object.freeze({
@@ -11,5 +11,8 @@ export const kimiPlugin: ModelPlugin = Object.freeze({
   architectures: KIMI_ARCHITECTURES,
   load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel> {
     return loadKimiStageAsync(source, options);
+  },
+  loadShard(source: ModelSource, options: ShardLoadOptions): Promise<LoadedShard> {
+    return loadKimiShard(source, options.comm, options.onProgress === undefined ? {} : { onProgress: options.onProgress });
   },
 });

@@ -22,6 +22,7 @@ import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
 import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { startPipeline } from '../pipeline/pipeline-model.js';
+import { startTensorParallel } from '../tensor-parallel/tp-model.js';
 import type { DrafterChoice } from './config-file.js';
 import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
 
@@ -113,6 +114,24 @@ export async function loadPipelineTarget(modelDir: string, plugins: readonly str
     ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
     ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
   });
+  return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
+}
+
+/**
+ * {@link loadTarget} under tensor parallelism: `tp` ranks (rank 0 here, the others worker threads),
+ * each loading its shard through the plugin's `loadShard` ({@link startTensorParallel}); `model` is
+ * the {@link TensorParallelModel}. Hugging Face folders only.
+ * @throws {PluginError} for a GGUF model or a plugin without `loadShard`; the plugin's errors (a tp that does not fit the model).
+ */
+export async function loadTensorParallelTarget(modelDir: string, plugins: readonly string[], options: { readonly tp: number; readonly kernelThreads?: number }): Promise<LoadedTarget> {
+  if (ggufPathOf(modelDir) !== undefined) throw new PluginError(`${modelDir}: tensor parallelism loads Hugging Face folders (config.json + safetensors), not GGUF`);
+  const config = HfConfig.read(modelDir);
+  const container = rootContainer.createChildContainer();
+  await loadPluginPackages(plugins, container);
+  const plugin = ModelRegistry.fromContainer(container).resolve(config);
+  if (plugin.loadShard === undefined) throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (it has no loadShard)`);
+  const tokenizer = Tokenizer.load(modelDir);
+  const model = await startTensorParallel({ modelDir, plugins, tp: options.tp, ...(options.kernelThreads === undefined ? {} : { kernelThreads: options.kernelThreads }) });
   return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
 }
 

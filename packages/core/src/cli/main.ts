@@ -19,7 +19,7 @@ import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerServeCommand } from './serve.js';
-import { generateSpeculative, generateTokens, loadDrafter, loadPipelineTarget, loadTarget, type GenerateResult, type LoadedTarget, type SpecGenerateResult } from './generate.js';
+import { generateSpeculative, generateTokens, loadDrafter, loadPipelineTarget, loadTarget, loadTensorParallelTarget, type GenerateResult, type LoadedTarget, type SpecGenerateResult } from './generate.js';
 import { defaultDrafterDir, defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */
@@ -57,6 +57,7 @@ interface GenerateFlags {
   json?: boolean;
   pp?: number;
   ppPartition?: number[];
+  tp?: number;
 }
 
 const listArg = (v: string): number[] => {
@@ -104,11 +105,16 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     bar.update(p.done);
   };
   const par = cfg.parallelism;
-  if (par.tp !== 1) throw new CliError(`parallelism.tp ${par.tp}: tensor parallelism is not wired yet (only tp = 1 runs)`);
+  const tp = flags.tp ?? par.tp;
   const pp = flags.pp ?? par.pp;
+  if (tp > 1 && pp > 1) throw new CliError(`--tp ${tp} with --pp ${pp}: tensor and pipeline parallelism together are not supported yet; use one of them`);
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   if (partition !== undefined && partition.length !== pp) throw new CliError(`--pp-partition ${partition.join(',')}: expected ${pp} entries (one per pipeline stage), got ${partition.length}`);
-  const target: LoadedTarget = pp > 1
+  const target: LoadedTarget = tp > 1
+    ? await loadTensorParallelTarget(modelDir, cfg.plugins, { tp }).catch((err: Error) => {
+      throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError' ? new CliError(`--tp ${tp}: ${err.message}`) : err;
+    })
+    : pp > 1
     ? await loadPipelineTarget(modelDir, cfg.plugins, { pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress })
     : await loadTarget(modelDir, cfg.plugins, onProgress);
   if (started) bar!.stop();
@@ -179,6 +185,7 @@ export function buildProgram(io: CliIo): Command {
     .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
     .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1); stages 0 … n−2 run as processes, the last one here', intArg(1))
+    .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 here, the others as worker threads; must divide the model\'s head and expert counts', intArg(1))
     .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
     .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}')
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));

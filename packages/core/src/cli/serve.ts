@@ -13,7 +13,7 @@ import { pino } from 'pino';
 import { loadConfig } from '../config/load.js';
 import { SpecdServer } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
-import { loadDrafter, loadTarget, type LoadedDrafter, type LoadedTarget } from './generate.js';
+import { loadDrafter, loadTarget, loadTensorParallelTarget, type LoadedDrafter, type LoadedTarget } from './generate.js';
 import type { CliIo } from './main.js';
 import { defaultModelDir } from './paths.js';
 
@@ -27,6 +27,8 @@ export interface ServeFlags {
   port?: number;
   apiKey?: string;
   logLevel?: string;
+  /** Tensor-parallel ranks (overrides config parallelism.tp). */
+  tp?: number;
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -44,14 +46,19 @@ export interface StartedServer {
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {
   const { config: cfg } = await loadConfig(flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config), io.cwd);
-  if (cfg.parallelism.tp !== 1 || cfg.parallelism.pp !== 1) throw new CliError(`parallelism: tp ${cfg.parallelism.tp} / pp ${cfg.parallelism.pp}: serve runs tp = pp = 1 only in this version (pipeline parallelism runs in specd generate --pp N)`);
+  const tp = flags.tp ?? cfg.parallelism.tp;
+  if (cfg.parallelism.pp !== 1) throw new CliError(`parallelism: tp ${tp} / pp ${cfg.parallelism.pp}: serve runs pp = 1 only in this version (pipeline parallelism runs in specd generate --pp N; tensor parallelism: serve --tp N)`);
   if (cfg.pd.role !== 'none') throw new CliError(`pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`);
   if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   checkModelPath(modelDir);
   const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
   const sched = cfg.scheduler;
-  const target = await loadTarget(modelDir, cfg.plugins);
+  const target = tp > 1
+    ? await loadTensorParallelTarget(modelDir, cfg.plugins, { tp }).catch((err: Error) => {
+      throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError' ? new CliError(`--tp ${tp}: ${err.message}`) : err;
+    })
+    : await loadTarget(modelDir, cfg.plugins);
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {
@@ -86,6 +93,11 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   }
 }
 
+const tpArg = (v: string): number => {
+  if (!/^\d+$/.test(v.trim()) || Number(v) < 1) throw new InvalidArgumentError('expected an integer >= 1');
+  return Number(v);
+};
+
 const portArg = (v: string): number => {
   const n = Number(v);
   if (!/^\d+$/.test(v.trim()) || n > 65535) throw new InvalidArgumentError('expected a port in [0, 65535]');
@@ -103,6 +115,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--no-spec', 'no speculative decoding')
     .option('--host <host>', 'address to bind (default 127.0.0.1)')
     .option('--port <port>', 'port (default 8000; 0 = ephemeral)', portArg)
+    .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, the others as worker threads', tpArg)
     .option('--api-key <key>', 'require "Authorization: Bearer <key>" on /v1/*')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {

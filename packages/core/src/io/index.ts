@@ -26,7 +26,7 @@ export { HfConfig, HfConfigError, type NumberBounds } from './hf-config.js';
 export { Tokenizer, TokenizerError, type DecodeOptions, type EncodeOptions, type TokenizerSources } from './tokenizer.js';
 export { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
 export { StrictJsonError, isJsonObject, parseStrictJson, type JsonObject, type JsonValue, type StrictJsonOptions } from './strict-json.js';
-export { WeightReader, type WeightReaderOptions } from './weight-reader.js';
+export { WeightReader, type MatrixBlock, type TensorRead, type WeightReaderOptions } from './weight-reader.js';
 export {
   GGUF_DEFAULT_ALIGNMENT,
   GGUF_MAX_ARRAY_DEPTH,

@@ -20,6 +20,23 @@ export interface WeightReaderOptions {
   makeError?: (message: string) => Error;
 }
 
+/** One read of {@link WeightReader}: a whole tensor, or a block of it (tensor-parallel shards). */
+export interface TensorRead {
+  readonly name: string;
+  /** Rows [start, end) along dimension 0 (absent: all rows). */
+  readonly rows?: readonly [number, number];
+  /** Columns [start, end) of a matrix (absent: all columns). */
+  readonly cols?: readonly [number, number];
+  /** Elements [start, end) of the flattened tensor (absent: all). */
+  readonly elements?: readonly [number, number];
+}
+
+/** The part of a matrix to read: rows and/or columns (default: all). */
+export interface MatrixBlock {
+  readonly rows?: readonly [number, number];
+  readonly cols?: readonly [number, number];
+}
+
 /**
  * Reads tensors of one checkpoint, checking each against the shape the caller expects.
  * A tensor matches when its shape equals `shape`, or, for a different rank, when the element counts
@@ -28,6 +45,8 @@ export interface WeightReaderOptions {
  */
 export class WeightReader {
   private done = 0;
+  /** Every read, in order: whole tensors and the row / column / element blocks of sharded ones. */
+  readonly reads: TensorRead[] = [];
   private readonly makeError: (message: string) => Error;
 
   constructor(
@@ -66,6 +85,70 @@ export class WeightReader {
   }
 
   /**
+   * bf16 bits of a block of the matrix `name` `[n, k]`: rows [r0, r1) and columns [c0, c1)
+   * (row-major `[r1 − r0, c1 − c0]`). Reads only those bytes: one range for a row block, one range
+   * per row for a column block (tensor-parallel shards).
+   */
+  bf16Block(name: string, n: number, k: number, block: MatrixBlock = {}): Uint16Array {
+    const [r0, r1] = block.rows ?? [0, n];
+    const [c0, c1] = block.cols ?? [0, k];
+    if (!(0 <= r0 && r0 < r1 && r1 <= n && 0 <= c0 && c0 < c1 && c1 <= k)) {
+      throw this.makeError(`tensor ${JSON.stringify(name)}: block rows [${r0}, ${r1}) cols [${c0}, ${c1}) outside [${n}, ${k}]`);
+    }
+    if (r0 === 0 && r1 === n && c0 === 0 && c1 === k) return this.bf16(name, [n, k]);
+    const dtype = this.check(name, [n, k]);
+    const eb = dtype === 'BF16' ? 2 : 4;
+    const w = c1 - c0;
+    const out = new Uint16Array((r1 - r0) * w);
+    const put = (bytes: Uint8Array, at: number) => {
+      const copy = new Uint8Array(bytes.length);
+      copy.set(bytes);
+      out.set(eb === 2 ? new Uint16Array(copy.buffer) : f32ToBf16(new Float32Array(copy.buffer)), at);
+    };
+    if (c0 === 0 && c1 === k) put(this.ckpt.readBytes(name, r0 * k * eb, r1 * k * eb), 0);
+    else for (let r = r0; r < r1; r++) put(this.ckpt.readBytes(name, (r * k + c0) * eb, (r * k + c1) * eb), (r - r0) * w);
+    this.logRead({ name, ...(block.rows === undefined ? {} : { rows: [r0, r1] as const }), ...(block.cols === undefined ? {} : { cols: [c0, c1] as const }) });
+    return out;
+  }
+
+  /** f32 values of elements [start, end) of the flattened tensor `name` (expected `shape`); reads only those bytes. */
+  f32Range(name: string, shape: readonly number[], start: number, end: number): Float32Array {
+    const numel = shape.reduce((a, b) => a * b, 1);
+    if (!(0 <= start && start < end && end <= numel)) throw this.makeError(`tensor ${JSON.stringify(name)}: elements [${start}, ${end}) outside [0, ${numel})`);
+    if (start === 0 && end === numel) return this.f32(name, shape);
+    const dtype = this.check(name, shape);
+    const eb = dtype === 'BF16' ? 2 : 4;
+    const bytes = this.ckpt.readBytes(name, start * eb, end * eb);
+    const copy = new Uint8Array(bytes.length);
+    copy.set(bytes);
+    this.logRead({ name, elements: [start, end] });
+    return eb === 4 ? new Float32Array(copy.buffer) : bf16ToF32(new Uint16Array(copy.buffer));
+  }
+
+  /**
+   * {@link packedRows} over blocks: stacks `parts` (each a block of a matrix `[n, k]` with the same
+   * column count after blocking) by rows and packs them for one GEMM.
+   */
+  packedBlocks(parts: readonly { readonly name: string; readonly n: number; readonly k: number; readonly block?: MatrixBlock }[]): PackedBf16Weights {
+    const mats = parts.map((p) => {
+      const b = p.block ?? {};
+      const rows = b.rows === undefined ? p.n : b.rows[1] - b.rows[0];
+      const cols = b.cols === undefined ? p.k : b.cols[1] - b.cols[0];
+      return { data: this.bf16Block(p.name, p.n, p.k, b), rows, cols };
+    });
+    const k = mats[0]!.cols;
+    if (mats.some((m) => m.cols !== k)) throw this.makeError(`packedBlocks: blocks of ${parts.map((p) => p.name).join(', ')} have different widths`);
+    const n = mats.reduce((a, m) => a + m.rows, 0);
+    const all = new Uint16Array(n * k);
+    let at = 0;
+    for (const m of mats) {
+      all.set(m.data, at);
+      at += m.data.length;
+    }
+    return packBf16Weights(all, n, k);
+  }
+
+  /**
    * Stacks matrices `[n_i, k]` (same k) by rows and packs them: one GEMM computes all outputs,
    * `[m, Σ n_i]`, in the given order. Each output column is computed exactly as in a separate GEMM.
    */
@@ -80,6 +163,26 @@ export class WeightReader {
     return packBf16Weights(all, n, k);
   }
 
+  private logRead(r: TensorRead): void {
+    this.reads.push(r);
+    this.done++;
+    this.options.onTensor?.(this.done, this.total, r.name);
+  }
+
+  /** Checks shape and dtype of `name`; returns the dtype. */
+  private check(name: string, shape: readonly number[]): 'BF16' | 'F32' {
+    const got = this.shape(name);
+    const numel = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
+    if (numel(got) !== numel(shape) || (got.length === shape.length && got.some((d, i) => d !== shape[i]))) {
+      throw this.makeError(`tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`);
+    }
+    const dtype = this.ckpt.info(name).dtype;
+    if (dtype !== 'BF16' && dtype !== 'F32') {
+      throw this.makeError(`tensor ${JSON.stringify(name)}: expected dtype BF16 or F32, got ${dtype}`);
+    }
+    return dtype;
+  }
+
   private read(name: string, shape: readonly number[]): { dtype: string; data: Uint16Array | Float32Array } {
     const got = this.shape(name);
     const numel = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
@@ -91,8 +194,7 @@ export class WeightReader {
       throw this.makeError(`tensor ${JSON.stringify(name)}: expected dtype BF16 or F32, got ${dtype}`);
     }
     const t = this.ckpt.read(name);
-    this.done++;
-    this.options.onTensor?.(this.done, this.total, name);
+    this.logRead({ name });
     return { dtype, data: t.data as Uint16Array | Float32Array };
   }
 }

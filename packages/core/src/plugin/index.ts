@@ -2,7 +2,7 @@
 export {
   forwardSequence,
   type ForwardBatch, type ForwardOptions, type ForwardResult, type ForwardSequence, type LoadProgress, type LogitsRequest,
-  type ModelPlugin, type ModelSource, type StageInfo, type StageLoadOptions, type StageModel,
+  type LoadedShard, type ModelPlugin, type ModelSource, type ShardLoadOptions, type TpComm, type StageInfo, type StageLoadOptions, type StageModel,
 } from './model-plugin.js';
 export {
   BUILTIN_PLUGIN_PACKAGES, DRAFTER_PLUGIN, DrafterRegistry, MODEL_PLUGIN, ModelRegistry, PluginError, loadPluginPackages,

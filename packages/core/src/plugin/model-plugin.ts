@@ -10,6 +10,7 @@
 import type { GgufFile } from '../io/gguf.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
+import type { TensorRead } from '../io/weight-reader.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 
@@ -171,6 +172,44 @@ export interface StageModel {
   dispose(): void;
 }
 
+/**
+ * Collectives of a tensor-parallel group (tensor-parallel/comm.ts): ranks are threads of one
+ * process sharing memory. Every rank calls every collective, in the same order.
+ */
+export interface TpComm {
+  /** This rank, 0 … size − 1 (rank 0 is the driver's thread). */
+  readonly rank: number;
+  /** Ranks in the group (tp). */
+  readonly size: number;
+  /**
+   * Element-wise sum of `x` over the ranks, in rank order ((x_0 + x_1) + x_2) + …: the same bits on
+   * every rank and from run to run. `x` has the same length on every rank.
+   */
+  allReduce(x: Float32Array): Float32Array;
+}
+
+/** Options of {@link ModelPlugin.loadShard}. */
+export interface ShardLoadOptions {
+  /** The rank's collectives (rank, size, all-reduce). */
+  readonly comm: TpComm;
+  /** Called after each tensor (or block of one) is read. */
+  readonly onProgress?: (p: LoadProgress) => void;
+}
+
+/** A loaded tensor-parallel shard and what it read. */
+export interface LoadedShard {
+  /**
+   * The rank's whole-model stage over its shard of the weights, with its own cache geometry (its
+   * heads' state). Its `forward` runs the collectives of `comm`, so every rank must run the same
+   * batch at once; it takes the embedded input as `batch.hidden` when given. Rank 0's model also
+   * embeds (`embedTokens`), produces the logits and implements `lmHead`; other ranks' results are
+   * used only for their cache effects (their logits may be undefined).
+   */
+  readonly model: StageModel;
+  /** Tensors (and blocks of tensors) read, in order. */
+  readonly reads: readonly TensorRead[];
+}
+
 /** A target architecture. */
 export interface ModelPlugin {
   /** Plugin name, e.g. `'kimi-k3'`. */
@@ -185,6 +224,12 @@ export interface ModelPlugin {
   readonly ggufArchitectures?: readonly string[];
   /** load from a GGUF file (config from its metadata, quantized tensors as the plugin decides). */
   loadGguf?(file: GgufFile, options?: StageLoadOptions): Promise<StageModel>;
+  /**
+   * Loads rank `options.comm.rank`'s shard of the whole model for tensor parallelism (optional;
+   * tensor-parallel/tp-model.ts). @throws when `comm.size` does not fit the model (e.g. does not
+   * divide its head counts), with a message naming the sizes.
+   */
+  loadShard?(source: ModelSource, options: ShardLoadOptions): Promise<LoadedShard>;
 }
 
 /** Factory of a {@link ForwardSequence} for tests and callers (`logits` defaults to `'last'`). */

@@ -1,0 +1,151 @@
+/**
+ * Shared-memory collectives for tensor-parallel ranks that are threads of one process
+ * (docs/ARCHITECTURE.md "Tensor parallelism").
+ *
+ * Layout of the control words (`Int32Array` over a SharedArrayBuffer):
+ *   [0] barrier arrivals, [1] barrier generation, [2] abort flag,
+ *   [4 + 2k] requests posted to rank k, [5 + 2k] replies posted by rank k.
+ * The all-reduce buffer is `[size, capacity]` f32 (one row per rank), also shared.
+ *
+ * allReduce(x): in pieces of `capacity` floats, every rank writes its piece into its row, waits at a
+ * barrier, sums the rows in rank order (row 0 + row 1 + …: the same bits on every rank and every
+ * run), and waits at a second barrier before the rows are reused. Waiting is a short spin, then
+ * `Atomics.wait` (futex) in slices that re-check the abort flag: a rank that fails calls
+ * {@link SharedComm.abort}, and every rank waiting in a barrier throws {@link TpAbortError}.
+ */
+
+import { receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
+
+import type { TpComm } from '../plugin/model-plugin.js';
+
+/** A collective was abandoned because another rank failed (or the group was disposed). */
+export class TpAbortError extends Error {
+  override readonly name = 'TpAbortError';
+}
+
+const COUNT = 0;
+const GEN = 1;
+const ABORT = 2;
+/** Control words for a group of `size` ranks. */
+export function controlWords(size: number): number {
+  return 4 + 2 * size;
+}
+/** Index of rank k's request counter. */
+export function requestWord(k: number): number {
+  return 4 + 2 * k;
+}
+/** Index of rank k's reply counter. */
+export function replyWord(k: number): number {
+  return 5 + 2 * k;
+}
+
+/** The shared buffers of a group (passed to worker threads in `workerData`). */
+export interface CommBuffers {
+  readonly size: number;
+  readonly control: SharedArrayBuffer;
+  readonly data: SharedArrayBuffer;
+  /** Floats per rank row of `data`. */
+  readonly capacity: number;
+}
+
+/** Allocates the buffers of a group of `size` ranks with all-reduce pieces of `capacity` floats. */
+export function createCommBuffers(size: number, capacity: number): CommBuffers {
+  return {
+    size, capacity,
+    control: new SharedArrayBuffer(4 * controlWords(size)),
+    data: new SharedArrayBuffer(4 * size * capacity),
+  };
+}
+
+/** Spins on `ctrl[i] === value` for a while, then sleeps until it changes; throws on abort. */
+export function waitWhile(ctrl: Int32Array, i: number, value: number, checkAbort = true): void {
+  for (let s = 0; s < 2000; s++) {
+    if (Atomics.load(ctrl, i) !== value) return;
+  }
+  while (Atomics.load(ctrl, i) === value) {
+    if (checkAbort && Atomics.load(ctrl, ABORT) !== 0) throw new TpAbortError('tensor parallel: another rank failed; collective abandoned');
+    Atomics.wait(ctrl, i, value, 50);
+  }
+}
+
+/** One rank's view of the group: barrier and all-reduce over shared memory. */
+export class SharedComm implements TpComm {
+  readonly size: number;
+  readonly ctrl: Int32Array;
+  private readonly rows: Float32Array[];
+  private readonly capacity: number;
+  /** All-reduce calls so far (tests, statistics). */
+  allReduces = 0;
+
+  constructor(readonly rank: number, buffers: CommBuffers) {
+    this.size = buffers.size;
+    this.capacity = buffers.capacity;
+    this.ctrl = new Int32Array(buffers.control);
+    this.rows = Array.from({ length: this.size }, (_, r) => new Float32Array(buffers.data, 4 * r * this.capacity, this.capacity));
+  }
+
+  /** Waits until every rank has arrived. @throws {TpAbortError} if the group was aborted. */
+  barrier(): void {
+    const ctrl = this.ctrl;
+    if (Atomics.load(ctrl, ABORT) !== 0) throw new TpAbortError('tensor parallel: another rank failed; collective abandoned');
+    const gen = Atomics.load(ctrl, GEN);
+    if (Atomics.add(ctrl, COUNT, 1) === this.size - 1) {
+      Atomics.store(ctrl, COUNT, 0);
+      Atomics.add(ctrl, GEN, 1);
+      Atomics.notify(ctrl, GEN);
+      return;
+    }
+    waitWhile(ctrl, GEN, gen);
+  }
+
+  allReduce(x: Float32Array): Float32Array {
+    this.allReduces++;
+    if (this.size === 1) return x.slice();
+    const out = new Float32Array(x.length);
+    const mine = this.rows[this.rank]!;
+    for (let off = 0; off < x.length; off += this.capacity) {
+      const len = Math.min(this.capacity, x.length - off);
+      mine.set(x.subarray(off, off + len));
+      this.barrier();
+      const o = out.subarray(off, off + len);
+      o.set(this.rows[0]!.subarray(0, len));
+      for (let r = 1; r < this.size; r++) {
+        const row = this.rows[r]!;
+        for (let i = 0; i < len; i++) o[i] = o[i]! + row[i]!;
+      }
+      this.barrier();
+    }
+    return out;
+  }
+
+  /** Marks the group aborted and wakes every waiting rank (they throw {@link TpAbortError}). */
+  abort(): void {
+    Atomics.store(this.ctrl, ABORT, 1);
+    Atomics.notify(this.ctrl, GEN);
+  }
+
+  /** Clears the abort flag and the barrier (driver only, while no rank is inside a collective). */
+  reset(): void {
+    Atomics.store(this.ctrl, ABORT, 0);
+    Atomics.store(this.ctrl, COUNT, 0);
+  }
+
+  get aborted(): boolean {
+    return Atomics.load(this.ctrl, ABORT) !== 0;
+  }
+}
+
+/**
+ * Takes the next message of `port`, which the sender posted before signalling: waits (1 ms slices,
+ * up to `timeoutMs`) in the unlikely case it is not visible yet. Undefined after the timeout.
+ */
+export function takeMessage(port: MessagePort, timeoutMs = 10_000): unknown {
+  const cell = new Int32Array(new SharedArrayBuffer(4));
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const m = receiveMessageOnPort(port);
+    if (m !== undefined) return m.message;
+    if (Date.now() > deadline) return undefined;
+    Atomics.wait(cell, 0, 0, 1);
+  }
+}

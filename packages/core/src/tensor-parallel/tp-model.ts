@@ -1,0 +1,336 @@
+/**
+ * Tensor parallelism (TP) with ranks as worker threads (issue #8; docs/ARCHITECTURE.md "Tensor
+ * parallelism").
+ *
+ * Rank 0 runs on the driver's thread (the one running {@link SpecEngine}); ranks 1 … tp−1 are
+ * worker threads (tp-worker.js). Each rank loads only its shard through the model plugin's
+ * `loadShard` and keeps its own {@link SequenceCache} (its heads' state). The engine sees one
+ * whole-model {@link StageModel}, {@link TensorParallelModel}:
+ * - `forward` embeds the batch on rank 0, posts it (with the cache operations queued for each rank)
+ *   to every worker rank, runs rank 0's shard here — the all-reduces inside meet the workers in
+ *   shared memory — and waits for every rank's reply: synchronous for the engine. The result is
+ *   rank 0's: logits, taps (the full residual stream: every rank has it after each all-reduce) and
+ *   rank 0's KDA snapshots.
+ * - the engine's cache is a {@link TpCache} (`createCache`): rank 0's SequenceCache that records the
+ *   engine's cache operations and commits for the worker ranks (sent with the next forward), as the
+ *   pipeline's PipelineCache does for stage processes.
+ */
+
+import * as os from 'node:os';
+import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
+
+import { setNumThreads } from '@specd/native';
+
+import type { TensorRead } from '../io/weight-reader.js';
+import { SequenceCache, type CacheGeometry, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { ForwardBatch, ForwardOptions, ForwardResult, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import type { CacheOp } from '../pipeline/stage-worker.js';
+import { createCommBuffers, replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhile } from './comm.js';
+import { loadShardOf, type TpForwardRequest, type TpWorkerInit } from './rank.js';
+
+/** A tensor-parallel rank failed (its forward threw, or it could not load). */
+export class TensorParallelError extends Error {
+  override readonly name = 'TensorParallelError';
+}
+
+/** What a rank loaded (tests assert the blocks). */
+export interface RankReport {
+  readonly rank: number;
+  /** Worker thread id; undefined for rank 0 (the driver's thread). */
+  readonly threadId: number | undefined;
+  readonly reads: readonly TensorRead[];
+}
+
+/** A worker rank as seen from the driver. */
+interface RemoteRank {
+  readonly rank: number;
+  readonly worker: Worker;
+  readonly port: MessagePort;
+  readonly report: RankReport;
+}
+
+let nextCacheId = 1;
+
+/** The engine's cache under TP: rank 0's cache, recording the engine's operations for the worker ranks. */
+export class TpCache extends SequenceCache {
+  readonly cacheId = nextCacheId++;
+  /** False while rank 0's own forward / commit runs (its internal cache calls are its own). */
+  mirroring = true;
+  private readonly checkpoints = new Map<SequenceId, SequenceCheckpoint>();
+
+  constructor(private readonly model: TensorParallelModel, geometry: CacheGeometry, options: SequenceCacheOptions) {
+    super(geometry, options);
+    this.recordAll({ op: 'cache', cache: this.cacheId, options });
+  }
+
+  /** Queues `op` for every worker rank. */
+  recordAll(op: CacheOp): void {
+    for (const q of this.model.queues) q.push(op);
+  }
+
+  private record(op: CacheOp): void {
+    if (this.mirroring) this.recordAll(op);
+  }
+
+  override add(id: SequenceId): void {
+    super.add(id);
+    this.record({ op: 'add', cache: this.cacheId, id });
+  }
+
+  override finish(id: SequenceId): void {
+    const had = this.has(id);
+    super.finish(id);
+    this.checkpoints.delete(id);
+    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
+  }
+
+  override abort(id: SequenceId): void {
+    const had = this.has(id);
+    super.abort(id);
+    this.checkpoints.delete(id);
+    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
+  }
+
+  override checkpoint(id: SequenceId): SequenceCheckpoint {
+    const cp = super.checkpoint(id);
+    if (this.mirroring) {
+      this.checkpoints.set(id, cp);
+      this.record({ op: 'checkpoint', cache: this.cacheId, id });
+    }
+    return cp;
+  }
+
+  override rollback(id: SequenceId, cp: SequenceCheckpoint): void {
+    if (this.mirroring) {
+      if (this.checkpoints.get(id) !== cp) throw new TensorParallelError(`TpCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under tensor parallelism`);
+      this.checkpoints.delete(id);
+    }
+    super.rollback(id, cp);
+    this.record({ op: 'rollback', cache: this.cacheId, id });
+  }
+}
+
+function asTpCache(cache: SequenceCache): TpCache {
+  if (!(cache instanceof TpCache)) throw new TensorParallelError('tensor parallel: the cache must come from TensorParallelModel.createCache()');
+  return cache;
+}
+
+/** The whole target as one {@link StageModel} over tp ranks (rank 0 here, the others worker threads). */
+export class TensorParallelModel implements StageModel {
+  readonly info: StageInfo;
+  readonly cacheGeometry: CacheGeometry;
+  /** Per worker rank, the cache operations not yet sent. @internal */
+  readonly queues: CacheOp[][];
+  readonly commitPrefix?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number) => void;
+  readonly embedTokens?: (tokens: Int32Array) => Float32Array;
+  readonly lmHead?: (x: Float32Array, rows: number) => Float32Array;
+  private latest: ForwardResult | undefined;
+  private broken: Error | undefined;
+  private disposed = false;
+  private readonly dropper = new FinalizationRegistry<number>((id) => this.queues.forEach((q) => q.push({ op: 'drop', cache: id })));
+
+  constructor(
+    /** Rank 0's shard (this thread). */
+    readonly rank0: StageModel,
+    private readonly remotes: readonly RemoteRank[],
+    readonly comm: SharedComm,
+    /** What each rank loaded, in rank order. */
+    readonly ranks: readonly RankReport[],
+    /** Kernel threads set for the process (undefined: left as it was). */
+    readonly kernelThreads: number | undefined,
+  ) {
+    if (rank0.embedTokens === undefined) throw new TensorParallelError('tensor parallel: rank 0\'s shard has no embedTokens');
+    this.info = rank0.info;
+    this.cacheGeometry = rank0.cacheGeometry;
+    this.queues = remotes.map(() => []);
+    this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
+    if (rank0.lmHead !== undefined) this.lmHead = (x, rows) => rank0.lmHead!(x, rows);
+    if (rank0.commitPrefix !== undefined) {
+      this.commitPrefix = (cache, result, id, committed) => {
+        const tc = asTpCache(cache);
+        if (this.latest !== result) throw new TensorParallelError('tensor parallel: commit of a result that is not the latest forward');
+        tc.recordAll({ op: 'commitPrefix', cache: tc.cacheId, id, committed });
+        this.local(tc, () => rank0.commitPrefix!(tc, result, id, committed));
+      };
+    }
+  }
+
+  /** Ranks (tp). */
+  get size(): number {
+    return this.comm.size;
+  }
+
+  /** A cache for this model (the engine calls it instead of `new SequenceCache`). */
+  createCache(options: SequenceCacheOptions): SequenceCache {
+    const c = new TpCache(this, this.cacheGeometry, options);
+    this.dropper.register(c, c.cacheId);
+    return c;
+  }
+
+  private local<T>(tc: TpCache, f: () => T): T {
+    tc.mirroring = false;
+    try {
+      return f();
+    } finally {
+      tc.mirroring = true;
+    }
+  }
+
+  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
+    if (this.broken !== undefined) throw this.broken;
+    if (this.disposed) throw new TensorParallelError('tensor parallel: disposed');
+    const tc = asTpCache(cache);
+    this.latest = undefined;
+    let n = 0;
+    for (const s of batch.sequences) n += s.tokens.length;
+    const tokens = new Int32Array(n);
+    let at = 0;
+    for (const s of batch.sequences) {
+      tokens.set(s.tokens, at);
+      at += s.tokens.length;
+    }
+    // rank 0 embeds (validating the ids) before any rank starts
+    const hidden = batch.hidden ?? this.embedTokens!(tokens);
+    const snapshots = options.stateSnapshots === true || (options as { kdaSnapshots?: boolean }).kdaSnapshots === true;
+    this.comm.reset();
+    const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
+    for (const [k, r] of this.remotes.entries()) {
+      const req: TpForwardRequest = {
+        type: 'forward', cache: tc.cacheId, ops: this.queues[k]!.splice(0), hidden, snapshots,
+        seqs: batch.sequences.map((s) => ({
+          id: s.id, position: s.position, tokens: s.tokens, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
+        })),
+      };
+      r.port.postMessage(req);
+      Atomics.add(this.comm.ctrl, requestWord(r.rank), 1);
+      Atomics.notify(this.comm.ctrl, requestWord(r.rank));
+    }
+    let result: ForwardResult | undefined;
+    let failure: Error | undefined;
+    const reducesBefore = this.comm.allReduces;
+    try {
+      result = this.local(tc, () => this.rank0.forward({ sequences: batch.sequences, hidden }, tc, options));
+    } catch (err) {
+      failure = err as Error;
+      this.comm.abort();
+    }
+    // every rank answers (a failing rank aborts the group, so nobody waits forever in a barrier)
+    const errors: string[] = [];
+    let aborted = false;
+    for (const [k, r] of this.remotes.entries()) {
+      waitWhile(this.comm.ctrl, replyWord(r.rank), seen[k]!, false);
+      const reply = takeMessage(r.port) as { ok: boolean; name?: string; message?: string } | undefined;
+      if (reply === undefined) errors.push(`rank ${r.rank}: no reply`);
+      else if (!reply.ok && reply.name === 'TpAbortError') aborted = true;
+      else if (!reply.ok) errors.push(`rank ${r.rank}: ${reply.name}: ${reply.message}`);
+    }
+    if (failure === undefined && errors.length === 0 && !aborted) {
+      this.latest = result;
+      return result!;
+    }
+    // A bad batch or a full cache fails every rank the same way before the first collective: the
+    // caches stay consistent and the model usable. Anything else leaves the ranks out of step.
+    const clean = failure !== undefined && !(failure instanceof TpAbortError) && this.comm.allReduces === reducesBefore
+      && !aborted && errors.length === this.remotes.length;
+    const err = failure !== undefined && !(failure instanceof TpAbortError) ? failure : new TensorParallelError(`tensor parallel: ${errors.join('; ') || 'aborted'}`);
+    if (!clean) this.broken = new TensorParallelError(`tensor parallel: ranks out of step after a failed forward: ${err.message}${errors.length > 0 && err === failure ? ` (${errors.join('; ')})` : ''}`, { cause: err });
+    throw err;
+  }
+
+  /** Worker thread ids (rank order, ranks ≥ 1). */
+  get threadIds(): number[] {
+    return this.remotes.map((r) => r.worker.threadId);
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    for (const r of this.remotes) {
+      r.port.postMessage({ type: 'exit' });
+      Atomics.add(this.comm.ctrl, requestWord(r.rank), 1);
+      Atomics.notify(this.comm.ctrl, requestWord(r.rank));
+      r.port.close();
+      void r.worker.terminate();
+    }
+    this.rank0.dispose();
+  }
+}
+
+/** The compiled worker entry (next to this file in dist/). */
+export const TP_WORKER_SCRIPT = new URL('./tp-worker.js', import.meta.url);
+
+/** Options of {@link startTensorParallel}. */
+export interface TensorParallelOptions {
+  /** Hugging Face checkpoint directory of the target. */
+  readonly modelDir: string;
+  /** Plugin packages (every rank imports the same ones). */
+  readonly plugins: readonly string[];
+  /** Ranks (≥ 2). */
+  readonly tp: number;
+  /**
+   * Kernel threads for the process-wide pool: default `SPECD_NUM_THREADS` if set (left alone), else
+   * max(1, ⌊CPUs / tp⌋) so the ranks' threads do not oversubscribe the cores.
+   */
+  readonly kernelThreads?: number;
+  /** All-reduce piece, floats per rank (default 1 Mi floats = 4 MiB). */
+  readonly reduceCapacity?: number;
+}
+
+/**
+ * Starts a tensor-parallel group: loads rank 0's shard here (a bad tp is refused here, before any
+ * thread starts), then starts ranks 1 … tp−1 as worker threads that load their shards concurrently.
+ * @throws {TensorParallelError} when a rank fails to load (the others are stopped); the plugin's
+ *   errors (e.g. a tp that does not divide the head counts); PluginError for a plugin without `loadShard`.
+ */
+export async function startTensorParallel(options: TensorParallelOptions): Promise<TensorParallelModel> {
+  const tp = options.tp;
+  if (!Number.isInteger(tp) || tp < 2) throw new TensorParallelError(`startTensorParallel: tp must be an integer >= 2 (tp = 1 is the plain in-process model), got ${tp}`);
+  const buffers = createCommBuffers(tp, options.reduceCapacity ?? 1 << 20);
+  const comm = new SharedComm(0, buffers);
+  const { shard } = await loadShardOf(options.modelDir, options.plugins, comm);
+  let threads = options.kernelThreads;
+  const env = process.env['SPECD_NUM_THREADS'];
+  if (threads === undefined && (env === undefined || env === '')) threads = Math.max(1, Math.floor(os.availableParallelism() / tp));
+  if (threads !== undefined) setNumThreads(threads);
+  const starting = Array.from({ length: tp - 1 }, (_, i) => spawnRank(i + 1, options, buffers, threads));
+  const settled = await Promise.allSettled(starting);
+  const failed = settled.find((s) => s.status === 'rejected');
+  if (failed !== undefined) {
+    for (const s of settled) {
+      if (s.status === 'fulfilled') void s.value.worker.terminate();
+    }
+    shard.model.dispose();
+    throw (failed as PromiseRejectedResult).reason;
+  }
+  const remotes = settled.map((s) => (s as PromiseFulfilledResult<RemoteRank>).value);
+  return new TensorParallelModel(shard.model, remotes, comm, [{ rank: 0, threadId: undefined, reads: shard.reads }, ...remotes.map((r) => r.report)], threads);
+}
+
+async function spawnRank(rank: number, options: TensorParallelOptions, buffers: ReturnType<typeof createCommBuffers>, threads: number | undefined): Promise<RemoteRank> {
+  const { port1, port2 } = new MessageChannel();
+  const init: TpWorkerInit = { modelDir: options.modelDir, plugins: options.plugins, rank, buffers, port: port2, ...(threads === undefined ? {} : { threads }) };
+  const worker = new Worker(TP_WORKER_SCRIPT, { workerData: init, transferList: [port2] });
+  const where = `tensor-parallel rank ${rank} (thread ${worker.threadId})`;
+  try {
+    const ready = await new Promise<{ reads: TensorRead[] }>((resolve, reject) => {
+      const onExit = (code: number) => reject(new TensorParallelError(`${where} exited with code ${code} while loading`));
+      const onError = (err: Error) => reject(new TensorParallelError(`${where}: ${err.name}: ${err.message}`));
+      worker.once('exit', onExit);
+      worker.once('error', onError);
+      worker.once('message', (m: { type: string; reads: TensorRead[]; name?: string; message?: string }) => {
+        worker.off('exit', onExit);
+        worker.off('error', onError);
+        if (m.type === 'ready') resolve(m);
+        else reject(new TensorParallelError(`${where}: ${m.name}: ${m.message}`));
+      });
+    });
+    worker.unref();
+    port1.unref();
+    return { rank, worker, port: port1, report: { rank, threadId: worker.threadId, reads: ready.reads } };
+  } catch (err) {
+    void worker.terminate();
+    port1.close();
+    throw err;
+  }
+}
