@@ -15,14 +15,15 @@
 //   decode: 32 greedy tokens after a 64-token prompt, batch 1, tokens after the first / time;
 //   projection: `projectTargetHiddenPartial` over the P tokens' four taps, against a prefill of P tokens
 //   with those taps captured (the same forward the engine runs), pp = 1.
-// TP (tp = 2) is reported by the TP part of issue #8 when it exists (`--tp` rows are skipped otherwise).
+// tp = 2: ranks as worker threads in this process (packages/core/src/tensor-parallel), kernel pool sized
+// ⌊CPUs / tp⌋ per rank as the TP loader does; the ranks' kernels share the process-wide pool.
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { BUILTIN_PLUGIN_PACKAGES, HfConfig, SafetensorsCheckpoint, SequenceCache, SpecEngine, startPipeline, writeSafetensors } from '@specd/core';
+import { BUILTIN_PLUGIN_PACKAGES, HfConfig, SafetensorsCheckpoint, SequenceCache, SpecEngine, startPipeline, startTensorParallel, writeSafetensors } from '@specd/core';
 import { loadKimiFromDir } from '@specd/model-kimi-k3';
-import { f32ToBf16, isa } from '@specd/native';
+import { f32ToBf16, isa, setNumThreads } from '@specd/native';
 import { dflashPlugin } from '@specd/plugin-dflash';
 
 import { largeSyntheticConfig, writeSyntheticKimi } from './synthetic-kimi.mjs';
@@ -129,6 +130,16 @@ try {
   console.log(`pp=2: prefill ${rows[1].prefill.toFixed(1)} tok/s, decode ${rows[1].decode.toFixed(2)} tok/s`);
 } finally {
   t2.dispose();
+}
+
+const threads = info.threads;
+const tp2 = await startTensorParallel({ modelDir: dir, plugins: BUILTIN_PLUGIN_PACKAGES, tp: 2 });
+try {
+  rows.push({ pp: 1, tp: 2, ...measure(tp2) });
+  console.log(`tp=2: prefill ${rows[2].prefill.toFixed(1)} tok/s, decode ${rows[2].decode.toFixed(2)} tok/s`);
+} finally {
+  tp2.dispose();
+  setNumThreads(threads);
 }
 
 console.log('\n| pp | tp | prefill tok/s (P = ' + P + ') | decode tok/s (batch 1) |');
