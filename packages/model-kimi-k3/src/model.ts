@@ -361,9 +361,11 @@ export function kimiShardConfig(c: KimiConfig, tp: number): KimiConfig {
 }
 
 /**
- * Loads rank `comm.rank`'s shard of the whole model (core's `ModelPlugin.loadShard`): the rank's
- * heads of every KDA and MLA layer, its block of the dense MLP and shared expert, its experts; the
- * router and norms whole; the embedding, final norm and lm_head on rank 0 only. Its forward
+ * Loads rank `comm.rank`'s shard of the whole model — or of the layer range `options.layerStart` …
+ * `layerEnd` (a pipeline stage under TP × PP) — (core's `ModelPlugin.loadShard`): the rank's heads of
+ * every KDA and MLA layer, its block of the dense MLP and shared expert, its experts; the router and
+ * norms whole; the embedding (first stage, or `options.embedding`), final norm and lm_head (last
+ * stage) on rank 0 only. Its forward
  * all-reduces each mixer and ffn output over `comm`.
  * @returns the stage and every tensor (block) it read.
  * @throws {KimiTensorParallelError} for a tp that does not fit; as {@link loadKimiStage}.
@@ -371,7 +373,7 @@ export function kimiShardConfig(c: KimiConfig, tp: number): KimiConfig {
 export async function loadKimiShard(source: ModelSource, comm: TpComm, options: KimiLoadOptions = {}): Promise<{ model: KimiStageModel; reads: readonly TensorRead[] }> {
   kimiShardConfig(parseKimiConfig(source.config), comm.size);
   let reader: WeightReader | undefined;
-  const steps = buildStage(source, { ...options, layerStart: 0, layerEnd: undefined }, comm, (r) => (reader = r));
+  const steps = buildStage(source, options, comm, (r) => (reader = r));
   for (;;) {
     const next = steps.next();
     if (next.done === true) return { model: next.value, reads: reader!.reads };

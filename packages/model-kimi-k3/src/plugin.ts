@@ -13,6 +13,7 @@ export const kimiPlugin: ModelPlugin = Object.freeze({
     return loadKimiStageAsync(source, options);
   },
   loadShard(source: ModelSource, options: ShardLoadOptions): Promise<LoadedShard> {
-    return loadKimiShard(source, options.comm, options.onProgress === undefined ? {} : { onProgress: options.onProgress });
+    const { comm, ...rest } = options;
+    return loadKimiShard(source, comm, rest);
   },
 });

@@ -23,7 +23,7 @@ import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
 import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { startPipeline } from '../pipeline/pipeline-model.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
-import type { DrafterChoice } from './config-file.js';
+import { CliError, type DrafterChoice } from './config-file.js';
 import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
 
 /** Tokens per prefill forward. */
@@ -95,6 +95,8 @@ export interface PipelineTargetOptions {
   /** Load the embedding on the last stage too (needed when a drafter reuses it; default true). */
   readonly lastStageEmbedding?: boolean;
   readonly onProgress?: (p: LoadProgress) => void;
+  /** TP × PP: tensor-parallel ranks per stage (default 1). */
+  readonly tp?: number;
 }
 
 /**
@@ -108,8 +110,10 @@ export async function loadPipelineTarget(modelDir: string, plugins: readonly str
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const plugin = ModelRegistry.fromContainer(container).resolve(config);
+  if ((options.tp ?? 1) > 1 && plugin.loadShard === undefined) throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (it has no loadShard)`);
   const tokenizer = Tokenizer.load(modelDir);
   const model = await startPipeline({
+    ...(options.tp === undefined ? {} : { tp: options.tp }),
     modelDir, plugins, pp: options.pp, ...(options.partition === undefined ? {} : { partition: options.partition }),
     ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
     ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
@@ -133,6 +137,50 @@ export async function loadTensorParallelTarget(modelDir: string, plugins: readon
   const tokenizer = Tokenizer.load(modelDir);
   const model = await startTensorParallel({ modelDir, plugins, tp: options.tp, ...(options.kernelThreads === undefined ? {} : { kernelThreads: options.kernelThreads }) });
   return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
+}
+
+/** Parallelism of {@link loadParallelTarget} (the config's `parallelism`, flags applied). */
+export interface ParallelTargetOptions {
+  readonly tp: number;
+  readonly pp: number;
+  readonly partition?: readonly number[];
+  /** Under pp > 1: load the embedding on the last stage too (a drafter reuses it). */
+  readonly lastStageEmbedding?: boolean;
+  readonly onProgress?: (p: LoadProgress) => void;
+}
+
+/**
+ * Refuses a partition whose length is not pp (the model checks the layer counts when it loads).
+ * (tp > 1 with pp > 1 is TP × PP: every stage a TP group.)
+ * @throws {CliError}
+ */
+export function checkParallelism(tp: number, pp: number, partition: readonly number[] | undefined): void {
+  if (partition !== undefined && partition.length !== pp) throw new CliError(`--pp-partition ${partition.join(',')}: expected ${pp} entries (one per pipeline stage), got ${partition.length}`);
+}
+
+/**
+ * The target as `specd generate` and `specd serve` load it: {@link loadTarget} (tp = pp = 1),
+ * {@link loadTensorParallelTarget} (tp > 1) or {@link loadPipelineTarget} (pp > 1; with tp > 1 every
+ * stage a TP group). A tp that does not
+ * fit the model or a plugin without `loadShard` becomes a {@link CliError} naming `--tp`.
+ */
+export async function loadParallelTarget(modelDir: string, plugins: readonly string[], options: ParallelTargetOptions): Promise<LoadedTarget> {
+  const { tp, pp } = options;
+  checkParallelism(tp, pp, options.partition);
+  const tpError = (err: Error): never => {
+    throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError' ? new CliError(`--tp ${tp}: ${err.message}`) : err;
+  };
+  if (pp > 1) {
+    return loadPipelineTarget(modelDir, plugins, {
+      pp, ...(tp > 1 ? { tp } : {}), ...(options.partition === undefined ? {} : { partition: options.partition }),
+      ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
+      ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
+    }).catch(tp > 1 ? tpError : (err: Error): never => {
+      throw err;
+    });
+  }
+  if (tp > 1) return loadTensorParallelTarget(modelDir, plugins, { tp }).catch(tpError);
+  return loadTarget(modelDir, plugins, options.onProgress);
 }
 
 /** Options of {@link generateTokens}. */

@@ -19,7 +19,7 @@ import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerServeCommand } from './serve.js';
-import { generateSpeculative, generateTokens, loadDrafter, loadPipelineTarget, loadTarget, loadTensorParallelTarget, type GenerateResult, type LoadedTarget, type SpecGenerateResult } from './generate.js';
+import { generateSpeculative, generateTokens, loadDrafter, loadParallelTarget, type GenerateResult, type LoadedTarget, type SpecGenerateResult } from './generate.js';
 import { defaultDrafterDir, defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */
@@ -107,16 +107,10 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const par = cfg.parallelism;
   const tp = flags.tp ?? par.tp;
   const pp = flags.pp ?? par.pp;
-  if (tp > 1 && pp > 1) throw new CliError(`--tp ${tp} with --pp ${pp}: tensor and pipeline parallelism together are not supported yet; use one of them`);
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
-  if (partition !== undefined && partition.length !== pp) throw new CliError(`--pp-partition ${partition.join(',')}: expected ${pp} entries (one per pipeline stage), got ${partition.length}`);
-  const target: LoadedTarget = tp > 1
-    ? await loadTensorParallelTarget(modelDir, cfg.plugins, { tp }).catch((err: Error) => {
-      throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError' ? new CliError(`--tp ${tp}: ${err.message}`) : err;
-    })
-    : pp > 1
-    ? await loadPipelineTarget(modelDir, cfg.plugins, { pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress })
-    : await loadTarget(modelDir, cfg.plugins, onProgress);
+  const target: LoadedTarget = await loadParallelTarget(modelDir, cfg.plugins, {
+    tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress,
+  });
   if (started) bar!.stop();
   try {
     await generateWith(target);

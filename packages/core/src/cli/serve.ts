@@ -1,7 +1,10 @@
 /**
- * `specd serve [--config FILE] [--model DIR] [--drafter DIR | --no-spec] [--host H] [--port P] [--api-key K]`:
- * the OpenAI-compatible server (packages/core/src/serve). Flags override the config; with no
- * arguments it serves the shipped target with the shipped DFlash on 127.0.0.1:8000.
+ * `specd serve [--config FILE] [--model DIR] [--drafter DIR | --no-spec] [--host H] [--port P] [--api-key K]
+ * [--tp T] [--pp P [--pp-partition 3,5]]`: the OpenAI-compatible server (packages/core/src/serve).
+ * Flags override the config; with no arguments it serves the shipped target with the shipped DFlash
+ * on 127.0.0.1:8000. Under pipeline parallelism the stage processes are killed when the server
+ * closes (and on SIGINT / SIGTERM / exit); a dead stage makes /health answer 503 and every request
+ * fail with 500 naming the stage (the server stays up).
  */
 
 import * as fs from 'node:fs';
@@ -13,7 +16,7 @@ import { pino } from 'pino';
 import { loadConfig } from '../config/load.js';
 import { SpecdServer } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
-import { loadDrafter, loadTarget, loadTensorParallelTarget, type LoadedDrafter, type LoadedTarget } from './generate.js';
+import { checkParallelism, loadDrafter, loadParallelTarget, type LoadedDrafter, type LoadedTarget } from './generate.js';
 import type { CliIo } from './main.js';
 import { defaultModelDir } from './paths.js';
 
@@ -29,6 +32,10 @@ export interface ServeFlags {
   logLevel?: string;
   /** Tensor-parallel ranks (overrides config parallelism.tp). */
   tp?: number;
+  /** Pipeline stages (overrides config parallelism.pp). */
+  pp?: number;
+  /** Layers per pipeline stage (overrides config parallelism.partition). */
+  ppPartition?: number[];
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -46,19 +53,18 @@ export interface StartedServer {
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {
   const { config: cfg } = await loadConfig(flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config), io.cwd);
-  const tp = flags.tp ?? cfg.parallelism.tp;
-  if (cfg.parallelism.pp !== 1) throw new CliError(`parallelism: tp ${tp} / pp ${cfg.parallelism.pp}: serve runs pp = 1 only in this version (pipeline parallelism runs in specd generate --pp N; tensor parallelism: serve --tp N)`);
+  const par = cfg.parallelism;
+  const tp = flags.tp ?? par.tp;
+  const pp = flags.pp ?? par.pp;
+  const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
+  checkParallelism(tp, pp, partition);
   if (cfg.pd.role !== 'none') throw new CliError(`pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`);
   if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
   const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   checkModelPath(modelDir);
   const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
   const sched = cfg.scheduler;
-  const target = tp > 1
-    ? await loadTensorParallelTarget(modelDir, cfg.plugins, { tp }).catch((err: Error) => {
-      throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError' ? new CliError(`--tp ${tp}: ${err.message}`) : err;
-    })
-    : await loadTarget(modelDir, cfg.plugins);
+  const target = await loadParallelTarget(modelDir, cfg.plugins, { tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined });
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {
@@ -98,6 +104,12 @@ const tpArg = (v: string): number => {
   return Number(v);
 };
 
+const listArg = (v: string): number[] => {
+  const parts = v.split(',').map((x) => x.trim());
+  if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1)) throw new InvalidArgumentError('expected layer counts per stage, e.g. 3,5 (each >= 1)');
+  return parts.map(Number);
+};
+
 const portArg = (v: string): number => {
   const n = Number(v);
   if (!/^\d+$/.test(v.trim()) || n > 65535) throw new InvalidArgumentError('expected a port in [0, 65535]');
@@ -116,6 +128,8 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--host <host>', 'address to bind (default 127.0.0.1)')
     .option('--port <port>', 'port (default 8000; 0 = ephemeral)', portArg)
     .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, the others as worker threads', tpArg)
+    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1); stages 0 … n−2 run as processes, the last one in the server process', tpArg)
+    .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
     .option('--api-key <key>', 'require "Authorization: Bearer <key>" on /v1/*')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {

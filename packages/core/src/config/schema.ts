@@ -10,7 +10,7 @@
  *     "scheduler": {"max_running_requests": 8, "max_waiting_requests": 64, "prefill_chunk_tokens": 64,
  *                   "max_tokens_in_flight": 16384, "max_sequence_tokens": 2048, "page_size": 16},
  *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
- *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage]},   // pp > 1: `specd generate` (stage processes); tp > 1: generate and serve (worker-thread ranks); not both
+ *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage]},   // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
  *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}} }  // reserved: only "none" runs
  */
 
@@ -100,7 +100,7 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
       },
       parallelism: {
         type: 'object', additionalProperties: false, default: {},
-        description: 'pp > 1 runs in `specd generate` (stages 0 … pp−2 as processes, the last in the driver); serve runs pp = 1; tp > 1 runs in generate and serve (rank 0 in the driver, ranks 1 … tp−1 as worker threads; tp must divide the model\'s head and expert counts); tp > 1 with pp > 1 is refused',
+        description: 'pp > 1 runs in generate and serve (stages 0 … pp−2 as processes, the last in the driver); tp > 1 runs in generate and serve (rank 0 in the driver, ranks 1 … tp−1 as worker threads; tp must divide the model\'s head and expert counts); both: every stage a TP group of tp ranks (threads of its stage process)',
         properties: {
           tp: { type: 'integer', minimum: 1, default: 1 },
           pp: { type: 'integer', minimum: 1, default: 1 },

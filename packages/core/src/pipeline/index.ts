@@ -1,9 +1,10 @@
 /** Pipeline parallelism: stages as processes (pipeline-model.ts), partitions, the stage transport. */
 export { defaultPartition, partitionRanges, PartitionError } from './partition.js';
 export {
-  liveStagePids, PipelineCache, PipelineModel, PipelineStageError, RemoteStage, startPipeline, STAGE_WORKER_SCRIPT,
-  type PipelineOptions, type StageReport,
+  liveStagePids, PipelineModel, PipelineStageError, RemoteStage, startPipeline, STAGE_WORKER_SCRIPT,
+  type PipelineCache, type PipelineOptions, type StageReport,
 } from './pipeline-model.js';
+export { MirroredCache, MirroredCacheError } from './mirrored-cache.js';
 export { loadStage, numHiddenLayers, type LoadedStage, type StageSpec } from './stage-loader.js';
 export { FifoChannel, PeerGoneError, type Frame, type Message, type SyncChannel } from './transport.js';
 export type { CacheOp, StageInit, WireSequence } from './stage-worker.js';

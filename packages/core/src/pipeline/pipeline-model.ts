@@ -26,10 +26,12 @@ import * as os from 'node:os';
 import * as nodePath from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { SequenceCache, type CacheGeometry, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import { stageTaps } from '../plugin/drafter-plugin.js';
 import type { ForwardBatch, ForwardOptions, ForwardResult, LoadProgress, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import { MirroredCache } from './mirrored-cache.js';
+import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-model.js';
 import { defaultPartition, partitionRanges } from './partition.js';
 import { loadStage, numHiddenLayers } from './stage-loader.js';
 import type { CacheOp, StageInit, WireSequence } from './stage-worker.js';
@@ -111,8 +113,10 @@ export interface StageReport {
   readonly layerEnd: number;
   /** Stage process id; undefined for the last stage (the driver). */
   readonly pid: number | undefined;
-  /** Tensor names read, in load order. */
+  /** Tensor names read, in load order (under TP × PP: rank 0's, each name once). */
   readonly tensors: readonly string[];
+  /** TP × PP: what each of the stage's TP ranks read (blocks of tensors), in rank order. */
+  readonly ranks?: readonly RankReport[];
 }
 
 /**
@@ -148,12 +152,28 @@ export class RemoteStage implements StageModel {
 
   /** Throws the stage's death error, if it died. */
   checkAlive(): void {
-    if (this.dead !== undefined) throw this.dead;
+    const f = this.failure();
+    if (f !== undefined) throw f;
+  }
+
+  /** The stage's death error: set by a failed exchange, or now if the process has exited (reaped by the event loop). */
+  failure(): PipelineStageError | undefined {
+    if (this.dead === undefined && (this.child.exitCode !== null || this.child.signalCode !== null)) {
+      this.dead = new PipelineStageError(`${this.name()} ${exitDescription(this.child)}`);
+    }
+    return this.dead;
+  }
+
+  /** The pipeline this stage belongs to (set by {@link PipelineModel}). @internal */
+  pipeline: PipelineModel | undefined;
+
+  private pc(cache: SequenceCache): MirroredCache {
+    return this.pipeline!.asPipelineCache(cache);
   }
 
   forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
     this.checkAlive();
-    const pc = asPipelineCache(cache);
+    const pc = this.pc(cache);
     const seqs: WireSequence[] = batch.sequences.map((s) => ({
       id: s.id, position: s.position, n: s.tokens.length, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: Array.from(s.tree) }),
     }));
@@ -165,7 +185,7 @@ export class RemoteStage implements StageModel {
     }
     const frames: Frame[] = [tokens];
     if (batch.hidden !== undefined) frames.push(batch.hidden);
-    const ops = pc.drain(this.index);
+    const ops = this.pipeline!.queues[this.index]!.splice(0);
     let reply;
     try {
       this.channel.send({
@@ -188,11 +208,13 @@ export class RemoteStage implements StageModel {
 
   /** Records a commit for the stage's latest forward (sent with the next request). */
   commitPrefix(cache: SequenceCache, _result: ForwardResult, id: SequenceId, committed: number): void {
-    asPipelineCache(cache).recordFor(this.index, { op: 'commitPrefix', cache: asPipelineCache(cache).cacheId, id, committed });
+    const pc = this.pc(cache);
+    pc.recordFor(this.pipeline!, { op: 'commitPrefix', cache: pc.cacheId, id, committed }, this.index);
   }
 
   commitTreePath(cache: SequenceCache, _result: ForwardResult, id: SequenceId, rows: readonly number[]): void {
-    asPipelineCache(cache).recordFor(this.index, { op: 'commitTreePath', cache: asPipelineCache(cache).cacheId, id, rows: [...rows] });
+    const pc = this.pc(cache);
+    pc.recordFor(this.pipeline!, { op: 'commitTreePath', cache: pc.cacheId, id, rows: [...rows] }, this.index);
   }
 
   /** Asks the process to exit, closes the channel and kills it. */
@@ -213,82 +235,13 @@ export class RemoteStage implements StageModel {
 
 // --- the mirrored cache --------------------------------------------------------------------------
 
-let nextCacheId = 1;
-
 /**
- * The engine's cache of a pipeline: the last stage's {@link SequenceCache}, recording the engine's
- * operations for every remote stage (applied there, in order, before its next forward). Operations
+ * The engine's cache of a pipeline: the last stage's cache (a {@link MirroredCache}; under TP × PP
+ * the last stage's TP cache) with the pipeline's mirror attached — the engine's operations are
+ * recorded for every remote stage and applied there, in order, before its next forward. Operations
  * the last stage's own forward / commit performs are not recorded (each stage does its own).
  */
-export class PipelineCache extends SequenceCache {
-  readonly cacheId = nextCacheId++;
-  /** False while the local last stage runs (its internal cache calls are not the engine's). */
-  mirroring = true;
-  private readonly checkpoints = new Map<SequenceId, SequenceCheckpoint>();
-
-  constructor(private readonly pipeline: PipelineModel, geometry: CacheGeometry, options: SequenceCacheOptions) {
-    super(geometry, options);
-    for (let k = 0; k < pipeline.remotes.length; k++) this.recordFor(k, { op: 'cache', cache: this.cacheId, options });
-  }
-
-  /** Queues `op` for remote stage `k`. */
-  recordFor(k: number, op: CacheOp): void {
-    this.pipeline.queues[k]!.push(op);
-  }
-
-  private record(op: CacheOp): void {
-    if (!this.mirroring) return;
-    for (let k = 0; k < this.pipeline.remotes.length; k++) this.recordFor(k, op);
-  }
-
-  /** Takes the operations queued for remote stage `k`. */
-  drain(k: number): CacheOp[] {
-    return this.pipeline.queues[k]!.splice(0);
-  }
-
-  override add(id: SequenceId): void {
-    super.add(id);
-    this.record({ op: 'add', cache: this.cacheId, id });
-  }
-
-  override finish(id: SequenceId): void {
-    const had = this.has(id);
-    super.finish(id);
-    this.checkpoints.delete(id);
-    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
-  }
-
-  override abort(id: SequenceId): void {
-    const had = this.has(id);
-    super.abort(id);
-    this.checkpoints.delete(id);
-    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
-  }
-
-  override checkpoint(id: SequenceId): SequenceCheckpoint {
-    const cp = super.checkpoint(id);
-    if (this.mirroring) {
-      this.checkpoints.set(id, cp);
-      this.record({ op: 'checkpoint', cache: this.cacheId, id });
-    }
-    return cp;
-  }
-
-  override rollback(id: SequenceId, cp: SequenceCheckpoint): void {
-    if (this.mirroring) {
-      // stages keep the sequence's latest checkpoint only
-      if (this.checkpoints.get(id) !== cp) throw new PipelineStageError(`PipelineCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under pipeline parallelism`);
-      this.checkpoints.delete(id);
-    }
-    super.rollback(id, cp);
-    this.record({ op: 'rollback', cache: this.cacheId, id });
-  }
-}
-
-function asPipelineCache(cache: SequenceCache): PipelineCache {
-  if (!(cache instanceof PipelineCache)) throw new PipelineStageError('pipeline: the cache must come from PipelineModel.createCache()');
-  return cache;
-}
+export type PipelineCache = MirroredCache;
 
 // --- the composite model -------------------------------------------------------------------------
 
@@ -307,8 +260,14 @@ export interface PipelineOptions {
    * embedding (`embedTokens`), and they live with the last stage. Plain decoding does not need it.
    */
   readonly lastStageEmbedding?: boolean;
-  /** Progress of the last stage's load (the driver's own). */
+  /** Progress of the last stage's load (the driver's own; not reported under TP × PP). */
   readonly onProgress?: (p: LoadProgress) => void;
+  /**
+   * TP × PP: every stage runs as a tensor-parallel group of `tp` ranks (default 1) — worker threads
+   * of the stage process (the last stage's in the driver). Kernel threads per process:
+   * max(1, ⌊CPUs / (tp · pp)⌋) unless `SPECD_NUM_THREADS` is set.
+   */
+  readonly tp?: number;
 }
 
 /** The whole target as one {@link StageModel} over stage processes + the local last stage. */
@@ -336,6 +295,7 @@ export class PipelineModel implements StageModel {
     this.info = Object.freeze({ ...li, layerStart: 0, layerEnd: li.numLayers, isFirst: true, isLast: true });
     this.cacheGeometry = last.cacheGeometry;
     this.queues = remotes.map(() => []);
+    for (const r of remotes) r.pipeline = this;
     if (last.commitPrefix !== undefined) {
       this.commitPrefix = (cache, result, id, committed) => {
         const pc = this.commit(cache, result);
@@ -354,31 +314,39 @@ export class PipelineModel implements StageModel {
     if (last.lmHead !== undefined) this.lmHead = (x, rows) => last.lmHead!(x, rows);
   }
 
-  /** A cache for this pipeline (the engine calls it instead of `new SequenceCache`). */
+  /**
+   * A cache for this pipeline (the engine calls it instead of `new SequenceCache`): the last stage's
+   * own cache when it makes one (a TP group's), else a plain {@link MirroredCache}, with this
+   * pipeline's mirror attached.
+   */
   createCache(options: SequenceCacheOptions): SequenceCache {
-    const c = new PipelineCache(this, this.cacheGeometry, options);
+    const own = this.last.createCache?.(options);
+    if (own !== undefined && !(own instanceof MirroredCache)) throw new PipelineStageError('pipeline: the last stage\'s createCache must return a MirroredCache');
+    const c = own ?? new MirroredCache(this.cacheGeometry, options);
+    c.attach(this, this.queues);
     this.dropper.register(c, c.cacheId);
     return c;
   }
 
-  private commit(cache: SequenceCache, result: ForwardResult): PipelineCache {
-    const pc = asPipelineCache(cache);
+  /** `cache` as this pipeline's cache. @internal */
+  asPipelineCache(cache: SequenceCache): MirroredCache {
+    if (!(cache instanceof MirroredCache) || !cache.mirroredBy(this)) throw new PipelineStageError('pipeline: the cache must come from PipelineModel.createCache()');
+    return cache;
+  }
+
+  private commit(cache: SequenceCache, result: ForwardResult): MirroredCache {
+    const pc = this.asPipelineCache(cache);
     if (this.latest === undefined || this.latest.outer !== result) throw new PipelineStageError('pipeline: commit of a result that is not the latest forward');
     return pc;
   }
 
-  private local<T>(pc: PipelineCache, f: () => T): T {
-    pc.mirroring = false;
-    try {
-      return f();
-    } finally {
-      pc.mirroring = true;
-    }
+  private local<T>(pc: MirroredCache, f: () => T): T {
+    return pc.local(this, f);
   }
 
   forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
     if (this.broken !== undefined) throw this.broken;
-    const pc = asPipelineCache(cache);
+    const pc = this.asPipelineCache(cache);
     const taps = options.taps ?? [];
     const merged = new Map<number, Float32Array>();
     let hidden: Float32Array | undefined;
@@ -402,6 +370,16 @@ export class PipelineModel implements StageModel {
       if (k > 0) this.broken = err instanceof PipelineStageError ? err : new PipelineStageError(`pipeline: stage ${k} failed after earlier stages ran: ${(err as Error).message}`, { cause: err });
       throw err;
     }
+  }
+
+  /** The error that broke the pipeline (a stage that died or failed after earlier stages ran), if any. */
+  failure(): Error | undefined {
+    if (this.broken !== undefined) return this.broken;
+    for (const r of this.remotes) {
+      const f = r.failure();
+      if (f !== undefined) return f;
+    }
+    return this.last.failure?.();
   }
 
   /** Stage processes' pids (stage order). */
@@ -430,14 +408,14 @@ async function spawnStage(stage: number, init: Omit<StageInit, 'type' | 'stage'>
   let writeFd: number | undefined;
   const where = `pipeline stage ${stage} (layers ${init.layerStart}–${init.layerEnd - 1}, pid ${child.pid})`;
   try {
-    const ready = await new Promise<{ info: StageInfo; tensors: string[] }>((resolve, reject) => {
+    const ready = await new Promise<{ info: StageInfo; tensors: string[]; ranks?: RankReport[] }>((resolve, reject) => {
       let opening: NodeJS.Timeout | undefined;
       const onExit = (code: number | null, sig: NodeJS.Signals | null) => {
         clearTimeout(opening);
         reject(new PipelineStageError(`${where} ${code !== null ? `exited with code ${code}` : `was killed by ${sig}`} while loading`));
       };
       child.once('exit', onExit);
-      child.once('message', (m: { type: string; info: StageInfo; tensors: string[]; name?: string; message?: string }) => {
+      child.once('message', (m: { type: string; info: StageInfo; tensors: string[]; ranks?: RankReport[]; name?: string; message?: string }) => {
         if (m.type === 'ready') {
           child.off('exit', onExit);
           resolve(m);
@@ -460,7 +438,7 @@ async function spawnStage(stage: number, init: Omit<StageInit, 'type' | 'stage'>
     if (writeFd === undefined) throw new PipelineStageError(`${where}: ready before its request channel opened`);
     child.channel?.unref();
     child.unref();
-    const report: StageReport = { stage, layerStart: init.layerStart, layerEnd: init.layerEnd, pid: child.pid, tensors: ready.tensors };
+    const report: StageReport = { stage, layerStart: init.layerStart, layerEnd: init.layerEnd, pid: child.pid, tensors: ready.tensors, ...(ready.ranks === undefined ? {} : { ranks: ready.ranks }) };
     return new RemoteStage(stage, ready.info, child, new FifoChannel(readFd, writeFd), report);
   } catch (err) {
     child.kill('SIGKILL');
@@ -484,10 +462,21 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   const partition = options.partition ?? defaultPartition(L, options.pp);
   const ranges = partitionRanges(partition, L, options.pp);
   if (ranges.length < 2) throw new PipelineStageError('startPipeline: pp must be >= 2 (pp = 1 is the plain in-process model)');
+  const tp = options.tp ?? 1;
+  if (!Number.isInteger(tp) || tp < 1) throw new PipelineStageError(`startPipeline: tp must be an integer >= 1, got ${tp}`);
+  const env = process.env['SPECD_NUM_THREADS'];
+  const kernelThreads = tp > 1 && (env === undefined || env === '') ? Math.max(1, Math.floor(os.availableParallelism() / (tp * ranges.length))) : undefined;
+  const par = tp > 1 ? { tp, ...(kernelThreads === undefined ? {} : { kernelThreads }) } : {};
   const tmp = fs.mkdtempSync(nodePath.join(os.tmpdir(), 'specd-pp-'));
   const [ls, le] = ranges[ranges.length - 1]!;
-  const remotes = ranges.slice(0, -1).map(([a, b], k) => spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b }, tmp));
-  const lastP = loadStage({ modelDir: options.modelDir, plugins: options.plugins, layerStart: ls, layerEnd: le, embedding: options.lastStageEmbedding ?? true }, options.onProgress);
+  const remotes = ranges.slice(0, -1).map(([a, b], k) => spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b, ...par }, tmp));
+  const embedding = options.lastStageEmbedding ?? true;
+  const lastP: Promise<{ model: StageModel; tensors: string[]; ranks?: readonly RankReport[] }> = tp > 1
+    ? startTensorParallel({
+      modelDir: options.modelDir, plugins: options.plugins, tp, ...(kernelThreads === undefined ? {} : { kernelThreads }),
+      range: { layerStart: ls, layerEnd: le, ...(embedding ? { embedding: true } : {}) },
+    }).then((m) => ({ model: m, tensors: [...new Set(m.ranks[0]!.reads.map((r) => r.name))], ranks: m.ranks }))
+    : loadStage({ modelDir: options.modelDir, plugins: options.plugins, layerStart: ls, layerEnd: le, embedding }, options.onProgress);
   const settled = await Promise.allSettled([...remotes, lastP]);
   fs.rmSync(tmp, { recursive: true, force: true });
   const failed = settled.find((s) => s.status === 'rejected');
@@ -499,5 +488,7 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   }
   const stages = settled.slice(0, -1).map((s) => (s as PromiseFulfilledResult<RemoteStage>).value);
   const last = (settled[settled.length - 1] as PromiseFulfilledResult<Awaited<typeof lastP>>).value;
-  return new PipelineModel(stages, last.model, [...stages.map((s) => s.report), { stage: stages.length, layerStart: ls, layerEnd: le, pid: undefined, tensors: last.tensors }]);
+  return new PipelineModel(stages, last.model, [...stages.map((s) => s.report), {
+    stage: stages.length, layerStart: ls, layerEnd: le, pid: undefined, tensors: last.tensors, ...(last.ranks === undefined ? {} : { ranks: last.ranks }),
+  }]);
 }

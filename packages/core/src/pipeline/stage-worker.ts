@@ -2,8 +2,10 @@
  * The entry script of a pipeline stage process (forked by {@link startPipeline}; `dist/pipeline/stage-worker.js`).
  *
  * argv: `<request fifo> <response fifo>`. Over the IPC channel it receives one `init`
- * (`{modelDir, plugins, layerStart, layerEnd, stage}`), loads ONLY that layer range through the model
- * plugin, opens the FIFOs and answers `ready` (`{info, tensors}`) or `error`. From then on it serves
+ * (`{modelDir, plugins, layerStart, layerEnd, stage, tp?}`), loads ONLY that layer range through the
+ * model plugin — with tp > 1 (TP × PP) as a tensor-parallel group whose ranks each load their shard of
+ * the range (`startTensorParallel` with `range`; rank 0 on this thread, ranks 1 … tp−1 worker threads
+ * of this process) — opens the FIFOs and answers `ready` (`{info, tensors, ranks?}`) or `error`. From then on it serves
  * requests from the request FIFO synchronously ({@link FifoChannel}), one at a time:
  *   `forward` — apply the queued cache operations, then run the stage; reply `{taps}` + frames
  *               `[hidden, …taps]`;
@@ -21,6 +23,7 @@ import * as fs from 'node:fs';
 import { SequenceCache, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-model.js';
 import { loadStage, type StageSpec } from './stage-loader.js';
 import { FifoChannel, PeerGoneError, type Frame, type Message } from './transport.js';
 
@@ -45,6 +48,10 @@ export interface WireSequence {
 export interface StageInit extends StageSpec {
   readonly type: 'init';
   readonly stage: number;
+  /** TP × PP: run the stage as a TP group of this many ranks (worker threads of the stage process); default 1. */
+  readonly tp?: number;
+  /** Kernel threads of the stage process under TP (default: startTensorParallel's choice). */
+  readonly kernelThreads?: number;
 }
 
 class StageServer {
@@ -68,7 +75,8 @@ class StageServer {
   apply(op: CacheOp): void {
     switch (op.op) {
       case 'cache':
-        this.caches.set(op.cache, new SequenceCache(this.model.cacheGeometry, op.options));
+        // a TP group's cache mirrors these operations to its worker ranks
+        this.caches.set(op.cache, this.model.createCache?.(op.options) ?? new SequenceCache(this.model.cacheGeometry, op.options));
         this.checkpoints.set(op.cache, new Map());
         return;
       case 'drop':
@@ -168,15 +176,29 @@ async function main(): Promise<void> {
   let server: StageServer;
   let tensors: string[];
   try {
-    const loaded = await loadStage(init);
-    server = new StageServer(loaded.model);
-    tensors = loaded.tensors;
-    const info = loaded.model.info;
+    let ranks: readonly RankReport[] | undefined;
+    let model: StageModel;
+    if ((init.tp ?? 1) > 1) {
+      // TP × PP: this stage's layers over tp ranks (rank 0 on this thread, the others worker threads)
+      const tpModel = await startTensorParallel({
+        modelDir: init.modelDir, plugins: init.plugins, tp: init.tp!, ...(init.kernelThreads === undefined ? {} : { kernelThreads: init.kernelThreads }),
+        range: { layerStart: init.layerStart, layerEnd: init.layerEnd, ...(init.embedding === true ? { embedding: true } : {}) },
+      });
+      model = tpModel;
+      ranks = tpModel.ranks;
+      tensors = [...new Set(tpModel.ranks[0]!.reads.map((r) => r.name))];
+    } else {
+      const loaded = await loadStage(init);
+      model = loaded.model;
+      tensors = loaded.tensors;
+    }
+    server = new StageServer(model);
+    const info = model.info;
     // the driver holds the response FIFO open for reading already; the request FIFO opens when it writes
     const writeFd = fs.openSync(respPath, 'w');
     const readFd = fs.openSync(reqPath, 'r');
     const ch = new FifoChannel(readFd, writeFd, 5);
-    await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid }, (err: Error | null) => (err ? reject(err) : resolve())));
+    await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) }, (err: Error | null) => (err ? reject(err) : resolve())));
     serve(server, ch);
   } catch (err) {
     const e = err as Error;

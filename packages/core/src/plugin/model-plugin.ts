@@ -168,6 +168,12 @@ export interface StageModel {
    * logits `[rows, vocabSize]` f32. Drafters that reuse the target's lm_head call it.
    */
   lmHead?(x: Float32Array, rows: number): Float32Array;
+  /**
+   * Why the model can no longer run (optional): a model spread over processes or threads returns the
+   * error that broke it — e.g. a pipeline stage process that died — and undefined while it is healthy.
+   * Cheap (no round trip); `specd serve` asks it for `/health` and before taking a request.
+   */
+  failure?(): Error | undefined;
   /** dispose: drops the weights. */
   dispose(): void;
 }
@@ -192,6 +198,15 @@ export interface TpComm {
 export interface ShardLoadOptions {
   /** The rank's collectives (rank, size, all-reduce). */
   readonly comm: TpComm;
+  /**
+   * The layer range of the shard (default: the whole model) — a pipeline stage run by a TP group
+   * (TP × PP): every rank loads its shard of these layers only; the embedding (stage 0, or `embedding`)
+   * and the final norm / lm_head (last stage) on rank 0 only.
+   */
+  readonly layerStart?: number;
+  readonly layerEnd?: number;
+  /** As {@link StageLoadOptions.embedding} (rank 0 only). */
+  readonly embedding?: boolean;
   /** Called after each tensor (or block of one) is read. */
   readonly onProgress?: (p: LoadProgress) => void;
 }

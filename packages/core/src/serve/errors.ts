@@ -30,3 +30,5 @@ export const unknownModel = (model: string, served: string): ApiError =>
 export const tooLong = (message: string, param: string): ApiError => new ApiError(413, message, 'invalid_request_error', param, 'context_length_exceeded');
 /** 503 when the queue or the tokens in flight are full. */
 export const overloaded = (message: string): ApiError => new ApiError(503, message, 'server_error', null, 'overloaded');
+/** 500 when the model can no longer run (e.g. a pipeline stage process died): names what broke. */
+export const modelFailed = (err: Error): ApiError => new ApiError(500, `the model cannot run: ${err.message}`, 'server_error', null, 'model_failed');

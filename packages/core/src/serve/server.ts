@@ -4,7 +4,8 @@
  * `GET /health`, `GET /metrics` (Prometheus). Every request goes through one {@link EngineLoop}
  * (continuous batching). Errors are OpenAI's `{"error": {message, type, param, code}}`: 400 bad
  * parameter or malformed JSON, 401 bad API key, 404 unknown model or route, 413 too long (body or
- * prompt + max_tokens), 503 overloaded. A client that disconnects has its request aborted: its KV
+ * prompt + max_tokens), 503 overloaded, 500 when the model fails (a dead pipeline stage: in-flight and later
+ * requests fail naming the stage; `/health` then answers 503). A client that disconnects has its request aborted: its KV
  * pages, state slot and draft context are freed before the next engine step.
  */
 
@@ -20,7 +21,7 @@ import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
 import { ChatTemplate } from './chat-template.js';
 import { EngineLoop, OverloadedError } from './engine-loop.js';
-import { ApiError, badApiKey, invalidParam, overloaded, tooLong, unknownModel } from './errors.js';
+import { ApiError, badApiKey, invalidParam, modelFailed, overloaded, tooLong, unknownModel } from './errors.js';
 import { ServerMetrics } from './metrics.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
@@ -138,7 +139,11 @@ export class SpecdServer {
       this.metrics.errors.inc({ status: '404' });
       return send(reply, new ApiError(404, `no route ${req.method} ${req.url}`, 'invalid_request_error', null, 'not_found'));
     });
-    app.get('/health', async () => ({ status: 'ok' }));
+    // 200 {"status":"ok"}; 503 {"status":"error","reason":…} once the model cannot run (a dead pipeline stage)
+    app.get('/health', async (_req, reply) => {
+      const f = this.options.target.model.failure?.();
+      return f === undefined ? { status: 'ok' } : reply.code(503).send({ status: 'error', reason: f.message });
+    });
     app.get('/metrics', async (_req, reply) => {
       const text = await this.metrics.registry.metrics();
       return reply.type(this.metrics.registry.contentType).send(text);
@@ -172,6 +177,8 @@ export class SpecdServer {
 
   private checkModel(p: GenerationParams): void {
     if (p.model !== this.options.modelName) throw unknownModel(p.model, this.options.modelName);
+    const f = this.options.target.model.failure?.();
+    if (f !== undefined) throw modelFailed(f);
   }
 
   /** Runs one request through the loop; streams or answers one JSON. */
@@ -245,7 +252,8 @@ export class SpecdServer {
         onError: (err) => {
           finished = true;
           this.metrics.errors.inc({ status: '500' });
-          raw.end(`data: ${JSON.stringify(new ApiError(500, err.message, 'server_error', null, 'internal_error').toJSON())}\n\ndata: [DONE]\n\n`);
+          const e = this.options.target.model.failure?.() !== undefined ? modelFailed(err) : new ApiError(500, err.message, 'server_error', null, 'internal_error');
+          raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
         },
       });
       reply.hijack();
@@ -279,7 +287,7 @@ export class SpecdServer {
         },
         onError: (err) => {
           finished = true;
-          reject(err);
+          reject(this.options.target.model.failure?.() !== undefined ? modelFailed(err) : err);
         },
       });
       raw.on('close', () => {

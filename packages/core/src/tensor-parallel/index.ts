@@ -1,5 +1,5 @@
 /** Tensor parallelism: ranks as worker threads, shared-memory all-reduce (tp-model.ts, comm.ts). */
 export { createCommBuffers, SharedComm, TpAbortError, type CommBuffers } from './comm.js';
 export {
-  startTensorParallel, TensorParallelError, TensorParallelModel, TP_WORKER_SCRIPT, TpCache, type RankReport, type TensorParallelOptions,
+  startTensorParallel, TensorParallelError, TensorParallelModel, TP_WORKER_SCRIPT, type RankReport, type TpCache, type TensorParallelOptions,
 } from './tp-model.js';

@@ -26,6 +26,15 @@ export interface TpWorkerInit {
   readonly port: MessagePort;
   /** Kernel threads to use in this process (set by the driver; informational here). */
   readonly threads?: number;
+  /** The layer range to load (a pipeline stage under TP × PP; default the whole model). */
+  readonly range?: ShardRange;
+}
+
+/** A layer range of a shard ({@link ShardLoadOptions}'s layerStart / layerEnd / embedding). */
+export interface ShardRange {
+  readonly layerStart: number;
+  readonly layerEnd: number;
+  readonly embedding?: boolean;
 }
 
 /** A forward request (driver → rank). */
@@ -39,7 +48,7 @@ export interface TpForwardRequest {
 }
 
 /** Loads the shard of `rank` through the plugin that accepts the checkpoint. */
-export async function loadShardOf(modelDir: string, plugins: readonly string[], comm: SharedComm) {
+export async function loadShardOf(modelDir: string, plugins: readonly string[], comm: SharedComm, range?: ShardRange) {
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const config = HfConfig.read(modelDir);
@@ -47,7 +56,7 @@ export async function loadShardOf(modelDir: string, plugins: readonly string[], 
   if (plugin.loadShard === undefined) throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (no loadShard)`);
   const weights = SafetensorsCheckpoint.open(modelDir);
   try {
-    return { plugin, shard: await plugin.loadShard({ dir: modelDir, config, weights }, { comm }) };
+    return { plugin, shard: await plugin.loadShard({ dir: modelDir, config, weights }, { comm, ...range }) };
   } finally {
     weights.close();
   }

@@ -22,12 +22,13 @@ import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
 import { setNumThreads } from '@specd/native';
 
 import type { TensorRead } from '../io/weight-reader.js';
-import { SequenceCache, type CacheGeometry, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { ForwardBatch, ForwardOptions, ForwardResult, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import { MirroredCache } from '../pipeline/mirrored-cache.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import { createCommBuffers, replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhile } from './comm.js';
-import { loadShardOf, type TpForwardRequest, type TpWorkerInit } from './rank.js';
+import { loadShardOf, type ShardRange, type TpForwardRequest, type TpWorkerInit } from './rank.js';
 
 /** A tensor-parallel rank failed (its forward threw, or it could not load). */
 export class TensorParallelError extends Error {
@@ -50,71 +51,12 @@ interface RemoteRank {
   readonly report: RankReport;
 }
 
-let nextCacheId = 1;
-
-/** The engine's cache under TP: rank 0's cache, recording the engine's operations for the worker ranks. */
-export class TpCache extends SequenceCache {
-  readonly cacheId = nextCacheId++;
-  /** False while rank 0's own forward / commit runs (its internal cache calls are its own). */
-  mirroring = true;
-  private readonly checkpoints = new Map<SequenceId, SequenceCheckpoint>();
-
-  constructor(private readonly model: TensorParallelModel, geometry: CacheGeometry, options: SequenceCacheOptions) {
-    super(geometry, options);
-    this.recordAll({ op: 'cache', cache: this.cacheId, options });
-  }
-
-  /** Queues `op` for every worker rank. */
-  recordAll(op: CacheOp): void {
-    for (const q of this.model.queues) q.push(op);
-  }
-
-  private record(op: CacheOp): void {
-    if (this.mirroring) this.recordAll(op);
-  }
-
-  override add(id: SequenceId): void {
-    super.add(id);
-    this.record({ op: 'add', cache: this.cacheId, id });
-  }
-
-  override finish(id: SequenceId): void {
-    const had = this.has(id);
-    super.finish(id);
-    this.checkpoints.delete(id);
-    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
-  }
-
-  override abort(id: SequenceId): void {
-    const had = this.has(id);
-    super.abort(id);
-    this.checkpoints.delete(id);
-    if (had) this.record({ op: 'finish', cache: this.cacheId, id });
-  }
-
-  override checkpoint(id: SequenceId): SequenceCheckpoint {
-    const cp = super.checkpoint(id);
-    if (this.mirroring) {
-      this.checkpoints.set(id, cp);
-      this.record({ op: 'checkpoint', cache: this.cacheId, id });
-    }
-    return cp;
-  }
-
-  override rollback(id: SequenceId, cp: SequenceCheckpoint): void {
-    if (this.mirroring) {
-      if (this.checkpoints.get(id) !== cp) throw new TensorParallelError(`TpCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under tensor parallelism`);
-      this.checkpoints.delete(id);
-    }
-    super.rollback(id, cp);
-    this.record({ op: 'rollback', cache: this.cacheId, id });
-  }
-}
-
-function asTpCache(cache: SequenceCache): TpCache {
-  if (!(cache instanceof TpCache)) throw new TensorParallelError('tensor parallel: the cache must come from TensorParallelModel.createCache()');
-  return cache;
-}
+/**
+ * The engine's cache under TP: rank 0's cache (a {@link MirroredCache}) with the model's mirror
+ * attached — the engine's operations and the commits are recorded for the worker ranks (the
+ * pipeline's scheme, pipeline/mirrored-cache.ts).
+ */
+export type TpCache = MirroredCache;
 
 /** The whole target as one {@link StageModel} over tp ranks (rank 0 here, the others worker threads). */
 export class TensorParallelModel implements StageModel {
@@ -140,17 +82,17 @@ export class TensorParallelModel implements StageModel {
     /** Kernel threads set for the process (undefined: left as it was). */
     readonly kernelThreads: number | undefined,
   ) {
-    if (rank0.embedTokens === undefined) throw new TensorParallelError('tensor parallel: rank 0\'s shard has no embedTokens');
+    if (rank0.embedTokens === undefined && rank0.info.isFirst) throw new TensorParallelError('tensor parallel: rank 0\'s shard has no embedTokens');
     this.info = rank0.info;
     this.cacheGeometry = rank0.cacheGeometry;
     this.queues = remotes.map(() => []);
-    this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
+    if (rank0.embedTokens !== undefined) this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
     if (rank0.lmHead !== undefined) this.lmHead = (x, rows) => rank0.lmHead!(x, rows);
     if (rank0.commitPrefix !== undefined) {
       this.commitPrefix = (cache, result, id, committed) => {
-        const tc = asTpCache(cache);
+        const tc = this.asTpCache(cache);
         if (this.latest !== result) throw new TensorParallelError('tensor parallel: commit of a result that is not the latest forward');
-        tc.recordAll({ op: 'commitPrefix', cache: tc.cacheId, id, committed });
+        tc.recordFor(this, { op: 'commitPrefix', cache: tc.cacheId, id, committed });
         this.local(tc, () => rank0.commitPrefix!(tc, result, id, committed));
       };
     }
@@ -163,24 +105,25 @@ export class TensorParallelModel implements StageModel {
 
   /** A cache for this model (the engine calls it instead of `new SequenceCache`). */
   createCache(options: SequenceCacheOptions): SequenceCache {
-    const c = new TpCache(this, this.cacheGeometry, options);
+    const c = new MirroredCache(this.cacheGeometry, options);
+    c.attach(this, this.queues);
     this.dropper.register(c, c.cacheId);
     return c;
   }
 
-  private local<T>(tc: TpCache, f: () => T): T {
-    tc.mirroring = false;
-    try {
-      return f();
-    } finally {
-      tc.mirroring = true;
-    }
+  private asTpCache(cache: SequenceCache): MirroredCache {
+    if (!(cache instanceof MirroredCache) || !cache.mirroredBy(this)) throw new TensorParallelError('tensor parallel: the cache must come from TensorParallelModel.createCache()');
+    return cache;
+  }
+
+  private local<T>(tc: MirroredCache, f: () => T): T {
+    return tc.local(this, f);
   }
 
   forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
     if (this.broken !== undefined) throw this.broken;
     if (this.disposed) throw new TensorParallelError('tensor parallel: disposed');
-    const tc = asTpCache(cache);
+    const tc = this.asTpCache(cache);
     this.latest = undefined;
     let n = 0;
     for (const s of batch.sequences) n += s.tokens.length;
@@ -191,6 +134,8 @@ export class TensorParallelModel implements StageModel {
       at += s.tokens.length;
     }
     // rank 0 embeds (validating the ids) before any rank starts
+    // (a later pipeline stage gets the previous stage's hidden instead)
+    if (batch.hidden === undefined && this.embedTokens === undefined) throw new TensorParallelError('tensor parallel: batch.hidden: expected the previous stage\'s hidden (this shard does not embed)');
     const hidden = batch.hidden ?? this.embedTokens!(tokens);
     const snapshots = options.stateSnapshots === true || (options as { kdaSnapshots?: boolean }).kdaSnapshots === true;
     this.comm.reset();
@@ -238,6 +183,11 @@ export class TensorParallelModel implements StageModel {
     throw err;
   }
 
+  /** The error that left the ranks out of step, if any (the model then refuses every forward). */
+  failure(): Error | undefined {
+    return this.broken;
+  }
+
   /** Worker thread ids (rank order, ranks ≥ 1). */
   get threadIds(): number[] {
     return this.remotes.map((r) => r.worker.threadId);
@@ -275,6 +225,12 @@ export interface TensorParallelOptions {
   readonly kernelThreads?: number;
   /** All-reduce piece, floats per rank (default 1 Mi floats = 4 MiB). */
   readonly reduceCapacity?: number;
+  /**
+   * Only this layer range (a pipeline stage run by a TP group, TP × PP; default the whole model):
+   * every rank loads its shard of these layers; `embedding` loads the token embedding on rank 0 of a
+   * non-first stage (the last stage, for drafters).
+   */
+  readonly range?: ShardRange;
 }
 
 /**
@@ -288,7 +244,7 @@ export async function startTensorParallel(options: TensorParallelOptions): Promi
   if (!Number.isInteger(tp) || tp < 2) throw new TensorParallelError(`startTensorParallel: tp must be an integer >= 2 (tp = 1 is the plain in-process model), got ${tp}`);
   const buffers = createCommBuffers(tp, options.reduceCapacity ?? 1 << 20);
   const comm = new SharedComm(0, buffers);
-  const { shard } = await loadShardOf(options.modelDir, options.plugins, comm);
+  const { shard } = await loadShardOf(options.modelDir, options.plugins, comm, options.range);
   let threads = options.kernelThreads;
   const env = process.env['SPECD_NUM_THREADS'];
   if (threads === undefined && (env === undefined || env === '')) threads = Math.max(1, Math.floor(os.availableParallelism() / tp));
@@ -309,7 +265,9 @@ export async function startTensorParallel(options: TensorParallelOptions): Promi
 
 async function spawnRank(rank: number, options: TensorParallelOptions, buffers: ReturnType<typeof createCommBuffers>, threads: number | undefined): Promise<RemoteRank> {
   const { port1, port2 } = new MessageChannel();
-  const init: TpWorkerInit = { modelDir: options.modelDir, plugins: options.plugins, rank, buffers, port: port2, ...(threads === undefined ? {} : { threads }) };
+  const init: TpWorkerInit = {
+    modelDir: options.modelDir, plugins: options.plugins, rank, buffers, port: port2, ...(threads === undefined ? {} : { threads }), ...(options.range === undefined ? {} : { range: options.range }),
+  };
   const worker = new Worker(TP_WORKER_SCRIPT, { workerData: init, transferList: [port2] });
   const where = `tensor-parallel rank ${rank} (thread ${worker.threadId})`;
   try {

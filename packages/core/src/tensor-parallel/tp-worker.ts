@@ -48,7 +48,7 @@ async function main(): Promise<void> {
   const comm = new SharedComm(init.rank, init.buffers);
   let caches: RankCaches;
   try {
-    const { shard } = await loadShardOf(init.modelDir, init.plugins, comm);
+    const { shard } = await loadShardOf(init.modelDir, init.plugins, comm, init.range);
     caches = new RankCaches(shard.model);
     parentPort!.postMessage({ type: 'ready', info: shard.model.info, reads: shard.reads });
   } catch (err) {

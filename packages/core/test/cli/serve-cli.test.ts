@@ -37,7 +37,7 @@ describe('specd serve', () => {
   });
 
   it.each([
-    [{ parallelism: { pp: 2 } }, /parallelism: tp 1 \/ pp 2: serve runs pp = 1 only/],
+    [{ parallelism: { pp: 2, partition: [4] } }, /\$\.parallelism\.partition: pp: expected 2 entries \(one per pipeline stage\), got 1/],
     [{ pd: { role: 'prefill' } }, /pd\.role: "prefill": prefill\/decode disaggregation is not wired yet/],
     [{ server: { port: 99999 } }, /\$\.server\.port: maximum: must be <= 65535, got 99999/],
   ])('config %j → one error line, exit 1', async (cfg, re) => {
