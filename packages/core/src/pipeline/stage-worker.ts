@@ -20,10 +20,11 @@
 
 import * as fs from 'node:fs';
 
-import { SequenceCache, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import type { ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-model.js';
+import { CacheReplica } from './cache-replica.js';
 import { loadStage, type StageSpec } from './stage-loader.js';
 import { FifoChannel, PeerGoneError, type Frame, type Message } from './transport.js';
 
@@ -54,60 +55,9 @@ export interface StageInit extends StageSpec {
   readonly kernelThreads?: number;
 }
 
-class StageServer {
-  private readonly caches = new Map<number, SequenceCache>();
-  private readonly checkpoints = new Map<number, Map<SequenceId, SequenceCheckpoint>>();
-  private last: { cache: number; result: ForwardResult } | undefined;
-
-  constructor(private readonly model: StageModel) {}
-
-  private cache(id: number): SequenceCache {
-    const c = this.caches.get(id);
-    if (c === undefined) throw new Error(`stage: unknown cache ${id}`);
-    return c;
-  }
-
-  private lastResult(cache: number): ForwardResult {
-    if (this.last === undefined || this.last.cache !== cache) throw new Error('stage: commit without a forward on this cache');
-    return this.last.result;
-  }
-
-  apply(op: CacheOp): void {
-    switch (op.op) {
-      case 'cache':
-        // a TP group's cache mirrors these operations to its worker ranks
-        this.caches.set(op.cache, this.model.createCache?.(op.options) ?? new SequenceCache(this.model.cacheGeometry, op.options));
-        this.checkpoints.set(op.cache, new Map());
-        return;
-      case 'drop':
-        this.caches.delete(op.cache);
-        this.checkpoints.delete(op.cache);
-        if (this.last?.cache === op.cache) this.last = undefined;
-        return;
-      case 'add':
-        this.cache(op.cache).add(op.id);
-        return;
-      case 'finish':
-        this.cache(op.cache).finish(op.id);
-        this.checkpoints.get(op.cache)!.delete(op.id);
-        return;
-      case 'checkpoint':
-        this.checkpoints.get(op.cache)!.set(op.id, this.cache(op.cache).checkpoint(op.id));
-        return;
-      case 'rollback': {
-        const cp = this.checkpoints.get(op.cache)!.get(op.id);
-        if (cp === undefined) throw new Error(`stage: rollback of ${String(op.id)} without a checkpoint`);
-        this.cache(op.cache).rollback(op.id, cp);
-        this.checkpoints.get(op.cache)!.delete(op.id);
-        return;
-      }
-      case 'commitPrefix':
-        this.model.commitPrefix!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.committed);
-        return;
-      case 'commitTreePath':
-        this.model.commitTreePath!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.rows);
-        return;
-    }
+class StageServer extends CacheReplica {
+  constructor(model: StageModel) {
+    super(model, 'stage');
   }
 
   forward(h: Record<string, unknown>, frames: readonly Frame[]): Message {
@@ -124,12 +74,9 @@ class StageServer {
       at += s.n;
       return seq;
     });
-    const cache = this.cache(cacheId);
-    this.last = undefined;
-    const result = this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
+    const result = this.runForward(cacheId, (cache) => this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
       taps: h['taps'] as number[], stateSnapshots: h['snapshots'] === true,
-    });
-    this.last = { cache: cacheId, result };
+    }));
     const tapIds = [...result.taps.keys()];
     return { header: { type: 'ok', taps: tapIds }, frames: [result.hidden, ...tapIds.map((t) => result.taps.get(t)!)] };
   }

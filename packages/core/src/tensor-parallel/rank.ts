@@ -10,10 +10,11 @@ import type { MessagePort } from 'node:worker_threads';
 
 import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
-import { SequenceCache, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import type { ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
+import { CacheReplica } from '../pipeline/cache-replica.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import type { CommBuffers, SharedComm } from './comm.js';
 
@@ -63,59 +64,9 @@ export async function loadShardOf(modelDir: string, plugins: readonly string[], 
 }
 
 /** Applies the driver's cache operations to this rank's caches (pipeline stage-worker semantics). */
-export class RankCaches {
-  private readonly caches = new Map<number, SequenceCache>();
-  private readonly checkpoints = new Map<number, Map<SequenceId, SequenceCheckpoint>>();
-  last: { cache: number; result: ForwardResult } | undefined;
-
-  constructor(private readonly model: StageModel) {}
-
-  cache(id: number): SequenceCache {
-    const c = this.caches.get(id);
-    if (c === undefined) throw new Error(`tensor-parallel rank: unknown cache ${id}`);
-    return c;
-  }
-
-  private lastResult(cache: number): ForwardResult {
-    if (this.last === undefined || this.last.cache !== cache) throw new Error('tensor-parallel rank: commit without a forward on this cache');
-    return this.last.result;
-  }
-
-  apply(op: CacheOp): void {
-    switch (op.op) {
-      case 'cache':
-        this.caches.set(op.cache, new SequenceCache(this.model.cacheGeometry, op.options));
-        this.checkpoints.set(op.cache, new Map());
-        return;
-      case 'drop':
-        this.caches.delete(op.cache);
-        this.checkpoints.delete(op.cache);
-        if (this.last?.cache === op.cache) this.last = undefined;
-        return;
-      case 'add':
-        this.cache(op.cache).add(op.id);
-        return;
-      case 'finish':
-        this.cache(op.cache).finish(op.id);
-        this.checkpoints.get(op.cache)!.delete(op.id);
-        return;
-      case 'checkpoint':
-        this.checkpoints.get(op.cache)!.set(op.id, this.cache(op.cache).checkpoint(op.id));
-        return;
-      case 'rollback': {
-        const cp = this.checkpoints.get(op.cache)!.get(op.id);
-        if (cp === undefined) throw new Error(`tensor-parallel rank: rollback of ${String(op.id)} without a checkpoint`);
-        this.cache(op.cache).rollback(op.id, cp);
-        this.checkpoints.get(op.cache)!.delete(op.id);
-        return;
-      }
-      case 'commitPrefix':
-        this.model.commitPrefix!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.committed);
-        return;
-      case 'commitTreePath':
-        this.model.commitTreePath!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.rows);
-        return;
-    }
+export class RankCaches extends CacheReplica {
+  constructor(model: StageModel) {
+    super(model, 'tensor-parallel rank');
   }
 
   forward(req: TpForwardRequest): void {
@@ -124,9 +75,7 @@ export class RankCaches {
       id: s.id, position: s.position, tokens: s.tokens, logits: 'none',
       ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
     }));
-    this.last = undefined;
-    const result = this.model.forward({ sequences, hidden: req.hidden }, this.cache(req.cache), { stateSnapshots: req.snapshots });
-    this.last = { cache: req.cache, result };
+    this.runForward(req.cache, (cache) => this.model.forward({ sequences, hidden: req.hidden }, cache, { stateSnapshots: req.snapshots }));
   }
 }
 
