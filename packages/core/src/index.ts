@@ -9,3 +9,4 @@ export * from './serve/index.js';
 export * from './pipeline/index.js';
 export * from './tensor-parallel/index.js';
 export * from './cli/index.js';
+export * from './util/columns.js';

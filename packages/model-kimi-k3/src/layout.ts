@@ -12,12 +12,7 @@ export interface SeqSpan {
   readonly position: number;
 }
 
-/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` f32. */
-export function sliceColumns(src: Float32Array, rows: number, srcWidth: number, col: number, width: number): Float32Array {
-  const out = new Float32Array(rows * width);
-  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
-  return out;
-}
+export { sliceColumns } from '@specd/core';
 
 /** A tensor-parallel rank's place: rank `rank` of `size` (size 1 = the whole model). */
 export interface ShardRank {

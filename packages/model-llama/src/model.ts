@@ -9,6 +9,7 @@
  * layer i (REFERENCE.md §2). No linear state: committing a verified prefix truncates the KV.
  */
 
+import { sliceColumns } from '@specd/core';
 import type {
   CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, SequenceCache, SequenceId, StageInfo, StageModel,
 } from '@specd/core';
@@ -66,13 +67,6 @@ function treeDepths(parents: Int32Array, numNew: number, where: string): Int32Ar
 /** A Llama forward's result: the core one plus where each sequence's rows are (for commitPrefix). */
 export interface LlamaForwardResult extends ForwardResult {
   readonly spans: readonly Span[];
-}
-
-/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` f32. */
-function sliceColumns(src: Float32Array, rows: number, srcWidth: number, col: number, width: number): Float32Array {
-  const out = new Float32Array(rows * width);
-  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
-  return out;
 }
 
 /** A loaded stage. Create with {@link loadLlamaStage}. */
@@ -177,11 +171,9 @@ export class LlamaStageModel implements StageModel {
     const hd = c.headDim;
     const positions = new Int32Array(N);
     const slots = new Int32Array(N);
+    slots.set(kv.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numNew }))));
     for (const s of spans) {
-      for (let t = 0; t < s.numNew; t++) {
-        positions[s.row + t] = s.position + (s.depth === undefined ? t : s.depth[t]!);
-        slots[s.row + t] = kv.tokenOffset(s.id, s.position + t) / kv.floatsPerToken;
-      }
+      for (let t = 0; t < s.numNew; t++) positions[s.row + t] = s.position + (s.depth === undefined ? t : s.depth[t]!);
     }
     const { layout, attnBatch } = spans.some((s) => s.tree !== undefined)
       ? treeAttention(spans, kv, KV, hd, slots)
@@ -321,11 +313,9 @@ export class LlamaStageModel implements StageModel {
  */
 function treeAttention(spans: readonly Span[], kv: NonNullable<SequenceCache['kv']>, KV: number, hd: number, slots: Int32Array): { layout: KvPageLayout; attnBatch: ReturnType<typeof makePagedBatch> } {
   const layout: KvPageLayout = { numPages: kv.numPages * kv.pageSize, pageSize: 1, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' };
-  const F = kv.floatsPerToken;
   const entries: { qLen: number; kvLen: number; pages: Int32Array }[] = [];
   for (const s of spans) {
-    const cached = new Int32Array(s.position);
-    for (let t = 0; t < s.position; t++) cached[t] = kv.tokenOffset(s.id, t) / F;
+    const cached = kv.tokenSlots([{ id: s.id, start: 0, n: s.position }]);
     if (s.tree === undefined) {
       const pages = new Int32Array(s.position + s.numNew);
       pages.set(cached);

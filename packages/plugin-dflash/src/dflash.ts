@@ -20,7 +20,7 @@
  */
 
 import {
-  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs,
+  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
   type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
   type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
@@ -73,13 +73,6 @@ export interface DFlashLoadParts {
   readonly contextOnly?: boolean;
 }
 
-/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` array. */
-function sliceColumns<T extends Float32Array | Uint16Array>(src: T, rows: number, srcWidth: number, col: number, width: number, make: (n: number) => T): T {
-  const out = make(rows * width);
-  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
-  return out;
-}
-
 /**
  * Loads a DFlash checkpoint for `options.target` (validated against it) and packs its weights.
  * @throws {DrafterError} if the mask token is outside the target vocabulary, `fc` is not
@@ -109,7 +102,7 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
   }
   if (!contextOnly && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
   const fc = r.bf16('fc.weight', [D, nT * D]);
-  const fcBlocks = c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D, (n) => new Uint16Array(n)), D, D));
+  const fcBlocks = c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D));
   const H = c.numHeads;
   const KV = c.numKvHeads;
   const hd = c.headDim;
@@ -218,7 +211,7 @@ export class DFlashDrafter implements Drafter {
       for (const s of grown) this.pool.truncate(s.id, s.position);
       throw err;
     }
-    const slots = this.slotsOf(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens })));
+    const slots = this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens })));
     const f = rmsNorm(sum, this.hiddenNorm, c.rmsNormEps);
     this.layers.forEach((w, j) => {
       const [k, v] = this.keysValues(w, f, positions);
@@ -300,7 +293,7 @@ export class DFlashDrafter implements Drafter {
         this.pool.extend(s.id, s.position + B);
         grown.push(s);
       }
-      const slots = this.slotsOf(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
+      const slots = this.pool.tokenSlots(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
       const attnBatch = makePagedBatch(seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })));
       const h = this.target.embedTokens!(tokens);
       for (const [j, w] of this.layers.entries()) {
@@ -358,20 +351,11 @@ export class DFlashDrafter implements Drafter {
     const n = positions.length;
     const W = c.numKvHeads * c.headDim;
     const kv = gemmBf16(x, n, w.kv);
-    const k = sliceColumns(kv, n, 2 * W, 0, W, (m) => new Float32Array(m));
-    const v = sliceColumns(kv, n, 2 * W, W, W, (m) => new Float32Array(m));
+    const k = sliceColumns(kv, n, 2 * W, 0, W);
+    const v = sliceColumns(kv, n, 2 * W, W, W);
     rmsNormPerHead(k, c.numKvHeads, w.kNorm, c.rmsNormEps, undefined, k);
     applyRope(k, positions, { heads: c.numKvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];
   }
 
-  /** Pool slots (page · pageSize + offset) of tokens [start, start + n) of each sequence, concatenated. */
-  private slotsOf(ranges: readonly { id: SequenceId; start: number; n: number }[]): Int32Array {
-    const total = ranges.reduce((a, r) => a + r.n, 0);
-    const slots = new Int32Array(total);
-    const F = this.pool.floatsPerToken;
-    let at = 0;
-    for (const r of ranges) for (let i = 0; i < r.n; i++) slots[at++] = this.pool.tokenOffset(r.id, r.start + i) / F;
-    return slots;
-  }
 }

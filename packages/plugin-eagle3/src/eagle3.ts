@@ -52,7 +52,7 @@
  */
 
 import {
-  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs,
+  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
   type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
   type DraftSequence, type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
@@ -96,13 +96,6 @@ interface Eagle3Weights {
   readonly lmHead: PackedBf16Weights;
   /** Target id of each draft id (`draft_id + d2t[draft_id]`), `[draftVocab]` i32. */
   readonly draftToTarget: Int32Array;
-}
-
-/** Copies columns [col, col + width) of `src [rows, srcWidth]` into a new `[rows, width]` array. */
-function sliceColumns<T extends Float32Array | Uint16Array>(src: T, rows: number, srcWidth: number, col: number, width: number, make: (n: number) => T): T {
-  const out = make(rows * width);
-  for (let r = 0; r < rows; r++) out.set(src.subarray(r * srcWidth + col, r * srcWidth + col + width), r * width);
-  return out;
 }
 
 /** `[a_r ; b_r]` per row: `a, b [n, w]` → `[n, 2w]`. */
@@ -257,7 +250,7 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
   const fc = r.bf16('fc.weight', [D, nT * D]);
   const qkvNames = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`);
   const w: Eagle3Weights = {
-    fcBlocks: c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D, (n) => new Uint16Array(n)), D, D)),
+    fcBlocks: c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D)),
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
     hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
     postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
@@ -377,7 +370,7 @@ export class Eagle3Drafter implements Drafter {
     }
     const x = this.layerInput(this.target.embedTokens!(next), sum, n);
     const [k, v] = this.keysValues(gemmBf16(x, n, w.kv), positions, 0);
-    writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.slotsOf(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens }))));
+    writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens }))));
     at = 0;
     for (const s of spans) {
       at += s.numTokens;
@@ -488,7 +481,7 @@ export class Eagle3Drafter implements Drafter {
         } else {
           const pos = Int32Array.from(active, (i) => seqs[i]!.position + j - 2);
           const qkv = gemmBf16(x, n, w.qkv);
-          q = sliceColumns(qkv, n, H * hd + 2 * W, 0, H * hd, (m) => new Float32Array(m));
+          q = sliceColumns(qkv, n, H * hd + 2 * W, 0, H * hd);
           applyRope(q, pos, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
           const [k, v] = this.keysValues(qkv, pos, H * hd);
           for (const i of active) {
@@ -496,7 +489,7 @@ export class Eagle3Drafter implements Drafter {
             if (j === 2) grown.push(s.id);
             this.pool.extend(s.id, s.position + j - 1);
           }
-          writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.slotsOf(active.map((i) => ({ id: seqs[i]!.id, start: seqs[i]!.position + j - 2, n: 1 }))));
+          writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.pool.tokenSlots(active.map((i) => ({ id: seqs[i]!.id, start: seqs[i]!.position + j - 2, n: 1 }))));
         }
         const attnBatch = makePagedBatch(active.map((i) => ({ qLen: 1, kvLen: seqs[i]!.position + j - 1, pages: this.pool.blockTable(seqs[i]!.id) })));
         const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout, attnBatch, { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' });
@@ -586,14 +579,14 @@ export class Eagle3Drafter implements Drafter {
         });
         const R = rows.length;
         if (R === 0) break;
-        ctxSlots ??= seqs.map((s) => this.slotsOf([{ id: s.id, start: 0, n: s.position }]));
+        ctxSlots ??= seqs.map((s) => this.pool.tokenSlots([{ id: s.id, start: 0, n: s.position }]));
         const g = new Float32Array(R * D);
         rows.forEach(({ i, n }, r) => g.set(nodes[i]![n]!.h, r * D));
         const tok = Int32Array.from(rows, ({ i, n }) => w.draftToTarget[nodes[i]![n]!.draft]!);
         const x = this.layerInput(this.target.embedTokens!(tok), g, R);
         const pos = Int32Array.from(rows, ({ i }) => seqs[i]!.position + d - 2);
         const qkv = gemmBf16(x, R, w.qkv);
-        const q = sliceColumns(qkv, R, H * hd + 2 * W, 0, H * hd, (m) => new Float32Array(m));
+        const q = sliceColumns(qkv, R, H * hd + 2 * W, 0, H * hd);
         applyRope(q, pos, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
         const [k, v] = this.keysValues(qkv, pos, H * hd);
         // temporary entry slots after each sequence's context
@@ -704,19 +697,10 @@ export class Eagle3Drafter implements Drafter {
     const n = positions.length;
     const W = c.numKvHeads * c.headDim;
     const width = y.length / n;
-    const k = sliceColumns(y, n, width, col, W, (m) => new Float32Array(m));
-    const v = sliceColumns(y, n, width, col + W, W, (m) => new Float32Array(m));
+    const k = sliceColumns(y, n, width, col, W);
+    const v = sliceColumns(y, n, width, col + W, W);
     applyRope(k, positions, { heads: c.numKvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];
   }
 
-  /** Pool slots (page · pageSize + offset) of tokens [start, start + n) of each sequence, concatenated. */
-  private slotsOf(ranges: readonly { id: SequenceId; start: number; n: number }[]): Int32Array {
-    const total = ranges.reduce((a, r) => a + r.n, 0);
-    const slots = new Int32Array(total);
-    const F = this.pool.floatsPerToken;
-    let at = 0;
-    for (const r of ranges) for (let i = 0; i < r.n; i++) slots[at++] = this.pool.tokenOffset(r.id, r.start + i) / F;
-    return slots;
-  }
 }

@@ -182,6 +182,20 @@ export class PagedKvPool {
   }
 
   /**
+   * Token slots (page · pageSize + offset: the index of a token's row in a layer store viewed as
+   * `[numPages · pageSize, floatsPerToken]`) of tokens [start, start + n) of each range's sequence,
+   * concatenated — the slot mapping of @specd/native's `writeKvPages`, and the block table of a
+   * one-token-per-page view of the pool (tree attention).
+   * @returns `[Σ n]` i32. @throws {CacheError} `range` for a token outside its sequence.
+   */
+  tokenSlots(ranges: readonly { readonly id: SequenceId; readonly start: number; readonly n: number }[]): Int32Array {
+    const slots = new Int32Array(ranges.reduce((a, r) => a + r.n, 0));
+    let at = 0;
+    for (const r of ranges) for (let i = 0; i < r.n; i++) slots[at++] = this.tokenOffset(r.id, r.start + i) / this.floatsPerToken;
+    return slots;
+  }
+
+  /**
    * Byte ranges of the pages holding tokens [tokenStart, tokenEnd) of `id`, for every layer
    * (layer-major, then token order). Use for transfers (PD) and inspection.
    * @throws {CacheError} `range` if the range is not inside [0, length].

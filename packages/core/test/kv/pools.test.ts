@@ -35,6 +35,20 @@ describe('PagedKvPool', () => {
     expect(pool.pagesInUse).toBe(0);
   });
 
+  it('tokenSlots lists each token\'s page · pageSize + offset across ranges, in order', () => {
+    const pool = new PagedKvPool({ layers: [0], floatsPerToken: 3, pageSize: 4, numPages: 8 });
+    pool.addSequence('a');
+    pool.addSequence('b');
+    pool.extend('a', 3);
+    pool.extend('b', 6); // b takes pages after a's first
+    pool.extend('a', 6);
+    const slots = pool.tokenSlots([{ id: 'a', start: 2, n: 3 }, { id: 'b', start: 4, n: 2 }]);
+    const expected = [...[2, 3, 4].map((t) => pool.tokenOffset('a', t) / 3), ...[4, 5].map((t) => pool.tokenOffset('b', t) / 3)];
+    expect(Array.from(slots)).toEqual(expected);
+    expect(new Set(expected.map((x) => Math.floor(x / 4))).size).toBe(3); // a's two pages and b's second
+    expect(() => pool.tokenSlots([{ id: 'a', start: 5, n: 2 }])).toThrow(CacheError);
+  });
+
   it('is all-or-nothing when full and names the problem', () => {
     const pool = new PagedKvPool({ layers: [0], floatsPerToken: 1, pageSize: 4, numPages: 2 });
     pool.addSequence(1);
