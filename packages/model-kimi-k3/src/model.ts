@@ -154,17 +154,7 @@ export class KimiStageModel implements StageModel {
     // tensor parallelism: a layer's mixer and ffn outputs are this rank's partial sums
     const comm = this.comm;
     const reduce = comm === undefined ? (x: Float32Array) => x : (x: Float32Array) => comm.allReduce(x);
-    // extend every sequence's cache, all or nothing
-    const done: SeqSpan[] = [];
-    try {
-      for (const s of spans) {
-        cache.extend(s.id, s.position + s.numNew);
-        done.push(s);
-      }
-    } catch (err) {
-      for (const s of done) cache.rollback(s.id, { length: s.position, state: undefined });
-      throw err;
-    }
+    cache.extendAll(spans); // all or nothing
     const captured = new Map<number, Float32Array>();
     const capture = (tap: number) => {
       if (taps.includes(tap)) captured.set(tap, h.slice());

@@ -150,16 +150,7 @@ export class LlamaStageModel implements StageModel {
       }
       h = batch.hidden.slice();
     }
-    const done: Span[] = [];
-    try {
-      for (const s of spans) {
-        cache.extend(s.id, s.position + s.numNew);
-        done.push(s);
-      }
-    } catch (err) {
-      for (const s of done) cache.rollback(s.id, { length: s.position, state: undefined });
-      throw err;
-    }
+    cache.extendAll(spans);
     const captured = new Map<number, Float32Array>();
     const capture = (tap: number) => {
       if (taps.includes(tap)) captured.set(tap, h.slice());

@@ -119,6 +119,25 @@ export class SequenceCache {
     this.lengths.set(id, newLength);
   }
 
+  /**
+   * Grows every sequence of a forward batch by its new tokens, all or nothing: on an error the
+   * sequences already grown go back to their `position`.
+   * @param seqs `position` = the sequence's length now, `numNew` = tokens to add.
+   * @throws {CacheError} as {@link extend} (nothing is left allocated).
+   */
+  extendAll(seqs: readonly { readonly id: SequenceId; readonly position: number; readonly numNew: number }[]): void {
+    const done: (typeof seqs)[number][] = [];
+    try {
+      for (const s of seqs) {
+        this.extend(s.id, s.position + s.numNew);
+        done.push(s);
+      }
+    } catch (err) {
+      for (const s of done) this.rollback(s.id, { length: s.position, state: undefined });
+      throw err;
+    }
+  }
+
   /** Saves `id`'s KV length and linear state (before a verify forward). */
   checkpoint(id: SequenceId): SequenceCheckpoint {
     return { length: this.length(id), state: this.state?.snapshot(id) };

@@ -86,6 +86,16 @@ describe('StateSlotPool', () => {
 });
 
 describe('SequenceCache', () => {
+  it('extendAll grows every sequence or none: a full pool leaves the earlier ones at their length', () => {
+    const cache = new SequenceCache(geometry, { pageSize: 4, numPages: 3, numSlots: 2 });
+    cache.add('a');
+    cache.add('b');
+    expect(() => cache.extendAll([{ id: 'a', position: 0, numNew: 8 }, { id: 'b', position: 0, numNew: 8 }])).toThrow(CacheError);
+    expect([cache.length('a'), cache.length('b'), cache.pagesInUse]).toEqual([0, 0, 0]);
+    cache.extendAll([{ id: 'a', position: 0, numNew: 5 }, { id: 'b', position: 0, numNew: 3 }]);
+    expect([cache.length('a'), cache.length('b'), cache.pagesInUse]).toEqual([5, 3, 3]);
+  });
+
   it('checkpoint / rollback frees the verify block pages and restores state', () => {
     const cache = new SequenceCache(geometry, { pageSize: 4, numPages: 8, numSlots: 2 });
     cache.add('a');
