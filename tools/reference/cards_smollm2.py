@@ -16,6 +16,8 @@ def main():
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--regen", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--command", default="tools/reference/gpu/smollm2.sh",
+                    help="the exact command (with its settings) that trained and evaluated this drafter")
     a = ap.parse_args()
     c = json.loads((a.hf / "config.json").read_text())
     log = json.loads((a.work / a.method / "log.json").read_text())
@@ -50,7 +52,7 @@ def main():
           f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
           f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafter on one GPU), "
           f"AdamW lr 1e-3, bf16 autocast, seed 0; best validation "
-          f"loss {log['best_val']:.4f}. Command: `tools/reference/gpu/smollm2.sh`.", "",
+          f"loss {log['best_val']:.4f}. Command: `{a.command}`.", "",
           "## Acceptance length τ (held-out prompts `tools/reference/smollm2/prompts/{chat,plain}.jsonl`)",
           "τ = mean over verify steps of (accepted + 1), EOS ignored, fp32 target; ± is the standard error with prompts "
           "as clusters. t0 greedy, t1 temperature 1.", "",

@@ -199,7 +199,7 @@ if __name__ == "__main__":
     ap.add_argument("--work", type=Path, default=Path("work"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--prompts", type=Path, default=Path("smollm2/prompts"))
-    ap.add_argument("--train-prompts", type=int, default=8192)
+    ap.add_argument("--train-prompts", type=int, default=32768)
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--sequences", type=int, default=4096)
     ap.add_argument("--length", type=int, default=320)

@@ -103,9 +103,16 @@ describe('config schema', () => {
 });
 
 describe('config files', () => {
-  it.each(['kimi-k3-tiny-dflash.json', 'kimi-k3-tiny-dspark.json', 'kimi-k3-tiny-eagle3.json', 'kimi-k3-tiny-nospec.json'].filter((f) => fs.existsSync(path.join(ROOT, 'configs', f))))('configs/%s is valid and points at shipped checkpoints', async (name) => {
+  const shipped = fs.readdirSync(path.join(ROOT, 'configs')).filter((f) => f.endsWith('.json')).sort();
+  it('ships a config per shipped drafter', () => {
+    for (const f of ['kimi-k3-tiny-dflash.json', 'kimi-k3-tiny-dspark.json', 'kimi-k3-tiny-eagle3.json', 'kimi-k3-tiny-nospec.json', 'smollm2-dflash.json', 'smollm2-eagle3.json']) {
+      expect(shipped).toContain(f);
+    }
+  });
+  it.each(shipped)('configs/%s is valid and points at shipped checkpoints', async (name) => {
     const { config } = await loadConfig(path.join(ROOT, 'configs', name));
-    expect(fs.existsSync(path.join(config.model!, 'config.json'))).toBe(true);
+    // an HF folder (config.json) or a folder holding one GGUF file (fetched by `npm run models:fetch`)
+    expect(fs.existsSync(path.join(config.model!, 'config.json')) || fs.readdirSync(config.model!).some((f) => f.endsWith('.gguf'))).toBe(true);
     if (config.drafter?.method !== 'none') expect(fs.existsSync(path.join(config.drafter!.path!, 'config.json'))).toBe(true);
     expect(config.server.host).toBe('127.0.0.1');
   });
