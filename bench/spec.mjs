@@ -121,12 +121,16 @@ for (const C of CONCS) {
         const tStep = c.stepMs(1);
         let best = { k: 0, value: 1 };
         let tau = 1;
+        const perK = [{ k: 0, tau: 1, draftMs: 0, verifyMs: tStep, value: 1 }];
         for (let k = 1; k <= d.maxDraftTokens; k++) {
           tau += max.perPosition[k - 1] ?? 0;
           const value = tau * tStep / (c.draftMs(1, k) + c.verifyMs(1, k + 1));
+          perK.push({ k, tau, draftMs: c.draftMs(1, k), verifyMs: c.verifyMs(1, k + 1), value });
           if (value > best.value) best = { k, value };
         }
-        ceiling = best;
+        ceiling = { ...best, stepMs: tStep, perK };
+        console.log(`${d.method} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)} ms): k | τ(k) | t_draft ms | t_verify ms | ×plain`);
+        for (const r of perK) console.log(`  ${r.k} | ${r.tau.toFixed(3)} | ${r.draftMs.toFixed(3)} | ${r.verifyMs.toFixed(3)} | ${r.value.toFixed(3)}`);
       }
       const row = {
         method: d.method, C, temperature, plain: plain.tokPerS, maxK: d.maxDraftTokens,
@@ -147,6 +151,19 @@ console.log('\n| drafter | sequences | T | τ per step (max k) | τ mean of requ
 console.log('|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(`| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} | ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`);
+}
+const withCeiling = rows.filter((r) => r.ceiling !== undefined);
+if (withCeiling.length > 0) {
+  // the ceiling for each k (C = 1, greedy): τ(k) = 1 + Σ_{j≤k} a_j at max k, calibrated t_draft(k), t_verify(k+1 tokens)
+  console.log(`\n| k | ${withCeiling.map((r) => `${r.method}: τ(k) · t_draft · t_verify ms · ×plain`).join(' | ')} |`);
+  console.log(`|---:|${withCeiling.map(() => '---').join('|')}|`);
+  const kMax = Math.max(...withCeiling.map((r) => r.ceiling.perK.length));
+  for (let k = 0; k < kMax; k++) {
+    console.log(`| ${k} | ${withCeiling.map((r) => {
+      const c = r.ceiling.perK[k];
+      return c === undefined ? '' : `${c.tau.toFixed(2)} · ${c.draftMs.toFixed(2)} · ${c.verifyMs.toFixed(2)} · ${c === r.ceiling.perK.reduce((a, b) => (b.value > a.value ? b : a)) ? `**${c.value.toFixed(3)}**` : c.value.toFixed(3)}`;
+    }).join(' | ')} |`);
+  }
 }
 const [e1, e5] = load();
 console.log(`\nload at the end ${e1.toFixed(2)} / ${e5.toFixed(2)} (1/5 min)`);

@@ -35,7 +35,10 @@ const drafter = await dflashPlugin.load({ dir: D, config: HfConfig.read(D), weig
 dw.close();
 
 const refFile = path.join(ROOT, 'test/prompts/reference_tau.json');
-const reference = fs.existsSync(refFile) ? JSON.parse(fs.readFileSync(refFile, 'utf8')) : undefined;
+// the greedy block-16 DFlash run: `runs.dflash_t0` in reference_tau.json (a bare run object is accepted too)
+const refAll = fs.existsSync(refFile) ? JSON.parse(fs.readFileSync(refFile, 'utf8')) : undefined;
+const reference = refAll?.runs?.dflash_t0 ?? (refAll?.domains !== undefined ? refAll : undefined);
+if (refAll !== undefined && reference === undefined) throw new Error(`${refFile}: no runs.dflash_t0 (greedy DFlash, block 16)`);
 const result = { target: 'models/kimi-k3-tiny', drafter: 'models/kimi-k3-tiny-dflash', temperature: 0, new_tokens: NEW, definition: 'mean over verify steps of (accepted + 1)', domains: {} };
 for (const name of ['prose', 'code']) {
   const rows = fs.readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).slice(0, limit);

@@ -1,7 +1,7 @@
 // The spec-decode engine with the shipped target + DFlash drafter, end to end:
 // - greedy output is token-for-token plain greedy decoding's (and the reference's 64-token golden
-//   continuation) for every golden prompt and held-out prompts, 128 tokens with EOS ignored, at 1 and
-//   4 concurrent sequences; drafts are made, τ > 1.5, exactly one target forward per verify step;
+//   continuation) for every golden prompt and every held-out prompt (test/prompts, 32 prose + 32 code),
+//   128 tokens with EOS ignored, at 1 and 8 concurrent sequences; drafts are made, τ > 1.5, exactly one target forward per verify step;
 // - the replay commit gives the same tokens (one extra forward per partially accepted step);
 // - after a mix of finish, EOS, stop strings and aborts every target page, state slot and draft page is free;
 // - sampled decoding is reproducible per seed.
@@ -30,9 +30,9 @@ const prompts: Prompt[] = [
       f.close();
     }
   }),
-  // held-out prompts (not the ones the goldens concatenate)
-  ...readJsonl('prose.jsonl').slice(5, 8).map((r) => ({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) })),
-  ...readJsonl('code.jsonl').slice(5, 7).map((r) => ({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) })),
+  // every held-out prompt
+  ...readJsonl('prose.jsonl').map((r) => ({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) })),
+  ...readJsonl('code.jsonl').map((r) => ({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) })),
 ];
 
 const greedy = (p: Prompt, extra: Partial<SpecRequest> = {}): SpecRequest => ({
@@ -65,8 +65,9 @@ describe('greedy speculative decoding with DFlash', () => {
     }
   });
 
-  it.each([1, 4])('is token-for-token plain greedy at %i concurrent sequence(s); drafts, τ > 1.5, one target forward per verify step', (conc) => {
+  it.each([1, 8])('is token-for-token plain greedy at %i concurrent sequence(s); drafts, τ > 1.5, one target forward per verify step', (conc) => {
     const e = new SpecEngine(target, drafter, { maxSequences: conc, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+    expect(prompts.length).toBe(4 + 64);
     const results = byId(e.run(prompts.map((p) => greedy(p))));
     for (const p of prompts) {
       const r = results.get(p.id)!;
