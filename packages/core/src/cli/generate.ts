@@ -16,7 +16,7 @@ import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import { Tokenizer } from '../io/tokenizer.js';
 import { SequenceCache } from '../kv/sequence-cache.js';
-import { SpecEngine } from '../engine/engine.js';
+import { SpecEngine, type SpecRequest } from '../engine/engine.js';
 import type { RequestMetrics } from '../engine/metrics.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
@@ -190,6 +190,12 @@ export interface GenerateOptions {
   readonly maxTokens: number;
   readonly sampling: SamplingParams;
   readonly seed: number;
+  /**
+   * The user fixed `seed` (`--seed`, or the config's `sampling.seed`): speculative generation under
+   * the timing-based default policy then decodes a sampled request plainly (k = 0) so the output is
+   * reproducible per seed ({@link SpecRequest.seeded}). Plain generation is reproducible regardless.
+   */
+  readonly seeded?: boolean;
   /** Keep going after EOS. */
   readonly ignoreEos?: boolean;
   /** Called with each new token id, in order. */
@@ -301,7 +307,8 @@ export interface SpecGenerateResult extends GenerateResult {
 /**
  * {@link generateTokens} with speculative decoding (one request through {@link SpecEngine}).
  * Greedy output is token-for-token plain greedy decoding's; sampled output follows the same
- * distribution (rejection sampling) but not the same random stream.
+ * distribution (rejection sampling) but not the same random stream (with `seeded` and no
+ * `numDraftTokens` it decodes plainly, k = 0, reproducible per seed).
  * @throws {RangeError} for an empty prompt or a bad maxTokens.
  */
 export function generateSpeculative(target: LoadedTarget, drafter: Drafter, options: GenerateOptions & { readonly numDraftTokens?: number }): SpecGenerateResult {
@@ -317,7 +324,7 @@ export function generateSpeculative(target: LoadedTarget, drafter: Drafter, opti
   engine.calibrate();
   const t0 = performance.now();
   const [r] = engine.run([{
-    id: 0, promptIds, maxTokens, sampling: options.sampling, seed: options.seed, ignoreEos: options.ignoreEos,
+    id: 0, promptIds, maxTokens, sampling: options.sampling, seed: options.seed, seeded: options.seeded, ignoreEos: options.ignoreEos,
     eosTokenIds: target.eosTokenIds, onToken: options.onToken,
   }]);
   return { tokenIds: r!.tokenIds, seconds: (performance.now() - t0) / 1000, stoppedAtEos: r!.finishReason === 'eos', metrics: r!.metrics };

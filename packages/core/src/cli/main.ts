@@ -129,7 +129,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
     const stream = flags.json !== true;
     const genOptions = {
-      promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, ignoreEos: flags.ignoreEos === true,
+      promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, seeded: flags.seed !== undefined || s.seed !== undefined, ignoreEos: flags.ignoreEos === true,
       onToken: stream ? (id: number) => io.stdout.write(detok.push(id)) : undefined,
     };
     const result: GenerateResult = loaded === undefined ? generateTokens(target, genOptions)

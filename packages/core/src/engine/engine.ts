@@ -2,10 +2,13 @@
  * The speculative-decoding engine (aggregated, one stage). It knows only the contracts
  * ({@link StageModel}, {@link Drafter}) and never branches on a method.
  *
- * Per request: prefill in chunks (each chunk's taps → `projectTargetHiddenPartial` →
- * `writeProjectedContextKV`), first token from the last prefill logits; then every {@link step}:
- *   propose (all running sequences, one call) → verify (ONE target forward over
- *   `[last verified token, drafts…]` of every running sequence, logits for every row, taps, and
+ * Per request: prefill in chunks of `prefillChunk` tokens, ONE chunk per step (chunked prefill that
+ * interleaves with decoding, as vLLM / SGLang: a long prompt never stalls the running streams for
+ * more than one chunk forward per step); each chunk's taps are kept for the draft context
+ * (`projectTargetHiddenPartial` → `writeProjectedContextKV` before the sequence first drafts);
+ * first token from the last chunk's logits; then every {@link step}:
+ *   propose (all decoding sequences, one call) → verify (ONE target forward over
+ *   `[last verified token, drafts…]` of every decoding sequence, logits for every row, taps, and
  *   per-token linear-state snapshots) → accept (greedy, or rejection sampling at temperature > 0)
  *   → commit (target: keep `accepted + 1` tokens — KV truncated, linear state restored from the
  *   snapshot after the last committed token; draft: the block KV was never kept, the verify pass's
@@ -48,6 +51,17 @@ export interface SpecRequest {
   readonly sampling: DraftSampling;
   /** PRNG seed of the request (drafts and verification draw from one stream). */
   readonly seed: number;
+  /**
+   * The client fixed `seed` (OpenAI `seed`, `specd generate --seed`, a configured default seed) and
+   * expects the same output for the same request. With temperature > 0 under a timing-based draft
+   * policy (`'cost'`, or any {@link CostDraftPolicy}) the engine then verifies this request with
+   * k = 0 every step: plain decoding, one PRNG draw per token, so its tokens depend only on the seed
+   * and the target's logits (batch-invariant) — a k picked from measured timings would consume the
+   * PRNG stream differently run to run. No effect at temperature 0 (greedy output never depends on
+   * k), under `'max'`, a fixed policy or the `draftLength` hook (their k is not timing-based).
+   * Default false.
+   */
+  readonly seeded?: boolean;
   /** Keep going after EOS. */
   readonly ignoreEos?: boolean;
   /** EOS ids (ignored with ignoreEos). */
@@ -78,7 +92,11 @@ export interface SpecEngineOptions {
   readonly maxTokensPerSequence?: number;
   /** Target KV page size, tokens (default 16). */
   readonly pageSize?: number;
-  /** Tokens per prefill forward (default 64). */
+  /**
+   * Tokens per prefill forward (default 64). A prompt of P tokens is prefilled over ⌈P / prefillChunk⌉
+   * steps, one chunk per step (chunk i = prompt tokens [i·prefillChunk, (i+1)·prefillChunk)), while
+   * the sequences already decoding take their propose → verify round in every one of those steps.
+   */
   readonly prefillChunk?: number;
   /** How to commit a partially accepted block (default: 'snapshots' when the stage supports it, else 'replay'). */
   readonly commit?: 'snapshots' | 'replay';
@@ -152,6 +170,13 @@ interface Running {
   readonly req: SpecRequest;
   readonly rng: SeededRandom;
   readonly metrics: RequestMetrics;
+  /**
+   * Prompt tokens prefilled so far, in [0, P]. The sequence is prefilling while it is < P (one chunk
+   * per step); at P its first token has been emitted and it takes part in every verify round.
+   */
+  prefilled: number;
+  /** Verified with k = 0 every step (a seeded sampled request under a timing-based policy; {@link SpecRequest.seeded}). */
+  readonly plainOnly: boolean;
   /** Prompt + committed tokens, the last verified token included. */
   history: Int32Array;
   historyLength: number;
@@ -186,9 +211,15 @@ export class SpecEngine {
   private readonly vocab: number;
   /** The batch-level policy (undefined: `draftLength` hook, or no drafter). Set at the first step for `'cost'`. */
   private policy: DraftPolicy | undefined;
+  /** True when k comes from measured timings (`'cost'` or a {@link CostDraftPolicy}; see {@link SpecRequest.seeded}). */
+  private readonly timingPolicy: boolean;
   /** The measured costs of the `'cost'` policy (after the first step). */
   stepCosts: StepCosts | undefined;
 
+  /**
+   * @throws {EngineError} for a stage that is not a whole model, `commit: 'snapshots'` on a stage
+   *   without commitPrefix, or a prefillChunk that is not an integer ≥ 1.
+   */
   constructor(
     readonly target: StageModel,
     readonly drafter: Drafter | undefined,
@@ -199,6 +230,7 @@ export class SpecEngine {
     this.maxSequences = options.maxSequences ?? 8;
     this.maxTokensPerSequence = options.maxTokensPerSequence ?? 4096;
     this.prefillChunk = options.prefillChunk ?? 64;
+    if (!(Number.isSafeInteger(this.prefillChunk) && this.prefillChunk >= 1)) throw new EngineError(`SpecEngine: prefillChunk: expected an integer >= 1, got ${this.prefillChunk}`);
     const pageSize = options.pageSize ?? 16;
     const pagesPerSeq = Math.ceil(this.maxTokensPerSequence / pageSize) + 1;
     const cacheOptions = { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences };
@@ -207,10 +239,13 @@ export class SpecEngine {
     if (this.commitMode === 'snapshots' && target.commitPrefix === undefined) throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
     this.taps = drafter === undefined ? [] : drafter.captureSetter(info);
     this.vocab = info.vocabSize;
+    let timing = false;
     if (drafter !== undefined && options.draftLength === undefined) {
       const p = options.draftPolicy ?? DEFAULT_DRAFT_POLICY;
       this.policy = p === 'max' ? fixedDraftPolicy(drafter.maxDraftTokens) : p === 'cost' ? undefined : p;
+      timing = p === 'cost' || p instanceof CostDraftPolicy;
     }
+    this.timingPolicy = timing;
   }
 
   /** True until the `'cost'` policy has its measured costs. */
@@ -254,7 +289,10 @@ export class SpecEngine {
     this.known.add(req.id);
   }
 
-  /** Aborts a request: frees its pages, slot and draft context. @returns its result, or undefined if unknown. */
+  /**
+   * Aborts a request, waiting, prefilling (some chunks done) or decoding: frees its target pages,
+   * state slot, draft pages and deferred taps. @returns its result, or undefined if unknown.
+   */
   abort(id: SequenceId): SpecResult | undefined {
     const w = this.waiting.findIndex((r) => r.id === id);
     if (w >= 0) {
@@ -277,20 +315,40 @@ export class SpecEngine {
   }
 
   /**
-   * One engine step: admits and prefills waiting requests (up to maxSequences), then one
-   * propose → verify → accept → commit round over every running sequence.
+   * One engine step (continuous batching with chunked prefill):
+   * 1. admits waiting requests while fewer than maxSequences are running (target pages, state slot
+   *    and draft sequence allocated; nothing computed yet);
+   * 2. runs the NEXT prefill chunk (≤ prefillChunk tokens, one target forward, phase 'prefill') of
+   *    every sequence still prefilling, in admission order — a sequence whose last chunk ran gets its
+   *    first token (from that chunk's last logits) and may finish on it;
+   * 3. one propose → verify → accept → commit round over every sequence done prefilling, those that
+   *    finished prefilling in 2. included.
+   * So a prompt of P tokens takes ⌈P / prefillChunk⌉ steps to prefill, and every decoding sequence
+   * commits ≥ 1 token in each of them. Chunk boundaries are the same positions as a whole-prompt
+   * prefill's (chunk i = tokens [i·prefillChunk, (i+1)·prefillChunk)), so outputs are bit-identical.
    * @returns the requests that finished in this step.
+   * @throws the target's / drafter's errors; a failing prefill chunk first frees its own request.
    */
   step(): SpecResult[] {
     const done: SpecResult[] = [];
     if (this.needsCalibration && this.running.size === 0 && this.waiting.length > 0) this.calibrate();
     const admit = Math.min(this.waiting.length, this.maxSequences - this.running.size);
-    for (const req of this.waiting.splice(0, Math.max(0, admit))) {
-      const r = this.prefill(req);
-      if (r !== undefined) done.push(r);
+    for (const req of this.waiting.splice(0, Math.max(0, admit))) this.admit(req);
+    for (const r of [...this.running.values()]) {
+      if (r.prefilled === r.req.promptIds.length) continue;
+      const f = this.prefillStep(r);
+      if (f !== undefined) done.push(f);
     }
-    if (this.running.size > 0) done.push(...this.specStep());
+    const decoding = [...this.running.values()].filter((r) => r.prefilled === r.req.promptIds.length);
+    if (decoding.length > 0) done.push(...this.specStep(decoding));
     return done;
+  }
+
+  /** Requests admitted whose prompt is not fully prefilled yet. */
+  get prefilling(): number {
+    let n = 0;
+    for (const r of this.running.values()) if (r.prefilled < r.req.promptIds.length) n++;
+    return n;
   }
 
   /** Aborts every request (frees their pages, slots and draft context); target and drafter stay loaded. */
@@ -302,40 +360,56 @@ export class SpecEngine {
 
   // --- prefill -----------------------------------------------------------------------------------
 
-  private prefill(req: SpecRequest): SpecResult | undefined {
+  /** Allocates a sequence for `req` (target cache, draft context) and makes it running, 0 tokens prefilled. */
+  private admit(req: SpecRequest): void {
     const id = req.id;
     this.cache.add(id);
     this.drafter?.addSequence(id);
     const P = req.promptIds.length;
     const r: Running = {
-      req, rng: new SeededRandom(req.seed), metrics: new RequestMetrics(),
+      req, rng: new SeededRandom(req.seed), metrics: new RequestMetrics(), prefilled: 0,
+      plainOnly: this.timingPolicy && req.seeded === true && req.sampling.temperature > 0,
       history: new Int32Array(P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1), historyLength: P, out: [],
     };
     r.history.set(req.promptIds);
     this.running.set(id, r);
-    let first: number;
+  }
+
+  /**
+   * Runs the next prefill chunk of `r`: prompt tokens [prefilled, min(P, prefilled + prefillChunk)),
+   * one target forward with taps (kept for the draft context, written before the sequence first
+   * drafts). After the last chunk: the first token (argmax, or sampled from the processed p).
+   * @returns the request's result when it finished on its first token.
+   * @throws what the forward throws, after freeing the request (its metrics are not recorded).
+   */
+  private prefillStep(r: Running): SpecResult | undefined {
+    const req = r.req;
+    const id = req.id;
+    const P = req.promptIds.length;
+    const p = r.prefilled;
+    const end = Math.min(P, p + this.prefillChunk);
+    const tokens = req.promptIds.subarray(p, end);
+    let first: number | undefined;
     try {
-      let logits: Float32Array | undefined;
-      for (let p = 0; p < P; p += this.prefillChunk) {
-        const tokens = req.promptIds.subarray(p, Math.min(P, p + this.prefillChunk));
-        const last = p + tokens.length === P;
-        const res = this.target.forward(
-          { sequences: [{ id, position: p, tokens, logits: last ? 'last' : 'none', phase: 'prefill' }] }, this.cache, { taps: this.taps },
-        );
-        this.metrics.prefillForwards++;
-        r.metrics.prefillForwards++;
-        r.metrics.targetForwards++;
-        if (this.drafter !== undefined) this.defer(r, res, 0, p, tokens.length); // written before its first propose
-        logits = res.logits;
+      const res = this.target.forward(
+        { sequences: [{ id, position: p, tokens, logits: end === P ? 'last' : 'none', phase: 'prefill' }] }, this.cache, { taps: this.taps },
+      );
+      this.metrics.prefillForwards++;
+      r.metrics.prefillForwards++;
+      r.metrics.targetForwards++;
+      r.prefilled = end;
+      if (this.drafter !== undefined && !r.plainOnly) this.defer(r, res, 0, p, tokens.length); // written before its first propose
+      if (end === P) {
+        first = req.sampling.temperature === 0
+          ? argmax(res.logits!, this.vocab)[0]!
+          : sampleFromProbs(samplingProbs(res.logits!, this.vocab, req.sampling), r.rng);
       }
-      first = req.sampling.temperature === 0
-        ? argmax(logits!, this.vocab)[0]!
-        : sampleFromProbs(samplingProbs(logits!, this.vocab, req.sampling), r.rng);
     } catch (err) {
       this.finish(r, 'abort'); // frees what the failed prefill holds, then reports the error
       this.metrics.requests.pop();
       throw err;
     }
+    if (first === undefined) return undefined;
     const reason = this.emit(r, [first]);
     return reason === undefined ? undefined : this.finish(r, reason);
   }
@@ -424,13 +498,13 @@ export class SpecEngine {
 
   // --- the speculative step ------------------------------------------------------------------------
 
-  private specStep(): SpecResult[] {
-    const seqs = [...this.running.values()];
+  /** One propose → verify → accept → commit round over `seqs` (running, done prefilling). */
+  private specStep(seqs: readonly Running[]): SpecResult[] {
     const drafter = this.drafter;
     // propose
     const t0 = performance.now();
     const maxK = drafter?.maxDraftTokens ?? 0;
-    const caps = seqs.map((r) => Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length)));
+    const caps = seqs.map((r) => (r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length))));
     let wants: number[];
     if (drafter === undefined) {
       wants = caps.map(() => 0);
@@ -520,8 +594,9 @@ export class SpecEngine {
       r.metrics.targetForwards++;
       r.metrics.recordStep(k, acc.accepted);
       this.policy?.observe(id, k, acc.accepted);
-      if (k === 0 && this.drafter !== undefined) {
-        this.defer(r, res, row, fs.position, committed);
+      if (k === 0) {
+        // a plain-only sequence never drafts: its draft context is never needed
+        if (this.drafter !== undefined && !r.plainOnly) this.defer(r, res, row, fs.position, committed);
       } else {
         const next = new Int32Array(committed);
         next.set(drafts.subarray(0, acc.accepted));

@@ -22,6 +22,8 @@ export class RequestMetrics {
   accepted = 0;
   /** Verify steps this request took part in. */
   verifySteps = 0;
+  /** Verify steps that verified ≥ 1 draft token (plain k = 0 steps excluded; Prometheus' num_drafts). */
+  draftSteps = 0;
   /** Target forwards this request took part in (prefill chunks, verify, replays). */
   targetForwards = 0;
   /** Prefill forwards (chunks). */
@@ -54,6 +56,7 @@ export class RequestMetrics {
     this.drafted += drafted;
     this.accepted += accepted;
     this.verifySteps++;
+    if (drafted > 0) this.draftSteps++;
     for (let i = 0; i < accepted; i++) this.acceptedAt[i] = (this.acceptedAt[i] ?? 0) + 1;
     this.lengthHistogram[accepted + 1] = (this.lengthHistogram[accepted + 1] ?? 0) + 1;
   }

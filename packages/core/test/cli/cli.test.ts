@@ -56,6 +56,15 @@ describe('specd generate', () => {
     const s2 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
     expect(s1.token_ids).toEqual(s2.token_ids);
     expect(s1.seed).toBe(7);
+    // Under the default (cost) policy, --seed marks the request seeded: it decodes plainly (k = 0),
+    // so it is reproducible too — and equal to --no-spec with that seed.
+    const seeded = args.slice(0, -2);
+    const c1 = JSON.parse((await run(seeded)).out) as { token_ids: number[]; drafted: number };
+    const c2 = JSON.parse((await run(seeded)).out) as { token_ids: number[]; drafted: number };
+    expect(c1.drafted).toBe(0);
+    expect(c2.token_ids).toEqual(c1.token_ids);
+    expect(c1.token_ids).toHaveLength(16);
+    expect((JSON.parse((await run([...seeded, '--no-spec'])).out) as { token_ids: number[] }).token_ids).toEqual(c1.token_ids);
   });
 
   it('speculative by default with the shipped DFlash: same greedy tokens as --no-spec, spec fields in --json', async () => {

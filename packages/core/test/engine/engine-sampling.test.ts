@@ -2,10 +2,11 @@
 // a toy target whose next-token distribution is a Markov chain P, a toy drafter sampling from a
 // different chain Q (returning q), 10⁴ seeded requests of 3 tokens; the joint distribution of the
 // 2nd and 3rd generated tokens (both produced by verify steps) must be the target chain's, after the
-// request's temperature — χ² over the 16 cells. Also with argmax drafts (no q: point masses).
+// request's temperature and top-p — χ² over the 16 cells (cells top-p makes impossible must stay empty). Also with argmax drafts (no q: point masses).
+// And seeded requests (SpecRequest.seeded) under a timing-based policy: plain decoding, reproducible.
 import { describe, expect, it } from 'vitest';
 
-import { samplingProbs, sampleFromProbs, SpecEngine } from '../../src/engine/index.js';
+import { CostDraftPolicy, samplingProbs, sampleFromProbs, SpecEngine, StepCosts, type SpecRequest, type SpecResult } from '../../src/engine/index.js';
 import type { SequenceCache } from '../../src/kv/index.js';
 import type {
   CacheGeometry, DraftBatch, Drafter, DraftProposal, ForwardBatch, ForwardResult, StageInfo, StageModel,
@@ -59,7 +60,7 @@ class ChainDrafter implements Drafter {
       let t = s.lastToken;
       for (let j = 0; j < tokens.length; j++) {
         const lq = logRow(Q, t);
-        if (this.withQ) {
+        if (this.withQ && s.sampling.temperature > 0) {
           const q = samplingProbs(lq, V, s.sampling);
           probs.set(q, j * V);
           t = sampleFromProbs(q, s.rng);
@@ -68,7 +69,7 @@ class ChainDrafter implements Drafter {
         }
         tokens[j] = t;
       }
-      return this.withQ ? { id: s.id, tokens, probs } : { id: s.id, tokens };
+      return this.withQ && s.sampling.temperature > 0 ? { id: s.id, tokens, probs } : { id: s.id, tokens };
     });
   }
   buildPDInput(): unknown { throw new Error('no'); }
@@ -79,34 +80,103 @@ class ChainDrafter implements Drafter {
   dispose(): void {}
 }
 
-/** χ² critical value at p = 0.001, 15 degrees of freedom. */
-const CHI2_CRIT_15 = 37.697;
+/** χ² critical values at p = 0.001 for 0 … 15 degrees of freedom (cells − 1). */
+const CHI2_CRIT = [0, 10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588, 31.264, 32.909, 34.528, 36.123, 37.697];
 const N = 10_000;
 
 describe.each([
-  ['q from a different chain, 2 drafts', true, 1, 2],
-  ['q from a different chain, 1 draft (the 3rd token is often the bonus after an accepted draft)', true, 1, 1],
-  ['q at temperature 0.6', true, 0.6, 2],
-  ['argmax drafts (point mass)', false, 1, 2],
-])('engine rejection sampling is lossless: %s', (_name, withQ, temperature, drafts) => {
+  ['q from a different chain, 2 drafts', true, 1, 2, 1],
+  ['q from a different chain, 1 draft (the 3rd token is often the bonus after an accepted draft)', true, 1, 1, 1],
+  ['q at temperature 0.6', true, 0.6, 2, 1],
+  // top-p 0.8 at T = 1 cuts tokens from P's and Q's rows, so p and q differ in support too
+  ['q from a different chain, temperature 1 with top-p 0.8', true, 1, 2, 0.8],
+  ['argmax drafts (point mass)', false, 1, 2, 1],
+] as const)('engine rejection sampling is lossless: %s', (_name, withQ, temperature, drafts, topP) => {
   it('(2nd, 3rd) generated tokens ~ the target chain (χ², 10⁴ requests)', () => {
     const target = new ChainTarget();
     const e = new SpecEngine(target, new ChainDrafter(withQ), { maxSequences: 256, maxTokensPerSequence: 16, pageSize: 4, draftLength: () => drafts });
     const x = 2;
     const rs = e.run(Array.from({ length: N }, (_, i) => ({
-      id: i, promptIds: Int32Array.of(x), maxTokens: 3, sampling: { temperature }, seed: Math.imul(i + 1, 2654435761) >>> 0,
+      id: i, promptIds: Int32Array.of(x), maxTokens: 3, sampling: { temperature, topP }, seed: Math.imul(i + 1, 2654435761) >>> 0,
     })));
     const counts = new Array<number>(V * V).fill(0);
     for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
-    const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature });
+    const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature, topP });
+    // top-p 0.8 cuts tokens from rows 0, 1 and 3 of P (row 2 is uniform: all four kept)
+    if (topP < 1) for (const t of [0, 1, 3]) expect(p(t).filter((v) => v === 0).length, `row ${t}`).toBeGreaterThan(0);
     const expected = new Array<number>(V * V).fill(0);
     const p0 = p(x);
     for (let a = 0; a < V; a++) for (let b = 0; b < V; b++) for (let c = 0; c < V; c++) expected[b * V + c]! += p0[a]! * p(a)[b]! * p(b)[c]!;
     let chi = 0;
-    for (let i = 0; i < V * V; i++) chi += (counts[i]! - expected[i]! * N) ** 2 / (expected[i]! * N);
-    expect(chi).toBeLessThan(CHI2_CRIT_15);
+    let cells = 0;
+    for (let i = 0; i < V * V; i++) {
+      if (expected[i]! === 0) {
+        expect(counts[i], `cell ${i} has probability 0`).toBe(0);
+        continue;
+      }
+      cells++;
+      chi += (counts[i]! - expected[i]! * N) ** 2 / (expected[i]! * N);
+    }
+    expect(chi).toBeLessThan(CHI2_CRIT[cells - 1]!);
     expect(e.metrics.accepted).toBeGreaterThan(0);
     expect(e.metrics.accepted).toBeLessThan(e.metrics.drafted);
     expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+  });
+});
+
+describe('seeded sampled requests under a timing-based draft policy', () => {
+  // Calibrated costs forced two ways — drafting nearly free (the cost policy drafts) and drafting
+  // dear (it never drafts) — stand for two machines or two load conditions: the k it picks, and so
+  // how many PRNG draws each step takes, follows them.
+  const costs = (draftMs: number) => new StepCosts([1, 4].map((b) => ({
+    sequences: b, ks: [0, 1, 2, 3], verifyMs: [1, 1.01, 1.02, 1.03].map((x) => x * b), draftMs: [0, 1, 2, 3].map((k) => k * draftMs * b),
+  })));
+  const policy = (draftMs: number) => new CostDraftPolicy(costs(draftMs), { exploreEvery: 0, explorePlainEvery: 0, recalibrate: false });
+  const request = (id: string, seeded: boolean, seed = 5): SpecRequest => ({
+    id, promptIds: Int32Array.of(2), maxTokens: 48, sampling: { temperature: 1 }, seed, ...(seeded ? { seeded: true } : {}),
+  });
+  const run = (draftPolicy: 'cost' | 'max' | CostDraftPolicy | undefined, reqs: SpecRequest[], drafter = true): Map<unknown, SpecResult> => {
+    const e = new SpecEngine(new ChainTarget(), drafter ? new ChainDrafter(true) : undefined, {
+      maxSequences: 4, maxTokensPerSequence: 64, pageSize: 4, ...(draftPolicy === undefined ? {} : { draftPolicy }),
+    });
+    const rs = new Map(e.run(reqs).map((r) => [r.id, r]));
+    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+    return rs;
+  };
+
+  it('verify with k = 0: the same tokens under any measured costs, alone or batched, equal to plain decoding with that seed', () => {
+    // unseeded: the same seed gives different tokens when the measured costs differ
+    const u1 = run(policy(0.001), [request('u', false)]).get('u')!;
+    const u2 = run(policy(1000), [request('u', false)]).get('u')!;
+    expect(u1.metrics.drafted).toBeGreaterThan(0);
+    expect(u2.metrics.drafted).toBe(0);
+    expect(u1.tokenIds).toHaveLength(48);
+    expect(u1.tokenIds).not.toEqual(u2.tokenIds);
+    // seeded: never drafts, so the tokens do not depend on the costs …
+    const s1 = run(policy(0.001), [request('s', true)]).get('s')!;
+    const s2 = run(policy(1000), [request('s', true)]).get('s')!;
+    expect([s1.metrics.drafted, s1.metrics.verifySteps]).toEqual([0, 47]);
+    expect(s2.metrics.drafted).toBe(0);
+    expect(s1.tokenIds).toHaveLength(48);
+    expect(s2.tokenIds).toEqual(s1.tokenIds);
+    // … they are plain decoding's with that seed (no drafter at all) …
+    expect(run(undefined, [request('s', true)], false).get('s')!.tokenIds).toEqual(s1.tokenIds);
+    // … and batching it with unseeded requests (which still draft) changes nothing
+    const mixed = run(policy(0.001), [request('x', false, 1), request('s', true), request('y', false, 2)]);
+    expect(mixed.get('s')!.tokenIds).toEqual(s1.tokenIds);
+    expect(mixed.get('s')!.metrics.drafted).toBe(0);
+    expect(mixed.get('x')!.metrics.drafted + mixed.get('y')!.metrics.drafted).toBeGreaterThan(0);
+    // the default 'cost' policy (costs calibrated on this machine) likewise
+    const c = run('cost', [request('s', true), request('x', false, 1)]);
+    expect(c.get('s')!.tokenIds).toEqual(s1.tokenIds);
+    expect(c.get('s')!.metrics.drafted).toBe(0);
+  });
+
+  it('has no effect where k is not timing-based (\'max\') or at temperature 0', () => {
+    const m = run('max', [request('s', true)]).get('s')!;
+    expect(m.metrics.drafted).toBeGreaterThan(0);
+    expect(run('max', [request('s', true)]).get('s')!.tokenIds).toEqual(m.tokenIds); // fixed k: reproducible anyway
+    const g = run(policy(0.001), [{ ...request('g', true), sampling: { temperature: 0 } }]).get('g')!;
+    expect(g.metrics.drafted).toBeGreaterThan(0);
   });
 });
