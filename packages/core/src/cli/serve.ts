@@ -48,7 +48,9 @@ export interface StartedServer {
 }
 
 /**
- * Loads the config (flags override it), the target and the drafter, and starts listening.
+ * Loads the config (flags override it), the target and the drafter, calibrates the cost-based draft
+ * policy when it is in use ({@link SpecdServer.listen}: before listening, so no request pays it), and
+ * starts listening.
  * @throws {ConfigError} / {CliError} / the plugins' errors.
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {

@@ -7,8 +7,9 @@
  * request — its own length is bounded by max_sequence_tokens) → {@link OverloadedError}.
  */
 
-import type { SpecEngine, SpecResult } from '../engine/engine.js';
-import type { DraftSampling } from '../plugin/drafter-plugin.js';
+import { SpecEngine, type SpecEngineOptions, type SpecResult } from '../engine/engine.js';
+import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
+import type { StageModel } from '../plugin/model-plugin.js';
 
 /** A request for the loop (the loop assigns the id). */
 export interface LoopRequest {
@@ -16,6 +17,8 @@ export interface LoopRequest {
   readonly maxTokens: number;
   readonly sampling: DraftSampling;
   readonly seed: number;
+  /** The client fixed `seed` (see SpecRequest.seeded). */
+  readonly seeded?: boolean;
   readonly stopStrings?: readonly string[];
   readonly ignoreEos?: boolean;
 }
@@ -47,13 +50,18 @@ export interface EngineLoopOptions {
 
 /** The one engine loop of a server. */
 export class EngineLoop {
+  /** The engine the loop steps. */
+  readonly engine: SpecEngine;
   private nextId = 1;
   private readonly entries = new Map<number, Entry>();
   private scheduled = false;
   private closed = false;
   private inFlight = 0;
 
-  constructor(readonly engine: SpecEngine, private readonly options: EngineLoopOptions) {}
+  /** Builds the loop's {@link SpecEngine} over `target` and `drafter`. @throws {EngineError} as the engine's constructor. */
+  constructor(target: StageModel, drafter: Drafter | undefined, engineOptions: SpecEngineOptions, private readonly options: EngineLoopOptions) {
+    this.engine = new SpecEngine(target, drafter, engineOptions);
+  }
 
   /** Requests prefilled and not finished. */
   get running(): number {
@@ -86,7 +94,7 @@ export class EngineLoop {
     const id = this.nextId++;
     const entry: Entry = { listener, tokens, started: false };
     this.engine.add({
-      id, promptIds: req.promptIds, maxTokens: req.maxTokens, sampling: req.sampling, seed: req.seed,
+      id, promptIds: req.promptIds, maxTokens: req.maxTokens, sampling: req.sampling, seed: req.seed, seeded: req.seeded,
       ignoreEos: req.ignoreEos, eosTokenIds: this.options.eosTokenIds, stopStrings: req.stopStrings,
       onToken: (t) => {
         entry.started = true;

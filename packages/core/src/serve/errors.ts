@@ -21,6 +21,8 @@ export class ApiError extends Error {
 
 /** 400 for a bad parameter, naming it. */
 export const invalidParam = (param: string, message: string): ApiError => new ApiError(400, `${param}: ${message}`, 'invalid_request_error', param, 'invalid_value');
+/** 400 when the chat template rejects the messages (e.g. its `raise_exception`) or cannot render them: names why. */
+export const chatTemplateFailed = (err: Error): ApiError => new ApiError(400, `messages: ${err.message}`, 'invalid_request_error', 'messages', 'chat_template_error');
 /** 401. */
 export const badApiKey = (): ApiError => new ApiError(401, 'Incorrect API key provided (expected "Authorization: Bearer <key>")', 'invalid_request_error', null, 'invalid_api_key');
 /** 404 for a model this server does not serve. */

@@ -56,7 +56,7 @@ export class ServerMetrics {
         this.set({ cache: 'draft' }, source.draftPagesInUse());
       },
     });
-    this.numDrafts = new Counter({ name: 'specd_spec_decode_num_drafts_total', help: 'verify steps (one draft block each)', registers });
+    this.numDrafts = new Counter({ name: 'specd_spec_decode_num_drafts_total', help: 'draft proposals: verify steps, summed over requests, that verified at least one draft token (plain k = 0 steps excluded)', registers });
     this.numDraftTokens = new Counter({ name: 'specd_spec_decode_num_draft_tokens_total', help: 'draft tokens proposed', registers });
     this.numAcceptedTokens = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_total', help: 'draft tokens accepted', registers });
     this.acceptedPerPos = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_per_pos_total', help: 'draft tokens accepted, by draft position (0-based)', labelNames: ['position'], registers });
@@ -76,7 +76,7 @@ export class ServerMetrics {
     if (r.ttft !== undefined && r.outputTokens >= 2) this.tpot.observe((r.e2e - r.ttft) / (r.outputTokens - 1));
     const m = r.spec;
     if (m !== undefined && m.drafted > 0) {
-      this.numDrafts.inc(m.verifySteps);
+      this.numDrafts.inc(m.draftSteps);
       this.numDraftTokens.inc(m.drafted);
       this.numAcceptedTokens.inc(m.accepted);
       m.acceptedAt.forEach((c, i) => { if ((c ?? 0) > 0) this.acceptedPerPos.inc({ position: String(i) }, c); });

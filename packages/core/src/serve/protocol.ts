@@ -24,6 +24,8 @@ export interface GenerationParams {
   readonly topP: number;
   readonly topK: number;
   readonly seed: number;
+  /** The seed was fixed (the body's `seed`, or the config's default): reproducible sampling (SpecRequest.seeded, engine/engine.ts). */
+  readonly seeded: boolean;
   readonly stop: readonly string[];
   readonly stream: boolean;
   readonly includeUsage: boolean;
@@ -92,6 +94,7 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
   return {
     model, maxTokens: maxTokens ?? defaults.max_tokens, temperature: temperature ?? defaults.temperature, topP: topP ?? defaults.top_p,
     topK: topK === undefined ? defaults.top_k : Math.max(0, topK), seed: seed === undefined ? defaultSeed : seed >>> 0,
+    seeded: seed !== undefined || defaults.seed !== undefined,
     stop, stream, includeUsage, ignoreEos: bool(b, 'ignore_eos') ?? false,
   };
 }

@@ -3,7 +3,7 @@
  * (streaming as SSE `data: {…}\n\n` … `data: [DONE]\n\n`, or one JSON), `GET /v1/models`,
  * `GET /health`, `GET /metrics` (Prometheus). Every request goes through one {@link EngineLoop}
  * (continuous batching). Errors are OpenAI's `{"error": {message, type, param, code}}`: 400 bad
- * parameter or malformed JSON, 401 bad API key, 404 unknown model or route, 413 too long (body or
+ * parameter, malformed JSON or messages the chat template rejects, 401 bad API key, 404 unknown model or route, 413 too long (body or
  * prompt + max_tokens), 503 overloaded, 500 when the model fails (a dead pipeline stage: in-flight and later
  * requests fail naming the stage; `/health` then answers 503). A client that disconnects has its request aborted: its KV
  * pages, state slot and draft context are freed before the next engine step.
@@ -15,13 +15,13 @@ import type { AddressInfo } from 'node:net';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 
-import { EngineError, SpecEngine, type SpecResult } from '../engine/engine.js';
+import { EngineError, type SpecEngine, type SpecResult } from '../engine/engine.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
-import { ChatTemplate } from './chat-template.js';
+import { ChatTemplate, ChatTemplateError } from './chat-template.js';
 import { EngineLoop, OverloadedError } from './engine-loop.js';
-import { ApiError, badApiKey, invalidParam, modelFailed, overloaded, tooLong, unknownModel } from './errors.js';
+import { ApiError, badApiKey, chatTemplateFailed, invalidParam, modelFailed, overloaded, tooLong, unknownModel } from './errors.js';
 import { ServerMetrics } from './metrics.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
@@ -69,13 +69,13 @@ export class SpecdServer {
   constructor(readonly options: SpecdServerOptions) {
     const { target, drafter, scheduler } = options;
     const tok = target.tokenizer;
-    this.engine = new SpecEngine(target.model, drafter, {
+    this.loop = new EngineLoop(target.model, drafter, {
       maxSequences: scheduler.max_running_requests, maxTokensPerSequence: scheduler.max_sequence_tokens,
       pageSize: scheduler.page_size, prefillChunk: scheduler.prefill_chunk_tokens,
       decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
       ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
-    });
-    this.loop = new EngineLoop(this.engine, { maxWaiting: scheduler.max_waiting_requests, maxTokensInFlight: scheduler.max_tokens_in_flight, eosTokenIds: target.eosTokenIds });
+    }, { maxWaiting: scheduler.max_waiting_requests, maxTokensInFlight: scheduler.max_tokens_in_flight, eosTokenIds: target.eosTokenIds });
+    this.engine = this.loop.engine;
     this.metrics = new ServerMetrics({
       running: () => this.loop.running, waiting: () => this.loop.waiting,
       targetPagesInUse: () => this.engine.cache.pagesInUse, draftPagesInUse: () => drafter?.pagesInUse ?? 0,
@@ -97,8 +97,17 @@ export class SpecdServer {
     this.routes();
   }
 
-  /** Listens on host:port (port 0: ephemeral). @returns the base URL, e.g. `http://127.0.0.1:8000`. */
+  /**
+   * Calibrates the engine's cost-based draft policy if it needs it (a drafter and the `'cost'` policy:
+   * `SpecEngine.calibrate()`, seconds on the tiny model; logged), so that no request waits for it, then
+   * listens on host:port (port 0: ephemeral). Nothing answers, `/health` included, until both are done.
+   * @returns the base URL, e.g. `http://127.0.0.1:8000`.
+   */
   async listen(host: string, port: number): Promise<string> {
+    const before = this.engine.metrics.calibrationMs;
+    if (this.engine.calibrate() !== undefined) {
+      this.options.logger?.info({ calibrationMs: Math.round(this.engine.metrics.calibrationMs - before) }, 'draft policy: step costs calibrated');
+    }
     await this.app.listen({ host, port });
     const a = this.app.server.address() as AddressInfo;
     return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
@@ -170,7 +179,13 @@ export class SpecdServer {
       const p = parseChatRequest(req.body, this.options.sampling);
       this.checkModel(p);
       if (this.chat === undefined) throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
-      const text = this.chat.render(p.messages, true);
+      let text: string;
+      try {
+        text = this.chat.render(p.messages, true);
+      } catch (err) {
+        if (err instanceof ChatTemplateError) throw chatTemplateFailed(err);
+        throw err;
+      }
       return this.generate(reply, 'chat', p, this.options.target.tokenizer.encode(text, { addSpecialTokens: false }), 'messages');
     });
   }
@@ -217,7 +232,7 @@ export class SpecdServer {
       });
     };
     const engineParams = {
-      promptIds, maxTokens: p.maxTokens, sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP }, seed: p.seed,
+      promptIds, maxTokens: p.maxTokens, sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP }, seed: p.seed, seeded: p.seeded,
       stopStrings: p.stop, ignoreEos: p.ignoreEos,
     };
     const submit = (listener: Parameters<EngineLoop['submit']>[1]): number => {

@@ -1,5 +1,6 @@
-// `specd serve` start-up: defaults (shipped target + DFlash on 127.0.0.1), flags over the config,
-// refused reserved settings. (The HTTP API itself: test/serve/server.test.ts.)
+// `specd serve` start-up: defaults (shipped target + DFlash on 127.0.0.1), the cost policy calibrated
+// before listening, flags over the config, refused reserved settings. (The HTTP API itself:
+// test/serve/server.test.ts.)
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -15,13 +16,22 @@ const tmp = makeTempDir('serve-cli');
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
 describe('specd serve', () => {
-  it('with no config: the shipped target with DFlash on 127.0.0.1 (port overridden to ephemeral)', async () => {
+  it('with no config: the shipped target with DFlash on 127.0.0.1 (port overridden to ephemeral), the cost policy calibrated before the first request', async () => {
     const s = await startServe({ port: 0, logLevel: 'silent' }, io);
     try {
       expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       expect(s.drafter?.drafter.method).toBe('dflash');
       expect(s.server.options.modelName).toBe('kimi-k3-tiny');
+      // calibrated at start-up, before any request …
+      expect(s.server.engine.stepCosts).toBeDefined();
+      const calibrationMs = s.server.engine.metrics.calibrationMs;
+      expect(calibrationMs).toBeGreaterThan(0);
       expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
+      // … so the first request does not calibrate
+      const res = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'kimi-k3-tiny', prompt: 'Hello', max_tokens: 3, temperature: 0 }) });
+      expect(res.status).toBe(200);
+      expect(((await res.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBeGreaterThan(0);
+      expect(s.server.engine.metrics.calibrationMs).toBe(calibrationMs);
     } finally {
       await s.close();
     }
@@ -31,9 +41,24 @@ describe('specd serve', () => {
     const a = await startServe({ config: 'configs/kimi-k3-tiny-nospec.json', port: 0, logLevel: 'silent' }, io);
     await a.close();
     expect(a.drafter).toBeUndefined();
+    expect(a.server.engine.metrics.calibrationMs).toBe(0); // nothing to calibrate without a drafter
     const b = await startServe({ config: 'configs/kimi-k3-tiny-nospec.json', drafter: 'models/kimi-k3-tiny-dflash', port: 0, logLevel: 'silent' }, io);
     await b.close();
     expect(b.drafter?.drafter.method).toBe('dflash');
+  });
+
+  it('--host overrides the config\'s server.host', async () => {
+    // an address this machine does not have (TEST-NET-3): binding it fails, so only the flag can make the server start
+    const file = path.join(tmp, 'host.json');
+    fs.writeFileSync(file, JSON.stringify({ model: path.join(ROOT, 'models/kimi-k3-tiny'), drafter: { method: 'none' }, server: { host: '203.0.113.7', port: 8000 } }));
+    await expect(startServe({ config: file, port: 0, logLevel: 'silent' }, io)).rejects.toThrow(/EADDRNOTAVAIL.*203\.0\.113\.7/);
+    const s = await startServe({ config: file, host: '127.0.0.1', port: 0, logLevel: 'silent' }, io);
+    try {
+      expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+      expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
+    } finally {
+      await s.close();
+    }
   });
 
   it.each([

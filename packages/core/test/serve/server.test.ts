@@ -1,7 +1,8 @@
 // The OpenAI-compatible server end to end, with the official `openai` client against `specd serve`
 // on an ephemeral port of 127.0.0.1: completions and chat (streaming and not), concurrent clients,
 // greedy output equal to `specd generate`, a short request streaming while a long one runs,
-// metrics that move, errors in OpenAI's format, and a disconnect freeing every page and slot.
+// metrics that move, errors in OpenAI's format (a chat template that rejects the messages: 400), a
+// disconnect freeing every page and slot, and the loop's count of verify steps that verified drafts.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -10,7 +11,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { main, type CliIo } from '../../src/cli/index.js';
 import { startServe, type StartedServer } from '../../src/cli/serve.js';
-import { SpecdServer } from '../../src/serve/index.js';
+import type { DraftPolicy, SpecResult } from '../../src/engine/index.js';
+import { Tokenizer } from '../../src/io/tokenizer.js';
+import type { Drafter } from '../../src/plugin/drafter-plugin.js';
+import { EngineLoop, SpecdServer } from '../../src/serve/index.js';
 import { makeTempDir } from '../io/helpers.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
@@ -54,8 +58,10 @@ async function waitIdle(): Promise<void> {
 }
 
 describe('specd serve (openai client)', () => {
-  it('binds 127.0.0.1; /health and /v1/models', async () => {
+  it('binds 127.0.0.1; /health and /v1/models; a fixed draft length needs no cost calibration', async () => {
     expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    expect(s.server.engine.stepCosts).toBeUndefined();
+    expect(s.server.engine.metrics.calibrationMs).toBe(0);
     expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
     const models = await client.models.list();
     expect(models.data.map((m) => m.id)).toEqual([MODEL]);
@@ -157,6 +163,11 @@ describe('specd serve (openai client)', () => {
     const after = await Promise.all(names.map(metric));
     names.forEach((n, i) => expect(after[i], n).toBeGreaterThan(before[i]!));
     expect(after[3]! - before[3]!).toBe(32);
+    // one draft proposal per verify step that verified ≥ 1 draft: never more proposals than draft tokens,
+    // and (fixed k = 15) at most one per committed token
+    const drafts = after[4]! - before[4]!;
+    expect(drafts).toBeLessThanOrEqual(after[5]! - before[5]!);
+    expect(drafts).toBeLessThanOrEqual(32);
     const text = await (await fetch(`${s.url}/metrics`)).text();
     for (const g of ['specd_num_requests_running', 'specd_num_requests_waiting', 'specd_kv_pages_used{cache="target"}', 'specd_time_per_output_token_seconds_bucket', 'specd_verify_budget_tokens_bucket']) expect(text).toContain(g);
   });
@@ -258,5 +269,82 @@ describe('specd serve (openai client)', () => {
     } finally {
       await small.close();
     }
+  });
+
+  it('a chat template that rejects the messages answers 400 naming why (a second server, a template without a system role)', async () => {
+    const dir = path.join(ROOT, 'models/kimi-k3-tiny');
+    const json = (f: string) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Record<string, unknown>;
+    // the Gemma pattern: HF templates reject what they cannot render with raise_exception
+    const template = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+      + "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    const tokenizer = new Tokenizer({ tokenizerJson: json('tokenizer.json'), tokenizerConfig: json('tokenizer_config.json'), chatTemplateFile: template, label: 'no-system-role' });
+    const strict = new SpecdServer({
+      target: { ...s.target, tokenizer }, modelName: MODEL, sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
+      scheduler: { max_running_requests: 2, max_waiting_requests: 8, prefill_chunk_tokens: 64, max_tokens_in_flight: 4096, max_sequence_tokens: 512, page_size: 16 },
+      bodyLimitBytes: 1 << 20,
+    });
+    const url = await strict.listen('127.0.0.1', 0);
+    try {
+      const c2 = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Hi' }];
+      for (const stream of [false, true]) {
+        const e = await c2.chat.completions.create({ model: MODEL, messages, max_tokens: 4, stream }).then(() => undefined, (x: InstanceType<typeof OpenAI.APIError>) => x);
+        expect(e?.status, `stream: ${stream}`).toBe(400);
+        expect(e?.error).toEqual({ message: 'messages: chat template failed to render: System role not supported', type: 'invalid_request_error', param: 'messages', code: 'chat_template_error' });
+      }
+      expect(await strict.metrics.registry.getSingleMetricAsString('specd_request_errors_total')).toContain('specd_request_errors_total{status="400"} 2');
+      // the same conversation without the system message renders and runs
+      const ok = await c2.chat.completions.create({ model: MODEL, messages: [messages[1]!], max_tokens: 4, temperature: 0 });
+      expect(ok.usage?.prompt_tokens).toBe(tokenizer.encode('<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', { addSpecialTokens: false }).length);
+    } finally {
+      await strict.close();
+    }
+  });
+
+  it('draft steps (num_drafts) count the verify steps that verified drafts: plain steps and proposals a budget cut to 0 are not draft steps', async () => {
+    // DFlash with a confidence on every draft, so that the policy's budgets hook sees its proposals
+    const dflash = s.drafter!.drafter;
+    const confident = new Proxy(dflash, {
+      get(t, key) {
+        if (key === 'propose') return (b: Parameters<Drafter['propose']>[0]) => t.propose(b).map((p) => ({ ...p, confidence: new Float32Array(p.tokens.length).fill(0.9) }));
+        const v: unknown = Reflect.get(t, key, t);
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+      },
+    });
+    let budgetCalls = 0;
+    let kept = 0;
+    let cut = 0;
+    const policy: DraftPolicy = {
+      // 3 drafts on even steps, a plain decode step (k = 0) on odd ones
+      choose: (cs) => cs.map((c) => (c.metrics.verifySteps % 2 === 0 ? Math.min(3, c.maxDrafts) : 0)),
+      // every third proposal is cut to 0 drafts (verified as a plain step), the others to 2
+      budgets: (items) => items.map(() => {
+        if (budgetCalls++ % 3 === 2) {
+          cut++;
+          return 0;
+        }
+        kept++;
+        return 2;
+      }),
+      observe: () => undefined,
+      release: () => undefined,
+    };
+    const loop = new EngineLoop(s.target.model, confident, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: policy }, { maxWaiting: 1, maxTokensInFlight: 1024, eosTokenIds: [] });
+    try {
+      const promptIds = s.target.tokenizer.encode('The history of the', { addSpecialTokens: false });
+      const r = await new Promise<SpecResult>((resolve, reject) => {
+        loop.submit({ promptIds, maxTokens: 40, sampling: { temperature: 0 }, seed: 1, ignoreEos: true }, { onToken: () => undefined, onFinish: resolve, onError: reject });
+      });
+      expect(r.tokenIds).toHaveLength(40);
+      expect(cut).toBeGreaterThanOrEqual(2);
+      expect(r.metrics.budgetHistogram[0]).toBe(cut);
+      expect(r.metrics.draftSteps).toBe(kept);
+      expect(r.metrics.verifySteps).toBeGreaterThan(kept + cut); // the plain odd steps
+      expect(r.metrics.drafted).toBeGreaterThanOrEqual(kept);
+      expect(r.metrics.drafted).toBeLessThanOrEqual(2 * kept);
+    } finally {
+      loop.close();
+    }
+    expect(dflash.pagesInUse).toBe(0);
   });
 });
