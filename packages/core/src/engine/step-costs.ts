@@ -99,8 +99,15 @@ export interface CalibrateOptions {
   readonly stateSnapshots: boolean;
   /** Tap ids the engine captures (verify forwards capture them too). */
   readonly taps: readonly number[];
-  /** Repetitions per point, the median is kept (default 5, after 2 warm-up rounds). */
+  /** Repetitions per point, the median is kept (default 5, after 2 warm-up rounds; 1 from the second bucket on). */
   readonly repetitions?: number;
+  /**
+   * Wall-time budget per batch-size bucket, ms (default 1500): once a bucket has kept one full
+   * round and spent this long, its remaining repetitions are skipped (large buckets of a slow target
+   * otherwise hold a server's start-up for tens of seconds; the policy's online recalibration
+   * corrects the scale of a noisier measurement).
+   */
+  readonly bucketBudgetMs?: number;
   /** Scratch prompt tokens per sequence (default 32). */
   readonly contextTokens?: number;
 }
@@ -133,6 +140,7 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
   const hit = perDrafter.get(key);
   if (hit !== undefined) return hit;
   const reps = options.repetitions ?? 5;
+  const budgetMs = options.bucketBudgetMs ?? 1500;
   const P = options.contextTokens ?? 32;
   const vocab = target.info.vocabSize;
   const D = target.info.hiddenSize;
@@ -162,9 +170,12 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
       const vTimes: number[][] = ks.map(() => []);
       const dTimes: number[][] = ks.map(() => []);
       // Round-robin over k (every repetition visits every k), so a change in the machine's load
-      // hits all k alike; the first `warmup` rounds are not kept (JIT, first-touch allocations).
-      const warmup = 2;
+      // hits all k alike; the first `warmup` rounds are not kept (JIT, first-touch allocations:
+      // two for the first bucket, one after it).
+      const warmup = B === buckets[0] ? 2 : 1;
+      const tBucket = performance.now();
       for (let r = 0; r < reps + warmup; r++) {
+        if (r > warmup && performance.now() - tBucket > budgetMs) break;
         ks.forEach((k, ki) => {
           if (k > 0) {
             const t0 = performance.now();
