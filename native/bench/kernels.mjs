@@ -14,12 +14,17 @@
 //      with the default fp32 activations and with the opt-in bf16 activations (AMX when available),
 //   5. the same ratios on the portable path (m = 1, 4, 16) for reference,
 //   6. OpenBLAS sgemm/sgemv on fp32 weights of the same shape when libopenblas-dev is installed
-//      (bench-only: native/bench/openblas_sgemm.cc compiled into native/build/bench/).
+//      (bench-only: native/bench/openblas_sgemm.cc compiled into native/build/bench/),
+//   7. the memory-bound elementwise kernels (RMSNorm, RoPE, SwiGLU, softmax, argmax, top-p mask,
+//      bf16<->f32) on arrays far beyond cache: GB/s of bytes read + written, as a fraction of the copy
+//      bandwidth (their limit).
+// Attention, MLA, KDA and MoE have their own benches (native/bench/attention.mjs, kda_moe.mjs),
+// which `npm run bench:kernels` runs after this one.
 // Times are the minimum over repetitions (the machine may be shared), in milliseconds.
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { gemmBf16, isa, packBf16Weights, parallelCopy, setIsa } from '@specd/native';
+import { applyRope, argmax, bf16ToF32, f32ToBf16, gemmBf16, isa, packBf16Weights, parallelCopy, rmsNorm, setIsa, softmax, swiglu, topPMask } from '@specd/native';
 
 const quick = process.argv.includes('--quick');
 const reps = quick ? 3 : 7;
@@ -117,5 +122,35 @@ if (!existsSync(cblas)) {
     const [m, t, ratio, gflops] = line.split(' ');
     const ours = rows.find(([mm]) => mm === Number(m));
     console.log(`| ${m} | ${Number(t).toFixed(2)} | ${Number(ratio).toFixed(2)} | ${Number(gflops).toFixed(0)} | ${ours ? ours[1].toFixed(2) : ''} |`);
+  }
+}
+
+// 7. Memory-bound elementwise kernels: bytes read + written per call over the copy bandwidth.
+{
+  const rowsOf = (floats, dim) => Math.floor(floats / dim);
+  const F = (quick ? 16 : 32) << 20; // floats per input array (64 / 128 MiB)
+  const a = new Float32Array(F).map((_, i) => ((i * 2654435761) >>> 0) / 4294967296 - 0.5);
+  const b = new Float32Array(F).map((_, i) => ((i * 40503) % 1000) / 1000 - 0.5);
+  const o = new Float32Array(F);
+  const dim = 2048;
+  const vocab = 32768;
+  const w = new Float32Array(dim).fill(1);
+  const pos = Int32Array.from({ length: rowsOf(F, 16 * 128) }, (_, i) => i);
+  const u16 = new Uint16Array(F);
+  const cases = [
+    ['rmsNorm [rows, 2048]', () => rmsNorm(a, w, 1e-5, o), 2 * F * 4],
+    ['applyRope neox [tokens, 16 heads, 128]', () => applyRope(a, pos, { heads: 16, headDim: 128, theta: 10000, style: 'neox' }, o), 2 * F * 4],
+    ['swiglu (gate, up → out)', () => swiglu(a, b, o), 3 * F * 4],
+    ['softmax [rows, 32768]', () => softmax(a, vocab, 1, o), 2 * F * 4],
+    ['argmax [rows, 32768]', () => argmax(a, vocab), F * 4],
+    ['topPMask p = 0.9 [rows, 32768]', () => topPMask(a.subarray(0, 256 * vocab), vocab, 0.9, o.subarray(0, 256 * vocab)), 2 * 256 * vocab * 4],
+    ['f32ToBf16', () => f32ToBf16(a, u16), F * 6],
+    ['bf16ToF32', () => bf16ToF32(u16, o), F * 6],
+  ];
+  console.log(`\n| elementwise kernel (${(F * 4) >> 20} MiB f32 input) | t (ms) | GB/s (read + written) | of copy bandwidth |`);
+  console.log('|---|---:|---:|---:|');
+  for (const [name, fn, bytes] of cases) {
+    const t = minTimeMs(fn, quick ? 2 : 4);
+    console.log(`| ${name} | ${t.toFixed(2)} | ${(bytes / t / 1e6).toFixed(1)} | ${((100 * bytes) / t / 1e6 / copyGBs).toFixed(0)} % |`);
   }
 }
