@@ -207,7 +207,10 @@ def eagle3_loss(model: Eagle3Draft, target, seqs, hidden, tlogits, steps: int = 
 
 def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: float, seed: int = 0,
           batch: int = 32, lr: float = 1e-3, max_steps: int = 6000, gguf: str | None = None,
-          eval_every: int = 200):
+          eval_every: int = 200, resume: bool = False):
+    """Trains one drafter for `minutes` of wall time in all (with `resume`, across calls: each call
+    continues from out/last.pt — model, optimiser, step, log, RNG, seconds spent — until the total
+    budget or `max_steps` is used; the LR schedule runs over the total)."""
     dev = device()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -237,6 +240,18 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
     out.mkdir(parents=True, exist_ok=True)
     log, best, step, t0 = [], math.inf, 0, time.time()
     budget = minutes * 60
+    if resume and (out / "last.pt").exists():
+        ck = torch.load(out / "last.pt", map_location=dev, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, log, best = ck["step"], ck["log"], ck["best"]
+        rng = ck["rng"]
+        t0 = time.time() - ck["seconds"]  # the schedule and the budget count the earlier calls
+        print(f"{method}: resumed at step {step} ({ck['seconds']:.0f}s spent, best val {best:.4f})", flush=True)
+
+    def save_last():
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log, "best": best,
+                    "rng": rng, "seconds": time.time() - t0}, out / "last.pt")
 
     def run_batch(seqs, train_mode, lo=None):
         with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
@@ -279,6 +294,8 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
             if rec["val_loss"] < best:
                 best = rec["val_loss"]
                 torch.save({"model": model.state_dict(), "step": step}, out / "best.pt")
+            save_last()
+    save_last()
     if not (out / "best.pt").exists():
         torch.save({"model": model.state_dict(), "step": step}, out / "best.pt")
     (out / "log.json").write_text(json.dumps({"log": log, "best_val": best, "steps": step,
@@ -303,10 +320,12 @@ if __name__ == "__main__":
     ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-steps", type=int, default=6000)
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from OUT/last.pt; --minutes is then the total budget over all calls")
     a = ap.parse_args()
     if not (a.target or a.gguf):
         ap.error("one of --target / --gguf is required")
     if a.draft_vocab:
         SMOL_SIZES["draft_vocab"] = a.draft_vocab
     train(a.method, a.target, a.regen, a.out, a.minutes, batch=a.batch, max_steps=a.max_steps, gguf=a.gguf,
-          eval_every=a.eval_every, lr=a.lr)
+          eval_every=a.eval_every, lr=a.lr, resume=a.resume)
