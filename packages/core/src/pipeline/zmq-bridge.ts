@@ -20,7 +20,15 @@
  */
 
 import { parentPort, type MessagePort } from 'node:worker_threads';
-import * as zmq from 'zeromq';
+
+// loaded here, not at module level of the driver: only a process that opens a channel needs the addon
+let zmq: typeof import('zeromq') | undefined;
+let loadError: string | undefined;
+try {
+  zmq = await import('zeromq');
+} catch (err) {
+  loadError = `cannot load the zeromq package (${(err as Error).message}); set parallelism.transport to "fifo" or see README, "Libraries we chose"`;
+}
 
 /** What {@link ZmqChannel} passes to the bridge with `open`. @internal */
 export interface BridgeData {
@@ -44,6 +52,13 @@ function openChannel(data: BridgeData): void {
     Atomics.notify(ctl, 0);
   }
 
+  if (zmq === undefined) {
+    post({ t: 'error', message: loadError! });
+    ended = true;
+    toBridge.close();
+    toCaller.close();
+    return;
+  }
   const sock = new zmq.Pair({ linger: data.lingerMs });
   let closing = false;
   function end(): void {
