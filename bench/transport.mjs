@@ -4,20 +4,22 @@
 // the FIFO pair (FifoChannel both ends), between this process (the driver) and a forked peer process
 // (a stage's end that does no work).
 //
-//   npm run bench:transport          (root; run `npm run build` first; ~10 s)
-//   node bench/transport.mjs --n 2000 --big 30
+//   npm run bench:transport          (root; run `npm run build` first; ~20 s)
+//   node bench/transport.mjs --n 2000 --big 30 [--no-decode]
 //
 // Measured per transport, medians (and means for the small round trip):
 //   small: round trip of a request (JSON header + 4 int32) and its echo;
 //   4 MB up: the driver sends one 4 MB Float32Array frame, the peer answers a small ack;
 //   4 MB down: the driver sends a small request, the peer answers one 4 MB frame.
+// Then what it costs a real pipeline: plain greedy decode tokens/s of the shipped tiny target
+// (models/kimi-k3-tiny) at pp = 1, 2, 3 (default split) per transport, 64 tokens, median of 4.
 import { execFileSync, fork } from 'node:child_process';
 import * as fs from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { FifoChannel, processAlive, ZmqChannel } from '@specd/core';
+import { BUILTIN_PLUGIN_PACKAGES, FifoChannel, loadPipelineTarget, loadTarget, processAlive, SpecEngine, ZmqChannel } from '@specd/core';
 
 const argv = process.argv.slice(2);
 const arg = (name, dflt) => {
@@ -120,3 +122,31 @@ for (const mode of ['zmq', 'fifo']) {
   console.log(`| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`);
 }
 fs.rmSync(tmp, { recursive: true, force: true });
+
+if (!argv.includes('--no-decode')) {
+  const TARGET = fileURLToPath(new URL('../models/kimi-k3-tiny', import.meta.url));
+  const NEW = 64;
+  const decode = async (pp, transport) => {
+    const t = pp === 1 ? await loadTarget(TARGET, BUILTIN_PLUGIN_PACKAGES) : await loadPipelineTarget(TARGET, BUILTIN_PLUGIN_PACKAGES, { pp, transport });
+    const promptIds = t.tokenizer.encode('The history of the city begins with', { addSpecialTokens: false });
+    const ts = [];
+    for (let rep = 0; rep < 4; rep++) {
+      const engine = new SpecEngine(t.model, undefined, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 64 });
+      const t0 = performance.now();
+      engine.run([{ id: 'r', promptIds, maxTokens: NEW, sampling: { temperature: 0 }, seed: 1, ignoreEos: true }]);
+      ts.push(performance.now() - t0);
+    }
+    t.model.dispose();
+    return NEW / (median(ts) / 1000);
+  };
+  const one = await decode(1);
+  console.log(`\nkimi-k3-tiny, plain greedy, ${NEW} tokens (median of 4): pp 1 ${one.toFixed(0)} tok/s`);
+  console.log('| pp | zmq tok/s | fifo tok/s | zmq ms per stage hop | fifo ms per stage hop |');
+  console.log('| ---: | ---: | ---: | ---: | ---: |');
+  for (const pp of [2, 3]) {
+    const z = await decode(pp, 'zmq');
+    const f = await decode(pp, 'fifo');
+    const hop = (r) => ((1000 / r - 1000 / one) / (pp - 1)).toFixed(2);
+    console.log(`| ${pp} | ${z.toFixed(0)} | ${f.toFixed(0)} | ${hop(z)} | ${hop(f)} |`);
+  }
+}
