@@ -3,7 +3,9 @@
 // output of layer 3: exactly on the stage boundary, owned by stage 0), [3,5] (uneven), [2,3,3]
 // (EAGLE-3's taps [2,4,5]: the last stage owns none) — greedy SpecEngine output is token-for-token
 // pp = 1's, for every shipped drafter and for plain decoding; each stage loads only its layers; a
-// killed stage fails the request naming the stage, and no stage process is left behind.
+// killed stage fails the request naming the stage, and no stage process is left behind. Stages talk
+// to the driver over ZeroMQ (the default transport); the FIFO transport (`transport: 'fifo'`) is run
+// for one partition and for the killed stage.
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -80,7 +82,7 @@ describe.each([
   let pipe: LoadedTarget;
   let model: PipelineModel;
   beforeAll(async () => {
-    pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: partition.length, partition });
+    pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: partition.length, partition }); // ZeroMQ
     model = pipe.model as PipelineModel;
   });
   afterAll(() => pipe?.model.dispose());
@@ -128,12 +130,29 @@ describe.each([
   });
 });
 
-describe('stage failure', () => {
+describe('the FIFO transport', () => {
+  it('[3, 5] over FIFOs: plain and DFlash greedy output equal pp = 1', async () => {
+    const pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: 2, partition: [3, 5], transport: 'fifo' });
+    try {
+      const args = execFileSync('ps', ['-o', 'args=', '-p', String((pipe.model as PipelineModel).pids[0])], { encoding: 'utf8' });
+      expect(args).toMatch(/stage-worker\.js fifo /);
+      expect(generate(pipe, undefined)).toEqual(reference.get('plain'));
+      const d = await drafterFor(pipe, 'dflash');
+      expect(generate(pipe, d)).toEqual(reference.get('dflash'));
+      d.dispose();
+    } finally {
+      pipe.model.dispose();
+    }
+  });
+});
+
+describe.each(['zmq', 'fifo'] as const)('stage failure (%s)', (transport) => {
   it('killing a stage process mid-generation fails the request naming the stage; no stage process is left', async () => {
-    const pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: 3, partition: [2, 3, 3] });
+    const pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: 3, partition: [2, 3, 3], transport });
     const model = pipe.model as PipelineModel;
     const pids = model.pids;
     expect(pids).toHaveLength(2);
+    expect(execFileSync('ps', ['-o', 'args=', '-p', String(pids[0])], { encoding: 'utf8' })).toContain(`stage-worker.js ${transport} `);
     const d = await drafterFor(pipe, 'dflash');
     const engine = new SpecEngine(model, d, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4 });
     let n = 0;
@@ -157,7 +176,7 @@ describe('specd generate --pp', () => {
   it('--pp 2 --json gives the token ids of --pp 1 and leaves no stage process', () => {
     const run = (pp: string[]) => JSON.parse(execFileSync(process.execPath, [
       path.join(ROOT, 'packages/core/src/cli/bin.js'), 'generate', ...pp, '--json', '--prompt', PROMPT, '--max-tokens', '16', '--num-draft-tokens', '4', '--seed', '1',
-    ], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })) as { token_ids: number[]; method: string };
+    ], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 })) as { token_ids: number[]; method: string }; // exits by itself
     const one = run(['--pp', '1']);
     const two = run(['--pp', '2']);
     expect(two.method).toBe('dflash');

@@ -2,7 +2,7 @@
 // (shipped target + shipped DFlash) equals pp = 1's; the stage processes exit when the server closes,
 // and on SIGTERM / SIGINT of a `specd serve --pp 2` process; a killed stage fails the request in
 // flight and every later one with 500 naming the stage, while the server stays up and /health answers
-// 503 with the reason.
+// 503 with the reason; a `specd serve --pp 3` killed with SIGKILL leaves no stage process either.
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -167,6 +167,26 @@ describe('specd serve --pp', () => {
     const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
     child.kill(sig);
     expect(await exited).toBe(0);
+    await waitDead(stages);
+    expect(stages.filter(alive)).toEqual([]);
+  });
+
+  it('`specd serve --pp 3` killed by SIGKILL: the stage processes exit by themselves (no orphans)', async () => {
+    const child = spawn(process.execPath, [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    await new Promise<void>((resolve, reject) => {
+      child.stderr!.on('data', (d: Buffer) => {
+        err += d.toString();
+        if (/on (http:\/\/\S+)/.test(err)) resolve();
+      });
+      child.once('exit', (code) => reject(new Error(`serve exited with ${code}: ${err}`)));
+    });
+    const stages = fs.readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8').trim().split(/\s+/).map(Number);
+    expect(stages).toHaveLength(2);
+    expect(stages.every(alive)).toBe(true);
+    const exited = new Promise<NodeJS.Signals | null>((resolve) => child.once('exit', (_code, signal) => resolve(signal)));
+    child.kill('SIGKILL'); // no handler runs: the stages notice the driver's IPC channel closing
+    expect(await exited).toBe('SIGKILL');
     await waitDead(stages);
     expect(stages.filter(alive)).toEqual([]);
   });

@@ -97,6 +97,8 @@ export interface PipelineTargetOptions {
   readonly onProgress?: (p: LoadProgress) => void;
   /** TP × PP: tensor-parallel ranks per stage (default 1). */
   readonly tp?: number;
+  /** Driver ↔ stage transport (default `'zmq'`; {@link PipelineOptions.transport}). */
+  readonly transport?: 'zmq' | 'fifo';
 }
 
 /**
@@ -114,6 +116,7 @@ export async function loadPipelineTarget(modelDir: string, plugins: readonly str
   const tokenizer = Tokenizer.load(modelDir);
   const model = await startPipeline({
     ...(options.tp === undefined ? {} : { tp: options.tp }),
+    ...(options.transport === undefined ? {} : { transport: options.transport }),
     modelDir, plugins, pp: options.pp, ...(options.partition === undefined ? {} : { partition: options.partition }),
     ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
     ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
@@ -147,6 +150,8 @@ export interface ParallelTargetOptions {
   /** Under pp > 1: load the embedding on the last stage too (a drafter reuses it). */
   readonly lastStageEmbedding?: boolean;
   readonly onProgress?: (p: LoadProgress) => void;
+  /** Under pp > 1: driver ↔ stage transport (default `'zmq'`). */
+  readonly transport?: 'zmq' | 'fifo';
 }
 
 /**
@@ -173,6 +178,7 @@ export async function loadParallelTarget(modelDir: string, plugins: readonly str
   if (pp > 1) {
     return loadPipelineTarget(modelDir, plugins, {
       pp, ...(tp > 1 ? { tp } : {}), ...(options.partition === undefined ? {} : { partition: options.partition }),
+      ...(options.transport === undefined ? {} : { transport: options.transport }),
       ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
       ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
     }).catch(tp > 1 ? tpError : (err: Error): never => {

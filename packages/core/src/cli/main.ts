@@ -109,7 +109,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const pp = flags.pp ?? par.pp;
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   const target: LoadedTarget = await loadParallelTarget(modelDir, cfg.plugins, {
-    tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress,
+    tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress, transport: par.transport,
   });
   if (started) bar!.stop();
   try {

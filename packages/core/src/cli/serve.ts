@@ -66,7 +66,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   checkModelPath(modelDir);
   const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
   const sched = cfg.scheduler;
-  const target = await loadParallelTarget(modelDir, cfg.plugins, { tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined });
+  const target = await loadParallelTarget(modelDir, cfg.plugins, { tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, transport: par.transport });
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {

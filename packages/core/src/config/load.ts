@@ -40,7 +40,7 @@ export interface SpecdConfig {
     max_tokens_in_flight: number; max_sequence_tokens: number; page_size: number;
   };
   readonly server: { host: string; port: number; api_key?: string; body_limit_bytes: number; model_name?: string };
-  readonly parallelism: { tp: number; pp: number; partition?: number[] };
+  readonly parallelism: { tp: number; pp: number; partition?: number[]; transport: 'zmq' | 'fifo' };
   readonly pd: { role: 'none' | 'prefill' | 'decode'; bootstrap?: { host: string; port: number } };
 }
 

@@ -10,7 +10,7 @@
  *     "scheduler": {"max_running_requests": 8, "max_waiting_requests": 64, "prefill_chunk_tokens": 64,
  *                   "max_tokens_in_flight": 16384, "max_sequence_tokens": 2048, "page_size": 16},
  *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
- *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage]},   // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
+ *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage], "transport": "zmq" | "fifo"},   // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
  *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}} }  // reserved: only "none" runs
  */
 
@@ -104,6 +104,7 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         properties: {
           tp: { type: 'integer', minimum: 1, default: 1 },
           pp: { type: 'integer', minimum: 1, default: 1 },
+          transport: { enum: ['zmq', 'fifo'], default: 'zmq', description: 'pp > 1: how the driver talks to the stage processes: "zmq" = ZeroMQ PAIR sockets over ipc:// (default), "fifo" = a pair of named pipes per stage (same host only, lower latency)' },
           partition: { type: 'array', items: { type: 'integer', minimum: 1 }, minItems: 1, description: 'layers per pipeline stage (length pp, each >= 1, sum = num_hidden_layers, checked when the model loads); default: vLLM\'s split, the remainder on the stages before the last' },
         },
       },

@@ -18,6 +18,8 @@
  *   round trip.
  * - a stage process that dies fails the call in progress (and every later one) with a
  *   {@link PipelineStageError} naming the stage, its layers, pid and exit code / signal.
+ * - transport (`PipelineOptions.transport`): ZeroMQ PAIR sockets over `ipc://` (default;
+ *   zmq-channel.ts, zmq-stage.ts) or a pair of FIFOs per stage (transport.ts).
  */
 
 import { fork, execFileSync, type ChildProcess } from 'node:child_process';
@@ -35,7 +37,8 @@ import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-mode
 import { defaultPartition, partitionRanges } from './partition.js';
 import { loadStage, numHiddenLayers } from './stage-loader.js';
 import type { CacheOp, StageInit, WireSequence } from './stage-worker.js';
-import { FifoChannel, PeerGoneError, type Frame } from './transport.js';
+import { FifoChannel, PeerGoneError, type Frame, type SyncChannel } from './transport.js';
+import { processAlive, ZmqChannel } from './zmq-channel.js';
 
 /** A pipeline stage failed: it died (exit code / signal in the message) or its forward threw. */
 export class PipelineStageError extends Error {
@@ -132,7 +135,7 @@ export class RemoteStage implements StageModel {
     readonly index: number,
     readonly info: StageInfo,
     private readonly child: ChildProcess,
-    private readonly channel: FifoChannel,
+    private readonly channel: SyncChannel,
     readonly report: StageReport,
   ) {
     // the driver never sizes a cache from a remote stage (the stage process does)
@@ -268,7 +271,16 @@ export interface PipelineOptions {
    * max(1, ⌊CPUs / (tp · pp)⌋) unless `SPECD_NUM_THREADS` is set.
    */
   readonly tp?: number;
+  /**
+   * Driver ↔ stage transport: `'zmq'` (default) — ZeroMQ PAIR sockets over `ipc://` in a private temp
+   * dir (the issue's choice; a `tcp://` endpoint would let a stage live on another host later);
+   * `'fifo'` — a pair of named pipes per stage (same host only; lower latency, docs/BENCHMARKS.md).
+   */
+  readonly transport?: StageTransport;
 }
+
+/** How the driver and a stage process talk (see {@link PipelineOptions.transport}). */
+export type StageTransport = 'zmq' | 'fifo';
 
 /** The whole target as one {@link StageModel} over stage processes + the local last stage. */
 export class PipelineModel implements StageModel {
@@ -396,35 +408,93 @@ export class PipelineModel implements StageModel {
 /** The compiled stage-worker entry (next to this file in dist/). */
 export const STAGE_WORKER_SCRIPT = nodePath.join(nodePath.dirname(fileURLToPath(import.meta.url)), 'stage-worker.js');
 
-/** Forks stage `stage` and waits for it to load. */
-async function spawnStage(stage: number, init: Omit<StageInit, 'type' | 'stage'>, tmp: string): Promise<RemoteStage> {
+type Ready = { info: StageInfo; tensors: string[]; ranks?: RankReport[] };
+
+/** Sends `init` to a forked stage and waits for its `ready` (or its load error / exit) over the IPC channel. */
+function stageReady(child: ChildProcess, stage: number, init: Omit<StageInit, 'type' | 'stage'>, where: string, onWaiting?: (reject: (err: unknown) => void) => () => void): Promise<Ready> {
+  return new Promise<Ready>((resolve, reject) => {
+    let stop: (() => void) | undefined;
+    const onExit = (code: number | null, sig: NodeJS.Signals | null) => {
+      stop?.();
+      reject(new PipelineStageError(`${where} ${code !== null ? `exited with code ${code}` : `was killed by ${sig}`} while loading`));
+    };
+    child.once('exit', onExit);
+    child.once('message', (m: Ready & { type: string; name?: string; message?: string }) => {
+      child.off('exit', onExit);
+      if (m.type === 'ready') resolve(m);
+      else reject(new PipelineStageError(`${where}: ${m.name}: ${m.message}`));
+    });
+    stop = onWaiting?.(reject);
+    child.send({ type: 'init', stage, ...init } satisfies StageInit);
+  });
+}
+
+function stageReport(stage: number, init: Omit<StageInit, 'type' | 'stage'>, child: ChildProcess, ready: Ready): StageReport {
+  return { stage, layerStart: init.layerStart, layerEnd: init.layerEnd, pid: child.pid, tensors: ready.tensors, ...(ready.ranks === undefined ? {} : { ranks: ready.ranks }) };
+}
+
+function forkStage(args: string[]): ChildProcess {
+  const child = fork(STAGE_WORKER_SCRIPT, args, { stdio: ['ignore', 2, 2, 'ipc'], serialization: 'json' });
+  track(child);
+  return child;
+}
+
+/** Unix socket paths are limited to ~107 bytes: a longer temp dir falls back to local TCP. */
+function zmqEndpoint(tmp: string, stage: number): string {
+  const p = nodePath.join(tmp, `stage${stage}.zmq`);
+  return Buffer.byteLength(p) <= 100 ? `ipc://${p}` : 'tcp://127.0.0.1:*';
+}
+
+/**
+ * Forks stage `stage` connected over ZeroMQ and waits for it to load: the driver binds a PAIR socket
+ * (on its bridge thread), the stage connects and sends `hello` first, which the driver receives
+ * after `ready` — so the connection exists before startPipeline removes the temp dir holding the
+ * `ipc://` socket file. A dead stage is seen by its process's liveness.
+ */
+async function spawnStageZmq(stage: number, init: Omit<StageInit, 'type' | 'stage'>, tmp: string): Promise<RemoteStage> {
+  let pid: number | undefined;
+  const channel = ZmqChannel.bind(zmqEndpoint(tmp, stage), { isPeerAlive: () => processAlive(pid) });
+  let child: ChildProcess | undefined;
+  try {
+    child = forkStage(['zmq', channel.endpoint]);
+    pid = child.pid;
+    const where = `pipeline stage ${stage} (layers ${init.layerStart}–${init.layerEnd - 1}, pid ${child.pid})`;
+    const ready = await stageReady(child, stage, init, where);
+    let hello;
+    try {
+      hello = channel.receive();
+    } catch (err) {
+      throw new PipelineStageError(`${where} ${exitDescription(child)} before connecting`, { cause: err });
+    }
+    if (hello.header['type'] !== 'hello') throw new PipelineStageError(`${where}: expected hello, got ${String(hello.header['type'])}`);
+    child.channel?.unref();
+    child.unref();
+    return new RemoteStage(stage, ready.info, child, channel, stageReport(stage, init, child, ready));
+  } catch (err) {
+    if (child !== undefined) {
+      child.kill('SIGKILL');
+      live.delete(child);
+    }
+    channel.close();
+    throw err;
+  }
+}
+
+/** Forks stage `stage` connected by a pair of FIFOs and waits for it to load. */
+async function spawnStageFifo(stage: number, init: Omit<StageInit, 'type' | 'stage'>, tmp: string): Promise<RemoteStage> {
   const req = nodePath.join(tmp, `stage${stage}.req`);
   const resp = nodePath.join(tmp, `stage${stage}.resp`);
   execFileSync('mkfifo', [req, resp]);
   // the response FIFO's read end first (non-blocking): the stage's blocking open for writing then succeeds at once
   const readFd = fs.openSync(resp, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
-  const child = fork(STAGE_WORKER_SCRIPT, [req, resp], { stdio: ['ignore', 2, 2, 'ipc'], serialization: 'json' });
-  track(child);
+  const child = forkStage(['fifo', req, resp]);
   let writeFd: number | undefined;
   const where = `pipeline stage ${stage} (layers ${init.layerStart}–${init.layerEnd - 1}, pid ${child.pid})`;
   try {
-    const ready = await new Promise<{ info: StageInfo; tensors: string[]; ranks?: RankReport[] }>((resolve, reject) => {
-      let opening: NodeJS.Timeout | undefined;
-      const onExit = (code: number | null, sig: NodeJS.Signals | null) => {
-        clearTimeout(opening);
-        reject(new PipelineStageError(`${where} ${code !== null ? `exited with code ${code}` : `was killed by ${sig}`} while loading`));
-      };
-      child.once('exit', onExit);
-      child.once('message', (m: { type: string; info: StageInfo; tensors: string[]; ranks?: RankReport[]; name?: string; message?: string }) => {
-        if (m.type === 'ready') {
-          child.off('exit', onExit);
-          resolve(m);
-        } else {
-          reject(new PipelineStageError(`${where}: ${m.name}: ${m.message}`));
-        }
-      });
+    const ready = await stageReady(child, stage, init, where, (reject) => {
       // the request FIFO's write end: succeeds once the stage has opened it for reading
-      const open = () => {
+      let opening: NodeJS.Timeout | undefined;
+      const open = (): void => {
         try {
           writeFd = fs.openSync(req, fs.constants.O_WRONLY | fs.constants.O_NONBLOCK);
         } catch (err) {
@@ -433,13 +503,12 @@ async function spawnStage(stage: number, init: Omit<StageInit, 'type' | 'stage'>
         }
       };
       open();
-      child.send({ type: 'init', stage, ...init } satisfies StageInit);
+      return () => clearTimeout(opening);
     });
     if (writeFd === undefined) throw new PipelineStageError(`${where}: ready before its request channel opened`);
     child.channel?.unref();
     child.unref();
-    const report: StageReport = { stage, layerStart: init.layerStart, layerEnd: init.layerEnd, pid: child.pid, tensors: ready.tensors, ...(ready.ranks === undefined ? {} : { ranks: ready.ranks }) };
-    return new RemoteStage(stage, ready.info, child, new FifoChannel(readFd, writeFd), report);
+    return new RemoteStage(stage, ready.info, child, new FifoChannel(readFd, writeFd), stageReport(stage, init, child, ready));
   } catch (err) {
     child.kill('SIGKILL');
     live.delete(child);
@@ -469,6 +538,9 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   const par = tp > 1 ? { tp, ...(kernelThreads === undefined ? {} : { kernelThreads }) } : {};
   const tmp = fs.mkdtempSync(nodePath.join(os.tmpdir(), 'specd-pp-'));
   const [ls, le] = ranges[ranges.length - 1]!;
+  const transport = options.transport ?? 'zmq';
+  if (transport !== 'zmq' && transport !== 'fifo') throw new PipelineStageError(`startPipeline: transport must be 'zmq' or 'fifo', got ${String(transport)}`);
+  const spawnStage = transport === 'zmq' ? spawnStageZmq : spawnStageFifo;
   const remotes = ranges.slice(0, -1).map(([a, b], k) => spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b, ...par }, tmp));
   const embedding = options.lastStageEmbedding ?? true;
   const lastP: Promise<{ model: StageModel; tensors: string[]; ranks?: readonly RankReport[] }> = tp > 1

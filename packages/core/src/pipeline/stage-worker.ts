@@ -1,16 +1,20 @@
 /**
  * The entry script of a pipeline stage process (forked by {@link startPipeline}; `dist/pipeline/stage-worker.js`).
  *
- * argv: `<request fifo> <response fifo>`. Over the IPC channel it receives one `init`
+ * argv: `zmq <endpoint>` (the default transport: a ZeroMQ PAIR socket connected to the driver's,
+ * served on this process's event loop, zmq-stage.ts) or `fifo <request fifo> <response fifo>`
+ * ({@link FifoChannel}, served synchronously). Over the IPC channel it receives one `init`
  * (`{modelDir, plugins, layerStart, layerEnd, stage, tp?}`), loads ONLY that layer range through the
  * model plugin — with tp > 1 (TP × PP) as a tensor-parallel group whose ranks each load their shard of
  * the range (`startTensorParallel` with `range`; rank 0 on this thread, ranks 1 … tp−1 worker threads
- * of this process) — opens the FIFOs and answers `ready` (`{info, tensors, ranks?}`) or `error`. From then on it serves
- * requests from the request FIFO synchronously ({@link FifoChannel}), one at a time:
+ * of this process) — opens its channel and answers `ready` (`{info, tensors, ranks?}`) or `error`. From
+ * then on it serves requests one at a time:
  *   `forward` — apply the queued cache operations, then run the stage; reply `{taps}` + frames
  *               `[hidden, …taps]`;
  *   `exit`    — close and exit.
- * End of file on the request FIFO (the driver is gone, even killed with SIGKILL) exits the process.
+ * The driver's death (even by SIGKILL) exits the process: under FIFOs as end of file on the request
+ * FIFO; under ZeroMQ (which hides a vanished peer) as the IPC channel's `disconnect`, with a check
+ * of the parent pid every 500 ms as a second line.
  *
  * Cache operations mirror what the driver's engine did to its own cache since the last request
  * (see pipeline-model.ts, `PipelineCache`): `cache` (create, with the driver's options), `drop`,
@@ -82,7 +86,21 @@ class StageServer extends CacheReplica {
   }
 }
 
-function serve(server: StageServer, ch: FifoChannel): never {
+/** One request → its reply, or `'exit'`. */
+function handle(server: StageServer, msg: Message): Message | 'exit' {
+  const type = msg.header['type'];
+  if (type === 'exit') return 'exit';
+  try {
+    if (type !== 'forward') throw new Error(`stage: unknown request ${String(type)}`);
+    return server.forward(msg.header, msg.frames);
+  } catch (err) {
+    const e = err as Error;
+    return { header: { type: 'error', name: e.name, message: e.message }, frames: [] };
+  }
+}
+
+/** The FIFO transport's loop (synchronous: end of file on the request FIFO = the driver is gone). */
+function serveFifo(server: StageServer, ch: FifoChannel): never {
   for (;;) {
     let msg: Message;
     try {
@@ -91,18 +109,10 @@ function serve(server: StageServer, ch: FifoChannel): never {
       if (err instanceof PeerGoneError) process.exit(0);
       throw err;
     }
-    const type = msg.header['type'];
-    if (type === 'exit') {
+    const reply = handle(server, msg);
+    if (reply === 'exit') {
       ch.close();
       process.exit(0);
-    }
-    let reply: Message;
-    try {
-      if (type !== 'forward') throw new Error(`stage: unknown request ${String(type)}`);
-      reply = server.forward(msg.header, msg.frames);
-    } catch (err) {
-      const e = err as Error;
-      reply = { header: { type: 'error', name: e.name, message: e.message }, frames: [] };
     }
     try {
       ch.send(reply);
@@ -113,12 +123,23 @@ function serve(server: StageServer, ch: FifoChannel): never {
   }
 }
 
+/** Exits when the driver is gone: its IPC channel closed, or this process re-parented. */
+function exitWithDriver(): void {
+  const driver = process.ppid;
+  process.once('disconnect', () => process.exit(0));
+  setInterval(() => {
+    if (process.ppid !== driver) process.exit(0);
+  }, 500).unref();
+}
+
 async function main(): Promise<void> {
-  const [reqPath, respPath] = process.argv.slice(2);
-  if (reqPath === undefined || respPath === undefined || process.send === undefined) {
-    process.stderr.write('stage-worker: run by startPipeline (argv: <request fifo> <response fifo>, IPC channel)\n');
+  const [transport, reqPath, respPath] = process.argv.slice(2);
+  const ok = transport === 'zmq' ? reqPath !== undefined : transport === 'fifo' && reqPath !== undefined && respPath !== undefined;
+  if (!ok || process.send === undefined) {
+    process.stderr.write('stage-worker: run by startPipeline (argv: zmq <endpoint> | fifo <request fifo> <response fifo>; IPC channel)\n');
     process.exit(2);
   }
+  if (transport === 'zmq') exitWithDriver();
   const init = await new Promise<StageInit>((resolve) => process.once('message', (m) => resolve(m as StageInit)));
   let server: StageServer;
   let tensors: string[];
@@ -141,12 +162,22 @@ async function main(): Promise<void> {
     }
     server = new StageServer(model);
     const info = model.info;
+    if (transport === 'zmq') {
+      const { serveZmq } = await import('./zmq-stage.js');
+      const serving = serveZmq(reqPath!, (msg) => handle(server, msg));
+      await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) }, (err: Error | null) => (err ? reject(err) : resolve())));
+      await serving.catch((err: Error) => {
+        process.stderr.write(`pipeline stage ${init.stage}: ${err.message}\n`);
+        process.exit(1);
+      });
+      process.exit(0);
+    }
     // the driver holds the response FIFO open for reading already; the request FIFO opens when it writes
-    const writeFd = fs.openSync(respPath, 'w');
-    const readFd = fs.openSync(reqPath, 'r');
+    const writeFd = fs.openSync(respPath!, 'w');
+    const readFd = fs.openSync(reqPath!, 'r');
     const ch = new FifoChannel(readFd, writeFd, 5);
     await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) }, (err: Error | null) => (err ? reject(err) : resolve())));
-    serve(server, ch);
+    serveFifo(server, ch);
   } catch (err) {
     const e = err as Error;
     await new Promise<void>((resolve) => process.send!({ type: 'error', name: e.name, message: e.message }, () => resolve()));

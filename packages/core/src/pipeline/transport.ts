@@ -1,14 +1,18 @@
 /**
- * The pipeline's stage transport: a small, **synchronous** request/response channel between the
+ * The pipeline's stage transports: a small, **synchronous** request/response channel between the
  * driver process and one stage process. {@link StageModel.forward} is synchronous (the engine's
- * step is), so the driver must block until the stage answers; ZeroMQ's Node binding (v6) is
- * promise-only and cannot do that without a worker-thread bridge — see docs/ARCHITECTURE.md, "Pipeline
- * parallelism". This transport is a pair of named pipes (FIFOs) read and written with
- * `fs.readSync` / `fs.writeSync` (Linux / macOS; `mkfifo` must exist).
+ * step is), so the driver must block until the stage answers — see docs/ARCHITECTURE.md, "Pipeline
+ * parallelism". Two implementations of {@link SyncChannel}:
+ * - `ZmqChannel` (zmq-channel.ts, the default): a ZeroMQ PAIR socket, owned by a bridge worker
+ *   thread because ZeroMQ's Node binding (v6) is promise-only;
+ * - {@link FifoChannel} (here): a pair of named pipes (FIFOs) read and written with
+ *   `fs.readSync` / `fs.writeSync` (Linux / macOS; `mkfifo` must exist).
  *
  * A message is a small JSON header plus raw tensor frames (no JSON for tensors):
  *   u32 LE header bytes · header (UTF-8 JSON, with `frames: [{dtype, length}]`) · frame bytes…
- * A frame is a Float32Array or an Int32Array; it arrives as a fresh, aligned copy.
+ * A frame is a Float32Array or an Int32Array. Over the FIFOs it arrives as a fresh, aligned copy;
+ * over ZeroMQ the whole message is one ZeroMQ message ({@link encodeMessage}, header space-padded so
+ * that frames are 4-byte aligned) and frames are views of the received buffer.
  *
  * End of file on a read (every writer gone) or EPIPE on a write (no reader) means the peer died:
  * {@link PeerGoneError}.
@@ -60,6 +64,50 @@ class Backoff {
 }
 
 const DTYPES = { f32: Float32Array, i32: Int32Array } as const;
+
+/**
+ * One message as one buffer (the ZeroMQ transport's message): the wire format above, with the JSON
+ * header space-padded so that every frame starts 4-byte aligned. The one copy of the frames.
+ */
+export function encodeMessage(msg: Message): ArrayBuffer {
+  const frames = msg.frames.map((f) => ({ dtype: f instanceof Float32Array ? 'f32' : 'i32', length: f.length }));
+  const json = Buffer.from(JSON.stringify({ ...msg.header, frames }), 'utf8');
+  const headLen = json.length + ((4 - (json.length % 4)) % 4);
+  const total = 4 + headLen + msg.frames.reduce((a, f) => a + f.byteLength, 0);
+  const ab = new ArrayBuffer(total);
+  const u8 = new Uint8Array(ab);
+  new DataView(ab).setUint32(0, headLen, true);
+  u8.set(json, 4);
+  u8.fill(0x20, 4 + json.length, 4 + headLen);
+  let at = 4 + headLen;
+  for (const f of msg.frames) {
+    u8.set(new Uint8Array(f.buffer, f.byteOffset, f.byteLength), at);
+    at += f.byteLength;
+  }
+  return ab;
+}
+
+/**
+ * Decodes one whole message ({@link encodeMessage}'s format); frames are views of `bytes` where they
+ * are 4-byte aligned in memory, copies otherwise. @throws {Error} for a truncated message
+ */
+export function decodeMessage(bytes: Uint8Array<ArrayBuffer>): Message {
+  if (bytes.byteLength < 4) throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes)`);
+  const n = new DataView(bytes.buffer, bytes.byteOffset, 4).getUint32(0, true);
+  if (4 + n > bytes.byteLength) throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes, header ends at ${4 + n})`);
+  const header = JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + 4, n).toString('utf8')) as Record<string, unknown> & { frames: { dtype: 'f32' | 'i32'; length: number }[] };
+  let at = 4 + n;
+  const frames: Frame[] = header.frames.map(({ dtype, length }) => {
+    const T = DTYPES[dtype];
+    const len = length * 4;
+    if (at + len > bytes.byteLength) throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes, frame ends at ${at + len})`);
+    const off = bytes.byteOffset + at;
+    const f = off % 4 === 0 ? new T(bytes.buffer, off, length) : new T(bytes.buffer.slice(off, off + len));
+    at += len;
+    return f;
+  });
+  return { header, frames };
+}
 
 /**
  * A FIFO pair as a {@link SyncChannel}. `readFd` / `writeFd` may be blocking or non-blocking

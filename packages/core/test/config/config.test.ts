@@ -46,7 +46,7 @@ describe('config schema', () => {
     expect(c.sampling).toEqual({ temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 });
     expect(c.scheduler).toEqual({ max_running_requests: 8, max_waiting_requests: 64, prefill_chunk_tokens: 64, max_tokens_in_flight: 16384, max_sequence_tokens: 2048, page_size: 16 });
     expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, body_limit_bytes: 1048576 });
-    expect(c.parallelism).toEqual({ tp: 1, pp: 1 });
+    expect(c.parallelism).toEqual({ tp: 1, pp: 1, transport: 'zmq' });
     expect(c.pd).toEqual({ role: 'none' });
   });
 
