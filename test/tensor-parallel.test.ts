@@ -13,56 +13,21 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTarget, loadTensorParallelTarget, SequenceCache, SpecEngine, TensorParallelModel,
+  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTarget, loadTensorParallelTarget, SequenceCache, TensorParallelModel,
   type Drafter, type LoadedTarget, type StageModel, type TensorRead,
 } from '@specd/core';
+
+import { TpEquivalence } from './tp-equivalence.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
 const DRAFTERS = ['dflash', 'dspark', 'eagle3'] as const;
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
 const PROMPTS = ['The history of the city begins with', 'def fibonacci(n):'];
-const MAX_TOKENS = 24;
-const NEAR_TIE = 1e-3;
-
 let whole: LoadedTarget;
 let tp2: LoadedTarget;
 let promptIds: Int32Array[];
-/** Near-tie differences seen (reported at the end). */
-const nearTies: string[] = [];
-
-function generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): number[][] {
-  const engine = new SpecEngine(target.model, drafter, {
-    maxSequences: 2, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4, ...(commit === undefined ? {} : { commit }),
-  });
-  const out = engine.run(promptIds.map((p, i) => ({ id: `r${i}`, promptIds: p, maxTokens: MAX_TOKENS, sampling: { temperature: 0 }, seed: 1, ignoreEos: true })));
-  return out.map((r) => r.tokenIds);
-}
-
-/** Top-2 logit gap of the tp = 1 model after `prompt + prefix` (decode kernels). */
-function gapAfter(model: StageModel, prompt: Int32Array, prefix: readonly number[]): number {
-  const tokens = Int32Array.from([...prompt, ...prefix]);
-  const cache = new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: Math.ceil(tokens.length / 16) + 1, numSlots: 1 });
-  cache.add(0);
-  const logits = model.forward({ sequences: [{ id: 0, position: 0, tokens, logits: 'last' }] }, cache).logits!;
-  const sorted = Float32Array.from(logits).sort().reverse();
-  return sorted[0]! - sorted[1]!;
-}
-
-/** tp = 2 output equals tp = 1's, or first differs at a near-tie of the tp = 1 run (recorded). */
-function expectEquivalent(label: string, ref: number[][], got: number[][]): void {
-  ref.forEach((a, s) => {
-    const b = got[s]!;
-    const i = a.findIndex((t, j) => t !== b[j]);
-    if (i < 0) {
-      expect(b).toEqual(a);
-      return;
-    }
-    const gap = gapAfter(whole.model, promptIds[s]!, a.slice(0, i));
-    nearTies.push(`${label} prompt ${s}: first difference at token ${i} (tp=1 ${a[i]}, tp=2 ${b[i]}), top-2 gap ${gap.toExponential(2)}`);
-    expect(gap, `${label} prompt ${s}: tp=2 differs at token ${i} where tp=1's top-2 gap is ${gap}`).toBeLessThan(NEAR_TIE);
-  });
-}
+let eq: TpEquivalence;
 
 async function drafterFor(target: LoadedTarget, method: string): Promise<Drafter> {
   return (await loadDrafter(path.join(ROOT, 'models', `kimi-k3-tiny-${method}`), PLUGINS, target, 256, 2)).drafter;
@@ -71,6 +36,7 @@ async function drafterFor(target: LoadedTarget, method: string): Promise<Drafter
 beforeAll(async () => {
   whole = await loadTarget(TARGET, PLUGINS);
   promptIds = PROMPTS.map((p) => whole.tokenizer.encode(p, { addSpecialTokens: false }));
+  eq = new TpEquivalence(whole, promptIds, 'tp=2');
   tp2 = await loadTensorParallelTarget(TARGET, PLUGINS, { tp: 2 });
 });
 
@@ -78,13 +44,13 @@ afterAll(() => {
   tp2?.model.dispose();
   whole?.model.dispose();
   // the number of near-tie differences is part of the result
-  process.stdout.write(`tensor-parallel: ${nearTies.length} near-tie difference(s)${nearTies.map((n) => `\n  ${n}`).join('')}\n`);
+  process.stdout.write(`tensor-parallel: ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`);
 });
 
 describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', () => {
   it('plain decoding', () => {
     expect(tp2.model).toBeInstanceOf(TensorParallelModel);
-    expectEquivalent('plain', generate(whole, undefined), generate(tp2, undefined));
+    eq.expectEquivalent('plain', eq.generate(whole, undefined), eq.generate(tp2, undefined));
   });
 
   for (const m of DRAFTERS) {
@@ -92,8 +58,8 @@ describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', (
       const d1 = await drafterFor(whole, m);
       const d2 = await drafterFor(tp2, m);
       try {
-        expectEquivalent(m, generate(whole, d1), generate(tp2, d2));
-        if (m === 'dflash') expectEquivalent('dflash (replay commit)', generate(whole, d1, 'replay'), generate(tp2, d2, 'replay'));
+        eq.expectEquivalent(m, eq.generate(whole, d1), eq.generate(tp2, d2));
+        if (m === 'dflash') eq.expectEquivalent('dflash (replay commit)', eq.generate(whole, d1, 'replay'), eq.generate(tp2, d2, 'replay'));
       } finally {
         d1.dispose();
         d2.dispose();
@@ -136,7 +102,7 @@ describe('failures', () => {
     const ok = model.forward({ sequences: [{ id: 0, position: 0, tokens: promptIds[0]!, logits: 'last' }] }, cache);
     expect(ok.logits!.length).toBe(8192);
     cache.finish(0);
-    expectEquivalent('after failures', generate(whole, undefined), generate(tp2, undefined));
+    eq.expectEquivalent('after failures', eq.generate(whole, undefined), eq.generate(tp2, undefined));
   });
 });
 
@@ -225,7 +191,7 @@ describe('refusals and the CLI', () => {
     const run = (extra: string[]) => JSON.parse(execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 })) as { token_ids: number[]; text: string };
     const one = run(['--tp', '1']);
     const two = run(['--tp', '2']);
-    expectEquivalent('cli', [one.token_ids], [two.token_ids]);
+    eq.expectEquivalent('cli', [one.token_ids], [two.token_ids]);
     const fail = (extra: string[]) => {
       try {
         execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', stdio: 'pipe', timeout: 60_000 });
@@ -255,7 +221,7 @@ describe('refusals and the CLI', () => {
     };
     const one = await complete(1);
     const two = await complete(2);
-    if (two !== one) nearTies.push(`serve: texts differ: ${JSON.stringify(one)} vs ${JSON.stringify(two)}`);
+    if (two !== one) eq.nearTies.push(`serve: texts differ: ${JSON.stringify(one)} vs ${JSON.stringify(two)}`);
     expect(two).toBe(one);
   }, 60_000);
 });

@@ -15,52 +15,20 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadParallelTarget, loadTarget, PipelineModel, SequenceCache, SpecEngine, TensorParallelModel,
-  type Drafter, type LoadedTarget, type StageModel, type TensorRead,
+  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadParallelTarget, loadTarget, PipelineModel, TensorParallelModel,
+  type LoadedTarget, type TensorRead,
 } from '@specd/core';
+
+import { TpEquivalence } from './tp-equivalence.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
 const PROMPTS = ['The history of the city begins with', 'def fibonacci(n):'];
-const MAX_TOKENS = 24;
-const NEAR_TIE = 1e-3;
-
 let whole: LoadedTarget;
 let tpp: LoadedTarget;
 let promptIds: Int32Array[];
-const nearTies: string[] = [];
-
-function generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): number[][] {
-  const engine = new SpecEngine(target.model, drafter, {
-    maxSequences: 2, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4, ...(commit === undefined ? {} : { commit }),
-  });
-  const out = engine.run(promptIds.map((p, i) => ({ id: `r${i}`, promptIds: p, maxTokens: MAX_TOKENS, sampling: { temperature: 0 }, seed: 1, ignoreEos: true })));
-  return out.map((r) => r.tokenIds);
-}
-
-function gapAfter(model: StageModel, prompt: Int32Array, prefix: readonly number[]): number {
-  const tokens = Int32Array.from([...prompt, ...prefix]);
-  const cache = new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: Math.ceil(tokens.length / 16) + 1, numSlots: 1 });
-  cache.add(0);
-  const logits = model.forward({ sequences: [{ id: 0, position: 0, tokens, logits: 'last' }] }, cache).logits!;
-  const sorted = Float32Array.from(logits).sort().reverse();
-  return sorted[0]! - sorted[1]!;
-}
-
-function expectEquivalent(label: string, ref: number[][], got: number[][]): void {
-  ref.forEach((a, s) => {
-    const b = got[s]!;
-    const i = a.findIndex((t, j) => t !== b[j]);
-    if (i < 0) {
-      expect(b).toEqual(a);
-      return;
-    }
-    const gap = gapAfter(whole.model, promptIds[s]!, a.slice(0, i));
-    nearTies.push(`${label} prompt ${s}: first difference at token ${i} (tp=1 ${a[i]}, tp=2×pp=2 ${b[i]}), top-2 gap ${gap.toExponential(2)}`);
-    expect(gap, `${label} prompt ${s}: differs at token ${i} where tp=1's top-2 gap is ${gap}`).toBeLessThan(NEAR_TIE);
-  });
-}
+let eq: TpEquivalence;
 
 function alive(pid: number): boolean {
   try {
@@ -73,27 +41,28 @@ function alive(pid: number): boolean {
 beforeAll(async () => {
   whole = await loadTarget(TARGET, PLUGINS);
   promptIds = PROMPTS.map((p) => whole.tokenizer.encode(p, { addSpecialTokens: false }));
+  eq = new TpEquivalence(whole, promptIds, 'tp=2×pp=2');
   tpp = await loadParallelTarget(TARGET, PLUGINS, { tp: 2, pp: 2, lastStageEmbedding: true });
 });
 
 afterAll(() => {
   whole?.model.dispose();
-  process.stdout.write(`tp×pp: ${nearTies.length} near-tie difference(s)${nearTies.map((n) => `\n  ${n}`).join('')}\n`);
+  process.stdout.write(`tp×pp: ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`);
 });
 
 describe('tp = 2 × pp = 2 vs tp = 1, pp = 1 (greedy, 2 sequences batched)', () => {
   it('plain decoding', () => {
     expect(tpp.model).toBeInstanceOf(PipelineModel);
     expect((tpp.model as PipelineModel).last).toBeInstanceOf(TensorParallelModel);
-    expectEquivalent('plain', generate(whole, undefined), generate(tpp, undefined));
+    eq.expectEquivalent('plain', eq.generate(whole, undefined), eq.generate(tpp, undefined));
   });
 
   it('dflash (snapshot and replay commit)', async () => {
     const d1 = (await loadDrafter(path.join(ROOT, 'models/kimi-k3-tiny-dflash'), PLUGINS, whole, 256, 2)).drafter;
     const d2 = (await loadDrafter(path.join(ROOT, 'models/kimi-k3-tiny-dflash'), PLUGINS, tpp, 256, 2)).drafter;
     try {
-      expectEquivalent('dflash', generate(whole, d1), generate(tpp, d2));
-      expectEquivalent('dflash (replay commit)', generate(whole, d1, 'replay'), generate(tpp, d2, 'replay'));
+      eq.expectEquivalent('dflash', eq.generate(whole, d1), eq.generate(tpp, d2));
+      eq.expectEquivalent('dflash (replay commit)', eq.generate(whole, d1, 'replay'), eq.generate(tpp, d2, 'replay'));
     } finally {
       d1.dispose();
       d2.dispose();
@@ -165,7 +134,7 @@ describe('the CLI', () => {
     const bin = path.join(ROOT, 'packages/core/src/cli/bin.js');
     const args = ['generate', '--prompt', PROMPTS[0]!, '--max-tokens', '16', '--ignore-eos', '--temperature', '0', '--seed', '1', '--json'];
     const run = (extra: string[]) => JSON.parse(execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 })) as { token_ids: number[] };
-    expectEquivalent('cli', [run([]).token_ids], [run(['--tp', '2', '--pp', '2']).token_ids]);
+    eq.expectEquivalent('cli', [run([]).token_ids], [run(['--tp', '2', '--pp', '2']).token_ids]);
     let err = '';
     try {
       execFileSync(process.execPath, [bin, ...args, '--tp', '3', '--pp', '2'], { cwd: ROOT, encoding: 'utf8', stdio: 'pipe', timeout: 60_000 });
