@@ -20,12 +20,12 @@
  */
 
 import {
-  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
+  DrafterError, PagedKvPool, TapProjection, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal, type ProjectionLoadOptions,
   type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
-  applyRope, argmax, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
+  applyRope, argmax, gemmBf16, makePagedBatch, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
   writeKvPages, type KvPageLayout, type PackedBf16Weights,
 } from '@specd/native';
 
@@ -91,18 +91,12 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
   if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dflash: ${source.dir}: ${m}`) });
   const D = c.hiddenSize;
-  const nT = c.taps.length;
-  const fcShape = r.shape('fc.weight');
-  if (fcShape.length !== 2 || fcShape[0] !== D || fcShape[1] !== nT * D) {
-    throw new DrafterError(`${where}: fc.weight is [${fcShape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
-  }
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
   }
   if (!contextOnly && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
-  const fc = r.bf16('fc.weight', [D, nT * D]);
-  const fcBlocks = c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D));
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where);
   const H = c.numHeads;
   const KV = c.numKvHeads;
   const hd = c.headDim;
@@ -130,7 +124,22 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
   }
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
-  return new DFlashDrafter(c, t, fcBlocks, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq);
+  return new DFlashDrafter(c, t, projection, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq);
+}
+
+/**
+ * One pipeline stage's share of a DFlash checkpoint's context projection
+ * (`DrafterPlugin.loadProjection`, REFERENCE.md §8): the `[D, D]` column blocks of `fc.weight` for
+ * `options.taps` only — bit for bit the blocks {@link loadDFlashDrafter} packs, so the stage adds the
+ * same products the whole drafter would.
+ * @param method the error prefix (`'dspark'` for DSpark's backbone).
+ * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
+ */
+export function loadDFlashProjection(source: DrafterSource, config: DFlashConfig, options: ProjectionLoadOptions, method = 'dflash'): TapProjection {
+  const where = `${method}: ${source.dir}`;
+  if (config.hiddenSize !== options.hiddenSize) throw new DrafterError(`${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`);
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
@@ -144,8 +153,8 @@ export class DFlashDrafter implements Drafter {
   constructor(
     readonly config: DFlashConfig,
     private readonly target: StageModel,
-    /** fc column block of each tap (checkpoint order), `[D, D]` packed. */
-    private fcBlocks: PackedBf16Weights[],
+    /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
+    private projection: TapProjection,
     private readonly hiddenNorm: Float32Array,
     /** The final `norm`; undefined when loaded context-KV-only. */
     private readonly finalNorm: Float32Array | undefined,
@@ -176,17 +185,7 @@ export class DFlashDrafter implements Drafter {
   }
 
   projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
-    const D = this.config.hiddenSize;
-    const acc = accumulator ?? new Float32Array(numTokens * D);
-    if (acc.length !== numTokens * D) throw new DrafterError(`dflash: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
-    for (const [tap, h] of stageTaps) {
-      const i = this.config.taps.indexOf(tap);
-      if (i < 0) throw new DrafterError(`dflash: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${this.config.taps.join(', ')}]`);
-      if (h.length !== numTokens * D) throw new DrafterError(`dflash: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
-      const y = gemmBf16(h, numTokens, this.fcBlocks[i]!);
-      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
-    }
-    return acc;
+    return this.projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
   writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
@@ -342,7 +341,7 @@ export class DFlashDrafter implements Drafter {
 
   dispose(): void {
     this.layers = [];
-    this.fcBlocks = [];
+    this.projection.dispose();
   }
 
   /** K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each. */

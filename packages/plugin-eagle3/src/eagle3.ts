@@ -52,8 +52,8 @@
  */
 
 import {
-  DrafterError, PagedKvPool, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
+  DrafterError, PagedKvPool, TapProjection, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal, type ProjectionLoadOptions,
   type DraftSequence, type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
@@ -74,8 +74,8 @@ export const EAGLE3_LAYER_PREFIXES: readonly string[] = Object.freeze(['midlayer
 
 /** The packed weights of the draft (one decoder layer + head). */
 interface Eagle3Weights {
-  /** fc column block of each tap (checkpoint order), `[D, D]` packed. */
-  readonly fcBlocks: PackedBf16Weights[];
+  /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
+  readonly projection: TapProjection;
   readonly inputNorm: Float32Array;
   readonly hiddenNorm: Float32Array;
   readonly postNorm: Float32Array;
@@ -179,6 +179,19 @@ function treeRefusal(info: StageInfo): DrafterError | undefined {
 }
 
 /**
+ * One pipeline stage's share of an EAGLE-3 checkpoint's context projection
+ * (`DrafterPlugin.loadProjection`, REFERENCE.md §8): the `[D, D]` column blocks of `fc.weight` for
+ * `options.taps` only — bit for bit the blocks {@link loadEagle3Drafter} packs.
+ * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
+ */
+export function loadEagle3Projection(source: DrafterSource, config: Eagle3Config, options: ProjectionLoadOptions): TapProjection {
+  const where = `eagle3: ${source.dir}`;
+  if (config.hiddenSize !== options.hiddenSize) throw new DrafterError(`${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`);
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
+}
+
+/**
  * Loads an EAGLE-3 checkpoint (EAGLE-3 or speculators layout) for `options.target` (validated against
  * it) and packs its weights. `options.settings` (the config's `drafter` branch) may set
  * `num_draft_tokens` (the chain length; default the checkpoint's `speculative_tokens`, else 6) and `tree`.
@@ -209,11 +222,7 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
   if (c.draftVocabSize > c.vocabSize) throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
   const D = c.hiddenSize;
-  const nT = c.taps.length;
-  const fcShape = r.shape('fc.weight');
-  if (fcShape.length !== 2 || fcShape[0] !== D || fcShape[1] !== nT * D) {
-    throw new DrafterError(`${where}: fc.weight is [${fcShape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
-  }
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where);
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(`${where}: eagle_aux_hidden_state_layer_ids [${c.taps.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
@@ -247,10 +256,9 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
   const KV = c.numKvHeads;
   const hd = c.headDim;
   const I = c.intermediateSize;
-  const fc = r.bf16('fc.weight', [D, nT * D]);
   const qkvNames = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`);
   const w: Eagle3Weights = {
-    fcBlocks: c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D)),
+    projection,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
     hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
     postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
@@ -315,18 +323,7 @@ export class Eagle3Drafter implements Drafter {
   }
 
   projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
-    const D = this.config.hiddenSize;
-    const w = this.weights();
-    const acc = accumulator ?? new Float32Array(numTokens * D);
-    if (acc.length !== numTokens * D) throw new DrafterError(`eagle3: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
-    for (const [tap, h] of stageTaps) {
-      const i = this.config.taps.indexOf(tap);
-      if (i < 0) throw new DrafterError(`eagle3: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${this.config.taps.join(', ')}]`);
-      if (h.length !== numTokens * D) throw new DrafterError(`eagle3: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
-      const y = gemmBf16(h, numTokens, w.fcBlocks[i]!);
-      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
-    }
-    return acc;
+    return this.weights().projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
   /**

@@ -271,7 +271,9 @@ export interface LoadedDrafter {
  * Imports the plugin packages and loads a drafter for `target` (room for `maxSequences` sequences of
  * `maxTokensPerSequence`): from a checkpoint directory (a string, or a choice with `dir`), resolving
  * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
- * `choice.method` through its `loadWithoutCheckpoint`.
+ * `choice.method` through its `loadWithoutCheckpoint`. On a target split into stages (a pipeline:
+ * `StageModel.distributeProjection`) whose drafter plugin has `loadProjection`, every stage that
+ * produces taps then loads its share of the projection and projects its taps itself.
  * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a `choice.method`
  *   other than the plugin that claims the checkpoint; the plugin's errors.
  */
@@ -299,6 +301,16 @@ export async function loadDrafter(
   const weights = SafetensorsCheckpoint.open(drafterDir);
   try {
     const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
+    // A pipeline: the stages that produce taps project them in place (REFERENCE.md §8).
+    const taps = drafter.captureSetter(target.model.info);
+    if (target.model.distributeProjection !== undefined && plugin.loadProjection !== undefined && taps.length > 0) {
+      try {
+        target.model.distributeProjection({ dir: drafterDir, plugins, taps });
+      } catch (err) {
+        drafter.dispose();
+        throw err;
+      }
+    }
     return { drafter, dir: drafterDir };
   } finally {
     weights.close();
