@@ -9,7 +9,7 @@
 export { isa, setIsa, setNumThreads, parallelCopy, guardedFloat32Array, type IsaInfo, type IsaName } from './src/runtime.js';
 export { f32ToBf16, bf16ToF32 } from './src/convert.js';
 export {
-  packedBf16Length, packBf16Weights, gemmBf16, gemmBf16Async, type GemmActivations, type PackedBf16Weights,
+  packedBf16Length, packBf16Weights, gemmBf16, gemmBf16Accumulate, gemmBf16Async, type GemmActivations, type PackedBf16Weights,
 } from './src/gemm.js';
 export {
   quantizedWeights, gemmQuant, gemmQuantAsync, dequantizeToBf16, quantRawBytes, quantPackedBytes, type QuantType,

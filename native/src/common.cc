@@ -99,6 +99,12 @@ std::string ArgReader::String(size_t i, const char* name) {
   return v.As<Napi::String>().Utf8Value();
 }
 
+bool ArgReader::Bool(size_t i, const char* name) {
+  Napi::Value v = i < info_.Length() ? info_[i] : info_.Env().Undefined();
+  if (!v.IsBoolean()) Fail(name, "a boolean", Describe(v));
+  return v.As<Napi::Boolean>().Value();
+}
+
 size_t CheckedProduct(const char* call, std::initializer_list<int64_t> dims) {
   unsigned __int128 p = 1;
   for (int64_t d : dims) {

@@ -72,6 +72,8 @@ class ArgReader {
   double Number(size_t i, const char* name);
   /** String argument. */
   std::string String(size_t i, const char* name);
+  /** Boolean argument. */
+  bool Bool(size_t i, const char* name);
   /** True when argument i is missing, undefined or null. */
   bool IsAbsent(size_t i) const { return i >= info_.Length() || info_[i].IsUndefined() || info_[i].IsNull(); }
 

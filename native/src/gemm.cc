@@ -133,6 +133,7 @@ GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
                       "packedBf16Length(n, k)");
   c.y = args.F32(5, "y", CheckedProduct(call, {m, n}), "m*n");
   c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k};
+  c.problem.accumulate = !args.IsAbsent(7) && args.Bool(7, "accumulate");
   return c;
 }
 

@@ -89,6 +89,28 @@ export function gemmBf16(
 }
 
 /**
+ * `Y ← Y + X · Wᵀ` synchronously (fused accumulate, like a BLAS GEMM with β = 1): each output's dot
+ * product is reduced exactly as by {@link gemmBf16} (one fp32 accumulator from +0 over k in order)
+ * and then added once to the old `Y[i][j]` — bit for bit `acc[e] + gemmBf16(x, m, w)[e]`, without
+ * the temporary or the second pass. Used by drafters' context projections (accumulate by tap).
+ * @param x Float32Array [m, k] (k = w.k), row-major.
+ * @param m rows (tokens), >= 0.
+ * @param w packed weights [n, k].
+ * @param acc Float32Array [m, n], updated in place (must not alias x).
+ * @param activations "f32" (default) or "bf16".
+ * @returns acc.
+ * @throws SpecdArgumentError on a wrong type, shape, length or activations.
+ */
+export function gemmBf16Accumulate(
+  x: Float32Array, m: number, w: PackedBf16Weights, acc: Float32Array, activations: GemmActivations = 'f32',
+): Float32Array {
+  if (!(acc instanceof Float32Array)) expectArray('gemmBf16Accumulate', 'acc', acc, Float32Array, m * w.n, 'm*w.n');
+  const y = checkGemm('gemmBf16Accumulate', x, m, w, acc, activations);
+  addon.gemmBf16(x, m, w.k, w.data, w.n, y, activations, true);
+  return y;
+}
+
+/**
  * `Y = X · Wᵀ` on a libuv thread. Do not write x or w.data, nor read out, until the Promise
  * settles (their memory is used in place, not copied); do not transfer their buffers.
  * Arguments and result as `gemmBf16`.

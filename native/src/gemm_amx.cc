@@ -42,7 +42,11 @@ inline void StoreTile(const Problem& p, const float* tile, int64_t row0, int row
   const int64_t col = panel * kPanelCols;
   const int64_t valid = p.n - col;
   const __mmask16 mask = valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1u);
-  for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(p.y + (row0 + r) * p.ldy + col, mask, _mm512_load_ps(tile + r * 16));
+  for (int r = 0; r < rows; ++r) {
+    float* y = p.y + (row0 + r) * p.ldy + col;
+    const __m512 v = _mm512_load_ps(tile + r * 16);
+    _mm512_mask_storeu_ps(y, mask, p.accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), v) : v);
+  }
 }
 
 }  // namespace

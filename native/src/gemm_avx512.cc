@@ -27,12 +27,13 @@ constexpr int64_t kBlockPairs = 128;                      // K pairs per block
 constexpr int kRowTile = 8;                               // rows per register tile
 constexpr int kColTile = 2;                               // panels per register tile
 
-inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
+inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v, bool accumulate) {
   const int64_t valid = n - col;
   if (valid >= 16) {
-    _mm512_storeu_ps(y + col, v);
+    _mm512_storeu_ps(y + col, accumulate ? _mm512_add_ps(_mm512_loadu_ps(y + col), v) : v);
   } else {
-    _mm512_mask_storeu_ps(y + col, static_cast<__mmask16>((1u << valid) - 1u), v);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
+    _mm512_mask_storeu_ps(y + col, mask, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y + col), v) : v);
   }
 }
 
@@ -55,7 +56,7 @@ inline void SaveAcc(const Problem& p, const __m512 (&acc)[R][B], const Block& bl
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) {
       if (blk.last) {
-        StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kPanelCols, p.n, acc[r][b]);
+        StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kPanelCols, p.n, acc[r][b], p.accumulate);
       } else {
         _mm512_storeu_ps(blk.scratch + (r * B + b) * 16, acc[r][b]);
       }

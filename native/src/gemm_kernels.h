@@ -39,6 +39,12 @@ struct Problem {
   /** bf16-activation variant only: X rounded to bf16, [m][ldxb] with zero padding up to Kpad. */
   const uint16_t* x_bf16 = nullptr;
   int64_t ldxb = 0;
+  /**
+   * Y ← Y + X·Wᵀ instead of Y ← X·Wᵀ: each output's dot product is reduced exactly as without it
+   * (one accumulator from +0 over k in order), then added once to the old Y[i][j] in fp32 — the
+   * same bits as computing X·Wᵀ and adding it elementwise afterwards.
+   */
+  bool accumulate = false;
 };
 
 /** K pairs that hold weights: ceil(k/2). */

@@ -10,6 +10,15 @@ namespace specd {
 namespace gemm {
 namespace {
 
+/** Writes `valid` outputs of a tile row: Y = acc, or Y = Y + acc when accumulating (Problem::accumulate). */
+inline void StoreOut(const Problem& p, float* y, const float* acc, int64_t valid) {
+  if (p.accumulate) {
+    for (int64_t l = 0; l < valid; ++l) y[l] = y[l] + acc[l];
+  } else {
+    std::memcpy(y, acc, valid * sizeof(float));
+  }
+}
+
 constexpr int kRowTile = 4;
 
 // GCC 12 at -O3 vectorises the k-pair loop below as one strided group load over the R rows of X
@@ -50,7 +59,7 @@ void Tile(const Problem& p, int64_t row0, int64_t panel) {
   }
   const int64_t col0 = panel * kPanelCols;
   const int64_t valid = p.n - col0 < 16 ? p.n - col0 : 16;
-  for (int r = 0; r < R; ++r) std::memcpy(p.y + (row0 + r) * p.ldy + col0, acc[r], valid * sizeof(float));
+  for (int r = 0; r < R; ++r) StoreOut(p, p.y + (row0 + r) * p.ldy + col0, acc[r], valid);
 }
 
 /** Tile<1> with loop vectorisation (see above): one row of X, same arithmetic and order. */
@@ -80,7 +89,7 @@ void Tile1(const Problem& p, int64_t row0, int64_t panel) {
   }
   const int64_t col0 = panel * kPanelCols;
   const int64_t valid = p.n - col0 < 16 ? p.n - col0 : 16;
-  std::memcpy(p.y + row0 * p.ldy + col0, acc, valid * sizeof(float));
+  StoreOut(p, p.y + row0 * p.ldy + col0, acc, valid);
 }
 
 void Panels(const Problem& p, int64_t panel_begin, int64_t panel_end) {

@@ -21,7 +21,7 @@ export interface RawAddon {
   bf16ToF32(src: Uint16Array, dst: Float32Array): void;
   packBf16(w: Uint16Array, n: number, k: number, out: Uint16Array): void;
   gemmBf16(
-    x: Float32Array, m: number, k: number, packed: Uint16Array, n: number, y: Float32Array, activations: 'f32' | 'bf16',
+    x: Float32Array, m: number, k: number, packed: Uint16Array, n: number, y: Float32Array, activations: 'f32' | 'bf16', accumulate?: boolean,
   ): void;
   gemmBf16Async(
     x: Float32Array, m: number, k: number, packed: Uint16Array, n: number, y: Float32Array, activations: 'f32' | 'bf16',

@@ -3,7 +3,7 @@
 import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  addonPath, bf16ToF32, gemmBf16, gemmBf16Async, guardedFloat32Array, isa, packBf16Weights, packedBf16Length, setIsa, setNumThreads,
+  addonPath, bf16ToF32, gemmBf16, gemmBf16Accumulate, gemmBf16Async, guardedFloat32Array, isa, packBf16Weights, packedBf16Length, setIsa, setNumThreads,
   type GemmActivations, type PackedBf16Weights,
 } from '@specd/native';
 import {
@@ -168,6 +168,24 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
         setNumThreads(threads);
         expect(firstBitDifference(one, two), `seed ${seed} ${act}: 1 vs 2 threads`).toBe(-1);
         expect(firstBitDifference(one, three), `seed ${seed} ${act}: 1 vs 3 threads`).toBe(-1);
+      }
+    });
+  });
+
+  it.each(shapes)('gemmBf16Accumulate at m=%i n=%i k=%i is bitwise acc + gemmBf16 (f32 and bf16 activations)', (m, n, k) => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+    const x = randomF32(m * k, next);
+    const acc0 = randomF32(m * n, next);
+    withIsa(path, () => {
+      for (const act of ['f32', 'bf16'] as const) {
+        const y = gemm(x, m, w, act);
+        const want = acc0.map((v, e) => v + y[e]!);
+        const acc = Float32Array.from(acc0);
+        const out = gemmBf16Accumulate(x, m, w, acc, act);
+        expect(out).toBe(acc);
+        expect(firstBitDifference(acc, want), `seed ${seed} ${act}`).toBe(-1);
       }
     });
   });

@@ -6,14 +6,15 @@
  * `[n, D]` and hands it on — and only the last stage applies the norm and writes the draft KV.
  *
  * Bit-exact across partitions: every configuration (pp = 1 included) adds the products one tap at a
- * time, in ascending tap order, into the accumulator (acc ← acc + h_i·W_iᵀ, fp32, one GEMM per tap;
- * the GEMM reduces each output element in a fixed order, batch-invariantly). So the sum is
+ * time, in ascending tap order, into the accumulator (acc ← acc + h_i·W_iᵀ, fp32, one fused
+ * `gemmBf16Accumulate` per tap: each dot product reduced in a fixed order, batch-invariantly, then
+ * added once to the accumulator). So the sum is
  * ((h_a·W_aᵀ + h_b·W_bᵀ) + h_c·W_cᵀ) whether taps a, b, c are produced by one stage or three, and
  * whether the rows are projected in one call or in several (docs/ARCHITECTURE.md, "Numerics of the
  * partial projection").
  */
 
-import { gemmBf16, packBf16Weights, type PackedBf16Weights } from '@specd/native';
+import { gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
 
 import { sliceColumns } from '../util/columns.js';
 import type { TensorRead, WeightReader } from '../io/weight-reader.js';
@@ -93,9 +94,7 @@ export class TapProjection implements PartialProjection {
       }
       const h = stageTaps.get(tap)!;
       if (h.length !== numTokens * D) throw new DrafterError(`${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
-      if (numTokens === 0) continue;
-      const y = gemmBf16(h, numTokens, w);
-      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
+      if (numTokens > 0) gemmBf16Accumulate(h, numTokens, w, acc);
     }
     return acc;
   }
