@@ -148,6 +148,12 @@ describe.each([
       const viaStages = d.projectTargetHiddenPartial(res.taps, n, res.projection?.slice());
       const ref = d.projectTargetHiddenPartial(prefillWithTaps(whole, taps).taps, n);
       expect(new Uint32Array(viaStages.buffer)).toEqual(new Uint32Array(ref.buffer));
+      // dropped (a drafter whose plugin cannot split its projection): raw taps again, same bits
+      model.distributeProjection(undefined);
+      const raw = prefillWithTaps(pipe, taps);
+      expect(raw.projection).toBeUndefined();
+      expect([...raw.taps.keys()].sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
+      expect(new Uint32Array(d.projectTargetHiddenPartial(raw.taps, n).buffer)).toEqual(new Uint32Array(ref.buffer));
       expect(generate(pipe, d)).toEqual(reference.get(method));
     } finally {
       d.dispose();

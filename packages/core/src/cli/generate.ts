@@ -302,10 +302,11 @@ export async function loadDrafter(
   try {
     const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
     // A pipeline: the stages that produce taps project them in place (REFERENCE.md §8).
+    // (A plugin without loadProjection resets the stages to shipping raw taps.)
     const taps = drafter.captureSetter(target.model.info);
-    if (target.model.distributeProjection !== undefined && plugin.loadProjection !== undefined && taps.length > 0) {
+    if (target.model.distributeProjection !== undefined) {
       try {
-        target.model.distributeProjection({ dir: drafterDir, plugins, taps });
+        target.model.distributeProjection(plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined);
       } catch (err) {
         drafter.dispose();
         throw err;

@@ -215,13 +215,14 @@ export class RemoteStage implements StageModel {
 
   /**
    * Has the stage load its share of the drafter's context projection (the fc blocks of the taps it
-   * produces, `DrafterPlugin.loadProjection`); its forwards then return the accumulator instead of those taps.
+   * produces, `DrafterPlugin.loadProjection`); its forwards then return the accumulator instead of those
+   * taps. `undefined`: drop it (raw taps again).
    * @returns the tensor reads the stage made.
    * @throws {PipelineStageError} with the stage's error (e.g. a plugin without loadProjection).
    */
-  loadProjection(spec: ProjectionSpec): TensorRead[] {
+  loadProjection(spec: ProjectionSpec | undefined): TensorRead[] {
     this.checkAlive();
-    const reply = this.exchange({ header: { type: 'projection', dir: spec.dir, plugins: spec.plugins, taps: spec.taps }, frames: [] });
+    const reply = this.exchange({ header: spec === undefined ? { type: 'projection' } : { type: 'projection', dir: spec.dir, taps: spec.taps }, frames: [] });
     return reply.header['reads'] as TensorRead[];
   }
 
@@ -424,10 +425,11 @@ export class PipelineModel implements StageModel {
    * `hidden`, and the composite result's {@link ForwardResult.projection} holds it (the last stage's
    * own taps stay in `taps`, projected by the drafter on this process). The sum is bitwise the
    * pp = 1 projection (accumulate by tap in ascending order, core's TapProjection).
+   * `undefined` drops the stages' projections (they ship raw taps again).
    * @returns per stage (stage order, the last = this process: `[]`), the tensor reads it made.
    * @throws {PipelineStageError} naming the stage that could not load it.
    */
-  distributeProjection(spec: ProjectionSpec): TensorRead[][] {
+  distributeProjection(spec: ProjectionSpec | undefined): TensorRead[][] {
     const reads = this.remotes.map((r) => r.loadProjection(spec));
     this.projectionReads = reads;
     return [...reads, []];

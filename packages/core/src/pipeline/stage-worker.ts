@@ -9,8 +9,9 @@
  * the range (`startTensorParallel` with `range`; rank 0 on this thread, ranks 1 … tp−1 worker threads
  * of this process) — opens its channel and answers `ready` (`{info, tensors, ranks?}`) or `error`. From
  * then on it serves requests one at a time:
- *   `projection` — load this stage's share of a drafter's context projection (`{dir, plugins, taps}`:
- *               `DrafterPlugin.loadProjection` for the taps this stage produces); reply `{reads}`;
+ *   `projection` — load this stage's share of a drafter's context projection (`{dir, taps}`:
+ *               `DrafterPlugin.loadProjection` for the taps this stage produces, through the plugin
+ *               packages of `init`), or drop it (no `dir`); reply `{reads}`;
  *   `forward` — apply the queued cache operations, then run the stage; reply `{taps, projection}` +
  *               frames `[hidden, projection?, …taps]`: once a projection is loaded, the stage adds
  *               its taps' products into the fp32 accumulator it received (frame after `hidden`, or
@@ -83,13 +84,15 @@ class StageServer extends CacheReplica {
 
   /** Loads the fc blocks of the taps this stage produces (`DrafterPlugin.loadProjection`). */
   loadProjection(h: Record<string, unknown>): Message {
+    this.projection?.dispose();
+    this.projection = undefined;
+    if (h['dir'] === undefined) return { header: { type: 'ok', reads: [] }, frames: [] };
     const dir = h['dir'] as string;
     const config = HfConfig.read(dir);
     const plugin = this.drafterPlugins.resolve(config);
     if (plugin.loadProjection === undefined) throw new PluginError(`drafter plugin ${plugin.method} has no loadProjection: stages cannot project their taps`);
     const weights = SafetensorsCheckpoint.open(dir);
     try {
-      this.projection?.dispose();
       this.projection = plugin.loadProjection({ dir, config, weights }, { taps: stageTaps(h['taps'] as number[], this.model.info), hiddenSize: this.model.info.hiddenSize });
     } finally {
       weights.close();

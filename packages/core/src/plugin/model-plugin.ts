@@ -185,12 +185,14 @@ export interface StageModel {
   /**
    * A model split into stages (optional; a pipeline): each stage that produces some of `spec.taps`
    * loads its share of the drafter's projection (`DrafterPlugin.loadProjection` of the drafter at
-   * `spec.dir`, plugin packages `spec.plugins`) and from then on a forward asked for taps returns
+   * `spec.dir`, resolved among the plugin packages the model was started with) and from then on a forward asked for taps returns
    * the fp32 partial projection of the taps those stages produce in {@link ForwardResult.projection}
-   * instead of the taps themselves (REFERENCE.md §8). Returns what each stage loaded, in stage order.
+   * instead of the taps themselves (REFERENCE.md §8). `undefined` drops any loaded projection (the
+   * stages ship raw taps again: a drafter whose plugin cannot split its projection). Returns what
+   * each stage loaded, in stage order.
    * @throws the stage's error (a drafter plugin without `loadProjection`, a bad checkpoint).
    */
-  distributeProjection?(spec: ProjectionSpec): readonly (readonly TensorRead[])[];
+  distributeProjection?(spec: ProjectionSpec | undefined): readonly (readonly TensorRead[])[];
   /** dispose: drops the weights. */
   dispose(): void;
 }
@@ -199,8 +201,6 @@ export interface StageModel {
 export interface ProjectionSpec {
   /** The drafter checkpoint directory. */
   readonly dir: string;
-  /** Plugin packages (one of them registers the drafter's plugin). */
-  readonly plugins: readonly string[];
   /** The drafter's taps (`captureSetter`). */
   readonly taps: readonly number[];
 }
