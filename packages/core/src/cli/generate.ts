@@ -271,7 +271,9 @@ export interface LoadedDrafter {
  * Imports the plugin packages and loads a drafter for `target` (room for `maxSequences` sequences of
  * `maxTokensPerSequence`): from a checkpoint directory (a string, or a choice with `dir`), resolving
  * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
- * `choice.method` through its `loadWithoutCheckpoint`.
+ * `choice.method` through its `loadWithoutCheckpoint`. A target with `loadDrafter` (tensor parallel,
+ * or a pipeline whose last stage is) loads the drafter spread over its ranks when the plugin has
+ * `loadShard`; otherwise the drafter is loaded whole here.
  * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a `choice.method`
  *   other than the plugin that claims the checkpoint; the plugin's errors.
  */
@@ -296,6 +298,10 @@ export async function loadDrafter(
       `drafter: method ${JSON.stringify(c.method)}, but ${config.file} (architectures [${config.architectures.join(', ')}]) is a ${JSON.stringify(plugin.method)} checkpoint; set "method": ${JSON.stringify(plugin.method)} or point "path" at a ${c.method} checkpoint`,
     );
   }
+  // a target spread over tensor-parallel ranks loads the drafter spread the same way (if its plugin can)
+  const { target: _whole, ...spreadOptions } = options;
+  const spread = await target.model.loadDrafter?.(drafterDir, plugins, spreadOptions);
+  if (spread !== undefined) return { drafter: spread, dir: drafterDir };
   const weights = SafetensorsCheckpoint.open(drafterDir);
   try {
     const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
