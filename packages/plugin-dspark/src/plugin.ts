@@ -1,8 +1,8 @@
 /** The DSpark {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DSparkDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterSource } from '@specd/core';
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource } from '@specd/core';
 
 import { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig } from './config.js';
-import { loadDSparkDrafter } from './dspark.js';
+import { loadDSparkDrafter, loadDSparkShard } from './dspark.js';
 
 export const dsparkPlugin: DrafterPlugin = Object.freeze({
   method: 'dspark',
@@ -10,5 +10,8 @@ export const dsparkPlugin: DrafterPlugin = Object.freeze({
   schema: DSPARK_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => loadDSparkDrafter(source, parseDSparkConfig(source.config), options));
+  },
+  loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
+    return Promise.resolve().then(() => loadDSparkShard(source, parseDSparkConfig(source.config), options));
   },
 });
