@@ -179,6 +179,22 @@ describe('refusals', () => {
     }
   });
 
+  it('a bad propose fails on every rank before any collective: rank 0\'s error, the drafter stays usable', async () => {
+    const d2 = await drafterFor(tp2, 'dflash') as TensorParallelDrafter;
+    try {
+      d2.addSequence('x');
+      const seq = { id: 'x', position: 0, lastToken: 5, maxDrafts: 99, history: Int32Array.of(5), sampling: { temperature: 0 }, rng: { next: () => 0.5 } };
+      expect(() => d2.propose({ sequences: [seq] })).toThrow(/maxDrafts: expected \[1, 15\], got 99/);
+      expect(d2.failure()).toBeUndefined();
+      d2.writeProjectedContextKV(new Float32Array(3 * 256).fill(0.5), [{ id: 'x', position: 0, numTokens: 3 }]);
+      expect(d2.propose({ sequences: [{ ...seq, position: 3, maxDrafts: 4 }] })[0]!.tokens.length).toBe(4);
+      d2.freeSequence('x');
+      expect(d2.pagesInUse).toBe(0);
+    } finally {
+      d2.dispose();
+    }
+  });
+
   it('eagle3: a tree under tp = 2 is refused', async () => {
     await expect(loadDrafter({ dir: dirOf('eagle3'), settings: { tree: { top_k: 2, depth: 3, total_tokens: 6 } } }, PLUGINS, tp2, 256, 1))
       .rejects.toThrow(/tree drafting is not supported under tensor parallelism \(tp = 2\)/);
