@@ -89,7 +89,7 @@ const q = (xs, f) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.
 console.log(`projection numerics: ${prompts.length} prompts, ${rows} rows, taps [${taps.join(', ')}], hidden ${D}, fc [${D}, ${K}] bf16`);
 console.log('\n| projection | median | p90 | p99 | max |');
 console.log('|---|---:|---:|---:|---:|');
-for (const [name, label] of [['concat', 'one projection of the concatenated taps (fp32)'], ['fp32', 'per-stage partials, fp32 sum (specd)'], ['bf16', 'per-stage partials rounded to bf16, then summed']]) {
+for (const [name, label] of [['concat', 'one projection of the concatenated taps (fp32)'], ['fp32', 'per-tap partials accumulated in fp32, ascending taps (specd, every pp)'], ['bf16', 'per-stage partials rounded to bf16, then summed']]) {
   const xs = errs[name];
   console.log(`| ${label} | ${q(xs, 0.5).toExponential(2)} | ${q(xs, 0.9).toExponential(2)} | ${q(xs, 0.99).toExponential(2)} | ${Math.max(...xs).toExponential(2)} |`);
 }

@@ -14,8 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, defaultPartition, liveStagePids, loadDrafter, loadPipelineTarget, loadTarget, PipelineModel, SpecEngine, stageTaps,
-  type Drafter, type LoadedTarget,
+  BUILTIN_PLUGIN_PACKAGES, defaultPartition, liveStagePids, loadDrafter, loadPipelineTarget, loadTarget, PipelineModel, SequenceCache, SpecEngine, stageTaps,
+  type Drafter, type ForwardResult, type LoadedTarget,
 } from '@specd/core';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -29,6 +29,8 @@ let whole: LoadedTarget;
 let promptIds: Int32Array;
 /** pp = 1 greedy outputs: 'plain' and per drafter. */
 const reference = new Map<string, number[]>();
+/** Each drafter's taps in checkpoint (fc column block) order. */
+const drafterTaps = new Map<string, readonly number[]>();
 
 function generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): number[] {
   const engine = new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4, ...(commit === undefined ? {} : { commit }) });
@@ -38,6 +40,18 @@ function generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: '
 
 async function drafterFor(target: LoadedTarget, method: string): Promise<Drafter> {
   return (await loadDrafter(path.join(ROOT, 'models', `kimi-k3-tiny-${method}`), PLUGINS, target, 256)).drafter;
+}
+
+/** One prefill forward of the prompt with `taps` on a scratch cache (freed after). */
+function prefillWithTaps(target: LoadedTarget, taps: readonly number[]): ForwardResult {
+  const options = { pageSize: 16, numPages: 8, numSlots: 1 };
+  const cache = target.model.createCache?.(options) ?? new SequenceCache(target.model.cacheGeometry, options);
+  cache.add('taps');
+  try {
+    return target.model.forward({ sequences: [{ id: 'taps', position: 0, tokens: promptIds, logits: 'none', phase: 'prefill' }] }, cache, { taps });
+  } finally {
+    cache.finish('taps');
+  }
 }
 
 function alive(pid: number): boolean {
@@ -55,6 +69,7 @@ beforeAll(async () => {
   for (const m of DRAFTERS) {
     const d = await drafterFor(whole, m);
     reference.set(m, generate(whole, d));
+    drafterTaps.set(m, d.captureSetter(whole.model.info));
     if (m === 'dflash') reference.set('dflash-replay', generate(whole, d, 'replay'));
     d.dispose();
   }
@@ -114,6 +129,25 @@ describe.each([
       expect(owned.flat().sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
       if (method === 'eagle3' && partition.join() === '4,4') expect(owned[0]).toContain(4); // tap on the boundary: stage 0
       if (method === 'eagle3' && partition.join() === '2,3,3') expect(owned[2]).toEqual([]); // a stage without taps
+      // every stage before the last loaded the fc column blocks of the taps it produces, nothing else
+      const D = model.info.hiddenSize;
+      const all = drafterTaps.get(method)!;
+      expect(model.projectionReads).toHaveLength(model.stages.length - 1);
+      model.projectionReads.forEach((reads, k) => {
+        const want = owned[k]!.map((t) => ({ name: 'fc.weight', cols: [all.indexOf(t) * D, (all.indexOf(t) + 1) * D] }));
+        expect(reads).toEqual(want);
+      });
+      // the stages hand on an fp32 accumulator, not their taps; with the last stage's own taps it is
+      // bitwise the pp = 1 projection
+      const res = prefillWithTaps(pipe, taps);
+      const lastOwned = owned[owned.length - 1]!;
+      expect([...res.taps.keys()]).toEqual(lastOwned);
+      const early = owned.slice(0, -1).flat();
+      expect(res.projection !== undefined).toBe(early.length > 0);
+      const n = promptIds.length;
+      const viaStages = d.projectTargetHiddenPartial(res.taps, n, res.projection?.slice());
+      const ref = d.projectTargetHiddenPartial(prefillWithTaps(whole, taps).taps, n);
+      expect(new Uint32Array(viaStages.buffer)).toEqual(new Uint32Array(ref.buffer));
       expect(generate(pipe, d)).toEqual(reference.get(method));
     } finally {
       d.dispose();

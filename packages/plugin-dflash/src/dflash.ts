@@ -28,12 +28,13 @@
  */
 
 import {
-  DrafterError, DraftShard, PagedKvPool, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
+  DrafterError, DraftShard, PagedKvPool, TapProjection, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
   type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal,
+  type ProjectionLoadOptions,
   type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
-  applyRope, argmax, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
+  applyRope, argmax, gemmBf16, makePagedBatch, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
   writeKvPages, type KvPageLayout, type PackedBf16Weights,
 } from '@specd/native';
 
@@ -123,19 +124,13 @@ function buildDFlash(
   if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dflash: ${source.dir}: ${m}`) });
   const D = c.hiddenSize;
-  const nT = c.taps.length;
-  const fcShape = r.shape('fc.weight');
-  if (fcShape.length !== 2 || fcShape[0] !== D || fcShape[1] !== nT * D) {
-    throw new DrafterError(`${where}: fc.weight is [${fcShape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
-  }
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
   }
   if (!contextOnly && root && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
-  // fc (the context projection) lives on rank 0 only: core projects there
-  const fc = root ? r.bf16('fc.weight', [D, nT * D]) : undefined;
-  const fcBlocks = fc === undefined ? [] : c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D));
+  // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const H = c.numHeads;
   const KV = c.numKvHeads;
   const hd = c.headDim;
@@ -174,8 +169,23 @@ function buildDFlash(
   }
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
-  const drafter = new DFlashDrafter(c, t, fcBlocks, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq, tp);
+  const drafter = new DFlashDrafter(c, t, projection, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq, tp);
   return { drafter, reads: r.reads };
+}
+
+/**
+ * One pipeline stage's share of a DFlash checkpoint's context projection
+ * (`DrafterPlugin.loadProjection`, REFERENCE.md §8): the `[D, D]` column blocks of `fc.weight` for
+ * `options.taps` only — bit for bit the blocks {@link loadDFlashDrafter} packs, so the stage adds the
+ * same products the whole drafter would.
+ * @param method the error prefix (`'dspark'` for DSpark's backbone).
+ * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
+ */
+export function loadDFlashProjection(source: DrafterSource, config: DFlashConfig, options: ProjectionLoadOptions, method = 'dflash'): TapProjection {
+  const where = `${method}: ${source.dir}`;
+  if (config.hiddenSize !== options.hiddenSize) throw new DrafterError(`${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`);
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
@@ -193,8 +203,8 @@ export class DFlashDrafter implements Drafter {
   constructor(
     readonly config: DFlashConfig,
     private readonly target: StageModel,
-    /** fc column block of each tap (checkpoint order), `[D, D]` packed. */
-    private fcBlocks: PackedBf16Weights[],
+    /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
+    private projection: TapProjection,
     private readonly hiddenNorm: Float32Array,
     /** The final `norm`; undefined when loaded context-KV-only. */
     private readonly finalNorm: Float32Array | undefined,
@@ -230,17 +240,7 @@ export class DFlashDrafter implements Drafter {
   }
 
   projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
-    const D = this.config.hiddenSize;
-    const acc = accumulator ?? new Float32Array(numTokens * D);
-    if (acc.length !== numTokens * D) throw new DrafterError(`dflash: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
-    for (const [tap, h] of stageTaps) {
-      const i = this.config.taps.indexOf(tap);
-      if (i < 0) throw new DrafterError(`dflash: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${this.config.taps.join(', ')}]`);
-      if (h.length !== numTokens * D) throw new DrafterError(`dflash: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
-      const y = gemmBf16(h, numTokens, this.fcBlocks[i]!);
-      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
-    }
-    return acc;
+    return this.projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
   writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
@@ -397,7 +397,7 @@ export class DFlashDrafter implements Drafter {
 
   dispose(): void {
     this.layers = [];
-    this.fcBlocks = [];
+    this.projection.dispose();
   }
 
   /** The rank's row-parallel partial summed over the ranks (identity without tensor parallelism). */

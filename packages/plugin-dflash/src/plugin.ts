@@ -1,8 +1,8 @@
 /** The DFlash {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DFlashDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource } from '@specd/core';
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
 
 import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig } from './config.js';
-import { loadDFlashDrafter, loadDFlashShard } from './dflash.js';
+import { loadDFlashDrafter, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
   method: 'dflash',
@@ -13,5 +13,8 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
   },
   loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => loadDFlashShard(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }));
+  },
+  loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {
+    return loadDFlashProjection(source, parseDFlashConfig(source.config), options);
   },
 });

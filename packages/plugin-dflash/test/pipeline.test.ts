@@ -2,15 +2,16 @@
 // 4 stages [0,1) [1,2) [2,6) [6,8); each stage captures the taps it owns (`stageTaps`: tap t from the
 // stage owning layer t − 1; [1,2) owns none — an empty capture stage) and adds its partial product
 // Σ h_i·W_iᵀ to the fp32 accumulator it passes on; only the end applies the norm and writes the
-// draft K/V. The result equals the one-stage projection and the reference goldens.
+// draft K/V. Each stage loads only its taps' fc blocks (`loadProjection`); the result is bitwise the
+// one-stage projection and matches the reference goldens.
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { HfConfig, SafetensorsCheckpoint, SafetensorsFile, SequenceCache, stageTaps, type StageModel } from '@specd/core';
 import { loadKimiStage } from '@specd/model-kimi-k3';
 
-import type { DFlashDrafter } from '../src/index.js';
-import { GOLDENS_DIR, loadDrafter, loadTarget, relError, TARGET_DIR } from './helpers.js';
+import { dflashPlugin, type DFlashDrafter } from '../src/index.js';
+import { DFLASH_DIR, GOLDENS_DIR, loadDrafter, loadTarget, relError, TARGET_DIR } from './helpers.js';
 
 const SPLITS = [[0, 1], [1, 2], [2, 6], [6, 8]] as const;
 
@@ -40,7 +41,7 @@ describe('pipeline-parallel context projection', () => {
     expect(stageTaps([0, 4], { layerStart: 4, layerEnd: 8, isFirst: false })).toEqual([]);
   });
 
-  it('partial sums over 4 stages (one without taps) = the one-stage projection = the golden context K/V', () => {
+  it('partial sums over 4 stages (one without taps), each with its own fc blocks, are bitwise the one-stage projection; golden context K/V', () => {
     const g = SafetensorsFile.open(path.join(GOLDENS_DIR, 'prose-long.safetensors'));
     try {
       const ids = Int32Array.from(g.read('input_ids').data as Int32Array);
@@ -60,10 +61,16 @@ describe('pipeline-parallel context projection', () => {
         const mine = stageTaps(drafter.captureSetter(whole.info), st.info);
         const r = st.forward({ sequences: [seq], hidden }, cache, { taps: mine });
         expect([...r.taps.keys()]).toEqual(mine);
-        acc = drafter.projectTargetHiddenPartial(r.taps, T, acc);
+        // the stage's own share of fc (DrafterPlugin.loadProjection): only its taps' column blocks
+        const ckpt = SafetensorsCheckpoint.open(DFLASH_DIR);
+        const share = dflashPlugin.loadProjection!({ dir: DFLASH_DIR, config: HfConfig.read(DFLASH_DIR), weights: ckpt }, { taps: mine, hiddenSize: 256 });
+        ckpt.close();
+        expect(share.reads.map((x) => x.cols)).toEqual(mine.map((t) => [drafter.config.taps.indexOf(t) * 256, (drafter.config.taps.indexOf(t) + 1) * 256]));
+        acc = share.projectTargetHiddenPartial(r.taps, T, acc);
         hidden = r.hidden;
       }
-      expect(relError(acc!, ref)).toBeLessThan(1e-6);
+      // accumulate-by-tap in ascending order: bitwise the one-stage projection, whatever the partition
+      expect(new Uint32Array(acc!.buffer)).toEqual(new Uint32Array(ref.buffer));
       drafter.addSequence('pp');
       try {
         drafter.writeProjectedContextKV(acc!, [{ id: 'pp', position: 0, numTokens: T }]);

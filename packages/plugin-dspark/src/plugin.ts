@@ -1,5 +1,6 @@
 /** The DSpark {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DSparkDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource } from '@specd/core';
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import { loadDFlashProjection } from '@specd/plugin-dflash';
 
 import { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig } from './config.js';
 import { loadDSparkDrafter, loadDSparkShard } from './dspark.js';
@@ -13,5 +14,9 @@ export const dsparkPlugin: DrafterPlugin = Object.freeze({
   },
   loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => loadDSparkShard(source, parseDSparkConfig(source.config), options));
+  },
+  /** The backbone's fc blocks of the stage's taps (DSpark's context projection is DFlash's). */
+  loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {
+    return loadDFlashProjection(source, parseDSparkConfig(source.config), options, 'dspark');
   },
 });

@@ -61,8 +61,9 @@
  */
 
 import {
-  DrafterError, DraftShard, PagedKvPool, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
+  DrafterError, DraftShard, PagedKvPool, TapProjection, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
   type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal,
+  type ProjectionLoadOptions,
   type DraftSequence, type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
@@ -83,8 +84,8 @@ export const EAGLE3_LAYER_PREFIXES: readonly string[] = Object.freeze(['midlayer
 
 /** The packed weights of the draft (one decoder layer + head). */
 interface Eagle3Weights {
-  /** fc column block of each tap (checkpoint order), `[D, D]` packed. */
-  readonly fcBlocks: PackedBf16Weights[];
+  /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
+  readonly projection: TapProjection;
   readonly inputNorm: Float32Array;
   readonly hiddenNorm: Float32Array;
   readonly postNorm: Float32Array;
@@ -189,6 +190,19 @@ function treeRefusal(info: StageInfo): DrafterError | undefined {
 }
 
 /**
+ * One pipeline stage's share of an EAGLE-3 checkpoint's context projection
+ * (`DrafterPlugin.loadProjection`, REFERENCE.md §8): the `[D, D]` column blocks of `fc.weight` for
+ * `options.taps` only — bit for bit the blocks {@link loadEagle3Drafter} packs.
+ * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
+ */
+export function loadEagle3Projection(source: DrafterSource, config: Eagle3Config, options: ProjectionLoadOptions): TapProjection {
+  const where = `eagle3: ${source.dir}`;
+  if (config.hiddenSize !== options.hiddenSize) throw new DrafterError(`${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`);
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
+}
+
+/**
  * Loads an EAGLE-3 checkpoint (EAGLE-3 or speculators layout) for `options.target` (validated against
  * it) and packs its weights. `options.settings` (the config's `drafter` branch) may set
  * `num_draft_tokens` (the chain length; default the checkpoint's `speculative_tokens`, else 6) and `tree`.
@@ -244,11 +258,8 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
   if (c.draftVocabSize > c.vocabSize) throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
   const D = c.hiddenSize;
-  const nT = c.taps.length;
-  const fcShape = r.shape('fc.weight');
-  if (fcShape.length !== 2 || fcShape[0] !== D || fcShape[1] !== nT * D) {
-    throw new DrafterError(`${where}: fc.weight is [${fcShape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
-  }
+  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(`${where}: eagle_aux_hidden_state_layer_ids [${c.taps.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
@@ -287,9 +298,8 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
   const qkvNames = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`);
   let w: Eagle3Weights;
   if (tp === undefined) {
-    const fc = r.bf16('fc.weight', [D, nT * D]);
     w = {
-      fcBlocks: c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D)),
+      projection,
       inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
       hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
       postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
@@ -308,9 +318,8 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
     const L = tp.layout;
     const qBlock = { name: qkvNames[0]!, n: H * hd, k: 2 * D, block: { rows: [L.heads[0] * hd, L.heads[1] * hd] as const } };
     const kvBlock = (name: string) => ({ name, n: KV * hd, k: 2 * D, block: { rows: [L.kvHeads[0] * hd, L.kvHeads[1] * hd] as const } });
-    const fc = root ? r.bf16('fc.weight', [D, nT * D]) : undefined;
     w = {
-      fcBlocks: fc === undefined ? [] : c.taps.map((_, i) => packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D)),
+      projection,
       inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
       hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
       postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
@@ -400,18 +409,7 @@ export class Eagle3Drafter implements Drafter {
   }
 
   projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
-    const D = this.config.hiddenSize;
-    const w = this.weights();
-    const acc = accumulator ?? new Float32Array(numTokens * D);
-    if (acc.length !== numTokens * D) throw new DrafterError(`eagle3: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
-    for (const [tap, h] of stageTaps) {
-      const i = this.config.taps.indexOf(tap);
-      if (i < 0) throw new DrafterError(`eagle3: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${this.config.taps.join(', ')}]`);
-      if (h.length !== numTokens * D) throw new DrafterError(`eagle3: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
-      const y = gemmBf16(h, numTokens, w.fcBlocks[i]!);
-      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
-    }
-    return acc;
+    return this.weights().projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
   /**

@@ -273,7 +273,9 @@ export interface LoadedDrafter {
  * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
  * `choice.method` through its `loadWithoutCheckpoint`. A target with `loadDrafter` (tensor parallel,
  * or a pipeline whose last stage is) loads the drafter spread over its ranks when the plugin has
- * `loadShard`; otherwise the drafter is loaded whole here.
+ * `loadShard`; otherwise the drafter is loaded whole here. On a target split into stages (a pipeline:
+ * `StageModel.distributeProjection`) whose drafter plugin has `loadProjection`, every stage that
+ * produces taps then loads its share of the projection and projects its taps itself.
  * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a `choice.method`
  *   other than the plugin that claims the checkpoint; the plugin's errors.
  */
@@ -300,15 +302,26 @@ export async function loadDrafter(
   }
   // a target spread over tensor-parallel ranks loads the drafter spread the same way (if its plugin can)
   const { target: _whole, ...spreadOptions } = options;
-  const spread = await target.model.loadDrafter?.(drafterDir, plugins, spreadOptions);
-  if (spread !== undefined) return { drafter: spread, dir: drafterDir };
-  const weights = SafetensorsCheckpoint.open(drafterDir);
-  try {
-    const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
-    return { drafter, dir: drafterDir };
-  } finally {
-    weights.close();
+  let drafter = await target.model.loadDrafter?.(drafterDir, plugins, spreadOptions);
+  if (drafter === undefined) {
+    const weights = SafetensorsCheckpoint.open(drafterDir);
+    try {
+      drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
+    } finally {
+      weights.close();
+    }
   }
+  // A pipeline: the stages that produce taps project them in place (REFERENCE.md §8).
+  const taps = drafter.captureSetter(target.model.info);
+  if (target.model.distributeProjection !== undefined && plugin.loadProjection !== undefined && taps.length > 0) {
+    try {
+      target.model.distributeProjection({ dir: drafterDir, plugins, taps });
+    } catch (err) {
+      drafter.dispose();
+      throw err;
+    }
+  }
+  return { drafter, dir: drafterDir };
 }
 
 /** What {@link generateSpeculative} returns: the plain result plus the spec-decode counters. */

@@ -136,6 +136,26 @@ export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'cost';
 /** Tap bytes a sequence may hold for its deferred draft context before it is written (8 MiB). */
 const PENDING_TAP_BYTES = 8 << 20;
 
+/**
+ * Key of `ForwardResult.projection` among a result's context inputs: the fp32 partial projection of
+ * the taps earlier pipeline stages projected, passed as the accumulator of
+ * `projectTargetHiddenPartial` for the remaining taps (tap ids are ≥ 0).
+ */
+const PROJECTED = -1;
+
+/** A forward result's inputs to the draft context: its taps, and its partial projection under {@link PROJECTED}. */
+function contextInputs(res: ForwardResult): [number, Float32Array][] {
+  const out = [...res.taps];
+  if (res.projection !== undefined) out.push([PROJECTED, res.projection]);
+  return out;
+}
+
+/** Projects gathered context inputs (taps + {@link PROJECTED} rows) of `n` rows: Σ over the taps added into the projected rows. */
+function project(drafter: Drafter, inputs: ReadonlyMap<number, Float32Array>, n: number): Float32Array {
+  const taps = new Map([...inputs].filter(([t]) => t !== PROJECTED));
+  return drafter.projectTargetHiddenPartial(taps, n, inputs.get(PROJECTED));
+}
+
 /** True for a proposal whose drafts form a tree (some parent is not the previous draft). */
 function isTree(p: DraftProposal): boolean {
   return p.parents !== undefined && p.parents.some((v, j) => v !== j - 1);
@@ -184,7 +204,8 @@ interface Running {
   /**
    * Committed tokens whose draft context is not written yet (steps with k = 0 defer it: a sequence
    * that is not drafting does not pay the projection; flushed in one call before it drafts again).
-   * `taps`: per tap id, row blocks `[n_i, hidden]` f32 in position order.
+   * `taps`: per tap id, row blocks `[n_i, hidden]` f32 in position order; key {@link PROJECTED} holds
+   * the rows of `ForwardResult.projection` (taps already projected by pipeline stages).
    */
   pending?: { position: number; numTokens: number; readonly taps: Map<number, Float32Array[]> };
 }
@@ -437,7 +458,7 @@ export class SpecEngine {
     if (n === 0) return;
     const D = this.target.info.hiddenSize;
     const gathered = new Map<number, Float32Array>();
-    for (const [tap, h] of res.taps) {
+    for (const [tap, h] of contextInputs(res)) {
       const g = new Float32Array(n * D);
       let at = 0;
       spans.forEach((s, i) => {
@@ -446,8 +467,7 @@ export class SpecEngine {
       });
       gathered.set(tap, g);
     }
-    const sum = drafter.projectTargetHiddenPartial(gathered, n);
-    drafter.writeProjectedContextKV(sum, spans);
+    drafter.writeProjectedContextKV(project(drafter, gathered, n), spans);
   }
 
   /**
@@ -458,7 +478,8 @@ export class SpecEngine {
   private defer(r: Running, res: ForwardResult, row: number, position: number, n: number): void {
     const D = this.target.info.hiddenSize;
     r.pending ??= { position, numTokens: 0, taps: new Map() };
-    for (const [tap, h] of res.taps) {
+    const inputs = contextInputs(res);
+    for (const [tap, h] of inputs) {
       let list = r.pending.taps.get(tap);
       if (list === undefined) r.pending.taps.set(tap, list = []);
       list.push(h.slice(row * D, (row + n) * D));
@@ -467,7 +488,7 @@ export class SpecEngine {
     // Flush early only when the token after every kept row is known (not at the last prefill chunk,
     // whose last row is followed by the first generated token): the bound is then one chunk over.
     const known = r.historyLength > r.pending.position + r.pending.numTokens;
-    if (known && r.pending.numTokens * res.taps.size * D * 4 > PENDING_TAP_BYTES) this.flushPending([r]);
+    if (known && r.pending.numTokens * inputs.length * D * 4 > PENDING_TAP_BYTES) this.flushPending([r]);
   }
 
   /** Writes the deferred draft context of `rs` (one projection call for all of them). */
@@ -492,7 +513,7 @@ export class SpecEngine {
       return { id: r.req.id, position, numTokens, nextTokens: r.history.slice(position + 1, position + 1 + numTokens) };
     });
     const drafter = this.drafter!;
-    drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(gathered, n), spans);
+    drafter.writeProjectedContextKV(project(drafter, gathered, n), spans);
     for (const r of rs) r.pending = undefined;
   }
 

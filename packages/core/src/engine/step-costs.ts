@@ -156,7 +156,7 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
       drafter.addSequence(id);
       added.push(id);
       const res = target.forward({ sequences: [{ id, position: 0, tokens: prompt(s), logits: 'none', phase: 'prefill' }] }, seqCache, { taps: options.taps });
-      const sum = drafter.projectTargetHiddenPartial(new Map([...res.taps].map(([t, h]) => [t, h.subarray(0, P * D)])), P);
+      const sum = drafter.projectTargetHiddenPartial(new Map([...res.taps].map(([t, h]) => [t, h.subarray(0, P * D)])), P, res.projection?.slice(0, P * D));
       const tokens = prompt(s);
       const next = new Int32Array(P);
       next.set(tokens.subarray(1));

@@ -31,13 +31,14 @@ import { fileURLToPath } from 'node:url';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import { stageTaps } from '../plugin/drafter-plugin.js';
-import type { ForwardBatch, ForwardOptions, ForwardResult, LoadProgress, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import type { TensorRead } from '../io/weight-reader.js';
+import type { ForwardBatch, ForwardOptions, ForwardResult, LoadProgress, ProjectionSpec, StageInfo, StageModel } from '../plugin/model-plugin.js';
 import { MirroredCache } from './mirrored-cache.js';
 import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-model.js';
 import { defaultPartition, partitionRanges } from './partition.js';
 import { loadStage, numHiddenLayers } from './stage-loader.js';
 import type { CacheOp, StageInit, WireSequence } from './stage-worker.js';
-import { FifoChannel, PeerGoneError, type Frame, type SyncChannel } from './transport.js';
+import { FifoChannel, PeerGoneError, type Frame, type Message, type SyncChannel } from './transport.js';
 import { processAlive, ZmqChannel } from './zmq-channel.js';
 
 /** A pipeline stage failed: it died (exit code / signal in the message) or its forward threw. */
@@ -174,7 +175,11 @@ export class RemoteStage implements StageModel {
     return this.pipeline!.asPipelineCache(cache);
   }
 
-  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
+  /**
+   * Runs the stage. `projection` (internal to the pipeline): the accumulator of the earlier stages'
+   * projected taps, `[numTokens, hiddenSize]` f32, which a stage that loaded its projection adds into.
+   */
+  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}, projection?: Float32Array): ForwardResult {
     this.checkAlive();
     const pc = this.pc(cache);
     const seqs: WireSequence[] = batch.sequences.map((s) => ({
@@ -188,13 +193,43 @@ export class RemoteStage implements StageModel {
     }
     const frames: Frame[] = [tokens];
     if (batch.hidden !== undefined) frames.push(batch.hidden);
+    if (projection !== undefined) frames.push(projection);
     const ops = this.pipeline!.queues[this.index]!.splice(0);
-    let reply;
+    const reply = this.exchange({
+      header: {
+        type: 'forward', cache: pc.cacheId, ops, seqs, taps: options.taps ?? [], snapshots: options.stateSnapshots === true,
+        hasHidden: batch.hidden !== undefined, hasProjection: projection !== undefined,
+      },
+      frames,
+    });
+    const tapIds = reply.header['taps'] as number[];
+    const projected = reply.header['projection'] === true;
+    const taps = new Map<number, Float32Array>();
+    const first = projected ? 2 : 1;
+    tapIds.forEach((t, i) => taps.set(t, reply.frames[i + first] as Float32Array));
+    return {
+      logits: undefined, logitRowStart: new Int32Array(batch.sequences.length + 1), hidden: reply.frames[0] as Float32Array, taps,
+      ...(projected ? { projection: reply.frames[1] as Float32Array } : {}),
+    };
+  }
+
+  /**
+   * Has the stage load its share of the drafter's context projection (the fc blocks of the taps it
+   * produces, `DrafterPlugin.loadProjection`); its forwards then return the accumulator instead of those taps.
+   * @returns the tensor reads the stage made.
+   * @throws {PipelineStageError} with the stage's error (e.g. a plugin without loadProjection).
+   */
+  loadProjection(spec: ProjectionSpec): TensorRead[] {
+    this.checkAlive();
+    const reply = this.exchange({ header: { type: 'projection', dir: spec.dir, plugins: spec.plugins, taps: spec.taps }, frames: [] });
+    return reply.header['reads'] as TensorRead[];
+  }
+
+  /** One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. */
+  private exchange(msg: Message): Message {
+    let reply: Message;
     try {
-      this.channel.send({
-        header: { type: 'forward', cache: pc.cacheId, ops, seqs, taps: options.taps ?? [], snapshots: options.stateSnapshots === true, hasHidden: batch.hidden !== undefined },
-        frames,
-      });
+      this.channel.send(msg);
       reply = this.channel.receive();
     } catch (err) {
       if (!(err instanceof PeerGoneError)) throw err;
@@ -203,10 +238,7 @@ export class RemoteStage implements StageModel {
     }
     const h = reply.header;
     if (h['type'] === 'error') throw new PipelineStageError(`${this.name()}: ${String(h['name'])}: ${String(h['message'])}`);
-    const tapIds = h['taps'] as number[];
-    const taps = new Map<number, Float32Array>();
-    tapIds.forEach((t, i) => taps.set(t, reply.frames[i + 1] as Float32Array));
-    return { logits: undefined, logitRowStart: new Int32Array(batch.sequences.length + 1), hidden: reply.frames[0] as Float32Array, taps };
+    return reply;
   }
 
   /** Records a commit for the stage's latest forward (sent with the next request). */
@@ -365,19 +397,21 @@ export class PipelineModel implements StageModel {
     const taps = options.taps ?? [];
     const merged = new Map<number, Float32Array>();
     let hidden: Float32Array | undefined;
+    let projection: Float32Array | undefined;
     this.latest = undefined;
     let k = 0;
     try {
       for (; k < this.remotes.length; k++) {
         const r = this.remotes[k]!.forward({ sequences: batch.sequences, ...(hidden === undefined ? {} : { hidden }) }, pc, {
           taps: stageTaps(taps, this.remotes[k]!.info), ...(options.stateSnapshots === undefined ? {} : { stateSnapshots: options.stateSnapshots }),
-        });
+        }, projection);
         hidden = r.hidden;
+        projection = r.projection ?? projection;
         for (const [t, h] of r.taps) merged.set(t, h);
       }
       const inner = this.local(pc, () => this.last.forward({ sequences: batch.sequences, hidden }, pc, { ...options, taps: stageTaps(taps, this.last.info) }));
       for (const [t, h] of inner.taps) merged.set(t, h);
-      const outer: ForwardResult = { ...inner, taps: merged };
+      const outer: ForwardResult = { ...inner, taps: merged, ...(projection === undefined ? {} : { projection }) };
       this.latest = { outer, inner };
       return outer;
     } catch (err) {
@@ -386,6 +420,24 @@ export class PipelineModel implements StageModel {
       throw err;
     }
   }
+
+  /**
+   * Each remote stage loads the fc blocks of the drafter taps it produces and from then on returns
+   * their fp32 partial projection instead of the taps; the accumulator travels stage to stage with
+   * `hidden`, and the composite result's {@link ForwardResult.projection} holds it (the last stage's
+   * own taps stay in `taps`, projected by the drafter on this process). The sum is bitwise the
+   * pp = 1 projection (accumulate by tap in ascending order, core's TapProjection).
+   * @returns per stage (stage order, the last = this process: `[]`), the tensor reads it made.
+   * @throws {PipelineStageError} naming the stage that could not load it.
+   */
+  distributeProjection(spec: ProjectionSpec): TensorRead[][] {
+    const reads = this.remotes.map((r) => r.loadProjection(spec));
+    this.projectionReads = reads;
+    return [...reads, []];
+  }
+
+  /** What each remote stage loaded for the projection ({@link distributeProjection}), stage order; empty before. */
+  projectionReads: readonly (readonly TensorRead[])[] = [];
 
   /** The error that broke the pipeline (a stage that died or failed after earlier stages ran), if any. */
   failure(): Error | undefined {

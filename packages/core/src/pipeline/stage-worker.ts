@@ -9,8 +9,13 @@
  * the range (`startTensorParallel` with `range`; rank 0 on this thread, ranks 1 … tp−1 worker threads
  * of this process) — opens its channel and answers `ready` (`{info, tensors, ranks?}`) or `error`. From
  * then on it serves requests one at a time:
- *   `forward` — apply the queued cache operations, then run the stage; reply `{taps}` + frames
- *               `[hidden, …taps]`;
+ *   `projection` — load this stage's share of a drafter's context projection (`{dir, plugins, taps}`:
+ *               `DrafterPlugin.loadProjection` for the taps this stage produces); reply `{reads}`;
+ *   `forward` — apply the queued cache operations, then run the stage; reply `{taps, projection}` +
+ *               frames `[hidden, projection?, …taps]`: once a projection is loaded, the stage adds
+ *               its taps' products into the fp32 accumulator it received (frame after `hidden`, or
+ *               zeros) and sends that instead of the taps (REFERENCE.md §8; a stage with no tap
+ *               passes the accumulator through);
  *   `exit`    — close and exit.
  * The driver's death (even by SIGKILL) exits the process: under FIFOs as end of file on the request
  * FIFO; under ZeroMQ (which hides a vanished peer) as the IPC channel's `disconnect`, with a check
@@ -22,7 +27,16 @@
  * and `commitTreePath` (on this stage's latest forward result).
  */
 
+import 'reflect-metadata';
+
 import * as fs from 'node:fs';
+
+import { container as rootContainer } from 'tsyringe';
+
+import { HfConfig } from '../io/hf-config.js';
+import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
+import { stageTaps, type PartialProjection } from '../plugin/drafter-plugin.js';
+import { DrafterRegistry, loadPluginPackages, PluginError } from '../plugin/registry.js';
 
 import type { SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
@@ -60,8 +74,27 @@ export interface StageInit extends StageSpec {
 }
 
 class StageServer extends CacheReplica {
-  constructor(model: StageModel) {
+  /** This stage's share of the drafter's context projection, once loaded. */
+  private projection: PartialProjection | undefined;
+
+  constructor(model: StageModel, private readonly drafterPlugins: DrafterRegistry) {
     super(model, 'stage');
+  }
+
+  /** Loads the fc blocks of the taps this stage produces (`DrafterPlugin.loadProjection`). */
+  loadProjection(h: Record<string, unknown>): Message {
+    const dir = h['dir'] as string;
+    const config = HfConfig.read(dir);
+    const plugin = this.drafterPlugins.resolve(config);
+    if (plugin.loadProjection === undefined) throw new PluginError(`drafter plugin ${plugin.method} has no loadProjection: stages cannot project their taps`);
+    const weights = SafetensorsCheckpoint.open(dir);
+    try {
+      this.projection?.dispose();
+      this.projection = plugin.loadProjection({ dir, config, weights }, { taps: stageTaps(h['taps'] as number[], this.model.info), hiddenSize: this.model.info.hiddenSize });
+    } finally {
+      weights.close();
+    }
+    return { header: { type: 'ok', reads: this.projection.reads }, frames: [] };
   }
 
   forward(h: Record<string, unknown>, frames: readonly Frame[]): Message {
@@ -69,6 +102,7 @@ class StageServer extends CacheReplica {
     const cacheId = h['cache'] as number;
     const tokens = frames[0] as Int32Array;
     const hidden = h['hasHidden'] === true ? (frames[1] as Float32Array) : undefined;
+    const incoming = h['hasProjection'] === true ? (frames[h['hasHidden'] === true ? 2 : 1] as Float32Array) : undefined;
     let at = 0;
     const sequences: ForwardSequence[] = (h['seqs'] as WireSequence[]).map((s) => {
       const seq: ForwardSequence = {
@@ -81,8 +115,12 @@ class StageServer extends CacheReplica {
     const result = this.runForward(cacheId, (cache) => this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
       taps: h['taps'] as number[], stateSnapshots: h['snapshots'] === true,
     }));
+    if (this.projection !== undefined && (result.taps.size > 0 || incoming !== undefined)) {
+      const acc = result.taps.size > 0 ? this.projection.projectTargetHiddenPartial(result.taps, tokens.length, incoming) : incoming;
+      return { header: { type: 'ok', taps: [], projection: acc !== undefined }, frames: acc === undefined ? [result.hidden] : [result.hidden, acc] };
+    }
     const tapIds = [...result.taps.keys()];
-    return { header: { type: 'ok', taps: tapIds }, frames: [result.hidden, ...tapIds.map((t) => result.taps.get(t)!)] };
+    return { header: { type: 'ok', taps: tapIds, projection: false }, frames: [result.hidden, ...tapIds.map((t) => result.taps.get(t)!)] };
   }
 }
 
@@ -91,6 +129,7 @@ function handle(server: StageServer, msg: Message): Message | 'exit' {
   const type = msg.header['type'];
   if (type === 'exit') return 'exit';
   try {
+    if (type === 'projection') return server.loadProjection(msg.header);
     if (type !== 'forward') throw new Error(`stage: unknown request ${String(type)}`);
     return server.forward(msg.header, msg.frames);
   } catch (err) {
@@ -160,7 +199,9 @@ async function main(): Promise<void> {
       model = loaded.model;
       tensors = loaded.tensors;
     }
-    server = new StageServer(model);
+    const container = rootContainer.createChildContainer();
+    await loadPluginPackages(init.plugins, container);
+    server = new StageServer(model, DrafterRegistry.fromContainer(container));
     const info = model.info;
     if (transport === 'zmq') {
       const { serveZmq } = await import('./zmq-stage.js');

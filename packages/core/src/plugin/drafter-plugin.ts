@@ -24,8 +24,8 @@
 
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
-import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { TensorRead } from '../io/weight-reader.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { StageInfo, StageModel, TpComm } from './model-plugin.js';
 
 /** A drafter checkpoint to load: its directory, parsed `config.json` and weights. */
@@ -108,6 +108,36 @@ export interface DrafterPlugin {
    *   intermediate counts), plus {@link load}'s errors.
    */
   loadShard?(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter>;
+  /**
+   * project on a pipeline stage (optional): loads only the projection blocks of `options.taps` — the
+   * taps one stage produces (`stageTaps`) — so the stage adds its share `Σ_{i ∈ stage} h_i·W_iᵀ` into
+   * the fp32 accumulator it hands on instead of shipping its taps (REFERENCE.md §8). The result must
+   * add, tap by tap in ascending order, exactly what the loaded drafter's `projectTargetHiddenPartial`
+   * adds for those taps (bit for bit), so the sum does not depend on the partition.
+   * Absent: stages ship their raw taps and the last stage projects them all.
+   * @throws {DrafterError} for a tap the drafter does not read, or a bad checkpoint.
+   */
+  loadProjection?(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection;
+}
+
+/** Options of {@link DrafterPlugin.loadProjection}. */
+export interface ProjectionLoadOptions {
+  /** The taps to load blocks for (a subset of the drafter's `captureSetter`; may be empty). */
+  readonly taps: readonly number[];
+  /** The target's hidden size (checked against the checkpoint). */
+  readonly hiddenSize: number;
+}
+
+/** A stage's share of a drafter's context projection ({@link DrafterPlugin.loadProjection}). */
+export interface PartialProjection {
+  /** The taps it has weights for, ascending. */
+  readonly taps: readonly number[];
+  /** Tensor reads that built it (what the stage loaded: e.g. `fc.weight` columns of its taps). */
+  readonly reads: readonly TensorRead[];
+  /** As {@link Drafter.projectTargetHiddenPartial}, for {@link taps} only. */
+  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array;
+  /** Drops the weights. */
+  dispose(): void;
 }
 
 /** Rows of a context batch that belong to one sequence (`[numTokens, ·]` tensors are concatenated in span order). */

@@ -129,6 +129,14 @@ export interface ForwardResult {
   readonly hidden: Float32Array;
   /** Captured taps: tap id → `[numTokens, hiddenSize]` f32. */
   readonly taps: ReadonlyMap<number, Float32Array>;
+  /**
+   * The drafter's context projection of taps already projected where they were produced,
+   * `[numTokens, hiddenSize]` f32: Σ h_i·W_iᵀ over those taps, added tap by tap in ascending order
+   * (a pipeline whose earlier stages loaded their share, {@link StageModel.distributeProjection}).
+   * Those taps are then absent from `taps`; the caller passes this as the accumulator of
+   * `Drafter.projectTargetHiddenPartial(taps, …)` for the rest. Absent: every requested tap is in `taps`.
+   */
+  readonly projection?: Float32Array;
   /** Per-token linear states, when `stateSnapshots` was asked for (opaque; pass to `commitPrefix`). */
   readonly stateSnapshots?: unknown;
 }
@@ -184,8 +192,27 @@ export interface StageModel {
    * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (a spread that does not fit it).
    */
   loadDrafter?(dir: string, plugins: readonly string[], options: Omit<DrafterLoadOptions, 'target'>): Promise<Drafter | undefined>;
+  /**
+   * A model split into stages (optional; a pipeline): each stage that produces some of `spec.taps`
+   * loads its share of the drafter's projection (`DrafterPlugin.loadProjection` of the drafter at
+   * `spec.dir`, plugin packages `spec.plugins`) and from then on a forward asked for taps returns
+   * the fp32 partial projection of the taps those stages produce in {@link ForwardResult.projection}
+   * instead of the taps themselves (REFERENCE.md §8). Returns what each stage loaded, in stage order.
+   * @throws the stage's error (a drafter plugin without `loadProjection`, a bad checkpoint).
+   */
+  distributeProjection?(spec: ProjectionSpec): readonly (readonly TensorRead[])[];
   /** dispose: drops the weights. */
   dispose(): void;
+}
+
+/** What {@link StageModel.distributeProjection} loads on each stage. */
+export interface ProjectionSpec {
+  /** The drafter checkpoint directory. */
+  readonly dir: string;
+  /** Plugin packages (one of them registers the drafter's plugin). */
+  readonly plugins: readonly string[];
+  /** The drafter's taps (`captureSetter`). */
+  readonly taps: readonly number[];
 }
 
 /**

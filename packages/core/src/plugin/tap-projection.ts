@@ -1,0 +1,107 @@
+/**
+ * The context projection of drafters that read concatenated target taps through one linear layer
+ * (`fc.weight` `[D, T·D]`: DFlash, DSpark, EAGLE-3; REFERENCE.md §3, §5, §8): fc(concat(h_1 … h_T)) =
+ * Σ_i h_i · W_iᵀ with W_i the column block of tap i. Split by tap, the sum can be computed where the
+ * taps are produced — each pipeline stage adds its own taps' products into an fp32 accumulator
+ * `[n, D]` and hands it on — and only the last stage applies the norm and writes the draft KV.
+ *
+ * Bit-exact across partitions: every configuration (pp = 1 included) adds the products one tap at a
+ * time, in ascending tap order, into the accumulator (acc ← acc + h_i·W_iᵀ, fp32, one GEMM per tap;
+ * the GEMM reduces each output element in a fixed order, batch-invariantly). So the sum is
+ * ((h_a·W_aᵀ + h_b·W_bᵀ) + h_c·W_cᵀ) whether taps a, b, c are produced by one stage or three, and
+ * whether the rows are projected in one call or in several (docs/ARCHITECTURE.md, "Numerics of the
+ * partial projection").
+ */
+
+import { gemmBf16, packBf16Weights, type PackedBf16Weights } from '@specd/native';
+
+import { sliceColumns } from '../util/columns.js';
+import type { TensorRead, WeightReader } from '../io/weight-reader.js';
+import { DrafterError, type PartialProjection } from './drafter-plugin.js';
+
+/**
+ * The column blocks of `fc.weight` for some taps (all of a drafter's taps, or one stage's), and the
+ * accumulate-by-tap projection over them.
+ */
+export class TapProjection implements PartialProjection {
+  /**
+   * @param allTaps every tap of the drafter, in checkpoint (column block) order.
+   * @param blocks tap id → its `[D, D]` column block of fc, packed for `gemmBf16` (the taps this
+   *   projection serves).
+   * @param hiddenSize D.
+   * @param where the error prefix (method name).
+   * @param reads the tensor reads that built it (what a stage loaded).
+   */
+  constructor(
+    readonly allTaps: readonly number[],
+    private readonly blocks: ReadonlyMap<number, PackedBf16Weights>,
+    readonly hiddenSize: number,
+    private readonly where: string,
+    readonly reads: readonly TensorRead[] = [],
+  ) {}
+
+  /** The taps this projection has blocks for (ascending). */
+  get taps(): readonly number[] {
+    return [...this.blocks.keys()].sort((a, b) => a - b);
+  }
+
+  /**
+   * Reads `name` `[D, allTaps.length · D]` from `reader` and packs the column blocks of `taps`
+   * (default all). A strict subset reads only those columns (`WeightReader.bf16Block`).
+   * @throws {DrafterError} for a tap not in `allTaps` or a mis-shaped tensor.
+   */
+  static read(reader: WeightReader, name: string, hiddenSize: number, allTaps: readonly number[], where: string, taps: readonly number[] = allTaps): TapProjection {
+    const D = hiddenSize;
+    const nT = allTaps.length;
+    const shape = reader.shape(name);
+    if (shape.length !== 2 || shape[0] !== D || shape[1] !== nT * D) {
+      throw new DrafterError(`${where}: ${name} is [${shape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
+    }
+    const bad = taps.filter((t) => !allTaps.includes(t));
+    if (bad.length > 0) throw new DrafterError(`${where}: taps [${bad.join(', ')}] are not among the drafter's taps [${allTaps.join(', ')}]`);
+    const before = reader.reads.length;
+    const blocks = new Map<number, PackedBf16Weights>();
+    if (taps.length === nT) {
+      const fc = reader.bf16(name, [D, nT * D]);
+      allTaps.forEach((t, i) => blocks.set(t, packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D)));
+    } else {
+      for (const t of taps) {
+        const i = allTaps.indexOf(t);
+        blocks.set(t, packBf16Weights(reader.bf16Block(name, D, nT * D, { cols: [i * D, (i + 1) * D] }), D, D));
+      }
+    }
+    return new TapProjection(allTaps, blocks, D, where, reader.reads.slice(before));
+  }
+
+  /**
+   * acc ← acc + Σ_{tap ∈ stageTaps, ascending} h_tap · W_tapᵀ, one tap at a time (see the module comment).
+   * @param stageTaps tap id → `[numTokens, D]` f32 (may be empty: the accumulator passes through).
+   * @param accumulator `[numTokens, D]` f32, updated in place; created zeroed when absent.
+   * @returns the accumulator.
+   * @throws {DrafterError} for a tap this projection has no block for, or a mis-sized tap / accumulator.
+   */
+  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+    const D = this.hiddenSize;
+    const acc = accumulator ?? new Float32Array(numTokens * D);
+    if (acc.length !== numTokens * D) throw new DrafterError(`${this.where}: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
+    const order = [...stageTaps.keys()].sort((a, b) => a - b);
+    for (const tap of order) {
+      const w = this.blocks.get(tap);
+      if (w === undefined) {
+        const held = this.taps;
+        throw new DrafterError(`${this.where}: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${(held.length === this.allTaps.length ? this.allTaps : held).join(', ')}]`);
+      }
+      const h = stageTaps.get(tap)!;
+      if (h.length !== numTokens * D) throw new DrafterError(`${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
+      if (numTokens === 0) continue;
+      const y = gemmBf16(h, numTokens, w);
+      for (let e = 0; e < acc.length; e++) acc[e] = acc[e]! + y[e]!;
+    }
+    return acc;
+  }
+
+  /** Drops the blocks. */
+  dispose(): void {
+    (this.blocks as Map<number, PackedBf16Weights>).clear();
+  }
+}
