@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadParallelTarget, loadTarget, PipelineModel, TensorParallelModel,
+  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadParallelTarget, loadTarget, PipelineModel, TensorParallelDrafter, TensorParallelModel,
   type LoadedTarget, type TensorRead,
 } from '@specd/core';
 
@@ -61,6 +61,8 @@ describe('tp = 2 × pp = 2 vs tp = 1, pp = 1 (greedy, 2 sequences batched)', () 
     const d1 = (await loadDrafter(path.join(ROOT, 'models/kimi-k3-tiny-dflash'), PLUGINS, whole, 256, 2)).drafter;
     const d2 = (await loadDrafter(path.join(ROOT, 'models/kimi-k3-tiny-dflash'), PLUGINS, tpp, 256, 2)).drafter;
     try {
+      // the drafter lives on the last stage, sharded over its TP group
+      expect(d2).toBeInstanceOf(TensorParallelDrafter);
       eq.expectEquivalent('dflash', eq.generate(whole, d1), eq.generate(tpp, d2));
       eq.expectEquivalent('dflash (replay commit)', eq.generate(whole, d1, 'replay'), eq.generate(tpp, d2, 'replay'));
     } finally {

@@ -17,11 +17,20 @@
  * Draft KV: one core {@link PagedKvPool} whose "layers" are K of draft layer j (id 2j) and V (id
  * 2j + 1), `numKvHeads · headDim` f32 per token, NHD pages — the layout of @specd/native's
  * `pagedAttention`; one block table per sequence shared by all layers.
+ *
+ * Tensor parallelism ({@link loadDFlashShard}; core's `DrafterPlugin.loadShard`): rank r of N holds
+ * q_proj rows of its heads, k/v_proj rows of its KV heads (one replicated head when N exceeds the KV
+ * heads), o_proj columns of its heads, gate/up rows and down columns of its I/N (core's
+ * `draftShardLayout`); norms replicated; fc on rank 0 only. Its draft KV pool holds its KV heads only.
+ * Per layer h += allReduce(o_r(attn_r(norm h))), h += allReduce(down_r(swiglu(gateUp_r(norm h))));
+ * the block's embeddings are rank 0's, broadcast; lm_head and sampling run on rank 0 (Megatron-LM,
+ * Shoeybi et al. 2019 §3).
  */
 
 import {
-  DrafterError, PagedKvPool, TapProjection, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal, type ProjectionLoadOptions,
+  DrafterError, DraftShard, PagedKvPool, TapProjection, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal,
+  type ProjectionLoadOptions,
   type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
@@ -80,7 +89,31 @@ export interface DFlashLoadParts {
  *   lacks `embedTokens` / `lmHead`, or a tensor is missing / mis-shaped.
  */
 export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions, parts: DFlashLoadParts = {}): DFlashDrafter {
+  return buildDFlash(source, config, options, parts, undefined).drafter;
+}
+
+/**
+ * Loads rank `options.comm.rank`'s shard of a DFlash checkpoint (module comment, "Tensor
+ * parallelism"): an SPMD drafter whose `writeProjectedContextKV`, `propose` / `runBlocks` run the
+ * group's collectives (call them on every rank at once; rank 0's results are the real ones; other
+ * ranks' `propose` returns `[]`). `projectTargetHiddenPartial` works on rank 0 only (fc lives there).
+ * Reports its reads through `options.onReads`.
+ * @throws {DrafterError} when tp does not divide the heads / intermediate width, or neither tp
+ *   divides the KV heads nor they divide tp (counts named); as {@link loadDFlashDrafter} otherwise
+ *   (the target checks — embedTokens / lmHead — on rank 0 only).
+ */
+export function loadDFlashShard(source: DrafterSource, config: DFlashConfig, options: DrafterShardLoadOptions, parts: DFlashLoadParts = {}): DFlashDrafter {
+  const layout = draftShardLayout({ heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize }, options.comm, `dflash: ${source.dir}`);
+  const { drafter, reads } = buildDFlash(source, config, options, parts, new DraftShard(options.comm, layout));
+  options.onReads?.(reads);
+  return drafter;
+}
+
+function buildDFlash(
+  source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions, parts: DFlashLoadParts, tp: DraftShard | undefined,
+): { drafter: DFlashDrafter; reads: WeightReader['reads'] } {
   const contextOnly = parts.contextOnly === true;
+  const root = tp === undefined || tp.isRoot;
   const c = config;
   const t = options.target;
   const info = t.info;
@@ -95,17 +128,27 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
   if (bad.length > 0) {
     throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
   }
-  if (!contextOnly && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
-  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where);
+  if (!contextOnly && root && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
+  // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const H = c.numHeads;
   const KV = c.numKvHeads;
   const hd = c.headDim;
   const I = c.intermediateSize;
   const layers: DraftLayerWeights[] = [];
+  // the rank's blocks (whole matrices without tensor parallelism)
+  const qRows = tp === undefined ? undefined : { rows: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
+  const kvRows = tp === undefined ? undefined : { rows: [tp.layout.kvHeads[0] * hd, tp.layout.kvHeads[1] * hd] as const };
+  const oCols = tp === undefined ? undefined : { cols: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
+  const iRows = tp === undefined ? undefined : { rows: tp.layout.intermediate };
+  const iCols = tp === undefined ? undefined : { cols: tp.layout.intermediate };
+  const block = (name: string, n: number, k: number, b: { rows?: readonly [number, number]; cols?: readonly [number, number] } | undefined) => ({ name, n, k, ...(b === undefined ? {} : { block: b }) });
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {
-      kv: r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D),
+      kv: tp === undefined
+        ? r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D)
+        : r.packedBlocks([block(`${p}self_attn.k_proj.weight`, KV * hd, D, kvRows), block(`${p}self_attn.v_proj.weight`, KV * hd, D, kvRows)]),
       kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
     };
     layers.push(contextOnly ? kvPath : {
@@ -114,17 +157,20 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
         sliding: c.layerTypes[j] === 'sliding_attention',
         inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
         postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-        q: r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D),
-        o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
+        q: tp === undefined ? r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D) : r.packedBlocks([block(`${p}self_attn.q_proj.weight`, H * hd, D, qRows)]),
+        o: tp === undefined ? r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd) : r.packedBlocks([block(`${p}self_attn.o_proj.weight`, D, H * hd, oCols)]),
         qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
-        gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
-        down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
+        gateUp: tp === undefined
+          ? r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D)
+          : r.packedBlocks([block(`${p}mlp.gate_proj.weight`, I, D, iRows), block(`${p}mlp.up_proj.weight`, I, D, iRows)]),
+        down: tp === undefined ? r.packedRows([`${p}mlp.down_proj.weight`], [D], I) : r.packedBlocks([block(`${p}mlp.down_proj.weight`, D, I, iCols)]),
       },
     });
   }
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
-  return new DFlashDrafter(c, t, projection, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq);
+  const drafter = new DFlashDrafter(c, t, projection, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq, tp);
+  return { drafter, reads: r.reads };
 }
 
 /**
@@ -149,6 +195,10 @@ export class DFlashDrafter implements Drafter {
   /** Draft KV (see the module comment). */
   readonly pool: PagedKvPool;
   private readonly layout: KvPageLayout;
+  /** Query heads, KV heads and intermediate width this rank computes (the whole model's without tensor parallelism). */
+  private readonly heads: number;
+  private readonly kvHeads: number;
+  private readonly inter: number;
 
   constructor(
     readonly config: DFlashConfig,
@@ -160,13 +210,18 @@ export class DFlashDrafter implements Drafter {
     private readonly finalNorm: Float32Array | undefined,
     private layers: DraftLayerWeights[],
     numPages: number,
+    /** The rank's tensor-parallel group and blocks; undefined = the whole draft model on this thread. */
+    readonly tp?: DraftShard,
   ) {
     const c = config;
     this.maxDraftTokens = c.blockSize - 1;
+    this.heads = tp?.heads ?? c.numHeads;
+    this.kvHeads = tp?.kvHeads ?? c.numKvHeads;
+    this.inter = tp?.intermediate ?? c.intermediateSize;
     this.pool = new PagedKvPool({
-      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]), floatsPerToken: c.numKvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages,
+      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]), floatsPerToken: this.kvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages,
     });
-    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: c.numKvHeads, headDim: c.headDim, kvLayout: 'NHD' });
+    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: this.kvHeads, headDim: c.headDim, kvLayout: 'NHD' });
   }
 
   get pagesInUse(): number {
@@ -231,6 +286,7 @@ export class DFlashDrafter implements Drafter {
       if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
     });
     const h = this.runBlocks(seqs);
+    if (this.tp !== undefined && !this.tp.isRoot) return []; // lm_head and sampling are rank 0's
     // rows 1 … k of every block (already final-normed) → target lm_head
     const rowsOf = seqs.map((s) => s.maxDrafts);
     const R = rowsOf.reduce((a, b) => a + b, 0);
@@ -269,7 +325,7 @@ export class DFlashDrafter implements Drafter {
   runBlocks(seqs: readonly { readonly id: SequenceId; readonly position: number; readonly lastToken: number }[]): Float32Array {
     const c = this.config;
     const B = c.blockSize;
-    const H = c.numHeads;
+    const H = this.heads;
     const hd = c.headDim;
     const S = seqs.length;
     const N = S * B;
@@ -294,7 +350,7 @@ export class DFlashDrafter implements Drafter {
       }
       const slots = this.pool.tokenSlots(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
       const attnBatch = makePagedBatch(seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })));
-      const h = this.target.embedTokens!(tokens);
+      const h = this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, c.hiddenSize);
       for (const [j, w] of this.layers.entries()) {
         const b = w.block!; // present whenever finalNorm is
         const x = rmsNorm(h, b.inputNorm, c.rmsNormEps);
@@ -307,10 +363,10 @@ export class DFlashDrafter implements Drafter {
         const a = pagedAttention(q, kPool, vPool, this.layout, attnBatch, {
           numHeads: H, scale: 1 / Math.sqrt(hd), mask: b.sliding ? 'causal' : 'non-causal', slidingWindow: b.sliding ? c.slidingWindow : 0,
         });
-        const o = gemmBf16(a, N, b.o);
+        const o = this.reduce(gemmBf16(a, N, b.o));
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
         const xm = rmsNorm(h, b.postNorm, c.rmsNormEps);
-        const m = gemmBf16(swigluFused(gemmBf16(xm, N, b.gateUp), c.intermediateSize), N, b.down);
+        const m = this.reduce(gemmBf16(swigluFused(gemmBf16(xm, N, b.gateUp), this.inter), N, b.down));
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
       }
       return rmsNorm(h, finalNorm, c.rmsNormEps);
@@ -344,16 +400,21 @@ export class DFlashDrafter implements Drafter {
     this.projection.dispose();
   }
 
-  /** K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each. */
+  /** The rank's row-parallel partial summed over the ranks (identity without tensor parallelism). */
+  private reduce(x: Float32Array): Float32Array {
+    return this.tp === undefined ? x : this.tp.reduce(x);
+  }
+
+  /** K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each (KV = the rank's KV heads). */
   private keysValues(w: DraftLayerKvWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
     const c = this.config;
     const n = positions.length;
-    const W = c.numKvHeads * c.headDim;
+    const W = this.kvHeads * c.headDim;
     const kv = gemmBf16(x, n, w.kv);
     const k = sliceColumns(kv, n, 2 * W, 0, W);
     const v = sliceColumns(kv, n, 2 * W, W, W);
-    rmsNormPerHead(k, c.numKvHeads, w.kNorm, c.rmsNormEps, undefined, k);
-    applyRope(k, positions, { heads: c.numKvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
+    rmsNormPerHead(k, this.kvHeads, w.kNorm, c.rmsNormEps, undefined, k);
+    applyRope(k, positions, { heads: this.kvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];
   }
 

@@ -1,8 +1,8 @@
 /** The DFlash {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DFlashDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
 
 import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig } from './config.js';
-import { loadDFlashDrafter, loadDFlashProjection } from './dflash.js';
+import { loadDFlashDrafter, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
   method: 'dflash',
@@ -10,6 +10,9 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
   schema: DFLASH_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => loadDFlashDrafter(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }));
+  },
+  loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
+    return Promise.resolve().then(() => loadDFlashShard(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }));
   },
   loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {
     return loadDFlashProjection(source, parseDFlashConfig(source.config), options);

@@ -17,15 +17,17 @@
  * - Context-KV-only mode (settings `context_only: true` or `DrafterLoadOptions.contextOnly`): only
  *   the projection (fc, hidden_norm) and each layer's k_proj / v_proj / k_norm are loaded — for a
  *   prefill-only producer that writes draft KV and never drafts; `propose` throws.
+ * - Tensor parallelism ({@link loadDSparkShard}): the backbone sharded as DFlash's
+ *   (`loadDFlashShard`); the Markov and confidence heads on rank 0 only, which alone runs them.
  */
 
 import {
   DrafterError, WeightReader, sampleFromProbs, samplingProbs,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal, type TensorRead,
   type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import { gemmBf16, type PackedBf16Weights } from '@specd/native';
-import { loadDFlashDrafter, type DFlashDrafter } from '@specd/plugin-dflash';
+import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
 
@@ -35,20 +37,44 @@ import type { DSparkConfig } from './config.js';
  * @throws {DrafterError} as {@link loadDFlashDrafter}, or if a head tensor is missing / mis-shaped.
  */
 export function loadDSparkDrafter(source: DrafterSource, config: DSparkConfig, options: DrafterLoadOptions): DSparkDrafter {
+  return buildDSpark(source, config, options, undefined);
+}
+
+/**
+ * Loads rank `options.comm.rank`'s shard of a DSpark checkpoint: the DFlash backbone's shard
+ * (`loadDFlashShard`: the rank's heads, KV heads and MLP block) and, on rank 0 only, the Markov and
+ * confidence heads. SPMD as the backbone's (call `propose` etc. on every rank at once; other ranks'
+ * `propose` runs the block forward and returns `[]`). Reports its reads (backbone, then heads)
+ * through `options.onReads`.
+ * @throws {DrafterError} as {@link loadDFlashShard} and {@link loadDSparkDrafter}.
+ */
+export function loadDSparkShard(source: DrafterSource, config: DSparkConfig, options: DrafterShardLoadOptions): DSparkDrafter {
+  return buildDSpark(source, config, options, options);
+}
+
+function buildDSpark(source: DrafterSource, config: DSparkConfig, options: DrafterLoadOptions, shard: DrafterShardLoadOptions | undefined): DSparkDrafter {
   const contextOnly = options.contextOnly === true || options.settings?.['context_only'] === true;
-  const backbone = loadDFlashDrafter(source, config, options, { contextOnly });
-  if (contextOnly) return new DSparkDrafter(config, options.target, backbone, undefined);
+  let backboneReads: readonly TensorRead[] = [];
+  const backbone = shard === undefined
+    ? loadDFlashDrafter(source, config, options, { contextOnly })
+    : loadDFlashShard(source, config, { ...shard, onReads: (r) => (backboneReads = r) }, { contextOnly });
+  if (contextOnly || (shard !== undefined && shard.comm.rank !== 0)) {
+    shard?.onReads?.(backboneReads);
+    return new DSparkDrafter(config, options.target, backbone, undefined);
+  }
   try {
     const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dspark: ${source.dir}: ${m}`) });
     const V = options.target.info.vocabSize;
     const R = config.markovRank;
     const D = config.hiddenSize;
-    return new DSparkDrafter(config, options.target, backbone, {
+    const d = new DSparkDrafter(config, options.target, backbone, {
       embed: r.f32('markov_head.embed.weight', [V, R]),
       proj: r.packedRows(['markov_head.proj.weight'], [V], R),
       confW: r.f32('confidence_head.weight', [1, D + R]),
       confB: r.f32('confidence_head.bias', [1])[0]!,
     });
+    shard?.onReads?.([...backboneReads, ...r.reads]);
+    return d;
   } catch (err) {
     backbone.dispose();
     throw err;
@@ -114,7 +140,8 @@ export class DSparkDrafter implements Drafter {
       throw new DrafterError('dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without context_only to draft');
     }
     const heads = this.heads;
-    if (heads === undefined) throw new DrafterError('dspark: propose: the drafter is disposed');
+    const worker = this.backbone.tp !== undefined && !this.backbone.tp.isRoot;
+    if (heads === undefined && !worker) throw new DrafterError('dspark: propose: the drafter is disposed');
     const c = this.config;
     const B = c.blockSize;
     const D = c.hiddenSize;
@@ -127,6 +154,7 @@ export class DSparkDrafter implements Drafter {
       if (!(s.maxDrafts >= 1 && s.maxDrafts <= B)) throw new DrafterError(`dspark: propose: sequences[${i}].maxDrafts: expected [1, ${B}], got ${s.maxDrafts}`);
     });
     const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
+    if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
     // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below)
     const start = new Int32Array(S);
     let Rows = 0;

@@ -15,4 +15,4 @@ export function register(container: DependencyContainer): void {
 
 export { dsparkPlugin } from './plugin.js';
 export { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig, type DSparkConfig } from './config.js';
-export { DSparkDrafter, loadDSparkDrafter, type DSparkHeads } from './dspark.js';
+export { DSparkDrafter, loadDSparkDrafter, loadDSparkShard, type DSparkHeads } from './dspark.js';

@@ -1,9 +1,9 @@
 /** The DSpark {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DSparkDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
 import { loadDFlashProjection } from '@specd/plugin-dflash';
 
 import { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig } from './config.js';
-import { loadDSparkDrafter } from './dspark.js';
+import { loadDSparkDrafter, loadDSparkShard } from './dspark.js';
 
 export const dsparkPlugin: DrafterPlugin = Object.freeze({
   method: 'dspark',
@@ -11,6 +11,9 @@ export const dsparkPlugin: DrafterPlugin = Object.freeze({
   schema: DSPARK_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => loadDSparkDrafter(source, parseDSparkConfig(source.config), options));
+  },
+  loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
+    return Promise.resolve().then(() => loadDSparkShard(source, parseDSparkConfig(source.config), options));
   },
   /** The backbone's fc blocks of the stage's taps (DSpark's context projection is DFlash's). */
   loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {

@@ -49,11 +49,21 @@
  *
  * Draft KV: one core {@link PagedKvPool} with "layers" 0 (K) and 1 (V), `numKvHeads · headDim` f32 per
  * token, NHD pages — the layout of @specd/native's `pagedAttention`.
+ *
+ * Tensor parallelism ({@link loadEagle3Shard}; Megatron-LM layout, core's `draftShardLayout`): rank r
+ * holds q_proj rows of its heads, k/v_proj rows of its KV heads (one replicated head when tp exceeds
+ * the KV heads), o_proj columns, gate/up rows and down columns of its I/tp; the three norms
+ * replicated; fc, norm, lm_head and d2t on rank 0 only, its pool its KV heads only. Every rank
+ * computes its KV heads' rows of each context entry and of each chain step, and h = r +
+ * allReduce(o_r(attn_r)), h += allReduce(down_r(…)); rank 0 embeds the step's tokens (broadcast),
+ * computes the logits and picks the drafts. The chain's shape (steps, which sequences continue) follows
+ * from `maxDrafts` alone, so every rank runs the same steps. Trees are refused under tensor parallelism.
  */
 
 import {
-  DrafterError, PagedKvPool, TapProjection, WeightReader, sampleFromProbs, samplingProbs, sliceColumns,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterSource, type DraftProposal, type ProjectionLoadOptions,
+  DrafterError, DraftShard, PagedKvPool, TapProjection, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal,
+  type ProjectionLoadOptions,
   type DraftSequence, type SequenceId, type StageInfo, type StageModel,
 } from '@specd/core';
 import {
@@ -79,7 +89,8 @@ interface Eagle3Weights {
   readonly inputNorm: Float32Array;
   readonly hiddenNorm: Float32Array;
   readonly postNorm: Float32Array;
-  readonly finalNorm: Float32Array;
+  /** `norm` (rank 0 only under tensor parallelism). */
+  readonly finalNorm?: Float32Array;
   /** q_proj `[H·hd, 2D]` (step 1: the query of the last context entry). */
   readonly q: PackedBf16Weights;
   /** q_proj ; k_proj ; v_proj stacked: `[(H + 2·KV)·hd, 2D]`. */
@@ -93,8 +104,8 @@ interface Eagle3Weights {
   /** down_proj `[D, I]`. */
   readonly down: PackedBf16Weights;
   /** lm_head `[draftVocab, D]`. */
-  readonly lmHead: PackedBf16Weights;
-  /** Target id of each draft id (`draft_id + d2t[draft_id]`), `[draftVocab]` i32. */
+  readonly lmHead?: PackedBf16Weights;
+  /** Target id of each draft id (`draft_id + d2t[draft_id]`), `[draftVocab]` i32 (`[0]` off rank 0 under tensor parallelism). */
   readonly draftToTarget: Int32Array;
 }
 
@@ -207,9 +218,34 @@ export function loadEagle3Projection(source: DrafterSource, config: Eagle3Config
  *   is missing / mis-shaped.
  */
 export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, options: DrafterLoadOptions): Eagle3Drafter {
+  return buildEagle3(source, config, options, undefined).drafter;
+}
+
+/**
+ * Loads rank `options.comm.rank`'s shard of an EAGLE-3 checkpoint (module comment, "Tensor
+ * parallelism"): SPMD — `writeProjectedContextKV` and `propose` run the group's collectives (call
+ * them on every rank at once; rank 0's results are the real ones, other ranks' `propose` returns
+ * `[]`); `projectTargetHiddenPartial` works on rank 0 only. Reports its reads through `options.onReads`.
+ * @throws {DrafterError} when tp does not fit the heads / KV heads / intermediate width (counts
+ *   named), for `tree` with tp > 1 (trees need a target without linear-attention layers, and only Kimi
+ *   has `loadShard`), and as {@link loadEagle3Drafter} (target checks on rank 0 only).
+ */
+export function loadEagle3Shard(source: DrafterSource, config: Eagle3Config, options: DrafterShardLoadOptions): Eagle3Drafter {
+  const where = `eagle3: ${source.dir}`;
+  if (options.comm.size > 1 && parseEagle3Settings(options.settings).tree !== undefined) {
+    throw new DrafterError(`${where}: tree drafting is not supported under tensor parallelism (tp = ${options.comm.size}); use chain drafting (omit \`tree\`)`);
+  }
+  const layout = draftShardLayout({ heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize }, options.comm, where);
+  const { drafter, reads } = buildEagle3(source, config, options, new DraftShard(options.comm, layout));
+  options.onReads?.(reads);
+  return drafter;
+}
+
+function buildEagle3(source: DrafterSource, config: Eagle3Config, options: DrafterLoadOptions, tp: DraftShard | undefined): { drafter: Eagle3Drafter; reads: WeightReader['reads'] } {
   const c = config;
   const t = options.target;
   const info = t.info;
+  const root = tp === undefined || tp.isRoot;
   const where = `eagle3: ${source.dir}`;
   const settings = parseEagle3Settings(options.settings);
   const tree = settings.tree;
@@ -222,15 +258,18 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
   if (c.draftVocabSize > c.vocabSize) throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
   const D = c.hiddenSize;
-  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where);
+  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(`${where}: eagle_aux_hidden_state_layer_ids [${c.taps.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
   }
-  if (t.embedTokens === undefined) throw new DrafterError(`${where}: the target stage exposes no embedTokens (EAGLE-3 reuses the target's embedding)`);
+  if (root && t.embedTokens === undefined) throw new DrafterError(`${where}: the target stage exposes no embedTokens (EAGLE-3 reuses the target's embedding)`);
   const Vd = c.draftVocabSize;
   let draftToTarget: Int32Array;
-  if (source.weights.has('d2t')) {
+  if (!root) {
+    draftToTarget = new Int32Array(0); // the drafts are rank 0's
+  } else if (source.weights.has('d2t')) {
     const ti = source.weights.info('d2t');
     const n = ti.shape.reduce((a, b) => a * b, 1);
     if (n !== Vd) throw new DrafterError(`${where}: d2t is [${ti.shape.join(', ')}], expected [${Vd}] (draft_vocab_size)`);
@@ -257,28 +296,51 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
   const hd = c.headDim;
   const I = c.intermediateSize;
   const qkvNames = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`);
-  const w: Eagle3Weights = {
-    projection,
-    inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
-    hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
-    postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-    finalNorm: r.f32('norm.weight', [D]),
-    q: r.packedRows(qkvNames.slice(0, 1), [H * hd], 2 * D),
-    qkv: r.packedRows(qkvNames, [H * hd, KV * hd, KV * hd], 2 * D),
-    kv: r.packedRows(qkvNames.slice(1), [KV * hd, KV * hd], 2 * D),
-    o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
-    gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
-    down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
-    lmHead: r.packedRows(['lm_head.weight'], [Vd], D),
-    draftToTarget,
-  };
+  let w: Eagle3Weights;
+  if (tp === undefined) {
+    w = {
+      projection,
+      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+      hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
+      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+      finalNorm: r.f32('norm.weight', [D]),
+      q: r.packedRows(qkvNames.slice(0, 1), [H * hd], 2 * D),
+      qkv: r.packedRows(qkvNames, [H * hd, KV * hd, KV * hd], 2 * D),
+      kv: r.packedRows(qkvNames.slice(1), [KV * hd, KV * hd], 2 * D),
+      o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
+      gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
+      down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
+      lmHead: r.packedRows(['lm_head.weight'], [Vd], D),
+      draftToTarget,
+    };
+  } else {
+    // the rank's blocks; fc, norm and lm_head on rank 0 only
+    const L = tp.layout;
+    const qBlock = { name: qkvNames[0]!, n: H * hd, k: 2 * D, block: { rows: [L.heads[0] * hd, L.heads[1] * hd] as const } };
+    const kvBlock = (name: string) => ({ name, n: KV * hd, k: 2 * D, block: { rows: [L.kvHeads[0] * hd, L.kvHeads[1] * hd] as const } });
+    w = {
+      projection,
+      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+      hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
+      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+      ...(root ? { finalNorm: r.f32('norm.weight', [D]) } : {}),
+      q: r.packedBlocks([qBlock]),
+      qkv: r.packedBlocks([qBlock, kvBlock(qkvNames[1]!), kvBlock(qkvNames[2]!)]),
+      kv: r.packedBlocks([kvBlock(qkvNames[1]!), kvBlock(qkvNames[2]!)]),
+      o: r.packedBlocks([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, block: { cols: [L.heads[0] * hd, L.heads[1] * hd] as const } }]),
+      gateUp: r.packedBlocks([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`].map((name) => ({ name, n: I, k: D, block: { rows: L.intermediate } }))),
+      down: r.packedBlocks([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, block: { cols: L.intermediate } }]),
+      ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
+      draftToTarget,
+    };
+  }
   const maxDraftTokens = tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
   // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most
   const temp = tree === undefined
     ? maxDraftTokens
     : Math.max(maxDraftTokens, Math.min(tree.topK, Vd, tree.totalTokens) * (Math.min(tree.depth, tree.totalTokens) - 1));
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + temp) / DRAFT_PAGE_SIZE) + 1;
-  return new Eagle3Drafter(c, t, w, maxDraftTokens, options.maxSequences * pagesPerSeq, tree);
+  return { drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, options.maxSequences * pagesPerSeq, tree, tp), reads: r.reads };
 }
 
 /** A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). */
@@ -291,6 +353,10 @@ export class Eagle3Drafter implements Drafter {
   private readonly layout: KvPageLayout;
   /** fc output g of each sequence's last context row, `[D]` f32. */
   private readonly lastG = new Map<SequenceId, Float32Array>();
+  /** Query heads, KV heads and intermediate width this rank computes (the whole model's without tensor parallelism). */
+  private readonly heads: number;
+  private readonly kvHeads: number;
+  private readonly inter: number;
 
   constructor(
     readonly config: Eagle3Config,
@@ -300,11 +366,31 @@ export class Eagle3Drafter implements Drafter {
     numPages: number,
     /** Dynamic-tree settings (greedy sequences draft trees); undefined = chain drafting. */
     readonly tree?: Eagle3TreeSettings,
+    /** The rank's tensor-parallel group and blocks; undefined = the whole draft model on this thread. */
+    readonly tp?: DraftShard,
   ) {
     const c = config;
     this.maxDraftTokens = maxDraftTokens;
-    this.pool = new PagedKvPool({ layers: [0, 1], floatsPerToken: c.numKvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages });
-    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: c.numKvHeads, headDim: c.headDim, kvLayout: 'NHD' });
+    this.heads = tp?.heads ?? c.numHeads;
+    this.kvHeads = tp?.kvHeads ?? c.numKvHeads;
+    this.inter = tp?.intermediate ?? c.intermediateSize;
+    this.pool = new PagedKvPool({ layers: [0, 1], floatsPerToken: this.kvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages });
+    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: this.kvHeads, headDim: c.headDim, kvLayout: 'NHD' });
+  }
+
+  /** Whether this rank embeds, computes logits and picks drafts (always without tensor parallelism). */
+  private get root(): boolean {
+    return this.tp === undefined || this.tp.isRoot;
+  }
+
+  /** Token embeddings `[tokens.length, D]` f32: the target's, or under tensor parallelism rank 0's broadcast. */
+  private embed(tokens: Int32Array): Float32Array {
+    return this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, this.config.hiddenSize);
+  }
+
+  /** The rank's row-parallel partial summed over the ranks (identity without tensor parallelism). */
+  private reduce(x: Float32Array): Float32Array {
+    return this.tp === undefined ? x : this.tp.reduce(x);
   }
 
   get pagesInUse(): number {
@@ -365,7 +451,7 @@ export class Eagle3Drafter implements Drafter {
       for (const s of grown) this.pool.truncate(s.id, s.position);
       throw err;
     }
-    const x = this.layerInput(this.target.embedTokens!(next), sum, n);
+    const x = this.layerInput(this.embed(next), sum, n);
     const [k, v] = this.keysValues(gemmBf16(x, n, w.kv), positions, 0);
     writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens }))));
     at = 0;
@@ -393,6 +479,11 @@ export class Eagle3Drafter implements Drafter {
       if (s.position < 1 || !this.lastG.has(s.id)) throw new DrafterError(`eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet (EAGLE-3 drafts from the last context entry)`);
     });
     if (seqs.length === 0) return [];
+    if (!this.root) {
+      // a worker rank of a tensor-parallel group: the same chain steps, no logits (chains only: trees are refused under TP)
+      this.runChain(seqs, seqs.map((s) => s.maxDrafts), () => 0);
+      return [];
+    }
     const tree = this.tree;
     const out = new Array<DraftProposal>(seqs.length);
     const chainAt: number[] = [];
@@ -454,11 +545,12 @@ export class Eagle3Drafter implements Drafter {
   ): Int32Array[] {
     const c = this.config;
     const D = c.hiddenSize;
-    const H = c.numHeads;
+    const H = this.heads;
     const hd = c.headDim;
-    const W = c.numKvHeads * hd;
+    const W = this.kvHeads * hd;
     const Vd = c.draftVocabSize;
     const w = this.weights();
+    const root = this.root;
     const S = seqs.length;
     const kMax = lengths.reduce((m, k) => Math.max(m, k), 0);
     const drafts = lengths.map((k) => new Int32Array(k));
@@ -471,7 +563,7 @@ export class Eagle3Drafter implements Drafter {
     try {
       for (let j = 1; j <= kMax; j++) {
         const n = active.length;
-        const x = this.layerInput(this.target.embedTokens!(tok), g, n);
+        const x = this.layerInput(this.embed(tok), g, n);
         let q: Float32Array;
         if (j === 1) {
           q = this.firstQuery(x, active.map((i) => seqs[i]!));
@@ -491,12 +583,13 @@ export class Eagle3Drafter implements Drafter {
         const attnBatch = makePagedBatch(active.map((i) => ({ qLen: 1, kvLen: seqs[i]!.position + j - 1, pages: this.pool.blockTable(seqs[i]!.id) })));
         const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout, attnBatch, { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' });
         const h = this.finish(g, a, n);
-        const logits = gemmBf16(rmsNorm(h, w.finalNorm, c.rmsNormEps), n, w.lmHead);
-        const greedy = argmax(logits, Vd);
+        // logits and the pick on rank 0 only (the other ranks' drafts stay 0: their embeddings are rank 0's)
+        const logits = root ? gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), n, w.lmHead!) : undefined;
+        const greedy = logits === undefined ? undefined : argmax(logits, Vd);
         const nextActive: number[] = [];
         const nextRows: number[] = [];
         active.forEach((i, row) => {
-          const d = pick(i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy[row]!);
+          const d = logits === undefined ? 0 : pick(i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy![row]!);
           drafts[i]![j - 1] = d;
           if (lengths[i]! > j) {
             nextActive.push(i);
@@ -505,7 +598,7 @@ export class Eagle3Drafter implements Drafter {
         });
         const ng = new Float32Array(nextRows.length * D);
         nextRows.forEach((row, r) => ng.set(h.subarray(row * D, (row + 1) * D), r * D));
-        tok = Int32Array.from(nextActive, (i) => w.draftToTarget[drafts[i]![j - 1]!]!);
+        tok = Int32Array.from(nextActive, (i) => (root ? w.draftToTarget[drafts[i]![j - 1]!]! : 0));
         g = ng;
         active = nextActive;
       }
@@ -519,7 +612,7 @@ export class Eagle3Drafter implements Drafter {
   private firstQuery(x: Float32Array, seqs: readonly DraftSequence[]): Float32Array {
     const c = this.config;
     const q = gemmBf16(x, seqs.length, this.weights().q);
-    applyRope(q, Int32Array.from(seqs, (s) => s.position - 1), { heads: c.numHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, q);
+    applyRope(q, Int32Array.from(seqs, (s) => s.position - 1), { heads: this.heads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, q);
     return q;
   }
 
@@ -530,9 +623,9 @@ export class Eagle3Drafter implements Drafter {
   private proposeTree(seqs: readonly DraftSequence[], tree: Eagle3TreeSettings): DraftProposal[] {
     const c = this.config;
     const D = c.hiddenSize;
-    const H = c.numHeads;
+    const H = this.heads;
     const hd = c.headDim;
-    const W = c.numKvHeads * hd;
+    const W = this.kvHeads * hd;
     const Vd = c.draftVocabSize;
     const w = this.weights();
     const F = this.pool.floatsPerToken;
@@ -551,12 +644,12 @@ export class Eagle3Drafter implements Drafter {
     {
       const g = new Float32Array(S * D);
       seqs.forEach((s, i) => g.set(this.lastG.get(s.id)!, i * D));
-      const x = this.layerInput(this.target.embedTokens!(Int32Array.from(seqs, (s) => s.lastToken)), g, S);
+      const x = this.layerInput(this.embed(Int32Array.from(seqs, (s) => s.lastToken)), g, S);
       const q = this.firstQuery(x, seqs);
       const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout,
         makePagedBatch(seqs.map((s) => ({ qLen: 1, kvLen: s.position, pages: this.pool.blockTable(s.id) }))), attn);
       const h = this.finish(g, a, S);
-      const logits = gemmBf16(rmsNorm(h, w.finalNorm, c.rmsNormEps), S, w.lmHead);
+      const logits = gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), S, w.lmHead!);
       seqs.forEach((_, i) => addChildren(i, -1, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D)));
     }
     // deeper levels: every token slot its own "page"
@@ -580,7 +673,7 @@ export class Eagle3Drafter implements Drafter {
         const g = new Float32Array(R * D);
         rows.forEach(({ i, n }, r) => g.set(nodes[i]![n]!.h, r * D));
         const tok = Int32Array.from(rows, ({ i, n }) => w.draftToTarget[nodes[i]![n]!.draft]!);
-        const x = this.layerInput(this.target.embedTokens!(tok), g, R);
+        const x = this.layerInput(this.embed(tok), g, R);
         const pos = Int32Array.from(rows, ({ i }) => seqs[i]!.position + d - 2);
         const qkv = gemmBf16(x, R, w.qkv);
         const q = sliceColumns(qkv, R, H * hd + 2 * W, 0, H * hd);
@@ -611,7 +704,7 @@ export class Eagle3Drafter implements Drafter {
         }));
         const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), layout1, attnBatch, attn);
         const h = this.finish(g, a, R);
-        const logits = gemmBf16(rmsNorm(h, w.finalNorm, c.rmsNormEps), R, w.lmHead);
+        const logits = gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), R, w.lmHead!);
         rows.forEach(({ i, n }, r) => addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D)));
       }
     } finally {
@@ -680,10 +773,10 @@ export class Eagle3Drafter implements Drafter {
     const c = this.config;
     const w = this.weights();
     const h = c.normBeforeResidual ? rmsNorm(g, w.hiddenNorm, c.rmsNormEps) : Float32Array.from(g);
-    const o = gemmBf16(a, n, w.o);
+    const o = this.reduce(gemmBf16(a, n, w.o));
     for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
     const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
-    const m = gemmBf16(swigluFused(gemmBf16(xm, n, w.gateUp), c.intermediateSize), n, w.down);
+    const m = this.reduce(gemmBf16(swigluFused(gemmBf16(xm, n, w.gateUp), this.inter), n, w.down));
     for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
     return h;
   }
@@ -692,11 +785,11 @@ export class Eagle3Drafter implements Drafter {
   private keysValues(y: Float32Array, positions: Int32Array, col: number): [Float32Array, Float32Array] {
     const c = this.config;
     const n = positions.length;
-    const W = c.numKvHeads * c.headDim;
+    const W = this.kvHeads * c.headDim;
     const width = y.length / n;
     const k = sliceColumns(y, n, width, col, W);
     const v = sliceColumns(y, n, width, col + W, W);
-    applyRope(k, positions, { heads: c.numKvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
+    applyRope(k, positions, { heads: this.kvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];
   }
 

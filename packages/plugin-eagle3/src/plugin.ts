@@ -2,10 +2,10 @@
  * The EAGLE-3 {@link DrafterPlugin}: chosen for checkpoints with `architectures ["LlamaForCausalLMEagle3"]`
  * (EAGLE-3 layout) or `["Eagle3Speculator"]` (vLLM speculators layout).
  */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
 
 import { EAGLE3_ARCHITECTURES, EAGLE3_SCHEMA, parseEagle3Config } from './config.js';
-import { loadEagle3Drafter, loadEagle3Projection } from './eagle3.js';
+import { loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3.js';
 
 export const eagle3Plugin: DrafterPlugin = Object.freeze({
   method: 'eagle3',
@@ -13,6 +13,9 @@ export const eagle3Plugin: DrafterPlugin = Object.freeze({
   schema: EAGLE3_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => loadEagle3Drafter(source, parseEagle3Config(source.config), options));
+  },
+  loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
+    return Promise.resolve().then(() => loadEagle3Shard(source, parseEagle3Config(source.config), options));
   },
   loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {
     return loadEagle3Projection(source, parseEagle3Config(source.config), options);

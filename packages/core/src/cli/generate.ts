@@ -271,7 +271,9 @@ export interface LoadedDrafter {
  * Imports the plugin packages and loads a drafter for `target` (room for `maxSequences` sequences of
  * `maxTokensPerSequence`): from a checkpoint directory (a string, or a choice with `dir`), resolving
  * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
- * `choice.method` through its `loadWithoutCheckpoint`. On a target split into stages (a pipeline:
+ * `choice.method` through its `loadWithoutCheckpoint`. A target with `loadDrafter` (tensor parallel,
+ * or a pipeline whose last stage is) loads the drafter spread over its ranks when the plugin has
+ * `loadShard`; otherwise the drafter is loaded whole here. On a target split into stages (a pipeline:
  * `StageModel.distributeProjection`) whose drafter plugin has `loadProjection`, every stage that
  * produces taps then loads its share of the projection and projects its taps itself.
  * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a `choice.method`
@@ -298,24 +300,29 @@ export async function loadDrafter(
       `drafter: method ${JSON.stringify(c.method)}, but ${config.file} (architectures [${config.architectures.join(', ')}]) is a ${JSON.stringify(plugin.method)} checkpoint; set "method": ${JSON.stringify(plugin.method)} or point "path" at a ${c.method} checkpoint`,
     );
   }
-  const weights = SafetensorsCheckpoint.open(drafterDir);
-  try {
-    const drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
-    // A pipeline: the stages that produce taps project them in place (REFERENCE.md §8).
-    // (A plugin without loadProjection resets the stages to shipping raw taps.)
-    const taps = drafter.captureSetter(target.model.info);
-    if (target.model.distributeProjection !== undefined) {
-      try {
-        target.model.distributeProjection(plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined);
-      } catch (err) {
-        drafter.dispose();
-        throw err;
-      }
+  // a target spread over tensor-parallel ranks loads the drafter spread the same way (if its plugin can)
+  const { target: _whole, ...spreadOptions } = options;
+  let drafter = await target.model.loadDrafter?.(drafterDir, plugins, spreadOptions);
+  if (drafter === undefined) {
+    const weights = SafetensorsCheckpoint.open(drafterDir);
+    try {
+      drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
+    } finally {
+      weights.close();
     }
-    return { drafter, dir: drafterDir };
-  } finally {
-    weights.close();
   }
+  // A pipeline: the stages that produce taps project them in place (REFERENCE.md §8).
+  // (A plugin without loadProjection resets the stages to shipping raw taps.)
+  const taps = drafter.captureSetter(target.model.info);
+  if (target.model.distributeProjection !== undefined) {
+    try {
+      target.model.distributeProjection(plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined);
+    } catch (err) {
+      drafter.dispose();
+      throw err;
+    }
+  }
+  return { drafter, dir: drafterDir };
 }
 
 /** What {@link generateSpeculative} returns: the plain result plus the spec-decode counters. */

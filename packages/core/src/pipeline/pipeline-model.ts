@@ -325,6 +325,8 @@ export class PipelineModel implements StageModel {
   readonly commitTreePath?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]) => void;
   readonly embedTokens?: (tokens: Int32Array) => Float32Array;
   readonly lmHead?: (x: Float32Array, rows: number) => Float32Array;
+  /** The last stage's (the drafter lives with the last stage; under TP × PP it is spread over its TP group). */
+  readonly loadDrafter?: StageModel['loadDrafter'];
   /** The latest forward: the composite result (what the engine holds) and the last stage's own. */
   private latest: { outer: ForwardResult; inner: ForwardResult } | undefined;
   private broken: Error | undefined;
@@ -357,6 +359,7 @@ export class PipelineModel implements StageModel {
     }
     if (last.embedTokens !== undefined) this.embedTokens = (tokens) => last.embedTokens!(tokens);
     if (last.lmHead !== undefined) this.lmHead = (x, rows) => last.lmHead!(x, rows);
+    if (last.loadDrafter !== undefined) this.loadDrafter = (dir, plugins, options) => last.loadDrafter!(dir, plugins, options);
   }
 
   /**

@@ -26,7 +26,7 @@ import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { StageInfo, StageModel } from './model-plugin.js';
+import type { StageInfo, StageModel, TpComm } from './model-plugin.js';
 
 /** A drafter checkpoint to load: its directory, parsed `config.json` and weights. */
 export interface DrafterSource {
@@ -60,6 +60,18 @@ export interface DrafterLoadOptions {
   readonly contextOnly?: boolean;
 }
 
+/**
+ * Options of {@link DrafterPlugin.loadShard}: the load options plus the rank's collectives. `target`
+ * is the rank's shard of the target: on rank 0 it embeds (`embedTokens`) and has `lmHead`; on the
+ * other ranks it has neither.
+ */
+export interface DrafterShardLoadOptions extends DrafterLoadOptions {
+  /** The rank's collectives (rank, size, allReduce, broadcast) — the target's group. */
+  readonly comm: TpComm;
+  /** Called with the rank's weight reads once loaded (tensors and row / column blocks, in order). */
+  readonly onReads?: (reads: readonly TensorRead[]) => void;
+}
+
 /** JSON-schema fragment of a method's config branch (validation lives elsewhere; discriminator `method`). */
 export type DrafterSchema = Readonly<Record<string, unknown>>;
 
@@ -81,6 +93,21 @@ export interface DrafterPlugin {
    * from the options alone (`settings` = the config's `drafter` branch). Absent: the method needs a checkpoint.
    */
   loadWithoutCheckpoint?(options: DrafterLoadOptions): Promise<Drafter>;
+  /**
+   * load, tensor-parallel (optional): rank `options.comm.rank`'s shard of the drafter, Megatron layout
+   * (docs/ARCHITECTURE.md "Tensor parallelism", Drafters): q_proj rows of the rank's heads, k/v_proj rows
+   * of its KV heads (replicated when comm.size exceeds the KV heads), o_proj columns, gate/up rows and
+   * down columns of its 1/size of the intermediate width; norms replicated; the context projection
+   * (fc), the drafter's own heads and sampling on rank 0 only. The result is SPMD: core
+   * (tensor-parallel/tp-drafter.ts) calls `addSequence`, `freeSequence`, `writeProjectedContextKV`,
+   * `propose` and `dispose` with the same arguments on every rank at once — they run collectives of
+   * `comm` inside (all-reduce after o_proj and down_proj; rank 0's embeddings broadcast) — and uses
+   * rank 0's return values; `projectTargetHiddenPartial` and `captureSetter` are called on rank 0 only.
+   * Worker ranks get propose sequences without a usable `rng` and `history` (they never sample).
+   * @throws {DrafterError} when comm.size does not fit the drafter (naming the head / KV head /
+   *   intermediate counts), plus {@link load}'s errors.
+   */
+  loadShard?(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter>;
   /**
    * project on a pipeline stage (optional): loads only the projection blocks of `options.taps` — the
    * taps one stage produces (`stageTaps`) — so the stage adds its share `Σ_{i ∈ stage} h_i·W_iᵀ` into

@@ -9,7 +9,7 @@ export {
 } from './registry.js';
 export {
   DrafterError, stageTaps,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterPlugin, type DrafterSchema, type DrafterSource,
+  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterPlugin, type DrafterSchema, type DrafterShardLoadOptions, type DrafterSource,
   type DraftProposal, type DraftSampling, type DraftSequence, type PartialProjection, type ProjectionLoadOptions, type RandomSource,
 } from './drafter-plugin.js';
 export { TapProjection } from './tap-projection.js';

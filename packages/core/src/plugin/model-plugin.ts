@@ -13,6 +13,7 @@ import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { Drafter, DrafterLoadOptions } from './drafter-plugin.js';
 
 /** A checkpoint to load: its directory, parsed `config.json` and weights. */
 export interface ModelSource {
@@ -183,6 +184,15 @@ export interface StageModel {
    */
   failure?(): Error | undefined;
   /**
+   * Loads a drafter the way this model is spread (optional): a target spread over tensor-parallel
+   * ranks (tensor-parallel/tp-model.ts) loads the drafter checkpoint `dir` spread over the same ranks
+   * through the drafter plugin's `loadShard`; a pipeline delegates to its last stage, where the drafter
+   * lives. Undefined when the claiming plugin cannot be spread (no `loadShard`): the caller then loads
+   * the whole drafter on this thread with `target` = this model, as for a local target.
+   * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (a spread that does not fit it).
+   */
+  loadDrafter?(dir: string, plugins: readonly string[], options: Omit<DrafterLoadOptions, 'target'>): Promise<Drafter | undefined>;
+  /**
    * A model split into stages (optional; a pipeline): each stage that produces some of `spec.taps`
    * loads its share of the drafter's projection (`DrafterPlugin.loadProjection` of the drafter at
    * `spec.dir`, resolved among the plugin packages the model was started with) and from then on a forward asked for taps returns
@@ -219,6 +229,12 @@ export interface TpComm {
    * every rank and from run to run. `x` has the same length on every rank.
    */
   allReduce(x: Float32Array): Float32Array;
+  /**
+   * Rank 0's `x` on every rank (a new array): `x` has the same length on every rank; the values other
+   * ranks pass are ignored (e.g. zeros). Used where rank 0 alone holds an input, such as the target's
+   * token embedding that drafters reuse (tensor-parallel drafters, tp-drafter.ts).
+   */
+  broadcast(x: Float32Array): Float32Array;
 }
 
 /** Options of {@link ModelPlugin.loadShard}. */

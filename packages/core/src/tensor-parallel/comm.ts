@@ -12,6 +12,9 @@
  * run), and waits at a second barrier before the rows are reused. Waiting is a short spin, then
  * `Atomics.wait` (futex) in slices that re-check the abort flag: a rank that fails calls
  * {@link SharedComm.abort}, and every rank waiting in a barrier throws {@link TpAbortError}.
+ *
+ * broadcast(x): in pieces of `capacity` floats, rank 0 writes its piece into row 0, barrier, every
+ * other rank copies row 0, barrier (Megatron's / NCCL's broadcast from root 0, over shared memory).
  */
 
 import { receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
@@ -76,6 +79,8 @@ export class SharedComm implements TpComm {
   private readonly capacity: number;
   /** All-reduce calls so far (tests, statistics). */
   allReduces = 0;
+  /** Broadcast calls so far (tests, statistics). */
+  broadcasts = 0;
 
   constructor(readonly rank: number, buffers: CommBuffers) {
     this.size = buffers.size;
@@ -113,6 +118,26 @@ export class SharedComm implements TpComm {
         const row = this.rows[r]!;
         for (let i = 0; i < len; i++) o[i] = o[i]! + row[i]!;
       }
+      this.barrier();
+    }
+    return out;
+  }
+
+  /**
+   * Rank 0's `x` on every rank (a copy): every rank passes an array of the same length (the other
+   * ranks' values are ignored; pass zeros). Two barriers per piece of `capacity` floats.
+   * @throws {TpAbortError} if the group was aborted.
+   */
+  broadcast(x: Float32Array): Float32Array {
+    this.broadcasts++;
+    if (this.size === 1) return x.slice();
+    const out = this.rank === 0 ? x.slice() : new Float32Array(x.length);
+    const row0 = this.rows[0]!;
+    for (let off = 0; off < x.length; off += this.capacity) {
+      const len = Math.min(this.capacity, x.length - off);
+      if (this.rank === 0) row0.set(x.subarray(off, off + len));
+      this.barrier();
+      if (this.rank !== 0) out.set(row0.subarray(0, len), off);
       this.barrier();
     }
     return out;

@@ -11,9 +11,11 @@ import type { MessagePort } from 'node:worker_threads';
 import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 
+import type { TensorRead } from '../io/weight-reader.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { ForwardSequence, StageModel } from '../plugin/model-plugin.js';
-import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
+import type { Drafter, DrafterLoadOptions } from '../plugin/drafter-plugin.js';
+import type { ForwardSequence, StageModel, TpComm } from '../plugin/model-plugin.js';
+import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { CacheReplica } from '../pipeline/cache-replica.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import type { CommBuffers, SharedComm } from './comm.js';
@@ -58,6 +60,49 @@ export async function loadShardOf(modelDir: string, plugins: readonly string[], 
   const weights = SafetensorsCheckpoint.open(modelDir);
   try {
     return { plugin, shard: await plugin.loadShard({ dir: modelDir, config, weights }, { comm, ...range }) };
+  } finally {
+    weights.close();
+  }
+}
+
+/** Drafter load options every rank gets (cloneable: no target). */
+export type DrafterShardRequestOptions = Omit<DrafterLoadOptions, 'target'>;
+
+/** Load a drafter shard on a worker rank (driver → rank; `id` names it in later calls). */
+export interface TpDrafterLoadRequest {
+  readonly type: 'drafter.load';
+  readonly id: number;
+  readonly dir: string;
+  readonly plugins: readonly string[];
+  readonly options: DrafterShardRequestOptions;
+}
+
+/** Call `name(...args)` on a worker rank's drafter shard `id` (driver → rank; `dispose` also forgets it). */
+export interface TpDrafterCallRequest {
+  readonly type: 'drafter.call';
+  readonly id: number;
+  readonly name: string;
+  readonly args: readonly unknown[];
+}
+
+/**
+ * Loads this rank's shard of the drafter checkpoint `dir` through the drafter plugin that claims it
+ * (config.json `architectures`) and its `loadShard`; undefined when that plugin has no `loadShard`.
+ * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (a tp that does not fit).
+ */
+export async function loadDrafterShardOf(
+  dir: string, plugins: readonly string[], target: StageModel, comm: TpComm, options: DrafterShardRequestOptions,
+): Promise<{ drafter: Drafter; reads: readonly TensorRead[] } | undefined> {
+  const container = rootContainer.createChildContainer();
+  await loadPluginPackages(plugins, container);
+  const config = HfConfig.read(dir);
+  const plugin = DrafterRegistry.fromContainer(container).resolve(config);
+  if (plugin.loadShard === undefined) return undefined;
+  const weights = SafetensorsCheckpoint.open(dir);
+  try {
+    let reads: readonly TensorRead[] = [];
+    const drafter = await plugin.loadShard({ dir, config, weights }, { ...options, target, comm, onReads: (r) => (reads = r) });
+    return { drafter, reads };
   } finally {
     weights.close();
   }

@@ -24,15 +24,27 @@ import { setNumThreads } from '@specd/native';
 import type { TensorRead } from '../io/weight-reader.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { Drafter, DrafterLoadOptions } from '../plugin/drafter-plugin.js';
 import type { ForwardBatch, ForwardOptions, ForwardResult, StageInfo, StageModel } from '../plugin/model-plugin.js';
 import { MirroredCache } from '../pipeline/mirrored-cache.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import { createCommBuffers, replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhile } from './comm.js';
-import { loadShardOf, type ShardRange, type TpForwardRequest, type TpWorkerInit } from './rank.js';
+import { loadShardOf, type ShardRange, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpWorkerInit } from './rank.js';
+import { loadTensorParallelDrafter } from './tp-drafter.js';
 
 /** A tensor-parallel rank failed (its forward threw, or it could not load). */
 export class TensorParallelError extends Error {
   override readonly name = 'TensorParallelError';
+}
+
+/** A worker rank's answer to a request (rank ≥ 1). */
+export interface RankReply {
+  readonly rank: number;
+  readonly ok: boolean;
+  readonly name?: string;
+  readonly message?: string;
+  /** `drafter.load`: what the rank read. */
+  readonly reads?: readonly TensorRead[];
 }
 
 /** What a rank loaded (tests assert the blocks). */
@@ -180,6 +192,65 @@ export class TensorParallelModel implements StageModel {
       && !aborted && errors.length === this.remotes.length;
     const err = failure !== undefined && !(failure instanceof TpAbortError) ? failure : new TensorParallelError(`tensor parallel: ${errors.join('; ') || 'aborted'}`);
     if (!clean) this.broken = new TensorParallelError(`tensor parallel: ranks out of step after a failed forward: ${err.message}${errors.length > 0 && err === failure ? ` (${errors.join('; ')})` : ''}`, { cause: err });
+    throw err;
+  }
+
+  /**
+   * Loads the drafter checkpoint `dir` spread over the same ranks ({@link StageModel.loadDrafter}):
+   * every rank loads its shard through the drafter plugin's `loadShard` (rank 0 first, here, so a tp
+   * that does not fit the drafter is refused before the workers load). Undefined when the plugin
+   * that claims the checkpoint has no `loadShard` (the caller loads it whole on rank 0).
+   * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (e.g. a tp that
+   *   does not fit the draft heads); {@link TensorParallelError} naming a worker rank that failed to load.
+   */
+  loadDrafter(dir: string, plugins: readonly string[], options: Omit<DrafterLoadOptions, 'target'>): Promise<Drafter | undefined> {
+    return loadTensorParallelDrafter(this, dir, plugins, options);
+  }
+
+  /**
+   * Runs one request on every rank at once (drafter shards, tp-drafter.ts): posts `request` to each
+   * worker rank, runs `local` (rank 0) here — collectives inside meet the workers in shared memory —
+   * and waits for every reply. A rank that fails aborts the group, so nobody waits forever.
+   * @param onOutOfStep called (before the throw) when the failure may have left the ranks out of step
+   *   (not every rank failed alike before its first collective).
+   * @returns rank 0's value and the workers' replies (rank order).
+   * @throws rank 0's own error, else {@link TensorParallelError} naming each failing rank.
+   * @internal
+   */
+  runOnRanks<T>(request: TpDrafterLoadRequest | TpDrafterCallRequest, local: () => T, onOutOfStep: (err: Error) => void = () => {}): { value: T; replies: RankReply[] } {
+    if (this.disposed) throw new TensorParallelError('tensor parallel: disposed');
+    this.comm.reset();
+    const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
+    for (const r of this.remotes) {
+      r.port.postMessage(request);
+      Atomics.add(this.comm.ctrl, requestWord(r.rank), 1);
+      Atomics.notify(this.comm.ctrl, requestWord(r.rank));
+    }
+    const collectives = () => this.comm.allReduces + this.comm.broadcasts;
+    const before = collectives();
+    let value: T | undefined;
+    let failure: Error | undefined;
+    try {
+      value = local();
+    } catch (err) {
+      failure = err as Error;
+      this.comm.abort();
+    }
+    const replies: RankReply[] = [];
+    const errors: string[] = [];
+    let aborted = false;
+    for (const [k, r] of this.remotes.entries()) {
+      waitWhile(this.comm.ctrl, replyWord(r.rank), seen[k]!, false);
+      const reply = takeMessage(r.port) as Omit<RankReply, 'rank'> | undefined;
+      if (reply === undefined) errors.push(`rank ${r.rank}: no reply`);
+      else if (!reply.ok && reply.name === 'TpAbortError') aborted = true;
+      else if (!reply.ok) errors.push(`rank ${r.rank}: ${reply.name}: ${reply.message}`);
+      replies.push({ rank: r.rank, ...(reply ?? { ok: false }) });
+    }
+    if (failure === undefined && errors.length === 0 && !aborted) return { value: value as T, replies };
+    const clean = failure !== undefined && !(failure instanceof TpAbortError) && collectives() === before && !aborted && errors.length === this.remotes.length;
+    const err = failure !== undefined && !(failure instanceof TpAbortError) ? failure : new TensorParallelError(`tensor parallel: ${request.type}: ${errors.join('; ') || 'aborted'}`);
+    if (!clean) onOutOfStep(err);
     throw err;
   }
 
