@@ -62,12 +62,32 @@ void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
 enum class Activations { kF32, kBf16 };
 
 /** Runs one fp32-activation GEMM on the current ISA path, partitioned over column panels only. */
+/**
+ * Rows per pass over the weights when m is large. A kernel pass re-reads every row of X for each
+ * panel pair, so at m = 512, k = 2048 it streams 4 MiB of X per 32 output columns from L3; in blocks
+ * of 64 rows X's block (512 KiB) stays in L2 and the weights are re-read m/64 times instead.
+ * Measured (2 threads, fp32 activations): n = k = 2048: m = 512 18.8 → 17.1 ms, m = 1024 39.1 → 33.3 ms;
+ * n = 2048, k = 8192, m = 128: 18.2 → 17.8 ms; the lm_head shape 49152 × 576 and 8192 × 2048 within
+ * ±3 %. Never changes a result: rows are independent (batch invariance).
+ */
+constexpr int64_t kRowBlock = 64;
+
 void RunGemmF32(const Problem& p) {
   void (*kernel)(const Problem&, int64_t, int64_t, float*) = gemm::PanelsF32Portable;
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512) kernel = gemm::PanelsF32Avx512;
 #endif
   if (p.m == 0 || p.n == 0) return;
+  if (p.m > kRowBlock) {
+    for (int64_t r0 = 0; r0 < p.m; r0 += kRowBlock) {
+      Problem q = p;
+      q.x = p.x + r0 * p.ldx;
+      q.y = p.y + r0 * p.ldy;
+      q.m = p.m - r0 < kRowBlock ? p.m - r0 : kRowBlock;
+      RunGemmF32(q);
+    }
+    return;
+  }
   ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(p.m)));
     kernel(p, begin, end, scratch.data());

@@ -172,6 +172,23 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
     });
   });
 
+  it('is batch invariant past the 64-row blocks: rows of m = 130 and 200 GEMMs equal GEMVs bit for bit', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [n, k] = [45, 97];
+    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+    const x = randomF32(200 * k, next);
+    withIsa(path, () => {
+      for (const m of [130, 200]) {
+        const y = gemm(x.subarray(0, m * k), m, w);
+        for (let i = 0; i < m; i++) {
+          const row = gemm(x.subarray(i * k, (i + 1) * k), 1, w);
+          expect(firstBitDifference(y.subarray(i * n, (i + 1) * n), row), `seed ${seed} m ${m} row ${i}`).toBe(-1);
+        }
+      }
+    });
+  });
+
   it.each(shapes)('gemmBf16Accumulate at m=%i n=%i k=%i is bitwise acc + gemmBf16 (f32 and bf16 activations)', (m, n, k) => {
     const seed = freshSeed();
     const next = rng(seed);
