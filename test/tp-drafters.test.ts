@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
   BUILTIN_PLUGIN_PACKAGES, DrafterError, draftShardLayout, HfConfig, loadDrafter, loadTarget, loadTensorParallelTarget, SafetensorsCheckpoint,
-  SpecEngine, TensorParallelDrafter, type Drafter, type LoadedTarget, type TensorRead, type TpComm,
+  TensorParallelDrafter, type Drafter, type LoadedTarget, type TensorRead, type TpComm,
 } from '@specd/core';
 import { dflashPlugin, type DFlashDrafter } from '@specd/plugin-dflash';
 
@@ -23,7 +23,6 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
 const PROMPTS = ['The history of the city begins with', 'def fibonacci(n):'];
-const MAX_TOKENS = 24;
 const TAU_TOLERANCE = 0.25;
 const dirOf = (m: string) => path.join(ROOT, 'models', `kimi-k3-tiny-${m}`);
 let whole: LoadedTarget;
@@ -32,11 +31,9 @@ let promptIds: Int32Array[];
 let eq: TpEquivalence;
 const report: string[] = [];
 
-/** Greedy output ids per prompt (in prompt order) and τ per step: both prompts batched, max drafts, chunks of 4. */
+/** Greedy output ids per prompt and τ per step: both prompts batched, max drafts, chunks of 4 (tp-equivalence.ts). */
 function generate(target: LoadedTarget, drafter: Drafter | undefined): { ids: number[][]; tau: number } {
-  const engine = new SpecEngine(target.model, drafter, { maxSequences: 2, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4 });
-  const out = engine.run(promptIds.map((p, i) => ({ id: `r${i}`, promptIds: p, maxTokens: MAX_TOKENS, sampling: { temperature: 0 }, seed: 1, ignoreEos: true })));
-  return { ids: promptIds.map((_, i) => out.find((r) => r.id === `r${i}`)!.tokenIds), tau: engine.metrics.tauPerStep };
+  return eq.run(target, drafter);
 }
 
 async function drafterFor(target: LoadedTarget, method: string): Promise<Drafter> {

@@ -34,11 +34,16 @@ export class TpEquivalence {
 
   /** Greedy output ids per prompt: max draft length, prefill chunks of 4, both prompts batched. */
   generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): number[][] {
+    return this.run(target, drafter, commit).ids;
+  }
+
+  /** {@link generate}, with the run's τ per step (acceptance length; 1 without a drafter). */
+  run(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): { ids: number[][]; tau: number } {
     const engine = new SpecEngine(target.model, drafter, {
       maxSequences: 2, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4, ...(commit === undefined ? {} : { commit }),
     });
     const out = engine.run(this.promptIds.map((p, i) => ({ id: `r${i}`, promptIds: p, maxTokens: this.maxTokens, sampling: { temperature: 0 }, seed: 1, ignoreEos: true })));
-    return out.map((r) => r.tokenIds);
+    return { ids: this.promptIds.map((_, i) => out.find((r) => r.id === `r${i}`)!.tokenIds), tau: engine.metrics.tauPerStep };
   }
 
   /** `got` equals `ref` per prompt, or first differs at a near-tie of the tp = 1 run (recorded). */
