@@ -62,11 +62,12 @@ export interface DrafterLoadOptions {
 
 /**
  * Options of {@link DrafterPlugin.loadShard}: the load options plus the rank's collectives. `target`
- * is the rank's shard of the target: on rank 0 it embeds (`embedTokens`) and has `lmHead`; on the
- * other ranks it has neither.
+ * is the rank's shard of the target: on rank 0 it embeds (`embedTokens`); on every rank it has the
+ * vocab-parallel `lmHead`, a collective (each rank computes its vocabulary slice, all-gathered), so
+ * a drafter that reuses it calls it on every rank at once with the same rows.
  */
 export interface DrafterShardLoadOptions extends DrafterLoadOptions {
-  /** The rank's collectives (rank, size, allReduce, broadcast) — the target's group. */
+  /** The rank's collectives (rank, size, allReduce, broadcast, allGather) — the target's group. */
   readonly comm: TpComm;
   /** Called with the rank's weight reads once loaded (tensors and row / column blocks, in order). */
   readonly onReads?: (reads: readonly TensorRead[]) => void;

@@ -174,7 +174,9 @@ export interface StageModel {
   embedTokens?(tokens: Int32Array): Float32Array;
   /**
    * The output projection alone (optional, last stage; no final norm): `x [rows, hiddenSize]` f32 →
-   * logits `[rows, vocabSize]` f32. Drafters that reuse the target's lm_head call it.
+   * logits `[rows, vocabSize]` f32. Drafters that reuse the target's lm_head call it. On a
+   * tensor-parallel shard it is a collective (each rank its vocabulary slice, then an all-gather):
+   * every rank of the group calls it at once with the same `rows`.
    */
   lmHead?(x: Float32Array, rows: number): Float32Array;
   /**
@@ -235,6 +237,13 @@ export interface TpComm {
    * token embedding that drafters reuse (tensor-parallel drafters, tp-drafter.ts).
    */
   broadcast(x: Float32Array): Float32Array;
+  /**
+   * Every rank's piece, concatenated in rank order (a new array, the same on every rank): `x` is this
+   * rank's piece `[L_r]` f32, and lengths may differ by rank (0 allowed); the result is
+   * `[L_0 + L_1 + … + L_{size−1}]` f32. Used to gather vocab-parallel logits (each rank's slice of the
+   * vocabulary; Megatron-LM / vLLM `ParallelLMHead`). Collective: every rank calls it at once.
+   */
+  allGather(x: Float32Array): Float32Array;
 }
 
 /** Options of {@link ModelPlugin.loadShard}. */
@@ -244,7 +253,8 @@ export interface ShardLoadOptions {
   /**
    * The layer range of the shard (default: the whole model) — a pipeline stage run by a TP group
    * (TP × PP): every rank loads its shard of these layers only; the embedding (stage 0, or `embedding`)
-   * and the final norm / lm_head (last stage) on rank 0 only.
+   * on rank 0 only; the last stage's final norm on every rank and its lm_head vocab-parallel (each
+   * rank its slice of the vocabulary rows).
    */
   readonly layerStart?: number;
   readonly layerEnd?: number;
@@ -260,8 +270,10 @@ export interface LoadedShard {
    * The rank's whole-model stage over its shard of the weights, with its own cache geometry (its
    * heads' state). Its `forward` runs the collectives of `comm`, so every rank must run the same
    * batch at once; it takes the embedded input as `batch.hidden` when given. Rank 0's model also
-   * embeds (`embedTokens`), produces the logits and implements `lmHead`; other ranks' results are
-   * used only for their cache effects (their logits may be undefined).
+   * embeds (`embedTokens`). A last stage's `lmHead` (and the logits a forward is asked for) is a
+   * collective: every rank computes its vocabulary slice and the slices are all-gathered, so every
+   * rank must get the same logits requests (`ForwardSequence.logits`) and call `lmHead` together.
+   * Rank 0's results are the ones used; other ranks' are used only for their cache effects.
    */
   readonly model: StageModel;
   /** Tensors (and blocks of tensors) read, in order. */

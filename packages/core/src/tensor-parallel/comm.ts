@@ -4,8 +4,9 @@
  *
  * Layout of the control words (`Int32Array` over a SharedArrayBuffer):
  *   [0] barrier arrivals, [1] barrier generation, [2] abort flag,
- *   [4 + 2k] requests posted to rank k, [5 + 2k] replies posted by rank k.
- * The all-reduce buffer is `[size, capacity]` f32 (one row per rank), also shared.
+ *   [4 + 2k] requests posted to rank k, [5 + 2k] replies posted by rank k,
+ *   [4 + 2·size + k] the length (floats) of rank k's piece in the current all-gather.
+ * The data buffer is `[size, capacity]` f32 (one row per rank), also shared.
  *
  * allReduce(x): in pieces of `capacity` floats, every rank writes its piece into its row, waits at a
  * barrier, sums the rows in rank order (row 0 + row 1 + …: the same bits on every rank and every
@@ -15,6 +16,14 @@
  *
  * broadcast(x): in pieces of `capacity` floats, rank 0 writes its piece into row 0, barrier, every
  * other rank copies row 0, barrier (Megatron's / NCCL's broadcast from root 0, over shared memory).
+ *
+ * allGather(x): every rank passes its own piece (lengths may differ by rank) and gets the pieces of
+ * ranks 0, 1, …, size − 1 concatenated (NCCL's all-gather, generalised to uneven pieces as
+ * `torch.distributed.all_gather` with per-rank sizes; Megatron-LM / vLLM gather the vocab-parallel
+ * logits this way). Round 0: every rank writes its length into its control word and the first
+ * `capacity` floats of its piece into its row, barrier; every rank reads all lengths (so all agree on
+ * the number of rounds, ⌈max length / capacity⌉, at least 1) and copies every row's chunk to its
+ * place in the output, barrier. Later rounds move the next `capacity` floats of each piece the same way.
  */
 
 import { receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
@@ -31,7 +40,7 @@ const GEN = 1;
 const ABORT = 2;
 /** Control words for a group of `size` ranks. */
 export function controlWords(size: number): number {
-  return 4 + 2 * size;
+  return 4 + 3 * size;
 }
 /** Index of rank k's request counter. */
 export function requestWord(k: number): number {
@@ -40,6 +49,11 @@ export function requestWord(k: number): number {
 /** Index of rank k's reply counter. */
 export function replyWord(k: number): number {
   return 5 + 2 * k;
+}
+
+/** Index of the word holding the length of rank k's all-gather piece in a group of `size` ranks. */
+export function gatherLengthWord(size: number, k: number): number {
+  return 4 + 2 * size + k;
 }
 
 /** The shared buffers of a group (passed to worker threads in `workerData`). */
@@ -81,6 +95,8 @@ export class SharedComm implements TpComm {
   allReduces = 0;
   /** Broadcast calls so far (tests, statistics). */
   broadcasts = 0;
+  /** All-gather calls so far (tests, statistics). */
+  allGathers = 0;
 
   constructor(readonly rank: number, buffers: CommBuffers) {
     this.size = buffers.size;
@@ -141,6 +157,43 @@ export class SharedComm implements TpComm {
       this.barrier();
     }
     return out;
+  }
+
+  /**
+   * The pieces of every rank, concatenated in rank order (a new array, the same bits on every rank):
+   * `x` is this rank's piece, `[L_r]` f32; lengths may differ by rank (0 allowed); the result is
+   * `[L_0 + … + L_{size−1}]`. Two barriers per round of `capacity` floats per rank (module comment).
+   * @throws {TpAbortError} if the group was aborted.
+   */
+  allGather(x: Float32Array): Float32Array {
+    this.allGathers++;
+    if (this.size === 1) return x.slice();
+    const ctrl = this.ctrl;
+    const mine = this.rows[this.rank]!;
+    const lengths = new Int32Array(this.size);
+    const offsets = new Int32Array(this.size + 1);
+    let out: Float32Array | undefined;
+    let rounds = 1;
+    for (let round = 0; round < rounds; round++) {
+      const off = round * this.capacity;
+      if (round === 0) Atomics.store(ctrl, gatherLengthWord(this.size, this.rank), x.length);
+      mine.set(x.subarray(Math.min(off, x.length), Math.min(off + this.capacity, x.length)));
+      this.barrier();
+      if (round === 0) {
+        for (let r = 0; r < this.size; r++) {
+          lengths[r] = Atomics.load(ctrl, gatherLengthWord(this.size, r));
+          offsets[r + 1] = offsets[r]! + lengths[r]!;
+        }
+        rounds = Math.max(1, Math.ceil(Math.max(...lengths) / this.capacity));
+        out = new Float32Array(offsets[this.size]!);
+      }
+      for (let r = 0; r < this.size; r++) {
+        const len = Math.min(this.capacity, lengths[r]! - off);
+        if (len > 0) out!.set(this.rows[r]!.subarray(0, len), offsets[r]! + off);
+      }
+      this.barrier();
+    }
+    return out!;
   }
 
   /** Marks the group aborted and wakes every waiting rank (they throw {@link TpAbortError}). */

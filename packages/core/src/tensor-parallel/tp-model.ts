@@ -226,7 +226,7 @@ export class TensorParallelModel implements StageModel {
       Atomics.add(this.comm.ctrl, requestWord(r.rank), 1);
       Atomics.notify(this.comm.ctrl, requestWord(r.rank));
     }
-    const collectives = () => this.comm.allReduces + this.comm.broadcasts;
+    const collectives = () => this.comm.allReduces + this.comm.broadcasts + this.comm.allGathers;
     const before = collectives();
     let value: T | undefined;
     let failure: Error | undefined;
