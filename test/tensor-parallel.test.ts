@@ -3,7 +3,9 @@
 // this thread, rank 1 a worker thread): greedy SpecEngine output equals tp = 1's for plain decoding
 // and every shipped drafter — or the first difference falls at a near-tie (top-2 logit gap < 1e-3 in
 // the tp = 1 run at that token), which is reported. TP changes the association of the all-reduced
-// sums (rank 0's partial + rank 1's), so logits are equal within rounding, not bit for bit.
+// sums (rank 0's partial + rank 1's), so logits are equal within rounding, not bit for bit. The
+// lm_head is vocab-parallel (each rank its 4096 of the 8192 vocabulary rows, all-gathered): on the
+// same input its logits are bit for bit the whole lm_head's, through `lmHead` and through a forward.
 // Each rank reads only its blocks of the weights (asserted); a tp that does not divide the head
 // counts is refused; `specd generate --tp 2 --json` equals `--tp 1`.
 import { execFileSync } from 'node:child_process';
@@ -13,9 +15,10 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTarget, loadTensorParallelTarget, SequenceCache, TensorParallelModel,
+  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTarget, loadTensorParallelTarget, SafetensorsCheckpoint, SequenceCache, TensorParallelModel, WeightReader,
   type Drafter, type LoadedTarget, type StageModel, type TensorRead,
 } from '@specd/core';
+import { rmsNorm } from '@specd/native';
 
 import { TpEquivalence } from './tp-equivalence.js';
 
@@ -89,6 +92,46 @@ describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', (
       expect(d).toBeLessThan(1e-3);
     }
     process.stdout.write(`tensor-parallel: max |logit(tp=2) − logit(tp=1)| = ${maxDiff.toExponential(2)} over ${a.logits!.length} logits\n`);
+  });
+});
+
+describe('vocab-parallel lm_head (tp = 2): bit for bit the whole lm_head on the same input', () => {
+  const D = 256;
+  const V = 8192;
+  const bits = (x: Float32Array) => Array.from(new Uint32Array(x.buffer, x.byteOffset, x.length));
+
+  it('lmHead (called outside a drafter: the workers join through an lmHead request)', () => {
+    let seed = 7;
+    const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
+    for (const rows of [1, 5]) {
+      const x = Float32Array.from({ length: rows * D }, rand);
+      const a = whole.model.lmHead!(x, rows);
+      const b = tp2.model.lmHead!(x, rows);
+      expect(b.length).toBe(rows * V);
+      expect(bits(b)).toEqual(bits(a));
+    }
+    expect(() => tp2.model.lmHead!(new Float32Array(3), 1)).toThrow(/lmHead: x: expected \[1, 256\]/);
+    expect(tp2.model.lmHead!(new Float32Array(D), 1).length).toBe(V); // still usable after the failure
+  });
+
+  it('forward: its logits are the whole lm_head of norm(its own final hidden), rows as requested', () => {
+    const weights = SafetensorsCheckpoint.open(TARGET);
+    const norm = new WeightReader(weights).f32('model.norm.weight', [D]);
+    weights.close();
+    const model = tp2.model;
+    const cache = model.createCache!({ pageSize: 16, numPages: 8, numSlots: 2 });
+    cache.add(0);
+    cache.add(1);
+    const [p0, p1] = [promptIds[0]!, promptIds[1]!];
+    const r = model.forward({ sequences: [{ id: 0, position: 0, tokens: p0, logits: 'all' }, { id: 1, position: 0, tokens: p1, logits: 'last' }] }, cache);
+    cache.finish(0);
+    cache.finish(1);
+    const rows = [...Array.from({ length: p0.length }, (_, i) => i), p0.length + p1.length - 1];
+    const x = new Float32Array(rows.length * D);
+    rows.forEach((row, i) => x.set(r.hidden.subarray(row * D, (row + 1) * D), i * D));
+    const expected = whole.model.lmHead!(rmsNorm(x, norm, 1e-5), rows.length);
+    expect(Array.from(r.logitRowStart)).toEqual([0, p0.length, p0.length + 1]);
+    expect(bits(r.logits!)).toEqual(bits(expected));
   });
 });
 
@@ -166,10 +209,12 @@ describe('what each rank loads', () => {
     }
   });
 
-  it('embedding, final norm and lm_head on rank 0 only; every layer on both', () => {
-    for (const n of ['model.embed_tokens.weight', 'model.norm.weight', 'lm_head.weight']) {
-      expect(find(0, n)).toHaveLength(1);
-      expect(find(1, n)).toHaveLength(0);
+  it('embedding on rank 0 only; final norm on both; lm_head rows of its vocabulary slice on each; every layer on both', () => {
+    expect(find(0, 'model.embed_tokens.weight')).toHaveLength(1);
+    expect(find(1, 'model.embed_tokens.weight')).toHaveLength(0);
+    for (const rank of [0, 1]) {
+      expect(find(rank, 'model.norm.weight')).toEqual([{ name: 'model.norm.weight' }]);
+      expect(find(rank, 'lm_head.weight')).toEqual([{ name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] }]);
     }
     for (const rank of [0, 1]) {
       const layers = new Set(readsOf(rank).flatMap((r) => (/^model\.layers\.(\d+)\./.exec(r.name)?.[1] ?? [])));

@@ -4,8 +4,11 @@
 // speculative output equals plain greedy decoding under tp = 2 token for token (the target decides),
 // and tp = 1's speculative output (or first differs at a near-tie, the rule of tp-equivalence.ts); τ
 // is reported for both. tp = 4 replicates the 2 KV heads (ranks 0, 1: head 0; ranks 2, 3: head 1):
-// output equals plain tp = 4, and each rank's reads are asserted. A tp that does not fit the draft
-// heads is refused naming the counts; the sharded block forward equals the whole one within 1e-5.
+// output equals plain tp = 4, and each rank's reads are asserted. DFlash and DSpark reuse the
+// target's vocab-parallel lm_head: every rank's propose calls its target shard's lmHead (its 1/tp of
+// the vocabulary rows, all-gathered), whose logits at tp = 4 are bit for bit the whole lm_head's on
+// the same input. A tp that does not fit the draft heads is refused naming the counts; the sharded
+// block forward equals the whole one within 1e-5.
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -122,6 +125,28 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
   });
   afterAll(() => tp4?.model.dispose());
 
+  it('the target\'s vocab-parallel lm_head (2048 vocabulary rows per rank) is bit for bit the whole one', () => {
+    const D = 256;
+    let seed = 99;
+    const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
+    const x = Float32Array.from({ length: 3 * D }, rand);
+    const bits = (v: Float32Array) => Array.from(new Uint32Array(v.buffer, v.byteOffset, v.length));
+    expect(bits(tp4.model.lmHead!(x, 3))).toEqual(bits(whole.model.lmHead!(x, 3)));
+  });
+
+  it('dspark: greedy output equals plain tp = 4 (every rank calls the target lm_head); plain tp = 4 equivalent to tp = 1', async () => {
+    const d4 = await drafterFor(tp4, 'dspark');
+    try {
+      const plain4 = generate(tp4, undefined).ids;
+      expect(generate(tp4, d4).ids).toEqual(plain4);
+      const eq4 = new TpEquivalence(whole, promptIds, 'tp=4');
+      eq4.expectEquivalent('plain tp=4', generate(whole, undefined).ids, plain4);
+      report.push(`plain tp=4 vs tp=1: ${eq4.nearTies.length} near-tie difference(s)${eq4.nearTies.map((n) => ` (${n})`).join('')}`);
+    } finally {
+      d4.dispose();
+    }
+  });
+
   it('dflash: greedy output equals plain tp = 4; each rank reads its blocks only', async () => {
     const d4 = await drafterFor(tp4, 'dflash') as TensorParallelDrafter;
     try {
@@ -163,7 +188,7 @@ describe('refusals', () => {
     expect(() => draftShardLayout({ heads: 12, kvHeads: 4, intermediate: 24 }, { rank: 0, size: 6 }, 'd')).toThrow(/num_key_value_heads = 4/);
     expect(draftShardLayout({ heads: 8, kvHeads: 2, intermediate: 16 }, { rank: 5, size: 8 }, 'd')).toMatchObject({ heads: [5, 6], kvHeads: [1, 2], intermediate: [10, 12] });
     // through the plugin: a group of 8 ranks does not divide the tiny drafter's 4 heads
-    const comm: TpComm = { rank: 0, size: 8, allReduce: (x) => x, broadcast: (x) => x };
+    const comm: TpComm = { rank: 0, size: 8, allReduce: (x) => x, broadcast: (x) => x, allGather: (x) => x };
     const dir = dirOf('dflash');
     const weights = SafetensorsCheckpoint.open(dir);
     try {

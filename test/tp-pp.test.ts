@@ -4,8 +4,9 @@
 // Greedy SpecEngine output equals tp = 1, pp = 1's for plain decoding and DFlash (snapshot and replay
 // commit), or its first difference falls at a near-tie (top-2 logit gap < 1e-3 in the tp = 1 run),
 // which is reported — the rule of test/tensor-parallel.test.ts. Each stage's ranks read only their
-// stage's layers and only their shard of them; the embedding, final norm and lm_head only on the
-// ranks 0 that need them. Disposing the pipeline leaves no stage process.
+// stage's layers and only their shard of them; the embedding only on the ranks 0 that need it; the
+// final norm on both ranks of the last stage and its lm_head vocab-parallel (each rank its 4096 of
+// the 8192 vocabulary rows; stage 0 has none). Disposing the pipeline leaves no stage process.
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -97,19 +98,19 @@ describe('what each stage\'s ranks load', () => {
     }
   });
 
-  it('layers of the stage only; embedding / norm / lm_head on the ranks 0 that need them', () => {
+  it('layers of the stage only; embedding on the ranks 0 that need it; last stage: norm on both, lm_head rows by vocabulary slice', () => {
     expect(layersOf(reads(0, 0))).toEqual([0, 1, 2, 3]);
     expect(layersOf(reads(0, 1))).toEqual([0, 1, 2, 3]);
     expect(layersOf(reads(1, 0))).toEqual([4, 5, 6, 7]);
     expect(layersOf(reads(1, 1))).toEqual([4, 5, 6, 7]);
     expect(others(reads(0, 0))).toEqual(['model.embed_tokens.weight']);
     expect(others(reads(0, 1))).toEqual([]);
-    // the last stage's rank 0: final norm, lm_head, and the embedding for the drafter
-    const last0 = others(reads(1, 0));
-    expect(last0).toContain('model.norm.weight');
-    expect(last0).toContain('model.embed_tokens.weight');
-    expect(last0.every((n) => ['model.norm.weight', 'model.embed_tokens.weight', 'lm_head.weight'].includes(n))).toBe(true);
-    expect(others(reads(1, 1))).toEqual([]);
+    // the last stage: final norm and its lm_head slice on both ranks, the embedding (for the drafter) on rank 0
+    expect(others(reads(1, 0))).toEqual(['lm_head.weight', 'model.embed_tokens.weight', 'model.norm.weight']);
+    expect(others(reads(1, 1))).toEqual(['lm_head.weight', 'model.norm.weight']);
+    for (const rank of [0, 1]) {
+      expect(reads(1, rank).filter((r) => r.name === 'lm_head.weight')).toEqual([{ name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] }]);
+    }
     expect(stage(0).tensors.filter((n) => !n.startsWith('model.layers.'))).toEqual(['model.embed_tokens.weight']);
   });
 

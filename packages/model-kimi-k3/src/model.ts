@@ -1,6 +1,7 @@
 /**
  * A Kimi-K3 / Kimi-Linear stage: layers [layerStart, layerEnd) of the target, plus the embedding
- * when layerStart = 0 and the final norm + lm_head when layerEnd = num_hidden_layers.
+ * when layerStart = 0 and the final norm + lm_head when layerEnd = num_hidden_layers (under tensor
+ * parallelism the lm_head is vocab-parallel: each rank its vocabulary slice, core's `gatherVocabParallel`).
  *
  * Decoder layer (kimi.py `DecoderLayer`): h += mixer(RMSNorm(h)); h += ffn(RMSNorm(h)), with the
  * mixer KDA or MLA by `linear_attn_config` and the ffn dense for layers < first_k_dense_replace,
@@ -11,7 +12,7 @@
 import type {
   CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, SequenceId, StageInfo, StageLoadOptions, StageModel, TpComm,
 } from '@specd/core';
-import { HfConfig, SafetensorsCheckpoint } from '@specd/core';
+import { gatherVocabParallel, HfConfig, SafetensorsCheckpoint, vocabShardRange } from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
@@ -87,6 +88,7 @@ export class KimiStageModel implements StageModel {
     private embed: Uint16Array | undefined,
     private layers: LayerWeights[],
     private finalNorm: Float32Array | undefined,
+    /** lm_head rows `[V_r, D]` of this rank's vocabulary slice (`vocabShardRange`; all V rows without tensor parallelism). */
     private lmHeadWeights: PackedBf16Weights | undefined,
     /** Tensor-parallel rank (its config is the shard's: its heads); undefined for the whole model. */
     readonly comm?: TpComm,
@@ -199,7 +201,8 @@ export class KimiStageModel implements StageModel {
       if (rows.length > 0) {
         const x = new Float32Array(rows.length * D);
         rows.forEach((r, i) => x.set(h.subarray(r * D, (r + 1) * D), i * D));
-        logits = gemmBf16(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length, this.lmHeadWeights!);
+        // under tensor parallelism a collective: every rank gets the same logits requests
+        logits = this.vocabLogits(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length);
       } else {
         logits = new Float32Array(0);
       }
@@ -239,12 +242,27 @@ export class KimiStageModel implements StageModel {
 
   /**
    * The lm_head alone (last stage only; the caller normalises): `x [rows, hiddenSize]` f32 → `[rows, vocabSize]` f32.
-   * @throws {KimiForwardError} on a non-last stage or a mis-sized x.
+   * On a tensor-parallel shard a collective (vocab-parallel, {@link vocabLogits}): every rank of the
+   * group calls it at once with the same `rows`, and every rank gets the whole `[rows, vocabSize]`.
+   * @throws {KimiForwardError} on a non-last stage or a mis-sized x (before any collective).
    */
   lmHead(x: Float32Array, rows: number): Float32Array {
     if (this.lmHeadWeights === undefined) throw new KimiForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
     if (x.length !== rows * this.config.hiddenSize) throw new KimiForwardError(`lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`);
-    return gemmBf16(x, rows, this.lmHeadWeights);
+    return this.vocabLogits(x, rows);
+  }
+
+  /**
+   * The lm_head of this rank's vocabulary slice, gathered: `x [rows, hiddenSize]` f32 (normed) →
+   * `[rows, vocabSize]` f32. Without tensor parallelism one GEMM over all V rows; on rank r of N the
+   * GEMM over its rows [⌊r·V/N⌋, ⌊(r+1)·V/N⌋) (`[rows, V_r]`), then core's `gatherVocabParallel`
+   * (all-gather, pieces laid out by vocabulary id; vLLM `ParallelLMHead`). Each logit is the same
+   * dot product over D either way (the GEMM computes every output column independently).
+   */
+  private vocabLogits(x: Float32Array, rows: number): Float32Array {
+    const local = gemmBf16(x, rows, this.lmHeadWeights!);
+    const comm = this.comm;
+    return comm === undefined || comm.size === 1 ? local : gatherVocabParallel(comm, local, rows, this.config.vocabSize);
   }
 
   /** Drops the weights (the stage is unusable afterwards). */
@@ -318,10 +336,13 @@ function* buildStage(source: ModelSource, options: KimiLoadOptions, comm?: TpCom
     });
     yield;
   }
-  // under TP the final norm and lm_head live on rank 0 only (it alone produces logits)
-  const isLast = end === c.numLayers && shard.rank === 0;
+  // under TP: the final norm on every rank of the last stage, the lm_head vocab-parallel (rank r its
+  // rows [⌊r·V/N⌋, ⌊(r+1)·V/N⌋); the forward and lmHead all-gather the slices)
+  const isLast = end === c.numLayers;
   const finalNorm = isLast ? r.f32('model.norm.weight', [D]) : undefined;
-  const lmHead = isLast ? r.packedRows([c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'], [c.vocabSize], D) : undefined;
+  const lmHead = isLast
+    ? r.packedBlocks([{ name: c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', n: c.vocabSize, k: D, block: { rows: vocabShardRange(c.vocabSize, shard.rank, shard.size) } }])
+    : undefined;
   return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead, comm);
 }
 
@@ -354,9 +375,11 @@ export function kimiShardConfig(c: KimiConfig, tp: number): KimiConfig {
  * Loads rank `comm.rank`'s shard of the whole model — or of the layer range `options.layerStart` …
  * `layerEnd` (a pipeline stage under TP × PP) — (core's `ModelPlugin.loadShard`): the rank's heads of
  * every KDA and MLA layer, its block of the dense MLP and shared expert, its experts; the router and
- * norms whole; the embedding (first stage, or `options.embedding`), final norm and lm_head (last
- * stage) on rank 0 only. Its forward
- * all-reduces each mixer and ffn output over `comm`.
+ * norms whole; the embedding (first stage, or `options.embedding`) on rank 0 only; on the last
+ * stage the final norm on every rank and the lm_head rows [⌊r·V/N⌋, ⌊(r+1)·V/N⌋) of its vocabulary
+ * slice (vocab-parallel; V need not divide by N). Its forward all-reduces each mixer and ffn output
+ * over `comm`; its logits (forward, `lmHead`) are all-gathered, so every rank must get the same
+ * logits requests.
  * @returns the stage and every tensor (block) it read.
  * @throws {KimiTensorParallelError} for a tp that does not fit; as {@link loadKimiStage}.
  */

@@ -23,8 +23,9 @@
  * heads), o_proj columns of its heads, gate/up rows and down columns of its I/N (core's
  * `draftShardLayout`); norms replicated; fc on rank 0 only. Its draft KV pool holds its KV heads only.
  * Per layer h += allReduce(o_r(attn_r(norm h))), h += allReduce(down_r(swiglu(gateUp_r(norm h))));
- * the block's embeddings are rank 0's, broadcast; lm_head and sampling run on rank 0 (Megatron-LM,
- * Shoeybi et al. 2019 §3).
+ * the block's embeddings are rank 0's, broadcast; the target's lm_head is vocab-parallel (every rank
+ * passes the same rows to its target shard's `lmHead`, which all-gathers the vocabulary slices;
+ * Megatron-LM, Shoeybi et al. 2019 §3; vLLM `ParallelLMHead`); sampling runs on rank 0 only.
  */
 
 import {
@@ -96,11 +97,12 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
  * Loads rank `options.comm.rank`'s shard of a DFlash checkpoint (module comment, "Tensor
  * parallelism"): an SPMD drafter whose `writeProjectedContextKV`, `propose` / `runBlocks` run the
  * group's collectives (call them on every rank at once; rank 0's results are the real ones; other
- * ranks' `propose` returns `[]`). `projectTargetHiddenPartial` works on rank 0 only (fc lives there).
+ * ranks' `propose` runs the block forward and the target shard's vocab-parallel `lmHead`, then
+ * returns `[]`). `projectTargetHiddenPartial` works on rank 0 only (fc lives there).
  * Reports its reads through `options.onReads`.
  * @throws {DrafterError} when tp does not divide the heads / intermediate width, or neither tp
  *   divides the KV heads nor they divide tp (counts named); as {@link loadDFlashDrafter} otherwise
- *   (the target checks — embedTokens / lmHead — on rank 0 only).
+ *   (the target checks: embedTokens on rank 0, lmHead on every rank).
  */
 export function loadDFlashShard(source: DrafterSource, config: DFlashConfig, options: DrafterShardLoadOptions, parts: DFlashLoadParts = {}): DFlashDrafter {
   const layout = draftShardLayout({ heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize }, options.comm, `dflash: ${source.dir}`);
@@ -128,7 +130,8 @@ function buildDFlash(
   if (bad.length > 0) {
     throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
   }
-  if (!contextOnly && root && (t.embedTokens === undefined || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
+  // under tensor parallelism the embedding is rank 0's, the lm_head vocab-parallel (every rank's target shard has one)
+  if (!contextOnly && ((root && t.embedTokens === undefined) || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
   // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
   const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const H = c.numHeads;
@@ -286,8 +289,8 @@ export class DFlashDrafter implements Drafter {
       if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
     });
     const h = this.runBlocks(seqs);
-    if (this.tp !== undefined && !this.tp.isRoot) return []; // lm_head and sampling are rank 0's
-    // rows 1 … k of every block (already final-normed) → target lm_head
+    // rows 1 … k of every block (already final-normed) → target lm_head (under tensor parallelism a
+    // collective: every rank passes the same rows to its target shard's vocab-parallel lmHead)
     const rowsOf = seqs.map((s) => s.maxDrafts);
     const R = rowsOf.reduce((a, b) => a + b, 0);
     const x = new Float32Array(R * D);
@@ -297,6 +300,7 @@ export class DFlashDrafter implements Drafter {
       at += s.maxDrafts;
     });
     const logits = this.target.lmHead!(x, R);
+    if (this.tp !== undefined && !this.tp.isRoot) return []; // sampling is rank 0's
     const out: DraftProposal[] = [];
     at = 0;
     for (const s of seqs) {

@@ -18,7 +18,8 @@
  *   the projection (fc, hidden_norm) and each layer's k_proj / v_proj / k_norm are loaded — for a
  *   prefill-only producer that writes draft KV and never drafts; `propose` throws.
  * - Tensor parallelism ({@link loadDSparkShard}): the backbone sharded as DFlash's
- *   (`loadDFlashShard`); the Markov and confidence heads on rank 0 only, which alone runs them.
+ *   (`loadDFlashShard`); every rank passes the same rows to its target shard's vocab-parallel
+ *   `lmHead` (a collective); the Markov and confidence heads on rank 0 only, which alone runs them.
  */
 
 import {
@@ -44,7 +45,7 @@ export function loadDSparkDrafter(source: DrafterSource, config: DSparkConfig, o
  * Loads rank `options.comm.rank`'s shard of a DSpark checkpoint: the DFlash backbone's shard
  * (`loadDFlashShard`: the rank's heads, KV heads and MLP block) and, on rank 0 only, the Markov and
  * confidence heads. SPMD as the backbone's (call `propose` etc. on every rank at once; other ranks'
- * `propose` runs the block forward and returns `[]`). Reports its reads (backbone, then heads)
+ * `propose` runs the block forward and the target's vocab-parallel lm_head, then returns `[]`). Reports its reads (backbone, then heads)
  * through `options.onReads`.
  * @throws {DrafterError} as {@link loadDFlashShard} and {@link loadDSparkDrafter}.
  */
@@ -154,8 +155,8 @@ export class DSparkDrafter implements Drafter {
       if (!(s.maxDrafts >= 1 && s.maxDrafts <= B)) throw new DrafterError(`dspark: propose: sequences[${i}].maxDrafts: expected [1, ${B}], got ${s.maxDrafts}`);
     });
     const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
-    if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
-    // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below)
+    // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below);
+    // under tensor parallelism a collective: every rank passes the same rows to its target shard's lmHead
     const start = new Int32Array(S);
     let Rows = 0;
     seqs.forEach((s, i) => {
@@ -165,6 +166,7 @@ export class DSparkDrafter implements Drafter {
     const x = new Float32Array(Rows * D);
     seqs.forEach((s, i) => x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D));
     const base = this.target.lmHead!(x, Rows);
+    if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
     const tokens = seqs.map((s) => new Int32Array(s.maxDrafts));
     const conf = seqs.map((s) => new Float32Array(s.maxDrafts));
     const probs = seqs.map((s) => (s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * V)));

@@ -14,7 +14,7 @@ import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { Drafter, DrafterLoadOptions } from '../plugin/drafter-plugin.js';
-import type { ForwardSequence, StageModel, TpComm } from '../plugin/model-plugin.js';
+import type { ForwardSequence, LogitsRequest, StageModel, TpComm } from '../plugin/model-plugin.js';
 import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { CacheReplica } from '../pipeline/cache-replica.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
@@ -45,9 +45,23 @@ export interface TpForwardRequest {
   readonly type: 'forward';
   readonly cache: number;
   readonly ops: readonly CacheOp[];
-  readonly seqs: readonly { id: SequenceId; position: number; tokens: Int32Array; phase?: 'prefill'; tree?: Int32Array }[];
+  /**
+   * The batch's sequences, each with its logits request: the lm_head is vocab-parallel (every rank
+   * computes its vocabulary slice of the same rows, then all-gathers), so every rank asks for rank 0's rows.
+   */
+  readonly seqs: readonly { id: SequenceId; position: number; tokens: Int32Array; logits: LogitsRequest; phase?: 'prefill'; tree?: Int32Array }[];
   readonly hidden: Float32Array;
   readonly snapshots: boolean;
+}
+
+/**
+ * Run the shard's vocab-parallel `lmHead` on `x [rows, hiddenSize]` f32 (driver → rank; the driver's
+ * `TensorParallelModel.lmHead` called outside a request that already runs on every rank).
+ */
+export interface TpLmHeadRequest {
+  readonly type: 'lmHead';
+  readonly x: Float32Array;
+  readonly rows: number;
 }
 
 /** Loads the shard of `rank` through the plugin that accepts the checkpoint. */
@@ -117,7 +131,7 @@ export class RankCaches extends CacheReplica {
   forward(req: TpForwardRequest): void {
     for (const op of req.ops) this.apply(op);
     const sequences: ForwardSequence[] = req.seqs.map((s) => ({
-      id: s.id, position: s.position, tokens: s.tokens, logits: 'none',
+      id: s.id, position: s.position, tokens: s.tokens, logits: s.logits,
       ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
     }));
     this.runForward(req.cache, (cache) => this.model.forward({ sequences, hidden: req.hidden }, cache, { stateSnapshots: req.snapshots }));

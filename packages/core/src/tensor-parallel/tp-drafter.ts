@@ -5,8 +5,9 @@
  *
  * Every rank holds its shard of the draft model, loaded through the drafter plugin's `loadShard`
  * (Megatron layout: its query heads, its KV heads — replicated when tp exceeds them — its block of
- * the MLP; fc, the drafter's own heads and sampling on rank 0 only) with its own draft KV pool (its
- * KV heads only). {@link TensorParallelDrafter} is the engine's {@link Drafter}: the calls that
+ * the MLP; fc, the drafter's own heads and sampling on rank 0 only; a drafter that reuses the
+ * target's lm_head calls every rank's target shard's vocab-parallel `lmHead` together) with its own
+ * draft KV pool (its KV heads only). {@link TensorParallelDrafter} is the engine's {@link Drafter}: the calls that
  * change draft state or run the draft model — `addSequence`, `freeSequence`,
  * `writeProjectedContextKV`, `propose`, `dispose` — are posted to every worker rank (the forward's
  * request / reply words, tp-model.ts) and run on rank 0 here at the same time (their all-reduces and

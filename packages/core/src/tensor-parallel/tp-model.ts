@@ -8,9 +8,13 @@
  * whole-model {@link StageModel}, {@link TensorParallelModel}:
  * - `forward` embeds the batch on rank 0, posts it (with the cache operations queued for each rank)
  *   to every worker rank, runs rank 0's shard here — the all-reduces inside meet the workers in
- *   shared memory — and waits for every rank's reply: synchronous for the engine. The result is
- *   rank 0's: logits, taps (the full residual stream: every rank has it after each all-reduce) and
- *   rank 0's KDA snapshots.
+ *   shared memory — and waits for every rank's reply: synchronous for the engine. Every rank gets
+ *   each sequence's logits request: the lm_head is vocab-parallel (each rank its vocabulary slice,
+ *   all-gathered; core's vocab-parallel.ts). The result is rank 0's: logits, taps (the full residual
+ *   stream: every rank has it after each all-reduce) and rank 0's KDA snapshots.
+ * - `lmHead` is vocab-parallel too: inside a call that runs on every rank (a drafter shard's
+ *   `propose`, tp-drafter.ts) every rank calls its shard's `lmHead` itself; called from anywhere
+ *   else (a drafter loaded whole on rank 0), it posts an `lmHead` request so the workers join.
  * - the engine's cache is a {@link TpCache} (`createCache`): rank 0's SequenceCache that records the
  *   engine's cache operations and commits for the worker ranks (sent with the next forward), as the
  *   pipeline's PipelineCache does for stage processes.
@@ -29,7 +33,9 @@ import type { ForwardBatch, ForwardOptions, ForwardResult, StageInfo, StageModel
 import { MirroredCache } from '../pipeline/mirrored-cache.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import { createCommBuffers, replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhile } from './comm.js';
-import { loadShardOf, type ShardRange, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpWorkerInit } from './rank.js';
+import {
+  loadShardOf, type ShardRange, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpLmHeadRequest, type TpWorkerInit,
+} from './rank.js';
 import { loadTensorParallelDrafter } from './tp-drafter.js';
 
 /** A tensor-parallel rank failed (its forward threw, or it could not load). */
@@ -78,8 +84,17 @@ export class TensorParallelModel implements StageModel {
   readonly queues: CacheOp[][];
   readonly commitPrefix?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number) => void;
   readonly embedTokens?: (tokens: Int32Array) => Float32Array;
+  /**
+   * The vocab-parallel lm_head `x [rows, hiddenSize]` f32 → `[rows, vocabSize]` f32 (rank 0's shard's
+   * `lmHead`, a collective). Inside {@link runOnRanks} (a drafter shard's `propose` runs on every
+   * rank, and each rank calls its own shard's `lmHead` with the same rows) it runs rank 0's part
+   * directly; outside, it posts an `lmHead` request with `x` to every worker rank first.
+   * @throws as the shard's `lmHead` (e.g. a mis-sized x); {@link TensorParallelError} naming a failing worker rank.
+   */
   readonly lmHead?: (x: Float32Array, rows: number) => Float32Array;
   private latest: ForwardResult | undefined;
+  /** Whether a {@link runOnRanks} call is running (its local part may call collectives directly). */
+  private onRanks = false;
   private broken: Error | undefined;
   private disposed = false;
   private readonly dropper = new FinalizationRegistry<number>((id) => this.queues.forEach((q) => q.push({ op: 'drop', cache: id })));
@@ -99,7 +114,11 @@ export class TensorParallelModel implements StageModel {
     this.cacheGeometry = rank0.cacheGeometry;
     this.queues = remotes.map(() => []);
     if (rank0.embedTokens !== undefined) this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
-    if (rank0.lmHead !== undefined) this.lmHead = (x, rows) => rank0.lmHead!(x, rows);
+    if (rank0.lmHead !== undefined) {
+      this.lmHead = (x, rows) => (this.onRanks
+        ? rank0.lmHead!(x, rows)
+        : this.runOnRanks({ type: 'lmHead', x, rows }, () => rank0.lmHead!(x, rows)).value); // stateless: a failure leaves nothing out of step
+    }
     if (rank0.commitPrefix !== undefined) {
       this.commitPrefix = (cache, result, id, committed) => {
         const tc = this.asTpCache(cache);
@@ -156,7 +175,7 @@ export class TensorParallelModel implements StageModel {
       const req: TpForwardRequest = {
         type: 'forward', cache: tc.cacheId, ops: this.queues[k]!.splice(0), hidden, snapshots,
         seqs: batch.sequences.map((s) => ({
-          id: s.id, position: s.position, tokens: s.tokens, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
+          id: s.id, position: s.position, tokens: s.tokens, logits: s.logits, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
         })),
       };
       r.port.postMessage(req);
@@ -217,8 +236,9 @@ export class TensorParallelModel implements StageModel {
    * @throws rank 0's own error, else {@link TensorParallelError} naming each failing rank.
    * @internal
    */
-  runOnRanks<T>(request: TpDrafterLoadRequest | TpDrafterCallRequest, local: () => T, onOutOfStep: (err: Error) => void = () => {}): { value: T; replies: RankReply[] } {
+  runOnRanks<T>(request: TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest, local: () => T, onOutOfStep: (err: Error) => void = () => {}): { value: T; replies: RankReply[] } {
     if (this.disposed) throw new TensorParallelError('tensor parallel: disposed');
+    if (this.onRanks) throw new TensorParallelError(`tensor parallel: ${request.type} posted while another request runs on the ranks`);
     this.comm.reset();
     const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
     for (const r of this.remotes) {
@@ -230,11 +250,14 @@ export class TensorParallelModel implements StageModel {
     const before = collectives();
     let value: T | undefined;
     let failure: Error | undefined;
+    this.onRanks = true;
     try {
       value = local();
     } catch (err) {
       failure = err as Error;
       this.comm.abort();
+    } finally {
+      this.onRanks = false;
     }
     const replies: RankReply[] = [];
     const errors: string[] = [];

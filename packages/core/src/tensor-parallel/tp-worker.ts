@@ -13,6 +13,8 @@
  *                    rank's model shard, comm = the group's); reply `{ok: true, reads}` or an error;
  *   `drafter.call` — run a method of a loaded drafter shard (its collectives meet the other ranks);
  *                    reply `{ok: true}` (rank 0's result is the one used) or an error;
+ *   `lmHead`       — run this rank's shard's vocab-parallel lm_head on the request's rows (its
+ *                    all-gather meets the other ranks); reply `{ok: true}` or an error;
  *   `exit`         — leave the loop.
  */
 
@@ -22,10 +24,10 @@ import { replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhil
 import type { Drafter, DraftSequence } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import {
-  loadDrafterShardOf, loadShardOf, RankCaches, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpWorkerInit,
+  loadDrafterShardOf, loadShardOf, RankCaches, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpLmHeadRequest, type TpWorkerInit,
 } from './rank.js';
 
-type Request = TpForwardRequest | TpDrafterLoadRequest | TpDrafterCallRequest | { type: 'exit' };
+type Request = TpForwardRequest | TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest | { type: 'exit' };
 
 /** Worker ranks never sample: the propose sequences they get carry this instead of the request's PRNG. */
 const NO_RNG = Object.freeze({
@@ -73,6 +75,10 @@ async function serve(init: TpWorkerInit, comm: SharedComm, caches: RankCaches, m
         if (loaded === undefined) throw new Error(`tensor parallel: the drafter plugin of ${msg.dir} has no loadShard on rank ${init.rank}`);
         drafters.set(msg.id, loaded.drafter);
         reply = { ok: true, reads: loaded.reads };
+      } else if (msg.type === 'lmHead') {
+        if (model.lmHead === undefined) throw new Error(`tensor parallel: rank ${init.rank}'s shard has no lmHead`);
+        model.lmHead(msg.x, msg.rows);
+        reply = { ok: true };
       } else {
         callDrafter(drafters, msg);
         reply = { ok: true };
