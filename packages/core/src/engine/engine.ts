@@ -284,6 +284,8 @@ export class SpecEngine {
     const t0 = performance.now();
     this.stepCosts = calibrateStepCosts(this.target, this.drafter!, this.cache, {
       maxSequences: this.maxSequences, maxDrafts: this.drafter!.maxDraftTokens, stateSnapshots: this.commitMode === 'snapshots', taps: this.taps,
+      // the scratch context plus the largest verify block must fit a sequence (a short `generate` sizes it tightly)
+      contextTokens: Math.max(1, Math.min(32, this.maxTokensPerSequence - this.drafter!.maxDraftTokens - 1)),
     });
     this.metrics.calibrationMs += performance.now() - t0;
     this.policy = new CostDraftPolicy(this.stepCosts, this.options.costPolicy);

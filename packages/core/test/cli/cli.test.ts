@@ -41,6 +41,17 @@ describe('specd generate', () => {
     expect(r['output_tokens_per_s']).toBeCloseTo(24 / (r['seconds'] as number), 6);
   });
 
+  it.each(['dspark', 'eagle3', 'dflash'])('--drafter %s with --max-tokens 1 and 3: the cost calibration fits the tightly sized caches; output equals --no-spec', async (m) => {
+    for (const n of ['1', '3']) {
+      const args = ['generate', '--prompt', 'Hi', '--max-tokens', n, '--json', '--ignore-eos'];
+      const spec = await run([...args, '--drafter', path.join(ROOT, 'models', `kimi-k3-tiny-${m}`)]);
+      expect(spec.err).toBe('');
+      expect(spec.code).toBe(0);
+      const plain = await run([...args, '--no-spec']);
+      expect((JSON.parse(spec.out) as { token_ids: number[] }).token_ids).toEqual((JSON.parse(plain.out) as { token_ids: number[] }).token_ids);
+    }
+  });
+
   it('streams text and prints stats on stderr; sampling is reproducible with --seed', async () => {
     const a = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12']);
     expect(a.code).toBe(0);
