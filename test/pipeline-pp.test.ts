@@ -6,7 +6,7 @@
 // killed stage fails the request naming the stage, and no stage process is left behind. Stages talk
 // to the driver over ZeroMQ (the default transport); the FIFO transport (`transport: 'fifo'`) is run
 // for one partition and for the killed stage.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -225,5 +225,24 @@ describe('specd generate --pp', () => {
     expect(three.token_ids).toEqual(one.token_ids);
     const left = execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(`${path.sep}stage-worker.js`) && l.includes('specd-pp-'));
     expect(left).toEqual([]);
+  });
+
+  it.each(['SIGINT', 'SIGTERM'] as const)('%s stops a long --pp 2 generate by the signal (not after it finished) and leaves no stage process', async (sig) => {
+    const child = spawn(process.execPath, [
+      path.join(ROOT, 'packages/core/src/cli/bin.js'), 'generate', '--pp', '2', '--prompt', PROMPT, '--max-tokens', '2000', '--ignore-eos',
+    ], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    const exited = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => child.once('exit', (code, signal) => resolve([code, signal])));
+    let out = '';
+    await new Promise<void>((resolve) => child.stdout.on('data', (b: Buffer) => {
+      out += b.toString();
+      resolve(); // the first streamed text: generation is under way
+    }));
+    const stagePids = execFileSync('ps', ['-o', 'pid=', '--ppid', String(child.pid)], { encoding: 'utf8' }).split('\n').map((l) => Number(l.trim())).filter((p) => p > 0);
+    expect(stagePids.length).toBeGreaterThan(0);
+    child.kill(sig);
+    const [code, signal] = await exited;
+    expect({ code, signal }).toEqual({ code: null, signal: sig }); // a handler that waited for the loop would exit 0 after 2000 tokens
+    for (let i = 0; i < 300 && stagePids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
+    expect(stagePids.filter(alive)).toEqual([]);
   });
 });

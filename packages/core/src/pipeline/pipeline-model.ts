@@ -62,20 +62,19 @@ function killAll(): void {
   live.clear();
 }
 
-function onSignal(sig: NodeJS.Signals): void {
-  killAll();
-  // re-raise with the default action when nobody else handles the signal
-  if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
-}
-
+/**
+ * Stage processes die with the driver: on its `exit` they are SIGKILLed here. No SIGINT / SIGTERM
+ * handler is installed — one would replace the signal's default action, and a synchronous
+ * `generate` loop would only run it after the whole generation (tested). The driver dies by the
+ * signal, and each stage exits when its channel to the driver closes (ZeroMQ: the IPC channel's
+ * `disconnect`; FIFOs: end of file); `specd serve` handles the signals itself and disposes the model.
+ */
 function track(c: ChildProcess): void {
   live.add(c);
   c.once('exit', () => live.delete(c));
   if (hooked) return;
   hooked = true;
   process.on('exit', killAll);
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
 }
 
 /** Pids of the stage processes alive (spawned by this process and not yet exited). */
