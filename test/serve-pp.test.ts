@@ -73,7 +73,7 @@ describe('specd serve --pp', () => {
   });
 
   it('--pp-partition 3,5 and config partition: one bad length is refused', async () => {
-    await expect(startServe({ port: 0, pp: 2, ppPartition: [3, 2, 3], logLevel: 'silent' }, io)).rejects.toThrow(/--pp-partition 3,2,3: expected 2 entries/);
+    await expect(startServe({ port: 0, pp: 2, ppPartition: [3, 2, 3], logLevel: 'silent' }, io)).rejects.toThrow(/--pp-partition 3,2,3: 3 entries \(layers per pipeline stage\) but 2 stages; give --pp 3/);
     const s = await startServe({ port: 0, pp: 2, ppPartition: [3, 5], spec: false, logLevel: 'silent' }, io);
     try {
       expect((s.target.model as PipelineModel).stages.map((st) => [st.layerStart, st.layerEnd])).toEqual([[0, 3], [3, 8]]);

@@ -160,7 +160,9 @@ export interface ParallelTargetOptions {
  * @throws {CliError}
  */
 export function checkParallelism(tp: number, pp: number, partition: readonly number[] | undefined): void {
-  if (partition !== undefined && partition.length !== pp) throw new CliError(`--pp-partition ${partition.join(',')}: expected ${pp} entries (one per pipeline stage), got ${partition.length}`);
+  if (partition !== undefined && partition.length !== pp) {
+    throw new CliError(`--pp-partition ${partition.join(',')}: ${partition.length} entries (layers per pipeline stage) but ${pp} stage${pp === 1 ? '' : 's'}; give --pp ${partition.length}`);
+  }
 }
 
 /**

@@ -178,7 +178,7 @@ export function buildProgram(io: CliIo): Command {
     .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
     .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
-    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1); stages 0 … n−2 run as processes, the last one here', intArg(1))
+    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config\'s also drops the config\'s partition); stages 0 … n−2 run as processes, the last one here', intArg(1))
     .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 here, the others as worker threads; must divide the model\'s head and expert counts', intArg(1))
     .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
     .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}')

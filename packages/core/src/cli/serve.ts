@@ -130,7 +130,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--host <host>', 'address to bind (default 127.0.0.1)')
     .option('--port <port>', 'port (default 8000; 0 = ephemeral)', portArg)
     .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, the others as worker threads', tpArg)
-    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1); stages 0 … n−2 run as processes, the last one in the server process', tpArg)
+    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config\'s also drops the config\'s partition); stages 0 … n−2 run as processes, the last one in the server process', tpArg)
     .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
     .option('--api-key <key>', 'require "Authorization: Bearer <key>" on /v1/*')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')

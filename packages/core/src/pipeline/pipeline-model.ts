@@ -6,11 +6,13 @@
  * the drafter, the sampler and the draft KV (REFERENCE.md §8) — and forks one stage process per
  * earlier stage (stage-worker.js), each loading only its layer range with its own
  * {@link SequenceCache}. The engine sees one whole-model {@link StageModel}, {@link PipelineModel}:
- * - `forward` runs stage 0 → 1 → … → last: each remote stage gets the batch (ids, positions, tokens)
- *   and the previous stage's `hidden`, and answers its `hidden` plus the taps it owns
- *   (`stageTaps`); the last stage runs locally; the result carries every stage's taps, so the
- *   engine's one `projectTargetHiddenPartial` call sees the same taps in the same order as at pp = 1
- *   (identical bits).
+ * - `forward` runs stage 0 → 1 → … → last: each remote stage gets the batch (ids, positions, tokens),
+ *   the previous stage's `hidden` and the fp32 projection accumulator, and answers its `hidden` plus
+ *   either the accumulator with its own taps' products added (once `distributeProjection` loaded its
+ *   share of the drafter's fc: the default for DFlash, DSpark and EAGLE-3) or its raw taps
+ *   (`stageTaps`); the last stage runs locally. The result carries the accumulator
+ *   (`ForwardResult.projection`) and the taps not projected yet; the engine projects those into the
+ *   accumulator — tap by tap in ascending order, as at pp = 1, so the bits are pp = 1's.
  * - the engine's cache is a {@link PipelineCache} (`createCache`): a SequenceCache for the last
  *   stage that also records the engine's cache operations (add, finish/abort, checkpoint, rollback)
  *   and the commits (`commitPrefix`, `commitTreePath`) per remote stage; the records travel with the

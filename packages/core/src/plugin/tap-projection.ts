@@ -10,8 +10,9 @@
  * `gemmBf16Accumulate` per tap: each dot product reduced in a fixed order, batch-invariantly, then
  * added once to the accumulator). So the sum is
  * ((h_a·W_aᵀ + h_b·W_bᵀ) + h_c·W_cᵀ) whether taps a, b, c are produced by one stage or three, and
- * whether the rows are projected in one call or in several (docs/ARCHITECTURE.md, "Numerics of the
- * partial projection").
+ * whether the rows are projected in one call or in several (docs/ARCHITECTURE.md, "Pipeline
+ * parallelism"; the error against float64 of this sum vs one concatenated projection and vs bf16
+ * partials: docs/BENCHMARKS.md, "Partial projection numerics").
  */
 
 import { gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
