@@ -10,37 +10,30 @@
 // counts is refused; `specd generate --tp 2 --json` equals `--tp 1`.
 import { execFileSync } from 'node:child_process';
 import * as path from 'node:path';
-import { fileURLToPath } from 'node:url';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTarget, loadTensorParallelTarget, SafetensorsCheckpoint, SequenceCache, TensorParallelModel, WeightReader,
+  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTensorParallelTarget, SafetensorsCheckpoint, SequenceCache, TensorParallelModel, WeightReader,
   type Drafter, type LoadedTarget, type StageModel, type TensorRead,
 } from '@specd/core';
 import { rmsNorm } from '@specd/native';
 
-import { TpEquivalence } from './tp-equivalence.js';
+import { loadTpPair, ROOT, TINY_TARGET, tinyDrafter, TP_PROMPTS, TpEquivalence } from './tp-equivalence.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
+const TARGET = TINY_TARGET;
 const DRAFTERS = ['dflash', 'dspark', 'eagle3'] as const;
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
-const PROMPTS = ['The history of the city begins with', 'def fibonacci(n):'];
+const PROMPTS = TP_PROMPTS;
 let whole: LoadedTarget;
 let tp2: LoadedTarget;
 let promptIds: Int32Array[];
 let eq: TpEquivalence;
 
-async function drafterFor(target: LoadedTarget, method: string): Promise<Drafter> {
-  return (await loadDrafter(path.join(ROOT, 'models', `kimi-k3-tiny-${method}`), PLUGINS, target, 256, 2)).drafter;
-}
+const drafterFor = tinyDrafter;
 
 beforeAll(async () => {
-  whole = await loadTarget(TARGET, PLUGINS);
-  promptIds = PROMPTS.map((p) => whole.tokenizer.encode(p, { addSpecialTokens: false }));
-  eq = new TpEquivalence(whole, promptIds, 'tp=2');
-  tp2 = await loadTensorParallelTarget(TARGET, PLUGINS, { tp: 2 });
+  ({ whole, other: tp2, promptIds, eq } = await loadTpPair(2));
 });
 
 afterAll(() => {

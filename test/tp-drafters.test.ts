@@ -9,25 +9,22 @@
 // the vocabulary rows, all-gathered), whose logits at tp = 4 are bit for bit the whole lm_head's on
 // the same input. A tp that does not fit the draft heads is refused naming the counts; the sharded
 // block forward equals the whole one within 1e-5.
-import * as path from 'node:path';
-import { fileURLToPath } from 'node:url';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, DrafterError, draftShardLayout, HfConfig, loadDrafter, loadTarget, loadTensorParallelTarget, SafetensorsCheckpoint,
+  BUILTIN_PLUGIN_PACKAGES, DrafterError, draftShardLayout, HfConfig, loadDrafter, loadTensorParallelTarget, SafetensorsCheckpoint,
   TensorParallelDrafter, type Drafter, type LoadedTarget, type TensorRead, type TpComm,
 } from '@specd/core';
 import { dflashPlugin, type DFlashDrafter } from '@specd/plugin-dflash';
 
-import { TpEquivalence } from './tp-equivalence.js';
+import { loadTpPair, ROOT, TINY_TARGET, tinyDrafter, tinyDrafterDir, TP_PROMPTS, TpEquivalence } from './tp-equivalence.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
+const TARGET = TINY_TARGET;
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
-const PROMPTS = ['The history of the city begins with', 'def fibonacci(n):'];
+const PROMPTS = TP_PROMPTS;
 const TAU_TOLERANCE = 0.25;
-const dirOf = (m: string) => path.join(ROOT, 'models', `kimi-k3-tiny-${m}`);
+const dirOf = tinyDrafterDir;
 let whole: LoadedTarget;
 let tp2: LoadedTarget;
 let promptIds: Int32Array[];
@@ -39,15 +36,10 @@ function generate(target: LoadedTarget, drafter: Drafter | undefined): { ids: nu
   return eq.run(target, drafter);
 }
 
-async function drafterFor(target: LoadedTarget, method: string): Promise<Drafter> {
-  return (await loadDrafter(dirOf(method), PLUGINS, target, 256, 2)).drafter;
-}
+const drafterFor = tinyDrafter;
 
 beforeAll(async () => {
-  whole = await loadTarget(TARGET, PLUGINS);
-  promptIds = PROMPTS.map((p) => whole.tokenizer.encode(p, { addSpecialTokens: false }));
-  eq = new TpEquivalence(whole, promptIds, 'tp=2');
-  tp2 = await loadTensorParallelTarget(TARGET, PLUGINS, { tp: 2 });
+  ({ whole, other: tp2, promptIds, eq } = await loadTpPair(2));
 });
 
 afterAll(() => {

@@ -2,9 +2,40 @@
 // batched prompts on two loaded targets, and issue #8's TP equivalence rule — outputs equal, or the
 // first difference falls at a near-tie of the tp = 1 run (top-2 logit gap < 1e-3 at that token),
 // which is recorded for the test's closing report.
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
 import { expect } from 'vitest';
 
-import { SequenceCache, SpecEngine, type Drafter, type LoadedTarget, type StageModel } from '@specd/core';
+import {
+  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadTarget, loadTensorParallelTarget, SequenceCache, SpecEngine, type Drafter, type LoadedTarget, type StageModel,
+} from '@specd/core';
+
+/** Repository root. */
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+/** The shipped tiny Kimi target every TP test runs. */
+export const TINY_TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
+/** The two prompts the TP tests generate together (prose and code). */
+export const TP_PROMPTS = ['The history of the city begins with', 'def fibonacci(n):'];
+
+/** A shipped tiny drafter's checkpoint directory (`dflash`, `dspark`, `eagle3`). */
+export function tinyDrafterDir(method: string): string {
+  return path.join(ROOT, 'models', `kimi-k3-tiny-${method}`);
+}
+
+/** Loads a shipped tiny drafter for `target` (2 sequences × 256 tokens; sharded when the target is TP). */
+export async function tinyDrafter(target: LoadedTarget, method: string): Promise<Drafter> {
+  return (await loadDrafter(tinyDrafterDir(method), BUILTIN_PLUGIN_PACKAGES, target, 256, 2)).drafter;
+}
+
+/** The tp = 1 target, a tp = `tp` one, the prompts' ids and the equivalence checker over them. */
+export async function loadTpPair(tp = 2): Promise<{ whole: LoadedTarget; other: LoadedTarget; promptIds: Int32Array[]; eq: TpEquivalence }> {
+  const whole = await loadTarget(TINY_TARGET, BUILTIN_PLUGIN_PACKAGES);
+  const promptIds = TP_PROMPTS.map((p) => whole.tokenizer.encode(p, { addSpecialTokens: false }));
+  const eq = new TpEquivalence(whole, promptIds, `tp=${tp}`);
+  const other = await loadTensorParallelTarget(TINY_TARGET, BUILTIN_PLUGIN_PACKAGES, { tp });
+  return { whole, other, promptIds, eq };
+}
 
 /** Top-2 logit gap below which a TP difference is accepted as a near-tie. */
 export const NEAR_TIE = 1e-3;
