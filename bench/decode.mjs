@@ -120,7 +120,8 @@ function whenQuiet(label, fn) {
   }
   return best;
 }
-const fmtLoad = (l) => `load avg ${l.load1.toFixed(2)}, others used ${l.othersCores.toFixed(2)} vCPU, this bench ${l.ownCores.toFixed(2)} vCPU`;
+const fmtLoad = (l) =>
+  `load avg ${l.load1.toFixed(2)}, others used ${l.othersCores.toFixed(2)} vCPU, this bench ${l.ownCores.toFixed(2)} vCPU`;
 
 // ---- bandwidth ----------------------------------------------------------------------------------
 
@@ -188,9 +189,11 @@ function weightBytes(c) {
   const dense = c.first_k_dense_replace;
   const moeLayers = L - dense;
   const fam = {
-    'KDA projections': kdaLayers * (2 * (D * (3 * HD + 2 * d + H) + 2 * HD * d + D * HD) + 4 * (3 * HD * ks + H + HD + d)),
+    'KDA projections':
+      kdaLayers * (2 * (D * (3 * HD + 2 * d + H) + 2 * HD * d + D * HD) + 4 * (3 * HD * ks + H + HD + d)),
     'KDA core': 0,
-    'MLA projections': mlaLayers * (2 * (D * (Hm * (c.qk_nope_head_dim + rope) + r + rope) + D * Hm * c.v_head_dim) + 4 * r),
+    'MLA projections':
+      mlaLayers * (2 * (D * (Hm * (c.qk_nope_head_dim + rope) + r + rope) + D * Hm * c.v_head_dim) + 4 * r),
     'MLA attention': mlaLayers * 4 * Hm * (c.qk_nope_head_dim + c.v_head_dim) * r,
     'dense MLP': dense * 2 * 3 * D * c.intermediate_size,
     'MoE router': moeLayers * (2 * E * D + 4 * E),
@@ -202,7 +205,15 @@ function weightBytes(c) {
   const fixed = Object.values(fam).reduce((a, b) => a + b, 0);
   const perExpert = 2 * 3 * D * Im;
   const stored = 2 * c.vocab_size * D + fixed - fam['MLA attention'] / 2 + moeLayers * E * perExpert; // ≈ checkpoint bytes (embedding included)
-  return { fam, fixed, perExpert, moeLayers, stored, kdaStatePerSeq: kdaLayers * H * d * d * 4, mlaRowBytes: mlaLayers * (r + rope) * 4 };
+  return {
+    fam,
+    fixed,
+    perExpert,
+    moeLayers,
+    stored,
+    kdaStatePerSeq: kdaLayers * H * d * d * 4,
+    mlaRowBytes: mlaLayers * (r + rope) * 4,
+  };
 }
 
 // ---- the model runs -----------------------------------------------------------------------------
@@ -247,19 +258,40 @@ function makeClassifier(c) {
         else if (n === mlaIn && k === D) mixer = 'MLA';
         return `${mixer} projections`;
       }
-      case 'swigluFused': return 'dense MLP';
-      case 'kdaRecurrent': case 'kdaChunked': return 'KDA core';
-      case 'mlaAttention': return 'MLA attention';
-      case 'moeRoute': return 'MoE router';
-      case 'moeExperts': return 'MoE experts';
-      case 'rmsNorm': case 'gatedRmsNorm': return 'norms';
-      case 'bf16ToF32': return 'embedding';
-      default: return name;
+      case 'swigluFused':
+        return 'dense MLP';
+      case 'kdaRecurrent':
+      case 'kdaChunked':
+        return 'KDA core';
+      case 'mlaAttention':
+        return 'MLA attention';
+      case 'moeRoute':
+        return 'MoE router';
+      case 'moeExperts':
+        return 'MoE experts';
+      case 'rmsNorm':
+      case 'gatedRmsNorm':
+        return 'norms';
+      case 'bf16ToF32':
+        return 'embedding';
+      default:
+        return name;
     }
   };
 }
 
-const FAMILIES = ['KDA projections', 'KDA core', 'MLA projections', 'MLA attention', 'dense MLP', 'MoE router', 'MoE experts', 'lm_head', 'norms', 'embedding'];
+const FAMILIES = [
+  'KDA projections',
+  'KDA core',
+  'MLA projections',
+  'MLA attention',
+  'dense MLP',
+  'MoE router',
+  'MoE experts',
+  'lm_head',
+  'norms',
+  'embedding',
+];
 
 /**
  * Runs `fn` `times` times with every native call timed and the router choices counted.
@@ -299,15 +331,32 @@ function profile(stage, raw, times, fn) {
  */
 function warmUp(stage, B) {
   const V = stage.info.vocabSize;
-  const cache = new SequenceCache(stage.cacheGeometry, { pageSize: 16, numPages: B * (Math.ceil((CONTEXT + WARMUP_MAX_STEPS + 4) / 16) + 1), numSlots: B });
+  const cache = new SequenceCache(stage.cacheGeometry, {
+    pageSize: 16,
+    numPages: B * (Math.ceil((CONTEXT + WARMUP_MAX_STEPS + 4) / 16) + 1),
+    numSlots: B,
+  });
   const ids = Array.from({ length: B }, (_, b) => b);
   for (const b of ids) {
     cache.add(b);
-    stage.forward({ sequences: [{ id: b, position: 0, tokens: randomTokens(CONTEXT, V), logits: 'last', phase: 'prefill' }] }, cache);
+    stage.forward(
+      { sequences: [{ id: b, position: 0, tokens: randomTokens(CONTEXT, V), logits: 'last', phase: 'prefill' }] },
+      cache,
+    );
   }
   const t0 = performance.now();
   for (let i = 0; i < WARMUP_MAX_STEPS && (i < DECODE_WARMUP || performance.now() - t0 < WARMUP_MS); i++) {
-    stage.forward({ sequences: ids.map((b) => ({ id: b, position: cache.length(b), tokens: Int32Array.of(randomToken(V)), logits: 'last' })) }, cache);
+    stage.forward(
+      {
+        sequences: ids.map((b) => ({
+          id: b,
+          position: cache.length(b),
+          tokens: Int32Array.of(randomToken(V)),
+          logits: 'last',
+        })),
+      },
+      cache,
+    );
   }
   for (const b of ids) cache.finish(b);
 }
@@ -317,16 +366,33 @@ function runDecode(stage, raw, B) {
   warmUp(stage, B);
   const V = stage.info.vocabSize;
   const total = CONTEXT + DECODE_WARMUP + DECODE_STEPS + PROFILE_STEPS + 4;
-  const cache = new SequenceCache(stage.cacheGeometry, { pageSize: 16, numPages: B * (Math.ceil(total / 16) + 1), numSlots: B });
+  const cache = new SequenceCache(stage.cacheGeometry, {
+    pageSize: 16,
+    numPages: B * (Math.ceil(total / 16) + 1),
+    numSlots: B,
+  });
   const ids = Array.from({ length: B }, (_, b) => b);
   const last = new Int32Array(B);
   for (const b of ids) {
     cache.add(b);
-    const out = stage.forward({ sequences: [{ id: b, position: 0, tokens: randomTokens(CONTEXT, V), logits: 'last', phase: 'prefill' }] }, cache);
+    const out = stage.forward(
+      { sequences: [{ id: b, position: 0, tokens: randomTokens(CONTEXT, V), logits: 'last', phase: 'prefill' }] },
+      cache,
+    );
     last[b] = argmax(out.logits, V)[0];
   }
   const step = () => {
-    const out = stage.forward({ sequences: ids.map((b) => ({ id: b, position: cache.length(b), tokens: Int32Array.of(last[b]), logits: 'last' })) }, cache);
+    const out = stage.forward(
+      {
+        sequences: ids.map((b) => ({
+          id: b,
+          position: cache.length(b),
+          tokens: Int32Array.of(last[b]),
+          logits: 'last',
+        })),
+      },
+      cache,
+    );
     last.set(argmax(out.logits, V));
   };
   for (let i = 0; i < DECODE_WARMUP; i++) step();
@@ -346,20 +412,35 @@ function runDecode(stage, raw, B) {
 /** t_verify(k) for k = 1..MAX_K (plain and with KDA snapshots) and t_step, one sequence. */
 function runVerify(stage, raw) {
   const V = stage.info.vocabSize;
-  const cache = new SequenceCache(stage.cacheGeometry, { pageSize: 16, numPages: Math.ceil((CONTEXT + MAX_K + 16) / 16) + 2, numSlots: 1 });
+  const cache = new SequenceCache(stage.cacheGeometry, {
+    pageSize: 16,
+    numPages: Math.ceil((CONTEXT + MAX_K + 16) / 16) + 2,
+    numSlots: 1,
+  });
   cache.add(0);
-  stage.forward({ sequences: [{ id: 0, position: 0, tokens: randomTokens(CONTEXT, V), logits: 'last', phase: 'prefill' }] }, cache);
+  stage.forward(
+    { sequences: [{ id: 0, position: 0, tokens: randomTokens(CONTEXT, V), logits: 'last', phase: 'prefill' }] },
+    cache,
+  );
   const block = randomTokens(MAX_K, V);
   const once = (k, logits, snapshots) => {
     const cp = cache.checkpoint(0);
     const t0 = performance.now();
-    stage.forward({ sequences: [{ id: 0, position: cache.length(0), tokens: block.subarray(0, k), logits }] }, cache, snapshots ? { stateSnapshots: true } : {});
+    stage.forward(
+      { sequences: [{ id: 0, position: cache.length(0), tokens: block.subarray(0, k), logits }] },
+      cache,
+      snapshots ? { stateSnapshots: true } : {},
+    );
     const t = performance.now() - t0;
     cache.rollback(0, cp);
     return t;
   };
   const variants = [{ key: 'step', k: 1, logits: 'last', snap: false }];
-  for (let k = 1; k <= MAX_K; k++) variants.push({ key: `plain${k}`, k, logits: 'all', snap: false }, { key: `snap${k}`, k, logits: 'all', snap: true });
+  for (let k = 1; k <= MAX_K; k++)
+    variants.push(
+      { key: `plain${k}`, k, logits: 'all', snap: false },
+      { key: `snap${k}`, k, logits: 'all', snap: true },
+    );
   const times = new Map(variants.map((v) => [v.key, []]));
   for (const v of variants) once(v.k, v.logits, v.snap); // warm-up
   const meter = loadMeter();
@@ -386,7 +467,7 @@ function decodeRow(name, wb, run, copyGBs) {
   const tokS = (1000 * run.B) / run.medianMs;
   const bound = (copyGBs * 1e9) / perTok;
   return {
-    text: `| ${name} | ${run.B} | ${run.medianMs.toFixed(2)} (${run.minMs.toFixed(2)}) | ${tokS.toFixed(1)} | ${(run.prof.distinctExperts / wb.moeLayers).toFixed(1)} | ${mb(perTok)} | ${bound.toFixed(1)} | ${((100 * tokS) / bound).toFixed(0)} % | ${((bytes / run.medianMs) / 1e6).toFixed(1)} |`,
+    text: `| ${name} | ${run.B} | ${run.medianMs.toFixed(2)} (${run.minMs.toFixed(2)}) | ${tokS.toFixed(1)} | ${(run.prof.distinctExperts / wb.moeLayers).toFixed(1)} | ${mb(perTok)} | ${bound.toFixed(1)} | ${((100 * tokS) / bound).toFixed(0)} % | ${(bytes / run.medianMs / 1e6).toFixed(1)} |`,
     bytes,
   };
 }
@@ -395,10 +476,13 @@ function profileTable(columns) {
   const lines = [];
   lines.push(`| family | ${columns.map((c) => `${c.name}: ms (share, GB/s)`).join(' | ')} |`);
   lines.push(`|---|${columns.map(() => '---:').join('|')}|`);
-  const famBytes = (c, f) => (f === 'MoE experts' ? c.wb.fam[f] + c.prof.distinctExperts * c.wb.perExpert : c.wb.fam[f]);
+  const famBytes = (c, f) =>
+    f === 'MoE experts' ? c.wb.fam[f] + c.prof.distinctExperts * c.wb.perExpert : c.wb.fam[f];
   for (const f of [...FAMILIES, 'JavaScript (rest of forward)']) {
     const cells = columns.map((c) => {
-      const ms = f.startsWith('JavaScript') ? c.prof.wallMs - [...c.prof.fam.values()].reduce((a, b) => a + b, 0) : (c.prof.fam.get(f) ?? 0);
+      const ms = f.startsWith('JavaScript')
+        ? c.prof.wallMs - [...c.prof.fam.values()].reduce((a, b) => a + b, 0)
+        : (c.prof.fam.get(f) ?? 0);
       const bytes = f.startsWith('JavaScript') ? 0 : famBytes(c, f);
       const gbs = bytes > 0 && ms > 0 ? `, ${(bytes / ms / 1e6).toFixed(1)}` : '';
       return `${ms.toFixed(2)} (${((100 * ms) / c.prof.wallMs).toFixed(0)} %${gbs})`;
@@ -406,7 +490,9 @@ function profileTable(columns) {
     lines.push(`| ${f} | ${cells.join(' | ')} |`);
   }
   lines.push(`| **total (profiled pass)** | ${columns.map((c) => `${c.prof.wallMs.toFixed(2)}`).join(' | ')} |`);
-  lines.push(`| same forward, timed without profiling (median) | ${columns.map((c) => `${c.timedMs.toFixed(2)}`).join(' | ')} |`);
+  lines.push(
+    `| same forward, timed without profiling (median) | ${columns.map((c) => `${c.timedMs.toFixed(2)}`).join(' | ')} |`,
+  );
   return lines.join('\n');
 }
 
@@ -415,12 +501,20 @@ function profileTable(columns) {
 const started = new Date();
 const runMeter = loadMeter();
 const info = isa();
-console.log(`# specd decode bench — ${started.toISOString()}, isa ${info.isa}, amx ${info.amxAvailable}, threads ${info.threads}, ${cpus().length} vCPU (${cpus()[0]?.model}), node ${process.version}`);
-console.log(`# load at start: load avg ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+console.log(
+  `# specd decode bench — ${started.toISOString()}, isa ${info.isa}, amx ${info.amxAvailable}, threads ${info.threads}, ${cpus().length} vCPU (${cpus()[0]?.model}), node ${process.version}`,
+);
+console.log(
+  `# load at start: load avg ${loadavg()
+    .map((x) => x.toFixed(2))
+    .join(' ')}`,
+);
 
 const copy0 = whenQuiet('copy bandwidth', copyBandwidth).gbs;
 const gemv = gemvReadBandwidth();
-console.log(`copy bandwidth ${copy0.toFixed(1)} GB/s; bf16 GEMV over ${quick ? 128 : 256} MiB ${gemv.toFixed(1)} GB/s of weights`);
+console.log(
+  `copy bandwidth ${copy0.toFixed(1)} GB/s; bf16 GEMV over ${quick ? 128 : 256} MiB ${gemv.toFixed(1)} GB/s of weights`,
+);
 
 let synthDir;
 let synthOwned = false;
@@ -442,15 +536,25 @@ try {
     synthOwned = keepAt === undefined;
     const t0 = performance.now();
     const { bytes } = writeSyntheticKimi(synthDir, largeSyntheticConfig());
-    console.log(`synthetic checkpoint: ${(bytes / 1e9).toFixed(2)} GB of weights written to ${synthDir} in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    console.log(
+      `synthetic checkpoint: ${(bytes / 1e9).toFixed(2)} GB of weights written to ${synthDir} in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+    );
   }
-  for (const [name, dir] of [['kimi-k3-tiny', TINY_DIR], ['synthetic-large', synthDir]]) {
+  for (const [name, dir] of [
+    ['kimi-k3-tiny', TINY_DIR],
+    ['synthetic-large', synthDir],
+  ]) {
     const { stage, raw, loadS } = loadModel(dir);
     const wb = weightBytes(raw);
     const copy = whenQuiet('copy bandwidth', copyBandwidth).gbs;
-    console.log(`\n## ${name}: loaded in ${loadS.toFixed(1)} s; weights ≈ ${(wb.stored / 1e9).toFixed(3)} GB; copy bandwidth now ${copy.toFixed(1)} GB/s`);
+    console.log(
+      `\n## ${name}: loaded in ${loadS.toFixed(1)} s; weights ≈ ${(wb.stored / 1e9).toFixed(3)} GB; copy bandwidth now ${copy.toFixed(1)} GB/s`,
+    );
     const dec = [1, 8].map((B) => whenQuiet(`decode B=${B}`, () => runDecode(stage, raw, B)));
-    for (const d of dec) console.log(`decode B=${d.B}: median ${d.medianMs.toFixed(2)} ms/step; ${fmtLoad(d.load)} (attempt ${d.attempts})`);
+    for (const d of dec)
+      console.log(
+        `decode B=${d.B}: median ${d.medianMs.toFixed(2)} ms/step; ${fmtLoad(d.load)} (attempt ${d.attempts})`,
+      );
     const ver = whenQuiet('verify', () => runVerify(stage, raw));
     console.log(`verify: t_step ${ver.med.get('step').toFixed(2)} ms; ${fmtLoad(ver.load)} (attempt ${ver.attempts})`);
     results.push({ name, wb, copy, dec, ver, loadS });
@@ -463,37 +567,64 @@ const copyEnd = copyBandwidth().gbs;
 const whole = runMeter.stop();
 
 // Tables (markdown).
-console.log(`\n### Decode (context ${CONTEXT} tokens, greedy, median of ${DECODE_STEPS} steps after ${DECODE_WARMUP} warm-up; bound = copy bandwidth / weight bytes per token)\n`);
-console.log('| model | batch | ms/step median (min) | tokens/s | routed experts per MoE layer (distinct) | weight MB read per token | bound tokens/s | decode / bound | weight GB/s reached |');
+console.log(
+  `\n### Decode (context ${CONTEXT} tokens, greedy, median of ${DECODE_STEPS} steps after ${DECODE_WARMUP} warm-up; bound = copy bandwidth / weight bytes per token)\n`,
+);
+console.log(
+  '| model | batch | ms/step median (min) | tokens/s | routed experts per MoE layer (distinct) | weight MB read per token | bound tokens/s | decode / bound | weight GB/s reached |',
+);
 console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of results) for (const d of r.dec) console.log(decodeRow(r.name, r.wb, d, r.copy).text);
 for (const r of results) {
   const perSeq = r.wb.kdaStatePerSeq * 2 + (CONTEXT + DECODE_STEPS) * r.wb.mlaRowBytes;
-  console.log(`- ${r.name}: copy bandwidth for its bound ${r.copy.toFixed(1)} GB/s; non-weight traffic per sequence and step (KDA state read + written, MLA latent rows at ~${CONTEXT + DECODE_STEPS} tokens) ≈ ${mb(perSeq)} MB (not in the bound); B=8 batch ratio tokens/s(8) / tokens/s(1) = ${((8 * r.dec[0].medianMs) / r.dec[1].medianMs).toFixed(2)}`);
+  console.log(
+    `- ${r.name}: copy bandwidth for its bound ${r.copy.toFixed(1)} GB/s; non-weight traffic per sequence and step (KDA state read + written, MLA latent rows at ~${CONTEXT + DECODE_STEPS} tokens) ≈ ${mb(perSeq)} MB (not in the bound); B=8 batch ratio tokens/s(8) / tokens/s(1) = ${((8 * r.dec[0].medianMs) / r.dec[1].medianMs).toFixed(2)}`,
+  );
 }
 
-console.log(`\n### Verify cost t_verify(k) / t_step (one sequence, k tokens, logits of all k; median of ${VERIFY_REPS}; t_step = 1-token decode forward)\n`);
-console.log('"bytes(k)/bytes(1)": weight bytes the k-token forward reads (routed experts it touches, counted) over a 1-token forward\'s: the floor of t_verify(k)/t_step for a bandwidth-bound forward.\n');
-console.log(`| k | ${results.map((r) => `${r.name} plain | ${r.name} + KDA snapshots | ${r.name} bytes(k)/bytes(1)`).join(' | ')} |`);
+console.log(
+  `\n### Verify cost t_verify(k) / t_step (one sequence, k tokens, logits of all k; median of ${VERIFY_REPS}; t_step = 1-token decode forward)\n`,
+);
+console.log(
+  '"bytes(k)/bytes(1)": weight bytes the k-token forward reads (routed experts it touches, counted) over a 1-token forward\'s: the floor of t_verify(k)/t_step for a bandwidth-bound forward.\n',
+);
+console.log(
+  `| k | ${results.map((r) => `${r.name} plain | ${r.name} + KDA snapshots | ${r.name} bytes(k)/bytes(1)`).join(' | ')} |`,
+);
 console.log(`|---:|${results.map(() => '---:|---:|---:').join('|')}|`);
 for (let k = 1; k <= MAX_K; k++) {
-  console.log(`| ${k} | ${results.map((r) => {
-    const s = r.ver.med.get('step');
-    const bytes = (j) => r.wb.fixed + r.ver.distinct.get(j) * r.wb.perExpert;
-    return `${(r.ver.med.get(`plain${k}`) / s).toFixed(2)} | ${(r.ver.med.get(`snap${k}`) / s).toFixed(2)} | ${(bytes(k) / bytes(1)).toFixed(2)}`;
-  }).join(' | ')} |`);
+  console.log(
+    `| ${k} | ${results
+      .map((r) => {
+        const s = r.ver.med.get('step');
+        const bytes = (j) => r.wb.fixed + r.ver.distinct.get(j) * r.wb.perExpert;
+        return `${(r.ver.med.get(`plain${k}`) / s).toFixed(2)} | ${(r.ver.med.get(`snap${k}`) / s).toFixed(2)} | ${(bytes(k) / bytes(1)).toFixed(2)}`;
+      })
+      .join(' | ')} |`,
+  );
 }
 console.log(`| t_step (ms) | ${results.map((r) => `${r.ver.med.get('step').toFixed(2)} | | `).join(' | ')} |`);
-console.log(`| t_verify(16) (ms) | ${results.map((r) => `${r.ver.med.get(`plain${MAX_K}`).toFixed(2)} | ${r.ver.med.get(`snap${MAX_K}`).toFixed(2)} | `).join(' | ')} |`);
+console.log(
+  `| t_verify(16) (ms) | ${results.map((r) => `${r.ver.med.get(`plain${MAX_K}`).toFixed(2)} | ${r.ver.med.get(`snap${MAX_K}`).toFixed(2)} | `).join(' | ')} |`,
+);
 
-console.log('\n### Where the time goes (separate pass, every native call timed; ms per forward; GB/s = weight bytes of the family / its time)\n');
+console.log(
+  '\n### Where the time goes (separate pass, every native call timed; ms per forward; GB/s = weight bytes of the family / its time)\n',
+);
 const cols = [];
 for (const r of results) {
   for (const d of r.dec) cols.push({ name: `${r.name} B=${d.B}`, wb: r.wb, prof: d.prof, timedMs: d.medianMs });
   cols.push({ name: `${r.name} verify k=16`, wb: r.wb, prof: r.ver.prof, timedMs: r.ver.med.get(`plain${MAX_K}`) });
 }
 console.log(profileTable(cols));
-for (const c of cols) console.log(`- ${c.name}: distinct routed experts per forward (all MoE layers) ${c.prof.distinctExperts.toFixed(1)}`);
+for (const c of cols)
+  console.log(`- ${c.name}: distinct routed experts per forward (all MoE layers) ${c.prof.distinctExperts.toFixed(1)}`);
 
-console.log(`\ncopy bandwidth: start ${copy0.toFixed(1)}, per model ${results.map((r) => r.copy.toFixed(1)).join(', ')}, end ${copyEnd.toFixed(1)} GB/s; GEMV read ${gemv.toFixed(1)} GB/s`);
-console.log(`whole run ${whole.wallS.toFixed(0)} s: ${fmtLoad(whole)}; load avg at end ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+console.log(
+  `\ncopy bandwidth: start ${copy0.toFixed(1)}, per model ${results.map((r) => r.copy.toFixed(1)).join(', ')}, end ${copyEnd.toFixed(1)} GB/s; GEMV read ${gemv.toFixed(1)} GB/s`,
+);
+console.log(
+  `whole run ${whole.wallS.toFixed(0)} s: ${fmtLoad(whole)}; load avg at end ${loadavg()
+    .map((x) => x.toFixed(2))
+    .join(' ')}`,
+);

@@ -71,22 +71,48 @@ const PEER = path.join(ROOT, '.cache/peer');
 const nlcPkg = path.join(PEER, 'node_modules/node-llama-cpp/package.json');
 const installed = () => fs.existsSync(nlcPkg) && JSON.parse(fs.readFileSync(nlcPkg, 'utf8')).version === NLC_VERSION;
 if (!installed()) {
-  console.log(`bench:peer: installing node-llama-cpp@${NLC_VERSION} into ${path.relative(ROOT, PEER)}/ (once; ~730 MB)…`);
+  console.log(
+    `bench:peer: installing node-llama-cpp@${NLC_VERSION} into ${path.relative(ROOT, PEER)}/ (once; ~730 MB)…`,
+  );
   fs.mkdirSync(PEER, { recursive: true });
-  if (!fs.existsSync(path.join(PEER, 'package.json'))) fs.writeFileSync(path.join(PEER, 'package.json'), '{ "private": true }\n');
-  execFileSync('npm', ['install', '--prefix', PEER, `node-llama-cpp@${NLC_VERSION}`, '--ignore-scripts', '--no-audit', '--no-fund', '--no-save'], { stdio: 'inherit' });
+  if (!fs.existsSync(path.join(PEER, 'package.json')))
+    fs.writeFileSync(path.join(PEER, 'package.json'), '{ "private": true }\n');
+  execFileSync(
+    'npm',
+    [
+      'install',
+      '--prefix',
+      PEER,
+      `node-llama-cpp@${NLC_VERSION}`,
+      '--ignore-scripts',
+      '--no-audit',
+      '--no-fund',
+      '--no-save',
+    ],
+    { stdio: 'inherit' },
+  );
   if (!installed()) throw new Error(`bench:peer: node-llama-cpp@${NLC_VERSION} did not install into ${PEER}`);
 }
 const nlcEntry = createRequire(path.join(PEER, 'package.json')).resolve('node-llama-cpp');
 const { getLlama, InputLookupTokenPredictor } = await import(pathToFileURL(nlcEntry).href);
 
 // --- prompts ----------------------------------------------------------------------------------------
-const read = (name) => fs.readFileSync(path.join(ROOT, 'tools/reference/smollm2/prompts', `${name}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+const read = (name) =>
+  fs
+    .readFileSync(path.join(ROOT, 'tools/reference/smollm2/prompts', `${name}.jsonl`), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
 const chat = read('chat');
 const plain = read('plain');
-const prompts = [...chat.slice(0, NPROMPTS), ...plain.slice(0, NPROMPTS)].map((p) => ({ id: p.id, kind: p.kind, ids: p.prompt_token_ids }));
+const prompts = [...chat.slice(0, NPROMPTS), ...plain.slice(0, NPROMPTS)].map((p) => ({
+  id: p.id,
+  kind: p.kind,
+  ids: p.prompt_token_ids,
+}));
 const corpus = [...chat, ...plain].flatMap((p) => p.prompt_token_ids);
-for (const P of PREFILL) if (corpus.length < P) throw new Error(`bench:peer: the corpus has ${corpus.length} prompt tokens, fewer than ${P}`);
+for (const P of PREFILL)
+  if (corpus.length < P) throw new Error(`bench:peer: the corpus has ${corpus.length} prompt tokens, fewer than ${P}`);
 
 // --- engines ----------------------------------------------------------------------------------------
 setNumThreads(THREADS);
@@ -95,7 +121,12 @@ const MAX_SEQ_TOKENS = 4096;
 
 const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' });
 const lmodel = await llama.loadModel({ modelPath: GGUF });
-const lctx = await lmodel.createContext({ contextSize: MAX_SEQ_TOKENS, sequences: 2, threads: THREADS, batchSize: 512 });
+const lctx = await lmodel.createContext({
+  contextSize: MAX_SEQ_TOKENS,
+  sequences: 2,
+  threads: THREADS,
+  batchSize: 512,
+});
 const lplain = lctx.getSequence();
 const llookup = lctx.getSequence({ tokenPredictor: new InputLookupTokenPredictor() });
 
@@ -108,20 +139,48 @@ for (const m of METHODS) {
     continue;
   }
   const { drafter } = await loadDrafter(dir, BUILTIN_PLUGIN_PACKAGES, target, MAX_SEQ_TOKENS, 1);
-  const cost = new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: MAX_SEQ_TOKENS, draftPolicy: 'cost' });
+  const cost = new SpecEngine(target.model, drafter, {
+    maxSequences: 1,
+    maxTokensPerSequence: MAX_SEQ_TOKENS,
+    draftPolicy: 'cost',
+  });
   cost.calibrate(); // before any timer, as a server calibrates once
-  const max = new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: MAX_SEQ_TOKENS, draftPolicy: 'max' });
+  const max = new SpecEngine(target.model, drafter, {
+    maxSequences: 1,
+    maxTokensPerSequence: MAX_SEQ_TOKENS,
+    draftPolicy: 'max',
+  });
   drafters.push({ method: m, drafter, max, cost });
 }
 const specdPlain = new SpecEngine(target.model, undefined, { maxSequences: 1, maxTokensPerSequence: MAX_SEQ_TOKENS });
-const specdChunk = new Map([[64, specdPlain], [512, new SpecEngine(target.model, undefined, { maxSequences: 1, maxTokensPerSequence: MAX_SEQ_TOKENS, prefillChunk: 512 })]]);
+const specdChunk = new Map([
+  [64, specdPlain],
+  [
+    512,
+    new SpecEngine(target.model, undefined, {
+      maxSequences: 1,
+      maxTokensPerSequence: MAX_SEQ_TOKENS,
+      prefillChunk: 512,
+    }),
+  ],
+]);
 
 let nextId = 0;
 /** One specd request on engine `e`: token times from onToken. */
 function specd(e, ids, maxTokens) {
   const times = [];
   const t0 = performance.now();
-  const [r] = e.run([{ id: `r${nextId++}`, promptIds: Int32Array.from(ids), maxTokens, sampling: { temperature: 0 }, seed: 1, ignoreEos: true, onToken: () => times.push(performance.now()) }]);
+  const [r] = e.run([
+    {
+      id: `r${nextId++}`,
+      promptIds: Int32Array.from(ids),
+      maxTokens,
+      sampling: { temperature: 0 },
+      seed: 1,
+      ignoreEos: true,
+      onToken: () => times.push(performance.now()),
+    },
+  ]);
   return { tokens: r.tokenIds, t0, times };
 }
 /** One llama.cpp request on sequence `seq` (history cleared first, outside the timer). */
@@ -144,7 +203,9 @@ async function llamacpp(seq, ids, maxTokens) {
 // --- runs -------------------------------------------------------------------------------------------
 const info = isa();
 const [l1, l5] = load();
-console.log(`bench:peer — SmolLM2-135M-Instruct Q4_1; specd vs llama.cpp (node-llama-cpp ${NLC_VERSION}, ${llama.buildType ?? ''} CPU build); ${prompts.length} prompts × ${NEW} tokens, ${REPS} reps; threads ${THREADS} each; specd isa ${info.isa}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`);
+console.log(
+  `bench:peer — SmolLM2-135M-Instruct Q4_1; specd vs llama.cpp (node-llama-cpp ${NLC_VERSION}, ${llama.buildType ?? ''} CPU build); ${prompts.length} prompts × ${NEW} tokens, ${REPS} reps; threads ${THREADS} each; specd isa ${info.isa}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+);
 // Warm-up (JIT, page faults, both engines).
 specd(specdPlain, prompts[0].ids, 16);
 await llamacpp(lplain, prompts[0].ids, 16);
@@ -154,17 +215,36 @@ await llamacpp(llookup, prompts[0].ids, 16);
 const racers = [
   { key: 'specd', label: 'specd, plain decoding', run: (ids) => specd(specdPlain, ids, NEW) },
   { key: 'llama', label: 'llama.cpp, plain decoding', run: (ids) => llamacpp(lplain, ids, NEW) },
-  { key: 'llama-lookup', label: 'llama.cpp + prompt lookup (InputLookupTokenPredictor)', run: (ids) => llamacpp(llookup, ids, NEW) },
+  {
+    key: 'llama-lookup',
+    label: 'llama.cpp + prompt lookup (InputLookupTokenPredictor)',
+    run: (ids) => llamacpp(llookup, ids, NEW),
+  },
 ];
 for (const d of drafters) {
   if (d.absent) continue;
-  racers.push({ key: `${d.method}-max`, label: `specd + ${d.method} (draftPolicy 'max', k=${d.drafter.maxDraftTokens})`, run: (ids) => specd(d.max, ids, NEW), engine: d.max });
-  racers.push({ key: `${d.method}-cost`, label: `specd + ${d.method} (cost policy, default)`, run: (ids) => specd(d.cost, ids, NEW), engine: d.cost });
+  racers.push({
+    key: `${d.method}-max`,
+    label: `specd + ${d.method} (draftPolicy 'max', k=${d.drafter.maxDraftTokens})`,
+    run: (ids) => specd(d.max, ids, NEW),
+    engine: d.max,
+  });
+  racers.push({
+    key: `${d.method}-cost`,
+    label: `specd + ${d.method} (cost policy, default)`,
+    run: (ids) => specd(d.cost, ids, NEW),
+    engine: d.cost,
+  });
 }
 
 // Per (engine, prompt): the decode time of every rep; reported: Σ (tokens − 1) / Σ median time, so a
 // stall of the shared machine during one rep of one prompt does not count (per-rep totals go to --json).
-const acc = new Map(racers.map((r) => [r.key, { dt: new Map(prompts.map((p) => [p.id, []])), repTotals: [], outputs: new Map(), validated: 0, refuted: 0 }]));
+const acc = new Map(
+  racers.map((r) => [
+    r.key,
+    { dt: new Map(prompts.map((p) => [p.id, []])), repTotals: [], outputs: new Map(), validated: 0, refuted: 0 },
+  ]),
+);
 for (let rep = 0; rep < REPS; rep++) {
   for (let i = 0; i < prompts.length; i++) {
     const p = prompts[i];
@@ -185,14 +265,16 @@ for (let rep = 0; rep < REPS; rep++) {
   }
   for (const r of racers) {
     const a = acc.get(r.key);
-    a.repTotals.push(prompts.length * (NEW - 1) / prompts.reduce((t, p) => t + a.dt.get(p.id)[rep], 0));
+    a.repTotals.push((prompts.length * (NEW - 1)) / prompts.reduce((t, p) => t + a.dt.get(p.id)[rep], 0));
   }
-  console.log(`rep ${rep + 1}/${REPS}: ${racers.map((r) => `${r.key} ${acc.get(r.key).repTotals.at(-1).toFixed(1)}`).join(', ')} tok/s; load ${load()[0].toFixed(2)}`);
+  console.log(
+    `rep ${rep + 1}/${REPS}: ${racers.map((r) => `${r.key} ${acc.get(r.key).repTotals.at(-1).toFixed(1)}`).join(', ')} tok/s; load ${load()[0].toFixed(2)}`,
+  );
 }
 /** Decode tok/s of `key` over the prompts of `kind` (undefined: all), from the per-prompt median times. */
 const decodeTokPerS = (key, kind) => {
   const ps = prompts.filter((p) => kind === undefined || p.kind === kind);
-  return ps.length * (NEW - 1) / ps.reduce((t, p) => t + median(acc.get(key).dt.get(p.id)), 0);
+  return (ps.length * (NEW - 1)) / ps.reduce((t, p) => t + median(acc.get(key).dt.get(p.id)), 0);
 };
 
 // Prefill: time to first token of a one-token request.
@@ -209,7 +291,11 @@ for (const P of PREFILL) {
   }
   const ttft = Object.fromEntries(Object.entries(runs).map(([k, v]) => [k, median(v)]));
   prefillRows.push({ P, ttft, tokPerS: Object.fromEntries(Object.entries(ttft).map(([k, v]) => [k, P / v])) });
-  console.log(`prefill ${P}: ${Object.entries(ttft).map(([k, v]) => `${k} ${(P / v).toFixed(0)} tok/s (ttft ${(v * 1000).toFixed(0)} ms)`).join(', ')}; load ${load()[0].toFixed(2)}`);
+  console.log(
+    `prefill ${P}: ${Object.entries(ttft)
+      .map(([k, v]) => `${k} ${(P / v).toFixed(0)} tok/s (ttft ${(v * 1000).toFixed(0)} ms)`)
+      .join(', ')}; load ${load()[0].toFixed(2)}`,
+  );
 }
 
 // --- results ----------------------------------------------------------------------------------------
@@ -236,7 +322,11 @@ for (const d of divergence) {
   const p = prompts.find((q) => q.id === d.id);
   const ctx = [...p.ids, ...specdOut.get(d.id).slice(0, d.at)];
   await lplain.clearHistory();
-  for await (const x of lplain.evaluateWithMetadata(ctx, { probabilities: true }, { temperature: 0, yieldEogToken: true })) {
+  for await (const x of lplain.evaluateWithMetadata(
+    ctx,
+    { probabilities: true },
+    { temperature: 0, yieldEogToken: true },
+  )) {
     d.llamaP = x.probabilities.get(llamaOut.get(d.id)[d.at]) ?? 0;
     d.specdTokenLlamaP = x.probabilities.get(specdOut.get(d.id)[d.at]) ?? 0;
     break;
@@ -248,11 +338,17 @@ const specdTok = decodeTokPerS('specd');
 const rows = racers.map((r) => {
   const a = acc.get(r.key);
   const row = {
-    key: r.key, label: r.label, tokPerS: decodeTokPerS(r.key), chat: decodeTokPerS(r.key, 'chat'), plain: decodeTokPerS(r.key, 'plain'), repTotals: a.repTotals,
+    key: r.key,
+    label: r.label,
+    tokPerS: decodeTokPerS(r.key),
+    chat: decodeTokPerS(r.key, 'chat'),
+    plain: decodeTokPerS(r.key, 'plain'),
+    repTotals: a.repTotals,
   };
   row.vsLlama = row.tokPerS / llamaTok;
   row.vsSpecd = row.tokPerS / specdTok;
-  if (r.key === 'llama-lookup') row.note = `predicted tokens validated ${a.validated}, refuted ${a.refuted} (${(100 * a.validated / Math.max(1, a.validated + a.refuted)).toFixed(0)}% accepted)`;
+  if (r.key === 'llama-lookup')
+    row.note = `predicted tokens validated ${a.validated}, refuted ${a.refuted} (${((100 * a.validated) / Math.max(1, a.validated + a.refuted)).toFixed(0)}% accepted)`;
   if (r.engine !== undefined) {
     const m = r.engine.metrics;
     row.tauPerStep = m.tauPerStep;
@@ -271,7 +367,7 @@ for (const d of drafters) {
   let tau = 1;
   for (let k = 1; k <= d.drafter.maxDraftTokens; k++) {
     tau += perPos[k - 1] ?? 0;
-    const value = tau * tStep / (c.draftMs(1, k) + c.verifyMs(1, k + 1));
+    const value = (tau * tStep) / (c.draftMs(1, k) + c.verifyMs(1, k + 1));
     if (value > best.value) best = { k, value };
   }
   d.ceiling = best;
@@ -281,34 +377,76 @@ for (const d of drafters) {
 
 console.log('\nGreedy agreement, specd vs llama.cpp (first differing output token; -1 = all equal):');
 console.log(divergence.map((d) => `${d.id} ${d.at}`).join(', '));
-console.log(`llama.cpp's own probabilities there, p(its token) / p(specd's token): ${divergence.filter((d) => d.at >= 0).map((d) => `${d.id} ${d.llamaP.toFixed(3)}/${d.specdTokenLlamaP.toFixed(3)}`).join(', ')}`);
+console.log(
+  `llama.cpp's own probabilities there, p(its token) / p(specd's token): ${divergence
+    .filter((d) => d.at >= 0)
+    .map((d) => `${d.id} ${d.llamaP.toFixed(3)}/${d.specdTokenLlamaP.toFixed(3)}`)
+    .join(', ')}`,
+);
 const agreeAll = divergence.filter((d) => d.at < 0).length;
 const firstDivs = divergence.filter((d) => d.at >= 0).map((d) => d.at);
-console.log(`${agreeAll}/${prompts.length} prompts identical over ${NEW} tokens${firstDivs.length ? `; first divergence at token ${Math.min(...firstDivs)} at the earliest, median ${median(firstDivs)}` : ''}`);
-if (lookupDiffs.length) console.log(`llama.cpp + prompt lookup differs from llama.cpp plain (greedy; its multi-token verify batches round differently): ${lookupDiffs.join(', ')}`);
+console.log(
+  `${agreeAll}/${prompts.length} prompts identical over ${NEW} tokens${firstDivs.length ? `; first divergence at token ${Math.min(...firstDivs)} at the earliest, median ${median(firstDivs)}` : ''}`,
+);
+if (lookupDiffs.length)
+  console.log(
+    `llama.cpp + prompt lookup differs from llama.cpp plain (greedy; its multi-token verify batches round differently): ${lookupDiffs.join(', ')}`,
+  );
 else console.log('llama.cpp + prompt lookup equals llama.cpp plain on every prompt');
 if (mismatches.length) console.log(`SPECD LOSSLESSNESS MISMATCHES (a bug): ${mismatches.join(', ')}`);
-else if (drafters.some((d) => !d.absent)) console.log('specd drafter runs equal specd plain greedy output on every prompt');
+else if (drafters.some((d) => !d.absent))
+  console.log('specd drafter runs equal specd plain greedy output on every prompt');
 
 const f1 = (x) => x.toFixed(1);
-console.log(`\n| engine (threads ${THREADS}, greedy, ${NEW} new tokens, EOS ignored) | decode tok/s (all ${prompts.length}) | chat ${NPROMPTS} | plain ${NPROMPTS} | ÷ llama.cpp plain | ÷ specd plain | notes |`);
+console.log(
+  `\n| engine (threads ${THREADS}, greedy, ${NEW} new tokens, EOS ignored) | decode tok/s (all ${prompts.length}) | chat ${NPROMPTS} | plain ${NPROMPTS} | ÷ llama.cpp plain | ÷ specd plain | notes |`,
+);
 console.log('|---|---:|---:|---:|---:|---:|---|');
-for (const r of rows) console.log(`| ${r.label} | ${f1(r.tokPerS)} | ${f1(r.chat)} | ${f1(r.plain)} | ${r.vsLlama.toFixed(3)} | ${r.vsSpecd.toFixed(3)} | ${r.note ?? ''} |`);
-for (const d of drafters) if (d.absent) console.log(`| specd + ${d.method} (max k / cost policy) | not trained yet | | | | | models/smollm2-135m-instruct-${d.method} absent |`);
-console.log(`\n| prefill (time to first token, one new token) | specd chunk 64 (default) tok/s | specd chunk 512 tok/s | llama.cpp (batch 512) tok/s | specd 64 ÷ llama.cpp | specd 512 ÷ llama.cpp |`);
+for (const r of rows)
+  console.log(
+    `| ${r.label} | ${f1(r.tokPerS)} | ${f1(r.chat)} | ${f1(r.plain)} | ${r.vsLlama.toFixed(3)} | ${r.vsSpecd.toFixed(3)} | ${r.note ?? ''} |`,
+  );
+for (const d of drafters)
+  if (d.absent)
+    console.log(
+      `| specd + ${d.method} (max k / cost policy) | not trained yet | | | | | models/smollm2-135m-instruct-${d.method} absent |`,
+    );
+console.log(
+  `\n| prefill (time to first token, one new token) | specd chunk 64 (default) tok/s | specd chunk 512 tok/s | llama.cpp (batch 512) tok/s | specd 64 ÷ llama.cpp | specd 512 ÷ llama.cpp |`,
+);
 console.log('|---|---:|---:|---:|---:|---:|');
 for (const p of prefillRows) {
   const t = p.tokPerS;
-  console.log(`| ${p.P}-token prompt | ${t['specd-64'].toFixed(0)} (${(p.ttft['specd-64'] * 1000).toFixed(0)} ms) | ${t['specd-512'].toFixed(0)} (${(p.ttft['specd-512'] * 1000).toFixed(0)} ms) | ${t.llama.toFixed(0)} (${(p.ttft.llama * 1000).toFixed(0)} ms) | ${(t['specd-64'] / t.llama).toFixed(3)} | ${(t['specd-512'] / t.llama).toFixed(3)} |`);
+  console.log(
+    `| ${p.P}-token prompt | ${t['specd-64'].toFixed(0)} (${(p.ttft['specd-64'] * 1000).toFixed(0)} ms) | ${t['specd-512'].toFixed(0)} (${(p.ttft['specd-512'] * 1000).toFixed(0)} ms) | ${t.llama.toFixed(0)} (${(p.ttft.llama * 1000).toFixed(0)} ms) | ${(t['specd-64'] / t.llama).toFixed(3)} | ${(t['specd-512'] / t.llama).toFixed(3)} |`,
+  );
 }
 const [e1, e5] = load();
 console.log(`\nload at the end ${e1.toFixed(2)} / ${e5.toFixed(2)} (1/5 min)`);
 if (jsonOut) {
-  fs.writeFileSync(jsonOut, `${JSON.stringify({
-    threads: THREADS, isa: info.isa, prompts: prompts.map((p) => p.id), newTokens: NEW, reps: REPS, nodeLlamaCpp: NLC_VERSION,
-    loadStart: [l1, l5], loadEnd: [e1, e5], decode: rows, prefill: prefillRows, divergence, mismatches, lookupDiffs,
-    drafters: drafters.map((d) => (d.absent ? { method: d.method, absent: true } : { method: d.method, maxK: d.drafter.maxDraftTokens, ceiling: d.ceiling })),
-  })}\n`);
+  fs.writeFileSync(
+    jsonOut,
+    `${JSON.stringify({
+      threads: THREADS,
+      isa: info.isa,
+      prompts: prompts.map((p) => p.id),
+      newTokens: NEW,
+      reps: REPS,
+      nodeLlamaCpp: NLC_VERSION,
+      loadStart: [l1, l5],
+      loadEnd: [e1, e5],
+      decode: rows,
+      prefill: prefillRows,
+      divergence,
+      mismatches,
+      lookupDiffs,
+      drafters: drafters.map((d) =>
+        d.absent
+          ? { method: d.method, absent: true }
+          : { method: d.method, maxK: d.drafter.maxDraftTokens, ceiling: d.ceiling },
+      ),
+    })}\n`,
+  );
 }
 
 for (const d of drafters) d.drafter?.dispose();

@@ -21,7 +21,16 @@ import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { BUILTIN_PLUGIN_PACKAGES, HfConfig, SafetensorsCheckpoint, SequenceCache, SpecEngine, startPipeline, startTensorParallel, writeSafetensors } from '@specd/core';
+import {
+  BUILTIN_PLUGIN_PACKAGES,
+  HfConfig,
+  SafetensorsCheckpoint,
+  SequenceCache,
+  SpecEngine,
+  startPipeline,
+  startTensorParallel,
+  writeSafetensors,
+} from '@specd/core';
 import { loadKimiFromDir } from '@specd/model-kimi-k3';
 import { f32ToBf16, isa, setNumThreads } from '@specd/native';
 import { dflashPlugin } from '@specd/plugin-dflash';
@@ -52,28 +61,59 @@ const taps = [1, 3, 5, 7];
 const draftDir = join(dir, 'dflash');
 if (!existsSync(join(draftDir, 'config.json'))) {
   mkdirSync(draftDir, { recursive: true });
-  writeFileSync(join(draftDir, 'config.json'), JSON.stringify({
-    architectures: ['DFlashDraftModel'], model_type: 'qwen3', hidden_size: D, num_hidden_layers: 1, num_attention_heads: 16,
-    num_key_value_heads: 4, head_dim: 128, intermediate_size: 2048, vocab_size: config.vocab_size, block_size: 8,
-    layer_types: ['full_attention'], rope_theta: 10000, rms_norm_eps: 1e-6, hidden_act: 'silu', attention_bias: false,
-    dflash_config: { mask_token_id: 1, target_layer_ids: taps.map((t) => t - 1) },
-  }));
+  writeFileSync(
+    join(draftDir, 'config.json'),
+    JSON.stringify({
+      architectures: ['DFlashDraftModel'],
+      model_type: 'qwen3',
+      hidden_size: D,
+      num_hidden_layers: 1,
+      num_attention_heads: 16,
+      num_key_value_heads: 4,
+      head_dim: 128,
+      intermediate_size: 2048,
+      vocab_size: config.vocab_size,
+      block_size: 8,
+      layer_types: ['full_attention'],
+      rope_theta: 10000,
+      rms_norm_eps: 1e-6,
+      hidden_act: 'silu',
+      attention_bias: false,
+      dflash_config: { mask_token_id: 1, target_layer_ids: taps.map((t) => t - 1) },
+    }),
+  );
   let seed = 7;
   const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648 - 0.5) * 0.04;
-  const bf = (shape, fill) => ({ dtype: 'BF16', shape, data: f32ToBf16(Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => fill ?? rnd())) });
+  const bf = (shape, fill) => ({
+    dtype: 'BF16',
+    shape,
+    data: f32ToBf16(Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => fill ?? rnd())),
+  });
   const p = 'layers.0.';
   writeSafetensors(join(draftDir, 'model.safetensors'), {
-    'fc.weight': bf([D, taps.length * D]), 'hidden_norm.weight': bf([D], 1), 'norm.weight': bf([D], 1),
-    [`${p}input_layernorm.weight`]: bf([D], 1), [`${p}post_attention_layernorm.weight`]: bf([D], 1),
-    [`${p}self_attn.q_proj.weight`]: bf([2048, D]), [`${p}self_attn.k_proj.weight`]: bf([512, D]), [`${p}self_attn.v_proj.weight`]: bf([512, D]),
-    [`${p}self_attn.o_proj.weight`]: bf([D, 2048]), [`${p}self_attn.q_norm.weight`]: bf([128], 1), [`${p}self_attn.k_norm.weight`]: bf([128], 1),
-    [`${p}mlp.gate_proj.weight`]: bf([2048, D]), [`${p}mlp.up_proj.weight`]: bf([2048, D]), [`${p}mlp.down_proj.weight`]: bf([D, 2048]),
+    'fc.weight': bf([D, taps.length * D]),
+    'hidden_norm.weight': bf([D], 1),
+    'norm.weight': bf([D], 1),
+    [`${p}input_layernorm.weight`]: bf([D], 1),
+    [`${p}post_attention_layernorm.weight`]: bf([D], 1),
+    [`${p}self_attn.q_proj.weight`]: bf([2048, D]),
+    [`${p}self_attn.k_proj.weight`]: bf([512, D]),
+    [`${p}self_attn.v_proj.weight`]: bf([512, D]),
+    [`${p}self_attn.o_proj.weight`]: bf([D, 2048]),
+    [`${p}self_attn.q_norm.weight`]: bf([128], 1),
+    [`${p}self_attn.k_norm.weight`]: bf([128], 1),
+    [`${p}mlp.gate_proj.weight`]: bf([2048, D]),
+    [`${p}mlp.up_proj.weight`]: bf([2048, D]),
+    [`${p}mlp.down_proj.weight`]: bf([D, 2048]),
   });
 }
 
-const prompt = (n, s) => Int32Array.from({ length: n }, (_, i) => 2 + ((i * 7919 + s * 104729) % (config.vocab_size - 4)));
+const prompt = (n, s) =>
+  Int32Array.from({ length: n }, (_, i) => 2 + ((i * 7919 + s * 104729) % (config.vocab_size - 4)));
 const info = isa();
-console.log(`bench:pp — synthetic Kimi-K3 (hidden ${D}, ${config.num_hidden_layers} layers, ${config.num_experts} experts), prompt ${P}, decode ${NEW}; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${loadavg()[0].toFixed(2)}`);
+console.log(
+  `bench:pp — synthetic Kimi-K3 (hidden ${D}, ${config.num_hidden_layers} layers, ${config.num_experts} experts), prompt ${P}, decode ${NEW}; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${loadavg()[0].toFixed(2)}`,
+);
 
 /** prefill tok/s and decode tok/s of a model (StageModel), median of REPS. */
 function measure(model) {
@@ -83,11 +123,33 @@ function measure(model) {
     const e = new SpecEngine(model, undefined, { maxSequences: 1, maxTokensPerSequence: P + 64, prefillChunk: 64 });
     let first = 0;
     const t0 = performance.now();
-    e.run([{ id: `p${r}`, promptIds: prompt(P, r), maxTokens: 1, sampling: { temperature: 0 }, seed: 0, ignoreEos: true, onToken: () => { first = performance.now(); } }]);
+    e.run([
+      {
+        id: `p${r}`,
+        promptIds: prompt(P, r),
+        maxTokens: 1,
+        sampling: { temperature: 0 },
+        seed: 0,
+        ignoreEos: true,
+        onToken: () => {
+          first = performance.now();
+        },
+      },
+    ]);
     pre.push(P / ((first - t0) / 1000));
     const d = new SpecEngine(model, undefined, { maxSequences: 1, maxTokensPerSequence: 64 + NEW + 1 });
     const times = [];
-    d.run([{ id: `d${r}`, promptIds: prompt(64, r + 11), maxTokens: NEW, sampling: { temperature: 0 }, seed: 0, ignoreEos: true, onToken: () => times.push(performance.now()) }]);
+    d.run([
+      {
+        id: `d${r}`,
+        promptIds: prompt(64, r + 11),
+        maxTokens: NEW,
+        sampling: { temperature: 0 },
+        seed: 0,
+        ignoreEos: true,
+        onToken: () => times.push(performance.now()),
+      },
+    ]);
     dec.push((times.length - 1) / ((times[times.length - 1] - times[0]) / 1000));
   }
   return { prefill: median(pre), decode: median(dec) };
@@ -100,7 +162,10 @@ console.log(`pp=1: prefill ${rows[0].prefill.toFixed(1)} tok/s, decode ${rows[0]
 
 // The partial projection against the prefill forward that produces its taps (pp = 1).
 const dw = SafetensorsCheckpoint.open(draftDir);
-const drafter = await dflashPlugin.load({ dir: draftDir, config: HfConfig.read(draftDir), weights: dw }, { target: t1, maxSequences: 1, maxTokensPerSequence: P + 64 });
+const drafter = await dflashPlugin.load(
+  { dir: draftDir, config: HfConfig.read(draftDir), weights: dw },
+  { target: t1, maxSequences: 1, maxTokensPerSequence: P + 64 },
+);
 dw.close();
 const projMs = [];
 const fwdMs = [];
@@ -109,7 +174,21 @@ for (let r = 0; r < REPS; r++) {
   cache.add('x');
   let t0 = performance.now();
   for (let p = 0; p < P; p += 64) {
-    t1.forward({ sequences: [{ id: 'x', position: p, tokens: prompt(P, r).subarray(p, p + 64), logits: p + 64 >= P ? 'last' : 'none', phase: 'prefill' }] }, cache, { taps });
+    t1.forward(
+      {
+        sequences: [
+          {
+            id: 'x',
+            position: p,
+            tokens: prompt(P, r).subarray(p, p + 64),
+            logits: p + 64 >= P ? 'last' : 'none',
+            phase: 'prefill',
+          },
+        ],
+      },
+      cache,
+      { taps },
+    );
   }
   fwdMs.push(performance.now() - t0);
   cache.finish('x');
@@ -120,7 +199,9 @@ for (let r = 0; r < REPS; r++) {
 }
 const proj = median(projMs);
 const fwd = median(fwdMs);
-console.log(`projection over ${taps.length} taps × ${P} tokens: ${proj.toFixed(1)} ms; prefill forward (taps captured): ${fwd.toFixed(1)} ms; share ${(100 * proj / (fwd + proj)).toFixed(2)} %`);
+console.log(
+  `projection over ${taps.length} taps × ${P} tokens: ${proj.toFixed(1)} ms; prefill forward (taps captured): ${fwd.toFixed(1)} ms; share ${((100 * proj) / (fwd + proj)).toFixed(2)} %`,
+);
 drafter.dispose();
 t1.dispose();
 
@@ -145,5 +226,7 @@ try {
 console.log('\n| pp | tp | prefill tok/s (P = ' + P + ') | decode tok/s (batch 1) |');
 console.log('|---:|---:|---:|---:|');
 for (const r of rows) console.log(`| ${r.pp} | ${r.tp} | ${r.prefill.toFixed(1)} | ${r.decode.toFixed(2)} |`);
-console.log(`\npartial projection: ${proj.toFixed(1)} ms of ${(fwd + proj).toFixed(1)} ms = ${(100 * proj / (fwd + proj)).toFixed(2)} % of prefill (goal ≤ 2 %); load at the end ${loadavg()[0].toFixed(2)}`);
+console.log(
+  `\npartial projection: ${proj.toFixed(1)} ms of ${(fwd + proj).toFixed(1)} ms = ${((100 * proj) / (fwd + proj)).toFixed(2)} % of prefill (goal ≤ 2 %); load at the end ${loadavg()[0].toFixed(2)}`,
+);
 if (keep === undefined) rmSync(dir, { recursive: true, force: true });

@@ -23,14 +23,22 @@ const N = Number(argv[argv.indexOf('--prompts') + 1] ?? 8) || 8;
 const target = loadKimiFromDir(path.join(ROOT, 'models/kimi-k3-tiny'));
 const DDIR = path.join(ROOT, 'models/kimi-k3-tiny-dflash');
 const cfg = HfConfig.read(DDIR);
-const taps = cfg.section('dflash_config').requireIntArray('target_layer_ids').map((t) => t + 1);
+const taps = cfg
+  .section('dflash_config')
+  .requireIntArray('target_layer_ids')
+  .map((t) => t + 1);
 const D = target.info.hiddenSize;
 const w = SafetensorsCheckpoint.open(DDIR);
 const fc = new WeightReader(w).bf16('fc.weight', [D, taps.length * D]);
 w.close();
 const fc64 = Float64Array.from(bf16ToF32(fc));
 const K = taps.length * D;
-const read = (n) => fs.readFileSync(path.join(ROOT, 'test/prompts', `${n}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+const read = (n) =>
+  fs
+    .readFileSync(path.join(ROOT, 'test/prompts', `${n}.jsonl`), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
 const prompts = [...read('prose').slice(0, N / 2), ...read('code').slice(0, N / 2)];
 
 const fcFull = packBf16Weights(fc, D, K);
@@ -86,11 +94,19 @@ for (const p of prompts) {
   rows += T;
 }
 const q = (xs, f) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(f * xs.length))];
-console.log(`projection numerics: ${prompts.length} prompts, ${rows} rows, taps [${taps.join(', ')}], hidden ${D}, fc [${D}, ${K}] bf16`);
+console.log(
+  `projection numerics: ${prompts.length} prompts, ${rows} rows, taps [${taps.join(', ')}], hidden ${D}, fc [${D}, ${K}] bf16`,
+);
 console.log('\n| projection | median | p90 | p99 | max |');
 console.log('|---|---:|---:|---:|---:|');
-for (const [name, label] of [['concat', 'one projection of the concatenated taps (fp32)'], ['fp32', 'per-tap partials accumulated in fp32, ascending taps (specd, every pp)'], ['bf16', 'per-stage partials rounded to bf16, then summed']]) {
+for (const [name, label] of [
+  ['concat', 'one projection of the concatenated taps (fp32)'],
+  ['fp32', 'per-tap partials accumulated in fp32, ascending taps (specd, every pp)'],
+  ['bf16', 'per-stage partials rounded to bf16, then summed'],
+]) {
   const xs = errs[name];
-  console.log(`| ${label} | ${q(xs, 0.5).toExponential(2)} | ${q(xs, 0.9).toExponential(2)} | ${q(xs, 0.99).toExponential(2)} | ${Math.max(...xs).toExponential(2)} |`);
+  console.log(
+    `| ${label} | ${q(xs, 0.5).toExponential(2)} | ${q(xs, 0.9).toExponential(2)} | ${q(xs, 0.99).toExponential(2)} | ${Math.max(...xs).toExponential(2)} |`,
+  );
 }
 target.dispose();

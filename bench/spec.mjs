@@ -43,29 +43,52 @@ const arg = (name, dflt) => {
 const quick = argv.includes('--quick');
 const NPROMPTS = Number(arg('prompts', quick ? '8' : '16'));
 const NEW = Number(arg('tokens', quick ? '32' : '64'));
-const CONCS = arg('conc', quick ? '1,4' : '1,4,8').split(',').map(Number);
+const CONCS = arg('conc', quick ? '1,4' : '1,4,8')
+  .split(',')
+  .map(Number);
 const REPS = Number(arg('reps', quick ? '1' : '3'));
-const METHODS = arg('drafters', 'dflash,dspark,eagle3').split(',')
+const METHODS = arg('drafters', 'dflash,dspark,eagle3')
+  .split(',')
   .filter((m) => fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')));
 const jsonOut = arg('json', undefined);
 /** Fixed draft lengths measured at 1 sequence, greedy: the achievable optimum, step overheads included. */
-const FIXED_KS = arg('fixed-k', '1,2,3').split(',').map(Number).filter((k) => k > 0);
+const FIXED_KS = arg('fixed-k', '1,2,3')
+  .split(',')
+  .map(Number)
+  .filter((k) => k > 0);
 const load = () => loadavg().slice(0, 2);
 
 const target = await loadTarget(path.join(ROOT, 'models/kimi-k3-tiny'), BUILTIN_PLUGIN_PACKAGES);
 const maxSeq = Math.max(...CONCS);
 const drafters = [];
 for (const m of METHODS) {
-  const { drafter } = await loadDrafter(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`), BUILTIN_PLUGIN_PACKAGES, target, 4096, maxSeq);
+  const { drafter } = await loadDrafter(
+    path.join(ROOT, 'models', `kimi-k3-tiny-${m}`),
+    BUILTIN_PLUGIN_PACKAGES,
+    target,
+    4096,
+    maxSeq,
+  );
   drafters.push(drafter);
 }
 
-const read = (name) => fs.readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+const read = (name) =>
+  fs
+    .readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
 const half = Math.ceil(NPROMPTS / 2);
 const prompts = [...read('prose').slice(0, half), ...read('code').slice(0, NPROMPTS - half)];
-const requests = (temperature) => prompts.map((p, i) => ({
-  id: p.id, promptIds: Int32Array.from(p.prompt_token_ids), maxTokens: NEW, sampling: { temperature }, seed: 1000 + i, ignoreEos: true,
-}));
+const requests = (temperature) =>
+  prompts.map((p, i) => ({
+    id: p.id,
+    promptIds: Int32Array.from(p.prompt_token_ids),
+    maxTokens: NEW,
+    sampling: { temperature },
+    seed: 1000 + i,
+    ignoreEos: true,
+  }));
 
 /** Cost-policy engines are kept per (drafter, C, T) across repetitions, as a server keeps its engine. */
 const costEngines = new Map();
@@ -90,16 +113,23 @@ function run(drafter, C, temperature, mode) {
   const s = (performance.now() - t0) / 1000;
   const m = e.metrics;
   return {
-    tokPerS: rs.reduce((a, r) => a + r.tokenIds.length, 0) / s, tauPerStep: m.tauPerStep, tauMeanOfRequests: m.tauMeanOfRequests,
-    perPosition: m.perPositionAcceptance, drafted: m.drafted, verifySteps: m.verifySteps,
-    outputs: new Map(rs.map((r) => [r.id, r.tokenIds.join()])), costs: e.stepCosts,
+    tokPerS: rs.reduce((a, r) => a + r.tokenIds.length, 0) / s,
+    tauPerStep: m.tauPerStep,
+    tauMeanOfRequests: m.tauMeanOfRequests,
+    perPosition: m.perPositionAcceptance,
+    drafted: m.drafted,
+    verifySteps: m.verifySteps,
+    outputs: new Map(rs.map((r) => [r.id, r.tokenIds.join()])),
+    costs: e.stepCosts,
   };
 }
 const median = (xs) => [...xs].sort((a, b) => a.tokPerS - b.tokPerS)[xs.length >> 1];
 
 const info = isa();
 const [l1, l5] = load();
-console.log(`bench:spec — drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} tokens; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`);
+console.log(
+  `bench:spec — drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} tokens; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+);
 run(undefined, 1, 0, 'plain'); // warm-up (JIT, page faults)
 
 const rows = [];
@@ -122,7 +152,9 @@ for (const C of CONCS) {
       const cost = median(per[i].cost);
       if (temperature === 0) {
         for (const res of [max, cost]) {
-          for (const [id, toks] of plain.outputs) if (res.outputs.get(id) !== toks) throw new Error(`bench:spec: ${d.method}: greedy output of ${id} differs from plain decoding (C=${C})`);
+          for (const [id, toks] of plain.outputs)
+            if (res.outputs.get(id) !== toks)
+              throw new Error(`bench:spec: ${d.method}: greedy output of ${id} differs from plain decoding (C=${C})`);
         }
       }
       let ceiling;
@@ -134,46 +166,75 @@ for (const C of CONCS) {
         const perK = [{ k: 0, tau: 1, draftMs: 0, verifyMs: tStep, value: 1 }];
         for (let k = 1; k <= d.maxDraftTokens; k++) {
           tau += max.perPosition[k - 1] ?? 0;
-          const value = tau * tStep / (c.draftMs(1, k) + c.verifyMs(1, k + 1));
+          const value = (tau * tStep) / (c.draftMs(1, k) + c.verifyMs(1, k + 1));
           perK.push({ k, tau, draftMs: c.draftMs(1, k), verifyMs: c.verifyMs(1, k + 1), value });
           if (value > best.value) best = { k, value };
         }
         ceiling = { ...best, stepMs: tStep, perK };
-        console.log(`${d.method} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)} ms): k | τ(k) | t_draft ms | t_verify ms | ×plain`);
-        for (const r of perK) console.log(`  ${r.k} | ${r.tau.toFixed(3)} | ${r.draftMs.toFixed(3)} | ${r.verifyMs.toFixed(3)} | ${r.value.toFixed(3)}`);
+        console.log(
+          `${d.method} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)} ms): k | τ(k) | t_draft ms | t_verify ms | ×plain`,
+        );
+        for (const r of perK)
+          console.log(
+            `  ${r.k} | ${r.tau.toFixed(3)} | ${r.draftMs.toFixed(3)} | ${r.verifyMs.toFixed(3)} | ${r.value.toFixed(3)}`,
+          );
       }
       let measured;
       if (measureFixed) {
         const fixed = FIXED_KS.map((k, j) => ({ k, speedup: median(per[i].fixed[j]).tokPerS / plain.tokPerS }));
         const best = fixed.reduce((a, b) => (b.speedup > a.speedup ? b : a), { k: 0, speedup: 1 });
         measured = { fixed, best, costOfBest: cost.tokPerS / plain.tokPerS / best.speedup };
-        console.log(`${d.method} C=1 T=0 measured fixed k: ${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it`);
+        console.log(
+          `${d.method} C=1 T=0 measured fixed k: ${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it`,
+        );
       }
       const row = {
         measured,
-        method: d.method, C, temperature, plain: plain.tokPerS, maxK: d.maxDraftTokens,
-        tauPerStep: max.tauPerStep, tauMeanOfRequests: max.tauMeanOfRequests, perPosition: max.perPosition,
-        maxTokPerS: max.tokPerS, maxSpeedup: max.tokPerS / plain.tokPerS,
-        costTokPerS: cost.tokPerS, costSpeedup: cost.tokPerS / plain.tokPerS, costDraftsPerStep: cost.drafted / Math.max(1, cost.verifySteps),
-        ceiling, load1: load()[0],
+        method: d.method,
+        C,
+        temperature,
+        plain: plain.tokPerS,
+        maxK: d.maxDraftTokens,
+        tauPerStep: max.tauPerStep,
+        tauMeanOfRequests: max.tauMeanOfRequests,
+        perPosition: max.perPosition,
+        maxTokPerS: max.tokPerS,
+        maxSpeedup: max.tokPerS / plain.tokPerS,
+        costTokPerS: cost.tokPerS,
+        costSpeedup: cost.tokPerS / plain.tokPerS,
+        costDraftsPerStep: cost.drafted / Math.max(1, cost.verifySteps),
+        ceiling,
+        load1: load()[0],
       };
       rows.push(row);
-      console.log(`${d.method} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)} (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}`
-        + (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`));
+      console.log(
+        `${d.method} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)} (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}` +
+          (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`),
+      );
     });
   }
 }
 
-const pp = (a) => a.slice(0, 6).map((x) => x.toFixed(2)).join(' ');
-console.log('\n| drafter | sequences | T | τ per step (max k) | τ mean of requests | per-position acceptance a_1…a_6 | plain tok/s | max k tok/s | ×plain | cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) |');
+const pp = (a) =>
+  a
+    .slice(0, 6)
+    .map((x) => x.toFixed(2))
+    .join(' ');
+console.log(
+  '\n| drafter | sequences | T | τ per step (max k) | τ mean of requests | per-position acceptance a_1…a_6 | plain tok/s | max k tok/s | ×plain | cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) |',
+);
 console.log('|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
-  console.log(`| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} | ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`);
+  console.log(
+    `| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} | ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`,
+  );
 }
 for (const r of rows.filter((x) => x.measured !== undefined)) {
-  console.log(`measured at 1 sequence, greedy, ${r.method}: ${r.measured.fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')} (k=0 ×1.000); `
-    + `best k=${r.measured.best.k}; cost policy ×${r.costSpeedup.toFixed(3)} = ${(100 * r.measured.costOfBest).toFixed(1)} % of the best measured, `
-    + `${(100 * r.costSpeedup / r.ceiling.value).toFixed(1)} % of the calibrated ceiling ×${r.ceiling.value.toFixed(3)}`);
+  console.log(
+    `measured at 1 sequence, greedy, ${r.method}: ${r.measured.fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')} (k=0 ×1.000); ` +
+      `best k=${r.measured.best.k}; cost policy ×${r.costSpeedup.toFixed(3)} = ${(100 * r.measured.costOfBest).toFixed(1)} % of the best measured, ` +
+      `${((100 * r.costSpeedup) / r.ceiling.value).toFixed(1)} % of the calibrated ceiling ×${r.ceiling.value.toFixed(3)}`,
+  );
 }
 const withCeiling = rows.filter((r) => r.ceiling !== undefined);
 if (withCeiling.length > 0) {
@@ -182,14 +243,24 @@ if (withCeiling.length > 0) {
   console.log(`|---:|${withCeiling.map(() => '---').join('|')}|`);
   const kMax = Math.max(...withCeiling.map((r) => r.ceiling.perK.length));
   for (let k = 0; k < kMax; k++) {
-    console.log(`| ${k} | ${withCeiling.map((r) => {
-      const c = r.ceiling.perK[k];
-      return c === undefined ? '' : `${c.tau.toFixed(2)} · ${c.draftMs.toFixed(2)} · ${c.verifyMs.toFixed(2)} · ${c === r.ceiling.perK.reduce((a, b) => (b.value > a.value ? b : a)) ? `**${c.value.toFixed(3)}**` : c.value.toFixed(3)}`;
-    }).join(' | ')} |`);
+    console.log(
+      `| ${k} | ${withCeiling
+        .map((r) => {
+          const c = r.ceiling.perK[k];
+          return c === undefined
+            ? ''
+            : `${c.tau.toFixed(2)} · ${c.draftMs.toFixed(2)} · ${c.verifyMs.toFixed(2)} · ${c === r.ceiling.perK.reduce((a, b) => (b.value > a.value ? b : a)) ? `**${c.value.toFixed(3)}**` : c.value.toFixed(3)}`;
+        })
+        .join(' | ')} |`,
+    );
   }
 }
 const [e1, e5] = load();
 console.log(`\nload at the end ${e1.toFixed(2)} / ${e5.toFixed(2)} (1/5 min)`);
-if (jsonOut) fs.writeFileSync(jsonOut, `${JSON.stringify({ threads: info.threads, isa: info.isa, prompts: prompts.length, newTokens: NEW, rows })}\n`);
+if (jsonOut)
+  fs.writeFileSync(
+    jsonOut,
+    `${JSON.stringify({ threads: info.threads, isa: info.isa, prompts: prompts.length, newTokens: NEW, rows })}\n`,
+  );
 for (const d of drafters) d.dispose();
 target.model.dispose();

@@ -84,9 +84,20 @@ function randomBf16(count, fanIn) {
   return count & 1 ? out.subarray(0, count) : out;
 }
 
-const bf16 = (shape, fanIn) => ({ dtype: 'BF16', shape, data: randomBf16(shape.reduce((a, b) => a * b, 1), fanIn) });
+const bf16 = (shape, fanIn) => ({
+  dtype: 'BF16',
+  shape,
+  data: randomBf16(
+    shape.reduce((a, b) => a * b, 1),
+    fanIn,
+  ),
+});
 const ones = (n) => ({ dtype: 'BF16', shape: [n], data: new Uint16Array(n).fill(0x3f80) });
-const f32 = (shape, fill) => ({ dtype: 'F32', shape, data: Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, (_, i) => fill(i)) });
+const f32 = (shape, fill) => ({
+  dtype: 'F32',
+  shape,
+  data: Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, (_, i) => fill(i)),
+});
 
 /** Tensors of decoder layer `l` (0-based), named as the Kimi loader reads them. */
 function layerTensors(c, l) {
@@ -173,7 +184,10 @@ export function writeSyntheticKimi(dir, config) {
     }
     writeSafetensors(join(dir, file), tensors);
   });
-  writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: { total_size: bytes }, weight_map: weightMap }, null, 1));
+  writeFileSync(
+    join(dir, 'model.safetensors.index.json'),
+    JSON.stringify({ metadata: { total_size: bytes }, weight_map: weightMap }, null, 1),
+  );
   writeFileSync(join(dir, 'config.json'), JSON.stringify(c, null, 2));
   return { bytes };
 }

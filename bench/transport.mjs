@@ -19,7 +19,15 @@ import { loadavg, tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { BUILTIN_PLUGIN_PACKAGES, FifoChannel, loadPipelineTarget, loadTarget, processAlive, SpecEngine, ZmqChannel } from '@specd/core';
+import {
+  BUILTIN_PLUGIN_PACKAGES,
+  FifoChannel,
+  loadPipelineTarget,
+  loadTarget,
+  processAlive,
+  SpecEngine,
+  ZmqChannel,
+} from '@specd/core';
 
 const argv = process.argv.slice(2);
 const arg = (name, dflt) => {
@@ -99,8 +107,14 @@ function time(ch, msg, n) {
   return ts;
 }
 
-console.log(`load ${loadavg().map((x) => x.toFixed(2)).join(' ')}; small n = ${N}, 4 MB n = ${NBIG}`);
-console.log('| transport | small round trip, median µs | mean µs | 4 MB driver → stage (+ ack), median ms | 4 MB stage → driver, median ms |');
+console.log(
+  `load ${loadavg()
+    .map((x) => x.toFixed(2))
+    .join(' ')}; small n = ${N}, 4 MB n = ${NBIG}`,
+);
+console.log(
+  '| transport | small round trip, median µs | mean µs | 4 MB driver → stage (+ ack), median ms | 4 MB stage → driver, median ms |',
+);
 console.log('| --- | ---: | ---: | ---: | ---: |');
 for (const mode of ['zmq', 'fifo']) {
   const { ch, child } = open(mode);
@@ -119,7 +133,9 @@ for (const mode of ['zmq', 'fifo']) {
   fs.rmSync(path.join(tmp, 'req'), { force: true });
   fs.rmSync(path.join(tmp, 'resp'), { force: true });
   const mean = s.reduce((a, x) => a + x, 0) / s.length;
-  console.log(`| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`);
+  console.log(
+    `| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`,
+  );
 }
 fs.rmSync(tmp, { recursive: true, force: true });
 
@@ -127,11 +143,19 @@ if (!argv.includes('--no-decode')) {
   const TARGET = fileURLToPath(new URL('../models/kimi-k3-tiny', import.meta.url));
   const NEW = 64;
   const decode = async (pp, transport) => {
-    const t = pp === 1 ? await loadTarget(TARGET, BUILTIN_PLUGIN_PACKAGES) : await loadPipelineTarget(TARGET, BUILTIN_PLUGIN_PACKAGES, { pp, transport });
+    const t =
+      pp === 1
+        ? await loadTarget(TARGET, BUILTIN_PLUGIN_PACKAGES)
+        : await loadPipelineTarget(TARGET, BUILTIN_PLUGIN_PACKAGES, { pp, transport });
     const promptIds = t.tokenizer.encode('The history of the city begins with', { addSpecialTokens: false });
     const ts = [];
     for (let rep = 0; rep < 4; rep++) {
-      const engine = new SpecEngine(t.model, undefined, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 64 });
+      const engine = new SpecEngine(t.model, undefined, {
+        maxSequences: 1,
+        maxTokensPerSequence: 256,
+        draftPolicy: 'max',
+        prefillChunk: 64,
+      });
       const t0 = performance.now();
       engine.run([{ id: 'r', promptIds, maxTokens: NEW, sampling: { temperature: 0 }, seed: 1, ignoreEos: true }]);
       ts.push(performance.now() - t0);

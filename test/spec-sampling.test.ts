@@ -12,12 +12,21 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, SequenceCache, SpecEngine, loadDrafter, loadTarget, samplingProbs, type LoadedTarget, type SpecResult,
+  BUILTIN_PLUGIN_PACKAGES,
+  SequenceCache,
+  SpecEngine,
+  loadDrafter,
+  loadTarget,
+  samplingProbs,
+  type LoadedTarget,
+  type SpecResult,
 } from '@specd/core';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
-const DRAFTERS = ['dflash', 'dspark', 'eagle3'].filter((m) => fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')));
+const DRAFTERS = ['dflash', 'dspark', 'eagle3'].filter((m) =>
+  fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')),
+);
 const PROMPT = 'The United States of'; // peaked enough at T = 1 for ~10 cells of ≥ 5 expected counts
 const REQUESTS = 800;
 const TOP = 4; // t1 cells: the TOP most likely + "other"; per t1 cell, t2: the TOP most likely + "other"
@@ -37,10 +46,17 @@ let promptIds: Int32Array;
 /** Exact softmax probabilities of the target after `ids` (T = 1, no top-k/top-p), `[V]`. */
 function nextDistribution(ids: Int32Array): Float32Array {
   const m = target.model;
-  const cache = new SequenceCache(m.cacheGeometry, { pageSize: 16, numPages: Math.ceil(ids.length / 16) + 1, numSlots: 1 });
+  const cache = new SequenceCache(m.cacheGeometry, {
+    pageSize: 16,
+    numPages: Math.ceil(ids.length / 16) + 1,
+    numSlots: 1,
+  });
   cache.add('ref');
   try {
-    const r = m.forward({ sequences: [{ id: 'ref', position: 0, tokens: ids, logits: 'last', phase: 'prefill' }] }, cache);
+    const r = m.forward(
+      { sequences: [{ id: 'ref', position: 0, tokens: ids, logits: 'last', phase: 'prefill' }] },
+      cache,
+    );
     return samplingProbs(r.logits!, m.info.vocabSize, { temperature: 1 });
   } finally {
     cache.finish('ref');
@@ -118,7 +134,11 @@ describe.each(DRAFTERS)('speculative sampling at T = 1 with %s', (method) => {
     const { drafter } = await loadDrafter(dir, BUILTIN_PLUGIN_PACKAGES, target, 256, 32);
     try {
       expect(drafter.method).toBe(method);
-      const engine = new SpecEngine(target.model, drafter, { maxSequences: 32, maxTokensPerSequence: 256, draftPolicy: 'max' });
+      const engine = new SpecEngine(target.model, drafter, {
+        maxSequences: 32,
+        maxTokensPerSequence: 256,
+        draftPolicy: 'max',
+      });
       const counts = new Float64Array(cells.expected.length);
       // Every request drafts the full block at its first step (maxTokens leaves room for it); once
       // it has two tokens it is aborted, which also exercises freeing pages mid-generation.
@@ -153,7 +173,9 @@ describe.each(DRAFTERS)('speculative sampling at T = 1 with %s', (method) => {
       });
       const minExpected = Math.min(...[...cells.expected].map((p) => p * total));
       const critical = chi2Critical(cells.expected.length - 1);
-      console.log(`${method}: χ² ${chi2.toFixed(2)} over ${cells.expected.length} cells (critical ${critical.toFixed(2)} at p = 0.001), smallest expected count ${minExpected.toFixed(1)}, τ per step ${engine.metrics.tauPerStep.toFixed(3)}`);
+      console.log(
+        `${method}: χ² ${chi2.toFixed(2)} over ${cells.expected.length} cells (critical ${critical.toFixed(2)} at p = 0.001), smallest expected count ${minExpected.toFixed(1)}, τ per step ${engine.metrics.tauPerStep.toFixed(3)}`,
+      );
       expect(cells.expected.length).toBeGreaterThanOrEqual(6);
       expect(chi2).toBeLessThan(critical);
     } finally {

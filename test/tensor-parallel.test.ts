@@ -14,8 +14,18 @@ import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, startServe, loadDrafter, loadTensorParallelTarget, SafetensorsCheckpoint, SequenceCache, TensorParallelModel, WeightReader,
-  type Drafter, type LoadedTarget, type StageModel, type TensorRead,
+  BUILTIN_PLUGIN_PACKAGES,
+  startServe,
+  loadDrafter,
+  loadTensorParallelTarget,
+  SafetensorsCheckpoint,
+  SequenceCache,
+  TensorParallelModel,
+  WeightReader,
+  type Drafter,
+  type LoadedTarget,
+  type StageModel,
+  type TensorRead,
 } from '@specd/core';
 import { rmsNorm } from '@specd/native';
 
@@ -40,7 +50,9 @@ afterAll(() => {
   tp2?.model.dispose();
   whole?.model.dispose();
   // the number of near-tie differences is part of the result
-  process.stdout.write(`tensor-parallel: ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`);
+  process.stdout.write(
+    `tensor-parallel: ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`,
+  );
 });
 
 describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', () => {
@@ -55,7 +67,12 @@ describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', (
       const d2 = await drafterFor(tp2, m);
       try {
         eq.expectEquivalent(m, eq.generate(whole, d1), eq.generate(tp2, d2));
-        if (m === 'dflash') eq.expectEquivalent('dflash (replay commit)', eq.generate(whole, d1, 'replay'), eq.generate(tp2, d2, 'replay'));
+        if (m === 'dflash')
+          eq.expectEquivalent(
+            'dflash (replay commit)',
+            eq.generate(whole, d1, 'replay'),
+            eq.generate(tp2, d2, 'replay'),
+          );
       } finally {
         d1.dispose();
         d2.dispose();
@@ -65,9 +82,13 @@ describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', (
 
   it('logits and taps agree within rounding', () => {
     const run = (model: StageModel) => {
-      const cache = model.createCache?.({ pageSize: 16, numPages: 8, numSlots: 1 }) ?? new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: 8, numSlots: 1 });
+      const cache =
+        model.createCache?.({ pageSize: 16, numPages: 8, numSlots: 1 }) ??
+        new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: 8, numSlots: 1 });
       cache.add(0);
-      const r = model.forward({ sequences: [{ id: 0, position: 0, tokens: promptIds[0]!, logits: 'all' }] }, cache, { taps: [0, 4, 8] });
+      const r = model.forward({ sequences: [{ id: 0, position: 0, tokens: promptIds[0]!, logits: 'all' }] }, cache, {
+        taps: [0, 4, 8],
+      });
       cache.finish(0);
       return r;
     };
@@ -84,7 +105,9 @@ describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', (
       x.forEach((v, i) => (d = Math.max(d, Math.abs(v - y[i]!))));
       expect(d).toBeLessThan(1e-3);
     }
-    process.stdout.write(`tensor-parallel: max |logit(tp=2) − logit(tp=1)| = ${maxDiff.toExponential(2)} over ${a.logits!.length} logits\n`);
+    process.stdout.write(
+      `tensor-parallel: max |logit(tp=2) − logit(tp=1)| = ${maxDiff.toExponential(2)} over ${a.logits!.length} logits\n`,
+    );
   });
 });
 
@@ -116,7 +139,15 @@ describe('vocab-parallel lm_head (tp = 2): bit for bit the whole lm_head on the 
     cache.add(0);
     cache.add(1);
     const [p0, p1] = [promptIds[0]!, promptIds[1]!];
-    const r = model.forward({ sequences: [{ id: 0, position: 0, tokens: p0, logits: 'all' }, { id: 1, position: 0, tokens: p1, logits: 'last' }] }, cache);
+    const r = model.forward(
+      {
+        sequences: [
+          { id: 0, position: 0, tokens: p0, logits: 'all' },
+          { id: 1, position: 0, tokens: p1, logits: 'last' },
+        ],
+      },
+      cache,
+    );
     cache.finish(0);
     cache.finish(1);
     const rows = [...Array.from({ length: p0.length }, (_, i) => i), p0.length + p1.length - 1];
@@ -133,8 +164,12 @@ describe('failures', () => {
     const model = tp2.model;
     const cache = model.createCache!({ pageSize: 16, numPages: 8, numSlots: 1 });
     cache.add(0);
-    expect(() => model.forward({ sequences: [{ id: 0, position: 3, tokens: promptIds[0]!, logits: 'last' }] }, cache)).toThrow(/position: expected 0/);
-    expect(() => model.forward({ sequences: [{ id: 0, position: 0, tokens: Int32Array.of(1 << 20), logits: 'last' }] }, cache)).toThrow(/outside \[0, 8192\)/);
+    expect(() =>
+      model.forward({ sequences: [{ id: 0, position: 3, tokens: promptIds[0]!, logits: 'last' }] }, cache),
+    ).toThrow(/position: expected 0/);
+    expect(() =>
+      model.forward({ sequences: [{ id: 0, position: 0, tokens: Int32Array.of(1 << 20), logits: 'last' }] }, cache),
+    ).toThrow(/outside \[0, 8192\)/);
     const ok = model.forward({ sequences: [{ id: 0, position: 0, tokens: promptIds[0]!, logits: 'last' }] }, cache);
     expect(ok.logits!.length).toBe(8192);
     cache.finish(0);
@@ -158,9 +193,15 @@ describe('what each rank loads', () => {
   it('MLA (layer 3, 4 heads × (64 + 32) q, 64 + 64 kv_b, 64 v): each rank its 2 heads', () => {
     const p = 'model.layers.3.self_attn.';
     for (const rank of [0, 1]) {
-      expect(find(rank, `${p}q_proj.weight`)).toEqual([{ name: `${p}q_proj.weight`, rows: [rank * 192, rank * 192 + 192] }]);
-      expect(find(rank, `${p}kv_b_proj.weight`)).toEqual([{ name: `${p}kv_b_proj.weight`, rows: [rank * 256, rank * 256 + 256] }]);
-      expect(find(rank, `${p}o_proj.weight`)).toEqual([{ name: `${p}o_proj.weight`, cols: [rank * 128, rank * 128 + 128] }]);
+      expect(find(rank, `${p}q_proj.weight`)).toEqual([
+        { name: `${p}q_proj.weight`, rows: [rank * 192, rank * 192 + 192] },
+      ]);
+      expect(find(rank, `${p}kv_b_proj.weight`)).toEqual([
+        { name: `${p}kv_b_proj.weight`, rows: [rank * 256, rank * 256 + 256] },
+      ]);
+      expect(find(rank, `${p}o_proj.weight`)).toEqual([
+        { name: `${p}o_proj.weight`, cols: [rank * 128, rank * 128 + 128] },
+      ]);
       // the latent projection and its norm are shared by all heads: whole on every rank
       expect(find(rank, `${p}kv_a_proj_with_mqa.weight`)).toEqual([{ name: `${p}kv_a_proj_with_mqa.weight` }]);
     }
@@ -170,10 +211,13 @@ describe('what each rank loads', () => {
     const p = 'model.layers.0.self_attn.';
     for (const rank of [0, 1]) {
       const ch = [rank * 128, rank * 128 + 128];
-      for (const n of ['q_proj', 'k_proj', 'v_proj', 'f_b_proj', 'g_b_proj']) expect(find(rank, `${p}${n}.weight`)).toEqual([{ name: `${p}${n}.weight`, rows: ch }]);
+      for (const n of ['q_proj', 'k_proj', 'v_proj', 'f_b_proj', 'g_b_proj'])
+        expect(find(rank, `${p}${n}.weight`)).toEqual([{ name: `${p}${n}.weight`, rows: ch }]);
       expect(find(rank, `${p}b_proj.weight`)).toEqual([{ name: `${p}b_proj.weight`, rows: [rank * 2, rank * 2 + 2] }]);
       expect(find(rank, `${p}A_log`)).toEqual([{ name: `${p}A_log`, elements: [rank * 2, rank * 2 + 2] }]);
-      expect(find(rank, `${p}q_conv1d.weight`)).toEqual([{ name: `${p}q_conv1d.weight`, elements: [ch[0]! * 4, ch[1]! * 4] }]);
+      expect(find(rank, `${p}q_conv1d.weight`)).toEqual([
+        { name: `${p}q_conv1d.weight`, elements: [ch[0]! * 4, ch[1]! * 4] },
+      ]);
       expect(find(rank, `${p}o_proj.weight`)).toEqual([{ name: `${p}o_proj.weight`, cols: ch }]);
       expect(find(rank, `${p}f_a_proj.weight`)).toEqual([{ name: `${p}f_a_proj.weight` }]);
     }
@@ -184,21 +228,34 @@ describe('what each rank loads', () => {
   });
 
   it('MoE: experts 0–3 on rank 0, 4–7 on rank 1; router whole; shared expert and dense MLP by columns', () => {
-    const expertsOf = (rank: number) => [...new Set(readsOf(rank).flatMap((r) => {
-      const m = /^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\./.exec(r.name);
-      return m === null ? [] : [Number(m[2])];
-    }))].sort((a, b) => a - b);
+    const expertsOf = (rank: number) =>
+      [
+        ...new Set(
+          readsOf(rank).flatMap((r) => {
+            const m = /^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\./.exec(r.name);
+            return m === null ? [] : [Number(m[2])];
+          }),
+        ),
+      ].sort((a, b) => a - b);
     expect(expertsOf(0)).toEqual([0, 1, 2, 3]);
     expect(expertsOf(1)).toEqual([4, 5, 6, 7]);
     for (const rank of [0, 1]) {
       for (let l = 1; l < 8; l++) {
         const p = `model.layers.${l}.block_sparse_moe.`;
         expect(find(rank, `${p}gate.weight`)).toEqual([{ name: `${p}gate.weight` }]);
-        expect(find(rank, `${p}experts.${rank * 4}.w1.weight`)).toEqual([{ name: `${p}experts.${rank * 4}.w1.weight` }]);
-        expect(find(rank, `${p}shared_experts.down_proj.weight`)).toEqual([{ name: `${p}shared_experts.down_proj.weight`, cols: [rank * 64, rank * 64 + 64] }]);
+        expect(find(rank, `${p}experts.${rank * 4}.w1.weight`)).toEqual([
+          { name: `${p}experts.${rank * 4}.w1.weight` },
+        ]);
+        expect(find(rank, `${p}shared_experts.down_proj.weight`)).toEqual([
+          { name: `${p}shared_experts.down_proj.weight`, cols: [rank * 64, rank * 64 + 64] },
+        ]);
       }
-      expect(find(rank, 'model.layers.0.mlp.gate_proj.weight')).toEqual([{ name: 'model.layers.0.mlp.gate_proj.weight', rows: [rank * 384, rank * 384 + 384] }]);
-      expect(find(rank, 'model.layers.0.mlp.down_proj.weight')).toEqual([{ name: 'model.layers.0.mlp.down_proj.weight', cols: [rank * 384, rank * 384 + 384] }]);
+      expect(find(rank, 'model.layers.0.mlp.gate_proj.weight')).toEqual([
+        { name: 'model.layers.0.mlp.gate_proj.weight', rows: [rank * 384, rank * 384 + 384] },
+      ]);
+      expect(find(rank, 'model.layers.0.mlp.down_proj.weight')).toEqual([
+        { name: 'model.layers.0.mlp.down_proj.weight', cols: [rank * 384, rank * 384 + 384] },
+      ]);
     }
   });
 
@@ -207,10 +264,12 @@ describe('what each rank loads', () => {
     expect(find(1, 'model.embed_tokens.weight')).toHaveLength(0);
     for (const rank of [0, 1]) {
       expect(find(rank, 'model.norm.weight')).toEqual([{ name: 'model.norm.weight' }]);
-      expect(find(rank, 'lm_head.weight')).toEqual([{ name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] }]);
+      expect(find(rank, 'lm_head.weight')).toEqual([
+        { name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] },
+      ]);
     }
     for (const rank of [0, 1]) {
-      const layers = new Set(readsOf(rank).flatMap((r) => (/^model\.layers\.(\d+)\./.exec(r.name)?.[1] ?? [])));
+      const layers = new Set(readsOf(rank).flatMap((r) => /^model\.layers\.(\d+)\./.exec(r.name)?.[1] ?? []));
       expect([...layers].map(Number).sort((a, b) => a - b)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
     }
   });
@@ -225,14 +284,34 @@ describe('refusals and the CLI', () => {
 
   it('specd generate --tp 2 --json equals --tp 1; --tp 3 is refused (--tp 2 --pp 2: test/tp-pp.test.ts)', () => {
     const bin = path.join(ROOT, 'packages/core/src/cli/bin.js');
-    const args = ['generate', '--prompt', PROMPTS[0]!, '--max-tokens', '16', '--ignore-eos', '--temperature', '0', '--seed', '1', '--json'];
-    const run = (extra: string[]) => JSON.parse(execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 })) as { token_ids: number[]; text: string };
+    const args = [
+      'generate',
+      '--prompt',
+      PROMPTS[0]!,
+      '--max-tokens',
+      '16',
+      '--ignore-eos',
+      '--temperature',
+      '0',
+      '--seed',
+      '1',
+      '--json',
+    ];
+    const run = (extra: string[]) =>
+      JSON.parse(
+        execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 }),
+      ) as { token_ids: number[]; text: string };
     const one = run(['--tp', '1']);
     const two = run(['--tp', '2']);
     eq.expectEquivalent('cli', [one.token_ids], [two.token_ids]);
     const fail = (extra: string[]) => {
       try {
-        execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', stdio: 'pipe', timeout: 60_000 });
+        execFileSync(process.execPath, [bin, ...args, ...extra], {
+          cwd: ROOT,
+          encoding: 'utf8',
+          stdio: 'pipe',
+          timeout: 60_000,
+        });
       } catch (err) {
         return String((err as { stderr: string }).stderr);
       }
@@ -248,8 +327,15 @@ describe('refusals and the CLI', () => {
       try {
         expect(s.target.model instanceof TensorParallelModel).toBe(tp > 1);
         const res = await fetch(`${s.url}/v1/completions`, {
-          method: 'POST', headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ model: s.server.options.modelName, prompt: PROMPTS[0], max_tokens: 12, temperature: 0, ignore_eos: true }),
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({
+            model: s.server.options.modelName,
+            prompt: PROMPTS[0],
+            max_tokens: 12,
+            temperature: 0,
+            ignore_eos: true,
+          }),
         });
         if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
         return ((await res.json()) as { choices: { text: string }[] }).choices[0]!.text;

@@ -13,12 +13,30 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, DrafterError, draftShardLayout, HfConfig, loadDrafter, loadTensorParallelTarget, SafetensorsCheckpoint,
-  TensorParallelDrafter, type Drafter, type LoadedTarget, type TensorRead, type TpComm,
+  BUILTIN_PLUGIN_PACKAGES,
+  DrafterError,
+  draftShardLayout,
+  HfConfig,
+  loadDrafter,
+  loadTensorParallelTarget,
+  SafetensorsCheckpoint,
+  TensorParallelDrafter,
+  type Drafter,
+  type LoadedTarget,
+  type TensorRead,
+  type TpComm,
 } from '@specd/core';
 import { dflashPlugin, type DFlashDrafter } from '@specd/plugin-dflash';
 
-import { loadTpPair, ROOT, TINY_TARGET, tinyDrafter, tinyDrafterDir, TP_PROMPTS, TpEquivalence } from './tp-equivalence.js';
+import {
+  loadTpPair,
+  ROOT,
+  TINY_TARGET,
+  tinyDrafter,
+  tinyDrafterDir,
+  TP_PROMPTS,
+  TpEquivalence,
+} from './tp-equivalence.js';
 
 const TARGET = TINY_TARGET;
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
@@ -45,7 +63,9 @@ beforeAll(async () => {
 afterAll(() => {
   tp2?.model.dispose();
   whole?.model.dispose();
-  process.stdout.write(`tp-drafters:${report.map((r) => `\n  ${r}`).join('')}\n  ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`);
+  process.stdout.write(
+    `tp-drafters:${report.map((r) => `\n  ${r}`).join('')}\n  ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`,
+  );
 });
 
 describe('sharded drafters, tp = 2 (greedy, 2 sequences batched)', () => {
@@ -76,8 +96,8 @@ describe('sharded drafters, tp = 2 (greedy, 2 sequences batched)', () => {
   }
 
   it('dflash: the sharded block forward (3 layers) equals the whole one within 1e-5 on a random context', async () => {
-    const d1 = await drafterFor(whole, 'dflash') as DFlashDrafter;
-    const d2 = await drafterFor(tp2, 'dflash') as TensorParallelDrafter;
+    const d1 = (await drafterFor(whole, 'dflash')) as DFlashDrafter;
+    const d2 = (await drafterFor(tp2, 'dflash')) as TensorParallelDrafter;
     try {
       const D = 256;
       const n = 37;
@@ -99,7 +119,9 @@ describe('sharded drafters, tp = 2 (greedy, 2 sequences batched)', () => {
         den += ref[e]! ** 2;
       }
       const rel = Math.sqrt(num / den);
-      report.push(`dflash block forward tp=2 vs tp=1: ‖out − ref‖ / ‖ref‖ = ${rel.toExponential(2)} over ${ref.length} values`);
+      report.push(
+        `dflash block forward tp=2 vs tp=1: ‖out − ref‖ / ‖ref‖ = ${rel.toExponential(2)} over ${ref.length} values`,
+      );
       expect(got.length).toBe(ref.length);
       expect(rel).toBeLessThan(1e-5);
       expect(d2.contextLength('s')).toBe(n);
@@ -117,7 +139,7 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
   });
   afterAll(() => tp4?.model.dispose());
 
-  it('the target\'s vocab-parallel lm_head (2048 vocabulary rows per rank) is bit for bit the whole one', () => {
+  it("the target's vocab-parallel lm_head (2048 vocabulary rows per rank) is bit for bit the whole one", () => {
     const D = 256;
     let seed = 99;
     const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
@@ -133,14 +155,16 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
       expect(generate(tp4, d4).ids).toEqual(plain4);
       const eq4 = new TpEquivalence(whole, promptIds, 'tp=4');
       eq4.expectEquivalent('plain tp=4', generate(whole, undefined).ids, plain4);
-      report.push(`plain tp=4 vs tp=1: ${eq4.nearTies.length} near-tie difference(s)${eq4.nearTies.map((n) => ` (${n})`).join('')}`);
+      report.push(
+        `plain tp=4 vs tp=1: ${eq4.nearTies.length} near-tie difference(s)${eq4.nearTies.map((n) => ` (${n})`).join('')}`,
+      );
     } finally {
       d4.dispose();
     }
   });
 
   it('dflash: greedy output equals plain tp = 4; each rank reads its blocks only', async () => {
-    const d4 = await drafterFor(tp4, 'dflash') as TensorParallelDrafter;
+    const d4 = (await drafterFor(tp4, 'dflash')) as TensorParallelDrafter;
     try {
       expect(generate(tp4, d4).ids).toEqual(generate(tp4, undefined).ids);
       const reads = (rank: number) => d4.ranks[rank]!.reads;
@@ -153,7 +177,12 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
         const p = `layers.${j}.`;
         expect(find(1, `${p}self_attn.q_proj.weight`).rows).toEqual([64, 128]);
         expect(find(1, `${p}self_attn.o_proj.weight`).cols).toEqual([64, 128]);
-        for (const [rank, kv] of [[0, [0, 64]], [1, [0, 64]], [2, [64, 128]], [3, [64, 128]]] as const) {
+        for (const [rank, kv] of [
+          [0, [0, 64]],
+          [1, [0, 64]],
+          [2, [64, 128]],
+          [3, [64, 128]],
+        ] as const) {
           expect(find(rank, `${p}self_attn.k_proj.weight`).rows).toEqual(kv);
           expect(find(rank, `${p}self_attn.v_proj.weight`).rows).toEqual(kv);
         }
@@ -164,7 +193,10 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
       }
       find(0, 'fc.weight');
       for (const rank of [1, 2, 3]) {
-        expect(reads(rank).filter((r) => /^fc\.|lm_head|embed/.test(r.name)), `rank ${rank}`).toEqual([]);
+        expect(
+          reads(rank).filter((r) => /^fc\.|lm_head|embed/.test(r.name)),
+          `rank ${rank}`,
+        ).toEqual([]);
       }
     } finally {
       d4.dispose();
@@ -174,30 +206,54 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
 
 describe('refusals', () => {
   it('a tp that does not fit the draft heads is refused, naming the counts', async () => {
-    expect(() => draftShardLayout({ heads: 4, kvHeads: 2, intermediate: 512 }, { rank: 0, size: 3 }, 'dflash: x')).toThrow(
+    expect(() =>
+      draftShardLayout({ heads: 4, kvHeads: 2, intermediate: 512 }, { rank: 0, size: 3 }, 'dflash: x'),
+    ).toThrow(
       /tp = 3 does not fit the draft model: it does not divide num_attention_heads = 4, intermediate_size = 512, num_key_value_heads = 2 .*4 heads, 2 KV heads, intermediate 512/,
     );
-    expect(() => draftShardLayout({ heads: 12, kvHeads: 4, intermediate: 24 }, { rank: 0, size: 6 }, 'd')).toThrow(/num_key_value_heads = 4/);
-    expect(draftShardLayout({ heads: 8, kvHeads: 2, intermediate: 16 }, { rank: 5, size: 8 }, 'd')).toMatchObject({ heads: [5, 6], kvHeads: [1, 2], intermediate: [10, 12] });
+    expect(() => draftShardLayout({ heads: 12, kvHeads: 4, intermediate: 24 }, { rank: 0, size: 6 }, 'd')).toThrow(
+      /num_key_value_heads = 4/,
+    );
+    expect(draftShardLayout({ heads: 8, kvHeads: 2, intermediate: 16 }, { rank: 5, size: 8 }, 'd')).toMatchObject({
+      heads: [5, 6],
+      kvHeads: [1, 2],
+      intermediate: [10, 12],
+    });
     // through the plugin: a group of 8 ranks does not divide the tiny drafter's 4 heads
     const comm: TpComm = { rank: 0, size: 8, allReduce: (x) => x, broadcast: (x) => x, allGather: (x) => x };
     const dir = dirOf('dflash');
     const weights = SafetensorsCheckpoint.open(dir);
     try {
-      await expect(dflashPlugin.loadShard!({ dir, config: HfConfig.read(dir), weights }, { target: whole.model, comm, maxSequences: 1, maxTokensPerSequence: 64 }))
-        .rejects.toThrow(DrafterError);
-      await expect(dflashPlugin.loadShard!({ dir, config: HfConfig.read(dir), weights }, { target: whole.model, comm, maxSequences: 1, maxTokensPerSequence: 64 }))
-        .rejects.toThrow(/tp = 8 does not fit the draft model: it does not divide num_attention_heads = 4/);
+      await expect(
+        dflashPlugin.loadShard!(
+          { dir, config: HfConfig.read(dir), weights },
+          { target: whole.model, comm, maxSequences: 1, maxTokensPerSequence: 64 },
+        ),
+      ).rejects.toThrow(DrafterError);
+      await expect(
+        dflashPlugin.loadShard!(
+          { dir, config: HfConfig.read(dir), weights },
+          { target: whole.model, comm, maxSequences: 1, maxTokensPerSequence: 64 },
+        ),
+      ).rejects.toThrow(/tp = 8 does not fit the draft model: it does not divide num_attention_heads = 4/);
     } finally {
       weights.close();
     }
   });
 
-  it('a bad propose fails on every rank before any collective: rank 0\'s error, the drafter stays usable', async () => {
-    const d2 = await drafterFor(tp2, 'dflash') as TensorParallelDrafter;
+  it("a bad propose fails on every rank before any collective: rank 0's error, the drafter stays usable", async () => {
+    const d2 = (await drafterFor(tp2, 'dflash')) as TensorParallelDrafter;
     try {
       d2.addSequence('x');
-      const seq = { id: 'x', position: 0, lastToken: 5, maxDrafts: 99, history: Int32Array.of(5), sampling: { temperature: 0 }, rng: { next: () => 0.5 } };
+      const seq = {
+        id: 'x',
+        position: 0,
+        lastToken: 5,
+        maxDrafts: 99,
+        history: Int32Array.of(5),
+        sampling: { temperature: 0 },
+        rng: { next: () => 0.5 },
+      };
       expect(() => d2.propose({ sequences: [seq] })).toThrow(/maxDrafts: expected \[1, 15\], got 99/);
       expect(d2.failure()).toBeUndefined();
       d2.writeProjectedContextKV(new Float32Array(3 * 256).fill(0.5), [{ id: 'x', position: 0, numTokens: 3 }]);
@@ -210,7 +266,14 @@ describe('refusals', () => {
   });
 
   it('eagle3: a tree under tp = 2 is refused', async () => {
-    await expect(loadDrafter({ dir: dirOf('eagle3'), settings: { tree: { top_k: 2, depth: 3, total_tokens: 6 } } }, PLUGINS, tp2, 256, 1))
-      .rejects.toThrow(/tree drafting is not supported under tensor parallelism \(tp = 2\)/);
+    await expect(
+      loadDrafter(
+        { dir: dirOf('eagle3'), settings: { tree: { top_k: 2, depth: 3, total_tokens: 6 } } },
+        PLUGINS,
+        tp2,
+        256,
+        1,
+      ),
+    ).rejects.toThrow(/tree drafting is not supported under tensor parallelism \(tp = 2\)/);
   });
 });

@@ -8,7 +8,15 @@ import { fileURLToPath } from 'node:url';
 import { expect } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadTarget, loadTensorParallelTarget, SequenceCache, SpecEngine, type Drafter, type LoadedTarget, type StageModel,
+  BUILTIN_PLUGIN_PACKAGES,
+  loadDrafter,
+  loadTarget,
+  loadTensorParallelTarget,
+  SequenceCache,
+  SpecEngine,
+  type Drafter,
+  type LoadedTarget,
+  type StageModel,
 } from '@specd/core';
 
 /** Repository root. */
@@ -29,7 +37,9 @@ export async function tinyDrafter(target: LoadedTarget, method: string): Promise
 }
 
 /** The tp = 1 target, a tp = `tp` one, the prompts' ids and the equivalence checker over them. */
-export async function loadTpPair(tp = 2): Promise<{ whole: LoadedTarget; other: LoadedTarget; promptIds: Int32Array[]; eq: TpEquivalence }> {
+export async function loadTpPair(
+  tp = 2,
+): Promise<{ whole: LoadedTarget; other: LoadedTarget; promptIds: Int32Array[]; eq: TpEquivalence }> {
   const whole = await loadTarget(TINY_TARGET, BUILTIN_PLUGIN_PACKAGES);
   const promptIds = TP_PROMPTS.map((p) => whole.tokenizer.encode(p, { addSpecialTokens: false }));
   const eq = new TpEquivalence(whole, promptIds, `tp=${tp}`);
@@ -43,7 +53,11 @@ export const NEAR_TIE = 1e-3;
 /** Top-2 logit gap of `model` after `prompt + prefix` (one forward, decode kernels). */
 export function gapAfter(model: StageModel, prompt: Int32Array, prefix: readonly number[]): number {
   const tokens = Int32Array.from([...prompt, ...prefix]);
-  const cache = new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: Math.ceil(tokens.length / 16) + 1, numSlots: 1 });
+  const cache = new SequenceCache(model.cacheGeometry, {
+    pageSize: 16,
+    numPages: Math.ceil(tokens.length / 16) + 1,
+    numSlots: 1,
+  });
   cache.add(0);
   const logits = model.forward({ sequences: [{ id: 0, position: 0, tokens, logits: 'last' }] }, cache).logits!;
   const sorted = Float32Array.from(logits).sort().reverse();
@@ -61,7 +75,12 @@ export class TpEquivalence {
    * @param otherLabel how the report names the configuration under test, e.g. "tp=2"
    * @param maxTokens new tokens per prompt (EOS ignored)
    */
-  constructor(private readonly whole: LoadedTarget, readonly promptIds: readonly Int32Array[], private readonly otherLabel: string, private readonly maxTokens = 24) {}
+  constructor(
+    private readonly whole: LoadedTarget,
+    readonly promptIds: readonly Int32Array[],
+    private readonly otherLabel: string,
+    private readonly maxTokens = 24,
+  ) {}
 
   /** Greedy output ids per prompt: max draft length, prefill chunks of 4, both prompts batched. */
   generate(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): number[][] {
@@ -71,10 +90,26 @@ export class TpEquivalence {
   /** {@link generate}, with the run's τ per step (acceptance length; 1 without a drafter). */
   run(target: LoadedTarget, drafter: Drafter | undefined, commit?: 'replay'): { ids: number[][]; tau: number } {
     const engine = new SpecEngine(target.model, drafter, {
-      maxSequences: 2, maxTokensPerSequence: 256, draftPolicy: 'max', prefillChunk: 4, ...(commit === undefined ? {} : { commit }),
+      maxSequences: 2,
+      maxTokensPerSequence: 256,
+      draftPolicy: 'max',
+      prefillChunk: 4,
+      ...(commit === undefined ? {} : { commit }),
     });
-    const out = engine.run(this.promptIds.map((p, i) => ({ id: `r${i}`, promptIds: p, maxTokens: this.maxTokens, sampling: { temperature: 0 }, seed: 1, ignoreEos: true })));
-    return { ids: this.promptIds.map((_, i) => out.find((r) => r.id === `r${i}`)!.tokenIds), tau: engine.metrics.tauPerStep };
+    const out = engine.run(
+      this.promptIds.map((p, i) => ({
+        id: `r${i}`,
+        promptIds: p,
+        maxTokens: this.maxTokens,
+        sampling: { temperature: 0 },
+        seed: 1,
+        ignoreEos: true,
+      })),
+    );
+    return {
+      ids: this.promptIds.map((_, i) => out.find((r) => r.id === `r${i}`)!.tokenIds),
+      tau: engine.metrics.tauPerStep,
+    };
   }
 
   /** `got` equals `ref` per prompt, or first differs at a near-tie of the tp = 1 run (recorded). */
@@ -87,8 +122,13 @@ export class TpEquivalence {
         return;
       }
       const gap = gapAfter(this.whole.model, this.promptIds[s]!, a.slice(0, i));
-      this.nearTies.push(`${label} prompt ${s}: first difference at token ${i} (tp=1 ${a[i]}, ${this.otherLabel} ${b[i]}), top-2 gap ${gap.toExponential(2)}`);
-      expect(gap, `${label} prompt ${s}: ${this.otherLabel} differs at token ${i} where tp=1's top-2 gap is ${gap}`).toBeLessThan(NEAR_TIE);
+      this.nearTies.push(
+        `${label} prompt ${s}: first difference at token ${i} (tp=1 ${a[i]}, ${this.otherLabel} ${b[i]}), top-2 gap ${gap.toExponential(2)}`,
+      );
+      expect(
+        gap,
+        `${label} prompt ${s}: ${this.otherLabel} differs at token ${i} where tp=1's top-2 gap is ${gap}`,
+      ).toBeLessThan(NEAR_TIE);
     });
   }
 }

@@ -16,8 +16,15 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, loadDrafter, loadParallelTarget, loadTarget, PipelineModel, TensorParallelDrafter, TensorParallelModel,
-  type LoadedTarget, type TensorRead,
+  BUILTIN_PLUGIN_PACKAGES,
+  loadDrafter,
+  loadParallelTarget,
+  loadTarget,
+  PipelineModel,
+  TensorParallelDrafter,
+  TensorParallelModel,
+  type LoadedTarget,
+  type TensorRead,
 } from '@specd/core';
 
 import { TpEquivalence } from './tp-equivalence.js';
@@ -48,7 +55,9 @@ beforeAll(async () => {
 
 afterAll(() => {
   whole?.model.dispose();
-  process.stdout.write(`tp×pp: ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`);
+  process.stdout.write(
+    `tp×pp: ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`,
+  );
 });
 
 describe('tp = 2 × pp = 2 vs tp = 1, pp = 1 (greedy, 2 sequences batched)', () => {
@@ -73,18 +82,27 @@ describe('tp = 2 × pp = 2 vs tp = 1, pp = 1 (greedy, 2 sequences batched)', () 
   });
 });
 
-describe('what each stage\'s ranks load', () => {
+describe("what each stage's ranks load", () => {
   const stage = (k: number) => (tpp.model as PipelineModel).stages[k]!;
   const reads = (k: number, rank: number): TensorRead[] => [...stage(k).ranks![rank]!.reads];
-  const layersOf = (rs: readonly TensorRead[]) => [...new Set(rs.flatMap((r) => {
-    const m = /^model\.layers\.(\d+)\./.exec(r.name);
-    return m === null ? [] : [Number(m[1])];
-  }))].sort((a, b) => a - b);
-  const others = (rs: readonly TensorRead[]) => [...new Set(rs.map((r) => r.name).filter((n) => !n.startsWith('model.layers.')))].sort();
+  const layersOf = (rs: readonly TensorRead[]) =>
+    [
+      ...new Set(
+        rs.flatMap((r) => {
+          const m = /^model\.layers\.(\d+)\./.exec(r.name);
+          return m === null ? [] : [Number(m[1])];
+        }),
+      ),
+    ].sort((a, b) => a - b);
+  const others = (rs: readonly TensorRead[]) =>
+    [...new Set(rs.map((r) => r.name).filter((n) => !n.startsWith('model.layers.')))].sort();
 
   it('stage 0 (a process, its rank 1 a thread of it) and the last stage (this process): two ranks each', () => {
     const pipe = tpp.model as PipelineModel;
-    expect(pipe.stages.map((s) => [s.layerStart, s.layerEnd])).toEqual([[0, 4], [4, 8]]);
+    expect(pipe.stages.map((s) => [s.layerStart, s.layerEnd])).toEqual([
+      [0, 4],
+      [4, 8],
+    ]);
     expect(stage(0).pid).toBeGreaterThan(0);
     expect(stage(0).pid).not.toBe(process.pid);
     for (const k of [0, 1]) {
@@ -94,7 +112,9 @@ describe('what each stage\'s ranks load', () => {
     }
     // kernel threads per process: max(1, ⌊CPUs / (tp · pp)⌋)
     if (process.env['SPECD_NUM_THREADS'] === undefined) {
-      expect((pipe.last as TensorParallelModel).kernelThreads).toBe(Math.max(1, Math.floor(os.availableParallelism() / 4)));
+      expect((pipe.last as TensorParallelModel).kernelThreads).toBe(
+        Math.max(1, Math.floor(os.availableParallelism() / 4)),
+      );
     }
   });
 
@@ -109,7 +129,9 @@ describe('what each stage\'s ranks load', () => {
     expect(others(reads(1, 0))).toEqual(['lm_head.weight', 'model.embed_tokens.weight', 'model.norm.weight']);
     expect(others(reads(1, 1))).toEqual(['lm_head.weight', 'model.norm.weight']);
     for (const rank of [0, 1]) {
-      expect(reads(1, rank).filter((r) => r.name === 'lm_head.weight')).toEqual([{ name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] }]);
+      expect(reads(1, rank).filter((r) => r.name === 'lm_head.weight')).toEqual([
+        { name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] },
+      ]);
     }
     expect(stage(0).tensors.filter((n) => !n.startsWith('model.layers.'))).toEqual(['model.embed_tokens.weight']);
   });
@@ -122,10 +144,14 @@ describe('what each stage\'s ranks load', () => {
       const kq = 'model.layers.4.self_attn.q_proj.weight';
       expect(find(1, rank, kq)).toEqual([{ name: kq, rows: [rank * 128, rank * 128 + 128] }]);
       for (const k of [0, 1]) {
-        const experts = [...new Set(reads(k, rank).flatMap((r) => {
-          const m = /\.experts\.(\d+)\./.exec(r.name);
-          return m === null ? [] : [Number(m[1])];
-        }))].sort((a, b) => a - b);
+        const experts = [
+          ...new Set(
+            reads(k, rank).flatMap((r) => {
+              const m = /\.experts\.(\d+)\./.exec(r.name);
+              return m === null ? [] : [Number(m[1])];
+            }),
+          ),
+        ].sort((a, b) => a - b);
         expect(experts).toEqual(rank === 0 ? [0, 1, 2, 3] : [4, 5, 6, 7]);
       }
     }
@@ -135,12 +161,32 @@ describe('what each stage\'s ranks load', () => {
 describe('the CLI', () => {
   it('specd generate --tp 2 --pp 2 --json equals --tp 1 --pp 1; --tp 3 --pp 2 is refused naming the counts', () => {
     const bin = path.join(ROOT, 'packages/core/src/cli/bin.js');
-    const args = ['generate', '--prompt', PROMPTS[0]!, '--max-tokens', '16', '--ignore-eos', '--temperature', '0', '--seed', '1', '--json'];
-    const run = (extra: string[]) => JSON.parse(execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 })) as { token_ids: number[] };
+    const args = [
+      'generate',
+      '--prompt',
+      PROMPTS[0]!,
+      '--max-tokens',
+      '16',
+      '--ignore-eos',
+      '--temperature',
+      '0',
+      '--seed',
+      '1',
+      '--json',
+    ];
+    const run = (extra: string[]) =>
+      JSON.parse(
+        execFileSync(process.execPath, [bin, ...args, ...extra], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 }),
+      ) as { token_ids: number[] };
     eq.expectEquivalent('cli', [run([]).token_ids], [run(['--tp', '2', '--pp', '2']).token_ids]);
     let err = '';
     try {
-      execFileSync(process.execPath, [bin, ...args, '--tp', '3', '--pp', '2'], { cwd: ROOT, encoding: 'utf8', stdio: 'pipe', timeout: 60_000 });
+      execFileSync(process.execPath, [bin, ...args, '--tp', '3', '--pp', '2'], {
+        cwd: ROOT,
+        encoding: 'utf8',
+        stdio: 'pipe',
+        timeout: 60_000,
+      });
     } catch (e) {
       err = String((e as { stderr: string }).stderr);
     }

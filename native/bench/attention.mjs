@@ -16,7 +16,14 @@
 //      GB/s over the latent cache read (kvLen * 576 * 4 bytes), and t(16-query verify) / t(decode).
 // Times are the minimum over repetitions, in milliseconds.
 import {
-  createKvPool, createMlaPool, isa, makePagedBatch, mlaAttention, pagedAttention, parallelCopy, prepareMlaWeights,
+  createKvPool,
+  createMlaPool,
+  isa,
+  makePagedBatch,
+  mlaAttention,
+  pagedAttention,
+  parallelCopy,
+  prepareMlaWeights,
 } from '@specd/native';
 
 const quick = process.argv.includes('--quick');
@@ -52,7 +59,10 @@ function pagesFor(numSeqs, kvLen, pageSize) {
     const j = s % (i + 1);
     [ids[i], ids[j]] = [ids[j], ids[i]];
   }
-  return { numPages: ids.length, seqPages: Array.from({ length: numSeqs }, (_, k) => ids.slice(k * per, (k + 1) * per)) };
+  return {
+    numPages: ids.length,
+    seqPages: Array.from({ length: numSeqs }, (_, k) => ids.slice(k * per, (k + 1) * per)),
+  };
 }
 
 const info = isa();
@@ -76,26 +86,40 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
   const q = fill(new Float32Array(maxSeqs * 16 * H * D), 3);
   const out = new Float32Array(q.length);
   console.log(`\nGQA paged attention, H=${H} kvH=${KV} headDim=${D} page=${pageSize}, kvLen=${kvLen}, fp32 KV`);
-  console.log('| seqs | qLen | mask | NHD t (ms) | NHD KV GB/s | HND t (ms) | HND KV GB/s | HND of copy | HND GFLOP/s | HND t / t(decode) |');
+  console.log(
+    '| seqs | qLen | mask | NHD t (ms) | NHD KV GB/s | HND t (ms) | HND KV GB/s | HND of copy | HND GFLOP/s | HND t / t(decode) |',
+  );
   console.log('|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
   const nhd = { ...layout, kvLayout: 'NHD' };
   const hnd = { ...layout, kvLayout: 'HND' }; // same buffers read in the other order (timing only)
   for (const seqs of [1, 2, 4, 8].filter((n) => n <= maxSeqs)) {
     let tDecode = 0;
-    for (const [qLen, mask] of [[1, 'causal'], [16, 'causal'], [16, 'non-causal']]) {
+    for (const [qLen, mask] of [
+      [1, 'causal'],
+      [16, 'causal'],
+      [16, 'non-causal'],
+    ]) {
       const batch = makePagedBatch(seqPages.slice(0, seqs).map((pages) => ({ qLen, kvLen, pages })));
       const n = seqs * qLen * H * D;
       const opts = { numHeads: H, scale: D ** -0.5, mask };
       // Alternate the two layouts so that both see the same machine load (the VM may be shared).
       let [a, b] = [Infinity, Infinity];
       for (let r = 0; r < 3; r++) {
-        a = Math.min(a, minTimeMs(() => pagedAttention(q.subarray(0, n), k, v, nhd, batch, opts, out.subarray(0, n)), 3));
-        b = Math.min(b, minTimeMs(() => pagedAttention(q.subarray(0, n), k, v, hnd, batch, opts, out.subarray(0, n)), 3));
+        a = Math.min(
+          a,
+          minTimeMs(() => pagedAttention(q.subarray(0, n), k, v, nhd, batch, opts, out.subarray(0, n)), 3),
+        );
+        b = Math.min(
+          b,
+          minTimeMs(() => pagedAttention(q.subarray(0, n), k, v, hnd, batch, opts, out.subarray(0, n)), 3),
+        );
       }
       if (qLen === 1) tDecode = b;
       const bytes = seqs * kvLen * KV * D * 4 * 2;
       const flops = seqs * qLen * H * kvLen * 4 * D; // QK and PV, ~all keys visible
-      console.log(`| ${seqs} | ${qLen} | ${mask} | ${a.toFixed(3)} | ${(bytes / a / 1e6).toFixed(1)} | ${b.toFixed(3)} | ${(bytes / b / 1e6).toFixed(1)} | ${((100 * bytes / b / 1e6) / copyGBs).toFixed(0)} % | ${(flops / b / 1e6).toFixed(0)} | ${(b / tDecode).toFixed(2)} |`);
+      console.log(
+        `| ${seqs} | ${qLen} | ${mask} | ${a.toFixed(3)} | ${(bytes / a / 1e6).toFixed(1)} | ${b.toFixed(3)} | ${(bytes / b / 1e6).toFixed(1)} | ${((100 * bytes) / b / 1e6 / copyGBs).toFixed(0)} % | ${(flops / b / 1e6).toFixed(0)} | ${(b / tDecode).toFixed(2)} |`,
+      );
     }
   }
 }
@@ -108,25 +132,41 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
   const maxSeqs = 4;
   const { numPages, seqPages } = pagesFor(maxSeqs, kvLen, pageSize);
   const pool = fill(createMlaPool(numPages, pageSize, dims), 4);
-  const w = prepareMlaWeights(fill(new Float32Array(dims.numHeads * 256 * 512), 5).map((x) => x * 0.05), dims);
+  const w = prepareMlaWeights(
+    fill(new Float32Array(dims.numHeads * 256 * 512), 5).map((x) => x * 0.05),
+    dims,
+  );
   const qd = dims.numHeads * (dims.qkNopeHeadDim + dims.qkRopeHeadDim);
   const q = fill(new Float32Array(maxSeqs * 16 * qd), 6);
   const out = new Float32Array(maxSeqs * 16 * dims.numHeads * dims.vHeadDim);
   const wBytes = (w.wUk.length + w.wUvT.length) * 4;
-  console.log(`\nAbsorbed MLA, H=${dims.numHeads} r=512 rope=64 nope=128 v=128 page=${pageSize}, kvLen=${kvLen}, fp32 latent, weights ${(wBytes / 2 ** 20).toFixed(0)} MiB`);
+  console.log(
+    `\nAbsorbed MLA, H=${dims.numHeads} r=512 rope=64 nope=128 v=128 page=${pageSize}, kvLen=${kvLen}, fp32 latent, weights ${(wBytes / 2 ** 20).toFixed(0)} MiB`,
+  );
   console.log('| seqs | qLen | t (ms) | latent GB/s | of copy | GFLOP/s | t / t(decode) |');
   console.log('|---:|---:|---:|---:|---:|---:|---:|');
   for (const seqs of [1, 4]) {
     let tDecode = 0;
     for (const qLen of [1, 16]) {
       const batch = makePagedBatch(seqPages.slice(0, seqs).map((pages) => ({ qLen, kvLen, pages })));
-      const ms = minTimeMs(() => mlaAttention(q.subarray(0, seqs * qLen * qd), pool, pageSize, w, batch, { scale: 192 ** -0.5 },
-        out.subarray(0, seqs * qLen * dims.numHeads * dims.vHeadDim)));
+      const ms = minTimeMs(() =>
+        mlaAttention(
+          q.subarray(0, seqs * qLen * qd),
+          pool,
+          pageSize,
+          w,
+          batch,
+          { scale: 192 ** -0.5 },
+          out.subarray(0, seqs * qLen * dims.numHeads * dims.vHeadDim),
+        ),
+      );
       if (qLen === 1) tDecode = ms;
       const gbs = (seqs * kvLen * 576 * 4) / ms / 1e6;
       const H = dims.numHeads;
       const flops = seqs * qLen * H * (kvLen * 2 * (576 + 512) + 2 * (128 * 512 + 512 * 128)); // attention + absorption
-      console.log(`| ${seqs} | ${qLen} | ${ms.toFixed(3)} | ${gbs.toFixed(1)} | ${((100 * gbs) / copyGBs).toFixed(0)} % | ${(flops / ms / 1e6).toFixed(0)} | ${(ms / tDecode).toFixed(2)} |`);
+      console.log(
+        `| ${seqs} | ${qLen} | ${ms.toFixed(3)} | ${gbs.toFixed(1)} | ${((100 * gbs) / copyGBs).toFixed(0)} % | ${(flops / ms / 1e6).toFixed(0)} | ${(ms / tDecode).toFixed(2)} |`,
+      );
     }
   }
 }

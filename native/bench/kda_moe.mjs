@@ -18,8 +18,17 @@
 //   4. router (moeRoute) over 256 experts.
 // Times are the minimum over repetitions, in milliseconds.
 import {
-  createKdaSnapshots, createKdaStatePools, createMoeExpertSet, isa, kdaChunked, kdaCommitSnapshot, kdaRecurrent,
-  kdaSlotLengths, moeExperts, moeRoute, packMoeExpert,
+  createKdaSnapshots,
+  createKdaStatePools,
+  createMoeExpertSet,
+  isa,
+  kdaChunked,
+  kdaCommitSnapshot,
+  kdaRecurrent,
+  kdaSlotLengths,
+  moeExperts,
+  moeRoute,
+  packMoeExpert,
 } from '@specd/native';
 
 const quick = process.argv.includes('--quick');
@@ -70,7 +79,9 @@ function kdaInputs(T) {
 }
 
 function benchKdaDecode() {
-  console.log(`\n## KDA (heads ${shape.heads}, headDim ${shape.headDim}; state ${stateMiB} MiB per sequence and layer)`);
+  console.log(
+    `\n## KDA (heads ${shape.heads}, headDim ${shape.headDim}; state ${stateMiB} MiB per sequence and layer)`,
+  );
   const pools = createKdaStatePools(shape, 9);
   const rows = [];
   for (const T of [1, 4, 8, 16]) {
@@ -81,11 +92,15 @@ function benchKdaDecode() {
     const snap = minTimeMs(() => kdaRecurrent(inp, one(T), pools, shape, { out, snapshots: snaps }));
     rows.push([T, plain, snap]);
   }
-  console.log('| T (tokens, 1 sequence) | recurrent (ms) | per token (us) | state GB/s | with snapshots (ms) | snapshot bytes |');
+  console.log(
+    '| T (tokens, 1 sequence) | recurrent (ms) | per token (us) | state GB/s | with snapshots (ms) | snapshot bytes |',
+  );
   console.log('|---:|---:|---:|---:|---:|---:|');
   for (const [T, plain, snap] of rows) {
     const gbs = (T * 2 * lens.state * 4) / plain / 1e6;
-    console.log(`| ${T} | ${plain.toFixed(3)} | ${((plain / T) * 1000).toFixed(0)} | ${gbs.toFixed(1)} | ${snap.toFixed(3)} | ${((T * (lens.state + lens.conv) * 4) / 2 ** 20).toFixed(1)} MiB |`);
+    console.log(
+      `| ${T} | ${plain.toFixed(3)} | ${((plain / T) * 1000).toFixed(0)} | ${gbs.toFixed(1)} | ${snap.toFixed(3)} | ${((T * (lens.state + lens.conv) * 4) / 2 ** 20).toFixed(1)} MiB |`,
+    );
   }
   const snaps = createKdaSnapshots(shape, 16);
   const commit = minTimeMs(() => kdaCommitSnapshot(pools, shape, 0, snaps, 7), 20);
@@ -93,13 +108,17 @@ function benchKdaDecode() {
   for (const n of [1, 4, 8]) {
     const inp = kdaInputs(n);
     const replay = minTimeMs(() => kdaRecurrent(inp, one(n), pools, shape));
-    console.log(`replay n=${n} accepted tokens from the pre-verify state: ${replay.toFixed(3)} ms (+ one slot copy to restore)`);
+    console.log(
+      `replay n=${n} accepted tokens from the pre-verify state: ${replay.toFixed(3)} ms (+ one slot copy to restore)`,
+    );
   }
   const B = 8;
   const inp = kdaInputs(B);
   const batch = { seqLens: new Int32Array(B).fill(1), slots: Int32Array.from({ length: B }, (_, i) => i) };
   const ms = minTimeMs(() => kdaRecurrent(inp, batch, pools, shape));
-  console.log(`batched decode B=${B} x 1 token: ${ms.toFixed(3)} ms = ${((B * 2 * lens.state * 4) / ms / 1e6).toFixed(1)} GB/s of state`);
+  console.log(
+    `batched decode B=${B} x 1 token: ${ms.toFixed(3)} ms = ${((B * 2 * lens.state * 4) / ms / 1e6).toFixed(1)} GB/s of state`,
+  );
 }
 
 function benchKdaPrefill() {
@@ -111,7 +130,8 @@ function benchKdaPrefill() {
   console.log('| kernel | ms | tokens/s |');
   console.log('|---|---:|---:|');
   const runs = [['recurrent', () => kdaRecurrent(inp, one(T), pools, shape, { out })]];
-  for (const chunk of [16, 32, 64]) runs.push([`chunked ${chunk}`, () => kdaChunked(inp, one(T), pools, shape, { out, chunk })]);
+  for (const chunk of [16, 32, 64])
+    runs.push([`chunked ${chunk}`, () => kdaChunked(inp, one(T), pools, shape, { out, chunk })]);
   for (const [name, fn] of runs) {
     const ms = minTimeMs(fn, quick ? 1 : 3);
     console.log(`| ${name} | ${ms.toFixed(1)} | ${((T / ms) * 1000).toFixed(0)} |`);
@@ -122,9 +142,12 @@ function benchKdaPrefill() {
 function benchMoe() {
   const [D, I, K] = [2304, 1024, 8];
   const E = quick ? 16 : 64;
-  console.log(`\n## MoE (hidden ${D}, inter ${I}, top-${K} of ${E} experts + shared inter ${I}; ${((3 * D * I * 2) / 2 ** 20).toFixed(1)} MiB bf16 per expert)`);
+  console.log(
+    `\n## MoE (hidden ${D}, inter ${I}, top-${K} of ${E} experts + shared inter ${I}; ${((3 * D * I * 2) / 2 ** 20).toFixed(1)} MiB bf16 per expert)`,
+  );
   const experts = [];
-  for (let e = 0; e < E; e++) experts.push(packMoeExpert(randomBf16(I * D), randomBf16(I * D), randomBf16(D * I), D, I));
+  for (let e = 0; e < E; e++)
+    experts.push(packMoeExpert(randomBf16(I * D), randomBf16(I * D), randomBf16(D * I), D, I));
   const shared = packMoeExpert(randomBf16(I * D), randomBf16(I * D), randomBf16(D * I), D, I);
   const set = createMoeExpertSet(experts, shared);
   console.log('| N tokens | ms | distinct experts | weights read (MiB) | GB/s | ms per token |');
@@ -136,7 +159,9 @@ function benchMoe() {
     const ms = minTimeMs(() => moeExperts(x, N, set, routing, out));
     const touched = new Set(routing.ids).size;
     const bytes = (touched + 1) * 3 * D * I * 2;
-    console.log(`| ${N} | ${ms.toFixed(2)} | ${touched} | ${(bytes / 2 ** 20).toFixed(0)} | ${(bytes / ms / 1e6).toFixed(1)} | ${(ms / N).toFixed(3)} |`);
+    console.log(
+      `| ${N} | ${ms.toFixed(2)} | ${touched} | ${(bytes / 2 ** 20).toFixed(0)} | ${(bytes / ms / 1e6).toFixed(1)} | ${(ms / N).toFixed(3)} |`,
+    );
   }
   const N = 16;
   const logits = randomF32(N * 256, 3);

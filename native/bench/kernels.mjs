@@ -24,7 +24,21 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { applyRope, argmax, bf16ToF32, f32ToBf16, gemmBf16, isa, packBf16Weights, parallelCopy, rmsNorm, setIsa, softmax, swiglu, topPMask } from '@specd/native';
+import {
+  applyRope,
+  argmax,
+  bf16ToF32,
+  f32ToBf16,
+  gemmBf16,
+  isa,
+  packBf16Weights,
+  parallelCopy,
+  rmsNorm,
+  setIsa,
+  softmax,
+  swiglu,
+  topPMask,
+} from '@specd/native';
 
 const quick = process.argv.includes('--quick');
 const reps = quick ? 3 : 7;
@@ -51,7 +65,9 @@ function randomBf16(count, seed) {
 }
 
 const info = isa();
-console.log(`# specd kernels bench — isa ${info.isa}, amx ${info.amxAvailable}, threads ${info.threads}, node ${process.version}`);
+console.log(
+  `# specd kernels bench — isa ${info.isa}, amx ${info.amxAvailable}, threads ${info.threads}, node ${process.version}`,
+);
 
 // 1. Copy bandwidth.
 const copyFloats = (quick ? 32 : 64) << 20;
@@ -69,8 +85,13 @@ console.log(`copy: ${(copyFloats * 4) >> 20} MiB x2 in ${copyMs.toFixed(2)} ms =
   const y = new Float32Array(m * n);
   const inner = 20;
   for (const act of ['f32', 'bf16']) {
-    const ms = minTimeMs(() => { for (let i = 0; i < inner; i++) gemmBf16(x, m, w, y, act); }) / inner;
-    console.log(`gemm cached n=k=${n} m=${m} ${act} activations: ${(ms * 1000).toFixed(0)} us = ${((2 * m * n * k) / ms / 1e6).toFixed(0)} GFLOP/s`);
+    const ms =
+      minTimeMs(() => {
+        for (let i = 0; i < inner; i++) gemmBf16(x, m, w, y, act);
+      }) / inner;
+    console.log(
+      `gemm cached n=k=${n} m=${m} ${act} activations: ${(ms * 1000).toFixed(0)} us = ${((2 * m * n * k) / ms / 1e6).toFixed(0)} GFLOP/s`,
+    );
   }
 }
 
@@ -86,22 +107,30 @@ const rows = [];
 const t1 = minTimeMs(() => run(1));
 const b1 = minTimeMs(() => run(1, 'bf16'));
 const gemvGBs = wBytes / t1 / 1e6;
-console.log(`gemv n=${N} k=${K} (${wBytes >> 20} MiB bf16): ${t1.toFixed(2)} ms = ${gemvGBs.toFixed(1)} GB/s = ${((100 * gemvGBs) / copyGBs).toFixed(0)}% of copy bandwidth`);
-console.log(`\n| m | f32 act: t (ms) | t(m)/t(1) | GFLOP/s | bf16 act${info.amxAvailable ? ' (AMX)' : ''}: t (ms) | t(m)/t(1) | GFLOP/s |`);
+console.log(
+  `gemv n=${N} k=${K} (${wBytes >> 20} MiB bf16): ${t1.toFixed(2)} ms = ${gemvGBs.toFixed(1)} GB/s = ${((100 * gemvGBs) / copyGBs).toFixed(0)}% of copy bandwidth`,
+);
+console.log(
+  `\n| m | f32 act: t (ms) | t(m)/t(1) | GFLOP/s | bf16 act${info.amxAvailable ? ' (AMX)' : ''}: t (ms) | t(m)/t(1) | GFLOP/s |`,
+);
 console.log('|---:|---:|---:|---:|---:|---:|---:|');
 const gflops = (m, t) => ((2 * m * N * K) / t / 1e6).toFixed(0);
 for (let m = 1; m <= 16; m++) {
   const t = m === 1 ? t1 : minTimeMs(() => run(m));
   const b = m === 1 ? b1 : minTimeMs(() => run(m, 'bf16'));
   rows.push([m, t]);
-  console.log(`| ${m} | ${t.toFixed(2)} | ${(t / t1).toFixed(2)} | ${gflops(m, t)} | ${b.toFixed(2)} | ${(b / b1).toFixed(2)} | ${gflops(m, b)} |`);
+  console.log(
+    `| ${m} | ${t.toFixed(2)} | ${(t / t1).toFixed(2)} | ${gflops(m, t)} | ${b.toFixed(2)} | ${(b / b1).toFixed(2)} | ${gflops(m, b)} |`,
+  );
 }
 
 setIsa('portable');
 const p1 = minTimeMs(() => run(1), 2);
 const portable = [1, 4, 16].map((m) => [m, m === 1 ? p1 : minTimeMs(() => run(m), 2)]);
 setIsa('auto');
-console.log('\nportable path: ' + portable.map(([m, t]) => `m=${m} ${t.toFixed(1)} ms (x${(t / p1).toFixed(2)})`).join(', '));
+console.log(
+  '\nportable path: ' + portable.map(([m, t]) => `m=${m} ${t.toFixed(1)} ms (x${(t / p1).toFixed(2)})`).join(', '),
+);
 
 // 6. OpenBLAS (optional, bench-only).
 const cblas = '/usr/include/x86_64-linux-gnu/cblas.h';
@@ -114,14 +143,19 @@ if (!existsSync(cblas)) {
   const exe = `${outDir}openblas_sgemm`;
   execFileSync('g++', ['-O2', `${here}openblas_sgemm.cc`, '-lopenblas', '-o', exe]);
   const lines = execFileSync(exe, [String(N), String(K), String(quick ? 2 : 4)], {
-    encoding: 'utf8', env: { ...process.env, OPENBLAS_NUM_THREADS: String(info.threads) },
-  }).trim().split('\n');
+    encoding: 'utf8',
+    env: { ...process.env, OPENBLAS_NUM_THREADS: String(info.threads) },
+  })
+    .trim()
+    .split('\n');
   console.log(`\n${lines[0]} (same n, k as above; sgemv for m = 1, sgemm otherwise)`);
   console.log('| m | openblas t (ms) | t(m)/t(1) | GFLOP/s | specd t (ms) |\n|---:|---:|---:|---:|---:|');
   for (const line of lines.slice(1)) {
     const [m, t, ratio, gflops] = line.split(' ');
     const ours = rows.find(([mm]) => mm === Number(m));
-    console.log(`| ${m} | ${Number(t).toFixed(2)} | ${Number(ratio).toFixed(2)} | ${Number(gflops).toFixed(0)} | ${ours ? ours[1].toFixed(2) : ''} |`);
+    console.log(
+      `| ${m} | ${Number(t).toFixed(2)} | ${Number(ratio).toFixed(2)} | ${Number(gflops).toFixed(0)} | ${ours ? ours[1].toFixed(2) : ''} |`,
+    );
   }
 }
 
@@ -139,18 +173,30 @@ if (!existsSync(cblas)) {
   const u16 = new Uint16Array(F);
   const cases = [
     ['rmsNorm [rows, 2048]', () => rmsNorm(a, w, 1e-5, o), 2 * F * 4],
-    ['applyRope neox [tokens, 16 heads, 128]', () => applyRope(a, pos, { heads: 16, headDim: 128, theta: 10000, style: 'neox' }, o), 2 * F * 4],
+    [
+      'applyRope neox [tokens, 16 heads, 128]',
+      () => applyRope(a, pos, { heads: 16, headDim: 128, theta: 10000, style: 'neox' }, o),
+      2 * F * 4,
+    ],
     ['swiglu (gate, up → out)', () => swiglu(a, b, o), 3 * F * 4],
     ['softmax [rows, 32768]', () => softmax(a, vocab, 1, o), 2 * F * 4],
     ['argmax [rows, 32768]', () => argmax(a, vocab), F * 4],
-    ['topPMask p = 0.9 [rows, 32768]', () => topPMask(a.subarray(0, 256 * vocab), vocab, 0.9, o.subarray(0, 256 * vocab)), 2 * 256 * vocab * 4],
+    [
+      'topPMask p = 0.9 [rows, 32768]',
+      () => topPMask(a.subarray(0, 256 * vocab), vocab, 0.9, o.subarray(0, 256 * vocab)),
+      2 * 256 * vocab * 4,
+    ],
     ['f32ToBf16', () => f32ToBf16(a, u16), F * 6],
     ['bf16ToF32', () => bf16ToF32(u16, o), F * 6],
   ];
-  console.log(`\n| elementwise kernel (${(F * 4) >> 20} MiB f32 input) | t (ms) | GB/s (read + written) | of copy bandwidth |`);
+  console.log(
+    `\n| elementwise kernel (${(F * 4) >> 20} MiB f32 input) | t (ms) | GB/s (read + written) | of copy bandwidth |`,
+  );
   console.log('|---|---:|---:|---:|');
   for (const [name, fn, bytes] of cases) {
     const t = minTimeMs(fn, quick ? 2 : 4);
-    console.log(`| ${name} | ${t.toFixed(2)} | ${(bytes / t / 1e6).toFixed(1)} | ${((100 * bytes) / t / 1e6 / copyGBs).toFixed(0)} % |`);
+    console.log(
+      `| ${name} | ${t.toFixed(2)} | ${(bytes / t / 1e6).toFixed(1)} | ${((100 * bytes) / t / 1e6 / copyGBs).toFixed(0)} % |`,
+    );
   }
 }

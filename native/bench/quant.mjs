@@ -13,7 +13,14 @@
 // Reported per m in {1, 2, 4, 8, 16}: time per call (µs, minimum of the repetitions), GB/s of
 // weight bytes moved (packed Q bytes or bf16 bytes / time) and GFLOP/s (2·m·n·k / time).
 import {
-  dequantizeToBf16, gemmBf16, gemmQuant, isa, packBf16Weights, parallelCopy, quantizedWeights, quantRawBytes,
+  dequantizeToBf16,
+  gemmBf16,
+  gemmQuant,
+  isa,
+  packBf16Weights,
+  parallelCopy,
+  quantizedWeights,
+  quantRawBytes,
 } from '@specd/native';
 
 const quick = process.argv.includes('--quick');
@@ -54,7 +61,9 @@ const src = new Float32Array(16 << 20).fill(1);
 const dst = new Float32Array(16 << 20);
 const copyMs = minTimeMs(() => parallelCopy(dst, src));
 const copyGBs = (2 * src.length * 4) / copyMs / 1e6;
-console.log(`# specd quant bench — isa ${info.isa}, threads ${info.threads}, node ${process.version}, copy bandwidth ${copyGBs.toFixed(1)} GB/s`);
+console.log(
+  `# specd quant bench — isa ${info.isa}, threads ${info.threads}, node ${process.version}, copy bandwidth ${copyGBs.toFixed(1)} GB/s`,
+);
 
 const shapes = [
   { name: 'q/o 576×576', type: 'q4_1', n: 576, k: 576, copies: 30 },
@@ -84,8 +93,14 @@ for (const { name, type, n, k, copies } of shapes) {
   for (const m of MS) {
     const xs = x.subarray(0, m * k);
     const ys = y.subarray(0, m * n);
-    const tq = minTimeMs(() => { for (const w of qs) gemmQuant(xs, m, w, ys); }) / copies;
-    const tb = minTimeMs(() => { for (const w of bs) gemmBf16(xs, m, w, ys); }) / copies;
+    const tq =
+      minTimeMs(() => {
+        for (const w of qs) gemmQuant(xs, m, w, ys);
+      }) / copies;
+    const tb =
+      minTimeMs(() => {
+        for (const w of bs) gemmBf16(xs, m, w, ys);
+      }) / copies;
     const flop = 2 * m * n * k;
     lines.push(
       `| ${name} | ${type.toUpperCase()} | ${m} | ${(tq * 1000).toFixed(1)} | ${(qBytes / tq / 1e6).toFixed(1)} | ` +

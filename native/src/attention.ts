@@ -35,22 +35,64 @@ import { expectArray, expectInt, expectNumber, expectOneOf, fail, outArray } fro
 /** Raw bindings of native/src/attention.cc (argument order mirrors the C++). */
 interface AttentionRawAddon {
   pagedAttention(
-    q: Float32Array, kPool: Float32Array, vPool: Float32Array, out: Float32Array, numPages: number, pageSize: number,
-    numKvHeads: number, headDim: number, numHeads: number, scale: number, cuSeqlensQ: Int32Array, kvLens: Int32Array,
-    blockTables: Int32Array, maxBlocksPerSeq: number, positions: Int32Array, mask: AttentionMask, window: number,
+    q: Float32Array,
+    kPool: Float32Array,
+    vPool: Float32Array,
+    out: Float32Array,
+    numPages: number,
+    pageSize: number,
+    numKvHeads: number,
+    headDim: number,
+    numHeads: number,
+    scale: number,
+    cuSeqlensQ: Int32Array,
+    kvLens: Int32Array,
+    blockTables: Int32Array,
+    maxBlocksPerSeq: number,
+    positions: Int32Array,
+    mask: AttentionMask,
+    window: number,
     headMajor: 0 | 1,
   ): void;
   pagedAttentionAsync(
-    q: Float32Array, kPool: Float32Array, vPool: Float32Array, out: Float32Array, numPages: number, pageSize: number,
-    numKvHeads: number, headDim: number, numHeads: number, scale: number, cuSeqlensQ: Int32Array, kvLens: Int32Array,
-    blockTables: Int32Array, maxBlocksPerSeq: number, positions: Int32Array, mask: AttentionMask, window: number,
+    q: Float32Array,
+    kPool: Float32Array,
+    vPool: Float32Array,
+    out: Float32Array,
+    numPages: number,
+    pageSize: number,
+    numKvHeads: number,
+    headDim: number,
+    numHeads: number,
+    scale: number,
+    cuSeqlensQ: Int32Array,
+    kvLens: Int32Array,
+    blockTables: Int32Array,
+    maxBlocksPerSeq: number,
+    positions: Int32Array,
+    mask: AttentionMask,
+    window: number,
     headMajor: 0 | 1,
   ): Promise<void>;
   writePagedRows(
-    src: Float32Array, tokens: number, cols: number, pool: Float32Array, numPages: number, pageSize: number,
-    rowElements: number, colOffset: number, slots: Int32Array, heads?: number,
+    src: Float32Array,
+    tokens: number,
+    cols: number,
+    pool: Float32Array,
+    numPages: number,
+    pageSize: number,
+    rowElements: number,
+    colOffset: number,
+    slots: Int32Array,
+    heads?: number,
   ): void;
-  copyPages(src: Float32Array, dst: Float32Array, pageElements: number, srcPages: Int32Array, dstPages: Int32Array): void;
+  copyPages(
+    src: Float32Array,
+    dst: Float32Array,
+    pageElements: number,
+    srcPages: Int32Array,
+    dstPages: Int32Array,
+  ): void;
 }
 
 /** @internal Raw attention bindings, shared with mla.ts. */
@@ -104,14 +146,21 @@ export interface PagedSequence {
 export function makePagedBatch(seqs: readonly PagedSequence[]): PagedBatch {
   const maxBlocks = seqs.reduce((m, s) => Math.max(m, s.pages.length), 0);
   const cu = new Int32Array(seqs.length + 1);
-  seqs.forEach((s, i) => { cu[i + 1] = cu[i]! + expectInt('makePagedBatch', `seqs[${i}].qLen`, s.qLen, 0); });
+  seqs.forEach((s, i) => {
+    cu[i + 1] = cu[i]! + expectInt('makePagedBatch', `seqs[${i}].qLen`, s.qLen, 0);
+  });
   const positions = new Int32Array(cu[seqs.length]!);
   const tables = new Int32Array(seqs.length * maxBlocks);
   seqs.forEach((s, i) => {
     tables.set(Array.from(s.pages), i * maxBlocks);
     for (let t = 0; t < s.qLen; t++) positions[cu[i]! + t] = s.positions ? s.positions[t]! : s.kvLen - s.qLen + t;
   });
-  return Object.freeze({ cuSeqlensQ: cu, kvLens: Int32Array.from(seqs, (s) => s.kvLen), blockTables: tables, positions });
+  return Object.freeze({
+    cuSeqlensQ: cu,
+    kvLens: Int32Array.from(seqs, (s) => s.kvLen),
+    blockTables: tables,
+    positions,
+  });
 }
 
 /** Elements of one page of one pool: `pageSize·numKvHeads·headDim` (bytes = 4×). */
@@ -167,8 +216,14 @@ export function checkMask(call: string, mask: unknown, window: unknown): [Attent
 }
 
 function attentionArgs(
-  call: string, q: Float32Array, kPool: Float32Array, vPool: Float32Array, layout: KvPageLayout, batch: PagedBatch,
-  options: PagedAttentionOptions, out: Float32Array | undefined,
+  call: string,
+  q: Float32Array,
+  kPool: Float32Array,
+  vPool: Float32Array,
+  layout: KvPageLayout,
+  batch: PagedBatch,
+  options: PagedAttentionOptions,
+  out: Float32Array | undefined,
 ) {
   const poolLength = checkLayout(call, layout);
   expectArray(call, 'kPool', kPool, Float32Array, poolLength, 'numPages*pageSize*numKvHeads*headDim');
@@ -185,8 +240,23 @@ function attentionArgs(
   expectArray(call, 'q', q, Float32Array, rows, 'totalQ*numHeads*headDim');
   const y = outArray(call, out, Float32Array, rows, 'totalQ*numHeads*headDim');
   return [
-    q, kPool, vPool, y, layout.numPages, layout.pageSize, layout.numKvHeads, layout.headDim, numHeads, scale,
-    batch.cuSeqlensQ, batch.kvLens, batch.blockTables, maxBlocks, batch.positions, mask, window,
+    q,
+    kPool,
+    vPool,
+    y,
+    layout.numPages,
+    layout.pageSize,
+    layout.numKvHeads,
+    layout.headDim,
+    numHeads,
+    scale,
+    batch.cuSeqlensQ,
+    batch.kvLens,
+    batch.blockTables,
+    maxBlocks,
+    batch.positions,
+    mask,
+    window,
     layout.kvLayout === 'HND' ? 1 : 0,
   ] as const;
 }
@@ -204,8 +274,13 @@ function attentionArgs(
  *   on bad batch contents (offsets, kvLen beyond the table, page id out of range, negative position).
  */
 export function pagedAttention(
-  q: Float32Array, kPool: Float32Array, vPool: Float32Array, layout: KvPageLayout, batch: PagedBatch,
-  options: PagedAttentionOptions, out?: Float32Array,
+  q: Float32Array,
+  kPool: Float32Array,
+  vPool: Float32Array,
+  layout: KvPageLayout,
+  batch: PagedBatch,
+  options: PagedAttentionOptions,
+  out?: Float32Array,
 ): Float32Array {
   const args = attentionArgs('pagedAttention', q, kPool, vPool, layout, batch, options, out);
   attentionRaw.pagedAttention(...args);
@@ -217,8 +292,13 @@ export function pagedAttention(
  * referenced, not copied: do not write q, the pools or the batch, nor read out, before it resolves.
  */
 export async function pagedAttentionAsync(
-  q: Float32Array, kPool: Float32Array, vPool: Float32Array, layout: KvPageLayout, batch: PagedBatch,
-  options: PagedAttentionOptions, out?: Float32Array,
+  q: Float32Array,
+  kPool: Float32Array,
+  vPool: Float32Array,
+  layout: KvPageLayout,
+  batch: PagedBatch,
+  options: PagedAttentionOptions,
+  out?: Float32Array,
 ): Promise<Float32Array> {
   const args = attentionArgs('pagedAttentionAsync', q, kPool, vPool, layout, batch, options, out);
   await attentionRaw.pagedAttentionAsync(...args);
@@ -232,7 +312,12 @@ export async function pagedAttentionAsync(
  * @param slots Int32Array [tokens], distinct (except −1); duplicates race.
  */
 export function writePagedRows(
-  src: Float32Array, cols: number, pool: Float32Array, pageSize: number, rowElements: number, colOffset: number,
+  src: Float32Array,
+  cols: number,
+  pool: Float32Array,
+  pageSize: number,
+  rowElements: number,
+  colOffset: number,
   slots: Int32Array,
 ): void {
   const call = 'writePagedRows';
@@ -243,8 +328,19 @@ export function writePagedRows(
   const s = expectArray(call, 'slots', slots, Int32Array);
   expectArray(call, 'src', src, Float32Array, s.length * cols, 'slots.length*cols');
   const p = expectArray(call, 'pool', pool, Float32Array);
-  if (p.length % (pageSize * rowElements) !== 0) fail(call, 'pool', `a length divisible by pageSize*rowElements = ${pageSize * rowElements}`, p);
-  attentionRaw.writePagedRows(src, s.length, cols, p, p.length / (pageSize * rowElements), pageSize, rowElements, colOffset, s);
+  if (p.length % (pageSize * rowElements) !== 0)
+    fail(call, 'pool', `a length divisible by pageSize*rowElements = ${pageSize * rowElements}`, p);
+  attentionRaw.writePagedRows(
+    src,
+    s.length,
+    cols,
+    p,
+    p.length / (pageSize * rowElements),
+    pageSize,
+    rowElements,
+    colOffset,
+    s,
+  );
 }
 
 /**
@@ -253,7 +349,12 @@ export function writePagedRows(
  * @param slotMapping Int32Array [numTokens]: slot = page·pageSize + offset, −1 = skip; distinct.
  */
 export function writeKvPages(
-  layout: KvPageLayout, k: Float32Array, v: Float32Array, kPool: Float32Array, vPool: Float32Array, slotMapping: Int32Array,
+  layout: KvPageLayout,
+  k: Float32Array,
+  v: Float32Array,
+  kPool: Float32Array,
+  vPool: Float32Array,
+  slotMapping: Int32Array,
 ): void {
   const call = 'writeKvPages';
   const poolLength = checkLayout(call, layout);
@@ -282,7 +383,11 @@ export function writeKvPages(
  * @param srcPages Int32Array [n]; @param dstPages Int32Array [n].
  */
 export function copyPages(
-  src: Float32Array, dst: Float32Array, pageElements: number, srcPages: Int32Array, dstPages: Int32Array,
+  src: Float32Array,
+  dst: Float32Array,
+  pageElements: number,
+  srcPages: Int32Array,
+  dstPages: Int32Array,
 ): void {
   const call = 'copyPages';
   expectInt(call, 'pageElements', pageElements, 1);

@@ -58,7 +58,12 @@ export function packBf16Weights(w: Uint16Array, n: number, k: number): PackedBf1
 }
 
 function checkGemm(
-  call: string, x: Float32Array, m: number, w: PackedBf16Weights, out: Float32Array | undefined, activations: unknown,
+  call: string,
+  x: Float32Array,
+  m: number,
+  w: PackedBf16Weights,
+  out: Float32Array | undefined,
+  activations: unknown,
 ) {
   expectOneOf(call, 'activations', activations, ['f32', 'bf16'] as const);
   expectInt(call, 'm', m, 0);
@@ -81,7 +86,11 @@ function checkGemm(
  * @throws SpecdArgumentError on a wrong type, shape, length or activations.
  */
 export function gemmBf16(
-  x: Float32Array, m: number, w: PackedBf16Weights, out?: Float32Array, activations: GemmActivations = 'f32',
+  x: Float32Array,
+  m: number,
+  w: PackedBf16Weights,
+  out?: Float32Array,
+  activations: GemmActivations = 'f32',
 ): Float32Array {
   const y = checkGemm('gemmBf16', x, m, w, out, activations);
   addon.gemmBf16(x, m, w.k, w.data, w.n, y, activations);
@@ -102,7 +111,11 @@ export function gemmBf16(
  * @throws SpecdArgumentError on a wrong type, shape, length or activations.
  */
 export function gemmBf16Accumulate(
-  x: Float32Array, m: number, w: PackedBf16Weights, acc: Float32Array, activations: GemmActivations = 'f32',
+  x: Float32Array,
+  m: number,
+  w: PackedBf16Weights,
+  acc: Float32Array,
+  activations: GemmActivations = 'f32',
 ): Float32Array {
   if (!(acc instanceof Float32Array)) expectArray('gemmBf16Accumulate', 'acc', acc, Float32Array, m * w.n, 'm*w.n');
   const y = checkGemm('gemmBf16Accumulate', x, m, w, acc, activations);
@@ -118,7 +131,11 @@ export function gemmBf16Accumulate(
  *   ERR_SPECD_KERNEL) on a kernel failure.
  */
 export function gemmBf16Async(
-  x: Float32Array, m: number, w: PackedBf16Weights, out?: Float32Array, activations: GemmActivations = 'f32',
+  x: Float32Array,
+  m: number,
+  w: PackedBf16Weights,
+  out?: Float32Array,
+  activations: GemmActivations = 'f32',
 ): Promise<Float32Array> {
   const y = checkGemm('gemmBf16Async', x, m, w, out, activations);
   return addon.gemmBf16Async(x, m, w.k, w.data, w.n, y, activations).then(() => y);

@@ -62,10 +62,22 @@ interface KdaRawAddon {
   kdaForwardAsync(...args: KdaRawArgs): Promise<void>;
 }
 type KdaRawArgs = [
-  qkv: Float32Array, g: Float32Array, beta: Float32Array, convWeight: Float32Array, seqLens: Int32Array,
-  slots: Int32Array, statePool: Float32Array, convPool: Float32Array, heads: number, headDim: number,
-  out: Float32Array, mode: 'recurrent' | 'chunked', chunk: number, snapState: Float32Array | null,
-  snapConv: Float32Array | null, scale: number,
+  qkv: Float32Array,
+  g: Float32Array,
+  beta: Float32Array,
+  convWeight: Float32Array,
+  seqLens: Int32Array,
+  slots: Int32Array,
+  statePool: Float32Array,
+  convPool: Float32Array,
+  heads: number,
+  headDim: number,
+  out: Float32Array,
+  mode: 'recurrent' | 'chunked',
+  chunk: number,
+  snapState: Float32Array | null,
+  snapConv: Float32Array | null,
+  scale: number,
 ];
 const raw = addon as unknown as KdaRawAddon;
 
@@ -196,7 +208,11 @@ export function kdaCopySlot(pools: KdaStatePools, shape: KdaShape, from: number,
  * block whose first row is r0, accepting n tokens (incl. the bonus' predecessor) is row r0 + n − 1.
  */
 export function kdaCommitSnapshot(
-  pools: KdaStatePools, shape: KdaShape, slot: number, snapshots: KdaSnapshots, row: number,
+  pools: KdaStatePools,
+  shape: KdaShape,
+  slot: number,
+  snapshots: KdaSnapshots,
+  row: number,
 ): void {
   const call = 'kdaCommitSnapshot';
   const n = numSlots(call, pools, shape);
@@ -212,8 +228,15 @@ export function kdaCommitSnapshot(
 }
 
 function prepare(
-  call: string, inputs: KdaInputs, batch: KdaBatch, pools: KdaStatePools, shape: KdaShape, options: KdaOptions,
-  mode: 'recurrent' | 'chunked', chunk: number, snapshots: KdaSnapshots | undefined,
+  call: string,
+  inputs: KdaInputs,
+  batch: KdaBatch,
+  pools: KdaStatePools,
+  shape: KdaShape,
+  options: KdaOptions,
+  mode: 'recurrent' | 'chunked',
+  chunk: number,
+  snapshots: KdaSnapshots | undefined,
 ): KdaRawArgs {
   const { heads, headDim, channels } = checkShape(call, shape);
   if (typeof inputs !== 'object' || inputs === null) fail(call, 'inputs', '{ qkv, g, beta, convWeight }', inputs);
@@ -240,12 +263,40 @@ function prepare(
   let snapState: Float32Array | null = null;
   let snapConv: Float32Array | null = null;
   if (snapshots !== undefined) {
-    snapState = expectArray(call, 'snapshots.state', snapshots.state, Float32Array, tokens * heads * headDim * headDim, 'T*heads*headDim²');
-    snapConv = expectArray(call, 'snapshots.conv', snapshots.conv, Float32Array, tokens * 9 * channels, 'T*3*heads*headDim*3');
+    snapState = expectArray(
+      call,
+      'snapshots.state',
+      snapshots.state,
+      Float32Array,
+      tokens * heads * headDim * headDim,
+      'T*heads*headDim²',
+    );
+    snapConv = expectArray(
+      call,
+      'snapshots.conv',
+      snapshots.conv,
+      Float32Array,
+      tokens * 9 * channels,
+      'T*3*heads*headDim*3',
+    );
   }
   return [
-    inputs.qkv, inputs.g, inputs.beta, inputs.convWeight, seqLens, slots, pools.state, pools.conv, heads, headDim,
-    out, mode, chunk, snapState, snapConv, scale,
+    inputs.qkv,
+    inputs.g,
+    inputs.beta,
+    inputs.convWeight,
+    seqLens,
+    slots,
+    pools.state,
+    pools.conv,
+    heads,
+    headDim,
+    out,
+    mode,
+    chunk,
+    snapState,
+    snapConv,
+    scale,
   ];
 }
 
@@ -256,7 +307,11 @@ function prepare(
  * @throws SpecdArgumentError on a wrong type, length, slot (out of range or repeated) or length.
  */
 export function kdaRecurrent(
-  inputs: KdaInputs, batch: KdaBatch, pools: KdaStatePools, shape: KdaShape, options: KdaRecurrentOptions = {},
+  inputs: KdaInputs,
+  batch: KdaBatch,
+  pools: KdaStatePools,
+  shape: KdaShape,
+  options: KdaRecurrentOptions = {},
 ): Float32Array {
   const args = prepare('kdaRecurrent', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
   raw.kdaForward(...args);
@@ -268,7 +323,11 @@ export function kdaRecurrent(
  * out) until the Promise settles; do not transfer their buffers.
  */
 export function kdaRecurrentAsync(
-  inputs: KdaInputs, batch: KdaBatch, pools: KdaStatePools, shape: KdaShape, options: KdaRecurrentOptions = {},
+  inputs: KdaInputs,
+  batch: KdaBatch,
+  pools: KdaStatePools,
+  shape: KdaShape,
+  options: KdaRecurrentOptions = {},
 ): Promise<Float32Array> {
   const args = prepare('kdaRecurrentAsync', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
   return raw.kdaForwardAsync(...args).then(() => args[10]);
@@ -279,7 +338,11 @@ export function kdaRecurrentAsync(
  * @returns o f32 `[T, heads, headDim]`.
  */
 export function kdaChunked(
-  inputs: KdaInputs, batch: KdaBatch, pools: KdaStatePools, shape: KdaShape, options: KdaChunkedOptions = {},
+  inputs: KdaInputs,
+  batch: KdaBatch,
+  pools: KdaStatePools,
+  shape: KdaShape,
+  options: KdaChunkedOptions = {},
 ): Float32Array {
   const chunk = expectInt('kdaChunked', 'chunk', options.chunk ?? 64, 1, 1024);
   const args = prepare('kdaChunked', inputs, batch, pools, shape, options, 'chunked', chunk, undefined);
@@ -289,7 +352,11 @@ export function kdaChunked(
 
 /** `kdaChunked` on a libuv thread (the usual call for a long prefill); see `kdaRecurrentAsync`. */
 export function kdaChunkedAsync(
-  inputs: KdaInputs, batch: KdaBatch, pools: KdaStatePools, shape: KdaShape, options: KdaChunkedOptions = {},
+  inputs: KdaInputs,
+  batch: KdaBatch,
+  pools: KdaStatePools,
+  shape: KdaShape,
+  options: KdaChunkedOptions = {},
 ): Promise<Float32Array> {
   const chunk = expectInt('kdaChunkedAsync', 'chunk', options.chunk ?? 64, 1, 1024);
   const args = prepare('kdaChunkedAsync', inputs, batch, pools, shape, options, 'chunked', chunk, undefined);
@@ -303,7 +370,12 @@ export function kdaChunkedAsync(
  * @param weight f32 `[headDim]` (o_norm.weight); @param eps rms_norm_eps; @param out may be `o`.
  */
 export function kdaOutputNorm(
-  o: Float32Array, shape: KdaShape, weight: Float32Array, gate: Float32Array, eps: number, out?: Float32Array,
+  o: Float32Array,
+  shape: KdaShape,
+  weight: Float32Array,
+  gate: Float32Array,
+  eps: number,
+  out?: Float32Array,
 ): Float32Array {
   const { heads, headDim } = checkShape('kdaOutputNorm', shape);
   expectArray('kdaOutputNorm', 'weight', weight, Float32Array, headDim, 'headDim');

@@ -21,18 +21,44 @@ export interface RawAddon {
   bf16ToF32(src: Uint16Array, dst: Float32Array): void;
   packBf16(w: Uint16Array, n: number, k: number, out: Uint16Array): void;
   gemmBf16(
-    x: Float32Array, m: number, k: number, packed: Uint16Array, n: number, y: Float32Array, activations: 'f32' | 'bf16', accumulate?: boolean,
+    x: Float32Array,
+    m: number,
+    k: number,
+    packed: Uint16Array,
+    n: number,
+    y: Float32Array,
+    activations: 'f32' | 'bf16',
+    accumulate?: boolean,
   ): void;
   gemmBf16Async(
-    x: Float32Array, m: number, k: number, packed: Uint16Array, n: number, y: Float32Array, activations: 'f32' | 'bf16',
+    x: Float32Array,
+    m: number,
+    k: number,
+    packed: Uint16Array,
+    n: number,
+    y: Float32Array,
+    activations: 'f32' | 'bf16',
   ): Promise<void>;
   rmsNorm(
-    x: Float32Array, weight: Float32Array, rows: number, dim: number, eps: number, out: Float32Array,
-    gate: Float32Array | null, gateKind: 'none' | 'sigmoid' | 'silu',
+    x: Float32Array,
+    weight: Float32Array,
+    rows: number,
+    dim: number,
+    eps: number,
+    out: Float32Array,
+    gate: Float32Array | null,
+    gateKind: 'none' | 'sigmoid' | 'silu',
   ): void;
   rope(
-    x: Float32Array, positions: Int32Array, tokens: number, heads: number, headDim: number, rotaryDim: number,
-    theta: number, style: 'neox' | 'interleaved', out: Float32Array,
+    x: Float32Array,
+    positions: Int32Array,
+    tokens: number,
+    heads: number,
+    headDim: number,
+    rotaryDim: number,
+    theta: number,
+    style: 'neox' | 'interleaved',
+    out: Float32Array,
   ): void;
   silu(x: Float32Array, out: Float32Array): void;
   swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
@@ -43,10 +69,22 @@ export interface RawAddon {
   topPMask(logits: Float32Array, rows: number, cols: number, p: number, out: Float32Array): void;
   quantPack(src: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, k: number, out: Uint8Array): void;
   gemmQuant(
-    x: Float32Array, m: number, k: number, packed: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, y: Float32Array,
+    x: Float32Array,
+    m: number,
+    k: number,
+    packed: Uint8Array,
+    type: 'q4_0' | 'q4_1' | 'q8_0',
+    n: number,
+    y: Float32Array,
   ): void;
   gemmQuantAsync(
-    x: Float32Array, m: number, k: number, packed: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, y: Float32Array,
+    x: Float32Array,
+    m: number,
+    k: number,
+    packed: Uint8Array,
+    type: 'q4_0' | 'q4_1' | 'q8_0',
+    n: number,
+    y: Float32Array,
   ): Promise<void>;
   quantDequantBf16(packed: Uint8Array, type: 'q4_0' | 'q4_1' | 'q8_0', n: number, k: number, out: Uint16Array): void;
 }

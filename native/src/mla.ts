@@ -19,23 +19,53 @@
  */
 import { addon } from './loader.js';
 import { bf16ToF32 } from './convert.js';
-import {
-  attentionRaw, checkBatch, checkMask, type AttentionMask, type PagedBatch,
-} from './attention.js';
+import { attentionRaw, checkBatch, checkMask, type AttentionMask, type PagedBatch } from './attention.js';
 import { expectArray, expectInt, expectNumber, fail, outArray } from './validate.js';
 
 interface MlaRawAddon {
   mlaAttention(
-    q: Float32Array, pool: Float32Array, wUk: Float32Array, wUvT: Float32Array, out: Float32Array, numPages: number,
-    pageSize: number, numHeads: number, nope: number, rope: number, v: number, r: number, scale: number,
-    cuSeqlensQ: Int32Array, kvLens: Int32Array, blockTables: Int32Array, maxBlocksPerSeq: number, positions: Int32Array,
-    mask: AttentionMask, window: number,
+    q: Float32Array,
+    pool: Float32Array,
+    wUk: Float32Array,
+    wUvT: Float32Array,
+    out: Float32Array,
+    numPages: number,
+    pageSize: number,
+    numHeads: number,
+    nope: number,
+    rope: number,
+    v: number,
+    r: number,
+    scale: number,
+    cuSeqlensQ: Int32Array,
+    kvLens: Int32Array,
+    blockTables: Int32Array,
+    maxBlocksPerSeq: number,
+    positions: Int32Array,
+    mask: AttentionMask,
+    window: number,
   ): void;
   mlaAttentionAsync(
-    q: Float32Array, pool: Float32Array, wUk: Float32Array, wUvT: Float32Array, out: Float32Array, numPages: number,
-    pageSize: number, numHeads: number, nope: number, rope: number, v: number, r: number, scale: number,
-    cuSeqlensQ: Int32Array, kvLens: Int32Array, blockTables: Int32Array, maxBlocksPerSeq: number, positions: Int32Array,
-    mask: AttentionMask, window: number,
+    q: Float32Array,
+    pool: Float32Array,
+    wUk: Float32Array,
+    wUvT: Float32Array,
+    out: Float32Array,
+    numPages: number,
+    pageSize: number,
+    numHeads: number,
+    nope: number,
+    rope: number,
+    v: number,
+    r: number,
+    scale: number,
+    cuSeqlensQ: Int32Array,
+    kvLens: Int32Array,
+    blockTables: Int32Array,
+    maxBlocksPerSeq: number,
+    positions: Int32Array,
+    mask: AttentionMask,
+    window: number,
   ): Promise<void>;
 }
 
@@ -105,9 +135,10 @@ export function prepareMlaWeights(kvBProj: Float32Array | Uint16Array, dims: Mla
   const call = 'prepareMlaWeights';
   const { numHeads: H, qkNopeHeadDim: nope, vHeadDim: v, kvLoraRank: r } = checkDims(call, dims);
   const n = H * (nope + v) * r;
-  const w = kvBProj instanceof Uint16Array
-    ? bf16ToF32(expectArray(call, 'kvBProj', kvBProj, Uint16Array, n, 'numHeads*(qkNopeHeadDim+vHeadDim)*kvLoraRank'))
-    : expectArray(call, 'kvBProj', kvBProj, Float32Array, n, 'numHeads*(qkNopeHeadDim+vHeadDim)*kvLoraRank');
+  const w =
+    kvBProj instanceof Uint16Array
+      ? bf16ToF32(expectArray(call, 'kvBProj', kvBProj, Uint16Array, n, 'numHeads*(qkNopeHeadDim+vHeadDim)*kvLoraRank'))
+      : expectArray(call, 'kvBProj', kvBProj, Float32Array, n, 'numHeads*(qkNopeHeadDim+vHeadDim)*kvLoraRank');
   const wUk = new Float32Array(H * nope * r);
   const wUvT = new Float32Array(H * r * v);
   for (let h = 0; h < H; h++) {
@@ -127,7 +158,12 @@ export function prepareMlaWeights(kvBProj: Float32Array | Uint16Array, dims: Mla
  * @param pool Float32Array [numPages, pageSize, r + rope]; @param slots Int32Array [numTokens] (−1 = skip; distinct).
  */
 export function writeMlaCache(
-  latent: Float32Array, kPe: Float32Array, pool: Float32Array, pageSize: number, dims: MlaDims, slots: Int32Array,
+  latent: Float32Array,
+  kPe: Float32Array,
+  pool: Float32Array,
+  pageSize: number,
+  dims: MlaDims,
+  slots: Int32Array,
 ): void {
   const call = 'writeMlaCache';
   checkDims(call, dims);
@@ -137,24 +173,33 @@ export function writeMlaCache(
   expectArray(call, 'latent', latent, Float32Array, n * r, 'numTokens*kvLoraRank');
   expectArray(call, 'kPe', kPe, Float32Array, n * rope, 'numTokens*qkRopeHeadDim');
   const p = expectArray(call, 'pool', pool, Float32Array);
-  if (p.length % (pageSize * (r + rope)) !== 0) fail(call, 'pool', `a length divisible by pageSize*(r+rope) = ${pageSize * (r + rope)}`, p);
+  if (p.length % (pageSize * (r + rope)) !== 0)
+    fail(call, 'pool', `a length divisible by pageSize*(r+rope) = ${pageSize * (r + rope)}`, p);
   const pages = p.length / (pageSize * (r + rope));
   attentionRaw.writePagedRows(latent, n, r, p, pages, pageSize, r + rope, 0, slots);
   if (rope > 0) attentionRaw.writePagedRows(kPe, n, rope, p, pages, pageSize, r + rope, r, slots);
 }
 
 function mlaArgs(
-  call: string, q: Float32Array, pool: Float32Array, pageSize: number, weights: MlaWeights, batch: PagedBatch,
-  options: MlaAttentionOptions, out: Float32Array | undefined,
+  call: string,
+  q: Float32Array,
+  pool: Float32Array,
+  pageSize: number,
+  weights: MlaWeights,
+  batch: PagedBatch,
+  options: MlaAttentionOptions,
+  out: Float32Array | undefined,
 ) {
-  if (typeof weights !== 'object' || weights === null) fail(call, 'weights', 'MlaWeights from prepareMlaWeights', weights);
+  if (typeof weights !== 'object' || weights === null)
+    fail(call, 'weights', 'MlaWeights from prepareMlaWeights', weights);
   const d = checkDims(call, weights.dims);
   const { numHeads: H, qkNopeHeadDim: nope, qkRopeHeadDim: rope, vHeadDim: v, kvLoraRank: r } = d;
   expectArray(call, 'weights.wUk', weights.wUk, Float32Array, H * nope * r, 'numHeads*qkNopeHeadDim*kvLoraRank');
   expectArray(call, 'weights.wUvT', weights.wUvT, Float32Array, H * r * v, 'numHeads*kvLoraRank*vHeadDim');
   expectInt(call, 'pageSize', pageSize, 1);
   const p = expectArray(call, 'pool', pool, Float32Array);
-  if (p.length % (pageSize * (r + rope)) !== 0) fail(call, 'pool', `a length divisible by pageSize*(r+rope) = ${pageSize * (r + rope)}`, p);
+  if (p.length % (pageSize * (r + rope)) !== 0)
+    fail(call, 'pool', `a length divisible by pageSize*(r+rope) = ${pageSize * (r + rope)}`, p);
   if (typeof options !== 'object' || options === null) fail(call, 'options', 'an MlaAttentionOptions object', options);
   const scale = expectNumber(call, 'options.scale', options.scale);
   const [mask, window] = checkMask(call, options.mask ?? 'causal', options.slidingWindow);
@@ -162,8 +207,26 @@ function mlaArgs(
   expectArray(call, 'q', q, Float32Array, totalQ * H * (nope + rope), 'totalQ*numHeads*(qkNopeHeadDim+qkRopeHeadDim)');
   const y = outArray(call, out, Float32Array, totalQ * H * v, 'totalQ*numHeads*vHeadDim');
   return [
-    q, p, weights.wUk, weights.wUvT, y, p.length / (pageSize * (r + rope)), pageSize, H, nope, rope, v, r, scale,
-    batch.cuSeqlensQ, batch.kvLens, batch.blockTables, maxBlocks, batch.positions, mask, window,
+    q,
+    p,
+    weights.wUk,
+    weights.wUvT,
+    y,
+    p.length / (pageSize * (r + rope)),
+    pageSize,
+    H,
+    nope,
+    rope,
+    v,
+    r,
+    scale,
+    batch.cuSeqlensQ,
+    batch.kvLens,
+    batch.blockTables,
+    maxBlocks,
+    batch.positions,
+    mask,
+    window,
   ] as const;
 }
 
@@ -179,8 +242,13 @@ function mlaArgs(
  *   on bad batch contents.
  */
 export function mlaAttention(
-  q: Float32Array, pool: Float32Array, pageSize: number, weights: MlaWeights, batch: PagedBatch,
-  options: MlaAttentionOptions, out?: Float32Array,
+  q: Float32Array,
+  pool: Float32Array,
+  pageSize: number,
+  weights: MlaWeights,
+  batch: PagedBatch,
+  options: MlaAttentionOptions,
+  out?: Float32Array,
 ): Float32Array {
   const args = mlaArgs('mlaAttention', q, pool, pageSize, weights, batch, options, out);
   raw.mlaAttention(...args);
@@ -189,8 +257,13 @@ export function mlaAttention(
 
 /** `mlaAttention` on a libuv thread; do not touch the buffers until it resolves. */
 export async function mlaAttentionAsync(
-  q: Float32Array, pool: Float32Array, pageSize: number, weights: MlaWeights, batch: PagedBatch,
-  options: MlaAttentionOptions, out?: Float32Array,
+  q: Float32Array,
+  pool: Float32Array,
+  pageSize: number,
+  weights: MlaWeights,
+  batch: PagedBatch,
+  options: MlaAttentionOptions,
+  out?: Float32Array,
 ): Promise<Float32Array> {
   const args = mlaArgs('mlaAttentionAsync', q, pool, pageSize, weights, batch, options, out);
   await raw.mlaAttentionAsync(...args);

@@ -28,16 +28,34 @@ import { expectArray, expectInt, expectNumber, fail, outArray } from './validate
 /** Raw bindings of native/src/moe.cc (argument order as documented there). */
 interface MoeRawAddon {
   moeRoute(
-    logits: Float32Array, n: number, numExperts: number, bias: Float32Array | null, topK: number, factor: number,
-    renormalize: boolean, ids: Int32Array, weights: Float32Array, scores: Float32Array | null,
+    logits: Float32Array,
+    n: number,
+    numExperts: number,
+    bias: Float32Array | null,
+    topK: number,
+    factor: number,
+    renormalize: boolean,
+    ids: Int32Array,
+    weights: Float32Array,
+    scores: Float32Array | null,
   ): void;
   moeExperts(...args: MoeRawArgs): void;
   moeExpertsAsync(...args: MoeRawArgs): Promise<void>;
 }
 type MoeRawArgs = [
-  x: Float32Array, n: number, hidden: number, ids: Int32Array, weights: Float32Array, topK: number, inter: number,
-  w13: readonly Uint16Array[], w2: readonly Uint16Array[], sharedW13: Uint16Array | null,
-  sharedW2: Uint16Array | null, sharedInter: number, out: Float32Array,
+  x: Float32Array,
+  n: number,
+  hidden: number,
+  ids: Int32Array,
+  weights: Float32Array,
+  topK: number,
+  inter: number,
+  w13: readonly Uint16Array[],
+  w2: readonly Uint16Array[],
+  sharedW13: Uint16Array | null,
+  sharedW2: Uint16Array | null,
+  sharedInter: number,
+  out: Float32Array,
 ];
 const raw = addon as unknown as MoeRawAddon;
 
@@ -88,7 +106,11 @@ export interface MoeRouteOptions {
  * (up), w2 `[hidden, inter]` (down).
  */
 export function packMoeExpert(
-  w1: Uint16Array, w3: Uint16Array, w2: Uint16Array, hidden: number, inter: number,
+  w1: Uint16Array,
+  w3: Uint16Array,
+  w2: Uint16Array,
+  hidden: number,
+  inter: number,
 ): MoeExpertWeights {
   const call = 'packMoeExpert';
   expectInt(call, 'hidden', hidden, 1);
@@ -106,8 +128,12 @@ function checkExpert(call: string, param: string, e: MoeExpertWeights, hidden: n
   if (typeof e !== 'object' || e === null) fail(call, param, '{ w13, w2 } packed weights', e);
   const inter = e.w2?.k;
   if (!Number.isInteger(inter) || e.w13?.n !== 2 * inter || e.w13.k !== hidden || e.w2.n !== hidden) {
-    fail(call, param, `w13 [2*inter, ${hidden}] and w2 [${hidden}, inter] packed weights`,
-      `w13 [${e.w13?.n}, ${e.w13?.k}], w2 [${e.w2?.n}, ${e.w2?.k}]`);
+    fail(
+      call,
+      param,
+      `w13 [2*inter, ${hidden}] and w2 [${hidden}, inter] packed weights`,
+      `w13 [${e.w13?.n}, ${e.w13?.k}], w2 [${e.w2?.n}, ${e.w2?.k}]`,
+    );
   }
   expectArray(call, `${param}.w13.data`, e.w13.data, Uint16Array, packedBf16Length(2 * inter, hidden));
   expectArray(call, `${param}.w2.data`, e.w2.data, Uint16Array, packedBf16Length(hidden, inter));
@@ -124,13 +150,19 @@ export function createMoeExpertSet(experts: readonly MoeExpertWeights[], shared?
   const hidden = expectInt(call, 'experts[0].w13.k', experts[0]?.w13?.k, 1);
   const inter = checkExpert(call, 'experts[0]', experts[0]!, hidden);
   experts.forEach((e, i) => {
-    if (checkExpert(call, `experts[${i}]`, e, hidden) !== inter) fail(call, `experts[${i}]`, `inter = ${inter}`, e.w2.k);
+    if (checkExpert(call, `experts[${i}]`, e, hidden) !== inter)
+      fail(call, `experts[${i}]`, `inter = ${inter}`, e.w2.k);
   });
   const sharedInter = shared === undefined ? 0 : checkExpert(call, 'shared', shared, hidden);
   return Object.freeze({
-    numExperts: experts.length, hidden, inter, sharedInter,
-    w13: Object.freeze(experts.map((e) => e.w13.data)), w2: Object.freeze(experts.map((e) => e.w2.data)),
-    sharedW13: shared?.w13.data ?? null, sharedW2: shared?.w2.data ?? null,
+    numExperts: experts.length,
+    hidden,
+    inter,
+    sharedInter,
+    w13: Object.freeze(experts.map((e) => e.w13.data)),
+    w2: Object.freeze(experts.map((e) => e.w2.data)),
+    sharedW13: shared?.w13.data ?? null,
+    sharedW2: shared?.w2.data ?? null,
   }) as MoeExpertSet;
 }
 
@@ -142,7 +174,11 @@ export function createMoeExpertSet(experts: readonly MoeExpertWeights[], shared?
  * @throws SpecdArgumentError on a wrong type, length or range.
  */
 export function moeRoute(
-  logits: Float32Array, n: number, numExperts: number, topK: number, routedScalingFactor: number,
+  logits: Float32Array,
+  n: number,
+  numExperts: number,
+  topK: number,
+  routedScalingFactor: number,
   options: MoeRouteOptions = {},
 ): MoeRouting {
   const call = 'moeRoute';
@@ -151,12 +187,28 @@ export function moeRoute(
   expectInt(call, 'topK', topK, 1, numExperts);
   expectNumber(call, 'routedScalingFactor', routedScalingFactor);
   expectArray(call, 'logits', logits, Float32Array, n * numExperts, 'n*numExperts');
-  const bias = options.bias === undefined ? null : expectArray(call, 'bias', options.bias, Float32Array, numExperts, 'numExperts');
-  const ids = options.out ? expectArray(call, 'out.ids', options.out.ids, Int32Array, n * topK, 'n*topK') : new Int32Array(n * topK);
+  const bias =
+    options.bias === undefined ? null : expectArray(call, 'bias', options.bias, Float32Array, numExperts, 'numExperts');
+  const ids = options.out
+    ? expectArray(call, 'out.ids', options.out.ids, Int32Array, n * topK, 'n*topK')
+    : new Int32Array(n * topK);
   const weights = outArray(call, options.out?.weights, Float32Array, n * topK, 'n*topK');
-  const scores = options.scores === undefined ? null
-    : expectArray(call, 'scores', options.scores, Float32Array, n * numExperts, 'n*numExperts');
-  raw.moeRoute(logits, n, numExperts, bias, topK, routedScalingFactor, options.renormalize ?? true, ids, weights, scores);
+  const scores =
+    options.scores === undefined
+      ? null
+      : expectArray(call, 'scores', options.scores, Float32Array, n * numExperts, 'n*numExperts');
+  raw.moeRoute(
+    logits,
+    n,
+    numExperts,
+    bias,
+    topK,
+    routedScalingFactor,
+    options.renormalize ?? true,
+    ids,
+    weights,
+    scores,
+  );
   return { topK, ids, weights };
 }
 
@@ -166,14 +218,25 @@ export function moeRoute(
  * @param x f32 `[n, hidden]`. @returns the routing and the logits f32 `[n, numExperts]`.
  */
 export function moeRouter(
-  x: Float32Array, n: number, gate: PackedBf16Weights, topK: number, routedScalingFactor: number,
+  x: Float32Array,
+  n: number,
+  gate: PackedBf16Weights,
+  topK: number,
+  routedScalingFactor: number,
   options: MoeRouteOptions = {},
 ): MoeRouting & { logits: Float32Array } {
   const logits = gemmBf16(x, n, gate);
   return { ...moeRoute(logits, n, gate.n, topK, routedScalingFactor, options), logits };
 }
 
-function prepare(call: string, x: Float32Array, n: number, set: MoeExpertSet, routing: MoeRouting, out?: Float32Array): MoeRawArgs {
+function prepare(
+  call: string,
+  x: Float32Array,
+  n: number,
+  set: MoeExpertSet,
+  routing: MoeRouting,
+  out?: Float32Array,
+): MoeRawArgs {
   expectInt(call, 'n', n, 0);
   if (typeof set !== 'object' || set === null || !Array.isArray(set.w13)) fail(call, 'experts', 'a MoeExpertSet', set);
   if (typeof routing !== 'object' || routing === null) fail(call, 'routing', '{ topK, ids, weights }', routing);
@@ -181,11 +244,26 @@ function prepare(call: string, x: Float32Array, n: number, set: MoeExpertSet, ro
   expectArray(call, 'x', x, Float32Array, n * set.hidden, 'n*hidden');
   const ids = expectArray(call, 'routing.ids', routing.ids, Int32Array, n * topK, 'n*topK');
   for (let i = 0; i < ids.length; i++) {
-    if (!(ids[i]! >= 0 && ids[i]! < set.numExperts)) fail(call, `routing.ids[${i}]`, `an expert id in [0, ${set.numExperts})`, ids[i]);
+    if (!(ids[i]! >= 0 && ids[i]! < set.numExperts))
+      fail(call, `routing.ids[${i}]`, `an expert id in [0, ${set.numExperts})`, ids[i]);
   }
   expectArray(call, 'routing.weights', routing.weights, Float32Array, n * topK, 'n*topK');
   const y = outArray(call, out, Float32Array, n * set.hidden, 'n*hidden');
-  return [x, n, set.hidden, ids, routing.weights, topK, set.inter, set.w13, set.w2, set.sharedW13, set.sharedW2, set.sharedInter, y];
+  return [
+    x,
+    n,
+    set.hidden,
+    ids,
+    routing.weights,
+    topK,
+    set.inter,
+    set.w13,
+    set.w2,
+    set.sharedW13,
+    set.sharedW2,
+    set.sharedInter,
+    y,
+  ];
 }
 
 /**
@@ -195,7 +273,13 @@ function prepare(call: string, x: Float32Array, n: number, set: MoeExpertSet, ro
  * @returns f32 `[n, hidden]`.
  * @throws SpecdArgumentError on a wrong type, length or expert id.
  */
-export function moeExperts(x: Float32Array, n: number, experts: MoeExpertSet, routing: MoeRouting, out?: Float32Array): Float32Array {
+export function moeExperts(
+  x: Float32Array,
+  n: number,
+  experts: MoeExpertSet,
+  routing: MoeRouting,
+  out?: Float32Array,
+): Float32Array {
   const args = prepare('moeExperts', x, n, experts, routing, out);
   raw.moeExperts(...args);
   return args[12];
@@ -206,7 +290,11 @@ export function moeExperts(x: Float32Array, n: number, experts: MoeExpertSet, ro
  * out, until the Promise settles.
  */
 export function moeExpertsAsync(
-  x: Float32Array, n: number, experts: MoeExpertSet, routing: MoeRouting, out?: Float32Array,
+  x: Float32Array,
+  n: number,
+  experts: MoeExpertSet,
+  routing: MoeRouting,
+  out?: Float32Array,
 ): Promise<Float32Array> {
   const args = prepare('moeExpertsAsync', x, n, experts, routing, out);
   return raw.moeExpertsAsync(...args).then(() => args[12]);

@@ -40,7 +40,12 @@ export function rmsNorm(x: Float32Array, weight: Float32Array, eps: number, out?
  * @throws SpecdArgumentError on a wrong type, length, eps or gateKind.
  */
 export function gatedRmsNorm(
-  x: Float32Array, weight: Float32Array, gate: Float32Array, eps: number, gateKind: RmsNormGate, out?: Float32Array,
+  x: Float32Array,
+  weight: Float32Array,
+  gate: Float32Array,
+  eps: number,
+  gateKind: RmsNormGate,
+  out?: Float32Array,
 ): Float32Array {
   const call = 'gatedRmsNorm';
   const w = expectArray(call, 'weight', weight, Float32Array);
@@ -64,8 +69,12 @@ export function gatedRmsNorm(
  * @throws SpecdArgumentError on a wrong type, length, heads, eps or gate.
  */
 export function rmsNormPerHead(
-  x: Float32Array, heads: number, weight: Float32Array, eps: number,
-  gate?: { values: Float32Array; kind: RmsNormGate }, out?: Float32Array,
+  x: Float32Array,
+  heads: number,
+  weight: Float32Array,
+  eps: number,
+  gate?: { values: Float32Array; kind: RmsNormGate },
+  out?: Float32Array,
 ): Float32Array {
   const call = 'rmsNormPerHead';
   expectInt(call, 'heads', heads, 1);
@@ -79,7 +88,16 @@ export function rmsNormPerHead(
     addon.rmsNorm(x, w, rows, w.length, e, y, null, 'none');
   } else {
     const g = expectArray(call, 'gate.values', gate.values, Float32Array, x.length, 'x.length');
-    addon.rmsNorm(x, w, rows, w.length, e, y, g, expectOneOf(call, 'gate.kind', gate.kind, ['sigmoid', 'silu'] as const));
+    addon.rmsNorm(
+      x,
+      w,
+      rows,
+      w.length,
+      e,
+      y,
+      g,
+      expectOneOf(call, 'gate.kind', gate.kind, ['sigmoid', 'silu'] as const),
+    );
   }
   return y;
 }

@@ -125,7 +125,12 @@ export function gemmQuant(x: Float32Array, m: number, w: QuantizedWeights, out?:
  * @throws SpecdArgumentError synchronously on bad arguments; the Promise rejects (code
  *   ERR_SPECD_KERNEL) on a kernel failure.
  */
-export function gemmQuantAsync(x: Float32Array, m: number, w: QuantizedWeights, out?: Float32Array): Promise<Float32Array> {
+export function gemmQuantAsync(
+  x: Float32Array,
+  m: number,
+  w: QuantizedWeights,
+  out?: Float32Array,
+): Promise<Float32Array> {
   const y = checkGemm('gemmQuantAsync', x, m, w, out);
   return addon.gemmQuantAsync(x, m, w.k, w.data, w.type, w.n, y).then(() => y);
 }

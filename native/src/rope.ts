@@ -34,7 +34,12 @@ export interface RopeOptions {
  * @returns Float32Array [tokens, heads, headDim].
  * @throws SpecdArgumentError on a wrong type, length, geometry or a negative position.
  */
-export function applyRope(x: Float32Array, positions: Int32Array, options: RopeOptions, out?: Float32Array): Float32Array {
+export function applyRope(
+  x: Float32Array,
+  positions: Int32Array,
+  options: RopeOptions,
+  out?: Float32Array,
+): Float32Array {
   const call = 'applyRope';
   const pos = expectArray(call, 'positions', positions, Int32Array);
   const heads = expectInt(call, 'options.heads', options.heads, 1);

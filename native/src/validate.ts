@@ -39,7 +39,12 @@ type TypedCtor<T> = { new (length: number): T; readonly name: string };
  * the length, e.g. "m*k"); returns it typed.
  */
 export function expectArray<T extends Float32Array | Uint16Array | Int32Array>(
-  call: string, param: string, value: unknown, ctor: TypedCtor<T>, length?: number, what?: string,
+  call: string,
+  param: string,
+  value: unknown,
+  ctor: TypedCtor<T>,
+  length?: number,
+  what?: string,
 ): T {
   const expected = length === undefined ? ctor.name : `${ctor.name} of length ${length}${what ? ` (${what})` : ''}`;
   if (!(value instanceof (ctor as unknown as new () => T))) fail(call, param, expected, value);
@@ -49,13 +54,23 @@ export function expectArray<T extends Float32Array | Uint16Array | Int32Array>(
 
 /** Returns `out` checked against (ctor, length), or a new zero-filled array when `out` is undefined. */
 export function outArray<T extends Float32Array | Uint16Array | Int32Array>(
-  call: string, out: unknown, ctor: TypedCtor<T>, length: number, what: string,
+  call: string,
+  out: unknown,
+  ctor: TypedCtor<T>,
+  length: number,
+  what: string,
 ): T {
   return out === undefined ? new ctor(length) : expectArray(call, 'out', out, ctor, length, what);
 }
 
 /** Checks an integer in [min, max] (inclusive). */
-export function expectInt(call: string, param: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
+export function expectInt(
+  call: string,
+  param: string,
+  value: unknown,
+  min: number,
+  max = Number.MAX_SAFE_INTEGER,
+): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
     fail(call, param, `an integer in [${min}, ${max}]`, value);
   }
@@ -64,7 +79,11 @@ export function expectInt(call: string, param: string, value: unknown, min: numb
 
 /** Checks a finite number with an optional (exclusive or inclusive) lower and upper bound description. */
 export function expectNumber(
-  call: string, param: string, value: unknown, test: (v: number) => boolean = () => true, expected = 'a finite number',
+  call: string,
+  param: string,
+  value: unknown,
+  test: (v: number) => boolean = () => true,
+  expected = 'a finite number',
 ): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || !test(value)) fail(call, param, expected, value);
   return value;

@@ -4,10 +4,32 @@
 // ISA paths.
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  copyPages, createKvPool, isa, kvPageElements, makePagedBatch, pagedAttention, pagedAttentionAsync, setIsa,
-  setNumThreads, writeKvPages, type AttentionMask, type KvLayout, type KvPageLayout, type PagedBatch,
+  copyPages,
+  createKvPool,
+  isa,
+  kvPageElements,
+  makePagedBatch,
+  pagedAttention,
+  pagedAttentionAsync,
+  setIsa,
+  setNumThreads,
+  writeKvPages,
+  type AttentionMask,
+  type KvLayout,
+  type KvPageLayout,
+  type PagedBatch,
 } from '@specd/native';
-import { firstBitDifference, firstMismatches, freshSeed, isaPaths, poisoned, randomF32, relError, rng, withIsa } from './reference.js';
+import {
+  firstBitDifference,
+  firstMismatches,
+  freshSeed,
+  isaPaths,
+  poisoned,
+  randomF32,
+  relError,
+  rng,
+  withIsa,
+} from './reference.js';
 
 /** One sequence of a test case: keys in its cache and the positions of its queries. */
 interface SeqCase {
@@ -49,7 +71,13 @@ function shuffled(n: number, next: () => number): number[] {
 function buildCache(c: Case, next: () => number): Cache {
   const need = c.seqs.map((s) => Math.ceil(s.kvLen / c.pageSize));
   const numPages = need.reduce((a, b) => a + b, 0) + 3; // spare pages stay zero (never read)
-  const layout: KvPageLayout = { numPages, pageSize: c.pageSize, numKvHeads: c.numKvHeads, headDim: c.headDim, kvLayout: c.kvLayout };
+  const layout: KvPageLayout = {
+    numPages,
+    pageSize: c.pageSize,
+    numKvHeads: c.numKvHeads,
+    headDim: c.headDim,
+    kvLayout: c.kvLayout,
+  };
   const kPool = createKvPool(layout);
   const vPool = createKvPool(layout);
   const ids = shuffled(numPages, next);
@@ -62,7 +90,10 @@ function buildCache(c: Case, next: () => number): Cache {
     used += need[s]!;
     const k = randomF32(kvLen * row, next);
     const v = randomF32(kvLen * row, next);
-    const slots = Int32Array.from({ length: kvLen }, (_, j) => pages[Math.floor(j / c.pageSize)]! * c.pageSize + (j % c.pageSize));
+    const slots = Int32Array.from(
+      { length: kvLen },
+      (_, j) => pages[Math.floor(j / c.pageSize)]! * c.pageSize + (j % c.pageSize),
+    );
     writeKvPages(layout, k, v, kPool, vPool, slots);
     cache.k.push(k);
     cache.v.push(v);
@@ -72,9 +103,14 @@ function buildCache(c: Case, next: () => number): Cache {
 }
 
 function batchOf(c: Case, cache: Cache, seqIds: number[], positions: number[][]): PagedBatch {
-  return makePagedBatch(seqIds.map((s, i) => ({
-    qLen: positions[i]!.length, kvLen: c.seqs[s]!.kvLen, pages: cache.pages[s]!, positions: positions[i]!,
-  })));
+  return makePagedBatch(
+    seqIds.map((s, i) => ({
+      qLen: positions[i]!.length,
+      kvLen: c.seqs[s]!.kvLen,
+      pages: cache.pages[s]!,
+      positions: positions[i]!,
+    })),
+  );
 }
 
 function visible(c: Case, kvLen: number, p: number, j: number): boolean {
@@ -115,7 +151,9 @@ function reference(c: Case, cache: Cache, q: Float32Array, scale: number): Float
         const sum = w.reduce((a, b) => a + b, 0);
         for (let d = 0; d < D; d++) {
           let acc = 0;
-          keys.forEach((j, i) => { acc += w[i]! * v[(j * KV + kvh) * D + d]!; });
+          keys.forEach((j, i) => {
+            acc += w[i]! * v[(j * KV + kvh) * D + d]!;
+          });
           out[(t * H + h) * D + d] = acc / sum;
         }
       }
@@ -129,24 +167,111 @@ function reference(c: Case, cache: Cache, q: Float32Array, scale: number): Float
 const tail = (kvLen: number, qLen: number) => Array.from({ length: qLen }, (_, i) => kvLen - qLen + i);
 
 const cases: Case[] = [
-  { name: 'decode, H=3 kvH=1 hd=40, page 16', seqs: [{ kvLen: 37, positions: [36] }, { kvLen: 5, positions: [4] }],
-    pageSize: 16, numKvHeads: 1, numHeads: 3, headDim: 40, mask: 'causal' },
-  { name: 'causal verify blocks, GQA 8/2 hd=64', seqs: [{ kvLen: 53, positions: tail(53, 16) }, { kvLen: 16, positions: tail(16, 16) }, { kvLen: 1, positions: [0] }],
-    pageSize: 16, numKvHeads: 2, numHeads: 8, headDim: 64, mask: 'causal' },
-  { name: 'causal prefill, hd=128, page 5', seqs: [{ kvLen: 70, positions: tail(70, 70) }],
-    pageSize: 5, numKvHeads: 2, numHeads: 4, headDim: 128, mask: 'causal' },
-  { name: 'non-causal draft block (context + block keys), hd=40', seqs: [{ kvLen: 45, positions: tail(45, 8) }, { kvLen: 9, positions: tail(9, 8) }],
-    pageSize: 16, numKvHeads: 1, numHeads: 3, headDim: 40, mask: 'non-causal' },
-  { name: 'causal sliding window 7, hd=33', seqs: [{ kvLen: 41, positions: tail(41, 6) }, { kvLen: 3, positions: [2] }],
-    pageSize: 16, numKvHeads: 3, numHeads: 6, headDim: 33, mask: 'causal', window: 7 },
-  { name: 'causal sliding window 23 spanning chunks, block of 12', seqs: [{ kvLen: 64, positions: tail(64, 12) }, { kvLen: 40, positions: tail(40, 3) }],
-    pageSize: 16, numKvHeads: 1, numHeads: 2, headDim: 24, mask: 'causal', window: 23 },
-  { name: 'non-causal sliding window 5', seqs: [{ kvLen: 30, positions: tail(30, 7) }],
-    pageSize: 4, numKvHeads: 1, numHeads: 2, headDim: 16, mask: 'non-causal', window: 5 },
-  { name: 'empty block, empty cache, queries beyond the cache', seqs: [{ kvLen: 20, positions: [] }, { kvLen: 0, positions: [0, 1] }, { kvLen: 18, positions: [25, 40] }],
-    pageSize: 16, numKvHeads: 1, numHeads: 2, headDim: 17, mask: 'causal', window: 20 },
-  { name: 'one head per KV head, hd=256', seqs: [{ kvLen: 100, positions: tail(100, 3) }],
-    pageSize: 32, numKvHeads: 2, numHeads: 2, headDim: 256, mask: 'causal' },
+  {
+    name: 'decode, H=3 kvH=1 hd=40, page 16',
+    seqs: [
+      { kvLen: 37, positions: [36] },
+      { kvLen: 5, positions: [4] },
+    ],
+    pageSize: 16,
+    numKvHeads: 1,
+    numHeads: 3,
+    headDim: 40,
+    mask: 'causal',
+  },
+  {
+    name: 'causal verify blocks, GQA 8/2 hd=64',
+    seqs: [
+      { kvLen: 53, positions: tail(53, 16) },
+      { kvLen: 16, positions: tail(16, 16) },
+      { kvLen: 1, positions: [0] },
+    ],
+    pageSize: 16,
+    numKvHeads: 2,
+    numHeads: 8,
+    headDim: 64,
+    mask: 'causal',
+  },
+  {
+    name: 'causal prefill, hd=128, page 5',
+    seqs: [{ kvLen: 70, positions: tail(70, 70) }],
+    pageSize: 5,
+    numKvHeads: 2,
+    numHeads: 4,
+    headDim: 128,
+    mask: 'causal',
+  },
+  {
+    name: 'non-causal draft block (context + block keys), hd=40',
+    seqs: [
+      { kvLen: 45, positions: tail(45, 8) },
+      { kvLen: 9, positions: tail(9, 8) },
+    ],
+    pageSize: 16,
+    numKvHeads: 1,
+    numHeads: 3,
+    headDim: 40,
+    mask: 'non-causal',
+  },
+  {
+    name: 'causal sliding window 7, hd=33',
+    seqs: [
+      { kvLen: 41, positions: tail(41, 6) },
+      { kvLen: 3, positions: [2] },
+    ],
+    pageSize: 16,
+    numKvHeads: 3,
+    numHeads: 6,
+    headDim: 33,
+    mask: 'causal',
+    window: 7,
+  },
+  {
+    name: 'causal sliding window 23 spanning chunks, block of 12',
+    seqs: [
+      { kvLen: 64, positions: tail(64, 12) },
+      { kvLen: 40, positions: tail(40, 3) },
+    ],
+    pageSize: 16,
+    numKvHeads: 1,
+    numHeads: 2,
+    headDim: 24,
+    mask: 'causal',
+    window: 23,
+  },
+  {
+    name: 'non-causal sliding window 5',
+    seqs: [{ kvLen: 30, positions: tail(30, 7) }],
+    pageSize: 4,
+    numKvHeads: 1,
+    numHeads: 2,
+    headDim: 16,
+    mask: 'non-causal',
+    window: 5,
+  },
+  {
+    name: 'empty block, empty cache, queries beyond the cache',
+    seqs: [
+      { kvLen: 20, positions: [] },
+      { kvLen: 0, positions: [0, 1] },
+      { kvLen: 18, positions: [25, 40] },
+    ],
+    pageSize: 16,
+    numKvHeads: 1,
+    numHeads: 2,
+    headDim: 17,
+    mask: 'causal',
+    window: 20,
+  },
+  {
+    name: 'one head per KV head, hd=256',
+    seqs: [{ kvLen: 100, positions: tail(100, 3) }],
+    pageSize: 32,
+    numKvHeads: 2,
+    numHeads: 2,
+    headDim: 256,
+    mask: 'causal',
+  },
 ];
 
 /** f32 attention vs float64 (relative L2): dot over hd plus a softmax-weighted sum over the keys, ~sqrt(terms) ulp
@@ -155,8 +280,15 @@ const tolAttention = (c: Case) => 2 * 2 ** -24 * Math.sqrt(c.headDim + Math.max(
 
 function run(c: Case, cache: Cache, batch: PagedBatch, q: Float32Array, scale: number): Float32Array {
   const out = poisoned(q.length);
-  return pagedAttention(q, cache.kPool, cache.vPool, cache.layout, batch,
-    { numHeads: c.numHeads, scale, mask: c.mask, slidingWindow: c.window }, out);
+  return pagedAttention(
+    q,
+    cache.kPool,
+    cache.vPool,
+    cache.layout,
+    batch,
+    { numHeads: c.numHeads, scale, mask: c.mask, slidingWindow: c.window },
+    out,
+  );
 }
 
 afterAll(() => {
@@ -174,7 +306,12 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
     const totalQ = c.seqs.reduce((a, s) => a + s.positions.length, 0);
     const q = randomF32(totalQ * c.numHeads * c.headDim, next, 3);
     const scale = c.headDim ** -0.5;
-    const batch = batchOf(c, cache, c.seqs.map((_, i) => i), c.seqs.map((s) => s.positions));
+    const batch = batchOf(
+      c,
+      cache,
+      c.seqs.map((_, i) => i),
+      c.seqs.map((s) => s.positions),
+    );
     const y = withIsa(path, () => run(c, cache, batch, q, scale));
     const ref = reference(c, cache, q, scale);
     const err = relError(y, ref);
@@ -183,7 +320,8 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
   });
 
   it.each(cases.map((c) => [c.name, { ...c, kvLayout }] as const))(
-    'is batch invariant (alone, sub-blocks, permuted batch, 1-3 threads), bit for bit: %s', (_, c) => {
+    'is batch invariant (alone, sub-blocks, permuted batch, 1-3 threads), bit for bit: %s',
+    (_, c) => {
       const seed = freshSeed();
       const next = rng(seed);
       const cache = buildCache(c, next);
@@ -194,7 +332,18 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
       const offsets = c.seqs.map((_, s) => c.seqs.slice(0, s).reduce((a, x) => a + x.positions.length, 0));
       withIsa(path, () => {
         setNumThreads(2);
-        const full = run(c, cache, batchOf(c, cache, c.seqs.map((_, i) => i), c.seqs.map((s) => s.positions)), q, scale);
+        const full = run(
+          c,
+          cache,
+          batchOf(
+            c,
+            cache,
+            c.seqs.map((_, i) => i),
+            c.seqs.map((s) => s.positions),
+          ),
+          q,
+          scale,
+        );
         const check = (y: Float32Array, rows: Array<[seq: number, i: number]>, what: string) => {
           rows.forEach(([s, i], r) => {
             const t = offsets[s]! + i;
@@ -205,10 +354,18 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
         // Every query alone (qLen 1), on 1 and 3 threads.
         for (const threads of [1, 3]) {
           setNumThreads(threads);
-          c.seqs.forEach((s, si) => s.positions.forEach((p, i) => {
-            const y = run(c, cache, batchOf(c, cache, [si], [[p]]), q.slice((offsets[si]! + i) * per, (offsets[si]! + i + 1) * per), scale);
-            check(y, [[si, i]], `alone, ${threads} threads`);
-          }));
+          c.seqs.forEach((s, si) =>
+            s.positions.forEach((p, i) => {
+              const y = run(
+                c,
+                cache,
+                batchOf(c, cache, [si], [[p]]),
+                q.slice((offsets[si]! + i) * per, (offsets[si]! + i + 1) * per),
+                scale,
+              );
+              check(y, [[si, i]], `alone, ${threads} threads`);
+            }),
+          );
         }
         setNumThreads(2);
         // Sub-blocks of each sequence's block, batched in reverse sequence order.
@@ -226,10 +383,14 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
         }
         const qq = new Float32Array(parts.reduce((a, p) => a + p.length, 0));
         let o = 0;
-        for (const p of parts) { qq.set(p, o); o += p.length; }
+        for (const p of parts) {
+          qq.set(p, o);
+          o += p.length;
+        }
         check(run(c, cache, batchOf(c, cache, order, pos), qq, scale), rows, 'sub-blocks, permuted batch');
       });
-    });
+    },
+  );
 
   it('async equals sync bit for bit', async () => {
     const c = { ...cases[1]!, kvLayout };
@@ -238,12 +399,25 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
     const cache = buildCache(c, next);
     const totalQ = c.seqs.reduce((a, s) => a + s.positions.length, 0);
     const q = randomF32(totalQ * c.numHeads * c.headDim, next, 3);
-    const batch = batchOf(c, cache, c.seqs.map((_, i) => i), c.seqs.map((s) => s.positions));
+    const batch = batchOf(
+      c,
+      cache,
+      c.seqs.map((_, i) => i),
+      c.seqs.map((s) => s.positions),
+    );
     const options = { numHeads: c.numHeads, scale: 0.125, mask: c.mask };
     setIsa(path);
     try {
       const sync = pagedAttention(q, cache.kPool, cache.vPool, cache.layout, batch, options, poisoned(q.length));
-      const async = await pagedAttentionAsync(q, cache.kPool, cache.vPool, cache.layout, batch, options, poisoned(q.length));
+      const async = await pagedAttentionAsync(
+        q,
+        cache.kPool,
+        cache.vPool,
+        cache.layout,
+        batch,
+        options,
+        poisoned(q.length),
+      );
       expect(firstBitDifference(async, sync), `seed ${seed}`).toBe(-1);
     } finally {
       setIsa('auto');
@@ -259,7 +433,18 @@ describe('KV pages', () => {
     const cache = buildCache(c, next);
     const totalQ = c.seqs.reduce((a, s) => a + s.positions.length, 0);
     const q = randomF32(totalQ * c.numHeads * c.headDim, next, 3);
-    const before = run(c, cache, batchOf(c, cache, c.seqs.map((_, i) => i), c.seqs.map((s) => s.positions)), q, 0.2);
+    const before = run(
+      c,
+      cache,
+      batchOf(
+        c,
+        cache,
+        c.seqs.map((_, i) => i),
+        c.seqs.map((s) => s.positions),
+      ),
+      q,
+      0.2,
+    );
     // Into a second pool with a different page order (PD hand-over).
     const layout2 = { ...cache.layout, numPages: cache.layout.numPages + 4 };
     const k2 = createKvPool(layout2);
@@ -270,16 +455,37 @@ describe('KV pages', () => {
     copyPages(cache.kPool, k2, el, Int32Array.from(src), Int32Array.from(dst));
     copyPages(cache.vPool, v2, el, Int32Array.from(src), Int32Array.from(dst));
     const remap = new Map(src.map((p, i) => [p, dst[i]!]));
-    const cache2: Cache = { ...cache, layout: layout2, kPool: k2, vPool: v2, pages: cache.pages.map((ps) => ps.map((p) => remap.get(p)!)) };
-    const after = run(c, cache2, batchOf(c, cache2, c.seqs.map((_, i) => i), c.seqs.map((s) => s.positions)), q, 0.2);
+    const cache2: Cache = {
+      ...cache,
+      layout: layout2,
+      kPool: k2,
+      vPool: v2,
+      pages: cache.pages.map((ps) => ps.map((p) => remap.get(p)!)),
+    };
+    const after = run(
+      c,
+      cache2,
+      batchOf(
+        c,
+        cache2,
+        c.seqs.map((_, i) => i),
+        c.seqs.map((s) => s.positions),
+      ),
+      q,
+      0.2,
+    );
     expect(firstBitDifference(after, before), `seed ${seed}`).toBe(-1);
     // Within one pool: page 0's contents copied to the spare page.
     const spare = cache.layout.numPages - 1;
     copyPages(cache.kPool, cache.kPool, el, Int32Array.of(src[0]!), Int32Array.of(spare));
-    expect(cache.kPool.subarray(spare * el, (spare + 1) * el)).toEqual(cache.kPool.subarray(src[0]! * el, (src[0]! + 1) * el));
+    expect(cache.kPool.subarray(spare * el, (spare + 1) * el)).toEqual(
+      cache.kPool.subarray(src[0]! * el, (src[0]! + 1) * el),
+    );
     expect(() => copyPages(cache.kPool, cache.kPool, el, Int32Array.of(0, 1), Int32Array.of(1, 2))).toThrow(/srcPages/);
     expect(() => copyPages(cache.kPool, k2, el, Int32Array.of(0, 1), Int32Array.of(3, 3))).toThrow(/distinct/);
-    expect(() => copyPages(cache.kPool, k2, el, Int32Array.of(cache.layout.numPages), Int32Array.of(0))).toThrow(/srcPages/);
+    expect(() => copyPages(cache.kPool, k2, el, Int32Array.of(cache.layout.numPages), Int32Array.of(0))).toThrow(
+      /srcPages/,
+    );
   });
 
   it('writeKvPages skips slot -1 and writes rows at page*pageSize+offset', () => {
@@ -315,20 +521,37 @@ describe('pagedAttention argument errors', () => {
   const q = new Float32Array(2 * 8);
   const opts = { numHeads: 2, scale: 1, mask: 'causal' as const };
   it('names the parameter', () => {
-    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 5, pages: [0, 2] }]), opts))
-      .toThrow(/pagedAttention: blockTables: expected page ids in \[0, numPages = 2\)/);
-    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 9, pages: [0, 1] }]), opts))
-      .toThrow(/kvLens/);
-    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0] }]), { ...opts, numHeads: 3 }))
-      .toThrow(/numHeads/);
-    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0], positions: [-1] }]), opts))
-      .toThrow(/positions/);
-    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 2, kvLen: 3, pages: [0] }]), opts))
-      .toThrow(/q: expected Float32Array of length 32/);
-    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0] }]), { ...opts, mask: 'full' as never }))
-      .toThrow(/options.mask/);
-    expect(() => pagedAttention(q, k, v, { ...layout, kvLayout: 'NDH' as never }, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0] }]), opts))
-      .toThrow(/layout.kvLayout/);
+    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 5, pages: [0, 2] }]), opts)).toThrow(
+      /pagedAttention: blockTables: expected page ids in \[0, numPages = 2\)/,
+    );
+    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 9, pages: [0, 1] }]), opts)).toThrow(
+      /kvLens/,
+    );
+    expect(() =>
+      pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0] }]), { ...opts, numHeads: 3 }),
+    ).toThrow(/numHeads/);
+    expect(() =>
+      pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0], positions: [-1] }]), opts),
+    ).toThrow(/positions/);
+    expect(() => pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 2, kvLen: 3, pages: [0] }]), opts)).toThrow(
+      /q: expected Float32Array of length 32/,
+    );
+    expect(() =>
+      pagedAttention(q, k, v, layout, makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0] }]), {
+        ...opts,
+        mask: 'full' as never,
+      }),
+    ).toThrow(/options.mask/);
+    expect(() =>
+      pagedAttention(
+        q,
+        k,
+        v,
+        { ...layout, kvLayout: 'NDH' as never },
+        makePagedBatch([{ qLen: 1, kvLen: 3, pages: [0] }]),
+        opts,
+      ),
+    ).toThrow(/layout.kvLayout/);
     // Native content checks carry the same code as the TypeScript ones.
     let caught: unknown;
     try {

@@ -2,14 +2,29 @@
 // These kernels have one (portable) implementation; results must not depend on the ISA setting.
 import { describe, expect, it } from 'vitest';
 import {
-  applyRope, bf16ToF32, f32ToBf16, gatedRmsNorm, rmsNorm, rmsNormPerHead, silu, swiglu, swigluFused,
-  type RmsNormGate, type RopeStyle,
+  applyRope,
+  bf16ToF32,
+  f32ToBf16,
+  gatedRmsNorm,
+  rmsNorm,
+  rmsNormPerHead,
+  silu,
+  swiglu,
+  swigluFused,
+  type RmsNormGate,
+  type RopeStyle,
 } from '@specd/native';
 import { bf16Bits, firstMismatches, freshSeed, poisoned, randomF32, relError, rng, TOL_F32 } from './reference.js';
 
 const sigmoid = (g: number) => 1 / (1 + Math.exp(-g));
 
-function refRmsNorm(x: Float32Array, w: Float32Array, eps: number, gate?: Float32Array, kind?: RmsNormGate): Float64Array {
+function refRmsNorm(
+  x: Float32Array,
+  w: Float32Array,
+  eps: number,
+  gate?: Float32Array,
+  kind?: RmsNormGate,
+): Float64Array {
   const dim = w.length;
   const y = new Float64Array(x.length);
   for (let r = 0; r < x.length / dim; r++) {
@@ -44,7 +59,11 @@ describe('bf16 conversion', () => {
 });
 
 describe('rmsNorm', () => {
-  it.each([[1, 64], [3, 576], [17, 127]])('plain matches float64 at rows=%i dim=%i', (rows, dim) => {
+  it.each([
+    [1, 64],
+    [3, 576],
+    [17, 127],
+  ])('plain matches float64 at rows=%i dim=%i', (rows, dim) => {
     const seed = freshSeed();
     const next = rng(seed);
     const x = randomF32(rows * dim, next, 3);
@@ -54,7 +73,10 @@ describe('rmsNorm', () => {
     expect(relError(y, ref), `seed ${seed}: ${firstMismatches(y, ref, 1e-5)}`).toBeLessThan(TOL_F32);
   });
 
-  it.each([['sigmoid', 5, 96], ['silu', 3, 33]] as const)('gated by %s matches float64 (rows=%i dim=%i)', (kind, rows, dim) => {
+  it.each([
+    ['sigmoid', 5, 96],
+    ['silu', 3, 33],
+  ] as const)('gated by %s matches float64 (rows=%i dim=%i)', (kind, rows, dim) => {
     const seed = freshSeed();
     const next = rng(seed);
     const x = randomF32(rows * dim, next, 2);
@@ -72,7 +94,10 @@ describe('rmsNorm', () => {
     const w = randomF32(dim, next);
     const gate = randomF32(x.length, next);
     const ref = refRmsNorm(x, w, 1e-5);
-    expect(relError(rmsNormPerHead(x, heads, w, 1e-5, undefined, poisoned(x.length)), ref), `seed ${seed}`).toBeLessThan(TOL_F32);
+    expect(
+      relError(rmsNormPerHead(x, heads, w, 1e-5, undefined, poisoned(x.length)), ref),
+      `seed ${seed}`,
+    ).toBeLessThan(TOL_F32);
     const gated = refRmsNorm(x, w, 1e-5, gate, 'sigmoid');
     const inPlace = Float32Array.from(x);
     rmsNormPerHead(inPlace, heads, w, 1e-5, { values: gate, kind: 'sigmoid' }, inPlace);
@@ -83,19 +108,31 @@ describe('rmsNorm', () => {
     expect(() => rmsNorm(new Float32Array(10), new Float32Array(3), 1e-5)).toThrow(
       'rmsNorm: x: expected a length divisible by weight.length = 3, got Float32Array of length 10',
     );
-    expect(() => rmsNorm(new Float32Array(3), new Float32Array(3), -1)).toThrow('rmsNorm: eps: expected a number >= 0, got number -1');
-    expect(() => rmsNormPerHead(new Float32Array(12), 4, new Float32Array(4), 1e-5)).toThrow(/rmsNormPerHead: x: expected a length divisible by heads\*headDim = 16/);
+    expect(() => rmsNorm(new Float32Array(3), new Float32Array(3), -1)).toThrow(
+      'rmsNorm: eps: expected a number >= 0, got number -1',
+    );
+    expect(() => rmsNormPerHead(new Float32Array(12), 4, new Float32Array(4), 1e-5)).toThrow(
+      /rmsNormPerHead: x: expected a length divisible by heads\*headDim = 16/,
+    );
   });
 });
 
-function refRope(x: Float32Array, pos: Int32Array, heads: number, headDim: number, rot: number, theta: number, style: RopeStyle): Float64Array {
+function refRope(
+  x: Float32Array,
+  pos: Int32Array,
+  heads: number,
+  headDim: number,
+  rot: number,
+  theta: number,
+  style: RopeStyle,
+): Float64Array {
   const y = Float64Array.from(x);
   const half = rot / 2;
   for (let t = 0; t < pos.length; t++)
     for (let h = 0; h < heads; h++) {
       const base = (t * heads + h) * headDim;
       for (let i = 0; i < half; i++) {
-        const angle = pos[t]! * theta ** (-2 * i / rot);
+        const angle = pos[t]! * theta ** ((-2 * i) / rot);
         const [ia, ib] = style === 'neox' ? [i, i + half] : [2 * i, 2 * i + 1];
         const a = x[base + ia]!;
         const b = x[base + ib]!;
@@ -108,25 +145,34 @@ function refRope(x: Float32Array, pos: Int32Array, heads: number, headDim: numbe
 
 describe('applyRope', () => {
   const cases: Array<[RopeStyle, number, number, number, number]> = [
-    ['neox', 3, 2, 64, 64], ['interleaved', 5, 3, 64, 64], ['neox', 4, 1, 128, 64], ['interleaved', 2, 2, 96, 32], ['neox', 1, 8, 10, 6],
+    ['neox', 3, 2, 64, 64],
+    ['interleaved', 5, 3, 64, 64],
+    ['neox', 4, 1, 128, 64],
+    ['interleaved', 2, 2, 96, 32],
+    ['neox', 1, 8, 10, 6],
   ];
-  it.each(cases)('%s matches float64 (tokens=%i heads=%i headDim=%i rotaryDim=%i)', (style, tokens, heads, headDim, rot) => {
-    const seed = freshSeed();
-    const next = rng(seed);
-    const x = randomF32(tokens * heads * headDim, next);
-    const pos = Int32Array.from({ length: tokens }, () => Math.floor(next() * 16384));
-    const y = applyRope(x, pos, { heads, headDim, rotaryDim: rot, theta: 1e4, style }, poisoned(x.length));
-    const ref = refRope(x, pos, heads, headDim, rot, 1e4, style);
-    // cos/sin are rounded to f32 at angles up to ~1.6e4 rad: a few f32 ulp of the result.
-    expect(relError(y, ref), `seed ${seed}: ${firstMismatches(y, ref, 1e-5)}`).toBeLessThan(4 * TOL_F32);
-    const inPlace = Float32Array.from(x);
-    applyRope(inPlace, pos, { heads, headDim, rotaryDim: rot, theta: 1e4, style }, inPlace);
-    expect(Array.from(inPlace)).toEqual(Array.from(y));
-  });
+  it.each(cases)(
+    '%s matches float64 (tokens=%i heads=%i headDim=%i rotaryDim=%i)',
+    (style, tokens, heads, headDim, rot) => {
+      const seed = freshSeed();
+      const next = rng(seed);
+      const x = randomF32(tokens * heads * headDim, next);
+      const pos = Int32Array.from({ length: tokens }, () => Math.floor(next() * 16384));
+      const y = applyRope(x, pos, { heads, headDim, rotaryDim: rot, theta: 1e4, style }, poisoned(x.length));
+      const ref = refRope(x, pos, heads, headDim, rot, 1e4, style);
+      // cos/sin are rounded to f32 at angles up to ~1.6e4 rad: a few f32 ulp of the result.
+      expect(relError(y, ref), `seed ${seed}: ${firstMismatches(y, ref, 1e-5)}`).toBeLessThan(4 * TOL_F32);
+      const inPlace = Float32Array.from(x);
+      applyRope(inPlace, pos, { heads, headDim, rotaryDim: rot, theta: 1e4, style }, inPlace);
+      expect(Array.from(inPlace)).toEqual(Array.from(y));
+    },
+  );
 
   it('position 0 is the identity', () => {
     const x = randomF32(2 * 16, rng(1));
-    expect(Array.from(applyRope(x, new Int32Array(2), { heads: 1, headDim: 16, theta: 1e6, style: 'neox' }))).toEqual(Array.from(x));
+    expect(Array.from(applyRope(x, new Int32Array(2), { heads: 1, headDim: 16, theta: 1e6, style: 'neox' }))).toEqual(
+      Array.from(x),
+    );
   });
 
   it('rejects negative positions and odd rotary dims', () => {
@@ -134,9 +180,9 @@ describe('applyRope', () => {
     expect(() => applyRope(x, new Int32Array([0, -3]), { heads: 1, headDim: 4, theta: 1e4, style: 'neox' })).toThrow(
       'rope: positions: expected values >= 0, got positions[1] = -3',
     );
-    expect(() => applyRope(x, new Int32Array(2), { heads: 1, headDim: 4, rotaryDim: 3, theta: 1e4, style: 'neox' })).toThrow(
-      'applyRope: options.rotaryDim: expected an even integer, got number 3',
-    );
+    expect(() =>
+      applyRope(x, new Int32Array(2), { heads: 1, headDim: 4, rotaryDim: 3, theta: 1e4, style: 'neox' }),
+    ).toThrow('applyRope: options.rotaryDim: expected an even integer, got number 3');
   });
 });
 
@@ -149,7 +195,13 @@ describe('SiLU and SwiGLU', () => {
       const u = randomF32(n, next, 2);
       const refSilu = Float64Array.from(g, (v) => v * sigmoid(v));
       expect(relError(silu(g, poisoned(n)), refSilu), `seed ${seed}`).toBeLessThan(TOL_F32);
-      expect(relError(swiglu(g, u, poisoned(n)), refSilu.map((v, i) => v * u[i]!)), `seed ${seed}`).toBeLessThan(TOL_F32);
+      expect(
+        relError(
+          swiglu(g, u, poisoned(n)),
+          refSilu.map((v, i) => v * u[i]!),
+        ),
+        `seed ${seed}`,
+      ).toBeLessThan(TOL_F32);
     }
   });
 
@@ -165,6 +217,8 @@ describe('SiLU and SwiGLU', () => {
         ref[r * inter + i] = g * sigmoid(g) * gu[r * 2 * inter + inter + i]!;
       }
     expect(relError(swigluFused(gu, inter, poisoned(rows * inter)), ref), `seed ${seed}`).toBeLessThan(TOL_F32);
-    expect(() => swigluFused(new Float32Array(10), 3)).toThrow('swigluFused: gateUp: expected a length divisible by 2*inter = 6, got Float32Array of length 10');
+    expect(() => swigluFused(new Float32Array(10), 3)).toThrow(
+      'swigluFused: gateUp: expected a length divisible by 2*inter = 6, got Float32Array of length 10',
+    );
   });
 });

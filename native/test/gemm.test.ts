@@ -3,12 +3,33 @@
 import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  addonPath, bf16ToF32, gemmBf16, gemmBf16Accumulate, gemmBf16Async, guardedFloat32Array, isa, packBf16Weights, packedBf16Length, setIsa, setNumThreads,
-  type GemmActivations, type PackedBf16Weights,
+  addonPath,
+  bf16ToF32,
+  gemmBf16,
+  gemmBf16Accumulate,
+  gemmBf16Async,
+  guardedFloat32Array,
+  isa,
+  packBf16Weights,
+  packedBf16Length,
+  setIsa,
+  setNumThreads,
+  type GemmActivations,
+  type PackedBf16Weights,
 } from '@specd/native';
 import {
-  bf16Bits, bf16Value, firstBitDifference, firstMismatches, freshSeed, isaPaths, poisoned, randomF32, relError, rng,
-  tolDot, withIsa,
+  bf16Bits,
+  bf16Value,
+  firstBitDifference,
+  firstMismatches,
+  freshSeed,
+  isaPaths,
+  poisoned,
+  randomF32,
+  relError,
+  rng,
+  tolDot,
+  withIsa,
 } from './reference.js';
 
 /** Random bf16 weights W [n, k] (bits) and their exact values. */
@@ -44,7 +65,14 @@ function roundedToBf16(x: Float32Array): Float32Array {
 }
 
 const shapes: Array<[m: number, n: number, k: number]> = [
-  [1, 16, 32], [1, 1, 1], [3, 17, 33], [17, 45, 301], [1, 130, 257], [5, 64, 1024], [16, 96, 1000], [33, 31, 77],
+  [1, 16, 32],
+  [1, 1, 1],
+  [3, 17, 33],
+  [17, 45, 301],
+  [1, 130, 257],
+  [5, 64, 1024],
+  [16, 96, 1000],
+  [33, 31, 77],
 ];
 
 afterAll(() => {
@@ -85,17 +113,20 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
     });
   });
 
-  it.each(shapes.slice(0, 6))('with bf16 activations (opt-in) matches float64 on bf16-rounded x at m=%i n=%i k=%i', (m, n, k) => {
-    const seed = freshSeed();
-    const next = rng(seed);
-    const { bits, values } = randomWeights(n, k, next);
-    const x = randomF32(m * k, next);
-    const w = packBf16Weights(bits, n, k);
-    const y = withIsa(path, () => gemm(x, m, w, 'bf16'));
-    const ref = referenceGemm(roundedToBf16(x), values, m, n, k);
-    const err = relError(y, ref);
-    expect(err, `seed ${seed}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(2 * tolDot(k));
-  });
+  it.each(shapes.slice(0, 6))(
+    'with bf16 activations (opt-in) matches float64 on bf16-rounded x at m=%i n=%i k=%i',
+    (m, n, k) => {
+      const seed = freshSeed();
+      const next = rng(seed);
+      const { bits, values } = randomWeights(n, k, next);
+      const x = randomF32(m * k, next);
+      const w = packBf16Weights(bits, n, k);
+      const y = withIsa(path, () => gemm(x, m, w, 'bf16'));
+      const ref = referenceGemm(roundedToBf16(x), values, m, n, k);
+      const err = relError(y, ref);
+      expect(err, `seed ${seed}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(2 * tolDot(k));
+    },
+  );
 
   it('with bf16 activations is batch invariant too (m = 1..33, bitwise)', () => {
     const seed = freshSeed();
@@ -143,7 +174,9 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
                   let mag = 0;
                   for (let l = 0; l < k; l++) mag += Math.abs(xs[i * k + l]! * values[j * k + l]!);
                   const err = Math.abs(y[i * n + j]! - ref[i * n + j]!);
-                  expect(err, `seed ${seed}: m=${m} n=${n} k=${k} ${act} y[${i}, ${j}]`).toBeLessThanOrEqual((k + 2) * 2 ** -24 * mag);
+                  expect(err, `seed ${seed}: m=${m} n=${n} k=${k} ${act} y[${i}, ${j}]`).toBeLessThanOrEqual(
+                    (k + 2) * 2 ** -24 * mag,
+                  );
                 }
             }
           }
@@ -189,23 +222,26 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
     });
   });
 
-  it.each(shapes)('gemmBf16Accumulate at m=%i n=%i k=%i is bitwise acc + gemmBf16 (f32 and bf16 activations)', (m, n, k) => {
-    const seed = freshSeed();
-    const next = rng(seed);
-    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
-    const x = randomF32(m * k, next);
-    const acc0 = randomF32(m * n, next);
-    withIsa(path, () => {
-      for (const act of ['f32', 'bf16'] as const) {
-        const y = gemm(x, m, w, act);
-        const want = acc0.map((v, e) => v + y[e]!);
-        const acc = Float32Array.from(acc0);
-        const out = gemmBf16Accumulate(x, m, w, acc, act);
-        expect(out).toBe(acc);
-        expect(firstBitDifference(acc, want), `seed ${seed} ${act}`).toBe(-1);
-      }
-    });
-  });
+  it.each(shapes)(
+    'gemmBf16Accumulate at m=%i n=%i k=%i is bitwise acc + gemmBf16 (f32 and bf16 activations)',
+    (m, n, k) => {
+      const seed = freshSeed();
+      const next = rng(seed);
+      const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+      const x = randomF32(m * k, next);
+      const acc0 = randomF32(m * n, next);
+      withIsa(path, () => {
+        for (const act of ['f32', 'bf16'] as const) {
+          const y = gemm(x, m, w, act);
+          const want = acc0.map((v, e) => v + y[e]!);
+          const acc = Float32Array.from(acc0);
+          const out = gemmBf16Accumulate(x, m, w, acc, act);
+          expect(out).toBe(acc);
+          expect(firstBitDifference(acc, want), `seed ${seed} ${act}`).toBe(-1);
+        }
+      });
+    },
+  );
 
   it('async equals sync bit for bit', async () => {
     const next = rng(freshSeed());
@@ -258,12 +294,18 @@ describe('gemmBf16 argument errors', () => {
       /gemmBf16: x: expected Float32Array of length 2 \(m\*w\.k\), got Float64Array/,
     );
     expect(() => gemmBf16(new Float32Array(2), 1.5, w)).toThrow(/gemmBf16: m: expected an integer/);
-    expect(() => gemmBf16(new Float32Array(2), 1, w, new Float32Array(2))).toThrow(/gemmBf16: out: expected Float32Array of length 3/);
-    expect(() => packBf16Weights(new Uint16Array(5), 3, 2)).toThrow(/packBf16Weights: w: expected Uint16Array of length 6/);
+    expect(() => gemmBf16(new Float32Array(2), 1, w, new Float32Array(2))).toThrow(
+      /gemmBf16: out: expected Float32Array of length 3/,
+    );
+    expect(() => packBf16Weights(new Uint16Array(5), 3, 2)).toThrow(
+      /packBf16Weights: w: expected Uint16Array of length 6/,
+    );
     expect(() => gemmBf16(new Float32Array(2), 1, w, undefined, 'fp8' as 'f32')).toThrow(
       'gemmBf16: activations: expected one of "f32", "bf16", got string "fp8"',
     );
-    expect(() => gemmBf16Async(new Float32Array(3), 1, w)).toThrow(/gemmBf16Async: x: expected Float32Array of length 2/);
+    expect(() => gemmBf16Async(new Float32Array(3), 1, w)).toThrow(
+      /gemmBf16Async: x: expected Float32Array of length 2/,
+    );
   });
 
   it('rejects bad arguments in the native layer too (no crash), with a code', () => {

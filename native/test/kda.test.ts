@@ -4,12 +4,35 @@
 // (bitwise); chunked vs recurrent within tolerance; async == sync; argument errors. Both ISA paths.
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  createKdaSnapshots, isa, kdaChunked, kdaChunkedAsync, kdaCommitSnapshot, kdaCopySlot, kdaOutputNorm, kdaRecurrent,
-  kdaRecurrentAsync, kdaResetSlot, kdaSlotLengths, setIsa, setNumThreads,
-  type KdaBatch, type KdaInputs, type KdaShape, type KdaStatePools,
+  createKdaSnapshots,
+  isa,
+  kdaChunked,
+  kdaChunkedAsync,
+  kdaCommitSnapshot,
+  kdaCopySlot,
+  kdaOutputNorm,
+  kdaRecurrent,
+  kdaRecurrentAsync,
+  kdaResetSlot,
+  kdaSlotLengths,
+  setIsa,
+  setNumThreads,
+  type KdaBatch,
+  type KdaInputs,
+  type KdaShape,
+  type KdaStatePools,
 } from '@specd/native';
 import {
-  firstBitDifference, firstMismatches, freshSeed, isaPaths, poisoned, randomF32, relError, rng, TOL_F32, withIsa,
+  firstBitDifference,
+  firstMismatches,
+  freshSeed,
+  isaPaths,
+  poisoned,
+  randomF32,
+  relError,
+  rng,
+  TOL_F32,
+  withIsa,
 } from './reference.js';
 
 const SHAPE: KdaShape = { heads: 3, headDim: 40 };
@@ -83,7 +106,10 @@ function referenceKda(p: Problem, shape: KdaShape, scale = 1 / Math.sqrt(shape.h
         const q = post.slice(h * d, (h + 1) * d);
         const k = post.slice(C + h * d, C + (h + 1) * d);
         const v = post.slice(2 * C + h * d, 2 * C + (h + 1) * d);
-        for (const [vec, s] of [[q, scale], [k, 1]] as const) {
+        for (const [vec, s] of [
+          [q, scale],
+          [k, 1],
+        ] as const) {
           let ss = 0;
           for (let i = 0; i < d; i++) ss += vec[i]! ** 2;
           const inv = 1 / Math.sqrt(ss + 1e-6);
@@ -141,24 +167,29 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
     expect(relError(pools.conv, ref.conv), `seed ${seed}: conv`).toBe(0);
   });
 
-  it.each(configs)('chunked matches float64 and the recurrent kernel (%s, chunk 64 and 16)', (_name, lens, slots, numSlots) => {
-    const seed = freshSeed();
-    const p = makeProblem(rng(seed), SHAPE, lens, slots, numSlots);
-    const ref = referenceKda(p, SHAPE);
-    const T = Math.max(...lens);
-    const recPools = clonePools(p.pools);
-    const rec = withIsa(path, () => kdaRecurrent(p.inputs, p.batch, recPools, SHAPE));
-    for (const chunk of [64, 16]) {
-      const pools = clonePools(p.pools);
-      const o = withIsa(path, () => kdaChunked(p.inputs, p.batch, pools, SHAPE, { out: poisoned(ref.o.length), chunk }));
-      const msg = `seed ${seed} chunk ${chunk}`;
-      expect(relError(o, ref.o), `${msg}: ${firstMismatches(o, ref.o, 1e-4)}`).toBeLessThan(tolKda(T));
-      expect(relError(pools.state, ref.state), `${msg}: state`).toBeLessThan(tolKda(T));
-      expect(relError(pools.conv, ref.conv), `${msg}: conv`).toBe(0);
-      expect(relError(o, rec), `${msg}: vs recurrent`).toBeLessThan(2 * tolKda(T));
-      expect(relError(pools.state, recPools.state), `${msg}: state vs recurrent`).toBeLessThan(2 * tolKda(T));
-    }
-  });
+  it.each(configs)(
+    'chunked matches float64 and the recurrent kernel (%s, chunk 64 and 16)',
+    (_name, lens, slots, numSlots) => {
+      const seed = freshSeed();
+      const p = makeProblem(rng(seed), SHAPE, lens, slots, numSlots);
+      const ref = referenceKda(p, SHAPE);
+      const T = Math.max(...lens);
+      const recPools = clonePools(p.pools);
+      const rec = withIsa(path, () => kdaRecurrent(p.inputs, p.batch, recPools, SHAPE));
+      for (const chunk of [64, 16]) {
+        const pools = clonePools(p.pools);
+        const o = withIsa(path, () =>
+          kdaChunked(p.inputs, p.batch, pools, SHAPE, { out: poisoned(ref.o.length), chunk }),
+        );
+        const msg = `seed ${seed} chunk ${chunk}`;
+        expect(relError(o, ref.o), `${msg}: ${firstMismatches(o, ref.o, 1e-4)}`).toBeLessThan(tolKda(T));
+        expect(relError(pools.state, ref.state), `${msg}: state`).toBeLessThan(tolKda(T));
+        expect(relError(pools.conv, ref.conv), `${msg}: conv`).toBe(0);
+        expect(relError(o, rec), `${msg}: vs recurrent`).toBeLessThan(2 * tolKda(T));
+        expect(relError(pools.state, recPools.state), `${msg}: state vs recurrent`).toBeLessThan(2 * tolKda(T));
+      }
+    },
+  );
 
   it('snapshot commit at every accepted position equals running only the accepted tokens, bit for bit', () => {
     const seed = freshSeed();
@@ -173,9 +204,19 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
       const verified = clonePools(p.pools);
       kdaRecurrent(p.inputs, p.batch, verified, SHAPE, { snapshots: snaps });
       // The last snapshot of each sequence is its final state.
-      expect(firstBitDifference(snaps.state.subarray(6 * l.state, 7 * l.state), verified.state.subarray(2 * l.state, 3 * l.state))).toBe(-1);
-      expect(firstBitDifference(snaps.conv.subarray(11 * l.conv, 12 * l.conv), verified.conv.subarray(0, l.conv))).toBe(-1);
-      for (const [b, r0, len, slot] of [[0, 0, 7, 2], [1, 7, 5, 0]] as const) {
+      expect(
+        firstBitDifference(
+          snaps.state.subarray(6 * l.state, 7 * l.state),
+          verified.state.subarray(2 * l.state, 3 * l.state),
+        ),
+      ).toBe(-1);
+      expect(firstBitDifference(snaps.conv.subarray(11 * l.conv, 12 * l.conv), verified.conv.subarray(0, l.conv))).toBe(
+        -1,
+      );
+      for (const [b, r0, len, slot] of [
+        [0, 0, 7, 2],
+        [1, 7, 5, 0],
+      ] as const) {
         for (let n = 1; n <= len; n++) {
           // (a) commit from snapshots
           const committed = clonePools(verified);
@@ -184,11 +225,24 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
           const replayed = clonePools(p.pools);
           const oReplay = kdaRecurrent(rowsOf(p.inputs, SHAPE, r0, r0 + n), one(n, slot), replayed, SHAPE);
           const msg = `seed ${seed} seq ${b} n=${n}`;
-          expect(firstBitDifference(committed.state.subarray(slot * l.state, (slot + 1) * l.state),
-            replayed.state.subarray(slot * l.state, (slot + 1) * l.state)), `${msg}: state`).toBe(-1);
-          expect(firstBitDifference(committed.conv.subarray(slot * l.conv, (slot + 1) * l.conv),
-            replayed.conv.subarray(slot * l.conv, (slot + 1) * l.conv)), `${msg}: conv`).toBe(-1);
-          expect(oReplay.every((x) => Number.isFinite(x)), msg).toBe(true);
+          expect(
+            firstBitDifference(
+              committed.state.subarray(slot * l.state, (slot + 1) * l.state),
+              replayed.state.subarray(slot * l.state, (slot + 1) * l.state),
+            ),
+            `${msg}: state`,
+          ).toBe(-1);
+          expect(
+            firstBitDifference(
+              committed.conv.subarray(slot * l.conv, (slot + 1) * l.conv),
+              replayed.conv.subarray(slot * l.conv, (slot + 1) * l.conv),
+            ),
+            `${msg}: conv`,
+          ).toBe(-1);
+          expect(
+            oReplay.every((x) => Number.isFinite(x)),
+            msg,
+          ).toBe(true);
         }
       }
     });
@@ -206,8 +260,14 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
       kdaRecurrent(rowsOf(p.inputs, SHAPE, 0, 4), one(4, 1), pools, SHAPE); // accept 4
       const direct = clonePools(p.pools);
       kdaRecurrent(rowsOf(p.inputs, SHAPE, 0, 4), one(4, 1), direct, SHAPE);
-      expect(firstBitDifference(pools.state.subarray(l.state, 2 * l.state), direct.state.subarray(l.state, 2 * l.state)), `seed ${seed}`).toBe(-1);
-      expect(firstBitDifference(pools.conv.subarray(l.conv, 2 * l.conv), direct.conv.subarray(l.conv, 2 * l.conv)), `seed ${seed}`).toBe(-1);
+      expect(
+        firstBitDifference(pools.state.subarray(l.state, 2 * l.state), direct.state.subarray(l.state, 2 * l.state)),
+        `seed ${seed}`,
+      ).toBe(-1);
+      expect(
+        firstBitDifference(pools.conv.subarray(l.conv, 2 * l.conv), direct.conv.subarray(l.conv, 2 * l.conv)),
+        `seed ${seed}`,
+      ).toBe(-1);
       kdaResetSlot(pools, SHAPE, 1);
       expect(pools.state.subarray(l.state, 2 * l.state).every((x) => x === 0)).toBe(true);
     });
@@ -236,7 +296,9 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
     const lens = [33, 4, 70, 1, 17];
     const p = makeProblem(next, SHAPE, lens, [4, 1, 0, 3, 2], 5);
     const run = (q: Problem, pools: KdaStatePools) =>
-      mode === 'recurrent' ? kdaRecurrent(q.inputs, q.batch, pools, SHAPE) : kdaChunked(q.inputs, q.batch, pools, SHAPE, { chunk: 16 });
+      mode === 'recurrent'
+        ? kdaRecurrent(q.inputs, q.batch, pools, SHAPE)
+        : kdaChunked(q.inputs, q.batch, pools, SHAPE, { chunk: 16 });
     const C = SHAPE.heads * SHAPE.headDim;
     const l = kdaSlotLengths(SHAPE);
     withIsa(path, () => {
@@ -250,11 +312,20 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
           state: p.pools.state.slice(slot * l.state, (slot + 1) * l.state),
           conv: p.pools.conv.slice(slot * l.conv, (slot + 1) * l.conv),
         };
-        const oAlone = run({ inputs: rowsOf(p.inputs, SHAPE, r0, r0 + lens[b]!), batch: one(lens[b]!, 0), pools: alone }, alone);
+        const oAlone = run(
+          { inputs: rowsOf(p.inputs, SHAPE, r0, r0 + lens[b]!), batch: one(lens[b]!, 0), pools: alone },
+          alone,
+        );
         const msg = `seed ${seed} seq ${b}`;
         expect(firstBitDifference(oAlone, o.subarray(r0 * C, (r0 + lens[b]!) * C)), `${msg}: output`).toBe(-1);
-        expect(firstBitDifference(alone.state, pools.state.subarray(slot * l.state, (slot + 1) * l.state)), `${msg}: state`).toBe(-1);
-        expect(firstBitDifference(alone.conv, pools.conv.subarray(slot * l.conv, (slot + 1) * l.conv)), `${msg}: conv`).toBe(-1);
+        expect(
+          firstBitDifference(alone.state, pools.state.subarray(slot * l.state, (slot + 1) * l.state)),
+          `${msg}: state`,
+        ).toBe(-1);
+        expect(
+          firstBitDifference(alone.conv, pools.conv.subarray(slot * l.conv, (slot + 1) * l.conv)),
+          `${msg}: conv`,
+        ).toBe(-1);
         r0 += lens[b]!;
       }
       for (const threads of [1, 3]) {
@@ -289,7 +360,10 @@ describe('KDA async and arguments', () => {
   it('async variants equal the sync calls bit for bit', async () => {
     const seed = freshSeed();
     const p = makeProblem(rng(seed), SHAPE, [70, 3], [1, 0], 2);
-    for (const [sync, async] of [[kdaRecurrent, kdaRecurrentAsync], [kdaChunked, kdaChunkedAsync]] as const) {
+    for (const [sync, async] of [
+      [kdaRecurrent, kdaRecurrentAsync],
+      [kdaChunked, kdaChunkedAsync],
+    ] as const) {
       const a = clonePools(p.pools);
       const b = clonePools(p.pools);
       const o = sync(p.inputs, p.batch, a, SHAPE);
@@ -303,11 +377,26 @@ describe('KDA async and arguments', () => {
   it('rejects repeated or out-of-range slots, wrong lengths and snapshot sizes', () => {
     const p = makeProblem(rng(1), SHAPE, [2, 3], [0, 1], 2);
     const bad = (fn: () => unknown, re: RegExp) => expect(fn).toThrow(re);
-    bad(() => kdaRecurrent(p.inputs, { seqLens: Int32Array.of(2, 3), slots: Int32Array.of(1, 1) }, p.pools, SHAPE), /kdaRecurrent: batch.slots\[1\]: expected distinct slots/);
-    bad(() => kdaRecurrent(p.inputs, { seqLens: Int32Array.of(2, 3), slots: Int32Array.of(0, 2) }, p.pools, SHAPE), /slot in \[0, 2\)/);
-    bad(() => kdaRecurrent(p.inputs, { seqLens: Int32Array.of(2, 4), slots: Int32Array.of(0, 1) }, p.pools, SHAPE), /inputs.qkv: expected Float32Array of length/);
-    bad(() => kdaChunked({ ...p.inputs, beta: new Float32Array(3) }, p.batch, p.pools, SHAPE), /kdaChunked: inputs.beta/);
-    bad(() => kdaRecurrent(p.inputs, p.batch, p.pools, SHAPE, { snapshots: createKdaSnapshots(SHAPE, 4) }), /snapshots.state/);
+    bad(
+      () => kdaRecurrent(p.inputs, { seqLens: Int32Array.of(2, 3), slots: Int32Array.of(1, 1) }, p.pools, SHAPE),
+      /kdaRecurrent: batch.slots\[1\]: expected distinct slots/,
+    );
+    bad(
+      () => kdaRecurrent(p.inputs, { seqLens: Int32Array.of(2, 3), slots: Int32Array.of(0, 2) }, p.pools, SHAPE),
+      /slot in \[0, 2\)/,
+    );
+    bad(
+      () => kdaRecurrent(p.inputs, { seqLens: Int32Array.of(2, 4), slots: Int32Array.of(0, 1) }, p.pools, SHAPE),
+      /inputs.qkv: expected Float32Array of length/,
+    );
+    bad(
+      () => kdaChunked({ ...p.inputs, beta: new Float32Array(3) }, p.batch, p.pools, SHAPE),
+      /kdaChunked: inputs.beta/,
+    );
+    bad(
+      () => kdaRecurrent(p.inputs, p.batch, p.pools, SHAPE, { snapshots: createKdaSnapshots(SHAPE, 4) }),
+      /snapshots.state/,
+    );
     bad(() => kdaChunked(p.inputs, p.batch, p.pools, SHAPE, { chunk: 0 }), /chunk/);
     try {
       kdaRecurrent(p.inputs, p.batch, { state: p.pools.state, conv: new Float32Array(5) }, SHAPE);
@@ -329,7 +418,7 @@ describe('KDA async and arguments', () => {
       let ss = 0;
       for (let i = 0; i < d; i++) ss += o[r * d + i]! ** 2;
       const inv = 1 / Math.sqrt(ss / d + 1e-5);
-      for (let i = 0; i < d; i++) ref[r * d + i] = o[r * d + i]! * inv * w[i]! / (1 + Math.exp(-gate[r * d + i]!));
+      for (let i = 0; i < d; i++) ref[r * d + i] = (o[r * d + i]! * inv * w[i]!) / (1 + Math.exp(-gate[r * d + i]!));
     }
     expect(relError(y, ref), `seed ${seed}`).toBeLessThan(TOL_F32);
   });

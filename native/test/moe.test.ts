@@ -3,12 +3,34 @@
 // invariance bit for bit; async == sync; argument errors. Both ISA paths.
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  createMoeExpertSet, gemmBf16, isa, moeExperts, moeExpertsAsync, moeRoute, moeRouter, packBf16Weights,
-  packMoeExpert, setIsa, setNumThreads, type MoeExpertSet, type MoeRouting,
+  createMoeExpertSet,
+  gemmBf16,
+  isa,
+  moeExperts,
+  moeExpertsAsync,
+  moeRoute,
+  moeRouter,
+  packBf16Weights,
+  packMoeExpert,
+  setIsa,
+  setNumThreads,
+  type MoeExpertSet,
+  type MoeRouting,
 } from '@specd/native';
 import {
-  bf16Bits, bf16Value, firstBitDifference, firstMismatches, freshSeed, isaPaths, poisoned, randomF32, relError, rng,
-  tolDot, TOL_F32, withIsa,
+  bf16Bits,
+  bf16Value,
+  firstBitDifference,
+  firstMismatches,
+  freshSeed,
+  isaPaths,
+  poisoned,
+  randomF32,
+  relError,
+  rng,
+  tolDot,
+  TOL_F32,
+  withIsa,
 } from './reference.js';
 
 afterAll(() => {
@@ -17,7 +39,12 @@ afterAll(() => {
 });
 
 /** Random bf16 weights [n, k] (bits) and their exact values. */
-function randomWeights(n: number, k: number, next: () => number, scale = 0.5): { bits: Uint16Array; values: Float64Array } {
+function randomWeights(
+  n: number,
+  k: number,
+  next: () => number,
+  scale = 0.5,
+): { bits: Uint16Array; values: Float64Array } {
   const bits = new Uint16Array(n * k);
   const values = new Float64Array(n * k);
   for (let i = 0; i < n * k; i++) {
@@ -30,14 +57,23 @@ function randomWeights(n: number, k: number, next: () => number, scale = 0.5): {
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
 
 /** float64 reference of MoEGate: ids in selection order (descending key, lowest id on ties). */
-function referenceRoute(logits: Float32Array, n: number, E: number, k: number, factor: number, bias?: Float32Array, renorm = true) {
+function referenceRoute(
+  logits: Float32Array,
+  n: number,
+  E: number,
+  k: number,
+  factor: number,
+  bias?: Float32Array,
+  renorm = true,
+) {
   const ids: number[][] = [];
   const weights: number[][] = [];
   const margins: number[] = [];
   for (let t = 0; t < n; t++) {
     const scores = Array.from({ length: E }, (_, e) => sigmoid(logits[t * E + e]!));
-    const order = scores.map((s, e) => ({ e, key: s + (bias ? bias[e]! : 0) }))
-      .sort((a, b) => (b.key - a.key) || (a.e - b.e));
+    const order = scores
+      .map((s, e) => ({ e, key: s + (bias ? bias[e]! : 0) }))
+      .sort((a, b) => b.key - a.key || a.e - b.e);
     const chosen = order.slice(0, k).map((o) => o.e);
     margins.push(k < E ? order[k - 1]!.key - order[k]!.key : Infinity);
     const sum = chosen.reduce((s, e) => s + scores[e]!, 0);
@@ -49,7 +85,9 @@ function referenceRoute(logits: Float32Array, n: number, E: number, k: number, f
 
 interface Layer {
   set: MoeExpertSet;
-  w1: Float64Array[]; w3: Float64Array[]; w2: Float64Array[];
+  w1: Float64Array[];
+  w3: Float64Array[];
+  w2: Float64Array[];
   shared?: { w1: Float64Array; w3: Float64Array; w2: Float64Array; inter: number };
 }
 
@@ -72,13 +110,23 @@ function makeLayer(next: () => number, E: number, D: number, I: number, sharedIn
   const b = randomWeights(sharedInter, D, next);
   const c = randomWeights(D, sharedInter, next);
   return {
-    set: createMoeExpertSet(packed, packMoeExpert(a.bits, b.bits, c.bits, D, sharedInter)), w1, w3, w2,
+    set: createMoeExpertSet(packed, packMoeExpert(a.bits, b.bits, c.bits, D, sharedInter)),
+    w1,
+    w3,
+    w2,
     shared: { w1: a.values, w3: b.values, w2: c.values, inter: sharedInter },
   };
 }
 
 /** float64 SwiGLU expert on one token. */
-function expertRef(x: Float32Array, w1: Float64Array, w3: Float64Array, w2: Float64Array, D: number, I: number): Float64Array {
+function expertRef(
+  x: Float32Array,
+  w1: Float64Array,
+  w3: Float64Array,
+  w2: Float64Array,
+  D: number,
+  I: number,
+): Float64Array {
   const a = new Float64Array(I);
   for (let i = 0; i < I; i++) {
     let g = 0;
@@ -135,12 +183,18 @@ describe('moeRoute', () => {
     const logits = randomF32(n * E, next, 4);
     const bias = randomF32(E, next, 0.3);
     const scores = poisoned(n * E);
-    const r = moeRoute(logits, n, E, k, factor, { bias, scores, out: { ids: new Int32Array(n * k).fill(-7), weights: poisoned(n * k) } });
+    const r = moeRoute(logits, n, E, k, factor, {
+      bias,
+      scores,
+      out: { ids: new Int32Array(n * k).fill(-7), weights: poisoned(n * k) },
+    });
     const ref = referenceRoute(logits, n, E, k, factor, bias);
     for (let t = 0; t < n; t++) {
       if (ref.margins[t]! < 1e-5) continue; // a near tie: f32 may legitimately choose the other one
       expect(Array.from(r.ids.subarray(t * k, (t + 1) * k)), `seed ${seed} token ${t}`).toEqual(ref.ids[t]);
-      expect(relError(r.weights.subarray(t * k, (t + 1) * k), ref.weights[t]!), `seed ${seed} token ${t}`).toBeLessThan(4 * TOL_F32);
+      expect(relError(r.weights.subarray(t * k, (t + 1) * k), ref.weights[t]!), `seed ${seed} token ${t}`).toBeLessThan(
+        4 * TOL_F32,
+      );
     }
     expect(relError(scores, Array.from(logits, sigmoid)), `seed ${seed}`).toBeLessThan(TOL_F32);
   });
@@ -178,25 +232,36 @@ describe('moeRoute', () => {
 describe.each(isaPaths())('moeExperts on the %s path', (path) => {
   const [E, D, I, S, k] = [7, 37, 23, 29, 3];
 
-  it.each([1, 2, 5, 37])('matches float64 with a shared expert (n=%i, E=7, hidden 37, inter 23, shared 29, k=3)', (n) => {
-    const seed = freshSeed();
-    const next = rng(seed);
-    const layer = makeLayer(next, E, D, I, S);
-    const x = randomF32(n * D, next);
-    const routing = randomRouting(next, n, E, k);
-    const y = withIsa(path, () => moeExperts(x, n, layer.set, routing, poisoned(n * D)));
-    const ref = referenceExperts(layer, x, n, routing);
-    expect(relError(y, ref), `seed ${seed}: ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(4 * (tolDot(D) + tolDot(I)));
-  });
+  it.each([1, 2, 5, 37])(
+    'matches float64 with a shared expert (n=%i, E=7, hidden 37, inter 23, shared 29, k=3)',
+    (n) => {
+      const seed = freshSeed();
+      const next = rng(seed);
+      const layer = makeLayer(next, E, D, I, S);
+      const x = randomF32(n * D, next);
+      const routing = randomRouting(next, n, E, k);
+      const y = withIsa(path, () => moeExperts(x, n, layer.set, routing, poisoned(n * D)));
+      const ref = referenceExperts(layer, x, n, routing);
+      expect(relError(y, ref), `seed ${seed}: ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(
+        4 * (tolDot(D) + tolDot(I)),
+      );
+    },
+  );
 
   it('matches float64 without a shared expert, with a repeated expert in one token', () => {
     const seed = freshSeed();
     const next = rng(seed);
     const layer = makeLayer(next, E, D, I, 0);
     const x = randomF32(3 * D, next);
-    const routing = { topK: 2, ids: Int32Array.of(4, 4, 0, 6, 6, 2), weights: Float32Array.of(0.5, 0.25, 1, 2, 0.3, 0.7) };
+    const routing = {
+      topK: 2,
+      ids: Int32Array.of(4, 4, 0, 6, 6, 2),
+      weights: Float32Array.of(0.5, 0.25, 1, 2, 0.3, 0.7),
+    };
     const y = withIsa(path, () => moeExperts(x, 3, layer.set, routing, poisoned(3 * D)));
-    expect(relError(y, referenceExperts(layer, x, 3, routing)), `seed ${seed}`).toBeLessThan(4 * (tolDot(D) + tolDot(I)));
+    expect(relError(y, referenceExperts(layer, x, 3, routing)), `seed ${seed}`).toBeLessThan(
+      4 * (tolDot(D) + tolDot(I)),
+    );
   });
 
   it('is batch invariant (any subset, any order) and thread invariant, bit for bit', () => {
@@ -212,12 +277,16 @@ describe.each(isaPaths())('moeExperts on the %s path', (path) => {
       // Every token alone.
       for (let t = 0; t < n; t++) {
         const one = moeExperts(x.subarray(t * D, (t + 1) * D), 1, layer.set, {
-          topK: k, ids: routing.ids.subarray(t * k, (t + 1) * k), weights: routing.weights.subarray(t * k, (t + 1) * k),
+          topK: k,
+          ids: routing.ids.subarray(t * k, (t + 1) * k),
+          weights: routing.weights.subarray(t * k, (t + 1) * k),
         });
         expect(firstBitDifference(one, tokenOut(t)), `seed ${seed}: token ${t} alone`).toBe(-1);
       }
       // A shuffled subset of 11 tokens, slots permuted within each token too.
-      const pick = Array.from({ length: n }, (_, i) => i).sort(() => next() - 0.5).slice(0, 11);
+      const pick = Array.from({ length: n }, (_, i) => i)
+        .sort(() => next() - 0.5)
+        .slice(0, 11);
       const xs = new Float32Array(pick.length * D);
       const ids = new Int32Array(pick.length * k);
       const ws = new Float32Array(pick.length * k);
@@ -231,11 +300,16 @@ describe.each(isaPaths())('moeExperts on the %s path', (path) => {
       });
       const sub = moeExperts(xs, pick.length, layer.set, { topK: k, ids, weights: ws });
       pick.forEach((t, i) => {
-        expect(firstBitDifference(sub.subarray(i * D, (i + 1) * D), tokenOut(t)), `seed ${seed}: token ${t} in subset`).toBe(-1);
+        expect(
+          firstBitDifference(sub.subarray(i * D, (i + 1) * D), tokenOut(t)),
+          `seed ${seed}: token ${t} in subset`,
+        ).toBe(-1);
       });
       for (const threads of [1, 3]) {
         setNumThreads(threads);
-        expect(firstBitDifference(moeExperts(x, n, layer.set, routing), full), `seed ${seed}: ${threads} threads`).toBe(-1);
+        expect(firstBitDifference(moeExperts(x, n, layer.set, routing), full), `seed ${seed}: ${threads} threads`).toBe(
+          -1,
+        );
       }
       setNumThreads(isa().threads);
     });
@@ -265,7 +339,9 @@ describe('moeExperts async and arguments', () => {
     for (const t0 of [0, 500, 511, 1000]) {
       const m = 13;
       const part = moeExperts(x.subarray(t0 * D, (t0 + m) * D), m, layer.set, {
-        topK: k, ids: routing.ids.subarray(t0 * k, (t0 + m) * k), weights: routing.weights.subarray(t0 * k, (t0 + m) * k),
+        topK: k,
+        ids: routing.ids.subarray(t0 * k, (t0 + m) * k),
+        weights: routing.weights.subarray(t0 * k, (t0 + m) * k),
       });
       expect(firstBitDifference(part, y.subarray(t0 * D, (t0 + m) * D)), `seed ${seed} t0 ${t0}`).toBe(-1);
     }
@@ -275,13 +351,21 @@ describe('moeExperts async and arguments', () => {
     const next = rng(3);
     const layer = makeLayer(next, 3, 20, 8, 0);
     const x = randomF32(20, next);
-    expect(() => moeExperts(x, 1, layer.set, { topK: 1, ids: Int32Array.of(3), weights: Float32Array.of(1) }))
-      .toThrow(/moeExperts: routing.ids\[0\]: expected an expert id in \[0, 3\)/);
-    expect(() => moeExperts(x, 2, layer.set, { topK: 1, ids: Int32Array.of(0, 1), weights: Float32Array.of(1, 1) }))
-      .toThrow(/moeExperts: x: expected Float32Array of length 40/);
+    expect(() => moeExperts(x, 1, layer.set, { topK: 1, ids: Int32Array.of(3), weights: Float32Array.of(1) })).toThrow(
+      /moeExperts: routing.ids\[0\]: expected an expert id in \[0, 3\)/,
+    );
+    expect(() =>
+      moeExperts(x, 2, layer.set, { topK: 1, ids: Int32Array.of(0, 1), weights: Float32Array.of(1, 1) }),
+    ).toThrow(/moeExperts: x: expected Float32Array of length 40/);
     const a = randomWeights(8, 20, next).bits;
     const other = packMoeExpert(a, a, randomWeights(20, 8, next).bits, 20, 8);
-    const wrong = packMoeExpert(randomWeights(4, 20, next).bits, randomWeights(4, 20, next).bits, randomWeights(20, 4, next).bits, 20, 4);
+    const wrong = packMoeExpert(
+      randomWeights(4, 20, next).bits,
+      randomWeights(4, 20, next).bits,
+      randomWeights(20, 4, next).bits,
+      20,
+      4,
+    );
     expect(() => createMoeExpertSet([other, wrong])).toThrow(/createMoeExpertSet: experts\[1\]: expected inter = 8/);
     expect(() => moeRoute(new Float32Array(6), 2, 3, 4, 1)).toThrow(/moeRoute: topK/);
   });

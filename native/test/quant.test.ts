@@ -4,11 +4,33 @@
 import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
-  addonPath, dequantizeToBf16, gemmBf16, gemmQuant, gemmQuantAsync, guardedFloat32Array, isa, packBf16Weights,
-  quantPackedBytes, quantRawBytes, quantizedWeights, setIsa, setNumThreads, type QuantizedWeights, type QuantType,
+  addonPath,
+  dequantizeToBf16,
+  gemmBf16,
+  gemmQuant,
+  gemmQuantAsync,
+  guardedFloat32Array,
+  isa,
+  packBf16Weights,
+  quantPackedBytes,
+  quantRawBytes,
+  quantizedWeights,
+  setIsa,
+  setNumThreads,
+  type QuantizedWeights,
+  type QuantType,
 } from '@specd/native';
 import {
-  bf16Bits, firstBitDifference, firstMismatches, freshSeed, isaPaths, poisoned, randomF32, relError, rng, tolDot,
+  bf16Bits,
+  firstBitDifference,
+  firstMismatches,
+  freshSeed,
+  isaPaths,
+  poisoned,
+  randomF32,
+  relError,
+  rng,
+  tolDot,
   withIsa,
 } from './reference.js';
 
@@ -103,7 +125,13 @@ function referenceGemm(x: Float32Array, w: Float64Array, m: number, n: number, k
  * 2⁻²⁴), and, over 32 outputs or more, the relative L2 error below tolDot(k).
  */
 function expectClose(
-  y: Float32Array, x: Float32Array, values: Float64Array, m: number, n: number, k: number, what: string,
+  y: Float32Array,
+  x: Float32Array,
+  values: Float64Array,
+  m: number,
+  n: number,
+  k: number,
+  what: string,
 ): void {
   const ref = referenceGemm(x, values, m, n, k);
   for (let i = 0; i < m * n; i++) {
@@ -111,12 +139,16 @@ function expectClose(
     const col = (i % n) * k;
     let mag = 0;
     for (let l = 0; l < k; l++) mag += Math.abs(x[row + l]! * values[col + l]!);
-    expect(Math.abs(y[i]! - ref[i]!), `${what} m=${m} n=${n} k=${k} out ${i}: ${y[i]} vs ${ref[i]}`)
-      .toBeLessThanOrEqual((k + 2) * 2 ** -24 * mag + 1e-30);
+    expect(
+      Math.abs(y[i]! - ref[i]!),
+      `${what} m=${m} n=${n} k=${k} out ${i}: ${y[i]} vs ${ref[i]}`,
+    ).toBeLessThanOrEqual((k + 2) * 2 ** -24 * mag + 1e-30);
   }
   if (m * n >= 32) {
     const err = relError(y, ref);
-    expect(err, `${what} m=${m} n=${n} k=${k}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(tolDot(k));
+    expect(err, `${what} m=${m} n=${n} k=${k}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(
+      tolDot(k),
+    );
   }
 }
 
@@ -125,7 +157,14 @@ function gemm(x: Float32Array, m: number, w: QuantizedWeights): Float32Array {
 }
 
 const shapes: Array<[m: number, n: number, k: number]> = [
-  [1, 16, 32], [1, 1, 32], [3, 17, 64], [5, 45, 576], [1, 130, 1536], [16, 33, 576], [9, 20, 1536], [33, 7, 96],
+  [1, 16, 32],
+  [1, 1, 32],
+  [3, 17, 64],
+  [5, 45, 576],
+  [1, 130, 1536],
+  [16, 33, 576],
+  [9, 20, 1536],
+  [33, 7, 96],
 ];
 
 afterAll(() => {
@@ -148,7 +187,10 @@ describe.each(isaPaths())('gemmQuant on the %s path', (path) => {
     it('matches float64 with extreme scales (f16 max, subnormals, zero, negative d and m)', () => {
       const seed = freshSeed();
       const next = rng(seed);
-      for (const [m, n, k] of [[1, 19, 64], [4, 33, 576]] as const) {
+      for (const [m, n, k] of [
+        [1, 19, 64],
+        [4, 33, 576],
+      ] as const) {
         const { bytes, values } = randomTensor(type, n, k, next, true);
         const w = quantizedWeights(bytes, type, n, k);
         const x = randomF32(m * k, next);
@@ -175,7 +217,10 @@ describe.each(isaPaths())('gemmQuant on the %s path', (path) => {
               const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w);
               for (let i = 0; i < m; i++) {
                 const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
-                expect(diff, `seed ${seed}: threads=${t} m=${m} row ${i} (x row ${offset + i}) differs at column ${diff}`).toBe(-1);
+                expect(
+                  diff,
+                  `seed ${seed}: threads=${t} m=${m} row ${i} (x row ${offset + i}) differs at column ${diff}`,
+                ).toBe(-1);
               }
             }
           }
@@ -274,12 +319,18 @@ describe('quantized weights: sizes and argument errors', () => {
       'gemmQuant: x: expected Float32Array of length 32 (m*w.k), got Float32Array of length 31',
     );
     expect(() => gemmQuant(new Float32Array(32), 1.5, w)).toThrow(/gemmQuant: m: expected an integer/);
-    expect(() => gemmQuant(new Float32Array(32), 1, w, new Float32Array(2))).toThrow(/gemmQuant: out: expected Float32Array of length 3/);
+    expect(() => gemmQuant(new Float32Array(32), 1, w, new Float32Array(2))).toThrow(
+      /gemmQuant: out: expected Float32Array of length 3/,
+    );
     expect(() => gemmQuant(new Float32Array(32), 1, { ...w, data: new Uint8Array(5) })).toThrow(
       /gemmQuant: w.data: expected Uint8Array of length 320/,
     );
-    expect(() => gemmQuantAsync(new Float32Array(3), 1, w)).toThrow(/gemmQuantAsync: x: expected Float32Array of length 32/);
-    expect(() => dequantizeToBf16(w, new Uint16Array(5))).toThrow(/dequantizeToBf16: out: expected Uint16Array of length 96/);
+    expect(() => gemmQuantAsync(new Float32Array(3), 1, w)).toThrow(
+      /gemmQuantAsync: x: expected Float32Array of length 32/,
+    );
+    expect(() => dequantizeToBf16(w, new Uint16Array(5))).toThrow(
+      /dequantizeToBf16: out: expected Uint16Array of length 96/,
+    );
   });
 
   it('rejects bad arguments in the native layer too (no crash), with a code', () => {
@@ -296,14 +347,18 @@ describe('quantized weights: sizes and argument errors', () => {
       throw new Error('no error');
     };
     let e = call(() => raw.gemmQuant(new Float32Array(32), 1, 32, new Uint8Array(4), 'q4_1', 3, new Float32Array(3)));
-    expect(e.message).toBe('gemmQuant: packed: expected Uint8Array of length 320 (quantPackedBytes(type, n, k)), got Uint8Array of length 4');
+    expect(e.message).toBe(
+      'gemmQuant: packed: expected Uint8Array of length 320 (quantPackedBytes(type, n, k)), got Uint8Array of length 4',
+    );
     expect(e.code).toBe('ERR_SPECD_INVALID_ARG');
     e = call(() => raw.gemmQuant(new Float32Array(33), 1, 33, new Uint8Array(320), 'q4_1', 3, new Float32Array(3)));
     expect(e.message).toBe('gemmQuant: k: expected a positive multiple of 32 (the GGUF block size), got 33');
     e = call(() => raw.quantPack(new Uint8Array(20), 'f16', 1, 32, new Uint8Array(320)));
     expect(e.message).toBe('quantPack: type: expected one of "q4_0", "q4_1", "q8_0", got string "f16"');
     e = call(() => raw.quantPack(new Float32Array(5) as unknown as Uint8Array, 'q4_1', 1, 32, new Uint8Array(320)));
-    expect(e.message).toBe('quantPack: src: expected Uint8Array of length 20 (n*(k/32)*blockBytes), got Float32Array of length 5');
+    expect(e.message).toBe(
+      'quantPack: src: expected Uint8Array of length 20 (n*(k/32)*blockBytes), got Float32Array of length 5',
+    );
     expect(e.code).toBe('ERR_SPECD_INVALID_ARG');
   });
 });

@@ -69,7 +69,8 @@ export function firstMismatches(out: ArrayLike<number>, ref: ArrayLike<number>, 
   for (let i = 0; i < ref.length && lines.length < max; i++) {
     const a = out[i]!;
     const b = ref[i]!;
-    if (!(Math.abs(a - b) <= tol * Math.max(1, Math.abs(b))) && !(Object.is(a, b))) lines.push(`[${i}] got ${a} want ${b}`);
+    if (!(Math.abs(a - b) <= tol * Math.max(1, Math.abs(b))) && !Object.is(a, b))
+      lines.push(`[${i}] got ${a} want ${b}`);
   }
   return lines.join('; ');
 }

@@ -22,7 +22,8 @@ describe('runtime', () => {
 
   it('SPECD_ISA=portable and SPECD_NUM_THREADS apply at load', () => {
     const out = execFileSync(process.execPath, ['-e', probe], {
-      env: { ...process.env, SPECD_ISA: 'portable', SPECD_NUM_THREADS: '3' }, encoding: 'utf8',
+      env: { ...process.env, SPECD_ISA: 'portable', SPECD_NUM_THREADS: '3' },
+      encoding: 'utf8',
     });
     expect(JSON.parse(out)).toMatchObject({ isa: 'portable', threads: 3 });
   });
@@ -40,7 +41,9 @@ describe('runtime', () => {
     expect(isa().isa).toBe('portable');
     setIsa('auto');
     expect(isa().isa).toBe(isa().avx512Available ? 'avx512' : 'portable');
-    expect(() => setIsa('neon' as 'auto')).toThrow('setIsa: name: expected one of "auto", "portable", "avx512", got string "neon"');
+    expect(() => setIsa('neon' as 'auto')).toThrow(
+      'setIsa: name: expected one of "auto", "portable", "avx512", got string "neon"',
+    );
   });
 
   it('loads in a worker_thread too (context-aware addon, shared pool)', async () => {

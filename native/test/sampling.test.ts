@@ -9,14 +9,18 @@ function refSoftmax(x: ArrayLike<number>, cols: number, t: number): Float64Array
     let mx = -Infinity;
     for (let i = 0; i < cols; i++) mx = Math.max(mx, x[r * cols + i]!);
     let s = 0;
-    for (let i = 0; i < cols; i++) s += (y[r * cols + i] = Math.exp((x[r * cols + i]! - mx) / t));
+    for (let i = 0; i < cols; i++) s += y[r * cols + i] = Math.exp((x[r * cols + i]! - mx) / t);
     for (let i = 0; i < cols; i++) y[r * cols + i]! /= s;
   }
   return y;
 }
 
 describe('softmax', () => {
-  it.each([[1, 5, 1], [3, 1000, 0.7], [17, 4097, 1.5]])('matches float64 (rows=%i vocab=%i T=%f)', (rows, vocab, t) => {
+  it.each([
+    [1, 5, 1],
+    [3, 1000, 0.7],
+    [17, 4097, 1.5],
+  ])('matches float64 (rows=%i vocab=%i T=%f)', (rows, vocab, t) => {
     const seed = freshSeed();
     const x = randomF32(rows * vocab, rng(seed), 10);
     x[0] = -Infinity;
@@ -26,8 +30,12 @@ describe('softmax', () => {
   });
 
   it('throws a named error for a row without a finite value', () => {
-    expect(() => softmax(new Float32Array([1, 2, -Infinity, -Infinity]), 2)).toThrow('softmax: x: row 1 has no finite value');
-    expect(() => softmax(new Float32Array(4), 2, 0)).toThrow('softmax: temperature: expected a number > 0, got number 0');
+    expect(() => softmax(new Float32Array([1, 2, -Infinity, -Infinity]), 2)).toThrow(
+      'softmax: x: row 1 has no finite value',
+    );
+    expect(() => softmax(new Float32Array(4), 2, 0)).toThrow(
+      'softmax: temperature: expected a number > 0, got number 0',
+    );
   });
 });
 
@@ -57,7 +65,8 @@ describe('topKMask', () => {
     for (let r = 0; r < rows; r++) {
       const row = Array.from(x.subarray(r * vocab, (r + 1) * vocab));
       const kth = [...row].sort((a, b) => b - a)[k - 1]!;
-      for (let i = 0; i < vocab; i++) expect(y[r * vocab + i], `seed ${seed}`).toBe(row[i]! >= kth ? row[i] : -Infinity);
+      for (let i = 0; i < vocab; i++)
+        expect(y[r * vocab + i], `seed ${seed}`).toBe(row[i]! >= kth ? row[i] : -Infinity);
     }
     expect(Array.from(topKMask(new Float32Array([1, 3, 3, 2]), 4, 2))).toEqual([-Infinity, 3, 3, -Infinity]);
     expect(Array.from(topKMask(new Float32Array([1, 2, 2, 0]), 4, 2))).toEqual([-Infinity, 2, 2, -Infinity]);

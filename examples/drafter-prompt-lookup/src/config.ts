@@ -38,7 +38,8 @@ export const PROMPT_LOOKUP_SCHEMA: DrafterSchema = Object.freeze({
 export function parseSettings(raw: Readonly<Record<string, unknown>> | undefined): PromptLookupSettings {
   const get = (key: string, fallback: number, min: number): number => {
     const v = raw?.[key] ?? fallback;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) throw new RangeError(`prompt-lookup: ${key}: expected an integer >= ${min}, got ${JSON.stringify(v)}`);
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min)
+      throw new RangeError(`prompt-lookup: ${key}: expected an integer >= ${min}, got ${JSON.stringify(v)}`);
     return v;
   };
   const numDraftTokens = get('num_draft_tokens', DEFAULT_SETTINGS.numDraftTokens, 1);

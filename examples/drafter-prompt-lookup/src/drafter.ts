@@ -4,7 +4,15 @@
  * the (up to) k tokens that followed it. No taps, no draft KV, no weights; drafts are argmax
  * drafts (no `probs`: a point mass), so sampled requests are verified by plain rejection.
  */
-import { DrafterError, type ContextSpan, type DraftBatch, type Drafter, type DraftProposal, type SequenceId, type StageInfo } from '@specd/core';
+import {
+  DrafterError,
+  type ContextSpan,
+  type DraftBatch,
+  type Drafter,
+  type DraftProposal,
+  type SequenceId,
+  type StageInfo,
+} from '@specd/core';
 
 import { PROMPT_LOOKUP_METHOD, type PromptLookupSettings } from './config.js';
 
@@ -42,7 +50,11 @@ export class PromptLookupDrafter implements Drafter {
     return [];
   }
 
-  projectTargetHiddenPartial(_stageTaps: ReadonlyMap<number, Float32Array>, _numTokens: number, accumulator?: Float32Array): Float32Array {
+  projectTargetHiddenPartial(
+    _stageTaps: ReadonlyMap<number, Float32Array>,
+    _numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
     return accumulator ?? new Float32Array(0);
   }
 
@@ -50,7 +62,8 @@ export class PromptLookupDrafter implements Drafter {
     for (const s of spans) {
       const have = this.context.get(s.id);
       if (have === undefined) throw new DrafterError(`prompt-lookup: unknown sequence ${String(s.id)}`);
-      if (s.position !== have) throw new DrafterError(`prompt-lookup: sequence ${String(s.id)}: span at ${s.position}, context has ${have}`);
+      if (s.position !== have)
+        throw new DrafterError(`prompt-lookup: sequence ${String(s.id)}: span at ${s.position}, context has ${have}`);
       this.context.set(s.id, have + s.numTokens);
     }
   }

@@ -15,7 +15,9 @@ export const promptLookupPlugin: DrafterPlugin = Object.freeze({
   architectures: Object.freeze([]) as readonly string[],
   schema: PROMPT_LOOKUP_SCHEMA,
   load(): Promise<Drafter> {
-    return Promise.reject(new DrafterError('prompt-lookup needs no checkpoint: select it with "drafter": {"method": "prompt-lookup"}'));
+    return Promise.reject(
+      new DrafterError('prompt-lookup needs no checkpoint: select it with "drafter": {"method": "prompt-lookup"}'),
+    );
   },
   loadWithoutCheckpoint(options: DrafterLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() => new PromptLookupDrafter(parseSettings(options.settings)));
@@ -27,5 +29,11 @@ export function register(container: DependencyContainer): void {
   container.register(DRAFTER_PLUGIN, { useValue: promptLookupPlugin });
 }
 
-export { DEFAULT_SETTINGS, parseSettings, PROMPT_LOOKUP_METHOD, PROMPT_LOOKUP_SCHEMA, type PromptLookupSettings } from './config.js';
+export {
+  DEFAULT_SETTINGS,
+  parseSettings,
+  PROMPT_LOOKUP_METHOD,
+  PROMPT_LOOKUP_SCHEMA,
+  type PromptLookupSettings,
+} from './config.js';
 export { lookupDrafts, PromptLookupDrafter } from './drafter.js';

@@ -65,29 +65,42 @@ export function parseKimiConfig(cfg: HfConfig): KimiConfig {
   const kda = la.requireIntArray('kda_layers', { min: 1, max: numLayers });
   const full = la.requireIntArray('full_attn_layers', { min: 1, max: numLayers });
   const kinds: (KimiLayerKind | undefined)[] = new Array(numLayers).fill(undefined);
-  for (const [list, kind, key] of [[kda, 'kda', 'kda_layers'], [full, 'mla', 'full_attn_layers']] as const) {
+  for (const [list, kind, key] of [
+    [kda, 'kda', 'kda_layers'],
+    [full, 'mla', 'full_attn_layers'],
+  ] as const) {
     for (const l of list) {
-      if (kinds[l - 1] !== undefined) la.fail(key, `layer ${l} is listed twice (kda_layers ∪ full_attn_layers must list every layer 1..${numLayers} once)`);
+      if (kinds[l - 1] !== undefined)
+        la.fail(
+          key,
+          `layer ${l} is listed twice (kda_layers ∪ full_attn_layers must list every layer 1..${numLayers} once)`,
+        );
       kinds[l - 1] = kind;
     }
   }
   const missing = kinds.flatMap((k, i) => (k === undefined ? [i + 1] : []));
-  if (missing.length > 0) la.fail('kda_layers', `layers [${missing.join(', ')}] are in neither kda_layers nor full_attn_layers`);
-  if (cfg.requireBoolean('mla_use_nope') !== true) cfg.fail('mla_use_nope', 'only mla_use_nope = true is implemented (Kimi-Linear\'s published setting)');
+  if (missing.length > 0)
+    la.fail('kda_layers', `layers [${missing.join(', ')}] are in neither kda_layers nor full_attn_layers`);
+  if (cfg.requireBoolean('mla_use_nope') !== true)
+    cfg.fail('mla_use_nope', "only mla_use_nope = true is implemented (Kimi-Linear's published setting)");
   if (cfg.has('q_lora_rank')) cfg.fail('q_lora_rank', 'must be null (Kimi-Linear has a plain q_proj)');
   const router = cfg.optionalString('moe_router_activation_func') ?? 'sigmoid';
   if (router !== 'sigmoid') cfg.fail('moe_router_activation_func', `must be "sigmoid", got ${JSON.stringify(router)}`);
   const act = cfg.optionalString('hidden_act') ?? 'silu';
   if (act !== 'silu') cfg.fail('hidden_act', `must be "silu" (SwiGLU experts), got ${JSON.stringify(act)}`);
   const freq = cfg.optionalInt('moe_layer_freq') ?? 1;
-  if (freq !== 1) cfg.fail('moe_layer_freq', `only 1 is implemented (every layer from first_k_dense_replace on is MoE), got ${freq}`);
+  if (freq !== 1)
+    cfg.fail('moe_layer_freq', `only 1 is implemented (every layer from first_k_dense_replace on is MoE), got ${freq}`);
   const groups = cfg.optionalInt('num_expert_group') ?? 1;
   if (groups !== 1) cfg.fail('num_expert_group', `only 1 is implemented (no grouped top-k), got ${groups}`);
   const numExperts = cfg.requireInt('num_experts', pos);
   const expertsPerToken = cfg.requireInt('num_experts_per_token', pos);
-  if (expertsPerToken > numExperts) cfg.fail('num_experts_per_token', `must be <= num_experts (${numExperts}), got ${expertsPerToken}`);
+  if (expertsPerToken > numExperts)
+    cfg.fail('num_experts_per_token', `must be <= num_experts (${numExperts}), got ${expertsPerToken}`);
   const eos = cfg.has('eos_token_id')
-    ? (Array.isArray(cfg.raw['eos_token_id']) ? cfg.requireIntArray('eos_token_id', { min: 0 }) : [cfg.requireInt('eos_token_id', { min: 0 })])
+    ? Array.isArray(cfg.raw['eos_token_id'])
+      ? cfg.requireIntArray('eos_token_id', { min: 0 })
+      : [cfg.requireInt('eos_token_id', { min: 0 })]
     : [];
   return Object.freeze({
     modelType,

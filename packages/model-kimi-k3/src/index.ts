@@ -13,13 +13,38 @@ export function register(container: DependencyContainer): void {
 }
 
 export { kimiPlugin } from './plugin.js';
-export { KIMI_ARCHITECTURES, KIMI_MODEL_TYPES, parseKimiConfig, type KimiConfig, type KimiLayerKind } from './config.js';
 export {
-  KimiForwardError, KimiStageModel, KimiTensorParallelError, kimiShardConfig, loadKimiFromDir, loadKimiShard, loadKimiStage, loadKimiStageAsync, type KdaSnapshotSet, type KimiDebugHooks, type KimiForwardOptions,
-  type KimiForwardResult, type KimiKernelChoice, type KimiLoadOptions,
+  KIMI_ARCHITECTURES,
+  KIMI_MODEL_TYPES,
+  parseKimiConfig,
+  type KimiConfig,
+  type KimiLayerKind,
+} from './config.js';
+export {
+  KimiForwardError,
+  KimiStageModel,
+  KimiTensorParallelError,
+  kimiShardConfig,
+  loadKimiFromDir,
+  loadKimiShard,
+  loadKimiStage,
+  loadKimiStageAsync,
+  type KdaSnapshotSet,
+  type KimiDebugHooks,
+  type KimiForwardOptions,
+  type KimiForwardResult,
+  type KimiKernelChoice,
+  type KimiLoadOptions,
 } from './model.js';
 export type { KdaLayerSnapshots } from './kda.js';
-export { tsKernels, type KdaCall, type KimiKernels, type MlaBatch, type Routing, type SwigluWeights } from './kernels.js';
+export {
+  tsKernels,
+  type KdaCall,
+  type KimiKernels,
+  type MlaBatch,
+  type Routing,
+  type SwigluWeights,
+} from './kernels.js';
 export { nativeKernels } from './kernels-native.js';
 export type { RouterChoice } from './moe.js';
 export { KimiWeightError } from './weights.js';

@@ -49,7 +49,12 @@ export const KDA_TENSORS_PER_LAYER = 15;
  * dt_bias, and o_proj's columns of its channels; f_a, g_a and o_norm whole (replicated).
  * @throws {KimiWeightError}.
  */
-export function loadKdaWeights(r: WeightReader, c: KimiConfig, l: number, shard: ShardRank = { rank: 0, size: 1 }): KdaWeights {
+export function loadKdaWeights(
+  r: WeightReader,
+  c: KimiConfig,
+  l: number,
+  shard: ShardRank = { rank: 0, size: 1 },
+): KdaWeights {
   const p = `model.layers.${l}.self_attn.`;
   const H = c.kdaHeads * shard.size;
   const d = c.kdaHeadDim;
@@ -60,14 +65,25 @@ export function loadKdaWeights(r: WeightReader, c: KimiConfig, l: number, shard:
   const ch: [number, number] = [h0 * d, h1 * d];
   const hd = ch[1] - ch[0];
   const convWeight = new Float32Array(3 * hd * ks);
-  ['q', 'k', 'v'].forEach((n, i) => convWeight.set(r.f32Range(`${p}${n}_conv1d.weight`, [HD, 1, ks], ch[0] * ks, ch[1] * ks), i * hd * ks));
+  ['q', 'k', 'v'].forEach((n, i) =>
+    convWeight.set(r.f32Range(`${p}${n}_conv1d.weight`, [HD, 1, ks], ch[0] * ks, ch[1] * ks), i * hd * ks),
+  );
   const aLog = r.f32Range(`${p}A_log`, [1, 1, H, 1], h0, h1);
-  const rows = (name: string, n: number, k: number, block?: [number, number]) => ({ name: `${p}${name}.weight`, n, k, ...(block === undefined ? {} : { block: { rows: block } }) });
+  const rows = (name: string, n: number, k: number, block?: [number, number]) => ({
+    name: `${p}${name}.weight`,
+    n,
+    k,
+    ...(block === undefined ? {} : { block: { rows: block } }),
+  });
   const sharded = shard.size > 1;
   return {
     inProj: r.packedBlocks([
-      rows('q_proj', HD, D, sharded ? ch : undefined), rows('k_proj', HD, D, sharded ? ch : undefined), rows('v_proj', HD, D, sharded ? ch : undefined),
-      rows('f_a_proj', d, D), rows('g_a_proj', d, D), rows('b_proj', H, D, sharded ? [h0, h1] : undefined),
+      rows('q_proj', HD, D, sharded ? ch : undefined),
+      rows('k_proj', HD, D, sharded ? ch : undefined),
+      rows('v_proj', HD, D, sharded ? ch : undefined),
+      rows('f_a_proj', d, D),
+      rows('g_a_proj', d, D),
+      rows('b_proj', H, D, sharded ? [h0, h1] : undefined),
     ]),
     fB: r.packedBlocks([rows('f_b_proj', HD, d, sharded ? ch : undefined)]),
     gB: r.packedBlocks([rows('g_b_proj', HD, d, sharded ? ch : undefined)]),
@@ -97,8 +113,18 @@ function softplus(x: number): number {
  * each sequence's recurrent and conv state in `cache` (layer `l`). `chunked[i]` selects the
  * chunked form for span i (prefill only).
  */
-export function kdaForward(w: KdaWeights, c: KimiConfig, l: number, xn: Float32Array, spans: readonly SeqSpan[], N: number,
-  cache: SequenceCache, kernels: KimiKernels, chunked: readonly boolean[], snapshots?: KdaLayerSnapshots): Float32Array {
+export function kdaForward(
+  w: KdaWeights,
+  c: KimiConfig,
+  l: number,
+  xn: Float32Array,
+  spans: readonly SeqSpan[],
+  N: number,
+  cache: SequenceCache,
+  kernels: KimiKernels,
+  chunked: readonly boolean[],
+  snapshots?: KdaLayerSnapshots,
+): Float32Array {
   const H = c.kdaHeads;
   const d = c.kdaHeadDim;
   const HD = H * d;
@@ -130,18 +156,30 @@ export function kdaForward(w: KdaWeights, c: KimiConfig, l: number, xn: Float32A
     while (j < spans.length && chunked[j] === chunked[i]) j++;
     const first = spans[i]!.tokenStart;
     const last = spans[j - 1]!.tokenStart + spans[j - 1]!.numNew;
-    kernels.kda({
-      qkv: qkv.subarray(first * 3 * HD, last * 3 * HD), g: g.subarray(first * HD, last * HD), beta: beta.subarray(first * H, last * H),
-      convWeight: w.convWeight, seqLens: Int32Array.from(spans.slice(i, j), (s) => s.numNew),
-      slots: Int32Array.from(spans.slice(i, j), (s) => pools.slotOf(s.id)), state, conv, heads: H, headDim: d,
-      out: o.subarray(first * HD, last * HD),
-      ...(snapshots === undefined ? {} : {
-        snapshots: {
-          state: snapshots.state.subarray(first * H * d * d, last * H * d * d),
-          conv: snapshots.conv.subarray(first * 3 * HD * (c.convKernel - 1), last * 3 * HD * (c.convKernel - 1)),
-        },
-      }),
-    }, chunked[i] ? 'chunked' : 'recurrent');
+    kernels.kda(
+      {
+        qkv: qkv.subarray(first * 3 * HD, last * 3 * HD),
+        g: g.subarray(first * HD, last * HD),
+        beta: beta.subarray(first * H, last * H),
+        convWeight: w.convWeight,
+        seqLens: Int32Array.from(spans.slice(i, j), (s) => s.numNew),
+        slots: Int32Array.from(spans.slice(i, j), (s) => pools.slotOf(s.id)),
+        state,
+        conv,
+        heads: H,
+        headDim: d,
+        out: o.subarray(first * HD, last * HD),
+        ...(snapshots === undefined
+          ? {}
+          : {
+              snapshots: {
+                state: snapshots.state.subarray(first * H * d * d, last * H * d * d),
+                conv: snapshots.conv.subarray(first * 3 * HD * (c.convKernel - 1), last * 3 * HD * (c.convKernel - 1)),
+              },
+            }),
+      },
+      chunked[i] ? 'chunked' : 'recurrent',
+    );
     i = j;
   }
   gatedRmsNorm(o, w.oNorm, gb, c.rmsNormEps, 'sigmoid', o);

@@ -4,8 +4,16 @@
  */
 
 import {
-  createMoeExpertSet, kdaChunked, kdaRecurrent, mlaAttention, moeExperts, moeRoute, prepareMlaWeights,
-  type MlaWeights, type MoeExpertSet, type MoeExpertWeights,
+  createMoeExpertSet,
+  kdaChunked,
+  kdaRecurrent,
+  mlaAttention,
+  moeExperts,
+  moeRoute,
+  prepareMlaWeights,
+  type MlaWeights,
+  type MoeExpertSet,
+  type MoeExpertWeights,
 } from '@specd/native';
 
 import type { KimiKernels, MlaPrepared, MoePrepared, SwigluWeights } from './kernels.js';
@@ -33,7 +41,11 @@ export const nativeKernels: KimiKernels = Object.freeze<KimiKernels>({
   },
   prepareMla(kvB, c) {
     const w = prepareMlaWeights(kvB, {
-      numHeads: c.numHeads, qkNopeHeadDim: c.qkNopeHeadDim, qkRopeHeadDim: c.qkRopeHeadDim, vHeadDim: c.vHeadDim, kvLoraRank: c.kvLoraRank,
+      numHeads: c.numHeads,
+      qkNopeHeadDim: c.qkNopeHeadDim,
+      qkRopeHeadDim: c.qkRopeHeadDim,
+      vHeadDim: c.vHeadDim,
+      kvLoraRank: c.kvLoraRank,
     });
     return { kind: 'native', w } as NativeMla;
   },
@@ -41,7 +53,10 @@ export const nativeKernels: KimiKernels = Object.freeze<KimiKernels>({
     return mlaAttention(q, pool, pageSize, (prepared as NativeMla).w, batch, { scale, mask: 'causal' });
   },
   route(logits, n, bias, c) {
-    return moeRoute(logits, n, c.numExperts, c.expertsPerToken, c.routedScalingFactor, { bias, renormalize: c.moeRenormalize });
+    return moeRoute(logits, n, c.numExperts, c.expertsPerToken, c.routedScalingFactor, {
+      bias,
+      renormalize: c.moeRenormalize,
+    });
   },
   prepareMoe(experts, shared) {
     const pack = (s: SwigluWeights): MoeExpertWeights => ({ w13: s.gateUp, w2: s.down });

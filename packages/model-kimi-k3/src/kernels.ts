@@ -90,7 +90,15 @@ export interface KimiKernels {
    * Absorbed MLA attention (NoPE): q `[T, H, nope + rope]` f32 over the latent pool
    * `[numPages, pageSize, r + rope]` f32 (this step's rows already written) → `[T, H, v]` f32.
    */
-  mla(q: Float32Array, pool: Float32Array, pageSize: number, w: MlaPrepared, batch: MlaBatch, scale: number, c: KimiConfig): Float32Array;
+  mla(
+    q: Float32Array,
+    pool: Float32Array,
+    pageSize: number,
+    w: MlaPrepared,
+    batch: MlaBatch,
+    scale: number,
+    c: KimiConfig,
+  ): Float32Array;
   /**
    * Router from logits `[N, E]` f32: sigmoid scores; top-k by score + bias (ties to the lower id);
    * weights = chosen scores / (Σ + 1e−20) (if renormalize) · routed_scaling_factor.
@@ -109,8 +117,17 @@ export interface KimiKernels {
 const L2_EPS = 1e-6;
 
 /** Causal depthwise conv + SiLU of `n` rows (conv i of 3 in `qkv`), in place on `state [C, ks−1]`. */
-function convSilu(qkv: Float32Array, C: number, i: number, row0: number, n: number, w: Float32Array, ks: number,
-  state: Float32Array, out: Float32Array): void {
+function convSilu(
+  qkv: Float32Array,
+  C: number,
+  i: number,
+  row0: number,
+  n: number,
+  w: Float32Array,
+  ks: number,
+  state: Float32Array,
+  out: Float32Array,
+): void {
   const keep = ks - 1;
   const width = 3 * C;
   for (let c = 0; c < C; c++) {
@@ -140,8 +157,20 @@ function l2norm(x: Float32Array, from: number, to: number, d: number, scale: num
 }
 
 /** One sequence's recurrent steps on `S [H, d, d]` (rows [row0, row0 + n)). */
-function recurrent(S: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array, g: Float32Array, beta: Float32Array,
-  out: Float32Array, row0: number, n: number, H: number, d: number, snap?: Float32Array): void {
+function recurrent(
+  S: Float32Array,
+  q: Float32Array,
+  k: Float32Array,
+  v: Float32Array,
+  g: Float32Array,
+  beta: Float32Array,
+  out: Float32Array,
+  row0: number,
+  n: number,
+  H: number,
+  d: number,
+  snap?: Float32Array,
+): void {
   const alpha = new Float64Array(d);
   const u = new Float64Array(d);
   const acc = new Float64Array(d);
@@ -184,7 +213,15 @@ function recurrent(S: Float32Array, q: Float32Array, k: Float32Array, v: Float32
  * Conv states after each of `n` rows (before `state` is advanced): row r's snapshot `[3C, ks−1]`
  * is the last ks−1 pre-conv inputs per channel up to and including row r.
  */
-function convSnapshots(qkv: Float32Array, C: number, row0: number, n: number, ks: number, state: Float32Array, snap: Float32Array): void {
+function convSnapshots(
+  qkv: Float32Array,
+  C: number,
+  row0: number,
+  n: number,
+  ks: number,
+  state: Float32Array,
+  snap: Float32Array,
+): void {
   const keep = ks - 1;
   const per = 3 * C * keep;
   for (let t = 0; t < n; t++) {
@@ -235,10 +272,25 @@ export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
       const slot = slots[b]!;
       const cs = conv.subarray(slot * convSlot, (slot + 1) * convSlot);
       if (call.snapshots !== undefined) convSnapshots(qkv, C, row0, n, ks, cs, call.snapshots.conv);
-      [q, k, v].forEach((dst, i) => convSilu(qkv, C, i, row0, n, convWeight, ks, cs.subarray(i * C * (ks - 1), (i + 1) * C * (ks - 1)), dst));
+      [q, k, v].forEach((dst, i) =>
+        convSilu(qkv, C, i, row0, n, convWeight, ks, cs.subarray(i * C * (ks - 1), (i + 1) * C * (ks - 1)), dst),
+      );
       l2norm(q, row0 * C, (row0 + n) * C, d, 1 / Math.sqrt(d));
       l2norm(k, row0 * C, (row0 + n) * C, d, 1);
-      recurrent(state.subarray(slot * H * d * d, (slot + 1) * H * d * d), q, k, v, g, beta, out, row0, n, H, d, call.snapshots?.state);
+      recurrent(
+        state.subarray(slot * H * d * d, (slot + 1) * H * d * d),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        out,
+        row0,
+        n,
+        H,
+        d,
+        call.snapshots?.state,
+      );
       row0 += n;
     }
   },

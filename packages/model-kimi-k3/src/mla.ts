@@ -46,7 +46,13 @@ export function mlaFloatsPerToken(c: KimiConfig): number {
  * kv_a_layernorm whole (the latent cache is shared by all heads: every rank keeps it whole).
  * @throws {KimiWeightError}.
  */
-export function loadMlaWeights(r: WeightReader, c: KimiConfig, l: number, kernels: KimiKernels, shard: ShardRank = { rank: 0, size: 1 }): MlaWeights {
+export function loadMlaWeights(
+  r: WeightReader,
+  c: KimiConfig,
+  l: number,
+  kernels: KimiKernels,
+  shard: ShardRank = { rank: 0, size: 1 },
+): MlaWeights {
   const p = `model.layers.${l}.self_attn.`;
   const { qkNopeHeadDim: nope, qkRopeHeadDim: rope, vHeadDim: vd, kvLoraRank: rank, hiddenSize: D } = c;
   const H = c.numHeads * shard.size;
@@ -56,12 +62,27 @@ export function loadMlaWeights(r: WeightReader, c: KimiConfig, l: number, kernel
   const kvb = nope + vd;
   return {
     inProj: r.packedBlocks([
-      { name: `${p}q_proj.weight`, n: H * qk, k: D, ...(sharded ? { block: { rows: [h0 * qk, h1 * qk] as const } } : {}) },
+      {
+        name: `${p}q_proj.weight`,
+        n: H * qk,
+        k: D,
+        ...(sharded ? { block: { rows: [h0 * qk, h1 * qk] as const } } : {}),
+      },
       { name: `${p}kv_a_proj_with_mqa.weight`, n: rank + rope, k: D },
     ]),
     kvNorm: r.f32(`${p}kv_a_layernorm.weight`, [rank]),
-    kvB: kernels.prepareMla(r.bf16Block(`${p}kv_b_proj.weight`, H * kvb, rank, sharded ? { rows: [h0 * kvb, h1 * kvb] } : {}), c),
-    oProj: r.packedBlocks([{ name: `${p}o_proj.weight`, n: D, k: H * vd, ...(sharded ? { block: { cols: [h0 * vd, h1 * vd] as const } } : {}) }]),
+    kvB: kernels.prepareMla(
+      r.bf16Block(`${p}kv_b_proj.weight`, H * kvb, rank, sharded ? { rows: [h0 * kvb, h1 * kvb] } : {}),
+      c,
+    ),
+    oProj: r.packedBlocks([
+      {
+        name: `${p}o_proj.weight`,
+        n: D,
+        k: H * vd,
+        ...(sharded ? { block: { cols: [h0 * vd, h1 * vd] as const } } : {}),
+      },
+    ]),
   };
 }
 
@@ -85,8 +106,17 @@ export function mlaBatch(spans: readonly SeqSpan[], cache: SequenceCache): MlaBa
  * MLA forward for a batch: `xn [N, hidden]` f32 → `[N, hidden]` f32. Writes each new token's cache
  * row into the paged store of layer `l`, then attends.
  */
-export function mlaForward(w: MlaWeights, c: KimiConfig, l: number, xn: Float32Array, spans: readonly SeqSpan[], N: number,
-  cache: SequenceCache, kernels: KimiKernels, batch: MlaBatch): Float32Array {
+export function mlaForward(
+  w: MlaWeights,
+  c: KimiConfig,
+  l: number,
+  xn: Float32Array,
+  spans: readonly SeqSpan[],
+  N: number,
+  cache: SequenceCache,
+  kernels: KimiKernels,
+  batch: MlaBatch,
+): Float32Array {
   const { numHeads: H, qkNopeHeadDim: nope, qkRopeHeadDim: rope, kvLoraRank: rank } = c;
   const qw = H * (nope + rope);
   const width = qw + rank + rope;

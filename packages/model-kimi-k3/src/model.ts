@@ -10,7 +10,17 @@
  */
 
 import type {
-  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, ModelSource, SequenceCache, SequenceId, StageInfo, StageLoadOptions, StageModel, TpComm,
+  CacheGeometry,
+  ForwardBatch,
+  ForwardOptions,
+  ForwardResult,
+  ModelSource,
+  SequenceCache,
+  SequenceId,
+  StageInfo,
+  StageLoadOptions,
+  StageModel,
+  TpComm,
 } from '@specd/core';
 import { gatherVocabParallel, HfConfig, SafetensorsCheckpoint, vocabShardRange } from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
@@ -20,7 +30,14 @@ import { KDA_TENSORS_PER_LAYER, kdaForward, loadKdaWeights, type KdaLayerSnapsho
 import { swigluForward, tsKernels, type KimiKernels, type SwigluWeights } from './kernels.js';
 import { nativeKernels } from './kernels-native.js';
 import type { SeqSpan, ShardRank } from './layout.js';
-import { loadMlaWeights, MLA_TENSORS_PER_LAYER, mlaBatch, mlaFloatsPerToken, mlaForward, type MlaWeights } from './mla.js';
+import {
+  loadMlaWeights,
+  MLA_TENSORS_PER_LAYER,
+  mlaBatch,
+  mlaFloatsPerToken,
+  mlaForward,
+  type MlaWeights,
+} from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
 import { commitFromSnapshots } from './rollback.js';
 import { kimiWeightReader, type WeightReader } from './weights.js';
@@ -95,15 +112,27 @@ export class KimiStageModel implements StageModel {
   ) {
     const c = config;
     this.info = Object.freeze({
-      numLayers: c.numLayers, layerStart, layerEnd, hiddenSize: c.hiddenSize, vocabSize: c.vocabSize,
-      isFirst: layerStart === 0, isLast: layerEnd === c.numLayers, layerKinds: c.layerKinds,
+      numLayers: c.numLayers,
+      layerStart,
+      layerEnd,
+      hiddenSize: c.hiddenSize,
+      vocabSize: c.vocabSize,
+      isFirst: layerStart === 0,
+      isLast: layerEnd === c.numLayers,
+      layerKinds: c.layerKinds,
     });
-    const own = (kind: string) => c.layerKinds.flatMap((k, i) => (k === kind && i >= layerStart && i < layerEnd ? [i] : []));
+    const own = (kind: string) =>
+      c.layerKinds.flatMap((k, i) => (k === kind && i >= layerStart && i < layerEnd ? [i] : []));
     this.cacheGeometry = Object.freeze({
       pagedKv: { layers: own('mla'), floatsPerToken: mlaFloatsPerToken(c) },
       linearState: {
-        layers: own('kda'), heads: c.kdaHeads, keyDim: c.kdaHeadDim, valueDim: c.kdaHeadDim,
-        convStates: 3, convChannels: c.kdaHeads * c.kdaHeadDim, convWidth: c.convKernel - 1,
+        layers: own('kda'),
+        heads: c.kdaHeads,
+        keyDim: c.kdaHeadDim,
+        valueDim: c.kdaHeadDim,
+        convStates: 3,
+        convChannels: c.kdaHeads * c.kdaHeadDim,
+        convWidth: c.convKernel - 1,
       },
     });
   }
@@ -119,22 +148,29 @@ export class KimiStageModel implements StageModel {
     const c = this.config;
     const D = c.hiddenSize;
     const { layerStart, layerEnd, isFirst, isLast } = this.info;
-    if (batch.sequences.length === 0) throw new KimiForwardError('forward: batch.sequences: expected at least one sequence');
+    if (batch.sequences.length === 0)
+      throw new KimiForwardError('forward: batch.sequences: expected at least one sequence');
     const spans: SeqSpan[] = [];
     let N = 0;
     const ids = new Set<unknown>();
     for (const [i, s] of batch.sequences.entries()) {
-      if (ids.has(s.id)) throw new KimiForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
+      if (ids.has(s.id))
+        throw new KimiForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
       ids.add(s.id);
-      if (s.tokens.length < 1) throw new KimiForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
+      if (s.tokens.length < 1)
+        throw new KimiForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
       const have = cache.length(s.id);
-      if (have !== s.position) throw new KimiForwardError(`forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`);
+      if (have !== s.position)
+        throw new KimiForwardError(
+          `forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`,
+        );
       spans.push({ id: s.id, tokenStart: N, numNew: s.tokens.length, position: s.position });
       N += s.tokens.length;
     }
     const taps = options.taps ?? [];
     for (const t of taps) {
-      if (!Number.isInteger(t) || t < layerStart || t > layerEnd) throw new KimiForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
+      if (!Number.isInteger(t) || t < layerStart || t > layerEnd)
+        throw new KimiForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
     }
     let h: Float32Array;
     if (isFirst && batch.hidden === undefined) {
@@ -142,14 +178,17 @@ export class KimiStageModel implements StageModel {
       let row = 0;
       for (const [i, s] of batch.sequences.entries()) {
         for (const id of s.tokens) {
-          if (!(id >= 0 && id < c.vocabSize)) throw new KimiForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
+          if (!(id >= 0 && id < c.vocabSize))
+            throw new KimiForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
           h.set(bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D)), row * D);
           row++;
         }
       }
     } else {
       if (batch.hidden === undefined || batch.hidden.length !== N * D) {
-        throw new KimiForwardError(`forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`);
+        throw new KimiForwardError(
+          `forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`,
+        );
       }
       h = batch.hidden.slice();
     }
@@ -163,12 +202,17 @@ export class KimiStageModel implements StageModel {
     };
     capture(layerStart);
     const wantSnapshots = options.kdaSnapshots === true || options.stateSnapshots === true;
-    const chunked = batch.sequences.map((s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && !wantSnapshots);
+    const chunked = batch.sequences.map(
+      (s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && !wantSnapshots,
+    );
     const snapshots = wantSnapshots ? new Map<number, KdaLayerSnapshots>() : undefined;
     if (snapshots !== undefined) {
       const g = this.cacheGeometry.linearState;
       for (const l of g.layers) {
-        snapshots.set(l, { state: new Float32Array(N * g.heads * g.keyDim * g.valueDim), conv: new Float32Array(N * g.convStates * g.convChannels * g.convWidth) });
+        snapshots.set(l, {
+          state: new Float32Array(N * g.heads * g.keyDim * g.valueDim),
+          conv: new Float32Array(N * g.convStates * g.convChannels * g.convWidth),
+        });
       }
     }
     const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
@@ -176,15 +220,19 @@ export class KimiStageModel implements StageModel {
       const l = layerStart + li;
       const w = this.layers[li]!;
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
-      const a = reduce(w.kind === 'kda'
-        ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l))
-        : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!));
+      const a = reduce(
+        w.kind === 'kda'
+          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l))
+          : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!),
+      );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;
       const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
       const debug = this.debug;
-      const f = reduce(w.dense !== undefined
-        ? swigluForward(w.dense, xm, N)
-        : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined));
+      const f = reduce(
+        w.dense !== undefined
+          ? swigluForward(w.dense, xm, N)
+          : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined),
+      );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
       capture(l + 1);
     }
@@ -207,9 +255,13 @@ export class KimiStageModel implements StageModel {
         logits = new Float32Array(0);
       }
     }
-    const snapshotSet = snapshots === undefined ? undefined : { spans: spans.map((s) => ({ ...s })), layers: snapshots };
+    const snapshotSet =
+      snapshots === undefined ? undefined : { spans: spans.map((s) => ({ ...s })), layers: snapshots };
     return {
-      logits, logitRowStart, hidden: h, taps: captured,
+      logits,
+      logitRowStart,
+      hidden: h,
+      taps: captured,
       ...(snapshotSet === undefined ? {} : { kdaSnapshots: snapshotSet, stateSnapshots: snapshotSet }),
     };
   }
@@ -221,7 +273,8 @@ export class KimiStageModel implements StageModel {
    */
   commitPrefix(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void {
     const snaps = (result as KimiForwardResult).kdaSnapshots;
-    if (snaps === undefined) throw new KimiForwardError('commitPrefix: result: the forward was not run with { stateSnapshots: true }');
+    if (snaps === undefined)
+      throw new KimiForwardError('commitPrefix: result: the forward was not run with { stateSnapshots: true }');
     commitFromSnapshots(cache, snaps, id, committed);
   }
 
@@ -231,10 +284,12 @@ export class KimiStageModel implements StageModel {
    */
   embedTokens(tokens: Int32Array): Float32Array {
     const D = this.config.hiddenSize;
-    if (this.embed === undefined) throw new KimiForwardError('embedTokens: this stage has no embedding (not the first stage, or disposed)');
+    if (this.embed === undefined)
+      throw new KimiForwardError('embedTokens: this stage has no embedding (not the first stage, or disposed)');
     const out = new Float32Array(tokens.length * D);
     tokens.forEach((id, i) => {
-      if (!(id >= 0 && id < this.config.vocabSize)) throw new KimiForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
+      if (!(id >= 0 && id < this.config.vocabSize))
+        throw new KimiForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
       out.set(bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D)), i * D);
     });
     return out;
@@ -247,8 +302,12 @@ export class KimiStageModel implements StageModel {
    * @throws {KimiForwardError} on a non-last stage or a mis-sized x (before any collective).
    */
   lmHead(x: Float32Array, rows: number): Float32Array {
-    if (this.lmHeadWeights === undefined) throw new KimiForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
-    if (x.length !== rows * this.config.hiddenSize) throw new KimiForwardError(`lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`);
+    if (this.lmHeadWeights === undefined)
+      throw new KimiForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
+    if (x.length !== rows * this.config.hiddenSize)
+      throw new KimiForwardError(
+        `lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`,
+      );
     return this.vocabLogits(x, rows);
   }
 
@@ -262,7 +321,9 @@ export class KimiStageModel implements StageModel {
   private vocabLogits(x: Float32Array, rows: number): Float32Array {
     const local = gemmBf16(x, rows, this.lmHeadWeights!);
     const comm = this.comm;
-    return comm === undefined || comm.size === 1 ? local : gatherVocabParallel(comm, local, rows, this.config.vocabSize);
+    return comm === undefined || comm.size === 1
+      ? local
+      : gatherVocabParallel(comm, local, rows, this.config.vocabSize);
   }
 
   /** Drops the weights (the stage is unusable afterwards). */
@@ -300,7 +361,12 @@ export async function loadKimiStageAsync(source: ModelSource, options: KimiLoadO
 }
 
 /** The loader as steps: yields after the embedding and after each layer. */
-function* buildStage(source: ModelSource, options: KimiLoadOptions, comm?: TpComm, onReader?: (r: WeightReader) => void): Generator<void, KimiStageModel, void> {
+function* buildStage(
+  source: ModelSource,
+  options: KimiLoadOptions,
+  comm?: TpComm,
+  onReader?: (r: WeightReader) => void,
+): Generator<void, KimiStageModel, void> {
   const full = parseKimiConfig(source.config);
   const shard: ShardRank = comm === undefined ? { rank: 0, size: 1 } : { rank: comm.rank, size: comm.size };
   const c = comm === undefined ? full : kimiShardConfig(full, comm.size);
@@ -313,10 +379,17 @@ function* buildStage(source: ModelSource, options: KimiLoadOptions, comm?: TpCom
   const withEmbedding = (start === 0 || options.embedding === true) && shard.rank === 0;
   let total = (withEmbedding ? 1 : 0) + (end === c.numLayers ? 2 : 0);
   for (let l = start; l < end; l++) {
-    total += 2 + (c.layerKinds[l] === 'kda' ? KDA_TENSORS_PER_LAYER : MLA_TENSORS_PER_LAYER) + (l < c.firstKDenseReplace ? 3 : moeTensorCount(c));
+    total +=
+      2 +
+      (c.layerKinds[l] === 'kda' ? KDA_TENSORS_PER_LAYER : MLA_TENSORS_PER_LAYER) +
+      (l < c.firstKDenseReplace ? 3 : moeTensorCount(c));
   }
   const onProgress = options.onProgress;
-  const r = kimiWeightReader(source.weights, total, onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined);
+  const r = kimiWeightReader(
+    source.weights,
+    total,
+    onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined,
+  );
   onReader?.(r);
   const D = c.hiddenSize;
   const embed = withEmbedding ? r.bf16('model.embed_tokens.weight', [c.vocabSize, D]) : undefined;
@@ -341,7 +414,14 @@ function* buildStage(source: ModelSource, options: KimiLoadOptions, comm?: TpCom
   const isLast = end === c.numLayers;
   const finalNorm = isLast ? r.f32('model.norm.weight', [D]) : undefined;
   const lmHead = isLast
-    ? r.packedBlocks([{ name: c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', n: c.vocabSize, k: D, block: { rows: vocabShardRange(c.vocabSize, shard.rank, shard.size) } }])
+    ? r.packedBlocks([
+        {
+          name: c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight',
+          n: c.vocabSize,
+          k: D,
+          block: { rows: vocabShardRange(c.vocabSize, shard.rank, shard.size) },
+        },
+      ])
     : undefined;
   return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead, comm);
 }
@@ -359,14 +439,20 @@ export class KimiTensorParallelError extends Error {
  */
 export function kimiShardConfig(c: KimiConfig, tp: number): KimiConfig {
   const counts: [string, number][] = [
-    ['num_attention_heads (MLA heads)', c.numHeads], ['linear_attn_config.num_heads (KDA heads)', c.kdaHeads], ['num_experts', c.numExperts],
-    ['intermediate_size', c.intermediateSize], ['moe_intermediate_size × num_shared_experts', c.moeIntermediateSize * c.numSharedExperts],
+    ['num_attention_heads (MLA heads)', c.numHeads],
+    ['linear_attn_config.num_heads (KDA heads)', c.kdaHeads],
+    ['num_experts', c.numExperts],
+    ['intermediate_size', c.intermediateSize],
+    ['moe_intermediate_size × num_shared_experts', c.moeIntermediateSize * c.numSharedExperts],
   ];
-  if (!Number.isInteger(tp) || tp < 1) throw new KimiTensorParallelError(`tensor parallelism: tp must be an integer >= 1, got ${tp}`);
+  if (!Number.isInteger(tp) || tp < 1)
+    throw new KimiTensorParallelError(`tensor parallelism: tp must be an integer >= 1, got ${tp}`);
   const bad = counts.filter(([, n]) => n % tp !== 0);
   if (bad.length > 0) {
-    throw new KimiTensorParallelError(`tensor parallelism: tp = ${tp} does not divide ${bad.map(([k, n]) => `${k} = ${n}`).join(', ')}; `
-      + `use a tp that divides ${c.numHeads} MLA heads, ${c.kdaHeads} KDA heads and ${c.numExperts} experts`);
+    throw new KimiTensorParallelError(
+      `tensor parallelism: tp = ${tp} does not divide ${bad.map(([k, n]) => `${k} = ${n}`).join(', ')}; ` +
+        `use a tp that divides ${c.numHeads} MLA heads, ${c.kdaHeads} KDA heads and ${c.numExperts} experts`,
+    );
   }
   return Object.freeze({ ...c, numHeads: c.numHeads / tp, kdaHeads: c.kdaHeads / tp });
 }
@@ -383,7 +469,11 @@ export function kimiShardConfig(c: KimiConfig, tp: number): KimiConfig {
  * @returns the stage and every tensor (block) it read.
  * @throws {KimiTensorParallelError} for a tp that does not fit; as {@link loadKimiStage}.
  */
-export async function loadKimiShard(source: ModelSource, comm: TpComm, options: KimiLoadOptions = {}): Promise<{ model: KimiStageModel; reads: readonly TensorRead[] }> {
+export async function loadKimiShard(
+  source: ModelSource,
+  comm: TpComm,
+  options: KimiLoadOptions = {},
+): Promise<{ model: KimiStageModel; reads: readonly TensorRead[] }> {
   kimiShardConfig(parseKimiConfig(source.config), comm.size);
   let reader: WeightReader | undefined;
   const steps = buildStage(source, options, comm, (r) => (reader = r));
@@ -408,7 +498,9 @@ function selectKernels(choice: KimiKernelChoice | undefined): KimiKernels {
   const pick = choice ?? (env === undefined || env === '' ? 'native' : env);
   if (pick === 'native') return nativeKernels;
   if (pick === 'ts') return tsKernels;
-  throw new RangeError(`loadKimiStage: kernels: expected "native" or "ts" (option or SPECD_KIMI_KERNELS), got ${JSON.stringify(pick)}`);
+  throw new RangeError(
+    `loadKimiStage: kernels: expected "native" or "ts" (option or SPECD_KIMI_KERNELS), got ${JSON.stringify(pick)}`,
+  );
 }
 
 /**

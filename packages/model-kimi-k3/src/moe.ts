@@ -41,15 +41,31 @@ export interface RouterChoice extends Routing {
  * `shard`, only its block of the intermediate width: gate/up rows and down columns [i0, i1)
  * (Megatron column- then row-parallel: the rank's output is a partial sum, all-reduced).
  */
-export function loadSwiglu(r: WeightReader, prefix: string, names: readonly [string, string, string], hidden: number, inter: number,
-  shard: ShardRank = { rank: 0, size: 1 }): SwigluWeights {
+export function loadSwiglu(
+  r: WeightReader,
+  prefix: string,
+  names: readonly [string, string, string],
+  hidden: number,
+  inter: number,
+  shard: ShardRank = { rank: 0, size: 1 },
+): SwigluWeights {
   const sharded = shard.size > 1;
   const block = sharded ? shardRange(inter, shard) : undefined;
   const rows = block === undefined ? {} : { block: { rows: block } };
   return {
     inter: block === undefined ? inter : block[1] - block[0],
-    gateUp: r.packedBlocks([{ name: `${prefix}${names[0]}.weight`, n: inter, k: hidden, ...rows }, { name: `${prefix}${names[1]}.weight`, n: inter, k: hidden, ...rows }]),
-    down: r.packedBlocks([{ name: `${prefix}${names[2]}.weight`, n: hidden, k: inter, ...(block === undefined ? {} : { block: { cols: block } }) }]),
+    gateUp: r.packedBlocks([
+      { name: `${prefix}${names[0]}.weight`, n: inter, k: hidden, ...rows },
+      { name: `${prefix}${names[1]}.weight`, n: inter, k: hidden, ...rows },
+    ]),
+    down: r.packedBlocks([
+      {
+        name: `${prefix}${names[2]}.weight`,
+        n: hidden,
+        k: inter,
+        ...(block === undefined ? {} : { block: { cols: block } }),
+      },
+    ]),
   };
 }
 
@@ -63,15 +79,30 @@ export function moeTensorCount(c: KimiConfig): number {
  * the router whole (replicated), only the rank's experts [e0, e1) = its 1/size of them
  * (expert parallelism inside TP), and its columns of the shared expert. @throws {KimiWeightError}.
  */
-export function loadMoeWeights(r: WeightReader, c: KimiConfig, l: number, kernels: KimiKernels, shard: ShardRank = { rank: 0, size: 1 }): MoeWeights {
+export function loadMoeWeights(
+  r: WeightReader,
+  c: KimiConfig,
+  l: number,
+  kernels: KimiKernels,
+  shard: ShardRank = { rank: 0, size: 1 },
+): MoeWeights {
   const p = `model.layers.${l}.block_sparse_moe.`;
   const D = c.hiddenSize;
   const [e0, e1] = shardRange(c.numExperts, shard);
   const experts: SwigluWeights[] = [];
-  for (let e = e0; e < e1; e++) experts.push(loadSwiglu(r, `${p}experts.${e}.`, ['w1', 'w3', 'w2'], D, c.moeIntermediateSize));
-  const shared = c.numSharedExperts > 0
-    ? loadSwiglu(r, `${p}shared_experts.`, ['gate_proj', 'up_proj', 'down_proj'], D, c.moeIntermediateSize * c.numSharedExperts, shard)
-    : undefined;
+  for (let e = e0; e < e1; e++)
+    experts.push(loadSwiglu(r, `${p}experts.${e}.`, ['w1', 'w3', 'w2'], D, c.moeIntermediateSize));
+  const shared =
+    c.numSharedExperts > 0
+      ? loadSwiglu(
+          r,
+          `${p}shared_experts.`,
+          ['gate_proj', 'up_proj', 'down_proj'],
+          D,
+          c.moeIntermediateSize * c.numSharedExperts,
+          shard,
+        )
+      : undefined;
   const gate = r.packedRows([`${p}gate.weight`], [c.numExperts], D);
   const bias = r.f32(`${p}gate.e_score_correction_bias`, [c.numExperts]);
   if (shard.size > 1) return { gate, bias, experts: kernels.prepareMoe(experts, undefined), local: { e0, e1, shared } };
@@ -83,12 +114,20 @@ export function loadMoeWeights(r: WeightReader, c: KimiConfig, l: number, kernel
  * one kernel call per count of such experts (1 … topK; tokens with none skip the call), each token
  * still summing its experts in ascending id; then the shard's shared-expert columns are added.
  */
-function moeShardForward(w: MoeWeights, x: Float32Array, N: number, D: number, kernels: KimiKernels, r: Routing): Float32Array {
+function moeShardForward(
+  w: MoeWeights,
+  x: Float32Array,
+  N: number,
+  D: number,
+  kernels: KimiKernels,
+  r: Routing,
+): Float32Array {
   const { e0, e1, shared } = w.local!;
   const K = r.topK;
   const out = new Float32Array(N * D);
   const owned = new Int32Array(N);
-  for (let t = 0; t < N; t++) for (let j = 0; j < K; j++) if (r.ids[t * K + j]! >= e0 && r.ids[t * K + j]! < e1) owned[t]!++;
+  for (let t = 0; t < N; t++)
+    for (let j = 0; j < K; j++) if (r.ids[t * K + j]! >= e0 && r.ids[t * K + j]! < e1) owned[t]!++;
   for (let cnt = 1; cnt <= K; cnt++) {
     const rows: number[] = [];
     for (let t = 0; t < N; t++) if (owned[t] === cnt) rows.push(t);
@@ -122,8 +161,14 @@ function moeShardForward(w: MoeWeights, x: Float32Array, N: number, D: number, k
  * Sparse MoE block: `x [N, hidden]` f32 (post-attention-normalised) → `[N, hidden]` f32.
  * @param onRoute receives the router decisions (tests, statistics).
  */
-export function moeForward(w: MoeWeights, c: KimiConfig, x: Float32Array, N: number, kernels: KimiKernels,
-  onRoute?: (r: RouterChoice) => void): Float32Array {
+export function moeForward(
+  w: MoeWeights,
+  c: KimiConfig,
+  x: Float32Array,
+  N: number,
+  kernels: KimiKernels,
+  onRoute?: (r: RouterChoice) => void,
+): Float32Array {
   const logits = gemmBf16(x, N, w.gate);
   const r = kernels.route(logits, N, w.bias, c);
   if (onRoute !== undefined) {

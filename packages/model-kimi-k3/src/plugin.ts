@@ -1,5 +1,12 @@
 /** The Kimi-K3 / Kimi-Linear {@link ModelPlugin}: `load` = {@link loadKimiStageAsync} (yields between layers). */
-import type { LoadedShard, ModelPlugin, ModelSource, ShardLoadOptions, StageLoadOptions, StageModel } from '@specd/core';
+import type {
+  LoadedShard,
+  ModelPlugin,
+  ModelSource,
+  ShardLoadOptions,
+  StageLoadOptions,
+  StageModel,
+} from '@specd/core';
 
 import { KIMI_ARCHITECTURES, KIMI_MODEL_TYPES } from './config.js';
 import { loadKimiShard, loadKimiStageAsync } from './model.js';

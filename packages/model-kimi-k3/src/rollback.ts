@@ -19,13 +19,20 @@ import type { KdaSnapshotSet } from './model.js';
  * @param hidden for a non-first stage: `[committed.length, hidden]` f32 input from the previous stage.
  * @returns the replay's forward result (taps as requested).
  */
-export function commitByReplay(stage: StageModel, cache: SequenceCache, id: SequenceId, checkpoint: SequenceCheckpoint,
-  committed: Int32Array, options: { hidden?: Float32Array; taps?: readonly number[] } = {}): ForwardResult | undefined {
+export function commitByReplay(
+  stage: StageModel,
+  cache: SequenceCache,
+  id: SequenceId,
+  checkpoint: SequenceCheckpoint,
+  committed: Int32Array,
+  options: { hidden?: Float32Array; taps?: readonly number[] } = {},
+): ForwardResult | undefined {
   cache.rollback(id, checkpoint);
   if (committed.length === 0) return undefined;
   return stage.forward(
     { sequences: [{ id, position: checkpoint.length, tokens: committed, logits: 'none' }], hidden: options.hidden },
-    cache, { taps: options.taps },
+    cache,
+    { taps: options.taps },
   );
 }
 
@@ -36,11 +43,19 @@ export function commitByReplay(stage: StageModel, cache: SequenceCache, id: Sequ
  * @throws {RangeError} if `id` was not in that forward, or `committed` is not in [1, numNew]
  *   (to keep none, roll back to a checkpoint).
  */
-export function commitFromSnapshots(cache: SequenceCache, snapshots: KdaSnapshotSet, id: SequenceId, committed: number): void {
+export function commitFromSnapshots(
+  cache: SequenceCache,
+  snapshots: KdaSnapshotSet,
+  id: SequenceId,
+  committed: number,
+): void {
   const span = snapshots.spans.find((s) => s.id === id);
-  if (span === undefined) throw new RangeError(`commitFromSnapshots: id: sequence ${String(id)} was not in the snapshotted forward`);
+  if (span === undefined)
+    throw new RangeError(`commitFromSnapshots: id: sequence ${String(id)} was not in the snapshotted forward`);
   if (!Number.isInteger(committed) || committed < 1 || committed > span.numNew) {
-    throw new RangeError(`commitFromSnapshots: committed: expected an integer in [1, ${span.numNew}], got ${committed}`);
+    throw new RangeError(
+      `commitFromSnapshots: committed: expected an integer in [1, ${span.numNew}], got ${committed}`,
+    );
   }
   const row = span.tokenStart + committed - 1;
   for (const [l, snap] of snapshots.layers) {

@@ -34,7 +34,9 @@ const VARIANTS = [
   { kernels: 'native', prefill: 'recurrent' },
   { kernels: 'native', prefill: 'chunked' },
 ] as const;
-const CASES = VARIANTS.flatMap((v) => Object.keys(index.goldens).map((name) => [`${v.kernels}/${v.prefill}`, name, v] as const));
+const CASES = VARIANTS.flatMap((v) =>
+  Object.keys(index.goldens).map((name) => [`${v.kernels}/${v.prefill}`, name, v] as const),
+);
 
 function concat(parts: Float32Array[]): Float32Array {
   const out = new Float32Array(parts.reduce((a, b) => a + b.length, 0));
@@ -72,7 +74,11 @@ describe.each(CASES)('%s golden %s', (variant, name, v) => {
     try {
       for (let p = 0; p < ids.length; p += PREFILL_CHUNK) {
         const chunk = ids.subarray(p, Math.min(ids.length, p + PREFILL_CHUNK));
-        const res = model.forward({ sequences: [{ id: name, position: p, tokens: chunk, logits: 'all', phase: 'prefill' }] }, cache, { taps });
+        const res = model.forward(
+          { sequences: [{ id: name, position: p, tokens: chunk, logits: 'all', phase: 'prefill' }] },
+          cache,
+          { taps },
+        );
         for (const t of taps) hidden[t]!.push(res.taps.get(t)!);
         logitRows.push(res.logits!);
       }
@@ -109,8 +115,12 @@ describe.each(CASES)('%s golden %s', (variant, name, v) => {
         const err = relError(cache.state!.recurrent(name, l), f32(`kda.${l}.state`));
         const conv = cache.state!.conv(name, l);
         const n = conv.length / 3;
-        const convErr = Math.max(...['q', 'k', 'v'].map((s, i) => relError(conv.subarray(i * n, (i + 1) * n), f32(`kda.${l}.conv_${s}`))));
-        console.log(`[${variant} ${name}] kda.${l} state rel ${err.toExponential(2)} conv rel ${convErr.toExponential(2)}`);
+        const convErr = Math.max(
+          ...['q', 'k', 'v'].map((s, i) => relError(conv.subarray(i * n, (i + 1) * n), f32(`kda.${l}.conv_${s}`))),
+        );
+        console.log(
+          `[${variant} ${name}] kda.${l} state rel ${err.toExponential(2)} conv rel ${convErr.toExponential(2)}`,
+        );
         expect(err).toBeLessThan(TOL);
         expect(convErr).toBeLessThan(TOL);
       } else {
@@ -157,7 +167,9 @@ describe.each(CASES)('%s golden %s', (variant, name, v) => {
           for (let j = 0; j < K; j++) {
             const e = ids2[t * K + j]!;
             const jr = Array.from(wantIds.subarray(t * K, (t + 1) * K)).indexOf(e);
-            expect(Math.abs(w2[t * K + j]! - wantW[t * K + jr]!)).toBeLessThan(TOL * Math.abs(wantW[t * K + jr]!) + 1e-6);
+            expect(Math.abs(w2[t * K + j]! - wantW[t * K + jr]!)).toBeLessThan(
+              TOL * Math.abs(wantW[t * K + jr]!) + 1e-6,
+            );
           }
           continue;
         }
@@ -166,7 +178,9 @@ describe.each(CASES)('%s golden %s', (variant, name, v) => {
         expect(row[K - 1]! - row[K]!).toBeLessThan(1e-4);
         nearTies++;
       }
-      console.log(`[${variant} ${name}] moe.${l} router: ${ids.length - nearTies}/${ids.length} identical, ${nearTies} near-ties`);
+      console.log(
+        `[${variant} ${name}] moe.${l} router: ${ids.length - nearTies}/${ids.length} identical, ${nearTies} near-ties`,
+      );
     }
   });
 
@@ -177,7 +191,10 @@ describe.each(CASES)('%s golden %s', (variant, name, v) => {
     expect(out[0]).toBe(entry.first_token);
     while (out.length < entry.greedy_continuation.length) {
       const pos = cache.length(name);
-      const res = model.forward({ sequences: [{ id: name, position: pos, tokens: Int32Array.of(out[out.length - 1]!), logits: 'last' }] }, cache);
+      const res = model.forward(
+        { sequences: [{ id: name, position: pos, tokens: Int32Array.of(out[out.length - 1]!), logits: 'last' }] },
+        cache,
+      );
       out.push(argmaxRows(res.logits!, V)[0]!);
     }
     expect(out).toEqual(entry.greedy_continuation);

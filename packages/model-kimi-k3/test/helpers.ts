@@ -14,7 +14,12 @@ export const TINY_DIR = path.join(REPO_ROOT, 'models/kimi-k3-tiny');
 export const GOLDENS_DIR = path.join(REPO_ROOT, 'test/goldens');
 
 /** Loads a stage of a checkpoint directory. */
-export function loadStage(dir: string, kernels: KimiKernelChoice, layerStart?: number, layerEnd?: number): KimiStageModel {
+export function loadStage(
+  dir: string,
+  kernels: KimiKernelChoice,
+  layerStart?: number,
+  layerEnd?: number,
+): KimiStageModel {
   const weights = SafetensorsCheckpoint.open(dir);
   try {
     return loadKimiStage({ dir, config: HfConfig.read(dir), weights }, { layerStart, layerEnd, kernels });
@@ -25,7 +30,11 @@ export function loadStage(dir: string, kernels: KimiKernelChoice, layerStart?: n
 
 /** A cache for a stage with room for `numSlots` sequences of `maxTokens`. */
 export function cacheFor(stage: KimiStageModel, numSlots = 4, maxTokens = 1024, pageSize = 16): SequenceCache {
-  return new SequenceCache(stage.cacheGeometry, { pageSize, numPages: numSlots * Math.ceil(maxTokens / pageSize), numSlots });
+  return new SequenceCache(stage.cacheGeometry, {
+    pageSize,
+    numPages: numSlots * Math.ceil(maxTokens / pageSize),
+    numSlots,
+  });
 }
 
 /** max |a − b| / max |b| (relative to the reference's largest magnitude). */

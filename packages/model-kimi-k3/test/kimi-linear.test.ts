@@ -6,14 +6,23 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 
-import { HfConfig, HfConfigError, SafetensorsCheckpoint, SequenceCache, writeSafetensors, type TensorToWrite } from '@specd/core';
+import {
+  HfConfig,
+  HfConfigError,
+  SafetensorsCheckpoint,
+  SequenceCache,
+  writeSafetensors,
+  type TensorToWrite,
+} from '@specd/core';
 import { f32ToBf16 } from '@specd/native';
 
 import { kimiPlugin, loadKimiStage, parseKimiConfig, type KimiStageModel } from '../src/index.js';
 import { bitwiseEqual, KERNELS, relError, REPO_ROOT } from './helpers.js';
 
 const FIXTURE = path.join(REPO_ROOT, 'test/fixtures/kimi-linear-48b-a3b');
-const real = JSON.parse(fs.readFileSync(path.join(FIXTURE, 'tensor-names.json'), 'utf8')) as { tensors: { name: string; dtype: string }[] };
+const real = JSON.parse(fs.readFileSync(path.join(FIXTURE, 'tensor-names.json'), 'utf8')) as {
+  tensors: { name: string; dtype: string }[];
+};
 const realConfig = JSON.parse(fs.readFileSync(path.join(FIXTURE, 'config.json'), 'utf8')) as Record<string, unknown>;
 /** Name pattern: layer and expert indices replaced by N. */
 const pattern = (n: string) => n.replace(/\.layers\.\d+\./, '.layers.N.').replace(/\.experts\.\d+\./, '.experts.N.');
@@ -22,17 +31,41 @@ const realDtype = new Map(real.tensors.map((t) => [pattern(t.name), t.dtype]));
 // Same structure as the 48B (first layer dense, KDA except every 4th, MLA last), scaled down.
 const tiny = {
   ...realConfig,
-  vocab_size: 96, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 4, num_attention_heads: 2, num_key_value_heads: 2,
-  kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8, head_dim: 12,
-  linear_attn_config: { kda_layers: [1, 2, 3], full_attn_layers: [4], num_heads: 2, head_dim: 8, short_conv_kernel_size: 4 },
-  num_experts: 4, num_experts_per_token: 2, moe_intermediate_size: 16, eos_token_id: 95, bos_token_id: 94, pad_token_id: 93,
+  vocab_size: 96,
+  hidden_size: 32,
+  intermediate_size: 48,
+  num_hidden_layers: 4,
+  num_attention_heads: 2,
+  num_key_value_heads: 2,
+  kv_lora_rank: 16,
+  qk_nope_head_dim: 8,
+  qk_rope_head_dim: 4,
+  v_head_dim: 8,
+  head_dim: 12,
+  linear_attn_config: {
+    kda_layers: [1, 2, 3],
+    full_attn_layers: [4],
+    num_heads: 2,
+    head_dim: 8,
+    short_conv_kernel_size: 4,
+  },
+  num_experts: 4,
+  num_experts_per_token: 2,
+  moe_intermediate_size: 16,
+  eos_token_id: 95,
+  bos_token_id: 94,
+  pad_token_id: 93,
 };
 
 function shapes(): Map<string, number[]> {
   const c = parseKimiConfig(HfConfig.fromObject(tiny));
   const D = c.hiddenSize;
   const HD = c.kdaHeads * c.kdaHeadDim;
-  const m = new Map<string, number[]>([['model.embed_tokens.weight', [c.vocabSize, D]], ['lm_head.weight', [c.vocabSize, D]], ['model.norm.weight', [D]]]);
+  const m = new Map<string, number[]>([
+    ['model.embed_tokens.weight', [c.vocabSize, D]],
+    ['lm_head.weight', [c.vocabSize, D]],
+    ['model.norm.weight', [D]],
+  ]);
   for (let l = 0; l < c.numLayers; l++) {
     const p = `model.layers.${l}.`;
     m.set(`${p}input_layernorm.weight`, [D]);
@@ -129,7 +162,10 @@ describe('kimi_linear checkpoint with the real 48B key names', () => {
   it.each(KERNELS)('%s kernels: decodes deterministically; TS and native agree', (kernels) => {
     const weights = SafetensorsCheckpoint.open(dir);
     const stage = loadKimiStage({ dir, config: HfConfig.read(dir), weights }, { kernels });
-    const other = loadKimiStage({ dir, config: HfConfig.read(dir), weights }, { kernels: kernels === 'ts' ? 'native' : 'ts' });
+    const other = loadKimiStage(
+      { dir, config: HfConfig.read(dir), weights },
+      { kernels: kernels === 'ts' ? 'native' : 'ts' },
+    );
     weights.close();
     expect(stage.config.layerKinds).toEqual(['kda', 'kda', 'kda', 'mla']);
     expect(stage.config.eosTokenIds).toEqual([95]);
@@ -141,7 +177,10 @@ describe('kimi_linear checkpoint with the real 48B key names', () => {
     expect(full.logits!.every(Number.isFinite)).toBe(true);
     const V = stage.info.vocabSize;
     for (let i = 0; i < ids.length; i++) {
-      const one = stage.forward({ sequences: [{ id: 'b', position: i, tokens: ids.subarray(i, i + 1), logits: 'last' }] }, cache);
+      const one = stage.forward(
+        { sequences: [{ id: 'b', position: i, tokens: ids.subarray(i, i + 1), logits: 'last' }] },
+        cache,
+      );
       expect(bitwiseEqual(one.logits!, full.logits!.subarray(i * V, (i + 1) * V))).toBe(true);
     }
     const oc = new SequenceCache(other.cacheGeometry, { numPages: 8, numSlots: 1 });
@@ -164,7 +203,10 @@ describe('config validation', () => {
   });
   it('layer kinds only from linear_attn_config (1-based), every layer exactly once', () => {
     const la = tiny.linear_attn_config;
-    bad({ linear_attn_config: { ...la, full_attn_layers: [3, 4] } }, /linear_attn_config.full_attn_layers.*layer 3 is listed twice/);
+    bad(
+      { linear_attn_config: { ...la, full_attn_layers: [3, 4] } },
+      /linear_attn_config.full_attn_layers.*layer 3 is listed twice/,
+    );
     bad({ linear_attn_config: { ...la, kda_layers: [1, 2] } }, /layers \[3\] are in neither/);
     bad({ linear_attn_config: { ...la, full_attn_layers: [5] } }, /full_attn_layers\[0\].*\[1, 4\]/);
     bad({ linear_attn_config: { ...la, kda_layers: undefined } }, /kda_layers.*missing/);

@@ -54,21 +54,31 @@ export function parseLlamaConfig(cfg: HfConfig, ropeStyle: LlamaRopeStyle = 'neo
   const hiddenSize = cfg.requireInt('hidden_size', pos);
   const numHeads = cfg.requireInt('num_attention_heads', pos);
   const numKvHeads = cfg.optionalInt('num_key_value_heads', pos) ?? numHeads;
-  if (numHeads % numKvHeads !== 0) cfg.fail('num_key_value_heads', `must divide num_attention_heads (${numHeads}), got ${numKvHeads}`);
+  if (numHeads % numKvHeads !== 0)
+    cfg.fail('num_key_value_heads', `must divide num_attention_heads (${numHeads}), got ${numKvHeads}`);
   let headDim = cfg.optionalInt('head_dim', pos);
   if (headDim === undefined) {
-    if (hiddenSize % numHeads !== 0) cfg.fail('num_attention_heads', `must divide hidden_size (${hiddenSize}) when head_dim is absent, got ${numHeads}`);
+    if (hiddenSize % numHeads !== 0)
+      cfg.fail(
+        'num_attention_heads',
+        `must divide hidden_size (${hiddenSize}) when head_dim is absent, got ${numHeads}`,
+      );
     headDim = hiddenSize / numHeads;
   }
   if (headDim % 2 !== 0) cfg.fail('head_dim', `must be even (rotary pairs), got ${headDim}`);
   const act = cfg.optionalString('hidden_act') ?? 'silu';
   if (act !== 'silu') cfg.fail('hidden_act', `must be "silu" (SwiGLU), got ${JSON.stringify(act)}`);
-  if (cfg.has('rope_scaling') && cfg.raw['rope_scaling'] !== null) cfg.fail('rope_scaling', 'RoPE scaling is not implemented yet (must be null or absent)');
+  if (cfg.has('rope_scaling') && cfg.raw['rope_scaling'] !== null)
+    cfg.fail('rope_scaling', 'RoPE scaling is not implemented yet (must be null or absent)');
   if (cfg.optionalBoolean('mlp_bias') === true) cfg.fail('mlp_bias', 'MLP biases are not implemented (must be false)');
-  if (cfg.optionalBoolean('attention_bias') === true) cfg.fail('attention_bias', 'attention biases are not implemented yet (must be false)');
-  const ids = (key: string): number[] => (cfg.has(key) && cfg.raw[key] !== null
-    ? (Array.isArray(cfg.raw[key]) ? cfg.requireIntArray(key, { min: 0 }) : [cfg.requireInt(key, { min: 0 })])
-    : []);
+  if (cfg.optionalBoolean('attention_bias') === true)
+    cfg.fail('attention_bias', 'attention biases are not implemented yet (must be false)');
+  const ids = (key: string): number[] =>
+    cfg.has(key) && cfg.raw[key] !== null
+      ? Array.isArray(cfg.raw[key])
+        ? cfg.requireIntArray(key, { min: 0 })
+        : [cfg.requireInt(key, { min: 0 })]
+      : [];
   const bos = ids('bos_token_id');
   return Object.freeze({
     modelType,

@@ -8,15 +8,24 @@
  */
 
 import {
-  GgmlType, GgufFile, HfConfig, dequantize, dequantizeRow, ggmlBlockSize,
+  GgmlType,
+  GgufFile,
+  HfConfig,
+  dequantize,
+  dequantizeRow,
+  ggmlBlockSize,
   type GgufTensorInfo,
 } from '@specd/core';
-import {
-  f32ToBf16, gemmQuant, packBf16Weights, quantizedWeights, type QuantType,
-} from '@specd/native';
+import { f32ToBf16, gemmQuant, packBf16Weights, quantizedWeights, type QuantType } from '@specd/native';
 
 import { parseLlamaConfig, type LlamaConfig } from './config.js';
-import { bf16Linear, LlamaWeightError, type EmbeddingTable, type LinearWeights, type LlamaTensorSource } from './weights.js';
+import {
+  bf16Linear,
+  LlamaWeightError,
+  type EmbeddingTable,
+  type LinearWeights,
+  type LlamaTensorSource,
+} from './weights.js';
 
 /** How quantized GGUF projections are held: as blocks (`'quant'`, default) or as bf16 panels. */
 export type GgufWeightMode = 'quant' | 'bf16';
@@ -24,14 +33,21 @@ export type GgufWeightMode = 'quant' | 'bf16';
 /** Hugging Face tensor name → GGUF tensor name (Llama layout). */
 export function ggufTensorName(hf: string): string {
   const fixed: Record<string, string> = {
-    'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'lm_head.weight': 'output.weight',
+    'model.embed_tokens.weight': 'token_embd.weight',
+    'model.norm.weight': 'output_norm.weight',
+    'lm_head.weight': 'output.weight',
   };
   if (fixed[hf] !== undefined) return fixed[hf]!;
   const m = /^model\.layers\.(\d+)\.(.+)$/.exec(hf);
   const parts: Record<string, string> = {
-    'input_layernorm.weight': 'attn_norm.weight', 'post_attention_layernorm.weight': 'ffn_norm.weight',
-    'self_attn.q_proj.weight': 'attn_q.weight', 'self_attn.k_proj.weight': 'attn_k.weight', 'self_attn.v_proj.weight': 'attn_v.weight',
-    'self_attn.o_proj.weight': 'attn_output.weight', 'mlp.gate_proj.weight': 'ffn_gate.weight', 'mlp.up_proj.weight': 'ffn_up.weight',
+    'input_layernorm.weight': 'attn_norm.weight',
+    'post_attention_layernorm.weight': 'ffn_norm.weight',
+    'self_attn.q_proj.weight': 'attn_q.weight',
+    'self_attn.k_proj.weight': 'attn_k.weight',
+    'self_attn.v_proj.weight': 'attn_v.weight',
+    'self_attn.o_proj.weight': 'attn_output.weight',
+    'mlp.gate_proj.weight': 'ffn_gate.weight',
+    'mlp.up_proj.weight': 'ffn_up.weight',
     'mlp.down_proj.weight': 'ffn_down.weight',
   };
   if (m !== null && parts[m[2]!] !== undefined) return `blk.${m[1]}.${parts[m[2]!]}`;
@@ -44,15 +60,22 @@ export function ggufTensorName(hf: string): string {
  */
 export function ggufLlamaConfig(g: GgufFile): HfConfig {
   const arch = g.getString('general.architecture');
-  if (arch !== 'llama') throw new LlamaWeightError(`${g.file}: general.architecture is ${JSON.stringify(arch)}; the llama plugin reads "llama" GGUF files`);
+  if (arch !== 'llama')
+    throw new LlamaWeightError(
+      `${g.file}: general.architecture is ${JSON.stringify(arch)}; the llama plugin reads "llama" GGUF files`,
+    );
   const u = (k: string) => g.getU32(`llama.${k}`);
   const heads = u('attention.head_count');
   const hidden = u('embedding_length');
   const vocab = g.has('llama.vocab_size') ? u('vocab_size') : g.getStringArray('tokenizer.ggml.tokens').length;
   const obj: Record<string, unknown> = {
-    model_type: 'llama', architectures: ['LlamaForCausalLM'],
-    hidden_size: hidden, num_hidden_layers: u('block_count'), intermediate_size: u('feed_forward_length'),
-    num_attention_heads: heads, num_key_value_heads: g.has('llama.attention.head_count_kv') ? u('attention.head_count_kv') : heads,
+    model_type: 'llama',
+    architectures: ['LlamaForCausalLM'],
+    hidden_size: hidden,
+    num_hidden_layers: u('block_count'),
+    intermediate_size: u('feed_forward_length'),
+    num_attention_heads: heads,
+    num_key_value_heads: g.has('llama.attention.head_count_kv') ? u('attention.head_count_kv') : heads,
     head_dim: g.has('llama.rope.dimension_count') ? u('rope.dimension_count') : hidden / heads,
     rope_theta: g.has('llama.rope.freq_base') ? g.getF32('llama.rope.freq_base') : 10000,
     rms_norm_eps: g.getF32('llama.attention.layer_norm_rms_epsilon'),
@@ -71,7 +94,11 @@ export function parseGgufLlamaConfig(g: GgufFile): LlamaConfig {
   return parseLlamaConfig(ggufLlamaConfig(g), 'interleaved');
 }
 
-const QUANT_OF: Partial<Record<GgmlType, QuantType>> = { [GgmlType.Q4_0]: 'q4_0', [GgmlType.Q4_1]: 'q4_1', [GgmlType.Q8_0]: 'q8_0' };
+const QUANT_OF: Partial<Record<GgmlType, QuantType>> = {
+  [GgmlType.Q4_0]: 'q4_0',
+  [GgmlType.Q4_1]: 'q4_1',
+  [GgmlType.Q8_0]: 'q8_0',
+};
 
 /** A {@link LinearWeights} over repacked GGUF blocks (@specd/native `gemmQuant`). */
 function quantLinear(bytes: Uint8Array, type: QuantType, n: number, k: number): LinearWeights {
@@ -84,13 +111,20 @@ function quantLinear(bytes: Uint8Array, type: QuantType, n: number, k: number): 
  * @param mode quantized projections kept as blocks (`'quant'`) or dequantised to bf16 panels (`'bf16'`);
  *   F32/F16/BF16 projections always become bf16 panels.
  */
-export function ggufSource(g: GgufFile, mode: GgufWeightMode = 'quant', onTensor?: (name: string) => void): LlamaTensorSource {
+export function ggufSource(
+  g: GgufFile,
+  mode: GgufWeightMode = 'quant',
+  onTensor?: (name: string) => void,
+): LlamaTensorSource {
   const info = (hf: string, shape: readonly number[]): GgufTensorInfo => {
     const name = ggufTensorName(hf);
-    if (!g.tensors().some((t) => t.name === name)) throw new LlamaWeightError(`llama: ${g.file}: missing tensor ${name} (${hf})`);
+    if (!g.tensors().some((t) => t.name === name))
+      throw new LlamaWeightError(`llama: ${g.file}: missing tensor ${name} (${hf})`);
     const t = g.info(name);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      throw new LlamaWeightError(`llama: ${g.file}: tensor ${name} (${hf}) is [${t.shape.join(', ')}], expected [${shape.join(', ')}]`);
+      throw new LlamaWeightError(
+        `llama: ${g.file}: tensor ${name} (${hf}) is [${t.shape.join(', ')}], expected [${shape.join(', ')}]`,
+      );
     }
     onTensor?.(hf);
     return t;
@@ -128,10 +162,15 @@ export function ggufSource(g: GgufFile, mode: GgufWeightMode = 'quant', onTensor
       const t = info(hf, [vocab, dim]);
       const bytes = g.tensor(t.name).bytes;
       const block = ggmlBlockSize(t.type);
-      if (block === undefined) throw new LlamaWeightError(`llama: ${g.file}: tensor ${t.name} has type ${t.typeName}, which cannot be read`);
+      if (block === undefined)
+        throw new LlamaWeightError(`llama: ${g.file}: tensor ${t.name} has type ${t.typeName}, which cannot be read`);
       const rowBytes = (dim / block[0]) * block[1];
       // Rows stay encoded (Q8_0: 0.53 bytes per weight) and are decoded to f32 when looked up.
-      return { vocab, dim, row: (id, out) => dequantizeRow(t.type, bytes.subarray(id * rowBytes, (id + 1) * rowBytes), dim, out) };
+      return {
+        vocab,
+        dim,
+        row: (id, out) => dequantizeRow(t.type, bytes.subarray(id * rowBytes, (id + 1) * rowBytes), dim, out),
+      };
     },
   };
 }

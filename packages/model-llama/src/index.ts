@@ -13,7 +13,29 @@ export function register(container: DependencyContainer): void {
 }
 
 export { llamaPlugin } from './plugin.js';
-export { LLAMA_ARCHITECTURES, LLAMA_MODEL_TYPES, parseLlamaConfig, type LlamaConfig, type LlamaRopeStyle } from './config.js';
-export { LlamaForwardError, LlamaStageModel, buildLlamaStage, loadLlamaStage, loadLlamaStageAsync, type LlamaForwardResult, type LlamaLoadOptions } from './model.js';
-export { LlamaWeightError, bf16Embedding, bf16Linear, safetensorsSource, type EmbeddingTable, type LinearWeights, type LlamaTensorSource } from './weights.js';
+export {
+  LLAMA_ARCHITECTURES,
+  LLAMA_MODEL_TYPES,
+  parseLlamaConfig,
+  type LlamaConfig,
+  type LlamaRopeStyle,
+} from './config.js';
+export {
+  LlamaForwardError,
+  LlamaStageModel,
+  buildLlamaStage,
+  loadLlamaStage,
+  loadLlamaStageAsync,
+  type LlamaForwardResult,
+  type LlamaLoadOptions,
+} from './model.js';
+export {
+  LlamaWeightError,
+  bf16Embedding,
+  bf16Linear,
+  safetensorsSource,
+  type EmbeddingTable,
+  type LinearWeights,
+  type LlamaTensorSource,
+} from './weights.js';
 export { ggufLlamaConfig, ggufSource, ggufTensorName, parseGgufLlamaConfig, type GgufWeightMode } from './gguf.js';

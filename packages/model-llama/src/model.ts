@@ -11,9 +11,24 @@
 
 import { sliceColumns } from '@specd/core';
 import type {
-  CacheGeometry, ForwardBatch, ForwardOptions, ForwardResult, SequenceCache, SequenceId, StageInfo, StageModel,
+  CacheGeometry,
+  ForwardBatch,
+  ForwardOptions,
+  ForwardResult,
+  SequenceCache,
+  SequenceId,
+  StageInfo,
+  StageModel,
 } from '@specd/core';
-import { applyRope, makePagedBatch, pagedAttention, rmsNorm, swigluFused, writeKvPages, type KvPageLayout } from '@specd/native';
+import {
+  applyRope,
+  makePagedBatch,
+  pagedAttention,
+  rmsNorm,
+  swigluFused,
+  writeKvPages,
+  type KvPageLayout,
+} from '@specd/native';
 
 import type { LlamaConfig } from './config.js';
 import type { EmbeddingTable, LinearWeights, LlamaTensorSource } from './weights.js';
@@ -53,11 +68,14 @@ interface Span {
  * @throws {LlamaForwardError} unless `parents[0] = −1` and `0 ≤ parents[r] < r` for r ≥ 1.
  */
 function treeDepths(parents: Int32Array, numNew: number, where: string): Int32Array {
-  if (parents.length !== numNew) throw new LlamaForwardError(`${where}.tree: expected [${numNew}] parents (one per token), got ${parents.length}`);
+  if (parents.length !== numNew)
+    throw new LlamaForwardError(`${where}.tree: expected [${numNew}] parents (one per token), got ${parents.length}`);
   const depth = new Int32Array(numNew);
   parents.forEach((p, r) => {
     if (r === 0 ? p !== -1 : !(Number.isInteger(p) && p >= 0 && p < r)) {
-      throw new LlamaForwardError(`${where}.tree[${r}]: expected ${r === 0 ? '-1 (the root)' : `a parent row in [0, ${r})`}, got ${p}`);
+      throw new LlamaForwardError(
+        `${where}.tree[${r}]: expected ${r === 0 ? '-1 (the root)' : `a parent row in [0, ${r})`}, got ${p}`,
+      );
     }
     if (r > 0) depth[r] = depth[p]! + 1;
   });
@@ -85,8 +103,14 @@ export class LlamaStageModel implements StageModel {
   ) {
     const c = config;
     this.info = Object.freeze({
-      numLayers: c.numLayers, layerStart, layerEnd, hiddenSize: c.hiddenSize, vocabSize: c.vocabSize,
-      isFirst: layerStart === 0, isLast: layerEnd === c.numLayers, layerKinds: Object.freeze(new Array<string>(c.numLayers).fill('attention')),
+      numLayers: c.numLayers,
+      layerStart,
+      layerEnd,
+      hiddenSize: c.hiddenSize,
+      vocabSize: c.vocabSize,
+      isFirst: layerStart === 0,
+      isLast: layerEnd === c.numLayers,
+      layerKinds: Object.freeze(new Array<string>(c.numLayers).fill('attention')),
     });
     const own: number[] = [];
     for (let l = layerStart; l < layerEnd; l++) own.push(2 * l, 2 * l + 1);
@@ -112,26 +136,36 @@ export class LlamaStageModel implements StageModel {
     const c = this.config;
     const D = c.hiddenSize;
     const { layerStart, layerEnd, isFirst, isLast } = this.info;
-    if (batch.sequences.length === 0) throw new LlamaForwardError('forward: batch.sequences: expected at least one sequence');
+    if (batch.sequences.length === 0)
+      throw new LlamaForwardError('forward: batch.sequences: expected at least one sequence');
     const spans: Span[] = [];
     let N = 0;
     const ids = new Set<unknown>();
     for (const [i, s] of batch.sequences.entries()) {
-      if (ids.has(s.id)) throw new LlamaForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
+      if (ids.has(s.id))
+        throw new LlamaForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
       ids.add(s.id);
-      if (s.tokens.length < 1) throw new LlamaForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
+      if (s.tokens.length < 1)
+        throw new LlamaForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
       const have = cache.length(s.id);
-      if (have !== s.position) throw new LlamaForwardError(`forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`);
+      if (have !== s.position)
+        throw new LlamaForwardError(
+          `forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`,
+        );
       const tree = s.tree;
       spans.push({
-        id: s.id, row: N, numNew: s.tokens.length, position: s.position,
+        id: s.id,
+        row: N,
+        numNew: s.tokens.length,
+        position: s.position,
         ...(tree === undefined ? {} : { tree, depth: treeDepths(tree, s.tokens.length, `forward: sequences[${i}]`) }),
       });
       N += s.tokens.length;
     }
     const taps = options.taps ?? [];
     for (const t of taps) {
-      if (!Number.isInteger(t) || t < layerStart || t > layerEnd) throw new LlamaForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
+      if (!Number.isInteger(t) || t < layerStart || t > layerEnd)
+        throw new LlamaForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
     }
     let h: Float32Array;
     if (isFirst) {
@@ -139,14 +173,17 @@ export class LlamaStageModel implements StageModel {
       let row = 0;
       for (const [i, s] of batch.sequences.entries()) {
         for (const id of s.tokens) {
-          if (!(id >= 0 && id < c.vocabSize)) throw new LlamaForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
+          if (!(id >= 0 && id < c.vocabSize))
+            throw new LlamaForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
           this.embed!.row(id, h.subarray(row * D, (row + 1) * D));
           row++;
         }
       }
     } else {
       if (batch.hidden === undefined || batch.hidden.length !== N * D) {
-        throw new LlamaForwardError(`forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`);
+        throw new LlamaForwardError(
+          `forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`,
+        );
       }
       h = batch.hidden.slice();
     }
@@ -169,9 +206,17 @@ export class LlamaStageModel implements StageModel {
     const { layout, attnBatch } = spans.some((s) => s.tree !== undefined)
       ? treeAttention(spans, kv, KV, hd, slots)
       : {
-        layout: { numPages: kv.numPages, pageSize: kv.pageSize, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' } as KvPageLayout,
-        attnBatch: makePagedBatch(spans.map((s) => ({ qLen: s.numNew, kvLen: s.position + s.numNew, pages: kv.blockTable(s.id) }))),
-      };
+          layout: {
+            numPages: kv.numPages,
+            pageSize: kv.pageSize,
+            numKvHeads: KV,
+            headDim: hd,
+            kvLayout: 'NHD',
+          } as KvPageLayout,
+          attnBatch: makePagedBatch(
+            spans.map((s) => ({ qLen: s.numNew, kvLen: s.position + s.numNew, pages: kv.blockTable(s.id) })),
+          ),
+        };
     const rope = { theta: c.ropeTheta, style: c.ropeStyle, headDim: hd } as const;
     const qw = H * hd;
     const kw = KV * hd;
@@ -188,7 +233,11 @@ export class LlamaStageModel implements StageModel {
       const kStore = kv.layerStore(2 * l);
       const vStore = kv.layerStore(2 * l + 1);
       writeKvPages(layout, k, v, kStore, vStore, slots);
-      const a = pagedAttention(q, kStore, vStore, layout, attnBatch, { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' });
+      const a = pagedAttention(q, kStore, vStore, layout, attnBatch, {
+        numHeads: H,
+        scale: 1 / Math.sqrt(hd),
+        mask: 'causal',
+      });
       const o = w.o.apply(a, N);
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + o[i]!;
       const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
@@ -241,10 +290,14 @@ export class LlamaStageModel implements StageModel {
   commitTreePath(cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]): void {
     const s = (result as LlamaForwardResult).spans?.find((x) => x.id === id);
     if (s === undefined) throw new LlamaForwardError(`commitTreePath: sequence ${String(id)} was not in this forward`);
-    if (s.tree === undefined) throw new LlamaForwardError(`commitTreePath: sequence ${String(id)} was verified as a chain (use commitPrefix)`);
+    if (s.tree === undefined)
+      throw new LlamaForwardError(`commitTreePath: sequence ${String(id)} was verified as a chain (use commitPrefix)`);
     rows.forEach((r, j) => {
       const ok = j === 0 ? r === 0 : Number.isInteger(r) && r > 0 && r < s.numNew && s.tree![r] === rows[j - 1];
-      if (!ok) throw new LlamaForwardError(`commitTreePath: rows[${j}] = ${r} is not ${j === 0 ? 'the root row 0' : `a child of row ${rows[j - 1]}`}`);
+      if (!ok)
+        throw new LlamaForwardError(
+          `commitTreePath: rows[${j}] = ${r} is not ${j === 0 ? 'the root row 0' : `a child of row ${rows[j - 1]}`}`,
+        );
     });
     const kv = cache.kv!;
     const F = kv.floatsPerToken;
@@ -266,10 +319,12 @@ export class LlamaStageModel implements StageModel {
    */
   embedTokens(tokens: Int32Array): Float32Array {
     const D = this.config.hiddenSize;
-    if (this.embed === undefined) throw new LlamaForwardError('embedTokens: this stage has no embedding (not the first stage, or disposed)');
+    if (this.embed === undefined)
+      throw new LlamaForwardError('embedTokens: this stage has no embedding (not the first stage, or disposed)');
     const out = new Float32Array(tokens.length * D);
     tokens.forEach((id, i) => {
-      if (!(id >= 0 && id < this.config.vocabSize)) throw new LlamaForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
+      if (!(id >= 0 && id < this.config.vocabSize))
+        throw new LlamaForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
       this.embed!.row(id, out.subarray(i * D, (i + 1) * D));
     });
     return out;
@@ -280,8 +335,12 @@ export class LlamaStageModel implements StageModel {
    * @throws {LlamaForwardError} on a non-last stage or a mis-sized x.
    */
   lmHead(x: Float32Array, rows: number): Float32Array {
-    if (this.lmHeadWeights === undefined) throw new LlamaForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
-    if (x.length !== rows * this.config.hiddenSize) throw new LlamaForwardError(`lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`);
+    if (this.lmHeadWeights === undefined)
+      throw new LlamaForwardError('lmHead: this stage has no lm_head (not the last stage, or disposed)');
+    if (x.length !== rows * this.config.hiddenSize)
+      throw new LlamaForwardError(
+        `lmHead: x: expected [${rows}, ${this.config.hiddenSize}] f32, got length ${x.length}`,
+      );
     return this.lmHeadWeights.apply(x, rows);
   }
 
@@ -302,8 +361,20 @@ export class LlamaStageModel implements StageModel {
  * r's root-to-r path, exactly the keys (and order) of that path decoded as a chain, so its output is
  * bit for bit the chain's (the kernels reduce by key index, attention_kernels.h).
  */
-function treeAttention(spans: readonly Span[], kv: NonNullable<SequenceCache['kv']>, KV: number, hd: number, slots: Int32Array): { layout: KvPageLayout; attnBatch: ReturnType<typeof makePagedBatch> } {
-  const layout: KvPageLayout = { numPages: kv.numPages * kv.pageSize, pageSize: 1, numKvHeads: KV, headDim: hd, kvLayout: 'NHD' };
+function treeAttention(
+  spans: readonly Span[],
+  kv: NonNullable<SequenceCache['kv']>,
+  KV: number,
+  hd: number,
+  slots: Int32Array,
+): { layout: KvPageLayout; attnBatch: ReturnType<typeof makePagedBatch> } {
+  const layout: KvPageLayout = {
+    numPages: kv.numPages * kv.pageSize,
+    pageSize: 1,
+    numKvHeads: KV,
+    headDim: hd,
+    kvLayout: 'NHD',
+  };
   const entries: { qLen: number; kvLen: number; pages: Int32Array }[] = [];
   for (const s of spans) {
     const cached = kv.tokenSlots([{ id: s.id, start: 0, n: s.position }]);
@@ -339,11 +410,17 @@ export interface LlamaLoadOptions {
  * the event loop run there).
  * @throws {LlamaWeightError} for a missing / mis-shaped tensor; RangeError for a bad layer range.
  */
-export function* buildLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options: LlamaLoadOptions = {}): Generator<void, LlamaStageModel, void> {
+export function* buildLlamaStage(
+  c: LlamaConfig,
+  src: LlamaTensorSource,
+  options: LlamaLoadOptions = {},
+): Generator<void, LlamaStageModel, void> {
   const start = options.layerStart ?? 0;
   const end = options.layerEnd ?? c.numLayers;
   if (!(Number.isInteger(start) && Number.isInteger(end) && start >= 0 && start < end && end <= c.numLayers)) {
-    throw new RangeError(`loadLlamaStage: layer range [${start}, ${end}) is not inside [0, ${c.numLayers}) or is empty`);
+    throw new RangeError(
+      `loadLlamaStage: layer range [${start}, ${end}) is not inside [0, ${c.numLayers}) or is empty`,
+    );
   }
   const D = c.hiddenSize;
   const I = c.intermediateSize;
@@ -357,7 +434,11 @@ export function* buildLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options
     layers.push({
       inputNorm: src.vector(`${p}input_layernorm.weight`, D),
       postNorm: src.vector(`${p}post_attention_layernorm.weight`, D),
-      qkv: src.linear([`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [qw, kw, kw], D),
+      qkv: src.linear(
+        [`${p}self_attn.q_proj.weight`, `${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`],
+        [qw, kw, kw],
+        D,
+      ),
       o: src.linear([`${p}self_attn.o_proj.weight`], [D], qw),
       gateUp: src.linear([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
       down: src.linear([`${p}mlp.down_proj.weight`], [D], I),
@@ -366,12 +447,18 @@ export function* buildLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options
   }
   const isLast = end === c.numLayers;
   const finalNorm = isLast ? src.vector('model.norm.weight', D) : undefined;
-  const lmHead = isLast ? src.linear([c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'], [c.vocabSize], D) : undefined;
+  const lmHead = isLast
+    ? src.linear([c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'], [c.vocabSize], D)
+    : undefined;
   return new LlamaStageModel(c, start, end, embed, layers, finalNorm, lmHead);
 }
 
 /** {@link buildLlamaStage} run to the end. Same errors. */
-export function loadLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options: LlamaLoadOptions = {}): LlamaStageModel {
+export function loadLlamaStage(
+  c: LlamaConfig,
+  src: LlamaTensorSource,
+  options: LlamaLoadOptions = {},
+): LlamaStageModel {
   const steps = buildLlamaStage(c, src, options);
   for (;;) {
     const next = steps.next();
@@ -380,7 +467,11 @@ export function loadLlamaStage(c: LlamaConfig, src: LlamaTensorSource, options: 
 }
 
 /** {@link buildLlamaStage}, yielding to the event loop after each layer. Same errors (as rejections). */
-export async function loadLlamaStageAsync(c: LlamaConfig, src: LlamaTensorSource, options: LlamaLoadOptions = {}): Promise<LlamaStageModel> {
+export async function loadLlamaStageAsync(
+  c: LlamaConfig,
+  src: LlamaTensorSource,
+  options: LlamaLoadOptions = {},
+): Promise<LlamaStageModel> {
   const steps = buildLlamaStage(c, src, options);
   for (;;) {
     const next = steps.next();

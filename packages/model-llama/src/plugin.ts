@@ -11,7 +11,10 @@ import { loadLlamaStageAsync, type LlamaLoadOptions } from './model.js';
 import { safetensorsSource } from './weights.js';
 
 function rangeOf(options: StageLoadOptions | undefined): LlamaLoadOptions {
-  return { ...(options?.layerStart === undefined ? {} : { layerStart: options.layerStart }), ...(options?.layerEnd === undefined ? {} : { layerEnd: options.layerEnd }) };
+  return {
+    ...(options?.layerStart === undefined ? {} : { layerStart: options.layerStart }),
+    ...(options?.layerEnd === undefined ? {} : { layerEnd: options.layerEnd }),
+  };
 }
 
 function progress(options: StageLoadOptions | undefined, total: number): ((tensor: string) => void) | undefined {
@@ -35,10 +38,18 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
   ggufArchitectures: Object.freeze(['llama']),
   load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel> {
     const c = parseLlamaConfig(source.config, 'neox');
-    return loadLlamaStageAsync(c, safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers)), rangeOf(options));
+    return loadLlamaStageAsync(
+      c,
+      safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers)),
+      rangeOf(options),
+    );
   },
   loadGguf(file: GgufFile, options?: StageLoadOptions): Promise<StageModel> {
     const c = parseGgufLlamaConfig(file);
-    return loadLlamaStageAsync(c, ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers)), rangeOf(options));
+    return loadLlamaStageAsync(
+      c,
+      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers)),
+      rangeOf(options),
+    );
   },
 });

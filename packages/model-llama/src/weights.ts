@@ -59,7 +59,11 @@ export class LlamaWeightError extends Error {
 }
 
 /** A {@link LlamaTensorSource} over a safetensors checkpoint (bf16 / f16 / f32 tensors → bf16 panels). */
-export function safetensorsSource(dir: string, weights: SafetensorsCheckpoint, onTensor?: (name: string) => void): LlamaTensorSource {
+export function safetensorsSource(
+  dir: string,
+  weights: SafetensorsCheckpoint,
+  onTensor?: (name: string) => void,
+): LlamaTensorSource {
   const r = new WeightReader(weights, { makeError: (m) => new LlamaWeightError(`llama: ${dir}: ${m}`) });
   const seen = (name: string) => onTensor?.(name);
   return {

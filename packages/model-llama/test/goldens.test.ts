@@ -13,7 +13,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GgufFile, SafetensorsFile, SequenceCache } from '@specd/core';
 import { argmax } from '@specd/native';
 
-import { ggufSource, loadLlamaStage, parseGgufLlamaConfig, type GgufWeightMode, type LlamaStageModel } from '../src/index.js';
+import {
+  ggufSource,
+  loadLlamaStage,
+  parseGgufLlamaConfig,
+  type GgufWeightMode,
+  type LlamaStageModel,
+} from '../src/index.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -32,7 +38,12 @@ function relError(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return Math.sqrt(num / den);
 }
 
-interface Golden { name: string; ids: Int32Array; tensors: Map<string, Float32Array | Int32Array>; continuation: number[] }
+interface Golden {
+  name: string;
+  ids: Int32Array;
+  tensors: Map<string, Float32Array | Int32Array>;
+  continuation: number[];
+}
 const goldens: Golden[] = Object.entries(index.goldens).map(([name, g]) => {
   const f = SafetensorsFile.open(path.join(GOLDENS, g.file));
   try {
@@ -44,60 +55,89 @@ const goldens: Golden[] = Object.entries(index.goldens).map(([name, g]) => {
   }
 });
 
-describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)('SmolLM2 goldens, weights %s', (mode: GgufWeightMode) => {
-  let model: LlamaStageModel;
-  beforeAll(() => {
-    const file = GgufFile.open(GGUF);
-    model = loadLlamaStage(parseGgufLlamaConfig(file), ggufSource(file, mode));
-  });
-  afterAll(() => model?.dispose());
-  // fp32 over the same dequantised weights (quant) differs from the reference by rounding only;
-  // bf16 panels round every weight to 8 significant bits.
-  const tol = mode === 'quant' ? 1e-4 : 1e-2;
+describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
+  'SmolLM2 goldens, weights %s',
+  (mode: GgufWeightMode) => {
+    let model: LlamaStageModel;
+    beforeAll(() => {
+      const file = GgufFile.open(GGUF);
+      model = loadLlamaStage(parseGgufLlamaConfig(file), ggufSource(file, mode));
+    });
+    afterAll(() => model?.dispose());
+    // fp32 over the same dequantised weights (quant) differs from the reference by rounding only;
+    // bf16 panels round every weight to 8 significant bits.
+    const tol = mode === 'quant' ? 1e-4 : 1e-2;
 
-  it.each(goldens.map((g) => [g.name, g] as const))('%s: every layer\'s residual, logits and argmax match the reference', (_name, g) => {
-    const L = model.info.numLayers;
-    const D = model.info.hiddenSize;
-    const V = model.info.vocabSize;
-    const T = g.ids.length;
-    const cache = new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: Math.ceil(T / 16) + 1, numSlots: 1 });
-    cache.add('g');
-    const r = model.forward({ sequences: [{ id: 'g', position: 0, tokens: g.ids, logits: 'all' }] }, cache, { taps: Array.from({ length: L + 1 }, (_, i) => i) });
-    const last = Math.min(T, 4);
-    let worst = 0;
-    for (let i = 0; i <= L; i++) {
-      const ref = g.tensors.get(`hidden_last.${i}`) as Float32Array;
-      const ours = r.taps.get(i)!.subarray((T - last) * D, T * D);
-      const e = relError(ours, ref);
-      worst = Math.max(worst, e);
-      expect(e, `${g.name} hidden ${i}`).toBeLessThan(tol);
-    }
-    for (const i of [0, L]) expect(relError(r.taps.get(i)!, g.tensors.get(`hidden.${i}`) as Float32Array), `${g.name} hidden.${i} (all positions)`).toBeLessThan(tol);
-    const refLogits = g.tensors.get('logits.last') as Float32Array;
-    const rows = refLogits.length / V;
-    const logitErr = relError(r.logits!.subarray((T - rows) * V, T * V), refLogits);
-    expect(logitErr).toBeLessThan(tol);
-    const ours = argmax(r.logits!, V);
-    const refArgmax = g.tensors.get('argmax') as Int32Array;
-    const diff = [...ours].flatMap((a, t) => (a === refArgmax[t] ? [] : [t]));
-    // A differing argmax is allowed only at a near-tie of the reference's two best logits (bf16 panels).
-    expect(diff.length, `${g.name}: argmax differs at ${diff.join(', ')}`).toBeLessThanOrEqual(mode === 'quant' ? 0 : 2);
-    console.log(`[${mode}] ${g.name}: T=${T}, worst per-layer rel error ${worst.toExponential(2)}, logits ${logitErr.toExponential(2)}, argmax differs at ${diff.length} of ${T}`);
-  });
+    it.each(goldens.map((g) => [g.name, g] as const))(
+      "%s: every layer's residual, logits and argmax match the reference",
+      (_name, g) => {
+        const L = model.info.numLayers;
+        const D = model.info.hiddenSize;
+        const V = model.info.vocabSize;
+        const T = g.ids.length;
+        const cache = new SequenceCache(model.cacheGeometry, {
+          pageSize: 16,
+          numPages: Math.ceil(T / 16) + 1,
+          numSlots: 1,
+        });
+        cache.add('g');
+        const r = model.forward({ sequences: [{ id: 'g', position: 0, tokens: g.ids, logits: 'all' }] }, cache, {
+          taps: Array.from({ length: L + 1 }, (_, i) => i),
+        });
+        const last = Math.min(T, 4);
+        let worst = 0;
+        for (let i = 0; i <= L; i++) {
+          const ref = g.tensors.get(`hidden_last.${i}`) as Float32Array;
+          const ours = r.taps.get(i)!.subarray((T - last) * D, T * D);
+          const e = relError(ours, ref);
+          worst = Math.max(worst, e);
+          expect(e, `${g.name} hidden ${i}`).toBeLessThan(tol);
+        }
+        for (const i of [0, L])
+          expect(
+            relError(r.taps.get(i)!, g.tensors.get(`hidden.${i}`) as Float32Array),
+            `${g.name} hidden.${i} (all positions)`,
+          ).toBeLessThan(tol);
+        const refLogits = g.tensors.get('logits.last') as Float32Array;
+        const rows = refLogits.length / V;
+        const logitErr = relError(r.logits!.subarray((T - rows) * V, T * V), refLogits);
+        expect(logitErr).toBeLessThan(tol);
+        const ours = argmax(r.logits!, V);
+        const refArgmax = g.tensors.get('argmax') as Int32Array;
+        const diff = [...ours].flatMap((a, t) => (a === refArgmax[t] ? [] : [t]));
+        // A differing argmax is allowed only at a near-tie of the reference's two best logits (bf16 panels).
+        expect(diff.length, `${g.name}: argmax differs at ${diff.join(', ')}`).toBeLessThanOrEqual(
+          mode === 'quant' ? 0 : 2,
+        );
+        console.log(
+          `[${mode}] ${g.name}: T=${T}, worst per-layer rel error ${worst.toExponential(2)}, logits ${logitErr.toExponential(2)}, argmax differs at ${diff.length} of ${T}`,
+        );
+      },
+    );
 
-  it.each(goldens.map((g) => [g.name, g] as const))('%s: the greedy continuation is the reference\'s', (_name, g) => {
-    const V = model.info.vocabSize;
-    const n = g.continuation.length;
-    const cache = new SequenceCache(model.cacheGeometry, { pageSize: 16, numPages: Math.ceil((g.ids.length + n) / 16) + 1, numSlots: 1 });
-    cache.add('g');
-    let logits = model.forward({ sequences: [{ id: 'g', position: 0, tokens: g.ids, logits: 'last' }] }, cache).logits!;
-    const out: number[] = [];
-    for (let i = 0; i < n; i++) {
-      const t = argmax(logits, V)[0]!;
-      out.push(t);
-      if (i + 1 < n) logits = model.forward({ sequences: [{ id: 'g', position: g.ids.length + i, tokens: Int32Array.of(t), logits: 'last' }] }, cache).logits!;
-    }
-    if (mode === 'quant') expect(out).toEqual(g.continuation);
-    else expect(out.slice(0, 8)).toEqual(g.continuation.slice(0, 8)); // bf16 weights may leave the path at a later near-tie
-  });
-});
+    it.each(goldens.map((g) => [g.name, g] as const))("%s: the greedy continuation is the reference's", (_name, g) => {
+      const V = model.info.vocabSize;
+      const n = g.continuation.length;
+      const cache = new SequenceCache(model.cacheGeometry, {
+        pageSize: 16,
+        numPages: Math.ceil((g.ids.length + n) / 16) + 1,
+        numSlots: 1,
+      });
+      cache.add('g');
+      let logits = model.forward({ sequences: [{ id: 'g', position: 0, tokens: g.ids, logits: 'last' }] }, cache)
+        .logits!;
+      const out: number[] = [];
+      for (let i = 0; i < n; i++) {
+        const t = argmax(logits, V)[0]!;
+        out.push(t);
+        if (i + 1 < n)
+          logits = model.forward(
+            { sequences: [{ id: 'g', position: g.ids.length + i, tokens: Int32Array.of(t), logits: 'last' }] },
+            cache,
+          ).logits!;
+      }
+      if (mode === 'quant') expect(out).toEqual(g.continuation);
+      else expect(out.slice(0, 8)).toEqual(g.continuation.slice(0, 8)); // bf16 weights may leave the path at a later near-tie
+    });
+  },
+);

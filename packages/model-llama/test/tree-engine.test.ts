@@ -10,8 +10,16 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  BUILTIN_PLUGIN_PACKAGES, EngineError, SpecEngine, loadTarget,
-  type DraftBatch, type Drafter, type DraftProposal, type LoadedTarget, type SequenceId, type StageInfo,
+  BUILTIN_PLUGIN_PACKAGES,
+  EngineError,
+  SpecEngine,
+  loadTarget,
+  type DraftBatch,
+  type Drafter,
+  type DraftProposal,
+  type LoadedTarget,
+  type SequenceId,
+  type StageInfo,
 } from '@specd/core';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -31,8 +39,12 @@ class OracleTreeDrafter implements Drafter {
   readonly pagesInUse = 0;
   step = 0;
   constructor(private readonly truth: Map<SequenceId, { promptLength: number; out: number[] }>) {}
-  captureSetter(_t: StageInfo): readonly number[] { return []; }
-  projectTargetHiddenPartial(_s: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array { return acc ?? new Float32Array(n); }
+  captureSetter(_t: StageInfo): readonly number[] {
+    return [];
+  }
+  projectTargetHiddenPartial(_s: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array {
+    return acc ?? new Float32Array(n);
+  }
   writeProjectedContextKV(): void {}
   propose(batch: DraftBatch): DraftProposal[] {
     return batch.sequences.map((s) => {
@@ -47,10 +59,14 @@ class OracleTreeDrafter implements Drafter {
       return { id: s.id, tokens: Int32Array.from(tokens.slice(0, k)), parents: Int32Array.from(parents.slice(0, k)) };
     });
   }
-  buildPDInput(): unknown { throw new Error('no'); }
+  buildPDInput(): unknown {
+    throw new Error('no');
+  }
   acceptPDInput(): void {}
   addSequence(): void {}
-  contextLength(): number { return 0; }
+  contextLength(): number {
+    return 0;
+  }
   freeSequence(): void {}
   dispose(): void {}
 }
@@ -63,9 +79,19 @@ describe.skipIf(!HAVE)('tree verification in the engine (SmolLM2)', () => {
   afterAll(() => target?.model.dispose());
 
   it('greedy output equals plain decoding; one forward per verify step; the tree accepts 3 drafts off its first branch', () => {
-    const prompts = ['<|im_start|>user\nList three fruits.<|im_end|>\n<|im_start|>assistant\n', 'The capital of France is']
-      .map((t) => target.tokenizer.encode(t, { addSpecialTokens: false }));
-    const reqs = () => prompts.map((ids, i) => ({ id: i, promptIds: ids, maxTokens: 30, sampling: { temperature: 0 }, seed: 0, ignoreEos: true }));
+    const prompts = [
+      '<|im_start|>user\nList three fruits.<|im_end|>\n<|im_start|>assistant\n',
+      'The capital of France is',
+    ].map((t) => target.tokenizer.encode(t, { addSpecialTokens: false }));
+    const reqs = () =>
+      prompts.map((ids, i) => ({
+        id: i,
+        promptIds: ids,
+        maxTokens: 30,
+        sampling: { temperature: 0 },
+        seed: 0,
+        ignoreEos: true,
+      }));
     const plain = new SpecEngine(target.model, undefined, { maxSequences: 2, maxTokensPerSequence: 512 }).run(reqs());
     const truth = new Map(plain.map((r) => [r.id, { promptLength: prompts[r.id as number]!.length, out: r.tokenIds }]));
     const drafter = new OracleTreeDrafter(truth);
@@ -85,8 +111,13 @@ describe.skipIf(!HAVE)('tree verification in the engine (SmolLM2)', () => {
     const ids = target.tokenizer.encode('Hello', { addSpecialTokens: false });
     const drafter = new OracleTreeDrafter(new Map([[0, { promptLength: ids.length, out: Array(40).fill(11) }]]));
     const e = new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max' });
-    expect(() => e.run([{ id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 }])).toThrow(EngineError);
-    expect(() => new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max' })
-      .run([{ id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 }])).toThrow(/tree drafts are verified greedily only/);
+    expect(() => e.run([{ id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 }])).toThrow(
+      EngineError,
+    );
+    expect(() =>
+      new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max' }).run([
+        { id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 },
+      ]),
+    ).toThrow(/tree drafts are verified greedily only/);
   });
 });

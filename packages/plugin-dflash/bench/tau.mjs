@@ -31,20 +31,50 @@ const tw = SafetensorsCheckpoint.open(T);
 const target = loadKimiStage({ dir: T, config: HfConfig.read(T), weights: tw });
 tw.close();
 const dw = SafetensorsCheckpoint.open(D);
-const drafter = await dflashPlugin.load({ dir: D, config: HfConfig.read(D), weights: dw }, { target, maxSequences: conc, maxTokensPerSequence: 4096 });
+const drafter = await dflashPlugin.load(
+  { dir: D, config: HfConfig.read(D), weights: dw },
+  { target, maxSequences: conc, maxTokensPerSequence: 4096 },
+);
 dw.close();
 
 const refFile = path.join(ROOT, 'test/prompts/reference_tau.json');
 // the greedy block-16 DFlash run: `runs.dflash_t0` in reference_tau.json (a bare run object is accepted too)
 const refAll = fs.existsSync(refFile) ? JSON.parse(fs.readFileSync(refFile, 'utf8')) : undefined;
 const reference = refAll?.runs?.dflash_t0 ?? (refAll?.domains !== undefined ? refAll : undefined);
-if (refAll !== undefined && reference === undefined) throw new Error(`${refFile}: no runs.dflash_t0 (greedy DFlash, block 16)`);
-const result = { target: 'models/kimi-k3-tiny', drafter: 'models/kimi-k3-tiny-dflash', temperature: 0, new_tokens: NEW, definition: 'mean over verify steps of (accepted + 1)', domains: {} };
+if (refAll !== undefined && reference === undefined)
+  throw new Error(`${refFile}: no runs.dflash_t0 (greedy DFlash, block 16)`);
+const result = {
+  target: 'models/kimi-k3-tiny',
+  drafter: 'models/kimi-k3-tiny-dflash',
+  temperature: 0,
+  new_tokens: NEW,
+  definition: 'mean over verify steps of (accepted + 1)',
+  domains: {},
+};
 for (const name of ['prose', 'code']) {
-  const rows = fs.readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).slice(0, limit);
-  const e = new SpecEngine(target, drafter, { maxSequences: conc, draftPolicy: 'max', maxTokensPerSequence: 4096, ...(commit ? { commit } : {}) });
+  const rows = fs
+    .readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l))
+    .slice(0, limit);
+  const e = new SpecEngine(target, drafter, {
+    maxSequences: conc,
+    draftPolicy: 'max',
+    maxTokensPerSequence: 4096,
+    ...(commit ? { commit } : {}),
+  });
   const t0 = performance.now();
-  const rs = e.run(rows.map((r) => ({ id: r.id, promptIds: Int32Array.from(r.prompt_token_ids), maxTokens: NEW, sampling: { temperature: 0 }, seed: 0, ignoreEos: true })));
+  const rs = e.run(
+    rows.map((r) => ({
+      id: r.id,
+      promptIds: Int32Array.from(r.prompt_token_ids),
+      maxTokens: NEW,
+      sampling: { temperature: 0 },
+      seed: 0,
+      ignoreEos: true,
+    })),
+  );
   const ms = performance.now() - t0;
   const m = e.metrics;
   const byId = new Map(rs.map((r) => [r.id, r]));
@@ -52,9 +82,18 @@ for (const name of ['prose', 'code']) {
     const x = byId.get(r.id);
     return { id: r.id, steps: x.metrics.verifySteps, committed: x.metrics.accepted + x.metrics.verifySteps };
   });
-  const d = { tau: m.tauPerStep, tau_mean_of_request_means: m.tauMeanOfRequests, verify_steps: m.verifySteps, prompts: rows.length,
-    per_position_acceptance: m.perPositionAcceptance, acceptance_length_histogram: m.acceptanceLengthHistogram,
-    verify_forwards: m.verifyForwards, decode_forwards: m.decodeForwards, seconds: ms / 1000, requests };
+  const d = {
+    tau: m.tauPerStep,
+    tau_mean_of_request_means: m.tauMeanOfRequests,
+    verify_steps: m.verifySteps,
+    prompts: rows.length,
+    per_position_acceptance: m.perPositionAcceptance,
+    acceptance_length_histogram: m.acceptanceLengthHistogram,
+    verify_forwards: m.verifyForwards,
+    decode_forwards: m.decodeForwards,
+    seconds: ms / 1000,
+    requests,
+  };
   const refDomain = reference?.domains?.[name];
   let line = `${name}: specd τ ${m.tauPerStep.toFixed(3)} (mean of requests ${m.tauMeanOfRequests.toFixed(3)}) over ${m.verifySteps} verify steps, ${rows.length} prompts, ${(ms / 1000).toFixed(1)} s`;
   if (refDomain !== undefined) {

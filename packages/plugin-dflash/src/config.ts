@@ -41,27 +41,36 @@ export interface DFlashConfig {
  */
 export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] = DFLASH_ARCHITECTURES): DFlashConfig {
   const archs = c.architectures;
-  if (!archs.some((a) => architectures.includes(a))) c.fail('architectures', `expected one of [${architectures.join(', ')}], got [${archs.join(', ')}]`);
+  if (!archs.some((a) => architectures.includes(a)))
+    c.fail('architectures', `expected one of [${architectures.join(', ')}], got [${archs.join(', ')}]`);
   const numLayers = c.requireInt('num_hidden_layers', { min: 1 });
   const numHeads = c.requireInt('num_attention_heads', { min: 1 });
   const numKvHeads = c.requireInt('num_key_value_heads', { min: 1 });
-  if (numHeads % numKvHeads !== 0) c.fail('num_key_value_heads', `expected a divisor of num_attention_heads = ${numHeads}, got ${numKvHeads}`);
+  if (numHeads % numKvHeads !== 0)
+    c.fail('num_key_value_heads', `expected a divisor of num_attention_heads = ${numHeads}, got ${numKvHeads}`);
   const headDim = c.requireInt('head_dim', { min: 2 });
   if (headDim % 2 !== 0) c.fail('head_dim', `expected an even number (RoPE), got ${headDim}`);
   const d = c.section('dflash_config');
   const targetLayerIds = d.requireIntArray('target_layer_ids', { min: 0 });
   if (targetLayerIds.length === 0) d.fail('target_layer_ids', 'expected at least one layer id');
-  if (new Set(targetLayerIds).size !== targetLayerIds.length) d.fail('target_layer_ids', `expected distinct ids, got [${targetLayerIds.join(', ')}]`);
-  const layerTypes = (c.optionalStringArray('layer_types') ?? Array<string>(numLayers).fill('full_attention'));
-  if (layerTypes.length !== numLayers) c.fail('layer_types', `expected ${numLayers} entries (num_hidden_layers), got ${layerTypes.length}`);
+  if (new Set(targetLayerIds).size !== targetLayerIds.length)
+    d.fail('target_layer_ids', `expected distinct ids, got [${targetLayerIds.join(', ')}]`);
+  const layerTypes = c.optionalStringArray('layer_types') ?? Array<string>(numLayers).fill('full_attention');
+  if (layerTypes.length !== numLayers)
+    c.fail('layer_types', `expected ${numLayers} entries (num_hidden_layers), got ${layerTypes.length}`);
   layerTypes.forEach((t, i) => {
-    if (t !== 'full_attention' && t !== 'sliding_attention') c.fail(`layer_types`, `entry ${i}: expected "full_attention" or "sliding_attention", got ${JSON.stringify(t)}`);
+    if (t !== 'full_attention' && t !== 'sliding_attention')
+      c.fail(`layer_types`, `entry ${i}: expected "full_attention" or "sliding_attention", got ${JSON.stringify(t)}`);
   });
   const slidingWindow = c.optionalInt('sliding_window', { min: 0 }) ?? 0;
-  if (layerTypes.includes('sliding_attention') && slidingWindow < 1) c.fail('sliding_window', `expected >= 1 with sliding_attention layers, got ${slidingWindow}`);
+  if (layerTypes.includes('sliding_attention') && slidingWindow < 1)
+    c.fail('sliding_window', `expected >= 1 with sliding_attention layers, got ${slidingWindow}`);
   return Object.freeze({
     hiddenSize: c.requireInt('hidden_size', { min: 1 }),
-    numLayers, numHeads, numKvHeads, headDim,
+    numLayers,
+    numHeads,
+    numKvHeads,
+    headDim,
     intermediateSize: c.requireInt('intermediate_size', { min: 1 }),
     vocabSize: c.requireInt('vocab_size', { min: 1 }),
     blockSize: c.requireInt('block_size', { min: 2 }),
@@ -83,7 +92,10 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
   additionalProperties: false,
   properties: {
     method: { const: 'dflash' },
-    path: { type: 'string', description: 'DFlash checkpoint directory (z-lab format, architectures ["DFlashDraftModel"])' },
+    path: {
+      type: 'string',
+      description: 'DFlash checkpoint directory (z-lab format, architectures ["DFlashDraftModel"])',
+    },
     num_draft_tokens: { type: 'integer', minimum: 1, description: 'drafts per step at most (default block_size − 1)' },
   },
 });

@@ -29,14 +29,39 @@
  */
 
 import {
-  DrafterError, DraftShard, PagedKvPool, TapProjection, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal,
+  DrafterError,
+  DraftShard,
+  PagedKvPool,
+  TapProjection,
+  WeightReader,
+  draftShardLayout,
+  sampleFromProbs,
+  samplingProbs,
+  sliceColumns,
+  type ContextSpan,
+  type DraftBatch,
+  type Drafter,
+  type DrafterLoadOptions,
+  type DrafterShardLoadOptions,
+  type DrafterSource,
+  type DraftProposal,
   type ProjectionLoadOptions,
-  type SequenceId, type StageInfo, type StageModel,
+  type SequenceId,
+  type StageInfo,
+  type StageModel,
 } from '@specd/core';
 import {
-  applyRope, argmax, gemmBf16, makePagedBatch, pagedAttention, rmsNorm, rmsNormPerHead, swigluFused,
-  writeKvPages, type KvPageLayout, type PackedBf16Weights,
+  applyRope,
+  argmax,
+  gemmBf16,
+  makePagedBatch,
+  pagedAttention,
+  rmsNorm,
+  rmsNormPerHead,
+  swigluFused,
+  writeKvPages,
+  type KvPageLayout,
+  type PackedBf16Weights,
 } from '@specd/native';
 
 import type { DFlashConfig } from './config.js';
@@ -89,7 +114,12 @@ export interface DFlashLoadParts {
  *   `[hidden, taps × hidden]`, a tap is beyond the target's layers, hidden sizes differ, the target
  *   lacks `embedTokens` / `lmHead`, or a tensor is missing / mis-shaped.
  */
-export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions, parts: DFlashLoadParts = {}): DFlashDrafter {
+export function loadDFlashDrafter(
+  source: DrafterSource,
+  config: DFlashConfig,
+  options: DrafterLoadOptions,
+  parts: DFlashLoadParts = {},
+): DFlashDrafter {
   return buildDFlash(source, config, options, parts, undefined).drafter;
 }
 
@@ -104,15 +134,28 @@ export function loadDFlashDrafter(source: DrafterSource, config: DFlashConfig, o
  *   divides the KV heads nor they divide tp (counts named); as {@link loadDFlashDrafter} otherwise
  *   (the target checks: embedTokens on rank 0, lmHead on every rank).
  */
-export function loadDFlashShard(source: DrafterSource, config: DFlashConfig, options: DrafterShardLoadOptions, parts: DFlashLoadParts = {}): DFlashDrafter {
-  const layout = draftShardLayout({ heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize }, options.comm, `dflash: ${source.dir}`);
+export function loadDFlashShard(
+  source: DrafterSource,
+  config: DFlashConfig,
+  options: DrafterShardLoadOptions,
+  parts: DFlashLoadParts = {},
+): DFlashDrafter {
+  const layout = draftShardLayout(
+    { heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize },
+    options.comm,
+    `dflash: ${source.dir}`,
+  );
   const { drafter, reads } = buildDFlash(source, config, options, parts, new DraftShard(options.comm, layout));
   options.onReads?.(reads);
   return drafter;
 }
 
 function buildDFlash(
-  source: DrafterSource, config: DFlashConfig, options: DrafterLoadOptions, parts: DFlashLoadParts, tp: DraftShard | undefined,
+  source: DrafterSource,
+  config: DFlashConfig,
+  options: DrafterLoadOptions,
+  parts: DFlashLoadParts,
+  tp: DraftShard | undefined,
 ): { drafter: DFlashDrafter; reads: WeightReader['reads'] } {
   const contextOnly = parts.contextOnly === true;
   const root = tp === undefined || tp.isRoot;
@@ -121,17 +164,25 @@ function buildDFlash(
   const info = t.info;
   const where = `dflash: ${source.dir}`;
   if (c.maskTokenId >= info.vocabSize) {
-    throw new DrafterError(`${where}: dflash_config.mask_token_id ${c.maskTokenId} is outside the target vocabulary [0, ${info.vocabSize})`);
+    throw new DrafterError(
+      `${where}: dflash_config.mask_token_id ${c.maskTokenId} is outside the target vocabulary [0, ${info.vocabSize})`,
+    );
   }
-  if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
+  if (c.hiddenSize !== info.hiddenSize)
+    throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dflash: ${source.dir}: ${m}`) });
   const D = c.hiddenSize;
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
-    throw new DrafterError(`${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
+    throw new DrafterError(
+      `${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
+    );
   }
   // under tensor parallelism the embedding is rank 0's, the lm_head vocab-parallel (every rank's target shard has one)
-  if (!contextOnly && ((root && t.embedTokens === undefined) || t.lmHead === undefined)) throw new DrafterError(`${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`);
+  if (!contextOnly && ((root && t.embedTokens === undefined) || t.lmHead === undefined))
+    throw new DrafterError(
+      `${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`,
+    );
   // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
   const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const H = c.numHeads;
@@ -141,38 +192,74 @@ function buildDFlash(
   const layers: DraftLayerWeights[] = [];
   // the rank's blocks (whole matrices without tensor parallelism)
   const qRows = tp === undefined ? undefined : { rows: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
-  const kvRows = tp === undefined ? undefined : { rows: [tp.layout.kvHeads[0] * hd, tp.layout.kvHeads[1] * hd] as const };
+  const kvRows =
+    tp === undefined ? undefined : { rows: [tp.layout.kvHeads[0] * hd, tp.layout.kvHeads[1] * hd] as const };
   const oCols = tp === undefined ? undefined : { cols: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
   const iRows = tp === undefined ? undefined : { rows: tp.layout.intermediate };
   const iCols = tp === undefined ? undefined : { cols: tp.layout.intermediate };
-  const block = (name: string, n: number, k: number, b: { rows?: readonly [number, number]; cols?: readonly [number, number] } | undefined) => ({ name, n, k, ...(b === undefined ? {} : { block: b }) });
+  const block = (
+    name: string,
+    n: number,
+    k: number,
+    b: { rows?: readonly [number, number]; cols?: readonly [number, number] } | undefined,
+  ) => ({ name, n, k, ...(b === undefined ? {} : { block: b }) });
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {
-      kv: tp === undefined
-        ? r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D)
-        : r.packedBlocks([block(`${p}self_attn.k_proj.weight`, KV * hd, D, kvRows), block(`${p}self_attn.v_proj.weight`, KV * hd, D, kvRows)]),
+      kv:
+        tp === undefined
+          ? r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D)
+          : r.packedBlocks([
+              block(`${p}self_attn.k_proj.weight`, KV * hd, D, kvRows),
+              block(`${p}self_attn.v_proj.weight`, KV * hd, D, kvRows),
+            ]),
       kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
     };
-    layers.push(contextOnly ? kvPath : {
-      ...kvPath,
-      block: {
-        sliding: c.layerTypes[j] === 'sliding_attention',
-        inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
-        postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-        q: tp === undefined ? r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D) : r.packedBlocks([block(`${p}self_attn.q_proj.weight`, H * hd, D, qRows)]),
-        o: tp === undefined ? r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd) : r.packedBlocks([block(`${p}self_attn.o_proj.weight`, D, H * hd, oCols)]),
-        qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
-        gateUp: tp === undefined
-          ? r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D)
-          : r.packedBlocks([block(`${p}mlp.gate_proj.weight`, I, D, iRows), block(`${p}mlp.up_proj.weight`, I, D, iRows)]),
-        down: tp === undefined ? r.packedRows([`${p}mlp.down_proj.weight`], [D], I) : r.packedBlocks([block(`${p}mlp.down_proj.weight`, D, I, iCols)]),
-      },
-    });
+    layers.push(
+      contextOnly
+        ? kvPath
+        : {
+            ...kvPath,
+            block: {
+              sliding: c.layerTypes[j] === 'sliding_attention',
+              inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+              postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+              q:
+                tp === undefined
+                  ? r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D)
+                  : r.packedBlocks([block(`${p}self_attn.q_proj.weight`, H * hd, D, qRows)]),
+              o:
+                tp === undefined
+                  ? r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd)
+                  : r.packedBlocks([block(`${p}self_attn.o_proj.weight`, D, H * hd, oCols)]),
+              qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
+              gateUp:
+                tp === undefined
+                  ? r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D)
+                  : r.packedBlocks([
+                      block(`${p}mlp.gate_proj.weight`, I, D, iRows),
+                      block(`${p}mlp.up_proj.weight`, I, D, iRows),
+                    ]),
+              down:
+                tp === undefined
+                  ? r.packedRows([`${p}mlp.down_proj.weight`], [D], I)
+                  : r.packedBlocks([block(`${p}mlp.down_proj.weight`, D, I, iCols)]),
+            },
+          },
+    );
   }
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
-  const drafter = new DFlashDrafter(c, t, projection, r.f32('hidden_norm.weight', [D]), finalNorm, layers, options.maxSequences * pagesPerSeq, tp);
+  const drafter = new DFlashDrafter(
+    c,
+    t,
+    projection,
+    r.f32('hidden_norm.weight', [D]),
+    finalNorm,
+    layers,
+    options.maxSequences * pagesPerSeq,
+    tp,
+  );
   return { drafter, reads: r.reads };
 }
 
@@ -184,9 +271,17 @@ function buildDFlash(
  * @param method the error prefix (`'dspark'` for DSpark's backbone).
  * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
  */
-export function loadDFlashProjection(source: DrafterSource, config: DFlashConfig, options: ProjectionLoadOptions, method = 'dflash'): TapProjection {
+export function loadDFlashProjection(
+  source: DrafterSource,
+  config: DFlashConfig,
+  options: ProjectionLoadOptions,
+  method = 'dflash',
+): TapProjection {
   const where = `${method}: ${source.dir}`;
-  if (config.hiddenSize !== options.hiddenSize) throw new DrafterError(`${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`);
+  if (config.hiddenSize !== options.hiddenSize)
+    throw new DrafterError(
+      `${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`,
+    );
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
   return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
 }
@@ -222,9 +317,18 @@ export class DFlashDrafter implements Drafter {
     this.kvHeads = tp?.kvHeads ?? c.numKvHeads;
     this.inter = tp?.intermediate ?? c.intermediateSize;
     this.pool = new PagedKvPool({
-      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]), floatsPerToken: this.kvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages,
+      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]),
+      floatsPerToken: this.kvHeads * c.headDim,
+      pageSize: DRAFT_PAGE_SIZE,
+      numPages,
     });
-    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: this.kvHeads, headDim: c.headDim, kvLayout: 'NHD' });
+    this.layout = Object.freeze({
+      numPages,
+      pageSize: DRAFT_PAGE_SIZE,
+      numKvHeads: this.kvHeads,
+      headDim: c.headDim,
+      kvLayout: 'NHD',
+    });
   }
 
   get pagesInUse(): number {
@@ -238,22 +342,35 @@ export class DFlashDrafter implements Drafter {
 
   captureSetter(target: StageInfo): readonly number[] {
     const bad = this.config.taps.filter((t) => t > target.numLayers);
-    if (bad.length > 0) throw new DrafterError(`dflash: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`);
+    if (bad.length > 0)
+      throw new DrafterError(
+        `dflash: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
+      );
     return this.config.taps;
   }
 
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
     return this.projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
   writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
     const c = this.config;
     const n = spans.reduce((a, s) => a + s.numTokens, 0);
-    if (sum.length !== n * c.hiddenSize) throw new DrafterError(`dflash: writeProjectedContextKV: sum: expected [${n}, ${c.hiddenSize}] f32, got length ${sum.length}`);
+    if (sum.length !== n * c.hiddenSize)
+      throw new DrafterError(
+        `dflash: writeProjectedContextKV: sum: expected [${n}, ${c.hiddenSize}] f32, got length ${sum.length}`,
+      );
     if (n === 0) return;
     for (const s of spans) {
       const have = this.pool.length(s.id);
-      if (s.position !== have) throw new DrafterError(`dflash: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`);
+      if (s.position !== have)
+        throw new DrafterError(
+          `dflash: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`,
+        );
     }
     const positions = new Int32Array(n);
     let at = 0;
@@ -283,10 +400,16 @@ export class DFlashDrafter implements Drafter {
     const V = this.target.info.vocabSize;
     const seqs = batch.sequences;
     const S = seqs.length;
-    if (this.contextOnly) throw new DrafterError('dflash: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without contextOnly to draft');
+    if (this.contextOnly)
+      throw new DrafterError(
+        'dflash: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without contextOnly to draft',
+      );
     if (S === 0) return [];
     seqs.forEach((s, i) => {
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1)) throw new DrafterError(`dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`);
+      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1))
+        throw new DrafterError(
+          `dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`,
+        );
     });
     const h = this.runBlocks(seqs);
     // rows 1 … k of every block (already final-normed) → target lm_head (under tensor parallelism a
@@ -326,7 +449,9 @@ export class DFlashDrafter implements Drafter {
    * shared backbone of DFlash and of block drafters built on it (e.g. DSpark).
    * @throws {DrafterError} if a sequence's position is not its draft context length.
    */
-  runBlocks(seqs: readonly { readonly id: SequenceId; readonly position: number; readonly lastToken: number }[]): Float32Array {
+  runBlocks(
+    seqs: readonly { readonly id: SequenceId; readonly position: number; readonly lastToken: number }[],
+  ): Float32Array {
     const c = this.config;
     const B = c.blockSize;
     const H = this.heads;
@@ -335,10 +460,14 @@ export class DFlashDrafter implements Drafter {
     const N = S * B;
     seqs.forEach((s, i) => {
       const have = this.pool.length(s.id);
-      if (s.position !== have) throw new DrafterError(`dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`);
+      if (s.position !== have)
+        throw new DrafterError(
+          `dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`,
+        );
     });
     const finalNorm = this.finalNorm;
-    if (finalNorm === undefined) throw new DrafterError('dflash: runBlocks: this drafter was loaded in context-KV-only mode (no block forward)');
+    if (finalNorm === undefined)
+      throw new DrafterError('dflash: runBlocks: this drafter was loaded in context-KV-only mode (no block forward)');
     if (S === 0) return new Float32Array(0);
     const tokens = new Int32Array(N).fill(c.maskTokenId);
     const positions = new Int32Array(N);
@@ -353,8 +482,11 @@ export class DFlashDrafter implements Drafter {
         grown.push(s);
       }
       const slots = this.pool.tokenSlots(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
-      const attnBatch = makePagedBatch(seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })));
-      const h = this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, c.hiddenSize);
+      const attnBatch = makePagedBatch(
+        seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })),
+      );
+      const h =
+        this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, c.hiddenSize);
       for (const [j, w] of this.layers.entries()) {
         const b = w.block!; // present whenever finalNorm is
         const x = rmsNorm(h, b.inputNorm, c.rmsNormEps);
@@ -365,7 +497,10 @@ export class DFlashDrafter implements Drafter {
         const vPool = this.pool.layerStore(2 * j + 1);
         writeKvPages(this.layout, k, v, kPool, vPool, slots);
         const a = pagedAttention(q, kPool, vPool, this.layout, attnBatch, {
-          numHeads: H, scale: 1 / Math.sqrt(hd), mask: b.sliding ? 'causal' : 'non-causal', slidingWindow: b.sliding ? c.slidingWindow : 0,
+          numHeads: H,
+          scale: 1 / Math.sqrt(hd),
+          mask: b.sliding ? 'causal' : 'non-causal',
+          slidingWindow: b.sliding ? c.slidingWindow : 0,
         });
         const o = this.reduce(gemmBf16(a, N, b.o));
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
@@ -421,5 +556,4 @@ export class DFlashDrafter implements Drafter {
     applyRope(k, positions, { heads: this.kvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];
   }
-
 }

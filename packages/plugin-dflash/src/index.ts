@@ -13,5 +13,17 @@ export function register(container: DependencyContainer): void {
 }
 
 export { dflashPlugin } from './plugin.js';
-export { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig, type DFlashConfig, type DFlashLayerType } from './config.js';
-export { DFlashDrafter, loadDFlashDrafter, loadDFlashProjection, loadDFlashShard, type DFlashLoadParts } from './dflash.js';
+export {
+  DFLASH_ARCHITECTURES,
+  DFLASH_SCHEMA,
+  parseDFlashConfig,
+  type DFlashConfig,
+  type DFlashLayerType,
+} from './config.js';
+export {
+  DFlashDrafter,
+  loadDFlashDrafter,
+  loadDFlashProjection,
+  loadDFlashShard,
+  type DFlashLoadParts,
+} from './dflash.js';

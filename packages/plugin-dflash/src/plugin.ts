@@ -1,5 +1,13 @@
 /** The DFlash {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DFlashDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import type {
+  Drafter,
+  DrafterLoadOptions,
+  DrafterPlugin,
+  DrafterShardLoadOptions,
+  DrafterSource,
+  PartialProjection,
+  ProjectionLoadOptions,
+} from '@specd/core';
 
 import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig } from './config.js';
 import { loadDFlashDrafter, loadDFlashProjection, loadDFlashShard } from './dflash.js';
@@ -9,10 +17,16 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
   architectures: DFLASH_ARCHITECTURES,
   schema: DFLASH_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
-    return Promise.resolve().then(() => loadDFlashDrafter(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }));
+    return Promise.resolve().then(() =>
+      loadDFlashDrafter(source, parseDFlashConfig(source.config), options, {
+        contextOnly: options.contextOnly === true,
+      }),
+    );
   },
   loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
-    return Promise.resolve().then(() => loadDFlashShard(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }));
+    return Promise.resolve().then(() =>
+      loadDFlashShard(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }),
+    );
   },
   loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {
     return loadDFlashProjection(source, parseDFlashConfig(source.config), options);

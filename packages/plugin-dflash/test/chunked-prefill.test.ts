@@ -13,7 +13,12 @@ import type { DFlashDrafter } from '../src/index.js';
 import { loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
 
 const CHUNK = 64;
-const readJsonl = (f: string) => fs.readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { prompt_token_ids: number[] }).prompt_token_ids);
+const readJsonl = (f: string) =>
+  fs
+    .readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => (JSON.parse(l) as { prompt_token_ids: number[] }).prompt_token_ids);
 
 let target: StageModel;
 let drafter: DFlashDrafter;
@@ -32,7 +37,8 @@ beforeAll(async () => {
     const res = target.forward(...args);
     const V = target.info.vocabSize;
     batch.sequences.forEach((s, i) => {
-      if (s.id === 'b' && res.logits !== undefined && res.logitRowStart[i + 1]! > res.logitRowStart[i]!) rowsOfB.push(res.logits.slice(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V));
+      if (s.id === 'b' && res.logits !== undefined && res.logitRowStart[i + 1]! > res.logitRowStart[i]!)
+        rowsOfB.push(res.logits.slice(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V));
     });
     return res;
   };
@@ -50,14 +56,30 @@ afterAll(() => {
 });
 
 const request = (id: string, promptIds: Int32Array, maxTokens: number, onToken?: (t: number) => void): SpecRequest => ({
-  id, promptIds, maxTokens, sampling: { temperature: 0 }, seed: 0, ignoreEos: true, ...(onToken === undefined ? {} : { onToken }),
+  id,
+  promptIds,
+  maxTokens,
+  sampling: { temperature: 0 },
+  seed: 0,
+  ignoreEos: true,
+  ...(onToken === undefined ? {} : { onToken }),
 });
-const concat = (rows: Float32Array[]): Buffer => Buffer.concat(rows.map((r) => Buffer.from(r.buffer, r.byteOffset, r.byteLength)));
+const concat = (rows: Float32Array[]): Buffer =>
+  Buffer.concat(rows.map((r) => Buffer.from(r.buffer, r.byteOffset, r.byteLength)));
 
-describe.each([['plain decoding', false], ['DFlash', true]])('chunked prefill with the shipped target, %s', (_name, spec) => {
+describe.each([
+  ['plain decoding', false],
+  ['DFlash', true],
+])('chunked prefill with the shipped target, %s', (_name, spec) => {
   it('a 300-token prompt prefills over 5 steps while the other sequence commits in each; tokens (and plain logits) as alone', () => {
     expect(longPrompt.length).toBe(300);
-    const engine = () => new SpecEngine(recording, spec ? drafter : undefined, { maxSequences: 2, maxTokensPerSequence: 1024, draftPolicy: 'max', prefillChunk: CHUNK });
+    const engine = () =>
+      new SpecEngine(recording, spec ? drafter : undefined, {
+        maxSequences: 2,
+        maxTokensPerSequence: 1024,
+        draftPolicy: 'max',
+        prefillChunk: CHUNK,
+      });
     // alone
     const aloneA = engine().run([request('a', shortPrompt, 128)])[0]!.tokenIds;
     rowsOfB = [];

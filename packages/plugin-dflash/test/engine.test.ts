@@ -9,7 +9,14 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { SafetensorsFile, SpecEngine, Tokenizer, type SpecRequest, type SpecResult, type StageModel } from '@specd/core';
+import {
+  SafetensorsFile,
+  SpecEngine,
+  Tokenizer,
+  type SpecRequest,
+  type SpecResult,
+  type StageModel,
+} from '@specd/core';
 
 import type { DFlashDrafter } from '../src/index.js';
 import { GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT, TARGET_DIR } from './helpers.js';
@@ -18,14 +25,27 @@ const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
   goldens: Record<string, { file: string; greedy_continuation: number[] }>;
 };
-const readJsonl = (f: string) => fs.readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] });
+const readJsonl = (f: string) =>
+  fs
+    .readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] });
 
-interface Prompt { id: string; ids: Int32Array; golden?: number[] }
+interface Prompt {
+  id: string;
+  ids: Int32Array;
+  golden?: number[];
+}
 const prompts: Prompt[] = [
   ...Object.entries(index.goldens).map(([name, g]) => {
     const f = SafetensorsFile.open(path.join(GOLDENS_DIR, g.file));
     try {
-      return { id: `golden-${name}`, ids: Int32Array.from(f.read('input_ids').data as Int32Array), golden: g.greedy_continuation };
+      return {
+        id: `golden-${name}`,
+        ids: Int32Array.from(f.read('input_ids').data as Int32Array),
+        golden: g.greedy_continuation,
+      };
     } finally {
       f.close();
     }
@@ -36,7 +56,13 @@ const prompts: Prompt[] = [
 ];
 
 const greedy = (p: Prompt, extra: Partial<SpecRequest> = {}): SpecRequest => ({
-  id: p.id, promptIds: p.ids, maxTokens: NEW_TOKENS, sampling: { temperature: 0 }, seed: 0, ignoreEos: true, ...extra,
+  id: p.id,
+  promptIds: p.ids,
+  maxTokens: NEW_TOKENS,
+  sampling: { temperature: 0 },
+  seed: 0,
+  ignoreEos: true,
+  ...extra,
 });
 const byId = (rs: SpecResult[]) => new Map(rs.map((r) => [r.id, r]));
 
@@ -65,37 +91,47 @@ describe('greedy speculative decoding with DFlash', () => {
     }
   });
 
-  it.each([1, 8])('is token-for-token plain greedy at %i concurrent sequence(s); drafts, τ > 1.5, one target forward per verify step', (conc) => {
-    const e = new SpecEngine(target, drafter, { maxSequences: conc, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-    expect(prompts.length).toBe(4 + 64);
-    const results = byId(e.run(prompts.map((p) => greedy(p))));
-    for (const p of prompts) {
-      const r = results.get(p.id)!;
-      expect(r.finishReason).toBe('length');
-      expect(r.tokenIds, p.id).toEqual(plain.get(p.id)!.tokenIds);
-      expect(r.metrics.drafted, p.id).toBeGreaterThan(0);
-    }
-    const m = e.metrics;
-    expect(m.tauPerStep).toBeGreaterThan(1.5);
-    expect(m.tauMeanOfRequests).toBeGreaterThan(1.5);
-    expect(m.decodeForwards).toBe(m.verifyForwards);
-    // every verify forward carried every running sequence: fewer forwards than per-request steps when batched
-    if (conc > 1) expect(m.verifyForwards).toBeLessThan(m.verifySteps);
-    else expect(m.verifyForwards).toBe(m.verifySteps);
-    // metrics are consistent: committed tokens = accepted + steps (≥ the requested tokens, the last step may overshoot)
-    expect(m.accepted + m.verifySteps + prompts.length).toBeGreaterThanOrEqual(prompts.length * NEW_TOKENS);
-    const hist = m.acceptanceLengthHistogram;
-    expect(hist.reduce((a, b) => a + b, 0)).toBe(m.verifySteps);
-    expect(hist.reduce((a, c, n) => a + c * n, 0)).toBe(m.accepted + m.verifySteps);
-    expect(m.perPositionAcceptance[0]).toBeGreaterThan(m.perPositionAcceptance[m.perPositionAcceptance.length - 1]!);
-    expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
-    console.log(`DFlash greedy, ${conc} concurrent: τ ${m.tauPerStep.toFixed(3)} (per step) / ${m.tauMeanOfRequests.toFixed(3)} (mean of requests), `
-      + `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards, draft ${m.draftMs.toFixed(0)} ms, verify ${m.verifyMs.toFixed(0)} ms, commit ${m.commitMs.toFixed(0)} ms`);
-  });
+  it.each([1, 8])(
+    'is token-for-token plain greedy at %i concurrent sequence(s); drafts, τ > 1.5, one target forward per verify step',
+    (conc) => {
+      const e = new SpecEngine(target, drafter, { maxSequences: conc, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+      expect(prompts.length).toBe(4 + 64);
+      const results = byId(e.run(prompts.map((p) => greedy(p))));
+      for (const p of prompts) {
+        const r = results.get(p.id)!;
+        expect(r.finishReason).toBe('length');
+        expect(r.tokenIds, p.id).toEqual(plain.get(p.id)!.tokenIds);
+        expect(r.metrics.drafted, p.id).toBeGreaterThan(0);
+      }
+      const m = e.metrics;
+      expect(m.tauPerStep).toBeGreaterThan(1.5);
+      expect(m.tauMeanOfRequests).toBeGreaterThan(1.5);
+      expect(m.decodeForwards).toBe(m.verifyForwards);
+      // every verify forward carried every running sequence: fewer forwards than per-request steps when batched
+      if (conc > 1) expect(m.verifyForwards).toBeLessThan(m.verifySteps);
+      else expect(m.verifyForwards).toBe(m.verifySteps);
+      // metrics are consistent: committed tokens = accepted + steps (≥ the requested tokens, the last step may overshoot)
+      expect(m.accepted + m.verifySteps + prompts.length).toBeGreaterThanOrEqual(prompts.length * NEW_TOKENS);
+      const hist = m.acceptanceLengthHistogram;
+      expect(hist.reduce((a, b) => a + b, 0)).toBe(m.verifySteps);
+      expect(hist.reduce((a, c, n) => a + c * n, 0)).toBe(m.accepted + m.verifySteps);
+      expect(m.perPositionAcceptance[0]).toBeGreaterThan(m.perPositionAcceptance[m.perPositionAcceptance.length - 1]!);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
+      console.log(
+        `DFlash greedy, ${conc} concurrent: τ ${m.tauPerStep.toFixed(3)} (per step) / ${m.tauMeanOfRequests.toFixed(3)} (mean of requests), ` +
+          `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards, draft ${m.draftMs.toFixed(0)} ms, verify ${m.verifyMs.toFixed(0)} ms, commit ${m.commitMs.toFixed(0)} ms`,
+      );
+    },
+  );
 
   it('commit by replay gives the same tokens, with extra forwards', () => {
     const few = prompts.slice(0, 2);
-    const e = new SpecEngine(target, drafter, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 2048, commit: 'replay' });
+    const e = new SpecEngine(target, drafter, {
+      maxSequences: 2,
+      draftPolicy: 'max',
+      maxTokensPerSequence: 2048,
+      commit: 'replay',
+    });
     const results = byId(e.run(few.map((p) => greedy(p, { maxTokens: 48 }))));
     for (const p of few) expect(results.get(p.id)!.tokenIds).toEqual(plain.get(p.id)!.tokenIds.slice(0, 48));
     expect(e.metrics.decodeForwards).toBeGreaterThan(e.metrics.verifyForwards);
@@ -105,7 +141,12 @@ describe('greedy speculative decoding with DFlash', () => {
 describe('resources', () => {
   it('after a mix of length, EOS, stop strings and aborts every page, state slot and draft page is free', () => {
     const tok = Tokenizer.load(TARGET_DIR);
-    const e = new SpecEngine(target, drafter, { maxSequences: 3, draftPolicy: 'max', maxTokensPerSequence: 2048, decode: (ids) => tok.decode([...ids], { skipSpecialTokens: true }) });
+    const e = new SpecEngine(target, drafter, {
+      maxSequences: 3,
+      draftPolicy: 'max',
+      maxTokensPerSequence: 2048,
+      decode: (ids) => tok.decode([...ids], { skipSpecialTokens: true }),
+    });
     const [a, b, c, d, f] = prompts;
     const pa = plain.get(a!.id)!.tokenIds;
     const pc = plain.get(c!.id)!.tokenIds;
@@ -145,7 +186,11 @@ describe('sampling', () => {
   it('temperature > 0: reproducible per seed, finishes, drafts accepted', () => {
     const run = (seed: number) => {
       const e = new SpecEngine(target, drafter, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-      const rs = e.run(prompts.slice(0, 2).map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })));
+      const rs = e.run(
+        prompts
+          .slice(0, 2)
+          .map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })),
+      );
       return { tokens: rs.map((r) => r.tokenIds), m: e.metrics };
     };
     const r1 = run(3);

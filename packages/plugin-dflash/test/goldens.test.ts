@@ -40,7 +40,11 @@ describe.each(Object.keys(index.goldens))('DFlash vs golden %s', (name) => {
     // partial projections, one "stage" per tap, accumulated in fp32, norm after the sum
     let acc: Float32Array | undefined;
     for (const [t, h] of taps) acc = drafter.projectTargetHiddenPartial(new Map([[t, h]]), T, acc);
-    const context = rmsNorm(acc!, (drafter as unknown as { hiddenNorm: Float32Array }).hiddenNorm, drafter.config.rmsNormEps);
+    const context = rmsNorm(
+      acc!,
+      (drafter as unknown as { hiddenNorm: Float32Array }).hiddenNorm,
+      drafter.config.rmsNormEps,
+    );
     expect(relError(context, f32('dflash.context'))).toBeLessThan(1e-3);
     expect(context.length).toBe(T * D);
 
@@ -51,7 +55,10 @@ describe.each(Object.keys(index.goldens))('DFlash vs golden %s', (name) => {
       expect(drafter.contextLength(id)).toBe(T);
       const W = drafter.config.numKvHeads * drafter.config.headDim;
       for (let j = 0; j < drafter.config.numLayers; j++) {
-        for (const [kind, store] of [['k', 2 * j], ['v', 2 * j + 1]] as const) {
+        for (const [kind, store] of [
+          ['k', 2 * j],
+          ['v', 2 * j + 1],
+        ] as const) {
           const got = new Float32Array(T * W);
           const pool = drafter.pool.layerStore(store);
           for (let p = 0; p < T; p++) {
@@ -62,10 +69,17 @@ describe.each(Object.keys(index.goldens))('DFlash vs golden %s', (name) => {
         }
       }
       const [prop] = drafter.propose({
-        sequences: [{
-          id, position: T, lastToken: entry.first_token, maxDrafts: drafter.maxDraftTokens, history: new Int32Array(0),
-          sampling: { temperature: 0 }, rng: { next: () => 0 },
-        }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: entry.first_token,
+            maxDrafts: drafter.maxDraftTokens,
+            history: new Int32Array(0),
+            sampling: { temperature: 0 },
+            rng: { next: () => 0 },
+          },
+        ],
       });
       const want = Array.from(g.read('dflash.first_proposal').data as Int32Array);
       const got = Array.from(prop!.tokens);

@@ -18,12 +18,20 @@ export function loadTarget(): StageModel {
 }
 
 /** The shipped DFlash drafter bound to `target`; `config` overrides config.json fields. */
-export async function loadDrafter(target: StageModel, config: Record<string, unknown> = {}, maxSequences = 4, maxTokensPerSequence = 1024): Promise<DFlashDrafter> {
+export async function loadDrafter(
+  target: StageModel,
+  config: Record<string, unknown> = {},
+  maxSequences = 4,
+  maxTokensPerSequence = 1024,
+): Promise<DFlashDrafter> {
   const weights = SafetensorsCheckpoint.open(DFLASH_DIR);
   try {
     const base = HfConfig.read(DFLASH_DIR).raw as Record<string, unknown>;
     const merged = HfConfig.fromObject({ ...base, ...config }, path.join(DFLASH_DIR, 'config.json'));
-    return (await dflashPlugin.load({ dir: DFLASH_DIR, config: merged, weights }, { target, maxSequences, maxTokensPerSequence })) as DFlashDrafter;
+    return (await dflashPlugin.load(
+      { dir: DFLASH_DIR, config: merged, weights },
+      { target, maxSequences, maxTokensPerSequence },
+    )) as DFlashDrafter;
   } finally {
     weights.close();
   }

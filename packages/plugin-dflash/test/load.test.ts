@@ -28,9 +28,15 @@ describe('DFlash config', () => {
   });
   it('names the bad field', () => {
     const base = HfConfig.read(DFLASH_DIR).raw as Record<string, unknown>;
-    expect(() => parseDFlashConfig(HfConfig.fromObject({ ...base, architectures: ['LlamaForCausalLM'] }))).toThrow(HfConfigError);
-    expect(() => parseDFlashConfig(HfConfig.fromObject({ ...base, layer_types: ['full_attention'] }))).toThrow(/layer_types.*expected 3 entries/);
-    expect(() => parseDFlashConfig(HfConfig.fromObject({ ...base, num_key_value_heads: 3 }))).toThrow(/num_key_value_heads/);
+    expect(() => parseDFlashConfig(HfConfig.fromObject({ ...base, architectures: ['LlamaForCausalLM'] }))).toThrow(
+      HfConfigError,
+    );
+    expect(() => parseDFlashConfig(HfConfig.fromObject({ ...base, layer_types: ['full_attention'] }))).toThrow(
+      /layer_types.*expected 3 entries/,
+    );
+    expect(() => parseDFlashConfig(HfConfig.fromObject({ ...base, num_key_value_heads: 3 }))).toThrow(
+      /num_key_value_heads/,
+    );
   });
 });
 
@@ -40,7 +46,9 @@ describe('DFlash registration', () => {
     register(child);
     const reg = DrafterRegistry.fromContainer(child);
     expect(reg.resolve(HfConfig.read(DFLASH_DIR))).toBe(dflashPlugin);
-    expect(() => reg.resolve(HfConfig.fromObject({ architectures: ['LlamaForCausalLMEagle3'] }, 'e/config.json'))).toThrow(
+    expect(() =>
+      reg.resolve(HfConfig.fromObject({ architectures: ['LlamaForCausalLMEagle3'] }, 'e/config.json')),
+    ).toThrow(
       'e/config.json: no drafter plugin for architectures [LlamaForCausalLMEagle3]; loaded methods: dflash (architectures DFlashDraftModel)',
     );
     expect(child.resolveAll(DRAFTER_PLUGIN)).toEqual([dflashPlugin]);
@@ -49,24 +57,36 @@ describe('DFlash registration', () => {
 });
 
 describe('DFlash load rejections', () => {
-  const dflashConfig = (over: Record<string, unknown>) => ({ dflash_config: { mask_token_id: 1, target_layer_ids: [0, 2, 4, 6], ...over } });
+  const dflashConfig = (over: Record<string, unknown>) => ({
+    dflash_config: { mask_token_id: 1, target_layer_ids: [0, 2, 4, 6], ...over },
+  });
   it('mask token outside the target vocabulary', async () => {
-    await expect(loadDrafter(target, dflashConfig({ mask_token_id: 8192 }))).rejects.toThrow(/mask_token_id 8192 is outside the target vocabulary \[0, 8192\)/);
+    await expect(loadDrafter(target, dflashConfig({ mask_token_id: 8192 }))).rejects.toThrow(
+      /mask_token_id 8192 is outside the target vocabulary \[0, 8192\)/,
+    );
   });
   it('fc width ≠ taps × hidden size', async () => {
-    await expect(loadDrafter(target, dflashConfig({ target_layer_ids: [0, 2, 4] }))).rejects.toThrow(/fc\.weight is \[256, 1024\], expected \[256, 768\] \(hidden 256, taps × hidden = 3 × 256\)/);
+    await expect(loadDrafter(target, dflashConfig({ target_layer_ids: [0, 2, 4] }))).rejects.toThrow(
+      /fc\.weight is \[256, 1024\], expected \[256, 768\] \(hidden 256, taps × hidden = 3 × 256\)/,
+    );
   });
   it('taps the target does not have', async () => {
-    await expect(loadDrafter(target, dflashConfig({ target_layer_ids: [0, 2, 4, 8] }))).rejects.toThrow(/name taps \[9\] the target does not have \(it has taps 0\.\.8, 8 layers\)/);
+    await expect(loadDrafter(target, dflashConfig({ target_layer_ids: [0, 2, 4, 8] }))).rejects.toThrow(
+      /name taps \[9\] the target does not have \(it has taps 0\.\.8, 8 layers\)/,
+    );
   });
-  it('a hidden size other than the target\'s', async () => {
-    await expect(loadDrafter(target, { hidden_size: 128 })).rejects.toThrow(/hidden_size 128 differs from the target's 256/);
+  it("a hidden size other than the target's", async () => {
+    await expect(loadDrafter(target, { hidden_size: 128 })).rejects.toThrow(
+      /hidden_size 128 differs from the target's 256/,
+    );
   });
   it('PD hand-over is refused clearly; captureSetter returns the pinned taps', async () => {
     const d = await loadDrafter(target);
     try {
       expect(d.captureSetter(target.info)).toEqual([1, 3, 5, 7]);
-      expect(() => d.captureSetter({ ...target.info, numLayers: 4 })).toThrow(/taps \[5, 7\] are beyond the target's 4 layers/);
+      expect(() => d.captureSetter({ ...target.info, numLayers: 4 })).toThrow(
+        /taps \[5, 7\] are beyond the target's 4 layers/,
+      );
       expect(() => d.buildPDInput('x')).toThrow(/not supported yet/);
       expect(() => d.acceptPDInput({})).toThrow(/not supported yet/);
       expect(d.maxDraftTokens).toBe(15);

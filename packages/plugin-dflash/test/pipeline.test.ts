@@ -7,13 +7,25 @@
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { HfConfig, SafetensorsCheckpoint, SafetensorsFile, SequenceCache, stageTaps, type StageModel } from '@specd/core';
+import {
+  HfConfig,
+  SafetensorsCheckpoint,
+  SafetensorsFile,
+  SequenceCache,
+  stageTaps,
+  type StageModel,
+} from '@specd/core';
 import { loadKimiStage } from '@specd/model-kimi-k3';
 
 import { dflashPlugin, type DFlashDrafter } from '../src/index.js';
 import { DFLASH_DIR, GOLDENS_DIR, loadDrafter, loadTarget, relError, TARGET_DIR } from './helpers.js';
 
-const SPLITS = [[0, 1], [1, 2], [2, 6], [6, 8]] as const;
+const SPLITS = [
+  [0, 1],
+  [1, 2],
+  [2, 6],
+  [6, 8],
+] as const;
 
 let whole: StageModel;
 let stages: StageModel[];
@@ -22,7 +34,9 @@ beforeAll(async () => {
   whole = loadTarget();
   const weights = SafetensorsCheckpoint.open(TARGET_DIR);
   try {
-    stages = SPLITS.map(([a, b]) => loadKimiStage({ dir: TARGET_DIR, config: HfConfig.read(TARGET_DIR), weights }, { layerStart: a, layerEnd: b }));
+    stages = SPLITS.map(([a, b]) =>
+      loadKimiStage({ dir: TARGET_DIR, config: HfConfig.read(TARGET_DIR), weights }, { layerStart: a, layerEnd: b }),
+    );
   } finally {
     weights.close();
   }
@@ -63,9 +77,14 @@ describe('pipeline-parallel context projection', () => {
         expect([...r.taps.keys()]).toEqual(mine);
         // the stage's own share of fc (DrafterPlugin.loadProjection): only its taps' column blocks
         const ckpt = SafetensorsCheckpoint.open(DFLASH_DIR);
-        const share = dflashPlugin.loadProjection!({ dir: DFLASH_DIR, config: HfConfig.read(DFLASH_DIR), weights: ckpt }, { taps: mine, hiddenSize: 256 });
+        const share = dflashPlugin.loadProjection!(
+          { dir: DFLASH_DIR, config: HfConfig.read(DFLASH_DIR), weights: ckpt },
+          { taps: mine, hiddenSize: 256 },
+        );
         ckpt.close();
-        expect(share.reads.map((x) => x.cols)).toEqual(mine.map((t) => [drafter.config.taps.indexOf(t) * 256, (drafter.config.taps.indexOf(t) + 1) * 256]));
+        expect(share.reads.map((x) => x.cols)).toEqual(
+          mine.map((t) => [drafter.config.taps.indexOf(t) * 256, (drafter.config.taps.indexOf(t) + 1) * 256]),
+        );
         acc = share.projectTargetHiddenPartial(r.taps, T, acc);
         hidden = r.hidden;
       }
@@ -77,7 +96,8 @@ describe('pipeline-parallel context projection', () => {
         const W = drafter.config.numKvHeads * drafter.config.headDim;
         const k0 = new Float32Array(T * W);
         const pool = drafter.pool.layerStore(0);
-        for (let p = 0; p < T; p++) k0.set(pool.subarray(drafter.pool.tokenOffset('pp', p), drafter.pool.tokenOffset('pp', p) + W), p * W);
+        for (let p = 0; p < T; p++)
+          k0.set(pool.subarray(drafter.pool.tokenOffset('pp', p), drafter.pool.tokenOffset('pp', p) + W), p * W);
         expect(relError(k0, g.read('dflash.layer.0.k').data as Float32Array)).toBeLessThan(1e-2);
       } finally {
         drafter.freeSequence('pp');

@@ -13,8 +13,17 @@ import { loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
 
 const REF = process.env['SPECD_REFERENCE_TAU'] ?? path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
 
-interface RefRequest { id: string; steps: number; committed: number }
-interface RefRun { drafter?: string; temperature?: number; new_tokens?: number; domains: Record<string, { tau: number; requests?: RefRequest[] }> }
+interface RefRequest {
+  id: string;
+  steps: number;
+  committed: number;
+}
+interface RefRun {
+  drafter?: string;
+  temperature?: number;
+  new_tokens?: number;
+  domains: Record<string, { tau: number; requests?: RefRequest[] }>;
+}
 
 /** The greedy DFlash run in the reference file (a run object, or a container of runs). */
 function findRun(x: unknown): RefRun | undefined {
@@ -47,18 +56,37 @@ describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
     target?.dispose();
   });
 
-  it.each([['prose', 6], ['code', 4]] as const)('%s: specd τ within 0.1 of the reference on the same prompts', (domain, count) => {
+  it.each([
+    ['prose', 6],
+    ['code', 4],
+  ] as const)('%s: specd τ within 0.1 of the reference on the same prompts', (domain, count) => {
     const ref = run!.domains[domain];
     expect(ref, `reference has no ${domain} domain`).toBeDefined();
     const refReqs = new Map((ref!.requests ?? []).map((r) => [r.id, r]));
-    const rows = fs.readFileSync(path.join(REPO_ROOT, 'test/prompts', `${domain}.jsonl`), 'utf8').trim().split('\n')
-      .map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] }).filter((r) => refReqs.has(r.id)).slice(0, count);
+    const rows = fs
+      .readFileSync(path.join(REPO_ROOT, 'test/prompts', `${domain}.jsonl`), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] })
+      .filter((r) => refReqs.has(r.id))
+      .slice(0, count);
     expect(rows.length).toBe(count);
     const e = new SpecEngine(target, drafter, { maxSequences: 8, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-    e.run(rows.map((r) => ({ id: r.id, promptIds: Int32Array.from(r.prompt_token_ids), maxTokens: run!.new_tokens ?? 128, sampling: { temperature: 0 }, seed: 0, ignoreEos: true })));
+    e.run(
+      rows.map((r) => ({
+        id: r.id,
+        promptIds: Int32Array.from(r.prompt_token_ids),
+        maxTokens: run!.new_tokens ?? 128,
+        sampling: { temperature: 0 },
+        seed: 0,
+        ignoreEos: true,
+      })),
+    );
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
-    console.log(`${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref!.tau.toFixed(3)})`);
+    console.log(
+      `${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref!.tau.toFixed(3)})`,
+    );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
   });
 });

@@ -25,7 +25,8 @@ export function parseDSparkConfig(c: HfConfig): DSparkConfig {
   const d = c.section('dspark_config');
   const markovRank = d.requireInt('markov_rank', { min: 1 });
   const slots = d.optionalString('slot_semantics');
-  if (slots !== undefined && slots !== 'next_token') d.fail('slot_semantics', `expected "next_token", got ${JSON.stringify(slots)}`);
+  if (slots !== undefined && slots !== 'next_token')
+    d.fail('slot_semantics', `expected "next_token", got ${JSON.stringify(slots)}`);
   return Object.freeze({ ...base, markovRank });
 }
 
@@ -37,10 +38,15 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
   additionalProperties: false,
   properties: {
     method: { const: 'dspark' },
-    path: { type: 'string', description: 'DSpark checkpoint directory (z-lab format, architectures ["DSparkDraftModel"])' },
+    path: {
+      type: 'string',
+      description: 'DSpark checkpoint directory (z-lab format, architectures ["DSparkDraftModel"])',
+    },
     context_only: {
-      type: 'boolean', default: false,
-      description: 'context-KV-only mode for a prefill-only producer: load only the projection (fc, hidden_norm) and each layer\'s k/v projections and k_norm; the drafter never drafts',
+      type: 'boolean',
+      default: false,
+      description:
+        "context-KV-only mode for a prefill-only producer: load only the projection (fc, hidden_norm) and each layer's k/v projections and k_norm; the drafter never drafts",
     },
   },
 });

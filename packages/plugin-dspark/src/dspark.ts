@@ -23,9 +23,21 @@
  */
 
 import {
-  DrafterError, WeightReader, sampleFromProbs, samplingProbs,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal, type TensorRead,
-  type SequenceId, type StageInfo, type StageModel,
+  DrafterError,
+  WeightReader,
+  sampleFromProbs,
+  samplingProbs,
+  type ContextSpan,
+  type DraftBatch,
+  type Drafter,
+  type DrafterLoadOptions,
+  type DrafterShardLoadOptions,
+  type DrafterSource,
+  type DraftProposal,
+  type TensorRead,
+  type SequenceId,
+  type StageInfo,
+  type StageModel,
 } from '@specd/core';
 import { gemmBf16, type PackedBf16Weights } from '@specd/native';
 import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
@@ -37,7 +49,11 @@ import type { DSparkConfig } from './config.js';
  * the Markov and confidence heads.
  * @throws {DrafterError} as {@link loadDFlashDrafter}, or if a head tensor is missing / mis-shaped.
  */
-export function loadDSparkDrafter(source: DrafterSource, config: DSparkConfig, options: DrafterLoadOptions): DSparkDrafter {
+export function loadDSparkDrafter(
+  source: DrafterSource,
+  config: DSparkConfig,
+  options: DrafterLoadOptions,
+): DSparkDrafter {
   return buildDSpark(source, config, options, undefined);
 }
 
@@ -49,16 +65,26 @@ export function loadDSparkDrafter(source: DrafterSource, config: DSparkConfig, o
  * through `options.onReads`.
  * @throws {DrafterError} as {@link loadDFlashShard} and {@link loadDSparkDrafter}.
  */
-export function loadDSparkShard(source: DrafterSource, config: DSparkConfig, options: DrafterShardLoadOptions): DSparkDrafter {
+export function loadDSparkShard(
+  source: DrafterSource,
+  config: DSparkConfig,
+  options: DrafterShardLoadOptions,
+): DSparkDrafter {
   return buildDSpark(source, config, options, options);
 }
 
-function buildDSpark(source: DrafterSource, config: DSparkConfig, options: DrafterLoadOptions, shard: DrafterShardLoadOptions | undefined): DSparkDrafter {
+function buildDSpark(
+  source: DrafterSource,
+  config: DSparkConfig,
+  options: DrafterLoadOptions,
+  shard: DrafterShardLoadOptions | undefined,
+): DSparkDrafter {
   const contextOnly = options.contextOnly === true || options.settings?.['context_only'] === true;
   let backboneReads: readonly TensorRead[] = [];
-  const backbone = shard === undefined
-    ? loadDFlashDrafter(source, config, options, { contextOnly })
-    : loadDFlashShard(source, config, { ...shard, onReads: (r) => (backboneReads = r) }, { contextOnly });
+  const backbone =
+    shard === undefined
+      ? loadDFlashDrafter(source, config, options, { contextOnly })
+      : loadDFlashShard(source, config, { ...shard, onReads: (r) => (backboneReads = r) }, { contextOnly });
   if (contextOnly || (shard !== undefined && shard.comm.rank !== 0)) {
     shard?.onReads?.(backboneReads);
     return new DSparkDrafter(config, options.target, backbone, undefined);
@@ -128,7 +154,11 @@ export class DSparkDrafter implements Drafter {
     return this.backbone.captureSetter(target);
   }
 
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
     return this.backbone.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
@@ -138,7 +168,9 @@ export class DSparkDrafter implements Drafter {
 
   propose(batch: DraftBatch): DraftProposal[] {
     if (this.contextOnly) {
-      throw new DrafterError('dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without context_only to draft');
+      throw new DrafterError(
+        'dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without context_only to draft',
+      );
     }
     const heads = this.heads;
     const worker = this.backbone.tp !== undefined && !this.backbone.tp.isRoot;
@@ -152,7 +184,8 @@ export class DSparkDrafter implements Drafter {
     const S = seqs.length;
     if (S === 0) return [];
     seqs.forEach((s, i) => {
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B)) throw new DrafterError(`dspark: propose: sequences[${i}].maxDrafts: expected [1, ${B}], got ${s.maxDrafts}`);
+      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B))
+        throw new DrafterError(`dspark: propose: sequences[${i}].maxDrafts: expected [1, ${B}], got ${s.maxDrafts}`);
     });
     const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
     // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below);
@@ -181,7 +214,8 @@ export class DSparkDrafter implements Drafter {
       const e = new Float32Array(n * R);
       active.forEach((i, a) => {
         const t = prev[i]!;
-        if (!(t >= 0 && t < V)) throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
+        if (!(t >= 0 && t < V))
+          throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
       const bias = gemmBf16(e, n, heads.proj); // [n, V]
@@ -210,9 +244,11 @@ export class DSparkDrafter implements Drafter {
         prev[i] = d;
       });
     }
-    return seqs.map((s, i) => (probs[i] === undefined
-      ? { id: s.id, tokens: tokens[i]!, confidence: conf[i]! }
-      : { id: s.id, tokens: tokens[i]!, probs: probs[i]!, confidence: conf[i]! }));
+    return seqs.map((s, i) =>
+      probs[i] === undefined
+        ? { id: s.id, tokens: tokens[i]!, confidence: conf[i]! }
+        : { id: s.id, tokens: tokens[i]!, probs: probs[i]!, confidence: conf[i]! },
+    );
   }
 
   buildPDInput(id: SequenceId): unknown {

@@ -1,5 +1,13 @@
 /** The DSpark {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DSparkDraftModel"]`. */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import type {
+  Drafter,
+  DrafterLoadOptions,
+  DrafterPlugin,
+  DrafterShardLoadOptions,
+  DrafterSource,
+  PartialProjection,
+  ProjectionLoadOptions,
+} from '@specd/core';
 import { loadDFlashProjection } from '@specd/plugin-dflash';
 
 import { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig } from './config.js';

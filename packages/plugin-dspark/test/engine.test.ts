@@ -17,9 +17,17 @@ const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
   goldens: Record<string, { file: string; greedy_continuation: number[] }>;
 };
-const readJsonl = (f: string) => fs.readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] });
+const readJsonl = (f: string) =>
+  fs
+    .readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] });
 
-interface Prompt { id: string; ids: Int32Array }
+interface Prompt {
+  id: string;
+  ids: Int32Array;
+}
 const prompts: Prompt[] = Object.entries(index.goldens).map(([name, g]) => {
   const f = SafetensorsFile.open(path.join(GOLDENS_DIR, g.file));
   try {
@@ -30,7 +38,13 @@ const prompts: Prompt[] = Object.entries(index.goldens).map(([name, g]) => {
 });
 
 const greedy = (p: Prompt, extra: Partial<SpecRequest> = {}): SpecRequest => ({
-  id: p.id, promptIds: p.ids, maxTokens: NEW_TOKENS, sampling: { temperature: 0 }, seed: 0, ignoreEos: true, ...extra,
+  id: p.id,
+  promptIds: p.ids,
+  maxTokens: NEW_TOKENS,
+  sampling: { temperature: 0 },
+  seed: 0,
+  ignoreEos: true,
+  ...extra,
 });
 const byId = (rs: SpecResult[]) => new Map(rs.map((r) => [r.id, r]));
 
@@ -47,7 +61,11 @@ afterAll(() => {
 
 describe('greedy speculative decoding with DSpark', () => {
   it('is token-for-token plain greedy for every golden prompt; drafts, one target forward per verify step', () => {
-    const plain = byId(new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(prompts.map((p) => greedy(p))));
+    const plain = byId(
+      new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(
+        prompts.map((p) => greedy(p)),
+      ),
+    );
     const e = new SpecEngine(target, drafter, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
     const results = byId(e.run(prompts.map((p) => greedy(p))));
     for (const p of prompts) {
@@ -63,14 +81,27 @@ describe('greedy speculative decoding with DSpark', () => {
     expect(m.decodeForwards).toBe(m.verifyForwards);
     expect(m.perPositionAcceptance.length).toBeLessThanOrEqual(7);
     expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
-    console.log(`DSpark greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`);
+    console.log(
+      `DSpark greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
+    );
   });
 });
 
 const REF = path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
-interface RefRequest { id: string; steps: number; committed: number }
-interface RefRun { block_size: number; max_drafts: number; new_tokens: number; domains: Record<string, { tau: number; requests: RefRequest[] }> }
-const refRun = fs.existsSync(REF) ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.['dspark_t0'] : undefined;
+interface RefRequest {
+  id: string;
+  steps: number;
+  committed: number;
+}
+interface RefRun {
+  block_size: number;
+  max_drafts: number;
+  new_tokens: number;
+  domains: Record<string, { tau: number; requests: RefRequest[] }>;
+}
+const refRun = fs.existsSync(REF)
+  ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.['dspark_t0']
+  : undefined;
 
 describe.skipIf(refRun === undefined)('τ vs the reference run dspark_t0 (subset)', () => {
   it('has block 7 and 7 drafts per step', () => {
@@ -78,16 +109,27 @@ describe.skipIf(refRun === undefined)('τ vs the reference run dspark_t0 (subset
     expect(refRun!.max_drafts).toBe(drafter.maxDraftTokens);
   });
 
-  it.each([['prose', 6], ['code', 4]] as const)('%s: specd τ within 0.1 of the reference on the same prompts', (domain, count) => {
+  it.each([
+    ['prose', 6],
+    ['code', 4],
+  ] as const)('%s: specd τ within 0.1 of the reference on the same prompts', (domain, count) => {
     const ref = refRun!.domains[domain]!;
     const refReqs = new Map(ref.requests.map((r) => [r.id, r]));
-    const rows = readJsonl(`${domain}.jsonl`).filter((r) => refReqs.has(r.id)).slice(0, count);
+    const rows = readJsonl(`${domain}.jsonl`)
+      .filter((r) => refReqs.has(r.id))
+      .slice(0, count);
     expect(rows.length).toBe(count);
     const e = new SpecEngine(target, drafter, { maxSequences: 8, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-    e.run(rows.map((r) => greedy({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) }, { maxTokens: refRun!.new_tokens })));
+    e.run(
+      rows.map((r) =>
+        greedy({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) }, { maxTokens: refRun!.new_tokens }),
+      ),
+    );
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
-    console.log(`DSpark ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref.tau.toFixed(3)})`);
+    console.log(
+      `DSpark ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref.tau.toFixed(3)})`,
+    );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
     expect(drafter.pagesInUse).toBe(0);
   });
@@ -118,7 +160,11 @@ describe('sampling', () => {
   it('temperature > 0: drafts come with q and confidences; reproducible per seed, drafts accepted', () => {
     const run = (seed: number) => {
       const e = new SpecEngine(target, drafter, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-      const rs = e.run(prompts.slice(0, 2).map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })));
+      const rs = e.run(
+        prompts
+          .slice(0, 2)
+          .map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })),
+      );
       return { tokens: rs.map((r) => r.tokenIds), m: e.metrics };
     };
     const r1 = run(3);
@@ -136,11 +182,23 @@ describe('sampling', () => {
     const V = target.info.vocabSize;
     drafter.addSequence(id);
     try {
-      const taps = new Map(drafter.config.taps.map((t, i) => [t, Float32Array.from({ length: T * D }, (_, e) => Math.sin(e * 0.37 + i))]));
+      const taps = new Map(
+        drafter.config.taps.map((t, i) => [t, Float32Array.from({ length: T * D }, (_, e) => Math.sin(e * 0.37 + i))]),
+      );
       drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(taps, T), [{ id, position: 0, numTokens: T }]);
       let u = 0;
       const [p] = drafter.propose({
-        sequences: [{ id, position: T, lastToken: 5, maxDrafts: 7, history: new Int32Array(0), sampling: { temperature: 1 }, rng: { next: () => ((u = (u * 7919 + 0.123) % 1)) } }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: 5,
+            maxDrafts: 7,
+            history: new Int32Array(0),
+            sampling: { temperature: 1 },
+            rng: { next: () => (u = (u * 7919 + 0.123) % 1) },
+          },
+        ],
       });
       expect(p!.tokens.length).toBe(7);
       expect(p!.probs!.length).toBe(7 * V);

@@ -41,15 +41,23 @@ describe.each(Object.keys(index.goldens))('DSpark vs golden %s', (name) => {
   it('the first greedy proposal matches dspark.first_proposal; confidences in (0, 1)', () => {
     const id = `golden-${name}`;
     let acc: Float32Array | undefined;
-    for (const t of drafter.config.taps) acc = drafter.projectTargetHiddenPartial(new Map([[t, f32(`hidden.${t}`)]]), T, acc);
+    for (const t of drafter.config.taps)
+      acc = drafter.projectTargetHiddenPartial(new Map([[t, f32(`hidden.${t}`)]]), T, acc);
     drafter.addSequence(id);
     try {
       drafter.writeProjectedContextKV(acc!, [{ id, position: 0, numTokens: T }]);
       const [prop] = drafter.propose({
-        sequences: [{
-          id, position: T, lastToken: entry.first_token, maxDrafts: drafter.maxDraftTokens, history: new Int32Array(0),
-          sampling: { temperature: 0 }, rng: { next: () => 0 },
-        }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: entry.first_token,
+            maxDrafts: drafter.maxDraftTokens,
+            history: new Int32Array(0),
+            sampling: { temperature: 0 },
+            rng: { next: () => 0 },
+          },
+        ],
       });
       const want = Array.from(g.read('dspark.first_proposal').data as Int32Array);
       expect(want.length).toBe(7);
@@ -60,7 +68,17 @@ describe.each(Object.keys(index.goldens))('DSpark vs golden %s', (name) => {
       expect(drafter.contextLength(id)).toBe(T); // the block's KV is discarded
       // fewer drafts: a prefix of the same left-to-right chain
       const [short] = drafter.propose({
-        sequences: [{ id, position: T, lastToken: entry.first_token, maxDrafts: 3, history: new Int32Array(0), sampling: { temperature: 0 }, rng: { next: () => 0 } }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: entry.first_token,
+            maxDrafts: 3,
+            history: new Int32Array(0),
+            sampling: { temperature: 0 },
+            rng: { next: () => 0 },
+          },
+        ],
       });
       expect(Array.from(short!.tokens)).toEqual(want.slice(0, 3));
     } finally {

@@ -18,10 +18,17 @@ export function loadTarget(): StageModel {
 }
 
 /** The shipped DSpark drafter bound to `target`. */
-export async function loadDrafter(target: StageModel, maxSequences = 4, maxTokensPerSequence = 1024): Promise<DSparkDrafter> {
+export async function loadDrafter(
+  target: StageModel,
+  maxSequences = 4,
+  maxTokensPerSequence = 1024,
+): Promise<DSparkDrafter> {
   const weights = SafetensorsCheckpoint.open(DSPARK_DIR);
   try {
-    return (await dsparkPlugin.load({ dir: DSPARK_DIR, config: HfConfig.read(DSPARK_DIR), weights }, { target, maxSequences, maxTokensPerSequence })) as DSparkDrafter;
+    return (await dsparkPlugin.load(
+      { dir: DSPARK_DIR, config: HfConfig.read(DSPARK_DIR), weights },
+      { target, maxSequences, maxTokensPerSequence },
+    )) as DSparkDrafter;
   } finally {
     weights.close();
   }

@@ -13,7 +13,10 @@ describe('DSpark plugin', () => {
     const cfg = HfConfig.read(DSPARK_DIR);
     expect(p.drafters.resolve(cfg).method).toBe('dspark');
     expect(p.drafters.resolveMethod('dspark').architectures).toEqual(dsparkPlugin.architectures);
-    expect(p.drafters.resolve(HfConfig.fromObject({ ...(cfg.raw as object), architectures: ['DFlashDraftModel'] }, 'x')).method).toBe('dflash');
+    expect(
+      p.drafters.resolve(HfConfig.fromObject({ ...(cfg.raw as object), architectures: ['DFlashDraftModel'] }, 'x'))
+        .method,
+    ).toBe('dflash');
   });
 
   it('parses block 7, markov rank 64, the DFlash backbone fields; refuses a DFlash checkpoint or a missing dspark_config', () => {
@@ -22,7 +25,9 @@ describe('DSpark plugin', () => {
     expect(c.blockSize).toBe(7);
     expect(c.markovRank).toBe(64);
     expect(c.taps).toEqual([2, 4, 6, 7]);
-    expect(() => parseDSparkConfig(HfConfig.fromObject({ ...raw, architectures: ['DFlashDraftModel'] }, 'config.json'))).toThrow(/architectures/);
+    expect(() =>
+      parseDSparkConfig(HfConfig.fromObject({ ...raw, architectures: ['DFlashDraftModel'] }, 'config.json')),
+    ).toThrow(/architectures/);
     const { dspark_config: _, ...noSection } = raw;
     expect(() => parseDSparkConfig(HfConfig.fromObject(noSection, 'config.json'))).toThrow(/dspark_config/);
   });

@@ -72,20 +72,27 @@ export interface Eagle3Settings {
 }
 
 /** The Llama fields of either layout (top level, or `transformer_layer_config`). */
-function parseLlama(c: HfConfig): Omit<Eagle3Config, 'layout' | 'draftVocabSize' | 'taps' | 'normBeforeResidual' | 'speculativeTokens'> {
+function parseLlama(
+  c: HfConfig,
+): Omit<Eagle3Config, 'layout' | 'draftVocabSize' | 'taps' | 'normBeforeResidual' | 'speculativeTokens'> {
   const numHeads = c.requireInt('num_attention_heads', { min: 1 });
   const numKvHeads = c.optionalInt('num_key_value_heads', { min: 1 }) ?? numHeads;
-  if (numHeads % numKvHeads !== 0) c.fail('num_key_value_heads', `expected a divisor of num_attention_heads = ${numHeads}, got ${numKvHeads}`);
+  if (numHeads % numKvHeads !== 0)
+    c.fail('num_key_value_heads', `expected a divisor of num_attention_heads = ${numHeads}, got ${numKvHeads}`);
   const hiddenSize = c.requireInt('hidden_size', { min: 1 });
   const headDim = c.optionalInt('head_dim', { min: 2 }) ?? hiddenSize / numHeads;
-  if (!Number.isInteger(headDim) || headDim % 2 !== 0) c.fail('head_dim', `expected an even integer (RoPE), got ${headDim}`);
+  if (!Number.isInteger(headDim) || headDim % 2 !== 0)
+    c.fail('head_dim', `expected an even integer (RoPE), got ${headDim}`);
   const layers = c.optionalInt('num_hidden_layers', { min: 1 }) ?? 1;
   if (layers !== 1) c.fail('num_hidden_layers', `expected 1 (an EAGLE-3 draft has one decoder layer), got ${layers}`);
   const act = c.optionalString('hidden_act') ?? 'silu';
   if (act !== 'silu') c.fail('hidden_act', `expected "silu", got ${JSON.stringify(act)}`);
   if (c.has('rope_scaling')) c.fail('rope_scaling', 'RoPE scaling is not supported (plain RoPE only)');
   return {
-    hiddenSize, numHeads, numKvHeads, headDim,
+    hiddenSize,
+    numHeads,
+    numKvHeads,
+    headDim,
     intermediateSize: c.requireInt('intermediate_size', { min: 1 }),
     vocabSize: c.requireInt('vocab_size', { min: 1 }),
     ropeTheta: c.optionalNumber('rope_theta', { min: Number.MIN_VALUE }) ?? 10000,
@@ -107,19 +114,33 @@ function checkTaps(c: HfConfig, key: string, taps: number[]): number[] {
  */
 export function parseEagle3Config(c: HfConfig): Eagle3Config {
   const archs = c.architectures;
-  if (!archs.some((a) => EAGLE3_ARCHITECTURES.includes(a))) c.fail('architectures', `expected one of [${EAGLE3_ARCHITECTURES.join(', ')}], got [${archs.join(', ')}]`);
+  if (!archs.some((a) => EAGLE3_ARCHITECTURES.includes(a)))
+    c.fail('architectures', `expected one of [${EAGLE3_ARCHITECTURES.join(', ')}], got [${archs.join(', ')}]`);
   const speculators = c.has('speculators_model_type') || archs.includes('Eagle3Speculator');
   if (!speculators) {
     const llama = parseLlama(c);
     const e = c.optionalSection('eagle_config');
-    const taps = e?.has('eagle_aux_hidden_state_layer_ids') === true
-      ? checkTaps(e, 'eagle_aux_hidden_state_layer_ids', e.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
-      : c.has('eagle_aux_hidden_state_layer_ids')
-        ? checkTaps(c, 'eagle_aux_hidden_state_layer_ids', c.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
-        : c.fail('eagle_config.eagle_aux_hidden_state_layer_ids', 'required (the target layers whose input residuals the drafter reads)');
+    const taps =
+      e?.has('eagle_aux_hidden_state_layer_ids') === true
+        ? checkTaps(
+            e,
+            'eagle_aux_hidden_state_layer_ids',
+            e.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }),
+          )
+        : c.has('eagle_aux_hidden_state_layer_ids')
+          ? checkTaps(
+              c,
+              'eagle_aux_hidden_state_layer_ids',
+              c.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }),
+            )
+          : c.fail(
+              'eagle_config.eagle_aux_hidden_state_layer_ids',
+              'required (the target layers whose input residuals the drafter reads)',
+            );
     rejectNorms(c);
     return Object.freeze({
-      layout: 'eagle3', ...llama,
+      layout: 'eagle3',
+      ...llama,
       draftVocabSize: c.optionalInt('draft_vocab_size', { min: 1 }) ?? llama.vocabSize,
       taps: Object.freeze(taps),
       normBeforeResidual: c.optionalBoolean('norm_before_residual') ?? false,
@@ -130,13 +151,27 @@ export function parseEagle3Config(c: HfConfig): Eagle3Config {
   const t = c.section('transformer_layer_config');
   const llama = parseLlama(t);
   const taps = c.has('eagle_aux_hidden_state_layer_ids')
-    ? checkTaps(c, 'eagle_aux_hidden_state_layer_ids', c.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
+    ? checkTaps(
+        c,
+        'eagle_aux_hidden_state_layer_ids',
+        c.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }),
+      )
     : t.has('eagle_aux_hidden_state_layer_ids')
-      ? checkTaps(t, 'eagle_aux_hidden_state_layer_ids', t.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }))
-      : c.fail('eagle_aux_hidden_state_layer_ids', 'required (the target layers whose input residuals the drafter reads)');
+      ? checkTaps(
+          t,
+          'eagle_aux_hidden_state_layer_ids',
+          t.requireIntArray('eagle_aux_hidden_state_layer_ids', { min: 0 }),
+        )
+      : c.fail(
+          'eagle_aux_hidden_state_layer_ids',
+          'required (the target layers whose input residuals the drafter reads)',
+        );
   const targetHidden = c.optionalInt('target_hidden_size', { min: 1 });
   if (targetHidden !== undefined && targetHidden !== llama.hiddenSize) {
-    c.fail('target_hidden_size', `expected the draft hidden size ${llama.hiddenSize} (a projection between hidden sizes is not supported), got ${targetHidden}`);
+    c.fail(
+      'target_hidden_size',
+      `expected the draft hidden size ${llama.hiddenSize} (a projection between hidden sizes is not supported), got ${targetHidden}`,
+    );
   }
   rejectNorms(c);
   let speculativeTokens: number | undefined;
@@ -148,20 +183,29 @@ export function parseEagle3Config(c: HfConfig): Eagle3Config {
     if (!Array.isArray(raw)) s.fail('proposal_methods', 'expected an array');
     const methods = raw as readonly unknown[];
     const wanted = s.optionalString('default_proposal_method');
-    const i = Math.max(0, methods.findIndex((m) => typeof m === 'object' && m !== null && (m as Record<string, unknown>)['proposal_type'] === wanted));
+    const i = Math.max(
+      0,
+      methods.findIndex(
+        (m) => typeof m === 'object' && m !== null && (m as Record<string, unknown>)['proposal_type'] === wanted,
+      ),
+    );
     const m = methods[i] as unknown;
     if (m !== undefined) {
-      if (typeof m !== 'object' || m === null || Array.isArray(m)) s.fail(`proposal_methods[${i}]`, 'expected an object');
+      if (typeof m !== 'object' || m === null || Array.isArray(m))
+        s.fail(`proposal_methods[${i}]`, 'expected an object');
       const k = (m as Record<string, unknown>)['speculative_tokens'];
       if (k !== undefined && k !== null) {
-        if (!(Number.isSafeInteger(k) && (k as number) >= 1)) s.fail(`proposal_methods[${i}].speculative_tokens`, `expected an integer >= 1, got ${JSON.stringify(k)}`);
+        if (!(Number.isSafeInteger(k) && (k as number) >= 1))
+          s.fail(`proposal_methods[${i}].speculative_tokens`, `expected an integer >= 1, got ${JSON.stringify(k)}`);
         speculativeTokens = k as number;
       }
     }
   }
   return Object.freeze({
-    layout: 'speculators', ...llama,
-    draftVocabSize: c.optionalInt('draft_vocab_size', { min: 1 }) ?? t.optionalInt('draft_vocab_size', { min: 1 }) ?? llama.vocabSize,
+    layout: 'speculators',
+    ...llama,
+    draftVocabSize:
+      c.optionalInt('draft_vocab_size', { min: 1 }) ?? t.optionalInt('draft_vocab_size', { min: 1 }) ?? llama.vocabSize,
     taps: Object.freeze(taps),
     normBeforeResidual: c.optionalBoolean('norm_before_residual') ?? true,
     ...(speculativeTokens !== undefined ? { speculativeTokens } : {}),
@@ -171,7 +215,8 @@ export function parseEagle3Config(c: HfConfig): Eagle3Config {
 /** `norm_before_fc` / `fc_norm` / `norm_output` variants change the numerics; refused rather than approximated. */
 function rejectNorms(c: HfConfig): void {
   for (const key of ['norm_before_fc', 'fc_norm', 'norm_output']) {
-    if (c.optionalBoolean(key) === true) c.fail(key, 'true is not supported (only the plain EAGLE-3 layer: fc, then the decoder layer)');
+    if (c.optionalBoolean(key) === true)
+      c.fail(key, 'true is not supported (only the plain EAGLE-3 layer: fc, then the decoder layer)');
   }
 }
 
@@ -183,16 +228,23 @@ function rejectNorms(c: HfConfig): void {
 export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> | undefined): Eagle3Settings {
   if (settings === undefined) return {};
   const int = (v: unknown, where: string): number => {
-    if (!(Number.isSafeInteger(v) && (v as number) >= 1)) throw new DrafterError(`eagle3: settings.${where}: expected an integer >= 1, got ${JSON.stringify(v)}`);
+    if (!(Number.isSafeInteger(v) && (v as number) >= 1))
+      throw new DrafterError(`eagle3: settings.${where}: expected an integer >= 1, got ${JSON.stringify(v)}`);
     return v as number;
   };
   const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings } = {};
-  if (settings['num_draft_tokens'] !== undefined) out.numDraftTokens = int(settings['num_draft_tokens'], 'num_draft_tokens');
+  if (settings['num_draft_tokens'] !== undefined)
+    out.numDraftTokens = int(settings['num_draft_tokens'], 'num_draft_tokens');
   const tree = settings['tree'];
   if (tree !== undefined) {
-    if (typeof tree !== 'object' || tree === null || Array.isArray(tree)) throw new DrafterError(`eagle3: settings.tree: expected an object, got ${JSON.stringify(tree)}`);
+    if (typeof tree !== 'object' || tree === null || Array.isArray(tree))
+      throw new DrafterError(`eagle3: settings.tree: expected an object, got ${JSON.stringify(tree)}`);
     const t = tree as Record<string, unknown>;
-    out.tree = Object.freeze({ topK: int(t['top_k'], 'tree.top_k'), depth: int(t['depth'], 'tree.depth'), totalTokens: int(t['total_tokens'], 'tree.total_tokens') });
+    out.tree = Object.freeze({
+      topK: int(t['top_k'], 'tree.top_k'),
+      depth: int(t['depth'], 'tree.depth'),
+      totalTokens: int(t['total_tokens'], 'tree.total_tokens'),
+    });
   }
   return Object.freeze(out);
 }
@@ -205,13 +257,22 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
   additionalProperties: false,
   properties: {
     method: { const: 'eagle3' },
-    path: { type: 'string', description: 'EAGLE-3 checkpoint directory (architectures ["LlamaForCausalLMEagle3"], or the speculators format ["Eagle3Speculator"])' },
-    num_draft_tokens: { type: 'integer', minimum: 1, description: `chain length, drafts per step at most (default: the checkpoint's speculative_tokens, else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree` },
+    path: {
+      type: 'string',
+      description:
+        'EAGLE-3 checkpoint directory (architectures ["LlamaForCausalLMEagle3"], or the speculators format ["Eagle3Speculator"])',
+    },
+    num_draft_tokens: {
+      type: 'integer',
+      minimum: 1,
+      description: `chain length, drafts per step at most (default: the checkpoint's speculative_tokens, else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree`,
+    },
     tree: {
       type: 'object',
       additionalProperties: false,
       required: ['top_k', 'depth', 'total_tokens'],
-      description: 'EAGLE-2 dynamic tree drafting (greedy; all-attention targets only, refused on targets with KDA layers): top_k children per node, frontier = top_k nodes per depth, the total_tokens best nodes by cumulative log-prob; drafts per step at most = total_tokens. At temperature > 0 a chain of depth drafts is drafted instead (the engine verifies trees greedily only)',
+      description:
+        'EAGLE-2 dynamic tree drafting (greedy; all-attention targets only, refused on targets with KDA layers): top_k children per node, frontier = top_k nodes per depth, the total_tokens best nodes by cumulative log-prob; drafts per step at most = total_tokens. At temperature > 0 a chain of depth drafts is drafted instead (the engine verifies trees greedily only)',
       properties: {
         top_k: { type: 'integer', minimum: 1 },
         depth: { type: 'integer', minimum: 1 },

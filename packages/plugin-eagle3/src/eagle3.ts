@@ -61,23 +61,62 @@
  */
 
 import {
-  DrafterError, DraftShard, PagedKvPool, TapProjection, WeightReader, draftShardLayout, sampleFromProbs, samplingProbs, sliceColumns,
-  type ContextSpan, type DraftBatch, type Drafter, type DrafterLoadOptions, type DrafterShardLoadOptions, type DrafterSource, type DraftProposal,
+  DrafterError,
+  DraftShard,
+  PagedKvPool,
+  TapProjection,
+  WeightReader,
+  draftShardLayout,
+  sampleFromProbs,
+  samplingProbs,
+  sliceColumns,
+  type ContextSpan,
+  type DraftBatch,
+  type Drafter,
+  type DrafterLoadOptions,
+  type DrafterShardLoadOptions,
+  type DrafterSource,
+  type DraftProposal,
   type ProjectionLoadOptions,
-  type DraftSequence, type SequenceId, type StageInfo, type StageModel,
+  type DraftSequence,
+  type SequenceId,
+  type StageInfo,
+  type StageModel,
 } from '@specd/core';
 import {
-  applyRope, argmax, gemmBf16, makePagedBatch, packBf16Weights, pagedAttention, rmsNorm, swigluFused, writeKvPages,
-  type KvPageLayout, type PackedBf16Weights,
+  applyRope,
+  argmax,
+  gemmBf16,
+  makePagedBatch,
+  packBf16Weights,
+  pagedAttention,
+  rmsNorm,
+  swigluFused,
+  writeKvPages,
+  type KvPageLayout,
+  type PackedBf16Weights,
 } from '@specd/native';
 
-import { EAGLE3_DEFAULT_DRAFT_TOKENS, parseEagle3Settings, type Eagle3Config, type Eagle3TreeSettings } from './config.js';
+import {
+  EAGLE3_DEFAULT_DRAFT_TOKENS,
+  parseEagle3Settings,
+  type Eagle3Config,
+  type Eagle3TreeSettings,
+} from './config.js';
 
 /** Tokens per draft KV page. */
 const DRAFT_PAGE_SIZE = 16;
 
 /** Target layer kinds that are (softmax) attention: a tree could be verified with a tree mask. */
-const ATTENTION_LAYER_KINDS: readonly string[] = Object.freeze(['mla', 'attention', 'full_attention', 'sliding_attention', 'mha', 'gqa', 'mqa']);
+const ATTENTION_LAYER_KINDS: readonly string[] = Object.freeze([
+  'mla',
+  'attention',
+  'full_attention',
+  'sliding_attention',
+  'mha',
+  'gqa',
+  'mqa',
+]);
 
 /** Weight-name prefixes of the decoder layer: EAGLE-3 layout, then the speculators layout. */
 export const EAGLE3_LAYER_PREFIXES: readonly string[] = Object.freeze(['midlayer.', 'layers.0.']);
@@ -181,12 +220,16 @@ function treeRefusal(info: StageInfo): DrafterError | undefined {
   info.layerKinds.forEach((k, i) => {
     if (ATTENTION_LAYER_KINDS.includes(k)) return;
     let l = byKind.get(k);
-    if (l === undefined) byKind.set(k, l = []);
+    if (l === undefined) byKind.set(k, (l = []));
     l.push(i);
   });
   if (byKind.size === 0) return undefined;
-  const what = [...byKind].map(([k, ls]) => `${k === 'kda' ? 'KDA' : `"${k}"`} layers (layers ${ls.join(', ')})`).join(', ');
-  return new DrafterError(`eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with ${what} do not have; use chain drafting (omit \`tree\`)`);
+  const what = [...byKind]
+    .map(([k, ls]) => `${k === 'kda' ? 'KDA' : `"${k}"`} layers (layers ${ls.join(', ')})`)
+    .join(', ');
+  return new DrafterError(
+    `eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with ${what} do not have; use chain drafting (omit \`tree\`)`,
+  );
 }
 
 /**
@@ -195,9 +238,16 @@ function treeRefusal(info: StageInfo): DrafterError | undefined {
  * `options.taps` only — bit for bit the blocks {@link loadEagle3Drafter} packs.
  * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
  */
-export function loadEagle3Projection(source: DrafterSource, config: Eagle3Config, options: ProjectionLoadOptions): TapProjection {
+export function loadEagle3Projection(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: ProjectionLoadOptions,
+): TapProjection {
   const where = `eagle3: ${source.dir}`;
-  if (config.hiddenSize !== options.hiddenSize) throw new DrafterError(`${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`);
+  if (config.hiddenSize !== options.hiddenSize)
+    throw new DrafterError(
+      `${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`,
+    );
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
   return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
 }
@@ -217,7 +267,11 @@ export function loadEagle3Projection(source: DrafterSource, config: Eagle3Config
  *   target lacks `embedTokens`, `d2t` is missing or maps outside the target vocabulary, or a tensor
  *   is missing / mis-shaped.
  */
-export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, options: DrafterLoadOptions): Eagle3Drafter {
+export function loadEagle3Drafter(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterLoadOptions,
+): Eagle3Drafter {
   return buildEagle3(source, config, options, undefined).drafter;
 }
 
@@ -230,18 +284,33 @@ export function loadEagle3Drafter(source: DrafterSource, config: Eagle3Config, o
  *   named), for `tree` with tp > 1 (trees need a target without linear-attention layers, and only Kimi
  *   has `loadShard`), and as {@link loadEagle3Drafter} (target checks on rank 0 only).
  */
-export function loadEagle3Shard(source: DrafterSource, config: Eagle3Config, options: DrafterShardLoadOptions): Eagle3Drafter {
+export function loadEagle3Shard(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterShardLoadOptions,
+): Eagle3Drafter {
   const where = `eagle3: ${source.dir}`;
   if (options.comm.size > 1 && parseEagle3Settings(options.settings).tree !== undefined) {
-    throw new DrafterError(`${where}: tree drafting is not supported under tensor parallelism (tp = ${options.comm.size}); use chain drafting (omit \`tree\`)`);
+    throw new DrafterError(
+      `${where}: tree drafting is not supported under tensor parallelism (tp = ${options.comm.size}); use chain drafting (omit \`tree\`)`,
+    );
   }
-  const layout = draftShardLayout({ heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize }, options.comm, where);
+  const layout = draftShardLayout(
+    { heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize },
+    options.comm,
+    where,
+  );
   const { drafter, reads } = buildEagle3(source, config, options, new DraftShard(options.comm, layout));
   options.onReads?.(reads);
   return drafter;
 }
 
-function buildEagle3(source: DrafterSource, config: Eagle3Config, options: DrafterLoadOptions, tp: DraftShard | undefined): { drafter: Eagle3Drafter; reads: WeightReader['reads'] } {
+function buildEagle3(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterLoadOptions,
+  tp: DraftShard | undefined,
+): { drafter: Eagle3Drafter; reads: WeightReader['reads'] } {
   const c = config;
   const t = options.target;
   const info = t.info;
@@ -253,18 +322,24 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
     const refusal = treeRefusal(info);
     if (refusal !== undefined) throw refusal;
   }
-  if (c.hiddenSize !== info.hiddenSize) throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
-  if (c.vocabSize !== info.vocabSize) throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
-  if (c.draftVocabSize > c.vocabSize) throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
+  if (c.hiddenSize !== info.hiddenSize)
+    throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
+  if (c.vocabSize !== info.vocabSize)
+    throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
+  if (c.draftVocabSize > c.vocabSize)
+    throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
   const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
   const D = c.hiddenSize;
   // fc (the context projection) on rank 0 only under tensor parallelism: core projects there
   const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
-    throw new DrafterError(`${where}: eagle_aux_hidden_state_layer_ids [${c.taps.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`);
+    throw new DrafterError(
+      `${where}: eagle_aux_hidden_state_layer_ids [${c.taps.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
+    );
   }
-  if (root && t.embedTokens === undefined) throw new DrafterError(`${where}: the target stage exposes no embedTokens (EAGLE-3 reuses the target's embedding)`);
+  if (root && t.embedTokens === undefined)
+    throw new DrafterError(`${where}: the target stage exposes no embedTokens (EAGLE-3 reuses the target's embedding)`);
   const Vd = c.draftVocabSize;
   let draftToTarget: Int32Array;
   if (!root) {
@@ -272,7 +347,8 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
   } else if (source.weights.has('d2t')) {
     const ti = source.weights.info('d2t');
     const n = ti.shape.reduce((a, b) => a * b, 1);
-    if (n !== Vd) throw new DrafterError(`${where}: d2t is [${ti.shape.join(', ')}], expected [${Vd}] (draft_vocab_size)`);
+    if (n !== Vd)
+      throw new DrafterError(`${where}: d2t is [${ti.shape.join(', ')}], expected [${Vd}] (draft_vocab_size)`);
     const raw = source.weights.read('d2t').data;
     draftToTarget = new Int32Array(Vd);
     for (let i = 0; i < Vd; i++) {
@@ -281,16 +357,24 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
       else if (raw instanceof Int32Array) off = raw[i]!;
       else throw new DrafterError(`${where}: d2t: expected dtype I64 or I32, got ${ti.dtype}`);
       const id = i + off;
-      if (!(id >= 0 && id < info.vocabSize)) throw new DrafterError(`${where}: d2t[${i}] = ${off} maps draft id ${i} to ${id}, outside the target vocabulary [0, ${info.vocabSize})`);
+      if (!(id >= 0 && id < info.vocabSize))
+        throw new DrafterError(
+          `${where}: d2t[${i}] = ${off} maps draft id ${i} to ${id}, outside the target vocabulary [0, ${info.vocabSize})`,
+        );
       draftToTarget[i] = id;
     }
   } else if (Vd === c.vocabSize) {
     draftToTarget = Int32Array.from({ length: Vd }, (_, i) => i);
   } else {
-    throw new DrafterError(`${where}: checkpoint has no tensor "d2t" (the draft → target vocabulary map), required since draft_vocab_size ${Vd} < vocab_size ${c.vocabSize}`);
+    throw new DrafterError(
+      `${where}: checkpoint has no tensor "d2t" (the draft → target vocabulary map), required since draft_vocab_size ${Vd} < vocab_size ${c.vocabSize}`,
+    );
   }
   const p = EAGLE3_LAYER_PREFIXES.find((x) => r.has(`${x}self_attn.q_proj.weight`));
-  if (p === undefined) throw new DrafterError(`${where}: checkpoint has no decoder layer (neither "midlayer.self_attn.q_proj.weight" nor "layers.0.self_attn.q_proj.weight")`);
+  if (p === undefined)
+    throw new DrafterError(
+      `${where}: checkpoint has no decoder layer (neither "midlayer.self_attn.q_proj.weight" nor "layers.0.self_attn.q_proj.weight")`,
+    );
   const H = c.numHeads;
   const KV = c.numKvHeads;
   const hd = c.headDim;
@@ -316,8 +400,18 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
   } else {
     // the rank's blocks; fc, norm and lm_head on rank 0 only
     const L = tp.layout;
-    const qBlock = { name: qkvNames[0]!, n: H * hd, k: 2 * D, block: { rows: [L.heads[0] * hd, L.heads[1] * hd] as const } };
-    const kvBlock = (name: string) => ({ name, n: KV * hd, k: 2 * D, block: { rows: [L.kvHeads[0] * hd, L.kvHeads[1] * hd] as const } });
+    const qBlock = {
+      name: qkvNames[0]!,
+      n: H * hd,
+      k: 2 * D,
+      block: { rows: [L.heads[0] * hd, L.heads[1] * hd] as const },
+    };
+    const kvBlock = (name: string) => ({
+      name,
+      n: KV * hd,
+      k: 2 * D,
+      block: { rows: [L.kvHeads[0] * hd, L.kvHeads[1] * hd] as const },
+    });
     w = {
       projection,
       inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
@@ -327,20 +421,42 @@ function buildEagle3(source: DrafterSource, config: Eagle3Config, options: Draft
       q: r.packedBlocks([qBlock]),
       qkv: r.packedBlocks([qBlock, kvBlock(qkvNames[1]!), kvBlock(qkvNames[2]!)]),
       kv: r.packedBlocks([kvBlock(qkvNames[1]!), kvBlock(qkvNames[2]!)]),
-      o: r.packedBlocks([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, block: { cols: [L.heads[0] * hd, L.heads[1] * hd] as const } }]),
-      gateUp: r.packedBlocks([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`].map((name) => ({ name, n: I, k: D, block: { rows: L.intermediate } }))),
+      o: r.packedBlocks([
+        {
+          name: `${p}self_attn.o_proj.weight`,
+          n: D,
+          k: H * hd,
+          block: { cols: [L.heads[0] * hd, L.heads[1] * hd] as const },
+        },
+      ]),
+      gateUp: r.packedBlocks(
+        [`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`].map((name) => ({
+          name,
+          n: I,
+          k: D,
+          block: { rows: L.intermediate },
+        })),
+      ),
       down: r.packedBlocks([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, block: { cols: L.intermediate } }]),
       ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
       draftToTarget,
     };
   }
-  const maxDraftTokens = tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
+  const maxDraftTokens =
+    tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
   // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most
-  const temp = tree === undefined
-    ? maxDraftTokens
-    : Math.max(maxDraftTokens, Math.min(tree.topK, Vd, tree.totalTokens) * (Math.min(tree.depth, tree.totalTokens) - 1));
+  const temp =
+    tree === undefined
+      ? maxDraftTokens
+      : Math.max(
+          maxDraftTokens,
+          Math.min(tree.topK, Vd, tree.totalTokens) * (Math.min(tree.depth, tree.totalTokens) - 1),
+        );
   const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + temp) / DRAFT_PAGE_SIZE) + 1;
-  return { drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, options.maxSequences * pagesPerSeq, tree, tp), reads: r.reads };
+  return {
+    drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, options.maxSequences * pagesPerSeq, tree, tp),
+    reads: r.reads,
+  };
 }
 
 /** A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). */
@@ -374,8 +490,19 @@ export class Eagle3Drafter implements Drafter {
     this.heads = tp?.heads ?? c.numHeads;
     this.kvHeads = tp?.kvHeads ?? c.numKvHeads;
     this.inter = tp?.intermediate ?? c.intermediateSize;
-    this.pool = new PagedKvPool({ layers: [0, 1], floatsPerToken: this.kvHeads * c.headDim, pageSize: DRAFT_PAGE_SIZE, numPages });
-    this.layout = Object.freeze({ numPages, pageSize: DRAFT_PAGE_SIZE, numKvHeads: this.kvHeads, headDim: c.headDim, kvLayout: 'NHD' });
+    this.pool = new PagedKvPool({
+      layers: [0, 1],
+      floatsPerToken: this.kvHeads * c.headDim,
+      pageSize: DRAFT_PAGE_SIZE,
+      numPages,
+    });
+    this.layout = Object.freeze({
+      numPages,
+      pageSize: DRAFT_PAGE_SIZE,
+      numKvHeads: this.kvHeads,
+      headDim: c.headDim,
+      kvLayout: 'NHD',
+    });
   }
 
   /** Whether this rank embeds, computes logits and picks drafts (always without tensor parallelism). */
@@ -385,7 +512,9 @@ export class Eagle3Drafter implements Drafter {
 
   /** Token embeddings `[tokens.length, D]` f32: the target's, or under tensor parallelism rank 0's broadcast. */
   private embed(tokens: Int32Array): Float32Array {
-    return this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, this.config.hiddenSize);
+    return this.tp === undefined
+      ? this.target.embedTokens!(tokens)
+      : this.tp.embed(this.target, tokens, this.config.hiddenSize);
   }
 
   /** The rank's row-parallel partial summed over the ranks (identity without tensor parallelism). */
@@ -404,11 +533,18 @@ export class Eagle3Drafter implements Drafter {
 
   captureSetter(target: StageInfo): readonly number[] {
     const bad = this.config.taps.filter((t) => t > target.numLayers);
-    if (bad.length > 0) throw new DrafterError(`eagle3: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`);
+    if (bad.length > 0)
+      throw new DrafterError(
+        `eagle3: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
+      );
     return this.config.taps;
   }
 
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
     return this.weights().projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
@@ -424,14 +560,25 @@ export class Eagle3Drafter implements Drafter {
     const D = c.hiddenSize;
     const w = this.weights();
     const n = spans.reduce((a, s) => a + s.numTokens, 0);
-    if (sum.length !== n * D) throw new DrafterError(`eagle3: writeProjectedContextKV: sum: expected [${n}, ${D}] f32, got length ${sum.length}`);
+    if (sum.length !== n * D)
+      throw new DrafterError(
+        `eagle3: writeProjectedContextKV: sum: expected [${n}, ${D}] f32, got length ${sum.length}`,
+      );
     for (const s of spans) {
       const have = this.pool.length(s.id);
-      if (s.position !== have) throw new DrafterError(`eagle3: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`);
+      if (s.position !== have)
+        throw new DrafterError(
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`,
+        );
       if (s.nextTokens === undefined) {
-        throw new DrafterError(`eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens is missing (EAGLE-3's context entry of position t reads the token x_{t+1})`);
+        throw new DrafterError(
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens is missing (EAGLE-3's context entry of position t reads the token x_{t+1})`,
+        );
       }
-      if (s.nextTokens.length !== s.numTokens) throw new DrafterError(`eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens: expected [${s.numTokens}] i32, got length ${s.nextTokens.length}`);
+      if (s.nextTokens.length !== s.numTokens)
+        throw new DrafterError(
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens: expected [${s.numTokens}] i32, got length ${s.nextTokens.length}`,
+        );
     }
     if (n === 0) return;
     const positions = new Int32Array(n);
@@ -453,7 +600,14 @@ export class Eagle3Drafter implements Drafter {
     }
     const x = this.layerInput(this.embed(next), sum, n);
     const [k, v] = this.keysValues(gemmBf16(x, n, w.kv), positions, 0);
-    writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens }))));
+    writeKvPages(
+      this.layout,
+      k,
+      v,
+      this.pool.layerStore(0),
+      this.pool.layerStore(1),
+      this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens }))),
+    );
     at = 0;
     for (const s of spans) {
       at += s.numTokens;
@@ -473,15 +627,28 @@ export class Eagle3Drafter implements Drafter {
     const w = this.weights();
     const seqs = batch.sequences;
     seqs.forEach((s, i) => {
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= this.maxDraftTokens)) throw new DrafterError(`eagle3: propose: sequences[${i}].maxDrafts: expected [1, ${this.maxDraftTokens}], got ${s.maxDrafts}`);
+      if (!(s.maxDrafts >= 1 && s.maxDrafts <= this.maxDraftTokens))
+        throw new DrafterError(
+          `eagle3: propose: sequences[${i}].maxDrafts: expected [1, ${this.maxDraftTokens}], got ${s.maxDrafts}`,
+        );
       const have = this.pool.length(s.id);
-      if (s.position !== have) throw new DrafterError(`eagle3: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`);
-      if (s.position < 1 || !this.lastG.has(s.id)) throw new DrafterError(`eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet (EAGLE-3 drafts from the last context entry)`);
+      if (s.position !== have)
+        throw new DrafterError(
+          `eagle3: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`,
+        );
+      if (s.position < 1 || !this.lastG.has(s.id))
+        throw new DrafterError(
+          `eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet (EAGLE-3 drafts from the last context entry)`,
+        );
     });
     if (seqs.length === 0) return [];
     if (!this.root) {
       // a worker rank of a tensor-parallel group: the same chain steps, no logits (chains only: trees are refused under TP)
-      this.runChain(seqs, seqs.map((s) => s.maxDrafts), () => 0);
+      this.runChain(
+        seqs,
+        seqs.map((s) => s.maxDrafts),
+        () => 0,
+      );
       return [];
     }
     const tree = this.tree;
@@ -508,7 +675,10 @@ export class Eagle3Drafter implements Drafter {
       });
     }
     if (treeAt.length > 0) {
-      const props = this.proposeTree(treeAt.map((i) => seqs[i]!), tree!);
+      const props = this.proposeTree(
+        treeAt.map((i) => seqs[i]!),
+        tree!,
+      );
       treeAt.forEach((i, r) => (out[i] = props[r]!));
     }
     return out;
@@ -524,7 +694,9 @@ export class Eagle3Drafter implements Drafter {
   forcedChainLogits(seq: DraftSequence, forced: ArrayLike<number>): Float32Array {
     const Vd = this.config.draftVocabSize;
     if (seq.position !== this.pool.length(seq.id) || seq.position < 1 || !this.lastG.has(seq.id)) {
-      throw new DrafterError(`eagle3: forcedChainLogits: sequence ${String(seq.id)}: position ${seq.position} is not a drafting position (draft context length ${this.pool.length(seq.id)})`);
+      throw new DrafterError(
+        `eagle3: forcedChainLogits: sequence ${String(seq.id)}: position ${seq.position} is not a drafting position (draft context length ${this.pool.length(seq.id)})`,
+      );
     }
     const out = new Float32Array((forced.length + 1) * Vd);
     this.runChain([seq], [forced.length + 1], (_r, j, lg) => {
@@ -540,7 +712,8 @@ export class Eagle3Drafter implements Drafter {
    * Returns the draft ids; the chain's temporary KV is discarded.
    */
   private runChain(
-    seqs: readonly DraftSequence[], lengths: readonly number[],
+    seqs: readonly DraftSequence[],
+    lengths: readonly number[],
     pick: (r: number, j: number, logits: Float32Array, greedy: number) => number,
   ): Int32Array[] {
     const c = this.config;
@@ -566,7 +739,10 @@ export class Eagle3Drafter implements Drafter {
         const x = this.layerInput(this.embed(tok), g, n);
         let q: Float32Array;
         if (j === 1) {
-          q = this.firstQuery(x, active.map((i) => seqs[i]!));
+          q = this.firstQuery(
+            x,
+            active.map((i) => seqs[i]!),
+          );
         } else {
           const pos = Int32Array.from(active, (i) => seqs[i]!.position + j - 2);
           const qkv = gemmBf16(x, n, w.qkv);
@@ -578,10 +754,23 @@ export class Eagle3Drafter implements Drafter {
             if (j === 2) grown.push(s.id);
             this.pool.extend(s.id, s.position + j - 1);
           }
-          writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), this.pool.tokenSlots(active.map((i) => ({ id: seqs[i]!.id, start: seqs[i]!.position + j - 2, n: 1 }))));
+          writeKvPages(
+            this.layout,
+            k,
+            v,
+            this.pool.layerStore(0),
+            this.pool.layerStore(1),
+            this.pool.tokenSlots(active.map((i) => ({ id: seqs[i]!.id, start: seqs[i]!.position + j - 2, n: 1 }))),
+          );
         }
-        const attnBatch = makePagedBatch(active.map((i) => ({ qLen: 1, kvLen: seqs[i]!.position + j - 1, pages: this.pool.blockTable(seqs[i]!.id) })));
-        const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout, attnBatch, { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' });
+        const attnBatch = makePagedBatch(
+          active.map((i) => ({ qLen: 1, kvLen: seqs[i]!.position + j - 1, pages: this.pool.blockTable(seqs[i]!.id) })),
+        );
+        const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout, attnBatch, {
+          numHeads: H,
+          scale: 1 / Math.sqrt(hd),
+          mask: 'causal',
+        });
         const h = this.finish(g, a, n);
         // logits and the pick on rank 0 only (the other ranks' drafts stay 0: their embeddings are rank 0's)
         const logits = root ? gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), n, w.lmHead!) : undefined;
@@ -612,7 +801,12 @@ export class Eagle3Drafter implements Drafter {
   private firstQuery(x: Float32Array, seqs: readonly DraftSequence[]): Float32Array {
     const c = this.config;
     const q = gemmBf16(x, seqs.length, this.weights().q);
-    applyRope(q, Int32Array.from(seqs, (s) => s.position - 1), { heads: this.heads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, q);
+    applyRope(
+      q,
+      Int32Array.from(seqs, (s) => s.position - 1),
+      { heads: this.heads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' },
+      q,
+    );
     return q;
   }
 
@@ -638,7 +832,8 @@ export class Eagle3Drafter implements Drafter {
     const addChildren = (i: number, parent: number, depth: number, lg: Float32Array, h: Float32Array): void => {
       const base = parent < 0 ? 0 : nodes[i]![parent]!.cum;
       const lse = logSumExp(lg);
-      for (const d of topIndices(lg, width[i]!)) nodes[i]!.push({ draft: d, depth, parent, cum: base + (lg[d]! - lse), h, slot: -1 });
+      for (const d of topIndices(lg, width[i]!))
+        nodes[i]!.push({ draft: d, depth, parent, cum: base + (lg[d]! - lse), h, slot: -1 });
     };
     // depth 1: chain step 1
     {
@@ -646,14 +841,24 @@ export class Eagle3Drafter implements Drafter {
       seqs.forEach((s, i) => g.set(this.lastG.get(s.id)!, i * D));
       const x = this.layerInput(this.embed(Int32Array.from(seqs, (s) => s.lastToken)), g, S);
       const q = this.firstQuery(x, seqs);
-      const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), this.layout,
-        makePagedBatch(seqs.map((s) => ({ qLen: 1, kvLen: s.position, pages: this.pool.blockTable(s.id) }))), attn);
+      const a = pagedAttention(
+        q,
+        this.pool.layerStore(0),
+        this.pool.layerStore(1),
+        this.layout,
+        makePagedBatch(seqs.map((s) => ({ qLen: 1, kvLen: s.position, pages: this.pool.blockTable(s.id) }))),
+        attn,
+      );
       const h = this.finish(g, a, S);
       const logits = gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), S, w.lmHead!);
       seqs.forEach((_, i) => addChildren(i, -1, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D)));
     }
     // deeper levels: every token slot its own "page"
-    const layout1: KvPageLayout = Object.freeze({ ...this.layout, numPages: this.layout.numPages * this.layout.pageSize, pageSize: 1 });
+    const layout1: KvPageLayout = Object.freeze({
+      ...this.layout,
+      numPages: this.layout.numPages * this.layout.pageSize,
+      pageSize: 1,
+    });
     const used = seqs.map(() => 0);
     let ctxSlots: Int32Array[] | undefined;
     try {
@@ -663,7 +868,9 @@ export class Eagle3Drafter implements Drafter {
         seqs.forEach((_, i) => {
           if (d > budget[i]!) return; // an ancestor-closed tree of budget nodes is at most budget deep
           const level: number[] = [];
-          nodes[i]!.forEach((nd, n) => { if (nd.depth === d - 1) level.push(n); });
+          nodes[i]!.forEach((nd, n) => {
+            if (nd.depth === d - 1) level.push(n);
+          });
           level.sort((a, b) => compareNodes(nodes[i]!, a, b));
           for (const n of level.slice(0, width[i]!)) rows.push({ i, n });
         });
@@ -695,25 +902,34 @@ export class Eagle3Drafter implements Drafter {
         });
         writeKvPages(this.layout, k, v, this.pool.layerStore(0), this.pool.layerStore(1), slots);
         // each node sees the context, its ancestors' entries (depth order) and its own entry
-        const attnBatch = makePagedBatch(rows.map(({ i, n }) => {
-          const p = seqs[i]!.position;
-          const pages = new Int32Array(p + d - 1);
-          pages.set(ctxSlots![i]!);
-          for (let a = n, at = p + d - 2; a >= 0; a = nodes[i]![a]!.parent) pages[at--] = nodes[i]![a]!.slot;
-          return { qLen: 1, kvLen: p + d - 1, pages };
-        }));
+        const attnBatch = makePagedBatch(
+          rows.map(({ i, n }) => {
+            const p = seqs[i]!.position;
+            const pages = new Int32Array(p + d - 1);
+            pages.set(ctxSlots![i]!);
+            for (let a = n, at = p + d - 2; a >= 0; a = nodes[i]![a]!.parent) pages[at--] = nodes[i]![a]!.slot;
+            return { qLen: 1, kvLen: p + d - 1, pages };
+          }),
+        );
         const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), layout1, attnBatch, attn);
         const h = this.finish(g, a, R);
         const logits = gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), R, w.lmHead!);
-        rows.forEach(({ i, n }, r) => addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D)));
+        rows.forEach(({ i, n }, r) =>
+          addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D)),
+        );
       }
     } finally {
-      seqs.forEach((s, i) => { if (used[i]! > 0) this.pool.truncate(s.id, s.position); });
+      seqs.forEach((s, i) => {
+        if (used[i]! > 0) this.pool.truncate(s.id, s.position);
+      });
     }
     // the budget best nodes (ancestor-closed: a child ranks after its parent), by depth then rank
     return seqs.map((s, i) => {
       const all = nodes[i]!;
-      const ranked = all.map((_, n) => n).sort((a, b) => compareNodes(all, a, b)).slice(0, budget[i]!);
+      const ranked = all
+        .map((_, n) => n)
+        .sort((a, b) => compareNodes(all, a, b))
+        .slice(0, budget[i]!);
       const rank = new Map(ranked.map((n, r) => [n, r]));
       const order = [...ranked].sort((a, b) => all[a]!.depth - all[b]!.depth || rank.get(a)! - rank.get(b)!);
       const at = new Map(order.map((n, e) => [n, e]));
@@ -723,7 +939,10 @@ export class Eagle3Drafter implements Drafter {
         const nd = all[n]!;
         tokens[e] = w.draftToTarget[nd.draft]!;
         const pe = nd.parent < 0 ? -1 : at.get(nd.parent);
-        if (pe === undefined) throw new DrafterError(`eagle3: propose: internal error: tree node ${n} of sequence ${String(s.id)} selected without its parent`);
+        if (pe === undefined)
+          throw new DrafterError(
+            `eagle3: propose: internal error: tree node ${n} of sequence ${String(s.id)} selected without its parent`,
+          );
         parents[e] = pe;
       });
       return { id: s.id, tokens, parents };
@@ -792,5 +1011,4 @@ export class Eagle3Drafter implements Drafter {
     applyRope(k, positions, { heads: this.kvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];
   }
-
 }

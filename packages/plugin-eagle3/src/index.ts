@@ -15,7 +15,20 @@ export function register(container: DependencyContainer): void {
 
 export { eagle3Plugin } from './plugin.js';
 export {
-  EAGLE3_ARCHITECTURES, EAGLE3_DEFAULT_DRAFT_TOKENS, EAGLE3_SCHEMA, parseEagle3Config, parseEagle3Settings,
-  type Eagle3Config, type Eagle3Layout, type Eagle3Settings, type Eagle3TreeSettings,
+  EAGLE3_ARCHITECTURES,
+  EAGLE3_DEFAULT_DRAFT_TOKENS,
+  EAGLE3_SCHEMA,
+  parseEagle3Config,
+  parseEagle3Settings,
+  type Eagle3Config,
+  type Eagle3Layout,
+  type Eagle3Settings,
+  type Eagle3TreeSettings,
 } from './config.js';
-export { EAGLE3_LAYER_PREFIXES, Eagle3Drafter, loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3.js';
+export {
+  EAGLE3_LAYER_PREFIXES,
+  Eagle3Drafter,
+  loadEagle3Drafter,
+  loadEagle3Projection,
+  loadEagle3Shard,
+} from './eagle3.js';

@@ -2,7 +2,15 @@
  * The EAGLE-3 {@link DrafterPlugin}: chosen for checkpoints with `architectures ["LlamaForCausalLMEagle3"]`
  * (EAGLE-3 layout) or `["Eagle3Speculator"]` (vLLM speculators layout).
  */
-import type { Drafter, DrafterLoadOptions, DrafterPlugin, DrafterShardLoadOptions, DrafterSource, PartialProjection, ProjectionLoadOptions } from '@specd/core';
+import type {
+  Drafter,
+  DrafterLoadOptions,
+  DrafterPlugin,
+  DrafterShardLoadOptions,
+  DrafterSource,
+  PartialProjection,
+  ProjectionLoadOptions,
+} from '@specd/core';
 
 import { EAGLE3_ARCHITECTURES, EAGLE3_SCHEMA, parseEagle3Config } from './config.js';
 import { loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3.js';

@@ -18,9 +18,17 @@ const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
   goldens: Record<string, { file: string; greedy_continuation: number[] }>;
 };
-const readJsonl = (f: string) => fs.readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] });
+const readJsonl = (f: string) =>
+  fs
+    .readFileSync(path.join(REPO_ROOT, 'test/prompts', f), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { id: string; prompt_token_ids: number[] });
 
-interface Prompt { id: string; ids: Int32Array }
+interface Prompt {
+  id: string;
+  ids: Int32Array;
+}
 const prompts: Prompt[] = Object.entries(index.goldens).map(([name, g]) => {
   const f = SafetensorsFile.open(path.join(GOLDENS_DIR, g.file));
   try {
@@ -31,7 +39,13 @@ const prompts: Prompt[] = Object.entries(index.goldens).map(([name, g]) => {
 });
 
 const greedy = (p: Prompt, extra: Partial<SpecRequest> = {}): SpecRequest => ({
-  id: p.id, promptIds: p.ids, maxTokens: NEW_TOKENS, sampling: { temperature: 0 }, seed: 0, ignoreEos: true, ...extra,
+  id: p.id,
+  promptIds: p.ids,
+  maxTokens: NEW_TOKENS,
+  sampling: { temperature: 0 },
+  seed: 0,
+  ignoreEos: true,
+  ...extra,
 });
 const byId = (rs: SpecResult[]) => new Map(rs.map((r) => [r.id, r]));
 
@@ -48,7 +62,11 @@ afterAll(() => {
 
 describe('greedy speculative decoding with EAGLE-3', () => {
   it('is token-for-token plain greedy for every golden prompt; drafts accepted, one target forward per verify step', () => {
-    const plain = byId(new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(prompts.map((p) => greedy(p))));
+    const plain = byId(
+      new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(
+        prompts.map((p) => greedy(p)),
+      ),
+    );
     const e = new SpecEngine(target, drafter, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
     const results = byId(e.run(prompts.map((p) => greedy(p))));
     for (const p of prompts) {
@@ -64,14 +82,27 @@ describe('greedy speculative decoding with EAGLE-3', () => {
     expect(m.decodeForwards).toBe(m.verifyForwards);
     expect(m.perPositionAcceptance.length).toBeLessThanOrEqual(6);
     expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
-    console.log(`EAGLE-3 greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`);
+    console.log(
+      `EAGLE-3 greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
+    );
   });
 });
 
 const REF = path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
-interface RefRequest { id: string; steps: number; committed: number }
-interface RefRun { max_drafts: number; new_tokens: number; temperature: number; domains: Record<string, { tau: number; requests: RefRequest[] }> }
-const refRun = fs.existsSync(REF) ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.['eagle3_t0'] : undefined;
+interface RefRequest {
+  id: string;
+  steps: number;
+  committed: number;
+}
+interface RefRun {
+  max_drafts: number;
+  new_tokens: number;
+  temperature: number;
+  domains: Record<string, { tau: number; requests: RefRequest[] }>;
+}
+const refRun = fs.existsSync(REF)
+  ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.['eagle3_t0']
+  : undefined;
 
 describe.skipIf(refRun === undefined)('τ vs the reference run eagle3_t0 (subset)', () => {
   it('is greedy with a chain of 6 drafts per step (the drafter default)', () => {
@@ -79,19 +110,32 @@ describe.skipIf(refRun === undefined)('τ vs the reference run eagle3_t0 (subset
     expect(refRun!.max_drafts).toBe(drafter.maxDraftTokens);
   });
 
-  it.each([['prose', 6], ['code', 4]] as const)('%s: specd τ within 0.1 of the reference on the same prompts', (domain, count) => {
+  it.each([
+    ['prose', 6],
+    ['code', 4],
+  ] as const)('%s: specd τ within 0.1 of the reference on the same prompts', (domain, count) => {
     const ref = refRun!.domains[domain]!;
     const refReqs = new Map(ref.requests.map((r) => [r.id, r]));
-    const rows = readJsonl(`${domain}.jsonl`).filter((r) => refReqs.has(r.id)).slice(0, count);
+    const rows = readJsonl(`${domain}.jsonl`)
+      .filter((r) => refReqs.has(r.id))
+      .slice(0, count);
     expect(rows.length).toBe(count);
     const e = new SpecEngine(target, drafter, { maxSequences: 8, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-    const results = byId(e.run(rows.map((r) => greedy({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) }, { maxTokens: refRun!.new_tokens }))));
+    const results = byId(
+      e.run(
+        rows.map((r) =>
+          greedy({ id: r.id, ids: Int32Array.from(r.prompt_token_ids) }, { maxTokens: refRun!.new_tokens }),
+        ),
+      ),
+    );
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
     // the same chain semantics give the same acceptance per request, step for step (fp32 rounding may
     // flip an argmax now and then: one request of the subset may differ)
     const same = rows.filter((r) => results.get(r.id)!.metrics.verifySteps === refReqs.get(r.id)!.steps).length;
-    console.log(`EAGLE-3 ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(4)}, reference τ on the same ${count} prompts ${(A / S).toFixed(4)} (reference, all prompts: ${ref.tau.toFixed(3)}); verify steps equal the reference's for ${same}/${count} requests`);
+    console.log(
+      `EAGLE-3 ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(4)}, reference τ on the same ${count} prompts ${(A / S).toFixed(4)} (reference, all prompts: ${ref.tau.toFixed(3)}); verify steps equal the reference's for ${same}/${count} requests`,
+    );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
     expect(same).toBeGreaterThanOrEqual(count - 1);
     expect(drafter.pagesInUse).toBe(0);
@@ -123,7 +167,11 @@ describe('sampling', () => {
   it('temperature > 0: reproducible per seed, drafts accepted', () => {
     const run = (seed: number) => {
       const e = new SpecEngine(target, drafter, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-      const rs = e.run(prompts.slice(0, 2).map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })));
+      const rs = e.run(
+        prompts
+          .slice(0, 2)
+          .map((p) => greedy(p, { maxTokens: 32, sampling: { temperature: 0.8, topK: 50, topP: 0.95 }, seed })),
+      );
       return { tokens: rs.map((r) => r.tokenIds), m: e.metrics };
     };
     const r1 = run(3);
@@ -143,11 +191,25 @@ describe('sampling', () => {
     for (const t of drafter.draftToTarget) inDraft[t] = 1;
     drafter.addSequence(id);
     try {
-      const taps = new Map(drafter.config.taps.map((t, i) => [t, Float32Array.from({ length: T * D }, (_, e) => Math.sin(e * 0.37 + i))]));
-      drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(taps, T), [{ id, position: 0, numTokens: T, nextTokens: Int32Array.from({ length: T }, (_, i) => 10 + i) }]);
+      const taps = new Map(
+        drafter.config.taps.map((t, i) => [t, Float32Array.from({ length: T * D }, (_, e) => Math.sin(e * 0.37 + i))]),
+      );
+      drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(taps, T), [
+        { id, position: 0, numTokens: T, nextTokens: Int32Array.from({ length: T }, (_, i) => 10 + i) },
+      ]);
       let u = 0;
       const [p] = drafter.propose({
-        sequences: [{ id, position: T, lastToken: 10 + T - 1, maxDrafts: 6, history: new Int32Array(0), sampling: { temperature: 1, topK: 50, topP: 0.95 }, rng: { next: () => ((u = (u * 7919 + 0.123) % 1)) } }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: 10 + T - 1,
+            maxDrafts: 6,
+            history: new Int32Array(0),
+            sampling: { temperature: 1, topK: 50, topP: 0.95 },
+            rng: { next: () => (u = (u * 7919 + 0.123) % 1) },
+          },
+        ],
       });
       expect(p!.tokens.length).toBe(6);
       expect(p!.probs!.length).toBe(6 * V);

@@ -42,7 +42,8 @@ describe.each(Object.keys(index.goldens))('EAGLE-3 vs golden %s', (name) => {
     const ids = g.read('input_ids').data as Int32Array;
     expect(ids.length).toBe(T);
     let acc: Float32Array | undefined;
-    for (const t of drafter.config.taps) acc = drafter.projectTargetHiddenPartial(new Map([[t, f32(`hidden.${t}`)]]), T, acc);
+    for (const t of drafter.config.taps)
+      acc = drafter.projectTargetHiddenPartial(new Map([[t, f32(`hidden.${t}`)]]), T, acc);
     // x_{t+1} for t = 0 … T − 1: the prompt shifted by one, then the first generated token
     const next = new Int32Array(T);
     next.set(ids.subarray(1));
@@ -53,15 +54,27 @@ describe.each(Object.keys(index.goldens))('EAGLE-3 vs golden %s', (name) => {
       // two spans' worth (split context writes must equal one write)
       const cut = Math.max(1, T >> 1);
       const D = drafter.config.hiddenSize;
-      drafter.writeProjectedContextKV(acc!.slice(0, cut * D), [{ id, position: 0, numTokens: cut, nextTokens: next.slice(0, cut) }]);
-      if (cut < T) drafter.writeProjectedContextKV(acc!.slice(cut * D), [{ id, position: cut, numTokens: T - cut, nextTokens: next.slice(cut) }]);
+      drafter.writeProjectedContextKV(acc!.slice(0, cut * D), [
+        { id, position: 0, numTokens: cut, nextTokens: next.slice(0, cut) },
+      ]);
+      if (cut < T)
+        drafter.writeProjectedContextKV(acc!.slice(cut * D), [
+          { id, position: cut, numTokens: T - cut, nextTokens: next.slice(cut) },
+        ]);
       expect(drafter.contextLength(id)).toBe(T);
       const pages = drafter.pagesInUse;
       const [prop] = drafter.propose({
-        sequences: [{
-          id, position: T, lastToken: entry.first_token, maxDrafts: drafter.maxDraftTokens, history: new Int32Array(0),
-          sampling: { temperature: 0 }, rng: { next: () => 0 },
-        }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: entry.first_token,
+            maxDrafts: drafter.maxDraftTokens,
+            history: new Int32Array(0),
+            sampling: { temperature: 0 },
+            rng: { next: () => 0 },
+          },
+        ],
       });
       const want = Array.from(g.read('eagle3.first_proposal').data as Int32Array);
       expect(want.length).toBe(6);
@@ -71,7 +84,17 @@ describe.each(Object.keys(index.goldens))('EAGLE-3 vs golden %s', (name) => {
       expect(drafter.pagesInUse).toBe(pages);
       // a shorter chain is the longer chain's prefix
       const [short] = drafter.propose({
-        sequences: [{ id, position: T, lastToken: entry.first_token, maxDrafts: 2, history: new Int32Array(0), sampling: { temperature: 0 }, rng: { next: () => 0 } }],
+        sequences: [
+          {
+            id,
+            position: T,
+            lastToken: entry.first_token,
+            maxDrafts: 2,
+            history: new Int32Array(0),
+            sampling: { temperature: 0 },
+            rng: { next: () => 0 },
+          },
+        ],
       });
       expect(Array.from(short!.tokens)).toEqual(want.slice(0, 2));
     } finally {
@@ -91,11 +114,20 @@ describe('batching', () => {
         const T = entry.T;
         const ids = g.read('input_ids').data as Int32Array;
         let acc: Float32Array | undefined;
-        for (const t of drafter.config.taps) acc = drafter.projectTargetHiddenPartial(new Map([[t, g.read(`hidden.${t}`).data as Float32Array]]), T, acc);
+        for (const t of drafter.config.taps)
+          acc = drafter.projectTargetHiddenPartial(new Map([[t, g.read(`hidden.${t}`).data as Float32Array]]), T, acc);
         const next = new Int32Array(T);
         next.set(ids.subarray(1));
         next[T - 1] = entry.first_token;
-        return { id: `batch-${name}`, T, acc: acc!, next, want: Array.from(g.read('eagle3.first_proposal').data as Int32Array), k: 6 - i, first: entry.first_token };
+        return {
+          id: `batch-${name}`,
+          T,
+          acc: acc!,
+          next,
+          want: Array.from(g.read('eagle3.first_proposal').data as Int32Array),
+          k: 6 - i,
+          first: entry.first_token,
+        };
       } finally {
         g.close();
       }
@@ -109,9 +141,20 @@ describe('batching', () => {
         sum.set(s.acc, at);
         at += s.acc.length;
       }
-      drafter.writeProjectedContextKV(sum, seqs.map((s) => ({ id: s.id, position: 0, numTokens: s.T, nextTokens: s.next })));
+      drafter.writeProjectedContextKV(
+        sum,
+        seqs.map((s) => ({ id: s.id, position: 0, numTokens: s.T, nextTokens: s.next })),
+      );
       const props = drafter.propose({
-        sequences: seqs.map((s) => ({ id: s.id, position: s.T, lastToken: s.first, maxDrafts: s.k, history: new Int32Array(0), sampling: { temperature: 0 }, rng: { next: () => 0 } })),
+        sequences: seqs.map((s) => ({
+          id: s.id,
+          position: s.T,
+          lastToken: s.first,
+          maxDrafts: s.k,
+          history: new Int32Array(0),
+          sampling: { temperature: 0 },
+          rng: { next: () => 0 },
+        })),
       });
       props.forEach((p, i) => {
         expect(p.id).toBe(seqs[i]!.id);

@@ -40,7 +40,12 @@ export async function loadDrafter(target: StageModel, o: LoadDrafterOptions = {}
     const config = HfConfig.fromObject({ ...base, ...o.config }, path.join(dir, 'config.json'));
     return (await eagle3Plugin.load(
       { dir, config, weights: o.wrapWeights ? o.wrapWeights(weights) : weights },
-      { target, maxSequences: o.maxSequences ?? 4, maxTokensPerSequence: o.maxTokensPerSequence ?? 1024, ...(o.settings ? { settings: o.settings } : {}) },
+      {
+        target,
+        maxSequences: o.maxSequences ?? 4,
+        maxTokensPerSequence: o.maxTokensPerSequence ?? 1024,
+        ...(o.settings ? { settings: o.settings } : {}),
+      },
     )) as Eagle3Drafter;
   } finally {
     weights.close();

@@ -11,8 +11,16 @@ import { container } from 'tsyringe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
-  DRAFTER_PLUGIN, DrafterError, DrafterRegistry, HfConfig, HfConfigError, SafetensorsCheckpoint, SafetensorsFile, writeSafetensors,
-  type StageModel, type TensorToWrite,
+  DRAFTER_PLUGIN,
+  DrafterError,
+  DrafterRegistry,
+  HfConfig,
+  HfConfigError,
+  SafetensorsCheckpoint,
+  SafetensorsFile,
+  writeSafetensors,
+  type StageModel,
+  type TensorToWrite,
 } from '@specd/core';
 
 import { eagle3Plugin, parseEagle3Config, register, type Eagle3Drafter } from '../src/index.js';
@@ -42,10 +50,20 @@ function speculatorsConfig(over: Record<string, unknown> = {}): Record<string, u
     norm_before_residual: false,
     eagle_aux_hidden_state_layer_ids: [2, 4, 5],
     transformer_layer_config: {
-      model_type: 'llama', architectures: ['LlamaForCausalLM'],
-      hidden_size: b['hidden_size'], num_attention_heads: b['num_attention_heads'], num_key_value_heads: b['num_key_value_heads'],
-      head_dim: b['head_dim'], intermediate_size: b['intermediate_size'], num_hidden_layers: 1, vocab_size: b['vocab_size'],
-      rms_norm_eps: b['rms_norm_eps'], rope_theta: b['rope_theta'], hidden_act: 'silu', max_position_embeddings: 4096, tie_word_embeddings: false,
+      model_type: 'llama',
+      architectures: ['LlamaForCausalLM'],
+      hidden_size: b['hidden_size'],
+      num_attention_heads: b['num_attention_heads'],
+      num_key_value_heads: b['num_key_value_heads'],
+      head_dim: b['head_dim'],
+      intermediate_size: b['intermediate_size'],
+      num_hidden_layers: 1,
+      vocab_size: b['vocab_size'],
+      rms_norm_eps: b['rms_norm_eps'],
+      rope_theta: b['rope_theta'],
+      hidden_act: 'silu',
+      max_position_embeddings: 4096,
+      tie_word_embeddings: false,
     },
     speculators_config: {
       algorithm: 'eagle3',
@@ -65,7 +83,11 @@ function writeSpeculatorsCheckpoint(dir: string, config: Record<string, unknown>
     const out = new Map<string, TensorToWrite>();
     for (const name of src.names()) {
       const info = src.info(name);
-      out.set(name.replace(/^midlayer\./, 'layers.0.'), { dtype: info.dtype, shape: info.shape, data: src.readBytes(name) });
+      out.set(name.replace(/^midlayer\./, 'layers.0.'), {
+        dtype: info.dtype,
+        shape: info.shape,
+        data: src.readBytes(name),
+      });
     }
     writeSafetensors(path.join(dir, 'model.safetensors'), out);
   } finally {
@@ -98,17 +120,29 @@ describe('EAGLE-3 config', () => {
     expect(c.normBeforeResidual).toBe(true);
   });
   it('names the bad field', () => {
-    expect(() => parseEagle3Config(HfConfig.fromObject({ ...base(), architectures: ['LlamaForCausalLM'] }))).toThrow(HfConfigError);
-    expect(() => parseEagle3Config(HfConfig.fromObject({ ...base(), eagle_config: {} }))).toThrow(/eagle_aux_hidden_state_layer_ids.*required/);
-    expect(() => parseEagle3Config(HfConfig.fromObject({ ...base(), num_hidden_layers: 2 }))).toThrow(/num_hidden_layers.*expected 1/);
-    expect(() => parseEagle3Config(HfConfig.fromObject(speculatorsConfig({ speculators_model_type: 'eagle' })))).toThrow(/speculators_model_type.*expected "eagle3"/);
-    expect(() => parseEagle3Config(HfConfig.fromObject(speculatorsConfig({ norm_before_fc: true })))).toThrow(/norm_before_fc.*not supported/);
-    expect(() => parseEagle3Config(HfConfig.fromObject(speculatorsConfig({ transformer_layer_config: undefined })))).toThrow(/transformer_layer_config/);
+    expect(() => parseEagle3Config(HfConfig.fromObject({ ...base(), architectures: ['LlamaForCausalLM'] }))).toThrow(
+      HfConfigError,
+    );
+    expect(() => parseEagle3Config(HfConfig.fromObject({ ...base(), eagle_config: {} }))).toThrow(
+      /eagle_aux_hidden_state_layer_ids.*required/,
+    );
+    expect(() => parseEagle3Config(HfConfig.fromObject({ ...base(), num_hidden_layers: 2 }))).toThrow(
+      /num_hidden_layers.*expected 1/,
+    );
+    expect(() =>
+      parseEagle3Config(HfConfig.fromObject(speculatorsConfig({ speculators_model_type: 'eagle' }))),
+    ).toThrow(/speculators_model_type.*expected "eagle3"/);
+    expect(() => parseEagle3Config(HfConfig.fromObject(speculatorsConfig({ norm_before_fc: true })))).toThrow(
+      /norm_before_fc.*not supported/,
+    );
+    expect(() =>
+      parseEagle3Config(HfConfig.fromObject(speculatorsConfig({ transformer_layer_config: undefined }))),
+    ).toThrow(/transformer_layer_config/);
   });
 });
 
 describe('EAGLE-3 registration', () => {
-  it('registers under DRAFTER_PLUGIN and is selected by either layout\'s architectures', () => {
+  it("registers under DRAFTER_PLUGIN and is selected by either layout's architectures", () => {
     const child = container.createChildContainer();
     register(child);
     const reg = DrafterRegistry.fromContainer(child);
@@ -126,7 +160,9 @@ describe('EAGLE-3 load', () => {
     try {
       expect(d.maxDraftTokens).toBe(6);
       expect(d.captureSetter(target.info)).toEqual([2, 4, 5]);
-      expect(() => d.captureSetter({ ...target.info, numLayers: 4 })).toThrow(/taps \[5\] are beyond the target's 4 layers/);
+      expect(() => d.captureSetter({ ...target.info, numLayers: 4 })).toThrow(
+        /taps \[5\] are beyond the target's 4 layers/,
+      );
       expect(() => d.buildPDInput('x')).toThrow(/not supported yet/);
       expect(() => d.acceptPDInput({})).toThrow(/not supported yet/);
       expect(d.draftToTarget.length).toBe(4096);
@@ -139,27 +175,32 @@ describe('EAGLE-3 load', () => {
   });
 
   it('fc width ≠ taps × hidden size', async () => {
-    await expect(loadDrafter(target, { config: { eagle_config: { eagle_aux_hidden_state_layer_ids: [2, 4] } } })).rejects.toThrow(
-      /fc\.weight is \[256, 768\], expected \[256, 512\] \(hidden 256, taps × hidden = 2 × 256\)/,
-    );
+    await expect(
+      loadDrafter(target, { config: { eagle_config: { eagle_aux_hidden_state_layer_ids: [2, 4] } } }),
+    ).rejects.toThrow(/fc\.weight is \[256, 768\], expected \[256, 512\] \(hidden 256, taps × hidden = 2 × 256\)/);
   });
   it('taps the target does not have', async () => {
-    await expect(loadDrafter(target, { config: { eagle_config: { eagle_aux_hidden_state_layer_ids: [2, 4, 9] } } })).rejects.toThrow(
+    await expect(
+      loadDrafter(target, { config: { eagle_config: { eagle_aux_hidden_state_layer_ids: [2, 4, 9] } } }),
+    ).rejects.toThrow(
       /eagle_aux_hidden_state_layer_ids \[2, 4, 9\] name taps \[9\] the target does not have \(it has taps 0\.\.8, 8 layers\)/,
     );
   });
-  it('a hidden size other than the target\'s', async () => {
+  it("a hidden size other than the target's", async () => {
     await expect(loadDrafter(target, { config: { hidden_size: 128 } })).rejects.toThrow(DrafterError);
-    await expect(loadDrafter(target, { config: { hidden_size: 128 } })).rejects.toThrow(/hidden_size 128 differs from the target's 256/);
+    await expect(loadDrafter(target, { config: { hidden_size: 128 } })).rejects.toThrow(
+      /hidden_size 128 differs from the target's 256/,
+    );
   });
-  it('a checkpoint without d2t (draft vocabulary smaller than the target\'s)', async () => {
-    const hide = (w: SafetensorsCheckpoint) => new Proxy(w, {
-      get(t, p) {
-        if (p === 'has') return (n: string) => n !== 'd2t' && t.has(n);
-        const v = Reflect.get(t, p, t) as unknown;
-        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
-      },
-    });
+  it("a checkpoint without d2t (draft vocabulary smaller than the target's)", async () => {
+    const hide = (w: SafetensorsCheckpoint) =>
+      new Proxy(w, {
+        get(t, p) {
+          if (p === 'has') return (n: string) => n !== 'd2t' && t.has(n);
+          const v = Reflect.get(t, p, t) as unknown;
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+        },
+      });
     await expect(loadDrafter(target, { wrapWeights: hide })).rejects.toThrow(
       /checkpoint has no tensor "d2t" \(the draft → target vocabulary map\), required since draft_vocab_size 4096 < vocab_size 8192/,
     );
@@ -169,7 +210,9 @@ describe('EAGLE-3 load', () => {
     await expect(loadDrafter(target, { settings: tree })).rejects.toThrow(
       'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
     );
-    const allAttention = Object.create(target, { info: { value: { ...target.info, layerKinds: target.info.layerKinds.map(() => 'mla') } } }) as StageModel;
+    const allAttention = Object.create(target, {
+      info: { value: { ...target.info, layerKinds: target.info.layerKinds.map(() => 'mla') } },
+    }) as StageModel;
     const d = await loadDrafter(allAttention, { settings: tree });
     try {
       expect(d.maxDraftTokens).toBe(32);
@@ -183,10 +226,30 @@ describe('EAGLE-3 load', () => {
     try {
       d.addSequence('s');
       const D = target.info.hiddenSize;
-      expect(() => d.writeProjectedContextKV(new Float32Array(2 * D), [{ id: 's', position: 0, numTokens: 2 }])).toThrow(/nextTokens is missing/);
-      expect(() => d.writeProjectedContextKV(new Float32Array(2 * D), [{ id: 's', position: 0, numTokens: 2, nextTokens: new Int32Array(1) }])).toThrow(/nextTokens: expected \[2\] i32/);
+      expect(() =>
+        d.writeProjectedContextKV(new Float32Array(2 * D), [{ id: 's', position: 0, numTokens: 2 }]),
+      ).toThrow(/nextTokens is missing/);
+      expect(() =>
+        d.writeProjectedContextKV(new Float32Array(2 * D), [
+          { id: 's', position: 0, numTokens: 2, nextTokens: new Int32Array(1) },
+        ]),
+      ).toThrow(/nextTokens: expected \[2\] i32/);
       expect(d.contextLength('s')).toBe(0);
-      expect(() => d.propose({ sequences: [{ id: 's', position: 0, lastToken: 1, maxDrafts: 1, history: new Int32Array(1), sampling: { temperature: 0 }, rng: { next: () => 0 } }] })).toThrow(/no draft context yet/);
+      expect(() =>
+        d.propose({
+          sequences: [
+            {
+              id: 's',
+              position: 0,
+              lastToken: 1,
+              maxDrafts: 1,
+              history: new Int32Array(1),
+              sampling: { temperature: 0 },
+              rng: { next: () => 0 },
+            },
+          ],
+        }),
+      ).toThrow(/no draft context yet/);
       d.freeSequence('s');
       expect(d.pagesInUse).toBe(0);
     } finally {
@@ -196,25 +259,60 @@ describe('EAGLE-3 load', () => {
 
   it('the speculators layout (layers.0.* weights) loads and drafts exactly as the EAGLE-3 layout', async () => {
     const dir = path.join(tmp, 'speculators');
-    writeSpeculatorsCheckpoint(dir, speculatorsConfig({ speculators_config: { ...(speculatorsConfig()['speculators_config'] as object), proposal_methods: [{ proposal_type: 'greedy', speculative_tokens: 4 }] } }));
+    writeSpeculatorsCheckpoint(
+      dir,
+      speculatorsConfig({
+        speculators_config: {
+          ...(speculatorsConfig()['speculators_config'] as object),
+          proposal_methods: [{ proposal_type: 'greedy', speculative_tokens: 4 }],
+        },
+      }),
+    );
     const cfg = HfConfig.read(dir);
-    expect(DrafterRegistry.fromContainer((() => { const c = container.createChildContainer(); register(c); return c; })()).resolve(cfg)).toBe(eagle3Plugin);
+    expect(
+      DrafterRegistry.fromContainer(
+        (() => {
+          const c = container.createChildContainer();
+          register(c);
+          return c;
+        })(),
+      ).resolve(cfg),
+    ).toBe(eagle3Plugin);
     const spec = await loadDrafter(target, { dir });
     const ref = await loadDrafter(target);
     try {
       expect(spec.config.layout).toBe('speculators');
       expect(spec.maxDraftTokens).toBe(4);
       const g = SafetensorsFile.open(path.join(GOLDENS_DIR, 'sentence.safetensors'));
-      const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as { goldens: Record<string, { T: number; first_token: number }> };
+      const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
+        goldens: Record<string, { T: number; first_token: number }>;
+      };
       const { T, first_token: first } = index.goldens['sentence']!;
       const ids = g.read('input_ids').data as Int32Array;
       const next = Int32Array.from({ length: T }, (_, i) => (i + 1 < T ? ids[i + 1]! : first));
       const draft = (d: Eagle3Drafter) => {
-        const sum = d.projectTargetHiddenPartial(new Map(d.config.taps.map((t) => [t, g.read(`hidden.${t}`).data as Float32Array])), T);
+        const sum = d.projectTargetHiddenPartial(
+          new Map(d.config.taps.map((t) => [t, g.read(`hidden.${t}`).data as Float32Array])),
+          T,
+        );
         d.addSequence('x');
         try {
           d.writeProjectedContextKV(sum, [{ id: 'x', position: 0, numTokens: T, nextTokens: next }]);
-          return Array.from(d.propose({ sequences: [{ id: 'x', position: T, lastToken: first, maxDrafts: 4, history: new Int32Array(0), sampling: { temperature: 0 }, rng: { next: () => 0 } }] })[0]!.tokens);
+          return Array.from(
+            d.propose({
+              sequences: [
+                {
+                  id: 'x',
+                  position: T,
+                  lastToken: first,
+                  maxDrafts: 4,
+                  history: new Int32Array(0),
+                  sampling: { temperature: 0 },
+                  rng: { next: () => 0 },
+                },
+              ],
+            })[0]!.tokens,
+          );
         } finally {
           d.freeSequence('x');
         }

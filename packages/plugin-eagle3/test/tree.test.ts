@@ -32,7 +32,13 @@ function allAttention(t: StageModel): StageModel {
   });
 }
 
-interface Golden { T: number; first: number; sum: Float32Array; next: Int32Array; want: number[] }
+interface Golden {
+  T: number;
+  first: number;
+  sum: Float32Array;
+  next: Int32Array;
+  want: number[];
+}
 const goldens = new Map<string, Golden>();
 
 let target: StageModel;
@@ -42,16 +48,29 @@ let tree: Eagle3Drafter; // top_k 2, depth 4, total 10
 beforeAll(async () => {
   target = loadTarget();
   attnTarget = allAttention(target);
-  chain1 = await loadDrafter(attnTarget, { settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 1, depth: 6, total_tokens: 10 } } });
-  tree = await loadDrafter(attnTarget, { settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 2, depth: 4, total_tokens: 10 } } });
+  chain1 = await loadDrafter(attnTarget, {
+    settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 1, depth: 6, total_tokens: 10 } },
+  });
+  tree = await loadDrafter(attnTarget, {
+    settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 2, depth: 4, total_tokens: 10 } },
+  });
   for (const name of NAMES) {
     const e = index.goldens[name]!;
     const g = SafetensorsFile.open(path.join(GOLDENS_DIR, e.file));
     try {
       const ids = g.read('input_ids').data as Int32Array;
       const next = Int32Array.from({ length: e.T }, (_, i) => (i + 1 < e.T ? ids[i + 1]! : e.first_token));
-      const sum = tree.projectTargetHiddenPartial(new Map(tree.config.taps.map((t) => [t, g.read(`hidden.${t}`).data as Float32Array])), e.T);
-      goldens.set(name, { T: e.T, first: e.first_token, sum, next, want: Array.from(g.read('eagle3.first_proposal').data as Int32Array) });
+      const sum = tree.projectTargetHiddenPartial(
+        new Map(tree.config.taps.map((t) => [t, g.read(`hidden.${t}`).data as Float32Array])),
+        e.T,
+      );
+      goldens.set(name, {
+        T: e.T,
+        first: e.first_token,
+        sum,
+        next,
+        want: Array.from(g.read('eagle3.first_proposal').data as Int32Array),
+      });
     } finally {
       g.close();
     }
@@ -64,20 +83,32 @@ afterAll(() => {
 });
 
 /** Adds `id` with golden `name`'s context to `d`; returns its (greedy unless said) draft sequence. */
-function addGolden(d: Eagle3Drafter, id: string, name: string): (maxDrafts: number, temperature?: number) => DraftSequence {
+function addGolden(
+  d: Eagle3Drafter,
+  id: string,
+  name: string,
+): (maxDrafts: number, temperature?: number) => DraftSequence {
   const g = goldens.get(name)!;
   d.addSequence(id);
   d.writeProjectedContextKV(g.sum, [{ id, position: 0, numTokens: g.T, nextTokens: g.next }]);
   let u = 0.123;
   return (maxDrafts, temperature = 0) => ({
-    id, position: g.T, lastToken: g.first, maxDrafts, history: new Int32Array(0), sampling: { temperature },
+    id,
+    position: g.T,
+    lastToken: g.first,
+    maxDrafts,
+    history: new Int32Array(0),
+    sampling: { temperature },
     rng: { next: () => (u = (u * 9301 + 0.49297) % 1) },
   });
 }
 
 /** Indices of the k largest (largest first, ties: lower index), NaN excluded — by full sort. */
 function topK(x: Float32Array, k: number): number[] {
-  return Array.from(x.keys()).filter((i) => !Number.isNaN(x[i]!)).sort((a, b) => (x[b]! - x[a]!) || a - b).slice(0, k);
+  return Array.from(x.keys())
+    .filter((i) => !Number.isNaN(x[i]!))
+    .sort((a, b) => x[b]! - x[a]! || a - b)
+    .slice(0, k);
 }
 
 function logSoftmax(x: Float32Array): Float64Array {
@@ -94,10 +125,22 @@ function logSoftmax(x: Float32Array): Float64Array {
  * frontier = top_k of the previous depth by cumulative log-prob), then the `budget` best nodes
  * (ties: lower depth, then generation order), emitted by depth then rank. Tokens in the target vocabulary.
  */
-function expectedTree(d: Eagle3Drafter, seq: DraftSequence, k: number, depth: number, budget: number): { tokens: number[]; parents: number[] } {
+function expectedTree(
+  d: Eagle3Drafter,
+  seq: DraftSequence,
+  k: number,
+  depth: number,
+  budget: number,
+): { tokens: number[]; parents: number[] } {
   const Vd = d.config.draftVocabSize;
   const d2t = d.draftToTarget;
-  interface N { draft: number; depth: number; parent: number; cum: number; path: number[] }
+  interface N {
+    draft: number;
+    depth: number;
+    parent: number;
+    cum: number;
+    path: number[];
+  }
   const nodes: N[] = [];
   const expand = (parent: number): void => {
     const path = parent < 0 ? [] : nodes[parent]!.path;
@@ -105,15 +148,28 @@ function expectedTree(d: Eagle3Drafter, seq: DraftSequence, k: number, depth: nu
     const lg = all.subarray(path.length * Vd, (path.length + 1) * Vd);
     const lp = logSoftmax(lg);
     const base = parent < 0 ? 0 : nodes[parent]!.cum;
-    for (const t of topK(lg, k)) nodes.push({ draft: t, depth: path.length + 1, parent, cum: base + lp[t]!, path: [...path, t] });
+    for (const t of topK(lg, k))
+      nodes.push({ draft: t, depth: path.length + 1, parent, cum: base + lp[t]!, path: [...path, t] });
   };
-  const cmp = (a: number, b: number) => (nodes[a]!.cum !== nodes[b]!.cum ? (nodes[a]!.cum > nodes[b]!.cum ? -1 : 1) : nodes[a]!.depth - nodes[b]!.depth || a - b);
+  const cmp = (a: number, b: number) =>
+    nodes[a]!.cum !== nodes[b]!.cum
+      ? nodes[a]!.cum > nodes[b]!.cum
+        ? -1
+        : 1
+      : nodes[a]!.depth - nodes[b]!.depth || a - b;
   expand(-1);
   for (let lvl = 2; lvl <= depth; lvl++) {
-    const frontier = nodes.map((_, i) => i).filter((i) => nodes[i]!.depth === lvl - 1).sort(cmp).slice(0, k);
+    const frontier = nodes
+      .map((_, i) => i)
+      .filter((i) => nodes[i]!.depth === lvl - 1)
+      .sort(cmp)
+      .slice(0, k);
     for (const n of frontier) expand(n);
   }
-  const ranked = nodes.map((_, i) => i).sort(cmp).slice(0, budget);
+  const ranked = nodes
+    .map((_, i) => i)
+    .sort(cmp)
+    .slice(0, budget);
   const order = [...ranked].sort((a, b) => nodes[a]!.depth - nodes[b]!.depth || ranked.indexOf(a) - ranked.indexOf(b));
   return {
     tokens: order.map((n) => d2t[nodes[n]!.draft]!),
@@ -123,7 +179,11 @@ function expectedTree(d: Eagle3Drafter, seq: DraftSequence, k: number, depth: nu
 
 describe('loading with `tree`', () => {
   it('the KDA target still refuses it, naming the KDA layers', async () => {
-    await expect(loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 2, depth: 4, total_tokens: 10 } } })).rejects.toThrow(
+    await expect(
+      loadDrafter(target, {
+        settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 2, depth: 4, total_tokens: 10 } },
+      }),
+    ).rejects.toThrow(
       'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
     );
   });

@@ -13,7 +13,13 @@ import { BUILTIN_PLUGIN_PACKAGES } from '../plugin/registry.js';
 import type { CliIo } from './main.js';
 
 const pluginOption = ['--plugins <names>', 'comma-separated plugin packages to load (default: the built-ins)'] as const;
-const parseList = (v: string | undefined): readonly string[] => (v === undefined ? BUILTIN_PLUGIN_PACKAGES : v.split(',').map((s) => s.trim()).filter((s) => s !== ''));
+const parseList = (v: string | undefined): readonly string[] =>
+  v === undefined
+    ? BUILTIN_PLUGIN_PACKAGES
+    : v
+        .split(',')
+        .map((s) => s.trim())
+        .filter((s) => s !== '');
 
 /** Adds `config schema|validate` and `plugins` to the program. */
 export function registerConfigCommands(program: Command, io: CliIo): void {
@@ -42,14 +48,22 @@ export function registerConfigCommands(program: Command, io: CliIo): void {
     .option('--json', 'one JSON object')
     .action(async (flags: { plugins?: string; json?: boolean }) => {
       const p = await loadPlugins(parseList(flags.plugins));
-      const models = p.models.plugins().map((m) => ({ name: m.name, model_types: m.modelTypes, architectures: m.architectures }));
+      const models = p.models
+        .plugins()
+        .map((m) => ({ name: m.name, model_types: m.modelTypes, architectures: m.architectures }));
       const drafters = p.drafters.plugins().map((d) => ({ method: d.method, architectures: d.architectures }));
       if (flags.json === true) {
-        io.stdout.write(`${JSON.stringify({ packages: p.packages, models, drafters: [{ method: 'none', architectures: [] }, ...drafters] })}\n`);
+        io.stdout.write(
+          `${JSON.stringify({ packages: p.packages, models, drafters: [{ method: 'none', architectures: [] }, ...drafters] })}\n`,
+        );
         return;
       }
       io.stdout.write(`packages:\n${p.packages.map((n) => `  ${n}\n`).join('')}`);
-      io.stdout.write(`model plugins:\n${models.map((m) => `  ${m.name} (model_type ${m.model_types.join('|')}; architectures ${m.architectures.join('|')})\n`).join('')}`);
-      io.stdout.write(`drafter methods:\n  none (built in: no speculative decoding)\n${drafters.map((d) => `  ${d.method} (architectures ${d.architectures.join('|')})\n`).join('')}`);
+      io.stdout.write(
+        `model plugins:\n${models.map((m) => `  ${m.name} (model_type ${m.model_types.join('|')}; architectures ${m.architectures.join('|')})\n`).join('')}`,
+      );
+      io.stdout.write(
+        `drafter methods:\n  none (built in: no speculative decoding)\n${drafters.map((d) => `  ${d.method} (architectures ${d.architectures.join('|')})\n`).join('')}`,
+      );
     });
 }

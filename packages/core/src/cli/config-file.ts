@@ -34,9 +34,16 @@ export interface DrafterChoice {
 export function checkModelPath(modelPath: string): void {
   if (fs.existsSync(path.join(modelPath, 'config.json'))) return;
   if (modelPath.endsWith('.gguf') && fs.existsSync(modelPath)) return;
-  if (fs.existsSync(modelPath) && fs.statSync(modelPath).isDirectory() && fs.readdirSync(modelPath).some((f) => f.endsWith('.gguf'))) return;
+  if (
+    fs.existsSync(modelPath) &&
+    fs.statSync(modelPath).isDirectory() &&
+    fs.readdirSync(modelPath).some((f) => f.endsWith('.gguf'))
+  )
+    return;
   const hint = /smollm2/i.test(modelPath) ? ' (run `npm run models:fetch` to fetch SmolLM2-135M-Instruct)' : '';
-  throw new CliError(`model ${modelPath}: neither a folder with config.json nor a .gguf file, nor a folder holding one${hint} (use --model DIR|FILE.gguf)`);
+  throw new CliError(
+    `model ${modelPath}: neither a folder with config.json nor a .gguf file, nor a folder holding one${hint} (use --model DIR|FILE.gguf)`,
+  );
 }
 
 /**
@@ -47,7 +54,9 @@ export function checkModelPath(modelPath: string): void {
  * @throws {CliError} when the chosen directory has no config.json.
  */
 export function chooseDrafter(
-  cfg: SpecdConfig, flags: { readonly model?: string; readonly drafter?: string; readonly noSpec?: boolean }, cwd: string,
+  cfg: SpecdConfig,
+  flags: { readonly model?: string; readonly drafter?: string; readonly noSpec?: boolean },
+  cwd: string,
 ): DrafterChoice | undefined {
   if (flags.noSpec === true) return undefined;
   let choice: DrafterChoice | undefined;
@@ -59,7 +68,9 @@ export function chooseDrafter(
     // No "path": a method without a checkpoint, loaded by its name (the plugin says whether it can be).
     choice = {
       ...(typeof cfg.drafter.path === 'string' ? { dir: cfg.drafter.path } : {}),
-      method: cfg.drafter.method, settings: cfg.drafter, ...(cap === undefined ? {} : { numDraftTokens: cap }),
+      method: cfg.drafter.method,
+      settings: cfg.drafter,
+      ...(cap === undefined ? {} : { numDraftTokens: cap }),
     };
   } else if (flags.model === undefined && cfg.model === undefined) {
     const d = defaultDrafterDir(cwd);

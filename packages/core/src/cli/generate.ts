@@ -47,10 +47,19 @@ export interface LoadedTarget {
  */
 export function ggufPathOf(modelPath: string): string | undefined {
   if (modelPath.endsWith('.gguf')) return modelPath;
-  if (!fs.existsSync(modelPath) || !fs.statSync(modelPath).isDirectory() || fs.existsSync(nodePath.join(modelPath, 'config.json'))) return undefined;
-  const ggufs = fs.readdirSync(modelPath).filter((f) => f.endsWith('.gguf')).sort();
+  if (
+    !fs.existsSync(modelPath) ||
+    !fs.statSync(modelPath).isDirectory() ||
+    fs.existsSync(nodePath.join(modelPath, 'config.json'))
+  )
+    return undefined;
+  const ggufs = fs
+    .readdirSync(modelPath)
+    .filter((f) => f.endsWith('.gguf'))
+    .sort();
   if (ggufs.length === 1) return nodePath.join(modelPath, ggufs[0]!);
-  if (ggufs.length > 1) throw new PluginError(`${modelPath}: several GGUF files (${ggufs.join(', ')}) and no config.json: name the file`);
+  if (ggufs.length > 1)
+    throw new PluginError(`${modelPath}: several GGUF files (${ggufs.join(', ')}) and no config.json: name the file`);
   return undefined;
 }
 
@@ -61,7 +70,11 @@ export function ggufPathOf(modelPath: string): string | undefined {
  * GGUF metadata; tokenizer.json next to it wins when present).
  * @throws {PluginError} / {HfConfigError} / {SafetensorsError} / {GgufError} / {TokenizerError} / the plugin's errors.
  */
-export async function loadTarget(modelDir: string, plugins: readonly string[], onProgress?: (p: LoadProgress) => void): Promise<LoadedTarget> {
+export async function loadTarget(
+  modelDir: string,
+  plugins: readonly string[],
+  onProgress?: (p: LoadProgress) => void,
+): Promise<LoadedTarget> {
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const ggufPath = ggufPathOf(modelDir);
@@ -69,7 +82,9 @@ export async function loadTarget(modelDir: string, plugins: readonly string[], o
     const file = GgufFile.open(ggufPath);
     const plugin = ModelRegistry.fromContainer(container).resolveGguf(file);
     const dir = nodePath.dirname(ggufPath);
-    const tokenizer = fs.existsSync(nodePath.join(dir, 'tokenizer.json')) ? Tokenizer.load(dir) : tokenizerFromGguf(file);
+    const tokenizer = fs.existsSync(nodePath.join(dir, 'tokenizer.json'))
+      ? Tokenizer.load(dir)
+      : tokenizerFromGguf(file);
     const model = await plugin.loadGguf!(file, { onProgress });
     return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
   }
@@ -106,18 +121,29 @@ export interface PipelineTargetOptions {
  * here ({@link startPipeline}); `model` is the {@link PipelineModel}. Hugging Face folders only.
  * @throws {PluginError} for a GGUF model; PartitionError / PipelineStageError; the plugin's errors.
  */
-export async function loadPipelineTarget(modelDir: string, plugins: readonly string[], options: PipelineTargetOptions): Promise<LoadedTarget> {
-  if (ggufPathOf(modelDir) !== undefined) throw new PluginError(`${modelDir}: pipeline parallelism loads Hugging Face folders (config.json + safetensors), not GGUF`);
+export async function loadPipelineTarget(
+  modelDir: string,
+  plugins: readonly string[],
+  options: PipelineTargetOptions,
+): Promise<LoadedTarget> {
+  if (ggufPathOf(modelDir) !== undefined)
+    throw new PluginError(
+      `${modelDir}: pipeline parallelism loads Hugging Face folders (config.json + safetensors), not GGUF`,
+    );
   const config = HfConfig.read(modelDir);
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const plugin = ModelRegistry.fromContainer(container).resolve(config);
-  if ((options.tp ?? 1) > 1 && plugin.loadShard === undefined) throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (it has no loadShard)`);
+  if ((options.tp ?? 1) > 1 && plugin.loadShard === undefined)
+    throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (it has no loadShard)`);
   const tokenizer = Tokenizer.load(modelDir);
   const model = await startPipeline({
     ...(options.tp === undefined ? {} : { tp: options.tp }),
     ...(options.transport === undefined ? {} : { transport: options.transport }),
-    modelDir, plugins, pp: options.pp, ...(options.partition === undefined ? {} : { partition: options.partition }),
+    modelDir,
+    plugins,
+    pp: options.pp,
+    ...(options.partition === undefined ? {} : { partition: options.partition }),
     ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
     ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
   });
@@ -130,15 +156,28 @@ export async function loadPipelineTarget(modelDir: string, plugins: readonly str
  * the {@link TensorParallelModel}. Hugging Face folders only.
  * @throws {PluginError} for a GGUF model or a plugin without `loadShard`; the plugin's errors (a tp that does not fit the model).
  */
-export async function loadTensorParallelTarget(modelDir: string, plugins: readonly string[], options: { readonly tp: number; readonly kernelThreads?: number }): Promise<LoadedTarget> {
-  if (ggufPathOf(modelDir) !== undefined) throw new PluginError(`${modelDir}: tensor parallelism loads Hugging Face folders (config.json + safetensors), not GGUF`);
+export async function loadTensorParallelTarget(
+  modelDir: string,
+  plugins: readonly string[],
+  options: { readonly tp: number; readonly kernelThreads?: number },
+): Promise<LoadedTarget> {
+  if (ggufPathOf(modelDir) !== undefined)
+    throw new PluginError(
+      `${modelDir}: tensor parallelism loads Hugging Face folders (config.json + safetensors), not GGUF`,
+    );
   const config = HfConfig.read(modelDir);
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const plugin = ModelRegistry.fromContainer(container).resolve(config);
-  if (plugin.loadShard === undefined) throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (it has no loadShard)`);
+  if (plugin.loadShard === undefined)
+    throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (it has no loadShard)`);
   const tokenizer = Tokenizer.load(modelDir);
-  const model = await startTensorParallel({ modelDir, plugins, tp: options.tp, ...(options.kernelThreads === undefined ? {} : { kernelThreads: options.kernelThreads }) });
+  const model = await startTensorParallel({
+    modelDir,
+    plugins,
+    tp: options.tp,
+    ...(options.kernelThreads === undefined ? {} : { kernelThreads: options.kernelThreads }),
+  });
   return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
 }
 
@@ -161,7 +200,9 @@ export interface ParallelTargetOptions {
  */
 export function checkParallelism(tp: number, pp: number, partition: readonly number[] | undefined): void {
   if (partition !== undefined && partition.length !== pp) {
-    throw new CliError(`--pp-partition ${partition.join(',')}: ${partition.length} entries (layers per pipeline stage) but ${pp} stage${pp === 1 ? '' : 's'}; give --pp ${partition.length}`);
+    throw new CliError(
+      `--pp-partition ${partition.join(',')}: ${partition.length} entries (layers per pipeline stage) but ${pp} stage${pp === 1 ? '' : 's'}; give --pp ${partition.length}`,
+    );
   }
 }
 
@@ -171,21 +212,33 @@ export function checkParallelism(tp: number, pp: number, partition: readonly num
  * stage a TP group). A tp that does not
  * fit the model or a plugin without `loadShard` becomes a {@link CliError} naming `--tp`.
  */
-export async function loadParallelTarget(modelDir: string, plugins: readonly string[], options: ParallelTargetOptions): Promise<LoadedTarget> {
+export async function loadParallelTarget(
+  modelDir: string,
+  plugins: readonly string[],
+  options: ParallelTargetOptions,
+): Promise<LoadedTarget> {
   const { tp, pp } = options;
   checkParallelism(tp, pp, options.partition);
   const tpError = (err: Error): never => {
-    throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError' ? new CliError(`--tp ${tp}: ${err.message}`) : err;
+    throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError'
+      ? new CliError(`--tp ${tp}: ${err.message}`)
+      : err;
   };
   if (pp > 1) {
     return loadPipelineTarget(modelDir, plugins, {
-      pp, ...(tp > 1 ? { tp } : {}), ...(options.partition === undefined ? {} : { partition: options.partition }),
+      pp,
+      ...(tp > 1 ? { tp } : {}),
+      ...(options.partition === undefined ? {} : { partition: options.partition }),
       ...(options.transport === undefined ? {} : { transport: options.transport }),
       ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
       ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
-    }).catch(tp > 1 ? tpError : (err: Error): never => {
-      throw err;
-    });
+    }).catch(
+      tp > 1
+        ? tpError
+        : (err: Error): never => {
+            throw err;
+          },
+    );
   }
   if (tp > 1) return loadTensorParallelTarget(modelDir, plugins, { tp }).catch(tpError);
   return loadTarget(modelDir, plugins, options.onProgress);
@@ -227,7 +280,8 @@ export interface GenerateResult {
 export function generateTokens(target: LoadedTarget, options: GenerateOptions): GenerateResult {
   const { promptIds, maxTokens, sampling } = options;
   if (promptIds.length === 0) throw new RangeError('generate: the prompt encodes to no tokens');
-  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1) throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
+  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1)
+    throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
   const model = target.model;
   const total = promptIds.length + maxTokens;
   const cacheOptions = { pageSize: PAGE_SIZE, numPages: Math.ceil(total / PAGE_SIZE) + 1, numSlots: 1 };
@@ -243,7 +297,10 @@ export function generateTokens(target: LoadedTarget, options: GenerateOptions): 
     for (let p = 0; p < promptIds.length; p += PREFILL_CHUNK_TOKENS) {
       const tokens = promptIds.subarray(p, Math.min(promptIds.length, p + PREFILL_CHUNK_TOKENS));
       const last = p + tokens.length === promptIds.length;
-      logits = model.forward({ sequences: [{ id, position: p, tokens, logits: last ? 'last' : 'none', phase: 'prefill' }] }, cache).logits;
+      logits = model.forward(
+        { sequences: [{ id, position: p, tokens, logits: last ? 'last' : 'none', phase: 'prefill' }] },
+        cache,
+      ).logits;
     }
     for (;;) {
       const tok = nextToken(logits!, sampling, rng);
@@ -254,7 +311,10 @@ export function generateTokens(target: LoadedTarget, options: GenerateOptions): 
         break;
       }
       if (out.length >= maxTokens) break;
-      logits = model.forward({ sequences: [{ id, position: cache.length(id), tokens: Int32Array.of(tok), logits: 'last' }] }, cache).logits;
+      logits = model.forward(
+        { sequences: [{ id, position: cache.length(id), tokens: Int32Array.of(tok), logits: 'last' }] },
+        cache,
+      ).logits;
     }
   } finally {
     cache.finish(id);
@@ -282,17 +342,27 @@ export interface LoadedDrafter {
  *   other than the plugin that claims the checkpoint; the plugin's errors.
  */
 export async function loadDrafter(
-  choice: string | DrafterChoice, plugins: readonly string[], target: LoadedTarget, maxTokensPerSequence: number, maxSequences = 1,
+  choice: string | DrafterChoice,
+  plugins: readonly string[],
+  target: LoadedTarget,
+  maxTokensPerSequence: number,
+  maxSequences = 1,
 ): Promise<LoadedDrafter> {
   const c: DrafterChoice = typeof choice === 'string' ? { dir: choice } : choice;
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
-  const options = { target: target.model, maxSequences, maxTokensPerSequence, ...(c.settings === undefined ? {} : { settings: c.settings }) };
+  const options = {
+    target: target.model,
+    maxSequences,
+    maxTokensPerSequence,
+    ...(c.settings === undefined ? {} : { settings: c.settings }),
+  };
   const drafterDir = c.dir;
   if (drafterDir === undefined) {
     if (c.method === undefined) throw new PluginError('drafter: neither a checkpoint directory nor a method');
     const plugin = DrafterRegistry.fromContainer(container).resolveMethod(c.method);
-    if (plugin.loadWithoutCheckpoint === undefined) throw new PluginError(`drafter: method ${JSON.stringify(c.method)} needs a checkpoint: give "path"`);
+    if (plugin.loadWithoutCheckpoint === undefined)
+      throw new PluginError(`drafter: method ${JSON.stringify(c.method)} needs a checkpoint: give "path"`);
     return { drafter: await plugin.loadWithoutCheckpoint(options) };
   }
   const config = HfConfig.read(drafterDir);
@@ -318,7 +388,9 @@ export async function loadDrafter(
   const taps = drafter.captureSetter(target.model.info);
   if (target.model.distributeProjection !== undefined) {
     try {
-      target.model.distributeProjection(plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined);
+      target.model.distributeProjection(
+        plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined,
+      );
     } catch (err) {
       drafter.dispose();
       throw err;
@@ -339,21 +411,43 @@ export interface SpecGenerateResult extends GenerateResult {
  * `numDraftTokens` it decodes plainly, k = 0, reproducible per seed).
  * @throws {RangeError} for an empty prompt or a bad maxTokens.
  */
-export function generateSpeculative(target: LoadedTarget, drafter: Drafter, options: GenerateOptions & { readonly numDraftTokens?: number }): SpecGenerateResult {
+export function generateSpeculative(
+  target: LoadedTarget,
+  drafter: Drafter,
+  options: GenerateOptions & { readonly numDraftTokens?: number },
+): SpecGenerateResult {
   const { promptIds, maxTokens } = options;
   if (promptIds.length === 0) throw new RangeError('generate: the prompt encodes to no tokens');
-  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1) throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
+  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1)
+    throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
   const engine = new SpecEngine(target.model, drafter, {
-    maxSequences: 1, maxTokensPerSequence: promptIds.length + maxTokens + drafter.maxDraftTokens + 1, pageSize: PAGE_SIZE, prefillChunk: PREFILL_CHUNK_TOKENS,
+    maxSequences: 1,
+    maxTokensPerSequence: promptIds.length + maxTokens + drafter.maxDraftTokens + 1,
+    pageSize: PAGE_SIZE,
+    prefillChunk: PREFILL_CHUNK_TOKENS,
     ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
   });
   // The cost policy measures draft/verify costs once per process; that is start-up (like loading),
   // not generation, so it happens before the clock starts.
   engine.calibrate();
   const t0 = performance.now();
-  const [r] = engine.run([{
-    id: 0, promptIds, maxTokens, sampling: options.sampling, seed: options.seed, seeded: options.seeded, ignoreEos: options.ignoreEos,
-    eosTokenIds: target.eosTokenIds, onToken: options.onToken,
-  }]);
-  return { tokenIds: r!.tokenIds, seconds: (performance.now() - t0) / 1000, stoppedAtEos: r!.finishReason === 'eos', metrics: r!.metrics };
+  const [r] = engine.run([
+    {
+      id: 0,
+      promptIds,
+      maxTokens,
+      sampling: options.sampling,
+      seed: options.seed,
+      seeded: options.seeded,
+      ignoreEos: options.ignoreEos,
+      eosTokenIds: target.eosTokenIds,
+      onToken: options.onToken,
+    },
+  ]);
+  return {
+    tokenIds: r!.tokenIds,
+    seconds: (performance.now() - t0) / 1000,
+    stoppedAtEos: r!.finishReason === 'eos',
+    metrics: r!.metrics,
+  };
 }

@@ -1,8 +1,22 @@
 /** @specd/core cli: the `specd` command line and plain generation. */
 export { main, buildProgram, type CliIo } from './main.js';
 export {
-  generateSpeculative, generateTokens, ggufPathOf, loadDrafter, loadParallelTarget, checkParallelism, loadPipelineTarget, loadTarget, loadTensorParallelTarget, PREFILL_CHUNK_TOKENS,
-  type GenerateOptions, type GenerateResult, type LoadedDrafter, type LoadedTarget, type PipelineTargetOptions, type SpecGenerateResult,
+  generateSpeculative,
+  generateTokens,
+  ggufPathOf,
+  loadDrafter,
+  loadParallelTarget,
+  checkParallelism,
+  loadPipelineTarget,
+  loadTarget,
+  loadTensorParallelTarget,
+  PREFILL_CHUNK_TOKENS,
+  type GenerateOptions,
+  type GenerateResult,
+  type LoadedDrafter,
+  type LoadedTarget,
+  type PipelineTargetOptions,
+  type SpecGenerateResult,
 } from './generate.js';
 export { greedyToken, nextToken, sampleToken, SeededRandom, type SamplingParams } from './sampling.js';
 export { checkModelPath, chooseDrafter, CliError, type DrafterChoice } from './config-file.js';

@@ -19,7 +19,15 @@ import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerServeCommand } from './serve.js';
-import { generateSpeculative, generateTokens, loadDrafter, loadParallelTarget, type GenerateResult, type LoadedTarget, type SpecGenerateResult } from './generate.js';
+import {
+  generateSpeculative,
+  generateTokens,
+  loadDrafter,
+  loadParallelTarget,
+  type GenerateResult,
+  type LoadedTarget,
+  type SpecGenerateResult,
+} from './generate.js';
 import { defaultDrafterDir, defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */
@@ -29,16 +37,21 @@ export interface CliIo {
   readonly cwd: string;
 }
 
-const intArg = (min: number) => (v: string): number => {
-  const n = Number(v);
-  if (!/^\s*-?\d+\s*$/.test(v) || !Number.isSafeInteger(n) || n < min) throw new InvalidArgumentError(`expected an integer >= ${min}`);
-  return n;
-};
-const numArg = (check: (n: number) => boolean, expected: string) => (v: string): number => {
-  const n = Number(v);
-  if (v.trim() === '' || !Number.isFinite(n) || !check(n)) throw new InvalidArgumentError(`expected ${expected}`);
-  return n;
-};
+const intArg =
+  (min: number) =>
+  (v: string): number => {
+    const n = Number(v);
+    if (!/^\s*-?\d+\s*$/.test(v) || !Number.isSafeInteger(n) || n < min)
+      throw new InvalidArgumentError(`expected an integer >= ${min}`);
+    return n;
+  };
+const numArg =
+  (check: (n: number) => boolean, expected: string) =>
+  (v: string): number => {
+    const n = Number(v);
+    if (v.trim() === '' || !Number.isFinite(n) || !check(n)) throw new InvalidArgumentError(`expected ${expected}`);
+    return n;
+  };
 
 interface GenerateFlags {
   config?: string;
@@ -62,14 +75,18 @@ interface GenerateFlags {
 
 const listArg = (v: string): number[] => {
   const parts = v.split(',').map((x) => x.trim());
-  if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1)) throw new InvalidArgumentError('expected layer counts per stage, e.g. 3,5 (each >= 1)');
+  if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1))
+    throw new InvalidArgumentError('expected layer counts per stage, e.g. 3,5 (each >= 1)');
   return parts.map(Number);
 };
 
-
 async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
-  const { config: cfg } = await loadConfig(flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config), io.cwd);
-  if ((flags.prompt === undefined) === (flags.promptFile === undefined)) throw new CliError('give exactly one of --prompt TEXT or --prompt-file FILE');
+  const { config: cfg } = await loadConfig(
+    flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config),
+    io.cwd,
+  );
+  if ((flags.prompt === undefined) === (flags.promptFile === undefined))
+    throw new CliError('give exactly one of --prompt TEXT or --prompt-file FILE');
   let prompt: string;
   if (flags.promptFile !== undefined) {
     try {
@@ -80,10 +97,16 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   } else {
     prompt = flags.prompt!;
   }
-  const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
+  const modelDir =
+    flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   checkModelPath(modelDir);
-  if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
-  const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
+  if (flags.spec === false && flags.drafter !== undefined)
+    throw new CliError('--drafter and --no-spec cannot be used together');
+  const choice = chooseDrafter(
+    cfg,
+    { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false },
+    io.cwd,
+  );
   const drafterDir = choice?.dir;
   const s = cfg.sampling;
   const maxTokens = flags.maxTokens ?? s.max_tokens;
@@ -94,7 +117,12 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const numDraftTokens = flags.numDraftTokens ?? choice?.numDraftTokens;
 
   const showBar = io.stdout.isTTY === true && flags.json !== true;
-  const bar = showBar ? new cliProgress.SingleBar({ format: 'loading {bar} {value}/{total} tensors', clearOnComplete: true, hideCursor: true }, cliProgress.Presets.shades_classic) : undefined;
+  const bar = showBar
+    ? new cliProgress.SingleBar(
+        { format: 'loading {bar} {value}/{total} tensors', clearOnComplete: true, hideCursor: true },
+        cliProgress.Presets.shades_classic,
+      )
+    : undefined;
   let started = false;
   const onProgress = (p: { done: number; total: number }) => {
     if (bar === undefined) return;
@@ -109,7 +137,12 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const pp = flags.pp ?? par.pp;
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   const target: LoadedTarget = await loadParallelTarget(modelDir, cfg.plugins, {
-    tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, onProgress, transport: par.transport,
+    tp,
+    pp,
+    ...(partition === undefined ? {} : { partition }),
+    lastStageEmbedding: choice !== undefined,
+    onProgress,
+    transport: par.transport,
   });
   if (started) bar!.stop();
   try {
@@ -118,39 +151,71 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     target.model.dispose();
   }
   async function generateWith(target: LoadedTarget): Promise<void> {
-
     const promptIds = target.tokenizer.encode(prompt, { addSpecialTokens: false });
     if (promptIds.length === 0) throw new CliError('the prompt encodes to no tokens');
-    const loaded = choice === undefined ? undefined
-      : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
+    const loaded =
+      choice === undefined
+        ? undefined
+        : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
     if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
-      throw new CliError(`drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`);
+      throw new CliError(
+        `drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`,
+      );
     }
     const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
     const stream = flags.json !== true;
     const genOptions = {
-      promptIds, maxTokens, sampling: { temperature, topK, topP }, seed, seeded: flags.seed !== undefined || s.seed !== undefined, ignoreEos: flags.ignoreEos === true,
+      promptIds,
+      maxTokens,
+      sampling: { temperature, topK, topP },
+      seed,
+      seeded: flags.seed !== undefined || s.seed !== undefined,
+      ignoreEos: flags.ignoreEos === true,
       onToken: stream ? (id: number) => io.stdout.write(detok.push(id)) : undefined,
     };
-    const result: GenerateResult = loaded === undefined ? generateTokens(target, genOptions)
-      : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens });
+    const result: GenerateResult =
+      loaded === undefined
+        ? generateTokens(target, genOptions)
+        : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens });
     const m = (result as Partial<SpecGenerateResult>).metrics;
     const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
     const n = result.tokenIds.length;
     const tps = result.seconds > 0 ? n / result.seconds : 0;
     if (flags.json === true) {
-      io.stdout.write(`${JSON.stringify({
-        text, token_ids: result.tokenIds, num_prompt_tokens: promptIds.length, num_output_tokens: n,
-        seconds: result.seconds, output_tokens_per_s: tps, seed, stopped_at_eos: result.stoppedAtEos, model: modelDir, plugin: target.pluginName,
-        ...(m === undefined || loaded === undefined ? {} : {
-          drafter: loaded.dir, method: loaded.drafter.method, drafted: m.drafted, accepted: m.accepted, verify_steps: m.verifySteps,
-          acceptance_length: m.tauPerStep, per_position_acceptance: m.perPositionAcceptance,
-        }),
-      })}\n`);
+      io.stdout.write(
+        `${JSON.stringify({
+          text,
+          token_ids: result.tokenIds,
+          num_prompt_tokens: promptIds.length,
+          num_output_tokens: n,
+          seconds: result.seconds,
+          output_tokens_per_s: tps,
+          seed,
+          stopped_at_eos: result.stoppedAtEos,
+          model: modelDir,
+          plugin: target.pluginName,
+          ...(m === undefined || loaded === undefined
+            ? {}
+            : {
+                drafter: loaded.dir,
+                method: loaded.drafter.method,
+                drafted: m.drafted,
+                accepted: m.accepted,
+                verify_steps: m.verifySteps,
+                acceptance_length: m.tauPerStep,
+                per_position_acceptance: m.perPositionAcceptance,
+              }),
+        })}\n`,
+      );
     } else {
       io.stdout.write(`${detok.flush()}\n`);
-      const spec = m === undefined || loaded === undefined ? '' : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
-      io.stderr.write(`[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`);
+      const spec =
+        m === undefined || loaded === undefined
+          ? ''
+          : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
+      io.stderr.write(
+        `[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`,
+      );
     }
     loaded?.drafter.dispose();
   }
@@ -161,27 +226,64 @@ export function buildProgram(io: CliIo): Command {
   const program = new Command('specd')
     .description('speculative decoding with pluggable drafters')
     .exitOverride()
-    .configureOutput({ writeOut: (s) => io.stdout.write(s), writeErr: (s) => io.stderr.write(s), outputError: (s, write) => write(`specd: ${s.replace(/^error: /, 'error: ').trimEnd()}\n`) });
+    .configureOutput({
+      writeOut: (s) => io.stdout.write(s),
+      writeErr: (s) => io.stderr.write(s),
+      outputError: (s, write) => write(`specd: ${s.replace(/^error: /, 'error: ').trimEnd()}\n`),
+    });
   program
     .command('generate')
     .description('generate text with the target model, speculatively with a drafter (default: the shipped DFlash)')
-    .option('--config <file>', 'deployment config (JSON; `specd config schema`): model, drafter, plugins, sampling defaults; flags override it')
+    .option(
+      '--config <file>',
+      'deployment config (JSON; `specd config schema`): model, drafter, plugins, sampling defaults; flags override it',
+    )
     .option('--model <dir>', 'HF checkpoint directory (default: models/kimi-k3-tiny of this repository)')
-    .option('--drafter <dir>', 'drafter checkpoint directory (default with the default model: models/kimi-k3-tiny-dflash)')
+    .option(
+      '--drafter <dir>',
+      'drafter checkpoint directory (default with the default model: models/kimi-k3-tiny-dflash)',
+    )
     .option('--no-spec', 'no speculative decoding: plain decoding with the target alone')
-    .option('--num-draft-tokens <n>', 'a fixed number of drafts per verify step (default: chosen every step from measured draft/verify costs and acceptance, down to none when drafting does not pay on this machine)', intArg(1))
+    .option(
+      '--num-draft-tokens <n>',
+      'a fixed number of drafts per verify step (default: chosen every step from measured draft/verify costs and acceptance, down to none when drafting does not pay on this machine)',
+      intArg(1),
+    )
     .addOption(new Option('--prompt <text>', 'prompt text').conflicts('promptFile'))
     .option('--prompt-file <file>', 'read the prompt from a file')
     .option('--max-tokens <n>', 'new tokens at most (default 64)', intArg(1))
-    .option('--temperature <t>', '0 = greedy (default 0)', numArg((n) => n >= 0, 'a number >= 0'))
-    .option('--top-p <p>', 'nucleus sampling mass in (0, 1] (default 1)', numArg((n) => n > 0 && n <= 1, 'a number in (0, 1]'))
+    .option(
+      '--temperature <t>',
+      '0 = greedy (default 0)',
+      numArg((n) => n >= 0, 'a number >= 0'),
+    )
+    .option(
+      '--top-p <p>',
+      'nucleus sampling mass in (0, 1] (default 1)',
+      numArg((n) => n > 0 && n <= 1, 'a number in (0, 1]'),
+    )
     .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
     .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
-    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config\'s also drops the config\'s partition); stages 0 … n−2 run as processes, the last one here', intArg(1))
-    .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 here, the others as worker threads; must divide the model\'s head and expert counts', intArg(1))
-    .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
-    .option('--json', 'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}')
+    .option(
+      '--pp <n>',
+      "pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config's also drops the config's partition); stages 0 … n−2 run as processes, the last one here",
+      intArg(1),
+    )
+    .option(
+      '--tp <n>',
+      "tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 here, the others as worker threads; must divide the model's head and expert counts",
+      intArg(1),
+    )
+    .option(
+      '--pp-partition <list>',
+      "layers per pipeline stage, e.g. 3,5 (default: vLLM's even split, the remainder on the stages before the last)",
+      listArg,
+    )
+    .option(
+      '--json',
+      'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}',
+    )
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   registerConfigCommands(program, io);
   registerServeCommand(program, io);
@@ -193,7 +295,10 @@ export function buildProgram(io: CliIo): Command {
  * Runs the CLI on `argv` (user arguments, without `node` and the script).
  * @returns the exit code (0 ok, 1 failure, 2 usage error).
  */
-export async function main(argv: readonly string[], io: CliIo = { stdout: process.stdout, stderr: process.stderr, cwd: process.cwd() }): Promise<number> {
+export async function main(
+  argv: readonly string[],
+  io: CliIo = { stdout: process.stdout, stderr: process.stderr, cwd: process.cwd() },
+): Promise<number> {
   const program = buildProgram(io);
   try {
     await program.parseAsync([...argv], { from: 'user' });

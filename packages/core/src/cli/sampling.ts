@@ -42,7 +42,8 @@ export function greedyToken(logits: Float32Array): number {
  */
 export function sampleToken(logits: Float32Array, params: SamplingParams, rng: SeededRandom): number {
   const { temperature, topK, topP } = params;
-  if (!(temperature > 0)) throw new RangeError(`sampleToken: temperature: expected > 0 (0 is greedy), got ${temperature}`);
+  if (!(temperature > 0))
+    throw new RangeError(`sampleToken: temperature: expected > 0 (0 is greedy), got ${temperature}`);
   const V = logits.length;
   const x = new Float32Array(V);
   for (let i = 0; i < V; i++) x[i] = logits[i]! / temperature;

@@ -16,7 +16,13 @@ import { pino } from 'pino';
 import { loadConfig } from '../config/load.js';
 import { SpecdServer } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
-import { checkParallelism, loadDrafter, loadParallelTarget, type LoadedDrafter, type LoadedTarget } from './generate.js';
+import {
+  checkParallelism,
+  loadDrafter,
+  loadParallelTarget,
+  type LoadedDrafter,
+  type LoadedTarget,
+} from './generate.js';
 import type { CliIo } from './main.js';
 import { defaultModelDir } from './paths.js';
 
@@ -54,40 +60,66 @@ export interface StartedServer {
  * @throws {ConfigError} / {CliError} / the plugins' errors.
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {
-  const { config: cfg } = await loadConfig(flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config), io.cwd);
+  const { config: cfg } = await loadConfig(
+    flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config),
+    io.cwd,
+  );
   const par = cfg.parallelism;
   const tp = flags.tp ?? par.tp;
   const pp = flags.pp ?? par.pp;
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   checkParallelism(tp, pp, partition);
-  if (cfg.pd.role !== 'none') throw new CliError(`pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`);
-  if (flags.spec === false && flags.drafter !== undefined) throw new CliError('--drafter and --no-spec cannot be used together');
-  const modelDir = flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
+  if (cfg.pd.role !== 'none')
+    throw new CliError(
+      `pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`,
+    );
+  if (flags.spec === false && flags.drafter !== undefined)
+    throw new CliError('--drafter and --no-spec cannot be used together');
+  const modelDir =
+    flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   checkModelPath(modelDir);
-  const choice = chooseDrafter(cfg, { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false }, io.cwd);
+  const choice = chooseDrafter(
+    cfg,
+    { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false },
+    io.cwd,
+  );
   const sched = cfg.scheduler;
-  const target = await loadParallelTarget(modelDir, cfg.plugins, { tp, pp, ...(partition === undefined ? {} : { partition }), lastStageEmbedding: choice !== undefined, transport: par.transport });
+  const target = await loadParallelTarget(modelDir, cfg.plugins, {
+    tp,
+    pp,
+    ...(partition === undefined ? {} : { partition }),
+    lastStageEmbedding: choice !== undefined,
+    transport: par.transport,
+  });
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {
       drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests);
       if (choice.method !== undefined && drafter.drafter.method !== choice.method) {
-        throw new CliError(`drafter ${choice.dir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(drafter.drafter.method)}`);
+        throw new CliError(
+          `drafter ${choice.dir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(drafter.drafter.method)}`,
+        );
       }
     }
-    const logger = flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
+    const logger =
+      flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
     const server = new SpecdServer({
-      target, ...(drafter === undefined ? {} : { drafter: drafter.drafter }),
+      target,
+      ...(drafter === undefined ? {} : { drafter: drafter.drafter }),
       modelName: cfg.server.model_name ?? path.basename(modelDir),
-      sampling: cfg.sampling, scheduler: sched,
-      ...(flags.apiKey ?? cfg.server.api_key) === undefined ? {} : { apiKey: (flags.apiKey ?? cfg.server.api_key)! },
+      sampling: cfg.sampling,
+      scheduler: sched,
+      ...((flags.apiKey ?? cfg.server.api_key) === undefined ? {} : { apiKey: (flags.apiKey ?? cfg.server.api_key)! }),
       bodyLimitBytes: cfg.server.body_limit_bytes,
       ...(choice?.numDraftTokens === undefined ? {} : { numDraftTokens: choice.numDraftTokens }),
       ...(logger === undefined ? {} : { logger }),
     });
     const url = await server.listen(flags.host ?? cfg.server.host, flags.port ?? cfg.server.port);
     return {
-      server, url, target, ...(drafter === undefined ? {} : { drafter }),
+      server,
+      url,
+      target,
+      ...(drafter === undefined ? {} : { drafter }),
       async close() {
         await server.close();
         drafter?.drafter.dispose();
@@ -108,7 +140,8 @@ const tpArg = (v: string): number => {
 
 const listArg = (v: string): number[] => {
   const parts = v.split(',').map((x) => x.trim());
-  if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1)) throw new InvalidArgumentError('expected layer counts per stage, e.g. 3,5 (each >= 1)');
+  if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1))
+    throw new InvalidArgumentError('expected layer counts per stage, e.g. 3,5 (each >= 1)');
   return parts.map(Number);
 };
 
@@ -129,14 +162,28 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--no-spec', 'no speculative decoding')
     .option('--host <host>', 'address to bind (default 127.0.0.1)')
     .option('--port <port>', 'port (default 8000; 0 = ephemeral)', portArg)
-    .option('--tp <n>', 'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, the others as worker threads', tpArg)
-    .option('--pp <n>', 'pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config\'s also drops the config\'s partition); stages 0 … n−2 run as processes, the last one in the server process', tpArg)
-    .option('--pp-partition <list>', 'layers per pipeline stage, e.g. 3,5 (default: vLLM\'s even split, the remainder on the stages before the last)', listArg)
+    .option(
+      '--tp <n>',
+      'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, the others as worker threads',
+      tpArg,
+    )
+    .option(
+      '--pp <n>',
+      "pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config's also drops the config's partition); stages 0 … n−2 run as processes, the last one in the server process",
+      tpArg,
+    )
+    .option(
+      '--pp-partition <list>',
+      "layers per pipeline stage, e.g. 3,5 (default: vLLM's even split, the remainder on the stages before the last)",
+      listArg,
+    )
     .option('--api-key <key>', 'require "Authorization: Bearer <key>" on /v1/*')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);
-      io.stderr.write(`specd: serving ${s.server.options.modelName}${s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`} on ${s.url}\n`);
+      io.stderr.write(
+        `specd: serving ${s.server.options.modelName}${s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`} on ${s.url}\n`,
+      );
       await new Promise<void>((resolve) => {
         const stop = (): void => {
           process.off('SIGINT', stop);

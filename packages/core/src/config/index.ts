@@ -2,6 +2,11 @@
 export { buildConfigSchema, CONFIG_SCHEMA_ID, NO_DRAFTER_SCHEMA } from './schema.js';
 export { compileConfigSchema, ConfigError, formatConfigErrors, jsonPath } from './validate.js';
 export {
-  configSchemaFor, loadConfig, loadPlugins, validateConfig,
-  type DrafterConfig, type LoadedPlugins, type SpecdConfig,
+  configSchemaFor,
+  loadConfig,
+  loadPlugins,
+  validateConfig,
+  type DrafterConfig,
+  type LoadedPlugins,
+  type SpecdConfig,
 } from './load.js';

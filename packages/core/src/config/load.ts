@@ -36,8 +36,12 @@ export interface SpecdConfig {
   readonly plugins: readonly string[];
   readonly sampling: { temperature: number; top_p: number; top_k: number; max_tokens: number; seed?: number };
   readonly scheduler: {
-    max_running_requests: number; max_waiting_requests: number; prefill_chunk_tokens: number;
-    max_tokens_in_flight: number; max_sequence_tokens: number; page_size: number;
+    max_running_requests: number;
+    max_waiting_requests: number;
+    prefill_chunk_tokens: number;
+    max_tokens_in_flight: number;
+    max_sequence_tokens: number;
+    page_size: number;
   };
   readonly server: { host: string; port: number; api_key?: string; body_limit_bytes: number; model_name?: string };
   readonly parallelism: { tp: number; pp: number; partition?: number[]; transport: 'zmq' | 'fifo' };
@@ -56,7 +60,12 @@ export interface LoadedPlugins {
 export async function loadPlugins(packages: readonly string[] = BUILTIN_PLUGIN_PACKAGES): Promise<LoadedPlugins> {
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(packages, container);
-  return { packages, container, models: ModelRegistry.fromContainer(container), drafters: DrafterRegistry.fromContainer(container) };
+  return {
+    packages,
+    container,
+    models: ModelRegistry.fromContainer(container),
+    drafters: DrafterRegistry.fromContainer(container),
+  };
 }
 
 /** The merged schema for a set of loaded plugins. */
@@ -69,7 +78,11 @@ export function configSchemaFor(plugins: LoadedPlugins): Record<string, unknown>
  * `drafter.path` against `baseDir`.
  * @throws {ConfigError} listing every error as `$.path: rule: message, got value`.
  */
-export function validateConfig(data: unknown, plugins: LoadedPlugins, options: { baseDir: string; file?: string }): SpecdConfig {
+export function validateConfig(
+  data: unknown,
+  plugins: LoadedPlugins,
+  options: { baseDir: string; file?: string },
+): SpecdConfig {
   const where = options.file ?? 'config';
   const validate = compileConfigSchema(configSchemaFor(plugins));
   if (!validate(data)) {
@@ -83,13 +96,22 @@ export function validateConfig(data: unknown, plugins: LoadedPlugins, options: {
     throw new ConfigError(`${where}: ${line}`, [line]);
   }
   const resolve = (p: string): string => path.resolve(options.baseDir, p);
-  const drafter = c.drafter === undefined ? undefined
-    : typeof c.drafter.path === 'string' ? { ...c.drafter, path: resolve(c.drafter.path) } : c.drafter;
+  const drafter =
+    c.drafter === undefined
+      ? undefined
+      : typeof c.drafter.path === 'string'
+        ? { ...c.drafter, path: resolve(c.drafter.path) }
+        : c.drafter;
   return {
     ...(options.file === undefined ? {} : { file: options.file }),
     ...(c.model === undefined ? {} : { model: resolve(c.model) }),
     ...(drafter === undefined ? {} : { drafter }),
-    plugins: c.plugins, sampling: c.sampling, scheduler: c.scheduler, server: c.server, parallelism: c.parallelism, pd: c.pd,
+    plugins: c.plugins,
+    sampling: c.sampling,
+    scheduler: c.scheduler,
+    server: c.server,
+    parallelism: c.parallelism,
+    pd: c.pd,
   };
 }
 
@@ -114,7 +136,10 @@ function readJson(file: string): unknown {
  * @returns the config and the loaded plugins.
  * @throws {ConfigError} (file, JSON path, rule, value) or {PluginError}.
  */
-export async function loadConfig(file: string | undefined, cwd: string = process.cwd()): Promise<{ config: SpecdConfig; plugins: LoadedPlugins }> {
+export async function loadConfig(
+  file: string | undefined,
+  cwd: string = process.cwd(),
+): Promise<{ config: SpecdConfig; plugins: LoadedPlugins }> {
   const data = file === undefined ? {} : readJson(file);
   let packages: readonly string[] = BUILTIN_PLUGIN_PACKAGES;
   if (data !== null && typeof data === 'object' && !Array.isArray(data) && 'plugins' in data) {
@@ -123,6 +148,9 @@ export async function loadConfig(file: string | undefined, cwd: string = process
     // otherwise the schema reports it (with the built-ins loaded)
   }
   const plugins = await loadPlugins(packages);
-  const config = validateConfig(data, plugins, { baseDir: file === undefined ? cwd : path.dirname(file), ...(file === undefined ? {} : { file }) });
+  const config = validateConfig(data, plugins, {
+    baseDir: file === undefined ? cwd : path.dirname(file),
+    ...(file === undefined ? {} : { file }),
+  });
   return { config, plugins };
 }

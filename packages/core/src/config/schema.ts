@@ -40,10 +40,15 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
   for (const d of drafters) {
     const props = (d.schema as { properties?: { method?: { const?: unknown } } }).properties;
     if (props?.method?.const !== d.method) {
-      throw new Error(`drafter plugin ${JSON.stringify(d.method)}: schema.properties.method.const: expected ${JSON.stringify(d.method)}, got ${JSON.stringify(props?.method?.const)}`);
+      throw new Error(
+        `drafter plugin ${JSON.stringify(d.method)}: schema.properties.method.const: expected ${JSON.stringify(d.method)}, got ${JSON.stringify(props?.method?.const)}`,
+      );
     }
     const { $id: _id, $schema: _s, ...branch } = d.schema as Record<string, unknown>; // embedded: no nested resource ids
-    branches.push({ ...branch, required: [...new Set(['method', ...((branch['required'] as string[] | undefined) ?? [])])] });
+    branches.push({
+      ...branch,
+      required: [...new Set(['method', ...((branch['required'] as string[] | undefined) ?? [])])],
+    });
   }
   return {
     $schema: 'https://json-schema.org/draft/2020-12/schema',
@@ -53,7 +58,12 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
     additionalProperties: false,
     properties: {
       $schema: { type: 'string' },
-      model: { type: 'string', minLength: 1, description: 'target checkpoint directory (HF format), relative to the config file; default: the shipped models/kimi-k3-tiny' },
+      model: {
+        type: 'string',
+        minLength: 1,
+        description:
+          'target checkpoint directory (HF format), relative to the config file; default: the shipped models/kimi-k3-tiny',
+      },
       drafter: {
         type: 'object',
         description: 'the drafting method, by "method"; absent: the shipped DFlash with the shipped target, else none',
@@ -63,11 +73,16 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         oneOf: branches,
       },
       plugins: {
-        type: 'array', items: { type: 'string', minLength: 1 }, uniqueItems: true, default: [...BUILTIN_PLUGIN_PACKAGES],
+        type: 'array',
+        items: { type: 'string', minLength: 1 },
+        uniqueItems: true,
+        default: [...BUILTIN_PLUGIN_PACKAGES],
         description: 'plugin packages to import (each exports register(container))',
       },
       sampling: {
-        type: 'object', additionalProperties: false, default: {},
+        type: 'object',
+        additionalProperties: false,
+        default: {},
         description: 'defaults for requests that do not say',
         properties: {
           temperature: { type: 'number', minimum: 0, default: 0, description: '0 = greedy' },
@@ -78,43 +93,88 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         },
       },
       scheduler: {
-        type: 'object', additionalProperties: false, default: {},
+        type: 'object',
+        additionalProperties: false,
+        default: {},
         properties: {
-          max_running_requests: { type: 'integer', minimum: 1, default: 8, description: 'sequences decoded together (KV slots)' },
+          max_running_requests: {
+            type: 'integer',
+            minimum: 1,
+            default: 8,
+            description: 'sequences decoded together (KV slots)',
+          },
           max_waiting_requests: { type: 'integer', minimum: 0, default: 64, description: 'queued beyond that → 503' },
           prefill_chunk_tokens: { type: 'integer', minimum: 1, default: 64 },
-          max_tokens_in_flight: { type: 'integer', minimum: 1, default: 16384, description: 'Σ (prompt + max_tokens) over waiting and running requests; beyond → 503' },
-          max_sequence_tokens: { type: 'integer', minimum: 2, default: 2048, description: 'prompt + max_tokens (+ a draft block) per request; beyond → 413' },
+          max_tokens_in_flight: {
+            type: 'integer',
+            minimum: 1,
+            default: 16384,
+            description: 'Σ (prompt + max_tokens) over waiting and running requests; beyond → 503',
+          },
+          max_sequence_tokens: {
+            type: 'integer',
+            minimum: 2,
+            default: 2048,
+            description: 'prompt + max_tokens (+ a draft block) per request; beyond → 413',
+          },
           page_size: { type: 'integer', minimum: 1, default: 16, description: 'target KV page size, tokens' },
         },
       },
       server: {
-        type: 'object', additionalProperties: false, default: {},
+        type: 'object',
+        additionalProperties: false,
+        default: {},
         properties: {
           host: { type: 'string', minLength: 1, default: '127.0.0.1' },
           port: { ...port, default: 8000, description: '0 = an ephemeral port' },
-          api_key: { type: 'string', minLength: 1, description: 'if set, requests need "Authorization: Bearer <api_key>"' },
+          api_key: {
+            type: 'string',
+            minLength: 1,
+            description: 'if set, requests need "Authorization: Bearer <api_key>"',
+          },
           body_limit_bytes: { type: 'integer', minimum: 1024, default: 1048576 },
-          model_name: { type: 'string', minLength: 1, description: 'model id served by /v1/models (default: the model directory name)' },
+          model_name: {
+            type: 'string',
+            minLength: 1,
+            description: 'model id served by /v1/models (default: the model directory name)',
+          },
         },
       },
       parallelism: {
-        type: 'object', additionalProperties: false, default: {},
-        description: 'pp > 1 runs in generate and serve (stages 0 … pp−2 as processes, the last in the driver); tp > 1 runs in generate and serve (rank 0 in the driver, ranks 1 … tp−1 as worker threads; tp must divide the model\'s head and expert counts); both: every stage a TP group of tp ranks (threads of its stage process)',
+        type: 'object',
+        additionalProperties: false,
+        default: {},
+        description:
+          "pp > 1 runs in generate and serve (stages 0 … pp−2 as processes, the last in the driver); tp > 1 runs in generate and serve (rank 0 in the driver, ranks 1 … tp−1 as worker threads; tp must divide the model's head and expert counts); both: every stage a TP group of tp ranks (threads of its stage process)",
         properties: {
           tp: { type: 'integer', minimum: 1, default: 1 },
           pp: { type: 'integer', minimum: 1, default: 1 },
-          transport: { enum: ['zmq', 'fifo'], default: 'zmq', description: 'pp > 1: how the driver talks to the stage processes: "zmq" = ZeroMQ PAIR sockets over ipc:// (default), "fifo" = a pair of named pipes per stage (same host only, lower latency)' },
-          partition: { type: 'array', items: { type: 'integer', minimum: 1 }, minItems: 1, description: 'layers per pipeline stage (length pp, each >= 1, sum = num_hidden_layers, checked when the model loads); default: vLLM\'s split, the remainder on the stages before the last' },
+          transport: {
+            enum: ['zmq', 'fifo'],
+            default: 'zmq',
+            description:
+              'pp > 1: how the driver talks to the stage processes: "zmq" = ZeroMQ PAIR sockets over ipc:// (default), "fifo" = a pair of named pipes per stage (same host only, lower latency)',
+          },
+          partition: {
+            type: 'array',
+            items: { type: 'integer', minimum: 1 },
+            minItems: 1,
+            description:
+              "layers per pipeline stage (length pp, each >= 1, sum = num_hidden_layers, checked when the model loads); default: vLLM's split, the remainder on the stages before the last",
+          },
         },
       },
       pd: {
-        type: 'object', additionalProperties: false, default: {},
+        type: 'object',
+        additionalProperties: false,
+        default: {},
         description: 'reserved (prefill/decode disaggregation): validated now; only role "none" runs',
         properties: {
           role: { enum: ['none', 'prefill', 'decode'], default: 'none' },
           bootstrap: {
-            type: 'object', additionalProperties: false, required: ['host', 'port'],
+            type: 'object',
+            additionalProperties: false,
+            required: ['host', 'port'],
             properties: { host: { type: 'string', minLength: 1 }, port },
           },
         },

@@ -10,22 +10,36 @@ import { Ajv2020, type ErrorObject, type ValidateFunction } from 'ajv/dist/2020.
 /** Thrown for an unreadable or invalid config (message: the file, then one line per error). */
 export class ConfigError extends Error {
   override readonly name = 'ConfigError';
-  constructor(message: string, readonly errors: readonly string[] = [], options?: ErrorOptions) {
+  constructor(
+    message: string,
+    readonly errors: readonly string[] = [],
+    options?: ErrorOptions,
+  ) {
     super(message, options);
   }
 }
 
 /** Compiles `schema` (a fresh ajv instance each time: plugin sets differ between calls). */
 export function compileConfigSchema(schema: Record<string, unknown>): ValidateFunction {
-  const ajv = new Ajv2020({ allErrors: true, useDefaults: true, discriminator: true, strict: true, allowUnionTypes: true });
+  const ajv = new Ajv2020({
+    allErrors: true,
+    useDefaults: true,
+    discriminator: true,
+    strict: true,
+    allowUnionTypes: true,
+  });
   return ajv.compile(schema);
 }
 
 /** `/a/b/0` → `$.a.b[0]`. */
 export function jsonPath(pointer: string): string {
   if (pointer === '') return '$';
-  return `$${pointer.split('/').slice(1).map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'))
-    .map((s) => (/^\d+$/.test(s) ? `[${s}]` : /^[A-Za-z_$][\w$]*$/.test(s) ? `.${s}` : `[${JSON.stringify(s)}]`)).join('')}`;
+  return `$${pointer
+    .split('/')
+    .slice(1)
+    .map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'))
+    .map((s) => (/^\d+$/.test(s) ? `[${s}]` : /^[A-Za-z_$][\w$]*$/.test(s) ? `.${s}` : `[${JSON.stringify(s)}]`))
+    .join('')}`;
 }
 
 function valueAt(root: unknown, pointer: string): unknown {

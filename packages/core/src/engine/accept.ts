@@ -34,7 +34,10 @@ export interface AcceptResult {
  */
 export function acceptGreedy(drafts: Int32Array, targetLogits: Float32Array, vocab: number): AcceptResult {
   const k = drafts.length;
-  if (targetLogits.length !== (k + 1) * vocab) throw new RangeError(`acceptGreedy: targetLogits: expected [${k + 1}, ${vocab}] f32, got length ${targetLogits.length}`);
+  if (targetLogits.length !== (k + 1) * vocab)
+    throw new RangeError(
+      `acceptGreedy: targetLogits: expected [${k + 1}, ${vocab}] f32, got length ${targetLogits.length}`,
+    );
   const top = argmax(targetLogits, vocab);
   let n = 0;
   while (n < k && drafts[n] === top[n]) n++;
@@ -48,10 +51,18 @@ export function acceptGreedy(drafts: Int32Array, targetLogits: Float32Array, voc
  * @param p `[k + 1, vocab]` f32 target probabilities (after the request's temperature / top-k / top-p).
  * @param rng uniform [0, 1) draws (one per examined draft, one for the recovered / bonus token).
  */
-export function acceptSampled(drafts: Int32Array, q: Float32Array | undefined, p: Float32Array, vocab: number, rng: RandomSource): AcceptResult {
+export function acceptSampled(
+  drafts: Int32Array,
+  q: Float32Array | undefined,
+  p: Float32Array,
+  vocab: number,
+  rng: RandomSource,
+): AcceptResult {
   const k = drafts.length;
-  if (p.length !== (k + 1) * vocab) throw new RangeError(`acceptSampled: p: expected [${k + 1}, ${vocab}] f32, got length ${p.length}`);
-  if (q !== undefined && q.length !== k * vocab) throw new RangeError(`acceptSampled: q: expected [${k}, ${vocab}] f32, got length ${q.length}`);
+  if (p.length !== (k + 1) * vocab)
+    throw new RangeError(`acceptSampled: p: expected [${k + 1}, ${vocab}] f32, got length ${p.length}`);
+  if (q !== undefined && q.length !== k * vocab)
+    throw new RangeError(`acceptSampled: q: expected [${k}, ${vocab}] f32, got length ${q.length}`);
   for (let i = 0; i < k; i++) {
     const x = drafts[i]!;
     const px = p[i * vocab + x]!;

@@ -24,12 +24,15 @@ export interface AdaptiveDraftLengthOptions {
  * `max`. Pure bookkeeping on the request's metrics: it never sees tokens, so it cannot affect
  * which tokens are committed (losslessness holds for any k).
  */
-export function adaptiveDraftLength(options: AdaptiveDraftLengthOptions = {}): (id: SequenceId, metrics: RequestMetrics) => number {
+export function adaptiveDraftLength(
+  options: AdaptiveDraftLengthOptions = {},
+): (id: SequenceId, metrics: RequestMetrics) => number {
   const min = options.min ?? 2;
   const max = options.max ?? Number.MAX_SAFE_INTEGER;
   const alpha = options.alpha ?? 0.5;
   const margin = options.margin ?? 2;
-  if (!(Number.isInteger(min) && min >= 1 && max >= min)) throw new RangeError(`adaptiveDraftLength: expected integers 1 <= min <= max, got min ${min}, max ${max}`);
+  if (!(Number.isInteger(min) && min >= 1 && max >= min))
+    throw new RangeError(`adaptiveDraftLength: expected integers 1 <= min <= max, got min ${min}, max ${max}`);
   if (!(alpha > 0 && alpha <= 1)) throw new RangeError(`adaptiveDraftLength: alpha: expected (0, 1], got ${alpha}`);
   const state = new Map<SequenceId, { steps: number; accepted: number; ema: number }>();
   return (id, m) => {

@@ -74,7 +74,14 @@ export interface DraftPolicy {
    * of which `drafting` sequences proposed `drafts` drafts in all; the verify forward took
    * `verifyMs` and the propose call `proposeMs` (0 when nobody drafted).
    */
-  observeStep?(sequences: number, tokens: number, drafting: number, drafts: number, verifyMs: number, proposeMs: number): void;
+  observeStep?(
+    sequences: number,
+    tokens: number,
+    drafting: number,
+    drafts: number,
+    verifyMs: number,
+    proposeMs: number,
+  ): void;
   /** The sequence finished or was aborted. */
   release(id: SequenceId): void;
 }
@@ -122,14 +129,16 @@ export class AcceptanceEstimator {
     this.alpha = options.alpha ?? 0.2;
     this.prior = options.prior ?? 0.7;
     this.priorWeight = options.priorWeight ?? 2;
-    if (!(this.alpha > 0 && this.alpha <= 1)) throw new RangeError(`AcceptanceEstimator: alpha: expected (0, 1], got ${this.alpha}`);
-    if (!(this.prior >= 0 && this.prior <= 1)) throw new RangeError(`AcceptanceEstimator: prior: expected [0, 1], got ${this.prior}`);
+    if (!(this.alpha > 0 && this.alpha <= 1))
+      throw new RangeError(`AcceptanceEstimator: alpha: expected (0, 1], got ${this.alpha}`);
+    if (!(this.prior >= 0 && this.prior <= 1))
+      throw new RangeError(`AcceptanceEstimator: prior: expected [0, 1], got ${this.prior}`);
   }
 
   /** Records one verify step of `id`: `drafted` drafts, `accepted` kept. */
   observe(id: SequenceId, drafted: number, accepted: number): void {
     let e = this.ema.get(id);
-    if (e === undefined) this.ema.set(id, e = []);
+    if (e === undefined) this.ema.set(id, (e = []));
     const seen = Math.min(drafted, accepted + 1); // positions 0..seen-1 were decided
     for (let j = 0; j < seen; j++) {
       const x = j < accepted ? 1 : 0;
@@ -229,7 +238,10 @@ export class CostDraftPolicy implements DraftPolicy {
   /** Consecutive steps in which every sequence drafted. */
   private allDraftingRun = 0;
 
-  constructor(readonly costs: StepCosts, options: CostDraftPolicyOptions = {}) {
+  constructor(
+    readonly costs: StepCosts,
+    options: CostDraftPolicyOptions = {},
+  ) {
     this.acceptance = new AcceptanceEstimator(options);
     this.exploreEvery = options.exploreEvery ?? 64;
     this.exploreDrafts = options.exploreDrafts ?? 4;
@@ -255,7 +267,7 @@ export class CostDraftPolicy implements DraftPolicy {
     const cost = (d: number, dr: number): number => {
       const key = (B * 4096 + d) * 1024 + dr;
       let c = this.memo.get(key);
-      if (c === undefined) this.memo.set(key, c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)]);
+      if (c === undefined) this.memo.set(key, (c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)]));
       return c[0]! * draftScale + c[1]! * (dr > 0 ? verifyScale : plainScale) + (dr > 0 ? specOverhead : plainOverhead);
     };
     let best = committed / cost(drafts, drafting);
@@ -286,7 +298,7 @@ export class CostDraftPolicy implements DraftPolicy {
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
-        if (st === undefined) this.plainRun.set(c.id, st = { run: 0, every: this.exploreEvery });
+        if (st === undefined) this.plainRun.set(c.id, (st = { run: 0, every: this.exploreEvery }));
         if (ks[s]! > 0) {
           st.run = 0;
           st.every = this.exploreEvery;
@@ -311,7 +323,14 @@ export class CostDraftPolicy implements DraftPolicy {
     return ks;
   }
 
-  observeStep(sequences: number, tokens: number, drafting: number, drafts: number, verifyMs: number, proposeMs: number): void {
+  observeStep(
+    sequences: number,
+    tokens: number,
+    drafting: number,
+    drafts: number,
+    verifyMs: number,
+    proposeMs: number,
+  ): void {
     if (!this.recalibrate) return;
     const ema = (i: number, measured: number, calibrated: number): void => {
       if (!(calibrated > 0 && measured > 0)) return;
@@ -328,7 +347,10 @@ export class CostDraftPolicy implements DraftPolicy {
    * when nobody drafts), λ = R*·δ.
    */
   private setThreshold(B: number, ks: readonly number[], rate: number): void {
-    const d = Math.max(1, ks.reduce((a, k) => a + k, 0));
+    const d = Math.max(
+      1,
+      ks.reduce((a, k) => a + k, 0),
+    );
     const delta = Math.max(0, (this.costs.verifyMs(B, B + d) - this.costs.verifyMs(B, B)) / d);
     this.predictedRate = rate;
     this.marginalVerifyMs = delta;

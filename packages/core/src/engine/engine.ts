@@ -169,7 +169,12 @@ function isTree(p: DraftProposal): boolean {
  *   (`[n]`, row 0: −1); @param logits `[n, V]` f32, the verify forward's rows.
  * @returns the kept rows (a root path, `rows[0] = 0`) and the accept result (accepted = rows − 1).
  */
-export function acceptTreeGreedy(tokens: Int32Array, tree: Int32Array, logits: Float32Array, V: number): { rows: number[]; acc: AcceptResult } {
+export function acceptTreeGreedy(
+  tokens: Int32Array,
+  tree: Int32Array,
+  logits: Float32Array,
+  V: number,
+): { rows: number[]; acc: AcceptResult } {
   const rows = [0];
   for (;;) {
     const cur = rows[rows.length - 1]!;
@@ -247,17 +252,22 @@ export class SpecEngine {
     private readonly options: SpecEngineOptions = {},
   ) {
     const info = target.info;
-    if (!info.isFirst || !info.isLast) throw new EngineError('SpecEngine: target: expected a whole-model stage (first and last; a pipeline is one PipelineModel, pipeline/pipeline-model.ts)');
+    if (!info.isFirst || !info.isLast)
+      throw new EngineError(
+        'SpecEngine: target: expected a whole-model stage (first and last; a pipeline is one PipelineModel, pipeline/pipeline-model.ts)',
+      );
     this.maxSequences = options.maxSequences ?? 8;
     this.maxTokensPerSequence = options.maxTokensPerSequence ?? 4096;
     this.prefillChunk = options.prefillChunk ?? 64;
-    if (!(Number.isSafeInteger(this.prefillChunk) && this.prefillChunk >= 1)) throw new EngineError(`SpecEngine: prefillChunk: expected an integer >= 1, got ${this.prefillChunk}`);
+    if (!(Number.isSafeInteger(this.prefillChunk) && this.prefillChunk >= 1))
+      throw new EngineError(`SpecEngine: prefillChunk: expected an integer >= 1, got ${this.prefillChunk}`);
     const pageSize = options.pageSize ?? 16;
     const pagesPerSeq = Math.ceil(this.maxTokensPerSequence / pageSize) + 1;
     const cacheOptions = { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences };
     this.cache = target.createCache?.(cacheOptions) ?? new SequenceCache(target.cacheGeometry, cacheOptions);
     this.commitMode = options.commit ?? (target.commitPrefix !== undefined ? 'snapshots' : 'replay');
-    if (this.commitMode === 'snapshots' && target.commitPrefix === undefined) throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
+    if (this.commitMode === 'snapshots' && target.commitPrefix === undefined)
+      throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
     this.taps = drafter === undefined ? [] : drafter.captureSetter(info);
     this.vocab = info.vocabSize;
     let timing = false;
@@ -271,7 +281,12 @@ export class SpecEngine {
 
   /** True until the `'cost'` policy has its measured costs. */
   private get needsCalibration(): boolean {
-    return this.drafter !== undefined && this.options.draftLength === undefined && (this.options.draftPolicy ?? DEFAULT_DRAFT_POLICY) === 'cost' && this.policy === undefined;
+    return (
+      this.drafter !== undefined &&
+      this.options.draftLength === undefined &&
+      (this.options.draftPolicy ?? DEFAULT_DRAFT_POLICY) === 'cost' &&
+      this.policy === undefined
+    );
   }
 
   /**
@@ -283,7 +298,10 @@ export class SpecEngine {
     if (this.running.size > 0) throw new EngineError('calibrate: needs an idle engine (no running sequences)');
     const t0 = performance.now();
     this.stepCosts = calibrateStepCosts(this.target, this.drafter!, this.cache, {
-      maxSequences: this.maxSequences, maxDrafts: this.drafter!.maxDraftTokens, stateSnapshots: this.commitMode === 'snapshots', taps: this.taps,
+      maxSequences: this.maxSequences,
+      maxDrafts: this.drafter!.maxDraftTokens,
+      stateSnapshots: this.commitMode === 'snapshots',
+      taps: this.taps,
       // the scratch context plus the largest verify block must fit a sequence (a short `generate` sizes it tightly)
       contextTokens: Math.max(1, Math.min(32, this.maxTokensPerSequence - this.drafter!.maxDraftTokens - 1)),
     });
@@ -301,13 +319,19 @@ export class SpecEngine {
   add(req: SpecRequest): void {
     const P = req.promptIds.length;
     if (P < 1) throw new EngineError(`add: request ${String(req.id)}: promptIds: expected at least one token`);
-    if (!Number.isSafeInteger(req.maxTokens) || req.maxTokens < 1) throw new EngineError(`add: request ${String(req.id)}: maxTokens: expected an integer >= 1, got ${req.maxTokens}`);
+    if (!Number.isSafeInteger(req.maxTokens) || req.maxTokens < 1)
+      throw new EngineError(
+        `add: request ${String(req.id)}: maxTokens: expected an integer >= 1, got ${req.maxTokens}`,
+      );
     const need = P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1;
     if (need > this.maxTokensPerSequence) {
-      throw new EngineError(`add: request ${String(req.id)}: prompt ${P} + maxTokens ${req.maxTokens} + a draft block needs ${need} tokens, maxTokensPerSequence is ${this.maxTokensPerSequence}`);
+      throw new EngineError(
+        `add: request ${String(req.id)}: prompt ${P} + maxTokens ${req.maxTokens} + a draft block needs ${need} tokens, maxTokensPerSequence is ${this.maxTokensPerSequence}`,
+      );
     }
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
-    if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined) throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
+    if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined)
+      throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
     this.waiting.push(req);
     this.known.add(req.id);
   }
@@ -390,9 +414,14 @@ export class SpecEngine {
     this.drafter?.addSequence(id);
     const P = req.promptIds.length;
     const r: Running = {
-      req, rng: new SeededRandom(req.seed), metrics: new RequestMetrics(), prefilled: 0,
+      req,
+      rng: new SeededRandom(req.seed),
+      metrics: new RequestMetrics(),
+      prefilled: 0,
       plainOnly: this.timingPolicy && req.seeded === true && req.sampling.temperature > 0,
-      history: new Int32Array(P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1), historyLength: P, out: [],
+      history: new Int32Array(P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1),
+      historyLength: P,
+      out: [],
     };
     r.history.set(req.promptIds);
     this.running.set(id, r);
@@ -415,7 +444,9 @@ export class SpecEngine {
     let first: number | undefined;
     try {
       const res = this.target.forward(
-        { sequences: [{ id, position: p, tokens, logits: end === P ? 'last' : 'none', phase: 'prefill' }] }, this.cache, { taps: this.taps },
+        { sequences: [{ id, position: p, tokens, logits: end === P ? 'last' : 'none', phase: 'prefill' }] },
+        this.cache,
+        { taps: this.taps },
       );
       this.metrics.prefillForwards++;
       r.metrics.prefillForwards++;
@@ -423,9 +454,10 @@ export class SpecEngine {
       r.prefilled = end;
       if (this.drafter !== undefined && !r.plainOnly) this.defer(r, res, 0, p, tokens.length); // written before its first propose
       if (end === P) {
-        first = req.sampling.temperature === 0
-          ? argmax(res.logits!, this.vocab)[0]!
-          : sampleFromProbs(samplingProbs(res.logits!, this.vocab, req.sampling), r.rng);
+        first =
+          req.sampling.temperature === 0
+            ? argmax(res.logits!, this.vocab)[0]!
+            : sampleFromProbs(samplingProbs(res.logits!, this.vocab, req.sampling), r.rng);
       }
     } catch (err) {
       this.finish(r, 'abort'); // frees what the failed prefill holds, then reports the error
@@ -445,11 +477,19 @@ export class SpecEngine {
    */
   private checkTree(p: DraftProposal, r: Running): void {
     const id = String(p.id);
-    if (this.target.commitTreePath === undefined) throw new EngineError(`propose: ${id}: tree drafts need a target that verifies trees (StageModel.commitTreePath: attention-only stages); this one verifies chains only`);
-    if (r.req.sampling.temperature !== 0) throw new EngineError(`propose: ${id}: tree drafts are verified greedily only (temperature 0); at temperature ${r.req.sampling.temperature} the drafter must propose a chain`);
-    if (p.parents!.length !== p.tokens.length) throw new EngineError(`propose: ${id}: parents: expected [${p.tokens.length}], got ${p.parents!.length}`);
+    if (this.target.commitTreePath === undefined)
+      throw new EngineError(
+        `propose: ${id}: tree drafts need a target that verifies trees (StageModel.commitTreePath: attention-only stages); this one verifies chains only`,
+      );
+    if (r.req.sampling.temperature !== 0)
+      throw new EngineError(
+        `propose: ${id}: tree drafts are verified greedily only (temperature 0); at temperature ${r.req.sampling.temperature} the drafter must propose a chain`,
+      );
+    if (p.parents!.length !== p.tokens.length)
+      throw new EngineError(`propose: ${id}: parents: expected [${p.tokens.length}], got ${p.parents!.length}`);
     p.parents!.forEach((v, j) => {
-      if (!(Number.isInteger(v) && v >= -1 && v < j)) throw new EngineError(`propose: ${id}: parents[${j}] = ${v}: expected −1 or an earlier draft`);
+      if (!(Number.isInteger(v) && v >= -1 && v < j))
+        throw new EngineError(`propose: ${id}: parents[${j}] = ${v}: expected −1 or an earlier draft`);
     });
   }
 
@@ -483,7 +523,7 @@ export class SpecEngine {
     const inputs = contextInputs(res);
     for (const [tap, h] of inputs) {
       let list = r.pending.taps.get(tap);
-      if (list === undefined) r.pending.taps.set(tap, list = []);
+      if (list === undefined) r.pending.taps.set(tap, (list = []));
       list.push(h.slice(row * D, (row + n) * D));
     }
     r.pending.numTokens += n;
@@ -533,9 +573,13 @@ export class SpecEngine {
       wants = caps.map(() => 0);
     } else if (this.options.draftLength !== undefined) {
       const hook = this.options.draftLength;
-      wants = seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.req.id, r.metrics))))));
+      wants = seqs.map((r, i) =>
+        Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.req.id, r.metrics))))),
+      );
     } else {
-      const chosen = this.policy!.choose(seqs.map((r, i) => ({ id: r.req.id, maxDrafts: caps[i]!, metrics: r.metrics })));
+      const chosen = this.policy!.choose(
+        seqs.map((r, i) => ({ id: r.req.id, maxDrafts: caps[i]!, metrics: r.metrics })),
+      );
       wants = chosen.map((k, i) => Math.max(0, Math.min(caps[i]!, Math.floor(k))));
     }
     this.flushPending(seqs.filter((r, i) => wants[i]! > 0 && r.pending !== undefined));
@@ -544,8 +588,13 @@ export class SpecEngine {
     seqs.forEach((r, i) => {
       if (wants[i]! > 0) {
         toDraft.push({
-          id: r.req.id, position: r.historyLength - 1, lastToken: r.history[r.historyLength - 1]!, maxDrafts: wants[i]!,
-          history: r.history.subarray(0, r.historyLength), sampling: r.req.sampling, rng: r.rng,
+          id: r.req.id,
+          position: r.historyLength - 1,
+          lastToken: r.history[r.historyLength - 1]!,
+          maxDrafts: wants[i]!,
+          history: r.history.subarray(0, r.historyLength),
+          sampling: r.req.sampling,
+          rng: r.rng,
         });
       }
     });
@@ -557,7 +606,8 @@ export class SpecEngine {
       proposeMs = performance.now() - tp;
       for (const p of proposed) {
         const at = seqs.findIndex((r) => r.req.id === p.id);
-        if (p.tokens.length > (wants[at] ?? 0)) throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
+        if (p.tokens.length > (wants[at] ?? 0))
+          throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
         if (isTree(p)) this.checkTree(p, seqs[at]!);
         proposals.set(p.id, p);
       }
@@ -574,8 +624,17 @@ export class SpecEngine {
       tokens.set(drafts, 1);
       if (this.commitMode === 'replay' && drafts.length > 0) checkpoints.set(r.req.id, this.cache.checkpoint(r.req.id));
       const p = proposals.get(r.req.id);
-      const tree = p !== undefined && isTree(p) ? Int32Array.from([-1, ...Array.from(p.parents!.subarray(0, drafts.length), (v) => v + 1)]) : undefined;
-      fseqs.push({ id: r.req.id, position: this.cache.length(r.req.id), tokens, logits: 'all', ...(tree === undefined ? {} : { tree }) });
+      const tree =
+        p !== undefined && isTree(p)
+          ? Int32Array.from([-1, ...Array.from(p.parents!.subarray(0, drafts.length), (v) => v + 1)])
+          : undefined;
+      fseqs.push({
+        id: r.req.id,
+        position: this.cache.length(r.req.id),
+        tokens,
+        logits: 'all',
+        ...(tree === undefined ? {} : { tree }),
+      });
     }
     // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
     const snapshots = this.commitMode === 'snapshots' && fseqs.some((f) => f.tokens.length > 1);
@@ -597,11 +656,12 @@ export class SpecEngine {
       const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
       // A tree is accepted greedily along the target's argmax path (rows = the kept block rows).
       const path = fs.tree === undefined ? undefined : acceptTreeGreedy(fs.tokens, fs.tree, lg, V);
-      const acc = path !== undefined
-        ? path.acc
-        : r.req.sampling.temperature === 0
-          ? acceptGreedy(drafts, lg, V)
-          : acceptSampled(drafts, proposals.get(id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
+      const acc =
+        path !== undefined
+          ? path.acc
+          : r.req.sampling.temperature === 0
+            ? acceptGreedy(drafts, lg, V)
+            : acceptSampled(drafts, proposals.get(id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
       if (path !== undefined) drafts = Int32Array.from(path.rows.slice(1), (x) => fs.tokens[x]!);
       const committed = acc.accepted + 1;
       if (path !== undefined) {
@@ -610,7 +670,10 @@ export class SpecEngine {
         this.target.commitPrefix!(this.cache, res, id, committed);
       } else if (committed < k + 1) {
         this.cache.rollback(id, checkpoints.get(id)!);
-        this.target.forward({ sequences: [{ id, position: fs.position, tokens: fs.tokens.subarray(0, committed), logits: 'none' }] }, this.cache);
+        this.target.forward(
+          { sequences: [{ id, position: fs.position, tokens: fs.tokens.subarray(0, committed), logits: 'none' }] },
+          this.cache,
+        );
         this.metrics.decodeForwards++;
         r.metrics.targetForwards++;
       }
@@ -652,13 +715,24 @@ export class SpecEngine {
    */
   private applyBudgets(proposals: Map<SequenceId, DraftProposal>): void {
     const hook = this.policy?.budgets;
-    if (hook === undefined || (this.options.verifyBudget ?? 'survival') === 'all' || this.options.draftLength !== undefined) return;
+    if (
+      hook === undefined ||
+      (this.options.verifyBudget ?? 'survival') === 'all' ||
+      this.options.draftLength !== undefined
+    )
+      return;
     const items = [...proposals.values()].filter((p) => p.confidence !== undefined && p.tokens.length > 0);
     if (items.length === 0) return;
     for (const p of items) {
-      if (p.confidence!.length !== p.tokens.length) throw new EngineError(`propose: ${String(p.id)}: confidence has ${p.confidence!.length} entries for ${p.tokens.length} drafts`);
+      if (p.confidence!.length !== p.tokens.length)
+        throw new EngineError(
+          `propose: ${String(p.id)}: confidence has ${p.confidence!.length} entries for ${p.tokens.length} drafts`,
+        );
     }
-    const budgets = hook.call(this.policy, items.map((p) => ({ id: p.id, confidence: p.confidence! })));
+    const budgets = hook.call(
+      this.policy,
+      items.map((p) => ({ id: p.id, confidence: p.confidence! })),
+    );
     const V = this.vocab;
     items.forEach((p, i) => {
       const k = p.tokens.length;

@@ -1,8 +1,34 @@
 /** @specd/core engine: the spec-decode loop (propose → verify → accept → commit), verification and metrics. */
-export { DEFAULT_DRAFT_POLICY, EngineError, SpecEngine, acceptTreeGreedy, type FinishReason, type SpecEngineOptions, type SpecRequest, type SpecResult } from './engine.js';
+export {
+  DEFAULT_DRAFT_POLICY,
+  EngineError,
+  SpecEngine,
+  acceptTreeGreedy,
+  type FinishReason,
+  type SpecEngineOptions,
+  type SpecRequest,
+  type SpecResult,
+} from './engine.js';
 export { acceptGreedy, acceptSampled, type AcceptResult } from './accept.js';
 export { sampleFromProbs, samplingProbs } from './probs.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';
-export { AcceptanceEstimator, CostDraftPolicy, fixedDraftPolicy, survivalBudget, type AcceptanceEstimatorOptions, type BudgetItem, type CostDraftPolicyOptions, type DraftCandidate, type DraftPolicy } from './draft-policy.js';
-export { StepCosts, calibrateStepCosts, costBuckets, costDraftLengths, type BucketCosts, type CalibrateOptions } from './step-costs.js';
+export {
+  AcceptanceEstimator,
+  CostDraftPolicy,
+  fixedDraftPolicy,
+  survivalBudget,
+  type AcceptanceEstimatorOptions,
+  type BudgetItem,
+  type CostDraftPolicyOptions,
+  type DraftCandidate,
+  type DraftPolicy,
+} from './draft-policy.js';
+export {
+  StepCosts,
+  calibrateStepCosts,
+  costBuckets,
+  costDraftLengths,
+  type BucketCosts,
+  type CalibrateOptions,
+} from './step-costs.js';

@@ -84,10 +84,17 @@ export class RequestMetrics {
   /** A plain JSON object (snake_case, as the CLI prints it). */
   toJSON(): Record<string, unknown> {
     return {
-      drafted: this.drafted, accepted: this.accepted, verify_steps: this.verifySteps, target_forwards: this.targetForwards,
-      acceptance_length: this.tauPerStep, acceptance_rate: this.acceptanceRate,
-      per_position_acceptance: this.perPositionAcceptance, acceptance_length_histogram: this.acceptanceLengthHistogram,
-      unverified: this.unverified, verify_budget_histogram: dense(this.budgetHistogram), mean_verify_budget: this.meanBudget,
+      drafted: this.drafted,
+      accepted: this.accepted,
+      verify_steps: this.verifySteps,
+      target_forwards: this.targetForwards,
+      acceptance_length: this.tauPerStep,
+      acceptance_rate: this.acceptanceRate,
+      per_position_acceptance: this.perPositionAcceptance,
+      acceptance_length_histogram: this.acceptanceLengthHistogram,
+      unverified: this.unverified,
+      verify_budget_histogram: dense(this.budgetHistogram),
+      mean_verify_budget: this.meanBudget,
     };
   }
 }
@@ -140,7 +147,10 @@ export class RunMetrics {
   get perPositionAcceptance(): number[] {
     const s = this.verifySteps;
     const counts: number[] = [];
-    for (const r of this.requests) r.acceptedAt.forEach((c, i) => { counts[i] = (counts[i] ?? 0) + (c ?? 0); });
+    for (const r of this.requests)
+      r.acceptedAt.forEach((c, i) => {
+        counts[i] = (counts[i] ?? 0) + (c ?? 0);
+      });
     return Array.from({ length: counts.length }, (_, i) => (s === 0 ? 0 : (counts[i] ?? 0) / s));
   }
 
@@ -152,7 +162,10 @@ export class RunMetrics {
   /** Verify-budget histogram over all requests (`[n]` = budgeted steps that verified n drafts). */
   get budgetHistogram(): number[] {
     const h: number[] = [];
-    for (const r of this.requests) r.budgetHistogram.forEach((c, i) => { h[i] = (h[i] ?? 0) + (c ?? 0); });
+    for (const r of this.requests)
+      r.budgetHistogram.forEach((c, i) => {
+        h[i] = (h[i] ?? 0) + (c ?? 0);
+      });
     return dense(h);
   }
 
@@ -164,7 +177,10 @@ export class RunMetrics {
   /** Acceptance-length histogram over all verify steps. */
   get acceptanceLengthHistogram(): number[] {
     const h: number[] = [];
-    for (const r of this.requests) r.lengthHistogram.forEach((c, i) => { h[i] = (h[i] ?? 0) + (c ?? 0); });
+    for (const r of this.requests)
+      r.lengthHistogram.forEach((c, i) => {
+        h[i] = (h[i] ?? 0) + (c ?? 0);
+      });
     return Array.from({ length: h.length }, (_, i) => h[i] ?? 0);
   }
 }

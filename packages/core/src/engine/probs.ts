@@ -15,9 +15,12 @@ import type { DraftSampling, RandomSource } from '../plugin/drafter-plugin.js';
  */
 export function samplingProbs(logits: Float32Array, vocab: number, params: DraftSampling): Float32Array {
   const { temperature, topK, topP } = params;
-  if (!(temperature > 0)) throw new RangeError(`samplingProbs: temperature: expected > 0 (0 is greedy), got ${temperature}`);
-  if (topK !== undefined && !(Number.isSafeInteger(topK) && topK >= 0)) throw new RangeError(`samplingProbs: topK: expected an integer >= 0, got ${topK}`);
-  if (topP !== undefined && !(topP > 0 && topP <= 1)) throw new RangeError(`samplingProbs: topP: expected a number in (0, 1], got ${topP}`);
+  if (!(temperature > 0))
+    throw new RangeError(`samplingProbs: temperature: expected > 0 (0 is greedy), got ${temperature}`);
+  if (topK !== undefined && !(Number.isSafeInteger(topK) && topK >= 0))
+    throw new RangeError(`samplingProbs: topK: expected an integer >= 0, got ${topK}`);
+  if (topP !== undefined && !(topP > 0 && topP <= 1))
+    throw new RangeError(`samplingProbs: topP: expected a number in (0, 1], got ${topP}`);
   const x = new Float32Array(logits.length);
   for (let i = 0; i < x.length; i++) x[i] = logits[i]! / temperature;
   if (topK !== undefined && topK > 0 && topK < vocab) topKMask(x, vocab, topK, x);

@@ -59,7 +59,8 @@ export class StepCosts {
     const at = (b: BucketCosts): number => interpolate1(b.ks, of(b), k);
     if (sequences <= bs[0]!.sequences) return at(bs[0]!) * (sequences / bs[0]!.sequences);
     for (let i = 1; i < bs.length; i++) {
-      const lo = bs[i - 1]!, hi = bs[i]!;
+      const lo = bs[i - 1]!,
+        hi = bs[i]!;
       if (sequences <= hi.sequences) {
         const f = (sequences - lo.sequences) / (hi.sequences - lo.sequences);
         return at(lo) * (1 - f) + at(hi) * f;
@@ -124,19 +125,26 @@ export function costBuckets(maxSequences: number): number[] {
 
 /** Draft lengths measured: dense at small k, sparser above (the costs are close to linear in k). */
 export function costDraftLengths(maxDrafts: number): number[] {
-  return [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 24, 31].filter((k) => k < maxDrafts).concat(maxDrafts > 0 ? [maxDrafts] : []);
+  return [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 24, 31]
+    .filter((k) => k < maxDrafts)
+    .concat(maxDrafts > 0 ? [maxDrafts] : []);
 }
 
 /**
  * Measures (or returns the cached) {@link StepCosts} using free sequences of `seqCache` and the
  * drafter: needs `maxSequences` free sequences; leaves the cache and the drafter as it found them.
  */
-export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCache: SequenceCache, options: CalibrateOptions): StepCosts {
+export function calibrateStepCosts(
+  target: StageModel,
+  drafter: Drafter,
+  seqCache: SequenceCache,
+  options: CalibrateOptions,
+): StepCosts {
   const buckets = costBuckets(options.maxSequences);
   const ks = costDraftLengths(options.maxDrafts);
   const key = `${isa().threads}|${String(options.stateSnapshots)}|${buckets.join(',')}|${ks.join(',')}`;
   let perDrafter = cache.get(drafter);
-  if (perDrafter === undefined) cache.set(drafter, perDrafter = new Map());
+  if (perDrafter === undefined) cache.set(drafter, (perDrafter = new Map()));
   const hit = perDrafter.get(key);
   if (hit !== undefined) return hit;
   const reps = options.repetitions ?? 5;
@@ -147,7 +155,8 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
   const maxB = buckets[buckets.length - 1]!;
   const ids: SequenceId[] = Array.from({ length: maxB }, (_, i) => `__specd_cost_${i}`);
   const rng = new SeededRandom(1);
-  const prompt = (s: number): Int32Array => Int32Array.from({ length: P }, (_, i) => 2 + (3 + 7 * i + 13 * s) % Math.max(1, vocab - 4));
+  const prompt = (s: number): Int32Array =>
+    Int32Array.from({ length: P }, (_, i) => 2 + ((3 + 7 * i + 13 * s) % Math.max(1, vocab - 4)));
   const added: SequenceId[] = [];
   try {
     // Scratch sequences with a real draft context (prefill with taps → projection → draft KV).
@@ -155,8 +164,16 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
       seqCache.add(id);
       drafter.addSequence(id);
       added.push(id);
-      const res = target.forward({ sequences: [{ id, position: 0, tokens: prompt(s), logits: 'none', phase: 'prefill' }] }, seqCache, { taps: options.taps });
-      const sum = drafter.projectTargetHiddenPartial(new Map([...res.taps].map(([t, h]) => [t, h.subarray(0, P * D)])), P, res.projection?.slice(0, P * D));
+      const res = target.forward(
+        { sequences: [{ id, position: 0, tokens: prompt(s), logits: 'none', phase: 'prefill' }] },
+        seqCache,
+        { taps: options.taps },
+      );
+      const sum = drafter.projectTargetHiddenPartial(
+        new Map([...res.taps].map(([t, h]) => [t, h.subarray(0, P * D)])),
+        P,
+        res.projection?.slice(0, P * D),
+      );
       const tokens = prompt(s);
       const next = new Int32Array(P);
       next.set(tokens.subarray(1));
@@ -181,12 +198,19 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
             const t0 = performance.now();
             const props = drafter.propose({
               sequences: seqs.map((id, s) => ({
-                id, position: P, lastToken: prompt(s)[P - 1]!, maxDrafts: k, history: Int32Array.of(...prompt(s), prompt(s)[P - 1]!), sampling: { temperature: 0 }, rng,
+                id,
+                position: P,
+                lastToken: prompt(s)[P - 1]!,
+                maxDrafts: k,
+                history: Int32Array.of(...prompt(s), prompt(s)[P - 1]!),
+                sampling: { temperature: 0 },
+                rng,
               })),
             });
             const t1 = performance.now();
             if (r >= warmup) dTimes[ki]!.push(t1 - t0);
-            if (props.length !== B) throw new Error(`calibrateStepCosts: propose returned ${props.length} proposals for ${B} sequences`);
+            if (props.length !== B)
+              throw new Error(`calibrateStepCosts: propose returned ${props.length} proposals for ${B} sequences`);
           }
           const cps = seqs.map((id) => seqCache.checkpoint(id));
           const fseqs = seqs.map((id, s) => {
@@ -196,7 +220,10 @@ export function calibrateStepCosts(target: StageModel, drafter: Drafter, seqCach
             return { id, position: seqCache.length(id), tokens, logits: 'all' as const };
           });
           const t2 = performance.now();
-          target.forward({ sequences: fseqs }, seqCache, { taps: options.taps, stateSnapshots: options.stateSnapshots && k > 0 }); // as the engine
+          target.forward({ sequences: fseqs }, seqCache, {
+            taps: options.taps,
+            stateSnapshots: options.stateSnapshots && k > 0,
+          }); // as the engine
           const t3 = performance.now();
           if (r >= warmup) vTimes[ki]!.push(t3 - t2);
           seqs.forEach((id, s) => seqCache.rollback(id, cps[s]!));

@@ -50,16 +50,33 @@ export function bf16ToF32(bits: number): number {
  * @param out receives `[numElements]` f32 at `outOffset`.
  * @throws {GgufError} `unsupported-type` for any other type; a RangeError if `src` or `out` is too short.
  */
-export function dequantizeRow(type: GgmlType, src: Uint8Array, numElements: number, out: Float32Array, outOffset = 0): void {
+export function dequantizeRow(
+  type: GgmlType,
+  src: Uint8Array,
+  numElements: number,
+  out: Float32Array,
+  outOffset = 0,
+): void {
   const block = ggmlBlockSize(type);
   if (block === undefined || !isDecodable(type)) {
-    throw new GgufError('<dequantizeRow>', 'unsupported-type', `unsupported tensor type ${ggmlTypeName(type)} (id ${type}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1`);
+    throw new GgufError(
+      '<dequantizeRow>',
+      'unsupported-type',
+      `unsupported tensor type ${ggmlTypeName(type)} (id ${type}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1`,
+    );
   }
   const [blockElems, blockBytes] = block;
-  if (numElements % blockElems !== 0) throw new RangeError(`dequantizeRow: numElements ${numElements} is not a multiple of the ${ggmlTypeName(type)} block size ${blockElems}`);
+  if (numElements % blockElems !== 0)
+    throw new RangeError(
+      `dequantizeRow: numElements ${numElements} is not a multiple of the ${ggmlTypeName(type)} block size ${blockElems}`,
+    );
   const needBytes = (numElements / blockElems) * blockBytes;
-  if (src.length < needBytes) throw new RangeError(`dequantizeRow: src has ${src.length} bytes, ${ggmlTypeName(type)} × ${numElements} needs ${needBytes}`);
-  if (out.length - outOffset < numElements) throw new RangeError(`dequantizeRow: out has room for ${out.length - outOffset} values, needs ${numElements}`);
+  if (src.length < needBytes)
+    throw new RangeError(
+      `dequantizeRow: src has ${src.length} bytes, ${ggmlTypeName(type)} × ${numElements} needs ${needBytes}`,
+    );
+  if (out.length - outOffset < numElements)
+    throw new RangeError(`dequantizeRow: out has room for ${out.length - outOffset} values, needs ${numElements}`);
   const view = new DataView(src.buffer, src.byteOffset, needBytes);
   const h = f16Table();
   switch (type) {
@@ -104,7 +121,14 @@ export function dequantizeRow(type: GgmlType, src: Uint8Array, numElements: numb
 }
 
 function isDecodable(type: GgmlType): boolean {
-  return type === GgmlType.F32 || type === GgmlType.F16 || type === GgmlType.BF16 || type === GgmlType.Q8_0 || type === GgmlType.Q4_0 || type === GgmlType.Q4_1;
+  return (
+    type === GgmlType.F32 ||
+    type === GgmlType.F16 ||
+    type === GgmlType.BF16 ||
+    type === GgmlType.Q8_0 ||
+    type === GgmlType.Q4_0 ||
+    type === GgmlType.Q4_1
+  );
 }
 
 /** A tensor's info plus its encoded bytes (what {@link GgufFile.tensor} returns). */

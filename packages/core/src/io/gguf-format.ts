@@ -121,7 +121,14 @@ const GGML_BLOCK: Readonly<Record<number, readonly [number, number]>> = {
 };
 
 /** The ggml types whose bytes this reader hands out and dequantizes. */
-export const GGUF_SUPPORTED_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_1];
+export const GGUF_SUPPORTED_TYPES: readonly GgmlType[] = [
+  GgmlType.F32,
+  GgmlType.F16,
+  GgmlType.BF16,
+  GgmlType.Q8_0,
+  GgmlType.Q4_0,
+  GgmlType.Q4_1,
+];
 
 /** True if tensors of `type` can be read and dequantized. */
 export function isSupportedGgmlType(type: GgmlType): boolean {
@@ -295,7 +302,13 @@ class Cursor {
   }
   need(n: number, field: string): void {
     if (n > this.remaining) {
-      throw new GgufError(this.file, 'truncated', `needs ${n} bytes but the file ends ${this.remaining} bytes later (file is ${this.bytes.length} bytes)`, field, this.pos);
+      throw new GgufError(
+        this.file,
+        'truncated',
+        `needs ${n} bytes but the file ends ${this.remaining} bytes later (file is ${this.bytes.length} bytes)`,
+        field,
+        this.pos,
+      );
     }
   }
   u8(field: string): number {
@@ -319,7 +332,13 @@ class Cursor {
     const at = this.pos;
     const n = this.u64(field);
     if (n * BigInt(minItemBytes) > BigInt(this.remaining)) {
-      throw new GgufError(this.file, 'count', `count ${n} × at least ${minItemBytes} bytes each exceeds the ${this.remaining} bytes left in the file`, field, at);
+      throw new GgufError(
+        this.file,
+        'count',
+        `count ${n} × at least ${minItemBytes} bytes each exceeds the ${this.remaining} bytes left in the file`,
+        field,
+        at,
+      );
     }
     return Number(n);
   }
@@ -388,7 +407,8 @@ function readValue(c: Cursor, type: GgufValueType, field: string, depth: number)
   if (type !== GgufValueType.ARRAY) return c.scalar(type, field);
   const at = c.pos;
   const elementType = c.u32(`${field} array element type`);
-  if (!isValueType(elementType)) throw new GgufError(c.file, 'value-type', `unknown array element type ${elementType}`, field, at);
+  if (!isValueType(elementType))
+    throw new GgufError(c.file, 'value-type', `unknown array element type ${elementType}`, field, at);
   if (elementType === GgufValueType.ARRAY && depth + 1 >= GGUF_MAX_ARRAY_DEPTH) {
     throw new GgufError(c.file, 'value-type', `arrays nested deeper than ${GGUF_MAX_ARRAY_DEPTH}`, field, at);
   }
@@ -406,7 +426,8 @@ function readValue(c: Cursor, type: GgufValueType, field: string, depth: number)
     }
     case GgufValueType.ARRAY: {
       const items = new Array<GgufArrayValue>(n);
-      for (let i = 0; i < n; i++) items[i] = readValue(c, GgufValueType.ARRAY, `${field}[${i}]`, depth + 1) as GgufArrayValue;
+      for (let i = 0; i < n; i++)
+        items[i] = readValue(c, GgufValueType.ARRAY, `${field}[${i}]`, depth + 1) as GgufArrayValue;
       return { elementType, items };
     }
     default: {
@@ -432,7 +453,12 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
   c.pos = 4;
   const version = c.u32('version');
   if (version !== 2 && version !== 3) {
-    const hint = version === 1 ? ' (GGUF v1 is not supported: re-convert the model)' : version >= 1 << 16 ? ' (byte-swapped: a big-endian GGUF, not supported)' : '';
+    const hint =
+      version === 1
+        ? ' (GGUF v1 is not supported: re-convert the model)'
+        : version >= 1 << 16
+          ? ' (byte-swapped: a big-endian GGUF, not supported)'
+          : '';
     throw new GgufError(file, 'version', `version ${version} is not 2 or 3${hint}`, 'version', 4);
   }
   // Minimum sizes: a tensor info is ≥ 8 (name len) + 4 (n_dims) + 4 (type) + 8 (offset) bytes; a kv ≥ 8 + 4 + 1.
@@ -440,7 +466,13 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
   const tensorCount64 = c.u64('tensor_count');
   const kvCount = c.count('metadata_kv_count', 13);
   if (tensorCount64 * 24n > BigInt(c.remaining)) {
-    throw new GgufError(file, 'count', `count ${tensorCount64} × at least 24 bytes each exceeds the ${c.remaining} bytes left in the file`, 'tensor_count', tensorCountAt);
+    throw new GgufError(
+      file,
+      'count',
+      `count ${tensorCount64} × at least 24 bytes each exceeds the ${c.remaining} bytes left in the file`,
+      'tensor_count',
+      tensorCountAt,
+    );
   }
   const tensorCount = Number(tensorCount64);
 
@@ -448,10 +480,18 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
   for (let i = 0; i < kvCount; i++) {
     const at = c.pos;
     const key = c.string(`metadata[${i}] key`);
-    if (metadata.has(key)) throw new GgufError(file, 'duplicate-key', `key appears twice (first at byte ${metadata.get(key)!.offsetBytes})`, `metadata ${JSON.stringify(key)}`, at);
+    if (metadata.has(key))
+      throw new GgufError(
+        file,
+        'duplicate-key',
+        `key appears twice (first at byte ${metadata.get(key)!.offsetBytes})`,
+        `metadata ${JSON.stringify(key)}`,
+        at,
+      );
     const typeAt = c.pos;
     const type = c.u32(`metadata ${JSON.stringify(key)} type`);
-    if (!isValueType(type)) throw new GgufError(file, 'value-type', `unknown value type ${type}`, `metadata ${JSON.stringify(key)}`, typeAt);
+    if (!isValueType(type))
+      throw new GgufError(file, 'value-type', `unknown value type ${type}`, `metadata ${JSON.stringify(key)}`, typeAt);
     const value = readValue(c, type, `metadata ${JSON.stringify(key)}`, 0);
     metadata.set(key, { key, type, value, offsetBytes: at });
   }
@@ -459,8 +499,19 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
   let alignment = GGUF_DEFAULT_ALIGNMENT;
   const al = metadata.get('general.alignment');
   if (al !== undefined) {
-    if (al.type !== GgufValueType.UINT32 || typeof al.value !== 'number' || al.value === 0 || (al.value & (al.value - 1)) !== 0) {
-      throw new GgufError(file, 'alignment', `must be a u32 power of two, got ${GgufValueType[al.type]} ${describeValue(al.value)}`, 'metadata "general.alignment"', al.offsetBytes);
+    if (
+      al.type !== GgufValueType.UINT32 ||
+      typeof al.value !== 'number' ||
+      al.value === 0 ||
+      (al.value & (al.value - 1)) !== 0
+    ) {
+      throw new GgufError(
+        file,
+        'alignment',
+        `must be a u32 power of two, got ${GgufValueType[al.type]} ${describeValue(al.value)}`,
+        'metadata "general.alignment"',
+        al.offsetBytes,
+      );
     }
     alignment = al.value;
   }
@@ -475,31 +526,53 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
     names.add(name);
     const dimsAt = c.pos;
     const nDims = c.u32(`${field} n_dims`);
-    if (nDims > GGUF_MAX_DIMS) throw new GgufError(file, 'tensor-info', `n_dims ${nDims} exceeds ${GGUF_MAX_DIMS}`, `${field} n_dims`, dimsAt);
+    if (nDims > GGUF_MAX_DIMS)
+      throw new GgufError(file, 'tensor-info', `n_dims ${nDims} exceeds ${GGUF_MAX_DIMS}`, `${field} n_dims`, dimsAt);
     const ggmlShape: number[] = [];
     let count = 1n;
     for (let d = 0; d < nDims; d++) {
       const neAt = c.pos;
       const ne = c.u64(`${field} ne[${d}]`);
-      if (ne > BigInt(Number.MAX_SAFE_INTEGER)) throw new GgufError(file, 'tensor-info', `ne[${d}] = ${ne} exceeds 2^53 − 1`, `${field} ne[${d}]`, neAt);
+      if (ne > BigInt(Number.MAX_SAFE_INTEGER))
+        throw new GgufError(file, 'tensor-info', `ne[${d}] = ${ne} exceeds 2^53 − 1`, `${field} ne[${d}]`, neAt);
       ggmlShape.push(Number(ne));
       count *= ne;
     }
     const typeAt = c.pos;
     const type = c.u32(`${field} type`);
     const block = ggmlBlockSize(type);
-    if (block === undefined) throw new GgufError(file, 'tensor-info', `unknown ggml type id ${type}`, `${field} type`, typeAt);
+    if (block === undefined)
+      throw new GgufError(file, 'tensor-info', `unknown ggml type id ${type}`, `${field} type`, typeAt);
     const [blockElems, blockBytes] = block;
     if (nDims > 0 && ggmlShape[0]! % blockElems !== 0) {
-      throw new GgufError(file, 'tensor-info', `ne[0] = ${ggmlShape[0]} is not a multiple of the ${ggmlTypeName(type)} block size ${blockElems}`, `${field} ne[0]`, dimsAt + 4);
+      throw new GgufError(
+        file,
+        'tensor-info',
+        `ne[0] = ${ggmlShape[0]} is not a multiple of the ${ggmlTypeName(type)} block size ${blockElems}`,
+        `${field} ne[0]`,
+        dimsAt + 4,
+      );
     }
     const byteLength = (count / BigInt(blockElems)) * BigInt(blockBytes);
     if (byteLength > BigInt(bytes.length)) {
-      throw new GgufError(file, 'tensor-info', `shape [${ggmlShape.join(', ')}] × ${ggmlTypeName(type)} = ${byteLength} bytes, more than the whole file (${bytes.length})`, field, dimsAt);
+      throw new GgufError(
+        file,
+        'tensor-info',
+        `shape [${ggmlShape.join(', ')}] × ${ggmlTypeName(type)} = ${byteLength} bytes, more than the whole file (${bytes.length})`,
+        field,
+        dimsAt,
+      );
     }
     const offAt = c.pos;
     const offset = c.u64(`${field} offset`);
-    if (offset > BigInt(bytes.length)) throw new GgufError(file, 'tensor-offset', `offset ${offset} is past the end of the file (${bytes.length} bytes)`, `${field} offset`, offAt);
+    if (offset > BigInt(bytes.length))
+      throw new GgufError(
+        file,
+        'tensor-offset',
+        `offset ${offset} is past the end of the file (${bytes.length} bytes)`,
+        `${field} offset`,
+        offAt,
+      );
     infos.push({
       info: {
         name,
@@ -520,11 +593,31 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
   let expected = 0; // gguf.cpp: each tensor starts at the previous end padded to the alignment
   for (const { info, at } of infos) {
     const field = `tensor ${JSON.stringify(info.name)} offset`;
-    if (info.offsetBytes % alignment !== 0) throw new GgufError(file, 'tensor-offset', `offset ${info.offsetBytes} is not a multiple of the alignment ${alignment}`, field, at);
-    if (info.offsetBytes !== expected) throw new GgufError(file, 'tensor-offset', `offset ${info.offsetBytes}, expected ${expected} (tensors are laid out in table order, each padded to ${alignment} bytes)`, field, at);
+    if (info.offsetBytes % alignment !== 0)
+      throw new GgufError(
+        file,
+        'tensor-offset',
+        `offset ${info.offsetBytes} is not a multiple of the alignment ${alignment}`,
+        field,
+        at,
+      );
+    if (info.offsetBytes !== expected)
+      throw new GgufError(
+        file,
+        'tensor-offset',
+        `offset ${info.offsetBytes}, expected ${expected} (tensors are laid out in table order, each padded to ${alignment} bytes)`,
+        field,
+        at,
+      );
     const fileOffsetBytes = dataStartBytes + info.offsetBytes;
     if (fileOffsetBytes + info.byteLength > bytes.length) {
-      throw new GgufError(file, 'tensor-offset', `data [${fileOffsetBytes}, ${fileOffsetBytes + info.byteLength}) runs past the end of the file (${bytes.length} bytes)`, field, at);
+      throw new GgufError(
+        file,
+        'tensor-offset',
+        `data [${fileOffsetBytes}, ${fileOffsetBytes + info.byteLength}) runs past the end of the file (${bytes.length} bytes)`,
+        field,
+        at,
+      );
     }
     expected = padTo(info.offsetBytes + info.byteLength, alignment);
     tensors.set(info.name, Object.freeze({ ...info, fileOffsetBytes }));

@@ -38,7 +38,10 @@ export const PRE_TOKENIZERS: Readonly<Record<string, Readonly<Record<string, unk
   // HF's file says {type: 'Digits', individual_digits: true}; Rust's Digits splits on char::is_numeric
   // (Unicode N: Nd, Nl, No), but @huggingface/tokenizers' JS Digits uses /\d/u (ASCII 0-9 only), which
   // keeps " ①" or " ½" together. Split on \p{N}, isolated, is the same rule as Rust's Digits and works in JS.
-  smollm: { type: 'Sequence', pretokenizers: [{ type: 'Split', pattern: { Regex: '\\p{N}' }, behavior: 'Isolated', invert: false }, BYTE_LEVEL] },
+  smollm: {
+    type: 'Sequence',
+    pretokenizers: [{ type: 'Split', pattern: { Regex: '\\p{N}' }, behavior: 'Isolated', invert: false }, BYTE_LEVEL],
+  },
   'gpt-2': BYTE_LEVEL,
   gpt2: BYTE_LEVEL,
   default: BYTE_LEVEL,
@@ -63,18 +66,29 @@ function optionalBool(gguf: GgufFile, key: string): boolean | undefined {
 export function ggufTokenizerSources(gguf: GgufFile): TokenizerSources {
   const label = gguf.file;
   const model = gguf.getString('tokenizer.ggml.model');
-  if (model !== 'gpt2') throw new TokenizerError(label, `tokenizer.ggml.model is ${JSON.stringify(model)}; only "gpt2" (byte-level BPE) is supported`);
+  if (model !== 'gpt2')
+    throw new TokenizerError(
+      label,
+      `tokenizer.ggml.model is ${JSON.stringify(model)}; only "gpt2" (byte-level BPE) is supported`,
+    );
   const tokens = gguf.getStringArray('tokenizer.ggml.tokens');
   const merges = gguf.has('tokenizer.ggml.merges') ? gguf.getStringArray('tokenizer.ggml.merges') : [];
   const pre = gguf.has('tokenizer.ggml.pre') ? gguf.getString('tokenizer.ggml.pre') : 'default';
   const preTokenizer = Object.hasOwn(PRE_TOKENIZERS, pre) ? PRE_TOKENIZERS[pre] : undefined;
   if (preTokenizer === undefined) {
-    throw new TokenizerError(label, `tokenizer.ggml.pre ${JSON.stringify(pre)} is not supported (known: ${Object.keys(PRE_TOKENIZERS).join(', ')})`);
+    throw new TokenizerError(
+      label,
+      `tokenizer.ggml.pre ${JSON.stringify(pre)} is not supported (known: ${Object.keys(PRE_TOKENIZERS).join(', ')})`,
+    );
   }
   let types: ArrayLike<number> | undefined;
   if (gguf.has('tokenizer.ggml.token_type')) {
     types = gguf.getArray('tokenizer.ggml.token_type', GgufValueType.INT32).items as Int32Array;
-    if (types.length !== tokens.length) throw new TokenizerError(label, `tokenizer.ggml.token_type has ${types.length} entries, tokenizer.ggml.tokens ${tokens.length}`);
+    if (types.length !== tokens.length)
+      throw new TokenizerError(
+        label,
+        `tokenizer.ggml.token_type has ${types.length} entries, tokenizer.ggml.tokens ${tokens.length}`,
+      );
   }
 
   const vocab: Record<string, number> = Object.create(null) as Record<string, number>;
@@ -84,14 +98,23 @@ export function ggufTokenizerSources(gguf: GgufFile): TokenizerSources {
     if (!(token in vocab)) vocab[token] = id; // first id wins on duplicates, as in HF's BPE
     const type = types?.[id];
     if (type === GGUF_TOKEN_TYPE.CONTROL || type === GGUF_TOKEN_TYPE.USER_DEFINED) {
-      addedTokens.push({ id, content: token, single_word: false, lstrip: false, rstrip: false, normalized: false, special: type === GGUF_TOKEN_TYPE.CONTROL });
+      addedTokens.push({
+        id,
+        content: token,
+        single_word: false,
+        lstrip: false,
+        rstrip: false,
+        normalized: false,
+        special: type === GGUF_TOKEN_TYPE.CONTROL,
+      });
     }
   }
 
   const tokenOf = (key: string): string | undefined => {
     const id = optionalU32(gguf, key);
     if (id === undefined) return undefined;
-    if (id >= tokens.length) throw new TokenizerError(label, `${key} = ${id} is not below the vocabulary size ${tokens.length}`);
+    if (id >= tokens.length)
+      throw new TokenizerError(label, `${key} = ${id} is not below the vocabulary size ${tokens.length}`);
     return tokens[id];
   };
   const bos = tokenOf('tokenizer.ggml.bos_token_id');
@@ -99,7 +122,10 @@ export function ggufTokenizerSources(gguf: GgufFile): TokenizerSources {
   const addBos = optionalBool(gguf, 'tokenizer.ggml.add_bos_token') ?? false;
   const addEos = optionalBool(gguf, 'tokenizer.ggml.add_eos_token') ?? false;
   if ((addBos && bos === undefined) || (addEos && eos === undefined)) {
-    throw new TokenizerError(label, 'tokenizer.ggml.add_bos_token/add_eos_token is set but the matching token id is missing');
+    throw new TokenizerError(
+      label,
+      'tokenizer.ggml.add_bos_token/add_eos_token is set but the matching token id is missing',
+    );
   }
 
   // Post-processor: HF byte-level checkpoints use ByteLevel (no-op on ids); BOS/EOS insertion when the file asks for it.
@@ -112,7 +138,11 @@ export function ggufTokenizerSources(gguf: GgufFile): TokenizerSources {
           type: 'TemplateProcessing',
           single,
           pair: [...single, ...single.map((p) => ('Sequence' in p ? { Sequence: { id: 'B', type_id: 1 } } : p))],
-          special_tokens: Object.fromEntries([bos, eos].filter((t): t is string => t !== undefined && (t === bos ? addBos : addEos)).map((t) => [t, { id: t, ids: [vocab[t]], tokens: [t] }])),
+          special_tokens: Object.fromEntries(
+            [bos, eos]
+              .filter((t): t is string => t !== undefined && (t === bos ? addBos : addEos))
+              .map((t) => [t, { id: t, ids: [vocab[t]], tokens: [t] }]),
+          ),
         }
       : { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true };
 

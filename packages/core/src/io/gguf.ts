@@ -70,7 +70,12 @@ export class GgufFile {
     let bytes: Buffer;
     try {
       const size = fs.statSync(path).size;
-      if (size > GGUF_MAX_IN_MEMORY_BYTES) throw new GgufError(path, 'io', `file is ${size} bytes; GgufFile reads files of at most ${GGUF_MAX_IN_MEMORY_BYTES} bytes into memory`);
+      if (size > GGUF_MAX_IN_MEMORY_BYTES)
+        throw new GgufError(
+          path,
+          'io',
+          `file is ${size} bytes; GgufFile reads files of at most ${GGUF_MAX_IN_MEMORY_BYTES} bytes into memory`,
+        );
       bytes = fs.readFileSync(path);
     } catch (cause) {
       if (cause instanceof GgufError) throw cause;
@@ -126,9 +131,19 @@ export class GgufFile {
   getArray(key: string, elementType?: GgufValueType): GgufArrayValue {
     const entry = this.entry(key);
     const v = entry.value;
-    if (entry.type !== GgufValueType.ARRAY || typeof v !== 'object' || (elementType !== undefined && v.elementType !== elementType)) {
+    if (
+      entry.type !== GgufValueType.ARRAY ||
+      typeof v !== 'object' ||
+      (elementType !== undefined && v.elementType !== elementType)
+    ) {
       const want = elementType === undefined ? 'ARRAY' : `ARRAY of ${GgufValueType[elementType]}`;
-      throw new GgufError(this.file, 'metadata-type', `expected ${want}, got ${this.describeEntry(entry)}`, `metadata ${JSON.stringify(key)}`, entry.offsetBytes);
+      throw new GgufError(
+        this.file,
+        'metadata-type',
+        `expected ${want}, got ${this.describeEntry(entry)}`,
+        `metadata ${JSON.stringify(key)}`,
+        entry.offsetBytes,
+      );
     }
     return v;
   }
@@ -140,14 +155,21 @@ export class GgufFile {
 
   private entry(key: string): GgufMetadataEntry {
     const e = this.metadata.get(key);
-    if (e === undefined) throw new GgufError(this.file, 'metadata-missing', 'no such metadata key', `metadata ${JSON.stringify(key)}`);
+    if (e === undefined)
+      throw new GgufError(this.file, 'metadata-missing', 'no such metadata key', `metadata ${JSON.stringify(key)}`);
     return e;
   }
 
   private typed(key: string, type: GgufValueType): GgufValue {
     const entry = this.entry(key);
     if (entry.type !== type) {
-      throw new GgufError(this.file, 'metadata-type', `expected ${GgufValueType[type]}, got ${this.describeEntry(entry)}`, `metadata ${JSON.stringify(key)}`, entry.offsetBytes);
+      throw new GgufError(
+        this.file,
+        'metadata-type',
+        `expected ${GgufValueType[type]}, got ${this.describeEntry(entry)}`,
+        `metadata ${JSON.stringify(key)}`,
+        entry.offsetBytes,
+      );
     }
     return entry.value;
   }
@@ -166,7 +188,13 @@ export class GgufFile {
   /** The info of tensor `name`. @throws {GgufError} `tensor-not-found`. */
   info(name: string): GgufTensorInfo {
     const t = this.tensorInfos.get(name);
-    if (t === undefined) throw new GgufError(this.file, 'tensor-not-found', `no such tensor (${this.tensorInfos.size} tensors in the file)`, `tensor ${JSON.stringify(name)}`);
+    if (t === undefined)
+      throw new GgufError(
+        this.file,
+        'tensor-not-found',
+        `no such tensor (${this.tensorInfos.size} tensors in the file)`,
+        `tensor ${JSON.stringify(name)}`,
+      );
     return t;
   }
 
@@ -179,7 +207,13 @@ export class GgufFile {
   tensor(name: string): GgufTensorView {
     const info = this.info(name);
     if (!isSupportedGgmlType(info.type)) {
-      throw new GgufError(this.file, 'unsupported-type', `unsupported tensor type ${info.typeName} (id ${info.type}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1`, `tensor ${JSON.stringify(name)}`, info.fileOffsetBytes);
+      throw new GgufError(
+        this.file,
+        'unsupported-type',
+        `unsupported tensor type ${info.typeName} (id ${info.type}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1`,
+        `tensor ${JSON.stringify(name)}`,
+        info.fileOffsetBytes,
+      );
     }
     return { info, bytes: this.bytes.subarray(info.fileOffsetBytes, info.fileOffsetBytes + info.byteLength) };
   }
@@ -191,7 +225,14 @@ export class GgufFile {
    */
   f32(name: string): Float32Array {
     const { info, bytes } = this.tensor(name);
-    if (info.type !== GgmlType.F32) throw new GgufError(this.file, 'metadata-type', `tensor is ${info.typeName}, not F32 (use dequantize)`, `tensor ${JSON.stringify(name)}`, info.fileOffsetBytes);
+    if (info.type !== GgmlType.F32)
+      throw new GgufError(
+        this.file,
+        'metadata-type',
+        `tensor is ${info.typeName}, not F32 (use dequantize)`,
+        `tensor ${JSON.stringify(name)}`,
+        info.fileOffsetBytes,
+      );
     if (bytes.byteOffset % 4 === 0) return new Float32Array(bytes.buffer, bytes.byteOffset, info.numElements);
     return new Float32Array(bytes.slice().buffer);
   }

@@ -19,7 +19,14 @@
 import * as fs from 'node:fs';
 import * as nodePath from 'node:path';
 
-import { describeJsonValue, isJsonObject, own, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
+import {
+  describeJsonValue,
+  isJsonObject,
+  own,
+  parseStrictJson,
+  type JsonObject,
+  type JsonValue,
+} from './strict-json.js';
 
 /** Thrown for an unreadable config or a missing / mistyped field. */
 export class HfConfigError extends Error {
@@ -92,7 +99,8 @@ export class HfConfig {
     } catch (cause) {
       throw new HfConfigError(label, '', `not valid JSON: ${(cause as Error).message}`, { cause });
     }
-    if (!isJsonObject(root)) throw new HfConfigError(label, '', `must be a JSON object, got ${describeJsonValue(root)}`);
+    if (!isJsonObject(root))
+      throw new HfConfigError(label, '', `must be a JSON object, got ${describeJsonValue(root)}`);
     return new HfConfig(label, '', root);
   }
 
@@ -164,7 +172,8 @@ export class HfConfig {
   /** A string that must be one of `allowed`. @throws {HfConfigError} otherwise. */
   requireOneOf<T extends string>(key: string, allowed: readonly T[]): T {
     const s = this.requireString(key);
-    if (!(allowed as readonly string[]).includes(s)) this.fail(key, `must be one of ${allowed.map((a) => JSON.stringify(a)).join(', ')}, got ${JSON.stringify(s)}`);
+    if (!(allowed as readonly string[]).includes(s))
+      this.fail(key, `must be one of ${allowed.map((a) => JSON.stringify(a)).join(', ')}, got ${JSON.stringify(s)}`);
     return s as T;
   }
 

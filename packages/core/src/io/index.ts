@@ -21,11 +21,29 @@ export {
   readSafetensorsIndex,
   type SafetensorsIndex,
 } from './safetensors-checkpoint.js';
-export { serializeSafetensors, writeSafetensors, type TensorToWrite, type TensorsToWrite } from './safetensors-writer.js';
+export {
+  serializeSafetensors,
+  writeSafetensors,
+  type TensorToWrite,
+  type TensorsToWrite,
+} from './safetensors-writer.js';
 export { HfConfig, HfConfigError, type NumberBounds } from './hf-config.js';
-export { Tokenizer, TokenizerError, type DecodeOptions, type EncodeOptions, type TokenizerSources } from './tokenizer.js';
+export {
+  Tokenizer,
+  TokenizerError,
+  type DecodeOptions,
+  type EncodeOptions,
+  type TokenizerSources,
+} from './tokenizer.js';
 export { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
-export { StrictJsonError, isJsonObject, parseStrictJson, type JsonObject, type JsonValue, type StrictJsonOptions } from './strict-json.js';
+export {
+  StrictJsonError,
+  isJsonObject,
+  parseStrictJson,
+  type JsonObject,
+  type JsonValue,
+  type StrictJsonOptions,
+} from './strict-json.js';
 export { WeightReader, type MatrixBlock, type TensorRead, type WeightReaderOptions } from './weight-reader.js';
 export {
   GGUF_DEFAULT_ALIGNMENT,

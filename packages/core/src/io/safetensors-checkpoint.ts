@@ -15,7 +15,14 @@ import * as nodePath from 'node:path';
 
 import { SafetensorsError, type SafetensorsDtype, type TensorInfo, type TypedArrayFor } from './safetensors-format.js';
 import { SafetensorsFile, type LoadedTensor } from './safetensors.js';
-import { describeJsonValue, isJsonObject, own, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
+import {
+  describeJsonValue,
+  isJsonObject,
+  own,
+  parseStrictJson,
+  type JsonObject,
+  type JsonValue,
+} from './strict-json.js';
 
 /** Conventional file names inside an HF checkpoint directory. */
 export const SAFETENSORS_SINGLE_FILE = 'model.safetensors';
@@ -48,18 +55,38 @@ export function readSafetensorsIndex(path: string): SafetensorsIndex {
   } catch (cause) {
     throw new SafetensorsError(path, 'index', `not valid JSON: ${(cause as Error).message}`, undefined, { cause });
   }
-  if (!isJsonObject(root)) throw new SafetensorsError(path, 'index', `index must be a JSON object, got ${describeJsonValue(root)}`);
+  if (!isJsonObject(root))
+    throw new SafetensorsError(path, 'index', `index must be a JSON object, got ${describeJsonValue(root)}`);
   const metadata = own(root, 'metadata') ?? ({} as JsonObject);
-  if (!isJsonObject(metadata)) throw new SafetensorsError(path, 'index', `metadata must be an object, got ${describeJsonValue(metadata)}`);
+  if (!isJsonObject(metadata))
+    throw new SafetensorsError(path, 'index', `metadata must be an object, got ${describeJsonValue(metadata)}`);
   const wm = own(root, 'weight_map');
-  if (!isJsonObject(wm)) throw new SafetensorsError(path, 'index', `weight_map must be an object, got ${describeJsonValue(wm)}`);
+  if (!isJsonObject(wm))
+    throw new SafetensorsError(path, 'index', `weight_map must be an object, got ${describeJsonValue(wm)}`);
   const weightMap = new Map<string, string>();
   for (const [name, shard] of Object.entries(wm)) {
     if (typeof shard !== 'string') {
-      throw new SafetensorsError(path, 'index', `weight_map entry must be a shard file name, got ${describeJsonValue(shard)}`, name);
+      throw new SafetensorsError(
+        path,
+        'index',
+        `weight_map entry must be a shard file name, got ${describeJsonValue(shard)}`,
+        name,
+      );
     }
-    if (shard === '' || shard === '.' || shard === '..' || shard.includes('/') || shard.includes('\\') || shard.includes('\0')) {
-      throw new SafetensorsError(path, 'index', `shard ${JSON.stringify(shard)} must be a plain file name in the checkpoint directory`, name);
+    if (
+      shard === '' ||
+      shard === '.' ||
+      shard === '..' ||
+      shard.includes('/') ||
+      shard.includes('\\') ||
+      shard.includes('\0')
+    ) {
+      throw new SafetensorsError(
+        path,
+        'index',
+        `shard ${JSON.stringify(shard)} must be a plain file name in the checkpoint directory`,
+        name,
+      );
     }
     weightMap.set(name, shard);
   }
@@ -90,14 +117,20 @@ export class SafetensorsCheckpoint {
     try {
       stat = fs.statSync(path);
     } catch (cause) {
-      throw new SafetensorsError(path, 'io', `cannot open checkpoint: ${(cause as Error).message}`, undefined, { cause });
+      throw new SafetensorsError(path, 'io', `cannot open checkpoint: ${(cause as Error).message}`, undefined, {
+        cause,
+      });
     }
     if (stat.isDirectory()) {
       const index = nodePath.join(path, SAFETENSORS_INDEX_FILE);
       if (fs.existsSync(index)) return SafetensorsCheckpoint.openIndex(index);
       const single = nodePath.join(path, SAFETENSORS_SINGLE_FILE);
       if (fs.existsSync(single)) return SafetensorsCheckpoint.openSingle(single);
-      throw new SafetensorsError(path, 'io', `directory has neither ${SAFETENSORS_INDEX_FILE} nor ${SAFETENSORS_SINGLE_FILE}`);
+      throw new SafetensorsError(
+        path,
+        'io',
+        `directory has neither ${SAFETENSORS_INDEX_FILE} nor ${SAFETENSORS_SINGLE_FILE}`,
+      );
     }
     if (path.endsWith('.index.json')) return SafetensorsCheckpoint.openIndex(path);
     return SafetensorsCheckpoint.openSingle(path);
@@ -125,7 +158,12 @@ export class SafetensorsCheckpoint {
       for (const [name, shard] of index.weightMap) {
         const file = shards.get(shard)!;
         if (!file.has(name)) {
-          throw new SafetensorsError(indexPath, 'index', `index maps it to ${JSON.stringify(shard)}, whose header does not contain it`, name);
+          throw new SafetensorsError(
+            indexPath,
+            'index',
+            `index maps it to ${JSON.stringify(shard)}, whose header does not contain it`,
+            name,
+          );
         }
         byName.set(name, file);
       }
@@ -165,7 +203,12 @@ export class SafetensorsCheckpoint {
   fileOf(name: string): SafetensorsFile {
     const file = this.byName.get(name);
     if (file === undefined) {
-      throw new SafetensorsError(this.index?.path ?? this.files[0]?.path ?? '<checkpoint>', 'tensor-not-found', 'no such tensor in this checkpoint', name);
+      throw new SafetensorsError(
+        this.index?.path ?? this.files[0]?.path ?? '<checkpoint>',
+        'tensor-not-found',
+        'no such tensor in this checkpoint',
+        name,
+      );
     }
     return file;
   }
@@ -181,7 +224,11 @@ export class SafetensorsCheckpoint {
   }
 
   /** See {@link SafetensorsFile.readTyped}. */
-  readTyped<D extends SafetensorsDtype>(name: string, dtype: D, expectShape?: readonly number[]): LoadedTensor<TypedArrayFor<D>> {
+  readTyped<D extends SafetensorsDtype>(
+    name: string,
+    dtype: D,
+    expectShape?: readonly number[],
+  ): LoadedTensor<TypedArrayFor<D>> {
     return this.fileOf(name).readTyped(name, dtype, expectShape);
   }
 

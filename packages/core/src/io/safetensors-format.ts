@@ -20,7 +20,14 @@
  * Unknown extra fields inside a tensor entry are ignored, as the crate's serde derive does.
  */
 
-import { describeJsonValue, isJsonObject, own, parseStrictJson, StrictJsonError, type JsonValue } from './strict-json.js';
+import {
+  describeJsonValue,
+  isJsonObject,
+  own,
+  parseStrictJson,
+  StrictJsonError,
+  type JsonValue,
+} from './strict-json.js';
 
 /** Largest accepted header, in bytes (the reference crate's `MAX_HEADER_SIZE`). */
 export const SAFETENSORS_MAX_HEADER_BYTES = 100_000_000;
@@ -78,7 +85,12 @@ export type TypedArrayFor<D extends SafetensorsDtype> = ArrayTypes[(typeof DTYPE
 /** Any typed array a tensor can be viewed as. */
 export type TensorData = ArrayTypes[keyof ArrayTypes];
 
-const ARRAY_CTORS: { [K in keyof ArrayTypes]: { new (buffer: ArrayBuffer, byteOffset: number, length: number): ArrayTypes[K]; BYTES_PER_ELEMENT: number } } = {
+const ARRAY_CTORS: {
+  [K in keyof ArrayTypes]: {
+    new (buffer: ArrayBuffer, byteOffset: number, length: number): ArrayTypes[K];
+    BYTES_PER_ELEMENT: number;
+  };
+} = {
   Uint8Array,
   Int8Array,
   Uint16Array,
@@ -212,12 +224,20 @@ export interface SafetensorsHeader {
  */
 export function checkHeaderLength(file: string, prefix: Uint8Array, fileByteLength: number): number {
   if (fileByteLength < 8 || prefix.length < 8) {
-    throw new SafetensorsError(file, 'file-too-small', `file is ${fileByteLength} bytes; a safetensors file has at least 8`);
+    throw new SafetensorsError(
+      file,
+      'file-too-small',
+      `file is ${fileByteLength} bytes; a safetensors file has at least 8`,
+    );
   }
   const view = new DataView(prefix.buffer, prefix.byteOffset, 8);
   const n = view.getBigUint64(0, true);
   if (n > BigInt(SAFETENSORS_MAX_HEADER_BYTES)) {
-    throw new SafetensorsError(file, 'header-too-large', `header length ${n} bytes exceeds the limit of ${SAFETENSORS_MAX_HEADER_BYTES}`);
+    throw new SafetensorsError(
+      file,
+      'header-too-large',
+      `header length ${n} bytes exceeds the limit of ${SAFETENSORS_MAX_HEADER_BYTES}`,
+    );
   }
   const headerByteLength = Number(n);
   if (headerByteLength > fileByteLength - 8) {
@@ -253,7 +273,11 @@ export function parseHeader(file: string, headerBytes: Uint8Array, dataByteLengt
     throw new SafetensorsError(file, 'header-json', `header is not valid JSON: ${cause.message}`, undefined, { cause });
   }
   if (!isJsonObject(root)) {
-    throw new SafetensorsError(file, 'header-not-object', `header JSON must be an object, got ${describeJsonValue(root)}`);
+    throw new SafetensorsError(
+      file,
+      'header-not-object',
+      `header JSON must be an object, got ${describeJsonValue(root)}`,
+    );
   }
 
   const metadata: Record<string, string> = Object.create(null) as Record<string, string>;
@@ -262,11 +286,19 @@ export function parseHeader(file: string, headerBytes: Uint8Array, dataByteLengt
     if (name === '__metadata__') {
       if (entry === null) continue;
       if (!isJsonObject(entry)) {
-        throw new SafetensorsError(file, 'metadata', `__metadata__ must be an object of strings, got ${describeJsonValue(entry)}`);
+        throw new SafetensorsError(
+          file,
+          'metadata',
+          `__metadata__ must be an object of strings, got ${describeJsonValue(entry)}`,
+        );
       }
       for (const [k, v] of Object.entries(entry)) {
         if (typeof v !== 'string') {
-          throw new SafetensorsError(file, 'metadata', `__metadata__.${k} must be a string, got ${describeJsonValue(v)}`);
+          throw new SafetensorsError(
+            file,
+            'metadata',
+            `__metadata__.${k} must be a string, got ${describeJsonValue(v)}`,
+          );
         }
         metadata[k] = v;
       }
@@ -295,7 +327,12 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
     throw new SafetensorsError(file, 'tensor-info', `dtype must be a string, got ${describeJsonValue(dtype)}`, name);
   }
   if (!isSafetensorsDtype(dtype)) {
-    throw new SafetensorsError(file, 'dtype', `unknown dtype ${JSON.stringify(dtype)}; known: ${SAFETENSORS_DTYPES.join(', ')}`, name);
+    throw new SafetensorsError(
+      file,
+      'dtype',
+      `unknown dtype ${JSON.stringify(dtype)}; known: ${SAFETENSORS_DTYPES.join(', ')}`,
+      name,
+    );
   }
   if (!Array.isArray(shape)) {
     throw new SafetensorsError(file, 'shape', `shape must be an array, got ${describeJsonValue(shape)}`, name);
@@ -308,7 +345,12 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
   for (let i = 0; i < shape.length; i++) {
     const d = shape[i];
     if (typeof d !== 'number' || !Number.isSafeInteger(d) || d < 0) {
-      throw new SafetensorsError(file, 'shape', `shape[${i}] must be a non-negative safe integer, got ${describeJsonValue(d)}`, name);
+      throw new SafetensorsError(
+        file,
+        'shape',
+        `shape[${i}] must be a non-negative safe integer, got ${describeJsonValue(d)}`,
+        name,
+      );
     }
     dims[i] = d;
     if (bigCount !== undefined) bigCount *= BigInt(d);
@@ -317,19 +359,39 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
   }
   const numElements = bigCount ?? BigInt(count);
   if (!Array.isArray(offsets) || offsets.length !== 2) {
-    throw new SafetensorsError(file, 'offsets', `data_offsets must be [begin, end], got ${describeJsonValue(offsets)}`, name);
+    throw new SafetensorsError(
+      file,
+      'offsets',
+      `data_offsets must be [begin, end], got ${describeJsonValue(offsets)}`,
+      name,
+    );
   }
   const b = offsets[0];
   const e = offsets[1];
   if (typeof b !== 'number' || !Number.isSafeInteger(b) || b < 0) {
-    throw new SafetensorsError(file, 'offsets', `data_offsets begin must be a non-negative safe integer, got ${describeJsonValue(b)}`, name);
+    throw new SafetensorsError(
+      file,
+      'offsets',
+      `data_offsets begin must be a non-negative safe integer, got ${describeJsonValue(b)}`,
+      name,
+    );
   }
   if (typeof e !== 'number' || !Number.isSafeInteger(e) || e < 0) {
-    throw new SafetensorsError(file, 'offsets', `data_offsets end must be a non-negative safe integer, got ${describeJsonValue(e)}`, name);
+    throw new SafetensorsError(
+      file,
+      'offsets',
+      `data_offsets end must be a non-negative safe integer, got ${describeJsonValue(e)}`,
+      name,
+    );
   }
   if (e < b) throw new SafetensorsError(file, 'offsets', `data_offsets [${b}, ${e}] has end < begin`, name);
   if (e > dataByteLength) {
-    throw new SafetensorsError(file, 'offsets', `data_offsets [${b}, ${e}] exceed the data region of ${dataByteLength} bytes`, name);
+    throw new SafetensorsError(
+      file,
+      'offsets',
+      `data_offsets [${b}, ${e}] exceed the data region of ${dataByteLength} bytes`,
+      name,
+    );
   }
   // Exact check in BigInt only when the fast Number product could be inexact.
   const bitsPerElement = dtypeBits(dtype);
@@ -368,7 +430,12 @@ function checkLayout(file: string, infos: TensorInfo[], dataByteLength: number):
       );
     }
     if (b > cursor) {
-      throw new SafetensorsError(file, 'gap', `data_offsets begin at ${b} but the previous tensor ends at ${cursor}: ${b - cursor} bytes unaccounted`, info.name);
+      throw new SafetensorsError(
+        file,
+        'gap',
+        `data_offsets begin at ${b} but the previous tensor ends at ${cursor}: ${b - cursor} bytes unaccounted`,
+        info.name,
+      );
     }
     cursor = e;
     previous = info;

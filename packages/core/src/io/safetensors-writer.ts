@@ -27,12 +27,14 @@ interface Prepared {
 }
 
 function prepare(file: string, tensors: TensorsToWrite, metadata?: Readonly<Record<string, string>>): Prepared {
-  const entries = tensors instanceof Map ? [...tensors.entries()] : Object.entries(tensors as Record<string, TensorToWrite>);
+  const entries =
+    tensors instanceof Map ? [...tensors.entries()] : Object.entries(tensors as Record<string, TensorToWrite>);
   entries.sort(([an, a], [bn, b]) => dtypeBits(b.dtype) - dtypeBits(a.dtype) || (an < bn ? -1 : an > bn ? 1 : 0));
   const json: Record<string, unknown> = {};
   if (metadata !== undefined) {
     for (const [k, v] of Object.entries(metadata)) {
-      if (typeof v !== 'string') throw new SafetensorsError(file, 'write', `metadata value for ${JSON.stringify(k)} must be a string`);
+      if (typeof v !== 'string')
+        throw new SafetensorsError(file, 'write', `metadata value for ${JSON.stringify(k)} must be a string`);
     }
     json['__metadata__'] = metadata;
   }
@@ -42,12 +44,18 @@ function prepare(file: string, tensors: TensorsToWrite, metadata?: Readonly<Reco
     if (name === '__metadata__') throw new SafetensorsError(file, 'write', 'the name __metadata__ is reserved', name);
     let elements = 1n;
     for (const d of t.shape) {
-      if (!Number.isSafeInteger(d) || d < 0) throw new SafetensorsError(file, 'write', `shape [${t.shape.join(', ')}] has an invalid dimension`, name);
+      if (!Number.isSafeInteger(d) || d < 0)
+        throw new SafetensorsError(file, 'write', `shape [${t.shape.join(', ')}] has an invalid dimension`, name);
       elements *= BigInt(d);
     }
     const bits = elements * BigInt(dtypeBits(t.dtype));
     if (bits !== BigInt(t.data.byteLength) * 8n) {
-      throw new SafetensorsError(file, 'write', `shape [${t.shape.join(', ')}] × ${t.dtype} needs ${bits} bits; data has ${t.data.byteLength} bytes`, name);
+      throw new SafetensorsError(
+        file,
+        'write',
+        `shape [${t.shape.join(', ')}] × ${t.dtype} needs ${bits} bits; data has ${t.data.byteLength} bytes`,
+        name,
+      );
     }
     const bytes = new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
     json[name] = { dtype: t.dtype, shape: [...t.shape], data_offsets: [offset, offset + bytes.length] };
@@ -84,7 +92,11 @@ export function serializeSafetensors(tensors: TensorsToWrite, metadata?: Readonl
  * Writes to `path + '.tmp'` and renames, so a crash never leaves a half-written file at `path`.
  * @throws {SafetensorsError} `write` for inconsistent tensors, `io` if the file cannot be written.
  */
-export function writeSafetensors(path: string, tensors: TensorsToWrite, metadata?: Readonly<Record<string, string>>): void {
+export function writeSafetensors(
+  path: string,
+  tensors: TensorsToWrite,
+  metadata?: Readonly<Record<string, string>>,
+): void {
   const { header, order } = prepare(path, tensors, metadata);
   const tmp = `${path}.tmp`;
   try {

@@ -69,7 +69,8 @@ class FdSource implements ByteSource {
     this.fd = fd;
   }
   readInto(target: Uint8Array, positionBytes: number): void {
-    if (this.fd === undefined || this.closeRequested) throw new SafetensorsError(this.file, 'closed', 'file was closed');
+    if (this.fd === undefined || this.closeRequested)
+      throw new SafetensorsError(this.file, 'closed', 'file was closed');
     let done = 0;
     while (done < target.length) {
       const want = Math.min(target.length - done, MAX_READ_CHUNK_BYTES);
@@ -77,16 +78,27 @@ class FdSource implements ByteSource {
       try {
         got = fs.readSync(this.fd, target, done, want, positionBytes + done);
       } catch (cause) {
-        throw new SafetensorsError(this.file, 'io', `read of ${want} bytes at ${positionBytes + done} failed: ${String(cause)}`, undefined, { cause });
+        throw new SafetensorsError(
+          this.file,
+          'io',
+          `read of ${want} bytes at ${positionBytes + done} failed: ${String(cause)}`,
+          undefined,
+          { cause },
+        );
       }
       if (got === 0) {
-        throw new SafetensorsError(this.file, 'io', `unexpected end of file at byte ${positionBytes + done} (file shrank after opening?)`);
+        throw new SafetensorsError(
+          this.file,
+          'io',
+          `unexpected end of file at byte ${positionBytes + done} (file shrank after opening?)`,
+        );
       }
       done += got;
     }
   }
   async readIntoAsync(target: Uint8Array, positionBytes: number): Promise<void> {
-    if (this.fd === undefined || this.closeRequested) throw new SafetensorsError(this.file, 'closed', 'file was closed');
+    if (this.fd === undefined || this.closeRequested)
+      throw new SafetensorsError(this.file, 'closed', 'file was closed');
     const fd = this.fd;
     this.inFlight++;
     try {
@@ -96,10 +108,25 @@ class FdSource implements ByteSource {
         const at = positionBytes + done;
         const got = await new Promise<number>((resolve, reject) => {
           fs.read(fd, target, done, want, at, (err, n) =>
-            err ? reject(new SafetensorsError(this.file, 'io', `read of ${want} bytes at ${at} failed: ${String(err)}`, undefined, { cause: err })) : resolve(n),
+            err
+              ? reject(
+                  new SafetensorsError(
+                    this.file,
+                    'io',
+                    `read of ${want} bytes at ${at} failed: ${String(err)}`,
+                    undefined,
+                    { cause: err },
+                  ),
+                )
+              : resolve(n),
           );
         });
-        if (got === 0) throw new SafetensorsError(this.file, 'io', `unexpected end of file at byte ${at} (file shrank after opening?)`);
+        if (got === 0)
+          throw new SafetensorsError(
+            this.file,
+            'io',
+            `unexpected end of file at byte ${at} (file shrank after opening?)`,
+          );
         done += got;
       }
     } finally {
@@ -224,7 +251,8 @@ export class SafetensorsFile {
    */
   info(name: string): TensorInfo {
     const info = this.header.tensors.get(name);
-    if (info === undefined) throw new SafetensorsError(this.path, 'tensor-not-found', 'no such tensor in this file', name);
+    if (info === undefined)
+      throw new SafetensorsError(this.path, 'tensor-not-found', 'no such tensor in this file', name);
     return info;
   }
 
@@ -236,8 +264,19 @@ export class SafetensorsFile {
   readBytes(name: string, startBytes = 0, endBytes?: number): Uint8Array {
     const info = this.info(name);
     const end = endBytes ?? info.byteLength;
-    if (!Number.isSafeInteger(startBytes) || !Number.isSafeInteger(end) || startBytes < 0 || end < startBytes || end > info.byteLength) {
-      throw new SafetensorsError(this.path, 'range', `byte range [${startBytes}, ${end}) outside [0, ${info.byteLength})`, name);
+    if (
+      !Number.isSafeInteger(startBytes) ||
+      !Number.isSafeInteger(end) ||
+      startBytes < 0 ||
+      end < startBytes ||
+      end > info.byteLength
+    ) {
+      throw new SafetensorsError(
+        this.path,
+        'range',
+        `byte range [${startBytes}, ${end}) outside [0, ${info.byteLength})`,
+        name,
+      );
     }
     const out = this.allocate(name, end - startBytes);
     this.readIntoChecked(out, this.header.dataStartBytes + info.dataOffsets[0] + startBytes);
@@ -253,7 +292,12 @@ export class SafetensorsFile {
   readInto(name: string, target: Uint8Array, startBytes = 0): void {
     const info = this.info(name);
     if (!Number.isSafeInteger(startBytes) || startBytes < 0 || startBytes + target.length > info.byteLength) {
-      throw new SafetensorsError(this.path, 'range', `byte range [${startBytes}, ${startBytes + target.length}) outside [0, ${info.byteLength})`, name);
+      throw new SafetensorsError(
+        this.path,
+        'range',
+        `byte range [${startBytes}, ${startBytes + target.length}) outside [0, ${info.byteLength})`,
+        name,
+      );
     }
     this.readIntoChecked(target, this.header.dataStartBytes + info.dataOffsets[0] + startBytes);
   }
@@ -279,7 +323,12 @@ export class SafetensorsFile {
     if (this.source.borrow !== undefined) return this.read(name);
     const bytes = this.allocate(name, info.byteLength);
     await this.source.readIntoAsync(bytes, position);
-    return { name, dtype: info.dtype, shape: info.shape, data: viewAs(info.dtype, bytes.buffer as ArrayBuffer, 0, info.byteLength) };
+    return {
+      name,
+      dtype: info.dtype,
+      shape: info.shape,
+      data: viewAs(info.dtype, bytes.buffer as ArrayBuffer, 0, info.byteLength),
+    };
   }
 
   /**
@@ -289,7 +338,12 @@ export class SafetensorsFile {
   async readIntoAsync(name: string, target: Uint8Array, startBytes = 0): Promise<void> {
     const info = this.info(name);
     if (!Number.isSafeInteger(startBytes) || startBytes < 0 || startBytes + target.length > info.byteLength) {
-      throw new SafetensorsError(this.path, 'range', `byte range [${startBytes}, ${startBytes + target.length}) outside [0, ${info.byteLength})`, name);
+      throw new SafetensorsError(
+        this.path,
+        'range',
+        `byte range [${startBytes}, ${startBytes + target.length}) outside [0, ${info.byteLength})`,
+        name,
+      );
     }
     if (this.closed) throw new SafetensorsError(this.path, 'closed', 'file was closed', name);
     await this.source.readIntoAsync(target, this.header.dataStartBytes + info.dataOffsets[0] + startBytes);
@@ -300,7 +354,11 @@ export class SafetensorsFile {
    * For model loaders: `file.readTyped('fc.weight', 'BF16', [hidden, 3 * hidden])` → Uint16Array.
    * @throws {SafetensorsError} `dtype-mismatch`, `shape-mismatch`, plus those of {@link read}.
    */
-  readTyped<D extends SafetensorsDtype>(name: string, dtype: D, expectShape?: readonly number[]): LoadedTensor<TypedArrayFor<D>> {
+  readTyped<D extends SafetensorsDtype>(
+    name: string,
+    dtype: D,
+    expectShape?: readonly number[],
+  ): LoadedTensor<TypedArrayFor<D>> {
     const info = this.info(name);
     checkExpected(this.path, info, dtype, expectShape);
     return this.read(name) as LoadedTensor<TypedArrayFor<D>>;
@@ -316,13 +374,24 @@ export class SafetensorsFile {
     const info = this.info(name);
     const rows = info.shape[0];
     if (rows === undefined) throw new SafetensorsError(this.path, 'range', 'readRows needs a tensor of rank ≥ 1', name);
-    if (!Number.isSafeInteger(rowStart) || !Number.isSafeInteger(rowEnd) || rowStart < 0 || rowEnd < rowStart || rowEnd > rows) {
+    if (
+      !Number.isSafeInteger(rowStart) ||
+      !Number.isSafeInteger(rowEnd) ||
+      rowStart < 0 ||
+      rowEnd < rowStart ||
+      rowEnd > rows
+    ) {
       throw new SafetensorsError(this.path, 'range', `rows [${rowStart}, ${rowEnd}) outside [0, ${rows})`, name);
     }
     const rowElements = info.shape.slice(1).reduce((a, b) => a * b, 1);
     const rowBits = rowElements * dtypeBits(info.dtype);
     if (rowBits % 8 !== 0) {
-      throw new SafetensorsError(this.path, 'range', `a row of ${info.dtype} × ${rowElements} is not a whole number of bytes`, name);
+      throw new SafetensorsError(
+        this.path,
+        'range',
+        `a row of ${info.dtype} × ${rowElements} is not a whole number of bytes`,
+        name,
+      );
     }
     const rowBytes = rowBits / 8;
     return {
@@ -356,7 +425,13 @@ export class SafetensorsFile {
     try {
       return new Uint8Array(new ArrayBuffer(byteLength));
     } catch (cause) {
-      throw new SafetensorsError(this.path, 'too-large', `cannot allocate ${byteLength} bytes in one buffer; read it in row blocks with readRows`, name, { cause });
+      throw new SafetensorsError(
+        this.path,
+        'too-large',
+        `cannot allocate ${byteLength} bytes in one buffer; read it in row blocks with readRows`,
+        name,
+        { cause },
+      );
     }
   }
 
@@ -364,18 +439,35 @@ export class SafetensorsFile {
     if (this.closed) throw new SafetensorsError(this.path, 'closed', 'file was closed');
     // The header validation guarantees this; keep the invariant explicit for hostile inputs.
     if (positionBytes < 0 || positionBytes + target.length > this.source.byteLength) {
-      throw new SafetensorsError(this.path, 'offsets', `read [${positionBytes}, ${positionBytes + target.length}) outside the file`);
+      throw new SafetensorsError(
+        this.path,
+        'offsets',
+        `read [${positionBytes}, ${positionBytes + target.length}) outside the file`,
+      );
     }
     this.source.readInto(target, positionBytes);
   }
 }
 
 /** Checks `info` against an expected dtype and shape. @throws {SafetensorsError} `dtype-mismatch`, `shape-mismatch`. */
-export function checkExpected(file: string, info: TensorInfo, dtype: SafetensorsDtype, expectShape?: readonly number[]): void {
+export function checkExpected(
+  file: string,
+  info: TensorInfo,
+  dtype: SafetensorsDtype,
+  expectShape?: readonly number[],
+): void {
   if (info.dtype !== dtype) {
     throw new SafetensorsError(file, 'dtype-mismatch', `expected dtype ${dtype}, file has ${info.dtype}`, info.name);
   }
-  if (expectShape !== undefined && (expectShape.length !== info.shape.length || expectShape.some((d, i) => d !== info.shape[i]))) {
-    throw new SafetensorsError(file, 'shape-mismatch', `expected shape [${expectShape.join(', ')}], file has [${info.shape.join(', ')}]`, info.name);
+  if (
+    expectShape !== undefined &&
+    (expectShape.length !== info.shape.length || expectShape.some((d, i) => d !== info.shape[i]))
+  ) {
+    throw new SafetensorsError(
+      file,
+      'shape-mismatch',
+      `expected shape [${expectShape.join(', ')}], file has [${info.shape.join(', ')}]`,
+      info.name,
+    );
   }
 }

@@ -75,7 +75,8 @@ export function describeJsonValue(value: JsonValue | undefined): string {
   if (Array.isArray(value)) return 'array';
   if (typeof value === 'bigint') return `integer ${value} (beyond 2^53)`;
   if (typeof value === 'object') return 'object';
-  if (typeof value === 'string') return `string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
+  if (typeof value === 'string')
+    return `string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
   return `${typeof value} ${String(value)}`;
 }
 
@@ -128,7 +129,8 @@ class Parser {
         if (this.allowNonFinite) return this.parseLiteral('Infinity', Infinity);
         return this.fail('Infinity is not JSON');
       default:
-        if (c === '-' && this.allowNonFinite && this.text.startsWith('-Infinity', this.pos)) return this.parseLiteral('-Infinity', -Infinity);
+        if (c === '-' && this.allowNonFinite && this.text.startsWith('-Infinity', this.pos))
+          return this.parseLiteral('-Infinity', -Infinity);
         if (c === '-' || (c >= '0' && c <= '9')) return this.parseNumber();
         return this.fail(`unexpected character ${JSON.stringify(c)}`);
     }
@@ -292,7 +294,8 @@ class Parser {
       this.skipWhitespace();
       this.pathStack.push(key);
       const value = this.parseValue(depth + 1);
-      if (key === '__proto__') Object.defineProperty(out, key, { value, enumerable: true, writable: true, configurable: true });
+      if (key === '__proto__')
+        Object.defineProperty(out, key, { value, enumerable: true, writable: true, configurable: true });
       else out[key] = value;
       this.pathStack.pop();
       this.skipWhitespace();

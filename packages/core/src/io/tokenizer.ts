@@ -13,7 +13,14 @@ import * as nodePath from 'node:path';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 
 import { IncrementalDetokenizer, type IncrementalDetokenizerOptions } from './detokenizer.js';
-import { describeJsonValue, isJsonObject, own, parseStrictJson, type JsonObject, type JsonValue } from './strict-json.js';
+import {
+  describeJsonValue,
+  isJsonObject,
+  own,
+  parseStrictJson,
+  type JsonObject,
+  type JsonValue,
+} from './strict-json.js';
 
 /** Thrown for unreadable / malformed tokenizer files and invalid token ids. */
 export class TokenizerError extends Error {
@@ -106,7 +113,8 @@ export class Tokenizer {
     let maxId = -1;
     const table: (string | undefined)[] = [];
     for (const [token, id] of vocab) {
-      if (!Number.isSafeInteger(id) || id < 0) throw new TokenizerError(label, `token ${JSON.stringify(token)} has invalid id ${String(id)}`);
+      if (!Number.isSafeInteger(id) || id < 0)
+        throw new TokenizerError(label, `token ${JSON.stringify(token)} has invalid id ${String(id)}`);
       table[id] = token;
       if (id > maxId) maxId = id;
     }
@@ -123,7 +131,11 @@ export class Tokenizer {
       const content = specialTokenContent(label, config, field);
       if (content === undefined) return undefined;
       const id = this.tokenToId(content);
-      if (id === undefined) throw new TokenizerError(label, `tokenizer_config.${field} ${JSON.stringify(content)} is not in the vocabulary`);
+      if (id === undefined)
+        throw new TokenizerError(
+          label,
+          `tokenizer_config.${field} ${JSON.stringify(content)} is not in the vocabulary`,
+        );
       special.add(id);
       return id;
     };
@@ -138,7 +150,10 @@ export class Tokenizer {
     if (genEos !== undefined && genEos !== null) {
       for (const id of Array.isArray(genEos) ? genEos : [genEos]) {
         if (typeof id !== 'number' || !Number.isSafeInteger(id) || id < 0 || id >= this.vocabSize) {
-          throw new TokenizerError(label, `generation_config.eos_token_id holds ${String(id)}, not a token id below ${this.vocabSize}`);
+          throw new TokenizerError(
+            label,
+            `generation_config.eos_token_id holds ${String(id)}, not a token id below ${this.vocabSize}`,
+          );
         }
         eos.add(id);
         special.add(id);
@@ -196,7 +211,10 @@ export class Tokenizer {
     for (let i = 0; i < ids.length; i++) {
       const id = ids[i]!;
       if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize || this.idToTokenTable[id] === undefined) {
-        throw new TokenizerError(this.source, `decode: ids[${i}] = ${id} is not a token id (vocabSize ${this.vocabSize})`);
+        throw new TokenizerError(
+          this.source,
+          `decode: ids[${i}] = ${id} is not a token id (vocabSize ${this.vocabSize})`,
+        );
       }
       list[i] = id;
     }
@@ -259,7 +277,10 @@ function specialTokenContent(label: string, config: JsonObject, field: string): 
   if (typeof v === 'string') return v;
   const content = isJsonObject(v) ? own(v, 'content') : undefined;
   if (typeof content === 'string') return content;
-  throw new TokenizerError(label, `tokenizer_config.${field} must be a string or {content: string}, got ${describeJsonValue(v)}`);
+  throw new TokenizerError(
+    label,
+    `tokenizer_config.${field} must be a string or {content: string}, got ${describeJsonValue(v)}`,
+  );
 }
 
 /** `chat_template` is a string (the default) or a list of `{name, template}`. */
@@ -276,11 +297,17 @@ function chatTemplatesOf(label: string, config: JsonObject): Record<string, stri
       const name = isJsonObject(entry) ? own(entry, 'name') : undefined;
       const template = isJsonObject(entry) ? own(entry, 'template') : undefined;
       if (typeof name !== 'string' || typeof template !== 'string') {
-        throw new TokenizerError(label, `tokenizer_config.chat_template[${i}] must be {name: string, template: string}`);
+        throw new TokenizerError(
+          label,
+          `tokenizer_config.chat_template[${i}] must be {name: string, template: string}`,
+        );
       }
       out[name] = template;
     }
     return out;
   }
-  throw new TokenizerError(label, `tokenizer_config.chat_template must be a string or a list, got ${describeJsonValue(v)}`);
+  throw new TokenizerError(
+    label,
+    `tokenizer_config.chat_template must be a string or a list, got ${describeJsonValue(v)}`,
+  );
 }

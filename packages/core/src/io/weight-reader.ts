@@ -93,7 +93,9 @@ export class WeightReader {
     const [r0, r1] = block.rows ?? [0, n];
     const [c0, c1] = block.cols ?? [0, k];
     if (!(0 <= r0 && r0 < r1 && r1 <= n && 0 <= c0 && c0 < c1 && c1 <= k)) {
-      throw this.makeError(`tensor ${JSON.stringify(name)}: block rows [${r0}, ${r1}) cols [${c0}, ${c1}) outside [${n}, ${k}]`);
+      throw this.makeError(
+        `tensor ${JSON.stringify(name)}: block rows [${r0}, ${r1}) cols [${c0}, ${c1}) outside [${n}, ${k}]`,
+      );
     }
     if (r0 === 0 && r1 === n && c0 === 0 && c1 === k) return this.bf16(name, [n, k]);
     const dtype = this.check(name, [n, k]);
@@ -106,15 +108,21 @@ export class WeightReader {
       out.set(eb === 2 ? new Uint16Array(copy.buffer) : f32ToBf16(new Float32Array(copy.buffer)), at);
     };
     if (c0 === 0 && c1 === k) put(this.ckpt.readBytes(name, r0 * k * eb, r1 * k * eb), 0);
-    else for (let r = r0; r < r1; r++) put(this.ckpt.readBytes(name, (r * k + c0) * eb, (r * k + c1) * eb), (r - r0) * w);
-    this.logRead({ name, ...(block.rows === undefined ? {} : { rows: [r0, r1] as const }), ...(block.cols === undefined ? {} : { cols: [c0, c1] as const }) });
+    else
+      for (let r = r0; r < r1; r++) put(this.ckpt.readBytes(name, (r * k + c0) * eb, (r * k + c1) * eb), (r - r0) * w);
+    this.logRead({
+      name,
+      ...(block.rows === undefined ? {} : { rows: [r0, r1] as const }),
+      ...(block.cols === undefined ? {} : { cols: [c0, c1] as const }),
+    });
     return out;
   }
 
   /** f32 values of elements [start, end) of the flattened tensor `name` (expected `shape`); reads only those bytes. */
   f32Range(name: string, shape: readonly number[], start: number, end: number): Float32Array {
     const numel = shape.reduce((a, b) => a * b, 1);
-    if (!(0 <= start && start < end && end <= numel)) throw this.makeError(`tensor ${JSON.stringify(name)}: elements [${start}, ${end}) outside [0, ${numel})`);
+    if (!(0 <= start && start < end && end <= numel))
+      throw this.makeError(`tensor ${JSON.stringify(name)}: elements [${start}, ${end}) outside [0, ${numel})`);
     if (start === 0 && end === numel) return this.f32(name, shape);
     const dtype = this.check(name, shape);
     const eb = dtype === 'BF16' ? 2 : 4;
@@ -129,7 +137,9 @@ export class WeightReader {
    * {@link packedRows} over blocks: stacks `parts` (each a block of a matrix `[n, k]` with the same
    * column count after blocking) by rows and packs them for one GEMM.
    */
-  packedBlocks(parts: readonly { readonly name: string; readonly n: number; readonly k: number; readonly block?: MatrixBlock }[]): PackedBf16Weights {
+  packedBlocks(
+    parts: readonly { readonly name: string; readonly n: number; readonly k: number; readonly block?: MatrixBlock }[],
+  ): PackedBf16Weights {
     const mats = parts.map((p) => {
       const b = p.block ?? {};
       const rows = b.rows === undefined ? p.n : b.rows[1] - b.rows[0];
@@ -137,7 +147,8 @@ export class WeightReader {
       return { data: this.bf16Block(p.name, p.n, p.k, b), rows, cols };
     });
     const k = mats[0]!.cols;
-    if (mats.some((m) => m.cols !== k)) throw this.makeError(`packedBlocks: blocks of ${parts.map((p) => p.name).join(', ')} have different widths`);
+    if (mats.some((m) => m.cols !== k))
+      throw this.makeError(`packedBlocks: blocks of ${parts.map((p) => p.name).join(', ')} have different widths`);
     const n = mats.reduce((a, m) => a + m.rows, 0);
     const all = new Uint16Array(n * k);
     let at = 0;
@@ -174,7 +185,9 @@ export class WeightReader {
     const got = this.shape(name);
     const numel = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
     if (numel(got) !== numel(shape) || (got.length === shape.length && got.some((d, i) => d !== shape[i]))) {
-      throw this.makeError(`tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`);
+      throw this.makeError(
+        `tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`,
+      );
     }
     const dtype = this.ckpt.info(name).dtype;
     if (dtype !== 'BF16' && dtype !== 'F32') {
@@ -187,7 +200,9 @@ export class WeightReader {
     const got = this.shape(name);
     const numel = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
     if (numel(got) !== numel(shape) || (got.length === shape.length && got.some((d, i) => d !== shape[i]))) {
-      throw this.makeError(`tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`);
+      throw this.makeError(
+        `tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`,
+      );
     }
     const dtype = this.ckpt.info(name).dtype;
     if (dtype !== 'BF16' && dtype !== 'F32') {

@@ -1,6 +1,17 @@
 /** @specd/core kv: paged KV pools, linear-attention state slots, per-stage sequence caches. */
-export { CacheError, PagedKvPool, type PageDescriptor, type PagedKvPoolOptions, type SequenceId } from './paged-kv-pool.js';
+export {
+  CacheError,
+  PagedKvPool,
+  type PageDescriptor,
+  type PagedKvPoolOptions,
+  type SequenceId,
+} from './paged-kv-pool.js';
 export { StateSlotPool, type StateSlotPoolOptions, type StateSnapshot } from './state-slot-pool.js';
 export {
-  SequenceCache, type CacheGeometry, type LinearStateGeometry, type PagedKvGeometry, type SequenceCacheOptions, type SequenceCheckpoint,
+  SequenceCache,
+  type CacheGeometry,
+  type LinearStateGeometry,
+  type PagedKvGeometry,
+  type SequenceCacheOptions,
+  type SequenceCheckpoint,
 } from './sequence-cache.js';

@@ -71,10 +71,16 @@ export class PagedKvPool {
   /** @throws {RangeError} on a non-positive size or a repeated layer id. */
   constructor(options: PagedKvPoolOptions) {
     const { layers, floatsPerToken, pageSize, numPages } = options;
-    for (const [name, v] of [['floatsPerToken', floatsPerToken], ['pageSize', pageSize], ['numPages', numPages]] as const) {
-      if (!Number.isSafeInteger(v) || v < 1) throw new RangeError(`PagedKvPool: ${name}: expected an integer >= 1, got ${v}`);
+    for (const [name, v] of [
+      ['floatsPerToken', floatsPerToken],
+      ['pageSize', pageSize],
+      ['numPages', numPages],
+    ] as const) {
+      if (!Number.isSafeInteger(v) || v < 1)
+        throw new RangeError(`PagedKvPool: ${name}: expected an integer >= 1, got ${v}`);
     }
-    if (new Set(layers).size !== layers.length) throw new RangeError(`PagedKvPool: layers: expected distinct ids, got [${layers.join(', ')}]`);
+    if (new Set(layers).size !== layers.length)
+      throw new RangeError(`PagedKvPool: layers: expected distinct ids, got [${layers.join(', ')}]`);
     this.layers = Object.freeze([...layers]);
     this.floatsPerToken = floatsPerToken;
     this.pageSize = pageSize;
@@ -110,7 +116,8 @@ export class PagedKvPool {
 
   /** Registers an empty sequence (no pages yet). @throws {CacheError} `duplicate-sequence`. */
   addSequence(id: SequenceId): void {
-    if (this.seqs.has(id)) throw new CacheError('duplicate-sequence', `PagedKvPool: sequence ${String(id)} already exists`);
+    if (this.seqs.has(id))
+      throw new CacheError('duplicate-sequence', `PagedKvPool: sequence ${String(id)} already exists`);
     this.seqs.set(id, { pages: [], length: 0 });
   }
 
@@ -132,11 +139,17 @@ export class PagedKvPool {
   extend(id: SequenceId, newLength: number): void {
     const s = this.seq(id);
     if (!Number.isSafeInteger(newLength) || newLength < s.length) {
-      throw new CacheError('range', `PagedKvPool.extend: newLength: expected an integer >= ${s.length}, got ${newLength}`);
+      throw new CacheError(
+        'range',
+        `PagedKvPool.extend: newLength: expected an integer >= ${s.length}, got ${newLength}`,
+      );
     }
     const need = Math.ceil(newLength / this.pageSize) - s.pages.length;
     if (need > this.freePages.length) {
-      throw new CacheError('full', `PagedKvPool: sequence ${String(id)} needs ${need} more page(s), ${this.freePages.length} free of ${this.numPages}`);
+      throw new CacheError(
+        'full',
+        `PagedKvPool: sequence ${String(id)} needs ${need} more page(s), ${this.freePages.length} free of ${this.numPages}`,
+      );
     }
     for (let i = 0; i < need; i++) s.pages.push(this.freePages.pop()!);
     s.length = newLength;
@@ -149,7 +162,10 @@ export class PagedKvPool {
   truncate(id: SequenceId, newLength: number): void {
     const s = this.seq(id);
     if (!Number.isSafeInteger(newLength) || newLength < 0 || newLength > s.length) {
-      throw new CacheError('range', `PagedKvPool.truncate: newLength: expected an integer in [0, ${s.length}], got ${newLength}`);
+      throw new CacheError(
+        'range',
+        `PagedKvPool.truncate: newLength: expected an integer in [0, ${s.length}], got ${newLength}`,
+      );
     }
     const keep = Math.ceil(newLength / this.pageSize);
     while (s.pages.length > keep) this.freePages.push(s.pages.pop()!);
@@ -167,7 +183,8 @@ export class PagedKvPool {
   /** The f32 store of `layer`, `[numPages, pageSize, floatsPerToken]`. @throws {RangeError} if the layer has no KV here. */
   layerStore(layer: number): Float32Array {
     const s = this.stores.get(layer);
-    if (s === undefined) throw new RangeError(`PagedKvPool: layer ${layer} keeps no paged KV (layers [${this.layers.join(', ')}])`);
+    if (s === undefined)
+      throw new RangeError(`PagedKvPool: layer ${layer} keeps no paged KV (layers [${this.layers.join(', ')}])`);
     return s;
   }
 
@@ -177,7 +194,8 @@ export class PagedKvPool {
    */
   tokenOffset(id: SequenceId, pos: number): number {
     const s = this.seq(id);
-    if (!(pos >= 0 && pos < s.length)) throw new CacheError('range', `PagedKvPool.tokenOffset: pos: expected [0, ${s.length}), got ${pos}`);
+    if (!(pos >= 0 && pos < s.length))
+      throw new CacheError('range', `PagedKvPool.tokenOffset: pos: expected [0, ${s.length}), got ${pos}`);
     return (s.pages[Math.floor(pos / this.pageSize)]! * this.pageSize + (pos % this.pageSize)) * this.floatsPerToken;
   }
 
@@ -191,7 +209,8 @@ export class PagedKvPool {
   tokenSlots(ranges: readonly { readonly id: SequenceId; readonly start: number; readonly n: number }[]): Int32Array {
     const slots = new Int32Array(ranges.reduce((a, r) => a + r.n, 0));
     let at = 0;
-    for (const r of ranges) for (let i = 0; i < r.n; i++) slots[at++] = this.tokenOffset(r.id, r.start + i) / this.floatsPerToken;
+    for (const r of ranges)
+      for (let i = 0; i < r.n; i++) slots[at++] = this.tokenOffset(r.id, r.start + i) / this.floatsPerToken;
     return slots;
   }
 
@@ -204,7 +223,10 @@ export class PagedKvPool {
     const s = this.seq(id);
     const end = tokenEnd ?? s.length;
     if (!(tokenStart >= 0 && tokenStart <= end && end <= s.length)) {
-      throw new CacheError('range', `PagedKvPool.describePages: expected 0 <= tokenStart <= tokenEnd <= ${s.length}, got [${tokenStart}, ${end})`);
+      throw new CacheError(
+        'range',
+        `PagedKvPool.describePages: expected 0 <= tokenStart <= tokenEnd <= ${s.length}, got [${tokenStart}, ${end})`,
+      );
     }
     const out: PageDescriptor[] = [];
     if (end === tokenStart) return out;

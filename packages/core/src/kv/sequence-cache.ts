@@ -64,10 +64,19 @@ export class SequenceCache {
     options: SequenceCacheOptions,
   ) {
     const g = geometry;
-    this.kv = g.pagedKv.layers.length === 0 ? undefined : new PagedKvPool({
-      layers: g.pagedKv.layers, floatsPerToken: g.pagedKv.floatsPerToken, pageSize: options.pageSize ?? 16, numPages: options.numPages,
-    });
-    this.state = g.linearState.layers.length === 0 ? undefined : new StateSlotPool({ ...g.linearState, numSlots: options.numSlots });
+    this.kv =
+      g.pagedKv.layers.length === 0
+        ? undefined
+        : new PagedKvPool({
+            layers: g.pagedKv.layers,
+            floatsPerToken: g.pagedKv.floatsPerToken,
+            pageSize: options.pageSize ?? 16,
+            numPages: options.numPages,
+          });
+    this.state =
+      g.linearState.layers.length === 0
+        ? undefined
+        : new StateSlotPool({ ...g.linearState, numSlots: options.numSlots });
   }
 
   /** Sequences registered. */
@@ -95,7 +104,8 @@ export class SequenceCache {
    * @throws {CacheError} `duplicate-sequence`, or `full` if no state slot is free.
    */
   add(id: SequenceId): void {
-    if (this.lengths.has(id)) throw new CacheError('duplicate-sequence', `SequenceCache: sequence ${String(id)} already exists`);
+    if (this.lengths.has(id))
+      throw new CacheError('duplicate-sequence', `SequenceCache: sequence ${String(id)} already exists`);
     this.state?.allocate(id);
     this.kv?.addSequence(id);
     this.lengths.set(id, 0);
@@ -114,7 +124,8 @@ export class SequenceCache {
    */
   extend(id: SequenceId, newLength: number): void {
     const n = this.length(id);
-    if (!Number.isSafeInteger(newLength) || newLength < n) throw new CacheError('range', `SequenceCache.extend: newLength: expected >= ${n}, got ${newLength}`);
+    if (!Number.isSafeInteger(newLength) || newLength < n)
+      throw new CacheError('range', `SequenceCache.extend: newLength: expected >= ${n}, got ${newLength}`);
     this.kv?.extend(id, newLength);
     this.lengths.set(id, newLength);
   }
@@ -149,7 +160,11 @@ export class SequenceCache {
    * @throws {CacheError} `range` if the sequence is now shorter than the checkpoint.
    */
   rollback(id: SequenceId, cp: SequenceCheckpoint): void {
-    if (this.length(id) < cp.length) throw new CacheError('range', `SequenceCache.rollback: sequence is shorter (${this.length(id)}) than the checkpoint (${cp.length})`);
+    if (this.length(id) < cp.length)
+      throw new CacheError(
+        'range',
+        `SequenceCache.rollback: sequence is shorter (${this.length(id)}) than the checkpoint (${cp.length})`,
+      );
     this.kv?.truncate(id, cp.length);
     if (cp.state !== undefined) this.state?.restore(id, cp.state);
     this.lengths.set(id, cp.length);

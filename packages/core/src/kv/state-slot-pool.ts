@@ -56,12 +56,19 @@ export class StateSlotPool {
   constructor(readonly options: StateSlotPoolOptions) {
     const { layers, heads, keyDim, valueDim, convStates, convChannels, convWidth, numSlots } = options;
     for (const [name, v, min] of [
-      ['heads', heads, 1], ['keyDim', keyDim, 1], ['valueDim', valueDim, 1], ['convStates', convStates, 0],
-      ['convChannels', convChannels, 0], ['convWidth', convWidth, 0], ['numSlots', numSlots, 1],
+      ['heads', heads, 1],
+      ['keyDim', keyDim, 1],
+      ['valueDim', valueDim, 1],
+      ['convStates', convStates, 0],
+      ['convChannels', convChannels, 0],
+      ['convWidth', convWidth, 0],
+      ['numSlots', numSlots, 1],
     ] as const) {
-      if (!Number.isSafeInteger(v) || v < min) throw new RangeError(`StateSlotPool: ${name}: expected an integer >= ${min}, got ${v}`);
+      if (!Number.isSafeInteger(v) || v < min)
+        throw new RangeError(`StateSlotPool: ${name}: expected an integer >= ${min}, got ${v}`);
     }
-    if (new Set(layers).size !== layers.length) throw new RangeError(`StateSlotPool: layers: expected distinct ids, got [${layers.join(', ')}]`);
+    if (new Set(layers).size !== layers.length)
+      throw new RangeError(`StateSlotPool: layers: expected distinct ids, got [${layers.join(', ')}]`);
     this.layers = Object.freeze([...layers]);
     this.numSlots = numSlots;
     this.recurrentFloats = heads * keyDim * valueDim;
@@ -94,7 +101,8 @@ export class StateSlotPool {
    * @throws {CacheError} `full` if none is free; `duplicate-sequence` if `id` already has one.
    */
   allocate(id: SequenceId): number {
-    if (this.slotOfSeq.has(id)) throw new CacheError('duplicate-sequence', `StateSlotPool: sequence ${String(id)} already has a slot`);
+    if (this.slotOfSeq.has(id))
+      throw new CacheError('duplicate-sequence', `StateSlotPool: sequence ${String(id)} already has a slot`);
     const slot = this.freeSlots.pop();
     if (slot === undefined) throw new CacheError('full', `StateSlotPool: no free slot (${this.numSlots} in use)`);
     this.slotOfSeq.set(id, slot);
@@ -116,14 +124,18 @@ export class StateSlotPool {
   /** Slot index of `id`. @throws {CacheError} `unknown-sequence`. */
   slotOf(id: SequenceId): number {
     const slot = this.slotOfSeq.get(id);
-    if (slot === undefined) throw new CacheError('unknown-sequence', `StateSlotPool: sequence ${String(id)} has no slot`);
+    if (slot === undefined)
+      throw new CacheError('unknown-sequence', `StateSlotPool: sequence ${String(id)} has no slot`);
     return slot;
   }
 
   /** Recurrent state of `id` at `layer`: a view `[heads, dK, dV]` f32 into the pool (no copy). */
   recurrent(id: SequenceId, layer: number): Float32Array {
     const slot = this.slotOf(id);
-    return this.store(this.recurrentStores, layer).subarray(slot * this.recurrentFloats, (slot + 1) * this.recurrentFloats);
+    return this.store(this.recurrentStores, layer).subarray(
+      slot * this.recurrentFloats,
+      (slot + 1) * this.recurrentFloats,
+    );
   }
 
   /** Conv states of `id` at `layer`: a view `[convStates, channels, convWidth]` f32 (no copy). */
@@ -153,7 +165,9 @@ export class StateSlotPool {
   /** Writes a {@link snapshot} back into the slot of `id`. @throws {RangeError} on a snapshot of another pool shape. */
   restore(id: SequenceId, snap: StateSnapshot): void {
     if (snap.recurrent.length !== this.layers.length || snap.conv.length !== this.layers.length) {
-      throw new RangeError(`StateSlotPool.restore: snapshot has ${snap.recurrent.length} layers, pool has ${this.layers.length}`);
+      throw new RangeError(
+        `StateSlotPool.restore: snapshot has ${snap.recurrent.length} layers, pool has ${this.layers.length}`,
+      );
     }
     this.layers.forEach((l, i) => {
       this.recurrent(id, l).set(snap.recurrent[i]!);
@@ -163,7 +177,8 @@ export class StateSlotPool {
 
   private store(stores: Map<number, Float32Array>, layer: number): Float32Array {
     const s = stores.get(layer);
-    if (s === undefined) throw new RangeError(`StateSlotPool: layer ${layer} keeps no linear state (layers [${this.layers.join(', ')}])`);
+    if (s === undefined)
+      throw new RangeError(`StateSlotPool: layer ${layer} keeps no linear state (layers [${this.layers.join(', ')}])`);
     return s;
   }
 }

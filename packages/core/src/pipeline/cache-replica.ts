@@ -19,7 +19,10 @@ export class CacheReplica {
   protected last: { cache: number; result: ForwardResult } | undefined;
 
   /** @param label names the replica in errors (`'stage'`, `'tensor-parallel rank'`). */
-  constructor(protected readonly model: StageModel, private readonly label: string) {}
+  constructor(
+    protected readonly model: StageModel,
+    private readonly label: string,
+  ) {}
 
   /** Cache `id`. @throws {Error} for an unknown id. */
   cache(id: number): SequenceCache {
@@ -29,7 +32,8 @@ export class CacheReplica {
   }
 
   private lastResult(cache: number): ForwardResult {
-    if (this.last === undefined || this.last.cache !== cache) throw new Error(`${this.label}: commit without a forward on this cache`);
+    if (this.last === undefined || this.last.cache !== cache)
+      throw new Error(`${this.label}: commit without a forward on this cache`);
     return this.last.result;
   }
 
@@ -47,7 +51,10 @@ export class CacheReplica {
     switch (op.op) {
       case 'cache':
         // a TP group's cache mirrors these operations to its worker ranks
-        this.caches.set(op.cache, this.model.createCache?.(op.options) ?? new SequenceCache(this.model.cacheGeometry, op.options));
+        this.caches.set(
+          op.cache,
+          this.model.createCache?.(op.options) ?? new SequenceCache(this.model.cacheGeometry, op.options),
+        );
         this.checkpoints.set(op.cache, new Map());
         return;
       case 'drop':

@@ -12,7 +12,12 @@
  * makes its own.
  */
 
-import { SequenceCache, type CacheGeometry, type SequenceCacheOptions, type SequenceCheckpoint } from '../kv/sequence-cache.js';
+import {
+  SequenceCache,
+  type CacheGeometry,
+  type SequenceCacheOptions,
+  type SequenceCheckpoint,
+} from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { CacheOp } from './stage-worker.js';
 
@@ -35,13 +40,17 @@ export class MirroredCache extends SequenceCache {
   private readonly mirrors = new Map<object, Mirror>();
   private readonly checkpoints = new Map<SequenceId, SequenceCheckpoint>();
 
-  constructor(geometry: CacheGeometry, private readonly cacheOptions: SequenceCacheOptions) {
+  constructor(
+    geometry: CacheGeometry,
+    private readonly cacheOptions: SequenceCacheOptions,
+  ) {
     super(geometry, cacheOptions);
   }
 
   /** Starts mirroring for `owner`: each of `queues` gets the `cache` (create) operation now and every operation from now on. */
   attach(owner: object, queues: CacheOp[][]): void {
-    if (this.mirrors.has(owner)) throw new MirroredCacheError('MirroredCache.attach: this owner mirrors the cache already');
+    if (this.mirrors.has(owner))
+      throw new MirroredCacheError('MirroredCache.attach: this owner mirrors the cache already');
     this.mirrors.set(owner, { queues, paused: false });
     for (const q of queues) q.push({ op: 'cache', cache: this.cacheId, options: this.cacheOptions });
   }
@@ -116,7 +125,10 @@ export class MirroredCache extends SequenceCache {
     const recording = this.recording;
     if (recording) {
       // the copies keep the sequence's latest checkpoint only
-      if (this.checkpoints.get(id) !== cp) throw new MirroredCacheError(`MirroredCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under pipeline / tensor parallelism`);
+      if (this.checkpoints.get(id) !== cp)
+        throw new MirroredCacheError(
+          `MirroredCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under pipeline / tensor parallelism`,
+        );
       this.checkpoints.delete(id);
     }
     super.rollback(id, cp);

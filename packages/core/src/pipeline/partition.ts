@@ -15,7 +15,8 @@ export class PartitionError extends Error {
  */
 export function defaultPartition(numLayers: number, pp: number): number[] {
   if (!Number.isInteger(pp) || pp < 1) throw new PartitionError(`pp: expected an integer >= 1, got ${pp}`);
-  if (pp > numLayers) throw new PartitionError(`pp ${pp}: the model has only ${numLayers} layers (each stage needs at least one)`);
+  if (pp > numLayers)
+    throw new PartitionError(`pp ${pp}: the model has only ${numLayers} layers (each stage needs at least one)`);
   const parts = new Array<number>(pp).fill(Math.floor(numLayers / pp));
   const rest = numLayers % pp;
   for (let i = 2; i < rest + 2; i++) parts[pp - i]!++;
@@ -26,13 +27,24 @@ export function defaultPartition(numLayers: number, pp: number): number[] {
  * Layer ranges `[start, end)` of a partition (layer counts per stage), validated.
  * @throws {PartitionError} naming the problem: wrong length, a stage under one layer, a sum other than L.
  */
-export function partitionRanges(partition: readonly number[], numLayers: number, pp = partition.length): [number, number][] {
-  if (partition.length !== pp) throw new PartitionError(`partition [${partition.join(', ')}]: expected ${pp} entries (one per pipeline stage), got ${partition.length}`);
+export function partitionRanges(
+  partition: readonly number[],
+  numLayers: number,
+  pp = partition.length,
+): [number, number][] {
+  if (partition.length !== pp)
+    throw new PartitionError(
+      `partition [${partition.join(', ')}]: expected ${pp} entries (one per pipeline stage), got ${partition.length}`,
+    );
   partition.forEach((n, i) => {
-    if (!Number.isInteger(n) || n < 1) throw new PartitionError(`partition [${partition.join(', ')}]: stage ${i}: expected at least one layer, got ${n}`);
+    if (!Number.isInteger(n) || n < 1)
+      throw new PartitionError(
+        `partition [${partition.join(', ')}]: stage ${i}: expected at least one layer, got ${n}`,
+      );
   });
   const sum = partition.reduce((a, b) => a + b, 0);
-  if (sum !== numLayers) throw new PartitionError(`partition [${partition.join(', ')}]: sums to ${sum} layers, the model has ${numLayers}`);
+  if (sum !== numLayers)
+    throw new PartitionError(`partition [${partition.join(', ')}]: sums to ${sum} layers, the model has ${numLayers}`);
   const out: [number, number][] = [];
   let at = 0;
   for (const n of partition) {

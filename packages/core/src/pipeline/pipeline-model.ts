@@ -34,7 +34,15 @@ import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/s
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import { stageTaps } from '../plugin/drafter-plugin.js';
 import type { TensorRead } from '../io/weight-reader.js';
-import type { ForwardBatch, ForwardOptions, ForwardResult, LoadProgress, ProjectionSpec, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import type {
+  ForwardBatch,
+  ForwardOptions,
+  ForwardResult,
+  LoadProgress,
+  ProjectionSpec,
+  StageInfo,
+  StageModel,
+} from '../plugin/model-plugin.js';
 import { MirroredCache } from './mirrored-cache.js';
 import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-model.js';
 import { defaultPartition, partitionRanges } from './partition.js';
@@ -180,11 +188,20 @@ export class RemoteStage implements StageModel {
    * Runs the stage. `projection` (internal to the pipeline): the accumulator of the earlier stages'
    * projected taps, `[numTokens, hiddenSize]` f32, which a stage that loaded its projection adds into.
    */
-  forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}, projection?: Float32Array): ForwardResult {
+  forward(
+    batch: ForwardBatch,
+    cache: SequenceCache,
+    options: ForwardOptions = {},
+    projection?: Float32Array,
+  ): ForwardResult {
     this.checkAlive();
     const pc = this.pc(cache);
     const seqs: WireSequence[] = batch.sequences.map((s) => ({
-      id: s.id, position: s.position, n: s.tokens.length, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: Array.from(s.tree) }),
+      id: s.id,
+      position: s.position,
+      n: s.tokens.length,
+      ...(s.phase === undefined ? {} : { phase: s.phase }),
+      ...(s.tree === undefined ? {} : { tree: Array.from(s.tree) }),
     }));
     const tokens = new Int32Array(seqs.reduce((a, s) => a + s.n, 0));
     let at = 0;
@@ -198,8 +215,14 @@ export class RemoteStage implements StageModel {
     const ops = this.pipeline!.queues[this.index]!.splice(0);
     const reply = this.exchange({
       header: {
-        type: 'forward', cache: pc.cacheId, ops, seqs, taps: options.taps ?? [], snapshots: options.stateSnapshots === true,
-        hasHidden: batch.hidden !== undefined, hasProjection: projection !== undefined,
+        type: 'forward',
+        cache: pc.cacheId,
+        ops,
+        seqs,
+        taps: options.taps ?? [],
+        snapshots: options.stateSnapshots === true,
+        hasHidden: batch.hidden !== undefined,
+        hasProjection: projection !== undefined,
       },
       frames,
     });
@@ -209,7 +232,10 @@ export class RemoteStage implements StageModel {
     const first = projected ? 2 : 1;
     tapIds.forEach((t, i) => taps.set(t, reply.frames[i + first] as Float32Array));
     return {
-      logits: undefined, logitRowStart: new Int32Array(batch.sequences.length + 1), hidden: reply.frames[0] as Float32Array, taps,
+      logits: undefined,
+      logitRowStart: new Int32Array(batch.sequences.length + 1),
+      hidden: reply.frames[0] as Float32Array,
+      taps,
       ...(projected ? { projection: reply.frames[1] as Float32Array } : {}),
     };
   }
@@ -223,7 +249,10 @@ export class RemoteStage implements StageModel {
    */
   loadProjection(spec: ProjectionSpec | undefined): TensorRead[] {
     this.checkAlive();
-    const reply = this.exchange({ header: spec === undefined ? { type: 'projection' } : { type: 'projection', dir: spec.dir, taps: spec.taps }, frames: [] });
+    const reply = this.exchange({
+      header: spec === undefined ? { type: 'projection' } : { type: 'projection', dir: spec.dir, taps: spec.taps },
+      frames: [],
+    });
     return reply.header['reads'] as TensorRead[];
   }
 
@@ -239,7 +268,8 @@ export class RemoteStage implements StageModel {
       throw this.dead;
     }
     const h = reply.header;
-    if (h['type'] === 'error') throw new PipelineStageError(`${this.name()}: ${String(h['name'])}: ${String(h['message'])}`);
+    if (h['type'] === 'error')
+      throw new PipelineStageError(`${this.name()}: ${String(h['name'])}: ${String(h['message'])}`);
     return reply;
   }
 
@@ -323,7 +353,12 @@ export class PipelineModel implements StageModel {
   /** Per remote stage, the cache operations not yet sent. @internal */
   readonly queues: CacheOp[][];
   readonly commitPrefix?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number) => void;
-  readonly commitTreePath?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]) => void;
+  readonly commitTreePath?: (
+    cache: SequenceCache,
+    result: ForwardResult,
+    id: SequenceId,
+    rows: readonly number[],
+  ) => void;
   readonly embedTokens?: (tokens: Int32Array) => Float32Array;
   readonly lmHead?: (x: Float32Array, rows: number) => Float32Array;
   /** The last stage's (the drafter lives with the last stage; under TP × PP it is spread over its TP group). */
@@ -331,7 +366,9 @@ export class PipelineModel implements StageModel {
   /** The latest forward: the composite result (what the engine holds) and the last stage's own. */
   private latest: { outer: ForwardResult; inner: ForwardResult } | undefined;
   private broken: Error | undefined;
-  private readonly dropper = new FinalizationRegistry<number>((id) => this.queues.forEach((q) => q.push({ op: 'drop', cache: id })));
+  private readonly dropper = new FinalizationRegistry<number>((id) =>
+    this.queues.forEach((q) => q.push({ op: 'drop', cache: id })),
+  );
 
   constructor(
     readonly remotes: readonly RemoteStage[],
@@ -360,7 +397,8 @@ export class PipelineModel implements StageModel {
     }
     if (last.embedTokens !== undefined) this.embedTokens = (tokens) => last.embedTokens!(tokens);
     if (last.lmHead !== undefined) this.lmHead = (x, rows) => last.lmHead!(x, rows);
-    if (last.loadDrafter !== undefined) this.loadDrafter = (dir, plugins, options) => last.loadDrafter!(dir, plugins, options);
+    if (last.loadDrafter !== undefined)
+      this.loadDrafter = (dir, plugins, options) => last.loadDrafter!(dir, plugins, options);
   }
 
   /**
@@ -370,7 +408,8 @@ export class PipelineModel implements StageModel {
    */
   createCache(options: SequenceCacheOptions): SequenceCache {
     const own = this.last.createCache?.(options);
-    if (own !== undefined && !(own instanceof MirroredCache)) throw new PipelineStageError('pipeline: the last stage\'s createCache must return a MirroredCache');
+    if (own !== undefined && !(own instanceof MirroredCache))
+      throw new PipelineStageError("pipeline: the last stage's createCache must return a MirroredCache");
     const c = own ?? new MirroredCache(this.cacheGeometry, options);
     c.attach(this, this.queues);
     this.dropper.register(c, c.cacheId);
@@ -379,13 +418,15 @@ export class PipelineModel implements StageModel {
 
   /** `cache` as this pipeline's cache. @internal */
   asPipelineCache(cache: SequenceCache): MirroredCache {
-    if (!(cache instanceof MirroredCache) || !cache.mirroredBy(this)) throw new PipelineStageError('pipeline: the cache must come from PipelineModel.createCache()');
+    if (!(cache instanceof MirroredCache) || !cache.mirroredBy(this))
+      throw new PipelineStageError('pipeline: the cache must come from PipelineModel.createCache()');
     return cache;
   }
 
   private commit(cache: SequenceCache, result: ForwardResult): MirroredCache {
     const pc = this.asPipelineCache(cache);
-    if (this.latest === undefined || this.latest.outer !== result) throw new PipelineStageError('pipeline: commit of a result that is not the latest forward');
+    if (this.latest === undefined || this.latest.outer !== result)
+      throw new PipelineStageError('pipeline: commit of a result that is not the latest forward');
     return pc;
   }
 
@@ -404,21 +445,39 @@ export class PipelineModel implements StageModel {
     let k = 0;
     try {
       for (; k < this.remotes.length; k++) {
-        const r = this.remotes[k]!.forward({ sequences: batch.sequences, ...(hidden === undefined ? {} : { hidden }) }, pc, {
-          taps: stageTaps(taps, this.remotes[k]!.info), ...(options.stateSnapshots === undefined ? {} : { stateSnapshots: options.stateSnapshots }),
-        }, projection);
+        const r = this.remotes[k]!.forward(
+          { sequences: batch.sequences, ...(hidden === undefined ? {} : { hidden }) },
+          pc,
+          {
+            taps: stageTaps(taps, this.remotes[k]!.info),
+            ...(options.stateSnapshots === undefined ? {} : { stateSnapshots: options.stateSnapshots }),
+          },
+          projection,
+        );
         hidden = r.hidden;
         projection = r.projection ?? projection;
         for (const [t, h] of r.taps) merged.set(t, h);
       }
-      const inner = this.local(pc, () => this.last.forward({ sequences: batch.sequences, hidden }, pc, { ...options, taps: stageTaps(taps, this.last.info) }));
+      const inner = this.local(pc, () =>
+        this.last.forward({ sequences: batch.sequences, hidden }, pc, {
+          ...options,
+          taps: stageTaps(taps, this.last.info),
+        }),
+      );
       for (const [t, h] of inner.taps) merged.set(t, h);
       const outer: ForwardResult = { ...inner, taps: merged, ...(projection === undefined ? {} : { projection }) };
       this.latest = { outer, inner };
       return outer;
     } catch (err) {
       // stage 0 failing leaves every cache as it was; a later stage failing leaves earlier stages ahead
-      if (k > 0) this.broken = err instanceof PipelineStageError ? err : new PipelineStageError(`pipeline: stage ${k} failed after earlier stages ran: ${(err as Error).message}`, { cause: err });
+      if (k > 0)
+        this.broken =
+          err instanceof PipelineStageError
+            ? err
+            : new PipelineStageError(
+                `pipeline: stage ${k} failed after earlier stages ran: ${(err as Error).message}`,
+                { cause: err },
+              );
       throw err;
     }
   }
@@ -469,12 +528,22 @@ export const STAGE_WORKER_SCRIPT = nodePath.join(nodePath.dirname(fileURLToPath(
 type Ready = { info: StageInfo; tensors: string[]; ranks?: RankReport[] };
 
 /** Sends `init` to a forked stage and waits for its `ready` (or its load error / exit) over the IPC channel. */
-function stageReady(child: ChildProcess, stage: number, init: Omit<StageInit, 'type' | 'stage'>, where: string, onWaiting?: (reject: (err: unknown) => void) => () => void): Promise<Ready> {
+function stageReady(
+  child: ChildProcess,
+  stage: number,
+  init: Omit<StageInit, 'type' | 'stage'>,
+  where: string,
+  onWaiting?: (reject: (err: unknown) => void) => () => void,
+): Promise<Ready> {
   return new Promise<Ready>((resolve, reject) => {
     let stop: (() => void) | undefined;
     const onExit = (code: number | null, sig: NodeJS.Signals | null) => {
       stop?.();
-      reject(new PipelineStageError(`${where} ${code !== null ? `exited with code ${code}` : `was killed by ${sig}`} while loading`));
+      reject(
+        new PipelineStageError(
+          `${where} ${code !== null ? `exited with code ${code}` : `was killed by ${sig}`} while loading`,
+        ),
+      );
     };
     child.once('exit', onExit);
     child.once('message', (m: Ready & { type: string; name?: string; message?: string }) => {
@@ -487,8 +556,20 @@ function stageReady(child: ChildProcess, stage: number, init: Omit<StageInit, 't
   });
 }
 
-function stageReport(stage: number, init: Omit<StageInit, 'type' | 'stage'>, child: ChildProcess, ready: Ready): StageReport {
-  return { stage, layerStart: init.layerStart, layerEnd: init.layerEnd, pid: child.pid, tensors: ready.tensors, ...(ready.ranks === undefined ? {} : { ranks: ready.ranks }) };
+function stageReport(
+  stage: number,
+  init: Omit<StageInit, 'type' | 'stage'>,
+  child: ChildProcess,
+  ready: Ready,
+): StageReport {
+  return {
+    stage,
+    layerStart: init.layerStart,
+    layerEnd: init.layerEnd,
+    pid: child.pid,
+    tensors: ready.tensors,
+    ...(ready.ranks === undefined ? {} : { ranks: ready.ranks }),
+  };
 }
 
 function forkStage(args: string[]): ChildProcess {
@@ -509,7 +590,11 @@ function zmqEndpoint(tmp: string, stage: number): string {
  * after `ready` — so the connection exists before startPipeline removes the temp dir holding the
  * `ipc://` socket file. A dead stage is seen by its process's liveness.
  */
-async function spawnStageZmq(stage: number, init: Omit<StageInit, 'type' | 'stage'>, tmp: string): Promise<RemoteStage> {
+async function spawnStageZmq(
+  stage: number,
+  init: Omit<StageInit, 'type' | 'stage'>,
+  tmp: string,
+): Promise<RemoteStage> {
   let pid: number | undefined;
   const channel = ZmqChannel.bind(zmqEndpoint(tmp, stage), { isPeerAlive: () => processAlive(pid) });
   let child: ChildProcess | undefined;
@@ -524,7 +609,8 @@ async function spawnStageZmq(stage: number, init: Omit<StageInit, 'type' | 'stag
     } catch (err) {
       throw new PipelineStageError(`${where} ${exitDescription(child)} before connecting`, { cause: err });
     }
-    if (hello.header['type'] !== 'hello') throw new PipelineStageError(`${where}: expected hello, got ${String(hello.header['type'])}`);
+    if (hello.header['type'] !== 'hello')
+      throw new PipelineStageError(`${where}: expected hello, got ${String(hello.header['type'])}`);
     child.channel?.unref();
     child.unref();
     return new RemoteStage(stage, ready.info, child, channel, stageReport(stage, init, child, ready));
@@ -539,7 +625,11 @@ async function spawnStageZmq(stage: number, init: Omit<StageInit, 'type' | 'stag
 }
 
 /** Forks stage `stage` connected by a pair of FIFOs and waits for it to load. */
-async function spawnStageFifo(stage: number, init: Omit<StageInit, 'type' | 'stage'>, tmp: string): Promise<RemoteStage> {
+async function spawnStageFifo(
+  stage: number,
+  init: Omit<StageInit, 'type' | 'stage'>,
+  tmp: string,
+): Promise<RemoteStage> {
   const req = nodePath.join(tmp, `stage${stage}.req`);
   const resp = nodePath.join(tmp, `stage${stage}.resp`);
   execFileSync('mkfifo', [req, resp]);
@@ -566,7 +656,13 @@ async function spawnStageFifo(stage: number, init: Omit<StageInit, 'type' | 'sta
     if (writeFd === undefined) throw new PipelineStageError(`${where}: ready before its request channel opened`);
     child.channel?.unref();
     child.unref();
-    return new RemoteStage(stage, ready.info, child, new FifoChannel(readFd, writeFd), stageReport(stage, init, child, ready));
+    return new RemoteStage(
+      stage,
+      ready.info,
+      child,
+      new FifoChannel(readFd, writeFd),
+      stageReport(stage, init, child, ready),
+    );
   } catch (err) {
     child.kill('SIGKILL');
     live.delete(child);
@@ -588,25 +684,42 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   const L = numHiddenLayers(options.modelDir);
   const partition = options.partition ?? defaultPartition(L, options.pp);
   const ranges = partitionRanges(partition, L, options.pp);
-  if (ranges.length < 2) throw new PipelineStageError('startPipeline: pp must be >= 2 (pp = 1 is the plain in-process model)');
+  if (ranges.length < 2)
+    throw new PipelineStageError('startPipeline: pp must be >= 2 (pp = 1 is the plain in-process model)');
   const tp = options.tp ?? 1;
-  if (!Number.isInteger(tp) || tp < 1) throw new PipelineStageError(`startPipeline: tp must be an integer >= 1, got ${tp}`);
+  if (!Number.isInteger(tp) || tp < 1)
+    throw new PipelineStageError(`startPipeline: tp must be an integer >= 1, got ${tp}`);
   const env = process.env['SPECD_NUM_THREADS'];
-  const kernelThreads = tp > 1 && (env === undefined || env === '') ? Math.max(1, Math.floor(os.availableParallelism() / (tp * ranges.length))) : undefined;
+  const kernelThreads =
+    tp > 1 && (env === undefined || env === '')
+      ? Math.max(1, Math.floor(os.availableParallelism() / (tp * ranges.length)))
+      : undefined;
   const par = tp > 1 ? { tp, ...(kernelThreads === undefined ? {} : { kernelThreads }) } : {};
   const tmp = fs.mkdtempSync(nodePath.join(os.tmpdir(), 'specd-pp-'));
   const [ls, le] = ranges[ranges.length - 1]!;
   const transport = options.transport ?? 'zmq';
-  if (transport !== 'zmq' && transport !== 'fifo') throw new PipelineStageError(`startPipeline: transport must be 'zmq' or 'fifo', got ${String(transport)}`);
+  if (transport !== 'zmq' && transport !== 'fifo')
+    throw new PipelineStageError(`startPipeline: transport must be 'zmq' or 'fifo', got ${String(transport)}`);
   const spawnStage = transport === 'zmq' ? spawnStageZmq : spawnStageFifo;
-  const remotes = ranges.slice(0, -1).map(([a, b], k) => spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b, ...par }, tmp));
+  const remotes = ranges
+    .slice(0, -1)
+    .map(([a, b], k) =>
+      spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b, ...par }, tmp),
+    );
   const embedding = options.lastStageEmbedding ?? true;
-  const lastP: Promise<{ model: StageModel; tensors: string[]; ranks?: readonly RankReport[] }> = tp > 1
-    ? startTensorParallel({
-      modelDir: options.modelDir, plugins: options.plugins, tp, ...(kernelThreads === undefined ? {} : { kernelThreads }),
-      range: { layerStart: ls, layerEnd: le, ...(embedding ? { embedding: true } : {}) },
-    }).then((m) => ({ model: m, tensors: [...new Set(m.ranks[0]!.reads.map((r) => r.name))], ranks: m.ranks }))
-    : loadStage({ modelDir: options.modelDir, plugins: options.plugins, layerStart: ls, layerEnd: le, embedding }, options.onProgress);
+  const lastP: Promise<{ model: StageModel; tensors: string[]; ranks?: readonly RankReport[] }> =
+    tp > 1
+      ? startTensorParallel({
+          modelDir: options.modelDir,
+          plugins: options.plugins,
+          tp,
+          ...(kernelThreads === undefined ? {} : { kernelThreads }),
+          range: { layerStart: ls, layerEnd: le, ...(embedding ? { embedding: true } : {}) },
+        }).then((m) => ({ model: m, tensors: [...new Set(m.ranks[0]!.reads.map((r) => r.name))], ranks: m.ranks }))
+      : loadStage(
+          { modelDir: options.modelDir, plugins: options.plugins, layerStart: ls, layerEnd: le, embedding },
+          options.onProgress,
+        );
   const settled = await Promise.allSettled([...remotes, lastP]);
   fs.rmSync(tmp, { recursive: true, force: true });
   const failed = settled.find((s) => s.status === 'rejected');
@@ -618,7 +731,15 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   }
   const stages = settled.slice(0, -1).map((s) => (s as PromiseFulfilledResult<RemoteStage>).value);
   const last = (settled[settled.length - 1] as PromiseFulfilledResult<Awaited<typeof lastP>>).value;
-  return new PipelineModel(stages, last.model, [...stages.map((s) => s.report), {
-    stage: stages.length, layerStart: ls, layerEnd: le, pid: undefined, tensors: last.tensors, ...(last.ranks === undefined ? {} : { ranks: last.ranks }),
-  }]);
+  return new PipelineModel(stages, last.model, [
+    ...stages.map((s) => s.report),
+    {
+      stage: stages.length,
+      layerStart: ls,
+      layerEnd: le,
+      pid: undefined,
+      tensors: last.tensors,
+      ...(last.ranks === undefined ? {} : { ranks: last.ranks }),
+    },
+  ]);
 }

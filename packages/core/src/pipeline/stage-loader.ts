@@ -37,13 +37,18 @@ export async function loadStage(spec: StageSpec, onProgress?: (p: LoadProgress) 
   const weights = SafetensorsCheckpoint.open(spec.modelDir);
   const tensors: string[] = [];
   try {
-    const model = await plugin.load({ dir: spec.modelDir, config, weights }, {
-      layerStart: spec.layerStart, layerEnd: spec.layerEnd, ...(spec.embedding === true ? { embedding: true } : {}),
-      onProgress: (p) => {
-        tensors.push(p.tensor);
-        onProgress?.(p);
+    const model = await plugin.load(
+      { dir: spec.modelDir, config, weights },
+      {
+        layerStart: spec.layerStart,
+        layerEnd: spec.layerEnd,
+        ...(spec.embedding === true ? { embedding: true } : {}),
+        onProgress: (p) => {
+          tensors.push(p.tensor);
+          onProgress?.(p);
+        },
       },
-    });
+    );
     return { model, pluginName: plugin.name, tensors };
   } finally {
     weights.close();

@@ -53,7 +53,12 @@ export type CacheOp =
   | { readonly op: 'drop'; readonly cache: number }
   | { readonly op: 'add' | 'finish' | 'checkpoint' | 'rollback'; readonly cache: number; readonly id: SequenceId }
   | { readonly op: 'commitPrefix'; readonly cache: number; readonly id: SequenceId; readonly committed: number }
-  | { readonly op: 'commitTreePath'; readonly cache: number; readonly id: SequenceId; readonly rows: readonly number[] };
+  | {
+      readonly op: 'commitTreePath';
+      readonly cache: number;
+      readonly id: SequenceId;
+      readonly rows: readonly number[];
+    };
 
 /** A sequence of a forward request (tokens travel as one i32 frame). */
 export interface WireSequence {
@@ -78,7 +83,10 @@ class StageServer extends CacheReplica {
   /** This stage's share of the drafter's context projection, once loaded. */
   private projection: PartialProjection | undefined;
 
-  constructor(model: StageModel, private readonly drafterPlugins: DrafterRegistry) {
+  constructor(
+    model: StageModel,
+    private readonly drafterPlugins: DrafterRegistry,
+  ) {
     super(model, 'stage');
   }
 
@@ -90,10 +98,14 @@ class StageServer extends CacheReplica {
     const dir = h['dir'] as string;
     const config = HfConfig.read(dir);
     const plugin = this.drafterPlugins.resolve(config);
-    if (plugin.loadProjection === undefined) throw new PluginError(`drafter plugin ${plugin.method} has no loadProjection: stages cannot project their taps`);
+    if (plugin.loadProjection === undefined)
+      throw new PluginError(`drafter plugin ${plugin.method} has no loadProjection: stages cannot project their taps`);
     const weights = SafetensorsCheckpoint.open(dir);
     try {
-      this.projection = plugin.loadProjection({ dir, config, weights }, { taps: stageTaps(h['taps'] as number[], this.model.info), hiddenSize: this.model.info.hiddenSize });
+      this.projection = plugin.loadProjection(
+        { dir, config, weights },
+        { taps: stageTaps(h['taps'] as number[], this.model.info), hiddenSize: this.model.info.hiddenSize },
+      );
     } finally {
       weights.close();
     }
@@ -105,25 +117,42 @@ class StageServer extends CacheReplica {
     const cacheId = h['cache'] as number;
     const tokens = frames[0] as Int32Array;
     const hidden = h['hasHidden'] === true ? (frames[1] as Float32Array) : undefined;
-    const incoming = h['hasProjection'] === true ? (frames[h['hasHidden'] === true ? 2 : 1] as Float32Array) : undefined;
+    const incoming =
+      h['hasProjection'] === true ? (frames[h['hasHidden'] === true ? 2 : 1] as Float32Array) : undefined;
     let at = 0;
     const sequences: ForwardSequence[] = (h['seqs'] as WireSequence[]).map((s) => {
       const seq: ForwardSequence = {
-        id: s.id, position: s.position, tokens: tokens.subarray(at, at + s.n), logits: 'none',
-        ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: Int32Array.from(s.tree) }),
+        id: s.id,
+        position: s.position,
+        tokens: tokens.subarray(at, at + s.n),
+        logits: 'none',
+        ...(s.phase === undefined ? {} : { phase: s.phase }),
+        ...(s.tree === undefined ? {} : { tree: Int32Array.from(s.tree) }),
       };
       at += s.n;
       return seq;
     });
-    const result = this.runForward(cacheId, (cache) => this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
-      taps: h['taps'] as number[], stateSnapshots: h['snapshots'] === true,
-    }));
+    const result = this.runForward(cacheId, (cache) =>
+      this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
+        taps: h['taps'] as number[],
+        stateSnapshots: h['snapshots'] === true,
+      }),
+    );
     if (this.projection !== undefined && (result.taps.size > 0 || incoming !== undefined)) {
-      const acc = result.taps.size > 0 ? this.projection.projectTargetHiddenPartial(result.taps, tokens.length, incoming) : incoming;
-      return { header: { type: 'ok', taps: [], projection: acc !== undefined }, frames: acc === undefined ? [result.hidden] : [result.hidden, acc] };
+      const acc =
+        result.taps.size > 0
+          ? this.projection.projectTargetHiddenPartial(result.taps, tokens.length, incoming)
+          : incoming;
+      return {
+        header: { type: 'ok', taps: [], projection: acc !== undefined },
+        frames: acc === undefined ? [result.hidden] : [result.hidden, acc],
+      };
     }
     const tapIds = [...result.taps.keys()];
-    return { header: { type: 'ok', taps: tapIds, projection: false }, frames: [result.hidden, ...tapIds.map((t) => result.taps.get(t)!)] };
+    return {
+      header: { type: 'ok', taps: tapIds, projection: false },
+      frames: [result.hidden, ...tapIds.map((t) => result.taps.get(t)!)],
+    };
   }
 }
 
@@ -176,9 +205,14 @@ function exitWithDriver(): void {
 
 async function main(): Promise<void> {
   const [transport, reqPath, respPath] = process.argv.slice(2);
-  const ok = transport === 'zmq' ? reqPath !== undefined : transport === 'fifo' && reqPath !== undefined && respPath !== undefined;
+  const ok =
+    transport === 'zmq'
+      ? reqPath !== undefined
+      : transport === 'fifo' && reqPath !== undefined && respPath !== undefined;
   if (!ok || process.send === undefined) {
-    process.stderr.write('stage-worker: run by startPipeline (argv: zmq <endpoint> | fifo <request fifo> <response fifo>; IPC channel)\n');
+    process.stderr.write(
+      'stage-worker: run by startPipeline (argv: zmq <endpoint> | fifo <request fifo> <response fifo>; IPC channel)\n',
+    );
     process.exit(2);
   }
   if (transport === 'zmq') exitWithDriver();
@@ -191,8 +225,15 @@ async function main(): Promise<void> {
     if ((init.tp ?? 1) > 1) {
       // TP × PP: this stage's layers over tp ranks (rank 0 on this thread, the others worker threads)
       const tpModel = await startTensorParallel({
-        modelDir: init.modelDir, plugins: init.plugins, tp: init.tp!, ...(init.kernelThreads === undefined ? {} : { kernelThreads: init.kernelThreads }),
-        range: { layerStart: init.layerStart, layerEnd: init.layerEnd, ...(init.embedding === true ? { embedding: true } : {}) },
+        modelDir: init.modelDir,
+        plugins: init.plugins,
+        tp: init.tp!,
+        ...(init.kernelThreads === undefined ? {} : { kernelThreads: init.kernelThreads }),
+        range: {
+          layerStart: init.layerStart,
+          layerEnd: init.layerEnd,
+          ...(init.embedding === true ? { embedding: true } : {}),
+        },
       });
       model = tpModel;
       ranks = tpModel.ranks;
@@ -209,7 +250,12 @@ async function main(): Promise<void> {
     if (transport === 'zmq') {
       const { serveZmq } = await import('./zmq-stage.js');
       const serving = serveZmq(reqPath!, (msg) => handle(server, msg));
-      await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) }, (err: Error | null) => (err ? reject(err) : resolve())));
+      await new Promise<void>((resolve, reject) =>
+        process.send!(
+          { type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) },
+          (err: Error | null) => (err ? reject(err) : resolve()),
+        ),
+      );
       await serving.catch((err: Error) => {
         process.stderr.write(`pipeline stage ${init.stage}: ${err.message}\n`);
         process.exit(1);
@@ -220,11 +266,18 @@ async function main(): Promise<void> {
     const writeFd = fs.openSync(respPath!, 'w');
     const readFd = fs.openSync(reqPath!, 'r');
     const ch = new FifoChannel(readFd, writeFd, 5);
-    await new Promise<void>((resolve, reject) => process.send!({ type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) }, (err: Error | null) => (err ? reject(err) : resolve())));
+    await new Promise<void>((resolve, reject) =>
+      process.send!(
+        { type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) },
+        (err: Error | null) => (err ? reject(err) : resolve()),
+      ),
+    );
     serveFifo(server, ch);
   } catch (err) {
     const e = err as Error;
-    await new Promise<void>((resolve) => process.send!({ type: 'error', name: e.name, message: e.message }, () => resolve()));
+    await new Promise<void>((resolve) =>
+      process.send!({ type: 'error', name: e.name, message: e.message }, () => resolve()),
+    );
     process.exit(1);
   }
 }

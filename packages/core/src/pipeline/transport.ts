@@ -94,13 +94,18 @@ export function encodeMessage(msg: Message): ArrayBuffer {
 export function decodeMessage(bytes: Uint8Array<ArrayBuffer>): Message {
   if (bytes.byteLength < 4) throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes)`);
   const n = new DataView(bytes.buffer, bytes.byteOffset, 4).getUint32(0, true);
-  if (4 + n > bytes.byteLength) throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes, header ends at ${4 + n})`);
-  const header = JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + 4, n).toString('utf8')) as Record<string, unknown> & { frames: { dtype: 'f32' | 'i32'; length: number }[] };
+  if (4 + n > bytes.byteLength)
+    throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes, header ends at ${4 + n})`);
+  const header = JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + 4, n).toString('utf8')) as Record<
+    string,
+    unknown
+  > & { frames: { dtype: 'f32' | 'i32'; length: number }[] };
   let at = 4 + n;
   const frames: Frame[] = header.frames.map(({ dtype, length }) => {
     const T = DTYPES[dtype];
     const len = length * 4;
-    if (at + len > bytes.byteLength) throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes, frame ends at ${at + len})`);
+    if (at + len > bytes.byteLength)
+      throw new Error(`stage transport: truncated message (${bytes.byteLength} bytes, frame ends at ${at + len})`);
     const off = bytes.byteOffset + at;
     const f = off % 4 === 0 ? new T(bytes.buffer, off, length) : new T(bytes.buffer.slice(off, off + len));
     at += len;
@@ -115,7 +120,11 @@ export function decodeMessage(bytes: Uint8Array<ArrayBuffer>): Message {
  */
 export class FifoChannel implements SyncChannel {
   private closed = false;
-  constructor(private readonly readFd: number, private readonly writeFd: number, private readonly idleMaxMs = 1) {}
+  constructor(
+    private readonly readFd: number,
+    private readonly writeFd: number,
+    private readonly idleMaxMs = 1,
+  ) {}
 
   send(msg: Message): void {
     const frames = msg.frames.map((f) => ({ dtype: f instanceof Float32Array ? 'f32' : 'i32', length: f.length }));
@@ -130,7 +139,9 @@ export class FifoChannel implements SyncChannel {
   receive(): Message {
     const pre = this.readExactly(4, false);
     const n = pre.readUInt32LE(0);
-    const header = JSON.parse(this.readExactly(n, true).toString('utf8')) as Record<string, unknown> & { frames: { dtype: 'f32' | 'i32'; length: number }[] };
+    const header = JSON.parse(this.readExactly(n, true).toString('utf8')) as Record<string, unknown> & {
+      frames: { dtype: 'f32' | 'i32'; length: number }[];
+    };
     const frames: Frame[] = header.frames.map(({ dtype, length }) => {
       const T = DTYPES[dtype];
       const out = new T(length);

@@ -118,12 +118,15 @@ function openChannel(data: BridgeData): void {
   try {
     if (data.mode === 'bind') {
       // (zeromq.js refuses a receive while a bind is in progress)
-      sock.bind(data.endpoint).then(() => {
-        post({ t: 'ready', endpoint: sock.lastEndpoint ?? data.endpoint });
-        void receiveLoop();
-      }, (err: Error) => {
-        post({ t: 'error', message: `zmq bind ${data.endpoint}: ${err.message}` });
-      });
+      sock.bind(data.endpoint).then(
+        () => {
+          post({ t: 'ready', endpoint: sock.lastEndpoint ?? data.endpoint });
+          void receiveLoop();
+        },
+        (err: Error) => {
+          post({ t: 'error', message: `zmq bind ${data.endpoint}: ${err.message}` });
+        },
+      );
     } else {
       sock.connect(data.endpoint);
       post({ t: 'ready', endpoint: data.endpoint });

@@ -118,7 +118,11 @@ export class ZmqChannel implements SyncChannel {
     return new ZmqChannel(endpoint, 'connect', options);
   }
 
-  constructor(endpoint: string, mode: 'bind' | 'connect', private readonly options: ZmqChannelOptions = {}) {
+  constructor(
+    endpoint: string,
+    mode: 'bind' | 'connect',
+    private readonly options: ZmqChannelOptions = {},
+  ) {
     this.pollMs = options.pollMs ?? 20;
     this.lingerMs = options.lingerMs ?? 200;
     const sab = new SharedArrayBuffer(4);
@@ -128,7 +132,14 @@ export class ZmqChannel implements SyncChannel {
     this.toBridge = a.port1;
     this.fromBridge = b.port1;
     openChannels.add(this);
-    const data: BridgeData = { ctl: sab, toBridge: a.port2, toCaller: b.port2, endpoint, mode, lingerMs: this.lingerMs };
+    const data: BridgeData = {
+      ctl: sab,
+      toBridge: a.port2,
+      toCaller: b.port2,
+      endpoint,
+      mode,
+      lingerMs: this.lingerMs,
+    };
     bridgeWorker().postMessage({ t: 'open', data }, [a.port2, b.port2]);
     // wait (synchronously) for 'ready'
     const timeout = options.readyTimeoutMs ?? 10_000;
@@ -142,7 +153,12 @@ export class ZmqChannel implements SyncChannel {
         else this.apply(ev);
       }
       if (ready !== undefined) break;
-      const failed = this.error ?? bridgeFailure ?? (Date.now() > deadline ? `zmq channel: the bridge did not ${mode} ${endpoint} within ${timeout} ms` : undefined);
+      const failed =
+        this.error ??
+        bridgeFailure ??
+        (Date.now() > deadline
+          ? `zmq channel: the bridge did not ${mode} ${endpoint} within ${timeout} ms`
+          : undefined);
       if (failed !== undefined) {
         this.close();
         throw new Error(failed);

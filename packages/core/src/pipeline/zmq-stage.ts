@@ -20,7 +20,11 @@ import * as zmq from 'zeromq';
 import { decodeMessage, encodeMessage, type Message } from './transport.js';
 
 /** Serves `endpoint` until `handle` returns `'exit'`. `handle` runs synchronously for each request. */
-export async function serveZmq(endpoint: string, handle: (msg: Message) => Message | 'exit', lingerMs = 200): Promise<void> {
+export async function serveZmq(
+  endpoint: string,
+  handle: (msg: Message) => Message | 'exit',
+  lingerMs = 200,
+): Promise<void> {
   const sock = new zmq.Pair({ linger: lingerMs });
   sock.connect(endpoint);
   try {

@@ -136,7 +136,11 @@ export interface PartialProjection {
   /** Tensor reads that built it (what the stage loaded: e.g. `fc.weight` columns of its taps). */
   readonly reads: readonly TensorRead[];
   /** As {@link Drafter.projectTargetHiddenPartial}, for {@link taps} only. */
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array;
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array;
   /** Drops the weights. */
   dispose(): void;
 }
@@ -217,7 +221,10 @@ export interface DraftProposal {
  * tap 0 (the embeddings) belongs to the first stage. A tap on a stage boundary goes to the earlier
  * stage; a stage may produce none (an empty capture stage).
  */
-export function stageTaps(taps: readonly number[], stage: Pick<StageInfo, 'layerStart' | 'layerEnd' | 'isFirst'>): number[] {
+export function stageTaps(
+  taps: readonly number[],
+  stage: Pick<StageInfo, 'layerStart' | 'layerEnd' | 'isFirst'>,
+): number[] {
   return taps.filter((t) => (t === 0 ? stage.isFirst : t > stage.layerStart && t <= stage.layerEnd));
 }
 
@@ -238,7 +245,11 @@ export interface Drafter {
    * `accumulator` (`[numTokens, hiddenSize]` f32, created zeroed when absent) and returned.
    * @param stageTaps tap id → `[numTokens, hiddenSize]` f32, the taps this stage owns (may be none).
    */
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array;
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array;
   /**
    * materialise: norm after the sum, per draft layer K/V, k-norm, RoPE at the spans' absolute
    * positions, written into the draft KV pages (appended to each sequence's context).

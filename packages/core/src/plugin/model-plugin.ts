@@ -193,7 +193,11 @@ export interface StageModel {
    * the whole drafter on this thread with `target` = this model, as for a local target.
    * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (a spread that does not fit it).
    */
-  loadDrafter?(dir: string, plugins: readonly string[], options: Omit<DrafterLoadOptions, 'target'>): Promise<Drafter | undefined>;
+  loadDrafter?(
+    dir: string,
+    plugins: readonly string[],
+    options: Omit<DrafterLoadOptions, 'target'>,
+  ): Promise<Drafter | undefined>;
   /**
    * A model split into stages (optional; a pipeline): each stage that produces some of `spec.taps`
    * loads its share of the drafter's projection (`DrafterPlugin.loadProjection` of the drafter at
@@ -304,7 +308,17 @@ export interface ModelPlugin {
 
 /** Factory of a {@link ForwardSequence} for tests and callers (`logits` defaults to `'last'`). */
 export function forwardSequence(
-  id: SequenceId, position: number, tokens: ArrayLike<number>, logits: LogitsRequest = 'last', phase?: 'prefill',
+  id: SequenceId,
+  position: number,
+  tokens: ArrayLike<number>,
+  logits: LogitsRequest = 'last',
+  phase?: 'prefill',
 ): ForwardSequence {
-  return Object.freeze({ id, position, tokens: Int32Array.from(tokens), logits, ...(phase === undefined ? {} : { phase }) });
+  return Object.freeze({
+    id,
+    position,
+    tokens: Int32Array.from(tokens),
+    logits,
+    ...(phase === undefined ? {} : { phase }),
+  });
 }

@@ -25,7 +25,13 @@ export const MODEL_PLUGIN: InjectionToken<ModelPlugin> = 'specd:ModelPlugin';
 export const DRAFTER_PLUGIN: InjectionToken<DrafterPlugin> = 'specd:DrafterPlugin';
 
 /** Plugin packages loaded when the config names none. */
-export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze(['@specd/model-kimi-k3', '@specd/model-llama', '@specd/plugin-dflash', '@specd/plugin-dspark', '@specd/plugin-eagle3']);
+export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze([
+  '@specd/model-kimi-k3',
+  '@specd/model-llama',
+  '@specd/plugin-dflash',
+  '@specd/plugin-dspark',
+  '@specd/plugin-eagle3',
+]);
 
 /** Thrown when no plugin matches a config, or a plugin package cannot be loaded. */
 export class PluginError extends Error {
@@ -66,8 +72,12 @@ export class ModelRegistry {
     const byType = type === undefined ? undefined : this.list.find((p) => p.modelTypes.includes(type));
     const found = byType ?? this.list.find((p) => p.architectures.some((a) => archs.includes(a)));
     if (found !== undefined) return found;
-    const loaded = this.list.length === 0 ? 'none'
-      : this.list.map((p) => `${p.name} (model_type ${p.modelTypes.join('|')}; architectures ${p.architectures.join('|')})`).join(', ');
+    const loaded =
+      this.list.length === 0
+        ? 'none'
+        : this.list
+            .map((p) => `${p.name} (model_type ${p.modelTypes.join('|')}; architectures ${p.architectures.join('|')})`)
+            .join(', ');
     throw new PluginError(
       `${config.file}: no model plugin for model_type ${JSON.stringify(type ?? null)} / architectures [${archs.join(', ')}]; loaded: ${loaded}`,
     );
@@ -79,10 +89,20 @@ export class ModelRegistry {
    */
   resolveGguf(file: GgufFile): ModelPlugin {
     const arch = file.has('general.architecture') ? file.getString('general.architecture') : undefined;
-    const found = arch === undefined ? undefined : this.list.find((p) => p.loadGguf !== undefined && (p.ggufArchitectures ?? []).includes(arch));
+    const found =
+      arch === undefined
+        ? undefined
+        : this.list.find((p) => p.loadGguf !== undefined && (p.ggufArchitectures ?? []).includes(arch));
     if (found !== undefined) return found;
-    const loaded = this.list.length === 0 ? 'none' : this.list.map((p) => `${p.name} (GGUF architectures ${(p.ggufArchitectures ?? []).join('|') || 'none'})`).join(', ');
-    throw new PluginError(`${file.file}: no model plugin loads GGUF architecture ${JSON.stringify(arch ?? null)}; loaded: ${loaded}`);
+    const loaded =
+      this.list.length === 0
+        ? 'none'
+        : this.list
+            .map((p) => `${p.name} (GGUF architectures ${(p.ggufArchitectures ?? []).join('|') || 'none'})`)
+            .join(', ');
+    throw new PluginError(
+      `${file.file}: no model plugin loads GGUF architecture ${JSON.stringify(arch ?? null)}; loaded: ${loaded}`,
+    );
   }
 }
 
@@ -104,15 +124,22 @@ function resolveFromProject(name: string, from: string): string | undefined {
  * to specd), then from core's own location (the built-ins).
  * @throws {PluginError} naming the package that cannot be imported or has no `register` function.
  */
-export async function loadPluginPackages(names: readonly string[], container: DependencyContainer = rootContainer, from: string = process.cwd()): Promise<void> {
+export async function loadPluginPackages(
+  names: readonly string[],
+  container: DependencyContainer = rootContainer,
+  from: string = process.cwd(),
+): Promise<void> {
   for (const name of names) {
     let mod: { register?: unknown };
     try {
       mod = (await import(resolveFromProject(name, from) ?? name)) as { register?: unknown };
     } catch (cause) {
-      throw new PluginError(`plugin package ${JSON.stringify(name)} cannot be imported: ${(cause as Error).message}`, { cause });
+      throw new PluginError(`plugin package ${JSON.stringify(name)} cannot be imported: ${(cause as Error).message}`, {
+        cause,
+      });
     }
-    if (typeof mod.register !== 'function') throw new PluginError(`plugin package ${JSON.stringify(name)} exports no register(container) function`);
+    if (typeof mod.register !== 'function')
+      throw new PluginError(`plugin package ${JSON.stringify(name)} exports no register(container) function`);
     (mod.register as (c: DependencyContainer) => void)(container);
   }
 }
@@ -127,7 +154,9 @@ export class DrafterRegistry {
 
   /** All drafter plugins registered in `container` under {@link DRAFTER_PLUGIN}. */
   static fromContainer(container: DependencyContainer = rootContainer): DrafterRegistry {
-    return new DrafterRegistry(container.isRegistered(DRAFTER_PLUGIN, true) ? container.resolveAll(DRAFTER_PLUGIN) : []);
+    return new DrafterRegistry(
+      container.isRegistered(DRAFTER_PLUGIN, true) ? container.resolveAll(DRAFTER_PLUGIN) : [],
+    );
   }
 
   /** Adds a plugin. */
@@ -148,8 +177,13 @@ export class DrafterRegistry {
     const archs = config.architectures;
     const found = this.list.find((p) => p.architectures.some((a) => archs.includes(a)));
     if (found !== undefined) return found;
-    const loaded = this.list.length === 0 ? 'none' : this.list.map((p) => `${p.method} (architectures ${p.architectures.join('|')})`).join(', ');
-    throw new PluginError(`${config.file}: no drafter plugin for architectures [${archs.join(', ')}]; loaded methods: ${loaded}`);
+    const loaded =
+      this.list.length === 0
+        ? 'none'
+        : this.list.map((p) => `${p.method} (architectures ${p.architectures.join('|')})`).join(', ');
+    throw new PluginError(
+      `${config.file}: no drafter plugin for architectures [${archs.join(', ')}]; loaded methods: ${loaded}`,
+    );
   }
 
   /**
@@ -159,6 +193,8 @@ export class DrafterRegistry {
   resolveMethod(method: string): DrafterPlugin {
     const found = this.list.find((p) => p.method === method);
     if (found !== undefined) return found;
-    throw new PluginError(`no drafter plugin for method ${JSON.stringify(method)}; loaded methods: ${this.list.length === 0 ? 'none' : this.list.map((p) => p.method).join(', ')}`);
+    throw new PluginError(
+      `no drafter plugin for method ${JSON.stringify(method)}; loaded methods: ${this.list.length === 0 ? 'none' : this.list.map((p) => p.method).join(', ')}`,
+    );
   }
 }

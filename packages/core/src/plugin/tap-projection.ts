@@ -52,15 +52,27 @@ export class TapProjection implements PartialProjection {
    * (default all). A strict subset reads only those columns (`WeightReader.bf16Block`).
    * @throws {DrafterError} for a tap not in `allTaps` or a mis-shaped tensor.
    */
-  static read(reader: WeightReader, name: string, hiddenSize: number, allTaps: readonly number[], where: string, taps: readonly number[] = allTaps): TapProjection {
+  static read(
+    reader: WeightReader,
+    name: string,
+    hiddenSize: number,
+    allTaps: readonly number[],
+    where: string,
+    taps: readonly number[] = allTaps,
+  ): TapProjection {
     const D = hiddenSize;
     const nT = allTaps.length;
     const shape = reader.shape(name);
     if (shape.length !== 2 || shape[0] !== D || shape[1] !== nT * D) {
-      throw new DrafterError(`${where}: ${name} is [${shape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`);
+      throw new DrafterError(
+        `${where}: ${name} is [${shape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`,
+      );
     }
     const bad = taps.filter((t) => !allTaps.includes(t));
-    if (bad.length > 0) throw new DrafterError(`${where}: taps [${bad.join(', ')}] are not among the drafter's taps [${allTaps.join(', ')}]`);
+    if (bad.length > 0)
+      throw new DrafterError(
+        `${where}: taps [${bad.join(', ')}] are not among the drafter's taps [${allTaps.join(', ')}]`,
+      );
     const before = reader.reads.length;
     const blocks = new Map<number, PackedBf16Weights>();
     if (taps.length === nT) {
@@ -82,19 +94,31 @@ export class TapProjection implements PartialProjection {
    * @returns the accumulator.
    * @throws {DrafterError} for a tap this projection has no block for, or a mis-sized tap / accumulator.
    */
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
     const D = this.hiddenSize;
     const acc = accumulator ?? new Float32Array(numTokens * D);
-    if (acc.length !== numTokens * D) throw new DrafterError(`${this.where}: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`);
+    if (acc.length !== numTokens * D)
+      throw new DrafterError(
+        `${this.where}: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`,
+      );
     const order = [...stageTaps.keys()].sort((a, b) => a - b);
     for (const tap of order) {
       const w = this.blocks.get(tap);
       if (w === undefined) {
         const held = this.taps;
-        throw new DrafterError(`${this.where}: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${(held.length === this.allTaps.length ? this.allTaps : held).join(', ')}]`);
+        throw new DrafterError(
+          `${this.where}: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${(held.length === this.allTaps.length ? this.allTaps : held).join(', ')}]`,
+        );
       }
       const h = stageTaps.get(tap)!;
-      if (h.length !== numTokens * D) throw new DrafterError(`${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`);
+      if (h.length !== numTokens * D)
+        throw new DrafterError(
+          `${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`,
+        );
       if (numTokens > 0) gemmBf16Accumulate(h, numTokens, w, acc);
     }
     return acc;

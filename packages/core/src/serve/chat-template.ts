@@ -22,7 +22,10 @@ export class ChatTemplate {
   private readonly template: Template;
 
   /** @throws {ChatTemplateError} if `source` does not parse. */
-  constructor(readonly source: string, private readonly specials: { bos_token?: string; eos_token?: string } = {}) {
+  constructor(
+    readonly source: string,
+    private readonly specials: { bos_token?: string; eos_token?: string } = {},
+  ) {
     try {
       this.template = new Template(source);
     } catch (cause) {

@@ -59,7 +59,12 @@ export class EngineLoop {
   private inFlight = 0;
 
   /** Builds the loop's {@link SpecEngine} over `target` and `drafter`. @throws {EngineError} as the engine's constructor. */
-  constructor(target: StageModel, drafter: Drafter | undefined, engineOptions: SpecEngineOptions, private readonly options: EngineLoopOptions) {
+  constructor(
+    target: StageModel,
+    drafter: Drafter | undefined,
+    engineOptions: SpecEngineOptions,
+    private readonly options: EngineLoopOptions,
+  ) {
     this.engine = new SpecEngine(target, drafter, engineOptions);
   }
 
@@ -86,16 +91,28 @@ export class EngineLoop {
    */
   submit(req: LoopRequest, listener: LoopListener): number {
     if (this.closed) throw new OverloadedError('the server is shutting down');
-    if (this.waiting >= this.options.maxWaiting) throw new OverloadedError(`too many waiting requests (${this.waiting}, max_waiting_requests ${this.options.maxWaiting}); retry later`);
+    if (this.waiting >= this.options.maxWaiting)
+      throw new OverloadedError(
+        `too many waiting requests (${this.waiting}, max_waiting_requests ${this.options.maxWaiting}); retry later`,
+      );
     const tokens = req.promptIds.length + req.maxTokens;
     if (this.inFlight + tokens > this.options.maxTokensInFlight && this.entries.size > 0) {
-      throw new OverloadedError(`too many tokens in flight (${this.inFlight} + ${tokens} > max_tokens_in_flight ${this.options.maxTokensInFlight}); retry later`);
+      throw new OverloadedError(
+        `too many tokens in flight (${this.inFlight} + ${tokens} > max_tokens_in_flight ${this.options.maxTokensInFlight}); retry later`,
+      );
     }
     const id = this.nextId++;
     const entry: Entry = { listener, tokens, started: false };
     this.engine.add({
-      id, promptIds: req.promptIds, maxTokens: req.maxTokens, sampling: req.sampling, seed: req.seed, seeded: req.seeded,
-      ignoreEos: req.ignoreEos, eosTokenIds: this.options.eosTokenIds, stopStrings: req.stopStrings,
+      id,
+      promptIds: req.promptIds,
+      maxTokens: req.maxTokens,
+      sampling: req.sampling,
+      seed: req.seed,
+      seeded: req.seeded,
+      ignoreEos: req.ignoreEos,
+      eosTokenIds: this.options.eosTokenIds,
+      stopStrings: req.stopStrings,
       onToken: (t) => {
         entry.started = true;
         listener.onToken(t);

@@ -20,17 +20,34 @@ export class ApiError extends Error {
 }
 
 /** 400 for a bad parameter, naming it. */
-export const invalidParam = (param: string, message: string): ApiError => new ApiError(400, `${param}: ${message}`, 'invalid_request_error', param, 'invalid_value');
+export const invalidParam = (param: string, message: string): ApiError =>
+  new ApiError(400, `${param}: ${message}`, 'invalid_request_error', param, 'invalid_value');
 /** 400 when the chat template rejects the messages (e.g. its `raise_exception`) or cannot render them: names why. */
-export const chatTemplateFailed = (err: Error): ApiError => new ApiError(400, `messages: ${err.message}`, 'invalid_request_error', 'messages', 'chat_template_error');
+export const chatTemplateFailed = (err: Error): ApiError =>
+  new ApiError(400, `messages: ${err.message}`, 'invalid_request_error', 'messages', 'chat_template_error');
 /** 401. */
-export const badApiKey = (): ApiError => new ApiError(401, 'Incorrect API key provided (expected "Authorization: Bearer <key>")', 'invalid_request_error', null, 'invalid_api_key');
+export const badApiKey = (): ApiError =>
+  new ApiError(
+    401,
+    'Incorrect API key provided (expected "Authorization: Bearer <key>")',
+    'invalid_request_error',
+    null,
+    'invalid_api_key',
+  );
 /** 404 for a model this server does not serve. */
 export const unknownModel = (model: string, served: string): ApiError =>
-  new ApiError(404, `The model ${JSON.stringify(model)} does not exist (this server serves ${JSON.stringify(served)})`, 'invalid_request_error', 'model', 'model_not_found');
+  new ApiError(
+    404,
+    `The model ${JSON.stringify(model)} does not exist (this server serves ${JSON.stringify(served)})`,
+    'invalid_request_error',
+    'model',
+    'model_not_found',
+  );
 /** 413 for a request longer than a sequence may be. */
-export const tooLong = (message: string, param: string): ApiError => new ApiError(413, message, 'invalid_request_error', param, 'context_length_exceeded');
+export const tooLong = (message: string, param: string): ApiError =>
+  new ApiError(413, message, 'invalid_request_error', param, 'context_length_exceeded');
 /** 503 when the queue or the tokens in flight are full. */
 export const overloaded = (message: string): ApiError => new ApiError(503, message, 'server_error', null, 'overloaded');
 /** 500 when the model can no longer run (e.g. a pipeline stage process died): names what broke. */
-export const modelFailed = (err: Error): ApiError => new ApiError(500, `the model cannot run: ${err.message}`, 'server_error', null, 'model_failed');
+export const modelFailed = (err: Error): ApiError =>
+  new ApiError(500, `the model cannot run: ${err.message}`, 'server_error', null, 'model_failed');

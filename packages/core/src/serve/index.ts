@@ -1,8 +1,21 @@
 /** @specd/core serve: the OpenAI-compatible HTTP server, its engine loop and metrics. */
 export { ChatTemplate, ChatTemplateError, type ChatMessage } from './chat-template.js';
-export { EngineLoop, OverloadedError, type EngineLoopOptions, type LoopListener, type LoopRequest } from './engine-loop.js';
+export {
+  EngineLoop,
+  OverloadedError,
+  type EngineLoopOptions,
+  type LoopListener,
+  type LoopRequest,
+} from './engine-loop.js';
 export { ApiError } from './errors.js';
 export { ServerMetrics, type ServerGaugeSource } from './metrics.js';
-export { parseChatRequest, parseCompletionRequest, type ChatRequest, type CompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
+export {
+  parseChatRequest,
+  parseCompletionRequest,
+  type ChatRequest,
+  type CompletionRequest,
+  type GenerationParams,
+  type SamplingDefaults,
+} from './protocol.js';
 export { SpecdServer, type SchedulerSettings, type SpecdServerOptions } from './server.js';
 export { StopTextBuffer } from './stop-text.js';

@@ -40,34 +40,112 @@ export class ServerMetrics {
   constructor(source: ServerGaugeSource, options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
     if (options.defaultMetrics === true) collectDefaultMetrics({ register: this.registry, prefix: 'specd_process_' });
-    this.requests = new Counter({ name: 'specd_requests_total', help: 'finished generation requests', labelNames: ['endpoint', 'finish_reason'], registers });
-    this.errors = new Counter({ name: 'specd_request_errors_total', help: 'requests answered with an error, by HTTP status', labelNames: ['status'], registers });
-    this.promptTokens = new Counter({ name: 'specd_prompt_tokens_total', help: 'prompt tokens of finished requests', registers });
-    this.generationTokens = new Counter({ name: 'specd_generation_tokens_total', help: 'generated tokens of finished requests', registers });
-    this.ttft = new Histogram({ name: 'specd_time_to_first_token_seconds', help: 'request arrival to first token', buckets: LATENCY_BUCKETS, registers });
-    this.tpot = new Histogram({ name: 'specd_time_per_output_token_seconds', help: '(e2e − ttft) / (tokens − 1), per request with ≥ 2 tokens', buckets: TPOT_BUCKETS, registers });
-    this.e2e = new Histogram({ name: 'specd_e2e_request_latency_seconds', help: 'request arrival to last token', buckets: LATENCY_BUCKETS, registers });
-    new Gauge({ name: 'specd_num_requests_running', help: 'requests being decoded', registers, collect() { this.set(source.running()); } });
-    new Gauge({ name: 'specd_num_requests_waiting', help: 'requests queued, not yet prefilled', registers, collect() { this.set(source.waiting()); } });
+    this.requests = new Counter({
+      name: 'specd_requests_total',
+      help: 'finished generation requests',
+      labelNames: ['endpoint', 'finish_reason'],
+      registers,
+    });
+    this.errors = new Counter({
+      name: 'specd_request_errors_total',
+      help: 'requests answered with an error, by HTTP status',
+      labelNames: ['status'],
+      registers,
+    });
+    this.promptTokens = new Counter({
+      name: 'specd_prompt_tokens_total',
+      help: 'prompt tokens of finished requests',
+      registers,
+    });
+    this.generationTokens = new Counter({
+      name: 'specd_generation_tokens_total',
+      help: 'generated tokens of finished requests',
+      registers,
+    });
+    this.ttft = new Histogram({
+      name: 'specd_time_to_first_token_seconds',
+      help: 'request arrival to first token',
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.tpot = new Histogram({
+      name: 'specd_time_per_output_token_seconds',
+      help: '(e2e − ttft) / (tokens − 1), per request with ≥ 2 tokens',
+      buckets: TPOT_BUCKETS,
+      registers,
+    });
+    this.e2e = new Histogram({
+      name: 'specd_e2e_request_latency_seconds',
+      help: 'request arrival to last token',
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
     new Gauge({
-      name: 'specd_kv_pages_used', help: 'KV pages in use (target: paged layers; draft: the drafter\'s pool)', labelNames: ['cache'], registers,
+      name: 'specd_num_requests_running',
+      help: 'requests being decoded',
+      registers,
+      collect() {
+        this.set(source.running());
+      },
+    });
+    new Gauge({
+      name: 'specd_num_requests_waiting',
+      help: 'requests queued, not yet prefilled',
+      registers,
+      collect() {
+        this.set(source.waiting());
+      },
+    });
+    new Gauge({
+      name: 'specd_kv_pages_used',
+      help: "KV pages in use (target: paged layers; draft: the drafter's pool)",
+      labelNames: ['cache'],
+      registers,
       collect() {
         this.set({ cache: 'target' }, source.targetPagesInUse());
         this.set({ cache: 'draft' }, source.draftPagesInUse());
       },
     });
-    this.numDrafts = new Counter({ name: 'specd_spec_decode_num_drafts_total', help: 'draft proposals: verify steps, summed over requests, that verified at least one draft token (plain k = 0 steps excluded)', registers });
-    this.numDraftTokens = new Counter({ name: 'specd_spec_decode_num_draft_tokens_total', help: 'draft tokens proposed', registers });
-    this.numAcceptedTokens = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_total', help: 'draft tokens accepted', registers });
-    this.acceptedPerPos = new Counter({ name: 'specd_spec_decode_num_accepted_tokens_per_pos_total', help: 'draft tokens accepted, by draft position (0-based)', labelNames: ['position'], registers });
-    this.verifyBudget = new Histogram({
-      name: 'specd_verify_budget_tokens', help: 'drafts verified per step whose proposal went through a verify budget (adaptive verification)', buckets: BUDGET_BUCKETS, registers,
+    this.numDrafts = new Counter({
+      name: 'specd_spec_decode_num_drafts_total',
+      help: 'draft proposals: verify steps, summed over requests, that verified at least one draft token (plain k = 0 steps excluded)',
+      registers,
     });
-    this.numUnverifiedTokens = new Counter({ name: 'specd_spec_decode_num_unverified_draft_tokens_total', help: 'draft tokens proposed but cut by a verify budget', registers });
+    this.numDraftTokens = new Counter({
+      name: 'specd_spec_decode_num_draft_tokens_total',
+      help: 'draft tokens proposed',
+      registers,
+    });
+    this.numAcceptedTokens = new Counter({
+      name: 'specd_spec_decode_num_accepted_tokens_total',
+      help: 'draft tokens accepted',
+      registers,
+    });
+    this.acceptedPerPos = new Counter({
+      name: 'specd_spec_decode_num_accepted_tokens_per_pos_total',
+      help: 'draft tokens accepted, by draft position (0-based)',
+      labelNames: ['position'],
+      registers,
+    });
+    this.verifyBudget = new Histogram({
+      name: 'specd_verify_budget_tokens',
+      help: 'drafts verified per step whose proposal went through a verify budget (adaptive verification)',
+      buckets: BUDGET_BUCKETS,
+      registers,
+    });
+    this.numUnverifiedTokens = new Counter({
+      name: 'specd_spec_decode_num_unverified_draft_tokens_total',
+      help: 'draft tokens proposed but cut by a verify budget',
+      registers,
+    });
   }
 
   /** Records a finished request. Times in seconds; `ttft` undefined when no token came. */
-  recordRequest(endpoint: string, finishReason: string, r: { promptTokens: number; outputTokens: number; ttft?: number; e2e: number; spec?: RequestMetrics }): void {
+  recordRequest(
+    endpoint: string,
+    finishReason: string,
+    r: { promptTokens: number; outputTokens: number; ttft?: number; e2e: number; spec?: RequestMetrics },
+  ): void {
     this.requests.inc({ endpoint, finish_reason: finishReason });
     this.promptTokens.inc(r.promptTokens);
     this.generationTokens.inc(r.outputTokens);
@@ -79,10 +157,14 @@ export class ServerMetrics {
       this.numDrafts.inc(m.draftSteps);
       this.numDraftTokens.inc(m.drafted);
       this.numAcceptedTokens.inc(m.accepted);
-      m.acceptedAt.forEach((c, i) => { if ((c ?? 0) > 0) this.acceptedPerPos.inc({ position: String(i) }, c); });
+      m.acceptedAt.forEach((c, i) => {
+        if ((c ?? 0) > 0) this.acceptedPerPos.inc({ position: String(i) }, c);
+      });
     }
     if (m !== undefined && m.budgetSteps > 0) {
-      m.budgetHistogram.forEach((c, n) => { for (let i = 0; i < (c ?? 0); i++) this.verifyBudget.observe(n); });
+      m.budgetHistogram.forEach((c, n) => {
+        for (let i = 0; i < (c ?? 0); i++) this.verifyBudget.observe(n);
+      });
       this.numUnverifiedTokens.inc(m.unverified);
     }
   }

@@ -46,11 +46,18 @@ export interface ChatRequest extends GenerationParams {
 type Body = Record<string, unknown>;
 
 function asBody(body: unknown): Body {
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw invalidParam('body', 'expected a JSON object');
+  if (body === null || typeof body !== 'object' || Array.isArray(body))
+    throw invalidParam('body', 'expected a JSON object');
   return body as Body;
 }
 
-function num(b: Body, key: string, check: (v: number) => boolean, expected: string, integer = false): number | undefined {
+function num(
+  b: Body,
+  key: string,
+  check: (v: number) => boolean,
+  expected: string,
+  integer = false,
+): number | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== 'number' || !Number.isFinite(v) || (integer && !Number.isSafeInteger(v)) || !check(v)) {
@@ -68,7 +75,8 @@ function bool(b: Body, key: string): boolean | undefined {
 
 function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly string[]): GenerationParams {
   const model = b['model'];
-  if (typeof model !== 'string' || model === '') throw invalidParam('model', `expected a model id, got ${JSON.stringify(model)}`);
+  if (typeof model !== 'string' || model === '')
+    throw invalidParam('model', `expected a model id, got ${JSON.stringify(model)}`);
   let maxTokens: number | undefined;
   for (const k of maxTokensKeys) maxTokens ??= num(b, k, (v) => v >= 1, 'an integer >= 1', true);
   const temperature = num(b, 'temperature', (v) => v >= 0 && v <= 2, 'a number in [0, 2]');
@@ -76,26 +84,38 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
   const topK = num(b, 'top_k', (v) => v >= -1, 'an integer >= 0 (0 or -1: off)', true);
   const seed = num(b, 'seed', (v) => v >= -(2 ** 53), 'an integer', true);
   num(b, 'n', (v) => v === 1, '1 (one choice per request)', true);
-  if (b['best_of'] !== undefined && b['best_of'] !== null && b['best_of'] !== 1) throw invalidParam('best_of', 'only 1 is supported');
+  if (b['best_of'] !== undefined && b['best_of'] !== null && b['best_of'] !== 1)
+    throw invalidParam('best_of', 'only 1 is supported');
   if (b['echo'] === true) throw invalidParam('echo', 'not supported');
-  if (b['logprobs'] !== undefined && b['logprobs'] !== null && b['logprobs'] !== false) throw invalidParam('logprobs', 'not supported');
+  if (b['logprobs'] !== undefined && b['logprobs'] !== null && b['logprobs'] !== false)
+    throw invalidParam('logprobs', 'not supported');
   let stop: string[] = [];
   const s = b['stop'];
   if (typeof s === 'string') stop = s === '' ? [] : [s];
   else if (Array.isArray(s)) {
-    if (s.length > 4 || s.some((x) => typeof x !== 'string' || x === '')) throw invalidParam('stop', 'expected a string or up to 4 non-empty strings');
+    if (s.length > 4 || s.some((x) => typeof x !== 'string' || x === ''))
+      throw invalidParam('stop', 'expected a string or up to 4 non-empty strings');
     stop = s as string[];
-  } else if (s !== undefined && s !== null) throw invalidParam('stop', `expected a string or an array of strings, got ${JSON.stringify(s)}`);
+  } else if (s !== undefined && s !== null)
+    throw invalidParam('stop', `expected a string or an array of strings, got ${JSON.stringify(s)}`);
   const stream = bool(b, 'stream') ?? false;
   const so = b['stream_options'];
-  if (so !== undefined && so !== null && (typeof so !== 'object' || Array.isArray(so))) throw invalidParam('stream_options', 'expected an object');
+  if (so !== undefined && so !== null && (typeof so !== 'object' || Array.isArray(so)))
+    throw invalidParam('stream_options', 'expected an object');
   const includeUsage = so !== undefined && so !== null && (so as Body)['include_usage'] === true;
   const defaultSeed = defaults.seed ?? (Math.random() * 2 ** 32) >>> 0;
   return {
-    model, maxTokens: maxTokens ?? defaults.max_tokens, temperature: temperature ?? defaults.temperature, topP: topP ?? defaults.top_p,
-    topK: topK === undefined ? defaults.top_k : Math.max(0, topK), seed: seed === undefined ? defaultSeed : seed >>> 0,
+    model,
+    maxTokens: maxTokens ?? defaults.max_tokens,
+    temperature: temperature ?? defaults.temperature,
+    topP: topP ?? defaults.top_p,
+    topK: topK === undefined ? defaults.top_k : Math.max(0, topK),
+    seed: seed === undefined ? defaultSeed : seed >>> 0,
     seeded: seed !== undefined || defaults.seed !== undefined,
-    stop, stream, includeUsage, ignoreEos: bool(b, 'ignore_eos') ?? false,
+    stop,
+    stream,
+    includeUsage,
+    ignoreEos: bool(b, 'ignore_eos') ?? false,
   };
 }
 
@@ -106,8 +126,15 @@ export function parseCompletionRequest(body: unknown, defaults: SamplingDefaults
   let prompt: string | readonly number[];
   if (typeof p === 'string') prompt = p;
   else if (Array.isArray(p) && p.length === 1 && typeof p[0] === 'string') prompt = p[0] as string;
-  else if (Array.isArray(p) && p.length > 0 && p.every((x) => Number.isSafeInteger(x) && (x as number) >= 0)) prompt = p as number[];
-  else if (Array.isArray(p) && p.length === 1 && Array.isArray(p[0]) && (p[0] as unknown[]).every((x) => Number.isSafeInteger(x) && (x as number) >= 0)) prompt = p[0] as number[];
+  else if (Array.isArray(p) && p.length > 0 && p.every((x) => Number.isSafeInteger(x) && (x as number) >= 0))
+    prompt = p as number[];
+  else if (
+    Array.isArray(p) &&
+    p.length === 1 &&
+    Array.isArray(p[0]) &&
+    (p[0] as unknown[]).every((x) => Number.isSafeInteger(x) && (x as number) >= 0)
+  )
+    prompt = p[0] as number[];
   else throw invalidParam('prompt', 'expected a string, or an array of token ids (one prompt per request)');
   if (b['suffix'] !== undefined && b['suffix'] !== null) throw invalidParam('suffix', 'not supported');
   return { ...common(b, defaults, ['max_tokens']), prompt };
@@ -117,16 +144,29 @@ export function parseCompletionRequest(body: unknown, defaults: SamplingDefaults
 export function parseChatRequest(body: unknown, defaults: SamplingDefaults): ChatRequest {
   const b = asBody(body);
   const msgs = b['messages'];
-  if (!Array.isArray(msgs) || msgs.length === 0) throw invalidParam('messages', 'expected a non-empty array of messages');
+  if (!Array.isArray(msgs) || msgs.length === 0)
+    throw invalidParam('messages', 'expected a non-empty array of messages');
   const messages: ChatMessage[] = msgs.map((m: unknown, i) => {
     if (m === null || typeof m !== 'object') throw invalidParam(`messages[${i}]`, 'expected an object {role, content}');
     const { role, content } = m as Body;
     if (role !== 'system' && role !== 'user' && role !== 'assistant' && role !== 'developer') {
-      throw invalidParam(`messages[${i}].role`, `expected "system", "developer", "user" or "assistant", got ${JSON.stringify(role)}`);
+      throw invalidParam(
+        `messages[${i}].role`,
+        `expected "system", "developer", "user" or "assistant", got ${JSON.stringify(role)}`,
+      );
     }
     let text: string;
     if (typeof content === 'string') text = content;
-    else if (Array.isArray(content) && content.every((c) => c !== null && typeof c === 'object' && (c as Body)['type'] === 'text' && typeof (c as Body)['text'] === 'string')) {
+    else if (
+      Array.isArray(content) &&
+      content.every(
+        (c) =>
+          c !== null &&
+          typeof c === 'object' &&
+          (c as Body)['type'] === 'text' &&
+          typeof (c as Body)['text'] === 'string',
+      )
+    ) {
       text = content.map((c) => (c as Body)['text'] as string).join('');
     } else throw invalidParam(`messages[${i}].content`, 'expected a string or an array of {type: "text", text} parts');
     return { role: role === 'developer' ? 'system' : role, content: text };

@@ -21,7 +21,16 @@ import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
 import { ChatTemplate, ChatTemplateError } from './chat-template.js';
 import { EngineLoop, OverloadedError } from './engine-loop.js';
-import { ApiError, badApiKey, chatTemplateFailed, invalidParam, modelFailed, overloaded, tooLong, unknownModel } from './errors.js';
+import {
+  ApiError,
+  badApiKey,
+  chatTemplateFailed,
+  invalidParam,
+  modelFailed,
+  overloaded,
+  tooLong,
+  unknownModel,
+} from './errors.js';
 import { ServerMetrics } from './metrics.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
@@ -38,7 +47,11 @@ export interface SchedulerSettings {
 
 /** What a server serves and how. */
 export interface SpecdServerOptions {
-  readonly target: { readonly model: StageModel; readonly tokenizer: Tokenizer; readonly eosTokenIds: readonly number[] };
+  readonly target: {
+    readonly model: StageModel;
+    readonly tokenizer: Tokenizer;
+    readonly eosTokenIds: readonly number[];
+  };
   readonly drafter?: Drafter;
   /** The id clients name in `model`. */
   readonly modelName: string;
@@ -55,7 +68,8 @@ export interface SpecdServerOptions {
 /** Maps the engine's finish reasons to OpenAI's. */
 const FINISH: Record<string, string> = { eos: 'stop', stop: 'stop', length: 'length', abort: 'abort' };
 
-const send = (reply: FastifyReply, e: ApiError): FastifyReply => reply.code(e.status).type('application/json').send(e.toJSON());
+const send = (reply: FastifyReply, e: ApiError): FastifyReply =>
+  reply.code(e.status).type('application/json').send(e.toJSON());
 
 /** A running server. */
 export class SpecdServer {
@@ -69,29 +83,53 @@ export class SpecdServer {
   constructor(readonly options: SpecdServerOptions) {
     const { target, drafter, scheduler } = options;
     const tok = target.tokenizer;
-    this.loop = new EngineLoop(target.model, drafter, {
-      maxSequences: scheduler.max_running_requests, maxTokensPerSequence: scheduler.max_sequence_tokens,
-      pageSize: scheduler.page_size, prefillChunk: scheduler.prefill_chunk_tokens,
-      decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
-      ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
-    }, { maxWaiting: scheduler.max_waiting_requests, maxTokensInFlight: scheduler.max_tokens_in_flight, eosTokenIds: target.eosTokenIds });
+    this.loop = new EngineLoop(
+      target.model,
+      drafter,
+      {
+        maxSequences: scheduler.max_running_requests,
+        maxTokensPerSequence: scheduler.max_sequence_tokens,
+        pageSize: scheduler.page_size,
+        prefillChunk: scheduler.prefill_chunk_tokens,
+        decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
+        ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
+      },
+      {
+        maxWaiting: scheduler.max_waiting_requests,
+        maxTokensInFlight: scheduler.max_tokens_in_flight,
+        eosTokenIds: target.eosTokenIds,
+      },
+    );
     this.engine = this.loop.engine;
     this.metrics = new ServerMetrics({
-      running: () => this.loop.running, waiting: () => this.loop.waiting,
-      targetPagesInUse: () => this.engine.cache.pagesInUse, draftPagesInUse: () => drafter?.pagesInUse ?? 0,
+      running: () => this.loop.running,
+      waiting: () => this.loop.waiting,
+      targetPagesInUse: () => this.engine.cache.pagesInUse,
+      draftPagesInUse: () => drafter?.pagesInUse ?? 0,
     });
     const cfg = tok.config as Record<string, unknown>;
     const special = (k: string): string | undefined => {
       const v = cfg[k];
-      return typeof v === 'string' ? v : v !== null && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string' ? (v as { content: string }).content : undefined;
+      return typeof v === 'string'
+        ? v
+        : v !== null && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string'
+          ? (v as { content: string }).content
+          : undefined;
     };
     const bos = special('bos_token');
     const eos = special('eos_token');
-    this.chat = tok.chatTemplate === undefined ? undefined
-      : new ChatTemplate(tok.chatTemplate, { ...(bos === undefined ? {} : { bos_token: bos }), ...(eos === undefined ? {} : { eos_token: eos }) });
+    this.chat =
+      tok.chatTemplate === undefined
+        ? undefined
+        : new ChatTemplate(tok.chatTemplate, {
+            ...(bos === undefined ? {} : { bos_token: bos }),
+            ...(eos === undefined ? {} : { eos_token: eos }),
+          });
     this.app = Fastify({
       bodyLimit: options.bodyLimitBytes,
-      ...(options.logger === undefined ? { logger: false } : { loggerInstance: options.logger as unknown as FastifyBaseLogger }),
+      ...(options.logger === undefined
+        ? { logger: false }
+        : { loggerInstance: options.logger as unknown as FastifyBaseLogger }),
       return503OnClosing: true,
     });
     this.routes();
@@ -106,7 +144,10 @@ export class SpecdServer {
   async listen(host: string, port: number): Promise<string> {
     const before = this.engine.metrics.calibrationMs;
     if (this.engine.calibrate() !== undefined) {
-      this.options.logger?.info({ calibrationMs: Math.round(this.engine.metrics.calibrationMs - before) }, 'draft policy: step costs calibrated');
+      this.options.logger?.info(
+        { calibrationMs: Math.round(this.engine.metrics.calibrationMs - before) },
+        'draft policy: step costs calibrated',
+      );
     }
     await this.app.listen({ host, port });
     const a = this.app.server.address() as AddressInfo;
@@ -134,9 +175,24 @@ export class SpecdServer {
     app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, _req, reply) => {
       let e: ApiError;
       if (err instanceof ApiError) e = err;
-      else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') e = new ApiError(413, `request body larger than body_limit_bytes (${this.options.bodyLimitBytes})`, 'invalid_request_error', null, 'body_too_large');
-      else if (err.statusCode === 415) e = new ApiError(400, `${err.message} (send Content-Type: application/json)`, 'invalid_request_error', null, 'unsupported_media_type');
-      else if (err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500) e = new ApiError(400, `malformed request: ${err.message}`, 'invalid_request_error', null, 'invalid_json');
+      else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
+        e = new ApiError(
+          413,
+          `request body larger than body_limit_bytes (${this.options.bodyLimitBytes})`,
+          'invalid_request_error',
+          null,
+          'body_too_large',
+        );
+      else if (err.statusCode === 415)
+        e = new ApiError(
+          400,
+          `${err.message} (send Content-Type: application/json)`,
+          'invalid_request_error',
+          null,
+          'unsupported_media_type',
+        );
+      else if (err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500)
+        e = new ApiError(400, `malformed request: ${err.message}`, 'invalid_request_error', null, 'invalid_json');
       else {
         this.options.logger?.error(err);
         e = new ApiError(500, `internal error: ${err.message}`, 'server_error', null, 'internal_error');
@@ -146,7 +202,10 @@ export class SpecdServer {
     });
     app.setNotFoundHandler((req, reply) => {
       this.metrics.errors.inc({ status: '404' });
-      return send(reply, new ApiError(404, `no route ${req.method} ${req.url}`, 'invalid_request_error', null, 'not_found'));
+      return send(
+        reply,
+        new ApiError(404, `no route ${req.method} ${req.url}`, 'invalid_request_error', null, 'not_found'),
+      );
     });
     // 200 {"status":"ok"}; 503 {"status":"error","reason":…} once the model cannot run (a dead pipeline stage)
     app.get('/health', async (_req, reply) => {
@@ -159,7 +218,15 @@ export class SpecdServer {
     });
     app.get('/v1/models', async () => ({
       object: 'list',
-      data: [{ id: this.options.modelName, object: 'model', created: this.created, owned_by: 'specd', max_model_len: this.options.scheduler.max_sequence_tokens }],
+      data: [
+        {
+          id: this.options.modelName,
+          object: 'model',
+          created: this.created,
+          owned_by: 'specd',
+          max_model_len: this.options.scheduler.max_sequence_tokens,
+        },
+      ],
     }));
     app.post('/v1/completions', async (req, reply) => {
       const p = parseCompletionRequest(req.body, this.options.sampling);
@@ -178,7 +245,8 @@ export class SpecdServer {
     app.post('/v1/chat/completions', async (req, reply) => {
       const p = parseChatRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      if (this.chat === undefined) throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
+      if (this.chat === undefined)
+        throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
       let text: string;
       try {
         text = this.chat.render(p.messages, true);
@@ -186,7 +254,13 @@ export class SpecdServer {
         if (err instanceof ChatTemplateError) throw chatTemplateFailed(err);
         throw err;
       }
-      return this.generate(reply, 'chat', p, this.options.target.tokenizer.encode(text, { addSpecialTokens: false }), 'messages');
+      return this.generate(
+        reply,
+        'chat',
+        p,
+        this.options.target.tokenizer.encode(text, { addSpecialTokens: false }),
+        'messages',
+      );
     });
   }
 
@@ -197,14 +271,23 @@ export class SpecdServer {
   }
 
   /** Runs one request through the loop; streams or answers one JSON. */
-  private generate(reply: FastifyReply, kind: 'completion' | 'chat', p: GenerationParams, promptIds: Int32Array, promptParam: string): Promise<unknown> | FastifyReply {
+  private generate(
+    reply: FastifyReply,
+    kind: 'completion' | 'chat',
+    p: GenerationParams,
+    promptIds: Int32Array,
+    promptParam: string,
+  ): Promise<unknown> | FastifyReply {
     const t0 = performance.now();
     const P = promptIds.length;
     if (P === 0) throw invalidParam(promptParam, 'the prompt encodes to no tokens');
     const limit = this.options.scheduler.max_sequence_tokens;
     const need = P + p.maxTokens + (this.options.drafter?.maxDraftTokens ?? 0) + 1;
     if (need > limit) {
-      throw tooLong(`prompt (${P} tokens) + max_tokens (${p.maxTokens})${this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`} = ${need} tokens exceeds max_sequence_tokens ${limit}`, promptParam);
+      throw tooLong(
+        `prompt (${P} tokens) + max_tokens (${p.maxTokens})${this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`} = ${need} tokens exceeds max_sequence_tokens ${limit}`,
+        promptParam,
+      );
     }
     const tok = this.options.target.tokenizer;
     const detok = tok.createDetokenizer({ skipSpecialTokens: true, promptIds });
@@ -218,22 +301,40 @@ export class SpecdServer {
     let first = true;
     const raw = reply.raw;
     const chunk = (text: string | undefined, finishReason: string | null): string => {
-      const choice = kind === 'chat'
-        ? { index: 0, delta: text === undefined ? {} : first ? { role: 'assistant', content: text } : { content: text }, logprobs: null, finish_reason: finishReason }
-        : { index: 0, text: text ?? '', logprobs: null, finish_reason: finishReason };
+      const choice =
+        kind === 'chat'
+          ? {
+              index: 0,
+              delta: text === undefined ? {} : first ? { role: 'assistant', content: text } : { content: text },
+              logprobs: null,
+              finish_reason: finishReason,
+            }
+          : { index: 0, text: text ?? '', logprobs: null, finish_reason: finishReason };
       first = false;
       return `data: ${JSON.stringify({ id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [choice] })}\n\n`;
     };
-    const usage = (n: number): { prompt_tokens: number; completion_tokens: number; total_tokens: number } => ({ prompt_tokens: P, completion_tokens: n, total_tokens: P + n });
+    const usage = (n: number): { prompt_tokens: number; completion_tokens: number; total_tokens: number } => ({
+      prompt_tokens: P,
+      completion_tokens: n,
+      total_tokens: P + n,
+    });
     const record = (r: SpecResult): void => {
       this.metrics.recordRequest(kind, r.finishReason, {
-        promptTokens: P, outputTokens: r.tokenIds.length, e2e: (performance.now() - t0) / 1000, spec: r.metrics,
+        promptTokens: P,
+        outputTokens: r.tokenIds.length,
+        e2e: (performance.now() - t0) / 1000,
+        spec: r.metrics,
         ...(ttft === undefined ? {} : { ttft }),
       });
     };
     const engineParams = {
-      promptIds, maxTokens: p.maxTokens, sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP }, seed: p.seed, seeded: p.seeded,
-      stopStrings: p.stop, ignoreEos: p.ignoreEos,
+      promptIds,
+      maxTokens: p.maxTokens,
+      sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP },
+      seed: p.seed,
+      seeded: p.seeded,
+      stopStrings: p.stop,
+      ignoreEos: p.ignoreEos,
     };
     const submit = (listener: Parameters<EngineLoop['submit']>[1]): number => {
       try {
@@ -261,18 +362,29 @@ export class SpecdServer {
           const tail = stops.push(detok.flush()) + stops.finish();
           if (tail !== '') raw.write(chunk(tail, null));
           raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop'));
-          if (p.includeUsage) raw.write(`data: ${JSON.stringify({ id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage(r.tokenIds.length) })}\n\n`);
+          if (p.includeUsage)
+            raw.write(
+              `data: ${JSON.stringify({ id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage(r.tokenIds.length) })}\n\n`,
+            );
           raw.end('data: [DONE]\n\n');
         },
         onError: (err) => {
           finished = true;
           this.metrics.errors.inc({ status: '500' });
-          const e = this.options.target.model.failure?.() !== undefined ? modelFailed(err) : new ApiError(500, err.message, 'server_error', null, 'internal_error');
+          const e =
+            this.options.target.model.failure?.() !== undefined
+              ? modelFailed(err)
+              : new ApiError(500, err.message, 'server_error', null, 'internal_error');
           raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
         },
       });
       reply.hijack();
-      raw.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+      raw.writeHead(200, {
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+        'x-accel-buffering': 'no',
+      });
       raw.on('close', () => {
         if (!finished) {
           finished = true;
@@ -295,9 +407,10 @@ export class SpecdServer {
           stops.push(detok.flush());
           const text = stops.fullText;
           const reason = FINISH[r.finishReason] ?? 'stop';
-          const choice = kind === 'chat'
-            ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: reason }
-            : { index: 0, text, logprobs: null, finish_reason: reason };
+          const choice =
+            kind === 'chat'
+              ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: reason }
+              : { index: 0, text, logprobs: null, finish_reason: reason };
           resolve({ id, object, created, model, choices: [choice], usage: usage(r.tokenIds.length) });
         },
         onError: (err) => {

@@ -68,7 +68,8 @@ export interface CommBuffers {
 /** Allocates the buffers of a group of `size` ranks with all-reduce pieces of `capacity` floats. */
 export function createCommBuffers(size: number, capacity: number): CommBuffers {
   return {
-    size, capacity,
+    size,
+    capacity,
     control: new SharedArrayBuffer(4 * controlWords(size)),
     data: new SharedArrayBuffer(4 * size * capacity),
   };
@@ -80,7 +81,8 @@ export function waitWhile(ctrl: Int32Array, i: number, value: number, checkAbort
     if (Atomics.load(ctrl, i) !== value) return;
   }
   while (Atomics.load(ctrl, i) === value) {
-    if (checkAbort && Atomics.load(ctrl, ABORT) !== 0) throw new TpAbortError('tensor parallel: another rank failed; collective abandoned');
+    if (checkAbort && Atomics.load(ctrl, ABORT) !== 0)
+      throw new TpAbortError('tensor parallel: another rank failed; collective abandoned');
     Atomics.wait(ctrl, i, value, 50);
   }
 }
@@ -98,17 +100,24 @@ export class SharedComm implements TpComm {
   /** All-gather calls so far (tests, statistics). */
   allGathers = 0;
 
-  constructor(readonly rank: number, buffers: CommBuffers) {
+  constructor(
+    readonly rank: number,
+    buffers: CommBuffers,
+  ) {
     this.size = buffers.size;
     this.capacity = buffers.capacity;
     this.ctrl = new Int32Array(buffers.control);
-    this.rows = Array.from({ length: this.size }, (_, r) => new Float32Array(buffers.data, 4 * r * this.capacity, this.capacity));
+    this.rows = Array.from(
+      { length: this.size },
+      (_, r) => new Float32Array(buffers.data, 4 * r * this.capacity, this.capacity),
+    );
   }
 
   /** Waits until every rank has arrived. @throws {TpAbortError} if the group was aborted. */
   barrier(): void {
     const ctrl = this.ctrl;
-    if (Atomics.load(ctrl, ABORT) !== 0) throw new TpAbortError('tensor parallel: another rank failed; collective abandoned');
+    if (Atomics.load(ctrl, ABORT) !== 0)
+      throw new TpAbortError('tensor parallel: another rank failed; collective abandoned');
     const gen = Atomics.load(ctrl, GEN);
     if (Atomics.add(ctrl, COUNT, 1) === this.size - 1) {
       Atomics.store(ctrl, COUNT, 0);

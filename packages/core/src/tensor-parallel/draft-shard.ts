@@ -41,19 +41,33 @@ export interface DraftShardCounts {
  * @throws {DrafterError} when N does not divide H or I, or neither N divides KV nor KV divides N
  *   (the message names every count and the rule).
  */
-export function draftShardLayout(counts: DraftShardCounts, comm: Pick<TpComm, 'rank' | 'size'>, where: string): DraftShardLayout {
+export function draftShardLayout(
+  counts: DraftShardCounts,
+  comm: Pick<TpComm, 'rank' | 'size'>,
+  where: string,
+): DraftShardLayout {
   const { heads: H, kvHeads: KV, intermediate: I } = counts;
   const N = comm.size;
   const r = comm.rank;
   const bad: string[] = [];
   if (H % N !== 0) bad.push(`num_attention_heads = ${H}`);
   if (I % N !== 0) bad.push(`intermediate_size = ${I}`);
-  if (KV % N !== 0 && N % KV !== 0) bad.push(`num_key_value_heads = ${KV} (tp must divide it, or be a multiple of it so KV heads are replicated)`);
+  if (KV % N !== 0 && N % KV !== 0)
+    bad.push(`num_key_value_heads = ${KV} (tp must divide it, or be a multiple of it so KV heads are replicated)`);
   if (bad.length > 0) {
-    throw new DrafterError(`${where}: tp = ${N} does not fit the draft model: it does not divide ${bad.join(', ')}; the draft model has ${H} heads, ${KV} KV heads, intermediate ${I}`);
+    throw new DrafterError(
+      `${where}: tp = ${N} does not fit the draft model: it does not divide ${bad.join(', ')}; the draft model has ${H} heads, ${KV} KV heads, intermediate ${I}`,
+    );
   }
-  const kv: readonly [number, number] = N <= KV ? [r * KV / N, (r + 1) * KV / N] : [Math.floor(r * KV / N), Math.floor(r * KV / N) + 1];
-  return Object.freeze({ rank: r, size: N, heads: [r * H / N, (r + 1) * H / N] as const, kvHeads: kv, intermediate: [r * I / N, (r + 1) * I / N] as const });
+  const kv: readonly [number, number] =
+    N <= KV ? [(r * KV) / N, ((r + 1) * KV) / N] : [Math.floor((r * KV) / N), Math.floor((r * KV) / N) + 1];
+  return Object.freeze({
+    rank: r,
+    size: N,
+    heads: [(r * H) / N, ((r + 1) * H) / N] as const,
+    kvHeads: kv,
+    intermediate: [(r * I) / N, ((r + 1) * I) / N] as const,
+  });
 }
 
 /**
@@ -61,7 +75,10 @@ export function draftShardLayout(counts: DraftShardCounts, comm: Pick<TpComm, 'r
  * collectives its forward runs. Every rank calls {@link embed} and {@link reduce} in the same order.
  */
 export class DraftShard {
-  constructor(readonly comm: TpComm, readonly layout: DraftShardLayout) {}
+  constructor(
+    readonly comm: TpComm,
+    readonly layout: DraftShardLayout,
+  ) {}
 
   /** Whether this is rank 0 (the rank that embeds, projects with fc, runs the heads and samples). */
   get isRoot(): boolean {
@@ -90,7 +107,8 @@ export class DraftShard {
    */
   embed(target: StageModel, tokens: Int32Array, hidden: number): Float32Array {
     if (!this.isRoot) return this.comm.broadcast(new Float32Array(tokens.length * hidden));
-    if (target.embedTokens === undefined) throw new DrafterError('tensor-parallel drafter: rank 0\'s target has no embedTokens');
+    if (target.embedTokens === undefined)
+      throw new DrafterError("tensor-parallel drafter: rank 0's target has no embedTokens");
     const e = target.embedTokens(tokens);
     return this.comm.size === 1 ? e : this.comm.broadcast(e);
   }

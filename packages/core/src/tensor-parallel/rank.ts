@@ -49,7 +49,14 @@ export interface TpForwardRequest {
    * The batch's sequences, each with its logits request: the lm_head is vocab-parallel (every rank
    * computes its vocabulary slice of the same rows, then all-gathers), so every rank asks for rank 0's rows.
    */
-  readonly seqs: readonly { id: SequenceId; position: number; tokens: Int32Array; logits: LogitsRequest; phase?: 'prefill'; tree?: Int32Array }[];
+  readonly seqs: readonly {
+    id: SequenceId;
+    position: number;
+    tokens: Int32Array;
+    logits: LogitsRequest;
+    phase?: 'prefill';
+    tree?: Int32Array;
+  }[];
   readonly hidden: Float32Array;
   readonly snapshots: boolean;
 }
@@ -70,7 +77,8 @@ export async function loadShardOf(modelDir: string, plugins: readonly string[], 
   await loadPluginPackages(plugins, container);
   const config = HfConfig.read(modelDir);
   const plugin = ModelRegistry.fromContainer(container).resolve(config);
-  if (plugin.loadShard === undefined) throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (no loadShard)`);
+  if (plugin.loadShard === undefined)
+    throw new PluginError(`model plugin ${plugin.name} does not support tensor parallelism (no loadShard)`);
   const weights = SafetensorsCheckpoint.open(modelDir);
   try {
     return { plugin, shard: await plugin.loadShard({ dir: modelDir, config, weights }, { comm, ...range }) };
@@ -105,7 +113,11 @@ export interface TpDrafterCallRequest {
  * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (a tp that does not fit).
  */
 export async function loadDrafterShardOf(
-  dir: string, plugins: readonly string[], target: StageModel, comm: TpComm, options: DrafterShardRequestOptions,
+  dir: string,
+  plugins: readonly string[],
+  target: StageModel,
+  comm: TpComm,
+  options: DrafterShardRequestOptions,
 ): Promise<{ drafter: Drafter; reads: readonly TensorRead[] } | undefined> {
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
@@ -115,7 +127,10 @@ export async function loadDrafterShardOf(
   const weights = SafetensorsCheckpoint.open(dir);
   try {
     let reads: readonly TensorRead[] = [];
-    const drafter = await plugin.loadShard({ dir, config, weights }, { ...options, target, comm, onReads: (r) => (reads = r) });
+    const drafter = await plugin.loadShard(
+      { dir, config, weights },
+      { ...options, target, comm, onReads: (r) => (reads = r) },
+    );
     return { drafter, reads };
   } finally {
     weights.close();
@@ -131,10 +146,15 @@ export class RankCaches extends CacheReplica {
   forward(req: TpForwardRequest): void {
     for (const op of req.ops) this.apply(op);
     const sequences: ForwardSequence[] = req.seqs.map((s) => ({
-      id: s.id, position: s.position, tokens: s.tokens, logits: s.logits,
-      ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
+      id: s.id,
+      position: s.position,
+      tokens: s.tokens,
+      logits: s.logits,
+      ...(s.phase === undefined ? {} : { phase: s.phase }),
+      ...(s.tree === undefined ? {} : { tree: s.tree }),
     }));
-    this.runForward(req.cache, (cache) => this.model.forward({ sequences, hidden: req.hidden }, cache, { stateSnapshots: req.snapshots }));
+    this.runForward(req.cache, (cache) =>
+      this.model.forward({ sequences, hidden: req.hidden }, cache, { stateSnapshots: req.snapshots }),
+    );
   }
 }
-

@@ -32,14 +32,19 @@ let nextDrafterId = 1;
  *   naming a worker rank that failed (the shards already loaded are dropped).
  */
 export async function loadTensorParallelDrafter(
-  model: TensorParallelModel, dir: string, plugins: readonly string[], options: Omit<DrafterLoadOptions, 'target'>,
+  model: TensorParallelModel,
+  dir: string,
+  plugins: readonly string[],
+  options: Omit<DrafterLoadOptions, 'target'>,
 ): Promise<TensorParallelDrafter | undefined> {
   const local = await loadDrafterShardOf(dir, plugins, model, model.comm, options);
   if (local === undefined) return undefined;
   const id = nextDrafterId++;
   const opts: Omit<DrafterLoadOptions, 'target'> = {
-    maxSequences: options.maxSequences, maxTokensPerSequence: options.maxTokensPerSequence,
-    ...(options.settings === undefined ? {} : { settings: options.settings }), ...(options.contextOnly === undefined ? {} : { contextOnly: options.contextOnly }),
+    maxSequences: options.maxSequences,
+    maxTokensPerSequence: options.maxTokensPerSequence,
+    ...(options.settings === undefined ? {} : { settings: options.settings }),
+    ...(options.contextOnly === undefined ? {} : { contextOnly: options.contextOnly }),
   };
   let replies;
   try {
@@ -51,7 +56,9 @@ export async function loadTensorParallelDrafter(
     } catch {
       // best effort: the load error is the one to report
     }
-    throw err instanceof TensorParallelError ? new TensorParallelError(`tensor parallel: loading drafter ${dir}: ${err.message}`, { cause: err }) : err;
+    throw err instanceof TensorParallelError
+      ? new TensorParallelError(`tensor parallel: loading drafter ${dir}: ${err.message}`, { cause: err })
+      : err;
   }
   const ranks: RankReport[] = [
     { rank: 0, threadId: undefined, reads: local.reads },
@@ -103,7 +110,11 @@ export class TensorParallelDrafter implements Drafter {
   }
 
   /** Rank 0 only (fc lives there): `[numTokens, hiddenSize]` f32 partial projection. */
-  projectTargetHiddenPartial(stageTaps: ReadonlyMap<number, Float32Array>, numTokens: number, accumulator?: Float32Array): Float32Array {
+  projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
     return this.rank0.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
@@ -114,7 +125,13 @@ export class TensorParallelDrafter implements Drafter {
 
   /** Every rank runs the draft model; rank 0 embeds, samples and returns the proposals. */
   propose(batch: DraftBatch): DraftProposal[] {
-    const sequences = batch.sequences.map((s) => ({ id: s.id, position: s.position, lastToken: s.lastToken, maxDrafts: s.maxDrafts, sampling: s.sampling }));
+    const sequences = batch.sequences.map((s) => ({
+      id: s.id,
+      position: s.position,
+      lastToken: s.lastToken,
+      maxDrafts: s.maxDrafts,
+      sampling: s.sampling,
+    }));
     return this.onAll('propose', [{ sequences }], () => this.rank0.propose(batch));
   }
 
@@ -142,7 +159,8 @@ export class TensorParallelDrafter implements Drafter {
     if (this.disposed) return;
     this.disposed = true;
     try {
-      if (this.group.failure() === undefined) this.group.runOnRanks(this.request('dispose', []), () => this.rank0.dispose());
+      if (this.group.failure() === undefined)
+        this.group.runOnRanks(this.request('dispose', []), () => this.rank0.dispose());
       else this.rank0.dispose();
     } catch {
       // the group is gone or broken: rank 0's shard is dropped regardless
@@ -157,7 +175,8 @@ export class TensorParallelDrafter implements Drafter {
    */
   invoke(name: string, args: readonly unknown[]): unknown {
     const f = (this.rank0 as unknown as Record<string, unknown>)[name];
-    if (typeof f !== 'function') throw new TensorParallelError(`tensor parallel: drafter ${this.method} has no method ${name}`);
+    if (typeof f !== 'function')
+      throw new TensorParallelError(`tensor parallel: drafter ${this.method} has no method ${name}`);
     return this.onAll(name, args, () => (f as (...a: unknown[]) => unknown).apply(this.rank0, args as unknown[]));
   }
 
@@ -169,7 +188,10 @@ export class TensorParallelDrafter implements Drafter {
     if (this.broken !== undefined) throw this.broken;
     if (this.disposed) throw new TensorParallelError(`tensor parallel: drafter ${this.method}: disposed`);
     return this.group.runOnRanks(this.request(name, args), local, (err) => {
-      this.broken = new TensorParallelError(`tensor parallel: drafter ${this.method}: ranks out of step after a failed ${name}: ${err.message}`, { cause: err });
+      this.broken = new TensorParallelError(
+        `tensor parallel: drafter ${this.method}: ranks out of step after a failed ${name}: ${err.message}`,
+        { cause: err },
+      );
     }).value;
   }
 }

@@ -34,7 +34,13 @@ import { MirroredCache } from '../pipeline/mirrored-cache.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import { createCommBuffers, replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhile } from './comm.js';
 import {
-  loadShardOf, type ShardRange, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpLmHeadRequest, type TpWorkerInit,
+  loadShardOf,
+  type ShardRange,
+  type TpDrafterCallRequest,
+  type TpDrafterLoadRequest,
+  type TpForwardRequest,
+  type TpLmHeadRequest,
+  type TpWorkerInit,
 } from './rank.js';
 import { loadTensorParallelDrafter } from './tp-drafter.js';
 
@@ -97,7 +103,9 @@ export class TensorParallelModel implements StageModel {
   private onRanks = false;
   private broken: Error | undefined;
   private disposed = false;
-  private readonly dropper = new FinalizationRegistry<number>((id) => this.queues.forEach((q) => q.push({ op: 'drop', cache: id })));
+  private readonly dropper = new FinalizationRegistry<number>((id) =>
+    this.queues.forEach((q) => q.push({ op: 'drop', cache: id })),
+  );
 
   constructor(
     /** Rank 0's shard (this thread). */
@@ -109,20 +117,23 @@ export class TensorParallelModel implements StageModel {
     /** Kernel threads set for the process (undefined: left as it was). */
     readonly kernelThreads: number | undefined,
   ) {
-    if (rank0.embedTokens === undefined && rank0.info.isFirst) throw new TensorParallelError('tensor parallel: rank 0\'s shard has no embedTokens');
+    if (rank0.embedTokens === undefined && rank0.info.isFirst)
+      throw new TensorParallelError("tensor parallel: rank 0's shard has no embedTokens");
     this.info = rank0.info;
     this.cacheGeometry = rank0.cacheGeometry;
     this.queues = remotes.map(() => []);
     if (rank0.embedTokens !== undefined) this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
     if (rank0.lmHead !== undefined) {
-      this.lmHead = (x, rows) => (this.onRanks
-        ? rank0.lmHead!(x, rows)
-        : this.runOnRanks({ type: 'lmHead', x, rows }, () => rank0.lmHead!(x, rows)).value); // stateless: a failure leaves nothing out of step
+      this.lmHead = (x, rows) =>
+        this.onRanks
+          ? rank0.lmHead!(x, rows)
+          : this.runOnRanks({ type: 'lmHead', x, rows }, () => rank0.lmHead!(x, rows)).value; // stateless: a failure leaves nothing out of step
     }
     if (rank0.commitPrefix !== undefined) {
       this.commitPrefix = (cache, result, id, committed) => {
         const tc = this.asTpCache(cache);
-        if (this.latest !== result) throw new TensorParallelError('tensor parallel: commit of a result that is not the latest forward');
+        if (this.latest !== result)
+          throw new TensorParallelError('tensor parallel: commit of a result that is not the latest forward');
         tc.recordFor(this, { op: 'commitPrefix', cache: tc.cacheId, id, committed });
         this.local(tc, () => rank0.commitPrefix!(tc, result, id, committed));
       };
@@ -143,7 +154,8 @@ export class TensorParallelModel implements StageModel {
   }
 
   private asTpCache(cache: SequenceCache): MirroredCache {
-    if (!(cache instanceof MirroredCache) || !cache.mirroredBy(this)) throw new TensorParallelError('tensor parallel: the cache must come from TensorParallelModel.createCache()');
+    if (!(cache instanceof MirroredCache) || !cache.mirroredBy(this))
+      throw new TensorParallelError('tensor parallel: the cache must come from TensorParallelModel.createCache()');
     return cache;
   }
 
@@ -166,16 +178,28 @@ export class TensorParallelModel implements StageModel {
     }
     // rank 0 embeds (validating the ids) before any rank starts
     // (a later pipeline stage gets the previous stage's hidden instead)
-    if (batch.hidden === undefined && this.embedTokens === undefined) throw new TensorParallelError('tensor parallel: batch.hidden: expected the previous stage\'s hidden (this shard does not embed)');
+    if (batch.hidden === undefined && this.embedTokens === undefined)
+      throw new TensorParallelError(
+        "tensor parallel: batch.hidden: expected the previous stage's hidden (this shard does not embed)",
+      );
     const hidden = batch.hidden ?? this.embedTokens!(tokens);
     const snapshots = options.stateSnapshots === true || (options as { kdaSnapshots?: boolean }).kdaSnapshots === true;
     this.comm.reset();
     const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
     for (const [k, r] of this.remotes.entries()) {
       const req: TpForwardRequest = {
-        type: 'forward', cache: tc.cacheId, ops: this.queues[k]!.splice(0), hidden, snapshots,
+        type: 'forward',
+        cache: tc.cacheId,
+        ops: this.queues[k]!.splice(0),
+        hidden,
+        snapshots,
         seqs: batch.sequences.map((s) => ({
-          id: s.id, position: s.position, tokens: s.tokens, logits: s.logits, ...(s.phase === undefined ? {} : { phase: s.phase }), ...(s.tree === undefined ? {} : { tree: s.tree }),
+          id: s.id,
+          position: s.position,
+          tokens: s.tokens,
+          logits: s.logits,
+          ...(s.phase === undefined ? {} : { phase: s.phase }),
+          ...(s.tree === undefined ? {} : { tree: s.tree }),
         })),
       };
       r.port.postMessage(req);
@@ -207,10 +231,21 @@ export class TensorParallelModel implements StageModel {
     }
     // A bad batch or a full cache fails every rank the same way before the first collective: the
     // caches stay consistent and the model usable. Anything else leaves the ranks out of step.
-    const clean = failure !== undefined && !(failure instanceof TpAbortError) && this.comm.allReduces === reducesBefore
-      && !aborted && errors.length === this.remotes.length;
-    const err = failure !== undefined && !(failure instanceof TpAbortError) ? failure : new TensorParallelError(`tensor parallel: ${errors.join('; ') || 'aborted'}`);
-    if (!clean) this.broken = new TensorParallelError(`tensor parallel: ranks out of step after a failed forward: ${err.message}${errors.length > 0 && err === failure ? ` (${errors.join('; ')})` : ''}`, { cause: err });
+    const clean =
+      failure !== undefined &&
+      !(failure instanceof TpAbortError) &&
+      this.comm.allReduces === reducesBefore &&
+      !aborted &&
+      errors.length === this.remotes.length;
+    const err =
+      failure !== undefined && !(failure instanceof TpAbortError)
+        ? failure
+        : new TensorParallelError(`tensor parallel: ${errors.join('; ') || 'aborted'}`);
+    if (!clean)
+      this.broken = new TensorParallelError(
+        `tensor parallel: ranks out of step after a failed forward: ${err.message}${errors.length > 0 && err === failure ? ` (${errors.join('; ')})` : ''}`,
+        { cause: err },
+      );
     throw err;
   }
 
@@ -222,7 +257,11 @@ export class TensorParallelModel implements StageModel {
    * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (e.g. a tp that
    *   does not fit the draft heads); {@link TensorParallelError} naming a worker rank that failed to load.
    */
-  loadDrafter(dir: string, plugins: readonly string[], options: Omit<DrafterLoadOptions, 'target'>): Promise<Drafter | undefined> {
+  loadDrafter(
+    dir: string,
+    plugins: readonly string[],
+    options: Omit<DrafterLoadOptions, 'target'>,
+  ): Promise<Drafter | undefined> {
     return loadTensorParallelDrafter(this, dir, plugins, options);
   }
 
@@ -236,9 +275,14 @@ export class TensorParallelModel implements StageModel {
    * @throws rank 0's own error, else {@link TensorParallelError} naming each failing rank.
    * @internal
    */
-  runOnRanks<T>(request: TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest, local: () => T, onOutOfStep: (err: Error) => void = () => {}): { value: T; replies: RankReply[] } {
+  runOnRanks<T>(
+    request: TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest,
+    local: () => T,
+    onOutOfStep: (err: Error) => void = () => {},
+  ): { value: T; replies: RankReply[] } {
     if (this.disposed) throw new TensorParallelError('tensor parallel: disposed');
-    if (this.onRanks) throw new TensorParallelError(`tensor parallel: ${request.type} posted while another request runs on the ranks`);
+    if (this.onRanks)
+      throw new TensorParallelError(`tensor parallel: ${request.type} posted while another request runs on the ranks`);
     this.comm.reset();
     const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
     for (const r of this.remotes) {
@@ -271,8 +315,16 @@ export class TensorParallelModel implements StageModel {
       replies.push({ rank: r.rank, ...(reply ?? { ok: false }) });
     }
     if (failure === undefined && errors.length === 0 && !aborted) return { value: value as T, replies };
-    const clean = failure !== undefined && !(failure instanceof TpAbortError) && collectives() === before && !aborted && errors.length === this.remotes.length;
-    const err = failure !== undefined && !(failure instanceof TpAbortError) ? failure : new TensorParallelError(`tensor parallel: ${request.type}: ${errors.join('; ') || 'aborted'}`);
+    const clean =
+      failure !== undefined &&
+      !(failure instanceof TpAbortError) &&
+      collectives() === before &&
+      !aborted &&
+      errors.length === this.remotes.length;
+    const err =
+      failure !== undefined && !(failure instanceof TpAbortError)
+        ? failure
+        : new TensorParallelError(`tensor parallel: ${request.type}: ${errors.join('; ') || 'aborted'}`);
     if (!clean) onOutOfStep(err);
     throw err;
   }
@@ -335,13 +387,17 @@ export interface TensorParallelOptions {
  */
 export async function startTensorParallel(options: TensorParallelOptions): Promise<TensorParallelModel> {
   const tp = options.tp;
-  if (!Number.isInteger(tp) || tp < 2) throw new TensorParallelError(`startTensorParallel: tp must be an integer >= 2 (tp = 1 is the plain in-process model), got ${tp}`);
+  if (!Number.isInteger(tp) || tp < 2)
+    throw new TensorParallelError(
+      `startTensorParallel: tp must be an integer >= 2 (tp = 1 is the plain in-process model), got ${tp}`,
+    );
   const buffers = createCommBuffers(tp, options.reduceCapacity ?? 1 << 20);
   const comm = new SharedComm(0, buffers);
   const { shard } = await loadShardOf(options.modelDir, options.plugins, comm, options.range);
   let threads = options.kernelThreads;
   const env = process.env['SPECD_NUM_THREADS'];
-  if (threads === undefined && (env === undefined || env === '')) threads = Math.max(1, Math.floor(os.availableParallelism() / tp));
+  if (threads === undefined && (env === undefined || env === ''))
+    threads = Math.max(1, Math.floor(os.availableParallelism() / tp));
   if (threads !== undefined) setNumThreads(threads);
   const starting = Array.from({ length: tp - 1 }, (_, i) => spawnRank(i + 1, options, buffers, threads));
   const settled = await Promise.allSettled(starting);
@@ -354,19 +410,37 @@ export async function startTensorParallel(options: TensorParallelOptions): Promi
     throw (failed as PromiseRejectedResult).reason;
   }
   const remotes = settled.map((s) => (s as PromiseFulfilledResult<RemoteRank>).value);
-  return new TensorParallelModel(shard.model, remotes, comm, [{ rank: 0, threadId: undefined, reads: shard.reads }, ...remotes.map((r) => r.report)], threads);
+  return new TensorParallelModel(
+    shard.model,
+    remotes,
+    comm,
+    [{ rank: 0, threadId: undefined, reads: shard.reads }, ...remotes.map((r) => r.report)],
+    threads,
+  );
 }
 
-async function spawnRank(rank: number, options: TensorParallelOptions, buffers: ReturnType<typeof createCommBuffers>, threads: number | undefined): Promise<RemoteRank> {
+async function spawnRank(
+  rank: number,
+  options: TensorParallelOptions,
+  buffers: ReturnType<typeof createCommBuffers>,
+  threads: number | undefined,
+): Promise<RemoteRank> {
   const { port1, port2 } = new MessageChannel();
   const init: TpWorkerInit = {
-    modelDir: options.modelDir, plugins: options.plugins, rank, buffers, port: port2, ...(threads === undefined ? {} : { threads }), ...(options.range === undefined ? {} : { range: options.range }),
+    modelDir: options.modelDir,
+    plugins: options.plugins,
+    rank,
+    buffers,
+    port: port2,
+    ...(threads === undefined ? {} : { threads }),
+    ...(options.range === undefined ? {} : { range: options.range }),
   };
   const worker = new Worker(TP_WORKER_SCRIPT, { workerData: init, transferList: [port2] });
   const where = `tensor-parallel rank ${rank} (thread ${worker.threadId})`;
   try {
     const ready = await new Promise<{ reads: TensorRead[] }>((resolve, reject) => {
-      const onExit = (code: number) => reject(new TensorParallelError(`${where} exited with code ${code} while loading`));
+      const onExit = (code: number) =>
+        reject(new TensorParallelError(`${where} exited with code ${code} while loading`));
       const onError = (err: Error) => reject(new TensorParallelError(`${where}: ${err.name}: ${err.message}`));
       worker.once('exit', onExit);
       worker.once('error', onError);

@@ -24,7 +24,14 @@ import { replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhil
 import type { Drafter, DraftSequence } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import {
-  loadDrafterShardOf, loadShardOf, RankCaches, type TpDrafterCallRequest, type TpDrafterLoadRequest, type TpForwardRequest, type TpLmHeadRequest, type TpWorkerInit,
+  loadDrafterShardOf,
+  loadShardOf,
+  RankCaches,
+  type TpDrafterCallRequest,
+  type TpDrafterLoadRequest,
+  type TpForwardRequest,
+  type TpLmHeadRequest,
+  type TpWorkerInit,
 } from './rank.js';
 
 type Request = TpForwardRequest | TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest | { type: 'exit' };
@@ -32,7 +39,7 @@ type Request = TpForwardRequest | TpDrafterLoadRequest | TpDrafterCallRequest | 
 /** Worker ranks never sample: the propose sequences they get carry this instead of the request's PRNG. */
 const NO_RNG = Object.freeze({
   next(): number {
-    throw new Error('tensor parallel: a worker rank\'s drafter shard asked for random numbers (only rank 0 samples)');
+    throw new Error("tensor parallel: a worker rank's drafter shard asked for random numbers (only rank 0 samples)");
   },
 });
 
@@ -72,7 +79,8 @@ async function serve(init: TpWorkerInit, comm: SharedComm, caches: RankCaches, m
         reply = { ok: true };
       } else if (msg.type === 'drafter.load') {
         const loaded = await loadDrafterShardOf(msg.dir, msg.plugins, model, comm, msg.options);
-        if (loaded === undefined) throw new Error(`tensor parallel: the drafter plugin of ${msg.dir} has no loadShard on rank ${init.rank}`);
+        if (loaded === undefined)
+          throw new Error(`tensor parallel: the drafter plugin of ${msg.dir} has no loadShard on rank ${init.rank}`);
         drafters.set(msg.id, loaded.drafter);
         reply = { ok: true, reads: loaded.reads };
       } else if (msg.type === 'lmHead') {
@@ -113,4 +121,5 @@ async function main(): Promise<void> {
   await serve(init, comm, caches, model);
 }
 
-if (parentPort !== null && workerData !== null && typeof workerData === 'object' && 'buffers' in (workerData as object)) void main();
+if (parentPort !== null && workerData !== null && typeof workerData === 'object' && 'buffers' in (workerData as object))
+  void main();

@@ -23,9 +23,12 @@ export class VocabParallelError extends Error {
  * @throws {VocabParallelError} for a size < 1, a rank outside [0, size) or vocabSize < size.
  */
 export function vocabShardRange(vocabSize: number, rank: number, size: number): [number, number] {
-  if (!(Number.isInteger(size) && size >= 1)) throw new VocabParallelError(`vocabShardRange: size: expected an integer >= 1, got ${size}`);
-  if (!(Number.isInteger(rank) && rank >= 0 && rank < size)) throw new VocabParallelError(`vocabShardRange: rank: expected an integer in [0, ${size}), got ${rank}`);
-  if (!(Number.isInteger(vocabSize) && vocabSize >= size)) throw new VocabParallelError(`vocabShardRange: vocabSize: expected an integer >= size (${size}), got ${vocabSize}`);
+  if (!(Number.isInteger(size) && size >= 1))
+    throw new VocabParallelError(`vocabShardRange: size: expected an integer >= 1, got ${size}`);
+  if (!(Number.isInteger(rank) && rank >= 0 && rank < size))
+    throw new VocabParallelError(`vocabShardRange: rank: expected an integer in [0, ${size}), got ${rank}`);
+  if (!(Number.isInteger(vocabSize) && vocabSize >= size))
+    throw new VocabParallelError(`vocabShardRange: vocabSize: expected an integer >= size (${size}), got ${vocabSize}`);
   return [Math.floor((rank * vocabSize) / size), Math.floor(((rank + 1) * vocabSize) / size)];
 }
 
@@ -38,7 +41,10 @@ export function vocabShardRange(vocabSize: number, rank: number, size: number): 
  */
 export function gatherVocabParallel(comm: TpComm, local: Float32Array, rows: number, vocabSize: number): Float32Array {
   const [v0, v1] = vocabShardRange(vocabSize, comm.rank, comm.size);
-  if (local.length !== rows * (v1 - v0)) throw new VocabParallelError(`gatherVocabParallel: local: expected [${rows}, ${v1 - v0}] f32 (rank ${comm.rank}'s vocabulary slice [${v0}, ${v1})), got length ${local.length}`);
+  if (local.length !== rows * (v1 - v0))
+    throw new VocabParallelError(
+      `gatherVocabParallel: local: expected [${rows}, ${v1 - v0}] f32 (rank ${comm.rank}'s vocabulary slice [${v0}, ${v1})), got length ${local.length}`,
+    );
   if (comm.size === 1) return local;
   const pieces = comm.allGather(local);
   const out = new Float32Array(rows * vocabSize);

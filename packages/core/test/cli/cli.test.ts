@@ -19,7 +19,11 @@ afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 async function run(args: string[], tty = false): Promise<{ code: number; out: string; err: string }> {
   let out = '';
   let err = '';
-  const io: CliIo = { stdout: { write: (s: string) => (out += s), isTTY: tty }, stderr: { write: (s: string) => (err += s) }, cwd: ROOT };
+  const io: CliIo = {
+    stdout: { write: (s: string) => (out += s), isTTY: tty },
+    stderr: { write: (s: string) => (err += s) },
+    cwd: ROOT,
+  };
   const code = await main(args, io);
   return { code, out, err };
 }
@@ -27,7 +31,15 @@ async function run(args: string[], tty = false): Promise<{ code: number; out: st
 describe('specd generate', () => {
   it('--json: greedy tokens equal the reference continuation; fields and timing', async () => {
     const g = goldens.goldens['sentence']!;
-    const { code, out, err } = await run(['generate', '--prompt', g.prompt, '--max-tokens', '24', '--json', '--ignore-eos']);
+    const { code, out, err } = await run([
+      'generate',
+      '--prompt',
+      g.prompt,
+      '--max-tokens',
+      '24',
+      '--json',
+      '--ignore-eos',
+    ]);
     expect(err).toBe('');
     expect(code).toBe(0);
     const lines = out.trim().split('\n');
@@ -41,28 +53,52 @@ describe('specd generate', () => {
     expect(r['output_tokens_per_s']).toBeCloseTo(24 / (r['seconds'] as number), 6);
   });
 
-  it.each(['dspark', 'eagle3', 'dflash'])('--drafter %s with --max-tokens 1 and 3: the cost calibration fits the tightly sized caches; output equals --no-spec', async (m) => {
-    for (const n of ['1', '3']) {
-      const args = ['generate', '--prompt', 'Hi', '--max-tokens', n, '--json', '--ignore-eos'];
-      const spec = await run([...args, '--drafter', path.join(ROOT, 'models', `kimi-k3-tiny-${m}`)]);
-      expect(spec.err).toBe('');
-      expect(spec.code).toBe(0);
-      const plain = await run([...args, '--no-spec']);
-      expect((JSON.parse(spec.out) as { token_ids: number[] }).token_ids).toEqual((JSON.parse(plain.out) as { token_ids: number[] }).token_ids);
-    }
-  });
+  it.each(['dspark', 'eagle3', 'dflash'])(
+    '--drafter %s with --max-tokens 1 and 3: the cost calibration fits the tightly sized caches; output equals --no-spec',
+    async (m) => {
+      for (const n of ['1', '3']) {
+        const args = ['generate', '--prompt', 'Hi', '--max-tokens', n, '--json', '--ignore-eos'];
+        const spec = await run([...args, '--drafter', path.join(ROOT, 'models', `kimi-k3-tiny-${m}`)]);
+        expect(spec.err).toBe('');
+        expect(spec.code).toBe(0);
+        const plain = await run([...args, '--no-spec']);
+        expect((JSON.parse(spec.out) as { token_ids: number[] }).token_ids).toEqual(
+          (JSON.parse(plain.out) as { token_ids: number[] }).token_ids,
+        );
+      }
+    },
+  );
 
   it('streams text and prints stats on stderr; sampling is reproducible with --seed', async () => {
     const a = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12']);
     expect(a.code).toBe(0);
     expect(a.out.length).toBeGreaterThan(1);
-    expect(a.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+; dflash τ [\d.]+ over \d+ verify steps\]\n$/);
+    expect(a.err).toMatch(
+      /^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+; dflash τ [\d.]+ over \d+ verify steps\]\n$/,
+    );
     const plain = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--no-spec']);
     expect(plain.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+\]\n$/);
     expect(plain.out).toBe(a.out);
     // Sampled output is reproducible per seed for a fixed draft length; the default policy picks k
     // from measured timings, which changes how many random draws a step takes.
-    const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '16', '--temperature', '0.9', '--top-k', '40', '--top-p', '0.95', '--seed', '7', '--json', '--num-draft-tokens', '15'];
+    const args = [
+      'generate',
+      '--prompt',
+      'The history of the',
+      '--max-tokens',
+      '16',
+      '--temperature',
+      '0.9',
+      '--top-k',
+      '40',
+      '--top-p',
+      '0.95',
+      '--seed',
+      '7',
+      '--json',
+      '--num-draft-tokens',
+      '15',
+    ];
     const s1 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
     const s2 = JSON.parse((await run(args)).out) as { token_ids: number[]; seed: number };
     expect(s1.token_ids).toEqual(s2.token_ids);
@@ -75,7 +111,9 @@ describe('specd generate', () => {
     expect(c1.drafted).toBe(0);
     expect(c2.token_ids).toEqual(c1.token_ids);
     expect(c1.token_ids).toHaveLength(16);
-    expect((JSON.parse((await run([...seeded, '--no-spec'])).out) as { token_ids: number[] }).token_ids).toEqual(c1.token_ids);
+    expect((JSON.parse((await run([...seeded, '--no-spec'])).out) as { token_ids: number[] }).token_ids).toEqual(
+      c1.token_ids,
+    );
   });
 
   it('speculative by default with the shipped DFlash: same greedy tokens as --no-spec, spec fields in --json', async () => {
@@ -85,7 +123,10 @@ describe('specd generate', () => {
     const byCost = JSON.parse((await run(args)).out) as Record<string, unknown>;
     const spec = JSON.parse((await run([...args, '--num-draft-tokens', '15'])).out) as Record<string, unknown>;
     const plain = JSON.parse((await run([...args, '--no-spec'])).out) as Record<string, unknown>;
-    const explicit = JSON.parse((await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash'])).out) as Record<string, unknown>;
+    const explicit = JSON.parse((await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash'])).out) as Record<
+      string,
+      unknown
+    >;
     expect(spec['token_ids']).toEqual(plain['token_ids']);
     expect(byCost['token_ids']).toEqual(plain['token_ids']);
     expect(byCost['method']).toBe('dflash');
@@ -96,7 +137,10 @@ describe('specd generate', () => {
     expect(spec['drafted']).toBeGreaterThan(0);
     expect(spec['accepted']).toBeGreaterThan(0);
     expect(spec['verify_steps']).toBeGreaterThan(0);
-    expect(spec['acceptance_length']).toBeCloseTo(1 + (spec['accepted'] as number) / (spec['verify_steps'] as number), 12);
+    expect(spec['acceptance_length']).toBeCloseTo(
+      1 + (spec['accepted'] as number) / (spec['verify_steps'] as number),
+      12,
+    );
     expect((spec['per_position_acceptance'] as number[]).length).toBeGreaterThan(0);
     const short = JSON.parse((await run([...args, '--num-draft-tokens', '3'])).out) as Record<string, unknown>;
     expect(short['token_ids']).toEqual(plain['token_ids']);
@@ -110,47 +154,105 @@ describe('specd generate', () => {
     expect(wrong.err).toMatch(/no drafter plugin for architectures \[KimiLinearForCausalLM\]; loaded methods: dflash/);
   });
 
-  it('a config whose drafter method differs from the checkpoint\'s plugin is refused, naming both', async () => {
-    fs.writeFileSync(path.join(tmp, 'mismatch.json'), JSON.stringify({
-      model: path.join(ROOT, 'models/kimi-k3-tiny'), drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dspark') },
-    }));
-    const r = await run(['generate', '--config', path.join(tmp, 'mismatch.json'), '--prompt', 'The history of the', '--max-tokens', '2']);
+  it("a config whose drafter method differs from the checkpoint's plugin is refused, naming both", async () => {
+    fs.writeFileSync(
+      path.join(tmp, 'mismatch.json'),
+      JSON.stringify({
+        model: path.join(ROOT, 'models/kimi-k3-tiny'),
+        drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dspark') },
+      }),
+    );
+    const r = await run([
+      'generate',
+      '--config',
+      path.join(tmp, 'mismatch.json'),
+      '--prompt',
+      'The history of the',
+      '--max-tokens',
+      '2',
+    ]);
     expect(r.code).toBe(1);
-    expect(r.err).toMatch(/drafter: method "dflash", but .*kimi-k3-tiny-dspark\/config.json \(architectures \[DSparkDraftModel\]\) is a "dspark" checkpoint/);
+    expect(r.err).toMatch(
+      /drafter: method "dflash", but .*kimi-k3-tiny-dspark\/config.json \(architectures \[DSparkDraftModel\]\) is a "dspark" checkpoint/,
+    );
   });
 
   it('reads --prompt-file and --config (flags override the file)', async () => {
     fs.writeFileSync(path.join(tmp, 'p.txt'), 'The history of the');
-    fs.writeFileSync(path.join(tmp, 'c.json'), JSON.stringify({ model: path.relative(tmp, path.join(ROOT, 'models/kimi-k3-tiny')), plugins: ['@specd/model-kimi-k3'], sampling: { max_tokens: 5, temperature: 0 } }));
-    const r = await run(['generate', '--config', path.join(tmp, 'c.json'), '--prompt-file', path.join(tmp, 'p.txt'), '--json', '--max-tokens', '6']);
+    fs.writeFileSync(
+      path.join(tmp, 'c.json'),
+      JSON.stringify({
+        model: path.relative(tmp, path.join(ROOT, 'models/kimi-k3-tiny')),
+        plugins: ['@specd/model-kimi-k3'],
+        sampling: { max_tokens: 5, temperature: 0 },
+      }),
+    );
+    const r = await run([
+      'generate',
+      '--config',
+      path.join(tmp, 'c.json'),
+      '--prompt-file',
+      path.join(tmp, 'p.txt'),
+      '--json',
+      '--max-tokens',
+      '6',
+    ]);
     expect(r.code).toBe(0);
-    expect((JSON.parse(r.out) as { token_ids: number[] }).token_ids).toEqual(goldens.goldens['short']!.greedy_continuation.slice(0, 6));
+    expect((JSON.parse(r.out) as { token_ids: number[] }).token_ids).toEqual(
+      goldens.goldens['short']!.greedy_continuation.slice(0, 6),
+    );
   });
 
   it('--config takes the deployment configs: configs/*-dflash.json drafts, *-nospec.json does not; same greedy tokens', async () => {
     const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--json', '--ignore-eos'];
-    const spec = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-dflash.json'])).out) as Record<string, unknown>;
-    const plain = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-nospec.json'])).out) as Record<string, unknown>;
+    const spec = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-dflash.json'])).out) as Record<
+      string,
+      unknown
+    >;
+    const plain = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-nospec.json'])).out) as Record<
+      string,
+      unknown
+    >;
     expect(spec['method']).toBe('dflash');
     expect(plain).not.toHaveProperty('drafted');
     expect(spec['token_ids']).toEqual(plain['token_ids']);
     // drafter.num_draft_tokens caps the drafts per step
-    fs.writeFileSync(path.join(tmp, 'k.json'), JSON.stringify({ drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 2 } }));
-    const capped = JSON.parse((await run([...args, '--config', path.join(tmp, 'k.json')])).out) as Record<string, unknown>;
+    fs.writeFileSync(
+      path.join(tmp, 'k.json'),
+      JSON.stringify({
+        drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 2 },
+      }),
+    );
+    const capped = JSON.parse((await run([...args, '--config', path.join(tmp, 'k.json')])).out) as Record<
+      string,
+      unknown
+    >;
     expect(capped['token_ids']).toEqual(plain['token_ids']);
     expect((capped['per_position_acceptance'] as number[]).length).toBeLessThanOrEqual(2);
   });
 
   it.each([
-    [['generate', '--prompt', 'x', '--max-tokens', 'abc'], 2, /^specd: error: option '--max-tokens <n>' argument 'abc' is invalid\. expected an integer >= 1\n$/],
+    [
+      ['generate', '--prompt', 'x', '--max-tokens', 'abc'],
+      2,
+      /^specd: error: option '--max-tokens <n>' argument 'abc' is invalid\. expected an integer >= 1\n$/,
+    ],
     [['generate', '--prompt', 'x', '--temperature', '-1'], 2, /--temperature.*expected a number >= 0/],
     [['generate', '--prompt', 'x', '--top-p', '0'], 2, /--top-p.*\(0, 1\]/],
     [['generate', '--prompt', 'x', '--bogus'], 2, /^specd: error: unknown option '--bogus'\n$/],
     [['frobnicate'], 2, /unknown command 'frobnicate'/],
     [['generate'], 1, /^specd: error: give exactly one of --prompt TEXT or --prompt-file FILE\n$/],
     [['generate', '--prompt', 'x', '--prompt-file', 'y'], 2, /cannot be used with/],
-    [['generate', '--prompt', 'x', '--model', '/no/such/dir'], 1, /^specd: error: model \/no\/such\/dir: neither a folder with config.json nor a .gguf file/],
-    [['generate', '--prompt', 'x', '--model', '/no/such/smollm2-135m-instruct'], 1, /run `npm run models:fetch` to fetch SmolLM2-135M-Instruct/],
+    [
+      ['generate', '--prompt', 'x', '--model', '/no/such/dir'],
+      1,
+      /^specd: error: model \/no\/such\/dir: neither a folder with config.json nor a .gguf file/,
+    ],
+    [
+      ['generate', '--prompt', 'x', '--model', '/no/such/smollm2-135m-instruct'],
+      1,
+      /run `npm run models:fetch` to fetch SmolLM2-135M-Instruct/,
+    ],
     [['generate', '--prompt-file', '/no/such/file'], 1, /^specd: error: --prompt-file: cannot read/],
   ])('%j → one error line, exit %i', async (args, code, re) => {
     const r = await run(args as string[]);
@@ -163,12 +265,18 @@ describe('specd generate', () => {
   it('config file errors name the file and the JSON path; unknown plugins are listed', async () => {
     const bad = path.join(tmp, 'bad.json');
     fs.writeFileSync(bad, JSON.stringify({ sampling: { top_p: 3 } }));
-    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: \$\.sampling\.top_p: maximum: must be <= 1, got 3/);
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(
+      /bad\.json: \$\.sampling\.top_p: maximum: must be <= 1, got 3/,
+    );
     fs.writeFileSync(bad, JSON.stringify({ modle: 'x' }));
-    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: \$\.modle: additionalProperties: unknown property, got "x"/);
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(
+      /bad\.json: \$\.modle: additionalProperties: unknown property, got "x"/,
+    );
     // the pre-#5 ad-hoc "generate" section is now "sampling"
     fs.writeFileSync(bad, JSON.stringify({ generate: { max_tokens: 5 } }));
-    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(/bad\.json: \$\.generate: additionalProperties: unknown property/);
+    expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(
+      /bad\.json: \$\.generate: additionalProperties: unknown property/,
+    );
     fs.writeFileSync(bad, JSON.stringify({ plugins: [] }));
     const r = await run(['generate', '--prompt', 'x', '--config', bad]);
     expect(r.code).toBe(1);
@@ -180,11 +288,20 @@ describe('installed bin', () => {
   it('`specd generate` runs from the repository root through node_modules/.bin', () => {
     const bin = path.join(ROOT, 'node_modules/.bin/specd');
     const target = fs.existsSync(bin) ? bin : path.join(ROOT, 'packages/core/src/cli/bin.js');
-    const r = spawnSync(process.execPath, [target, 'generate', '--prompt', 'The history of the', '--max-tokens', '4', '--json'], { cwd: ROOT, encoding: 'utf8' });
+    const r = spawnSync(
+      process.execPath,
+      [target, 'generate', '--prompt', 'The history of the', '--max-tokens', '4', '--json'],
+      { cwd: ROOT, encoding: 'utf8' },
+    );
     expect(r.stderr).toBe('');
     expect(r.status).toBe(0);
-    expect((JSON.parse(r.stdout) as { token_ids: number[] }).token_ids).toEqual(goldens.goldens['short']!.greedy_continuation.slice(0, 4));
-    const e = spawnSync(process.execPath, [target, 'generate', '--max-tokens', '0', '--prompt', 'x'], { cwd: ROOT, encoding: 'utf8' });
+    expect((JSON.parse(r.stdout) as { token_ids: number[] }).token_ids).toEqual(
+      goldens.goldens['short']!.greedy_continuation.slice(0, 4),
+    );
+    const e = spawnSync(process.execPath, [target, 'generate', '--max-tokens', '0', '--prompt', 'x'], {
+      cwd: ROOT,
+      encoding: 'utf8',
+    });
     expect(e.status).toBe(2);
     expect(e.stderr).toMatch(/^specd: error: .*--max-tokens/);
   });

@@ -11,7 +11,10 @@ describe('sampling', () => {
     expect(nextToken(logits, { temperature: 0 }, new SeededRandom(1))).toBe(1);
   });
   it('same seed → same draws; top-k 1 is greedy; top-k / top-p keep only the allowed tokens', () => {
-    const draw = (seed: number) => { const r = new SeededRandom(seed); return Array.from({ length: 50 }, () => sampleToken(logits, { temperature: 1 }, r)); };
+    const draw = (seed: number) => {
+      const r = new SeededRandom(seed);
+      return Array.from({ length: 50 }, () => sampleToken(logits, { temperature: 1 }, r));
+    };
     expect(draw(3)).toEqual(draw(3));
     expect(draw(3)).not.toEqual(draw(4));
     const r = new SeededRandom(9);

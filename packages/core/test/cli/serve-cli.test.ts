@@ -28,9 +28,15 @@ describe('specd serve', () => {
       expect(calibrationMs).toBeGreaterThan(0);
       expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
       // … so the first request does not calibrate
-      const res = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'kimi-k3-tiny', prompt: 'Hello', max_tokens: 3, temperature: 0 }) });
+      const res = await fetch(`${s.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'kimi-k3-tiny', prompt: 'Hello', max_tokens: 3, temperature: 0 }),
+      });
       expect(res.status).toBe(200);
-      expect(((await res.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBeGreaterThan(0);
+      expect(((await res.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBeGreaterThan(
+        0,
+      );
       expect(s.server.engine.metrics.calibrationMs).toBe(calibrationMs);
     } finally {
       await s.close();
@@ -42,16 +48,33 @@ describe('specd serve', () => {
     await a.close();
     expect(a.drafter).toBeUndefined();
     expect(a.server.engine.metrics.calibrationMs).toBe(0); // nothing to calibrate without a drafter
-    const b = await startServe({ config: 'configs/kimi-k3-tiny-nospec.json', drafter: 'models/kimi-k3-tiny-dflash', port: 0, logLevel: 'silent' }, io);
+    const b = await startServe(
+      {
+        config: 'configs/kimi-k3-tiny-nospec.json',
+        drafter: 'models/kimi-k3-tiny-dflash',
+        port: 0,
+        logLevel: 'silent',
+      },
+      io,
+    );
     await b.close();
     expect(b.drafter?.drafter.method).toBe('dflash');
   });
 
-  it('--host overrides the config\'s server.host', async () => {
+  it("--host overrides the config's server.host", async () => {
     // an address this machine does not have (TEST-NET-3): binding it fails, so only the flag can make the server start
     const file = path.join(tmp, 'host.json');
-    fs.writeFileSync(file, JSON.stringify({ model: path.join(ROOT, 'models/kimi-k3-tiny'), drafter: { method: 'none' }, server: { host: '203.0.113.7', port: 8000 } }));
-    await expect(startServe({ config: file, port: 0, logLevel: 'silent' }, io)).rejects.toThrow(/EADDRNOTAVAIL.*203\.0\.113\.7/);
+    fs.writeFileSync(
+      file,
+      JSON.stringify({
+        model: path.join(ROOT, 'models/kimi-k3-tiny'),
+        drafter: { method: 'none' },
+        server: { host: '203.0.113.7', port: 8000 },
+      }),
+    );
+    await expect(startServe({ config: file, port: 0, logLevel: 'silent' }, io)).rejects.toThrow(
+      /EADDRNOTAVAIL.*203\.0\.113\.7/,
+    );
     const s = await startServe({ config: file, host: '127.0.0.1', port: 0, logLevel: 'silent' }, io);
     try {
       expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
@@ -62,7 +85,10 @@ describe('specd serve', () => {
   });
 
   it.each([
-    [{ parallelism: { pp: 2, partition: [4] } }, /\$\.parallelism\.partition: pp: expected 2 entries \(one per pipeline stage\), got 1/],
+    [
+      { parallelism: { pp: 2, partition: [4] } },
+      /\$\.parallelism\.partition: pp: expected 2 entries \(one per pipeline stage\), got 1/,
+    ],
     [{ pd: { role: 'prefill' } }, /pd\.role: "prefill": prefill\/decode disaggregation is not wired yet/],
     [{ server: { port: 99999 } }, /\$\.server\.port: maximum: must be <= 65535, got 99999/],
   ])('config %j → one error line, exit 1', async (cfg, re) => {

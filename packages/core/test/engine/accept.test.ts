@@ -33,7 +33,9 @@ function norm(xs: number[]): Float32Array {
 describe('acceptGreedy', () => {
   const logitsFor = (tops: number[]) => {
     const l = new Float32Array(tops.length * V);
-    tops.forEach((t, r) => { l[r * V + t] = 1; });
+    tops.forEach((t, r) => {
+      l[r * V + t] = 1;
+    });
     return l;
   };
   it('accepts the longest prefix equal to the target argmax, then the bonus', () => {
@@ -120,8 +122,12 @@ describe('acceptSampled preserves the target distribution (χ², 2·10⁴ draws)
 
   it('rejects mis-sized p or q', () => {
     const rng = new SeededRandom(1);
-    expect(() => acceptSampled(Int32Array.of(1), undefined, new Float32Array(V), V, rng)).toThrow(/p: expected \[2, 6\]/);
-    expect(() => acceptSampled(Int32Array.of(1), new Float32Array(2 * V), new Float32Array(2 * V), V, rng)).toThrow(/q: expected \[1, 6\]/);
+    expect(() => acceptSampled(Int32Array.of(1), undefined, new Float32Array(V), V, rng)).toThrow(
+      /p: expected \[2, 6\]/,
+    );
+    expect(() => acceptSampled(Int32Array.of(1), new Float32Array(2 * V), new Float32Array(2 * V), V, rng)).toThrow(
+      /q: expected \[1, 6\]/,
+    );
   });
 });
 

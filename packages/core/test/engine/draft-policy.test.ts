@@ -3,14 +3,28 @@
 // poor acceptance → k = 0), and under load (the batch's verify cost → fewer drafts).
 import { describe, expect, it } from 'vitest';
 
-import { AcceptanceEstimator, CostDraftPolicy, fixedDraftPolicy, RequestMetrics, StepCosts, type BucketCosts } from '../../src/engine/index.js';
+import {
+  AcceptanceEstimator,
+  CostDraftPolicy,
+  fixedDraftPolicy,
+  RequestMetrics,
+  StepCosts,
+  type BucketCosts,
+} from '../../src/engine/index.js';
 
 const KS = [0, 1, 2, 4, 8, 15];
 /** Costs: t_verify = base + perRow·rows per sequence bucket, t_draft = draft (flat in k). */
 function costs(base: number, perRow: number, draft: number, buckets = [1]): StepCosts {
-  return new StepCosts(buckets.map((B): BucketCosts => ({
-    sequences: B, ks: KS, verifyMs: KS.map((k) => base + perRow * B * (k + 1)), draftMs: KS.map((k) => (k === 0 ? 0 : draft * B)),
-  })));
+  return new StepCosts(
+    buckets.map(
+      (B): BucketCosts => ({
+        sequences: B,
+        ks: KS,
+        verifyMs: KS.map((k) => base + perRow * B * (k + 1)),
+        draftMs: KS.map((k) => (k === 0 ? 0 : draft * B)),
+      }),
+    ),
+  );
 }
 const cand = (id: string, maxDrafts = 15) => ({ id, maxDrafts, metrics: new RequestMetrics() });
 const noExplore = { exploreEvery: 0 } as const;
@@ -79,7 +93,7 @@ describe('CostDraftPolicy', () => {
       p.observe('a', k!, Math.min(k!, 1)); // the first draft is always accepted, the second never
       p.observeStep(1, 1 + k!, k! > 0 ? 1 : 0, k!, k! > 0 ? 5 + 0.5 * k! : 1, k! > 0 ? 0.5 : 0);
     }
-    console.log(`choices: ${chosen.join("")}; scales ${p.costScale.map((x) => x.toFixed(2)).join(" ")}`);
+    console.log(`choices: ${chosen.join('')}; scales ${p.costScale.map((x) => x.toFixed(2)).join(' ')}`);
     expect(chosen.slice(0, 8).every((k) => k > 0)).toBe(true); // it drafted while it believed the calibration
     expect(chosen.slice(-30).every((k) => k === 0)).toBe(true); // then plain steps, measured, won
     expect(p.costScale[0]).toBeLessThan(0.3);

@@ -6,19 +6,53 @@
 // And seeded requests (SpecRequest.seeded) under a timing-based policy: plain decoding, reproducible.
 import { describe, expect, it } from 'vitest';
 
-import { CostDraftPolicy, samplingProbs, sampleFromProbs, SpecEngine, StepCosts, type SpecRequest, type SpecResult } from '../../src/engine/index.js';
+import {
+  CostDraftPolicy,
+  samplingProbs,
+  sampleFromProbs,
+  SpecEngine,
+  StepCosts,
+  type SpecRequest,
+  type SpecResult,
+} from '../../src/engine/index.js';
 import type { SequenceCache } from '../../src/kv/index.js';
 import type {
-  CacheGeometry, DraftBatch, Drafter, DraftProposal, ForwardBatch, ForwardResult, StageInfo, StageModel,
+  CacheGeometry,
+  DraftBatch,
+  Drafter,
+  DraftProposal,
+  ForwardBatch,
+  ForwardResult,
+  StageInfo,
+  StageModel,
 } from '../../src/plugin/index.js';
 
 const V = 4;
-const P = [[0.1, 0.4, 0.3, 0.2], [0.5, 0.1, 0.1, 0.3], [0.25, 0.25, 0.25, 0.25], [0.05, 0.15, 0.6, 0.2]];
-const Q = [[0.4, 0.1, 0.1, 0.4], [0.1, 0.6, 0.2, 0.1], [0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]];
+const P = [
+  [0.1, 0.4, 0.3, 0.2],
+  [0.5, 0.1, 0.1, 0.3],
+  [0.25, 0.25, 0.25, 0.25],
+  [0.05, 0.15, 0.6, 0.2],
+];
+const Q = [
+  [0.4, 0.1, 0.1, 0.4],
+  [0.1, 0.6, 0.2, 0.1],
+  [0.7, 0.1, 0.1, 0.1],
+  [0.25, 0.25, 0.25, 0.25],
+];
 const logRow = (m: number[][], t: number) => Float32Array.from(m[t]!, Math.log);
 
 class ChainTarget implements StageModel {
-  readonly info: StageInfo = { numLayers: 1, layerStart: 0, layerEnd: 1, hiddenSize: 2, vocabSize: V, isFirst: true, isLast: true, layerKinds: ['x'] };
+  readonly info: StageInfo = {
+    numLayers: 1,
+    layerStart: 0,
+    layerEnd: 1,
+    hiddenSize: 2,
+    vocabSize: V,
+    isFirst: true,
+    isLast: true,
+    layerKinds: ['x'],
+  };
   readonly cacheGeometry: CacheGeometry = {
     pagedKv: { layers: [0], floatsPerToken: 1 },
     linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
@@ -50,8 +84,12 @@ class ChainDrafter implements Drafter {
   readonly maxDraftTokens = 3;
   readonly pagesInUse = 0;
   constructor(private readonly withQ: boolean) {}
-  captureSetter(): readonly number[] { return []; }
-  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number): Float32Array { return new Float32Array(n * 2); }
+  captureSetter(): readonly number[] {
+    return [];
+  }
+  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number): Float32Array {
+    return new Float32Array(n * 2);
+  }
   writeProjectedContextKV(): void {}
   propose(batch: DraftBatch): DraftProposal[] {
     return batch.sequences.map((s) => {
@@ -72,16 +110,25 @@ class ChainDrafter implements Drafter {
       return this.withQ && s.sampling.temperature > 0 ? { id: s.id, tokens, probs } : { id: s.id, tokens };
     });
   }
-  buildPDInput(): unknown { throw new Error('no'); }
-  acceptPDInput(): void { throw new Error('no'); }
+  buildPDInput(): unknown {
+    throw new Error('no');
+  }
+  acceptPDInput(): void {
+    throw new Error('no');
+  }
   addSequence(): void {}
-  contextLength(): number { return 0; }
+  contextLength(): number {
+    return 0;
+  }
   freeSequence(): void {}
   dispose(): void {}
 }
 
 /** χ² critical values at p = 0.001 for 0 … 15 degrees of freedom (cells − 1). */
-const CHI2_CRIT = [0, 10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588, 31.264, 32.909, 34.528, 36.123, 37.697];
+const CHI2_CRIT = [
+  0, 10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588, 31.264, 32.909, 34.528, 36.123,
+  37.697,
+];
 const N = 10_000;
 
 describe.each([
@@ -94,11 +141,22 @@ describe.each([
 ] as const)('engine rejection sampling is lossless: %s', (_name, withQ, temperature, drafts, topP) => {
   it('(2nd, 3rd) generated tokens ~ the target chain (χ², 10⁴ requests)', () => {
     const target = new ChainTarget();
-    const e = new SpecEngine(target, new ChainDrafter(withQ), { maxSequences: 256, maxTokensPerSequence: 16, pageSize: 4, draftLength: () => drafts });
+    const e = new SpecEngine(target, new ChainDrafter(withQ), {
+      maxSequences: 256,
+      maxTokensPerSequence: 16,
+      pageSize: 4,
+      draftLength: () => drafts,
+    });
     const x = 2;
-    const rs = e.run(Array.from({ length: N }, (_, i) => ({
-      id: i, promptIds: Int32Array.of(x), maxTokens: 3, sampling: { temperature, topP }, seed: Math.imul(i + 1, 2654435761) >>> 0,
-    })));
+    const rs = e.run(
+      Array.from({ length: N }, (_, i) => ({
+        id: i,
+        promptIds: Int32Array.of(x),
+        maxTokens: 3,
+        sampling: { temperature, topP },
+        seed: Math.imul(i + 1, 2654435761) >>> 0,
+      })),
+    );
     const counts = new Array<number>(V * V).fill(0);
     for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
     const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature, topP });
@@ -106,7 +164,8 @@ describe.each([
     if (topP < 1) for (const t of [0, 1, 3]) expect(p(t).filter((v) => v === 0).length, `row ${t}`).toBeGreaterThan(0);
     const expected = new Array<number>(V * V).fill(0);
     const p0 = p(x);
-    for (let a = 0; a < V; a++) for (let b = 0; b < V; b++) for (let c = 0; c < V; c++) expected[b * V + c]! += p0[a]! * p(a)[b]! * p(b)[c]!;
+    for (let a = 0; a < V; a++)
+      for (let b = 0; b < V; b++) for (let c = 0; c < V; c++) expected[b * V + c]! += p0[a]! * p(a)[b]! * p(b)[c]!;
     let chi = 0;
     let cells = 0;
     for (let i = 0; i < V * V; i++) {
@@ -128,16 +187,35 @@ describe('seeded sampled requests under a timing-based draft policy', () => {
   // Calibrated costs forced two ways — drafting nearly free (the cost policy drafts) and drafting
   // dear (it never drafts) — stand for two machines or two load conditions: the k it picks, and so
   // how many PRNG draws each step takes, follows them.
-  const costs = (draftMs: number) => new StepCosts([1, 4].map((b) => ({
-    sequences: b, ks: [0, 1, 2, 3], verifyMs: [1, 1.01, 1.02, 1.03].map((x) => x * b), draftMs: [0, 1, 2, 3].map((k) => k * draftMs * b),
-  })));
-  const policy = (draftMs: number) => new CostDraftPolicy(costs(draftMs), { exploreEvery: 0, explorePlainEvery: 0, recalibrate: false });
+  const costs = (draftMs: number) =>
+    new StepCosts(
+      [1, 4].map((b) => ({
+        sequences: b,
+        ks: [0, 1, 2, 3],
+        verifyMs: [1, 1.01, 1.02, 1.03].map((x) => x * b),
+        draftMs: [0, 1, 2, 3].map((k) => k * draftMs * b),
+      })),
+    );
+  const policy = (draftMs: number) =>
+    new CostDraftPolicy(costs(draftMs), { exploreEvery: 0, explorePlainEvery: 0, recalibrate: false });
   const request = (id: string, seeded: boolean, seed = 5): SpecRequest => ({
-    id, promptIds: Int32Array.of(2), maxTokens: 48, sampling: { temperature: 1 }, seed, ...(seeded ? { seeded: true } : {}),
+    id,
+    promptIds: Int32Array.of(2),
+    maxTokens: 48,
+    sampling: { temperature: 1 },
+    seed,
+    ...(seeded ? { seeded: true } : {}),
   });
-  const run = (draftPolicy: 'cost' | 'max' | CostDraftPolicy | undefined, reqs: SpecRequest[], drafter = true): Map<unknown, SpecResult> => {
+  const run = (
+    draftPolicy: 'cost' | 'max' | CostDraftPolicy | undefined,
+    reqs: SpecRequest[],
+    drafter = true,
+  ): Map<unknown, SpecResult> => {
     const e = new SpecEngine(new ChainTarget(), drafter ? new ChainDrafter(true) : undefined, {
-      maxSequences: 4, maxTokensPerSequence: 64, pageSize: 4, ...(draftPolicy === undefined ? {} : { draftPolicy }),
+      maxSequences: 4,
+      maxTokensPerSequence: 64,
+      pageSize: 4,
+      ...(draftPolicy === undefined ? {} : { draftPolicy }),
     });
     const rs = new Map(e.run(reqs).map((r) => [r.id, r]));
     expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
@@ -172,7 +250,7 @@ describe('seeded sampled requests under a timing-based draft policy', () => {
     expect(c.get('s')!.metrics.drafted).toBe(0);
   });
 
-  it('has no effect where k is not timing-based (\'max\') or at temperature 0', () => {
+  it("has no effect where k is not timing-based ('max') or at temperature 0", () => {
     const m = run('max', [request('s', true)]).get('s')!;
     expect(m.metrics.drafted).toBeGreaterThan(0);
     expect(run('max', [request('s', true)]).get('s')!.tokenIds).toEqual(m.tokenIds); // fixed k: reproducible anyway

@@ -6,10 +6,23 @@
 // decoding (one prefill chunk per step; abort / failure mid-prefill frees everything).
 import { describe, expect, it } from 'vitest';
 
-import { adaptiveDraftLength, EngineError, RequestMetrics, SpecEngine, type SpecRequest } from '../../src/engine/index.js';
+import {
+  adaptiveDraftLength,
+  EngineError,
+  RequestMetrics,
+  SpecEngine,
+  type SpecRequest,
+} from '../../src/engine/index.js';
 import { SequenceCache } from '../../src/kv/index.js';
 import type {
-  CacheGeometry, DraftBatch, Drafter, DraftProposal, ForwardBatch, ForwardResult, StageInfo, StageModel,
+  CacheGeometry,
+  DraftBatch,
+  Drafter,
+  DraftProposal,
+  ForwardBatch,
+  ForwardResult,
+  StageInfo,
+  StageModel,
 } from '../../src/plugin/index.js';
 
 const V = 32;
@@ -20,14 +33,25 @@ class ToyTarget implements StageModel {
   forwards = 0;
   /** Every forward: its sequences (id, first position, token count, phase). */
   readonly log: { id: unknown; position: number; n: number; phase: string }[][] = [];
-  readonly info: StageInfo = { numLayers: 1, layerStart: 0, layerEnd: 1, hiddenSize: 4, vocabSize: V, isFirst: true, isLast: true, layerKinds: ['attn'] };
+  readonly info: StageInfo = {
+    numLayers: 1,
+    layerStart: 0,
+    layerEnd: 1,
+    hiddenSize: 4,
+    vocabSize: V,
+    isFirst: true,
+    isLast: true,
+    layerKinds: ['attn'],
+  };
   readonly cacheGeometry: CacheGeometry = {
     pagedKv: { layers: [0], floatsPerToken: 1 },
     linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
   };
   forward(batch: ForwardBatch, cache: SequenceCache): ForwardResult {
     this.forwards++;
-    this.log.push(batch.sequences.map((s) => ({ id: s.id, position: s.position, n: s.tokens.length, phase: s.phase ?? 'decode' })));
+    this.log.push(
+      batch.sequences.map((s) => ({ id: s.id, position: s.position, n: s.tokens.length, phase: s.phase ?? 'decode' })),
+    );
     if (batch.sequences.some((s) => s.tokens.includes(V - 1))) throw new RangeError('toy: token V − 1 is not allowed');
     const rows: number[] = [];
     const start = new Int32Array(batch.sequences.length + 1);
@@ -39,7 +63,9 @@ class ToyTarget implements StageModel {
       start[i + 1] = rows.length;
     });
     const logits = new Float32Array(rows.length * V);
-    rows.forEach((t, r) => { logits[r * V + next(t)] = 10; });
+    rows.forEach((t, r) => {
+      logits[r * V + next(t)] = 10;
+    });
     const n = batch.sequences.reduce((a, s) => a + s.tokens.length, 0);
     return { logits, logitRowStart: start, hidden: new Float32Array(n * 4), taps: new Map() };
   }
@@ -53,16 +79,23 @@ class ToyDrafter implements Drafter {
   readonly pagesInUse = 0;
   private readonly ctx = new Map<unknown, number>();
   constructor(private readonly good: number) {}
-  captureSetter(): readonly number[] { return []; }
-  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array { return acc ?? new Float32Array(n * 4); }
+  captureSetter(): readonly number[] {
+    return [];
+  }
+  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array {
+    return acc ?? new Float32Array(n * 4);
+  }
   /** Every context row's next token as the engine reported it, by sequence and position. */
   readonly nextSeen = new Map<unknown, Map<number, number>>();
-  writeProjectedContextKV(_sum: Float32Array, spans: readonly { id: unknown; position: number; numTokens: number; nextTokens?: Int32Array }[]): void {
+  writeProjectedContextKV(
+    _sum: Float32Array,
+    spans: readonly { id: unknown; position: number; numTokens: number; nextTokens?: Int32Array }[],
+  ): void {
     for (const s of spans) {
       expect(this.ctx.get(s.id)).toBe(s.position);
       expect(s.nextTokens?.length).toBe(s.numTokens);
       let m = this.nextSeen.get(s.id);
-      if (m === undefined) this.nextSeen.set(s.id, m = new Map());
+      if (m === undefined) this.nextSeen.set(s.id, (m = new Map()));
       s.nextTokens!.forEach((t, i) => m!.set(s.position + i, t));
       this.ctx.set(s.id, s.position + s.numTokens);
     }
@@ -80,17 +113,34 @@ class ToyDrafter implements Drafter {
       return { id: s.id, tokens: d };
     });
   }
-  buildPDInput(): unknown { throw new Error('no'); }
-  acceptPDInput(): void { throw new Error('no'); }
-  addSequence(id: unknown): void { this.ctx.set(id, 0); }
-  contextLength(id: unknown): number { return this.ctx.get(id)!; }
-  freeSequence(id: unknown): void { this.ctx.delete(id); }
-  get sequences(): number { return this.ctx.size; }
+  buildPDInput(): unknown {
+    throw new Error('no');
+  }
+  acceptPDInput(): void {
+    throw new Error('no');
+  }
+  addSequence(id: unknown): void {
+    this.ctx.set(id, 0);
+  }
+  contextLength(id: unknown): number {
+    return this.ctx.get(id)!;
+  }
+  freeSequence(id: unknown): void {
+    this.ctx.delete(id);
+  }
+  get sequences(): number {
+    return this.ctx.size;
+  }
   dispose(): void {}
 }
 
 const req = (id: string, first: number, maxTokens: number, extra: Partial<SpecRequest> = {}): SpecRequest => ({
-  id, promptIds: Int32Array.of(5, first), maxTokens, sampling: { temperature: 0 }, seed: 1, ...extra,
+  id,
+  promptIds: Int32Array.of(5, first),
+  maxTokens,
+  sampling: { temperature: 0 },
+  seed: 1,
+  ...extra,
 });
 const expected = (first: number, n: number) => {
   const out: number[] = [];
@@ -133,15 +183,27 @@ describe('SpecEngine on the contracts', () => {
   it('tree drafts on a target without commitTreePath are refused, naming why', () => {
     class TreeDrafter extends ToyDrafter {
       override propose(batch: DraftBatch): DraftProposal[] {
-        return super.propose(batch).map((p) => ({ ...p, parents: Int32Array.from(p.tokens, (_, j) => (j === 0 ? -1 : 0)) }));
+        return super
+          .propose(batch)
+          .map((p) => ({ ...p, parents: Int32Array.from(p.tokens, (_, j) => (j === 0 ? -1 : 0)) }));
       }
     }
-    const e = new SpecEngine(new ToyTarget(), new TreeDrafter(5), { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
-    expect(() => e.run([req('t', 1, 8)])).toThrow(/tree drafts need a target that verifies trees \(StageModel.commitTreePath/);
+    const e = new SpecEngine(new ToyTarget(), new TreeDrafter(5), {
+      maxSequences: 1,
+      draftPolicy: 'max',
+      maxTokensPerSequence: 64,
+    });
+    expect(() => e.run([req('t', 1, 8)])).toThrow(
+      /tree drafts need a target that verifies trees \(StageModel.commitTreePath/,
+    );
   });
 
   it('the two τ definitions differ when requests differ', () => {
-    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 64 });
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), {
+      maxSequences: 2,
+      draftPolicy: 'max',
+      maxTokensPerSequence: 64,
+    });
     e.run([req('a', 1, 13), req('b', 2, 3)]);
     // a: 2 steps committing 6; b: 1 step, 2 drafts (the tokens still needed) + bonus = 3 (as the
     // reference loop, the last step may commit one token past maxTokens; the output is cut)
@@ -150,7 +212,11 @@ describe('SpecEngine on the contracts', () => {
   });
 
   it('the draft-length hook bounds drafts per sequence; no drafter = plain decoding', () => {
-    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 1, maxTokensPerSequence: 64, draftLength: () => 1 });
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(5), {
+      maxSequences: 1,
+      maxTokensPerSequence: 64,
+      draftLength: () => 1,
+    });
     const [r] = e.run([req('a', 1, 9)]);
     expect(r!.tokenIds).toEqual(expected(1, 9));
     expect(r!.metrics.drafted).toBe(4);
@@ -168,14 +234,21 @@ describe('SpecEngine on the contracts', () => {
     expect(e.stepCosts?.buckets.map((b) => b.sequences)).toEqual([1, 2, 3]);
     expect(e.stepCosts!.buckets[0]!.ks[0]).toBe(0);
     expect(e.metrics.calibrationMs).toBeGreaterThan(0);
-    for (const r of rs) expect(r.tokenIds).toEqual(expected(r.id === 'a' ? 1 : r.id === 'b' ? 2 : 3, r.id === 'a' ? 20 : r.id === 'b' ? 17 : 9));
+    for (const r of rs)
+      expect(r.tokenIds).toEqual(
+        expected(r.id === 'a' ? 1 : r.id === 'b' ? 2 : 3, r.id === 'a' ? 20 : r.id === 'b' ? 17 : 9),
+      );
     expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
     // Deferred draft context (k = 0 steps) is written before the sequence drafts again.
-    const f = new SpecEngine(new ToyTarget(), new ToyDrafter(5), { maxSequences: 1, maxTokensPerSequence: 64, draftLength: (_id, m) => (m.verifySteps % 3 === 2 ? 5 : 0) });
+    const f = new SpecEngine(new ToyTarget(), new ToyDrafter(5), {
+      maxSequences: 1,
+      maxTokensPerSequence: 64,
+      draftLength: (_id, m) => (m.verifySteps % 3 === 2 ? 5 : 0),
+    });
     expect(f.run([req('a', 1, 30)])[0]!.tokenIds).toEqual(expected(1, 30));
   });
 
-  it('adaptiveDraftLength follows each request\'s acceptance; the output does not change', () => {
+  it("adaptiveDraftLength follows each request's acceptance; the output does not change", () => {
     const policy = adaptiveDraftLength({ min: 1, max: 5, alpha: 1, margin: 1 });
     const m = new RequestMetrics();
     expect(policy('a', m)).toBe(5);
@@ -184,7 +257,11 @@ describe('SpecEngine on the contracts', () => {
     m.recordStep(1, 1);
     expect(policy('a', m)).toBe(2);
     expect(policy('b', new RequestMetrics())).toBe(5);
-    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(2), { maxSequences: 1, maxTokensPerSequence: 64, draftLength: adaptiveDraftLength({ margin: 1 }) });
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(2), {
+      maxSequences: 1,
+      maxTokensPerSequence: 64,
+      draftLength: adaptiveDraftLength({ margin: 1 }),
+    });
     const [r] = e.run([req('a', 1, 25)]);
     expect(r!.tokenIds).toEqual(expected(1, 25));
     expect(r!.metrics.drafted).toBeLessThan(5 * r!.metrics.verifySteps); // shrank to 2 + 1 after the first step
@@ -221,7 +298,16 @@ describe('SpecEngine on the contracts', () => {
     const mk = () => {
       const t = new ToyTarget();
       const d = new ToyDrafter(2);
-      return { t, d, e: new SpecEngine(t, d, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 128, prefillChunk: CHUNK }) };
+      return {
+        t,
+        d,
+        e: new SpecEngine(t, d, {
+          maxSequences: 2,
+          draftPolicy: 'max',
+          maxTokensPerSequence: 128,
+          prefillChunk: CHUNK,
+        }),
+      };
     };
     const reqA = req('a', 1, 40);
     const reqB: SpecRequest = { id: 'b', promptIds: longPrompt, maxTokens: 6, sampling: { temperature: 0 }, seed: 1 };
@@ -235,7 +321,10 @@ describe('SpecEngine on the contracts', () => {
     expect(alone.get('b')!.tokens).toEqual(expected(longPrompt[29]!, 6));
 
     const { t, d, e } = mk();
-    const got = new Map<string, number[]>([['a', []], ['b', []]]);
+    const got = new Map<string, number[]>([
+      ['a', []],
+      ['b', []],
+    ]);
     const track = (r: SpecRequest): SpecRequest => ({ ...r, onToken: (tok) => got.get(r.id as string)!.push(tok) });
     e.add(track(reqA));
     e.step(); // a: its one prefill chunk + a verify round
@@ -250,7 +339,9 @@ describe('SpecEngine on the contracts', () => {
       const step = t.log.slice(from);
       // this step: exactly one prefill forward, b's chunk s at the old boundary [s·4, (s+1)·4) …
       const prefills = step.filter((f) => f.some((q) => q.phase === 'prefill'));
-      expect(prefills).toEqual([[{ id: 'b', position: s * CHUNK, n: Math.min(CHUNK, longPrompt.length - s * CHUNK), phase: 'prefill' }]]);
+      expect(prefills).toEqual([
+        [{ id: 'b', position: s * CHUNK, n: Math.min(CHUNK, longPrompt.length - s * CHUNK), phase: 'prefill' }],
+      ]);
       // … then a's verify round: a committed 3 tokens (2 accepted drafts + bonus) in this step too
       expect(step.indexOf(prefills[0]!)).toBe(0);
       expect(step[1]!.map((q) => q.id)).toEqual(s < chunks - 1 ? ['a'] : ['a', 'b']);
@@ -270,9 +361,15 @@ describe('SpecEngine on the contracts', () => {
     expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
   });
 
-  it('abort mid-prefill frees the prompt\'s pages, slot and draft sequence; a chunk that fails frees its request, the others go on', () => {
+  it("abort mid-prefill frees the prompt's pages, slot and draft sequence; a chunk that fails frees its request, the others go on", () => {
     const d = new ToyDrafter(2);
-    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 2, draftPolicy: 'max', maxTokensPerSequence: 128, pageSize: 4, prefillChunk: 4 });
+    const e = new SpecEngine(new ToyTarget(), d, {
+      maxSequences: 2,
+      draftPolicy: 'max',
+      maxTokensPerSequence: 128,
+      pageSize: 4,
+      prefillChunk: 4,
+    });
     e.add(req('a', 1, 30));
     e.step();
     const pagesA = e.cache.pagesInUse;
@@ -303,13 +400,19 @@ describe('SpecEngine on the contracts', () => {
   });
 
   it('validates requests with messages naming the field', () => {
-    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(1), { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 16 });
+    const e = new SpecEngine(new ToyTarget(), new ToyDrafter(1), {
+      maxSequences: 1,
+      draftPolicy: 'max',
+      maxTokensPerSequence: 16,
+    });
     expect(() => e.add(req('a', 1, 0))).toThrow(/maxTokens: expected an integer >= 1/);
     expect(() => e.add({ ...req('a', 1, 4), promptIds: new Int32Array(0) })).toThrow(/promptIds/);
     expect(() => e.add(req('a', 1, 12))).toThrow(/needs 20 tokens, maxTokensPerSequence is 16/);
     expect(() => e.add(req('a', 1, 4, { stopStrings: ['x'] }))).toThrow(/stopStrings need the engine's decode/);
     e.add(req('a', 1, 4));
     expect(() => e.add(req('a', 1, 4))).toThrow(EngineError);
-    expect(() => new SpecEngine(new ToyTarget(), undefined, { prefillChunk: 0 })).toThrow(/prefillChunk: expected an integer >= 1, got 0/);
+    expect(() => new SpecEngine(new ToyTarget(), undefined, { prefillChunk: 0 })).toThrow(
+      /prefillChunk: expected an integer >= 1, got 0/,
+    );
   });
 });

@@ -8,18 +8,40 @@
 import { describe, expect, it } from 'vitest';
 
 import {
-  CostDraftPolicy, RequestMetrics, samplingProbs, sampleFromProbs, SpecEngine, StepCosts, survivalBudget,
-  type BucketCosts, type BudgetItem, type DraftPolicy,
+  CostDraftPolicy,
+  RequestMetrics,
+  samplingProbs,
+  sampleFromProbs,
+  SpecEngine,
+  StepCosts,
+  survivalBudget,
+  type BucketCosts,
+  type BudgetItem,
+  type DraftPolicy,
 } from '../../src/engine/index.js';
 import type { SequenceCache } from '../../src/kv/index.js';
 import type {
-  CacheGeometry, DraftBatch, Drafter, DraftProposal, ForwardBatch, ForwardResult, StageInfo, StageModel,
+  CacheGeometry,
+  DraftBatch,
+  Drafter,
+  DraftProposal,
+  ForwardBatch,
+  ForwardResult,
+  StageInfo,
+  StageModel,
 } from '../../src/plugin/index.js';
 
 const KS = [0, 1, 2, 4, 8];
 /** Synthetic costs (ms, large so the measured overhead of the toy step is negligible): t_verify = base + perRow·rows, t_draft flat. */
 function costs(base: number, perRow: number, draft: number): StepCosts {
-  return new StepCosts([{ sequences: 1, ks: KS, verifyMs: KS.map((k) => base + perRow * (k + 1)), draftMs: KS.map((k) => (k === 0 ? 0 : draft)) } satisfies BucketCosts]);
+  return new StepCosts([
+    {
+      sequences: 1,
+      ks: KS,
+      verifyMs: KS.map((k) => base + perRow * (k + 1)),
+      draftMs: KS.map((k) => (k === 0 ? 0 : draft)),
+    } satisfies BucketCosts,
+  ]);
 }
 const cand = (id: string, maxDrafts = 7) => ({ id, maxDrafts, metrics: new RequestMetrics() });
 const noExplore = { exploreEvery: 0 } as const;
@@ -37,7 +59,7 @@ function prefixBudget(c: readonly number[], lambda: number): number {
 /** A small deterministic PRNG for the property checks. */
 function lcg(seed: number): () => number {
   let x = seed >>> 0;
-  return () => ((x = (Math.imul(x, 1664525) + 1013904223) >>> 0) / 2 ** 32);
+  return () => (x = (Math.imul(x, 1664525) + 1013904223) >>> 0) / 2 ** 32;
 }
 
 describe('survival rule', () => {
@@ -62,12 +84,17 @@ describe('survival rule', () => {
 
   it('reads c_j only after drafts < j passed (a poisoned later confidence is never touched)', () => {
     const seen: number[] = [];
-    const c = new Proxy([0.9, 0.2, 0.9, 0.9], { get: (a, p) => { if (typeof p === 'string' && /^\d+$/.test(p)) seen.push(Number(p)); return Reflect.get(a, p) as unknown; } });
+    const c = new Proxy([0.9, 0.2, 0.9, 0.9], {
+      get: (a, p) => {
+        if (typeof p === 'string' && /^\d+$/.test(p)) seen.push(Number(p));
+        return Reflect.get(a, p) as unknown;
+      },
+    });
     expect(survivalBudget(c, 0.5)).toBe(1);
     expect(Math.max(...seen)).toBe(1); // c_3, c_4 were not read
   });
 
-  it('CostDraftPolicy: λ = R*·δ from the same step\'s choice; dearer verify → larger λ → shorter budgets', () => {
+  it("CostDraftPolicy: λ = R*·δ from the same step's choice; dearer verify → larger λ → shorter budgets", () => {
     const cheap = new CostDraftPolicy(costs(100, 2, 10), { ...noExplore, prior: 0.8 });
     const dear = new CostDraftPolicy(costs(100, 40, 10), { ...noExplore, prior: 0.8 });
     const ks = [cheap, dear].map((p) => p.choose([cand('a'), cand('b')]));
@@ -89,7 +116,9 @@ describe('survival rule', () => {
       expect(bd[i]!).toBeLessThanOrEqual(bc[i]!);
     });
     expect(bd.reduce((a, b) => a + b, 0)).toBeLessThan(bc.reduce((a, b) => a + b, 0));
-    console.log(`λ cheap verify ${cheap.threshold.toFixed(4)} (R* ${cheap.predictedRate.toFixed(4)}/ms, δ ${cheap.marginalVerifyMs} ms), dear ${dear.threshold.toFixed(4)}; budgets ${bc} vs ${bd}`);
+    console.log(
+      `λ cheap verify ${cheap.threshold.toFixed(4)} (R* ${cheap.predictedRate.toFixed(4)}/ms, δ ${cheap.marginalVerifyMs} ms), dear ${dear.threshold.toFixed(4)}; budgets ${bc} vs ${bd}`,
+    );
   });
 
   it('λ is fixed at choose (before the drafts): budgets of one step do not change λ', () => {
@@ -108,7 +137,16 @@ const GV = 32;
 const gnext = (t: number) => (t * 7 + 3) % GV;
 
 class ToyTarget implements StageModel {
-  readonly info: StageInfo = { numLayers: 1, layerStart: 0, layerEnd: 1, hiddenSize: 4, vocabSize: GV, isFirst: true, isLast: true, layerKinds: ['attn'] };
+  readonly info: StageInfo = {
+    numLayers: 1,
+    layerStart: 0,
+    layerEnd: 1,
+    hiddenSize: 4,
+    vocabSize: GV,
+    isFirst: true,
+    isLast: true,
+    layerKinds: ['attn'],
+  };
   readonly cacheGeometry: CacheGeometry = {
     pagedKv: { layers: [0], floatsPerToken: 1 },
     linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
@@ -124,7 +162,9 @@ class ToyTarget implements StageModel {
       start[i + 1] = rows.length;
     });
     const logits = new Float32Array(rows.length * GV);
-    rows.forEach((t, r) => { logits[r * GV + gnext(t)] = 10; });
+    rows.forEach((t, r) => {
+      logits[r * GV + gnext(t)] = 10;
+    });
     const n = batch.sequences.reduce((a, s) => a + s.tokens.length, 0);
     return { logits, logitRowStart: start, hidden: new Float32Array(n * 4), taps: new Map() };
   }
@@ -141,9 +181,16 @@ class ConfidentDrafter implements Drafter {
   readonly maxDraftTokens = 6;
   readonly pagesInUse = 0;
   private readonly ctx = new Map<unknown, number>();
-  captureSetter(): readonly number[] { return []; }
-  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array { return acc ?? new Float32Array(n * 4); }
-  writeProjectedContextKV(_sum: Float32Array, spans: readonly { id: unknown; position: number; numTokens: number }[]): void {
+  captureSetter(): readonly number[] {
+    return [];
+  }
+  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number, acc?: Float32Array): Float32Array {
+    return acc ?? new Float32Array(n * 4);
+  }
+  writeProjectedContextKV(
+    _sum: Float32Array,
+    spans: readonly { id: unknown; position: number; numTokens: number }[],
+  ): void {
     for (const s of spans) {
       expect(this.ctx.get(s.id)).toBe(s.position);
       this.ctx.set(s.id, s.position + s.numTokens);
@@ -157,7 +204,7 @@ class ConfidentDrafter implements Drafter {
       let t = s.lastToken;
       for (let j = 0; j < d.length; j++) {
         const wrong = (s.position + j + 1) % 5 === 0;
-        c[j] = wrong ? 0.2 : (t % 3 === 0 ? 0.5 : 0.97); // from the token before draft j
+        c[j] = wrong ? 0.2 : t % 3 === 0 ? 0.5 : 0.97; // from the token before draft j
         t = gnext(t);
         d[j] = wrong ? (t + 1) % GV : t;
         t = d[j]!;
@@ -165,27 +212,55 @@ class ConfidentDrafter implements Drafter {
       return { id: s.id, tokens: d, confidence: c };
     });
   }
-  buildPDInput(): unknown { throw new Error('no'); }
-  acceptPDInput(): void { throw new Error('no'); }
-  addSequence(id: unknown): void { this.ctx.set(id, 0); }
-  contextLength(id: unknown): number { return this.ctx.get(id)!; }
-  freeSequence(id: unknown): void { this.ctx.delete(id); }
+  buildPDInput(): unknown {
+    throw new Error('no');
+  }
+  acceptPDInput(): void {
+    throw new Error('no');
+  }
+  addSequence(id: unknown): void {
+    this.ctx.set(id, 0);
+  }
+  contextLength(id: unknown): number {
+    return this.ctx.get(id)!;
+  }
+  freeSequence(id: unknown): void {
+    this.ctx.delete(id);
+  }
   dispose(): void {}
 }
 
 describe('engine with verify budgets (greedy)', () => {
-  const reqs = () => [3, 8, 11, 20].map((x, i) => ({ id: `r${i}`, promptIds: Int32Array.of(1, x), maxTokens: 40, sampling: { temperature: 0 }, seed: 0 }));
+  const reqs = () =>
+    [3, 8, 11, 20].map((x, i) => ({
+      id: `r${i}`,
+      promptIds: Int32Array.of(1, x),
+      maxTokens: 40,
+      sampling: { temperature: 0 },
+      seed: 0,
+    }));
   it('output equals plain decoding; budgets < max (and 0) recorded; nothing leaks', () => {
-    const plain = new SpecEngine(new ToyTarget(), undefined, { maxSequences: 4, maxTokensPerSequence: 64, pageSize: 4 }).run(reqs());
+    const plain = new SpecEngine(new ToyTarget(), undefined, {
+      maxSequences: 4,
+      maxTokensPerSequence: 64,
+      pageSize: 4,
+    }).run(reqs());
     const policy = new CostDraftPolicy(costs(100, 20, 10), noExplore);
     const drafter = new ConfidentDrafter();
-    const e = new SpecEngine(new ToyTarget(), drafter, { maxSequences: 4, maxTokensPerSequence: 64, pageSize: 4, draftPolicy: policy });
+    const e = new SpecEngine(new ToyTarget(), drafter, {
+      maxSequences: 4,
+      maxTokensPerSequence: 64,
+      pageSize: 4,
+      draftPolicy: policy,
+    });
     const rs = e.run(reqs());
     const byId = new Map(rs.map((r) => [r.id, r.tokenIds]));
     for (const p of plain) expect(byId.get(p.id)).toEqual(p.tokenIds);
     const m = e.metrics;
     const h = m.budgetHistogram;
-    console.log(`toy greedy: λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}, mean ${m.meanBudget.toFixed(2)}, unverified ${m.unverified}, τ ${m.tauPerStep.toFixed(2)}`);
+    console.log(
+      `toy greedy: λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}, mean ${m.meanBudget.toFixed(2)}, unverified ${m.unverified}, τ ${m.tauPerStep.toFixed(2)}`,
+    );
     expect(h.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
     expect(h[0]).toBeGreaterThan(0); // some steps cut to a plain decode step after propose
     expect(h.slice(1, 6).some((c) => c > 0)).toBe(true); // some cut short of the maximum
@@ -198,8 +273,16 @@ describe('engine with verify budgets (greedy)', () => {
   });
 
   it('verifyBudget "all" and fixed policies never cut (no budgets recorded)', () => {
-    for (const opts of [{ draftPolicy: new CostDraftPolicy(costs(100, 20, 10), noExplore), verifyBudget: 'all' as const }, { draftPolicy: 'max' as const }]) {
-      const e = new SpecEngine(new ToyTarget(), new ConfidentDrafter(), { maxSequences: 4, maxTokensPerSequence: 64, pageSize: 4, ...opts });
+    for (const opts of [
+      { draftPolicy: new CostDraftPolicy(costs(100, 20, 10), noExplore), verifyBudget: 'all' as const },
+      { draftPolicy: 'max' as const },
+    ]) {
+      const e = new SpecEngine(new ToyTarget(), new ConfidentDrafter(), {
+        maxSequences: 4,
+        maxTokensPerSequence: 64,
+        pageSize: 4,
+        ...opts,
+      });
       e.run(reqs());
       expect(e.metrics.budgetHistogram).toEqual([]);
       expect(e.metrics.unverified).toBe(0);
@@ -210,14 +293,33 @@ describe('engine with verify budgets (greedy)', () => {
 // --- sampled: χ² through the engine (the engine-sampling toy with confidences) ---------------------
 
 const V = 4;
-const P = [[0.1, 0.4, 0.3, 0.2], [0.5, 0.1, 0.1, 0.3], [0.25, 0.25, 0.25, 0.25], [0.05, 0.15, 0.6, 0.2]];
-const Q = [[0.4, 0.1, 0.1, 0.4], [0.1, 0.6, 0.2, 0.1], [0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]];
+const P = [
+  [0.1, 0.4, 0.3, 0.2],
+  [0.5, 0.1, 0.1, 0.3],
+  [0.25, 0.25, 0.25, 0.25],
+  [0.05, 0.15, 0.6, 0.2],
+];
+const Q = [
+  [0.4, 0.1, 0.1, 0.4],
+  [0.1, 0.6, 0.2, 0.1],
+  [0.7, 0.1, 0.1, 0.1],
+  [0.25, 0.25, 0.25, 0.25],
+];
 /** Confidence of a draft from the token before it (so c_{j+1} is a function of d_j). */
 const CONF = [0.9, 0.15, 0.6, 0.35];
 const logRow = (m: number[][], t: number) => Float32Array.from(m[t]!, Math.log);
 
 class ChainTarget implements StageModel {
-  readonly info: StageInfo = { numLayers: 1, layerStart: 0, layerEnd: 1, hiddenSize: 2, vocabSize: V, isFirst: true, isLast: true, layerKinds: ['x'] };
+  readonly info: StageInfo = {
+    numLayers: 1,
+    layerStart: 0,
+    layerEnd: 1,
+    hiddenSize: 2,
+    vocabSize: V,
+    isFirst: true,
+    isLast: true,
+    layerKinds: ['x'],
+  };
   readonly cacheGeometry: CacheGeometry = {
     pagedKv: { layers: [0], floatsPerToken: 1 },
     linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
@@ -249,8 +351,12 @@ class ChainDrafter implements Drafter {
   readonly method = 'chain';
   readonly maxDraftTokens = 3;
   readonly pagesInUse = 0;
-  captureSetter(): readonly number[] { return []; }
-  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number): Float32Array { return new Float32Array(n * 2); }
+  captureSetter(): readonly number[] {
+    return [];
+  }
+  projectTargetHiddenPartial(_t: ReadonlyMap<number, Float32Array>, n: number): Float32Array {
+    return new Float32Array(n * 2);
+  }
   writeProjectedContextKV(): void {}
   propose(batch: DraftBatch): DraftProposal[] {
     return batch.sequences.map((s) => {
@@ -268,17 +374,25 @@ class ChainDrafter implements Drafter {
       return { id: s.id, tokens, probs, confidence };
     });
   }
-  buildPDInput(): unknown { throw new Error('no'); }
-  acceptPDInput(): void { throw new Error('no'); }
+  buildPDInput(): unknown {
+    throw new Error('no');
+  }
+  acceptPDInput(): void {
+    throw new Error('no');
+  }
   addSequence(): void {}
-  contextLength(): number { return 0; }
+  contextLength(): number {
+    return 0;
+  }
   freeSequence(): void {}
   dispose(): void {}
 }
 
 /** NOT lossless (the negative control): verifies draft j only when c_{j+1} — a function of d_j — is high. */
 class PeekingPolicy implements DraftPolicy {
-  choose(cs: readonly { maxDrafts: number }[]): number[] { return cs.map((c) => Math.min(2, c.maxDrafts)); }
+  choose(cs: readonly { maxDrafts: number }[]): number[] {
+    return cs.map((c) => Math.min(2, c.maxDrafts));
+  }
   budgets(items: readonly BudgetItem[]): number[] {
     return items.map((it) => {
       let b = 0;
@@ -294,37 +408,54 @@ const CHI2_CRIT_15 = 37.697; // p = 0.001, 15 degrees of freedom
 const N = 10_000;
 
 function chiSquare(policy: DraftPolicy, temperature: number): { chi: number; e: SpecEngine } {
-  const e = new SpecEngine(new ChainTarget(), new ChainDrafter(), { maxSequences: 256, maxTokensPerSequence: 16, pageSize: 4, draftPolicy: policy });
+  const e = new SpecEngine(new ChainTarget(), new ChainDrafter(), {
+    maxSequences: 256,
+    maxTokensPerSequence: 16,
+    pageSize: 4,
+    draftPolicy: policy,
+  });
   const x = 2;
-  const rs = e.run(Array.from({ length: N }, (_, i) => ({
-    id: i, promptIds: Int32Array.of(x), maxTokens: 3, sampling: { temperature }, seed: Math.imul(i + 1, 2654435761) >>> 0,
-  })));
+  const rs = e.run(
+    Array.from({ length: N }, (_, i) => ({
+      id: i,
+      promptIds: Int32Array.of(x),
+      maxTokens: 3,
+      sampling: { temperature },
+      seed: Math.imul(i + 1, 2654435761) >>> 0,
+    })),
+  );
   const counts = new Array<number>(V * V).fill(0);
   for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
   const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature });
   const expected = new Array<number>(V * V).fill(0);
   const p0 = p(x);
-  for (let a = 0; a < V; a++) for (let b = 0; b < V; b++) for (let c = 0; c < V; c++) expected[b * V + c]! += p0[a]! * p(a)[b]! * p(b)[c]!;
+  for (let a = 0; a < V; a++)
+    for (let b = 0; b < V; b++) for (let c = 0; c < V; c++) expected[b * V + c]! += p0[a]! * p(a)[b]! * p(b)[c]!;
   let chi = 0;
   for (let i = 0; i < V * V; i++) chi += (counts[i]! - expected[i]! * N) ** 2 / (expected[i]! * N);
   return { chi, e };
 }
 
 describe('engine with verify budgets (sampled, lossless)', () => {
-  it.each([1, 0.6])('the survival rule keeps (2nd, 3rd) generated tokens ~ the target chain at temperature %s (χ², 10⁴ requests)', (temperature) => {
-    // a dear plain step (drafting pays, every step drafts), λ ≈ 0.15: cuts after token 1 (c = 0.15)
-    // and where the product falls below λ (e.g. 0.35 · 0.35), so budgets vary with the drafts
-    const policy = new CostDraftPolicy(costs(400, 60, 1), { exploreEvery: 0, prior: 0.9 });
-    const { chi, e } = chiSquare(policy, temperature);
-    const h = e.metrics.budgetHistogram;
-    console.log(`χ² ${chi.toFixed(1)} (crit ${CHI2_CRIT_15}), λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}`);
-    expect(chi).toBeLessThan(CHI2_CRIT_15);
-    expect(h[0]).toBeGreaterThan(0);
-    expect(h.slice(1).some((c) => c > 0)).toBe(true);
-    expect(e.metrics.unverified).toBeGreaterThan(0);
-    expect(e.metrics.accepted).toBeGreaterThan(0);
-    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
-  });
+  it.each([1, 0.6])(
+    'the survival rule keeps (2nd, 3rd) generated tokens ~ the target chain at temperature %s (χ², 10⁴ requests)',
+    (temperature) => {
+      // a dear plain step (drafting pays, every step drafts), λ ≈ 0.15: cuts after token 1 (c = 0.15)
+      // and where the product falls below λ (e.g. 0.35 · 0.35), so budgets vary with the drafts
+      const policy = new CostDraftPolicy(costs(400, 60, 1), { exploreEvery: 0, prior: 0.9 });
+      const { chi, e } = chiSquare(policy, temperature);
+      const h = e.metrics.budgetHistogram;
+      console.log(
+        `χ² ${chi.toFixed(1)} (crit ${CHI2_CRIT_15}), λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}`,
+      );
+      expect(chi).toBeLessThan(CHI2_CRIT_15);
+      expect(h[0]).toBeGreaterThan(0);
+      expect(h.slice(1).some((c) => c > 0)).toBe(true);
+      expect(e.metrics.unverified).toBeGreaterThan(0);
+      expect(e.metrics.accepted).toBeGreaterThan(0);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+    },
+  );
 
   it('negative control: a budget that peeks at c_{j+1} (a function of d_j) fails the same χ²', () => {
     const { chi, e } = chiSquare(new PeekingPolicy(), 1);

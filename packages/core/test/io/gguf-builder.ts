@@ -50,19 +50,41 @@ class Writer {
     const b = new Uint8Array(8);
     const dv = new DataView(b.buffer);
     switch (t) {
-      case GgufValueType.UINT8: return this.bytes([Number(v)]);
-      case GgufValueType.INT8: dv.setInt8(0, Number(v)); return this.bytes(b.subarray(0, 1));
-      case GgufValueType.BOOL: return this.bytes([v ? 1 : 0]);
-      case GgufValueType.UINT16: dv.setUint16(0, Number(v), true); return this.bytes(b.subarray(0, 2));
-      case GgufValueType.INT16: dv.setInt16(0, Number(v), true); return this.bytes(b.subarray(0, 2));
-      case GgufValueType.UINT32: dv.setUint32(0, Number(v), true); return this.bytes(b.subarray(0, 4));
-      case GgufValueType.INT32: dv.setInt32(0, Number(v), true); return this.bytes(b.subarray(0, 4));
-      case GgufValueType.FLOAT32: dv.setFloat32(0, Number(v), true); return this.bytes(b.subarray(0, 4));
-      case GgufValueType.FLOAT64: dv.setFloat64(0, Number(v), true); return this.bytes(b);
-      case GgufValueType.UINT64: dv.setBigUint64(0, BigInt(v as number | bigint), true); return this.bytes(b);
-      case GgufValueType.INT64: dv.setBigInt64(0, BigInt(v as number | bigint), true); return this.bytes(b);
-      case GgufValueType.STRING: return this.string(String(v));
-      default: throw new Error(`scalar ${t}`);
+      case GgufValueType.UINT8:
+        return this.bytes([Number(v)]);
+      case GgufValueType.INT8:
+        dv.setInt8(0, Number(v));
+        return this.bytes(b.subarray(0, 1));
+      case GgufValueType.BOOL:
+        return this.bytes([v ? 1 : 0]);
+      case GgufValueType.UINT16:
+        dv.setUint16(0, Number(v), true);
+        return this.bytes(b.subarray(0, 2));
+      case GgufValueType.INT16:
+        dv.setInt16(0, Number(v), true);
+        return this.bytes(b.subarray(0, 2));
+      case GgufValueType.UINT32:
+        dv.setUint32(0, Number(v), true);
+        return this.bytes(b.subarray(0, 4));
+      case GgufValueType.INT32:
+        dv.setInt32(0, Number(v), true);
+        return this.bytes(b.subarray(0, 4));
+      case GgufValueType.FLOAT32:
+        dv.setFloat32(0, Number(v), true);
+        return this.bytes(b.subarray(0, 4));
+      case GgufValueType.FLOAT64:
+        dv.setFloat64(0, Number(v), true);
+        return this.bytes(b);
+      case GgufValueType.UINT64:
+        dv.setBigUint64(0, BigInt(v as number | bigint), true);
+        return this.bytes(b);
+      case GgufValueType.INT64:
+        dv.setBigInt64(0, BigInt(v as number | bigint), true);
+        return this.bytes(b);
+      case GgufValueType.STRING:
+        return this.string(String(v));
+      default:
+        throw new Error(`scalar ${t}`);
     }
   }
   value(bv: BuildValue): void {

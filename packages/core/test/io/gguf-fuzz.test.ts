@@ -21,7 +21,14 @@ function smallFile(rand: () => number): Uint8Array {
       ['b', { t: GgufValueType.BOOL, v: false }],
       ['toks', { t: GgufValueType.ARRAY, of: GgufValueType.STRING, v: ['<s>', 'Ġa', 'é'] }],
       ['ids', { t: GgufValueType.ARRAY, of: GgufValueType.INT32, v: [1, 2, 3] }],
-      ['nest', { t: GgufValueType.ARRAY, of: GgufValueType.ARRAY, v: [{ t: GgufValueType.ARRAY, of: GgufValueType.UINT64, v: [1n] }] }],
+      [
+        'nest',
+        {
+          t: GgufValueType.ARRAY,
+          of: GgufValueType.ARRAY,
+          v: [{ t: GgufValueType.ARRAY, of: GgufValueType.UINT64, v: [1n] }],
+        },
+      ],
     ],
     tensors: [
       { name: 'a', type: GgmlType.F32, ggmlShape: [4, 2], data: rb(32) },
@@ -82,7 +89,16 @@ describe('gguf fuzz', () => {
       } else if (kind === 1) {
         // a hostile u64 anywhere in the header (counts, lengths, dims, offsets)
         const at = Math.floor(rand() * Math.min(out.length - 8, 400));
-        const lies = [0n, 1n, 2n ** 32n, 2n ** 53n, 2n ** 63n, 2n ** 64n - 1n, BigInt(out.length), BigInt(Math.floor(rand() * 1000))];
+        const lies = [
+          0n,
+          1n,
+          2n ** 32n,
+          2n ** 53n,
+          2n ** 63n,
+          2n ** 64n - 1n,
+          BigInt(out.length),
+          BigInt(Math.floor(rand() * 1000)),
+        ];
         dv.setBigUint64(at, lies[Math.floor(rand() * lies.length)]!, true);
       } else {
         // a hostile u32 (types, n_dims, version, element types)

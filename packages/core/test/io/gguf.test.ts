@@ -3,7 +3,15 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 
-import { dequantize, dequantizeRow, f16ToF32, GgmlType, GgufError, GgufFile, GgufValueType } from '../../src/io/index.js';
+import {
+  dequantize,
+  dequantizeRow,
+  f16ToF32,
+  GgmlType,
+  GgufError,
+  GgufFile,
+  GgufValueType,
+} from '../../src/io/index.js';
 import { buildGguf, f32ToF16Bits, tensorBytes, type BuildOptions } from './gguf-builder.js';
 import { makeTempDir } from './helpers.js';
 
@@ -83,9 +91,31 @@ function sampleFile(alignment?: number): Uint8Array {
     metadata: META,
     tensors: [
       { name: 'f32', type: GgmlType.F32, ggmlShape: [3, 2], data: f32 },
-      { name: 'q41', type: GgmlType.Q4_1, ggmlShape: [64, 1], data: Uint8Array.from([...q41Block(0.5, -1, ramp), ...q41Block(2, 3, ramp.map((q) => 15 - q))]) },
+      {
+        name: 'q41',
+        type: GgmlType.Q4_1,
+        ggmlShape: [64, 1],
+        data: Uint8Array.from([
+          ...q41Block(0.5, -1, ramp),
+          ...q41Block(
+            2,
+            3,
+            ramp.map((q) => 15 - q),
+          ),
+        ]),
+      },
       { name: 'q40', type: GgmlType.Q4_0, ggmlShape: [32], data: Uint8Array.from(q40Block(0.25, ramp)) },
-      { name: 'q80', type: GgmlType.Q8_0, ggmlShape: [32], data: Uint8Array.from(q80Block(0.125, Array.from({ length: 32 }, (_, j) => j * 8 - 128))) },
+      {
+        name: 'q80',
+        type: GgmlType.Q8_0,
+        ggmlShape: [32],
+        data: Uint8Array.from(
+          q80Block(
+            0.125,
+            Array.from({ length: 32 }, (_, j) => j * 8 - 128),
+          ),
+        ),
+      },
       { name: 'f16', type: GgmlType.F16, ggmlShape: [4], data: Uint8Array.from(u16le(0x3c00, 0xc000, 0x0001, 0x7c00)) },
       { name: 'bf16', type: GgmlType.BF16, ggmlShape: [2], data: Uint8Array.from(u16le(0x3f80, 0xc0a0)) },
       { name: 'q4k', type: GgmlType.Q4_K, ggmlShape: [256, 2] },
@@ -123,11 +153,23 @@ describe('GgufFile: synthetic files', () => {
 
   it('getters name the key, the byte offset and the type found', () => {
     const g = GgufFile.fromBytes(sampleFile(), 'sample.gguf');
-    expectGgufError(() => g.getString('nope'), 'metadata-missing', /sample\.gguf: metadata "nope": no such metadata key/);
-    const e = expectGgufError(() => g.getU32('general.architecture'), 'metadata-type', /at byte 24: metadata "general\.architecture": expected UINT32, got STRING "llama"/);
+    expectGgufError(
+      () => g.getString('nope'),
+      'metadata-missing',
+      /sample\.gguf: metadata "nope": no such metadata key/,
+    );
+    const e = expectGgufError(
+      () => g.getU32('general.architecture'),
+      'metadata-type',
+      /at byte 24: metadata "general\.architecture": expected UINT32, got STRING "llama"/,
+    );
     expect(e.offsetBytes).toBe(24);
     expectGgufError(() => g.getF32('llama.block_count'), 'metadata-type', /expected FLOAT32, got UINT32 30/);
-    expectGgufError(() => g.getArray('types', GgufValueType.STRING), 'metadata-type', /expected ARRAY of STRING, got ARRAY array of 3 INT32/);
+    expectGgufError(
+      () => g.getArray('types', GgufValueType.STRING),
+      'metadata-type',
+      /expected ARRAY of STRING, got ARRAY array of 3 INT32/,
+    );
     expectGgufError(() => g.getStringArray('flag'), 'metadata-type');
   });
 
@@ -145,7 +187,13 @@ describe('GgufFile: synthetic files', () => {
       expect(f32.offsetBytes).toBe(0);
       expect(f32.fileOffsetBytes).toBe(g.dataStartBytes);
       const q41 = g.info('q41');
-      expect([q41.type, q41.typeName, q41.shape, q41.numElements, q41.byteLength]).toEqual([GgmlType.Q4_1, 'Q4_1', [1, 64], 64, 40]);
+      expect([q41.type, q41.typeName, q41.shape, q41.numElements, q41.byteLength]).toEqual([
+        GgmlType.Q4_1,
+        'Q4_1',
+        [1, 64],
+        64,
+        40,
+      ]);
       expect(q41.offsetBytes).toBe(Math.ceil(24 / g.alignment) * g.alignment);
       expect(g.info('q4k')).toMatchObject({ typeName: 'Q4_K', type: 12, byteLength: 288, shape: [2, 256] });
       expect(g.info('scalar')).toMatchObject({ shape: [], numElements: 1, byteLength: 4 });
@@ -172,7 +220,10 @@ describe('GgufFile: synthetic files', () => {
     const g = GgufFile.fromBytes(sampleFile(), 'm.gguf');
     expectGgufError(() => g.tensor('q4k'), 'unsupported-type', /tensor "q4k": unsupported tensor type Q4_K \(id 12\)/);
     expectGgufError(() => g.dequantize('q4k'), 'unsupported-type');
-    expectGgufError(() => dequantizeRow(GgmlType.Q6_K, new Uint8Array(210), 256, new Float32Array(256)), 'unsupported-type');
+    expectGgufError(
+      () => dequantizeRow(GgmlType.Q6_K, new Uint8Array(210), 256, new Float32Array(256)),
+      'unsupported-type',
+    );
   });
 
   it('dequantizes Q4_1, Q4_0, Q8_0, F16, BF16, F32 per the ggml formulas', () => {
@@ -211,7 +262,10 @@ describe('GgufFile: synthetic files', () => {
 
   it('opens from disk; version 2 is accepted', () => {
     const p = path.join(dir, 'v2.gguf');
-    fs.writeFileSync(p, buildGguf({ version: 2, metadata: META, tensors: [{ name: 'w', type: GgmlType.Q8_0, ggmlShape: [32, 3] }] }));
+    fs.writeFileSync(
+      p,
+      buildGguf({ version: 2, metadata: META, tensors: [{ name: 'w', type: GgmlType.Q8_0, ggmlShape: [32, 3] }] }),
+    );
     const g = GgufFile.open(p);
     expect(g.version).toBe(2);
     expect(g.info('w').shape).toEqual([3, 32]);
@@ -221,7 +275,10 @@ describe('GgufFile: synthetic files', () => {
 });
 
 describe('GgufFile: rejection rules', () => {
-  const good = buildGguf({ metadata: [['a', { t: GgufValueType.UINT32, v: 1 }]], tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [8] }] });
+  const good = buildGguf({
+    metadata: [['a', { t: GgufValueType.UINT32, v: 1 }]],
+    tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [8] }],
+  });
   const patch = (bytes: Uint8Array, at: number, write: (dv: DataView) => void): Uint8Array => {
     const out = bytes.slice();
     write(new DataView(out.buffer, at));
@@ -229,55 +286,165 @@ describe('GgufFile: rejection rules', () => {
   };
 
   it('magic and version', () => {
-    expectGgufError(() => GgufFile.fromBytes(new Uint8Array(0), 'e.gguf'), 'truncated', /e\.gguf: at byte 0: magic: needs 4 bytes/);
-    expectGgufError(() => GgufFile.fromBytes(patch(good, 0, (d) => d.setUint8(0, 0x46))), 'magic', /expected "GGUF" \(47 47 55 46\), got 46 47 55 46/);
-    expectGgufError(() => GgufFile.fromBytes(patch(good, 4, (d) => d.setUint32(0, 1, true))), 'version', /version 1 is not 2 or 3 \(GGUF v1/);
+    expectGgufError(
+      () => GgufFile.fromBytes(new Uint8Array(0), 'e.gguf'),
+      'truncated',
+      /e\.gguf: at byte 0: magic: needs 4 bytes/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, 0, (d) => d.setUint8(0, 0x46))),
+      'magic',
+      /expected "GGUF" \(47 47 55 46\), got 46 47 55 46/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, 4, (d) => d.setUint32(0, 1, true))),
+      'version',
+      /version 1 is not 2 or 3 \(GGUF v1/,
+    );
     expectGgufError(() => GgufFile.fromBytes(patch(good, 4, (d) => d.setUint32(0, 3, false))), 'version', /big-endian/);
   });
 
   it('counts larger than the file are refused before allocating', () => {
-    expectGgufError(() => GgufFile.fromBytes(patch(good, 8, (d) => d.setBigUint64(0, 2n ** 62n, true))), 'count', /at byte 8: tensor_count: count 4611686018427387904/);
-    expectGgufError(() => GgufFile.fromBytes(patch(good, 16, (d) => d.setBigUint64(0, 2n ** 64n - 1n, true))), 'count', /metadata_kv_count/);
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, 8, (d) => d.setBigUint64(0, 2n ** 62n, true))),
+      'count',
+      /at byte 8: tensor_count: count 4611686018427387904/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, 16, (d) => d.setBigUint64(0, 2n ** 64n - 1n, true))),
+      'count',
+      /metadata_kv_count/,
+    );
     // key length
-    expectGgufError(() => GgufFile.fromBytes(patch(good, 24, (d) => d.setBigUint64(0, 10n ** 12n, true))), 'count', /at byte 24: metadata\[0\] key/);
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, 24, (d) => d.setBigUint64(0, 10n ** 12n, true))),
+      'count',
+      /at byte 24: metadata\[0\] key/,
+    );
     // array count of a huge string array
     const arr = buildGguf({ metadata: [['s', { t: GgufValueType.ARRAY, of: GgufValueType.STRING, v: ['a', 'b'] }]] });
     const countAt = 24 + 8 + 1 + 4 + 4; // key len, "s", type, element type
-    expectGgufError(() => GgufFile.fromBytes(patch(arr, countAt, (d) => d.setBigUint64(0, 2n ** 40n, true))), 'count', /metadata "s" array count: count 1099511627776 × at least 8 bytes/);
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(arr, countAt, (d) => d.setBigUint64(0, 2n ** 40n, true))),
+      'count',
+      /metadata "s" array count: count 1099511627776 × at least 8 bytes/,
+    );
   });
 
   it('bad values: unknown type, bool byte, utf-8, duplicate key, alignment, nesting', () => {
     const vt = 24 + 8 + 1; // value type of key "a"
-    expectGgufError(() => GgufFile.fromBytes(patch(good, vt, (d) => d.setUint32(0, 13, true))), 'value-type', /at byte 33: metadata "a": unknown value type 13/);
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, vt, (d) => d.setUint32(0, 13, true))),
+      'value-type',
+      /at byte 33: metadata "a": unknown value type 13/,
+    );
     const b = buildGguf({ metadata: [['b', { t: GgufValueType.BOOL, v: true }]] });
-    expectGgufError(() => GgufFile.fromBytes(patch(b, vt + 4, (d) => d.setUint8(0, 2))), 'value-type', /bool byte is 2/);
-    expectGgufError(() => GgufFile.fromBytes(patch(good, 32, (d) => d.setUint8(0, 0xff))), 'utf8', /metadata\[0\] key: string of 1 bytes is not valid UTF-8/);
-    const dup = buildGguf({ metadata: [['k', { t: GgufValueType.UINT8, v: 1 }], ['k', { t: GgufValueType.UINT8, v: 2 }]] });
-    expectGgufError(() => GgufFile.fromBytes(dup), 'duplicate-key', /metadata "k": key appears twice \(first at byte 24\)/);
-    expectGgufError(() => GgufFile.fromBytes(buildGguf({ alignment: 24 })), 'alignment', /general\.alignment.*power of two, got UINT32 24/);
-    expectGgufError(() => GgufFile.fromBytes(buildGguf({ metadata: [['general.alignment', { t: GgufValueType.UINT64, v: 32n }]] })), 'alignment');
-    let deep: { t: GgufValueType.ARRAY; of: GgufValueType; v: unknown[] } = { t: GgufValueType.ARRAY, of: GgufValueType.UINT8, v: [1] };
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(b, vt + 4, (d) => d.setUint8(0, 2))),
+      'value-type',
+      /bool byte is 2/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(good, 32, (d) => d.setUint8(0, 0xff))),
+      'utf8',
+      /metadata\[0\] key: string of 1 bytes is not valid UTF-8/,
+    );
+    const dup = buildGguf({
+      metadata: [
+        ['k', { t: GgufValueType.UINT8, v: 1 }],
+        ['k', { t: GgufValueType.UINT8, v: 2 }],
+      ],
+    });
+    expectGgufError(
+      () => GgufFile.fromBytes(dup),
+      'duplicate-key',
+      /metadata "k": key appears twice \(first at byte 24\)/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(buildGguf({ alignment: 24 })),
+      'alignment',
+      /general\.alignment.*power of two, got UINT32 24/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(buildGguf({ metadata: [['general.alignment', { t: GgufValueType.UINT64, v: 32n }]] })),
+      'alignment',
+    );
+    let deep: { t: GgufValueType.ARRAY; of: GgufValueType; v: unknown[] } = {
+      t: GgufValueType.ARRAY,
+      of: GgufValueType.UINT8,
+      v: [1],
+    };
     for (let i = 0; i < 9; i++) deep = { t: GgufValueType.ARRAY, of: GgufValueType.ARRAY, v: [deep] };
-    expectGgufError(() => GgufFile.fromBytes(buildGguf({ metadata: [['deep', deep as never]] })), 'value-type', /nested deeper than 8/);
+    expectGgufError(
+      () => GgufFile.fromBytes(buildGguf({ metadata: [['deep', deep as never]] })),
+      'value-type',
+      /nested deeper than 8/,
+    );
   });
 
   it('bad tensor infos and layouts', () => {
     const one = (t: Parameters<typeof buildGguf>[0]) => () => GgufFile.fromBytes(buildGguf(t), 't.gguf');
-    expectGgufError(one({ tensors: [{ name: 'w', type: 99, ggmlShape: [8], data: new Uint8Array(8) }] }), 'tensor-info', /tensor "w" type: unknown ggml type id 99/);
-    expectGgufError(one({ tensors: [{ name: 'w', type: GgmlType.Q4_1, ggmlShape: [48, 2], data: new Uint8Array(60) }] }), 'tensor-info', /ne\[0\] = 48 is not a multiple of the Q4_1 block size 32/);
-    expectGgufError(one({ tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [1, 1, 1, 1, 1] }] }), 'tensor-info', /n_dims 5 exceeds 4/);
-    expectGgufError(one({ tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [4] }, { name: 'w', type: GgmlType.F32, ggmlShape: [4] }] }), 'tensor-info', /appears twice/);
-    expectGgufError(one({ tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [2 ** 40, 2 ** 40], data: new Uint8Array(4) }] }), 'tensor-info', /more than the whole file/);
+    expectGgufError(
+      one({ tensors: [{ name: 'w', type: 99, ggmlShape: [8], data: new Uint8Array(8) }] }),
+      'tensor-info',
+      /tensor "w" type: unknown ggml type id 99/,
+    );
+    expectGgufError(
+      one({ tensors: [{ name: 'w', type: GgmlType.Q4_1, ggmlShape: [48, 2], data: new Uint8Array(60) }] }),
+      'tensor-info',
+      /ne\[0\] = 48 is not a multiple of the Q4_1 block size 32/,
+    );
+    expectGgufError(
+      one({ tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [1, 1, 1, 1, 1] }] }),
+      'tensor-info',
+      /n_dims 5 exceeds 4/,
+    );
+    expectGgufError(
+      one({
+        tensors: [
+          { name: 'w', type: GgmlType.F32, ggmlShape: [4] },
+          { name: 'w', type: GgmlType.F32, ggmlShape: [4] },
+        ],
+      }),
+      'tensor-info',
+      /appears twice/,
+    );
+    expectGgufError(
+      one({ tensors: [{ name: 'w', type: GgmlType.F32, ggmlShape: [2 ** 40, 2 ** 40], data: new Uint8Array(4) }] }),
+      'tensor-info',
+      /more than the whole file/,
+    );
     // offsets: misaligned, out of order, past the end
-    const two = buildGguf({ tensors: [{ name: 'a', type: GgmlType.F32, ggmlShape: [8] }, { name: 'b', type: GgmlType.F32, ggmlShape: [8] }] });
+    const two = buildGguf({
+      tensors: [
+        { name: 'a', type: GgmlType.F32, ggmlShape: [8] },
+        { name: 'b', type: GgmlType.F32, ggmlShape: [8] },
+      ],
+    });
     const g = GgufFile.fromBytes(two);
     expect(g.info('b').offsetBytes).toBe(32);
     const infoEnd = 24 + (8 + 1 + 4 + 8 + 4 + 8) * 2; // the two tensor infos
     const offsetOfB = infoEnd - 8;
-    expectGgufError(() => GgufFile.fromBytes(patch(two, offsetOfB, (d) => d.setBigUint64(0, 36n, true))), 'tensor-offset', /tensor "b" offset: offset 36 is not a multiple of the alignment 32/);
-    expectGgufError(() => GgufFile.fromBytes(patch(two, offsetOfB, (d) => d.setBigUint64(0, 64n, true))), 'tensor-offset', /offset 64, expected 32/);
-    expectGgufError(() => GgufFile.fromBytes(patch(two, offsetOfB, (d) => d.setBigUint64(0, 0n, true))), 'tensor-offset', /offset 0, expected 32/);
-    expectGgufError(() => GgufFile.fromBytes(two.subarray(0, two.length - 40)), 'tensor-offset', /runs past the end of the file/);
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(two, offsetOfB, (d) => d.setBigUint64(0, 36n, true))),
+      'tensor-offset',
+      /tensor "b" offset: offset 36 is not a multiple of the alignment 32/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(two, offsetOfB, (d) => d.setBigUint64(0, 64n, true))),
+      'tensor-offset',
+      /offset 64, expected 32/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(patch(two, offsetOfB, (d) => d.setBigUint64(0, 0n, true))),
+      'tensor-offset',
+      /offset 0, expected 32/,
+    );
+    expectGgufError(
+      () => GgufFile.fromBytes(two.subarray(0, two.length - 40)),
+      'tensor-offset',
+      /runs past the end of the file/,
+    );
     expect(tensorBytes(GgmlType.Q4_1, [64, 3])).toBe(120);
   });
 });

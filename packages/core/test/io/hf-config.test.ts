@@ -57,7 +57,11 @@ describe('HfConfig', () => {
     const lin = cfg.section('linear_attn_config');
     expect(lin.requireIntArray('kda_layers', { min: 1 })).toEqual([1, 2, 3]);
     expectField(() => lin.requireInt('num_heads'), 'linear_attn_config.num_heads', 'required but missing');
-    expectField(() => lin.requireIntArray('kda_layers', { min: 2 }), 'linear_attn_config.kda_layers[0]', 'must be in [2, ∞]');
+    expectField(
+      () => lin.requireIntArray('kda_layers', { min: 2 }),
+      'linear_attn_config.kda_layers[0]',
+      'must be in [2, ∞]',
+    );
   });
 
   it('missing, null and mistyped required fields throw naming the field and what was found', () => {
@@ -88,7 +92,10 @@ describe('HfConfig', () => {
   });
 
   it('fromObject wraps a plain object', () => {
-    const c = HfConfig.fromObject({ block_size: 16, dflash_config: { mask_token_id: 5, target_layer_ids: [1, 2] } }, 'draft.json');
+    const c = HfConfig.fromObject(
+      { block_size: 16, dflash_config: { mask_token_id: 5, target_layer_ids: [1, 2] } },
+      'draft.json',
+    );
     expect(c.section('dflash_config').requireIntArray('target_layer_ids')).toEqual([1, 2]);
     expectField(() => c.section('dflash_config').requireInt('missing'), 'dflash_config.missing');
   });

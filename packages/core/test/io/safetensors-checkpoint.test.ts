@@ -2,12 +2,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, beforeEach, describe, expect, it } from 'vitest';
 
-import {
-  SafetensorsCheckpoint,
-  SafetensorsError,
-  writeSafetensors,
-  type SafetensorsRule,
-} from '../../src/io/index.js';
+import { SafetensorsCheckpoint, SafetensorsError, writeSafetensors, type SafetensorsRule } from '../../src/io/index.js';
 import { makeTempDir } from './helpers.js';
 
 const root = makeTempDir('ckpt');
@@ -43,7 +38,11 @@ function writeSharded(weightMap: Record<string, string>, extra: Record<string, u
   );
 }
 
-const goodMap = { a: 'model-00001-of-00002.safetensors', b: 'model-00001-of-00002.safetensors', c: 'model-00002-of-00002.safetensors' };
+const goodMap = {
+  a: 'model-00001-of-00002.safetensors',
+  b: 'model-00001-of-00002.safetensors',
+  c: 'model-00002-of-00002.safetensors',
+};
 
 describe('SafetensorsCheckpoint', () => {
   it('opens a sharded checkpoint by directory and reads across shards', () => {
@@ -118,7 +117,13 @@ describe('SafetensorsCheckpoint', () => {
   it('rejects malformed index JSON', () => {
     writeSharded(goodMap);
     const p = path.join(dir, 'model.safetensors.index.json');
-    for (const text of ['[]', '{"weight_map": []}', '{"weight_map": {"a": 3}}', '{', '{"metadata": 1, "weight_map": {}}']) {
+    for (const text of [
+      '[]',
+      '{"weight_map": []}',
+      '{"weight_map": {"a": 3}}',
+      '{',
+      '{"metadata": 1, "weight_map": {}}',
+    ]) {
       fs.writeFileSync(p, text);
       expectRule(() => SafetensorsCheckpoint.open(dir), 'index');
     }

@@ -7,7 +7,13 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 
-import { SafetensorsError, SafetensorsFile, serializeSafetensors, type SafetensorsDtype, type TensorToWrite } from '../../src/io/index.js';
+import {
+  SafetensorsError,
+  SafetensorsFile,
+  serializeSafetensors,
+  type SafetensorsDtype,
+  type TensorToWrite,
+} from '../../src/io/index.js';
 import { makeTempDir, prng } from './helpers.js';
 
 const dir = makeTempDir('st-fuzz');
@@ -53,11 +59,24 @@ function withHeader(text: string, data: Uint8Array, lieN?: bigint): Uint8Array {
   return out;
 }
 
-const HOSTILE_NUMBERS = ['-1', '-0', '1e400', '0.5', '9007199254740993', '18446744073709551615', '1e21', '"8"', 'null', '[]', '{}', 'true'];
+const HOSTILE_NUMBERS = [
+  '-1',
+  '-0',
+  '1e400',
+  '0.5',
+  '9007199254740993',
+  '18446744073709551615',
+  '1e21',
+  '"8"',
+  'null',
+  '[]',
+  '{}',
+  'true',
+];
 
 /** One random mutation of a valid file. */
 function mutate(file: Uint8Array, rand: () => number): Uint8Array {
-  const pick = <T,>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
   const { json, data } = headerOf(file);
   const names = Object.keys(json).filter((k) => k !== '__metadata__');
   const entry = (): Record<string, unknown> => json[pick(names)] as Record<string, unknown>;
@@ -74,7 +93,17 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
     case 2: {
       // header length lie
       const out = file.slice();
-      const lies = [0n, 1n, 7n, BigInt(file.length), BigInt(file.length - 8), BigInt(file.length - 9), 2n ** 63n, 2n ** 64n - 1n, BigInt(Math.floor(rand() * 200))];
+      const lies = [
+        0n,
+        1n,
+        7n,
+        BigInt(file.length),
+        BigInt(file.length - 8),
+        BigInt(file.length - 9),
+        2n ** 63n,
+        2n ** 64n - 1n,
+        BigInt(Math.floor(rand() * 200)),
+      ];
       new DataView(out.buffer).setBigUint64(0, pick(lies), true);
       return out;
     }
@@ -96,14 +125,20 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       // huge or hostile shapes
       if (names.length === 0) return file;
       const e = entry();
-      const text = JSON.stringify(json).replace(JSON.stringify(e['shape']), `[${pick(HOSTILE_NUMBERS)},${pick(['4', '9007199254740991', '0'])}]`);
+      const text = JSON.stringify(json).replace(
+        JSON.stringify(e['shape']),
+        `[${pick(HOSTILE_NUMBERS)},${pick(['4', '9007199254740991', '0'])}]`,
+      );
       return withHeader(text, data);
     }
     case 5: {
       // hostile offsets as raw text (bigints, negatives, non-numbers)
       if (names.length === 0) return file;
       const e = entry();
-      const text = JSON.stringify(json).replace(JSON.stringify(e['data_offsets']), `[${pick(HOSTILE_NUMBERS)},${pick(HOSTILE_NUMBERS)}]`);
+      const text = JSON.stringify(json).replace(
+        JSON.stringify(e['data_offsets']),
+        `[${pick(HOSTILE_NUMBERS)},${pick(HOSTILE_NUMBERS)}]`,
+      );
       return withHeader(text, data);
     }
     case 6:
@@ -113,7 +148,10 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       // duplicate keys
       const text = JSON.stringify(json);
       const name = names.length > 0 ? pick(names) : '__metadata__';
-      return withHeader(`${text.slice(0, -1)}${text.length > 2 ? ',' : ''}${JSON.stringify(name)}:${JSON.stringify(json[name] ?? {})}}`, data);
+      return withHeader(
+        `${text.slice(0, -1)}${text.length > 2 ? ',' : ''}${JSON.stringify(name)}:${JSON.stringify(json[name] ?? {})}}`,
+        data,
+      );
     }
     case 8: {
       // dtype swap / unknown dtype / missing field
@@ -127,7 +165,9 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
     }
     case 9:
       // trailing bytes or truncated data region
-      return rand() < 0.5 ? withHeader(JSON.stringify(json), new Uint8Array([...data, 1, 2, 3])) : withHeader(JSON.stringify(json), data.subarray(0, Math.max(0, data.length - 1)));
+      return rand() < 0.5
+        ? withHeader(JSON.stringify(json), new Uint8Array([...data, 1, 2, 3]))
+        : withHeader(JSON.stringify(json), data.subarray(0, Math.max(0, data.length - 1)));
     case 10: {
       // metadata of the wrong shape
       json['__metadata__'] = pick([{ a: 1 }, [], 'x', { a: { b: 'c' } }, null]);
@@ -137,7 +177,10 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       // random byte inside the JSON text (syntax damage)
       const out = file.slice();
       const n = headerOf(file).n;
-      if (n > 0) out[8 + Math.floor(rand() * n)] = pick([0x22, 0x7b, 0x7d, 0x5b, 0x5d, 0x2c, 0x3a, 0x5c, 0x00, 0xc3, 0xff, 0x30]);
+      if (n > 0)
+        out[8 + Math.floor(rand() * n)] = pick([
+          0x22, 0x7b, 0x7d, 0x5b, 0x5d, 0x2c, 0x3a, 0x5c, 0x00, 0xc3, 0xff, 0x30,
+        ]);
       return out;
     }
   }

@@ -74,7 +74,9 @@ describe('safetensors round trip', () => {
         expect(got.dtype).toBe(t.dtype);
         expect(got.shape).toEqual(t.shape);
         expect(got.data.constructor).toBe(t.data.constructor);
-        expect(Array.from(got.data as ArrayLike<number | bigint>)).toEqual(Array.from(t.data as unknown as ArrayLike<number | bigint>));
+        expect(Array.from(got.data as ArrayLike<number | bigint>)).toEqual(
+          Array.from(t.data as unknown as ArrayLike<number | bigint>),
+        );
         expect(st.info(name).byteLength).toBe(t.data.byteLength);
       }
       const f32 = st.readTyped('w.f32', 'F32', [2, 3]);
@@ -140,7 +142,10 @@ describe('safetensors round trip', () => {
     st.close(); // requested while reads are in flight: they still complete
     const got = await closing;
     const again = SafetensorsFile.open(file);
-    for (const t of got) expect(Array.from(t.data as ArrayLike<number | bigint>)).toEqual(Array.from(again.read(t.name).data as ArrayLike<number | bigint>));
+    for (const t of got)
+      expect(Array.from(t.data as ArrayLike<number | bigint>)).toEqual(
+        Array.from(again.read(t.name).data as ArrayLike<number | bigint>),
+      );
     const into = new Uint8Array(8);
     await again.readIntoAsync('w.f32', into, 8);
     expect(Array.from(new Float32Array(into.buffer))).toEqual([3, 4]);
@@ -161,8 +166,15 @@ describe('safetensors round trip', () => {
   });
 
   it('writer rejects inconsistent tensors', () => {
-    expectRule(() => serializeSafetensors({ x: { dtype: 'F32', shape: [3], data: new Float32Array(2) } }), 'write', 'x');
-    expectRule(() => serializeSafetensors({ __metadata__: { dtype: 'U8', shape: [0], data: new Uint8Array(0) } }), 'write');
+    expectRule(
+      () => serializeSafetensors({ x: { dtype: 'F32', shape: [3], data: new Float32Array(2) } }),
+      'write',
+      'x',
+    );
+    expectRule(
+      () => serializeSafetensors({ __metadata__: { dtype: 'U8', shape: [0], data: new Uint8Array(0) } }),
+      'write',
+    );
   });
 
   it('reports io errors naming the file', () => {
@@ -224,7 +236,16 @@ describe('safetensors header validation', () => {
     ],
     ['not JSON', () => rawFile(null, 0, '{"a": '), 'header-json'],
     ['trailing garbage', () => rawFile(null, 0, '{} x'), 'header-json'],
-    ['duplicate tensor', () => rawFile(null, 8, '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}'), 'header-json'],
+    [
+      'duplicate tensor',
+      () =>
+        rawFile(
+          null,
+          8,
+          '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}',
+        ),
+      'header-json',
+    ],
     ['deep nesting', () => rawFile(null, 0, '['.repeat(10000) + ']'.repeat(10000)), 'header-json'],
     ['array header', () => rawFile([1, 2]), 'header-not-object'],
     ['string header', () => rawFile('x'), 'header-not-object'],
@@ -237,25 +258,53 @@ describe('safetensors header validation', () => {
     ['negative dim', () => rawFile({ a: { dtype: 'F32', shape: [-2], data_offsets: [0, 8] } }, 8), 'shape', 'a'],
     ['fractional dim', () => rawFile({ a: { dtype: 'F32', shape: [1.5], data_offsets: [0, 8] } }, 8), 'shape', 'a'],
     ['string dim', () => rawFile({ a: { dtype: 'F32', shape: ['2'], data_offsets: [0, 8] } }, 8), 'shape', 'a'],
-    ['huge dim (bigint)', () => rawFile(null, 8, '{"a":{"dtype":"F32","shape":[18446744073709551617],"data_offsets":[0,8]}}'), 'shape', 'a'],
+    [
+      'huge dim (bigint)',
+      () => rawFile(null, 8, '{"a":{"dtype":"F32","shape":[18446744073709551617],"data_offsets":[0,8]}}'),
+      'shape',
+      'a',
+    ],
     [
       'overflowing product',
       () => rawFile({ a: { dtype: 'F32', shape: [2 ** 40, 2 ** 40, 2 ** 40], data_offsets: [0, 8] } }, 8),
       'byte-length',
       'a',
     ],
-    ['wrong byte length', () => rawFile({ a: { dtype: 'F32', shape: [3], data_offsets: [0, 8] } }, 8), 'byte-length', 'a'],
-    ['zero dim, nonzero bytes', () => rawFile({ a: { dtype: 'F32', shape: [0], data_offsets: [0, 8] } }, 8), 'byte-length', 'a'],
+    [
+      'wrong byte length',
+      () => rawFile({ a: { dtype: 'F32', shape: [3], data_offsets: [0, 8] } }, 8),
+      'byte-length',
+      'a',
+    ],
+    [
+      'zero dim, nonzero bytes',
+      () => rawFile({ a: { dtype: 'F32', shape: [0], data_offsets: [0, 8] } }, 8),
+      'byte-length',
+      'a',
+    ],
     ['offsets not pair', () => rawFile({ a: { dtype: 'F32', shape: [2], data_offsets: [0] } }, 8), 'offsets', 'a'],
     ['negative offset', () => rawFile({ a: { dtype: 'F32', shape: [2], data_offsets: [-8, 0] } }, 8), 'offsets', 'a'],
     ['reversed offsets', () => rawFile({ a: { dtype: 'F32', shape: [2], data_offsets: [8, 0] } }, 8), 'offsets', 'a'],
     ['offsets past data', () => rawFile({ a: { dtype: 'F32', shape: [2], data_offsets: [8, 16] } }, 8), 'offsets', 'a'],
-    ['offset 2^64', () => rawFile(null, 8, '{"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551616]}}'), 'offsets', 'a'],
+    [
+      'offset 2^64',
+      () =>
+        rawFile(
+          null,
+          8,
+          '{"a":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551608,18446744073709551616]}}',
+        ),
+      'offsets',
+      'a',
+    ],
     [
       'overlap',
       () =>
         rawFile(
-          { a: { dtype: 'U8', shape: [8], data_offsets: [0, 8] }, b: { dtype: 'U8', shape: [4], data_offsets: [4, 8] } },
+          {
+            a: { dtype: 'U8', shape: [8], data_offsets: [0, 8] },
+            b: { dtype: 'U8', shape: [4], data_offsets: [4, 8] },
+          },
           8,
         ),
       'overlap',
@@ -263,13 +312,25 @@ describe('safetensors header validation', () => {
     ],
     [
       'zero-size tensor inside another',
-      () => rawFile({ a: { dtype: 'U8', shape: [8], data_offsets: [0, 8] }, b: { dtype: 'U8', shape: [0], data_offsets: [4, 4] } }, 8),
+      () =>
+        rawFile(
+          {
+            a: { dtype: 'U8', shape: [8], data_offsets: [0, 8] },
+            b: { dtype: 'U8', shape: [0], data_offsets: [4, 4] },
+          },
+          8,
+        ),
       'overlap',
       'b',
     ],
     ['gap', () => rawFile({ a: { dtype: 'U8', shape: [4], data_offsets: [4, 8] } }, 8), 'gap', 'a'],
     ['trailing bytes', () => rawFile({ a: { dtype: 'U8', shape: [4], data_offsets: [0, 4] } }, 8), 'incomplete-buffer'],
-    ['F4 odd element count', () => rawFile({ a: { dtype: 'F4', shape: [3], data_offsets: [0, 2] } }, 2), 'byte-length', 'a'],
+    [
+      'F4 odd element count',
+      () => rawFile({ a: { dtype: 'F4', shape: [3], data_offsets: [0, 2] } }, 2),
+      'byte-length',
+      'a',
+    ],
   ];
   for (const [label, make, rule, tensor] of cases) {
     it(`rejects ${label} [${rule}]`, () => {
@@ -281,13 +342,24 @@ describe('safetensors header validation', () => {
   it('accepts what the reference accepts: any key order, padding spaces, null metadata, extra fields, empty file', () => {
     const data = new Uint8Array(12);
     const st = SafetensorsFile.fromBytes(
-      rawFile(null, data, ' {"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12],"extra":1},"__metadata__":null,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}   '),
+      rawFile(
+        null,
+        data,
+        ' {"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12],"extra":1},"__metadata__":null,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}   ',
+      ),
     );
     expect(st.names()).toEqual(['b', 'a']);
     expect(SafetensorsFile.fromBytes(rawFile({})).names()).toEqual([]);
     // F4 packs two elements per byte.
-    expect(SafetensorsFile.fromBytes(rawFile({ q: { dtype: 'F4', shape: [4], data_offsets: [0, 2] } }, 2)).read('q').data.length).toBe(2);
+    expect(
+      SafetensorsFile.fromBytes(rawFile({ q: { dtype: 'F4', shape: [4], data_offsets: [0, 2] } }, 2)).read('q').data
+        .length,
+    ).toBe(2);
     // A tensor named __proto__ is just a name.
-    expect(SafetensorsFile.fromBytes(rawFile(null, 1, '{"__proto__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}')).names()).toEqual(['__proto__']);
+    expect(
+      SafetensorsFile.fromBytes(
+        rawFile(null, 1, '{"__proto__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'),
+      ).names(),
+    ).toEqual(['__proto__']);
   });
 });

@@ -36,7 +36,27 @@ describe('parseStrictJson', () => {
   });
 
   it('rejects malformed input with StrictJsonError and an offset', () => {
-    const bad = ['', '{', '{"a"}', '{"a":1,}', '[1,]', '01', '1.', '.5', '+1', 'NaN', 'Infinity', "'x'", '"\\x"', '"\u0001"', '"abc', '{} {}', 'tru', '1e999', '"\\u12"'];
+    const bad = [
+      '',
+      '{',
+      '{"a"}',
+      '{"a":1,}',
+      '[1,]',
+      '01',
+      '1.',
+      '.5',
+      '+1',
+      'NaN',
+      'Infinity',
+      "'x'",
+      '"\\x"',
+      '"\u0001"',
+      '"abc',
+      '{} {}',
+      'tru',
+      '1e999',
+      '"\\u12"',
+    ];
     for (const s of bad) {
       expect(() => parseStrictJson(s), JSON.stringify(s)).toThrow(StrictJsonError);
     }

@@ -90,7 +90,14 @@ export function tinyTokenizer(): TinyTokenizer {
   };
   const tokenizerConfig = {
     bos_token: '<s>',
-    eos_token: { __type: 'AddedToken', content: '</s>', lstrip: false, rstrip: false, normalized: false, single_word: false },
+    eos_token: {
+      __type: 'AddedToken',
+      content: '</s>',
+      lstrip: false,
+      rstrip: false,
+      normalized: false,
+      single_word: false,
+    },
     pad_token: '<|endoftext|>',
     clean_up_tokenization_spaces: false,
     chat_template: "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
@@ -122,7 +129,15 @@ export function tinyMetaspaceTokenizer(): TinyTokenizer {
     ['▁wor', 'ld'],
   ];
   for (const [a, b] of merges) vocab[a + b] ??= next++;
-  const special = (id: number, content: string) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+  const special = (id: number, content: string) => ({
+    id,
+    content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: true,
+  });
   const tokenizerJson = {
     version: '1.0',
     added_tokens: [special(0, '<unk>'), special(1, '<s>'), special(2, '</s>')],
@@ -137,7 +152,11 @@ export function tinyMetaspaceTokenizer(): TinyTokenizer {
     post_processor: {
       type: 'TemplateProcessing',
       single: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
-      pair: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { Sequence: { id: 'B', type_id: 1 } }],
+      pair: [
+        { SpecialToken: { id: '<s>', type_id: 0 } },
+        { Sequence: { id: 'A', type_id: 0 } },
+        { Sequence: { id: 'B', type_id: 1 } },
+      ],
       special_tokens: { '<s>': { id: '<s>', ids: [1], tokens: ['<s>'] } },
     },
     decoder: {

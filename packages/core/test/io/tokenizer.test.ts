@@ -19,7 +19,11 @@ describe('Tokenizer (tiny byte-level BPE)', () => {
     const plain = tok.encode('hello world', { addSpecialTokens: false });
     expect(plain).toBeInstanceOf(Int32Array);
     expect(Array.from(plain)).toEqual([ids['hello'], ids['Ġworld']]);
-    expect(Array.from(tok.encode('hello world', { addSpecialTokens: true }))).toEqual([ids['<s>'], ids['hello'], ids['Ġworld']]);
+    expect(Array.from(tok.encode('hello world', { addSpecialTokens: true }))).toEqual([
+      ids['<s>'],
+      ids['hello'],
+      ids['Ġworld'],
+    ]);
     // "é" is one merged token, "😀" four byte tokens; added tokens are matched whole.
     const e = Array.from(tok.encode('é😀<|im_end|>', { addSpecialTokens: false }));
     expect(e[0]).toBe(ids['Ã©']);
@@ -108,7 +112,9 @@ describe('Tokenizer.load', () => {
     const t = Tokenizer.load(dir);
     expect(t.eosTokenIds).toEqual([ids['<|endoftext|>'], ids['</s>']]);
     expect(t.chatTemplate).toBe('{{ messages }}');
-    expect(t.decode(t.encode('hello world', { addSpecialTokens: false }), { skipSpecialTokens: true })).toBe('hello world');
+    expect(t.decode(t.encode('hello world', { addSpecialTokens: false }), { skipSpecialTokens: true })).toBe(
+      'hello world',
+    );
   });
 
   it('names the missing or malformed file', () => {
@@ -122,8 +128,12 @@ describe('Tokenizer.load', () => {
   });
 
   it('rejects special tokens not in the vocabulary and bad generation_config ids', () => {
-    expect(() => new Tokenizer({ ...tiny, tokenizerConfig: { eos_token: '<nope>' } })).toThrow(/eos_token "<nope>" is not in the vocabulary/);
-    expect(() => new Tokenizer({ ...tiny, generationConfig: { eos_token_id: [1e9] } })).toThrow(/generation_config.eos_token_id/);
+    expect(() => new Tokenizer({ ...tiny, tokenizerConfig: { eos_token: '<nope>' } })).toThrow(
+      /eos_token "<nope>" is not in the vocabulary/,
+    );
+    expect(() => new Tokenizer({ ...tiny, generationConfig: { eos_token_id: [1e9] } })).toThrow(
+      /generation_config.eos_token_id/,
+    );
   });
 });
 

@@ -22,8 +22,10 @@ describe('PagedKvPool', () => {
     expect(pool.tokenOffset('a', 5 - 1)).toBe(p1! * 40);
     expect(pool.tokenOffset('a', 3)).toBe((p0! * 4 + 3) * 10);
     expect(pool.describePages('a')).toEqual([
-      { layer: 3, page: p0, byteOffset: p0! * 160, byteLength: 160 }, { layer: 3, page: p1, byteOffset: p1! * 160, byteLength: 160 },
-      { layer: 7, page: p0, byteOffset: p0! * 160, byteLength: 160 }, { layer: 7, page: p1, byteOffset: p1! * 160, byteLength: 160 },
+      { layer: 3, page: p0, byteOffset: p0! * 160, byteLength: 160 },
+      { layer: 3, page: p1, byteOffset: p1! * 160, byteLength: 160 },
+      { layer: 7, page: p0, byteOffset: p0! * 160, byteLength: 160 },
+      { layer: 7, page: p1, byteOffset: p1! * 160, byteLength: 160 },
     ]);
     expect(pool.describePages('a', 4, 5).map((d) => d.page)).toEqual([p1, p1]);
     expect(pool.layerStore(7).length).toBe(5 * 4 * 10);
@@ -35,15 +37,21 @@ describe('PagedKvPool', () => {
     expect(pool.pagesInUse).toBe(0);
   });
 
-  it('tokenSlots lists each token\'s page · pageSize + offset across ranges, in order', () => {
+  it("tokenSlots lists each token's page · pageSize + offset across ranges, in order", () => {
     const pool = new PagedKvPool({ layers: [0], floatsPerToken: 3, pageSize: 4, numPages: 8 });
     pool.addSequence('a');
     pool.addSequence('b');
     pool.extend('a', 3);
     pool.extend('b', 6); // b takes pages after a's first
     pool.extend('a', 6);
-    const slots = pool.tokenSlots([{ id: 'a', start: 2, n: 3 }, { id: 'b', start: 4, n: 2 }]);
-    const expected = [...[2, 3, 4].map((t) => pool.tokenOffset('a', t) / 3), ...[4, 5].map((t) => pool.tokenOffset('b', t) / 3)];
+    const slots = pool.tokenSlots([
+      { id: 'a', start: 2, n: 3 },
+      { id: 'b', start: 4, n: 2 },
+    ]);
+    const expected = [
+      ...[2, 3, 4].map((t) => pool.tokenOffset('a', t) / 3),
+      ...[4, 5].map((t) => pool.tokenOffset('b', t) / 3),
+    ];
     expect(Array.from(slots)).toEqual(expected);
     expect(new Set(expected.map((x) => Math.floor(x / 4))).size).toBe(3); // a's two pages and b's second
     expect(() => pool.tokenSlots([{ id: 'a', start: 5, n: 2 }])).toThrow(CacheError);
@@ -90,9 +98,17 @@ describe('SequenceCache', () => {
     const cache = new SequenceCache(geometry, { pageSize: 4, numPages: 3, numSlots: 2 });
     cache.add('a');
     cache.add('b');
-    expect(() => cache.extendAll([{ id: 'a', position: 0, numNew: 8 }, { id: 'b', position: 0, numNew: 8 }])).toThrow(CacheError);
+    expect(() =>
+      cache.extendAll([
+        { id: 'a', position: 0, numNew: 8 },
+        { id: 'b', position: 0, numNew: 8 },
+      ]),
+    ).toThrow(CacheError);
     expect([cache.length('a'), cache.length('b'), cache.pagesInUse]).toEqual([0, 0, 0]);
-    cache.extendAll([{ id: 'a', position: 0, numNew: 5 }, { id: 'b', position: 0, numNew: 3 }]);
+    cache.extendAll([
+      { id: 'a', position: 0, numNew: 5 },
+      { id: 'b', position: 0, numNew: 3 },
+    ]);
     expect([cache.length('a'), cache.length('b'), cache.pagesInUse]).toEqual([5, 3, 3]);
   });
 
@@ -144,7 +160,7 @@ describe('SequenceCache', () => {
         expect(cache.pagesInUse).toBe(pages);
         expect(cache.slotsInUse).toBe(live.size);
       }
-      for (const id of live) (rand() < 0.5 ? cache.finish(id) : cache.abort(id));
+      for (const id of live) rand() < 0.5 ? cache.finish(id) : cache.abort(id);
       expect(cache.pagesInUse).toBe(0);
       expect(cache.slotsInUse).toBe(0);
       expect(cache.kv!.pagesFree).toBe(40);
@@ -154,7 +170,10 @@ describe('SequenceCache', () => {
   });
 
   it('a stage without paged or linear layers keeps no pool', () => {
-    const cache = new SequenceCache({ pagedKv: { layers: [], floatsPerToken: 1 }, linearState: { ...geometry.linearState, layers: [] } }, { numPages: 1, numSlots: 1 });
+    const cache = new SequenceCache(
+      { pagedKv: { layers: [], floatsPerToken: 1 }, linearState: { ...geometry.linearState, layers: [] } },
+      { numPages: 1, numSlots: 1 },
+    );
     cache.add('x');
     cache.extend('x', 100);
     expect(cache.kv).toBeUndefined();

@@ -9,7 +9,14 @@ import { fileURLToPath } from 'node:url';
 
 import { afterAll, describe, expect, it } from 'vitest';
 
-import { decodeMessage, encodeMessage, FifoChannel, PeerGoneError, type Message, type SyncChannel } from '../../dist/pipeline/transport.js';
+import {
+  decodeMessage,
+  encodeMessage,
+  FifoChannel,
+  PeerGoneError,
+  type Message,
+  type SyncChannel,
+} from '../../dist/pipeline/transport.js';
 import { processAlive, ZmqChannel } from '../../dist/pipeline/zmq-channel.js';
 
 const ECHO = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures/echo-stage.mjs');
@@ -23,7 +30,8 @@ afterAll(() => {
 
 function exited(child: ChildProcess, ms: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
   return new Promise((resolve, reject) => {
-    if (child.exitCode !== null || child.signalCode !== null) return resolve({ code: child.exitCode, signal: child.signalCode });
+    if (child.exitCode !== null || child.signalCode !== null)
+      return resolve({ code: child.exitCode, signal: child.signalCode });
     const t = setTimeout(() => reject(new Error(`child ${child.pid} still running after ${ms} ms`)), ms);
     child.once('exit', (code, signal) => {
       clearTimeout(t);
@@ -83,11 +91,21 @@ function meanRoundTripUs(ch: SyncChannel, n: number): number {
 
 describe('ZeroMQ stage transport', () => {
   it('one buffer per message, frames 4-byte aligned; decoding gives views (or aligned copies)', () => {
-    const ab = encodeMessage({ header: { type: 'x', s: 'é' }, frames: [new Float32Array([1.5, -2]), new Int32Array([7])] });
+    const ab = encodeMessage({
+      header: { type: 'x', s: 'é' },
+      frames: [new Float32Array([1.5, -2]), new Int32Array([7])],
+    });
     const n = new DataView(ab).getUint32(0, true);
     expect((4 + n) % 4).toBe(0);
     const m = decodeMessage(new Uint8Array(ab));
-    expect(m.header).toMatchObject({ type: 'x', s: 'é', frames: [{ dtype: 'f32', length: 2 }, { dtype: 'i32', length: 1 }] });
+    expect(m.header).toMatchObject({
+      type: 'x',
+      s: 'é',
+      frames: [
+        { dtype: 'f32', length: 2 },
+        { dtype: 'i32', length: 1 },
+      ],
+    });
     expect(m.frames[0]!.buffer).toBe(ab);
     expect(Array.from(m.frames[0]!)).toEqual([1.5, -2]);
     expect(m.frames[1]).toBeInstanceOf(Int32Array);
@@ -107,7 +125,10 @@ describe('ZeroMQ stage transport', () => {
     for (let i = 0; i < ints.length; i++) ints[i] = (i * 2654435761) | 0;
     const sent: Message[] = [
       { header: { type: 'echo', i: 0 }, frames: [] },
-      { header: { type: 'echo', i: 1, nested: { a: [1, 2], s: 'ünïcode' } }, frames: [new Float32Array(0), new Int32Array(0)] },
+      {
+        header: { type: 'echo', i: 1, nested: { a: [1, 2], s: 'ünïcode' } },
+        frames: [new Float32Array(0), new Int32Array(0)],
+      },
       { header: { type: 'echo', i: 2 }, frames: [new Float32Array([Math.PI]), new Int32Array([-5])] },
       { header: { type: 'echo', i: 3 }, frames: [big, new Int32Array([1, 2, 3]), ints] },
       { header: { type: 'echo', i: 4 }, frames: [big.subarray(3, 10)] }, // a view at an offset
@@ -120,7 +141,11 @@ describe('ZeroMQ stage transport', () => {
       r.frames.forEach((f, k) => {
         const want = m.frames[k]!;
         expect(f.constructor).toBe(want.constructor);
-        expect(Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(Buffer.from(want.buffer, want.byteOffset, want.byteLength))).toBe(true);
+        expect(
+          Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(
+            Buffer.from(want.buffer, want.byteOffset, want.byteLength),
+          ),
+        ).toBe(true);
       });
     }
     ch.send({ header: { type: 'exit' }, frames: [] });
@@ -178,9 +203,14 @@ describe('ZeroMQ stage transport', () => {
   });
 
   it('a peer that never connected and is killed by another process: receive() ends with PeerGoneError', () => {
-    const child = fork(ECHO, ['zmq', `ipc://${path.join(tmp, 'nobody.zmq')}`], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const child = fork(ECHO, ['zmq', `ipc://${path.join(tmp, 'nobody.zmq')}`], {
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
     children.push(child);
-    const ch = ZmqChannel.bind(`ipc://${path.join(tmp, 'lonely.zmq')}`, { isPeerAlive: () => processAlive(child.pid), pollMs: 20 });
+    const ch = ZmqChannel.bind(`ipc://${path.join(tmp, 'lonely.zmq')}`, {
+      isPeerAlive: () => processAlive(child.pid),
+      pollMs: 20,
+    });
     spawn('sh', ['-c', `sleep 0.3; kill -9 ${child.pid}`], { stdio: 'ignore' });
     const t0 = Date.now();
     expect(() => ch.receive()).toThrow(PeerGoneError);
@@ -188,7 +218,10 @@ describe('ZeroMQ stage transport', () => {
     ch.close();
   });
 
-  it.each([{ how: 'closing them', extra: [] }, { how: 'leaving them open', extra: ['noclose'] }])('a driver process (3 channels in a row, $how) exits by itself', async ({ extra }) => {
+  it.each([
+    { how: 'closing them', extra: [] },
+    { how: 'leaving them open', extra: ['noclose'] },
+  ])('a driver process (3 channels in a row, $how) exits by itself', async ({ extra }) => {
     const dir = fs.mkdtempSync(path.join(tmp, 'd'));
     const child = fork(ECHO, ['driver', dir, ...extra], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'] });
     children.push(child);

@@ -8,7 +8,10 @@ import { HfConfig } from '../../src/io/index.js';
 import { DRAFTER_PLUGIN, DrafterRegistry, PluginError, type DrafterPlugin } from '../../src/plugin/index.js';
 
 const fake = (method: string, architectures: string[]): DrafterPlugin => ({
-  method, architectures, schema: { properties: { method: { const: method } } }, load: () => Promise.reject(new Error('not in this test')),
+  method,
+  architectures,
+  schema: { properties: { method: { const: method } } },
+  load: () => Promise.reject(new Error('not in this test')),
 });
 
 describe('DrafterRegistry', () => {

@@ -28,13 +28,16 @@ let client: OpenAI;
 
 beforeAll(async () => {
   const cfg = path.join(tmp, 'serve.json');
-  fs.writeFileSync(cfg, JSON.stringify({
-    model: path.join(ROOT, 'models/kimi-k3-tiny'),
-    // a fixed draft length so the spec-decode counters move (the default policy may not draft here)
-    drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 15 },
-    scheduler: { max_running_requests: 4, max_sequence_tokens: 1024 },
-    server: { port: 8000, api_key: KEY, body_limit_bytes: 8192 },
-  }));
+  fs.writeFileSync(
+    cfg,
+    JSON.stringify({
+      model: path.join(ROOT, 'models/kimi-k3-tiny'),
+      // a fixed draft length so the spec-decode counters move (the default policy may not draft here)
+      drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 15 },
+      scheduler: { max_running_requests: 4, max_sequence_tokens: 1024 },
+      server: { port: 8000, api_key: KEY, body_limit_bytes: 8192 },
+    }),
+  );
   s = await startServe({ config: cfg, port: 0, logLevel: 'silent' }, io); // --port overrides the config
   client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: KEY, maxRetries: 0 });
 });
@@ -44,17 +47,20 @@ afterAll(async () => {
 });
 
 type Extra = { ignore_eos?: boolean; top_k?: number };
-const complete = (p: OpenAI.CompletionCreateParamsNonStreaming & Extra) => client.completions.create(p as OpenAI.CompletionCreateParamsNonStreaming);
+const complete = (p: OpenAI.CompletionCreateParamsNonStreaming & Extra) =>
+  client.completions.create(p as OpenAI.CompletionCreateParamsNonStreaming);
 
 async function metric(name: string): Promise<number> {
   const text = await (await fetch(`${s.url}/metrics`)).text();
   let sum = 0;
-  for (const line of text.split('\n')) if (line.startsWith(name) && !line.startsWith('#')) sum += Number(line.split(' ').pop());
+  for (const line of text.split('\n'))
+    if (line.startsWith(name) && !line.startsWith('#')) sum += Number(line.split(' ').pop());
   return sum;
 }
 
 async function waitIdle(): Promise<void> {
-  for (let i = 0; i < 200 && (s.server.loop.running + s.server.loop.waiting > 0); i++) await new Promise((r) => setTimeout(r, 10));
+  for (let i = 0; i < 200 && s.server.loop.running + s.server.loop.waiting > 0; i++)
+    await new Promise((r) => setTimeout(r, 10));
 }
 
 describe('specd serve (openai client)', () => {
@@ -70,16 +76,31 @@ describe('specd serve (openai client)', () => {
   it('greedy completion equals `specd generate` for the same request; usage is counted', async () => {
     const prompt = 'The history of the';
     let out = '';
-    const code = await main(['generate', '--prompt', prompt, '--max-tokens', '24', '--json', '--ignore-eos'], { ...io, stdout: { write: (x: string) => (out += x) } });
+    const code = await main(['generate', '--prompt', prompt, '--max-tokens', '24', '--json', '--ignore-eos'], {
+      ...io,
+      stdout: { write: (x: string) => (out += x) },
+    });
     expect(code).toBe(0);
     const cli = JSON.parse(out) as { text: string; num_prompt_tokens: number };
     const r = await complete({ model: MODEL, prompt, max_tokens: 24, temperature: 0, ignore_eos: true });
     expect(r.object).toBe('text_completion');
     expect(r.choices[0]!.text).toBe(cli.text);
     expect(r.choices[0]!.finish_reason).toBe('length');
-    expect(r.usage).toEqual({ prompt_tokens: cli.num_prompt_tokens, completion_tokens: 24, total_tokens: cli.num_prompt_tokens + 24 });
+    expect(r.usage).toEqual({
+      prompt_tokens: cli.num_prompt_tokens,
+      completion_tokens: 24,
+      total_tokens: cli.num_prompt_tokens + 24,
+    });
     // streaming gives the same text in pieces, then [DONE] (the client stops there)
-    const stream = await client.completions.create({ model: MODEL, prompt, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true }, ignore_eos: true } as OpenAI.CompletionCreateParamsStreaming);
+    const stream = await client.completions.create({
+      model: MODEL,
+      prompt,
+      max_tokens: 24,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+      ignore_eos: true,
+    } as OpenAI.CompletionCreateParamsStreaming);
     let text = '';
     let pieces = 0;
     let finish: string | null = null;
@@ -99,15 +120,25 @@ describe('specd serve (openai client)', () => {
   });
 
   it('chat completions through the ChatML template, streaming and not', async () => {
-    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Tell me about rivers.' }];
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: 'system', content: 'You are terse.' },
+      { role: 'user', content: 'Tell me about rivers.' },
+    ];
     const r = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 16, temperature: 0 });
     expect(r.object).toBe('chat.completion');
     expect(r.choices[0]!.message.role).toBe('assistant');
     expect(r.choices[0]!.message.content!.length).toBeGreaterThan(0);
     // prompt = the rendered template: 2 messages + the assistant header
-    const rendered = '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell me about rivers.<|im_end|>\n<|im_start|>assistant\n';
+    const rendered =
+      '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell me about rivers.<|im_end|>\n<|im_start|>assistant\n';
     expect(r.usage!.prompt_tokens).toBe(s.target.tokenizer.encode(rendered, { addSpecialTokens: false }).length);
-    const stream = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 16, temperature: 0, stream: true });
+    const stream = await client.chat.completions.create({
+      model: MODEL,
+      messages,
+      max_tokens: 16,
+      temperature: 0,
+      stream: true,
+    });
     let text = '';
     let role: string | undefined;
     for await (const c of stream) {
@@ -121,16 +152,38 @@ describe('specd serve (openai client)', () => {
   it('concurrent clients get what they get alone (greedy); seeded sampling is reproducible; stop strings cut the text', async () => {
     const prompts = ['Once upon a time', 'The history of the', 'def main():', 'In 1999, the'];
     const alone: string[] = [];
-    for (const p of prompts) alone.push((await complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })).choices[0]!.text);
-    const together = await Promise.all(prompts.map((p) => complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })));
+    for (const p of prompts)
+      alone.push(
+        (await complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })).choices[0]!
+          .text,
+      );
+    const together = await Promise.all(
+      prompts.map((p) => complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })),
+    );
     expect(together.map((r) => r.choices[0]!.text)).toEqual(alone);
-    const sampled = () => complete({ model: MODEL, prompt: 'Once upon a time', max_tokens: 12, temperature: 0.9, top_p: 0.95, top_k: 40, seed: 11 });
+    const sampled = () =>
+      complete({
+        model: MODEL,
+        prompt: 'Once upon a time',
+        max_tokens: 12,
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 40,
+        seed: 11,
+      });
     const [a, b] = await Promise.all([sampled(), sampled()]);
     expect(a.choices[0]!.text).toBe(b.choices[0]!.text);
     // stop: cut before the first occurrence of a word of the greedy text
     const full = alone[1]!;
     const word = full.trim().split(/\s+/)[2]!;
-    const cut = await complete({ model: MODEL, prompt: prompts[1]!, max_tokens: 20, temperature: 0, stop: [word], ignore_eos: true });
+    const cut = await complete({
+      model: MODEL,
+      prompt: prompts[1]!,
+      max_tokens: 20,
+      temperature: 0,
+      stop: [word],
+      ignore_eos: true,
+    });
     expect(cut.choices[0]!.finish_reason).toBe('stop');
     expect(cut.choices[0]!.text).toBe(full.slice(0, full.indexOf(word)));
   });
@@ -138,14 +191,28 @@ describe('specd serve (openai client)', () => {
   it('a later request streams (and finishes) before an earlier long one finishes', async () => {
     const events: string[] = [];
     const long = (async () => {
-      const st = await client.completions.create({ model: MODEL, prompt: 'The history of the', max_tokens: 300, temperature: 0, stream: true, ignore_eos: true } as OpenAI.CompletionCreateParamsStreaming);
+      const st = await client.completions.create({
+        model: MODEL,
+        prompt: 'The history of the',
+        max_tokens: 300,
+        temperature: 0,
+        stream: true,
+        ignore_eos: true,
+      } as OpenAI.CompletionCreateParamsStreaming);
       let n = 0;
       for await (const c of st) if (c.choices[0]?.text) n++;
       events.push('long done');
       return n;
     })();
     while (s.server.loop.running === 0) await new Promise((r) => setTimeout(r, 5));
-    const st = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 8, temperature: 0, stream: true, ignore_eos: true } as OpenAI.CompletionCreateParamsStreaming);
+    const st = await client.completions.create({
+      model: MODEL,
+      prompt: 'Once upon a time',
+      max_tokens: 8,
+      temperature: 0,
+      stream: true,
+      ignore_eos: true,
+    } as OpenAI.CompletionCreateParamsStreaming);
     for await (const c of st) {
       if (c.choices[0]?.text) events.push('short chunk');
     }
@@ -156,8 +223,16 @@ describe('specd serve (openai client)', () => {
   });
 
   it('metrics: requests, latencies, tokens and spec-decode counters move', async () => {
-    const names = ['specd_requests_total', 'specd_time_to_first_token_seconds_count', 'specd_e2e_request_latency_seconds_count', 'specd_generation_tokens_total',
-      'specd_spec_decode_num_drafts_total', 'specd_spec_decode_num_draft_tokens_total', 'specd_spec_decode_num_accepted_tokens_total', 'specd_spec_decode_num_accepted_tokens_per_pos_total{position="0"}'];
+    const names = [
+      'specd_requests_total',
+      'specd_time_to_first_token_seconds_count',
+      'specd_e2e_request_latency_seconds_count',
+      'specd_generation_tokens_total',
+      'specd_spec_decode_num_drafts_total',
+      'specd_spec_decode_num_draft_tokens_total',
+      'specd_spec_decode_num_accepted_tokens_total',
+      'specd_spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+    ];
     const before = await Promise.all(names.map(metric));
     await complete({ model: MODEL, prompt: 'The history of the', max_tokens: 32, temperature: 0, ignore_eos: true });
     const after = await Promise.all(names.map(metric));
@@ -169,13 +244,30 @@ describe('specd serve (openai client)', () => {
     expect(drafts).toBeLessThanOrEqual(after[5]! - before[5]!);
     expect(drafts).toBeLessThanOrEqual(32);
     const text = await (await fetch(`${s.url}/metrics`)).text();
-    for (const g of ['specd_num_requests_running', 'specd_num_requests_waiting', 'specd_kv_pages_used{cache="target"}', 'specd_time_per_output_token_seconds_bucket', 'specd_verify_budget_tokens_bucket']) expect(text).toContain(g);
+    for (const g of [
+      'specd_num_requests_running',
+      'specd_num_requests_waiting',
+      'specd_kv_pages_used{cache="target"}',
+      'specd_time_per_output_token_seconds_bucket',
+      'specd_verify_budget_tokens_bucket',
+    ])
+      expect(text).toContain(g);
   });
 
   it('a client that disconnects mid-stream has its request aborted: every page and slot is freed', async () => {
     const abortsBefore = await metric('specd_requests_total{endpoint="completion",finish_reason="abort"}');
     const ac = new AbortController();
-    const st = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 600, temperature: 0, stream: true, ignore_eos: true } as OpenAI.CompletionCreateParamsStreaming, { signal: ac.signal });
+    const st = await client.completions.create(
+      {
+        model: MODEL,
+        prompt: 'Once upon a time',
+        max_tokens: 600,
+        temperature: 0,
+        stream: true,
+        ignore_eos: true,
+      } as OpenAI.CompletionCreateParamsStreaming,
+      { signal: ac.signal },
+    );
     let n = 0;
     try {
       for await (const c of st) {
@@ -197,7 +289,9 @@ describe('specd serve (openai client)', () => {
     // the same for a non-streaming request whose client goes away
     const ac2 = new AbortController();
     const pending = fetch(`${s.url}/v1/completions`, {
-      method: 'POST', signal: ac2.signal, headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+      method: 'POST',
+      signal: ac2.signal,
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
       body: JSON.stringify({ model: MODEL, prompt: 'The history of the', max_tokens: 600, ignore_eos: true }),
     }).catch((e: Error) => e);
     while (s.server.loop.running === 0) await new Promise((r) => setTimeout(r, 2));
@@ -212,7 +306,7 @@ describe('specd serve (openai client)', () => {
     expect((await complete({ model: MODEL, prompt: 'Hello', max_tokens: 2, temperature: 0 })).choices).toHaveLength(1);
   });
 
-  it('bad requests are answered in OpenAI\'s error format with the right status', async () => {
+  it("bad requests are answered in OpenAI's error format with the right status", async () => {
     const err = async (p: Promise<unknown>) => {
       try {
         await p;
@@ -236,10 +330,18 @@ describe('specd serve (openai client)', () => {
     expect(e413.status).toBe(413);
     expect(e413.error).toMatchObject({ code: 'context_length_exceeded', param: 'prompt' });
     // raw HTTP: malformed JSON, a body over body_limit_bytes, an unknown route
-    const post = (body: string) => fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` }, body });
+    const post = (body: string) =>
+      fetch(`${s.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+        body,
+      });
     const bad = await post('{"model": ');
     expect(bad.status).toBe(400);
-    expect(((await bad.json()) as { error: { type: string; code: string } }).error).toMatchObject({ type: 'invalid_request_error', code: 'invalid_json' });
+    expect(((await bad.json()) as { error: { type: string; code: string } }).error).toMatchObject({
+      type: 'invalid_request_error',
+      code: 'invalid_json',
+    });
     const big = await post(JSON.stringify({ model: MODEL, prompt: 'x'.repeat(10000) }));
     expect(big.status).toBe(413);
     expect(((await big.json()) as { error: { code: string } }).error.code).toBe('body_too_large');
@@ -252,16 +354,34 @@ describe('specd serve (openai client)', () => {
 
   it('503 when the tokens in flight are full (a second server on the same target, no drafter)', async () => {
     const small = new SpecdServer({
-      target: s.target, modelName: MODEL, sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
-      scheduler: { max_running_requests: 2, max_waiting_requests: 8, prefill_chunk_tokens: 64, max_tokens_in_flight: 120, max_sequence_tokens: 512, page_size: 16 },
+      target: s.target,
+      modelName: MODEL,
+      sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
+      scheduler: {
+        max_running_requests: 2,
+        max_waiting_requests: 8,
+        prefill_chunk_tokens: 64,
+        max_tokens_in_flight: 120,
+        max_sequence_tokens: 512,
+        page_size: 16,
+      },
       bodyLimitBytes: 1 << 20,
     });
     const url = await small.listen('127.0.0.1', 0);
     try {
       const c2 = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
-      const first = c2.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 100, temperature: 0, ignore_eos: true } as OpenAI.CompletionCreateParamsNonStreaming);
+      const first = c2.completions.create({
+        model: MODEL,
+        prompt: 'Once upon a time',
+        max_tokens: 100,
+        temperature: 0,
+        ignore_eos: true,
+      } as OpenAI.CompletionCreateParamsNonStreaming);
       while (small.loop.tokensInFlight === 0) await new Promise((r) => setTimeout(r, 2));
-      const second = await c2.completions.create({ model: MODEL, prompt: 'Hello there', max_tokens: 100 }).then(() => undefined, (e: InstanceType<typeof OpenAI.APIError>) => e);
+      const second = await c2.completions.create({ model: MODEL, prompt: 'Hello there', max_tokens: 100 }).then(
+        () => undefined,
+        (e: InstanceType<typeof OpenAI.APIError>) => e,
+      );
       expect(second?.status).toBe(503);
       expect(second?.error).toMatchObject({ type: 'server_error', code: 'overloaded' });
       expect((await first).usage?.completion_tokens).toBe(100);
@@ -275,27 +395,62 @@ describe('specd serve (openai client)', () => {
     const dir = path.join(ROOT, 'models/kimi-k3-tiny');
     const json = (f: string) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Record<string, unknown>;
     // the Gemma pattern: HF templates reject what they cannot render with raise_exception
-    const template = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
-      + "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    const tokenizer = new Tokenizer({ tokenizerJson: json('tokenizer.json'), tokenizerConfig: json('tokenizer_config.json'), chatTemplateFile: template, label: 'no-system-role' });
+    const template =
+      "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" +
+      "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    const tokenizer = new Tokenizer({
+      tokenizerJson: json('tokenizer.json'),
+      tokenizerConfig: json('tokenizer_config.json'),
+      chatTemplateFile: template,
+      label: 'no-system-role',
+    });
     const strict = new SpecdServer({
-      target: { ...s.target, tokenizer }, modelName: MODEL, sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
-      scheduler: { max_running_requests: 2, max_waiting_requests: 8, prefill_chunk_tokens: 64, max_tokens_in_flight: 4096, max_sequence_tokens: 512, page_size: 16 },
+      target: { ...s.target, tokenizer },
+      modelName: MODEL,
+      sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
+      scheduler: {
+        max_running_requests: 2,
+        max_waiting_requests: 8,
+        prefill_chunk_tokens: 64,
+        max_tokens_in_flight: 4096,
+        max_sequence_tokens: 512,
+        page_size: 16,
+      },
       bodyLimitBytes: 1 << 20,
     });
     const url = await strict.listen('127.0.0.1', 0);
     try {
       const c2 = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
-      const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Hi' }];
+      const messages: OpenAI.ChatCompletionMessageParam[] = [
+        { role: 'system', content: 'You are terse.' },
+        { role: 'user', content: 'Hi' },
+      ];
       for (const stream of [false, true]) {
-        const e = await c2.chat.completions.create({ model: MODEL, messages, max_tokens: 4, stream }).then(() => undefined, (x: InstanceType<typeof OpenAI.APIError>) => x);
+        const e = await c2.chat.completions.create({ model: MODEL, messages, max_tokens: 4, stream }).then(
+          () => undefined,
+          (x: InstanceType<typeof OpenAI.APIError>) => x,
+        );
         expect(e?.status, `stream: ${stream}`).toBe(400);
-        expect(e?.error).toEqual({ message: 'messages: chat template failed to render: System role not supported', type: 'invalid_request_error', param: 'messages', code: 'chat_template_error' });
+        expect(e?.error).toEqual({
+          message: 'messages: chat template failed to render: System role not supported',
+          type: 'invalid_request_error',
+          param: 'messages',
+          code: 'chat_template_error',
+        });
       }
-      expect(await strict.metrics.registry.getSingleMetricAsString('specd_request_errors_total')).toContain('specd_request_errors_total{status="400"} 2');
+      expect(await strict.metrics.registry.getSingleMetricAsString('specd_request_errors_total')).toContain(
+        'specd_request_errors_total{status="400"} 2',
+      );
       // the same conversation without the system message renders and runs
-      const ok = await c2.chat.completions.create({ model: MODEL, messages: [messages[1]!], max_tokens: 4, temperature: 0 });
-      expect(ok.usage?.prompt_tokens).toBe(tokenizer.encode('<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', { addSpecialTokens: false }).length);
+      const ok = await c2.chat.completions.create({
+        model: MODEL,
+        messages: [messages[1]!],
+        max_tokens: 4,
+        temperature: 0,
+      });
+      expect(ok.usage?.prompt_tokens).toBe(
+        tokenizer.encode('<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', { addSpecialTokens: false }).length,
+      );
     } finally {
       await strict.close();
     }
@@ -306,7 +461,9 @@ describe('specd serve (openai client)', () => {
     const dflash = s.drafter!.drafter;
     const confident = new Proxy(dflash, {
       get(t, key) {
-        if (key === 'propose') return (b: Parameters<Drafter['propose']>[0]) => t.propose(b).map((p) => ({ ...p, confidence: new Float32Array(p.tokens.length).fill(0.9) }));
+        if (key === 'propose')
+          return (b: Parameters<Drafter['propose']>[0]) =>
+            t.propose(b).map((p) => ({ ...p, confidence: new Float32Array(p.tokens.length).fill(0.9) }));
         const v: unknown = Reflect.get(t, key, t);
         return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
       },
@@ -318,22 +475,31 @@ describe('specd serve (openai client)', () => {
       // 3 drafts on even steps, a plain decode step (k = 0) on odd ones
       choose: (cs) => cs.map((c) => (c.metrics.verifySteps % 2 === 0 ? Math.min(3, c.maxDrafts) : 0)),
       // every third proposal is cut to 0 drafts (verified as a plain step), the others to 2
-      budgets: (items) => items.map(() => {
-        if (budgetCalls++ % 3 === 2) {
-          cut++;
-          return 0;
-        }
-        kept++;
-        return 2;
-      }),
+      budgets: (items) =>
+        items.map(() => {
+          if (budgetCalls++ % 3 === 2) {
+            cut++;
+            return 0;
+          }
+          kept++;
+          return 2;
+        }),
       observe: () => undefined,
       release: () => undefined,
     };
-    const loop = new EngineLoop(s.target.model, confident, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: policy }, { maxWaiting: 1, maxTokensInFlight: 1024, eosTokenIds: [] });
+    const loop = new EngineLoop(
+      s.target.model,
+      confident,
+      { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: policy },
+      { maxWaiting: 1, maxTokensInFlight: 1024, eosTokenIds: [] },
+    );
     try {
       const promptIds = s.target.tokenizer.encode('The history of the', { addSpecialTokens: false });
       const r = await new Promise<SpecResult>((resolve, reject) => {
-        loop.submit({ promptIds, maxTokens: 40, sampling: { temperature: 0 }, seed: 1, ignoreEos: true }, { onToken: () => undefined, onFinish: resolve, onError: reject });
+        loop.submit(
+          { promptIds, maxTokens: 40, sampling: { temperature: 0 }, seed: 1, ignoreEos: true },
+          { onToken: () => undefined, onFinish: resolve, onError: reject },
+        );
       });
       expect(r.tokenIds).toHaveLength(40);
       expect(cut).toBeGreaterThanOrEqual(2);

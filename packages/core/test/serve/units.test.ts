@@ -6,7 +6,15 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 import { RequestMetrics } from '../../src/engine/index.js';
-import { ApiError, ChatTemplate, ChatTemplateError, parseChatRequest, parseCompletionRequest, ServerMetrics, StopTextBuffer } from '../../src/serve/index.js';
+import {
+  ApiError,
+  ChatTemplate,
+  ChatTemplateError,
+  parseChatRequest,
+  parseCompletionRequest,
+  ServerMetrics,
+  StopTextBuffer,
+} from '../../src/serve/index.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
 const DEFAULTS = { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 };
@@ -44,12 +52,12 @@ describe('StopTextBuffer', () => {
 
   it('random streams: the concatenation equals the text cut at the first stop', () => {
     let seed = 7;
-    const rnd = (n: number): number => ((seed = (seed * 1103515245 + 12345) >>> 0) % n);
+    const rnd = (n: number): number => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
     for (let t = 0; t < 300; t++) {
       const text = Array.from({ length: 30 }, () => 'abc '[rnd(4)]).join('');
       const stops = ['ab', 'cab c', 'bb'].slice(0, 1 + rnd(3));
       const pieces: string[] = [];
-      for (let i = 0; i < text.length;) {
+      for (let i = 0; i < text.length; ) {
         const n = 1 + rnd(4);
         pieces.push(text.slice(i, i + n));
         i += n;
@@ -64,18 +72,38 @@ describe('StopTextBuffer', () => {
 });
 
 describe('ChatTemplate (@huggingface/jinja)', () => {
-  const shipped = (JSON.parse(fs.readFileSync(path.join(ROOT, 'models/kimi-k3-tiny/tokenizer_config.json'), 'utf8')) as { chat_template: string }).chat_template;
+  const shipped = (
+    JSON.parse(fs.readFileSync(path.join(ROOT, 'models/kimi-k3-tiny/tokenizer_config.json'), 'utf8')) as {
+      chat_template: string;
+    }
+  ).chat_template;
 
   it('renders the shipped ChatML template', () => {
     const t = new ChatTemplate(shipped);
-    const msgs = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi {{ there }} %}' }];
-    expect(t.render(msgs)).toBe('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi {{ there }} %}<|im_end|>\n<|im_start|>assistant\n');
-    expect(t.render(msgs, false)).toBe('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi {{ there }} %}<|im_end|>\n');
+    const msgs = [
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'Hi {{ there }} %}' },
+    ];
+    expect(t.render(msgs)).toBe(
+      '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi {{ there }} %}<|im_end|>\n<|im_start|>assistant\n',
+    );
+    expect(t.render(msgs, false)).toBe(
+      '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi {{ there }} %}<|im_end|>\n',
+    );
   });
 
   it('supports what common HF templates use: loop vars, conditions, whitespace control, bos_token', () => {
-    const t = new ChatTemplate("{{ bos_token }}{%- for m in messages -%}{% if m.role == 'user' %}[U{{ loop.index }}]{% elif m.role == 'assistant' %}[A]{% else %}[S]{% endif %}{{ m['content'] | trim }}{% if not loop.last %}|{% endif %}{%- endfor -%}", { bos_token: '<s>' });
-    expect(t.render([{ role: 'system', content: ' s ' }, { role: 'user', content: 'u' }, { role: 'assistant', content: 'a' }])).toBe('<s>[S]s|[U2]u|[A]a');
+    const t = new ChatTemplate(
+      "{{ bos_token }}{%- for m in messages -%}{% if m.role == 'user' %}[U{{ loop.index }}]{% elif m.role == 'assistant' %}[A]{% else %}[S]{% endif %}{{ m['content'] | trim }}{% if not loop.last %}|{% endif %}{%- endfor -%}",
+      { bos_token: '<s>' },
+    );
+    expect(
+      t.render([
+        { role: 'system', content: ' s ' },
+        { role: 'user', content: 'u' },
+        { role: 'assistant', content: 'a' },
+      ]),
+    ).toBe('<s>[S]s|[U2]u|[A]a');
   });
 
   it('a template that does not parse is a ChatTemplateError', () => {
@@ -83,10 +111,19 @@ describe('ChatTemplate (@huggingface/jinja)', () => {
   });
 
   it('a template that rejects the messages (raise_exception, as HF templates do) is a ChatTemplateError naming why', () => {
-    const t = new ChatTemplate("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}");
+    const t = new ChatTemplate(
+      "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}",
+    );
     expect(t.render([{ role: 'user', content: 'hi' }])).toBe('hi');
-    expect(() => t.render([{ role: 'system', content: 's' }, { role: 'user', content: 'hi' }])).toThrow(ChatTemplateError);
-    expect(() => t.render([{ role: 'system', content: 's' }])).toThrow('chat template failed to render: System role not supported');
+    expect(() =>
+      t.render([
+        { role: 'system', content: 's' },
+        { role: 'user', content: 'hi' },
+      ]),
+    ).toThrow(ChatTemplateError);
+    expect(() => t.render([{ role: 'system', content: 's' }])).toThrow(
+      'chat template failed to render: System role not supported',
+    );
   });
 });
 
@@ -103,9 +140,43 @@ describe('request parsing', () => {
 
   it('completion: defaults from the config, overrides from the request', () => {
     const r = parseCompletionRequest({ model: 'm', prompt: 'hi', seed: 3 }, DEFAULTS);
-    expect(r).toMatchObject({ model: 'm', prompt: 'hi', maxTokens: 64, temperature: 0, topP: 1, topK: 0, seed: 3, stop: [], stream: false, ignoreEos: false });
-    expect(parseCompletionRequest({ model: 'm', prompt: [1, 2], max_tokens: 5, temperature: 0.5, top_p: 0.9, top_k: -1, stop: 'x', stream: true, stream_options: { include_usage: true } }, DEFAULTS))
-      .toMatchObject({ prompt: [1, 2], maxTokens: 5, temperature: 0.5, topP: 0.9, topK: 0, stop: ['x'], stream: true, includeUsage: true });
+    expect(r).toMatchObject({
+      model: 'm',
+      prompt: 'hi',
+      maxTokens: 64,
+      temperature: 0,
+      topP: 1,
+      topK: 0,
+      seed: 3,
+      stop: [],
+      stream: false,
+      ignoreEos: false,
+    });
+    expect(
+      parseCompletionRequest(
+        {
+          model: 'm',
+          prompt: [1, 2],
+          max_tokens: 5,
+          temperature: 0.5,
+          top_p: 0.9,
+          top_k: -1,
+          stop: 'x',
+          stream: true,
+          stream_options: { include_usage: true },
+        },
+        DEFAULTS,
+      ),
+    ).toMatchObject({
+      prompt: [1, 2],
+      maxTokens: 5,
+      temperature: 0.5,
+      topP: 0.9,
+      topK: 0,
+      stop: ['x'],
+      stream: true,
+      includeUsage: true,
+    });
     expect(parseCompletionRequest({ model: 'm', prompt: ['one'] }, DEFAULTS).prompt).toBe('one');
   });
 
@@ -126,19 +197,47 @@ describe('request parsing', () => {
   });
 
   it('chat: messages with string or text-part content; bad ones name the field', () => {
-    const r = parseChatRequest({ model: 'm', messages: [{ role: 'developer', content: 'a' }, { role: 'user', content: [{ type: 'text', text: 'b' }, { type: 'text', text: 'c' }] }], max_completion_tokens: 7 }, DEFAULTS);
-    expect(r.messages).toEqual([{ role: 'system', content: 'a' }, { role: 'user', content: 'bc' }]);
+    const r = parseChatRequest(
+      {
+        model: 'm',
+        messages: [
+          { role: 'developer', content: 'a' },
+          {
+            role: 'user',
+            content: [
+              { type: 'text', text: 'b' },
+              { type: 'text', text: 'c' },
+            ],
+          },
+        ],
+        max_completion_tokens: 7,
+      },
+      DEFAULTS,
+    );
+    expect(r.messages).toEqual([
+      { role: 'system', content: 'a' },
+      { role: 'user', content: 'bc' },
+    ]);
     expect(r.maxTokens).toBe(7);
     expect(status(() => parseChatRequest({ model: 'm', messages: [] }, DEFAULTS)).param).toBe('messages');
-    expect(status(() => parseChatRequest({ model: 'm', messages: [{ role: 'robot', content: 'x' }] }, DEFAULTS)).param).toBe('messages[0].role');
-    expect(status(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 3 }] }, DEFAULTS)).param).toBe('messages[0].content');
+    expect(
+      status(() => parseChatRequest({ model: 'm', messages: [{ role: 'robot', content: 'x' }] }, DEFAULTS)).param,
+    ).toBe('messages[0].role');
+    expect(
+      status(() => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 3 }] }, DEFAULTS)).param,
+    ).toBe('messages[0].content');
     expect(status(() => parseChatRequest([1], DEFAULTS)).param).toBe('body');
   });
 });
 
 describe('ServerMetrics (prom-client)', () => {
   it('exports spec-decode counters and verify budgets (specd_verify_budget_tokens histogram, the unverified-draft counter)', async () => {
-    const m = new ServerMetrics({ running: () => 0, waiting: () => 0, targetPagesInUse: () => 0, draftPagesInUse: () => 0 });
+    const m = new ServerMetrics({
+      running: () => 0,
+      waiting: () => 0,
+      targetPagesInUse: () => 0,
+      draftPagesInUse: () => 0,
+    });
     const spec = new RequestMetrics();
     spec.recordBudget(7, 2);
     spec.recordStep(2, 1);

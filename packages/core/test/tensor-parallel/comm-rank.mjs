@@ -10,5 +10,7 @@ const mine = Float32Array.from({ length }, (_, i) => (rank + 1) * 1000 + i);
 const b = comm.broadcast(mine);
 const s = comm.allReduce(mine);
 // all-gather: rank r's piece has gatherLengths[r] floats, values (r + 1) · 1000 + i
-const g = gatherLengths.map((n) => comm.allGather(Float32Array.from({ length: n[rank] }, (_, i) => (rank + 1) * 1000 + i)));
+const g = gatherLengths.map((n) =>
+  comm.allGather(Float32Array.from({ length: n[rank] }, (_, i) => (rank + 1) * 1000 + i)),
+);
 parentPort.postMessage({ b, s, g, mineAfter: mine });

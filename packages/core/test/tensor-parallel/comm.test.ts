@@ -11,17 +11,33 @@ import { describe, expect, it } from 'vitest';
 import { createCommBuffers, SharedComm } from '../../src/tensor-parallel/comm.js';
 
 describe('SharedComm', () => {
-  it('broadcast: rank 0\'s array on every rank, in pieces; then allReduce sums in rank order', async () => {
+  it("broadcast: rank 0's array on every rank, in pieces; then allReduce sums in rank order", async () => {
     const size = 3;
     const length = 13;
     const buffers = createCommBuffers(size, 5);
     // per all-gather call, the piece length of ranks 0, 1, 2 (capacity 5)
-    const gatherLengths = [[4, 4, 4], [13, 2, 7], [0, 11, 0], [0, 0, 0], [5, 10, 1]];
-    const workers = [1, 2].map((rank) => new Worker(new URL('./comm-rank.mjs', import.meta.url), { workerData: { rank, buffers, length, gatherLengths } }));
-    const replies = workers.map((w) => new Promise<{ b: Float32Array; s: Float32Array; g: Float32Array[]; mineAfter: Float32Array }>((resolve, reject) => {
-      w.once('message', resolve);
-      w.once('error', reject);
-    }));
+    const gatherLengths = [
+      [4, 4, 4],
+      [13, 2, 7],
+      [0, 11, 0],
+      [0, 0, 0],
+      [5, 10, 1],
+    ];
+    const workers = [1, 2].map(
+      (rank) =>
+        new Worker(new URL('./comm-rank.mjs', import.meta.url), {
+          workerData: { rank, buffers, length, gatherLengths },
+        }),
+    );
+    const replies = workers.map(
+      (w) =>
+        new Promise<{ b: Float32Array; s: Float32Array; g: Float32Array[]; mineAfter: Float32Array }>(
+          (resolve, reject) => {
+            w.once('message', resolve);
+            w.once('error', reject);
+          },
+        ),
+    );
     const comm = new SharedComm(0, buffers);
     const mine = Float32Array.from({ length }, (_, i) => 1000 + i);
     const b0 = comm.broadcast(mine);
@@ -29,7 +45,7 @@ describe('SharedComm', () => {
     const g0 = gatherLengths.map((n) => comm.allGather(Float32Array.from({ length: n[0]! }, (_, i) => 1000 + i)));
     const [r1, r2] = await Promise.all(replies);
     await Promise.all(workers.map((w) => w.terminate()));
-    const expectSum = Float32Array.from({ length }, (_, i) => (1000 + i) + (2000 + i) + (3000 + i));
+    const expectSum = Float32Array.from({ length }, (_, i) => 1000 + i + (2000 + i) + (3000 + i));
     for (const b of [b0, r1!.b, r2!.b]) expect(Array.from(b)).toEqual(Array.from(mine));
     for (const s of [s0, r1!.s, r2!.s]) expect(Array.from(s)).toEqual(Array.from(expectSum));
     expect(b0).not.toBe(mine);
@@ -37,7 +53,8 @@ describe('SharedComm', () => {
     expect(comm.broadcasts).toBe(1);
     gatherLengths.forEach((n, call) => {
       const expected = n.flatMap((len, r) => Array.from({ length: len }, (_, i) => (r + 1) * 1000 + i));
-      for (const g of [g0[call]!, r1!.g[call]!, r2!.g[call]!]) expect(Array.from(g), `allGather call ${call}`).toEqual(expected);
+      for (const g of [g0[call]!, r1!.g[call]!, r2!.g[call]!])
+        expect(Array.from(g), `allGather call ${call}`).toEqual(expected);
     });
     expect(comm.allGathers).toBe(gatherLengths.length);
   });

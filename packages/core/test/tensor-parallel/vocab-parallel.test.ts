@@ -9,14 +9,21 @@ import { gatherVocabParallel, vocabShardRange, VocabParallelError } from '../../
 
 describe('vocab-parallel lm_head', () => {
   it('vocabShardRange: ⌊r·V/N⌋ … ⌊(r+1)·V/N⌋, even and uneven', () => {
-    expect([0, 1, 2].map((r) => vocabShardRange(10, r, 3))).toEqual([[0, 3], [3, 6], [6, 10]]);
-    expect([0, 1].map((r) => vocabShardRange(8192, r, 2))).toEqual([[0, 4096], [4096, 8192]]);
+    expect([0, 1, 2].map((r) => vocabShardRange(10, r, 3))).toEqual([
+      [0, 3],
+      [3, 6],
+      [6, 10],
+    ]);
+    expect([0, 1].map((r) => vocabShardRange(8192, r, 2))).toEqual([
+      [0, 4096],
+      [4096, 8192],
+    ]);
     expect(vocabShardRange(5, 0, 1)).toEqual([0, 5]);
     expect(() => vocabShardRange(10, 3, 3)).toThrow(VocabParallelError);
     expect(() => vocabShardRange(2, 0, 3)).toThrow(/vocabSize: expected an integer >= size \(3\), got 2/);
   });
 
-  it('gatherVocabParallel: each rank\'s [rows, V_r] slice → the whole [rows, V] on every rank', () => {
+  it("gatherVocabParallel: each rank's [rows, V_r] slice → the whole [rows, V] on every rank", () => {
     const V = 10;
     const size = 3;
     const rows = 2;
@@ -30,9 +37,14 @@ describe('vocab-parallel lm_head', () => {
     const concat = Float32Array.from(pieces.flatMap((p) => Array.from(p)));
     for (let rank = 0; rank < size; rank++) {
       const comm: TpComm = {
-        rank, size,
-        allReduce: () => { throw new Error('unused'); },
-        broadcast: () => { throw new Error('unused'); },
+        rank,
+        size,
+        allReduce: () => {
+          throw new Error('unused');
+        },
+        broadcast: () => {
+          throw new Error('unused');
+        },
         allGather: (x) => {
           expect(Array.from(x)).toEqual(Array.from(pieces[rank]!));
           return concat.slice();
