@@ -19,7 +19,7 @@ export const nativeTiming = {
 };
 
 function timed(name, fn) {
-  return function (...args) {
+  return (...args) => {
     if (!nativeTiming.enabled) return fn(...args);
     const t0 = performance.now();
     try {

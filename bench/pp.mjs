@@ -83,7 +83,10 @@ if (!existsSync(join(draftDir, 'config.json'))) {
     }),
   );
   let seed = 7;
-  const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648 - 0.5) * 0.04;
+  const rnd = () => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return (seed / 2147483648 - 0.5) * 0.04;
+  };
   const bf = (shape, fill) => ({
     dtype: 'BF16',
     shape,
@@ -223,7 +226,7 @@ try {
   setNumThreads(threads);
 }
 
-console.log('\n| pp | tp | prefill tok/s (P = ' + P + ') | decode tok/s (batch 1) |');
+console.log(`\n| pp | tp | prefill tok/s (P = ${P}) | decode tok/s (batch 1) |`);
 console.log('|---:|---:|---:|---:|');
 for (const r of rows) console.log(`| ${r.pp} | ${r.tp} | ${r.prefill.toFixed(1)} | ${r.decode.toFixed(2)} |`);
 console.log(

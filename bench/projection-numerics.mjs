@@ -59,7 +59,10 @@ for (const p of prompts) {
   cache.finish('x');
   const hs = taps.map((t) => r.taps.get(t));
   const x = new Float32Array(T * K);
-  for (let t = 0; t < T; t++) hs.forEach((h, i) => x.set(h.subarray(t * D, (t + 1) * D), t * K + i * D));
+  for (let t = 0; t < T; t++)
+    hs.forEach((h, i) => {
+      x.set(h.subarray(t * D, (t + 1) * D), t * K + i * D);
+    });
   const concat = gemmBf16(x, T, fcFull);
   const parts = fcBlocks.map((b, i) => gemmBf16(hs[i], T, b));
   const fp32 = new Float32Array(T * D);

@@ -143,7 +143,10 @@ for (const C of CONCS) {
       drafters.forEach((d, i) => {
         per[i].max.push(run(d, C, temperature, 'max'));
         per[i].cost.push(run(d, C, temperature, 'cost'));
-        if (measureFixed) FIXED_KS.forEach((k, j) => per[i].fixed[j].push(run(d, C, temperature, k)));
+        if (measureFixed)
+          FIXED_KS.forEach((k, j) => {
+            per[i].fixed[j].push(run(d, C, temperature, k));
+          });
       });
     }
     const plain = median(plains);

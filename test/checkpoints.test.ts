@@ -74,7 +74,10 @@ describe('shipped checkpoints', () => {
         if (arch === 'LlamaForCausalLMEagle3') {
           const taps = c.section('eagle_config').requireIntArray('eagle_aux_hidden_state_layer_ids');
           expect(taps).toHaveLength(3);
-          for (const t of taps) expect(t).toBeGreaterThanOrEqual(0), expect(t).toBeLessThanOrEqual(L);
+          for (const t of taps) {
+            expect(t).toBeGreaterThanOrEqual(0);
+            expect(t).toBeLessThanOrEqual(L);
+          }
           expect(ckpt.info('fc.weight').shape).toEqual([H, 3 * H]);
           expect(ckpt.info('lm_head.weight').shape).toEqual([c.requireInt('draft_vocab_size'), H]);
           expect(ckpt.info('d2t').shape).toEqual([c.requireInt('draft_vocab_size')]);
@@ -84,7 +87,10 @@ describe('shipped checkpoints', () => {
           const dc = c.section('dflash_config');
           const ids = dc.requireIntArray('target_layer_ids');
           // "output of layer k" → tap k+1 must exist: k < L
-          for (const k of ids) expect(k).toBeGreaterThanOrEqual(0), expect(k).toBeLessThan(L);
+          for (const k of ids) {
+            expect(k).toBeGreaterThanOrEqual(0);
+            expect(k).toBeLessThan(L);
+          }
           const mask = dc.requireInt('mask_token_id');
           expect(mask).toBeLessThan(V);
           expect(ckpt.info('fc.weight').shape).toEqual([H, ids.length * H]);

@@ -20,7 +20,7 @@ import {
   loadDrafter,
   loadPipelineTarget,
   loadTarget,
-  PipelineModel,
+  type PipelineModel,
   SequenceCache,
   SpecEngine,
   stageTaps,
@@ -315,10 +315,8 @@ describe('specd generate --pp', () => {
       const exited = new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
         child.once('exit', (code, signal) => resolve([code, signal])),
       );
-      let out = '';
       await new Promise<void>((resolve) =>
-        child.stdout.on('data', (b: Buffer) => {
-          out += b.toString();
+        child.stdout.on('data', () => {
           resolve(); // the first streamed text: generation is under way
         }),
       );

@@ -75,8 +75,8 @@ describe('specd serve --pp', () => {
       ]);
       const got = await complete(two, { max_tokens: 24 });
       expect(got.status).toBe(200);
-      expect(got.json['choices'][0].text).toBe(ref['choices'][0].text);
-      expect(got.json['usage']).toEqual(ref['usage']);
+      expect(got.json.choices[0].text).toBe(ref.choices[0].text);
+      expect(got.json.usage).toEqual(ref.usage);
       expect(await (await fetch(`${two.url}/health`)).json()).toEqual({ status: 'ok' });
     } finally {
       await two.close();
@@ -136,15 +136,15 @@ describe('specd serve --pp', () => {
         .split('\n\n')
         .filter((e) => e.startsWith('data: ') && e !== 'data: [DONE]')
         .map((e) => JSON.parse(e.slice(6)));
-      const err = events.at(-1)!['error'];
+      const err = events.at(-1)!.error;
       expect(err.code).toBe('model_failed');
       expect(err.message).toMatch(STAGE0);
       expect(text.endsWith('data: [DONE]\n\n')).toBe(true);
       // later requests: 500 at once, naming the stage
       const later = await complete(s, { max_tokens: 4 });
       expect(later.status).toBe(500);
-      expect(later.json['error']).toMatchObject({ type: 'server_error', code: 'model_failed' });
-      expect(later.json['error'].message).toMatch(STAGE0);
+      expect(later.json.error).toMatchObject({ type: 'server_error', code: 'model_failed' });
+      expect(later.json.error.message).toMatch(STAGE0);
       const health = await fetch(`${s.url}/health`);
       expect(health.status).toBe(503);
       const h = (await health.json()) as { status: string; reason: string };
@@ -172,7 +172,7 @@ describe('specd serve --pp', () => {
       expect(((await health.json()) as { reason: string }).reason).toMatch(STAGE0);
       const r = await complete(s, { max_tokens: 4 });
       expect(r.status).toBe(500);
-      expect(r.json['error'].message).toMatch(STAGE0);
+      expect(r.json.error.message).toMatch(STAGE0);
     } finally {
       await s.close();
     }

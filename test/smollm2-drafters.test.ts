@@ -59,7 +59,7 @@ describe.skipIf(!HAVE)('the drafters trained for SmolLM2-135M-Instruct', () => {
       let trees = 0;
       drafter.propose = (b) => {
         const out = spy(b);
-        trees += out.filter((p) => p.parents !== undefined && p.parents.some((v, j) => v !== j - 1)).length;
+        trees += out.filter((p) => p.parents?.some((v, j) => v !== j - 1)).length;
         return out;
       };
       const reqs = () =>

@@ -16,20 +16,18 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   BUILTIN_PLUGIN_PACKAGES,
   startServe,
-  loadDrafter,
   loadTensorParallelTarget,
   SafetensorsCheckpoint,
   SequenceCache,
   TensorParallelModel,
   WeightReader,
-  type Drafter,
   type LoadedTarget,
   type StageModel,
   type TensorRead,
 } from '@specd/core';
 import { rmsNorm } from '@specd/native';
 
-import { loadTpPair, ROOT, TINY_TARGET, tinyDrafter, TP_PROMPTS, TpEquivalence } from './tp-equivalence.js';
+import { loadTpPair, ROOT, TINY_TARGET, tinyDrafter, TP_PROMPTS, type TpEquivalence } from './tp-equivalence.js';
 
 const TARGET = TINY_TARGET;
 const DRAFTERS = ['dflash', 'dspark', 'eagle3'] as const;
@@ -95,14 +93,18 @@ describe('tensor parallelism, tp = 2 vs tp = 1 (greedy, 2 sequences batched)', (
     const a = run(whole.model);
     const b = run(tp2.model);
     let maxDiff = 0;
-    a.logits!.forEach((v, i) => (maxDiff = Math.max(maxDiff, Math.abs(v - b.logits![i]!))));
+    a.logits!.forEach((v, i) => {
+      maxDiff = Math.max(maxDiff, Math.abs(v - b.logits![i]!));
+    });
     expect(maxDiff).toBeLessThan(1e-2);
     expect(b.taps.get(0)).toEqual(a.taps.get(0)); // the embedding is rank 0's, not reduced
     for (const t of [4, 8]) {
       const x = a.taps.get(t)!;
       const y = b.taps.get(t)!;
       let d = 0;
-      x.forEach((v, i) => (d = Math.max(d, Math.abs(v - y[i]!))));
+      x.forEach((v, i) => {
+        d = Math.max(d, Math.abs(v - y[i]!));
+      });
       expect(d).toBeLessThan(1e-3);
     }
     process.stdout.write(
@@ -118,7 +120,10 @@ describe('vocab-parallel lm_head (tp = 2): bit for bit the whole lm_head on the 
 
   it('lmHead (called outside a drafter: the workers join through an lmHead request)', () => {
     let seed = 7;
-    const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
+    const rand = () => {
+      seed = (seed * 1103515245 + 12345) >>> 0;
+      return (seed / 2 ** 32) * 2 - 1;
+    };
     for (const rows of [1, 5]) {
       const x = Float32Array.from({ length: rows * D }, rand);
       const a = whole.model.lmHead!(x, rows);
@@ -152,7 +157,9 @@ describe('vocab-parallel lm_head (tp = 2): bit for bit the whole lm_head on the 
     cache.finish(1);
     const rows = [...Array.from({ length: p0.length }, (_, i) => i), p0.length + p1.length - 1];
     const x = new Float32Array(rows.length * D);
-    rows.forEach((row, i) => x.set(r.hidden.subarray(row * D, (row + 1) * D), i * D));
+    rows.forEach((row, i) => {
+      x.set(r.hidden.subarray(row * D, (row + 1) * D), i * D);
+    });
     const expected = whole.model.lmHead!(rmsNorm(x, norm, 1e-5), rows.length);
     expect(Array.from(r.logitRowStart)).toEqual([0, p0.length, p0.length + 1]);
     expect(bits(r.logits!)).toEqual(bits(expected));
@@ -187,7 +194,7 @@ describe('what each rank loads', () => {
     expect(m.ranks.map((r) => r.rank)).toEqual([0, 1]);
     expect(m.ranks[0]!.threadId).toBeUndefined();
     expect(m.ranks[1]!.threadId).toBeGreaterThan(0);
-    if (process.env['SPECD_NUM_THREADS'] === undefined) expect(m.kernelThreads).toBeGreaterThanOrEqual(1);
+    if (process.env.SPECD_NUM_THREADS === undefined) expect(m.kernelThreads).toBeGreaterThanOrEqual(1);
   });
 
   it('MLA (layer 3, 4 heads × (64 + 32) q, 64 + 64 kv_b, 64 v): each rank its 2 heads', () => {

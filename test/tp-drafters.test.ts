@@ -28,19 +28,10 @@ import {
 } from '@specd/core';
 import { dflashPlugin, type DFlashDrafter } from '@specd/plugin-dflash';
 
-import {
-  loadTpPair,
-  ROOT,
-  TINY_TARGET,
-  tinyDrafter,
-  tinyDrafterDir,
-  TP_PROMPTS,
-  TpEquivalence,
-} from './tp-equivalence.js';
+import { loadTpPair, TINY_TARGET, tinyDrafter, tinyDrafterDir, TpEquivalence } from './tp-equivalence.js';
 
 const TARGET = TINY_TARGET;
 const PLUGINS = BUILTIN_PLUGIN_PACKAGES;
-const PROMPTS = TP_PROMPTS;
 const TAU_TOLERANCE = 0.25;
 const dirOf = tinyDrafterDir;
 let whole: LoadedTarget;
@@ -102,7 +93,10 @@ describe('sharded drafters, tp = 2 (greedy, 2 sequences batched)', () => {
       const D = 256;
       const n = 37;
       let seed = 12345;
-      const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
+      const rand = () => {
+        seed = (seed * 1103515245 + 12345) >>> 0;
+        return (seed / 2 ** 32) * 2 - 1;
+      };
       const sum = Float32Array.from({ length: n * D }, () => rand() * 4);
       const spans = [{ id: 's', position: 0, numTokens: n }];
       for (const d of [d1, d2] as Drafter[]) {
@@ -142,7 +136,10 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
   it("the target's vocab-parallel lm_head (2048 vocabulary rows per rank) is bit for bit the whole one", () => {
     const D = 256;
     let seed = 99;
-    const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;
+    const rand = () => {
+      seed = (seed * 1103515245 + 12345) >>> 0;
+      return (seed / 2 ** 32) * 2 - 1;
+    };
     const x = Float32Array.from({ length: 3 * D }, rand);
     const bits = (v: Float32Array) => Array.from(new Uint32Array(v.buffer, v.byteOffset, v.length));
     expect(bits(tp4.model.lmHead!(x, 3))).toEqual(bits(whole.model.lmHead!(x, 3)));

@@ -111,7 +111,7 @@ describe("what each stage's ranks load", () => {
       expect(stage(k).ranks![1]!.threadId).toBeGreaterThan(0);
     }
     // kernel threads per process: max(1, ⌊CPUs / (tp · pp)⌋)
-    if (process.env['SPECD_NUM_THREADS'] === undefined) {
+    if (process.env.SPECD_NUM_THREADS === undefined) {
       expect((pipe.last as TensorParallelModel).kernelThreads).toBe(
         Math.max(1, Math.floor(os.availableParallelism() / 4)),
       );

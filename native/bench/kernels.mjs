@@ -129,7 +129,7 @@ const p1 = minTimeMs(() => run(1), 2);
 const portable = [1, 4, 16].map((m) => [m, m === 1 ? p1 : minTimeMs(() => run(m), 2)]);
 setIsa('auto');
 console.log(
-  '\nportable path: ' + portable.map(([m, t]) => `m=${m} ${t.toFixed(1)} ms (x${(t / p1).toFixed(2)})`).join(', '),
+  `\nportable path: ${portable.map(([m, t]) => `m=${m} ${t.toFixed(1)} ms (x${(t / p1).toFixed(2)})`).join(', ')}`,
 );
 
 // 6. OpenBLAS (optional, bench-only).

@@ -354,7 +354,7 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
         // Every query alone (qLen 1), on 1 and 3 threads.
         for (const threads of [1, 3]) {
           setNumThreads(threads);
-          c.seqs.forEach((s, si) =>
+          c.seqs.forEach((s, si) => {
             s.positions.forEach((p, i) => {
               const y = run(
                 c,
@@ -364,8 +364,8 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
                 scale,
               );
               check(y, [[si, i]], `alone, ${threads} threads`);
-            }),
-          );
+            });
+          });
         }
         setNumThreads(2);
         // Sub-blocks of each sequence's block, batched in reverse sequence order.

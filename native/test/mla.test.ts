@@ -244,7 +244,7 @@ describe.each(isaPaths())('mlaAttention on the %s path', (path) => {
         );
         for (const threads of [1, 3]) {
           setNumThreads(threads);
-          c.seqs.forEach((x, si) =>
+          c.seqs.forEach((_x, si) => {
             pos[si]!.forEach((p, i) => {
               const t = offsets[si]! + i;
               const y = mlaAttention(
@@ -257,8 +257,8 @@ describe.each(isaPaths())('mlaAttention on the %s path', (path) => {
               );
               const diff = firstBitDifference(y, full.subarray(t * per, (t + 1) * per));
               expect(diff, `seed ${seed}: ${threads} threads: seq ${si} query ${i} alone differs at ${diff}`).toBe(-1);
-            }),
-          );
+            });
+          });
         }
         setNumThreads(2);
         // Reverse sequence order, each block without its first query.

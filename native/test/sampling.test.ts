@@ -98,7 +98,8 @@ describe('topPMask', () => {
       let cum = 0;
       for (const i of order) {
         keep.add(i);
-        if ((cum += prob[i]!) >= p) break;
+        cum += prob[i]!;
+        if (cum >= p) break;
       }
       let kept = 0;
       for (let i = 0; i < vocab; i++) if (y[r * vocab + i] !== -Infinity) kept++;

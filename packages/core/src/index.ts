@@ -1,5 +1,3 @@
-/** @specd/core public entry point. Re-exports each module's public API. */
-export {};
 export * from './io/index.js';
 export * from './kv/index.js';
 export * from './plugin/index.js';

@@ -5,7 +5,7 @@
  * tools/reference/specd_ref/kimi.py `KimiConfig.from_hf`.
  */
 
-import { HfConfig } from '@specd/core';
+import type { HfConfig } from '@specd/core';
 
 /** Accepted `model_type` values. */
 export const KIMI_MODEL_TYPES = Object.freeze(['kimi_k3', 'kimi_linear'] as const);
@@ -98,7 +98,7 @@ export function parseKimiConfig(cfg: HfConfig): KimiConfig {
   if (expertsPerToken > numExperts)
     cfg.fail('num_experts_per_token', `must be <= num_experts (${numExperts}), got ${expertsPerToken}`);
   const eos = cfg.has('eos_token_id')
-    ? Array.isArray(cfg.raw['eos_token_id'])
+    ? Array.isArray(cfg.raw.eos_token_id)
       ? cfg.requireIntArray('eos_token_id', { min: 0 })
       : [cfg.requireInt('eos_token_id', { min: 0 })]
     : [];

@@ -65,9 +65,9 @@ export function loadKdaWeights(
   const ch: [number, number] = [h0 * d, h1 * d];
   const hd = ch[1] - ch[0];
   const convWeight = new Float32Array(3 * hd * ks);
-  ['q', 'k', 'v'].forEach((n, i) =>
-    convWeight.set(r.f32Range(`${p}${n}_conv1d.weight`, [HD, 1, ks], ch[0] * ks, ch[1] * ks), i * hd * ks),
-  );
+  ['q', 'k', 'v'].forEach((n, i) => {
+    convWeight.set(r.f32Range(`${p}${n}_conv1d.weight`, [HD, 1, ks], ch[0] * ks, ch[1] * ks), i * hd * ks);
+  });
   const aLog = r.f32Range(`${p}A_log`, [1, 1, H, 1], h0, h1);
   const rows = (name: string, n: number, k: number, block?: [number, number]) => ({
     name: `${p}${name}.weight`,

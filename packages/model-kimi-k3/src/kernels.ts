@@ -272,9 +272,9 @@ export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
       const slot = slots[b]!;
       const cs = conv.subarray(slot * convSlot, (slot + 1) * convSlot);
       if (call.snapshots !== undefined) convSnapshots(qkv, C, row0, n, ks, cs, call.snapshots.conv);
-      [q, k, v].forEach((dst, i) =>
-        convSilu(qkv, C, i, row0, n, convWeight, ks, cs.subarray(i * C * (ks - 1), (i + 1) * C * (ks - 1)), dst),
-      );
+      [q, k, v].forEach((dst, i) => {
+        convSilu(qkv, C, i, row0, n, convWeight, ks, cs.subarray(i * C * (ks - 1), (i + 1) * C * (ks - 1)), dst);
+      });
       l2norm(q, row0 * C, (row0 + n) * C, d, 1 / Math.sqrt(d));
       l2norm(k, row0 * C, (row0 + n) * C, d, 1);
       recurrent(
@@ -422,7 +422,9 @@ export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
       }
       if (rows.length === 0) continue;
       const xe = new Float32Array(rows.length * D);
-      rows.forEach((t, i) => xe.set(x.subarray(t * D, (t + 1) * D), i * D));
+      rows.forEach((t, i) => {
+        xe.set(x.subarray(t * D, (t + 1) * D), i * D);
+      });
       const ye = swigluForward(w.experts[e]!, xe, rows.length);
       rows.forEach((t, i) => {
         const wt = wts[i]!;

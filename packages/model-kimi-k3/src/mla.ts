@@ -92,9 +92,13 @@ export function mlaBatch(spans: readonly SeqSpan[], cache: SequenceCache): MlaBa
   const tables = spans.map((s) => kv.blockTable(s.id));
   const maxBlocks = Math.max(1, ...tables.map((t) => t.length));
   const blockTables = new Int32Array(spans.length * maxBlocks);
-  tables.forEach((t, i) => blockTables.set(t, i * maxBlocks));
+  tables.forEach((t, i) => {
+    blockTables.set(t, i * maxBlocks);
+  });
   const cu = new Int32Array(spans.length + 1);
-  spans.forEach((s, i) => (cu[i + 1] = cu[i]! + s.numNew));
+  spans.forEach((s, i) => {
+    cu[i + 1] = cu[i]! + s.numNew;
+  });
   const positions = new Int32Array(cu[spans.length]!);
   spans.forEach((s) => {
     for (let t = 0; t < s.numNew; t++) positions[s.tokenStart + t] = s.position + t;

@@ -248,7 +248,9 @@ export class KimiStageModel implements StageModel {
       });
       if (rows.length > 0) {
         const x = new Float32Array(rows.length * D);
-        rows.forEach((r, i) => x.set(h.subarray(r * D, (r + 1) * D), i * D));
+        rows.forEach((r, i) => {
+          x.set(h.subarray(r * D, (r + 1) * D), i * D);
+        });
         // under tensor parallelism a collective: every rank gets the same logits requests
         logits = this.vocabLogits(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length);
       } else {
@@ -494,7 +496,7 @@ export interface KimiLoadOptions extends StageLoadOptions {
 }
 
 function selectKernels(choice: KimiKernelChoice | undefined): KimiKernels {
-  const env = process.env['SPECD_KIMI_KERNELS'];
+  const env = process.env.SPECD_KIMI_KERNELS;
   const pick = choice ?? (env === undefined || env === '' ? 'native' : env);
   if (pick === 'native') return nativeKernels;
   if (pick === 'ts') return tsKernels;

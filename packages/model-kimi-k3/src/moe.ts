@@ -148,7 +148,9 @@ function moeShardForward(
       }
     });
     const y = kernels.moe(xg, rows.length, w.experts, { topK: cnt, ids, weights });
-    rows.forEach((t, i) => out.set(y.subarray(i * D, (i + 1) * D), t * D));
+    rows.forEach((t, i) => {
+      out.set(y.subarray(i * D, (i + 1) * D), t * D);
+    });
   }
   if (shared !== undefined) {
     const ys = swigluForward(shared, x, N);

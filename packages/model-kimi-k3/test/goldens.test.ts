@@ -26,7 +26,11 @@ const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), '
 };
 
 const models = new Map<string, KimiStageModel>();
-afterAll(() => models.forEach((m) => m.dispose()));
+afterAll(() =>
+  models.forEach((m) => {
+    m.dispose();
+  }),
+);
 
 /** Kernel set × KDA prefill form: TS reference, native recurrent, native chunked prefill (WY, as the reference). */
 const VARIANTS = [

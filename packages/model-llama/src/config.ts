@@ -6,7 +6,7 @@
  * model types are refused until their goldens exist.
  */
 
-import { HfConfig } from '@specd/core';
+import type { HfConfig } from '@specd/core';
 
 /** Accepted `model_type` values. */
 export const LLAMA_MODEL_TYPES = Object.freeze(['llama'] as const);
@@ -68,7 +68,7 @@ export function parseLlamaConfig(cfg: HfConfig, ropeStyle: LlamaRopeStyle = 'neo
   if (headDim % 2 !== 0) cfg.fail('head_dim', `must be even (rotary pairs), got ${headDim}`);
   const act = cfg.optionalString('hidden_act') ?? 'silu';
   if (act !== 'silu') cfg.fail('hidden_act', `must be "silu" (SwiGLU), got ${JSON.stringify(act)}`);
-  if (cfg.has('rope_scaling') && cfg.raw['rope_scaling'] !== null)
+  if (cfg.has('rope_scaling') && cfg.raw.rope_scaling !== null)
     cfg.fail('rope_scaling', 'RoPE scaling is not implemented yet (must be null or absent)');
   if (cfg.optionalBoolean('mlp_bias') === true) cfg.fail('mlp_bias', 'MLP biases are not implemented (must be false)');
   if (cfg.optionalBoolean('attention_bias') === true)

@@ -9,7 +9,7 @@
 
 import {
   GgmlType,
-  GgufFile,
+  type GgufFile,
   HfConfig,
   dequantize,
   dequantizeRow,
@@ -84,8 +84,8 @@ export function ggufLlamaConfig(g: GgufFile): HfConfig {
     tie_word_embeddings: !g.tensors().some((t) => t.name === 'output.weight'),
     hidden_act: 'silu',
   };
-  if (g.has('tokenizer.ggml.bos_token_id')) obj['bos_token_id'] = g.getU32('tokenizer.ggml.bos_token_id');
-  if (g.has('tokenizer.ggml.eos_token_id')) obj['eos_token_id'] = g.getU32('tokenizer.ggml.eos_token_id');
+  if (g.has('tokenizer.ggml.bos_token_id')) obj.bos_token_id = g.getU32('tokenizer.ggml.bos_token_id');
+  if (g.has('tokenizer.ggml.eos_token_id')) obj.eos_token_id = g.getU32('tokenizer.ggml.eos_token_id');
   return HfConfig.fromObject(obj, `${g.file} (GGUF metadata)`);
 }
 

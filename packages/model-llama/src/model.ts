@@ -257,7 +257,9 @@ export class LlamaStageModel implements StageModel {
       });
       if (rows.length > 0) {
         const x = new Float32Array(rows.length * D);
-        rows.forEach((r, i) => x.set(h.subarray(r * D, (r + 1) * D), i * D));
+        rows.forEach((r, i) => {
+          x.set(h.subarray(r * D, (r + 1) * D), i * D);
+        });
         logits = this.lmHeadWeights!.apply(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length);
       } else {
         logits = new Float32Array(0);

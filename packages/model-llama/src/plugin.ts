@@ -25,7 +25,7 @@ function progress(options: StageLoadOptions | undefined, total: number): ((tenso
 
 /** `SPECD_GGUF_WEIGHTS`: `quant` (default) or `bf16`. @throws {RangeError} for another value. */
 function ggufWeightMode(): GgufWeightMode {
-  const v = process.env['SPECD_GGUF_WEIGHTS'];
+  const v = process.env.SPECD_GGUF_WEIGHTS;
   if (v === undefined || v === '' || v === 'quant') return 'quant';
   if (v === 'bf16') return 'bf16';
   throw new RangeError(`SPECD_GGUF_WEIGHTS: expected "quant" or "bf16", got ${JSON.stringify(v)}`);

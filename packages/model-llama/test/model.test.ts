@@ -105,14 +105,14 @@ describe.skipIf(!HAVE)('SmolLM2-135M-Instruct (GGUF Q4_1)', () => {
     const c1 = cacheFor(model, ['a']);
     model.forward({ sequences: [{ id: 'a', position: 0, tokens: prompt, logits: 'none' }] }, c1);
     const single: Float32Array[] = [];
-    block.forEach((t, i) =>
+    block.forEach((t, i) => {
       single.push(
         model.forward(
           { sequences: [{ id: 'a', position: prompt.length + i, tokens: Int32Array.of(t), logits: 'last' }] },
           c1,
         ).logits!,
-      ),
-    );
+      );
+    });
     // as one block, batched with another sequence
     const c2 = cacheFor(model, ['a', 'b']);
     model.forward({ sequences: [{ id: 'a', position: 0, tokens: prompt, logits: 'none' }] }, c2);

@@ -52,7 +52,7 @@ describe('DFlash registration', () => {
       'e/config.json: no drafter plugin for architectures [LlamaForCausalLMEagle3]; loaded methods: dflash (architectures DFlashDraftModel)',
     );
     expect(child.resolveAll(DRAFTER_PLUGIN)).toEqual([dflashPlugin]);
-    expect(dflashPlugin.schema['properties']).toHaveProperty('method');
+    expect(dflashPlugin.schema.properties).toHaveProperty('method');
   });
 });
 

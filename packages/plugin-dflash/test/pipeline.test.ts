@@ -44,7 +44,9 @@ beforeAll(async () => {
 });
 afterAll(() => {
   drafter.dispose();
-  stages.forEach((s) => s.dispose());
+  stages.forEach((s) => {
+    s.dispose();
+  });
   whole.dispose();
 });
 

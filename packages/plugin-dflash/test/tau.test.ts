@@ -11,7 +11,7 @@ import { SpecEngine, type StageModel } from '@specd/core';
 import type { DFlashDrafter } from '../src/index.js';
 import { loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
 
-const REF = process.env['SPECD_REFERENCE_TAU'] ?? path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
+const REF = process.env.SPECD_REFERENCE_TAU ?? path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
 
 interface RefRequest {
   id: string;
@@ -29,10 +29,10 @@ interface RefRun {
 function findRun(x: unknown): RefRun | undefined {
   if (typeof x !== 'object' || x === null) return undefined;
   const o = x as Record<string, unknown>;
-  if (typeof o['domains'] === 'object' && o['domains'] !== null) {
-    const dr = typeof o['drafter'] === 'string' ? o['drafter'] : 'dflash';
-    const temp = typeof o['temperature'] === 'number' ? o['temperature'] : 0;
-    const block = typeof o['block_size'] === 'number' ? o['block_size'] : 16;
+  if (typeof o.domains === 'object' && o.domains !== null) {
+    const dr = typeof o.drafter === 'string' ? o.drafter : 'dflash';
+    const temp = typeof o.temperature === 'number' ? o.temperature : 0;
+    const block = typeof o.block_size === 'number' ? o.block_size : 16;
     if (/dflash/i.test(dr) && temp === 0 && block === 16) return o as unknown as RefRun;
   }
   for (const v of Array.isArray(x) ? x : Object.values(o)) {

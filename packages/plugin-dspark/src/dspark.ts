@@ -79,7 +79,7 @@ function buildDSpark(
   options: DrafterLoadOptions,
   shard: DrafterShardLoadOptions | undefined,
 ): DSparkDrafter {
-  const contextOnly = options.contextOnly === true || options.settings?.['context_only'] === true;
+  const contextOnly = options.contextOnly === true || options.settings?.context_only === true;
   let backboneReads: readonly TensorRead[] = [];
   const backbone =
     shard === undefined
@@ -197,7 +197,9 @@ export class DSparkDrafter implements Drafter {
       Rows += s.maxDrafts;
     });
     const x = new Float32Array(Rows * D);
-    seqs.forEach((s, i) => x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D));
+    seqs.forEach((s, i) => {
+      x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D);
+    });
     const base = this.target.lmHead!(x, Rows);
     if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
     const tokens = seqs.map((s) => new Int32Array(s.maxDrafts));

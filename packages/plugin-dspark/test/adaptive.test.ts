@@ -115,7 +115,7 @@ describe('context-KV-only mode', () => {
   afterAll(() => ctx.dispose());
 
   it('is in the config schema', () => {
-    expect((DSPARK_SCHEMA['properties'] as Record<string, unknown>)['context_only']).toMatchObject({
+    expect((DSPARK_SCHEMA.properties as Record<string, unknown>).context_only).toMatchObject({
       type: 'boolean',
       default: false,
     });
@@ -139,7 +139,9 @@ describe('context-KV-only mode', () => {
         );
         const sums = [drafter, ctx].map((d) => d.projectTargetHiddenPartial(taps, T));
         expect(Buffer.from(sums[1]!.buffer).equals(Buffer.from(sums[0]!.buffer))).toBe(true);
-        [drafter, ctx].forEach((d, i) => d.writeProjectedContextKV(sums[i]!, [{ id, position: pos, numTokens: T }]));
+        [drafter, ctx].forEach((d, i) => {
+          d.writeProjectedContextKV(sums[i]!, [{ id, position: pos, numTokens: T }]);
+        });
         pos += T;
       }
       expect(ctx.contextLength(id)).toBe(pos);

@@ -179,21 +179,21 @@ export function parseEagle3Config(c: HfConfig): Eagle3Config {
   if (s !== undefined) {
     const algo = s.optionalString('algorithm');
     if (algo !== undefined && algo !== 'eagle3') s.fail('algorithm', `expected "eagle3", got ${JSON.stringify(algo)}`);
-    const raw = s.raw['proposal_methods'] ?? [];
+    const raw = s.raw.proposal_methods ?? [];
     if (!Array.isArray(raw)) s.fail('proposal_methods', 'expected an array');
     const methods = raw as readonly unknown[];
     const wanted = s.optionalString('default_proposal_method');
     const i = Math.max(
       0,
       methods.findIndex(
-        (m) => typeof m === 'object' && m !== null && (m as Record<string, unknown>)['proposal_type'] === wanted,
+        (m) => typeof m === 'object' && m !== null && (m as Record<string, unknown>).proposal_type === wanted,
       ),
     );
     const m = methods[i] as unknown;
     if (m !== undefined) {
       if (typeof m !== 'object' || m === null || Array.isArray(m))
         s.fail(`proposal_methods[${i}]`, 'expected an object');
-      const k = (m as Record<string, unknown>)['speculative_tokens'];
+      const k = (m as Record<string, unknown>).speculative_tokens;
       if (k !== undefined && k !== null) {
         if (!(Number.isSafeInteger(k) && (k as number) >= 1))
           s.fail(`proposal_methods[${i}].speculative_tokens`, `expected an integer >= 1, got ${JSON.stringify(k)}`);
@@ -233,17 +233,16 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
     return v as number;
   };
   const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings } = {};
-  if (settings['num_draft_tokens'] !== undefined)
-    out.numDraftTokens = int(settings['num_draft_tokens'], 'num_draft_tokens');
-  const tree = settings['tree'];
+  if (settings.num_draft_tokens !== undefined) out.numDraftTokens = int(settings.num_draft_tokens, 'num_draft_tokens');
+  const tree = settings.tree;
   if (tree !== undefined) {
     if (typeof tree !== 'object' || tree === null || Array.isArray(tree))
       throw new DrafterError(`eagle3: settings.tree: expected an object, got ${JSON.stringify(tree)}`);
     const t = tree as Record<string, unknown>;
     out.tree = Object.freeze({
-      topK: int(t['top_k'], 'tree.top_k'),
-      depth: int(t['depth'], 'tree.depth'),
-      totalTokens: int(t['total_tokens'], 'tree.total_tokens'),
+      topK: int(t.top_k, 'tree.top_k'),
+      depth: int(t.depth, 'tree.depth'),
+      totalTokens: int(t.total_tokens, 'tree.total_tokens'),
     });
   }
   return Object.freeze(out);

@@ -88,7 +88,6 @@ import {
   argmax,
   gemmBf16,
   makePagedBatch,
-  packBf16Weights,
   pagedAttention,
   rmsNorm,
   swigluFused,
@@ -220,7 +219,10 @@ function treeRefusal(info: StageInfo): DrafterError | undefined {
   info.layerKinds.forEach((k, i) => {
     if (ATTENTION_LAYER_KINDS.includes(k)) return;
     let l = byKind.get(k);
-    if (l === undefined) byKind.set(k, (l = []));
+    if (l === undefined) {
+      l = [];
+      byKind.set(k, l);
+    }
     l.push(i);
   });
   if (byKind.size === 0) return undefined;
@@ -655,7 +657,9 @@ export class Eagle3Drafter implements Drafter {
     const out = new Array<DraftProposal>(seqs.length);
     const chainAt: number[] = [];
     const treeAt: number[] = [];
-    seqs.forEach((s, i) => (tree !== undefined && !(s.sampling.temperature > 0) ? treeAt : chainAt).push(i));
+    seqs.forEach((s, i) => {
+      (tree !== undefined && !(s.sampling.temperature > 0) ? treeAt : chainAt).push(i);
+    });
     if (chainAt.length > 0) {
       const cs = chainAt.map((i) => seqs[i]!);
       const lengths = cs.map((s) => (tree === undefined ? s.maxDrafts : Math.min(tree.depth, s.maxDrafts)));
@@ -679,7 +683,9 @@ export class Eagle3Drafter implements Drafter {
         treeAt.map((i) => seqs[i]!),
         tree!,
       );
-      treeAt.forEach((i, r) => (out[i] = props[r]!));
+      treeAt.forEach((i, r) => {
+        out[i] = props[r]!;
+      });
     }
     return out;
   }
@@ -730,7 +736,9 @@ export class Eagle3Drafter implements Drafter {
     // per active sequence: g (the step's residual input) and the step's input token
     let active = seqs.map((_, i) => i);
     let g = new Float32Array(S * D);
-    seqs.forEach((s, i) => g.set(this.lastG.get(s.id)!, i * D));
+    seqs.forEach((s, i) => {
+      g.set(this.lastG.get(s.id)!, i * D);
+    });
     let tok = Int32Array.from(seqs, (s) => s.lastToken);
     const grown: SequenceId[] = [];
     try {
@@ -786,7 +794,9 @@ export class Eagle3Drafter implements Drafter {
           }
         });
         const ng = new Float32Array(nextRows.length * D);
-        nextRows.forEach((row, r) => ng.set(h.subarray(row * D, (row + 1) * D), r * D));
+        nextRows.forEach((row, r) => {
+          ng.set(h.subarray(row * D, (row + 1) * D), r * D);
+        });
         tok = Int32Array.from(nextActive, (i) => (root ? w.draftToTarget[drafts[i]![j - 1]!]! : 0));
         g = ng;
         active = nextActive;
@@ -838,7 +848,9 @@ export class Eagle3Drafter implements Drafter {
     // depth 1: chain step 1
     {
       const g = new Float32Array(S * D);
-      seqs.forEach((s, i) => g.set(this.lastG.get(s.id)!, i * D));
+      seqs.forEach((s, i) => {
+        g.set(this.lastG.get(s.id)!, i * D);
+      });
       const x = this.layerInput(this.embed(Int32Array.from(seqs, (s) => s.lastToken)), g, S);
       const q = this.firstQuery(x, seqs);
       const a = pagedAttention(
@@ -851,7 +863,9 @@ export class Eagle3Drafter implements Drafter {
       );
       const h = this.finish(g, a, S);
       const logits = gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), S, w.lmHead!);
-      seqs.forEach((_, i) => addChildren(i, -1, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D)));
+      seqs.forEach((_, i) => {
+        addChildren(i, -1, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D));
+      });
     }
     // deeper levels: every token slot its own "page"
     const layout1: KvPageLayout = Object.freeze({
@@ -878,7 +892,9 @@ export class Eagle3Drafter implements Drafter {
         if (R === 0) break;
         ctxSlots ??= seqs.map((s) => this.pool.tokenSlots([{ id: s.id, start: 0, n: s.position }]));
         const g = new Float32Array(R * D);
-        rows.forEach(({ i, n }, r) => g.set(nodes[i]![n]!.h, r * D));
+        rows.forEach(({ i, n }, r) => {
+          g.set(nodes[i]![n]!.h, r * D);
+        });
         const tok = Int32Array.from(rows, ({ i, n }) => w.draftToTarget[nodes[i]![n]!.draft]!);
         const x = this.layerInput(this.embed(tok), g, R);
         const pos = Int32Array.from(rows, ({ i }) => seqs[i]!.position + d - 2);
@@ -914,9 +930,9 @@ export class Eagle3Drafter implements Drafter {
         const a = pagedAttention(q, this.pool.layerStore(0), this.pool.layerStore(1), layout1, attnBatch, attn);
         const h = this.finish(g, a, R);
         const logits = gemmBf16(rmsNorm(h, w.finalNorm!, c.rmsNormEps), R, w.lmHead!);
-        rows.forEach(({ i, n }, r) =>
-          addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D)),
-        );
+        rows.forEach(({ i, n }, r) => {
+          addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D));
+        });
       }
     } finally {
       seqs.forEach((s, i) => {

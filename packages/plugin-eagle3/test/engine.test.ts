@@ -101,7 +101,7 @@ interface RefRun {
   domains: Record<string, { tau: number; requests: RefRequest[] }>;
 }
 const refRun = fs.existsSync(REF)
-  ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.['eagle3_t0']
+  ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.eagle3_t0
   : undefined;
 
 describe.skipIf(refRun === undefined)('τ vs the reference run eagle3_t0 (subset)', () => {

@@ -46,21 +46,21 @@ function speculatorsConfig(over: Record<string, unknown> = {}): Record<string, u
     architectures: ['Eagle3Speculator'],
     speculators_model_type: 'eagle3',
     speculators_version: '0.1.0',
-    draft_vocab_size: b['draft_vocab_size'],
+    draft_vocab_size: b.draft_vocab_size,
     norm_before_residual: false,
     eagle_aux_hidden_state_layer_ids: [2, 4, 5],
     transformer_layer_config: {
       model_type: 'llama',
       architectures: ['LlamaForCausalLM'],
-      hidden_size: b['hidden_size'],
-      num_attention_heads: b['num_attention_heads'],
-      num_key_value_heads: b['num_key_value_heads'],
-      head_dim: b['head_dim'],
-      intermediate_size: b['intermediate_size'],
+      hidden_size: b.hidden_size,
+      num_attention_heads: b.num_attention_heads,
+      num_key_value_heads: b.num_key_value_heads,
+      head_dim: b.head_dim,
+      intermediate_size: b.intermediate_size,
       num_hidden_layers: 1,
-      vocab_size: b['vocab_size'],
-      rms_norm_eps: b['rms_norm_eps'],
-      rope_theta: b['rope_theta'],
+      vocab_size: b.vocab_size,
+      rms_norm_eps: b.rms_norm_eps,
+      rope_theta: b.rope_theta,
       hidden_act: 'silu',
       max_position_embeddings: 4096,
       tie_word_embeddings: false,
@@ -113,7 +113,7 @@ describe('EAGLE-3 config', () => {
     expect(strip(b)).toEqual(strip(a));
     // aux ids inside transformer_layer_config; vLLM's default norm_before_residual (true) when absent
     const t = speculatorsConfig();
-    const inner = { ...(t['transformer_layer_config'] as object), eagle_aux_hidden_state_layer_ids: [2, 4, 5] };
+    const inner = { ...(t.transformer_layer_config as object), eagle_aux_hidden_state_layer_ids: [2, 4, 5] };
     const { eagle_aux_hidden_state_layer_ids: _x, norm_before_residual: _y, ...rest } = t;
     const c = parseEagle3Config(HfConfig.fromObject({ ...rest, transformer_layer_config: inner }));
     expect(c.taps).toEqual([2, 4, 5]);
@@ -150,7 +150,7 @@ describe('EAGLE-3 registration', () => {
     expect(reg.resolve(HfConfig.fromObject(speculatorsConfig()))).toBe(eagle3Plugin);
     expect(child.resolveAll(DRAFTER_PLUGIN)).toEqual([eagle3Plugin]);
     expect(eagle3Plugin.method).toBe('eagle3');
-    expect((eagle3Plugin.schema['properties'] as Record<string, { const?: string }>)['method']!.const).toBe('eagle3');
+    expect((eagle3Plugin.schema.properties as Record<string, { const?: string }>).method!.const).toBe('eagle3');
   });
 });
 
@@ -263,7 +263,7 @@ describe('EAGLE-3 load', () => {
       dir,
       speculatorsConfig({
         speculators_config: {
-          ...(speculatorsConfig()['speculators_config'] as object),
+          ...(speculatorsConfig().speculators_config as object),
           proposal_methods: [{ proposal_type: 'greedy', speculative_tokens: 4 }],
         },
       }),
@@ -287,7 +287,7 @@ describe('EAGLE-3 load', () => {
       const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
         goldens: Record<string, { T: number; first_token: number }>;
       };
-      const { T, first_token: first } = index.goldens['sentence']!;
+      const { T, first_token: first } = index.goldens.sentence!;
       const ids = g.read('input_ids').data as Int32Array;
       const next = Int32Array.from({ length: T }, (_, i) => (i + 1 < T ? ids[i + 1]! : first));
       const draft = (d: Eagle3Drafter) => {

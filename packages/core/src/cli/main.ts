@@ -28,7 +28,7 @@ import {
   type LoadedTarget,
   type SpecGenerateResult,
 } from './generate.js';
-import { defaultDrafterDir, defaultModelDir } from './paths.js';
+import { defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */
 export interface CliIo {

@@ -7,7 +7,6 @@
  * fail with 500 naming the stage (the server stays up).
  */
 
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 
 import { InvalidArgumentError, type Command } from 'commander';

@@ -47,7 +47,7 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
     const { $id: _id, $schema: _s, ...branch } = d.schema as Record<string, unknown>; // embedded: no nested resource ids
     branches.push({
       ...branch,
-      required: [...new Set(['method', ...((branch['required'] as string[] | undefined) ?? [])])],
+      required: [...new Set(['method', ...((branch.required as string[] | undefined) ?? [])])],
     });
   }
   return {

@@ -138,7 +138,10 @@ export class AcceptanceEstimator {
   /** Records one verify step of `id`: `drafted` drafts, `accepted` kept. */
   observe(id: SequenceId, drafted: number, accepted: number): void {
     let e = this.ema.get(id);
-    if (e === undefined) this.ema.set(id, (e = []));
+    if (e === undefined) {
+      e = [];
+      this.ema.set(id, e);
+    }
     const seen = Math.min(drafted, accepted + 1); // positions 0..seen-1 were decided
     for (let j = 0; j < seen; j++) {
       const x = j < accepted ? 1 : 0;
@@ -267,7 +270,10 @@ export class CostDraftPolicy implements DraftPolicy {
     const cost = (d: number, dr: number): number => {
       const key = (B * 4096 + d) * 1024 + dr;
       let c = this.memo.get(key);
-      if (c === undefined) this.memo.set(key, (c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)]));
+      if (c === undefined) {
+        c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)];
+        this.memo.set(key, c);
+      }
       return c[0]! * draftScale + c[1]! * (dr > 0 ? verifyScale : plainScale) + (dr > 0 ? specOverhead : plainOverhead);
     };
     let best = committed / cost(drafts, drafting);
@@ -298,7 +304,10 @@ export class CostDraftPolicy implements DraftPolicy {
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
-        if (st === undefined) this.plainRun.set(c.id, (st = { run: 0, every: this.exploreEvery }));
+        if (st === undefined) {
+          st = { run: 0, every: this.exploreEvery };
+          this.plainRun.set(c.id, st);
+        }
         if (ks[s]! > 0) {
           st.run = 0;
           st.every = this.exploreEvery;

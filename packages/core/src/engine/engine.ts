@@ -158,7 +158,7 @@ function project(drafter: Drafter, inputs: ReadonlyMap<number, Float32Array>, n:
 
 /** True for a proposal whose drafts form a tree (some parent is not the previous draft). */
 function isTree(p: DraftProposal): boolean {
-  return p.parents !== undefined && p.parents.some((v, j) => v !== j - 1);
+  return p.parents?.some((v, j) => v !== j - 1) ?? false;
 }
 
 /**
@@ -523,7 +523,10 @@ export class SpecEngine {
     const inputs = contextInputs(res);
     for (const [tap, h] of inputs) {
       let list = r.pending.taps.get(tap);
-      if (list === undefined) r.pending.taps.set(tap, (list = []));
+      if (list === undefined) {
+        list = [];
+        r.pending.taps.set(tap, list);
+      }
       list.push(h.slice(row * D, (row + n) * D));
     }
     r.pending.numTokens += n;

@@ -144,7 +144,10 @@ export function calibrateStepCosts(
   const ks = costDraftLengths(options.maxDrafts);
   const key = `${isa().threads}|${String(options.stateSnapshots)}|${buckets.join(',')}|${ks.join(',')}`;
   let perDrafter = cache.get(drafter);
-  if (perDrafter === undefined) cache.set(drafter, (perDrafter = new Map()));
+  if (perDrafter === undefined) {
+    perDrafter = new Map();
+    cache.set(drafter, perDrafter);
+  }
   const hit = perDrafter.get(key);
   if (hit !== undefined) return hit;
   const reps = options.repetitions ?? 5;
@@ -226,7 +229,9 @@ export function calibrateStepCosts(
           }); // as the engine
           const t3 = performance.now();
           if (r >= warmup) vTimes[ki]!.push(t3 - t2);
-          seqs.forEach((id, s) => seqCache.rollback(id, cps[s]!));
+          seqs.forEach((id, s) => {
+            seqCache.rollback(id, cps[s]!);
+          });
         });
       }
       // Medians, made non-decreasing in k (more rows never cost less; removes noise inversions).

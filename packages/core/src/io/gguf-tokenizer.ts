@@ -174,14 +174,14 @@ export function ggufTokenizerSources(gguf: GgufFile): TokenizerSources {
     clean_up_tokenization_spaces: false,
     model_max_length: gguf.has('llama.context_length') ? gguf.getU32('llama.context_length') : undefined,
   };
-  if (bos !== undefined) tokenizerConfig['bos_token'] = bos;
-  if (eos !== undefined) tokenizerConfig['eos_token'] = eos;
+  if (bos !== undefined) tokenizerConfig.bos_token = bos;
+  if (eos !== undefined) tokenizerConfig.eos_token = eos;
   const pad = tokenOf('tokenizer.ggml.padding_token_id');
-  if (pad !== undefined) tokenizerConfig['pad_token'] = pad;
+  if (pad !== undefined) tokenizerConfig.pad_token = pad;
   const unk = tokenOf('tokenizer.ggml.unknown_token_id');
-  if (unk !== undefined) tokenizerConfig['unk_token'] = unk;
-  if (gguf.has('tokenizer.chat_template')) tokenizerConfig['chat_template'] = gguf.getString('tokenizer.chat_template');
-  if (tokenizerConfig['model_max_length'] === undefined) delete tokenizerConfig['model_max_length'];
+  if (unk !== undefined) tokenizerConfig.unk_token = unk;
+  if (gguf.has('tokenizer.chat_template')) tokenizerConfig.chat_template = gguf.getString('tokenizer.chat_template');
+  if (tokenizerConfig.model_max_length === undefined) delete tokenizerConfig.model_max_length;
   return { tokenizerJson, tokenizerConfig, label };
 }
 

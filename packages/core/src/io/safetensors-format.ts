@@ -105,7 +105,7 @@ const ARRAY_CTORS: {
 
 /** True if `name` is a dtype this reader knows. */
 export function isSafetensorsDtype(name: string): name is SafetensorsDtype {
-  return Object.prototype.hasOwnProperty.call(DTYPE_TABLE, name);
+  return Object.hasOwn(DTYPE_TABLE, name);
 }
 
 /** Element size of `dtype` in bits (4 for F4, 6 for F6_*, otherwise 8 × bytes). */

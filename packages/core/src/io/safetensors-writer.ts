@@ -36,7 +36,7 @@ function prepare(file: string, tensors: TensorsToWrite, metadata?: Readonly<Reco
       if (typeof v !== 'string')
         throw new SafetensorsError(file, 'write', `metadata value for ${JSON.stringify(k)} must be a string`);
     }
-    json['__metadata__'] = metadata;
+    json.__metadata__ = metadata;
   }
   const order: Prepared['order'] = [];
   let offset = 0;

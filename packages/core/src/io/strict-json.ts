@@ -76,7 +76,7 @@ export function describeJsonValue(value: JsonValue | undefined): string {
   if (typeof value === 'bigint') return `integer ${value} (beyond 2^53)`;
   if (typeof value === 'object') return 'object';
   if (typeof value === 'string')
-    return `string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
+    return `string ${JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value)}`;
   return `${typeof value} ${String(value)}`;
 }
 
@@ -284,7 +284,7 @@ class Parser {
       if (this.text[this.pos] !== '"') this.fail('expected a string key in object');
       const keyPos = this.pos;
       const key = this.parseString();
-      if (Object.prototype.hasOwnProperty.call(out, key)) {
+      if (Object.hasOwn(out, key)) {
         this.pos = keyPos;
         this.fail(`duplicate key ${JSON.stringify(key)} in ${this.currentPath()}`);
       }

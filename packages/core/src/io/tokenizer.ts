@@ -146,7 +146,7 @@ export class Tokenizer {
     this.padTokenId = resolve('pad_token');
     resolve('unk_token');
     const gen = sources.generationConfig;
-    const genEos = gen !== undefined && Object.hasOwn(gen, 'eos_token_id') ? gen['eos_token_id'] : undefined;
+    const genEos = gen !== undefined && Object.hasOwn(gen, 'eos_token_id') ? gen.eos_token_id : undefined;
     if (genEos !== undefined && genEos !== null) {
       for (const id of Array.isArray(genEos) ? genEos : [genEos]) {
         if (typeof id !== 'number' || !Number.isSafeInteger(id) || id < 0 || id >= this.vocabSize) {
@@ -163,9 +163,9 @@ export class Tokenizer {
     this.specialTokenIds = special;
 
     const templates = chatTemplatesOf(label, config);
-    if (sources.chatTemplateFile !== undefined) templates['default'] = sources.chatTemplateFile;
+    if (sources.chatTemplateFile !== undefined) templates.default = sources.chatTemplateFile;
     this.chatTemplates = Object.freeze(templates);
-    this.chatTemplate = templates['default'];
+    this.chatTemplate = templates.default;
   }
 
   /**
@@ -289,7 +289,7 @@ function chatTemplatesOf(label: string, config: JsonObject): Record<string, stri
   const out = Object.create(null) as Record<string, string>;
   if (v === undefined || v === null) return out;
   if (typeof v === 'string') {
-    out['default'] = v;
+    out.default = v;
     return out;
   }
   if (Array.isArray(v)) {

@@ -226,11 +226,13 @@ export class RemoteStage implements StageModel {
       },
       frames,
     });
-    const tapIds = reply.header['taps'] as number[];
-    const projected = reply.header['projection'] === true;
+    const tapIds = reply.header.taps as number[];
+    const projected = reply.header.projection === true;
     const taps = new Map<number, Float32Array>();
     const first = projected ? 2 : 1;
-    tapIds.forEach((t, i) => taps.set(t, reply.frames[i + first] as Float32Array));
+    tapIds.forEach((t, i) => {
+      taps.set(t, reply.frames[i + first] as Float32Array);
+    });
     return {
       logits: undefined,
       logitRowStart: new Int32Array(batch.sequences.length + 1),
@@ -253,7 +255,7 @@ export class RemoteStage implements StageModel {
       header: spec === undefined ? { type: 'projection' } : { type: 'projection', dir: spec.dir, taps: spec.taps },
       frames: [],
     });
-    return reply.header['reads'] as TensorRead[];
+    return reply.header.reads as TensorRead[];
   }
 
   /** One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. */
@@ -268,8 +270,7 @@ export class RemoteStage implements StageModel {
       throw this.dead;
     }
     const h = reply.header;
-    if (h['type'] === 'error')
-      throw new PipelineStageError(`${this.name()}: ${String(h['name'])}: ${String(h['message'])}`);
+    if (h.type === 'error') throw new PipelineStageError(`${this.name()}: ${String(h.name)}: ${String(h.message)}`);
     return reply;
   }
 
@@ -367,7 +368,9 @@ export class PipelineModel implements StageModel {
   private latest: { outer: ForwardResult; inner: ForwardResult } | undefined;
   private broken: Error | undefined;
   private readonly dropper = new FinalizationRegistry<number>((id) =>
-    this.queues.forEach((q) => q.push({ op: 'drop', cache: id })),
+    this.queues.forEach((q) => {
+      q.push({ op: 'drop', cache: id });
+    }),
   );
 
   constructor(
@@ -603,14 +606,14 @@ async function spawnStageZmq(
     pid = child.pid;
     const where = `pipeline stage ${stage} (layers ${init.layerStart}–${init.layerEnd - 1}, pid ${child.pid})`;
     const ready = await stageReady(child, stage, init, where);
-    let hello;
+    let hello: ReturnType<typeof channel.receive>;
     try {
       hello = channel.receive();
     } catch (err) {
       throw new PipelineStageError(`${where} ${exitDescription(child)} before connecting`, { cause: err });
     }
-    if (hello.header['type'] !== 'hello')
-      throw new PipelineStageError(`${where}: expected hello, got ${String(hello.header['type'])}`);
+    if (hello.header.type !== 'hello')
+      throw new PipelineStageError(`${where}: expected hello, got ${String(hello.header.type)}`);
     child.channel?.unref();
     child.unref();
     return new RemoteStage(stage, ready.info, child, channel, stageReport(stage, init, child, ready));
@@ -646,7 +649,10 @@ async function spawnStageFifo(
         try {
           writeFd = fs.openSync(req, fs.constants.O_WRONLY | fs.constants.O_NONBLOCK);
         } catch (err) {
-          if ((err as NodeJS.ErrnoException).code !== 'ENXIO') return reject(err);
+          if ((err as NodeJS.ErrnoException).code !== 'ENXIO') {
+            reject(err);
+            return;
+          }
           opening = setTimeout(open, 5);
         }
       };
@@ -689,7 +695,7 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   const tp = options.tp ?? 1;
   if (!Number.isInteger(tp) || tp < 1)
     throw new PipelineStageError(`startPipeline: tp must be an integer >= 1, got ${tp}`);
-  const env = process.env['SPECD_NUM_THREADS'];
+  const env = process.env.SPECD_NUM_THREADS;
   const kernelThreads =
     tp > 1 && (env === undefined || env === '')
       ? Math.max(1, Math.floor(os.availableParallelism() / (tp * ranges.length)))

@@ -94,8 +94,8 @@ class StageServer extends CacheReplica {
   loadProjection(h: Record<string, unknown>): Message {
     this.projection?.dispose();
     this.projection = undefined;
-    if (h['dir'] === undefined) return { header: { type: 'ok', reads: [] }, frames: [] };
-    const dir = h['dir'] as string;
+    if (h.dir === undefined) return { header: { type: 'ok', reads: [] }, frames: [] };
+    const dir = h.dir as string;
     const config = HfConfig.read(dir);
     const plugin = this.drafterPlugins.resolve(config);
     if (plugin.loadProjection === undefined)
@@ -104,7 +104,7 @@ class StageServer extends CacheReplica {
     try {
       this.projection = plugin.loadProjection(
         { dir, config, weights },
-        { taps: stageTaps(h['taps'] as number[], this.model.info), hiddenSize: this.model.info.hiddenSize },
+        { taps: stageTaps(h.taps as number[], this.model.info), hiddenSize: this.model.info.hiddenSize },
       );
     } finally {
       weights.close();
@@ -113,14 +113,13 @@ class StageServer extends CacheReplica {
   }
 
   forward(h: Record<string, unknown>, frames: readonly Frame[]): Message {
-    for (const op of h['ops'] as CacheOp[]) this.apply(op);
-    const cacheId = h['cache'] as number;
+    for (const op of h.ops as CacheOp[]) this.apply(op);
+    const cacheId = h.cache as number;
     const tokens = frames[0] as Int32Array;
-    const hidden = h['hasHidden'] === true ? (frames[1] as Float32Array) : undefined;
-    const incoming =
-      h['hasProjection'] === true ? (frames[h['hasHidden'] === true ? 2 : 1] as Float32Array) : undefined;
+    const hidden = h.hasHidden === true ? (frames[1] as Float32Array) : undefined;
+    const incoming = h.hasProjection === true ? (frames[h.hasHidden === true ? 2 : 1] as Float32Array) : undefined;
     let at = 0;
-    const sequences: ForwardSequence[] = (h['seqs'] as WireSequence[]).map((s) => {
+    const sequences: ForwardSequence[] = (h.seqs as WireSequence[]).map((s) => {
       const seq: ForwardSequence = {
         id: s.id,
         position: s.position,
@@ -134,8 +133,8 @@ class StageServer extends CacheReplica {
     });
     const result = this.runForward(cacheId, (cache) =>
       this.model.forward({ sequences, ...(hidden === undefined ? {} : { hidden }) }, cache, {
-        taps: h['taps'] as number[],
-        stateSnapshots: h['snapshots'] === true,
+        taps: h.taps as number[],
+        stateSnapshots: h.snapshots === true,
       }),
     );
     if (this.projection !== undefined && (result.taps.size > 0 || incoming !== undefined)) {
@@ -158,7 +157,7 @@ class StageServer extends CacheReplica {
 
 /** One request → its reply, or `'exit'`. */
 function handle(server: StageServer, msg: Message): Message | 'exit' {
-  const type = msg.header['type'];
+  const type = msg.header.type;
   if (type === 'exit') return 'exit';
   try {
     if (type === 'projection') return server.loadProjection(msg.header);

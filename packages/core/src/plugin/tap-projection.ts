@@ -77,7 +77,9 @@ export class TapProjection implements PartialProjection {
     const blocks = new Map<number, PackedBf16Weights>();
     if (taps.length === nT) {
       const fc = reader.bf16(name, [D, nT * D]);
-      allTaps.forEach((t, i) => blocks.set(t, packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D)));
+      allTaps.forEach((t, i) => {
+        blocks.set(t, packBf16Weights(sliceColumns(fc, D, nT * D, i * D, D), D, D));
+      });
     } else {
       for (const t of taps) {
         const i = allTaps.indexOf(t);

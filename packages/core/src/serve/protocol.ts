@@ -74,7 +74,7 @@ function bool(b: Body, key: string): boolean | undefined {
 }
 
 function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly string[]): GenerationParams {
-  const model = b['model'];
+  const model = b.model;
   if (typeof model !== 'string' || model === '')
     throw invalidParam('model', `expected a model id, got ${JSON.stringify(model)}`);
   let maxTokens: number | undefined;
@@ -84,13 +84,13 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
   const topK = num(b, 'top_k', (v) => v >= -1, 'an integer >= 0 (0 or -1: off)', true);
   const seed = num(b, 'seed', (v) => v >= -(2 ** 53), 'an integer', true);
   num(b, 'n', (v) => v === 1, '1 (one choice per request)', true);
-  if (b['best_of'] !== undefined && b['best_of'] !== null && b['best_of'] !== 1)
+  if (b.best_of !== undefined && b.best_of !== null && b.best_of !== 1)
     throw invalidParam('best_of', 'only 1 is supported');
-  if (b['echo'] === true) throw invalidParam('echo', 'not supported');
-  if (b['logprobs'] !== undefined && b['logprobs'] !== null && b['logprobs'] !== false)
+  if (b.echo === true) throw invalidParam('echo', 'not supported');
+  if (b.logprobs !== undefined && b.logprobs !== null && b.logprobs !== false)
     throw invalidParam('logprobs', 'not supported');
   let stop: string[] = [];
-  const s = b['stop'];
+  const s = b.stop;
   if (typeof s === 'string') stop = s === '' ? [] : [s];
   else if (Array.isArray(s)) {
     if (s.length > 4 || s.some((x) => typeof x !== 'string' || x === ''))
@@ -99,10 +99,10 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
   } else if (s !== undefined && s !== null)
     throw invalidParam('stop', `expected a string or an array of strings, got ${JSON.stringify(s)}`);
   const stream = bool(b, 'stream') ?? false;
-  const so = b['stream_options'];
+  const so = b.stream_options;
   if (so !== undefined && so !== null && (typeof so !== 'object' || Array.isArray(so)))
     throw invalidParam('stream_options', 'expected an object');
-  const includeUsage = so !== undefined && so !== null && (so as Body)['include_usage'] === true;
+  const includeUsage = so !== undefined && so !== null && (so as Body).include_usage === true;
   const defaultSeed = defaults.seed ?? (Math.random() * 2 ** 32) >>> 0;
   return {
     model,
@@ -122,7 +122,7 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
 /** Checks a /v1/completions body. @throws {ApiError} 400 naming the field. */
 export function parseCompletionRequest(body: unknown, defaults: SamplingDefaults): CompletionRequest {
   const b = asBody(body);
-  const p = b['prompt'];
+  const p = b.prompt;
   let prompt: string | readonly number[];
   if (typeof p === 'string') prompt = p;
   else if (Array.isArray(p) && p.length === 1 && typeof p[0] === 'string') prompt = p[0] as string;
@@ -136,14 +136,14 @@ export function parseCompletionRequest(body: unknown, defaults: SamplingDefaults
   )
     prompt = p[0] as number[];
   else throw invalidParam('prompt', 'expected a string, or an array of token ids (one prompt per request)');
-  if (b['suffix'] !== undefined && b['suffix'] !== null) throw invalidParam('suffix', 'not supported');
+  if (b.suffix !== undefined && b.suffix !== null) throw invalidParam('suffix', 'not supported');
   return { ...common(b, defaults, ['max_tokens']), prompt };
 }
 
 /** Checks a /v1/chat/completions body. @throws {ApiError} 400 naming the field. */
 export function parseChatRequest(body: unknown, defaults: SamplingDefaults): ChatRequest {
   const b = asBody(body);
-  const msgs = b['messages'];
+  const msgs = b.messages;
   if (!Array.isArray(msgs) || msgs.length === 0)
     throw invalidParam('messages', 'expected a non-empty array of messages');
   const messages: ChatMessage[] = msgs.map((m: unknown, i) => {
@@ -161,13 +161,10 @@ export function parseChatRequest(body: unknown, defaults: SamplingDefaults): Cha
       Array.isArray(content) &&
       content.every(
         (c) =>
-          c !== null &&
-          typeof c === 'object' &&
-          (c as Body)['type'] === 'text' &&
-          typeof (c as Body)['text'] === 'string',
+          c !== null && typeof c === 'object' && (c as Body).type === 'text' && typeof (c as Body).text === 'string',
       )
     ) {
-      text = content.map((c) => (c as Body)['text'] as string).join('');
+      text = content.map((c) => (c as Body).text as string).join('');
     } else throw invalidParam(`messages[${i}].content`, 'expected a string or an array of {type: "text", text} parts');
     return { role: role === 'developer' ? 'system' : role, content: text };
   });

@@ -46,7 +46,7 @@ export async function loadTensorParallelDrafter(
     ...(options.settings === undefined ? {} : { settings: options.settings }),
     ...(options.contextOnly === undefined ? {} : { contextOnly: options.contextOnly }),
   };
-  let replies;
+  let replies: ReturnType<typeof model.runOnRanks>['replies'];
   try {
     ({ replies } = model.runOnRanks({ type: 'drafter.load', id, dir, plugins, options: opts }, () => undefined));
   } catch (err) {

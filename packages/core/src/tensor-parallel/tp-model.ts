@@ -104,7 +104,9 @@ export class TensorParallelModel implements StageModel {
   private broken: Error | undefined;
   private disposed = false;
   private readonly dropper = new FinalizationRegistry<number>((id) =>
-    this.queues.forEach((q) => q.push({ op: 'drop', cache: id })),
+    this.queues.forEach((q) => {
+      q.push({ op: 'drop', cache: id });
+    }),
   );
 
   constructor(
@@ -395,7 +397,7 @@ export async function startTensorParallel(options: TensorParallelOptions): Promi
   const comm = new SharedComm(0, buffers);
   const { shard } = await loadShardOf(options.modelDir, options.plugins, comm, options.range);
   let threads = options.kernelThreads;
-  const env = process.env['SPECD_NUM_THREADS'];
+  const env = process.env.SPECD_NUM_THREADS;
   if (threads === undefined && (env === undefined || env === ''))
     threads = Math.max(1, Math.floor(os.availableParallelism() / tp));
   if (threads !== undefined) setNumThreads(threads);

@@ -30,7 +30,7 @@ async function run(args: string[], tty = false): Promise<{ code: number; out: st
 
 describe('specd generate', () => {
   it('--json: greedy tokens equal the reference continuation; fields and timing', async () => {
-    const g = goldens.goldens['sentence']!;
+    const g = goldens.goldens.sentence!;
     const { code, out, err } = await run([
       'generate',
       '--prompt',
@@ -45,12 +45,12 @@ describe('specd generate', () => {
     const lines = out.trim().split('\n');
     expect(lines.length).toBe(1);
     const r = JSON.parse(lines[0]!) as Record<string, unknown>;
-    expect(r['token_ids']).toEqual(g.greedy_continuation.slice(0, 24));
-    expect(r['num_output_tokens']).toBe(24);
-    expect(r['num_prompt_tokens']).toBe(18);
-    expect(typeof r['text']).toBe('string');
-    expect(r['seconds']).toBeGreaterThan(0);
-    expect(r['output_tokens_per_s']).toBeCloseTo(24 / (r['seconds'] as number), 6);
+    expect(r.token_ids).toEqual(g.greedy_continuation.slice(0, 24));
+    expect(r.num_output_tokens).toBe(24);
+    expect(r.num_prompt_tokens).toBe(18);
+    expect(typeof r.text).toBe('string');
+    expect(r.seconds).toBeGreaterThan(0);
+    expect(r.output_tokens_per_s).toBeCloseTo(24 / (r.seconds as number), 6);
   });
 
   it.each(['dspark', 'eagle3', 'dflash'])(
@@ -117,7 +117,7 @@ describe('specd generate', () => {
   });
 
   it('speculative by default with the shipped DFlash: same greedy tokens as --no-spec, spec fields in --json', async () => {
-    const g = goldens.goldens['sentence']!;
+    const g = goldens.goldens.sentence!;
     const args = ['generate', '--prompt', g.prompt, '--max-tokens', '40', '--json', '--ignore-eos'];
     // The default draft policy drafts only when it pays on this machine; fix k to exercise drafting.
     const byCost = JSON.parse((await run(args)).out) as Record<string, unknown>;
@@ -127,24 +127,21 @@ describe('specd generate', () => {
       string,
       unknown
     >;
-    expect(spec['token_ids']).toEqual(plain['token_ids']);
-    expect(byCost['token_ids']).toEqual(plain['token_ids']);
-    expect(byCost['method']).toBe('dflash');
-    expect(explicit['token_ids']).toEqual(plain['token_ids']);
-    expect((spec['token_ids'] as number[]).slice(0, 40)).toEqual(g.greedy_continuation.slice(0, 40));
+    expect(spec.token_ids).toEqual(plain.token_ids);
+    expect(byCost.token_ids).toEqual(plain.token_ids);
+    expect(byCost.method).toBe('dflash');
+    expect(explicit.token_ids).toEqual(plain.token_ids);
+    expect((spec.token_ids as number[]).slice(0, 40)).toEqual(g.greedy_continuation.slice(0, 40));
     expect(plain).not.toHaveProperty('drafted');
-    expect(spec['method']).toBe('dflash');
-    expect(spec['drafted']).toBeGreaterThan(0);
-    expect(spec['accepted']).toBeGreaterThan(0);
-    expect(spec['verify_steps']).toBeGreaterThan(0);
-    expect(spec['acceptance_length']).toBeCloseTo(
-      1 + (spec['accepted'] as number) / (spec['verify_steps'] as number),
-      12,
-    );
-    expect((spec['per_position_acceptance'] as number[]).length).toBeGreaterThan(0);
+    expect(spec.method).toBe('dflash');
+    expect(spec.drafted).toBeGreaterThan(0);
+    expect(spec.accepted).toBeGreaterThan(0);
+    expect(spec.verify_steps).toBeGreaterThan(0);
+    expect(spec.acceptance_length).toBeCloseTo(1 + (spec.accepted as number) / (spec.verify_steps as number), 12);
+    expect((spec.per_position_acceptance as number[]).length).toBeGreaterThan(0);
     const short = JSON.parse((await run([...args, '--num-draft-tokens', '3'])).out) as Record<string, unknown>;
-    expect(short['token_ids']).toEqual(plain['token_ids']);
-    expect((short['per_position_acceptance'] as number[]).length).toBeLessThanOrEqual(3);
+    expect(short.token_ids).toEqual(plain.token_ids);
+    expect((short.per_position_acceptance as number[]).length).toBeLessThanOrEqual(3);
     const bad = await run([...args, '--drafter', '/no/such/drafter']);
     expect(bad.code).toBe(1);
     expect(bad.err).toMatch(/^specd: error: drafter directory \/no\/such\/drafter has no config.json/);
@@ -199,7 +196,7 @@ describe('specd generate', () => {
     ]);
     expect(r.code).toBe(0);
     expect((JSON.parse(r.out) as { token_ids: number[] }).token_ids).toEqual(
-      goldens.goldens['short']!.greedy_continuation.slice(0, 6),
+      goldens.goldens.short!.greedy_continuation.slice(0, 6),
     );
   });
 
@@ -213,9 +210,9 @@ describe('specd generate', () => {
       string,
       unknown
     >;
-    expect(spec['method']).toBe('dflash');
+    expect(spec.method).toBe('dflash');
     expect(plain).not.toHaveProperty('drafted');
-    expect(spec['token_ids']).toEqual(plain['token_ids']);
+    expect(spec.token_ids).toEqual(plain.token_ids);
     // drafter.num_draft_tokens caps the drafts per step
     fs.writeFileSync(
       path.join(tmp, 'k.json'),
@@ -227,8 +224,8 @@ describe('specd generate', () => {
       string,
       unknown
     >;
-    expect(capped['token_ids']).toEqual(plain['token_ids']);
-    expect((capped['per_position_acceptance'] as number[]).length).toBeLessThanOrEqual(2);
+    expect(capped.token_ids).toEqual(plain.token_ids);
+    expect((capped.per_position_acceptance as number[]).length).toBeLessThanOrEqual(2);
   });
 
   it.each([
@@ -296,7 +293,7 @@ describe('installed bin', () => {
     expect(r.stderr).toBe('');
     expect(r.status).toBe(0);
     expect((JSON.parse(r.stdout) as { token_ids: number[] }).token_ids).toEqual(
-      goldens.goldens['short']!.greedy_continuation.slice(0, 4),
+      goldens.goldens.short!.greedy_continuation.slice(0, 4),
     );
     const e = spawnSync(process.execPath, [target, 'generate', '--max-tokens', '0', '--prompt', 'x'], {
       cwd: ROOT,

@@ -68,7 +68,9 @@ class ChainTarget implements StageModel {
       start[i + 1] = rows.length;
     });
     const logits = new Float32Array(rows.length * V);
-    rows.forEach((t, r) => logits.set(logRow(P, t), r * V));
+    rows.forEach((t, r) => {
+      logits.set(logRow(P, t), r * V);
+    });
     const n = batch.sequences.reduce((a, s) => a + s.tokens.length, 0);
     return { logits, logitRowStart: start, hidden: new Float32Array(n * 2), taps: new Map() };
   }

@@ -13,7 +13,7 @@ import {
   SpecEngine,
   type SpecRequest,
 } from '../../src/engine/index.js';
-import { SequenceCache } from '../../src/kv/index.js';
+import type { SequenceCache } from '../../src/kv/index.js';
 import type {
   CacheGeometry,
   DraftBatch,
@@ -95,8 +95,13 @@ class ToyDrafter implements Drafter {
       expect(this.ctx.get(s.id)).toBe(s.position);
       expect(s.nextTokens?.length).toBe(s.numTokens);
       let m = this.nextSeen.get(s.id);
-      if (m === undefined) this.nextSeen.set(s.id, (m = new Map()));
-      s.nextTokens!.forEach((t, i) => m!.set(s.position + i, t));
+      if (m === undefined) {
+        m = new Map();
+        this.nextSeen.set(s.id, m);
+      }
+      s.nextTokens!.forEach((t, i) => {
+        m!.set(s.position + i, t);
+      });
       this.ctx.set(s.id, s.position + s.numTokens);
     }
   }
@@ -145,7 +150,10 @@ const req = (id: string, first: number, maxTokens: number, extra: Partial<SpecRe
 const expected = (first: number, n: number) => {
   const out: number[] = [];
   let t = first;
-  for (let i = 0; i < n; i++) out.push((t = next(t)));
+  for (let i = 0; i < n; i++) {
+    t = next(t);
+    out.push(t);
+  }
   return out;
 };
 

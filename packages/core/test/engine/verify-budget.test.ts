@@ -59,7 +59,10 @@ function prefixBudget(c: readonly number[], lambda: number): number {
 /** A small deterministic PRNG for the property checks. */
 function lcg(seed: number): () => number {
   let x = seed >>> 0;
-  return () => (x = (Math.imul(x, 1664525) + 1013904223) >>> 0) / 2 ** 32;
+  return () => {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    return x / 2 ** 32;
+  };
 }
 
 describe('survival rule', () => {
@@ -268,7 +271,7 @@ describe('engine with verify budgets (greedy)', () => {
     expect(m.accepted).toBeGreaterThan(0);
     expect(m.meanBudget).toBeGreaterThan(0);
     expect(m.meanBudget).toBeLessThan(6);
-    expect(m.requests.every((r) => r.toJSON()['verify_budget_histogram'] !== undefined)).toBe(true);
+    expect(m.requests.every((r) => r.toJSON().verify_budget_histogram !== undefined)).toBe(true);
     expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
   });
 
@@ -336,7 +339,9 @@ class ChainTarget implements StageModel {
       start[i + 1] = rows.length;
     });
     const logits = new Float32Array(rows.length * V);
-    rows.forEach((t, r) => logits.set(logRow(P, t), r * V));
+    rows.forEach((t, r) => {
+      logits.set(logRow(P, t), r * V);
+    });
     const n = batch.sequences.reduce((a, s) => a + s.tokens.length, 0);
     return { logits, logitRowStart: start, hidden: new Float32Array(n * 2), taps: new Map() };
   }

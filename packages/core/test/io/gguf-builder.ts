@@ -1,5 +1,5 @@
 /** Test helper: writes small GGUF files in memory (layout as ggml's gguf.cpp writes it). */
-import { GgmlType, ggmlBlockSize, GgufValueType } from '../../src/io/index.js';
+import { type GgmlType, ggmlBlockSize, GgufValueType } from '../../src/io/index.js';
 
 /** A metadata value to write: the type tag decides the encoding. */
 export type BuildValue =
@@ -51,38 +51,50 @@ class Writer {
     const dv = new DataView(b.buffer);
     switch (t) {
       case GgufValueType.UINT8:
-        return this.bytes([Number(v)]);
+        this.bytes([Number(v)]);
+        return;
       case GgufValueType.INT8:
         dv.setInt8(0, Number(v));
-        return this.bytes(b.subarray(0, 1));
+        this.bytes(b.subarray(0, 1));
+        return;
       case GgufValueType.BOOL:
-        return this.bytes([v ? 1 : 0]);
+        this.bytes([v ? 1 : 0]);
+        return;
       case GgufValueType.UINT16:
         dv.setUint16(0, Number(v), true);
-        return this.bytes(b.subarray(0, 2));
+        this.bytes(b.subarray(0, 2));
+        return;
       case GgufValueType.INT16:
         dv.setInt16(0, Number(v), true);
-        return this.bytes(b.subarray(0, 2));
+        this.bytes(b.subarray(0, 2));
+        return;
       case GgufValueType.UINT32:
         dv.setUint32(0, Number(v), true);
-        return this.bytes(b.subarray(0, 4));
+        this.bytes(b.subarray(0, 4));
+        return;
       case GgufValueType.INT32:
         dv.setInt32(0, Number(v), true);
-        return this.bytes(b.subarray(0, 4));
+        this.bytes(b.subarray(0, 4));
+        return;
       case GgufValueType.FLOAT32:
         dv.setFloat32(0, Number(v), true);
-        return this.bytes(b.subarray(0, 4));
+        this.bytes(b.subarray(0, 4));
+        return;
       case GgufValueType.FLOAT64:
         dv.setFloat64(0, Number(v), true);
-        return this.bytes(b);
+        this.bytes(b);
+        return;
       case GgufValueType.UINT64:
         dv.setBigUint64(0, BigInt(v as number | bigint), true);
-        return this.bytes(b);
+        this.bytes(b);
+        return;
       case GgufValueType.INT64:
         dv.setBigInt64(0, BigInt(v as number | bigint), true);
-        return this.bytes(b);
+        this.bytes(b);
+        return;
       case GgufValueType.STRING:
-        return this.string(String(v));
+        this.string(String(v));
+        return;
       default:
         throw new Error(`scalar ${t}`);
     }

@@ -81,7 +81,7 @@ describe('tokenizer from GGUF metadata (synthetic)', () => {
     );
     expect(() => tokenizerFromGguf(tinyGguf('qwen2'))).toThrow(/tokenizer\.ggml\.pre "qwen2" is not supported/);
     const plain = ggufTokenizerSources(tinyGguf('default'));
-    expect((plain.tokenizerJson['pre_tokenizer'] as { type: string }).type).toBe('ByteLevel');
+    expect((plain.tokenizerJson.pre_tokenizer as { type: string }).type).toBe('ByteLevel');
   });
 });
 
@@ -200,8 +200,8 @@ describe.skipIf(!haveModel)('SmolLM2-135M-Instruct Q4_1 GGUF (models:fetch)', ()
   it('renders the ChatML chat template like transformers', () => {
     const tok = tokenizerFromGguf(g);
     const t = new ChatTemplate(tok.chatTemplate!, {
-      bos_token: fixture.specialTokens['bos_token'],
-      eos_token: fixture.specialTokens['eos_token'],
+      bos_token: fixture.specialTokens.bos_token,
+      eos_token: fixture.specialTokens.eos_token,
     });
     const text = t.render(fixture.chat.messages, fixture.chat.addGenerationPrompt);
     expect(text).toBe(fixture.chat.rendered);

@@ -51,7 +51,7 @@ describe('SafetensorsCheckpoint', () => {
     try {
       expect(ck.names().sort()).toEqual(['a', 'b', 'c']);
       expect(ck.files).toHaveLength(2);
-      expect(ck.index?.metadata['total_size']).toBe(24);
+      expect(ck.index?.metadata.total_size).toBe(24);
       expect(Array.from(ck.readTyped('c', 'F32', [3]).data)).toEqual([4, 5, 6]);
       expect(Array.from(ck.read('a').data as Float32Array)).toEqual([1, 2]);
       expect(ck.fileOf('b').path).toContain('model-00001-of-00002');

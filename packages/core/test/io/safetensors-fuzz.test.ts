@@ -111,9 +111,9 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       // overlapping / shifted offsets
       if (names.length === 0) return file;
       const e = entry();
-      const [b, en] = e['data_offsets'] as [number, number];
+      const [b, en] = e.data_offsets as [number, number];
       const delta = pick([-8, -4, -1, 1, 4, 8]);
-      e['data_offsets'] = pick([
+      e.data_offsets = pick([
         [b + delta, en + delta],
         [b + delta, en],
         [0, en - b],
@@ -126,7 +126,7 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       if (names.length === 0) return file;
       const e = entry();
       const text = JSON.stringify(json).replace(
-        JSON.stringify(e['shape']),
+        JSON.stringify(e.shape),
         `[${pick(HOSTILE_NUMBERS)},${pick(['4', '9007199254740991', '0'])}]`,
       );
       return withHeader(text, data);
@@ -136,7 +136,7 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       if (names.length === 0) return file;
       const e = entry();
       const text = JSON.stringify(json).replace(
-        JSON.stringify(e['data_offsets']),
+        JSON.stringify(e.data_offsets),
         `[${pick(HOSTILE_NUMBERS)},${pick(HOSTILE_NUMBERS)}]`,
       );
       return withHeader(text, data);
@@ -158,9 +158,9 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
       if (names.length === 0) return file;
       const e = entry();
       const choice = Math.floor(rand() * 3);
-      if (choice === 0) e['dtype'] = pick(['F32', 'BF16', 'I64', 'U8', 'F4', 'F6_E2M3', 'X', 1, null]);
+      if (choice === 0) e.dtype = pick(['F32', 'BF16', 'I64', 'U8', 'F4', 'F6_E2M3', 'X', 1, null]);
       else if (choice === 1) delete e[pick(['dtype', 'shape', 'data_offsets'])];
-      else e['shape'] = [];
+      else e.shape = [];
       return withHeader(JSON.stringify(json), data);
     }
     case 9:
@@ -170,7 +170,7 @@ function mutate(file: Uint8Array, rand: () => number): Uint8Array {
         : withHeader(JSON.stringify(json), data.subarray(0, Math.max(0, data.length - 1)));
     case 10: {
       // metadata of the wrong shape
-      json['__metadata__'] = pick([{ a: 1 }, [], 'x', { a: { b: 'c' } }, null]);
+      json.__metadata__ = pick([{ a: 1 }, [], 'x', { a: { b: 'c' } }, null]);
       return withHeader(JSON.stringify(json), data);
     }
     default: {

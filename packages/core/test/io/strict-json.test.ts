@@ -32,7 +32,7 @@ describe('parseStrictJson', () => {
     const v = parseStrictJson('{"__proto__":{"polluted":1}}') as Record<string, unknown>;
     expect(Object.hasOwn(v, '__proto__')).toBe(true);
     expect(Object.getPrototypeOf(v)).toBe(Object.prototype);
-    expect(({} as Record<string, unknown>)['polluted']).toBeUndefined();
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
   });
 
   it('rejects malformed input with StrictJsonError and an offset', () => {

@@ -18,7 +18,9 @@ export function bytesToUnicode(): string[] {
     }
   }
   const table = new Array<string>(256);
-  bs.forEach((b, i) => (table[b] = String.fromCodePoint(cs[i]!)));
+  bs.forEach((b, i) => {
+    table[b] = String.fromCodePoint(cs[i]!);
+  });
   return table;
 }
 
@@ -47,7 +49,9 @@ export interface TinyTokenizer {
 export function tinyTokenizer(): TinyTokenizer {
   const byteChars = bytesToUnicode();
   const vocab: Record<string, number> = {};
-  byteChars.forEach((c, i) => (vocab[c] = i));
+  byteChars.forEach((c, i) => {
+    vocab[c] = i;
+  });
   let next = 256;
   for (const [a, b] of MERGES) vocab[a + b] = next++;
   const ids: Record<string, number> = { ...vocab };

@@ -18,11 +18,11 @@ describe('Tokenizer (tiny byte-level BPE)', () => {
   it('encodes with the merges and optional BOS', () => {
     const plain = tok.encode('hello world', { addSpecialTokens: false });
     expect(plain).toBeInstanceOf(Int32Array);
-    expect(Array.from(plain)).toEqual([ids['hello'], ids['Ġworld']]);
+    expect(Array.from(plain)).toEqual([ids.hello, ids.Ġworld]);
     expect(Array.from(tok.encode('hello world', { addSpecialTokens: true }))).toEqual([
       ids['<s>'],
-      ids['hello'],
-      ids['Ġworld'],
+      ids.hello,
+      ids.Ġworld,
     ]);
     // "é" is one merged token, "😀" four byte tokens; added tokens are matched whole.
     const e = Array.from(tok.encode('é😀<|im_end|>', { addSpecialTokens: false }));
@@ -40,15 +40,15 @@ describe('Tokenizer (tiny byte-level BPE)', () => {
   });
 
   it('rejects ids outside the vocabulary, naming the position', () => {
-    expect(() => tok.decode([ids['hello']!, tok.vocabSize], { skipSpecialTokens: false })).toThrow(TokenizerError);
+    expect(() => tok.decode([ids.hello!, tok.vocabSize], { skipSpecialTokens: false })).toThrow(TokenizerError);
     expect(() => tok.decode([-1], { skipSpecialTokens: false })).toThrow(/ids\[0\] = -1/);
     expect(() => tok.decode([1.5], { skipSpecialTokens: false })).toThrow(TokenizerError);
   });
 
   it('maps tokens and ids, and knows its special tokens', () => {
     expect(tok.vocabSize).toBe(256 + 10 + 5);
-    expect(tok.tokenToId('Ġworld')).toBe(ids['Ġworld']);
-    expect(tok.idToToken(ids['Ġworld']!)).toBe('Ġworld');
+    expect(tok.tokenToId('Ġworld')).toBe(ids.Ġworld);
+    expect(tok.idToToken(ids.Ġworld!)).toBe('Ġworld');
     expect(tok.idToToken(ids['</s>']!)).toBe('</s>');
     expect(tok.tokenToId('nope')).toBeUndefined();
     expect(tok.idToToken(99999)).toBeUndefined();
@@ -56,10 +56,10 @@ describe('Tokenizer (tiny byte-level BPE)', () => {
     expect(tok.padTokenId).toBe(ids['<|endoftext|>']);
     expect(tok.eosTokenIds).toEqual([ids['</s>'], ids['<|im_end|>']]);
     expect(tok.isEos(ids['<|im_end|>']!)).toBe(true);
-    expect(tok.isEos(ids['hello']!)).toBe(false);
+    expect(tok.isEos(ids.hello!)).toBe(false);
     expect(tok.isSpecial(ids['<|im_start|>']!)).toBe(true);
     expect(tok.chatTemplate).toContain('<|im_start|>');
-    expect(tok.chatTemplates['default']).toBe(tok.chatTemplate);
+    expect(tok.chatTemplates.default).toBe(tok.chatTemplate);
   });
 
   it('streams text token by token without splitting UTF-8 characters', () => {

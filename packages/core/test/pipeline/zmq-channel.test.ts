@@ -84,7 +84,7 @@ function meanRoundTripUs(ch: SyncChannel, n: number): number {
   for (let i = 0; i < n; i++) {
     ch.send({ header: { type: 'ping', k: i }, frames });
     const r = ch.receive();
-    if (r.header['k'] !== i) throw new Error(`round trip ${i}: got ${String(r.header['k'])}`);
+    if (r.header.k !== i) throw new Error(`round trip ${i}: got ${String(r.header.k)}`);
   }
   return Number(process.hrtime.bigint() - t0) / 1000 / n;
 }
@@ -167,7 +167,7 @@ describe('ZeroMQ stage transport', () => {
     for (let i = 0; i < 4; i++) {
       const { ch, child } = zmqEcho();
       ch.send({ header: { type: 'echo', i }, frames: [new Int32Array([i])] });
-      expect(ch.receive().header['i']).toBe(i);
+      expect(ch.receive().header.i).toBe(i);
       ch.send({ header: { type: 'exit' }, frames: [] });
       ch.close();
       expect(await exited(child, 5000)).toEqual({ code: 0, signal: null });

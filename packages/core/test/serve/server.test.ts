@@ -236,7 +236,9 @@ describe('specd serve (openai client)', () => {
     const before = await Promise.all(names.map(metric));
     await complete({ model: MODEL, prompt: 'The history of the', max_tokens: 32, temperature: 0, ignore_eos: true });
     const after = await Promise.all(names.map(metric));
-    names.forEach((n, i) => expect(after[i], n).toBeGreaterThan(before[i]!));
+    names.forEach((n, i) => {
+      expect(after[i], n).toBeGreaterThan(before[i]!);
+    });
     expect(after[3]! - before[3]!).toBe(32);
     // one draft proposal per verify step that verified ≥ 1 draft: never more proposals than draft tokens,
     // and (fixed k = 15) at most one per committed token

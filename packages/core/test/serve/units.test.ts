@@ -52,7 +52,10 @@ describe('StopTextBuffer', () => {
 
   it('random streams: the concatenation equals the text cut at the first stop', () => {
     let seed = 7;
-    const rnd = (n: number): number => (seed = (seed * 1103515245 + 12345) >>> 0) % n;
+    const rnd = (n: number): number => {
+      seed = (seed * 1103515245 + 12345) >>> 0;
+      return seed % n;
+    };
     for (let t = 0; t < 300; t++) {
       const text = Array.from({ length: 30 }, () => 'abc '[rnd(4)]).join('');
       const stops = ['ab', 'cab c', 'bb'].slice(0, 1 + rnd(3));
