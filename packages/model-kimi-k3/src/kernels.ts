@@ -187,7 +187,7 @@ function recurrent(
         for (let j = 0; j < d; j++) {
           const s = Math.fround(S[row + j]! * a);
           S[row + j] = s;
-          u[j] += ki * s;
+          u[j] = u[j]! + ki * s;
         }
       }
       const b = beta[t * H + h]!;
@@ -200,7 +200,7 @@ function recurrent(
         for (let j = 0; j < d; j++) {
           const s = Math.fround(S[row + j]! + ki * u[j]!);
           S[row + j] = s;
-          acc[j] += qi * s;
+          acc[j] = acc[j]! + qi * s;
         }
       }
       for (let j = 0; j < d; j++) out[base + j] = acc[j]!;
@@ -357,7 +357,7 @@ export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
           for (let j = 0; j < rows; j++) {
             const pj = p[j]! / sum;
             const rb = offsets[j]!;
-            for (let x = 0; x < r; x++) acc[x] += pj * pool[rb + x]!;
+            for (let x = 0; x < r; x++) acc[x] = acc[x]! + pj * pool[rb + x]!;
           }
           for (let x = 0; x < r; x++) oLat[(t * H + h) * r + x] = acc[x]!;
         }
