@@ -10,7 +10,7 @@ import { describe, expect, it } from 'vitest';
 const SRC = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src');
 const METHOD_NAME = /dflash|dspark|eagle/i;
 
-/** One allowed use: a source path under packages/core/src (regex) and the code line itself (regex, comments removed). */
+/** One allowed use: a path under packages/core/src (regex) and the code line itself (regex, comments removed). */
 interface Allowed {
   readonly why: string;
   readonly file: RegExp;
