@@ -1,7 +1,7 @@
 // The documentation stays inside the repository and matches it (no model files needed):
 // (a) every relative markdown link in the docs resolves to a file, and its `#anchor` to a heading;
 // (b) every backticked repository path in the docs exists (or is git-ignored, e.g. a downloaded model; a
-//     package README may name its own files relative to the package);
+//     package README may name its own files, `src/…` included, relative to the package);
 // (c) every `REFERENCE.md §N` citation in the sources and docs names a `## N.` heading of docs/REFERENCE.md.
 // Each failure message lists every broken reference as `file:line: what`.
 import { spawnSync } from 'node:child_process';
@@ -151,12 +151,15 @@ describe('docs stay inside the repository', () => {
       for (const { line, text } of proseLines(read(file))) {
         for (const m of text.matchAll(/`([^`\n]+)`/g)) {
           const token = (m[1] ?? '').trim();
-          if (![...TOP_LEVEL, ...TOP_LEVEL_MORE].some((dir) => token.startsWith(dir))) continue;
+          // A package's README also names its own files (`src/…`, `test/…` of that package).
+          const isPackageReadme = /^(packages|examples)\/[^/]+\/README\.md$/.test(file);
+          const prefixes = isPackageReadme
+            ? [...TOP_LEVEL, ...TOP_LEVEL_MORE, 'src/']
+            : [...TOP_LEVEL, ...TOP_LEVEL_MORE];
+          if (!prefixes.some((dir) => token.startsWith(dir))) continue;
           if (NOT_A_PATH.test(token)) continue;
           const rel = token.replace(/\/$/, '');
-          // A package's README may name its own files (`test/…` of that package).
           const local = path.posix.join(path.posix.dirname(file), rel);
-          const isPackageReadme = /^(packages|examples)\/[^/]+\/README\.md$/.test(file);
           if (fs.existsSync(path.join(ROOT, rel)) || gitIgnored(rel)) continue;
           if (isPackageReadme && fs.existsSync(path.join(ROOT, local))) continue;
           missing.push(`${file}:${line}: \`${token}\``);
