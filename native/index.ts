@@ -101,4 +101,6 @@ export {
   type MlaWeights,
   type MlaAttentionOptions,
 } from './src/mla.js';
+export type { KernelBackend } from './src/backend.js';
+export { cpuBackend } from './src/cpu-backend.js';
 export type { PackedBf16Data, PackedQuantData } from './src/addon.js';
