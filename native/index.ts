@@ -1,7 +1,7 @@
 /**
  * @specd/native — typed facade over the C++ kernels (bf16 weights, f32 activations and
  * accumulation, row-major tensors as typed arrays, never copied). This package's
- * `src/loader.ts` is the only module that loads the `.node` file.
+ * `src/addon.ts` types the raw addon and is the only module that loads the `.node` file.
  *
  * Environment: `SPECD_ISA=auto|portable|avx512` (ISA path at load), `SPECD_NUM_THREADS=<n>`
  * (compute pool size). See `isa()`.
@@ -40,7 +40,7 @@ export { applyRope, type RopeOptions, type RopeStyle } from './src/rope.js';
 export { silu, swiglu, swigluFused } from './src/activation.js';
 export { softmax, argmax, topKMask, topPMask } from './src/sampling.js';
 export { SpecdArgumentError } from './src/validate.js';
-export { addonPath } from './src/loader.js';
+export { addonPath } from './src/addon.js';
 export {
   kdaRecurrent,
   kdaRecurrentAsync,
@@ -101,3 +101,6 @@ export {
   type MlaWeights,
   type MlaAttentionOptions,
 } from './src/mla.js';
+export type { KernelBackend } from './src/backend.js';
+export { cpuBackend } from './src/cpu-backend.js';
+export type { PackedBf16Data, PackedQuantData } from './src/addon.js';

@@ -1,5 +1,5 @@
 /** Elementwise activations in f32: SiLU (Hendrycks & Gimpel 2016, "swish") and SwiGLU (Shazeer 2020). */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, expectInt, outArray, rowsOf } from './validate.js';
 
 /**

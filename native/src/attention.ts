@@ -29,74 +29,8 @@
  * in a block, or batched with other sequences, for any thread count, on one ISA path (work splits
  * over sequences, heads and queries, never over keys; native/src/attention_kernels.h).
  */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, expectInt, expectNumber, expectOneOf, fail, outArray } from './validate.js';
-
-/** Raw bindings of native/src/attention.cc (argument order mirrors the C++). */
-interface AttentionRawAddon {
-  pagedAttention(
-    q: Float32Array,
-    kPool: Float32Array,
-    vPool: Float32Array,
-    out: Float32Array,
-    numPages: number,
-    pageSize: number,
-    numKvHeads: number,
-    headDim: number,
-    numHeads: number,
-    scale: number,
-    cuSeqlensQ: Int32Array,
-    kvLens: Int32Array,
-    blockTables: Int32Array,
-    maxBlocksPerSeq: number,
-    positions: Int32Array,
-    mask: AttentionMask,
-    window: number,
-    headMajor: 0 | 1,
-  ): void;
-  pagedAttentionAsync(
-    q: Float32Array,
-    kPool: Float32Array,
-    vPool: Float32Array,
-    out: Float32Array,
-    numPages: number,
-    pageSize: number,
-    numKvHeads: number,
-    headDim: number,
-    numHeads: number,
-    scale: number,
-    cuSeqlensQ: Int32Array,
-    kvLens: Int32Array,
-    blockTables: Int32Array,
-    maxBlocksPerSeq: number,
-    positions: Int32Array,
-    mask: AttentionMask,
-    window: number,
-    headMajor: 0 | 1,
-  ): Promise<void>;
-  writePagedRows(
-    src: Float32Array,
-    tokens: number,
-    cols: number,
-    pool: Float32Array,
-    numPages: number,
-    pageSize: number,
-    rowElements: number,
-    colOffset: number,
-    slots: Int32Array,
-    heads?: number,
-  ): void;
-  copyPages(
-    src: Float32Array,
-    dst: Float32Array,
-    pageElements: number,
-    srcPages: Int32Array,
-    dstPages: Int32Array,
-  ): void;
-}
-
-/** @internal Raw attention bindings, shared with mla.ts. */
-export const attentionRaw = addon as unknown as AttentionRawAddon;
 
 /** Order inside a page: `'NHD'` = [pageSize, numKvHeads, headDim], `'HND'` = [numKvHeads, pageSize, headDim]. */
 export type KvLayout = 'NHD' | 'HND';
@@ -283,7 +217,7 @@ export function pagedAttention(
   out?: Float32Array,
 ): Float32Array {
   const args = attentionArgs('pagedAttention', q, kPool, vPool, layout, batch, options, out);
-  attentionRaw.pagedAttention(...args);
+  addon.pagedAttention(...args);
   return args[3];
 }
 
@@ -301,7 +235,7 @@ export async function pagedAttentionAsync(
   out?: Float32Array,
 ): Promise<Float32Array> {
   const args = attentionArgs('pagedAttentionAsync', q, kPool, vPool, layout, batch, options, out);
-  await attentionRaw.pagedAttentionAsync(...args);
+  await addon.pagedAttentionAsync(...args);
   return args[3];
 }
 
@@ -330,7 +264,7 @@ export function writePagedRows(
   const p = expectArray(call, 'pool', pool, Float32Array);
   if (p.length % (pageSize * rowElements) !== 0)
     fail(call, 'pool', `a length divisible by pageSize*rowElements = ${pageSize * rowElements}`, p);
-  attentionRaw.writePagedRows(
+  addon.writePagedRows(
     src,
     s.length,
     cols,
@@ -366,11 +300,11 @@ export function writeKvPages(
   expectArray(call, 'v', v, Float32Array, n * row, 'numTokens*numKvHeads*headDim');
   if (layout.kvLayout === 'HND') {
     const { numKvHeads: kvH, headDim: hd } = layout;
-    attentionRaw.writePagedRows(k, n, hd, kPool, layout.numPages, layout.pageSize, hd, 0, slotMapping, kvH);
-    attentionRaw.writePagedRows(v, n, hd, vPool, layout.numPages, layout.pageSize, hd, 0, slotMapping, kvH);
+    addon.writePagedRows(k, n, hd, kPool, layout.numPages, layout.pageSize, hd, 0, slotMapping, kvH);
+    addon.writePagedRows(v, n, hd, vPool, layout.numPages, layout.pageSize, hd, 0, slotMapping, kvH);
   } else {
-    attentionRaw.writePagedRows(k, n, row, kPool, layout.numPages, layout.pageSize, row, 0, slotMapping);
-    attentionRaw.writePagedRows(v, n, row, vPool, layout.numPages, layout.pageSize, row, 0, slotMapping);
+    addon.writePagedRows(k, n, row, kPool, layout.numPages, layout.pageSize, row, 0, slotMapping);
+    addon.writePagedRows(v, n, row, vPool, layout.numPages, layout.pageSize, row, 0, slotMapping);
   }
 }
 
@@ -395,5 +329,5 @@ export function copyPages(
   expectArray(call, 'dst', dst, Float32Array);
   const s = expectArray(call, 'srcPages', srcPages, Int32Array);
   expectArray(call, 'dstPages', dstPages, Int32Array, s.length, 'srcPages.length');
-  attentionRaw.copyPages(src, dst, pageElements, srcPages, dstPages);
+  addon.copyPages(src, dst, pageElements, srcPages, dstPages);
 }

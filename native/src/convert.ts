@@ -1,5 +1,5 @@
 /** bf16 <-> f32 conversion. bf16 values travel as their raw 16 bits in a Uint16Array. */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, outArray } from './validate.js';
 
 /**

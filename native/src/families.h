@@ -25,8 +25,10 @@
 //    needs AmxAvailable()); always keep a portable implementation, used when SPECD_ISA=portable or
 //    the CPU lacks AVX-512. Keep every output's reduction order independent of the batch size, the
 //    row's position and the thread count (batch invariance; see gemm_kernels.h) and test it bitwise.
-// 6. Wrap the new functions in native/src/<family>.ts (typed, validated via validate.ts) and
-//    re-export them from native/index.ts; the addon is loaded only by native/src/loader.ts.
+// 6. Declare the new functions in RawAddon (native/src/addon.ts, the only module that loads the
+//    addon), wrap them in native/src/<family>.ts (typed, validated via validate.ts), add the
+//    wrappers to KernelBackend (backend.ts) and cpuBackend (cpu-backend.ts), and re-export them
+//    from native/index.ts.
 // 7. Tests: native/test/<family>.test.ts against a float64 TS reference, both ISA paths.
 #pragma once
 #include <napi.h>

@@ -19,7 +19,7 @@
  * thread and resolves when done (use it on the main/server thread for long calls such as prefill
  * or a big lm_head). Both share one compute pool, so concurrent calls queue rather than compete.
  */
-import { addon } from './loader.js';
+import { addon, type PackedBf16Data } from './addon.js';
 import { expectArray, expectInt, expectOneOf, outArray } from './validate.js';
 
 declare const packedBrand: unique symbol;
@@ -30,8 +30,8 @@ export interface PackedBf16Weights {
   readonly n: number;
   /** Input features (columns of W). */
   readonly k: number;
-  /** Packed bf16 bits, `packedBf16Length(n, k)` elements. */
-  readonly data: Uint16Array;
+  /** Packed bf16 bits, `packedBf16Length(n, k)` elements (layout: native/src/gemm_kernels.h). */
+  readonly data: PackedBf16Data;
   readonly [packedBrand]: true;
 }
 
@@ -52,7 +52,7 @@ export function packedBf16Length(n: number, k: number): number {
  * @throws SpecdArgumentError on a wrong type, size or length.
  */
 export function packBf16Weights(w: Uint16Array, n: number, k: number): PackedBf16Weights {
-  const out = new Uint16Array(packedBf16Length(n, k));
+  const out = new Uint16Array(packedBf16Length(n, k)) as PackedBf16Data;
   addon.packBf16(expectArray('packBf16Weights', 'w', w, Uint16Array, n * k, 'n*k'), n, k, out);
   return Object.freeze({ n, k, data: out }) as PackedBf16Weights;
 }

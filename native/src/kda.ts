@@ -52,34 +52,9 @@
  *    back and run `kdaRecurrent` on the n accepted tokens' qkv/g/beta rows (subarrays of the verify
  *    inputs, no recomputation of the projections). Bit-identical to the snapshot (same kernel).
  */
-import { addon } from './loader.js';
+import { addon, type KdaRawArgs } from './addon.js';
 import { rmsNormPerHead } from './norm.js';
 import { expectArray, expectInt, expectNumber, fail, outArray } from './validate.js';
-
-/** Raw bindings of native/src/kda.cc (argument order as documented there). */
-interface KdaRawAddon {
-  kdaForward(...args: KdaRawArgs): void;
-  kdaForwardAsync(...args: KdaRawArgs): Promise<void>;
-}
-type KdaRawArgs = [
-  qkv: Float32Array,
-  g: Float32Array,
-  beta: Float32Array,
-  convWeight: Float32Array,
-  seqLens: Int32Array,
-  slots: Int32Array,
-  statePool: Float32Array,
-  convPool: Float32Array,
-  heads: number,
-  headDim: number,
-  out: Float32Array,
-  mode: 'recurrent' | 'chunked',
-  chunk: number,
-  snapState: Float32Array | null,
-  snapConv: Float32Array | null,
-  scale: number,
-];
-const raw = addon as unknown as KdaRawAddon;
 
 /** Geometry of one KDA layer (d_k = d_v = headDim). */
 export interface KdaShape {
@@ -314,7 +289,7 @@ export function kdaRecurrent(
   options: KdaRecurrentOptions = {},
 ): Float32Array {
   const args = prepare('kdaRecurrent', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
-  raw.kdaForward(...args);
+  addon.kdaForward(...args);
   return args[10];
 }
 
@@ -330,7 +305,7 @@ export function kdaRecurrentAsync(
   options: KdaRecurrentOptions = {},
 ): Promise<Float32Array> {
   const args = prepare('kdaRecurrentAsync', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
-  return raw.kdaForwardAsync(...args).then(() => args[10]);
+  return addon.kdaForwardAsync(...args).then(() => args[10]);
 }
 
 /**
@@ -346,7 +321,7 @@ export function kdaChunked(
 ): Float32Array {
   const chunk = expectInt('kdaChunked', 'chunk', options.chunk ?? 64, 1, 1024);
   const args = prepare('kdaChunked', inputs, batch, pools, shape, options, 'chunked', chunk, undefined);
-  raw.kdaForward(...args);
+  addon.kdaForward(...args);
   return args[10];
 }
 
@@ -360,7 +335,7 @@ export function kdaChunkedAsync(
 ): Promise<Float32Array> {
   const chunk = expectInt('kdaChunkedAsync', 'chunk', options.chunk ?? 64, 1, 1024);
   const args = prepare('kdaChunkedAsync', inputs, batch, pools, shape, options, 'chunked', chunk, undefined);
-  return raw.kdaForwardAsync(...args).then(() => args[10]);
+  return addon.kdaForwardAsync(...args).then(() => args[10]);
 }
 
 /**

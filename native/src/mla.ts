@@ -17,59 +17,10 @@
  * `k = [W_UK c ; k_pe]`, `v = W_UV c` attention. Masks as in `pagedAttention` (default causal).
  * Batch invariant (bit for bit) like `pagedAttention`; see native/src/mla.cc for the reduction order.
  */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { bf16ToF32 } from './convert.js';
-import { attentionRaw, checkBatch, checkMask, type AttentionMask, type PagedBatch } from './attention.js';
+import { checkBatch, checkMask, type AttentionMask, type PagedBatch } from './attention.js';
 import { expectArray, expectInt, expectNumber, fail, outArray } from './validate.js';
-
-interface MlaRawAddon {
-  mlaAttention(
-    q: Float32Array,
-    pool: Float32Array,
-    wUk: Float32Array,
-    wUvT: Float32Array,
-    out: Float32Array,
-    numPages: number,
-    pageSize: number,
-    numHeads: number,
-    nope: number,
-    rope: number,
-    v: number,
-    r: number,
-    scale: number,
-    cuSeqlensQ: Int32Array,
-    kvLens: Int32Array,
-    blockTables: Int32Array,
-    maxBlocksPerSeq: number,
-    positions: Int32Array,
-    mask: AttentionMask,
-    window: number,
-  ): void;
-  mlaAttentionAsync(
-    q: Float32Array,
-    pool: Float32Array,
-    wUk: Float32Array,
-    wUvT: Float32Array,
-    out: Float32Array,
-    numPages: number,
-    pageSize: number,
-    numHeads: number,
-    nope: number,
-    rope: number,
-    v: number,
-    r: number,
-    scale: number,
-    cuSeqlensQ: Int32Array,
-    kvLens: Int32Array,
-    blockTables: Int32Array,
-    maxBlocksPerSeq: number,
-    positions: Int32Array,
-    mask: AttentionMask,
-    window: number,
-  ): Promise<void>;
-}
-
-const raw = addon as unknown as MlaRawAddon;
 
 /** MLA head geometry (config.json names: num_attention_heads, qk_nope_head_dim, …). */
 export interface MlaDims {
@@ -176,8 +127,8 @@ export function writeMlaCache(
   if (p.length % (pageSize * (r + rope)) !== 0)
     fail(call, 'pool', `a length divisible by pageSize*(r+rope) = ${pageSize * (r + rope)}`, p);
   const pages = p.length / (pageSize * (r + rope));
-  attentionRaw.writePagedRows(latent, n, r, p, pages, pageSize, r + rope, 0, slots);
-  if (rope > 0) attentionRaw.writePagedRows(kPe, n, rope, p, pages, pageSize, r + rope, r, slots);
+  addon.writePagedRows(latent, n, r, p, pages, pageSize, r + rope, 0, slots);
+  if (rope > 0) addon.writePagedRows(kPe, n, rope, p, pages, pageSize, r + rope, r, slots);
 }
 
 function mlaArgs(
@@ -251,7 +202,7 @@ export function mlaAttention(
   out?: Float32Array,
 ): Float32Array {
   const args = mlaArgs('mlaAttention', q, pool, pageSize, weights, batch, options, out);
-  raw.mlaAttention(...args);
+  addon.mlaAttention(...args);
   return args[4];
 }
 
@@ -266,6 +217,6 @@ export async function mlaAttentionAsync(
   out?: Float32Array,
 ): Promise<Float32Array> {
   const args = mlaArgs('mlaAttentionAsync', q, pool, pageSize, weights, batch, options, out);
-  await raw.mlaAttentionAsync(...args);
+  await addon.mlaAttentionAsync(...args);
   return args[4];
 }

@@ -21,43 +21,9 @@
  * token's contributions are summed in a fixed order: ascending expert id (then slot), the shared
  * expert last, from +0. Portable and AVX-512 paths differ by rounding only, like `gemmBf16`.
  */
-import { addon } from './loader.js';
+import { addon, type MoeExpertsRawArgs, type PackedBf16Data } from './addon.js';
 import { gemmBf16, packBf16Weights, packedBf16Length, type PackedBf16Weights } from './gemm.js';
 import { expectArray, expectInt, expectNumber, fail, outArray } from './validate.js';
-
-/** Raw bindings of native/src/moe.cc (argument order as documented there). */
-interface MoeRawAddon {
-  moeRoute(
-    logits: Float32Array,
-    n: number,
-    numExperts: number,
-    bias: Float32Array | null,
-    topK: number,
-    factor: number,
-    renormalize: boolean,
-    ids: Int32Array,
-    weights: Float32Array,
-    scores: Float32Array | null,
-  ): void;
-  moeExperts(...args: MoeRawArgs): void;
-  moeExpertsAsync(...args: MoeRawArgs): Promise<void>;
-}
-type MoeRawArgs = [
-  x: Float32Array,
-  n: number,
-  hidden: number,
-  ids: Int32Array,
-  weights: Float32Array,
-  topK: number,
-  inter: number,
-  w13: readonly Uint16Array[],
-  w2: readonly Uint16Array[],
-  sharedW13: Uint16Array | null,
-  sharedW2: Uint16Array | null,
-  sharedInter: number,
-  out: Float32Array,
-];
-const raw = addon as unknown as MoeRawAddon;
 
 /** One SwiGLU expert, packed: `w13` = concat(w1, w3) `[2·inter, hidden]`, `w2` `[hidden, inter]`. */
 export interface MoeExpertWeights {
@@ -75,10 +41,10 @@ export interface MoeExpertSet {
   readonly inter: number;
   /** Intermediate size of the shared expert (moe_intermediate_size · num_shared_experts), 0 if none. */
   readonly sharedInter: number;
-  readonly w13: readonly Uint16Array[];
-  readonly w2: readonly Uint16Array[];
-  readonly sharedW13: Uint16Array | null;
-  readonly sharedW2: Uint16Array | null;
+  readonly w13: readonly PackedBf16Data[];
+  readonly w2: readonly PackedBf16Data[];
+  readonly sharedW13: PackedBf16Data | null;
+  readonly sharedW2: PackedBf16Data | null;
   readonly [expertSetBrand]: true;
 }
 
@@ -197,7 +163,7 @@ export function moeRoute(
     options.scores === undefined
       ? null
       : expectArray(call, 'scores', options.scores, Float32Array, n * numExperts, 'n*numExperts');
-  raw.moeRoute(
+  addon.moeRoute(
     logits,
     n,
     numExperts,
@@ -236,7 +202,7 @@ function prepare(
   set: MoeExpertSet,
   routing: MoeRouting,
   out?: Float32Array,
-): MoeRawArgs {
+): MoeExpertsRawArgs {
   expectInt(call, 'n', n, 0);
   if (typeof set !== 'object' || set === null || !Array.isArray(set.w13)) fail(call, 'experts', 'a MoeExpertSet', set);
   if (typeof routing !== 'object' || routing === null) fail(call, 'routing', '{ topK, ids, weights }', routing);
@@ -281,7 +247,7 @@ export function moeExperts(
   out?: Float32Array,
 ): Float32Array {
   const args = prepare('moeExperts', x, n, experts, routing, out);
-  raw.moeExperts(...args);
+  addon.moeExperts(...args);
   return args[12];
 }
 
@@ -297,5 +263,5 @@ export function moeExpertsAsync(
   out?: Float32Array,
 ): Promise<Float32Array> {
   const args = prepare('moeExpertsAsync', x, n, experts, routing, out);
-  return raw.moeExpertsAsync(...args).then(() => args[12]);
+  return addon.moeExpertsAsync(...args).then(() => args[12]);
 }

@@ -4,7 +4,7 @@
  * output norm, REFERENCE.md §7) or `silu(gate)` (Mamba2/Qwen3-Next style gated norm).
  * Sum of squares in double; everything else f32.
  */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, expectInt, expectNumber, expectOneOf, outArray, rowsOf } from './validate.js';
 
 /** Gate activation for gated RMSNorm. */

@@ -26,7 +26,7 @@
  *
  * Sync vs async: as `gemmBf16` / `gemmBf16Async` (one shared compute pool).
  */
-import { addon } from './loader.js';
+import { addon, type PackedQuantData } from './addon.js';
 import { expectArray, expectInt, expectOneOf, fail, outArray } from './validate.js';
 
 declare const quantBrand: unique symbol;
@@ -46,7 +46,7 @@ export interface QuantizedWeights {
   /** Input features (columns of W), a multiple of 32. */
   readonly k: number;
   /** Packed bytes, `quantPackedBytes(type, n, k)` (layout: native/src/quant_kernels.h). */
-  readonly data: Uint8Array;
+  readonly data: PackedQuantData;
   readonly [quantBrand]: true;
 }
 
@@ -86,7 +86,7 @@ export function quantPackedBytes(type: QuantType, n: number, k: number): number 
 export function quantizedWeights(data: Uint8Array, type: QuantType, n: number, k: number): QuantizedWeights {
   checkShape('quantizedWeights', type, n, k);
   expectBytes('quantizedWeights', 'data', data, quantRawBytes(type, n, k), 'n*(k/32)*blockBytes');
-  const out = new Uint8Array(quantPackedBytes(type, n, k));
+  const out = new Uint8Array(quantPackedBytes(type, n, k)) as PackedQuantData;
   addon.quantPack(data, type, n, k, out);
   return Object.freeze({ type, n, k, data: out }) as QuantizedWeights;
 }

@@ -5,7 +5,7 @@
  * - "interleaved": rotate adjacent pairs (GPT-J, DeepSeek MLA rope slice in some exports).
  * Partial rotary: only the first `rotaryDim` dims of each head rotate; the rest are copied.
  */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, expectInt, expectNumber, expectOneOf, outArray, rowsOf, fail } from './validate.js';
 
 /** RoPE pairing convention. */

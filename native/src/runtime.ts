@@ -1,5 +1,5 @@
 /** Runtime controls: which ISA path the kernels use and how many threads the pool has. */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, expectInt, expectOneOf } from './validate.js';
 
 /** Instruction-set path of the kernels. */

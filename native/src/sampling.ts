@@ -3,7 +3,7 @@
  * temperature, argmax (greedy), and top-k / top-p filters (applied, like temperature, to both the
  * target p and the draft q before rejection sampling, REFERENCE.md §6).
  */
-import { addon } from './loader.js';
+import { addon } from './addon.js';
 import { expectArray, expectInt, expectNumber, outArray, rowsOf } from './validate.js';
 
 function rows(call: string, param: string, x: Float32Array, vocab: number): number {

@@ -18,8 +18,8 @@ export function describe(value: unknown): string {
   if (value === null) return 'null';
   if (value === undefined) return 'undefined';
   if (ArrayBuffer.isView(value)) {
-    const length = (value as unknown as { length?: number }).length;
-    return `${value.constructor.name} of length ${length ?? value.byteLength}`;
+    const length = 'length' in value && typeof value.length === 'number' ? value.length : value.byteLength;
+    return `${value.constructor.name} of length ${length}`;
   }
   if (typeof value === 'number') return `number ${value}`;
   if (typeof value === 'string') return `string "${value}"`;
@@ -47,9 +47,9 @@ export function expectArray<T extends Float32Array | Uint16Array | Int32Array>(
   what?: string,
 ): T {
   const expected = length === undefined ? ctor.name : `${ctor.name} of length ${length}${what ? ` (${what})` : ''}`;
-  if (!(value instanceof (ctor as unknown as new () => T))) fail(call, param, expected, value);
-  if (length !== undefined && (value as T).length !== length) fail(call, param, expected, value);
-  return value as T;
+  if (!(value instanceof ctor)) fail(call, param, expected, value);
+  if (length !== undefined && value.length !== length) fail(call, param, expected, value);
+  return value;
 }
 
 /** Returns `out` checked against (ctor, length), or a new zero-filled array when `out` is undefined. */

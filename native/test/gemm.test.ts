@@ -309,7 +309,7 @@ describe('gemmBf16 argument errors', () => {
   });
 
   it('rejects bad arguments in the native layer too (no crash), with a code', () => {
-    // Test-only: reach the raw binding (same cached instance as loader.ts) to bypass the TS checks.
+    // Test-only: reach the raw binding (same cached instance as addon.ts) to bypass the TS checks.
     const raw = createRequire(import.meta.url)(addonPath) as {
       gemmBf16(x: Float32Array, m: number, k: number, p: Uint16Array, n: number, y: Float32Array): void;
     };

@@ -322,7 +322,7 @@ describe('quantized weights: sizes and argument errors', () => {
     expect(() => gemmQuant(new Float32Array(32), 1, w, new Float32Array(2))).toThrow(
       /gemmQuant: out: expected Float32Array of length 3/,
     );
-    expect(() => gemmQuant(new Float32Array(32), 1, { ...w, data: new Uint8Array(5) })).toThrow(
+    expect(() => gemmQuant(new Float32Array(32), 1, { ...w, data: new Uint8Array(5) } as typeof w)).toThrow(
       /gemmQuant: w.data: expected Uint8Array of length 320/,
     );
     expect(() => gemmQuantAsync(new Float32Array(3), 1, w)).toThrow(

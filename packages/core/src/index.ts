@@ -8,3 +8,4 @@ export * from './pipeline/index.js';
 export * from './tensor-parallel/index.js';
 export * from './cli/index.js';
 export * from './util/columns.js';
+export * from './model/forward-prologue.js';

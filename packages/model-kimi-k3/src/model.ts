@@ -22,7 +22,7 @@ import type {
   StageModel,
   TpComm,
 } from '@specd/core';
-import { gatherVocabParallel, HfConfig, SafetensorsCheckpoint, vocabShardRange } from '@specd/core';
+import { forwardPrologue, gatherVocabParallel, HfConfig, SafetensorsCheckpoint, vocabShardRange } from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
@@ -147,60 +147,19 @@ export class KimiStageModel implements StageModel {
   forward(batch: ForwardBatch, cache: SequenceCache, options: KimiForwardOptions = {}): KimiForwardResult {
     const c = this.config;
     const D = c.hiddenSize;
-    const { layerStart, layerEnd, isFirst, isLast } = this.info;
-    if (batch.sequences.length === 0)
-      throw new KimiForwardError('forward: batch.sequences: expected at least one sequence');
-    const spans: SeqSpan[] = [];
-    let N = 0;
-    const ids = new Set<unknown>();
-    for (const [i, s] of batch.sequences.entries()) {
-      if (ids.has(s.id))
-        throw new KimiForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
-      ids.add(s.id);
-      if (s.tokens.length < 1)
-        throw new KimiForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
-      const have = cache.length(s.id);
-      if (have !== s.position)
-        throw new KimiForwardError(
-          `forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`,
-        );
-      spans.push({ id: s.id, tokenStart: N, numNew: s.tokens.length, position: s.position });
-      N += s.tokens.length;
-    }
-    const taps = options.taps ?? [];
-    for (const t of taps) {
-      if (!Number.isInteger(t) || t < layerStart || t > layerEnd)
-        throw new KimiForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
-    }
-    let h: Float32Array;
-    if (isFirst && batch.hidden === undefined) {
-      h = new Float32Array(N * D);
-      let row = 0;
-      for (const [i, s] of batch.sequences.entries()) {
-        for (const id of s.tokens) {
-          if (!(id >= 0 && id < c.vocabSize))
-            throw new KimiForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
-          h.set(bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D)), row * D);
-          row++;
-        }
-      }
-    } else {
-      if (batch.hidden === undefined || batch.hidden.length !== N * D) {
-        throw new KimiForwardError(
-          `forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`,
-        );
-      }
-      h = batch.hidden.slice();
-    }
+    const { layerStart, isLast } = this.info;
+    // batch checks, spans, taps, embeddings or the previous stage's hidden, cache extension, tap layerStart
+    const prologue = forwardPrologue(batch, cache, options, {
+      info: this.info,
+      error: (message) => new KimiForwardError(message),
+      span: (s, _i, row): SeqSpan => ({ id: s.id, tokenStart: row, numNew: s.tokens.length, position: s.position }),
+      embedRow: (id, out) => bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D), out),
+      hiddenOnFirstStage: 'use',
+    });
+    const { spans, numTokens: N, hidden: h, captured, capture } = prologue;
     // tensor parallelism: a layer's mixer and ffn outputs are this rank's partial sums
     const comm = this.comm;
     const reduce = comm === undefined ? (x: Float32Array) => x : (x: Float32Array) => comm.allReduce(x);
-    cache.extendAll(spans); // all or nothing
-    const captured = new Map<number, Float32Array>();
-    const capture = (tap: number) => {
-      if (taps.includes(tap)) captured.set(tap, h.slice());
-    };
-    capture(layerStart);
     const wantSnapshots = options.kdaSnapshots === true || options.stateSnapshots === true;
     const chunked = batch.sequences.map(
       (s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && !wantSnapshots,

@@ -9,7 +9,7 @@
  * layer i (REFERENCE.md §2). No linear state: committing a verified prefix truncates the KV.
  */
 
-import { sliceColumns } from '@specd/core';
+import { forwardPrologue, sliceColumns } from '@specd/core';
 import type {
   CacheGeometry,
   ForwardBatch,
@@ -135,64 +135,25 @@ export class LlamaStageModel implements StageModel {
   forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): LlamaForwardResult {
     const c = this.config;
     const D = c.hiddenSize;
-    const { layerStart, layerEnd, isFirst, isLast } = this.info;
-    if (batch.sequences.length === 0)
-      throw new LlamaForwardError('forward: batch.sequences: expected at least one sequence');
-    const spans: Span[] = [];
-    let N = 0;
-    const ids = new Set<unknown>();
-    for (const [i, s] of batch.sequences.entries()) {
-      if (ids.has(s.id))
-        throw new LlamaForwardError(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
-      ids.add(s.id);
-      if (s.tokens.length < 1)
-        throw new LlamaForwardError(`forward: sequences[${i}].tokens: expected at least one token`);
-      const have = cache.length(s.id);
-      if (have !== s.position)
-        throw new LlamaForwardError(
-          `forward: sequences[${i}].position: expected ${have} (cached tokens), got ${s.position}`,
-        );
-      const tree = s.tree;
-      spans.push({
-        id: s.id,
-        row: N,
-        numNew: s.tokens.length,
-        position: s.position,
-        ...(tree === undefined ? {} : { tree, depth: treeDepths(tree, s.tokens.length, `forward: sequences[${i}]`) }),
-      });
-      N += s.tokens.length;
-    }
-    const taps = options.taps ?? [];
-    for (const t of taps) {
-      if (!Number.isInteger(t) || t < layerStart || t > layerEnd)
-        throw new LlamaForwardError(`forward: taps: tap ${t} is outside this stage's [${layerStart}, ${layerEnd}]`);
-    }
-    let h: Float32Array;
-    if (isFirst) {
-      h = new Float32Array(N * D);
-      let row = 0;
-      for (const [i, s] of batch.sequences.entries()) {
-        for (const id of s.tokens) {
-          if (!(id >= 0 && id < c.vocabSize))
-            throw new LlamaForwardError(`forward: sequences[${i}].tokens: id ${id} outside [0, ${c.vocabSize})`);
-          this.embed!.row(id, h.subarray(row * D, (row + 1) * D));
-          row++;
-        }
-      }
-    } else {
-      if (batch.hidden === undefined || batch.hidden.length !== N * D) {
-        throw new LlamaForwardError(
-          `forward: batch.hidden: expected Float32Array [${N}, ${D}] from the previous stage, got ${batch.hidden === undefined ? 'none' : `length ${batch.hidden.length}`}`,
-        );
-      }
-      h = batch.hidden.slice();
-    }
-    cache.extendAll(spans);
-    const captured = new Map<number, Float32Array>();
-    const capture = (tap: number) => {
-      if (taps.includes(tap)) captured.set(tap, h.slice());
-    };
-    capture(layerStart);
+    const { layerStart, isLast } = this.info;
+    // batch checks, spans, taps, embeddings or the previous stage's hidden, cache extension, tap layerStart
+    const prologue = forwardPrologue(batch, cache, options, {
+      info: this.info,
+      error: (message) => new LlamaForwardError(message),
+      span: (s, i, row): Span => {
+        const tree = s.tree;
+        return {
+          id: s.id,
+          row,
+          numNew: s.tokens.length,
+          position: s.position,
+          ...(tree === undefined ? {} : { tree, depth: treeDepths(tree, s.tokens.length, `forward: sequences[${i}]`) }),
+        };
+      },
+      embedRow: (id, out) => this.embed!.row(id, out),
+      hiddenOnFirstStage: 'ignore',
+    });
+    const { spans, numTokens: N, hidden: h, captured, capture } = prologue;
     const kv = cache.kv!;
     const H = c.numHeads;
     const KV = c.numKvHeads;
