@@ -10,7 +10,7 @@
  * computed in f32 exactly as ggml does (d converted to f32 first), so results match ggml bit for bit.
  */
 
-import { GgmlType, ggmlBlockSize, ggmlTypeName, GgufError, type GgufTensorInfo } from './gguf-format.js';
+import { GgmlType, ggmlBlockSize, ggmlTypeName, GgufError, type GgufTensorInfo } from './gguf-types.js';
 
 let F16_TABLE: Float32Array | undefined;
 

@@ -25,7 +25,7 @@
  */
 
 import type { GgufFile } from './gguf.js';
-import { GgufValueType } from './gguf-format.js';
+import { GgufValueType } from './gguf-types.js';
 import { Tokenizer, TokenizerError, type TokenizerSources } from './tokenizer.js';
 
 /** ggml token types (`llama_token_type`). */

@@ -15,18 +15,17 @@ import { endianness } from 'node:os';
 
 import { dequantize, type GgufTensorView } from './gguf-dequant.js';
 import {
-  describeValue,
   GgmlType,
   GgufError,
   GgufValueType,
   isSupportedGgmlType,
-  parseGguf,
   type GgufArrayValue,
   type GgufHeader,
   type GgufMetadataEntry,
   type GgufTensorInfo,
   type GgufValue,
-} from './gguf-format.js';
+} from './gguf-types.js';
+import { describeValue, parseGguf } from './gguf-format.js';
 
 /** Largest file {@link GgufFile.open} reads into memory, in bytes (2 GiB − 1: one Node Buffer). */
 export const GGUF_MAX_IN_MEMORY_BYTES = 2 ** 31 - 1;

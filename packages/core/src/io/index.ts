@@ -56,14 +56,14 @@ export {
   ggmlBlockSize,
   ggmlTypeName,
   isSupportedGgmlType,
-  parseGguf,
   type GgufArrayValue,
   type GgufHeader,
   type GgufMetadataEntry,
   type GgufRule,
   type GgufTensorInfo,
   type GgufValue,
-} from './gguf-format.js';
+} from './gguf-types.js';
+export { parseGguf } from './gguf-format.js';
 export { GGUF_MAX_IN_MEMORY_BYTES, GgufFile } from './gguf.js';
 export { bf16ToF32, dequantize, dequantizeRow, f16ToF32, type GgufTensorView } from './gguf-dequant.js';
 export { GGUF_TOKEN_TYPE, PRE_TOKENIZERS, ggufTokenizerSources, tokenizerFromGguf } from './gguf-tokenizer.js';
