@@ -4,12 +4,14 @@ export {
   DEFAULT_DRAFT_POLICY,
   EngineError,
   type FinishReason,
+  type SamplingParams,
   type SpecEngineOptions,
   type SpecRequest,
   type SpecResult,
 } from './types.js';
 export { acceptGreedy, acceptSampled, acceptTreeGreedy, type AcceptResult } from './accept.js';
-export { sampleFromProbs, samplingProbs } from './probs.js';
+export { greedyToken, nextToken, sampleFromProbs, sampleToken, samplingProbs } from './probs.js';
+export { SeededRandom } from './random.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';
 export {
