@@ -123,30 +123,35 @@ export class DraftContextWriter {
     if (known && pending.numTokens * inputs * D * 4 > PENDING_TAP_BYTES) this.flush([seq]);
   }
 
-  /** Writes the deferred draft context of `seqs` (one projection call for all of them). */
+  /**
+   * Writes the deferred draft context of `seqs` (one projection call for all of them; a sequence
+   * with nothing deferred is skipped).
+   */
   flush(seqs: readonly ContextOwner[]): void {
-    if (seqs.length === 0) return;
+    const owners = seqs.flatMap((s) => (s.pending === undefined ? [] : [{ s, pending: s.pending }]));
+    const first = owners[0]?.pending;
+    if (first === undefined) return;
     const D = this.hiddenSize;
-    const n = seqs.reduce((a, s) => a + s.pending!.numTokens, 0);
+    const n = owners.reduce((a, o) => a + o.pending.numTokens, 0);
     const taps = new Map<number, Float32Array>();
-    for (const tap of seqs[0]!.pending!.taps.keys()) {
+    for (const tap of first.taps.keys()) {
       const g = new Float32Array(n * D);
       let at = 0;
-      for (const s of seqs) at = concat(s.pending!.taps.get(tap)!, g, at);
+      for (const o of owners) at = concat(o.pending.taps.get(tap)!, g, at);
       taps.set(tap, g);
     }
     let projection: Float32Array | undefined;
-    if (seqs[0]!.pending!.projection !== undefined) {
+    if (first.projection !== undefined) {
       projection = new Float32Array(n * D);
       let at = 0;
-      for (const s of seqs) at = concat(s.pending!.projection!, projection, at);
+      // every forward of a pipeline with a distributed projection carries one
+      for (const o of owners) at = concat(o.pending.projection!, projection, at);
     }
-    const spans = seqs.map((s) => {
-      const { position, numTokens } = s.pending!;
+    const spans = owners.map(({ s, pending: { position, numTokens } }) => {
       return { id: s.id, position, numTokens, nextTokens: s.history.slice(position + 1, position + 1 + numTokens) };
     });
     const inputs: ContextRows = projection === undefined ? { taps } : { taps, projection };
     this.drafter.writeProjectedContextKV(project(this.drafter, inputs, n), spans);
-    for (const s of seqs) s.pending = undefined;
+    for (const o of owners) o.s.pending = undefined;
   }
 }

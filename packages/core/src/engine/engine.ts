@@ -331,7 +331,7 @@ export class SpecEngine {
     const verified = verify(ctx, seqs, proposed.proposals);
     const t2 = performance.now();
     const outcomes = accept(ctx, seqs, verified, proposed.proposals);
-    const rows = commit(ctx, seqs, verified, outcomes);
+    const rows = commit(ctx, verified, outcomes);
     const t3 = performance.now();
     this.metrics.draftMs += t1 - t0;
     this.metrics.verifyMs += t2 - t1;
@@ -340,11 +340,10 @@ export class SpecEngine {
     this.policy?.observeOverhead?.(t1 - t0 - proposeMs + (t3 - t2), drafted > 0);
     this.policy?.observeStep?.(seqs.length, rows, drafted, rows - seqs.length, t2 - t1, proposeMs);
     const done: SpecResult[] = [];
-    seqs.forEach((r, i) => {
-      const { acc, drafts } = outcomes[i]!;
+    for (const { seq: r, acc, drafts } of outcomes) {
       const reason = this.emit(r, [...drafts.subarray(0, acc.accepted), acc.bonus]);
       if (reason !== undefined) done.push(this.finish(r, reason));
-    });
+    }
     return done;
   }
 

@@ -94,6 +94,9 @@ export interface Verified {
 
 /** What accept decided for one sequence. */
 export interface Outcome {
+  readonly seq: Running;
+  /** Its verify block. */
+  readonly block: ForwardSequence;
   readonly acc: AcceptResult;
   /** The drafts along the accepted path: a chain's drafts, or the drafts of a tree's root path. */
   readonly drafts: Int32Array;
@@ -126,9 +129,12 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
 export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   const wants = draftLengths(ctx, seqs);
   const proposals = new Map<SequenceId, DraftProposal>();
+  const { drafter, context } = ctx;
   const drafting = seqs.filter((_, i) => wants[i]! > 0);
-  if (drafting.length === 0) return { proposals, drafted: 0, proposeMs: 0 };
-  ctx.context!.flush(drafting.filter((r) => r.pending !== undefined));
+  // (wants are all 0 without a drafter)
+  if (drafter === undefined || context === undefined || drafting.length === 0)
+    return { proposals, drafted: 0, proposeMs: 0 };
+  context.flush(drafting.filter((r) => r.pending !== undefined));
   const toDraft: DraftSequence[] = [];
   seqs.forEach((r, i) => {
     if (wants[i]! > 0) {
@@ -145,7 +151,7 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   });
   ctx.metrics.proposeCalls++;
   const tp = performance.now();
-  const proposed = ctx.drafter!.propose({ sequences: toDraft });
+  const proposed = drafter.propose({ sequences: toDraft });
   const proposeMs = performance.now() - tp;
   for (const p of proposed) {
     const at = seqs.findIndex((r) => r.id === p.id);
@@ -225,9 +231,9 @@ export function verify(
 }
 
 /**
- * Accept (accept.ts): a tree is accepted greedily along the target's argmax path (its kept block
- * rows are the outcome's `path`); a chain greedily at temperature 0, else by rejection sampling
- * against the drafter's q with the request's PRNG.
+ * Accept (accept.ts), per sequence in step order: a tree is accepted greedily along the target's
+ * argmax path (its kept block rows are the outcome's `path`); a chain greedily at temperature 0,
+ * else by rejection sampling against the drafter's q with the request's PRNG.
  */
 export function accept(
   ctx: StepContext,
@@ -242,37 +248,30 @@ export function accept(
     const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
     if (block.tree !== undefined) {
       const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
-      return { acc, drafts: Int32Array.from(rows.slice(1), (x) => block.tokens[x]!), path: rows };
+      return { seq: r, block, acc, drafts: Int32Array.from(rows.slice(1), (x) => block.tokens[x]!), path: rows };
     }
     const drafts = block.tokens.subarray(1);
     const acc =
       r.req.sampling.temperature === 0
         ? acceptGreedy(drafts, lg, V)
         : acceptSampled(drafts, proposals.get(r.id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
-    return { acc, drafts };
+    return { seq: r, block, acc, drafts };
   });
 }
 
 /**
- * Commit: every sequence keeps `accepted + 1` tokens of its block. Target: {@link commitTarget}.
+ * Commit: every sequence (in step order) keeps `accepted + 1` tokens of its block. Target: {@link commitTarget}.
  * Draft: the block KV was never kept; the verify pass's taps of the committed tokens become new
  * draft context — written now (one projection) for the sequences that drafted, deferred for those
  * with k = 0. Records each sequence's step in its metrics and the policy.
  * @returns the verify forward's rows (Σ block lengths).
  */
-export function commit(
-  ctx: StepContext,
-  seqs: readonly Running[],
-  verified: Verified,
-  outcomes: readonly Outcome[],
-): number {
+export function commit(ctx: StepContext, verified: Verified, outcomes: readonly Outcome[]): number {
   const { res } = verified;
   const spans: ContextSpan[] = [];
   const spanRows: Int32Array[] = [];
   let row = 0;
-  seqs.forEach((r, i) => {
-    const block = verified.blocks[i]!;
-    const { acc, drafts, path } = outcomes[i]!;
+  for (const { seq: r, block, acc, drafts, path } of outcomes) {
     const k = block.tokens.length - 1;
     const committed = acc.accepted + 1;
     commitTarget(ctx, r, verified, block, committed, path);
@@ -290,7 +289,7 @@ export function commit(
       spanRows.push(Int32Array.from(path ?? Array.from({ length: committed }, (_, j) => j), (x) => row + x));
     }
     row += block.tokens.length;
-  });
+  }
   if (ctx.context !== undefined && spans.length > 0) ctx.context.write(spans, res, spanRows);
   return row;
 }
