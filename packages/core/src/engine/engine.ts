@@ -6,8 +6,8 @@
  * interleaves with decoding, as vLLM / SGLang: a long prompt never stalls the running streams for
  * more than one chunk forward per step); each chunk's taps are kept for the draft context
  * (`projectTargetHiddenPartial` → `writeProjectedContextKV` before the sequence first drafts;
- * draft-context.ts);
- * first token from the last chunk's logits; then every {@link step}:
+ * draft-context.ts); first token from the last chunk's logits; then every {@link step}, as named
+ * phases (spec-step.ts):
  *   propose (all decoding sequences, one call) → verify (ONE target forward over
  *   `[last verified token, drafts…]` of every decoding sequence, logits for every row, taps, and
  *   per-token linear-state snapshots) → accept (greedy, or rejection sampling at temperature > 0)
