@@ -1,7 +1,8 @@
 /**
  * Plain generation (no drafter): load a target through its model plugin, prefill the prompt in
  * chunks, then decode one token per forward with greedy or seeded sampling. What `specd generate`
- * runs; the spec-decode engine (propose → verify → accept → commit) will reuse the same pieces.
+ * runs; plain and speculative generation both run the spec-decode engine (propose → verify →
+ * accept → commit; without a drafter every step is a plain decode step).
  */
 
 import 'reflect-metadata';
@@ -15,16 +16,15 @@ import { tokenizerFromGguf } from '../io/gguf-tokenizer.js';
 import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import { Tokenizer } from '../io/tokenizer.js';
-import { SequenceCache } from '../kv/sequence-cache.js';
 import { SpecEngine, type SpecRequest } from '../engine/engine.js';
 import type { RequestMetrics } from '../engine/metrics.js';
+import type { SamplingParams } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
 import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { startPipeline } from '../pipeline/pipeline-model.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
 import { CliError, type DrafterChoice } from './config-file.js';
-import { nextToken, SeededRandom, type SamplingParams } from './sampling.js';
 
 /** Tokens per prefill forward. */
 export const PREFILL_CHUNK_TOKENS = 64;
@@ -274,52 +274,39 @@ export interface GenerateResult {
 
 /**
  * Generates up to `maxTokens` tokens after the prompt (prefill in {@link PREFILL_CHUNK_TOKENS}
- * chunks; one forward per new token).
+ * chunks; one forward per new token): one request through {@link SpecEngine} without a drafter,
+ * so plain decoding and speculative decoding share one decode loop and one sampler (probs.ts).
  * @throws {RangeError} for an empty prompt or a bad maxTokens.
  */
 export function generateTokens(target: LoadedTarget, options: GenerateOptions): GenerateResult {
-  const { promptIds, maxTokens, sampling } = options;
+  const { promptIds, maxTokens } = options;
   if (promptIds.length === 0) throw new RangeError('generate: the prompt encodes to no tokens');
   if (!Number.isSafeInteger(maxTokens) || maxTokens < 1)
     throw new RangeError(`generate: maxTokens: expected an integer >= 1, got ${maxTokens}`);
-  const model = target.model;
-  const total = promptIds.length + maxTokens;
-  const cacheOptions = { pageSize: PAGE_SIZE, numPages: Math.ceil(total / PAGE_SIZE) + 1, numSlots: 1 };
-  const cache = model.createCache?.(cacheOptions) ?? new SequenceCache(model.cacheGeometry, cacheOptions);
-  const rng = new SeededRandom(options.seed);
-  const id = 0;
+  const engine = new SpecEngine(target.model, undefined, {
+    maxSequences: 1,
+    maxTokensPerSequence: promptIds.length + maxTokens + 1,
+    pageSize: PAGE_SIZE,
+    prefillChunk: PREFILL_CHUNK_TOKENS,
+  });
   const t0 = performance.now();
-  cache.add(id);
-  const out: number[] = [];
-  let stoppedAtEos = false;
   try {
-    let logits: Float32Array | undefined;
-    for (let p = 0; p < promptIds.length; p += PREFILL_CHUNK_TOKENS) {
-      const tokens = promptIds.subarray(p, Math.min(promptIds.length, p + PREFILL_CHUNK_TOKENS));
-      const last = p + tokens.length === promptIds.length;
-      logits = model.forward(
-        { sequences: [{ id, position: p, tokens, logits: last ? 'last' : 'none', phase: 'prefill' }] },
-        cache,
-      ).logits;
-    }
-    for (;;) {
-      const tok = nextToken(logits!, sampling, rng);
-      out.push(tok);
-      options.onToken?.(tok);
-      if (!options.ignoreEos && target.eosTokenIds.includes(tok)) {
-        stoppedAtEos = true;
-        break;
-      }
-      if (out.length >= maxTokens) break;
-      logits = model.forward(
-        { sequences: [{ id, position: cache.length(id), tokens: Int32Array.of(tok), logits: 'last' }] },
-        cache,
-      ).logits;
-    }
+    const [r] = engine.run([
+      {
+        id: 0,
+        promptIds,
+        maxTokens,
+        sampling: options.sampling,
+        seed: options.seed,
+        ignoreEos: options.ignoreEos,
+        eosTokenIds: target.eosTokenIds,
+        onToken: options.onToken,
+      },
+    ]);
+    return { tokenIds: r!.tokenIds, seconds: (performance.now() - t0) / 1000, stoppedAtEos: r!.finishReason === 'eos' };
   } finally {
-    cache.finish(id);
+    engine.dispose(); // a failed decode step leaves the sequence running: free its cache
   }
-  return { tokenIds: out, seconds: (performance.now() - t0) / 1000, stoppedAtEos };
 }
 
 /** A loaded drafter bound to a target. */

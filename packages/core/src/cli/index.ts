@@ -18,7 +18,6 @@ export {
   type PipelineTargetOptions,
   type SpecGenerateResult,
 } from './generate.js';
-export { greedyToken, nextToken, sampleToken, SeededRandom, type SamplingParams } from './sampling.js';
 export { checkModelPath, chooseDrafter, CliError, type DrafterChoice } from './config-file.js';
 export { startServe, type ServeFlags, type StartedServer } from './serve.js';
 export { defaultDrafterDir, defaultModelDir, DEFAULT_DRAFTER_RELATIVE, DEFAULT_MODEL_RELATIVE } from './paths.js';

@@ -12,11 +12,12 @@
  *   the bonus from p. p and q are probabilities after the same temperature / top-k / top-p
  *   ({@link samplingProbs}). A drafter without q (argmax drafts) is a point mass: accept with p(x).
  *   Lossless: every committed token is distributed as p.
+ * - Trees ({@link acceptTreeGreedy}; REFERENCE.md §5): greedy along the target's argmax path.
  */
 
 import { argmax } from '@specd/native';
 
-import type { RandomSource } from '../plugin/drafter-plugin.js';
+import type { DraftProposal, RandomSource } from '../plugin/drafter-plugin.js';
 import { sampleFromProbs } from './probs.js';
 
 /** Outcome of verifying one sequence's drafts. */
@@ -79,4 +80,39 @@ export function acceptSampled(
     return { accepted: i, bonus: sampleFromProbs(row, rng) };
   }
   return { accepted: k, bonus: sampleFromProbs(p.subarray(k * vocab, (k + 1) * vocab), rng) };
+}
+
+/** True for a proposal whose drafts form a tree (some parent is not the previous draft). */
+export function isTree(p: DraftProposal): boolean {
+  return p.parents?.some((v, j) => v !== j - 1) ?? false;
+}
+
+/**
+ * Greedy acceptance of a token tree (REFERENCE.md §5, EAGLE tree verification at temperature 0):
+ * from the root row, follow the child whose token is the target's argmax at the current row; stop
+ * where no child matches — the argmax there is the bonus.
+ * @param tokens block `[n]` (row 0 = the last verified token); @param tree parent row of each row
+ *   (`[n]`, row 0: −1); @param logits `[n, V]` f32, the verify forward's rows.
+ * @returns the kept rows (a root path, `rows[0] = 0`) and the accept result (accepted = rows − 1).
+ */
+export function acceptTreeGreedy(
+  tokens: Int32Array,
+  tree: Int32Array,
+  logits: Float32Array,
+  V: number,
+): { rows: number[]; acc: AcceptResult } {
+  const rows = [0];
+  for (;;) {
+    const cur = rows[rows.length - 1]!;
+    const t = argmax(logits.subarray(cur * V, (cur + 1) * V), V)[0]!;
+    let next = -1;
+    for (let c = cur + 1; c < tokens.length; c++) {
+      if (tree[c] === cur && tokens[c] === t) {
+        next = c;
+        break;
+      }
+    }
+    if (next < 0) return { rows, acc: { accepted: rows.length - 1, bonus: t } };
+    rows.push(next);
+  }
 }

@@ -1,16 +1,17 @@
 /** @specd/core engine: the spec-decode loop (propose → verify → accept → commit), verification and metrics. */
+export { SpecEngine } from './engine.js';
 export {
   DEFAULT_DRAFT_POLICY,
   EngineError,
-  SpecEngine,
-  acceptTreeGreedy,
   type FinishReason,
+  type SamplingParams,
   type SpecEngineOptions,
   type SpecRequest,
   type SpecResult,
-} from './engine.js';
-export { acceptGreedy, acceptSampled, type AcceptResult } from './accept.js';
-export { sampleFromProbs, samplingProbs } from './probs.js';
+} from './types.js';
+export { acceptGreedy, acceptSampled, acceptTreeGreedy, type AcceptResult } from './accept.js';
+export { greedyToken, nextToken, sampleFromProbs, sampleToken, samplingProbs } from './probs.js';
+export { SeededRandom } from './random.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';
 export {

@@ -2,9 +2,12 @@
  * Probabilities after temperature / top-k / top-p (in that order, as vLLM and plain generation),
  * the one transform applied to the target's p and the drafter's q before rejection sampling
  * (REFERENCE.md §6), and sampling from a probability row with a seeded PRNG.
+ * Token selection for one logits row (the first token after a prefill, plain decoding): greedy
+ * (argmax) and sampling are separate functions; temperature 0 means greedy ({@link nextToken}).
+ * Drawn with a seeded PRNG (random.ts) so runs are reproducible.
  */
 
-import { softmax, topKMask, topPMask } from '@specd/native';
+import { argmax, softmax, topKMask, topPMask } from '@specd/native';
 
 import type { DraftSampling, RandomSource } from '../plugin/drafter-plugin.js';
 
@@ -46,4 +49,23 @@ export function sampleFromProbs(probs: Float32Array, rng: RandomSource): number 
     if (u < acc) return i;
   }
   return last;
+}
+
+/** Greedy: the first most likely token of `logits [vocab]` f32. */
+export function greedyToken(logits: Float32Array): number {
+  return argmax(logits, logits.length)[0]!;
+}
+
+/**
+ * Samples one token from `logits [vocab]` f32 (not modified): {@link samplingProbs}, then
+ * {@link sampleFromProbs} (one `rng.next()`).
+ * @throws {RangeError} if temperature ≤ 0 (use {@link greedyToken}), topK < 0 or topP outside (0, 1].
+ */
+export function sampleToken(logits: Float32Array, params: DraftSampling, rng: RandomSource): number {
+  return sampleFromProbs(samplingProbs(logits, logits.length, params), rng);
+}
+
+/** Picks the next token of `logits [vocab]` f32: greedy when temperature is 0, else sampled. */
+export function nextToken(logits: Float32Array, params: DraftSampling, rng: RandomSource): number {
+  return params.temperature === 0 ? greedyToken(logits) : sampleToken(logits, params, rng);
 }

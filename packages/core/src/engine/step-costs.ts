@@ -17,7 +17,7 @@ import type { SequenceCache } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
-import { SeededRandom } from '../cli/sampling.js';
+import { SeededRandom } from './random.js';
 
 /** Costs of one batch-size bucket. Immutable. */
 export interface BucketCosts {

@@ -4,7 +4,7 @@
 // drafts), q with support where p has none, and p, q after the same temperature / top-k / top-p.
 import { describe, expect, it } from 'vitest';
 
-import { SeededRandom } from '../../src/cli/sampling.js';
+import { SeededRandom } from '../../src/engine/random.js';
 import { acceptGreedy, acceptSampled, sampleFromProbs, samplingProbs } from '../../src/engine/index.js';
 
 const V = 6;

@@ -177,7 +177,7 @@ class ToyTarget implements StageModel {
 /**
  * Drafts right while (position + j) % 5 ≠ 0, with a confidence from the token before each draft
  * (low before a wrong draft, sometimes low at the first draft → budget 0); checks the draft context
- * positions (the engine's defer / materialise bookkeeping after a cut).
+ * positions (the engine's draft-context bookkeeping after a cut: DraftContextWriter defer / write).
  */
 class ConfidentDrafter implements Drafter {
   readonly method = 'toy-confident';

@@ -1,7 +1,8 @@
-// Sampler: greedy path, seeded reproducibility, top-k / top-p support, and a distribution test.
+// The engine's sampler (probs.ts, random.ts; plain and speculative decoding): greedy path, seeded
+// reproducibility, top-k / top-p support, and a distribution test.
 import { describe, expect, it } from 'vitest';
 
-import { greedyToken, nextToken, sampleToken, SeededRandom } from '../../src/cli/sampling.js';
+import { greedyToken, nextToken, sampleToken, SeededRandom } from '../../src/engine/index.js';
 
 const logits = Float32Array.from([1.0, 3.0, 2.0, 0.5, 2.5, -1]);
 

@@ -1,0 +1,362 @@
+/**
+ * The speculative step of the engine (`SpecEngine`) as named phases over the sequences done prefilling:
+ * - {@link propose}: each sequence's draft length (the policy or the `draftLength` hook), its deferred
+ *   draft context written, ONE drafter call for all that draft, proposals checked and cut to their
+ *   verify budgets;
+ * - {@link verify}: ONE target forward over `[last verified token, drafts…]` of every sequence;
+ * - {@link accept}: which drafts the target keeps (accept.ts: greedy, rejection sampling, trees);
+ * - {@link commit}: the target keeps `accepted + 1` tokens per sequence, the committed tokens' taps
+ *   become draft context (draft-context.ts).
+ * The engine (engine.ts) times the phases and emits the committed tokens.
+ */
+
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { SequenceCache, SequenceCheckpoint } from '../kv/sequence-cache.js';
+import type { ContextSpan, DraftProposal, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
+import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import { acceptGreedy, acceptSampled, acceptTreeGreedy, isTree, type AcceptResult } from './accept.js';
+import type { DraftContextWriter, PendingContext } from './draft-context.js';
+import type { DraftPolicy } from './draft-policy.js';
+import type { RequestMetrics, RunMetrics } from './metrics.js';
+import { samplingProbs } from './probs.js';
+import type { SeededRandom } from './random.js';
+import { EngineError, type SpecEngineOptions, type SpecRequest } from './types.js';
+
+/** What the phases read (and count into) of the engine; built by the engine for each step. */
+export interface StepContext {
+  readonly target: StageModel;
+  readonly drafter: Drafter | undefined;
+  /** Writes and defers the draft context; undefined without a drafter. */
+  readonly context: DraftContextWriter | undefined;
+  /** The target's caches. */
+  readonly cache: SequenceCache;
+  /** The batch-level draft policy (undefined: `draftLength` hook, or no drafter). */
+  readonly policy: DraftPolicy | undefined;
+  readonly options: SpecEngineOptions;
+  readonly vocab: number;
+  /** Tap ids the drafter captures (empty without a drafter). */
+  readonly taps: readonly number[];
+  readonly commitMode: 'snapshots' | 'replay';
+  readonly metrics: RunMetrics;
+  /** The running sequences by id. */
+  readonly running: ReadonlyMap<SequenceId, Running>;
+}
+
+/** A request the engine runs (admitted: prefilling or decoding). */
+export interface Running {
+  readonly id: SequenceId;
+  readonly req: SpecRequest;
+  readonly rng: SeededRandom;
+  readonly metrics: RequestMetrics;
+  /**
+   * Prompt tokens prefilled so far, in [0, P]. The sequence is prefilling while it is < P (one chunk
+   * per step); at P its first token has been emitted and it takes part in every verify round.
+   */
+  prefilled: number;
+  /**
+   * Verified with k = 0 every step (a seeded sampled request under a timing-based policy;
+   * {@link SpecRequest.seeded}).
+   */
+  readonly plainOnly: boolean;
+  /** Prompt + committed tokens, the last verified token included. */
+  history: Int32Array;
+  historyLength: number;
+  readonly out: number[];
+  /**
+   * Committed tokens whose draft context is not written yet (steps with k = 0 defer it: a sequence
+   * that is not drafting does not pay the projection; flushed in one call before it drafts again;
+   * the taps and the pipeline's partial projection as draft-context.ts keeps them).
+   */
+  pending?: PendingContext;
+}
+
+/** What propose hands to verify. */
+export interface Proposed {
+  /** The drafts of each sequence that drafted, cut to its verify budget. */
+  readonly proposals: ReadonlyMap<SequenceId, DraftProposal>;
+  /** Sequences that drafted (the size of the propose call; 0: no call). */
+  readonly drafted: number;
+  /** Wall time of the drafter's propose call, ms (0 without a call). */
+  readonly proposeMs: number;
+}
+
+/** What verify hands to accept and commit. */
+export interface Verified {
+  /** The verify block of each sequence, in step order: `[last verified token, drafts…]` (+ `tree`). */
+  readonly blocks: readonly ForwardSequence[];
+  /** The verify forward: logits `[Σ block lengths, V]` f32, taps, state snapshots. */
+  readonly res: ForwardResult;
+  /** Target checkpoints before the verify forward (`'replay'` mode, sequences with drafts). */
+  readonly checkpoints: ReadonlyMap<SequenceId, SequenceCheckpoint>;
+  /** True when the forward kept per-token state snapshots (`commitPrefix` commits). */
+  readonly snapshots: boolean;
+}
+
+/** What accept decided for one sequence. */
+export interface Outcome {
+  readonly seq: Running;
+  /** Its verify block. */
+  readonly block: ForwardSequence;
+  readonly acc: AcceptResult;
+  /** The drafts along the accepted path: a chain's drafts, or the drafts of a tree's root path. */
+  readonly drafts: Int32Array;
+  /** A tree's kept block rows (a root path, `rows[0] = 0`); undefined for a chain. */
+  readonly path?: readonly number[];
+}
+
+/**
+ * The drafts each sequence asks for this step, in [0, min(maxDraftTokens, tokens left)] (0 for a
+ * plain-only sequence, and for all without a drafter): the `draftLength` hook, else the policy.
+ */
+function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
+  const maxK = ctx.drafter?.maxDraftTokens ?? 0;
+  const caps = seqs.map((r) => (r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length))));
+  if (ctx.drafter === undefined) return caps.map(() => 0);
+  const hook = ctx.options.draftLength;
+  if (hook !== undefined)
+    return seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
+  const chosen = ctx.policy!.choose(seqs.map((r, i) => ({ id: r.id, maxDrafts: caps[i]!, metrics: r.metrics })));
+  return chosen.map((k, i) => Math.max(0, Math.min(caps[i]!, Math.floor(k))));
+}
+
+/**
+ * Propose: the draft length of every sequence ({@link draftLengths}); the deferred draft context
+ * of those that draft is written, then ONE drafter call proposes for all of them. Each proposal is
+ * checked (no more drafts than asked for; a tree must be verifiable, {@link checkTree}) and cut to
+ * its verify budget ({@link applyBudgets}).
+ * @throws {EngineError} naming the sequence for a proposal that breaks these rules.
+ */
+export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
+  const wants = draftLengths(ctx, seqs);
+  const proposals = new Map<SequenceId, DraftProposal>();
+  const { drafter, context } = ctx;
+  const drafting = seqs.filter((_, i) => wants[i]! > 0);
+  // (wants are all 0 without a drafter)
+  if (drafter === undefined || context === undefined || drafting.length === 0)
+    return { proposals, drafted: 0, proposeMs: 0 };
+  context.flush(drafting.filter((r) => r.pending !== undefined));
+  const toDraft: DraftSequence[] = [];
+  seqs.forEach((r, i) => {
+    if (wants[i]! > 0) {
+      toDraft.push({
+        id: r.id,
+        position: r.historyLength - 1,
+        lastToken: r.history[r.historyLength - 1]!,
+        maxDrafts: wants[i]!,
+        history: r.history.subarray(0, r.historyLength),
+        sampling: r.req.sampling,
+        rng: r.rng,
+      });
+    }
+  });
+  ctx.metrics.proposeCalls++;
+  const tp = performance.now();
+  const proposed = drafter.propose({ sequences: toDraft });
+  const proposeMs = performance.now() - tp;
+  for (const p of proposed) {
+    const at = seqs.findIndex((r) => r.id === p.id);
+    if (p.tokens.length > (wants[at] ?? 0))
+      throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
+    if (isTree(p)) checkTree(ctx, p, seqs[at]!);
+    proposals.set(p.id, p);
+  }
+  applyBudgets(ctx, proposals);
+  return { proposals, drafted: toDraft.length, proposeMs };
+}
+
+/**
+ * A tree proposal must be verifiable: a target with `commitTreePath` (attention-only; a tree over
+ * linear-attention layers would need per-branch state), greedy sampling (trees are verified along
+ * the argmax path; drafters propose chains at temperature > 0), parents before children.
+ * @throws {EngineError} naming the sequence and the reason.
+ */
+function checkTree(ctx: StepContext, p: DraftProposal, r: Running): void {
+  const id = String(p.id);
+  if (ctx.target.commitTreePath === undefined)
+    throw new EngineError(
+      `propose: ${id}: tree drafts need a target that verifies trees ` +
+        '(StageModel.commitTreePath: attention-only stages); this one verifies chains only',
+    );
+  if (r.req.sampling.temperature !== 0)
+    throw new EngineError(
+      `propose: ${id}: tree drafts are verified greedily only (temperature 0); ` +
+        `at temperature ${r.req.sampling.temperature} the drafter must propose a chain`,
+    );
+  if (p.parents!.length !== p.tokens.length)
+    throw new EngineError(`propose: ${id}: parents: expected [${p.tokens.length}], got ${p.parents!.length}`);
+  p.parents!.forEach((v, j) => {
+    if (!(Number.isInteger(v) && v >= -1 && v < j))
+      throw new EngineError(`propose: ${id}: parents[${j}] = ${v}: expected −1 or an earlier draft`);
+  });
+}
+
+/**
+ * Verify: ONE target forward over `[last verified token, drafts…]` of every sequence (a tree
+ * proposal as the block's `tree`: row 0 the root, draft j's parent row = parents[j] + 1), logits
+ * for every row, the drafter's taps, and per-token state snapshots when some block has drafts in
+ * `'snapshots'` mode. In `'replay'` mode a sequence with drafts is checkpointed first.
+ */
+export function verify(
+  ctx: StepContext,
+  seqs: readonly Running[],
+  proposals: ReadonlyMap<SequenceId, DraftProposal>,
+): Verified {
+  const blocks: ForwardSequence[] = [];
+  const checkpoints = new Map<SequenceId, SequenceCheckpoint>();
+  for (const r of seqs) {
+    const p = proposals.get(r.id);
+    const drafts = p?.tokens ?? new Int32Array(0);
+    const tokens = new Int32Array(drafts.length + 1);
+    tokens[0] = r.history[r.historyLength - 1]!;
+    tokens.set(drafts, 1);
+    if (ctx.commitMode === 'replay' && drafts.length > 0) checkpoints.set(r.id, ctx.cache.checkpoint(r.id));
+    const tree =
+      p !== undefined && isTree(p)
+        ? Int32Array.from([-1, ...Array.from(p.parents!.subarray(0, drafts.length), (v) => v + 1)])
+        : undefined;
+    blocks.push({
+      id: r.id,
+      position: ctx.cache.length(r.id),
+      tokens,
+      logits: 'all',
+      ...(tree === undefined ? {} : { tree }),
+    });
+  }
+  // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
+  const snapshots = ctx.commitMode === 'snapshots' && blocks.some((f) => f.tokens.length > 1);
+  const res = ctx.target.forward({ sequences: blocks }, ctx.cache, { taps: ctx.taps, stateSnapshots: snapshots });
+  ctx.metrics.verifyForwards++;
+  ctx.metrics.decodeForwards++;
+  return { blocks, res, checkpoints, snapshots };
+}
+
+/**
+ * Accept (accept.ts), per sequence in step order: a tree is accepted greedily along the target's
+ * argmax path (its kept block rows are the outcome's `path`); a chain greedily at temperature 0,
+ * else by rejection sampling against the drafter's q with the request's PRNG.
+ */
+export function accept(
+  ctx: StepContext,
+  seqs: readonly Running[],
+  verified: Verified,
+  proposals: ReadonlyMap<SequenceId, DraftProposal>,
+): Outcome[] {
+  const V = ctx.vocab;
+  const { res } = verified;
+  return seqs.map((r, i) => {
+    const block = verified.blocks[i]!;
+    const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
+    if (block.tree !== undefined) {
+      const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
+      return { seq: r, block, acc, drafts: Int32Array.from(rows.slice(1), (x) => block.tokens[x]!), path: rows };
+    }
+    const drafts = block.tokens.subarray(1);
+    const acc =
+      r.req.sampling.temperature === 0
+        ? acceptGreedy(drafts, lg, V)
+        : acceptSampled(drafts, proposals.get(r.id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
+    return { seq: r, block, acc, drafts };
+  });
+}
+
+/**
+ * Commit: every sequence (in step order) keeps `accepted + 1` tokens of its block. Target: {@link commitTarget}.
+ * Draft: the block KV was never kept; the verify pass's taps of the committed tokens become new
+ * draft context — written now (one projection) for the sequences that drafted, deferred for those
+ * with k = 0. Records each sequence's step in its metrics and the policy.
+ * @returns the verify forward's rows (Σ block lengths).
+ */
+export function commit(ctx: StepContext, verified: Verified, outcomes: readonly Outcome[]): number {
+  const { res } = verified;
+  const spans: ContextSpan[] = [];
+  const spanRows: Int32Array[] = [];
+  let row = 0;
+  for (const { seq: r, block, acc, drafts, path } of outcomes) {
+    const k = block.tokens.length - 1;
+    const committed = acc.accepted + 1;
+    commitTarget(ctx, r, verified, block, committed, path);
+    r.metrics.targetForwards++;
+    r.metrics.recordStep(k, acc.accepted);
+    ctx.policy?.observe(r.id, k, acc.accepted);
+    if (k === 0) {
+      // a plain-only sequence never drafts: its draft context is never needed
+      if (ctx.context !== undefined && !r.plainOnly) ctx.context.defer(r, res, row, block.position, committed);
+    } else {
+      const next = new Int32Array(committed);
+      next.set(drafts.subarray(0, acc.accepted));
+      next[acc.accepted] = acc.bonus;
+      spans.push({ id: r.id, position: block.position, numTokens: committed, nextTokens: next });
+      spanRows.push(Int32Array.from(path ?? Array.from({ length: committed }, (_, j) => j), (x) => row + x));
+    }
+    row += block.tokens.length;
+  }
+  if (ctx.context !== undefined && spans.length > 0) ctx.context.write(spans, res, spanRows);
+  return row;
+}
+
+/**
+ * Keeps `committed` tokens of one verify block in the target cache: a tree's root `path`
+ * (`commitTreePath`), the prefix with the verify pass's state snapshots (`commitPrefix`: KV
+ * truncated, linear state restored from the snapshot after the last committed token), or in
+ * `'replay'` mode after a rejection the checkpoint restored and the committed tokens re-run (one
+ * more forward). A block committed whole needs nothing more in `'replay'` mode.
+ */
+function commitTarget(
+  ctx: StepContext,
+  r: Running,
+  verified: Verified,
+  block: ForwardSequence,
+  committed: number,
+  path: readonly number[] | undefined,
+): void {
+  const id = r.id;
+  if (path !== undefined) {
+    ctx.target.commitTreePath!(ctx.cache, verified.res, id, path);
+  } else if (verified.snapshots) {
+    ctx.target.commitPrefix!(ctx.cache, verified.res, id, committed);
+  } else if (committed < block.tokens.length) {
+    ctx.cache.rollback(id, verified.checkpoints.get(id)!);
+    ctx.target.forward(
+      { sequences: [{ id, position: block.position, tokens: block.tokens.subarray(0, committed), logits: 'none' }] },
+      ctx.cache,
+    );
+    ctx.metrics.decodeForwards++;
+    r.metrics.targetForwards++;
+  }
+}
+
+/**
+ * Verify budgets (see {@link SpecEngineOptions.verifyBudget}): offers the proposals with
+ * `confidence` to the policy's `budgets` hook and cuts each to its budget in place (in `proposals`).
+ */
+function applyBudgets(ctx: StepContext, proposals: Map<SequenceId, DraftProposal>): void {
+  const hook = ctx.policy?.budgets;
+  if (hook === undefined || (ctx.options.verifyBudget ?? 'survival') === 'all' || ctx.options.draftLength !== undefined)
+    return;
+  const items = [...proposals.values()].filter((p) => p.confidence !== undefined && p.tokens.length > 0);
+  if (items.length === 0) return;
+  for (const p of items) {
+    if (p.confidence!.length !== p.tokens.length)
+      throw new EngineError(
+        `propose: ${String(p.id)}: confidence has ${p.confidence!.length} entries for ${p.tokens.length} drafts`,
+      );
+  }
+  const budgets = hook.call(
+    ctx.policy,
+    items.map((p) => ({ id: p.id, confidence: p.confidence! })),
+  );
+  const V = ctx.vocab;
+  items.forEach((p, i) => {
+    const k = p.tokens.length;
+    const b = Math.max(0, Math.min(k, Math.floor(budgets[i] ?? k)));
+    ctx.running.get(p.id)?.metrics.recordBudget(k, b);
+    if (b === k) return;
+    proposals.set(p.id, {
+      id: p.id,
+      tokens: p.tokens.subarray(0, b),
+      ...(p.probs === undefined ? {} : { probs: p.probs.subarray(0, b * V) }),
+      ...(p.parents === undefined ? {} : { parents: p.parents.subarray(0, b) }),
+      confidence: p.confidence!.subarray(0, b),
+    });
+  });
+}

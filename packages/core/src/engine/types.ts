@@ -1,0 +1,111 @@
+/** The engine's request, result and option types, and its error class. */
+
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { DraftSampling } from '../plugin/drafter-plugin.js';
+import type { CostDraftPolicy, CostDraftPolicyOptions, DraftPolicy } from './draft-policy.js';
+import type { RequestMetrics } from './metrics.js';
+
+/**
+ * Sampling settings, the record a drafter sees too ({@link DraftSampling}), applied in this order
+ * (probs.ts): `temperature` — 0 → greedy; otherwise > 0 (logits are divided by it); `topK` — keep
+ * the k most likely tokens (undefined or 0: no top-k); `topP` — keep the smallest set of tokens
+ * whose probability reaches p, in (0, 1] (undefined or 1: no top-p).
+ */
+export type SamplingParams = DraftSampling;
+
+/** One generation request. */
+export interface SpecRequest {
+  readonly id: SequenceId;
+  /** Prompt token ids `[P]` i32, P ≥ 1. */
+  readonly promptIds: Int32Array;
+  /** New tokens at most (≥ 1). */
+  readonly maxTokens: number;
+  readonly sampling: DraftSampling;
+  /** PRNG seed of the request (drafts and verification draw from one stream). */
+  readonly seed: number;
+  /**
+   * The client fixed `seed` (OpenAI `seed`, `specd generate --seed`, a configured default seed) and
+   * expects the same output for the same request. With temperature > 0 under a timing-based draft
+   * policy (`'cost'`, or any {@link CostDraftPolicy}) the engine then verifies this request with
+   * k = 0 every step: plain decoding, one PRNG draw per token, so its tokens depend only on the seed
+   * and the target's logits (batch-invariant) — a k picked from measured timings would consume the
+   * PRNG stream differently run to run. No effect at temperature 0 (greedy output never depends on
+   * k), under `'max'`, a fixed policy or the `draftLength` hook (their k is not timing-based).
+   * Default false.
+   */
+  readonly seeded?: boolean;
+  /** Keep going after EOS. */
+  readonly ignoreEos?: boolean;
+  /** EOS ids (ignored with ignoreEos). */
+  readonly eosTokenIds?: readonly number[];
+  /** Stop when the generated text contains one of these (needs the engine's `decode`). */
+  readonly stopStrings?: readonly string[];
+  /** Called with each committed token, in order. */
+  readonly onToken?: (id: number) => void;
+}
+
+/** Why a request ended. */
+export type FinishReason = 'eos' | 'stop' | 'length' | 'abort';
+
+/** A finished request. */
+export interface SpecResult {
+  readonly id: SequenceId;
+  /** Generated ids (the EOS / stop-completing token included). */
+  readonly tokenIds: number[];
+  readonly finishReason: FinishReason;
+  readonly metrics: RequestMetrics;
+}
+
+/** Options of {@link SpecEngine}. */
+export interface SpecEngineOptions {
+  /** Running sequences at most (default 8). */
+  readonly maxSequences?: number;
+  /** Prompt + generated + one draft block, per sequence, at most (sizes the KV pools; default 4096). */
+  readonly maxTokensPerSequence?: number;
+  /** Target KV page size, tokens (default 16). */
+  readonly pageSize?: number;
+  /**
+   * Tokens per prefill forward (default 64). A prompt of P tokens is prefilled over ⌈P / prefillChunk⌉
+   * steps, one chunk per step (chunk i = prompt tokens [i·prefillChunk, (i+1)·prefillChunk)), while
+   * the sequences already decoding take their propose → verify round in every one of those steps.
+   */
+  readonly prefillChunk?: number;
+  /** How to commit a partially accepted block (default: 'snapshots' when the stage supports it, else 'replay'). */
+  readonly commit?: 'snapshots' | 'replay';
+  /** Detokenizer for stop strings. */
+  readonly decode?: (ids: readonly number[]) => string;
+  /**
+   * How many drafts each sequence verifies per step (draft-policy.ts). `'cost'` (default, see
+   * {@link DEFAULT_DRAFT_POLICY}): the cost-based policy — at the first step (before any request is
+   * admitted) the engine measures t_verify / t_draft for its batch-size buckets on this machine
+   * (step-costs.ts; cached per target/drafter, thread count and commit mode), then each step picks
+   * per sequence the k that maximises expected committed tokens per second, k = 0 (a plain decode
+   * step) included; with proposal confidences it also cuts each proposal to its survival budget
+   * ({@link verifyBudget}). `'max'`: always the drafter's maximum (fixed k = maxDraftTokens; τ tests
+   * compare with the reference at the full block, and sampled outputs stay reproducible per seed,
+   * which a timing-based policy does not guarantee).
+   * Or any {@link DraftPolicy}, e.g. `fixedDraftPolicy(7)`. Ignored when `draftLength` is given.
+   */
+  readonly draftPolicy?: 'cost' | 'max' | DraftPolicy;
+  /** Options of the `'cost'` policy. */
+  readonly costPolicy?: CostDraftPolicyOptions;
+  /**
+   * Verify budgets for proposals with `confidence` (adaptive verification): `'survival'` (default)
+   * asks the policy's `budgets` hook — the `'cost'` policy verifies the drafts whose survival
+   * Π c_l ≥ λ; `'max'` and fixed policies have no hook and verify everything — `'all'` never cuts.
+   */
+  readonly verifyBudget?: 'survival' | 'all';
+  /**
+   * Per-sequence draft length hook (fixed k: `() => 7`; EMA: `adaptiveDraftLength()`), clamped to
+   * [0, drafter.maxDraftTokens]; takes precedence over `draftPolicy`.
+   */
+  readonly draftLength?: (id: SequenceId, metrics: RequestMetrics) => number;
+}
+
+/** The engine's draft policy when none is given (see {@link SpecEngineOptions.draftPolicy}). */
+export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'cost';
+
+/** Thrown for a bad request (names the field) or a misuse of the engine. */
+export class EngineError extends Error {
+  override readonly name = 'EngineError';
+}
