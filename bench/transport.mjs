@@ -113,7 +113,8 @@ console.log(
     .join(' ')}; small n = ${N}, 4 MB n = ${NBIG}`,
 );
 console.log(
-  '| transport | small round trip, median µs | mean µs | 4 MB driver → stage (+ ack), median ms | 4 MB stage → driver, median ms |',
+  '| transport | small round trip, median µs | mean µs | 4 MB driver ' +
+    '→ stage (+ ack), median ms | 4 MB stage → driver, median ms |',
 );
 console.log('| --- | ---: | ---: | ---: | ---: |');
 for (const mode of ['zmq', 'fifo']) {
@@ -134,7 +135,8 @@ for (const mode of ['zmq', 'fifo']) {
   fs.rmSync(path.join(tmp, 'resp'), { force: true });
   const mean = s.reduce((a, x) => a + x, 0) / s.length;
   console.log(
-    `| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`,
+    `| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ` +
+      `${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`,
   );
 }
 fs.rmSync(tmp, { recursive: true, force: true });

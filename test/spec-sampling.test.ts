@@ -69,7 +69,10 @@ interface Cells {
   readonly t1: number[];
   /** Per t1 cell (index into t1), its top t2 ids. */
   readonly t2: number[][];
-  /** Raw cell i * (TOP + 1) + j (t1 cell i, t2 cell j, j = TOP: other; last raw cell: "t1 other") → the bin it is counted in. */
+  /**
+   * Raw cell i * (TOP + 1) + j (t1 cell i, t2 cell j, j = TOP: other; last raw cell: "t1 other") → the bin it is
+   * counted in.
+   */
   readonly bin: Int32Array;
   /** Expected probability per bin. */
   readonly expected: Float64Array;
@@ -174,7 +177,9 @@ describe.each(DRAFTERS)('speculative sampling at T = 1 with %s', (method) => {
       const minExpected = Math.min(...[...cells.expected].map((p) => p * total));
       const critical = chi2Critical(cells.expected.length - 1);
       console.log(
-        `${method}: χ² ${chi2.toFixed(2)} over ${cells.expected.length} cells (critical ${critical.toFixed(2)} at p = 0.001), smallest expected count ${minExpected.toFixed(1)}, τ per step ${engine.metrics.tauPerStep.toFixed(3)}`,
+        `${method}: χ² ${chi2.toFixed(2)} over ${cells.expected.length} cells ` +
+          `(critical ${critical.toFixed(2)} at p = 0.001), smallest expected count ` +
+          `${minExpected.toFixed(1)}, τ per step ${engine.metrics.tauPerStep.toFixed(3)}`,
       );
       expect(cells.expected.length).toBeGreaterThanOrEqual(6);
       expect(chi2).toBeLessThan(critical);

@@ -110,7 +110,8 @@ describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
           mode === 'quant' ? 0 : 2,
         );
         console.log(
-          `[${mode}] ${g.name}: T=${T}, worst per-layer rel error ${worst.toExponential(2)}, logits ${logitErr.toExponential(2)}, argmax differs at ${diff.length} of ${T}`,
+          `[${mode}] ${g.name}: T=${T}, worst per-layer rel error ${worst.toExponential(2)}, ` +
+            `logits ${logitErr.toExponential(2)}, argmax differs at ${diff.length} of ${T}`,
         );
       },
     );
@@ -137,7 +138,8 @@ describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
           ).logits!;
       }
       if (mode === 'quant') expect(out).toEqual(g.continuation);
-      else expect(out.slice(0, 8)).toEqual(g.continuation.slice(0, 8)); // bf16 weights may leave the path at a later near-tie
+      // bf16 weights may leave the path at a later near-tie
+      else expect(out.slice(0, 8)).toEqual(g.continuation.slice(0, 8));
     });
   },
 );

@@ -85,7 +85,8 @@ describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
     console.log(
-      `${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref!.tau.toFixed(3)})`,
+      `${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count}` +
+        ` prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref!.tau.toFixed(3)})`,
     );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
   });

@@ -82,7 +82,8 @@ describe('greedy speculative decoding with DSpark', () => {
     expect(m.perPositionAcceptance.length).toBeLessThanOrEqual(7);
     expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
     console.log(
-      `DSpark greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
+      `DSpark greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ` +
+        `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
     );
   });
 });
@@ -128,7 +129,8 @@ describe.skipIf(refRun === undefined)('τ vs the reference run dspark_t0 (subset
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
     console.log(
-      `DSpark ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref.tau.toFixed(3)})`,
+      `DSpark ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ` +
+        `${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref.tau.toFixed(3)})`,
     );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
     expect(drafter.pagesInUse).toBe(0);

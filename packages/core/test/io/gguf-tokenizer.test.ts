@@ -26,7 +26,8 @@ const FIXTURE = path.join(ROOT, 'test/fixtures/smollm2-tokenizer-ids.json');
 const haveModel = fs.existsSync(GGUF_PATH);
 
 const CHATML =
-  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + " +
+  "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 function tinyGguf(pre = 'smollm', model = 'gpt2'): GgufFile {
   const tokens = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', 'a', 'b', 'Ġ', '1', '2', 'ab', 'Ġab', '<think>'];
@@ -210,7 +211,8 @@ describe.skipIf(!haveModel)('SmolLM2-135M-Instruct Q4_1 GGUF (models:fetch)', ()
     );
     const noSystem = t.render([{ role: 'user', content: 'Hi' }], true);
     expect(noSystem).toBe(
-      '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
+      '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by ' +
+        'Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
     );
   });
 });

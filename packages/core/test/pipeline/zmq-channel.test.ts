@@ -117,41 +117,45 @@ describe('ZeroMQ stage transport', () => {
     expect(() => decodeMessage(new Uint8Array(ab, 0, ab.byteLength - 1))).toThrow(/truncated/);
   });
 
-  it('round-trips headers and Float32/Int32 frames (0, 1, 1e6 elements) intact and in order; the peer exits on `exit`', async () => {
-    const { ch, child } = zmqEcho();
-    const big = new Float32Array(1_000_000);
-    for (let i = 0; i < big.length; i++) big[i] = Math.sin(i) * 1e3;
-    const ints = new Int32Array(1_000_000);
-    for (let i = 0; i < ints.length; i++) ints[i] = (i * 2654435761) | 0;
-    const sent: Message[] = [
-      { header: { type: 'echo', i: 0 }, frames: [] },
-      {
-        header: { type: 'echo', i: 1, nested: { a: [1, 2], s: 'ünïcode' } },
-        frames: [new Float32Array(0), new Int32Array(0)],
-      },
-      { header: { type: 'echo', i: 2 }, frames: [new Float32Array([Math.PI]), new Int32Array([-5])] },
-      { header: { type: 'echo', i: 3 }, frames: [big, new Int32Array([1, 2, 3]), ints] },
-      { header: { type: 'echo', i: 4 }, frames: [big.subarray(3, 10)] }, // a view at an offset
-    ];
-    for (const m of sent) ch.send(m); // all sent before any is read: order must hold
-    for (const m of sent) {
-      const r = ch.receive();
-      expect(r.header).toMatchObject(m.header);
-      expect(r.frames.length).toBe(m.frames.length);
-      r.frames.forEach((f, k) => {
-        const want = m.frames[k]!;
-        expect(f.constructor).toBe(want.constructor);
-        expect(
-          Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(
-            Buffer.from(want.buffer, want.byteOffset, want.byteLength),
-          ),
-        ).toBe(true);
-      });
-    }
-    ch.send({ header: { type: 'exit' }, frames: [] });
-    ch.close();
-    expect(await exited(child, 5000)).toEqual({ code: 0, signal: null });
-  });
+  it(
+    'round-trips headers and Float32/Int32 frames (0, 1, 1e6 ' +
+      'elements) intact and in order; the peer exits on `exit`',
+    async () => {
+      const { ch, child } = zmqEcho();
+      const big = new Float32Array(1_000_000);
+      for (let i = 0; i < big.length; i++) big[i] = Math.sin(i) * 1e3;
+      const ints = new Int32Array(1_000_000);
+      for (let i = 0; i < ints.length; i++) ints[i] = (i * 2654435761) | 0;
+      const sent: Message[] = [
+        { header: { type: 'echo', i: 0 }, frames: [] },
+        {
+          header: { type: 'echo', i: 1, nested: { a: [1, 2], s: 'ünïcode' } },
+          frames: [new Float32Array(0), new Int32Array(0)],
+        },
+        { header: { type: 'echo', i: 2 }, frames: [new Float32Array([Math.PI]), new Int32Array([-5])] },
+        { header: { type: 'echo', i: 3 }, frames: [big, new Int32Array([1, 2, 3]), ints] },
+        { header: { type: 'echo', i: 4 }, frames: [big.subarray(3, 10)] }, // a view at an offset
+      ];
+      for (const m of sent) ch.send(m); // all sent before any is read: order must hold
+      for (const m of sent) {
+        const r = ch.receive();
+        expect(r.header).toMatchObject(m.header);
+        expect(r.frames.length).toBe(m.frames.length);
+        r.frames.forEach((f, k) => {
+          const want = m.frames[k]!;
+          expect(f.constructor).toBe(want.constructor);
+          expect(
+            Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(
+              Buffer.from(want.buffer, want.byteOffset, want.byteLength),
+            ),
+          ).toBe(true);
+        });
+      }
+      ch.send({ header: { type: 'exit' }, frames: [] });
+      ch.close();
+      expect(await exited(child, 5000)).toEqual({ code: 0, signal: null });
+    },
+  );
 
   it('after the hello, the ipc:// socket file may go (startPipeline removes its temp dir)', async () => {
     const { ch, child } = zmqEcho();
