@@ -74,19 +74,17 @@ function fifoEcho(): { ch: FifoChannel; child: ChildProcess } {
   return { ch: new FifoChannel(readFd, writeFd, 1), child };
 }
 
-function meanRoundTripUs(ch: SyncChannel, n: number): number {
+/** Sends `n` small requests one at a time; returns the `k` of each echo, in the order received. */
+function roundTrips(ch: SyncChannel, n: number): number[] {
   const frames = [new Int32Array([1, 2, 3, 4])];
-  for (let i = 0; i < 50; i++) {
-    ch.send({ header: { type: 'ping', k: -1 }, frames });
-    ch.receive();
-  }
-  const t0 = process.hrtime.bigint();
+  const ks: number[] = [];
   for (let i = 0; i < n; i++) {
     ch.send({ header: { type: 'ping', k: i }, frames });
     const r = ch.receive();
-    if (r.header.k !== i) throw new Error(`round trip ${i}: got ${String(r.header.k)}`);
+    expect(Array.from(r.frames[0] ?? [])).toEqual([1, 2, 3, 4]);
+    ks.push(r.header.k as number);
   }
-  return Number(process.hrtime.bigint() - t0) / 1000 / n;
+  return ks;
 }
 
 describe('ZeroMQ stage transport', () => {
@@ -178,29 +176,27 @@ describe('ZeroMQ stage transport', () => {
     }
   });
 
-  it('small round trips: zmq vs fifo (mean µs, printed)', async () => {
+  // Their timings (zmq vs fifo, small and 4 MB messages): `npm run bench:transport`.
+  it('small round trips: zmq and fifo each echo 500 requests in order', async () => {
+    const want = Array.from({ length: 500 }, (_, i) => i);
     const z = zmqEcho();
-    const zmqUs = meanRoundTripUs(z.ch, 500);
+    expect(roundTrips(z.ch, 500)).toEqual(want);
     z.ch.send({ header: { type: 'exit' }, frames: [] });
     z.ch.close();
     const f = fifoEcho();
-    const fifoUs = meanRoundTripUs(f.ch, 500);
+    expect(roundTrips(f.ch, 500)).toEqual(want);
     f.ch.send({ header: { type: 'exit' }, frames: [] });
     f.ch.close();
-    console.log(`round trip (header + 4 int32, mean of 500): zmq ${zmqUs.toFixed(1)} µs, fifo ${fifoUs.toFixed(1)} µs`);
-    expect(zmqUs).toBeGreaterThan(0);
     await Promise.all([exited(z.child, 5000), exited(f.child, 5000)]);
   });
 
-  it('a peer killed while the driver is blocked in receive() is a PeerGoneError within ~0.1 s', async () => {
+  // How soon (about one pollMs): `npm run bench:transport`.
+  it('a peer killed while the driver is blocked in receive() is a PeerGoneError', async () => {
     const { ch, child } = zmqEcho();
     ch.send({ header: { type: 'echo' }, frames: [] });
     ch.receive(); // connected
-    const t0 = Date.now();
     ch.send({ header: { type: 'die' }, frames: [] }); // SIGKILLs itself, no answer
     expect(() => ch.receive()).toThrow(PeerGoneError);
-    const ms = Date.now() - t0;
-    expect(ms).toBeLessThan(1000);
     expect(() => ch.send({ header: {}, frames: [] })).toThrow(PeerGoneError);
     ch.close();
     expect((await exited(child, 5000)).signal).toBe('SIGKILL');
@@ -216,9 +212,7 @@ describe('ZeroMQ stage transport', () => {
       pollMs: 20,
     });
     spawn('sh', ['-c', `sleep 0.3; kill -9 ${child.pid}`], { stdio: 'ignore' });
-    const t0 = Date.now();
     expect(() => ch.receive()).toThrow(PeerGoneError);
-    expect(Date.now() - t0).toBeLessThan(3000);
     ch.close();
   });
 
