@@ -11,10 +11,13 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, loadDrafter, loadTarget, type LoadedTarget } from '@specd/core';
+import { skipWithoutFiles } from './require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const GGUF_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
-const HAVE = fs.existsSync(path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'));
+const HAVE = !skipWithoutFiles('the drafters trained for SmolLM2-135M-Instruct', [
+  path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'),
+]);
 
 const DRAFTERS = {
   dflash: path.join(ROOT, 'models/smollm2-135m-instruct-dflash'),

@@ -5,7 +5,6 @@
 // N seeded requests through SpecEngine (draftPolicy 'max', so every request verifies the drafter's
 // whole block at its first step) are binned into the same cells and compared by Pearson's χ².
 // Each drafter is loaded through its checkpoint's config.json (the registry picks the plugin).
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -21,11 +20,17 @@ import {
   type LoadedTarget,
   type SpecResult,
 } from '@specd/core';
+import { skipWithoutFiles } from './require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
-const DRAFTERS = ['dflash', 'dspark', 'eagle3'].filter((m) =>
-  fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')),
+const DRAFTERS = ['dflash', 'dspark', 'eagle3'].filter(
+  (m) =>
+    !skipWithoutFiles(
+      `speculative sampling at T = 1 with ${m}`,
+      [path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')],
+      'git checkout -- models/',
+    ),
 );
 const PROMPT = 'The United States of'; // peaked enough at T = 1 for ~10 cells of ≥ 5 expected counts
 const REQUESTS = 800;

@@ -20,6 +20,7 @@ import {
   type GgufWeightMode,
   type LlamaStageModel,
 } from '../src/index.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -55,7 +56,7 @@ const goldens: Golden[] = Object.entries(index.goldens).map(([name, g]) => {
   }
 });
 
-describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
+describe.skipIf(skipWithoutFiles('SmolLM2 goldens', [GGUF])).each(['quant', 'bf16'] as const)(
   'SmolLM2 goldens, weights %s',
   (mode: GgufWeightMode) => {
     let model: LlamaStageModel;

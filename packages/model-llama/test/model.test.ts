@@ -6,7 +6,6 @@
 // - quantized projections (gemmQuant) vs bf16 panels dequantised at load agree to bf16 rounding;
 // - the instruct model answers a ChatML question (a smoke test of the whole path; the per-layer
 //   goldens from the PyTorch reference are in goldens.test.ts).
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -23,10 +22,11 @@ import {
   parseLlamaConfig,
   type LlamaStageModel,
 } from '../src/index.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
-const HAVE = fs.existsSync(GGUF);
+const HAVE = !skipWithoutFiles('SmolLM2-135M-Instruct (GGUF Q4_1)', [GGUF]);
 
 describe('config', () => {
   it('parses a Llama config.json and names the bad field', () => {

@@ -3,7 +3,6 @@
 // (so acceptance follows a non-first branch, stops inside the tree, or accepts a whole path).
 // Greedy output must be plain decoding's; one target forward per verify step; pages freed; and the
 // tree's accepted depth must exceed what its first chain alone would give.
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -21,10 +20,13 @@ import {
   type SequenceId,
   type StageInfo,
 } from '@specd/core';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
-const HAVE = fs.existsSync(path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'));
+const HAVE = !skipWithoutFiles('tree verification in the engine (SmolLM2)', [
+  path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'),
+]);
 
 /**
  * Knows the plain greedy continuation of each prompt. Tree per step (indices into the proposal):

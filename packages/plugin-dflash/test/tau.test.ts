@@ -10,6 +10,7 @@ import { SpecEngine, type StageModel } from '@specd/core';
 
 import type { DFlashDrafter } from '../src/index.js';
 import { loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const REF = process.env.SPECD_REFERENCE_TAU ?? path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
 
@@ -42,7 +43,9 @@ function findRun(x: unknown): RefRun | undefined {
   return undefined;
 }
 
-const run = fs.existsSync(REF) ? findRun(JSON.parse(fs.readFileSync(REF, 'utf8'))) : undefined;
+const run = skipWithoutFiles('τ vs the reference (subset)', [REF], 'git checkout -- test/prompts/reference_tau.json')
+  ? undefined
+  : findRun(JSON.parse(fs.readFileSync(REF, 'utf8')));
 
 describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
   let target: StageModel;

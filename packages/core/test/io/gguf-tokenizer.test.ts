@@ -1,6 +1,6 @@
 /**
  * Tokenizer from GGUF metadata, and the real SmolLM2-135M-Instruct GGUF (fetched by
- * `npm run models:fetch`; those tests skip when it is absent). Reference ids:
+ * `npm run models:fetch`; those tests skip with a warning when it is absent, and fail under CI). Reference ids:
  * test/fixtures/smollm2-tokenizer-ids.json from tools/reference/gguf_tokenizer_check.py; reference
  * dequantized values: pip `gguf` (`gguf.dequantize`) on the same file, pinned below.
  */
@@ -19,11 +19,12 @@ import {
 } from '../../src/io/index.js';
 import { ChatTemplate } from '../../src/serve/chat-template.js';
 import { buildGguf } from './gguf-builder.js';
+import { skipWithoutFiles } from '../../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
 const GGUF_PATH = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
 const FIXTURE = path.join(ROOT, 'test/fixtures/smollm2-tokenizer-ids.json');
-const haveModel = fs.existsSync(GGUF_PATH);
+const haveModel = !skipWithoutFiles('SmolLM2-135M-Instruct Q4_1 GGUF (models:fetch)', [GGUF_PATH]);
 
 const CHATML =
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + " +
