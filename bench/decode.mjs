@@ -121,7 +121,8 @@ function whenQuiet(label, fn) {
   return best;
 }
 const fmtLoad = (l) =>
-  `load avg ${l.load1.toFixed(2)}, others used ${l.othersCores.toFixed(2)} vCPU, this bench ${l.ownCores.toFixed(2)} vCPU`;
+  `load avg ${l.load1.toFixed(2)}, others used ${l.othersCores.toFixed(2)}` +
+  ` vCPU, this bench ${l.ownCores.toFixed(2)} vCPU`;
 
 // ---- bandwidth ----------------------------------------------------------------------------------
 
@@ -204,7 +205,8 @@ function weightBytes(c) {
   };
   const fixed = Object.values(fam).reduce((a, b) => a + b, 0);
   const perExpert = 2 * 3 * D * Im;
-  const stored = 2 * c.vocab_size * D + fixed - fam['MLA attention'] / 2 + moeLayers * E * perExpert; // ≈ checkpoint bytes (embedding included)
+  // ≈ checkpoint bytes (embedding included)
+  const stored = 2 * c.vocab_size * D + fixed - fam['MLA attention'] / 2 + moeLayers * E * perExpert;
   return {
     fam,
     fixed,
@@ -467,7 +469,10 @@ function decodeRow(name, wb, run, copyGBs) {
   const tokS = (1000 * run.B) / run.medianMs;
   const bound = (copyGBs * 1e9) / perTok;
   return {
-    text: `| ${name} | ${run.B} | ${run.medianMs.toFixed(2)} (${run.minMs.toFixed(2)}) | ${tokS.toFixed(1)} | ${(run.prof.distinctExperts / wb.moeLayers).toFixed(1)} | ${mb(perTok)} | ${bound.toFixed(1)} | ${((100 * tokS) / bound).toFixed(0)} % | ${(bytes / run.medianMs / 1e6).toFixed(1)} |`,
+    text:
+      `| ${name} | ${run.B} | ${run.medianMs.toFixed(2)} (${run.minMs.toFixed(2)}) | ${tokS.toFixed(1)}` +
+      ` | ${(run.prof.distinctExperts / wb.moeLayers).toFixed(1)} | ${mb(perTok)} | ${bound.toFixed(1)}` +
+      ` | ${((100 * tokS) / bound).toFixed(0)} % | ${(bytes / run.medianMs / 1e6).toFixed(1)} |`,
     bytes,
   };
 }
@@ -502,7 +507,8 @@ const started = new Date();
 const runMeter = loadMeter();
 const info = isa();
 console.log(
-  `# specd decode bench — ${started.toISOString()}, isa ${info.isa}, amx ${info.amxAvailable}, threads ${info.threads}, ${cpus().length} vCPU (${cpus()[0]?.model}), node ${process.version}`,
+  `# specd decode bench — ${started.toISOString()}, isa ${info.isa}, amx ${info.amxAvailable}, ` +
+    `threads ${info.threads}, ${cpus().length} vCPU (${cpus()[0]?.model}), node ${process.version}`,
 );
 console.log(
   `# load at start: load avg ${loadavg()
@@ -537,7 +543,8 @@ try {
     const t0 = performance.now();
     const { bytes } = writeSyntheticKimi(synthDir, largeSyntheticConfig());
     console.log(
-      `synthetic checkpoint: ${(bytes / 1e9).toFixed(2)} GB of weights written to ${synthDir} in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+      `synthetic checkpoint: ${(bytes / 1e9).toFixed(2)} GB of weights written ` +
+        `to ${synthDir} in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
     );
   }
   for (const [name, dir] of [
@@ -548,7 +555,8 @@ try {
     const wb = weightBytes(raw);
     const copy = whenQuiet('copy bandwidth', copyBandwidth).gbs;
     console.log(
-      `\n## ${name}: loaded in ${loadS.toFixed(1)} s; weights ≈ ${(wb.stored / 1e9).toFixed(3)} GB; copy bandwidth now ${copy.toFixed(1)} GB/s`,
+      `\n## ${name}: loaded in ${loadS.toFixed(1)} s; weights ≈ ` +
+        `${(wb.stored / 1e9).toFixed(3)} GB; copy bandwidth now ${copy.toFixed(1)} GB/s`,
     );
     const dec = [1, 8].map((B) => whenQuiet(`decode B=${B}`, () => runDecode(stage, raw, B)));
     for (const d of dec)
@@ -568,29 +576,35 @@ const whole = runMeter.stop();
 
 // Tables (markdown).
 console.log(
-  `\n### Decode (context ${CONTEXT} tokens, greedy, median of ${DECODE_STEPS} steps after ${DECODE_WARMUP} warm-up; bound = copy bandwidth / weight bytes per token)\n`,
+  `\n### Decode (context ${CONTEXT} tokens, greedy, median of ${DECODE_STEPS} steps ` +
+    `after ${DECODE_WARMUP} warm-up; bound = copy bandwidth / weight bytes per token)\n`,
 );
 console.log(
-  '| model | batch | ms/step median (min) | tokens/s | routed experts per MoE layer (distinct) | weight MB read per token | bound tokens/s | decode / bound | weight GB/s reached |',
+  '| model | batch | ms/step median (min) | tokens/s | routed experts per MoE layer (distinct) ' +
+    '| weight MB read per token | bound tokens/s | decode / bound | weight GB/s reached |',
 );
 console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of results) for (const d of r.dec) console.log(decodeRow(r.name, r.wb, d, r.copy).text);
 for (const r of results) {
   const perSeq = r.wb.kdaStatePerSeq * 2 + (CONTEXT + DECODE_STEPS) * r.wb.mlaRowBytes;
   console.log(
-    `- ${r.name}: copy bandwidth for its bound ${r.copy.toFixed(1)} GB/s; non-weight traffic per sequence and step (KDA state read + written, MLA latent rows at ~${CONTEXT + DECODE_STEPS} tokens) ≈ ${mb(perSeq)} MB (not in the bound); B=8 batch ratio tokens/s(8) / tokens/s(1) = ${((8 * r.dec[0].medianMs) / r.dec[1].medianMs).toFixed(2)}`,
+    `- ${r.name}: copy bandwidth for its bound ${r.copy.toFixed(1)} GB/s; non-weight traffic ` +
+      'per sequence and step (KDA state read + written, MLA latent rows at ~' +
+      `${CONTEXT + DECODE_STEPS} tokens) ≈ ${mb(perSeq)} MB (not in the bound); B=8 batch ratio ` +
+      `tokens/s(8) / tokens/s(1) = ${((8 * r.dec[0].medianMs) / r.dec[1].medianMs).toFixed(2)}`,
   );
 }
 
 console.log(
-  `\n### Verify cost t_verify(k) / t_step (one sequence, k tokens, logits of all k; median of ${VERIFY_REPS}; t_step = 1-token decode forward)\n`,
+  '\n### Verify cost t_verify(k) / t_step (one sequence, k tokens, logits ' +
+    `of all k; median of ${VERIFY_REPS}; t_step = 1-token decode forward)\n`,
 );
 console.log(
-  '"bytes(k)/bytes(1)": weight bytes the k-token forward reads (routed experts it touches, counted) over a 1-token forward\'s: the floor of t_verify(k)/t_step for a bandwidth-bound forward.\n',
+  '"bytes(k)/bytes(1)": weight bytes the k-token forward reads (routed experts it touches, counted) ' +
+    "over a 1-token forward's: the floor of t_verify(k)/t_step for a bandwidth-bound forward.\n",
 );
-console.log(
-  `| k | ${results.map((r) => `${r.name} plain | ${r.name} + KDA snapshots | ${r.name} bytes(k)/bytes(1)`).join(' | ')} |`,
-);
+const verifyColumns = results.map((r) => `${r.name} plain | ${r.name} + KDA snapshots | ${r.name} bytes(k)/bytes(1)`);
+console.log(`| k | ${verifyColumns.join(' | ')} |`);
 console.log(`|---:|${results.map(() => '---:|---:|---:').join('|')}|`);
 for (let k = 1; k <= MAX_K; k++) {
   console.log(
@@ -598,18 +612,23 @@ for (let k = 1; k <= MAX_K; k++) {
       .map((r) => {
         const s = r.ver.med.get('step');
         const bytes = (j) => r.wb.fixed + r.ver.distinct.get(j) * r.wb.perExpert;
-        return `${(r.ver.med.get(`plain${k}`) / s).toFixed(2)} | ${(r.ver.med.get(`snap${k}`) / s).toFixed(2)} | ${(bytes(k) / bytes(1)).toFixed(2)}`;
+        return (
+          `${(r.ver.med.get(`plain${k}`) / s).toFixed(2)} | ` +
+          `${(r.ver.med.get(`snap${k}`) / s).toFixed(2)} | ${(bytes(k) / bytes(1)).toFixed(2)}`
+        );
       })
       .join(' | ')} |`,
   );
 }
 console.log(`| t_step (ms) | ${results.map((r) => `${r.ver.med.get('step').toFixed(2)} | | `).join(' | ')} |`);
-console.log(
-  `| t_verify(16) (ms) | ${results.map((r) => `${r.ver.med.get(`plain${MAX_K}`).toFixed(2)} | ${r.ver.med.get(`snap${MAX_K}`).toFixed(2)} | `).join(' | ')} |`,
+const verify16 = results.map(
+  (r) => `${r.ver.med.get(`plain${MAX_K}`).toFixed(2)} | ${r.ver.med.get(`snap${MAX_K}`).toFixed(2)} | `,
 );
+console.log(`| t_verify(16) (ms) | ${verify16.join(' | ')} |`);
 
 console.log(
-  '\n### Where the time goes (separate pass, every native call timed; ms per forward; GB/s = weight bytes of the family / its time)\n',
+  '\n### Where the time goes (separate pass, every native call timed; ' +
+    'ms per forward; GB/s = weight bytes of the family / its time)\n',
 );
 const cols = [];
 for (const r of results) {
@@ -621,7 +640,8 @@ for (const c of cols)
   console.log(`- ${c.name}: distinct routed experts per forward (all MoE layers) ${c.prof.distinctExperts.toFixed(1)}`);
 
 console.log(
-  `\ncopy bandwidth: start ${copy0.toFixed(1)}, per model ${results.map((r) => r.copy.toFixed(1)).join(', ')}, end ${copyEnd.toFixed(1)} GB/s; GEMV read ${gemv.toFixed(1)} GB/s`,
+  `\ncopy bandwidth: start ${copy0.toFixed(1)}, per model ${results.map((r) => r.copy.toFixed(1)).join(', ')}` +
+    `, end ${copyEnd.toFixed(1)} GB/s; GEMV read ${gemv.toFixed(1)} GB/s`,
 );
 console.log(
   `whole run ${whole.wallS.toFixed(0)} s: ${fmtLoad(whole)}; load avg at end ${loadavg()

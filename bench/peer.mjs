@@ -204,7 +204,10 @@ async function llamacpp(seq, ids, maxTokens) {
 const info = isa();
 const [l1, l5] = load();
 console.log(
-  `bench:peer — SmolLM2-135M-Instruct Q4_1; specd vs llama.cpp (node-llama-cpp ${NLC_VERSION}, ${llama.buildType ?? ''} CPU build); ${prompts.length} prompts × ${NEW} tokens, ${REPS} reps; threads ${THREADS} each; specd isa ${info.isa}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+  'bench:peer — SmolLM2-135M-Instruct Q4_1; specd vs llama.cpp (node-llama-cpp ' +
+    `${NLC_VERSION}, ${llama.buildType ?? ''} CPU build); ${prompts.length} prompts × ${NEW}` +
+    ` tokens, ${REPS} reps; threads ${THREADS} each; specd isa ${info.isa}, ${cpus().length}` +
+    ` vCPUs (${cpus()[0]?.model ?? '?'}); load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
 );
 // Warm-up (JIT, page faults, both engines).
 specd(specdPlain, prompts[0].ids, 16);
@@ -268,7 +271,9 @@ for (let rep = 0; rep < REPS; rep++) {
     a.repTotals.push((prompts.length * (NEW - 1)) / prompts.reduce((t, p) => t + a.dt.get(p.id)[rep], 0));
   }
   console.log(
-    `rep ${rep + 1}/${REPS}: ${racers.map((r) => `${r.key} ${acc.get(r.key).repTotals.at(-1).toFixed(1)}`).join(', ')} tok/s; load ${load()[0].toFixed(2)}`,
+    `rep ${rep + 1}/${REPS}: ` +
+      `${racers.map((r) => `${r.key} ${acc.get(r.key).repTotals.at(-1).toFixed(1)}`).join(', ')}` +
+      ` tok/s; load ${load()[0].toFixed(2)}`,
   );
 }
 /** Decode tok/s of `key` over the prompts of `kind` (undefined: all), from the per-prompt median times. */
@@ -348,12 +353,15 @@ const rows = racers.map((r) => {
   row.vsLlama = row.tokPerS / llamaTok;
   row.vsSpecd = row.tokPerS / specdTok;
   if (r.key === 'llama-lookup')
-    row.note = `predicted tokens validated ${a.validated}, refuted ${a.refuted} (${((100 * a.validated) / Math.max(1, a.validated + a.refuted)).toFixed(0)}% accepted)`;
+    row.note =
+      `predicted tokens validated ${a.validated}, refuted ${a.refuted} (` +
+      `${((100 * a.validated) / Math.max(1, a.validated + a.refuted)).toFixed(0)}% accepted)`;
   if (r.engine !== undefined) {
     const m = r.engine.metrics;
     row.tauPerStep = m.tauPerStep;
     row.perPosition = m.perPositionAcceptance;
-    row.note = `τ per step ${m.tauPerStep.toFixed(3)}, drafts/step ${(m.drafted / Math.max(1, m.verifySteps)).toFixed(2)}`;
+    row.note =
+      `τ per step ${m.tauPerStep.toFixed(3)}, drafts/step ` + `${(m.drafted / Math.max(1, m.verifySteps)).toFixed(2)}`;
   }
   return row;
 });
@@ -385,12 +393,14 @@ console.log(
 );
 const agreeAll = divergence.filter((d) => d.at < 0).length;
 const firstDivs = divergence.filter((d) => d.at >= 0).map((d) => d.at);
-console.log(
-  `${agreeAll}/${prompts.length} prompts identical over ${NEW} tokens${firstDivs.length ? `; first divergence at token ${Math.min(...firstDivs)} at the earliest, median ${median(firstDivs)}` : ''}`,
-);
+const firstDivergence = firstDivs.length
+  ? `; first divergence at token ${Math.min(...firstDivs)} at the earliest, median ${median(firstDivs)}`
+  : '';
+console.log(`${agreeAll}/${prompts.length} prompts identical over ${NEW} tokens${firstDivergence}`);
 if (lookupDiffs.length)
   console.log(
-    `llama.cpp + prompt lookup differs from llama.cpp plain (greedy; its multi-token verify batches round differently): ${lookupDiffs.join(', ')}`,
+    'llama.cpp + prompt lookup differs from llama.cpp plain (greedy; its ' +
+      `multi-token verify batches round differently): ${lookupDiffs.join(', ')}`,
   );
 else console.log('llama.cpp + prompt lookup equals llama.cpp plain on every prompt');
 if (mismatches.length) console.log(`SPECD LOSSLESSNESS MISMATCHES (a bug): ${mismatches.join(', ')}`);
@@ -399,26 +409,33 @@ else if (drafters.some((d) => !d.absent))
 
 const f1 = (x) => x.toFixed(1);
 console.log(
-  `\n| engine (threads ${THREADS}, greedy, ${NEW} new tokens, EOS ignored) | decode tok/s (all ${prompts.length}) | chat ${NPROMPTS} | plain ${NPROMPTS} | ÷ llama.cpp plain | ÷ specd plain | notes |`,
+  `\n| engine (threads ${THREADS}, greedy, ${NEW} new tokens, EOS ignored) | decode tok/s (all ` +
+    `${prompts.length}) | chat ${NPROMPTS} | plain ${NPROMPTS} | ÷ llama.cpp plain | ÷ specd plain | notes |`,
 );
 console.log('|---|---:|---:|---:|---:|---:|---|');
 for (const r of rows)
   console.log(
-    `| ${r.label} | ${f1(r.tokPerS)} | ${f1(r.chat)} | ${f1(r.plain)} | ${r.vsLlama.toFixed(3)} | ${r.vsSpecd.toFixed(3)} | ${r.note ?? ''} |`,
+    `| ${r.label} | ${f1(r.tokPerS)} | ${f1(r.chat)} | ${f1(r.plain)} | ` +
+      `${r.vsLlama.toFixed(3)} | ${r.vsSpecd.toFixed(3)} | ${r.note ?? ''} |`,
   );
 for (const d of drafters)
   if (d.absent)
     console.log(
-      `| specd + ${d.method} (max k / cost policy) | not trained yet | | | | | models/smollm2-135m-instruct-${d.method} absent |`,
+      `| specd + ${d.method} (max k / cost policy) | not trained yet ` +
+        `| | | | | models/smollm2-135m-instruct-${d.method} absent |`,
     );
 console.log(
-  `\n| prefill (time to first token, one new token) | specd chunk 64 (default) tok/s | specd chunk 512 tok/s | llama.cpp (batch 512) tok/s | specd 64 ÷ llama.cpp | specd 512 ÷ llama.cpp |`,
+  '\n| prefill (time to first token, one new token) | specd chunk 64 (default) tok/s | specd ' +
+    'chunk 512 tok/s | llama.cpp (batch 512) tok/s | specd 64 ÷ llama.cpp | specd 512 ÷ llama.cpp |',
 );
 console.log('|---|---:|---:|---:|---:|---:|');
 for (const p of prefillRows) {
   const t = p.tokPerS;
   console.log(
-    `| ${p.P}-token prompt | ${t['specd-64'].toFixed(0)} (${(p.ttft['specd-64'] * 1000).toFixed(0)} ms) | ${t['specd-512'].toFixed(0)} (${(p.ttft['specd-512'] * 1000).toFixed(0)} ms) | ${t.llama.toFixed(0)} (${(p.ttft.llama * 1000).toFixed(0)} ms) | ${(t['specd-64'] / t.llama).toFixed(3)} | ${(t['specd-512'] / t.llama).toFixed(3)} |`,
+    `| ${p.P}-token prompt | ${t['specd-64'].toFixed(0)} (${(p.ttft['specd-64'] * 1000).toFixed(0)}` +
+      ` ms) | ${t['specd-512'].toFixed(0)} (${(p.ttft['specd-512'] * 1000).toFixed(0)} ms) | ` +
+      `${t.llama.toFixed(0)} (${(p.ttft.llama * 1000).toFixed(0)} ms) | ` +
+      `${(t['specd-64'] / t.llama).toFixed(3)} | ${(t['specd-512'] / t.llama).toFixed(3)} |`,
   );
 }
 const [e1, e5] = load();

@@ -115,7 +115,9 @@ const prompt = (n, s) =>
   Int32Array.from({ length: n }, (_, i) => 2 + ((i * 7919 + s * 104729) % (config.vocab_size - 4)));
 const info = isa();
 console.log(
-  `bench:pp — synthetic Kimi-K3 (hidden ${D}, ${config.num_hidden_layers} layers, ${config.num_experts} experts), prompt ${P}, decode ${NEW}; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${loadavg()[0].toFixed(2)}`,
+  `bench:pp — synthetic Kimi-K3 (hidden ${D}, ${config.num_hidden_layers} layers, ` +
+    `${config.num_experts} experts), prompt ${P}, decode ${NEW}; threads ${info.threads}` +
+    `, isa ${info.isa}, ${cpus().length} vCPUs; load ${loadavg()[0].toFixed(2)}`,
 );
 
 /** prefill tok/s and decode tok/s of a model (StageModel), median of REPS. */
@@ -203,7 +205,8 @@ for (let r = 0; r < REPS; r++) {
 const proj = median(projMs);
 const fwd = median(fwdMs);
 console.log(
-  `projection over ${taps.length} taps × ${P} tokens: ${proj.toFixed(1)} ms; prefill forward (taps captured): ${fwd.toFixed(1)} ms; share ${((100 * proj) / (fwd + proj)).toFixed(2)} %`,
+  `projection over ${taps.length} taps × ${P} tokens: ${proj.toFixed(1)} ms; prefill forward ` +
+    `(taps captured): ${fwd.toFixed(1)} ms; share ${((100 * proj) / (fwd + proj)).toFixed(2)} %`,
 );
 drafter.dispose();
 t1.dispose();
@@ -230,6 +233,8 @@ console.log(`\n| pp | tp | prefill tok/s (P = ${P}) | decode tok/s (batch 1) |`)
 console.log('|---:|---:|---:|---:|');
 for (const r of rows) console.log(`| ${r.pp} | ${r.tp} | ${r.prefill.toFixed(1)} | ${r.decode.toFixed(2)} |`);
 console.log(
-  `\npartial projection: ${proj.toFixed(1)} ms of ${(fwd + proj).toFixed(1)} ms = ${((100 * proj) / (fwd + proj)).toFixed(2)} % of prefill (goal ≤ 2 %); load at the end ${loadavg()[0].toFixed(2)}`,
+  `\npartial projection: ${proj.toFixed(1)} ms of ${(fwd + proj).toFixed(1)}` +
+    ` ms = ${((100 * proj) / (fwd + proj)).toFixed(2)} % of prefill (goal ≤ 2 ` +
+    `%); load at the end ${loadavg()[0].toFixed(2)}`,
 );
 if (keep === undefined) rmSync(dir, { recursive: true, force: true });

@@ -98,7 +98,8 @@ for (const p of prompts) {
 }
 const q = (xs, f) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(f * xs.length))];
 console.log(
-  `projection numerics: ${prompts.length} prompts, ${rows} rows, taps [${taps.join(', ')}], hidden ${D}, fc [${D}, ${K}] bf16`,
+  `projection numerics: ${prompts.length} prompts, ${rows} rows, ` +
+    `taps [${taps.join(', ')}], hidden ${D}, fc [${D}, ${K}] bf16`,
 );
 console.log('\n| projection | median | p90 | p99 | max |');
 console.log('|---|---:|---:|---:|---:|');
@@ -109,7 +110,8 @@ for (const [name, label] of [
 ]) {
   const xs = errs[name];
   console.log(
-    `| ${label} | ${q(xs, 0.5).toExponential(2)} | ${q(xs, 0.9).toExponential(2)} | ${q(xs, 0.99).toExponential(2)} | ${Math.max(...xs).toExponential(2)} |`,
+    `| ${label} | ${q(xs, 0.5).toExponential(2)} | ${q(xs, 0.9).toExponential(2)} ` +
+      `| ${q(xs, 0.99).toExponential(2)} | ${Math.max(...xs).toExponential(2)} |`,
   );
 }
 target.dispose();

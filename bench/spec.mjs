@@ -128,7 +128,8 @@ const median = (xs) => [...xs].sort((a, b) => a.tokPerS - b.tokPerS)[xs.length >
 const info = isa();
 const [l1, l5] = load();
 console.log(
-  `bench:spec — drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} tokens; threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+  `bench:spec — drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} tokens; threads ` +
+    `${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
 );
 run(undefined, 1, 0, 'plain'); // warm-up (JIT, page faults)
 
@@ -175,11 +176,13 @@ for (const C of CONCS) {
         }
         ceiling = { ...best, stepMs: tStep, perK };
         console.log(
-          `${d.method} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)} ms): k | τ(k) | t_draft ms | t_verify ms | ×plain`,
+          `${d.method} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)}` +
+            ' ms): k | τ(k) | t_draft ms | t_verify ms | ×plain',
         );
         for (const r of perK)
           console.log(
-            `  ${r.k} | ${r.tau.toFixed(3)} | ${r.draftMs.toFixed(3)} | ${r.verifyMs.toFixed(3)} | ${r.value.toFixed(3)}`,
+            `  ${r.k} | ${r.tau.toFixed(3)} | ${r.draftMs.toFixed(3)}` +
+              ` | ${r.verifyMs.toFixed(3)} | ${r.value.toFixed(3)}`,
           );
       }
       let measured;
@@ -188,7 +191,9 @@ for (const C of CONCS) {
         const best = fixed.reduce((a, b) => (b.speedup > a.speedup ? b : a), { k: 0, speedup: 1 });
         measured = { fixed, best, costOfBest: cost.tokPerS / plain.tokPerS / best.speedup };
         console.log(
-          `${d.method} C=1 T=0 measured fixed k: ${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it`,
+          `${d.method} C=1 T=0 measured fixed k: ` +
+            `${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×` +
+            `${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it`,
         );
       }
       const row = {
@@ -211,7 +216,10 @@ for (const C of CONCS) {
       };
       rows.push(row);
       console.log(
-        `${d.method} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)} (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}` +
+        `${d.method} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=` +
+          `${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ` +
+          `${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)}` +
+          ` (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}` +
           (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`),
       );
     });
@@ -224,24 +232,34 @@ const pp = (a) =>
     .map((x) => x.toFixed(2))
     .join(' ');
 console.log(
-  '\n| drafter | sequences | T | τ per step (max k) | τ mean of requests | per-position acceptance a_1…a_6 | plain tok/s | max k tok/s | ×plain | cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) |',
+  '\n| drafter | sequences | T | τ per step (max k) | τ mean of requests | ' +
+    'per-position acceptance a_1…a_6 | plain tok/s | max k tok/s | ×plain | ' +
+    'cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) |',
 );
 console.log('|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(
-    `| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} | ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`,
+    `| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ` +
+      `${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ` +
+      `${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} ` +
+      `| ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ` +
+      `${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`,
   );
 }
 for (const r of rows.filter((x) => x.measured !== undefined)) {
   console.log(
-    `measured at 1 sequence, greedy, ${r.method}: ${r.measured.fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')} (k=0 ×1.000); ` +
-      `best k=${r.measured.best.k}; cost policy ×${r.costSpeedup.toFixed(3)} = ${(100 * r.measured.costOfBest).toFixed(1)} % of the best measured, ` +
-      `${((100 * r.costSpeedup) / r.ceiling.value).toFixed(1)} % of the calibrated ceiling ×${r.ceiling.value.toFixed(3)}`,
+    `measured at 1 sequence, greedy, ${r.method}: ` +
+      `${r.measured.fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')} (k=0 ×1.000); ` +
+      `best k=${r.measured.best.k}; cost policy ×${r.costSpeedup.toFixed(3)} = ` +
+      `${(100 * r.measured.costOfBest).toFixed(1)} % of the best measured, ` +
+      `${((100 * r.costSpeedup) / r.ceiling.value).toFixed(1)} % ` +
+      `of the calibrated ceiling ×${r.ceiling.value.toFixed(3)}`,
   );
 }
 const withCeiling = rows.filter((r) => r.ceiling !== undefined);
 if (withCeiling.length > 0) {
-  // the ceiling for each k (C = 1, greedy): τ(k) = 1 + Σ_{j≤k} a_j at max k, calibrated t_draft(k), t_verify(k+1 tokens)
+  // the ceiling for each k (C = 1, greedy): τ(k) = 1 + Σ_{j≤k} a_j at max k, calibrated t_draft(k), t_verify(k+1
+  // tokens)
   console.log(`\n| k | ${withCeiling.map((r) => `${r.method}: τ(k) · t_draft · t_verify ms · ×plain`).join(' | ')} |`);
   console.log(`|---:|${withCeiling.map(() => '---').join('|')}|`);
   const kMax = Math.max(...withCeiling.map((r) => r.ceiling.perK.length));
@@ -250,9 +268,10 @@ if (withCeiling.length > 0) {
       `| ${k} | ${withCeiling
         .map((r) => {
           const c = r.ceiling.perK[k];
-          return c === undefined
-            ? ''
-            : `${c.tau.toFixed(2)} · ${c.draftMs.toFixed(2)} · ${c.verifyMs.toFixed(2)} · ${c === r.ceiling.perK.reduce((a, b) => (b.value > a.value ? b : a)) ? `**${c.value.toFixed(3)}**` : c.value.toFixed(3)}`;
+          if (c === undefined) return '';
+          const best = r.ceiling.perK.reduce((a, b) => (b.value > a.value ? b : a));
+          const value = c === best ? `**${c.value.toFixed(3)}**` : c.value.toFixed(3);
+          return `${c.tau.toFixed(2)} · ${c.draftMs.toFixed(2)} · ${c.verifyMs.toFixed(2)} · ${value}`;
         })
         .join(' | ')} |`,
     );

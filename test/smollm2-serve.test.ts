@@ -12,10 +12,13 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { startServe, type CliIo } from '@specd/core';
+import { skipWithoutFiles } from './require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
-const HAVE = fs.existsSync(path.join(DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'));
+const HAVE = !skipWithoutFiles('specd serve with SmolLM2-135M-Instruct (GGUF)', [
+  path.join(DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'),
+]);
 const io: CliIo = { stdout: { write: () => true }, stderr: { write: () => true }, cwd: ROOT };
 
 describe.skipIf(!HAVE)('specd serve with SmolLM2-135M-Instruct (GGUF)', () => {

@@ -5,7 +5,6 @@
 // N seeded requests through SpecEngine (draftPolicy 'max', so every request verifies the drafter's
 // whole block at its first step) are binned into the same cells and compared by Pearson's χ².
 // Each drafter is loaded through its checkpoint's config.json (the registry picks the plugin).
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -21,11 +20,17 @@ import {
   type LoadedTarget,
   type SpecResult,
 } from '@specd/core';
+import { skipWithoutFiles } from './require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const TARGET = path.join(ROOT, 'models/kimi-k3-tiny');
-const DRAFTERS = ['dflash', 'dspark', 'eagle3'].filter((m) =>
-  fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')),
+const DRAFTERS = ['dflash', 'dspark', 'eagle3'].filter(
+  (m) =>
+    !skipWithoutFiles(
+      `speculative sampling at T = 1 with ${m}`,
+      [path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')],
+      'git checkout -- models/',
+    ),
 );
 const PROMPT = 'The United States of'; // peaked enough at T = 1 for ~10 cells of ≥ 5 expected counts
 const REQUESTS = 800;
@@ -69,7 +74,10 @@ interface Cells {
   readonly t1: number[];
   /** Per t1 cell (index into t1), its top t2 ids. */
   readonly t2: number[][];
-  /** Raw cell i * (TOP + 1) + j (t1 cell i, t2 cell j, j = TOP: other; last raw cell: "t1 other") → the bin it is counted in. */
+  /**
+   * Raw cell i * (TOP + 1) + j (t1 cell i, t2 cell j, j = TOP: other; last raw cell: "t1 other") → the bin it is
+   * counted in.
+   */
   readonly bin: Int32Array;
   /** Expected probability per bin. */
   readonly expected: Float64Array;
@@ -174,7 +182,9 @@ describe.each(DRAFTERS)('speculative sampling at T = 1 with %s', (method) => {
       const minExpected = Math.min(...[...cells.expected].map((p) => p * total));
       const critical = chi2Critical(cells.expected.length - 1);
       console.log(
-        `${method}: χ² ${chi2.toFixed(2)} over ${cells.expected.length} cells (critical ${critical.toFixed(2)} at p = 0.001), smallest expected count ${minExpected.toFixed(1)}, τ per step ${engine.metrics.tauPerStep.toFixed(3)}`,
+        `${method}: χ² ${chi2.toFixed(2)} over ${cells.expected.length} cells ` +
+          `(critical ${critical.toFixed(2)} at p = 0.001), smallest expected count ` +
+          `${minExpected.toFixed(1)}, τ per step ${engine.metrics.tauPerStep.toFixed(3)}`,
       );
       expect(cells.expected.length).toBeGreaterThanOrEqual(6);
       expect(chi2).toBeLessThan(critical);

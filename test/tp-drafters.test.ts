@@ -55,7 +55,8 @@ afterAll(() => {
   tp2?.model.dispose();
   whole?.model.dispose();
   process.stdout.write(
-    `tp-drafters:${report.map((r) => `\n  ${r}`).join('')}\n  ${eq.nearTies.length} near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`,
+    `tp-drafters:${report.map((r) => `\n  ${r}`).join('')}\n  ${eq.nearTies.length}` +
+      ` near-tie difference(s)${eq.nearTies.map((n) => `\n  ${n}`).join('')}\n`,
   );
 });
 
@@ -145,20 +146,25 @@ describe('tp = 4: the 2 draft KV heads replicated', () => {
     expect(bits(tp4.model.lmHead!(x, 3))).toEqual(bits(whole.model.lmHead!(x, 3)));
   });
 
-  it('dspark: greedy output equals plain tp = 4 (every rank calls the target lm_head); plain tp = 4 equivalent to tp = 1', async () => {
-    const d4 = await drafterFor(tp4, 'dspark');
-    try {
-      const plain4 = generate(tp4, undefined).ids;
-      expect(generate(tp4, d4).ids).toEqual(plain4);
-      const eq4 = new TpEquivalence(whole, promptIds, 'tp=4');
-      eq4.expectEquivalent('plain tp=4', generate(whole, undefined).ids, plain4);
-      report.push(
-        `plain tp=4 vs tp=1: ${eq4.nearTies.length} near-tie difference(s)${eq4.nearTies.map((n) => ` (${n})`).join('')}`,
-      );
-    } finally {
-      d4.dispose();
-    }
-  });
+  it(
+    'dspark: greedy output equals plain tp = 4 (every rank calls ' +
+      'the target lm_head); plain tp = 4 equivalent to tp = 1',
+    async () => {
+      const d4 = await drafterFor(tp4, 'dspark');
+      try {
+        const plain4 = generate(tp4, undefined).ids;
+        expect(generate(tp4, d4).ids).toEqual(plain4);
+        const eq4 = new TpEquivalence(whole, promptIds, 'tp=4');
+        eq4.expectEquivalent('plain tp=4', generate(whole, undefined).ids, plain4);
+        report.push(
+          `plain tp=4 vs tp=1: ${eq4.nearTies.length} near-tie ` +
+            `difference(s)${eq4.nearTies.map((n) => ` (${n})`).join('')}`,
+        );
+      } finally {
+        d4.dispose();
+      }
+    },
+  );
 
   it('dflash: greedy output equals plain tp = 4; each rank reads its blocks only', async () => {
     const d4 = (await drafterFor(tp4, 'dflash')) as TensorParallelDrafter;
@@ -206,7 +212,10 @@ describe('refusals', () => {
     expect(() =>
       draftShardLayout({ heads: 4, kvHeads: 2, intermediate: 512 }, { rank: 0, size: 3 }, 'dflash: x'),
     ).toThrow(
-      /tp = 3 does not fit the draft model: it does not divide num_attention_heads = 4, intermediate_size = 512, num_key_value_heads = 2 .*4 heads, 2 KV heads, intermediate 512/,
+      new RegExp(
+        /tp = 3 does not fit the draft model: it does not divide num_attention_heads = 4, /.source +
+          /intermediate_size = 512, num_key_value_heads = 2 .*4 heads, 2 KV heads, intermediate 512/.source,
+      ),
     );
     expect(() => draftShardLayout({ heads: 12, kvHeads: 4, intermediate: 24 }, { rank: 0, size: 6 }, 'd')).toThrow(
       /num_key_value_heads = 4/,

@@ -123,7 +123,8 @@ export class TpEquivalence {
       }
       const gap = gapAfter(this.whole.model, this.promptIds[s]!, a.slice(0, i));
       this.nearTies.push(
-        `${label} prompt ${s}: first difference at token ${i} (tp=1 ${a[i]}, ${this.otherLabel} ${b[i]}), top-2 gap ${gap.toExponential(2)}`,
+        `${label} prompt ${s}: first difference at token ${i} (tp=1 ${a[i]}, ` +
+          `${this.otherLabel} ${b[i]}), top-2 gap ${gap.toExponential(2)}`,
       );
       expect(
         gap,

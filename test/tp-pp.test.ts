@@ -118,23 +118,27 @@ describe("what each stage's ranks load", () => {
     }
   });
 
-  it('layers of the stage only; embedding on the ranks 0 that need it; last stage: norm on both, lm_head rows by vocabulary slice', () => {
-    expect(layersOf(reads(0, 0))).toEqual([0, 1, 2, 3]);
-    expect(layersOf(reads(0, 1))).toEqual([0, 1, 2, 3]);
-    expect(layersOf(reads(1, 0))).toEqual([4, 5, 6, 7]);
-    expect(layersOf(reads(1, 1))).toEqual([4, 5, 6, 7]);
-    expect(others(reads(0, 0))).toEqual(['model.embed_tokens.weight']);
-    expect(others(reads(0, 1))).toEqual([]);
-    // the last stage: final norm and its lm_head slice on both ranks, the embedding (for the drafter) on rank 0
-    expect(others(reads(1, 0))).toEqual(['lm_head.weight', 'model.embed_tokens.weight', 'model.norm.weight']);
-    expect(others(reads(1, 1))).toEqual(['lm_head.weight', 'model.norm.weight']);
-    for (const rank of [0, 1]) {
-      expect(reads(1, rank).filter((r) => r.name === 'lm_head.weight')).toEqual([
-        { name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] },
-      ]);
-    }
-    expect(stage(0).tensors.filter((n) => !n.startsWith('model.layers.'))).toEqual(['model.embed_tokens.weight']);
-  });
+  it(
+    'layers of the stage only; embedding on the ranks 0 that need ' +
+      'it; last stage: norm on both, lm_head rows by vocabulary slice',
+    () => {
+      expect(layersOf(reads(0, 0))).toEqual([0, 1, 2, 3]);
+      expect(layersOf(reads(0, 1))).toEqual([0, 1, 2, 3]);
+      expect(layersOf(reads(1, 0))).toEqual([4, 5, 6, 7]);
+      expect(layersOf(reads(1, 1))).toEqual([4, 5, 6, 7]);
+      expect(others(reads(0, 0))).toEqual(['model.embed_tokens.weight']);
+      expect(others(reads(0, 1))).toEqual([]);
+      // the last stage: final norm and its lm_head slice on both ranks, the embedding (for the drafter) on rank 0
+      expect(others(reads(1, 0))).toEqual(['lm_head.weight', 'model.embed_tokens.weight', 'model.norm.weight']);
+      expect(others(reads(1, 1))).toEqual(['lm_head.weight', 'model.norm.weight']);
+      for (const rank of [0, 1]) {
+        expect(reads(1, rank).filter((r) => r.name === 'lm_head.weight')).toEqual([
+          { name: 'lm_head.weight', rows: [rank * 4096, rank * 4096 + 4096] },
+        ]);
+      }
+      expect(stage(0).tensors.filter((n) => !n.startsWith('model.layers.'))).toEqual(['model.embed_tokens.weight']);
+    },
+  );
 
   it('each rank its shard: MLA heads (layer 3, stage 0), KDA heads (layer 4, stage 1), experts', () => {
     const find = (k: number, rank: number, name: string) => reads(k, rank).filter((r) => r.name === name);

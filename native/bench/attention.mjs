@@ -87,7 +87,8 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
   const out = new Float32Array(q.length);
   console.log(`\nGQA paged attention, H=${H} kvH=${KV} headDim=${D} page=${pageSize}, kvLen=${kvLen}, fp32 KV`);
   console.log(
-    '| seqs | qLen | mask | NHD t (ms) | NHD KV GB/s | HND t (ms) | HND KV GB/s | HND of copy | HND GFLOP/s | HND t / t(decode) |',
+    '| seqs | qLen | mask | NHD t (ms) | NHD KV GB/s | HND t (ms) | ' +
+      'HND KV GB/s | HND of copy | HND GFLOP/s | HND t / t(decode) |',
   );
   console.log('|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
   const nhd = { ...layout, kvLayout: 'NHD' };
@@ -118,7 +119,9 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
       const bytes = seqs * kvLen * KV * D * 4 * 2;
       const flops = seqs * qLen * H * kvLen * 4 * D; // QK and PV, ~all keys visible
       console.log(
-        `| ${seqs} | ${qLen} | ${mask} | ${a.toFixed(3)} | ${(bytes / a / 1e6).toFixed(1)} | ${b.toFixed(3)} | ${(bytes / b / 1e6).toFixed(1)} | ${((100 * bytes) / b / 1e6 / copyGBs).toFixed(0)} % | ${(flops / b / 1e6).toFixed(0)} | ${(b / tDecode).toFixed(2)} |`,
+        `| ${seqs} | ${qLen} | ${mask} | ${a.toFixed(3)} | ${(bytes / a / 1e6).toFixed(1)} | ${b.toFixed(3)}` +
+          ` | ${(bytes / b / 1e6).toFixed(1)} | ${((100 * bytes) / b / 1e6 / copyGBs).toFixed(0)} % | ` +
+          `${(flops / b / 1e6).toFixed(0)} | ${(b / tDecode).toFixed(2)} |`,
       );
     }
   }
@@ -141,7 +144,8 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
   const out = new Float32Array(maxSeqs * 16 * dims.numHeads * dims.vHeadDim);
   const wBytes = (w.wUk.length + w.wUvT.length) * 4;
   console.log(
-    `\nAbsorbed MLA, H=${dims.numHeads} r=512 rope=64 nope=128 v=128 page=${pageSize}, kvLen=${kvLen}, fp32 latent, weights ${(wBytes / 2 ** 20).toFixed(0)} MiB`,
+    `\nAbsorbed MLA, H=${dims.numHeads} r=512 rope=64 nope=128 v=128 page=${pageSize}` +
+      `, kvLen=${kvLen}, fp32 latent, weights ${(wBytes / 2 ** 20).toFixed(0)} MiB`,
   );
   console.log('| seqs | qLen | t (ms) | latent GB/s | of copy | GFLOP/s | t / t(decode) |');
   console.log('|---:|---:|---:|---:|---:|---:|---:|');
@@ -165,7 +169,8 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
       const H = dims.numHeads;
       const flops = seqs * qLen * H * (kvLen * 2 * (576 + 512) + 2 * (128 * 512 + 512 * 128)); // attention + absorption
       console.log(
-        `| ${seqs} | ${qLen} | ${ms.toFixed(3)} | ${gbs.toFixed(1)} | ${((100 * gbs) / copyGBs).toFixed(0)} % | ${(flops / ms / 1e6).toFixed(0)} | ${(ms / tDecode).toFixed(2)} |`,
+        `| ${seqs} | ${qLen} | ${ms.toFixed(3)} | ${gbs.toFixed(1)} | ${((100 * gbs) / copyGBs).toFixed(0)}` +
+          ` % | ${(flops / ms / 1e6).toFixed(0)} | ${(ms / tDecode).toFixed(2)} |`,
       );
     }
   }

@@ -99,7 +99,8 @@ function benchKdaDecode() {
   for (const [T, plain, snap] of rows) {
     const gbs = (T * 2 * lens.state * 4) / plain / 1e6;
     console.log(
-      `| ${T} | ${plain.toFixed(3)} | ${((plain / T) * 1000).toFixed(0)} | ${gbs.toFixed(1)} | ${snap.toFixed(3)} | ${((T * (lens.state + lens.conv) * 4) / 2 ** 20).toFixed(1)} MiB |`,
+      `| ${T} | ${plain.toFixed(3)} | ${((plain / T) * 1000).toFixed(0)} | ${gbs.toFixed(1)} | ` +
+        `${snap.toFixed(3)} | ${((T * (lens.state + lens.conv) * 4) / 2 ** 20).toFixed(1)} MiB |`,
     );
   }
   const snaps = createKdaSnapshots(shape, 16);
@@ -117,7 +118,8 @@ function benchKdaDecode() {
   const batch = { seqLens: new Int32Array(B).fill(1), slots: Int32Array.from({ length: B }, (_, i) => i) };
   const ms = minTimeMs(() => kdaRecurrent(inp, batch, pools, shape));
   console.log(
-    `batched decode B=${B} x 1 token: ${ms.toFixed(3)} ms = ${((B * 2 * lens.state * 4) / ms / 1e6).toFixed(1)} GB/s of state`,
+    `batched decode B=${B} x 1 token: ${ms.toFixed(3)} ms = ` +
+      `${((B * 2 * lens.state * 4) / ms / 1e6).toFixed(1)} GB/s of state`,
   );
 }
 
@@ -143,7 +145,8 @@ function benchMoe() {
   const [D, I, K] = [2304, 1024, 8];
   const E = quick ? 16 : 64;
   console.log(
-    `\n## MoE (hidden ${D}, inter ${I}, top-${K} of ${E} experts + shared inter ${I}; ${((3 * D * I * 2) / 2 ** 20).toFixed(1)} MiB bf16 per expert)`,
+    `\n## MoE (hidden ${D}, inter ${I}, top-${K} of ${E} experts + shared ` +
+      `inter ${I}; ${((3 * D * I * 2) / 2 ** 20).toFixed(1)} MiB bf16 per expert)`,
   );
   const experts = [];
   for (let e = 0; e < E; e++)
@@ -160,7 +163,8 @@ function benchMoe() {
     const touched = new Set(routing.ids).size;
     const bytes = (touched + 1) * 3 * D * I * 2;
     console.log(
-      `| ${N} | ${ms.toFixed(2)} | ${touched} | ${(bytes / 2 ** 20).toFixed(0)} | ${(bytes / ms / 1e6).toFixed(1)} | ${(ms / N).toFixed(3)} |`,
+      `| ${N} | ${ms.toFixed(2)} | ${touched} | ${(bytes / 2 ** 20).toFixed(0)}` +
+        ` | ${(bytes / ms / 1e6).toFixed(1)} | ${(ms / N).toFixed(3)} |`,
     );
   }
   const N = 16;

@@ -90,7 +90,8 @@ console.log(`copy: ${(copyFloats * 4) >> 20} MiB x2 in ${copyMs.toFixed(2)} ms =
         for (let i = 0; i < inner; i++) gemmBf16(x, m, w, y, act);
       }) / inner;
     console.log(
-      `gemm cached n=k=${n} m=${m} ${act} activations: ${(ms * 1000).toFixed(0)} us = ${((2 * m * n * k) / ms / 1e6).toFixed(0)} GFLOP/s`,
+      `gemm cached n=k=${n} m=${m} ${act} activations: ${(ms * 1000).toFixed(0)}` +
+        ` us = ${((2 * m * n * k) / ms / 1e6).toFixed(0)} GFLOP/s`,
     );
   }
 }
@@ -108,10 +109,12 @@ const t1 = minTimeMs(() => run(1));
 const b1 = minTimeMs(() => run(1, 'bf16'));
 const gemvGBs = wBytes / t1 / 1e6;
 console.log(
-  `gemv n=${N} k=${K} (${wBytes >> 20} MiB bf16): ${t1.toFixed(2)} ms = ${gemvGBs.toFixed(1)} GB/s = ${((100 * gemvGBs) / copyGBs).toFixed(0)}% of copy bandwidth`,
+  `gemv n=${N} k=${K} (${wBytes >> 20} MiB bf16): ${t1.toFixed(2)} ms = ` +
+    `${gemvGBs.toFixed(1)} GB/s = ${((100 * gemvGBs) / copyGBs).toFixed(0)}% of copy bandwidth`,
 );
 console.log(
-  `\n| m | f32 act: t (ms) | t(m)/t(1) | GFLOP/s | bf16 act${info.amxAvailable ? ' (AMX)' : ''}: t (ms) | t(m)/t(1) | GFLOP/s |`,
+  '\n| m | f32 act: t (ms) | t(m)/t(1) | GFLOP/s | bf16 act' +
+    `${info.amxAvailable ? ' (AMX)' : ''}: t (ms) | t(m)/t(1) | GFLOP/s |`,
 );
 console.log('|---:|---:|---:|---:|---:|---:|---:|');
 const gflops = (m, t) => ((2 * m * N * K) / t / 1e6).toFixed(0);
@@ -120,7 +123,8 @@ for (let m = 1; m <= 16; m++) {
   const b = m === 1 ? b1 : minTimeMs(() => run(m, 'bf16'));
   rows.push([m, t]);
   console.log(
-    `| ${m} | ${t.toFixed(2)} | ${(t / t1).toFixed(2)} | ${gflops(m, t)} | ${b.toFixed(2)} | ${(b / b1).toFixed(2)} | ${gflops(m, b)} |`,
+    `| ${m} | ${t.toFixed(2)} | ${(t / t1).toFixed(2)} | ${gflops(m, t)} ` +
+      `| ${b.toFixed(2)} | ${(b / b1).toFixed(2)} | ${gflops(m, b)} |`,
   );
 }
 
@@ -154,7 +158,8 @@ if (!existsSync(cblas)) {
     const [m, t, ratio, gflops] = line.split(' ');
     const ours = rows.find(([mm]) => mm === Number(m));
     console.log(
-      `| ${m} | ${Number(t).toFixed(2)} | ${Number(ratio).toFixed(2)} | ${Number(gflops).toFixed(0)} | ${ours ? ours[1].toFixed(2) : ''} |`,
+      `| ${m} | ${Number(t).toFixed(2)} | ${Number(ratio).toFixed(2)} | ` +
+        `${Number(gflops).toFixed(0)} | ${ours ? ours[1].toFixed(2) : ''} |`,
     );
   }
 }
@@ -196,7 +201,8 @@ if (!existsSync(cblas)) {
   for (const [name, fn, bytes] of cases) {
     const t = minTimeMs(fn, quick ? 2 : 4);
     console.log(
-      `| ${name} | ${t.toFixed(2)} | ${(bytes / t / 1e6).toFixed(1)} | ${((100 * bytes) / t / 1e6 / copyGBs).toFixed(0)} % |`,
+      `| ${name} | ${t.toFixed(2)} | ${(bytes / t / 1e6).toFixed(1)}` +
+        ` | ${((100 * bytes) / t / 1e6 / copyGBs).toFixed(0)} % |`,
     );
   }
 }

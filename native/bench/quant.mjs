@@ -62,7 +62,8 @@ const dst = new Float32Array(16 << 20);
 const copyMs = minTimeMs(() => parallelCopy(dst, src));
 const copyGBs = (2 * src.length * 4) / copyMs / 1e6;
 console.log(
-  `# specd quant bench — isa ${info.isa}, threads ${info.threads}, node ${process.version}, copy bandwidth ${copyGBs.toFixed(1)} GB/s`,
+  `# specd quant bench — isa ${info.isa}, threads ${info.threads}, ` +
+    `node ${process.version}, copy bandwidth ${copyGBs.toFixed(1)} GB/s`,
 );
 
 const shapes = [
@@ -105,7 +106,8 @@ for (const { name, type, n, k, copies } of shapes) {
     lines.push(
       `| ${name} | ${type.toUpperCase()} | ${m} | ${(tq * 1000).toFixed(1)} | ${(qBytes / tq / 1e6).toFixed(1)} | ` +
         `${(flop / tq / 1e6).toFixed(0)} | ${(tb * 1000).toFixed(1)} | ${(bBytes / tb / 1e6).toFixed(1)} | ` +
-        `${(flop / tb / 1e6).toFixed(0)} | ${tq < tb ? `${type.toUpperCase()} ×${(tb / tq).toFixed(2)}` : `bf16 ×${(tq / tb).toFixed(2)}`} |`,
+        `${(flop / tb / 1e6).toFixed(0)} | ` +
+        `${tq < tb ? `${type.toUpperCase()} ×${(tb / tq).toFixed(2)}` : `bf16 ×${(tq / tb).toFixed(2)}`} |`,
     );
     console.error(lines[lines.length - 1]);
   }

@@ -60,14 +60,17 @@ Napi::Value SwigluFusedBinding(const Napi::CallbackInfo& info) {
   auto out = args.F32(3, "out", CheckedProduct("swigluFused", {rows, inter}), "rows*inter");
   const float* pg = gu.Data();
   float* po = out.Data();
-  ParallelFor(rows, [&](int64_t b, int64_t e) {  // work per row: 2*inter read, inter written
-    for (int64_t r = b; r < e; ++r) {
-      const float* g = pg + r * 2 * inter;
-      const float* u = g + inter;
-      float* o = po + r * inter;
-      for (int64_t i = 0; i < inter; ++i) o[i] = Silu(g[i]) * u[i];
-    }
-  }, 3 * inter);
+  ParallelFor(
+      rows,
+      [&](int64_t b, int64_t e) {  // work per row: 2*inter read, inter written
+        for (int64_t r = b; r < e; ++r) {
+          const float* g = pg + r * 2 * inter;
+          const float* u = g + inter;
+          float* o = po + r * inter;
+          for (int64_t i = 0; i < inter; ++i) o[i] = Silu(g[i]) * u[i];
+        }
+      },
+      3 * inter);
   return info.Env().Undefined();
 }
 

@@ -56,12 +56,15 @@ PagedBatch ReadPagedBatch(ArgReader& args, size_t base, int64_t num_pages, int64
   if (b.cu[0] != 0) args.Fail("cuSeqlensQ[0]", "0", std::to_string(b.cu[0]));
   for (int64_t s = 0; s < b.num_seqs; ++s) {
     if (b.cu[s + 1] < b.cu[s])
-      args.Fail("cuSeqlensQ", "non-decreasing offsets", "cuSeqlensQ[" + std::to_string(s + 1) + "] = " +
-                std::to_string(b.cu[s + 1]) + " < " + std::to_string(b.cu[s]));
+      args.Fail("cuSeqlensQ", "non-decreasing offsets",
+                "cuSeqlensQ[" + std::to_string(s + 1) + "] = " + std::to_string(b.cu[s + 1]) + " < " +
+                    std::to_string(b.cu[s]));
     const int64_t kv = b.kv_lens[s];
     if (kv < 0 || kv > b.max_blocks * page_size)
-      args.Fail("kvLens", "kvLens[" + std::to_string(s) + "] in [0, maxBlocksPerSeq*pageSize = " +
-                std::to_string(b.max_blocks * page_size) + "]", std::to_string(kv));
+      args.Fail("kvLens",
+                "kvLens[" + std::to_string(s) +
+                    "] in [0, maxBlocksPerSeq*pageSize = " + std::to_string(b.max_blocks * page_size) + "]",
+                std::to_string(kv));
     const int64_t used = (kv + page_size - 1) / page_size;
     for (int64_t i = 0; i < used; ++i) {
       const int32_t page = b.tables[s * b.max_blocks + i];
@@ -75,7 +78,8 @@ PagedBatch ReadPagedBatch(ArgReader& args, size_t base, int64_t num_pages, int64
   b.positions = b.pos_arr.Data();
   for (int64_t t = 0; t < b.total_q; ++t)
     if (b.positions[t] < 0)
-      args.Fail("positions", "positions >= 0", "positions[" + std::to_string(t) + "] = " + std::to_string(b.positions[t]));
+      args.Fail("positions", "positions >= 0",
+                "positions[" + std::to_string(t) + "] = " + std::to_string(b.positions[t]));
   const std::string mask = args.String(base + 5, "mask");
   if (mask == "causal") b.causal = true;
   else if (mask == "non-causal") b.causal = false;
@@ -138,33 +142,36 @@ void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows&
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512) kernel = AttendTileAvx512;
 #endif
-  ParallelFor(static_cast<int64_t>(specs.size()), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<size_t>(TileScratchFloats(k.dim, v.dim)));
-    for (int64_t i = begin; i < end; ++i) {
-      const TileSpec& sp = specs[static_cast<size_t>(i)];
-      Tile tile;
-      tile.k = k;
-      tile.v = v;
-      tile.table = b.tables + sp.seq * b.max_blocks;
-      tile.page_size = b.page_size;
-      tile.kv_head = sp.h0 / group;
-      tile.scale = scale;
-      tile.rows = 0;
-      const int64_t kv_len = b.kv_lens[sp.seq];
-      for (int64_t t = sp.t0; t < sp.t1; ++t) {
-        int64_t lo, hi;
-        VisibleKeys(b, kv_len, b.positions[t], &lo, &hi);
-        for (int64_t h = sp.h0; h < sp.h1; ++h) {
-          Row& row = tile.row[tile.rows++];
-          row.q = q + (t * num_heads + h) * k.dim;
-          row.out = out + (t * num_heads + h) * v.dim;
-          row.lo = lo;
-          row.hi = hi;
+  ParallelFor(
+      static_cast<int64_t>(specs.size()),
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch(static_cast<size_t>(TileScratchFloats(k.dim, v.dim)));
+        for (int64_t i = begin; i < end; ++i) {
+          const TileSpec& sp = specs[static_cast<size_t>(i)];
+          Tile tile;
+          tile.k = k;
+          tile.v = v;
+          tile.table = b.tables + sp.seq * b.max_blocks;
+          tile.page_size = b.page_size;
+          tile.kv_head = sp.h0 / group;
+          tile.scale = scale;
+          tile.rows = 0;
+          const int64_t kv_len = b.kv_lens[sp.seq];
+          for (int64_t t = sp.t0; t < sp.t1; ++t) {
+            int64_t lo, hi;
+            VisibleKeys(b, kv_len, b.positions[t], &lo, &hi);
+            for (int64_t h = sp.h0; h < sp.h1; ++h) {
+              Row& row = tile.row[tile.rows++];
+              row.q = q + (t * num_heads + h) * k.dim;
+              row.out = out + (t * num_heads + h) * v.dim;
+              row.lo = lo;
+              row.hi = hi;
+            }
+          }
+          kernel(tile, scratch.data());
         }
-      }
-      kernel(tile, scratch.data());
-    }
-  }, tile_work);
+      },
+      tile_work);
 }
 
 }  // namespace attn
@@ -232,9 +239,9 @@ Napi::Value PagedAttentionBinding(const Napi::CallbackInfo& info) {
 
 Napi::Value PagedAttentionAsyncBinding(const Napi::CallbackInfo& info) {
   AttentionCall c = ReadAttentionArgs(info, "pagedAttentionAsync");
-  return QueueKernel(info.Env(), "pagedAttentionAsync", c.Job(),
-                           {c.q, c.kpool, c.vpool, c.out, c.batch.cu_arr, c.batch.kv_arr, c.batch.table_arr,
-                            c.batch.pos_arr});
+  return QueueKernel(
+      info.Env(), "pagedAttentionAsync", c.Job(),
+      {c.q, c.kpool, c.vpool, c.out, c.batch.cu_arr, c.batch.kv_arr, c.batch.table_arr, c.batch.pos_arr});
 }
 
 Napi::Value WritePagedRowsBinding(const Napi::CallbackInfo& info) {
@@ -262,15 +269,18 @@ Napi::Value WritePagedRowsBinding(const Napi::CallbackInfo& info) {
   const float* s = src.Data();
   float* p = pool.Data();
   // Page layout [heads][pageSize][rowElements] (heads = 1: plain rows).
-  ParallelFor(tokens, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      if (ps[t] < 0) continue;
-      const int64_t page = ps[t] / page_size, off = ps[t] % page_size;
-      for (int64_t h = 0; h < heads; ++h)
-        std::memcpy(p + ((page * heads + h) * page_size + off) * row_elements + col_offset, s + (t * heads + h) * cols,
-                    static_cast<size_t>(cols) * sizeof(float));
-    }
-  }, heads * cols);
+  ParallelFor(
+      tokens,
+      [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          if (ps[t] < 0) continue;
+          const int64_t page = ps[t] / page_size, off = ps[t] % page_size;
+          for (int64_t h = 0; h < heads; ++h)
+            std::memcpy(p + ((page * heads + h) * page_size + off) * row_elements + col_offset,
+                        s + (t * heads + h) * cols, static_cast<size_t>(cols) * sizeof(float));
+        }
+      },
+      heads * cols);
   return info.Env().Undefined();
 }
 
@@ -304,7 +314,8 @@ Napi::Value CopyPagesBinding(const Napi::CallbackInfo& info) {
       args.Fail("dstPages", "page ids in [0, " + std::to_string(dst_pages) + ")",
                 "dstPages[" + std::to_string(i) + "] = " + std::to_string(di[i]));
     if (dst_used[static_cast<size_t>(di[i])])
-      args.Fail("dstPages", "distinct page ids", "dstPages[" + std::to_string(i) + "] = " + std::to_string(di[i]) + " again");
+      args.Fail("dstPages", "distinct page ids",
+                "dstPages[" + std::to_string(i) + "] = " + std::to_string(di[i]) + " again");
     dst_used[static_cast<size_t>(di[i])] = 1;
   }
   if (same)
@@ -314,11 +325,15 @@ Napi::Value CopyPagesBinding(const Napi::CallbackInfo& info) {
                   "srcPages[" + std::to_string(i) + "] = " + std::to_string(si[i]));
   const float* s = src.Data();
   float* d = dst.Data();
-  ParallelFor(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      if (!(same && si[i] == di[i]))
-        std::memcpy(d + di[i] * page_elements, s + si[i] * page_elements, static_cast<size_t>(page_elements) * sizeof(float));
-  }, 2 * page_elements);
+  ParallelFor(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+          if (!(same && si[i] == di[i]))
+            std::memcpy(d + di[i] * page_elements, s + si[i] * page_elements,
+                        static_cast<size_t>(page_elements) * sizeof(float));
+      },
+      2 * page_elements);
   return info.Env().Undefined();
 }
 
@@ -326,7 +341,8 @@ Napi::Value CopyPagesBinding(const Napi::CallbackInfo& info) {
 
 void RegisterAttention(Napi::Env env, Napi::Object exports) {
   exports.Set("pagedAttention", Napi::Function::New(env, Guarded<PagedAttentionBinding>, "pagedAttention"));
-  exports.Set("pagedAttentionAsync", Napi::Function::New(env, Guarded<PagedAttentionAsyncBinding>, "pagedAttentionAsync"));
+  exports.Set("pagedAttentionAsync",
+              Napi::Function::New(env, Guarded<PagedAttentionAsyncBinding>, "pagedAttentionAsync"));
   exports.Set("writePagedRows", Napi::Function::New(env, Guarded<WritePagedRowsBinding>, "writePagedRows"));
   exports.Set("copyPages", Napi::Function::New(env, Guarded<CopyPagesBinding>, "copyPages"));
 }

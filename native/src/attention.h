@@ -57,6 +57,5 @@ void VisibleKeys(const PagedBatch& b, int64_t kv_len, int64_t p, int64_t* lo, in
 void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows& v, int64_t num_heads,
                        int64_t num_kv_heads, const float* q, float* out, float scale);
 
-
 }  // namespace attn
 }  // namespace specd

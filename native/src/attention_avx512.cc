@@ -81,7 +81,8 @@ inline __m512 Scores16(const float* q, const ChunkRows& k, int64_t n) {
     x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
   __m512 y[4];
   for (int i = 0; i < 4; ++i)
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    y[i] =
+        _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
   const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
   const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x88), _mm512_shuffle_f32x4(y[2], y[3], 0xDD));
   return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
@@ -105,8 +106,8 @@ inline void PrefetchRow(const float* p, int64_t n) {
  * acc = acc * alpha, then acc = fma(p_j, v_j, acc) for j ascending (the rows share V loads only).
  */
 template <int N, bool Blocked>
-inline void PvGroup(float* const* a, const float* const* p, const float* alpha, int jb, int je,
-                    const ChunkRows& vr, int64_t dv, __mmask16 vtail) {
+inline void PvGroup(float* const* a, const float* const* p, const float* alpha, int jb, int je, const ChunkRows& vr,
+                    int64_t dv, __mmask16 vtail) {
   __m512 va[N];
   for (int n = 0; n < N; ++n) va[n] = _mm512_set1_ps(alpha[n]);
   int64_t d = 0;
@@ -147,8 +148,8 @@ constexpr float kNegInf = -__builtin_inff();
 }  // namespace
 
 template <bool Blocked>
-static void PvDispatch(int n, float* const* ar, const float* const* pp, const float* al, int jb, int je, const ChunkRows& vr,
-                int64_t dv, __mmask16 vtail) {
+static void PvDispatch(int n, float* const* ar, const float* const* pp, const float* al, int jb, int je,
+                       const ChunkRows& vr, int64_t dv, __mmask16 vtail) {
   switch (n) {
     case 1: PvGroup<1, Blocked>(ar, pp, al, jb, je, vr, dv, vtail); break;
     case 2: PvGroup<2, Blocked>(ar, pp, al, jb, je, vr, dv, vtail); break;
@@ -162,13 +163,13 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
   const int64_t dv = t.v.dim;
   const int64_t dk_pad = (dk + 15) / 16 * 16;
   const int64_t dv_pad = (dv + 15) / 16 * 16;
-  float* acc = scratch;                    // [kMaxRows][dv]
-  float* pr = acc + kMaxRows * dv;         // [kMaxRows][kChunk] probabilities of the current chunk
-  float* m = pr + kMaxRows * kChunk;       // [kMaxRows] running max
-  float* l = m + kMaxRows;                 // [kMaxRows] running sum
-  float* zero = l + kMaxRows;              // [dk] zeros: K row of the key slots outside the union
-  float* kbuf = zero + dk_pad;             // [dk_pad/16][kChunk][16] packed K rows of the chunk
-  float* vbuf = kbuf + kChunk * dk_pad;    // [dv_pad/16][kChunk][16] packed V rows
+  float* acc = scratch;                  // [kMaxRows][dv]
+  float* pr = acc + kMaxRows * dv;       // [kMaxRows][kChunk] probabilities of the current chunk
+  float* m = pr + kMaxRows * kChunk;     // [kMaxRows] running max
+  float* l = m + kMaxRows;               // [kMaxRows] running sum
+  float* zero = l + kMaxRows;            // [dk] zeros: K row of the key slots outside the union
+  float* kbuf = zero + dk_pad;           // [dk_pad/16][kChunk][16] packed K rows of the chunk
+  float* vbuf = kbuf + kChunk * dk_pad;  // [dv_pad/16][kChunk][16] packed V rows
   for (int64_t d = 0; d < dk; ++d) zero[d] = 0.0f;
   // V rows that are prefixes of the K rows (MLA latent) are read from the packed K rows.
   const bool shared_rows = t.v.base == t.k.base && t.v.page_stride == t.k.page_stride &&

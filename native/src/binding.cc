@@ -6,7 +6,6 @@
 
 namespace specd {
 
-
 namespace {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {

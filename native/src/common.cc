@@ -23,9 +23,9 @@ std::string Describe(const Napi::Value& v) {
   if (v.IsNull()) return "null";
   if (v.IsTypedArray()) {
     Napi::TypedArray t = v.As<Napi::TypedArray>();
-    const char* names[] = {"Int8Array", "Uint8Array", "Uint8ClampedArray", "Int16Array", "Uint16Array",
-                           "Int32Array", "Uint32Array", "Float32Array", "Float64Array", "BigInt64Array",
-                           "BigUint64Array"};
+    const char* names[] = {"Int8Array",    "Uint8Array",    "Uint8ClampedArray", "Int16Array",
+                           "Uint16Array",  "Int32Array",    "Uint32Array",       "Float32Array",
+                           "Float64Array", "BigInt64Array", "BigUint64Array"};
     const int type = static_cast<int>(t.TypedArrayType());
     const char* name = (type >= 0 && type < 11) ? names[type] : "TypedArray";
     return std::string(name) + " of length " + std::to_string(t.ElementLength());

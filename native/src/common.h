@@ -11,9 +11,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <vector>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bf16.h"
 
@@ -81,8 +81,8 @@ class ArgReader {
   [[noreturn]] void Fail(const char* name, const std::string& expected, const std::string& got) const;
 
  private:
-  Napi::TypedArray Typed(size_t i, const char* name, napi_typedarray_type type, const char* type_name,
-                         size_t length, const char* what);
+  Napi::TypedArray Typed(size_t i, const char* name, napi_typedarray_type type, const char* type_name, size_t length,
+                         const char* what);
   const Napi::CallbackInfo& info_;
   const char* call_;
 };

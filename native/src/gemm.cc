@@ -37,26 +37,29 @@ using gemm::Problem;
 
 /** Packs W[n, k] bf16 row-major into the panel layout of gemm_kernels.h (parallel over panels). */
 void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
-  const int64_t kpairs = gemm::KPairs(k);           // pairs holding weights
-  const int64_t stored = gemm::PanelPairs(k);       // pairs stored per panel (zero padded)
-  ParallelFor(gemm::Panels(n), [&](int64_t begin, int64_t end) {
-    for (int64_t panel = begin; panel < end; ++panel) {
-      uint16_t* dst = out + panel * stored * 32;
-      for (int64_t lane = 0; lane < 16; ++lane) {
-        const int64_t row = panel * 16 + lane;
-        if (row >= n) {
-          for (int64_t kp = 0; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
-          continue;
+  const int64_t kpairs = gemm::KPairs(k);      // pairs holding weights
+  const int64_t stored = gemm::PanelPairs(k);  // pairs stored per panel (zero padded)
+  ParallelFor(
+      gemm::Panels(n),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t panel = begin; panel < end; ++panel) {
+          uint16_t* dst = out + panel * stored * 32;
+          for (int64_t lane = 0; lane < 16; ++lane) {
+            const int64_t row = panel * 16 + lane;
+            if (row >= n) {
+              for (int64_t kp = 0; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
+              continue;
+            }
+            const uint16_t* src = w + row * k;
+            for (int64_t kp = 0; kp < kpairs; ++kp) {
+              dst[kp * 32 + 2 * lane] = src[2 * kp];
+              dst[kp * 32 + 2 * lane + 1] = (2 * kp + 1 < k) ? src[2 * kp + 1] : 0;
+            }
+            for (int64_t kp = kpairs; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
+          }
         }
-        const uint16_t* src = w + row * k;
-        for (int64_t kp = 0; kp < kpairs; ++kp) {
-          dst[kp * 32 + 2 * lane] = src[2 * kp];
-          dst[kp * 32 + 2 * lane + 1] = (2 * kp + 1 < k) ? src[2 * kp + 1] : 0;
-        }
-        for (int64_t kp = kpairs; kp < stored; ++kp) dst[kp * 32 + 2 * lane] = dst[kp * 32 + 2 * lane + 1] = 0;
-      }
-    }
-  }, 16 * k);  // work per panel: 16 rows of k weights
+      },
+      16 * k);  // work per panel: 16 rows of k weights
 }
 
 enum class Activations { kF32, kBf16 };
@@ -88,10 +91,13 @@ void RunGemmF32(const Problem& p) {
     }
     return;
   }
-  ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(p.m)));
-    kernel(p, begin, end, scratch.data());
-  }, gemm::PanelWork(p.m, p.k));
+  ParallelFor(
+      gemm::Panels(p.n),
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(p.m)));
+        kernel(p, begin, end, scratch.data());
+      },
+      gemm::PanelWork(p.m, p.k));
 }
 
 /** Runs one GEMM with the chosen activation precision (never splits K). */
@@ -105,7 +111,9 @@ void RunGemm(Problem p, Activations act) {
       for (int64_t i = 0; i < p.k; ++i) xb[r * ldxb + i] = F32ToBf16(p.x[r * p.ldx + i]);
     p.x_bf16 = xb.data();
     p.ldxb = ldxb;
-    ParallelFor(gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); }, gemm::PanelWork(p.m, p.k));
+    ParallelFor(
+        gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); },
+        gemm::PanelWork(p.m, p.k));
     return;
   }
 #endif

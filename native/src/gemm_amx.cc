@@ -52,9 +52,9 @@ inline void StoreTile(const Problem& p, const float* tile, int64_t row0, int row
 }  // namespace
 
 void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end) {
-  const int64_t blocks = PanelPairs(p.k) / 16;             // 32-k steps
-  const int64_t panel_stride = PanelPairs(p.k) * 32;       // uint16 per panel
-  const int64_t a_stride = p.ldxb * 2;                     // bytes per X row
+  const int64_t blocks = PanelPairs(p.k) / 16;        // 32-k steps
+  const int64_t panel_stride = PanelPairs(p.k) * 32;  // uint16 per panel
+  const int64_t a_stride = p.ldxb * 2;                // bytes per X row
   alignas(64) float tile[4][16 * 16];
   for (int64_t row0 = 0; row0 < p.m; row0 += 16) {
     const int rows = static_cast<int>(p.m - row0 < 16 ? p.m - row0 : 16);

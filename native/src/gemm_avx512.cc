@@ -23,9 +23,9 @@ namespace {
 #define SPECD_GEMM_PREFETCH 128
 #endif
 constexpr int64_t kPrefetchPairs = SPECD_GEMM_PREFETCH;  // prefetch distance (one K block), pair lines
-constexpr int64_t kBlockPairs = 128;                      // K pairs per block
-constexpr int kRowTile = 8;                               // rows per register tile
-constexpr int kColTile = 2;                               // panels per register tile
+constexpr int64_t kBlockPairs = 128;                     // K pairs per block
+constexpr int kRowTile = 8;                              // rows per register tile
+constexpr int kColTile = 2;                              // panels per register tile
 
 inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v, bool accumulate) {
   const int64_t valid = n - col;
@@ -103,12 +103,14 @@ void TileF32(const Problem& p, int64_t row0, int64_t panel0, const Block& blk) {
 template <int B>
 void RowTile(const Problem& p, int64_t row0, int64_t rows, int64_t panel0, const Block& blk) {
   switch (rows) {
-#define SPECD_ROWS(R)                                                            \
-  case R:                                                                        \
-    TileF32<R, B>(p, row0, panel0, blk); \
-    break;
-    SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4) SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
-#undef SPECD_ROWS
+    case 1: TileF32<1, B>(p, row0, panel0, blk); break;
+    case 2: TileF32<2, B>(p, row0, panel0, blk); break;
+    case 3: TileF32<3, B>(p, row0, panel0, blk); break;
+    case 4: TileF32<4, B>(p, row0, panel0, blk); break;
+    case 5: TileF32<5, B>(p, row0, panel0, blk); break;
+    case 6: TileF32<6, B>(p, row0, panel0, blk); break;
+    case 7: TileF32<7, B>(p, row0, panel0, blk); break;
+    case 8: TileF32<8, B>(p, row0, panel0, blk); break;
     default: break;
   }
 }

@@ -29,8 +29,7 @@ constexpr int kRowTile = 4;
 // faster with loop vectorisation (78 vs 104 ms), so it keeps it. native/test/gemm.test.ts places X
 // against a guard page for m = 1..9.
 template <int R>
-__attribute__((optimize("no-tree-loop-vectorize")))
-void Tile(const Problem& p, int64_t row0, int64_t panel) {
+__attribute__((optimize("no-tree-loop-vectorize"))) void Tile(const Problem& p, int64_t row0, int64_t panel) {
   const int64_t full_pairs = p.k / 2;
   const uint16_t* w = p.packed + panel * PanelPairs(p.k) * 32;
   float acc[R][16];

@@ -27,8 +27,8 @@ bool DetectAvx512() {
   if ((xcr0_lo & 0xE6u) != 0xE6u) return false;
   if (__get_cpuid_max(0, nullptr) < 7) return false;
   __cpuid_count(7, 0, a, b, c, d);
-  const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
-             avx512vl = (b >> 31) & 1, fma_ok = true, vnni = (c >> 11) & 1;
+  const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1,
+             fma_ok = true, vnni = (c >> 11) & 1;
   __cpuid_count(7, 1, a, b, c, d);
   const bool bf16 = (a >> 5) & 1;
   return avx512f && avx512dq && avx512bw && avx512vl && fma_ok && vnni && bf16;

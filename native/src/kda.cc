@@ -191,8 +191,19 @@ void RecurrentItem(const KdaProblem& p, int64_t b, int64_t h, StepsFn steps, flo
     }
     std::vector<float> beta(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) beta[t] = p.beta[(row0 + t) * p.heads + h];
-    kda::Steps s{state, d, n, q, k, v, alpha, beta.data(), p.out + row0 * hd + h * d, hd,
-                 p.snap_state ? p.snap_state + (row0 * p.heads + h) * d * d : nullptr, p.heads * d * d, work};
+    kda::Steps s{state,
+                 d,
+                 n,
+                 q,
+                 k,
+                 v,
+                 alpha,
+                 beta.data(),
+                 p.out + row0 * hd + h * d,
+                 hd,
+                 p.snap_state ? p.snap_state + (row0 * p.heads + h) * d * d : nullptr,
+                 p.heads * d * d,
+                 work};
     steps(s);
   }
 }
@@ -272,27 +283,30 @@ void RunKda(KdaProblem& p) {
 #endif
   // Work per (sequence, head) item: ~4 passes over the d×d state per token (average tokens).
   const int64_t item_work = std::max<int64_t>(1, p.tokens / std::max<int64_t>(1, p.batch)) * 4 * p.dim * p.dim;
-  ParallelFor(items, [&](int64_t begin, int64_t end) {
-    const int64_t floats =
-        p.mode == Mode::kRecurrent ? RecurrentScratchFloats(p.dim) : ChunkScratchFloats(p.chunk, p.dim);
-    // Per-thread scratch kept across calls (pool threads are persistent): a fresh allocation of
-    // this size is an mmap + page faults on every call, which dominated single-token decode.
-    // Unusually large requests (> 4 MiB: huge chunk or headDim) get a buffer of their own instead.
-    constexpr int64_t kKeptFloats = INT64_C(1) << 20;
-    thread_local std::vector<float> kept;
-    std::vector<float> own;
-    std::vector<float>& scratch = floats > kKeptFloats ? own : kept;
-    if (scratch.size() < static_cast<size_t>(floats)) scratch.resize(static_cast<size_t>(floats));
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / p.heads, h = item % p.heads;
-      if (p.seq_lens[b] == 0) continue;
-      if (p.mode == Mode::kRecurrent) {
-        RecurrentItem(p, b, h, steps, scratch.data());
-      } else {
-        ChunkedItem(p, b, h, chunk_fn, scratch.data());
-      }
-    }
-  }, item_work);
+  ParallelFor(
+      items,
+      [&](int64_t begin, int64_t end) {
+        const int64_t floats =
+            p.mode == Mode::kRecurrent ? RecurrentScratchFloats(p.dim) : ChunkScratchFloats(p.chunk, p.dim);
+        // Per-thread scratch kept across calls (pool threads are persistent): a fresh allocation of
+        // this size is an mmap + page faults on every call, which dominated single-token decode.
+        // Unusually large requests (> 4 MiB: huge chunk or headDim) get a buffer of their own instead.
+        constexpr int64_t kKeptFloats = INT64_C(1) << 20;
+        thread_local std::vector<float> kept;
+        std::vector<float> own;
+        std::vector<float>& scratch = floats > kKeptFloats ? own : kept;
+        if (scratch.size() < static_cast<size_t>(floats)) scratch.resize(static_cast<size_t>(floats));
+        for (int64_t item = begin; item < end; ++item) {
+          const int64_t b = item / p.heads, h = item % p.heads;
+          if (p.seq_lens[b] == 0) continue;
+          if (p.mode == Mode::kRecurrent) {
+            RecurrentItem(p, b, h, steps, scratch.data());
+          } else {
+            ChunkedItem(p, b, h, chunk_fn, scratch.data());
+          }
+        }
+      },
+      item_work);
 }
 
 /** Arguments of kdaForward / kdaForwardAsync after validation; typed arrays kept for async refs. */
@@ -327,7 +341,8 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
   p.starts.resize(static_cast<size_t>(p.batch));
   int64_t tokens = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
-    if (p.seq_lens[b] < 0) args.Fail("seqLens", "non-negative lengths", std::to_string(p.seq_lens[b]) + " at " + std::to_string(b));
+    if (p.seq_lens[b] < 0)
+      args.Fail("seqLens", "non-negative lengths", std::to_string(p.seq_lens[b]) + " at " + std::to_string(b));
     p.starts[static_cast<size_t>(b)] = tokens;
     tokens += p.seq_lens[b];
   }
@@ -339,12 +354,15 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
     args.Fail("statePool", "a Float32Array of numSlots*heads*headDim*headDim elements (numSlots >= 1)",
               "length " + std::to_string(state_pool.ElementLength()));
   const int64_t num_slots = static_cast<int64_t>(state_pool.ElementLength() / state_per_slot);
-  auto conv_pool = args.F32(7, "convPool", CheckedProduct(call, {num_slots, 3, hd, kConvKeep}), "numSlots*3*heads*headDim*3");
+  auto conv_pool =
+      args.F32(7, "convPool", CheckedProduct(call, {num_slots, 3, hd, kConvKeep}), "numSlots*3*heads*headDim*3");
   (void)conv_per_slot;
   std::vector<bool> used(static_cast<size_t>(num_slots), false);
   for (int64_t b = 0; b < p.batch; ++b) {
     const int32_t s = p.slots[b];
-    if (s < 0 || s >= num_slots) args.Fail("slots", "slots in [0, " + std::to_string(num_slots) + ")", std::to_string(s) + " at " + std::to_string(b));
+    if (s < 0 || s >= num_slots)
+      args.Fail("slots", "slots in [0, " + std::to_string(num_slots) + ")",
+                std::to_string(s) + " at " + std::to_string(b));
     if (used[static_cast<size_t>(s)]) args.Fail("slots", "distinct slots", "slot " + std::to_string(s) + " twice");
     used[static_cast<size_t>(s)] = true;
   }
@@ -363,7 +381,8 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
   c.arrays = {qkv, g, beta, conv_w, seq_lens, slots, state_pool, conv_pool, out};
   if (!args.IsAbsent(13)) {
     if (p.mode != Mode::kRecurrent) args.Fail("snapState", "null in \"chunked\" mode", "a Float32Array");
-    auto snap = args.F32(13, "snapState", CheckedProduct(call, {tokens, p.heads, p.dim, p.dim}), "T*heads*headDim*headDim");
+    auto snap =
+        args.F32(13, "snapState", CheckedProduct(call, {tokens, p.heads, p.dim, p.dim}), "T*heads*headDim*headDim");
     p.snap_state = snap.Data();
     c.arrays.push_back(snap);
   }
@@ -400,7 +419,8 @@ void StepsPortable(const Steps& st) {
   float* blk = st.work;  // [d][kColBlock]: the current column block, contiguous
   for (int64_t j0 = 0; j0 < d; j0 += kColBlock) {
     const int64_t w = std::min(kColBlock, d - j0);
-    for (int64_t i = 0; i < d; ++i) std::memcpy(blk + i * kColBlock, st.state + i * d + j0, static_cast<size_t>(w) * sizeof(float));
+    for (int64_t i = 0; i < d; ++i)
+      std::memcpy(blk + i * kColBlock, st.state + i * d + j0, static_cast<size_t>(w) * sizeof(float));
     for (int64_t t = 0; t < st.tokens; ++t) {
       const float* q = st.q + t * d;
       const float* k = st.k + t * d;
@@ -427,7 +447,8 @@ void StepsPortable(const Steps& st) {
       }
       std::memcpy(st.o + t * st.ldo + j0, acc, static_cast<size_t>(w) * sizeof(float));
     }
-    for (int64_t i = 0; i < d; ++i) std::memcpy(st.state + i * d + j0, blk + i * kColBlock, static_cast<size_t>(w) * sizeof(float));
+    for (int64_t i = 0; i < d; ++i)
+      std::memcpy(st.state + i * d + j0, blk + i * kColBlock, static_cast<size_t>(w) * sizeof(float));
   }
 }
 

@@ -98,9 +98,9 @@ namespace {
 
 /** Lane permutations that (de)interleave 16 channels of the [C][3] state and [C][4] weights. */
 struct ConvTables {
-  int32_t s1[3][16], s2[3][16];   // A_j[c] = st[3c + j]: two-step gather from the 3 state registers
-  int32_t w[4][16];               // W_j[c] = w[4c + j]: 4 (c mod 8) + j within a register pair
-  int32_t o1[3][16], o2[3][16];   // new state register r, lane l: e = 16 r + l -> (s1 | s2 | x)[e / 3]
+  int32_t s1[3][16], s2[3][16];  // A_j[c] = st[3c + j]: two-step gather from the 3 state registers
+  int32_t w[4][16];              // W_j[c] = w[4c + j]: 4 (c mod 8) + j within a register pair
+  int32_t o1[3][16], o2[3][16];  // new state register r, lane l: e = 16 r + l -> (s1 | s2 | x)[e / 3]
 };
 
 ConvTables MakeConvTables() {

@@ -22,19 +22,19 @@ namespace kda {
 
 /** One chunk of one head. All pointers are the caller's; scratch sizes in comments. */
 struct ChunkArgs {
-  float* state;        // S0 in, S out: [d][d]
-  int64_t d, L;        // head dim, tokens in this chunk (<= stride)
-  int64_t stride;      // row stride of akk/aqk (the chunk size)
-  const float* q;      // [L][d] normalised, scaled
-  const float* k;      // [L][d] normalised
-  const float* v;      // [L][d]
-  const float* G;      // [L][d] cumulative log decay within the chunk
-  const float* beta;   // [L]
-  float* out;          // o_t at out + t * ldo
+  float* state;       // S0 in, S out: [d][d]
+  int64_t d, L;       // head dim, tokens in this chunk (<= stride)
+  int64_t stride;     // row stride of akk/aqk (the chunk size)
+  const float* q;     // [L][d] normalised, scaled
+  const float* k;     // [L][d] normalised
+  const float* v;     // [L][d]
+  const float* G;     // [L][d] cumulative log decay within the chunk
+  const float* beta;  // [L]
+  float* out;         // o_t at out + t * ldo
   int64_t ldo;
-  float *u, *r, *o;    // [L][d] each
-  float *akk, *aqk;    // [L][stride] each
-  float *wrow, *ke;    // [stride], [d]
+  float *u, *r, *o;  // [L][d] each
+  float *akk, *aqk;  // [L][stride] each
+  float *wrow, *ke;  // [stride], [d]
 };
 
 /**

@@ -31,19 +31,19 @@ constexpr int64_t kColBlock = 64;
 
 /** One call of the multi-token recurrent kernel for one head. */
 struct Steps {
-  float* state;          // S [d][d], updated in place
-  int64_t d;             // head dim (d_k = d_v)
-  int64_t tokens;        // tokens of this call
-  const float* q;        // [tokens][d], normalised and scaled
-  const float* k;        // [tokens][d], normalised
-  const float* v;        // [tokens][d]
-  const float* alpha;    // [tokens][d], exp(g)
-  const float* beta;     // [tokens]
-  float* o;              // output of token t at o + t * ldo, d floats
+  float* state;        // S [d][d], updated in place
+  int64_t d;           // head dim (d_k = d_v)
+  int64_t tokens;      // tokens of this call
+  const float* q;      // [tokens][d], normalised and scaled
+  const float* k;      // [tokens][d], normalised
+  const float* v;      // [tokens][d]
+  const float* alpha;  // [tokens][d], exp(g)
+  const float* beta;   // [tokens]
+  float* o;            // output of token t at o + t * ldo, d floats
   int64_t ldo;
-  float* snap;           // when not null: S after token t is written to snap + t * ld_snap ([d][d])
+  float* snap;  // when not null: S after token t is written to snap + t * ld_snap ([d][d])
   int64_t ld_snap;
-  float* work;           // StepsWorkFloats(d) floats owned by the calling thread
+  float* work;  // StepsWorkFloats(d) floats owned by the calling thread
 };
 
 /**

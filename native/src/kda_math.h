@@ -26,8 +26,8 @@ SPECD_KDA_VECTORIZABLE static inline float Exp(float x) {
   const float xc = x < lo ? lo : (x > hi ? hi : x);  // NaN passes through (comparisons are false)
   const float magic = 12582912.0f;                   // 1.5 * 2^23: adding it rounds to an integer
   const float t = xc * 1.44269504088896341f + magic;
-  const float n = t - magic;                          // round(x * log2(e))
-  float r = xc - n * 0.693359375f;                    // x - n ln2, ln2 split in two parts
+  const float n = t - magic;        // round(x * log2(e))
+  float r = xc - n * 0.693359375f;  // x - n ln2, ln2 split in two parts
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

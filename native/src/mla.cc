@@ -65,29 +65,36 @@ void RunMla(const MlaProblem& p) {
   float* pol = olat.data();
   const int64_t block_rows = std::min(kTokenBlock, T);  // ParallelFor work per item: a block's GEMV rows
   // A. absorption: q_ext[t][h] = [W_UK[h]ᵀ q_nope[t][h] | q_pe[t][h]].
-  ParallelFor(H * blocks, [&](int64_t b, int64_t e) {
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t h = item / blocks, t0 = item % blocks * kTokenBlock;
-      const int64_t rows = std::min(kTokenBlock, T - t0);
-      mat(p.q + (t0 * H + h) * qd, H * qd, rows, p.wuk + h * p.nope * r, p.nope, r, pqe + (t0 * H + h) * ed, H * ed);
-      for (int64_t t = t0; t < t0 + rows; ++t)
-        for (int64_t i = 0; i < p.rope; ++i) pqe[(t * H + h) * ed + r + i] = p.q[(t * H + h) * qd + p.nope + i];
-    }
-  }, block_rows * p.nope * r);
+  ParallelFor(
+      H * blocks,
+      [&](int64_t b, int64_t e) {
+        for (int64_t item = b; item < e; ++item) {
+          const int64_t h = item / blocks, t0 = item % blocks * kTokenBlock;
+          const int64_t rows = std::min(kTokenBlock, T - t0);
+          mat(p.q + (t0 * H + h) * qd, H * qd, rows, p.wuk + h * p.nope * r, p.nope, r, pqe + (t0 * H + h) * ed,
+              H * ed);
+          for (int64_t t = t0; t < t0 + rows; ++t)
+            for (int64_t i = 0; i < p.rope; ++i) pqe[(t * H + h) * ed + r + i] = p.q[(t * H + h) * qd + p.nope + i];
+        }
+      },
+      block_rows * p.nope * r);
   // B. attention over the latent cache (one KV "head" shared by all H heads).
   const int64_t page_stride = p.batch.page_size * ed;
   const PagedRows k{p.pool, page_stride, ed, 0, ed};
   const PagedRows v{p.pool, page_stride, ed, 0, r};
   attn::RunPagedAttention(p.batch, k, v, H, 1, pqe, pol, p.scale);
   // C. up-projection: out[t][h] = W_UV[h] o_lat[t][h].
-  ParallelFor(H * blocks, [&](int64_t b, int64_t e) {
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t h = item / blocks, t0 = item % blocks * kTokenBlock;
-      const int64_t rows = std::min(kTokenBlock, T - t0);
-      mat(pol + (t0 * H + h) * r, H * r, rows, p.wuvt + h * r * p.vdim, r, p.vdim, p.out + (t0 * H + h) * p.vdim,
-          H * p.vdim);
-    }
-  }, block_rows * r * p.vdim);
+  ParallelFor(
+      H * blocks,
+      [&](int64_t b, int64_t e) {
+        for (int64_t item = b; item < e; ++item) {
+          const int64_t h = item / blocks, t0 = item % blocks * kTokenBlock;
+          const int64_t rows = std::min(kTokenBlock, T - t0);
+          mat(pol + (t0 * H + h) * r, H * r, rows, p.wuvt + h * r * p.vdim, r, p.vdim, p.out + (t0 * H + h) * p.vdim,
+              H * p.vdim);
+        }
+      },
+      block_rows * r * p.vdim);
 }
 
 struct MlaCall {
@@ -131,9 +138,9 @@ Napi::Value MlaAttentionBinding(const Napi::CallbackInfo& info) {
 Napi::Value MlaAttentionAsyncBinding(const Napi::CallbackInfo& info) {
   MlaCall c = ReadMlaArgs(info, "mlaAttentionAsync");
   const MlaProblem p = c.problem;
-  return QueueKernel(info.Env(), "mlaAttentionAsync", [p]() { RunMla(p); },
-                           {c.q, c.pool, c.wuk, c.wuvt, c.out, p.batch.cu_arr, p.batch.kv_arr, p.batch.table_arr,
-                            p.batch.pos_arr});
+  return QueueKernel(
+      info.Env(), "mlaAttentionAsync", [p]() { RunMla(p); },
+      {c.q, c.pool, c.wuk, c.wuvt, c.out, p.batch.cu_arr, p.batch.kv_arr, p.batch.table_arr, p.batch.pos_arr});
 }
 
 }  // namespace

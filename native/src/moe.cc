@@ -78,32 +78,39 @@ Napi::Value MoeRouteBinding(const Napi::CallbackInfo& info) {
   const double factor = args.Number(5, "routedScalingFactor");
   const bool renormalize = info.Length() > 6 && info[6].ToBoolean().Value();
   auto logits = args.F32(0, "logits", CheckedProduct("moeRoute", {n, e_count}), "n*numExperts");
-  const float* bias = args.IsAbsent(3) ? nullptr : args.F32(3, "bias", static_cast<size_t>(e_count), "numExperts").Data();
+  const float* bias =
+      args.IsAbsent(3) ? nullptr : args.F32(3, "bias", static_cast<size_t>(e_count), "numExperts").Data();
   auto ids = args.I32(7, "ids", CheckedProduct("moeRoute", {n, k}), "n*topK");
   auto weights = args.F32(8, "weights", CheckedProduct("moeRoute", {n, k}), "n*topK");
-  float* scores_out = args.IsAbsent(9) ? nullptr : args.F32(9, "scores", CheckedProduct("moeRoute", {n, e_count}), "n*numExperts").Data();
+  float* scores_out = args.IsAbsent(9)
+                          ? nullptr
+                          : args.F32(9, "scores", CheckedProduct("moeRoute", {n, e_count}), "n*numExperts").Data();
   const float* pl = logits.Data();
   int32_t* pid = ids.Data();
   float* pw = weights.Data();
   const float scale = static_cast<float>(factor);
-  ParallelFor(n, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(e_count));
-    std::vector<Choice> best(static_cast<size_t>(k));
-    for (int64_t t = begin; t < end; ++t) {
-      const float* lt = pl + t * e_count;
-      for (int64_t e = 0; e < e_count; ++e) scores[e] = 1.0f / (1.0f + std::exp(-lt[e]));
-      if (scores_out) std::memcpy(scores_out + t * e_count, scores.data(), static_cast<size_t>(e_count) * sizeof(float));
-      SelectTopK(scores.data(), bias, e_count, k, best.data());
-      float sum = 0.0f;
-      for (int64_t j = 0; j < k; ++j) sum = sum + scores[best[j].id];
-      const float denom = sum + 1e-20f;
-      for (int64_t j = 0; j < k; ++j) {
-        const float s = scores[best[j].id];
-        pid[t * k + j] = best[j].id;
-        pw[t * k + j] = (renormalize ? s / denom : s) * scale;
-      }
-    }
-  }, 4 * e_count);
+  ParallelFor(
+      n,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scores(static_cast<size_t>(e_count));
+        std::vector<Choice> best(static_cast<size_t>(k));
+        for (int64_t t = begin; t < end; ++t) {
+          const float* lt = pl + t * e_count;
+          for (int64_t e = 0; e < e_count; ++e) scores[e] = 1.0f / (1.0f + std::exp(-lt[e]));
+          if (scores_out)
+            std::memcpy(scores_out + t * e_count, scores.data(), static_cast<size_t>(e_count) * sizeof(float));
+          SelectTopK(scores.data(), bias, e_count, k, best.data());
+          float sum = 0.0f;
+          for (int64_t j = 0; j < k; ++j) sum = sum + scores[best[j].id];
+          const float denom = sum + 1e-20f;
+          for (int64_t j = 0; j < k; ++j) {
+            const float s = scores[best[j].id];
+            pid[t * k + j] = best[j].id;
+            pw[t * k + j] = (renormalize ? s / denom : s) * scale;
+          }
+        }
+      },
+      4 * e_count);
   return info.Env().Undefined();
 }
 
@@ -127,19 +134,23 @@ void RunJobs(const std::vector<GemmJob>& jobs) {
   int64_t work = 0;  // ParallelFor work units of the whole phase (gemm::PanelWork per panel)
   for (const auto& j : jobs) work += gemm::Panels(j.p.n) * gemm::PanelWork(j.p.m, j.p.k);
   const int64_t work_per_panel = std::max<int64_t>(1, work / total);
-  ParallelFor(total, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(max_m)));
-    size_t j = static_cast<size_t>(std::upper_bound(jobs.begin(), jobs.end(), begin,
-                                                    [](int64_t v, const GemmJob& job) { return v < job.panel0; }) -
-                                   jobs.begin()) - 1;
-    for (int64_t idx = begin; idx < end; ++j) {
-      const GemmJob& job = jobs[j];
-      const int64_t job_end = job.panel0 + gemm::Panels(job.p.n);
-      const int64_t stop = std::min(end, job_end);
-      if (stop > idx) kernel(job.p, idx - job.panel0, stop - job.panel0, scratch.data());
-      idx = std::max(idx, stop);
-    }
-  }, work_per_panel);
+  ParallelFor(
+      total,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch(static_cast<size_t>(gemm::ScratchFloats(max_m)));
+        size_t j = static_cast<size_t>(std::upper_bound(jobs.begin(), jobs.end(), begin,
+                                                        [](int64_t v, const GemmJob& job) { return v < job.panel0; }) -
+                                       jobs.begin()) -
+                   1;
+        for (int64_t idx = begin; idx < end; ++j) {
+          const GemmJob& job = jobs[j];
+          const int64_t job_end = job.panel0 + gemm::Panels(job.p.n);
+          const int64_t stop = std::min(end, job_end);
+          if (stop > idx) kernel(job.p, idx - job.panel0, stop - job.panel0, scratch.data());
+          idx = std::max(idx, stop);
+        }
+      },
+      work_per_panel);
 }
 
 /** Validated moeExperts call: raw pointers into the caller's arrays (no copies). */
@@ -181,17 +192,19 @@ void RunMoePass(const MoeProblem& p) {
   std::vector<int64_t> count(static_cast<size_t>(p.e_count + 1), 0);
   for (int64_t r = 0; r < n * k; ++r) ++count[static_cast<size_t>(p.ids[r]) + 1];
   for (int64_t e = 0; e < p.e_count; ++e) count[e + 1] += count[e];  // count[e] = first grouped row of e
-  std::vector<int64_t> row_of(static_cast<size_t>(n * k));             // (token, slot) -> grouped row
+  std::vector<int64_t> row_of(static_cast<size_t>(n * k));           // (token, slot) -> grouped row
   {
     std::vector<int64_t> next(count.begin(), count.end() - 1);
     for (int64_t r = 0; r < n * k; ++r) row_of[r] = next[static_cast<size_t>(p.ids[r])]++;
   }
   const int64_t rows = n * k;
   std::vector<float> xg(static_cast<size_t>(rows * D));
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(xg.data() + row_of[r] * D, p.x + (r / k) * D, static_cast<size_t>(D) * sizeof(float));
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(xg.data() + row_of[r] * D, p.x + (r / k) * D, static_cast<size_t>(D) * sizeof(float));
   const bool shared = p.shared_w13 != nullptr;
   const int64_t Is = p.shared_inter;
-  std::vector<float> h13(static_cast<size_t>(rows * 2 * I)), act(static_cast<size_t>(rows * I)), y(static_cast<size_t>(rows * D));
+  std::vector<float> h13(static_cast<size_t>(rows * 2 * I)), act(static_cast<size_t>(rows * I)),
+      y(static_cast<size_t>(rows * D));
   std::vector<float> sh13, sact, sy;
   if (shared) {
     sh13.resize(static_cast<size_t>(n * 2 * Is));
@@ -213,15 +226,18 @@ void RunMoePass(const MoeProblem& p) {
   }
   RunJobs(jobs);
   // SwiGLU: silu(gate) * up, gate = columns [0, I), up = [I, 2I).
-  ParallelFor(rows + (shared ? n : 0), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const bool sh = r >= rows;
-      const int64_t ii = sh ? Is : I;
-      const float* hr = sh ? sh13.data() + (r - rows) * 2 * Is : h13.data() + r * 2 * I;
-      float* ar = sh ? sact.data() + (r - rows) * Is : act.data() + r * I;
-      for (int64_t c = 0; c < ii; ++c) ar[c] = Silu(hr[c]) * hr[ii + c];
-    }
-  }, 3 * std::max(I, Is));
+  ParallelFor(
+      rows + (shared ? n : 0),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const bool sh = r >= rows;
+          const int64_t ii = sh ? Is : I;
+          const float* hr = sh ? sh13.data() + (r - rows) * 2 * Is : h13.data() + r * 2 * I;
+          float* ar = sh ? sact.data() + (r - rows) * Is : act.data() + r * I;
+          for (int64_t c = 0; c < ii; ++c) ar[c] = Silu(hr[c]) * hr[ii + c];
+        }
+      },
+      3 * std::max(I, Is));
   // Phase 2: [m_e, D] = A_e . W2_e^T.
   jobs.clear();
   panel = 0;
@@ -235,27 +251,30 @@ void RunMoePass(const MoeProblem& p) {
   if (shared) jobs.push_back(GemmJob{gemm::Problem{sact.data(), Is, p.shared_w2, sy.data(), D, n, D, Is}, panel});
   RunJobs(jobs);
   // Combine per token: ascending (expert, slot), then the shared expert.
-  ParallelFor(n, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> order(static_cast<size_t>(k));
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t j = 0; j < k; ++j) order[j] = j;
-      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        const int32_t ea = p.ids[t * k + a], eb = p.ids[t * k + b];
-        return ea != eb ? ea < eb : a < b;
-      });
-      float* ot = p.out + t * D;
-      for (int64_t c = 0; c < D; ++c) ot[c] = 0.0f;
-      for (int64_t j : order) {
-        const float w = p.weights[t * k + j];
-        const float* yr = y.data() + row_of[t * k + j] * D;
-        for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + w * yr[c];
-      }
-      if (shared) {
-        const float* sr = sy.data() + t * D;
-        for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + sr[c];
-      }
-    }
-  }, (k + 1) * 2 * D);
+  ParallelFor(
+      n,
+      [&](int64_t begin, int64_t end) {
+        std::vector<int64_t> order(static_cast<size_t>(k));
+        for (int64_t t = begin; t < end; ++t) {
+          for (int64_t j = 0; j < k; ++j) order[j] = j;
+          std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+            const int32_t ea = p.ids[t * k + a], eb = p.ids[t * k + b];
+            return ea != eb ? ea < eb : a < b;
+          });
+          float* ot = p.out + t * D;
+          for (int64_t c = 0; c < D; ++c) ot[c] = 0.0f;
+          for (int64_t j : order) {
+            const float w = p.weights[t * k + j];
+            const float* yr = y.data() + row_of[t * k + j] * D;
+            for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + w * yr[c];
+          }
+          if (shared) {
+            const float* sr = sy.data() + t * D;
+            for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + sr[c];
+          }
+        }
+      },
+      (k + 1) * 2 * D);
 }
 
 size_t PackedLength(const char* call, int64_t n, int64_t k) {
@@ -271,7 +290,8 @@ const uint16_t* ExpertWeights(ArgReader& args, Napi::Array list, int64_t e, cons
     args.Fail(what.c_str(), "Uint16Array of length " + std::to_string(length), "another value");
   Napi::Uint16Array a = v.As<Napi::Uint16Array>();
   if (a.ElementLength() != length)
-    args.Fail(what.c_str(), "Uint16Array of length " + std::to_string(length), "length " + std::to_string(a.ElementLength()));
+    args.Fail(what.c_str(), "Uint16Array of length " + std::to_string(length),
+              "length " + std::to_string(a.ElementLength()));
   keep.push_back(a);
   return a.Data();
 }
@@ -300,7 +320,8 @@ MoeCall ReadMoeArgs(const Napi::CallbackInfo& info, const char* call) {
   p.e_count = w13.Length();
   if (p.e_count < 1) args.Fail("w13", "at least one expert", "an empty Array");
   if (static_cast<int64_t>(w2.Length()) != p.e_count)
-    args.Fail("w2", "an Array of " + std::to_string(p.e_count) + " entries (w13.length)", "length " + std::to_string(w2.Length()));
+    args.Fail("w2", "an Array of " + std::to_string(p.e_count) + " entries (w13.length)",
+              "length " + std::to_string(w2.Length()));
   p.x = x.Data();
   p.ids = ids.Data();
   p.weights = weights.Data();
@@ -312,15 +333,18 @@ MoeCall ReadMoeArgs(const Napi::CallbackInfo& info, const char* call) {
   for (int64_t r = 0; r < p.n * p.k; ++r) {
     const int32_t e = p.ids[r];
     if (e < 0 || e >= p.e_count)
-      args.Fail("ids", "expert ids in [0, " + std::to_string(p.e_count) + ")", std::to_string(e) + " at " + std::to_string(r));
+      args.Fail("ids", "expert ids in [0, " + std::to_string(p.e_count) + ")",
+                std::to_string(e) + " at " + std::to_string(r));
     if (p.w13[e]) continue;
     p.w13[e] = ExpertWeights(args, w13, e, "w13", len13, c.arrays);
     p.w2[e] = ExpertWeights(args, w2, e, "w2", len2, c.arrays);
   }
   if (!args.IsAbsent(9)) {
     p.shared_inter = args.Int(11, "sharedInter", 1);
-    auto s13 = args.U16(9, "sharedW13", PackedLength(call, 2 * p.shared_inter, p.hidden), "packedBf16Length(2*sharedInter, hidden)");
-    auto s2 = args.U16(10, "sharedW2", PackedLength(call, p.hidden, p.shared_inter), "packedBf16Length(hidden, sharedInter)");
+    auto s13 = args.U16(9, "sharedW13", PackedLength(call, 2 * p.shared_inter, p.hidden),
+                        "packedBf16Length(2*sharedInter, hidden)");
+    auto s2 =
+        args.U16(10, "sharedW2", PackedLength(call, p.hidden, p.shared_inter), "packedBf16Length(hidden, sharedInter)");
     p.shared_w13 = s13.Data();
     p.shared_w2 = s2.Data();
     c.arrays.push_back(s13);

@@ -62,13 +62,16 @@ Napi::Value RmsNormBinding(const Napi::CallbackInfo& info) {
   const float* px = x.Data();
   const float* pw = w.Data();
   float* po = out.Data();
-  ParallelFor(rows, [&](int64_t b, int64_t e) {  // work per row: ~3 passes over dim
-    switch (g) {
-      case Gate::kNone: NormRows<Gate::kNone>(px, pw, gate, po, b, e, dim, eps); break;
-      case Gate::kSigmoid: NormRows<Gate::kSigmoid>(px, pw, gate, po, b, e, dim, eps); break;
-      case Gate::kSilu: NormRows<Gate::kSilu>(px, pw, gate, po, b, e, dim, eps); break;
-    }
-  }, 3 * dim);
+  ParallelFor(
+      rows,
+      [&](int64_t b, int64_t e) {  // work per row: ~3 passes over dim
+        switch (g) {
+          case Gate::kNone: NormRows<Gate::kNone>(px, pw, gate, po, b, e, dim, eps); break;
+          case Gate::kSigmoid: NormRows<Gate::kSigmoid>(px, pw, gate, po, b, e, dim, eps); break;
+          case Gate::kSilu: NormRows<Gate::kSilu>(px, pw, gate, po, b, e, dim, eps); break;
+        }
+      },
+      3 * dim);
   return info.Env().Undefined();
 }
 

@@ -49,9 +49,13 @@ Napi::Uint8Array ReadU8(ArgReader& args, const Napi::CallbackInfo& info, size_t 
   const std::string expected = "Uint8Array of length " + std::to_string(length) + " (" + what + ")";
   Napi::Value v = i < info.Length() ? info[i] : info.Env().Undefined();
   if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
-    static const char* const kNames[] = {"Int8Array", "Uint8Array", "Uint8ClampedArray", "Int16Array", "Uint16Array",
-                                         "Int32Array", "Uint32Array", "Float32Array", "Float64Array"};
-    std::string got = v.IsUndefined() ? "undefined" : v.IsNull() ? "null" : v.IsString() ? "string" : v.IsNumber() ? "number" : "object";
+    static const char* const kNames[] = {"Int8Array",  "Uint8Array",  "Uint8ClampedArray", "Int16Array",  "Uint16Array",
+                                         "Int32Array", "Uint32Array", "Float32Array",      "Float64Array"};
+    std::string got = v.IsUndefined() ? "undefined"
+                      : v.IsNull()    ? "null"
+                      : v.IsString()  ? "string"
+                      : v.IsNumber()  ? "number"
+                                      : "object";
     if (v.IsTypedArray()) {
       const int type = static_cast<int>(v.As<Napi::TypedArray>().TypedArrayType());
       got = std::string(type >= 0 && type < 9 ? kNames[type] : "TypedArray") + " of length " +
@@ -61,7 +65,8 @@ Napi::Uint8Array ReadU8(ArgReader& args, const Napi::CallbackInfo& info, size_t 
                     std::string(args.call()) + ": " + name + ": expected " + expected + ", got " + got);
   }
   Napi::Uint8Array a = v.As<Napi::Uint8Array>();
-  if (a.ElementLength() != length) args.Fail(name, expected, "Uint8Array of length " + std::to_string(a.ElementLength()));
+  if (a.ElementLength() != length)
+    args.Fail(name, expected, "Uint8Array of length " + std::to_string(a.ElementLength()));
   return a;
 }
 
@@ -72,24 +77,27 @@ void Pack(const uint8_t* src, Type t, int64_t n, int64_t k, uint8_t* out) {
   const int64_t pbb = quant::PanelBlockBytes(t);
   const int64_t sb = quant::ScaleBytes(t);
   const int64_t qbytes = t == Type::kQ8_0 ? 32 : 16;  // quant bytes per raw block
-  ParallelFor(quant::Panels(n), [&](int64_t begin, int64_t end) {
-    for (int64_t panel = begin; panel < end; ++panel) {
-      uint8_t* dst = out + panel * blocks * pbb;
-      std::memset(dst, 0, static_cast<size_t>(blocks * pbb));  // padding rows: d = m = 0, q = 0
-      for (int64_t lane = 0; lane < quant::kLanes; ++lane) {
-        const int64_t row = panel * quant::kLanes + lane;
-        if (row >= n) break;
-        for (int64_t b = 0; b < blocks; ++b) {
-          const uint8_t* s = src + (row * blocks + b) * rb;
-          uint8_t* d = dst + b * pbb;
-          std::memcpy(d + 2 * lane, s, 2);                                  // d
-          if (t == Type::kQ4_1) std::memcpy(d + 32 + 2 * lane, s + 2, 2);  // m
-          const uint8_t* qs = s + (t == Type::kQ4_1 ? 4 : 2);
-          for (int64_t j = 0; j < qbytes; ++j) d[sb + j * quant::kLanes + lane] = qs[j];
+  ParallelFor(
+      quant::Panels(n),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t panel = begin; panel < end; ++panel) {
+          uint8_t* dst = out + panel * blocks * pbb;
+          std::memset(dst, 0, static_cast<size_t>(blocks * pbb));  // padding rows: d = m = 0, q = 0
+          for (int64_t lane = 0; lane < quant::kLanes; ++lane) {
+            const int64_t row = panel * quant::kLanes + lane;
+            if (row >= n) break;
+            for (int64_t b = 0; b < blocks; ++b) {
+              const uint8_t* s = src + (row * blocks + b) * rb;
+              uint8_t* d = dst + b * pbb;
+              std::memcpy(d + 2 * lane, s, 2);                                 // d
+              if (t == Type::kQ4_1) std::memcpy(d + 32 + 2 * lane, s + 2, 2);  // m
+              const uint8_t* qs = s + (t == Type::kQ4_1 ? 4 : 2);
+              for (int64_t j = 0; j < qbytes; ++j) d[sb + j * quant::kLanes + lane] = qs[j];
+            }
+          }
         }
-      }
-    }
-  }, quant::kLanes * k);
+      },
+      quant::kLanes * k);
 }
 
 /** bf16 (RNE) of every dequantized weight, row-major [n, k]; the same fp32 values the GEMM uses. */
@@ -97,38 +105,42 @@ void DequantBf16(const uint8_t* packed, Type t, int64_t n, int64_t k, uint16_t* 
   const int64_t blocks = k / quant::kBlock;
   const int64_t pbb = quant::PanelBlockBytes(t);
   const int64_t sb = quant::ScaleBytes(t);
-  ParallelFor(quant::Panels(n), [&](int64_t begin, int64_t end) {
-    for (int64_t panel = begin; panel < end; ++panel) {
-      for (int64_t lane = 0; lane < quant::kLanes; ++lane) {
-        const int64_t row = panel * quant::kLanes + lane;
-        if (row >= n) break;
-        for (int64_t b = 0; b < blocks; ++b) {
-          const uint8_t* blk = packed + (panel * blocks + b) * pbb;
-          uint16_t dh, mh = 0;
-          std::memcpy(&dh, blk + 2 * lane, 2);
-          if (t == Type::kQ4_1) std::memcpy(&mh, blk + 32 + 2 * lane, 2);
-          const float d = quant::F16ToF32(dh);
-          const float m = quant::F16ToF32(mh);
-          uint16_t* o = out + row * k + b * quant::kBlock;
-          const uint8_t* qs = blk + sb;
-          if (t == Type::kQ8_0) {
-            for (int j = 0; j < 32; ++j) o[j] = F32ToBf16(d * static_cast<float>(static_cast<int8_t>(qs[j * 16 + lane])));
-          } else {
-            for (int j = 0; j < 16; ++j) {
-              const uint8_t q = qs[j * 16 + lane];
-              if (t == Type::kQ4_1) {
-                o[j] = F32ToBf16(d * static_cast<float>(q & 0xF) + m);
-                o[j + 16] = F32ToBf16(d * static_cast<float>(q >> 4) + m);
-              } else {  // as ggml: d·(q − 8), so a zero weight keeps the sign of d
-                o[j] = F32ToBf16(d * static_cast<float>((q & 0xF) - 8));
-                o[j + 16] = F32ToBf16(d * static_cast<float>((q >> 4) - 8));
+  ParallelFor(
+      quant::Panels(n),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t panel = begin; panel < end; ++panel) {
+          for (int64_t lane = 0; lane < quant::kLanes; ++lane) {
+            const int64_t row = panel * quant::kLanes + lane;
+            if (row >= n) break;
+            for (int64_t b = 0; b < blocks; ++b) {
+              const uint8_t* blk = packed + (panel * blocks + b) * pbb;
+              uint16_t dh, mh = 0;
+              std::memcpy(&dh, blk + 2 * lane, 2);
+              if (t == Type::kQ4_1) std::memcpy(&mh, blk + 32 + 2 * lane, 2);
+              const float d = quant::F16ToF32(dh);
+              const float m = quant::F16ToF32(mh);
+              uint16_t* o = out + row * k + b * quant::kBlock;
+              const uint8_t* qs = blk + sb;
+              if (t == Type::kQ8_0) {
+                for (int j = 0; j < 32; ++j)
+                  o[j] = F32ToBf16(d * static_cast<float>(static_cast<int8_t>(qs[j * 16 + lane])));
+              } else {
+                for (int j = 0; j < 16; ++j) {
+                  const uint8_t q = qs[j * 16 + lane];
+                  if (t == Type::kQ4_1) {
+                    o[j] = F32ToBf16(d * static_cast<float>(q & 0xF) + m);
+                    o[j + 16] = F32ToBf16(d * static_cast<float>(q >> 4) + m);
+                  } else {  // as ggml: d·(q − 8), so a zero weight keeps the sign of d
+                    o[j] = F32ToBf16(d * static_cast<float>((q & 0xF) - 8));
+                    o[j + 16] = F32ToBf16(d * static_cast<float>((q >> 4) - 8));
+                  }
+                }
               }
             }
           }
         }
-      }
-    }
-  }, quant::kLanes * k);
+      },
+      quant::kLanes * k);
 }
 
 void RunGemm(const Problem& p) {
@@ -137,10 +149,13 @@ void RunGemm(const Problem& p) {
   if (CurrentIsa() == Isa::kAvx512) kernel = quant::PanelsAvx512;
 #endif
   if (p.m == 0 || p.n == 0) return;
-  ParallelFor(quant::Panels(p.n), [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<size_t>(quant::ScratchFloats(p.m)));
-    kernel(p, begin, end, scratch.data());
-  }, quant::PanelWork(p.m, p.k));
+  ParallelFor(
+      quant::Panels(p.n),
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch(static_cast<size_t>(quant::ScratchFloats(p.m)));
+        kernel(p, begin, end, scratch.data());
+      },
+      quant::PanelWork(p.m, p.k));
 }
 
 Napi::Value QuantPackBinding(const Napi::CallbackInfo& info) {
@@ -150,7 +165,8 @@ Napi::Value QuantPackBinding(const Napi::CallbackInfo& info) {
   const int64_t k = ReadK(args, 3);
   auto src = ReadU8(args, info, 0, "src", CheckedProduct("quantPack", {n, k / quant::kBlock, quant::RawBlockBytes(t)}),
                     "n*(k/32)*blockBytes");
-  auto out = ReadU8(args, info, 4, "out", CheckedProduct("quantPack", {quant::Panels(n), k / quant::kBlock, quant::PanelBlockBytes(t)}),
+  auto out = ReadU8(args, info, 4, "out",
+                    CheckedProduct("quantPack", {quant::Panels(n), k / quant::kBlock, quant::PanelBlockBytes(t)}),
                     "quantPackedBytes(type, n, k)");
   Pack(src.Data(), t, n, k, out.Data());
   return info.Env().Undefined();
@@ -170,7 +186,8 @@ GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
   const int64_t k = ReadK(args, 2);
   const int64_t n = args.Int(5, "n", 1);
   c.x = args.F32(0, "x", CheckedProduct(call, {m, k}), "m*k");
-  c.packed = ReadU8(args, info, 3, "packed", CheckedProduct(call, {quant::Panels(n), k / quant::kBlock, quant::PanelBlockBytes(t)}),
+  c.packed = ReadU8(args, info, 3, "packed",
+                    CheckedProduct(call, {quant::Panels(n), k / quant::kBlock, quant::PanelBlockBytes(t)}),
                     "quantPackedBytes(type, n, k)");
   c.y = args.F32(6, "y", CheckedProduct(call, {m, n}), "m*n");
   c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k, t};
@@ -193,9 +210,10 @@ Napi::Value QuantDequantBf16Binding(const Napi::CallbackInfo& info) {
   const Type t = ReadType(args, 1);
   const int64_t n = args.Int(2, "n", 1);
   const int64_t k = ReadK(args, 3);
-  auto packed = ReadU8(args, info, 0, "packed",
-                       CheckedProduct("quantDequantBf16", {quant::Panels(n), k / quant::kBlock, quant::PanelBlockBytes(t)}),
-                       "quantPackedBytes(type, n, k)");
+  auto packed =
+      ReadU8(args, info, 0, "packed",
+             CheckedProduct("quantDequantBf16", {quant::Panels(n), k / quant::kBlock, quant::PanelBlockBytes(t)}),
+             "quantPackedBytes(type, n, k)");
   auto out = args.U16(4, "out", CheckedProduct("quantDequantBf16", {n, k}), "n*k");
   DequantBf16(packed.Data(), t, n, k, out.Data());
   return info.Env().Undefined();

@@ -70,7 +70,8 @@ void Tile(const Problem& p, int64_t row0, int64_t panel0, const Chunk& c) {
     const uint8_t* qs[B];
     for (int b = 0; b < B; ++b) {
       const uint8_t* pb = w + b * panel_stride + blk * pbb;
-      for (int64_t off = 0; off < pbb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
+      for (int64_t off = 0; off < pbb; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
       dv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb)));
       if (T == Type::kQ4_1) {
         mv[b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32)));
@@ -124,12 +125,14 @@ void Tile(const Problem& p, int64_t row0, int64_t panel0, const Chunk& c) {
 template <Type T, int B>
 void RowTile(const Problem& p, int64_t row0, int64_t rows, int64_t panel0, const Chunk& c) {
   switch (rows) {
-#define SPECD_ROWS(R) \
-  case R:             \
-    Tile<T, R, B>(p, row0, panel0, c); \
-    break;
-    SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4) SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
-#undef SPECD_ROWS
+    case 1: Tile<T, 1, B>(p, row0, panel0, c); break;
+    case 2: Tile<T, 2, B>(p, row0, panel0, c); break;
+    case 3: Tile<T, 3, B>(p, row0, panel0, c); break;
+    case 4: Tile<T, 4, B>(p, row0, panel0, c); break;
+    case 5: Tile<T, 5, B>(p, row0, panel0, c); break;
+    case 6: Tile<T, 6, B>(p, row0, panel0, c); break;
+    case 7: Tile<T, 7, B>(p, row0, panel0, c); break;
+    case 8: Tile<T, 8, B>(p, row0, panel0, c); break;
     default: break;
   }
 }

@@ -55,7 +55,9 @@ static inline int64_t QuantBytes(Type t) { return t == Type::kQ8_0 ? 512 : 256; 
 static inline int64_t PanelBlockBytes(Type t) { return ScaleBytes(t) + QuantBytes(t); }
 static inline int64_t Panels(int64_t n) { return (n + kLanes - 1) / kLanes; }
 /** Packed bytes of an [n, k] matrix (k a multiple of 32). */
-static inline int64_t PackedBytes(Type t, int64_t n, int64_t k) { return Panels(n) * (k / kBlock) * PanelBlockBytes(t); }
+static inline int64_t PackedBytes(Type t, int64_t n, int64_t k) {
+  return Panels(n) * (k / kBlock) * PanelBlockBytes(t);
+}
 
 /** Exact IEEE binary16 -> binary32 (subnormals, ±Inf, NaN kept). */
 static inline float F16ToF32(uint16_t h) {

@@ -44,8 +44,7 @@ inline void DequantBlock(Type type, const uint8_t* blk, float (&w)[kBlock][kLane
 // Loop vectorisation off, as for gemm_portable.cc's tile: GCC 12 -O3 turned a loop over rows of X
 // into a strided group load that read past X. The 16-lane loops are still SLP-vectorised.
 template <int R>
-__attribute__((optimize("no-tree-loop-vectorize")))
-void Tile(const Problem& p, int64_t row0, int64_t panel) {
+__attribute__((optimize("no-tree-loop-vectorize"))) void Tile(const Problem& p, int64_t row0, int64_t panel) {
   const int64_t blocks = p.k / kBlock;
   const int64_t pbb = PanelBlockBytes(p.type);
   const uint8_t* base = p.packed + panel * blocks * pbb;

@@ -38,36 +38,41 @@ Napi::Value RopeBinding(const Napi::CallbackInfo& info) {
   auto out = args.F32(8, "out", total, "tokens*heads*headDim");
   const int32_t* pp = pos.Data();
   for (int64_t t = 0; t < tokens; ++t) {
-    if (pp[t] < 0) args.Fail("positions", "values >= 0", "positions[" + std::to_string(t) + "] = " + std::to_string(pp[t]));
+    if (pp[t] < 0)
+      args.Fail("positions", "values >= 0", "positions[" + std::to_string(t) + "] = " + std::to_string(pp[t]));
   }
   const int64_t half = rotary / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary));
   const float* px = x.Data();
   float* po = out.Data();
-  ParallelFor(tokens, [&](int64_t begin, int64_t end) {  // work per token: heads*headDim (+ cos/sin)
-    std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(pp[t]) * inv_freq[i];
-        c[i] = static_cast<float>(std::cos(angle));
-        s[i] = static_cast<float>(std::sin(angle));
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* v = px + (t * heads + h) * head_dim;
-        float* o = po + (t * heads + h) * head_dim;
-        for (int64_t i = 0; i < half; ++i) {
-          const int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-          const float a = v[ia], b = v[ib];
-          o[ia] = a * c[i] - b * s[i];
-          o[ib] = b * c[i] + a * s[i];
+  ParallelFor(
+      tokens,
+      [&](int64_t begin, int64_t end) {  // work per token: heads*headDim (+ cos/sin)
+        std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+        for (int64_t t = begin; t < end; ++t) {
+          for (int64_t i = 0; i < half; ++i) {
+            const double angle = static_cast<double>(pp[t]) * inv_freq[i];
+            c[i] = static_cast<float>(std::cos(angle));
+            s[i] = static_cast<float>(std::sin(angle));
+          }
+          for (int64_t h = 0; h < heads; ++h) {
+            const float* v = px + (t * heads + h) * head_dim;
+            float* o = po + (t * heads + h) * head_dim;
+            for (int64_t i = 0; i < half; ++i) {
+              const int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+              const float a = v[ia], b = v[ib];
+              o[ia] = a * c[i] - b * s[i];
+              o[ib] = b * c[i] + a * s[i];
+            }
+            if (o != v) {
+              for (int64_t i = rotary; i < head_dim; ++i) o[i] = v[i];
+            }
+          }
         }
-        if (o != v) {
-          for (int64_t i = rotary; i < head_dim; ++i) o[i] = v[i];
-        }
-      }
-    }
-  }, heads * (head_dim + half));
+      },
+      heads * (head_dim + half));
   return info.Env().Undefined();
 }
 

@@ -56,10 +56,12 @@ Napi::Value ParallelCopyBinding(const Napi::CallbackInfo& info) {
   float* d = dst.Data();
   const int64_t n = static_cast<int64_t>(src.ElementLength());
   const int64_t chunk = 4096;  // floats: 16 KiB units keep every thread's range line-aligned
-  ParallelFor((n + chunk - 1) / chunk, [&](int64_t b, int64_t e) {
-    const int64_t lo = b * chunk, hi = e * chunk < n ? e * chunk : n;
-    std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-  }, 2 * chunk);
+  ParallelFor((n + chunk - 1) / chunk,
+              [&](int64_t b, int64_t e) {
+                const int64_t lo = b * chunk, hi = e * chunk < n ? e * chunk : n;
+                std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+              },
+              2 * chunk);
   return info.Env().Undefined();
 }
 
@@ -76,17 +78,21 @@ Napi::Value GuardedFloat32ArrayBinding(const Napi::CallbackInfo& info) {
   const size_t data_pages = (data + page - 1) / page;
   const size_t bytes = (data_pages + 1) * page;
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) throw MakeError(info.Env(), ErrorKind::kError, "ERR_SPECD_ALLOC", "guardedFloat32Array: mmap failed");
+  if (base == MAP_FAILED)
+    throw MakeError(info.Env(), ErrorKind::kError, "ERR_SPECD_ALLOC", "guardedFloat32Array: mmap failed");
   char* guard = static_cast<char*>(base) + data_pages * page;
   if (mprotect(guard, page, PROT_NONE) != 0) {
     munmap(base, bytes);
     throw MakeError(info.Env(), ErrorKind::kError, "ERR_SPECD_ALLOC", "guardedFloat32Array: mprotect failed");
   }
   auto* mapping = new GuardedMapping{base, bytes};
-  auto buffer = Napi::ArrayBuffer::New(info.Env(), guard - data, data, [](Napi::Env, void*, GuardedMapping* m) {
-    munmap(m->base, m->bytes);
-    delete m;
-  }, mapping);
+  auto buffer = Napi::ArrayBuffer::New(
+      info.Env(), guard - data, data,
+      [](Napi::Env, void*, GuardedMapping* m) {
+        munmap(m->base, m->bytes);
+        delete m;
+      },
+      mapping);
   return Napi::Float32Array::New(info.Env(), static_cast<size_t>(n), buffer, 0);
 }
 
@@ -99,7 +105,8 @@ void RegisterRuntime(Napi::Env env, Napi::Object exports) {
   exports.Set("setIsa", Napi::Function::New(env, Guarded<SetIsaBinding>, "setIsa"));
   exports.Set("setNumThreads", Napi::Function::New(env, Guarded<SetNumThreadsBinding>, "setNumThreads"));
   exports.Set("parallelCopy", Napi::Function::New(env, Guarded<ParallelCopyBinding>, "parallelCopy"));
-  exports.Set("guardedFloat32Array", Napi::Function::New(env, Guarded<GuardedFloat32ArrayBinding>, "guardedFloat32Array"));
+  exports.Set("guardedFloat32Array",
+              Napi::Function::New(env, Guarded<GuardedFloat32ArrayBinding>, "guardedFloat32Array"));
 }
 
 }  // namespace specd

@@ -16,8 +16,8 @@
 //       reaches p (at least one token), sets the others to -Infinity. p = 1 keeps all.
 // out may alias the input for softmax, topKMask and topPMask. Rows are independent.
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -70,13 +70,16 @@ Napi::Value SoftmaxBinding(const Napi::CallbackInfo& info) {
   const double t = args.Number(3, "temperature");
   if (!(t > 0)) args.Fail("temperature", "a number > 0", std::to_string(t));
   const float inv_t = static_cast<float>(1.0 / t);
-  ParallelFor(r.rows, [&](int64_t b, int64_t e) {
-    for (int64_t row = b; row < e; ++row) {
-      if (!SoftmaxRow(r.x + row * r.cols, r.out + row * r.cols, r.cols, inv_t)) {
-        throw KernelError("softmax: x: row " + std::to_string(row) + " has no finite value");
-      }
-    }
-  }, 4 * r.cols);
+  ParallelFor(
+      r.rows,
+      [&](int64_t b, int64_t e) {
+        for (int64_t row = b; row < e; ++row) {
+          if (!SoftmaxRow(r.x + row * r.cols, r.out + row * r.cols, r.cols, inv_t)) {
+            throw KernelError("softmax: x: row " + std::to_string(row) + " has no finite value");
+          }
+        }
+      },
+      4 * r.cols);
   return info.Env().Undefined();
 }
 
@@ -88,17 +91,20 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
   auto out = args.I32(3, "out", static_cast<size_t>(rows), "rows");
   const float* px = x.Data();
   int32_t* po = out.Data();
-  ParallelFor(rows, [&](int64_t b, int64_t e) {
-    for (int64_t row = b; row < e; ++row) {
-      const float* xr = px + row * cols;
-      int64_t best = -1;
-      for (int64_t i = 0; i < cols; ++i) {
-        if (std::isnan(xr[i])) continue;
-        if (best < 0 || xr[i] > xr[best]) best = i;
-      }
-      po[row] = static_cast<int32_t>(best < 0 ? 0 : best);
-    }
-  }, cols);
+  ParallelFor(
+      rows,
+      [&](int64_t b, int64_t e) {
+        for (int64_t row = b; row < e; ++row) {
+          const float* xr = px + row * cols;
+          int64_t best = -1;
+          for (int64_t i = 0; i < cols; ++i) {
+            if (std::isnan(xr[i])) continue;
+            if (best < 0 || xr[i] > xr[best]) best = i;
+          }
+          po[row] = static_cast<int32_t>(best < 0 ? 0 : best);
+        }
+      },
+      cols);
   return info.Env().Undefined();
 }
 
@@ -106,17 +112,20 @@ Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "topKMask");
   RowsArgs r = ReadRows(args, "logits", 4);
   const int64_t k = args.Int(3, "k", 1, r.cols);
-  ParallelFor(r.rows, [&](int64_t b, int64_t e) {
-    std::vector<float> tmp(static_cast<size_t>(r.cols));
-    for (int64_t row = b; row < e; ++row) {
-      const float* xr = r.x + row * r.cols;
-      float* o = r.out + row * r.cols;
-      for (int64_t i = 0; i < r.cols; ++i) tmp[i] = std::isnan(xr[i]) ? kNegInf : xr[i];
-      std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
-      const float threshold = tmp[static_cast<size_t>(k - 1)];
-      for (int64_t i = 0; i < r.cols; ++i) o[i] = xr[i] >= threshold ? xr[i] : kNegInf;
-    }
-  }, 8 * r.cols);
+  ParallelFor(
+      r.rows,
+      [&](int64_t b, int64_t e) {
+        std::vector<float> tmp(static_cast<size_t>(r.cols));
+        for (int64_t row = b; row < e; ++row) {
+          const float* xr = r.x + row * r.cols;
+          float* o = r.out + row * r.cols;
+          for (int64_t i = 0; i < r.cols; ++i) tmp[i] = std::isnan(xr[i]) ? kNegInf : xr[i];
+          std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
+          const float threshold = tmp[static_cast<size_t>(k - 1)];
+          for (int64_t i = 0; i < r.cols; ++i) o[i] = xr[i] >= threshold ? xr[i] : kNegInf;
+        }
+      },
+      8 * r.cols);
   return info.Env().Undefined();
 }
 
@@ -125,34 +134,36 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
   RowsArgs r = ReadRows(args, "logits", 4);
   const double p = args.Number(3, "p");
   if (!(p > 0 && p <= 1)) args.Fail("p", "a number in (0, 1]", std::to_string(p));
-  ParallelFor(r.rows, [&](int64_t b, int64_t e) {
-    std::vector<float> prob(static_cast<size_t>(r.cols));
-    std::vector<int32_t> order(static_cast<size_t>(r.cols));
-    std::vector<uint8_t> keep(static_cast<size_t>(r.cols));
-    for (int64_t row = b; row < e; ++row) {
-      const float* xr = r.x + row * r.cols;
-      float* o = r.out + row * r.cols;
-      if (p >= 1.0) {
-        if (o != xr) std::copy(xr, xr + r.cols, o);
-        continue;
-      }
-      if (!SoftmaxRow(xr, prob.data(), r.cols, 1.0f)) {
-        throw KernelError("topPMask: logits: row " + std::to_string(row) + " has no finite value");
-      }
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t c) {
-        return prob[a] > prob[c] || (prob[a] == prob[c] && a < c);
-      });
-      std::fill(keep.begin(), keep.end(), 0);
-      double cum = 0.0;
-      for (int64_t j = 0; j < r.cols; ++j) {
-        keep[order[j]] = 1;
-        cum += prob[order[j]];
-        if (cum >= p) break;
-      }
-      for (int64_t i = 0; i < r.cols; ++i) o[i] = keep[i] ? xr[i] : kNegInf;
-    }
-  }, 16 * r.cols);
+  ParallelFor(
+      r.rows,
+      [&](int64_t b, int64_t e) {
+        std::vector<float> prob(static_cast<size_t>(r.cols));
+        std::vector<int32_t> order(static_cast<size_t>(r.cols));
+        std::vector<uint8_t> keep(static_cast<size_t>(r.cols));
+        for (int64_t row = b; row < e; ++row) {
+          const float* xr = r.x + row * r.cols;
+          float* o = r.out + row * r.cols;
+          if (p >= 1.0) {
+            if (o != xr) std::copy(xr, xr + r.cols, o);
+            continue;
+          }
+          if (!SoftmaxRow(xr, prob.data(), r.cols, 1.0f)) {
+            throw KernelError("topPMask: logits: row " + std::to_string(row) + " has no finite value");
+          }
+          std::iota(order.begin(), order.end(), 0);
+          std::sort(order.begin(), order.end(),
+                    [&](int32_t a, int32_t c) { return prob[a] > prob[c] || (prob[a] == prob[c] && a < c); });
+          std::fill(keep.begin(), keep.end(), 0);
+          double cum = 0.0;
+          for (int64_t j = 0; j < r.cols; ++j) {
+            keep[order[j]] = 1;
+            cum += prob[order[j]];
+            if (cum >= p) break;
+          }
+          for (int64_t i = 0; i < r.cols; ++i) o[i] = keep[i] ? xr[i] : kNegInf;
+        }
+      },
+      16 * r.cols);
   return info.Env().Undefined();
 }
 

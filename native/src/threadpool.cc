@@ -140,7 +140,7 @@ class Pool {
   std::condition_variable done_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<uint64_t> claim_{0};  // (generation << kIndexBits) | next unclaimed range
-  std::atomic<int> finished_{0};     // ranges of the current job that returned
+  std::atomic<int> finished_{0};    // ranges of the current job that returned
   bool stop_ = false;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
@@ -173,8 +173,8 @@ int DefaultPoolSize() {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
     if (end == env || *end != '\0' || v < 1 || v > 1024) {
-      throw std::runtime_error(std::string("specd native: SPECD_NUM_THREADS: expected an integer in [1, 1024], got \"") +
-                               env + "\"");
+      throw std::runtime_error(
+          std::string("specd native: SPECD_NUM_THREADS: expected an integer in [1, 1024], got \"") + env + "\"");
     }
     return static_cast<int>(v);
   }

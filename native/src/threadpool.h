@@ -21,8 +21,8 @@
 // The pool is process-wide: the main thread, AsyncWorkers on libuv threads and every Node
 // worker_thread that loads the addon (e.g. TP ranks) share it, and concurrent callers are
 // serialised by a mutex: one ParallelFor runs at a time (the cores are shared anyway). When P == 1
-// (n == 1, a small call, or a pool of one thread), fn runs inline on the caller. fn must not call ParallelFor (that would deadlock);
-// the first exception thrown by any range is rethrown on the caller after all ranges finish.
+// (n == 1, a small call, or a pool of one thread), fn runs inline on the caller. fn must not call ParallelFor (that
+// would deadlock); the first exception thrown by any range is rethrown on the caller after all ranges finish.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -53,7 +53,8 @@ constexpr int64_t kUnknownWork = kMinWorkPerThread;
  * Runs fn over a static partition of [0, n); see the file comment. `workPerItem` ≥ 1: the cost of
  * one index in work units (e.g. a row of `dim` elements: `dim`; a GEMM panel: 16·k·m).
  */
-void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t workPerItem = kUnknownWork);
+void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
+                 int64_t workPerItem = kUnknownWork);
 
 /** Ranges ParallelFor(n, ·, workPerItem) would use with `threads` threads (tests, benches). */
 int64_t PartitionCount(int64_t n, int64_t workPerItem, int threads);

@@ -199,36 +199,40 @@ describe.each(isaPaths())('gemmQuant on the %s path', (path) => {
       }
     });
 
-    it('is batch and thread invariant: row i of every GEMM (m = 1..33, 1..3 threads) equals the GEMV of row i, bit for bit', () => {
-      const seed = freshSeed();
-      const next = rng(seed);
-      const [n, k] = [150, 576]; // 10 panels (n not a multiple of 16); large m splits over threads
-      const w = quantizedWeights(randomTensor(type, n, k, next).bytes, type, n, k);
-      const x = randomF32(33 * k, next);
-      const threads = isa().threads;
-      withIsa(path, () => {
-        try {
-          setNumThreads(1);
-          const gemv = Array.from({ length: 33 }, (_, i) => gemm(x.subarray(i * k, (i + 1) * k), 1, w));
-          for (const t of [1, 2, 3]) {
-            setNumThreads(t);
-            for (let m = 1; m <= 33; m++) {
-              const offset = (m * 7) % (34 - m); // a row's position in the batch changes with m
-              const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w);
-              for (let i = 0; i < m; i++) {
-                const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
-                expect(
-                  diff,
-                  `seed ${seed}: threads=${t} m=${m} row ${i} (x row ${offset + i}) differs at column ${diff}`,
-                ).toBe(-1);
+    it(
+      'is batch and thread invariant: row i of every GEMM (m = ' +
+        '1..33, 1..3 threads) equals the GEMV of row i, bit for bit',
+      () => {
+        const seed = freshSeed();
+        const next = rng(seed);
+        const [n, k] = [150, 576]; // 10 panels (n not a multiple of 16); large m splits over threads
+        const w = quantizedWeights(randomTensor(type, n, k, next).bytes, type, n, k);
+        const x = randomF32(33 * k, next);
+        const threads = isa().threads;
+        withIsa(path, () => {
+          try {
+            setNumThreads(1);
+            const gemv = Array.from({ length: 33 }, (_, i) => gemm(x.subarray(i * k, (i + 1) * k), 1, w));
+            for (const t of [1, 2, 3]) {
+              setNumThreads(t);
+              for (let m = 1; m <= 33; m++) {
+                const offset = (m * 7) % (34 - m); // a row's position in the batch changes with m
+                const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w);
+                for (let i = 0; i < m; i++) {
+                  const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
+                  expect(
+                    diff,
+                    `seed ${seed}: threads=${t} m=${m} row ${i} (x row ${offset + i}) differs at column ${diff}`,
+                  ).toBe(-1);
+                }
               }
             }
+          } finally {
+            setNumThreads(threads);
           }
-        } finally {
-          setNumThreads(threads);
-        }
-      });
-    });
+        });
+      },
+    );
 
     it('async equals sync bit for bit', async () => {
       const next = rng(freshSeed());

@@ -79,43 +79,46 @@ describe.each(KERNELS)('%s kernels', (kernels) => {
       }
     });
 
-    it('chunked KDA prefill (phase "prefill"): splitting at multiples of 64 tokens gives the same bits as one call', () => {
-      const long = Int32Array.from({ length: 150 }, (_, i) => (i * 37 + 11) % 8000);
-      const run = (chunk: number) => {
-        const cache = cacheFor(model, 1, 256);
-        cache.add('p');
-        const out: Float32Array[] = [];
-        for (let p = 0; p < long.length; p += chunk) {
-          out.push(
-            model.forward(
-              {
-                sequences: [
-                  {
-                    id: 'p',
-                    position: p,
-                    tokens: long.subarray(p, Math.min(long.length, p + chunk)),
-                    logits: 'last',
-                    phase: 'prefill',
-                  },
-                ],
-              },
-              cache,
-            ).logits!,
-          );
+    it(
+      'chunked KDA prefill (phase "prefill"): splitting at ' + 'multiples of 64 tokens gives the same bits as one call',
+      () => {
+        const long = Int32Array.from({ length: 150 }, (_, i) => (i * 37 + 11) % 8000);
+        const run = (chunk: number) => {
+          const cache = cacheFor(model, 1, 256);
+          cache.add('p');
+          const out: Float32Array[] = [];
+          for (let p = 0; p < long.length; p += chunk) {
+            out.push(
+              model.forward(
+                {
+                  sequences: [
+                    {
+                      id: 'p',
+                      position: p,
+                      tokens: long.subarray(p, Math.min(long.length, p + chunk)),
+                      logits: 'last',
+                      phase: 'prefill',
+                    },
+                  ],
+                },
+                cache,
+              ).logits!,
+            );
+          }
+          return { last: out[out.length - 1]!, state: cache.state!.recurrent('p', 0).slice() };
+        };
+        const a = run(64);
+        const b = run(128);
+        if (kernels === 'native') {
+          expect(bitwiseEqual(a.last, b.last)).toBe(true);
+          expect(bitwiseEqual(a.state, b.state)).toBe(true);
         }
-        return { last: out[out.length - 1]!, state: cache.state!.recurrent('p', 0).slice() };
-      };
-      const a = run(64);
-      const b = run(128);
-      if (kernels === 'native') {
-        expect(bitwiseEqual(a.last, b.last)).toBe(true);
-        expect(bitwiseEqual(a.state, b.state)).toBe(true);
-      }
-      const c = run(150);
-      let maxRel = 0;
-      for (let i = 0; i < a.last.length; i++) maxRel = Math.max(maxRel, Math.abs(a.last[i]! - c.last[i]!));
-      expect(maxRel).toBeLessThan(1e-3 * Math.max(...Array.from(a.last, Math.abs)));
-    });
+        const c = run(150);
+        let maxRel = 0;
+        for (let i = 0; i < a.last.length; i++) maxRel = Math.max(maxRel, Math.abs(a.last[i]! - c.last[i]!));
+        expect(maxRel).toBeLessThan(1e-3 * Math.max(...Array.from(a.last, Math.abs)));
+      },
+    );
 
     it('prefill logits do not depend on the chunk size (64, 7, 1)', () => {
       const cache = cacheFor(model, 3, 64);

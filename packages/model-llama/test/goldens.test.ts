@@ -20,6 +20,7 @@ import {
   type GgufWeightMode,
   type LlamaStageModel,
 } from '../src/index.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -55,7 +56,7 @@ const goldens: Golden[] = Object.entries(index.goldens).map(([name, g]) => {
   }
 });
 
-describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
+describe.skipIf(skipWithoutFiles('SmolLM2 goldens', [GGUF])).each(['quant', 'bf16'] as const)(
   'SmolLM2 goldens, weights %s',
   (mode: GgufWeightMode) => {
     let model: LlamaStageModel;
@@ -110,7 +111,8 @@ describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
           mode === 'quant' ? 0 : 2,
         );
         console.log(
-          `[${mode}] ${g.name}: T=${T}, worst per-layer rel error ${worst.toExponential(2)}, logits ${logitErr.toExponential(2)}, argmax differs at ${diff.length} of ${T}`,
+          `[${mode}] ${g.name}: T=${T}, worst per-layer rel error ${worst.toExponential(2)}, ` +
+            `logits ${logitErr.toExponential(2)}, argmax differs at ${diff.length} of ${T}`,
         );
       },
     );
@@ -137,7 +139,8 @@ describe.skipIf(!fs.existsSync(GGUF)).each(['quant', 'bf16'] as const)(
           ).logits!;
       }
       if (mode === 'quant') expect(out).toEqual(g.continuation);
-      else expect(out.slice(0, 8)).toEqual(g.continuation.slice(0, 8)); // bf16 weights may leave the path at a later near-tie
+      // bf16 weights may leave the path at a later near-tie
+      else expect(out.slice(0, 8)).toEqual(g.continuation.slice(0, 8));
     });
   },
 );

@@ -6,7 +6,6 @@
 // - quantized projections (gemmQuant) vs bf16 panels dequantised at load agree to bf16 rounding;
 // - the instruct model answers a ChatML question (a smoke test of the whole path; the per-layer
 //   goldens from the PyTorch reference are in goldens.test.ts).
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -23,10 +22,11 @@ import {
   parseLlamaConfig,
   type LlamaStageModel,
 } from '../src/index.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
-const HAVE = fs.existsSync(GGUF);
+const HAVE = !skipWithoutFiles('SmolLM2-135M-Instruct (GGUF Q4_1)', [GGUF]);
 
 describe('config', () => {
   it('parses a Llama config.json and names the bad field', () => {
@@ -154,95 +154,111 @@ describe.skipIf(!HAVE)('SmolLM2-135M-Instruct (GGUF Q4_1)', () => {
     expect(() => model.commitPrefix(c, res, 'a', 5)).toThrow(/committed: expected an integer in \[1, 4\]/);
   });
 
-  it("a token tree: every row's logits equal its root-to-row path decoded as a chain (bitwise); commitTreePath keeps a path", () => {
-    const prompt = tokenizer.encode('Once upon a time there was', { addSpecialTokens: false });
-    const V = model.info.vocabSize;
-    // root (row 0) = the last verified token; rows 1..6 a tree of drafts
-    const tokens = Int32Array.from([264, 1184, 253, 1057, 314, 2623, 30]);
-    const parents = Int32Array.from([-1, 0, 0, 1, 1, 2, 3]);
-    const c = cacheFor(model, ['t', 'ref', 'chain']);
-    for (const id of ['t', 'ref'])
-      model.forward({ sequences: [{ id, position: 0, tokens: prompt, logits: 'none' }] }, c);
-    const res = model.forward(
-      { sequences: [{ id: 't', position: prompt.length, tokens, logits: 'all', tree: parents }] },
-      c,
-    );
-    const pathOf = (r: number): number[] => (r < 0 ? [] : [...pathOf(parents[r]!), r]);
-    for (let r = 0; r < tokens.length; r++) {
-      const path = pathOf(r);
-      const c2 = cacheFor(model, ['p']);
-      model.forward({ sequences: [{ id: 'p', position: 0, tokens: prompt, logits: 'none' }] }, c2);
-      const chain = model.forward(
-        {
-          sequences: [
-            { id: 'p', position: prompt.length, tokens: Int32Array.from(path, (i) => tokens[i]!), logits: 'all' },
-          ],
-        },
-        c2,
-      ).logits!;
-      const mine = res.logits!.subarray(r * V, (r + 1) * V);
-      const theirs = chain.subarray((path.length - 1) * V, path.length * V);
-      expect(
-        mine.every((v, j) => Object.is(v, theirs[j])),
-        `row ${r} (path ${path.join('→')})`,
-      ).toBe(true);
-    }
-    // keep the path 0 → 1 → 3 → 6, then the next token must see exactly those tokens
-    model.commitTreePath(c, res, 't', [0, 1, 3, 6]);
-    expect(c.length('t')).toBe(prompt.length + 4);
-    model.forward(
-      {
-        sequences: [
+  it(
+    "a token tree: every row's logits equal its root-to-row path " +
+      'decoded as a chain (bitwise); commitTreePath keeps a path',
+    () => {
+      const prompt = tokenizer.encode('Once upon a time there was', { addSpecialTokens: false });
+      const V = model.info.vocabSize;
+      // root (row 0) = the last verified token; rows 1..6 a tree of drafts
+      const tokens = Int32Array.from([264, 1184, 253, 1057, 314, 2623, 30]);
+      const parents = Int32Array.from([-1, 0, 0, 1, 1, 2, 3]);
+      const c = cacheFor(model, ['t', 'ref', 'chain']);
+      for (const id of ['t', 'ref'])
+        model.forward({ sequences: [{ id, position: 0, tokens: prompt, logits: 'none' }] }, c);
+      const res = model.forward(
+        { sequences: [{ id: 't', position: prompt.length, tokens, logits: 'all', tree: parents }] },
+        c,
+      );
+      const pathOf = (r: number): number[] => (r < 0 ? [] : [...pathOf(parents[r]!), r]);
+      for (let r = 0; r < tokens.length; r++) {
+        const path = pathOf(r);
+        const c2 = cacheFor(model, ['p']);
+        model.forward({ sequences: [{ id: 'p', position: 0, tokens: prompt, logits: 'none' }] }, c2);
+        const chain = model.forward(
           {
-            id: 'ref',
-            position: prompt.length,
-            tokens: Int32Array.from([0, 1, 3, 6], (i) => tokens[i]!),
-            logits: 'none',
+            sequences: [
+              { id: 'p', position: prompt.length, tokens: Int32Array.from(path, (i) => tokens[i]!), logits: 'all' },
+            ],
           },
-        ],
-      },
-      c,
-    );
-    const next = (id: string) =>
-      model.forward({ sequences: [{ id, position: prompt.length + 4, tokens: Int32Array.of(99), logits: 'last' }] }, c)
-        .logits!;
-    expect(Array.from(next('t'))).toEqual(Array.from(next('ref')));
-    expect(() =>
+          c2,
+        ).logits!;
+        const mine = res.logits!.subarray(r * V, (r + 1) * V);
+        const theirs = chain.subarray((path.length - 1) * V, path.length * V);
+        expect(
+          mine.every((v, j) => Object.is(v, theirs[j])),
+          `row ${r} (path ${path.join('→')})`,
+        ).toBe(true);
+      }
+      // keep the path 0 → 1 → 3 → 6, then the next token must see exactly those tokens
+      model.commitTreePath(c, res, 't', [0, 1, 3, 6]);
+      expect(c.length('t')).toBe(prompt.length + 4);
       model.forward(
         {
           sequences: [
-            { id: 'chain', position: 0, tokens: Int32Array.of(1, 2, 3), logits: 'all', tree: Int32Array.of(-1, 0, 2) },
+            {
+              id: 'ref',
+              position: prompt.length,
+              tokens: Int32Array.from([0, 1, 3, 6], (i) => tokens[i]!),
+              logits: 'none',
+            },
           ],
         },
         c,
-      ),
-    ).toThrow(/tree\[2\]: expected a parent row in \[0, 2\), got 2/);
-  });
+      );
+      const next = (id: string) =>
+        model.forward(
+          { sequences: [{ id, position: prompt.length + 4, tokens: Int32Array.of(99), logits: 'last' }] },
+          c,
+        ).logits!;
+      expect(Array.from(next('t'))).toEqual(Array.from(next('ref')));
+      expect(() =>
+        model.forward(
+          {
+            sequences: [
+              {
+                id: 'chain',
+                position: 0,
+                tokens: Int32Array.of(1, 2, 3),
+                logits: 'all',
+                tree: Int32Array.of(-1, 0, 2),
+              },
+            ],
+          },
+          c,
+        ),
+      ).toThrow(/tree\[2\]: expected a parent row in \[0, 2\), got 2/);
+    },
+  );
 
-  it('quantized projections agree with bf16 panels dequantised at load (relative logit error < 1e-2, same argmax)', () => {
-    const bf16 = loadLlamaStage(parseGgufLlamaConfig(file), ggufSource(file, 'bf16'));
-    try {
-      const prompt = tokenizer.encode('def fibonacci(n):\n    ', { addSpecialTokens: false });
-      const run = (m: LlamaStageModel) =>
-        m.forward({ sequences: [{ id: 'x', position: 0, tokens: prompt, logits: 'all' }] }, cacheFor(m, ['x'])).logits!;
-      const a = run(model);
-      const b = run(bf16);
-      let num = 0;
-      let den = 0;
-      for (let i = 0; i < a.length; i++) {
-        num += (a[i]! - b[i]!) ** 2;
-        den += a[i]! ** 2;
+  it(
+    'quantized projections agree with bf16 panels dequantised ' + 'at load (relative logit error < 1e-2, same argmax)',
+    () => {
+      const bf16 = loadLlamaStage(parseGgufLlamaConfig(file), ggufSource(file, 'bf16'));
+      try {
+        const prompt = tokenizer.encode('def fibonacci(n):\n    ', { addSpecialTokens: false });
+        const run = (m: LlamaStageModel) =>
+          m.forward({ sequences: [{ id: 'x', position: 0, tokens: prompt, logits: 'all' }] }, cacheFor(m, ['x']))
+            .logits!;
+        const a = run(model);
+        const b = run(bf16);
+        let num = 0;
+        let den = 0;
+        for (let i = 0; i < a.length; i++) {
+          num += (a[i]! - b[i]!) ** 2;
+          den += a[i]! ** 2;
+        }
+        const rel = Math.sqrt(num / den);
+        console.log(`SmolLM2 quant vs bf16-at-load: relative logit error ${rel.toExponential(2)}`);
+        expect(rel).toBeLessThan(1e-2);
+        expect(rel).toBeGreaterThan(0); // they are different paths
+        const V = model.info.vocabSize;
+        expect(Array.from(argmax(a, V))).toEqual(Array.from(argmax(b, V)));
+      } finally {
+        bf16.dispose();
       }
-      const rel = Math.sqrt(num / den);
-      console.log(`SmolLM2 quant vs bf16-at-load: relative logit error ${rel.toExponential(2)}`);
-      expect(rel).toBeLessThan(1e-2);
-      expect(rel).toBeGreaterThan(0); // they are different paths
-      const V = model.info.vocabSize;
-      expect(Array.from(argmax(a, V))).toEqual(Array.from(argmax(b, V)));
-    } finally {
-      bf16.dispose();
-    }
-  });
+    },
+  );
 
   it('answers a ChatML question greedily', () => {
     const ids = tokenizer.encode(

@@ -3,7 +3,6 @@
 // (so acceptance follows a non-first branch, stops inside the tree, or accepts a whole path).
 // Greedy output must be plain decoding's; one target forward per verify step; pages freed; and the
 // tree's accepted depth must exceed what its first chain alone would give.
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -21,10 +20,13 @@ import {
   type SequenceId,
   type StageInfo,
 } from '@specd/core';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const GGUF_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
-const HAVE = fs.existsSync(path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'));
+const HAVE = !skipWithoutFiles('tree verification in the engine (SmolLM2)', [
+  path.join(GGUF_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf'),
+]);
 
 /**
  * Knows the plain greedy continuation of each prompt. Tree per step (indices into the proposal):
@@ -78,34 +80,44 @@ describe.skipIf(!HAVE)('tree verification in the engine (SmolLM2)', () => {
   });
   afterAll(() => target?.model.dispose());
 
-  it('greedy output equals plain decoding; one forward per verify step; the tree accepts 3 drafts off its first branch', () => {
-    const prompts = [
-      '<|im_start|>user\nList three fruits.<|im_end|>\n<|im_start|>assistant\n',
-      'The capital of France is',
-    ].map((t) => target.tokenizer.encode(t, { addSpecialTokens: false }));
-    const reqs = () =>
-      prompts.map((ids, i) => ({
-        id: i,
-        promptIds: ids,
-        maxTokens: 30,
-        sampling: { temperature: 0 },
-        seed: 0,
-        ignoreEos: true,
-      }));
-    const plain = new SpecEngine(target.model, undefined, { maxSequences: 2, maxTokensPerSequence: 512 }).run(reqs());
-    const truth = new Map(plain.map((r) => [r.id, { promptLength: prompts[r.id as number]!.length, out: r.tokenIds }]));
-    const drafter = new OracleTreeDrafter(truth);
-    const e = new SpecEngine(target.model, drafter, { maxSequences: 2, maxTokensPerSequence: 512, draftPolicy: 'max' });
-    const spec = e.run(reqs());
-    for (const r of spec) expect(r.tokenIds).toEqual(plain.find((p) => p.id === r.id)!.tokenIds);
-    const m = e.metrics;
-    expect(m.decodeForwards).toBe(m.verifyForwards);
-    // every full step accepts right₁ → right₂ → right₃: 3 drafts (+ bonus = 4 committed)
-    const hist = m.requests.map((q) => q.acceptanceLengthHistogram);
-    expect(hist.every((h) => (h[4] ?? 0) >= 5)).toBe(true);
-    expect(m.tauPerStep).toBeGreaterThan(3);
-    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
-  });
+  it(
+    'greedy output equals plain decoding; one forward per ' +
+      'verify step; the tree accepts 3 drafts off its first branch',
+    () => {
+      const prompts = [
+        '<|im_start|>user\nList three fruits.<|im_end|>\n<|im_start|>assistant\n',
+        'The capital of France is',
+      ].map((t) => target.tokenizer.encode(t, { addSpecialTokens: false }));
+      const reqs = () =>
+        prompts.map((ids, i) => ({
+          id: i,
+          promptIds: ids,
+          maxTokens: 30,
+          sampling: { temperature: 0 },
+          seed: 0,
+          ignoreEos: true,
+        }));
+      const plain = new SpecEngine(target.model, undefined, { maxSequences: 2, maxTokensPerSequence: 512 }).run(reqs());
+      const truth = new Map(
+        plain.map((r) => [r.id, { promptLength: prompts[r.id as number]!.length, out: r.tokenIds }]),
+      );
+      const drafter = new OracleTreeDrafter(truth);
+      const e = new SpecEngine(target.model, drafter, {
+        maxSequences: 2,
+        maxTokensPerSequence: 512,
+        draftPolicy: 'max',
+      });
+      const spec = e.run(reqs());
+      for (const r of spec) expect(r.tokenIds).toEqual(plain.find((p) => p.id === r.id)!.tokenIds);
+      const m = e.metrics;
+      expect(m.decodeForwards).toBe(m.verifyForwards);
+      // every full step accepts right₁ → right₂ → right₃: 3 drafts (+ bonus = 4 committed)
+      const hist = m.requests.map((q) => q.acceptanceLengthHistogram);
+      expect(hist.every((h) => (h[4] ?? 0) >= 5)).toBe(true);
+      expect(m.tauPerStep).toBeGreaterThan(3);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+    },
+  );
 
   it('a tree at temperature > 0 is refused with a clear error', () => {
     const ids = target.tokenizer.encode('Hello', { addSpecialTokens: false });

@@ -95,7 +95,9 @@ for (const name of ['prose', 'code']) {
     requests,
   };
   const refDomain = reference?.domains?.[name];
-  let line = `${name}: specd τ ${m.tauPerStep.toFixed(3)} (mean of requests ${m.tauMeanOfRequests.toFixed(3)}) over ${m.verifySteps} verify steps, ${rows.length} prompts, ${(ms / 1000).toFixed(1)} s`;
+  let line =
+    `${name}: specd τ ${m.tauPerStep.toFixed(3)} (mean of requests ${m.tauMeanOfRequests.toFixed(3)}` +
+    `) over ${m.verifySteps} verify steps, ${rows.length} prompts, ${(ms / 1000).toFixed(1)} s`;
   if (refDomain !== undefined) {
     const refReqs = new Map((refDomain.requests ?? []).map((r) => [r.id, r]));
     const both = requests.filter((r) => refReqs.has(r.id));
@@ -104,7 +106,9 @@ for (const name of ['prose', 'code']) {
     const sameSteps = both.filter((r) => refReqs.get(r.id).steps === r.steps).length;
     d.reference_tau_same_prompts = S > 0 ? A / S : null;
     d.reference_tau = refDomain.tau;
-    line += `; reference τ ${refDomain.tau.toFixed(3)} (on these prompts ${(A / S).toFixed(3)}), Δ ${(m.tauPerStep - A / S).toFixed(3)}; ${sameSteps}/${both.length} requests with the same step count`;
+    line +=
+      `; reference τ ${refDomain.tau.toFixed(3)} (on these prompts ${(A / S).toFixed(3)}), Δ ` +
+      `${(m.tauPerStep - A / S).toFixed(3)}; ${sameSteps}/${both.length} requests with the same step count`;
   }
   result.domains[name] = d;
   console.log(line);

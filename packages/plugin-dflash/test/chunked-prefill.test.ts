@@ -71,47 +71,51 @@ describe.each([
   ['plain decoding', false],
   ['DFlash', true],
 ])('chunked prefill with the shipped target, %s', (_name, spec) => {
-  it('a 300-token prompt prefills over 5 steps while the other sequence commits in each; tokens (and plain logits) as alone', () => {
-    expect(longPrompt.length).toBe(300);
-    const engine = () =>
-      new SpecEngine(recording, spec ? drafter : undefined, {
-        maxSequences: 2,
-        maxTokensPerSequence: 1024,
-        draftPolicy: 'max',
-        prefillChunk: CHUNK,
-      });
-    // alone
-    const aloneA = engine().run([request('a', shortPrompt, 128)])[0]!.tokenIds;
-    rowsOfB = [];
-    const aloneB = engine().run([request('b', longPrompt, 24)])[0]!.tokenIds;
-    const aloneRows = concat(rowsOfB);
-    // interleaved: b admitted while a decodes
-    rowsOfB = [];
-    const e = engine();
-    const got = { a: [] as number[], b: [] as number[] };
-    e.add(request('a', shortPrompt, 128, (t) => got.a.push(t)));
-    while (got.a.length === 0) e.step(); // a prefilled (⌈|prompt| / 64⌉ steps), decoding
-    e.add(request('b', longPrompt, 24, (t) => got.b.push(t)));
-    const steps = Math.ceil(longPrompt.length / CHUNK);
-    expect(steps).toBe(5);
-    for (let s = 0; s < steps; s++) {
-      const [aBefore, prefillBefore] = [got.a.length, e.metrics.prefillForwards];
-      e.step();
-      expect(e.metrics.prefillForwards - prefillBefore).toBe(1); // one chunk of b per step
-      expect(got.a.length - aBefore).toBeGreaterThanOrEqual(1); // a keeps decoding meanwhile
-      if (!spec) expect(got.a.length - aBefore).toBe(1);
-      expect(e.prefilling).toBe(s < steps - 1 ? 1 : 0);
-      expect(got.b.length > 0).toBe(s === steps - 1);
-    }
-    while (e.pending > 0) e.step();
-    expect(got.a.slice(0, 128)).toEqual(aloneA);
-    expect(got.b.slice(0, 24)).toEqual(aloneB);
-    expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
-    // plain: every logit row of b (first token from the last chunk, then one per decode step, batched
-    // with a) is bitwise the row b got alone
-    if (!spec) {
-      expect(rowsOfB.length).toBe(24);
-      expect(concat(rowsOfB).equals(aloneRows)).toBe(true);
-    }
-  });
+  it(
+    'a 300-token prompt prefills over 5 steps while the other ' +
+      'sequence commits in each; tokens (and plain logits) as alone',
+    () => {
+      expect(longPrompt.length).toBe(300);
+      const engine = () =>
+        new SpecEngine(recording, spec ? drafter : undefined, {
+          maxSequences: 2,
+          maxTokensPerSequence: 1024,
+          draftPolicy: 'max',
+          prefillChunk: CHUNK,
+        });
+      // alone
+      const aloneA = engine().run([request('a', shortPrompt, 128)])[0]!.tokenIds;
+      rowsOfB = [];
+      const aloneB = engine().run([request('b', longPrompt, 24)])[0]!.tokenIds;
+      const aloneRows = concat(rowsOfB);
+      // interleaved: b admitted while a decodes
+      rowsOfB = [];
+      const e = engine();
+      const got = { a: [] as number[], b: [] as number[] };
+      e.add(request('a', shortPrompt, 128, (t) => got.a.push(t)));
+      while (got.a.length === 0) e.step(); // a prefilled (⌈|prompt| / 64⌉ steps), decoding
+      e.add(request('b', longPrompt, 24, (t) => got.b.push(t)));
+      const steps = Math.ceil(longPrompt.length / CHUNK);
+      expect(steps).toBe(5);
+      for (let s = 0; s < steps; s++) {
+        const [aBefore, prefillBefore] = [got.a.length, e.metrics.prefillForwards];
+        e.step();
+        expect(e.metrics.prefillForwards - prefillBefore).toBe(1); // one chunk of b per step
+        expect(got.a.length - aBefore).toBeGreaterThanOrEqual(1); // a keeps decoding meanwhile
+        if (!spec) expect(got.a.length - aBefore).toBe(1);
+        expect(e.prefilling).toBe(s < steps - 1 ? 1 : 0);
+        expect(got.b.length > 0).toBe(s === steps - 1);
+      }
+      while (e.pending > 0) e.step();
+      expect(got.a.slice(0, 128)).toEqual(aloneA);
+      expect(got.b.slice(0, 24)).toEqual(aloneB);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
+      // plain: every logit row of b (first token from the last chunk, then one per decode step, batched
+      // with a) is bitwise the row b got alone
+      if (!spec) {
+        expect(rowsOfB.length).toBe(24);
+        expect(concat(rowsOfB).equals(aloneRows)).toBe(true);
+      }
+    },
+  );
 });

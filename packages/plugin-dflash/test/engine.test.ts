@@ -1,7 +1,8 @@
 // The spec-decode engine with the shipped target + DFlash drafter, end to end:
 // - greedy output is token-for-token plain greedy decoding's (and the reference's 64-token golden
 //   continuation) for every golden prompt and every held-out prompt (test/prompts, 32 prose + 32 code),
-//   128 tokens with EOS ignored, at 1 and 8 concurrent sequences; drafts are made, τ > 1.5, exactly one target forward per verify step;
+//   128 tokens with EOS ignored, at 1 and 8 concurrent sequences; drafts are made, τ > 1.5, exactly one target forward
+//   per verify step;
 // - the replay commit gives the same tokens (one extra forward per partially accepted step);
 // - after a mix of finish, EOS, stop strings and aborts every target page, state slot and draft page is free;
 // - sampled decoding is reproducible per seed.
@@ -110,7 +111,8 @@ describe('greedy speculative decoding with DFlash', () => {
       // every verify forward carried every running sequence: fewer forwards than per-request steps when batched
       if (conc > 1) expect(m.verifyForwards).toBeLessThan(m.verifySteps);
       else expect(m.verifyForwards).toBe(m.verifySteps);
-      // metrics are consistent: committed tokens = accepted + steps (≥ the requested tokens, the last step may overshoot)
+      // metrics are consistent: committed tokens = accepted + steps (≥ the requested tokens, the last step may
+      // overshoot)
       expect(m.accepted + m.verifySteps + prompts.length).toBeGreaterThanOrEqual(prompts.length * NEW_TOKENS);
       const hist = m.acceptanceLengthHistogram;
       expect(hist.reduce((a, b) => a + b, 0)).toBe(m.verifySteps);
@@ -118,8 +120,10 @@ describe('greedy speculative decoding with DFlash', () => {
       expect(m.perPositionAcceptance[0]).toBeGreaterThan(m.perPositionAcceptance[m.perPositionAcceptance.length - 1]!);
       expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
       console.log(
-        `DFlash greedy, ${conc} concurrent: τ ${m.tauPerStep.toFixed(3)} (per step) / ${m.tauMeanOfRequests.toFixed(3)} (mean of requests), ` +
-          `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards, draft ${m.draftMs.toFixed(0)} ms, verify ${m.verifyMs.toFixed(0)} ms, commit ${m.commitMs.toFixed(0)} ms`,
+        `DFlash greedy, ${conc} concurrent: τ ${m.tauPerStep.toFixed(3)} ` +
+          `(per step) / ${m.tauMeanOfRequests.toFixed(3)} (mean of requests), ` +
+          `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards, draft ` +
+          `${m.draftMs.toFixed(0)} ms, verify ${m.verifyMs.toFixed(0)} ms, commit ${m.commitMs.toFixed(0)} ms`,
       );
     },
   );

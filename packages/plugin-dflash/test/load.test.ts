@@ -49,7 +49,8 @@ describe('DFlash registration', () => {
     expect(() =>
       reg.resolve(HfConfig.fromObject({ architectures: ['LlamaForCausalLMEagle3'] }, 'e/config.json')),
     ).toThrow(
-      'e/config.json: no drafter plugin for architectures [LlamaForCausalLMEagle3]; loaded methods: dflash (architectures DFlashDraftModel)',
+      'e/config.json: no drafter plugin for architectures [LlamaForCausalLMEagle3]; ' +
+        'loaded methods: dflash (architectures DFlashDraftModel)',
     );
     expect(child.resolveAll(DRAFTER_PLUGIN)).toEqual([dflashPlugin]);
     expect(dflashPlugin.schema.properties).toHaveProperty('method');

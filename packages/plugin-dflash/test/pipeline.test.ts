@@ -57,55 +57,59 @@ describe('pipeline-parallel context projection', () => {
     expect(stageTaps([0, 4], { layerStart: 4, layerEnd: 8, isFirst: false })).toEqual([]);
   });
 
-  it('partial sums over 4 stages (one without taps), each with its own fc blocks, are bitwise the one-stage projection; golden context K/V', () => {
-    const g = SafetensorsFile.open(path.join(GOLDENS_DIR, 'prose-long.safetensors'));
-    try {
-      const ids = Int32Array.from(g.read('input_ids').data as Int32Array);
-      const T = ids.length;
-      const seq = { id: 'p', position: 0, tokens: ids, logits: 'none' as const };
-      // one stage
-      const c1 = new SequenceCache(whole.cacheGeometry, { numPages: 64, numSlots: 1 });
-      c1.add('p');
-      const one = whole.forward({ sequences: [seq] }, c1, { taps: drafter.captureSetter(whole.info) });
-      const ref = drafter.projectTargetHiddenPartial(one.taps, T);
-      // four stages, hidden and accumulator handed on
-      let hidden: Float32Array | undefined;
-      let acc: Float32Array | undefined;
-      for (const st of stages) {
-        const cache = new SequenceCache(st.cacheGeometry, { numPages: 64, numSlots: 1 });
-        cache.add('p');
-        const mine = stageTaps(drafter.captureSetter(whole.info), st.info);
-        const r = st.forward({ sequences: [seq], hidden }, cache, { taps: mine });
-        expect([...r.taps.keys()]).toEqual(mine);
-        // the stage's own share of fc (DrafterPlugin.loadProjection): only its taps' column blocks
-        const ckpt = SafetensorsCheckpoint.open(DFLASH_DIR);
-        const share = dflashPlugin.loadProjection!(
-          { dir: DFLASH_DIR, config: HfConfig.read(DFLASH_DIR), weights: ckpt },
-          { taps: mine, hiddenSize: 256 },
-        );
-        ckpt.close();
-        expect(share.reads.map((x) => x.cols)).toEqual(
-          mine.map((t) => [drafter.config.taps.indexOf(t) * 256, (drafter.config.taps.indexOf(t) + 1) * 256]),
-        );
-        acc = share.projectTargetHiddenPartial(r.taps, T, acc);
-        hidden = r.hidden;
-      }
-      // accumulate-by-tap in ascending order: bitwise the one-stage projection, whatever the partition
-      expect(new Uint32Array(acc!.buffer)).toEqual(new Uint32Array(ref.buffer));
-      drafter.addSequence('pp');
+  it(
+    'partial sums over 4 stages (one without taps), each with its own fc ' +
+      'blocks, are bitwise the one-stage projection; golden context K/V',
+    () => {
+      const g = SafetensorsFile.open(path.join(GOLDENS_DIR, 'prose-long.safetensors'));
       try {
-        drafter.writeProjectedContextKV(acc!, [{ id: 'pp', position: 0, numTokens: T }]);
-        const W = drafter.config.numKvHeads * drafter.config.headDim;
-        const k0 = new Float32Array(T * W);
-        const pool = drafter.pool.layerStore(0);
-        for (let p = 0; p < T; p++)
-          k0.set(pool.subarray(drafter.pool.tokenOffset('pp', p), drafter.pool.tokenOffset('pp', p) + W), p * W);
-        expect(relError(k0, g.read('dflash.layer.0.k').data as Float32Array)).toBeLessThan(1e-2);
+        const ids = Int32Array.from(g.read('input_ids').data as Int32Array);
+        const T = ids.length;
+        const seq = { id: 'p', position: 0, tokens: ids, logits: 'none' as const };
+        // one stage
+        const c1 = new SequenceCache(whole.cacheGeometry, { numPages: 64, numSlots: 1 });
+        c1.add('p');
+        const one = whole.forward({ sequences: [seq] }, c1, { taps: drafter.captureSetter(whole.info) });
+        const ref = drafter.projectTargetHiddenPartial(one.taps, T);
+        // four stages, hidden and accumulator handed on
+        let hidden: Float32Array | undefined;
+        let acc: Float32Array | undefined;
+        for (const st of stages) {
+          const cache = new SequenceCache(st.cacheGeometry, { numPages: 64, numSlots: 1 });
+          cache.add('p');
+          const mine = stageTaps(drafter.captureSetter(whole.info), st.info);
+          const r = st.forward({ sequences: [seq], hidden }, cache, { taps: mine });
+          expect([...r.taps.keys()]).toEqual(mine);
+          // the stage's own share of fc (DrafterPlugin.loadProjection): only its taps' column blocks
+          const ckpt = SafetensorsCheckpoint.open(DFLASH_DIR);
+          const share = dflashPlugin.loadProjection!(
+            { dir: DFLASH_DIR, config: HfConfig.read(DFLASH_DIR), weights: ckpt },
+            { taps: mine, hiddenSize: 256 },
+          );
+          ckpt.close();
+          expect(share.reads.map((x) => x.cols)).toEqual(
+            mine.map((t) => [drafter.config.taps.indexOf(t) * 256, (drafter.config.taps.indexOf(t) + 1) * 256]),
+          );
+          acc = share.projectTargetHiddenPartial(r.taps, T, acc);
+          hidden = r.hidden;
+        }
+        // accumulate-by-tap in ascending order: bitwise the one-stage projection, whatever the partition
+        expect(new Uint32Array(acc!.buffer)).toEqual(new Uint32Array(ref.buffer));
+        drafter.addSequence('pp');
+        try {
+          drafter.writeProjectedContextKV(acc!, [{ id: 'pp', position: 0, numTokens: T }]);
+          const W = drafter.config.numKvHeads * drafter.config.headDim;
+          const k0 = new Float32Array(T * W);
+          const pool = drafter.pool.layerStore(0);
+          for (let p = 0; p < T; p++)
+            k0.set(pool.subarray(drafter.pool.tokenOffset('pp', p), drafter.pool.tokenOffset('pp', p) + W), p * W);
+          expect(relError(k0, g.read('dflash.layer.0.k').data as Float32Array)).toBeLessThan(1e-2);
+        } finally {
+          drafter.freeSequence('pp');
+        }
       } finally {
-        drafter.freeSequence('pp');
+        g.close();
       }
-    } finally {
-      g.close();
-    }
-  });
+    },
+  );
 });

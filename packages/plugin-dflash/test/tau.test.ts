@@ -10,6 +10,7 @@ import { SpecEngine, type StageModel } from '@specd/core';
 
 import type { DFlashDrafter } from '../src/index.js';
 import { loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const REF = process.env.SPECD_REFERENCE_TAU ?? path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
 
@@ -42,7 +43,9 @@ function findRun(x: unknown): RefRun | undefined {
   return undefined;
 }
 
-const run = fs.existsSync(REF) ? findRun(JSON.parse(fs.readFileSync(REF, 'utf8'))) : undefined;
+const run = skipWithoutFiles('τ vs the reference (subset)', [REF], 'git checkout -- test/prompts/reference_tau.json')
+  ? undefined
+  : findRun(JSON.parse(fs.readFileSync(REF, 'utf8')));
 
 describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
   let target: StageModel;
@@ -85,7 +88,8 @@ describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
     console.log(
-      `${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref!.tau.toFixed(3)})`,
+      `${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count}` +
+        ` prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref!.tau.toFixed(3)})`,
     );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
   });

@@ -133,7 +133,8 @@ function run(C, mode) {
 
 const info = isa();
 console.log(
-  `bench:adaptive — DSpark (block ${K}), ${prompts.length} prompts × ${NEW} tokens, greedy, threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs, load ${load().toFixed(2)}`,
+  `bench:adaptive — DSpark (block ${K}), ${prompts.length} prompts × ${NEW} tokens, greedy, ` +
+    `threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs, load ${load().toFixed(2)}`,
 );
 run(1, 'plain'); // warm-up
 const modes = ['plain', 'adaptive', 'survival', ...Array.from({ length: K }, (_, i) => i + 1)];
@@ -179,21 +180,29 @@ for (const C of CONCS) {
   };
   rows.push(row);
   console.log(
-    `C=${C}: plain ${row.plain.toFixed(1)}, adaptive ${row.adaptive.toFixed(1)} (τ ${a.tau.toFixed(3)}, verified/step ${row.adaptiveVerifiedPerStep.toFixed(2)}), ` +
-      `survival@${K} ${row.survival.toFixed(1)} (τ ${sv.tau.toFixed(3)}), fixed ${fixed.map((x) => x.toFixed(1)).join(' ')} tok/s; best fixed k=${bestK}; adaptive/best ${row.ratio.toFixed(3)}; load ${row.load1.toFixed(2)}`,
+    `C=${C}: plain ${row.plain.toFixed(1)}, adaptive ${row.adaptive.toFixed(1)} (τ ` +
+      `${a.tau.toFixed(3)}, verified/step ${row.adaptiveVerifiedPerStep.toFixed(2)}), ` +
+      `survival@${K} ${row.survival.toFixed(1)} (τ ${sv.tau.toFixed(3)}), fixed ` +
+      `${fixed.map((x) => x.toFixed(1)).join(' ')} tok/s; best fixed k=${bestK}; ` +
+      `adaptive/best ${row.ratio.toFixed(3)}; load ${row.load1.toFixed(2)}`,
   );
   console.log(
-    `  budget histograms (steps by verified drafts 0..${K}, all reps): adaptive ${JSON.stringify(row.adaptiveBudgets)}, survival@${K} ${JSON.stringify(row.survivalBudgets)}`,
+    `  budget histograms (steps by verified drafts 0..${K}, all reps): adaptive ` +
+      `${JSON.stringify(row.adaptiveBudgets)}, survival@${K} ${JSON.stringify(row.survivalBudgets)}`,
   );
 }
 
 console.log(
-  `\n| requests | plain | adaptive (cost + survival) | ${Array.from({ length: K }, (_, i) => `k=${i + 1}`).join(' | ')} | best fixed | adaptive / best fixed | survival@${K} |`,
+  '\n| requests | plain | adaptive (cost + survival) | ' +
+    `${Array.from({ length: K }, (_, i) => `k=${i + 1}`).join(' | ')}` +
+    ` | best fixed | adaptive / best fixed | survival@${K} |`,
 );
 console.log(`|---:|---:|---:|${'---:|'.repeat(K)}---:|---:|---:|`);
 for (const r of rows) {
   console.log(
-    `| ${r.C} | ${r.plain.toFixed(1)} | ${r.adaptive.toFixed(1)} | ${r.fixed.map((x) => x.toFixed(1)).join(' | ')} | k=${r.bestK} | ${r.ratio.toFixed(3)} | ${r.survival.toFixed(1)} |`,
+    `| ${r.C} | ${r.plain.toFixed(1)} | ${r.adaptive.toFixed(1)} | ` +
+      `${r.fixed.map((x) => x.toFixed(1)).join(' | ')} | k=${r.bestK}` +
+      ` | ${r.ratio.toFixed(3)} | ${r.survival.toFixed(1)} |`,
   );
 }
 console.log(`\nload at the end ${load().toFixed(2)}`);

@@ -73,7 +73,8 @@ describe('adaptive verification (draftPolicy "cost")', () => {
     const costs = new StepCosts([
       { sequences: 1, ks, verifyMs: ks.map((k) => 100 + 60 * k), draftMs: ks.map((k) => (k === 0 ? 0 : 50)) },
     ]);
-    const policy = new CostDraftPolicy(costs, { exploreEvery: 1, exploreDrafts: 7, recalibrate: false }); // keep the synthetic costs
+    // keep the synthetic costs
+    const policy = new CostDraftPolicy(costs, { exploreEvery: 1, exploreDrafts: 7, recalibrate: false });
     const e = new SpecEngine(target, drafter, { maxSequences: 4, maxTokensPerSequence: 2048, draftPolicy: policy });
     const rs = e.run(prompts.map(greedy));
     for (const r of rs) {
@@ -83,7 +84,9 @@ describe('adaptive verification (draftPolicy "cost")', () => {
     const m = e.metrics;
     const h = m.budgetHistogram;
     console.log(
-      `DSpark adaptive: budget histogram (steps by verified drafts) ${JSON.stringify(h)}, mean budget ${m.meanBudget.toFixed(2)}, unverified ${m.unverified}, verified ${m.drafted}, accepted ${m.accepted}, τ ${m.tauPerStep.toFixed(3)}`,
+      `DSpark adaptive: budget histogram (steps by verified drafts) ${JSON.stringify(h)}` +
+        `, mean budget ${m.meanBudget.toFixed(2)}, unverified ${m.unverified}, verified ` +
+        `${m.drafted}, accepted ${m.accepted}, τ ${m.tauPerStep.toFixed(3)}`,
     );
     expect(h.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
     expect(h.slice(0, 7).reduce((a, b) => a + b, 0)).toBeGreaterThan(0); // some budgets < the block (7)
@@ -170,46 +173,51 @@ describe('context-KV-only mode', () => {
     expect(ctx.pagesInUse + drafter.pagesInUse).toBe(0);
   });
 
-  it('propose throws a DrafterError that says why (also through the engine); loaded via DrafterLoadOptions.contextOnly too', async () => {
-    const id = 'ctx-propose';
-    ctx.addSequence(id);
-    try {
-      const call = () =>
-        ctx.propose({
-          sequences: [
-            {
-              id,
-              position: 0,
-              lastToken: 1,
-              maxDrafts: 3,
-              history: Int32Array.of(1),
-              sampling: { temperature: 0 },
-              rng: { next: () => 0.5 },
-            },
-          ],
-        });
-      expect(call).toThrow(DrafterError);
-      expect(call).toThrow(
-        'dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without context_only to draft',
-      );
-    } finally {
-      ctx.freeSequence(id);
-    }
-    const e = new SpecEngine(target, ctx, { maxSequences: 1, maxTokensPerSequence: 2048, draftPolicy: 'max' });
-    expect(() => e.run([{ ...greedy(prompts[0]!), maxTokens: 4 }])).toThrow(/context-KV-only mode/);
-    e.dispose();
-    expect(ctx.pagesInUse).toBe(0);
-    const weights = SafetensorsCheckpoint.open(DSPARK_DIR);
-    try {
-      const d2 = (await dsparkPlugin.load(
-        { dir: DSPARK_DIR, config: HfConfig.read(DSPARK_DIR), weights },
-        { target, maxSequences: 1, maxTokensPerSequence: 256, contextOnly: true },
-      )) as DSparkDrafter;
-      expect(d2.contextOnly).toBe(true);
-      expect(() => d2.backbone.runBlocks([])).toThrow(/context-KV-only/);
-      d2.dispose();
-    } finally {
-      weights.close();
-    }
-  });
+  it(
+    'propose throws a DrafterError that says why (also through ' +
+      'the engine); loaded via DrafterLoadOptions.contextOnly too',
+    async () => {
+      const id = 'ctx-propose';
+      ctx.addSequence(id);
+      try {
+        const call = () =>
+          ctx.propose({
+            sequences: [
+              {
+                id,
+                position: 0,
+                lastToken: 1,
+                maxDrafts: 3,
+                history: Int32Array.of(1),
+                sampling: { temperature: 0 },
+                rng: { next: () => 0.5 },
+              },
+            ],
+          });
+        expect(call).toThrow(DrafterError);
+        expect(call).toThrow(
+          'dspark: propose: this drafter was loaded in context-KV-only mode (projection and ' +
+            'draft KV only, for a prefill-only producer); load it without context_only to draft',
+        );
+      } finally {
+        ctx.freeSequence(id);
+      }
+      const e = new SpecEngine(target, ctx, { maxSequences: 1, maxTokensPerSequence: 2048, draftPolicy: 'max' });
+      expect(() => e.run([{ ...greedy(prompts[0]!), maxTokens: 4 }])).toThrow(/context-KV-only mode/);
+      e.dispose();
+      expect(ctx.pagesInUse).toBe(0);
+      const weights = SafetensorsCheckpoint.open(DSPARK_DIR);
+      try {
+        const d2 = (await dsparkPlugin.load(
+          { dir: DSPARK_DIR, config: HfConfig.read(DSPARK_DIR), weights },
+          { target, maxSequences: 1, maxTokensPerSequence: 256, contextOnly: true },
+        )) as DSparkDrafter;
+        expect(d2.contextOnly).toBe(true);
+        expect(() => d2.backbone.runBlocks([])).toThrow(/context-KV-only/);
+        d2.dispose();
+      } finally {
+        weights.close();
+      }
+    },
+  );
 });

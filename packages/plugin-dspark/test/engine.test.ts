@@ -12,6 +12,7 @@ import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type St
 
 import type { DSparkDrafter } from '../src/index.js';
 import { GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
@@ -82,7 +83,8 @@ describe('greedy speculative decoding with DSpark', () => {
     expect(m.perPositionAcceptance.length).toBeLessThanOrEqual(7);
     expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
     console.log(
-      `DSpark greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
+      `DSpark greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ` +
+        `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
     );
   });
 });
@@ -99,7 +101,11 @@ interface RefRun {
   new_tokens: number;
   domains: Record<string, { tau: number; requests: RefRequest[] }>;
 }
-const refRun = fs.existsSync(REF)
+const refRun = !skipWithoutFiles(
+  'τ vs the reference run dspark_t0 (subset)',
+  [REF],
+  'git checkout -- test/prompts/reference_tau.json',
+)
   ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.dspark_t0
   : undefined;
 
@@ -128,7 +134,8 @@ describe.skipIf(refRun === undefined)('τ vs the reference run dspark_t0 (subset
     const S = rows.reduce((a, r) => a + refReqs.get(r.id)!.steps, 0);
     const A = rows.reduce((a, r) => a + refReqs.get(r.id)!.committed, 0);
     console.log(
-      `DSpark ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref.tau.toFixed(3)})`,
+      `DSpark ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(3)}, reference τ on the same ` +
+        `${count} prompts ${(A / S).toFixed(3)} (reference, all prompts: ${ref.tau.toFixed(3)})`,
     );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
     expect(drafter.pagesInUse).toBe(0);

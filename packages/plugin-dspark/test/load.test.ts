@@ -19,16 +19,20 @@ describe('DSpark plugin', () => {
     ).toBe('dflash');
   });
 
-  it('parses block 7, markov rank 64, the DFlash backbone fields; refuses a DFlash checkpoint or a missing dspark_config', () => {
-    const raw = HfConfig.read(DSPARK_DIR).raw as Record<string, unknown>;
-    const c = parseDSparkConfig(HfConfig.fromObject(raw, 'config.json'));
-    expect(c.blockSize).toBe(7);
-    expect(c.markovRank).toBe(64);
-    expect(c.taps).toEqual([2, 4, 6, 7]);
-    expect(() =>
-      parseDSparkConfig(HfConfig.fromObject({ ...raw, architectures: ['DFlashDraftModel'] }, 'config.json')),
-    ).toThrow(/architectures/);
-    const { dspark_config: _, ...noSection } = raw;
-    expect(() => parseDSparkConfig(HfConfig.fromObject(noSection, 'config.json'))).toThrow(/dspark_config/);
-  });
+  it(
+    'parses block 7, markov rank 64, the DFlash backbone fields; ' +
+      'refuses a DFlash checkpoint or a missing dspark_config',
+    () => {
+      const raw = HfConfig.read(DSPARK_DIR).raw as Record<string, unknown>;
+      const c = parseDSparkConfig(HfConfig.fromObject(raw, 'config.json'));
+      expect(c.blockSize).toBe(7);
+      expect(c.markovRank).toBe(64);
+      expect(c.taps).toEqual([2, 4, 6, 7]);
+      expect(() =>
+        parseDSparkConfig(HfConfig.fromObject({ ...raw, architectures: ['DFlashDraftModel'] }, 'config.json')),
+      ).toThrow(/architectures/);
+      const { dspark_config: _, ...noSection } = raw;
+      expect(() => parseDSparkConfig(HfConfig.fromObject(noSection, 'config.json'))).toThrow(/dspark_config/);
+    },
+  );
 });

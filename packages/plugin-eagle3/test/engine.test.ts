@@ -13,6 +13,7 @@ import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type St
 
 import type { Eagle3Drafter } from '../src/index.js';
 import { GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
+import { skipWithoutFiles } from '../../../test/require-files.js';
 
 const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
@@ -61,31 +62,35 @@ afterAll(() => {
 });
 
 describe('greedy speculative decoding with EAGLE-3', () => {
-  it('is token-for-token plain greedy for every golden prompt; drafts accepted, one target forward per verify step', () => {
-    const plain = byId(
-      new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(
-        prompts.map((p) => greedy(p)),
-      ),
-    );
-    const e = new SpecEngine(target, drafter, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-    const results = byId(e.run(prompts.map((p) => greedy(p))));
-    for (const p of prompts) {
-      const r = results.get(p.id)!;
-      expect(r.finishReason).toBe('length');
-      expect(r.tokenIds.length).toBe(NEW_TOKENS);
-      expect(r.tokenIds, p.id).toEqual(plain.get(p.id)!.tokenIds);
-      expect(r.metrics.drafted, p.id).toBeGreaterThan(0);
-    }
-    const m = e.metrics;
-    expect(m.accepted).toBeGreaterThan(0);
-    expect(m.tauPerStep).toBeGreaterThan(1);
-    expect(m.decodeForwards).toBe(m.verifyForwards);
-    expect(m.perPositionAcceptance.length).toBeLessThanOrEqual(6);
-    expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
-    console.log(
-      `EAGLE-3 greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
-    );
-  });
+  it(
+    'is token-for-token plain greedy for every golden prompt; ' + 'drafts accepted, one target forward per verify step',
+    () => {
+      const plain = byId(
+        new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(
+          prompts.map((p) => greedy(p)),
+        ),
+      );
+      const e = new SpecEngine(target, drafter, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+      const results = byId(e.run(prompts.map((p) => greedy(p))));
+      for (const p of prompts) {
+        const r = results.get(p.id)!;
+        expect(r.finishReason).toBe('length');
+        expect(r.tokenIds.length).toBe(NEW_TOKENS);
+        expect(r.tokenIds, p.id).toEqual(plain.get(p.id)!.tokenIds);
+        expect(r.metrics.drafted, p.id).toBeGreaterThan(0);
+      }
+      const m = e.metrics;
+      expect(m.accepted).toBeGreaterThan(0);
+      expect(m.tauPerStep).toBeGreaterThan(1);
+      expect(m.decodeForwards).toBe(m.verifyForwards);
+      expect(m.perPositionAcceptance.length).toBeLessThanOrEqual(6);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
+      console.log(
+        `EAGLE-3 greedy: τ ${m.tauPerStep.toFixed(3)} (per step), ` +
+          `${m.verifyForwards} verify forwards, ${m.decodeForwards} decode forwards`,
+      );
+    },
+  );
 });
 
 const REF = path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
@@ -100,7 +105,11 @@ interface RefRun {
   temperature: number;
   domains: Record<string, { tau: number; requests: RefRequest[] }>;
 }
-const refRun = fs.existsSync(REF)
+const refRun = !skipWithoutFiles(
+  'τ vs the reference run eagle3_t0 (subset)',
+  [REF],
+  'git checkout -- test/prompts/reference_tau.json',
+)
   ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.eagle3_t0
   : undefined;
 
@@ -134,7 +143,9 @@ describe.skipIf(refRun === undefined)('τ vs the reference run eagle3_t0 (subset
     // flip an argmax now and then: one request of the subset may differ)
     const same = rows.filter((r) => results.get(r.id)!.metrics.verifySteps === refReqs.get(r.id)!.steps).length;
     console.log(
-      `EAGLE-3 ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(4)}, reference τ on the same ${count} prompts ${(A / S).toFixed(4)} (reference, all prompts: ${ref.tau.toFixed(3)}); verify steps equal the reference's for ${same}/${count} requests`,
+      `EAGLE-3 ${domain}: specd τ ${e.metrics.tauPerStep.toFixed(4)}, reference τ on the same ` +
+        `${count} prompts ${(A / S).toFixed(4)} (reference, all prompts: ${ref.tau.toFixed(3)}` +
+        `); verify steps equal the reference's for ${same}/${count} requests`,
     );
     expect(Math.abs(e.metrics.tauPerStep - A / S)).toBeLessThan(0.1);
     expect(same).toBeGreaterThanOrEqual(count - 1);
@@ -182,47 +193,54 @@ describe('sampling', () => {
     expect(drafter.pagesInUse).toBe(0);
   });
 
-  it('a sampled proposal carries q [k, V] in the target vocabulary (rows sum to 1, q(d) > 0, 0 outside the draft vocabulary)', () => {
-    const id = 'sampled';
-    const T = 8;
-    const D = drafter.config.hiddenSize;
-    const V = target.info.vocabSize;
-    const inDraft = new Uint8Array(V);
-    for (const t of drafter.draftToTarget) inDraft[t] = 1;
-    drafter.addSequence(id);
-    try {
-      const taps = new Map(
-        drafter.config.taps.map((t, i) => [t, Float32Array.from({ length: T * D }, (_, e) => Math.sin(e * 0.37 + i))]),
-      );
-      drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(taps, T), [
-        { id, position: 0, numTokens: T, nextTokens: Int32Array.from({ length: T }, (_, i) => 10 + i) },
-      ]);
-      let u = 0;
-      const [p] = drafter.propose({
-        sequences: [
-          {
-            id,
-            position: T,
-            lastToken: 10 + T - 1,
-            maxDrafts: 6,
-            history: new Int32Array(0),
-            sampling: { temperature: 1, topK: 50, topP: 0.95 },
-            rng: { next: () => (u = (u * 7919 + 0.123) % 1) },
-          },
-        ],
-      });
-      expect(p!.tokens.length).toBe(6);
-      expect(p!.probs!.length).toBe(6 * V);
-      for (let j = 0; j < 6; j++) {
-        const q = p!.probs!.subarray(j * V, (j + 1) * V);
-        expect(q.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 4);
-        expect(q[p!.tokens[j]!]!).toBeGreaterThan(0);
-        expect(q.filter((x) => x > 0).length).toBeLessThanOrEqual(50); // top-k over the draft vocabulary
-        expect(q.every((x, t) => x === 0 || inDraft[t] === 1)).toBe(true);
+  it(
+    'a sampled proposal carries q [k, V] in the target vocabulary ' +
+      '(rows sum to 1, q(d) > 0, 0 outside the draft vocabulary)',
+    () => {
+      const id = 'sampled';
+      const T = 8;
+      const D = drafter.config.hiddenSize;
+      const V = target.info.vocabSize;
+      const inDraft = new Uint8Array(V);
+      for (const t of drafter.draftToTarget) inDraft[t] = 1;
+      drafter.addSequence(id);
+      try {
+        const taps = new Map(
+          drafter.config.taps.map((t, i) => [
+            t,
+            Float32Array.from({ length: T * D }, (_, e) => Math.sin(e * 0.37 + i)),
+          ]),
+        );
+        drafter.writeProjectedContextKV(drafter.projectTargetHiddenPartial(taps, T), [
+          { id, position: 0, numTokens: T, nextTokens: Int32Array.from({ length: T }, (_, i) => 10 + i) },
+        ]);
+        let u = 0;
+        const [p] = drafter.propose({
+          sequences: [
+            {
+              id,
+              position: T,
+              lastToken: 10 + T - 1,
+              maxDrafts: 6,
+              history: new Int32Array(0),
+              sampling: { temperature: 1, topK: 50, topP: 0.95 },
+              rng: { next: () => (u = (u * 7919 + 0.123) % 1) },
+            },
+          ],
+        });
+        expect(p!.tokens.length).toBe(6);
+        expect(p!.probs!.length).toBe(6 * V);
+        for (let j = 0; j < 6; j++) {
+          const q = p!.probs!.subarray(j * V, (j + 1) * V);
+          expect(q.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 4);
+          expect(q[p!.tokens[j]!]!).toBeGreaterThan(0);
+          expect(q.filter((x) => x > 0).length).toBeLessThanOrEqual(50); // top-k over the draft vocabulary
+          expect(q.every((x, t) => x === 0 || inDraft[t] === 1)).toBe(true);
+        }
+      } finally {
+        drafter.freeSequence(id);
       }
-    } finally {
-      drafter.freeSequence(id);
-    }
-    expect(drafter.pagesInUse).toBe(0);
-  });
+      expect(drafter.pagesInUse).toBe(0);
+    },
+  );
 });

@@ -155,24 +155,27 @@ describe('EAGLE-3 registration', () => {
 });
 
 describe('EAGLE-3 load', () => {
-  it('loads the shipped checkpoint: chain of 6 by default, num_draft_tokens overrides; taps and PD refusals', async () => {
-    const d = await loadDrafter(target);
-    try {
-      expect(d.maxDraftTokens).toBe(6);
-      expect(d.captureSetter(target.info)).toEqual([2, 4, 5]);
-      expect(() => d.captureSetter({ ...target.info, numLayers: 4 })).toThrow(
-        /taps \[5\] are beyond the target's 4 layers/,
-      );
-      expect(() => d.buildPDInput('x')).toThrow(/not supported yet/);
-      expect(() => d.acceptPDInput({})).toThrow(/not supported yet/);
-      expect(d.draftToTarget.length).toBe(4096);
-    } finally {
-      d.dispose();
-    }
-    const e = await loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, num_draft_tokens: 3 } });
-    expect(e.maxDraftTokens).toBe(3);
-    e.dispose();
-  });
+  it(
+    'loads the shipped checkpoint: chain of 6 by default, ' + 'num_draft_tokens overrides; taps and PD refusals',
+    async () => {
+      const d = await loadDrafter(target);
+      try {
+        expect(d.maxDraftTokens).toBe(6);
+        expect(d.captureSetter(target.info)).toEqual([2, 4, 5]);
+        expect(() => d.captureSetter({ ...target.info, numLayers: 4 })).toThrow(
+          /taps \[5\] are beyond the target's 4 layers/,
+        );
+        expect(() => d.buildPDInput('x')).toThrow(/not supported yet/);
+        expect(() => d.acceptPDInput({})).toThrow(/not supported yet/);
+        expect(d.draftToTarget.length).toBe(4096);
+      } finally {
+        d.dispose();
+      }
+      const e = await loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, num_draft_tokens: 3 } });
+      expect(e.maxDraftTokens).toBe(3);
+      e.dispose();
+    },
+  );
 
   it('fc width ≠ taps × hidden size', async () => {
     await expect(
@@ -183,7 +186,10 @@ describe('EAGLE-3 load', () => {
     await expect(
       loadDrafter(target, { config: { eagle_config: { eagle_aux_hidden_state_layer_ids: [2, 4, 9] } } }),
     ).rejects.toThrow(
-      /eagle_aux_hidden_state_layer_ids \[2, 4, 9\] name taps \[9\] the target does not have \(it has taps 0\.\.8, 8 layers\)/,
+      new RegExp(
+        /eagle_aux_hidden_state_layer_ids \[2, 4, 9\] name taps \[9\] the target does not have /.source +
+          /\(it has taps 0\.\.8, 8 layers\)/.source,
+      ),
     );
   });
   it("a hidden size other than the target's", async () => {
@@ -202,25 +208,33 @@ describe('EAGLE-3 load', () => {
         },
       });
     await expect(loadDrafter(target, { wrapWeights: hide })).rejects.toThrow(
-      /checkpoint has no tensor "d2t" \(the draft → target vocabulary map\), required since draft_vocab_size 4096 < vocab_size 8192/,
+      new RegExp(
+        /checkpoint has no tensor "d2t" \(the draft → target vocabulary map\), /.source +
+          /required since draft_vocab_size 4096 < vocab_size 8192/.source,
+      ),
     );
   });
-  it('tree drafting on the KDA target names the KDA layers; an all-attention target accepts it (test/tree.test.ts drafts trees)', async () => {
-    const tree = { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 4, depth: 5, total_tokens: 32 } };
-    await expect(loadDrafter(target, { settings: tree })).rejects.toThrow(
-      'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
-    );
-    const allAttention = Object.create(target, {
-      info: { value: { ...target.info, layerKinds: target.info.layerKinds.map(() => 'mla') } },
-    }) as StageModel;
-    const d = await loadDrafter(allAttention, { settings: tree });
-    try {
-      expect(d.maxDraftTokens).toBe(32);
-      expect(d.tree).toEqual({ topK: 4, depth: 5, totalTokens: 32 });
-    } finally {
-      d.dispose();
-    }
-  });
+  it(
+    'tree drafting on the KDA target names the KDA layers; an ' +
+      'all-attention target accepts it (test/tree.test.ts drafts trees)',
+    async () => {
+      const tree = { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 4, depth: 5, total_tokens: 32 } };
+      await expect(loadDrafter(target, { settings: tree })).rejects.toThrow(
+        'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets ' +
+          'with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
+      );
+      const allAttention = Object.create(target, {
+        info: { value: { ...target.info, layerKinds: target.info.layerKinds.map(() => 'mla') } },
+      }) as StageModel;
+      const d = await loadDrafter(allAttention, { settings: tree });
+      try {
+        expect(d.maxDraftTokens).toBe(32);
+        expect(d.tree).toEqual({ topK: 4, depth: 5, totalTokens: 32 });
+      } finally {
+        d.dispose();
+      }
+    },
+  );
   it('context writes need nextTokens', async () => {
     const d = await loadDrafter(target);
     try {

@@ -184,7 +184,8 @@ describe('loading with `tree`', () => {
         settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 2, depth: 4, total_tokens: 10 } },
       }),
     ).rejects.toThrow(
-      'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
+      'eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets ' +
+        'with KDA layers (layers 0, 1, 2, 4, 5, 6) do not have; use chain drafting (omit `tree`)',
     );
   });
   it('an all-attention target accepts it; maxDraftTokens = total_tokens', () => {
@@ -282,32 +283,36 @@ describe('batching and fallbacks', () => {
     expect(tree.pagesInUse).toBe(0);
   });
 
-  it('temperature > 0 drafts a chain of min(depth, maxDrafts) (no parents, q returned); mixed with a greedy tree in one batch', () => {
-    const name = NAMES[1]!;
-    const V = target.info.vocabSize;
-    const s1 = addGolden(tree, 's', name);
-    const s2 = addGolden(tree, 't', name);
-    try {
-      const [c] = tree.propose({ sequences: [s1(10, 0.8)] });
-      expect(c!.parents).toBeUndefined();
-      expect(c!.tokens.length).toBe(4);
-      expect(c!.probs!.length).toBe(4 * V);
-      const [c2] = tree.propose({ sequences: [s1(3, 0.8)] });
-      expect(c2!.tokens.length).toBe(3);
-      const [alone] = tree.propose({ sequences: [s2(10)] });
-      const mixed = tree.propose({ sequences: [s1(10, 0.8), s2(10)] });
-      expect(mixed[0]!.parents).toBeUndefined();
-      expect(mixed[0]!.tokens.length).toBe(4);
-      expect(Array.from(mixed[1]!.tokens)).toEqual(Array.from(alone!.tokens));
-      expect(Array.from(mixed[1]!.parents!)).toEqual(Array.from(alone!.parents!));
-      expect(tree.contextLength('s')).toBe(goldens.get(name)!.T);
-      expect(tree.contextLength('t')).toBe(goldens.get(name)!.T);
-    } finally {
-      tree.freeSequence('s');
-      tree.freeSequence('t');
-    }
-    expect(tree.pagesInUse).toBe(0);
-  });
+  it(
+    'temperature > 0 drafts a chain of min(depth, maxDrafts) (no ' +
+      'parents, q returned); mixed with a greedy tree in one batch',
+    () => {
+      const name = NAMES[1]!;
+      const V = target.info.vocabSize;
+      const s1 = addGolden(tree, 's', name);
+      const s2 = addGolden(tree, 't', name);
+      try {
+        const [c] = tree.propose({ sequences: [s1(10, 0.8)] });
+        expect(c!.parents).toBeUndefined();
+        expect(c!.tokens.length).toBe(4);
+        expect(c!.probs!.length).toBe(4 * V);
+        const [c2] = tree.propose({ sequences: [s1(3, 0.8)] });
+        expect(c2!.tokens.length).toBe(3);
+        const [alone] = tree.propose({ sequences: [s2(10)] });
+        const mixed = tree.propose({ sequences: [s1(10, 0.8), s2(10)] });
+        expect(mixed[0]!.parents).toBeUndefined();
+        expect(mixed[0]!.tokens.length).toBe(4);
+        expect(Array.from(mixed[1]!.tokens)).toEqual(Array.from(alone!.tokens));
+        expect(Array.from(mixed[1]!.parents!)).toEqual(Array.from(alone!.parents!));
+        expect(tree.contextLength('s')).toBe(goldens.get(name)!.T);
+        expect(tree.contextLength('t')).toBe(goldens.get(name)!.T);
+      } finally {
+        tree.freeSequence('s');
+        tree.freeSequence('t');
+      }
+      expect(tree.pagesInUse).toBe(0);
+    },
+  );
 
   it('maxDrafts beyond total_tokens is refused', () => {
     const seq = addGolden(tree, 'z', NAMES[0]!);

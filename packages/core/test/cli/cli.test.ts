@@ -54,7 +54,8 @@ describe('specd generate', () => {
   });
 
   it.each(['dspark', 'eagle3', 'dflash'])(
-    '--drafter %s with --max-tokens 1 and 3: the cost calibration fits the tightly sized caches; output equals --no-spec',
+    '--drafter %s with --max-tokens 1 and 3: the cost calibration ' +
+      'fits the tightly sized caches; output equals --no-spec',
     async (m) => {
       for (const n of ['1', '3']) {
         const args = ['generate', '--prompt', 'Hi', '--max-tokens', n, '--json', '--ignore-eos'];
@@ -116,40 +117,45 @@ describe('specd generate', () => {
     );
   });
 
-  it('speculative by default with the shipped DFlash: same greedy tokens as --no-spec, spec fields in --json', async () => {
-    const g = goldens.goldens.sentence!;
-    const args = ['generate', '--prompt', g.prompt, '--max-tokens', '40', '--json', '--ignore-eos'];
-    // The default draft policy drafts only when it pays on this machine; fix k to exercise drafting.
-    const byCost = JSON.parse((await run(args)).out) as Record<string, unknown>;
-    const spec = JSON.parse((await run([...args, '--num-draft-tokens', '15'])).out) as Record<string, unknown>;
-    const plain = JSON.parse((await run([...args, '--no-spec'])).out) as Record<string, unknown>;
-    const explicit = JSON.parse((await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash'])).out) as Record<
-      string,
-      unknown
-    >;
-    expect(spec.token_ids).toEqual(plain.token_ids);
-    expect(byCost.token_ids).toEqual(plain.token_ids);
-    expect(byCost.method).toBe('dflash');
-    expect(explicit.token_ids).toEqual(plain.token_ids);
-    expect((spec.token_ids as number[]).slice(0, 40)).toEqual(g.greedy_continuation.slice(0, 40));
-    expect(plain).not.toHaveProperty('drafted');
-    expect(spec.method).toBe('dflash');
-    expect(spec.drafted).toBeGreaterThan(0);
-    expect(spec.accepted).toBeGreaterThan(0);
-    expect(spec.verify_steps).toBeGreaterThan(0);
-    expect(spec.acceptance_length).toBeCloseTo(1 + (spec.accepted as number) / (spec.verify_steps as number), 12);
-    expect((spec.per_position_acceptance as number[]).length).toBeGreaterThan(0);
-    const short = JSON.parse((await run([...args, '--num-draft-tokens', '3'])).out) as Record<string, unknown>;
-    expect(short.token_ids).toEqual(plain.token_ids);
-    expect((short.per_position_acceptance as number[]).length).toBeLessThanOrEqual(3);
-    const bad = await run([...args, '--drafter', '/no/such/drafter']);
-    expect(bad.code).toBe(1);
-    expect(bad.err).toMatch(/^specd: error: drafter directory \/no\/such\/drafter has no config.json/);
-    const both = await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash', '--no-spec']);
-    expect(both.err).toMatch(/--drafter and --no-spec cannot be used together/);
-    const wrong = await run([...args, '--drafter', 'models/kimi-k3-tiny']);
-    expect(wrong.err).toMatch(/no drafter plugin for architectures \[KimiLinearForCausalLM\]; loaded methods: dflash/);
-  });
+  it(
+    'speculative by default with the shipped DFlash: same ' + 'greedy tokens as --no-spec, spec fields in --json',
+    async () => {
+      const g = goldens.goldens.sentence!;
+      const args = ['generate', '--prompt', g.prompt, '--max-tokens', '40', '--json', '--ignore-eos'];
+      // The default draft policy drafts only when it pays on this machine; fix k to exercise drafting.
+      const byCost = JSON.parse((await run(args)).out) as Record<string, unknown>;
+      const spec = JSON.parse((await run([...args, '--num-draft-tokens', '15'])).out) as Record<string, unknown>;
+      const plain = JSON.parse((await run([...args, '--no-spec'])).out) as Record<string, unknown>;
+      const explicit = JSON.parse((await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash'])).out) as Record<
+        string,
+        unknown
+      >;
+      expect(spec.token_ids).toEqual(plain.token_ids);
+      expect(byCost.token_ids).toEqual(plain.token_ids);
+      expect(byCost.method).toBe('dflash');
+      expect(explicit.token_ids).toEqual(plain.token_ids);
+      expect((spec.token_ids as number[]).slice(0, 40)).toEqual(g.greedy_continuation.slice(0, 40));
+      expect(plain).not.toHaveProperty('drafted');
+      expect(spec.method).toBe('dflash');
+      expect(spec.drafted).toBeGreaterThan(0);
+      expect(spec.accepted).toBeGreaterThan(0);
+      expect(spec.verify_steps).toBeGreaterThan(0);
+      expect(spec.acceptance_length).toBeCloseTo(1 + (spec.accepted as number) / (spec.verify_steps as number), 12);
+      expect((spec.per_position_acceptance as number[]).length).toBeGreaterThan(0);
+      const short = JSON.parse((await run([...args, '--num-draft-tokens', '3'])).out) as Record<string, unknown>;
+      expect(short.token_ids).toEqual(plain.token_ids);
+      expect((short.per_position_acceptance as number[]).length).toBeLessThanOrEqual(3);
+      const bad = await run([...args, '--drafter', '/no/such/drafter']);
+      expect(bad.code).toBe(1);
+      expect(bad.err).toMatch(/^specd: error: drafter directory \/no\/such\/drafter has no config.json/);
+      const both = await run([...args, '--drafter', 'models/kimi-k3-tiny-dflash', '--no-spec']);
+      expect(both.err).toMatch(/--drafter and --no-spec cannot be used together/);
+      const wrong = await run([...args, '--drafter', 'models/kimi-k3-tiny']);
+      expect(wrong.err).toMatch(
+        /no drafter plugin for architectures \[KimiLinearForCausalLM\]; loaded methods: dflash/,
+      );
+    },
+  );
 
   it("a config whose drafter method differs from the checkpoint's plugin is refused, naming both", async () => {
     fs.writeFileSync(
@@ -170,7 +176,10 @@ describe('specd generate', () => {
     ]);
     expect(r.code).toBe(1);
     expect(r.err).toMatch(
-      /drafter: method "dflash", but .*kimi-k3-tiny-dspark\/config.json \(architectures \[DSparkDraftModel\]\) is a "dspark" checkpoint/,
+      new RegExp(
+        /drafter: method "dflash", but .*kimi-k3-tiny-dspark\/config.json /.source +
+          /\(architectures \[DSparkDraftModel\]\) is a "dspark" checkpoint/.source,
+      ),
     );
   });
 
@@ -200,33 +209,37 @@ describe('specd generate', () => {
     );
   });
 
-  it('--config takes the deployment configs: configs/*-dflash.json drafts, *-nospec.json does not; same greedy tokens', async () => {
-    const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--json', '--ignore-eos'];
-    const spec = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-dflash.json'])).out) as Record<
-      string,
-      unknown
-    >;
-    const plain = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-nospec.json'])).out) as Record<
-      string,
-      unknown
-    >;
-    expect(spec.method).toBe('dflash');
-    expect(plain).not.toHaveProperty('drafted');
-    expect(spec.token_ids).toEqual(plain.token_ids);
-    // drafter.num_draft_tokens caps the drafts per step
-    fs.writeFileSync(
-      path.join(tmp, 'k.json'),
-      JSON.stringify({
-        drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 2 },
-      }),
-    );
-    const capped = JSON.parse((await run([...args, '--config', path.join(tmp, 'k.json')])).out) as Record<
-      string,
-      unknown
-    >;
-    expect(capped.token_ids).toEqual(plain.token_ids);
-    expect((capped.per_position_acceptance as number[]).length).toBeLessThanOrEqual(2);
-  });
+  it(
+    '--config takes the deployment configs: configs/*-dflash.json ' +
+      'drafts, *-nospec.json does not; same greedy tokens',
+    async () => {
+      const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--json', '--ignore-eos'];
+      const spec = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-dflash.json'])).out) as Record<
+        string,
+        unknown
+      >;
+      const plain = JSON.parse((await run([...args, '--config', 'configs/kimi-k3-tiny-nospec.json'])).out) as Record<
+        string,
+        unknown
+      >;
+      expect(spec.method).toBe('dflash');
+      expect(plain).not.toHaveProperty('drafted');
+      expect(spec.token_ids).toEqual(plain.token_ids);
+      // drafter.num_draft_tokens caps the drafts per step
+      fs.writeFileSync(
+        path.join(tmp, 'k.json'),
+        JSON.stringify({
+          drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 2 },
+        }),
+      );
+      const capped = JSON.parse((await run([...args, '--config', path.join(tmp, 'k.json')])).out) as Record<
+        string,
+        unknown
+      >;
+      expect(capped.token_ids).toEqual(plain.token_ids);
+      expect((capped.per_position_acceptance as number[]).length).toBeLessThanOrEqual(2);
+    },
+  );
 
   it.each([
     [

@@ -16,32 +16,36 @@ const tmp = makeTempDir('serve-cli');
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
 describe('specd serve', () => {
-  it('with no config: the shipped target with DFlash on 127.0.0.1 (port overridden to ephemeral), the cost policy calibrated before the first request', async () => {
-    const s = await startServe({ port: 0, logLevel: 'silent' }, io);
-    try {
-      expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
-      expect(s.drafter?.drafter.method).toBe('dflash');
-      expect(s.server.options.modelName).toBe('kimi-k3-tiny');
-      // calibrated at start-up, before any request …
-      expect(s.server.engine.stepCosts).toBeDefined();
-      const calibrationMs = s.server.engine.metrics.calibrationMs;
-      expect(calibrationMs).toBeGreaterThan(0);
-      expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
-      // … so the first request does not calibrate
-      const res = await fetch(`${s.url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'kimi-k3-tiny', prompt: 'Hello', max_tokens: 3, temperature: 0 }),
-      });
-      expect(res.status).toBe(200);
-      expect(((await res.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBeGreaterThan(
-        0,
-      );
-      expect(s.server.engine.metrics.calibrationMs).toBe(calibrationMs);
-    } finally {
-      await s.close();
-    }
-  });
+  it(
+    'with no config: the shipped target with DFlash on 127.0.0.1 (port overridden ' +
+      'to ephemeral), the cost policy calibrated before the first request',
+    async () => {
+      const s = await startServe({ port: 0, logLevel: 'silent' }, io);
+      try {
+        expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+        expect(s.drafter?.drafter.method).toBe('dflash');
+        expect(s.server.options.modelName).toBe('kimi-k3-tiny');
+        // calibrated at start-up, before any request …
+        expect(s.server.engine.stepCosts).toBeDefined();
+        const calibrationMs = s.server.engine.metrics.calibrationMs;
+        expect(calibrationMs).toBeGreaterThan(0);
+        expect(await (await fetch(`${s.url}/health`)).json()).toEqual({ status: 'ok' });
+        // … so the first request does not calibrate
+        const res = await fetch(`${s.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'kimi-k3-tiny', prompt: 'Hello', max_tokens: 3, temperature: 0 }),
+        });
+        expect(res.status).toBe(200);
+        expect(
+          ((await res.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens,
+        ).toBeGreaterThan(0);
+        expect(s.server.engine.metrics.calibrationMs).toBe(calibrationMs);
+      } finally {
+        await s.close();
+      }
+    },
+  );
 
   it('configs/kimi-k3-tiny-nospec.json serves without a drafter; --drafter overrides the config', async () => {
     const a = await startServe({ config: 'configs/kimi-k3-tiny-nospec.json', port: 0, logLevel: 'silent' }, io);

@@ -103,22 +103,26 @@ describe('acceptSampled preserves the target distribution (χ², 2·10⁴ draws)
     expect(chi2(c1, p1, n1)).toBeLessThan(CHI2_CRIT_5);
   });
 
-  it('temperature / top-k / top-p applied to both p and q: committed tokens ~ processed p; masked tokens never appear', () => {
-    const params = { temperature: 0.7, topK: 4, topP: 0.9 };
-    const tl = Float32Array.from([2.0, 1.5, 1.0, 0.5, 0.2, -1.0, 1.2, 0.3, 0.0, 0.1, 0.4, 0.2]);
-    const ql = Float32Array.from([0.5, 2.0, 1.5, 0.1, 1.0, 0.0]);
-    const p = samplingProbs(tl, V, params);
-    const q = samplingProbs(ql, V, params);
-    expect(p[5]).toBe(0);
-    const rng = new SeededRandom(7);
-    const counts = new Array<number>(V).fill(0);
-    for (let i = 0; i < N; i++) {
-      const x = sampleFromProbs(q, rng);
-      const r = acceptSampled(Int32Array.of(x), q, p, V, rng);
-      counts[r.accepted === 1 ? x : r.bonus]!++;
-    }
-    expect(chi2(counts, p.subarray(0, V), N)).toBeLessThan(CHI2_CRIT_5);
-  });
+  it(
+    'temperature / top-k / top-p applied to both p and q: ' +
+      'committed tokens ~ processed p; masked tokens never appear',
+    () => {
+      const params = { temperature: 0.7, topK: 4, topP: 0.9 };
+      const tl = Float32Array.from([2.0, 1.5, 1.0, 0.5, 0.2, -1.0, 1.2, 0.3, 0.0, 0.1, 0.4, 0.2]);
+      const ql = Float32Array.from([0.5, 2.0, 1.5, 0.1, 1.0, 0.0]);
+      const p = samplingProbs(tl, V, params);
+      const q = samplingProbs(ql, V, params);
+      expect(p[5]).toBe(0);
+      const rng = new SeededRandom(7);
+      const counts = new Array<number>(V).fill(0);
+      for (let i = 0; i < N; i++) {
+        const x = sampleFromProbs(q, rng);
+        const r = acceptSampled(Int32Array.of(x), q, p, V, rng);
+        counts[r.accepted === 1 ? x : r.bonus]!++;
+      }
+      expect(chi2(counts, p.subarray(0, V), N)).toBeLessThan(CHI2_CRIT_5);
+    },
+  );
 
   it('rejects mis-sized p or q', () => {
     const rng = new SeededRandom(1);

@@ -2,7 +2,8 @@
 // a toy target whose next-token distribution is a Markov chain P, a toy drafter sampling from a
 // different chain Q (returning q), 10⁴ seeded requests of 3 tokens; the joint distribution of the
 // 2nd and 3rd generated tokens (both produced by verify steps) must be the target chain's, after the
-// request's temperature and top-p — χ² over the 16 cells (cells top-p makes impossible must stay empty). Also with argmax drafts (no q: point masses).
+// request's temperature and top-p — χ² over the 16 cells (cells top-p makes impossible must stay empty). Also with
+// argmax drafts (no q: point masses).
 // And seeded requests (SpecRequest.seeded) under a timing-based policy: plain decoding, reproducible.
 import { describe, expect, it } from 'vitest';
 
@@ -224,33 +225,37 @@ describe('seeded sampled requests under a timing-based draft policy', () => {
     return rs;
   };
 
-  it('verify with k = 0: the same tokens under any measured costs, alone or batched, equal to plain decoding with that seed', () => {
-    // unseeded: the same seed gives different tokens when the measured costs differ
-    const u1 = run(policy(0.001), [request('u', false)]).get('u')!;
-    const u2 = run(policy(1000), [request('u', false)]).get('u')!;
-    expect(u1.metrics.drafted).toBeGreaterThan(0);
-    expect(u2.metrics.drafted).toBe(0);
-    expect(u1.tokenIds).toHaveLength(48);
-    expect(u1.tokenIds).not.toEqual(u2.tokenIds);
-    // seeded: never drafts, so the tokens do not depend on the costs …
-    const s1 = run(policy(0.001), [request('s', true)]).get('s')!;
-    const s2 = run(policy(1000), [request('s', true)]).get('s')!;
-    expect([s1.metrics.drafted, s1.metrics.verifySteps]).toEqual([0, 47]);
-    expect(s2.metrics.drafted).toBe(0);
-    expect(s1.tokenIds).toHaveLength(48);
-    expect(s2.tokenIds).toEqual(s1.tokenIds);
-    // … they are plain decoding's with that seed (no drafter at all) …
-    expect(run(undefined, [request('s', true)], false).get('s')!.tokenIds).toEqual(s1.tokenIds);
-    // … and batching it with unseeded requests (which still draft) changes nothing
-    const mixed = run(policy(0.001), [request('x', false, 1), request('s', true), request('y', false, 2)]);
-    expect(mixed.get('s')!.tokenIds).toEqual(s1.tokenIds);
-    expect(mixed.get('s')!.metrics.drafted).toBe(0);
-    expect(mixed.get('x')!.metrics.drafted + mixed.get('y')!.metrics.drafted).toBeGreaterThan(0);
-    // the default 'cost' policy (costs calibrated on this machine) likewise
-    const c = run('cost', [request('s', true), request('x', false, 1)]);
-    expect(c.get('s')!.tokenIds).toEqual(s1.tokenIds);
-    expect(c.get('s')!.metrics.drafted).toBe(0);
-  });
+  it(
+    'verify with k = 0: the same tokens under any measured costs, ' +
+      'alone or batched, equal to plain decoding with that seed',
+    () => {
+      // unseeded: the same seed gives different tokens when the measured costs differ
+      const u1 = run(policy(0.001), [request('u', false)]).get('u')!;
+      const u2 = run(policy(1000), [request('u', false)]).get('u')!;
+      expect(u1.metrics.drafted).toBeGreaterThan(0);
+      expect(u2.metrics.drafted).toBe(0);
+      expect(u1.tokenIds).toHaveLength(48);
+      expect(u1.tokenIds).not.toEqual(u2.tokenIds);
+      // seeded: never drafts, so the tokens do not depend on the costs …
+      const s1 = run(policy(0.001), [request('s', true)]).get('s')!;
+      const s2 = run(policy(1000), [request('s', true)]).get('s')!;
+      expect([s1.metrics.drafted, s1.metrics.verifySteps]).toEqual([0, 47]);
+      expect(s2.metrics.drafted).toBe(0);
+      expect(s1.tokenIds).toHaveLength(48);
+      expect(s2.tokenIds).toEqual(s1.tokenIds);
+      // … they are plain decoding's with that seed (no drafter at all) …
+      expect(run(undefined, [request('s', true)], false).get('s')!.tokenIds).toEqual(s1.tokenIds);
+      // … and batching it with unseeded requests (which still draft) changes nothing
+      const mixed = run(policy(0.001), [request('x', false, 1), request('s', true), request('y', false, 2)]);
+      expect(mixed.get('s')!.tokenIds).toEqual(s1.tokenIds);
+      expect(mixed.get('s')!.metrics.drafted).toBe(0);
+      expect(mixed.get('x')!.metrics.drafted + mixed.get('y')!.metrics.drafted).toBeGreaterThan(0);
+      // the default 'cost' policy (costs calibrated on this machine) likewise
+      const c = run('cost', [request('s', true), request('x', false, 1)]);
+      expect(c.get('s')!.tokenIds).toEqual(s1.tokenIds);
+      expect(c.get('s')!.metrics.drafted).toBe(0);
+    },
+  );
 
   it("has no effect where k is not timing-based ('max') or at temperature 0", () => {
     const m = run('max', [request('s', true)]).get('s')!;

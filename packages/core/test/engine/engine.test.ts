@@ -176,17 +176,21 @@ describe('SpecEngine on the contracts', () => {
     expect(e.cache.pagesInUse + e.cache.slotsInUse + d.sequences).toBe(0);
   });
 
-  it('context spans carry nextTokens = the committed token after each row (prompt, first token, accepted drafts, bonus)', () => {
-    const d = new ToyDrafter(2);
-    const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
-    const prompt = Int32Array.of(5, 9, 2);
-    const [r] = e.run([{ id: 'n', promptIds: prompt, maxTokens: 12, sampling: { temperature: 0 }, seed: 0 }]);
-    const all = [...prompt, ...r!.tokenIds];
-    const seen = d.nextSeen.get('n')!;
-    expect(seen.size).toBeGreaterThan(prompt.length);
-    // (the last step may commit past maxTokens; those tokens are cut from the output, the sequence ends)
-    for (const [pos, t] of seen) if (pos + 1 < all.length) expect(t, `position ${pos}`).toBe(all[pos + 1]);
-  });
+  it(
+    'context spans carry nextTokens = the committed token after ' +
+      'each row (prompt, first token, accepted drafts, bonus)',
+    () => {
+      const d = new ToyDrafter(2);
+      const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
+      const prompt = Int32Array.of(5, 9, 2);
+      const [r] = e.run([{ id: 'n', promptIds: prompt, maxTokens: 12, sampling: { temperature: 0 }, seed: 0 }]);
+      const all = [...prompt, ...r!.tokenIds];
+      const seen = d.nextSeen.get('n')!;
+      expect(seen.size).toBeGreaterThan(prompt.length);
+      // (the last step may commit past maxTokens; those tokens are cut from the output, the sequence ends)
+      for (const [pos, t] of seen) if (pos + 1 < all.length) expect(t, `position ${pos}`).toBe(all[pos + 1]);
+    },
+  );
 
   it('tree drafts on a target without commitTreePath are refused, naming why', () => {
     class TreeDrafter extends ToyDrafter {
@@ -299,113 +303,121 @@ describe('SpecEngine on the contracts', () => {
     expect(e.run([req('b', 1, 4)])[0]!.tokenIds).toEqual(expected(1, 4));
   });
 
-  it('chunked prefill: a 30-token prompt prefills one 4-token chunk per step while a decoding sequence commits tokens in every step; outputs and draft context as alone', () => {
-    const CHUNK = 4;
-    // (ends in 2: b's continuation stays on the cycle 1 → 10 → 9 → 2 → …, whose wrong drafts avoid V − 1)
-    const longPrompt = Int32Array.from({ length: 30 }, (_, i) => (i === 29 ? 2 : (i * 5 + 1) % (V - 1)));
-    const mk = () => {
-      const t = new ToyTarget();
-      const d = new ToyDrafter(2);
-      return {
-        t,
-        d,
-        e: new SpecEngine(t, d, {
-          maxSequences: 2,
-          draftPolicy: 'max',
-          maxTokensPerSequence: 128,
-          prefillChunk: CHUNK,
-        }),
+  it(
+    'chunked prefill: a 30-token prompt prefills one 4-token chunk per step while a ' +
+      'decoding sequence commits tokens in every step; outputs and draft context as alone',
+    () => {
+      const CHUNK = 4;
+      // (ends in 2: b's continuation stays on the cycle 1 → 10 → 9 → 2 → …, whose wrong drafts avoid V − 1)
+      const longPrompt = Int32Array.from({ length: 30 }, (_, i) => (i === 29 ? 2 : (i * 5 + 1) % (V - 1)));
+      const mk = () => {
+        const t = new ToyTarget();
+        const d = new ToyDrafter(2);
+        return {
+          t,
+          d,
+          e: new SpecEngine(t, d, {
+            maxSequences: 2,
+            draftPolicy: 'max',
+            maxTokensPerSequence: 128,
+            prefillChunk: CHUNK,
+          }),
+        };
       };
-    };
-    const reqA = req('a', 1, 40);
-    const reqB: SpecRequest = { id: 'b', promptIds: longPrompt, maxTokens: 6, sampling: { temperature: 0 }, seed: 1 };
-    // each request alone
-    const alone = new Map<string, { tokens: number[]; ctx: Map<number, number> }>();
-    for (const r of [reqA, reqB]) {
-      const { d, e } = mk();
-      const [res] = e.run([r]);
-      alone.set(r.id as string, { tokens: res!.tokenIds, ctx: d.nextSeen.get(r.id)! });
-    }
-    expect(alone.get('b')!.tokens).toEqual(expected(longPrompt[29]!, 6));
+      const reqA = req('a', 1, 40);
+      const reqB: SpecRequest = { id: 'b', promptIds: longPrompt, maxTokens: 6, sampling: { temperature: 0 }, seed: 1 };
+      // each request alone
+      const alone = new Map<string, { tokens: number[]; ctx: Map<number, number> }>();
+      for (const r of [reqA, reqB]) {
+        const { d, e } = mk();
+        const [res] = e.run([r]);
+        alone.set(r.id as string, { tokens: res!.tokenIds, ctx: d.nextSeen.get(r.id)! });
+      }
+      expect(alone.get('b')!.tokens).toEqual(expected(longPrompt[29]!, 6));
 
-    const { t, d, e } = mk();
-    const got = new Map<string, number[]>([
-      ['a', []],
-      ['b', []],
-    ]);
-    const track = (r: SpecRequest): SpecRequest => ({ ...r, onToken: (tok) => got.get(r.id as string)!.push(tok) });
-    e.add(track(reqA));
-    e.step(); // a: its one prefill chunk + a verify round
-    expect(got.get('a')!.length).toBe(1 + 3);
-    e.add(track(reqB));
-    const chunks = Math.ceil(longPrompt.length / CHUNK);
-    expect(chunks).toBe(8);
-    for (let s = 0; s < chunks; s++) {
-      const aBefore = got.get('a')!.length;
-      const from = t.log.length;
-      e.step();
-      const step = t.log.slice(from);
-      // this step: exactly one prefill forward, b's chunk s at the old boundary [s·4, (s+1)·4) …
-      const prefills = step.filter((f) => f.some((q) => q.phase === 'prefill'));
-      expect(prefills).toEqual([
-        [{ id: 'b', position: s * CHUNK, n: Math.min(CHUNK, longPrompt.length - s * CHUNK), phase: 'prefill' }],
+      const { t, d, e } = mk();
+      const got = new Map<string, number[]>([
+        ['a', []],
+        ['b', []],
       ]);
-      // … then a's verify round: a committed 3 tokens (2 accepted drafts + bonus) in this step too
-      expect(step.indexOf(prefills[0]!)).toBe(0);
-      expect(step[1]!.map((q) => q.id)).toEqual(s < chunks - 1 ? ['a'] : ['a', 'b']);
-      expect(got.get('a')!.length - aBefore).toBe(3);
-      // b gets its first token (and joins the verify round) in the step of its last chunk
-      expect(got.get('b')!.length).toBe(s < chunks - 1 ? 0 : 1 + 3);
-      expect(e.prefilling).toBe(s < chunks - 1 ? 1 : 0);
-    }
-    while (e.pending > 0) e.step();
-    expect(got.get('a')!.slice(0, 40)).toEqual(alone.get('a')!.tokens);
-    expect(got.get('b')!.slice(0, 6)).toEqual(alone.get('b')!.tokens);
-    // the draft context (positions and next tokens of every row) is written as when alone
-    expect(d.nextSeen.get('b')).toEqual(alone.get('b')!.ctx);
-    expect(d.nextSeen.get('a')).toEqual(alone.get('a')!.ctx);
-    expect(e.metrics.prefillForwards).toBe(1 + chunks);
-    expect(t.forwards).toBe(e.metrics.prefillForwards + e.metrics.decodeForwards); // prefill is not a decode forward
-    expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
-  });
+      const track = (r: SpecRequest): SpecRequest => ({ ...r, onToken: (tok) => got.get(r.id as string)!.push(tok) });
+      e.add(track(reqA));
+      e.step(); // a: its one prefill chunk + a verify round
+      expect(got.get('a')!.length).toBe(1 + 3);
+      e.add(track(reqB));
+      const chunks = Math.ceil(longPrompt.length / CHUNK);
+      expect(chunks).toBe(8);
+      for (let s = 0; s < chunks; s++) {
+        const aBefore = got.get('a')!.length;
+        const from = t.log.length;
+        e.step();
+        const step = t.log.slice(from);
+        // this step: exactly one prefill forward, b's chunk s at the old boundary [s·4, (s+1)·4) …
+        const prefills = step.filter((f) => f.some((q) => q.phase === 'prefill'));
+        expect(prefills).toEqual([
+          [{ id: 'b', position: s * CHUNK, n: Math.min(CHUNK, longPrompt.length - s * CHUNK), phase: 'prefill' }],
+        ]);
+        // … then a's verify round: a committed 3 tokens (2 accepted drafts + bonus) in this step too
+        expect(step.indexOf(prefills[0]!)).toBe(0);
+        expect(step[1]!.map((q) => q.id)).toEqual(s < chunks - 1 ? ['a'] : ['a', 'b']);
+        expect(got.get('a')!.length - aBefore).toBe(3);
+        // b gets its first token (and joins the verify round) in the step of its last chunk
+        expect(got.get('b')!.length).toBe(s < chunks - 1 ? 0 : 1 + 3);
+        expect(e.prefilling).toBe(s < chunks - 1 ? 1 : 0);
+      }
+      while (e.pending > 0) e.step();
+      expect(got.get('a')!.slice(0, 40)).toEqual(alone.get('a')!.tokens);
+      expect(got.get('b')!.slice(0, 6)).toEqual(alone.get('b')!.tokens);
+      // the draft context (positions and next tokens of every row) is written as when alone
+      expect(d.nextSeen.get('b')).toEqual(alone.get('b')!.ctx);
+      expect(d.nextSeen.get('a')).toEqual(alone.get('a')!.ctx);
+      expect(e.metrics.prefillForwards).toBe(1 + chunks);
+      expect(t.forwards).toBe(e.metrics.prefillForwards + e.metrics.decodeForwards); // prefill is not a decode forward
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+    },
+  );
 
-  it("abort mid-prefill frees the prompt's pages, slot and draft sequence; a chunk that fails frees its request, the others go on", () => {
-    const d = new ToyDrafter(2);
-    const e = new SpecEngine(new ToyTarget(), d, {
-      maxSequences: 2,
-      draftPolicy: 'max',
-      maxTokensPerSequence: 128,
-      pageSize: 4,
-      prefillChunk: 4,
-    });
-    e.add(req('a', 1, 30));
-    e.step();
-    const pagesA = e.cache.pagesInUse;
-    e.add({ id: 'b', promptIds: new Int32Array(40).fill(3), maxTokens: 4, sampling: { temperature: 0 }, seed: 1 });
-    e.step();
-    e.step(); // b: 8 of 40 prompt tokens prefilled
-    expect(e.prefilling).toBe(1);
-    expect(e.cache.length('b')).toBe(8);
-    expect(e.cache.numSequences).toBe(2);
-    const pagesBoth = e.cache.pagesInUse;
-    expect(pagesBoth).toBeGreaterThan(pagesA);
-    const r = e.abort('b')!;
-    expect([r.finishReason, r.tokenIds]).toEqual(['abort', []]);
-    expect(e.prefilling).toBe(0);
-    expect([e.cache.numSequences, d.sequences]).toEqual([1, 1]);
-    expect(e.cache.pagesInUse).toBe(pagesBoth - 2); // b's 8 tokens = 2 pages of 4
-    // a prompt whose third chunk holds a token the target refuses: that step throws, c is freed
-    const bad = Int32Array.from({ length: 12 }, (_, i) => (i === 9 ? V - 1 : 2));
-    e.add({ id: 'c', promptIds: bad, maxTokens: 4, sampling: { temperature: 0 }, seed: 1 });
-    e.step();
-    e.step();
-    expect(e.cache.length('c')).toBe(8);
-    expect(() => e.step()).toThrow(/not allowed/);
-    expect([e.pending, e.prefilling, e.cache.numSequences, d.sequences]).toEqual([1, 0, 1, 1]);
-    const done = e.run();
-    expect(done.map((x) => [x.id, x.tokenIds])).toEqual([['a', expected(1, 30)]]);
-    expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
-  });
+  it(
+    "abort mid-prefill frees the prompt's pages, slot and draft " +
+      'sequence; a chunk that fails frees its request, the others go on',
+    () => {
+      const d = new ToyDrafter(2);
+      const e = new SpecEngine(new ToyTarget(), d, {
+        maxSequences: 2,
+        draftPolicy: 'max',
+        maxTokensPerSequence: 128,
+        pageSize: 4,
+        prefillChunk: 4,
+      });
+      e.add(req('a', 1, 30));
+      e.step();
+      const pagesA = e.cache.pagesInUse;
+      e.add({ id: 'b', promptIds: new Int32Array(40).fill(3), maxTokens: 4, sampling: { temperature: 0 }, seed: 1 });
+      e.step();
+      e.step(); // b: 8 of 40 prompt tokens prefilled
+      expect(e.prefilling).toBe(1);
+      expect(e.cache.length('b')).toBe(8);
+      expect(e.cache.numSequences).toBe(2);
+      const pagesBoth = e.cache.pagesInUse;
+      expect(pagesBoth).toBeGreaterThan(pagesA);
+      const r = e.abort('b')!;
+      expect([r.finishReason, r.tokenIds]).toEqual(['abort', []]);
+      expect(e.prefilling).toBe(0);
+      expect([e.cache.numSequences, d.sequences]).toEqual([1, 1]);
+      expect(e.cache.pagesInUse).toBe(pagesBoth - 2); // b's 8 tokens = 2 pages of 4
+      // a prompt whose third chunk holds a token the target refuses: that step throws, c is freed
+      const bad = Int32Array.from({ length: 12 }, (_, i) => (i === 9 ? V - 1 : 2));
+      e.add({ id: 'c', promptIds: bad, maxTokens: 4, sampling: { temperature: 0 }, seed: 1 });
+      e.step();
+      e.step();
+      expect(e.cache.length('c')).toBe(8);
+      expect(() => e.step()).toThrow(/not allowed/);
+      expect([e.pending, e.prefilling, e.cache.numSequences, d.sequences]).toEqual([1, 0, 1, 1]);
+      const done = e.run();
+      expect(done.map((x) => [x.id, x.tokenIds])).toEqual([['a', expected(1, 30)]]);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+    },
+  );
 
   it('validates requests with messages naming the field', () => {
     const e = new SpecEngine(new ToyTarget(), new ToyDrafter(1), {

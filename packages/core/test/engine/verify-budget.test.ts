@@ -32,7 +32,10 @@ import type {
 } from '../../src/plugin/index.js';
 
 const KS = [0, 1, 2, 4, 8];
-/** Synthetic costs (ms, large so the measured overhead of the toy step is negligible): t_verify = base + perRow·rows, t_draft flat. */
+/**
+ * Synthetic costs (ms, large so the measured overhead of the toy step is negligible): t_verify = base + perRow·rows,
+ * t_draft flat.
+ */
 function costs(base: number, perRow: number, draft: number): StepCosts {
   return new StepCosts([
     {
@@ -120,7 +123,8 @@ describe('survival rule', () => {
     });
     expect(bd.reduce((a, b) => a + b, 0)).toBeLessThan(bc.reduce((a, b) => a + b, 0));
     console.log(
-      `λ cheap verify ${cheap.threshold.toFixed(4)} (R* ${cheap.predictedRate.toFixed(4)}/ms, δ ${cheap.marginalVerifyMs} ms), dear ${dear.threshold.toFixed(4)}; budgets ${bc} vs ${bd}`,
+      `λ cheap verify ${cheap.threshold.toFixed(4)} (R* ${cheap.predictedRate.toFixed(4)}/ms, δ ` +
+        `${cheap.marginalVerifyMs} ms), dear ${dear.threshold.toFixed(4)}; budgets ${bc} vs ${bd}`,
     );
   });
 
@@ -262,7 +266,8 @@ describe('engine with verify budgets (greedy)', () => {
     const m = e.metrics;
     const h = m.budgetHistogram;
     console.log(
-      `toy greedy: λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}, mean ${m.meanBudget.toFixed(2)}, unverified ${m.unverified}, τ ${m.tauPerStep.toFixed(2)}`,
+      `toy greedy: λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}, mean ` +
+        `${m.meanBudget.toFixed(2)}, unverified ${m.unverified}, τ ${m.tauPerStep.toFixed(2)}`,
     );
     expect(h.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
     expect(h[0]).toBeGreaterThan(0); // some steps cut to a plain decode step after propose
@@ -451,7 +456,8 @@ describe('engine with verify budgets (sampled, lossless)', () => {
       const { chi, e } = chiSquare(policy, temperature);
       const h = e.metrics.budgetHistogram;
       console.log(
-        `χ² ${chi.toFixed(1)} (crit ${CHI2_CRIT_15}), λ ${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}`,
+        `χ² ${chi.toFixed(1)} (crit ${CHI2_CRIT_15}), λ ` +
+          `${policy.threshold.toFixed(3)}, budget histogram ${JSON.stringify(h)}`,
       );
       expect(chi).toBeLessThan(CHI2_CRIT_15);
       expect(h[0]).toBeGreaterThan(0);

@@ -1,6 +1,6 @@
 /**
  * Tokenizer from GGUF metadata, and the real SmolLM2-135M-Instruct GGUF (fetched by
- * `npm run models:fetch`; those tests skip when it is absent). Reference ids:
+ * `npm run models:fetch`; those tests skip with a warning when it is absent, and fail under CI). Reference ids:
  * test/fixtures/smollm2-tokenizer-ids.json from tools/reference/gguf_tokenizer_check.py; reference
  * dequantized values: pip `gguf` (`gguf.dequantize`) on the same file, pinned below.
  */
@@ -19,14 +19,16 @@ import {
 } from '../../src/io/index.js';
 import { ChatTemplate } from '../../src/serve/chat-template.js';
 import { buildGguf } from './gguf-builder.js';
+import { skipWithoutFiles } from '../../../../test/require-files.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
 const GGUF_PATH = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
 const FIXTURE = path.join(ROOT, 'test/fixtures/smollm2-tokenizer-ids.json');
-const haveModel = fs.existsSync(GGUF_PATH);
+const haveModel = !skipWithoutFiles('SmolLM2-135M-Instruct Q4_1 GGUF (models:fetch)', [GGUF_PATH]);
 
 const CHATML =
-  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + " +
+  "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 function tinyGguf(pre = 'smollm', model = 'gpt2'): GgufFile {
   const tokens = ['<|endoftext|>', '<|im_start|>', '<|im_end|>', 'a', 'b', 'Ġ', '1', '2', 'ab', 'Ġab', '<think>'];
@@ -210,7 +212,8 @@ describe.skipIf(!haveModel)('SmolLM2-135M-Instruct Q4_1 GGUF (models:fetch)', ()
     );
     const noSystem = t.render([{ role: 'user', content: 'Hi' }], true);
     expect(noSystem).toBe(
-      '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
+      '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by ' +
+        'Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
     );
   });
 });

@@ -1,7 +1,7 @@
 /**
  * Bounded fuzz test of the safetensors reader: random mutations of valid files must either load
  * (and then every tensor reads back with the declared size) or throw SafetensorsError — never
- * another error type, never hang. Deterministic seeds; time-capped to stay well under 10 s.
+ * another error type, never hang. A fixed number of cases from a fixed seed, printed so a failure can be replayed.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -208,14 +208,18 @@ function checkLoadsOrRejects(load: () => SafetensorsFile): string {
   return 'ok';
 }
 
+/** Seed and number of the random mutations. */
+const SEED = 0x5eed;
+const CASES = 4000;
+
 describe('safetensors fuzz', () => {
   it('every mutation loads correctly or throws SafetensorsError (in memory and on disk)', () => {
-    const rand = prng(0x5eed);
-    const deadline = Date.now() + 5000;
+    console.log(`safetensors fuzz: ${CASES} mutations, seed 0x${SEED.toString(16)}`);
+    const rand = prng(SEED);
     const tally = new Map<string, number>();
     const onDisk = path.join(dir, 'm.safetensors');
     let i = 0;
-    for (; i < 4000 && Date.now() < deadline; i++) {
+    for (; i < CASES; i++) {
       const base = randomFile(rand);
       let mutated = mutate(base, rand);
       if (rand() < 0.3) mutated = mutate(withHeaderFromFile(mutated), rand);

@@ -339,27 +339,31 @@ describe('safetensors header validation', () => {
     });
   }
 
-  it('accepts what the reference accepts: any key order, padding spaces, null metadata, extra fields, empty file', () => {
-    const data = new Uint8Array(12);
-    const st = SafetensorsFile.fromBytes(
-      rawFile(
-        null,
-        data,
-        ' {"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12],"extra":1},"__metadata__":null,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}   ',
-      ),
-    );
-    expect(st.names()).toEqual(['b', 'a']);
-    expect(SafetensorsFile.fromBytes(rawFile({})).names()).toEqual([]);
-    // F4 packs two elements per byte.
-    expect(
-      SafetensorsFile.fromBytes(rawFile({ q: { dtype: 'F4', shape: [4], data_offsets: [0, 2] } }, 2)).read('q').data
-        .length,
-    ).toBe(2);
-    // A tensor named __proto__ is just a name.
-    expect(
-      SafetensorsFile.fromBytes(
-        rawFile(null, 1, '{"__proto__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'),
-      ).names(),
-    ).toEqual(['__proto__']);
-  });
+  it(
+    'accepts what the reference accepts: any key order, ' + 'padding spaces, null metadata, extra fields, empty file',
+    () => {
+      const data = new Uint8Array(12);
+      const st = SafetensorsFile.fromBytes(
+        rawFile(
+          null,
+          data,
+          ' {"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12],"extra":1},"__metadata__":null,' +
+            '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}   ',
+        ),
+      );
+      expect(st.names()).toEqual(['b', 'a']);
+      expect(SafetensorsFile.fromBytes(rawFile({})).names()).toEqual([]);
+      // F4 packs two elements per byte.
+      expect(
+        SafetensorsFile.fromBytes(rawFile({ q: { dtype: 'F4', shape: [4], data_offsets: [0, 2] } }, 2)).read('q').data
+          .length,
+      ).toBe(2);
+      // A tensor named __proto__ is just a name.
+      expect(
+        SafetensorsFile.fromBytes(
+          rawFile(null, 1, '{"__proto__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'),
+        ).names(),
+      ).toEqual(['__proto__']);
+    },
+  );
 });

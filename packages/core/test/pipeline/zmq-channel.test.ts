@@ -74,19 +74,17 @@ function fifoEcho(): { ch: FifoChannel; child: ChildProcess } {
   return { ch: new FifoChannel(readFd, writeFd, 1), child };
 }
 
-function meanRoundTripUs(ch: SyncChannel, n: number): number {
+/** Sends `n` small requests one at a time; returns the `k` of each echo, in the order received. */
+function roundTrips(ch: SyncChannel, n: number): number[] {
   const frames = [new Int32Array([1, 2, 3, 4])];
-  for (let i = 0; i < 50; i++) {
-    ch.send({ header: { type: 'ping', k: -1 }, frames });
-    ch.receive();
-  }
-  const t0 = process.hrtime.bigint();
+  const ks: number[] = [];
   for (let i = 0; i < n; i++) {
     ch.send({ header: { type: 'ping', k: i }, frames });
     const r = ch.receive();
-    if (r.header.k !== i) throw new Error(`round trip ${i}: got ${String(r.header.k)}`);
+    expect(Array.from(r.frames[0] ?? [])).toEqual([1, 2, 3, 4]);
+    ks.push(r.header.k as number);
   }
-  return Number(process.hrtime.bigint() - t0) / 1000 / n;
+  return ks;
 }
 
 describe('ZeroMQ stage transport', () => {
@@ -117,41 +115,45 @@ describe('ZeroMQ stage transport', () => {
     expect(() => decodeMessage(new Uint8Array(ab, 0, ab.byteLength - 1))).toThrow(/truncated/);
   });
 
-  it('round-trips headers and Float32/Int32 frames (0, 1, 1e6 elements) intact and in order; the peer exits on `exit`', async () => {
-    const { ch, child } = zmqEcho();
-    const big = new Float32Array(1_000_000);
-    for (let i = 0; i < big.length; i++) big[i] = Math.sin(i) * 1e3;
-    const ints = new Int32Array(1_000_000);
-    for (let i = 0; i < ints.length; i++) ints[i] = (i * 2654435761) | 0;
-    const sent: Message[] = [
-      { header: { type: 'echo', i: 0 }, frames: [] },
-      {
-        header: { type: 'echo', i: 1, nested: { a: [1, 2], s: 'ünïcode' } },
-        frames: [new Float32Array(0), new Int32Array(0)],
-      },
-      { header: { type: 'echo', i: 2 }, frames: [new Float32Array([Math.PI]), new Int32Array([-5])] },
-      { header: { type: 'echo', i: 3 }, frames: [big, new Int32Array([1, 2, 3]), ints] },
-      { header: { type: 'echo', i: 4 }, frames: [big.subarray(3, 10)] }, // a view at an offset
-    ];
-    for (const m of sent) ch.send(m); // all sent before any is read: order must hold
-    for (const m of sent) {
-      const r = ch.receive();
-      expect(r.header).toMatchObject(m.header);
-      expect(r.frames.length).toBe(m.frames.length);
-      r.frames.forEach((f, k) => {
-        const want = m.frames[k]!;
-        expect(f.constructor).toBe(want.constructor);
-        expect(
-          Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(
-            Buffer.from(want.buffer, want.byteOffset, want.byteLength),
-          ),
-        ).toBe(true);
-      });
-    }
-    ch.send({ header: { type: 'exit' }, frames: [] });
-    ch.close();
-    expect(await exited(child, 5000)).toEqual({ code: 0, signal: null });
-  });
+  it(
+    'round-trips headers and Float32/Int32 frames (0, 1, 1e6 ' +
+      'elements) intact and in order; the peer exits on `exit`',
+    async () => {
+      const { ch, child } = zmqEcho();
+      const big = new Float32Array(1_000_000);
+      for (let i = 0; i < big.length; i++) big[i] = Math.sin(i) * 1e3;
+      const ints = new Int32Array(1_000_000);
+      for (let i = 0; i < ints.length; i++) ints[i] = (i * 2654435761) | 0;
+      const sent: Message[] = [
+        { header: { type: 'echo', i: 0 }, frames: [] },
+        {
+          header: { type: 'echo', i: 1, nested: { a: [1, 2], s: 'ünïcode' } },
+          frames: [new Float32Array(0), new Int32Array(0)],
+        },
+        { header: { type: 'echo', i: 2 }, frames: [new Float32Array([Math.PI]), new Int32Array([-5])] },
+        { header: { type: 'echo', i: 3 }, frames: [big, new Int32Array([1, 2, 3]), ints] },
+        { header: { type: 'echo', i: 4 }, frames: [big.subarray(3, 10)] }, // a view at an offset
+      ];
+      for (const m of sent) ch.send(m); // all sent before any is read: order must hold
+      for (const m of sent) {
+        const r = ch.receive();
+        expect(r.header).toMatchObject(m.header);
+        expect(r.frames.length).toBe(m.frames.length);
+        r.frames.forEach((f, k) => {
+          const want = m.frames[k]!;
+          expect(f.constructor).toBe(want.constructor);
+          expect(
+            Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(
+              Buffer.from(want.buffer, want.byteOffset, want.byteLength),
+            ),
+          ).toBe(true);
+        });
+      }
+      ch.send({ header: { type: 'exit' }, frames: [] });
+      ch.close();
+      expect(await exited(child, 5000)).toEqual({ code: 0, signal: null });
+    },
+  );
 
   it('after the hello, the ipc:// socket file may go (startPipeline removes its temp dir)', async () => {
     const { ch, child } = zmqEcho();
@@ -174,29 +176,27 @@ describe('ZeroMQ stage transport', () => {
     }
   });
 
-  it('small round trips: zmq vs fifo (mean µs, printed)', async () => {
+  // Their timings (zmq vs fifo, small and 4 MB messages): `npm run bench:transport`.
+  it('small round trips: zmq and fifo each echo 500 requests in order', async () => {
+    const want = Array.from({ length: 500 }, (_, i) => i);
     const z = zmqEcho();
-    const zmqUs = meanRoundTripUs(z.ch, 500);
+    expect(roundTrips(z.ch, 500)).toEqual(want);
     z.ch.send({ header: { type: 'exit' }, frames: [] });
     z.ch.close();
     const f = fifoEcho();
-    const fifoUs = meanRoundTripUs(f.ch, 500);
+    expect(roundTrips(f.ch, 500)).toEqual(want);
     f.ch.send({ header: { type: 'exit' }, frames: [] });
     f.ch.close();
-    console.log(`round trip (header + 4 int32, mean of 500): zmq ${zmqUs.toFixed(1)} µs, fifo ${fifoUs.toFixed(1)} µs`);
-    expect(zmqUs).toBeGreaterThan(0);
     await Promise.all([exited(z.child, 5000), exited(f.child, 5000)]);
   });
 
-  it('a peer killed while the driver is blocked in receive() is a PeerGoneError within ~0.1 s', async () => {
+  // How soon (about one pollMs): `npm run bench:transport`.
+  it('a peer killed while the driver is blocked in receive() is a PeerGoneError', async () => {
     const { ch, child } = zmqEcho();
     ch.send({ header: { type: 'echo' }, frames: [] });
     ch.receive(); // connected
-    const t0 = Date.now();
     ch.send({ header: { type: 'die' }, frames: [] }); // SIGKILLs itself, no answer
     expect(() => ch.receive()).toThrow(PeerGoneError);
-    const ms = Date.now() - t0;
-    expect(ms).toBeLessThan(1000);
     expect(() => ch.send({ header: {}, frames: [] })).toThrow(PeerGoneError);
     ch.close();
     expect((await exited(child, 5000)).signal).toBe('SIGKILL');
@@ -212,9 +212,7 @@ describe('ZeroMQ stage transport', () => {
       pollMs: 20,
     });
     spawn('sh', ['-c', `sleep 0.3; kill -9 ${child.pid}`], { stdio: 'ignore' });
-    const t0 = Date.now();
     expect(() => ch.receive()).toThrow(PeerGoneError);
-    expect(Date.now() - t0).toBeLessThan(3000);
     ch.close();
   });
 

@@ -27,7 +27,8 @@ describe('DrafterRegistry', () => {
   it('names the checkpoint and every loaded method when nothing matches', () => {
     const reg = new DrafterRegistry([fake('dflash', ['DFlashDraftModel'])]);
     expect(() => reg.resolve(HfConfig.fromObject({ architectures: ['DSparkDraftModel'] }, 'd/config.json'))).toThrow(
-      'd/config.json: no drafter plugin for architectures [DSparkDraftModel]; loaded methods: dflash (architectures DFlashDraftModel)',
+      'd/config.json: no drafter plugin for architectures [DSparkDraftModel]; ' +
+        'loaded methods: dflash (architectures DFlashDraftModel)',
     );
     expect(() => new DrafterRegistry().resolve(HfConfig.fromObject({}))).toThrow(PluginError);
     expect(() => new DrafterRegistry().resolve(HfConfig.fromObject({}))).toThrow(/loaded methods: none/);

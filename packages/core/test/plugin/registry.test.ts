@@ -36,7 +36,9 @@ describe('ModelRegistry', () => {
     expect(() =>
       reg.resolve(HfConfig.fromObject({ model_type: 'qwen3', architectures: ['Qwen3ForCausalLM'] }, 'm/config.json')),
     ).toThrow(
-      'm/config.json: no model plugin for model_type "qwen3" / architectures [Qwen3ForCausalLM]; loaded: a (model_type llama; architectures LlamaForCausalLM), b (model_type kimi_k3|kimi_linear; architectures KimiLinearForCausalLM)',
+      'm/config.json: no model plugin for model_type "qwen3" / architectures ' +
+        '[Qwen3ForCausalLM]; loaded: a (model_type llama; architectures LlamaForCausalLM), ' +
+        'b (model_type kimi_k3|kimi_linear; architectures KimiLinearForCausalLM)',
     );
     expect(() => new ModelRegistry().resolve(HfConfig.fromObject({}))).toThrow(/loaded: none/);
   });

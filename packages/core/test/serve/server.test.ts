@@ -130,7 +130,8 @@ describe('specd serve (openai client)', () => {
     expect(r.choices[0]!.message.content!.length).toBeGreaterThan(0);
     // prompt = the rendered template: 2 messages + the assistant header
     const rendered =
-      '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell me about rivers.<|im_end|>\n<|im_start|>assistant\n';
+      '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell ' +
+      'me about rivers.<|im_end|>\n<|im_start|>assistant\n';
     expect(r.usage!.prompt_tokens).toBe(s.target.tokenizer.encode(rendered, { addSpecialTokens: false }).length);
     const stream = await client.chat.completions.create({
       model: MODEL,
@@ -149,44 +150,48 @@ describe('specd serve (openai client)', () => {
     expect(text).toBe(r.choices[0]!.message.content);
   });
 
-  it('concurrent clients get what they get alone (greedy); seeded sampling is reproducible; stop strings cut the text', async () => {
-    const prompts = ['Once upon a time', 'The history of the', 'def main():', 'In 1999, the'];
-    const alone: string[] = [];
-    for (const p of prompts)
-      alone.push(
-        (await complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })).choices[0]!
-          .text,
+  it(
+    'concurrent clients get what they get alone (greedy); ' +
+      'seeded sampling is reproducible; stop strings cut the text',
+    async () => {
+      const prompts = ['Once upon a time', 'The history of the', 'def main():', 'In 1999, the'];
+      const alone: string[] = [];
+      for (const p of prompts)
+        alone.push(
+          (await complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })).choices[0]!
+            .text,
+        );
+      const together = await Promise.all(
+        prompts.map((p) => complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })),
       );
-    const together = await Promise.all(
-      prompts.map((p) => complete({ model: MODEL, prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })),
-    );
-    expect(together.map((r) => r.choices[0]!.text)).toEqual(alone);
-    const sampled = () =>
-      complete({
+      expect(together.map((r) => r.choices[0]!.text)).toEqual(alone);
+      const sampled = () =>
+        complete({
+          model: MODEL,
+          prompt: 'Once upon a time',
+          max_tokens: 12,
+          temperature: 0.9,
+          top_p: 0.95,
+          top_k: 40,
+          seed: 11,
+        });
+      const [a, b] = await Promise.all([sampled(), sampled()]);
+      expect(a.choices[0]!.text).toBe(b.choices[0]!.text);
+      // stop: cut before the first occurrence of a word of the greedy text
+      const full = alone[1]!;
+      const word = full.trim().split(/\s+/)[2]!;
+      const cut = await complete({
         model: MODEL,
-        prompt: 'Once upon a time',
-        max_tokens: 12,
-        temperature: 0.9,
-        top_p: 0.95,
-        top_k: 40,
-        seed: 11,
+        prompt: prompts[1]!,
+        max_tokens: 20,
+        temperature: 0,
+        stop: [word],
+        ignore_eos: true,
       });
-    const [a, b] = await Promise.all([sampled(), sampled()]);
-    expect(a.choices[0]!.text).toBe(b.choices[0]!.text);
-    // stop: cut before the first occurrence of a word of the greedy text
-    const full = alone[1]!;
-    const word = full.trim().split(/\s+/)[2]!;
-    const cut = await complete({
-      model: MODEL,
-      prompt: prompts[1]!,
-      max_tokens: 20,
-      temperature: 0,
-      stop: [word],
-      ignore_eos: true,
-    });
-    expect(cut.choices[0]!.finish_reason).toBe('stop');
-    expect(cut.choices[0]!.text).toBe(full.slice(0, full.indexOf(word)));
-  });
+      expect(cut.choices[0]!.finish_reason).toBe('stop');
+      expect(cut.choices[0]!.text).toBe(full.slice(0, full.indexOf(word)));
+    },
+  );
 
   it('a later request streams (and finishes) before an earlier long one finishes', async () => {
     const events: string[] = [];
@@ -393,126 +398,137 @@ describe('specd serve (openai client)', () => {
     }
   });
 
-  it('a chat template that rejects the messages answers 400 naming why (a second server, a template without a system role)', async () => {
-    const dir = path.join(ROOT, 'models/kimi-k3-tiny');
-    const json = (f: string) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Record<string, unknown>;
-    // the Gemma pattern: HF templates reject what they cannot render with raise_exception
-    const template =
-      "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" +
-      "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    const tokenizer = new Tokenizer({
-      tokenizerJson: json('tokenizer.json'),
-      tokenizerConfig: json('tokenizer_config.json'),
-      chatTemplateFile: template,
-      label: 'no-system-role',
-    });
-    const strict = new SpecdServer({
-      target: { ...s.target, tokenizer },
-      modelName: MODEL,
-      sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
-      scheduler: {
-        max_running_requests: 2,
-        max_waiting_requests: 8,
-        prefill_chunk_tokens: 64,
-        max_tokens_in_flight: 4096,
-        max_sequence_tokens: 512,
-        page_size: 16,
-      },
-      bodyLimitBytes: 1 << 20,
-    });
-    const url = await strict.listen('127.0.0.1', 0);
-    try {
-      const c2 = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
-      const messages: OpenAI.ChatCompletionMessageParam[] = [
-        { role: 'system', content: 'You are terse.' },
-        { role: 'user', content: 'Hi' },
-      ];
-      for (const stream of [false, true]) {
-        const e = await c2.chat.completions.create({ model: MODEL, messages, max_tokens: 4, stream }).then(
-          () => undefined,
-          (x: InstanceType<typeof OpenAI.APIError>) => x,
+  it(
+    'a chat template that rejects the messages answers 400 naming ' +
+      'why (a second server, a template without a system role)',
+    async () => {
+      const dir = path.join(ROOT, 'models/kimi-k3-tiny');
+      const json = (f: string) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Record<string, unknown>;
+      // the Gemma pattern: HF templates reject what they cannot render with raise_exception
+      const template =
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ " +
+        "raise_exception('System role not supported') }}{% endif %}" +
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor " +
+        '%}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}';
+      const tokenizer = new Tokenizer({
+        tokenizerJson: json('tokenizer.json'),
+        tokenizerConfig: json('tokenizer_config.json'),
+        chatTemplateFile: template,
+        label: 'no-system-role',
+      });
+      const strict = new SpecdServer({
+        target: { ...s.target, tokenizer },
+        modelName: MODEL,
+        sampling: { temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 },
+        scheduler: {
+          max_running_requests: 2,
+          max_waiting_requests: 8,
+          prefill_chunk_tokens: 64,
+          max_tokens_in_flight: 4096,
+          max_sequence_tokens: 512,
+          page_size: 16,
+        },
+        bodyLimitBytes: 1 << 20,
+      });
+      const url = await strict.listen('127.0.0.1', 0);
+      try {
+        const c2 = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
+        const messages: OpenAI.ChatCompletionMessageParam[] = [
+          { role: 'system', content: 'You are terse.' },
+          { role: 'user', content: 'Hi' },
+        ];
+        for (const stream of [false, true]) {
+          const e = await c2.chat.completions.create({ model: MODEL, messages, max_tokens: 4, stream }).then(
+            () => undefined,
+            (x: InstanceType<typeof OpenAI.APIError>) => x,
+          );
+          expect(e?.status, `stream: ${stream}`).toBe(400);
+          expect(e?.error).toEqual({
+            message: 'messages: chat template failed to render: System role not supported',
+            type: 'invalid_request_error',
+            param: 'messages',
+            code: 'chat_template_error',
+          });
+        }
+        expect(await strict.metrics.registry.getSingleMetricAsString('specd_request_errors_total')).toContain(
+          'specd_request_errors_total{status="400"} 2',
         );
-        expect(e?.status, `stream: ${stream}`).toBe(400);
-        expect(e?.error).toEqual({
-          message: 'messages: chat template failed to render: System role not supported',
-          type: 'invalid_request_error',
-          param: 'messages',
-          code: 'chat_template_error',
+        // the same conversation without the system message renders and runs
+        const ok = await c2.chat.completions.create({
+          model: MODEL,
+          messages: [messages[1]!],
+          max_tokens: 4,
+          temperature: 0,
         });
-      }
-      expect(await strict.metrics.registry.getSingleMetricAsString('specd_request_errors_total')).toContain(
-        'specd_request_errors_total{status="400"} 2',
-      );
-      // the same conversation without the system message renders and runs
-      const ok = await c2.chat.completions.create({
-        model: MODEL,
-        messages: [messages[1]!],
-        max_tokens: 4,
-        temperature: 0,
-      });
-      expect(ok.usage?.prompt_tokens).toBe(
-        tokenizer.encode('<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', { addSpecialTokens: false }).length,
-      );
-    } finally {
-      await strict.close();
-    }
-  });
-
-  it('draft steps (num_drafts) count the verify steps that verified drafts: plain steps and proposals a budget cut to 0 are not draft steps', async () => {
-    // DFlash with a confidence on every draft, so that the policy's budgets hook sees its proposals
-    const dflash = s.drafter!.drafter;
-    const confident = new Proxy(dflash, {
-      get(t, key) {
-        if (key === 'propose')
-          return (b: Parameters<Drafter['propose']>[0]) =>
-            t.propose(b).map((p) => ({ ...p, confidence: new Float32Array(p.tokens.length).fill(0.9) }));
-        const v: unknown = Reflect.get(t, key, t);
-        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
-      },
-    });
-    let budgetCalls = 0;
-    let kept = 0;
-    let cut = 0;
-    const policy: DraftPolicy = {
-      // 3 drafts on even steps, a plain decode step (k = 0) on odd ones
-      choose: (cs) => cs.map((c) => (c.metrics.verifySteps % 2 === 0 ? Math.min(3, c.maxDrafts) : 0)),
-      // every third proposal is cut to 0 drafts (verified as a plain step), the others to 2
-      budgets: (items) =>
-        items.map(() => {
-          if (budgetCalls++ % 3 === 2) {
-            cut++;
-            return 0;
-          }
-          kept++;
-          return 2;
-        }),
-      observe: () => undefined,
-      release: () => undefined,
-    };
-    const loop = new EngineLoop(
-      s.target.model,
-      confident,
-      { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: policy },
-      { maxWaiting: 1, maxTokensInFlight: 1024, eosTokenIds: [] },
-    );
-    try {
-      const promptIds = s.target.tokenizer.encode('The history of the', { addSpecialTokens: false });
-      const r = await new Promise<SpecResult>((resolve, reject) => {
-        loop.submit(
-          { promptIds, maxTokens: 40, sampling: { temperature: 0 }, seed: 1, ignoreEos: true },
-          { onToken: () => undefined, onFinish: resolve, onError: reject },
+        expect(ok.usage?.prompt_tokens).toBe(
+          tokenizer.encode('<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', { addSpecialTokens: false })
+            .length,
         );
+      } finally {
+        await strict.close();
+      }
+    },
+  );
+
+  it(
+    'draft steps (num_drafts) count the verify steps that verified drafts: ' +
+      'plain steps and proposals a budget cut to 0 are not draft steps',
+    async () => {
+      // DFlash with a confidence on every draft, so that the policy's budgets hook sees its proposals
+      const dflash = s.drafter!.drafter;
+      const confident = new Proxy(dflash, {
+        get(t, key) {
+          if (key === 'propose')
+            return (b: Parameters<Drafter['propose']>[0]) =>
+              t.propose(b).map((p) => ({ ...p, confidence: new Float32Array(p.tokens.length).fill(0.9) }));
+          const v: unknown = Reflect.get(t, key, t);
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+        },
       });
-      expect(r.tokenIds).toHaveLength(40);
-      expect(cut).toBeGreaterThanOrEqual(2);
-      expect(r.metrics.budgetHistogram[0]).toBe(cut);
-      expect(r.metrics.draftSteps).toBe(kept);
-      expect(r.metrics.verifySteps).toBeGreaterThan(kept + cut); // the plain odd steps
-      expect(r.metrics.drafted).toBeGreaterThanOrEqual(kept);
-      expect(r.metrics.drafted).toBeLessThanOrEqual(2 * kept);
-    } finally {
-      loop.close();
-    }
-    expect(dflash.pagesInUse).toBe(0);
-  });
+      let budgetCalls = 0;
+      let kept = 0;
+      let cut = 0;
+      const policy: DraftPolicy = {
+        // 3 drafts on even steps, a plain decode step (k = 0) on odd ones
+        choose: (cs) => cs.map((c) => (c.metrics.verifySteps % 2 === 0 ? Math.min(3, c.maxDrafts) : 0)),
+        // every third proposal is cut to 0 drafts (verified as a plain step), the others to 2
+        budgets: (items) =>
+          items.map(() => {
+            if (budgetCalls++ % 3 === 2) {
+              cut++;
+              return 0;
+            }
+            kept++;
+            return 2;
+          }),
+        observe: () => undefined,
+        release: () => undefined,
+      };
+      const loop = new EngineLoop(
+        s.target.model,
+        confident,
+        { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: policy },
+        { maxWaiting: 1, maxTokensInFlight: 1024, eosTokenIds: [] },
+      );
+      try {
+        const promptIds = s.target.tokenizer.encode('The history of the', { addSpecialTokens: false });
+        const r = await new Promise<SpecResult>((resolve, reject) => {
+          loop.submit(
+            { promptIds, maxTokens: 40, sampling: { temperature: 0 }, seed: 1, ignoreEos: true },
+            { onToken: () => undefined, onFinish: resolve, onError: reject },
+          );
+        });
+        expect(r.tokenIds).toHaveLength(40);
+        expect(cut).toBeGreaterThanOrEqual(2);
+        expect(r.metrics.budgetHistogram[0]).toBe(cut);
+        expect(r.metrics.draftSteps).toBe(kept);
+        expect(r.metrics.verifySteps).toBeGreaterThan(kept + cut); // the plain odd steps
+        expect(r.metrics.drafted).toBeGreaterThanOrEqual(kept);
+        expect(r.metrics.drafted).toBeLessThanOrEqual(2 * kept);
+      } finally {
+        loop.close();
+      }
+      expect(dflash.pagesInUse).toBe(0);
+    },
+  );
 });

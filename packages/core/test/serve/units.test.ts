@@ -97,7 +97,9 @@ describe('ChatTemplate (@huggingface/jinja)', () => {
 
   it('supports what common HF templates use: loop vars, conditions, whitespace control, bos_token', () => {
     const t = new ChatTemplate(
-      "{{ bos_token }}{%- for m in messages -%}{% if m.role == 'user' %}[U{{ loop.index }}]{% elif m.role == 'assistant' %}[A]{% else %}[S]{% endif %}{{ m['content'] | trim }}{% if not loop.last %}|{% endif %}{%- endfor -%}",
+      "{{ bos_token }}{%- for m in messages -%}{% if m.role == 'user' %}[U{{ " +
+        "loop.index }}]{% elif m.role == 'assistant' %}[A]{% else %}[S]{% endif " +
+        "%}{{ m['content'] | trim }}{% if not loop.last %}|{% endif %}{%- endfor -%}",
       { bos_token: '<s>' },
     );
     expect(
@@ -113,21 +115,25 @@ describe('ChatTemplate (@huggingface/jinja)', () => {
     expect(() => new ChatTemplate('{% for m in messages %}')).toThrow(ChatTemplateError);
   });
 
-  it('a template that rejects the messages (raise_exception, as HF templates do) is a ChatTemplateError naming why', () => {
-    const t = new ChatTemplate(
-      "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}",
-    );
-    expect(t.render([{ role: 'user', content: 'hi' }])).toBe('hi');
-    expect(() =>
-      t.render([
-        { role: 'system', content: 's' },
-        { role: 'user', content: 'hi' },
-      ]),
-    ).toThrow(ChatTemplateError);
-    expect(() => t.render([{ role: 'system', content: 's' }])).toThrow(
-      'chat template failed to render: System role not supported',
-    );
-  });
+  it(
+    'a template that rejects the messages (raise_exception, ' + 'as HF templates do) is a ChatTemplateError naming why',
+    () => {
+      const t = new ChatTemplate(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System " +
+          "role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}",
+      );
+      expect(t.render([{ role: 'user', content: 'hi' }])).toBe('hi');
+      expect(() =>
+        t.render([
+          { role: 'system', content: 's' },
+          { role: 'user', content: 'hi' },
+        ]),
+      ).toThrow(ChatTemplateError);
+      expect(() => t.render([{ role: 'system', content: 's' }])).toThrow(
+        'chat template failed to render: System role not supported',
+      );
+    },
+  );
 });
 
 describe('request parsing', () => {
@@ -234,39 +240,43 @@ describe('request parsing', () => {
 });
 
 describe('ServerMetrics (prom-client)', () => {
-  it('exports spec-decode counters and verify budgets (specd_verify_budget_tokens histogram, the unverified-draft counter)', async () => {
-    const m = new ServerMetrics({
-      running: () => 0,
-      waiting: () => 0,
-      targetPagesInUse: () => 0,
-      draftPagesInUse: () => 0,
-    });
-    const spec = new RequestMetrics();
-    spec.recordBudget(7, 2);
-    spec.recordStep(2, 1);
-    spec.recordBudget(7, 0);
-    spec.recordStep(0, 0);
-    spec.recordBudget(5, 5);
-    spec.recordStep(5, 3);
-    // 3 verify steps, the second cut to 0 drafts (a plain step): 2 draft steps, 7 draft tokens
-    expect(spec.draftSteps).toBe(2);
-    m.recordRequest('completion', 'length', { promptTokens: 3, outputTokens: 7, ttft: 0.01, e2e: 0.05, spec });
-    // a request that never drafted (k = 0 throughout, or no drafter) moves no spec-decode counter
-    const plain = new RequestMetrics();
-    for (let i = 0; i < 4; i++) plain.recordStep(0, 0);
-    m.recordRequest('completion', 'length', { promptTokens: 3, outputTokens: 4, e2e: 0.05, spec: plain });
-    const text = await m.registry.metrics();
-    expect(text).toContain('specd_spec_decode_num_drafts_total 2\n');
-    expect(text).toContain('specd_spec_decode_num_draft_tokens_total 7\n');
-    expect(text).toContain('specd_spec_decode_num_accepted_tokens_total 4\n');
-    expect(text).toContain('# TYPE specd_verify_budget_tokens histogram');
-    expect(text).toContain('specd_verify_budget_tokens_bucket{le="0"} 1');
-    expect(text).toContain('specd_verify_budget_tokens_bucket{le="2"} 2');
-    expect(text).toContain('specd_verify_budget_tokens_bucket{le="5"} 3');
-    expect(text).toContain('specd_verify_budget_tokens_count 3');
-    expect(text).toContain('specd_verify_budget_tokens_sum 7');
-    expect(text).toContain('specd_spec_decode_num_unverified_draft_tokens_total 12');
-    expect(spec.meanBudget).toBeCloseTo(7 / 3, 12);
-    expect(spec.toJSON()).toMatchObject({ unverified: 12, verify_budget_histogram: [1, 0, 1, 0, 0, 1] });
-  });
+  it(
+    'exports spec-decode counters and verify budgets ' +
+      '(specd_verify_budget_tokens histogram, the unverified-draft counter)',
+    async () => {
+      const m = new ServerMetrics({
+        running: () => 0,
+        waiting: () => 0,
+        targetPagesInUse: () => 0,
+        draftPagesInUse: () => 0,
+      });
+      const spec = new RequestMetrics();
+      spec.recordBudget(7, 2);
+      spec.recordStep(2, 1);
+      spec.recordBudget(7, 0);
+      spec.recordStep(0, 0);
+      spec.recordBudget(5, 5);
+      spec.recordStep(5, 3);
+      // 3 verify steps, the second cut to 0 drafts (a plain step): 2 draft steps, 7 draft tokens
+      expect(spec.draftSteps).toBe(2);
+      m.recordRequest('completion', 'length', { promptTokens: 3, outputTokens: 7, ttft: 0.01, e2e: 0.05, spec });
+      // a request that never drafted (k = 0 throughout, or no drafter) moves no spec-decode counter
+      const plain = new RequestMetrics();
+      for (let i = 0; i < 4; i++) plain.recordStep(0, 0);
+      m.recordRequest('completion', 'length', { promptTokens: 3, outputTokens: 4, e2e: 0.05, spec: plain });
+      const text = await m.registry.metrics();
+      expect(text).toContain('specd_spec_decode_num_drafts_total 2\n');
+      expect(text).toContain('specd_spec_decode_num_draft_tokens_total 7\n');
+      expect(text).toContain('specd_spec_decode_num_accepted_tokens_total 4\n');
+      expect(text).toContain('# TYPE specd_verify_budget_tokens histogram');
+      expect(text).toContain('specd_verify_budget_tokens_bucket{le="0"} 1');
+      expect(text).toContain('specd_verify_budget_tokens_bucket{le="2"} 2');
+      expect(text).toContain('specd_verify_budget_tokens_bucket{le="5"} 3');
+      expect(text).toContain('specd_verify_budget_tokens_count 3');
+      expect(text).toContain('specd_verify_budget_tokens_sum 7');
+      expect(text).toContain('specd_spec_decode_num_unverified_draft_tokens_total 12');
+      expect(spec.meanBudget).toBeCloseTo(7 / 3, 12);
+      expect(spec.toJSON()).toMatchObject({ unverified: 12, verify_budget_histogram: [1, 0, 1, 0, 0, 1] });
+    },
+  );
 });
