@@ -65,7 +65,10 @@ export enum GgmlType {
   MXFP4 = 39,
 }
 
-/** [elements per block, bytes per block] per ggml type (ggml `type_traits`; checked against pip `gguf`'s GGML_QUANT_SIZES). */
+/**
+ * [elements per block, bytes per block] per ggml type (ggml `type_traits`; checked against pip `gguf`'s
+ * GGML_QUANT_SIZES).
+ */
 const GGML_BLOCK: Readonly<Record<number, readonly [number, number]>> = {
   [GgmlType.F32]: [1, 4],
   [GgmlType.F16]: [1, 2],
@@ -161,7 +164,8 @@ export class GgufError extends Error {
     options?: { cause?: unknown },
   ) {
     super(
-      `${file}: ${offsetBytes === undefined ? '' : `at byte ${offsetBytes}: `}${field === undefined ? '' : `${field}: `}${detail} [${rule}]`,
+      `${file}: ${offsetBytes === undefined ? '' : `at byte ${offsetBytes}: `}` +
+        `${field === undefined ? '' : `${field}: `}${detail} [${rule}]`,
       options,
     );
   }
