@@ -6,5 +6,6 @@ export * from './config/index.js';
 export * from './serve/index.js';
 export * from './pipeline/index.js';
 export * from './tensor-parallel/index.js';
+export * from './runtime/index.js';
 export * from './cli/index.js';
 export * from './util/columns.js';
