@@ -16,6 +16,7 @@ export {
   type StageInfo,
   type StageLoadOptions,
   type StageModel,
+  TensorParallelUnsupportedError,
 } from './model-plugin.js';
 export {
   BUILTIN_PLUGIN_PACKAGES,

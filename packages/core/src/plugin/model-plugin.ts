@@ -284,6 +284,16 @@ export interface LoadedShard {
   readonly reads: readonly TensorRead[];
 }
 
+/**
+ * A model's refusal of a tensor-parallel size that does not fit it (e.g. a tp that does not divide its
+ * head counts), thrown by {@link ModelPlugin.loadShard} with a message naming the sizes. A model plugin
+ * throws this class or a subclass of it (its own name, e.g. for its own API); the runtime reports it
+ * as a bad `--tp` (runtime/parallel.ts) and passes other load errors through.
+ */
+export class TensorParallelUnsupportedError extends Error {
+  override readonly name: string = 'TensorParallelUnsupportedError';
+}
+
 /** A target architecture. */
 export interface ModelPlugin {
   /** Plugin name, e.g. `'kimi-k3'`. */
@@ -300,8 +310,9 @@ export interface ModelPlugin {
   loadGguf?(file: GgufFile, options?: StageLoadOptions): Promise<StageModel>;
   /**
    * Loads rank `options.comm.rank`'s shard of the whole model for tensor parallelism (optional;
-   * tensor-parallel/tp-model.ts). @throws when `comm.size` does not fit the model (e.g. does not
-   * divide its head counts), with a message naming the sizes.
+   * tensor-parallel/tp-model.ts).
+   * @throws {TensorParallelUnsupportedError} (or a subclass) when `comm.size` does not fit the model (e.g. does
+   *   not divide its head counts), with a message naming the sizes.
    */
   loadShard?(source: ModelSource, options: ShardLoadOptions): Promise<LoadedShard>;
 }

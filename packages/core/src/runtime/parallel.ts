@@ -9,7 +9,7 @@ import { container as rootContainer } from 'tsyringe';
 
 import { HfConfig } from '../io/hf-config.js';
 import { Tokenizer } from '../io/tokenizer.js';
-import type { LoadProgress } from '../plugin/model-plugin.js';
+import { type LoadProgress, TensorParallelUnsupportedError } from '../plugin/model-plugin.js';
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { startPipeline } from '../pipeline/pipeline-model.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
@@ -142,8 +142,8 @@ export function checkParallelism(tp: number, pp: number, partition: readonly num
 /**
  * The target as `specd generate` and `specd serve` load it: {@link loadTarget} (tp = pp = 1),
  * {@link loadTensorParallelTarget} (tp > 1) or {@link loadPipelineTarget} (pp > 1; with tp > 1 every
- * stage a TP group). A tp that does not
- * fit the model or a plugin without `loadShard` becomes a {@link ParallelismError} naming `--tp`.
+ * stage a TP group). A tp that does not fit the model (the plugin's {@link TensorParallelUnsupportedError}) or a
+ * plugin without `loadShard` (a {@link PluginError}) becomes a {@link ParallelismError} naming `--tp`.
  * @throws {ParallelismError}; as the loader it picks.
  */
 export async function loadParallelTarget(
@@ -154,7 +154,7 @@ export async function loadParallelTarget(
   const { tp, pp } = options;
   checkParallelism(tp, pp, options.partition);
   const tpError = (err: Error): never => {
-    throw err.name === 'KimiTensorParallelError' || err.name === 'PluginError'
+    throw err instanceof TensorParallelUnsupportedError || err instanceof PluginError
       ? new ParallelismError(`--tp ${tp}: ${err.message}`)
       : err;
   };
