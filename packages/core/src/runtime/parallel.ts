@@ -11,7 +11,7 @@ import { HfConfig } from '../io/hf-config.js';
 import { Tokenizer } from '../io/tokenizer.js';
 import { type LoadProgress, TensorParallelUnsupportedError } from '../plugin/model-plugin.js';
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
-import { startPipeline } from '../pipeline/pipeline-model.js';
+import { startPipeline } from '../pipeline/start-pipeline.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
 import { ggufPathOf, loadTarget, type LoadedTarget } from './target.js';
 
