@@ -39,6 +39,7 @@ import type {
   StageInfo,
   StageModel,
 } from '../plugin/model-plugin.js';
+import type { ProjectionDistribution } from '../plugin/stage-capabilities.js';
 import { MirroredCache } from './mirrored-cache.js';
 import type { RemoteStage, StageReport } from './remote-stage.js';
 import { PipelineStageError } from './stage-process.js';
@@ -57,7 +58,7 @@ export type PipelineCache = MirroredCache;
 // --- the composite model -------------------------------------------------------------------------
 
 /** The whole target as one {@link StageModel} over stage processes + the local last stage. */
-export class PipelineModel implements StageModel {
+export class PipelineModel implements StageModel, ProjectionDistribution {
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
   /** Per remote stage, the cache operations not yet sent. @internal */

@@ -12,6 +12,7 @@ import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import { DrafterRegistry, loadPluginPackages, PluginError } from '../plugin/registry.js';
+import { hasProjectionDistribution, isDistributedStage } from '../plugin/stage-capabilities.js';
 import type { LoadedTarget } from './target.js';
 
 /**
@@ -36,10 +37,10 @@ export interface LoadedDrafter {
  * Imports the plugin packages and loads a drafter for `target` (room for `maxSequences` sequences of
  * `maxTokensPerSequence`): from a checkpoint directory (a string, or a choice with `dir`), resolving
  * the plugin by its config.json `architectures`; or, for a choice without `dir`, the plugin of
- * `choice.method` through its `loadWithoutCheckpoint`. A target with `loadDrafter` (tensor parallel,
- * or a pipeline whose last stage is) loads the drafter spread over its ranks when the plugin has
- * `loadShard`; otherwise the drafter is loaded whole here. On a target split into stages (a pipeline:
- * `StageModel.distributeProjection`) whose drafter plugin has `loadProjection`, every stage that
+ * `choice.method` through its `loadWithoutCheckpoint`. A {@link DistributedStage} target (tensor
+ * parallel, or a pipeline whose last stage is) loads the drafter spread over its ranks when the plugin
+ * has `loadShard`; otherwise the drafter is loaded whole here. On a target split into stages (a
+ * pipeline: {@link ProjectionDistribution}) whose drafter plugin has `loadProjection`, every stage that
  * produces taps then loads its share of the projection and projects its taps itself.
  * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a
  *   `choice.method` other than the plugin that claims the checkpoint; the plugin's errors.
@@ -79,7 +80,8 @@ export async function loadDrafter(
   }
   // a target spread over tensor-parallel ranks loads the drafter spread the same way (if its plugin can)
   const { target: _whole, ...spreadOptions } = options;
-  let drafter = await target.model.loadDrafter?.(drafterDir, plugins, spreadOptions);
+  const model = target.model;
+  let drafter = isDistributedStage(model) ? await model.loadDrafter(drafterDir, plugins, spreadOptions) : undefined;
   if (drafter === undefined) {
     const weights = SafetensorsCheckpoint.open(drafterDir);
     try {
@@ -90,10 +92,10 @@ export async function loadDrafter(
   }
   // A pipeline: the stages that produce taps project them in place (REFERENCE.md §8).
   // (A plugin without loadProjection resets the stages to shipping raw taps.)
-  const taps = drafter.captureSetter(target.model.info);
-  if (target.model.distributeProjection !== undefined) {
+  const taps = drafter.captureSetter(model.info);
+  if (hasProjectionDistribution(model)) {
     try {
-      target.model.distributeProjection(
+      model.distributeProjection(
         plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined,
       );
     } catch (err) {
