@@ -22,7 +22,14 @@ import type {
   StageModel,
   TpComm,
 } from '@specd/core';
-import { forwardPrologue, gatherVocabParallel, HfConfig, SafetensorsCheckpoint, vocabShardRange } from '@specd/core';
+import {
+  forwardPrologue,
+  gatherVocabParallel,
+  HfConfig,
+  SafetensorsCheckpoint,
+  TensorParallelUnsupportedError,
+  vocabShardRange,
+} from '@specd/core';
 import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
@@ -387,8 +394,11 @@ function* buildStage(
   return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead, comm);
 }
 
-/** Thrown when a tensor-parallel size does not fit the model; names every count it does not divide. */
-export class KimiTensorParallelError extends Error {
+/**
+ * Thrown when a tensor-parallel size does not fit the model; names every count it does not divide.
+ * Core's {@link TensorParallelUnsupportedError}, so the runtime reports it as a bad `--tp`.
+ */
+export class KimiTensorParallelError extends TensorParallelUnsupportedError {
   override readonly name = 'KimiTensorParallelError';
 }
 

@@ -7,22 +7,12 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 
 import type { SpecdConfig } from '../config/load.js';
+import type { DrafterChoice } from '../runtime/drafter.js';
 import { defaultDrafterDir } from './paths.js';
 
 /** A failure to report as one line (exit code 1). */
 export class CliError extends Error {
   override readonly name = 'CliError';
-}
-
-/**
- * The drafter to load: its checkpoint (absent: a method without one, chosen by `method`), the method
- * the config asked for (checked after loading), its draft cap, the config's `drafter` object.
- */
-export interface DrafterChoice {
-  readonly dir?: string;
-  readonly method?: string;
-  readonly numDraftTokens?: number;
-  readonly settings?: Readonly<Record<string, unknown>>;
 }
 
 /**

@@ -3,21 +3,11 @@ export { main, buildProgram, type CliIo } from './main.js';
 export {
   generateSpeculative,
   generateTokens,
-  ggufPathOf,
-  loadDrafter,
-  loadParallelTarget,
-  checkParallelism,
-  loadPipelineTarget,
-  loadTarget,
-  loadTensorParallelTarget,
   PREFILL_CHUNK_TOKENS,
   type GenerateOptions,
   type GenerateResult,
-  type LoadedDrafter,
-  type LoadedTarget,
-  type PipelineTargetOptions,
   type SpecGenerateResult,
 } from './generate.js';
-export { checkModelPath, chooseDrafter, CliError, type DrafterChoice } from './config-file.js';
+export { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 export { startServe, type ServeFlags, type StartedServer } from './serve.js';
 export { defaultDrafterDir, defaultModelDir, DEFAULT_DRAFTER_RELATIVE, DEFAULT_MODEL_RELATIVE } from './paths.js';

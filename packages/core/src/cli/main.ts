@@ -19,15 +19,10 @@ import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerServeCommand } from './serve.js';
-import {
-  generateSpeculative,
-  generateTokens,
-  loadDrafter,
-  loadParallelTarget,
-  type GenerateResult,
-  type LoadedTarget,
-  type SpecGenerateResult,
-} from './generate.js';
+import { loadDrafter } from '../runtime/drafter.js';
+import { loadParallelTarget } from '../runtime/parallel.js';
+import type { LoadedTarget } from '../runtime/target.js';
+import { generateSpeculative, generateTokens, type GenerateResult, type SpecGenerateResult } from './generate.js';
 import { defaultModelDir } from './paths.js';
 
 /** Where the CLI writes (injectable for tests). */

@@ -15,13 +15,9 @@ import { pino } from 'pino';
 import { loadConfig } from '../config/load.js';
 import { SpecdServer } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
-import {
-  checkParallelism,
-  loadDrafter,
-  loadParallelTarget,
-  type LoadedDrafter,
-  type LoadedTarget,
-} from './generate.js';
+import { loadDrafter, type LoadedDrafter } from '../runtime/drafter.js';
+import { checkParallelism, loadParallelTarget } from '../runtime/parallel.js';
+import type { LoadedTarget } from '../runtime/target.js';
 import type { CliIo } from './main.js';
 import { defaultModelDir } from './paths.js';
 
@@ -56,7 +52,7 @@ export interface StartedServer {
  * Loads the config (flags override it), the target and the drafter, calibrates the cost-based draft
  * policy when it is in use ({@link SpecdServer.listen}: before listening, so no request pays it), and
  * starts listening.
- * @throws {ConfigError} / {CliError} / the plugins' errors.
+ * @throws {ConfigError} / {CliError} / {ParallelismError} / the plugins' errors.
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {
   const { config: cfg } = await loadConfig(

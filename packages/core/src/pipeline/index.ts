@@ -1,17 +1,12 @@
-/** Pipeline parallelism: stages as processes (pipeline-model.ts), partitions, the stage transports (ZeroMQ, FIFOs). */
+/**
+ * Pipeline parallelism: stages as processes (pipeline-model.ts, remote-stage.ts, stage-process.ts,
+ * start-pipeline.ts), partitions, the stage transports (ZeroMQ, FIFOs).
+ */
 export { defaultPartition, partitionRanges, PartitionError } from './partition.js';
-export {
-  liveStagePids,
-  PipelineModel,
-  PipelineStageError,
-  RemoteStage,
-  startPipeline,
-  STAGE_WORKER_SCRIPT,
-  type PipelineCache,
-  type PipelineOptions,
-  type StageReport,
-  type StageTransport,
-} from './pipeline-model.js';
+export { PipelineModel, type PipelineCache } from './pipeline-model.js';
+export { RemoteStage, type StageReport } from './remote-stage.js';
+export { liveStagePids, PipelineStageError, STAGE_WORKER_SCRIPT } from './stage-process.js';
+export { startPipeline, type PipelineOptions, type StageTransport } from './start-pipeline.js';
 export { MirroredCache, MirroredCacheError } from './mirrored-cache.js';
 export { loadStage, numHiddenLayers, type LoadedStage, type StageSpec } from './stage-loader.js';
 export {

@@ -16,6 +16,7 @@ export {
   type StageInfo,
   type StageLoadOptions,
   type StageModel,
+  TensorParallelUnsupportedError,
 } from './model-plugin.js';
 export {
   BUILTIN_PLUGIN_PACKAGES,
@@ -45,3 +46,13 @@ export {
   type RandomSource,
 } from './drafter-plugin.js';
 export { TapProjection } from './tap-projection.js';
+export {
+  hasPrefixCommit,
+  hasProjectionDistribution,
+  hasTreeCommit,
+  isDistributedStage,
+  type DistributedStage,
+  type PrefixCommit,
+  type ProjectionDistribution,
+  type TreeCommit,
+} from './stage-capabilities.js';

@@ -13,7 +13,7 @@ import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { Drafter, DrafterLoadOptions } from './drafter-plugin.js';
+import type { DistributedStage, PrefixCommit, ProjectionDistribution, TreeCommit } from './stage-capabilities.js';
 
 /** A checkpoint to load: its directory, parsed `config.json` and weights. */
 export interface ModelSource {
@@ -87,7 +87,7 @@ export interface ForwardSequence {
    */
   readonly phase?: 'prefill';
   /**
-   * A token tree instead of a chain (tree verification; only stages with {@link StageModel.commitTreePath}):
+   * A token tree instead of a chain (tree verification; only stages with {@link TreeCommit.commitTreePath}):
    * the parent row of each new token, `[tokens.length]` i32 — row 0 (the last verified token) has −1,
    * every other row a parent row before it. Row r sits at position `position + depth(r)` and attends
    * to the cached tokens and to its ancestors (itself included), so its logits equal those of its
@@ -113,7 +113,7 @@ export interface ForwardOptions {
   readonly taps?: readonly number[];
   /**
    * Keep the linear-attention state after every token (verify steps), so that an accepted prefix
-   * can be committed with {@link StageModel.commitPrefix} instead of a replay. Ignored by stages
+   * can be committed with {@link PrefixCommit.commitPrefix} instead of a replay. Ignored by stages
    * without `commitPrefix`.
    */
   readonly stateSnapshots?: boolean;
@@ -132,7 +132,7 @@ export interface ForwardResult {
   /**
    * The drafter's context projection of taps already projected where they were produced,
    * `[numTokens, hiddenSize]` f32: Σ h_i·W_iᵀ over those taps, added tap by tap in ascending order
-   * (a pipeline whose earlier stages loaded their share, {@link StageModel.distributeProjection}).
+   * (a pipeline whose earlier stages loaded their share, {@link ProjectionDistribution}).
    * Those taps are then absent from `taps`; the caller passes this as the accumulator of
    * `Drafter.projectTargetHiddenPartial(taps, …)` for the rest. Absent: every requested tap is in `taps`.
    */
@@ -141,8 +141,17 @@ export interface ForwardResult {
   readonly stateSnapshots?: unknown;
 }
 
-/** A loaded stage of a target model. */
-export interface StageModel {
+/**
+ * A loaded stage of a target model: the core contract. What only some stages can do is a capability
+ * (plugin/stage-capabilities.ts: {@link PrefixCommit}, {@link TreeCommit}, {@link DistributedStage},
+ * {@link ProjectionDistribution}); ask with its guard (`hasTreeCommit(model)`, …). Their methods stay
+ * optional members here (`Partial<…>`) until every caller uses the guards.
+ */
+export interface StageModel
+  extends Partial<PrefixCommit>,
+    Partial<TreeCommit>,
+    Partial<DistributedStage>,
+    Partial<ProjectionDistribution> {
   readonly info: StageInfo;
   /** What the stage caches per sequence (size a {@link SequenceCache} from it). */
   readonly cacheGeometry: CacheGeometry;
@@ -151,19 +160,6 @@ export interface StageModel {
    * Results of a token never depend on the other tokens of the batch (batch invariance).
    */
   forward(batch: ForwardBatch, cache: SequenceCache, options?: ForwardOptions): ForwardResult;
-  /**
-   * commit (optional): keeps the first `committed` tokens (≥ 1) of `id`'s rows of a forward run
-   * with `{ stateSnapshots: true }` (linear state after token `committed − 1`, KV truncated).
-   * Stages without it are committed by checkpoint + replay.
-   */
-  commitPrefix?(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void;
-  /**
-   * commit a tree path (optional; stages that verify trees — attention-only targets): keeps the block
-   * rows `rows` of `id` in a forward run with a `tree` (a root-to-node path: `rows[0] = 0`, each row the
-   * child of the previous) as the sequence's next tokens — their KV moved to consecutive positions,
-   * the rest dropped. Stages with linear state leave it absent: a tree would need per-branch state.
-   */
-  commitTreePath?(cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]): void;
   /**
    * A cache for this stage (optional): callers that would build `new SequenceCache(cacheGeometry, options)`
    * call this when present. A pipeline (pipeline/pipeline-model.ts) returns a cache that mirrors the
@@ -185,35 +181,11 @@ export interface StageModel {
    * Cheap (no round trip); `specd serve` asks it for `/health` and before taking a request.
    */
   failure?(): Error | undefined;
-  /**
-   * Loads a drafter the way this model is spread (optional): a target spread over tensor-parallel
-   * ranks (tensor-parallel/tp-model.ts) loads the drafter checkpoint `dir` spread over the same ranks
-   * through the drafter plugin's `loadShard`; a pipeline delegates to its last stage, where the drafter
-   * lives. Undefined when the claiming plugin cannot be spread (no `loadShard`): the caller then loads
-   * the whole drafter on this thread with `target` = this model, as for a local target.
-   * @throws {PluginError} when no plugin claims the checkpoint; the plugin's errors (a spread that does not fit it).
-   */
-  loadDrafter?(
-    dir: string,
-    plugins: readonly string[],
-    options: Omit<DrafterLoadOptions, 'target'>,
-  ): Promise<Drafter | undefined>;
-  /**
-   * A model split into stages (optional; a pipeline): each stage that produces some of `spec.taps`
-   * loads its share of the drafter's projection (`DrafterPlugin.loadProjection` of the drafter at
-   * `spec.dir`, resolved among the plugin packages the model was started with) and from then on a forward asked for taps returns
-   * the fp32 partial projection of the taps those stages produce in {@link ForwardResult.projection}
-   * instead of the taps themselves (REFERENCE.md §8). `undefined` drops any loaded projection (the
-   * stages ship raw taps again: a drafter whose plugin cannot split its projection). Returns what
-   * each stage loaded, in stage order.
-   * @throws the stage's error (a drafter plugin without `loadProjection`, a bad checkpoint).
-   */
-  distributeProjection?(spec: ProjectionSpec | undefined): readonly (readonly TensorRead[])[];
   /** dispose: drops the weights. */
   dispose(): void;
 }
 
-/** What {@link StageModel.distributeProjection} loads on each stage. */
+/** What {@link ProjectionDistribution.distributeProjection} loads on each stage. */
 export interface ProjectionSpec {
   /** The drafter checkpoint directory. */
   readonly dir: string;
@@ -284,6 +256,16 @@ export interface LoadedShard {
   readonly reads: readonly TensorRead[];
 }
 
+/**
+ * A model's refusal of a tensor-parallel size that does not fit it (e.g. a tp that does not divide its
+ * head counts), thrown by {@link ModelPlugin.loadShard} with a message naming the sizes. A model plugin
+ * throws this class or a subclass of it (its own name, e.g. for its own API); the runtime reports it
+ * as a bad `--tp` (runtime/parallel.ts) and passes other load errors through.
+ */
+export class TensorParallelUnsupportedError extends Error {
+  override readonly name: string = 'TensorParallelUnsupportedError';
+}
+
 /** A target architecture. */
 export interface ModelPlugin {
   /** Plugin name, e.g. `'kimi-k3'`. */
@@ -300,8 +282,9 @@ export interface ModelPlugin {
   loadGguf?(file: GgufFile, options?: StageLoadOptions): Promise<StageModel>;
   /**
    * Loads rank `options.comm.rank`'s shard of the whole model for tensor parallelism (optional;
-   * tensor-parallel/tp-model.ts). @throws when `comm.size` does not fit the model (e.g. does not
-   * divide its head counts), with a message naming the sizes.
+   * tensor-parallel/tp-model.ts).
+   * @throws {TensorParallelUnsupportedError} (or a subclass) when `comm.size` does not fit the model (e.g. does
+   *   not divide its head counts), with a message naming the sizes.
    */
   loadShard?(source: ModelSource, options: ShardLoadOptions): Promise<LoadedShard>;
 }

@@ -1,0 +1,210 @@
+/**
+ * A pipeline stage running in another process, as the driver sees it: a {@link StageModel} whose
+ * forward ships the batch (and the cache operations queued for it) over the stage's channel and
+ * blocks for the answer (pipeline-model.ts has the whole picture).
+ */
+
+import type { ChildProcess } from 'node:child_process';
+
+import type { TensorRead } from '../io/weight-reader.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { CacheGeometry, SequenceCache } from '../kv/sequence-cache.js';
+import type {
+  ForwardBatch,
+  ForwardOptions,
+  ForwardResult,
+  ProjectionSpec,
+  StageInfo,
+  StageModel,
+} from '../plugin/model-plugin.js';
+import type { RankReport } from '../tensor-parallel/tp-model.js';
+import type { MirroredCache } from './mirrored-cache.js';
+import type { PipelineModel } from './pipeline-model.js';
+import { exitDescription, PipelineStageError, untrack } from './stage-process.js';
+import type { WireSequence } from './stage-worker.js';
+import { PeerGoneError, type Frame, type Message, type SyncChannel } from './transport.js';
+
+// --- the remote stage ----------------------------------------------------------------------------
+
+/** What a stage loaded (tests assert layer ranges). */
+export interface StageReport {
+  readonly stage: number;
+  readonly layerStart: number;
+  readonly layerEnd: number;
+  /** Stage process id; undefined for the last stage (the driver). */
+  readonly pid: number | undefined;
+  /** Tensor names read, in load order (under TP × PP: rank 0's, each name once). */
+  readonly tensors: readonly string[];
+  /** TP × PP: what each of the stage's TP ranks read (blocks of tensors), in rank order. */
+  readonly ranks?: readonly RankReport[];
+}
+
+/**
+ * A stage running in another process, as a {@link StageModel}: `forward` ships the batch (and the
+ * cache operations queued for it by a {@link PipelineCache}) and blocks for the answer. The cache
+ * passed in must come from {@link PipelineModel.createCache}.
+ */
+export class RemoteStage implements StageModel {
+  readonly cacheGeometry: CacheGeometry;
+  private dead: PipelineStageError | undefined;
+
+  constructor(
+    readonly index: number,
+    readonly info: StageInfo,
+    private readonly child: ChildProcess,
+    private readonly channel: SyncChannel,
+    readonly report: StageReport,
+  ) {
+    // the driver never sizes a cache from a remote stage (the stage process does)
+    this.cacheGeometry = Object.freeze({
+      pagedKv: { layers: [], floatsPerToken: 0 },
+      linearState: { layers: [], heads: 0, keyDim: 0, valueDim: 0, convStates: 0, convChannels: 0, convWidth: 0 },
+    });
+  }
+
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  private name(): string {
+    const { layerStart, layerEnd } = this.info;
+    return `pipeline stage ${this.index} (layers ${layerStart}–${layerEnd - 1}, pid ${this.child.pid})`;
+  }
+
+  /** Throws the stage's death error, if it died. */
+  checkAlive(): void {
+    const f = this.failure();
+    if (f !== undefined) throw f;
+  }
+
+  /** The stage's death error: set by a failed exchange, or now if the process has exited (reaped by the event loop). */
+  failure(): PipelineStageError | undefined {
+    if (this.dead === undefined && (this.child.exitCode !== null || this.child.signalCode !== null)) {
+      this.dead = new PipelineStageError(`${this.name()} ${exitDescription(this.child)}`);
+    }
+    return this.dead;
+  }
+
+  /** The pipeline this stage belongs to (set by {@link PipelineModel}). @internal */
+  pipeline: PipelineModel | undefined;
+
+  private pc(cache: SequenceCache): MirroredCache {
+    return this.pipeline!.asPipelineCache(cache);
+  }
+
+  /**
+   * Runs the stage. `projection` (internal to the pipeline): the accumulator of the earlier stages'
+   * projected taps, `[numTokens, hiddenSize]` f32, which a stage that loaded its projection adds into.
+   */
+  forward(
+    batch: ForwardBatch,
+    cache: SequenceCache,
+    options: ForwardOptions = {},
+    projection?: Float32Array,
+  ): ForwardResult {
+    this.checkAlive();
+    const pc = this.pc(cache);
+    const seqs: WireSequence[] = batch.sequences.map((s) => ({
+      id: s.id,
+      position: s.position,
+      n: s.tokens.length,
+      ...(s.phase === undefined ? {} : { phase: s.phase }),
+      ...(s.tree === undefined ? {} : { tree: Array.from(s.tree) }),
+    }));
+    const tokens = new Int32Array(seqs.reduce((a, s) => a + s.n, 0));
+    let at = 0;
+    for (const s of batch.sequences) {
+      tokens.set(s.tokens, at);
+      at += s.tokens.length;
+    }
+    const frames: Frame[] = [tokens];
+    if (batch.hidden !== undefined) frames.push(batch.hidden);
+    if (projection !== undefined) frames.push(projection);
+    const ops = this.pipeline!.queues[this.index]!.splice(0);
+    const reply = this.exchange({
+      header: {
+        type: 'forward',
+        cache: pc.cacheId,
+        ops,
+        seqs,
+        taps: options.taps ?? [],
+        snapshots: options.stateSnapshots === true,
+        hasHidden: batch.hidden !== undefined,
+        hasProjection: projection !== undefined,
+      },
+      frames,
+    });
+    const tapIds = reply.header.taps as number[];
+    const projected = reply.header.projection === true;
+    const taps = new Map<number, Float32Array>();
+    const first = projected ? 2 : 1;
+    tapIds.forEach((t, i) => {
+      taps.set(t, reply.frames[i + first] as Float32Array);
+    });
+    return {
+      logits: undefined,
+      logitRowStart: new Int32Array(batch.sequences.length + 1),
+      hidden: reply.frames[0] as Float32Array,
+      taps,
+      ...(projected ? { projection: reply.frames[1] as Float32Array } : {}),
+    };
+  }
+
+  /**
+   * Has the stage load its share of the drafter's context projection (the fc blocks of the taps it
+   * produces, `DrafterPlugin.loadProjection`); its forwards then return the accumulator instead of those
+   * taps. `undefined`: drop it (raw taps again).
+   * @returns the tensor reads the stage made.
+   * @throws {PipelineStageError} with the stage's error (e.g. a plugin without loadProjection).
+   */
+  loadProjection(spec: ProjectionSpec | undefined): TensorRead[] {
+    this.checkAlive();
+    const reply = this.exchange({
+      header: spec === undefined ? { type: 'projection' } : { type: 'projection', dir: spec.dir, taps: spec.taps },
+      frames: [],
+    });
+    return reply.header.reads as TensorRead[];
+  }
+
+  /** One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. */
+  private exchange(msg: Message): Message {
+    let reply: Message;
+    try {
+      this.channel.send(msg);
+      reply = this.channel.receive();
+    } catch (err) {
+      if (!(err instanceof PeerGoneError)) throw err;
+      this.dead = new PipelineStageError(`${this.name()} ${exitDescription(this.child)}`, { cause: err });
+      throw this.dead;
+    }
+    const h = reply.header;
+    if (h.type === 'error') throw new PipelineStageError(`${this.name()}: ${String(h.name)}: ${String(h.message)}`);
+    return reply;
+  }
+
+  /** Records a commit for the stage's latest forward (sent with the next request). */
+  commitPrefix(cache: SequenceCache, _result: ForwardResult, id: SequenceId, committed: number): void {
+    const pc = this.pc(cache);
+    pc.recordFor(this.pipeline!, { op: 'commitPrefix', cache: pc.cacheId, id, committed }, this.index);
+  }
+
+  commitTreePath(cache: SequenceCache, _result: ForwardResult, id: SequenceId, rows: readonly number[]): void {
+    const pc = this.pc(cache);
+    pc.recordFor(this.pipeline!, { op: 'commitTreePath', cache: pc.cacheId, id, rows: [...rows] }, this.index);
+  }
+
+  /** Asks the process to exit, closes the channel and kills it. */
+  dispose(): void {
+    if (this.dead === undefined) {
+      try {
+        this.channel.send({ header: { type: 'exit' }, frames: [] });
+      } catch {
+        /* already gone */
+      }
+    }
+    this.dead ??= new PipelineStageError(`${this.name()}: disposed`);
+    this.channel.close();
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL');
+    untrack(this.child);
+  }
+}

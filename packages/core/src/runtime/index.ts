@@ -1,0 +1,16 @@
+/**
+ * @specd/core runtime: assembles what the CLI, the server, benches and tests run — a target (whole,
+ * tensor parallel, pipeline parallel, or both) and a drafter bound to it — from the plugin packages.
+ */
+export { ggufPathOf, loadTarget, type LoadedTarget } from './target.js';
+export {
+  checkParallelism,
+  loadParallelTarget,
+  loadPipelineTarget,
+  loadTensorParallelTarget,
+  ParallelismError,
+  type ParallelTargetOptions,
+  type PipelineTargetOptions,
+  type TensorParallelTargetOptions,
+} from './parallel.js';
+export { loadDrafter, type DrafterChoice, type LoadedDrafter } from './drafter.js';
