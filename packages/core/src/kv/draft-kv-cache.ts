@@ -164,7 +164,8 @@ export class DraftKvCache {
       if (r.position !== have || !Number.isSafeInteger(r.numTokens) || r.numTokens < 0)
         throw new CacheError(
           'range',
-          `DraftKvCache.extendAll: sequence ${String(r.id)}: expected position ${have} and numTokens >= 0, got position ${r.position}, numTokens ${r.numTokens}`,
+          `DraftKvCache.extendAll: sequence ${String(r.id)}: expected position ${have} and numTokens >= 0, ` +
+            `got position ${r.position}, numTokens ${r.numTokens}`,
         );
     }
     const grown: DraftRows[] = [];
@@ -191,7 +192,8 @@ export class DraftKvCache {
       if (!(Number.isSafeInteger(r.position) && r.position >= 0 && r.position <= have))
         throw new CacheError(
           'range',
-          `DraftKvCache.truncateAll: sequence ${String(r.id)}: position: expected an integer in [0, ${have}], got ${r.position}`,
+          `DraftKvCache.truncateAll: sequence ${String(r.id)}: position: expected an integer in [0, ${have}], ` +
+            `got ${r.position}`,
         );
       this.kvPool?.truncate(r.id, r.position);
       this.lengths.set(r.id, r.position);
@@ -212,12 +214,12 @@ export class DraftKvCache {
     }
   }
 
-  /** The key store of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} without KV. */
+  /** Keys of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} without KV. */
   keys(layer: number): Float32Array {
     return this.pool.layerStore(2 * layer);
   }
 
-  /** The value store of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} without KV. */
+  /** Values of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} without KV. */
   values(layer: number): Float32Array {
     return this.pool.layerStore(2 * layer + 1);
   }
