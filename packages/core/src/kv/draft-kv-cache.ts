@@ -214,12 +214,12 @@ export class DraftKvCache {
     }
   }
 
-  /** Keys of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} without KV. */
+  /** Keys of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} no KV. */
   keys(layer: number): Float32Array {
     return this.pool.layerStore(2 * layer);
   }
 
-  /** Values of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} without KV. */
+  /** Values of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} no KV. */
   values(layer: number): Float32Array {
     return this.pool.layerStore(2 * layer + 1);
   }
