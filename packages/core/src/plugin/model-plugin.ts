@@ -286,6 +286,8 @@ export interface LoadedShard {
 
 /** A target architecture. */
 export interface ModelPlugin {
+  /** The plugin API version it was built for: core's `PLUGIN_API_VERSION` (a mismatch is refused at load). */
+  readonly apiVersion: number;
   /** Plugin name, e.g. `'kimi-k3'`. */
   readonly name: string;
   /** `config.json` `model_type` values it accepts. */
