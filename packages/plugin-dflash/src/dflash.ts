@@ -14,9 +14,10 @@
  *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the target's lm_head;
  *   slot j (1 … B − 1) predicts the token at position p + j. The block's KV is discarded after.
  *
- * Draft KV: one core {@link PagedKvPool} whose "layers" are K of draft layer j (id 2j) and V (id
- * 2j + 1), `numKvHeads · headDim` f32 per token, NHD pages — the layout of @specd/native's
- * `pagedAttention`; one block table per sequence shared by all layers.
+ * Draft KV: core's {@link DraftKvCache} — K and V of every draft layer (pool "layers" 2j and 2j + 1),
+ * `numKvHeads · headDim` f32 per token, NHD pages (@specd/native's `pagedAttention` layout); one block
+ * table per sequence shared by all layers. Sequence bookkeeping (add / free / context length / pages in
+ * use) is core's {@link DrafterBase}.
  *
  * Tensor parallelism ({@link loadDFlashShard}; core's `DrafterPlugin.loadShard`): rank r of N holds
  * q_proj rows of its heads, k/v_proj rows of its KV heads (one replicated head when N exceeds the KV
@@ -29,9 +30,10 @@
  */
 
 import {
+  DrafterBase,
   DrafterError,
+  DraftKvCache,
   DraftShard,
-  PagedKvPool,
   TapProjection,
   WeightReader,
   draftShardLayout,
@@ -40,11 +42,11 @@ import {
   sliceColumns,
   type ContextSpan,
   type DraftBatch,
-  type Drafter,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
   type DraftProposal,
+  type PagedKvPool,
   type ProjectionLoadOptions,
   type SequenceId,
   type StageInfo,
@@ -59,15 +61,10 @@ import {
   rmsNorm,
   rmsNormPerHead,
   swigluFused,
-  writeKvPages,
-  type KvPageLayout,
   type PackedBf16Weights,
 } from '@specd/native';
 
 import type { DFlashConfig } from './config.js';
-
-/** Tokens per draft KV page. */
-const DRAFT_PAGE_SIZE = 16;
 
 /** A draft layer's context-KV path (all a context-KV-only drafter loads). */
 interface DraftLayerKvWeights {
@@ -248,7 +245,8 @@ function buildDFlash(
           },
     );
   }
-  const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
+  // a block's B rows are temporary: context + B per sequence at most
+  const numPages = DraftKvCache.pagesFor(options.maxSequences, options.maxTokensPerSequence + c.blockSize);
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
   const drafter = new DFlashDrafter(
     c,
@@ -257,7 +255,7 @@ function buildDFlash(
     r.f32('hidden_norm.weight', [D]),
     finalNorm,
     layers,
-    options.maxSequences * pagesPerSeq,
+    numPages,
     tp,
   );
   return { drafter, reads: r.reads };
@@ -287,12 +285,11 @@ export function loadDFlashProjection(
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
-export class DFlashDrafter implements Drafter {
+export class DFlashDrafter extends DrafterBase {
   readonly method = 'dflash';
   readonly maxDraftTokens: number;
   /** Draft KV (see the module comment). */
-  readonly pool: PagedKvPool;
-  private readonly layout: KvPageLayout;
+  readonly kv: DraftKvCache;
   /** Query heads, KV heads and intermediate width this rank computes (the whole model's without tensor parallelism). */
   private readonly heads: number;
   private readonly kvHeads: number;
@@ -311,28 +308,25 @@ export class DFlashDrafter implements Drafter {
     /** The rank's tensor-parallel group and blocks; undefined = the whole draft model on this thread. */
     readonly tp?: DraftShard,
   ) {
+    const kvHeads = tp?.kvHeads ?? config.numKvHeads;
+    const kv = new DraftKvCache({
+      numLayers: config.layerTypes.length,
+      numKvHeads: kvHeads,
+      headDim: config.headDim,
+      numPages,
+    });
+    super(kv);
     const c = config;
+    this.kv = kv;
     this.maxDraftTokens = c.blockSize - 1;
     this.heads = tp?.heads ?? c.numHeads;
-    this.kvHeads = tp?.kvHeads ?? c.numKvHeads;
+    this.kvHeads = kvHeads;
     this.inter = tp?.intermediate ?? c.intermediateSize;
-    this.pool = new PagedKvPool({
-      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]),
-      floatsPerToken: this.kvHeads * c.headDim,
-      pageSize: DRAFT_PAGE_SIZE,
-      numPages,
-    });
-    this.layout = Object.freeze({
-      numPages,
-      pageSize: DRAFT_PAGE_SIZE,
-      numKvHeads: this.kvHeads,
-      headDim: c.headDim,
-      kvLayout: 'NHD',
-    });
   }
 
-  get pagesInUse(): number {
-    return this.pool.pagesInUse;
+  /** The draft KV pages (block tables, token offsets, K/V stores). */
+  get pool(): PagedKvPool {
+    return this.kv.pool;
   }
 
   /** Whether only the projection and the draft KV path are loaded ({@link DFlashLoadParts.contextOnly}): no block forward. */
@@ -340,7 +334,7 @@ export class DFlashDrafter implements Drafter {
     return this.finalNorm === undefined;
   }
 
-  captureSetter(target: StageInfo): readonly number[] {
+  override captureSetter(target: StageInfo): readonly number[] {
     const bad = this.config.taps.filter((t) => t > target.numLayers);
     if (bad.length > 0)
       throw new DrafterError(
@@ -349,7 +343,7 @@ export class DFlashDrafter implements Drafter {
     return this.config.taps;
   }
 
-  projectTargetHiddenPartial(
+  override projectTargetHiddenPartial(
     stageTaps: ReadonlyMap<number, Float32Array>,
     numTokens: number,
     accumulator?: Float32Array,
@@ -357,7 +351,7 @@ export class DFlashDrafter implements Drafter {
     return this.projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
-  writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+  override writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
     const c = this.config;
     const n = spans.reduce((a, s) => a + s.numTokens, 0);
     if (sum.length !== n * c.hiddenSize)
@@ -365,31 +359,16 @@ export class DFlashDrafter implements Drafter {
         `dflash: writeProjectedContextKV: sum: expected [${n}, ${c.hiddenSize}] f32, got length ${sum.length}`,
       );
     if (n === 0) return;
-    for (const s of spans) {
-      const have = this.pool.length(s.id);
-      if (s.position !== have)
-        throw new DrafterError(
-          `dflash: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`,
-        );
-    }
+    for (const s of spans) this.checkContextPosition(s, 'writeProjectedContextKV');
     const positions = new Int32Array(n);
     let at = 0;
     for (const s of spans) for (let i = 0; i < s.numTokens; i++) positions[at++] = s.position + i;
-    const grown: ContextSpan[] = [];
-    try {
-      for (const s of spans) {
-        this.pool.extend(s.id, s.position + s.numTokens);
-        grown.push(s);
-      }
-    } catch (err) {
-      for (const s of grown) this.pool.truncate(s.id, s.position);
-      throw err;
-    }
-    const slots = this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens })));
+    this.kv.extendAll(spans);
+    const slots = this.kv.slots(spans);
     const f = rmsNorm(sum, this.hiddenNorm, c.rmsNormEps);
     this.layers.forEach((w, j) => {
       const [k, v] = this.keysValues(w, f, positions);
-      writeKvPages(this.layout, k, v, this.pool.layerStore(2 * j), this.pool.layerStore(2 * j + 1), slots);
+      this.kv.write(j, k, v, slots);
     });
   }
 
@@ -406,10 +385,7 @@ export class DFlashDrafter implements Drafter {
       );
     if (S === 0) return [];
     seqs.forEach((s, i) => {
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1))
-        throw new DrafterError(
-          `dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`,
-        );
+      this.checkMaxDrafts(s, i, B - 1);
     });
     const h = this.runBlocks(seqs);
     // rows 1 … k of every block (already final-normed) → target lm_head (under tensor parallelism a
@@ -459,11 +435,7 @@ export class DFlashDrafter implements Drafter {
     const S = seqs.length;
     const N = S * B;
     seqs.forEach((s, i) => {
-      const have = this.pool.length(s.id);
-      if (s.position !== have)
-        throw new DrafterError(
-          `dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`,
-        );
+      this.checkProposePosition(s, i);
     });
     const finalNorm = this.finalNorm;
     if (finalNorm === undefined)
@@ -475,13 +447,10 @@ export class DFlashDrafter implements Drafter {
       tokens[i * B] = s.lastToken;
       for (let j = 0; j < B; j++) positions[i * B + j] = s.position + j;
     });
-    const grown: (typeof seqs)[number][] = [];
-    try {
-      for (const s of seqs) {
-        this.pool.extend(s.id, s.position + B);
-        grown.push(s);
-      }
-      const slots = this.pool.tokenSlots(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
+    // the block's rows are temporary: written after the context, dropped afterwards
+    const blockRows = seqs.map((s) => ({ id: s.id, position: s.position, numTokens: B }));
+    return this.kv.withRows(blockRows, () => {
+      const slots = this.kv.slots(blockRows);
       const attnBatch = makePagedBatch(
         seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })),
       );
@@ -493,10 +462,8 @@ export class DFlashDrafter implements Drafter {
         const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
         applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
         const [k, v] = this.keysValues(w, x, positions);
-        const kPool = this.pool.layerStore(2 * j);
-        const vPool = this.pool.layerStore(2 * j + 1);
-        writeKvPages(this.layout, k, v, kPool, vPool, slots);
-        const a = pagedAttention(q, kPool, vPool, this.layout, attnBatch, {
+        this.kv.write(j, k, v, slots);
+        const a = pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, {
           numHeads: H,
           scale: 1 / Math.sqrt(hd),
           mask: b.sliding ? 'causal' : 'non-causal',
@@ -509,34 +476,13 @@ export class DFlashDrafter implements Drafter {
         for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
       }
       return rmsNorm(h, finalNorm, c.rmsNormEps);
-    } finally {
-      for (const s of grown) this.pool.truncate(s.id, s.position);
-    }
+    });
   }
 
-  buildPDInput(id: SequenceId): unknown {
-    throw new DrafterError(`dflash: buildPDInput(${String(id)}): prefill/decode hand-over is not supported yet`);
-  }
-
-  acceptPDInput(_payload: unknown): void {
-    throw new DrafterError('dflash: acceptPDInput: prefill/decode hand-over is not supported yet');
-  }
-
-  addSequence(id: SequenceId): void {
-    this.pool.addSequence(id);
-  }
-
-  contextLength(id: SequenceId): number {
-    return this.pool.length(id);
-  }
-
-  freeSequence(id: SequenceId): void {
-    this.pool.free(id);
-  }
-
-  dispose(): void {
+  override dispose(): void {
     this.layers = [];
     this.projection.dispose();
+    super.dispose();
   }
 
   /** The rank's row-parallel partial summed over the ranks (identity without tensor parallelism). */
