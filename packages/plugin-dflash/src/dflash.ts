@@ -36,11 +36,14 @@ import {
   DraftShard,
   TapProjection,
   WeightReader,
+  denseBlock,
   draftShardLayout,
+  packShard,
   sampleFromProbs,
   samplingProbs,
   sliceColumns,
   type ContextSpan,
+  type DenseBlockWeights,
   type DraftBatch,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
@@ -49,6 +52,7 @@ import {
   type PagedKvPool,
   type ProjectionLoadOptions,
   type SequenceId,
+  type ShardPart,
   type StageInfo,
   type StageModel,
 } from '@specd/core';
@@ -60,7 +64,6 @@ import {
   pagedAttention,
   rmsNorm,
   rmsNormPerHead,
-  swigluFused,
   type PackedBf16Weights,
 } from '@specd/native';
 
@@ -73,20 +76,12 @@ interface DraftLayerKvWeights {
   readonly kNorm: Float32Array;
 }
 
-/** The rest of a draft layer (the block forward only). */
-interface DraftLayerBlockWeights {
+/** The rest of a draft layer (the block forward only): core's dense block weights plus the attention's own. */
+interface DraftLayerBlockWeights extends DenseBlockWeights {
   readonly sliding: boolean;
-  readonly inputNorm: Float32Array;
-  readonly postNorm: Float32Array;
   /** q_proj `[H·hd, D]`. */
   readonly q: PackedBf16Weights;
-  /** o_proj `[D, H·hd]`. */
-  readonly o: PackedBf16Weights;
   readonly qNorm: Float32Array;
-  /** gate_proj ; up_proj stacked `[2·I, D]`. */
-  readonly gateUp: PackedBf16Weights;
-  /** down_proj `[D, I]`. */
-  readonly down: PackedBf16Weights;
 }
 
 /** A draft layer: its KV path, and the block weights unless loaded context-KV-only. */
@@ -187,29 +182,16 @@ function buildDFlash(
   const hd = c.headDim;
   const I = c.intermediateSize;
   const layers: DraftLayerWeights[] = [];
-  // the rank's blocks (whole matrices without tensor parallelism)
-  const qRows = tp === undefined ? undefined : { rows: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
-  const kvRows =
-    tp === undefined ? undefined : { rows: [tp.layout.kvHeads[0] * hd, tp.layout.kvHeads[1] * hd] as const };
-  const oCols = tp === undefined ? undefined : { cols: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
-  const iRows = tp === undefined ? undefined : { rows: tp.layout.intermediate };
-  const iCols = tp === undefined ? undefined : { cols: tp.layout.intermediate };
-  const block = (
-    name: string,
-    n: number,
-    k: number,
-    b: { rows?: readonly [number, number]; cols?: readonly [number, number] } | undefined,
-  ) => ({ name, n, k, ...(b === undefined ? {} : { block: b }) });
+  // whole matrices, or the rank's blocks under tensor parallelism
+  const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
+  const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {
-      kv:
-        tp === undefined
-          ? r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D)
-          : r.packedBlocks([
-              block(`${p}self_attn.k_proj.weight`, KV * hd, D, kvRows),
-              block(`${p}self_attn.v_proj.weight`, KV * hd, D, kvRows),
-            ]),
+      kv: pack([
+        { name: `${p}self_attn.k_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },
+        { name: `${p}self_attn.v_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },
+      ]),
       kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
     };
     layers.push(
@@ -221,26 +203,14 @@ function buildDFlash(
               sliding: c.layerTypes[j] === 'sliding_attention',
               inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
               postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-              q:
-                tp === undefined
-                  ? r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D)
-                  : r.packedBlocks([block(`${p}self_attn.q_proj.weight`, H * hd, D, qRows)]),
-              o:
-                tp === undefined
-                  ? r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd)
-                  : r.packedBlocks([block(`${p}self_attn.o_proj.weight`, D, H * hd, oCols)]),
+              q: pack([{ name: `${p}self_attn.q_proj.weight`, n: H * hd, k: D, split: 'heads' }]),
+              o: pack([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' }]),
               qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
-              gateUp:
-                tp === undefined
-                  ? r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D)
-                  : r.packedBlocks([
-                      block(`${p}mlp.gate_proj.weight`, I, D, iRows),
-                      block(`${p}mlp.up_proj.weight`, I, D, iRows),
-                    ]),
-              down:
-                tp === undefined
-                  ? r.packedRows([`${p}mlp.down_proj.weight`], [D], I)
-                  : r.packedBlocks([block(`${p}mlp.down_proj.weight`, D, I, iCols)]),
+              gateUp: pack([
+                { name: `${p}mlp.gate_proj.weight`, n: I, k: D, split: 'intermediate' },
+                { name: `${p}mlp.up_proj.weight`, n: I, k: D, split: 'intermediate' },
+              ]),
+              down: pack([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' }]),
             },
           },
     );
@@ -456,24 +426,28 @@ export class DFlashDrafter extends DrafterBase {
       );
       const h =
         this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, c.hiddenSize);
+      const block = { eps: c.rmsNormEps, intermediate: this.inter, reduce: (x: Float32Array) => this.reduce(x) };
       for (const [j, w] of this.layers.entries()) {
         const b = w.block!; // present whenever finalNorm is
-        const x = rmsNorm(h, b.inputNorm, c.rmsNormEps);
-        const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
-        applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
-        const [k, v] = this.keysValues(w, x, positions);
-        this.kv.write(j, k, v, slots);
-        const a = pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, {
-          numHeads: H,
-          scale: 1 / Math.sqrt(hd),
-          mask: b.sliding ? 'causal' : 'non-causal',
-          slidingWindow: b.sliding ? c.slidingWindow : 0,
-        });
-        const o = this.reduce(gemmBf16(a, N, b.o));
-        for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
-        const xm = rmsNorm(h, b.postNorm, c.rmsNormEps);
-        const m = this.reduce(gemmBf16(swigluFused(gemmBf16(xm, N, b.gateUp), this.inter), N, b.down));
-        for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
+        // core's dense block around DFlash's attention: q/k norms, RoPE, the block's K/V after the context
+        denseBlock(
+          h,
+          N,
+          b,
+          (x) => {
+            const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
+            applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
+            const [k, v] = this.keysValues(w, x, positions);
+            this.kv.write(j, k, v, slots);
+            return pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, {
+              numHeads: H,
+              scale: 1 / Math.sqrt(hd),
+              mask: b.sliding ? 'causal' : 'non-causal',
+              slidingWindow: b.sliding ? c.slidingWindow : 0,
+            });
+          },
+          block,
+        );
       }
       return rmsNorm(h, finalNorm, c.rmsNormEps);
     });

@@ -11,10 +11,12 @@ import {
   TapProjection,
   WeightReader,
   draftShardLayout,
+  packShard,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
   type ProjectionLoadOptions,
+  type ShardPart,
 } from '@specd/core';
 
 import { EAGLE3_DEFAULT_DRAFT_TOKENS, parseEagle3Settings, type Eagle3Config } from './config.js';
@@ -180,69 +182,31 @@ function buildEagle3(
   const KV = c.numKvHeads;
   const hd = c.headDim;
   const I = c.intermediateSize;
-  const qkvNames = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`);
-  let w: Eagle3Weights;
-  if (tp === undefined) {
-    w = {
-      projection,
-      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
-      hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
-      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-      finalNorm: r.f32('norm.weight', [D]),
-      q: r.packedRows(qkvNames.slice(0, 1), [H * hd], 2 * D),
-      qkv: r.packedRows(qkvNames, [H * hd, KV * hd, KV * hd], 2 * D),
-      kv: r.packedRows(qkvNames.slice(1), [KV * hd, KV * hd], 2 * D),
-      o: r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd),
-      gateUp: r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
-      down: r.packedRows([`${p}mlp.down_proj.weight`], [D], I),
-      lmHead: r.packedRows(['lm_head.weight'], [Vd], D),
-      draftToTarget,
-    };
-  } else {
-    // the rank's blocks; fc, norm and lm_head on rank 0 only
-    const L = tp.layout;
-    const qBlock = {
-      name: qkvNames[0]!,
-      n: H * hd,
-      k: 2 * D,
-      block: { rows: [L.heads[0] * hd, L.heads[1] * hd] as const },
-    };
-    const kvBlock = (name: string) => ({
-      name,
-      n: KV * hd,
-      k: 2 * D,
-      block: { rows: [L.kvHeads[0] * hd, L.kvHeads[1] * hd] as const },
-    });
-    w = {
-      projection,
-      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
-      hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
-      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-      ...(root ? { finalNorm: r.f32('norm.weight', [D]) } : {}),
-      q: r.packedBlocks([qBlock]),
-      qkv: r.packedBlocks([qBlock, kvBlock(qkvNames[1]!), kvBlock(qkvNames[2]!)]),
-      kv: r.packedBlocks([kvBlock(qkvNames[1]!), kvBlock(qkvNames[2]!)]),
-      o: r.packedBlocks([
-        {
-          name: `${p}self_attn.o_proj.weight`,
-          n: D,
-          k: H * hd,
-          block: { cols: [L.heads[0] * hd, L.heads[1] * hd] as const },
-        },
-      ]),
-      gateUp: r.packedBlocks(
-        [`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`].map((name) => ({
-          name,
-          n: I,
-          k: D,
-          block: { rows: L.intermediate },
-        })),
-      ),
-      down: r.packedBlocks([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, block: { cols: L.intermediate } }]),
-      ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
-      draftToTarget,
-    };
-  }
+  const [q, k, v] = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`) as [string, string, string];
+  // whole matrices, or the rank's blocks under tensor parallelism; fc, norm and lm_head on rank 0 only
+  const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
+  const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
+  const qPart: ShardPart = { name: q, n: H * hd, k: 2 * D, split: 'heads' };
+  const kPart: ShardPart = { name: k, n: KV * hd, k: 2 * D, split: 'kvHeads' };
+  const vPart: ShardPart = { name: v, n: KV * hd, k: 2 * D, split: 'kvHeads' };
+  const w: Eagle3Weights = {
+    projection,
+    inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+    hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
+    postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+    ...(root ? { finalNorm: r.f32('norm.weight', [D]) } : {}),
+    q: pack([qPart]),
+    qkv: pack([qPart, kPart, vPart]),
+    kv: pack([kPart, vPart]),
+    o: pack([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' }]),
+    gateUp: pack([
+      { name: `${p}mlp.gate_proj.weight`, n: I, k: D, split: 'intermediate' },
+      { name: `${p}mlp.up_proj.weight`, n: I, k: D, split: 'intermediate' },
+    ]),
+    down: pack([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' }]),
+    ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
+    draftToTarget,
+  };
   const maxDraftTokens =
     tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
   // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most

@@ -7,18 +7,20 @@
 
 import {
   DrafterError,
+  denseBlockOutput,
   sliceColumns,
   type DraftSequence,
+  type DenseBlockOutputWeights,
   type DraftShard,
   type StageModel,
   type TapProjection,
 } from '@specd/core';
-import { applyRope, gemmBf16, rmsNorm, swigluFused, type PackedBf16Weights } from '@specd/native';
+import { applyRope, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import type { Eagle3Config } from './config.js';
 
-/** The packed weights of the draft (one decoder layer + head). */
-export interface Eagle3Weights {
+/** The packed weights of the draft (one decoder layer + head; its o_proj and MLP are core's dense block's). */
+export interface Eagle3Weights extends DenseBlockOutputWeights {
   /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
   readonly projection: TapProjection;
   readonly inputNorm: Float32Array;
@@ -153,12 +155,12 @@ export class Eagle3Model {
     const c = this.config;
     const w = this.weights();
     const h = c.normBeforeResidual ? rmsNorm(g, w.hiddenNorm, c.rmsNormEps) : Float32Array.from(g);
-    const o = this.reduce(gemmBf16(a, n, w.o));
-    for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
-    const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
-    const m = this.reduce(gemmBf16(swigluFused(gemmBf16(xm, n, w.gateUp), this.inter), n, w.down));
-    for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
-    return h;
+    // core's dense block after attention: o_proj → residual → norm → SwiGLU → residual
+    return denseBlockOutput(h, a, n, w, {
+      eps: c.rmsNormEps,
+      intermediate: this.inter,
+      reduce: (x) => this.reduce(x),
+    });
   }
 
   /** Draft-vocabulary logits lm_head(norm(h)) of `n` rows `h [n, D]` → `[n, draftVocab]` f32 (rank 0 only). */
