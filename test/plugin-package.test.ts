@@ -113,6 +113,22 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
     expect(bad.stderr).toMatch(/min_ngram/);
   });
 
+  it('declares the plugin API version it is built for; a build for another version is refused at load', () => {
+    const installed = path.join(project, 'node_modules', PKG);
+    const index = fs.readFileSync(path.join(installed, 'dist/index.js'), 'utf8');
+    expect(index).toMatch(/apiVersion: 1,/);
+    // the same package as if built for a future core: another directory name, apiVersion 2
+    const old = path.join(project, 'node_modules', `${PKG}-v2`);
+    fs.cpSync(installed, old, { recursive: true });
+    fs.writeFileSync(path.join(old, 'dist/index.js'), index.replace('apiVersion: 1,', 'apiVersion: 2,'));
+    const r = specd(['plugins', '--plugins', `${PKG}-v2,@specd/model-kimi-k3`, '--json']);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain(
+      `plugin package "${PKG}-v2": drafter plugin "prompt-lookup" was built for plugin API version 2; ` +
+        'this specd implements plugin API version 1',
+    );
+  });
+
   it('greedy output equals --no-spec output, with drafts made and some accepted', () => {
     const common = [
       'generate',

@@ -11,6 +11,8 @@ import { parseSettings, PROMPT_LOOKUP_METHOD, PROMPT_LOOKUP_SCHEMA } from './con
 import { PromptLookupDrafter } from './drafter.js';
 
 export const promptLookupPlugin: DrafterPlugin = Object.freeze({
+  // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
+  apiVersion: 1,
   method: PROMPT_LOOKUP_METHOD,
   architectures: Object.freeze([]) as readonly string[],
   schema: PROMPT_LOOKUP_SCHEMA,

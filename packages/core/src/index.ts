@@ -1,6 +1,7 @@
 export * from './io/index.js';
 export * from './kv/index.js';
 export * from './plugin/index.js';
+export * from './model/index.js';
 export * from './engine/index.js';
 export * from './config/index.js';
 export * from './serve/index.js';

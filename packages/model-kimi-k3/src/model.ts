@@ -118,6 +118,7 @@ export class KimiStageModel implements StageModel {
     readonly comm?: TpComm,
   ) {
     const c = config;
+    const kdaLayers = c.layerKinds.flatMap((k, i) => (k === 'kda' ? [i] : []));
     this.info = Object.freeze({
       numLayers: c.numLayers,
       layerStart,
@@ -127,6 +128,8 @@ export class KimiStageModel implements StageModel {
       isFirst: layerStart === 0,
       isLast: layerEnd === c.numLayers,
       layerKinds: c.layerKinds,
+      // KDA layers keep recurrent state: a token tree would need one state per branch
+      ...(kdaLayers.length === 0 ? {} : { treeVerificationBlocker: `KDA layers (layers ${kdaLayers.join(', ')})` }),
     });
     const own = (kind: string) =>
       c.layerKinds.flatMap((k, i) => (k === kind && i >= layerStart && i < layerEnd ? [i] : []));

@@ -13,6 +13,8 @@ import { loadKimiShard, loadKimiStageAsync } from './model.js';
 
 /** Accepts model_type "kimi_k3" / "kimi_linear" (architecture KimiLinearForCausalLM). */
 export const kimiPlugin: ModelPlugin = Object.freeze({
+  // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
+  apiVersion: 1,
   name: 'kimi-k3',
   modelTypes: KIMI_MODEL_TYPES,
   architectures: KIMI_ARCHITECTURES,

@@ -32,6 +32,8 @@ function ggufWeightMode(): GgufWeightMode {
 }
 
 export const llamaPlugin: ModelPlugin = Object.freeze({
+  // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
+  apiVersion: 1,
   name: 'llama',
   modelTypes: LLAMA_MODEL_TYPES,
   architectures: LLAMA_ARCHITECTURES,

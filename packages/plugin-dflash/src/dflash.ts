@@ -14,9 +14,10 @@
  *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the target's lm_head;
  *   slot j (1 … B − 1) predicts the token at position p + j. The block's KV is discarded after.
  *
- * Draft KV: one core {@link PagedKvPool} whose "layers" are K of draft layer j (id 2j) and V (id
- * 2j + 1), `numKvHeads · headDim` f32 per token, NHD pages — the layout of @specd/native's
- * `pagedAttention`; one block table per sequence shared by all layers.
+ * Draft KV: core's {@link DraftKvCache} — K and V of every draft layer (pool "layers" 2j and 2j + 1),
+ * `numKvHeads · headDim` f32 per token, NHD pages (@specd/native's `pagedAttention` layout); one block
+ * table per sequence shared by all layers. Sequence bookkeeping (add / free / context length / pages in
+ * use) is core's {@link DrafterBase}.
  *
  * Tensor parallelism ({@link loadDFlashShard}; core's `DrafterPlugin.loadShard`): rank r of N holds
  * q_proj rows of its heads, k/v_proj rows of its KV heads (one replicated head when N exceeds the KV
@@ -29,24 +30,29 @@
  */
 
 import {
+  DrafterBase,
   DrafterError,
+  DraftKvCache,
   DraftShard,
-  PagedKvPool,
   TapProjection,
   WeightReader,
+  denseBlock,
   draftShardLayout,
+  packShard,
   sampleFromProbs,
   samplingProbs,
   sliceColumns,
   type ContextSpan,
+  type DenseBlockWeights,
   type DraftBatch,
-  type Drafter,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
   type DraftProposal,
+  type PagedKvPool,
   type ProjectionLoadOptions,
   type SequenceId,
+  type ShardPart,
   type StageInfo,
   type StageModel,
 } from '@specd/core';
@@ -58,16 +64,10 @@ import {
   pagedAttention,
   rmsNorm,
   rmsNormPerHead,
-  swigluFused,
-  writeKvPages,
-  type KvPageLayout,
   type PackedBf16Weights,
 } from '@specd/native';
 
 import type { DFlashConfig } from './config.js';
-
-/** Tokens per draft KV page. */
-const DRAFT_PAGE_SIZE = 16;
 
 /** A draft layer's context-KV path (all a context-KV-only drafter loads). */
 interface DraftLayerKvWeights {
@@ -76,20 +76,12 @@ interface DraftLayerKvWeights {
   readonly kNorm: Float32Array;
 }
 
-/** The rest of a draft layer (the block forward only). */
-interface DraftLayerBlockWeights {
+/** The rest of a draft layer (the block forward only): core's dense block weights plus the attention's own. */
+interface DraftLayerBlockWeights extends DenseBlockWeights {
   readonly sliding: boolean;
-  readonly inputNorm: Float32Array;
-  readonly postNorm: Float32Array;
   /** q_proj `[H·hd, D]`. */
   readonly q: PackedBf16Weights;
-  /** o_proj `[D, H·hd]`. */
-  readonly o: PackedBf16Weights;
   readonly qNorm: Float32Array;
-  /** gate_proj ; up_proj stacked `[2·I, D]`. */
-  readonly gateUp: PackedBf16Weights;
-  /** down_proj `[D, I]`. */
-  readonly down: PackedBf16Weights;
 }
 
 /** A draft layer: its KV path, and the block weights unless loaded context-KV-only. */
@@ -190,29 +182,16 @@ function buildDFlash(
   const hd = c.headDim;
   const I = c.intermediateSize;
   const layers: DraftLayerWeights[] = [];
-  // the rank's blocks (whole matrices without tensor parallelism)
-  const qRows = tp === undefined ? undefined : { rows: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
-  const kvRows =
-    tp === undefined ? undefined : { rows: [tp.layout.kvHeads[0] * hd, tp.layout.kvHeads[1] * hd] as const };
-  const oCols = tp === undefined ? undefined : { cols: [tp.layout.heads[0] * hd, tp.layout.heads[1] * hd] as const };
-  const iRows = tp === undefined ? undefined : { rows: tp.layout.intermediate };
-  const iCols = tp === undefined ? undefined : { cols: tp.layout.intermediate };
-  const block = (
-    name: string,
-    n: number,
-    k: number,
-    b: { rows?: readonly [number, number]; cols?: readonly [number, number] } | undefined,
-  ) => ({ name, n, k, ...(b === undefined ? {} : { block: b }) });
+  // whole matrices, or the rank's blocks under tensor parallelism
+  const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
+  const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {
-      kv:
-        tp === undefined
-          ? r.packedRows([`${p}self_attn.k_proj.weight`, `${p}self_attn.v_proj.weight`], [KV * hd, KV * hd], D)
-          : r.packedBlocks([
-              block(`${p}self_attn.k_proj.weight`, KV * hd, D, kvRows),
-              block(`${p}self_attn.v_proj.weight`, KV * hd, D, kvRows),
-            ]),
+      kv: pack([
+        { name: `${p}self_attn.k_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },
+        { name: `${p}self_attn.v_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },
+      ]),
       kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
     };
     layers.push(
@@ -224,31 +203,20 @@ function buildDFlash(
               sliding: c.layerTypes[j] === 'sliding_attention',
               inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
               postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-              q:
-                tp === undefined
-                  ? r.packedRows([`${p}self_attn.q_proj.weight`], [H * hd], D)
-                  : r.packedBlocks([block(`${p}self_attn.q_proj.weight`, H * hd, D, qRows)]),
-              o:
-                tp === undefined
-                  ? r.packedRows([`${p}self_attn.o_proj.weight`], [D], H * hd)
-                  : r.packedBlocks([block(`${p}self_attn.o_proj.weight`, D, H * hd, oCols)]),
+              q: pack([{ name: `${p}self_attn.q_proj.weight`, n: H * hd, k: D, split: 'heads' }]),
+              o: pack([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' }]),
               qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
-              gateUp:
-                tp === undefined
-                  ? r.packedRows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D)
-                  : r.packedBlocks([
-                      block(`${p}mlp.gate_proj.weight`, I, D, iRows),
-                      block(`${p}mlp.up_proj.weight`, I, D, iRows),
-                    ]),
-              down:
-                tp === undefined
-                  ? r.packedRows([`${p}mlp.down_proj.weight`], [D], I)
-                  : r.packedBlocks([block(`${p}mlp.down_proj.weight`, D, I, iCols)]),
+              gateUp: pack([
+                { name: `${p}mlp.gate_proj.weight`, n: I, k: D, split: 'intermediate' },
+                { name: `${p}mlp.up_proj.weight`, n: I, k: D, split: 'intermediate' },
+              ]),
+              down: pack([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' }]),
             },
           },
     );
   }
-  const pagesPerSeq = Math.ceil((options.maxTokensPerSequence + c.blockSize) / DRAFT_PAGE_SIZE) + 1;
+  // a block's B rows are temporary: context + B per sequence at most
+  const numPages = DraftKvCache.pagesFor(options.maxSequences, options.maxTokensPerSequence + c.blockSize);
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
   const drafter = new DFlashDrafter(
     c,
@@ -257,7 +225,7 @@ function buildDFlash(
     r.f32('hidden_norm.weight', [D]),
     finalNorm,
     layers,
-    options.maxSequences * pagesPerSeq,
+    numPages,
     tp,
   );
   return { drafter, reads: r.reads };
@@ -287,12 +255,11 @@ export function loadDFlashProjection(
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
-export class DFlashDrafter implements Drafter {
+export class DFlashDrafter extends DrafterBase {
   readonly method = 'dflash';
   readonly maxDraftTokens: number;
   /** Draft KV (see the module comment). */
-  readonly pool: PagedKvPool;
-  private readonly layout: KvPageLayout;
+  readonly kv: DraftKvCache;
   /** Query heads, KV heads and intermediate width this rank computes (the whole model's without tensor parallelism). */
   private readonly heads: number;
   private readonly kvHeads: number;
@@ -311,28 +278,25 @@ export class DFlashDrafter implements Drafter {
     /** The rank's tensor-parallel group and blocks; undefined = the whole draft model on this thread. */
     readonly tp?: DraftShard,
   ) {
+    const kvHeads = tp?.kvHeads ?? config.numKvHeads;
+    const kv = new DraftKvCache({
+      numLayers: config.layerTypes.length,
+      numKvHeads: kvHeads,
+      headDim: config.headDim,
+      numPages,
+    });
+    super(kv);
     const c = config;
+    this.kv = kv;
     this.maxDraftTokens = c.blockSize - 1;
     this.heads = tp?.heads ?? c.numHeads;
-    this.kvHeads = tp?.kvHeads ?? c.numKvHeads;
+    this.kvHeads = kvHeads;
     this.inter = tp?.intermediate ?? c.intermediateSize;
-    this.pool = new PagedKvPool({
-      layers: c.layerTypes.flatMap((_, j) => [2 * j, 2 * j + 1]),
-      floatsPerToken: this.kvHeads * c.headDim,
-      pageSize: DRAFT_PAGE_SIZE,
-      numPages,
-    });
-    this.layout = Object.freeze({
-      numPages,
-      pageSize: DRAFT_PAGE_SIZE,
-      numKvHeads: this.kvHeads,
-      headDim: c.headDim,
-      kvLayout: 'NHD',
-    });
   }
 
-  get pagesInUse(): number {
-    return this.pool.pagesInUse;
+  /** The draft KV pages (block tables, token offsets, K/V stores). */
+  get pool(): PagedKvPool {
+    return this.kv.pool;
   }
 
   /** Whether only the projection and the draft KV path are loaded ({@link DFlashLoadParts.contextOnly}): no block forward. */
@@ -340,7 +304,7 @@ export class DFlashDrafter implements Drafter {
     return this.finalNorm === undefined;
   }
 
-  captureSetter(target: StageInfo): readonly number[] {
+  override captureSetter(target: StageInfo): readonly number[] {
     const bad = this.config.taps.filter((t) => t > target.numLayers);
     if (bad.length > 0)
       throw new DrafterError(
@@ -349,7 +313,7 @@ export class DFlashDrafter implements Drafter {
     return this.config.taps;
   }
 
-  projectTargetHiddenPartial(
+  override projectTargetHiddenPartial(
     stageTaps: ReadonlyMap<number, Float32Array>,
     numTokens: number,
     accumulator?: Float32Array,
@@ -357,7 +321,7 @@ export class DFlashDrafter implements Drafter {
     return this.projection.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
-  writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+  override writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
     const c = this.config;
     const n = spans.reduce((a, s) => a + s.numTokens, 0);
     if (sum.length !== n * c.hiddenSize)
@@ -365,31 +329,16 @@ export class DFlashDrafter implements Drafter {
         `dflash: writeProjectedContextKV: sum: expected [${n}, ${c.hiddenSize}] f32, got length ${sum.length}`,
       );
     if (n === 0) return;
-    for (const s of spans) {
-      const have = this.pool.length(s.id);
-      if (s.position !== have)
-        throw new DrafterError(
-          `dflash: writeProjectedContextKV: sequence ${String(s.id)}: position ${s.position} is not the draft context length ${have}`,
-        );
-    }
+    for (const s of spans) this.checkContextPosition(s, 'writeProjectedContextKV');
     const positions = new Int32Array(n);
     let at = 0;
     for (const s of spans) for (let i = 0; i < s.numTokens; i++) positions[at++] = s.position + i;
-    const grown: ContextSpan[] = [];
-    try {
-      for (const s of spans) {
-        this.pool.extend(s.id, s.position + s.numTokens);
-        grown.push(s);
-      }
-    } catch (err) {
-      for (const s of grown) this.pool.truncate(s.id, s.position);
-      throw err;
-    }
-    const slots = this.pool.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numTokens })));
+    this.kv.extendAll(spans);
+    const slots = this.kv.slots(spans);
     const f = rmsNorm(sum, this.hiddenNorm, c.rmsNormEps);
     this.layers.forEach((w, j) => {
       const [k, v] = this.keysValues(w, f, positions);
-      writeKvPages(this.layout, k, v, this.pool.layerStore(2 * j), this.pool.layerStore(2 * j + 1), slots);
+      this.kv.write(j, k, v, slots);
     });
   }
 
@@ -406,10 +355,7 @@ export class DFlashDrafter implements Drafter {
       );
     if (S === 0) return [];
     seqs.forEach((s, i) => {
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B - 1))
-        throw new DrafterError(
-          `dflash: propose: sequences[${i}].maxDrafts: expected [1, ${B - 1}], got ${s.maxDrafts}`,
-        );
+      this.checkMaxDrafts(s, i, B - 1);
     });
     const h = this.runBlocks(seqs);
     // rows 1 … k of every block (already final-normed) → target lm_head (under tensor parallelism a
@@ -459,11 +405,7 @@ export class DFlashDrafter implements Drafter {
     const S = seqs.length;
     const N = S * B;
     seqs.forEach((s, i) => {
-      const have = this.pool.length(s.id);
-      if (s.position !== have)
-        throw new DrafterError(
-          `dflash: propose: sequences[${i}] (${String(s.id)}): position ${s.position} is not the draft context length ${have}`,
-        );
+      this.checkProposePosition(s, i);
     });
     const finalNorm = this.finalNorm;
     if (finalNorm === undefined)
@@ -475,68 +417,46 @@ export class DFlashDrafter implements Drafter {
       tokens[i * B] = s.lastToken;
       for (let j = 0; j < B; j++) positions[i * B + j] = s.position + j;
     });
-    const grown: (typeof seqs)[number][] = [];
-    try {
-      for (const s of seqs) {
-        this.pool.extend(s.id, s.position + B);
-        grown.push(s);
-      }
-      const slots = this.pool.tokenSlots(seqs.map((s) => ({ id: s.id, start: s.position, n: B })));
+    // the block's rows are temporary: written after the context, dropped afterwards
+    const blockRows = seqs.map((s) => ({ id: s.id, position: s.position, numTokens: B }));
+    return this.kv.withRows(blockRows, () => {
+      const slots = this.kv.slots(blockRows);
       const attnBatch = makePagedBatch(
         seqs.map((s) => ({ qLen: B, kvLen: s.position + B, pages: this.pool.blockTable(s.id) })),
       );
       const h =
         this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, c.hiddenSize);
+      const block = { eps: c.rmsNormEps, intermediate: this.inter, reduce: (x: Float32Array) => this.reduce(x) };
       for (const [j, w] of this.layers.entries()) {
         const b = w.block!; // present whenever finalNorm is
-        const x = rmsNorm(h, b.inputNorm, c.rmsNormEps);
-        const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
-        applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
-        const [k, v] = this.keysValues(w, x, positions);
-        const kPool = this.pool.layerStore(2 * j);
-        const vPool = this.pool.layerStore(2 * j + 1);
-        writeKvPages(this.layout, k, v, kPool, vPool, slots);
-        const a = pagedAttention(q, kPool, vPool, this.layout, attnBatch, {
-          numHeads: H,
-          scale: 1 / Math.sqrt(hd),
-          mask: b.sliding ? 'causal' : 'non-causal',
-          slidingWindow: b.sliding ? c.slidingWindow : 0,
-        });
-        const o = this.reduce(gemmBf16(a, N, b.o));
-        for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
-        const xm = rmsNorm(h, b.postNorm, c.rmsNormEps);
-        const m = this.reduce(gemmBf16(swigluFused(gemmBf16(xm, N, b.gateUp), this.inter), N, b.down));
-        for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
+        // core's dense block around DFlash's attention: q/k norms, RoPE, the block's K/V after the context
+        denseBlock(
+          h,
+          N,
+          b,
+          (x) => {
+            const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
+            applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
+            const [k, v] = this.keysValues(w, x, positions);
+            this.kv.write(j, k, v, slots);
+            return pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, {
+              numHeads: H,
+              scale: 1 / Math.sqrt(hd),
+              mask: b.sliding ? 'causal' : 'non-causal',
+              slidingWindow: b.sliding ? c.slidingWindow : 0,
+            });
+          },
+          block,
+        );
       }
       return rmsNorm(h, finalNorm, c.rmsNormEps);
-    } finally {
-      for (const s of grown) this.pool.truncate(s.id, s.position);
-    }
+    });
   }
 
-  buildPDInput(id: SequenceId): unknown {
-    throw new DrafterError(`dflash: buildPDInput(${String(id)}): prefill/decode hand-over is not supported yet`);
-  }
-
-  acceptPDInput(_payload: unknown): void {
-    throw new DrafterError('dflash: acceptPDInput: prefill/decode hand-over is not supported yet');
-  }
-
-  addSequence(id: SequenceId): void {
-    this.pool.addSequence(id);
-  }
-
-  contextLength(id: SequenceId): number {
-    return this.pool.length(id);
-  }
-
-  freeSequence(id: SequenceId): void {
-    this.pool.free(id);
-  }
-
-  dispose(): void {
+  override dispose(): void {
     this.layers = [];
     this.projection.dispose();
+    super.dispose();
   }
 
   /** The rank's row-parallel partial summed over the ranks (identity without tensor parallelism). */

@@ -13,6 +13,8 @@ import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig } from './config
 import { loadDFlashDrafter, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
+  // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
+  apiVersion: 1,
   method: 'dflash',
   architectures: DFLASH_ARCHITECTURES,
   schema: DFLASH_SCHEMA,

@@ -23,19 +23,18 @@
  */
 
 import {
+  DrafterBase,
   DrafterError,
   WeightReader,
   sampleFromProbs,
   samplingProbs,
   type ContextSpan,
   type DraftBatch,
-  type Drafter,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
   type DraftProposal,
   type TensorRead,
-  type SequenceId,
   type StageInfo,
   type StageModel,
 } from '@specd/core';
@@ -119,8 +118,11 @@ export interface DSparkHeads {
   readonly confB: number;
 }
 
-/** A loaded DSpark drafter bound to one target stage. */
-export class DSparkDrafter implements Drafter {
+/**
+ * A loaded DSpark drafter bound to one target stage. Its draft context is the backbone's
+ * (`backbone.kv`, shared): core's {@link DrafterBase} keeps the sequence bookkeeping on it.
+ */
+export class DSparkDrafter extends DrafterBase {
   readonly method = 'dspark';
   /** block_size: every slot predicts the next token. */
   readonly maxDraftTokens: number;
@@ -133,11 +135,8 @@ export class DSparkDrafter implements Drafter {
     /** The Markov and confidence heads; undefined when loaded context-KV-only (or disposed). */
     private heads: DSparkHeads | undefined,
   ) {
+    super(backbone.kv);
     this.maxDraftTokens = config.blockSize;
-  }
-
-  get pagesInUse(): number {
-    return this.backbone.pagesInUse;
   }
 
   /** Loaded in context-KV-only mode (see the module comment): projection and draft KV only, never drafts. */
@@ -150,11 +149,11 @@ export class DSparkDrafter implements Drafter {
     return this.backbone.pool;
   }
 
-  captureSetter(target: StageInfo): readonly number[] {
+  override captureSetter(target: StageInfo): readonly number[] {
     return this.backbone.captureSetter(target);
   }
 
-  projectTargetHiddenPartial(
+  override projectTargetHiddenPartial(
     stageTaps: ReadonlyMap<number, Float32Array>,
     numTokens: number,
     accumulator?: Float32Array,
@@ -162,7 +161,7 @@ export class DSparkDrafter implements Drafter {
     return this.backbone.projectTargetHiddenPartial(stageTaps, numTokens, accumulator);
   }
 
-  writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+  override writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
     this.backbone.writeProjectedContextKV(sum, spans);
   }
 
@@ -184,8 +183,7 @@ export class DSparkDrafter implements Drafter {
     const S = seqs.length;
     if (S === 0) return [];
     seqs.forEach((s, i) => {
-      if (!(s.maxDrafts >= 1 && s.maxDrafts <= B))
-        throw new DrafterError(`dspark: propose: sequences[${i}].maxDrafts: expected [1, ${B}], got ${s.maxDrafts}`);
+      this.checkMaxDrafts(s, i, B);
     });
     const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
     // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below);
@@ -253,27 +251,8 @@ export class DSparkDrafter implements Drafter {
     );
   }
 
-  buildPDInput(id: SequenceId): unknown {
-    throw new DrafterError(`dspark: buildPDInput(${String(id)}): prefill/decode hand-over is not supported yet`);
-  }
-
-  acceptPDInput(_payload: unknown): void {
-    throw new DrafterError('dspark: acceptPDInput: prefill/decode hand-over is not supported yet');
-  }
-
-  addSequence(id: SequenceId): void {
-    this.backbone.addSequence(id);
-  }
-
-  contextLength(id: SequenceId): number {
-    return this.backbone.contextLength(id);
-  }
-
-  freeSequence(id: SequenceId): void {
-    this.backbone.freeSequence(id);
-  }
-
-  dispose(): void {
+  /** Drops the heads and the backbone (its weights and the shared draft KV cache). */
+  override dispose(): void {
     this.heads = undefined;
     this.backbone.dispose();
   }

@@ -14,6 +14,8 @@ import { DSPARK_ARCHITECTURES, DSPARK_SCHEMA, parseDSparkConfig } from './config
 import { loadDSparkDrafter, loadDSparkShard } from './dspark.js';
 
 export const dsparkPlugin: DrafterPlugin = Object.freeze({
+  // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
+  apiVersion: 1,
   method: 'dspark',
   architectures: DSPARK_ARCHITECTURES,
   schema: DSPARK_SCHEMA,

@@ -57,7 +57,7 @@ export interface Eagle3Config {
 
 /**
  * A validated `tree` setting of the deployment config: EAGLE-2 dynamic tree, greedy sequences only
- * (refused at load on targets with non-attention layers, e.g. KDA; see eagle3.ts).
+ * (refused at load on targets that cannot verify trees, e.g. with KDA layers: `StageInfo.treeVerificationBlocker`).
  */
 export interface Eagle3TreeSettings {
   readonly topK: number;

@@ -25,10 +25,5 @@ export {
   type Eagle3Settings,
   type Eagle3TreeSettings,
 } from './config.js';
-export {
-  EAGLE3_LAYER_PREFIXES,
-  Eagle3Drafter,
-  loadEagle3Drafter,
-  loadEagle3Projection,
-  loadEagle3Shard,
-} from './eagle3.js';
+export { Eagle3Drafter } from './eagle3.js';
+export { EAGLE3_LAYER_PREFIXES, loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3-load.js';

@@ -13,9 +13,11 @@ import type {
 } from '@specd/core';
 
 import { EAGLE3_ARCHITECTURES, EAGLE3_SCHEMA, parseEagle3Config } from './config.js';
-import { loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3.js';
+import { loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3-load.js';
 
 export const eagle3Plugin: DrafterPlugin = Object.freeze({
+  // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
+  apiVersion: 1,
   method: 'eagle3',
   architectures: EAGLE3_ARCHITECTURES,
   schema: EAGLE3_SCHEMA,

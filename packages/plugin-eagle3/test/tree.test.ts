@@ -1,8 +1,9 @@
 // EAGLE-2-style dynamic-tree drafting (greedy) of the EAGLE-3 drafter. The shipped target (Kimi-K3
-// tiny) has KDA layers, so `tree` is refused on it. The drafter-side tests use the same target
-// behind a proxy that reports every layer as 'attention': drafting reads only the target's
-// embedding and geometry (embedTokens / info), never its layer kinds — those matter for verifying a
-// tree (a tree attention mask), which the engine tests cover on an all-attention target. The
+// tiny) has KDA layers, so `tree` is refused on it (its StageInfo.treeVerificationBlocker names them).
+// The drafter-side tests use the same target behind a proxy that reports every layer as 'attention'
+// and no blocker: drafting reads only the target's embedding and geometry (embedTokens / info) — the
+// layers matter for verifying a tree (a tree attention mask), which the engine tests cover on an
+// all-attention target. The
 // goldens' taps give real draft contexts; the expected trees are rebuilt here from the chain code
 // path (`forcedChainLogits`: a chain whose drafts are forced to a node's ancestor path), so every
 // node's children are checked to be the top_k of the chain step over its path.
@@ -22,7 +23,7 @@ const NAMES = Object.keys(index.goldens);
 
 /** The target, reporting all layers as attention (see the file comment); everything else delegates. */
 function allAttention(t: StageModel): StageModel {
-  const info = { ...t.info, layerKinds: t.info.layerKinds.map(() => 'attention') };
+  const info = { ...t.info, layerKinds: t.info.layerKinds.map(() => 'attention'), treeVerificationBlocker: undefined };
   return new Proxy(t, {
     get(o, p) {
       if (p === 'info') return info;

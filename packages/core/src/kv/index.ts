@@ -1,4 +1,4 @@
-/** @specd/core kv: paged KV pools, linear-attention state slots, per-stage sequence caches. */
+/** @specd/core kv: paged KV pools, linear-attention state slots, per-stage sequence caches, the draft KV cache. */
 export {
   CacheError,
   PagedKvPool,
@@ -15,3 +15,9 @@ export {
   type SequenceCacheOptions,
   type SequenceCheckpoint,
 } from './sequence-cache.js';
+export {
+  DRAFT_PAGE_SIZE,
+  DraftKvCache,
+  type DraftKvCacheOptions,
+  type DraftRows,
+} from './draft-kv-cache.js';

@@ -1,8 +1,11 @@
 /**
  * The drafter contract: a package that owns a speculative-decoding method (`dflash`, `dspark`,
  * `eagle3`, prompt lookup, …) implements {@link DrafterPlugin} (the factory, registered under
- * `DRAFTER_PLUGIN`) and returns a {@link Drafter} (the loaded instance). The engine knows only
- * these types and never branches on a method name.
+ * `DRAFTER_PLUGIN`) and returns a {@link Drafter} (the loaded instance), usually a subclass of
+ * `DrafterBase` (drafter-base.ts: the lifecycle with defaults over core's `DraftKvCache`).
+ * The engine knows only these types and never branches on a method name. A plugin declares the
+ * `apiVersion` it was built for; a package whose plugins declare another version than core's
+ * `PLUGIN_API_VERSION` is refused at load (registry.ts).
  *
  * Lifecycle of a loaded drafter:
  * - load: `DrafterPlugin.load(source, {target, …})` validates the checkpoint against the target and packs weights;
@@ -13,6 +16,8 @@
  * - propose: `propose(batch)` → drafts per sequence (+ q for sampling, or a tree);
  * - free: `freeSequence(id)` when a sequence finishes or is aborted (idempotent);
  * - dispose: `dispose()` drops weights and pools.
+ * Prefill/decode disaggregation (handing a draft context from a prefill to a decode instance) is not part
+ * of this contract: it comes as a capability a drafter declares.
  *
  * Glossary (used by the engine and metrics): a *draft* is a proposed token; *verify* is the one
  * target forward over `[last verified token, drafts…]`; *accepted* drafts are the longest prefix
@@ -81,6 +86,8 @@ export type DrafterSchema = Readonly<Record<string, unknown>>;
  * or — for a method without a checkpoint (prompt lookup) — by the config's `drafter.method`.
  */
 export interface DrafterPlugin {
+  /** The plugin API version it was built for: core's `PLUGIN_API_VERSION` (a mismatch is refused at load). */
+  readonly apiVersion: number;
   /** Method name, e.g. `'dflash'`. */
   readonly method: string;
   /** `config.json` `architectures` entries it accepts (e.g. `DFlashDraftModel`). */
@@ -258,10 +265,6 @@ export interface Drafter {
   writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void;
   /** propose: drafts for every sequence of the batch (same order). Leaves the draft context unchanged. */
   propose(batch: DraftBatch): DraftProposal[];
-  /** PD: what prefill hands decode for `id`. @throws {DrafterError} "not supported yet". */
-  buildPDInput(id: SequenceId): unknown;
-  /** PD: takes a payload of {@link buildPDInput} on the decode side. @throws {DrafterError} "not supported yet". */
-  acceptPDInput(payload: unknown): void;
   /** add: registers a sequence (empty draft context). */
   addSequence(id: SequenceId): void;
   /** Draft context tokens of `id`. */

@@ -1,4 +1,4 @@
-/** @specd/core plugin: the model-plugin contract, DI token, registry and package loading. */
+/** @specd/core plugin: model and drafter contracts, the drafter base class, DI tokens, registry, package loading. */
 export {
   forwardSequence,
   type ForwardBatch,
@@ -20,13 +20,16 @@ export {
 } from './model-plugin.js';
 export {
   BUILTIN_PLUGIN_PACKAGES,
+  checkApiVersion,
   DRAFTER_PLUGIN,
   DrafterRegistry,
   MODEL_PLUGIN,
   ModelRegistry,
+  PLUGIN_API_VERSION,
   PluginError,
   loadPluginPackages,
 } from './registry.js';
+export { DrafterBase } from './drafter-base.js';
 export {
   DrafterError,
   stageTaps,

@@ -65,6 +65,13 @@ export interface StageInfo {
   readonly isLast: boolean;
   /** Layer kinds of the whole model, by absolute layer id (e.g. `'kda'`, `'mla'`). */
   readonly layerKinds: readonly string[];
+  /**
+   * Why the whole model cannot verify a token tree in one forward ({@link ForwardSequence.tree}): its layers
+   * with recurrent per-sequence state, which would need one state per branch, named for messages (e.g.
+   * `'KDA layers (layers 0, 1, 2)'`). Absent when every layer can apply a tree attention mask (attention-only
+   * models). Drafters that draft trees ask it at load instead of interpreting `layerKinds`.
+   */
+  readonly treeVerificationBlocker?: string;
 }
 
 /** Which logits a sequence of a batch wants. */
@@ -268,6 +275,8 @@ export class TensorParallelUnsupportedError extends Error {
 
 /** A target architecture. */
 export interface ModelPlugin {
+  /** The plugin API version it was built for: core's `PLUGIN_API_VERSION` (a mismatch is refused at load). */
+  readonly apiVersion: number;
   /** Plugin name, e.g. `'kimi-k3'`. */
   readonly name: string;
   /** `config.json` `model_type` values it accepts. */

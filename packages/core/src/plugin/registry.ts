@@ -18,6 +18,15 @@ import type { HfConfig } from '../io/hf-config.js';
 import type { DrafterPlugin } from './drafter-plugin.js';
 import type { ModelPlugin } from './model-plugin.js';
 
+/**
+ * The plugin API version of this core: the version of the contracts a plugin implements (model-plugin.ts,
+ * drafter-plugin.ts, drafter-base.ts). Every {@link ModelPlugin} and {@link DrafterPlugin} declares the
+ * version it was built for (`apiVersion`); {@link loadPluginPackages} refuses a package whose plugins declare
+ * another. It grows by one whenever a contract changes in a way a built plugin would not follow
+ * (a method added, removed or changed in meaning); a change a built plugin keeps working with leaves it.
+ */
+export const PLUGIN_API_VERSION = 1;
+
 /** DI token under which every model plugin is registered (`container.resolveAll`). */
 export const MODEL_PLUGIN: InjectionToken<ModelPlugin> = 'specd:ModelPlugin';
 
@@ -33,7 +42,7 @@ export const BUILTIN_PLUGIN_PACKAGES: readonly string[] = Object.freeze([
   '@specd/plugin-eagle3',
 ]);
 
-/** Thrown when no plugin matches a config, or a plugin package cannot be loaded. */
+/** Thrown when no plugin matches a config, or a plugin package cannot be loaded (or targets another API version). */
 export class PluginError extends Error {
   override readonly name = 'PluginError';
 }
@@ -140,8 +149,34 @@ export async function loadPluginPackages(
     }
     if (typeof mod.register !== 'function')
       throw new PluginError(`plugin package ${JSON.stringify(name)} exports no register(container) function`);
+    const before = registeredPlugins(container);
     (mod.register as (c: DependencyContainer) => void)(container);
+    for (const plugin of registeredPlugins(container)) if (!before.has(plugin)) checkApiVersion(plugin, name);
   }
+}
+
+/** The model and drafter plugins registered in `container` (and its parents). */
+function registeredPlugins(container: DependencyContainer): Set<ModelPlugin | DrafterPlugin> {
+  return new Set<ModelPlugin | DrafterPlugin>([
+    ...ModelRegistry.fromContainer(container).plugins(),
+    ...DrafterRegistry.fromContainer(container).plugins(),
+  ]);
+}
+
+/**
+ * Refuses a plugin built for another plugin API version than {@link PLUGIN_API_VERSION}.
+ * @param packageName the package that registered it (for the message).
+ * @throws {PluginError} naming the package, the plugin and both versions.
+ */
+export function checkApiVersion(plugin: ModelPlugin | DrafterPlugin, packageName: string): void {
+  const version = (plugin as { apiVersion?: unknown }).apiVersion;
+  if (version === PLUGIN_API_VERSION) return;
+  const what = 'method' in plugin ? `drafter plugin "${plugin.method}"` : `model plugin "${plugin.name}"`;
+  const built = typeof version === 'number' ? `plugin API version ${version}` : 'no plugin API version (apiVersion)';
+  throw new PluginError(
+    `plugin package ${JSON.stringify(packageName)}: ${what} was built for ${built}; ` +
+      `this specd implements plugin API version ${PLUGIN_API_VERSION}: use a release of the package built for it`,
+  );
 }
 
 /** The drafter plugins registered in a container; a checkpoint picks one by its `architectures`. */

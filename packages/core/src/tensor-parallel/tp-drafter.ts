@@ -135,14 +135,6 @@ export class TensorParallelDrafter implements Drafter {
     return this.onAll('propose', [{ sequences }], () => this.rank0.propose(batch));
   }
 
-  buildPDInput(id: SequenceId): unknown {
-    return this.rank0.buildPDInput(id);
-  }
-
-  acceptPDInput(payload: unknown): void {
-    this.rank0.acceptPDInput(payload);
-  }
-
   addSequence(id: SequenceId): void {
     this.onAll('addSequence', [id], () => this.rank0.addSequence(id));
   }

@@ -5,9 +5,16 @@ import { container } from 'tsyringe';
 import { describe, expect, it } from 'vitest';
 
 import { HfConfig } from '../../src/io/index.js';
-import { DRAFTER_PLUGIN, DrafterRegistry, PluginError, type DrafterPlugin } from '../../src/plugin/index.js';
+import {
+  DRAFTER_PLUGIN,
+  DrafterRegistry,
+  PLUGIN_API_VERSION,
+  PluginError,
+  type DrafterPlugin,
+} from '../../src/plugin/index.js';
 
 const fake = (method: string, architectures: string[]): DrafterPlugin => ({
+  apiVersion: PLUGIN_API_VERSION,
   method,
   architectures,
   schema: { properties: { method: { const: method } } },

@@ -1,0 +1,255 @@
+/**
+ * The draft context of a drafter over all its sequences: the length of each sequence's draft context
+ * and, for drafters with attention layers, their K and V in one {@link PagedKvPool}.
+ *
+ * Pool layout: "layer" 2j holds the keys and 2j + 1 the values of draft layer j, `numKvHeads · headDim`
+ * f32 per token, NHD pages of `pageSize` tokens — the layout of @specd/native's `pagedAttention` and
+ * `writeKvPages` ({@link DraftKvCache.layout}); one block table per sequence shared by every layer.
+ *
+ * Lifecycle per sequence: `add` → `extendAll` for context rows (kept) and for a propose's temporary
+ * rows (`truncateAll` afterwards, or {@link DraftKvCache.withRows}) → `free` (idempotent). A drafter
+ * without KV (e.g. n-gram lookup) creates one without geometry: it counts context lengths only and
+ * holds no pages.
+ */
+
+import { writeKvPages, type KvPageLayout } from '@specd/native';
+
+import { CacheError, PagedKvPool, type SequenceId } from './paged-kv-pool.js';
+
+/** Tokens per draft KV page unless a drafter asks otherwise. */
+export const DRAFT_PAGE_SIZE = 16;
+
+/** Geometry and capacity of a {@link DraftKvCache} with KV. */
+export interface DraftKvCacheOptions {
+  /** Draft attention layers (≥ 1); each keeps K and V. */
+  readonly numLayers: number;
+  /** KV heads per layer this cache holds (under tensor parallelism: the rank's). */
+  readonly numKvHeads: number;
+  /** Elements per head. */
+  readonly headDim: number;
+  /** Tokens per page (default {@link DRAFT_PAGE_SIZE}). */
+  readonly pageSize?: number;
+  /** Pages in the pool, shared by every sequence (size it with {@link DraftKvCache.pagesFor}). */
+  readonly numPages: number;
+}
+
+/**
+ * Rows of one sequence to grow or roll back: the sequence is at `position` tokens now and gains
+ * `numTokens` (a {@link ContextSpan}-compatible shape, so context spans are passed as they are).
+ */
+export interface DraftRows {
+  readonly id: SequenceId;
+  /** Draft context length of the sequence before the rows (absolute position of the first row). */
+  readonly position: number;
+  /** Rows to add (≥ 0). */
+  readonly numTokens: number;
+}
+
+/** The draft context (lengths, and K/V pages when the drafter has attention layers) of all sequences. */
+export class DraftKvCache {
+  private readonly kvLayout: KvPageLayout | undefined;
+  private kvPool: PagedKvPool | undefined;
+  private readonly lengths = new Map<SequenceId, number>();
+  private disposed = false;
+
+  /**
+   * @param options the KV geometry; absent = a draft context without KV (lengths only, no pages).
+   * @throws {RangeError} on a size that is not a positive integer.
+   */
+  constructor(options?: DraftKvCacheOptions) {
+    if (options === undefined) {
+      this.kvLayout = undefined;
+      return;
+    }
+    const { numLayers, numKvHeads, headDim, numPages } = options;
+    const pageSize = options.pageSize ?? DRAFT_PAGE_SIZE;
+    for (const [name, v] of [
+      ['numLayers', numLayers],
+      ['numKvHeads', numKvHeads],
+      ['headDim', headDim],
+    ] as const) {
+      if (!Number.isSafeInteger(v) || v < 1)
+        throw new RangeError(`DraftKvCache: ${name}: expected an integer >= 1, got ${v}`);
+    }
+    this.kvPool = new PagedKvPool({
+      layers: Array.from({ length: 2 * numLayers }, (_, i) => i),
+      floatsPerToken: numKvHeads * headDim,
+      pageSize,
+      numPages,
+    });
+    this.kvLayout = Object.freeze({ numPages, pageSize, numKvHeads, headDim, kvLayout: 'NHD' });
+  }
+
+  /**
+   * Pages for `maxSequences` sequences of at most `tokensPerSequence` tokens each (context plus the
+   * temporary rows of one propose): `maxSequences · (⌈tokensPerSequence / pageSize⌉ + 1)`.
+   */
+  static pagesFor(maxSequences: number, tokensPerSequence: number, pageSize = DRAFT_PAGE_SIZE): number {
+    return maxSequences * (Math.ceil(tokensPerSequence / pageSize) + 1);
+  }
+
+  /** Whether the cache keeps K/V pages (it was created with a geometry and is not disposed). */
+  get hasKv(): boolean {
+    return this.kvPool !== undefined;
+  }
+
+  /**
+   * The page pool (block tables, token offsets, stores).
+   * @throws {RangeError} when the cache keeps no KV (created without a geometry, or disposed).
+   */
+  get pool(): PagedKvPool {
+    if (this.kvPool === undefined) throw this.noKv();
+    return this.kvPool;
+  }
+
+  /**
+   * NHD page layout of every K and V store (@specd/native `KvPageLayout`).
+   * @throws {RangeError} when the cache keeps no KV.
+   */
+  get layout(): KvPageLayout {
+    if (this.kvLayout === undefined || this.kvPool === undefined) throw this.noKv();
+    return this.kvLayout;
+  }
+
+  /** Pages owned by some sequence (0 without KV). */
+  get pagesInUse(): number {
+    return this.kvPool?.pagesInUse ?? 0;
+  }
+
+  /** Sequences registered. */
+  get numSequences(): number {
+    return this.lengths.size;
+  }
+
+  /** True if `id` is registered. */
+  has(id: SequenceId): boolean {
+    return this.lengths.has(id);
+  }
+
+  /**
+   * Registers `id` with an empty draft context.
+   * @throws {CacheError} `duplicate-sequence`; {@link RangeError} after {@link dispose}.
+   */
+  add(id: SequenceId): void {
+    if (this.disposed) throw new RangeError('DraftKvCache: disposed');
+    if (this.lengths.has(id))
+      throw new CacheError('duplicate-sequence', `DraftKvCache: sequence ${String(id)} already exists`);
+    this.kvPool?.addSequence(id);
+    this.lengths.set(id, 0);
+  }
+
+  /** Frees every page of `id` and forgets it. Idempotent (unknown ids are ignored). */
+  free(id: SequenceId): void {
+    this.kvPool?.free(id);
+    this.lengths.delete(id);
+  }
+
+  /** Draft context tokens of `id` (its next position). @throws {CacheError} `unknown-sequence`. */
+  contextLength(id: SequenceId): number {
+    const n = this.lengths.get(id);
+    if (n === undefined) throw new CacheError('unknown-sequence', `DraftKvCache: unknown sequence ${String(id)}`);
+    return n;
+  }
+
+  /**
+   * Grows every sequence of a batch from `position` to `position + numTokens` tokens (allocating pages),
+   * all or nothing: every position is checked first, and on an error the sequences already grown go
+   * back to their `position` (their pages freed) before it is rethrown.
+   * @throws {CacheError} `unknown-sequence`; `range` if a `position` is not the sequence's length or a
+   *   `numTokens` is negative; `full` if the pool runs out of pages (nothing is left allocated).
+   */
+  extendAll(rows: readonly DraftRows[]): void {
+    for (const r of rows) {
+      const have = this.contextLength(r.id);
+      if (r.position !== have || !Number.isSafeInteger(r.numTokens) || r.numTokens < 0)
+        throw new CacheError(
+          'range',
+          `DraftKvCache.extendAll: sequence ${String(r.id)}: expected position ${have} and numTokens >= 0, ` +
+            `got position ${r.position}, numTokens ${r.numTokens}`,
+        );
+    }
+    const grown: DraftRows[] = [];
+    try {
+      for (const r of rows) {
+        this.kvPool?.extend(r.id, r.position + r.numTokens);
+        this.lengths.set(r.id, r.position + r.numTokens);
+        grown.push(r);
+      }
+    } catch (err) {
+      this.truncateAll(grown);
+      throw err;
+    }
+  }
+
+  /**
+   * Returns every sequence of a batch to `position` tokens (freeing pages past it): undoes
+   * {@link extendAll} of the same rows. Rows of a sequence that is already at `position` change nothing.
+   * @throws {CacheError} `unknown-sequence`; `range` if a sequence is shorter than its `position`.
+   */
+  truncateAll(rows: readonly DraftRows[]): void {
+    for (const r of rows) {
+      const have = this.contextLength(r.id);
+      if (!(Number.isSafeInteger(r.position) && r.position >= 0 && r.position <= have))
+        throw new CacheError(
+          'range',
+          `DraftKvCache.truncateAll: sequence ${String(r.id)}: position: expected an integer in [0, ${have}], ` +
+            `got ${r.position}`,
+        );
+      this.kvPool?.truncate(r.id, r.position);
+      this.lengths.set(r.id, r.position);
+    }
+  }
+
+  /**
+   * Runs `body` with every sequence grown by its rows (temporary rows: a propose's block or chain) and
+   * truncates them back afterwards, whether `body` returns or throws.
+   * @throws {CacheError} as {@link extendAll} (then `body` does not run); what `body` throws.
+   */
+  withRows<T>(rows: readonly DraftRows[], body: () => T): T {
+    this.extendAll(rows);
+    try {
+      return body();
+    } finally {
+      this.truncateAll(rows);
+    }
+  }
+
+  /** Keys of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} no KV. */
+  keys(layer: number): Float32Array {
+    return this.pool.layerStore(2 * layer);
+  }
+
+  /** Values of draft layer `layer`, `[numPages, pageSize, numKvHeads, headDim]` f32. @throws {RangeError} no KV. */
+  values(layer: number): Float32Array {
+    return this.pool.layerStore(2 * layer + 1);
+  }
+
+  /**
+   * Token slots of rows `[position, position + numTokens)` of each row set's sequence, concatenated
+   * (`[Σ numTokens]` i32, the slot mapping of {@link write}).
+   * @throws {CacheError} `range` for a row outside its sequence; {@link RangeError} without KV.
+   */
+  slots(rows: readonly DraftRows[]): Int32Array {
+    return this.pool.tokenSlots(rows.map((r) => ({ id: r.id, start: r.position, n: r.numTokens })));
+  }
+
+  /**
+   * Writes K and V rows of draft layer `layer` into its pages (@specd/native `writeKvPages`).
+   * @param k `[n, numKvHeads, headDim]` f32; @param v the same shape; @param slots `[n]` i32 ({@link slots}).
+   * @throws {RangeError} without KV; the native call's errors on mis-shaped arrays.
+   */
+  write(layer: number, k: Float32Array, v: Float32Array, slots: Int32Array): void {
+    writeKvPages(this.layout, k, v, this.keys(layer), this.values(layer), slots);
+  }
+
+  /** Frees every sequence and drops the page stores; afterwards `add` throws and `free` does nothing. */
+  dispose(): void {
+    this.lengths.clear();
+    this.kvPool = undefined;
+    this.disposed = true;
+  }
+
+  private noKv(): RangeError {
+    return new RangeError(`DraftKvCache: ${this.disposed ? 'disposed' : 'keeps no KV (created without a geometry)'}`);
+  }
+}

@@ -1,0 +1,10 @@
+/** @specd/core model: model pieces shared by plugins — the dense decoder block, shard-aware weight packing. */
+export {
+  type BlockLinear,
+  denseBlock,
+  denseBlockOutput,
+  type DenseBlockOptions,
+  type DenseBlockOutputWeights,
+  type DenseBlockWeights,
+} from './dense-block.js';
+export { packShard, type ShardPart, type ShardSplit, type WeightShard } from './shard-weights.js';

@@ -1,0 +1,132 @@
+/**
+ * The base class of a loaded drafter: the {@link Drafter} lifecycle with defaults, so a method writes
+ * only what is its own — `method`, `maxDraftTokens` and `propose`, plus the context path (`captureSetter`,
+ * `projectTargetHiddenPartial`, `writeProjectedContextKV`) when it reads the target's hidden states.
+ *
+ * Defaults:
+ * - add / free / contextLength / pagesInUse: the {@link DraftKvCache} passed to the constructor (a
+ *   drafter without one has no draft context: add and free do nothing, every context length is 0);
+ * - capture: no taps (`[]`); project: nothing to add (the accumulator is returned as it is, or an empty
+ *   array); materialise: each span checked against the draft context length and appended to it (rows
+ *   counted, nothing stored), or nothing without a cache;
+ * - dispose: the draft KV cache is dropped (subclasses drop their weights, then call `super.dispose()`).
+ *
+ * Errors thrown by the helpers are {@link DrafterError}s prefixed with the method name, as the drafters'
+ * own (`dflash: propose: …`).
+ */
+
+import type { DraftKvCache } from '../kv/draft-kv-cache.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import {
+  DrafterError,
+  type ContextSpan,
+  type DraftBatch,
+  type Drafter,
+  type DraftProposal,
+  type DraftSequence,
+} from './drafter-plugin.js';
+import type { StageInfo } from './model-plugin.js';
+
+/** A loaded drafter with the default lifecycle (module comment). */
+export abstract class DrafterBase implements Drafter {
+  /** Method name, e.g. `'dflash'` (prefixes every error). */
+  abstract readonly method: string;
+  /** Drafts per step at most. */
+  abstract readonly maxDraftTokens: number;
+
+  /** @param draftKv the draft context (lengths, and K/V pages when the drafter attends); absent = none. */
+  protected constructor(protected readonly draftKv?: DraftKvCache) {}
+
+  /** propose: drafts for every sequence of the batch (same order). Leaves the draft context unchanged. */
+  abstract propose(batch: DraftBatch): DraftProposal[];
+
+  /** capture: no taps. Override to name the target taps the drafter reads. */
+  captureSetter(_target: StageInfo): readonly number[] {
+    return [];
+  }
+
+  /** project: no taps, nothing to add: returns `accumulator`, or an empty array when there is none. */
+  projectTargetHiddenPartial(
+    _stageTaps: ReadonlyMap<number, Float32Array>,
+    _numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
+    return accumulator ?? new Float32Array(0);
+  }
+
+  /**
+   * materialise, for a drafter without a context projection: appends each span's rows to its sequence's
+   * draft context (counted; nothing stored). A no-op without a draft KV cache.
+   * @throws {DrafterError} if a span's position is not its sequence's draft context length;
+   *   `CacheError` `unknown-sequence` for a sequence never added.
+   */
+  writeProjectedContextKV(_sum: Float32Array, spans: readonly ContextSpan[]): void {
+    if (this.draftKv === undefined) return;
+    for (const s of spans) this.checkContextPosition(s, 'writeProjectedContextKV');
+    this.draftKv.extendAll(spans);
+  }
+
+  /** add: registers `id` with an empty draft context. @throws `CacheError` `duplicate-sequence`. */
+  addSequence(id: SequenceId): void {
+    this.draftKv?.add(id);
+  }
+
+  /** Draft context tokens of `id` (0 without a draft KV cache). @throws `CacheError` `unknown-sequence`. */
+  contextLength(id: SequenceId): number {
+    return this.draftKv === undefined ? 0 : this.draftKv.contextLength(id);
+  }
+
+  /** free: drops everything `id` holds. Idempotent. Subclasses that keep more per sequence extend it. */
+  freeSequence(id: SequenceId): void {
+    this.draftKv?.free(id);
+  }
+
+  /** Draft KV pages in use over all sequences (0 without KV). */
+  get pagesInUse(): number {
+    return this.draftKv?.pagesInUse ?? 0;
+  }
+
+  /** dispose: drops the draft KV cache. Subclasses drop their weights and call it. */
+  dispose(): void {
+    this.draftKv?.dispose();
+  }
+
+  /**
+   * Checks that a context span starts at its sequence's draft context length.
+   * @param call the method name for the message (e.g. `'writeProjectedContextKV'`).
+   * @throws {DrafterError} `<method>: <call>: sequence <id>: position <p> is not the draft context length <n>`;
+   *   `CacheError` `unknown-sequence`.
+   */
+  protected checkContextPosition(span: { readonly id: SequenceId; readonly position: number }, call: string): void {
+    const have = this.contextLength(span.id);
+    if (span.position !== have)
+      throw new DrafterError(
+        `${this.method}: ${call}: sequence ${String(span.id)}: position ${span.position} ` +
+          `is not the draft context length ${have}`,
+      );
+  }
+
+  /**
+   * Checks that sequence `index` of a propose batch drafts from its draft context length.
+   * @throws {DrafterError} `<method>: propose: sequences[<i>] (<id>): position <p> is not the draft context …`.
+   */
+  protected checkProposePosition(s: Pick<DraftSequence, 'id' | 'position'>, index: number): void {
+    const have = this.contextLength(s.id);
+    if (s.position !== have)
+      throw new DrafterError(
+        `${this.method}: propose: sequences[${index}] (${String(s.id)}): position ${s.position} ` +
+          `is not the draft context length ${have}`,
+      );
+  }
+
+  /**
+   * Checks that sequence `index` of a propose batch asks for 1 … `max` drafts.
+   * @throws {DrafterError} `<method>: propose: sequences[<i>].maxDrafts: expected [1, <max>], got <k>`.
+   */
+  protected checkMaxDrafts(s: Pick<DraftSequence, 'maxDrafts'>, index: number, max: number): void {
+    if (!(s.maxDrafts >= 1 && s.maxDrafts <= max))
+      throw new DrafterError(
+        `${this.method}: propose: sequences[${index}].maxDrafts: expected [1, ${max}], got ${s.maxDrafts}`,
+      );
+  }
+}

@@ -1,0 +1,104 @@
+/**
+ * EAGLE-3 chain drafting (eagle3.ts, module comment "Chain"): k steps of the draft layer per sequence,
+ * batched over sequences per step. Oracle: tools/reference/eval_tau.py (`Proposer._eagle`).
+ */
+
+import type { DraftKvCache, DraftSequence, SequenceId } from '@specd/core';
+import { argmax, makePagedBatch, pagedAttention } from '@specd/native';
+
+import type { Eagle3Model } from './eagle3-model.js';
+
+/**
+ * Chooses step j's draft id (1-based) of sequence r from its draft-vocabulary logits `[draftVocab]` f32;
+ * `greedy` is their argmax.
+ */
+export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: number) => number;
+
+/**
+ * The chain (module comment) of `lengths[r]` steps for each of `seqs`, batched per step; `pick` chooses
+ * step j's draft id of sequence r (rank 0 only: other ranks' drafts stay 0, their embeddings are rank
+ * 0's). Step 1 reads g of anchor p − 1 from `lastG`; step j > 1 writes its K/V after the context (slot
+ * p + j − 2) as temporary rows, dropped before returning (also on an error).
+ * @returns the draft ids, `[lengths[r]]` i32 per sequence (draft vocabulary).
+ * @throws `CacheError` `full` when the draft KV has no page left for a step's rows.
+ */
+export function runChain(
+  model: Eagle3Model,
+  kv: DraftKvCache,
+  lastG: ReadonlyMap<SequenceId, Float32Array>,
+  seqs: readonly DraftSequence[],
+  lengths: readonly number[],
+  pick: ChainPick,
+): Int32Array[] {
+  const c = model.config;
+  const D = c.hiddenSize;
+  const H = model.heads;
+  const hd = c.headDim;
+  const Vd = c.draftVocabSize;
+  const w = model.weights();
+  const root = model.root;
+  const S = seqs.length;
+  const kMax = lengths.reduce((m, k) => Math.max(m, k), 0);
+  const drafts = lengths.map((k) => new Int32Array(k));
+  // per active sequence: g (the step's residual input) and the step's input token
+  let active = seqs.map((_, i) => i);
+  let g = new Float32Array(S * D);
+  seqs.forEach((s, i) => {
+    g.set(lastG.get(s.id)!, i * D);
+  });
+  let tok = Int32Array.from(seqs, (s) => s.lastToken);
+  let grew = false;
+  try {
+    for (let j = 1; j <= kMax; j++) {
+      const n = active.length;
+      const x = model.layerInput(model.embed(tok), g, n);
+      let q: Float32Array;
+      if (j === 1) {
+        q = model.firstQuery(
+          x,
+          active.map((i) => seqs[i]!),
+        );
+      } else {
+        const pos = Int32Array.from(active, (i) => seqs[i]!.position + j - 2);
+        const [qj, k, v] = model.queryKeysValues(x, pos);
+        q = qj;
+        const rows = active.map((i) => ({ id: seqs[i]!.id, position: seqs[i]!.position + j - 2, numTokens: 1 }));
+        grew = true;
+        kv.extendAll(rows);
+        kv.write(0, k, v, kv.slots(rows));
+      }
+      const attnBatch = makePagedBatch(
+        active.map((i) => ({ qLen: 1, kvLen: seqs[i]!.position + j - 1, pages: kv.pool.blockTable(seqs[i]!.id) })),
+      );
+      const a = pagedAttention(q, kv.keys(0), kv.values(0), kv.layout, attnBatch, {
+        numHeads: H,
+        scale: 1 / Math.sqrt(hd),
+        mask: 'causal',
+      });
+      const h = model.finish(g, a, n);
+      // logits and the pick on rank 0 only (the other ranks' drafts stay 0: their embeddings are rank 0's)
+      const logits = root ? model.logits(h, n) : undefined;
+      const greedy = logits === undefined ? undefined : argmax(logits, Vd);
+      const nextActive: number[] = [];
+      const nextRows: number[] = [];
+      active.forEach((i, row) => {
+        const d = logits === undefined ? 0 : pick(i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy![row]!);
+        drafts[i]![j - 1] = d;
+        if (lengths[i]! > j) {
+          nextActive.push(i);
+          nextRows.push(row);
+        }
+      });
+      const ng = new Float32Array(nextRows.length * D);
+      nextRows.forEach((row, r) => {
+        ng.set(h.subarray(row * D, (row + 1) * D), r * D);
+      });
+      tok = Int32Array.from(nextActive, (i) => (root ? w.draftToTarget[drafts[i]![j - 1]!]! : 0));
+      g = ng;
+      active = nextActive;
+    }
+  } finally {
+    if (grew) kv.truncateAll(seqs.map((s) => ({ id: s.id, position: s.position, numTokens: 0 })));
+  }
+  return drafts;
+}

@@ -1,0 +1,225 @@
+/**
+ * Loading an EAGLE-3 checkpoint (EAGLE-3 or vLLM speculators layout; eagle3.ts, module comment): the
+ * checks against the target, the packed weights of the whole draft model or of one tensor-parallel
+ * rank's shard, and one pipeline stage's share of the context projection.
+ */
+
+import {
+  DrafterError,
+  DraftKvCache,
+  DraftShard,
+  TapProjection,
+  WeightReader,
+  draftShardLayout,
+  packShard,
+  type DrafterLoadOptions,
+  type DrafterShardLoadOptions,
+  type DrafterSource,
+  type ProjectionLoadOptions,
+  type ShardPart,
+} from '@specd/core';
+
+import { EAGLE3_DEFAULT_DRAFT_TOKENS, parseEagle3Settings, type Eagle3Config } from './config.js';
+import { Eagle3Drafter } from './eagle3.js';
+import type { Eagle3Weights } from './eagle3-model.js';
+
+/** Weight-name prefixes of the decoder layer: EAGLE-3 layout, then the speculators layout. */
+export const EAGLE3_LAYER_PREFIXES: readonly string[] = Object.freeze(['midlayer.', 'layers.0.']);
+
+/**
+ * One pipeline stage's share of an EAGLE-3 checkpoint's context projection
+ * (`DrafterPlugin.loadProjection`, REFERENCE.md §8): the `[D, D]` column blocks of `fc.weight` for
+ * `options.taps` only — bit for bit the blocks {@link loadEagle3Drafter} packs.
+ * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not
+ *   the drafter's.
+ */
+export function loadEagle3Projection(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: ProjectionLoadOptions,
+): TapProjection {
+  const where = `eagle3: ${source.dir}`;
+  if (config.hiddenSize !== options.hiddenSize)
+    throw new DrafterError(
+      `${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`,
+    );
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
+}
+
+/**
+ * Loads an EAGLE-3 checkpoint (EAGLE-3 or speculators layout) for `options.target` (validated against
+ * it) and packs its weights. `options.settings` (the config's `drafter` branch) may set
+ * `num_draft_tokens` (the chain length; default the checkpoint's `speculative_tokens`, else 6) and `tree`.
+ * Weight names: `fc.weight`, `<prefix>{input_layernorm, hidden_norm, post_attention_layernorm,
+ * self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}.weight` with prefix `midlayer.` or `layers.0.`,
+ * `norm.weight`, `lm_head.weight`, `d2t` (I64 or I32; required unless draft_vocab_size = vocab_size,
+ * then the identity); `t2d` and `embed_tokens.weight` are not read (the target's embedding is used).
+ * With `tree` (all-attention targets only), `maxDraftTokens` = `tree.total_tokens` (`num_draft_tokens`
+ * is then not used).
+ * @throws {DrafterError} if `tree` is set on a target that cannot verify trees (its
+ *   `StageInfo.treeVerificationBlocker`, named), hidden or vocabulary sizes differ from
+ *   the target's, `fc` is not `[hidden, taps × hidden]`, a tap is beyond the target's layers, the
+ *   target lacks `embedTokens`, `d2t` is missing or maps outside the target vocabulary, or a tensor
+ *   is missing / mis-shaped.
+ */
+export function loadEagle3Drafter(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterLoadOptions,
+): Eagle3Drafter {
+  return buildEagle3(source, config, options, undefined).drafter;
+}
+
+/**
+ * Loads rank `options.comm.rank`'s shard of an EAGLE-3 checkpoint (module comment, "Tensor
+ * parallelism"): SPMD — `writeProjectedContextKV` and `propose` run the group's collectives (call
+ * them on every rank at once; rank 0's results are the real ones, other ranks' `propose` returns
+ * `[]`); `projectTargetHiddenPartial` works on rank 0 only. Reports its reads through `options.onReads`.
+ * @throws {DrafterError} when tp does not fit the heads / KV heads / intermediate width (counts
+ *   named), for `tree` with tp > 1 (trees need a target without linear-attention layers, and only Kimi
+ *   has `loadShard`), and as {@link loadEagle3Drafter} (target checks on rank 0 only).
+ */
+export function loadEagle3Shard(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterShardLoadOptions,
+): Eagle3Drafter {
+  const where = `eagle3: ${source.dir}`;
+  if (options.comm.size > 1 && parseEagle3Settings(options.settings).tree !== undefined) {
+    throw new DrafterError(
+      `${where}: tree drafting is not supported under tensor parallelism (tp = ${options.comm.size}); ` +
+        'use chain drafting (omit `tree`)',
+    );
+  }
+  const layout = draftShardLayout(
+    { heads: config.numHeads, kvHeads: config.numKvHeads, intermediate: config.intermediateSize },
+    options.comm,
+    where,
+  );
+  const { drafter, reads } = buildEagle3(source, config, options, new DraftShard(options.comm, layout));
+  options.onReads?.(reads);
+  return drafter;
+}
+
+function buildEagle3(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterLoadOptions,
+  tp: DraftShard | undefined,
+): { drafter: Eagle3Drafter; reads: WeightReader['reads'] } {
+  const c = config;
+  const t = options.target;
+  const info = t.info;
+  const root = tp === undefined || tp.isRoot;
+  const where = `eagle3: ${source.dir}`;
+  const settings = parseEagle3Settings(options.settings);
+  const tree = settings.tree;
+  // a tree is verified in one target forward with a tree attention mask: ask the target whether it can
+  if (tree !== undefined && info.treeVerificationBlocker !== undefined)
+    throw new DrafterError(
+      `eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with ` +
+        `${info.treeVerificationBlocker} do not have; use chain drafting (omit \`tree\`)`,
+    );
+  if (c.hiddenSize !== info.hiddenSize)
+    throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
+  if (c.vocabSize !== info.vocabSize)
+    throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
+  if (c.draftVocabSize > c.vocabSize)
+    throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
+  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  const D = c.hiddenSize;
+  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
+  const bad = c.taps.filter((tap) => tap > info.numLayers);
+  if (bad.length > 0) {
+    throw new DrafterError(
+      `${where}: eagle_aux_hidden_state_layer_ids [${c.taps.join(', ')}] name taps [${bad.join(', ')}] ` +
+        `the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
+    );
+  }
+  if (root && t.embedTokens === undefined)
+    throw new DrafterError(`${where}: the target stage exposes no embedTokens (EAGLE-3 reuses the target's embedding)`);
+  const Vd = c.draftVocabSize;
+  let draftToTarget: Int32Array;
+  if (!root) {
+    draftToTarget = new Int32Array(0); // the drafts are rank 0's
+  } else if (source.weights.has('d2t')) {
+    const ti = source.weights.info('d2t');
+    const n = ti.shape.reduce((a, b) => a * b, 1);
+    if (n !== Vd)
+      throw new DrafterError(`${where}: d2t is [${ti.shape.join(', ')}], expected [${Vd}] (draft_vocab_size)`);
+    const raw = source.weights.read('d2t').data;
+    draftToTarget = new Int32Array(Vd);
+    for (let i = 0; i < Vd; i++) {
+      let off: number;
+      if (raw instanceof BigInt64Array) off = Number(raw[i]!);
+      else if (raw instanceof Int32Array) off = raw[i]!;
+      else throw new DrafterError(`${where}: d2t: expected dtype I64 or I32, got ${ti.dtype}`);
+      const id = i + off;
+      if (!(id >= 0 && id < info.vocabSize))
+        throw new DrafterError(
+          `${where}: d2t[${i}] = ${off} maps draft id ${i} to ${id}, ` +
+            `outside the target vocabulary [0, ${info.vocabSize})`,
+        );
+      draftToTarget[i] = id;
+    }
+  } else if (Vd === c.vocabSize) {
+    draftToTarget = Int32Array.from({ length: Vd }, (_, i) => i);
+  } else {
+    throw new DrafterError(
+      `${where}: checkpoint has no tensor "d2t" (the draft → target vocabulary map), ` +
+        `required since draft_vocab_size ${Vd} < vocab_size ${c.vocabSize}`,
+    );
+  }
+  const p = EAGLE3_LAYER_PREFIXES.find((x) => r.has(`${x}self_attn.q_proj.weight`));
+  if (p === undefined)
+    throw new DrafterError(
+      `${where}: checkpoint has no decoder layer ` +
+        '(neither "midlayer.self_attn.q_proj.weight" nor "layers.0.self_attn.q_proj.weight")',
+    );
+  const H = c.numHeads;
+  const KV = c.numKvHeads;
+  const hd = c.headDim;
+  const I = c.intermediateSize;
+  const [q, k, v] = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`) as [string, string, string];
+  // whole matrices, or the rank's blocks under tensor parallelism; fc, norm and lm_head on rank 0 only
+  const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
+  const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
+  const qPart: ShardPart = { name: q, n: H * hd, k: 2 * D, split: 'heads' };
+  const kPart: ShardPart = { name: k, n: KV * hd, k: 2 * D, split: 'kvHeads' };
+  const vPart: ShardPart = { name: v, n: KV * hd, k: 2 * D, split: 'kvHeads' };
+  const w: Eagle3Weights = {
+    projection,
+    inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+    hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
+    postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+    ...(root ? { finalNorm: r.f32('norm.weight', [D]) } : {}),
+    q: pack([qPart]),
+    qkv: pack([qPart, kPart, vPart]),
+    kv: pack([kPart, vPart]),
+    o: pack([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' }]),
+    gateUp: pack([
+      { name: `${p}mlp.gate_proj.weight`, n: I, k: D, split: 'intermediate' },
+      { name: `${p}mlp.up_proj.weight`, n: I, k: D, split: 'intermediate' },
+    ]),
+    down: pack([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' }]),
+    ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
+    draftToTarget,
+  };
+  const maxDraftTokens =
+    tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
+  // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most
+  const temp =
+    tree === undefined
+      ? maxDraftTokens
+      : Math.max(
+          maxDraftTokens,
+          Math.min(tree.topK, Vd, tree.totalTokens) * (Math.min(tree.depth, tree.totalTokens) - 1),
+        );
+  const numPages = DraftKvCache.pagesFor(options.maxSequences, options.maxTokensPerSequence + temp);
+  return {
+    drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, numPages, tree, tp),
+    reads: r.reads,
+  };
+}
