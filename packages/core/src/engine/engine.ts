@@ -25,7 +25,7 @@
  *
  * Commit modes: `'snapshots'` (default when the stage has `commitPrefix`) needs exactly one target
  * forward per verify step; `'replay'` restores a checkpoint and re-runs the committed tokens when a
- * draft was rejected (one more forward). docs/ARCHITECTURE.md has the measured comparison.
+ * draft was rejected (one more forward). docs/BENCHMARKS.md has the measured comparison.
  */
 
 import { SequenceCache } from '../kv/sequence-cache.js';
