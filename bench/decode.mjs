@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Decode benchmark of the Kimi-K3 target (issue #3): what one decode step and one verify forward
+// Decode benchmark of the Kimi-K3 target: what one decode step and one verify forward
 // cost on this machine, against the memory-bandwidth bound.
 //
 //   npm run bench:decode                      (root; run `npm run build` first)

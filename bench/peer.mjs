@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The race (issue #7): specd against llama.cpp (through node-llama-cpp 3.21.1) on the same GGUF,
+// The race: specd against llama.cpp (through node-llama-cpp 3.21.1) on the same GGUF,
 // SmolLM2-135M-Instruct Q4_1, same thread count, greedy, the same prompt token ids; one table.
 //
 //   npm run bench:peer                      (root; run `npm run build` and `npm run models:fetch` first; 5–8 min)

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Pipeline parallelism on this machine (issue #8): prefill and decode tokens/s for pp = 1 and pp = 2
+// Pipeline parallelism on this machine: prefill and decode tokens/s for pp = 1 and pp = 2
 // (stages as processes, packages/core/src/pipeline) on the large synthetic Kimi-K3 config, and the
 // drafter's partial projection (Σ_i h_i·W_iᵀ over the taps, fp32) as a fraction of prefill time.
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Numerics of the cross-stage partial projection (issue #8, REFERENCE.md §8): the drafter's context
+// Numerics of the cross-stage partial projection (REFERENCE.md §8): the drafter's context
 // projection Σ_i h_i·W_iᵀ over its taps computed
 //   (a) as ONE projection of the concatenated taps [h_1 | … | h_n] · fcᵀ (one fp32 sum over n·D),
 //   (b) as per-stage partials h_i·W_iᵀ summed in fp32 (what specd does across stages),

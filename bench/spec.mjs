@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Speculative decoding, every shipped drafter on equal terms (issues #4, #6): the same prompts,
+// Speculative decoding, every shipped drafter on equal terms: the same prompts,
 // loads (concurrent sequences) and temperatures; one table.
 //
 //   npm run bench:spec                      (root; run `npm run build` first; ~6 min)
@@ -24,7 +24,7 @@
 // It leaves out the per-step work outside the two forwards (accept, commit, draft-context writes),
 // so at C = 1, T = 0 the bench also measures fixed draft lengths (`--fixed-k`, default 1,2,3) in
 // the same alternation: the best of them and plain (k = 0) is the achievable optimum the cost
-// policy is judged against (issue #4's "≥ 90 % of the best ceiling").
+// policy is judged against (its goal: "≥ 90 % of the best ceiling").
 // Greedy outputs of every drafter run are checked equal to plain decoding's (the run aborts if not).
 import * as fs from 'node:fs';
 import { cpus, loadavg } from 'node:os';

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The pipeline's stage transports (issue #8, packages/core/src/pipeline): ZeroMQ (the default; the
+// The pipeline's stage transports (packages/core/src/pipeline): ZeroMQ (the default; the
 // driver's synchronous ZmqChannel over a bridge thread, the peer's async serveZmq loop, ipc://) vs
 // the FIFO pair (FifoChannel both ends), between this process (the driver) and a forked peer process
 // (a stage's end that does no work).

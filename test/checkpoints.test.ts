@@ -1,5 +1,5 @@
 /**
- * The shipped checkpoints, prompt sets and goldens (issue #2), read through specd's own loaders:
+ * The shipped checkpoints, prompt sets and goldens, read through specd's own loaders:
  * sizes within bounds, tensor names in Kimi-Linear's naming, drafter configs consistent with the
  * target, prompt token ids identical to the Python tokenizer's, goldens consistent with the target.
  */

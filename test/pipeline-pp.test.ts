@@ -1,4 +1,4 @@
-// Issue #8, first step: pipeline parallelism with stages as processes (packages/core/src/pipeline).
+// Pipeline parallelism with stages as processes (packages/core/src/pipeline).
 // With the shipped Kimi target (8 layers) split into 2 or 3 stages — [4,4] (EAGLE-3's tap 4 is the
 // output of layer 3: exactly on the stage boundary, owned by stage 0), [3,5] (uneven), [2,3,3]
 // (EAGLE-3's taps [2,4,5]: the last stage owns none) — greedy SpecEngine output is token-for-token

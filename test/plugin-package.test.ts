@@ -1,4 +1,4 @@
-// Issue #5, "plugins as packages": the example drafter examples/drafter-prompt-lookup is packed
+// Plugins as packages: the example drafter examples/drafter-prompt-lookup is packed
 // with `npm pack` (offline), installed into a temporary project next to specd, and loaded by name
 // from a config's `plugins`; core itself never names it.
 import { spawnSync } from 'node:child_process';

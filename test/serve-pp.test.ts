@@ -1,4 +1,4 @@
-// Issue #8: pipeline parallelism in `specd serve` (`--pp N`). A greedy completion through `serve --pp 2`
+// Pipeline parallelism in `specd serve` (`--pp N`). A greedy completion through `serve --pp 2`
 // (shipped target + shipped DFlash) equals pp = 1's; the stage processes exit when the server closes,
 // and on SIGTERM / SIGINT of a `specd serve --pp 2` process; a killed stage fails the request in
 // flight and every later one with 500 naming the stage, while the server stays up and /health answers

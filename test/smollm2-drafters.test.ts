@@ -1,4 +1,4 @@
-// Issue #7: the DFlash and EAGLE-3 drafters trained for SmolLM2-135M-Instruct
+// The DFlash and EAGLE-3 drafters trained for SmolLM2-135M-Instruct
 // (models/smollm2-135m-instruct-{dflash,eagle3}) run through the unchanged plugins on the GGUF target
 // (model-llama): greedy output must be plain decoding's, with one target forward per verify step and every
 // page freed; EAGLE-3 dynamic trees too; and specd's τ must be the PyTorch reference's

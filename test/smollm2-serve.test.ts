@@ -1,4 +1,4 @@
-// Issue #7, "Serving": `specd serve --model models/smollm2-135m-instruct --drafter
+// Serving SmolLM2: `specd serve --model models/smollm2-135m-instruct --drafter
 // models/smollm2-135m-instruct-dflash` answers OpenAI chat completions with the model's own chat
 // template (ChatML from the GGUF metadata, default system prompt included), through the official
 // `openai` client, drafting with the DFlash drafter trained for it (a fixed draft length here, so the

@@ -1,4 +1,4 @@
-// Issue #6, "the end-to-end χ² test at temperature 1", per shipped drafter, with the shipped target:
+// The end-to-end χ² test at temperature 1, per shipped drafter, with the shipped target:
 // speculative sampling must leave the target's distribution unchanged. For one prompt, the exact
 // joint distribution of the first two generated tokens (t1 from the prefill logits, t2 from a
 // verify step that judged a full block of sampled drafts) is computed with plain target forwards;

@@ -1,4 +1,4 @@
-// Issue #8, second step: tensor parallelism (packages/core/src/tensor-parallel, Kimi's loadShard).
+// Tensor parallelism (packages/core/src/tensor-parallel, Kimi's loadShard).
 // The shipped Kimi target (4 MLA heads, 4 KDA heads, 8 experts) split over tp = 2 ranks (rank 0 on
 // this thread, rank 1 a worker thread): greedy SpecEngine output equals tp = 1's for plain decoding
 // and every shipped drafter — or the first difference falls at a near-tie (top-2 logit gap < 1e-3 in

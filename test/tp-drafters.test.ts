@@ -1,4 +1,4 @@
-// Issue #8: drafters sharded under tensor parallelism (packages/core/src/tensor-parallel/tp-drafter.ts,
+// Drafters sharded under tensor parallelism (packages/core/src/tensor-parallel/tp-drafter.ts,
 // the plugins' loadShard). The shipped Kimi target with its DFlash, DSpark and EAGLE-3 drafters (4
 // heads, 2 KV heads each): under tp = 2 every rank holds its shard of the draft model too, and greedy
 // speculative output equals plain greedy decoding under tp = 2 token for token (the target decides),

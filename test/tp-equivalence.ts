@@ -1,5 +1,5 @@
 // Shared by test/tensor-parallel.test.ts and test/tp-pp.test.ts: greedy generation of the same two
-// batched prompts on two loaded targets, and issue #8's TP equivalence rule — outputs equal, or the
+// batched prompts on two loaded targets, and the TP equivalence rule — outputs equal, or the
 // first difference falls at a near-tie of the tp = 1 run (top-2 logit gap < 1e-3 at that token),
 // which is recorded for the test's closing report.
 import * as path from 'node:path';

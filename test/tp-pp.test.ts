@@ -1,4 +1,4 @@
-// Issue #8: tensor parallelism combined with pipeline parallelism (`--tp 2 --pp 2`). The shipped Kimi
+// Tensor parallelism combined with pipeline parallelism (`--tp 2 --pp 2`). The shipped Kimi
 // target (8 layers) in 2 pipeline stages, each a TP group of 2 ranks: stage 0 = a stage process whose
 // rank 1 is a worker thread of that process; the last stage = rank 0 on this thread + a worker thread.
 // Greedy SpecEngine output equals tp = 1, pp = 1's for plain decoding and DFlash (snapshot and replay

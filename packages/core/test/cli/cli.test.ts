@@ -282,7 +282,7 @@ describe('specd generate', () => {
     expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(
       /bad\.json: \$\.modle: additionalProperties: unknown property, got "x"/,
     );
-    // the pre-#5 ad-hoc "generate" section is now "sampling"
+    // the old ad-hoc "generate" section of a config is now "sampling"
     fs.writeFileSync(bad, JSON.stringify({ generate: { max_tokens: 5 } }));
     expect((await run(['generate', '--prompt', 'x', '--config', bad])).err).toMatch(
       /bad\.json: \$\.generate: additionalProperties: unknown property/,

@@ -1,4 +1,4 @@
-// The ZeroMQ stage transport (issue #8): the driver's synchronous ZmqChannel (a PAIR socket owned by a
+// The ZeroMQ stage transport: the driver's synchronous ZmqChannel (a PAIR socket owned by a
 // bridge worker thread) against the stage's asynchronous serveZmq loop in a forked echo peer
 // (fixtures/echo-stage.mjs). Runs against dist/ (`npm run build:ts`).
 import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
