@@ -128,7 +128,9 @@ function checkLayout(call: string, l: KvPageLayout): number {
   return l.numPages * l.pageSize * l.numKvHeads * l.headDim;
 }
 
-/** @internal Validates the batch's types and lengths; returns [totalQ, maxBlocksPerSeq]. Contents are checked natively. */
+/**
+ * @internal Validates the batch's types and lengths; returns [totalQ, maxBlocksPerSeq]. Contents are checked natively.
+ */
 export function checkBatch(call: string, b: PagedBatch): [number, number] {
   if (typeof b !== 'object' || b === null) fail(call, 'batch', 'a PagedBatch object', b);
   const kv = expectArray(call, 'batch.kvLens', b.kvLens, Int32Array);

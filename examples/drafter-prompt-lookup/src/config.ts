@@ -16,7 +16,10 @@ export interface PromptLookupSettings {
 
 export const DEFAULT_SETTINGS: PromptLookupSettings = Object.freeze({ numDraftTokens: 4, minNgram: 1, maxNgram: 4 });
 
-/** The schema branch (JSON Schema 2020-12); core validates the config with it. Absent fields: {@link DEFAULT_SETTINGS} (parseSettings). */
+/**
+ * The schema branch (JSON Schema 2020-12); core validates the config with it. Absent fields: {@link DEFAULT_SETTINGS}
+ * (parseSettings).
+ */
 export const PROMPT_LOOKUP_SCHEMA: DrafterSchema = Object.freeze({
   $id: 'specd:drafter/prompt-lookup',
   type: 'object',
@@ -31,8 +34,8 @@ export const PROMPT_LOOKUP_SCHEMA: DrafterSchema = Object.freeze({
 });
 
 /**
- * Settings from the config's `drafter` object (absent fields take {@link DEFAULT_SETTINGS}; already schema-validated when it comes from a config
- * file; checked again here for callers in code).
+ * Settings from the config's `drafter` object (absent fields take {@link DEFAULT_SETTINGS}; already schema-validated
+ * when it comes from a config file; checked again here for callers in code).
  * @throws {RangeError} on a bad value.
  */
 export function parseSettings(raw: Readonly<Record<string, unknown>> | undefined): PromptLookupSettings {

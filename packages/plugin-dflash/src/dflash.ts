@@ -167,7 +167,8 @@ function buildDFlash(
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(
-      `${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
+      `${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] ` +
+        `the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
     );
   }
   // under tensor parallelism the embedding is rank 0's, the lm_head vocab-parallel (every rank's target shard has one)
@@ -237,7 +238,8 @@ function buildDFlash(
  * `options.taps` only — bit for bit the blocks {@link loadDFlashDrafter} packs, so the stage adds the
  * same products the whole drafter would.
  * @param method the error prefix (`'dspark'` for DSpark's backbone).
- * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the drafter's.
+ * @throws {DrafterError} if the hidden size differs from the target's, `fc` is mis-shaped, or a tap is not the
+ *   drafter's.
  */
 export function loadDFlashProjection(
   source: DrafterSource,
@@ -299,7 +301,10 @@ export class DFlashDrafter extends DrafterBase {
     return this.kv.pool;
   }
 
-  /** Whether only the projection and the draft KV path are loaded ({@link DFlashLoadParts.contextOnly}): no block forward. */
+  /**
+   * Whether only the projection and the draft KV path are loaded ({@link DFlashLoadParts.contextOnly}): no block
+   * forward.
+   */
   get contextOnly(): boolean {
     return this.finalNorm === undefined;
   }
@@ -351,7 +356,8 @@ export class DFlashDrafter extends DrafterBase {
     const S = seqs.length;
     if (this.contextOnly)
       throw new DrafterError(
-        'dflash: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without contextOnly to draft',
+        'dflash: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, ' +
+          'for a prefill-only producer); load it without contextOnly to draft',
       );
     if (S === 0) return [];
     seqs.forEach((s, i) => {
@@ -464,7 +470,10 @@ export class DFlashDrafter extends DrafterBase {
     return this.tp === undefined ? x : this.tp.reduce(x);
   }
 
-  /** K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each (KV = the rank's KV heads). */
+  /**
+   * K = RoPE(k_norm(k_proj x)), V = v_proj x for rows x `[n, D]` at `positions [n]` → `[n, KV, hd]` f32 each
+   * (KV = the rank's KV heads).
+   */
   private keysValues(w: DraftLayerKvWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
     const c = this.config;
     const n = positions.length;

@@ -46,7 +46,8 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
       type: 'boolean',
       default: false,
       description:
-        "context-KV-only mode for a prefill-only producer: load only the projection (fc, hidden_norm) and each layer's k/v projections and k_norm; the drafter never drafts",
+        'context-KV-only mode for a prefill-only producer: load only the projection (fc, hidden_norm) and ' +
+        "each layer's k/v projections and k_norm; the drafter never drafts",
     },
   },
 });

@@ -60,8 +60,8 @@ export function loadDSparkDrafter(
  * Loads rank `options.comm.rank`'s shard of a DSpark checkpoint: the DFlash backbone's shard
  * (`loadDFlashShard`: the rank's heads, KV heads and MLP block) and, on rank 0 only, the Markov and
  * confidence heads. SPMD as the backbone's (call `propose` etc. on every rank at once; other ranks'
- * `propose` runs the block forward and the target's vocab-parallel lm_head, then returns `[]`). Reports its reads (backbone, then heads)
- * through `options.onReads`.
+ * `propose` runs the block forward and the target's vocab-parallel lm_head, then returns `[]`). Reports its reads
+ * (backbone, then heads) through `options.onReads`.
  * @throws {DrafterError} as {@link loadDFlashShard} and {@link loadDSparkDrafter}.
  */
 export function loadDSparkShard(
@@ -168,7 +168,8 @@ export class DSparkDrafter extends DrafterBase {
   propose(batch: DraftBatch): DraftProposal[] {
     if (this.contextOnly) {
       throw new DrafterError(
-        'dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, for a prefill-only producer); load it without context_only to draft',
+        'dspark: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, ' +
+          'for a prefill-only producer); load it without context_only to draft',
       );
     }
     const heads = this.heads;

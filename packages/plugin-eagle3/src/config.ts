@@ -27,7 +27,10 @@ import { DrafterError, type DrafterSchema, type HfConfig } from '@specd/core';
 /** `config.json` `architectures` entries accepted: the EAGLE-3 layout and the speculators layout. */
 export const EAGLE3_ARCHITECTURES: readonly string[] = Object.freeze(['LlamaForCausalLMEagle3', 'Eagle3Speculator']);
 
-/** Chain length (drafts per step) when neither the deployment config nor the checkpoint names one (the reference run's). */
+/**
+ * Chain length (drafts per step) when neither the deployment config nor the checkpoint names one (the reference
+ * run's).
+ */
 export const EAGLE3_DEFAULT_DRAFT_TOKENS = 6;
 
 /** Which `config.json` layout a checkpoint uses. */
@@ -170,7 +173,8 @@ export function parseEagle3Config(c: HfConfig): Eagle3Config {
   if (targetHidden !== undefined && targetHidden !== llama.hiddenSize) {
     c.fail(
       'target_hidden_size',
-      `expected the draft hidden size ${llama.hiddenSize} (a projection between hidden sizes is not supported), got ${targetHidden}`,
+      `expected the draft hidden size ${llama.hiddenSize} (a projection between hidden sizes is not supported), ` +
+        `got ${targetHidden}`,
     );
   }
   rejectNorms(c);
@@ -259,19 +263,25 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
     path: {
       type: 'string',
       description:
-        'EAGLE-3 checkpoint directory (architectures ["LlamaForCausalLMEagle3"], or the speculators format ["Eagle3Speculator"])',
+        'EAGLE-3 checkpoint directory (architectures ["LlamaForCausalLMEagle3"], ' +
+        'or the speculators format ["Eagle3Speculator"])',
     },
     num_draft_tokens: {
       type: 'integer',
       minimum: 1,
-      description: `chain length, drafts per step at most (default: the checkpoint's speculative_tokens, else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree`,
+      description:
+        "chain length, drafts per step at most (default: the checkpoint's speculative_tokens, " +
+        `else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree`,
     },
     tree: {
       type: 'object',
       additionalProperties: false,
       required: ['top_k', 'depth', 'total_tokens'],
       description:
-        'EAGLE-2 dynamic tree drafting (greedy; all-attention targets only, refused on targets with KDA layers): top_k children per node, frontier = top_k nodes per depth, the total_tokens best nodes by cumulative log-prob; drafts per step at most = total_tokens. At temperature > 0 a chain of depth drafts is drafted instead (the engine verifies trees greedily only)',
+        'EAGLE-2 dynamic tree drafting (greedy; all-attention targets only, refused on targets with KDA layers): ' +
+        'top_k children per node, frontier = top_k nodes per depth, the total_tokens best nodes by cumulative ' +
+        'log-prob; drafts per step at most = total_tokens. At temperature > 0 a chain of depth drafts is drafted ' +
+        'instead (the engine verifies trees greedily only)',
       properties: {
         top_k: { type: 'integer', minimum: 1 },
         depth: { type: 'integer', minimum: 1 },

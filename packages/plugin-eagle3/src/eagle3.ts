@@ -172,12 +172,14 @@ export class Eagle3Drafter extends DrafterBase {
       this.checkContextPosition(s, 'writeProjectedContextKV');
       if (s.nextTokens === undefined) {
         throw new DrafterError(
-          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens is missing (EAGLE-3's context entry of position t reads the token x_{t+1})`,
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens is missing ` +
+            "(EAGLE-3's context entry of position t reads the token x_{t+1})",
         );
       }
       if (s.nextTokens.length !== s.numTokens)
         throw new DrafterError(
-          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens: expected [${s.numTokens}] i32, got length ${s.nextTokens.length}`,
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens: expected [${s.numTokens}] i32, ` +
+            `got length ${s.nextTokens.length}`,
         );
     }
     if (n === 0) return;
@@ -215,7 +217,8 @@ export class Eagle3Drafter extends DrafterBase {
       this.checkProposePosition(s, i);
       if (s.position < 1 || !this.lastG.has(s.id))
         throw new DrafterError(
-          `eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet (EAGLE-3 drafts from the last context entry)`,
+          `eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet ` +
+            '(EAGLE-3 drafts from the last context entry)',
         );
     });
     if (seqs.length === 0) return [];

@@ -53,17 +53,18 @@ export function registerConfigCommands(program: Command, io: CliIo): void {
         .map((m) => ({ name: m.name, model_types: m.modelTypes, architectures: m.architectures }));
       const drafters = p.drafters.plugins().map((d) => ({ method: d.method, architectures: d.architectures }));
       if (flags.json === true) {
-        io.stdout.write(
-          `${JSON.stringify({ packages: p.packages, models, drafters: [{ method: 'none', architectures: [] }, ...drafters] })}\n`,
-        );
+        const all = [{ method: 'none', architectures: [] }, ...drafters];
+        io.stdout.write(`${JSON.stringify({ packages: p.packages, models, drafters: all })}\n`);
         return;
       }
       io.stdout.write(`packages:\n${p.packages.map((n) => `  ${n}\n`).join('')}`);
+      const modelLine = (m: (typeof models)[number]): string =>
+        `  ${m.name} (model_type ${m.model_types.join('|')}; architectures ${m.architectures.join('|')})\n`;
+      io.stdout.write(`model plugins:\n${models.map(modelLine).join('')}`);
+      const drafterLine = (d: (typeof drafters)[number]): string =>
+        `  ${d.method} (architectures ${d.architectures.join('|')})\n`;
       io.stdout.write(
-        `model plugins:\n${models.map((m) => `  ${m.name} (model_type ${m.model_types.join('|')}; architectures ${m.architectures.join('|')})\n`).join('')}`,
-      );
-      io.stdout.write(
-        `drafter methods:\n  none (built in: no speculative decoding)\n${drafters.map((d) => `  ${d.method} (architectures ${d.architectures.join('|')})\n`).join('')}`,
+        `drafter methods:\n  none (built in: no speculative decoding)\n${drafters.map(drafterLine).join('')}`,
       );
     });
 }

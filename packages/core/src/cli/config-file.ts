@@ -32,7 +32,8 @@ export function checkModelPath(modelPath: string): void {
     return;
   const hint = /smollm2/i.test(modelPath) ? ' (run `npm run models:fetch` to fetch SmolLM2-135M-Instruct)' : '';
   throw new CliError(
-    `model ${modelPath}: neither a folder with config.json nor a .gguf file, nor a folder holding one${hint} (use --model DIR|FILE.gguf)`,
+    `model ${modelPath}: neither a folder with config.json nor a .gguf file, nor a folder holding one${hint} ` +
+      '(use --model DIR|FILE.gguf)',
   );
 }
 

@@ -154,7 +154,8 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
         : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
     if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
       throw new CliError(
-        `drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(loaded.drafter.method)}`,
+        `drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, ` +
+          `the checkpoint is ${JSON.stringify(loaded.drafter.method)}`,
       );
     }
     const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
@@ -209,7 +210,8 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
           ? ''
           : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
       io.stderr.write(
-        `[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`,
+        `[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; ` +
+          `prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`,
       );
     }
     loaded?.drafter.dispose();
@@ -241,7 +243,8 @@ export function buildProgram(io: CliIo): Command {
     .option('--no-spec', 'no speculative decoding: plain decoding with the target alone')
     .option(
       '--num-draft-tokens <n>',
-      'a fixed number of drafts per verify step (default: chosen every step from measured draft/verify costs and acceptance, down to none when drafting does not pay on this machine)',
+      'a fixed number of drafts per verify step (default: chosen every step from measured draft/verify costs and ' +
+        'acceptance, down to none when drafting does not pay on this machine)',
       intArg(1),
     )
     .addOption(new Option('--prompt <text>', 'prompt text').conflicts('promptFile'))
@@ -262,12 +265,14 @@ export function buildProgram(io: CliIo): Command {
     .option('--ignore-eos', 'do not stop at EOS')
     .option(
       '--pp <n>',
-      "pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config's also drops the config's partition); stages 0 … n−2 run as processes, the last one here",
+      "pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config's also drops " +
+        "the config's partition); stages 0 … n−2 run as processes, the last one here",
       intArg(1),
     )
     .option(
       '--tp <n>',
-      "tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 here, the others as worker threads; must divide the model's head and expert counts",
+      'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 here, the others as worker threads; ' +
+        "must divide the model's head and expert counts",
       intArg(1),
     )
     .option(
@@ -277,7 +282,8 @@ export function buildProgram(io: CliIo): Command {
     )
     .option(
       '--json',
-      'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, …; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}',
+      'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, ' +
+        '…; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}',
     )
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   registerConfigCommands(program, io);

@@ -92,7 +92,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests);
       if (choice.method !== undefined && drafter.drafter.method !== choice.method) {
         throw new CliError(
-          `drafter ${choice.dir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, the checkpoint is ${JSON.stringify(drafter.drafter.method)}`,
+          `drafter ${choice.dir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, ` +
+            `the checkpoint is ${JSON.stringify(drafter.drafter.method)}`,
         );
       }
     }
@@ -159,12 +160,14 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--port <port>', 'port (default 8000; 0 = ephemeral)', portArg)
     .option(
       '--tp <n>',
-      'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, the others as worker threads',
+      'tensor parallelism: ranks (default: config parallelism.tp, 1); rank 0 in the server thread, ' +
+        'the others as worker threads',
       tpArg,
     )
     .option(
       '--pp <n>',
-      "pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config's also drops the config's partition); stages 0 … n−2 run as processes, the last one in the server process",
+      "pipeline parallelism: stages (default: config parallelism.pp, 1; a --pp other than the config's also drops " +
+        "the config's partition); stages 0 … n−2 run as processes, the last one in the server process",
       tpArg,
     )
     .option(
@@ -176,9 +179,9 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);
-      io.stderr.write(
-        `specd: serving ${s.server.options.modelName}${s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`} on ${s.url}\n`,
-      );
+      const using =
+        s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`;
+      io.stderr.write(`specd: serving ${s.server.options.modelName}${using} on ${s.url}\n`);
       await new Promise<void>((resolve) => {
         const stop = (): void => {
           process.off('SIGINT', stop);

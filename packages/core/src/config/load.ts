@@ -92,7 +92,9 @@ export function validateConfig(
   const c = data as Record<string, unknown> & Omit<SpecdConfig, 'file'>;
   const par = c.parallelism;
   if (par.partition !== undefined && par.partition.length !== par.pp) {
-    const line = `$.parallelism.partition: pp: expected ${par.pp} entries (one per pipeline stage), got ${par.partition.length}`;
+    const line =
+      `$.parallelism.partition: pp: expected ${par.pp} entries (one per pipeline stage), ` +
+      `got ${par.partition.length}`;
     throw new ConfigError(`${where}: ${line}`, [line]);
   }
   const resolve = (p: string): string => path.resolve(options.baseDir, p);

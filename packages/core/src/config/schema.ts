@@ -10,7 +10,8 @@
  *     "scheduler": {"max_running_requests": 8, "max_waiting_requests": 64, "prefill_chunk_tokens": 64,
  *                   "max_tokens_in_flight": 16384, "max_sequence_tokens": 2048, "page_size": 16},
  *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
- *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage], "transport": "zmq" | "fifo"},   // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
+ *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage], "transport": "zmq" | "fifo"},
+ *                    // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
  *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}} }  // reserved: only "none" runs
  */
 
@@ -41,10 +42,12 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
     const props = (d.schema as { properties?: { method?: { const?: unknown } } }).properties;
     if (props?.method?.const !== d.method) {
       throw new Error(
-        `drafter plugin ${JSON.stringify(d.method)}: schema.properties.method.const: expected ${JSON.stringify(d.method)}, got ${JSON.stringify(props?.method?.const)}`,
+        `drafter plugin ${JSON.stringify(d.method)}: schema.properties.method.const: ` +
+          `expected ${JSON.stringify(d.method)}, got ${JSON.stringify(props?.method?.const)}`,
       );
     }
-    const { $id: _id, $schema: _s, ...branch } = d.schema as Record<string, unknown>; // embedded: no nested resource ids
+    // embedded: no nested resource ids
+    const { $id: _id, $schema: _s, ...branch } = d.schema as Record<string, unknown>;
     branches.push({
       ...branch,
       required: [...new Set(['method', ...((branch.required as string[] | undefined) ?? [])])],
@@ -62,7 +65,8 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         type: 'string',
         minLength: 1,
         description:
-          'target checkpoint directory (HF format), relative to the config file; default: the shipped models/kimi-k3-tiny',
+          'target checkpoint directory (HF format), relative to the config file; ' +
+          'default: the shipped models/kimi-k3-tiny',
       },
       drafter: {
         type: 'object',
@@ -145,7 +149,10 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         additionalProperties: false,
         default: {},
         description:
-          "pp > 1 runs in generate and serve (stages 0 … pp−2 as processes, the last in the driver); tp > 1 runs in generate and serve (rank 0 in the driver, ranks 1 … tp−1 as worker threads; tp must divide the model's head and expert counts); both: every stage a TP group of tp ranks (threads of its stage process)",
+          'pp > 1 runs in generate and serve (stages 0 … pp−2 as processes, the last in the driver); ' +
+          'tp > 1 runs in generate and serve (rank 0 in the driver, ranks 1 … tp−1 as worker threads; ' +
+          "tp must divide the model's head and expert counts); " +
+          'both: every stage a TP group of tp ranks (threads of its stage process)',
         properties: {
           tp: { type: 'integer', minimum: 1, default: 1 },
           pp: { type: 'integer', minimum: 1, default: 1 },
@@ -153,14 +160,16 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
             enum: ['zmq', 'fifo'],
             default: 'zmq',
             description:
-              'pp > 1: how the driver talks to the stage processes: "zmq" = ZeroMQ PAIR sockets over ipc:// (default), "fifo" = a pair of named pipes per stage (same host only, lower latency)',
+              'pp > 1: how the driver talks to the stage processes: "zmq" = ZeroMQ PAIR sockets over ipc:// ' +
+              '(default), "fifo" = a pair of named pipes per stage (same host only, lower latency)',
           },
           partition: {
             type: 'array',
             items: { type: 'integer', minimum: 1 },
             minItems: 1,
             description:
-              "layers per pipeline stage (length pp, each >= 1, sum = num_hidden_layers, checked when the model loads); default: vLLM's split, the remainder on the stages before the last",
+              'layers per pipeline stage (length pp, each >= 1, sum = num_hidden_layers, checked when the model ' +
+              "loads); default: vLLM's split, the remainder on the stages before the last",
           },
         },
       },

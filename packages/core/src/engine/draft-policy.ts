@@ -6,7 +6,8 @@
  *
  * {@link CostDraftPolicy} (the engine's default) maximises expected committed tokens per second:
  *   E[committed | k] = 1 + Σ_{i ≤ k} Π_{j ≤ i} a_j      (a_j: P(draft j accepted | drafts < j accepted))
- *   rate(k_1..k_B)   = Σ_s E_s[committed | k_s] / (t_draft(drafting sequences, Σ k_s) + t_verify(B, Σ (k_s + 1)) + t_overhead)
+ *   rate(k_1..k_B)   = Σ_s E_s[committed | k_s] /
+ *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, Σ (k_s + 1)) + t_overhead)
  * with the costs measured on this machine ({@link StepCosts}) and the a_j estimated online per
  * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). With one
  * sequence this is argmax_k E[committed | k] / (t_draft(k) + t_verify(k)) (REFERENCE.md §4 DSpark
@@ -198,7 +199,9 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
    * (k = 0 for all), so the plain-step cost keeps being measured (default 32; 0 = never).
    */
   readonly explorePlainEvery?: number;
-  /** Correct the calibrated costs from every step's measured times ({@link CostDraftPolicy.costScale}; default true). */
+  /**
+   * Correct the calibrated costs from every step's measured times ({@link CostDraftPolicy.costScale}; default true).
+   */
   readonly recalibrate?: boolean;
 }
 

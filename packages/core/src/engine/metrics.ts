@@ -103,7 +103,10 @@ export class RequestMetrics {
 export class RunMetrics {
   /** Engine steps that ran a verify forward (one target forward covers every running sequence). */
   verifyForwards = 0;
-  /** Target forwards outside prefill: verify forwards + replays (equal to verifyForwards when committing from snapshots). */
+  /**
+   * Target forwards outside prefill: verify forwards + replays (equal to verifyForwards when committing from
+   * snapshots).
+   */
   decodeForwards = 0;
   /** Prefill forwards. */
   prefillForwards = 0;

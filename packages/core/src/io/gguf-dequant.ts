@@ -68,7 +68,8 @@ export function dequantizeRow(
   const [blockElems, blockBytes] = block;
   if (numElements % blockElems !== 0)
     throw new RangeError(
-      `dequantizeRow: numElements ${numElements} is not a multiple of the ${ggmlTypeName(type)} block size ${blockElems}`,
+      `dequantizeRow: numElements ${numElements} is not a multiple of the ${ggmlTypeName(type)} ` +
+        `block size ${blockElems}`,
     );
   const needBytes = (numElements / blockElems) * blockBytes;
   if (src.length < needBytes)

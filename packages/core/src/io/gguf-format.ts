@@ -349,7 +349,8 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
       throw new GgufError(
         file,
         'tensor-info',
-        `shape [${ggmlShape.join(', ')}] × ${ggmlTypeName(type)} = ${byteLength} bytes, more than the whole file (${bytes.length})`,
+        `shape [${ggmlShape.join(', ')}] × ${ggmlTypeName(type)} = ${byteLength} bytes, ` +
+          `more than the whole file (${bytes.length})`,
         field,
         dimsAt,
       );
@@ -396,7 +397,8 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
       throw new GgufError(
         file,
         'tensor-offset',
-        `offset ${info.offsetBytes}, expected ${expected} (tensors are laid out in table order, each padded to ${alignment} bytes)`,
+        `offset ${info.offsetBytes}, expected ${expected} ` +
+          `(tensors are laid out in table order, each padded to ${alignment} bytes)`,
         field,
         at,
       );
@@ -405,7 +407,8 @@ export function parseGguf(file: string, bytes: Uint8Array): GgufHeader {
       throw new GgufError(
         file,
         'tensor-offset',
-        `data [${fileOffsetBytes}, ${fileOffsetBytes + info.byteLength}) runs past the end of the file (${bytes.length} bytes)`,
+        `data [${fileOffsetBytes}, ${fileOffsetBytes + info.byteLength}) ` +
+          `runs past the end of the file (${bytes.length} bytes)`,
         field,
         at,
       );

@@ -128,7 +128,8 @@ export function ggufTokenizerSources(gguf: GgufFile): TokenizerSources {
     );
   }
 
-  // Post-processor: HF byte-level checkpoints use ByteLevel (no-op on ids); BOS/EOS insertion when the file asks for it.
+  // Post-processor: HF byte-level checkpoints use ByteLevel (no-op on ids); BOS/EOS insertion when the file asks
+  // for it.
   const special = (t: string): Record<string, unknown> => ({ SpecialToken: { id: t, type_id: 0 } });
   const seq = { Sequence: { id: 'A', type_id: 0 } };
   const single = [...(addBos ? [special(bos!)] : []), seq, ...(addEos ? [special(eos!)] : [])];

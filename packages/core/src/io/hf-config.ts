@@ -177,7 +177,10 @@ export class HfConfig {
     return s as T;
   }
 
-  /** A finite or non-finite number within `bounds`. @throws {HfConfigError} if absent, null, not a number or out of bounds. */
+  /**
+   * A finite or non-finite number within `bounds`. @throws {HfConfigError} if absent, null, not a number or out of
+   * bounds.
+   */
   requireNumber(key: string, bounds?: NumberBounds): number {
     return this.asNumber(key, this.get(key, true)!, bounds);
   }

@@ -176,7 +176,8 @@ export class SafetensorsCheckpoint {
               'index',
               mapped === undefined
                 ? `shard ${JSON.stringify(shard)} contains it but the index does not list it`
-                : `shard ${JSON.stringify(shard)} contains it but the index maps it to ${JSON.stringify(mapped)} (tensor in two shards)`,
+                : `shard ${JSON.stringify(shard)} contains it but the index maps it to ${JSON.stringify(mapped)} ` +
+                    '(tensor in two shards)',
               name,
             );
           }

@@ -3,7 +3,8 @@
  *
  * Layout (all integers little-endian), per huggingface/safetensors `safetensors/src/tensor.rs`:
  *   bytes [0, 8)        u64 N = header length in bytes
- *   bytes [8, 8+N)      UTF-8 JSON object `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__"?: {str: str}}`
+ *   bytes [8, 8+N)      UTF-8 JSON object
+ *                       `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__"?: {str: str}}`
  *                       (writers pad it with spaces to a multiple of 8 bytes)
  *   bytes [8+N, EOF)    the data region; `data_offsets` are relative to its start, `end` exclusive
  *
@@ -401,7 +402,8 @@ function parseTensorInfo(file: string, name: string, entry: JsonValue, dataByteL
     throw new SafetensorsError(
       file,
       'byte-length',
-      `shape [${dims.join(', ')}] × ${dtype} (${dtypeBits(dtype)} bits) = ${bits} bits, but data_offsets span ${e - b} bytes`,
+      `shape [${dims.join(', ')}] × ${dtype} (${dtypeBits(dtype)} bits) = ${bits} bits, ` +
+        `but data_offsets span ${e - b} bytes`,
       name,
     );
   }
@@ -444,7 +446,8 @@ function checkLayout(file: string, infos: TensorInfo[], dataByteLength: number):
     throw new SafetensorsError(
       file,
       'incomplete-buffer',
-      `tensors cover ${cursor} bytes of a ${dataByteLength}-byte data region (${dataByteLength - cursor} trailing bytes)`,
+      `tensors cover ${cursor} bytes of a ${dataByteLength}-byte data region ` +
+        `(${dataByteLength - cursor} trailing bytes)`,
     );
   }
 }

@@ -3,8 +3,9 @@
  *
  * How bytes are read: the file is opened once (`fs.openSync`), the 8-byte prefix and the header are
  * read and validated, and each tensor's bytes are read on demand with positioned `fs.readSync`
- * calls (or `fs.read` for the async variants) into a fresh `ArrayBuffer` of exactly the tensor's size. Nothing else of the file is held in
- * the JS heap. We do not mmap: Node has no built-in mmap, an addon-backed mapping would make a
+ * calls (or `fs.read` for the async variants) into a fresh `ArrayBuffer` of exactly the tensor's size.
+ * Nothing else of the file is held in the JS heap. We do not mmap: Node has no built-in mmap, an
+ * addon-backed mapping would make a
  * truncated file a SIGBUS (a process crash) instead of an error, and weights are repacked into
  * kernel layouts anyway, so one copy per tensor is needed regardless.
  * A fresh ArrayBuffer starts at offset 0, so typed views of it are always aligned. For in-memory

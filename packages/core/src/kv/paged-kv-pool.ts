@@ -148,7 +148,8 @@ export class PagedKvPool {
     if (need > this.freePages.length) {
       throw new CacheError(
         'full',
-        `PagedKvPool: sequence ${String(id)} needs ${need} more page(s), ${this.freePages.length} free of ${this.numPages}`,
+        `PagedKvPool: sequence ${String(id)} needs ${need} more page(s), ` +
+          `${this.freePages.length} free of ${this.numPages}`,
       );
     }
     for (let i = 0; i < need; i++) s.pages.push(this.freePages.pop()!);
@@ -180,7 +181,10 @@ export class PagedKvPool {
     this.seqs.delete(id);
   }
 
-  /** The f32 store of `layer`, `[numPages, pageSize, floatsPerToken]`. @throws {RangeError} if the layer has no KV here. */
+  /**
+   * The f32 store of `layer`, `[numPages, pageSize, floatsPerToken]`. @throws {RangeError} if the layer has no KV
+   * here.
+   */
   layerStore(layer: number): Float32Array {
     const s = this.stores.get(layer);
     if (s === undefined)

@@ -47,7 +47,10 @@ export class MirroredCache extends SequenceCache {
     super(geometry, cacheOptions);
   }
 
-  /** Starts mirroring for `owner`: each of `queues` gets the `cache` (create) operation now and every operation from now on. */
+  /**
+   * Starts mirroring for `owner`: each of `queues` gets the `cache` (create) operation now and every operation from
+   * now on.
+   */
   attach(owner: object, queues: CacheOp[][]): void {
     if (this.mirrors.has(owner))
       throw new MirroredCacheError('MirroredCache.attach: this owner mirrors the cache already');
@@ -127,7 +130,8 @@ export class MirroredCache extends SequenceCache {
       // the copies keep the sequence's latest checkpoint only
       if (this.checkpoints.get(id) !== cp)
         throw new MirroredCacheError(
-          `MirroredCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored under pipeline / tensor parallelism`,
+          `MirroredCache.rollback: ${String(id)}: only the sequence's latest checkpoint can be restored ` +
+            'under pipeline / tensor parallelism',
         );
       this.checkpoints.delete(id);
     }

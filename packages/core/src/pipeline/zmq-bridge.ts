@@ -5,8 +5,9 @@
  *
  * - caller → bridge, on `toBridge`: an `ArrayBuffer` (one encoded message, transferred: no copy), or
  *   `{ t: 'close' }`. Messages are sent in order.
- * - bridge → caller, on `toCaller`: `{ t: 'ready', endpoint }` (for a `tcp://…:*` bind, the port chosen), an `ArrayBuffer` (a received message, copied
- *   once out of ZeroMQ's buffer, transferred), `{ t: 'error', message }`, `{ t: 'closed' }`. After each
+ * - bridge → caller, on `toCaller`: `{ t: 'ready', endpoint }` (for a `tcp://…:*` bind, the port chosen), an
+ *   `ArrayBuffer` (a received message, copied once out of ZeroMQ's buffer, transferred), `{ t: 'error', message }`,
+ *   `{ t: 'closed' }`. After each
  *   post the bridge bumps `ctl[0]` and notifies it (the caller waits on it with `Atomics.wait` and
  *   reads the port with `receiveMessageOnPort`).
  *
@@ -27,7 +28,9 @@ let loadError: string | undefined;
 try {
   zmq = await import('zeromq');
 } catch (err) {
-  loadError = `cannot load the zeromq package (${(err as Error).message}); set parallelism.transport to "fifo" or see README, "Libraries we chose"`;
+  loadError =
+    `cannot load the zeromq package (${(err as Error).message}); ` +
+    'set parallelism.transport to "fifo" or see README, "Libraries we chose"';
 }
 
 /** What {@link ZmqChannel} passes to the bridge with `open`. @internal */

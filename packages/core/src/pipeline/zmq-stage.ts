@@ -31,7 +31,8 @@ export async function serveZmq(
     await sock.send(Buffer.from(encodeMessage({ header: { type: 'hello', pid: process.pid }, frames: [] })));
     for (;;) {
       const parts = await sock.receive();
-      const bytes = (parts.length === 1 ? parts[0]! : Buffer.concat(parts)) as Uint8Array<ArrayBuffer>; // never shared memory
+      // never shared memory
+      const bytes = (parts.length === 1 ? parts[0]! : Buffer.concat(parts)) as Uint8Array<ArrayBuffer>;
       const reply = handle(decodeMessage(bytes));
       if (reply === 'exit') return;
       await sock.send(Buffer.from(encodeMessage(reply)));

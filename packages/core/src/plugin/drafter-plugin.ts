@@ -191,7 +191,10 @@ export interface DraftSequence {
   readonly lastToken: number;
   /** Drafts wanted at most for this sequence this step (≥ 1; chosen by the engine each step). */
   readonly maxDrafts: number;
-  /** Every token of the sequence so far, prompt + generated, `[position + 1]` i32 (n-gram / prompt lookup drafters read it; a view valid during the call). */
+  /**
+   * Every token of the sequence so far, prompt + generated, `[position + 1]` i32 (n-gram / prompt lookup drafters read
+   * it; a view valid during the call).
+   */
   readonly history: Int32Array;
   readonly sampling: DraftSampling;
   /** The request's PRNG (sampled drafts). */
@@ -245,7 +248,10 @@ export interface Drafter {
   readonly method: string;
   /** Drafts per step at most (e.g. DFlash: block_size − 1). */
   readonly maxDraftTokens: number;
-  /** capture: tap ids the drafter needs, pinned convention (REFERENCE.md §2); `[]` for none. @throws {DrafterError} if the target lacks one. */
+  /**
+   * capture: tap ids the drafter needs, pinned convention (REFERENCE.md §2); `[]` for none.
+   * @throws {DrafterError} if the target lacks one.
+   */
   captureSetter(target: StageInfo): readonly number[];
   /**
    * project: this stage's share of the context projection, `Σ_{i ∈ stage} h_i · W_iᵀ`, added into

@@ -88,7 +88,8 @@ export class ModelRegistry {
             .map((p) => `${p.name} (model_type ${p.modelTypes.join('|')}; architectures ${p.architectures.join('|')})`)
             .join(', ');
     throw new PluginError(
-      `${config.file}: no model plugin for model_type ${JSON.stringify(type ?? null)} / architectures [${archs.join(', ')}]; loaded: ${loaded}`,
+      `${config.file}: no model plugin for model_type ${JSON.stringify(type ?? null)} / ` +
+        `architectures [${archs.join(', ')}]; loaded: ${loaded}`,
     );
   }
 
@@ -229,7 +230,8 @@ export class DrafterRegistry {
     const found = this.list.find((p) => p.method === method);
     if (found !== undefined) return found;
     throw new PluginError(
-      `no drafter plugin for method ${JSON.stringify(method)}; loaded methods: ${this.list.length === 0 ? 'none' : this.list.map((p) => p.method).join(', ')}`,
+      `no drafter plugin for method ${JSON.stringify(method)}; ` +
+        `loaded methods: ${this.list.length === 0 ? 'none' : this.list.map((p) => p.method).join(', ')}`,
     );
   }
 }

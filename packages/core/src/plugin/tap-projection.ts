@@ -65,7 +65,8 @@ export class TapProjection implements PartialProjection {
     const shape = reader.shape(name);
     if (shape.length !== 2 || shape[0] !== D || shape[1] !== nT * D) {
       throw new DrafterError(
-        `${where}: ${name} is [${shape.join(', ')}], expected [${D}, ${nT * D}] (hidden ${D}, taps × hidden = ${nT} × ${D})`,
+        `${where}: ${name} is [${shape.join(', ')}], expected [${D}, ${nT * D}] ` +
+          `(hidden ${D}, taps × hidden = ${nT} × ${D})`,
       );
     }
     const bad = taps.filter((t) => !allTaps.includes(t));
@@ -105,21 +106,24 @@ export class TapProjection implements PartialProjection {
     const acc = accumulator ?? new Float32Array(numTokens * D);
     if (acc.length !== numTokens * D)
       throw new DrafterError(
-        `${this.where}: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, got length ${acc.length}`,
+        `${this.where}: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, ` +
+          `got length ${acc.length}`,
       );
     const order = [...stageTaps.keys()].sort((a, b) => a - b);
     for (const tap of order) {
       const w = this.blocks.get(tap);
       if (w === undefined) {
         const held = this.taps;
+        const known = held.length === this.allTaps.length ? this.allTaps : held;
         throw new DrafterError(
-          `${this.where}: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${(held.length === this.allTaps.length ? this.allTaps : held).join(', ')}]`,
+          `${this.where}: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${known.join(', ')}]`,
         );
       }
       const h = stageTaps.get(tap)!;
       if (h.length !== numTokens * D)
         throw new DrafterError(
-          `${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, got length ${h.length}`,
+          `${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, ` +
+            `got length ${h.length}`,
         );
       if (numTokens > 0) gemmBf16Accumulate(h, numTokens, w, acc);
     }

@@ -58,7 +58,10 @@ export class EngineLoop {
   private closed = false;
   private inFlight = 0;
 
-  /** Builds the loop's {@link SpecEngine} over `target` and `drafter`. @throws {EngineError} as the engine's constructor. */
+  /**
+   * Builds the loop's {@link SpecEngine} over `target` and `drafter`. @throws {EngineError} as the engine's
+   * constructor.
+   */
   constructor(
     target: StageModel,
     drafter: Drafter | undefined,
@@ -98,7 +101,8 @@ export class EngineLoop {
     const tokens = req.promptIds.length + req.maxTokens;
     if (this.inFlight + tokens > this.options.maxTokensInFlight && this.entries.size > 0) {
       throw new OverloadedError(
-        `too many tokens in flight (${this.inFlight} + ${tokens} > max_tokens_in_flight ${this.options.maxTokensInFlight}); retry later`,
+        `too many tokens in flight (${this.inFlight} + ${tokens} > ` +
+          `max_tokens_in_flight ${this.options.maxTokensInFlight}); retry later`,
       );
     }
     const id = this.nextId++;

@@ -108,7 +108,9 @@ export class ServerMetrics {
     });
     this.numDrafts = new Counter({
       name: 'specd_spec_decode_num_drafts_total',
-      help: 'draft proposals: verify steps, summed over requests, that verified at least one draft token (plain k = 0 steps excluded)',
+      help:
+        'draft proposals: verify steps, summed over requests, that verified at least one draft token ' +
+        '(plain k = 0 steps excluded)',
       registers,
     });
     this.numDraftTokens = new Counter({

@@ -24,7 +24,10 @@ export interface GenerationParams {
   readonly topP: number;
   readonly topK: number;
   readonly seed: number;
-  /** The seed was fixed (the body's `seed`, or the config's default): reproducible sampling (SpecRequest.seeded, engine/engine.ts). */
+  /**
+   * The seed was fixed (the body's `seed`, or the config's default): reproducible sampling (SpecRequest.seeded,
+   * engine/engine.ts).
+   */
   readonly seeded: boolean;
   readonly stop: readonly string[];
   readonly stream: boolean;

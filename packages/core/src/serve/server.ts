@@ -3,10 +3,10 @@
  * (streaming as SSE `data: {…}\n\n` … `data: [DONE]\n\n`, or one JSON), `GET /v1/models`,
  * `GET /health`, `GET /metrics` (Prometheus). Every request goes through one {@link EngineLoop}
  * (continuous batching). Errors are OpenAI's `{"error": {message, type, param, code}}`: 400 bad
- * parameter, malformed JSON or messages the chat template rejects, 401 bad API key, 404 unknown model or route, 413 too long (body or
- * prompt + max_tokens), 503 overloaded, 500 when the model fails (a dead pipeline stage: in-flight and later
- * requests fail naming the stage; `/health` then answers 503). A client that disconnects has its request aborted: its KV
- * pages, state slot and draft context are freed before the next engine step.
+ * parameter, malformed JSON or messages the chat template rejects, 401 bad API key, 404 unknown model or route,
+ * 413 too long (body or prompt + max_tokens), 503 overloaded, 500 when the model fails (a dead pipeline stage:
+ * in-flight and later requests fail naming the stage; `/health` then answers 503). A client that disconnects has its
+ * request aborted: its KV pages, state slot and draft context are freed before the next engine step.
  */
 
 import { randomUUID, timingSafeEqual } from 'node:crypto';
@@ -284,8 +284,11 @@ export class SpecdServer {
     const limit = this.options.scheduler.max_sequence_tokens;
     const need = P + p.maxTokens + (this.options.drafter?.maxDraftTokens ?? 0) + 1;
     if (need > limit) {
+      const draft =
+        this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`;
       throw tooLong(
-        `prompt (${P} tokens) + max_tokens (${p.maxTokens})${this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`} = ${need} tokens exceeds max_sequence_tokens ${limit}`,
+        `prompt (${P} tokens) + max_tokens (${p.maxTokens})${draft} = ${need} tokens ` +
+          `exceeds max_sequence_tokens ${limit}`,
         promptParam,
       );
     }
@@ -295,6 +298,7 @@ export class SpecdServer {
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replace(/-/g, '')}`;
     const created = Math.floor(Date.now() / 1000);
     const object = kind === 'chat' ? 'chat.completion' : 'text_completion';
+    const chunkObject = kind === 'chat' ? 'chat.completion.chunk' : 'text_completion';
     const model = this.options.modelName;
     let ttft: number | undefined;
     let finished = false;
@@ -311,7 +315,8 @@ export class SpecdServer {
             }
           : { index: 0, text: text ?? '', logprobs: null, finish_reason: finishReason };
       first = false;
-      return `data: ${JSON.stringify({ id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [choice] })}\n\n`;
+      const body = { id, object: chunkObject, created, model, choices: [choice] };
+      return `data: ${JSON.stringify(body)}\n\n`;
     };
     const usage = (n: number): { prompt_tokens: number; completion_tokens: number; total_tokens: number } => ({
       prompt_tokens: P,
@@ -362,10 +367,10 @@ export class SpecdServer {
           const tail = stops.push(detok.flush()) + stops.finish();
           if (tail !== '') raw.write(chunk(tail, null));
           raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop'));
-          if (p.includeUsage)
-            raw.write(
-              `data: ${JSON.stringify({ id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [], usage: usage(r.tokenIds.length) })}\n\n`,
-            );
+          if (p.includeUsage) {
+            const body = { id, object: chunkObject, created, model, choices: [], usage: usage(r.tokenIds.length) };
+            raw.write(`data: ${JSON.stringify(body)}\n\n`);
+          }
           raw.end('data: [DONE]\n\n');
         },
         onError: (err) => {

@@ -56,7 +56,8 @@ export function draftShardLayout(
     bad.push(`num_key_value_heads = ${KV} (tp must divide it, or be a multiple of it so KV heads are replicated)`);
   if (bad.length > 0) {
     throw new DrafterError(
-      `${where}: tp = ${N} does not fit the draft model: it does not divide ${bad.join(', ')}; the draft model has ${H} heads, ${KV} KV heads, intermediate ${I}`,
+      `${where}: tp = ${N} does not fit the draft model: it does not divide ${bad.join(', ')}; ` +
+        `the draft model has ${H} heads, ${KV} KV heads, intermediate ${I}`,
     );
   }
   const kv: readonly [number, number] =

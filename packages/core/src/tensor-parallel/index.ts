@@ -1,4 +1,7 @@
-/** Tensor parallelism: ranks as worker threads, shared-memory collectives, vocab-parallel lm_head (tp-model.ts, comm.ts, vocab-parallel.ts). */
+/**
+ * Tensor parallelism: ranks as worker threads, shared-memory collectives, vocab-parallel lm_head (tp-model.ts,
+ * comm.ts, vocab-parallel.ts).
+ */
 export { createCommBuffers, SharedComm, TpAbortError, type CommBuffers } from './comm.js';
 export {
   startTensorParallel,

@@ -43,7 +43,8 @@ export function gatherVocabParallel(comm: TpComm, local: Float32Array, rows: num
   const [v0, v1] = vocabShardRange(vocabSize, comm.rank, comm.size);
   if (local.length !== rows * (v1 - v0))
     throw new VocabParallelError(
-      `gatherVocabParallel: local: expected [${rows}, ${v1 - v0}] f32 (rank ${comm.rank}'s vocabulary slice [${v0}, ${v1})), got length ${local.length}`,
+      `gatherVocabParallel: local: expected [${rows}, ${v1 - v0}] f32 ` +
+        `(rank ${comm.rank}'s vocabulary slice [${v0}, ${v1})), got length ${local.length}`,
     );
   if (comm.size === 1) return local;
   const pieces = comm.allGather(local);
