@@ -139,7 +139,8 @@ describe('plugin API version', () => {
       fs.rmSync(dir, { recursive: true, force: true });
     }
     expect(() => checkApiVersion({ ...fake('m', ['m'], []), apiVersion: 2 }, 'pkg')).toThrow(
-      'plugin package "pkg": model plugin "m" was built for plugin API version 2; this specd implements plugin API version 1',
+      'plugin package "pkg": model plugin "m" was built for plugin API version 2; ' +
+        'this specd implements plugin API version 1',
     );
     expect(() => checkApiVersion(fake('m', ['m'], []), 'pkg')).not.toThrow();
   });
