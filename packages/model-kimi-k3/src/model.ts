@@ -15,12 +15,14 @@ import type {
   ForwardOptions,
   ForwardResult,
   ModelSource,
+  PrefixCommit,
   SequenceCache,
   SequenceId,
   StageInfo,
   StageLoadOptions,
   StageModel,
   TpComm,
+  TreeCommit,
 } from '@specd/core';
 import {
   forwardPrologue,
@@ -91,8 +93,11 @@ export interface KimiDebugHooks {
   onRoute?(layer: number, r: RouterChoice): void;
 }
 
-/** A loaded stage. Create with {@link loadKimiStage}. */
-export class KimiStageModel implements StageModel {
+/**
+ * A loaded stage. Create with {@link loadKimiStage}. It commits accepted prefixes from KDA state snapshots
+ * ({@link PrefixCommit}); it has no {@link TreeCommit} while it has KDA layers (`info.treeVerificationBlocker`).
+ */
+export class KimiStageModel implements StageModel, PrefixCommit {
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
   /** Test hooks; undefined in normal runs. */
@@ -112,7 +117,7 @@ export class KimiStageModel implements StageModel {
     private embed: Uint16Array | undefined,
     private layers: LayerWeights[],
     private finalNorm: Float32Array | undefined,
-    /** lm_head rows `[V_r, D]` of this rank's vocabulary slice (`vocabShardRange`; all V rows without tensor parallelism). */
+    /** lm_head rows `[V_r, D]`: this rank's vocabulary slice (`vocabShardRange`), all V rows without TP. */
     private lmHeadWeights: PackedBf16Weights | undefined,
     /** Tensor-parallel rank (its config is the shard's: its heads); undefined for the whole model. */
     readonly comm?: TpComm,
@@ -150,8 +155,8 @@ export class KimiStageModel implements StageModel {
   /**
    * Runs the stage. Every sequence must be registered in `cache` with `cache.length(id) ===
    * position`; the cache is extended by its new tokens (all sequences or none).
-   * @throws {KimiForwardError} on an empty batch, a sequence listed twice, a bad token id, a position that disagrees with
-   *   the cache, a missing/mis-sized `batch.hidden`, or a tap outside [layerStart, layerEnd].
+   * @throws {KimiForwardError} on an empty batch, a sequence listed twice, a bad token id, a position that
+   *   disagrees with the cache, a missing/mis-sized `batch.hidden`, or a tap outside [layerStart, layerEnd].
    * @throws {CacheError} `full` when the KV pool has no room (nothing was extended).
    */
   forward(batch: ForwardBatch, cache: SequenceCache, options: KimiForwardOptions = {}): KimiForwardResult {
@@ -238,7 +243,7 @@ export class KimiStageModel implements StageModel {
   }
 
   /**
-   * Core's commit hook: {@link commitFromSnapshots} on a result of a forward run with
+   * {@link PrefixCommit}: {@link commitFromSnapshots} on a result of a forward run with
    * `{ stateSnapshots: true }` (or `kdaSnapshots`).
    * @throws {KimiForwardError} if the result carries no snapshots; RangeError as commitFromSnapshots.
    */
@@ -250,7 +255,8 @@ export class KimiStageModel implements StageModel {
   }
 
   /**
-   * The target's token embeddings (first stage, or a stage loaded with `embedding: true`): `[tokens.length, hiddenSize]` f32.
+   * The target's token embeddings (first stage, or a stage loaded with `embedding: true`):
+   * `[tokens.length, hiddenSize]` f32.
    * @throws {KimiForwardError} on a non-first stage or an id outside the vocabulary.
    */
   embedTokens(tokens: Int32Array): Float32Array {

@@ -2,33 +2,27 @@
  * A Llama-family stage: layers [layerStart, layerEnd) of the target, plus the embedding when
  * layerStart = 0 and the final norm + lm_head when layerEnd = num_hidden_layers.
  *
- * Decoder layer (HF transformers `LlamaDecoderLayer`): h += o_proj(attn(RoPE(q), RoPE(k), v)) of
- * input_layernorm(h); h += down(silu(gate(x)) · up(x)) with x = post_attention_layernorm(h). Causal
- * GQA over paged KV (K of layer l in cache layer 2l, V in 2l + 1, `numKvHeads · headDim` f32 per
+ * Decoder layer (HF transformers `LlamaDecoderLayer`, core's shared `denseBlock`): h += o_proj(attn(RoPE(q),
+ * RoPE(k), v)) of input_layernorm(h); h += down(silu(gate(x)) · up(x)) with x = post_attention_layernorm(h).
+ * Causal GQA over paged KV (K of layer l in cache layer 2l, V in 2l + 1, `numKvHeads · headDim` f32 per
  * token, NHD pages: @specd/native `pagedAttention`). One residual stream, so tap i = h entering
  * layer i (REFERENCE.md §2). No linear state: committing a verified prefix truncates the KV.
  */
 
-import { forwardPrologue, sliceColumns } from '@specd/core';
+import { denseBlock, forwardPrologue, sliceColumns } from '@specd/core';
 import type {
   CacheGeometry,
   ForwardBatch,
   ForwardOptions,
   ForwardResult,
+  PrefixCommit,
   SequenceCache,
   SequenceId,
   StageInfo,
   StageModel,
+  TreeCommit,
 } from '@specd/core';
-import {
-  applyRope,
-  makePagedBatch,
-  pagedAttention,
-  rmsNorm,
-  swigluFused,
-  writeKvPages,
-  type KvPageLayout,
-} from '@specd/native';
+import { applyRope, makePagedBatch, pagedAttention, rmsNorm, writeKvPages, type KvPageLayout } from '@specd/native';
 
 import type { LlamaConfig } from './config.js';
 import type { EmbeddingTable, LinearWeights, LlamaTensorSource } from './weights.js';
@@ -87,8 +81,11 @@ export interface LlamaForwardResult extends ForwardResult {
   readonly spans: readonly Span[];
 }
 
-/** A loaded stage. Create with {@link loadLlamaStage}. */
-export class LlamaStageModel implements StageModel {
+/**
+ * A loaded stage. Create with {@link loadLlamaStage}. Attention only, so it commits accepted prefixes
+ * ({@link PrefixCommit}: the KV truncated) and verifies token trees ({@link TreeCommit}).
+ */
+export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
 
@@ -181,29 +178,28 @@ export class LlamaStageModel implements StageModel {
     const rope = { theta: c.ropeTheta, style: c.ropeStyle, headDim: hd } as const;
     const qw = H * hd;
     const kw = KV * hd;
+    const block = { eps: c.rmsNormEps, intermediate: c.intermediateSize };
     for (let li = 0; li < this.layers.length; li++) {
       const l = layerStart + li;
       const w = this.layers[li]!;
-      const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
-      const qkv = w.qkv.apply(xn, N);
-      const q = sliceColumns(qkv, N, qw + 2 * kw, 0, qw);
-      const k = sliceColumns(qkv, N, qw + 2 * kw, qw, kw);
-      const v = sliceColumns(qkv, N, qw + 2 * kw, qw + kw, kw);
-      applyRope(q, positions, { ...rope, heads: H }, q);
-      applyRope(k, positions, { ...rope, heads: KV }, k);
-      const kStore = kv.layerStore(2 * l);
-      const vStore = kv.layerStore(2 * l + 1);
-      writeKvPages(layout, k, v, kStore, vStore, slots);
-      const a = pagedAttention(q, kStore, vStore, layout, attnBatch, {
-        numHeads: H,
-        scale: 1 / Math.sqrt(hd),
-        mask: 'causal',
-      });
-      const o = w.o.apply(a, N);
-      for (let i = 0; i < h.length; i++) h[i] = h[i]! + o[i]!;
-      const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
-      const f = w.down.apply(swigluFused(w.gateUp.apply(xm, N), c.intermediateSize), N);
-      for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
+      // attention of layer l on the normed rows xn: qkv, RoPE, this forward's K/V written, paged attention
+      const attention = (xn: Float32Array): Float32Array => {
+        const qkv = w.qkv.apply(xn, N);
+        const q = sliceColumns(qkv, N, qw + 2 * kw, 0, qw);
+        const k = sliceColumns(qkv, N, qw + 2 * kw, qw, kw);
+        const v = sliceColumns(qkv, N, qw + 2 * kw, qw + kw, kw);
+        applyRope(q, positions, { ...rope, heads: H }, q);
+        applyRope(k, positions, { ...rope, heads: KV }, k);
+        const kStore = kv.layerStore(2 * l);
+        const vStore = kv.layerStore(2 * l + 1);
+        writeKvPages(layout, k, v, kStore, vStore, slots);
+        return pagedAttention(q, kStore, vStore, layout, attnBatch, {
+          numHeads: H,
+          scale: 1 / Math.sqrt(hd),
+          mask: 'causal',
+        });
+      };
+      denseBlock(h, N, w, attention, block);
       capture(l + 1);
     }
     const logitRowStart = new Int32Array(spans.length + 1);
@@ -230,7 +226,7 @@ export class LlamaStageModel implements StageModel {
   }
 
   /**
-   * Core's commit hook: keeps the first `committed` tokens of `id`'s block in `result` and drops the
+   * {@link PrefixCommit}: keeps the first `committed` tokens of `id`'s block in `result` and drops the
    * rest of its KV (no linear state to restore). Works on any forward result of this stage.
    * @throws {LlamaForwardError} if `id` was not in the forward or `committed` is outside [1, block].
    */
@@ -244,7 +240,7 @@ export class LlamaStageModel implements StageModel {
   }
 
   /**
-   * Core's tree-commit hook: keeps the block rows `rows` of `id` (a root-to-node path of the tree it
+   * {@link TreeCommit}: keeps the block rows `rows` of `id` (a root-to-node path of the tree it
    * was verified with) as its next tokens — each kept row's K/V (every layer of the stage) copied to
    * position `position + j`, the rest of the block dropped.
    * @throws {LlamaForwardError} if `id` was not in the forward, was verified without a tree, or `rows`
@@ -294,7 +290,8 @@ export class LlamaStageModel implements StageModel {
   }
 
   /**
-   * The lm_head alone (last stage only; the caller normalises): `x [rows, hiddenSize]` f32 → `[rows, vocabSize]` f32.
+   * The lm_head alone (last stage only; the caller normalises): `x [rows, hiddenSize]` f32 →
+   * `[rows, vocabSize]` f32.
    * @throws {LlamaForwardError} on a non-last stage or a mis-sized x.
    */
   lmHead(x: Float32Array, rows: number): Float32Array {

@@ -23,7 +23,7 @@
  * leading drafts it allows (tokens, q, parents and confidence cut alike; a budget of 0 makes that
  * sequence's step a plain decode step). The cost policy's rule is survival ≥ λ (draft-policy.ts).
  *
- * Commit modes: `'snapshots'` (default when the stage has `commitPrefix`) needs exactly one target
+ * Commit modes: `'snapshots'` (default when the stage has `PrefixCommit`) needs exactly one target
  * forward per verify step; `'replay'` restores a checkpoint and re-runs the committed tokens when a
  * draft was rejected (one more forward). docs/BENCHMARKS.md has the measured comparison.
  */
@@ -32,6 +32,7 @@ import { SequenceCache } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
+import { hasPrefixCommit, type PrefixCommit } from '../plugin/stage-capabilities.js';
 import { DraftContextWriter } from './draft-context.js';
 import { CostDraftPolicy, fixedDraftPolicy, type DraftPolicy } from './draft-policy.js';
 import { calibrateStepCosts, type StepCosts } from './step-costs.js';
@@ -78,14 +79,17 @@ export class SpecEngine {
   private readonly vocab: number;
   /** The batch-level policy (undefined: `draftLength` hook, or no drafter). Set at the first step for `'cost'`. */
   private policy: DraftPolicy | undefined;
-  /** True when k comes from measured timings (`'cost'` or a {@link CostDraftPolicy}; see {@link SpecRequest.seeded}). */
+  /**
+   * True when k comes from measured timings (`'cost'` or a {@link CostDraftPolicy}; see
+   * {@link SpecRequest.seeded}).
+   */
   private readonly timingPolicy: boolean;
   /** The measured costs of the `'cost'` policy (after the first step). */
   stepCosts: StepCosts | undefined;
 
   /**
    * @throws {EngineError} for a stage that is not a whole model, `commit: 'snapshots'` on a stage
-   *   without commitPrefix, or a prefillChunk that is not an integer ≥ 1.
+   *   without `commitPrefix` ({@link PrefixCommit}), or a prefillChunk that is not an integer ≥ 1.
    */
   constructor(
     readonly target: StageModel,
@@ -95,7 +99,8 @@ export class SpecEngine {
     const info = target.info;
     if (!info.isFirst || !info.isLast)
       throw new EngineError(
-        'SpecEngine: target: expected a whole-model stage (first and last; a pipeline is one PipelineModel, pipeline/pipeline-model.ts)',
+        'SpecEngine: target: expected a whole-model stage ' +
+          '(first and last; a pipeline is one PipelineModel, pipeline/pipeline-model.ts)',
       );
     this.maxSequences = options.maxSequences ?? 8;
     this.maxTokensPerSequence = options.maxTokensPerSequence ?? 4096;
@@ -106,8 +111,8 @@ export class SpecEngine {
     const pagesPerSeq = Math.ceil(this.maxTokensPerSequence / pageSize) + 1;
     const cacheOptions = { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences };
     this.cache = target.createCache?.(cacheOptions) ?? new SequenceCache(target.cacheGeometry, cacheOptions);
-    this.commitMode = options.commit ?? (target.commitPrefix !== undefined ? 'snapshots' : 'replay');
-    if (this.commitMode === 'snapshots' && target.commitPrefix === undefined)
+    this.commitMode = options.commit ?? (hasPrefixCommit(target) ? 'snapshots' : 'replay');
+    if (this.commitMode === 'snapshots' && !hasPrefixCommit(target))
       throw new EngineError('SpecEngine: commit: "snapshots" needs a stage with commitPrefix');
     this.taps = drafter === undefined ? [] : drafter.captureSetter(info);
     this.context = drafter === undefined ? undefined : new DraftContextWriter(drafter, info.hiddenSize);
@@ -168,7 +173,8 @@ export class SpecEngine {
     const need = P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1;
     if (need > this.maxTokensPerSequence) {
       throw new EngineError(
-        `add: request ${String(req.id)}: prompt ${P} + maxTokens ${req.maxTokens} + a draft block needs ${need} tokens, maxTokensPerSequence is ${this.maxTokensPerSequence}`,
+        `add: request ${String(req.id)}: prompt ${P} + maxTokens ${req.maxTokens} + a draft block needs ` +
+          `${need} tokens, maxTokensPerSequence is ${this.maxTokensPerSequence}`,
       );
     }
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);

@@ -14,6 +14,7 @@ import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache, SequenceCheckpoint } from '../kv/sequence-cache.js';
 import type { ContextSpan, DraftProposal, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
+import { hasPrefixCommit, hasTreeCommit, type PrefixCommit, type TreeCommit } from '../plugin/stage-capabilities.js';
 import { acceptGreedy, acceptSampled, acceptTreeGreedy, isTree, type AcceptResult } from './accept.js';
 import type { DraftContextWriter, PendingContext } from './draft-context.js';
 import type { DraftPolicy } from './draft-policy.js';
@@ -165,14 +166,14 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
 }
 
 /**
- * A tree proposal must be verifiable: a target with `commitTreePath` (attention-only; a tree over
+ * A tree proposal must be verifiable: a target with {@link TreeCommit} (attention-only; a tree over
  * linear-attention layers would need per-branch state), greedy sampling (trees are verified along
  * the argmax path; drafters propose chains at temperature > 0), parents before children.
  * @throws {EngineError} naming the sequence and the reason.
  */
 function checkTree(ctx: StepContext, p: DraftProposal, r: Running): void {
   const id = String(p.id);
-  if (ctx.target.commitTreePath === undefined)
+  if (!hasTreeCommit(ctx.target))
     throw new EngineError(
       `propose: ${id}: tree drafts need a target that verifies trees ` +
         '(StageModel.commitTreePath: attention-only stages); this one verifies chains only',
@@ -296,7 +297,7 @@ export function commit(ctx: StepContext, verified: Verified, outcomes: readonly 
 
 /**
  * Keeps `committed` tokens of one verify block in the target cache: a tree's root `path`
- * (`commitTreePath`), the prefix with the verify pass's state snapshots (`commitPrefix`: KV
+ * ({@link TreeCommit}), the prefix with the verify pass's state snapshots ({@link PrefixCommit}: KV
  * truncated, linear state restored from the snapshot after the last committed token), or in
  * `'replay'` mode after a rejection the checkpoint restored and the committed tokens re-run (one
  * more forward). A block committed whole needs nothing more in `'replay'` mode.
@@ -310,10 +311,15 @@ function commitTarget(
   path: readonly number[] | undefined,
 ): void {
   const id = r.id;
+  const target = ctx.target;
   if (path !== undefined) {
-    ctx.target.commitTreePath!(ctx.cache, verified.res, id, path);
+    // propose refused tree drafts on a target without TreeCommit (checkTree)
+    if (!hasTreeCommit(target)) throw new EngineError(`commit: ${String(id)}: a tree path on a target without trees`);
+    target.commitTreePath(ctx.cache, verified.res, id, path);
   } else if (verified.snapshots) {
-    ctx.target.commitPrefix!(ctx.cache, verified.res, id, committed);
+    // 'snapshots' mode needs PrefixCommit (the engine's constructor checks it)
+    if (!hasPrefixCommit(target)) throw new EngineError(`commit: ${String(id)}: snapshots need commitPrefix`);
+    target.commitPrefix(ctx.cache, verified.res, id, committed);
   } else if (committed < block.tokens.length) {
     ctx.cache.rollback(id, verified.checkpoints.get(id)!);
     ctx.target.forward(

@@ -3,12 +3,13 @@
  * rank): the driver records its cache operations ({@link CacheOp}, mirrored-cache.ts) and ships them
  * with the next forward; the replica applies them in order to its own caches (its layers' KV pages
  * and linear-state slots), so every stage and rank keeps the same sequences at the same lengths.
- * Commits (`commitPrefix`, `commitTreePath`) apply to the replica's last forward result on that cache.
+ * Commits ({@link PrefixCommit}, {@link TreeCommit}) apply to the replica's last forward result on that cache.
  */
 
 import { SequenceCache, type SequenceCheckpoint } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { ForwardResult, StageModel } from '../plugin/model-plugin.js';
+import { hasPrefixCommit, hasTreeCommit, type PrefixCommit, type TreeCommit } from '../plugin/stage-capabilities.js';
 import type { CacheOp } from './stage-worker.js';
 
 /** Caches by driver cache id, their checkpoints, and the last forward (for commits). */
@@ -46,7 +47,11 @@ export class CacheReplica {
     return result;
   }
 
-  /** Applies one recorded operation. @throws {Error} for a rollback without a checkpoint or an unknown cache. */
+  /**
+   * Applies one recorded operation.
+   * @throws {Error} for a rollback without a checkpoint, an unknown cache, or a commit the stage cannot do
+   *   (the driver records only the commits its last stage has: every stage runs the same plugin).
+   */
   apply(op: CacheOp): void {
     switch (op.op) {
       case 'cache':
@@ -80,10 +85,12 @@ export class CacheReplica {
         return;
       }
       case 'commitPrefix':
-        this.model.commitPrefix!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.committed);
+        if (!hasPrefixCommit(this.model)) throw new Error(`${this.label}: commitPrefix on a stage without it`);
+        this.model.commitPrefix(this.cache(op.cache), this.lastResult(op.cache), op.id, op.committed);
         return;
       case 'commitTreePath':
-        this.model.commitTreePath!(this.cache(op.cache), this.lastResult(op.cache), op.id, op.rows);
+        if (!hasTreeCommit(this.model)) throw new Error(`${this.label}: commitTreePath on a stage without it`);
+        this.model.commitTreePath(this.cache(op.cache), this.lastResult(op.cache), op.id, op.rows);
         return;
     }
   }

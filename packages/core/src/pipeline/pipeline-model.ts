@@ -28,9 +28,8 @@
  */
 
 import type { TensorRead } from '../io/weight-reader.js';
-import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
-import { stageTaps } from '../plugin/drafter-plugin.js';
+import { type Drafter, type DrafterLoadOptions, stageTaps } from '../plugin/drafter-plugin.js';
 import type {
   ForwardBatch,
   ForwardOptions,
@@ -39,7 +38,15 @@ import type {
   StageInfo,
   StageModel,
 } from '../plugin/model-plugin.js';
-import type { ProjectionDistribution } from '../plugin/stage-capabilities.js';
+import {
+  type DistributedStage,
+  hasPrefixCommit,
+  hasTreeCommit,
+  isDistributedStage,
+  type PrefixCommit,
+  type ProjectionDistribution,
+  type TreeCommit,
+} from '../plugin/stage-capabilities.js';
 import { MirroredCache } from './mirrored-cache.js';
 import type { RemoteStage, StageReport } from './remote-stage.js';
 import { PipelineStageError } from './stage-process.js';
@@ -57,23 +64,23 @@ export type PipelineCache = MirroredCache;
 
 // --- the composite model -------------------------------------------------------------------------
 
-/** The whole target as one {@link StageModel} over stage processes + the local last stage. */
-export class PipelineModel implements StageModel, ProjectionDistribution {
+/**
+ * The whole target as one {@link StageModel} over stage processes + the local last stage: a
+ * {@link ProjectionDistribution} and a {@link DistributedStage} (the drafter lives with the last stage),
+ * with the last stage's commits ({@link PrefixCommit}, {@link TreeCommit}: each method set when the last
+ * stage has it, else absent).
+ */
+export class PipelineModel
+  implements StageModel, ProjectionDistribution, DistributedStage, Partial<PrefixCommit>, Partial<TreeCommit>
+{
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
   /** Per remote stage, the cache operations not yet sent. @internal */
   readonly queues: CacheOp[][];
-  readonly commitPrefix?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number) => void;
-  readonly commitTreePath?: (
-    cache: SequenceCache,
-    result: ForwardResult,
-    id: SequenceId,
-    rows: readonly number[],
-  ) => void;
+  readonly commitPrefix?: PrefixCommit['commitPrefix'];
+  readonly commitTreePath?: TreeCommit['commitTreePath'];
   readonly embedTokens?: (tokens: Int32Array) => Float32Array;
   readonly lmHead?: (x: Float32Array, rows: number) => Float32Array;
-  /** The last stage's (the drafter lives with the last stage; under TP × PP it is spread over its TP group). */
-  readonly loadDrafter?: StageModel['loadDrafter'];
   /** The latest forward: the composite result (what the engine holds) and the last stage's own. */
   private latest: { outer: ForwardResult; inner: ForwardResult } | undefined;
   private broken: Error | undefined;
@@ -94,24 +101,36 @@ export class PipelineModel implements StageModel, ProjectionDistribution {
     this.cacheGeometry = last.cacheGeometry;
     this.queues = remotes.map(() => []);
     for (const r of remotes) r.pipeline = this;
-    if (last.commitPrefix !== undefined) {
+    if (hasPrefixCommit(last)) {
       this.commitPrefix = (cache, result, id, committed) => {
         const pc = this.commit(cache, result);
         for (const r of remotes) r.commitPrefix(pc, result, id, committed);
-        this.local(pc, () => last.commitPrefix!(pc, this.latest!.inner, id, committed));
+        this.local(pc, () => last.commitPrefix(pc, this.latest!.inner, id, committed));
       };
     }
-    if (last.commitTreePath !== undefined) {
+    if (hasTreeCommit(last)) {
       this.commitTreePath = (cache, result, id, rows) => {
         const pc = this.commit(cache, result);
         for (const r of remotes) r.commitTreePath(pc, result, id, rows);
-        this.local(pc, () => last.commitTreePath!(pc, this.latest!.inner, id, rows));
+        this.local(pc, () => last.commitTreePath(pc, this.latest!.inner, id, rows));
       };
     }
     if (last.embedTokens !== undefined) this.embedTokens = (tokens) => last.embedTokens!(tokens);
     if (last.lmHead !== undefined) this.lmHead = (x, rows) => last.lmHead!(x, rows);
-    if (last.loadDrafter !== undefined)
-      this.loadDrafter = (dir, plugins, options) => last.loadDrafter!(dir, plugins, options);
+  }
+
+  /**
+   * Loads a drafter where it lives, with the last stage: spread over the last stage's ranks when it is a
+   * {@link DistributedStage} itself (TP × PP: its TP group), else undefined (the caller loads the whole
+   * drafter on this process, beside the last stage).
+   * @throws as the last stage's `loadDrafter`.
+   */
+  loadDrafter(
+    dir: string,
+    plugins: readonly string[],
+    options: Omit<DrafterLoadOptions, 'target'>,
+  ): Promise<Drafter | undefined> {
+    return isDistributedStage(this.last) ? this.last.loadDrafter(dir, plugins, options) : Promise.resolve(undefined);
   }
 
   /**

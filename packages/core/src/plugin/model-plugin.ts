@@ -5,6 +5,14 @@
  * Lifecycle: `load` (one stage = a layer range, weights packed) → `forward` per step (prefill
  * chunk, decode, verify block) with a {@link SequenceCache} sized from `cacheGeometry` →
  * `dispose`. The drafter contract ({@link DrafterPlugin}) sits beside this file (drafter-plugin.ts).
+ *
+ * A loaded stage is a small core {@link StageModel} (info, cache geometry, forward, dispose, and a few
+ * optional helpers drafters and the server use) plus the capabilities it declares with `implements`
+ * (stage-capabilities.ts): {@link PrefixCommit} (commit an accepted prefix from state snapshots),
+ * {@link TreeCommit} (verify token trees, commit one path), {@link DistributedStage} (spread over ranks or
+ * processes, loads drafters its own way) and {@link ProjectionDistribution} (stages that project their own
+ * taps). Callers ask for a capability with its guard (`hasPrefixCommit(model)`, `hasTreeCommit(model)`,
+ * `isDistributedStage(model)`, `hasProjectionDistribution(model)`), never by probing a method.
  */
 
 import type { GgufFile } from '../io/gguf.js';
@@ -132,7 +140,7 @@ export interface ForwardResult {
   readonly logits: Float32Array | undefined;
   /** Row ranges into `logits`: sequence `s` has rows [logitRowStart[s], logitRowStart[s+1]); `[numSeqs + 1]` i32. */
   readonly logitRowStart: Int32Array;
-  /** Residual stream leaving the stage `[numTokens, hiddenSize]` f32 (for the next stage; also set on the last stage). */
+  /** Residual stream leaving the stage `[numTokens, hiddenSize]` f32 (for the next stage; also on the last stage). */
   readonly hidden: Float32Array;
   /** Captured taps: tap id → `[numTokens, hiddenSize]` f32. */
   readonly taps: ReadonlyMap<number, Float32Array>;
@@ -151,14 +159,10 @@ export interface ForwardResult {
 /**
  * A loaded stage of a target model: the core contract. What only some stages can do is a capability
  * (plugin/stage-capabilities.ts: {@link PrefixCommit}, {@link TreeCommit}, {@link DistributedStage},
- * {@link ProjectionDistribution}); ask with its guard (`hasTreeCommit(model)`, …). Their methods stay
- * optional members here (`Partial<…>`) until every caller uses the guards.
+ * {@link ProjectionDistribution}) that the stage's class declares with `implements`; callers ask for it
+ * with its guard (`hasTreeCommit(model)`, …).
  */
-export interface StageModel
-  extends Partial<PrefixCommit>,
-    Partial<TreeCommit>,
-    Partial<DistributedStage>,
-    Partial<ProjectionDistribution> {
+export interface StageModel {
   readonly info: StageInfo;
   /** What the stage caches per sequence (size a {@link SequenceCache} from it). */
   readonly cacheGeometry: CacheGeometry;

@@ -6,7 +6,9 @@
  * - {@link TreeCommit}: verify token trees and commit one root-to-node path;
  * - {@link DistributedStage}: a model spread over ranks or processes that loads a drafter its own way;
  * - {@link ProjectionDistribution}: a model split into stages whose stages project their own taps.
- * A guard tests that the method is there; a class declares the capability with `implements`.
+ * A guard tests that the method is there; a class declares the capability with `implements`. A wrapper
+ * whose capability depends on what it wraps (a pipeline forwards its last stage's commits, a tensor-parallel
+ * model its rank 0 shard's) declares it as `Partial<…>` and sets the method only when the wrapped stage has it.
  */
 
 import type { TensorRead } from '../io/weight-reader.js';
@@ -31,7 +33,7 @@ export interface TreeCommit {
    * commit a tree path: keeps the block rows `rows` of `id` in a forward run with a `tree` (a
    * root-to-node path: `rows[0] = 0`, each row the child of the previous) as the sequence's next tokens
    * — their KV moved to consecutive positions, the rest dropped. Stages with linear state leave it
-   * absent: a tree would need per-branch state.
+   * absent: a tree would need per-branch state, and say why in `StageInfo.treeVerificationBlocker`.
    */
   commitTreePath(cache: SequenceCache, result: ForwardResult, id: SequenceId, rows: readonly number[]): void;
 }
@@ -70,20 +72,20 @@ export interface ProjectionDistribution {
 
 /** Whether `model` commits accepted prefixes from state snapshots ({@link PrefixCommit}). */
 export function hasPrefixCommit<M extends StageModel>(model: M): model is M & PrefixCommit {
-  return typeof model.commitPrefix === 'function';
+  return 'commitPrefix' in model && typeof model.commitPrefix === 'function';
 }
 
 /** Whether `model` verifies token trees ({@link TreeCommit}). */
 export function hasTreeCommit<M extends StageModel>(model: M): model is M & TreeCommit {
-  return typeof model.commitTreePath === 'function';
+  return 'commitTreePath' in model && typeof model.commitTreePath === 'function';
 }
 
 /** Whether `model` is spread over ranks or stages and loads drafters its own way ({@link DistributedStage}). */
 export function isDistributedStage<M extends StageModel>(model: M): model is M & DistributedStage {
-  return typeof model.loadDrafter === 'function';
+  return 'loadDrafter' in model && typeof model.loadDrafter === 'function';
 }
 
 /** Whether `model`'s stages can project drafter taps where they are produced ({@link ProjectionDistribution}). */
 export function hasProjectionDistribution<M extends StageModel>(model: M): model is M & ProjectionDistribution {
-  return typeof model.distributeProjection === 'function';
+  return 'distributeProjection' in model && typeof model.distributeProjection === 'function';
 }

@@ -27,9 +27,9 @@ import { setNumThreads } from '@specd/native';
 
 import type { TensorRead } from '../io/weight-reader.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
-import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { Drafter, DrafterLoadOptions } from '../plugin/drafter-plugin.js';
 import type { ForwardBatch, ForwardOptions, ForwardResult, StageInfo, StageModel } from '../plugin/model-plugin.js';
+import { type DistributedStage, hasPrefixCommit, type PrefixCommit } from '../plugin/stage-capabilities.js';
 import { MirroredCache } from '../pipeline/mirrored-cache.js';
 import type { CacheOp } from '../pipeline/stage-worker.js';
 import { createCommBuffers, replyWord, requestWord, SharedComm, takeMessage, TpAbortError, waitWhile } from './comm.js';
@@ -82,13 +82,17 @@ interface RemoteRank {
  */
 export type TpCache = MirroredCache;
 
-/** The whole target as one {@link StageModel} over tp ranks (rank 0 here, the others worker threads). */
-export class TensorParallelModel implements StageModel {
+/**
+ * The whole target as one {@link StageModel} over tp ranks (rank 0 here, the others worker threads): a
+ * {@link DistributedStage} (drafters load spread over the same ranks), with {@link PrefixCommit} when rank 0's
+ * shard has it (`commitPrefix` is then set, else absent).
+ */
+export class TensorParallelModel implements StageModel, DistributedStage, Partial<PrefixCommit> {
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
   /** Per worker rank, the cache operations not yet sent. @internal */
   readonly queues: CacheOp[][];
-  readonly commitPrefix?: (cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number) => void;
+  readonly commitPrefix?: PrefixCommit['commitPrefix'];
   readonly embedTokens?: (tokens: Int32Array) => Float32Array;
   /**
    * The vocab-parallel lm_head `x [rows, hiddenSize]` f32 → `[rows, vocabSize]` f32 (rank 0's shard's
@@ -126,18 +130,19 @@ export class TensorParallelModel implements StageModel {
     this.queues = remotes.map(() => []);
     if (rank0.embedTokens !== undefined) this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
     if (rank0.lmHead !== undefined) {
+      // outside runOnRanks, a request to every rank; stateless: a failure leaves nothing out of step
       this.lmHead = (x, rows) =>
         this.onRanks
           ? rank0.lmHead!(x, rows)
-          : this.runOnRanks({ type: 'lmHead', x, rows }, () => rank0.lmHead!(x, rows)).value; // stateless: a failure leaves nothing out of step
+          : this.runOnRanks({ type: 'lmHead', x, rows }, () => rank0.lmHead!(x, rows)).value;
     }
-    if (rank0.commitPrefix !== undefined) {
+    if (hasPrefixCommit(rank0)) {
       this.commitPrefix = (cache, result, id, committed) => {
         const tc = this.asTpCache(cache);
         if (this.latest !== result)
           throw new TensorParallelError('tensor parallel: commit of a result that is not the latest forward');
         tc.recordFor(this, { op: 'commitPrefix', cache: tc.cacheId, id, committed });
-        this.local(tc, () => rank0.commitPrefix!(tc, result, id, committed));
+        this.local(tc, () => rank0.commitPrefix(tc, result, id, committed));
       };
     }
   }
@@ -245,14 +250,15 @@ export class TensorParallelModel implements StageModel {
         : new TensorParallelError(`tensor parallel: ${errors.join('; ') || 'aborted'}`);
     if (!clean)
       this.broken = new TensorParallelError(
-        `tensor parallel: ranks out of step after a failed forward: ${err.message}${errors.length > 0 && err === failure ? ` (${errors.join('; ')})` : ''}`,
+        `tensor parallel: ranks out of step after a failed forward: ${err.message}` +
+          (errors.length > 0 && err === failure ? ` (${errors.join('; ')})` : ''),
         { cause: err },
       );
     throw err;
   }
 
   /**
-   * Loads the drafter checkpoint `dir` spread over the same ranks ({@link StageModel.loadDrafter}):
+   * Loads the drafter checkpoint `dir` spread over the same ranks ({@link DistributedStage.loadDrafter}):
    * every rank loads its shard through the drafter plugin's `loadShard` (rank 0 first, here, so a tp
    * that does not fit the drafter is refused before the workers load). Undefined when the plugin
    * that claims the checkpoint has no `loadShard` (the caller loads it whole on rank 0).

@@ -24,6 +24,7 @@ import type {
   DraftProposal,
   ForwardBatch,
   ForwardResult,
+  PrefixCommit,
   StageInfo,
   StageModel,
 } from '../../src/plugin/index.js';
@@ -43,7 +44,7 @@ const Q = [
 ];
 const logRow = (m: number[][], t: number) => Float32Array.from(m[t]!, Math.log);
 
-class ChainTarget implements StageModel {
+class ChainTarget implements StageModel, PrefixCommit {
   readonly info: StageInfo = {
     numLayers: 1,
     layerStart: 0,

@@ -27,6 +27,7 @@ import type {
   DraftProposal,
   ForwardBatch,
   ForwardResult,
+  PrefixCommit,
   StageInfo,
   StageModel,
 } from '../../src/plugin/index.js';
@@ -317,7 +318,7 @@ const Q = [
 const CONF = [0.9, 0.15, 0.6, 0.35];
 const logRow = (m: number[][], t: number) => Float32Array.from(m[t]!, Math.log);
 
-class ChainTarget implements StageModel {
+class ChainTarget implements StageModel, PrefixCommit {
   readonly info: StageInfo = {
     numLayers: 1,
     layerStart: 0,
