@@ -5,7 +5,8 @@
  * sampling; the prompt is prefilled in chunks). What `specd generate` runs.
  */
 
-import { SpecEngine, type SpecRequest } from '../engine/engine.js';
+import { SpecEngine } from '../engine/engine.js';
+import type { SpecRequest } from '../engine/types.js';
 import type { RequestMetrics } from '../engine/metrics.js';
 import type { SamplingParams } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';

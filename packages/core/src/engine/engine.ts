@@ -49,17 +49,6 @@ import {
   type SpecResult,
 } from './types.js';
 
-// The engine's public names that moved to their own files, exported from here as before.
-export { acceptTreeGreedy } from './accept.js';
-export {
-  DEFAULT_DRAFT_POLICY,
-  EngineError,
-  type FinishReason,
-  type SpecEngineOptions,
-  type SpecRequest,
-  type SpecResult,
-} from './types.js';
-
 /** The spec-decode loop over one target stage and an optional drafter. Not thread-safe. */
 export class SpecEngine {
   /** The target's caches (inspect `pagesInUse` / `slotsInUse`). */

@@ -1,6 +1,6 @@
 /**
- * Pipeline parallelism (PP) with stages as separate processes (issue #8, docs/ARCHITECTURE.md
- * "Pipeline parallelism").
+ * Pipeline parallelism (PP) with stages as separate processes (docs/ARCHITECTURE.md "Pipeline
+ * parallelism").
  *
  * The driver process (the one running {@link SpecEngine}) runs the LAST stage in-process — it owns
  * the drafter, the sampler and the draft KV (REFERENCE.md §8) — and forks one stage process per

@@ -1,5 +1,5 @@
 /**
- * The driver's end of the ZeroMQ stage transport (issue #8: stage processes "connected by ZeroMQ"):
+ * The driver's end of the ZeroMQ stage transport (stage processes connected by ZeroMQ):
  * a **synchronous** {@link SyncChannel} over a ZeroMQ PAIR socket. zeromq v6's Node API is
  * promise-only while {@link StageModel.forward} must block, so the socket lives in a bridge worker
  * thread (zmq-bridge.ts, one per process) and the caller blocks with `Atomics.wait`:

@@ -7,7 +7,8 @@
  * request — its own length is bounded by max_sequence_tokens) → {@link OverloadedError}.
  */
 
-import { SpecEngine, type SpecEngineOptions, type SpecResult } from '../engine/engine.js';
+import { SpecEngine } from '../engine/engine.js';
+import type { SpecEngineOptions, SpecResult } from '../engine/types.js';
 import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 

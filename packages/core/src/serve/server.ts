@@ -15,7 +15,8 @@ import type { AddressInfo } from 'node:net';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 
-import { EngineError, type SpecEngine, type SpecResult } from '../engine/engine.js';
+import type { SpecEngine } from '../engine/engine.js';
+import { EngineError, type SpecResult } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';

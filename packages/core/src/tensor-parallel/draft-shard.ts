@@ -1,5 +1,5 @@
 /**
- * What a drafter plugin needs to shard a draft model over a tensor-parallel group (issue #8; docs/
+ * What a drafter plugin needs to shard a draft model over a tensor-parallel group (docs/
  * ARCHITECTURE.md "Tensor parallelism", Drafters): the rank's block of heads, KV heads and
  * intermediate width (Megatron-LM layout, Shoeybi et al. 2019 §3; GQA KV heads replicated when the
  * group is larger than the KV heads, as vLLM's `QKVParallelLinear` does), and the two collectives a

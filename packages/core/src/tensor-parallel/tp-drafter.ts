@@ -1,7 +1,7 @@
 /**
- * A drafter spread over the ranks of a tensor-parallel target (issue #8: "tp ranks as worker
- * threads, each holding its shard of the weights (attention heads, …; draft KV heads replicated
- * when tp > heads)"; docs/ARCHITECTURE.md "Tensor parallelism", Drafters).
+ * A drafter spread over the ranks of a tensor-parallel target (tp ranks as worker
+ * threads, each holding its shard of the weights: attention heads, …; draft KV heads replicated
+ * when tp > heads; docs/ARCHITECTURE.md "Tensor parallelism", Drafters).
  *
  * Every rank holds its shard of the draft model, loaded through the drafter plugin's `loadShard`
  * (Megatron layout: its query heads, its KV heads — replicated when tp exceeds them — its block of

@@ -1,5 +1,5 @@
 /**
- * Tensor parallelism (TP) with ranks as worker threads (issue #8; docs/ARCHITECTURE.md "Tensor
+ * Tensor parallelism (TP) with ranks as worker threads (docs/ARCHITECTURE.md "Tensor
  * parallelism").
  *
  * Rank 0 runs on the driver's thread (the one running {@link SpecEngine}); ranks 1 … tp−1 are
