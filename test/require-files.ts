@@ -28,3 +28,12 @@ export function skipWithoutFiles(suite: string, files: readonly string[], fetch 
   console.warn(`\n!!! SKIPPED ${message}\n`);
   return true;
 }
+
+/**
+ * `value`, read from a reference file that is present; a present file that lacks the entry is a defect of the
+ * repository, never a reason to skip: throws an Error naming the file (relative to the repository) and `what`.
+ */
+export function requireEntry<T>(value: T | undefined, file: string, what: string): T {
+  if (value === undefined) throw new Error(`${path.relative(ROOT, file)} has no ${what}`);
+  return value;
+}

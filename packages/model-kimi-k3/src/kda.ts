@@ -12,12 +12,12 @@
  * identical however tokens are grouped into forwards. Prefill may use the chunked form.
  */
 
-import type { SequenceCache } from '@specd/core';
+import { type SequenceCache, sliceColumns } from '@specd/core';
 import { gatedRmsNorm, gemmBf16, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels } from './kernels.js';
-import { shardRange, sliceColumns, type SeqSpan, type ShardRank } from './layout.js';
+import { shardRange, type SeqSpan, type ShardRank } from './layout.js';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one KDA layer (HD = H·d). */

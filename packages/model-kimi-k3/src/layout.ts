@@ -12,8 +12,6 @@ export interface SeqSpan {
   readonly position: number;
 }
 
-export { sliceColumns } from '@specd/core';
-
 /** A tensor-parallel rank's place: rank `rank` of `size` (size 1 = the whole model). */
 export interface ShardRank {
   readonly rank: number;

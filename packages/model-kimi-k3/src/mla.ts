@@ -11,12 +11,12 @@
  * No rotary anywhere (NoPE).
  */
 
-import type { SequenceCache } from '@specd/core';
+import { type SequenceCache, sliceColumns } from '@specd/core';
 import { gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels, MlaBatch, MlaPrepared } from './kernels.js';
-import { shardRange, sliceColumns, type SeqSpan, type ShardRank } from './layout.js';
+import { shardRange, type SeqSpan, type ShardRank } from './layout.js';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one MLA layer. */

@@ -61,10 +61,6 @@ class OracleTreeDrafter implements Drafter {
       return { id: s.id, tokens: Int32Array.from(tokens.slice(0, k)), parents: Int32Array.from(parents.slice(0, k)) };
     });
   }
-  buildPDInput(): unknown {
-    throw new Error('no');
-  }
-  acceptPDInput(): void {}
   addSequence(): void {}
   contextLength(): number {
     return 0;

@@ -10,7 +10,7 @@ import { SpecEngine, type StageModel } from '@specd/core';
 
 import type { DFlashDrafter } from '../src/index.js';
 import { loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
-import { skipWithoutFiles } from '../../../test/require-files.js';
+import { requireEntry, skipWithoutFiles } from '../../../test/require-files.js';
 
 const REF = process.env.SPECD_REFERENCE_TAU ?? path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
 
@@ -45,7 +45,7 @@ function findRun(x: unknown): RefRun | undefined {
 
 const run = skipWithoutFiles('τ vs the reference (subset)', [REF], 'git checkout -- test/prompts/reference_tau.json')
   ? undefined
-  : findRun(JSON.parse(fs.readFileSync(REF, 'utf8')));
+  : requireEntry(findRun(JSON.parse(fs.readFileSync(REF, 'utf8'))), REF, 'greedy DFlash run with block size 16');
 
 describe.skipIf(run === undefined)('τ vs the reference (subset)', () => {
   let target: StageModel;

@@ -12,7 +12,7 @@ import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type St
 
 import type { DSparkDrafter } from '../src/index.js';
 import { GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
-import { skipWithoutFiles } from '../../../test/require-files.js';
+import { requireEntry, skipWithoutFiles } from '../../../test/require-files.js';
 
 const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
@@ -106,7 +106,11 @@ const refRun = !skipWithoutFiles(
   [REF],
   'git checkout -- test/prompts/reference_tau.json',
 )
-  ? (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.dspark_t0
+  ? requireEntry(
+      (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs?: Record<string, RefRun> }).runs?.dspark_t0,
+      REF,
+      'run dspark_t0',
+    )
   : undefined;
 
 describe.skipIf(refRun === undefined)('τ vs the reference run dspark_t0 (subset)', () => {

@@ -11,6 +11,7 @@ import {
   TapProjection,
   WeightReader,
   draftShardLayout,
+  hasTreeCommit,
   packShard,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
@@ -58,7 +59,7 @@ export function loadEagle3Projection(
  * With `tree` (all-attention targets only), `maxDraftTokens` = `tree.total_tokens` (`num_draft_tokens`
  * is then not used).
  * @throws {DrafterError} if `tree` is set on a target that cannot verify trees (its
- *   `StageInfo.treeVerificationBlocker`, named), hidden or vocabulary sizes differ from
+ *   `StageInfo.treeVerificationBlocker`, named; or no `TreeCommit` capability), hidden or vocabulary sizes differ from
  *   the target's, `fc` is not `[hidden, taps × hidden]`, a tap is beyond the target's layers, the
  *   target lacks `embedTokens`, `d2t` is missing or maps outside the target vocabulary, or a tensor
  *   is missing / mis-shaped.
@@ -120,6 +121,12 @@ function buildEagle3(
     throw new DrafterError(
       `eagle3: EAGLE-3 tree drafting needs per-branch linear-attention state, which targets with ` +
         `${info.treeVerificationBlocker} do not have; use chain drafting (omit \`tree\`)`,
+    );
+  // fail closed: a target that does not declare the TreeCommit capability cannot commit a tree path
+  if (tree !== undefined && !hasTreeCommit(t))
+    throw new DrafterError(
+      `eagle3: EAGLE-3 tree drafting needs a target that verifies token trees (the TreeCommit capability, ` +
+        `\`commitTreePath\`); this target (${info.numLayers} layers) has none; use chain drafting (omit \`tree\`)`,
     );
   if (c.hiddenSize !== info.hiddenSize)
     throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);

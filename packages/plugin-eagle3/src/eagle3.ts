@@ -299,11 +299,6 @@ export class Eagle3Drafter extends DrafterBase {
     return out;
   }
 
-  /**
-   * The chain (module comment) of `lengths[r]` steps for each of `seqs`, batched per step; `pick`
-   * chooses step j's draft id of sequence r from its draft-vocabulary logits (`greedy` = their argmax).
-   * Returns the draft ids; the chain's temporary KV is discarded.
-
   /** free: drops the sequence's pages and its last context row g. Idempotent. */
   override freeSequence(id: SequenceId): void {
     super.freeSequence(id);

@@ -2,7 +2,7 @@
 // weights (`layers.0.*` names, `transformer_layer_config`), registration under core's DRAFTER_PLUGIN
 // and selection by `architectures`, `num_draft_tokens`, and the specific rejections: fc width ≠ taps ×
 // hidden, taps the target does not have, hidden size mismatch, missing d2t, trees on the KDA target (an
-// all-attention target accepts them), context writes without nextTokens; PD hand-over calls are refused clearly.
+// all-attention target accepts them), context writes without nextTokens; no PD hand-over stubs.
 import 'reflect-metadata';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -227,7 +227,14 @@ describe('EAGLE-3 load', () => {
             treeVerificationBlocker: undefined,
           },
         },
+        // the TreeCommit capability (this test loads a tree drafter; it never commits a tree)
+        commitTreePath: { value: () => undefined },
       }) as StageModel;
+      const noTreeCommit = Object.create(allAttention, { commitTreePath: { value: undefined } }) as StageModel;
+      await expect(loadDrafter(noTreeCommit, { settings: tree })).rejects.toThrow(
+        'eagle3: EAGLE-3 tree drafting needs a target that verifies token trees (the TreeCommit capability, ' +
+          '`commitTreePath`); this target (8 layers) has none; use chain drafting (omit `tree`)',
+      );
       const d = await loadDrafter(allAttention, { settings: tree });
       try {
         expect(d.maxDraftTokens).toBe(32);

@@ -21,12 +21,22 @@ const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), '
 };
 const NAMES = Object.keys(index.goldens);
 
-/** The target, reporting all layers as attention (see the file comment); everything else delegates. */
+/**
+ * The target, reporting all layers as attention and declaring the TreeCommit capability (see the file
+ * comment; these tests draft trees and never commit one); everything else delegates.
+ */
 function allAttention(t: StageModel): StageModel {
   const info = { ...t.info, layerKinds: t.info.layerKinds.map(() => 'attention'), treeVerificationBlocker: undefined };
+  const commitTreePath = (): void => {
+    throw new Error('allAttention: commitTreePath is not used by these tests');
+  };
   return new Proxy(t, {
+    has(o, p) {
+      return p === 'commitTreePath' || Reflect.has(o, p);
+    },
     get(o, p) {
       if (p === 'info') return info;
+      if (p === 'commitTreePath') return commitTreePath;
       const v = Reflect.get(o, p, o) as unknown;
       return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(o) : v;
     },

@@ -132,7 +132,8 @@ function resolveFromProject(name: string, from: string): string | undefined {
  * Imports plugin packages by name and calls each one's exported `register(container)`. A name is
  * resolved first from the project (`from`, default the working directory: a package installed next
  * to specd), then from core's own location (the built-ins).
- * @throws {PluginError} naming the package that cannot be imported or has no `register` function.
+ * @throws {PluginError} naming the package that cannot be imported or has no `register` function, or
+ *   one of whose plugins was built for another plugin API version (nothing of that package is registered).
  */
 export async function loadPluginPackages(
   names: readonly string[],
@@ -150,18 +151,22 @@ export async function loadPluginPackages(
     }
     if (typeof mod.register !== 'function')
       throw new PluginError(`plugin package ${JSON.stringify(name)} exports no register(container) function`);
-    const before = registeredPlugins(container);
-    (mod.register as (c: DependencyContainer) => void)(container);
-    for (const plugin of registeredPlugins(container)) if (!before.has(plugin)) checkApiVersion(plugin, name);
+    const register = mod.register as (c: DependencyContainer) => void;
+    // the package registers into a scratch child first: a plugin built for another API version is refused
+    // before anything of the package reaches `container`
+    const probe = container.createChildContainer();
+    register(probe);
+    for (const plugin of ownPlugins(probe)) checkApiVersion(plugin, name);
+    register(container);
   }
 }
 
-/** The model and drafter plugins registered in `container` (and its parents). */
-function registeredPlugins(container: DependencyContainer): Set<ModelPlugin | DrafterPlugin> {
-  return new Set<ModelPlugin | DrafterPlugin>([
-    ...ModelRegistry.fromContainer(container).plugins(),
-    ...DrafterRegistry.fromContainer(container).plugins(),
-  ]);
+/** The model and drafter plugins registered in `container` itself (not its parents). */
+function ownPlugins(container: DependencyContainer): (ModelPlugin | DrafterPlugin)[] {
+  return [
+    ...(container.isRegistered(MODEL_PLUGIN, false) ? container.resolveAll<ModelPlugin>(MODEL_PLUGIN) : []),
+    ...(container.isRegistered(DRAFTER_PLUGIN, false) ? container.resolveAll<DrafterPlugin>(DRAFTER_PLUGIN) : []),
+  ];
 }
 
 /**

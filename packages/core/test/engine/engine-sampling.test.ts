@@ -114,12 +114,6 @@ class ChainDrafter implements Drafter {
       return this.withQ && s.sampling.temperature > 0 ? { id: s.id, tokens, probs } : { id: s.id, tokens };
     });
   }
-  buildPDInput(): unknown {
-    throw new Error('no');
-  }
-  acceptPDInput(): void {
-    throw new Error('no');
-  }
   addSequence(): void {}
   contextLength(): number {
     return 0;

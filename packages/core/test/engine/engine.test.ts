@@ -118,12 +118,6 @@ class ToyDrafter implements Drafter {
       return { id: s.id, tokens: d };
     });
   }
-  buildPDInput(): unknown {
-    throw new Error('no');
-  }
-  acceptPDInput(): void {
-    throw new Error('no');
-  }
   addSequence(id: unknown): void {
     this.ctx.set(id, 0);
   }

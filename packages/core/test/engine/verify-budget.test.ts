@@ -220,12 +220,6 @@ class ConfidentDrafter implements Drafter {
       return { id: s.id, tokens: d, confidence: c };
     });
   }
-  buildPDInput(): unknown {
-    throw new Error('no');
-  }
-  acceptPDInput(): void {
-    throw new Error('no');
-  }
   addSequence(id: unknown): void {
     this.ctx.set(id, 0);
   }
@@ -384,12 +378,6 @@ class ChainDrafter implements Drafter {
       }
       return { id: s.id, tokens, probs, confidence };
     });
-  }
-  buildPDInput(): unknown {
-    throw new Error('no');
-  }
-  acceptPDInput(): void {
-    throw new Error('no');
   }
   addSequence(): void {}
   contextLength(): number {

@@ -120,6 +120,12 @@ describe('plugin API version', () => {
       const child = container.createChildContainer();
       const load = loadPluginPackages(['specd-old-drafter'], child, dir);
       await expect(load).rejects.toThrow(PluginError);
+      // nothing of the refused package was registered
+      expect(
+        DrafterRegistry.fromContainer(child)
+          .plugins()
+          .map((p) => p.method),
+      ).not.toContain('old');
       await expect(loadPluginPackages(['specd-old-drafter'], container.createChildContainer(), dir)).rejects.toThrow(
         'plugin package "specd-old-drafter": drafter plugin "old" was built for plugin API version 0; ' +
           'this specd implements plugin API version 1: use a release of the package built for it',
