@@ -22,12 +22,33 @@ interface TreeNode {
   slot: number;
 }
 
+/** A node with its index in its sequence's node list. */
+interface IndexedNode {
+  readonly n: number;
+  readonly node: TreeNode;
+}
+
 /** Tree rank order: higher cumulative log-prob first; ties: lower depth, then generation order (index). */
-function compareNodes(nodes: readonly TreeNode[], a: number, b: number): number {
-  const x = nodes[a]!;
-  const y = nodes[b]!;
+function compareNodes({ n: a, node: x }: IndexedNode, { n: b, node: y }: IndexedNode): number {
   if (x.cum !== y.cum) return x.cum > y.cum ? -1 : 1;
   return x.depth - y.depth || a - b;
+}
+
+/** One sequence's tree while it grows. */
+interface SeqTree {
+  readonly seq: DraftSequence;
+  /** Nodes returned at most: min(total_tokens, maxDrafts). */
+  readonly budget: number;
+  /** Children per node: a child ranked below `budget` among its siblings can never be selected. */
+  readonly width: number;
+  /** The nodes in generation order (a parent before its children). */
+  readonly nodes: TreeNode[];
+  /** Temporary draft-KV entries appended after the context so far. */
+  used: number;
+  /** Entries appended at the current level. */
+  added: number;
+  /** Position of the next temporary entry written at the current level. */
+  next: number;
 }
 
 /** log Σ exp(x) over a row, in f64 (NaN entries skipped). */
@@ -86,21 +107,38 @@ export function proposeTree(
   const F = kv.pool.floatsPerToken;
   const S = seqs.length;
   const attn = { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' } as const;
-  const budget = seqs.map((s) => Math.min(tree.totalTokens, s.maxDrafts));
-  // children per node: a child ranked below `budget` among its siblings can never be selected
-  const width = budget.map((b) => Math.min(tree.topK, Vd, b));
-  const nodes: TreeNode[][] = seqs.map(() => []);
-  const addChildren = (i: number, parent: number, depth: number, lg: Float32Array, h: Float32Array): void => {
-    const base = parent < 0 ? 0 : nodes[i]![parent]!.cum;
+  const trees: SeqTree[] = seqs.map((seq) => {
+    const budget = Math.min(tree.totalTokens, seq.maxDrafts);
+    return { seq, budget, width: Math.min(tree.topK, Vd, budget), nodes: [], used: 0, added: 0, next: 0 };
+  });
+  const addChildren = (
+    t: SeqTree,
+    parent: IndexedNode | undefined,
+    depth: number,
+    lg: Float32Array,
+    h: Float32Array,
+  ): void => {
+    const base = parent === undefined ? 0 : parent.node.cum;
     const lse = logSumExp(lg);
-    for (const d of topIndices(lg, width[i]!))
-      nodes[i]!.push({ draft: d, depth, parent, cum: base + (lg[d]! - lse), h, slot: -1 });
+    for (const d of topIndices(lg, t.width))
+      t.nodes.push({
+        draft: d,
+        depth,
+        parent: parent === undefined ? -1 : parent.n,
+        cum: base + (lg[d]! - lse),
+        h,
+        slot: -1,
+      });
   };
   // depth 1: chain step 1
   {
     const g = new Float32Array(S * D);
     seqs.forEach((s, i) => {
-      g.set(lastG.get(s.id)!, i * D);
+      const last = lastG.get(s.id);
+      // Eagle3Drafter.propose refuses a sequence without a stored g before it calls proposeTree
+      if (last === undefined)
+        throw new DrafterError(`eagle3: propose: internal error: no stored g for sequence ${String(s.id)}`);
+      g.set(last, i * D);
     });
     const x = model.layerInput(model.embed(Int32Array.from(seqs, (s) => s.lastToken)), g, S);
     const q = model.firstQuery(x, seqs);
@@ -114,8 +152,8 @@ export function proposeTree(
     );
     const h = model.finish(g, a, S);
     const logits = model.logits(h, S);
-    seqs.forEach((_, i) => {
-      addChildren(i, -1, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D));
+    trees.forEach((t, i) => {
+      addChildren(t, undefined, 1, logits.subarray(i * Vd, (i + 1) * Vd), h.slice(i * D, (i + 1) * D));
     });
   }
   // deeper levels: every token slot its own "page"
@@ -124,91 +162,94 @@ export function proposeTree(
     numPages: kv.layout.numPages * kv.layout.pageSize,
     pageSize: 1,
   });
-  const used = seqs.map(() => 0);
   let ctxSlots: Int32Array[] | undefined;
   try {
     for (let d = 2; d <= tree.depth; d++) {
       // frontier: the top `width` nodes of depth d − 1 by cumulative log-prob, of each sequence
-      const rows: { i: number; n: number }[] = [];
-      seqs.forEach((_, i) => {
-        if (d > budget[i]!) return; // an ancestor-closed tree of budget nodes is at most budget deep
-        const level: number[] = [];
-        nodes[i]!.forEach((nd, n) => {
-          if (nd.depth === d - 1) level.push(n);
+      const rows: { i: number; t: SeqTree; parent: IndexedNode }[] = [];
+      trees.forEach((t, i) => {
+        if (d > t.budget) return; // an ancestor-closed tree of budget nodes is at most budget deep
+        const level: IndexedNode[] = [];
+        t.nodes.forEach((node, n) => {
+          if (node.depth === d - 1) level.push({ n, node });
         });
-        level.sort((a, b) => compareNodes(nodes[i]!, a, b));
-        for (const n of level.slice(0, width[i]!)) rows.push({ i, n });
+        level.sort(compareNodes);
+        for (const parent of level.slice(0, t.width)) rows.push({ i, t, parent });
       });
       const R = rows.length;
       if (R === 0) break;
       ctxSlots ??= seqs.map((s) => kv.pool.tokenSlots([{ id: s.id, start: 0, n: s.position }]));
+      const ctx = ctxSlots;
       const g = new Float32Array(R * D);
-      rows.forEach(({ i, n }, r) => {
-        g.set(nodes[i]![n]!.h, r * D);
+      rows.forEach(({ parent }, r) => {
+        g.set(parent.node.h, r * D);
       });
-      const tok = Int32Array.from(rows, ({ i, n }) => w.draftToTarget[nodes[i]![n]!.draft]!);
+      const tok = Int32Array.from(rows, ({ parent }) => w.draftToTarget[parent.node.draft]!);
       const x = model.layerInput(model.embed(tok), g, R);
-      const pos = Int32Array.from(rows, ({ i }) => seqs[i]!.position + d - 2);
+      const pos = Int32Array.from(rows, ({ t }) => t.seq.position + d - 2);
       const [q, k, v] = model.queryKeysValues(x, pos);
       // temporary entry slots after each sequence's context
-      const counts = seqs.map(() => 0);
-      for (const { i } of rows) counts[i]!++;
-      const grow = seqs.flatMap((s, i) =>
-        counts[i]! === 0 ? [] : [{ id: s.id, position: s.position + used[i]!, numTokens: counts[i]! }],
+      for (const t of trees) t.added = 0;
+      for (const { t } of rows) t.added++;
+      const grow = trees.flatMap((t) =>
+        t.added === 0 ? [] : [{ id: t.seq.id, position: t.seq.position + t.used, numTokens: t.added }],
       );
       kv.extendAll(grow);
-      seqs.forEach((_, i) => {
-        used[i]! += counts[i]!;
-      });
+      for (const t of trees) {
+        t.next = t.seq.position + t.used;
+        t.used += t.added;
+      }
       const slots = new Int32Array(R);
-      const next = seqs.map((s, i) => s.position + used[i]! - counts[i]!);
-      rows.forEach(({ i, n }, r) => {
-        slots[r] = kv.pool.tokenOffset(seqs[i]!.id, next[i]!++) / F;
-        nodes[i]![n]!.slot = slots[r]!;
+      rows.forEach(({ t, parent }, r) => {
+        slots[r] = kv.pool.tokenOffset(t.seq.id, t.next++) / F;
+        parent.node.slot = slots[r]!;
       });
       kv.write(0, k, v, slots);
       // each node sees the context, its ancestors' entries (depth order) and its own entry
       const attnBatch = makePagedBatch(
-        rows.map(({ i, n }) => {
-          const p = seqs[i]!.position;
+        rows.map(({ i, t, parent }) => {
+          const p = t.seq.position;
           const pages = new Int32Array(p + d - 1);
-          pages.set(ctxSlots![i]!);
-          for (let a = n, at = p + d - 2; a >= 0; a = nodes[i]![a]!.parent) pages[at--] = nodes[i]![a]!.slot;
+          pages.set(ctx[i]!);
+          // a node's parent index is always one of its sequence's nodes (or −1 for a root)
+          for (let nd = parent.node, at = p + d - 2; ; nd = t.nodes[nd.parent]!) {
+            pages[at--] = nd.slot;
+            if (nd.parent < 0) break;
+          }
           return { qLen: 1, kvLen: p + d - 1, pages };
         }),
       );
       const a = pagedAttention(q, kv.keys(0), kv.values(0), layout1, attnBatch, attn);
       const h = model.finish(g, a, R);
       const logits = model.logits(h, R);
-      rows.forEach(({ i, n }, r) => {
-        addChildren(i, n, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D));
+      rows.forEach(({ t, parent }, r) => {
+        addChildren(t, parent, d, logits.subarray(r * Vd, (r + 1) * Vd), h.slice(r * D, (r + 1) * D));
       });
     }
   } finally {
-    kv.truncateAll(seqs.flatMap((s, i) => (used[i]! > 0 ? [{ id: s.id, position: s.position, numTokens: 0 }] : [])));
+    kv.truncateAll(
+      trees.flatMap((t) => (t.used > 0 ? [{ id: t.seq.id, position: t.seq.position, numTokens: 0 }] : [])),
+    );
   }
   // the budget best nodes (ancestor-closed: a child ranks after its parent), by depth then rank
-  return seqs.map((s, i) => {
-    const all = nodes[i]!;
-    const ranked = all
-      .map((_, n) => n)
-      .sort((a, b) => compareNodes(all, a, b))
-      .slice(0, budget[i]!);
-    const rank = new Map(ranked.map((n, r) => [n, r]));
-    const order = [...ranked].sort((a, b) => all[a]!.depth - all[b]!.depth || rank.get(a)! - rank.get(b)!);
-    const at = new Map(order.map((n, e) => [n, e]));
+  return trees.map(({ seq, budget, nodes }) => {
+    const ranked = nodes
+      .map((node, n) => ({ n, node }))
+      .sort(compareNodes)
+      .slice(0, budget);
+    const order = ranked.map((x, r) => ({ ...x, r })).sort((a, b) => a.node.depth - b.node.depth || a.r - b.r);
+    const at = new Map(order.map(({ n }, e) => [n, e]));
     const tokens = new Int32Array(order.length);
     const parents = new Int32Array(order.length);
-    order.forEach((n, e) => {
-      const nd = all[n]!;
+    order.forEach(({ n, node: nd }, e) => {
       tokens[e] = w.draftToTarget[nd.draft]!;
       const pe = nd.parent < 0 ? -1 : at.get(nd.parent);
       if (pe === undefined)
         throw new DrafterError(
-          `eagle3: propose: internal error: tree node ${n} of sequence ${String(s.id)} selected without its parent`,
+          `eagle3: propose: internal error: tree node ${n} of sequence ${String(seq.id)} selected without its parent`,
         );
       parents[e] = pe;
     });
-    return { id: s.id, tokens, parents };
+    return { id: seq.id, tokens, parents };
   });
 }
