@@ -82,8 +82,11 @@ export function acceptSampled(
   return { accepted: k, bonus: sampleFromProbs(p.subarray(k * vocab, (k + 1) * vocab), rng) };
 }
 
+/** A proposal with `parents`. */
+export type TreeProposal = DraftProposal & { readonly parents: Int32Array };
+
 /** True for a proposal whose drafts form a tree (some parent is not the previous draft). */
-export function isTree(p: DraftProposal): boolean {
+export function isTree(p: DraftProposal): p is TreeProposal {
   return p.parents?.some((v, j) => v !== j - 1) ?? false;
 }
 

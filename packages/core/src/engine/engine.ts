@@ -130,16 +130,18 @@ export class SpecEngine {
    * before admitting the first requests). @returns the measured (or cached) costs.
    */
   calibrate(): StepCosts | undefined {
-    if (!this.needsCalibration) return this.stepCosts;
+    const drafter = this.drafter;
+    // (needsCalibration implies a drafter)
+    if (!this.needsCalibration || drafter === undefined) return this.stepCosts;
     if (this.running.size > 0) throw new EngineError('calibrate: needs an idle engine (no running sequences)');
     const t0 = performance.now();
-    this.stepCosts = calibrateStepCosts(this.target, this.drafter!, this.cache, {
+    this.stepCosts = calibrateStepCosts(this.target, drafter, this.cache, {
       maxSequences: this.maxSequences,
-      maxDrafts: this.drafter!.maxDraftTokens,
+      maxDrafts: drafter.maxDraftTokens,
       stateSnapshots: this.commitMode === 'snapshots',
       taps: this.taps,
       // the scratch context plus the largest verify block must fit a sequence (a short `generate` sizes it tightly)
-      contextTokens: Math.max(1, Math.min(32, this.maxTokensPerSequence - this.drafter!.maxDraftTokens - 1)),
+      contextTokens: Math.max(1, Math.min(32, this.maxTokensPerSequence - drafter.maxDraftTokens - 1)),
     });
     this.metrics.calibrationMs += performance.now() - t0;
     this.policy = new CostDraftPolicy(this.stepCosts, this.options.costPolicy);

@@ -15,7 +15,14 @@ import type { SequenceCache, SequenceCheckpoint } from '../kv/sequence-cache.js'
 import type { ContextSpan, DraftProposal, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import { hasPrefixCommit, hasTreeCommit, type PrefixCommit, type TreeCommit } from '../plugin/stage-capabilities.js';
-import { acceptGreedy, acceptSampled, acceptTreeGreedy, isTree, type AcceptResult } from './accept.js';
+import {
+  acceptGreedy,
+  acceptSampled,
+  acceptTreeGreedy,
+  isTree,
+  type AcceptResult,
+  type TreeProposal,
+} from './accept.js';
 import type { DraftContextWriter, PendingContext } from './draft-context.js';
 import type { DraftPolicy } from './draft-policy.js';
 import type { RequestMetrics, RunMetrics } from './metrics.js';
@@ -116,7 +123,10 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
   const hook = ctx.options.draftLength;
   if (hook !== undefined)
     return seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
-  const chosen = ctx.policy!.choose(seqs.map((r, i) => ({ id: r.id, maxDrafts: caps[i]!, metrics: r.metrics })));
+  const policy = ctx.policy;
+  // the engine sets a policy whenever it has a drafter and no draftLength hook (step() calibrates 'cost' first)
+  if (policy === undefined) throw new EngineError('propose: internal error: a drafter without a draft policy');
+  const chosen = policy.choose(seqs.map((r, i) => ({ id: r.id, maxDrafts: caps[i]!, metrics: r.metrics })));
   return chosen.map((k, i) => Math.max(0, Math.min(caps[i]!, Math.floor(k))));
 }
 
@@ -171,7 +181,7 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
  * the argmax path; drafters propose chains at temperature > 0), parents before children.
  * @throws {EngineError} naming the sequence and the reason.
  */
-function checkTree(ctx: StepContext, p: DraftProposal, r: Running): void {
+function checkTree(ctx: StepContext, p: TreeProposal, r: Running): void {
   const id = String(p.id);
   if (!hasTreeCommit(ctx.target))
     throw new EngineError(
@@ -183,9 +193,9 @@ function checkTree(ctx: StepContext, p: DraftProposal, r: Running): void {
       `propose: ${id}: tree drafts are verified greedily only (temperature 0); ` +
         `at temperature ${r.req.sampling.temperature} the drafter must propose a chain`,
     );
-  if (p.parents!.length !== p.tokens.length)
-    throw new EngineError(`propose: ${id}: parents: expected [${p.tokens.length}], got ${p.parents!.length}`);
-  p.parents!.forEach((v, j) => {
+  if (p.parents.length !== p.tokens.length)
+    throw new EngineError(`propose: ${id}: parents: expected [${p.tokens.length}], got ${p.parents.length}`);
+  p.parents.forEach((v, j) => {
     if (!(Number.isInteger(v) && v >= -1 && v < j))
       throw new EngineError(`propose: ${id}: parents[${j}] = ${v}: expected −1 or an earlier draft`);
   });
@@ -213,7 +223,7 @@ export function verify(
     if (ctx.commitMode === 'replay' && drafts.length > 0) checkpoints.set(r.id, ctx.cache.checkpoint(r.id));
     const tree =
       p !== undefined && isTree(p)
-        ? Int32Array.from([-1, ...Array.from(p.parents!.subarray(0, drafts.length), (v) => v + 1)])
+        ? Int32Array.from([-1, ...Array.from(p.parents.subarray(0, drafts.length), (v) => v + 1)])
         : undefined;
     blocks.push({
       id: r.id,
@@ -321,7 +331,11 @@ function commitTarget(
     if (!hasPrefixCommit(target)) throw new EngineError(`commit: ${String(id)}: snapshots need commitPrefix`);
     target.commitPrefix(ctx.cache, verified.res, id, committed);
   } else if (committed < block.tokens.length) {
-    ctx.cache.rollback(id, verified.checkpoints.get(id)!);
+    const checkpoint = verified.checkpoints.get(id);
+    // 'replay' mode: verify checkpointed every block with drafts, and only such a block commits less than all
+    if (checkpoint === undefined)
+      throw new EngineError(`commit: ${String(id)}: internal error: a partial commit without a checkpoint`);
+    ctx.cache.rollback(id, checkpoint);
     ctx.target.forward(
       { sequences: [{ id, position: block.position, tokens: block.tokens.subarray(0, committed), logits: 'none' }] },
       ctx.cache,
@@ -339,17 +353,20 @@ function applyBudgets(ctx: StepContext, proposals: Map<SequenceId, DraftProposal
   const hook = ctx.policy?.budgets;
   if (hook === undefined || (ctx.options.verifyBudget ?? 'survival') === 'all' || ctx.options.draftLength !== undefined)
     return;
-  const items = [...proposals.values()].filter((p) => p.confidence !== undefined && p.tokens.length > 0);
+  const items = [...proposals.values()].filter(
+    (p): p is DraftProposal & { readonly confidence: Float32Array } =>
+      p.confidence !== undefined && p.tokens.length > 0,
+  );
   if (items.length === 0) return;
   for (const p of items) {
-    if (p.confidence!.length !== p.tokens.length)
+    if (p.confidence.length !== p.tokens.length)
       throw new EngineError(
-        `propose: ${String(p.id)}: confidence has ${p.confidence!.length} entries for ${p.tokens.length} drafts`,
+        `propose: ${String(p.id)}: confidence has ${p.confidence.length} entries for ${p.tokens.length} drafts`,
       );
   }
   const budgets = hook.call(
     ctx.policy,
-    items.map((p) => ({ id: p.id, confidence: p.confidence! })),
+    items.map((p) => ({ id: p.id, confidence: p.confidence })),
   );
   const V = ctx.vocab;
   items.forEach((p, i) => {
@@ -362,7 +379,7 @@ function applyBudgets(ctx: StepContext, proposals: Map<SequenceId, DraftProposal
       tokens: p.tokens.subarray(0, b),
       ...(p.probs === undefined ? {} : { probs: p.probs.subarray(0, b * V) }),
       ...(p.parents === undefined ? {} : { parents: p.parents.subarray(0, b) }),
-      confidence: p.confidence!.subarray(0, b),
+      confidence: p.confidence.subarray(0, b),
     });
   });
 }
