@@ -12,6 +12,7 @@
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { ContextSpan, Drafter } from '../plugin/drafter-plugin.js';
 import type { ForwardResult } from '../plugin/model-plugin.js';
+import { EngineError } from './types.js';
 
 /** Tap bytes a sequence may hold for its deferred draft context before it is written (8 MiB). */
 export const PENDING_TAP_BYTES = 8 << 20;
@@ -137,7 +138,13 @@ export class DraftContextWriter {
     for (const tap of first.taps.keys()) {
       const g = new Float32Array(n * D);
       let at = 0;
-      for (const o of owners) at = concat(o.pending.taps.get(tap)!, g, at);
+      for (const o of owners) {
+        const list = o.pending.taps.get(tap);
+        // every forward carries the drafter's taps (set once by captureSetter), so every owner kept each of them
+        if (list === undefined)
+          throw new EngineError(`draft context: internal error: sequence ${String(o.s.id)} kept no tap ${tap}`);
+        at = concat(list, g, at);
+      }
       taps.set(tap, g);
     }
     let projection: Float32Array | undefined;
@@ -145,7 +152,11 @@ export class DraftContextWriter {
       projection = new Float32Array(n * D);
       let at = 0;
       // every forward of a pipeline with a distributed projection carries one
-      for (const o of owners) at = concat(o.pending.projection!, projection, at);
+      for (const o of owners) {
+        if (o.pending.projection === undefined)
+          throw new EngineError(`draft context: internal error: sequence ${String(o.s.id)} kept no projection`);
+        at = concat(o.pending.projection, projection, at);
+      }
     }
     const spans = owners.map(({ s, pending: { position, numTokens } }) => {
       return { id: s.id, position, numTokens, nextTokens: s.history.slice(position + 1, position + 1 + numTokens) };

@@ -97,12 +97,15 @@ export class ModelRegistry {
    * The plugin for a GGUF file: the first whose `ggufArchitectures` contains its `general.architecture`.
    * @throws {PluginError} naming the file's architecture and every loaded plugin's GGUF architectures.
    */
-  resolveGguf(file: GgufFile): ModelPlugin {
+  resolveGguf(file: GgufFile): ModelPlugin & Pick<Required<ModelPlugin>, 'loadGguf'> {
     const arch = file.has('general.architecture') ? file.getString('general.architecture') : undefined;
     const found =
       arch === undefined
         ? undefined
-        : this.list.find((p) => p.loadGguf !== undefined && (p.ggufArchitectures ?? []).includes(arch));
+        : this.list.find(
+            (p): p is ModelPlugin & Pick<Required<ModelPlugin>, 'loadGguf'> =>
+              p.loadGguf !== undefined && (p.ggufArchitectures ?? []).includes(arch),
+          );
     if (found !== undefined) return found;
     const loaded =
       this.list.length === 0

@@ -109,8 +109,8 @@ export class TapProjection implements PartialProjection {
         `${this.where}: projectTargetHiddenPartial: accumulator: expected [${numTokens}, ${D}] f32, ` +
           `got length ${acc.length}`,
       );
-    const order = [...stageTaps.keys()].sort((a, b) => a - b);
-    for (const tap of order) {
+    const order = [...stageTaps].sort(([a], [b]) => a - b);
+    for (const [tap, h] of order) {
       const w = this.blocks.get(tap);
       if (w === undefined) {
         const held = this.taps;
@@ -119,7 +119,6 @@ export class TapProjection implements PartialProjection {
           `${this.where}: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${known.join(', ')}]`,
         );
       }
-      const h = stageTaps.get(tap)!;
       if (h.length !== numTokens * D)
         throw new DrafterError(
           `${this.where}: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, ` +

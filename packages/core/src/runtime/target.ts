@@ -72,7 +72,7 @@ export async function loadTarget(
     const tokenizer = fs.existsSync(nodePath.join(dir, 'tokenizer.json'))
       ? Tokenizer.load(dir)
       : tokenizerFromGguf(file);
-    const model = await plugin.loadGguf!(file, { onProgress });
+    const model = await plugin.loadGguf(file, { onProgress });
     return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
   }
   const config = HfConfig.read(modelDir);

@@ -82,7 +82,7 @@ export class SpecdServer {
   private readonly created = Math.floor(Date.now() / 1000);
 
   constructor(readonly options: SpecdServerOptions) {
-    const { target, drafter, scheduler } = options;
+    const { target, drafter, scheduler, numDraftTokens } = options;
     const tok = target.tokenizer;
     this.loop = new EngineLoop(
       target.model,
@@ -93,7 +93,7 @@ export class SpecdServer {
         pageSize: scheduler.page_size,
         prefillChunk: scheduler.prefill_chunk_tokens,
         decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
-        ...(options.numDraftTokens === undefined ? {} : { draftLength: () => options.numDraftTokens! }),
+        ...(numDraftTokens === undefined ? {} : { draftLength: () => numDraftTokens }),
       },
       {
         maxWaiting: scheduler.max_waiting_requests,
