@@ -32,6 +32,13 @@ export class CacheReplica {
     return c;
   }
 
+  /** Checkpoints of cache `id` (kept exactly while the cache exists). @throws {Error} for an unknown id. */
+  private checkpointsOf(id: number): Map<SequenceId, SequenceCheckpoint> {
+    const c = this.checkpoints.get(id);
+    if (c === undefined) throw new Error(`${this.label}: unknown cache ${id}`);
+    return c;
+  }
+
   private lastResult(cache: number): ForwardResult {
     if (this.last === undefined || this.last.cache !== cache)
       throw new Error(`${this.label}: commit without a forward on this cache`);
@@ -72,16 +79,20 @@ export class CacheReplica {
         return;
       case 'finish':
         this.cache(op.cache).finish(op.id);
-        this.checkpoints.get(op.cache)!.delete(op.id);
+        this.checkpointsOf(op.cache).delete(op.id);
         return;
-      case 'checkpoint':
-        this.checkpoints.get(op.cache)!.set(op.id, this.cache(op.cache).checkpoint(op.id));
+      case 'checkpoint': {
+        const cache = this.cache(op.cache);
+        this.checkpointsOf(op.cache).set(op.id, cache.checkpoint(op.id));
         return;
+      }
       case 'rollback': {
-        const cp = this.checkpoints.get(op.cache)!.get(op.id);
+        const cache = this.cache(op.cache);
+        const checkpoints = this.checkpointsOf(op.cache);
+        const cp = checkpoints.get(op.id);
         if (cp === undefined) throw new Error(`${this.label}: rollback of ${String(op.id)} without a checkpoint`);
-        this.cache(op.cache).rollback(op.id, cp);
-        this.checkpoints.get(op.cache)!.delete(op.id);
+        cache.rollback(op.id, cp);
+        checkpoints.delete(op.id);
         return;
       }
       case 'commitPrefix':

@@ -115,8 +115,9 @@ export class PipelineModel
         this.local(pc, () => last.commitTreePath(pc, this.latest!.inner, id, rows));
       };
     }
-    if (last.embedTokens !== undefined) this.embedTokens = (tokens) => last.embedTokens!(tokens);
-    if (last.lmHead !== undefined) this.lmHead = (x, rows) => last.lmHead!(x, rows);
+    const { embedTokens, lmHead } = last;
+    if (embedTokens !== undefined) this.embedTokens = (tokens) => embedTokens.call(last, tokens);
+    if (lmHead !== undefined) this.lmHead = (x, rows) => lmHead.call(last, x, rows);
   }
 
   /**

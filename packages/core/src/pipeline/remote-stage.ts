@@ -88,8 +88,15 @@ export class RemoteStage implements StageModel {
   /** The pipeline this stage belongs to (set by {@link PipelineModel}). @internal */
   pipeline: PipelineModel | undefined;
 
+  /** {@link pipeline}, which PipelineModel's constructor sets before any forward or commit reaches this stage. */
+  private get owner(): PipelineModel {
+    if (this.pipeline === undefined)
+      throw new PipelineStageError(`${this.name()}: internal error: a stage used outside a PipelineModel`);
+    return this.pipeline;
+  }
+
   private pc(cache: SequenceCache): MirroredCache {
-    return this.pipeline!.asPipelineCache(cache);
+    return this.owner.asPipelineCache(cache);
   }
 
   /**
@@ -120,7 +127,7 @@ export class RemoteStage implements StageModel {
     const frames: Frame[] = [tokens];
     if (batch.hidden !== undefined) frames.push(batch.hidden);
     if (projection !== undefined) frames.push(projection);
-    const ops = this.pipeline!.queues[this.index]!.splice(0);
+    const ops = this.owner.queues[this.index]!.splice(0);
     const reply = this.exchange({
       header: {
         type: 'forward',
@@ -185,12 +192,12 @@ export class RemoteStage implements StageModel {
   /** Records a commit for the stage's latest forward (sent with the next request). */
   commitPrefix(cache: SequenceCache, _result: ForwardResult, id: SequenceId, committed: number): void {
     const pc = this.pc(cache);
-    pc.recordFor(this.pipeline!, { op: 'commitPrefix', cache: pc.cacheId, id, committed }, this.index);
+    pc.recordFor(this.owner, { op: 'commitPrefix', cache: pc.cacheId, id, committed }, this.index);
   }
 
   commitTreePath(cache: SequenceCache, _result: ForwardResult, id: SequenceId, rows: readonly number[]): void {
     const pc = this.pc(cache);
-    pc.recordFor(this.pipeline!, { op: 'commitTreePath', cache: pc.cacheId, id, rows: [...rows] }, this.index);
+    pc.recordFor(this.owner, { op: 'commitTreePath', cache: pc.cacheId, id, rows: [...rows] }, this.index);
   }
 
   /** Asks the process to exit, closes the channel and kills it. */
