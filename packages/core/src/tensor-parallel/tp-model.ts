@@ -128,13 +128,14 @@ export class TensorParallelModel implements StageModel, DistributedStage, Partia
     this.info = rank0.info;
     this.cacheGeometry = rank0.cacheGeometry;
     this.queues = remotes.map(() => []);
-    if (rank0.embedTokens !== undefined) this.embedTokens = (tokens) => rank0.embedTokens!(tokens);
-    if (rank0.lmHead !== undefined) {
+    const { embedTokens, lmHead } = rank0;
+    if (embedTokens !== undefined) this.embedTokens = (tokens) => embedTokens.call(rank0, tokens);
+    if (lmHead !== undefined) {
       // outside runOnRanks, a request to every rank; stateless: a failure leaves nothing out of step
       this.lmHead = (x, rows) =>
         this.onRanks
-          ? rank0.lmHead!(x, rows)
-          : this.runOnRanks({ type: 'lmHead', x, rows }, () => rank0.lmHead!(x, rows)).value;
+          ? lmHead.call(rank0, x, rows)
+          : this.runOnRanks({ type: 'lmHead', x, rows }, () => lmHead.call(rank0, x, rows)).value;
     }
     if (hasPrefixCommit(rank0)) {
       this.commitPrefix = (cache, result, id, committed) => {
@@ -185,11 +186,14 @@ export class TensorParallelModel implements StageModel, DistributedStage, Partia
     }
     // rank 0 embeds (validating the ids) before any rank starts
     // (a later pipeline stage gets the previous stage's hidden instead)
-    if (batch.hidden === undefined && this.embedTokens === undefined)
-      throw new TensorParallelError(
-        "tensor parallel: batch.hidden: expected the previous stage's hidden (this shard does not embed)",
-      );
-    const hidden = batch.hidden ?? this.embedTokens!(tokens);
+    let hidden = batch.hidden;
+    if (hidden === undefined) {
+      if (this.embedTokens === undefined)
+        throw new TensorParallelError(
+          "tensor parallel: batch.hidden: expected the previous stage's hidden (this shard does not embed)",
+        );
+      hidden = this.embedTokens(tokens);
+    }
     const snapshots = options.stateSnapshots === true || (options as { kdaSnapshots?: boolean }).kdaSnapshots === true;
     this.comm.reset();
     const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
