@@ -3,7 +3,7 @@
  * batched over sequences per step. Oracle: tools/reference/eval_tau.py (`Proposer._eagle`).
  */
 
-import type { DraftKvCache, DraftSequence, SequenceId } from '@specd/core';
+import { DrafterError, type DraftKvCache, type DraftSequence, type SequenceId } from '@specd/core';
 import { argmax, makePagedBatch, pagedAttention } from '@specd/native';
 
 import type { Eagle3Model } from './eagle3-model.js';
@@ -20,7 +20,8 @@ export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: num
  * 0's). Step 1 reads g of anchor p − 1 from `lastG`; step j > 1 writes its K/V after the context (slot
  * p + j − 2) as temporary rows, dropped before returning (also on an error).
  * @returns the draft ids, `[lengths[r]]` i32 per sequence (draft vocabulary).
- * @throws `CacheError` `full` when the draft KV has no page left for a step's rows.
+ * @throws `CacheError` `full` when the draft KV has no page left for a step's rows; {@link DrafterError}
+ *   on an internal inconsistency (a sequence without a stored g: the callers check it first).
  */
 export function runChain(
   model: Eagle3Model,
@@ -40,11 +41,15 @@ export function runChain(
   const S = seqs.length;
   const kMax = lengths.reduce((m, k) => Math.max(m, k), 0);
   const drafts = lengths.map((k) => new Int32Array(k));
-  // per active sequence: g (the step's residual input) and the step's input token
-  let active = seqs.map((_, i) => i);
+  // per active sequence (i: its index in seqs, lengths and drafts): g (the step's residual input) and
+  // the step's input token
+  let active = seqs.map((seq, i) => ({ i, seq, length: lengths[i]!, out: drafts[i]! }));
   let g = new Float32Array(S * D);
   seqs.forEach((s, i) => {
-    g.set(lastG.get(s.id)!, i * D);
+    const last = lastG.get(s.id);
+    if (last === undefined)
+      throw new DrafterError(`eagle3: propose: internal error: no stored g for sequence ${String(s.id)}`);
+    g.set(last, i * D);
   });
   let tok = Int32Array.from(seqs, (s) => s.lastToken);
   let grew = false;
@@ -56,19 +61,19 @@ export function runChain(
       if (j === 1) {
         q = model.firstQuery(
           x,
-          active.map((i) => seqs[i]!),
+          active.map((c) => c.seq),
         );
       } else {
-        const pos = Int32Array.from(active, (i) => seqs[i]!.position + j - 2);
+        const pos = Int32Array.from(active, ({ seq }) => seq.position + j - 2);
         const [qj, k, v] = model.queryKeysValues(x, pos);
         q = qj;
-        const rows = active.map((i) => ({ id: seqs[i]!.id, position: seqs[i]!.position + j - 2, numTokens: 1 }));
+        const rows = active.map(({ seq }) => ({ id: seq.id, position: seq.position + j - 2, numTokens: 1 }));
         grew = true;
         kv.extendAll(rows);
         kv.write(0, k, v, kv.slots(rows));
       }
       const attnBatch = makePagedBatch(
-        active.map((i) => ({ qLen: 1, kvLen: seqs[i]!.position + j - 1, pages: kv.pool.blockTable(seqs[i]!.id) })),
+        active.map(({ seq }) => ({ qLen: 1, kvLen: seq.position + j - 1, pages: kv.pool.blockTable(seq.id) })),
       );
       const a = pagedAttention(q, kv.keys(0), kv.values(0), kv.layout, attnBatch, {
         numHeads: H,
@@ -79,13 +84,16 @@ export function runChain(
       // logits and the pick on rank 0 only (the other ranks' drafts stay 0: their embeddings are rank 0's)
       const logits = root ? model.logits(h, n) : undefined;
       const greedy = logits === undefined ? undefined : argmax(logits, Vd);
-      const nextActive: number[] = [];
+      const nextActive: typeof active = [];
       const nextRows: number[] = [];
-      active.forEach((i, row) => {
-        const d = logits === undefined ? 0 : pick(i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy![row]!);
-        drafts[i]![j - 1] = d;
-        if (lengths[i]! > j) {
-          nextActive.push(i);
+      active.forEach((c, row) => {
+        const d =
+          logits === undefined || greedy === undefined
+            ? 0
+            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy[row]!);
+        c.out[j - 1] = d;
+        if (c.length > j) {
+          nextActive.push(c);
           nextRows.push(row);
         }
       });
@@ -93,7 +101,7 @@ export function runChain(
       nextRows.forEach((row, r) => {
         ng.set(h.subarray(row * D, (row + 1) * D), r * D);
       });
-      tok = Int32Array.from(nextActive, (i) => (root ? w.draftToTarget[drafts[i]![j - 1]!]! : 0));
+      tok = Int32Array.from(nextActive, (c) => (root ? w.draftToTarget[c.out[j - 1]!]! : 0));
       g = ng;
       active = nextActive;
     }

@@ -165,8 +165,11 @@ export class Eagle3Model {
 
   /** Draft-vocabulary logits lm_head(norm(h)) of `n` rows `h [n, D]` → `[n, draftVocab]` f32 (rank 0 only). */
   logits(h: Float32Array, n: number): Float32Array {
-    const w = this.weights();
-    return gemmBf16(rmsNorm(h, w.finalNorm!, this.config.rmsNormEps), n, w.lmHead!);
+    const { finalNorm, lmHead } = this.weights();
+    // the root (rank 0) loads both, and only the root computes logits
+    if (finalNorm === undefined || lmHead === undefined)
+      throw new DrafterError('eagle3: logits: internal error: no final norm / lm_head (not the root rank)');
+    return gemmBf16(rmsNorm(h, finalNorm, this.config.rmsNormEps), n, lmHead);
   }
 
   /**

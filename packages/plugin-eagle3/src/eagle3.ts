@@ -237,13 +237,13 @@ export class Eagle3Drafter extends DrafterBase {
     }
     const tree = this.tree;
     const out = new Array<DraftProposal>(seqs.length);
-    const chainAt: number[] = [];
-    const treeAt: number[] = [];
+    const chainAt: { i: number; s: DraftSequence }[] = [];
+    const treeAt: { i: number; s: DraftSequence }[] = [];
     seqs.forEach((s, i) => {
-      (tree !== undefined && !(s.sampling.temperature > 0) ? treeAt : chainAt).push(i);
+      (tree !== undefined && !(s.sampling.temperature > 0) ? treeAt : chainAt).push({ i, s });
     });
     if (chainAt.length > 0) {
-      const cs = chainAt.map((i) => seqs[i]!);
+      const cs = chainAt.map(({ s }) => s);
       const lengths = cs.map((s) => (tree === undefined ? s.maxDrafts : Math.min(tree.depth, s.maxDrafts)));
       const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * V) : undefined));
       const drafts = runChain(this.model, this.kv, this.lastG, cs, lengths, (r, j, lg, greedy) => {
@@ -255,20 +255,22 @@ export class Eagle3Drafter extends DrafterBase {
         for (let e = 0; e < qd.length; e++) full[w.draftToTarget[e]!] = qd[e]!;
         return sampleFromProbs(qd, s.rng);
       });
-      chainAt.forEach((i, r) => {
+      chainAt.forEach(({ i, s }, r) => {
         const tokens = Int32Array.from(drafts[r]!, (d) => w.draftToTarget[d]!);
-        out[i] = probs[r] === undefined ? { id: seqs[i]!.id, tokens } : { id: seqs[i]!.id, tokens, probs: probs[r]! };
+        const q = probs[r];
+        out[i] = q === undefined ? { id: s.id, tokens } : { id: s.id, tokens, probs: q };
       });
     }
-    if (treeAt.length > 0) {
+    // (only with a tree are sequences put in treeAt)
+    if (tree !== undefined && treeAt.length > 0) {
       const props = proposeTree(
         this.model,
         this.kv,
         this.lastG,
-        treeAt.map((i) => seqs[i]!),
-        tree!,
+        treeAt.map(({ s }) => s),
+        tree,
       );
-      treeAt.forEach((i, r) => {
+      treeAt.forEach(({ i }, r) => {
         out[i] = props[r]!;
       });
     }
