@@ -201,27 +201,28 @@ export class DSparkDrafter extends DrafterBase {
     });
     const base = this.target.lmHead!(x, Rows);
     if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
-    const tokens = seqs.map((s) => new Int32Array(s.maxDrafts));
-    const conf = seqs.map((s) => new Float32Array(s.maxDrafts));
-    const probs = seqs.map((s) => (s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * V)));
+    // per sequence (i: its index in seqs): drafts, confidences, q rows (temperature > 0)
+    const outs = seqs.map((s, i) => ({
+      i,
+      s,
+      tokens: new Int32Array(s.maxDrafts),
+      conf: new Float32Array(s.maxDrafts),
+      probs: s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * V),
+    }));
     const prev = Int32Array.from(seqs, (s) => s.lastToken);
     const maxK = Math.max(...seqs.map((s) => s.maxDrafts));
     for (let j = 0; j < maxK; j++) {
-      const active: number[] = [];
-      seqs.forEach((s, i) => {
-        if (j < s.maxDrafts) active.push(i);
-      });
+      const active = outs.filter(({ s }) => j < s.maxDrafts);
       const n = active.length;
       const e = new Float32Array(n * R);
-      active.forEach((i, a) => {
+      active.forEach(({ i }, a) => {
         const t = prev[i]!;
         if (!(t >= 0 && t < V))
           throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
       const bias = gemmBf16(e, n, heads.proj); // [n, V]
-      active.forEach((i, a) => {
-        const s = seqs[i]!;
+      active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
         const row = start[i]! + j;
         const lg = new Float32Array(V);
         for (let v = 0; v < V; v++) lg[v] = base[row * V + v]! + bias[a * V + v]!;
@@ -230,9 +231,8 @@ export class DSparkDrafter extends DrafterBase {
         const hj = (i * B + j) * D;
         for (let d = 0; d < D; d++) z += heads.confW[d]! * h[hj + d]!;
         for (let k = 0; k < R; k++) z += heads.confW[D + k]! * e[a * R + k]!;
-        conf[i]![j] = 1 / (1 + Math.exp(-z));
+        conf[j] = 1 / (1 + Math.exp(-z));
         let d: number;
-        const q = probs[i];
         if (q === undefined) {
           d = 0;
           for (let v = 1; v < V; v++) if (lg[v]! > lg[d]!) d = v;
@@ -241,14 +241,12 @@ export class DSparkDrafter extends DrafterBase {
           q.set(qj, j * V);
           d = sampleFromProbs(qj, s.rng);
         }
-        tokens[i]![j] = d;
+        tokens[j] = d;
         prev[i] = d;
       });
     }
-    return seqs.map((s, i) =>
-      probs[i] === undefined
-        ? { id: s.id, tokens: tokens[i]!, confidence: conf[i]! }
-        : { id: s.id, tokens: tokens[i]!, probs: probs[i]!, confidence: conf[i]! },
+    return outs.map(({ s, tokens, conf, probs }) =>
+      probs === undefined ? { id: s.id, tokens, confidence: conf } : { id: s.id, tokens, probs, confidence: conf },
     );
   }
 
