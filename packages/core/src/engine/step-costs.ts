@@ -187,8 +187,8 @@ export function calibrateStepCosts(
     const out: BucketCosts[] = [];
     for (const B of buckets) {
       const seqs = ids.slice(0, B);
-      const vTimes: number[][] = ks.map(() => []);
-      const dTimes: number[][] = ks.map(() => []);
+      // per k: the verify and the propose times (ms)
+      const times = ks.map((k) => ({ k, verify: [] as number[], draft: [] as number[] }));
       // Round-robin over k (every repetition visits every k), so a change in the machine's load
       // hits all k alike; the first `warmup` rounds are not kept (JIT, first-touch allocations:
       // two for the first bucket, one after it).
@@ -196,7 +196,7 @@ export function calibrateStepCosts(
       const tBucket = performance.now();
       for (let r = 0; r < reps + warmup; r++) {
         if (r > warmup && performance.now() - tBucket > budgetMs) break;
-        ks.forEach((k, ki) => {
+        times.forEach(({ k, verify, draft }) => {
           if (k > 0) {
             const t0 = performance.now();
             const props = drafter.propose({
@@ -211,11 +211,11 @@ export function calibrateStepCosts(
               })),
             });
             const t1 = performance.now();
-            if (r >= warmup) dTimes[ki]!.push(t1 - t0);
+            if (r >= warmup) draft.push(t1 - t0);
             if (props.length !== B)
               throw new Error(`calibrateStepCosts: propose returned ${props.length} proposals for ${B} sequences`);
           }
-          const cps = seqs.map((id) => seqCache.checkpoint(id));
+          const cps = seqs.map((id) => ({ id, cp: seqCache.checkpoint(id) }));
           const fseqs = seqs.map((id, s) => {
             // Verify rows: the scratch prompt again (valid ids for any target; the cost of a row does
             // not depend on whether it would be accepted).
@@ -228,16 +228,14 @@ export function calibrateStepCosts(
             stateSnapshots: options.stateSnapshots && k > 0,
           }); // as the engine
           const t3 = performance.now();
-          if (r >= warmup) vTimes[ki]!.push(t3 - t2);
-          seqs.forEach((id, s) => {
-            seqCache.rollback(id, cps[s]!);
-          });
+          if (r >= warmup) verify.push(t3 - t2);
+          for (const { id, cp } of cps) seqCache.rollback(id, cp);
         });
       }
       // Medians, made non-decreasing in k (more rows never cost less; removes noise inversions).
       const monotone = (xs: number[]): number[] => xs.map((_, i) => Math.max(...xs.slice(0, i + 1)));
-      const verifyMs = monotone(vTimes.map(median));
-      const draftMs = [0, ...monotone(dTimes.slice(1).map(median))];
+      const verifyMs = monotone(times.map((t) => median(t.verify)));
+      const draftMs = [0, ...monotone(times.slice(1).map((t) => median(t.draft)))];
       out.push({ sequences: B, ks, verifyMs, draftMs });
     }
     const costs = new StepCosts(out);
