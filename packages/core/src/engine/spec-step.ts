@@ -118,16 +118,19 @@ export interface Outcome {
  */
 function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
   const maxK = ctx.drafter?.maxDraftTokens ?? 0;
-  const caps = seqs.map((r) => (r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length))));
+  const caps = seqs.map((r) => ({
+    r,
+    cap: r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length)),
+  }));
   if (ctx.drafter === undefined) return caps.map(() => 0);
   const hook = ctx.options.draftLength;
   if (hook !== undefined)
-    return seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
+    return caps.map(({ r, cap }) => Math.min(cap, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
   const policy = ctx.policy;
   // the engine sets a policy whenever it has a drafter and no draftLength hook (step() calibrates 'cost' first)
   if (policy === undefined) throw new EngineError('propose: internal error: a drafter without a draft policy');
-  const chosen = policy.choose(seqs.map((r, i) => ({ id: r.id, maxDrafts: caps[i]!, metrics: r.metrics })));
-  return chosen.map((k, i) => Math.max(0, Math.min(caps[i]!, Math.floor(k))));
+  const chosen = policy.choose(caps.map(({ r, cap }) => ({ id: r.id, maxDrafts: cap, metrics: r.metrics })));
+  return chosen.map((k, i) => Math.max(0, Math.min(caps[i]!.cap, Math.floor(k))));
 }
 
 /**
@@ -141,25 +144,24 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   const wants = draftLengths(ctx, seqs);
   const proposals = new Map<SequenceId, DraftProposal>();
   const { drafter, context } = ctx;
-  const drafting = seqs.filter((_, i) => wants[i]! > 0);
+  const asks = seqs.flatMap((r, i) => {
+    const want = wants[i];
+    return want !== undefined && want > 0 ? [{ r, want }] : [];
+  });
+  const drafting = asks.map(({ r }) => r);
   // (wants are all 0 without a drafter)
   if (drafter === undefined || context === undefined || drafting.length === 0)
     return { proposals, drafted: 0, proposeMs: 0 };
   context.flush(drafting.filter((r) => r.pending !== undefined));
-  const toDraft: DraftSequence[] = [];
-  seqs.forEach((r, i) => {
-    if (wants[i]! > 0) {
-      toDraft.push({
-        id: r.id,
-        position: r.historyLength - 1,
-        lastToken: r.history[r.historyLength - 1]!,
-        maxDrafts: wants[i]!,
-        history: r.history.subarray(0, r.historyLength),
-        sampling: r.req.sampling,
-        rng: r.rng,
-      });
-    }
-  });
+  const toDraft: DraftSequence[] = asks.map(({ r, want }) => ({
+    id: r.id,
+    position: r.historyLength - 1,
+    lastToken: r.history[r.historyLength - 1]!,
+    maxDrafts: want,
+    history: r.history.subarray(0, r.historyLength),
+    sampling: r.req.sampling,
+    rng: r.rng,
+  }));
   ctx.metrics.proposeCalls++;
   const tp = performance.now();
   const proposed = drafter.propose({ sequences: toDraft });
