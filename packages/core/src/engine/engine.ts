@@ -353,7 +353,10 @@ export class SpecEngine {
       req.onToken?.(t);
       if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true) return 'eos';
       if (req.stopStrings !== undefined && req.stopStrings.length > 0) {
-        const text = this.options.decode!(r.out);
+        // add() refuses stopStrings without the decode option
+        if (this.options.decode === undefined)
+          throw new EngineError(`emit: request ${String(req.id)}: internal error: stopStrings without decode`);
+        const text = this.options.decode(r.out);
         if (req.stopStrings.some((s) => text.includes(s))) return 'stop';
       }
       if (r.out.length >= req.maxTokens) return 'length';
