@@ -8,6 +8,7 @@ export * from './serve/index.js';
 export * from './pipeline/index.js';
 export * from './tensor-parallel/index.js';
 export * from './runtime/index.js';
+export * from './pd/index.js';
 export * from './cli/index.js';
 export * from './util/columns.js';
 export * from './model/forward-prologue.js';
