@@ -1,0 +1,261 @@
+/**
+ * The receiving side (D) of the ZeroMQ transfer engine: the engine's ROUTER socket, the pending `expect`s and
+ * the ids of requests that ended (to answer their late messages). Protocol: zmq-transfer.ts.
+ */
+
+import type * as Zmq from 'zeromq';
+
+import { describeRange } from './transfer-engine.js';
+import { PdError, type RegionRange } from './types.js';
+import { AllowedRanges, decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
+
+/** How many finished / aborted request ids a receiver remembers (to answer their late messages). */
+const TOMBSTONES = 4096;
+
+interface PendingExpect {
+  readonly requestId: string;
+  readonly allowed: AllowedRanges;
+  readonly timer: NodeJS.Timeout;
+  readonly resolve: (payload: unknown) => void;
+  readonly reject: (e: PdError) => void;
+  /** The identities (ROUTER routing ids) of the senders seen, by hex. */
+  readonly senders: Map<string, Buffer>;
+  /** Data messages applied. */
+  batches: number;
+  descriptors: number;
+  bytes: number;
+}
+
+/** D's half of a ZeroMQ transfer engine. */
+export class ZmqReceiver {
+  private readonly expects = new Map<string, PendingExpect>();
+  /** Finished or aborted requests → why (answers their late messages); insertion-ordered, bounded. */
+  private readonly tombstones = new Map<string, string>();
+  private readonly routerQueue: SendQueue;
+
+  constructor(
+    private readonly router: Zmq.Router,
+    /** The engine's address (named in errors). */
+    private readonly address: string,
+    /** The engine's registered regions (shared, live). */
+    private readonly regions: ReadonlyMap<string, Uint8Array>,
+    private readonly onApplied?: (requestId: string, applied: { descriptors: number; bytes: number }) => void,
+  ) {
+    this.routerQueue = new SendQueue(router);
+    void this.receiveLoop();
+  }
+
+  /** Whether `requestId` has a pending expect. */
+  has(requestId: string): boolean {
+    return this.expects.has(requestId);
+  }
+
+  /** Pending expects. */
+  get size(): number {
+    return this.expects.size;
+  }
+
+  /** See {@link TransferEngine.expect} (the engine checked that it is open and the timeout). */
+  expect(requestId: string, allowed: readonly RegionRange[], options: { timeoutMs: number }): Promise<unknown> {
+    if (this.expects.has(requestId))
+      return Promise.reject(new Error(`expect: request ${requestId} is already expected at ${this.address}`));
+    for (const r of allowed) {
+      const bytes = this.regions.get(r.region);
+      const ok =
+        bytes !== undefined &&
+        Number.isSafeInteger(r.offset) &&
+        Number.isSafeInteger(r.length) &&
+        r.offset >= 0 &&
+        r.length >= 0 &&
+        r.offset + r.length <= bytes.byteLength;
+      if (!ok) {
+        const why = bytes === undefined ? 'not a registered region' : `outside the region's ${bytes.byteLength} bytes`;
+        return Promise.reject(new PdError('layout', `expect ${requestId}: allowed ${describeRange(r)}: ${why}`));
+      }
+    }
+    this.tombstones.delete(requestId);
+    return new Promise<unknown>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        const e = this.expects.get(requestId);
+        if (e === undefined) return;
+        const from = e.senders.size === 0 ? 'no sender seen' : `${e.descriptors} descriptors, ${e.bytes} bytes applied`;
+        this.failExpect(
+          e,
+          new PdError(
+            'timeout',
+            `request ${requestId}: transfer to ${this.address} not complete within ` +
+              `${options.timeoutMs} ms (${from})`,
+          ),
+          `timed out at the receiver ${this.address}`,
+        );
+      }, options.timeoutMs);
+      this.expects.set(requestId, {
+        requestId,
+        allowed: new AllowedRanges(allowed),
+        timer,
+        resolve,
+        reject,
+        senders: new Map(),
+        batches: 0,
+        descriptors: 0,
+        bytes: 0,
+      });
+    });
+  }
+
+  private async receiveLoop(): Promise<void> {
+    for (;;) {
+      let parts: Buffer[];
+      try {
+        parts = await this.router.receive();
+      } catch {
+        return; // closed
+      }
+      const identity = parts[0];
+      const header = decodeHeader(parts[1]);
+      if (identity === undefined || header === undefined) continue;
+      try {
+        this.onInbound(identity, header, parts.slice(2));
+      } catch {
+        // a malformed message (not from a specd engine): dropped
+      }
+    }
+  }
+
+  private reply(identity: Buffer, h: Header): void {
+    this.routerQueue.send([identity, encodeHeader(h)]).catch(() => {
+      // the sender is gone or we closed: nothing to tell
+    });
+  }
+
+  private onInbound(identity: Buffer, h: Header, frames: Buffer[]): void {
+    if (h.t === 'abort') {
+      const e = this.expects.get(h.req);
+      if (e !== undefined) {
+        e.senders.delete(identity.toString('hex'));
+        this.failExpect(e, new PdError('abort', `request ${h.req} aborted by the sender: ${h.reason}`), undefined);
+      }
+      return;
+    }
+    if (h.t !== 'data' && h.t !== 'notify') return;
+    const e = this.expects.get(h.req);
+    if (e === undefined) {
+      const why = this.tombstones.get(h.req) ?? 'not expected (unknown request)';
+      this.reply(identity, {
+        t: 'done',
+        req: h.req,
+        ok: false,
+        code: 'abort',
+        message: `request ${h.req} at ${this.address}: ${why}`,
+      });
+      return;
+    }
+    e.senders.set(identity.toString('hex'), identity);
+    if (h.t === 'data') this.applyData(identity, e, h, frames);
+    else this.applyNotify(identity, e, h);
+  }
+
+  private applyData(identity: Buffer, e: PendingExpect, h: Extract<Header, { t: 'data' }>, frames: Buffer[]): void {
+    if (h.seq !== e.batches) {
+      this.refuse(identity, e, 'peer', `request ${e.requestId}: data message ${h.seq} arrived, expected ${e.batches}`);
+      return;
+    }
+    if (!Array.isArray(h.d) || h.d.length !== frames.length) {
+      this.refuse(identity, e, 'peer', `request ${e.requestId}: malformed data message ${h.seq}`);
+      return;
+    }
+    // check every descriptor before writing any
+    for (const [i, d] of h.d.entries()) {
+      const [region, offset, length] = d;
+      const frame = frames[i] as Buffer;
+      const bytes = this.regions.get(region);
+      const range = `region '${region}' offset ${offset} length ${length}`;
+      let why: string | undefined;
+      if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0)
+        why = 'not a valid range';
+      else if (frame.byteLength !== length) why = `its frame has ${frame.byteLength} bytes`;
+      else if (bytes === undefined) why = 'not a registered region';
+      else if (offset + length > bytes.byteLength) why = `outside the region's ${bytes.byteLength} bytes`;
+      else if (!e.allowed.covers(region, offset, offset + length)) why = 'outside the ranges allowed';
+      if (why !== undefined) {
+        this.refuse(
+          identity,
+          e,
+          'layout',
+          `request ${e.requestId}: write to ${range} refused at ${this.address}: ${why}`,
+        );
+        return;
+      }
+    }
+    for (const [i, d] of h.d.entries()) {
+      (this.regions.get(d[0]) as Uint8Array).set(frames[i] as Buffer, d[1]);
+      e.descriptors++;
+      e.bytes += d[2];
+    }
+    e.batches++;
+    this.onApplied?.(e.requestId, { descriptors: e.descriptors, bytes: e.bytes });
+  }
+
+  private applyNotify(identity: Buffer, e: PendingExpect, h: Extract<Header, { t: 'notify' }>): void {
+    if (h.batches !== e.batches || h.descriptors !== e.descriptors || h.bytes !== e.bytes) {
+      this.refuse(
+        identity,
+        e,
+        'peer',
+        `request ${e.requestId}: the sender sent ${h.batches} data messages / ${h.descriptors} descriptors / ` +
+          `${h.bytes} bytes, ${this.address} applied ${e.batches} / ${e.descriptors} / ${e.bytes}`,
+      );
+      return;
+    }
+    this.endExpect(e, 'already complete');
+    this.reply(identity, { t: 'done', req: e.requestId, ok: true });
+    e.resolve(h.payload);
+  }
+
+  /** Fails the request on both sides: the expect rejects with `code`, the sender is answered with the same. */
+  private refuse(identity: Buffer, e: PendingExpect, code: 'layout' | 'peer', message: string): void {
+    this.endExpect(e, `refused: ${message}`);
+    this.reply(identity, { t: 'done', req: e.requestId, ok: false, code, message });
+    e.reject(new PdError(code, message));
+  }
+
+  /** Rejects a pending expect; `tell` (when given) is sent to its known senders as an abort reason. */
+  private failExpect(e: PendingExpect, err: PdError, tell: string | undefined): void {
+    this.endExpect(e, err.message);
+    if (tell !== undefined)
+      for (const id of e.senders.values()) this.reply(id, { t: 'abort', req: e.requestId, reason: tell });
+    e.reject(err);
+  }
+
+  private endExpect(e: PendingExpect, why: string): void {
+    clearTimeout(e.timer);
+    this.expects.delete(e.requestId);
+    this.tombstones.set(e.requestId, why);
+    if (this.tombstones.size > TOMBSTONES) {
+      const oldest = this.tombstones.keys().next().value as string;
+      this.tombstones.delete(oldest);
+    }
+  }
+
+  /** Aborts a pending expect (its known senders are told); false when there is none. */
+  abort(requestId: string, reason: string): boolean {
+    const e = this.expects.get(requestId);
+    if (e === undefined) return false;
+    this.failExpect(e, new PdError('abort', `request ${requestId} aborted at ${this.address}: ${reason}`), reason);
+    return true;
+  }
+
+  /** Rejects every pending expect with `error(requestId)` and closes the socket. */
+  close(error: (requestId: string) => PdError): void {
+    for (const e of [...this.expects.values()]) {
+      this.endExpect(e, 'the engine closed');
+      e.reject(error(e.requestId));
+    }
+    this.closeSocket();
+  }
+
+  /** Closes the socket synchronously (also at process exit). */
+  closeSocket(): void {
+    if (!this.router.closed) this.router.close();
+  }
+}
