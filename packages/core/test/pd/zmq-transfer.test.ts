@@ -7,6 +7,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import * as zmq from 'zeromq';
 
 import { checksumRanges } from '../../dist/pd/checksum.js';
 import { coalesceDescriptors, type TransferDescriptor, type TransferEngine } from '../../dist/pd/transfer-engine.js';
@@ -524,7 +525,66 @@ describe('ZeroMQ transfer engine: refusals', () => {
     expect(late.code).toBe('abort');
     expect(late.message).toContain('client went away');
     expect(firstDiff(dst, before)).toBe(-1);
+
+    // a request that completed: a second write under its id is answered, not written
+    const done = b.expect('twice', pageRanges([1], PAGE), { timeoutMs: 10_000 });
+    const once = pagePairs([[1, 1]], PAGE);
+    await a.write(b.address, 'twice', once.local, once.remote, null, { timeoutMs: 10_000 });
+    await done;
+    const after = dst.slice();
+    const again = pagePairs([[2, 1]], PAGE);
+    const second = await rejection(a.write(b.address, 'twice', again.local, again.remote, null, { timeoutMs: 10_000 }));
+    expect([second.code, second.message]).toEqual([
+      'abort',
+      `request twice: refused by ${b.address}: request twice at ${b.address}: already complete`,
+    ]);
+    expect(firstDiff(dst, after)).toBe(-1);
     expect([a.inflight, b.inflight]).toEqual([0, 0]);
+  });
+
+  it('refuses, without writing, out-of-order data and a notification whose counts disagree (a raw peer)', async () => {
+    const b = await engine();
+    const dst = new Uint8Array(4 * PAGE);
+    b.registerRegions([{ id: 'dst', bytes: dst }]);
+    const raw = new zmq.Dealer({ linger: 0 });
+    raw.connect(b.address);
+    try {
+      const header = (h: object) => Buffer.from(JSON.stringify(h));
+      const page = Buffer.alloc(PAGE, 7);
+      // data message 1 before 0: a gap
+      const gap = rejection(b.expect('gap', pageRanges([0, 1], PAGE), { timeoutMs: 10_000 }));
+      await raw.send([header({ t: 'data', req: 'gap', seq: 1, d: [['dst', 0, PAGE]] }), page]);
+      const [answer] = await raw.receive();
+      const e = await gap;
+      expect([e.code, e.message]).toEqual(['peer', 'request gap: data message 1 arrived, expected 0']);
+      expect(JSON.parse(String(answer))).toEqual({
+        t: 'done',
+        req: 'gap',
+        ok: false,
+        code: 'peer',
+        message: e.message,
+      });
+      // a notification announcing a data message that never came
+      const lost = rejection(b.expect('lost', pageRanges([0, 1], PAGE), { timeoutMs: 10_000 }));
+      await raw.send(header({ t: 'notify', req: 'lost', batches: 1, descriptors: 1, bytes: PAGE }));
+      const l = await lost;
+      expect([l.code, l.message]).toEqual([
+        'peer',
+        `request lost: the sender sent 1 data messages / 1 descriptors / ${PAGE} bytes, ${b.address} applied 0 / 0 / 0`,
+      ]);
+      // a header that is not JSON is dropped; the engine still serves
+      await raw.send([Buffer.from('not json'), page]);
+      const ok = b.expect('ok', pageRanges([2], PAGE), { timeoutMs: 10_000 });
+      await raw.send([header({ t: 'data', req: 'ok', seq: 0, d: [['dst', 2 * PAGE, PAGE]] }), page]);
+      await raw.send(header({ t: 'notify', req: 'ok', batches: 1, descriptors: 1, bytes: PAGE, payload: 'p' }));
+      expect(await ok).toBe('p');
+      const want = new Uint8Array(4 * PAGE);
+      want.fill(7, 2 * PAGE, 3 * PAGE);
+      expect(firstDiff(dst, want)).toBe(-1); // only the in-order, complete request landed
+      expect(b.inflight).toBe(0);
+    } finally {
+      raw.close();
+    }
   });
 });
 
