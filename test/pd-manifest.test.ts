@@ -15,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
   BUILTIN_PLUGIN_PACKAGES,
+  CacheError,
   checkManifest,
   checkPdDrafter,
   DrafterRegistry,
@@ -286,6 +287,31 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
       expect(kinds.has('draft-kv'), path.basename(dir)).toBe(true);
       // a drafter that continues from a per-sequence feature declares it (EAGLE-3's g)
       if (method === 'eagle3') expect(kinds.has('draft-state')).toBe(true);
+    }
+  });
+
+  it("EAGLE-3's g pool: a slot per added sequence (maxSequences of them), returned on free", async () => {
+    const t = targets.get(KIMI)!;
+    const { drafter } = await loadDrafter(path.join(MODELS, 'kimi-k3-tiny-eagle3'), BUILTIN_PLUGIN_PACKAGES, t, 64, 2);
+    try {
+      checkPdDrafter(drafter);
+      const [pool] = drafter.pdRegions().filter((r) => r.id === 'draft-state/last-feature');
+      const slotBytes = t.model.info.hiddenSize * 4;
+      expect(pool!.bytes.byteLength).toBe(2 * slotBytes);
+      drafter.addSequence('a');
+      drafter.addSequence('b');
+      expect(() => drafter.addSequence('c')).toThrow(/eagle3: addSequence: no free g slot \(2 sequences in use\)/);
+      expect(drafter.contextLength('a')).toBe(0);
+      expect(() => drafter.contextLength('c')).toThrow(CacheError);
+      const slotOf = (id: string) => drafter.pdContextEntries(id).find((e) => e.key.kind === 'draft-state')!.ranges;
+      const [b] = slotOf('b');
+      expect(b).toEqual({ region: 'draft-state/last-feature', offset: b!.offset, length: slotBytes });
+      expect(slotOf('a')[0]!.offset).not.toBe(b!.offset);
+      drafter.freeSequence('a');
+      drafter.addSequence('c');
+      expect(slotOf('c')[0]!.offset).not.toBe(b!.offset);
+    } finally {
+      drafter.dispose();
     }
   });
 

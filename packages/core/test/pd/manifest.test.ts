@@ -25,6 +25,7 @@ import {
   type RegionRange,
 } from '../../src/pd/index.js';
 import { DrafterBase, DrafterError, type DraftBatch, type DraftProposal } from '../../src/plugin/index.js';
+import { TensorParallelDrafter, type TensorParallelModel } from '../../src/tensor-parallel/index.js';
 
 const geometry: CacheGeometry = {
   pagedKv: { layers: [3, 7], floatsPerToken: 10 },
@@ -246,6 +247,14 @@ describe('the drafter part', () => {
     const kv = new KvDrafter();
     expect(hasDraftContextTransfer(kv)).toBe(true);
     expect(() => checkPdDrafter(kv)).not.toThrow();
+  });
+
+  it('refuses a drafter spread over tensor-parallel ranks, even when its rank 0 shard declares the capability', () => {
+    // the wrapper's constructor only stores its arguments: no ranks are started here
+    const spread = new TensorParallelDrafter({} as TensorParallelModel, 1, new KvDrafter(), []);
+    expect(hasDraftContextTransfer(spread.rank0)).toBe(true);
+    expect(hasDraftContextTransfer(spread)).toBe(false);
+    expect(() => checkPdDrafter(spread)).toThrow(/^kv-test: no prefill\/decode transfer \(.*tensor-parallel/);
   });
 
   it("declares each draft layer's K and V pages, coalesced, from DrafterBase's helpers", () => {
