@@ -7,8 +7,21 @@
  * Built on core's `DrafterBase`: no taps and nothing projected (its defaults); the draft context is a
  * `DraftKvCache` without KV, which only counts each sequence's committed rows (add / free / context
  * length come with the base class).
+ *
+ * Prefill/decode disaggregation: it declares `DraftContextTransfer` with an empty context — no regions, no
+ * entries — since it drafts from the token ids alone, which travel with the request; the decode side only
+ * counts the prompt's rows (`pdReserveContext`).
  */
-import { DrafterBase, DraftKvCache, type DraftBatch, type DraftProposal } from '@specd/core';
+import {
+  DrafterBase,
+  DraftKvCache,
+  type DraftBatch,
+  type DraftContextTransfer,
+  type DraftProposal,
+  type LocalEntry,
+  type MemoryRegion,
+  type SequenceId,
+} from '@specd/core';
 
 import { PROMPT_LOOKUP_METHOD, type PromptLookupSettings } from './config.js';
 
@@ -33,13 +46,29 @@ export function lookupDrafts(history: Int32Array, k: number, minNgram: number, m
 }
 
 /** The drafter: n-gram lookup over each sequence's history. */
-export class PromptLookupDrafter extends DrafterBase {
+export class PromptLookupDrafter extends DrafterBase implements DraftContextTransfer {
   readonly method = PROMPT_LOOKUP_METHOD;
   readonly maxDraftTokens: number;
 
   constructor(readonly settings: PromptLookupSettings) {
     super(new DraftKvCache()); // context lengths only: no KV
     this.maxDraftTokens = settings.numDraftTokens;
+  }
+
+  /** PD: no regions (the context is the token ids). */
+  pdRegions(): readonly MemoryRegion[] {
+    return [];
+  }
+
+  /** PD: no entries (the context is the token ids). @throws `CacheError` `unknown-sequence`. */
+  pdContextEntries(id: SequenceId): readonly LocalEntry[] {
+    this.contextLength(id);
+    return [];
+  }
+
+  /** PD (decode side): counts `length` context rows for `id` (nothing to allocate). */
+  pdReserveContext(id: SequenceId, length: number): void {
+    this.reserveDraftContext(id, length);
   }
 
   propose(batch: DraftBatch): DraftProposal[] {

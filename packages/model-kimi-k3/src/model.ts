@@ -139,6 +139,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     const own = (kind: string) =>
       c.layerKinds.flatMap((k, i) => (k === kind && i >= layerStart && i < layerEnd ? [i] : []));
     this.cacheGeometry = Object.freeze({
+      // MLA: a row (latent + k_pe) is one block, whole on every tensor-parallel rank: no kvHeads
       pagedKv: { layers: own('mla'), floatsPerToken: mlaFloatsPerToken(c) },
       linearState: {
         layers: own('kda'),

@@ -112,7 +112,8 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
     const own: number[] = [];
     for (let l = layerStart; l < layerEnd; l++) own.push(2 * l, 2 * l + 1);
     this.cacheGeometry = Object.freeze({
-      pagedKv: { layers: own, floatsPerToken: c.numKvHeads * c.headDim },
+      // GQA: a row is numKvHeads blocks of headDim, split by KV head under tensor parallelism
+      pagedKv: { layers: own, floatsPerToken: c.numKvHeads * c.headDim, kvHeads: c.numKvHeads },
       linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
     });
   }

@@ -94,6 +94,7 @@ describe.skipIf(!HAVE)('SmolLM2-135M-Instruct (GGUF Q4_1)', () => {
     expect(model.cacheGeometry.pagedKv).toEqual({
       layers: Array.from({ length: 60 }, (_, i) => i),
       floatsPerToken: 192,
+      kvHeads: 3, // GQA: a row is 3 KV heads × 64, split by KV head under tensor parallelism
     });
   });
 

@@ -14,6 +14,9 @@
  *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the target's lm_head;
  *   slot j (1 … B − 1) predicts the token at position p + j. The block's KV is discarded after.
  *
+ * Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the draft KV pages alone (fc,
+ * hidden_norm and the K/V path are applied when it is written), entries `'draft-kv'` layer j part `'k'` / `'v'`.
+ *
  * Draft KV: core's {@link DraftKvCache} — K and V of every draft layer (pool "layers" 2j and 2j + 1),
  * `numKvHeads · headDim` f32 per token, NHD pages (@specd/native's `pagedAttention` layout); one block
  * table per sequence shared by all layers. Sequence bookkeeping (add / free / context length / pages in
@@ -44,11 +47,14 @@ import {
   sliceColumns,
   type ContextSpan,
   type DenseBlockWeights,
+  type DraftContextTransfer,
   type DraftBatch,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
   type DraftProposal,
+  type LocalEntry,
+  type MemoryRegion,
   type PagedKvPool,
   type ProjectionLoadOptions,
   type SequenceId,
@@ -257,7 +263,7 @@ export function loadDFlashProjection(
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
-export class DFlashDrafter extends DrafterBase {
+export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
   readonly method = 'dflash';
   readonly maxDraftTokens: number;
   /** Draft KV (see the module comment). */
@@ -457,6 +463,21 @@ export class DFlashDrafter extends DrafterBase {
       }
       return rmsNorm(h, finalNorm, c.rmsNormEps);
     });
+  }
+
+  /** PD: the K and V page stores of every draft layer (core's helper over the draft KV cache). */
+  pdRegions(): readonly MemoryRegion[] {
+    return this.draftKvRegions();
+  }
+
+  /** PD: the sequence's draft KV pages, `'draft-kv'` layer j part `'k'` / `'v'` — DFlash's whole context. */
+  pdContextEntries(id: SequenceId): readonly LocalEntry[] {
+    return this.draftKvEntries(id);
+  }
+
+  /** PD (decode side): allocates the pages of a `length`-row draft context for the transfer to fill. */
+  pdReserveContext(id: SequenceId, length: number): void {
+    this.reserveDraftContext(id, length);
   }
 
   override dispose(): void {

@@ -17,6 +17,9 @@
  * - Context-KV-only mode (settings `context_only: true` or `DrafterLoadOptions.contextOnly`): only
  *   the projection (fc, hidden_norm) and each layer's k_proj / v_proj / k_norm are loaded — for a
  *   prefill-only producer that writes draft KV and never drafts; `propose` throws.
+ * - Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the backbone's draft KV
+ *   pages (`'draft-kv'` layer j part `'k'` / `'v'`); the heads keep nothing per sequence (x_0 is the last
+ *   verified token, which travels with the request), so a context-KV-only P feeds a full D.
  * - Tensor parallelism ({@link loadDSparkShard}): the backbone sharded as DFlash's
  *   (`loadDFlashShard`); every rank passes the same rows to its target shard's vocab-parallel
  *   `lmHead` (a collective); the Markov and confidence heads on rank 0 only, which alone runs them.
@@ -30,10 +33,14 @@ import {
   samplingProbs,
   type ContextSpan,
   type DraftBatch,
+  type DraftContextTransfer,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
   type DraftProposal,
+  type LocalEntry,
+  type MemoryRegion,
+  type SequenceId,
   type TensorRead,
   type StageInfo,
   type StageModel,
@@ -122,7 +129,7 @@ export interface DSparkHeads {
  * A loaded DSpark drafter bound to one target stage. Its draft context is the backbone's
  * (`backbone.kv`, shared): core's {@link DrafterBase} keeps the sequence bookkeeping on it.
  */
-export class DSparkDrafter extends DrafterBase {
+export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
   readonly method = 'dspark';
   /** block_size: every slot predicts the next token. */
   readonly maxDraftTokens: number;
@@ -248,6 +255,21 @@ export class DSparkDrafter extends DrafterBase {
     return outs.map(({ s, tokens, conf, probs }) =>
       probs === undefined ? { id: s.id, tokens, confidence: conf } : { id: s.id, tokens, probs, confidence: conf },
     );
+  }
+
+  /** PD: the backbone's K and V page stores of every draft layer (core's helper over the shared draft KV cache). */
+  pdRegions(): readonly MemoryRegion[] {
+    return this.draftKvRegions();
+  }
+
+  /** PD: the sequence's draft KV pages, `'draft-kv'` layer j part `'k'` / `'v'` — DSpark's whole context. */
+  pdContextEntries(id: SequenceId): readonly LocalEntry[] {
+    return this.draftKvEntries(id);
+  }
+
+  /** PD (decode side): allocates the pages of a `length`-row draft context for the transfer to fill. */
+  pdReserveContext(id: SequenceId, length: number): void {
+    this.reserveDraftContext(id, length);
   }
 
   /** Drops the heads and the backbone (its weights and the shared draft KV cache). */

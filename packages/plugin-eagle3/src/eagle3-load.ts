@@ -226,7 +226,7 @@ function buildEagle3(
         );
   const numPages = DraftKvCache.pagesFor(options.maxSequences, options.maxTokensPerSequence + temp);
   return {
-    drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, numPages, tree, tp),
+    drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, numPages, options.maxSequences, tree, tp),
     reads: r.reads,
   };
 }

@@ -50,6 +50,15 @@
  * Draft KV: core's {@link DraftKvCache} of one draft layer (pool "layers" 0 = K, 1 = V), `numKvHeads ·
  * headDim` f32 per token, NHD pages — the layout of @specd/native's `pagedAttention`.
  *
+ * Last feature g: each sequence holds a slot of a fixed pool `[maxSequences, hiddenSize]` f32 (given at
+ * addSequence, zeroed, returned at freeSequence) where g of its last context row is kept.
+ *
+ * Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the draft KV pages
+ * (`'draft-kv'` layer 0 part `'k'` / `'v'`) AND g (`'draft-state'` layer 0 part `'last-feature'`, the
+ * sequence's slot of region `draft-state/last-feature`): step 1 of every chain reads g of anchor p − 1, so a
+ * decode side without it would draft from a zero feature. The pool is one region registered once (a transfer
+ * engine registers memory at startup, as NIXL does; a region per sequence would be registered per request).
+ *
  * Files: eagle3-load.ts (checkpoint checks and packing, TP shards, pipeline projection shares),
  * eagle3-model.ts (the draft layer's step math), eagle3-chain.ts (chains), eagle3-tree.ts (trees), this
  * file (the drafter: context entries, propose).
@@ -65,16 +74,21 @@
  */
 
 import {
+  CacheError,
   DrafterBase,
   DrafterError,
   DraftKvCache,
+  f32Region,
   sampleFromProbs,
   samplingProbs,
   type ContextSpan,
   type DraftBatch,
   type DraftProposal,
+  type DraftContextTransfer,
   type DraftSequence,
   type DraftShard,
+  type LocalEntry,
+  type MemoryRegion,
   type PagedKvPool,
   type SequenceId,
   type StageInfo,
@@ -87,11 +101,14 @@ import { runChain } from './eagle3-chain.js';
 import { Eagle3Model, type Eagle3Weights } from './eagle3-model.js';
 import { proposeTree } from './eagle3-tree.js';
 
+/** Region of the g slots (module comment, "Last feature g"). */
+const LAST_FEATURE_REGION = 'draft-state/last-feature';
+
 /**
  * A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). Sequence
  * bookkeeping (add / context length / pages in use) is core's {@link DrafterBase} over its {@link DraftKvCache}.
  */
-export class Eagle3Drafter extends DrafterBase {
+export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
   readonly method = 'eagle3';
   /** Drafts per step at most: the chain length, or `tree.totalTokens` in tree mode. */
   readonly maxDraftTokens: number;
@@ -99,8 +116,17 @@ export class Eagle3Drafter extends DrafterBase {
   readonly kv: DraftKvCache;
   /** The draft model's step math (weights, tensor-parallel plumbing). */
   private readonly model: Eagle3Model;
-  /** fc output g of each sequence's last context row, `[D]` f32. */
+  /**
+   * fc output g of each sequence's last context row, `[D]` f32: a view of the sequence's slot of
+   * {@link gStore}, present once a context row was written (or reserved for a transfer).
+   */
   private readonly lastG = new Map<SequenceId, Float32Array>();
+  /** The g slots, `[maxSequences, D]` f32 (module comment, "Last feature g"). */
+  private gStore: Float32Array;
+  /** Free g slots (popped from the end). */
+  private readonly freeGSlots: number[] = [];
+  /** The g slot of each added sequence. */
+  private readonly gSlots = new Map<SequenceId, number>();
 
   constructor(
     readonly config: Eagle3Config,
@@ -108,6 +134,8 @@ export class Eagle3Drafter extends DrafterBase {
     w: Eagle3Weights | undefined,
     maxDraftTokens: number,
     numPages: number,
+    /** Sequences at once, at most (g slots). */
+    maxSequences: number,
     /** Dynamic-tree settings (greedy sequences draft trees); undefined = chain drafting. */
     readonly tree?: Eagle3TreeSettings,
     /** The rank's tensor-parallel group and blocks; undefined = the whole draft model on this thread. */
@@ -123,6 +151,10 @@ export class Eagle3Drafter extends DrafterBase {
     this.kv = kv;
     this.maxDraftTokens = maxDraftTokens;
     this.model = new Eagle3Model(config, target, w, tp);
+    if (!(Number.isSafeInteger(maxSequences) && maxSequences >= 1))
+      throw new DrafterError(`eagle3: maxSequences: expected an integer >= 1, got ${maxSequences}`);
+    this.gStore = new Float32Array(maxSequences * config.hiddenSize);
+    for (let s = maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
   }
 
   /** The draft KV pages (block tables, token offsets, K/V stores). */
@@ -197,7 +229,10 @@ export class Eagle3Drafter extends DrafterBase {
     at = 0;
     for (const s of spans) {
       at += s.numTokens;
-      if (s.numTokens > 0) this.lastG.set(s.id, sum.slice((at - 1) * D, at * D));
+      if (s.numTokens === 0) continue;
+      const g = this.gOf(s.id);
+      g.set(sum.subarray((at - 1) * D, at * D));
+      this.lastG.set(s.id, g);
     }
   }
 
@@ -301,16 +336,84 @@ export class Eagle3Drafter extends DrafterBase {
     return out;
   }
 
-  /** free: drops the sequence's pages and its last context row g. Idempotent. */
+  /**
+   * add: registers `id` with an empty draft context and a zeroed g slot.
+   * @throws `CacheError` `duplicate-sequence`, or `full` when every g slot is taken (maxSequences in use).
+   */
+  override addSequence(id: SequenceId): void {
+    super.addSequence(id);
+    const slot = this.freeGSlots.pop();
+    if (slot === undefined) {
+      super.freeSequence(id);
+      throw new CacheError('full', `eagle3: addSequence: no free g slot (${this.gSlots.size} sequences in use)`);
+    }
+    this.gSlots.set(id, slot);
+    this.gOf(id).fill(0);
+  }
+
+  /** free: drops the sequence's pages and its last context row g (its slot returns to the pool). Idempotent. */
   override freeSequence(id: SequenceId): void {
     super.freeSequence(id);
     this.lastG.delete(id);
+    const slot = this.gSlots.get(id);
+    if (slot === undefined) return;
+    this.gSlots.delete(id);
+    this.freeGSlots.push(slot);
+  }
+
+  /** PD: the draft KV page stores and the g pool (`draft-state/last-feature`, `[maxSequences, D]` f32). */
+  pdRegions(): readonly MemoryRegion[] {
+    return [...this.draftKvRegions(), f32Region(LAST_FEATURE_REGION, this.gStore)];
+  }
+
+  /**
+   * PD: the sequence's draft KV pages (`'draft-kv'` layer 0 part `'k'` / `'v'`), then its g slot
+   * (`'draft-state'` layer 0 part `'last-feature'`, hiddenSize · 4 bytes).
+   * @throws `CacheError` `unknown-sequence`.
+   */
+  pdContextEntries(id: SequenceId): readonly LocalEntry[] {
+    const kv = this.draftKvEntries(id);
+    const bytes = this.config.hiddenSize * 4;
+    const slot = this.gSlotOf(id);
+    return [
+      ...kv,
+      {
+        key: { kind: 'draft-state', layer: 0, part: 'last-feature', rank: 0 },
+        ranges: [{ region: LAST_FEATURE_REGION, offset: slot * bytes, length: bytes }],
+      },
+    ];
+  }
+
+  /**
+   * PD (decode side): allocates the pages of a `length`-row draft context and marks the sequence's g as
+   * present (length > 0), for the transfer to fill both.
+   * @throws as DrafterBase's `reserveDraftContext`.
+   */
+  pdReserveContext(id: SequenceId, length: number): void {
+    this.reserveDraftContext(id, length);
+    if (length > 0) this.lastG.set(id, this.gOf(id));
   }
 
   /** dispose: drops the weights (later proposals throw), every g and the draft KV. */
   override dispose(): void {
     this.model.dispose();
     this.lastG.clear();
+    this.gSlots.clear();
+    this.gStore = new Float32Array(0);
     super.dispose();
+  }
+
+  /** The g slot of `id`. @throws `CacheError` `unknown-sequence`. */
+  private gSlotOf(id: SequenceId): number {
+    const slot = this.gSlots.get(id);
+    if (slot === undefined) throw new CacheError('unknown-sequence', `eagle3: unknown sequence ${String(id)}`);
+    return slot;
+  }
+
+  /** A view of `id`'s g slot, `[D]` f32. @throws `CacheError` `unknown-sequence`. */
+  private gOf(id: SequenceId): Float32Array {
+    const D = this.config.hiddenSize;
+    const slot = this.gSlotOf(id);
+    return this.gStore.subarray(slot * D, (slot + 1) * D);
   }
 }

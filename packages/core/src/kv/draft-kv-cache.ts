@@ -111,6 +111,11 @@ export class DraftKvCache {
     return this.kvLayout;
   }
 
+  /** Draft attention layers whose K and V the cache keeps (0 without KV). */
+  get numLayers(): number {
+    return this.kvPool === undefined ? 0 : this.kvPool.layers.length / 2;
+  }
+
   /** Pages owned by some sequence (0 without KV). */
   get pagesInUse(): number {
     return this.kvPool?.pagesInUse ?? 0;

@@ -15,6 +15,12 @@ export interface PagedKvGeometry {
   readonly layers: readonly number[];
   /** f32 values per token per layer. */
   readonly floatsPerToken: number;
+  /**
+   * How a token's row splits under tensor parallelism (prefill/decode transfers plan by it): present = the row
+   * is `kvHeads × (floatsPerToken / kvHeads)`, one block per KV head, each rank holding its heads (GQA);
+   * absent = the row is one block replicated whole on every rank (MLA's latent + k_pe).
+   */
+  readonly kvHeads?: number;
 }
 
 /** Linear-attention-state part of a model's cache geometry. */

@@ -11,18 +11,26 @@
  *   counted, nothing stored), or nothing without a cache;
  * - dispose: the draft KV cache is dropped (subclasses drop their weights, then call `super.dispose()`).
  *
+ * Prefill/decode disaggregation is not a default (a drafter with more per-sequence state would lose it):
+ * a drafter declares {@link DraftContextTransfer} itself, in a few lines over the protected helpers
+ * {@link DrafterBase.draftKvRegions}, {@link DrafterBase.draftKvEntries} and {@link DrafterBase.reserveDraftContext}
+ * (its draft KV pages; a drafter that keeps more per sequence adds its own regions and entries).
+ *
  * Errors thrown by the helpers are {@link DrafterError}s prefixed with the method name, as the drafters'
  * own (`dflash: propose: …`).
  */
 
 import type { DraftKvCache } from '../kv/draft-kv-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import { draftKvRegionId, f32Region, pageRanges } from '../pd/manifest.js';
+import type { LocalEntry, MemoryRegion } from '../pd/types.js';
 import {
   DrafterError,
   type ContextSpan,
   type DraftBatch,
   type Drafter,
   type DraftProposal,
+  type DraftContextTransfer,
   type DraftSequence,
 } from './drafter-plugin.js';
 import type { StageInfo } from './model-plugin.js';
@@ -128,5 +136,61 @@ export abstract class DrafterBase implements Drafter {
       throw new DrafterError(
         `${this.method}: propose: sequences[${index}].maxDrafts: expected [1, ${max}], got ${s.maxDrafts}`,
       );
+  }
+
+  /**
+   * PD helper ({@link DraftContextTransfer.pdRegions}): the K and V page stores of every draft layer j as
+   * regions `draft-kv/<j>/k` and `draft-kv/<j>/v` (`[numPages, pageSize, numKvHeads, headDim]` f32, as bytes);
+   * `[]` without draft KV.
+   */
+  protected draftKvRegions(): MemoryRegion[] {
+    const kv = this.draftKv;
+    if (kv === undefined || !kv.hasKv) return [];
+    const out: MemoryRegion[] = [];
+    for (let j = 0; j < kv.numLayers; j++)
+      out.push(f32Region(draftKvRegionId(j, 'k'), kv.keys(j)), f32Region(draftKvRegionId(j, 'v'), kv.values(j)));
+    return out;
+  }
+
+  /**
+   * PD helper ({@link DraftContextTransfer.pdContextEntries}): per draft layer j, entries `'draft-kv'` layer j
+   * part `'k'` then `'v'` (rank 0), each the sequence's pages in block-table order, adjacent pages coalesced
+   * (`⌈contextLength / pageSize⌉ · pageBytes` bytes); `[]` without draft KV.
+   * @throws `CacheError` `unknown-sequence`.
+   */
+  protected draftKvEntries(id: SequenceId): LocalEntry[] {
+    const kv = this.draftKv;
+    if (kv === undefined) return [];
+    kv.contextLength(id); // an unknown sequence throws, with or without KV
+    if (!kv.hasKv) return [];
+    const pages = kv.pool.blockTable(id);
+    const out: LocalEntry[] = [];
+    for (let j = 0; j < kv.numLayers; j++) {
+      for (const part of ['k', 'v'] as const) {
+        out.push({
+          key: { kind: 'draft-kv', layer: j, part, rank: 0 },
+          ranges: pageRanges(draftKvRegionId(j, part), pages, kv.pool.pageBytes),
+        });
+      }
+    }
+    return out;
+  }
+
+  /**
+   * PD helper ({@link DraftContextTransfer.pdReserveContext}): grows the empty draft context of `id` to
+   * `length` rows (pages allocated, all or nothing; without KV only counted), for a transfer to fill.
+   * @throws {DrafterError} `<method>: pdReserveContext: …` if the context is not empty or `length` is not an
+   *   integer ≥ 0; `CacheError` `full` (nothing allocated), `unknown-sequence`.
+   */
+  protected reserveDraftContext(id: SequenceId, length: number): void {
+    if (!Number.isSafeInteger(length) || length < 0)
+      throw new DrafterError(`${this.method}: pdReserveContext: length: expected an integer >= 0, got ${length}`);
+    const have = this.contextLength(id);
+    if (have !== 0)
+      throw new DrafterError(
+        `${this.method}: pdReserveContext: sequence ${String(id)}: the draft context already has ${have} rows ` +
+          '(a transfer fills a freshly added sequence)',
+      );
+    this.draftKv?.extendAll([{ id, position: 0, numTokens: length }]);
   }
 }

@@ -17,7 +17,8 @@
  * - free: `freeSequence(id)` when a sequence finishes or is aborted (idempotent);
  * - dispose: `dispose()` drops weights and pools.
  * Prefill/decode disaggregation (handing a draft context from a prefill to a decode instance) is not part
- * of this contract: it comes as a capability a drafter declares.
+ * of this contract: it is the capability {@link DraftContextTransfer}, which a drafter declares with
+ * `implements` (a drafter without it is refused by PD at startup, pd/manifest.ts `checkPdDrafter`).
  *
  * Glossary (used by the engine and metrics): a *draft* is a proposed token; *verify* is the one
  * target forward over `[last verified token, drafts…]`; *accepted* drafts are the longest prefix
@@ -31,6 +32,7 @@ import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { LocalEntry, MemoryRegion } from '../pd/types.js';
 import type { StageInfo, StageModel, TpComm } from './model-plugin.js';
 
 /** A drafter checkpoint to load: its directory, parsed `config.json` and weights. */
@@ -281,4 +283,49 @@ export interface Drafter {
   readonly pagesInUse: number;
   /** dispose: drops weights and pools. */
   dispose(): void;
+}
+
+/**
+ * Prefill/decode disaggregation (PD, pd/types.ts): a drafter that declares this capability says which bytes
+ * make up a sequence's draft context, so a prefill instance (P) can hand it to a decode instance (D) that
+ * continues drafting exactly where an aggregated run would. It is opt-in: a drafter that keeps per-sequence
+ * state core does not know of would silently lose it under a default, so a drafter without it is refused
+ * (pd/manifest.ts `checkPdDrafter`). DrafterBase has helpers that build all three from its DraftKvCache.
+ *
+ * Protocol: P runs the prompt (P tokens), writes the draft context (`writeProjectedContextKV`, P rows), then
+ * sends the bytes of `pdContextEntries(id)`; D calls `addSequence(id)`, `pdReserveContext(id, P)`, receives
+ * the bytes into the ranges of its own `pdContextEntries(id)`, then drafts from position P.
+ */
+export interface DraftContextTransfer {
+  /**
+   * Every memory region that holds some sequence's draft context (the K and V page stores of each draft
+   * layer, a per-slot state pool, …), registered once with the transfer engine: the same regions for the
+   * drafter's whole life (until `dispose`). Ids are unique within the drafter (`'draft-kv/0/k'`, …).
+   */
+  pdRegions(): readonly MemoryRegion[];
+  /**
+   * Where `id`'s draft context lives, in send order, keys of rank 0: `'draft-kv'` layer j part `'k'` / `'v'`
+   * (the sequence's pages, block-table order, adjacent pages coalesced), `'draft-state'` for other
+   * per-sequence state (part named by the drafter). `[]` for a drafter whose context is the token ids alone.
+   * @throws `CacheError` `unknown-sequence` for a sequence never added.
+   */
+  pdContextEntries(id: SequenceId): readonly LocalEntry[];
+  /**
+   * D: grows the freshly added `id` to a draft context of `length` rows whose contents the transfer writes:
+   * pages allocated (all or nothing), per-sequence state made present. The context is not usable until the
+   * bytes of every entry of `pdContextEntries(id)` arrived.
+   * @throws {DrafterError} if `id`'s context is not empty or `length` is not an integer ≥ 0; `CacheError`
+   *   `full` (nothing allocated) or `unknown-sequence`.
+   */
+  pdReserveContext(id: SequenceId, length: number): void;
+}
+
+/** Whether `drafter` declares {@link DraftContextTransfer} (all three methods present). */
+export function hasDraftContextTransfer<D extends Drafter>(drafter: D): drafter is D & DraftContextTransfer {
+  const d = drafter as Partial<DraftContextTransfer>;
+  return (
+    typeof d.pdRegions === 'function' &&
+    typeof d.pdContextEntries === 'function' &&
+    typeof d.pdReserveContext === 'function'
+  );
 }

@@ -14,6 +14,8 @@
  * broadcasts meet in shared memory); the result is rank 0's. The rest — `projectTargetHiddenPartial`
  * (fc is rank 0's), `captureSetter`, `contextLength`, `pagesInUse`, `maxDraftTokens`, `method` — is
  * rank 0's alone. Worker ranks get propose sequences without `rng` and `history` (they never sample).
+ * It does not declare `DraftContextTransfer` (prefill/decode disaggregation): each rank's draft context lives
+ * in its own thread, so PD refuses a drafter spread over ranks at startup (pd/manifest.ts `checkPdDrafter`).
  */
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
