@@ -29,6 +29,7 @@
  */
 
 import { SequenceCache } from '../kv/sequence-cache.js';
+import { CacheError } from '../kv/paged-kv-pool.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
@@ -44,6 +45,7 @@ import {
   DEFAULT_DRAFT_POLICY,
   EngineError,
   type FinishReason,
+  type HandoffState,
   type SpecEngineOptions,
   type SpecRequest,
   type SpecResult,
@@ -58,6 +60,10 @@ export class SpecEngine {
   /** Ids waiting or running. */
   private readonly known = new Set<SequenceId>();
   private readonly running = new Map<SequenceId, Running>();
+  /** Handed-off requests (prefill role): their caches kept for the transfer until `release`. */
+  private readonly parked = new Map<SequenceId, Running>();
+  /** Reserved requests (decode role): caches allocated for a transfer, waiting for `resume`. */
+  private readonly reserved = new Map<SequenceId, SpecRequest>();
   private readonly taps: readonly number[];
   /** Writes (and defers) the draft context; undefined without a drafter. */
   private readonly context: DraftContextWriter | undefined;
@@ -155,6 +161,84 @@ export class SpecEngine {
 
   /** Queues a request. @throws {EngineError} naming the bad field. */
   add(req: SpecRequest): void {
+    this.check(req);
+    this.waiting.push(req);
+    this.known.add(req.id);
+  }
+
+  /** Sequences holding caches: running, handed off (kept for a transfer) and reserved (awaiting one). */
+  get occupied(): number {
+    return this.running.size + this.parked.size + this.reserved.size;
+  }
+
+  /**
+   * Decode role of prefill/decode disaggregation: allocates a request's sequence for a transfer — target
+   * pages for its `P` prompt tokens (the cache's length becomes P), a state slot and an empty draft context
+   * (the caller reserves the draft context's rows, drafter-specific) — without computing anything. The
+   * transfer then writes the prefill instance's state into them, and {@link resume} continues the request.
+   * @returns false when no sequence or page is free now (nothing is left allocated; the caller queues or
+   *   refuses). @throws {EngineError} naming the bad field, as {@link add}.
+   */
+  reserve(req: SpecRequest): boolean {
+    this.check(req);
+    if (this.occupied >= this.maxSequences) return false;
+    const id = req.id;
+    this.cache.add(id);
+    try {
+      this.cache.extend(id, req.promptIds.length);
+      this.drafter?.addSequence(id);
+    } catch (err) {
+      this.cache.abort(id);
+      this.drafter?.freeSequence(id);
+      if (err instanceof CacheError && err.code === 'full') return false;
+      throw err;
+    }
+    this.reserved.set(id, req);
+    this.known.add(id);
+    return true;
+  }
+
+  /**
+   * Continues a {@link reserve}d request whose state arrived: it becomes a running sequence whose prompt
+   * is prefilled, its first token (`state.firstToken`) is emitted (`onToken`) and it takes part in the
+   * next step's verify round, drafting from a draft context of `state.position` rows, with the request's
+   * PRNG continued from `(seed, draws)` — exactly as the prefill instance would have gone on.
+   * @returns the request's result when it finished on its first token, else undefined.
+   * @throws {EngineError} for an id that is not reserved or a position that is not the prompt length.
+   */
+  resume(id: SequenceId, state: HandoffState): SpecResult | undefined {
+    const req = this.reserved.get(id);
+    if (req === undefined) throw new EngineError(`resume: request ${String(id)} is not reserved`);
+    const P = req.promptIds.length;
+    if (state.position !== P)
+      throw new EngineError(
+        `resume: request ${String(id)}: position: expected the prompt length ${P}, got ${state.position}`,
+      );
+    this.reserved.delete(id);
+    const r = this.runningOf(req, SeededRandom.resume(state.seed, state.draws));
+    r.prefilled = P;
+    this.running.set(id, r);
+    const reason = this.emit(r, [state.firstToken]);
+    return reason === undefined ? undefined : this.finish(r, reason);
+  }
+
+  /**
+   * Frees a handed-off request (prefill role, finish reason `'handoff'`) once its state was transferred:
+   * its target pages, state slot and draft context. @returns false if `id` is not handed off.
+   */
+  release(id: SequenceId): boolean {
+    const r = this.parked.get(id);
+    if (r === undefined) return false;
+    this.parked.delete(id);
+    this.known.delete(id);
+    this.cache.finish(id);
+    this.drafter?.freeSequence(id);
+    this.policy?.release(id);
+    return true;
+  }
+
+  /** Validates a request (the fields {@link add} checks). @throws {EngineError} naming the bad field. */
+  private check(req: SpecRequest): void {
     const P = req.promptIds.length;
     if (P < 1) throw new EngineError(`add: request ${String(req.id)}: promptIds: expected at least one token`);
     if (!Number.isSafeInteger(req.maxTokens) || req.maxTokens < 1)
@@ -171,15 +255,28 @@ export class SpecEngine {
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
     if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined)
       throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
-    this.waiting.push(req);
-    this.known.add(req.id);
   }
 
   /**
-   * Aborts a request, waiting, prefilling (some chunks done) or decoding: frees its target pages,
-   * state slot, draft pages and deferred taps. @returns its result, or undefined if unknown.
+   * Aborts a request, waiting, prefilling (some chunks done), decoding, handed off or reserved: frees its
+   * target pages, state slot, draft pages and deferred taps. @returns its result, or undefined if unknown.
    */
   abort(id: SequenceId): SpecResult | undefined {
+    const kept = this.parked.get(id);
+    if (kept !== undefined) {
+      this.release(id);
+      this.metrics.requests.push(kept.metrics);
+      return { id, tokenIds: kept.out, finishReason: 'abort', metrics: kept.metrics };
+    }
+    if (this.reserved.has(id)) {
+      this.reserved.delete(id);
+      this.known.delete(id);
+      this.cache.abort(id);
+      this.drafter?.freeSequence(id);
+      const m = new RequestMetrics();
+      this.metrics.requests.push(m);
+      return { id, tokenIds: [], finishReason: 'abort', metrics: m };
+    }
     const w = this.waiting.findIndex((r) => r.id === id);
     if (w >= 0) {
       this.waiting.splice(w, 1);
@@ -218,7 +315,7 @@ export class SpecEngine {
   step(): SpecResult[] {
     const done: SpecResult[] = [];
     if (this.needsCalibration && this.running.size === 0 && this.waiting.length > 0) this.calibrate();
-    const admit = Math.min(this.waiting.length, this.maxSequences - this.running.size);
+    const admit = Math.min(this.waiting.length, this.maxSequences - this.occupied);
     for (const req of this.waiting.splice(0, Math.max(0, admit))) this.admit(req);
     for (const r of [...this.running.values()]) {
       if (r.prefilled === r.req.promptIds.length) continue;
@@ -240,6 +337,7 @@ export class SpecEngine {
   /** Aborts every request (frees their pages, slots and draft context); target and drafter stay loaded. */
   dispose(): void {
     for (const r of [...this.running.values()]) this.finish(r, 'abort');
+    for (const id of [...this.parked.keys(), ...this.reserved.keys()]) this.abort(id);
     for (const w of this.waiting) this.known.delete(w.id);
     this.waiting.length = 0;
   }
@@ -251,11 +349,16 @@ export class SpecEngine {
     const id = req.id;
     this.cache.add(id);
     this.drafter?.addSequence(id);
+    this.running.set(id, this.runningOf(req, new SeededRandom(req.seed)));
+  }
+
+  /** The running record of `req`: 0 tokens prefilled, its history holding the prompt. */
+  private runningOf(req: SpecRequest, rng: SeededRandom): Running {
     const P = req.promptIds.length;
     const r: Running = {
-      id,
+      id: req.id,
       req,
-      rng: new SeededRandom(req.seed),
+      rng,
       metrics: new RequestMetrics(),
       prefilled: 0,
       plainOnly: this.timingPolicy && req.seeded === true && req.sampling.temperature > 0,
@@ -264,7 +367,7 @@ export class SpecEngine {
       out: [],
     };
     r.history.set(req.promptIds);
-    this.running.set(id, r);
+    return r;
   }
 
   /**
@@ -289,11 +392,13 @@ export class SpecEngine {
         { taps: this.taps },
       );
       this.metrics.prefillForwards++;
+      this.metrics.prefillTokens += tokens.length;
       r.metrics.prefillForwards++;
       r.metrics.targetForwards++;
       r.prefilled = end;
-      // written before its first propose
-      if (this.context !== undefined && !r.plainOnly) this.context.defer(r, res, 0, p, tokens.length);
+      // written before its first propose (a handed-off request's at the handoff: its decode instance drafts)
+      if (this.context !== undefined && (!r.plainOnly || req.handoff === true))
+        this.context.defer(r, res, 0, p, tokens.length);
       if (end === P) first = nextToken(res.logits!.subarray(0, this.vocab), req.sampling, r.rng);
     } catch (err) {
       this.finish(r, 'abort'); // frees what the failed prefill holds, then reports the error
@@ -302,7 +407,32 @@ export class SpecEngine {
     }
     if (first === undefined) return undefined;
     const reason = this.emit(r, [first]);
-    return reason === undefined ? undefined : this.finish(r, reason);
+    if (reason !== undefined) return this.finish(r, reason);
+    return req.handoff === true ? this.handoff(r, first) : undefined;
+  }
+
+  /**
+   * Ends a prefilled request for prefill/decode disaggregation: writes its draft context (its prompt rows,
+   * the first token as the last row's next token), keeps its caches until {@link release} and reports the
+   * state its decode instance continues from.
+   */
+  private handoff(r: Running, first: number): SpecResult {
+    try {
+      this.context?.flush([r]);
+    } catch (err) {
+      this.finish(r, 'abort');
+      this.metrics.requests.pop();
+      throw err;
+    }
+    this.running.delete(r.id);
+    this.parked.set(r.id, r);
+    const state: HandoffState = {
+      firstToken: first,
+      position: r.req.promptIds.length,
+      seed: r.rng.seed,
+      draws: r.rng.draws,
+    };
+    return { id: r.id, tokenIds: r.out, finishReason: 'handoff', metrics: r.metrics, handoff: state };
   }
 
   // --- the speculative step: propose → verify → accept → commit (spec-step.ts) ---------------------

@@ -110,6 +110,11 @@ export class RunMetrics {
   decodeForwards = 0;
   /** Prefill forwards. */
   prefillForwards = 0;
+  /**
+   * Prompt tokens run through the target's prefill forwards (a decode instance of a prefill/decode pair
+   * receives its prompts' state and runs none: this stays 0 there).
+   */
+  prefillTokens = 0;
   /** Draft proposals (propose calls). */
   proposeCalls = 0;
   /** Wall time in propose / verify forward / commit, ms. */

@@ -42,10 +42,32 @@ export interface SpecRequest {
   readonly stopStrings?: readonly string[];
   /** Called with each committed token, in order. */
   readonly onToken?: (id: number) => void;
+  /**
+   * Prefill only, for prefill/decode disaggregation (the prefill role): after the prompt's last chunk and
+   * the first token, the draft context is written and the request ends with finish reason `'handoff'`
+   * while its target pages, state slot and draft context stay allocated for the transfer to a decode
+   * instance, until {@link SpecEngine.release} (or `abort`). A request that finishes on its first token
+   * (EOS, a stop string, maxTokens 1) ends as usual and keeps nothing. Default false.
+   */
+  readonly handoff?: boolean;
+}
+
+/**
+ * Where a handed-off request stands (prefill/decode disaggregation): everything a decode instance needs
+ * besides the caches to continue it exactly as the prefill instance would have.
+ */
+export interface HandoffState {
+  /** The first generated token (sampled after the prompt's last position). */
+  readonly firstToken: number;
+  /** Prompt tokens in the caches (= the draft context length): the position of the first token. */
+  readonly position: number;
+  /** The request's PRNG seed and the draws it has taken ({@link SeededRandom.resume}). */
+  readonly seed: number;
+  readonly draws: number;
 }
 
 /** Why a request ended. */
-export type FinishReason = 'eos' | 'stop' | 'length' | 'abort';
+export type FinishReason = 'eos' | 'stop' | 'length' | 'abort' | 'handoff';
 
 /** A finished request. */
 export interface SpecResult {
@@ -54,6 +76,8 @@ export interface SpecResult {
   readonly tokenIds: number[];
   readonly finishReason: FinishReason;
   readonly metrics: RequestMetrics;
+  /** With finish reason `'handoff'`: the state a decode instance continues from. */
+  readonly handoff?: HandoffState;
 }
 
 /** Options of {@link SpecEngine}. */

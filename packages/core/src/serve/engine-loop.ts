@@ -8,7 +8,7 @@
  */
 
 import { SpecEngine } from '../engine/engine.js';
-import type { SpecEngineOptions, SpecResult } from '../engine/types.js';
+import type { HandoffState, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
 import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 
@@ -22,6 +22,11 @@ export interface LoopRequest {
   readonly seeded?: boolean;
   readonly stopStrings?: readonly string[];
   readonly ignoreEos?: boolean;
+  /**
+   * Prefill role (prefill/decode disaggregation): end after the first token with finish reason `'handoff'`,
+   * the caches kept for the transfer (`SpecEngine.release` / `abort` frees them; see SpecRequest.handoff).
+   */
+  readonly handoff?: boolean;
 }
 
 /** Callbacks of one request (called from the loop, between HTTP events). */
@@ -94,6 +99,48 @@ export class EngineLoop {
    * @throws {OverloadedError} when full; {@link EngineError} for a request the engine refuses.
    */
   submit(req: LoopRequest, listener: LoopListener): number {
+    const { id, entry } = this.admission(req, listener);
+    this.engine.add(this.engineRequest(id, req, entry));
+    this.entries.set(id, entry);
+    this.inFlight += entry.tokens;
+    this.schedule();
+    return id;
+  }
+
+  /**
+   * Decode role (prefill/decode disaggregation): reserves a request's sequence for a transfer
+   * (`SpecEngine.reserve`: target pages for its prompt, a state slot, an empty draft context); nothing runs
+   * until {@link resume}. @returns its id, or undefined when no sequence or page is free now.
+   * @throws {OverloadedError} when the queue or the tokens in flight are full; {@link EngineError} for a request the
+   *   engine refuses.
+   */
+  reserve(req: LoopRequest, listener: LoopListener): number | undefined {
+    const { id, entry } = this.admission(req, listener);
+    if (!this.engine.reserve(this.engineRequest(id, req, entry))) return undefined;
+    this.entries.set(id, entry);
+    this.inFlight += entry.tokens;
+    return id;
+  }
+
+  /**
+   * Continues a {@link reserve}d request whose state arrived (`SpecEngine.resume`): its first token reaches the
+   * listener now, the rest from the next steps. @throws {EngineError} as `SpecEngine.resume`.
+   */
+  resume(id: number, state: HandoffState): void {
+    const entry = this.entries.get(id);
+    if (entry === undefined) throw new OverloadedError(`request ${id} is no longer reserved`);
+    const done = this.engine.resume(id, state);
+    this.engine.metrics.requests.length = 0;
+    if (done !== undefined) {
+      this.release(id);
+      entry.listener.onFinish(done);
+      return;
+    }
+    this.schedule();
+  }
+
+  /** Checks a request against the queue bounds and makes its entry (not yet registered). */
+  private admission(req: LoopRequest, listener: LoopListener): { id: number; entry: Entry } {
     if (this.closed) throw new OverloadedError('the server is shutting down');
     if (this.waiting >= this.options.maxWaiting)
       throw new OverloadedError(
@@ -106,9 +153,12 @@ export class EngineLoop {
           `max_tokens_in_flight ${this.options.maxTokensInFlight}); retry later`,
       );
     }
-    const id = this.nextId++;
-    const entry: Entry = { listener, tokens, started: false };
-    this.engine.add({
+    return { id: this.nextId++, entry: { listener, tokens, started: false } };
+  }
+
+  /** The engine's request for a loop request. */
+  private engineRequest(id: number, req: LoopRequest, entry: Entry): SpecRequest {
+    return {
       id,
       promptIds: req.promptIds,
       maxTokens: req.maxTokens,
@@ -118,20 +168,19 @@ export class EngineLoop {
       ignoreEos: req.ignoreEos,
       eosTokenIds: this.options.eosTokenIds,
       stopStrings: req.stopStrings,
+      handoff: req.handoff,
       onToken: (t) => {
         entry.started = true;
-        listener.onToken(t);
+        entry.listener.onToken(t);
       },
-    });
-    this.entries.set(id, entry);
-    this.inFlight += tokens;
-    this.schedule();
-    return id;
+    };
   }
 
-  /** Aborts a request (waiting or running): frees its pages, slot and draft context now. No callback follows. */
+  /**
+   * Aborts a request (waiting, reserved, running or handed off): frees its pages, slot and draft context now.
+   * No callback follows.
+   */
   abort(id: number): void {
-    if (!this.entries.has(id)) return;
     this.release(id);
     this.engine.abort(id);
     this.engine.metrics.requests.length = 0; // the server keeps no per-request history
