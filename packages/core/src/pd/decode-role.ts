@@ -1,0 +1,245 @@
+/**
+ * The decode role of prefill/decode disaggregation (`specd serve --role decode`): reserves a request's target
+ * pages, state slot and draft context, tells its prefill instance where they are (the entries it expects,
+ * derived from its own model, drafter and layout), waits for the state, checks it — every expected entry
+ * present with its length, every checksum — and only then lets the request continue in the same speculative
+ * loop as aggregated serving, from the first token P sampled. It never runs the prompt through its target.
+ *
+ * Whatever ends a request before it continues — P's failure or abort, the router's `/pd/abort`, a timeout, a
+ * failed check — frees its pages, slot and draft context.
+ */
+
+import { RequestMetrics } from '../engine/metrics.js';
+import type { FinishReason, HandoffState } from '../engine/types.js';
+import { hasDraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.js';
+import type { EngineLoop, LoopListener, LoopRequest } from '../serve/engine-loop.js';
+import { checksumRanges } from './checksum.js';
+import { ControlClient, type ControlMessage, type Deferred, deferred, withTimeout } from './control.js';
+import { checkManifest, checkPdDrafter } from './manifest.js';
+import { sequenceEntries, sideRegions } from './local-state.js';
+import { rangeBytes } from './pairing.js';
+import type { PdRoleOptions } from './prefill-role.js';
+import type { TransferEngine } from './transfer-engine.js';
+import { createZmqTransferEngine } from './zmq-transfer.js';
+import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
+
+/** How a request admitted by the decode role goes on. */
+export type Admission =
+  /** The state arrived and checked: `begin()` resumes the request (its first token reaches the listener). */
+  | { readonly kind: 'resume'; readonly loopId: number; readonly payload: Partial<Record<PdPayloadClass, number>> }
+  /** The request ended on P with its first token (EOS, max_tokens 1, a stop string): `begin()` reports it. */
+  | { readonly kind: 'finished'; readonly loopId: undefined };
+
+/** An admitted request: how it goes on, and the call that starts it (after the response headers are out). */
+export interface Admitted {
+  readonly admission: Admission;
+  begin(): void;
+}
+
+/** The notification P sends after the data (prefill-role.ts). */
+interface Notification {
+  readonly requestId: string;
+  readonly rows: readonly ManifestRow[];
+  readonly state: HandoffState;
+}
+
+/** What P tells about a room besides the data. */
+type RoomEvent = { readonly kind: 'finished'; readonly tokenIds: readonly number[]; readonly finishReason: string };
+
+/** A prefill instance this role talks to: its control connection and whether it accepted our hello. */
+interface Peer {
+  readonly client: ControlClient;
+  readonly hello: Deferred<void>;
+}
+
+/** The decode role over a server's engine loop. */
+export class DecodeRole {
+  private transfer: TransferEngine | undefined;
+  private readonly peers = new Map<string, Peer>();
+  /** Rooms of requests being admitted: P's events for them. */
+  private readonly rooms = new Map<string, Deferred<RoomEvent>>();
+  private regionBytes = new Map<string, Uint8Array>();
+
+  constructor(
+    private readonly loop: EngineLoop,
+    private readonly drafter: Drafter | undefined,
+    private readonly options: PdRoleOptions,
+  ) {
+    if (drafter !== undefined) checkPdDrafter(drafter);
+  }
+
+  /** Requests being admitted (reserved, waiting for their state). */
+  get inflight(): number {
+    return this.rooms.size;
+  }
+
+  /** Binds the transfer agent and registers the engine's memory. */
+  async start(): Promise<void> {
+    this.transfer = await createZmqTransferEngine({ host: this.options.host, port: 0 });
+    const regions = sideRegions(this.loop.engine.cache, this.drafter);
+    this.transfer.registerRegions(regions);
+    this.regionBytes = new Map(regions.map((r) => [r.id, r.bytes]));
+  }
+
+  /** Aborts every request being admitted and closes the connections. */
+  async close(): Promise<void> {
+    for (const room of [...this.rooms.keys()]) this.abort(room, 'the decode instance is shutting down');
+    for (const p of this.peers.values()) p.client.close();
+    this.peers.clear();
+    await this.transfer?.close();
+  }
+
+  /**
+   * Reserves `req`'s sequence, asks the prefill instance at `bootstrap` for its state in room `room`, waits for
+   * it and checks it.
+   * @throws {PdError} `'capacity'` (no sequence or page free), `'digest'` (P refused our hello or we refused
+   *   its), `'timeout'`, `'abort'`, `'manifest'` / `'checksum'` (naming the entry), `'peer'`; the loop's
+   *   `OverloadedError` / `EngineError`. Nothing stays reserved when it throws.
+   */
+  async admit(
+    room: string,
+    requestId: string,
+    bootstrap: string,
+    req: LoopRequest,
+    listener: LoopListener,
+  ): Promise<Admitted> {
+    const transfer = this.transfer;
+    if (transfer === undefined) throw new PdError('peer', 'decode role: not started');
+    if (this.rooms.has(room)) throw new PdError('layout', `room ${room}: already in use by another request`);
+    const loopId = this.loop.reserve(req, listener);
+    if (loopId === undefined)
+      throw new PdError('capacity', 'no free sequence or KV pages on the decode instance; retry later');
+    const events = deferred<RoomEvent>();
+    this.rooms.set(room, events);
+    try {
+      const cache = this.loop.engine.cache;
+      if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
+        this.drafter.pdReserveContext(loopId, req.promptIds.length);
+      const expected = sequenceEntries(cache, this.drafter, loopId);
+      const arrived = transfer.expect(
+        room,
+        expected.flatMap((e) => e.ranges),
+        { timeoutMs: this.options.transferTimeoutMs },
+      );
+      arrived.catch(() => undefined);
+      const peer = await this.peer(bootstrap);
+      await peer.client.send({
+        type: 'layout',
+        room,
+        requestId,
+        agent: transfer.address,
+        entries: expected.map((e) => ({ key: e.key, ranges: e.ranges })),
+      });
+      const outcome = await withTimeout(
+        Promise.race([arrived.then((n) => ({ kind: 'data' as const, n })), events.promise]),
+        this.options.bootstrapTimeoutMs + this.options.transferTimeoutMs,
+        `room ${room}: waiting for the state from ${bootstrap}`,
+      );
+      if (outcome.kind === 'finished') {
+        this.loop.abort(loopId);
+        const { tokenIds, finishReason } = outcome;
+        return {
+          admission: { kind: 'finished', loopId: undefined },
+          begin: () => {
+            for (const t of tokenIds) listener.onToken(t);
+            const reason: FinishReason = finishReason === 'eos' || finishReason === 'stop' ? finishReason : 'length';
+            listener.onFinish({
+              id: loopId,
+              tokenIds: [...tokenIds],
+              finishReason: reason,
+              metrics: new RequestMetrics(),
+            });
+          },
+        };
+      }
+      const note = outcome.n as Notification;
+      checkManifest(expected, note.rows);
+      const rows = new Map(note.rows.map((r) => [entryName(r.key), r]));
+      const payload: Partial<Record<PdPayloadClass, number>> = {};
+      for (const e of expected) {
+        const row = rows.get(entryName(e.key));
+        const sum = checksumRanges((id) => this.region(id), e.ranges);
+        if (row === undefined || row.checksum !== sum)
+          throw new PdError(
+            'checksum',
+            `${entryName(e.key)}: checksum ${sum} of the bytes received differs from the sender's ${row?.checksum}`,
+          );
+        const cls = payloadClass(e.key.kind);
+        payload[cls] = (payload[cls] ?? 0) + rangeBytes(e.ranges);
+      }
+      return {
+        admission: { kind: 'resume', loopId, payload },
+        begin: () => this.loop.resume(loopId, note.state),
+      };
+    } catch (err) {
+      this.loop.abort(loopId);
+      transfer.abort(room, (err as Error).message);
+      if (!(err instanceof PdError && err.code === 'abort')) {
+        const p = this.peers.get(bootstrap);
+        void p?.client.send({ type: 'abort', room, reason: (err as Error).message }).catch(() => undefined);
+      }
+      throw err;
+    } finally {
+      this.rooms.delete(room);
+    }
+  }
+
+  /** Aborts the admission of room `room` (the router's `/pd/abort`). Idempotent. */
+  abort(room: string, reason: string): void {
+    const ev = this.rooms.get(room);
+    if (ev === undefined) return;
+    ev.reject(new PdError('abort', `room ${room}: aborted (${reason})`));
+    this.transfer?.abort(room, reason);
+  }
+
+  private region(id: string): Uint8Array {
+    const b = this.regionBytes.get(id);
+    if (b === undefined) throw new PdError('manifest', `decode role: no region ${id}`);
+    return b;
+  }
+
+  /** The connection to the prefill instance at `address`, once it accepted our hello. */
+  private async peer(address: string): Promise<Peer> {
+    let p = this.peers.get(address);
+    if (p === undefined) {
+      const hello = deferred<void>();
+      const client = new ControlClient(address, (msg) => this.onMessage(address, msg));
+      p = { client, hello };
+      this.peers.set(address, p);
+      void client.send({ type: 'hello', digest: this.options.digest }).catch((e: Error) => hello.reject(e));
+    }
+    try {
+      await withTimeout(p.hello.promise, this.options.bootstrapTimeoutMs, `hello to the prefill instance ${address}`);
+    } catch (err) {
+      // try again from scratch next time (the prefill instance may come up later or be fixed)
+      if (this.peers.get(address) === p) {
+        this.peers.delete(address);
+        p.client.close();
+      }
+      throw err;
+    }
+    return p;
+  }
+
+  private onMessage(address: string, msg: ControlMessage): void {
+    switch (msg.type) {
+      case 'hello-ok':
+        this.peers.get(address)?.hello.resolve();
+        return;
+      case 'hello-refused':
+        this.peers
+          .get(address)
+          ?.hello.reject(new PdError('digest', `the prefill instance ${address} refused: ${msg.message}`));
+        return;
+      case 'finished':
+        this.rooms.get(msg.room)?.resolve({ kind: 'finished', tokenIds: msg.tokenIds, finishReason: msg.finishReason });
+        return;
+      case 'failed':
+      case 'abort':
+        this.abort(msg.room, `the prefill instance: ${'reason' in msg ? msg.reason : msg.message}`);
+        return;
+      default:
+        return;
+    }
+  }
+}

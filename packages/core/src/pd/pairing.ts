@@ -1,0 +1,61 @@
+/**
+ * Pairs the ranges one entry occupies on the sending side with the ranges it goes to on the receiving side
+ * (same total length, possibly cut differently: pages of another size, coalesced runs), as the descriptor
+ * lists of a transfer: `local[i]` is written to `remote[i]`, equal lengths. Used when both sides hold an entry
+ * in the same layout (the same TP on both sides); heterogeneous TP goes through the planner (planner.ts).
+ */
+
+import { entryName, PdError, type PdEntryKey, type RegionRange } from './types.js';
+
+/** Descriptor lists of one entry: `local[i]` → `remote[i]`, equal lengths pairwise. */
+export interface PairedRanges {
+  readonly local: RegionRange[];
+  readonly remote: RegionRange[];
+}
+
+/** Bytes covered by `ranges`. */
+export function rangeBytes(ranges: readonly RegionRange[]): number {
+  let n = 0;
+  for (const r of ranges) n += r.length;
+  return n;
+}
+
+/**
+ * Cuts `local` and `remote` at each other's boundaries so that they pair up one to one.
+ * @param key the entry (named in the error).
+ * @throws {PdError} `'manifest'` when the two sides' byte lengths differ (naming the entry and both lengths).
+ */
+export function pairRanges(
+  key: PdEntryKey,
+  local: readonly RegionRange[],
+  remote: readonly RegionRange[],
+): PairedRanges {
+  const a = rangeBytes(local);
+  const b = rangeBytes(remote);
+  if (a !== b) throw new PdError('manifest', `${entryName(key)}: ${a} bytes here, the decode side expects ${b} bytes`);
+  const out: PairedRanges = { local: [], remote: [] };
+  let i = 0;
+  let j = 0;
+  let offI = 0; // bytes of local[i] already paired
+  let offJ = 0;
+  while (i < local.length && j < remote.length) {
+    const l = local[i] as RegionRange;
+    const r = remote[j] as RegionRange;
+    const n = Math.min(l.length - offI, r.length - offJ);
+    if (n > 0) {
+      out.local.push({ region: l.region, offset: l.offset + offI, length: n });
+      out.remote.push({ region: r.region, offset: r.offset + offJ, length: n });
+    }
+    offI += n;
+    offJ += n;
+    if (offI === l.length) {
+      i++;
+      offI = 0;
+    }
+    if (offJ === r.length) {
+      j++;
+      offJ = 0;
+    }
+  }
+  return out;
+}

@@ -1,0 +1,320 @@
+/**
+ * The prefill role of prefill/decode disaggregation (`specd serve --role prefill`): runs a request's prompt
+ * through its engine (continuous batching with the aggregated requests, chunked prefill, the drafter's
+ * context written), then writes the request's state — the manifest's entries, each with a checksum — into the
+ * pages and slot its decode instance reserved, and frees its own once the decode instance acknowledged.
+ *
+ * Control plane: a ZeroMQ ROUTER on the bootstrap port (control.ts); data plane: a {@link TransferEngine}.
+ * A request waits at most `bootstrapTimeoutMs` for its decode instance's layout and `transferTimeoutMs` for
+ * the transfer; an abort (the router's `/pd/abort`, the decode instance's `abort`) frees its pages and slot
+ * whatever phase it is in.
+ */
+
+import type { Logger } from 'pino';
+
+import type { HandoffState, SpecResult } from '../engine/types.js';
+import type { Drafter } from '../plugin/drafter-plugin.js';
+import type { EngineLoop, LoopRequest } from '../serve/engine-loop.js';
+import { checksumRanges } from './checksum.js';
+import {
+  ControlServer,
+  type ControlMessage,
+  type Deferred,
+  deferred,
+  type LayoutEntry,
+  withTimeout,
+} from './control.js';
+import { compareDigests } from './digest.js';
+import { sequenceEntries, sideRegions } from './local-state.js';
+import { checkPdDrafter } from './manifest.js';
+import { pairRanges, rangeBytes } from './pairing.js';
+import type { TransferEngine } from './transfer-engine.js';
+import { createZmqTransferEngine, type ZmqTransferTestHooks } from './zmq-transfer.js';
+import {
+  entryId,
+  entryName,
+  type ManifestRow,
+  type PdEntryKey,
+  PdError,
+  type PdPayloadClass,
+  payloadClass,
+  type RegionRange,
+} from './types.js';
+
+/** Settings shared by both roles. */
+export interface PdRoleOptions {
+  /** Host the bootstrap socket and the transfer agent bind (e.g. `127.0.0.1`). */
+  readonly host: string;
+  /** How long P waits for a request's layout from its decode instance, and D for P's hello (ms). */
+  readonly bootstrapTimeoutMs: number;
+  /** How long a transfer may take, from the layout to the acknowledgement (ms). */
+  readonly transferTimeoutMs: number;
+  /** This side's digest (digest.ts): compared at connection time, a mismatch refused naming the field. */
+  readonly digest: Readonly<Record<string, string>>;
+  readonly logger?: Logger;
+}
+
+/** Options of the prefill role. */
+export interface PrefillRoleOptions extends PdRoleOptions {
+  /** Bootstrap port (0: ephemeral; the bound address is {@link PrefillRole.bootstrap}). */
+  readonly bootstrapPort: number;
+  /** Test-only faults: entries withheld from both the payload and the manifest; the transfer engine's hooks. */
+  readonly testHooks?: {
+    readonly withhold?: (key: PdEntryKey) => boolean;
+    readonly transfer?: ZmqTransferTestHooks;
+  };
+}
+
+/** What a prefilled request reports (the `/pd/prefill` answer). */
+export interface PrefillOutcome {
+  readonly promptTokens: number;
+  /** Bytes sent by payload class (empty when the request ended on its first token). */
+  readonly payload: Partial<Record<PdPayloadClass, number>>;
+  /** Handoff to acknowledgement, ms (0 without a transfer). */
+  readonly transferMs: number;
+}
+
+/** D's layout for one request, as received on the control plane. */
+interface Layout {
+  readonly peer: Buffer;
+  readonly requestId: string;
+  readonly agent: string;
+  readonly entries: readonly LayoutEntry[];
+}
+
+/** A request in this role: its room's layout and how to stop it. */
+interface Room {
+  readonly layout: Deferred<Layout>;
+  /** The loop id once submitted. */
+  loopId?: number;
+  /** Rejects the request's wait (an abort). */
+  readonly failed: Deferred<never>;
+  timer?: NodeJS.Timeout;
+}
+
+/** The prefill role over a server's engine loop. */
+export class PrefillRole {
+  private readonly control: ControlServer;
+  private transfer: TransferEngine | undefined;
+  private readonly rooms = new Map<string, Room>();
+  /** Routing ids (hex) of decode instances whose hello was accepted. */
+  private readonly peers = new Set<string>();
+  private regionBytes = new Map<string, Uint8Array>();
+
+  constructor(
+    private readonly loop: EngineLoop,
+    private readonly drafter: Drafter | undefined,
+    private readonly options: PrefillRoleOptions,
+  ) {
+    if (drafter !== undefined) checkPdDrafter(drafter);
+    this.control = new ControlServer((peer, msg) => this.onMessage(peer, msg));
+  }
+
+  /** The bootstrap address decode instances connect to (after {@link start}). */
+  get bootstrap(): string {
+    return this.control.address;
+  }
+
+  /** Requests in this role (waiting for a layout, prefilling or transferring). */
+  get inflight(): number {
+    return this.rooms.size;
+  }
+
+  /** Binds the bootstrap socket and the transfer agent and registers the engine's memory. */
+  async start(): Promise<void> {
+    await this.control.bind(this.options.host, this.options.bootstrapPort);
+    this.transfer = await createZmqTransferEngine({
+      host: this.options.host,
+      port: 0,
+      ...(this.options.testHooks?.transfer === undefined ? {} : { testHooks: this.options.testHooks.transfer }),
+    });
+    const regions = sideRegions(this.loop.engine.cache, this.drafter);
+    this.transfer.registerRegions(regions);
+    this.regionBytes = new Map(regions.map((r) => [r.id, r.bytes]));
+  }
+
+  /** Aborts every request and closes the sockets. */
+  async close(): Promise<void> {
+    for (const room of [...this.rooms.keys()]) this.abort(room, 'the prefill instance is shutting down');
+    this.control.close();
+    await this.transfer?.close();
+  }
+
+  /**
+   * Prefills `req` for room `room` and transfers its state to the decode instance that sent the room's layout.
+   * @throws {PdError} `'timeout'` (no layout within bootstrapTimeoutMs; the transfer within transferTimeoutMs),
+   *   `'abort'`, `'manifest'` (an entry D expects that this side does not have), the transfer's errors;
+   *   `OverloadedError` / `EngineError` from the loop (queue full, a request the engine refuses).
+   *   Whatever happens, the request's pages and slot are free when it settles.
+   */
+  async prefill(room: string, requestId: string, req: LoopRequest): Promise<PrefillOutcome> {
+    if (this.rooms.get(room)?.loopId !== undefined)
+      throw new PdError('layout', `room ${room}: already in use by another request`);
+    const r = this.room(room);
+    const log = this.options.logger?.child({ requestId, room });
+    try {
+      const result = await new Promise<SpecResult>((resolve, reject) => {
+        r.failed.promise.catch(reject);
+        r.loopId = this.loop.submit(
+          { ...req, handoff: true },
+          { onToken: () => undefined, onFinish: resolve, onError: reject },
+        );
+      });
+      if (result.finishReason === 'abort') throw new PdError('abort', `room ${room}: aborted`);
+      const layout = await this.await(r, r.layout.promise, this.options.bootstrapTimeoutMs, 'waiting for the layout');
+      if (result.finishReason !== 'handoff' || result.handoff === undefined) {
+        // ended on its first token: nothing to transfer
+        await this.control.send(layout.peer, {
+          type: 'finished',
+          room,
+          tokenIds: result.tokenIds,
+          finishReason: result.finishReason,
+        });
+        return { promptTokens: req.promptIds.length, payload: {}, transferMs: 0 };
+      }
+      const t0 = performance.now();
+      const payload = await this.send(room, r, layout, result.handoff);
+      const transferMs = performance.now() - t0;
+      log?.info({ payload, transferMs: Math.round(transferMs) }, 'pd: state transferred');
+      return { promptTokens: req.promptIds.length, payload, transferMs };
+    } catch (err) {
+      const layout = r.layout.settled ? await r.layout.promise.catch(() => undefined) : undefined;
+      if (layout !== undefined && !(err instanceof PdError && err.code === 'abort'))
+        void this.control.send(layout.peer, { type: 'abort', room, reason: (err as Error).message });
+      throw err;
+    } finally {
+      // frees the handed-off sequence (or whatever is left of it); a no-op for a request that finished
+      if (r.loopId !== undefined) this.loop.abort(r.loopId);
+      this.forget(room);
+    }
+  }
+
+  /**
+   * Aborts room `room` (the router's `/pd/abort`, the decode instance's `abort`): its wait rejects with
+   * PdError `'abort'` and its pages and slot are freed. Idempotent; unknown rooms are ignored.
+   */
+  abort(room: string, reason: string): void {
+    const r = this.rooms.get(room);
+    if (r === undefined) return;
+    const err = new PdError('abort', `room ${room}: aborted (${reason})`);
+    r.failed.reject(err);
+    r.layout.reject(err);
+    this.transfer?.abort(room, reason);
+    if (r.loopId !== undefined) this.loop.abort(r.loopId);
+  }
+
+  /** Sends the state of a handed-off request: every entry D expects, paired with ours, then the notification. */
+  private async send(
+    room: string,
+    r: Room,
+    layout: Layout,
+    state: HandoffState,
+  ): Promise<Partial<Record<PdPayloadClass, number>>> {
+    const transfer = this.transfer;
+    if (transfer === undefined || r.loopId === undefined) throw new PdError('peer', 'prefill role: not started');
+    const mine = new Map(
+      sequenceEntries(this.loop.engine.cache, this.drafter, r.loopId).map((e) => [entryId(e.key), e]),
+    );
+    const withhold = this.options.testHooks?.withhold;
+    const local: RegionRange[] = [];
+    const remote: RegionRange[] = [];
+    const rows: ManifestRow[] = [];
+    const payload: Partial<Record<PdPayloadClass, number>> = {};
+    for (const want of layout.entries) {
+      const have = mine.get(entryId(want.key));
+      if (have === undefined)
+        throw new PdError('manifest', `${entryName(want.key)}: the decode instance expects it, this side has none`);
+      if (withhold?.(want.key) === true) continue;
+      const pairs = pairRanges(want.key, have.ranges, want.ranges);
+      local.push(...pairs.local);
+      remote.push(...pairs.remote);
+      const bytes = rangeBytes(have.ranges);
+      const cls = payloadClass(want.key.kind);
+      payload[cls] = (payload[cls] ?? 0) + bytes;
+      rows.push({ key: want.key, byteLength: bytes, checksum: checksumRanges((id) => this.region(id), have.ranges) });
+    }
+    await this.await(
+      r,
+      transfer.write(
+        layout.agent,
+        room,
+        local,
+        remote,
+        { requestId: layout.requestId, rows, state },
+        { timeoutMs: this.options.transferTimeoutMs },
+      ),
+      this.options.transferTimeoutMs,
+      'transferring',
+    );
+    return payload;
+  }
+
+  private region(id: string): Uint8Array {
+    const b = this.regionBytes.get(id);
+    if (b === undefined) throw new PdError('manifest', `prefill role: no region ${id}`);
+    return b;
+  }
+
+  /** Waits for `p`, failing on the room's abort or after `ms`. */
+  private await<T>(r: Room, p: Promise<T>, ms: number, what: string): Promise<T> {
+    return withTimeout(Promise.race([p, r.failed.promise]), ms, what);
+  }
+
+  /** The room's record (created by whichever comes first: the request or its layout). */
+  private room(room: string): Room {
+    let r = this.rooms.get(room);
+    if (r === undefined) {
+      r = { layout: deferred<Layout>(), failed: deferred<never>() };
+      this.rooms.set(room, r);
+      // a layout nobody claims (the router's request never came) is dropped after the bootstrap timeout
+      const created = r;
+      r.timer = setTimeout(() => {
+        if (created.loopId === undefined) this.forget(room);
+      }, this.options.bootstrapTimeoutMs);
+      r.timer.unref();
+    }
+    return r;
+  }
+
+  private forget(room: string): void {
+    const r = this.rooms.get(room);
+    if (r === undefined) return;
+    clearTimeout(r.timer);
+    this.rooms.delete(room);
+  }
+
+  private onMessage(peer: Buffer, msg: ControlMessage): void {
+    const who = peer.toString('hex');
+    switch (msg.type) {
+      case 'hello': {
+        try {
+          compareDigests(this.options.digest, msg.digest);
+          this.peers.add(who);
+          void this.control.send(peer, { type: 'hello-ok' });
+        } catch (err) {
+          this.peers.delete(who);
+          void this.control.send(peer, { type: 'hello-refused', message: (err as Error).message });
+        }
+        return;
+      }
+      case 'layout': {
+        if (!this.peers.has(who)) {
+          void this.control.send(peer, { type: 'abort', room: msg.room, reason: 'layout before an accepted hello' });
+          return;
+        }
+        this.room(msg.room).layout.resolve({
+          peer,
+          requestId: msg.requestId,
+          agent: msg.agent,
+          entries: msg.entries,
+        });
+        return;
+      }
+      case 'abort':
+        this.abort(msg.room, `the decode instance aborted: ${msg.reason}`);
+        return;
+      default:
+        return;
+    }
+  }
+}

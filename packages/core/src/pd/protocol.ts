@@ -1,0 +1,62 @@
+/**
+ * The router's requests to a prefill (`POST /pd/prefill`) and a decode (`POST /pd/decode`) instance: the same
+ * JSON body for both, `{request_id, room, kind, prompt_ids, bootstrap, body}` — the prompt tokenized once by
+ * the router (chat template applied), the room naming the transfer, P's bootstrap address for D, and the
+ * client's OpenAI request, which both parse with the aggregated server's validators (docs/ARCHITECTURE.md
+ * "Prefill/decode disaggregation").
+ */
+
+import { invalidParam } from '../serve/errors.js';
+
+/** A parsed `/pd/prefill` or `/pd/decode` body. */
+export interface PdRequest {
+  /** The request id logged by router, P and D. */
+  readonly requestId: string;
+  /** The transfer's name on the control plane (unique per request). */
+  readonly room: string;
+  readonly kind: 'completion' | 'chat';
+  /** The prompt, tokenized by the router, `[P]` token ids (P ≥ 1). */
+  readonly promptIds: readonly number[];
+  /** P's bootstrap address (`tcp://host:port`); required by the decode instance. */
+  readonly bootstrap: string | undefined;
+  /** The client's OpenAI request body. */
+  readonly body: unknown;
+}
+
+/** Longest request id / room accepted (characters). */
+const MAX_NAME = 200;
+
+/**
+ * Parses a `/pd/*` body. @param role which instance parses it (`decode` needs `bootstrap`).
+ * @throws {ApiError} 400 naming the bad field.
+ */
+export function parsePdRequest(raw: unknown, role: 'prefill' | 'decode'): PdRequest {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw invalidParam('body', 'expected an object');
+  const o = raw as Record<string, unknown>;
+  const name = (field: string): string => {
+    const v = o[field];
+    if (typeof v !== 'string' || v.length === 0 || v.length > MAX_NAME)
+      throw invalidParam(field, `expected a non-empty string of at most ${MAX_NAME} characters`);
+    return v;
+  };
+  const requestId = name('request_id');
+  const room = name('room');
+  const kind = o.kind;
+  if (kind !== 'completion' && kind !== 'chat') throw invalidParam('kind', "expected 'completion' or 'chat'");
+  const ids = o.prompt_ids;
+  if (!Array.isArray(ids) || ids.length === 0)
+    throw invalidParam('prompt_ids', 'expected a non-empty array of token ids');
+  for (const t of ids)
+    if (!(Number.isSafeInteger(t) && (t as number) >= 0 && (t as number) < 2 ** 31))
+      throw invalidParam('prompt_ids', `expected token ids (integers >= 0), got ${JSON.stringify(t)}`);
+  let bootstrap: string | undefined;
+  if (role === 'decode') {
+    const b = o.bootstrap;
+    if (typeof b !== 'string' || !/^tcp:\/\/[^\s/]+:\d+$/.test(b))
+      throw invalidParam('bootstrap', `expected the prefill instance's bootstrap address tcp://HOST:PORT`);
+    bootstrap = b;
+  }
+  if (o.body === null || typeof o.body !== 'object' || Array.isArray(o.body))
+    throw invalidParam('body', "expected the client's request object");
+  return { requestId, room, kind, promptIds: ids as number[], bootstrap, body: o.body };
+}
