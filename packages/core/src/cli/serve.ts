@@ -13,9 +13,13 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { pino } from 'pino';
 
 import { loadConfig } from '../config/load.js';
-import { SpecdServer } from '../serve/server.js';
+import type { SpecdConfig } from '../config/load.js';
+import { DRAFT_PAGE_SIZE } from '../kv/draft-kv-cache.js';
+import { pdDigest } from '../pd/digest.js';
+import { hasDraftContextTransfer } from '../plugin/drafter-plugin.js';
+import { SpecdServer, type SpecdServerOptions } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
-import { loadDrafter, type LoadedDrafter } from '../runtime/drafter.js';
+import { type DrafterChoice, loadDrafter, type LoadedDrafter } from '../runtime/drafter.js';
 import { checkParallelism, loadParallelTarget } from '../runtime/parallel.js';
 import type { LoadedTarget } from '../runtime/target.js';
 import type { CliIo } from './main.js';
@@ -37,6 +41,10 @@ export interface ServeFlags {
   pp?: number;
   /** Layers per pipeline stage (overrides config parallelism.partition). */
   ppPartition?: number[];
+  /** Prefill/decode disaggregation role (overrides config pd.role). */
+  role?: 'prefill' | 'decode' | 'none';
+  /** The prefill role's bootstrap port (overrides config pd.bootstrap.port; 0 = ephemeral). */
+  bootstrapPort?: number;
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -64,9 +72,11 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const pp = flags.pp ?? par.pp;
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   checkParallelism(tp, pp, partition);
-  if (cfg.pd.role !== 'none')
+  const role = flags.role ?? cfg.pd.role;
+  if (role !== 'none' && (tp > 1 || pp > 1))
     throw new CliError(
-      `pd.role: ${JSON.stringify(cfg.pd.role)}: prefill/decode disaggregation is not wired yet (use "none")`,
+      `role ${role} (--role / pd.role): prefill/decode disaggregation runs with tp = pp = 1 on each side for now ` +
+        `(got tp ${tp}, pp ${pp}); the planner (specd pd plan) already maps heterogeneous layouts`,
     );
   if (flags.spec === false && flags.drafter !== undefined)
     throw new CliError('--drafter and --no-spec cannot be used together');
@@ -89,7 +99,10 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {
-      drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests);
+      drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests, {
+        // a prefill instance never drafts: only the context path (projection, draft KV) where the method has the mode
+        contextOnly: role === 'prefill',
+      });
       if (choice.method !== undefined && drafter.drafter.method !== choice.method) {
         throw new CliError(
           `drafter ${choice.dir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, ` +
@@ -99,6 +112,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     }
     const logger =
       flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
+    const host = flags.host ?? cfg.server.host;
+    const pd = role === 'none' ? undefined : pdOptions(role, cfg, flags, host, modelDir, choice, drafter, { tp, pp });
     const server = new SpecdServer({
       target,
       ...(drafter === undefined ? {} : { drafter: drafter.drafter }),
@@ -109,8 +124,9 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       bodyLimitBytes: cfg.server.body_limit_bytes,
       ...(choice?.numDraftTokens === undefined ? {} : { numDraftTokens: choice.numDraftTokens }),
       ...(logger === undefined ? {} : { logger }),
+      ...(pd === undefined ? {} : { pd }),
     });
-    const url = await server.listen(flags.host ?? cfg.server.host, flags.port ?? cfg.server.port);
+    const url = await server.listen(host, flags.port ?? cfg.server.port);
     return {
       server,
       url,
@@ -129,6 +145,66 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   }
 }
 
+/** The PD role's settings: bootstrap, timeouts and this side's digest (pd/digest.ts). */
+function pdOptions(
+  role: 'prefill' | 'decode',
+  cfg: SpecdConfig,
+  flags: ServeFlags,
+  host: string,
+  modelDir: string,
+  choice: DrafterChoice | undefined,
+  drafter: LoadedDrafter | undefined,
+  par: { tp: number; pp: number },
+): SpecdServerOptions['pd'] {
+  const d = drafter?.drafter;
+  const draftKv = d !== undefined && hasDraftContextTransfer(d) && d.pdRegions().length > 0;
+  const digest = pdDigest({
+    target: modelDir,
+    ...(d === undefined
+      ? {}
+      : {
+          drafter: {
+            method: d.method,
+            ...(drafter?.dir === undefined ? {} : { path: drafter.dir }),
+            ...(choice?.settings === undefined ? {} : { settings: choice.settings }),
+          },
+        }),
+    pageSize: cfg.scheduler.page_size,
+    ...(draftKv ? { draftPageSize: DRAFT_PAGE_SIZE, draftDtype: 'f32' } : {}),
+    dtype: 'f32',
+    tp: par.tp,
+    pp: par.pp,
+  });
+  const options = {
+    host: cfg.pd.bootstrap?.host ?? host,
+    bootstrapTimeoutMs: cfg.pd.bootstrap_timeout_ms,
+    transferTimeoutMs: cfg.pd.transfer_timeout_ms,
+    digest,
+  };
+  // test-only fault point: the prefill role's transfers stop after N descriptors (tests kill it there)
+  const pause = process.env.SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS;
+  const testHooks =
+    pause === undefined || !/^\d+$/.test(pause)
+      ? undefined
+      : {
+          transfer: {
+            pauseAfterDescriptors: Number(pause),
+            onPause: (room: string) =>
+              process.stderr.write(`specd: pd test hook: paused after ${pause} descriptors of room ${room}\n`),
+          },
+        };
+  return role === 'prefill'
+    ? {
+        role,
+        options: {
+          ...options,
+          bootstrapPort: flags.bootstrapPort ?? cfg.pd.bootstrap?.port ?? 0,
+          ...(testHooks === undefined ? {} : { testHooks }),
+        },
+      }
+    : { role, options };
+}
+
 const tpArg = (v: string): number => {
   if (!/^\d+$/.test(v.trim()) || Number(v) < 1) throw new InvalidArgumentError('expected an integer >= 1');
   return Number(v);
@@ -145,6 +221,12 @@ const portArg = (v: string): number => {
   const n = Number(v);
   if (!/^\d+$/.test(v.trim()) || n > 65535) throw new InvalidArgumentError('expected a port in [0, 65535]');
   return n;
+};
+
+const roleArg = (v: string): 'prefill' | 'decode' | 'none' => {
+  if (v !== 'prefill' && v !== 'decode' && v !== 'none')
+    throw new InvalidArgumentError('expected prefill, decode or none');
+  return v;
 };
 
 /** Adds `serve` to the program; it runs until SIGINT / SIGTERM. */
@@ -175,13 +257,26 @@ export function registerServeCommand(program: Command, io: CliIo): void {
       "layers per pipeline stage, e.g. 3,5 (default: vLLM's even split, the remainder on the stages before the last)",
       listArg,
     )
+    .option(
+      '--role <role>',
+      'prefill/decode disaggregation: prefill | decode | none (default: config pd.role, none); run `specd router` ' +
+        'in front of the prefill and decode instances',
+      roleArg,
+    )
+    .option(
+      '--bootstrap-port <port>',
+      "the prefill role's bootstrap port for decode instances (default: config pd.bootstrap.port, 0 = ephemeral)",
+      portArg,
+    )
     .option('--api-key <key>', 'require "Authorization: Bearer <key>" on /v1/*')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);
       const using =
         s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`;
-      io.stderr.write(`specd: serving ${s.server.options.modelName}${using} on ${s.url}\n`);
+      const pd = s.server.pd;
+      const as = pd === undefined ? '' : 'bootstrap' in pd ? ` as prefill (bootstrap ${pd.bootstrap})` : ' as decode';
+      io.stderr.write(`specd: serving ${s.server.options.modelName}${using}${as} on ${s.url}\n`);
       await new Promise<void>((resolve) => {
         const stop = (): void => {
           process.off('SIGINT', stop);

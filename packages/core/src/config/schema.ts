@@ -12,7 +12,8 @@
  *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
  *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage], "transport": "zmq" | "fifo"},
  *                    // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
- *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}} }  // reserved: only "none" runs
+ *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}, "bootstrap_timeout_ms",
+ *            "transfer_timeout_ms"} }
  */
 
 import type { DrafterPlugin } from '../plugin/drafter-plugin.js';
@@ -177,9 +178,23 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         type: 'object',
         additionalProperties: false,
         default: {},
-        description: 'reserved (prefill/decode disaggregation): validated now; only role "none" runs',
+        description:
+          "prefill/decode disaggregation: this instance's role (`specd serve --role`), the prefill role's bootstrap " +
+          'socket, and the timeouts of both roles',
         properties: {
           role: { enum: ['none', 'prefill', 'decode'], default: 'none' },
+          bootstrap_timeout_ms: {
+            type: 'integer',
+            minimum: 1,
+            default: 30000,
+            description: "how long the prefill role waits for a request's layout, and the decode role for a hello (ms)",
+          },
+          transfer_timeout_ms: {
+            type: 'integer',
+            minimum: 1,
+            default: 60000,
+            description: 'how long a transfer may take, from the layout to the acknowledgement (ms)',
+          },
           bootstrap: {
             type: 'object',
             additionalProperties: false,

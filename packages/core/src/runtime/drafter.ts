@@ -51,6 +51,7 @@ export async function loadDrafter(
   target: LoadedTarget,
   maxTokensPerSequence: number,
   maxSequences = 1,
+  extra: { readonly contextOnly?: boolean } = {},
 ): Promise<LoadedDrafter> {
   const c: DrafterChoice = typeof choice === 'string' ? { dir: choice } : choice;
   const container = rootContainer.createChildContainer();
@@ -60,6 +61,7 @@ export async function loadDrafter(
     maxSequences,
     maxTokensPerSequence,
     ...(c.settings === undefined ? {} : { settings: c.settings }),
+    ...(extra.contextOnly === true ? { contextOnly: true } : {}),
   };
   const drafterDir = c.dir;
   if (drafterDir === undefined) {

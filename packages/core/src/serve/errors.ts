@@ -51,3 +51,20 @@ export const overloaded = (message: string): ApiError => new ApiError(503, messa
 /** 500 when the model can no longer run (e.g. a pipeline stage process died): names what broke. */
 export const modelFailed = (err: Error): ApiError =>
   new ApiError(500, `the model cannot run: ${err.message}`, 'server_error', null, 'model_failed');
+
+/**
+ * The HTTP answer to a prefill/decode failure (pd/types.ts PdError codes): 503 `capacity` (retry later),
+ * 504 `timeout`, 409 `abort`, 501 `unsupported`, 502 for the rest (the other instance refused, sent a wrong or
+ * missing entry, a bad checksum, or is gone), the message naming the entry, field or peer.
+ */
+export const pdFailed = (code: string, message: string): ApiError => {
+  const status =
+    code === 'capacity' ? 503 : code === 'timeout' ? 504 : code === 'abort' ? 409 : code === 'unsupported' ? 501 : 502;
+  return new ApiError(
+    status,
+    `prefill/decode: ${message}`,
+    status === 503 ? 'server_error' : 'api_error',
+    null,
+    `pd_${code}`,
+  );
+};

@@ -18,6 +18,12 @@ export interface ServerGaugeSource {
   waiting(): number;
   targetPagesInUse(): number;
   draftPagesInUse(): number;
+  /** Linear-attention state slots in use (0 for targets without linear layers). */
+  stateSlotsInUse(): number;
+  /** Prompt tokens run through the target's prefill forwards so far (a decode instance runs none). */
+  prefillTokens(): number;
+  /** PD transfers in flight (prefill or decode role; 0 when serving aggregated). */
+  transfersInFlight(): number;
 }
 
 /** The exported metrics (names prefixed `specd_`). */
@@ -36,6 +42,12 @@ export class ServerMetrics {
   readonly acceptedPerPos: Counter<'position'>;
   readonly verifyBudget: Histogram;
   readonly numUnverifiedTokens: Counter;
+  /** Prefill/decode disaggregation: payload bytes per request by class (target_kv, linear_state, draft_context). */
+  readonly pdPayloadBytes: Histogram<'kind'>;
+  /** Prefill/decode disaggregation: time from reserving (D) or handing off (P) to the transfer's end, s. */
+  readonly pdTransferWait: Histogram<'role'>;
+  /** Prefill/decode disaggregation: transfers that failed, by PdError code. */
+  readonly pdTransferFailures: Counter<'code'>;
 
   constructor(source: ServerGaugeSource, options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
@@ -105,6 +117,50 @@ export class ServerMetrics {
         this.set({ cache: 'target' }, source.targetPagesInUse());
         this.set({ cache: 'draft' }, source.draftPagesInUse());
       },
+    });
+    new Gauge({
+      name: 'specd_state_slots_used',
+      help: 'linear-attention state slots in use (target)',
+      registers,
+      collect() {
+        this.set(source.stateSlotsInUse());
+      },
+    });
+    new Gauge({
+      name: 'specd_prompt_tokens_prefilled',
+      help: "prompt tokens run through the target's prefill forwards (0 on a decode instance of a PD pair)",
+      registers,
+      collect() {
+        this.set(source.prefillTokens());
+      },
+    });
+    new Gauge({
+      name: 'specd_pd_transfers_inflight',
+      help: 'prefill/decode transfers in flight',
+      registers,
+      collect() {
+        this.set(source.transfersInFlight());
+      },
+    });
+    this.pdPayloadBytes = new Histogram({
+      name: 'specd_pd_payload_bytes',
+      help: 'prefill/decode payload bytes per request, by kind (target_kv, linear_state, draft_context)',
+      labelNames: ['kind'],
+      buckets: [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26, 1 << 29],
+      registers,
+    });
+    this.pdTransferWait = new Histogram({
+      name: 'specd_pd_transfer_wait_seconds',
+      help: 'prefill/decode transfer wait per request (decode: reserve to verified; prefill: handoff to acknowledged)',
+      labelNames: ['role'],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.pdTransferFailures = new Counter({
+      name: 'specd_pd_transfer_failures_total',
+      help: 'prefill/decode transfers that failed, by cause',
+      labelNames: ['code'],
+      registers,
     });
     this.numDrafts = new Counter({
       name: 'specd_spec_decode_num_drafts_total',

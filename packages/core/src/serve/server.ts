@@ -21,7 +21,7 @@ import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
 import { ChatTemplate, ChatTemplateError } from './chat-template.js';
-import { EngineLoop, OverloadedError } from './engine-loop.js';
+import { EngineLoop, type LoopListener, type LoopRequest, OverloadedError } from './engine-loop.js';
 import {
   ApiError,
   badApiKey,
@@ -29,10 +29,15 @@ import {
   invalidParam,
   modelFailed,
   overloaded,
+  pdFailed,
   tooLong,
   unknownModel,
 } from './errors.js';
 import { ServerMetrics } from './metrics.js';
+import { DecodeRole } from '../pd/decode-role.js';
+import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
+import { parsePdRequest, type PdRequest } from '../pd/protocol.js';
+import { PdError, type PdPayloadClass } from '../pd/types.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
 
@@ -64,6 +69,19 @@ export interface SpecdServerOptions {
   readonly numDraftTokens?: number;
   /** A pino logger (default: none). */
   readonly logger?: Logger;
+  /**
+   * Prefill/decode disaggregation: serve as the prefill or the decode instance of a pair (`/pd/*` routes, the
+   * bootstrap socket and the transfer agent; docs/ARCHITECTURE.md). Absent: aggregated serving only.
+   */
+  readonly pd?:
+    | { readonly role: 'prefill'; readonly options: PrefillRoleOptions }
+    | { readonly role: 'decode'; readonly options: PdRoleOptions };
+}
+
+/** How a request enters the engine loop: its loop id, and the call that starts it once the response is open. */
+interface Opened {
+  readonly loopId: number | undefined;
+  begin(): void;
 }
 
 /** Maps the engine's finish reasons to OpenAI's. */
@@ -78,6 +96,8 @@ export class SpecdServer {
   readonly engine: SpecEngine;
   readonly loop: EngineLoop;
   readonly metrics: ServerMetrics;
+  /** The prefill or decode role (prefill/decode disaggregation), if any. */
+  readonly pd: PrefillRole | DecodeRole | undefined;
   private readonly chat: ChatTemplate | undefined;
   private readonly created = Math.floor(Date.now() / 1000);
 
@@ -93,7 +113,12 @@ export class SpecdServer {
         pageSize: scheduler.page_size,
         prefillChunk: scheduler.prefill_chunk_tokens,
         decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
-        ...(numDraftTokens === undefined ? {} : { draftLength: () => numDraftTokens }),
+        // a prefill instance never drafts (its drafter may be context-only): no draft policy, no calibration
+        ...(options.pd?.role === 'prefill'
+          ? { draftLength: () => 0 }
+          : numDraftTokens === undefined
+            ? {}
+            : { draftLength: () => numDraftTokens }),
       },
       {
         maxWaiting: scheduler.max_waiting_requests,
@@ -102,11 +127,21 @@ export class SpecdServer {
       },
     );
     this.engine = this.loop.engine;
+    const pd = options.pd;
+    this.pd =
+      pd === undefined
+        ? undefined
+        : pd.role === 'prefill'
+          ? new PrefillRole(this.loop, drafter, pd.options)
+          : new DecodeRole(this.loop, drafter, pd.options);
     this.metrics = new ServerMetrics({
       running: () => this.loop.running,
       waiting: () => this.loop.waiting,
       targetPagesInUse: () => this.engine.cache.pagesInUse,
       draftPagesInUse: () => drafter?.pagesInUse ?? 0,
+      stateSlotsInUse: () => this.engine.cache.slotsInUse,
+      prefillTokens: () => this.engine.metrics.prefillTokens,
+      transfersInFlight: () => this.pd?.inflight ?? 0,
     });
     const cfg = tok.config as Record<string, unknown>;
     const special = (k: string): string | undefined => {
@@ -150,6 +185,7 @@ export class SpecdServer {
         'draft policy: step costs calibrated',
       );
     }
+    await this.pd?.start();
     await this.app.listen({ host, port });
     const a = this.app.server.address() as AddressInfo;
     return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
@@ -157,6 +193,7 @@ export class SpecdServer {
 
   /** Stops listening and aborts every request (target and drafter stay loaded; the caller disposes them). */
   async close(): Promise<void> {
+    await this.pd?.close();
     this.loop.close();
     await this.app.close();
   }
@@ -229,6 +266,7 @@ export class SpecdServer {
         },
       ],
     }));
+    if (this.pd !== undefined) this.pdRoutes(this.pd);
     app.post('/v1/completions', async (req, reply) => {
       const p = parseCompletionRequest(req.body, this.options.sampling);
       this.checkModel(p);
@@ -265,34 +303,145 @@ export class SpecdServer {
     });
   }
 
+  /** The `/pd/*` routes of a prefill or decode instance (the router's side of the protocol, pd/router.ts). */
+  private pdRoutes(role: PrefillRole | DecodeRole): void {
+    const app = this.app;
+    app.get('/pd/info', async () =>
+      role instanceof PrefillRole
+        ? { role: 'prefill', bootstrap: role.bootstrap, model: this.options.modelName }
+        : { role: 'decode', model: this.options.modelName },
+    );
+    app.post('/pd/abort', async (req) => {
+      const body = (req.body ?? {}) as { room?: unknown; reason?: unknown };
+      if (typeof body.room !== 'string') throw invalidParam('room', 'expected a string');
+      role.abort(body.room, typeof body.reason === 'string' ? body.reason : 'the router aborted');
+      return { ok: true };
+    });
+    if (role instanceof PrefillRole) {
+      app.post('/pd/prefill', async (req) => {
+        const pd = parsePdRequest(req.body, 'prefill');
+        const { p, ids } = this.pdPrompt(pd);
+        this.checkLength(ids.length, p.maxTokens, 'prompt_ids');
+        const t0 = performance.now();
+        try {
+          const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true));
+          this.recordPayload('prefill', out.payload, (performance.now() - t0) / 1000);
+          return { request_id: pd.requestId, prompt_tokens: out.promptTokens };
+        } catch (err) {
+          throw this.pdError(err, 'prompt_ids');
+        }
+      });
+    } else {
+      app.post('/pd/decode', async (req, reply) => {
+        const pd = parsePdRequest(req.body, 'decode');
+        const { p, ids } = this.pdPrompt(pd);
+        const bootstrap = pd.bootstrap ?? '';
+        const t0 = performance.now();
+        const open = async (listener: Parameters<EngineLoop['submit']>[1]): Promise<Opened> => {
+          try {
+            const a = await role.admit(pd.room, pd.requestId, bootstrap, this.loopRequest(p, ids, false), listener);
+            if (a.admission.kind === 'resume')
+              this.recordPayload('decode', a.admission.payload, (performance.now() - t0) / 1000);
+            return { loopId: a.admission.loopId, begin: a.begin };
+          } catch (err) {
+            throw this.pdError(err, 'prompt_ids');
+          }
+        };
+        return this.generate(reply, pd.kind, p, ids, 'prompt_ids', open);
+      });
+    }
+  }
+
+  /** Parses the client's request a PD request carries and checks its prompt ids against the vocabulary. */
+  private pdPrompt(pd: PdRequest): { p: GenerationParams; ids: Int32Array } {
+    const p =
+      pd.kind === 'chat'
+        ? parseChatRequest(pd.body, this.options.sampling)
+        : parseCompletionRequest(pd.body, this.options.sampling);
+    this.checkModel(p);
+    const V = this.options.target.model.info.vocabSize;
+    const bad = pd.promptIds.find((t) => t >= V);
+    if (bad !== undefined) throw invalidParam('prompt_ids', `token id ${bad} is outside the vocabulary (size ${V})`);
+    return { p, ids: Int32Array.from(pd.promptIds) };
+  }
+
+  /** The engine loop's request for parsed parameters. */
+  private loopRequest(p: GenerationParams, promptIds: Int32Array, handoff: boolean): LoopRequest {
+    return {
+      promptIds,
+      maxTokens: p.maxTokens,
+      sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP },
+      seed: p.seed,
+      seeded: p.seeded,
+      stopStrings: p.stop,
+      ignoreEos: p.ignoreEos,
+      handoff,
+    };
+  }
+
+  /** Records a PD request's payload by class and its transfer wait. */
+  private recordPayload(role: string, payload: Partial<Record<PdPayloadClass, number>>, waitS: number): void {
+    for (const [kind, bytes] of Object.entries(payload)) this.metrics.pdPayloadBytes.observe({ kind }, bytes);
+    this.metrics.pdTransferWait.observe({ role }, waitS);
+  }
+
+  /** The client's answer to an error of a PD request (PdError → pdFailed; the loop's refusals as for /v1). */
+  private pdError(err: unknown, promptParam: string): Error {
+    if (err instanceof PdError) {
+      this.metrics.pdTransferFailures.inc({ code: err.code });
+      return pdFailed(err.code, err.message);
+    }
+    if (err instanceof OverloadedError) return overloaded(err.message);
+    if (err instanceof EngineError) return invalidParam(promptParam, err.message);
+    return err as Error;
+  }
+
+  /** @throws {ApiError} 413 when prompt + max_tokens (+ a draft block) exceeds max_sequence_tokens. */
+  private checkLength(P: number, maxTokens: number, promptParam: string): void {
+    const limit = this.options.scheduler.max_sequence_tokens;
+    const need = P + maxTokens + (this.options.drafter?.maxDraftTokens ?? 0) + 1;
+    if (need > limit) {
+      const draft =
+        this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`;
+      throw tooLong(
+        `prompt (${P} tokens) + max_tokens (${maxTokens})${draft} = ${need} tokens ` +
+          `exceeds max_sequence_tokens ${limit}`,
+        promptParam,
+      );
+    }
+  }
+
   private checkModel(p: GenerationParams): void {
     if (p.model !== this.options.modelName) throw unknownModel(p.model, this.options.modelName);
     const f = this.options.target.model.failure?.();
     if (f !== undefined) throw modelFailed(f);
   }
 
-  /** Runs one request through the loop; streams or answers one JSON. */
-  private generate(
+  /**
+   * Runs one request through the loop; streams or answers one JSON.
+   * @param open how the request enters the loop (default: `EngineLoop.submit`; the decode role admits it once its
+   *   state arrived); the response headers are sent only after it resolved, so its errors are ordinary HTTP errors.
+   */
+  private async generate(
     reply: FastifyReply,
     kind: 'completion' | 'chat',
     p: GenerationParams,
     promptIds: Int32Array,
     promptParam: string,
-  ): Promise<unknown> | FastifyReply {
+    open?: (listener: LoopListener) => Promise<Opened>,
+  ): Promise<unknown> {
+    if (this.pd instanceof PrefillRole)
+      throw new ApiError(
+        400,
+        'this server is the prefill instance of a prefill/decode pair: send requests to the router (specd router)',
+        'invalid_request_error',
+        null,
+        'pd_prefill_only',
+      );
     const t0 = performance.now();
     const P = promptIds.length;
     if (P === 0) throw invalidParam(promptParam, 'the prompt encodes to no tokens');
-    const limit = this.options.scheduler.max_sequence_tokens;
-    const need = P + p.maxTokens + (this.options.drafter?.maxDraftTokens ?? 0) + 1;
-    if (need > limit) {
-      const draft =
-        this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`;
-      throw tooLong(
-        `prompt (${P} tokens) + max_tokens (${p.maxTokens})${draft} = ${need} tokens ` +
-          `exceeds max_sequence_tokens ${limit}`,
-        promptParam,
-      );
-    }
+    this.checkLength(P, p.maxTokens, promptParam);
     const tok = this.options.target.tokenizer;
     const detok = tok.createDetokenizer({ skipSpecialTokens: true, promptIds });
     const stops = new StopTextBuffer(p.stop);
@@ -333,18 +482,11 @@ export class SpecdServer {
         ...(ttft === undefined ? {} : { ttft }),
       });
     };
-    const engineParams = {
-      promptIds,
-      maxTokens: p.maxTokens,
-      sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP },
-      seed: p.seed,
-      seeded: p.seeded,
-      stopStrings: p.stop,
-      ignoreEos: p.ignoreEos,
-    };
-    const submit = (listener: Parameters<EngineLoop['submit']>[1]): number => {
+    const engineParams = this.loopRequest(p, promptIds, false);
+    const submit = async (listener: LoopListener): Promise<Opened> => {
+      if (open !== undefined) return open(listener);
       try {
-        return this.loop.submit(engineParams, listener);
+        return { loopId: this.loop.submit(engineParams, listener), begin: () => undefined };
       } catch (err) {
         if (err instanceof OverloadedError) throw overloaded(err.message);
         if (err instanceof EngineError) throw invalidParam(promptParam, err.message);
@@ -356,7 +498,7 @@ export class SpecdServer {
     };
 
     if (p.stream) {
-      const loopId = submit({
+      const opened = await submit({
         onToken: (t) => {
           onToken();
           const text = stops.push(detok.push(t));
@@ -384,6 +526,13 @@ export class SpecdServer {
           raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
         },
       });
+      const loopId = opened.loopId;
+      if (raw.destroyed) {
+        // the client left while the request was being admitted
+        finished = true;
+        if (loopId !== undefined) this.loop.abort(loopId);
+        return reply;
+      }
       reply.hijack();
       raw.writeHead(200, {
         'content-type': 'text/event-stream; charset=utf-8',
@@ -394,15 +543,16 @@ export class SpecdServer {
       raw.on('close', () => {
         if (!finished) {
           finished = true;
-          this.loop.abort(loopId);
+          if (loopId !== undefined) this.loop.abort(loopId);
           this.metrics.requests.inc({ endpoint: kind, finish_reason: 'abort' });
         }
       });
+      opened.begin();
       return reply;
     }
 
     return new Promise((resolve, reject) => {
-      const loopId = submit({
+      const listener: LoopListener = {
         onToken: (t) => {
           onToken();
           stops.push(detok.push(t));
@@ -423,15 +573,25 @@ export class SpecdServer {
           finished = true;
           reject(this.options.target.model.failure?.() !== undefined ? modelFailed(err) : err);
         },
-      });
-      raw.on('close', () => {
-        if (!finished) {
+      };
+      submit(listener).then((opened) => {
+        const loopId = opened.loopId;
+        raw.on('close', () => {
+          if (!finished) {
+            finished = true;
+            if (loopId !== undefined) this.loop.abort(loopId);
+            this.metrics.requests.inc({ endpoint: kind, finish_reason: 'abort' });
+            resolve(undefined);
+          }
+        });
+        if (raw.destroyed && !finished) {
           finished = true;
-          this.loop.abort(loopId);
-          this.metrics.requests.inc({ endpoint: kind, finish_reason: 'abort' });
+          if (loopId !== undefined) this.loop.abort(loopId);
           resolve(undefined);
+          return;
         }
-      });
+        opened.begin();
+      }, reject);
     });
   }
 }

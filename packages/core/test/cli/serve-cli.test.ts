@@ -93,7 +93,10 @@ describe('specd serve', () => {
       { parallelism: { pp: 2, partition: [4] } },
       /\$\.parallelism\.partition: pp: expected 2 entries \(one per pipeline stage\), got 1/,
     ],
-    [{ pd: { role: 'prefill' } }, /pd\.role: "prefill": prefill\/decode disaggregation is not wired yet/],
+    [
+      { pd: { role: 'prefill' }, parallelism: { tp: 2 } },
+      /role prefill \(--role \/ pd\.role\): prefill\/decode disaggregation runs with tp = pp = 1 .*got tp 2, pp 1/,
+    ],
     [{ server: { port: 99999 } }, /\$\.server\.port: maximum: must be <= 65535, got 99999/],
   ])('config %j → one error line, exit 1', async (cfg, re) => {
     const file = path.join(tmp, 'c.json');

@@ -249,6 +249,9 @@ describe('ServerMetrics (prom-client)', () => {
         waiting: () => 0,
         targetPagesInUse: () => 0,
         draftPagesInUse: () => 0,
+        stateSlotsInUse: () => 0,
+        prefillTokens: () => 0,
+        transfersInFlight: () => 0,
       });
       const spec = new RequestMetrics();
       spec.recordBudget(7, 2);
