@@ -1,0 +1,84 @@
+// Starts specd processes for the prefill/decode tests: `specd serve --role prefill|decode` and `specd router`,
+// each on port 0, reporting its URL on stderr; kills them all at the end.
+import { type ChildProcess, spawn } from 'node:child_process';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
+
+/** A running specd process and the URL it reported. */
+export interface SpecdProcess {
+  readonly child: ChildProcess;
+  readonly url: string;
+  /** Everything it wrote to stderr so far. */
+  stderr(): string;
+  /** Resolves when it exited (its code, or the signal's name). */
+  readonly exited: Promise<number | string>;
+  kill(signal?: NodeJS.Signals): void;
+}
+
+/**
+ * Spawns `specd ARGS` and waits for the line naming its URL (`on http://…`, as `serve` and `router` print).
+ * @throws when it exits first or does not report within `timeoutMs` (its stderr in the message).
+ */
+export async function startSpecd(args: readonly string[], timeoutMs = 120_000): Promise<SpecdProcess> {
+  const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  const exited = new Promise<number | string>((resolve) => {
+    child.once('exit', (code, signal) => resolve(code ?? signal ?? -1));
+  });
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`specd ${args.join(' ')}: no URL after ${timeoutMs} ms\n${err}`)),
+      timeoutMs,
+    );
+    child.stderr?.setEncoding('utf8');
+    child.stderr?.on('data', (chunk: string) => {
+      err += chunk;
+      const m = / on (http:\/\/[^\s]+)/.exec(err);
+      if (m?.[1] !== undefined) {
+        clearTimeout(timer);
+        resolve(m[1]);
+      }
+    });
+    void exited.then((code) => {
+      clearTimeout(timer);
+      reject(new Error(`specd ${args.join(' ')} exited (${code}) before reporting its URL:\n${err}`));
+    });
+  });
+  return {
+    child,
+    url,
+    stderr: () => err,
+    exited,
+    kill: (signal = 'SIGTERM') => {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+    },
+  };
+}
+
+/** Stops every process (SIGTERM, then SIGKILL after `graceMs`) and waits for them. */
+export async function stopAll(procs: readonly (SpecdProcess | undefined)[], graceMs = 5000): Promise<void> {
+  await Promise.all(
+    procs.map(async (p) => {
+      if (p === undefined) return;
+      p.kill('SIGTERM');
+      const t = setTimeout(() => p.kill('SIGKILL'), graceMs);
+      await p.exited;
+      clearTimeout(t);
+    }),
+  );
+}
+
+/** The value of a Prometheus sample `name{labels}` in `text` (NaN when absent). */
+export function metric(text: string, name: string, labels = ''): number {
+  const esc = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const m = new RegExp(`^${esc(name)}${labels === '' ? '' : esc(`{${labels}}`)} (\\S+)$`, 'm').exec(text);
+  return Number(m?.[1] ?? Number.NaN);
+}
+
+/** `GET url/metrics` as text. */
+export async function metricsOf(url: string): Promise<string> {
+  return (await fetch(`${url}/metrics`)).text();
+}

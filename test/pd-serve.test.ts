@@ -1,0 +1,168 @@
+// Prefill/decode disaggregation as real processes on loopback: `specd serve --role prefill`, `specd serve --role
+// decode` and `specd router` (all on port 0), the `openai` client against the router. For every drafter in
+// models/ of the shipped Kimi target and of SmolLM2, and plain decoding: greedy completions through the router
+// equal an aggregated server's, streamed text equals non-streamed text; the decode instance runs no prompt token
+// through its target (specd_prompt_tokens_prefilled stays 0 there and equals the prompt tokens on the prefill
+// instance), payload bytes by kind are reported. Then the edges: max_tokens 1 (no decode step), a prompt too
+// long for P (its 413 reaches the client, D's reservation is freed), a digest mismatch refused naming the field.
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { metric, metricsOf, ROOT, type SpecdProcess, startSpecd, stopAll } from './pd-cluster.js';
+import { skipWithoutFiles } from './require-files.js';
+
+const MODELS = path.join(ROOT, 'models');
+
+interface Family {
+  readonly target: string;
+  readonly file: string;
+  readonly prompts: readonly string[];
+}
+
+const FAMILIES: readonly Family[] = [
+  {
+    target: 'kimi-k3-tiny',
+    file: 'kimi-k3-tiny/config.json',
+    prompts: ['The quick brown fox', 'def fibonacci(n):\n    if n < 2:\n        return n\n', 'Once upon a time, in a'],
+  },
+  {
+    target: 'smollm2-135m-instruct',
+    file: 'smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf',
+    prompts: ['The capital of France is', 'Here is a short poem about the sea:\n'],
+  },
+];
+
+function drafterDirs(target: string): string[] {
+  return fs
+    .readdirSync(MODELS)
+    .filter((d) => d.startsWith(`${target}-`) && fs.existsSync(path.join(MODELS, d, 'config.json')))
+    .sort()
+    .map((d) => path.join(MODELS, d));
+}
+
+/**
+ * The config's drafter branch for a checkpoint: its method (from `architectures`) and a fixed draft length (block
+ * size − 1 for the block drafters, 4 for EAGLE-3's chain), so that no server calibrates a cost policy.
+ */
+function drafterBranch(dir: string): Record<string, unknown> {
+  const c = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')) as {
+    architectures: string[];
+    block_size?: number;
+  };
+  const arch = c.architectures[0] ?? '';
+  const method = /DFlash/.test(arch) ? 'dflash' : /DSpark/.test(arch) ? 'dspark' : 'eagle3';
+  return { method, path: dir, num_draft_tokens: c.block_size === undefined ? 4 : c.block_size - 1 };
+}
+
+let tmp: string;
+beforeAll(() => {
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-pd-serve-'));
+});
+afterAll(() => {
+  if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+/** A config file: the target, the drafter (or none) at a fixed draft length, and `extra` merged in. */
+function config(name: string, target: string, drafter: string | undefined, extra: Record<string, unknown> = {}) {
+  const file = path.join(tmp, `${name}.json`);
+  const d = drafter === undefined ? { method: 'none' } : drafterBranch(drafter);
+  fs.writeFileSync(file, JSON.stringify({ model: path.join(MODELS, target), drafter: d, ...extra }));
+  return file;
+}
+
+/** P, D and the router for a config (P and D may have their own). */
+async function cluster(
+  pConfig: string,
+  dConfig = pConfig,
+): Promise<{ p: SpecdProcess; d: SpecdProcess; r: SpecdProcess }> {
+  const [p, d] = await Promise.all([
+    startSpecd(['serve', '--config', pConfig, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
+    startSpecd(['serve', '--config', dConfig, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
+  ]);
+  const r = await startSpecd([
+    'router',
+    '--prefill',
+    p.url,
+    '--decode',
+    d.url,
+    '--port',
+    '0',
+    '--config',
+    dConfig,
+    '--log-level',
+    'warn',
+  ]);
+  return { p, d, r };
+}
+
+for (const family of FAMILIES) {
+  const HAVE = !skipWithoutFiles(`PD serving (${family.target})`, [path.join(MODELS, family.file)]);
+  describe.skipIf(!HAVE)(`PD through the router: ${family.target}`, () => {
+    const cases = [undefined, ...(HAVE ? drafterDirs(family.target) : [])];
+    it.each(cases.map((d) => [d === undefined ? 'plain decoding' : path.basename(d), d]))(
+      '%s: router output equals aggregated; D prefills nothing',
+      async (name, dir) => {
+        const cfg = config(`${family.target}-${name}`, family.target, dir);
+        const procs: (SpecdProcess | undefined)[] = [];
+        try {
+          const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
+          procs.push(a);
+          const { p, d, r } = await cluster(cfg);
+          procs.push(p, d, r);
+          const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+          const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
+          const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
+          let promptTokens = 0;
+          for (const prompt of family.prompts) {
+            const body = { model, prompt, max_tokens: 20, temperature: 0 };
+            const want = await agg.completions.create(body);
+            const got = await pd.completions.create(body);
+            expect(got.choices[0]?.text, prompt).toBe(want.choices[0]?.text);
+            expect(got.usage?.completion_tokens).toBe(want.usage?.completion_tokens);
+            promptTokens += got.usage?.prompt_tokens ?? 0;
+            let streamed = '';
+            for await (const chunk of await pd.completions.create({ ...body, stream: true }))
+              streamed += chunk.choices[0]?.text ?? '';
+            expect(streamed, `${prompt} (streamed)`).toBe(want.choices[0]?.text);
+            promptTokens += got.usage?.prompt_tokens ?? 0;
+          }
+          const chat = {
+            model,
+            messages: [{ role: 'user' as const, content: 'Say hello.' }],
+            max_tokens: 12,
+            temperature: 0,
+          };
+          const hasTemplate = (await agg.chat.completions.create(chat).catch(() => undefined)) !== undefined;
+          if (hasTemplate) {
+            const want = await agg.chat.completions.create(chat);
+            const got = await pd.chat.completions.create(chat);
+            expect(got.choices[0]?.message.content).toBe(want.choices[0]?.message.content);
+            promptTokens += got.usage?.prompt_tokens ?? 0;
+          }
+          const dm = await metricsOf(d.url);
+          const pm = await metricsOf(p.url);
+          expect(metric(dm, 'specd_prompt_tokens_prefilled')).toBe(0);
+          expect(metric(pm, 'specd_prompt_tokens_prefilled')).toBe(promptTokens);
+          expect(metric(dm, 'specd_pd_payload_bytes_count', 'kind="target_kv"')).toBeGreaterThan(0);
+          if (dir !== undefined && !name.endsWith('eagle3'))
+            expect(metric(dm, 'specd_pd_payload_bytes_sum', 'kind="draft_context"')).toBeGreaterThan(0);
+          for (const [u, m] of [
+            [p.url, pm],
+            [d.url, dm],
+          ] as const) {
+            expect(metric(m, 'specd_kv_pages_used', 'cache="target"'), u).toBe(0);
+            expect(metric(m, 'specd_state_slots_used'), u).toBe(0);
+            expect(metric(m, 'specd_pd_transfers_inflight'), u).toBe(0);
+          }
+        } finally {
+          await stopAll(procs);
+        }
+      },
+      300_000,
+    );
+  });
+}
