@@ -252,11 +252,12 @@ export function validatePlan(
   });
   const writes = new Map<string, RowSpan[]>();
   copies.forEach((c, ci) => {
-    const part = c.part === '' ? '' : ` (${c.part})`;
-    const where =
-      `plan: copy ${ci}: region ${c.region} layer ${c.layer}${part}: prefill stage ${c.srcStage} rank ` +
-      `${c.srcRank} → decode stage ${c.dstStage} rank ${c.dstRank}`;
-    const fail = (what: string): PdError => layoutError(`${where}: ${what}`);
+    // the message is built only on failure (a plan has up to ~10^5 copies)
+    const fail = (what: string): PdError =>
+      layoutError(
+        `plan: copy ${ci}: region ${c.region} layer ${c.layer}${c.part === '' ? '' : ` (${c.part})`}: ` +
+          `prefill stage ${c.srcStage} rank ${c.srcRank} → decode stage ${c.dstStage} rank ${c.dstRank}: ${what}`,
+      );
     const ri = index.get(c.region);
     if (ri === undefined) throw fail('no such region');
     const p = P.regions[ri]!;
@@ -348,7 +349,7 @@ export function validatePlan(
           if (!holdsRegion(d, rank)) continue;
           const first = firstHead(d, rank, D.tp);
           for (let h = first; h < first + d.headsPerRank; h++) {
-            const where =
+            const where = (): string =>
               `plan: region ${spec.name} layer ${layer}${part === '' ? '' : ` (${part})`}: decode stage ` +
               `${d.stageOf[li]} rank ${rank} head ${h}`;
             const spans = (writes.get(`${ri}/${li}/${pi}/${rank}/${h}`) ?? []).sort((a, b) => a.start - b.start);
@@ -357,7 +358,7 @@ export function validatePlan(
               const b = spans[k]!;
               if (b.start < a.end)
                 throw layoutError(
-                  `${where}: copies ${a.copy} and ${b.copy} both write rows [${b.start}, ${Math.min(a.end, b.end)})`,
+                  `${where()}: copies ${a.copy} and ${b.copy} both write rows [${b.start}, ${Math.min(a.end, b.end)})`,
                 );
             }
             // the spans are disjoint and sorted: merge adjacent ones, then walk the sorted units beside them
@@ -373,7 +374,7 @@ export function validatePlan(
               const m = merged[k];
               if (m === undefined || m[0] > u * rows || m[1] < (u + 1) * rows)
                 throw layoutError(
-                  `${where}: destination unit ${u} (rows [${u * rows}, ${(u + 1) * rows})) is not written in full`,
+                  `${where()}: destination unit ${u} (rows [${u * rows}, ${(u + 1) * rows})) is not written in full`,
                 );
             }
           }
