@@ -22,3 +22,11 @@ export {
   type PdUnitMapping,
   type PdUnitPair,
 } from './planner.js';
+export {
+  loadLayoutFile,
+  parseLayout,
+  PD_DTYPE_BYTES,
+  PD_LAYOUT_SCHEMA,
+  type PdDtype,
+  type PdLayout,
+} from './layout-file.js';
