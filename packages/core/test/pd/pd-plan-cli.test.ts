@@ -118,6 +118,44 @@ describe('specd pd plan', () => {
     );
   });
 
+  it('a GQA target (region kind target-kv, the default): layers over P stages, target_layers defaulted', async () => {
+    const file = path.join(tmp, 'gqa.json');
+    fs.writeFileSync(
+      file,
+      JSON.stringify({
+        dtype: 'f16',
+        page_size: 16,
+        region: { layers: 8, kv_heads: 4, head_dim: 64 },
+        prefill: { tp: 2, pp: 2, partition: [3, 5], base_address: 0, num_pages: 32 },
+        decode: { tp: 4, base_address: 4096, num_pages: 64 },
+        pages: [
+          [0, 10],
+          [1, 11],
+        ],
+      }),
+    );
+    const { code, out, err } = await run(['pd', 'plan', file, '--json']);
+    expect(err).toBe('');
+    expect(code).toBe(0);
+    const rows = out
+      .trimEnd()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number | string>);
+    expect(rows.length).toBe(8 * 2 * 4); // layers × K, V × D ranks (one head each, pages 0-1 one run)
+    for (const r of rows) {
+      expect(r.src_stage).toBe((r.layer as number) < 3 ? 0 : 1);
+      expect(r.src_rank).toBe((r.dst_rank as number) >> 1); // P rank r holds heads 2r, 2r+1
+      // P row: 2 heads × 128 B; D row: 1 head; 2 pages of 16 rows in one copy
+      expect(r).toMatchObject({ bytes: 128, count: 32, src_stride: 256, dst_stride: 128 });
+      const buffer =
+        ((r.layer as number) < 3 ? (r.layer as number) : (r.layer as number) - 3) * 2 + (r.part === 'v' ? 1 : 0);
+      expect(r.src_offset).toBe(buffer * 32 * 16 * 256 + ((r.dst_rank as number) % 2) * 128);
+      expect(r.dst_offset).toBe(
+        4096 + ((r.layer as number) * 2 + (r.part === 'v' ? 1 : 0)) * 64 * 16 * 128 + 10 * 16 * 128,
+      );
+    }
+  });
+
   it.each([
     ['tp-zero', (j: LayoutEdit) => (j.prefill.tp = 0), '$.prefill.tp: minimum: must be >= 1, got 0'],
     [
