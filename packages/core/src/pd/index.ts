@@ -13,6 +13,7 @@ export {
 } from './placement.js';
 export {
   expectedEntries,
+  forEachRange,
   payloadBytes,
   planTransfer,
   unitsForTokens,

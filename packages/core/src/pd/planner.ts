@@ -26,9 +26,9 @@
  * `s, s+1, …` → `d, d+1, …` adjacent in the mapping). A copy moves `count` rows of `bytes` each,
  * reading every `srcStride` bytes and writing every `dstStride` bytes: the strides are each side's
  * own row length, so when the piece is a whole row on both sides (same head block) the copy is one
- * contiguous range of `bytes · count`. Source and destination offsets each use their own side's row
- * length — a planner that used P's item size for D's offsets or lengths (the incident of
- * REFERENCE.md §1: 32 KiB written at twice the offset) fails {@link validatePlan}.
+ * contiguous range of `bytes · count` ({@link forEachRange}). Source and destination offsets each use
+ * their own side's row length — a planner that used P's item size for D's offsets or lengths (the
+ * incident of REFERENCE.md §1: 32 KiB written at twice the offset) fails {@link validatePlan}.
  *
  * Replicas. When P holds a head on several ranks (P's tp > H, or a replicated region), the copy for D
  * rank d reads replica `d mod replication` of that head (for `'replicated'`: P rank `d mod P.tp`), so
@@ -208,6 +208,23 @@ export function planTransfer(
   });
   validatePlan(regions, prefill, decode, mapping, copies);
   return copies;
+}
+
+/**
+ * Visits the contiguous byte ranges of a copy, as offsets within its two (layer, part) buffers: one range
+ * of `bytes · count` when the rows are contiguous on both sides (`srcStride === bytes === dstStride`),
+ * else one range of `bytes` per row. Allocates nothing (a transfer engine turns each into a descriptor).
+ */
+export function forEachRange(
+  c: PdCopy,
+  visit: (srcBufferOffset: number, dstBufferOffset: number, bytes: number) => void,
+): void {
+  if (c.srcStride === c.bytes && c.dstStride === c.bytes) {
+    visit(c.srcBufferOffset, c.dstBufferOffset, c.bytes * c.count);
+    return;
+  }
+  for (let row = 0; row < c.count; row++)
+    visit(c.srcBufferOffset + row * c.srcStride, c.dstBufferOffset + row * c.dstStride, c.bytes);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import { describe, expect, it } from 'vitest';
 import { defaultPartition } from '../../src/pipeline/partition.js';
 import {
   expectedEntries,
+  forEachRange,
   payloadBytes,
   type PdCopy,
   PdError,
@@ -117,6 +118,16 @@ describe('draft KV, P TP4/PP8 → D TP32/PP1 (the incident)', () => {
       expect(c.head).toBe(c.dstRank >> 2); // D rank r holds head ⌊r·8/32⌋
       expect(c.srcRank).toBe(c.head >> 1); // P rank r holds heads 2r, 2r+1
     }
+  });
+
+  it('strided rows are visited one range per row, each at its own side offsets', () => {
+    const c = copies.find((x) => x.dstRank === 13 && x.layer === 2 && x.part === 'v' && x.count === PAGE);
+    expect(c).toBeDefined();
+    const ranges: number[][] = [];
+    if (c !== undefined) forEachRange(c, (src, dst, bytes) => ranges.push([src, dst, bytes]));
+    expect(ranges.length).toBe(PAGE);
+    expect(ranges[0]).toEqual([9 * 32768 + 256, 40 * 16384, 256]);
+    expect(ranges[63]).toEqual([9 * 32768 + 63 * 512 + 256, 40 * 16384 + 63 * 256, 256]);
   });
 
   it('offsets by hand: D rank 13, layer 2 (v), page 9 → 40', () => {
@@ -336,6 +347,10 @@ describe('coalescing and PP', () => {
       expect(c.srcBufferOffset).toBe(7 * PAGE * 1024);
       expect(c.dstBufferOffset).toBe(10 * PAGE * 1024);
     }
+    // one range of 4 pages × 64 rows × 1024 bytes
+    const ranges: number[][] = [];
+    forEachRange(copies[0]!, (src, dst, bytes) => ranges.push([src, dst, bytes]));
+    expect(ranges).toEqual([[7 * PAGE * 1024, 10 * PAGE * 1024, 4 * PAGE * 1024]]);
     const broken = {
       'draft-kv': [
         [7, 10],
