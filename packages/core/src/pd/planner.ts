@@ -91,8 +91,12 @@ export interface PdCopy {
 // Planning
 // ---------------------------------------------------------------------------------------------
 
-/** Checks a region's mapping: integer units in range on both sides, no destination unit twice. */
-function checkMapping(p: PdRegionPlacement, d: PdRegionPlacement, pairs: readonly PdUnitPair[] | undefined): void {
+/** Checks a region's mapping (integer units in range on both sides, no destination unit twice); returns it. */
+function checkMapping(
+  p: PdRegionPlacement,
+  d: PdRegionPlacement,
+  pairs: readonly PdUnitPair[] | undefined,
+): readonly PdUnitPair[] {
   const name = p.spec.name;
   if (pairs === undefined) throw layoutError(`mapping: region ${name}: no unit mapping given`);
   const seen = new Map<number, number>();
@@ -108,6 +112,7 @@ function checkMapping(p: PdRegionPlacement, d: PdRegionPlacement, pairs: readonl
       throw layoutError(`mapping: region ${name}: [${i}] destination unit ${dst}: also the destination of [${before}]`);
     seen.set(dst, i);
   });
+  return pairs;
 }
 
 /** Runs of a mapping: adjacent pairs `(s, d), (s+1, d+1), …` merged, in mapping order: `[src, dst, units]`. */
@@ -157,9 +162,7 @@ export function planTransfer(
   P.regions.forEach((p, ri) => {
     const d = D.regions[ri]!;
     const spec = p.spec;
-    const pairs = mapping[spec.name];
-    checkMapping(p, d, pairs);
-    const runs = unitRuns(pairs!);
+    const runs = unitRuns(checkMapping(p, d, mapping[spec.name]));
     const srcRow = p.rowBytes;
     const dstRow = d.rowBytes;
     const rows = spec.rowsPerUnit;
@@ -264,8 +267,8 @@ export function validatePlan(
   const index = new Map(regions.map((r, i) => [r.name, i]));
   /** Per region index: destination unit → source unit. */
   const sourceOf = P.regions.map((p, ri) => {
-    checkMapping(p, D.regions[ri]!, mapping[p.spec.name]);
-    return new Map(mapping[p.spec.name]!.map(([src, dst]) => [dst, src]));
+    const pairs = checkMapping(p, D.regions[ri]!, mapping[p.spec.name]);
+    return new Map(pairs.map(([src, dst]) => [dst, src]));
   });
   const writes = new Map<string, RowSpan[]>();
   copies.forEach((c, ci) => {
