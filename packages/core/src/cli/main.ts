@@ -7,6 +7,7 @@
  *
  *   specd generate --prompt "The history of the" --max-tokens 32 [--temperature 0.8 --top-p 0.9 --seed 1] [--json]
  *   specd generate --drafter models/kimi-k3-tiny-dflash [--num-draft-tokens 7] --prompt … | --no-spec
+ *   specd pd plan configs/pd/kimi-k3-draft-tp4pp8-to-tp32.json [--json] [--prompt-tokens N]   (cli/pd.ts)
  */
 
 import * as fs from 'node:fs';
@@ -18,6 +19,7 @@ import { Command, CommanderError, InvalidArgumentError, Option } from 'commander
 import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
+import { registerPdCommands } from './pd.js';
 import { registerServeCommand } from './serve.js';
 import { loadDrafter } from '../runtime/drafter.js';
 import { loadParallelTarget } from '../runtime/parallel.js';
@@ -288,6 +290,7 @@ export function buildProgram(io: CliIo): Command {
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   registerConfigCommands(program, io);
   registerServeCommand(program, io);
+  registerPdCommands(program, io);
   for (const c of program.commands) c.exitOverride().configureOutput(program.configureOutput());
   return program;
 }
