@@ -20,19 +20,10 @@ import { EngineError, type SpecResult } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
-import { ChatTemplate, ChatTemplateError } from './chat-template.js';
 import { EngineLoop, OverloadedError } from './engine-loop.js';
-import {
-  ApiError,
-  badApiKey,
-  chatTemplateFailed,
-  invalidParam,
-  modelFailed,
-  overloaded,
-  tooLong,
-  unknownModel,
-} from './errors.js';
+import { ApiError, badApiKey, invalidParam, modelFailed, overloaded, tooLong, unknownModel } from './errors.js';
 import { ServerMetrics } from './metrics.js';
+import { PromptBuilder } from './prompt.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
 
@@ -78,7 +69,7 @@ export class SpecdServer {
   readonly engine: SpecEngine;
   readonly loop: EngineLoop;
   readonly metrics: ServerMetrics;
-  private readonly chat: ChatTemplate | undefined;
+  private readonly prompts: PromptBuilder;
   private readonly created = Math.floor(Date.now() / 1000);
 
   constructor(readonly options: SpecdServerOptions) {
@@ -108,24 +99,7 @@ export class SpecdServer {
       targetPagesInUse: () => this.engine.cache.pagesInUse,
       draftPagesInUse: () => drafter?.pagesInUse ?? 0,
     });
-    const cfg = tok.config as Record<string, unknown>;
-    const special = (k: string): string | undefined => {
-      const v = cfg[k];
-      return typeof v === 'string'
-        ? v
-        : v !== null && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string'
-          ? (v as { content: string }).content
-          : undefined;
-    };
-    const bos = special('bos_token');
-    const eos = special('eos_token');
-    this.chat =
-      tok.chatTemplate === undefined
-        ? undefined
-        : new ChatTemplate(tok.chatTemplate, {
-            ...(bos === undefined ? {} : { bos_token: bos }),
-            ...(eos === undefined ? {} : { eos_token: eos }),
-          });
+    this.prompts = new PromptBuilder(tok, target.model.info.vocabSize);
     this.app = Fastify({
       bodyLimit: options.bodyLimitBytes,
       ...(options.logger === undefined
@@ -232,36 +206,14 @@ export class SpecdServer {
     app.post('/v1/completions', async (req, reply) => {
       const p = parseCompletionRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      const tok = this.options.target.tokenizer;
-      let ids: Int32Array;
-      if (typeof p.prompt === 'string') ids = tok.encode(p.prompt, { addSpecialTokens: false });
-      else {
-        const V = this.options.target.model.info.vocabSize;
-        const bad = p.prompt.find((t) => t >= V);
-        if (bad !== undefined) throw invalidParam('prompt', `token id ${bad} is outside the vocabulary (size ${V})`);
-        ids = Int32Array.from(p.prompt);
-      }
-      return this.generate(reply, 'completion', p, ids, 'prompt');
+      const prompt = this.prompts.completion(p);
+      return this.generate(reply, 'completion', p, prompt.ids, prompt.param);
     });
     app.post('/v1/chat/completions', async (req, reply) => {
       const p = parseChatRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      if (this.chat === undefined)
-        throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
-      let text: string;
-      try {
-        text = this.chat.render(p.messages, true);
-      } catch (err) {
-        if (err instanceof ChatTemplateError) throw chatTemplateFailed(err);
-        throw err;
-      }
-      return this.generate(
-        reply,
-        'chat',
-        p,
-        this.options.target.tokenizer.encode(text, { addSpecialTokens: false }),
-        'messages',
-      );
+      const prompt = this.prompts.chat(p);
+      return this.generate(reply, 'chat', p, prompt.ids, prompt.param);
     });
   }
 
@@ -280,8 +232,7 @@ export class SpecdServer {
     promptParam: string,
   ): Promise<unknown> | FastifyReply {
     const t0 = performance.now();
-    const P = promptIds.length;
-    if (P === 0) throw invalidParam(promptParam, 'the prompt encodes to no tokens');
+    const P = promptIds.length; // >= 1 (PromptBuilder)
     const limit = this.options.scheduler.max_sequence_tokens;
     const need = P + p.maxTokens + (this.options.drafter?.maxDraftTokens ?? 0) + 1;
     if (need > limit) {
