@@ -45,7 +45,21 @@ export interface SpecdConfig {
   };
   readonly server: { host: string; port: number; api_key?: string; body_limit_bytes: number; model_name?: string };
   readonly parallelism: { tp: number; pp: number; partition?: number[]; transport: 'zmq' | 'fifo' };
-  readonly pd: { role: 'none' | 'prefill' | 'decode'; bootstrap?: { host: string; port: number } };
+  readonly pd: {
+    role: 'none' | 'prefill' | 'decode';
+    bootstrap?: { host: string; port: number };
+    /** `specd router`'s upstreams and listening address (absent: flags only). */
+    router?: {
+      prefill: string[];
+      decode: string[];
+      host: string;
+      port: number;
+      policy: 'round_robin' | 'random';
+      health_interval_ms: number;
+    };
+    bootstrap_timeout_ms: number;
+    transfer_timeout_ms: number;
+  };
 }
 
 /** Plugin packages imported into one container, and what they registered. */
