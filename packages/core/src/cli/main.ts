@@ -18,6 +18,7 @@ import { Command, CommanderError, InvalidArgumentError, Option } from 'commander
 import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
+import { registerRouterCommand } from './router.js';
 import { registerServeCommand } from './serve.js';
 import { loadDrafter } from '../runtime/drafter.js';
 import { loadParallelTarget } from '../runtime/parallel.js';
@@ -288,6 +289,7 @@ export function buildProgram(io: CliIo): Command {
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   registerConfigCommands(program, io);
   registerServeCommand(program, io);
+  registerRouterCommand(program, io);
   for (const c of program.commands) c.exitOverride().configureOutput(program.configureOutput());
   return program;
 }

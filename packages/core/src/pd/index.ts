@@ -1,1 +1,17 @@
 export * from './types.js';
+export {
+  createPdPolicy,
+  PD_POLICIES,
+  RandomPolicy,
+  RoundRobinPolicy,
+  type PdCandidate,
+  type PdPolicy,
+  type PdRole,
+} from './policy.js';
+export {
+  PdRouter,
+  PdRouterMetrics,
+  randomRoom,
+  type PdRouterOptions,
+  type PdUpstreamState,
+} from './router.js';
