@@ -445,6 +445,7 @@ export class PdRouter {
       aborted.add(role);
       this.abortUpstream(sides[role], room, requestId, reason, log);
     };
+    if (req.raw.socket.destroyed) return reply; // gone while its body was read: nothing to start
     let clientGone = false;
     this.metrics.inFlight.inc();
     reply.raw.on('close', () => {
@@ -513,7 +514,14 @@ export class PdRouter {
       if (v !== null) reply.header(h, v);
     }
     if (res.body === null) return reply.send();
-    return reply.send(Readable.fromWeb(res.body as WebReadableStream<Uint8Array>));
+    const body = Readable.fromWeb(res.body as WebReadableStream<Uint8Array>);
+    body.on('error', (err) => {
+      if (clientGone) return; // the client's disconnect ended it: already handled
+      this.metrics.errors.inc({ side: 'decode' });
+      log.warn({ url: sides.decode.url, err: describeFetchError(err) }, 'decode server broke off its answer');
+      abort('prefill', `decode server ${sides.decode.url} broke off its answer`);
+    });
+    return reply.send(body);
   }
 }
 

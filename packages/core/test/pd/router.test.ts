@@ -79,6 +79,8 @@ class FakeUpstream {
   mode: Mode = { kind: 'ok' };
   /** Decode only: after the first streamed chunk, wait until the router closes the request. */
   stallAfterFirstChunk = false;
+  /** Decode only: after the first streamed chunk, drop the connection (a decode server that dies). */
+  dieAfterFirstChunk = false;
   url = '';
 
   constructor(
@@ -147,6 +149,10 @@ class FakeUpstream {
         : { index: 0, text: text ?? '', logprobs: null, finish_reason: finish };
       return `data: ${JSON.stringify({ id, object, created: 1, model, choices: [choice] })}\n\n`;
     };
+    if (this.dieAfterFirstChunk) {
+      raw.write(chunk(pieces[0], 0, null), () => raw.destroy()); // the chunk is out, then the connection drops
+      return;
+    }
     raw.write(chunk(pieces[0], 0, null));
     if (this.stallAfterFirstChunk) {
       await new Promise<void>((resolve) => raw.on('close', resolve));
@@ -169,6 +175,7 @@ class FakeUpstream {
     this.closedEarly.length = 0;
     this.mode = { kind: 'ok' };
     this.stallAfterFirstChunk = false;
+    this.dieAfterFirstChunk = false;
     this.healthy = true;
   }
 }
@@ -409,6 +416,24 @@ describe('specd router against fake prefill and decode servers (openai client)',
     );
     expect(await metric(url, 'specd_router_requests_total', { route: '/v1/completions', status: '499' })).toBe(1);
     expect(await metric(url, 'specd_router_requests_total', { route: '/v1/completions', status: '200' })).toBe(ok0);
+  });
+
+  it('a D that dies mid-stream: the client sees the stream break, P gets /pd/abort, the error counts on decode', async () => {
+    resetAll();
+    for (const d of D) d.dieAfterFirstChunk = true;
+    const before = await metric(url, 'specd_router_errors_total', { side: 'decode' });
+    const stream = await client.completions.create({ model: MODEL, prompt: 'die', max_tokens: 8, stream: true });
+    const texts: string[] = [];
+    const err = await (async () => {
+      for await (const c of stream) texts.push(c.choices[0]?.text ?? '');
+    })().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Error);
+    const { got } = theOne(D);
+    expect(texts).toEqual(words(got.body.prompt_ids, 1));
+    const { fake: p } = theOne(P);
+    await until('P to get /pd/abort', () => p.aborts.length === 1);
+    expect(p.aborts[0]).toMatchObject({ room: got.body.room });
+    expect(await metric(url, 'specd_router_errors_total', { side: 'decode' })).toBe(before + 1);
   });
 
   it('/health lists every upstream; /v1/models comes from a D; /metrics counts by route and status', async () => {
