@@ -15,7 +15,10 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { ChatTemplate } from '../../src/serve/chat-template.js';
-import { loadPromptBuilder, type PromptBuilder } from '../../src/serve/prompt.js';
+import { BUILTIN_PLUGIN_PACKAGES } from '../../src/plugin/registry.js';
+import { loadTarget } from '../../src/runtime/target.js';
+import { loadPromptBuilder, PromptBuilder } from '../../src/serve/prompt.js';
+import { parseChatRequest, parseCompletionRequest } from '../../src/serve/protocol.js';
 import { Tokenizer } from '../../src/io/tokenizer.js';
 import { PdError } from '../../src/pd/types.js';
 import { PdRouter, type PdRouterOptions } from '../../src/pd/router.js';
@@ -526,6 +529,39 @@ describe('specd router: health and rotation', () => {
       /prefill: at least one server URL/,
     );
   });
+});
+
+describe('the prompt builder loads only the tokenizer, and builds what the server (full target) builds', () => {
+  for (const dir of ['models/kimi-k3-tiny', 'models/smollm2-135m-instruct']) {
+    it(dir, async () => {
+      const target = await loadTarget(path.join(ROOT, dir), BUILTIN_PLUGIN_PACKAGES);
+      try {
+        const server = new PromptBuilder(target.tokenizer, target.model.info.vocabSize);
+        const router = loadPromptBuilder(path.join(ROOT, dir));
+        expect(router.vocabSize).toBe(server.vocabSize);
+        const base = { ...parseCompletionRequest({ model: 'm', prompt: 'x' }, SAMPLING) };
+        for (const prompt of ['The history of the', ' tokens, spaces  and\nnewlines ', [1, 2, 3]])
+          expect(router.completion({ ...base, prompt }).ids).toEqual(server.completion({ ...base, prompt }).ids);
+        const chat = parseChatRequest(
+          {
+            model: 'm',
+            messages: [
+              { role: 'system', content: 'Be brief.' },
+              { role: 'user', content: 'Hi!' },
+            ],
+          },
+          SAMPLING,
+        );
+        const ids = router.chat(chat).ids;
+        expect(ids).toEqual(server.chat(chat).ids);
+        expect(ids.length).toBeGreaterThan(router.completion({ ...base, prompt: 'Be brief.Hi!' }).ids.length);
+        expect(() => router.completion({ ...base, prompt: [router.vocabSize] })).toThrow(/outside the vocabulary/);
+        expect(() => router.completion({ ...base, prompt: '' })).toThrow(/encodes to no tokens/);
+      } finally {
+        target.model.dispose();
+      }
+    });
+  }
 });
 
 describe('policies', () => {
