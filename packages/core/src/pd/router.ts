@@ -499,15 +499,16 @@ export class PdRouter {
     } else {
       void outcomes.prefill.then(async (o) => {
         if (!failed(o)) return o.res?.body?.cancel();
-        if (!controllers.prefill.signal.aborted && !clientGone) {
-          this.metrics.errors.inc({ side: 'prefill' });
-          log.warn({ url: sides.prefill.url, status: o.res?.status }, 'prefill failed after decode answered');
-        }
+        if (controllers.prefill.signal.aborted || clientGone) return;
+        this.metrics.errors.inc({ side: 'prefill' });
+        if (o.res === undefined)
+          this.setHealth(sides.prefill, false, `POST /pd/prefill failed: ${describeFetchError(o.err)}`);
+        log.warn({ url: sides.prefill.url, status: o.res?.status }, 'prefill failed after decode answered');
       });
     }
     if (clientGone) return reply;
-    if (failed(first)) return fail(first);
-    const res = first.res as Response;
+    const res = first.res;
+    if (res === undefined || !res.ok) return fail(first);
     reply.code(res.status).header('x-request-id', requestId);
     for (const h of PASSED_HEADERS) {
       const v = res.headers.get(h);

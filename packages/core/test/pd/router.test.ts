@@ -421,7 +421,7 @@ describe('specd router against fake prefill and decode servers (openai client)',
     expect(await metric(url, 'specd_router_requests_total', { route: '/v1/completions', status: '200' })).toBe(ok0);
   });
 
-  it('a D that dies mid-stream: the client sees the stream break, P gets /pd/abort, the error counts on decode', async () => {
+  it('a D that dies mid-stream: the stream breaks, P gets /pd/abort, a decode error is counted', async () => {
     resetAll();
     for (const d of D) d.dieAfterFirstChunk = true;
     const before = await metric(url, 'specd_router_errors_total', { side: 'decode' });
@@ -514,6 +514,29 @@ describe('specd router: health and rotation', () => {
       const ok = await c.completions.create({ model: MODEL, prompt: 'x', max_tokens: 1 });
       expect(ok.choices[0]?.text).toBe(words(Array.from(tokenizer.encode('x', { addSpecialTokens: false })), 1)[0]);
       expect(d0.received).toHaveLength(1);
+    } finally {
+      await r.router.close();
+    }
+  });
+
+  it('a P that cannot be reached: 502 naming it; D gets /pd/abort and its request is closed', async () => {
+    resetAll();
+    const gone = new FakeUpstream('prefill', 'gone');
+    await gone.start();
+    const r = await newRouter({ prefill: [gone.url], decode: [d0.url] });
+    const c = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    try {
+      await gone.app.close();
+      d0.mode = { kind: 'hang' };
+      const err = await c.completions
+        .create({ model: MODEL, prompt: 'x', max_tokens: 1, stream: true })
+        .catch((e) => e);
+      expect(err.status).toBe(502);
+      expect(err.message).toContain(`prefill server ${gone.url} is unreachable`);
+      await until('D to get /pd/abort', () => d0.aborts.length === 1 && d0.closedEarly.length === 1);
+      expect(d0.aborts[0]?.room).toBe(d0.received[0]?.body.room);
+      const h = await fetch(`${r.url}/health`);
+      expect(h.status).toBe(503);
     } finally {
       await r.router.close();
     }
