@@ -4,6 +4,7 @@
 // are the tokenizer's (and the chat template's); failures on either side reach the client with their status
 // and abort the other side; a client that disconnects aborts both; health checks take a dead D out of rotation
 // and bring it back; round robin; one request id everywhere; /health, /v1/models, /metrics.
+import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
@@ -636,6 +637,36 @@ describe('specd router CLI', () => {
     } finally {
       await s.close();
       fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('`specd router` as a process: --port 0 prints the URL; it routes, and SIGTERM stops it', async () => {
+    resetAll();
+    const bin = path.join(ROOT, 'packages/core/src/cli/bin.js');
+    const args = ['router', '--prefill', p0.url, '--decode', d0.url, '--port', '0', '--model', MODEL_DIR];
+    const child = spawn(process.execPath, [bin, ...args, '--log-level', 'silent'], { cwd: ROOT });
+    try {
+      let stderr = '';
+      const base = await new Promise<string>((resolve, reject) => {
+        child.stderr.on('data', (b: Buffer) => {
+          stderr += b.toString();
+          const m = /routing on (http:\/\/127\.0\.0\.1:\d+) \(policy round_robin\)/.exec(stderr);
+          if (m?.[1] !== undefined) resolve(m[1]);
+        });
+        child.on('exit', (code) => reject(new Error(`specd router exited (${code}): ${stderr}`)));
+      });
+      const c = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const r = await c.chat.completions.create({
+        model: MODEL,
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 2,
+      });
+      expect(r.choices[0]?.message.content).toBe(words(d0.received[0]?.body.prompt_ids ?? [], 2).join(''));
+      expect(p0.received).toHaveLength(1);
+    } finally {
+      const exited = new Promise((resolve) => child.on('exit', resolve));
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
     }
   });
 
