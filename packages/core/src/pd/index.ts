@@ -8,9 +8,9 @@ export {
   type PdPolicy,
   type PdRole,
 } from './policy.js';
+export { PdRouterMetrics } from './router-metrics.js';
 export {
   PdRouter,
-  PdRouterMetrics,
   randomRoom,
   type PdRouterOptions,
   type PdUpstreamState,
