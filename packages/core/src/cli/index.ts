@@ -9,5 +9,6 @@ export {
   type SpecGenerateResult,
 } from './generate.js';
 export { checkModelPath, chooseDrafter, CliError } from './config-file.js';
+export { startRouter, type RouterFlags, type StartedRouter } from './router.js';
 export { startServe, type ServeFlags, type StartedServer } from './serve.js';
 export { defaultDrafterDir, defaultModelDir, DEFAULT_DRAFTER_RELATIVE, DEFAULT_MODEL_RELATIVE } from './paths.js';

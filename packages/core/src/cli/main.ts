@@ -20,6 +20,7 @@ import { loadConfig } from '../config/load.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerPdCommands } from './pd.js';
+import { registerRouterCommand } from './router.js';
 import { registerServeCommand } from './serve.js';
 import { loadDrafter } from '../runtime/drafter.js';
 import { loadParallelTarget } from '../runtime/parallel.js';
@@ -291,6 +292,7 @@ export function buildProgram(io: CliIo): Command {
   registerConfigCommands(program, io);
   registerServeCommand(program, io);
   registerPdCommands(program, io);
+  registerRouterCommand(program, io);
   for (const c of program.commands) c.exitOverride().configureOutput(program.configureOutput());
   return program;
 }

@@ -48,6 +48,15 @@ export interface SpecdConfig {
   readonly pd: {
     role: 'none' | 'prefill' | 'decode';
     bootstrap?: { host: string; port: number };
+    /** `specd router`'s upstreams and listening address (absent: flags only). */
+    router?: {
+      prefill: string[];
+      decode: string[];
+      host: string;
+      port: number;
+      policy: 'round_robin' | 'random';
+      health_interval_ms: number;
+    };
     bootstrap_timeout_ms: number;
     transfer_timeout_ms: number;
   };

@@ -12,8 +12,10 @@
  *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
  *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage], "transport": "zmq" | "fifo"},
  *                    // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
- *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"}, "bootstrap_timeout_ms",
- *            "transfer_timeout_ms"} }
+ *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"},
+ *            "router"?: {"prefill": [urls], "decode": [urls], "host": "127.0.0.1", "port": 8000,
+ *                        "policy": "round_robin" | "random", "health_interval_ms": 5000},   // `specd router`
+ *            "bootstrap_timeout_ms": 30000, "transfer_timeout_ms": 60000} }
  */
 
 import type { DrafterPlugin } from '../plugin/drafter-plugin.js';
@@ -31,6 +33,7 @@ export const NO_DRAFTER_SCHEMA = Object.freeze({
 });
 
 const port = { type: 'integer', minimum: 0, maximum: 65535 } as const;
+const upstreamUrl = { type: 'string', pattern: '^https?://[^/]+$', description: 'a base URL, e.g. http://host:30001' };
 
 /**
  * The merged config schema for the given drafter plugins (each contributes `schema`, whose
@@ -180,26 +183,44 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         default: {},
         description:
           "prefill/decode disaggregation: this instance's role (`specd serve --role`), the prefill role's bootstrap " +
-          'socket, and the timeouts of both roles',
+          'socket, `specd router`, and the timeouts of both roles',
         properties: {
           role: { enum: ['none', 'prefill', 'decode'], default: 'none' },
-          bootstrap_timeout_ms: {
-            type: 'integer',
-            minimum: 1,
-            default: 30000,
-            description: "how long the prefill role waits for a request's layout, and the decode role for a hello (ms)",
-          },
-          transfer_timeout_ms: {
-            type: 'integer',
-            minimum: 1,
-            default: 60000,
-            description: 'how long a transfer may take, from the layout to the acknowledgement (ms)',
-          },
           bootstrap: {
             type: 'object',
             additionalProperties: false,
             required: ['host', 'port'],
             properties: { host: { type: 'string', minLength: 1 }, port },
+          },
+          router: {
+            type: 'object',
+            additionalProperties: false,
+            description: '`specd router` (flags override it): the servers it routes to and where it listens',
+            properties: {
+              prefill: { type: 'array', items: upstreamUrl, uniqueItems: true, default: [] },
+              decode: { type: 'array', items: upstreamUrl, uniqueItems: true, default: [] },
+              host: { type: 'string', minLength: 1, default: '127.0.0.1' },
+              port: { ...port, default: 8000, description: '0 = an ephemeral port' },
+              policy: { enum: ['round_robin', 'random'], default: 'round_robin' },
+              health_interval_ms: {
+                type: 'integer',
+                minimum: 0,
+                default: 5000,
+                description: 'GET /health and /pd/info on every upstream this often; 0 = only at start',
+              },
+            },
+          },
+          bootstrap_timeout_ms: {
+            type: 'integer',
+            minimum: 1,
+            default: 30000,
+            description: 'how long P and D wait for their peer to join a bootstrap room before failing the request',
+          },
+          transfer_timeout_ms: {
+            type: 'integer',
+            minimum: 1,
+            default: 60000,
+            description: "how long D waits for P's transfer (and P for D's acknowledgement) before failing the request",
           },
         },
       },

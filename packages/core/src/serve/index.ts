@@ -17,5 +17,6 @@ export {
   type GenerationParams,
   type SamplingDefaults,
 } from './protocol.js';
+export { loadPromptBuilder, PromptBuilder, type BuiltPrompt, type PromptKind } from './prompt.js';
 export { SpecdServer, type SchedulerSettings, type SpecdServerOptions } from './server.js';
 export { StopTextBuffer } from './stop-text.js';

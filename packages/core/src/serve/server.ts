@@ -20,12 +20,10 @@ import { EngineError, type SpecResult } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
-import { ChatTemplate, ChatTemplateError } from './chat-template.js';
 import { EngineLoop, type LoopListener, type LoopRequest, OverloadedError } from './engine-loop.js';
 import {
   ApiError,
   badApiKey,
-  chatTemplateFailed,
   invalidParam,
   modelFailed,
   overloaded,
@@ -34,6 +32,7 @@ import {
   unknownModel,
 } from './errors.js';
 import { ServerMetrics } from './metrics.js';
+import { PromptBuilder } from './prompt.js';
 import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
 import { parsePdRequest, type PdRequest } from '../pd/protocol.js';
@@ -98,7 +97,7 @@ export class SpecdServer {
   readonly metrics: ServerMetrics;
   /** The prefill or decode role (prefill/decode disaggregation), if any. */
   readonly pd: PrefillRole | DecodeRole | undefined;
-  private readonly chat: ChatTemplate | undefined;
+  private readonly prompts: PromptBuilder;
   private readonly created = Math.floor(Date.now() / 1000);
 
   constructor(readonly options: SpecdServerOptions) {
@@ -143,30 +142,15 @@ export class SpecdServer {
       prefillTokens: () => this.engine.metrics.prefillTokens,
       transfersInFlight: () => this.pd?.inflight ?? 0,
     });
-    const cfg = tok.config as Record<string, unknown>;
-    const special = (k: string): string | undefined => {
-      const v = cfg[k];
-      return typeof v === 'string'
-        ? v
-        : v !== null && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string'
-          ? (v as { content: string }).content
-          : undefined;
-    };
-    const bos = special('bos_token');
-    const eos = special('eos_token');
-    this.chat =
-      tok.chatTemplate === undefined
-        ? undefined
-        : new ChatTemplate(tok.chatTemplate, {
-            ...(bos === undefined ? {} : { bos_token: bos }),
-            ...(eos === undefined ? {} : { eos_token: eos }),
-          });
+    this.prompts = new PromptBuilder(tok, target.model.info.vocabSize);
     this.app = Fastify({
       bodyLimit: options.bodyLimitBytes,
       ...(options.logger === undefined
         ? { logger: false }
         : { loggerInstance: options.logger as unknown as FastifyBaseLogger }),
       return503OnClosing: true,
+      // the router's request id (x-request-id) is this request's log id too: one id on router, P and D
+      requestIdHeader: 'x-request-id',
     });
     this.routes();
   }
@@ -270,36 +254,14 @@ export class SpecdServer {
     app.post('/v1/completions', async (req, reply) => {
       const p = parseCompletionRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      const tok = this.options.target.tokenizer;
-      let ids: Int32Array;
-      if (typeof p.prompt === 'string') ids = tok.encode(p.prompt, { addSpecialTokens: false });
-      else {
-        const V = this.options.target.model.info.vocabSize;
-        const bad = p.prompt.find((t) => t >= V);
-        if (bad !== undefined) throw invalidParam('prompt', `token id ${bad} is outside the vocabulary (size ${V})`);
-        ids = Int32Array.from(p.prompt);
-      }
-      return this.generate(reply, 'completion', p, ids, 'prompt');
+      const prompt = this.prompts.completion(p);
+      return this.generate(reply, 'completion', p, prompt.ids, prompt.param);
     });
     app.post('/v1/chat/completions', async (req, reply) => {
       const p = parseChatRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      if (this.chat === undefined)
-        throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
-      let text: string;
-      try {
-        text = this.chat.render(p.messages, true);
-      } catch (err) {
-        if (err instanceof ChatTemplateError) throw chatTemplateFailed(err);
-        throw err;
-      }
-      return this.generate(
-        reply,
-        'chat',
-        p,
-        this.options.target.tokenizer.encode(text, { addSpecialTokens: false }),
-        'messages',
-      );
+      const prompt = this.prompts.chat(p);
+      return this.generate(reply, 'chat', p, prompt.ids, prompt.param);
     });
   }
 

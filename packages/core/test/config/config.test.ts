@@ -73,7 +73,7 @@ describe('config schema', () => {
     });
     expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, body_limit_bytes: 1048576 });
     expect(c.parallelism).toEqual({ tp: 1, pp: 1, transport: 'zmq' });
-    expect(c.pd).toEqual({ role: 'none' });
+    expect(c.pd).toEqual({ role: 'none', bootstrap_timeout_ms: 30000, transfer_timeout_ms: 60000 });
   });
 
   it('resolves model and drafter.path against the file; drafter branches by method', () => {

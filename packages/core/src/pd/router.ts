@@ -1,0 +1,497 @@
+/**
+ * The prefill/decode router (`specd router`), shaped like SGLang's PD router: it takes OpenAI requests
+ * (`POST /v1/completions`, `POST /v1/chat/completions`, streaming or not), checks them and builds the prompt ids
+ * once (serve/prompt.ts, as the aggregated server would), picks a prefill server P and a decode server D by its
+ * {@link PdPolicy}, and sends both, concurrently, the same JSON
+ *
+ *   POST {P}/pd/prefill, POST {D}/pd/decode   (header x-request-id)
+ *   {request_id, room, kind: 'completion' | 'chat', prompt_ids: number[], bootstrap: P's address, body}
+ *
+ * where `room` is the bootstrap id of the pair (a random integer in [0, 2^53)) and `body` the client's request
+ * as it came. D answers as the aggregated server would (JSON, or SSE ending in `data: [DONE]`) and sends its
+ * headers only once the transfer is verified; the router passes D's answer through unchanged and unbuffered.
+ * P answers `200 {request_id, prompt_tokens}` once D acknowledged the transfer, or an OpenAI error.
+ *
+ * Failures (the first side to fail decides the answer): P fails before D's headers → the client gets P's status
+ * and error, D gets `POST /pd/abort {room, request_id, reason}` and its request is aborted; D fails → the client
+ * gets D's status and error, P gets /pd/abort; a side that cannot be reached → 502 naming it (it leaves the
+ * rotation at once) and the other side gets /pd/abort; the client disconnects → both requests are aborted and
+ * both sides get /pd/abort. `GET /health` (200 when a prefill and a decode server are healthy, else 503; each
+ * upstream's state), `GET /v1/models` (a healthy D's), `GET /metrics` (`specd_router_*`, its own registry).
+ * Health: `GET /pd/info` (role, P's bootstrap address, model) and `GET /health` on every upstream at start and
+ * every `healthIntervalMs`; a server answering the other role's /pd/info refuses the start.
+ */
+
+import { randomBytes, randomUUID } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
+import type { ReadableStream as WebReadableStream } from 'node:stream/web';
+
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import type { Logger } from 'pino';
+
+import { ApiError, unknownModel } from '../serve/errors.js';
+import type { BuiltPrompt, PromptBuilder, PromptKind } from '../serve/prompt.js';
+import {
+  parseChatRequest,
+  parseCompletionRequest,
+  type GenerationParams,
+  type SamplingDefaults,
+} from '../serve/protocol.js';
+import { type PdCandidate, type PdPolicy, type PdRole, RoundRobinPolicy } from './policy.js';
+import { PdRouterMetrics } from './router-metrics.js';
+import { PdError } from './types.js';
+
+/** What the router is given. */
+export interface PdRouterOptions {
+  /** Prefill servers' base URLs (`http://host:port`), at least one. */
+  readonly prefill: readonly string[];
+  /** Decode servers' base URLs, at least one. */
+  readonly decode: readonly string[];
+  /** Builds prompt ids from the same tokenizer as P and D. */
+  readonly prompts: PromptBuilder;
+  /** The config's `sampling` (request checking only; P and D apply their own). */
+  readonly sampling: SamplingDefaults;
+  /** Default: round robin. */
+  readonly policy?: PdPolicy;
+  /** Between health checks, ms (default 5000; 0: only at start and when a request fails to connect). */
+  readonly healthIntervalMs?: number;
+  /** Bound on each /pd/info, /health, /pd/abort and /v1/models call to an upstream, ms (default 5000). */
+  readonly upstreamTimeoutMs?: number;
+  /** Largest request body, bytes (default 1 MiB). */
+  readonly bodyLimitBytes?: number;
+  /** A pino logger (default: none). */
+  readonly logger?: Logger;
+}
+
+/** One upstream's state, as `/health` lists it. */
+export interface PdUpstreamState {
+  readonly url: string;
+  readonly role: PdRole;
+  readonly healthy: boolean;
+  /** Why it is unhealthy (absent when healthy). */
+  readonly reason?: string;
+  /** P's bootstrap address from /pd/info (prefill only, once known). */
+  readonly bootstrap?: string;
+  /** The model it serves, from /pd/info (once known). */
+  readonly model?: string;
+}
+
+interface Upstream extends PdCandidate {
+  readonly role: PdRole;
+  healthy: boolean;
+  reason: string | undefined;
+  bootstrap: string | undefined;
+  model: string | undefined;
+}
+
+const OTHER: Record<PdRole, PdRole> = { prefill: 'decode', decode: 'prefill' };
+
+/** A random bootstrap room id in [0, 2^53) (a safe integer, so JSON keeps it exact). */
+export function randomRoom(): number {
+  return Number(randomBytes(8).readBigUInt64BE() & ((1n << 53n) - 1n));
+}
+
+/** The reason a fetch failed (e.g. `ECONNREFUSED`), from undici's `cause`. */
+function describeFetchError(err: unknown): string {
+  const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+  return cause?.code ?? cause?.message ?? (err as Error).message ?? String(err);
+}
+
+/** The OpenAI error of an upstream's non-2xx answer: its own when it sent one, else one naming the side. */
+async function upstreamError(side: PdRole, url: string, res: Response): Promise<{ status: number; body: unknown }> {
+  const text = await res.text().catch(() => '');
+  try {
+    const j = JSON.parse(text) as { error?: { message?: unknown } };
+    if (j !== null && typeof j === 'object' && typeof j.error?.message === 'string')
+      return { status: res.status, body: j };
+  } catch {
+    // not JSON: wrapped below
+  }
+  const e = new ApiError(
+    res.status,
+    `${side} server ${url} answered ${res.status}: ${text.slice(0, 200)}`,
+    res.status >= 500 ? 'server_error' : 'invalid_request_error',
+    null,
+    'upstream_error',
+  );
+  return { status: res.status, body: e.toJSON() };
+}
+
+const send = (reply: FastifyReply, e: ApiError): FastifyReply =>
+  reply.code(e.status).type('application/json').send(e.toJSON());
+
+/** Headers of D's answer passed to the client (hop-by-hop and length headers are the router's own). */
+const PASSED_HEADERS = ['content-type', 'cache-control', 'x-accel-buffering'];
+
+/** A running router. */
+export class PdRouter {
+  readonly app: FastifyInstance;
+  readonly metrics = new PdRouterMetrics();
+  readonly policy: PdPolicy;
+  private readonly upstreams: readonly Upstream[];
+  private readonly timeoutMs: number;
+  private timer: NodeJS.Timeout | undefined;
+  private closed = false;
+
+  /** @throws {PdError} `'peer'` when a role has no URL or a URL appears twice. */
+  constructor(readonly options: PdRouterOptions) {
+    for (const role of ['prefill', 'decode'] as const)
+      if (options[role].length === 0) throw new PdError('peer', `router: ${role}: at least one server URL is needed`);
+    const make = (role: PdRole, url: string, index: number): Upstream => ({
+      url: url.replace(/\/+$/, ''),
+      index,
+      role,
+      healthy: false,
+      reason: 'not checked yet',
+      bootstrap: undefined,
+      model: undefined,
+    });
+    this.upstreams = [
+      ...options.prefill.map((u, i) => make('prefill', u, i)),
+      ...options.decode.map((u, i) => make('decode', u, i)),
+    ];
+    const seen = new Set<string>();
+    for (const u of this.upstreams) {
+      if (seen.has(u.url)) throw new PdError('peer', `router: ${u.url} is listed twice`);
+      seen.add(u.url);
+      this.metrics.upstreamHealthy.set({ url: u.url, role: u.role }, 0);
+    }
+    this.policy = options.policy ?? new RoundRobinPolicy();
+    this.timeoutMs = options.upstreamTimeoutMs ?? 5000;
+    this.app = Fastify({
+      bodyLimit: options.bodyLimitBytes ?? 1048576,
+      requestIdHeader: 'x-request-id',
+      genReqId: () => randomUUID(),
+      ...(options.logger === undefined
+        ? { logger: false }
+        : { loggerInstance: options.logger as unknown as FastifyBaseLogger }),
+      return503OnClosing: true,
+    });
+    this.routes();
+  }
+
+  /** Every upstream's state, prefill servers first, in configured order. */
+  states(): PdUpstreamState[] {
+    return this.upstreams.map((u) => ({
+      url: u.url,
+      role: u.role,
+      healthy: u.healthy,
+      ...(u.reason === undefined ? {} : { reason: u.reason }),
+      ...(u.bootstrap === undefined ? {} : { bootstrap: u.bootstrap }),
+      ...(u.model === undefined ? {} : { model: u.model }),
+    }));
+  }
+
+  /**
+   * Checks every upstream (/pd/info, then /health), then listens on host:port (port 0: ephemeral) and checks
+   * them again every `healthIntervalMs`. An upstream that cannot be reached starts unhealthy (logged).
+   * @returns the base URL, e.g. `http://127.0.0.1:8000`.
+   * @throws {PdError} `'peer'` naming a URL whose /pd/info answers the other role.
+   */
+  async listen(host: string, port: number): Promise<string> {
+    await Promise.all(this.upstreams.map((u) => this.probe(u, true)));
+    for (const u of this.upstreams)
+      if (!u.healthy) this.options.logger?.warn({ url: u.url, role: u.role, reason: u.reason }, 'upstream not healthy');
+    await this.app.listen({ host, port });
+    this.schedule();
+    const a = this.app.server.address() as AddressInfo;
+    return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
+  }
+
+  /** One round of health checks on every upstream (what the timer runs). */
+  async checkHealth(): Promise<void> {
+    await Promise.all(this.upstreams.map((u) => this.probe(u, false)));
+  }
+
+  /** Stops the health checks and listening (in-flight answers finish first). */
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.timer);
+    await this.app.close();
+  }
+
+  private schedule(): void {
+    const every = this.options.healthIntervalMs ?? 5000;
+    if (this.closed || every <= 0) return;
+    this.timer = setTimeout(() => {
+      void this.checkHealth().finally(() => this.schedule());
+    }, every);
+    this.timer.unref();
+  }
+
+  private setHealth(u: Upstream, healthy: boolean, reason?: string): void {
+    if (u.healthy !== healthy)
+      this.options.logger?.info({ url: u.url, role: u.role, healthy, reason }, 'upstream health changed');
+    u.healthy = healthy;
+    u.reason = healthy ? undefined : reason;
+    this.metrics.upstreamHealthy.set({ url: u.url, role: u.role }, healthy ? 1 : 0);
+  }
+
+  /**
+   * GET /pd/info (the role must match; P's bootstrap address; the model), then GET /health; `u` is healthy when
+   * both answer as they should. @throws {PdError} `'peer'` on a role mismatch when `atStart`.
+   */
+  private async probe(u: Upstream, atStart: boolean): Promise<void> {
+    const get = (route: string): Promise<Response> =>
+      fetch(`${u.url}${route}`, { signal: AbortSignal.timeout(this.timeoutMs) });
+    let info: { role?: unknown; bootstrap?: unknown; model?: unknown };
+    try {
+      const res = await get('/pd/info');
+      if (!res.ok) {
+        await res.body?.cancel();
+        return this.setHealth(u, false, `GET /pd/info answered ${res.status}`);
+      }
+      info = (await res.json()) as typeof info;
+    } catch (err) {
+      return this.setHealth(u, false, `GET /pd/info failed: ${describeFetchError(err)}`);
+    }
+    if (info.role !== u.role) {
+      const role = JSON.stringify(info.role);
+      const what = `${u.url} was given as a ${u.role} server but its /pd/info answers role ${role}`;
+      if (atStart) throw new PdError('peer', `router: ${what}`);
+      return this.setHealth(u, false, what);
+    }
+    if (u.role === 'prefill') {
+      if (typeof info.bootstrap !== 'string' || info.bootstrap === '')
+        return this.setHealth(
+          u,
+          false,
+          `/pd/info: bootstrap: expected an address, got ${JSON.stringify(info.bootstrap)}`,
+        );
+      u.bootstrap = info.bootstrap;
+    }
+    if (typeof info.model === 'string') u.model = info.model;
+    try {
+      const res = await get('/health');
+      await res.body?.cancel();
+      this.setHealth(u, res.ok, res.ok ? undefined : `GET /health answered ${res.status}`);
+    } catch (err) {
+      this.setHealth(u, false, `GET /health failed: ${describeFetchError(err)}`);
+    }
+  }
+
+  private healthy(role: PdRole): Upstream[] {
+    return this.upstreams.filter((u) => u.role === role && u.healthy);
+  }
+
+  /** The healthy server of `role` the policy picks. @throws {ApiError} 503 naming the role and why none is. */
+  private pick(role: PdRole): Upstream {
+    const healthy = this.healthy(role);
+    if (healthy.length === 0) {
+      const why = this.upstreams
+        .filter((u) => u.role === role)
+        .map((u) => `${u.url}: ${u.reason ?? 'unhealthy'}`)
+        .join('; ');
+      throw new ApiError(503, `no healthy ${role} server (${why})`, 'server_error', null, 'no_healthy_upstream');
+    }
+    return this.policy.pick(role, healthy);
+  }
+
+  /** Posts /pd/abort to `u` (never throws; failures are logged). */
+  private abortUpstream(u: Upstream, room: number, requestId: string, reason: string, log: FastifyBaseLogger): void {
+    this.metrics.aborts.inc({ role: u.role });
+    fetch(`${u.url}/pd/abort`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-request-id': requestId },
+      body: JSON.stringify({ room, request_id: requestId, reason }),
+      signal: AbortSignal.timeout(this.timeoutMs),
+    }).then(
+      (res) => res.body?.cancel(),
+      (err: unknown) => log.warn({ url: u.url, err: describeFetchError(err) }, 'POST /pd/abort failed'),
+    );
+  }
+
+  private routes(): void {
+    const app = this.app;
+    app.addHook('onResponse', async (req, reply) => {
+      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
+    });
+    app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, req, reply) => {
+      let e: ApiError;
+      if (err instanceof ApiError) e = err;
+      else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
+        e = new ApiError(413, `request body larger than ${app.initialConfig.bodyLimit} bytes`, 'invalid_request_error');
+      else if (err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500)
+        e = new ApiError(400, `malformed request: ${err.message}`, 'invalid_request_error', null, 'invalid_json');
+      else {
+        req.log.error(err);
+        e = new ApiError(500, `internal error: ${err.message}`, 'server_error', null, 'internal_error');
+      }
+      this.metrics.errors.inc({ side: 'router' });
+      return send(reply, e);
+    });
+    app.setNotFoundHandler((req, reply) =>
+      send(reply, new ApiError(404, `no route ${req.method} ${req.url}`, 'invalid_request_error', null, 'not_found')),
+    );
+    app.get('/health', async (_req, reply) => {
+      const ok = this.healthy('prefill').length > 0 && this.healthy('decode').length > 0;
+      return reply.code(ok ? 200 : 503).send({ status: ok ? 'ok' : 'error', upstreams: this.states() });
+    });
+    app.get('/metrics', async (_req, reply) =>
+      reply.type(this.metrics.registry.contentType).send(await this.metrics.registry.metrics()),
+    );
+    app.get('/v1/models', async (req, reply) => {
+      const d = this.pick('decode');
+      let res: Response;
+      try {
+        res = await fetch(`${d.url}/v1/models`, {
+          headers: { 'x-request-id': String(req.id), ...auth(req) },
+          signal: AbortSignal.timeout(this.timeoutMs),
+        });
+      } catch (err) {
+        this.setHealth(d, false, `GET /v1/models failed: ${describeFetchError(err)}`);
+        throw unreachable('decode', d.url, err);
+      }
+      return reply
+        .code(res.status)
+        .type('application/json')
+        .send(await res.text());
+    });
+    app.post('/v1/completions', (req, reply) => this.generate(req, reply, 'completion'));
+    app.post('/v1/chat/completions', (req, reply) => this.generate(req, reply, 'chat'));
+  }
+
+  /** 404 when the healthy decode servers name their model and `p.model` is none of them. */
+  private checkModel(p: GenerationParams): void {
+    const served = [...new Set(this.healthy('decode').flatMap((u) => (u.model === undefined ? [] : [u.model])))];
+    if (served.length > 0 && !served.includes(p.model)) throw unknownModel(p.model, served.join('", "'));
+  }
+
+  /** One generation request through a P and a D (see the module comment). */
+  private async generate(req: FastifyRequest, reply: FastifyReply, kind: PromptKind): Promise<FastifyReply> {
+    const { sampling, prompts } = this.options;
+    let prompt: BuiltPrompt;
+    if (kind === 'chat') {
+      const p = parseChatRequest(req.body, sampling);
+      this.checkModel(p);
+      prompt = prompts.chat(p);
+    } else {
+      const p = parseCompletionRequest(req.body, sampling);
+      this.checkModel(p);
+      prompt = prompts.completion(p);
+    }
+    const sides: Record<PdRole, Upstream> = { prefill: this.pick('prefill'), decode: this.pick('decode') };
+    const requestId = String(req.id);
+    const room = randomRoom();
+    const log = req.log;
+    log.info(
+      { prefill: sides.prefill.url, decode: sides.decode.url, room, promptTokens: prompt.ids.length },
+      'pd route',
+    );
+    const payload = JSON.stringify({
+      request_id: requestId,
+      room,
+      kind,
+      prompt_ids: Array.from(prompt.ids),
+      bootstrap: sides.prefill.bootstrap,
+      body: req.body,
+    });
+    const controllers: Record<PdRole, AbortController> = {
+      prefill: new AbortController(),
+      decode: new AbortController(),
+    };
+    const aborted = new Set<PdRole>();
+    const abort = (role: PdRole, reason: string): void => {
+      controllers[role].abort();
+      if (aborted.has(role)) return;
+      aborted.add(role);
+      this.abortUpstream(sides[role], room, requestId, reason, log);
+    };
+    if (req.raw.socket.destroyed) return reply; // gone while its body was read: nothing to start
+    let clientGone = false;
+    this.metrics.inFlight.inc();
+    reply.raw.on('close', () => {
+      this.metrics.inFlight.dec();
+      if (reply.raw.writableFinished) return;
+      clientGone = true;
+      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
+      log.info('client disconnected: aborting prefill and decode');
+      abort('prefill', 'client disconnected');
+      abort('decode', 'client disconnected');
+    });
+
+    type Outcome = { side: PdRole; res?: Response; err?: unknown };
+    const call = (role: PdRole): Promise<Outcome> =>
+      fetch(`${sides[role].url}/pd/${role}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-request-id': requestId, ...auth(req) },
+        body: payload,
+        signal: controllers[role].signal,
+      }).then(
+        (res) => ({ side: role, res }),
+        (err: unknown) => ({ side: role, err }),
+      );
+    const outcomes: Record<PdRole, Promise<Outcome>> = { prefill: call('prefill'), decode: call('decode') };
+
+    /** Answers the client with `side`'s failure and aborts the other side. */
+    const fail = async (o: Outcome): Promise<FastifyReply> => {
+      const u = sides[o.side];
+      this.metrics.errors.inc({ side: o.side });
+      abort(OTHER[o.side], `${o.side} server ${u.url} failed`);
+      if (clientGone) {
+        await o.res?.body?.cancel();
+        return reply;
+      }
+      if (o.res === undefined) {
+        this.setHealth(u, false, `POST /pd/${o.side} failed: ${describeFetchError(o.err)}`);
+        log.warn({ url: u.url, err: describeFetchError(o.err) }, `${o.side} server unreachable`);
+        return send(reply, unreachable(o.side, u.url, o.err));
+      }
+      const e = await upstreamError(o.side, u.url, o.res);
+      log.info({ url: u.url, status: e.status }, `${o.side} server failed the request`);
+      return reply.code(e.status).type('application/json').send(e.body);
+    };
+    const failed = (o: Outcome): boolean => o.res === undefined || !o.res.ok;
+
+    let first = await Promise.race([outcomes.prefill, outcomes.decode]);
+    if (first.side === 'prefill') {
+      if (failed(first)) return fail(first);
+      await first.res?.body?.cancel();
+      first = await outcomes.decode;
+    } else {
+      void outcomes.prefill.then(async (o) => {
+        if (!failed(o)) return o.res?.body?.cancel();
+        if (controllers.prefill.signal.aborted || clientGone) return;
+        this.metrics.errors.inc({ side: 'prefill' });
+        if (o.res === undefined)
+          this.setHealth(sides.prefill, false, `POST /pd/prefill failed: ${describeFetchError(o.err)}`);
+        log.warn({ url: sides.prefill.url, status: o.res?.status }, 'prefill failed after decode answered');
+      });
+    }
+    if (clientGone) return reply;
+    const res = first.res;
+    if (res === undefined || !res.ok) return fail(first);
+    reply.code(res.status).header('x-request-id', requestId);
+    for (const h of PASSED_HEADERS) {
+      const v = res.headers.get(h);
+      if (v !== null) reply.header(h, v);
+    }
+    if (res.body === null) return reply.send();
+    const body = Readable.fromWeb(res.body as WebReadableStream<Uint8Array>);
+    body.on('error', (err) => {
+      if (clientGone) return; // the client's disconnect ended it: already handled
+      this.metrics.errors.inc({ side: 'decode' });
+      log.warn({ url: sides.decode.url, err: describeFetchError(err) }, 'decode server broke off its answer');
+      abort('prefill', `decode server ${sides.decode.url} broke off its answer`);
+    });
+    return reply.send(body);
+  }
+}
+
+/** The client's Authorization header, forwarded to P and D (they may require an API key). */
+function auth(req: FastifyRequest): Record<string, string> {
+  const a = req.headers.authorization;
+  return a === undefined ? {} : { authorization: a };
+}
+
+/** 502 naming the side and the URL that could not be reached. */
+function unreachable(side: PdRole, url: string, err: unknown): ApiError {
+  return new ApiError(
+    502,
+    `${side} server ${url} is unreachable: ${describeFetchError(err)}`,
+    'server_error',
+    null,
+    'upstream_unreachable',
+  );
+}
