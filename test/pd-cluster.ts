@@ -22,8 +22,16 @@ export interface SpecdProcess {
  * Spawns `specd ARGS` and waits for the line naming its URL (`on http://…`, as `serve` and `router` print).
  * @throws when it exits first or does not report within `timeoutMs` (its stderr in the message).
  */
-export async function startSpecd(args: readonly string[], timeoutMs = 120_000): Promise<SpecdProcess> {
-  const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
+export async function startSpecd(
+  args: readonly string[],
+  timeoutMs = 120_000,
+  env: Readonly<Record<string, string>> = {},
+): Promise<SpecdProcess> {
+  const child = spawn(process.execPath, [BIN, ...args], {
+    cwd: ROOT,
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, ...env },
+  });
   let err = '';
   const exited = new Promise<number | string>((resolve) => {
     child.once('exit', (code, signal) => resolve(code ?? signal ?? -1));
@@ -81,4 +89,26 @@ export function metric(text: string, name: string, labels = ''): number {
 /** `GET url/metrics` as text. */
 export async function metricsOf(url: string): Promise<string> {
   return (await fetch(`${url}/metrics`)).text();
+}
+
+/** Polls `probe` every 50 ms until it returns true; throws after `timeoutMs` naming `what`. */
+export async function until(what: string, probe: () => Promise<boolean> | boolean, timeoutMs = 20_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    if (await probe()) return;
+    if (Date.now() > end) throw new Error(`${what}: not reached within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** True when `url`'s target pages, state slots, draft pages and PD transfers in flight are all 0. */
+export async function allFree(url: string): Promise<boolean> {
+  const m = await metricsOf(url);
+  return (
+    metric(m, 'specd_kv_pages_used', 'cache="target"') === 0 &&
+    metric(m, 'specd_kv_pages_used', 'cache="draft"') === 0 &&
+    metric(m, 'specd_state_slots_used') === 0 &&
+    metric(m, 'specd_pd_transfers_inflight') === 0 &&
+    metric(m, 'specd_num_requests_running') === 0
+  );
 }

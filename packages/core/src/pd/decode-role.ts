@@ -59,11 +59,18 @@ export class DecodeRole {
   /** Rooms of requests being admitted: P's events for them. */
   private readonly rooms = new Map<string, Deferred<RoomEvent>>();
   private regionBytes = new Map<string, Uint8Array>();
+  /** Requests waiting for a free sequence. */
+  private queued = 0;
 
+  /**
+   * @param maxQueued requests that may wait for a free sequence at once (the server's max_waiting_requests).
+   * @throws {PdError} `'unsupported'` for a drafter without {@link DraftContextTransfer}, naming it.
+   */
   constructor(
     private readonly loop: EngineLoop,
     private readonly drafter: Drafter | undefined,
     private readonly options: PdRoleOptions,
+    private readonly maxQueued = 64,
   ) {
     if (drafter !== undefined) checkPdDrafter(drafter);
   }
@@ -106,9 +113,7 @@ export class DecodeRole {
     const transfer = this.transfer;
     if (transfer === undefined) throw new PdError('peer', 'decode role: not started');
     if (this.rooms.has(room)) throw new PdError('layout', `room ${room}: already in use by another request`);
-    const loopId = this.loop.reserve(req, listener);
-    if (loopId === undefined)
-      throw new PdError('capacity', 'no free sequence or KV pages on the decode instance; retry later');
+    const loopId = await this.reserve(req, listener);
     const events = deferred<RoomEvent>();
     this.rooms.set(room, events);
     try {
@@ -181,6 +186,40 @@ export class DecodeRole {
       throw err;
     } finally {
       this.rooms.delete(room);
+    }
+  }
+
+  /**
+   * Reserves a sequence, waiting while none is free: at most `maxQueued` requests wait (beyond that, or after
+   * bootstrapTimeoutMs, PdError `'capacity'`: the client gets 503).
+   */
+  private async reserve(req: LoopRequest, listener: LoopListener): Promise<number> {
+    const deadline = performance.now() + this.options.bootstrapTimeoutMs;
+    let queued = false;
+    try {
+      for (;;) {
+        const id = this.loop.reserve(req, listener);
+        if (id !== undefined) return id;
+        if (!queued) {
+          if (this.queued >= this.maxQueued)
+            throw new PdError(
+              'capacity',
+              `no free sequence or KV pages on the decode instance and ${this.queued} requests already wait for ` +
+                'one; retry later',
+            );
+          queued = true;
+          this.queued++;
+        }
+        const left = deadline - performance.now();
+        if (left <= 0)
+          throw new PdError(
+            'capacity',
+            `no sequence or KV pages freed on the decode instance within ${this.options.bootstrapTimeoutMs} ms`,
+          );
+        await withTimeout(this.loop.whenFreed(), left, 'waiting for a free sequence').catch(() => undefined);
+      }
+    } finally {
+      if (queued) this.queued--;
     }
   }
 

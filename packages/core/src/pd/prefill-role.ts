@@ -201,6 +201,8 @@ export class PrefillRole {
     r.layout.reject(err);
     this.transfer?.abort(room, reason);
     if (r.loopId !== undefined) this.loop.abort(r.loopId);
+    // a room no request of ours runs in (only a layout arrived) holds nothing: forget it now
+    else this.forget(room);
   }
 
   /** Sends the state of a handed-off request: every entry D expects, paired with ours, then the notification. */

@@ -63,6 +63,7 @@ export class EngineLoop {
   private scheduled = false;
   private closed = false;
   private inFlight = 0;
+  private readonly freedWaiters: (() => void)[] = [];
 
   /**
    * Builds the loop's {@link SpecEngine} over `target` and `drafter`. @throws {EngineError} as the engine's
@@ -200,7 +201,14 @@ export class EngineLoop {
     if (e === undefined) return undefined;
     this.entries.delete(id);
     this.inFlight -= e.tokens;
+    const waiters = this.freedWaiters.splice(0);
+    for (const w of waiters) w();
     return e;
+  }
+
+  /** Resolves the next time a request leaves the loop (finished, aborted or failed): a sequence may be free. */
+  whenFreed(): Promise<void> {
+    return new Promise((resolve) => this.freedWaiters.push(resolve));
   }
 
   private schedule(): void {

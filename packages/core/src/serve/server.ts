@@ -132,7 +132,7 @@ export class SpecdServer {
         ? undefined
         : pd.role === 'prefill'
           ? new PrefillRole(this.loop, drafter, pd.options)
-          : new DecodeRole(this.loop, drafter, pd.options);
+          : new DecodeRole(this.loop, drafter, pd.options, scheduler.max_waiting_requests);
     this.metrics = new ServerMetrics({
       running: () => this.loop.running,
       waiting: () => this.loop.waiting,

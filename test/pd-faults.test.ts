@@ -1,0 +1,222 @@
+// Prefill/decode faults, with P, D and the router as real processes (the shipped Kimi target + DFlash): a prompt
+// too long for P (its 413 reaches the client, D's reservation is freed), max_tokens 1 (D answers the first token
+// without a decode step), P killed mid-transfer at a deterministic fault point (the transfer engine's test hook
+// pauses after 1 descriptor), D killed mid-stream, an abort storm from clients, the bootstrap timeouts of both
+// roles (tested by their error, with a hang guard at 10× the timeout), and a digest mismatch refused naming the
+// field. Afterwards every page, state slot and transfer is free on every process that is still up, and they answer.
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { allFree, metric, metricsOf, ROOT, type SpecdProcess, startSpecd, stopAll, until } from './pd-cluster.js';
+import { skipWithoutFiles } from './require-files.js';
+
+const MODEL = path.join(ROOT, 'models/kimi-k3-tiny');
+const DRAFTER = path.join(ROOT, 'models/kimi-k3-tiny-dflash');
+const HAVE = !skipWithoutFiles('PD faults', [path.join(MODEL, 'config.json'), path.join(DRAFTER, 'config.json')]);
+const BOOTSTRAP_MS = 400;
+
+let tmp: string;
+const procs: SpecdProcess[] = [];
+
+function config(name: string, extra: { scheduler?: object; drafter?: object; pd?: object } = {}): string {
+  const file = path.join(tmp, `${name}.json`);
+  fs.writeFileSync(
+    file,
+    JSON.stringify({
+      model: MODEL,
+      drafter: { method: 'dflash', path: DRAFTER, num_draft_tokens: 15, ...extra.drafter },
+      scheduler: { max_sequence_tokens: 1024, ...extra.scheduler },
+      pd: { bootstrap_timeout_ms: 20_000, transfer_timeout_ms: 20_000, ...extra.pd },
+    }),
+  );
+  return file;
+}
+
+async function serve(cfg: string, role: 'prefill' | 'decode', env: Record<string, string> = {}): Promise<SpecdProcess> {
+  const p = await startSpecd(
+    ['serve', '--config', cfg, '--role', role, '--port', '0', '--log-level', 'warn'],
+    120_000,
+    env,
+  );
+  procs.push(p);
+  return p;
+}
+
+async function router(p: SpecdProcess, d: SpecdProcess, cfg: string): Promise<SpecdProcess> {
+  const r = await startSpecd([
+    'router',
+    '--prefill',
+    p.url,
+    '--decode',
+    d.url,
+    '--port',
+    '0',
+    '--config',
+    cfg,
+    '--health-interval-ms',
+    '200',
+    '--log-level',
+    'warn',
+  ]);
+  procs.push(r);
+  return r;
+}
+
+const PROMPT = 'The history of the ';
+const LONG = 'one two three four five six seven eight nine ten '.repeat(20);
+
+describe.skipIf(!HAVE)('PD faults (processes)', () => {
+  let P: SpecdProcess;
+  let D: SpecdProcess;
+  let R: SpecdProcess;
+  let client: OpenAI;
+  let model: string;
+  beforeAll(async () => {
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-pd-faults-'));
+    // P accepts shorter sequences than D: a long prompt fails on P only
+    P = await serve(config('p', { scheduler: { max_sequence_tokens: 128 } }), 'prefill');
+    D = await serve(config('d'), 'decode');
+    R = await router(P, D, config('d'));
+    client = new OpenAI({ baseURL: `${R.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    model = (await (await fetch(`${D.url}/v1/models`)).json()).data[0].id;
+  }, 300_000);
+  afterAll(async () => {
+    await stopAll(procs);
+    if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it("a prompt too long for P: P's 413 reaches the client and D's reservation is freed", async () => {
+    const err = await client.completions.create({ model, prompt: LONG, max_tokens: 8 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(413);
+    expect(String((err as Error).message)).toMatch(/max_sequence_tokens 128/);
+    await until('P and D free', async () => (await allFree(P.url)) && (await allFree(D.url)));
+  });
+
+  it('max_tokens 1: the first token from P, no decode step on D, nothing left reserved', async () => {
+    const before = metric(await metricsOf(D.url), 'specd_spec_decode_num_drafts_total');
+    const r = await client.completions.create({ model, prompt: PROMPT, max_tokens: 1, temperature: 0 });
+    expect(r.usage?.completion_tokens).toBe(1);
+    expect(r.choices[0]?.finish_reason).toBe('length');
+    const m = await metricsOf(D.url);
+    expect(metric(m, 'specd_spec_decode_num_drafts_total')).toBe(before);
+    expect(metric(m, 'specd_prompt_tokens_prefilled')).toBe(0);
+    await until('D free', () => allFree(D.url));
+  });
+
+  it('an abort storm across the router frees every page and slot on P and D; both still answer', async () => {
+    const aborts = Array.from({ length: 12 }, async (_, i) => {
+      const ac = new AbortController();
+      const stream = await client.completions
+        .create({ model, prompt: `${PROMPT}${i}`, max_tokens: 200, stream: true }, { signal: ac.signal })
+        .catch(() => undefined);
+      if (i % 3 === 0) ac.abort(); // before the first chunk
+      let n = 0;
+      try {
+        for await (const _ of stream ?? []) if (++n >= 1 + (i % 4)) ac.abort();
+      } catch {
+        // aborted
+      }
+    });
+    await Promise.all(aborts);
+    await until('P and D free after the storm', async () => (await allFree(P.url)) && (await allFree(D.url)));
+    const r = await client.completions.create({ model, prompt: PROMPT, max_tokens: 4, temperature: 0 });
+    expect(r.usage?.completion_tokens).toBe(4);
+  });
+
+  it(
+    'D: a bootstrap address nobody answers fails with a timeout naming it; nothing stays reserved',
+    async () => {
+      const d2 = await serve(config('d-short', { pd: { bootstrap_timeout_ms: BOOTSTRAP_MS } }), 'decode');
+      const body = {
+        request_id: 'r-timeout',
+        room: 'room-timeout',
+        kind: 'completion',
+        prompt_ids: [1, 2, 3],
+        bootstrap: 'tcp://127.0.0.1:9',
+        body: { model, prompt: 'x', max_tokens: 4 },
+      };
+      const t = await fetch(`${d2.url}/pd/decode`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      expect(t.status).toBe(504);
+      expect(JSON.stringify(await t.json())).toMatch(/hello to the prefill instance tcp:\/\/127\.0\.0\.1:9/);
+      expect(await allFree(d2.url)).toBe(true);
+    },
+    10 * BOOTSTRAP_MS + 5000,
+  );
+
+  it(
+    "P: no decode instance's layout within the bootstrap timeout fails naming the wait; P frees everything",
+    async () => {
+      const p2 = await serve(config('p-short', { pd: { bootstrap_timeout_ms: BOOTSTRAP_MS } }), 'prefill');
+      const t = await fetch(`${p2.url}/pd/prefill`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          request_id: 'r-p-timeout',
+          room: 'room-p-timeout',
+          kind: 'completion',
+          prompt_ids: [1, 2, 3],
+          body: { model, prompt: 'x', max_tokens: 4 },
+        }),
+      });
+      expect(t.status).toBe(504);
+      expect(JSON.stringify(await t.json())).toMatch(/waiting for the layout: no answer within 400 ms/);
+      await until('P free', () => allFree(p2.url));
+    },
+    10 * BOOTSTRAP_MS + 5000,
+  );
+
+  it('a digest mismatch (another draft length on P) is refused at connection time naming the field', async () => {
+    const p3 = await serve(config('p-other', { drafter: { num_draft_tokens: 3 } }), 'prefill');
+    const r3 = await router(p3, D, config('d'));
+    const c3 = new OpenAI({ baseURL: `${r3.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const err = await c3.completions.create({ model, prompt: PROMPT, max_tokens: 4 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(String((err as Error).message)).toMatch(/drafter\.settings/);
+    await until('P and D free', async () => (await allFree(p3.url)) && (await allFree(D.url)));
+  });
+
+  it('P killed mid-transfer (paused after 1 descriptor): the client gets an error, D frees everything', async () => {
+    const p4 = await serve(config('p-pause'), 'prefill', { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' });
+    const r4 = await router(p4, D, config('d'));
+    const c4 = new OpenAI({ baseURL: `${r4.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const pending = c4.completions.create({ model, prompt: PROMPT, max_tokens: 8 }).catch((e: unknown) => e);
+    await until('P paused in the transfer', () => /paused after 1 descriptors of room/.test(p4.stderr()));
+    p4.kill('SIGKILL');
+    const err = await pending;
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBeGreaterThanOrEqual(500);
+    await until('D free', () => allFree(D.url));
+    expect((await fetch(`${D.url}/health`)).status).toBe(200);
+  });
+
+  it('D killed mid-stream: the client sees the stream end in error, P is free and still answers', async () => {
+    const d5 = await serve(config('d5'), 'decode');
+    const r5 = await router(P, d5, config('d'));
+    const c5 = new OpenAI({ baseURL: `${r5.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    let chunks = 0;
+    const outcome = await (async () => {
+      try {
+        for await (const _ of await c5.completions.create({ model, prompt: PROMPT, max_tokens: 500, stream: true })) {
+          if (++chunks === 2) d5.kill('SIGKILL');
+        }
+        return 'ended';
+      } catch {
+        return 'error';
+      }
+    })();
+    expect(chunks).toBeGreaterThanOrEqual(2);
+    expect(chunks).toBeLessThan(500);
+    expect(outcome).toBe('error');
+    await until('P free', () => allFree(P.url));
+    expect((await fetch(`${P.url}/health`)).status).toBe(200);
+  });
+});
