@@ -42,6 +42,13 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
       type: 'string',
       description: 'DSpark checkpoint directory (z-lab format, architectures ["DSparkDraftModel"])',
     },
+    num_draft_tokens: {
+      type: 'integer',
+      minimum: 1,
+      description:
+        'a fixed draft length: drafts per step (default: the cost policy with adaptive verify budgets; a fixed ' +
+        'length turns both off)',
+    },
     context_only: {
       type: 'boolean',
       default: false,

@@ -18,7 +18,7 @@ import { ControlClient, type ControlMessage, type Deferred, deferred, withTimeou
 import { checkManifest, checkPdDrafter } from './manifest.js';
 import { sequenceEntries, sideRegions } from './local-state.js';
 import { rangeBytes } from './pairing.js';
-import type { PdRoleOptions } from './prefill-role.js';
+import { type PdRoleOptions, Tombstones } from './prefill-role.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine } from './zmq-transfer.js';
 import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
@@ -61,6 +61,8 @@ export class DecodeRole {
   private regionBytes = new Map<string, Uint8Array>();
   /** Requests waiting for a free sequence. */
   private queued = 0;
+  /** Rooms aborted before their request arrived here: the request is refused when it comes. */
+  private readonly tombstones = new Tombstones();
 
   /**
    * @param maxQueued requests that may wait for a free sequence at once (the server's max_waiting_requests).
@@ -113,6 +115,8 @@ export class DecodeRole {
     const transfer = this.transfer;
     if (transfer === undefined) throw new PdError('peer', 'decode role: not started');
     if (this.rooms.has(room)) throw new PdError('layout', `room ${room}: already in use by another request`);
+    const dead = this.tombstones.reason(room);
+    if (dead !== undefined) throw new PdError('abort', `room ${room}: aborted (${dead})`);
     const loopId = await this.reserve(req, listener);
     const events = deferred<RoomEvent>();
     this.rooms.set(room, events);
@@ -226,7 +230,10 @@ export class DecodeRole {
   /** Aborts the admission of room `room` (the router's `/pd/abort`). Idempotent. */
   abort(room: string, reason: string): void {
     const ev = this.rooms.get(room);
-    if (ev === undefined) return;
+    if (ev === undefined) {
+      this.tombstones.add(room, reason, this.options.bootstrapTimeoutMs);
+      return;
+    }
     ev.reject(new PdError('abort', `room ${room}: aborted (${reason})`));
     this.transfer?.abort(room, reason);
   }

@@ -100,6 +100,8 @@ export class PrefillRole {
   /** Routing ids (hex) of decode instances whose hello was accepted. */
   private readonly peers = new Set<string>();
   private regionBytes = new Map<string, Uint8Array>();
+  /** Rooms aborted or failed before (or without) a request of ours: a late request or layout for one is refused. */
+  private readonly tombstones = new Tombstones();
 
   constructor(
     private readonly loop: EngineLoop,
@@ -150,6 +152,8 @@ export class PrefillRole {
   async prefill(room: string, requestId: string, req: LoopRequest): Promise<PrefillOutcome> {
     if (this.rooms.get(room)?.loopId !== undefined)
       throw new PdError('layout', `room ${room}: already in use by another request`);
+    const dead = this.tombstones.reason(room);
+    if (dead !== undefined) throw new PdError('abort', `room ${room}: aborted (${dead})`);
     const r = this.room(room);
     const log = this.options.logger?.child({ requestId, room });
     try {
@@ -194,6 +198,7 @@ export class PrefillRole {
    * PdError `'abort'` and its pages and slot are freed. Idempotent; unknown rooms are ignored.
    */
   abort(room: string, reason: string): void {
+    this.tombstones.add(room, reason, this.options.bootstrapTimeoutMs);
     const r = this.rooms.get(room);
     if (r === undefined) return;
     const err = new PdError('abort', `room ${room}: aborted (${reason})`);
@@ -203,6 +208,20 @@ export class PrefillRole {
     if (r.loopId !== undefined) this.loop.abort(r.loopId);
     // a room no request of ours runs in (only a layout arrived) holds nothing: forget it now
     else this.forget(room);
+  }
+
+  /**
+   * A request for `room` failed before it reached this role (a bad parameter, a prompt too long): the decode
+   * instance's layout for it, arrived or still to come, is answered with an abort.
+   */
+  fail(room: string, reason: string): void {
+    const r = this.rooms.get(room);
+    if (r?.layout.settled === true)
+      void r.layout.promise.then(
+        (l) => this.control.send(l.peer, { type: 'abort', room, reason }),
+        () => undefined,
+      );
+    this.abort(room, reason);
   }
 
   /** Sends the state of a handed-off request: every entry D expects, paired with ours, then the notification. */
@@ -304,6 +323,11 @@ export class PrefillRole {
           void this.control.send(peer, { type: 'abort', room: msg.room, reason: 'layout before an accepted hello' });
           return;
         }
+        const dead = this.tombstones.reason(msg.room);
+        if (dead !== undefined) {
+          void this.control.send(peer, { type: 'abort', room: msg.room, reason: dead });
+          return;
+        }
         this.room(msg.room).layout.resolve({
           peer,
           requestId: msg.requestId,
@@ -318,5 +342,28 @@ export class PrefillRole {
       default:
         return;
     }
+  }
+}
+
+/** Names of rooms that ended, each kept for a while with why, so that a late message for one is refused. */
+export class Tombstones {
+  private readonly rooms = new Map<string, { reason: string; until: number }>();
+
+  /** Keeps `room` for `ms` (and drops expired ones). */
+  add(room: string, reason: string, ms: number): void {
+    const now = performance.now();
+    for (const [k, v] of this.rooms) if (v.until < now) this.rooms.delete(k);
+    this.rooms.set(room, { reason, until: now + ms });
+  }
+
+  /** Why `room` ended, if it did recently. */
+  reason(room: string): string | undefined {
+    const t = this.rooms.get(room);
+    if (t === undefined) return undefined;
+    if (t.until < performance.now()) {
+      this.rooms.delete(room);
+      return undefined;
+    }
+    return t.reason;
   }
 }

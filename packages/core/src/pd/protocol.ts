@@ -40,6 +40,8 @@ export function parsePdRequest(raw: unknown, role: 'prefill' | 'decode'): PdRequ
     return v;
   };
   const requestId = name('request_id');
+  // the router's rooms are safe integers; any non-empty name is accepted
+  if (typeof o.room === 'number' && Number.isSafeInteger(o.room) && o.room >= 0) o.room = String(o.room);
   const room = name('room');
   const kind = o.kind;
   if (kind !== 'completion' && kind !== 'chat') throw invalidParam('kind', "expected 'completion' or 'chat'");

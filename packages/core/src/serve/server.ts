@@ -275,15 +275,24 @@ export class SpecdServer {
     );
     app.post('/pd/abort', async (req) => {
       const body = (req.body ?? {}) as { room?: unknown; reason?: unknown };
-      if (typeof body.room !== 'string') throw invalidParam('room', 'expected a string');
-      role.abort(body.room, typeof body.reason === 'string' ? body.reason : 'the router aborted');
+      const room = typeof body.room === 'number' && Number.isSafeInteger(body.room) ? String(body.room) : body.room;
+      if (typeof room !== 'string' || room === '') throw invalidParam('room', 'expected a room name or number');
+      role.abort(room, typeof body.reason === 'string' ? body.reason : 'the router aborted');
       return { ok: true };
     });
     if (role instanceof PrefillRole) {
       app.post('/pd/prefill', async (req) => {
         const pd = parsePdRequest(req.body, 'prefill');
-        const { p, ids } = this.pdPrompt(pd);
-        this.checkLength(ids.length, p.maxTokens, 'prompt_ids');
+        let p: GenerationParams;
+        let ids: Int32Array;
+        try {
+          ({ p, ids } = this.pdPrompt(pd));
+          this.checkLength(ids.length, p.maxTokens, 'prompt_ids');
+        } catch (err) {
+          // the decode instance holds a reservation for this room: its layout gets an abort
+          role.fail(pd.room, (err as Error).message);
+          throw err;
+        }
         const t0 = performance.now();
         try {
           const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true));
