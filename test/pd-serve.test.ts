@@ -3,7 +3,7 @@
 // models/ of the shipped Kimi target and of SmolLM2, and plain decoding: greedy completions through the router
 // equal an aggregated server's, streamed text equals non-streamed text; the decode instance runs no prompt token
 // through its target (specd_prompt_tokens_prefilled stays 0 there and equals the prompt tokens on the prefill
-// instance), payload bytes by kind are reported. Then the edges: max_tokens 1 (no decode step), a prompt too
+// instance), payload bytes by kind are reported; seeded sampling gives the same text too. Then the edges: max_tokens 1 (no decode step), a prompt too
 // long for P (its 413 reaches the client, D's reservation is freed), a digest mismatch refused naming the field.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -129,6 +129,12 @@ for (const family of FAMILIES) {
               streamed += chunk.choices[0]?.text ?? '';
             expect(streamed, `${prompt} (streamed)`).toBe(want.choices[0]?.text);
             promptTokens += got.usage?.prompt_tokens ?? 0;
+            // seeded sampling: P samples the first token, D continues the request's PRNG stream from its draws
+            const sampled = { ...body, temperature: 0.8, seed: 3 };
+            const wantS = await agg.completions.create(sampled);
+            const gotS = await pd.completions.create(sampled);
+            expect(gotS.choices[0]?.text, `${prompt} (seed 3, T 0.8)`).toBe(wantS.choices[0]?.text);
+            promptTokens += gotS.usage?.prompt_tokens ?? 0;
           }
           const chat = {
             model,
