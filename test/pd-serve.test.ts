@@ -3,8 +3,8 @@
 // models/ of the shipped Kimi target and of SmolLM2, and plain decoding: greedy completions through the router
 // equal an aggregated server's, streamed text equals non-streamed text; the decode instance runs no prompt token
 // through its target (specd_prompt_tokens_prefilled stays 0 there and equals the prompt tokens on the prefill
-// instance), payload bytes by kind are reported; seeded sampling gives the same text too. Then the edges: max_tokens 1 (no decode step), a prompt too
-// long for P (its 413 reaches the client, D's reservation is freed), a digest mismatch refused naming the field.
+// instance), payload bytes by kind are reported, and every page and slot is free afterwards; seeded sampling gives
+// the same text too. The faults are in pd-faults.test.ts.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
