@@ -178,7 +178,14 @@ export class DecodeRole {
       }
       return {
         admission: { kind: 'resume', loopId, payload },
-        begin: () => this.loop.resume(loopId, note.state),
+        begin: () => {
+          try {
+            this.loop.resume(loopId, note.state);
+          } catch (err) {
+            // the loop failed the reservation meanwhile (a failed step): the listener reports it
+            listener.onError(err as Error);
+          }
+        },
       };
     } catch (err) {
       this.loop.abort(loopId);

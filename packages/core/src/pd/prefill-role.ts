@@ -190,6 +190,8 @@ export class PrefillRole {
       // frees the handed-off sequence (or whatever is left of it); a no-op for a request that finished
       if (r.loopId !== undefined) this.loop.abort(r.loopId);
       this.forget(room);
+      // the room is over: a layout that arrives late for it is answered with an abort, not kept
+      this.tombstones.add(room, 'the request is over on the prefill instance', this.options.bootstrapTimeoutMs);
     }
   }
 
