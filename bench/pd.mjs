@@ -84,20 +84,14 @@ await D.close();
 console.log(`\n1. data plane, ${BYTES >> 20} MiB in ${PAGES} pages of ${PAGE >> 10} KiB, median of ${REPS}:`);
 console.log('| what | ms | GB/s | descriptors | messages |');
 console.log('| --- | --- | --- | --- | --- |');
-console.log(
-  `| memcpy (Buffer.set), the limit on one host | ${median(times.memcpy).toFixed(1)} | ${gbps(BYTES, median(times.memcpy))} | | |`,
-);
-console.log(
-  `| XXH64 checksum (hash-wasm) | ${median(times.checksum).toFixed(1)} | ${gbps(BYTES, median(times.checksum))} | | |`,
-);
-console.log(
-  `| TransferEngine, contiguous pages | ${median(times.contiguous).toFixed(1)} | ${gbps(BYTES, median(times.contiguous))} | ` +
-    `${contiguousStats.descriptors} | ${contiguousStats.messages} |`,
-);
-console.log(
-  `| TransferEngine, scattered pages | ${median(times.scattered).toFixed(1)} | ${gbps(BYTES, median(times.scattered))} | ` +
-    `${scatteredStats.descriptors} | ${scatteredStats.messages} |`,
-);
+const row = (what, ms, stats) =>
+  console.log(
+    `| ${what} | ${ms.toFixed(1)} | ${gbps(BYTES, ms)} | ${stats?.descriptors ?? ''} | ${stats?.messages ?? ''} |`,
+  );
+row('memcpy (Buffer.set), the limit on one host', median(times.memcpy));
+row('XXH64 checksum (hash-wasm)', median(times.checksum));
+row('TransferEngine, contiguous pages', median(times.contiguous), contiguousStats);
+row('TransferEngine, scattered pages', median(times.scattered), scatteredStats);
 
 // --- 2. end to end ----------------------------------------------------------------------------------------
 const BIN = join(ROOT, 'packages/core/src/cli/bin.js');

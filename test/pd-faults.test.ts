@@ -4,11 +4,16 @@
 // pauses after 1 descriptor), D killed mid-stream, an abort storm from clients, the bootstrap timeouts of both
 // roles (tested by their error, with a hang guard at 10× the timeout), and a digest mismatch refused naming the
 // field. Afterwards every page, state slot and transfer is free on every process that is still up, and they answer.
+// Then what an attack found (each fixed): a malformed control message that once stopped P's control plane, a
+// fake P whose `finished` carries ids outside the vocabulary (once crashed D), an abort of a request queued for a
+// free sequence on D, a P restarted on the same bootstrap port (D hellos again), a D whose request differs from
+// P's (refused), and one API key across router, P and D.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 
 import OpenAI from 'openai';
+import * as zmq from 'zeromq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { allFree, metric, metricsOf, ROOT, type SpecdProcess, startSpecd, stopAll, until } from './pd-cluster.js';
@@ -36,9 +41,14 @@ function config(name: string, extra: { scheduler?: object; drafter?: object; pd?
   return file;
 }
 
-async function serve(cfg: string, role: 'prefill' | 'decode', env: Record<string, string> = {}): Promise<SpecdProcess> {
+async function serve(
+  cfg: string,
+  role: 'prefill' | 'decode',
+  env: Record<string, string> = {},
+  extra: readonly string[] = [],
+): Promise<SpecdProcess> {
   const p = await startSpecd(
-    ['serve', '--config', cfg, '--role', role, '--port', '0', '--log-level', 'warn'],
+    ['serve', '--config', cfg, '--role', role, '--port', '0', '--log-level', 'warn', ...extra],
     120_000,
     env,
   );
@@ -218,5 +228,169 @@ describe.skipIf(!HAVE)('PD faults (processes)', () => {
     expect(outcome).toBe('error');
     await until('P free', () => allFree(P.url));
     expect((await fetch(`${P.url}/health`)).status).toBe(200);
+  });
+
+  it('a malformed control message is dropped: P keeps serving', async () => {
+    const info = (await (await fetch(`${P.url}/pd/info`)).json()) as { bootstrap: string };
+    const sock = new zmq.Dealer({ linger: 0 });
+    sock.connect(info.bootstrap);
+    for (const frame of [
+      '{"type":"abort","room":"k1","reason":{"toString":1}}',
+      'not json',
+      '{"type":"layout","room":"x"}',
+      '{"type":"hello"}',
+    ])
+      await sock.send(frame);
+    sock.close();
+    const r = await client.completions.create({ model, prompt: PROMPT, max_tokens: 4, temperature: 0 });
+    expect(r.usage?.completion_tokens).toBe(4);
+  });
+
+  it("a fake P's 'finished' with ids outside the vocabulary fails that request only (502); D stays up", async () => {
+    const fake = new zmq.Router({ linger: 0 });
+    await fake.bind('tcp://127.0.0.1:0');
+    void (async () => {
+      for await (const [id, f] of fake) {
+        const m = JSON.parse(String(f)) as { type: string; room: string };
+        if (m.type === 'hello') await fake.send([id as Buffer, JSON.stringify({ type: 'hello-ok' })]);
+        if (m.type === 'layout')
+          await fake.send([
+            id as Buffer,
+            JSON.stringify({ type: 'finished', room: m.room, finishReason: 'eos', tokenIds: [99_999_999] }),
+          ]);
+      }
+    })().catch(() => undefined);
+    try {
+      const res = await fetch(`${D.url}/pd/decode`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          request_id: 'fake',
+          room: 'fake-room',
+          kind: 'completion',
+          prompt_ids: [1, 2],
+          bootstrap: fake.lastEndpoint,
+          body: { model, prompt: 'x', max_tokens: 4 },
+        }),
+      });
+      expect(res.status).toBe(502);
+      expect(JSON.stringify(await res.json())).toMatch(/99999999 is not a token id/);
+    } finally {
+      fake.close();
+    }
+    expect((await fetch(`${D.url}/health`)).status).toBe(200);
+    await until('D free', () => allFree(D.url));
+  });
+
+  it('an abort of a request queued on D for a free sequence ends it at once, with nothing reserved', async () => {
+    const d6 = await serve(config('d6', { scheduler: { max_running_requests: 1 } }), 'decode');
+    const r6 = await router(P, d6, config('d'));
+    const c6 = new OpenAI({ baseURL: `${r6.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const ac = new AbortController();
+    const busy = (async () => {
+      try {
+        for await (const _ of await c6.completions.create(
+          { model, prompt: PROMPT, max_tokens: 100, stream: true, ignore_eos: true } as never,
+          { signal: ac.signal },
+        ));
+      } catch {
+        // aborted below
+      }
+    })();
+    await until('D busy', async () => metric(await metricsOf(d6.url), 'specd_num_requests_running') === 1);
+    const info = (await (await fetch(`${P.url}/pd/info`)).json()) as { bootstrap: string };
+    const queued = fetch(`${d6.url}/pd/decode`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        request_id: 'queued',
+        room: 'queued-room',
+        kind: 'completion',
+        prompt_ids: [1, 2, 3],
+        bootstrap: info.bootstrap,
+        body: { model, prompt: 'x', max_tokens: 4 },
+      }),
+    });
+    await until('the request queued', async () => metric(await metricsOf(d6.url), 'specd_num_requests_waiting') >= 1);
+    await fetch(`${d6.url}/pd/abort`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ room: 'queued-room', reason: 'test' }),
+    });
+    const res = await queued;
+    expect(res.status).toBe(502);
+    expect(JSON.stringify(await res.json())).toMatch(/room queued-room: aborted \(test\)/);
+    ac.abort();
+    await busy;
+    await until('D free', () => allFree(d6.url));
+  });
+
+  it('P restarted on the same bootstrap port: D hellos again and the next request succeeds', async () => {
+    const cfg = config('p-fixed');
+    const port = String(20000 + (process.pid % 20000));
+    const args = ['serve', '--config', cfg, '--role', 'prefill', '--port', '0', '--bootstrap-port', port];
+    let p7 = await startSpecd([...args, '--log-level', 'warn']);
+    procs.push(p7);
+    const r7 = await router(p7, D, config('d'));
+    const c7 = new OpenAI({ baseURL: `${r7.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    expect((await c7.completions.create({ model, prompt: PROMPT, max_tokens: 3 })).usage?.completion_tokens).toBe(3);
+    p7.kill('SIGKILL');
+    await p7.exited;
+    // the router knows P by its HTTP URL: a new router for the restarted P (same bootstrap port, D unchanged)
+    p7 = await startSpecd([...args, '--log-level', 'warn']);
+    procs.push(p7);
+    const r8 = await router(p7, D, config('d'));
+    const c8 = new OpenAI({ baseURL: `${r8.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    expect((await c8.completions.create({ model, prompt: PROMPT, max_tokens: 3 })).usage?.completion_tokens).toBe(3);
+  });
+
+  it('P refuses to hand its state to a D holding another request (other prompt ids, same length)', async () => {
+    const info = (await (await fetch(`${P.url}/pd/info`)).json()) as { bootstrap: string };
+    const post = (url: string, ids: number[]) =>
+      fetch(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          request_id: 'mismatch',
+          room: 'mismatch-room',
+          kind: 'completion',
+          prompt_ids: ids,
+          bootstrap: info.bootstrap,
+          body: { model, prompt: 'x', max_tokens: 4 },
+        }),
+      });
+    const [p, d] = await Promise.all([
+      post(`${P.url}/pd/prefill`, [5, 6, 7, 8]),
+      post(`${D.url}/pd/decode`, [1, 2, 3, 4]),
+    ]);
+    expect(p.status).toBe(502);
+    expect(JSON.stringify(await p.json())).toMatch(/the decode instance holds another request/);
+    expect(d.status).toBe(502);
+    await until('P and D free', async () => (await allFree(P.url)) && (await allFree(D.url)));
+  });
+
+  it('one API key across router, P and D: with it the request succeeds, without it 401', async () => {
+    const cfg = config('keyed');
+    const key = ['--api-key', 'sekret'];
+    const pk = await serve(cfg, 'prefill', {}, key);
+    const dk = await serve(cfg, 'decode', {}, key);
+    const rk = await startSpecd([
+      'router',
+      '--prefill',
+      pk.url,
+      '--decode',
+      dk.url,
+      '--port',
+      '0',
+      '--config',
+      cfg,
+      ...key,
+    ]);
+    procs.push(rk);
+    const ok = new OpenAI({ baseURL: `${rk.url}/v1`, apiKey: 'sekret', maxRetries: 0 });
+    expect((await ok.completions.create({ model, prompt: PROMPT, max_tokens: 3 })).usage?.completion_tokens).toBe(3);
+    const bad = new OpenAI({ baseURL: `${rk.url}/v1`, apiKey: 'wrong', maxRetries: 0 });
+    const err = await bad.completions.create({ model, prompt: PROMPT, max_tokens: 3 }).catch((e: unknown) => e);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(401);
   });
 });

@@ -29,6 +29,7 @@ export interface RouterFlags {
   policy?: string;
   healthIntervalMs?: number;
   logLevel?: string;
+  apiKey?: string;
 }
 
 /** A started router (close with {@link StartedRouter.close}). */
@@ -72,6 +73,7 @@ export async function startRouter(flags: RouterFlags, io: CliIo): Promise<Starte
     healthIntervalMs: flags.healthIntervalMs ?? rc?.health_interval_ms ?? 5000,
     bodyLimitBytes: cfg.server.body_limit_bytes,
     ...(logger === undefined ? {} : { logger }),
+    ...((flags.apiKey ?? cfg.server.api_key) === undefined ? {} : { apiKey: flags.apiKey ?? cfg.server.api_key }),
   });
   const url = await router.listen(flags.host ?? rc?.host ?? '127.0.0.1', flags.port ?? rc?.port ?? 8000);
   return { router, url, close: () => router.close() };
@@ -119,6 +121,11 @@ export function registerRouterCommand(program: Command, io: CliIo): void {
     .option('--port <port>', 'port (default 8000; 0 = ephemeral)', portArg)
     .option('--policy <name>', 'how to pick P and D: round_robin (default) or random', policyArg)
     .option('--health-interval-ms <ms>', 'between health checks of every upstream (default 5000; 0 = off)', msArg)
+    .option(
+      '--api-key <key>',
+      "the deployment's API key (default: config server.api_key): clients must send it, and the router sends it to " +
+        'P and D (start them with the same --api-key)',
+    )
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: RouterFlags) => {
       const s = await startRouter(flags, io);

@@ -268,7 +268,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
       "the prefill role's bootstrap port for decode instances (default: config pd.bootstrap.port, 0 = ephemeral)",
       portArg,
     )
-    .option('--api-key <key>', 'require "Authorization: Bearer <key>" on /v1/*')
+    .option('--api-key <key>', 'require "Authorization: Bearer <key>" on everything but /health and /metrics')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);

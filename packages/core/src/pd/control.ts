@@ -27,12 +27,16 @@ export type ControlMessage =
   | { readonly type: 'hello'; readonly digest: Readonly<Record<string, string>> }
   | { readonly type: 'hello-ok' }
   | { readonly type: 'hello-refused'; readonly message: string }
+  /** P got a layout from a peer it has no accepted hello from (P restarted on the same address): hello again. */
+  | { readonly type: 'hello-required'; readonly room: string }
   | {
       readonly type: 'layout';
       readonly room: string;
       readonly requestId: string;
       /** D's transfer agent (TransferEngine.address). */
       readonly agent: string;
+      /** Digest of the request as D parsed it (prompt ids, sampling, limits): P refuses another request's state. */
+      readonly request: string;
       readonly entries: readonly LayoutEntry[];
     }
   | {
@@ -44,17 +48,86 @@ export type ControlMessage =
   | { readonly type: 'failed'; readonly room: string; readonly status: number; readonly message: string }
   | { readonly type: 'abort'; readonly room: string; readonly reason: string };
 
-/** Parses a control frame. @throws {PdError} `'peer'` for a frame that is not a control message. */
+/** Longest control frame accepted (bytes): a layout lists every entry's ranges, far below this. */
+const MAX_FRAME = 64 << 20;
+
+const isString = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= 4096;
+const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+
+/** Whether `v` is a list of entries with ranges (shape only; D's entries are checked against its memory). */
+function isLayoutEntries(v: unknown): v is LayoutEntry[] {
+  if (!Array.isArray(v)) return false;
+  return v.every((e: unknown) => {
+    const o = e as { key?: Record<string, unknown>; ranges?: unknown } | null;
+    const k = o?.key;
+    return (
+      k !== undefined &&
+      typeof k.kind === 'string' &&
+      isCount(k.layer) &&
+      typeof k.part === 'string' &&
+      isCount(k.rank) &&
+      Array.isArray(o?.ranges) &&
+      (o.ranges as unknown[]).every((r) => {
+        const x = r as Record<string, unknown> | null;
+        return x !== null && typeof x === 'object' && isString(x.region) && isCount(x.offset) && isCount(x.length);
+      })
+    );
+  });
+}
+
+/**
+ * Parses and checks a control frame: the type and the types of every field it uses, so that a malformed message
+ * from a buggy or hostile peer is dropped here and never reaches the roles.
+ * @throws {PdError} `'peer'` naming what is wrong.
+ */
 export function decodeControl(frame: Buffer): ControlMessage {
-  let msg: unknown;
+  if (frame.length > MAX_FRAME) throw new PdError('peer', `control plane: a frame of ${frame.length} bytes`);
+  let msg: Record<string, unknown>;
   try {
-    msg = JSON.parse(frame.toString('utf8'));
+    msg = JSON.parse(frame.toString('utf8')) as Record<string, unknown>;
   } catch {
     throw new PdError('peer', 'control plane: a frame that is not JSON');
   }
-  const type = (msg as { type?: unknown } | null)?.type;
-  if (typeof type !== 'string') throw new PdError('peer', 'control plane: a message without a type');
-  return msg as ControlMessage;
+  if (msg === null || typeof msg !== 'object')
+    throw new PdError('peer', 'control plane: a frame that is not an object');
+  const bad = (what: string): never => {
+    throw new PdError('peer', `control plane: ${String(msg.type)}: ${what}`);
+  };
+  switch (msg.type) {
+    case 'hello': {
+      const d = msg.digest;
+      if (d === null || typeof d !== 'object' || Array.isArray(d)) bad('digest: expected an object');
+      for (const v of Object.values(d as object)) if (typeof v !== 'string') bad('digest: expected string fields');
+      break;
+    }
+    case 'hello-ok':
+      if (msg.stages !== undefined && !Array.isArray(msg.stages)) bad('stages: expected an array');
+      break;
+    case 'hello-refused':
+    case 'hello-required':
+      if (typeof msg.message !== 'string' && msg.type === 'hello-refused') bad('message: expected a string');
+      if (msg.type === 'hello-required' && !isString(msg.room)) bad('room: expected a string');
+      break;
+    case 'layout':
+      if (!isString(msg.room) || !isString(msg.requestId) || !isString(msg.agent)) bad('room, requestId, agent');
+      if (msg.request !== undefined && typeof msg.request !== 'string') bad('request: expected a string');
+      if (!isLayoutEntries(msg.entries)) bad('entries: expected [{key: {kind, layer, part, rank}, ranges}]');
+      break;
+    case 'finished':
+      if (!isString(msg.room)) bad('room: expected a string');
+      if (!Array.isArray(msg.tokenIds) || !msg.tokenIds.every(isCount)) bad('tokenIds: expected token ids');
+      if (typeof msg.finishReason !== 'string') bad('finishReason: expected a string');
+      break;
+    case 'failed':
+      if (!isString(msg.room) || typeof msg.message !== 'string' || !isCount(msg.status)) bad('room, status, message');
+      break;
+    case 'abort':
+      if (!isString(msg.room) || typeof msg.reason !== 'string') bad('room, reason');
+      break;
+    default:
+      bad('unknown type');
+  }
+  return msg as unknown as ControlMessage;
 }
 
 /** Sends frames one at a time (a zeromq.js socket refuses a send while one is in progress). */
@@ -101,13 +174,11 @@ export class ControlServer {
     try {
       for await (const [peer, frame] of this.sock) {
         if (peer === undefined || frame === undefined) continue;
-        let msg: ControlMessage;
         try {
-          msg = decodeControl(frame);
+          this.onMessage(peer, decodeControl(frame));
         } catch {
-          continue;
+          // a malformed message, or a handler that failed on it: dropped; the socket keeps serving
         }
-        this.onMessage(peer, msg);
       }
     } catch {
       // the socket was closed
@@ -126,11 +197,17 @@ export class ControlClient {
   private readonly queue = new SendQueue(this.sock);
   private closed = false;
 
+  /** @throws {PdError} `'peer'` when ZeroMQ refuses the address. */
   constructor(
     readonly address: string,
     private readonly onMessage: (msg: ControlMessage) => void,
   ) {
-    this.sock.connect(address);
+    try {
+      this.sock.connect(address);
+    } catch (err) {
+      this.sock.close();
+      throw new PdError('peer', `control plane: cannot connect to ${address}: ${(err as Error).message}`);
+    }
     void this.receive();
   }
 
@@ -144,13 +221,11 @@ export class ControlClient {
     try {
       for await (const [frame] of this.sock) {
         if (frame === undefined) continue;
-        let msg: ControlMessage;
         try {
-          msg = decodeControl(frame);
+          this.onMessage(decodeControl(frame));
         } catch {
-          continue;
+          // a malformed message, or a handler that failed on it: dropped; the socket keeps serving
         }
-        this.onMessage(msg);
       }
     } catch {
       // the socket was closed

@@ -10,7 +10,7 @@
  */
 
 import { RequestMetrics } from '../engine/metrics.js';
-import type { FinishReason, HandoffState } from '../engine/types.js';
+import type { HandoffState } from '../engine/types.js';
 import { hasDraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.js';
 import type { EngineLoop, LoopListener, LoopRequest } from '../serve/engine-loop.js';
 import { checksumRanges } from './checksum.js';
@@ -43,8 +43,53 @@ interface Notification {
   readonly state: HandoffState;
 }
 
-/** What P tells about a room besides the data. */
-type RoomEvent = { readonly kind: 'finished'; readonly tokenIds: readonly number[]; readonly finishReason: string };
+/** What P tells about a room besides the data: the request ended on its first token, or P needs our hello again. */
+type RoomEvent =
+  | { readonly kind: 'finished'; readonly tokenIds: readonly number[]; readonly finishReason: string }
+  | { readonly kind: 'rehello' };
+
+/** A request being admitted: P's events for it, and why it was aborted. */
+interface Room {
+  events: Deferred<RoomEvent>;
+  aborted?: PdError;
+}
+
+/** @throws {PdError} `'peer'` unless `ids` are token ids of the vocabulary. */
+function checkTokens(ids: readonly unknown[], vocab: number, what: string): asserts ids is number[] {
+  for (const t of ids)
+    if (!(Number.isSafeInteger(t) && (t as number) >= 0 && (t as number) < vocab))
+      throw new PdError('peer', `${what}: ${JSON.stringify(t)} is not a token id (vocabulary ${vocab})`);
+}
+
+/**
+ * Checks the notification P sent after the data: manifest rows and the handoff state (first token in the
+ * vocabulary, position = the prompt length, seed and draws integers).
+ * @throws {PdError} `'peer'` naming the bad field.
+ */
+function checkNotification(n: unknown, vocab: number, promptLength: number, room: string): Notification {
+  const bad = (what: string): never => {
+    throw new PdError('peer', `room ${room}: the prefill instance's notification: ${what}`);
+  };
+  const o = n as Partial<Notification> | null;
+  if (o === null || typeof o !== 'object' || !Array.isArray(o.rows)) return bad('rows: expected an array');
+  for (const row of o.rows) {
+    const k = (row as Partial<ManifestRow> | null)?.key;
+    if (
+      k === undefined ||
+      typeof k !== 'object' ||
+      typeof row.checksum !== 'string' ||
+      !Number.isSafeInteger(row.byteLength)
+    )
+      bad('rows: expected {key, byteLength, checksum}');
+  }
+  const st = o.state as Partial<HandoffState> | undefined;
+  if (st === undefined || typeof st !== 'object') return bad('state: missing');
+  checkTokens([st.firstToken], vocab, `room ${room}: the prefill instance's notification: state.firstToken`);
+  if (st.position !== promptLength) bad(`state.position: expected the prompt length ${promptLength}`);
+  if (!Number.isSafeInteger(st.seed) || !Number.isSafeInteger(st.draws) || (st.draws as number) < 0)
+    bad('state.seed / state.draws: expected integers');
+  return o as Notification;
+}
 
 /** A prefill instance this role talks to: its control connection and whether it accepted our hello. */
 interface Peer {
@@ -56,8 +101,8 @@ interface Peer {
 export class DecodeRole {
   private transfer: TransferEngine | undefined;
   private readonly peers = new Map<string, Peer>();
-  /** Rooms of requests being admitted: P's events for them. */
-  private readonly rooms = new Map<string, Deferred<RoomEvent>>();
+  /** Rooms of requests being admitted (queued for a sequence, or waiting for their state). */
+  private readonly rooms = new Map<string, Room>();
   private regionBytes = new Map<string, Uint8Array>();
   /** Requests waiting for a free sequence. */
   private queued = 0;
@@ -101,9 +146,11 @@ export class DecodeRole {
   /**
    * Reserves `req`'s sequence, asks the prefill instance at `bootstrap` for its state in room `room`, waits for
    * it and checks it.
+   * @param request the request's digest (protocol.ts `requestDigest`): P refuses the state of another request.
    * @throws {PdError} `'capacity'` (no sequence or page free), `'digest'` (P refused our hello or we refused
-   *   its), `'timeout'`, `'abort'`, `'manifest'` / `'checksum'` (naming the entry), `'peer'`; the loop's
-   *   `OverloadedError` / `EngineError`. Nothing stays reserved when it throws.
+   *   its), `'timeout'`, `'abort'`, `'conflict'` (the room is in use), `'manifest'` / `'checksum'` (naming the
+   *   entry), `'peer'` (including a malformed state); the loop's `OverloadedError` / `EngineError`. Nothing stays
+   *   reserved when it throws.
    */
   async admit(
     room: string,
@@ -111,63 +158,74 @@ export class DecodeRole {
     bootstrap: string,
     req: LoopRequest,
     listener: LoopListener,
+    request = '',
   ): Promise<Admitted> {
     const transfer = this.transfer;
     if (transfer === undefined) throw new PdError('peer', 'decode role: not started');
-    if (this.rooms.has(room)) throw new PdError('layout', `room ${room}: already in use by another request`);
+    if (this.rooms.has(room)) throw new PdError('conflict', `room ${room}: already in use by another request`);
     const dead = this.tombstones.reason(room);
     if (dead !== undefined) throw new PdError('abort', `room ${room}: aborted (${dead})`);
-    const loopId = await this.reserve(req, listener);
-    const events = deferred<RoomEvent>();
-    this.rooms.set(room, events);
+    // registered before the wait for a sequence, so that an abort while queued ends the request at once
+    const r: Room = { events: deferred<RoomEvent>() };
+    this.rooms.set(room, r);
+    let loopId: number | undefined;
     try {
+      loopId = await this.reserve(req, listener, r);
+      const id = loopId;
       const cache = this.loop.engine.cache;
       if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
-        this.drafter.pdReserveContext(loopId, req.promptIds.length);
-      const expected = sequenceEntries(cache, this.drafter, loopId);
+        this.drafter.pdReserveContext(id, req.promptIds.length);
+      const expected = sequenceEntries(cache, this.drafter, id);
       const arrived = transfer.expect(
         room,
         expected.flatMap((e) => e.ranges),
         { timeoutMs: this.options.transferTimeoutMs },
       );
       arrived.catch(() => undefined);
-      const peer = await this.peer(bootstrap);
-      await peer.client.send({
-        type: 'layout',
+      const layout = {
+        type: 'layout' as const,
         room,
         requestId,
         agent: transfer.address,
+        request,
         entries: expected.map((e) => ({ key: e.key, ranges: e.ranges })),
-      });
-      const outcome = await withTimeout(
-        Promise.race([arrived.then((n) => ({ kind: 'data' as const, n })), events.promise]),
-        this.options.bootstrapTimeoutMs + this.options.transferTimeoutMs,
-        `room ${room}: waiting for the state from ${bootstrap}`,
-      );
+      };
+      let outcome: { kind: 'data'; n: unknown } | RoomEvent;
+      for (let hellos = 0; ; hellos++) {
+        const peer = await this.peer(bootstrap);
+        await peer.client.send(layout);
+        outcome = await withTimeout(
+          Promise.race([arrived.then((n) => ({ kind: 'data' as const, n })), r.events.promise]),
+          this.options.bootstrapTimeoutMs + this.options.transferTimeoutMs,
+          `room ${room}: waiting for the state from ${bootstrap}`,
+        );
+        // P restarted on the same address and never saw our hello: hello again and resend the layout, once
+        if (outcome.kind !== 'rehello') break;
+        if (hellos >= 1) throw new PdError('peer', `the prefill instance ${bootstrap} keeps asking for a hello`);
+        r.events = deferred<RoomEvent>();
+      }
+      const vocab = this.loop.engine.target.info.vocabSize;
       if (outcome.kind === 'finished') {
-        this.loop.abort(loopId);
         const { tokenIds, finishReason } = outcome;
+        checkTokens(tokenIds, vocab, `room ${room}: finished: tokenIds`);
+        if (finishReason !== 'eos' && finishReason !== 'stop' && finishReason !== 'length')
+          throw new PdError('peer', `room ${room}: finished: finishReason ${JSON.stringify(finishReason)}`);
+        this.loop.abort(id);
         return {
           admission: { kind: 'finished', loopId: undefined },
           begin: () => {
             for (const t of tokenIds) listener.onToken(t);
-            const reason: FinishReason = finishReason === 'eos' || finishReason === 'stop' ? finishReason : 'length';
-            listener.onFinish({
-              id: loopId,
-              tokenIds: [...tokenIds],
-              finishReason: reason,
-              metrics: new RequestMetrics(),
-            });
+            listener.onFinish({ id, tokenIds: [...tokenIds], finishReason, metrics: new RequestMetrics() });
           },
         };
       }
-      const note = outcome.n as Notification;
+      const note = checkNotification(outcome.n, vocab, req.promptIds.length, room);
       checkManifest(expected, note.rows);
-      const rows = new Map(note.rows.map((r) => [entryName(r.key), r]));
+      const rows = new Map(note.rows.map((row) => [entryName(row.key), row]));
       const payload: Partial<Record<PdPayloadClass, number>> = {};
       for (const e of expected) {
         const row = rows.get(entryName(e.key));
-        const sum = checksumRanges((id) => this.region(id), e.ranges);
+        const sum = checksumRanges((rid) => this.region(rid), e.ranges);
         if (row === undefined || row.checksum !== sum)
           throw new PdError(
             'checksum',
@@ -177,10 +235,10 @@ export class DecodeRole {
         payload[cls] = (payload[cls] ?? 0) + rangeBytes(e.ranges);
       }
       return {
-        admission: { kind: 'resume', loopId, payload },
+        admission: { kind: 'resume', loopId: id, payload },
         begin: () => {
           try {
-            this.loop.resume(loopId, note.state);
+            this.loop.resume(id, note.state);
           } catch (err) {
             // the loop failed the reservation meanwhile (a failed step): the listener reports it
             listener.onError(err as Error);
@@ -188,7 +246,7 @@ export class DecodeRole {
         },
       };
     } catch (err) {
-      this.loop.abort(loopId);
+      if (loopId !== undefined) this.loop.abort(loopId);
       transfer.abort(room, (err as Error).message);
       if (!(err instanceof PdError && err.code === 'abort')) {
         const p = this.peers.get(bootstrap);
@@ -202,13 +260,14 @@ export class DecodeRole {
 
   /**
    * Reserves a sequence, waiting while none is free: at most `maxQueued` requests wait (beyond that, or after
-   * bootstrapTimeoutMs, PdError `'capacity'`: the client gets 503).
+   * bootstrapTimeoutMs, PdError `'capacity'`: the client gets 503). An abort of the room ends the wait at once.
    */
-  private async reserve(req: LoopRequest, listener: LoopListener): Promise<number> {
+  private async reserve(req: LoopRequest, listener: LoopListener, room: Room): Promise<number> {
     const deadline = performance.now() + this.options.bootstrapTimeoutMs;
     let queued = false;
     try {
       for (;;) {
+        if (room.aborted !== undefined) throw room.aborted;
         const id = this.loop.reserve(req, listener);
         if (id !== undefined) return id;
         if (!queued) {
@@ -227,7 +286,10 @@ export class DecodeRole {
             'capacity',
             `no sequence or KV pages freed on the decode instance within ${this.options.bootstrapTimeoutMs} ms`,
           );
-        await withTimeout(this.loop.whenFreed(), left, 'waiting for a free sequence').catch(() => undefined);
+        await Promise.race([
+          withTimeout(this.loop.whenFreed(), left, 'waiting for a free sequence').catch(() => undefined),
+          room.events.promise.catch(() => undefined),
+        ]);
       }
     } finally {
       if (queued) this.queued--;
@@ -236,12 +298,11 @@ export class DecodeRole {
 
   /** Aborts the admission of room `room` (the router's `/pd/abort`). Idempotent. */
   abort(room: string, reason: string): void {
-    const ev = this.rooms.get(room);
-    if (ev === undefined) {
-      this.tombstones.add(room, reason, this.options.bootstrapTimeoutMs);
-      return;
-    }
-    ev.reject(new PdError('abort', `room ${room}: aborted (${reason})`));
+    this.tombstones.add(room, reason, this.options.bootstrapTimeoutMs);
+    const r = this.rooms.get(room);
+    if (r === undefined) return;
+    r.aborted = new PdError('abort', `room ${room}: aborted (${reason})`);
+    r.events.reject(r.aborted);
     this.transfer?.abort(room, reason);
   }
 
@@ -285,8 +346,20 @@ export class DecodeRole {
           ?.hello.reject(new PdError('digest', `the prefill instance ${address} refused: ${msg.message}`));
         return;
       case 'finished':
-        this.rooms.get(msg.room)?.resolve({ kind: 'finished', tokenIds: msg.tokenIds, finishReason: msg.finishReason });
+        this.rooms
+          .get(msg.room)
+          ?.events.resolve({ kind: 'finished', tokenIds: msg.tokenIds, finishReason: msg.finishReason });
         return;
+      case 'hello-required': {
+        // the prefill instance at this address restarted: forget the connection; the room hellos again
+        const p = this.peers.get(address);
+        if (p !== undefined) {
+          this.peers.delete(address);
+          p.client.close();
+        }
+        this.rooms.get(msg.room)?.events.resolve({ kind: 'rehello' });
+        return;
+      }
       case 'failed':
       case 'abort':
         this.abort(msg.room, `the prefill instance: ${'reason' in msg ? msg.reason : msg.message}`);

@@ -79,6 +79,8 @@ interface Layout {
   readonly peer: Buffer;
   readonly requestId: string;
   readonly agent: string;
+  /** The request's digest as D parsed it (protocol.ts `requestDigest`). */
+  readonly request: string;
   readonly entries: readonly LayoutEntry[];
 }
 
@@ -144,14 +146,16 @@ export class PrefillRole {
 
   /**
    * Prefills `req` for room `room` and transfers its state to the decode instance that sent the room's layout.
+   * @param request the request's digest (protocol.ts `requestDigest`); the decode instance's must be equal.
    * @throws {PdError} `'timeout'` (no layout within bootstrapTimeoutMs; the transfer within transferTimeoutMs),
+   *   `'layout'` (the decode instance's request differs from this one),
    *   `'abort'`, `'manifest'` (an entry D expects that this side does not have), the transfer's errors;
    *   `OverloadedError` / `EngineError` from the loop (queue full, a request the engine refuses).
    *   Whatever happens, the request's pages and slot are free when it settles.
    */
-  async prefill(room: string, requestId: string, req: LoopRequest): Promise<PrefillOutcome> {
+  async prefill(room: string, requestId: string, req: LoopRequest, request = ''): Promise<PrefillOutcome> {
     if (this.rooms.get(room)?.loopId !== undefined)
-      throw new PdError('layout', `room ${room}: already in use by another request`);
+      throw new PdError('conflict', `room ${room}: already in use by another request`);
     const dead = this.tombstones.reason(room);
     if (dead !== undefined) throw new PdError('abort', `room ${room}: aborted (${dead})`);
     const r = this.room(room);
@@ -166,6 +170,12 @@ export class PrefillRole {
       });
       if (result.finishReason === 'abort') throw new PdError('abort', `room ${room}: aborted`);
       const layout = await this.await(r, r.layout.promise, this.options.bootstrapTimeoutMs, 'waiting for the layout');
+      if (layout.request !== request)
+        throw new PdError(
+          'layout',
+          `room ${room}: the decode instance holds another request (its prompt ids or parameters differ from this ` +
+            "one's): refusing to hand this request's state to it",
+        );
       if (result.finishReason !== 'handoff' || result.handoff === undefined) {
         // ended on its first token: nothing to transfer
         await this.control.send(layout.peer, {
@@ -218,6 +228,7 @@ export class PrefillRole {
    */
   fail(room: string, reason: string): void {
     const r = this.rooms.get(room);
+    if (r?.loopId !== undefined) return; // a request of ours runs in this room: a bad duplicate must not end it
     if (r?.layout.settled === true)
       void r.layout.promise.then(
         (l) => this.control.send(l.peer, { type: 'abort', room, reason }),
@@ -292,7 +303,17 @@ export class PrefillRole {
       // a layout nobody claims (the router's request never came) is dropped after the bootstrap timeout
       const created = r;
       r.timer = setTimeout(() => {
-        if (created.loopId === undefined) this.forget(room);
+        if (created.loopId !== undefined) return;
+        // the router's request for this room never came: tell the decode instance, which holds a reservation
+        const ms = this.options.bootstrapTimeoutMs;
+        const reason = `no request for room ${room} reached the prefill instance within ${ms} ms`;
+        if (created.layout.settled)
+          void created.layout.promise.then(
+            (l) => this.control.send(l.peer, { type: 'abort', room, reason }),
+            () => undefined,
+          );
+        this.forget(room);
+        this.tombstones.add(room, reason, this.options.bootstrapTimeoutMs);
       }, this.options.bootstrapTimeoutMs);
       r.timer.unref();
     }
@@ -322,7 +343,8 @@ export class PrefillRole {
       }
       case 'layout': {
         if (!this.peers.has(who)) {
-          void this.control.send(peer, { type: 'abort', room: msg.room, reason: 'layout before an accepted hello' });
+          // this instance never accepted a hello from this peer (it restarted on the same address): ask for one
+          void this.control.send(peer, { type: 'hello-required', room: msg.room });
           return;
         }
         const dead = this.tombstones.reason(msg.room);
@@ -334,6 +356,7 @@ export class PrefillRole {
           peer,
           requestId: msg.requestId,
           agent: msg.agent,
+          request: msg.request,
           entries: msg.entries,
         });
         return;

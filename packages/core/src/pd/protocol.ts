@@ -6,7 +6,10 @@
  * "Prefill/decode disaggregation").
  */
 
+import { createHash } from 'node:crypto';
+
 import { invalidParam } from '../serve/errors.js';
+import type { GenerationParams } from '../serve/protocol.js';
 
 /** A parsed `/pd/prefill` or `/pd/decode` body. */
 export interface PdRequest {
@@ -54,11 +57,36 @@ export function parsePdRequest(raw: unknown, role: 'prefill' | 'decode'): PdRequ
   let bootstrap: string | undefined;
   if (role === 'decode') {
     const b = o.bootstrap;
-    if (typeof b !== 'string' || !/^tcp:\/\/[^\s/]+:\d+$/.test(b))
-      throw invalidParam('bootstrap', `expected the prefill instance's bootstrap address tcp://HOST:PORT`);
+    const m = typeof b === 'string' ? /^tcp:\/\/([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$/.exec(b) : null;
+    if (typeof b !== 'string' || m === null || !(Number(m[2]) >= 1 && Number(m[2]) <= 65535))
+      throw invalidParam(
+        'bootstrap',
+        "expected the prefill instance's bootstrap address tcp://HOST:PORT (port 1-65535)",
+      );
     bootstrap = b;
   }
   if (o.body === null || typeof o.body !== 'object' || Array.isArray(o.body))
     throw invalidParam('body', "expected the client's request object");
   return { requestId, room, kind, promptIds: ids as number[], bootstrap, body: o.body };
+}
+
+/**
+ * A digest of what a request computes: its prompt ids and the parameters that decide its tokens (max_tokens,
+ * sampling, the seed when the client fixed it, stop strings, ignore_eos). P and D each compute it from the body
+ * they received; P refuses to hand a request's state to a D whose digest differs (a router bug, or a hostile
+ * client of the `/pd/*` routes, would otherwise make D continue another prompt's state). An unfixed seed is left
+ * out: each side draws its own, and D continues P's stream (HandoffState).
+ */
+export function requestDigest(promptIds: ArrayLike<number>, p: GenerationParams): string {
+  const fields = {
+    prompt: Array.from(promptIds),
+    maxTokens: p.maxTokens,
+    temperature: p.temperature,
+    topK: p.topK ?? null,
+    topP: p.topP ?? null,
+    seed: p.seeded ? p.seed : null,
+    stop: p.stop ?? [],
+    ignoreEos: p.ignoreEos ?? false,
+  };
+  return createHash('sha256').update(JSON.stringify(fields)).digest('hex');
 }

@@ -22,7 +22,7 @@
  * every `healthIntervalMs`; a server answering the other role's /pd/info refuses the start.
  */
 
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
@@ -62,6 +62,12 @@ export interface PdRouterOptions {
   readonly bodyLimitBytes?: number;
   /** A pino logger (default: none). */
   readonly logger?: Logger;
+  /**
+   * The deployment's API key (`server.api_key`, `--api-key`): clients must send `Authorization: Bearer KEY` on
+   * everything but /health and /metrics, and the router sends it on every call to P and D (probes and aborts
+   * included). Absent: no key here, and the client's Authorization header is forwarded as it is.
+   */
+  readonly apiKey?: string;
 }
 
 /** One upstream's state, as `/health` lists it. */
@@ -234,7 +240,7 @@ export class PdRouter {
    */
   private async probe(u: Upstream, atStart: boolean): Promise<void> {
     const get = (route: string): Promise<Response> =>
-      fetch(`${u.url}${route}`, { signal: AbortSignal.timeout(this.timeoutMs) });
+      fetch(`${u.url}${route}`, { headers: this.keyHeader(), signal: AbortSignal.timeout(this.timeoutMs) });
     let info: { role?: unknown; bootstrap?: unknown; model?: unknown };
     try {
       const res = await get('/pd/info');
@@ -293,7 +299,7 @@ export class PdRouter {
     this.metrics.aborts.inc({ role: u.role });
     fetch(`${u.url}/pd/abort`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-request-id': requestId },
+      headers: { 'content-type': 'application/json', 'x-request-id': requestId, ...this.keyHeader() },
       body: JSON.stringify({ room, request_id: requestId, reason }),
       signal: AbortSignal.timeout(this.timeoutMs),
     }).then(
@@ -302,8 +308,34 @@ export class PdRouter {
     );
   }
 
+  /** `Authorization: Bearer KEY` for calls to P and D when the deployment has a key. */
+  private keyHeader(): Record<string, string> {
+    return this.options.apiKey === undefined ? {} : { authorization: `Bearer ${this.options.apiKey}` };
+  }
+
+  /** The Authorization header a client's request is forwarded with: the deployment's key, or the client's own. */
+  private authFor(req: FastifyRequest): Record<string, string> {
+    return this.options.apiKey === undefined ? auth(req) : this.keyHeader();
+  }
+
   private routes(): void {
     const app = this.app;
+    const key = this.options.apiKey === undefined ? undefined : Buffer.from(`Bearer ${this.options.apiKey}`);
+    app.addHook('onRequest', async (req, reply) => {
+      if (key === undefined || req.url === '/health' || req.url === '/metrics') return;
+      const got = Buffer.from(req.headers.authorization ?? '');
+      if (got.length !== key.length || !timingSafeEqual(got, key))
+        return send(
+          reply,
+          new ApiError(
+            401,
+            'Incorrect API key provided (expected "Authorization: Bearer <key>")',
+            'invalid_request_error',
+            null,
+            'invalid_api_key',
+          ),
+        );
+    });
     app.addHook('onResponse', async (req, reply) => {
       this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
     });
@@ -336,7 +368,7 @@ export class PdRouter {
       let res: Response;
       try {
         res = await fetch(`${d.url}/v1/models`, {
-          headers: { 'x-request-id': String(req.id), ...auth(req) },
+          headers: { 'x-request-id': String(req.id), ...this.authFor(req) },
           signal: AbortSignal.timeout(this.timeoutMs),
         });
       } catch (err) {
@@ -415,7 +447,7 @@ export class PdRouter {
     const call = (role: PdRole): Promise<Outcome> =>
       fetch(`${sides[role].url}/pd/${role}`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-request-id': requestId, ...auth(req) },
+        headers: { 'content-type': 'application/json', 'x-request-id': requestId, ...this.authFor(req) },
         body: payload,
         signal: controllers[role].signal,
       }).then(

@@ -106,7 +106,8 @@ export class PdError extends Error {
     /**
      * `'layout'` (a layout or plan that does not fit), `'digest'` (P and D differ in a setting),
      * `'manifest'` (a missing / extra / mis-sized entry), `'checksum'`, `'timeout'`, `'peer'` (a dead or
-     * unreachable peer), `'abort'`, `'unsupported'` (a drafter or model without PD), `'capacity'`.
+     * unreachable peer), `'abort'`, `'unsupported'` (a drafter or model without PD), `'capacity'`, `'conflict'`
+     * (a room already in use).
      */
     readonly code:
       | 'layout'
@@ -117,7 +118,8 @@ export class PdError extends Error {
       | 'peer'
       | 'abort'
       | 'unsupported'
-      | 'capacity',
+      | 'capacity'
+      | 'conflict',
     message: string,
   ) {
     super(message);

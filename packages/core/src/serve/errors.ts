@@ -54,12 +54,21 @@ export const modelFailed = (err: Error): ApiError =>
 
 /**
  * The HTTP answer to a prefill/decode failure (pd/types.ts PdError codes): 503 `capacity` (retry later),
- * 504 `timeout`, 409 `abort`, 501 `unsupported`, 502 for the rest (the other instance refused, sent a wrong or
- * missing entry, a bad checksum, or is gone), the message naming the entry, field or peer.
+ * 504 `timeout`, 409 `conflict` (a room in use), 501 `unsupported`, 502 for the rest (the other instance aborted,
+ * refused, sent a wrong or missing entry, a bad checksum or a malformed state, or is gone), the message naming
+ * the entry, field or peer.
  */
 export const pdFailed = (code: string, message: string): ApiError => {
   const status =
-    code === 'capacity' ? 503 : code === 'timeout' ? 504 : code === 'abort' ? 409 : code === 'unsupported' ? 501 : 502;
+    code === 'capacity'
+      ? 503
+      : code === 'timeout'
+        ? 504
+        : code === 'conflict'
+          ? 409
+          : code === 'unsupported'
+            ? 501
+            : 502;
   return new ApiError(
     status,
     `prefill/decode: ${message}`,

@@ -35,7 +35,7 @@ import { ServerMetrics } from './metrics.js';
 import { PromptBuilder } from './prompt.js';
 import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
-import { parsePdRequest, type PdRequest } from '../pd/protocol.js';
+import { parsePdRequest, type PdRequest, requestDigest } from '../pd/protocol.js';
 import { PdError, type PdPayloadClass } from '../pd/types.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
@@ -268,6 +268,8 @@ export class SpecdServer {
   /** The `/pd/*` routes of a prefill or decode instance (the router's side of the protocol, pd/router.ts). */
   private pdRoutes(role: PrefillRole | DecodeRole): void {
     const app = this.app;
+    // the client's body plus the prompt ids the router adds (at most 11 characters per id)
+    const pdBodyLimit = this.options.bodyLimitBytes + 12 * this.options.scheduler.max_sequence_tokens + 4096;
     app.get('/pd/info', async () =>
       role instanceof PrefillRole
         ? { role: 'prefill', bootstrap: role.bootstrap, model: this.options.modelName }
@@ -281,13 +283,14 @@ export class SpecdServer {
       return { ok: true };
     });
     if (role instanceof PrefillRole) {
-      app.post('/pd/prefill', async (req) => {
+      app.post('/pd/prefill', { bodyLimit: pdBodyLimit }, async (req) => {
         const pd = parsePdRequest(req.body, 'prefill');
+        const param = pd.kind === 'chat' ? 'messages' : 'prompt';
         let p: GenerationParams;
         let ids: Int32Array;
         try {
           ({ p, ids } = this.pdPrompt(pd));
-          this.checkLength(ids.length, p.maxTokens, 'prompt_ids');
+          this.checkLength(ids.length, p.maxTokens, param);
         } catch (err) {
           // the decode instance holds a reservation for this room: its layout gets an abort
           role.fail(pd.room, (err as Error).message);
@@ -295,30 +298,38 @@ export class SpecdServer {
         }
         const t0 = performance.now();
         try {
-          const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true));
+          const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true), requestDigest(ids, p));
           this.recordPayload('prefill', out.payload, (performance.now() - t0) / 1000);
           return { request_id: pd.requestId, prompt_tokens: out.promptTokens };
         } catch (err) {
-          throw this.pdError(err, 'prompt_ids');
+          throw this.pdError(err, param);
         }
       });
     } else {
-      app.post('/pd/decode', async (req, reply) => {
+      app.post('/pd/decode', { bodyLimit: pdBodyLimit }, async (req, reply) => {
         const pd = parsePdRequest(req.body, 'decode');
+        const param = pd.kind === 'chat' ? 'messages' : 'prompt';
         const { p, ids } = this.pdPrompt(pd);
         const bootstrap = pd.bootstrap ?? '';
         const t0 = performance.now();
         const open = async (listener: Parameters<EngineLoop['submit']>[1]): Promise<Opened> => {
           try {
-            const a = await role.admit(pd.room, pd.requestId, bootstrap, this.loopRequest(p, ids, false), listener);
+            const a = await role.admit(
+              pd.room,
+              pd.requestId,
+              bootstrap,
+              this.loopRequest(p, ids, false),
+              listener,
+              requestDigest(ids, p),
+            );
             if (a.admission.kind === 'resume')
               this.recordPayload('decode', a.admission.payload, (performance.now() - t0) / 1000);
             return { loopId: a.admission.loopId, begin: a.begin };
           } catch (err) {
-            throw this.pdError(err, 'prompt_ids');
+            throw this.pdError(err, param);
           }
         };
-        return this.generate(reply, pd.kind, p, ids, 'prompt_ids', open);
+        return this.generate(reply, pd.kind, p, ids, param, open);
       });
     }
   }

@@ -111,6 +111,9 @@ describe('parsePdRequest', () => {
     [{ ...ok, prompt_ids: [] }, 'prompt_ids'],
     [{ ...ok, prompt_ids: [1, 2.5] }, 'prompt_ids'],
     [{ ...ok, bootstrap: 'http://x:1' }, 'bootstrap'],
+    [{ ...ok, bootstrap: 'tcp://*:5555' }, 'bootstrap'],
+    [{ ...ok, bootstrap: 'tcp://127.0.0.1:99999' }, 'bootstrap'],
+    [{ ...ok, bootstrap: 'tcp://127.0.0.1:0' }, 'bootstrap'],
     [{ ...ok, body: 'x' }, 'body'],
   ])('%j → 400 naming %s', (body, field) => {
     let err: unknown;
