@@ -5,6 +5,10 @@
  * present with its length, every checksum — and only then lets the request continue in the same speculative
  * loop as aggregated serving, from the first token P sampled. It never runs the prompt through its target.
  *
+ * A prefill instance split into pipeline stages sends from every stage (its `hello-ok` lists them, pd/stages.ts):
+ * D expects each stage's entries under that stage's transfer id, all before it sends its layout, and checks the
+ * union of the stages' rows as one manifest.
+ *
  * Whatever ends a request before it continues — P's failure or abort, the router's `/pd/abort`, a timeout, a
  * failed check — frees its pages, slot and draft context.
  */
@@ -19,6 +23,7 @@ import { checkManifest, checkPdDrafter } from './manifest.js';
 import { sequenceEntries, sideRegions } from './local-state.js';
 import { rangeBytes } from './pairing.js';
 import { type PdRoleOptions, Tombstones } from './prefill-role.js';
+import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine } from './zmq-transfer.js';
 import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
@@ -36,20 +41,23 @@ export interface Admitted {
   begin(): void;
 }
 
-/** The notification P sends after the data (prefill-role.ts). */
+/**
+ * The notification a P sender sends after its data (prefill-role.ts; a pipeline stage's, pipeline/stage-pd.ts):
+ * its manifest rows, and from the last stage the handoff state.
+ */
 interface Notification {
   readonly requestId: string;
   readonly rows: readonly ManifestRow[];
-  readonly state: HandoffState;
+  readonly state?: HandoffState;
 }
 
 /** What P tells about a room besides the data. */
 type RoomEvent = { readonly kind: 'finished'; readonly tokenIds: readonly number[]; readonly finishReason: string };
 
-/** A prefill instance this role talks to: its control connection and whether it accepted our hello. */
+/** A prefill instance this role talks to: its control connection and, once it accepted our hello, its stages. */
 interface Peer {
   readonly client: ControlClient;
-  readonly hello: Deferred<void>;
+  readonly hello: Deferred<readonly PdStageLayout[]>;
 }
 
 /** The decode role over a server's engine loop. */
@@ -120,18 +128,32 @@ export class DecodeRole {
     const loopId = await this.reserve(req, listener);
     const events = deferred<RoomEvent>();
     this.rooms.set(room, events);
+    /** The transfer ids expected for the room (one per P stage that sends). */
+    const transferIds: string[] = [];
     try {
       const cache = this.loop.engine.cache;
       if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
         this.drafter.pdReserveContext(loopId, req.promptIds.length);
       const expected = sequenceEntries(cache, this.drafter, loopId);
-      const arrived = transfer.expect(
-        room,
-        expected.flatMap((e) => e.ranges),
-        { timeoutMs: this.options.transferTimeoutMs },
-      );
+      const { peer, stages } = await this.peer(bootstrap);
+      // one sender per P stage that keeps some of the entries (pd/stages.ts); the last stage sends the state
+      const byStage = splitByStage(expected, stages);
+      const last = stages.length - 1;
+      const notes: Promise<Notification>[] = [];
+      byStage.forEach((entries, k) => {
+        if (entries.length === 0 && k !== last) return;
+        const id = stageRequestId(room, k, stages);
+        transferIds.push(id);
+        notes.push(
+          transfer.expect(
+            id,
+            entries.flatMap((e) => e.ranges),
+            { timeoutMs: this.options.transferTimeoutMs },
+          ) as Promise<Notification>,
+        );
+      });
+      const arrived = Promise.all(notes);
       arrived.catch(() => undefined);
-      const peer = await this.peer(bootstrap);
       await peer.client.send({
         type: 'layout',
         room,
@@ -140,7 +162,7 @@ export class DecodeRole {
         entries: expected.map((e) => ({ key: e.key, ranges: e.ranges })),
       });
       const outcome = await withTimeout(
-        Promise.race([arrived.then((n) => ({ kind: 'data' as const, n })), events.promise]),
+        Promise.race([arrived.then((ns) => ({ kind: 'data' as const, ns })), events.promise]),
         this.options.bootstrapTimeoutMs + this.options.transferTimeoutMs,
         `room ${room}: waiting for the state from ${bootstrap}`,
       );
@@ -161,9 +183,12 @@ export class DecodeRole {
           },
         };
       }
-      const note = outcome.n as Notification;
-      checkManifest(expected, note.rows);
-      const rows = new Map(note.rows.map((r) => [entryName(r.key), r]));
+      // the last sender's notification carries the state; every sender's its rows, checked together
+      const state = outcome.ns[outcome.ns.length - 1]?.state;
+      if (state === undefined) throw new PdError('peer', `room ${room}: ${bootstrap} sent no handoff state`);
+      const received = outcome.ns.flatMap((n) => n.rows);
+      checkManifest(expected, received);
+      const rows = new Map(received.map((r) => [entryName(r.key), r]));
       const payload: Partial<Record<PdPayloadClass, number>> = {};
       for (const e of expected) {
         const row = rows.get(entryName(e.key));
@@ -178,11 +203,11 @@ export class DecodeRole {
       }
       return {
         admission: { kind: 'resume', loopId, payload },
-        begin: () => this.loop.resume(loopId, note.state),
+        begin: () => this.loop.resume(loopId, state),
       };
     } catch (err) {
       this.loop.abort(loopId);
-      transfer.abort(room, (err as Error).message);
+      for (const id of transferIds.length === 0 ? [room] : transferIds) transfer.abort(id, (err as Error).message);
       if (!(err instanceof PdError && err.code === 'abort')) {
         const p = this.peers.get(bootstrap);
         void p?.client.send({ type: 'abort', room, reason: (err as Error).message }).catch(() => undefined);
@@ -244,18 +269,23 @@ export class DecodeRole {
     return b;
   }
 
-  /** The connection to the prefill instance at `address`, once it accepted our hello. */
-  private async peer(address: string): Promise<Peer> {
+  /** The connection to the prefill instance at `address` and its stages, once it accepted our hello. */
+  private async peer(address: string): Promise<{ peer: Peer; stages: readonly PdStageLayout[] }> {
     let p = this.peers.get(address);
     if (p === undefined) {
-      const hello = deferred<void>();
+      const hello = deferred<readonly PdStageLayout[]>();
       const client = new ControlClient(address, (msg) => this.onMessage(address, msg));
       p = { client, hello };
       this.peers.set(address, p);
       void client.send({ type: 'hello', digest: this.options.digest }).catch((e: Error) => hello.reject(e));
     }
     try {
-      await withTimeout(p.hello.promise, this.options.bootstrapTimeoutMs, `hello to the prefill instance ${address}`);
+      const stages = await withTimeout(
+        p.hello.promise,
+        this.options.bootstrapTimeoutMs,
+        `hello to the prefill instance ${address}`,
+      );
+      return { peer: p, stages };
     } catch (err) {
       // try again from scratch next time (the prefill instance may come up later or be fixed)
       if (this.peers.get(address) === p) {
@@ -264,14 +294,20 @@ export class DecodeRole {
       }
       throw err;
     }
-    return p;
   }
 
   private onMessage(address: string, msg: ControlMessage): void {
     switch (msg.type) {
-      case 'hello-ok':
-        this.peers.get(address)?.hello.resolve();
+      case 'hello-ok': {
+        const stages = msg.stages ?? [];
+        const p = this.peers.get(address);
+        try {
+          p?.hello.resolve(checkStages(stages, address));
+        } catch (err) {
+          p?.hello.reject(err as Error);
+        }
         return;
+      }
       case 'hello-refused':
         this.peers
           .get(address)
@@ -288,4 +324,30 @@ export class DecodeRole {
         return;
     }
   }
+}
+
+/**
+ * P's stages from its `hello-ok` (none: one stage, an older P), checked: layer ranges of non-negative integers,
+ * cache layers integers, no cache layer kept by two stages.
+ * @throws {PdError} `'layout'` naming the prefill instance and the stage.
+ */
+function checkStages(stages: readonly PdStageLayout[], address: string): readonly PdStageLayout[] {
+  if (!Array.isArray(stages)) throw new PdError('layout', `the prefill instance ${address}: stages is not a list`);
+  if (stages.length === 0) return [{ layerStart: 0, layerEnd: 0, cacheLayers: [] }];
+  const seen = new Set<number>();
+  stages.forEach((s, k) => {
+    const ok =
+      Number.isSafeInteger(s?.layerStart) &&
+      Number.isSafeInteger(s?.layerEnd) &&
+      Array.isArray(s?.cacheLayers) &&
+      (s.cacheLayers as unknown[]).every((l) => Number.isSafeInteger(l) && !seen.has(l as number));
+    if (!ok)
+      throw new PdError(
+        'layout',
+        `the prefill instance ${address}: stage ${k} ${JSON.stringify(s)} is not a stage layout ` +
+          '({layerStart, layerEnd, cacheLayers}: integers, each cache layer in one stage)',
+      );
+    for (const l of s.cacheLayers) seen.add(l);
+  });
+  return stages;
 }
