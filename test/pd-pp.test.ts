@@ -5,8 +5,9 @@
 // drafter of the shipped Kimi target: greedy output through the router equals the aggregated server's, D runs no
 // prompt token through its target, and afterwards every page and slot is free on D, on P's driver and in P's stage
 // process (GET /pd/stages flushes the driver's queued cache operations to the stage and reports what it holds).
-// A stage process killed mid-transfer (the transfer engines' test hook pauses every sender after 1 descriptor)
-// fails the request with an error naming the stage, and D frees everything.
+// With every sender paused after 1 descriptor (the transfer engines' test hook): a client that leaves mid-transfer
+// ends the stage's write and frees everything on P, D and the stage (before the transfer timeout could); a stage
+// process killed mid-transfer fails the request with an error naming the stage, and D frees everything.
 // Kimi only: SmolLM2 ships as a GGUF file, and pipeline parallelism loads safetensors checkpoints only.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -91,6 +92,7 @@ interface StageUse {
   readonly layer_end: number;
   readonly kv_pages_used: number;
   readonly state_slots_used: number;
+  readonly transfers_inflight: number;
 }
 
 async function stagesOf(url: string): Promise<StageUse[]> {
@@ -144,6 +146,7 @@ describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
         for (const s of await stagesOf(p.url)) {
           expect(s.kv_pages_used, `stage ${s.stage}`).toBe(0);
           expect(s.state_slots_used, `stage ${s.stage}`).toBe(0);
+          expect(s.transfers_inflight, `stage ${s.stage}`).toBe(0);
         }
       } finally {
         await stopAll(procs);
@@ -151,6 +154,46 @@ describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
     },
     300_000,
   );
+
+  it("a client that leaves mid-transfer: the stage's write stops; P, D and the stage hold nothing", async () => {
+    // the transfer timeout is far beyond the waits below: only the abort can end the paused writes in time
+    const cfg = config('pp-abort', undefined, { transfer_timeout_ms: 120_000 });
+    const procs: (SpecdProcess | undefined)[] = [];
+    try {
+      const [p, d] = await Promise.all([
+        startSpecd(serveArgs(cfg, '--role', 'prefill', '--pp', '2'), 120_000, {
+          SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1',
+        }),
+        startSpecd(serveArgs(cfg, '--role', 'decode')),
+      ]);
+      procs.push(p, d);
+      const r = await router(p, d, cfg);
+      procs.push(r);
+      const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const model = (await (await fetch(`${d.url}/v1/models`)).json()).data[0].id as string;
+      const ac = new AbortController();
+      const pending = client.completions
+        .create({ model, prompt: PROMPTS[1] ?? '', max_tokens: 8 }, { signal: ac.signal })
+        .catch((e: unknown) => e);
+      await until('the stage paused in its transfer', () => /pipeline stage 0 \(pid \d+\) paused/.test(p.stderr()));
+      expect((await stagesOf(p.url))[0]?.transfers_inflight).toBe(1);
+      ac.abort();
+      expect(await pending).toBeInstanceOf(Error);
+      await until('P, D and the stage free', async () => {
+        const stage0 = (await stagesOf(p.url))[0];
+        return (
+          (await allFree(p.url)) &&
+          (await allFree(d.url)) &&
+          stage0?.transfers_inflight === 0 &&
+          stage0.kv_pages_used === 0 &&
+          stage0.state_slots_used === 0
+        );
+      });
+      expect((await fetch(`${p.url}/health`)).status).toBe(200);
+    } finally {
+      await stopAll(procs);
+    }
+  }, 300_000);
 
   it('a stage process killed mid-transfer: the request fails naming the stage; D frees everything', async () => {
     const cfg = config('pp-kill', undefined);

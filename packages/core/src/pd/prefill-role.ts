@@ -32,7 +32,14 @@ import { compareDigests } from './digest.js';
 import { sequenceEntries, sideRegions } from './local-state.js';
 import { checkPdDrafter } from './manifest.js';
 import { pairRanges, rangeBytes } from './pairing.js';
-import { hasStageSenders, type PdStageLayout, splitByStage, type StageSenders, stageRequestId } from './stages.js';
+import {
+  hasStageSenders,
+  type PdStageLayout,
+  splitByStage,
+  type StageSenders,
+  stageRequestId,
+  type StageUsage,
+} from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine, type ZmqTransferTestHooks } from './zmq-transfer.js';
 import {
@@ -134,7 +141,7 @@ export class PrefillRole {
   }
 
   /** Pages and state slots each earlier pipeline stage holds (empty without pipeline parallelism). */
-  stageUsage(): { stage: number; pagesInUse: number; slotsInUse: number }[] {
+  stageUsage(): ({ stage: number } & StageUsage)[] {
     return this.senders?.stageUsage() ?? [];
   }
 

@@ -99,8 +99,15 @@ export interface StageSenders {
   pdSend(stage: number, cache: SequenceCache, id: SequenceId, request: StageSendRequest): Promise<void>;
   /** Stops stage `stage`'s write `transferId` (no-op when it ended). */
   pdAbort(stage: number, transferId: string, reason: string): void;
-  /** Pages and state slots each earlier stage holds (stage order), after the queued cache operations. */
-  stageUsage(): { stage: number; pagesInUse: number; slotsInUse: number }[];
+  /** What each earlier stage holds (stage order), after the queued cache operations. */
+  stageUsage(): ({ stage: number } & StageUsage)[];
+}
+
+/** What a stage process holds: its caches' pages and state slots, its PD writes in flight. */
+export interface StageUsage {
+  readonly pagesInUse: number;
+  readonly slotsInUse: number;
+  readonly transfersInFlight: number;
 }
 
 /** Whether `model` is a pipeline whose stages send their own layers ({@link StageSenders}). */

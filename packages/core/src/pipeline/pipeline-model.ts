@@ -48,7 +48,7 @@ import {
   type TreeCommit,
 } from '../plugin/stage-capabilities.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { PdStageLayout, StageSenders, StageSendersStart, StageSendRequest } from '../pd/stages.js';
+import type { PdStageLayout, StageSenders, StageSendersStart, StageSendRequest, StageUsage } from '../pd/stages.js';
 import { PdError } from '../pd/types.js';
 import { MirroredCache } from './mirrored-cache.js';
 import type { RemoteStage, StageReport } from './remote-stage.js';
@@ -270,7 +270,7 @@ export class PipelineModel
   }
 
   /** Pages and slots each stage process holds (one round trip each; the queued cache operations go first). */
-  stageUsage(): { stage: number; pagesInUse: number; slotsInUse: number }[] {
+  stageUsage(): ({ stage: number } & StageUsage)[] {
     return this.remotes.map((r, stage) => ({ stage, ...r.usage() }));
   }
 

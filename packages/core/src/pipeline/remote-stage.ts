@@ -21,7 +21,7 @@ import type { RankReport } from '../tensor-parallel/tp-model.js';
 import type { MirroredCache } from './mirrored-cache.js';
 import type { PipelineModel } from './pipeline-model.js';
 import { exitDescription, PipelineStageError, untrack } from './stage-process.js';
-import type { StageSendRequest } from '../pd/stages.js';
+import type { StageSendRequest, StageUsage } from '../pd/stages.js';
 import { PdError } from '../pd/types.js';
 import type { StagePdDone, StagePdStart } from './stage-pd.js';
 import type { CacheOp, WireSequence } from './stage-worker.js';
@@ -274,14 +274,19 @@ export class RemoteStage implements StageModel {
   }
 
   /**
-   * The pages and state slots the stage's caches hold, after the queued cache operations (so what the driver
-   * freed is free there too). Blocks for one round trip. @throws {PipelineStageError} for a dead stage.
+   * The pages and state slots the stage's caches hold and its PD writes in flight, after the queued cache
+   * operations (so what the driver freed is free there too). Blocks for one round trip.
+   * @throws {PipelineStageError} for a dead stage.
    */
-  usage(): { pagesInUse: number; slotsInUse: number } {
+  usage(): StageUsage {
     this.checkAlive();
     const ops = this.takeOps();
     const h = this.exchange({ header: { type: 'usage', ops }, frames: [] }).header;
-    return { pagesInUse: h.pagesInUse as number, slotsInUse: h.slotsInUse as number };
+    return {
+      pagesInUse: h.pagesInUse as number,
+      slotsInUse: h.slotsInUse as number,
+      transfersInFlight: h.transfersInFlight as number,
+    };
   }
 
   /** One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. */

@@ -59,6 +59,11 @@ export class StagePdSender {
     private readonly report: (done: StagePdDone) => void,
   ) {}
 
+  /** Writes in flight (a gauge). */
+  get inflight(): number {
+    return this.sending.size;
+  }
+
   /** Binds the transfer agent (once; later calls return the same address). @returns its address. */
   async start(options: StagePdStart): Promise<string> {
     if (this.transfer === undefined) {

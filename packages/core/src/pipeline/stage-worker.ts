@@ -17,8 +17,8 @@
  *               its taps' products into the fp32 accumulator it received (frame after `hidden`, or
  *               zeros) and sends that instead of the taps (REFERENCE.md §8; a stage with no tap
  *               passes the accumulator through);
- *   `usage`   — apply the queued cache operations; reply the pages and slots its caches hold (`{pagesInUse,
- *               slotsInUse}`: every sequence the driver freed is free here too);
+ *   `usage`   — apply the queued cache operations; reply the pages and slots its caches hold and its PD writes in
+ *               flight (`{pagesInUse, slotsInUse, transfersInFlight}`: what the driver freed is free here too);
  *   `pd-start`, `pd-send`, `pd-abort` — a prefill instance's stage sends the layers it owns to the decode
  *               instance (stage-pd.ts; the ZeroMQ transport only: a write goes on on this process's event loop,
  *               which the FIFO loop never yields to); a write's end reaches the driver over the IPC channel;
@@ -100,7 +100,8 @@ class StageServer extends CacheReplica {
     stage: number,
   ) {
     super(model, 'stage');
-    this.pd = new StagePdSender(stage, (done) => process.send?.(done));
+    // a driver that is gone cannot be told (this process exits on the IPC channel's disconnect)
+    this.pd = new StagePdSender(stage, (done) => process.send?.(done, undefined, {}, () => undefined));
   }
 
   /** Applies one recorded operation; a sequence freed stops its PD writes first. */
@@ -113,7 +114,7 @@ class StageServer extends CacheReplica {
   /** `usage`: applies the queued operations; replies the pages and slots held. */
   usage(h: Record<string, unknown>): Message {
     for (const op of h.ops as CacheOp[]) this.apply(op);
-    return { header: { type: 'ok', ...this.held() }, frames: [] };
+    return { header: { type: 'ok', ...this.held(), transfersInFlight: this.pd.inflight }, frames: [] };
   }
 
   /** `pd-send`: applies the queued operations, then starts the write (stage-pd.ts). */

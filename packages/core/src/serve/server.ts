@@ -289,6 +289,7 @@ export class SpecdServer {
             const held = usage[stage] ?? {
               pagesInUse: this.engine.cache.pagesInUse,
               slotsInUse: this.engine.cache.slotsInUse,
+              transfersInFlight: role.inflight,
             };
             return {
               stage,
@@ -296,6 +297,7 @@ export class SpecdServer {
               layer_end: s.layerEnd,
               kv_pages_used: held.pagesInUse,
               state_slots_used: held.slotsInUse,
+              transfers_inflight: held.transfersInFlight,
             };
           }),
         };
