@@ -2,7 +2,7 @@
 // stage process sends the layers it owns straight to the decode instance (pp = 1), the driver its own layers, the
 // drafter's context and the handoff state. P, D, the router and an aggregated server (pp = 1) are real processes
 // on loopback; prompts span several prefill chunks (scheduler.prefill_chunk_tokens 8). For plain decoding and every
-// drafter of the shipped Kimi target: greedy output through the router equals the aggregated server's, D runs no
+// drafter of the shipped Kimi target at pp 2, and DFlash at pp 3 (a middle stage too): greedy output through the router equals the aggregated server's, D runs no
 // prompt token through its target, and afterwards every page and slot is free on D, on P's driver and in P's stage
 // process (GET /pd/stages flushes the driver's queued cache operations to the stage and reports what it holds).
 // With every sender paused after 1 descriptor (the transfer engines' test hook): a client that leaves mid-transfer
@@ -100,16 +100,22 @@ async function stagesOf(url: string): Promise<StageUse[]> {
 }
 
 describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
-  const cases = [undefined, ...(HAVE ? drafterDirs() : [])];
-  it.each(cases.map((d) => [d === undefined ? 'plain decoding' : path.basename(d), d]))(
-    '%s: router output equals aggregated; D prefills nothing; every stage frees its pages',
-    async (name, dir) => {
-      const cfg = config(`pp-${name}`, dir);
+  const dirs = HAVE ? drafterDirs() : [];
+  // every drafter at pp 2, plain decoding at pp 2, and DFlash at pp 3 (a middle stage)
+  const cases: [string, number, string | undefined][] = [
+    ['plain decoding', 2, undefined],
+    ...dirs.map((d): [string, number, string] => [path.basename(d), 2, d]),
+    ...dirs.filter((d) => d.endsWith('-dflash')).map((d): [string, number, string] => [path.basename(d), 3, d]),
+  ];
+  it.each(cases)(
+    '%s, P at pp %i: router output equals aggregated; D prefills nothing; every stage frees its pages',
+    async (name, pp, dir) => {
+      const cfg = config(`pp${pp}-${name}`, dir);
       const procs: (SpecdProcess | undefined)[] = [];
       try {
         const started = await Promise.all([
           startSpecd(serveArgs(cfg)),
-          startSpecd(serveArgs(cfg, '--role', 'prefill', '--pp', '2')),
+          startSpecd(serveArgs(cfg, '--role', 'prefill', '--pp', String(pp))),
           startSpecd(serveArgs(cfg, '--role', 'decode')),
         ]);
         procs.push(...started);
@@ -117,10 +123,10 @@ describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
         const r = await router(p, d, cfg);
         procs.push(r);
         const stages = await stagesOf(p.url);
-        expect(stages.map((s) => [s.layer_start, s.layer_end])).toEqual([
-          [0, 4],
-          [4, 8],
-        ]);
+        // pp stages covering the 8 layers in order
+        expect(stages).toHaveLength(pp);
+        expect(stages.map((s) => s.layer_start)).toEqual([0, ...stages.slice(0, -1).map((s) => s.layer_end)]);
+        expect(stages[pp - 1]?.layer_end).toBe(8);
         const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
         const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
         const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
