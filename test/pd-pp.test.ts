@@ -1,10 +1,11 @@
-// Prefill/decode disaggregation with a pipelined prefill instance (`specd serve --role prefill --pp 2`): each P
+// Prefill/decode disaggregation with a pipelined prefill instance (`specd serve --role prefill --pp N`): each P
 // stage process sends the layers it owns straight to the decode instance (pp = 1), the driver its own layers, the
 // drafter's context and the handoff state. P, D, the router and an aggregated server (pp = 1) are real processes
 // on loopback; prompts span several prefill chunks (scheduler.prefill_chunk_tokens 8). For plain decoding and every
-// drafter of the shipped Kimi target at pp 2, and DFlash at pp 3 (a middle stage too): greedy output through the router equals the aggregated server's, D runs no
-// prompt token through its target, and afterwards every page and slot is free on D, on P's driver and in P's stage
-// process (GET /pd/stages flushes the driver's queued cache operations to the stage and reports what it holds).
+// drafter of the shipped Kimi target at pp 2, and DFlash at pp 3 (a middle stage too): greedy output through the
+// router equals the aggregated server's, D runs no prompt token through its target, and afterwards every page and
+// slot is free on D, on P's driver and in P's stage processes (GET /pd/stages flushes the driver's queued cache
+// operations to each stage and reports what it holds).
 // With every sender paused after 1 descriptor (the transfer engines' test hook): a client that leaves mid-transfer
 // ends the stage's write and frees everything on P, D and the stage (before the transfer timeout could); a stage
 // process killed mid-transfer fails the request with an error naming the stage, and D frees everything.
