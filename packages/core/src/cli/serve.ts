@@ -73,10 +73,18 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   checkParallelism(tp, pp, partition);
   const role = flags.role ?? cfg.pd.role;
-  if (role !== 'none' && (tp > 1 || pp > 1))
+  // a prefill instance may be a pipeline (each stage process sends its layers); TP on either side, and PP on the
+  // decode side, are not built yet
+  if (role !== 'none' && (tp > 1 || (pp > 1 && role === 'decode')))
     throw new CliError(
-      `role ${role} (--role / pd.role): prefill/decode disaggregation runs with tp = pp = 1 on each side for now ` +
-        `(got tp ${tp}, pp ${pp}); the planner (specd pd plan) already maps heterogeneous layouts`,
+      `role ${role} (--role / pd.role): prefill/decode disaggregation runs with tp = 1 on each side and pp = 1 on ` +
+        `the decode side for now (got tp ${tp}, pp ${pp}; a prefill instance may use --pp); the planner ` +
+        '(specd pd plan) already maps heterogeneous layouts',
+    );
+  if (role === 'prefill' && pp > 1 && par.transport !== 'zmq')
+    throw new CliError(
+      `role prefill with pp ${pp}: parallelism.transport must be "zmq" (got ${JSON.stringify(par.transport)}): ` +
+        'each stage process sends its layers on its own event loop, which the "fifo" transport never yields to',
     );
   if (flags.spec === false && flags.drafter !== undefined)
     throw new CliError('--drafter and --no-spec cannot be used together');

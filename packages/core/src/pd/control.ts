@@ -5,7 +5,8 @@
  * (transfer-engine.ts), never here.
  *
  * Sequence (docs/ARCHITECTURE.md "Prefill/decode disaggregation"): D → P `hello` (the digest, compared at
- * connection time: a mismatch is refused naming the field) → P → D `hello` (ok or the refusal); per request
+ * connection time: a mismatch is refused naming the field) → P → D `hello` (ok with P's pipeline stages, or the
+ * refusal); per request
  * D → P `layout` (the room, D's transfer agent, the entries D expects with the ranges they go to);
  * P → D `finished` when the request ended on its first token (nothing to transfer) or `failed` when P could
  * not prefill it; either side → the other `abort`.
@@ -13,6 +14,7 @@
 
 import * as zmq from 'zeromq';
 
+import type { PdStageLayout } from './stages.js';
 import type { PdEntryKey, RegionRange } from './types.js';
 import { PdError } from './types.js';
 
@@ -25,7 +27,11 @@ export interface LayoutEntry {
 /** The control messages. */
 export type ControlMessage =
   | { readonly type: 'hello'; readonly digest: Readonly<Record<string, string>> }
-  | { readonly type: 'hello-ok' }
+  | {
+      readonly type: 'hello-ok';
+      /** P's pipeline stages, in order (pd/stages.ts); absent: one stage (an older P). */
+      readonly stages?: readonly PdStageLayout[];
+    }
   | { readonly type: 'hello-refused'; readonly message: string }
   /** P got a layout from a peer it has no accepted hello from (P restarted on the same address): hello again. */
   | { readonly type: 'hello-required'; readonly room: string }

@@ -5,6 +5,10 @@
  * present with its length, every checksum — and only then lets the request continue in the same speculative
  * loop as aggregated serving, from the first token P sampled. It never runs the prompt through its target.
  *
+ * A prefill instance split into pipeline stages sends from every stage (its `hello-ok` lists them, pd/stages.ts):
+ * D expects each stage's entries under that stage's transfer id, all before it sends its layout, and checks the
+ * union of the stages' rows as one manifest.
+ *
  * Whatever ends a request before it continues — P's failure or abort, the router's `/pd/abort`, a timeout, a
  * failed check — frees its pages, slot and draft context.
  */
@@ -19,6 +23,7 @@ import { checkManifest, checkPdDrafter } from './manifest.js';
 import { sequenceEntries, sideRegions } from './local-state.js';
 import { rangeBytes } from './pairing.js';
 import { type PdRoleOptions, Tombstones } from './prefill-role.js';
+import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine } from './zmq-transfer.js';
 import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
@@ -36,11 +41,14 @@ export interface Admitted {
   begin(): void;
 }
 
-/** The notification P sends after the data (prefill-role.ts). */
+/**
+ * The notification a P sender sends after its data (prefill-role.ts; a pipeline stage's, pipeline/stage-pd.ts):
+ * its manifest rows, and from the last stage the handoff state.
+ */
 interface Notification {
   readonly requestId: string;
   readonly rows: readonly ManifestRow[];
-  readonly state: HandoffState;
+  readonly state?: HandoffState;
 }
 
 /** What P tells about a room besides the data: the request ended on its first token, or P needs our hello again. */
@@ -62,11 +70,17 @@ function checkTokens(ids: readonly unknown[], vocab: number, what: string): asse
 }
 
 /**
- * Checks the notification P sent after the data: manifest rows and the handoff state (first token in the
- * vocabulary, position = the prompt length, seed and draws integers).
+ * Checks a notification P sent after its data: manifest rows and, from the last stage (`withState`), the handoff
+ * state (first token in the vocabulary, position = the prompt length, seed and draws integers).
  * @throws {PdError} `'peer'` naming the bad field.
  */
-function checkNotification(n: unknown, vocab: number, promptLength: number, room: string): Notification {
+function checkNotification(
+  n: unknown,
+  vocab: number,
+  promptLength: number,
+  room: string,
+  withState: boolean,
+): Notification {
   const bad = (what: string): never => {
     throw new PdError('peer', `room ${room}: the prefill instance's notification: ${what}`);
   };
@@ -82,6 +96,7 @@ function checkNotification(n: unknown, vocab: number, promptLength: number, room
     )
       bad('rows: expected {key, byteLength, checksum}');
   }
+  if (!withState) return o as Notification;
   const st = o.state as Partial<HandoffState> | undefined;
   if (st === undefined || typeof st !== 'object') return bad('state: missing');
   checkTokens([st.firstToken], vocab, `room ${room}: the prefill instance's notification: state.firstToken`);
@@ -91,10 +106,10 @@ function checkNotification(n: unknown, vocab: number, promptLength: number, room
   return o as Notification;
 }
 
-/** A prefill instance this role talks to: its control connection and whether it accepted our hello. */
+/** A prefill instance this role talks to: its control connection and, once it accepted our hello, its stages. */
 interface Peer {
   readonly client: ControlClient;
-  readonly hello: Deferred<void>;
+  readonly hello: Deferred<readonly PdStageLayout[]>;
 }
 
 /** The decode role over a server's engine loop. */
@@ -169,6 +184,8 @@ export class DecodeRole {
     const r: Room = { events: deferred<RoomEvent>() };
     this.rooms.set(room, r);
     let loopId: number | undefined;
+    /** The transfer ids expected for the room (one per P stage that sends). */
+    let transferIds: string[] = [];
     try {
       loopId = await this.reserve(req, listener, r);
       const id = loopId;
@@ -176,31 +193,44 @@ export class DecodeRole {
       if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
         this.drafter.pdReserveContext(id, req.promptIds.length);
       const expected = sequenceEntries(cache, this.drafter, id);
-      const arrived = transfer.expect(
-        room,
-        expected.flatMap((e) => e.ranges),
-        { timeoutMs: this.options.transferTimeoutMs },
-      );
-      arrived.catch(() => undefined);
-      const layout = {
-        type: 'layout' as const,
-        room,
-        requestId,
-        agent: transfer.address,
-        request,
-        entries: expected.map((e) => ({ key: e.key, ranges: e.ranges })),
-      };
-      let outcome: { kind: 'data'; n: unknown } | RoomEvent;
+      let outcome: { kind: 'data'; ns: Notification[] } | RoomEvent;
       for (let hellos = 0; ; hellos++) {
-        const peer = await this.peer(bootstrap);
-        await peer.client.send(layout);
+        const { peer, stages } = await this.peer(bootstrap);
+        // one sender per P stage that keeps some of the entries (pd/stages.ts); the last stage sends the state
+        const byStage = splitByStage(expected, stages);
+        const last = stages.length - 1;
+        const notes: Promise<Notification>[] = [];
+        transferIds = [];
+        byStage.forEach((entries, k) => {
+          if (entries.length === 0 && k !== last) return;
+          const tid = stageRequestId(room, k, stages);
+          transferIds.push(tid);
+          notes.push(
+            transfer.expect(
+              tid,
+              entries.flatMap((e) => e.ranges),
+              { timeoutMs: this.options.transferTimeoutMs },
+            ) as Promise<Notification>,
+          );
+        });
+        const arrived = Promise.all(notes);
+        arrived.catch(() => undefined);
+        await peer.client.send({
+          type: 'layout',
+          room,
+          requestId,
+          agent: transfer.address,
+          request,
+          entries: expected.map((e) => ({ key: e.key, ranges: e.ranges })),
+        });
         outcome = await withTimeout(
-          Promise.race([arrived.then((n) => ({ kind: 'data' as const, n })), r.events.promise]),
+          Promise.race([arrived.then((ns) => ({ kind: 'data' as const, ns })), r.events.promise]),
           this.options.bootstrapTimeoutMs + this.options.transferTimeoutMs,
           `room ${room}: waiting for the state from ${bootstrap}`,
         );
         // P restarted on the same address and never saw our hello: hello again and resend the layout, once
         if (outcome.kind !== 'rehello') break;
+        for (const tid of transferIds) transfer.abort(tid, 'the prefill instance asked for a new hello');
         if (hellos >= 1) throw new PdError('peer', `the prefill instance ${bootstrap} keeps asking for a hello`);
         r.events = deferred<RoomEvent>();
       }
@@ -211,6 +241,7 @@ export class DecodeRole {
         if (finishReason !== 'eos' && finishReason !== 'stop' && finishReason !== 'length')
           throw new PdError('peer', `room ${room}: finished: finishReason ${JSON.stringify(finishReason)}`);
         this.loop.abort(id);
+        for (const tid of transferIds) transfer.abort(tid, 'the request ended on its first token');
         return {
           admission: { kind: 'finished', loopId: undefined },
           begin: () => {
@@ -219,9 +250,15 @@ export class DecodeRole {
           },
         };
       }
-      const note = checkNotification(outcome.n, vocab, req.promptIds.length, room);
-      checkManifest(expected, note.rows);
-      const rows = new Map(note.rows.map((row) => [entryName(row.key), row]));
+      // the last sender's notification carries the state; every sender's its rows, checked together
+      const notes = outcome.ns.map((n, k) =>
+        checkNotification(n, vocab, req.promptIds.length, room, k === outcome.ns.length - 1),
+      );
+      const state = notes[notes.length - 1]?.state;
+      if (state === undefined) throw new PdError('peer', `room ${room}: ${bootstrap} sent no handoff state`);
+      const received = notes.flatMap((n) => n.rows);
+      checkManifest(expected, received);
+      const rows = new Map(received.map((row) => [entryName(row.key), row]));
       const payload: Partial<Record<PdPayloadClass, number>> = {};
       for (const e of expected) {
         const row = rows.get(entryName(e.key));
@@ -238,7 +275,7 @@ export class DecodeRole {
         admission: { kind: 'resume', loopId: id, payload },
         begin: () => {
           try {
-            this.loop.resume(id, note.state);
+            this.loop.resume(id, state);
           } catch (err) {
             // the loop failed the reservation meanwhile (a failed step): the listener reports it
             listener.onError(err as Error);
@@ -247,7 +284,7 @@ export class DecodeRole {
       };
     } catch (err) {
       if (loopId !== undefined) this.loop.abort(loopId);
-      transfer.abort(room, (err as Error).message);
+      for (const tid of transferIds.length === 0 ? [room] : transferIds) transfer.abort(tid, (err as Error).message);
       if (!(err instanceof PdError && err.code === 'abort')) {
         const p = this.peers.get(bootstrap);
         void p?.client.send({ type: 'abort', room, reason: (err as Error).message }).catch(() => undefined);
@@ -312,18 +349,23 @@ export class DecodeRole {
     return b;
   }
 
-  /** The connection to the prefill instance at `address`, once it accepted our hello. */
-  private async peer(address: string): Promise<Peer> {
+  /** The connection to the prefill instance at `address` and its stages, once it accepted our hello. */
+  private async peer(address: string): Promise<{ peer: Peer; stages: readonly PdStageLayout[] }> {
     let p = this.peers.get(address);
     if (p === undefined) {
-      const hello = deferred<void>();
+      const hello = deferred<readonly PdStageLayout[]>();
       const client = new ControlClient(address, (msg) => this.onMessage(address, msg));
       p = { client, hello };
       this.peers.set(address, p);
       void client.send({ type: 'hello', digest: this.options.digest }).catch((e: Error) => hello.reject(e));
     }
     try {
-      await withTimeout(p.hello.promise, this.options.bootstrapTimeoutMs, `hello to the prefill instance ${address}`);
+      const stages = await withTimeout(
+        p.hello.promise,
+        this.options.bootstrapTimeoutMs,
+        `hello to the prefill instance ${address}`,
+      );
+      return { peer: p, stages };
     } catch (err) {
       // try again from scratch next time (the prefill instance may come up later or be fixed)
       if (this.peers.get(address) === p) {
@@ -332,14 +374,20 @@ export class DecodeRole {
       }
       throw err;
     }
-    return p;
   }
 
   private onMessage(address: string, msg: ControlMessage): void {
     switch (msg.type) {
-      case 'hello-ok':
-        this.peers.get(address)?.hello.resolve();
+      case 'hello-ok': {
+        const stages = msg.stages ?? [];
+        const p = this.peers.get(address);
+        try {
+          p?.hello.resolve(checkStages(stages, address));
+        } catch (err) {
+          p?.hello.reject(err as Error);
+        }
         return;
+      }
       case 'hello-refused':
         this.peers
           .get(address)
@@ -368,4 +416,30 @@ export class DecodeRole {
         return;
     }
   }
+}
+
+/**
+ * P's stages from its `hello-ok` (none: one stage, an older P), checked: layer ranges of non-negative integers,
+ * cache layers integers, no cache layer kept by two stages.
+ * @throws {PdError} `'layout'` naming the prefill instance and the stage.
+ */
+function checkStages(stages: readonly PdStageLayout[], address: string): readonly PdStageLayout[] {
+  if (!Array.isArray(stages)) throw new PdError('layout', `the prefill instance ${address}: stages is not a list`);
+  if (stages.length === 0) return [{ layerStart: 0, layerEnd: 0, cacheLayers: [] }];
+  const seen = new Set<number>();
+  stages.forEach((s, k) => {
+    const ok =
+      Number.isSafeInteger(s?.layerStart) &&
+      Number.isSafeInteger(s?.layerEnd) &&
+      Array.isArray(s?.cacheLayers) &&
+      (s.cacheLayers as unknown[]).every((l) => Number.isSafeInteger(l) && !seen.has(l as number));
+    if (!ok)
+      throw new PdError(
+        'layout',
+        `the prefill instance ${address}: stage ${k} ${JSON.stringify(s)} is not a stage layout ` +
+          '({layerStart, layerEnd, cacheLayers}: integers, each cache layer in one stage)',
+      );
+    for (const l of s.cacheLayers) seen.add(l);
+  });
+  return stages;
 }

@@ -39,6 +39,7 @@ export * from './protocol.js';
 export * from './control.js';
 export * from './prefill-role.js';
 export * from './decode-role.js';
+export * from './stages.js';
 export {
   bufferStart,
   firstHead,

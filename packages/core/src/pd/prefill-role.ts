@@ -4,6 +4,10 @@
  * context written), then writes the request's state — the manifest's entries, each with a checksum — into the
  * pages and slot its decode instance reserved, and frees its own once the decode instance acknowledged.
  *
+ * Under pipeline parallelism (`--pp N`) every stage process sends the target layers it owns from its own cache
+ * replica (pd/stages.ts, pipeline/stage-pd.ts), in parallel with this process (the last stage), which sends its
+ * layers, the drafter's context and the handoff state; the `hello-ok` reply tells D the stages.
+ *
  * Control plane: a ZeroMQ ROUTER on the bootstrap port (control.ts); data plane: a {@link TransferEngine}.
  * A request waits at most `bootstrapTimeoutMs` for its decode instance's layout and `transferTimeoutMs` for
  * the transfer; an abort (the router's `/pd/abort`, the decode instance's `abort`) frees its pages and slot
@@ -28,6 +32,14 @@ import { compareDigests } from './digest.js';
 import { sequenceEntries, sideRegions } from './local-state.js';
 import { checkPdDrafter } from './manifest.js';
 import { pairRanges, rangeBytes } from './pairing.js';
+import {
+  hasStageSenders,
+  type PdStageLayout,
+  splitByStage,
+  type StageSenders,
+  stageRequestId,
+  type StageUsage,
+} from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine, type ZmqTransferTestHooks } from './zmq-transfer.js';
 import {
@@ -91,6 +103,8 @@ interface Room {
   loopId?: number;
   /** Rejects the request's wait (an abort). */
   readonly failed: Deferred<never>;
+  /** Stage processes' writes in flight (pipeline parallelism): stopped when the room ends. */
+  stageWrites?: { readonly stage: number; readonly transferId: string }[];
   timer?: NodeJS.Timeout;
 }
 
@@ -104,6 +118,10 @@ export class PrefillRole {
   private regionBytes = new Map<string, Uint8Array>();
   /** Rooms aborted or failed before (or without) a request of ours: a late request or layout for one is refused. */
   private readonly tombstones = new Tombstones();
+  /** The target's stage processes when it is a pipeline (they send their own layers), else undefined. */
+  private readonly senders: StageSenders | undefined;
+  /** This side's stages as `hello-ok` names them (one without pipeline parallelism). */
+  readonly stages: readonly PdStageLayout[];
 
   constructor(
     private readonly loop: EngineLoop,
@@ -112,6 +130,21 @@ export class PrefillRole {
   ) {
     if (drafter !== undefined) checkPdDrafter(drafter);
     this.control = new ControlServer((peer, msg) => this.onMessage(peer, msg));
+    const target = loop.engine.target;
+    this.senders = hasStageSenders(target) ? target : undefined;
+    const geometry = loop.engine.cache.geometry;
+    this.stages = this.senders?.pdStages ?? [
+      {
+        layerStart: 0,
+        layerEnd: target.info.numLayers,
+        cacheLayers: [...geometry.pagedKv.layers, ...geometry.linearState.layers],
+      },
+    ];
+  }
+
+  /** Pages and state slots each earlier pipeline stage holds (empty without pipeline parallelism). */
+  stageUsage(): ({ stage: number } & StageUsage)[] {
+    return this.senders?.stageUsage() ?? [];
   }
 
   /** The bootstrap address decode instances connect to (after {@link start}). */
@@ -135,6 +168,11 @@ export class PrefillRole {
     const regions = sideRegions(this.loop.engine.cache, this.drafter);
     this.transfer.registerRegions(regions);
     this.regionBytes = new Map(regions.map((r) => [r.id, r.bytes]));
+    const pause = this.options.testHooks?.transfer?.pauseAfterDescriptors;
+    this.senders?.pdStart({
+      host: this.options.host,
+      ...(pause === undefined ? {} : { pauseAfterDescriptors: pause }),
+    });
   }
 
   /** Aborts every request and closes the sockets. */
@@ -197,6 +235,8 @@ export class PrefillRole {
         void this.control.send(layout.peer, { type: 'abort', room, reason: (err as Error).message });
       throw err;
     } finally {
+      // stage writes still going (another sender failed) stop before the pages can be handed out again
+      this.stopStageWrites(r, 'the request ended');
       // frees the handed-off sequence (or whatever is left of it); a no-op for a request that finished
       if (r.loopId !== undefined) this.loop.abort(r.loopId);
       this.forget(room);
@@ -217,6 +257,7 @@ export class PrefillRole {
     r.failed.reject(err);
     r.layout.reject(err);
     this.transfer?.abort(room, reason);
+    this.stopStageWrites(r, reason);
     if (r.loopId !== undefined) this.loop.abort(r.loopId);
     // a room no request of ours runs in (only a layout arrived) holds nothing: forget it now
     else this.forget(room);
@@ -237,7 +278,12 @@ export class PrefillRole {
     this.abort(room, reason);
   }
 
-  /** Sends the state of a handed-off request: every entry D expects, paired with ours, then the notification. */
+  /**
+   * Sends the state of a handed-off request: every entry D expects, paired with ours, then the notification.
+   * Under pipeline parallelism each earlier stage process sends the entries of the layers it keeps
+   * ({@link splitByStage}) at the same time, under its own transfer id; the request fails naming the first
+   * sender that fails, and the others are stopped.
+   */
   private async send(
     room: string,
     r: Room,
@@ -245,16 +291,38 @@ export class PrefillRole {
     state: HandoffState,
   ): Promise<Partial<Record<PdPayloadClass, number>>> {
     const transfer = this.transfer;
-    if (transfer === undefined || r.loopId === undefined) throw new PdError('peer', 'prefill role: not started');
-    const mine = new Map(
-      sequenceEntries(this.loop.engine.cache, this.drafter, r.loopId).map((e) => [entryId(e.key), e]),
-    );
+    const loopId = r.loopId;
+    if (transfer === undefined || loopId === undefined) throw new PdError('peer', 'prefill role: not started');
+    const byStage = splitByStage(layout.entries, this.stages);
+    const last = this.stages.length - 1;
+    const payload: Partial<Record<PdPayloadClass, number>> = {};
+    const writes: Promise<unknown>[] = [];
+    r.stageWrites = [];
+    for (const [k, entries] of byStage.entries()) {
+      const senders = this.senders;
+      if (k === last || entries.length === 0 || senders === undefined) continue;
+      for (const e of entries) {
+        const cls = payloadClass(e.key.kind);
+        payload[cls] = (payload[cls] ?? 0) + rangeBytes(e.ranges);
+      }
+      const transferId = stageRequestId(room, k, this.stages);
+      r.stageWrites.push({ stage: k, transferId });
+      writes.push(
+        senders.pdSend(k, this.loop.engine.cache, loopId, {
+          transferId,
+          requestId: layout.requestId,
+          agent: layout.agent,
+          entries,
+          timeoutMs: this.options.transferTimeoutMs,
+        }),
+      );
+    }
+    const mine = new Map(sequenceEntries(this.loop.engine.cache, this.drafter, loopId).map((e) => [entryId(e.key), e]));
     const withhold = this.options.testHooks?.withhold;
     const local: RegionRange[] = [];
     const remote: RegionRange[] = [];
     const rows: ManifestRow[] = [];
-    const payload: Partial<Record<PdPayloadClass, number>> = {};
-    for (const want of layout.entries) {
+    for (const want of byStage[last] ?? []) {
       const have = mine.get(entryId(want.key));
       if (have === undefined)
         throw new PdError('manifest', `${entryName(want.key)}: the decode instance expects it, this side has none`);
@@ -267,8 +335,7 @@ export class PrefillRole {
       payload[cls] = (payload[cls] ?? 0) + bytes;
       rows.push({ key: want.key, byteLength: bytes, checksum: checksumRanges((id) => this.region(id), have.ranges) });
     }
-    await this.await(
-      r,
+    writes.push(
       transfer.write(
         layout.agent,
         room,
@@ -277,10 +344,23 @@ export class PrefillRole {
         { requestId: layout.requestId, rows, state },
         { timeoutMs: this.options.transferTimeoutMs },
       ),
-      this.options.transferTimeoutMs,
-      'transferring',
     );
+    try {
+      await this.await(r, Promise.all(writes), this.options.transferTimeoutMs, 'transferring');
+    } catch (err) {
+      transfer.abort(room, (err as Error).message);
+      this.stopStageWrites(r, (err as Error).message);
+      throw err;
+    }
+    r.stageWrites = [];
     return payload;
+  }
+
+  /** Stops the room's stage writes still in flight (each stage's abort is a no-op for a write that ended). */
+  private stopStageWrites(r: Room, reason: string): void {
+    const writes = r.stageWrites ?? [];
+    r.stageWrites = [];
+    for (const w of writes) this.senders?.pdAbort(w.stage, w.transferId, reason);
   }
 
   private region(id: string): Uint8Array {
@@ -334,7 +414,7 @@ export class PrefillRole {
         try {
           compareDigests(this.options.digest, msg.digest);
           this.peers.add(who);
-          void this.control.send(peer, { type: 'hello-ok' });
+          void this.control.send(peer, { type: 'hello-ok', stages: this.stages });
         } catch (err) {
           this.peers.delete(who);
           void this.control.send(peer, { type: 'hello-refused', message: (err as Error).message });

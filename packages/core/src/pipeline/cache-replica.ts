@@ -32,6 +32,17 @@ export class CacheReplica {
     return c;
   }
 
+  /** Pages and state slots held over every cache (a gauge: what the driver freed is free here too). */
+  held(): { pagesInUse: number; slotsInUse: number } {
+    let pagesInUse = 0;
+    let slotsInUse = 0;
+    for (const c of this.caches.values()) {
+      pagesInUse += c.pagesInUse;
+      slotsInUse += c.slotsInUse;
+    }
+    return { pagesInUse, slotsInUse };
+  }
+
   /** Checkpoints of cache `id` (kept exactly while the cache exists). @throws {Error} for an unknown id. */
   private checkpointsOf(id: number): Map<SequenceId, SequenceCheckpoint> {
     const c = this.checkpoints.get(id);

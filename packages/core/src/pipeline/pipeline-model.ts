@@ -47,6 +47,9 @@ import {
   type ProjectionDistribution,
   type TreeCommit,
 } from '../plugin/stage-capabilities.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { PdStageLayout, StageSenders, StageSendersStart, StageSendRequest, StageUsage } from '../pd/stages.js';
+import { PdError } from '../pd/types.js';
 import { MirroredCache } from './mirrored-cache.js';
 import type { RemoteStage, StageReport } from './remote-stage.js';
 import { PipelineStageError } from './stage-process.js';
@@ -71,7 +74,13 @@ export type PipelineCache = MirroredCache;
  * stage has it, else absent).
  */
 export class PipelineModel
-  implements StageModel, ProjectionDistribution, DistributedStage, Partial<PrefixCommit>, Partial<TreeCommit>
+  implements
+    StageModel,
+    ProjectionDistribution,
+    DistributedStage,
+    StageSenders,
+    Partial<PrefixCommit>,
+    Partial<TreeCommit>
 {
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
@@ -233,6 +242,37 @@ export class PipelineModel
 
   /** What each remote stage loaded for the projection ({@link distributeProjection}), stage order; empty before. */
   projectionReads: readonly (readonly TensorRead[])[] = [];
+
+  // --- prefill/decode: each stage process sends the layers it owns (pd/stages.ts) ---------------
+
+  /** The stages as a prefill instance names them to its decode instances (`hello-ok`). */
+  get pdStages(): readonly PdStageLayout[] {
+    return this.stages.map((s) => ({ layerStart: s.layerStart, layerEnd: s.layerEnd, cacheLayers: s.cacheLayers }));
+  }
+
+  /** Binds every stage process's transfer agent. @throws {PipelineStageError} naming the stage. */
+  pdStart(options: StageSendersStart): void {
+    for (const r of this.remotes) r.pdStart(options);
+  }
+
+  /** Stage `stage`'s process writes its entries of sequence `id` (stage-pd.ts). @throws {PdError} (rejects). */
+  pdSend(stage: number, cache: SequenceCache, id: SequenceId, request: StageSendRequest): Promise<void> {
+    const r = this.remotes[stage];
+    if (r === undefined)
+      return Promise.reject(
+        new PdError('layout', `pipeline: pdSend to stage ${stage}: stages 0–${this.remotes.length - 1} send`),
+      );
+    return r.pdSend(cache, id, request);
+  }
+
+  pdAbort(stage: number, transferId: string, reason: string): void {
+    this.remotes[stage]?.pdAbort(transferId, reason);
+  }
+
+  /** Pages and slots each stage process holds (one round trip each; the queued cache operations go first). */
+  stageUsage(): ({ stage: number } & StageUsage)[] {
+    return this.remotes.map((r, stage) => ({ stage, ...r.usage() }));
+  }
 
   /** The error that broke the pipeline (a stage that died or failed after earlier stages ran), if any. */
   failure(): Error | undefined {

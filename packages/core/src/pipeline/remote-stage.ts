@@ -21,10 +21,31 @@ import type { RankReport } from '../tensor-parallel/tp-model.js';
 import type { MirroredCache } from './mirrored-cache.js';
 import type { PipelineModel } from './pipeline-model.js';
 import { exitDescription, PipelineStageError, untrack } from './stage-process.js';
-import type { WireSequence } from './stage-worker.js';
+import type { StageSendRequest, StageUsage } from '../pd/stages.js';
+import { PdError } from '../pd/types.js';
+import type { StagePdDone, StagePdStart } from './stage-pd.js';
+import type { CacheOp, WireSequence } from './stage-worker.js';
 import { PeerGoneError, type Frame, type Message, type SyncChannel } from './transport.js';
 
 // --- the remote stage ----------------------------------------------------------------------------
+
+/** A write's promise with its resolve / reject (no unhandled rejection while nobody waits yet). */
+interface Deferred<T> {
+  readonly promise: Promise<T>;
+  resolve(value: T): void;
+  reject(err: Error): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (v: T) => void;
+  let reject!: (e: Error) => void;
+  const promise = new Promise<T>((a, b) => {
+    resolve = a;
+    reject = b;
+  });
+  promise.catch(() => undefined);
+  return { promise, resolve, reject };
+}
 
 /** What a stage loaded (tests assert layer ranges). */
 export interface StageReport {
@@ -35,6 +56,8 @@ export interface StageReport {
   readonly pid: number | undefined;
   /** Tensor names read, in load order (under TP × PP: rank 0's, each name once). */
   readonly tensors: readonly string[];
+  /** The target cache layer ids the stage keeps (its paged layers, then its linear-state layers). */
+  readonly cacheLayers: readonly number[];
   /** TP × PP: what each of the stage's TP ranks read (blocks of tensors), in rank order. */
   readonly ranks?: readonly RankReport[];
 }
@@ -48,6 +71,9 @@ export class RemoteStage implements StageModel {
   readonly cacheGeometry: CacheGeometry;
   private dead: PipelineStageError | undefined;
 
+  /** PD writes in flight on the stage (`pdSend`), by transfer id. */
+  private readonly pdWrites = new Map<string, Deferred<void>>();
+
   constructor(
     readonly index: number,
     readonly info: StageInfo,
@@ -55,6 +81,19 @@ export class RemoteStage implements StageModel {
     private readonly channel: SyncChannel,
     readonly report: StageReport,
   ) {
+    // a write's end arrives over the IPC channel; the process's death fails every write in flight
+    child.on('message', (m: StagePdDone) => {
+      if (m?.type !== 'pd-done') return;
+      const w = this.pdWrites.get(m.transferId);
+      this.pdWrites.delete(m.transferId);
+      if (m.ok) w?.resolve();
+      else w?.reject(new PdError(m.code, `${this.name()}: ${m.message}`));
+    });
+    child.once('exit', () => {
+      const err = new PdError('peer', `${this.name()} ${exitDescription(child)}`);
+      for (const w of this.pdWrites.values()) w.reject(err);
+      this.pdWrites.clear();
+    });
     // the driver never sizes a cache from a remote stage (the stage process does)
     this.cacheGeometry = Object.freeze({
       pagedKv: { layers: [], floatsPerToken: 0 },
@@ -127,7 +166,7 @@ export class RemoteStage implements StageModel {
     const frames: Frame[] = [tokens];
     if (batch.hidden !== undefined) frames.push(batch.hidden);
     if (projection !== undefined) frames.push(projection);
-    const ops = this.owner.queues[this.index]!.splice(0);
+    const ops = this.takeOps();
     const reply = this.exchange({
       header: {
         type: 'forward',
@@ -173,6 +212,83 @@ export class RemoteStage implements StageModel {
     return reply.header.reads as TensorRead[];
   }
 
+  /** The cache operations queued for this stage (they travel with its next request). */
+  private takeOps(): CacheOp[] {
+    const q = this.owner.queues[this.index];
+    if (q === undefined)
+      throw new PipelineStageError(`${this.name()}: internal error: no queue for stage ${this.index}`);
+    return q.splice(0);
+  }
+
+  /** The target cache layers this stage keeps (pd/stages.ts). */
+  get cacheLayers(): readonly number[] {
+    return this.report.cacheLayers;
+  }
+
+  /**
+   * Binds the stage's PD transfer agent (prefill role; once). Blocks until it is bound.
+   * @returns its address. @throws {PipelineStageError} (a dead stage; the FIFO transport refuses PD).
+   */
+  pdStart(options: StagePdStart): string {
+    this.checkAlive();
+    return this.exchange({ header: { type: 'pd-start', options }, frames: [] }).header.agent as string;
+  }
+
+  /**
+   * Has the stage write its entries `request.entries` of sequence `id` to D (stage-pd.ts). The queued cache
+   * operations go first, so the stage's replica holds the sequence as the driver's cache does. Blocks only until
+   * the stage started the write; the promise settles with the write's end (D's acknowledgement).
+   * @throws {PdError} (rejects) with the stage's error, named by stage, layers and pid: `'manifest'` (an entry it
+   *   lacks), the transfer's codes, `'peer'` when the stage process dies before the end.
+   */
+  pdSend(cache: SequenceCache, id: SequenceId, request: StageSendRequest): Promise<void> {
+    const pc = this.pc(cache);
+    const write = deferred<void>();
+    try {
+      this.checkAlive();
+      if (this.pdWrites.has(request.transferId))
+        throw new PdError('layout', `${this.name()}: ${request.transferId} is already being sent`);
+      const ops = this.takeOps();
+      this.pdWrites.set(request.transferId, write);
+      this.exchange({ header: { type: 'pd-send', cache: pc.cacheId, ops, seq: id, request }, frames: [] });
+    } catch (err) {
+      this.pdWrites.delete(request.transferId);
+      const e = err as Error & { pdCode?: PdError['code'] };
+      write.reject(err instanceof PdError ? err : new PdError(e.pdCode ?? 'peer', e.message));
+    }
+    return write.promise;
+  }
+
+  /** Stops the stage's write `transferId` (its promise rejects `'abort'`); a dead stage or an ended write: no-op. */
+  pdAbort(transferId: string, reason: string): void {
+    const w = this.pdWrites.get(transferId);
+    if (w === undefined) return;
+    this.pdWrites.delete(transferId);
+    w.reject(new PdError('abort', `${this.name()}: ${transferId} aborted (${reason})`));
+    if (this.failure() !== undefined) return;
+    try {
+      this.exchange({ header: { type: 'pd-abort', transferId, reason }, frames: [] });
+    } catch {
+      // a stage that died meanwhile: its writes died with it
+    }
+  }
+
+  /**
+   * The pages and state slots the stage's caches hold and its PD writes in flight, after the queued cache
+   * operations (so what the driver freed is free there too). Blocks for one round trip.
+   * @throws {PipelineStageError} for a dead stage.
+   */
+  usage(): StageUsage {
+    this.checkAlive();
+    const ops = this.takeOps();
+    const h = this.exchange({ header: { type: 'usage', ops }, frames: [] }).header;
+    return {
+      pagesInUse: h.pagesInUse as number,
+      slotsInUse: h.slotsInUse as number,
+      transfersInFlight: h.transfersInFlight as number,
+    };
+  }
+
   /** One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. */
   private exchange(msg: Message): Message {
     let reply: Message;
@@ -185,7 +301,12 @@ export class RemoteStage implements StageModel {
       throw this.dead;
     }
     const h = reply.header;
-    if (h.type === 'error') throw new PipelineStageError(`${this.name()}: ${String(h.name)}: ${String(h.message)}`);
+    if (h.type === 'error') {
+      const err = new PipelineStageError(`${this.name()}: ${String(h.name)}: ${String(h.message)}`);
+      // a PD error keeps its code (pdSend reports it as a PdError)
+      if (typeof h.code === 'string') Object.assign(err, { pdCode: h.code });
+      throw err;
+    }
     return reply;
   }
 

@@ -17,6 +17,11 @@
  *               its taps' products into the fp32 accumulator it received (frame after `hidden`, or
  *               zeros) and sends that instead of the taps (REFERENCE.md §8; a stage with no tap
  *               passes the accumulator through);
+ *   `usage`   — apply the queued cache operations; reply the pages and slots its caches hold and its PD writes in
+ *               flight (`{pagesInUse, slotsInUse, transfersInFlight}`: what the driver freed is free here too);
+ *   `pd-start`, `pd-send`, `pd-abort` — a prefill instance's stage sends the layers it owns to the decode
+ *               instance (stage-pd.ts; the ZeroMQ transport only: a write goes on on this process's event loop,
+ *               which the FIFO loop never yields to); a write's end reaches the driver over the IPC channel;
  *   `exit`    — close and exit.
  * The driver's death (even by SIGKILL) exits the process: under FIFOs as end of file on the request
  * FIFO; under ZeroMQ (which hides a vanished peer) as the IPC channel's `disconnect`, with a check
@@ -38,14 +43,17 @@ import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import { stageTaps, type PartialProjection } from '../plugin/drafter-plugin.js';
 import { DrafterRegistry, loadPluginPackages, PluginError } from '../plugin/registry.js';
+import { PdError } from '../pd/types.js';
 
 import type { SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import { startTensorParallel, type RankReport } from '../tensor-parallel/tp-model.js';
 import { CacheReplica } from './cache-replica.js';
+import { StagePdSender, type StagePdStart } from './stage-pd.js';
 import { loadStage, type StageSpec } from './stage-loader.js';
 import { FifoChannel, PeerGoneError, type Frame, type Message } from './transport.js';
+import type { StageSendRequest } from '../pd/stages.js';
 
 /** A cache operation (driver → stage), in program order. */
 export type CacheOp =
@@ -83,11 +91,38 @@ class StageServer extends CacheReplica {
   /** This stage's share of the drafter's context projection, once loaded. */
   private projection: PartialProjection | undefined;
 
+  /** The prefill/decode sender (a prefill instance's stage). */
+  readonly pd: StagePdSender;
+
   constructor(
     model: StageModel,
     private readonly drafterPlugins: DrafterRegistry,
+    stage: number,
   ) {
     super(model, 'stage');
+    // a driver that is gone cannot be told (this process exits on the IPC channel's disconnect)
+    this.pd = new StagePdSender(stage, (done) => process.send?.(done, undefined, {}, () => undefined));
+  }
+
+  /** Applies one recorded operation; a sequence freed stops its PD writes first. */
+  override apply(op: CacheOp): void {
+    if (op.op === 'finish') this.pd.freed(op.cache, op.id);
+    else if (op.op === 'drop') this.pd.freed(op.cache);
+    super.apply(op);
+  }
+
+  /** `usage`: applies the queued operations; replies the pages and slots held. */
+  usage(h: Record<string, unknown>): Message {
+    for (const op of h.ops as CacheOp[]) this.apply(op);
+    return { header: { type: 'ok', ...this.held(), transfersInFlight: this.pd.inflight }, frames: [] };
+  }
+
+  /** `pd-send`: applies the queued operations, then starts the write (stage-pd.ts). */
+  pdSend(h: Record<string, unknown>): Message {
+    for (const op of h.ops as CacheOp[]) this.apply(op);
+    const cacheId = h.cache as number;
+    this.pd.send(this.cache(cacheId), cacheId, h.seq as SequenceId, h.request as StageSendRequest);
+    return { header: { type: 'ok' }, frames: [] };
   }
 
   /** Loads the fc blocks of the taps this stage produces (`DrafterPlugin.loadProjection`). */
@@ -155,18 +190,55 @@ class StageServer extends CacheReplica {
   }
 }
 
-/** One request → its reply, or `'exit'`. */
-function handle(server: StageServer, msg: Message): Message | 'exit' {
-  const type = msg.header.type;
+/** An error as a reply (a PD error keeps its code). */
+function errorReply(err: unknown): Message {
+  const e = err as Error & { code?: unknown };
+  const code = e instanceof PdError ? { code: e.code } : {};
+  return { header: { type: 'error', name: e.name, message: e.message, ...code }, frames: [] };
+}
+
+/** One request → its reply, or `'exit'` (`pd-start` answers once the transfer agent is bound). */
+function handle(server: StageServer, msg: Message): Message | 'exit' | Promise<Message> {
+  const h = msg.header;
+  const type = h.type;
   if (type === 'exit') return 'exit';
   try {
-    if (type === 'projection') return server.loadProjection(msg.header);
-    if (type !== 'forward') throw new Error(`stage: unknown request ${String(type)}`);
-    return server.forward(msg.header, msg.frames);
+    switch (type) {
+      case 'projection':
+        return server.loadProjection(h);
+      case 'forward':
+        return server.forward(h, msg.frames);
+      case 'usage':
+        return server.usage(h);
+      case 'pd-start':
+        return server.pd
+          .start(h.options as StagePdStart)
+          .then((agent) => ({ header: { type: 'ok', agent }, frames: [] }), errorReply);
+      case 'pd-send':
+        return server.pdSend(h);
+      case 'pd-abort':
+        server.pd.abort(h.transferId as string, h.reason as string);
+        return { header: { type: 'ok' }, frames: [] };
+      default:
+        throw new Error(`stage: unknown request ${String(type)}`);
+    }
   } catch (err) {
-    const e = err as Error;
-    return { header: { type: 'error', name: e.name, message: e.message }, frames: [] };
+    return errorReply(err);
   }
+}
+
+/** The FIFO loop's handler: PD requests are refused (a write needs the event loop this loop never yields). */
+function handleSync(server: StageServer, msg: Message): Message | 'exit' {
+  const type = String(msg.header.type);
+  if (type.startsWith('pd-'))
+    return errorReply(
+      new PdError(
+        'unsupported',
+        'a prefill instance under pipeline parallelism needs parallelism.transport "zmq" (its stages send their ' +
+          'layers on their own event loop, which the "fifo" transport never yields to)',
+      ),
+    );
+  return handle(server, msg) as Message | 'exit';
 }
 
 /** The FIFO transport's loop (synchronous: end of file on the request FIFO = the driver is gone). */
@@ -179,7 +251,7 @@ function serveFifo(server: StageServer, ch: FifoChannel): never {
       if (err instanceof PeerGoneError) process.exit(0);
       throw err;
     }
-    const reply = handle(server, msg);
+    const reply = handleSync(server, msg);
     if (reply === 'exit') {
       ch.close();
       process.exit(0);
@@ -244,14 +316,15 @@ async function main(): Promise<void> {
     }
     const container = rootContainer.createChildContainer();
     await loadPluginPackages(init.plugins, container);
-    server = new StageServer(model, DrafterRegistry.fromContainer(container));
+    server = new StageServer(model, DrafterRegistry.fromContainer(container), init.stage);
     const info = model.info;
+    const cacheLayers = [...model.cacheGeometry.pagedKv.layers, ...model.cacheGeometry.linearState.layers];
     if (transport === 'zmq') {
       const { serveZmq } = await import('./zmq-stage.js');
       const serving = serveZmq(reqPath!, (msg) => handle(server, msg));
       await new Promise<void>((resolve, reject) =>
         process.send!(
-          { type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) },
+          { type: 'ready', info, tensors, pid: process.pid, cacheLayers, ...(ranks === undefined ? {} : { ranks }) },
           (err: Error | null) => (err ? reject(err) : resolve()),
         ),
       );
@@ -267,7 +340,7 @@ async function main(): Promise<void> {
     const ch = new FifoChannel(readFd, writeFd, 5);
     await new Promise<void>((resolve, reject) =>
       process.send!(
-        { type: 'ready', info, tensors, pid: process.pid, ...(ranks === undefined ? {} : { ranks }) },
+        { type: 'ready', info, tensors, pid: process.pid, cacheLayers, ...(ranks === undefined ? {} : { ranks }) },
         (err: Error | null) => (err ? reject(err) : resolve()),
       ),
     );

@@ -53,7 +53,7 @@ export interface PipelineOptions {
 /** How the driver and a stage process talk (see {@link PipelineOptions.transport}). */
 export type StageTransport = 'zmq' | 'fifo';
 
-type Ready = { info: StageInfo; tensors: string[]; ranks?: RankReport[] };
+type Ready = { info: StageInfo; tensors: string[]; cacheLayers: number[]; ranks?: RankReport[] };
 
 /** Sends `init` to a forked stage and waits for its `ready` (or its load error / exit) over the IPC channel. */
 function stageReady(
@@ -96,6 +96,7 @@ function stageReport(
     layerEnd: init.layerEnd,
     pid: child.pid,
     tensors: ready.tensors,
+    cacheLayers: ready.cacheLayers,
     ...(ready.ranks === undefined ? {} : { ranks: ready.ranks }),
   };
 }
@@ -264,6 +265,7 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
       layerEnd: le,
       pid: undefined,
       tensors: last.tensors,
+      cacheLayers: [...last.model.cacheGeometry.pagedKv.layers, ...last.model.cacheGeometry.linearState.layers],
       ...(last.ranks === undefined ? {} : { ranks: last.ranks }),
     },
   ]);

@@ -19,10 +19,13 @@ import * as zmq from 'zeromq';
 
 import { decodeMessage, encodeMessage, type Message } from './transport.js';
 
-/** Serves `endpoint` until `handle` returns `'exit'`. `handle` runs synchronously for each request. */
+/**
+ * Serves `endpoint` until `handle` returns `'exit'`. Requests are handled one at a time; a handler may answer
+ * with a promise (its work then runs on this event loop, as does anything it started between requests).
+ */
 export async function serveZmq(
   endpoint: string,
-  handle: (msg: Message) => Message | 'exit',
+  handle: (msg: Message) => Message | 'exit' | Promise<Message | 'exit'>,
   lingerMs = 200,
 ): Promise<void> {
   const sock = new zmq.Pair({ linger: lingerMs });
@@ -33,7 +36,7 @@ export async function serveZmq(
       const parts = await sock.receive();
       // never shared memory
       const bytes = (parts.length === 1 ? parts[0]! : Buffer.concat(parts)) as Uint8Array<ArrayBuffer>;
-      const reply = handle(decodeMessage(bytes));
+      const reply = await handle(decodeMessage(bytes));
       if (reply === 'exit') return;
       await sock.send(Buffer.from(encodeMessage(reply)));
     }

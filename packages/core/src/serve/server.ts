@@ -283,6 +283,27 @@ export class SpecdServer {
       return { ok: true };
     });
     if (role instanceof PrefillRole) {
+      // the prefill instance's pipeline stages and what their caches hold (one round trip per stage process)
+      app.get('/pd/stages', async () => {
+        const usage = role.stageUsage();
+        return {
+          stages: role.stages.map((s, stage) => {
+            const held = usage[stage] ?? {
+              pagesInUse: this.engine.cache.pagesInUse,
+              slotsInUse: this.engine.cache.slotsInUse,
+              transfersInFlight: role.inflight,
+            };
+            return {
+              stage,
+              layer_start: s.layerStart,
+              layer_end: s.layerEnd,
+              kv_pages_used: held.pagesInUse,
+              state_slots_used: held.slotsInUse,
+              transfers_inflight: held.transfersInFlight,
+            };
+          }),
+        };
+      });
       app.post('/pd/prefill', { bodyLimit: pdBodyLimit }, async (req) => {
         const pd = parsePdRequest(req.body, 'prefill');
         const param = pd.kind === 'chat' ? 'messages' : 'prompt';

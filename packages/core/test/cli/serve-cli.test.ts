@@ -95,7 +95,15 @@ describe('specd serve', () => {
     ],
     [
       { pd: { role: 'prefill' }, parallelism: { tp: 2 } },
-      /role prefill \(--role \/ pd\.role\): prefill\/decode disaggregation runs with tp = pp = 1 .*got tp 2, pp 1/,
+      /role prefill \(--role \/ pd\.role\): prefill\/decode disaggregation runs with tp = 1 .*got tp 2, pp 1/,
+    ],
+    [
+      { pd: { role: 'decode' }, parallelism: { pp: 2 } },
+      /role decode .*pp = 1 on the decode side for now \(got tp 1, pp 2; a prefill instance may use --pp\)/,
+    ],
+    [
+      { pd: { role: 'prefill' }, parallelism: { pp: 2, transport: 'fifo' } },
+      /role prefill with pp 2: parallelism\.transport must be "zmq" \(got "fifo"\)/,
     ],
     [{ server: { port: 99999 } }, /\$\.server\.port: maximum: must be <= 65535, got 99999/],
   ])('config %j → one error line, exit 1', async (cfg, re) => {
