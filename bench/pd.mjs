@@ -164,6 +164,8 @@ try {
   promptTokens = val(pm, 'specd_prompt_tokens_prefilled') / (REPS + 1);
   const n = val(dm, 'specd_pd_transfer_wait_seconds_count{role="decode"}');
   const wait = (val(dm, 'specd_pd_transfer_wait_seconds_sum{role="decode"}') / n) * 1000;
+  const pn = val(pm, 'specd_pd_transfer_wait_seconds_count{role="prefill"}');
+  const send = (val(pm, 'specd_pd_transfer_wait_seconds_sum{role="prefill"}') / pn) * 1000;
   const bytes = ['target_kv', 'linear_state', 'draft_context'].map(
     (k) => val(dm, `specd_pd_payload_bytes_sum{kind="${k}"}`) / val(dm, `specd_pd_payload_bytes_count{kind="${k}"}`),
   );
@@ -176,7 +178,8 @@ try {
   console.log(`| aggregated serve | ${median(rows.agg.ttft).toFixed(0)} | ${median(rows.agg.e2e).toFixed(0)} |`);
   console.log(`| router → P → D | ${median(rows.pd.ttft).toFixed(0)} | ${median(rows.pd.e2e).toFixed(0)} |`);
   console.log(
-    `D's mean wait from reserve to verified state: ${wait.toFixed(1)} ms; payload per request: target KV ` +
+    `D's mean wait from reserve to verified state (P's prefill included): ${wait.toFixed(1)} ms; P's mean ` +
+      `transfer (handoff to D's acknowledgement): ${send.toFixed(1)} ms; payload per request: target KV ` +
       `${(bytes[0] / 1024).toFixed(0)} KiB, draft context ${(bytes[2] / 1024).toFixed(0)} KiB` +
       (Number.isNaN(bytes[1]) ? '' : `, linear state ${(bytes[1] / 1024).toFixed(0)} KiB`),
   );

@@ -151,7 +151,9 @@ export class ServerMetrics {
     });
     this.pdTransferWait = new Histogram({
       name: 'specd_pd_transfer_wait_seconds',
-      help: 'prefill/decode transfer wait per request (decode: reserve to verified; prefill: handoff to acknowledged)',
+      help:
+        'prefill/decode transfer wait per request (decode: reserved to state verified, the prefill included; ' +
+        'prefill: handoff to acknowledged)',
       labelNames: ['role'],
       buckets: LATENCY_BUCKETS,
       registers,

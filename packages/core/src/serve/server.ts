@@ -317,10 +317,9 @@ export class SpecdServer {
           role.fail(pd.room, (err as Error).message);
           throw err;
         }
-        const t0 = performance.now();
         try {
           const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true), requestDigest(ids, p));
-          this.recordPayload('prefill', out.payload, (performance.now() - t0) / 1000);
+          this.recordPayload('prefill', out.payload, out.transferMs / 1000);
           return { request_id: pd.requestId, prompt_tokens: out.promptTokens };
         } catch (err) {
           throw this.pdError(err, param);
