@@ -1,11 +1,42 @@
 // Starts specd processes for the prefill/decode tests: `specd serve --role prefill|decode` and `specd router`,
 // each on port 0, reporting its URL on stderr; kills them all at the end.
 import { type ChildProcess, spawn } from 'node:child_process';
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
+/** The shipped checkpoints. */
+export const MODELS = path.join(ROOT, 'models');
+
+/**
+ * The drafter checkpoints of a target in models/: its `<target>-<method>` folders with a config.json, sorted
+ * (data-driven, so a new drafter checkpoint is covered by every PD test).
+ */
+export function drafterDirs(target: string): string[] {
+  return fs
+    .readdirSync(MODELS)
+    .filter((d) => d.startsWith(`${target}-`) && fs.existsSync(path.join(MODELS, d, 'config.json')))
+    .sort()
+    .map((d) => path.join(MODELS, d));
+}
+
+/**
+ * The config's drafter branch for a checkpoint (`{method: 'none'}` without one): its method (from
+ * `architectures`) and a fixed draft length — block size − 1 for the block drafters, 4 for EAGLE-3's chain — so
+ * that no server calibrates a cost policy and τ compares at a fixed k.
+ */
+export function drafterBranch(dir: string | undefined): Record<string, unknown> {
+  if (dir === undefined) return { method: 'none' };
+  const c = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')) as {
+    architectures: string[];
+    block_size?: number;
+  };
+  const arch = c.architectures[0] ?? '';
+  const method = /DFlash/.test(arch) ? 'dflash' : /DSpark/.test(arch) ? 'dspark' : 'eagle3';
+  return { method, path: dir, num_draft_tokens: c.block_size === undefined ? 4 : c.block_size - 1 };
+}
 
 /** A running specd process and the URL it reported. */
 export interface SpecdProcess {

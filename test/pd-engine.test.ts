@@ -40,10 +40,9 @@ import {
   type TransferEngine,
 } from '@specd/core';
 
-import { ROOT } from './pd-cluster.js';
+import { drafterDirs, MODELS, ROOT } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
-const MODELS = path.join(ROOT, 'models');
 const PREFILL_CHUNK = 32;
 
 interface Family {
@@ -68,15 +67,6 @@ const FAMILIES: readonly Family[] = [
     prompts: ['tools/reference/smollm2/prompts/chat.jsonl', 'tools/reference/smollm2/prompts/plain.jsonl'],
   },
 ];
-
-/** The drafter checkpoints of a target in models/ (`<target>-<method>` folders with a config.json). */
-function drafterDirs(target: string): string[] {
-  return fs
-    .readdirSync(MODELS)
-    .filter((d) => d.startsWith(`${target}-`) && fs.existsSync(path.join(MODELS, d, 'config.json')))
-    .sort()
-    .map((d) => path.join(MODELS, d));
-}
 
 function promptsOf(family: Family): Int32Array[] {
   return family.prompts.flatMap((f) =>
@@ -292,12 +282,13 @@ for (const family of FAMILIES) {
             if (i === 0) {
               // bit for bit: rows [0, P) of every paged entry, the whole of every state entry
               const rowBytes = new Map<string, number>();
-              const pageTokens = (e: LocalEntry, pageSize: number) => Math.ceil(ids.length / pageSize) * pageSize;
+              // tokens the entry's pages hold: the prompt rounded up to whole pages
+              const pageTokens = (pageSize: number) => Math.ceil(ids.length / pageSize) * pageSize;
               for (const e of entries) {
                 const bytes = e.ranges.reduce((a, r) => a + r.length, 0);
                 if (e.key.kind === 'target-kv')
-                  rowBytes.set(entryId(e.key), bytes / pageTokens(e, D.engine.cache.kv?.pageSize ?? 16));
-                if (e.key.kind === 'draft-kv') rowBytes.set(entryId(e.key), bytes / pageTokens(e, 16));
+                  rowBytes.set(entryId(e.key), bytes / pageTokens(D.engine.cache.kv?.pageSize ?? 16));
+                if (e.key.kind === 'draft-kv') rowBytes.set(entryId(e.key), bytes / pageTokens(16));
               }
               const got = rowsOf(D.lookup, entries, rowBytes, ids.length);
               // the aggregated state was captured (every target entry; every draft KV entry when the drafter has KV)

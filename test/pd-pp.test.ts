@@ -17,10 +17,20 @@ import * as path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { allFree, metric, metricsOf, ROOT, type SpecdProcess, startSpecd, stopAll, until } from './pd-cluster.js';
+import {
+  allFree,
+  drafterBranch,
+  drafterDirs,
+  metric,
+  metricsOf,
+  MODELS,
+  type SpecdProcess,
+  startSpecd,
+  stopAll,
+  until,
+} from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
-const MODELS = path.join(ROOT, 'models');
 const TARGET = path.join(MODELS, 'kimi-k3-tiny');
 const HAVE = !skipWithoutFiles('PD with a pipelined prefill instance', [path.join(TARGET, 'config.json')]);
 const CHUNK = 8;
@@ -29,26 +39,6 @@ const PROMPTS = [
   'def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n',
   'Once upon a time, in a land far away, there lived a king who had three daughters. The youngest',
 ];
-
-function drafterDirs(): string[] {
-  return fs
-    .readdirSync(MODELS)
-    .filter((d) => d.startsWith('kimi-k3-tiny-') && fs.existsSync(path.join(MODELS, d, 'config.json')))
-    .sort()
-    .map((d) => path.join(MODELS, d));
-}
-
-/** The drafter branch: its method and a fixed draft length (no cost-policy calibration). */
-function drafterBranch(dir: string | undefined): Record<string, unknown> {
-  if (dir === undefined) return { method: 'none' };
-  const c = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')) as {
-    architectures: string[];
-    block_size?: number;
-  };
-  const arch = c.architectures[0] ?? '';
-  const method = /DFlash/.test(arch) ? 'dflash' : /DSpark/.test(arch) ? 'dspark' : 'eagle3';
-  return { method, path: dir, num_draft_tokens: c.block_size === undefined ? 4 : c.block_size - 1 };
-}
 
 let tmp: string;
 beforeAll(() => {
@@ -101,7 +91,7 @@ async function stagesOf(url: string): Promise<StageUse[]> {
 }
 
 describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
-  const dirs = HAVE ? drafterDirs() : [];
+  const dirs = HAVE ? drafterDirs('kimi-k3-tiny') : [];
   // every drafter at pp 2, plain decoding at pp 2, and DFlash at pp 3 (a middle stage)
   const cases: [string, number, string | undefined][] = [
     ['plain decoding', 2, undefined],

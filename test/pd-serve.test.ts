@@ -12,10 +12,17 @@ import * as path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { metric, metricsOf, ROOT, type SpecdProcess, startSpecd, stopAll } from './pd-cluster.js';
+import {
+  drafterBranch,
+  drafterDirs,
+  metric,
+  metricsOf,
+  MODELS,
+  type SpecdProcess,
+  startSpecd,
+  stopAll,
+} from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
-
-const MODELS = path.join(ROOT, 'models');
 
 interface Family {
   readonly target: string;
@@ -36,28 +43,6 @@ const FAMILIES: readonly Family[] = [
   },
 ];
 
-function drafterDirs(target: string): string[] {
-  return fs
-    .readdirSync(MODELS)
-    .filter((d) => d.startsWith(`${target}-`) && fs.existsSync(path.join(MODELS, d, 'config.json')))
-    .sort()
-    .map((d) => path.join(MODELS, d));
-}
-
-/**
- * The config's drafter branch for a checkpoint: its method (from `architectures`) and a fixed draft length (block
- * size − 1 for the block drafters, 4 for EAGLE-3's chain), so that no server calibrates a cost policy.
- */
-function drafterBranch(dir: string): Record<string, unknown> {
-  const c = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')) as {
-    architectures: string[];
-    block_size?: number;
-  };
-  const arch = c.architectures[0] ?? '';
-  const method = /DFlash/.test(arch) ? 'dflash' : /DSpark/.test(arch) ? 'dspark' : 'eagle3';
-  return { method, path: dir, num_draft_tokens: c.block_size === undefined ? 4 : c.block_size - 1 };
-}
-
 let tmp: string;
 beforeAll(() => {
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-pd-serve-'));
@@ -69,7 +54,7 @@ afterAll(() => {
 /** A config file: the target, the drafter (or none) at a fixed draft length, and `extra` merged in. */
 function config(name: string, target: string, drafter: string | undefined, extra: Record<string, unknown> = {}) {
   const file = path.join(tmp, `${name}.json`);
-  const d = drafter === undefined ? { method: 'none' } : drafterBranch(drafter);
+  const d = drafterBranch(drafter);
   fs.writeFileSync(file, JSON.stringify({ model: path.join(MODELS, target), drafter: d, ...extra }));
   return file;
 }

@@ -30,7 +30,7 @@ import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 
-import { ApiError, unknownModel } from '../serve/errors.js';
+import { ApiError, badApiKey, unknownModel } from '../serve/errors.js';
 import type { BuiltPrompt, PromptBuilder, PromptKind } from '../serve/prompt.js';
 import {
   parseChatRequest,
@@ -324,17 +324,7 @@ export class PdRouter {
     app.addHook('onRequest', async (req, reply) => {
       if (key === undefined || req.url === '/health' || req.url === '/metrics') return;
       const got = Buffer.from(req.headers.authorization ?? '');
-      if (got.length !== key.length || !timingSafeEqual(got, key))
-        return send(
-          reply,
-          new ApiError(
-            401,
-            'Incorrect API key provided (expected "Authorization: Bearer <key>")',
-            'invalid_request_error',
-            null,
-            'invalid_api_key',
-          ),
-        );
+      if (got.length !== key.length || !timingSafeEqual(got, key)) return send(reply, badApiKey());
     });
     app.addHook('onResponse', async (req, reply) => {
       this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
