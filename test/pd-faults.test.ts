@@ -190,7 +190,7 @@ describe.skipIf(!HAVE)('PD faults (processes)', () => {
     const c3 = new OpenAI({ baseURL: `${r3.url}/v1`, apiKey: 'none', maxRetries: 0 });
     const err = await c3.completions.create({ model, prompt: PROMPT, max_tokens: 4 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(OpenAI.APIError);
-    expect(String((err as Error).message)).toMatch(/drafter\.settings/);
+    expect(String((err as Error).message)).toMatch(/drafter\.settings \(prefill [^,]+, decode [^)]+\)/);
     await until('P and D free', async () => (await allFree(p3.url)) && (await allFree(D.url)));
   });
 

@@ -139,6 +139,8 @@ export interface PdParallelism {
  * Compares this side's digest with the peer's (as received): every field but `tp` and `pp` must be equal;
  * `tp` and `pp` need only be compatible (positive integers on both sides; they may differ) and are returned.
  * @param peer names the peer in the message (e.g. `'prefill 127.0.0.1:41234'`).
+ * @param labels how the message names the two sides' values (default `mine` / `theirs`; the prefill role says
+ *   `prefill` / `decode`, so that the refusal reads the same on both sides).
  * @throws {PdError} `'digest'` naming every field that differs or is missing on either side (with both values,
  *   digests shortened to 12 hex digits), and any field the peer sent that this side does not know.
  */
@@ -146,6 +148,7 @@ export function compareDigests(
   mine: PdDigest,
   theirs: Readonly<Record<string, string | undefined>>,
   peer = 'the peer',
+  labels: { readonly mine: string; readonly theirs: string } = { mine: 'mine', theirs: 'theirs' },
 ): PdParallelism {
   const show = (v: string | undefined): string =>
     v === undefined ? 'absent' : /^[0-9a-f]{64}$/.test(v) ? `${v.slice(0, 12)}…` : JSON.stringify(v);
@@ -154,15 +157,15 @@ export function compareDigests(
     if (field === 'tp' || field === 'pp') continue;
     const m = mine[field];
     const t = theirs[field];
-    if (m !== t) problems.push(`${field} (mine ${show(m)}, theirs ${show(t)})`);
+    if (m !== t) problems.push(`${field} (${labels.mine} ${show(m)}, ${labels.theirs} ${show(t)})`);
   }
   const known: readonly string[] = PD_DIGEST_FIELDS;
   for (const field of Object.keys(theirs))
-    if (!known.includes(field)) problems.push(`${field} (theirs ${show(theirs[field])}, not a field here)`);
+    if (!known.includes(field)) problems.push(`${field} (${labels.theirs} ${show(theirs[field])}, not a field here)`);
   const parallel = (field: 'tp' | 'pp') => {
     const t = theirs[field];
     const n = t !== undefined && /^[1-9][0-9]*$/.test(t) ? Number(t) : Number.NaN;
-    if (!Number.isSafeInteger(n)) problems.push(`${field} (theirs ${show(t)}: expected a positive integer)`);
+    if (!Number.isSafeInteger(n)) problems.push(`${field} (${labels.theirs} ${show(t)}: expected a positive integer)`);
     return { mine: Number(mine[field]), theirs: n };
   };
   const result = { tp: parallel('tp'), pp: parallel('pp') };

@@ -412,7 +412,7 @@ export class PrefillRole {
     switch (msg.type) {
       case 'hello': {
         try {
-          compareDigests(this.options.digest, msg.digest);
+          compareDigests(this.options.digest, msg.digest, 'the decode instance', { mine: 'prefill', theirs: 'decode' });
           this.peers.add(who);
           void this.control.send(peer, { type: 'hello-ok', stages: this.stages });
         } catch (err) {

@@ -39,7 +39,12 @@ export function parsePdRequest(raw: unknown, role: 'prefill' | 'decode'): PdRequ
   const name = (field: string): string => {
     const v = o[field];
     if (typeof v !== 'string' || v.length === 0 || v.length > MAX_NAME)
-      throw invalidParam(field, `expected a non-empty string of at most ${MAX_NAME} characters`);
+      throw invalidParam(
+        field,
+        field === 'room'
+          ? `expected a non-negative integer or a non-empty string of at most ${MAX_NAME} characters`
+          : `expected a non-empty string of at most ${MAX_NAME} characters`,
+      );
     return v;
   };
   const requestId = name('request_id');

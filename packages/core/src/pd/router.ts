@@ -333,7 +333,13 @@ export class PdRouter {
       let e: ApiError;
       if (err instanceof ApiError) e = err;
       else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
-        e = new ApiError(413, `request body larger than ${app.initialConfig.bodyLimit} bytes`, 'invalid_request_error');
+        e = new ApiError(
+          413,
+          `request body larger than ${app.initialConfig.bodyLimit} bytes`,
+          'invalid_request_error',
+          null,
+          'body_too_large',
+        );
       else if (err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500)
         e = new ApiError(400, `malformed request: ${err.message}`, 'invalid_request_error', null, 'invalid_json');
       else {
@@ -449,12 +455,13 @@ export class PdRouter {
     /** Answers the client with `side`'s failure and aborts the other side. */
     const fail = async (o: Outcome): Promise<FastifyReply> => {
       const u = sides[o.side];
-      this.metrics.errors.inc({ side: o.side });
       abort(OTHER[o.side], `${o.side} server ${u.url} failed`);
       if (clientGone) {
+        // the client's disconnect aborted the upstream call: not the upstream's error
         await o.res?.body?.cancel();
         return reply;
       }
+      this.metrics.errors.inc({ side: o.side });
       if (o.res === undefined) {
         this.setHealth(u, false, `POST /pd/${o.side} failed: ${describeFetchError(o.err)}`);
         log.warn({ url: u.url, err: describeFetchError(o.err) }, `${o.side} server unreachable`);
