@@ -15,6 +15,8 @@ import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
+  allEntries,
+  allRegions,
   BUILTIN_PLUGIN_PACKAGES,
   checkManifest,
   checksumRanges,
@@ -28,13 +30,11 @@ import {
   loadTarget,
   type LocalEntry,
   type ManifestRow,
-  pairRanges,
-  PdError,
   type PdEntryKey,
+  planSend,
   type RegionRange,
-  sequenceEntries,
+  regionLookup,
   type SequenceId,
-  sideRegions,
   SpecEngine,
   type SpecResult,
   type TransferEngine,
@@ -101,15 +101,6 @@ function bytesOf(lookup: (id: string) => Uint8Array, ranges: readonly RegionRang
   return out;
 }
 
-function lookupOf(entries: ReturnType<typeof sideRegions>): (id: string) => Uint8Array {
-  const m = new Map(entries.map((r) => [r.id, r.bytes]));
-  return (id) => {
-    const b = m.get(id);
-    if (b === undefined) throw new Error(`no region ${id}`);
-    return b;
-  };
-}
-
 /** One side of the pair: an engine, its drafter, its transfer engine and its regions. */
 interface Side {
   readonly engine: SpecEngine;
@@ -120,9 +111,9 @@ interface Side {
 
 async function side(e: SpecEngine, drafter: Drafter | undefined): Promise<Side> {
   const transfer = await createZmqTransferEngine({ host: '127.0.0.1', port: 0 });
-  const regions = sideRegions(e.cache, drafter);
+  const regions = allRegions(e.cache, drafter);
   transfer.registerRegions(regions);
-  return { engine: e, drafter, transfer, lookup: lookupOf(regions) };
+  return { engine: e, drafter, transfer, lookup: regionLookup(regions) };
 }
 
 /**
@@ -138,24 +129,14 @@ async function transfer(
   room: string,
   withhold: (k: PdEntryKey) => boolean = () => false,
 ): Promise<LocalEntry[]> {
-  const expected = sequenceEntries(D.engine.cache, D.drafter, did);
-  const mine = new Map(sequenceEntries(P.engine.cache, P.drafter, pid).map((e) => [entryId(e.key), e]));
-  const local: RegionRange[] = [];
-  const remote: RegionRange[] = [];
-  const rows: ManifestRow[] = [];
-  for (const want of expected) {
-    const have = mine.get(entryId(want.key));
-    if (have === undefined) throw new PdError('manifest', `${entryName(want.key)}: P has none`);
-    if (withhold(want.key)) continue;
-    const pairs = pairRanges(want.key, have.ranges, want.ranges);
-    local.push(...pairs.local);
-    remote.push(...pairs.remote);
-    rows.push({
-      key: want.key,
-      byteLength: have.ranges.reduce((a, r) => a + r.length, 0),
-      checksum: checksumRanges(P.lookup, have.ranges),
-    });
-  }
+  const expected = allEntries(D.engine.cache, D.drafter, did);
+  const { local, remote, rows } = planSend(
+    expected,
+    allEntries(P.engine.cache, P.drafter, pid),
+    P.lookup,
+    'P',
+    withhold,
+  );
   const arrived = D.transfer.expect(
     room,
     expected.flatMap((e) => e.ranges),
@@ -234,7 +215,7 @@ for (const family of FAMILIES) {
         const A = engine(target, dDrafter);
         // aggregated, with the state of prompt 0 captured after its prefill (first token) and first step
         const captured: { target?: Map<string, Uint8Array>; draft?: Map<string, Uint8Array> } = {};
-        const aggLookup = lookupOf(sideRegions(A.cache, dDrafter));
+        const aggLookup = regionLookup(allRegions(A.cache, dDrafter));
         let seen = 0;
         const agg = A.run(
           prompts.map((ids, i) =>
@@ -244,10 +225,10 @@ for (const family of FAMILIES) {
                   ? () => {
                       seen++;
                       if (seen === 1)
-                        captured.target = rowsOf(aggLookup, sequenceEntries(A.cache, undefined, 'a0'), new Map(), 0);
+                        captured.target = rowsOf(aggLookup, allEntries(A.cache, undefined, 'a0'), new Map(), 0);
                       if (seen === 2 && dDrafter !== undefined)
                         captured.draft = new Map(
-                          [...rowsOf(aggLookup, sequenceEntries(A.cache, dDrafter, 'a0'), new Map(), 0)].filter(([k]) =>
+                          [...rowsOf(aggLookup, allEntries(A.cache, dDrafter, 'a0'), new Map(), 0)].filter(([k]) =>
                             k.startsWith('draft-kv'),
                           ),
                         );
@@ -349,7 +330,7 @@ for (const family of FAMILIES) {
         Pe.add(req('p', ids, { handoff: true }));
         while (Pe.step().length === 0);
         expect(De.reserve(req('d', ids))).toBe(true);
-        const linear = sequenceEntries(De.cache, undefined, 'd').filter((e) => e.key.kind === 'linear-state');
+        const linear = allEntries(De.cache, undefined, 'd').filter((e) => e.key.kind === 'linear-state');
         const attempt = transfer(P, 'p', D, 'd', 'room-w', (k) => k.kind === 'linear-state');
         if (linear.length === 0) {
           // an attention-only target has no KDA state to withhold: the transfer is complete

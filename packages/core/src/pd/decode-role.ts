@@ -19,8 +19,7 @@ import { hasDraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.
 import type { EngineLoop, LoopListener, LoopRequest } from '../serve/engine-loop.js';
 import { checksumRanges } from './checksum.js';
 import { ControlClient, type ControlMessage, type Deferred, deferred, withTimeout } from './control.js';
-import { checkManifest, checkPdDrafter } from './manifest.js';
-import { sequenceEntries, sideRegions } from './local-state.js';
+import { allEntries, allRegions, checkManifest, checkPdDrafter, regionLookup } from './manifest.js';
 import { rangeBytes } from './pairing.js';
 import { type PdRoleOptions, Tombstones } from './prefill-role.js';
 import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
@@ -118,7 +117,8 @@ export class DecodeRole {
   private readonly peers = new Map<string, Peer>();
   /** Rooms of requests being admitted (queued for a sequence, or waiting for their state). */
   private readonly rooms = new Map<string, Room>();
-  private regionBytes = new Map<string, Uint8Array>();
+  /** Region id → this side's bytes (after start). */
+  private lookup: (id: string) => Uint8Array = regionLookup([]);
   /** Requests waiting for a free sequence. */
   private queued = 0;
   /** Rooms aborted before their request arrived here: the request is refused when it comes. */
@@ -145,9 +145,9 @@ export class DecodeRole {
   /** Binds the transfer agent and registers the engine's memory. */
   async start(): Promise<void> {
     this.transfer = await createZmqTransferEngine({ host: this.options.host, port: 0 });
-    const regions = sideRegions(this.loop.engine.cache, this.drafter);
+    const regions = allRegions(this.loop.engine.cache, this.drafter);
     this.transfer.registerRegions(regions);
-    this.regionBytes = new Map(regions.map((r) => [r.id, r.bytes]));
+    this.lookup = regionLookup(regions);
   }
 
   /** Aborts every request being admitted and closes the connections. */
@@ -192,7 +192,7 @@ export class DecodeRole {
       const cache = this.loop.engine.cache;
       if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
         this.drafter.pdReserveContext(id, req.promptIds.length);
-      const expected = sequenceEntries(cache, this.drafter, id);
+      const expected = allEntries(cache, this.drafter, id);
       let outcome: { kind: 'data'; ns: Notification[] } | RoomEvent;
       for (let hellos = 0; ; hellos++) {
         const { peer, stages } = await this.peer(bootstrap);
@@ -262,7 +262,7 @@ export class DecodeRole {
       const payload: Partial<Record<PdPayloadClass, number>> = {};
       for (const e of expected) {
         const row = rows.get(entryName(e.key));
-        const sum = checksumRanges((rid) => this.region(rid), e.ranges);
+        const sum = checksumRanges(this.lookup, e.ranges);
         if (row === undefined || row.checksum !== sum)
           throw new PdError(
             'checksum',
@@ -341,12 +341,6 @@ export class DecodeRole {
     r.aborted = new PdError('abort', `room ${room}: aborted (${reason})`);
     r.events.reject(r.aborted);
     this.transfer?.abort(room, reason);
-  }
-
-  private region(id: string): Uint8Array {
-    const b = this.regionBytes.get(id);
-    if (b === undefined) throw new PdError('manifest', `decode role: no region ${id}`);
-    return b;
   }
 
   /** The connection to the prefill instance at `address` and its stages, once it accepted our hello. */

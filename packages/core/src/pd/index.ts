@@ -34,7 +34,6 @@ export {
   type PdParallelism,
 } from './digest.js';
 export * from './pairing.js';
-export * from './local-state.js';
 export * from './protocol.js';
 export * from './control.js';
 export * from './prefill-role.js';

@@ -193,11 +193,18 @@ export function drafterEntries(drafter: Drafter, id: SequenceId, rank = 0): Loca
 /**
  * A sequence's whole state on one side: the target's entries ({@link targetEntries}), then the drafter's
  * ({@link drafterEntries}; none without a drafter).
- * @throws as {@link targetEntries} and {@link drafterEntries}.
+ * @throws as {@link targetEntries} and {@link drafterEntries}; {@link PdError} `'manifest'` for a key declared twice.
  */
 export function allEntries(cache: SequenceCache, drafter: Drafter | undefined, id: SequenceId, rank = 0): LocalEntry[] {
   const target = targetEntries(cache, id, rank);
-  return drafter === undefined ? target : [...target, ...drafterEntries(drafter, id, rank)];
+  const entries = drafter === undefined ? target : [...target, ...drafterEntries(drafter, id, rank)];
+  const seen = new Set<string>();
+  for (const e of entries) {
+    const name = entryName(e.key);
+    if (seen.has(name)) throw new PdError('manifest', `${name}: declared twice`);
+    seen.add(name);
+  }
+  return entries;
 }
 
 /** Every region of one side: the target cache's, then the drafter's (none without a drafter). */

@@ -5,7 +5,16 @@
  * in the same layout (the same TP on both sides); heterogeneous TP goes through the planner (planner.ts).
  */
 
-import { entryName, PdError, type PdEntryKey, type RegionRange } from './types.js';
+import { checksumRanges } from './checksum.js';
+import {
+  entryId,
+  entryName,
+  type LocalEntry,
+  type ManifestRow,
+  PdError,
+  type PdEntryKey,
+  type RegionRange,
+} from './types.js';
 
 /** Descriptor lists of one entry: `local[i]` → `remote[i]`, equal lengths pairwise. */
 export interface PairedRanges {
@@ -58,4 +67,44 @@ export function pairRanges(
     }
   }
   return out;
+}
+
+/** The sending side of one transfer ({@link planSend}). */
+export interface SendPlan {
+  /** Descriptor lists: `local[i]` is written to `remote[i]`. */
+  readonly local: RegionRange[];
+  readonly remote: RegionRange[];
+  /** The manifest rows of the entries sent: key, bytes, checksum over the sender's bytes in order. */
+  readonly rows: ManifestRow[];
+}
+
+/**
+ * Pairs the entries the receiver asked for (`wanted`, with the ranges they go to) with the sender's own (`mine`),
+ * in the receiver's order, and computes each sent entry's manifest row — what P's driver and each P stage
+ * process send.
+ * @param lookup region id → the sender's bytes (manifest.ts `regionLookup`).
+ * @param who names the sender in the error (e.g. `'the prefill instance'`, `'pipeline stage 0'`).
+ * @param withhold test-only: entries left out of both the descriptors and the rows.
+ * @throws {PdError} `'manifest'` for an entry the sender does not have, or of another length (naming it).
+ */
+export function planSend(
+  wanted: readonly { readonly key: PdEntryKey; readonly ranges: readonly RegionRange[] }[],
+  mine: readonly LocalEntry[],
+  lookup: (id: string) => Uint8Array,
+  who: string,
+  withhold?: (key: PdEntryKey) => boolean,
+): SendPlan {
+  const have = new Map(mine.map((e) => [entryId(e.key), e]));
+  const plan: SendPlan = { local: [], remote: [], rows: [] };
+  for (const want of wanted) {
+    const own = have.get(entryId(want.key));
+    if (own === undefined)
+      throw new PdError('manifest', `${entryName(want.key)}: the decode instance expects it, ${who} has none`);
+    if (withhold?.(want.key) === true) continue;
+    const pairs = pairRanges(want.key, own.ranges, want.ranges);
+    plan.local.push(...pairs.local);
+    plan.remote.push(...pairs.remote);
+    plan.rows.push({ key: want.key, byteLength: rangeBytes(own.ranges), checksum: checksumRanges(lookup, own.ranges) });
+  }
+  return plan;
 }

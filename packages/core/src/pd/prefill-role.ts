@@ -19,7 +19,6 @@ import type { Logger } from 'pino';
 import type { HandoffState, SpecResult } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { EngineLoop, LoopRequest } from '../serve/engine-loop.js';
-import { checksumRanges } from './checksum.js';
 import {
   ControlServer,
   type ControlMessage,
@@ -29,9 +28,8 @@ import {
   withTimeout,
 } from './control.js';
 import { compareDigests } from './digest.js';
-import { sequenceEntries, sideRegions } from './local-state.js';
-import { checkPdDrafter } from './manifest.js';
-import { pairRanges, rangeBytes } from './pairing.js';
+import { allEntries, allRegions, checkPdDrafter, regionLookup } from './manifest.js';
+import { planSend, rangeBytes } from './pairing.js';
 import {
   hasStageSenders,
   type PdStageLayout,
@@ -42,16 +40,7 @@ import {
 } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine, type ZmqTransferTestHooks } from './zmq-transfer.js';
-import {
-  entryId,
-  entryName,
-  type ManifestRow,
-  type PdEntryKey,
-  PdError,
-  type PdPayloadClass,
-  payloadClass,
-  type RegionRange,
-} from './types.js';
+import { type PdEntryKey, PdError, type PdPayloadClass, payloadClass } from './types.js';
 
 /** Settings shared by both roles. */
 export interface PdRoleOptions {
@@ -115,7 +104,8 @@ export class PrefillRole {
   private readonly rooms = new Map<string, Room>();
   /** Routing ids (hex) of decode instances whose hello was accepted. */
   private readonly peers = new Set<string>();
-  private regionBytes = new Map<string, Uint8Array>();
+  /** Region id → this side's bytes (after start). */
+  private lookup: (id: string) => Uint8Array = regionLookup([]);
   /** Rooms aborted or failed before (or without) a request of ours: a late request or layout for one is refused. */
   private readonly tombstones = new Tombstones();
   /** The target's stage processes when it is a pipeline (they send their own layers), else undefined. */
@@ -165,9 +155,9 @@ export class PrefillRole {
       port: 0,
       ...(this.options.testHooks?.transfer === undefined ? {} : { testHooks: this.options.testHooks.transfer }),
     });
-    const regions = sideRegions(this.loop.engine.cache, this.drafter);
+    const regions = allRegions(this.loop.engine.cache, this.drafter);
     this.transfer.registerRegions(regions);
-    this.regionBytes = new Map(regions.map((r) => [r.id, r.bytes]));
+    this.lookup = regionLookup(regions);
     const pause = this.options.testHooks?.transfer?.pauseAfterDescriptors;
     this.senders?.pdStart({
       host: this.options.host,
@@ -317,31 +307,24 @@ export class PrefillRole {
         }),
       );
     }
-    const mine = new Map(sequenceEntries(this.loop.engine.cache, this.drafter, loopId).map((e) => [entryId(e.key), e]));
-    const withhold = this.options.testHooks?.withhold;
-    const local: RegionRange[] = [];
-    const remote: RegionRange[] = [];
-    const rows: ManifestRow[] = [];
-    for (const want of byStage[last] ?? []) {
-      const have = mine.get(entryId(want.key));
-      if (have === undefined)
-        throw new PdError('manifest', `${entryName(want.key)}: the decode instance expects it, this side has none`);
-      if (withhold?.(want.key) === true) continue;
-      const pairs = pairRanges(want.key, have.ranges, want.ranges);
-      local.push(...pairs.local);
-      remote.push(...pairs.remote);
-      const bytes = rangeBytes(have.ranges);
-      const cls = payloadClass(want.key.kind);
-      payload[cls] = (payload[cls] ?? 0) + bytes;
-      rows.push({ key: want.key, byteLength: bytes, checksum: checksumRanges((id) => this.region(id), have.ranges) });
+    const own = planSend(
+      byStage[last] ?? [],
+      allEntries(this.loop.engine.cache, this.drafter, loopId),
+      this.lookup,
+      'the prefill instance',
+      this.options.testHooks?.withhold,
+    );
+    for (const row of own.rows) {
+      const cls = payloadClass(row.key.kind);
+      payload[cls] = (payload[cls] ?? 0) + row.byteLength;
     }
     writes.push(
       transfer.write(
         layout.agent,
         room,
-        local,
-        remote,
-        { requestId: layout.requestId, rows, state },
+        own.local,
+        own.remote,
+        { requestId: layout.requestId, rows: own.rows, state },
         { timeoutMs: this.options.transferTimeoutMs },
       ),
     );
@@ -361,12 +344,6 @@ export class PrefillRole {
     const writes = r.stageWrites ?? [];
     r.stageWrites = [];
     for (const w of writes) this.senders?.pdAbort(w.stage, w.transferId, reason);
-  }
-
-  private region(id: string): Uint8Array {
-    const b = this.regionBytes.get(id);
-    if (b === undefined) throw new PdError('manifest', `prefill role: no region ${id}`);
-    return b;
   }
 
   /** Waits for `p`, failing on the room's abort or after `ms`. */

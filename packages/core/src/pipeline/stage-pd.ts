@@ -17,12 +17,11 @@
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache } from '../kv/sequence-cache.js';
-import { checksumRanges } from '../pd/checksum.js';
 import { regionLookup, targetEntries, targetRegions } from '../pd/manifest.js';
-import { pairRanges } from '../pd/pairing.js';
+import { planSend } from '../pd/pairing.js';
 import type { StageNotification, StageSendRequest } from '../pd/stages.js';
 import type { TransferEngine } from '../pd/transfer-engine.js';
-import { entryId, entryName, type ManifestRow, PdError, type RegionRange } from '../pd/types.js';
+import { PdError } from '../pd/types.js';
 import { createZmqTransferEngine } from '../pd/zmq-transfer.js';
 
 /** The end of one stage write (stage → driver, over the IPC channel). */
@@ -101,23 +100,12 @@ export class StagePdSender {
       throw new PdError('layout', `pipeline stage ${this.stage}: ${req.transferId} is already being sent`);
     const regions = targetRegions(cache);
     const bytes = regionLookup(regions);
-    const mine = new Map(targetEntries(cache, id).map((e) => [entryId(e.key), e]));
-    const local: RegionRange[] = [];
-    const remote: RegionRange[] = [];
-    const rows: ManifestRow[] = [];
-    for (const want of req.entries) {
-      const have = mine.get(entryId(want.key));
-      if (have === undefined)
-        throw new PdError(
-          'manifest',
-          `${entryName(want.key)}: the decode instance expects it from pipeline stage ${this.stage}, which has none`,
-        );
-      const pairs = pairRanges(want.key, have.ranges, want.ranges);
-      local.push(...pairs.local);
-      remote.push(...pairs.remote);
-      const checksum = checksumRanges(bytes, have.ranges);
-      rows.push({ key: want.key, byteLength: pairs.local.reduce((a, r) => a + r.length, 0), checksum });
-    }
+    const { local, remote, rows } = planSend(
+      req.entries,
+      targetEntries(cache, id),
+      bytes,
+      `pipeline stage ${this.stage}`,
+    );
     transfer.registerRegions(regions);
     this.sending.set(req.transferId, { cache: cacheId, id });
     const note: StageNotification = { requestId: req.requestId, rows };
