@@ -97,6 +97,32 @@ export async function startSpecd(
   };
 }
 
+/**
+ * Starts `specd router` on port 0 in front of a prefill and a decode process, with `config` (for the tokenizer and
+ * pd.router settings) and `extra` flags (e.g. `--health-interval-ms 200`, `--api-key K`).
+ */
+export function startRouter(
+  prefill: SpecdProcess,
+  decode: SpecdProcess,
+  config: string,
+  extra: readonly string[] = [],
+): Promise<SpecdProcess> {
+  return startSpecd([
+    'router',
+    '--prefill',
+    prefill.url,
+    '--decode',
+    decode.url,
+    '--port',
+    '0',
+    '--config',
+    config,
+    '--log-level',
+    'warn',
+    ...extra,
+  ]);
+}
+
 /** Stops every process (SIGTERM, then SIGKILL after `graceMs`) and waits for them. */
 export async function stopAll(procs: readonly (SpecdProcess | undefined)[], graceMs = 5000): Promise<void> {
   await Promise.all(

@@ -16,7 +16,17 @@ import OpenAI from 'openai';
 import * as zmq from 'zeromq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { allFree, metric, metricsOf, ROOT, type SpecdProcess, startSpecd, stopAll, until } from './pd-cluster.js';
+import {
+  allFree,
+  metric,
+  metricsOf,
+  ROOT,
+  type SpecdProcess,
+  startRouter,
+  startSpecd,
+  stopAll,
+  until,
+} from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
 const MODEL = path.join(ROOT, 'models/kimi-k3-tiny');
@@ -57,21 +67,7 @@ async function serve(
 }
 
 async function router(p: SpecdProcess, d: SpecdProcess, cfg: string): Promise<SpecdProcess> {
-  const r = await startSpecd([
-    'router',
-    '--prefill',
-    p.url,
-    '--decode',
-    d.url,
-    '--port',
-    '0',
-    '--config',
-    cfg,
-    '--health-interval-ms',
-    '200',
-    '--log-level',
-    'warn',
-  ]);
+  const r = await startRouter(p, d, cfg, ['--health-interval-ms', '200']);
   procs.push(r);
   return r;
 }
@@ -374,18 +370,7 @@ describe.skipIf(!HAVE)('PD faults (processes)', () => {
     const key = ['--api-key', 'sekret'];
     const pk = await serve(cfg, 'prefill', {}, key);
     const dk = await serve(cfg, 'decode', {}, key);
-    const rk = await startSpecd([
-      'router',
-      '--prefill',
-      pk.url,
-      '--decode',
-      dk.url,
-      '--port',
-      '0',
-      '--config',
-      cfg,
-      ...key,
-    ]);
+    const rk = await startRouter(pk, dk, cfg, key);
     procs.push(rk);
     const ok = new OpenAI({ baseURL: `${rk.url}/v1`, apiKey: 'sekret', maxRetries: 0 });
     expect((await ok.completions.create({ model, prompt: PROMPT, max_tokens: 3 })).usage?.completion_tokens).toBe(3);

@@ -25,6 +25,7 @@ import {
   metricsOf,
   MODELS,
   type SpecdProcess,
+  startRouter,
   startSpecd,
   stopAll,
   until,
@@ -74,7 +75,7 @@ const serveArgs = (cfg: string, ...more: string[]) => [
 ];
 
 async function router(p: SpecdProcess, d: SpecdProcess, cfg: string): Promise<SpecdProcess> {
-  return startSpecd(['router', '--prefill', p.url, '--decode', d.url, '--port', '0', '--config', cfg]);
+  return startRouter(p, d, cfg);
 }
 
 interface StageUse {

@@ -19,6 +19,7 @@ import {
   metricsOf,
   MODELS,
   type SpecdProcess,
+  startRouter,
   startSpecd,
   stopAll,
 } from './pd-cluster.js';
@@ -68,19 +69,7 @@ async function cluster(
     startSpecd(['serve', '--config', pConfig, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
     startSpecd(['serve', '--config', dConfig, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
   ]);
-  const r = await startSpecd([
-    'router',
-    '--prefill',
-    p.url,
-    '--decode',
-    d.url,
-    '--port',
-    '0',
-    '--config',
-    dConfig,
-    '--log-level',
-    'warn',
-  ]);
+  const r = await startRouter(p, d, dConfig);
   return { p, d, r };
 }
 

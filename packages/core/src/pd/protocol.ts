@@ -29,6 +29,18 @@ export interface PdRequest {
 /** Longest request id / room accepted (characters). */
 const MAX_NAME = 200;
 
+/** What a room must be, for the 400 that refuses one. */
+export const ROOM_EXPECTED = `expected a non-negative integer or a non-empty string of at most ${MAX_NAME} characters`;
+
+/**
+ * A room's name: the router's rooms are safe integers (named by their decimal digits); any non-empty string of at
+ * most 200 characters is accepted too. @returns undefined for anything else.
+ */
+export function roomName(v: unknown): string | undefined {
+  if (typeof v === 'number') return Number.isSafeInteger(v) && v >= 0 ? String(v) : undefined;
+  return typeof v === 'string' && v.length > 0 && v.length <= MAX_NAME ? v : undefined;
+}
+
 /**
  * Parses a `/pd/*` body. @param role which instance parses it (`decode` needs `bootstrap`).
  * @throws {ApiError} 400 naming the bad field.
@@ -39,18 +51,12 @@ export function parsePdRequest(raw: unknown, role: 'prefill' | 'decode'): PdRequ
   const name = (field: string): string => {
     const v = o[field];
     if (typeof v !== 'string' || v.length === 0 || v.length > MAX_NAME)
-      throw invalidParam(
-        field,
-        field === 'room'
-          ? `expected a non-negative integer or a non-empty string of at most ${MAX_NAME} characters`
-          : `expected a non-empty string of at most ${MAX_NAME} characters`,
-      );
+      throw invalidParam(field, `expected a non-empty string of at most ${MAX_NAME} characters`);
     return v;
   };
   const requestId = name('request_id');
-  // the router's rooms are safe integers; any non-empty name is accepted
-  if (typeof o.room === 'number' && Number.isSafeInteger(o.room) && o.room >= 0) o.room = String(o.room);
-  const room = name('room');
+  const room = roomName(o.room);
+  if (room === undefined) throw invalidParam('room', ROOM_EXPECTED);
   const kind = o.kind;
   if (kind !== 'completion' && kind !== 'chat') throw invalidParam('kind', "expected 'completion' or 'chat'");
   const ids = o.prompt_ids;

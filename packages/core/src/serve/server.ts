@@ -35,7 +35,7 @@ import { ServerMetrics } from './metrics.js';
 import { PromptBuilder } from './prompt.js';
 import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
-import { parsePdRequest, type PdRequest, requestDigest } from '../pd/protocol.js';
+import { parsePdRequest, type PdRequest, ROOM_EXPECTED, requestDigest, roomName } from '../pd/protocol.js';
 import { PdError, type PdPayloadClass } from '../pd/types.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
@@ -277,8 +277,8 @@ export class SpecdServer {
     );
     app.post('/pd/abort', async (req) => {
       const body = (req.body ?? {}) as { room?: unknown; reason?: unknown };
-      const room = typeof body.room === 'number' && Number.isSafeInteger(body.room) ? String(body.room) : body.room;
-      if (typeof room !== 'string' || room === '') throw invalidParam('room', 'expected a room name or number');
+      const room = roomName(body.room);
+      if (room === undefined) throw invalidParam('room', ROOM_EXPECTED);
       role.abort(room, typeof body.reason === 'string' ? body.reason : 'the router aborted');
       return { ok: true };
     });

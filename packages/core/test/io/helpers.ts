@@ -19,3 +19,10 @@ export function prng(seed: number): () => number {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
+
+/** `n` bytes drawn from `next` (a {@link prng}). */
+export function randomBytes(n: number, next: () => number): Uint8Array {
+  const out = new Uint8Array(n);
+  for (let i = 0; i < n; i++) out[i] = Math.floor(next() * 256);
+  return out;
+}

@@ -4,6 +4,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { ChecksumHasher, checksumBytes, checksumRanges } from '../../dist/pd/checksum.js';
+import { prng, randomBytes } from '../io/helpers.js';
 
 const M = (1n << 64n) - 1n;
 const P1 = 0x9e3779b185ebca87n;
@@ -47,23 +48,6 @@ function xxh64Reference(data: Uint8Array): string {
   return acc.toString(16).padStart(16, '0');
 }
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-function randomBytes(n: number, next: () => number): Uint8Array {
-  const out = new Uint8Array(n);
-  for (let i = 0; i < n; i++) out[i] = Math.floor(next() * 256);
-  return out;
-}
-
 const text = (s: string) => new TextEncoder().encode(s);
 
 describe('checksum (XXH64, seed 0)', () => {
@@ -79,7 +63,7 @@ describe('checksum (XXH64, seed 0)', () => {
   });
 
   it('equals the specification on random inputs of every length up to 130 bytes and a large one', () => {
-    const next = rng(7);
+    const next = prng(7);
     for (let len = 0; len <= 130; len++) {
       const data = randomBytes(len, next);
       expect(checksumBytes(data), `length ${len}`).toBe(xxh64Reference(data));
@@ -89,7 +73,7 @@ describe('checksum (XXH64, seed 0)', () => {
   });
 
   it('hashes ranges in order as one stream, without depending on how they are cut', () => {
-    const next = rng(8);
+    const next = prng(8);
     const a = randomBytes(4096, next);
     const b = randomBytes(4096, next);
     const regions = new Map([
@@ -133,7 +117,7 @@ describe('checksum (XXH64, seed 0)', () => {
   });
 
   it('hashes incrementally; hashers interleave without disturbing each other', () => {
-    const next = rng(9);
+    const next = prng(9);
     const x = randomBytes(777, next);
     const y = randomBytes(333, next);
     const hx = new ChecksumHasher();

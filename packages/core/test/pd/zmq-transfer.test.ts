@@ -13,6 +13,7 @@ import { checksumRanges } from '../../dist/pd/checksum.js';
 import { coalesceDescriptors, type TransferDescriptor, type TransferEngine } from '../../dist/pd/transfer-engine.js';
 import { PdError, type RegionRange } from '../../dist/pd/types.js';
 import { createZmqTransferEngine, type ZmqTransferEngineOptions } from '../../dist/pd/zmq-transfer.js';
+import { prng, randomBytes } from '../io/helpers.js';
 
 const PEER = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures/transfer-peer.mjs');
 
@@ -33,23 +34,6 @@ async function engine(options: ZmqTransferEngineOptions = {}): Promise<TransferE
 }
 
 /** mulberry32: a small seeded PRNG (the seed is printed on failure through the test name). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-function randomBytes(n: number, next: () => number): Uint8Array {
-  const out = new Uint8Array(n);
-  for (let i = 0; i < n; i++) out[i] = Math.floor(next() * 256);
-  return out;
-}
-
 /** Page-granular descriptor pairs: `pages[i] = [srcPage, dstPage]` of `pageBytes` each. */
 function pagePairs(
   pages: readonly (readonly [number, number])[],
@@ -202,7 +186,7 @@ describe('ZeroMQ transfer engine: bytes land', () => {
   });
 
   it('copies contiguous and scattered page runs exactly, coalescing runs contiguous on both sides', async () => {
-    const next = rng(14);
+    const next = prng(14);
     const a = await engine();
     const b = await engine();
     const src = randomBytes(64 * PAGE, next);
@@ -233,7 +217,7 @@ describe('ZeroMQ transfer engine: bytes land', () => {
   });
 
   it('batches into messages of at most maxBatchBytes, splitting longer runs', async () => {
-    const next = rng(15);
+    const next = prng(15);
     const a = await engine({ maxBatchBytes: 4 * PAGE });
     const b = await engine();
     const src = randomBytes(64 * PAGE, next);
@@ -255,7 +239,7 @@ describe('ZeroMQ transfer engine: bytes land', () => {
 
   it('copies a random page mapping across two region pairs (many pages)', async () => {
     const seed = 20261202;
-    const next = rng(seed);
+    const next = prng(seed);
     const small = 256;
     const n = 2048;
     const a = await engine({ maxBatchBytes: 64 * 1024 });
@@ -319,7 +303,7 @@ describe('ZeroMQ transfer engine: bytes land', () => {
   });
 
   it('runs several requests at once to one and to two receivers', async () => {
-    const next = rng(16);
+    const next = prng(16);
     const [p1, p2, d1, d2] = [await engine(), await engine(), await engine(), await engine()];
     const src1 = randomBytes(32 * PAGE, next);
     const src2 = randomBytes(32 * PAGE, next);
@@ -373,7 +357,7 @@ describe('ZeroMQ transfer engine: bytes land', () => {
 
   it('writes to itself (loopback) like to a peer', async () => {
     const a = await engine();
-    const src = randomBytes(4 * PAGE, rng(17));
+    const src = randomBytes(4 * PAGE, prng(17));
     const dst = new Uint8Array(4 * PAGE);
     a.registerRegions([
       { id: 'src', bytes: src },
@@ -416,8 +400,8 @@ describe('ZeroMQ transfer engine: refusals', () => {
   async function pair(options: ZmqTransferEngineOptions = {}) {
     const a = await engine(options);
     const b = await engine();
-    const src = randomBytes(16 * PAGE, rng(18));
-    const dst = randomBytes(16 * PAGE, rng(19));
+    const src = randomBytes(16 * PAGE, prng(18));
+    const dst = randomBytes(16 * PAGE, prng(19));
     a.registerRegions([{ id: 'src', bytes: src }]);
     b.registerRegions([{ id: 'dst', bytes: dst }]);
     return { a, b, src, dst, before: dst.slice() };
@@ -631,7 +615,7 @@ describe('ZeroMQ transfer engine: faults', () => {
       testHooks: { pauseAfterDescriptors: 3, onPause: (r) => paused.push(r) },
     });
     const b = await engine({ testHooks: { onApplied: watch.onApplied } });
-    const src = randomBytes(16 * PAGE, rng(21));
+    const src = randomBytes(16 * PAGE, prng(21));
     const dst = new Uint8Array(16 * PAGE);
     a.registerRegions([{ id: 'src', bytes: src }]);
     b.registerRegions([{ id: 'dst', bytes: dst }]);
@@ -771,7 +755,7 @@ describe('ZeroMQ transfer engine: a peer process killed mid-request', () => {
     timeout: 20_000,
   }, async () => {
     const p = await engine();
-    p.registerRegions([{ id: 'src', bytes: randomBytes(BYTES, rng(22)) }]);
+    p.registerRegions([{ id: 'src', bytes: randomBytes(BYTES, prng(22)) }]);
     const { child, address } = await spawnPeer(['receiver', String(BYTES)]);
     const desc = [{ region: 'src', offset: 0, length: 4096 }];
     const target = [{ region: 'dst', offset: 0, length: 4096 }];
