@@ -33,6 +33,8 @@ export interface GenerationParams {
   readonly stream: boolean;
   readonly includeUsage: boolean;
   readonly ignoreEos: boolean;
+  /** vLLM's `return_token_ids`: a non-streamed choice carries `token_ids` (the generated ids). */
+  readonly returnTokenIds: boolean;
 }
 
 /** A checked completion request. */
@@ -119,6 +121,7 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
     stream,
     includeUsage,
     ignoreEos: bool(b, 'ignore_eos') ?? false,
+    returnTokenIds: bool(b, 'return_token_ids') ?? false,
   };
 }
 

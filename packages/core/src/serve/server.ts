@@ -565,10 +565,17 @@ export class SpecdServer {
           stops.push(detok.flush());
           const text = stops.fullText;
           const reason = FINISH[r.finishReason] ?? 'stop';
+          const ids = p.returnTokenIds ? { token_ids: r.tokenIds } : {};
           const choice =
             kind === 'chat'
-              ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: reason }
-              : { index: 0, text, logprobs: null, finish_reason: reason };
+              ? {
+                  index: 0,
+                  message: { role: 'assistant', content: text },
+                  logprobs: null,
+                  finish_reason: reason,
+                  ...ids,
+                }
+              : { index: 0, text, logprobs: null, finish_reason: reason, ...ids };
           resolve({ id, object, created, model, choices: [choice], usage: usage(r.tokenIds.length) });
         },
         onError: (err) => {
