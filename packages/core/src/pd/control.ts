@@ -180,15 +180,36 @@ export class ControlServer {
     try {
       for await (const [peer, frame] of this.sock) {
         if (peer === undefined || frame === undefined) continue;
+        let msg: ControlMessage;
         try {
-          this.onMessage(peer, decodeControl(frame));
+          msg = decodeControl(frame);
+        } catch (err) {
+          // a malformed hello or layout is answered, so that the peer fails now rather than at its timeout
+          void this.refuse(peer, frame, (err as Error).message);
+          continue;
+        }
+        try {
+          this.onMessage(peer, msg);
         } catch {
-          // a malformed message, or a handler that failed on it: dropped; the socket keeps serving
+          // a handler that failed on it: dropped; the socket keeps serving
         }
       }
     } catch {
       // the socket was closed
     }
+  }
+
+  /** Answers a malformed `hello` with `hello-refused` and a malformed `layout` naming a room with `abort`. */
+  private async refuse(peer: Buffer, frame: Buffer, reason: string): Promise<void> {
+    let raw: { type?: unknown; room?: unknown } | undefined;
+    try {
+      raw = JSON.parse(frame.toString('utf8')) as typeof raw;
+    } catch {
+      return;
+    }
+    if (raw?.type === 'hello') await this.send(peer, { type: 'hello-refused', message: reason });
+    else if (raw?.type === 'layout' && isString(raw.room))
+      await this.send(peer, { type: 'abort', room: raw.room, reason });
   }
 
   close(): void {
