@@ -290,6 +290,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     const kv = new DraftKvCache({
       numLayers: config.layerTypes.length,
       numKvHeads: kvHeads,
+      totalKvHeads: config.numKvHeads,
       headDim: config.headDim,
       numPages,
     });

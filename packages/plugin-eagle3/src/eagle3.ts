@@ -81,6 +81,7 @@ import {
   f32Region,
   sampleFromProbs,
   samplingProbs,
+  sharedFloat32,
   type ContextSpan,
   type DraftBatch,
   type DraftProposal,
@@ -144,6 +145,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
     const kv = new DraftKvCache({
       numLayers: 1,
       numKvHeads: tp?.kvHeads ?? config.numKvHeads,
+      totalKvHeads: config.numKvHeads,
       headDim: config.headDim,
       numPages,
     });
@@ -153,7 +155,8 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
     this.model = new Eagle3Model(config, target, w, tp);
     if (!(Number.isSafeInteger(maxSequences) && maxSequences >= 1))
       throw new DrafterError(`eagle3: maxSequences: expected an integer >= 1, got ${maxSequences}`);
-    this.gStore = new Float32Array(maxSequences * config.hiddenSize);
+    // shared memory: under tensor parallelism a PD transfer on the driver's thread reads / writes every rank's g
+    this.gStore = sharedFloat32(maxSequences * config.hiddenSize);
     for (let s = maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
   }
 

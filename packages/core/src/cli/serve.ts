@@ -73,13 +73,18 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   checkParallelism(tp, pp, partition);
   const role = flags.role ?? cfg.pd.role;
-  // a prefill instance may be a pipeline (each stage process sends its layers); TP on either side, and PP on the
-  // decode side, are not built yet
-  if (role !== 'none' && (tp > 1 || (pp > 1 && role === 'decode')))
+  // a prefill instance may be a pipeline (each stage process sends its layers) or a TP group, either side may be a
+  // TP group of any size (P's entries are re-split for D's ranks); a pipelined decode side and tp × pp on P are not
+  // built yet
+  if (role === 'decode' && pp > 1)
     throw new CliError(
-      `role ${role} (--role / pd.role): prefill/decode disaggregation runs with tp = 1 on each side and pp = 1 on ` +
-        `the decode side for now (got tp ${tp}, pp ${pp}; a prefill instance may use --pp); the planner ` +
-        '(specd pd plan) already maps heterogeneous layouts',
+      `role decode (--role / pd.role): a decode instance runs with pp = 1 for now (got pp ${pp}; --tp is allowed, ` +
+        'and the prefill instance may use --pp)',
+    );
+  if (role === 'prefill' && pp > 1 && tp > 1)
+    throw new CliError(
+      `role prefill (--role / pd.role): a prefill instance uses --tp or --pp, not both, for now (got tp ${tp}, ` +
+        `pp ${pp})`,
     );
   if (role === 'prefill' && pp > 1 && par.transport !== 'zmq')
     throw new CliError(

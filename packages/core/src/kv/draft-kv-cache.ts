@@ -25,6 +25,11 @@ export interface DraftKvCacheOptions {
   readonly numLayers: number;
   /** KV heads per layer this cache holds (under tensor parallelism: the rank's). */
   readonly numKvHeads: number;
+  /**
+   * KV heads of the draft model over its whole tensor-parallel group (default `numKvHeads`): a prefill/decode
+   * transfer between different TP sizes re-splits the pages by head with it (`totalKvHeads`).
+   */
+  readonly totalKvHeads?: number;
   /** Elements per head. */
   readonly headDim: number;
   /** Tokens per page (default {@link DRAFT_PAGE_SIZE}). */
@@ -78,7 +83,13 @@ export class DraftKvCache {
       numPages,
     });
     this.kvLayout = Object.freeze({ numPages, pageSize, numKvHeads, headDim, kvLayout: 'NHD' });
+    this.totalKvHeads = options.totalKvHeads ?? numKvHeads;
+    if (!(Number.isSafeInteger(this.totalKvHeads) && this.totalKvHeads >= numKvHeads))
+      throw new RangeError(`DraftKvCache: totalKvHeads: expected an integer >= numKvHeads, got ${this.totalKvHeads}`);
   }
+
+  /** KV heads of the draft model over its tensor-parallel group (`numKvHeads` without TP; 0 without KV). */
+  readonly totalKvHeads: number = 0;
 
   /**
    * Pages for `maxSequences` sequences of at most `tokensPerSequence` tokens each (context plus the

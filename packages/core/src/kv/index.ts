@@ -5,6 +5,7 @@ export {
   type PageDescriptor,
   type PagedKvPoolOptions,
   type SequenceId,
+  sharedFloat32,
 } from './paged-kv-pool.js';
 export { StateSlotPool, type StateSlotPoolOptions, type StateSnapshot } from './state-slot-pool.js';
 export {

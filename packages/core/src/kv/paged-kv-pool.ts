@@ -27,6 +27,17 @@ export class CacheError extends Error {
 /** Identifies one sequence (request) in the caches. */
 export type SequenceId = string | number;
 
+/**
+ * A zeroed `[length]` f32 array over a `SharedArrayBuffer`: the memory of every cache store (KV pages, state
+ * slots, draft KV), so that a prefill/decode transfer running on the driver's thread can address the stores of
+ * the tensor-parallel worker ranks (threads) too — a typed array posted to another thread shares it, no copy.
+ * The native kernels take it like any Float32Array.
+ * @throws {RangeError} when the memory cannot be allocated.
+ */
+export function sharedFloat32(length: number): Float32Array {
+  return new Float32Array(new SharedArrayBuffer(length * 4));
+}
+
 /** Shape of a {@link PagedKvPool}. */
 export interface PagedKvPoolOptions {
   /** Absolute layer ids that keep paged KV (e.g. the MLA layers `[3, 7]`), each distinct. */
@@ -85,7 +96,7 @@ export class PagedKvPool {
     this.floatsPerToken = floatsPerToken;
     this.pageSize = pageSize;
     this.numPages = numPages;
-    for (const l of layers) this.stores.set(l, new Float32Array(numPages * pageSize * floatsPerToken));
+    for (const l of layers) this.stores.set(l, sharedFloat32(numPages * pageSize * floatsPerToken));
     for (let p = numPages - 1; p >= 0; p--) this.freePages.push(p);
   }
 

@@ -9,7 +9,7 @@
  * starts from the zero state, as the reference).
  */
 
-import { CacheError, type SequenceId } from './paged-kv-pool.js';
+import { CacheError, type SequenceId, sharedFloat32 } from './paged-kv-pool.js';
 
 /** Shape of a {@link StateSlotPool}. */
 export interface StateSlotPoolOptions {
@@ -74,8 +74,8 @@ export class StateSlotPool {
     this.recurrentFloats = heads * keyDim * valueDim;
     this.convFloats = convStates * convChannels * convWidth;
     for (const l of layers) {
-      this.recurrentStores.set(l, new Float32Array(numSlots * this.recurrentFloats));
-      this.convStores.set(l, new Float32Array(numSlots * this.convFloats));
+      this.recurrentStores.set(l, sharedFloat32(numSlots * this.recurrentFloats));
+      this.convStores.set(l, sharedFloat32(numSlots * this.convFloats));
     }
     for (let s = numSlots - 1; s >= 0; s--) this.freeSlots.push(s);
   }

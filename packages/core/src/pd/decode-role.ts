@@ -19,9 +19,10 @@ import { hasDraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.
 import type { EngineLoop, LoopListener, LoopRequest } from '../serve/engine-loop.js';
 import { checksumRanges } from './checksum.js';
 import { ControlClient, type ControlMessage, type Deferred, deferred, withTimeout } from './control.js';
-import { allEntries, allRegions, checkManifest, checkPdDrafter, regionLookup } from './manifest.js';
+import { checkManifest, checkPdDrafter, regionLookup } from './manifest.js';
 import { rangeBytes } from './pairing.js';
 import { type PdRoleOptions, Tombstones } from './prefill-role.js';
+import { RankedState } from './ranks.js';
 import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createZmqTransferEngine } from './zmq-transfer.js';
@@ -121,6 +122,8 @@ export class DecodeRole {
   private lookup: (id: string) => Uint8Array = regionLookup([]);
   /** Requests waiting for a free sequence. */
   private queued = 0;
+  /** This side's memory and entries over its tensor-parallel ranks. */
+  private readonly ranked: RankedState;
   /** Rooms aborted before their request arrived here: the request is refused when it comes. */
   private readonly tombstones = new Tombstones();
 
@@ -135,6 +138,7 @@ export class DecodeRole {
     private readonly maxQueued = 64,
   ) {
     if (drafter !== undefined) checkPdDrafter(drafter);
+    this.ranked = new RankedState(loop.engine.target, loop.engine.cache, drafter);
   }
 
   /** Requests being admitted (reserved, waiting for their state). */
@@ -145,7 +149,7 @@ export class DecodeRole {
   /** Binds the transfer agent and registers the engine's memory. */
   async start(): Promise<void> {
     this.transfer = await createZmqTransferEngine({ host: this.options.host, port: 0 });
-    const regions = allRegions(this.loop.engine.cache, this.drafter);
+    const regions = this.ranked.regions();
     this.transfer.registerRegions(regions);
     this.lookup = regionLookup(regions);
   }
@@ -189,10 +193,11 @@ export class DecodeRole {
     try {
       loopId = await this.reserve(req, listener, r);
       const id = loopId;
-      const cache = this.loop.engine.cache;
       if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
         this.drafter.pdReserveContext(id, req.promptIds.length);
-      const expected = allEntries(cache, this.drafter, id);
+      // every rank holds the reservation before the transfer writes into it (a replayed add zeroes the slot)
+      this.ranked.sync();
+      const expected = this.ranked.entries(id);
       let outcome: { kind: 'data'; ns: Notification[] } | RoomEvent;
       for (let hellos = 0; ; hellos++) {
         const { peer, stages } = await this.peer(bootstrap);

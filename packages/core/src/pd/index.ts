@@ -34,6 +34,7 @@ export {
   type PdParallelism,
 } from './digest.js';
 export * from './pairing.js';
+export * from './ranks.js';
 export * from './protocol.js';
 export * from './control.js';
 export * from './prefill-role.js';

@@ -117,22 +117,27 @@ export function targetRegions(cache: SequenceCache): MemoryRegion[] {
 }
 
 /**
- * The target's entries of sequence `id` in `cache` (module comment), keys of rank `rank`: `'target-kv'` per
+ * The target's entries of sequence `id` in `cache` (module comment), keys of rank `rank` of a `tp`-rank group
+ * (each entry's {@link LocalEntry.heads} over the group, from the cache's per-rank geometry): `'target-kv'` per
  * paged layer (`⌈length / pageSize⌉ · pageBytes` bytes), then per linear layer `'linear-state'`
  * (`heads · dK · dV · 4` bytes) and `'conv-state'` (`convStates · channels · convWidth · 4` bytes; none when
  * the layer has no conv state).
  * @throws `CacheError` `unknown-sequence`.
  */
-export function targetEntries(cache: SequenceCache, id: SequenceId, rank = 0): LocalEntry[] {
+export function targetEntries(cache: SequenceCache, id: SequenceId, rank = 0, tp = 1): LocalEntry[] {
   cache.length(id); // an unknown sequence throws
   const out: LocalEntry[] = [];
   const kv = cache.kv;
   if (kv !== undefined) {
     const pages = kv.blockTable(id);
+    // GQA rows split by KV head; MLA rows (no kvHeads) are whole on every rank
+    const kvHeads = cache.geometry.pagedKv.kvHeads;
+    const heads = kvHeads === undefined ? undefined : { total: kvHeads * tp, bytes: (kv.floatsPerToken / kvHeads) * 4 };
     for (const l of kv.layers) {
       out.push({
         key: { kind: 'target-kv', layer: l, part: '', rank },
         ranges: pageRanges(`target-kv/${l}`, pages, kv.pageBytes),
+        ...(heads === undefined ? {} : { heads }),
       });
     }
   }
@@ -141,15 +146,24 @@ export function targetEntries(cache: SequenceCache, id: SequenceId, rank = 0): L
     const slot = state.slotOf(id);
     const recurrentBytes = state.recurrentFloats * 4;
     const convBytes = state.convFloats * 4;
+    const g = cache.geometry.linearState;
+    // [heads, dK, dV]: one unit; conv [convStates, channels, convWidth]: a head's channels are adjacent
+    const recurrentHeads = { total: g.heads * tp, bytes: g.keyDim * g.valueDim * 4 };
+    const convHeads =
+      g.convChannels % g.heads === 0
+        ? { heads: { total: g.heads * tp, bytes: (g.convChannels / g.heads) * g.convWidth * 4 } }
+        : {};
     for (const l of state.layers) {
       out.push({
         key: { kind: 'linear-state', layer: l, part: '', rank },
         ranges: [{ region: `linear-state/${l}`, offset: slot * recurrentBytes, length: recurrentBytes }],
+        heads: recurrentHeads,
       });
       if (convBytes > 0)
         out.push({
           key: { kind: 'conv-state', layer: l, part: '', rank },
           ranges: [{ region: `conv-state/${l}`, offset: slot * convBytes, length: convBytes }],
+          ...convHeads,
         });
     }
   }
@@ -167,8 +181,7 @@ export function checkPdDrafter(drafter: Drafter): asserts drafter is Drafter & D
     throw new PdError(
       'unsupported',
       `${drafter.method}: no prefill/decode transfer (the drafter does not declare DraftContextTransfer: ` +
-        'pdRegions / pdContextEntries / pdReserveContext, docs/PLUGINS.md; a drafter spread over ' +
-        'tensor-parallel ranks does not yet either)',
+        'pdRegions / pdContextEntries / pdReserveContext, docs/PLUGINS.md)',
     );
 }
 
@@ -187,7 +200,7 @@ export function drafterRegions(drafter: Drafter): readonly MemoryRegion[] {
  */
 export function drafterEntries(drafter: Drafter, id: SequenceId, rank = 0): LocalEntry[] {
   checkPdDrafter(drafter);
-  return drafter.pdContextEntries(id).map((e) => ({ key: { ...e.key, rank }, ranges: e.ranges }));
+  return drafter.pdContextEntries(id).map((e) => ({ ...e, key: { ...e.key, rank } }));
 }
 
 /**
@@ -195,8 +208,14 @@ export function drafterEntries(drafter: Drafter, id: SequenceId, rank = 0): Loca
  * ({@link drafterEntries}; none without a drafter).
  * @throws as {@link targetEntries} and {@link drafterEntries}; {@link PdError} `'manifest'` for a key declared twice.
  */
-export function allEntries(cache: SequenceCache, drafter: Drafter | undefined, id: SequenceId, rank = 0): LocalEntry[] {
-  const target = targetEntries(cache, id, rank);
+export function allEntries(
+  cache: SequenceCache,
+  drafter: Drafter | undefined,
+  id: SequenceId,
+  rank = 0,
+  tp = 1,
+): LocalEntry[] {
+  const target = targetEntries(cache, id, rank, tp);
   const entries = drafter === undefined ? target : [...target, ...drafterEntries(drafter, id, rank)];
   const seen = new Set<string>();
   for (const e of entries) {

@@ -28,8 +28,9 @@ import {
   withTimeout,
 } from './control.js';
 import { compareDigests } from './digest.js';
-import { allEntries, allRegions, checkPdDrafter, regionLookup } from './manifest.js';
+import { checkPdDrafter, regionLookup } from './manifest.js';
 import { planSend, rangeBytes } from './pairing.js';
+import { RankedState, reshardEntries } from './ranks.js';
 import {
   hasStageSenders,
   type PdStageLayout,
@@ -83,6 +84,8 @@ interface Layout {
   /** The request's digest as D parsed it (protocol.ts `requestDigest`). */
   readonly request: string;
   readonly entries: readonly LayoutEntry[];
+  /** The decode instance's TP size (from its hello's digest). */
+  readonly tp: number;
 }
 
 /** A request in this role: its room's layout and how to stop it. */
@@ -102,8 +105,10 @@ export class PrefillRole {
   private readonly control: ControlServer;
   private transfer: TransferEngine | undefined;
   private readonly rooms = new Map<string, Room>();
-  /** Routing ids (hex) of decode instances whose hello was accepted. */
-  private readonly peers = new Set<string>();
+  /** Routing ids (hex) of decode instances whose hello was accepted, and each one's TP size (its digest's). */
+  private readonly peers = new Map<string, number>();
+  /** This side's memory and entries over its tensor-parallel ranks. */
+  private readonly ranked: RankedState;
   /** Region id → this side's bytes (after start). */
   private lookup: (id: string) => Uint8Array = regionLookup([]);
   /** Rooms aborted or failed before (or without) a request of ours: a late request or layout for one is refused. */
@@ -122,6 +127,9 @@ export class PrefillRole {
     this.control = new ControlServer((peer, msg) => this.onMessage(peer, msg));
     const target = loop.engine.target;
     this.senders = hasStageSenders(target) ? target : undefined;
+    this.ranked = new RankedState(target, loop.engine.cache, drafter);
+    if (this.senders !== undefined && this.ranked.tp > 1)
+      throw new PdError('unsupported', 'prefill role: a pipeline whose stages are tensor-parallel groups (tp × pp)');
     const geometry = loop.engine.cache.geometry;
     this.stages = this.senders?.pdStages ?? [
       {
@@ -155,7 +163,7 @@ export class PrefillRole {
       port: 0,
       ...(this.options.testHooks?.transfer === undefined ? {} : { testHooks: this.options.testHooks.transfer }),
     });
-    const regions = allRegions(this.loop.engine.cache, this.drafter);
+    const regions = this.ranked.regions();
     this.transfer.registerRegions(regions);
     this.lookup = regionLookup(regions);
     const pause = this.options.testHooks?.transfer?.pauseAfterDescriptors;
@@ -304,12 +312,15 @@ export class PrefillRole {
           agent: layout.agent,
           entries,
           timeoutMs: this.options.transferTimeoutMs,
+          tp: layout.tp,
         }),
       );
     }
+    // what each of D's ranks expects, cut from this side's ranks' entries (pd/ranks.ts; the same TP: rank r's)
+    const wanted = byStage[last] ?? [];
     const own = planSend(
-      byStage[last] ?? [],
-      allEntries(this.loop.engine.cache, this.drafter, loopId),
+      wanted,
+      reshardEntries(this.ranked.entries(loopId), this.ranked.tp, wanted, layout.tp),
       this.lookup,
       'the prefill instance',
       this.options.testHooks?.withhold,
@@ -389,8 +400,11 @@ export class PrefillRole {
     switch (msg.type) {
       case 'hello': {
         try {
-          compareDigests(this.options.digest, msg.digest, 'the decode instance', { mine: 'prefill', theirs: 'decode' });
-          this.peers.add(who);
+          const { tp } = compareDigests(this.options.digest, msg.digest, 'the decode instance', {
+            mine: 'prefill',
+            theirs: 'decode',
+          });
+          this.peers.set(who, tp.theirs);
           void this.control.send(peer, { type: 'hello-ok', stages: this.stages });
         } catch (err) {
           this.peers.delete(who);
@@ -399,7 +413,8 @@ export class PrefillRole {
         return;
       }
       case 'layout': {
-        if (!this.peers.has(who)) {
+        const tp = this.peers.get(who);
+        if (tp === undefined) {
           // this instance never accepted a hello from this peer (it restarted on the same address): ask for one
           void this.control.send(peer, { type: 'hello-required', room: msg.room });
           return;
@@ -415,6 +430,7 @@ export class PrefillRole {
           agent: msg.agent,
           request: msg.request,
           entries: msg.entries,
+          tp,
         });
         return;
       }

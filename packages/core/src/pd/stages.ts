@@ -66,6 +66,8 @@ export interface StageSendRequest {
   readonly entries: readonly LayoutEntry[];
   /** How long the write may take, ms. */
   readonly timeoutMs: number;
+  /** D's TP size (default 1): the stage re-splits its entries for D's ranks (pd/ranks.ts `reshardEntries`). */
+  readonly tp?: number;
 }
 
 /** The notification a stage's write carries (the last stage's adds the handoff state). */

@@ -84,10 +84,29 @@ export interface RegionRange {
   readonly length: number;
 }
 
+/**
+ * How an entry's bytes split over tensor-parallel ranks by head: the bytes (in send order) are `[units,
+ * headsOfRank, bytes]` — per unit (a token row of a page, a conv state, one recurrent state) the rank's heads side
+ * by side, `bytes` each. The rank's heads follow the Megatron rule the models and drafters shard by: with
+ * `tp ≤ total` rank r holds `[r·total/tp, (r+1)·total/tp)`; with `tp > total` it holds head `⌊r·total/tp⌋`
+ * (replicated).
+ */
+export interface EntryHeads {
+  /** Heads over the whole tensor-parallel group. */
+  readonly total: number;
+  /** Bytes of one head in one unit. */
+  readonly bytes: number;
+}
+
 /** Where one entry's bytes live on one side, in send order (the checksum covers them in this order). */
 export interface LocalEntry {
   readonly key: PdEntryKey;
   readonly ranges: readonly RegionRange[];
+  /**
+   * How the entry splits over tensor-parallel ranks (pd/ranks.ts re-splits it when P's and D's TP differ);
+   * absent: every rank that holds the entry holds the same bytes (the MLA latent, a drafter's last feature).
+   */
+  readonly heads?: EntryHeads;
 }
 
 /** A manifest row as P sends it in the completion notification: the entry, its length and checksum. */

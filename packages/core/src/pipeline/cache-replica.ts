@@ -92,6 +92,9 @@ export class CacheReplica {
         this.cache(op.cache).finish(op.id);
         this.checkpointsOf(op.cache).delete(op.id);
         return;
+      case 'extend':
+        this.cache(op.cache).extend(op.id, op.length);
+        return;
       case 'checkpoint': {
         const cache = this.cache(op.cache);
         this.checkpointsOf(op.cache).set(op.id, cache.checkpoint(op.id));

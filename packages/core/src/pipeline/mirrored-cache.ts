@@ -1,6 +1,6 @@
 /**
  * A {@link SequenceCache} that records the caller's cache operations for copies of the cache held
- * elsewhere (pipeline stage processes, tensor-parallel worker ranks): `add`, `finish` / `abort`,
+ * elsewhere (pipeline stage processes, tensor-parallel worker ranks): `add`, `extend`, `finish` / `abort`,
  * `checkpoint`, `rollback`, plus the commits the owners record themselves. Each owner — a
  * {@link PipelineModel}, a {@link TensorParallelModel} — attaches one mirror (a queue per remote copy);
  * the queues travel with that copy's next forward request. Several owners can mirror one cache: under
@@ -113,6 +113,15 @@ export class MirroredCache extends SequenceCache {
     super.abort(id);
     this.checkpoints.delete(id);
     if (had) this.record({ op: 'finish', cache: this.cacheId, id });
+  }
+
+  /**
+   * Grows `id` to `newLength` tokens. Recorded when the caller grows it (the decode role's reservation); a local
+   * model's forward grows its own copy, as every copy does in its forward.
+   */
+  override extend(id: SequenceId, newLength: number): void {
+    super.extend(id, newLength);
+    this.record({ op: 'extend', cache: this.cacheId, id, length: newLength });
   }
 
   override checkpoint(id: SequenceId): SequenceCheckpoint {

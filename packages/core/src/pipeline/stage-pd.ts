@@ -19,6 +19,7 @@ import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache } from '../kv/sequence-cache.js';
 import { regionLookup, targetEntries, targetRegions } from '../pd/manifest.js';
 import { planSend } from '../pd/pairing.js';
+import { reshardEntries } from '../pd/ranks.js';
 import type { StageNotification, StageSendRequest } from '../pd/stages.js';
 import type { TransferEngine } from '../pd/transfer-engine.js';
 import { PdError } from '../pd/types.js';
@@ -102,7 +103,8 @@ export class StagePdSender {
     const bytes = regionLookup(regions);
     const { local, remote, rows } = planSend(
       req.entries,
-      targetEntries(cache, id),
+      // a stage process is one rank (tp × pp is refused under PD): its entries re-split for D's ranks
+      reshardEntries(targetEntries(cache, id), 1, req.entries, req.tp ?? 1),
       bytes,
       `pipeline stage ${this.stage}`,
     );

@@ -61,6 +61,8 @@ export type CacheOp =
   | { readonly op: 'drop'; readonly cache: number }
   | { readonly op: 'add' | 'finish' | 'checkpoint' | 'rollback'; readonly cache: number; readonly id: SequenceId }
   | { readonly op: 'commitPrefix'; readonly cache: number; readonly id: SequenceId; readonly committed: number }
+  /** The caller grew a sequence outside a forward (a decode instance reserving a transferred prompt's pages). */
+  | { readonly op: 'extend'; readonly cache: number; readonly id: SequenceId; readonly length: number }
   | {
       readonly op: 'commitTreePath';
       readonly cache: number;

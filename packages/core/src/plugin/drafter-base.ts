@@ -155,7 +155,8 @@ export abstract class DrafterBase implements Drafter {
   /**
    * PD helper ({@link DraftContextTransfer.pdContextEntries}): per draft layer j, entries `'draft-kv'` layer j
    * part `'k'` then `'v'` (rank 0), each the sequence's pages in block-table order, adjacent pages coalesced
-   * (`⌈contextLength / pageSize⌉ · pageBytes` bytes); `[]` without draft KV.
+   * (`⌈contextLength / pageSize⌉ · pageBytes` bytes), split by KV head (`heads`: the draft model's KV heads over
+   * its tensor-parallel group, `headDim · 4` bytes each); `[]` without draft KV.
    * @throws `CacheError` `unknown-sequence`.
    */
   protected draftKvEntries(id: SequenceId): LocalEntry[] {
@@ -164,12 +165,15 @@ export abstract class DrafterBase implements Drafter {
     kv.contextLength(id); // an unknown sequence throws, with or without KV
     if (!kv.hasKv) return [];
     const pages = kv.pool.blockTable(id);
+    // a row is [kvHeads, headDim]: split by KV head over the tensor-parallel group
+    const heads = { total: kv.totalKvHeads, bytes: kv.layout.headDim * 4 };
     const out: LocalEntry[] = [];
     for (let j = 0; j < kv.numLayers; j++) {
       for (const part of ['k', 'v'] as const) {
         out.push({
           key: { kind: 'draft-kv', layer: j, part, rank: 0 },
           ranges: pageRanges(draftKvRegionId(j, part), pages, kv.pool.pageBytes),
+          heads,
         });
       }
     }

@@ -13,6 +13,7 @@ import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 
 import type { TensorRead } from '../io/weight-reader.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import type { SequenceCache } from '../kv/sequence-cache.js';
 import type { Drafter, DrafterLoadOptions } from '../plugin/drafter-plugin.js';
 import type { ForwardSequence, LogitsRequest, StageModel, TpComm } from '../plugin/model-plugin.js';
 import { DrafterRegistry, loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
@@ -69,6 +70,20 @@ export interface TpLmHeadRequest {
   readonly type: 'lmHead';
   readonly x: Float32Array;
   readonly rows: number;
+}
+
+/**
+ * Applies the queued cache operations of cache `cache` now (driver → rank; no forward) and answers the regions of
+ * this rank's memory that a prefill/decode transfer addresses: the cache's stores, then each listed drafter
+ * shard's (`pdRegions`, when it declares it). The regions are views of shared memory, so the driver's thread
+ * reads and writes them in place (pd/ranks.ts).
+ */
+export interface TpSyncRequest {
+  readonly type: 'sync';
+  readonly cache: number;
+  readonly ops: readonly CacheOp[];
+  /** Drafter shard ids whose regions to include. */
+  readonly drafters: readonly number[];
 }
 
 /** Loads the shard of `rank` through the plugin that accepts the checkpoint. */
@@ -141,6 +156,12 @@ export async function loadDrafterShardOf(
 export class RankCaches extends CacheReplica {
   constructor(model: StageModel) {
     super(model, 'tensor-parallel rank');
+  }
+
+  /** Applies `ops` in order and returns cache `id` (a {@link TpSyncRequest}). */
+  sync(ops: readonly CacheOp[], id: number): SequenceCache {
+    for (const op of ops) this.apply(op);
+    return this.cache(id);
   }
 
   forward(req: TpForwardRequest): void {

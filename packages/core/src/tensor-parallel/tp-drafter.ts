@@ -14,12 +14,23 @@
  * broadcasts meet in shared memory); the result is rank 0's. The rest — `projectTargetHiddenPartial`
  * (fc is rank 0's), `captureSetter`, `contextLength`, `pagesInUse`, `maxDraftTokens`, `method` — is
  * rank 0's alone. Worker ranks get propose sequences without `rng` and `history` (they never sample).
- * It does not declare `DraftContextTransfer` (prefill/decode disaggregation): each rank's draft context lives
- * in its own thread, so PD refuses a drafter spread over ranks at startup (pd/manifest.ts `checkPdDrafter`).
+ * Prefill/decode disaggregation: when rank 0's shard declares `DraftContextTransfer`, so does the wrapper —
+ * `pdRegions` and `pdContextEntries` are rank 0's (the other ranks' regions come from
+ * `TensorParallelModel.syncRanks`, their entries mirror rank 0's block tables: pd/ranks.ts) and
+ * `pdReserveContext` runs on every rank.
  */
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import type { ContextSpan, DraftBatch, Drafter, DrafterLoadOptions, DraftProposal } from '../plugin/drafter-plugin.js';
+import {
+  type ContextSpan,
+  type DraftBatch,
+  type DraftContextTransfer,
+  type Drafter,
+  type DrafterLoadOptions,
+  type DraftProposal,
+  hasDraftContextTransfer,
+} from '../plugin/drafter-plugin.js';
+import type { LocalEntry, MemoryRegion } from '../pd/types.js';
 import type { StageInfo } from '../plugin/model-plugin.js';
 import { loadDrafterShardOf, type TpDrafterCallRequest } from './rank.js';
 import { TensorParallelError, type RankReport, type TensorParallelModel } from './tp-model.js';
@@ -70,20 +81,33 @@ export async function loadTensorParallelDrafter(
 }
 
 /** The engine's drafter over a tensor-parallel group (see the module comment). */
-export class TensorParallelDrafter implements Drafter {
+export class TensorParallelDrafter implements Drafter, Partial<DraftContextTransfer> {
   private broken: Error | undefined;
   private disposed = false;
+  /** PD: rank 0's regions (present when rank 0's shard declares DraftContextTransfer). */
+  readonly pdRegions?: () => readonly MemoryRegion[];
+  /** PD: rank 0's entries of a sequence (the other ranks' mirror them). */
+  readonly pdContextEntries?: (id: SequenceId) => readonly LocalEntry[];
+  /** PD (decode side): every rank reserves the draft context's rows. */
+  readonly pdReserveContext?: (id: SequenceId, length: number) => void;
 
   constructor(
     /** The target's group (its ranks run the drafter's shards). */
     private readonly group: TensorParallelModel,
-    /** Id of the shards on the worker ranks. */
-    private readonly id: number,
+    /** Id of the shards on the worker ranks (`TensorParallelModel.syncRanks` names it). */
+    readonly id: number,
     /** Rank 0's shard (this thread): its results are the drafter's. */
     readonly rank0: Drafter,
     /** What each rank's shard read, in rank order (tests assert the blocks). */
     readonly ranks: readonly RankReport[],
-  ) {}
+  ) {
+    if (hasDraftContextTransfer(rank0)) {
+      this.pdRegions = () => rank0.pdRegions();
+      this.pdContextEntries = (id) => rank0.pdContextEntries(id);
+      this.pdReserveContext = (id, length) =>
+        this.onAll('pdReserveContext', [id, length], () => rank0.pdReserveContext(id, length));
+    }
+  }
 
   get method(): string {
     return this.rank0.method;

@@ -40,8 +40,13 @@ import {
   type TpDrafterLoadRequest,
   type TpForwardRequest,
   type TpLmHeadRequest,
+  type TpSyncRequest,
   type TpWorkerInit,
 } from './rank.js';
+import type { MemoryRegion } from '../pd/types.js';
+
+/** A request {@link TensorParallelModel.runOnRanks} posts to the worker ranks. */
+export type RankRequest = TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest | TpSyncRequest;
 import { loadTensorParallelDrafter } from './tp-drafter.js';
 
 /** A tensor-parallel rank failed (its forward threw, or it could not load). */
@@ -57,6 +62,8 @@ export interface RankReply {
   readonly message?: string;
   /** `drafter.load`: what the rank read. */
   readonly reads?: readonly TensorRead[];
+  /** `sync`: the rank's PD regions (shared memory). */
+  readonly regions?: readonly MemoryRegion[];
 }
 
 /** What a rank loaded (tests assert the blocks). */
@@ -278,9 +285,9 @@ export class TensorParallelModel implements StageModel, DistributedStage, Partia
   }
 
   /**
-   * Runs one request on every rank at once (drafter shards, tp-drafter.ts): posts `request` to each
-   * worker rank, runs `local` (rank 0) here — collectives inside meet the workers in shared memory —
-   * and waits for every reply. A rank that fails aborts the group, so nobody waits forever.
+   * Runs one request on every rank at once (drafter shards, tp-drafter.ts): posts `request` (or `request(k)` to
+   * worker rank k + 1) to each worker rank, runs `local` (rank 0) here — collectives inside meet the workers in
+   * shared memory — and waits for every reply. A rank that fails aborts the group, so nobody waits forever.
    * @param onOutOfStep called (before the throw) when the failure may have left the ranks out of step
    *   (not every rank failed alike before its first collective).
    * @returns rank 0's value and the workers' replies (rank order).
@@ -288,17 +295,19 @@ export class TensorParallelModel implements StageModel, DistributedStage, Partia
    * @internal
    */
   runOnRanks<T>(
-    request: TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest,
+    request: RankRequest | ((k: number) => RankRequest),
     local: () => T,
     onOutOfStep: (err: Error) => void = () => {},
   ): { value: T; replies: RankReply[] } {
     if (this.disposed) throw new TensorParallelError('tensor parallel: disposed');
+    const requests = this.remotes.map((_, k) => (typeof request === 'function' ? request(k) : request));
+    const type = requests[0]?.type ?? 'request';
     if (this.onRanks)
-      throw new TensorParallelError(`tensor parallel: ${request.type} posted while another request runs on the ranks`);
+      throw new TensorParallelError(`tensor parallel: ${type} posted while another request runs on the ranks`);
     this.comm.reset();
     const seen = this.remotes.map((r) => Atomics.load(this.comm.ctrl, replyWord(r.rank)));
-    for (const r of this.remotes) {
-      r.port.postMessage(request);
+    for (const [k, r] of this.remotes.entries()) {
+      r.port.postMessage(requests[k]);
       Atomics.add(this.comm.ctrl, requestWord(r.rank), 1);
       Atomics.notify(this.comm.ctrl, requestWord(r.rank));
     }
@@ -336,9 +345,35 @@ export class TensorParallelModel implements StageModel, DistributedStage, Partia
     const err =
       failure !== undefined && !(failure instanceof TpAbortError)
         ? failure
-        : new TensorParallelError(`tensor parallel: ${request.type}: ${errors.join('; ') || 'aborted'}`);
+        : new TensorParallelError(`tensor parallel: ${type}: ${errors.join('; ') || 'aborted'}`);
     if (!clean) onOutOfStep(err);
     throw err;
+  }
+
+  /**
+   * Prefill/decode disaggregation (pd/ranks.ts): applies the cache operations queued for the worker ranks now
+   * (a decode instance's reservation must be in every rank's cache before the transfer writes it: a replayed
+   * `add` zeroes the state slot) and returns, per worker rank (rank 1 first), the regions of its memory a
+   * transfer addresses: `cache`'s stores (pd/manifest.ts `targetRegions`), then those of the drafter shards
+   * `drafters` (their `pdRegions`). Shared memory: writes through them land in the rank's stores.
+   * @throws {TensorParallelError} for a cache not from {@link createCache}, a disposed model, or a rank that fails.
+   */
+  syncRanks(cache: SequenceCache, drafters: readonly number[] = []): MemoryRegion[][] {
+    if (this.broken !== undefined) throw this.broken;
+    const tc = this.asTpCache(cache);
+    const { replies } = this.runOnRanks(
+      (k): TpSyncRequest => ({ type: 'sync', cache: tc.cacheId, ops: this.queues[k]!.splice(0), drafters }),
+      () => undefined,
+      (err) => {
+        this.broken = new TensorParallelError(
+          `tensor parallel: ranks out of step after a failed sync: ${err.message}`,
+          {
+            cause: err,
+          },
+        );
+      },
+    );
+    return replies.map((r) => [...(r.regions ?? [])]);
   }
 
   /** The error that left the ranks out of step, if any (the model then refuses every forward). */

@@ -15,6 +15,8 @@
  *                    reply `{ok: true}` (rank 0's result is the one used) or an error;
  *   `lmHead`       — run this rank's shard's vocab-parallel lm_head on the request's rows (its
  *                    all-gather meets the other ranks); reply `{ok: true}` or an error;
+ *   `sync`         — apply the queued cache operations now and reply `{ok: true, regions}`: the cache's
+ *                    stores and the listed drafter shards' PD regions (shared memory, pd/ranks.ts);
  *   `exit`         — leave the loop.
  */
 
@@ -31,10 +33,19 @@ import {
   type TpDrafterLoadRequest,
   type TpForwardRequest,
   type TpLmHeadRequest,
+  type TpSyncRequest,
   type TpWorkerInit,
 } from './rank.js';
+import { hasDraftContextTransfer } from '../plugin/drafter-plugin.js';
+import { targetRegions } from '../pd/manifest.js';
 
-type Request = TpForwardRequest | TpDrafterLoadRequest | TpDrafterCallRequest | TpLmHeadRequest | { type: 'exit' };
+type Request =
+  | TpForwardRequest
+  | TpDrafterLoadRequest
+  | TpDrafterCallRequest
+  | TpLmHeadRequest
+  | TpSyncRequest
+  | { type: 'exit' };
 
 /** Worker ranks never sample: the propose sequences they get carry this instead of the request's PRNG. */
 const NO_RNG = Object.freeze({
@@ -83,6 +94,13 @@ async function serve(init: TpWorkerInit, comm: SharedComm, caches: RankCaches, m
           throw new Error(`tensor parallel: the drafter plugin of ${msg.dir} has no loadShard on rank ${init.rank}`);
         drafters.set(msg.id, loaded.drafter);
         reply = { ok: true, reads: loaded.reads };
+      } else if (msg.type === 'sync') {
+        const regions = targetRegions(caches.sync(msg.ops, msg.cache));
+        for (const id of msg.drafters) {
+          const d = drafters.get(id);
+          if (d !== undefined && hasDraftContextTransfer(d)) regions.push(...d.pdRegions());
+        }
+        reply = { ok: true, regions };
       } else if (msg.type === 'lmHead') {
         if (model.lmHead === undefined) throw new Error(`tensor parallel: rank ${init.rank}'s shard has no lmHead`);
         model.lmHead(msg.x, msg.rows);

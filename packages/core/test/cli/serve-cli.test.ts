@@ -94,12 +94,12 @@ describe('specd serve', () => {
       /\$\.parallelism\.partition: pp: expected 2 entries \(one per pipeline stage\), got 1/,
     ],
     [
-      { pd: { role: 'prefill' }, parallelism: { tp: 2 } },
-      /role prefill \(--role \/ pd\.role\): prefill\/decode disaggregation runs with tp = 1 .*got tp 2, pp 1/,
+      { pd: { role: 'prefill' }, parallelism: { tp: 2, pp: 2 } },
+      /role prefill \(--role \/ pd\.role\): a prefill instance uses --tp or --pp, not both, for now \(got tp 2, pp 2\)/,
     ],
     [
       { pd: { role: 'decode' }, parallelism: { pp: 2 } },
-      /role decode .*pp = 1 on the decode side for now \(got tp 1, pp 2; a prefill instance may use --pp\)/,
+      /role decode .*pp = 1 for now \(got pp 2; --tp is allowed, and the prefill instance may use --pp\)/,
     ],
     [
       { pd: { role: 'prefill' }, parallelism: { pp: 2, transport: 'fifo' } },

@@ -249,12 +249,17 @@ describe('the drafter part', () => {
     expect(() => checkPdDrafter(kv)).not.toThrow();
   });
 
-  it('refuses a drafter spread over tensor-parallel ranks, even when its rank 0 shard declares the capability', () => {
+  it('a drafter spread over tensor-parallel ranks declares the capability exactly when its rank 0 shard does', () => {
     // the wrapper's constructor only stores its arguments: no ranks are started here
     const spread = new TensorParallelDrafter({} as TensorParallelModel, 1, new KvDrafter(), []);
     expect(hasDraftContextTransfer(spread.rank0)).toBe(true);
-    expect(hasDraftContextTransfer(spread)).toBe(false);
-    expect(() => checkPdDrafter(spread)).toThrow(/^kv-test: no prefill\/decode transfer \(.*tensor-parallel/);
+    expect(hasDraftContextTransfer(spread)).toBe(true);
+    expect(spread.pdRegions?.().map((r) => r.id)).toEqual(
+      spread.rank0 instanceof KvDrafter ? spread.rank0.pdRegions().map((r) => r.id) : [],
+    );
+    const plain = new TensorParallelDrafter({} as TensorParallelModel, 2, new PlainDrafter(), []);
+    expect(hasDraftContextTransfer(plain)).toBe(false);
+    expect(() => checkPdDrafter(plain)).toThrow(/^plain-test: no prefill\/decode transfer \(/);
   });
 
   it("declares each draft layer's K and V pages, coalesced, from DrafterBase's helpers", () => {
