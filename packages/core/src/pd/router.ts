@@ -101,6 +101,12 @@ export function randomRoom(): number {
 /** The reason a fetch failed (e.g. `ECONNREFUSED`), from undici's `cause`. */
 function describeFetchError(err: unknown): string {
   const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+  // the fetch standard's blocked ports (6000, 6665–6669, …): Node's fetch refuses them before connecting
+  if (cause?.message === 'bad port')
+    return (
+      "bad port: the port is on the fetch standard's blocked-port list, which Node's fetch refuses; run that " +
+      'server on another port'
+    );
   return cause?.code ?? cause?.message ?? (err as Error).message ?? String(err);
 }
 

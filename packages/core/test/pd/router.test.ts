@@ -543,6 +543,20 @@ describe('specd router: health and rotation', () => {
     }
   });
 
+  it("an upstream on a port Node's fetch blocks is unhealthy with a reason that says so", async () => {
+    // 6000 is on the fetch standard's blocked-port list: fetch refuses it without connecting
+    const blocked = 'http://127.0.0.1:6000';
+    const r = await newRouter({ decode: [blocked, d0.url] });
+    try {
+      expect(r.router.states().find((s) => s.url === blocked)).toMatchObject({
+        healthy: false,
+        reason: expect.stringMatching(/bad port: the port is on the fetch standard's blocked-port list/),
+      });
+    } finally {
+      await r.router.close();
+    }
+  });
+
   it('refuses to start when a --prefill URL answers role decode (naming it), or a role has no URL', async () => {
     const r = new PdRouter({ prefill: [d0.url], decode: [d1.url], prompts, sampling: SAMPLING });
     const err = await r.listen('127.0.0.1', 0).catch((e) => e);
