@@ -5,6 +5,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { planSend } from '../../src/pd/pairing.js';
+import { forEachRange, planTransfer } from '../../src/pd/planner.js';
 import { rankHeads, rankRegionId, reshardEntries } from '../../src/pd/ranks.js';
 import { type LocalEntry, PdError, type PdEntryKey } from '../../src/pd/types.js';
 
@@ -117,6 +118,41 @@ describe('reshardEntries', () => {
     expect([...regionsOf({ kind: 'draft-kv', layer: 0, part: 'k', rank: 1 })]).toEqual(
       [9, 11, 13, 15].map((r) => rankRegionId(r, 'kv')),
     );
+  });
+
+  it.each([
+    [1, 2],
+    [2, 1],
+    [4, 32],
+    [16, 2],
+  ])('P tp %i → D tp %i: the same bytes land where the pure planner (specd pd plan) puts them', (pTp, dTp) => {
+    const { D } = transfer(pTp, dTp);
+    const P = side(pTp, true);
+    const viaPlanner = side(dTp, false);
+    const spec = {
+      name: 'kv',
+      kind: 'draft-kv' as const,
+      layers: [0],
+      parts: [''],
+      unit: 'page' as const,
+      rowsPerUnit: 1,
+      heads: HEADS,
+      headBytes: HEAD_BYTES,
+      split: 'heads' as const,
+      drafter: true,
+    };
+    const layout = (tp: number) => ({ tp, numLayers: 1, baseAddress: 0, numUnits: { kv: UNITS } });
+    const mapping = { kv: Array.from({ length: UNITS }, (_, u) => [u, u] as const) };
+    for (const c of planTransfer([spec], layout(pTp), layout(dTp), mapping)) {
+      const src = P.regions.get(rankRegionId(c.srcRank, 'kv'))!;
+      const dst = viaPlanner.regions.get(rankRegionId(c.dstRank, 'kv'))!;
+      // the regions above keep the entry's bytes from offset 16
+      forEachRange(c, (s0, d0, n) => dst.set(src.subarray(16 + s0, 16 + s0 + n), 16 + d0));
+    }
+    for (let r = 0; r < dTp; r++)
+      expect(D.regions.get(rankRegionId(r, 'kv')), `D rank ${r}`).toEqual(
+        viaPlanner.regions.get(rankRegionId(r, 'kv')),
+      );
   });
 
   it('refuses heads that do not split over a side, naming the entry and the side', () => {
