@@ -294,7 +294,10 @@ export class SpecEngine {
     return r === undefined ? undefined : this.finish(r, 'abort');
   }
 
-  /** Runs every queued request to the end. @returns results in finishing order. */
+  /**
+   * Runs every queued request to the end. @returns results in finishing order (a request that failed alone with
+   * finish reason `'error'` and its `error`). @throws as {@link step}.
+   */
   run(requests: readonly SpecRequest[] = []): SpecResult[] {
     for (const r of requests) this.add(r);
     const out: SpecResult[] = [];
