@@ -523,11 +523,12 @@ export class SpecdServer {
           finished = true;
           this.metrics.errors.inc({ status: '500' });
           if (err instanceof SequenceError) this.options.logger?.error(err);
+          // a model that can no longer run fails its requests one by one too: model_failed says so
           const e =
-            err instanceof SequenceError
-              ? sequenceFailed(err)
-              : this.options.target.model.failure?.() !== undefined
-                ? modelFailed(err)
+            this.options.target.model.failure?.() !== undefined
+              ? modelFailed(err)
+              : err instanceof SequenceError
+                ? sequenceFailed(err)
                 : new ApiError(500, err.message, 'server_error', null, 'internal_error');
           raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
         },
@@ -577,10 +578,11 @@ export class SpecdServer {
         },
         onError: (err) => {
           finished = true;
-          if (err instanceof SequenceError) {
+          if (this.options.target.model.failure?.() !== undefined) reject(modelFailed(err));
+          else if (err instanceof SequenceError) {
             this.options.logger?.error(err);
             reject(sequenceFailed(err)); // (the error handler counts it)
-          } else reject(this.options.target.model.failure?.() !== undefined ? modelFailed(err) : err);
+          } else reject(err);
         },
       };
       submit(listener).then((opened) => {
