@@ -76,6 +76,7 @@ export function generateTokens(target: LoadedTarget, options: GenerateOptions): 
         onToken: options.onToken,
       },
     ]);
+    if (r!.error !== undefined) throw r!.error;
     return { tokenIds: r!.tokenIds, seconds: (performance.now() - t0) / 1000, stoppedAtEos: r!.finishReason === 'eos' };
   } finally {
     engine.dispose(); // a failed decode step leaves the sequence running: free its cache
@@ -127,6 +128,7 @@ export function generateSpeculative(
       onToken: options.onToken,
     },
   ]);
+  if (r!.error !== undefined) throw r!.error;
   return {
     tokenIds: r!.tokenIds,
     seconds: (performance.now() - t0) / 1000,

@@ -17,6 +17,7 @@ import cliProgress from 'cli-progress';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 
 import { loadConfig } from '../config/load.js';
+import { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS } from '../engine/sampling-params.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerPdCommands } from './pd.js';
@@ -166,7 +167,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     const genOptions = {
       promptIds,
       maxTokens,
-      sampling: { temperature, topK, topP },
+      sampling: normalizeSampling({ temperature, topK, topP }), // below 1e-5: greedy, as the server
       seed,
       seeded: flags.seed !== undefined || s.seed !== undefined,
       ignoreEos: flags.ignoreEos === true,
@@ -255,8 +256,8 @@ export function buildProgram(io: CliIo): Command {
     .option('--max-tokens <n>', 'new tokens at most (default 64)', intArg(1))
     .option(
       '--temperature <t>',
-      '0 = greedy (default 0)',
-      numArg((n) => n >= 0, 'a number >= 0'),
+      `0 = greedy, as is anything below ${SAMPLING_EPS} (default 0)`,
+      numArg((n) => n >= 0 && n <= MAX_TEMPERATURE, `a number in [0, ${MAX_TEMPERATURE}]`),
     )
     .option(
       '--top-p <p>',

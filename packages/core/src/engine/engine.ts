@@ -38,8 +38,9 @@ import { DraftContextWriter } from './draft-context.js';
 import { CostDraftPolicy, fixedDraftPolicy, type DraftPolicy } from './draft-policy.js';
 import { calibrateStepCosts, type StepCosts } from './step-costs.js';
 import { RequestMetrics, RunMetrics } from './metrics.js';
-import { nextToken } from './probs.js';
+import { checkLogitsRow, nextToken } from './probs.js';
 import { SeededRandom } from './random.js';
+import { samplingProblem } from './sampling-params.js';
 import { accept, commit, propose, type Running, type StepContext, verify } from './spec-step.js';
 import {
   DEFAULT_DRAFT_POLICY,
@@ -49,6 +50,7 @@ import {
   type SpecEngineOptions,
   type SpecRequest,
   type SpecResult,
+  SequenceError,
 } from './types.js';
 
 /** The spec-decode loop over one target stage and an optional drafter. Not thread-safe. */
@@ -252,6 +254,9 @@ export class SpecEngine {
           `${need} tokens, maxTokensPerSequence is ${this.maxTokensPerSequence}`,
       );
     }
+    const bad = samplingProblem(req.sampling);
+    if (bad !== undefined)
+      throw new EngineError(`add: request ${String(req.id)}: sampling.${bad.field}: ${bad.message}`);
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
     if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined)
       throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
@@ -289,7 +294,10 @@ export class SpecEngine {
     return r === undefined ? undefined : this.finish(r, 'abort');
   }
 
-  /** Runs every queued request to the end. @returns results in finishing order. */
+  /**
+   * Runs every queued request to the end. @returns results in finishing order (a request that failed alone with
+   * finish reason `'error'` and its `error`). @throws as {@link step}.
+   */
   run(requests: readonly SpecRequest[] = []): SpecResult[] {
     for (const r of requests) this.add(r);
     const out: SpecResult[] = [];
@@ -309,8 +317,12 @@ export class SpecEngine {
    * So a prompt of P tokens takes ⌈P / prefillChunk⌉ steps to prefill, and every decoding sequence
    * commits ≥ 1 token in each of them. Chunk boundaries are the same positions as a whole-prompt
    * prefill's (chunk i = tokens [i·prefillChunk, (i+1)·prefillChunk)), so outputs are bit-identical.
-   * @returns the requests that finished in this step.
-   * @throws the target's / drafter's errors; a failing prefill chunk first frees its own request.
+   * A request that fails alone (its prefill forward throws, the drafter throws on it alone, a logits row it
+   * uses is not finite) ends in this step with finish reason `'error'` and its {@link SequenceError}, its caches
+   * freed; the others go on with the tokens they would have had without it.
+   * @returns the requests that finished (or failed alone) in this step.
+   * @throws what a batched verify forward or draft context write throws (nothing tells which sequence broke it:
+   *   the caller fails the batch).
    */
   step(): SpecResult[] {
     const done: SpecResult[] = [];
@@ -373,9 +385,11 @@ export class SpecEngine {
   /**
    * Runs the next prefill chunk of `r`: prompt tokens [prefilled, min(P, prefilled + prefillChunk)),
    * one target forward with taps (kept for the draft context, written before the sequence first
-   * drafts). After the last chunk: the first token (argmax, or sampled from the processed p).
-   * @returns the request's result when it finished on its first token.
-   * @throws what the forward throws, after freeing the request (its metrics are not recorded).
+   * drafts). After the last chunk: the first token (argmax, or sampled from the processed p) from a
+   * finite logits row ({@link checkLogitsRow}).
+   * @returns the request's result when it finished on its first token, or failed: the forward (of this request
+   *   alone) threw or its last row is not finite — finish reason `'error'`, everything it held freed, its metrics
+   *   not recorded.
    */
   private prefillStep(r: Running): SpecResult | undefined {
     const req = r.req;
@@ -399,11 +413,13 @@ export class SpecEngine {
       // written before its first propose (a handed-off request's at the handoff: its decode instance drafts)
       if (this.context !== undefined && (!r.plainOnly || req.handoff === true))
         this.context.defer(r, res, 0, p, tokens.length);
-      if (end === P) first = nextToken(res.logits!.subarray(0, this.vocab), req.sampling, r.rng);
+      if (end === P) {
+        const row = res.logits!.subarray(0, this.vocab);
+        checkLogitsRow(row, `the logits after prompt position ${P - 1}`);
+        first = nextToken(row, req.sampling, r.rng);
+      }
     } catch (err) {
-      this.finish(r, 'abort'); // frees what the failed prefill holds, then reports the error
-      this.metrics.requests.pop();
-      throw err;
+      return this.fail(r, new SequenceError(id, 'prefill', err));
     }
     if (first === undefined) return undefined;
     const reason = this.emit(r, [first]);
@@ -414,15 +430,14 @@ export class SpecEngine {
   /**
    * Ends a prefilled request for prefill/decode disaggregation: writes its draft context (its prompt rows,
    * the first token as the last row's next token), keeps its caches until {@link release} and reports the
-   * state its decode instance continues from.
+   * state its decode instance continues from (or, when that write throws, fails it alone: finish reason
+   * `'error'`, everything freed).
    */
   private handoff(r: Running, first: number): SpecResult {
     try {
       this.context?.flush([r]);
     } catch (err) {
-      this.finish(r, 'abort');
-      this.metrics.requests.pop();
-      throw err;
+      return this.fail(r, new SequenceError(r.id, 'prefill', err));
     }
     this.running.delete(r.id);
     this.parked.set(r.id, r);
@@ -437,7 +452,12 @@ export class SpecEngine {
 
   // --- the speculative step: propose → verify → accept → commit (spec-step.ts) ---------------------
 
-  /** One propose → verify → accept → commit round over `seqs` (running, done prefilling). */
+  /**
+   * One propose → verify → accept → commit round over `seqs` (running, done prefilling). A sequence that fails
+   * alone in a phase (spec-step.ts: the drafter throws on it alone, a row it uses is not finite, its commit throws)
+   * ends with finish reason `'error'` and its caches freed; the others go on, their tokens unchanged.
+   * @throws what the batched verify forward or draft context write throws (nothing tells which sequence broke it).
+   */
   private specStep(seqs: readonly Running[]): SpecResult[] {
     const ctx: StepContext = {
       target: this.target,
@@ -452,24 +472,36 @@ export class SpecEngine {
       metrics: this.metrics,
       running: this.running,
     };
+    const done: SpecResult[] = [];
     const t0 = performance.now();
     const proposed = propose(ctx, seqs);
     const t1 = performance.now();
-    const verified = verify(ctx, seqs, proposed.proposals);
+    const live = seqs.filter((r) => !proposed.failed.has(r.id));
+    for (const r of seqs) {
+      const err = proposed.failed.get(r.id);
+      if (err !== undefined) done.push(this.fail(r, err));
+    }
+    if (live.length === 0) return done;
+    const verified = verify(ctx, live, proposed.proposals);
     const t2 = performance.now();
-    const outcomes = accept(ctx, seqs, verified, proposed.proposals);
-    const rows = commit(ctx, verified, outcomes);
+    const accepted = accept(ctx, live, verified, proposed.proposals);
+    const failed = new Map([...accepted.failed, ...commit(ctx, verified, accepted.outcomes)]);
     const t3 = performance.now();
+    const rows = verified.blocks.reduce((a, b) => a + b.tokens.length, 0);
     this.metrics.draftMs += t1 - t0;
     this.metrics.verifyMs += t2 - t1;
     this.metrics.commitMs += t3 - t2;
     const { drafted, proposeMs } = proposed;
     this.policy?.observeOverhead?.(t1 - t0 - proposeMs + (t3 - t2), drafted > 0);
-    this.policy?.observeStep?.(seqs.length, rows, drafted, rows - seqs.length, t2 - t1, proposeMs);
-    const done: SpecResult[] = [];
-    for (const { seq: r, acc, drafts } of outcomes) {
+    this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs);
+    for (const { seq: r, acc, drafts } of accepted.outcomes) {
+      if (failed.has(r.id)) continue;
       const reason = this.emit(r, [...drafts.subarray(0, acc.accepted), acc.bonus]);
       if (reason !== undefined) done.push(this.finish(r, reason));
+    }
+    for (const r of live) {
+      const err = failed.get(r.id);
+      if (err !== undefined) done.push(this.fail(r, err));
     }
     return done;
   }
@@ -503,5 +535,15 @@ export class SpecEngine {
     this.policy?.release(id);
     this.metrics.requests.push(r.metrics);
     return { id, tokenIds: r.out, finishReason: reason, metrics: r.metrics };
+  }
+
+  /**
+   * Ends a request that failed alone: frees its target pages, state slot and draft context (its metrics are not
+   * recorded) and reports it with finish reason `'error'`.
+   */
+  private fail(r: Running, error: SequenceError): SpecResult {
+    const result = this.finish(r, 'error');
+    this.metrics.requests.pop();
+    return { ...result, error };
   }
 }

@@ -3,14 +3,25 @@ export { SpecEngine } from './engine.js';
 export {
   DEFAULT_DRAFT_POLICY,
   EngineError,
+  SequenceError,
   type FinishReason,
+  type SequencePhase,
   type SamplingParams,
   type SpecEngineOptions,
   type SpecRequest,
   type SpecResult,
 } from './types.js';
 export { acceptGreedy, acceptSampled, acceptTreeGreedy, type AcceptResult } from './accept.js';
-export { greedyToken, nextToken, sampleFromProbs, sampleToken, samplingProbs } from './probs.js';
+export {
+  checkLogitsRow,
+  greedyToken,
+  nextToken,
+  NonFiniteLogitsError,
+  sampleFromProbs,
+  sampleToken,
+  samplingProbs,
+} from './probs.js';
+export { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS, samplingProblem } from './sampling-params.js';
 export { SeededRandom } from './random.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';

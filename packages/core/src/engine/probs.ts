@@ -12,6 +12,15 @@ import { argmax, softmax, topKMask, topPMask } from '@specd/native';
 import type { DraftSampling, RandomSource } from '../plugin/drafter-plugin.js';
 
 /**
+ * Thrown when a row of logits (or the probabilities made from it) holds a NaN or +Infinity or no finite value:
+ * the model's output for that sequence is broken (e.g. a NaN weight row). The engine fails only the sequence whose
+ * row it is (engine.ts).
+ */
+export class NonFiniteLogitsError extends RangeError {
+  override readonly name = 'NonFiniteLogitsError';
+}
+
+/**
  * `logits [rows, vocab]` f32 (not modified) → probabilities `[rows, vocab]` f32 after temperature,
  * top-k and top-p; masked entries are exactly 0.
  * @throws {RangeError} if temperature ≤ 0 (greedy has no distribution), topK < 0 or topP outside (0, 1].
@@ -34,10 +43,14 @@ export function samplingProbs(logits: Float32Array, vocab: number, params: Draft
 /**
  * Draws an index from `probs [vocab]` f32 (non-negative, summing to ~1 — or any positive total:
  * the draw is scaled by the row's sum) with one `rng.next()`.
+ * @throws {NonFiniteLogitsError} when the row's total is not a positive finite number (a NaN or an
+ *   Infinity in the row, or no mass: the logits it came from were not finite).
  */
 export function sampleFromProbs(probs: Float32Array, rng: RandomSource): number {
   let total = 0;
   for (let i = 0; i < probs.length; i++) total += probs[i]!;
+  if (!(total > 0 && total < Number.POSITIVE_INFINITY))
+    throw new NonFiniteLogitsError(`sampleFromProbs: probs: expected a positive finite total, got ${total}`);
   const u = rng.next() * total;
   let acc = 0;
   let last = -1;
@@ -49,6 +62,23 @@ export function sampleFromProbs(probs: Float32Array, rng: RandomSource): number 
     if (u < acc) return i;
   }
   return last;
+}
+
+/**
+ * Checks one logits row `[vocab]` f32 before a token is chosen from it: every entry finite or −Infinity, and
+ * at least one finite. `what` names the row in the message (e.g. `verify row 2`).
+ * @throws {NonFiniteLogitsError} naming the first bad token id and its value.
+ */
+export function checkLogitsRow(row: Float32Array, what: string): void {
+  let finite = false;
+  for (let i = 0; i < row.length; i++) {
+    const v = row[i]!;
+    // NaN fails both comparisons; +Infinity fails the first
+    if (!(v < Number.POSITIVE_INFINITY))
+      throw new NonFiniteLogitsError(`${what}: the logit of token ${i} is ${v} (the model's output is not finite)`);
+    if (v > Number.NEGATIVE_INFINITY) finite = true;
+  }
+  if (!finite) throw new NonFiniteLogitsError(`${what}: no finite logit (every entry is -Infinity)`);
 }
 
 /** Greedy: the first most likely token of `logits [vocab]` f32. */

@@ -28,6 +28,17 @@ export class SeededRandom implements RandomSource {
     return r;
   }
 
+  /**
+   * Sets the stream back to where it stood after `draws` draws (a batched call that threw consumed draws the
+   * retry takes again). @throws {RangeError} for draws not an integer in [0, this.draws].
+   */
+  rewind(draws: number): void {
+    if (!(Number.isSafeInteger(draws) && draws >= 0 && draws <= this.draws))
+      throw new RangeError(`SeededRandom.rewind: draws: expected an integer in [0, ${this.draws}], got ${draws}`);
+    this.state = SeededRandom.resume(this.seed, draws).state;
+    this.draws = draws;
+  }
+
   next(): number {
     this.draws++;
     this.state = (this.state + STEP) >>> 0;

@@ -26,9 +26,9 @@ import {
 import type { DraftContextWriter, PendingContext } from './draft-context.js';
 import type { DraftPolicy } from './draft-policy.js';
 import type { RequestMetrics, RunMetrics } from './metrics.js';
-import { samplingProbs } from './probs.js';
+import { checkLogitsRow, samplingProbs } from './probs.js';
 import type { SeededRandom } from './random.js';
-import { EngineError, type SpecEngineOptions, type SpecRequest } from './types.js';
+import { EngineError, SequenceError, type SpecEngineOptions, type SpecRequest } from './types.js';
 
 /** What the phases read (and count into) of the engine; built by the engine for each step. */
 export interface StepContext {
@@ -84,8 +84,10 @@ export interface Proposed {
   readonly proposals: ReadonlyMap<SequenceId, DraftProposal>;
   /** Sequences that drafted (the size of the propose call; 0: no call). */
   readonly drafted: number;
-  /** Wall time of the drafter's propose call, ms (0 without a call). */
+  /** Wall time of the drafter's propose call, ms (0 without a call; with the one-by-one retry, all its calls). */
   readonly proposeMs: number;
+  /** Sequences that failed alone in propose (they take no part in this step's verify). */
+  readonly failed: ReadonlyMap<SequenceId, SequenceError>;
 }
 
 /** What verify hands to accept and commit. */
@@ -105,6 +107,8 @@ export interface Outcome {
   readonly seq: Running;
   /** Its verify block. */
   readonly block: ForwardSequence;
+  /** The verify forward's row of its block's first token (rows of logits and taps). */
+  readonly row: number;
   readonly acc: AcceptResult;
   /** The drafts along the accepted path: a chain's drafts, or the drafts of a tree's root path. */
   readonly drafts: Int32Array;
@@ -137,12 +141,16 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
  * Propose: the draft length of every sequence ({@link draftLengths}); the deferred draft context
  * of those that draft is written, then ONE drafter call proposes for all of them. Each proposal is
  * checked (no more drafts than asked for; a tree must be verifiable, {@link checkTree}) and cut to
- * its verify budget ({@link applyBudgets}).
- * @throws {EngineError} naming the sequence for a proposal that breaks these rules.
+ * its verify budget ({@link applyBudgets}); a sequence whose proposal breaks these rules fails alone
+ * (`failed`). When the batched call throws, every drafting sequence's PRNG is rewound and the drafter is
+ * asked for each sequence alone: a sequence on which it throws again fails alone, the others keep their
+ * proposals (drafters are batch-invariant, so these are the batched call's).
+ * @throws {EngineError} for drafts of a sequence that is not in the step; what the draft context write throws.
  */
 export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   const wants = draftLengths(ctx, seqs);
   const proposals = new Map<SequenceId, DraftProposal>();
+  const failed = new Map<SequenceId, SequenceError>();
   const { drafter, context } = ctx;
   const asks = seqs.flatMap((r, i) => {
     const want = wants[i];
@@ -151,7 +159,7 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   const drafting = asks.map(({ r }) => r);
   // (wants are all 0 without a drafter)
   if (drafter === undefined || context === undefined || drafting.length === 0)
-    return { proposals, drafted: 0, proposeMs: 0 };
+    return { proposals, drafted: 0, proposeMs: 0, failed };
   context.flush(drafting.filter((r) => r.pending !== undefined));
   const toDraft: DraftSequence[] = asks.map(({ r, want }) => ({
     id: r.id,
@@ -164,17 +172,44 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   }));
   ctx.metrics.proposeCalls++;
   const tp = performance.now();
-  const proposed = drafter.propose({ sequences: toDraft });
+  const marks = drafting.map((r) => ({ rng: r.rng, draws: r.rng.draws }));
+  let proposed: readonly DraftProposal[];
+  try {
+    proposed = drafter.propose({ sequences: toDraft });
+  } catch (err) {
+    const only = toDraft.length === 1 ? toDraft[0] : undefined;
+    if (only !== undefined) {
+      failed.set(only.id, new SequenceError(only.id, 'propose', err));
+      proposed = [];
+    } else {
+      for (const m of marks) m.rng.rewind(m.draws);
+      proposed = toDraft.flatMap((d) => {
+        ctx.metrics.proposeCalls++;
+        try {
+          return drafter.propose({ sequences: [d] });
+        } catch (one) {
+          failed.set(d.id, new SequenceError(d.id, 'propose', one));
+          return [];
+        }
+      });
+    }
+  }
   const proposeMs = performance.now() - tp;
   for (const p of proposed) {
     const at = seqs.findIndex((r) => r.id === p.id);
-    if (p.tokens.length > (wants[at] ?? 0))
-      throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
-    if (isTree(p)) checkTree(ctx, p, seqs[at]!);
-    proposals.set(p.id, p);
+    if (at < 0 && p.tokens.length > 0)
+      throw new EngineError(`propose: ${String(p.id)}: drafts for a sequence that was not asked to draft`);
+    try {
+      if (p.tokens.length > (wants[at] ?? 0))
+        throw new EngineError(`propose: ${String(p.id)}: more drafts than maxDrafts`);
+      if (isTree(p)) checkTree(ctx, p, seqs[at]!);
+      proposals.set(p.id, p);
+    } catch (err) {
+      failed.set(p.id, new SequenceError(p.id, 'propose', err));
+    }
   }
   applyBudgets(ctx, proposals);
-  return { proposals, drafted: toDraft.length, proposeMs };
+  return { proposals, drafted: toDraft.length, proposeMs, failed };
 }
 
 /**
@@ -243,51 +278,110 @@ export function verify(
   return { blocks, res, checkpoints, snapshots };
 }
 
+/** What accept hands to commit. */
+export interface Accepted {
+  /** The sequences accept decided for, in step order. */
+  readonly outcomes: readonly Outcome[];
+  /** Sequences that failed alone in accept (a row they used was not finite, or their sampling threw). */
+  readonly failed: ReadonlyMap<SequenceId, SequenceError>;
+}
+
 /**
  * Accept (accept.ts), per sequence in step order: a tree is accepted greedily along the target's
  * argmax path (its kept block rows are the outcome's `path`); a chain greedily at temperature 0,
- * else by rejection sampling against the drafter's q with the request's PRNG.
+ * else by rejection sampling against the drafter's q with the request's PRNG. The rows a sequence used
+ * (its kept path: rows 0 … accepted) must be finite ({@link checkLogitsRow}); a row it did not reach may
+ * be anything (e.g. after a draft whose embedding is NaN). A sequence whose rows or sampling fail fails
+ * alone (`failed`); the others are decided from their own rows only, so their tokens do not change.
  */
 export function accept(
   ctx: StepContext,
   seqs: readonly Running[],
   verified: Verified,
   proposals: ReadonlyMap<SequenceId, DraftProposal>,
-): Outcome[] {
+): Accepted {
   const V = ctx.vocab;
   const { res } = verified;
-  return seqs.map((r, i) => {
+  const outcomes: Outcome[] = [];
+  const failed = new Map<SequenceId, SequenceError>();
+  let row = 0;
+  seqs.forEach((r, i) => {
     const block = verified.blocks[i]!;
+    const first = row;
+    row += block.tokens.length;
     const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
-    if (block.tree !== undefined) {
-      const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
-      return { seq: r, block, acc, drafts: Int32Array.from(rows.slice(1), (x) => block.tokens[x]!), path: rows };
+    const checkRows = (rows: Iterable<number>): void => {
+      for (const x of rows) checkLogitsRow(lg.subarray(x * V, (x + 1) * V), `verify row ${x}`);
+    };
+    try {
+      if (block.tree !== undefined) {
+        const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
+        checkRows(rows);
+        const drafts = Int32Array.from(rows.slice(1), (x) => block.tokens[x]!);
+        outcomes.push({ seq: r, block, row: first, acc, drafts, path: rows });
+        return;
+      }
+      const drafts = block.tokens.subarray(1);
+      const acc =
+        r.req.sampling.temperature === 0
+          ? acceptGreedy(drafts, lg, V)
+          : acceptSampled(drafts, proposals.get(r.id)?.probs, targetProbs(lg, V, r.req.sampling), V, r.rng);
+      checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
+      outcomes.push({ seq: r, block, row: first, acc, drafts });
+    } catch (err) {
+      failed.set(r.id, new SequenceError(r.id, 'accept', err));
     }
-    const drafts = block.tokens.subarray(1);
-    const acc =
-      r.req.sampling.temperature === 0
-        ? acceptGreedy(drafts, lg, V)
-        : acceptSampled(drafts, proposals.get(r.id)?.probs, samplingProbs(lg, V, r.req.sampling), V, r.rng);
-    return { seq: r, block, acc, drafts };
   });
+  return { outcomes, failed };
+}
+
+/**
+ * The target's p for a verify block's logits `[n, V]` f32 ({@link samplingProbs}); a row the sampler refuses
+ * (no finite value) becomes NaN instead of failing the others, so rejection sampling fails only if it reaches
+ * that row (sampleFromProbs throws on it).
+ */
+function targetProbs(lg: Float32Array, V: number, sampling: SpecRequest['sampling']): Float32Array {
+  try {
+    return samplingProbs(lg, V, sampling);
+  } catch {
+    const p = new Float32Array(lg.length);
+    for (let x = 0; x * V < lg.length; x++) {
+      try {
+        p.set(samplingProbs(lg.subarray(x * V, (x + 1) * V), V, sampling), x * V);
+      } catch {
+        p.fill(Number.NaN, x * V, (x + 1) * V);
+      }
+    }
+    return p;
+  }
 }
 
 /**
  * Commit: every sequence (in step order) keeps `accepted + 1` tokens of its block. Target: {@link commitTarget}.
  * Draft: the block KV was never kept; the verify pass's taps of the committed tokens become new
  * draft context — written now (one projection) for the sequences that drafted, deferred for those
- * with k = 0. Records each sequence's step in its metrics and the policy.
- * @returns the verify forward's rows (Σ block lengths).
+ * with k = 0. Records each sequence's step in its metrics and the policy. A sequence whose target commit
+ * throws fails alone: it is left out of the draft context write.
+ * @returns the sequences that failed alone.
  */
-export function commit(ctx: StepContext, verified: Verified, outcomes: readonly Outcome[]): number {
+export function commit(
+  ctx: StepContext,
+  verified: Verified,
+  outcomes: readonly Outcome[],
+): ReadonlyMap<SequenceId, SequenceError> {
   const { res } = verified;
   const spans: ContextSpan[] = [];
   const spanRows: Int32Array[] = [];
-  let row = 0;
-  for (const { seq: r, block, acc, drafts, path } of outcomes) {
+  const failed = new Map<SequenceId, SequenceError>();
+  for (const { seq: r, block, row, acc, drafts, path } of outcomes) {
     const k = block.tokens.length - 1;
     const committed = acc.accepted + 1;
-    commitTarget(ctx, r, verified, block, committed, path);
+    try {
+      commitTarget(ctx, r, verified, block, committed, path);
+    } catch (err) {
+      failed.set(r.id, new SequenceError(r.id, 'commit', err));
+      continue;
+    }
     r.metrics.targetForwards++;
     r.metrics.recordStep(k, acc.accepted);
     ctx.policy?.observe(r.id, k, acc.accepted);
@@ -301,10 +395,9 @@ export function commit(ctx: StepContext, verified: Verified, outcomes: readonly 
       spans.push({ id: r.id, position: block.position, numTokens: committed, nextTokens: next });
       spanRows.push(Int32Array.from(path ?? Array.from({ length: committed }, (_, j) => j), (x) => row + x));
     }
-    row += block.tokens.length;
   }
   if (ctx.context !== undefined && spans.length > 0) ctx.context.write(spans, res, spanRows);
-  return row;
+  return failed;
 }
 
 /**

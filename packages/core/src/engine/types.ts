@@ -66,8 +66,11 @@ export interface HandoffState {
   readonly draws: number;
 }
 
-/** Why a request ended. */
-export type FinishReason = 'eos' | 'stop' | 'length' | 'abort' | 'handoff';
+/**
+ * Why a request ended. `'error'`: this request alone failed (its {@link SpecResult.error}); its caches are
+ * freed and the other requests go on.
+ */
+export type FinishReason = 'eos' | 'stop' | 'length' | 'abort' | 'handoff' | 'error';
 
 /** A finished request. */
 export interface SpecResult {
@@ -78,6 +81,8 @@ export interface SpecResult {
   readonly metrics: RequestMetrics;
   /** With finish reason `'handoff'`: the state a decode instance continues from. */
   readonly handoff?: HandoffState;
+  /** With finish reason `'error'`: why this request failed. */
+  readonly error?: SequenceError;
 }
 
 /** Options of {@link SpecEngine}. */
@@ -132,4 +137,24 @@ export const DEFAULT_DRAFT_POLICY: 'cost' | 'max' = 'cost';
 /** Thrown for a bad request (names the field) or a misuse of the engine. */
 export class EngineError extends Error {
   override readonly name = 'EngineError';
+}
+
+/** The phase of a step in which one sequence failed. */
+export type SequencePhase = 'prefill' | 'propose' | 'accept' | 'commit';
+
+/**
+ * One request failed alone (its {@link SpecResult.error}, finish reason `'error'`): a prefill forward or a
+ * draft context write of that request threw, the drafter threw on it alone, a verify row it used was not finite
+ * (probs.ts NonFiniteLogitsError), or its commit threw. The message names the request and the phase; `cause` is
+ * the original error. Not an {@link EngineError} (a bad request): the request was valid, the server answers 500.
+ */
+export class SequenceError extends Error {
+  override readonly name = 'SequenceError';
+  constructor(
+    readonly id: SequenceId,
+    readonly phase: SequencePhase,
+    cause: unknown,
+  ) {
+    super(`request ${String(id)}: ${phase}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+  }
 }

@@ -33,6 +33,10 @@ export interface LoopRequest {
 export interface LoopListener {
   onToken(id: number): void;
   onFinish(result: SpecResult): void;
+  /**
+   * The request failed: alone (a SequenceError, engine/types.ts: the others go on) or with the whole batch (a step
+   * that threw).
+   */
   onError(err: Error): void;
 }
 
@@ -224,7 +228,8 @@ export class EngineLoop {
     try {
       done = this.engine.step();
     } catch (err) {
-      // a failed step leaves no safe state to continue the batch from: fail every request, free everything
+      // a batched verify forward or draft context write threw (a request that fails alone comes back as a result
+      // with `error`): no safe state to continue the batch from, so fail every request and free everything
       for (const [id, e] of [...this.entries]) {
         this.release(id);
         this.engine.abort(id);
@@ -236,7 +241,9 @@ export class EngineLoop {
     this.engine.metrics.requests.length = 0;
     for (const r of done) {
       const e = this.release(r.id as number);
-      e?.listener.onFinish(r);
+      // a request that failed alone (SequenceError): its caches are free, the others went on
+      if (r.error !== undefined) e?.listener.onError(r.error);
+      else e?.listener.onFinish(r);
     }
     this.schedule();
   }

@@ -53,6 +53,13 @@ export const modelFailed = (err: Error): ApiError =>
   new ApiError(500, `the model cannot run: ${err.message}`, 'server_error', null, 'model_failed');
 
 /**
+ * 500 when this request alone failed in the engine (a SequenceError, engine/types.ts: e.g. the model's logits for
+ * it were not finite); the requests running beside it go on. Names the request's phase and why.
+ */
+export const sequenceFailed = (err: Error): ApiError =>
+  new ApiError(500, `this request failed: ${err.message}`, 'server_error', null, 'sequence_failed');
+
+/**
  * The HTTP answer to a prefill/decode failure (pd/types.ts PdError codes): 503 `capacity` (retry later),
  * 504 `timeout`, 409 `conflict` (a room in use), 501 `unsupported`, 502 for the rest (the other instance aborted,
  * refused, sent a wrong or missing entry, a bad checksum or a malformed state, or is gone), the message naming

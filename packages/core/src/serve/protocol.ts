@@ -2,10 +2,18 @@
  * OpenAI request parsing for /v1/completions and /v1/chat/completions: each field checked, the
  * first bad one answered as a 400 naming it. Fields specd does not use (logprobs, user, …) are
  * ignored; `n` > 1, `best_of` > 1, `echo` and `logprobs` are refused.
+ * Sampling fields, checked as vLLM's `SamplingParams` (engine/sampling-params.ts): `temperature` a finite number
+ * in [0, 2], below 1e-5 greedy (then top_p and top_k are off); `top_p` in (0, 1]; `top_k` an integer, −1 or 0 off,
+ * else ≥ 1; `seed` an integer in [−(2^53 − 1), 2^53 − 1], −1 meaning none (the PRNG takes it mod 2^32);
+ * `presence_penalty` and `frequency_penalty` in [−2, 2] and `repetition_penalty` finite > 0 (checked, not applied).
  */
 
+import { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS } from '../engine/sampling-params.js';
 import type { ChatMessage } from './chat-template.js';
 import { invalidParam } from './errors.js';
+
+/** The largest seed magnitude accepted (2^53 − 1: JSON numbers are exact up to it); the PRNG uses seed mod 2^32. */
+export const MAX_SEED = Number.MAX_SAFE_INTEGER;
 
 /** Sampling defaults (the config's `sampling`). */
 export interface SamplingDefaults {
@@ -84,10 +92,25 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
     throw invalidParam('model', `expected a model id, got ${JSON.stringify(model)}`);
   let maxTokens: number | undefined;
   for (const k of maxTokensKeys) maxTokens ??= num(b, k, (v) => v >= 1, 'an integer >= 1', true);
-  const temperature = num(b, 'temperature', (v) => v >= 0 && v <= 2, 'a number in [0, 2]');
+  const temperature = num(
+    b,
+    'temperature',
+    (v) => v >= 0 && v <= MAX_TEMPERATURE,
+    `a number in [0, ${MAX_TEMPERATURE}] (below ${SAMPLING_EPS}: greedy)`,
+  );
   const topP = num(b, 'top_p', (v) => v > 0 && v <= 1, 'a number in (0, 1]');
-  const topK = num(b, 'top_k', (v) => v >= -1, 'an integer >= 0 (0 or -1: off)', true);
-  const seed = num(b, 'seed', (v) => v >= -(2 ** 53), 'an integer', true);
+  const topK = num(b, 'top_k', (v) => v >= -1, 'an integer, -1 or 0 (off) or >= 1', true);
+  const seed = num(
+    b,
+    'seed',
+    (v) => Math.abs(v) <= MAX_SEED,
+    `an integer in [-${MAX_SEED}, ${MAX_SEED}] (-1: none)`,
+    true,
+  );
+  // accepted and not applied (yet): checked as vLLM does, so a value vLLM refuses is refused here too
+  for (const key of ['presence_penalty', 'frequency_penalty'])
+    num(b, key, (v) => v >= -2 && v <= 2, 'a number in [-2, 2]');
+  num(b, 'repetition_penalty', (v) => v > 0, 'a finite number > 0');
   num(b, 'n', (v) => v === 1, '1 (one choice per request)', true);
   if (b.best_of !== undefined && b.best_of !== null && b.best_of !== 1)
     throw invalidParam('best_of', 'only 1 is supported');
@@ -109,14 +132,20 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
     throw invalidParam('stream_options', 'expected an object');
   const includeUsage = so !== undefined && so !== null && (so as Body).include_usage === true;
   const defaultSeed = defaults.seed ?? (Math.random() * 2 ** 32) >>> 0;
-  return {
-    model,
-    maxTokens: maxTokens ?? defaults.max_tokens,
+  const seedOf = seed === -1 ? undefined : seed; // vLLM: -1 is no seed
+  const sampling = normalizeSampling({
     temperature: temperature ?? defaults.temperature,
     topP: topP ?? defaults.top_p,
     topK: topK === undefined ? defaults.top_k : Math.max(0, topK),
-    seed: seed === undefined ? defaultSeed : seed >>> 0,
-    seeded: seed !== undefined || defaults.seed !== undefined,
+  });
+  return {
+    model,
+    maxTokens: maxTokens ?? defaults.max_tokens,
+    temperature: sampling.temperature,
+    topP: sampling.topP ?? 1,
+    topK: sampling.topK ?? 0,
+    seed: seedOf === undefined ? defaultSeed : seedOf >>> 0,
+    seeded: seedOf !== undefined || defaults.seed !== undefined,
     stop,
     stream,
     includeUsage,

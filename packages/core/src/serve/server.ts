@@ -16,7 +16,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import type { Logger } from 'pino';
 
 import type { SpecEngine } from '../engine/engine.js';
-import { EngineError, type SpecResult } from '../engine/types.js';
+import { EngineError, SequenceError, type SpecResult } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 import type { Tokenizer } from '../io/tokenizer.js';
@@ -28,6 +28,7 @@ import {
   modelFailed,
   overloaded,
   pdFailed,
+  sequenceFailed,
   tooLong,
   unknownModel,
 } from './errors.js';
@@ -521,10 +522,14 @@ export class SpecdServer {
         onError: (err) => {
           finished = true;
           this.metrics.errors.inc({ status: '500' });
+          if (err instanceof SequenceError) this.options.logger?.error(err);
+          // a model that can no longer run fails its requests one by one too: model_failed says so
           const e =
             this.options.target.model.failure?.() !== undefined
               ? modelFailed(err)
-              : new ApiError(500, err.message, 'server_error', null, 'internal_error');
+              : err instanceof SequenceError
+                ? sequenceFailed(err)
+                : new ApiError(500, err.message, 'server_error', null, 'internal_error');
           raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
         },
       });
@@ -580,7 +585,11 @@ export class SpecdServer {
         },
         onError: (err) => {
           finished = true;
-          reject(this.options.target.model.failure?.() !== undefined ? modelFailed(err) : err);
+          if (this.options.target.model.failure?.() !== undefined) reject(modelFailed(err));
+          else if (err instanceof SequenceError) {
+            this.options.logger?.error(err);
+            reject(sequenceFailed(err)); // (the error handler counts it)
+          } else reject(err);
         },
       };
       submit(listener).then((opened) => {

@@ -70,6 +70,14 @@ describe('specd generate', () => {
     },
   );
 
+  it('a temperature below 1e-5 is greedy, as in the server (it used to divide the logits into Infinity)', async () => {
+    const args = ['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--json', '--no-spec'];
+    const greedy = JSON.parse((await run([...args, '--temperature', '0'])).out) as { token_ids: number[] };
+    const tiny = await run([...args, '--temperature', '1e-45', '--top-k', '3']);
+    expect(tiny.code).toBe(0);
+    expect((JSON.parse(tiny.out) as { token_ids: number[] }).token_ids).toEqual(greedy.token_ids);
+  });
+
   it('streams text and prints stats on stderr; sampling is reproducible with --seed', async () => {
     const a = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12']);
     expect(a.code).toBe(0);
@@ -247,7 +255,9 @@ describe('specd generate', () => {
       2,
       /^specd: error: option '--max-tokens <n>' argument 'abc' is invalid\. expected an integer >= 1\n$/,
     ],
-    [['generate', '--prompt', 'x', '--temperature', '-1'], 2, /--temperature.*expected a number >= 0/],
+    [['generate', '--prompt', 'x', '--temperature', '-1'], 2, /--temperature.*expected a number in \[0, 2\]/],
+    [['generate', '--prompt', 'x', '--temperature', '2.5'], 2, /--temperature.*expected a number in \[0, 2\]/],
+    [['generate', '--prompt', 'x', '--temperature', 'Infinity'], 2, /--temperature.*expected a number in \[0, 2\]/],
     [['generate', '--prompt', 'x', '--top-p', '0'], 2, /--top-p.*\(0, 1\]/],
     [['generate', '--prompt', 'x', '--bogus'], 2, /^specd: error: unknown option '--bogus'\n$/],
     [['frobnicate'], 2, /unknown command 'frobnicate'/],

@@ -3,12 +3,14 @@
 // no KV that guesses the first `good` drafts right. Checks accept / commit bookkeeping, the two τ
 // definitions, per-position acceptance, the histogram, the replay commit (a stage without
 // commitPrefix), the draft-length hook, request validation, and chunked prefill interleaved with
-// decoding (one prefill chunk per step; abort / failure mid-prefill frees everything).
+// decoding (one prefill chunk per step; abort / failure mid-prefill frees everything); one request never
+// fails another (a prefill that throws, non-finite logits rows, a drafter that throws on one sequence).
 import { describe, expect, it } from 'vitest';
 
 import {
   adaptiveDraftLength,
   EngineError,
+  normalizeSampling,
   RequestMetrics,
   SpecEngine,
   type SpecRequest,
@@ -19,6 +21,7 @@ import type {
   DraftBatch,
   Drafter,
   DraftProposal,
+  DraftSampling,
   ForwardBatch,
   ForwardResult,
   StageInfo,
@@ -151,6 +154,47 @@ const expected = (first: number, n: number) => {
   return out;
 };
 
+/** A token whose "embedding is NaN": every logits row at or after it (in the cache or the block) is NaN. */
+const POISON = V - 2;
+
+/**
+ * The toy target with broken outputs: rows at or after a POISON token of the sequence are NaN, as are rows at or
+ * after `breakAt.get(id)` (the sequence's state went bad there); with `spread`, every other logit of a finite row
+ * is 8 (next(t) keeps 10; V − 1 and POISON get −Infinity, never sampled), so sampling at temperature 1 picks
+ * next(t) only ~20% of the time and the PRNG stream decides the output.
+ */
+class PoisonTarget extends ToyTarget {
+  /** Per sequence, the cache positions holding POISON. */
+  private readonly poisoned = new Map<unknown, number[]>();
+  readonly breakAt = new Map<unknown, number>();
+  constructor(private readonly spread = false) {
+    super();
+  }
+  override forward(batch: ForwardBatch, cache: SequenceCache): ForwardResult {
+    const res = super.forward(batch, cache);
+    const logits = res.logits!;
+    batch.sequences.forEach((s, i) => {
+      const kept = (this.poisoned.get(s.id) ?? []).filter((q) => q < s.position); // rolled back beyond: gone
+      s.tokens.forEach((t, j) => {
+        if (t === POISON) kept.push(s.position + j);
+      });
+      this.poisoned.set(s.id, kept);
+      const bad = Math.min(this.breakAt.get(s.id) ?? Number.POSITIVE_INFINITY, ...kept);
+      const n = s.tokens.length;
+      const positions =
+        s.logits === 'all' ? s.tokens.map((_, j) => s.position + j) : s.logits === 'last' ? [s.position + n - 1] : [];
+      positions.forEach((pos, r) => {
+        const row = logits.subarray((res.logitRowStart[i]! + r) * V, (res.logitRowStart[i]! + r + 1) * V);
+        if (pos >= bad) row.fill(Number.NaN);
+        else if (this.spread) {
+          for (let v = 0; v < V; v++) row[v] = v === V - 1 || v === POISON ? -Infinity : row[v] === 10 ? 10 : 8;
+        }
+      });
+    });
+    return res;
+  }
+}
+
 describe('SpecEngine on the contracts', () => {
   it('greedy: output follows the target; 2 of 5 drafts accepted per step → τ = 3 (both definitions)', () => {
     const t = new ToyTarget();
@@ -186,7 +230,7 @@ describe('SpecEngine on the contracts', () => {
     },
   );
 
-  it('tree drafts on a target without commitTreePath are refused, naming why', () => {
+  it('tree drafts on a target without commitTreePath fail their request, naming why', () => {
     class TreeDrafter extends ToyDrafter {
       override propose(batch: DraftBatch): DraftProposal[] {
         return super
@@ -199,9 +243,10 @@ describe('SpecEngine on the contracts', () => {
       draftPolicy: 'max',
       maxTokensPerSequence: 64,
     });
-    expect(() => e.run([req('t', 1, 8)])).toThrow(
-      /tree drafts need a target that verifies trees \(StageModel.commitTreePath/,
-    );
+    const [r] = e.run([req('t', 1, 8)]);
+    expect([r!.finishReason, r!.error?.phase]).toEqual(['error', 'propose']);
+    expect(r!.error?.message).toMatch(/tree drafts need a target that verifies trees \(StageModel.commitTreePath/);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences).toBe(0);
   });
 
   it('the two τ definitions differ when requests differ', () => {
@@ -288,10 +333,13 @@ describe('SpecEngine on the contracts', () => {
     expect(e.cache.pagesInUse + e.cache.slotsInUse + d.sequences).toBe(0);
   });
 
-  it('a failing prefill rethrows and frees what the request held', () => {
+  it('a failing prefill fails its request alone and frees what the request held', () => {
     const d = new ToyDrafter(1);
     const e = new SpecEngine(new ToyTarget(), d, { maxSequences: 1, draftPolicy: 'max', maxTokensPerSequence: 64 });
-    expect(() => e.run([{ ...req('a', 1, 4), promptIds: Int32Array.of(V - 1) }])).toThrow(/not allowed/);
+    const [r] = e.run([{ ...req('a', 1, 4), promptIds: Int32Array.of(V - 1) }]);
+    expect([r!.finishReason, r!.tokenIds, r!.error?.phase, r!.error?.id]).toEqual(['error', [], 'prefill', 'a']);
+    expect(r!.error?.message).toMatch(/^request a: prefill: toy: token V − 1 is not allowed/);
+    expect(e.metrics.requests).toHaveLength(0);
     expect(e.pending).toBe(0);
     expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
     expect(e.run([req('b', 1, 4)])[0]!.tokenIds).toEqual(expected(1, 4));
@@ -399,13 +447,15 @@ describe('SpecEngine on the contracts', () => {
       expect(e.prefilling).toBe(0);
       expect([e.cache.numSequences, d.sequences]).toEqual([1, 1]);
       expect(e.cache.pagesInUse).toBe(pagesBoth - 2); // b's 8 tokens = 2 pages of 4
-      // a prompt whose third chunk holds a token the target refuses: that step throws, c is freed
+      // a prompt whose third chunk holds a token the target refuses: c fails in that step and is freed
       const bad = Int32Array.from({ length: 12 }, (_, i) => (i === 9 ? V - 1 : 2));
       e.add({ id: 'c', promptIds: bad, maxTokens: 4, sampling: { temperature: 0 }, seed: 1 });
       e.step();
       e.step();
       expect(e.cache.length('c')).toBe(8);
-      expect(() => e.step()).toThrow(/not allowed/);
+      const failed = e.step();
+      expect(failed.map((x) => [x.id, x.finishReason, x.error?.phase])).toEqual([['c', 'error', 'prefill']]);
+      expect(failed[0]!.error?.message).toMatch(/not allowed/);
       expect([e.pending, e.prefilling, e.cache.numSequences, d.sequences]).toEqual([1, 0, 1, 1]);
       const done = e.run();
       expect(done.map((x) => [x.id, x.tokenIds])).toEqual([['a', expected(1, 30)]]);
@@ -428,5 +478,151 @@ describe('SpecEngine on the contracts', () => {
     expect(() => new SpecEngine(new ToyTarget(), undefined, { prefillChunk: 0 })).toThrow(
       /prefillChunk: expected an integer >= 1, got 0/,
     );
+  });
+});
+
+describe('one request never fails another', () => {
+  /** ToyDrafter whose first wrong draft of sequence `a` is POISON (a NaN-embedding token drafted, then rejected). */
+  class PoisonDrafter extends ToyDrafter {
+    override propose(batch: DraftBatch): DraftProposal[] {
+      return super.propose(batch).map((p) => {
+        if (p.id !== 'a' || p.tokens.length < 3) return p;
+        const tokens = Int32Array.from(p.tokens);
+        tokens[2] = POISON;
+        return { ...p, tokens };
+      });
+    }
+  }
+
+  /** ToyDrafter that never drafts V − 1 (the toy target throws on it) or POISON: for the sampled runs. */
+  class SafeDrafter extends ToyDrafter {
+    override propose(batch: DraftBatch): DraftProposal[] {
+      return super.propose(batch).map((p) => ({ ...p, tokens: p.tokens.map((t) => (t >= POISON ? 0 : t)) }));
+    }
+  }
+
+  it(
+    'non-finite logits fail only the request whose rows they are: a prompt holding the NaN token at prefill, ' +
+      'a state gone bad at a verify; a rejected NaN draft changes nothing; everything is freed',
+    () => {
+      expect(expected(1, 40)).not.toContain(POISON);
+      expect(expected(2, 40)).not.toContain(POISON);
+      const t = new PoisonTarget();
+      const d = new PoisonDrafter(2);
+      const e = new SpecEngine(t, d, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 128 });
+      t.breakAt.set('e', 9); // e's rows from position 9 on are NaN: its prompt (2) + 7 tokens are fine
+      const results = e.run([
+        req('a', 1, 40),
+        { ...req('b', 1, 40), promptIds: Int32Array.of(5, POISON, 1) },
+        req('c', 2, 40),
+        req('e', 2, 40),
+      ]);
+      const by = new Map(results.map((r) => [r.id, r]));
+      expect(by.get('a')!.tokenIds).toEqual(expected(1, 40));
+      expect(by.get('c')!.tokenIds).toEqual(expected(2, 40));
+      expect([by.get('a')!.finishReason, by.get('c')!.finishReason]).toEqual(['length', 'length']);
+      const b = by.get('b')!;
+      expect([b.finishReason, b.tokenIds, b.error?.phase]).toEqual(['error', [], 'prefill']);
+      expect(b.error?.message).toMatch(
+        /^request b: prefill: the logits after prompt position 2: the logit of token 0 is NaN/,
+      );
+      const bad = by.get('e')!;
+      expect([bad.finishReason, bad.error?.phase]).toEqual(['error', 'accept']);
+      expect(bad.error?.message).toMatch(/^request e: accept: verify row \d+: the logit of token 0 is NaN/);
+      // e emitted the tokens of the steps before the one whose accepted path reached row 9 (tokens from rows ≤ 8)
+      expect(bad.tokenIds.length).toBeGreaterThan(0);
+      expect(bad.tokenIds.length).toBeLessThanOrEqual(8);
+      expect(bad.tokenIds).toEqual(expected(2, bad.tokenIds.length));
+      expect(e.metrics.requests).toHaveLength(2); // failed requests record no metrics
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+      // the slots and pages they held serve new requests as before
+      expect(e.run([req('f', 1, 12)])[0]!.tokenIds).toEqual(expected(1, 12));
+    },
+  );
+
+  it('sampled: a NaN row fails only its request; the others keep their tokens (same PRNG streams as alone)', () => {
+    const mk = () => {
+      const t = new PoisonTarget(true);
+      const d = new SafeDrafter(2);
+      return { t, d, e: new SpecEngine(t, d, { maxSequences: 3, draftPolicy: 'max', maxTokensPerSequence: 128 }) };
+    };
+    const sampled = (id: string, first: number, seed: number): SpecRequest => ({
+      ...req(id, first, 40),
+      sampling: { temperature: 1 },
+      seed,
+    });
+    const alone = [sampled('a', 1, 11), sampled('c', 2, 12)].map((r) => mk().e.run([r])[0]!.tokenIds);
+    // the streams matter: outputs are not the target's argmax chain
+    expect(alone[0]).not.toEqual(expected(1, 40));
+    const { t, d, e } = mk();
+    t.breakAt.set('x', 6);
+    const by = new Map(e.run([sampled('a', 1, 11), sampled('x', 3, 13), sampled('c', 2, 12)]).map((r) => [r.id, r]));
+    expect(by.get('a')!.tokenIds).toEqual(alone[0]);
+    expect(by.get('c')!.tokenIds).toEqual(alone[1]);
+    expect([by.get('x')!.finishReason, by.get('x')!.error?.phase]).toEqual(['error', 'accept']);
+    expect(by.get('x')!.error?.message).toMatch(/NaN|finite/);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+  });
+
+  it(
+    'a drafter that throws on one sequence fails that request alone: the batch is re-proposed one by one ' +
+      'with the PRNGs rewound, so the others keep their sampled tokens',
+    () => {
+      /** Draws once from each sequence's PRNG, then throws when `bad` is in the batch. */
+      class ThrowingDrafter extends SafeDrafter {
+        override propose(batch: DraftBatch): DraftProposal[] {
+          for (const s of batch.sequences) s.rng.next();
+          if (batch.sequences.some((s) => s.id === 'bad')) throw new Error('toy drafter: cannot draft for bad');
+          return super.propose(batch);
+        }
+      }
+      const mk = () => {
+        const d = new ThrowingDrafter(2);
+        const e = new SpecEngine(new PoisonTarget(true), d, {
+          maxSequences: 3,
+          draftPolicy: 'max',
+          maxTokensPerSequence: 128,
+        });
+        return { d, e };
+      };
+      const sampled = (id: string, first: number, seed: number): SpecRequest => ({
+        ...req(id, first, 30),
+        sampling: { temperature: 1 },
+        seed,
+      });
+      const alone = [sampled('a', 1, 21), sampled('c', 2, 22)].map((r) => mk().e.run([r])[0]!.tokenIds);
+      const { d, e } = mk();
+      // 'bad' drafts last in the batch: a and c drew before the batched call threw
+      const by = new Map(
+        e.run([sampled('a', 1, 21), sampled('c', 2, 22), sampled('bad', 3, 23)]).map((r) => [r.id, r]),
+      );
+      expect(by.get('a')!.tokenIds).toEqual(alone[0]);
+      expect(by.get('c')!.tokenIds).toEqual(alone[1]);
+      const bad = by.get('bad')!;
+      expect([bad.finishReason, bad.error?.phase, bad.tokenIds.length]).toEqual(['error', 'propose', 1]);
+      expect(bad.error?.message).toBe('request bad: propose: toy drafter: cannot draft for bad');
+      expect(bad.error?.cause).toBeInstanceOf(Error);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + e.cache.numSequences + d.sequences).toBe(0);
+    },
+  );
+
+  it('refuses sampling settings outside their ranges, naming the field', () => {
+    const e = new SpecEngine(new ToyTarget(), undefined, { maxTokensPerSequence: 16 });
+    const bad: [DraftSampling, RegExp][] = [
+      [{ temperature: 1e-45 }, /sampling.temperature: expected 0 \(greedy\) or a finite number >= 0.00001, got 1e-45/],
+      [{ temperature: Number.NaN }, /sampling.temperature: .* got NaN/],
+      [{ temperature: Number.POSITIVE_INFINITY }, /sampling.temperature: .* got Infinity/],
+      [{ temperature: -1 }, /sampling.temperature: .* got -1/],
+      [{ temperature: 1, topK: 1.5 }, /sampling.topK: expected an integer >= 0 \(0: off\), got 1.5/],
+      [{ temperature: 1, topK: -1 }, /sampling.topK/],
+      [{ temperature: 1, topP: 0 }, /sampling.topP: expected a number in \(0, 1\] \(1: off\), got 0/],
+      [{ temperature: 1, topP: Number.NaN }, /sampling.topP/],
+    ];
+    for (const [sampling, msg] of bad) expect(() => e.add({ ...req('a', 1, 4), sampling }), msg.source).toThrow(msg);
+    // normalised, a tiny temperature is greedy: the target's argmax chain
+    const [r] = e.run([{ ...req('g', 1, 6), sampling: normalizeSampling({ temperature: 1e-45, topK: 3, topP: 0.5 }) }]);
+    expect(r!.tokenIds).toEqual(expected(1, 6));
+    expect(normalizeSampling({ temperature: 9e-6, topK: 3, topP: 0.5 })).toEqual({ temperature: 0 });
+    expect(normalizeSampling({ temperature: 1e-5, topK: 3 })).toEqual({ temperature: 1e-5, topK: 3 });
   });
 });

@@ -205,6 +205,55 @@ describe('request parsing', () => {
     expect(status(() => parseCompletionRequest(body, DEFAULTS))).toEqual({ status: 400, param });
   });
 
+  it.each([
+    // JSON.parse reads 1e999 as Infinity and -1e999 as -Infinity; NaN cannot come from JSON but is refused too
+    ['temperature', Number.POSITIVE_INFINITY, /^temperature: expected a number in \[0, 2\] \(below 0.00001: greedy\)/],
+    ['temperature', Number.NaN, /^temperature: expected a number in \[0, 2\]/],
+    ['temperature', -1e-45, /^temperature: .*got -1e-45/],
+    ['temperature', 2.5, /^temperature: .*got 2.5/],
+    ['temperature', '0.5', /^temperature: .*got "0.5"/],
+    ['top_p', 1.5, /^top_p: expected a number in \(0, 1\], got 1.5/],
+    ['top_p', Number.NEGATIVE_INFINITY, /^top_p: /],
+    ['top_k', -2, /^top_k: expected an integer, -1 or 0 \(off\) or >= 1, got -2/],
+    ['top_k', 1.5, /^top_k: .*got 1.5/],
+    ['seed', 0.5, /^seed: expected an integer in \[-9007199254740991, 9007199254740991\] \(-1: none\), got 0.5/],
+    ['seed', 2 ** 64, /^seed: .*got 18446744073709552000/],
+    ['presence_penalty', 2.5, /^presence_penalty: expected a number in \[-2, 2\], got 2.5/],
+    ['frequency_penalty', -3, /^frequency_penalty: expected a number in \[-2, 2\], got -3/],
+    ['repetition_penalty', 0, /^repetition_penalty: expected a finite number > 0, got 0/],
+    ['repetition_penalty', Number.POSITIVE_INFINITY, /^repetition_penalty: /],
+  ])('sampling field %s = %s → 400 naming it (vLLM ranges)', (param, value, message) => {
+    for (const parse of [
+      () => parseCompletionRequest({ model: 'm', prompt: 'x', [param]: value }, DEFAULTS),
+      () => parseChatRequest({ model: 'm', messages: [{ role: 'user', content: 'x' }], [param]: value }, DEFAULTS),
+    ]) {
+      expect(status(parse)).toEqual({ status: 400, param });
+      expect(parse).toThrow(message);
+    }
+  });
+
+  it('a temperature below 1e-5 is greedy (top_p, top_k off); seed -1 is no seed; penalties in range pass', () => {
+    const body = JSON.parse('{"model": "m", "prompt": "x", "temperature": 1e-45, "top_p": 0.5, "top_k": 3}');
+    expect(parseCompletionRequest(body, DEFAULTS)).toMatchObject({ temperature: 0, topP: 1, topK: 0 });
+    expect(parseCompletionRequest({ ...body, temperature: 9.99e-6 }, DEFAULTS)).toMatchObject({ temperature: 0 });
+    expect(parseCompletionRequest({ ...body, temperature: 1e-5 }, DEFAULTS)).toMatchObject({
+      temperature: 1e-5,
+      topP: 0.5,
+      topK: 3,
+    });
+    // the config's default goes through the same normalisation
+    expect(
+      parseCompletionRequest({ model: 'm', prompt: 'x' }, { ...DEFAULTS, temperature: 1e-9, top_k: 5 }),
+    ).toMatchObject({ temperature: 0, topK: 0 });
+    expect(JSON.parse('{"t": 1e999}').t).toBe(Number.POSITIVE_INFINITY); // how Infinity reaches the parser
+    const unseeded = parseCompletionRequest({ model: 'm', prompt: 'x', seed: -1, temperature: 1 }, DEFAULTS);
+    expect(unseeded.seeded).toBe(false);
+    const seeded = parseCompletionRequest({ model: 'm', prompt: 'x', seed: -2, temperature: 1 }, DEFAULTS);
+    expect([seeded.seeded, seeded.seed]).toEqual([true, 2 ** 32 - 2]);
+    const ok = { presence_penalty: -2, frequency_penalty: 2, repetition_penalty: 1.3 };
+    expect(parseCompletionRequest({ model: 'm', prompt: 'x', ...ok }, DEFAULTS).prompt).toBe('x');
+  });
+
   it('chat: messages with string or text-part content; bad ones name the field', () => {
     const r = parseChatRequest(
       {
