@@ -207,7 +207,7 @@ export function installAccessHook(
           (bound !== undefined && !isWildcard(bound) && hostName(bound) === name));
       if (!ok) return refuse(reply, forbiddenHost(header));
     }
-    if (key === undefined || open.has(req.url.split('?')[0]!)) return;
+    if (key === undefined || open.has(req.url.split('?', 1)[0] ?? '')) return;
     const got = Buffer.from(req.headers.authorization ?? '');
     if (got.length !== key.length || !timingSafeEqual(got, key)) return refuse(reply, badApiKey());
   });
