@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { main, type CliIo } from '../../src/cli/index.js';
+import { main, startRouter, type CliIo } from '../../src/cli/index.js';
 import { startServe, type StartedServer } from '../../src/cli/serve.js';
 import { PdRouter } from '../../src/pd/router.js';
 import { checkBind, hostName, jsonNestingExceeds } from '../../src/serve/http-guard.js';
@@ -436,6 +436,63 @@ describe('access', () => {
       } finally {
         await st.close();
       }
+    }
+  });
+
+  it('the CLI: --allowed-hosts and --metrics-require-key (or the config) reach serve and router', async () => {
+    const file = path.join(tmp, 'hosts.json');
+    fs.writeFileSync(
+      file,
+      JSON.stringify({
+        model: MODEL_DIR,
+        drafter: { method: 'none' },
+        server: { allowed_hosts: ['cfg.example'], metrics_require_key: true },
+      }),
+    );
+    const fromConfig = await startServe({ config: file, port: 0, logLevel: 'silent' }, io);
+    try {
+      expect(fromConfig.server.options).toMatchObject({ allowedHosts: ['cfg.example'], metricsNeedKey: true });
+      expect((await request(fromConfig.url, { path: '/health', headers: { host: 'cfg.example' } })).status).toBe(200);
+    } finally {
+      await fromConfig.close();
+    }
+    const flags = await startServe(
+      { config: file, port: 0, logLevel: 'silent', allowedHosts: ['flag.example'], metricsRequireKey: false },
+      io,
+    );
+    try {
+      expect(flags.server.options).toMatchObject({ allowedHosts: ['flag.example'], metricsNeedKey: false });
+      expect((await request(flags.url, { path: '/health', headers: { host: 'cfg.example' } })).status).toBe(403);
+    } finally {
+      await flags.close();
+    }
+    let err = '';
+    const code = await main(['serve', '--allowed-hosts', 'a.example,,b'], {
+      ...io,
+      stderr: { write: (x: string) => (err += x) },
+    });
+    expect(code).toBe(2);
+    expect(err).toMatch(/--allowed-hosts.*expected host names separated by commas/);
+    // the router: the key from SPECD_API_KEY, /metrics behind it (nothing listens on its upstreams: never reached)
+    const r = await startRouter(
+      {
+        prefill: ['http://127.0.0.1:9'],
+        decode: ['http://127.0.0.1:10'],
+        model: MODEL_DIR,
+        port: 0,
+        logLevel: 'silent',
+        healthIntervalMs: 0,
+        metricsRequireKey: true,
+      },
+      { ...io, env: { SPECD_API_KEY: 'rk' } },
+    );
+    try {
+      expect(r.router.options.apiKey).toBe('rk');
+      expect((await fetch(`${r.url}/metrics`)).status).toBe(401);
+      expect((await fetch(`${r.url}/metrics`, { headers: { authorization: 'Bearer rk' } })).status).toBe(200);
+      expect((await fetch(`${r.url}/health`)).status).toBe(503); // open, and no upstream is healthy
+    } finally {
+      await r.close();
     }
   });
 
