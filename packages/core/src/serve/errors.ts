@@ -77,9 +77,6 @@ export const unknownModel = (model: string, served: string): ApiError =>
     'model',
     'model_not_found',
   );
-/** 413 for a request longer than a sequence may be. */
-export const tooLong = (message: string, param: string): ApiError =>
-  new ApiError(413, message, 'invalid_request_error', param, 'context_length_exceeded');
 /** 503 when the queue or the tokens in flight are full. */
 export const overloaded = (message: string): ApiError => new ApiError(503, message, 'server_error', null, 'overloaded');
 /** 500 when the model can no longer run (e.g. a pipeline stage process died): names what broke. */
