@@ -1,9 +1,10 @@
 // Prefill/decode faults, with P, D and the router as real processes (the shipped Kimi target + DFlash): a prompt
-// too long for P (its 413 reaches the client, D's reservation is freed), max_tokens 1 (D answers the first token
-// without a decode step), P killed mid-transfer at a deterministic fault point (the transfer engine's test hook
-// pauses after 1 descriptor), D killed mid-stream, an abort storm from clients, the bootstrap timeouts of both
-// roles (tested by their error, with a hang guard at 10× the timeout), and a digest mismatch refused naming the
-// field. Afterwards every page, state slot and transfer is free on every process that is still up, and they answer.
+// too long for P (its 400 context_length_exceeded reaches the client, D's reservation is freed), max_tokens 1 (D
+// answers the first token without a decode step), P killed mid-transfer at a deterministic fault point (the
+// transfer engine's test hook pauses after 1 descriptor), D killed mid-stream, an abort storm from clients, the
+// bootstrap timeouts of both roles (tested by their error, with a hang guard at 10× the timeout), and a digest
+// mismatch refused naming the field. Afterwards every page, state slot and transfer is free on every process that
+// is still up, and they answer.
 // Then what an attack found (each fixed): a malformed control message that once stopped P's control plane, a
 // fake P whose `finished` carries ids outside the vocabulary (once crashed D), an abort of a request queued for a
 // free sequence on D, a P restarted on the same bootstrap port (D hellos again), a D whose request differs from
@@ -95,11 +96,12 @@ describe.skipIf(!HAVE)('PD faults (processes)', () => {
     if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
   });
 
-  it("a prompt too long for P: P's 413 reaches the client and D's reservation is freed", async () => {
+  it("a prompt too long for P: P's 400 reaches the client and D's reservation is freed", async () => {
     const err = await client.completions.create({ model, prompt: LONG, max_tokens: 8 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(OpenAI.APIError);
-    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(413);
-    expect(String((err as Error).message)).toMatch(/max_sequence_tokens 128/);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(400);
+    expect((err as InstanceType<typeof OpenAI.APIError>).code).toBe('context_length_exceeded');
+    expect(String((err as Error).message)).toMatch(/maximum context length is 128 tokens/);
     await until('P and D free', async () => (await allFree(P.url)) && (await allFree(D.url)));
   });
 

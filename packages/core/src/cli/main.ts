@@ -34,6 +34,8 @@ export interface CliIo {
   readonly stdout: { write(s: string): unknown; isTTY?: boolean };
   readonly stderr: { write(s: string): unknown };
   readonly cwd: string;
+  /** Environment variables read (`SPECD_API_KEY`); default `process.env`. */
+  readonly env?: Readonly<Record<string, string | undefined>>;
 }
 
 const intArg =
@@ -108,7 +110,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   );
   const drafterDir = choice?.dir;
   const s = cfg.sampling;
-  const maxTokens = flags.maxTokens ?? s.max_tokens;
+  const maxTokens = flags.maxTokens ?? s.max_tokens ?? 64;
   const temperature = flags.temperature ?? s.temperature;
   const topP = flags.topP ?? s.top_p;
   const topK = flags.topK ?? s.top_k;

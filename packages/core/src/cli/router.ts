@@ -2,7 +2,9 @@
  * `specd router --prefill URL… --decode URL… [--host H] [--port N] [--policy round_robin|random]
  * [--health-interval-ms N] [--model DIR | --config FILE] [--log-level L]`: the prefill/decode router
  * (packages/core/src/pd/router.ts). Flags override the config's `pd.router`; the tokenizer (no weights) comes
- * from `--model`, else the config's `model`, else the shipped target, as `specd serve` finds it.
+ * from `--model`, else the config's `model`, else the shipped target, as `specd serve` finds it. Access (API key from
+ * --api-key, `SPECD_API_KEY` or the config; `--allowed-hosts`; `--metrics-require-key`) as `specd serve`; prompts
+ * longer than the config's `scheduler.max_sequence_tokens` can hold are refused before tokenizing.
  */
 
 import * as path from 'node:path';
@@ -14,9 +16,11 @@ import { loadConfig } from '../config/load.js';
 import { createPdPolicy, PD_POLICIES } from '../pd/policy.js';
 import { PdRouter } from '../pd/router.js';
 import { loadPromptBuilder } from '../serve/prompt.js';
+import { checkBind } from '../serve/http-guard.js';
 import { checkModelPath, CliError } from './config-file.js';
 import type { CliIo } from './main.js';
 import { defaultModelDir } from './paths.js';
+import { accessPolicy, hostsArg } from './serve.js';
 
 /** Flags of `specd router`. */
 export interface RouterFlags {
@@ -30,6 +34,8 @@ export interface RouterFlags {
   healthIntervalMs?: number;
   logLevel?: string;
   apiKey?: string;
+  allowedHosts?: string[];
+  metricsRequireKey?: boolean;
 }
 
 /** A started router (close with {@link StartedRouter.close}). */
@@ -62,20 +68,24 @@ export async function startRouter(flags: RouterFlags, io: CliIo): Promise<Starte
   const modelDir =
     flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   checkModelPath(modelDir);
+  const host = flags.host ?? rc?.host ?? '127.0.0.1';
+  const access = accessPolicy(flags, cfg, io);
+  const warning = checkBind(host, access);
+  if (warning !== undefined) io.stderr.write(`specd: warning: ${warning}\n`);
   const logger =
     flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
   const router = new PdRouter({
     prefill,
     decode,
-    prompts: loadPromptBuilder(modelDir),
+    prompts: loadPromptBuilder(modelDir, { maxContextTokens: cfg.scheduler.max_sequence_tokens }),
     sampling: cfg.sampling,
     policy: createPdPolicy(flags.policy ?? rc?.policy ?? 'round_robin'),
     healthIntervalMs: flags.healthIntervalMs ?? rc?.health_interval_ms ?? 5000,
     bodyLimitBytes: cfg.server.body_limit_bytes,
     ...(logger === undefined ? {} : { logger }),
-    ...((flags.apiKey ?? cfg.server.api_key) === undefined ? {} : { apiKey: flags.apiKey ?? cfg.server.api_key }),
+    ...access,
   });
-  const url = await router.listen(flags.host ?? rc?.host ?? '127.0.0.1', flags.port ?? rc?.port ?? 8000);
+  const url = await router.listen(host, flags.port ?? rc?.port ?? 8000);
   return { router, url, close: () => router.close() };
 }
 
@@ -123,9 +133,15 @@ export function registerRouterCommand(program: Command, io: CliIo): void {
     .option('--health-interval-ms <ms>', 'between health checks of every upstream (default 5000; 0 = off)', msArg)
     .option(
       '--api-key <key>',
-      "the deployment's API key (default: config server.api_key): clients must send it, and the router sends it to " +
-        'P and D (start them with the same --api-key)',
+      "the deployment's API key (default: SPECD_API_KEY, else config server.api_key): clients must send it, and the " +
+        'router sends it to P and D (start them with the same key)',
     )
+    .option(
+      '--allowed-hosts <names>',
+      'Host names (comma-separated; "*" = any) accepted besides the bound address and loopback, as in specd serve',
+      hostsArg,
+    )
+    .option('--metrics-require-key', '/metrics needs the API key too (/health stays open)')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: RouterFlags) => {
       const s = await startRouter(flags, io);

@@ -1,10 +1,12 @@
 /**
  * `specd serve [--config FILE] [--model DIR] [--drafter DIR | --no-spec] [--host H] [--port P] [--api-key K]
- * [--tp T] [--pp P [--pp-partition 3,5]]`: the OpenAI-compatible server (packages/core/src/serve).
- * Flags override the config; with no arguments it serves the shipped target with the shipped DFlash
- * on 127.0.0.1:8000. Under pipeline parallelism the stage processes are killed when the server
- * closes (and on SIGINT / SIGTERM / exit); a dead stage makes /health answer 503 and every request
- * fail with 500 naming the stage (the server stays up).
+ * [--allowed-hosts a,b] [--metrics-require-key] [--tp T] [--pp P [--pp-partition 3,5]]`: the OpenAI-compatible
+ * server (packages/core/src/serve). Flags override the config; with no arguments it serves the shipped target with
+ * the shipped DFlash on 127.0.0.1:8000. The API key comes from --api-key, else `SPECD_API_KEY`, else the config.
+ * Before loading anything: a `max_sequence_tokens` above the model's context length and a 0.0.0.0 bind without a key
+ * or allowed hosts are refused, and a bind beyond loopback without a key prints a warning. Under pipeline
+ * parallelism the stage processes are killed when the server closes (and on SIGINT / SIGTERM / exit); a dead stage
+ * makes /health answer 503 and every request fail with 500 naming the stage (the server stays up).
  */
 
 import * as path from 'node:path';
@@ -17,6 +19,8 @@ import type { SpecdConfig } from '../config/load.js';
 import { DRAFT_PAGE_SIZE } from '../kv/draft-kv-cache.js';
 import { pdDigest } from '../pd/digest.js';
 import { hasDraftContextTransfer } from '../plugin/drafter-plugin.js';
+import { type AccessPolicy, apiKeyFrom, checkBind } from '../serve/http-guard.js';
+import { checkServerContextLength, modelContextLength } from '../serve/limits.js';
 import { SpecdServer, type SpecdServerOptions } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { type DrafterChoice, loadDrafter, type LoadedDrafter } from '../runtime/drafter.js';
@@ -34,6 +38,10 @@ export interface ServeFlags {
   host?: string;
   port?: number;
   apiKey?: string;
+  /** Host names accepted besides the bound address and loopback (overrides config server.allowed_hosts). */
+  allowedHosts?: string[];
+  /** /metrics needs the API key (or config server.metrics_require_key). */
+  metricsRequireKey?: boolean;
   logLevel?: string;
   /** Tensor-parallel ranks (overrides config parallelism.tp). */
   tp?: number;
@@ -102,6 +110,13 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     io.cwd,
   );
   const sched = cfg.scheduler;
+  // refused before loading: a context the model cannot hold, a bind no check can protect
+  const contextLength = modelContextLength(modelDir);
+  checkServerContextLength(sched.max_sequence_tokens, contextLength);
+  const host = flags.host ?? cfg.server.host;
+  const access = accessPolicy(flags, cfg, io);
+  const warning = checkBind(host, access);
+  if (warning !== undefined) io.stderr.write(`specd: warning: ${warning}\n`);
   const target = await loadParallelTarget(modelDir, cfg.plugins, {
     tp,
     pp,
@@ -125,7 +140,6 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     }
     const logger =
       flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
-    const host = flags.host ?? cfg.server.host;
     const pd = role === 'none' ? undefined : pdOptions(role, cfg, flags, host, modelDir, choice, drafter, { tp, pp });
     const server = new SpecdServer({
       target,
@@ -133,7 +147,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       modelName: cfg.server.model_name ?? path.basename(modelDir),
       sampling: cfg.sampling,
       scheduler: sched,
-      ...((flags.apiKey ?? cfg.server.api_key) === undefined ? {} : { apiKey: (flags.apiKey ?? cfg.server.api_key)! }),
+      ...access,
+      ...(contextLength === undefined ? {} : { modelContextLength: contextLength }),
       bodyLimitBytes: cfg.server.body_limit_bytes,
       ...(choice?.numDraftTokens === undefined ? {} : { numDraftTokens: choice.numDraftTokens }),
       ...(logger === undefined ? {} : { logger }),
@@ -157,6 +172,32 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     throw err;
   }
 }
+
+/**
+ * Who may use the server: the API key (--api-key, else `SPECD_API_KEY`, else server.api_key), the allowed hosts and
+ * whether /metrics needs the key (flags over server.allowed_hosts / server.metrics_require_key).
+ */
+export function accessPolicy(
+  flags: Pick<ServeFlags, 'apiKey' | 'allowedHosts' | 'metricsRequireKey'>,
+  cfg: SpecdConfig,
+  io: CliIo,
+): AccessPolicy {
+  const apiKey = apiKeyFrom(flags.apiKey, io.env ?? process.env, cfg.server.api_key);
+  const allowedHosts = flags.allowedHosts ?? cfg.server.allowed_hosts;
+  return {
+    ...(apiKey === undefined ? {} : { apiKey }),
+    ...(allowedHosts === undefined ? {} : { allowedHosts }),
+    metricsNeedKey: flags.metricsRequireKey ?? cfg.server.metrics_require_key,
+  };
+}
+
+/** `--allowed-hosts a,b`: host names without ports (`*`: any). */
+export const hostsArg = (v: string): string[] => {
+  const names = v.split(',').map((x) => x.trim());
+  if (names.some((x) => x === '' || /[/\s]/.test(x)))
+    throw new InvalidArgumentError('expected host names separated by commas, e.g. llm.example.com,10.0.0.5');
+  return names;
+};
 
 /** The PD role's settings: bootstrap, timeouts and this side's digest (pd/digest.ts). */
 function pdOptions(
@@ -281,7 +322,19 @@ export function registerServeCommand(program: Command, io: CliIo): void {
       "the prefill role's bootstrap port for decode instances (default: config pd.bootstrap.port, 0 = ephemeral)",
       portArg,
     )
-    .option('--api-key <key>', 'require "Authorization: Bearer <key>" on everything but /health and /metrics')
+    .option(
+      '--api-key <key>',
+      'require "Authorization: Bearer <key>" on everything but /health and /metrics (default: SPECD_API_KEY, else ' +
+        'config server.api_key; prefer the variable: arguments are visible in ps)',
+    )
+    .option(
+      '--allowed-hosts <names>',
+      'Host names (comma-separated, no port; "*" = any) accepted besides the bound address, localhost, 127.0.0.1 ' +
+        'and [::1]: checked without an API key (DNS rebinding) and whenever given; a 0.0.0.0 bind without a key ' +
+        'needs it',
+      hostsArg,
+    )
+    .option('--metrics-require-key', '/metrics needs the API key too (/health stays open)')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);

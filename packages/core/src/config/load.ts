@@ -34,7 +34,7 @@ export interface SpecdConfig {
   /** Absent: the shipped DFlash with the shipped target, else none. */
   readonly drafter?: DrafterConfig;
   readonly plugins: readonly string[];
-  readonly sampling: { temperature: number; top_p: number; top_k: number; max_tokens: number; seed?: number };
+  readonly sampling: { temperature: number; top_p: number; top_k: number; max_tokens?: number; seed?: number };
   readonly scheduler: {
     max_running_requests: number;
     max_waiting_requests: number;
@@ -43,7 +43,15 @@ export interface SpecdConfig {
     max_sequence_tokens: number;
     page_size: number;
   };
-  readonly server: { host: string; port: number; api_key?: string; body_limit_bytes: number; model_name?: string };
+  readonly server: {
+    host: string;
+    port: number;
+    api_key?: string;
+    allowed_hosts?: string[];
+    metrics_require_key: boolean;
+    body_limit_bytes: number;
+    model_name?: string;
+  };
   readonly parallelism: { tp: number; pp: number; partition?: number[]; transport: 'zmq' | 'fifo' };
   readonly pd: {
     role: 'none' | 'prefill' | 'decode';

@@ -6,10 +6,11 @@
  *   { "model": "models/kimi-k3-tiny",                     // target checkpoint dir (relative to the file)
  *     "drafter": {"method": "dflash", "path": "…"} | {"method": "none"},
  *     "plugins": ["@specd/model-kimi-k3", "@specd/plugin-dflash"],
- *     "sampling": {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens": 64, "seed"?: 1},
+ *     "sampling": {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens"?: 64, "seed"?: 1},
  *     "scheduler": {"max_running_requests": 8, "max_waiting_requests": 64, "prefill_chunk_tokens": 64,
  *                   "max_tokens_in_flight": 16384, "max_sequence_tokens": 2048, "page_size": 16},
- *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "body_limit_bytes": 1048576, "model_name"?: "…"},
+ *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "allowed_hosts"?: ["…"],
+ *                "metrics_require_key": false, "body_limit_bytes": 1048576, "model_name"?: "…"},
  *     "parallelism": {"tp": 1, "pp": 1, "partition"?: [layers per stage], "transport": "zmq" | "fifo"},
  *                    // pp > 1: stage processes; tp > 1: worker-thread ranks; both: each stage a TP group
  *     "pd": {"role": "none" | "prefill" | "decode", "bootstrap"?: {"host", "port"},
@@ -96,7 +97,13 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
           temperature: { type: 'number', minimum: 0, default: 0, description: '0 = greedy' },
           top_p: { type: 'number', exclusiveMinimum: 0, maximum: 1, default: 1 },
           top_k: { type: 'integer', minimum: 0, default: 0, description: '0 = off' },
-          max_tokens: { type: 'integer', minimum: 1, default: 64 },
+          max_tokens: {
+            type: 'integer',
+            minimum: 1,
+            description:
+              'serve: for requests without max_tokens, capped at the remaining context; absent: the remaining ' +
+              'context (max_sequence_tokens − prompt), as vLLM. generate: --max-tokens default (64 when absent)',
+          },
           seed: { type: 'integer', minimum: 0, maximum: 4294967295, description: 'default: random per request' },
         },
       },
@@ -123,7 +130,9 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
             type: 'integer',
             minimum: 2,
             default: 2048,
-            description: 'prompt + max_tokens (+ a draft block) per request; beyond → 413',
+            description:
+              "the context length (vLLM's max_model_len): prompt + max_tokens per request, beyond → 400 " +
+              "context_length_exceeded; at most the model's max_position_embeddings (refused at start-up)",
           },
           page_size: { type: 'integer', minimum: 1, default: 16, description: 'target KV page size, tokens' },
         },
@@ -138,7 +147,22 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
           api_key: {
             type: 'string',
             minLength: 1,
-            description: 'if set, requests need "Authorization: Bearer <api_key>"',
+            description:
+              'if set, requests need "Authorization: Bearer <api_key>" (--api-key and SPECD_API_KEY take precedence)',
+          },
+          allowed_hosts: {
+            type: 'array',
+            items: { type: 'string', minLength: 1 },
+            uniqueItems: true,
+            description:
+              'Host names (no port) accepted besides the bound address, localhost, 127.0.0.1 and [::1]; "*" = any. ' +
+              'Checked when no API key is set (DNS rebinding), and whenever given; a 0.0.0.0 bind without a key ' +
+              'needs it',
+          },
+          metrics_require_key: {
+            type: 'boolean',
+            default: false,
+            description: '/metrics needs the API key too (/health stays open)',
           },
           body_limit_bytes: { type: 'integer', minimum: 1024, default: 1048576 },
           model_name: {

@@ -82,6 +82,11 @@ export class Tokenizer {
   readonly config: Readonly<JsonObject>;
   /** Where the tokenizer came from (directory or label). */
   readonly source: string;
+  /**
+   * The `tokenizer.json` and `tokenizer_config.json` objects `@huggingface/tokenizers` was built from, to build the
+   * same tokenizer in another thread (serve/prompt-encoder.ts).
+   */
+  readonly libraryInputs: { readonly tokenizerJson: JsonObject; readonly tokenizerConfig: JsonObject };
 
   private readonly hf: HfTokenizer;
   private readonly idToTokenTable: (string | undefined)[];
@@ -103,6 +108,7 @@ export class Tokenizer {
     // true. State it explicitly so both agree on files that omit it.
     const cleanUp = own(config, 'clean_up_tokenization_spaces');
     const configForLib = { ...config, clean_up_tokenization_spaces: typeof cleanUp === 'boolean' ? cleanUp : false };
+    this.libraryInputs = { tokenizerJson: tokenizerForLib, tokenizerConfig: configForLib };
     try {
       this.hf = new HfTokenizer(tokenizerForLib, configForLib);
     } catch (cause) {

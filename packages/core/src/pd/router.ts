@@ -22,7 +22,7 @@
  * every `healthIntervalMs`; a server answering the other role's /pd/info refuses the start.
  */
 
-import { randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
@@ -30,7 +30,8 @@ import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 
-import { ApiError, badApiKey, unknownModel } from '../serve/errors.js';
+import { ApiError, bodyTooLarge, shuttingDown, unknownModel } from '../serve/errors.js';
+import { answerThenDrain, checkBind, installAccessHook, installJsonParser } from '../serve/http-guard.js';
 import type { BuiltPrompt, PromptBuilder, PromptKind } from '../serve/prompt.js';
 import {
   parseChatRequest,
@@ -65,9 +66,14 @@ export interface PdRouterOptions {
   /**
    * The deployment's API key (`server.api_key`, `--api-key`): clients must send `Authorization: Bearer KEY` on
    * everything but /health and /metrics, and the router sends it on every call to P and D (probes and aborts
-   * included). Absent: no key here, and the client's Authorization header is forwarded as it is.
+   * included). Absent: no key here, and the client's Authorization header is forwarded as it is, and the Host header
+   * is checked (serve/http-guard.ts).
    */
   readonly apiKey?: string;
+  /** Host names accepted besides the bound address and loopback (`*`: any); serve/http-guard.ts AccessPolicy. */
+  readonly allowedHosts?: readonly string[];
+  /** `/metrics` needs the API key too (default: open). */
+  readonly metricsNeedKey?: boolean;
 }
 
 /** One upstream's state, as `/health` lists it. */
@@ -145,6 +151,7 @@ export class PdRouter {
   private readonly timeoutMs: number;
   private timer: NodeJS.Timeout | undefined;
   private closed = false;
+  private boundHost: string | undefined;
 
   /** @throws {PdError} `'peer'` when a role has no URL or a URL appears twice. */
   constructor(readonly options: PdRouterOptions) {
@@ -178,7 +185,8 @@ export class PdRouter {
       ...(options.logger === undefined
         ? { logger: false }
         : { loggerInstance: options.logger as unknown as FastifyBaseLogger }),
-      return503OnClosing: true,
+      // requests arriving while closing get the router's own 503 server_shutting_down (OpenAI's error shape)
+      return503OnClosing: false,
     });
     this.routes();
   }
@@ -199,9 +207,14 @@ export class PdRouter {
    * Checks every upstream (/pd/info, then /health), then listens on host:port (port 0: ephemeral) and checks
    * them again every `healthIntervalMs`. An upstream that cannot be reached starts unhealthy (logged).
    * @returns the base URL, e.g. `http://127.0.0.1:8000`.
-   * @throws {PdError} `'peer'` naming a URL whose /pd/info answers the other role.
+   * @throws {PdError} `'peer'` naming a URL whose /pd/info answers the other role; {@link BindError} for a wildcard
+   *   host without an API key and without allowed hosts (serve/http-guard.ts checkBind; beyond loopback without a key
+   *   it logs a warning).
    */
   async listen(host: string, port: number): Promise<string> {
+    const warning = checkBind(host, this.options);
+    if (warning !== undefined) this.options.logger?.warn(warning);
+    this.boundHost = host;
     await Promise.all(this.upstreams.map((u) => this.probe(u, true)));
     for (const u of this.upstreams)
       if (!u.healthy) this.options.logger?.warn({ url: u.url, role: u.role, reason: u.reason }, 'upstream not healthy');
@@ -221,6 +234,7 @@ export class PdRouter {
     this.closed = true;
     clearTimeout(this.timer);
     await this.app.close();
+    await this.options.prompts.close();
   }
 
   private schedule(): void {
@@ -326,26 +340,26 @@ export class PdRouter {
 
   private routes(): void {
     const app = this.app;
-    const key = this.options.apiKey === undefined ? undefined : Buffer.from(`Bearer ${this.options.apiKey}`);
-    app.addHook('onRequest', async (req, reply) => {
-      if (key === undefined || req.url === '/health' || req.url === '/metrics') return;
-      const got = Buffer.from(req.headers.authorization ?? '');
-      if (got.length !== key.length || !timingSafeEqual(got, key)) return send(reply, badApiKey());
+    installAccessHook(
+      app,
+      this.options,
+      () => this.boundHost,
+      () => this.metrics.errors.inc({ side: 'router' }),
+    );
+    app.addHook('onRequest', async (_req, reply) => {
+      if (this.closed) return send(reply.header('connection', 'close'), shuttingDown());
     });
+    installJsonParser(app);
     app.addHook('onResponse', async (req, reply) => {
       this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: String(reply.statusCode) });
     });
     app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, req, reply) => {
       let e: ApiError;
+      if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
+        this.metrics.errors.inc({ side: 'router' });
+        return answerThenDrain(req, reply, bodyTooLarge(app.initialConfig.bodyLimit ?? 0));
+      }
       if (err instanceof ApiError) e = err;
-      else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
-        e = new ApiError(
-          413,
-          `request body larger than ${app.initialConfig.bodyLimit} bytes`,
-          'invalid_request_error',
-          null,
-          'body_too_large',
-        );
       else if (err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500)
         e = new ApiError(400, `malformed request: ${err.message}`, 'invalid_request_error', null, 'invalid_json');
       else {
@@ -399,11 +413,11 @@ export class PdRouter {
     if (kind === 'chat') {
       const p = parseChatRequest(req.body, sampling);
       this.checkModel(p);
-      prompt = prompts.chat(p);
+      prompt = await prompts.chat(p);
     } else {
       const p = parseCompletionRequest(req.body, sampling);
       this.checkModel(p);
-      prompt = prompts.completion(p);
+      prompt = await prompts.completion(p);
     }
     const sides: Record<PdRole, Upstream> = { prefill: this.pick('prefill'), decode: this.pick('decode') };
     const requestId = String(req.id);

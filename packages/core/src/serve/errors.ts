@@ -34,6 +34,40 @@ export const badApiKey = (): ApiError =>
     null,
     'invalid_api_key',
   );
+/**
+ * 403 for a request whose Host header is not this server's (DNS rebinding: a web page whose name was re-pointed at
+ * the server would reach it with its own name as Host): names the Host and how to allow it.
+ */
+export const forbiddenHost = (host: string | undefined): ApiError =>
+  new ApiError(
+    403,
+    `Host ${host === undefined ? '(none)' : JSON.stringify(host)} is not allowed: without an API key only the bound ` +
+      'address, localhost, 127.0.0.1 and [::1] are (add the name to --allowed-hosts, or set an API key)',
+    'invalid_request_error',
+    null,
+    'forbidden_host',
+  );
+/** 400 for a JSON body nested deeper than the server parses: names the limit. */
+export const jsonTooDeep = (maxDepth: number): ApiError =>
+  new ApiError(
+    400,
+    `malformed request: JSON nested deeper than ${maxDepth} levels`,
+    'invalid_request_error',
+    null,
+    'json_too_deep',
+  );
+/** 413 for a body larger than the server reads. */
+export const bodyTooLarge = (limitBytes: number): ApiError =>
+  new ApiError(
+    413,
+    `request body larger than body_limit_bytes (${limitBytes})`,
+    'invalid_request_error',
+    null,
+    'body_too_large',
+  );
+/** 503 for a request the server cannot finish because it is shutting down (in flight or arriving meanwhile). */
+export const shuttingDown = (): ApiError =>
+  new ApiError(503, 'the server is shutting down', 'server_error', null, 'server_shutting_down');
 /** 404 for a model this server does not serve. */
 export const unknownModel = (model: string, served: string): ApiError =>
   new ApiError(
@@ -43,9 +77,6 @@ export const unknownModel = (model: string, served: string): ApiError =>
     'model',
     'model_not_found',
   );
-/** 413 for a request longer than a sequence may be. */
-export const tooLong = (message: string, param: string): ApiError =>
-  new ApiError(413, message, 'invalid_request_error', param, 'context_length_exceeded');
 /** 503 when the queue or the tokens in flight are full. */
 export const overloaded = (message: string): ApiError => new ApiError(503, message, 'server_error', null, 'overloaded');
 /** 500 when the model can no longer run (e.g. a pipeline stage process died): names what broke. */

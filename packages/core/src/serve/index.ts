@@ -8,6 +8,21 @@ export {
   type LoopRequest,
 } from './engine-loop.js';
 export { ApiError } from './errors.js';
+export {
+  API_KEY_ENV,
+  apiKeyFrom,
+  BindError,
+  checkBind,
+  MAX_JSON_DEPTH,
+  type AccessPolicy,
+} from './http-guard.js';
+export {
+  checkServerContextLength,
+  ContextLengthError,
+  modelContextLength,
+  resolveMaxTokens,
+  type ModelContextLength,
+} from './limits.js';
 export { ServerMetrics, type ServerGaugeSource } from './metrics.js';
 export {
   parseChatRequest,
@@ -17,6 +32,7 @@ export {
   type GenerationParams,
   type SamplingDefaults,
 } from './protocol.js';
-export { loadPromptBuilder, PromptBuilder, type BuiltPrompt, type PromptKind } from './prompt.js';
+export { loadPromptBuilder, PromptBuilder, type BuiltPrompt, type PromptKind, type PromptLimits } from './prompt.js';
+export { PromptEncoder } from './prompt-encoder.js';
 export { SpecdServer, type SchedulerSettings, type SpecdServerOptions } from './server.js';
 export { StopTextBuffer } from './stop-text.js';

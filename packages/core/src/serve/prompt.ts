@@ -16,6 +16,8 @@ import { Tokenizer } from '../io/tokenizer.js';
 import { ggufPathOf } from '../runtime/target.js';
 import { ChatTemplate, ChatTemplateError } from './chat-template.js';
 import { chatTemplateFailed, invalidParam } from './errors.js';
+import { contextTooLong, longestTokenChars, promptCharLimit, promptTooLarge } from './limits.js';
+import { PromptEncoder } from './prompt-encoder.js';
 import type { ChatRequest, CompletionRequest } from './protocol.js';
 
 /** The endpoint a prompt came from. */
@@ -49,30 +51,68 @@ function chatTemplateOf(tokenizer: Tokenizer): ChatTemplate | undefined {
   });
 }
 
-/** Turns checked requests (protocol.ts) into prompt token ids. Immutable. */
+/** Prompt limits checked before tokenizing (limits.ts). */
+export interface PromptLimits {
+  /** The server's context length, tokens (`scheduler.max_sequence_tokens`): a prompt must leave room for one token. */
+  readonly maxContextTokens: number;
+  /** Texts up to this many UTF-16 code units are encoded on the calling thread (PromptEncoder, default 16384). */
+  readonly inlineChars?: number;
+}
+
+/**
+ * Turns checked requests (protocol.ts) into prompt token ids. A prompt whose text is longer than
+ * {@link maxPromptChars} (or with more token ids than the context holds) is refused before it is rendered or
+ * encoded; a long text is encoded in a worker thread ({@link PromptEncoder}). {@link close} stops that thread.
+ */
 export class PromptBuilder {
   private readonly template: ChatTemplate | undefined;
+  private readonly encoder: PromptEncoder;
+  /** The server's context length, tokens. */
+  readonly maxContextTokens: number;
+  /** The longest prompt text accepted, UTF-16 code units (limits.ts promptCharLimit). */
+  readonly maxPromptChars: number;
 
   /**
    * @param tokenizer the target's tokenizer.
    * @param vocabSize the target's vocabulary size: token ids in a completion's `prompt` must be below it.
+   * @param limits the context length (default: no limit, 2^31 − 1 tokens) and the inline encoding bound.
    * @throws {ChatTemplateError} if the tokenizer's chat template does not parse.
    */
   constructor(
     readonly tokenizer: Tokenizer,
     readonly vocabSize: number,
+    limits: PromptLimits = { maxContextTokens: 2 ** 31 - 1 },
   ) {
     this.template = chatTemplateOf(tokenizer);
+    this.encoder = new PromptEncoder(tokenizer, limits.inlineChars);
+    this.maxContextTokens = limits.maxContextTokens;
+    this.maxPromptChars = promptCharLimit(limits.maxContextTokens, longestTokenChars(tokenizer));
+  }
+
+  /** Texts encoded in the worker thread so far. */
+  get encodedInWorker(): number {
+    return this.encoder.encodedInWorker;
+  }
+
+  /** Texts waiting for or being encoded by the worker thread now. */
+  get encodingInWorker(): number {
+    return this.encoder.inWorker;
   }
 
   /**
    * A completion's prompt: its text encoded without special tokens, or its token ids.
-   * @throws {ApiError} 400 naming `prompt` for an id outside the vocabulary or a prompt of no tokens.
+   * @throws {ApiError} 400 naming `prompt` for an id outside the vocabulary, a prompt of no tokens, or one the
+   *   context cannot hold (`context_length_exceeded`: more characters than {@link maxPromptChars}, or as many ids as
+   *   the context length), before encoding it.
    */
-  completion(p: CompletionRequest): BuiltPrompt {
+  async completion(p: CompletionRequest): Promise<BuiltPrompt> {
     let ids: Int32Array;
-    if (typeof p.prompt === 'string') ids = this.tokenizer.encode(p.prompt, { addSpecialTokens: false });
-    else {
+    if (typeof p.prompt === 'string') {
+      this.checkChars(p.prompt.length, 'prompt');
+      ids = await this.encoder.encode(p.prompt);
+    } else {
+      if (p.prompt.length >= this.maxContextTokens)
+        throw contextTooLong(this.maxContextTokens, p.prompt.length, undefined, 'prompt');
       const V = this.vocabSize;
       const bad = p.prompt.find((t) => t >= V);
       if (bad !== undefined) throw invalidParam('prompt', `token id ${bad} is outside the vocabulary (size ${V})`);
@@ -85,11 +125,16 @@ export class PromptBuilder {
    * A chat prompt: the messages rendered by the chat template (with the generation prompt), encoded without
    * special tokens (the template writes them).
    * @throws {ApiError} 400 naming `messages` when the model has no chat template, the template rejects the
-   *   messages, or they encode to no tokens.
+   *   messages, they encode to no tokens, or their text is longer than {@link maxPromptChars} (checked on the
+   *   contents before rendering and on the rendered text before encoding).
    */
-  chat(p: ChatRequest): BuiltPrompt {
+  async chat(p: ChatRequest): Promise<BuiltPrompt> {
     if (this.template === undefined)
       throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
+    this.checkChars(
+      p.messages.reduce((n, m) => n + m.content.length, 0),
+      'messages',
+    );
     let text: string;
     try {
       text = this.template.render(p.messages, true);
@@ -97,7 +142,17 @@ export class PromptBuilder {
       if (err instanceof ChatTemplateError) throw chatTemplateFailed(err);
       throw err;
     }
-    return nonEmpty(this.tokenizer.encode(text, { addSpecialTokens: false }), 'messages');
+    this.checkChars(text.length, 'messages');
+    return nonEmpty(await this.encoder.encode(text), 'messages');
+  }
+
+  /** Stops the encoding worker thread, if one started. */
+  close(): Promise<void> {
+    return this.encoder.close();
+  }
+
+  private checkChars(chars: number, param: 'prompt' | 'messages'): void {
+    if (chars > this.maxPromptChars) throw promptTooLarge(this.maxContextTokens, chars, this.maxPromptChars, param);
   }
 }
 
@@ -111,10 +166,10 @@ function nonEmpty(ids: Int32Array, param: 'prompt' | 'messages'): BuiltPrompt {
  * places `loadTarget` (runtime/target.ts) reads it: a Hugging Face folder's tokenizer.json (vocabulary size from
  * config.json `vocab_size`, else the tokenizer's), or a GGUF file or a folder holding one (tokenizer.json beside
  * it when present, else the GGUF's tokenizer metadata; vocabulary size from `<arch>.vocab_size`, else the
- * tokenizer's).
+ * tokenizer's). `limits` as {@link PromptBuilder}'s constructor.
  * @throws {TokenizerError} / {GgufError} / {HfConfigError} / {PluginError} (several GGUF files) naming the file.
  */
-export function loadPromptBuilder(modelPath: string): PromptBuilder {
+export function loadPromptBuilder(modelPath: string, limits?: PromptLimits): PromptBuilder {
   const ggufPath = ggufPathOf(modelPath);
   if (ggufPath !== undefined) {
     const dir = nodePath.dirname(ggufPath);
@@ -125,11 +180,12 @@ export function loadPromptBuilder(modelPath: string): PromptBuilder {
     const arch = gguf.has('general.architecture') ? gguf.getString('general.architecture') : undefined;
     const key = `${arch}.vocab_size`;
     const vocab = arch !== undefined && gguf.has(key) ? gguf.getU32(key) : tokenizer.vocabSize;
-    return new PromptBuilder(tokenizer, vocab);
+    return new PromptBuilder(tokenizer, vocab, limits);
   }
   const tokenizer = Tokenizer.load(modelPath);
   const raw = HfConfig.read(modelPath).raw as Record<string, unknown>;
   const text = raw.text_config as Record<string, unknown> | undefined;
   const declared = raw.vocab_size ?? text?.vocab_size;
-  return new PromptBuilder(tokenizer, Number.isSafeInteger(declared) ? (declared as number) : tokenizer.vocabSize);
+  const vocab = Number.isSafeInteger(declared) ? (declared as number) : tokenizer.vocabSize;
+  return new PromptBuilder(tokenizer, vocab, limits);
 }

@@ -20,14 +20,16 @@ export interface SamplingDefaults {
   readonly temperature: number;
   readonly top_p: number;
   readonly top_k: number;
-  readonly max_tokens: number;
+  /** For requests without max_tokens, capped at the remaining context; absent: the remaining context (limits.ts). */
+  readonly max_tokens?: number;
   readonly seed?: number;
 }
 
 /** The request fields both endpoints share, checked. */
 export interface GenerationParams {
   readonly model: string;
-  readonly maxTokens: number;
+  /** The request's max_tokens (chat: max_completion_tokens first); undefined when absent (limits.ts resolves it). */
+  readonly maxTokens: number | undefined;
   readonly temperature: number;
   readonly topP: number;
   readonly topK: number;
@@ -140,7 +142,7 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
   });
   return {
     model,
-    maxTokens: maxTokens ?? defaults.max_tokens,
+    maxTokens,
     temperature: sampling.temperature,
     topP: sampling.topP ?? 1,
     topK: sampling.topK ?? 0,

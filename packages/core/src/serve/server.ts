@@ -3,13 +3,18 @@
  * (streaming as SSE `data: {…}\n\n` … `data: [DONE]\n\n`, or one JSON), `GET /v1/models`,
  * `GET /health`, `GET /metrics` (Prometheus). Every request goes through one {@link EngineLoop}
  * (continuous batching). Errors are OpenAI's `{"error": {message, type, param, code}}`: 400 bad
- * parameter, malformed JSON or messages the chat template rejects, 401 bad API key, 404 unknown model or route,
- * 413 too long (body or prompt + max_tokens), 503 overloaded, 500 when the model fails (a dead pipeline stage:
- * in-flight and later requests fail naming the stage; `/health` then answers 503). A client that disconnects has its
- * request aborted: its KV pages, state slot and draft context are freed before the next engine step.
+ * parameter, malformed JSON (or nested deeper than 64 levels), messages the chat template rejects, or a prompt +
+ * max_tokens past the context length (`context_length_exceeded`, vLLM's message; limits.ts), 401 bad API key,
+ * 403 a Host not allowed (no API key: DNS rebinding; http-guard.ts), 404 unknown model or route, 413 a body over
+ * body_limit_bytes (answered before the upload ends, then the connection closes), 503 overloaded or
+ * `server_shutting_down` (requests in flight or arriving while {@link SpecdServer.close} runs; `Connection: close`,
+ * and an open stream ends with an error event), 500 when the model fails (a dead pipeline stage: in-flight and later
+ * requests fail naming the stage; `/health` then answers 503). A client that disconnects has its request aborted:
+ * its KV pages, state slot and draft context are freed before the next engine step. Long prompts are encoded in a
+ * worker thread (prompt-encoder.ts), so `/health` and the engine steps go on meanwhile.
  */
 
-import { randomUUID, timingSafeEqual } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from 'fastify';
@@ -23,15 +28,17 @@ import type { Tokenizer } from '../io/tokenizer.js';
 import { EngineLoop, type LoopListener, type LoopRequest, OverloadedError } from './engine-loop.js';
 import {
   ApiError,
-  badApiKey,
+  bodyTooLarge,
   invalidParam,
   modelFailed,
   overloaded,
   pdFailed,
   sequenceFailed,
-  tooLong,
+  shuttingDown,
   unknownModel,
 } from './errors.js';
+import { answerThenDrain, checkBind, installAccessHook, installJsonParser } from './http-guard.js';
+import { checkServerContextLength, type ModelContextLength, resolveMaxTokens } from './limits.js';
 import { ServerMetrics } from './metrics.js';
 import { PromptBuilder } from './prompt.js';
 import { DecodeRole } from '../pd/decode-role.js';
@@ -63,7 +70,17 @@ export interface SpecdServerOptions {
   readonly modelName: string;
   readonly sampling: SamplingDefaults;
   readonly scheduler: SchedulerSettings;
+  /** Clients send `Authorization: Bearer <apiKey>` (http-guard.ts); absent: no key, and the Host header is checked. */
   readonly apiKey?: string;
+  /** Host names accepted besides the bound address and loopback (`*`: any); see http-guard.ts AccessPolicy. */
+  readonly allowedHosts?: readonly string[];
+  /** `/metrics` needs the API key too (default: open). */
+  readonly metricsNeedKey?: boolean;
+  /**
+   * The target's context length (limits.ts modelContextLength): `scheduler.max_sequence_tokens` may not exceed it.
+   * Absent: not checked.
+   */
+  readonly modelContextLength?: ModelContextLength;
   readonly bodyLimitBytes: number;
   /** Drafts per step at most (default: the drafter's maximum). */
   readonly numDraftTokens?: number;
@@ -77,6 +94,9 @@ export interface SpecdServerOptions {
     | { readonly role: 'prefill'; readonly options: PrefillRoleOptions }
     | { readonly role: 'decode'; readonly options: PdRoleOptions };
 }
+
+/** Checked parameters whose max_tokens is resolved against the prompt (absent: the remaining context). */
+type ResolvedParams = GenerationParams & { readonly maxTokens: number };
 
 /** How a request enters the engine loop: its loop id, and the call that starts it once the response is open. */
 interface Opened {
@@ -98,18 +118,30 @@ export class SpecdServer {
   readonly metrics: ServerMetrics;
   /** The prefill or decode role (prefill/decode disaggregation), if any. */
   readonly pd: PrefillRole | DecodeRole | undefined;
-  private readonly prompts: PromptBuilder;
+  /** Builds prompt ids (chat template, limits checked before encoding, long texts encoded in a worker thread). */
+  readonly prompts: PromptBuilder;
   private readonly created = Math.floor(Date.now() / 1000);
+  /** The address given to {@link listen} (its Host is accepted). */
+  private boundHost: string | undefined;
+  /** Set when {@link close} starts: requests get 503 `server_shutting_down`. */
+  private closing = false;
 
+  /**
+   * @throws {ContextLengthError} when `scheduler.max_sequence_tokens` exceeds the model's context length;
+   *   {@link EngineError} as the engine's constructor.
+   */
   constructor(readonly options: SpecdServerOptions) {
     const { target, drafter, scheduler, numDraftTokens } = options;
+    checkServerContextLength(scheduler.max_sequence_tokens, options.modelContextLength);
     const tok = target.tokenizer;
     this.loop = new EngineLoop(
       target.model,
       drafter,
       {
         maxSequences: scheduler.max_running_requests,
-        maxTokensPerSequence: scheduler.max_sequence_tokens,
+        // the engine sizes a sequence for prompt + max_tokens + a draft block; drafts never pass prompt + max_tokens
+        // (they are capped at the tokens left), so requests are checked against max_sequence_tokens alone
+        maxTokensPerSequence: scheduler.max_sequence_tokens + (drafter?.maxDraftTokens ?? 0) + 1,
         pageSize: scheduler.page_size,
         prefillChunk: scheduler.prefill_chunk_tokens,
         decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
@@ -143,13 +175,16 @@ export class SpecdServer {
       prefillTokens: () => this.engine.metrics.prefillTokens,
       transfersInFlight: () => this.pd?.inflight ?? 0,
     });
-    this.prompts = new PromptBuilder(tok, target.model.info.vocabSize);
+    this.prompts = new PromptBuilder(tok, target.model.info.vocabSize, {
+      maxContextTokens: scheduler.max_sequence_tokens,
+    });
     this.app = Fastify({
       bodyLimit: options.bodyLimitBytes,
       ...(options.logger === undefined
         ? { logger: false }
         : { loggerInstance: options.logger as unknown as FastifyBaseLogger }),
-      return503OnClosing: true,
+      // requests arriving while closing get this server's own 503 (server_shutting_down, OpenAI's error shape)
+      return503OnClosing: false,
       // the router's request id (x-request-id) is this request's log id too: one id on router, P and D
       requestIdHeader: 'x-request-id',
     });
@@ -159,10 +194,15 @@ export class SpecdServer {
   /**
    * Calibrates the engine's cost-based draft policy if it needs it (a drafter and the `'cost'` policy:
    * `SpecEngine.calibrate()`, seconds on the tiny model; logged), so that no request waits for it, then
-   * listens on host:port (port 0: ephemeral). Nothing answers, `/health` included, until both are done.
+   * listens on host:port (port 0: ephemeral). Nothing answers, `/health` included, until both are done. Binding
+   * beyond loopback without an API key logs a warning (http-guard.ts checkBind).
    * @returns the base URL, e.g. `http://127.0.0.1:8000`.
+   * @throws {BindError} for a wildcard host (0.0.0.0, ::) without an API key and without allowed hosts.
    */
   async listen(host: string, port: number): Promise<string> {
+    const warning = checkBind(host, this.options);
+    if (warning !== undefined) this.options.logger?.warn(warning);
+    this.boundHost = host;
     const before = this.engine.metrics.calibrationMs;
     if (this.engine.calibrate() !== undefined) {
       this.options.logger?.info(
@@ -176,36 +216,40 @@ export class SpecdServer {
     return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
   }
 
-  /** Stops listening and aborts every request (target and drafter stay loaded; the caller disposes them). */
+  /**
+   * Stops listening and ends every request with 503 `server_shutting_down` (`Connection: close`; an open stream gets
+   * an error event, then closes); target and drafter stay loaded (the caller disposes them).
+   */
   async close(): Promise<void> {
+    this.closing = true;
     await this.pd?.close();
     this.loop.close();
     await this.app.close();
+    await this.prompts.close();
   }
 
   private routes(): void {
     const app = this.app;
-    const key = this.options.apiKey === undefined ? undefined : Buffer.from(`Bearer ${this.options.apiKey}`);
-    const open = new Set(['/health', '/metrics']); // everything else needs the key when one is set
-    app.addHook('onRequest', async (req, reply) => {
-      if (key === undefined || open.has(req.url.split('?')[0]!)) return;
-      const got = Buffer.from(req.headers.authorization ?? '');
-      if (got.length !== key.length || !timingSafeEqual(got, key)) {
-        this.metrics.errors.inc({ status: '401' });
-        return send(reply, badApiKey());
-      }
+    installAccessHook(
+      app,
+      this.options,
+      () => this.boundHost,
+      (e) => this.metrics.errors.inc({ status: String(e.status) }),
+    );
+    app.addHook('onRequest', async (_req, reply) => {
+      if (!this.closing) return;
+      this.metrics.errors.inc({ status: '503' });
+      return send(reply.header('connection', 'close'), shuttingDown());
     });
-    app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, _req, reply) => {
+    installJsonParser(app);
+    app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, req, reply) => {
       let e: ApiError;
+      if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
+        // answered before the upload ends; the rest is read and dropped, then the connection closes
+        this.metrics.errors.inc({ status: '413' });
+        return answerThenDrain(req, reply, bodyTooLarge(this.options.bodyLimitBytes));
+      }
       if (err instanceof ApiError) e = err;
-      else if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
-        e = new ApiError(
-          413,
-          `request body larger than body_limit_bytes (${this.options.bodyLimitBytes})`,
-          'invalid_request_error',
-          null,
-          'body_too_large',
-        );
       else if (err.statusCode === 415)
         e = new ApiError(
           400,
@@ -216,12 +260,18 @@ export class SpecdServer {
         );
       else if (err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500)
         e = new ApiError(400, `malformed request: ${err.message}`, 'invalid_request_error', null, 'invalid_json');
+      else if (this.closing) e = shuttingDown();
       else {
         this.options.logger?.error(err);
         e = new ApiError(500, `internal error: ${err.message}`, 'server_error', null, 'internal_error');
       }
+      // a request the shutdown ended (the engine loop's close, a prefill/decode role's abort) is a 503, not a 500
+      if (this.closing && e.status >= 500) e = shuttingDown();
       this.metrics.errors.inc({ status: String(e.status) });
       return send(reply, e);
+    });
+    app.addHook('onSend', async (_req, reply) => {
+      if (this.closing) reply.header('connection', 'close');
     });
     app.setNotFoundHandler((req, reply) => {
       this.metrics.errors.inc({ status: '404' });
@@ -255,13 +305,13 @@ export class SpecdServer {
     app.post('/v1/completions', async (req, reply) => {
       const p = parseCompletionRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      const prompt = this.prompts.completion(p);
+      const prompt = await this.prompts.completion(p);
       return this.generate(reply, 'completion', p, prompt.ids, prompt.param);
     });
     app.post('/v1/chat/completions', async (req, reply) => {
       const p = parseChatRequest(req.body, this.options.sampling);
       this.checkModel(p);
-      const prompt = this.prompts.chat(p);
+      const prompt = await this.prompts.chat(p);
       return this.generate(reply, 'chat', p, prompt.ids, prompt.param);
     });
   }
@@ -308,18 +358,18 @@ export class SpecdServer {
       app.post('/pd/prefill', { bodyLimit: pdBodyLimit }, async (req) => {
         const pd = parsePdRequest(req.body, 'prefill');
         const param = pd.kind === 'chat' ? 'messages' : 'prompt';
-        let p: GenerationParams;
+        let p: ResolvedParams;
         let ids: Int32Array;
+        let digest: string;
         try {
-          ({ p, ids } = this.pdPrompt(pd));
-          this.checkLength(ids.length, p.maxTokens, param);
+          ({ p, ids, digest } = this.pdPrompt(pd));
         } catch (err) {
           // the decode instance holds a reservation for this room: its layout gets an abort
           role.fail(pd.room, (err as Error).message);
           throw err;
         }
         try {
-          const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true), requestDigest(ids, p));
+          const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true), digest);
           this.recordPayload('prefill', out.payload, out.transferMs / 1000);
           return { request_id: pd.requestId, prompt_tokens: out.promptTokens };
         } catch (err) {
@@ -330,7 +380,7 @@ export class SpecdServer {
       app.post('/pd/decode', { bodyLimit: pdBodyLimit }, async (req, reply) => {
         const pd = parsePdRequest(req.body, 'decode');
         const param = pd.kind === 'chat' ? 'messages' : 'prompt';
-        const { p, ids } = this.pdPrompt(pd);
+        const { p, ids, digest } = this.pdPrompt(pd);
         const bootstrap = pd.bootstrap ?? '';
         const t0 = performance.now();
         const open = async (listener: Parameters<EngineLoop['submit']>[1]): Promise<Opened> => {
@@ -341,7 +391,7 @@ export class SpecdServer {
               bootstrap,
               this.loopRequest(p, ids, false),
               listener,
-              requestDigest(ids, p),
+              digest,
             );
             if (a.admission.kind === 'resume')
               this.recordPayload('decode', a.admission.payload, (performance.now() - t0) / 1000);
@@ -355,8 +405,12 @@ export class SpecdServer {
     }
   }
 
-  /** Parses the client's request a PD request carries and checks its prompt ids against the vocabulary. */
-  private pdPrompt(pd: PdRequest): { p: GenerationParams; ids: Int32Array } {
+  /**
+   * Parses the client's request a PD request carries, checks its prompt ids against the vocabulary and resolves its
+   * max_tokens against the context length ({@link withMaxTokens}). The digest P and D compare is of the request as
+   * sent (an absent max_tokens stays absent, whatever each side's context length).
+   */
+  private pdPrompt(pd: PdRequest): { p: ResolvedParams; ids: Int32Array; digest: string } {
     const p =
       pd.kind === 'chat'
         ? parseChatRequest(pd.body, this.options.sampling)
@@ -365,11 +419,24 @@ export class SpecdServer {
     const V = this.options.target.model.info.vocabSize;
     const bad = pd.promptIds.find((t) => t >= V);
     if (bad !== undefined) throw invalidParam('prompt_ids', `token id ${bad} is outside the vocabulary (size ${V})`);
-    return { p, ids: Int32Array.from(pd.promptIds) };
+    const ids = Int32Array.from(pd.promptIds);
+    const resolved = this.withMaxTokens(p, ids.length, pd.kind === 'chat' ? 'messages' : 'prompt');
+    return { p: resolved, ids, digest: requestDigest(ids, p) };
+  }
+
+  /**
+   * `p` with the max_tokens it runs with (limits.ts resolveMaxTokens: the request's, else the config's default capped
+   * at the remaining context, else the remaining context).
+   * @throws {ApiError} 400 `context_length_exceeded` when prompt + max_tokens exceeds max_sequence_tokens.
+   */
+  private withMaxTokens(p: GenerationParams, promptTokens: number, promptParam: string): ResolvedParams {
+    const limit = this.options.scheduler.max_sequence_tokens;
+    const configured = this.options.sampling.max_tokens;
+    return { ...p, maxTokens: resolveMaxTokens(limit, promptTokens, p.maxTokens, configured, promptParam) };
   }
 
   /** The engine loop's request for parsed parameters. */
-  private loopRequest(p: GenerationParams, promptIds: Int32Array, handoff: boolean): LoopRequest {
+  private loopRequest(p: ResolvedParams, promptIds: Int32Array, handoff: boolean): LoopRequest {
     return {
       promptIds,
       maxTokens: p.maxTokens,
@@ -397,21 +464,6 @@ export class SpecdServer {
     if (err instanceof OverloadedError) return overloaded(err.message);
     if (err instanceof EngineError) return invalidParam(promptParam, err.message);
     return err as Error;
-  }
-
-  /** @throws {ApiError} 413 when prompt + max_tokens (+ a draft block) exceeds max_sequence_tokens. */
-  private checkLength(P: number, maxTokens: number, promptParam: string): void {
-    const limit = this.options.scheduler.max_sequence_tokens;
-    const need = P + maxTokens + (this.options.drafter?.maxDraftTokens ?? 0) + 1;
-    if (need > limit) {
-      const draft =
-        this.options.drafter === undefined ? '' : ` + a draft block (${this.options.drafter.maxDraftTokens + 1})`;
-      throw tooLong(
-        `prompt (${P} tokens) + max_tokens (${maxTokens})${draft} = ${need} tokens ` +
-          `exceeds max_sequence_tokens ${limit}`,
-        promptParam,
-      );
-    }
   }
 
   private checkModel(p: GenerationParams): void {
@@ -444,7 +496,7 @@ export class SpecdServer {
     const t0 = performance.now();
     const P = promptIds.length;
     if (P === 0) throw invalidParam(promptParam, 'the prompt encodes to no tokens');
-    this.checkLength(P, p.maxTokens, promptParam);
+    const resolved = this.withMaxTokens(p, P, promptParam);
     const tok = this.options.target.tokenizer;
     const detok = tok.createDetokenizer({ skipSpecialTokens: true, promptIds });
     const stops = new StopTextBuffer(p.stop);
@@ -485,7 +537,7 @@ export class SpecdServer {
         ...(ttft === undefined ? {} : { ttft }),
       });
     };
-    const engineParams = this.loopRequest(p, promptIds, false);
+    const engineParams = this.loopRequest(resolved, promptIds, false);
     const submit = async (listener: LoopListener): Promise<Opened> => {
       if (open !== undefined) return open(listener);
       try {
@@ -521,15 +573,18 @@ export class SpecdServer {
         },
         onError: (err) => {
           finished = true;
-          this.metrics.errors.inc({ status: '500' });
           if (err instanceof SequenceError) this.options.logger?.error(err);
           // a model that can no longer run fails its requests one by one too: model_failed says so
-          const e =
-            this.options.target.model.failure?.() !== undefined
+          const e = this.closing
+            ? shuttingDown()
+            : this.options.target.model.failure?.() !== undefined
               ? modelFailed(err)
               : err instanceof SequenceError
                 ? sequenceFailed(err)
                 : new ApiError(500, err.message, 'server_error', null, 'internal_error');
+          this.metrics.errors.inc({ status: String(e.status) });
+          // shutting down: the error event ends the stream, then the connection closes
+          if (this.closing) raw.once('finish', () => raw.socket?.end());
           raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
         },
       });

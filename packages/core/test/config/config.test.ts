@@ -62,7 +62,7 @@ describe('config schema', () => {
       '@specd/plugin-dspark',
       '@specd/plugin-eagle3',
     ]);
-    expect(c.sampling).toEqual({ temperature: 0, top_p: 1, top_k: 0, max_tokens: 64 });
+    expect(c.sampling).toEqual({ temperature: 0, top_p: 1, top_k: 0 }); // max_tokens: the remaining context
     expect(c.scheduler).toEqual({
       max_running_requests: 8,
       max_waiting_requests: 64,
@@ -71,7 +71,7 @@ describe('config schema', () => {
       max_sequence_tokens: 2048,
       page_size: 16,
     });
-    expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, body_limit_bytes: 1048576 });
+    expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, metrics_require_key: false, body_limit_bytes: 1048576 });
     expect(c.parallelism).toEqual({ tp: 1, pp: 1, transport: 'zmq' });
     expect(c.pd).toEqual({ role: 'none', bootstrap_timeout_ms: 30000, transfer_timeout_ms: 60000 });
   });

@@ -579,7 +579,9 @@ describe('the prompt builder loads only the tokenizer, and builds what the serve
         expect(router.vocabSize).toBe(server.vocabSize);
         const base = { ...parseCompletionRequest({ model: 'm', prompt: 'x' }, SAMPLING) };
         for (const prompt of ['The history of the', ' tokens, spaces  and\nnewlines ', [1, 2, 3]])
-          expect(router.completion({ ...base, prompt }).ids).toEqual(server.completion({ ...base, prompt }).ids);
+          expect((await router.completion({ ...base, prompt })).ids).toEqual(
+            (await server.completion({ ...base, prompt })).ids,
+          );
         const chat = parseChatRequest(
           {
             model: 'm',
@@ -590,11 +592,13 @@ describe('the prompt builder loads only the tokenizer, and builds what the serve
           },
           SAMPLING,
         );
-        const ids = router.chat(chat).ids;
-        expect(ids).toEqual(server.chat(chat).ids);
-        expect(ids.length).toBeGreaterThan(router.completion({ ...base, prompt: 'Be brief.Hi!' }).ids.length);
-        expect(() => router.completion({ ...base, prompt: [router.vocabSize] })).toThrow(/outside the vocabulary/);
-        expect(() => router.completion({ ...base, prompt: '' })).toThrow(/encodes to no tokens/);
+        const ids = (await router.chat(chat)).ids;
+        expect(ids).toEqual((await server.chat(chat)).ids);
+        expect(ids.length).toBeGreaterThan((await router.completion({ ...base, prompt: 'Be brief.Hi!' })).ids.length);
+        await expect(router.completion({ ...base, prompt: [router.vocabSize] })).rejects.toThrow(
+          /outside the vocabulary/,
+        );
+        await expect(router.completion({ ...base, prompt: '' })).rejects.toThrow(/encodes to no tokens/);
       } finally {
         target.model.dispose();
       }

@@ -333,9 +333,9 @@ describe('specd serve (openai client)', () => {
     const e401 = await err(new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'wrong', maxRetries: 0 }).models.list());
     expect(e401.status).toBe(401);
     expect(e401.error).toMatchObject({ code: 'invalid_api_key' });
-    const e413 = await err(complete({ model: MODEL, prompt: 'x', max_tokens: 5000 }));
-    expect(e413.status).toBe(413);
-    expect(e413.error).toMatchObject({ code: 'context_length_exceeded', param: 'prompt' });
+    const eLong = await err(complete({ model: MODEL, prompt: 'x', max_tokens: 5000 }));
+    expect(eLong.status).toBe(400);
+    expect(eLong.error).toMatchObject({ code: 'context_length_exceeded', param: 'max_tokens' });
     // raw HTTP: malformed JSON, a body over body_limit_bytes, an unknown route
     const post = (body: string) =>
       fetch(`${s.url}/v1/completions`, {

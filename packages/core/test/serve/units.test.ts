@@ -152,7 +152,7 @@ describe('request parsing', () => {
     expect(r).toMatchObject({
       model: 'm',
       prompt: 'hi',
-      maxTokens: 64,
+      maxTokens: undefined, // absent: the server resolves it against the context (serve/limits.ts)
       temperature: 0,
       topP: 1,
       topK: 0,
