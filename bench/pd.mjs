@@ -5,7 +5,8 @@
 //      engines over loopback (contiguous runs coalesced into few descriptors, and scattered pages);
 //   2. end to end, as processes: time to first token and to the last token of one request through
 //      `specd router` → `serve --role prefill` / `--role decode` against an aggregated `specd serve`, the same
-//      target and drafter (SmolLM2-135M-Instruct + EAGLE-3, fixed draft length), and D's transfer wait and payload.
+//      target and drafter (SmolLM2-135M-Instruct + EAGLE-3, fixed draft length), and D's transfer wait and payload;
+//   3. P and D at different TP sizes (kimi-k3-tiny + DFlash): TTFT through the router and P's transfer time.
 //
 //   npm run bench:pd                 (root; run `npm run build` and `npm run models:fetch` first; ~1 min)
 //   node bench/pd.mjs --reps 5 --prompt 512
@@ -183,6 +184,61 @@ try {
       `${(bytes[0] / 1024).toFixed(0)} KiB, draft context ${(bytes[2] / 1024).toFixed(0)} KiB` +
       (Number.isNaN(bytes[1]) ? '' : `, linear state ${(bytes[1] / 1024).toFixed(0)} KiB`),
   );
+
+  // --- 3. across TP sizes -----------------------------------------------------------------------------------
+  // kimi-k3-tiny + DFlash (SmolLM2's model plugin has no TP): P re-splits its ranks' entries for D's ranks
+  const kcfg = join(tmp, 'k.json');
+  writeFileSync(
+    kcfg,
+    JSON.stringify({
+      model: join(ROOT, 'models/kimi-k3-tiny'),
+      drafter: { method: 'dflash', path: join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 7 },
+      scheduler: { max_sequence_tokens: 2048 },
+    }),
+  );
+  const kquiet = ['--log-level', 'warn', '--port', '0', '--config', kcfg];
+  const kprompt = Array.from({ length: PROMPT_WORDS }, (_, i) => `word${i % 97}`).join(' ');
+  console.log(
+    `\n3. across TP sizes, kimi-k3-tiny + DFlash, the same prompt (${PROMPT_WORDS} words), 8 new tokens, ` +
+      `median of ${REPS}:`,
+  );
+  console.log("| P tp → D tp | TTFT ms | P's transfer ms | payload KiB |");
+  console.log('| --- | --- | --- | --- |');
+  for (const [ptp, dtp] of [
+    [1, 1],
+    [1, 2],
+    [2, 1],
+    [2, 2],
+  ]) {
+    const kp = await start(['serve', '--role', 'prefill', '--tp', String(ptp), ...kquiet]);
+    const kd = await start(['serve', '--role', 'decode', '--tp', String(dtp), ...kquiet]);
+    const kr = await start(['router', '--prefill', kp, '--decode', kd, ...kquiet]);
+    const ttft = [];
+    for (let r = 0; r < REPS + 1; r++) {
+      const t0 = performance.now();
+      const res = await fetch(`${kr}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'kimi-k3-tiny', prompt: kprompt, max_tokens: 8, temperature: 0, stream: true }),
+      });
+      let first;
+      for await (const _ of res.body) first ??= performance.now() - t0;
+      if (r > 0) ttft.push(first);
+    }
+    const km = await (await fetch(`${kp}/metrics`)).text();
+    const kdm = await (await fetch(`${kd}/metrics`)).text();
+    const sent =
+      (val(km, 'specd_pd_transfer_wait_seconds_sum{role="prefill"}') /
+        val(km, 'specd_pd_transfer_wait_seconds_count{role="prefill"}')) *
+      1000;
+    const payload = ['target_kv', 'linear_state', 'draft_context']
+      .map((k) => val(kdm, `specd_pd_payload_bytes_sum{kind="${k}"}`) / (REPS + 1))
+      .reduce((a, b) => a + b, 0);
+    console.log(
+      `| ${ptp} → ${dtp} | ${median(ttft).toFixed(0)} | ${sent.toFixed(1)} | ${(payload / 1024).toFixed(0)} |`,
+    );
+    for (const c of procs.splice(-3)) c.kill('SIGTERM');
+  }
 } finally {
   for (const c of procs) c.kill('SIGTERM');
   rmSync(tmp, { recursive: true, force: true });
