@@ -30,15 +30,18 @@ export interface PdRequest {
 const MAX_NAME = 200;
 
 /** What a room must be, for the 400 that refuses one. */
-export const ROOM_EXPECTED = `expected a non-negative integer or a non-empty string of at most ${MAX_NAME} characters`;
+export const ROOM_EXPECTED =
+  `expected a non-negative integer or a non-empty string of at most ${MAX_NAME} characters without "/" ` +
+  "(a pipelined prefill instance names its stages' transfers <room>/stage<k>)";
 
 /**
  * A room's name: the router's rooms are safe integers (named by their decimal digits); any non-empty string of at
- * most 200 characters is accepted too. @returns undefined for anything else.
+ * most 200 characters without `/` is accepted too (a stage's transfer id is `<room>/stage<k>`, pd/stages.ts, so a
+ * room with a slash could collide with another room's stage). @returns undefined for anything else.
  */
 export function roomName(v: unknown): string | undefined {
   if (typeof v === 'number') return Number.isSafeInteger(v) && v >= 0 ? String(v) : undefined;
-  return typeof v === 'string' && v.length > 0 && v.length <= MAX_NAME ? v : undefined;
+  return typeof v === 'string' && v.length > 0 && v.length <= MAX_NAME && !v.includes('/') ? v : undefined;
 }
 
 /**

@@ -107,6 +107,8 @@ describe('parsePdRequest', () => {
   it.each([
     [{ ...ok, request_id: '' }, 'request_id'],
     [{ ...ok, room: -1 }, 'room'],
+    // a stage's transfer id is <room>/stage<k>: a room with a slash could collide with one
+    [{ ...ok, room: '7/stage0' }, 'room'],
     [{ ...ok, kind: 'embeddings' }, 'kind'],
     [{ ...ok, prompt_ids: [] }, 'prompt_ids'],
     [{ ...ok, prompt_ids: [1, 2.5] }, 'prompt_ids'],
