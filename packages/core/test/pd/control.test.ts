@@ -40,7 +40,7 @@ describe('ControlServer and malformed messages', () => {
     expect(got).toEqual([]);
   });
 
-  it('answers a layout with bad entries with an abort of its room; a good message still reaches the handler', async () => {
+  it('answers a layout with bad entries with an abort of its room; a good message still gets through', async () => {
     const got: ControlMessage[] = [];
     const c = await connect((m) => got.push(m));
     await c.send({ type: 'layout', room: '17', requestId: 'x', agent: 'tcp://127.0.0.1:1', entries: [{}] });
