@@ -8,7 +8,15 @@ export {
   type LoopRequest,
 } from './engine-loop.js';
 export { ApiError } from './errors.js';
-export { ServerMetrics, type ServerGaugeSource } from './metrics.js';
+export {
+  acceptanceRate,
+  perPositionRate,
+  ServerMetrics,
+  type ServerGaugeSource,
+  type SpecDecodeTotals,
+  tauPerDraftStep,
+  tauPerVerifyStep,
+} from './metrics.js';
 export {
   parseChatRequest,
   parseCompletionRequest,
@@ -19,4 +27,5 @@ export {
 } from './protocol.js';
 export { loadPromptBuilder, PromptBuilder, type BuiltPrompt, type PromptKind } from './prompt.js';
 export { SpecdServer, type SchedulerSettings, type SpecdServerOptions } from './server.js';
+export { type StatsLine, StatsLogger, type StatsSink, type StatsSource } from './stats-log.js';
 export { StopTextBuffer } from './stop-text.js';
