@@ -7,8 +7,9 @@
  * `specd_spec_decode_num_drafts_total` = `vllm:spec_decode_num_drafts_total` (verify steps that verified ≥ 1 draft),
  * `…_num_draft_tokens_total`, `…_num_accepted_tokens_total` and `…_num_accepted_tokens_per_pos_total{position}`
  * likewise. specd adds `specd_spec_decode_num_verify_steps_total` (every verify step, k = 0 included) so that τ per
- * verify step = (accepted + verify steps) / verify steps can be computed, and gauges of it, of the acceptance rate
- * and of the per-position rate. Counted when a request finishes (any reason but an abort).
+ * verify step = (accepted + verify steps) / verify steps can be computed, and gauges of both τ (per verify step,
+ * per draft step), of the acceptance rate and of the per-position rate. Counted when a request finishes (any reason
+ * but an abort).
  */
 
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
@@ -241,13 +242,23 @@ export class ServerMetrics {
       registers,
     });
     new Gauge({
-      name: 'specd_spec_decode_mean_acceptance_length',
+      name: 'specd_spec_decode_acceptance_length_per_verify_step',
       help:
         'τ per verify step, bonus token included: (num_accepted_tokens + num_verify_steps) / num_verify_steps ' +
         'since start (0 before the first step)',
       registers,
       collect() {
         this.set(tauPerVerifyStep(spec()));
+      },
+    });
+    new Gauge({
+      name: 'specd_spec_decode_acceptance_length_per_draft',
+      help:
+        "τ per draft step, vLLM's mean acceptance length: 1 + num_accepted_tokens / num_drafts since start " +
+        '(0 before the first draft)',
+      registers,
+      collect() {
+        this.set(tauPerDraftStep(spec()));
       },
     });
     new Gauge({

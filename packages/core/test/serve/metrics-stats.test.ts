@@ -201,7 +201,7 @@ describe('speculative-decoding metrics', () => {
     expect(run.acceptedTokens).toBe(reference.accepted);
     // the gauges are what the counters give (since start: this server served only these requests)
     expect(start.verifySteps).toBe(0);
-    const tau = all.get('specd_spec_decode_mean_acceptance_length')!;
+    const tau = all.get('specd_spec_decode_acceptance_length_per_verify_step')!;
     expect(tau).toBeCloseTo((c.acceptedTokens + c.verifySteps) / c.verifySteps, 12);
     expect(tau).toBeCloseTo(reference.tauPerStep, 12);
     expect(all.get('specd_spec_decode_draft_acceptance_rate')).toBeCloseTo(c.acceptedTokens / c.draftTokens, 12);
@@ -212,7 +212,11 @@ describe('speculative-decoding metrics', () => {
       );
     });
     // vLLM's mean acceptance length (per draft step) from the same counters is the engine's tauPerDraft
-    expect(1 + c.acceptedTokens / c.draftSteps).toBeCloseTo(reference.tauPerDraft, 12);
+    expect(all.get('specd_spec_decode_acceptance_length_per_draft')).toBeCloseTo(
+      1 + c.acceptedTokens / c.draftSteps,
+      12,
+    );
+    expect(all.get('specd_spec_decode_acceptance_length_per_draft')).toBeCloseTo(reference.tauPerDraft, 12);
 
     // the stats lines: once their spec-decode numbers cover every verify step, they add up to the counters
     await waitFor(() => statsLines().reduce((a, l) => a + (l.spec?.verifySteps ?? 0), 0) === c.verifySteps);
@@ -340,10 +344,11 @@ describe('the two denominators', () => {
     expect(steps).toBe(run.verifySteps);
     expect(drafts).toBe(run.draftSteps);
     expect(accepted).toBe(run.accepted);
-    expect(value('specd_spec_decode_mean_acceptance_length')).toBeCloseTo((accepted + steps) / steps, 12);
-    expect(value('specd_spec_decode_mean_acceptance_length')).toBeCloseTo(run.tauPerStep, 12);
+    expect(value('specd_spec_decode_acceptance_length_per_verify_step')).toBeCloseTo((accepted + steps) / steps, 12);
+    expect(value('specd_spec_decode_acceptance_length_per_verify_step')).toBeCloseTo(run.tauPerStep, 12);
     // vLLM's mean acceptance length (per draft step) is a different, larger number here
     expect(run.tauPerDraft).toBeCloseTo(1 + accepted / drafts, 12);
+    expect(value('specd_spec_decode_acceptance_length_per_draft')).toBeCloseTo(run.tauPerDraft, 12);
     expect(run.tauPerDraft).toBeGreaterThan(run.tauPerStep);
     expect(metrics.specTotals.acceptedPerPos[0]).toBeGreaterThan(0);
     metrics.specTotals.acceptedPerPos.forEach((n, i) => {
