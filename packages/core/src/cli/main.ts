@@ -7,10 +7,12 @@
  *
  *   specd generate --prompt "The history of the" --max-tokens 32 [--temperature 0.8 --top-p 0.9 --seed 1] [--json]
  *   specd generate --drafter models/kimi-k3-tiny-dflash [--num-draft-tokens 7] --prompt … | --no-spec
+ *   specd --version
  *   specd pd plan configs/pd/kimi-k3-draft-tp4pp8-to-tp32.json [--json] [--prompt-tokens N]   (cli/pd.ts)
  */
 
 import * as fs from 'node:fs';
+import { createRequire } from 'node:module';
 import * as path from 'node:path';
 
 import cliProgress from 'cli-progress';
@@ -28,6 +30,10 @@ import { loadParallelTarget } from '../runtime/parallel.js';
 import type { LoadedTarget } from '../runtime/target.js';
 import { generateSpeculative, generateTokens, type GenerateResult, type SpecGenerateResult } from './generate.js';
 import { defaultModelDir } from './paths.js';
+
+/** The version of `@specd/core` (its package.json, next to src/ and dist/ alike): what `specd --version` prints. */
+export const SPECD_VERSION: string = (createRequire(import.meta.url)('../../package.json') as { version: string })
+  .version;
 
 /** Where the CLI writes (injectable for tests). */
 export interface CliIo {
@@ -166,10 +172,13 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     }
     const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
     const stream = flags.json !== true;
+    const sampling = normalizeSampling({ temperature, topK, topP }); // below 1e-5: greedy, as the server
+    // a greedy run draws no random number: its seed means nothing, so it is not reported
+    const greedy = sampling.temperature === 0;
     const genOptions = {
       promptIds,
       maxTokens,
-      sampling: normalizeSampling({ temperature, topK, topP }), // below 1e-5: greedy, as the server
+      sampling,
       seed,
       seeded: flags.seed !== undefined || s.seed !== undefined,
       ignoreEos: flags.ignoreEos === true,
@@ -192,7 +201,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
           num_output_tokens: n,
           seconds: result.seconds,
           output_tokens_per_s: tps,
-          seed,
+          ...(greedy ? {} : { seed }),
           stopped_at_eos: result.stoppedAtEos,
           model: modelDir,
           plugin: target.pluginName,
@@ -206,6 +215,13 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
                 verify_steps: m.verifySteps,
                 acceptance_length: m.tauPerStep,
                 per_position_acceptance: m.perPositionAcceptance,
+                // the /metrics counters' names and denominators (docs/METRICS.md): per draft step, as vLLM
+                num_drafts: m.draftSteps,
+                num_drafted: m.drafted,
+                num_accepted: m.accepted,
+                acceptance_rate: m.acceptanceRate,
+                acceptance_length_per_draft: m.tauPerDraft,
+                per_position_acceptance_rate: m.perDraftAcceptance,
               }),
         })}\n`,
       );
@@ -217,7 +233,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
           : `; ${loaded.drafter.method} τ ${m.tauPerStep.toFixed(2)} over ${m.verifySteps} verify steps`;
       io.stderr.write(
         `[${n} tokens in ${result.seconds.toFixed(3)} s, ${tps.toFixed(1)} tok/s; ` +
-          `prompt ${promptIds.length} tokens; seed ${seed}${spec}]\n`,
+          `prompt ${promptIds.length} tokens${greedy ? '' : `; seed ${seed}`}${spec}]\n`,
       );
     }
     loaded?.drafter.dispose();
@@ -228,6 +244,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
 export function buildProgram(io: CliIo): Command {
   const program = new Command('specd')
     .description('speculative decoding with pluggable drafters')
+    .version(SPECD_VERSION, '-V, --version', 'print the version of specd (@specd/core) and exit')
     .exitOverride()
     .configureOutput({
       writeOut: (s) => io.stdout.write(s),
@@ -267,7 +284,7 @@ export function buildProgram(io: CliIo): Command {
       numArg((n) => n > 0 && n <= 1, 'a number in (0, 1]'),
     )
     .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
-    .option('--seed <s>', 'PRNG seed for sampling (default: random, reported)', intArg(0))
+    .option('--seed <s>', 'PRNG seed for sampling (default: random, reported unless the run is greedy)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
     .option(
       '--pp <n>',
@@ -289,7 +306,9 @@ export function buildProgram(io: CliIo): Command {
     .option(
       '--json',
       'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, ' +
-        '…; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance}',
+        '…; with a drafter also drafted, accepted, verify_steps, acceptance_length, per_position_acceptance and, ' +
+        "with /metrics' names and denominators (docs/METRICS.md), num_drafts, num_drafted, num_accepted, " +
+        'acceptance_rate, acceptance_length_per_draft, per_position_acceptance_rate}; seed only when sampling',
     )
     .action(async (flags: GenerateFlags) => runGenerate(flags, io));
   registerConfigCommands(program, io);

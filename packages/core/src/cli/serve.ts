@@ -7,6 +7,9 @@
  * or allowed hosts are refused, and a bind beyond loopback without a key prints a warning. Under pipeline
  * parallelism the stage processes are killed when the server closes (and on SIGINT / SIGTERM / exit); a dead stage
  * makes /health answer 503 and every request fail with 500 naming the stage (the server stays up).
+ * On stderr: one line per start-up stage with its time (load target, load drafter, calibrate, listen), then the
+ * serving line (model, tp / pp, drafter), and on SIGINT / SIGTERM a shutdown line and a stopped line; the periodic
+ * stats line goes to the log (serve/stats-log.ts; `--disable-log-stats`).
  */
 
 import * as path from 'node:path';
@@ -53,6 +56,10 @@ export interface ServeFlags {
   role?: 'prefill' | 'decode' | 'none';
   /** The prefill role's bootstrap port (overrides config pd.bootstrap.port; 0 = ephemeral). */
   bootstrapPort?: number;
+  /** `--disable-log-stats` (vLLM's name): no periodic stats line. */
+  disableLogStats?: boolean;
+  /** Period of the stats line, ms (default 10 000; no flag: for tests and embedders). */
+  statsIntervalMs?: number;
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -61,8 +68,18 @@ export interface StartedServer {
   readonly url: string;
   readonly target: LoadedTarget;
   readonly drafter?: LoadedDrafter;
+  /** Tensor-parallel ranks and pipeline stages of the target. */
+  readonly parallelism: { readonly tp: number; readonly pp: number };
   close(): Promise<void>;
 }
+
+/** Writes a start-up stage line on stderr (`specd: …`). */
+const stage = (io: CliIo, text: string): void => {
+  io.stderr.write(`specd: ${text}\n`);
+};
+
+/** Seconds since `t0` (performance.now), as `1.23 s`. */
+const since = (t0: number): string => `${((performance.now() - t0) / 1000).toFixed(2)} s`;
 
 /**
  * Loads the config (flags override it), the target and the drafter, calibrates the cost-based draft
@@ -117,6 +134,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const access = accessPolicy(flags, cfg, io);
   const warning = checkBind(host, access);
   if (warning !== undefined) io.stderr.write(`specd: warning: ${warning}\n`);
+  let t0 = performance.now();
+  stage(io, `loading target ${modelDir} (tp ${tp}, pp ${pp})`);
   const target = await loadParallelTarget(modelDir, cfg.plugins, {
     tp,
     pp,
@@ -124,9 +143,12 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     lastStageEmbedding: choice !== undefined,
     transport: par.transport,
   });
+  stage(io, `target loaded in ${since(t0)} (plugin ${target.pluginName})`);
   let drafter: LoadedDrafter | undefined;
   try {
     if (choice !== undefined) {
+      t0 = performance.now();
+      stage(io, `loading drafter ${choice.dir ?? choice.method ?? ''}`);
       drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests, {
         // a prefill instance never drafts: only the context path (projection, draft KV) where the method has the mode
         contextOnly: role === 'prefill',
@@ -137,6 +159,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
             `the checkpoint is ${JSON.stringify(drafter.drafter.method)}`,
         );
       }
+      stage(io, `drafter ${drafter.drafter.method} loaded in ${since(t0)}`);
     }
     const logger =
       flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
@@ -153,13 +176,26 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       ...(choice?.numDraftTokens === undefined ? {} : { numDraftTokens: choice.numDraftTokens }),
       ...(logger === undefined ? {} : { logger }),
       ...(pd === undefined ? {} : { pd }),
+      ...(flags.disableLogStats === true
+        ? { statsIntervalMs: 0 }
+        : flags.statsIntervalMs === undefined
+          ? {}
+          : { statsIntervalMs: flags.statsIntervalMs }),
     });
+    // the cost policy (a drafter, no fixed draft length, not a prefill instance) calibrates in listen()
+    const calibrates = drafter !== undefined && choice?.numDraftTokens === undefined && role !== 'prefill';
+    t0 = performance.now();
+    if (calibrates) stage(io, 'calibrating the draft policy (measuring draft and verify step costs)');
+    const calibrationBefore = server.engine.metrics.calibrationMs;
     const url = await server.listen(host, flags.port ?? cfg.server.port);
+    if (server.engine.metrics.calibrationMs > calibrationBefore) stage(io, `calibrated in ${since(t0)}`);
+    stage(io, `listening on ${url}`);
     return {
       server,
       url,
       target,
       ...(drafter === undefined ? {} : { drafter }),
+      parallelism: { tp, pp },
       async close() {
         await server.close();
         drafter?.drafter.dispose();
@@ -336,21 +372,55 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     )
     .option('--metrics-require-key', '/metrics needs the API key too (/health stays open)')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
+    .option('--disable-log-stats', 'no periodic stats line (default: one every 10 s on the log, as vLLM)')
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);
-      const using =
-        s.drafter === undefined ? '' : ` with ${s.drafter.drafter.method} (${s.drafter.dir ?? 'no checkpoint'})`;
-      const pd = s.server.pd;
-      const as = pd === undefined ? '' : 'bootstrap' in pd ? ` as prefill (bootstrap ${pd.bootstrap})` : ' as decode';
-      io.stderr.write(`specd: serving ${s.server.options.modelName}${using}${as} on ${s.url}\n`);
+      io.stderr.write(`${servingLine(s)}\n`);
       await new Promise<void>((resolve) => {
-        const stop = (): void => {
+        const stop = (signal: NodeJS.Signals): void => {
           process.off('SIGINT', stop);
           process.off('SIGTERM', stop);
-          void s.close().then(resolve, resolve);
+          io.stderr.write(`${shutdownLine(s, signal)}\n`);
+          const t0 = performance.now();
+          void s
+            .close()
+            .then(
+              () => io.stderr.write(`specd: stopped in ${since(t0)}\n`),
+              (err: Error) => io.stderr.write(`specd: stopped with an error: ${err.message}\n`),
+            )
+            .then(() => resolve());
         };
         process.on('SIGINT', stop);
         process.on('SIGTERM', stop);
       });
     });
+}
+
+/**
+ * The start-up line: `specd: serving MODEL (tp T, pp P) with drafter METHOD (DIR; k N | cost policy) [as …] on URL`,
+ * or `… without a drafter …`.
+ */
+export function servingLine(s: StartedServer): string {
+  const d = s.drafter;
+  const k = s.server.options.numDraftTokens;
+  const pd = s.server.pd;
+  const drafts =
+    pd !== undefined && 'bootstrap' in pd
+      ? 'context only'
+      : k === undefined
+        ? `up to ${d?.drafter.maxDraftTokens} drafts, cost policy`
+        : `${k} drafts per step`;
+  const using =
+    d === undefined
+      ? ' without a drafter'
+      : ` with drafter ${d.drafter.method} (${d.dir ?? 'no checkpoint'}; ${drafts})`;
+  const as = pd === undefined ? '' : 'bootstrap' in pd ? ` as prefill (bootstrap ${pd.bootstrap})` : ' as decode';
+  const { tp, pp } = s.parallelism;
+  return `specd: serving ${s.server.options.modelName} (tp ${tp}, pp ${pp})${using}${as} on ${s.url}`;
+}
+
+/** The shutdown line: `specd: SIGINT: shutting down (R running and W waiting requests aborted)`. */
+export function shutdownLine(s: StartedServer, signal: string): string {
+  const loop = s.server.loop;
+  return `specd: ${signal}: shutting down (${loop.running} running and ${loop.waiting} waiting requests aborted)`;
 }

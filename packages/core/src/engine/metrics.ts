@@ -1,10 +1,15 @@
 /**
  * Speculative-decoding counters, per request and per run (counting only; printing and export live
- * with their callers). Definitions (REFERENCE.md §1, §6; glossary in plugin/drafter-plugin.ts):
+ * with their callers). Definitions (REFERENCE.md §1, §6; glossary in docs/ARCHITECTURE.md):
  * - acceptance rate = accepted / drafted;
- * - per-position acceptance[i] = verify steps whose draft i was accepted / verify steps;
+ * - per-position acceptance[i] = verify steps whose draft i was accepted / verify steps (every verify step, k = 0
+ *   steps of the cost policy included);
+ * - per-draft acceptance[i] = verify steps whose draft i was accepted / draft steps (steps that verified ≥ 1 draft:
+ *   vLLM's denominator, `num_drafts` on /metrics);
  * - acceptance-length histogram[n] = verify steps that committed n tokens (accepted + 1; index 0 unused);
  * - `tauPerStep` = mean over verify steps of (accepted + 1) = committed / verify steps;
+ * - `tauPerDraft` = 1 + accepted / draft steps (vLLM's "mean acceptance length"; equal to `tauPerStep` when every
+ *   verify step drafts);
  * - `tauMeanOfRequests` = mean over requests of each request's `tauPerStep` (a different number; never mix them);
  * - verify budgets (adaptive verification, engine/draft-policy.ts): `budgetHistogram[n]` = steps whose
  *   proposal went through the policy's budget hook and kept n drafts for verification;
@@ -76,6 +81,16 @@ export class RequestMetrics {
     return this.acceptedAt.map((c) => (this.verifySteps === 0 ? 0 : (c ?? 0) / this.verifySteps));
   }
 
+  /** 1 + accepted / draft steps (vLLM's mean acceptance length; 0 before the first draft step). */
+  get tauPerDraft(): number {
+    return this.draftSteps === 0 ? 0 : 1 + this.accepted / this.draftSteps;
+  }
+
+  /** `[i]` = fraction of draft steps (≥ 1 draft verified) whose draft i was accepted: vLLM's per-position rate. */
+  get perDraftAcceptance(): number[] {
+    return dense(this.acceptedAt).map((c) => (this.draftSteps === 0 ? 0 : c / this.draftSteps));
+  }
+
   /** Histogram as a dense array `[0 … max]` (index = tokens committed in a step). */
   get acceptanceLengthHistogram(): number[] {
     return Array.from({ length: this.lengthHistogram.length }, (_, i) => this.lengthHistogram[i] ?? 0);
@@ -137,6 +152,17 @@ export class RunMetrics {
   /** Verify steps summed over requests (a batched forward counts once per sequence in it). */
   get verifySteps(): number {
     return this.requests.reduce((a, r) => a + r.verifySteps, 0);
+  }
+
+  /** Verify steps that verified ≥ 1 draft, summed over requests (vLLM's `num_drafts`). */
+  get draftSteps(): number {
+    return this.requests.reduce((a, r) => a + r.draftSteps, 0);
+  }
+
+  /** τ per draft step: 1 + accepted / draft steps (vLLM's mean acceptance length; 0 when nothing was drafted). */
+  get tauPerDraft(): number {
+    const d = this.draftSteps;
+    return d === 0 ? 0 : 1 + this.accepted / d;
   }
 
   /** τ, definition 1: mean over all verify steps (of all requests) of (accepted + 1). */

@@ -24,8 +24,9 @@
  * target forward over `[last verified token, drafts…]`; *accepted* drafts are the longest prefix
  * the verifier keeps; the *bonus* is the target's own token after them (recovered at a rejection,
  * or after the last draft); *committed* = accepted + 1. τ (acceptance length) has two definitions,
- * never mixed: `tauPerStep` = mean over verify steps of (accepted + 1), and `tauMeanOfRequests` =
- * mean over requests of each request's mean (REFERENCE.md §1, §6).
+ * never mixed: `tauPerStep` = mean over verify steps of (accepted + 1), and `tauPerDraft` = 1 + accepted /
+ * draft steps (verify steps with ≥ 1 draft; vLLM's mean acceptance length); `tauMeanOfRequests` = mean over
+ * requests of each request's `tauPerStep` is an average of averages (REFERENCE.md §1, §6; docs/ARCHITECTURE.md).
  */
 
 import type { HfConfig } from '../io/hf-config.js';

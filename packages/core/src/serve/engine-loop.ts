@@ -67,6 +67,7 @@ export class EngineLoop {
   private scheduled = false;
   private closed = false;
   private inFlight = 0;
+  private generated = 0;
   private readonly freedWaiters: (() => void)[] = [];
 
   /**
@@ -92,6 +93,11 @@ export class EngineLoop {
   /** Requests queued, not yet prefilled. */
   get waiting(): number {
     return this.entries.size - this.running;
+  }
+
+  /** Tokens delivered to requests since the loop started (every onToken; the stats line's generation throughput). */
+  get generatedTokens(): number {
+    return this.generated;
   }
 
   /** Σ (prompt + max_tokens) over waiting and running requests. */
@@ -175,6 +181,7 @@ export class EngineLoop {
       stopStrings: req.stopStrings,
       handoff: req.handoff,
       onToken: (t) => {
+        this.generated++;
         entry.started = true;
         entry.listener.onToken(t);
       },

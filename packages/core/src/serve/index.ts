@@ -23,7 +23,15 @@ export {
   resolveMaxTokens,
   type ModelContextLength,
 } from './limits.js';
-export { ServerMetrics, type ServerGaugeSource } from './metrics.js';
+export {
+  acceptanceRate,
+  perPositionRate,
+  ServerMetrics,
+  type ServerGaugeSource,
+  type SpecDecodeTotals,
+  tauPerDraftStep,
+  tauPerVerifyStep,
+} from './metrics.js';
 export {
   parseChatRequest,
   parseCompletionRequest,
@@ -35,4 +43,5 @@ export {
 export { loadPromptBuilder, PromptBuilder, type BuiltPrompt, type PromptKind, type PromptLimits } from './prompt.js';
 export { PromptEncoder } from './prompt-encoder.js';
 export { SpecdServer, type SchedulerSettings, type SpecdServerOptions } from './server.js';
+export { type StatsLine, StatsLogger, type StatsSink, type StatsSource } from './stats-log.js';
 export { StopTextBuffer } from './stop-text.js';

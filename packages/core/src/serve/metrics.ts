@@ -1,6 +1,15 @@
 /**
  * The server's Prometheus exporter (prom-client, one registry per server). Counting lives in the
- * engine (RequestMetrics) and the engine loop; this module only exports it.
+ * engine (RequestMetrics) and the engine loop; this module only exports it, and keeps the speculative-decoding
+ * totals as plain numbers ({@link SpecDecodeTotals}) for the gauges and the periodic stats line (stats-log.ts).
+ *
+ * Speculative-decoding counters map one to one onto vLLM's (docs/METRICS.md has the table and a relabelling rule):
+ * `specd_spec_decode_num_drafts_total` = `vllm:spec_decode_num_drafts_total` (verify steps that verified ≥ 1 draft),
+ * `…_num_draft_tokens_total`, `…_num_accepted_tokens_total` and `…_num_accepted_tokens_per_pos_total{position}`
+ * likewise. specd adds `specd_spec_decode_num_verify_steps_total` (every verify step, k = 0 included) so that τ per
+ * verify step = (accepted + verify steps) / verify steps can be computed, and gauges of both τ (per verify step,
+ * per draft step), of the acceptance rate and of the per-position rate. Counted when a request finishes (any reason
+ * but an abort).
  */
 
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
@@ -26,6 +35,40 @@ export interface ServerGaugeSource {
   transfersInFlight(): number;
 }
 
+/** Speculative-decoding totals over the requests finished so far (plain numbers; the counters' values). */
+export interface SpecDecodeTotals {
+  /** Verify steps that verified ≥ 1 draft token (vLLM's `num_drafts`). */
+  readonly draftSteps: number;
+  /** Every verify step, plain k = 0 steps included (τ's denominator). */
+  readonly verifySteps: number;
+  /** Draft tokens verified. */
+  readonly draftTokens: number;
+  /** Draft tokens accepted. */
+  readonly acceptedTokens: number;
+  /** `[i]` = draft steps whose draft i was accepted. */
+  readonly acceptedPerPos: readonly number[];
+}
+
+/** τ per verify step, bonus included: (accepted + verify steps) / verify steps; 0 before the first step. */
+export function tauPerVerifyStep(t: SpecDecodeTotals): number {
+  return t.verifySteps === 0 ? 0 : (t.acceptedTokens + t.verifySteps) / t.verifySteps;
+}
+
+/** τ per draft step (vLLM's mean acceptance length): 1 + accepted / draft steps; 0 before the first draft. */
+export function tauPerDraftStep(t: SpecDecodeTotals): number {
+  return t.draftSteps === 0 ? 0 : 1 + t.acceptedTokens / t.draftSteps;
+}
+
+/** accepted / drafted tokens; 0 before the first draft. */
+export function acceptanceRate(t: SpecDecodeTotals): number {
+  return t.draftTokens === 0 ? 0 : t.acceptedTokens / t.draftTokens;
+}
+
+/** `[i]` = accepted at position i / draft steps (vLLM's per-position acceptance rate); empty before the first draft. */
+export function perPositionRate(t: SpecDecodeTotals): number[] {
+  return t.draftSteps === 0 ? [] : t.acceptedPerPos.map((c) => c / t.draftSteps);
+}
+
 /** The exported metrics (names prefixed `specd_`). */
 export class ServerMetrics {
   readonly registry = new Registry();
@@ -40,6 +83,8 @@ export class ServerMetrics {
   readonly numDraftTokens: Counter;
   readonly numAcceptedTokens: Counter;
   readonly acceptedPerPos: Counter<'position'>;
+  /** Every verify step (k = 0 included), summed over requests: τ's denominator. */
+  readonly numVerifySteps: Counter;
   readonly verifyBudget: Histogram;
   readonly numUnverifiedTokens: Counter;
   /** Prefill/decode disaggregation: payload bytes per request by class (target_kv, linear_state, draft_context). */
@@ -49,8 +94,12 @@ export class ServerMetrics {
   /** Prefill/decode disaggregation: transfers that failed, by PdError code. */
   readonly pdTransferFailures: Counter<'code'>;
 
+  private readonly totals = { draftSteps: 0, verifySteps: 0, draftTokens: 0, acceptedTokens: 0 };
+  private readonly totalsPerPos: number[] = [];
+
   constructor(source: ServerGaugeSource, options: { defaultMetrics?: boolean } = {}) {
     const registers = [this.registry];
+    const spec = (): SpecDecodeTotals => this.specTotals;
     if (options.defaultMetrics === true) collectDefaultMetrics({ register: this.registry, prefix: 'specd_process_' });
     this.requests = new Counter({
       name: 'specd_requests_total',
@@ -187,6 +236,50 @@ export class ServerMetrics {
       labelNames: ['position'],
       registers,
     });
+    this.numVerifySteps = new Counter({
+      name: 'specd_spec_decode_num_verify_steps_total',
+      help: 'verify steps summed over requests, plain k = 0 steps included (τ = (accepted + steps) / steps)',
+      registers,
+    });
+    new Gauge({
+      name: 'specd_spec_decode_acceptance_length_per_verify_step',
+      help:
+        'τ per verify step, bonus token included: (num_accepted_tokens + num_verify_steps) / num_verify_steps ' +
+        'since start (0 before the first step)',
+      registers,
+      collect() {
+        this.set(tauPerVerifyStep(spec()));
+      },
+    });
+    new Gauge({
+      name: 'specd_spec_decode_acceptance_length_per_draft',
+      help:
+        "τ per draft step, vLLM's mean acceptance length: 1 + num_accepted_tokens / num_drafts since start " +
+        '(0 before the first draft)',
+      registers,
+      collect() {
+        this.set(tauPerDraftStep(spec()));
+      },
+    });
+    new Gauge({
+      name: 'specd_spec_decode_draft_acceptance_rate',
+      help: 'num_accepted_tokens / num_draft_tokens since start (0 before the first draft)',
+      registers,
+      collect() {
+        this.set(acceptanceRate(spec()));
+      },
+    });
+    new Gauge({
+      name: 'specd_spec_decode_per_position_acceptance_rate',
+      help: "num_accepted_tokens_per_pos / num_drafts since start, by draft position (0-based; vLLM's denominator)",
+      labelNames: ['position'],
+      registers,
+      collect() {
+        perPositionRate(spec()).forEach((r, i) => {
+          this.set({ position: String(i) }, r);
+        });
+      },
+    });
     this.verifyBudget = new Histogram({
       name: 'specd_verify_budget_tokens',
       help: 'drafts verified per step whose proposal went through a verify budget (adaptive verification)',
@@ -198,6 +291,14 @@ export class ServerMetrics {
       help: 'draft tokens proposed but cut by a verify budget',
       registers,
     });
+  }
+
+  /** The speculative-decoding totals so far (a copy; the counters' values). */
+  get specTotals(): SpecDecodeTotals {
+    return {
+      ...this.totals,
+      acceptedPerPos: Array.from({ length: this.totalsPerPos.length }, (_, i) => this.totalsPerPos[i] ?? 0),
+    };
   }
 
   /** Records a finished request. Times in seconds; `ttft` undefined when no token came. */
@@ -213,12 +314,20 @@ export class ServerMetrics {
     this.e2e.observe(r.e2e);
     if (r.ttft !== undefined && r.outputTokens >= 2) this.tpot.observe((r.e2e - r.ttft) / (r.outputTokens - 1));
     const m = r.spec;
+    if (m !== undefined && m.verifySteps > 0) {
+      this.numVerifySteps.inc(m.verifySteps);
+      this.totals.verifySteps += m.verifySteps;
+    }
     if (m !== undefined && m.drafted > 0) {
       this.numDrafts.inc(m.draftSteps);
       this.numDraftTokens.inc(m.drafted);
       this.numAcceptedTokens.inc(m.accepted);
+      this.totals.draftSteps += m.draftSteps;
+      this.totals.draftTokens += m.drafted;
+      this.totals.acceptedTokens += m.accepted;
       m.acceptedAt.forEach((c, i) => {
         if ((c ?? 0) > 0) this.acceptedPerPos.inc({ position: String(i) }, c);
+        this.totalsPerPos[i] = (this.totalsPerPos[i] ?? 0) + (c ?? 0);
       });
     }
     if (m !== undefined && m.budgetSteps > 0) {

@@ -47,6 +47,7 @@ import { parsePdRequest, type PdRequest, ROOM_EXPECTED, requestDigest, roomName 
 import { PdError, type PdPayloadClass } from '../pd/types.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
+import { StatsLogger } from './stats-log.js';
 
 /** Scheduler settings (the config's `scheduler`). */
 export interface SchedulerSettings {
@@ -93,6 +94,11 @@ export interface SpecdServerOptions {
   readonly pd?:
     | { readonly role: 'prefill'; readonly options: PrefillRoleOptions }
     | { readonly role: 'decode'; readonly options: PdRoleOptions };
+  /**
+   * Period of the stats line (serve/stats-log.ts) on `logger`, ms (default 10 000, as vLLM; 0: none, the CLI's
+   * `--disable-log-stats`). Started by {@link SpecdServer.listen}, stopped by {@link SpecdServer.close}.
+   */
+  readonly statsIntervalMs?: number;
 }
 
 /** Checked parameters whose max_tokens is resolved against the prompt (absent: the remaining context). */
@@ -125,6 +131,8 @@ export class SpecdServer {
   private boundHost: string | undefined;
   /** Set when {@link close} starts: requests get 503 `server_shutting_down`. */
   private closing = false;
+  /** The periodic stats line (undefined without a logger or with `statsIntervalMs` 0). */
+  private stats: StatsLogger | undefined;
 
   /**
    * @throws {ContextLengthError} when `scheduler.max_sequence_tokens` exceeds the model's context length;
@@ -212,6 +220,7 @@ export class SpecdServer {
     }
     await this.pd?.start();
     await this.app.listen({ host, port });
+    this.startStats();
     const a = this.app.server.address() as AddressInfo;
     return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
   }
@@ -222,10 +231,34 @@ export class SpecdServer {
    */
   async close(): Promise<void> {
     this.closing = true;
+    this.stats?.stop();
     await this.pd?.close();
     this.loop.close();
     await this.app.close();
     await this.prompts.close();
+  }
+
+  /** Starts the periodic stats line on the logger (info level; an idle interval at debug level). */
+  private startStats(): void {
+    const logger = this.options.logger;
+    const intervalMs = this.options.statsIntervalMs ?? 10_000;
+    if (logger === undefined || intervalMs === 0 || this.stats !== undefined) return;
+    this.stats = new StatsLogger(
+      {
+        promptTokens: () => this.engine.metrics.prefillTokens,
+        generationTokens: () => this.loop.generatedTokens,
+        running: () => this.loop.running,
+        waiting: () => this.loop.waiting,
+        kvPages: () => {
+          const kv = this.engine.cache.kv;
+          return kv === undefined ? undefined : { used: kv.pagesInUse, total: kv.numPages };
+        },
+        spec: () => this.metrics.specTotals,
+      },
+      ({ text, active, ...fields }) => (active ? logger.info(fields, text) : logger.debug(fields, text)),
+      intervalMs,
+    );
+    this.stats.start();
   }
 
   private routes(): void {

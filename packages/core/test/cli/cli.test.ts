@@ -51,6 +51,7 @@ describe('specd generate', () => {
     expect(typeof r.text).toBe('string');
     expect(r.seconds).toBeGreaterThan(0);
     expect(r.output_tokens_per_s).toBeCloseTo(24 / (r.seconds as number), 6);
+    expect(r).not.toHaveProperty('seed'); // greedy: no random number drawn, no seed reported
   });
 
   it.each(['dspark', 'eagle3', 'dflash'])(
@@ -78,16 +79,19 @@ describe('specd generate', () => {
     expect((JSON.parse(tiny.out) as { token_ids: number[] }).token_ids).toEqual(greedy.token_ids);
   });
 
-  it('streams text and prints stats on stderr; sampling is reproducible with --seed', async () => {
+  it('streams text, stats on stderr (a seed only when sampling); sampling is reproducible with --seed', async () => {
     const a = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12']);
     expect(a.code).toBe(0);
     expect(a.out.length).toBeGreaterThan(1);
+    // greedy (the default temperature 0): no seed
     expect(a.err).toMatch(
-      /^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+; dflash τ [\d.]+ over \d+ verify steps\]\n$/,
+      /^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; dflash τ [\d.]+ over \d+ verify steps\]\n$/,
     );
     const plain = await run(['generate', '--prompt', 'The history of the', '--max-tokens', '12', '--no-spec']);
-    expect(plain.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens; seed \d+\]\n$/);
+    expect(plain.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt 4 tokens\]\n$/);
     expect(plain.out).toBe(a.out);
+    const sampled = await run(['generate', '--prompt', 'Hi', '--max-tokens', '2', '--no-spec', '--temperature', '0.8']);
+    expect(sampled.err).toMatch(/^\[\d+ tokens in [\d.]+ s, [\d.]+ tok\/s; prompt \d+ tokens; seed \d+\]\n$/);
     // Sampled output is reproducible per seed for a fixed draft length; the default policy picks k
     // from measured timings, which changes how many random draws a step takes.
     const args = [
@@ -301,6 +305,21 @@ describe('specd generate', () => {
     const r = await run(['generate', '--prompt', 'x', '--config', bad]);
     expect(r.code).toBe(1);
     expect(r.err).toMatch(/no model plugin for model_type "kimi_k3" .*loaded: none/);
+  });
+});
+
+describe('specd --version', () => {
+  it("prints @specd/core's version and exits 0", async () => {
+    const { version } = JSON.parse(fs.readFileSync(path.join(ROOT, 'packages/core/package.json'), 'utf8')) as {
+      version: string;
+    };
+    expect(version).toMatch(/^\d+\.\d+\.\d+/);
+    for (const flag of ['--version', '-V']) {
+      const r = await run([flag]);
+      expect(r.code).toBe(0);
+      expect(r.out).toBe(`${version}\n`);
+      expect(r.err).toBe('');
+    }
   });
 });
 
