@@ -28,6 +28,7 @@
  * mean over requests of each request's mean (REFERENCE.md §1, §6).
  */
 
+import type { CheckpointSanity } from '../io/checkpoint-sanity.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
@@ -40,6 +41,11 @@ export interface DrafterSource {
   readonly dir: string;
   readonly config: HfConfig;
   readonly weights: SafetensorsCheckpoint;
+  /**
+   * The load's checkpoint sanity policy (io/checkpoint-sanity.ts): the plugin hands it to its `WeightReader`
+   * and reports its own config and vocabulary findings through it. Absent: mode `'refuse'`.
+   */
+  readonly sanity?: CheckpointSanity;
 }
 
 /** Options of {@link DrafterPlugin.load}. */
