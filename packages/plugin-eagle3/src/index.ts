@@ -26,4 +26,10 @@ export {
   type Eagle3TreeSettings,
 } from './config.js';
 export { Eagle3Drafter } from './eagle3.js';
-export { EAGLE3_LAYER_PREFIXES, loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3-load.js';
+export {
+  EAGLE3_LAYER_PREFIXES,
+  checkVocabularyMaps,
+  loadEagle3Drafter,
+  loadEagle3Projection,
+  loadEagle3Shard,
+} from './eagle3-load.js';
