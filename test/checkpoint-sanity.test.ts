@@ -112,7 +112,7 @@ describe('checkpoint sanity: the target', () => {
     expect(warnings).toEqual([]);
   });
 
-  it('a NaN embedding row is refused by default, naming the tensor, its file and the row; "warn" loads it', async () => {
+  it('a NaN embedding row is refused, naming the tensor, its file and the row; "warn" loads it', async () => {
     const hidden = 256;
     const row = 1234;
     const dir = corruptCopy(TARGET, (t) => setBf16(t, EMBED, row * hidden, (row + 1) * hidden, BF16_NAN));
@@ -235,7 +235,7 @@ describe('checkpoint sanity: drafters', () => {
     );
   });
 
-  it("a drafter tokenizer.json that differs from the target's is refused naming the id; an equal one loads", async () => {
+  it("a drafter tokenizer.json unlike the target's is refused naming the id; an equal one loads", async () => {
     const same = corruptCopy(DFLASH);
     fs.copyFileSync(path.join(TARGET, 'tokenizer.json'), path.join(same, 'tokenizer.json'));
     await load(same);
@@ -304,7 +304,7 @@ describe('checkpoint sanity: drafters', () => {
     );
   });
 
-  it('an EAGLE-3 embed_tokens (present, never read: the target embedding is used) draws a warning naming it', async () => {
+  it('an EAGLE-3 embed_tokens (present, never read: the target's is used) draws a warning naming it', async () => {
     const dir = corruptCopy(EAGLE3, (t) => {
       t.set('embed_tokens.weight', { dtype: 'BF16', shape: [8192, 256], data: new Uint8Array(8192 * 256 * 2) });
       return true;
