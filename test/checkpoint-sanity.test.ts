@@ -106,6 +106,10 @@ describe('checkpoint sanity: the target', () => {
         const loaded = await loadDrafter(path.join(MODELS, d), DRAFTER_PLUGINS, target, 256, 1, options);
         loaded.drafter.dispose();
       }
+      // context-only drafters read part of their checkpoint on purpose: asked by the runtime or by the config
+      const dspark = { dir: path.join(MODELS, 'kimi-k3-tiny-dspark'), settings: { context_only: true } };
+      (await loadDrafter(dspark, DRAFTER_PLUGINS, target, 256, 1, options)).drafter.dispose();
+      (await loadDrafter(DFLASH, DRAFTER_PLUGINS, target, 256, 1, { ...options, contextOnly: true })).drafter.dispose();
     } finally {
       target.model.dispose();
     }
@@ -304,7 +308,7 @@ describe('checkpoint sanity: drafters', () => {
     );
   });
 
-  it('an EAGLE-3 embed_tokens (present, never read: the target's is used) draws a warning naming it', async () => {
+  it("an EAGLE-3 embed_tokens (present, never read: the target's is used) draws a warning naming it", async () => {
     const dir = corruptCopy(EAGLE3, (t) => {
       t.set('embed_tokens.weight', { dtype: 'BF16', shape: [8192, 256], data: new Uint8Array(8192 * 256 * 2) });
       return true;

@@ -98,14 +98,10 @@ export async function loadDrafter(
     const weights = SafetensorsCheckpoint.open(drafterDir);
     try {
       drafter = await plugin.load({ dir: drafterDir, config, weights, sanity }, options);
-      // a context-only drafter reads part of its checkpoint on purpose
-      checkLoadedCheckpoint(
-        sanity,
-        drafterDir,
-        model.info.vocabSize,
-        undefined,
-        extra.contextOnly ? undefined : weights,
-      );
+      // a context-only drafter (asked by the runtime, or by the config's drafter.context_only) reads part of its
+      // checkpoint on purpose: no ignored-tensor warning then
+      const partial = extra.contextOnly === true || c.settings?.context_only === true;
+      checkLoadedCheckpoint(sanity, drafterDir, model.info.vocabSize, undefined, partial ? undefined : weights);
     } finally {
       weights.close();
     }
