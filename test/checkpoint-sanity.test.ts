@@ -230,6 +230,17 @@ describe('checkpoint sanity: drafters', () => {
     expect((err as Error).message).toMatch(/block_size.*expected at most 256 .*got 1000000/);
   });
 
+  it('EAGLE-3 draft lengths and tree sizes of 1e6 are refused at once, naming the setting and the bound', async () => {
+    const withSettings = (settings: Record<string, unknown>) =>
+      loadDrafter({ dir: EAGLE3, settings }, DRAFTER_PLUGINS, target, 256, 1, collect().options);
+    await expect(withSettings({ num_draft_tokens: 1_000_000 })).rejects.toThrow(
+      new DrafterError('eagle3: settings.num_draft_tokens: expected an integer in [1, 256], got 1000000'),
+    );
+    await expect(withSettings({ tree: { top_k: 1_000_000, depth: 4, total_tokens: 16 } })).rejects.toThrow(
+      'eagle3: settings.tree.top_k: expected an integer in [1, 64], got 1000000',
+    );
+  });
+
   it('a DFlash checkpoint made for another vocabulary size is refused', async () => {
     const dir = corruptCopy(DFLASH, undefined, (c) => {
       c.vocab_size = 32000;

@@ -17,6 +17,9 @@ export { eagle3Plugin } from './plugin.js';
 export {
   EAGLE3_ARCHITECTURES,
   EAGLE3_DEFAULT_DRAFT_TOKENS,
+  EAGLE3_MAX_DRAFT_TOKENS,
+  EAGLE3_MAX_TREE_DEPTH,
+  EAGLE3_MAX_TREE_TOP_K,
   EAGLE3_SCHEMA,
   parseEagle3Config,
   parseEagle3Settings,
