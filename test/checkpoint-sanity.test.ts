@@ -11,9 +11,14 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { checkGgufFinite } from '@specd/model-llama';
 import {
+  CheckpointSanity,
   CheckpointSanityError,
   DrafterError,
+  GgmlType,
+  GgufFile,
+  type GgufTensorInfo,
   HfConfigError,
   SafetensorsFile,
   writeSafetensors,
@@ -327,5 +332,52 @@ describe('checkpoint sanity: drafters', () => {
     const { options, warnings } = collect();
     await load(dir, options);
     expect(warnings).toEqual([`${dir}: 1 tensor present but ignored by the loader: "embed_tokens.weight"`]);
+  });
+});
+
+describe('checkpoint sanity: GGUF targets', () => {
+  const info = (type: GgmlType, typeName: string, shape: number[]): GgufTensorInfo =>
+    ({ name: 'w', type, typeName, shape }) as unknown as GgufTensorInfo;
+  const refuse = new CheckpointSanity({ onWarning: () => {} });
+
+  it('F16 values and the f16 scale / minimum of Q8_0, Q4_0 and Q4_1 blocks are checked', () => {
+    const f16 = new Uint8Array(8);
+    new DataView(f16.buffer).setUint16(4, 0x7e00, true); // element 2: NaN
+    expect(() => checkGgufFinite(refuse, 'f.gguf', info(GgmlType.F16, 'F16', [2, 2]), f16)).toThrow(
+      'f.gguf: tensor "w" (F16): 1 non-finite values of 4, the first at element 2 (row 1)',
+    );
+    for (const [type, name, blockBytes, field] of [
+      [GgmlType.Q8_0, 'Q8_0', 34, 0],
+      [GgmlType.Q4_0, 'Q4_0', 18, 0],
+      [GgmlType.Q4_1, 'Q4_1', 20, 2],
+    ] as const) {
+      const bytes = new Uint8Array(4 * blockBytes); // 4 blocks = [2, 64]
+      expect(() => checkGgufFinite(refuse, 'f.gguf', info(type, name, [2, 64]), bytes)).not.toThrow();
+      new DataView(bytes.buffer).setUint16(3 * blockBytes + field, 0xfc00, true); // block 3: −Infinity
+      expect(() => checkGgufFinite(refuse, 'f.gguf', info(type, name, [2, 64]), bytes)).toThrow(
+        `f.gguf: tensor "w" (${name}): 1 non-finite block scales of 4, the first at element 96 (row 1)`,
+      );
+    }
+  });
+
+  it('the SmolLM2 GGUF with an infinite Q4_1 block scale is refused naming the tensor; "warn" loads it', async () => {
+    const src = path.join(MODELS, 'smollm2-135m-instruct', 'SmolLM2-135M-Instruct.Q4_1.gguf');
+    const file = path.join(tmp, 'smollm2-inf-scale.gguf');
+    fs.copyFileSync(src, file);
+    const g = GgufFile.open(file);
+    const t = g.info('blk.2.ffn_down.weight');
+    expect(t.typeName).toBe('Q4_1');
+    const bytes = fs.readFileSync(file);
+    bytes.writeUInt16LE(0x7c00, t.fileOffsetBytes + 20 * 10); // block 10's scale: +Infinity
+    fs.writeFileSync(file, bytes);
+    await expect(loadTarget(file, ['@specd/model-llama'], undefined, collect().options)).rejects.toThrow(
+      `${file}: tensor "blk.2.ffn_down.weight" (Q4_1): 1 non-finite block scales of ${t.numElements / 32}, ` +
+        'the first at element 320 (row 0)',
+    );
+    const { options, warnings } = collect('warn');
+    const target = await loadTarget(file, ['@specd/model-llama'], undefined, options);
+    target.model.dispose();
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toContain('"blk.2.ffn_down.weight"');
   });
 });

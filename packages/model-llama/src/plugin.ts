@@ -50,7 +50,7 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
     const c = parseGgufLlamaConfig(file);
     return loadLlamaStageAsync(
       c,
-      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers)),
+      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers), options?.sanity),
       rangeOf(options),
     );
   },

@@ -60,6 +60,11 @@ export interface StageLoadOptions {
   readonly embedding?: boolean;
   /** Called after each tensor. */
   readonly onProgress?: (p: LoadProgress) => void;
+  /**
+   * The load's checkpoint sanity policy for {@link ModelPlugin.loadGguf} (a folder's is
+   * {@link ModelSource.sanity}). Absent: mode `'refuse'`.
+   */
+  readonly sanity?: CheckpointSanity;
 }
 
 /** Static facts about a loaded stage. */

@@ -139,7 +139,7 @@ export async function loadTarget(
     const tokenizer = fs.existsSync(nodePath.join(dir, 'tokenizer.json'))
       ? Tokenizer.load(dir)
       : tokenizerFromGguf(file);
-    const model = await plugin.loadGguf(file, { onProgress });
+    const model = await plugin.loadGguf(file, { ...(onProgress === undefined ? {} : { onProgress }), sanity });
     try {
       checkLoadedCheckpoint(sanity, ggufPath, model.info.vocabSize, tokenizer, undefined);
     } catch (err) {
