@@ -335,6 +335,48 @@ describe('checkpoint sanity: drafters', () => {
   });
 });
 
+describe('checkpoint sanity: non-finite fuzz over the drafters', () => {
+  let target: LoadedTarget;
+  beforeAll(async () => {
+    target = await loadTarget(TARGET, TARGET_PLUGINS);
+  });
+  afterAll(() => target?.model.dispose());
+
+  /** Seed and number of cases: each poisons one random element of one random float tensor of a shipped drafter. */
+  const SEED = 0x5a7e;
+  const CASES = 24;
+
+  it('a NaN or ±Infinity anywhere in any weight is refused, naming the tensor and the element', async () => {
+    console.log(`non-finite fuzz: ${CASES} cases, seed 0x${SEED.toString(16)}`);
+    let state = SEED;
+    const rand = () => {
+      state = (Math.imul(state, 1664525) + 1013904223) >>> 0;
+      return state / 2 ** 32;
+    };
+    const drafters = ['kimi-k3-tiny-dflash', 'kimi-k3-tiny-dspark', 'kimi-k3-tiny-eagle3'];
+    for (let i = 0; i < CASES; i++) {
+      const src = path.join(MODELS, drafters[i % drafters.length]!);
+      let poisoned = '';
+      let element = 0;
+      const bits = [BF16_NAN, BF16_INF, 0xff80][Math.floor(rand() * 3)]!;
+      const dir = corruptCopy(src, (t) => {
+        const names = [...t.keys()].filter((n) => t.get(n)!.dtype === 'BF16').sort();
+        poisoned = names[Math.floor(rand() * names.length)]!;
+        element = Math.floor(rand() * (t.get(poisoned)!.data.length / 2));
+        return setBf16(t, poisoned, element, element + 1, bits);
+      });
+      const err = await loadDrafter(dir, DRAFTER_PLUGINS, target, 256, 1, collect().options).then(
+        (d) => d.drafter.dispose(),
+        (e: unknown) => e,
+      );
+      expect(err, `case ${i}: ${poisoned}[${element}]`).toBeInstanceOf(CheckpointSanityError);
+      expect((err as Error).message, `case ${i}`).toContain(`tensor "${poisoned}": 1 non-finite value of `);
+      expect((err as Error).message, `case ${i}`).toContain(`at element ${element}`);
+      fs.rmSync(dir, { recursive: true });
+    }
+  });
+});
+
 describe('checkpoint sanity: GGUF targets', () => {
   const info = (type: GgmlType, typeName: string, shape: number[]): GgufTensorInfo =>
     ({ name: 'w', type, typeName, shape }) as unknown as GgufTensorInfo;
