@@ -97,10 +97,12 @@ export function parseKimiConfig(cfg: HfConfig): KimiConfig {
   const expertsPerToken = cfg.requireInt('num_experts_per_token', pos);
   if (expertsPerToken > numExperts)
     cfg.fail('num_experts_per_token', `must be <= num_experts (${numExperts}), got ${expertsPerToken}`);
+  // an EOS id the model cannot emit is a config error (checkpoint sanity): inside [0, vocab_size)
+  const tokenId = { min: 0, max: cfg.requireInt('vocab_size', pos) - 1 };
   const eos = cfg.has('eos_token_id')
     ? Array.isArray(cfg.raw.eos_token_id)
-      ? cfg.requireIntArray('eos_token_id', { min: 0 })
-      : [cfg.requireInt('eos_token_id', { min: 0 })]
+      ? cfg.requireIntArray('eos_token_id', tokenId)
+      : [cfg.requireInt('eos_token_id', tokenId)]
     : [];
   return Object.freeze({
     modelType,

@@ -367,6 +367,7 @@ function* buildStage(
     source.weights,
     total,
     onProgress ? (done, tot, tensor) => onProgress({ done, total: tot, tensor }) : undefined,
+    source.sanity,
   );
   onReader?.(r);
   const D = c.hiddenSize;

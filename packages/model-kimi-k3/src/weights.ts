@@ -3,7 +3,7 @@
  * fp32 parameters as f32, BF16 or F32 accepted) throwing {@link KimiWeightError}.
  */
 
-import { WeightReader, type SafetensorsCheckpoint } from '@specd/core';
+import { WeightReader, type CheckpointSanity, type SafetensorsCheckpoint } from '@specd/core';
 
 /** Thrown for a missing tensor or one with a wrong shape / dtype; names the tensor. */
 export class KimiWeightError extends Error {
@@ -12,11 +12,20 @@ export class KimiWeightError extends Error {
 
 export { WeightReader };
 
-/** A reader over `ckpt` that counts `total` tensors for progress and throws {@link KimiWeightError}. */
+/**
+ * A reader over `ckpt` that counts `total` tensors for progress, throws {@link KimiWeightError} and reports
+ * non-finite values through `sanity` (absent: refused).
+ */
 export function kimiWeightReader(
   ckpt: SafetensorsCheckpoint,
   total: number,
   onTensor?: (done: number, total: number, name: string) => void,
+  sanity?: CheckpointSanity,
 ): WeightReader {
-  return new WeightReader(ckpt, { total, onTensor, makeError: (m) => new KimiWeightError(m) });
+  return new WeightReader(ckpt, {
+    total,
+    onTensor,
+    makeError: (m) => new KimiWeightError(m),
+    ...(sanity === undefined ? {} : { sanity }),
+  });
 }

@@ -73,11 +73,13 @@ export function parseLlamaConfig(cfg: HfConfig, ropeStyle: LlamaRopeStyle = 'neo
   if (cfg.optionalBoolean('mlp_bias') === true) cfg.fail('mlp_bias', 'MLP biases are not implemented (must be false)');
   if (cfg.optionalBoolean('attention_bias') === true)
     cfg.fail('attention_bias', 'attention biases are not implemented yet (must be false)');
+  // a BOS / EOS id outside the vocabulary is a config error (checkpoint sanity): inside [0, vocab_size)
+  const tokenId = { min: 0, max: cfg.requireInt('vocab_size', pos) - 1 };
   const ids = (key: string): number[] =>
     cfg.has(key) && cfg.raw[key] !== null
       ? Array.isArray(cfg.raw[key])
-        ? cfg.requireIntArray(key, { min: 0 })
-        : [cfg.requireInt(key, { min: 0 })]
+        ? cfg.requireIntArray(key, tokenId)
+        : [cfg.requireInt(key, tokenId)]
       : [];
   const bos = ids('bos_token_id');
   return Object.freeze({

@@ -8,7 +8,9 @@
  */
 
 import {
+  CheckpointSanity,
   GgmlType,
+  findNonFinite,
   type GgufFile,
   HfConfig,
   dequantize,
@@ -106,8 +108,60 @@ function quantLinear(bytes: Uint8Array, type: QuantType, n: number, k: number): 
   return { n, k, apply: (x, m) => gemmQuant(x, m, w) };
 }
 
+/** Per quantised type: bytes per block and the offsets of its f16 fields (scale d, and Q4_1's minimum m). */
+const QUANT_F16_FIELDS: Partial<Record<GgmlType, readonly [number, readonly number[]]>> = {
+  [GgmlType.Q4_0]: [18, [0]],
+  [GgmlType.Q4_1]: [20, [0, 2]],
+  [GgmlType.Q8_0]: [34, [0]],
+};
+
 /**
- * A {@link LlamaTensorSource} over a GGUF file.
+ * Checks a GGUF tensor `[rows, k]` for non-finite values (checkpoint sanity) and reports them through `sanity`
+ * naming the tensor, the file and the first bad element: F32 / BF16 values and F16 values (exponent bits all
+ * ones) directly; a Q4_0 / Q4_1 / Q8_0 block through its f16 scale and minimum, since a block's values
+ * d·q (+ m) are finite exactly when those are (|q| ≤ 127).
+ */
+export function checkGgufFinite(sanity: CheckpointSanity, file: string, t: GgufTensorInfo, bytes: Uint8Array): void {
+  const k = t.shape[t.shape.length - 1] ?? 1;
+  const report = (count: number, total: number, first: number, what: string) =>
+    sanity.suspect(
+      'non-finite',
+      t.name,
+      `${file}: tensor ${JSON.stringify(t.name)} (${t.typeName}): ${count} non-finite ${what} of ${total}, ` +
+        `the first at element ${first} (row ${Math.floor(first / k)})`,
+    );
+  if (t.type === GgmlType.F32 || t.type === GgmlType.BF16) {
+    const aligned = new Uint8Array(bytes); // an aligned copy for the typed views (F32 / BF16 tensors are small here)
+    const found = findNonFinite(
+      t.type === GgmlType.F32 ? new Float32Array(aligned.buffer) : new Uint16Array(aligned.buffer),
+    );
+    if (found !== undefined)
+      report(found.count, aligned.length / (t.type === GgmlType.F32 ? 4 : 2), found.first, 'values');
+    return;
+  }
+  const [blockBytes, fields, width] =
+    t.type === GgmlType.F16 ? [2, [0], 1] : [...(QUANT_F16_FIELDS[t.type] ?? [0, []]), 32];
+  if (blockBytes === 0) return;
+  const blocks = Math.floor(bytes.length / blockBytes);
+  // block sizes and field offsets are even: 16-bit words of a 2-aligned copy (a view when already aligned)
+  const even = bytes.byteOffset % 2 === 0 ? bytes : new Uint8Array(bytes);
+  const words = new Uint16Array(even.buffer, even.byteOffset, even.byteLength >>> 1);
+  const step = blockBytes >>> 1;
+  let count = 0;
+  let first = -1;
+  for (let b = 0; b < blocks; b++) {
+    for (const f of fields) {
+      if ((words[b * step + (f >>> 1)]! & 0x7c00) !== 0x7c00) continue;
+      if (count++ === 0) first = b * width;
+      break;
+    }
+  }
+  if (count > 0) report(count, blocks, first, t.type === GgmlType.F16 ? 'values' : 'block scales');
+}
+
+/**
+ * A {@link LlamaTensorSource} over a GGUF file; every tensor it reads is checked for non-finite values
+ * ({@link checkGgufFinite}) under `sanity` (default: refused).
  * @param mode quantized projections kept as blocks (`'quant'`) or dequantised to bf16 panels (`'bf16'`);
  *   F32/F16/BF16 projections always become bf16 panels.
  */
@@ -115,7 +169,9 @@ export function ggufSource(
   g: GgufFile,
   mode: GgufWeightMode = 'quant',
   onTensor?: (name: string) => void,
+  sanity: CheckpointSanity = new CheckpointSanity(),
 ): LlamaTensorSource {
+  const scanned = new Set<string>();
   const info = (hf: string, shape: readonly number[]): GgufTensorInfo => {
     const name = ggufTensorName(hf);
     if (!g.tensors().some((t) => t.name === name))
@@ -125,6 +181,10 @@ export function ggufSource(
       throw new LlamaWeightError(
         `llama: ${g.file}: tensor ${name} (${hf}) is [${t.shape.join(', ')}], expected [${shape.join(', ')}]`,
       );
+    }
+    if (!scanned.has(name)) {
+      scanned.add(name);
+      checkGgufFinite(sanity, g.file, t, g.tensor(name).bytes);
     }
     onTensor?.(hf);
     return t;

@@ -38,4 +38,11 @@ export {
   type LinearWeights,
   type LlamaTensorSource,
 } from './weights.js';
-export { ggufLlamaConfig, ggufSource, ggufTensorName, parseGgufLlamaConfig, type GgufWeightMode } from './gguf.js';
+export {
+  checkGgufFinite,
+  ggufLlamaConfig,
+  ggufSource,
+  ggufTensorName,
+  parseGgufLlamaConfig,
+  type GgufWeightMode,
+} from './gguf.js';

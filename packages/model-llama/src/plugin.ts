@@ -42,7 +42,7 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
     const c = parseLlamaConfig(source.config, 'neox');
     return loadLlamaStageAsync(
       c,
-      safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers)),
+      safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers), source.sanity),
       rangeOf(options),
     );
   },
@@ -50,7 +50,7 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
     const c = parseGgufLlamaConfig(file);
     return loadLlamaStageAsync(
       c,
-      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers)),
+      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers), options?.sanity),
       rangeOf(options),
     );
   },

@@ -6,7 +6,7 @@
  * (`model.layers.{l}.self_attn.q_proj.weight`, …) whatever the file (safetensors folder or GGUF).
  */
 
-import { WeightReader, type SafetensorsCheckpoint } from '@specd/core';
+import { WeightReader, type CheckpointSanity, type SafetensorsCheckpoint } from '@specd/core';
 import { bf16ToF32, gemmBf16, type PackedBf16Weights } from '@specd/native';
 
 /** A projection Y = X·Wᵀ with W `[n, k]`. */
@@ -63,8 +63,12 @@ export function safetensorsSource(
   dir: string,
   weights: SafetensorsCheckpoint,
   onTensor?: (name: string) => void,
+  sanity?: CheckpointSanity,
 ): LlamaTensorSource {
-  const r = new WeightReader(weights, { makeError: (m) => new LlamaWeightError(`llama: ${dir}: ${m}`) });
+  const r = new WeightReader(weights, {
+    makeError: (m) => new LlamaWeightError(`llama: ${dir}: ${m}`),
+    ...(sanity === undefined ? {} : { sanity }),
+  });
   const seen = (name: string) => onTensor?.(name);
   return {
     label: dir,

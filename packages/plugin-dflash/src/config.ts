@@ -8,6 +8,12 @@ import type { DrafterSchema, HfConfig } from '@specd/core';
 /** `config.json` `architectures` entries of a DFlash checkpoint. */
 export const DFLASH_ARCHITECTURES: readonly string[] = Object.freeze(['DFlashDraftModel']);
 
+/**
+ * Largest `block_size` accepted (checkpoint sanity: an unbounded size is refused at load). DFlash checkpoints
+ * use 16; 256 leaves room while keeping a block forward and its draft KV small.
+ */
+export const DFLASH_MAX_BLOCK_SIZE = 256;
+
 /** Draft layer attention kind (`layer_types`). */
 export type DFlashLayerType = 'full_attention' | 'sliding_attention';
 
@@ -65,6 +71,13 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
   const slidingWindow = c.optionalInt('sliding_window', { min: 0 }) ?? 0;
   if (layerTypes.includes('sliding_attention') && slidingWindow < 1)
     c.fail('sliding_window', `expected >= 1 with sliding_attention layers, got ${slidingWindow}`);
+  const blockSize = c.requireInt('block_size', { min: 2 });
+  if (blockSize > DFLASH_MAX_BLOCK_SIZE)
+    c.fail(
+      'block_size',
+      `expected at most ${DFLASH_MAX_BLOCK_SIZE} (a block is one forward of block_size rows per sequence, and the ` +
+        `draft KV pool is sized by it), got ${blockSize}`,
+    );
   return Object.freeze({
     hiddenSize: c.requireInt('hidden_size', { min: 1 }),
     numLayers,
@@ -73,7 +86,7 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
     headDim,
     intermediateSize: c.requireInt('intermediate_size', { min: 1 }),
     vocabSize: c.requireInt('vocab_size', { min: 1 }),
-    blockSize: c.requireInt('block_size', { min: 2 }),
+    blockSize,
     maskTokenId: d.requireInt('mask_token_id', { min: 0 }),
     targetLayerIds: Object.freeze(targetLayerIds),
     taps: Object.freeze(targetLayerIds.map((k) => k + 1)),

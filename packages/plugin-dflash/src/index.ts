@@ -15,13 +15,16 @@ export function register(container: DependencyContainer): void {
 export { dflashPlugin } from './plugin.js';
 export {
   DFLASH_ARCHITECTURES,
+  DFLASH_MAX_BLOCK_SIZE,
   DFLASH_SCHEMA,
   parseDFlashConfig,
   type DFlashConfig,
   type DFlashLayerType,
 } from './config.js';
 export {
+  DFLASH_MASK_NORM_MIN_FRACTION,
   DFlashDrafter,
+  checkMaskEmbedding,
   loadDFlashDrafter,
   loadDFlashProjection,
   loadDFlashShard,

@@ -96,7 +96,10 @@ function buildDSpark(
     return new DSparkDrafter(config, options.target, backbone, undefined);
   }
   try {
-    const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`dspark: ${source.dir}: ${m}`) });
+    const r = new WeightReader(source.weights, {
+      makeError: (m) => new DrafterError(`dspark: ${source.dir}: ${m}`),
+      ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
+    });
     const V = options.target.info.vocabSize;
     const R = config.markovRank;
     const D = config.hiddenSize;

@@ -33,6 +33,15 @@ export const EAGLE3_ARCHITECTURES: readonly string[] = Object.freeze(['LlamaForC
  */
 export const EAGLE3_DEFAULT_DRAFT_TOKENS = 6;
 
+/**
+ * Upper bounds of the sizes a checkpoint or a config may ask for (checkpoint sanity: an unbounded size is refused
+ * at load, before the draft KV pool is sized by it): drafts per step (`speculative_tokens`, `num_draft_tokens`,
+ * `tree.total_tokens`) and a tree's `top_k` and `depth` (a propose keeps top_k × depth temporary entries).
+ */
+export const EAGLE3_MAX_DRAFT_TOKENS = 256;
+export const EAGLE3_MAX_TREE_TOP_K = 64;
+export const EAGLE3_MAX_TREE_DEPTH = 64;
+
 /** Which `config.json` layout a checkpoint uses. */
 export type Eagle3Layout = 'eagle3' | 'speculators';
 
@@ -199,8 +208,11 @@ export function parseEagle3Config(c: HfConfig): Eagle3Config {
         s.fail(`proposal_methods[${i}]`, 'expected an object');
       const k = (m as Record<string, unknown>).speculative_tokens;
       if (k !== undefined && k !== null) {
-        if (!(Number.isSafeInteger(k) && (k as number) >= 1))
-          s.fail(`proposal_methods[${i}].speculative_tokens`, `expected an integer >= 1, got ${JSON.stringify(k)}`);
+        if (!(Number.isSafeInteger(k) && (k as number) >= 1 && (k as number) <= EAGLE3_MAX_DRAFT_TOKENS))
+          s.fail(
+            `proposal_methods[${i}].speculative_tokens`,
+            `expected an integer in [1, ${EAGLE3_MAX_DRAFT_TOKENS}], got ${JSON.stringify(k)}`,
+          );
         speculativeTokens = k as number;
       }
     }
@@ -231,22 +243,23 @@ function rejectNorms(c: HfConfig): void {
  */
 export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> | undefined): Eagle3Settings {
   if (settings === undefined) return {};
-  const int = (v: unknown, where: string): number => {
-    if (!(Number.isSafeInteger(v) && (v as number) >= 1))
-      throw new DrafterError(`eagle3: settings.${where}: expected an integer >= 1, got ${JSON.stringify(v)}`);
+  const int = (v: unknown, where: string, max: number): number => {
+    if (!(Number.isSafeInteger(v) && (v as number) >= 1 && (v as number) <= max))
+      throw new DrafterError(`eagle3: settings.${where}: expected an integer in [1, ${max}], got ${JSON.stringify(v)}`);
     return v as number;
   };
   const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings } = {};
-  if (settings.num_draft_tokens !== undefined) out.numDraftTokens = int(settings.num_draft_tokens, 'num_draft_tokens');
+  if (settings.num_draft_tokens !== undefined)
+    out.numDraftTokens = int(settings.num_draft_tokens, 'num_draft_tokens', EAGLE3_MAX_DRAFT_TOKENS);
   const tree = settings.tree;
   if (tree !== undefined) {
     if (typeof tree !== 'object' || tree === null || Array.isArray(tree))
       throw new DrafterError(`eagle3: settings.tree: expected an object, got ${JSON.stringify(tree)}`);
     const t = tree as Record<string, unknown>;
     out.tree = Object.freeze({
-      topK: int(t.top_k, 'tree.top_k'),
-      depth: int(t.depth, 'tree.depth'),
-      totalTokens: int(t.total_tokens, 'tree.total_tokens'),
+      topK: int(t.top_k, 'tree.top_k', EAGLE3_MAX_TREE_TOP_K),
+      depth: int(t.depth, 'tree.depth', EAGLE3_MAX_TREE_DEPTH),
+      totalTokens: int(t.total_tokens, 'tree.total_tokens', EAGLE3_MAX_DRAFT_TOKENS),
     });
   }
   return Object.freeze(out);
@@ -269,6 +282,7 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
     num_draft_tokens: {
       type: 'integer',
       minimum: 1,
+      maximum: EAGLE3_MAX_DRAFT_TOKENS,
       description:
         "chain length, drafts per step at most (default: the checkpoint's speculative_tokens, " +
         `else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree`,
@@ -283,9 +297,9 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
         'log-prob; drafts per step at most = total_tokens. At temperature > 0 a chain of depth drafts is drafted ' +
         'instead (the engine verifies trees greedily only)',
       properties: {
-        top_k: { type: 'integer', minimum: 1 },
-        depth: { type: 'integer', minimum: 1 },
-        total_tokens: { type: 'integer', minimum: 1 },
+        top_k: { type: 'integer', minimum: 1, maximum: EAGLE3_MAX_TREE_TOP_K },
+        depth: { type: 'integer', minimum: 1, maximum: EAGLE3_MAX_TREE_DEPTH },
+        total_tokens: { type: 'integer', minimum: 1, maximum: EAGLE3_MAX_DRAFT_TOKENS },
       },
     },
   },

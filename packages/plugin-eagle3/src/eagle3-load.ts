@@ -44,8 +44,52 @@ export function loadEagle3Projection(
     throw new DrafterError(
       `${where}: hidden_size ${config.hiddenSize} differs from the target's ${options.hiddenSize}`,
     );
-  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  const r = new WeightReader(source.weights, {
+    makeError: (m) => new DrafterError(`${where}: ${m}`),
+    ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
+  });
   return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
+}
+
+/**
+ * Checks the draft → target map against itself and against `t2d` (checkpoint sanity): `d2t` must be one-to-one
+ * (two draft ids for one target id would split its probability), and `t2d` — when present, `[vocab_size]`
+ * BOOL / U8 / I32 / I64, nonzero where a target id is in the draft vocabulary (EAGLE-3's `t2d`) — must mark
+ * exactly the ids `d2t` reaches.
+ * @param draftToTarget `[draft_vocab_size]` target ids (d2t applied: `i + d2t[i]`).
+ * @throws {DrafterError} naming the first draft id mapped twice, or the first id where the two maps disagree.
+ */
+export function checkVocabularyMaps(
+  source: DrafterSource,
+  where: string,
+  draftToTarget: Int32Array,
+  vocabSize: number,
+): void {
+  const reached = new Int32Array(vocabSize).fill(-1);
+  for (let i = 0; i < draftToTarget.length; i++) {
+    const id = draftToTarget[i]!;
+    if (reached[id] !== -1)
+      throw new DrafterError(
+        `${where}: d2t maps draft ids ${reached[id]} and ${i} both to target id ${id} (the map must be one-to-one)`,
+      );
+    reached[id] = i;
+  }
+  if (!source.weights.has('t2d')) return;
+  const ti = source.weights.info('t2d');
+  if (ti.shape.length !== 1 || ti.shape[0] !== vocabSize)
+    throw new DrafterError(`${where}: t2d is [${ti.shape.join(', ')}], expected [${vocabSize}] (vocab_size)`);
+  if (!['BOOL', 'U8', 'I32', 'I64'].includes(ti.dtype))
+    throw new DrafterError(`${where}: t2d: expected dtype BOOL, U8, I32 or I64, got ${ti.dtype}`);
+  const raw = source.weights.read('t2d').data;
+  for (let id = 0; id < vocabSize; id++) {
+    const marked = raw instanceof BigInt64Array ? raw[id] !== 0n : raw[id] !== 0;
+    if (marked !== (reached[id] !== -1))
+      throw new DrafterError(
+        marked
+          ? `${where}: t2d marks target id ${id} as in the draft vocabulary, but no d2t entry maps to it`
+          : `${where}: d2t maps draft id ${reached[id]} to target id ${id}, which t2d does not mark`,
+      );
+  }
 }
 
 /**
@@ -55,7 +99,8 @@ export function loadEagle3Projection(
  * Weight names: `fc.weight`, `<prefix>{input_layernorm, hidden_norm, post_attention_layernorm,
  * self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}.weight` with prefix `midlayer.` or `layers.0.`,
  * `norm.weight`, `lm_head.weight`, `d2t` (I64 or I32; required unless draft_vocab_size = vocab_size,
- * then the identity); `t2d` and `embed_tokens.weight` are not read (the target's embedding is used).
+ * then the identity; one-to-one); `t2d`, when present, must agree with `d2t` ({@link checkVocabularyMaps});
+ * `embed_tokens.weight` is not read (the target's embedding is used; the runtime warns that it is ignored).
  * With `tree` (all-attention targets only), `maxDraftTokens` = `tree.total_tokens` (`num_draft_tokens`
  * is then not used).
  * @throws {DrafterError} if `tree` is set on a target that cannot verify trees (its
@@ -134,7 +179,10 @@ function buildEagle3(
     throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
   if (c.draftVocabSize > c.vocabSize)
     throw new DrafterError(`${where}: draft_vocab_size ${c.draftVocabSize} exceeds vocab_size ${c.vocabSize}`);
-  const r = new WeightReader(source.weights, { makeError: (m) => new DrafterError(`${where}: ${m}`) });
+  const r = new WeightReader(source.weights, {
+    makeError: (m) => new DrafterError(`${where}: ${m}`),
+    ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
+  });
   const D = c.hiddenSize;
   // fc (the context projection) on rank 0 only under tensor parallelism: core projects there
   const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
@@ -171,6 +219,7 @@ function buildEagle3(
         );
       draftToTarget[i] = id;
     }
+    checkVocabularyMaps(source, where, draftToTarget, c.vocabSize);
   } else if (Vd === c.vocabSize) {
     draftToTarget = Int32Array.from({ length: Vd }, (_, i) => i);
   } else {

@@ -17,6 +17,9 @@ export { eagle3Plugin } from './plugin.js';
 export {
   EAGLE3_ARCHITECTURES,
   EAGLE3_DEFAULT_DRAFT_TOKENS,
+  EAGLE3_MAX_DRAFT_TOKENS,
+  EAGLE3_MAX_TREE_DEPTH,
+  EAGLE3_MAX_TREE_TOP_K,
   EAGLE3_SCHEMA,
   parseEagle3Config,
   parseEagle3Settings,
@@ -26,4 +29,10 @@ export {
   type Eagle3TreeSettings,
 } from './config.js';
 export { Eagle3Drafter } from './eagle3.js';
-export { EAGLE3_LAYER_PREFIXES, loadEagle3Drafter, loadEagle3Projection, loadEagle3Shard } from './eagle3-load.js';
+export {
+  EAGLE3_LAYER_PREFIXES,
+  checkVocabularyMaps,
+  loadEagle3Drafter,
+  loadEagle3Projection,
+  loadEagle3Shard,
+} from './eagle3-load.js';

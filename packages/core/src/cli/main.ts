@@ -19,6 +19,7 @@ import cliProgress from 'cli-progress';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 
 import { loadConfig } from '../config/load.js';
+import { CHECKPOINT_SANITY_MODES, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS } from '../engine/sampling-params.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { registerConfigCommands } from './config-commands.js';
@@ -78,6 +79,7 @@ interface GenerateFlags {
   pp?: number;
   ppPartition?: number[];
   tp?: number;
+  checkpointSanity?: CheckpointSanityMode;
 }
 
 const listArg = (v: string): number[] => {
@@ -143,7 +145,12 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
   const tp = flags.tp ?? par.tp;
   const pp = flags.pp ?? par.pp;
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
+  const sanity = {
+    checkpointSanity: flags.checkpointSanity ?? cfg.checkpoint_sanity,
+    onWarning: (m: string) => io.stderr.write(`specd: warning: ${m}\n`),
+  };
   const target: LoadedTarget = await loadParallelTarget(modelDir, cfg.plugins, {
+    ...sanity,
     tp,
     pp,
     ...(partition === undefined ? {} : { partition }),
@@ -163,7 +170,7 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     const loaded =
       choice === undefined
         ? undefined
-        : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64);
+        : await loadDrafter(choice, cfg.plugins, target, promptIds.length + maxTokens + 64, 1, sanity);
     if (loaded !== undefined && choice?.method !== undefined && loaded.drafter.method !== choice.method) {
       throw new CliError(
         `drafter ${drafterDir ?? choice.method}: the config says method ${JSON.stringify(choice.method)}, ` +
@@ -302,6 +309,13 @@ export function buildProgram(io: CliIo): Command {
       '--pp-partition <list>',
       "layers per pipeline stage, e.g. 3,5 (default: vLLM's even split, the remainder on the stages before the last)",
       listArg,
+    )
+    .addOption(
+      new Option(
+        '--checkpoint-sanity <mode>',
+        'a non-finite weight in a checkpoint: refuse it, or warn and load anyway (default: config checkpoint_sanity, ' +
+          'refuse)',
+      ).choices(CHECKPOINT_SANITY_MODES),
     )
     .option(
       '--json',

@@ -14,10 +14,11 @@
 
 import * as path from 'node:path';
 
-import { InvalidArgumentError, type Command } from 'commander';
+import { InvalidArgumentError, Option, type Command } from 'commander';
 import { pino } from 'pino';
 
 import { loadConfig } from '../config/load.js';
+import { CHECKPOINT_SANITY_MODES, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import type { SpecdConfig } from '../config/load.js';
 import { DRAFT_PAGE_SIZE } from '../kv/draft-kv-cache.js';
 import { pdDigest } from '../pd/digest.js';
@@ -60,6 +61,8 @@ export interface ServeFlags {
   disableLogStats?: boolean;
   /** Period of the stats line, ms (default 10 000; no flag: for tests and embedders). */
   statsIntervalMs?: number;
+  /** Checkpoint sanity at load (overrides config checkpoint_sanity). */
+  checkpointSanity?: CheckpointSanityMode;
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -136,7 +139,14 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   if (warning !== undefined) io.stderr.write(`specd: warning: ${warning}\n`);
   let t0 = performance.now();
   stage(io, `loading target ${modelDir} (tp ${tp}, pp ${pp})`);
+  const sanity = {
+    checkpointSanity: flags.checkpointSanity ?? cfg.checkpoint_sanity,
+    onWarning: (m: string) => {
+      if (flags.logLevel !== 'silent') io.stderr.write(`specd: warning: ${m}\n`);
+    },
+  };
   const target = await loadParallelTarget(modelDir, cfg.plugins, {
+    ...sanity,
     tp,
     pp,
     ...(partition === undefined ? {} : { partition }),
@@ -152,6 +162,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests, {
         // a prefill instance never drafts: only the context path (projection, draft KV) where the method has the mode
         contextOnly: role === 'prefill',
+        ...sanity,
       });
       if (choice.method !== undefined && drafter.drafter.method !== choice.method) {
         throw new CliError(
@@ -373,6 +384,13 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     .option('--metrics-require-key', '/metrics needs the API key too (/health stays open)')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
     .option('--disable-log-stats', 'no periodic stats line (default: one every 10 s on the log, as vLLM)')
+    .addOption(
+      new Option(
+        '--checkpoint-sanity <mode>',
+        'a non-finite weight in a checkpoint: refuse it, or warn and load anyway (default: config checkpoint_sanity, ' +
+          'refuse)',
+      ).choices(CHECKPOINT_SANITY_MODES),
+    )
     .action(async (flags: ServeFlags) => {
       const s = await startServe(flags, io);
       io.stderr.write(`${servingLine(s)}\n`);

@@ -10,6 +10,7 @@ import * as path from 'node:path';
 import 'reflect-metadata';
 import { container as rootContainer, type DependencyContainer } from 'tsyringe';
 
+import type { CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import { parseStrictJson } from '../io/strict-json.js';
 import { BUILTIN_PLUGIN_PACKAGES, DrafterRegistry, loadPluginPackages, ModelRegistry } from '../plugin/registry.js';
 import { buildConfigSchema } from './schema.js';
@@ -31,6 +32,8 @@ export interface SpecdConfig {
   readonly file?: string;
   /** Absolute target directory; absent: the shipped default. */
   readonly model?: string;
+  /** Checkpoint sanity at load (io/checkpoint-sanity.ts): refuse (default) or warn about a non-finite weight. */
+  readonly checkpoint_sanity: CheckpointSanityMode;
   /** Absent: the shipped DFlash with the shipped target, else none. */
   readonly drafter?: DrafterConfig;
   readonly plugins: readonly string[];
@@ -129,6 +132,7 @@ export function validateConfig(
   return {
     ...(options.file === undefined ? {} : { file: options.file }),
     ...(c.model === undefined ? {} : { model: resolve(c.model) }),
+    checkpoint_sanity: c.checkpoint_sanity,
     ...(drafter === undefined ? {} : { drafter }),
     plugins: c.plugins,
     sampling: c.sampling,

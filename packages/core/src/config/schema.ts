@@ -4,6 +4,7 @@
  * built-in `{"method": "none"}` branch. Core never names a method other than "none".
  *
  *   { "model": "models/kimi-k3-tiny",                     // target checkpoint dir (relative to the file)
+ *     "checkpoint_sanity": "refuse" | "warn",               // a non-finite weight refused (default) or warned
  *     "drafter": {"method": "dflash", "path": "…"} | {"method": "none"},
  *     "plugins": ["@specd/model-kimi-k3", "@specd/plugin-dflash"],
  *     "sampling": {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens"?: 64, "seed"?: 1},
@@ -72,6 +73,13 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         description:
           'target checkpoint directory (HF format), relative to the config file; ' +
           'default: the shipped models/kimi-k3-tiny',
+      },
+      checkpoint_sanity: {
+        enum: ['refuse', 'warn'],
+        default: 'refuse',
+        description:
+          'checks of the target and drafter checkpoints at load: "refuse" a non-finite weight, or "warn" and load it ' +
+          'anyway (structural problems are refused either way; docs/ARCHITECTURE.md, "Checkpoint sanity")',
       },
       drafter: {
         type: 'object',

@@ -44,6 +44,15 @@ export {
   type JsonValue,
   type StrictJsonOptions,
 } from './strict-json.js';
+export {
+  CHECKPOINT_SANITY_MODES,
+  CheckpointSanity,
+  CheckpointSanityError,
+  findNonFinite,
+  type CheckpointSanityMode,
+  type CheckpointSanityOptions,
+  type NonFiniteReport,
+} from './checkpoint-sanity.js';
 export { WeightReader, type MatrixBlock, type TensorRead, type WeightReaderOptions } from './weight-reader.js';
 export {
   GGUF_DEFAULT_ALIGNMENT,

@@ -98,6 +98,9 @@ export function readSafetensorsIndex(path: string): SafetensorsIndex {
  * {@link close} when done (closes every shard's file descriptor).
  */
 export class SafetensorsCheckpoint {
+  /** Names read so far (see {@link unreadNames}). */
+  private readonly touched = new Set<string>();
+
   private constructor(
     /** The shards (one for an unsharded checkpoint), in index order of first appearance. */
     readonly files: readonly SafetensorsFile[],
@@ -221,6 +224,7 @@ export class SafetensorsCheckpoint {
 
   /** See {@link SafetensorsFile.read}. */
   read(name: string): LoadedTensor {
+    this.touched.add(name);
     return this.fileOf(name).read(name);
   }
 
@@ -230,32 +234,46 @@ export class SafetensorsCheckpoint {
     dtype: D,
     expectShape?: readonly number[],
   ): LoadedTensor<TypedArrayFor<D>> {
+    this.touched.add(name);
     return this.fileOf(name).readTyped(name, dtype, expectShape);
   }
 
   /** See {@link SafetensorsFile.readRows}. */
   readRows(name: string, rowStart: number, rowEnd: number): LoadedTensor {
+    this.touched.add(name);
     return this.fileOf(name).readRows(name, rowStart, rowEnd);
   }
 
   /** See {@link SafetensorsFile.readBytes}. */
   readBytes(name: string, startBytes?: number, endBytes?: number): Uint8Array {
+    this.touched.add(name);
     return this.fileOf(name).readBytes(name, startBytes, endBytes);
   }
 
   /** See {@link SafetensorsFile.readAsync}. */
   readAsync(name: string): Promise<LoadedTensor> {
+    this.touched.add(name);
     return this.fileOf(name).readAsync(name);
   }
 
   /** See {@link SafetensorsFile.readIntoAsync}. */
   readIntoAsync(name: string, target: Uint8Array, startBytes?: number): Promise<void> {
+    this.touched.add(name);
     return this.fileOf(name).readIntoAsync(name, target, startBytes);
   }
 
   /** See {@link SafetensorsFile.readInto}. */
   readInto(name: string, target: Uint8Array, startBytes?: number): void {
+    this.touched.add(name);
     this.fileOf(name).readInto(name, target, startBytes);
+  }
+
+  /**
+   * Tensors of the checkpoint no read has touched yet (any read method, whole or in part), sorted: after
+   * a load, the tensors the loader ignored (checkpoint sanity warns about them).
+   */
+  unreadNames(): string[] {
+    return [...this.byName.keys()].filter((n) => !this.touched.has(n)).sort();
   }
 
   /** Closes every shard. Idempotent. */

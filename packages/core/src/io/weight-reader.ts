@@ -8,6 +8,7 @@
 
 import { bf16ToF32, f32ToBf16, packBf16Weights, type PackedBf16Weights } from '@specd/native';
 
+import { CheckpointSanity } from './checkpoint-sanity.js';
 import type { SafetensorsCheckpoint } from './safetensors-checkpoint.js';
 
 /** Options of {@link WeightReader}. */
@@ -18,6 +19,11 @@ export interface WeightReaderOptions {
   onTensor?: (done: number, total: number, name: string) => void;
   /** Builds the error thrown for a missing tensor or a wrong shape/dtype (default: plain Error). */
   makeError?: (message: string) => Error;
+  /**
+   * The load's sanity policy: every tensor and block read is scanned for non-finite values and reported
+   * through it (default: a fresh {@link CheckpointSanity}, mode `'refuse'`).
+   */
+  sanity?: CheckpointSanity;
 }
 
 /** One read of {@link WeightReader}: a whole tensor, or a block of it (tensor-parallel shards). */
@@ -38,22 +44,28 @@ export interface MatrixBlock {
 }
 
 /**
- * Reads tensors of one checkpoint, checking each against the shape the caller expects.
- * A tensor matches when its shape equals `shape`, or, for a different rank, when the element counts
- * agree (checkpoints store e.g. Kimi's A_log as `[1, 1, H, 1]` for an `[H]` parameter).
- * @throws the error from `makeError` naming the tensor: missing, wrong shape, dtype not BF16/F32.
+ * Reads tensors of one checkpoint, checking each against the shape the caller expects and scanning
+ * what it reads for non-finite values (`options.sanity`).
+ * A tensor matches when its shape equals `shape` once dimensions of size 1 are dropped from both
+ * (checkpoints store e.g. Kimi's A_log as `[1, 1, H, 1]` for an `[H]` parameter); a flattened or
+ * reshaped tensor with the same element count (`[n·k]` for `[n, k]`, `[k, n]`) is refused.
+ * @throws the error from `makeError` naming the tensor: missing, wrong shape, dtype not BF16/F32;
+ *   {@link CheckpointSanityError} for a non-finite value in mode `'refuse'`.
  */
 export class WeightReader {
   private done = 0;
   /** Every read, in order: whole tensors and the row / column / element blocks of sharded ones. */
   readonly reads: TensorRead[] = [];
   private readonly makeError: (message: string) => Error;
+  /** The load's sanity policy (non-finite values). */
+  readonly sanity: CheckpointSanity;
 
   constructor(
     private readonly ckpt: SafetensorsCheckpoint,
     private readonly options: WeightReaderOptions = {},
   ) {
     this.makeError = options.makeError ?? ((m) => new Error(m));
+    this.sanity = options.sanity ?? new CheckpointSanity();
   }
 
   /** Tensors the caller announced it will read. */
@@ -105,7 +117,10 @@ export class WeightReader {
     const put = (bytes: Uint8Array, at: number) => {
       const copy = new Uint8Array(bytes.length);
       copy.set(bytes);
-      out.set(eb === 2 ? new Uint16Array(copy.buffer) : f32ToBf16(new Float32Array(copy.buffer)), at);
+      const raw = eb === 2 ? new Uint16Array(copy.buffer) : new Float32Array(copy.buffer);
+      const flat = (r0 + Math.floor(at / w)) * k + c0;
+      this.sanity.checkFinite(this.fileName(name), name, [n, k], raw, flat);
+      out.set(raw instanceof Uint16Array ? raw : f32ToBf16(raw), at);
     };
     if (c0 === 0 && c1 === k) put(this.ckpt.readBytes(name, r0 * k * eb, r1 * k * eb), 0);
     else
@@ -129,8 +144,10 @@ export class WeightReader {
     const bytes = this.ckpt.readBytes(name, start * eb, end * eb);
     const copy = new Uint8Array(bytes.length);
     copy.set(bytes);
+    const raw = eb === 4 ? new Float32Array(copy.buffer) : new Uint16Array(copy.buffer);
+    this.sanity.checkFinite(this.fileName(name), name, shape, raw, start);
     this.logRead({ name, elements: [start, end] });
-    return eb === 4 ? new Float32Array(copy.buffer) : bf16ToF32(new Uint16Array(copy.buffer));
+    return raw instanceof Float32Array ? raw : bf16ToF32(raw);
   }
 
   /**
@@ -183,10 +200,12 @@ export class WeightReader {
   /** Checks shape and dtype of `name`; returns the dtype. */
   private check(name: string, shape: readonly number[]): 'BF16' | 'F32' {
     const got = this.shape(name);
-    const numel = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
-    if (numel(got) !== numel(shape) || (got.length === shape.length && got.some((d, i) => d !== shape[i]))) {
+    const squeeze = (s: readonly number[]) => s.filter((d) => d !== 1);
+    const [a, b] = [squeeze(got), squeeze(shape)];
+    if (a.length !== b.length || a.some((d, i) => d !== b[i])) {
       throw this.makeError(
-        `tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`,
+        `tensor ${JSON.stringify(name)} in ${this.fileName(name)}: expected shape [${shape.join(', ')}] ` +
+          `(from the config), got [${got.join(', ')}]`,
       );
     }
     const dtype = this.ckpt.info(name).dtype;
@@ -197,19 +216,15 @@ export class WeightReader {
   }
 
   private read(name: string, shape: readonly number[]): { dtype: string; data: Uint16Array | Float32Array } {
-    const got = this.shape(name);
-    const numel = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
-    if (numel(got) !== numel(shape) || (got.length === shape.length && got.some((d, i) => d !== shape[i]))) {
-      throw this.makeError(
-        `tensor ${JSON.stringify(name)}: expected shape [${shape.join(', ')}], got [${got.join(', ')}]`,
-      );
-    }
-    const dtype = this.ckpt.info(name).dtype;
-    if (dtype !== 'BF16' && dtype !== 'F32') {
-      throw this.makeError(`tensor ${JSON.stringify(name)}: expected dtype BF16 or F32, got ${dtype}`);
-    }
-    const t = this.ckpt.read(name);
+    const dtype = this.check(name, shape);
+    const data = this.ckpt.read(name).data as Uint16Array | Float32Array;
+    this.sanity.checkFinite(this.fileName(name), name, shape, data);
     this.logRead({ name });
-    return { dtype, data: t.data as Uint16Array | Float32Array };
+    return { dtype, data };
+  }
+
+  /** The file holding `name` (for messages). */
+  private fileName(name: string): string {
+    return this.ckpt.fileOf(name).path;
   }
 }

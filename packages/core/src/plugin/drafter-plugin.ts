@@ -29,6 +29,7 @@
  * requests of each request's `tauPerStep` is an average of averages (REFERENCE.md §1, §6; docs/ARCHITECTURE.md).
  */
 
+import type { CheckpointSanity } from '../io/checkpoint-sanity.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
@@ -41,6 +42,11 @@ export interface DrafterSource {
   readonly dir: string;
   readonly config: HfConfig;
   readonly weights: SafetensorsCheckpoint;
+  /**
+   * The load's checkpoint sanity policy (io/checkpoint-sanity.ts): the plugin hands it to its `WeightReader`
+   * and reports its own config and vocabulary findings through it. Absent: mode `'refuse'`.
+   */
+  readonly sanity?: CheckpointSanity;
 }
 
 /** Options of {@link DrafterPlugin.load}. */

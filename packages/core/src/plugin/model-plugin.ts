@@ -16,6 +16,7 @@
  */
 
 import type { GgufFile } from '../io/gguf.js';
+import type { CheckpointSanity } from '../io/checkpoint-sanity.js';
 import type { HfConfig } from '../io/hf-config.js';
 import type { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import type { TensorRead } from '../io/weight-reader.js';
@@ -29,6 +30,11 @@ export interface ModelSource {
   readonly dir: string;
   readonly config: HfConfig;
   readonly weights: SafetensorsCheckpoint;
+  /**
+   * The load's checkpoint sanity policy (io/checkpoint-sanity.ts): the plugin hands it to its `WeightReader`
+   * and reports its own config and vocabulary findings through it. Absent: mode `'refuse'`.
+   */
+  readonly sanity?: CheckpointSanity;
 }
 
 /** Progress of a load, for progress bars. */
@@ -54,6 +60,11 @@ export interface StageLoadOptions {
   readonly embedding?: boolean;
   /** Called after each tensor. */
   readonly onProgress?: (p: LoadProgress) => void;
+  /**
+   * The load's checkpoint sanity policy for {@link ModelPlugin.loadGguf} (a folder's is
+   * {@link ModelSource.sanity}). Absent: mode `'refuse'`.
+   */
+  readonly sanity?: CheckpointSanity;
 }
 
 /** Static facts about a loaded stage. */

@@ -8,12 +8,17 @@
 import 'reflect-metadata';
 import { container as rootContainer } from 'tsyringe';
 
+import * as fs from 'node:fs';
+import * as nodePath from 'node:path';
+
+import type { CheckpointSanity } from '../io/checkpoint-sanity.js';
 import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
+import { Tokenizer } from '../io/tokenizer.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import { DrafterRegistry, loadPluginPackages, PluginError } from '../plugin/registry.js';
 import { hasProjectionDistribution, isDistributedStage } from '../plugin/stage-capabilities.js';
-import type { LoadedTarget } from './target.js';
+import { checkLoadedCheckpoint, sanityOf, type LoadedTarget, type SanityLoadOptions } from './target.js';
 
 /**
  * The drafter to load: its checkpoint (absent: a method without one, chosen by `method`), the method
@@ -42,8 +47,11 @@ export interface LoadedDrafter {
  * has `loadShard`; otherwise the drafter is loaded whole here. On a target split into stages (a
  * pipeline: {@link ProjectionDistribution}) whose drafter plugin has `loadProjection`, every stage that
  * produces taps then loads its share of the projection and projects its taps itself.
+ * Checkpoint sanity (`extra.checkpointSanity`, io/checkpoint-sanity.ts): a tokenizer.json in the drafter's folder
+ * must equal the target's token for token ({@link checkDrafterTokenizer}); the plugin checks its vocabulary maps
+ * and sizes and its reads are scanned for non-finite values; tensors it never read are named in a warning.
  * @throws {PluginError} naming the loaded methods when none matches, a method that needs a checkpoint, or a
- *   `choice.method` other than the plugin that claims the checkpoint; the plugin's errors.
+ *   `choice.method` other than the plugin that claims the checkpoint; {CheckpointSanityError}; the plugin's errors.
  */
 export async function loadDrafter(
   choice: string | DrafterChoice,
@@ -51,9 +59,10 @@ export async function loadDrafter(
   target: LoadedTarget,
   maxTokensPerSequence: number,
   maxSequences = 1,
-  extra: { readonly contextOnly?: boolean } = {},
+  extra: { readonly contextOnly?: boolean } & SanityLoadOptions = {},
 ): Promise<LoadedDrafter> {
   const c: DrafterChoice = typeof choice === 'string' ? { dir: choice } : choice;
+  const sanity = sanityOf(extra);
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const options = {
@@ -73,6 +82,7 @@ export async function loadDrafter(
   }
   const config = HfConfig.read(drafterDir);
   const plugin = DrafterRegistry.fromContainer(container).resolve(config);
+  checkDrafterTokenizer(sanity, drafterDir, target.tokenizer);
   if (c.method !== undefined && c.method !== plugin.method) {
     throw new PluginError(
       `drafter: method ${JSON.stringify(c.method)}, but ${config.file} ` +
@@ -87,7 +97,11 @@ export async function loadDrafter(
   if (drafter === undefined) {
     const weights = SafetensorsCheckpoint.open(drafterDir);
     try {
-      drafter = await plugin.load({ dir: drafterDir, config, weights }, options);
+      drafter = await plugin.load({ dir: drafterDir, config, weights, sanity }, options);
+      // a context-only drafter (asked by the runtime, or by the config's drafter.context_only) reads part of its
+      // checkpoint on purpose: no ignored-tensor warning then
+      const partial = extra.contextOnly === true || c.settings?.context_only === true;
+      checkLoadedCheckpoint(sanity, drafterDir, model.info.vocabSize, undefined, partial ? undefined : weights);
     } finally {
       weights.close();
     }
@@ -106,4 +120,31 @@ export async function loadDrafter(
     }
   }
   return { drafter, dir: drafterDir };
+}
+
+/**
+ * A drafter folder that ships a tokenizer.json must tokenize as the target does: the same vocabulary size and
+ * the same token string at every id (a drafter trained on another tokenizer drafts ids that mean other tokens).
+ * A folder without one is taken to share the target's (the plugins compare `vocab_size`).
+ * @throws {CheckpointSanityError} `'vocabulary'` naming the first id that differs.
+ */
+export function checkDrafterTokenizer(sanity: CheckpointSanity, drafterDir: string, target: Tokenizer): void {
+  if (!fs.existsSync(nodePath.join(drafterDir, 'tokenizer.json'))) return;
+  const own = Tokenizer.load(drafterDir);
+  const where = `${nodePath.join(drafterDir, 'tokenizer.json')}`;
+  if (own.vocabSize !== target.vocabSize)
+    sanity.refuse(
+      'vocabulary',
+      where,
+      `${where}: the drafter's tokenizer has ${own.vocabSize} token ids, the target's ${target.vocabSize}`,
+    );
+  for (let id = 0; id < own.vocabSize; id++) {
+    if (own.idToToken(id) !== target.idToToken(id))
+      sanity.refuse(
+        'vocabulary',
+        where,
+        `${where}: the drafter's tokenizer differs from the target's at id ${id} ` +
+          `(${JSON.stringify(own.idToToken(id))} vs ${JSON.stringify(target.idToToken(id))})`,
+      );
+  }
 }

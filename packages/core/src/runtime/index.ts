@@ -2,7 +2,14 @@
  * @specd/core runtime: assembles what the CLI, the server, benches and tests run — a target (whole,
  * tensor parallel, pipeline parallel, or both) and a drafter bound to it — from the plugin packages.
  */
-export { ggufPathOf, loadTarget, type LoadedTarget } from './target.js';
+export {
+  checkLoadedCheckpoint,
+  ggufPathOf,
+  loadTarget,
+  sanityOf,
+  type LoadedTarget,
+  type SanityLoadOptions,
+} from './target.js';
 export {
   checkParallelism,
   loadParallelTarget,
@@ -13,4 +20,4 @@ export {
   type PipelineTargetOptions,
   type TensorParallelTargetOptions,
 } from './parallel.js';
-export { loadDrafter, type DrafterChoice, type LoadedDrafter } from './drafter.js';
+export { checkDrafterTokenizer, loadDrafter, type DrafterChoice, type LoadedDrafter } from './drafter.js';

@@ -13,7 +13,7 @@ import { type LoadProgress, TensorParallelUnsupportedError } from '../plugin/mod
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { startPipeline } from '../pipeline/start-pipeline.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
-import { ggufPathOf, loadTarget, type LoadedTarget } from './target.js';
+import { ggufPathOf, loadTarget, type LoadedTarget, type SanityLoadOptions } from './target.js';
 
 /**
  * A parallelism the deployment asks for that cannot be used: a partition whose length is not pp, or
@@ -113,8 +113,11 @@ export async function loadTensorParallelTarget(
   return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
 }
 
-/** Parallelism of {@link loadParallelTarget} (the config's `parallelism`, flags applied). */
-export interface ParallelTargetOptions {
+/**
+ * Parallelism of {@link loadParallelTarget} (the config's `parallelism`, flags applied), and the checkpoint
+ * sanity options (applied at tp = pp = 1; tensor- and pipeline-parallel loads keep the default, `'refuse'`).
+ */
+export interface ParallelTargetOptions extends SanityLoadOptions {
   readonly tp: number;
   readonly pp: number;
   readonly partition?: readonly number[];
@@ -175,5 +178,5 @@ export async function loadParallelTarget(
     );
   }
   if (tp > 1) return loadTensorParallelTarget(modelDir, plugins, { tp }).catch(tpError);
-  return loadTarget(modelDir, plugins, options.onProgress);
+  return loadTarget(modelDir, plugins, options.onProgress, options);
 }

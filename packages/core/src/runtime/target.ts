@@ -10,6 +10,7 @@ import { container as rootContainer } from 'tsyringe';
 import * as fs from 'node:fs';
 import * as nodePath from 'node:path';
 
+import { CheckpointSanity, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import { GgufFile } from '../io/gguf.js';
 import { tokenizerFromGguf } from '../io/gguf-tokenizer.js';
 import { HfConfig } from '../io/hf-config.js';
@@ -25,6 +26,67 @@ export interface LoadedTarget {
   readonly pluginName: string;
   /** EOS ids (tokenizer ∪ generation_config). */
   readonly eosTokenIds: readonly number[];
+}
+
+/** Checkpoint sanity options of {@link loadTarget} and `loadDrafter` (io/checkpoint-sanity.ts). */
+export interface SanityLoadOptions {
+  /**
+   * The deployment config's `checkpoint_sanity`: `'refuse'` (default) refuses a checkpoint with a non-finite
+   * weight; `'warn'` reports it and loads it anyway. Structural problems are refused in both modes.
+   */
+  readonly checkpointSanity?: CheckpointSanityMode;
+  /** Where the warnings go (default: a `warning: …` line on stderr). */
+  readonly onWarning?: (message: string) => void;
+}
+
+/** The {@link CheckpointSanity} of one load. */
+export function sanityOf(options: SanityLoadOptions): CheckpointSanity {
+  return new CheckpointSanity({
+    ...(options.checkpointSanity === undefined ? {} : { mode: options.checkpointSanity }),
+    ...(options.onWarning === undefined ? {} : { onWarning: options.onWarning }),
+  });
+}
+
+/**
+ * The checks after a checkpoint's load that need the loaded model: every EOS id and every token id the
+ * tokenizer can produce inside the model's vocabulary (refused), and the checkpoint's tensors the plugin
+ * never read (a warning naming them: e.g. a tensor of a variant the plugin does not implement).
+ * @param where the checkpoint, for messages.
+ * @throws {CheckpointSanityError} `'config'` naming the EOS id or the tokenizer's size.
+ */
+export function checkLoadedCheckpoint(
+  sanity: CheckpointSanity,
+  where: string,
+  vocabSize: number,
+  tokenizer: Tokenizer | undefined,
+  weights: SafetensorsCheckpoint | undefined,
+): void {
+  if (tokenizer !== undefined) {
+    if (tokenizer.vocabSize > vocabSize)
+      sanity.refuse(
+        'config',
+        'tokenizer',
+        `${where}: the tokenizer has token ids up to ${tokenizer.vocabSize - 1}, ` +
+          `outside the model's vocabulary [0, ${vocabSize}) (config vocab_size)`,
+      );
+    const eos = tokenizer.eosTokenIds.find((id) => id >= vocabSize);
+    if (eos !== undefined)
+      sanity.refuse(
+        'config',
+        'eos_token_id',
+        `${where}: EOS token id ${eos} (tokenizer / generation_config eos_token_id) is outside the model's ` +
+          `vocabulary [0, ${vocabSize})`,
+      );
+  }
+  if (weights === undefined) return;
+  const unread = weights.unreadNames();
+  if (unread.length > 0) {
+    const shown = unread.slice(0, 8).map((n) => JSON.stringify(n));
+    sanity.warn(
+      `${where}: ${unread.length} tensor${unread.length === 1 ? '' : 's'} present but ignored by the loader: ` +
+        `${shown.join(', ')}${unread.length > shown.length ? ', …' : ''}`,
+    );
+  }
 }
 
 /**
@@ -54,14 +116,19 @@ export function ggufPathOf(modelPath: string): string | undefined {
  * Imports the plugin packages, resolves the plugin for the model, loads the whole model (one stage)
  * and the tokenizer. The model is a Hugging Face folder (config.json, safetensors, tokenizer.json),
  * a `.gguf` file, or a folder holding one `.gguf` and no config.json (config and tokenizer from the
- * GGUF metadata; tokenizer.json next to it wins when present).
- * @throws {PluginError} / {HfConfigError} / {SafetensorsError} / {GgufError} / {TokenizerError} / the plugin's errors.
+ * GGUF metadata; tokenizer.json next to it wins when present). Checkpoint sanity (`options`,
+ * io/checkpoint-sanity.ts): the plugin's reads are scanned for non-finite values, then
+ * {@link checkLoadedCheckpoint} (EOS ids, tokenizer size, tensors present but ignored).
+ * @throws {PluginError} / {HfConfigError} / {SafetensorsError} / {GgufError} / {TokenizerError} /
+ *   {CheckpointSanityError} / the plugin's errors.
  */
 export async function loadTarget(
   modelDir: string,
   plugins: readonly string[],
   onProgress?: (p: LoadProgress) => void,
+  options: SanityLoadOptions = {},
 ): Promise<LoadedTarget> {
+  const sanity = sanityOf(options);
   const container = rootContainer.createChildContainer();
   await loadPluginPackages(plugins, container);
   const ggufPath = ggufPathOf(modelDir);
@@ -72,7 +139,13 @@ export async function loadTarget(
     const tokenizer = fs.existsSync(nodePath.join(dir, 'tokenizer.json'))
       ? Tokenizer.load(dir)
       : tokenizerFromGguf(file);
-    const model = await plugin.loadGguf(file, { onProgress });
+    const model = await plugin.loadGguf(file, { ...(onProgress === undefined ? {} : { onProgress }), sanity });
+    try {
+      checkLoadedCheckpoint(sanity, ggufPath, model.info.vocabSize, tokenizer, undefined);
+    } catch (err) {
+      model.dispose();
+      throw err;
+    }
     return { model, tokenizer, pluginName: plugin.name, eosTokenIds: tokenizer.eosTokenIds };
   }
   const config = HfConfig.read(modelDir);
@@ -81,7 +154,13 @@ export async function loadTarget(
   const weights = SafetensorsCheckpoint.open(modelDir);
   let model: StageModel;
   try {
-    model = await plugin.load({ dir: modelDir, config, weights }, { onProgress });
+    model = await plugin.load({ dir: modelDir, config, weights, sanity }, { onProgress });
+    try {
+      checkLoadedCheckpoint(sanity, modelDir, model.info.vocabSize, tokenizer, weights);
+    } catch (err) {
+      model.dispose();
+      throw err;
+    }
   } finally {
     weights.close();
   }

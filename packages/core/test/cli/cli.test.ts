@@ -323,6 +323,55 @@ describe('specd --version', () => {
   });
 });
 
+describe('specd generate --checkpoint-sanity', () => {
+  /** kimi-k3-tiny copied to a temp folder with embedding row `row` set to bf16 NaN. */
+  function nanRowCopy(row: number): string {
+    const src = path.join(ROOT, 'models/kimi-k3-tiny');
+    const dir = path.join(tmp, 'kimi-nan-row');
+    fs.mkdirSync(dir, { recursive: true });
+    for (const f of fs.readdirSync(src)) fs.copyFileSync(path.join(src, f), path.join(dir, f));
+    const name = 'model.embed_tokens.weight';
+    const index = JSON.parse(fs.readFileSync(path.join(dir, 'model.safetensors.index.json'), 'utf8')) as {
+      weight_map: Record<string, string>;
+    };
+    const file = path.join(dir, index.weight_map[name] ?? '');
+    const bytes = fs.readFileSync(file);
+    const n = Number(bytes.readBigUInt64LE(0));
+    const entry = (
+      JSON.parse(bytes.subarray(8, 8 + n).toString('utf8')) as Record<
+        string,
+        { shape: number[]; data_offsets: number[] }
+      >
+    )[name]!;
+    const hidden = entry.shape[1]!;
+    const start = 8 + n + entry.data_offsets[0]! + row * hidden * 2;
+    for (let i = 0; i < hidden; i++) bytes.writeUInt16LE(0x7fc0, start + 2 * i);
+    fs.writeFileSync(file, bytes);
+    return dir;
+  }
+
+  it('a NaN embedding row: refused by default naming the tensor; warn loads it with a warning line', async () => {
+    const g = goldens.goldens.sentence!;
+    const model = nanRowCopy(8191); // in neither the prompt nor its greedy continuation (checked below)
+    const args = ['generate', '--model', model, '--no-spec', '--prompt', g.prompt, '--max-tokens', '4', '--json'];
+    const refused = await run(args);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toMatch(/^specd: error: .*tensor "model\.embed_tokens\.weight": 256 non-finite values of \d+/);
+    expect(refused.err).toContain('the first NaN at element 2096896 (row 8191)');
+    const warned = await run([...args, '--checkpoint-sanity', 'warn']);
+    expect(warned.code).toBe(0);
+    expect(warned.err).toMatch(
+      /^specd: warning: .*tensor "model\.embed_tokens\.weight": 256 non-finite values.*loaded anyway/,
+    );
+    const r = JSON.parse(warned.out) as { token_ids: number[] };
+    expect(r.token_ids).toEqual(g.greedy_continuation.slice(0, 4));
+    expect(r.token_ids).not.toContain(8191);
+    const bad = await run([...args, '--checkpoint-sanity', 'ignore']);
+    expect(bad.code).toBe(2);
+    expect(bad.err).toContain('ignore');
+  });
+});
+
 describe('installed bin', () => {
   it('`specd generate` runs from the repository root through node_modules/.bin', () => {
     const bin = path.join(ROOT, 'node_modules/.bin/specd');

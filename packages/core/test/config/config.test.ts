@@ -74,6 +74,8 @@ describe('config schema', () => {
     expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, metrics_require_key: false, body_limit_bytes: 1048576 });
     expect(c.parallelism).toEqual({ tp: 1, pp: 1, transport: 'zmq' });
     expect(c.pd).toEqual({ role: 'none', bootstrap_timeout_ms: 30000, transfer_timeout_ms: 60000 });
+    expect(c.checkpoint_sanity).toBe('refuse');
+    expect(check({ checkpoint_sanity: 'warn' }).checkpoint_sanity).toBe('warn');
   });
 
   it('resolves model and drafter.path against the file; drafter branches by method', () => {
@@ -109,6 +111,7 @@ describe('config schema', () => {
       '$.parallelism.partition: pp: expected 2 entries (one per pipeline stage), got 1',
     ],
     [{ pd: { role: 'both' } }, '$.pd.role: enum: must be one of ["none","prefill","decode"], got "both"'],
+    [{ checkpoint_sanity: 'off' }, '$.checkpoint_sanity: enum: must be one of ["refuse","warn"], got "off"'],
     [{ pd: { bootstrap: { host: 'h' } } }, '$.pd.bootstrap.port: required: required property is missing'],
     [[], '$: type: must be object, got []'],
   ])('%j → %s', (data, line) => {

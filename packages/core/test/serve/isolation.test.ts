@@ -1,5 +1,5 @@
 // One request never fails another, end to end over HTTP: kimi-k3-tiny with the embedding row of one token id T
-// set to NaN (a copy in a temp folder; no load-time sanity check refuses it today), served with DFlash at a fixed
+// set to NaN (a copy in a temp folder, loaded with `checkpoint_sanity: "warn"`), served with DFlash at a fixed
 // draft length. Long greedy and seeded sampled requests run concurrently while bad requests are injected: prompts
 // holding T (greedy, sampled, streamed, T in a later prefill chunk), a prompt whose greedy continuation generates T,
 // `temperature: 1e-45` (greedy now), and out-of-range sampling fields (400). Only the requests that contain T fail
@@ -115,6 +115,7 @@ beforeAll(async () => {
     cfg,
     JSON.stringify({
       model: modelDir,
+      checkpoint_sanity: 'warn', // the NaN row is the point of the test: load it (default: refused at load)
       // a fixed draft length: every step drafts, and seeded sampled outputs are reproducible
       drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 7 },
       scheduler: { max_running_requests: 16, max_sequence_tokens: 1024 }, // every request below runs at once
