@@ -119,13 +119,11 @@ describe.skipIf(!HAVE)('tree verification in the engine (SmolLM2)', () => {
     const ids = target.tokenizer.encode('Hello', { addSpecialTokens: false });
     const drafter = new OracleTreeDrafter(new Map([[0, { promptLength: ids.length, out: Array(40).fill(11) }]]));
     const e = new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max' });
-    expect(() => e.run([{ id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 }])).toThrow(
-      EngineError,
-    );
-    expect(() =>
-      new SpecEngine(target.model, drafter, { maxSequences: 1, maxTokensPerSequence: 256, draftPolicy: 'max' }).run([
-        { id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 },
-      ]),
-    ).toThrow(/tree drafts are verified greedily only/);
+    // the request fails alone (engine/types.ts SequenceError), its cause the engine's refusal
+    const [r] = e.run([{ id: 0, promptIds: ids, maxTokens: 8, sampling: { temperature: 0.7 }, seed: 1 }]);
+    expect(r?.finishReason).toBe('error');
+    expect(r?.error?.cause).toBeInstanceOf(EngineError);
+    expect(r?.error?.message).toMatch(/tree drafts are verified greedily only/);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
   });
 });

@@ -203,7 +203,11 @@ describe('context-KV-only mode', () => {
         ctx.freeSequence(id);
       }
       const e = new SpecEngine(target, ctx, { maxSequences: 1, maxTokensPerSequence: 2048, draftPolicy: 'max' });
-      expect(() => e.run([{ ...greedy(prompts[0]!), maxTokens: 4 }])).toThrow(/context-KV-only mode/);
+      // through the engine the request fails alone, with the drafter's reason
+      const [r] = e.run([{ ...greedy(prompts[0]!), maxTokens: 4 }]);
+      expect(r?.finishReason).toBe('error');
+      expect(r?.error?.cause).toBeInstanceOf(DrafterError);
+      expect(r?.error?.message).toMatch(/context-KV-only mode/);
       e.dispose();
       expect(ctx.pagesInUse).toBe(0);
       const weights = SafetensorsCheckpoint.open(DSPARK_DIR);
