@@ -32,7 +32,7 @@ export const MAX_TOP_LOGPROBS = 20;
 
 /**
  * The logprob of `token` and the `topN` most likely tokens of `row [vocab]` f32 (not modified), from
- * log_softmax(row) computed in f64: logprob(v) = row[v] − max − log Σ exp(row[u] − max). −Infinity logits give
+ * log_softmax(row) computed in f64: logprob(v) = row[v] − (max + log Σ exp(row[u] − max)). −Infinity logits give
  * −Infinity. Deterministic: the same row always gives the same numbers.
  * @throws {RangeError} for a token outside the row or a topN that is not an integer in [0, {@link MAX_TOP_LOGPROBS}].
  */
