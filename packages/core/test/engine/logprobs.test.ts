@@ -194,7 +194,7 @@ describe('SpecEngine logprobs (opt-in per request)', () => {
     expect(asked.filter((a) => a.phase === 'prefill').map((a) => a.logits)).toEqual(['last']);
   });
 
-  it('each committed token (accepted draft, bonus) gets its logprob from the row before it; same without drafts', () => {
+  it('each committed token (accepted, recovered, bonus) has the logprob of the row before it, as no-spec', () => {
     const spec = run(new ToyDrafter(2), { logprobs: 3 });
     const plain = run(undefined, { logprobs: 3 });
     expect(spec.metrics.accepted).toBeGreaterThan(0);

@@ -122,7 +122,7 @@ describe('logprobs and echo (openai client, kimi-k3-tiny)', () => {
     });
   });
 
-  it('chat: OpenAI shape, exactly top_logprobs alternatives in descending order, bytes = UTF-8 of the token', async () => {
+  it('chat: OpenAI shape, exactly top_logprobs alternatives, descending, bytes = UTF-8 of the token', async () => {
     const r = await client.chat.completions.create({
       model: MODEL,
       temperature: 0,
@@ -161,7 +161,7 @@ describe('logprobs and echo (openai client, kimi-k3-tiny)', () => {
     expect(none.choices[0]!.logprobs).toBeNull();
   });
 
-  it('a stream carries every token once; its pieces add up to the non-streamed logprobs (completions and chat)', async () => {
+  it('a stream carries every token once; its pieces add up to the non-streamed logprobs', async () => {
     const body = { model: MODEL, prompt: 'Once upon a time', max_tokens: 30, temperature: 0, ignore_eos: true };
     const whole = await client.completions.create({
       ...body,
@@ -192,7 +192,7 @@ describe('logprobs and echo (openai client, kimi-k3-tiny)', () => {
     expect(content).toEqual(chatWhole.choices[0]!.logprobs!.content);
   });
 
-  it('echo: the prompt before the completion; with logprobs, the prompt logprobs (first null), streamed too', async () => {
+  it('echo: the prompt before the completion; with logprobs, prompt logprobs (first null), streamed', async () => {
     const prompt = 'Once upon a time';
     const body = { model: MODEL, prompt, max_tokens: 12, temperature: 0, ignore_eos: true };
     const plainR = await client.completions.create(body as OpenAI.CompletionCreateParamsNonStreaming);
@@ -240,7 +240,7 @@ describe('logprobs and echo (openai client, kimi-k3-tiny)', () => {
     expect(all).toEqual(lp.token_logprobs);
   });
 
-  it('logprobs are of the raw target distribution: sampled or not, they match the echo of prompt + output', async () => {
+  it('raw target distribution: sampled or not, logprobs match the echo of prompt + output', async () => {
     const promptIds = [11, 270, 31, 5, 902, 64];
     for (const sampling of [{ temperature: 0 }, { temperature: 1.3, top_p: 0.5, seed: 7 }]) {
       const r = await client.completions.create({
