@@ -41,7 +41,8 @@ import { RequestMetrics, RunMetrics } from './metrics.js';
 import { checkLogitsRow, nextToken } from './probs.js';
 import { SeededRandom } from './random.js';
 import { samplingProblem } from './sampling-params.js';
-import { accept, commit, propose, type Running, type StepContext, verify } from './spec-step.js';
+import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from './logprobs.js';
+import { accept, commit, committedLogprobs, propose, type Running, type StepContext, verify } from './spec-step.js';
 import {
   DEFAULT_DRAFT_POLICY,
   EngineError,
@@ -257,6 +258,13 @@ export class SpecEngine {
     const bad = samplingProblem(req.sampling);
     if (bad !== undefined)
       throw new EngineError(`add: request ${String(req.id)}: sampling.${bad.field}: ${bad.message}`);
+    for (const field of ['logprobs', 'promptLogprobs'] as const) {
+      const n = req[field];
+      if (n !== undefined && !(Number.isInteger(n) && n >= 0 && n <= MAX_TOP_LOGPROBS))
+        throw new EngineError(
+          `add: request ${String(req.id)}: ${field}: expected an integer in [0, ${MAX_TOP_LOGPROBS}], got ${n}`,
+        );
+    }
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
     if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined)
       throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
@@ -399,9 +407,21 @@ export class SpecEngine {
     const end = Math.min(P, p + this.prefillChunk);
     const tokens = req.promptIds.subarray(p, end);
     let first: number | undefined;
+    let firstLogprob: TokenLogprob | undefined;
+    const promptTopN = req.promptLogprobs;
     try {
       const res = this.target.forward(
-        { sequences: [{ id, position: p, tokens, logits: end === P ? 'last' : 'none', phase: 'prefill' }] },
+        {
+          sequences: [
+            {
+              id,
+              position: p,
+              tokens,
+              logits: promptTopN !== undefined ? 'all' : end === P ? 'last' : 'none',
+              phase: 'prefill',
+            },
+          ],
+        },
         this.cache,
         { taps: this.taps },
       );
@@ -413,18 +433,39 @@ export class SpecEngine {
       // written before its first propose (a handed-off request's at the handoff: its decode instance drafts)
       if (this.context !== undefined && (!r.plainOnly || req.handoff === true))
         this.context.defer(r, res, 0, p, tokens.length);
+      if (promptTopN !== undefined) this.promptLogprobs(r, res.logits!, p, end, promptTopN);
       if (end === P) {
-        const row = res.logits!.subarray(0, this.vocab);
+        const last = promptTopN === undefined ? 0 : end - p - 1;
+        const row = res.logits!.subarray(last * this.vocab, (last + 1) * this.vocab);
         checkLogitsRow(row, `the logits after prompt position ${P - 1}`);
         first = nextToken(row, req.sampling, r.rng);
+        if (req.logprobs !== undefined) firstLogprob = tokenLogprob(row, first, req.logprobs);
       }
     } catch (err) {
       return this.fail(r, new SequenceError(id, 'prefill', err));
     }
     if (first === undefined) return undefined;
-    const reason = this.emit(r, [first]);
+    if (r.promptLogprobs !== undefined) req.onPromptLogprobs?.(r.promptLogprobs);
+    const reason = this.emit(r, [first], firstLogprob === undefined ? undefined : [firstLogprob]);
     if (reason !== undefined) return this.finish(r, reason);
     return req.handoff === true ? this.handoff(r, first) : undefined;
+  }
+
+  /**
+   * Appends the logprobs of prompt tokens (p, end] — and null for token 0 — to `r.promptLogprobs`, from the chunk's
+   * logits `[end − p, V]` f32 (row j predicts prompt token p + j + 1; the last chunk's last row predicts the first
+   * generated token and is left to it). @throws {NonFiniteLogitsError} for a row that is not finite.
+   */
+  private promptLogprobs(r: Running, logits: Float32Array, p: number, end: number, topN: number): void {
+    const ids = r.req.promptIds;
+    r.promptLogprobs ??= [null];
+    const out = r.promptLogprobs;
+    const V = this.vocab;
+    for (let pos = p; pos < end && pos + 1 < ids.length; pos++) {
+      const row = logits.subarray((pos - p) * V, (pos - p + 1) * V);
+      checkLogitsRow(row, `the logits after prompt position ${pos}`);
+      out.push(tokenLogprob(row, ids[pos + 1]!, topN));
+    }
   }
 
   /**
@@ -494,9 +535,14 @@ export class SpecEngine {
     const { drafted, proposeMs } = proposed;
     this.policy?.observeOverhead?.(t1 - t0 - proposeMs + (t3 - t2), drafted > 0);
     this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs);
-    for (const { seq: r, acc, drafts } of accepted.outcomes) {
+    for (const o of accepted.outcomes) {
+      const { seq: r, acc, drafts } = o;
       if (failed.has(r.id)) continue;
-      const reason = this.emit(r, [...drafts.subarray(0, acc.accepted), acc.bonus]);
+      const reason = this.emit(
+        r,
+        [...drafts.subarray(0, acc.accepted), acc.bonus],
+        committedLogprobs(ctx, verified, o),
+      );
       if (reason !== undefined) done.push(this.finish(r, reason));
     }
     for (const r of live) {
@@ -506,13 +552,16 @@ export class SpecEngine {
     return done;
   }
 
-  /** Appends committed tokens to the output, stopping at the first finish condition. */
-  private emit(r: Running, tokens: readonly number[]): FinishReason | undefined {
+  /**
+   * Appends committed tokens to the output, stopping at the first finish condition; `logprobs` (requests that asked
+   * for them) go with their tokens to `onToken`.
+   */
+  private emit(r: Running, tokens: readonly number[], logprobs?: readonly TokenLogprob[]): FinishReason | undefined {
     const req = r.req;
-    for (const t of tokens) {
+    for (const [i, t] of tokens.entries()) {
       r.history[r.historyLength++] = t;
       r.out.push(t);
-      req.onToken?.(t);
+      req.onToken?.(t, logprobs?.[i]);
       if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true) return 'eos';
       if (req.stopStrings !== undefined && req.stopStrings.length > 0) {
         // add() refuses stopStrings without the decode option

@@ -25,6 +25,7 @@ import {
 } from './accept.js';
 import type { DraftContextWriter, PendingContext } from './draft-context.js';
 import type { DraftPolicy } from './draft-policy.js';
+import { type TokenLogprob, tokenLogprob } from './logprobs.js';
 import type { RequestMetrics, RunMetrics } from './metrics.js';
 import { checkLogitsRow, samplingProbs } from './probs.js';
 import type { SeededRandom } from './random.js';
@@ -76,6 +77,8 @@ export interface Running {
    * the taps and the pipeline's partial projection as draft-context.ts keeps them).
    */
   pending?: PendingContext;
+  /** The prompt's logprobs so far (SpecRequest.promptLogprobs), one entry per prefilled token (entry 0 null). */
+  promptLogprobs?: (TokenLogprob | null)[];
 }
 
 /** What propose hands to verify. */
@@ -476,5 +479,24 @@ function applyBudgets(ctx: StepContext, proposals: Map<SequenceId, DraftProposal
       ...(p.parents === undefined ? {} : { parents: p.parents.subarray(0, b) }),
       confidence: p.confidence.subarray(0, b),
     });
+  });
+}
+
+/**
+ * The logprobs of a sequence's committed tokens this step (SpecRequest.logprobs; logprobs.ts): committed token j
+ * (drafts[0, accepted) then the bonus) from the verify row before it — block row j of a chain, `path[j]` of a
+ * tree — whether the token is an accepted draft, the recovered token or a fresh bonus. Undefined for a request
+ * that did not ask.
+ */
+export function committedLogprobs(ctx: StepContext, verified: Verified, o: Outcome): TokenLogprob[] | undefined {
+  const topN = o.seq.req.logprobs;
+  if (topN === undefined) return undefined;
+  const V = ctx.vocab;
+  // every verify block asks for all its logits, so the block's logit rows start at its first row
+  const lg = verified.res.logits!;
+  const committed = [...o.drafts.subarray(0, o.acc.accepted), o.acc.bonus];
+  return committed.map((t, j) => {
+    const x = o.row + (o.path?.[j] ?? j);
+    return tokenLogprob(lg.subarray(x * V, (x + 1) * V), t, topN);
   });
 }

@@ -3,6 +3,7 @@
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { DraftSampling } from '../plugin/drafter-plugin.js';
 import type { CostDraftPolicy, CostDraftPolicyOptions, DraftPolicy } from './draft-policy.js';
+import type { TokenLogprob } from './logprobs.js';
 import type { RequestMetrics } from './metrics.js';
 
 /**
@@ -40,8 +41,25 @@ export interface SpecRequest {
   readonly eosTokenIds?: readonly number[];
   /** Stop when the generated text contains one of these (needs the engine's `decode`). */
   readonly stopStrings?: readonly string[];
-  /** Called with each committed token, in order. */
-  readonly onToken?: (id: number) => void;
+  /**
+   * Called with each committed token, in order; with {@link logprobs} set, with its logprob too (logprobs.ts).
+   */
+  readonly onToken?: (id: number, logprob?: TokenLogprob) => void;
+  /**
+   * Logprobs of each generated token under the target's raw distribution (logprobs.ts), with this many most
+   * likely alternatives per position, an integer in [0, 20]; passed to `onToken`. Undefined (default): none are
+   * computed, the request pays nothing.
+   */
+  readonly logprobs?: number;
+  /**
+   * Logprobs of the prompt tokens (the API's `echo` with `logprobs`), with this many alternatives per position, in
+   * [0, 20]: the prefill forwards then return every row's logits, and `onPromptLogprobs` gets `[P]` entries once
+   * the prompt is prefilled, before the first token (entry 0 is null: the first token has no context). Undefined
+   * (default): none.
+   */
+  readonly promptLogprobs?: number;
+  /** Called once with the prompt's logprobs when {@link promptLogprobs} is set. */
+  readonly onPromptLogprobs?: (logprobs: readonly (TokenLogprob | null)[]) => void;
   /**
    * Prefill only, for prefill/decode disaggregation (the prefill role): after the prompt's last chunk and
    * the first token, the draft context is written and the request ends with finish reason `'handoff'`

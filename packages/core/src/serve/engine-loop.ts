@@ -8,6 +8,7 @@
  */
 
 import { SpecEngine } from '../engine/engine.js';
+import type { TokenLogprob } from '../engine/logprobs.js';
 import type { HandoffState, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
 import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
@@ -27,11 +28,18 @@ export interface LoopRequest {
    * the caches kept for the transfer (`SpecEngine.release` / `abort` frees them; see SpecRequest.handoff).
    */
   readonly handoff?: boolean;
+  /** Alternatives per generated token's logprob, in [0, 20] (SpecRequest.logprobs); absent: no logprobs. */
+  readonly logprobs?: number;
+  /** Alternatives per prompt token's logprob (SpecRequest.promptLogprobs); absent: none. */
+  readonly promptLogprobs?: number;
 }
 
 /** Callbacks of one request (called from the loop, between HTTP events). */
 export interface LoopListener {
-  onToken(id: number): void;
+  /** A committed token, with its logprob when the request asked for logprobs. */
+  onToken(id: number, logprob?: TokenLogprob): void;
+  /** The prompt's logprobs (entry 0 null), before the first token, when the request asked for them. */
+  onPromptLogprobs?(logprobs: readonly (TokenLogprob | null)[]): void;
   onFinish(result: SpecResult): void;
   /**
    * The request failed: alone (a SequenceError, engine/types.ts: the others go on) or with the whole batch (a step
@@ -180,10 +188,13 @@ export class EngineLoop {
       eosTokenIds: this.options.eosTokenIds,
       stopStrings: req.stopStrings,
       handoff: req.handoff,
-      onToken: (t) => {
+      logprobs: req.logprobs,
+      promptLogprobs: req.promptLogprobs,
+      onPromptLogprobs: (lps) => entry.listener.onPromptLogprobs?.(lps),
+      onToken: (t, lp) => {
         this.generated++;
         entry.started = true;
-        entry.listener.onToken(t);
+        entry.listener.onToken(t, lp);
       },
     };
   }

@@ -1,7 +1,8 @@
 /**
  * OpenAI request parsing for /v1/completions and /v1/chat/completions: each field checked, the
- * first bad one answered as a 400 naming it. Fields specd does not use (logprobs, user, …) are
- * ignored; `n` > 1, `best_of` > 1, `echo` and `logprobs` are refused.
+ * first bad one answered as a 400 naming it. Fields specd does not use (user, …) are
+ * ignored; `n` > 1 and `best_of` > 1 are refused. `logprobs` (completions: 0–5 alternatives; chat: `logprobs: true`
+ * and `top_logprobs` 0–20) and completions' `echo` are served (serve/logprobs.ts); chat's `echo` is refused.
  * Sampling fields, checked as vLLM's `SamplingParams` (engine/sampling-params.ts): `temperature` a finite number
  * in [0, 2], below 1e-5 greedy (then top_p and top_k are off); `top_p` in (0, 1]; `top_k` an integer, −1 or 0 off,
  * else ≥ 1; `seed` an integer in [−(2^53 − 1), 2^53 − 1], −1 meaning none (the PRNG takes it mod 2^32);
@@ -45,6 +46,49 @@ export interface GenerationParams {
   readonly ignoreEos: boolean;
   /** vLLM's `return_token_ids`: a non-streamed choice carries `token_ids` (the generated ids). */
   readonly returnTokenIds: boolean;
+  /**
+   * Logprobs asked for, as alternatives per token (completions: `logprobs`, 0–5; chat: `top_logprobs`, 0–20, with
+   * `logprobs: true`); absent: no logprobs (the choice's `logprobs` is null).
+   */
+  readonly logprobs?: number;
+  /** Completions' `echo`: the prompt text comes before the completion (with `logprobs`, the prompt's logprobs). */
+  readonly echo?: boolean;
+}
+
+/** The most alternatives /v1/completions' `logprobs` may ask for (OpenAI's bound). */
+export const MAX_COMPLETION_LOGPROBS = 5;
+
+/** The most alternatives /v1/chat/completions' `top_logprobs` may ask for (OpenAI's bound). */
+export const MAX_CHAT_TOP_LOGPROBS = 20;
+
+/** Completions' `logprobs` (an integer 0–5; null or false: none) and `echo`. @throws {ApiError} 400 naming it. */
+function completionLogprobs(b: Body): { logprobs?: number; echo: boolean } {
+  const echo = bool(b, 'echo') ?? false;
+  if (b.logprobs === false) return { echo };
+  const n = num(
+    b,
+    'logprobs',
+    (v) => v >= 0 && v <= MAX_COMPLETION_LOGPROBS,
+    `an integer in [0, ${MAX_COMPLETION_LOGPROBS}] (alternatives per token) or null`,
+    true,
+  );
+  return n === undefined ? { echo } : { logprobs: n, echo };
+}
+
+/** Chat's `logprobs` (true / false / null) and `top_logprobs` (0–20, needs `logprobs: true`); `echo` is refused. */
+function chatLogprobs(b: Body): { logprobs?: number } {
+  if (b.echo !== undefined && b.echo !== null && b.echo !== false)
+    throw invalidParam('echo', 'not supported on /v1/chat/completions');
+  const on = bool(b, 'logprobs') ?? false;
+  const top = num(
+    b,
+    'top_logprobs',
+    (v) => v >= 0 && v <= MAX_CHAT_TOP_LOGPROBS,
+    `an integer in [0, ${MAX_CHAT_TOP_LOGPROBS}]`,
+    true,
+  );
+  if (top !== undefined && !on) throw invalidParam('top_logprobs', 'needs logprobs: true');
+  return on ? { logprobs: top ?? 0 } : {};
 }
 
 /** A checked completion request. */
@@ -116,9 +160,6 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
   num(b, 'n', (v) => v === 1, '1 (one choice per request)', true);
   if (b.best_of !== undefined && b.best_of !== null && b.best_of !== 1)
     throw invalidParam('best_of', 'only 1 is supported');
-  if (b.echo === true) throw invalidParam('echo', 'not supported');
-  if (b.logprobs !== undefined && b.logprobs !== null && b.logprobs !== false)
-    throw invalidParam('logprobs', 'not supported');
   let stop: string[] = [];
   const s = b.stop;
   if (typeof s === 'string') stop = s === '' ? [] : [s];
@@ -174,7 +215,7 @@ export function parseCompletionRequest(body: unknown, defaults: SamplingDefaults
     prompt = p[0] as number[];
   else throw invalidParam('prompt', 'expected a string, or an array of token ids (one prompt per request)');
   if (b.suffix !== undefined && b.suffix !== null) throw invalidParam('suffix', 'not supported');
-  return { ...common(b, defaults, ['max_tokens']), prompt };
+  return { ...common(b, defaults, ['max_tokens']), ...completionLogprobs(b), prompt };
 }
 
 /** Checks a /v1/chat/completions body. @throws {ApiError} 400 naming the field. */
@@ -205,5 +246,5 @@ export function parseChatRequest(body: unknown, defaults: SamplingDefaults): Cha
     } else throw invalidParam(`messages[${i}].content`, 'expected a string or an array of {type: "text", text} parts');
     return { role: role === 'developer' ? 'system' : role, content: text };
   });
-  return { ...common(b, defaults, ['max_completion_tokens', 'max_tokens']), messages };
+  return { ...common(b, defaults, ['max_completion_tokens', 'max_tokens']), ...chatLogprobs(b), messages };
 }

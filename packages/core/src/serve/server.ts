@@ -21,6 +21,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import type { Logger } from 'pino';
 
 import type { SpecEngine } from '../engine/engine.js';
+import type { TokenLogprob } from '../engine/logprobs.js';
 import { EngineError, SequenceError, type SpecResult } from '../engine/types.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
@@ -46,6 +47,7 @@ import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/
 import { parsePdRequest, type PdRequest, ROOM_EXPECTED, requestDigest, roomName } from '../pd/protocol.js';
 import { PdError, type PdPayloadClass } from '../pd/types.js';
 import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
+import { LogprobsWriter } from './logprobs.js';
 import { StopTextBuffer } from './stop-text.js';
 import { StatsLogger } from './stats-log.js';
 
@@ -449,6 +451,9 @@ export class SpecdServer {
         ? parseChatRequest(pd.body, this.options.sampling)
         : parseCompletionRequest(pd.body, this.options.sampling);
     this.checkModel(p);
+    // the decode instance gets the first token from the prefill instance, without its logprob
+    if (p.logprobs !== undefined) throw invalidParam('logprobs', 'not supported with prefill/decode disaggregation');
+    if (p.echo === true) throw invalidParam('echo', 'not supported with prefill/decode disaggregation');
     const V = this.options.target.model.info.vocabSize;
     const bad = pd.promptIds.find((t) => t >= V);
     if (bad !== undefined) throw invalidParam('prompt_ids', `token id ${bad} is outside the vocabulary (size ${V})`);
@@ -542,16 +547,30 @@ export class SpecdServer {
     let finished = false;
     let first = true;
     const raw = reply.raw;
-    const chunk = (text: string | undefined, finishReason: string | null): string => {
+    // logprobs (serve/logprobs.ts) and echo: only for requests that ask
+    const lps =
+      p.logprobs === undefined
+        ? undefined
+        : new LogprobsWriter(kind, p.logprobs, (t) => tok.decode([t], { skipSpecialTokens: false }));
+    const echo = kind === 'completion' && p.echo === true;
+    const promptText = (p as { prompt?: unknown }).prompt;
+    const echoText = !echo
+      ? ''
+      : typeof promptText === 'string'
+        ? promptText
+        : tok.decode(promptIds, { skipSpecialTokens: false });
+    let echoed = !echo;
+    const takeLogprobs = (): unknown => (lps?.pending === true ? lps.take() : null);
+    const chunk = (text: string | undefined, finishReason: string | null, logprobs: unknown = null): string => {
       const choice =
         kind === 'chat'
           ? {
               index: 0,
               delta: text === undefined ? {} : first ? { role: 'assistant', content: text } : { content: text },
-              logprobs: null,
+              logprobs,
               finish_reason: finishReason,
             }
-          : { index: 0, text: text ?? '', logprobs: null, finish_reason: finishReason };
+          : { index: 0, text: text ?? '', logprobs, finish_reason: finishReason };
       first = false;
       const body = { id, object: chunkObject, created, model, choices: [choice] };
       return `data: ${JSON.stringify(body)}\n\n`;
@@ -570,7 +589,14 @@ export class SpecdServer {
         ...(ttft === undefined ? {} : { ttft }),
       });
     };
-    const engineParams = this.loopRequest(resolved, promptIds, false);
+    const engineParams: LoopRequest = {
+      ...this.loopRequest(resolved, promptIds, false),
+      ...(p.logprobs === undefined ? {} : { logprobs: p.logprobs }),
+      ...(p.logprobs !== undefined && echo ? { promptLogprobs: p.logprobs } : {}),
+    };
+    const onPromptLogprobs = (prompt: readonly (TokenLogprob | null)[]): void => {
+      for (const [i, lp] of prompt.entries()) lps?.add(promptIds[i]!, lp);
+    };
     const submit = async (listener: LoopListener): Promise<Opened> => {
       if (open !== undefined) return open(listener);
       try {
@@ -587,17 +613,24 @@ export class SpecdServer {
 
     if (p.stream) {
       const opened = await submit({
-        onToken: (t) => {
+        onPromptLogprobs,
+        onToken: (t, lp) => {
           onToken();
+          if (!echoed) {
+            // the echoed prompt (and its logprobs) is the stream's first chunk
+            echoed = true;
+            raw.write(chunk(echoText, null, takeLogprobs()));
+          }
+          if (lp !== undefined) lps?.add(t, lp);
           const text = stops.push(detok.push(t));
-          if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null));
+          if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null, takeLogprobs()));
         },
         onFinish: (r) => {
           finished = true;
           record(r);
           const tail = stops.push(detok.flush()) + stops.finish();
-          if (tail !== '') raw.write(chunk(tail, null));
-          raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop'));
+          if (tail !== '') raw.write(chunk(tail, null, takeLogprobs()));
+          raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop', takeLogprobs()));
           if (p.includeUsage) {
             const body = { id, object: chunkObject, created, model, choices: [], usage: usage(r.tokenIds.length) };
             raw.write(`data: ${JSON.stringify(body)}\n\n`);
@@ -648,15 +681,18 @@ export class SpecdServer {
 
     return new Promise((resolve, reject) => {
       const listener: LoopListener = {
-        onToken: (t) => {
+        onPromptLogprobs,
+        onToken: (t, lp) => {
           onToken();
+          if (lp !== undefined) lps?.add(t, lp);
           stops.push(detok.push(t));
         },
         onFinish: (r) => {
           finished = true;
           record(r);
           stops.push(detok.flush());
-          const text = stops.fullText;
+          const text = echoText + stops.fullText;
+          const logprobs = lps === undefined ? null : lps.take();
           const reason = FINISH[r.finishReason] ?? 'stop';
           const ids = p.returnTokenIds ? { token_ids: r.tokenIds } : {};
           const choice =
@@ -664,11 +700,11 @@ export class SpecdServer {
               ? {
                   index: 0,
                   message: { role: 'assistant', content: text },
-                  logprobs: null,
+                  logprobs,
                   finish_reason: reason,
                   ...ids,
                 }
-              : { index: 0, text, logprobs: null, finish_reason: reason, ...ids };
+              : { index: 0, text, logprobs, finish_reason: reason, ...ids };
           resolve({ id, object, created, model, choices: [choice], usage: usage(r.tokenIds.length) });
         },
         onError: (err) => {

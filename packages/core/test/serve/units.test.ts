@@ -200,7 +200,8 @@ describe('request parsing', () => {
     [{ model: 'm', prompt: 'x', n: 2 }, 'n'],
     [{ model: 'm', prompt: 'x', stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
     [{ model: 'm', prompt: 'x', stream: 'yes' }, 'stream'],
-    [{ model: 'm', prompt: 'x', logprobs: 2 }, 'logprobs'],
+    [{ model: 'm', prompt: 'x', logprobs: 6 }, 'logprobs'],
+    [{ model: 'm', prompt: 'x', logprobs: true }, 'logprobs'],
   ])('completion %j → 400 naming %s', (body, param) => {
     expect(status(() => parseCompletionRequest(body, DEFAULTS))).toEqual({ status: 400, param });
   });
