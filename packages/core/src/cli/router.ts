@@ -7,11 +7,13 @@
  * longer than the config's `scheduler.max_sequence_tokens` can hold are refused before tokenizing.
  */
 
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 
 import { InvalidArgumentError, type Command } from 'commander';
 import { pino } from 'pino';
 
+import { resolveSamplingDefaults } from '../config/generation-config.js';
 import { loadConfig } from '../config/load.js';
 import { createPdPolicy, PD_POLICIES } from '../pd/policy.js';
 import { PdRouter } from '../pd/router.js';
@@ -19,7 +21,7 @@ import { loadPromptBuilder } from '../serve/prompt.js';
 import { checkBind } from '../serve/http-guard.js';
 import { checkModelPath, CliError } from './config-file.js';
 import type { CliIo } from './main.js';
-import { defaultModelDir } from './paths.js';
+import { defaultModelDir, defaultServeConfig } from './paths.js';
 import { accessPolicy, hostsArg } from './serve.js';
 
 /** Flags of `specd router`. */
@@ -52,10 +54,15 @@ export interface StartedRouter {
  *   answering the other role) / the tokenizer's errors.
  */
 export async function startRouter(flags: RouterFlags, io: CliIo): Promise<StartedRouter> {
-  const { config: cfg } = await loadConfig(
-    flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config),
-    io.cwd,
-  );
+  // neither --config nor --model: the default config of `specd serve` (the servers it routes to, by default)
+  const fallback = defaultServeConfig(io.cwd);
+  const configFile =
+    flags.config !== undefined
+      ? path.resolve(io.cwd, flags.config)
+      : flags.model === undefined && fs.existsSync(fallback)
+        ? fallback
+        : undefined;
+  const { config: cfg } = await loadConfig(configFile, io.cwd);
   const rc = cfg.pd.router;
   const prefill = flags.prefill ?? rc?.prefill ?? [];
   const decode = flags.decode ?? rc?.decode ?? [];
@@ -78,7 +85,7 @@ export async function startRouter(flags: RouterFlags, io: CliIo): Promise<Starte
     prefill,
     decode,
     prompts: loadPromptBuilder(modelDir, { maxContextTokens: cfg.scheduler.max_sequence_tokens }),
-    sampling: cfg.sampling,
+    sampling: resolveSamplingDefaults(cfg.sampling, modelDir).defaults,
     policy: createPdPolicy(flags.policy ?? rc?.policy ?? 'round_robin'),
     healthIntervalMs: flags.healthIntervalMs ?? rc?.health_interval_ms ?? 5000,
     bodyLimitBytes: cfg.server.body_limit_bytes,
