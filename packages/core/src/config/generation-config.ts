@@ -135,5 +135,9 @@ export function resolveSamplingDefaults(
 export function describeSampling(r: ReturnType<typeof resolveSamplingDefaults>): string {
   const { defaults: d, sources: s } = r;
   const rp = d.repetition_penalty === undefined ? '' : `, repetition_penalty ${d.repetition_penalty}`;
-  return `temperature ${d.temperature} (${s.temperature}), top_p ${d.top_p} (${s.top_p}), top_k ${d.top_k} (${s.top_k})${rp}`;
+  const field = (name: string, value: number, source: SamplingSource): string => `${name} ${value} (${source})`;
+  return (
+    `${field('temperature', d.temperature, s.temperature)}, ${field('top_p', d.top_p, s.top_p)}, ` +
+    `${field('top_k', d.top_k, s.top_k)}${rp}`
+  );
 }

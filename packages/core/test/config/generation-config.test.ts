@@ -8,6 +8,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 
 import {
   ConfigError,
+  describeSampling,
   loadConfig,
   modelFolder,
   readModelSamplingDefaults,
@@ -88,6 +89,9 @@ describe('resolveSamplingDefaults', () => {
       defaults: { temperature: 0.2, top_p: 0.9, top_k: 0, repetition_penalty: 1.2 },
       sources: { temperature: 'generation_config', top_p: 'generation_config', top_k: 'openai' },
     });
+    expect(describeSampling(resolveSamplingDefaults({}, model))).toBe(
+      'temperature 0.2 (generation_config), top_p 0.9 (generation_config), top_k 0 (openai), repetition_penalty 1.2',
+    );
     // an explicit config value wins, 0 included; max_tokens and seed pass through
     expect(
       resolveSamplingDefaults({ temperature: 0, top_k: 5, repetition_penalty: 1, max_tokens: 7, seed: 3 }, model),
