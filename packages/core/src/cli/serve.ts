@@ -289,7 +289,7 @@ export function accessPolicy(
 
 /**
  * The server's logger on `destination` (default fd 2): `json` (pino's lines, for log collectors) or `text`
- * (pino-pretty: time, level, message, fields; colours only on a TTY).
+ * (pino-pretty: time, level, message and fields on one line; colours only on a TTY).
  */
 export function serveLogger(
   level: string,
@@ -301,7 +301,14 @@ export function serveLogger(
   const colorize = destination === 2 && process.stderr.isTTY === true;
   return pino(
     { level },
-    pinoPretty({ destination, colorize, translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname', sync: true }),
+    pinoPretty({
+      destination,
+      colorize,
+      singleLine: true,
+      translateTime: 'SYS:HH:MM:ss.l',
+      ignore: 'pid,hostname',
+      sync: true,
+    }),
   );
 }
 

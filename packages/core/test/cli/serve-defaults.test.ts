@@ -158,7 +158,7 @@ describe('specd serve: log format', () => {
     const text = logged('text');
     expect(() => JSON.parse(text)).toThrow();
     expect(text).toMatch(/INFO.*request done/);
-    expect(text).toMatch(/requestId: "r1"/);
+    expect(text).toMatch(/"requestId":"r1"/); // fields on the same line
     expect(text.includes(String.fromCharCode(27))).toBe(false); // no colour escapes off a TTY
   });
 });
