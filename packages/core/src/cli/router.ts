@@ -2,7 +2,9 @@
  * `specd router --prefill URL… --decode URL… [--host H] [--port N] [--policy round_robin|random]
  * [--health-interval-ms N] [--model DIR | --config FILE] [--log-level L]`: the prefill/decode router
  * (packages/core/src/pd/router.ts). Flags override the config's `pd.router`; the tokenizer (no weights) comes
- * from `--model`, else the config's `model`, else the shipped target, as `specd serve` finds it. Access (API key from
+ * from `--model`, else the config's `model`, else the shipped target, as `specd serve` finds it; with neither
+ * `--config` nor `--model` the config is `specd serve`'s default, configs/default.json. Sampling defaults (request
+ * checking only) resolve as the servers' do (config/generation-config.ts). Access (API key from
  * --api-key, `SPECD_API_KEY` or the config; `--allowed-hosts`; `--metrics-require-key`) as `specd serve`; prompts
  * longer than the config's `scheduler.max_sequence_tokens` can hold are refused before tokenizing.
  */

@@ -72,8 +72,8 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         type: 'string',
         minLength: 1,
         description:
-          'target checkpoint directory (HF format), relative to the config file; ' +
-          'default: the shipped models/kimi-k3-tiny',
+          'target checkpoint directory (HF format), relative to the config file; default: the shipped ' +
+          'models/kimi-k3-tiny (`specd serve` with neither --config nor --model reads configs/default.json instead)',
       },
       checkpoint_sanity: {
         enum: ['refuse', 'warn'],

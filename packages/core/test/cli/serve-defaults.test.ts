@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import { afterAll, describe, expect, it } from 'vitest';
 
-import { main, type CliIo } from '../../src/cli/index.js';
+import { main, startRouter, type CliIo } from '../../src/cli/index.js';
 import { serveLogger, startServe } from '../../src/cli/serve.js';
 import { makeTempDir } from '../io/helpers.js';
 
@@ -189,5 +189,24 @@ describe.skipIf(!fs.existsSync(path.join(SMOLLM2, 'SmolLM2-135M-Instruct.Q4_1.gg
         await s.close();
       }
     }, 180_000);
+
+    it('specd router with neither --config nor --model: the same default model and sampling', async () => {
+      const { io } = collecting();
+      const r = await startRouter(
+        {
+          prefill: ['http://127.0.0.1:9'],
+          decode: ['http://127.0.0.1:10'],
+          port: 0,
+          logLevel: 'silent',
+          healthIntervalMs: 0,
+        },
+        io,
+      );
+      try {
+        expect(r.router.options.sampling).toEqual({ temperature: 0.2, top_p: 0.9, top_k: 0 });
+      } finally {
+        await r.close();
+      }
+    });
   },
 );
