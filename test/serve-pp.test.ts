@@ -15,6 +15,9 @@ import { PipelineModel, startServe, type CliIo, type StartedServer } from '@spec
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
 const io: CliIo = { stdout: { write: () => true }, stderr: { write: () => true }, cwd: ROOT };
+// the architecture demo (`specd serve`'s default is SmolLM2, configs/default.json)
+const TINY = { model: 'models/kimi-k3-tiny' };
+const TINY_DFLASH = { ...TINY, drafter: 'models/kimi-k3-tiny-dflash' };
 const PROMPT = 'The history of the city begins with';
 const STAGE0 = /pipeline stage 0 \(layers 0–3, pid \d+\) was killed by SIGKILL/;
 
@@ -53,7 +56,7 @@ const pidsOf = (s: StartedServer): number[] => (s.target.model as PipelineModel)
 
 describe('specd serve --pp', () => {
   it('a greedy completion (DFlash) through --pp 2 equals pp = 1; the stage processes exit on close', async () => {
-    const one = await startServe({ port: 0, logLevel: 'silent' }, io);
+    const one = await startServe({ ...TINY_DFLASH, port: 0, logLevel: 'silent' }, io);
     let ref: Record<string, any>;
     try {
       expect(one.drafter?.drafter.method).toBe('dflash');
@@ -61,7 +64,7 @@ describe('specd serve --pp', () => {
     } finally {
       await one.close();
     }
-    const two = await startServe({ port: 0, pp: 2, logLevel: 'silent' }, io);
+    const two = await startServe({ ...TINY_DFLASH, port: 0, pp: 2, logLevel: 'silent' }, io);
     let pids: number[] = [];
     try {
       expect(two.target.model).toBeInstanceOf(PipelineModel);
@@ -86,10 +89,10 @@ describe('specd serve --pp', () => {
   });
 
   it('--pp-partition 3,5 and config partition: one bad length is refused', async () => {
-    await expect(startServe({ port: 0, pp: 2, ppPartition: [3, 2, 3], logLevel: 'silent' }, io)).rejects.toThrow(
-      /--pp-partition 3,2,3: 3 entries \(layers per pipeline stage\) but 2 stages; give --pp 3/,
-    );
-    const s = await startServe({ port: 0, pp: 2, ppPartition: [3, 5], spec: false, logLevel: 'silent' }, io);
+    await expect(
+      startServe({ ...TINY_DFLASH, port: 0, pp: 2, ppPartition: [3, 2, 3], logLevel: 'silent' }, io),
+    ).rejects.toThrow(/--pp-partition 3,2,3: 3 entries \(layers per pipeline stage\) but 2 stages; give --pp 3/);
+    const s = await startServe({ ...TINY, port: 0, pp: 2, ppPartition: [3, 5], spec: false, logLevel: 'silent' }, io);
     try {
       expect((s.target.model as PipelineModel).stages.map((st) => [st.layerStart, st.layerEnd])).toEqual([
         [0, 3],
@@ -105,7 +108,7 @@ describe('specd serve --pp', () => {
     'a killed stage: the request in flight and later ones fail ' +
       'with 500 naming the stage; /health 503; the server stays up',
     async () => {
-      const s = await startServe({ port: 0, pp: 2, logLevel: 'silent' }, io);
+      const s = await startServe({ ...TINY_DFLASH, port: 0, pp: 2, logLevel: 'silent' }, io);
       try {
         expect((await complete(s, { max_tokens: 4 })).status).toBe(200);
         const [pid] = pidsOf(s);
@@ -161,7 +164,7 @@ describe('specd serve --pp', () => {
   );
 
   it('a stage that dies while idle: /health 503 and the next request 500, before any forward', async () => {
-    const s = await startServe({ port: 0, pp: 2, spec: false, logLevel: 'silent' }, io);
+    const s = await startServe({ ...TINY, port: 0, pp: 2, spec: false, logLevel: 'silent' }, io);
     try {
       const [pid] = pidsOf(s);
       process.kill(pid!, 'SIGKILL');
@@ -185,7 +188,7 @@ describe('specd serve --pp', () => {
   it.each(['SIGTERM', 'SIGINT'] as const)('`specd serve --pp 3` stopped by %s leaves no stage process', async (sig) => {
     const child = spawn(
       process.execPath,
-      [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'],
+      [BIN, 'serve', '--model', TINY.model, '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'],
       { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
     );
     let err = '';
@@ -215,7 +218,7 @@ describe('specd serve --pp', () => {
   it('`specd serve --pp 3` killed by SIGKILL: the stage processes exit by themselves (no orphans)', async () => {
     const child = spawn(
       process.execPath,
-      [BIN, 'serve', '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'],
+      [BIN, 'serve', '--model', TINY.model, '--pp', '3', '--no-spec', '--port', '0', '--log-level', 'silent'],
       { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
     );
     let err = '';

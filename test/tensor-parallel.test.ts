@@ -338,7 +338,10 @@ describe('refusals and the CLI', () => {
   it('specd serve --tp 2 answers a greedy completion as tp = 1 does', async () => {
     const io = { cwd: ROOT, stdout: { write: () => true }, stderr: { write: () => true } };
     const complete = async (tp: number) => {
-      const s = await startServe({ port: 0, logLevel: 'silent', tp, spec: false }, io as never);
+      const s = await startServe(
+        { model: 'models/kimi-k3-tiny', port: 0, logLevel: 'silent', tp, spec: false },
+        io as never,
+      );
       try {
         expect(s.target.model instanceof TensorParallelModel).toBe(tp > 1);
         const res = await fetch(`${s.url}/v1/completions`, {

@@ -10,5 +10,12 @@ export {
 } from './generate.js';
 export { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 export { startRouter, type RouterFlags, type StartedRouter } from './router.js';
-export { startServe, type ServeFlags, type StartedServer } from './serve.js';
-export { defaultDrafterDir, defaultModelDir, DEFAULT_DRAFTER_RELATIVE, DEFAULT_MODEL_RELATIVE } from './paths.js';
+export { checkPortFree, serveLogger, startServe, type ServeFlags, type StartedServer } from './serve.js';
+export {
+  defaultDrafterDir,
+  defaultModelDir,
+  defaultServeConfig,
+  DEFAULT_DRAFTER_RELATIVE,
+  DEFAULT_MODEL_RELATIVE,
+  DEFAULT_SERVE_CONFIG_RELATIVE,
+} from './paths.js';

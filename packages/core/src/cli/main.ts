@@ -18,6 +18,7 @@ import * as path from 'node:path';
 import cliProgress from 'cli-progress';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 
+import { resolveSamplingDefaults } from '../config/generation-config.js';
 import { loadConfig } from '../config/load.js';
 import { CHECKPOINT_SANITY_MODES, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS } from '../engine/sampling-params.js';
@@ -39,7 +40,7 @@ export const SPECD_VERSION: string = (createRequire(import.meta.url)('../../pack
 /** Where the CLI writes (injectable for tests). */
 export interface CliIo {
   readonly stdout: { write(s: string): unknown; isTTY?: boolean };
-  readonly stderr: { write(s: string): unknown };
+  readonly stderr: { write(s: string): unknown; isTTY?: boolean };
   readonly cwd: string;
   /** Environment variables read (`SPECD_API_KEY`); default `process.env`. */
   readonly env?: Readonly<Record<string, string | undefined>>;
@@ -117,7 +118,8 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     io.cwd,
   );
   const drafterDir = choice?.dir;
-  const s = cfg.sampling;
+  // config, else the model's generation_config.json, else OpenAI's (config/generation-config.ts)
+  const s = resolveSamplingDefaults(cfg.sampling, modelDir).defaults;
   const maxTokens = flags.maxTokens ?? s.max_tokens ?? 64;
   const temperature = flags.temperature ?? s.temperature;
   const topP = flags.topP ?? s.top_p;
@@ -282,15 +284,20 @@ export function buildProgram(io: CliIo): Command {
     .option('--max-tokens <n>', 'new tokens at most (default 64)', intArg(1))
     .option(
       '--temperature <t>',
-      `0 = greedy, as is anything below ${SAMPLING_EPS} (default 0)`,
+      `0 = greedy, as is anything below ${SAMPLING_EPS} (default: config sampling, else the model's ` +
+        'generation_config.json (do_sample false: 0), else 1)',
       numArg((n) => n >= 0 && n <= MAX_TEMPERATURE, `a number in [0, ${MAX_TEMPERATURE}]`),
     )
     .option(
       '--top-p <p>',
-      'nucleus sampling mass in (0, 1] (default 1)',
+      'nucleus sampling mass in (0, 1] (default: config, else generation_config.json, else 1)',
       numArg((n) => n > 0 && n <= 1, 'a number in (0, 1]'),
     )
-    .option('--top-k <k>', 'keep the k most likely tokens, 0 = off (default 0)', intArg(0))
+    .option(
+      '--top-k <k>',
+      'keep the k most likely tokens, 0 = off (default: config, else generation_config.json, else 0)',
+      intArg(0),
+    )
     .option('--seed <s>', 'PRNG seed for sampling (default: random, reported unless the run is greedy)', intArg(0))
     .option('--ignore-eos', 'do not stop at EOS')
     .option(

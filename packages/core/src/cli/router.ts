@@ -2,16 +2,20 @@
  * `specd router --prefill URL… --decode URL… [--host H] [--port N] [--policy round_robin|random]
  * [--health-interval-ms N] [--model DIR | --config FILE] [--log-level L]`: the prefill/decode router
  * (packages/core/src/pd/router.ts). Flags override the config's `pd.router`; the tokenizer (no weights) comes
- * from `--model`, else the config's `model`, else the shipped target, as `specd serve` finds it. Access (API key from
+ * from `--model`, else the config's `model`, else the shipped target, as `specd serve` finds it; with neither
+ * `--config` nor `--model` the config is `specd serve`'s default, configs/default.json. Sampling defaults (request
+ * checking only) resolve as the servers' do (config/generation-config.ts). Access (API key from
  * --api-key, `SPECD_API_KEY` or the config; `--allowed-hosts`; `--metrics-require-key`) as `specd serve`; prompts
  * longer than the config's `scheduler.max_sequence_tokens` can hold are refused before tokenizing.
  */
 
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 
 import { InvalidArgumentError, type Command } from 'commander';
 import { pino } from 'pino';
 
+import { resolveSamplingDefaults } from '../config/generation-config.js';
 import { loadConfig } from '../config/load.js';
 import { createPdPolicy, PD_POLICIES } from '../pd/policy.js';
 import { PdRouter } from '../pd/router.js';
@@ -19,7 +23,7 @@ import { loadPromptBuilder } from '../serve/prompt.js';
 import { checkBind } from '../serve/http-guard.js';
 import { checkModelPath, CliError } from './config-file.js';
 import type { CliIo } from './main.js';
-import { defaultModelDir } from './paths.js';
+import { defaultModelDir, defaultServeConfig } from './paths.js';
 import { accessPolicy, hostsArg } from './serve.js';
 
 /** Flags of `specd router`. */
@@ -52,10 +56,15 @@ export interface StartedRouter {
  *   answering the other role) / the tokenizer's errors.
  */
 export async function startRouter(flags: RouterFlags, io: CliIo): Promise<StartedRouter> {
-  const { config: cfg } = await loadConfig(
-    flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config),
-    io.cwd,
-  );
+  // neither --config nor --model: the default config of `specd serve` (the servers it routes to, by default)
+  const fallback = defaultServeConfig(io.cwd);
+  const configFile =
+    flags.config !== undefined
+      ? path.resolve(io.cwd, flags.config)
+      : flags.model === undefined && fs.existsSync(fallback)
+        ? fallback
+        : undefined;
+  const { config: cfg } = await loadConfig(configFile, io.cwd);
   const rc = cfg.pd.router;
   const prefill = flags.prefill ?? rc?.prefill ?? [];
   const decode = flags.decode ?? rc?.decode ?? [];
@@ -78,7 +87,7 @@ export async function startRouter(flags: RouterFlags, io: CliIo): Promise<Starte
     prefill,
     decode,
     prompts: loadPromptBuilder(modelDir, { maxContextTokens: cfg.scheduler.max_sequence_tokens }),
-    sampling: cfg.sampling,
+    sampling: resolveSamplingDefaults(cfg.sampling, modelDir).defaults,
     policy: createPdPolicy(flags.policy ?? rc?.policy ?? 'round_robin'),
     healthIntervalMs: flags.healthIntervalMs ?? rc?.health_interval_ms ?? 5000,
     bodyLimitBytes: cfg.server.body_limit_bytes,

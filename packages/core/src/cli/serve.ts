@@ -1,22 +1,32 @@
 /**
  * `specd serve [--config FILE] [--model DIR] [--drafter DIR | --no-spec] [--host H] [--port P] [--api-key K]
  * [--allowed-hosts a,b] [--metrics-require-key] [--tp T] [--pp P [--pp-partition 3,5]]`: the OpenAI-compatible
- * server (packages/core/src/serve). Flags override the config; with no arguments it serves the shipped target with
- * the shipped DFlash on 127.0.0.1:8000. The API key comes from --api-key, else `SPECD_API_KEY`, else the config.
- * Before loading anything: a `max_sequence_tokens` above the model's context length and a 0.0.0.0 bind without a key
- * or allowed hosts are refused, and a bind beyond loopback without a key prints a warning. Under pipeline
- * parallelism the stage processes are killed when the server closes (and on SIGINT / SIGTERM / exit); a dead stage
- * makes /health answer 503 and every request fail with 500 naming the stage (the server stays up).
+ * server (packages/core/src/serve). Flags override the config; with neither --config nor --model it reads the
+ * shipped configs/default.json (SmolLM2-135M-Instruct with its fastest drafter on CPU) and serves on 127.0.0.1:8000.
+ * vLLM's names --num-draft-tokens, --served-model-name, --max-model-len and --max-num-seqs override the config's
+ * drafter.num_draft_tokens, server.model_name, scheduler.max_sequence_tokens and scheduler.max_running_requests.
+ * Sampling defaults: the config's, else the model's generation_config.json, else OpenAI's
+ * (config/generation-config.ts). Logs: text (pino-pretty) on a TTY, JSON lines otherwise (`--log-format`).
+ * The API key comes from --api-key, else `SPECD_API_KEY`, else the config.
+ * Before loading anything: a busy port, a `max_sequence_tokens` above the model's context length and a 0.0.0.0
+ * bind without a key or allowed hosts are refused, and a bind beyond loopback without a key prints a warning.
+ * Under pipeline parallelism the stage processes are killed when the server closes (and on SIGINT / SIGTERM /
+ * exit); a dead stage makes /health answer 503 and every request fail with 500 naming the stage (the server stays
+ * up).
  * On stderr: one line per start-up stage with its time (load target, load drafter, calibrate, listen), then the
  * serving line (model, tp / pp, drafter), and on SIGINT / SIGTERM a shutdown line and a stopped line; the periodic
  * stats line goes to the log (serve/stats-log.ts; `--disable-log-stats`).
  */
 
+import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { pino } from 'pino';
+import { type Logger, pino } from 'pino';
+import pinoPretty from 'pino-pretty';
 
+import { describeSampling, resolveSamplingDefaults } from '../config/generation-config.js';
 import { loadConfig } from '../config/load.js';
 import { CHECKPOINT_SANITY_MODES, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import type { SpecdConfig } from '../config/load.js';
@@ -31,7 +41,7 @@ import { type DrafterChoice, loadDrafter, type LoadedDrafter } from '../runtime/
 import { checkParallelism, loadParallelTarget } from '../runtime/parallel.js';
 import type { LoadedTarget } from '../runtime/target.js';
 import type { CliIo } from './main.js';
-import { defaultModelDir } from './paths.js';
+import { defaultModelDir, defaultServeConfig } from './paths.js';
 
 /** Flags of `specd serve`. */
 export interface ServeFlags {
@@ -63,6 +73,16 @@ export interface ServeFlags {
   statsIntervalMs?: number;
   /** Checkpoint sanity at load (overrides config checkpoint_sanity). */
   checkpointSanity?: CheckpointSanityMode;
+  /** `--log-format`: `text` (pino-pretty) or `json` (default: text when stderr is a TTY, else json). */
+  logFormat?: 'text' | 'json';
+  /** vLLM's `--num-draft-tokens`: a fixed draft length (overrides config drafter.num_draft_tokens). */
+  numDraftTokens?: number;
+  /** vLLM's `--served-model-name` (overrides config server.model_name). */
+  servedModelName?: string;
+  /** vLLM's `--max-model-len` (overrides config scheduler.max_sequence_tokens). */
+  maxModelLen?: number;
+  /** vLLM's `--max-num-seqs` (overrides config scheduler.max_running_requests). */
+  maxNumSeqs?: number;
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -91,10 +111,18 @@ const since = (t0: number): string => `${((performance.now() - t0) / 1000).toFix
  * @throws {ConfigError} / {CliError} / {ParallelismError} / the plugins' errors.
  */
 export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedServer> {
-  const { config: cfg } = await loadConfig(
-    flags.config === undefined ? undefined : path.resolve(io.cwd, flags.config),
-    io.cwd,
-  );
+  // neither --config nor --model: the shipped default config (configs/default.json: SmolLM2 + its best drafter)
+  const configFile =
+    flags.config !== undefined
+      ? path.resolve(io.cwd, flags.config)
+      : flags.model === undefined
+        ? defaultServeConfig(io.cwd)
+        : undefined;
+  if (configFile !== undefined && flags.config === undefined && !fs.existsSync(configFile))
+    throw new CliError(
+      `no --config and no --model, and the default config ${configFile} is missing (give --config FILE or --model DIR)`,
+    );
+  const { config: cfg } = await loadConfig(configFile, io.cwd);
   const par = cfg.parallelism;
   const tp = flags.tp ?? par.tp;
   const pp = flags.pp ?? par.pp;
@@ -124,12 +152,25 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const modelDir =
     flags.model !== undefined ? path.resolve(io.cwd, flags.model) : (cfg.model ?? defaultModelDir(io.cwd));
   checkModelPath(modelDir);
-  const choice = chooseDrafter(
+  const chosen = chooseDrafter(
     cfg,
     { model: flags.model, drafter: flags.drafter, noSpec: flags.spec === false },
     io.cwd,
   );
-  const sched = cfg.scheduler;
+  if (flags.numDraftTokens !== undefined && chosen === undefined)
+    throw new CliError('--num-draft-tokens needs a drafter (the config has none, or --no-spec was given)');
+  const choice =
+    chosen === undefined || flags.numDraftTokens === undefined
+      ? chosen
+      : { ...chosen, numDraftTokens: flags.numDraftTokens };
+  // vLLM's names override the config's fields
+  const sched = {
+    ...cfg.scheduler,
+    ...(flags.maxModelLen === undefined ? {} : { max_sequence_tokens: flags.maxModelLen }),
+    ...(flags.maxNumSeqs === undefined ? {} : { max_running_requests: flags.maxNumSeqs }),
+  };
+  // config, else the model's generation_config.json, else OpenAI's: read before loading (a bad file is refused)
+  const sampling = resolveSamplingDefaults(cfg.sampling, modelDir);
   // refused before loading: a context the model cannot hold, a bind no check can protect
   const contextLength = modelContextLength(modelDir);
   checkServerContextLength(sched.max_sequence_tokens, contextLength);
@@ -137,6 +178,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const access = accessPolicy(flags, cfg, io);
   const warning = checkBind(host, access);
   if (warning !== undefined) io.stderr.write(`specd: warning: ${warning}\n`);
+  const port = flags.port ?? cfg.server.port;
+  await checkPortFree(host, port);
   let t0 = performance.now();
   stage(io, `loading target ${modelDir} (tp ${tp}, pp ${pp})`);
   const sanity = {
@@ -173,13 +216,19 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       stage(io, `drafter ${drafter.drafter.method} loaded in ${since(t0)}`);
     }
     const logger =
-      flags.logLevel === 'silent' ? undefined : pino({ level: flags.logLevel ?? 'info' }, pino.destination(2));
+      flags.logLevel === 'silent'
+        ? undefined
+        : serveLogger(flags.logLevel ?? 'info', flags.logFormat ?? (io.stderr.isTTY === true ? 'text' : 'json'));
+    logger?.info(
+      { sampling: sampling.defaults, sources: sampling.sources },
+      `sampling defaults: ${describeSampling(sampling)}`,
+    );
     const pd = role === 'none' ? undefined : pdOptions(role, cfg, flags, host, modelDir, choice, drafter, { tp, pp });
     const server = new SpecdServer({
       target,
       ...(drafter === undefined ? {} : { drafter: drafter.drafter }),
-      modelName: cfg.server.model_name ?? path.basename(modelDir),
-      sampling: cfg.sampling,
+      modelName: flags.servedModelName ?? cfg.server.model_name ?? path.basename(modelDir),
+      sampling: sampling.defaults,
       scheduler: sched,
       ...access,
       ...(contextLength === undefined ? {} : { modelContextLength: contextLength }),
@@ -198,7 +247,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     t0 = performance.now();
     if (calibrates) stage(io, 'calibrating the draft policy (measuring draft and verify step costs)');
     const calibrationBefore = server.engine.metrics.calibrationMs;
-    const url = await server.listen(host, flags.port ?? cfg.server.port);
+    const url = await server.listen(host, port);
     if (server.engine.metrics.calibrationMs > calibrationBefore) stage(io, `calibrated in ${since(t0)}`);
     stage(io, `listening on ${url}`);
     return {
@@ -236,6 +285,56 @@ export function accessPolicy(
     ...(allowedHosts === undefined ? {} : { allowedHosts }),
     metricsNeedKey: flags.metricsRequireKey ?? cfg.server.metrics_require_key,
   };
+}
+
+/**
+ * The server's logger on `destination` (default fd 2): `json` (pino's lines, for log collectors) or `text`
+ * (pino-pretty: time, level, message and fields on one line; colours only on a TTY).
+ */
+export function serveLogger(
+  level: string,
+  format: 'text' | 'json',
+  destination: number | NodeJS.WritableStream = 2,
+): Logger {
+  if (format === 'json')
+    return pino({ level }, typeof destination === 'number' ? pino.destination(destination) : destination);
+  const colorize = destination === 2 && process.stderr.isTTY === true;
+  return pino(
+    { level },
+    pinoPretty({
+      destination,
+      colorize,
+      singleLine: true,
+      translateTime: 'SYS:HH:MM:ss.l',
+      ignore: 'pid,hostname',
+      sync: true,
+    }),
+  );
+}
+
+/**
+ * Refuses a port another process holds before anything loads (loading takes seconds): binds `host:port`
+ * exclusively and releases it at once. Port 0 (ephemeral) is not checked. The real listen can still fail if
+ * another process takes the port in between; it reports the same way.
+ * @throws {CliError} naming the address: `EADDRINUSE` (in use), `EACCES` (a privileged port), `EADDRNOTAVAIL`.
+ */
+export async function checkPortFree(host: string, port: number): Promise<void> {
+  if (port === 0) return;
+  await new Promise<void>((resolve, reject) => {
+    const probe = net.createServer();
+    probe.once('error', (err: NodeJS.ErrnoException) => {
+      const why =
+        err.code === 'EADDRINUSE'
+          ? 'is in use by another process'
+          : err.code === 'EACCES'
+            ? 'needs privileges (ports below 1024)'
+            : err.code === 'EADDRNOTAVAIL'
+              ? 'is not an address of this machine'
+              : `cannot be bound (${err.code ?? err.message})`;
+      reject(new CliError(`--port / server.port: ${host}:${port} ${why}; pick another with --port (0 = any free)`));
+    });
+    probe.listen({ host, port, exclusive: true }, () => probe.close(() => resolve()));
+  });
 }
 
 /** `--allowed-hosts a,b`: host names without ports (`*`: any). */
@@ -311,6 +410,13 @@ const tpArg = (v: string): number => {
   return Number(v);
 };
 
+const minArg =
+  (min: number) =>
+  (v: string): number => {
+    if (!/^\d+$/.test(v.trim()) || Number(v) < min) throw new InvalidArgumentError(`expected an integer >= ${min}`);
+    return Number(v);
+  };
+
 const listArg = (v: string): number[] => {
   const parts = v.split(',').map((x) => x.trim());
   if (parts.length === 0 || parts.some((x) => !/^\d+$/.test(x) || Number(x) < 1))
@@ -334,7 +440,10 @@ const roleArg = (v: string): 'prefill' | 'decode' | 'none' => {
 export function registerServeCommand(program: Command, io: CliIo): void {
   program
     .command('serve')
-    .description('serve the OpenAI-compatible API (default: the shipped target + DFlash on 127.0.0.1:8000)')
+    .description(
+      'serve the OpenAI-compatible API (default: configs/default.json, SmolLM2-135M-Instruct with its fastest ' +
+        'drafter, on 127.0.0.1:8000)',
+    )
     .option('--config <file>', 'deployment config (JSON; `specd config schema`)')
     .option('--model <dir>', 'target checkpoint directory (overrides the config)')
     .option('--drafter <dir>', 'drafter checkpoint directory (overrides the config)')
@@ -383,6 +492,33 @@ export function registerServeCommand(program: Command, io: CliIo): void {
     )
     .option('--metrics-require-key', '/metrics needs the API key too (/health stays open)')
     .option('--log-level <level>', 'pino log level: fatal|error|warn|info|debug|silent (default info)')
+    .addOption(
+      new Option(
+        '--log-format <format>',
+        'log lines as text (pino-pretty) or json (default: text on a TTY, else json)',
+      ).choices(['text', 'json']),
+    )
+    .option(
+      '--num-draft-tokens <n>',
+      "vLLM's name: a fixed number of drafts per verify step (default: config drafter.num_draft_tokens, else the " +
+        'cost policy chooses every step)',
+      tpArg,
+    )
+    .option(
+      '--served-model-name <name>',
+      "vLLM's name: the model id of /v1/models and responses (default: config server.model_name, else the folder name)",
+    )
+    .option(
+      '--max-model-len <n>',
+      "vLLM's name: the context length, prompt + max_tokens per request (default: config " +
+        "scheduler.max_sequence_tokens, 2048; at most the model's max_position_embeddings)",
+      minArg(2),
+    )
+    .option(
+      '--max-num-seqs <n>',
+      "vLLM's name: sequences decoded together (default: config scheduler.max_running_requests, 8)",
+      tpArg,
+    )
     .option('--disable-log-stats', 'no periodic stats line (default: one every 10 s on the log, as vLLM)')
     .addOption(
       new Option(

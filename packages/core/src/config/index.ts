@@ -10,3 +10,13 @@ export {
   type LoadedPlugins,
   type SpecdConfig,
 } from './load.js';
+export {
+  describeSampling,
+  modelFolder,
+  OPENAI_SAMPLING_DEFAULTS,
+  readModelSamplingDefaults,
+  resolveSamplingDefaults,
+  type ModelSamplingDefaults,
+  type ResolvedSampling,
+  type SamplingSource,
+} from './generation-config.js';

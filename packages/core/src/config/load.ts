@@ -37,7 +37,18 @@ export interface SpecdConfig {
   /** Absent: the shipped DFlash with the shipped target, else none. */
   readonly drafter?: DrafterConfig;
   readonly plugins: readonly string[];
-  readonly sampling: { temperature: number; top_p: number; top_k: number; max_tokens?: number; seed?: number };
+  /**
+   * Only the fields the file gives: the rest come from the model's generation_config.json, else OpenAI's
+   * defaults (resolveSamplingDefaults, config/generation-config.ts).
+   */
+  readonly sampling: {
+    temperature?: number;
+    top_p?: number;
+    top_k?: number;
+    repetition_penalty?: number;
+    max_tokens?: number;
+    seed?: number;
+  };
   readonly scheduler: {
     max_running_requests: number;
     max_waiting_requests: number;

@@ -7,7 +7,8 @@
  *     "checkpoint_sanity": "refuse" | "warn",               // a non-finite weight refused (default) or warned
  *     "drafter": {"method": "dflash", "path": "…"} | {"method": "none"},
  *     "plugins": ["@specd/model-kimi-k3", "@specd/plugin-dflash"],
- *     "sampling": {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens"?: 64, "seed"?: 1},
+ *     "sampling": {"temperature"?: 0, "top_p"?: 1, "top_k"?: 0, "repetition_penalty"?: 1, "max_tokens"?: 64,
+ *                  "seed"?: 1},   // absent fields: the model's generation_config.json, else OpenAI's
  *     "scheduler": {"max_running_requests": 8, "max_waiting_requests": 64, "prefill_chunk_tokens": 64,
  *                   "max_tokens_in_flight": 16384, "max_sequence_tokens": 2048, "page_size": 16},
  *     "server": {"host": "127.0.0.1", "port": 8000, "api_key"?: "…", "allowed_hosts"?: ["…"],
@@ -71,8 +72,8 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         type: 'string',
         minLength: 1,
         description:
-          'target checkpoint directory (HF format), relative to the config file; ' +
-          'default: the shipped models/kimi-k3-tiny',
+          'target checkpoint directory (HF format), relative to the config file; default: the shipped ' +
+          'models/kimi-k3-tiny (`specd serve` with neither --config nor --model reads configs/default.json instead)',
       },
       checkpoint_sanity: {
         enum: ['refuse', 'warn'],
@@ -100,11 +101,28 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         type: 'object',
         additionalProperties: false,
         default: {},
-        description: 'defaults for requests that do not say',
+        description:
+          "defaults for requests that do not say; a field given here wins over the model's generation_config.json, " +
+          "which wins over OpenAI's defaults (config/generation-config.ts)",
         properties: {
-          temperature: { type: 'number', minimum: 0, default: 0, description: '0 = greedy' },
-          top_p: { type: 'number', exclusiveMinimum: 0, maximum: 1, default: 1 },
-          top_k: { type: 'integer', minimum: 0, default: 0, description: '0 = off' },
+          temperature: {
+            type: 'number',
+            minimum: 0,
+            maximum: 2,
+            description: '0 = greedy; absent: generation_config.json (do_sample false: 0), else 1',
+          },
+          top_p: {
+            type: 'number',
+            exclusiveMinimum: 0,
+            maximum: 1,
+            description: 'absent: generation_config.json, else 1',
+          },
+          top_k: { type: 'integer', minimum: 0, description: '0 = off; absent: generation_config.json, else 0' },
+          repetition_penalty: {
+            type: 'number',
+            exclusiveMinimum: 0,
+            description: '1 = off; absent: generation_config.json, else off',
+          },
           max_tokens: {
             type: 'integer',
             minimum: 1,

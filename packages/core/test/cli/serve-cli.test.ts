@@ -17,10 +17,13 @@ afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
 describe('specd serve', () => {
   it(
-    'with no config: the shipped target with DFlash on 127.0.0.1 (port overridden ' +
+    'the architecture demo: kimi-k3-tiny with DFlash on 127.0.0.1 (port overridden ' +
       'to ephemeral), the cost policy calibrated before the first request',
     async () => {
-      const s = await startServe({ port: 0, logLevel: 'silent' }, io);
+      const s = await startServe(
+        { model: 'models/kimi-k3-tiny', drafter: 'models/kimi-k3-tiny-dflash', port: 0, logLevel: 'silent' },
+        io,
+      );
       try {
         expect(s.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
         expect(s.drafter?.drafter.method).toBe('dflash');

@@ -19,7 +19,8 @@ describe('specd serve on stderr', () => {
   it('staged start-up lines with times, in order; the serving line names tp, pp and the drafter', async () => {
     let err = '';
     const io: CliIo = { stdout: { write: () => true }, stderr: { write: (s: string) => (err += s) }, cwd: ROOT };
-    const s = await startServe({ port: 0, logLevel: 'silent' }, io); // the shipped target + DFlash, cost policy
+    // the architecture demo + DFlash, cost policy
+    const s = await startServe({ model: TARGET, drafter: DRAFTER, port: 0, logLevel: 'silent' }, io);
     try {
       const lines = err.trimEnd().split('\n');
       const expected = [
@@ -85,7 +86,17 @@ describe('specd serve on stderr', () => {
   it('a real process sent SIGINT prints the shutdown line and the stopped line, and exits 0', async () => {
     const child = spawn(
       process.execPath,
-      [path.join(ROOT, 'packages/core/src/cli/bin.js'), 'serve', '--port', '0', '--no-spec', '--log-level', 'silent'],
+      [
+        path.join(ROOT, 'packages/core/src/cli/bin.js'),
+        'serve',
+        '--model',
+        TARGET,
+        '--port',
+        '0',
+        '--no-spec',
+        '--log-level',
+        'silent',
+      ],
       { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
     );
     let err = '';

@@ -62,7 +62,9 @@ describe('config schema', () => {
       '@specd/plugin-dspark',
       '@specd/plugin-eagle3',
     ]);
-    expect(c.sampling).toEqual({ temperature: 0, top_p: 1, top_k: 0 }); // max_tokens: the remaining context
+    // only what the file gives: the rest from the model's generation_config.json, else OpenAI's
+    // (generation-config.test.ts)
+    expect(c.sampling).toEqual({});
     expect(c.scheduler).toEqual({
       max_running_requests: 8,
       max_waiting_requests: 64,
@@ -163,6 +165,7 @@ describe('config files', () => {
     .sort();
   it('ships a config per shipped drafter', () => {
     for (const f of [
+      'default.json',
       'kimi-k3-tiny-dflash.json',
       'kimi-k3-tiny-dspark.json',
       'kimi-k3-tiny-eagle3.json',
