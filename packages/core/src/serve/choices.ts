@@ -10,7 +10,8 @@
  * A choice that fails fails the whole request (the others are aborted, their caches freed): a 5xx as for one
  * choice, or, streaming, one error event and `[DONE]`. A client that disconnects aborts every choice.
  * Admission is per choice (EngineLoop.submit): a request whose choices do not all fit is refused (503 `overloaded`)
- * and the choices already queued are aborted.
+ * and the choices already queued are aborted. `logprobs`, `top_logprobs`, `echo` and `prompt_logprobs` are not
+ * carried by this path yet: with n > 1 or a list of prompts they are a 400 naming the field.
  */
 
 import { randomUUID } from 'node:crypto';
@@ -66,6 +67,10 @@ export function choiceBodies(body: unknown, endpoint: RequestEndpoint, n: number
   const b = body as Record<string, unknown>;
   const prompts = endpoint === 'completion' ? completionPrompts(b) : [undefined];
   if (n === 1 && prompts.length === 1) return undefined;
+  // the choices path answers `logprobs: null` and no echoed prompt: refused rather than silently dropped
+  for (const key of ['logprobs', 'top_logprobs', 'echo', 'prompt_logprobs'])
+    if (b[key] !== undefined && b[key] !== null && b[key] !== false)
+      throw invalidParam(key, 'not supported yet with n > 1 or a list of prompts (send one request per choice)');
   const { n: _n, best_of: _bestOf, ...rest } = b;
   return endpoint === 'completion' ? prompts.map((prompt) => ({ ...rest, prompt })) : [rest];
 }

@@ -37,6 +37,7 @@ const SHARED_FIELDS = [
   'stream',
   'stream_options',
   'logprobs',
+  'prompt_logprobs',
   'presence_penalty',
   'frequency_penalty',
   'repetition_penalty',

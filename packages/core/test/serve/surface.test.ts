@@ -194,6 +194,11 @@ describe('n > 1 and lists of prompts', () => {
     }
     const e = await refusal(complete({ prompt: ['x', [1, 2]] as unknown as string[], max_tokens: 2 }));
     expect([e.status, e.param]).toEqual([400, 'prompt']);
+    // logprobs and echo are not carried by the choices path yet: refused, not dropped
+    const lp = await refusal(complete({ prompt: 'x', max_tokens: 2, n: 2, logprobs: 1 }));
+    expect([lp.status, lp.param]).toEqual([400, 'logprobs']);
+    const echo = await refusal(complete({ prompt: ['x', 'y'], max_tokens: 2, echo: true }));
+    expect([echo.status, echo.param]).toEqual([400, 'echo']);
   });
 });
 
