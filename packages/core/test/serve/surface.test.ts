@@ -187,6 +187,36 @@ describe('n > 1 and lists of prompts', () => {
     expect(server.engine.cache.slotsInUse).toBe(0);
   });
 
+  it('choices that do not all fit: 503 overloaded, the ones already queued aborted', async () => {
+    // max_waiting_requests 16: the 17th choice is refused
+    const e = await refusal(complete({ prompt: 'The history of the', max_tokens: 4, n: 20 }));
+    expect([e.status, e.code]).toEqual([503, 'overloaded']);
+    expect(server.loop.running + server.loop.waiting).toBe(0);
+    expect(server.engine.pending).toBe(0);
+    const ok = await complete({ prompt: 'The history of the', max_tokens: 4, n: 2 });
+    expect(ok.choices).toHaveLength(2);
+  });
+
+  it('a client that leaves a stream of several choices aborts them all; their slots are freed', async () => {
+    const ctl = new AbortController();
+    const before = server.loop.generatedTokens;
+    const r = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, prompt: 'x y', max_tokens: 900, ignore_eos: true, n: 3, stream: true }),
+      signal: ctl.signal,
+    });
+    const reader = r.body?.getReader();
+    const first = await reader?.read();
+    expect(new TextDecoder().decode(first?.value)).toContain('"index":');
+    expect(server.loop.running + server.loop.waiting).toBe(3);
+    ctl.abort();
+    // event-driven: wait for the loop to release each choice (the test's timeout is the hang guard)
+    while (server.loop.running + server.loop.waiting > 0) await server.loop.whenFreed();
+    expect(server.engine.cache.slotsInUse).toBe(0);
+    expect(server.loop.generatedTokens - before).toBeLessThan(3 * 900); // aborted, not finished
+  });
+
   it('n out of range and a mixed prompt list are 400s naming the field', async () => {
     for (const n of [0, 129, 1.5]) {
       const e = await refusal(complete({ prompt: 'x', max_tokens: 2, n }));
