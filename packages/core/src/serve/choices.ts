@@ -9,8 +9,10 @@
  * one request per choice (the prompt's tokens with its first choice).
  * A choice that fails fails the whole request (the others are aborted, their caches freed): a 5xx as for one
  * choice, or, streaming, one error event and `[DONE]`. A client that disconnects aborts every choice.
- * Admission is per choice (EngineLoop.submit): a request whose choices do not all fit is refused (503 `overloaded`)
- * and the choices already queued are aborted. `logprobs`, `top_logprobs`, `echo` and `prompt_logprobs` are not
+ * Admission is per choice (EngineLoop.submit): a request whose choices do not all fit now is refused (503
+ * `overloaded`) and the choices already queued are aborted; one that could never fit (more choices than
+ * `max_waiting_requests`, or Σ (prompt + max_tokens) over its choices above `max_tokens_in_flight`) is a 400 naming
+ * `n` (or `prompt` for a list of prompts with n = 1). `logprobs`, `top_logprobs`, `echo` and `prompt_logprobs` are not
  * carried by this path yet: with n > 1 or a list of prompts they are a 400 naming the field.
  */
 
@@ -52,6 +54,10 @@ export interface ChoicesHost {
   prepare(endpoint: RequestEndpoint, body: unknown): Promise<PreparedPrompt>;
   /** The loop request of a prepared prompt, max_tokens resolved. @throws {ApiError} 400 context_length_exceeded. */
   loopRequest(prepared: PreparedPrompt): LoopRequest;
+  /** `scheduler.max_waiting_requests`: more choices than this can never be queued at once. */
+  readonly maxWaiting: number;
+  /** `scheduler.max_tokens_in_flight`: choices whose Σ (prompt + max_tokens) exceeds it can never run at once. */
+  readonly maxTokensInFlight: number;
 }
 
 /** The finish reasons of the engine, as OpenAI's. */
@@ -119,6 +125,19 @@ export async function serveChoices(
       });
     }
   }
+  const param = n > 1 ? 'n' : 'prompt';
+  if (choices.length > host.maxWaiting)
+    throw invalidParam(
+      param,
+      `${choices.length} choices (prompts × n) exceed scheduler.max_waiting_requests (${host.maxWaiting})`,
+    );
+  const tokens = choices.reduce((t, c) => t + c.request.promptIds.length + c.request.maxTokens, 0);
+  if (tokens > host.maxTokensInFlight)
+    throw invalidParam(
+      param,
+      `the choices' prompt + max_tokens add up to ${tokens} tokens, above scheduler.max_tokens_in_flight ` +
+        `(${host.maxTokensInFlight})`,
+    );
   const p0 = (prompts[0] as PreparedPrompt).params;
   const chat = endpoint === 'chat';
   const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID().replace(/-/g, '')}`;

@@ -382,6 +382,8 @@ export class SpecdServer {
       ...(this.options.logger === undefined ? {} : { logger: this.options.logger }),
       closing: () => this.closing,
       failure: () => this.options.target.model.failure?.(),
+      maxWaiting: this.options.scheduler.max_waiting_requests,
+      maxTokensInFlight: this.options.scheduler.max_tokens_in_flight,
       prepare: async (endpoint, body) => {
         const p =
           endpoint === 'chat'

@@ -74,11 +74,12 @@ async function refusal(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.
   throw new Error('expected the request to be refused');
 }
 
-const post = (route: string, body: unknown, headers: Record<string, string> = {}) =>
+const post = (route: string, body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal) =>
   fetch(`${url}${route}`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...headers },
     body: JSON.stringify(body),
+    ...(signal === undefined ? {} : { signal }),
   });
 
 describe('n > 1 and lists of prompts', () => {
@@ -187,11 +188,26 @@ describe('n > 1 and lists of prompts', () => {
     expect(server.engine.cache.slotsInUse).toBe(0);
   });
 
-  it('choices that do not all fit: 503 overloaded, the ones already queued aborted', async () => {
-    // max_waiting_requests 16: the 17th choice is refused
-    const e = await refusal(complete({ prompt: 'The history of the', max_tokens: 4, n: 20 }));
-    expect([e.status, e.code]).toEqual([503, 'overloaded']);
-    expect(server.loop.running + server.loop.waiting).toBe(0);
+  it('choices that never fit: 400 naming n; that do not fit now: 503, the queued ones aborted', async () => {
+    // max_waiting_requests 16
+    const many = await refusal(complete({ prompt: 'The history of the', max_tokens: 4, n: 20 }));
+    expect([many.status, many.param, many.message]).toEqual([
+      400,
+      'n',
+      '400 n: 20 choices (prompts × n) exceed scheduler.max_waiting_requests (16)',
+    ]);
+    const long = await refusal(complete({ prompt: 'x', max_tokens: 900, n: 10 }));
+    expect([long.status, long.param, long.message.includes('max_tokens_in_flight (8192)')]).toEqual([400, 'n', true]);
+    // a running request holds ~900 of the 8192 tokens in flight: 9 choices of ~900 fit alone, not beside it
+    const ctl = new AbortController();
+    const body = { model: MODEL, prompt: 'x y', max_tokens: 900, ignore_eos: true, stream: true };
+    const running = await post('/v1/completions', body, {}, ctl.signal);
+    await running.body?.getReader().read();
+    const busy = await refusal(complete({ prompt: 'x', max_tokens: 900, n: 9, ignore_eos: true }));
+    expect([busy.status, busy.code]).toEqual([503, 'overloaded']);
+    expect(server.loop.running + server.loop.waiting).toBe(1); // the 8 queued choices were aborted
+    ctl.abort();
+    while (server.loop.running + server.loop.waiting > 0) await server.loop.whenFreed();
     expect(server.engine.pending).toBe(0);
     const ok = await complete({ prompt: 'The history of the', max_tokens: 4, n: 2 });
     expect(ok.choices).toHaveLength(2);
