@@ -63,6 +63,19 @@ const chat = (p: Omit<OpenAI.ChatCompletionCreateParamsNonStreaming, 'model'> & 
   client.chat.completions.create({ model: MODEL, ...p } as OpenAI.ChatCompletionCreateParamsNonStreaming);
 const MESSAGES: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'Tell me about rivers.' }];
 
+/** `xs[i]`, which must exist. @throws {Error} naming the index when it does not. */
+function at<T>(xs: readonly T[], i: number): T {
+  const x = xs[i];
+  if (x === undefined) throw new Error(`no element ${i} (length ${xs.length})`);
+  return x;
+}
+
+/** A response's usage, which must be there. @throws {Error} when it is not. */
+function usageOf(r: { usage?: OpenAI.CompletionUsage | undefined }): OpenAI.CompletionUsage {
+  if (r.usage === undefined) throw new Error('the response has no usage');
+  return r.usage;
+}
+
 /** The error a promise rejects with (fails the test when it resolves). */
 async function refusal(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
   try {
@@ -89,10 +102,10 @@ describe('n > 1 and lists of prompts', () => {
     const r = await complete({ prompt, max_tokens: 16, temperature: 0, ignore_eos: true, n: 3 });
     expect(r.choices.map((c) => c.index)).toEqual([0, 1, 2]);
     for (const c of r.choices) {
-      expect(c.text).toBe(one.choices[0]!.text);
+      expect(c.text).toBe(at(one.choices, 0).text);
       expect(c.finish_reason).toBe('length');
     }
-    const P = one.usage!.prompt_tokens;
+    const P = usageOf(one).prompt_tokens;
     expect(r.usage).toEqual({ prompt_tokens: P, completion_tokens: 48, total_tokens: P + 48 });
   });
 
@@ -103,17 +116,17 @@ describe('n > 1 and lists of prompts', () => {
     const texts = r.choices.map((c) => c.text);
     for (let j = 0; j < 3; j++) {
       const alone = await complete({ ...base, seed: 1234 + j });
-      expect(texts[j]).toBe(alone.choices[0]!.text);
+      expect(texts[j]).toBe(at(alone.choices, 0).text);
     }
     expect(new Set(texts).size).toBeGreaterThan(1); // independent samples
     const c = await chat({ messages: MESSAGES, max_tokens: 10, temperature: 1, n: 2, seed: 77, ignore_eos: true });
     expect(c.choices.map((x) => x.index)).toEqual([0, 1]);
     for (let j = 0; j < 2; j++) {
       const alone = await chat({ messages: MESSAGES, max_tokens: 10, temperature: 1, seed: 77 + j, ignore_eos: true });
-      expect(c.choices[j]!.message.content).toBe(alone.choices[0]!.message.content);
-      expect(c.choices[j]!.message.role).toBe('assistant');
+      expect(at(c.choices, j).message.content).toBe(at(alone.choices, 0).message.content);
+      expect(at(c.choices, j).message.role).toBe('assistant');
     }
-    expect(c.usage!.completion_tokens).toBe(20);
+    expect(usageOf(c).completion_tokens).toBe(20);
   });
 
   it('a list of prompts × n: index = prompt_i × n + j, each the prompt sent alone; usage sums', async () => {
@@ -124,13 +137,13 @@ describe('n > 1 and lists of prompts', () => {
     const r = await complete({ prompt: prompts, max_tokens: 8, temperature: 0, ignore_eos: true, n: 2 });
     expect(r.choices.map((c) => c.index)).toEqual([0, 1, 2, 3]);
     for (let i = 0; i < 2; i++)
-      for (let j = 0; j < 2; j++) expect(r.choices[i * 2 + j]!.text).toBe(alone[i]!.choices[0]!.text);
-    const P = alone[0]!.usage!.prompt_tokens + alone[1]!.usage!.prompt_tokens;
+      for (let j = 0; j < 2; j++) expect(at(r.choices, i * 2 + j).text).toBe(at(at(alone, i).choices, 0).text);
+    const P = usageOf(at(alone, 0)).prompt_tokens + usageOf(at(alone, 1)).prompt_tokens;
     expect(r.usage).toEqual({ prompt_tokens: P, completion_tokens: 32, total_tokens: P + 32 });
     // token-id prompts too
     const ids = prompts.map((p) => Array.from(target.tokenizer.encode(p, { addSpecialTokens: false })));
     const byIds = await complete({ prompt: ids, max_tokens: 8, temperature: 0, ignore_eos: true });
-    expect(byIds.choices.map((c) => c.text)).toEqual(alone.map((a) => a.choices[0]!.text));
+    expect(byIds.choices.map((c) => c.text)).toEqual(alone.map((a) => at(a.choices, 0).text));
   });
 
   it('streaming: chunks carry their index, the texts equal the non-streamed ones, one usage chunk', async () => {
@@ -175,10 +188,10 @@ describe('n > 1 and lists of prompts', () => {
     for await (const c of chatStream)
       for (const ch of c.choices) {
         chatTexts[ch.index] += ch.delta.content ?? '';
-        if (ch.delta.role === 'assistant') roles[ch.index]!++;
+        if (ch.delta.role === 'assistant') roles[ch.index] = at(roles, ch.index) + 1;
       }
     const chatWhole = await chat({ messages: MESSAGES, max_tokens: 8, temperature: 0 });
-    expect(chatTexts).toEqual([chatWhole.choices[0]!.message.content, chatWhole.choices[0]!.message.content]);
+    expect(chatTexts).toEqual([at(chatWhole.choices, 0).message.content, at(chatWhole.choices, 0).message.content]);
     expect(roles).toEqual([1, 1]);
   });
 
@@ -286,7 +299,7 @@ describe('fields refused, accepted and logged', () => {
       response_format: { type: 'text' },
       best_of: 1,
     });
-    expect(r.choices[0]!.message.content).toBe(plain.choices[0]!.message.content);
+    expect(at(r.choices, 0).message.content).toBe(at(plain.choices, 0).message.content);
   });
 
   it('an unknown field is logged once per name (warn), then ignored', async () => {
@@ -294,7 +307,7 @@ describe('fields refused, accepted and logged', () => {
     expect(warned()).toHaveLength(0);
     for (let i = 0; i < 2; i++) await complete({ prompt: 'x', max_tokens: 2, frobnicate: i });
     expect(warned()).toHaveLength(1);
-    expect(String(warned()[0]!.msg)).toContain('frobnicate');
+    expect(String(at(warned(), 0).msg)).toContain('frobnicate');
     expect(server.unknownFields.logged).toContain('frobnicate');
   });
 });
@@ -311,13 +324,13 @@ describe('/tokenize and /detokenize (vLLM)', () => {
     // the ids a completion runs on
     const c = await complete({ prompt, max_tokens: 1 });
     expect(bare.tokens).toEqual(Array.from(target.tokenizer.encode(prompt, { addSpecialTokens: false })));
-    expect(bare.tokens.length).toBe(c.usage!.prompt_tokens);
+    expect(bare.tokens.length).toBe(usageOf(c).prompt_tokens);
   });
 
   it('messages: the chat template rendered with the generation prompt, as a chat request runs', async () => {
     const r = (await (await post('/tokenize', { messages: MESSAGES })).json()) as { count: number; tokens: number[] };
     const c = await chat({ messages: MESSAGES, max_tokens: 1 });
-    expect(r.count).toBe(c.usage!.prompt_tokens);
+    expect(r.count).toBe(usageOf(c).prompt_tokens);
     const text = server.prompts.renderChat({ messages: [{ role: 'user', content: 'Tell me about rivers.' }] });
     expect(r.tokens).toEqual(Array.from(target.tokenizer.encode(text, { addSpecialTokens: false })));
   });
