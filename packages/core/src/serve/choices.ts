@@ -19,7 +19,6 @@
 import { randomUUID } from 'node:crypto';
 
 import type { FastifyReply } from 'fastify';
-import type { Logger } from 'pino';
 
 import { EngineError, SequenceError, type SpecResult } from '../engine/types.js';
 import type { Tokenizer } from '../io/tokenizer.js';
@@ -45,7 +44,6 @@ export interface ChoicesHost {
   readonly tokenizer: Tokenizer;
   readonly modelName: string;
   readonly metrics: ServerMetrics;
-  readonly logger?: Logger;
   /** The server is shutting down (errors become 503 `server_shutting_down`). */
   closing(): boolean;
   /** Why the model can no longer run, if it cannot. */
@@ -172,7 +170,7 @@ export async function serveChoices(
     if (host.closing()) return shuttingDown();
     if (host.failure() !== undefined) return modelFailed(err);
     if (err instanceof SequenceError) {
-      host.logger?.error(err);
+      reply.log.error(err); // the request's logger: its line carries the reqId (X-Request-Id)
       return sequenceFailed(err);
     }
     return new ApiError(500, err.message, 'server_error', null, 'internal_error');

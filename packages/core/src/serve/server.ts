@@ -379,7 +379,6 @@ export class SpecdServer {
       tokenizer: this.options.target.tokenizer,
       modelName: this.options.modelName,
       metrics: this.metrics,
-      ...(this.options.logger === undefined ? {} : { logger: this.options.logger }),
       closing: () => this.closing,
       failure: () => this.options.target.model.failure?.(),
       maxWaiting: this.options.scheduler.max_waiting_requests,
