@@ -104,6 +104,14 @@ export async function serveChoices(
   n: number,
 ): Promise<unknown> {
   const t0 = performance.now();
+  const param = n > 1 ? 'n' : 'prompt';
+  const count = bodies.length * n;
+  if (count > host.maxWaiting)
+    // before any prompt is encoded
+    throw invalidParam(
+      param,
+      `${count} choices (prompts × n) exceed scheduler.max_waiting_requests (${host.maxWaiting})`,
+    );
   const prompts: PreparedPrompt[] = [];
   for (const body of bodies) prompts.push(await host.prepare(endpoint, body));
   const choices: Choice[] = [];
@@ -123,12 +131,6 @@ export async function serveChoices(
       });
     }
   }
-  const param = n > 1 ? 'n' : 'prompt';
-  if (choices.length > host.maxWaiting)
-    throw invalidParam(
-      param,
-      `${choices.length} choices (prompts × n) exceed scheduler.max_waiting_requests (${host.maxWaiting})`,
-    );
   const tokens = choices.reduce((t, c) => t + c.request.promptIds.length + c.request.maxTokens, 0);
   if (tokens > host.maxTokensInFlight)
     throw invalidParam(
