@@ -129,6 +129,15 @@ export class PromptBuilder {
    *   contents before rendering and on the rendered text before encoding).
    */
   async chat(p: ChatRequest): Promise<BuiltPrompt> {
+    return nonEmpty(await this.encoder.encode(this.renderChat(p)), 'messages');
+  }
+
+  /**
+   * The text {@link chat} encodes: the messages rendered by the chat template with the generation prompt.
+   * @throws {ApiError} 400 naming `messages` as {@link chat} (no template, rejected, longer than
+   *   {@link maxPromptChars}).
+   */
+  renderChat(p: Pick<ChatRequest, 'messages'>): string {
     if (this.template === undefined)
       throw invalidParam('messages', 'this model has no chat template (use /v1/completions)');
     this.checkChars(
@@ -143,7 +152,7 @@ export class PromptBuilder {
       throw err;
     }
     this.checkChars(text.length, 'messages');
-    return nonEmpty(await this.encoder.encode(text), 'messages');
+    return text;
   }
 
   /** Stops the encoding worker thread, if one started. */

@@ -50,6 +50,10 @@ import { parseChatRequest, parseCompletionRequest, type GenerationParams, type S
 import { LogprobsWriter } from './logprobs.js';
 import { StopTextBuffer } from './stop-text.js';
 import { StatsLogger } from './stats-log.js';
+import { type ChoicesHost, choiceBodies, serveChoices } from './choices.js';
+import { checkRequestFields, UnknownFieldLog } from './request-fields.js';
+import { installRequestId } from './request-id.js';
+import { installTokenizeRoutes } from './tokenize-routes.js';
 
 /** Scheduler settings (the config's `scheduler`). */
 export interface SchedulerSettings {
@@ -135,6 +139,8 @@ export class SpecdServer {
   private closing = false;
   /** The periodic stats line (undefined without a logger or with `statsIntervalMs` 0). */
   private stats: StatsLogger | undefined;
+  /** Unknown request fields, each logged once (request-fields.ts). */
+  readonly unknownFields: UnknownFieldLog;
 
   /**
    * @throws {ContextLengthError} when `scheduler.max_sequence_tokens` exceeds the model's context length;
@@ -197,7 +203,9 @@ export class SpecdServer {
       return503OnClosing: false,
       // the router's request id (x-request-id) is this request's log id too: one id on router, P and D
       requestIdHeader: 'x-request-id',
+      genReqId: () => randomUUID(), // without the header (request-id.ts echoes it)
     });
+    this.unknownFields = new UnknownFieldLog((o, msg) => options.logger?.warn(o, msg));
     this.routes();
   }
 
@@ -265,6 +273,7 @@ export class SpecdServer {
 
   private routes(): void {
     const app = this.app;
+    installRequestId(app);
     installAccessHook(
       app,
       this.options,
@@ -337,18 +346,66 @@ export class SpecdServer {
       ],
     }));
     if (this.pd !== undefined) this.pdRoutes(this.pd);
+    installTokenizeRoutes(app, {
+      tokenizer: this.options.target.tokenizer,
+      prompts: this.prompts,
+      modelName: this.options.modelName,
+      vocabSize: this.options.target.model.info.vocabSize,
+      maxModelLen: this.options.scheduler.max_sequence_tokens,
+      sampling: this.options.sampling,
+    });
     app.post('/v1/completions', async (req, reply) => {
+      const n = checkRequestFields(req.body, 'completion', this.unknownFields);
+      const many = choiceBodies(req.body, 'completion', n);
+      if (many !== undefined) return serveChoices(this.choicesHost(), reply, 'completion', many, n);
       const p = parseCompletionRequest(req.body, this.options.sampling);
       this.checkModel(p);
       const prompt = await this.prompts.completion(p);
       return this.generate(reply, 'completion', p, prompt.ids, prompt.param);
     });
     app.post('/v1/chat/completions', async (req, reply) => {
+      const n = checkRequestFields(req.body, 'chat', this.unknownFields);
+      const many = choiceBodies(req.body, 'chat', n);
+      if (many !== undefined) return serveChoices(this.choicesHost(), reply, 'chat', many, n);
       const p = parseChatRequest(req.body, this.options.sampling);
       this.checkModel(p);
       const prompt = await this.prompts.chat(p);
       return this.generate(reply, 'chat', p, prompt.ids, prompt.param);
     });
+  }
+
+  /** What a request of several choices (choices.ts) uses of this server. */
+  private choicesHost(): ChoicesHost {
+    return {
+      loop: this.loop,
+      tokenizer: this.options.target.tokenizer,
+      modelName: this.options.modelName,
+      metrics: this.metrics,
+      closing: () => this.closing,
+      failure: () => this.options.target.model.failure?.(),
+      maxWaiting: this.options.scheduler.max_waiting_requests,
+      maxTokensInFlight: this.options.scheduler.max_tokens_in_flight,
+      prepare: async (endpoint, body) => {
+        const p =
+          endpoint === 'chat'
+            ? parseChatRequest(body, this.options.sampling)
+            : parseCompletionRequest(body, this.options.sampling);
+        this.checkModel(p);
+        const prompt = 'messages' in p ? await this.prompts.chat(p) : await this.prompts.completion(p);
+        return { params: p, promptIds: prompt.ids, param: prompt.param };
+      },
+      loopRequest: ({ params, promptIds, param }) => {
+        if (this.pd instanceof PrefillRole)
+          throw new ApiError(
+            400,
+            'this server is the prefill instance of a prefill/decode pair: send requests to the router (specd router)',
+            'invalid_request_error',
+            null,
+            'pd_prefill_only',
+          );
+        return this.loopRequest(this.withMaxTokens(params, promptIds.length, param), promptIds, false);
+      },
+    };
   }
 
   /** The `/pd/*` routes of a prefill or decode instance (the router's side of the protocol, pd/router.ts). */
