@@ -528,12 +528,28 @@ export function registerServeCommand(program: Command, io: CliIo): void {
       ).choices(CHECKPOINT_SANITY_MODES),
     )
     .action(async (flags: ServeFlags) => {
-      const s = await startServe(flags, io);
+      // the signal handlers are in place before anything loads: a SIGINT / SIGTERM during start-up stops the
+      // server as soon as it is up, instead of killing the process half-way
+      let signalled: NodeJS.Signals | undefined;
+      let onSignal = (signal: NodeJS.Signals): void => {
+        signalled ??= signal;
+      };
+      const handler = (signal: NodeJS.Signals): void => onSignal(signal);
+      process.on('SIGINT', handler);
+      process.on('SIGTERM', handler);
+      let s: StartedServer;
+      try {
+        s = await startServe(flags, io);
+      } catch (err) {
+        process.off('SIGINT', handler);
+        process.off('SIGTERM', handler);
+        throw err;
+      }
       io.stderr.write(`${servingLine(s)}\n`);
       await new Promise<void>((resolve) => {
-        const stop = (signal: NodeJS.Signals): void => {
-          process.off('SIGINT', stop);
-          process.off('SIGTERM', stop);
+        onSignal = (signal: NodeJS.Signals): void => {
+          process.off('SIGINT', handler);
+          process.off('SIGTERM', handler);
           io.stderr.write(`${shutdownLine(s, signal)}\n`);
           const t0 = performance.now();
           void s
@@ -544,8 +560,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
             )
             .then(() => resolve());
         };
-        process.on('SIGINT', stop);
-        process.on('SIGTERM', stop);
+        if (signalled !== undefined) onSignal(signalled);
       });
     });
 }
