@@ -7,7 +7,7 @@ import type { PdError, RegionRange } from './types.js';
 
 /** A message's header (its first frame, JSON); the protocol is described in zmq-transfer.ts. */
 export type Header =
-  | { t: 'data'; req: string; seq: number; d: [string, number, number][] }
+  | { t: 'data'; req: string; seq: number; d: [string, number, number][]; f?: number[] }
   | { t: 'notify'; req: string; batches: number; descriptors: number; bytes: number; payload?: unknown }
   | { t: 'done'; req: string; ok: true }
   | { t: 'done'; req: string; ok: false; code: PdError['code']; message: string }

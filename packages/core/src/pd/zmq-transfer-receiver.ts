@@ -160,14 +160,16 @@ export class ZmqReceiver {
       this.refuse(identity, e, 'peer', `request ${e.requestId}: data message ${h.seq} arrived, expected ${e.batches}`);
       return;
     }
-    if (!Array.isArray(h.d) || h.d.length !== frames.length) {
+    // each descriptor's bytes: frame i holds f[i] descriptors back to back (one each without f)
+    const pieces = Array.isArray(h.d) ? descriptorBytes(h.d, h.f, frames) : undefined;
+    if (pieces === undefined || !Array.isArray(h.d)) {
       this.refuse(identity, e, 'peer', `request ${e.requestId}: malformed data message ${h.seq}`);
       return;
     }
     // check every descriptor before writing any
     for (const [i, d] of h.d.entries()) {
       const [region, offset, length] = d;
-      const frame = frames[i] as Buffer;
+      const frame = pieces[i] as Buffer;
       const bytes = this.regions.get(region);
       const range = `region '${region}' offset ${offset} length ${length}`;
       let why: string | undefined;
@@ -188,7 +190,7 @@ export class ZmqReceiver {
       }
     }
     for (const [i, d] of h.d.entries()) {
-      (this.regions.get(d[0]) as Uint8Array).set(frames[i] as Buffer, d[1]);
+      (this.regions.get(d[0]) as Uint8Array).set(pieces[i] as Buffer, d[1]);
       e.descriptors++;
       e.bytes += d[2];
     }
@@ -258,4 +260,30 @@ export class ZmqReceiver {
   closeSocket(): void {
     if (!this.router.closed) this.router.close();
   }
+}
+
+/**
+ * The bytes of each descriptor of a data message: frame i holds `f[i]` descriptors back to back (`f` absent: one
+ * each), cut by the descriptors' lengths. Undefined when the message is malformed: `f` not positive integers, the
+ * counts not adding up to the descriptors or the frames, or a frame not exactly the sum of its descriptors' lengths.
+ */
+function descriptorBytes(d: readonly unknown[], f: unknown, frames: readonly Buffer[]): Buffer[] | undefined {
+  if (f === undefined) return d.length === frames.length ? [...frames] : undefined;
+  if (!Array.isArray(f) || f.length !== frames.length) return undefined;
+  const out: Buffer[] = [];
+  let k = 0;
+  for (const [i, n] of f.entries()) {
+    if (!Number.isSafeInteger(n) || (n as number) < 1 || k + (n as number) > d.length) return undefined;
+    const frame = frames[i] as Buffer;
+    let at = 0;
+    for (let j = 0; j < (n as number); j++, k++) {
+      const length = (d[k] as unknown[] | undefined)?.[2];
+      if (!Number.isSafeInteger(length) || (length as number) < 0 || at + (length as number) > frame.byteLength)
+        return undefined;
+      out.push(frame.subarray(at, at + (length as number)));
+      at += length as number;
+    }
+    if (at !== frame.byteLength) return undefined;
+  }
+  return k === d.length ? out : undefined;
 }

@@ -17,6 +17,12 @@ import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transf
 
 /** At most this many descriptors per message (bounds the header). */
 export const MAX_DESCRIPTORS_PER_MESSAGE = 1024;
+
+/**
+ * Descriptors shorter than this (bytes) are packed with their small neighbours into one frame (copied): a zeromq
+ * frame costs tens of µs however small, and a TP re-split makes one descriptor per head per row (zmq-transfer.ts).
+ */
+export const PACK_BELOW = 16 << 10;
 /** How long a failed write's abort notice may wait to be handed to ZeroMQ before its unused link closes (ms). */
 const NOTICE_WAIT_MS = 1000;
 /** How long a closed DEALER may still deliver what it queued (ms). */
@@ -154,14 +160,16 @@ export class ZmqSender {
           bytes += run.local.length;
           at++;
         }
-        const frames: Buffer[] = [
-          encodeHeader({
-            t: 'data',
-            req: w.requestId,
-            seq: w.stats.messages,
-            d: batch.map((r) => [r.remote.region, r.remote.offset, r.remote.length]),
-          }),
-        ];
+        // one frame per large descriptor (zero-copy); consecutive small ones copied into one frame
+        const frames: Buffer[] = [];
+        const perFrame: number[] = [];
+        let small: Buffer[] = [];
+        const flushSmall = (): void => {
+          if (small.length === 0) return;
+          frames.push(small.length === 1 ? (small[0] as Buffer) : Buffer.concat(small));
+          perFrame.push(small.length);
+          small = [];
+        };
         for (const r of batch) {
           const mem = this.regions.get(r.local.region);
           if (mem === undefined) {
@@ -171,9 +179,23 @@ export class ZmqSender {
             );
             return;
           }
-          frames.push(Buffer.from(mem.buffer, mem.byteOffset + r.local.offset, r.local.length));
+          const view = Buffer.from(mem.buffer, mem.byteOffset + r.local.offset, r.local.length);
+          if (r.local.length < PACK_BELOW) small.push(view);
+          else {
+            flushSmall();
+            frames.push(view);
+            perFrame.push(1);
+          }
         }
-        await w.link.queue.send(frames);
+        flushSmall();
+        const header = encodeHeader({
+          t: 'data',
+          req: w.requestId,
+          seq: w.stats.messages,
+          d: batch.map((r) => [r.remote.region, r.remote.offset, r.remote.length]),
+          ...(perFrame.every((n) => n === 1) ? {} : { f: perFrame }),
+        });
+        await w.link.queue.send([header, ...frames]);
         w.link.connected = true;
         w.stats.messages++;
         w.stats.descriptors += batch.length;

@@ -7,10 +7,12 @@
  * serialised (zeromq allows one pending send per socket).
  *
  * Messages (frame 0 is a JSON header; ROUTER prepends / takes the sender's identity):
- * - P → D `data`: `{t: 'data', req, seq, d: [[region, offset, length], …]}` + one frame per descriptor. The
- *   frames are `Buffer` views of P's registered memory (zeromq sends frames over 128 bytes without copying);
- *   D checks every descriptor of the message against the request's `allowed` ranges and its regions before
- *   it writes any, then copies each frame into its region at the offset.
+ * - P → D `data`: `{t: 'data', req, seq, d: [[region, offset, length], …], f?: [n, …]}` + frames. A large
+ *   descriptor is one frame, a `Buffer` view of P's registered memory (zeromq sends frames over 128 bytes without
+ *   copying); consecutive small ones (under {@link PACK_BELOW} bytes: the per-head rows of a TP re-split) are copied
+ *   into one frame, since a frame costs tens of µs however small. `f[i]` is how many descriptors frame i holds, in
+ *   order (absent: one each). D checks every descriptor of the message against the request's `allowed` ranges and
+ *   its regions before it writes any, then copies each descriptor's bytes into its region at the offset.
  * - P → D `notify`: `{t: 'notify', req, batches, descriptors, bytes, payload}` after the last batch; D checks
  *   the counts against what it applied (a lost message fails the request), resolves `expect` with `payload`.
  * - D → P `done`: `{t: 'done', req, ok}` or `{…, ok: false, code, message}` (a refused write: 'layout'; a request

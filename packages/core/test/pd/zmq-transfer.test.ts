@@ -556,14 +556,41 @@ describe('ZeroMQ transfer engine: refusals', () => {
         'peer',
         `request lost: the sender sent 1 data messages / 1 descriptors / ${PAGE} bytes, ${b.address} applied 0 / 0 / 0`,
       ]);
+      // packed frames (f): counts that do not cut the frame exactly are malformed, nothing is written
+      const badPack = rejection(b.expect('pack', pageRanges([0, 1], PAGE), { timeoutMs: 10_000 }));
+      await raw.send([
+        header({
+          t: 'data',
+          req: 'pack',
+          seq: 0,
+          d: [
+            ['dst', 0, 100],
+            ['dst', 100, 100],
+          ],
+          f: [2],
+        }),
+        Buffer.alloc(150, 9),
+      ]);
+      await raw.receive();
+      const p = await badPack;
+      expect([p.code, p.message]).toEqual(['peer', 'request pack: malformed data message 0']);
       // a header that is not JSON is dropped; the engine still serves
       await raw.send([Buffer.from('not json'), page]);
-      const ok = b.expect('ok', pageRanges([2], PAGE), { timeoutMs: 10_000 });
+      const ok = b.expect('ok', pageRanges([2, 3], PAGE), { timeoutMs: 10_000 });
       await raw.send([header({ t: 'data', req: 'ok', seq: 0, d: [['dst', 2 * PAGE, PAGE]] }), page]);
-      await raw.send(header({ t: 'notify', req: 'ok', batches: 1, descriptors: 1, bytes: PAGE, payload: 'p' }));
+      // two descriptors packed in one frame (as the sender packs small ones): each lands at its own offset
+      const packed = Buffer.concat([Buffer.alloc(PAGE / 2, 5), Buffer.alloc(PAGE / 2, 6)]);
+      const halves = [
+        ['dst', 3 * PAGE + PAGE / 2, PAGE / 2],
+        ['dst', 3 * PAGE, PAGE / 2],
+      ];
+      await raw.send([header({ t: 'data', req: 'ok', seq: 1, d: halves, f: [2] }), packed]);
+      await raw.send(header({ t: 'notify', req: 'ok', batches: 2, descriptors: 3, bytes: 2 * PAGE, payload: 'p' }));
       expect(await ok).toBe('p');
       const want = new Uint8Array(4 * PAGE);
       want.fill(7, 2 * PAGE, 3 * PAGE);
+      want.fill(6, 3 * PAGE, 3 * PAGE + PAGE / 2);
+      want.fill(5, 3 * PAGE + PAGE / 2, 4 * PAGE);
       expect(firstDiff(dst, want)).toBe(-1); // only the in-order, complete request landed
       expect(b.inflight).toBe(0);
     } finally {
