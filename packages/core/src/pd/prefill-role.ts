@@ -30,7 +30,7 @@ import {
 import { compareDigests } from './digest.js';
 import { checkPdDrafter, regionLookup } from './manifest.js';
 import { planSend, rangeBytes } from './pairing.js';
-import { RankedState, reshardEntries } from './ranks.js';
+import { gatherScattered, RankedState, reshardEntries } from './ranks.js';
 import {
   hasStageSenders,
   type PdStageLayout,
@@ -97,6 +97,8 @@ interface Room {
   readonly failed: Deferred<never>;
   /** Stage processes' writes in flight (pipeline parallelism): stopped when the room ends. */
   stageWrites?: { readonly stage: number; readonly transferId: string }[];
+  /** Staging regions registered for the room's write (gathered entries), deregistered when the room ends. */
+  staging?: string[];
   timer?: NodeJS.Timeout;
 }
 
@@ -235,6 +237,7 @@ export class PrefillRole {
     } finally {
       // stage writes still going (another sender failed) stop before the pages can be handed out again
       this.stopStageWrites(r, 'the request ended');
+      if (r.staging !== undefined && r.staging.length > 0) this.transfer?.deregisterRegions(r.staging);
       // frees the handed-off sequence (or whatever is left of it); a no-op for a request that finished
       if (r.loopId !== undefined) this.loop.abort(r.loopId);
       this.forget(room);
@@ -316,12 +319,22 @@ export class PrefillRole {
         }),
       );
     }
-    // what each of D's ranks expects, cut from this side's ranks' entries (pd/ranks.ts; the same TP: rank r's)
+    // what each of D's ranks expects, cut from this side's ranks' entries (pd/ranks.ts; the same TP: rank r's);
+    // an entry cut into many small pieces (TP sizes that differ) is gathered into a staging buffer first
     const wanted = byStage[last] ?? [];
-    const own = planSend(
-      wanted,
+    const staged = gatherScattered(
       reshardEntries(this.ranked.entries(loopId), this.ranked.tp, wanted, layout.tp),
       this.lookup,
+      `staging/${room}/`,
+    );
+    const stagedBytes = regionLookup(staged.regions);
+    const stagedIds = new Set(staged.regions.map((x) => x.id));
+    transfer.registerRegions(staged.regions);
+    r.staging = staged.regions.map((x) => x.id);
+    const own = planSend(
+      wanted,
+      staged.entries,
+      (id) => (stagedIds.has(id) ? stagedBytes(id) : this.lookup(id)),
       'the prefill instance',
       this.options.testHooks?.withhold,
     );
