@@ -38,6 +38,7 @@ import { DraftContextWriter } from './draft-context.js';
 import { CostDraftPolicy, fixedDraftPolicy, type DraftPolicy } from './draft-policy.js';
 import { calibrateStepCosts, type StepCosts } from './step-costs.js';
 import { RequestMetrics, RunMetrics } from './metrics.js';
+import { LogitsProcessor, logitsProcessingProblem } from './logits-processors.js';
 import { checkLogitsRow, nextToken } from './probs.js';
 import { SeededRandom } from './random.js';
 import { samplingProblem } from './sampling-params.js';
@@ -257,6 +258,9 @@ export class SpecEngine {
     const bad = samplingProblem(req.sampling);
     if (bad !== undefined)
       throw new EngineError(`add: request ${String(req.id)}: sampling.${bad.field}: ${bad.message}`);
+    const badLogits = logitsProcessingProblem(req.sampling, this.vocab);
+    if (badLogits !== undefined)
+      throw new EngineError(`add: request ${String(req.id)}: sampling.${badLogits.field}: ${badLogits.message}`);
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
     if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined)
       throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
@@ -377,6 +381,7 @@ export class SpecEngine {
       history: new Int32Array(P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1),
       historyLength: P,
       out: [],
+      logits: LogitsProcessor.of(req),
     };
     r.history.set(req.promptIds);
     return r;
@@ -416,7 +421,12 @@ export class SpecEngine {
       if (end === P) {
         const row = res.logits!.subarray(0, this.vocab);
         checkLogitsRow(row, `the logits after prompt position ${P - 1}`);
-        first = nextToken(row, req.sampling, r.rng);
+        let processed = row;
+        if (r.logits !== undefined) {
+          processed = Float32Array.from(row);
+          r.logits.apply(processed);
+        }
+        first = nextToken(processed, req.sampling, r.rng);
       }
     } catch (err) {
       return this.fail(r, new SequenceError(id, 'prefill', err));
@@ -512,9 +522,13 @@ export class SpecEngine {
     for (const t of tokens) {
       r.history[r.historyLength++] = t;
       r.out.push(t);
+      r.logits?.push(t);
       req.onToken?.(t);
-      if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true) return 'eos';
-      if (req.stopStrings !== undefined && req.stopStrings.length > 0) {
+      // below minTokens the processor masked EOS and the stop ids, and stop strings are not checked (vLLM)
+      const minTokens = req.sampling.minTokens ?? 0;
+      if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true && r.out.length >= minTokens) return 'eos';
+      if (req.stopTokenIds?.includes(t) === true && r.out.length >= minTokens) return 'stop';
+      if (req.stopStrings !== undefined && req.stopStrings.length > 0 && r.out.length > minTokens) {
         // add() refuses stopStrings without the decode option
         if (this.options.decode === undefined)
           throw new EngineError(`emit: request ${String(req.id)}: internal error: stopStrings without decode`);

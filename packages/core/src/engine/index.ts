@@ -23,6 +23,7 @@ export {
 } from './probs.js';
 export { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS, samplingProblem } from './sampling-params.js';
 export { SeededRandom } from './random.js';
+export { hasLogitsProcessing, LogitsProcessor, logitsProcessingProblem } from './logits-processors.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';
 export {
