@@ -8,20 +8,22 @@
  */
 
 import { SpecEngine } from '../engine/engine.js';
-import type { HandoffState, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
-import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
+import type { HandoffState, SamplingParams, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
+import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 
 /** A request for the loop (the loop assigns the id). */
 export interface LoopRequest {
   readonly promptIds: Int32Array;
   readonly maxTokens: number;
-  readonly sampling: DraftSampling;
+  readonly sampling: SamplingParams;
   readonly seed: number;
   /** The client fixed `seed` (see SpecRequest.seeded). */
   readonly seeded?: boolean;
   readonly stopStrings?: readonly string[];
   readonly ignoreEos?: boolean;
+  /** Ids that end the request with finish reason `'stop'` (SpecRequest.stopTokenIds). */
+  readonly stopTokenIds?: readonly number[];
   /**
    * Prefill role (prefill/decode disaggregation): end after the first token with finish reason `'handoff'`,
    * the caches kept for the transfer (`SpecEngine.release` / `abort` frees them; see SpecRequest.handoff).
@@ -179,6 +181,7 @@ export class EngineLoop {
       ignoreEos: req.ignoreEos,
       eosTokenIds: this.options.eosTokenIds,
       stopStrings: req.stopStrings,
+      ...(req.stopTokenIds === undefined ? {} : { stopTokenIds: req.stopTokenIds }),
       handoff: req.handoff,
       onToken: (t) => {
         this.generated++;

@@ -45,7 +45,14 @@ import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
 import { parsePdRequest, type PdRequest, ROOM_EXPECTED, requestDigest, roomName } from '../pd/protocol.js';
 import { PdError, type PdPayloadClass } from '../pd/types.js';
-import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
+import {
+  logitsProblem,
+  parseChatRequest,
+  parseCompletionRequest,
+  samplingOf,
+  type GenerationParams,
+  type SamplingDefaults,
+} from './protocol.js';
 import { StopTextBuffer } from './stop-text.js';
 import { StatsLogger } from './stats-log.js';
 
@@ -473,11 +480,12 @@ export class SpecdServer {
     return {
       promptIds,
       maxTokens: p.maxTokens,
-      sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP },
+      sampling: samplingOf(p),
       seed: p.seed,
       seeded: p.seeded,
       stopStrings: p.stop,
       ignoreEos: p.ignoreEos,
+      ...(p.stopTokenIds === undefined ? {} : { stopTokenIds: p.stopTokenIds }),
       handoff,
     };
   }
@@ -503,6 +511,8 @@ export class SpecdServer {
     if (p.model !== this.options.modelName) throw unknownModel(p.model, this.options.modelName);
     const f = this.options.target.model.failure?.();
     if (f !== undefined) throw modelFailed(f);
+    const outside = logitsProblem(p, this.options.target.model.info.vocabSize);
+    if (outside !== undefined) throw invalidParam(outside.field, outside.message);
   }
 
   /**
@@ -589,7 +599,8 @@ export class SpecdServer {
       const opened = await submit({
         onToken: (t) => {
           onToken();
-          const text = stops.push(detok.push(t));
+          // a stop token id ends the request; its text is not returned (vLLM)
+          const text = p.stopTokenIds?.includes(t) === true ? '' : stops.push(detok.push(t));
           if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null));
         },
         onFinish: (r) => {
@@ -650,6 +661,7 @@ export class SpecdServer {
       const listener: LoopListener = {
         onToken: (t) => {
           onToken();
+          if (p.stopTokenIds?.includes(t) === true) return; // it ends the request; its text is not returned (vLLM)
           stops.push(detok.push(t));
         },
         onFinish: (r) => {
