@@ -198,7 +198,7 @@ describe('specd serve with penalties, logit_bias, min_tokens and stop_token_ids 
     expect(r.text).toBe(s.target.tokenizer.decode(want, { skipSpecialTokens: true }));
   });
 
-  it('logit_bias +100 makes a token certain; stop_token_ids ends on it after min_tokens, its text left out', async () => {
+  it('logit_bias +100 makes a token certain; a stop token id ends after min_tokens, text left out', async () => {
     const prompt = 'Once upon a time';
     const biased = await complete({ model: MODEL, prompt, max_tokens: 5, temperature: 0, logit_bias: { '300': 100 } });
     expect(biased.token_ids).toEqual([300, 300, 300, 300, 300]);
@@ -211,7 +211,8 @@ describe('specd serve with penalties, logit_bias, min_tokens and stop_token_ids 
     const first3 = await complete({ ...base, max_tokens: 3, stop_token_ids: [300] });
     expect(first3.token_ids).toEqual(stopped.token_ids.slice(0, 3));
     expect(stopped.text).toBe(first3.text);
-    expect(s.target.tokenizer.decode([300], { skipSpecialTokens: true }).trim()).not.toBe(''); // (so leaving its text out is seen)
+    // (token 300 has text, so leaving it out is seen)
+    expect(s.target.tokenizer.decode([300], { skipSpecialTokens: true }).trim()).not.toBe('');
     // streamed: the same text, the same finish reason
     const stream = await client.completions.create({
       ...base,
