@@ -533,7 +533,10 @@ export class SpecEngine {
         if (this.options.decode === undefined)
           throw new EngineError(`emit: request ${String(req.id)}: internal error: stopStrings without decode`);
         const text = this.options.decode(r.out);
-        if (req.stopStrings.some((s) => text.includes(s))) return 'stop';
+        // with min_tokens, a stop string counts from the end of the first min_tokens tokens' text
+        r.stopTextFrom ??= minTokens > 0 ? this.options.decode(r.out.slice(0, minTokens)).length : 0;
+        const from = r.stopTextFrom;
+        if (req.stopStrings.some((s) => text.indexOf(s, from) >= 0)) return 'stop';
       }
       if (r.out.length >= req.maxTokens) return 'length';
     }

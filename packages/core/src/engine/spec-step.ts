@@ -73,6 +73,8 @@ export interface Running {
   readonly out: number[];
   /** The request's logits processors (logits-processors.ts); undefined when its settings are all neutral. */
   readonly logits: LogitsProcessor | undefined;
+  /** Where stop strings are searched in the output text (after the first min_tokens tokens' text); set lazily. */
+  stopTextFrom?: number;
   /**
    * Committed tokens whose draft context is not written yet (steps with k = 0 defer it: a sequence
    * that is not drafting does not pay the projection; flushed in one call before it drafts again;

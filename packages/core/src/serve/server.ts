@@ -542,7 +542,9 @@ export class SpecdServer {
     const resolved = this.withMaxTokens(p, P, promptParam);
     const tok = this.options.target.tokenizer;
     const detok = tok.createDetokenizer({ skipSpecialTokens: true, promptIds });
-    const stops = new StopTextBuffer(p.stop);
+    const minTokens = p.minTokens ?? 0;
+    const stops = new StopTextBuffer(p.stop, minTokens === 0);
+    let pushed = 0; // tokens pushed: stop strings count after min_tokens (vLLM)
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replace(/-/g, '')}`;
     const created = Math.floor(Date.now() / 1000);
     const object = kind === 'chat' ? 'chat.completion' : 'text_completion';
@@ -599,6 +601,7 @@ export class SpecdServer {
       const opened = await submit({
         onToken: (t) => {
           onToken();
+          if (pushed++ === minTokens) stops.arm();
           // a stop token id ends the request; its text is not returned (vLLM)
           const text = p.stopTokenIds?.includes(t) === true ? '' : stops.push(detok.push(t));
           if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null));
@@ -661,6 +664,7 @@ export class SpecdServer {
       const listener: LoopListener = {
         onToken: (t) => {
           onToken();
+          if (pushed++ === minTokens) stops.arm();
           if (p.stopTokenIds?.includes(t) === true) return; // it ends the request; its text is not returned (vLLM)
           stops.push(detok.push(t));
         },

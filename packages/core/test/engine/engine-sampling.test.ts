@@ -367,6 +367,23 @@ describe('greedy speculation with the logits processors', () => {
       expect([min.tokenIds, min.finishReason]).toEqual([[0, 2, 0, 2, 0, 1], 'eos']);
       const stop = run({ temperature: 0, minTokens: 4 }, drafter, { stopTokenIds: [1] })[0]!;
       expect([stop.tokenIds, stop.finishReason]).toEqual([[0, 2, 0, 2, 0, 1], 'stop']);
+      // stop strings count from the end of the first min_tokens tokens' text (vLLM checks no stop before them)
+      const decode = (ids: readonly number[]): string => ids.map((t) => 'abcd'[t]).join('');
+      const stopAt = (minTokens: number): SpecResult => {
+        const e = new SpecEngine(new ChainTarget(), drafter ? new ChainDrafter(false) : undefined, {
+          maxSequences: 1,
+          maxTokensPerSequence: 64,
+          pageSize: 4,
+          draftLength: () => 3,
+          decode,
+        });
+        const sampling = { temperature: 0, minTokens };
+        return e.run([
+          { id: 0, promptIds: Int32Array.of(2), maxTokens: 24, sampling, seed: 1, stopStrings: ['ab'] },
+        ])[0]!;
+      };
+      expect([decode(stopAt(0).tokenIds), stopAt(0).finishReason]).toEqual(['ab', 'stop']);
+      expect([decode(stopAt(3).tokenIds), stopAt(3).finishReason]).toEqual(['ababab', 'stop']);
       // ignore_eos does not apply to stop_token_ids
       const ignored = run({ temperature: 0 }, drafter, { stopTokenIds: [1], eosTokenIds: [0], ignoreEos: true })[0]!;
       expect([ignored.tokenIds, ignored.finishReason]).toEqual([[0, 1], 'stop']);

@@ -13,6 +13,7 @@ import { startServe, type StartedServer } from '../../src/cli/serve.js';
 import { SpecEngine, type SamplingParams } from '../../src/engine/index.js';
 import { requestDigest } from '../../src/pd/protocol.js';
 import { ApiError } from '../../src/serve/errors.js';
+import { StopTextBuffer } from '../../src/serve/stop-text.js';
 import {
   parseChatRequest,
   parseCompletionRequest,
@@ -95,6 +96,16 @@ describe('parsing the logits fields', () => {
       expect([e.status, e.param]).toEqual([400, field]);
       expect(e.message).toContain(message);
     }
+  });
+
+  it('a stop-text buffer made unarmed (min_tokens) sends everything and finds stop strings only after arm()', () => {
+    const b = new StopTextBuffer(['ab'], false);
+    expect(b.push('xab')).toBe('xab');
+    expect(b.push('a')).toBe('a');
+    b.arm();
+    expect(b.push('a')).toBe(''); // held: it may start a stop string
+    expect(b.push('bz')).toBe('');
+    expect([b.stopped, b.fullText]).toEqual([true, 'xaba']);
   });
 
   it('the PD request digest differs when a field that decides tokens differs', () => {
