@@ -38,6 +38,7 @@ import { DraftContextWriter } from './draft-context.js';
 import { CostDraftPolicy, fixedDraftPolicy, type DraftPolicy } from './draft-policy.js';
 import { calibrateStepCosts, type StepCosts } from './step-costs.js';
 import { RequestMetrics, RunMetrics } from './metrics.js';
+import { LogitsProcessor, logitsProcessingProblem } from './logits-processors.js';
 import { checkLogitsRow, nextToken } from './probs.js';
 import { SeededRandom } from './random.js';
 import { samplingProblem } from './sampling-params.js';
@@ -265,6 +266,9 @@ export class SpecEngine {
           `add: request ${String(req.id)}: ${field}: expected an integer in [0, ${MAX_TOP_LOGPROBS}], got ${n}`,
         );
     }
+    const badLogits = logitsProcessingProblem(req.sampling, this.vocab);
+    if (badLogits !== undefined)
+      throw new EngineError(`add: request ${String(req.id)}: sampling.${badLogits.field}: ${badLogits.message}`);
     if (this.known.has(req.id)) throw new EngineError(`add: request ${String(req.id)}: id already queued`);
     if ((req.stopStrings?.length ?? 0) > 0 && this.options.decode === undefined)
       throw new EngineError(`add: request ${String(req.id)}: stopStrings need the engine's decode option`);
@@ -385,6 +389,7 @@ export class SpecEngine {
       history: new Int32Array(P + req.maxTokens + (this.drafter?.maxDraftTokens ?? 0) + 1),
       historyLength: P,
       out: [],
+      logits: LogitsProcessor.of(req),
     };
     r.history.set(req.promptIds);
     return r;
@@ -438,7 +443,13 @@ export class SpecEngine {
         const last = promptTopN === undefined ? 0 : end - p - 1;
         const row = res.logits!.subarray(last * this.vocab, (last + 1) * this.vocab);
         checkLogitsRow(row, `the logits after prompt position ${P - 1}`);
-        first = nextToken(row, req.sampling, r.rng);
+        let processed = row;
+        if (r.logits !== undefined) {
+          processed = Float32Array.from(row);
+          r.logits.apply(processed);
+        }
+        first = nextToken(processed, req.sampling, r.rng);
+        // logprobs are of the raw target distribution (vLLM's default), before penalties and temperature
         if (req.logprobs !== undefined) firstLogprob = tokenLogprob(row, first, req.logprobs);
       }
     } catch (err) {
@@ -561,14 +572,21 @@ export class SpecEngine {
     for (const [i, t] of tokens.entries()) {
       r.history[r.historyLength++] = t;
       r.out.push(t);
+      r.logits?.push(t);
       req.onToken?.(t, logprobs?.[i]);
-      if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true) return 'eos';
-      if (req.stopStrings !== undefined && req.stopStrings.length > 0) {
+      // below minTokens the processor masked EOS and the stop ids, and stop strings are not checked (vLLM)
+      const minTokens = req.sampling.minTokens ?? 0;
+      if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true && r.out.length >= minTokens) return 'eos';
+      if (req.stopTokenIds?.includes(t) === true && r.out.length >= minTokens) return 'stop';
+      if (req.stopStrings !== undefined && req.stopStrings.length > 0 && r.out.length > minTokens) {
         // add() refuses stopStrings without the decode option
         if (this.options.decode === undefined)
           throw new EngineError(`emit: request ${String(req.id)}: internal error: stopStrings without decode`);
         const text = this.options.decode(r.out);
-        if (req.stopStrings.some((s) => text.includes(s))) return 'stop';
+        // with min_tokens, a stop string counts from the end of the first min_tokens tokens' text
+        r.stopTextFrom ??= minTokens > 0 ? this.options.decode(r.out.slice(0, minTokens)).length : 0;
+        const from = r.stopTextFrom;
+        if (req.stopStrings.some((s) => text.indexOf(s, from) >= 0)) return 'stop';
       }
       if (r.out.length >= req.maxTokens) return 'length';
     }

@@ -24,6 +24,7 @@ export {
 export { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS, samplingProblem } from './sampling-params.js';
 export { SeededRandom } from './random.js';
 export { MAX_TOP_LOGPROBS, tokenLogprob, type TokenLogprob, type TopLogprob } from './logprobs.js';
+export { hasLogitsProcessing, LogitsProcessor, logitsProcessingProblem } from './logits-processors.js';
 export { RequestMetrics, RunMetrics } from './metrics.js';
 export { adaptiveDraftLength, type AdaptiveDraftLengthOptions } from './draft-length.js';
 export {

@@ -26,6 +26,7 @@ import {
 import type { DraftContextWriter, PendingContext } from './draft-context.js';
 import type { DraftPolicy } from './draft-policy.js';
 import { type TokenLogprob, tokenLogprob } from './logprobs.js';
+import type { LogitsProcessor } from './logits-processors.js';
 import type { RequestMetrics, RunMetrics } from './metrics.js';
 import { checkLogitsRow, samplingProbs } from './probs.js';
 import type { SeededRandom } from './random.js';
@@ -71,6 +72,10 @@ export interface Running {
   history: Int32Array;
   historyLength: number;
   readonly out: number[];
+  /** The request's logits processors (logits-processors.ts); undefined when its settings are all neutral. */
+  readonly logits: LogitsProcessor | undefined;
+  /** Where stop strings are searched in the output text (after the first min_tokens tokens' text); set lazily. */
+  stopTextFrom?: number;
   /**
    * Committed tokens whose draft context is not written yet (steps with k = 0 defer it: a sequence
    * that is not drafting does not pay the projection; flushed in one call before it drafts again;
@@ -312,11 +317,13 @@ export function accept(
     const block = verified.blocks[i]!;
     const first = row;
     row += block.tokens.length;
-    const lg = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
+    const raw = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
     const checkRows = (rows: Iterable<number>): void => {
-      for (const x of rows) checkLogitsRow(lg.subarray(x * V, (x + 1) * V), `verify row ${x}`);
+      for (const x of rows) checkLogitsRow(raw.subarray(x * V, (x + 1) * V), `verify row ${x}`);
     };
     try {
+      // row x processed as plain decoding would after the drafts before it (logits-processors.ts)
+      const lg = r.logits === undefined ? raw : r.logits.block(raw, V, block.tokens, block.tree);
       if (block.tree !== undefined) {
         const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
         checkRows(rows);

@@ -7,12 +7,33 @@ import type { TokenLogprob } from './logprobs.js';
 import type { RequestMetrics } from './metrics.js';
 
 /**
- * Sampling settings, the record a drafter sees too ({@link DraftSampling}), applied in this order
+ * Sampling settings. First the request's logits processors on the target's logits (logits-processors.ts, vLLM's
+ * order): `logitBias`, `minTokens`, `repetitionPenalty`, `frequencyPenalty` and `presencePenalty` (all optional,
+ * undefined: off). Then the record a drafter sees too ({@link DraftSampling}), applied in this order
  * (probs.ts): `temperature` — 0 → greedy; otherwise > 0 (logits are divided by it); `topK` — keep
  * the k most likely tokens (undefined or 0: no top-k); `topP` — keep the smallest set of tokens
  * whose probability reaches p, in (0, 1] (undefined or 1: no top-p).
+ * Drafters see the penalties but need not apply them: verification applies them to the target's rows, so the
+ * output is the target's whatever the drafts (a drafter that applies them only drafts better).
  */
-export type SamplingParams = DraftSampling;
+export interface SamplingParams extends DraftSampling {
+  /** vLLM `presence_penalty`, in [−2, 2] (0: off): subtracted from the logit of every token generated so far. */
+  readonly presencePenalty?: number;
+  /** vLLM `frequency_penalty`, in [−2, 2] (0: off): times its count subtracted from a generated token's logit. */
+  readonly frequencyPenalty?: number;
+  /**
+   * vLLM `repetition_penalty`, finite > 0 (1: off), over prompt + generated tokens: a logit > 0 is divided by it,
+   * any other multiplied.
+   */
+  readonly repetitionPenalty?: number;
+  /** OpenAI `logit_bias`: token id (in [0, vocab)) → bias in [−100, 100], added to the target's logit. */
+  readonly logitBias?: ReadonlyMap<number, number>;
+  /**
+   * vLLM `min_tokens`, an integer ≥ 0: until this many tokens are generated the EOS ids (unless ignoreEos) and
+   * {@link SpecRequest.stopTokenIds} are masked and stop strings are not checked.
+   */
+  readonly minTokens?: number;
+}
 
 /** One generation request. */
 export interface SpecRequest {
@@ -21,7 +42,7 @@ export interface SpecRequest {
   readonly promptIds: Int32Array;
   /** New tokens at most (≥ 1). */
   readonly maxTokens: number;
-  readonly sampling: DraftSampling;
+  readonly sampling: SamplingParams;
   /** PRNG seed of the request (drafts and verification draw from one stream). */
   readonly seed: number;
   /**
@@ -39,6 +60,11 @@ export interface SpecRequest {
   readonly ignoreEos?: boolean;
   /** EOS ids (ignored with ignoreEos). */
   readonly eosTokenIds?: readonly number[];
+  /**
+   * vLLM `stop_token_ids`: generating one of these ends the request with finish reason `'stop'` (ignoreEos does
+   * not apply; the id is the last of `tokenIds`).
+   */
+  readonly stopTokenIds?: readonly number[];
   /** Stop when the generated text contains one of these (needs the engine's `decode`). */
   readonly stopStrings?: readonly string[];
   /**

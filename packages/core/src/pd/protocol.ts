@@ -86,7 +86,8 @@ export function parsePdRequest(raw: unknown, role: 'prefill' | 'decode'): PdRequ
 
 /**
  * A digest of what a request computes: its prompt ids and the parameters that decide its tokens (max_tokens,
- * sampling, the seed when the client fixed it, stop strings, ignore_eos). P and D each compute it from the body
+ * sampling, the seed when the client fixed it, stop strings, ignore_eos, penalties, min_tokens, stop_token_ids,
+ * logit_bias). P and D each compute it from the body
  * they received; P refuses to hand a request's state to a D whose digest differs (a router bug, or a hostile
  * client of the `/pd/*` routes, would otherwise make D continue another prompt's state). An unfixed seed is left
  * out: each side draws its own, and D continues P's stream (HandoffState).
@@ -101,6 +102,10 @@ export function requestDigest(promptIds: ArrayLike<number>, p: GenerationParams)
     seed: p.seeded ? p.seed : null,
     stop: p.stop ?? [],
     ignoreEos: p.ignoreEos ?? false,
+    penalties: [p.presencePenalty ?? 0, p.frequencyPenalty ?? 0, p.repetitionPenalty ?? 1],
+    minTokens: p.minTokens ?? 0,
+    stopTokenIds: p.stopTokenIds ?? [],
+    logitBias: [...(p.logitBias ?? [])].sort((a, b) => a[0] - b[0]),
   };
   return createHash('sha256').update(JSON.stringify(fields)).digest('hex');
 }

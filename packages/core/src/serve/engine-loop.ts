@@ -9,7 +9,7 @@
 
 import { SpecEngine } from '../engine/engine.js';
 import type { TokenLogprob } from '../engine/logprobs.js';
-import type { HandoffState, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
+import type { HandoffState, SamplingParams, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
 import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 
@@ -17,12 +17,14 @@ import type { StageModel } from '../plugin/model-plugin.js';
 export interface LoopRequest {
   readonly promptIds: Int32Array;
   readonly maxTokens: number;
-  readonly sampling: DraftSampling;
+  readonly sampling: SamplingParams;
   readonly seed: number;
   /** The client fixed `seed` (see SpecRequest.seeded). */
   readonly seeded?: boolean;
   readonly stopStrings?: readonly string[];
   readonly ignoreEos?: boolean;
+  /** Ids that end the request with finish reason `'stop'` (SpecRequest.stopTokenIds). */
+  readonly stopTokenIds?: readonly number[];
   /**
    * Prefill role (prefill/decode disaggregation): end after the first token with finish reason `'handoff'`,
    * the caches kept for the transfer (`SpecEngine.release` / `abort` frees them; see SpecRequest.handoff).
@@ -187,6 +189,7 @@ export class EngineLoop {
       ignoreEos: req.ignoreEos,
       eosTokenIds: this.options.eosTokenIds,
       stopStrings: req.stopStrings,
+      ...(req.stopTokenIds === undefined ? {} : { stopTokenIds: req.stopTokenIds }),
       handoff: req.handoff,
       logprobs: req.logprobs,
       promptLogprobs: req.promptLogprobs,

@@ -6,10 +6,13 @@
  * Sampling fields, checked as vLLM's `SamplingParams` (engine/sampling-params.ts): `temperature` a finite number
  * in [0, 2], below 1e-5 greedy (then top_p and top_k are off); `top_p` in (0, 1]; `top_k` an integer, −1 or 0 off,
  * else ≥ 1; `seed` an integer in [−(2^53 − 1), 2^53 − 1], −1 meaning none (the PRNG takes it mod 2^32);
- * `presence_penalty` and `frequency_penalty` in [−2, 2] and `repetition_penalty` finite > 0 (checked, not applied).
+ * `presence_penalty` and `frequency_penalty` in [−2, 2] and `repetition_penalty` finite > 0; `min_tokens` an integer
+ * ≥ 0 and ≤ max_tokens; `stop_token_ids` token ids; `logit_bias` an object of token id → number in [−100, 100] (ids
+ * against the vocabulary: the server, {@link logitsProblem}). Applied by the engine (engine/logits-processors.ts).
  */
 
 import { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS } from '../engine/sampling-params.js';
+import type { SamplingParams } from '../engine/types.js';
 import type { ChatMessage } from './chat-template.js';
 import { invalidParam } from './errors.js';
 
@@ -53,6 +56,16 @@ export interface GenerationParams {
   readonly logprobs?: number;
   /** Completions' `echo`: the prompt text comes before the completion (with `logprobs`, the prompt's logprobs). */
   readonly echo?: boolean;
+  /** vLLM `presence_penalty`, `frequency_penalty` (undefined: 0) and `repetition_penalty` (undefined: 1). */
+  readonly presencePenalty?: number;
+  readonly frequencyPenalty?: number;
+  readonly repetitionPenalty?: number;
+  /** vLLM `min_tokens` (undefined: 0). */
+  readonly minTokens?: number;
+  /** vLLM `stop_token_ids`: ids that end the request with finish reason `stop` (the id's text is not returned). */
+  readonly stopTokenIds?: readonly number[];
+  /** OpenAI `logit_bias`: token id → bias in [−100, 100]. */
+  readonly logitBias?: ReadonlyMap<number, number>;
 }
 
 /** The most alternatives /v1/completions' `logprobs` may ask for (OpenAI's bound). */
@@ -153,10 +166,15 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
     `an integer in [-${MAX_SEED}, ${MAX_SEED}] (-1: none)`,
     true,
   );
-  // accepted and not applied (yet): checked as vLLM does, so a value vLLM refuses is refused here too
-  for (const key of ['presence_penalty', 'frequency_penalty'])
-    num(b, key, (v) => v >= -2 && v <= 2, 'a number in [-2, 2]');
-  num(b, 'repetition_penalty', (v) => v > 0, 'a finite number > 0');
+  const [presencePenalty, frequencyPenalty] = ['presence_penalty', 'frequency_penalty'].map((key) =>
+    num(b, key, (v) => v >= -2 && v <= 2, 'a number in [-2, 2]'),
+  );
+  const repetitionPenalty = num(b, 'repetition_penalty', (v) => v > 0, 'a finite number > 0');
+  const minTokens = num(b, 'min_tokens', (v) => v >= 0, 'an integer >= 0', true);
+  if (minTokens !== undefined && maxTokens !== undefined && minTokens > maxTokens)
+    throw invalidParam('min_tokens', `expected at most max_tokens (${maxTokens}), got ${minTokens}`);
+  const stopTokenIds = tokenIds(b, 'stop_token_ids');
+  const logitBias = biasMap(b);
   num(b, 'n', (v) => v === 1, '1 (one choice per request)', true);
   if (b.best_of !== undefined && b.best_of !== null && b.best_of !== 1)
     throw invalidParam('best_of', 'only 1 is supported');
@@ -194,7 +212,71 @@ function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly str
     includeUsage,
     ignoreEos: bool(b, 'ignore_eos') ?? false,
     returnTokenIds: bool(b, 'return_token_ids') ?? false,
+    ...(presencePenalty === undefined ? {} : { presencePenalty }),
+    ...(frequencyPenalty === undefined ? {} : { frequencyPenalty }),
+    ...(repetitionPenalty === undefined ? {} : { repetitionPenalty }),
+    ...(minTokens === undefined ? {} : { minTokens }),
+    ...(stopTokenIds === undefined ? {} : { stopTokenIds }),
+    ...(logitBias === undefined ? {} : { logitBias }),
   };
+}
+
+/** `b[key]` as an array of token ids (integers ≥ 0), or undefined when absent. @throws {ApiError} 400 naming key. */
+function tokenIds(b: Body, key: string): number[] | undefined {
+  const v = b[key];
+  if (v === undefined || v === null) return undefined;
+  if (!Array.isArray(v) || v.some((x) => !(Number.isSafeInteger(x) && (x as number) >= 0)))
+    throw invalidParam(key, `expected an array of token ids (integers >= 0), got ${JSON.stringify(v).slice(0, 80)}`);
+  return v as number[];
+}
+
+/**
+ * `logit_bias` (OpenAI: an object of token id → bias in [−100, 100]) as a map, or undefined when absent or empty.
+ * @throws {ApiError} 400 naming `logit_bias` for a key that is not a token id or a bias out of range.
+ */
+function biasMap(b: Body): ReadonlyMap<number, number> | undefined {
+  const v = b.logit_bias;
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'object' || Array.isArray(v))
+    throw invalidParam('logit_bias', 'expected an object of token id -> bias in [-100, 100]');
+  const out = new Map<number, number>();
+  for (const [key, bias] of Object.entries(v as Body)) {
+    const id = Number(key);
+    if (!(/^\d+$/.test(key) && Number.isSafeInteger(id)))
+      throw invalidParam('logit_bias', `expected token ids as keys, got ${JSON.stringify(key).slice(0, 40)}`);
+    if (typeof bias !== 'number' || !(bias >= -100 && bias <= 100))
+      throw invalidParam('logit_bias', `the bias of token ${id}: expected a number in [-100, 100], got ${bias}`);
+    out.set(id, bias);
+  }
+  return out.size === 0 ? undefined : out;
+}
+
+/**
+ * The engine's sampling of checked parameters: temperature, top-k, top-p and the logits processors
+ * (engine/logits-processors.ts), the neutral ones left out.
+ */
+export function samplingOf(p: GenerationParams): SamplingParams {
+  return {
+    temperature: p.temperature,
+    topK: p.topK,
+    topP: p.topP,
+    ...(p.presencePenalty === undefined ? {} : { presencePenalty: p.presencePenalty }),
+    ...(p.frequencyPenalty === undefined ? {} : { frequencyPenalty: p.frequencyPenalty }),
+    ...(p.repetitionPenalty === undefined ? {} : { repetitionPenalty: p.repetitionPenalty }),
+    ...(p.minTokens === undefined ? {} : { minTokens: p.minTokens }),
+    ...(p.logitBias === undefined ? {} : { logitBias: p.logitBias }),
+  };
+}
+
+/**
+ * The first token id of `p` (logit_bias, stop_token_ids) outside a vocabulary of `vocab` tokens, as the field and a
+ * message naming the id, or undefined.
+ */
+export function logitsProblem(p: GenerationParams, vocab: number): { field: string; message: string } | undefined {
+  const outside = (id: number): string => `token id ${id} is outside the vocabulary (size ${vocab})`;
+  for (const id of p.logitBias?.keys() ?? []) if (id >= vocab) return { field: 'logit_bias', message: outside(id) };
+  for (const id of p.stopTokenIds ?? []) if (id >= vocab) return { field: 'stop_token_ids', message: outside(id) };
+  return undefined;
 }
 
 /** Checks a /v1/completions body. @throws {ApiError} 400 naming the field. */

@@ -46,7 +46,14 @@ import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
 import { parsePdRequest, type PdRequest, ROOM_EXPECTED, requestDigest, roomName } from '../pd/protocol.js';
 import { PdError, type PdPayloadClass } from '../pd/types.js';
-import { parseChatRequest, parseCompletionRequest, type GenerationParams, type SamplingDefaults } from './protocol.js';
+import {
+  logitsProblem,
+  parseChatRequest,
+  parseCompletionRequest,
+  samplingOf,
+  type GenerationParams,
+  type SamplingDefaults,
+} from './protocol.js';
 import { LogprobsWriter } from './logprobs.js';
 import { StopTextBuffer } from './stop-text.js';
 import { StatsLogger } from './stats-log.js';
@@ -535,11 +542,12 @@ export class SpecdServer {
     return {
       promptIds,
       maxTokens: p.maxTokens,
-      sampling: { temperature: p.temperature, topK: p.topK, topP: p.topP },
+      sampling: samplingOf(p),
       seed: p.seed,
       seeded: p.seeded,
       stopStrings: p.stop,
       ignoreEos: p.ignoreEos,
+      ...(p.stopTokenIds === undefined ? {} : { stopTokenIds: p.stopTokenIds }),
       handoff,
     };
   }
@@ -565,6 +573,8 @@ export class SpecdServer {
     if (p.model !== this.options.modelName) throw unknownModel(p.model, this.options.modelName);
     const f = this.options.target.model.failure?.();
     if (f !== undefined) throw modelFailed(f);
+    const outside = logitsProblem(p, this.options.target.model.info.vocabSize);
+    if (outside !== undefined) throw invalidParam(outside.field, outside.message);
   }
 
   /**
@@ -594,7 +604,9 @@ export class SpecdServer {
     const resolved = this.withMaxTokens(p, P, promptParam);
     const tok = this.options.target.tokenizer;
     const detok = tok.createDetokenizer({ skipSpecialTokens: true, promptIds });
-    const stops = new StopTextBuffer(p.stop);
+    const minTokens = p.minTokens ?? 0;
+    const stops = new StopTextBuffer(p.stop, minTokens === 0);
+    let pushed = 0; // tokens pushed: stop strings count after min_tokens (vLLM)
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replace(/-/g, '')}`;
     const created = Math.floor(Date.now() / 1000);
     const object = kind === 'chat' ? 'chat.completion' : 'text_completion';
@@ -678,8 +690,10 @@ export class SpecdServer {
             echoed = true;
             raw.write(chunk(echoText, null, takeLogprobs()));
           }
+          if (pushed++ === minTokens) stops.arm();
           if (lp !== undefined) lps?.add(t, lp);
-          const text = stops.push(detok.push(t));
+          // a stop token id ends the request; its text is not returned (vLLM)
+          const text = p.stopTokenIds?.includes(t) === true ? '' : stops.push(detok.push(t));
           if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null, takeLogprobs()));
         },
         onFinish: (r) => {
@@ -741,7 +755,9 @@ export class SpecdServer {
         onPromptLogprobs,
         onToken: (t, lp) => {
           onToken();
+          if (pushed++ === minTokens) stops.arm();
           if (lp !== undefined) lps?.add(t, lp);
+          if (p.stopTokenIds?.includes(t) === true) return; // it ends the request; its text is not returned (vLLM)
           stops.push(detok.push(t));
         },
         onFinish: (r) => {

@@ -7,8 +7,24 @@ export class StopTextBuffer {
   private text = '';
   private sent = 0;
   private stoppedAt: number | undefined;
+  /** Stop strings are searched from here (text before it was pushed before {@link arm}). */
+  private searchFrom = 0;
 
-  constructor(private readonly stops: readonly string[]) {}
+  /**
+   * @param armed false: stop strings are not searched (and no text is held back) until {@link arm} — vLLM's
+   *   `min_tokens`, before which stop strings do not count.
+   */
+  constructor(
+    private readonly stops: readonly string[],
+    private armed = true,
+  ) {}
+
+  /** Searches stop strings from now on, in the text pushed after this call (no effect when armed). */
+  arm(): void {
+    if (this.armed) return;
+    this.armed = true;
+    this.searchFrom = this.text.length;
+  }
 
   /** True once a stop string has appeared. */
   get stopped(): boolean {
@@ -19,9 +35,10 @@ export class StopTextBuffer {
   push(delta: string): string {
     if (this.stoppedAt !== undefined) return '';
     this.text += delta;
+    if (!this.armed) return this.take(this.text.length);
     let cut = -1;
     for (const s of this.stops) {
-      const i = this.text.indexOf(s, Math.max(0, this.sent - s.length + 1));
+      const i = this.text.indexOf(s, Math.max(this.searchFrom, this.sent - s.length + 1));
       if (i >= 0 && (cut < 0 || i < cut)) cut = i;
     }
     if (cut >= 0) {

@@ -5,14 +5,18 @@
 // request's temperature and top-p — χ² over the 16 cells (cells top-p makes impossible must stay empty). Also with
 // argmax drafts (no q: point masses).
 // And seeded requests (SpecRequest.seeded) under a timing-based policy: plain decoding, reproducible.
+// With the request's logits processors (penalties, logit_bias, min_tokens; logits-processors.ts): the same χ²
+// against the processed chain, greedy speculation equal to plain decoding, min_tokens and stop_token_ids.
 import { describe, expect, it } from 'vitest';
 
 import {
   CostDraftPolicy,
+  LogitsProcessor,
   samplingProbs,
   sampleFromProbs,
   SpecEngine,
   StepCosts,
+  type SamplingParams,
   type SpecRequest,
   type SpecResult,
 } from '../../src/engine/index.js';
@@ -258,5 +262,131 @@ describe('seeded sampled requests under a timing-based draft policy', () => {
     expect(run('max', [request('s', true)]).get('s')!.tokenIds).toEqual(m.tokenIds); // fixed k: reproducible anyway
     const g = run(policy(0.001), [{ ...request('g', true), sampling: { temperature: 0 } }]).get('g')!;
     expect(g.metrics.drafted).toBeGreaterThan(0);
+  });
+});
+
+/** Penalties and a bias that change the toy chain's rows (each setting on its own changes the χ² cells). */
+const PENALTIES: SamplingParams = {
+  temperature: 1,
+  repetitionPenalty: 1.6,
+  frequencyPenalty: 0.5,
+  presencePenalty: 0.4,
+  logitBias: new Map([[0, 0.7]]),
+};
+
+describe.each([
+  ['q from a different chain, 2 drafts', true, 2],
+  ['q from a different chain, 3 drafts', true, 3],
+  ['argmax drafts (point mass), 2 drafts', false, 2],
+] as const)('engine rejection sampling with penalties and logit_bias is lossless: %s', (_name, withQ, drafts) => {
+  it('(2nd, 3rd) generated tokens ~ the processed target chain (χ², 10⁴ requests)', () => {
+    const e = new SpecEngine(new ChainTarget(), new ChainDrafter(withQ), {
+      maxSequences: 256,
+      maxTokensPerSequence: 16,
+      pageSize: 4,
+      draftLength: () => drafts,
+    });
+    const x = 2;
+    const req = (i: number): SpecRequest => ({
+      id: i,
+      promptIds: Int32Array.of(x),
+      maxTokens: 3,
+      sampling: PENALTIES,
+      seed: Math.imul(i + 1, 2654435761) >>> 0,
+    });
+    const rs = e.run(Array.from({ length: N }, (_, i) => req(i)));
+    const counts = new Array<number>(V * V).fill(0);
+    for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
+    // p(next | generated): the chain's row after the last token, processed after the generated tokens
+    const p = (generated: readonly number[]): Float32Array => {
+      const proc = LogitsProcessor.of(req(0))!;
+      for (const t of generated) proc.push(t);
+      const row = logRow(P, generated.at(-1) ?? x);
+      proc.apply(row);
+      return samplingProbs(row, V, PENALTIES);
+    };
+    // the penalties change the distribution of the 3rd token given the first two (else this test proves nothing)
+    expect(Math.abs(p([1, 3])[3]! - samplingProbs(logRow(P, 3), V, { temperature: 1 })[3]!)).toBeGreaterThan(0.05);
+    const expected = new Array<number>(V * V).fill(0);
+    const p0 = p([]);
+    for (let a = 0; a < V; a++) {
+      const p1 = p([a]);
+      for (let b = 0; b < V; b++) {
+        const p2 = p([a, b]);
+        for (let c = 0; c < V; c++) expected[b * V + c]! += p0[a]! * p1[b]! * p2[c]!;
+      }
+    }
+    let chi = 0;
+    for (let i = 0; i < V * V; i++) chi += (counts[i]! - expected[i]! * N) ** 2 / (expected[i]! * N);
+    expect(chi).toBeLessThan(CHI2_CRIT[V * V - 1]!);
+    // the unprocessed chain's joint is far from these counts (the penalties are applied, not ignored)
+    const plain = new Array<number>(V * V).fill(0);
+    const q = (t: number) => samplingProbs(logRow(P, t), V, { temperature: 1 });
+    for (let a = 0; a < V; a++)
+      for (let b = 0; b < V; b++) for (let c = 0; c < V; c++) plain[b * V + c]! += q(x)[a]! * q(a)[b]! * q(b)[c]!;
+    let chiPlain = 0;
+    for (let i = 0; i < V * V; i++) chiPlain += (counts[i]! - plain[i]! * N) ** 2 / (plain[i]! * N);
+    expect(chiPlain).toBeGreaterThan(CHI2_CRIT[V * V - 1]!);
+    expect(e.metrics.accepted).toBeGreaterThan(0);
+    expect(e.metrics.accepted).toBeLessThan(e.metrics.drafted);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+  });
+});
+
+describe('greedy speculation with the logits processors', () => {
+  const run = (sampling: SamplingParams, drafter: boolean, extra: Partial<SpecRequest> = {}): SpecResult[] => {
+    const e = new SpecEngine(new ChainTarget(), drafter ? new ChainDrafter(false) : undefined, {
+      maxSequences: 4,
+      maxTokensPerSequence: 64,
+      pageSize: 4,
+      draftLength: () => 3,
+    });
+    const rs = e.run(
+      [0, 1, 2, 3].map((x) => ({ id: x, promptIds: Int32Array.of(x, 2), maxTokens: 24, sampling, seed: 1, ...extra })),
+    );
+    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+    return rs.sort((a, b) => Number(a.id) - Number(b.id));
+  };
+
+  it('outputs plain decoding: the penalties count the drafts before each verify row', () => {
+    const sampling: SamplingParams = { ...PENALTIES, temperature: 0 };
+    const spec = run(sampling, true);
+    const plain = run(sampling, false);
+    expect(spec.map((r) => r.tokenIds)).toEqual(plain.map((r) => r.tokenIds));
+    expect(spec.reduce((a, r) => a + r.metrics.accepted, 0)).toBeGreaterThan(0);
+    // and the penalties changed the output
+    expect(run({ temperature: 0 }, false).map((r) => r.tokenIds)).not.toEqual(plain.map((r) => r.tokenIds));
+  });
+
+  it('min_tokens masks EOS and stop_token_ids; a stop token id finishes with reason stop', () => {
+    // greedy from token 2: 0, 1, 0, 1, … (P's argmax); token 1 masked: 0, 2, 0, 2, then 0, 1
+    for (const drafter of [false, true]) {
+      const eos = run({ temperature: 0 }, drafter, { eosTokenIds: [1] })[0]!;
+      expect([eos.tokenIds, eos.finishReason]).toEqual([[0, 1], 'eos']);
+      const min = run({ temperature: 0, minTokens: 4 }, drafter, { eosTokenIds: [1] })[0]!;
+      expect([min.tokenIds, min.finishReason]).toEqual([[0, 2, 0, 2, 0, 1], 'eos']);
+      const stop = run({ temperature: 0, minTokens: 4 }, drafter, { stopTokenIds: [1] })[0]!;
+      expect([stop.tokenIds, stop.finishReason]).toEqual([[0, 2, 0, 2, 0, 1], 'stop']);
+      // stop strings count from the end of the first min_tokens tokens' text (vLLM checks no stop before them)
+      const decode = (ids: readonly number[]): string => ids.map((t) => 'abcd'[t]).join('');
+      const stopAt = (minTokens: number): SpecResult => {
+        const e = new SpecEngine(new ChainTarget(), drafter ? new ChainDrafter(false) : undefined, {
+          maxSequences: 1,
+          maxTokensPerSequence: 64,
+          pageSize: 4,
+          draftLength: () => 3,
+          decode,
+        });
+        const sampling = { temperature: 0, minTokens };
+        return e.run([
+          { id: 0, promptIds: Int32Array.of(2), maxTokens: 24, sampling, seed: 1, stopStrings: ['ab'] },
+        ])[0]!;
+      };
+      expect([decode(stopAt(0).tokenIds), stopAt(0).finishReason]).toEqual(['ab', 'stop']);
+      expect([decode(stopAt(3).tokenIds), stopAt(3).finishReason]).toEqual(['ababab', 'stop']);
+      // ignore_eos does not apply to stop_token_ids
+      const ignored = run({ temperature: 0 }, drafter, { stopTokenIds: [1], eosTokenIds: [0], ignoreEos: true })[0]!;
+      expect([ignored.tokenIds, ignored.finishReason]).toEqual([[0, 1], 'stop']);
+    }
   });
 });
