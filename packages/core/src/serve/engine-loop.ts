@@ -10,7 +10,7 @@
 import { SpecEngine } from '../engine/engine.js';
 import type { TokenLogprob } from '../engine/logprobs.js';
 import type { HandoffState, SamplingParams, SpecEngineOptions, SpecRequest, SpecResult } from '../engine/types.js';
-import type { Drafter, DraftSampling } from '../plugin/drafter-plugin.js';
+import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
 
 /** A request for the loop (the loop assigns the id). */
