@@ -8,7 +8,7 @@
 //      target and drafter (SmolLM2-135M-Instruct + EAGLE-3, fixed draft length), and D's transfer wait and payload;
 //   3. P and D at different TP sizes (kimi-k3-tiny + DFlash): TTFT through the router and P's transfer time.
 //
-//   npm run bench:pd                 (root; run `npm run build` and `npm run models:fetch` first; ~1 min)
+//   npm run bench:pd                 (root; run `npm run build` and `npm run models:fetch` first; ~2 min)
 //   node bench/pd.mjs --reps 5 --prompt 512
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
