@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 
 import { planSend } from '../../src/pd/pairing.js';
 import { forEachRange, planTransfer } from '../../src/pd/planner.js';
-import { rankHeads, rankRegionId, reshardEntries } from '../../src/pd/ranks.js';
+import { gatherScattered, rankHeads, rankRegionId, reshardEntries } from '../../src/pd/ranks.js';
 import { type LocalEntry, PdError, type PdEntryKey } from '../../src/pd/types.js';
 
 const HEADS = 8;
@@ -153,6 +153,29 @@ describe('reshardEntries', () => {
       expect(D.regions.get(rankRegionId(r, 'kv')), `D rank ${r}`).toEqual(
         viaPlanner.regions.get(rankRegionId(r, 'kv')),
       );
+  });
+
+  it('gathering the re-split entries into staging buffers moves the same bytes in one range per entry', () => {
+    const want = transfer(1, 2).D;
+    const P = side(1, true);
+    const D = side(2, false);
+    const wanted = D.entries.map((e) => ({ key: e.key, ranges: e.ranges }));
+    const lookup = (id: string) => P.regions.get(id)!;
+    const resplit = reshardEntries(P.entries, 1, wanted, 2);
+    const staged = gatherScattered(resplit, lookup, 'staging/7/', 2);
+    // the by-head entries were cut into many pieces: each is now one staging range; the unsplit ones stay
+    expect(resplit.filter((e) => e.ranges.length > 2)).toHaveLength(2);
+    expect(staged.regions.map((r) => r.id)).toEqual(['staging/7/0', 'staging/7/1']);
+    expect(staged.entries.every((e) => e.ranges.length <= 2)).toBe(true);
+    const all = (id: string) => staged.regions.find((r) => r.id === id)?.bytes ?? lookup(id);
+    const plan = planSend(wanted, staged.entries, all, 'P');
+    plan.local.forEach((l, i) => {
+      const r = plan.remote[i]!;
+      D.regions.get(r.region)!.set(all(l.region).subarray(l.offset, l.offset + l.length), r.offset);
+    });
+    // the checksums are over the same bytes in the same order as without staging
+    expect(plan.rows).toEqual(planSend(wanted, resplit, lookup, 'P').rows);
+    for (const [id, bytes] of want.regions) expect(D.regions.get(id), id).toEqual(bytes);
   });
 
   it('refuses heads that do not split over a side, naming the entry and the side', () => {
