@@ -749,7 +749,9 @@ async function innocentWorker(w) {
         kind: 'innocent output changed',
         cls: 'innocent',
         spec: { body },
-        response: `got ${JSON.stringify(stream ? a.text : a.ids)}, alone ${JSON.stringify(stream ? solo[i].text : solo[i].ids)}`,
+        response:
+          `got ${JSON.stringify(stream ? a.text : a.ids)}, ` +
+          `alone ${JSON.stringify(stream ? solo[i].text : solo[i].ids)}`,
       });
     }
   }
@@ -788,19 +790,19 @@ const pad = (s, n) => String(s).padStart(n);
 const header = `${'class'.padEnd(18)}${pad('requests', 9)}${pad('2xx', 7)}${pad('4xx', 7)}${pad('5xx', 6)}`;
 console.log(`\n${header}${pad('dropped', 9)}${pad('no resp', 9)}`);
 const total = { requests: 0, s2xx: 0, s4xx: 0, s5xx: 0, dropped: 0, noResponse: 0 };
+/** One table row: the class, then requests, 2xx, 4xx, 5xx, dropped, no response. */
+const row = (name, c) =>
+  name.padEnd(18) +
+  [c.requests, c.s2xx, c.s4xx, c.s5xx, c.dropped, c.noResponse].map((v, k) => pad(v, [9, 7, 7, 6, 9, 9][k])).join('');
 for (const n of names) {
   const c = counts[n];
   for (const k of Object.keys(total)) total[k] += c[k];
-  console.log(
-    `${n.padEnd(18)}${pad(c.requests, 9)}${pad(c.s2xx, 7)}${pad(c.s4xx, 7)}${pad(c.s5xx, 6)}${pad(c.dropped, 9)}${pad(c.noResponse, 9)}`,
-  );
+  console.log(row(n, c));
 }
+console.log(row('total', total));
 console.log(
-  `${'total'.padEnd(18)}${pad(total.requests, 9)}${pad(total.s2xx, 7)}${pad(total.s4xx, 7)}${pad(total.s5xx, 6)}${pad(total.dropped, 9)}${pad(total.noResponse, 9)}`,
-);
-console.log(
-  `\ninnocent: ${innocentStats.requests} requests, ${innocentStats.ok} same as alone, ${innocentStats.failed} failed, ` +
-    `${innocentStats.changed} changed`,
+  `\ninnocent: ${innocentStats.requests} requests, ${innocentStats.ok} same as alone, ` +
+    `${innocentStats.failed} failed, ${innocentStats.changed} changed`,
 );
 console.log(
   `${REQUESTS} hostile requests in ${seconds.toFixed(1)} s (${(REQUESTS / seconds).toFixed(0)}/s), concurrency ` +
