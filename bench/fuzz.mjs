@@ -9,7 +9,7 @@
 // configs/kimi-k3-tiny-dflash.json: kimi-k3-tiny with its DFlash), its relative paths resolved against the config's
 // folder, and a fixed draft length (`drafter.num_draft_tokens`, `--draft-tokens`, default 4) so no calibration runs.
 // It runs with an API key (`SPECD_API_KEY`) and `--allowed-hosts specd.test`, so both the key and the Host checks are
-// live; its log (level warn) goes to a file whose path is printed.
+// live; its log (level warn) goes to a file whose path is printed (kept when the run fails).
 // The storm: `--requests` hostile requests (default 10,000), `--concurrency` at a time (default 8, below the
 // config's waiting-queue size so no request is refused for capacity), each drawn from a class (CLASSES below; a
 // shuffled schedule with per-class weights, so every class appears in proportion; the 20 MB bodies and ~1 MB prompts
@@ -851,6 +851,8 @@ if (JSON_OUT !== undefined)
 child.kill('SIGTERM');
 await new Promise((r) => (serverExit !== undefined ? r() : child.once('exit', r)));
 agent.destroy();
+// the config and the server log are kept for a failed run only
+if (violations.length === 0) fs.rmSync(work, { recursive: true, force: true });
 console.log(
   violations.length === 0
     ? '\nbench:fuzz: PASS (0 violations)'
