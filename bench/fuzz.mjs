@@ -22,6 +22,8 @@
 // with its request and response: a 5xx (every request here is the client's fault; the server may accept some),
 // a no-response, a request that hung (120 s guard), an innocent failure or changed output, a server that died,
 // /health not 200 or requests still running after the storm. Exit status 1 on any violation.
+// `--json FILE` writes the counts, the counts per variant (what each request tried, e.g. `top_p=0 temperature=1e-45`
+// or `host: evil.example.com`: which hostile values the server accepts) and every violation.
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
@@ -95,6 +97,10 @@ const child = spawn(process.execPath, [bin, ...serverArgs], {
   stdio: ['ignore', log, 'pipe'],
 });
 let serverExit;
+// the server never outlives the bench, even when the bench fails
+process.on('exit', () => {
+  if (serverExit === undefined) child.kill('SIGKILL');
+});
 child.on('exit', (code, signal) => {
   serverExit = { code, signal };
 });
@@ -699,6 +705,62 @@ const progress = setInterval(() => {
   console.log(`bench:fuzz: ${finished}/${REQUESTS} hostile, ${innocentStats.requests} innocent, ${s} s`);
 }, 15_000);
 
+/** The fields of a well-formed body that say nothing about a variant (random words, a small max_tokens). */
+const PLAIN = {
+  model: (v) => v === MODEL.id,
+  prompt: (v) => typeof v === 'string' && /^[a-z ]{1,200}$/.test(v),
+  messages: (v) =>
+    Array.isArray(v) &&
+    v.length === 1 &&
+    v[0]?.role === 'user' &&
+    typeof v[0]?.content === 'string' &&
+    /^[a-z ]{1,200}$/.test(v[0].content),
+  max_tokens: (v) => Number.isInteger(v) && v >= 1 && v <= 4,
+  stream: (v) => v === true,
+};
+/**
+ * A short name of what a request tries (for the per-variant counts of `--json`): the headers it sets, then either
+ * its body's fields other than well-formed ones (`top_p=0 temperature=1e-45`), or the start of a body that is not a
+ * JSON object, or its size when it is large.
+ */
+function variantOf(spec) {
+  const parts = [];
+  if ((spec.method ?? 'POST') !== 'POST' || spec.path.startsWith('/v1/') === false) parts.push(spec.method ?? 'POST');
+  if (!['/v1/completions', '/v1/chat/completions'].includes(spec.path)) parts.push(spec.path.slice(0, 40));
+  for (const [k, v] of Object.entries(spec.headers ?? {})) parts.push(`${k}: ${String(v).slice(0, 40)}`);
+  if (spec.drop !== undefined) parts.push(`drop ${spec.drop}`);
+  const body = spec.body;
+  if (body !== undefined) {
+    const size = Buffer.byteLength(body);
+    let obj;
+    if (size <= 64 * 1024)
+      try {
+        obj = JSON.parse(Buffer.isBuffer(body) ? body.toString() : body);
+      } catch {
+        // not JSON: described by its start below
+      }
+    if (obj !== null && typeof obj === 'object' && !Array.isArray(obj)) {
+      if (!('prompt' in obj) && !('messages' in obj)) parts.push('no prompt or messages');
+      for (const [k, v] of Object.entries(obj)) {
+        if (PLAIN[k]?.(v)) continue;
+        let text;
+        try {
+          text = JSON.stringify(v) ?? 'undefined';
+        } catch {
+          text = '<too deep to print>'; // a nested value V8 parses but cannot stringify
+        }
+        parts.push(`${k}=${text.length > 40 ? `${text.slice(0, 40)}…(${text.length})` : text}`);
+      }
+    } else
+      parts.push(
+        size > 200 ? `<${size} bytes> ${String(body.subarray?.(0, 30) ?? body.slice(0, 30))}` : `body ${body}`,
+      );
+  }
+  return parts.join(' ') || 'well-formed';
+}
+/** class → variant → {requests, s2xx, s4xx, s5xx, dropped, noResponse}. */
+const variants = Object.fromEntries(names.map((n) => [n, {}]));
+
 async function hostileWorker() {
   while (next < REQUESTS) {
     const cls = order[next++];
@@ -707,6 +769,15 @@ async function hostileWorker() {
     c.requests++;
     const r = await send(spec);
     finished++;
+    const name = variantOf(spec);
+    variants[cls][name] ??= { requests: 0, s2xx: 0, s4xx: 0, s5xx: 0, dropped: 0, noResponse: 0 };
+    const v = variants[cls][name];
+    v.requests++;
+    if (r.dropped) v.dropped++;
+    else if (r.status === undefined) v.noResponse++;
+    else if (r.status >= 500) v.s5xx++;
+    else if (r.status >= 400) v.s4xx++;
+    else if (r.status >= 200 && r.status < 300) v.s2xx++;
     if (r.dropped) c.dropped++;
     else if (r.status === undefined) {
       c.noResponse++;
@@ -834,6 +905,7 @@ if (JSON_OUT !== undefined)
         concurrency: CONCURRENCY,
         seconds,
         counts,
+        variants,
         innocent: innocentStats,
         errorLogLines: errorLines.length,
         violations: violations.map((v) => ({
