@@ -4,12 +4,16 @@
 //
 //   npm run bench:fuzz                       (root; run `npm run build` first; 10,000 requests: minutes to an hour)
 //   node bench/fuzz.mjs [--requests N] [--config FILE] [--draft-tokens K] [--concurrency C] [--seed S] [--json FILE]
+//                       [--pd]
 //
 // The server: `specd serve --port 0` in a child process, with the config of `--config` (default
 // configs/kimi-k3-tiny-dflash.json: kimi-k3-tiny with its DFlash), its relative paths resolved against the config's
 // folder, and a fixed draft length (`drafter.num_draft_tokens`, `--draft-tokens`, default 4) so no calibration runs.
 // It runs with an API key (`SPECD_API_KEY`) and `--allowed-hosts specd.test`, so both the key and the Host checks are
 // live; its log (level warn) goes to a file whose path is printed (kept when the run fails).
+// `--pd`: the same checks through the prefill/decode router of issue 10 (`specd router` in front of a
+// `serve --role prefill` and a `serve --role decode`, all with that config; the key and allowed hosts on the router,
+// the prefill and decode instances on loopback behind their Host check).
 // The storm: `--requests` hostile requests (default 10,000), `--concurrency` at a time (default 8, below the
 // config's waiting-queue size so no request is refused for capacity), each drawn from a class (CLASSES below; a
 // shuffled schedule with per-class weights, so every class appears in proportion; the 20 MB bodies and ~1 MB prompts
@@ -43,6 +47,7 @@ const DRAFT_TOKENS = Number(arg('draft-tokens', '4'));
 const CONCURRENCY = Number(arg('concurrency', '8'));
 const SEED = Number(arg('seed', '1'));
 const JSON_OUT = arg('json', undefined);
+const PD = argv.includes('--pd');
 const API_KEY = 'fuzz-bench-key-0123456789';
 const ALLOWED_HOST = 'specd.test';
 const HANG_MS = 120_000;
@@ -83,40 +88,77 @@ const modelCfg =
 const VOCAB = Number.isSafeInteger(modelCfg.vocab_size) ? modelCfg.vocab_size : 2 ** 31 - 1;
 const BODY_LIMIT = cfg.server.body_limit_bytes ?? MiB;
 
-// --- the server -----------------------------------------------------------------------------------------------------
+// --- the servers ----------------------------------------------------------------------------------------------------
 const logPath = path.join(work, 'server.log');
 const log = fs.openSync(logPath, 'w');
 const bin = path.join(ROOT, 'packages/core/src/cli/bin.js');
-const serverArgs = ['serve', '--config', cfgPath, '--port', '0', '--allowed-hosts', ALLOWED_HOST];
-serverArgs.push('--log-level', 'warn', '--disable-log-stats');
-console.log(`bench:fuzz: node ${path.relative(ROOT, bin)} ${serverArgs.join(' ')}  (config from ${CONFIG})`);
-console.log(`bench:fuzz: server log ${logPath}`);
-const child = spawn(process.execPath, [bin, ...serverArgs], {
-  cwd: ROOT,
-  env: { ...process.env, SPECD_API_KEY: API_KEY },
-  stdio: ['ignore', log, 'pipe'],
-});
-let serverExit;
-// the server never outlives the bench, even when the bench fails
+/** The processes started: {name, child, url, exit (set when it exits)}. */
+const procs = [];
+// no process outlives the bench, even when the bench fails
 process.on('exit', () => {
-  if (serverExit === undefined) child.kill('SIGKILL');
+  for (const p of procs) if (p.exit === undefined) p.child.kill('SIGKILL');
 });
-child.on('exit', (code, signal) => {
-  serverExit = { code, signal };
-});
-const base = await new Promise((resolve, reject) => {
-  let text = '';
-  child.stderr.on('data', (d) => {
-    fs.writeSync(log, d);
-    text += d.toString();
-    const m = /listening on (http:\/\/\S+)/.exec(text);
-    if (m !== null) resolve(m[1]);
+/** Starts `specd ARGS` and resolves its entry of `procs` once its stderr matches `ready` (the URL in group 1). */
+function startProc(name, args, env, ready) {
+  console.log(`bench:fuzz: ${name}: node ${path.relative(ROOT, bin)} ${args.join(' ')}`);
+  const child = spawn(process.execPath, [bin, ...args], { cwd: ROOT, env: { ...process.env, ...env }, stdio: 'pipe' });
+  const proc = { name, child, url: undefined, exit: undefined };
+  procs.push(proc);
+  child.on('exit', (code, signal) => {
+    proc.exit = { code, signal };
   });
-  child.on('exit', () => reject(new Error(`bench:fuzz: the server exited before listening:\n${text}`)));
-});
+  return new Promise((resolve, reject) => {
+    let text = '';
+    const out = (d) => {
+      fs.writeSync(log, `[${name}] ${d}`);
+      text += d.toString();
+      const m = ready.exec(text);
+      if (m !== null && proc.url === undefined) {
+        proc.url = m[1];
+        resolve(proc);
+      }
+    };
+    child.stdout.on('data', out);
+    child.stderr.on('data', out);
+    child.on('exit', () => reject(new Error(`bench:fuzz: ${name} exited before listening:\n${text}`)));
+  });
+}
+const common = ['--config', cfgPath, '--port', '0', '--log-level', 'warn'];
+const LISTENING = /listening on (http:\/\/\S+)/;
+const KEY_ENV = { SPECD_API_KEY: API_KEY };
+console.log(`bench:fuzz: config from ${CONFIG}; log ${logPath}`);
+let front;
+if (PD) {
+  // P and D bound to loopback without a key (the Host check guards them); the key and allowed hosts on the router
+  const prefill = await startProc(
+    'prefill',
+    ['serve', ...common, '--disable-log-stats', '--role', 'prefill'],
+    {},
+    LISTENING,
+  );
+  const decode = await startProc(
+    'decode',
+    ['serve', ...common, '--disable-log-stats', '--role', 'decode'],
+    {},
+    LISTENING,
+  );
+  front = await startProc(
+    'router',
+    ['router', ...common, '--prefill', prefill.url, '--decode', decode.url, '--allowed-hosts', ALLOWED_HOST],
+    KEY_ENV,
+    /routing on (http:\/\/\S+)/,
+  );
+} else
+  front = await startProc(
+    'serve',
+    ['serve', ...common, '--disable-log-stats', '--allowed-hosts', ALLOWED_HOST],
+    KEY_ENV,
+    LISTENING,
+  );
+const base = front.url;
 const { port } = new URL(base);
 const agent = new http.Agent({ keepAlive: true, maxSockets: CONCURRENCY + 4 });
-console.log(`bench:fuzz: server at ${base}`);
+console.log(`bench:fuzz: requests go to ${base}`);
 
 // --- one HTTP request with full control of headers and body ---------------------------------------------------------
 /**
@@ -126,7 +168,7 @@ console.log(`bench:fuzz: server at ${base}`);
 function send(spec) {
   return new Promise((resolve) => {
     const body = spec.body === undefined ? undefined : Buffer.isBuffer(spec.body) ? spec.body : Buffer.from(spec.body);
-    const headers = { host: `127.0.0.1:${port}`, authorization: `Bearer ${API_KEY}`, ...spec.headers };
+    const headers = { host: `127.0.0.1:${spec.port ?? port}`, authorization: `Bearer ${API_KEY}`, ...spec.headers };
     for (const k of Object.keys(headers)) if (headers[k] === undefined) delete headers[k];
     if (body !== undefined && headers['content-type'] === undefined && !('content-type' in (spec.headers ?? {})))
       headers['content-type'] = 'application/json';
@@ -141,7 +183,7 @@ function send(spec) {
     const req = http.request(
       {
         host: '127.0.0.1',
-        port,
+        port: spec.port ?? port,
         method: spec.method ?? 'POST',
         path: spec.path,
         headers,
@@ -839,22 +881,25 @@ const seconds = (performance.now() - t0) / 1000;
 const health = await send({ method: 'GET', path: '/health' });
 if (health.status !== 200)
   violations.push({ kind: 'health', cls: 'server', response: `${health.status} ${health.body}` });
-let running = Number.NaN;
-for (let tries = 0; tries < 50; tries++) {
-  const m = await send({ method: 'GET', path: '/metrics' });
-  const line = /^specd_num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(m.body ?? '');
-  running = line === null ? Number.NaN : Number(line[1]);
-  if (running === 0) break;
-  await new Promise((r) => setTimeout(r, 200));
+// the engines' running requests back to 0: the server's, or under --pd the prefill and decode instances'
+for (const p of procs.filter((q) => q.name !== 'router')) {
+  let running = Number.NaN;
+  for (let tries = 0; tries < 50; tries++) {
+    const m = await send({ method: 'GET', path: '/metrics', port: Number(new URL(p.url).port) });
+    const line = /^specd_num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(m.body ?? '');
+    running = line === null ? Number.NaN : Number(line[1]);
+    if (running === 0) break;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  if (running !== 0)
+    violations.push({ kind: 'requests still running after the storm', cls: p.name, response: running });
 }
-if (running !== 0)
-  violations.push({ kind: 'requests still running after the storm', cls: 'server', response: running });
-if (serverExit !== undefined) violations.push({ kind: 'server died', cls: 'server', response: serverExit });
+for (const p of procs) if (p.exit !== undefined) violations.push({ kind: 'died', cls: p.name, response: p.exit });
 // error-level log lines (pino level >= 50): a client error should not log a stack trace (reported, not a violation)
 const errorLines = fs
   .readFileSync(logPath, 'utf8')
   .split('\n')
-  .filter((l) => /^\{.*"level":(5\d|6\d)/.test(l));
+  .filter((l) => /"level":(5\d|6\d)[,}]/.test(l));
 
 // --- report ---------------------------------------------------------------------------------------------------------
 const pad = (s, n) => String(s).padStart(n);
@@ -920,8 +965,12 @@ if (JSON_OUT !== undefined)
       2,
     )}\n`,
   );
-child.kill('SIGTERM');
-await new Promise((r) => (serverExit !== undefined ? r() : child.once('exit', r)));
+for (const p of [...procs].reverse()) {
+  if (p.exit !== undefined) continue;
+  const exited = new Promise((r) => p.child.once('exit', r));
+  p.child.kill('SIGTERM');
+  await exited;
+}
 agent.destroy();
 // the config and the server log are kept for a failed run only
 if (violations.length === 0) fs.rmSync(work, { recursive: true, force: true });
