@@ -5,16 +5,18 @@
 // (@specd/model-kimi-k3, @specd/model-llama) and the drafter packages (@specd/plugin-dflash, @specd/plugin-dspark,
 // @specd/plugin-eagle3). Run `npm run build` first: the tarballs carry the built dist/ folders, not sources.
 //
-// Each package is staged in a scratch folder, its package.json rewritten for publishing — the workspaces' `"*"`
-// versions of @specd packages pinned to the packed version, @specd/native added to core's dependencies (a
-// workspace finds it by hoisting), native's build tools dropped (cmake-js, node-addon-api: the addon is built) and its
-// scripts removed — then `npm pack --ignore-scripts` writes `<out>/specd-<name>-<version>.tgz` (default out:
-// .cache/packs, git-ignored). The repository's own package.json files are not changed.
+// Each package is staged in a scratch folder (under the OS temp folder, removed at the end), its package.json
+// rewritten for publishing — the workspaces' `"*"` versions of @specd packages pinned to the packed version,
+// @specd/native added to core's dependencies (a workspace finds it by hoisting), native's build tools dropped
+// (cmake-js, node-addon-api: the addon is built) and its scripts removed — then `npm pack --ignore-scripts` writes
+// `<out>/specd-<name>-<version>.tgz` (default out: .cache/packs, git-ignored). The repository's own package.json
+// files are not changed.
 // Core's bundled dependencies are copied from the repository's node_modules (npm ci's tree) with Node's resolution:
 // each dependency from the folder of the package that requires it, hoisted to the staged node_modules unless
 // another version already sits there (then nested under the package that requires it).
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
+import { tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -22,7 +24,8 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
 const outArg = argv.indexOf('--out');
 const OUT = path.resolve(outArg < 0 ? path.join(ROOT, '.cache/packs') : argv[outArg + 1]);
-const STAGE = path.join(ROOT, '.cache/pack-stage');
+// a scratch folder of its own, so two runs never share one
+const STAGE = fs.mkdtempSync(path.join(tmpdir(), 'specd-pack-'));
 
 /** The packages packed, by folder. */
 const PACKAGES = [
@@ -108,7 +111,6 @@ function publishedManifest(dir, pkg) {
   return out;
 }
 
-fs.rmSync(STAGE, { recursive: true, force: true });
 fs.mkdirSync(OUT, { recursive: true });
 for (const dir of PACKAGES) {
   const src = path.join(ROOT, dir);
