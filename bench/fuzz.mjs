@@ -784,7 +784,7 @@ function variantOf(spec) {
     if (obj !== null && typeof obj === 'object' && !Array.isArray(obj)) {
       if (!('prompt' in obj) && !('messages' in obj)) parts.push('no prompt or messages');
       for (const [k, v] of Object.entries(obj)) {
-        if (PLAIN[k]?.(v)) continue;
+        if (Object.hasOwn(PLAIN, k) && PLAIN[k](v)) continue;
         let text;
         try {
           text = JSON.stringify(v) ?? 'undefined';
