@@ -176,6 +176,29 @@ describe('specd and a drafter plugin as npm packages (docs/PLUGINS.md §5)', () 
     expect(s.verify_steps ?? Number.POSITIVE_INFINITY).toBeLessThan(48);
   });
 
+  it("the packed DFlash package loads by name from the project: the drafter's greedy output equals --no-spec", () => {
+    fs.writeFileSync(
+      path.join(project, 'dflash.json'),
+      JSON.stringify({
+        model: MODEL,
+        drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 4 },
+        plugins: ['@specd/model-kimi-k3', '@specd/plugin-dflash'],
+      }),
+    );
+    const common = ['generate', '--config', 'dflash.json', '--prompt', PROMPT, '--max-tokens', '16'];
+    const args = [...common, '--temperature', '0', '--ignore-eos', '--json'];
+    const spec = specd(args);
+    expect(spec.status, spec.stderr).toBe(0);
+    const plain = specd([...args, '--no-spec']);
+    expect(plain.status, plain.stderr).toBe(0);
+    const s = JSON.parse(spec.stdout) as { token_ids: number[]; method?: string; drafted?: number };
+    const p = JSON.parse(plain.stdout) as { token_ids: number[] };
+    expect(s.method).toBe('dflash');
+    expect(s.drafted ?? 0).toBeGreaterThan(0);
+    expect(s.token_ids).toHaveLength(16);
+    expect(s.token_ids).toEqual(p.token_ids);
+  });
+
   it('a method without a checkpoint that the loaded plugins do not provide is a one-line error', () => {
     fs.writeFileSync(
       path.join(project, 'missing.json'),
