@@ -1,6 +1,8 @@
-// Plugins as packages: the example drafter examples/drafter-prompt-lookup is packed
-// with `npm pack` (offline), installed into a temporary project next to specd, and loaded by name
-// from a config's `plugins`; core itself never names it.
+// Plugins as packages, exactly as docs/PLUGINS.md §5 says: `npm run pack` makes specd's tarballs (core with its
+// dependencies bundled, native with its built addon, the model and drafter packages), the example drafter
+// examples/drafter-prompt-lookup is packed with `npm pack`, all are installed offline with `--ignore-scripts` into a
+// fresh folder (`npm init -y`), and `npx specd` there loads the drafter by name from a config's `plugins`; core
+// itself never names it.
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -11,30 +13,37 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const EXAMPLE = path.join(ROOT, 'examples/drafter-prompt-lookup');
-const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
 const MODEL = path.join(ROOT, 'models/kimi-k3-tiny');
 const PKG = 'specd-drafter-prompt-lookup';
 // Repetitive, so n-gram lookup finds matches in the prompt and in the (looping) greedy output.
 const PROMPT = 'one two three four five one two three four five one two three four five one two three';
+// npm pack, install and a cold start of the installed CLI on a busy machine
+const SETUP_MS = 600_000;
 
+let scratch: string;
 let project: string;
 
+const NPM = process.platform === 'win32' ? 'npm.cmd' : 'npm';
+const NPX = process.platform === 'win32' ? 'npx.cmd' : 'npx';
+// no registry: every install below must come from the tarballs alone
+const OFFLINE = {
+  ...process.env,
+  npm_config_audit: 'false',
+  npm_config_fund: 'false',
+  npm_config_update_notifier: 'false',
+  npm_config_offline: 'true',
+};
+
 function npm(args: readonly string[], cwd: string): string {
-  const env = {
-    ...process.env,
-    npm_config_audit: 'false',
-    npm_config_fund: 'false',
-    npm_config_update_notifier: 'false',
-    npm_config_offline: 'true',
-  };
-  const r = spawnSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', [...args], { cwd, encoding: 'utf8', env });
+  const r = spawnSync(NPM, [...args], { cwd, encoding: 'utf8', env: OFFLINE });
   if (r.status !== 0)
     throw new Error(`npm ${args.join(' ')} (in ${cwd}) failed: ${r.status}\n${r.stdout}\n${r.stderr}`);
   return r.stdout;
 }
 
+/** `npx specd ARGS` in the project: the installed package's bin, not the repository's. */
 function specd(args: readonly string[]): { stdout: string; stderr: string; status: number | null } {
-  const r = spawnSync(process.execPath, [BIN, ...args], { cwd: project, encoding: 'utf8' });
+  const r = spawnSync(NPX, ['specd', ...args], { cwd: project, encoding: 'utf8', env: OFFLINE });
   return { stdout: r.stdout, stderr: r.stderr, status: r.status };
 }
 
@@ -44,36 +53,32 @@ function listFiles(dir: string): string[] {
     .flatMap((e) => (e.isDirectory() ? listFiles(path.join(dir, e.name)) : [path.join(dir, e.name)]));
 }
 
-describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', () => {
+describe('specd and a drafter plugin as npm packages (docs/PLUGINS.md §5)', () => {
   beforeAll(() => {
-    project = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-plugin-package-'));
-    // `npm pack` runs the example's prepack script (tsc → dist/); the tarball goes to the project.
-    const packed = npm(['pack', '--offline', '--silent', '--pack-destination', project], EXAMPLE)
-      .trim()
-      .split('\n')
-      .pop()!;
-    const tarball = path.join(project, packed);
-    expect(fs.existsSync(tarball)).toBe(true);
-    fs.writeFileSync(
-      path.join(project, 'package.json'),
-      JSON.stringify({ name: 'specd-plugin-project', version: '0.0.0', private: true, type: 'module' }),
-    );
-    // --legacy-peer-deps: the peer @specd/core is not fetched from a registry; it is linked below.
+    // a fresh folder whose name is a valid package name (npm init -y takes it)
+    scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-plugin-package-'));
+    project = path.join(scratch, 'project');
+    fs.mkdirSync(project);
+    const packs = path.join(project, 'packs');
+    // in the repository: specd's tarballs, then the example's (its prepack script builds dist/)
+    npm(['run', 'pack', '--', '--out', packs], ROOT);
+    const packed = npm(['pack', '--silent', '--pack-destination', project], EXAMPLE).trim().split('\n').pop() ?? '';
+    expect(packed).toBe(`${PKG}-0.1.0.tgz`);
+    // in the fresh folder
+    npm(['init', '-y'], project);
     npm(
       [
         'install',
         '--offline',
-        '--no-audit',
-        '--no-fund',
-        '--legacy-peer-deps',
         '--ignore-scripts',
-        '--no-package-lock',
-        tarball,
+        './packs/specd-core-0.1.0.tgz',
+        './packs/specd-native-0.1.0.tgz',
+        './packs/specd-model-kimi-k3-0.1.0.tgz',
+        './packs/specd-plugin-dflash-0.1.0.tgz',
+        `./${packed}`,
       ],
       project,
     );
-    fs.mkdirSync(path.join(project, 'node_modules/@specd'), { recursive: true });
-    fs.symlinkSync(path.join(ROOT, 'packages/core'), path.join(project, 'node_modules/@specd/core'), 'dir');
     fs.writeFileSync(
       path.join(project, 'specd.json'),
       JSON.stringify({
@@ -82,19 +87,26 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
         plugins: [PKG, '@specd/model-kimi-k3', '@specd/plugin-dflash'],
       }),
     );
-  });
+  }, SETUP_MS);
 
   afterAll(() => {
-    if (project !== undefined) fs.rmSync(project, { recursive: true, force: true });
+    if (scratch !== undefined) fs.rmSync(scratch, { recursive: true, force: true });
   });
 
-  it('is installed in the project (not in the repository) with a built dist/', () => {
-    const installed = path.join(project, 'node_modules', PKG);
-    expect(fs.existsSync(path.join(installed, 'dist/index.js'))).toBe(true);
-    expect(fs.existsSync(path.join(installed, 'dist/index.d.ts'))).toBe(true);
+  it('installs from the tarballs alone: real folders (no links), the built addon inside, dist/ built', () => {
+    const modules = path.join(project, 'node_modules');
+    for (const name of ['@specd/core', '@specd/native', '@specd/model-kimi-k3', '@specd/plugin-dflash', PKG])
+      expect(fs.lstatSync(path.join(modules, name)).isSymbolicLink(), name).toBe(false);
+    expect(fs.existsSync(path.join(modules, '@specd/native/build/Release/specd_native.node'))).toBe(true);
+    expect(fs.existsSync(path.join(modules, '@specd/core/node_modules/fastify/package.json'))).toBe(true);
+    expect(fs.existsSync(path.join(modules, PKG, 'dist/index.js'))).toBe(true);
+    expect(fs.existsSync(path.join(modules, PKG, 'dist/index.d.ts'))).toBe(true);
     expect(fs.existsSync(path.join(ROOT, 'node_modules', PKG))).toBe(false);
     const root = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { workspaces: string[] };
     expect(root.workspaces.some((w) => w.startsWith('examples'))).toBe(false);
+    const v = specd(['--version']);
+    expect(v.status, v.stderr).toBe(0);
+    expect(v.stdout).toMatch(/0\.1\.0/);
   });
 
   it('is loaded by name: `specd plugins` lists its method and the config validates', () => {
@@ -159,9 +171,32 @@ describe('a drafter plugin as an npm package (examples/drafter-prompt-lookup)', 
     expect(p.method).toBeUndefined();
     expect(s.token_ids).toHaveLength(48);
     expect(s.token_ids).toEqual(p.token_ids);
-    expect(s.drafted!).toBeGreaterThan(0);
-    expect(s.accepted!).toBeGreaterThan(0);
-    expect(s.verify_steps!).toBeLessThan(48);
+    expect(s.drafted ?? 0).toBeGreaterThan(0);
+    expect(s.accepted ?? 0).toBeGreaterThan(0);
+    expect(s.verify_steps ?? Number.POSITIVE_INFINITY).toBeLessThan(48);
+  });
+
+  it("the packed DFlash package loads by name from the project: the drafter's greedy output equals --no-spec", () => {
+    fs.writeFileSync(
+      path.join(project, 'dflash.json'),
+      JSON.stringify({
+        model: MODEL,
+        drafter: { method: 'dflash', path: path.join(ROOT, 'models/kimi-k3-tiny-dflash'), num_draft_tokens: 4 },
+        plugins: ['@specd/model-kimi-k3', '@specd/plugin-dflash'],
+      }),
+    );
+    const common = ['generate', '--config', 'dflash.json', '--prompt', PROMPT, '--max-tokens', '16'];
+    const args = [...common, '--temperature', '0', '--ignore-eos', '--json'];
+    const spec = specd(args);
+    expect(spec.status, spec.stderr).toBe(0);
+    const plain = specd([...args, '--no-spec']);
+    expect(plain.status, plain.stderr).toBe(0);
+    const s = JSON.parse(spec.stdout) as { token_ids: number[]; method?: string; drafted?: number };
+    const p = JSON.parse(plain.stdout) as { token_ids: number[] };
+    expect(s.method).toBe('dflash');
+    expect(s.drafted ?? 0).toBeGreaterThan(0);
+    expect(s.token_ids).toHaveLength(16);
+    expect(s.token_ids).toEqual(p.token_ids);
   });
 
   it('a method without a checkpoint that the loaded plugins do not provide is a one-line error', () => {
