@@ -38,11 +38,14 @@ export const badApiKey = (): ApiError =>
  * 403 for a request whose Host header is not this server's (DNS rebinding: a web page whose name was re-pointed at
  * the server would reach it with its own name as Host): names the Host and how to allow it.
  */
-export const forbiddenHost = (host: string | undefined): ApiError =>
+export const forbiddenHost = (host: string | undefined, keyed = false): ApiError =>
   new ApiError(
     403,
-    `Host ${host === undefined ? '(none)' : JSON.stringify(host)} is not allowed: without an API key only the bound ` +
-      'address, localhost, 127.0.0.1 and [::1] are (add the name to --allowed-hosts, or set an API key)',
+    `Host ${host === undefined ? '(none)' : JSON.stringify(host)} is not allowed: ` +
+      (keyed
+        ? 'only the bound address, localhost, 127.0.0.1, [::1] and the names in --allowed-hosts are (add it there)'
+        : 'without an API key only the bound address, localhost, 127.0.0.1 and [::1] are (add the name to ' +
+          '--allowed-hosts, or set an API key)'),
     'invalid_request_error',
     null,
     'forbidden_host',

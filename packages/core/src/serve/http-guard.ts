@@ -124,8 +124,10 @@ export function answerThenDrain(req: FastifyRequest, reply: FastifyReply, e: Api
 export function hostName(host: string): string {
   let h = host.trim().toLowerCase();
   if (h.startsWith('[')) {
+    // `[v6]` or `[v6]:port`; anything else (an unclosed bracket, text after it) names no host
     const end = h.indexOf(']');
-    h = end < 0 ? h.slice(1) : h.slice(1, end);
+    if (end < 0 || !/^(:\d*)?$/.test(h.slice(end + 1))) return '';
+    h = h.slice(1, end);
   } else {
     const colon = h.lastIndexOf(':');
     // one colon followed by digits: a port (a bare IPv6 address has several colons)
@@ -205,7 +207,7 @@ export function installAccessHook(
         (isLoopback(name) ||
           extra.includes(name) ||
           (bound !== undefined && !isWildcard(bound) && hostName(bound) === name));
-      if (!ok) return refuse(reply, forbiddenHost(header));
+      if (!ok) return refuse(reply, forbiddenHost(header, key !== undefined));
     }
     if (key === undefined || open.has(req.url.split('?', 1)[0] ?? '')) return;
     const got = Buffer.from(req.headers.authorization ?? '');

@@ -17,7 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { main, startRouter, type CliIo } from '../../src/cli/index.js';
 import { startServe, type StartedServer } from '../../src/cli/serve.js';
 import { PdRouter } from '../../src/pd/router.js';
-import { checkBind, hostName, jsonNestingExceeds } from '../../src/serve/http-guard.js';
+import { checkBind, hostName, isLoopback, jsonNestingExceeds } from '../../src/serve/http-guard.js';
 import { ContextLengthError, longestTokenChars, modelContextLength } from '../../src/serve/limits.js';
 import { PromptEncoder } from '../../src/serve/prompt-encoder.js';
 import { loadPromptBuilder } from '../../src/serve/prompt.js';
@@ -392,6 +392,10 @@ describe('access', () => {
     expect(hostName('[::1]:8000')).toBe('::1');
     expect(hostName('::1')).toBe('::1');
     expect(hostName('Example.COM.:443')).toBe('example.com');
+    // malformed brackets name no host (so neither loopback nor an allowed name): bench:fuzz found `[::1` accepted
+    expect(hostName('[::1')).toBe('');
+    expect(hostName('[::1]x')).toBe('');
+    expect(isLoopback('[::1')).toBe(false);
   });
 
   it('with a key: any Host; /metrics behind the key on demand; SPECD_API_KEY, overridden by --api-key', async () => {
