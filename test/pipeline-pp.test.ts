@@ -257,8 +257,13 @@ describe.each(['zmq', 'fifo'] as const)('stage failure (%s)', (transport) => {
           },
         ]),
       ).toThrow(new RegExp(`pipeline stage 1 \\(layers 2–4, pid ${pids[1]}\\) was killed by SIGKILL`));
-      // later calls fail the same way
-      expect(() => generate(pipe, undefined)).toThrow(/pipeline stage 1/);
+      // later requests fail the same way (a failed prefill fails its request alone: finish reason error)
+      const [later] = new SpecEngine(model, undefined, { maxSequences: 1, maxTokensPerSequence: 256 }).run([
+        { id: 'l', promptIds, maxTokens: 4, sampling: { temperature: 0 }, seed: 1 },
+      ]);
+      expect(later?.finishReason).toBe('error');
+      expect(later?.error?.message).toMatch(/pipeline stage 1 \(layers 2–4, pid \d+\) was killed by SIGKILL/);
+      expect(model.failure()).toBeDefined();
       d.dispose();
       model.dispose();
       for (let i = 0; i < 200 && pids.some(alive); i++) await new Promise((r) => setTimeout(r, 10));
