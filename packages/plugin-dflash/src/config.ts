@@ -38,6 +38,8 @@ export interface DFlashConfig {
   readonly slidingWindow: number;
   readonly ropeTheta: number;
   readonly rmsNormEps: number;
+  /** `max_position_embeddings`: positions the draft model was trained for (undefined: no limit declared). */
+  readonly maxPositionEmbeddings: number | undefined;
 }
 
 /**
@@ -94,6 +96,7 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
     slidingWindow,
     ropeTheta: c.optionalNumber('rope_theta', { min: Number.MIN_VALUE }) ?? 10000,
     rmsNormEps: c.optionalNumber('rms_norm_eps', { min: 0 }) ?? 1e-6,
+    maxPositionEmbeddings: c.optionalInt('max_position_embeddings', { min: 1 }),
   });
 }
 

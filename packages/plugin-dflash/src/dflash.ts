@@ -309,6 +309,8 @@ export function loadDFlashProjection(
 export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
   readonly method = 'dflash';
   readonly maxDraftTokens: number;
+  /** The draft model's `max_position_embeddings` (the engine stops drafting before a block would reach it). */
+  readonly maxPosition?: number;
   /** Draft KV (see the module comment). */
   readonly kv: DraftKvCache;
   /** Query heads, KV heads and intermediate width this rank computes (the whole model's without tensor parallelism). */
@@ -341,6 +343,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     const c = config;
     this.kv = kv;
     this.maxDraftTokens = c.blockSize - 1;
+    if (c.maxPositionEmbeddings !== undefined) this.maxPosition = c.maxPositionEmbeddings;
     this.heads = tp?.heads ?? c.numHeads;
     this.kvHeads = kvHeads;
     this.inter = tp?.intermediate ?? c.intermediateSize;

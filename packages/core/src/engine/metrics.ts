@@ -29,6 +29,11 @@ export class RequestMetrics {
   verifySteps = 0;
   /** Verify steps that verified ≥ 1 draft token (plain k = 0 steps excluded; Prometheus' num_drafts). */
   draftSteps = 0;
+  /**
+   * Steps decoded plainly because a draft step would have reached the drafter's `maxPosition` (its trained
+   * positions): drafting stopped for the rest of the request.
+   */
+  positionLimitedSteps = 0;
   /** Target forwards this request took part in (prefill chunks, verify, replays). */
   targetForwards = 0;
   /** Prefill forwards (chunks). */

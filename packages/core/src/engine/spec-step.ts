@@ -130,10 +130,16 @@ export interface Outcome {
  */
 function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
   const maxK = ctx.drafter?.maxDraftTokens ?? 0;
-  const caps = seqs.map((r) => ({
-    r,
-    cap: r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length)),
-  }));
+  const maxPosition = ctx.drafter?.maxPosition;
+  const caps = seqs.map((r) => {
+    let cap = r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length));
+    // past the draft model's trained positions its drafts are noise: stop drafting (the step decodes plainly)
+    if (cap > 0 && maxPosition !== undefined && r.historyLength + maxK > maxPosition) {
+      cap = 0;
+      r.metrics.positionLimitedSteps++;
+    }
+    return { r, cap };
+  });
   if (ctx.drafter === undefined) return caps.map(() => 0);
   const hook = ctx.options.draftLength;
   if (hook !== undefined)

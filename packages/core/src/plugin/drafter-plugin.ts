@@ -258,6 +258,12 @@ export interface Drafter {
   /** Drafts per step at most (e.g. DFlash: block_size − 1). */
   readonly maxDraftTokens: number;
   /**
+   * Positions the draft model handles (its `max_position_embeddings`: RoPE as trained); absent: no limit. The
+   * engine stops drafting for a sequence once a full draft step would use a position at or past it — its drafts
+   * would be noise (DFlash's τ fell to 1.03 there) — and counts those steps (`RunMetrics.positionLimitedSteps`).
+   */
+  readonly maxPosition?: number;
+  /**
    * capture: tap ids the drafter needs, pinned convention (REFERENCE.md §2); `[]` for none.
    * @throws {DrafterError} if the target lacks one.
    */

@@ -85,6 +85,8 @@ export class ServerMetrics {
   readonly acceptedPerPos: Counter<'position'>;
   /** Every verify step (k = 0 included), summed over requests: τ's denominator. */
   readonly numVerifySteps: Counter;
+  /** Steps decoded plainly because drafting had reached the drafter's trained positions. */
+  readonly positionLimitedSteps: Counter;
   readonly verifyBudget: Histogram;
   readonly numUnverifiedTokens: Counter;
   /** Prefill/decode disaggregation: payload bytes per request by class (target_kv, linear_state, draft_context). */
@@ -241,6 +243,13 @@ export class ServerMetrics {
       help: 'verify steps summed over requests, plain k = 0 steps included (τ = (accepted + steps) / steps)',
       registers,
     });
+    this.positionLimitedSteps = new Counter({
+      name: 'specd_spec_decode_position_limited_steps_total',
+      help:
+        "steps decoded plainly because a draft step would reach the drafter's max_position_embeddings (drafting " +
+        'stops there for the rest of the request)',
+      registers,
+    });
     new Gauge({
       name: 'specd_spec_decode_acceptance_length_per_verify_step',
       help:
@@ -314,6 +323,7 @@ export class ServerMetrics {
     this.e2e.observe(r.e2e);
     if (r.ttft !== undefined && r.outputTokens >= 2) this.tpot.observe((r.e2e - r.ttft) / (r.outputTokens - 1));
     const m = r.spec;
+    if (m !== undefined && m.positionLimitedSteps > 0) this.positionLimitedSteps.inc(m.positionLimitedSteps);
     if (m !== undefined && m.verifySteps > 0) {
       this.numVerifySteps.inc(m.verifySteps);
       this.totals.verifySteps += m.verifySteps;

@@ -117,6 +117,10 @@ export class TensorParallelDrafter implements Drafter, Partial<DraftContextTrans
     return this.rank0.maxDraftTokens;
   }
 
+  get maxPosition(): number | undefined {
+    return this.rank0.maxPosition;
+  }
+
   get pagesInUse(): number {
     return this.rank0.pagesInUse;
   }
