@@ -37,7 +37,7 @@ function run(drafter: Awaited<ReturnType<typeof loadDrafter>> | undefined) {
 }
 
 describe('the drafter position limit', () => {
-  it(`stops drafting before a block reaches max_position_embeddings (${LIMIT}); output stays plain greedy`, async () => {
+  it(`stops drafting before a block reaches max_position_embeddings (${LIMIT}); output stays greedy`, async () => {
     const plain = run(undefined).r.tokenIds;
     const limited = await loadDrafter(target, { max_position_embeddings: LIMIT });
     expect(limited.maxPosition).toBe(LIMIT);
