@@ -37,6 +37,15 @@ import { defaultModelDir } from './paths.js';
 export const SPECD_VERSION: string = (createRequire(import.meta.url)('../../package.json') as { version: string })
   .version;
 
+/** `--checkpoint-sanity refuse|warn` (generate and serve): what a non-finite weight does at load. */
+export function checkpointSanityOption(): Option {
+  return new Option(
+    '--checkpoint-sanity <mode>',
+    'a non-finite weight in a checkpoint: refuse it, or warn and load anyway (default: config checkpoint_sanity, ' +
+      'refuse)',
+  ).choices(CHECKPOINT_SANITY_MODES);
+}
+
 /** Where the CLI writes (injectable for tests). */
 export interface CliIo {
   readonly stdout: { write(s: string): unknown; isTTY?: boolean };
@@ -317,13 +326,7 @@ export function buildProgram(io: CliIo): Command {
       "layers per pipeline stage, e.g. 3,5 (default: vLLM's even split, the remainder on the stages before the last)",
       listArg,
     )
-    .addOption(
-      new Option(
-        '--checkpoint-sanity <mode>',
-        'a non-finite weight in a checkpoint: refuse it, or warn and load anyway (default: config checkpoint_sanity, ' +
-          'refuse)',
-      ).choices(CHECKPOINT_SANITY_MODES),
-    )
+    .addOption(checkpointSanityOption())
     .option(
       '--json',
       'print one JSON object {text, token_ids, num_prompt_tokens, num_output_tokens, seconds, output_tokens_per_s, ' +

@@ -28,7 +28,7 @@ import pinoPretty from 'pino-pretty';
 
 import { describeSampling, resolveSamplingDefaults } from '../config/generation-config.js';
 import { loadConfig } from '../config/load.js';
-import { CHECKPOINT_SANITY_MODES, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
+import type { CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import type { SpecdConfig } from '../config/load.js';
 import { DRAFT_PAGE_SIZE } from '../kv/draft-kv-cache.js';
 import { pdDigest } from '../pd/digest.js';
@@ -40,7 +40,7 @@ import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
 import { type DrafterChoice, loadDrafter, type LoadedDrafter } from '../runtime/drafter.js';
 import { checkParallelism, loadParallelTarget } from '../runtime/parallel.js';
 import type { LoadedTarget } from '../runtime/target.js';
-import type { CliIo } from './main.js';
+import { type CliIo, checkpointSanityOption } from './main.js';
 import { defaultModelDir, defaultServeConfig } from './paths.js';
 
 /** Flags of `specd serve`. */
@@ -520,13 +520,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
       tpArg,
     )
     .option('--disable-log-stats', 'no periodic stats line (default: one every 10 s on the log, as vLLM)')
-    .addOption(
-      new Option(
-        '--checkpoint-sanity <mode>',
-        'a non-finite weight in a checkpoint: refuse it, or warn and load anyway (default: config checkpoint_sanity, ' +
-          'refuse)',
-      ).choices(CHECKPOINT_SANITY_MODES),
-    )
+    .addOption(checkpointSanityOption())
     .action(async (flags: ServeFlags) => {
       // the signal handlers are in place before anything loads: a SIGINT / SIGTERM during start-up stops the
       // server as soon as it is up, instead of killing the process half-way

@@ -58,6 +58,14 @@ export interface ChoicesHost {
   readonly maxTokensInFlight: number;
 }
 
+/** Response headers of a server-sent-events stream (no proxy buffering). */
+export const SSE_HEADERS = {
+  'content-type': 'text/event-stream; charset=utf-8',
+  'cache-control': 'no-cache',
+  connection: 'keep-alive',
+  'x-accel-buffering': 'no',
+} as const;
+
 /** The finish reasons of the engine, as OpenAI's. */
 const FINISH: Record<string, string> = { eos: 'stop', stop: 'stop', length: 'length', abort: 'abort' };
 
@@ -247,12 +255,7 @@ export async function serveChoices(
       return reply;
     }
     reply.hijack();
-    raw.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      connection: 'keep-alive',
-      'x-accel-buffering': 'no',
-    });
+    raw.writeHead(200, SSE_HEADERS);
     raw.on('close', () => {
       if (ended) return;
       ended = true;

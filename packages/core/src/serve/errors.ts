@@ -50,6 +50,16 @@ export const forbiddenHost = (host: string | undefined, keyed = false): ApiError
     null,
     'forbidden_host',
   );
+/** 400 for a /v1 request sent to the prefill instance of a prefill/decode pair (it answers only the router). */
+export const prefillOnly = (): ApiError =>
+  new ApiError(
+    400,
+    'this server is the prefill instance of a prefill/decode pair: send requests to the router (specd router)',
+    'invalid_request_error',
+    null,
+    'pd_prefill_only',
+  );
+
 /** 400 for a JSON body nested deeper than the server parses: names the limit. */
 export const jsonTooDeep = (maxDepth: number): ApiError =>
   new ApiError(

@@ -34,6 +34,7 @@ import {
   modelFailed,
   overloaded,
   pdFailed,
+  prefillOnly,
   sequenceFailed,
   shuttingDown,
   unknownModel,
@@ -57,7 +58,7 @@ import {
 import { LogprobsWriter } from './logprobs.js';
 import { StopTextBuffer } from './stop-text.js';
 import { StatsLogger } from './stats-log.js';
-import { type ChoicesHost, choiceBodies, serveChoices } from './choices.js';
+import { type ChoicesHost, choiceBodies, SSE_HEADERS, serveChoices } from './choices.js';
 import { checkRequestFields, UnknownFieldLog } from './request-fields.js';
 import { installRequestId } from './request-id.js';
 import { installTokenizeRoutes } from './tokenize-routes.js';
@@ -402,14 +403,7 @@ export class SpecdServer {
         return { params: p, promptIds: prompt.ids, param: prompt.param };
       },
       loopRequest: ({ params, promptIds, param }) => {
-        if (this.pd instanceof PrefillRole)
-          throw new ApiError(
-            400,
-            'this server is the prefill instance of a prefill/decode pair: send requests to the router (specd router)',
-            'invalid_request_error',
-            null,
-            'pd_prefill_only',
-          );
+        if (this.pd instanceof PrefillRole) throw prefillOnly();
         return this.loopRequest(this.withMaxTokens(params, promptIds.length, param), promptIds, false);
       },
     };
@@ -590,14 +584,7 @@ export class SpecdServer {
     promptParam: string,
     open?: (listener: LoopListener) => Promise<Opened>,
   ): Promise<unknown> {
-    if (this.pd instanceof PrefillRole)
-      throw new ApiError(
-        400,
-        'this server is the prefill instance of a prefill/decode pair: send requests to the router (specd router)',
-        'invalid_request_error',
-        null,
-        'pd_prefill_only',
-      );
+    if (this.pd instanceof PrefillRole) throw prefillOnly();
     const t0 = performance.now();
     const P = promptIds.length;
     if (P === 0) throw invalidParam(promptParam, 'the prompt encodes to no tokens');
@@ -733,12 +720,7 @@ export class SpecdServer {
         return reply;
       }
       reply.hijack();
-      raw.writeHead(200, {
-        'content-type': 'text/event-stream; charset=utf-8',
-        'cache-control': 'no-cache',
-        connection: 'keep-alive',
-        'x-accel-buffering': 'no',
-      });
+      raw.writeHead(200, SSE_HEADERS);
       raw.on('close', () => {
         if (!finished) {
           finished = true;
