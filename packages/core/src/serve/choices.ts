@@ -12,8 +12,8 @@
  * Admission is per choice (EngineLoop.submit): a request whose choices do not all fit now is refused (503
  * `overloaded`) and the choices already queued are aborted; one that could never fit (more choices than
  * `max_waiting_requests`, or Σ (prompt + max_tokens) over its choices above `max_tokens_in_flight`) is a 400 naming
- * `n` (or `prompt` for a list of prompts with n = 1). `logprobs`, `top_logprobs`, `echo` and `prompt_logprobs` are not
- * carried by this path yet: with n > 1 or a list of prompts they are a 400 naming the field.
+ * `n` (or `prompt` for a list of prompts with n = 1). Each choice's text, echo and logprobs are those of a request of
+ * one choice (choice-output.ts): `logprobs` / `top_logprobs` per choice, completions' `echo` per prompt.
  */
 
 import { randomUUID } from 'node:crypto';
@@ -23,11 +23,11 @@ import type { FastifyReply } from 'fastify';
 import { EngineError, SequenceError, type SpecResult } from '../engine/types.js';
 import type { Tokenizer } from '../io/tokenizer.js';
 import { type EngineLoop, type LoopListener, type LoopRequest, OverloadedError } from './engine-loop.js';
+import { ChoiceOutput } from './choice-output.js';
 import { ApiError, invalidParam, modelFailed, overloaded, sequenceFailed, shuttingDown } from './errors.js';
 import type { ServerMetrics } from './metrics.js';
 import type { GenerationParams } from './protocol.js';
 import { completionPrompts, type RequestEndpoint } from './request-fields.js';
-import { StopTextBuffer } from './stop-text.js';
 
 /** A parsed request of one prompt: its parameters and prompt token ids. */
 export interface PreparedPrompt {
@@ -79,10 +79,6 @@ export function choiceBodies(body: unknown, endpoint: RequestEndpoint, n: number
   const b = body as Record<string, unknown>;
   const prompts = endpoint === 'completion' ? completionPrompts(b) : [undefined];
   if (n === 1 && prompts.length === 1) return undefined;
-  // the choices path answers `logprobs: null` and no echoed prompt: refused rather than silently dropped
-  for (const key of ['logprobs', 'top_logprobs', 'echo', 'prompt_logprobs'])
-    if (b[key] !== undefined && b[key] !== null && b[key] !== false)
-      throw invalidParam(key, 'not supported yet with n > 1 or a list of prompts (send one request per choice)');
   const { n: _n, best_of: _bestOf, ...rest } = b;
   return endpoint === 'completion' ? prompts.map((prompt) => ({ ...rest, prompt })) : [rest];
 }
@@ -92,8 +88,7 @@ interface Choice {
   readonly index: number;
   readonly prompt: PreparedPrompt;
   readonly request: LoopRequest;
-  readonly detok: ReturnType<Tokenizer['createDetokenizer']>;
-  readonly stops: StopTextBuffer;
+  readonly out: ChoiceOutput;
   loopId: number | undefined;
   result: SpecResult | undefined;
   first: boolean;
@@ -124,14 +119,13 @@ export async function serveChoices(
   for (const body of bodies) prompts.push(await host.prepare(endpoint, body));
   const choices: Choice[] = [];
   for (const prompt of prompts) {
-    const base = host.loopRequest(prompt);
+    const base = { ...host.loopRequest(prompt), ...ChoiceOutput.request(endpoint, prompt.params) };
     for (let j = 0; j < n; j++) {
       choices.push({
         index: choices.length,
         prompt,
         request: { ...base, seed: (base.seed + j) >>> 0 },
-        detok: host.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds: prompt.promptIds }),
-        stops: new StopTextBuffer(prompt.params.stop),
+        out: new ChoiceOutput(endpoint, prompt.params, prompt.promptIds, host.tokenizer),
         loopId: undefined,
         result: undefined,
         first: true,
@@ -186,14 +180,15 @@ export async function serveChoices(
     return new ApiError(500, err.message, 'server_error', null, 'internal_error');
   };
   const chunk = (c: Choice, text: string | undefined, finishReason: string | null): string => {
+    const logprobs = c.out.takeLogprobs();
     const choice = chat
       ? {
           index: c.index,
           delta: text === undefined ? {} : c.first ? { role: 'assistant', content: text } : { content: text },
-          logprobs: null,
+          logprobs,
           finish_reason: finishReason,
         }
-      : { index: c.index, text: text ?? '', logprobs: null, finish_reason: finishReason };
+      : { index: c.index, text: text ?? '', logprobs, finish_reason: finishReason };
     c.first = false;
     const object = chat ? 'chat.completion.chunk' : 'text_completion';
     return `data: ${JSON.stringify({ id, object, created, model, choices: [choice] })}\n\n`;
@@ -224,16 +219,20 @@ export async function serveChoices(
       raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
     };
     submitAll((c) => ({
-      onToken: (t) => {
+      onPromptLogprobs: (prompt) => c.out.promptLogprobs(prompt),
+      onToken: (t, lp) => {
         c.ttft ??= (performance.now() - t0) / 1000;
-        const text = c.stops.push(c.detok.push(t));
+        // the echoed prompt (and its logprobs) is the choice's first chunk
+        const echoed = c.out.takeEcho();
+        if (!ended && echoed !== undefined) raw.write(chunk(c, echoed, null));
+        const text = c.out.token(t, lp);
         if (!ended && (text !== '' || (c.first && chat))) raw.write(chunk(c, text, null));
       },
       onFinish: (r) => {
         c.result = r;
         record(c, r);
         if (ended) return;
-        const tail = c.stops.push(c.detok.flush()) + c.stops.finish();
+        const tail = c.out.finish();
         if (tail !== '') raw.write(chunk(c, tail, null));
         raw.write(chunk(c, chat ? undefined : '', FINISH[r.finishReason] ?? 'stop'));
         if (++done < choices.length) return;
@@ -267,9 +266,10 @@ export async function serveChoices(
 
   return new Promise((resolve, reject) => {
     submitAll((c) => ({
-      onToken: (t) => {
+      onPromptLogprobs: (prompt) => c.out.promptLogprobs(prompt),
+      onToken: (t, lp) => {
         c.ttft ??= (performance.now() - t0) / 1000;
-        c.stops.push(c.detok.push(t));
+        c.out.token(t, lp);
       },
       onFinish: (r) => {
         c.result = r;
@@ -277,20 +277,21 @@ export async function serveChoices(
         if (ended || ++done < choices.length) return;
         ended = true;
         const out = choices.map((x) => {
-          x.stops.push(x.detok.flush());
+          x.out.finish();
           const res = x.result as SpecResult;
           const reason = FINISH[res.finishReason] ?? 'stop';
           const ids = x.prompt.params.returnTokenIds ? { token_ids: res.tokenIds } : {};
-          const text = x.stops.fullText;
+          const text = x.out.fullText;
+          const logprobs = x.out.allLogprobs();
           return chat
             ? {
                 index: x.index,
                 message: { role: 'assistant', content: text },
-                logprobs: null,
+                logprobs,
                 finish_reason: reason,
                 ...ids,
               }
-            : { index: x.index, text, logprobs: null, finish_reason: reason, ...ids };
+            : { index: x.index, text, logprobs, finish_reason: reason, ...ids };
         });
         const object = chat ? 'chat.completion' : 'text_completion';
         resolve({ id, object, created, model, choices: out, usage: usage() });

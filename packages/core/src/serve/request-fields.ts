@@ -4,8 +4,8 @@
  * - fields that would change the output and are not implemented are refused with a 400 naming the field:
  *   `response_format` other than `{"type": "text"}`, `tools` (a non-empty list), `tool_choice` other than "none" /
  *   "auto", `functions` (a non-empty list), `function_call` other than "none" / "auto", `best_of` other than n (vLLM
- *   returns the n best of best_of samples), `suffix`, `min_p` other than 0, and vLLM's `guided_*` and
- *   `structured_outputs`;
+ *   returns the n best of best_of samples), `suffix`, `min_p` other than 0, vLLM's `prompt_logprobs` (completions' `echo`
+ *   with `logprobs` returns the prompt's logprobs), and vLLM's `guided_*` and `structured_outputs`;
  * - metadata-only fields are accepted as no-ops ({@link METADATA_FIELDS}: `user`, `metadata`, `store`,
  *   `service_tier`, `parallel_tool_calls` without tools);
  * - any other field no endpoint knows is logged once per name and server ({@link UnknownFieldLog}), then ignored;
@@ -138,6 +138,11 @@ export function checkRequestFields(body: unknown, endpoint: RequestEndpoint, unk
   if (present(b.suffix)) throw invalidParam('suffix', 'not supported (no insertion / fill-in-the-middle)');
   if (present(b.min_p) && b.min_p !== 0) throw invalidParam('min_p', 'only 0 (off) is supported');
   if (present(b.structured_outputs)) throw invalidParam('structured_outputs', 'guided decoding is not implemented');
+  if (present(b.prompt_logprobs))
+    throw invalidParam(
+      'prompt_logprobs',
+      "not supported (completions' echo with logprobs returns the prompt's logprobs)",
+    );
   const known = KNOWN_FIELDS[endpoint];
   for (const [key, v] of Object.entries(b)) {
     if (key.startsWith('guided_')) {

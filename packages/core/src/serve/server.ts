@@ -55,9 +55,8 @@ import {
   type GenerationParams,
   type SamplingDefaults,
 } from './protocol.js';
-import { LogprobsWriter } from './logprobs.js';
-import { StopTextBuffer } from './stop-text.js';
 import { StatsLogger } from './stats-log.js';
+import { ChoiceOutput } from './choice-output.js';
 import { type ChoicesHost, choiceBodies, SSE_HEADERS, serveChoices } from './choices.js';
 import { checkRequestFields, UnknownFieldLog } from './request-fields.js';
 import { installRequestId } from './request-id.js';
@@ -589,11 +588,7 @@ export class SpecdServer {
     const P = promptIds.length;
     if (P === 0) throw invalidParam(promptParam, 'the prompt encodes to no tokens');
     const resolved = this.withMaxTokens(p, P, promptParam);
-    const tok = this.options.target.tokenizer;
-    const detok = tok.createDetokenizer({ skipSpecialTokens: true, promptIds });
-    const minTokens = p.minTokens ?? 0;
-    const stops = new StopTextBuffer(p.stop, minTokens === 0);
-    let pushed = 0; // tokens pushed: stop strings count after min_tokens (vLLM)
+    const out = new ChoiceOutput(kind, p, promptIds, this.options.target.tokenizer);
     const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replace(/-/g, '')}`;
     const created = Math.floor(Date.now() / 1000);
     const object = kind === 'chat' ? 'chat.completion' : 'text_completion';
@@ -603,20 +598,6 @@ export class SpecdServer {
     let finished = false;
     let first = true;
     const raw = reply.raw;
-    // logprobs (serve/logprobs.ts) and echo: only for requests that ask
-    const lps =
-      p.logprobs === undefined
-        ? undefined
-        : new LogprobsWriter(kind, p.logprobs, (t) => tok.decode([t], { skipSpecialTokens: false }));
-    const echo = kind === 'completion' && p.echo === true;
-    const promptText = (p as { prompt?: unknown }).prompt;
-    const echoText = !echo
-      ? ''
-      : typeof promptText === 'string'
-        ? promptText
-        : tok.decode(promptIds, { skipSpecialTokens: false });
-    let echoed = !echo;
-    const takeLogprobs = (): unknown => (lps?.pending === true ? lps.take() : null);
     const chunk = (text: string | undefined, finishReason: string | null, logprobs: unknown = null): string => {
       const choice =
         kind === 'chat'
@@ -647,12 +628,9 @@ export class SpecdServer {
     };
     const engineParams: LoopRequest = {
       ...this.loopRequest(resolved, promptIds, false),
-      ...(p.logprobs === undefined ? {} : { logprobs: p.logprobs }),
-      ...(p.logprobs !== undefined && echo ? { promptLogprobs: p.logprobs } : {}),
+      ...ChoiceOutput.request(kind, p),
     };
-    const onPromptLogprobs = (prompt: readonly (TokenLogprob | null)[]): void => {
-      for (const [i, lp] of prompt.entries()) lps?.add(promptIds[i]!, lp);
-    };
+    const onPromptLogprobs = (prompt: readonly (TokenLogprob | null)[]): void => out.promptLogprobs(prompt);
     const submit = async (listener: LoopListener): Promise<Opened> => {
       if (open !== undefined) return open(listener);
       try {
@@ -672,23 +650,18 @@ export class SpecdServer {
         onPromptLogprobs,
         onToken: (t, lp) => {
           onToken();
-          if (!echoed) {
-            // the echoed prompt (and its logprobs) is the stream's first chunk
-            echoed = true;
-            raw.write(chunk(echoText, null, takeLogprobs()));
-          }
-          if (pushed++ === minTokens) stops.arm();
-          if (lp !== undefined) lps?.add(t, lp);
-          // a stop token id ends the request; its text is not returned (vLLM)
-          const text = p.stopTokenIds?.includes(t) === true ? '' : stops.push(detok.push(t));
-          if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null, takeLogprobs()));
+          // the echoed prompt (and its logprobs) is the stream's first chunk
+          const echoed = out.takeEcho();
+          if (echoed !== undefined) raw.write(chunk(echoed, null, out.takeLogprobs()));
+          const text = out.token(t, lp);
+          if (text !== '' || (first && kind === 'chat')) raw.write(chunk(text, null, out.takeLogprobs()));
         },
         onFinish: (r) => {
           finished = true;
           record(r);
-          const tail = stops.push(detok.flush()) + stops.finish();
-          if (tail !== '') raw.write(chunk(tail, null, takeLogprobs()));
-          raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop', takeLogprobs()));
+          const tail = out.finish();
+          if (tail !== '') raw.write(chunk(tail, null, out.takeLogprobs()));
+          raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop', out.takeLogprobs()));
           if (p.includeUsage) {
             const body = { id, object: chunkObject, created, model, choices: [], usage: usage(r.tokenIds.length) };
             raw.write(`data: ${JSON.stringify(body)}\n\n`);
@@ -737,17 +710,14 @@ export class SpecdServer {
         onPromptLogprobs,
         onToken: (t, lp) => {
           onToken();
-          if (pushed++ === minTokens) stops.arm();
-          if (lp !== undefined) lps?.add(t, lp);
-          if (p.stopTokenIds?.includes(t) === true) return; // it ends the request; its text is not returned (vLLM)
-          stops.push(detok.push(t));
+          out.token(t, lp);
         },
         onFinish: (r) => {
           finished = true;
           record(r);
-          stops.push(detok.flush());
-          const text = echoText + stops.fullText;
-          const logprobs = lps === undefined ? null : lps.take();
+          out.finish();
+          const text = out.fullText;
+          const logprobs = out.allLogprobs();
           const reason = FINISH[r.finishReason] ?? 'stop';
           const ids = p.returnTokenIds ? { token_ids: r.tokenIds } : {};
           const choice =

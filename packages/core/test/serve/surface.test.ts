@@ -253,11 +253,53 @@ describe('n > 1 and lists of prompts', () => {
     }
     const e = await refusal(complete({ prompt: ['x', [1, 2]] as unknown as string[], max_tokens: 2 }));
     expect([e.status, e.param]).toEqual([400, 'prompt']);
-    // logprobs and echo are not carried by the choices path yet: refused, not dropped
-    const lp = await refusal(complete({ prompt: 'x', max_tokens: 2, n: 2, logprobs: 1 }));
-    expect([lp.status, lp.param]).toEqual([400, 'logprobs']);
-    const echo = await refusal(complete({ prompt: ['x', 'y'], max_tokens: 2, echo: true }));
-    expect([echo.status, echo.param]).toEqual([400, 'echo']);
+    // vLLM's prompt_logprobs is not implemented: refused, not dropped (completions' echo + logprobs serves it)
+    const pl = await refusal(complete({ prompt: 'x', max_tokens: 2, prompt_logprobs: 1 }));
+    expect([pl.status, pl.param]).toEqual([400, 'prompt_logprobs']);
+  });
+
+  it('logprobs, echo, min_tokens and stop ids per choice: each choice answers what it would alone', async () => {
+    const prompts = ['In the beginning', 'The history of the'];
+    const base = { max_tokens: 6, temperature: 1, seed: 41, ignore_eos: true, logprobs: 2, echo: true };
+    const r = await complete({ ...base, prompt: prompts, n: 2 });
+    for (let i = 0; i < 2; i++)
+      for (let j = 0; j < 2; j++) {
+        const res = await complete({ ...base, prompt: at(prompts, i), seed: 41 + j });
+        const alone = at(res.choices, 0);
+        const c = at(r.choices, i * 2 + j);
+        expect(c.text.startsWith(at(prompts, i))).toBe(true);
+        expect(c.text).toBe(alone.text);
+        expect(c.logprobs).toEqual(alone.logprobs);
+        // the echoed prompt's tokens, then 6 generated ones; the first prompt token has no logprob
+        expect(c.logprobs?.token_logprobs?.[0]).toBeNull();
+        expect(c.logprobs?.tokens?.length).toBe(usageOf(res).total_tokens);
+      }
+    // chat: top_logprobs per choice, streamed and not, equal to the request alone
+    const chatBase = { messages: MESSAGES, max_tokens: 5, temperature: 1, logprobs: true, top_logprobs: 3 };
+    const many = await chat({ ...chatBase, n: 2, seed: 9 });
+    const chunks: OpenAI.ChatCompletionTokenLogprob[][] = [[], []];
+    const stream = await client.chat.completions.create({ model: MODEL, ...chatBase, n: 2, seed: 9, stream: true });
+    for await (const c of stream)
+      for (const ch of c.choices) at(chunks, ch.index).push(...(ch.logprobs?.content ?? []));
+    for (let j = 0; j < 2; j++) {
+      const alone = at((await chat({ ...chatBase, seed: 9 + j })).choices, 0);
+      expect(at(many.choices, j).logprobs).toEqual(alone.logprobs);
+      expect(at(chunks, j)).toEqual(alone.logprobs?.content);
+      expect(alone.logprobs?.content?.length).toBe(5);
+      for (const p of alone.logprobs?.content ?? []) expect(p.top_logprobs.length).toBe(3);
+    }
+    // min_tokens and stop_token_ids (its text dropped) as for one choice
+    const ids = Array.from(target.tokenizer.encode(' the', { addSpecialTokens: false }));
+    const stopBody = {
+      prompt: 'The history of the',
+      max_tokens: 12,
+      temperature: 0,
+      stop_token_ids: ids,
+      min_tokens: 3,
+    };
+    const one = at((await complete(stopBody)).choices, 0);
+    const two = await complete({ ...stopBody, n: 2 });
+    for (const c of two.choices) expect([c.text, c.finish_reason]).toEqual([one.text, one.finish_reason]);
   });
 });
 
