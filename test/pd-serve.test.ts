@@ -13,6 +13,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
+  allFree,
   drafterBranch,
   drafterDirs,
   metric,
@@ -22,6 +23,7 @@ import {
   startRouter,
   startSpecd,
   stopAll,
+  until,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
@@ -146,3 +148,71 @@ for (const family of FAMILIES) {
     );
   });
 }
+
+// What a vLLM user sends besides a plain completion, through the router: logprobs (completions and chat, streamed
+// and not), completions' echo with logprobs, a request that ends on its first token (P's `finished` path), n > 1
+// and a list of prompts (one P/D pair per choice), each equal to the aggregated server's answer.
+const KIMI = !skipWithoutFiles('PD surface', [path.join(MODELS, 'kimi-k3-tiny/config.json')]);
+describe.skipIf(!KIMI)('PD through the router: logprobs, echo, n > 1, prompt lists', () => {
+  it('every answer equals the aggregated server', async () => {
+    const dir = KIMI ? drafterDirs('kimi-k3-tiny').find((d) => d.endsWith('dflash')) : undefined;
+    const cfg = config('kimi-surface', 'kimi-k3-tiny', dir);
+    const procs: (SpecdProcess | undefined)[] = [];
+    try {
+      const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
+      procs.push(a);
+      const { p, d, r } = await cluster(cfg);
+      procs.push(p, d, r);
+      const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+      const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
+      const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
+      const same = async (body: Record<string, unknown>, what: string): Promise<OpenAI.Completion> => {
+        const b = { model, ...body } as unknown as OpenAI.CompletionCreateParamsNonStreaming;
+        const want = await agg.completions.create(b);
+        const got = await pd.completions.create(b);
+        expect(got.choices, what).toEqual(want.choices);
+        expect(got.usage, what).toEqual(want.usage);
+        return got;
+      };
+      const prompt = 'The quick brown fox';
+      const lp = await same({ prompt, max_tokens: 8, temperature: 0, logprobs: 3 }, 'logprobs');
+      expect(lp.choices[0]?.logprobs?.token_logprobs?.length).toBe(8);
+      const echo = await same({ prompt, max_tokens: 5, temperature: 0.7, seed: 5, logprobs: 2, echo: true }, 'echo');
+      expect(echo.choices[0]?.text.startsWith(prompt)).toBe(true);
+      expect(echo.choices[0]?.logprobs?.token_logprobs?.[0]).toBeNull();
+      await same({ prompt, max_tokens: 1, temperature: 0, logprobs: 1 }, 'ends on its first token');
+      await same({ prompt, max_tokens: 6, temperature: 0.9, seed: 11, n: 3 }, 'n = 3, seeded');
+      await same({ prompt: [prompt, 'Once upon a time'], max_tokens: 6, temperature: 0, n: 2, logprobs: 1 }, 'list');
+      // streamed: the chunks add up to the non-streamed choices, indices kept, one usage chunk
+      const body = { model, prompt: [prompt, 'In the beginning'], max_tokens: 6, temperature: 0, n: 2 };
+      const whole = await agg.completions.create(body);
+      const texts = ['', '', '', ''];
+      let usage: OpenAI.CompletionUsage | undefined;
+      const stream = await pd.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+      for await (const c of stream) {
+        for (const ch of c.choices) texts[ch.index] += ch.text;
+        if (c.usage) usage = c.usage;
+      }
+      expect(texts).toEqual(whole.choices.map((c) => c.text));
+      expect(usage).toEqual(whole.usage);
+      // chat top_logprobs, streamed and not
+      const chat = {
+        model,
+        messages: [{ role: 'user' as const, content: 'Say hello.' }],
+        max_tokens: 6,
+        temperature: 0,
+        logprobs: true,
+        top_logprobs: 2,
+      };
+      const wantChat = await agg.chat.completions.create(chat);
+      expect((await pd.chat.completions.create(chat)).choices).toEqual(wantChat.choices);
+      const content: OpenAI.ChatCompletionTokenLogprob[] = [];
+      for await (const c of await pd.chat.completions.create({ ...chat, stream: true }))
+        content.push(...(c.choices[0]?.logprobs?.content ?? []));
+      expect(content).toEqual(wantChat.choices[0]?.logprobs?.content);
+      for (const u of [p.url, d.url]) await until(`${u} frees every page`, () => allFree(u));
+    } finally {
+      await stopAll(procs);
+    }
+  }, 300_000);
+});

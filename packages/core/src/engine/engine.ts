@@ -206,7 +206,8 @@ export class SpecEngine {
    * Continues a {@link reserve}d request whose state arrived: it becomes a running sequence whose prompt
    * is prefilled, its first token (`state.firstToken`) is emitted (`onToken`) and it takes part in the
    * next step's verify round, drafting from a draft context of `state.position` rows, with the request's
-   * PRNG continued from `(seed, draws)` — exactly as the prefill instance would have gone on.
+   * PRNG continued from `(seed, draws)` — exactly as the prefill instance would have gone on. The state's logprobs
+   * (the prefill instance's, for a request that asks) go to `onPromptLogprobs` and with the first token.
    * @returns the request's result when it finished on its first token, else undefined.
    * @throws {EngineError} for an id that is not reserved or a position that is not the prompt length.
    */
@@ -222,7 +223,10 @@ export class SpecEngine {
     const r = this.runningOf(req, SeededRandom.resume(state.seed, state.draws));
     r.prefilled = P;
     this.running.set(id, r);
-    const reason = this.emit(r, [state.firstToken]);
+    if (req.promptLogprobs !== undefined && state.promptLogprobs !== undefined)
+      req.onPromptLogprobs?.(state.promptLogprobs);
+    const first = state.firstLogprob === undefined ? undefined : [state.firstLogprob];
+    const reason = this.emit(r, [state.firstToken], first);
     return reason === undefined ? undefined : this.finish(r, reason);
   }
 

@@ -108,6 +108,10 @@ export interface HandoffState {
   /** The request's PRNG seed and the draws it has taken ({@link SeededRandom.resume}). */
   readonly seed: number;
   readonly draws: number;
+  /** The first token's logprob, when the request asks for logprobs (the prefill instance computed it). */
+  readonly firstLogprob?: TokenLogprob;
+  /** The prompt's logprobs (`[numPromptTokens]`, null first), when the request asks for them. */
+  readonly promptLogprobs?: readonly (TokenLogprob | null)[];
 }
 
 /**

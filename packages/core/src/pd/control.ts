@@ -50,6 +50,9 @@ export type ControlMessage =
       readonly room: string;
       readonly tokenIds: readonly number[];
       readonly finishReason: string;
+      /** The first token's logprob and the prompt's, when the request asks (pd/logprobs-wire.ts; D checks them). */
+      readonly firstLogprob?: unknown;
+      readonly promptLogprobs?: unknown;
     }
   | { readonly type: 'failed'; readonly room: string; readonly status: number; readonly message: string }
   | { readonly type: 'abort'; readonly room: string; readonly reason: string };

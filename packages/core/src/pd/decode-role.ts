@@ -19,6 +19,7 @@ import { hasDraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.
 import type { EngineLoop, LoopListener, LoopRequest } from '../serve/engine-loop.js';
 import { checksumRanges } from './checksum.js';
 import { ControlClient, type ControlMessage, type Deferred, deferred, withTimeout } from './control.js';
+import { handoffLogprobsFromWire } from './logprobs-wire.js';
 import { checkManifest, checkPdDrafter, regionLookup } from './manifest.js';
 import { rangeBytes } from './pairing.js';
 import { type PdRoleOptions, Tombstones } from './prefill-role.js';
@@ -53,7 +54,13 @@ interface Notification {
 
 /** What P tells about a room besides the data: the request ended on its first token, or P needs our hello again. */
 type RoomEvent =
-  | { readonly kind: 'finished'; readonly tokenIds: readonly number[]; readonly finishReason: string }
+  | {
+      readonly kind: 'finished';
+      readonly tokenIds: readonly number[];
+      readonly finishReason: string;
+      /** The logprobs fields as sent (pd/logprobs-wire.ts). */
+      readonly logprobs: { readonly firstLogprob?: unknown; readonly promptLogprobs?: unknown };
+    }
   | { readonly kind: 'rehello' };
 
 /** A request being admitted: P's events for it, and why it was aborted. */
@@ -240,17 +247,22 @@ export class DecodeRole {
         r.events = deferred<RoomEvent>();
       }
       const vocab = this.loop.engine.target.info.vocabSize;
+      // the logprobs the request needs from P (the first token's; the prompt's for an echo with logprobs)
+      const want = { first: req.logprobs !== undefined, prompt: req.promptLogprobs !== undefined };
+      const P = req.promptIds.length;
       if (outcome.kind === 'finished') {
         const { tokenIds, finishReason } = outcome;
         checkTokens(tokenIds, vocab, `room ${room}: finished: tokenIds`);
         if (finishReason !== 'eos' && finishReason !== 'stop' && finishReason !== 'length')
           throw new PdError('peer', `room ${room}: finished: finishReason ${JSON.stringify(finishReason)}`);
+        const lps = handoffLogprobsFromWire(outcome.logprobs, want, vocab, P, `room ${room}: finished`);
         this.loop.abort(id);
         for (const tid of transferIds) transfer.abort(tid, 'the request ended on its first token');
         return {
           admission: { kind: 'finished', loopId: undefined },
           begin: () => {
-            for (const t of tokenIds) listener.onToken(t);
+            if (lps.promptLogprobs !== undefined) listener.onPromptLogprobs?.(lps.promptLogprobs);
+            for (const [i, t] of tokenIds.entries()) listener.onToken(t, i === 0 ? lps.firstLogprob : undefined);
             listener.onFinish({ id, tokenIds: [...tokenIds], finishReason, metrics: new RequestMetrics() });
           },
         };
@@ -259,8 +271,13 @@ export class DecodeRole {
       const notes = outcome.ns.map((n, k) =>
         checkNotification(n, vocab, req.promptIds.length, room, k === outcome.ns.length - 1),
       );
-      const state = notes[notes.length - 1]?.state;
-      if (state === undefined) throw new PdError('peer', `room ${room}: ${bootstrap} sent no handoff state`);
+      const sent = notes[notes.length - 1]?.state;
+      if (sent === undefined) throw new PdError('peer', `room ${room}: ${bootstrap} sent no handoff state`);
+      const { firstLogprob: _f, promptLogprobs: _p, ...plain } = sent;
+      const state: HandoffState = {
+        ...plain,
+        ...handoffLogprobsFromWire(sent, want, vocab, P, `room ${room}: the prefill instance's notification: state`),
+      };
       const received = notes.flatMap((n) => n.rows);
       checkManifest(expected, received);
       const rows = new Map(received.map((row) => [entryName(row.key), row]));
@@ -395,7 +412,7 @@ export class DecodeRole {
       case 'finished':
         this.rooms
           .get(msg.room)
-          ?.events.resolve({ kind: 'finished', tokenIds: msg.tokenIds, finishReason: msg.finishReason });
+          ?.events.resolve({ kind: 'finished', tokenIds: msg.tokenIds, finishReason: msg.finishReason, logprobs: msg });
         return;
       case 'hello-required': {
         // the prefill instance at this address restarted: forget the connection; the room hellos again

@@ -28,6 +28,7 @@ import {
   withTimeout,
 } from './control.js';
 import { compareDigests } from './digest.js';
+import { type HandoffLogprobs, handoffLogprobsToWire } from './logprobs-wire.js';
 import { checkPdDrafter, regionLookup } from './manifest.js';
 import { planSend, rangeBytes } from './pairing.js';
 import { gatherScattered, RankedState, reshardEntries } from './ranks.js';
@@ -198,12 +199,23 @@ export class PrefillRole {
     if (dead !== undefined) throw new PdError('abort', `room ${room}: aborted (${dead})`);
     const r = this.room(room);
     const log = this.options.logger?.child({ requestId, room });
+    // the first token's logprob and the prompt's (for a request that asks): D emits them (pd/logprobs-wire.ts)
+    let lps: HandoffLogprobs = {};
     try {
       const result = await new Promise<SpecResult>((resolve, reject) => {
         r.failed.promise.catch(reject);
         r.loopId = this.loop.submit(
           { ...req, handoff: true },
-          { onToken: () => undefined, onFinish: resolve, onError: reject },
+          {
+            onToken: (_t, lp) => {
+              if (lp !== undefined && lps.firstLogprob === undefined) lps = { ...lps, firstLogprob: lp };
+            },
+            onPromptLogprobs: (promptLogprobs) => {
+              lps = { ...lps, promptLogprobs };
+            },
+            onFinish: resolve,
+            onError: reject,
+          },
         );
       });
       if (result.finishReason === 'abort') throw new PdError('abort', `room ${room}: aborted`);
@@ -221,11 +233,12 @@ export class PrefillRole {
           room,
           tokenIds: result.tokenIds,
           finishReason: result.finishReason,
+          ...handoffLogprobsToWire(lps),
         });
         return { promptTokens: req.promptIds.length, payload: {}, transferMs: 0 };
       }
       const t0 = performance.now();
-      const payload = await this.send(room, r, layout, result.handoff);
+      const payload = await this.send(room, r, layout, { ...result.handoff, ...lps });
       const transferMs = performance.now() - t0;
       log?.info({ payload, transferMs: Math.round(transferMs) }, 'pd: state transferred');
       return { promptTokens: req.promptIds.length, payload, transferMs };
@@ -348,7 +361,7 @@ export class PrefillRole {
         room,
         own.local,
         own.remote,
-        { requestId: layout.requestId, rows: own.rows, state },
+        { requestId: layout.requestId, rows: own.rows, state: { ...state, ...handoffLogprobsToWire(state) } },
         { timeoutMs: this.options.transferTimeoutMs },
       ),
     );

@@ -11,6 +11,10 @@
  * as it came. D answers as the aggregated server would (JSON, or SSE ending in `data: [DONE]`) and sends its
  * headers only once the transfer is verified; the router passes D's answer through unchanged and unbuffered.
  * P answers `200 {request_id, prompt_tokens}` once D acknowledged the transfer, or an OpenAI error.
+ * A request of several choices (`n` > 1, a completion's list of prompts) runs one P/D pair per choice, choice
+ * i × n + j of prompt i with seed + j as the aggregated server (serve/choices.ts), and the router merges D's answers
+ * (request id `<id>-<choice>` towards P and D). Logprobs and echo pass through: P sends D the first token's logprob
+ * and an echo's prompt logprobs with the handoff state (pd/logprobs-wire.ts).
  *
  * Failures (the first side to fail decides the answer): P fails before D's headers → the client gets P's status
  * and error, D gets `POST /pd/abort {room, request_id, reason}` and its request is aborted; D fails → the client
@@ -30,9 +34,11 @@ import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 
+import { choiceBodies } from '../serve/choices.js';
 import { ApiError, bodyTooLarge, shuttingDown, unknownModel } from '../serve/errors.js';
 import { answerThenDrain, checkBind, installAccessHook, installJsonParser } from '../serve/http-guard.js';
 import type { BuiltPrompt, PromptBuilder, PromptKind } from '../serve/prompt.js';
+import { checkRequestFields } from '../serve/request-fields.js';
 import {
   parseChatRequest,
   parseCompletionRequest,
@@ -406,21 +412,72 @@ export class PdRouter {
     if (served.length > 0 && !served.includes(p.model)) throw unknownModel(p.model, served.join('", "'));
   }
 
-  /** One generation request through a P and a D (see the module comment). */
-  private async generate(req: FastifyRequest, reply: FastifyReply, kind: PromptKind): Promise<FastifyReply> {
+  /** The prompt ids of one one-choice body (400 for a bad field, 404 for another model). */
+  private async buildPrompt(body: unknown, kind: PromptKind): Promise<{ prompt: BuiltPrompt; p: GenerationParams }> {
     const { sampling, prompts } = this.options;
-    let prompt: BuiltPrompt;
     if (kind === 'chat') {
-      const p = parseChatRequest(req.body, sampling);
+      const p = parseChatRequest(body, sampling);
       this.checkModel(p);
-      prompt = await prompts.chat(p);
-    } else {
-      const p = parseCompletionRequest(req.body, sampling);
-      this.checkModel(p);
-      prompt = await prompts.completion(p);
+      return { prompt: await prompts.chat(p), p };
     }
+    const p = parseCompletionRequest(body, sampling);
+    this.checkModel(p);
+    return { prompt: await prompts.completion(p), p };
+  }
+
+  /** A client request: one P/D pair, or one per choice when it has several (`n` > 1, a list of prompts). */
+  private async generate(req: FastifyRequest, reply: FastifyReply, kind: PromptKind): Promise<FastifyReply> {
+    const n = checkRequestFields(req.body, kind);
+    const many = choiceBodies(req.body, kind, n);
+    if (many !== undefined) return this.generateChoices(req, reply, kind, many, n);
+    const { prompt } = await this.buildPrompt(req.body, kind);
+    if (req.raw.socket.destroyed) return reply; // gone while its body was read: nothing to start
+    let clientGone = false;
+    const pair = this.startPair(req, kind, req.body, prompt, () => clientGone);
+    this.metrics.inFlight.inc();
+    reply.raw.on('close', () => {
+      this.metrics.inFlight.dec();
+      if (reply.raw.writableFinished) return;
+      clientGone = true;
+      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
+      req.log.info('client disconnected: aborting prefill and decode');
+      pair.abort('client disconnected');
+    });
+    const out = await pair.done;
+    if (clientGone) return reply;
+    if (!out.ok) return reply.code(out.status).type('application/json').send(out.body);
+    const res = out.res;
+    reply.code(res.status).header('x-request-id', String(req.id));
+    for (const h of PASSED_HEADERS) {
+      const v = res.headers.get(h);
+      if (v !== null) reply.header(h, v);
+    }
+    if (res.body === null) return reply.send();
+    const body = Readable.fromWeb(res.body as WebReadableStream<Uint8Array>);
+    body.on('error', (err) => {
+      if (clientGone) return; // the client's disconnect ended it: already handled
+      pair.brokeOff(err);
+    });
+    return reply.send(body);
+  }
+
+  /**
+   * Runs one one-choice `body` through a P and a D (see the module comment): both get the same JSON, the first side
+   * to fail decides. `done` resolves with D's answer once its headers came (the transfer is verified), or with the
+   * error the client gets (the other side aborted). `gone()` says the client left (its errors are not counted).
+   * @throws {ApiError} 503 when no healthy P or D is left (before anything is sent).
+   */
+  private startPair(
+    req: FastifyRequest,
+    kind: PromptKind,
+    body: unknown,
+    prompt: BuiltPrompt,
+    gone: () => boolean,
+    choice?: number,
+  ): PairRun {
     const sides: Record<PdRole, Upstream> = { prefill: this.pick('prefill'), decode: this.pick('decode') };
-    const requestId = String(req.id);
+    // a request of several choices: one request id per pair (`<id>-<choice>`), as P and D log and key by it
+    const requestId = choice === undefined ? String(req.id) : `${String(req.id)}-${choice}`;
     const room = randomRoom();
     const log = req.log;
     log.info(
@@ -433,7 +490,7 @@ export class PdRouter {
       kind,
       prompt_ids: Array.from(prompt.ids),
       bootstrap: sides.prefill.bootstrap,
-      body: req.body,
+      body,
     });
     const controllers: Record<PdRole, AbortController> = {
       prefill: new AbortController(),
@@ -446,18 +503,6 @@ export class PdRouter {
       aborted.add(role);
       this.abortUpstream(sides[role], room, requestId, reason, log);
     };
-    if (req.raw.socket.destroyed) return reply; // gone while its body was read: nothing to start
-    let clientGone = false;
-    this.metrics.inFlight.inc();
-    reply.raw.on('close', () => {
-      this.metrics.inFlight.dec();
-      if (reply.raw.writableFinished) return;
-      clientGone = true;
-      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
-      log.info('client disconnected: aborting prefill and decode');
-      abort('prefill', 'client disconnected');
-      abort('decode', 'client disconnected');
-    });
 
     type Outcome = { side: PdRole; res?: Response; err?: unknown };
     const call = (role: PdRole): Promise<Outcome> =>
@@ -472,59 +517,258 @@ export class PdRouter {
       );
     const outcomes: Record<PdRole, Promise<Outcome>> = { prefill: call('prefill'), decode: call('decode') };
 
-    /** Answers the client with `side`'s failure and aborts the other side. */
-    const fail = async (o: Outcome): Promise<FastifyReply> => {
+    /** The client's answer to `side`'s failure; the other side is aborted. */
+    const fail = async (o: Outcome): Promise<PairOutcome> => {
       const u = sides[o.side];
+      const ours = aborted.has(o.side); // the router aborted it (the client left, another choice failed)
       abort(OTHER[o.side], `${o.side} server ${u.url} failed`);
-      if (clientGone) {
+      if (gone() || ours) {
         // the client's disconnect aborted the upstream call: not the upstream's error
         await o.res?.body?.cancel();
-        return reply;
+        return { ok: false, status: 499, body: null };
       }
       this.metrics.errors.inc({ side: o.side });
       if (o.res === undefined) {
         this.setHealth(u, false, `POST /pd/${o.side} failed: ${describeFetchError(o.err)}`);
         log.warn({ url: u.url, err: describeFetchError(o.err) }, `${o.side} server unreachable`);
-        return send(reply, unreachable(o.side, u.url, o.err));
+        const e = unreachable(o.side, u.url, o.err);
+        return { ok: false, status: e.status, body: e.toJSON() };
       }
       const e = await upstreamError(o.side, u.url, o.res);
       log.info({ url: u.url, status: e.status }, `${o.side} server failed the request`);
-      return reply.code(e.status).type('application/json').send(e.body);
+      return { ok: false, ...e };
     };
     const failed = (o: Outcome): boolean => o.res === undefined || !o.res.ok;
 
-    let first = await Promise.race([outcomes.prefill, outcomes.decode]);
-    if (first.side === 'prefill') {
-      if (failed(first)) return fail(first);
-      await first.res?.body?.cancel();
-      first = await outcomes.decode;
-    } else {
-      void outcomes.prefill.then(async (o) => {
-        if (!failed(o)) return o.res?.body?.cancel();
-        if (controllers.prefill.signal.aborted || clientGone) return;
-        this.metrics.errors.inc({ side: 'prefill' });
-        if (o.res === undefined)
-          this.setHealth(sides.prefill, false, `POST /pd/prefill failed: ${describeFetchError(o.err)}`);
-        log.warn({ url: sides.prefill.url, status: o.res?.status }, 'prefill failed after decode answered');
-      });
+    const done = (async (): Promise<PairOutcome> => {
+      let first = await Promise.race([outcomes.prefill, outcomes.decode]);
+      if (first.side === 'prefill') {
+        if (failed(first)) return fail(first);
+        await first.res?.body?.cancel();
+        first = await outcomes.decode;
+      } else {
+        void outcomes.prefill.then(async (o) => {
+          if (!failed(o)) return o.res?.body?.cancel();
+          if (controllers.prefill.signal.aborted || gone()) return;
+          this.metrics.errors.inc({ side: 'prefill' });
+          if (o.res === undefined)
+            this.setHealth(sides.prefill, false, `POST /pd/prefill failed: ${describeFetchError(o.err)}`);
+          log.warn({ url: sides.prefill.url, status: o.res?.status }, 'prefill failed after decode answered');
+        });
+      }
+      if (gone()) {
+        await first.res?.body?.cancel();
+        return { ok: false, status: 499, body: null };
+      }
+      const res = first.res;
+      if (res === undefined || !res.ok) return fail(first);
+      return { ok: true, res };
+    })();
+    return {
+      done,
+      abort: (reason) => {
+        abort('prefill', reason);
+        abort('decode', reason);
+      },
+      brokeOff: (err) => {
+        this.metrics.errors.inc({ side: 'decode' });
+        log.warn({ url: sides.decode.url, err: describeFetchError(err) }, 'decode server broke off its answer');
+        abort('prefill', `decode server ${sides.decode.url} broke off its answer`);
+      },
+    };
+  }
+
+  /**
+   * A request of several choices (serve/choices.ts's rules: choice i × n + j of prompt i samples with seed + j, usage
+   * counts each prompt once): one P/D pair per choice, picked by the policy, all started at once; D's answers are
+   * merged into one response under the router's id — one JSON, or one SSE stream whose chunks carry their choice's
+   * index, one usage chunk (when asked) and one `[DONE]`. The first pair that fails before its headers fails the
+   * request (the others are aborted); a stream that breaks off later ends the client's stream with an error event.
+   */
+  private async generateChoices(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    kind: PromptKind,
+    bodies: readonly unknown[],
+    n: number,
+  ): Promise<FastifyReply> {
+    const built = [];
+    for (const body of bodies)
+      built.push({ body: body as Record<string, unknown>, ...(await this.buildPrompt(body, kind)) });
+    if (req.raw.socket.destroyed) return reply;
+    let clientGone = false;
+    const pairs: PairRun[] = [];
+    const abortAll = (reason: string): void => {
+      for (const pair of pairs) pair.abort(reason);
+    };
+    try {
+      for (const b of built)
+        for (let j = 0; j < n; j++) {
+          const body = { ...b.body, seed: (b.p.seed + j) >>> 0 };
+          pairs.push(this.startPair(req, kind, body, b.prompt, () => clientGone, pairs.length));
+        }
+    } catch (err) {
+      abortAll('the request could not be routed'); // no healthy P or D for a later choice
+      throw err;
     }
-    if (clientGone) return reply;
-    const res = first.res;
-    if (res === undefined || !res.ok) return fail(first);
-    reply.code(res.status).header('x-request-id', requestId);
-    for (const h of PASSED_HEADERS) {
-      const v = res.headers.get(h);
-      if (v !== null) reply.header(h, v);
-    }
-    if (res.body === null) return reply.send();
-    const body = Readable.fromWeb(res.body as WebReadableStream<Uint8Array>);
-    body.on('error', (err) => {
-      if (clientGone) return; // the client's disconnect ended it: already handled
-      this.metrics.errors.inc({ side: 'decode' });
-      log.warn({ url: sides.decode.url, err: describeFetchError(err) }, 'decode server broke off its answer');
-      abort('prefill', `decode server ${sides.decode.url} broke off its answer`);
+    this.metrics.inFlight.inc();
+    reply.raw.on('close', () => {
+      this.metrics.inFlight.dec();
+      if (reply.raw.writableFinished) return;
+      clientGone = true;
+      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
+      req.log.info('client disconnected: aborting every choice');
+      abortAll('client disconnected');
     });
-    return reply.send(body);
+    // the first choice to fail aborts the others at once
+    const outs = await Promise.all(
+      pairs.map((p) =>
+        p.done.then((o) => {
+          if (!o.ok) abortAll('another choice of the request failed');
+          return o;
+        }),
+      ),
+    );
+    if (clientGone) return reply;
+    // the failure the client gets: the first that is not one of the aborts it caused
+    const bad = outs.find((o) => !o.ok && o.status !== 499) ?? outs.find((o) => !o.ok);
+    if (bad !== undefined && !bad.ok) {
+      for (const o of outs) if (o.ok) await o.res.body?.cancel();
+      return reply.code(bad.status).type('application/json').send(bad.body);
+    }
+    const responses = outs.map((o) => (o as { res: Response }).res);
+    const chat = kind === 'chat';
+    const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomUUID().replace(/-/g, '')}`;
+    const stream = responses.some((r) => (r.headers.get('content-type') ?? '').startsWith('text/event-stream'));
+    reply.header('x-request-id', String(req.id));
+    type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+    const usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+    const addUsage = (k: number, u: Usage | undefined): void => {
+      if (u === undefined) return;
+      if (k % n === 0) usage.prompt_tokens += u.prompt_tokens; // each prompt once
+      usage.completion_tokens += u.completion_tokens;
+      usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    };
+    if (!stream) {
+      const jsons = await Promise.all(responses.map((r) => r.json() as Promise<ChoiceAnswer>));
+      const choices = jsons.map((j, k) => ({ ...(j.choices[0] ?? {}), index: k }));
+      jsons.forEach((j, k) => {
+        addUsage(k, j.usage);
+      });
+      const first = jsons[0] as ChoiceAnswer;
+      return reply
+        .code(200)
+        .send({ id, object: first.object, created: first.created, model: first.model, choices, usage });
+    }
+    reply.hijack();
+    const raw = reply.raw;
+    raw.writeHead(200, {
+      ...Object.fromEntries(
+        PASSED_HEADERS.flatMap((h) => {
+          const v = responses[0]?.headers.get(h);
+          return v === null || v === undefined ? [] : [[h, v]];
+        }),
+      ),
+      'x-request-id': String(req.id),
+    });
+    let wantUsage = false;
+    let created: number | undefined;
+    let object: string | undefined;
+    let model: string | undefined;
+    let ended = false;
+    const end = (tail: string): void => {
+      if (ended) return;
+      ended = true;
+      raw.end(tail);
+    };
+    await Promise.all(
+      responses.map(async (res, k) => {
+        try {
+          for await (const data of sseEvents(res)) {
+            if (ended) break;
+            if (data === '[DONE]') continue;
+            const ev = JSON.parse(data) as ChoiceAnswer & { error?: unknown };
+            if (ev.error !== undefined) {
+              abortAll('another choice of the request failed');
+              end(`data: ${data}\n\ndata: [DONE]\n\n`);
+              break;
+            }
+            created ??= ev.created;
+            object ??= ev.object;
+            model ??= ev.model;
+            if (ev.choices.length === 0 && ev.usage !== undefined) {
+              wantUsage = true;
+              addUsage(k, ev.usage);
+              continue;
+            }
+            raw.write(
+              `data: ${JSON.stringify({ ...ev, id, choices: ev.choices.map((c) => ({ ...c, index: k })) })}\n\n`,
+            );
+          }
+        } catch (err) {
+          if (clientGone || ended) return;
+          pairs[k]?.brokeOff(err);
+          abortAll('another choice of the request broke off');
+          const e = new ApiError(
+            502,
+            `decode server broke off choice ${k}: ${describeFetchError(err)}`,
+            'server_error',
+            null,
+            'upstream_error',
+          );
+          end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
+        }
+      }),
+    );
+    if (clientGone) return reply;
+    if (wantUsage) raw.write(`data: ${JSON.stringify({ id, object, created, model, choices: [], usage })}\n\n`);
+    end('data: [DONE]\n\n');
+    return reply;
+  }
+}
+
+/** One P/D pair's run ({@link PdRouter.startPair}). */
+interface PairRun {
+  /** D's answer once its headers came, or the error the client gets. */
+  readonly done: Promise<PairOutcome>;
+  /** Aborts both sides (each gets /pd/abort once). */
+  abort(reason: string): void;
+  /** D's answer broke off after its headers: counted, logged, P aborted. */
+  brokeOff(err: unknown): void;
+}
+
+type PairOutcome =
+  | { readonly ok: true; readonly res: Response }
+  | { readonly ok: false; readonly status: number; readonly body: unknown };
+
+/** The fields of a D answer (or stream chunk) the merge reads. */
+interface ChoiceAnswer {
+  readonly object: string;
+  readonly created: number;
+  readonly model: string;
+  readonly choices: Record<string, unknown>[];
+  readonly usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+}
+
+/** The `data:` payloads of a server-sent-events response, in order. @throws what reading the body throws. */
+async function* sseEvents(res: Response): AsyncGenerator<string> {
+  if (res.body === null) return;
+  const decoder = new TextDecoder();
+  let buf = '';
+  for await (const bytes of res.body as unknown as AsyncIterable<Uint8Array>) {
+    buf += decoder.decode(bytes, { stream: true });
+    let cut = buf.indexOf('\n\n');
+    while (cut >= 0) {
+      const event = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      const data = event
+        .split('\n')
+        .filter((l) => l.startsWith('data:'))
+        .map((l) => l.slice(5).trimStart())
+        .join('\n');
+      if (data !== '') yield data;
+      cut = buf.indexOf('\n\n');
+    }
   }
 }
 

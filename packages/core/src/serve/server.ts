@@ -461,7 +461,9 @@ export class SpecdServer {
           throw err;
         }
         try {
-          const out = await role.prefill(pd.room, pd.requestId, this.loopRequest(p, ids, true), digest);
+          // with the logprobs the request asks for: P sends the first token's (and an echo's prompt ones) to D
+          const req = { ...this.loopRequest(p, ids, true), ...ChoiceOutput.request(pd.kind, p) };
+          const out = await role.prefill(pd.room, pd.requestId, req, digest);
           this.recordPayload('prefill', out.payload, out.transferMs / 1000);
           return { request_id: pd.requestId, prompt_tokens: out.promptTokens };
         } catch (err) {
@@ -481,7 +483,7 @@ export class SpecdServer {
               pd.room,
               pd.requestId,
               bootstrap,
-              this.loopRequest(p, ids, false),
+              { ...this.loopRequest(p, ids, false), ...ChoiceOutput.request(pd.kind, p) },
               listener,
               digest,
             );
@@ -508,9 +510,6 @@ export class SpecdServer {
         ? parseChatRequest(pd.body, this.options.sampling)
         : parseCompletionRequest(pd.body, this.options.sampling);
     this.checkModel(p);
-    // the decode instance gets the first token from the prefill instance, without its logprob
-    if (p.logprobs !== undefined) throw invalidParam('logprobs', 'not supported with prefill/decode disaggregation');
-    if (p.echo === true) throw invalidParam('echo', 'not supported with prefill/decode disaggregation');
     const V = this.options.target.model.info.vocabSize;
     const bad = pd.promptIds.find((t) => t >= V);
     if (bad !== undefined) throw invalidParam('prompt_ids', `token id ${bad} is outside the vocabulary (size ${V})`);
