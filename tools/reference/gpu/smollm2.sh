@@ -8,6 +8,8 @@
 #   eval   τ of both drafters, greedy and T=1, EVAL_LIMIT chat + EVAL_LIMIT plain held-out prompts,
 #          NEW new tokens, four evaluations concurrently, each cut at EVAL_TIMEOUT seconds
 # STAGES="regen train eval" by default; without regen, REGEN=<dir with tokens.u16 meta.json> is used.
+# RESUME=1: train continues from $W/<method>/last.pt (an earlier call on the same warm machine); MIN is then the
+# total minutes of training, earlier calls included.
 # $OUT (≤ 8 files ≤ 16 MiB): dflash/{config.json,model.safetensors,MODEL_CARD.md},
 #   eagle3/{config.json,model.safetensors,MODEL_CARD.md}, logs.tar.gz, regen.tar.gz
 # Offline: torch, numpy, safetensors only (the GGUF is read by specd_ref/gguf_io.py's numpy reader
@@ -39,7 +41,7 @@ if [[ " $STAGES " == *" train "* ]]; then
   tm "train start (dflash + eagle3 concurrently, $MIN min each)"
   for m in dflash eagle3; do
     $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
-        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" > "$W/train_$m.log" 2>&1 &
+        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${RESUME:+--resume} >> "$W/train_$m.log" 2>&1 &
   done
   wait
   tail -n 3 "$W"/train_*.log
