@@ -37,6 +37,17 @@ bool DetectAvx512() {
 #endif
 }
 
+bool DetectVbmi() {
+#if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__)
+  if (!DetectAvx512()) return false;
+  unsigned a, b, c, d;
+  __cpuid_count(7, 0, a, b, c, d);
+  return (c >> 1) & 1;  // CPUID.(EAX=7,ECX=0):ECX[1] AVX512_VBMI
+#else
+  return false;
+#endif
+}
+
 bool DetectAmx() {
 #if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__) && defined(__linux__)
   if (!DetectAvx512()) return false;
@@ -56,6 +67,7 @@ bool DetectAmx() {
 
 const bool g_avx512_available = DetectAvx512();
 const bool g_amx_available = DetectAmx();
+const bool g_vbmi_available = DetectVbmi();
 std::atomic<int> g_isa{static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa::kPortable)};
 
 }  // namespace
@@ -63,6 +75,8 @@ std::atomic<int> g_isa{static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa:
 bool Avx512Available() { return g_avx512_available; }
 
 bool AmxAvailable() { return g_amx_available; }
+
+bool Avx512VbmiAvailable() { return g_vbmi_available; }
 
 Isa CurrentIsa() { return static_cast<Isa>(g_isa.load(std::memory_order_relaxed)); }
 
