@@ -29,6 +29,9 @@ bool AmxAvailable();
  */
 bool Avx512VbmiAvailable();
 
+/** True when AmxAvailable() and the CPU has AMX-INT8 (TDPBSUD: the int8-activation quantized GEMM). */
+bool AmxInt8Available();
+
 /** The path kernels use now. */
 Isa CurrentIsa();
 

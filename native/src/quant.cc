@@ -16,6 +16,7 @@
 // k must be a positive multiple of 32 (the GGUF block size). Block formats, packed layout,
 // numerics and the reduction order (batch invariance): quant_kernels.h. Threads split panels of 16
 // rows (N), never K, so results do not depend on the thread count.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -162,14 +163,23 @@ void RunGemm(const Problem& p) {
       quant::PanelWork(p.m, p.k));
 }
 
+/** AMX tiles for the int8-activation GEMM when available (SPECD_QUANT_AMX=0 turns them off, for A/B runs). */
+const bool g_int8_amx = [] {
+  const char* v = std::getenv("SPECD_QUANT_AMX");
+  return v == nullptr || std::string(v) != "0";
+}();
+
 /**
  * Y = Q8(X) · Wᵀ with int8 activations (quant_kernels.h, "int8 activations"): X quantized once per
  * call (rows split over threads), then panels split over threads. VNNI path when the ISA is avx512
- * and the CPU has VBMI, else portable; both give the same bits.
+ * and the CPU has VBMI (AMX-INT8 tiles for m >= kAmxMinRows where present), else portable; all
+ * give the same bits.
  */
 void RunGemmI8(const Problem& p) {
   if (p.m == 0 || p.n == 0) return;
   const bool vnni = CurrentIsa() == Isa::kAvx512 && Avx512VbmiAvailable();
+  // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
+  const bool amx = vnni && AmxInt8Available() && p.m >= quant::kAmxMinRows && g_int8_amx;
   const int64_t blocks = p.k / quant::kBlock;
   std::vector<int8_t> xq(static_cast<size_t>(p.m * p.k));
   std::vector<float> xd(static_cast<size_t>(p.m * blocks)), xs(xd.size());
@@ -189,6 +199,11 @@ void RunGemmI8(const Problem& p) {
       quant::Panels(p.n),
       [&](int64_t begin, int64_t end) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
+        if (amx) {
+          std::vector<uint8_t> raw(static_cast<size_t>(quant::ScratchBytesI8Amx(p.k) + 64));
+          uint8_t* scratch = raw.data() + (64 - reinterpret_cast<uintptr_t>(raw.data()) % 64) % 64;
+          return quant::PanelsI8Amx(q, begin, end, scratch);
+        }
         if (vnni) {
           // 64-byte aligned scratch: transformed weight chunk, then the row tiles' accumulators.
           std::vector<uint8_t> raw(static_cast<size_t>(quant::ScratchBytesI8(p.m) + 64));

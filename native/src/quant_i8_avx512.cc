@@ -224,6 +224,22 @@ void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begi
     }
 }
 
+void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws) {
+#define SPECD_TRANSFORM(T)                                       \
+  switch (panels) {                                              \
+    case 1: TransformChunk<T, 1>(p, panel0, b0, b1, ws); break;  \
+    case 2: TransformChunk<T, 2>(p, panel0, b0, b1, ws); break;  \
+    case 3: TransformChunk<T, 3>(p, panel0, b0, b1, ws); break;  \
+    default: TransformChunk<T, 4>(p, panel0, b0, b1, ws); break; \
+  }
+  switch (p.type) {
+    case Type::kQ4_0: SPECD_TRANSFORM(Type::kQ4_0); break;
+    case Type::kQ4_1: SPECD_TRANSFORM(Type::kQ4_1); break;
+    case Type::kQ8_0: SPECD_TRANSFORM(Type::kQ8_0); break;
+  }
+#undef SPECD_TRANSFORM
+}
+
 void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   switch (p.type) {
     case Type::kQ4_0: PanelsOf<Type::kQ4_0>(p, panel_begin, panel_end, scratch); break;

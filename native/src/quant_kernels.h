@@ -55,7 +55,10 @@
 // starting isum at −128·Σq resp. −8·Σq). Threads split panels (N), never K, and a row's sum never
 // depends on its tile: row i of a GEMM equals the GEMV of row i bit for bit, for any m and thread
 // count, and on either path. The AVX-512 path also needs AVX512_VBMI (VPERMB turns a 64-byte group
-// of 4 quant lines [k][lane] into 16 dwords [lane][4 k]); without it the portable path runs.
+// of 4 quant lines [k][lane] into 16 dwords [lane][4 k]); without it the portable path runs. Where
+// AMX-INT8 is usable, m >= kAmxMinRows computes the same int32 block sums with TDPBSUD tiles and
+// combines them in the same fp32 order (quant_i8_amx.cc): same bits, so the GEMV (VNNI) and an AMX
+// GEMM still agree row for row.
 #pragma once
 #include <cstdint>
 
@@ -157,6 +160,20 @@ static inline int64_t ScratchBytesI8(int64_t m) { return 8 * 4 * 640 + 64 + (m +
 /** All rows of Y for panels [panel_begin, panel_end); `scratch` holds ScratchBytesI8(m), 64-byte aligned. */
 void PanelsI8Portable(const ProblemI8& p, int64_t panel_begin, int64_t panel_end);
 void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
+
+/**
+ * The VNNI operands of blocks [b0, b1) of `panels` (1..4) panels from panel0, into
+ * ws + ((blk − b0)·panels + b)·640: 8 × 64 B (16 lanes × 4 consecutive k, u8: Q4 nibbles, Q8_0 + 128)
+ * | d[16] f32 | m[16] f32. The 8 × 64 B are also an AMX B tile (8 rows of K/4, 64 B stride).
+ */
+void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws);
+
+/** AMX-INT8 path (m >= kAmxMinRows): the same integer block sums by TDPBSUD, the same bits. */
+// From m = 64 on (prefill chunks): below it the VNNI tiles win (measured: m = 16 ×0.8, m = 64 ≈ 1, m = 512 ×1.8).
+constexpr int64_t kAmxMinRows = 64;
+/** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
+static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 4096 + 4096 + 64; }
+void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
 
 }  // namespace quant
 }  // namespace specd
