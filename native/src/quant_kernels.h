@@ -169,8 +169,9 @@ void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, ui
 void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws);
 
 /** AMX-INT8 path (m >= kAmxMinRows): the same integer block sums by TDPBSUD, the same bits. */
-// From m = 64 on (prefill chunks): below it the VNNI tiles win (measured: m = 16 ×0.8, m = 64 ≈ 1, m = 512 ×1.8).
-constexpr int64_t kAmxMinRows = 64;
+// From m = 96 on (prefill chunks); below, the VNNI tiles are as fast or faster (1 thread, AMX vs VNNI
+// time: m = 16 ×0.7–1.0, m = 64 ×0.85–1.0, m = 128 ×1.1–2.2, m = 512 ×1.6–2.1).
+constexpr int64_t kAmxMinRows = 96;
 /** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
 static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 4096 + 4096 + 64; }
 void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);

@@ -2,7 +2,7 @@
 // native/src/quant_kernels.h "int8 activations"): against a float64 reference computed here from the
 // same quantized activations (quantization re-implemented in fp32 steps), bit for bit against an fp32
 // emulation of the documented combination order, close to the fp32-activation GEMM, bitwise batch
-// and thread invariance (m >= 64 runs on AMX-INT8 tiles where present: the same bits as the VNNI
+// and thread invariance (m >= 96 runs on AMX-INT8 tiles where present: the same bits as the VNNI
 // GEMV), VNNI == portable, non-finite inputs, async == sync, argument errors.
 import { afterAll, describe, expect, it } from 'vitest';
 import {
@@ -228,7 +228,7 @@ const shapes: Array<[m: number, n: number, k: number]> = [
   [16, 33, 576],
   [9, 20, 1536],
   [33, 7, 96],
-  [70, 21, 320], // AMX-INT8 tiles where present (m >= 64): 5 row tiles of 14
+  [100, 21, 320], // AMX-INT8 tiles where present (m >= 96): 7 row tiles of 14–15
   [64, 50, 576],
 ];
 
@@ -351,7 +351,7 @@ describe('gemmQuant act int8 across paths', () => {
       [1, 61, 576],
       [16, 49, 1536],
       [40, 18, 320],
-      [80, 33, 576],
+      [120, 33, 576],
     ] as const) {
       const w = quantizedWeights(randomTensor(type, n, k, next).bytes, type, n, k);
       // mixed magnitudes per block, including tiny (subnormal d_x) and zero blocks
