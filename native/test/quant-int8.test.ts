@@ -4,8 +4,10 @@
 // emulation of the documented combination order, close to the fp32-activation GEMM, bitwise batch
 // and thread invariance (m >= 96 runs on AMX-INT8 tiles where present: the same bits as the VNNI
 // GEMV), VNNI == portable, non-finite inputs, async == sync, argument errors.
+import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
+  addonPath,
   gemmQuant,
   gemmQuantAsync,
   isa,
@@ -363,6 +365,21 @@ describe('gemmQuant act int8 across paths', () => {
       const b = withIsa('portable', () => gemmI8(x, m, w));
       expect(firstBitDifference(a, b), `seed ${seed}: m=${m} n=${n} k=${k}`).toBe(-1);
     }
+  });
+
+  it('rejects a bad act in the native layer too, with a code', () => {
+    const raw = createRequire(import.meta.url)(addonPath) as {
+      gemmQuant(...args: [Float32Array, number, number, Uint8Array, string, number, Float32Array, string]): void;
+    };
+    const w = quantizedWeights(randomTensor('q4_1', 3, 32, rng(2)).bytes, 'q4_1', 3, 32);
+    let caught: { message: string; code?: string } | undefined;
+    try {
+      raw.gemmQuant(new Float32Array(32), 1, 32, w.data, 'q4_1', 3, new Float32Array(3), 'int4');
+    } catch (e) {
+      caught = e as { message: string; code?: string };
+    }
+    expect(caught?.message).toBe('gemmQuant: act: expected "f32" or "int8", got string "int4"');
+    expect(caught?.code).toBe('ERR_SPECD_INVALID_ARG');
   });
 
   it('names the call and the parameter for a bad act', () => {
