@@ -7,6 +7,7 @@
 //   node native/bench/quant.mjs --quick (fewer repetitions, no 8192 x 8192 shape)
 //   node native/bench/quant.mjs --act   (only the int8- vs fp32-activation table and the model section)
 //   node native/bench/quant.mjs --no-model (without the SmolLM2 end-to-end section)
+//   node native/bench/quant.mjs --model-only (only the SmolLM2 end-to-end section)
 //
 // Shapes: the SmolLM2-135M linear layers (hidden 576, intermediate 1536, q/o 576x576, k/v
 // 192x576, gate/up 1536x576, down 576x1536; Q4_1) and its tied lm_head 49152x576 (Q8_0), plus a
@@ -35,6 +36,7 @@ import {
 const quick = process.argv.includes('--quick');
 const actOnly = process.argv.includes('--act'); // only the int8-vs-f32 activation table (and the model)
 const noModel = process.argv.includes('--no-model'); // skip the SmolLM2 end-to-end comparison
+const modelOnly = process.argv.includes('--model-only'); // only the SmolLM2 end-to-end comparison
 const reps = quick ? 3 : 7;
 const MS = [1, 2, 4, 8, 16];
 
@@ -90,7 +92,7 @@ const lines = [
   '| shape | type | m | Q t (µs) | Q GB/s | Q GFLOP/s | bf16 t (µs) | bf16 GB/s | bf16 GFLOP/s | faster |',
   '|---|---|---:|---:|---:|---:|---:|---:|---:|---|',
 ];
-for (const { name, type, n, k, copies } of actOnly ? [] : shapes) {
+for (const { name, type, n, k, copies } of actOnly || modelOnly ? [] : shapes) {
   const qs = [];
   const bs = [];
   for (let c = 0; c < copies; c++) {
@@ -123,7 +125,7 @@ for (const { name, type, n, k, copies } of actOnly ? [] : shapes) {
     console.error(lines[lines.length - 1]);
   }
 }
-if (!actOnly) console.log(lines.join('\n'));
+if (!actOnly && !modelOnly) console.log(lines.join('\n'));
 
 // ---- int8 vs fp32 activations (gemmQuant act 'int8' / 'f32'), same weights ----
 // Per shape and m in {1, 8, 16, 512}: time per call, GB/s of packed weight bytes, GFLOP/s
@@ -137,7 +139,7 @@ const actLines = [
   '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|',
 ];
 const ratios = [];
-for (const { name, type, n, k, copies } of shapes) {
+for (const { name, type, n, k, copies } of modelOnly ? [] : shapes) {
   const qs = [];
   for (let c = 0; c < copies; c++) qs.push(quantizedWeights(randomRaw(type, n, k, 17 + c), type, n, k));
   const qBytes = qs[0].data.length;
@@ -172,14 +174,16 @@ for (const { name, type, n, k, copies } of shapes) {
   }
   ratios.push({ name, f32: t[16].f32 / t[1].f32, int8: t[16].int8 / t[1].int8 });
 }
-console.log(`\n${actLines.join('\n')}\n`);
-console.log('| shape | t(16)/t(1) f32 | t(16)/t(1) int8 |\n|---|---:|---:|');
-for (const r of ratios) console.log(`| ${r.name} | ${r.f32.toFixed(2)} | ${r.int8.toFixed(2)} |`);
-const worst = Math.max(...ratios.map((r) => r.int8));
-console.log(
-  `\ngoal (issue 16): int8 t(16)/t(1) close to 1 on every shape — worst ${worst.toFixed(2)} ` +
-    `(${worst <= 1.5 ? 'met at ≤ 1.5' : 'not met at ≤ 1.5'})`,
-);
+if (!modelOnly) {
+  console.log(`\n${actLines.join('\n')}\n`);
+  console.log('| shape | t(16)/t(1) f32 | t(16)/t(1) int8 |\n|---|---:|---:|');
+  for (const r of ratios) console.log(`| ${r.name} | ${r.f32.toFixed(2)} | ${r.int8.toFixed(2)} |`);
+  const worst = Math.max(...ratios.map((r) => r.int8));
+  console.log(
+    `\ngoal (issue 16): int8 t(16)/t(1) close to 1 on every shape — worst ${worst.toFixed(2)} ` +
+      `(${worst <= 1.5 ? 'met at ≤ 1.5' : 'not met at ≤ 1.5'})`,
+  );
+}
 
 // ---- SmolLM2-135M-Instruct Q4_1 end to end, f32 vs int8 activations (SPECD_GGUF_ACT) ----
 // Two copies of the model (ggufSource act 'f32' / 'int8'), timed alternately: prefill of 512 tokens
