@@ -32,6 +32,7 @@ export {
   dequantizeToBf16,
   quantRawBytes,
   quantPackedBytes,
+  type QuantActivation,
   type QuantType,
   type QuantizedWeights,
 } from './src/quant.js';

@@ -50,7 +50,7 @@ export type GemmBf16RawArgs = [
   activations: RawGemmActivations,
 ];
 
-/** gemmQuant(x [m·k], m, k, packed, type, n, y [m·n]) (native/src/quant.cc). */
+/** gemmQuant(x [m·k], m, k, packed, type, n, y [m·n], act?) (native/src/quant.cc). */
 export type GemmQuantRawArgs = [
   x: Float32Array,
   m: number,
@@ -59,6 +59,7 @@ export type GemmQuantRawArgs = [
   type: RawQuantType,
   n: number,
   y: Float32Array,
+  act?: 'f32' | 'int8',
 ];
 
 /** kdaForward(…) (native/src/kda.cc); snapshots only in the recurrent mode. */

@@ -37,6 +37,27 @@ bool DetectAvx512() {
 #endif
 }
 
+bool DetectVbmi() {
+#if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__)
+  if (!DetectAvx512()) return false;
+  unsigned a, b, c, d;
+  __cpuid_count(7, 0, a, b, c, d);
+  return (c >> 1) & 1;  // CPUID.(EAX=7,ECX=0):ECX[1] AVX512_VBMI
+#else
+  return false;
+#endif
+}
+
+bool DetectAmxInt8() {
+#if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__)
+  unsigned a, b, c, d;
+  __cpuid_count(7, 0, a, b, c, d);
+  return (d >> 25) & 1;  // CPUID.(EAX=7,ECX=0):EDX[25] AMX-INT8
+#else
+  return false;
+#endif
+}
+
 bool DetectAmx() {
 #if defined(SPECD_HAVE_AVX512_BUILD) && defined(__x86_64__) && defined(__linux__)
   if (!DetectAvx512()) return false;
@@ -56,6 +77,8 @@ bool DetectAmx() {
 
 const bool g_avx512_available = DetectAvx512();
 const bool g_amx_available = DetectAmx();
+const bool g_vbmi_available = DetectVbmi();
+const bool g_amx_int8_available = g_amx_available && DetectAmxInt8();
 std::atomic<int> g_isa{static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa::kPortable)};
 
 }  // namespace
@@ -63,6 +86,10 @@ std::atomic<int> g_isa{static_cast<int>(g_avx512_available ? Isa::kAvx512 : Isa:
 bool Avx512Available() { return g_avx512_available; }
 
 bool AmxAvailable() { return g_amx_available; }
+
+bool Avx512VbmiAvailable() { return g_vbmi_available; }
+
+bool AmxInt8Available() { return g_amx_int8_available; }
 
 Isa CurrentIsa() { return static_cast<Isa>(g_isa.load(std::memory_order_relaxed)); }
 

@@ -23,6 +23,15 @@ bool Avx512Available();
  */
 bool AmxAvailable();
 
+/**
+ * True when the AVX-512 path is available (Avx512Available) and the CPU has AVX512_VBMI (VPERMB);
+ * the int8-activation quantized GEMM (quant_i8_avx512.cc) needs it, else it runs portable.
+ */
+bool Avx512VbmiAvailable();
+
+/** True when AmxAvailable() and the CPU has AMX-INT8 (TDPBSUD: the int8-activation quantized GEMM). */
+bool AmxInt8Available();
+
 /** The path kernels use now. */
 Isa CurrentIsa();
 

@@ -1,17 +1,22 @@
 // Quantized-weight family: GGUF Q4_0 / Q4_1 / Q8_0 blocks repacked at load, Y = X · Wᵀ with the
-// weights dequantized on the fly (fp32 activations and accumulation), and dequantization to bf16.
+// weights dequantized on the fly (fp32 activations and accumulation) or with int8 activations
+// (llama.cpp's scheme, integer dot products), and dequantization to bf16.
 //
 // JS entry points (wrapped by native/src/quant.ts; shapes row-major; type = "q4_0"|"q4_1"|"q8_0"):
 //   quantPack(src: Uint8Array [n·(k/32)·RawBlockBytes] raw GGUF tensor bytes, type, n, k,
 //             out: Uint8Array [PackedBytes(type, n, k)]) -> undefined
 //   gemmQuant(x: Float32Array [m·k], m, k, packed: Uint8Array, type, n, y: Float32Array [m·n])
 //             -> undefined                                   (synchronous, blocks the caller)
+//             [, act: "f32" (default) | "int8"]
+//             act "f32": weights dequantized to fp32, fp32 activations; "int8": activations quantized
+//             per 32-block to int8 once per call, integer block dot products (VNNI where present)
 //   gemmQuantAsync(same arguments) -> Promise<undefined>     (libuv thread, like gemmBf16Async)
 //   quantDequantBf16(packed: Uint8Array, type, n, k, out: Uint16Array [n·k]) -> undefined
 //             (bf16 bits of d·q + m rounded to nearest even, row-major [n, k])
 // k must be a positive multiple of 32 (the GGUF block size). Block formats, packed layout,
 // numerics and the reduction order (batch invariance): quant_kernels.h. Threads split panels of 16
 // rows (N), never K, so results do not depend on the thread count.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -158,6 +163,69 @@ void RunGemm(const Problem& p) {
       quant::PanelWork(p.m, p.k));
 }
 
+/** AMX tiles for the int8-activation GEMM when available (SPECD_QUANT_AMX=0 turns them off, for A/B runs). */
+const bool g_int8_amx = [] {
+  const char* v = std::getenv("SPECD_QUANT_AMX");
+  return v == nullptr || std::string(v) != "0";
+}();
+
+/**
+ * Y = Q8(X) · Wᵀ with int8 activations (quant_kernels.h, "int8 activations"): X quantized once per
+ * call (rows split over threads), then panels split over threads. VNNI path when the ISA is avx512
+ * and the CPU has VBMI (AMX-INT8 tiles for m >= kAmxMinRows where present), else portable; all
+ * give the same bits.
+ */
+void RunGemmI8(const Problem& p) {
+  if (p.m == 0 || p.n == 0) return;
+  const bool vnni = CurrentIsa() == Isa::kAvx512 && Avx512VbmiAvailable();
+  // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
+  const bool amx = vnni && AmxInt8Available() && p.m >= quant::kAmxMinRows && g_int8_amx;
+  const int64_t blocks = p.k / quant::kBlock;
+  std::vector<int8_t> xq(static_cast<size_t>(p.m * p.k));
+  std::vector<float> xd(static_cast<size_t>(p.m * blocks)), xs(xd.size());
+  std::vector<int32_t> xsum(xd.size());
+  const quant::ActsI8 acts{xq.data(), xd.data(), xs.data(), xsum.data()};
+  ParallelFor(
+      p.m,
+      [&](int64_t begin, int64_t end) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+        if (vnni) return quant::QuantizeActsAvx512(p.x, p.ldx, p.k, begin, end, acts);
+#endif
+        quant::QuantizeActsPortable(p.x, p.ldx, p.k, begin, end, acts);
+      },
+      4 * p.k);
+  const quant::ProblemI8 q{acts, p.packed, p.y, p.ldy, p.m, p.n, p.k, p.type};
+  ParallelFor(
+      quant::Panels(p.n),
+      [&](int64_t begin, int64_t end) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+        if (amx) {
+          std::vector<uint8_t> raw(static_cast<size_t>(quant::ScratchBytesI8Amx(p.k) + 64));
+          uint8_t* scratch = raw.data() + (64 - reinterpret_cast<uintptr_t>(raw.data()) % 64) % 64;
+          return quant::PanelsI8Amx(q, begin, end, scratch);
+        }
+        if (vnni) {
+          // 64-byte aligned scratch: transformed weight chunk, then the row tiles' accumulators.
+          std::vector<uint8_t> raw(static_cast<size_t>(quant::ScratchBytesI8(p.m) + 64));
+          uint8_t* scratch = raw.data() + (64 - reinterpret_cast<uintptr_t>(raw.data()) % 64) % 64;
+          return quant::PanelsI8Vnni(q, begin, end, scratch);
+        }
+#endif
+        quant::PanelsI8Portable(q, begin, end);
+      },
+      // int8 MACs run ~4× the fp32 FMA rate: a quarter of PanelWork, so small calls stay inline.
+      (quant::PanelWork(p.m, p.k) + 3) / 4);
+}
+
+/** Activation mode of gemmQuant: "f32" (default, weights dequantized) or "int8" (RunGemmI8). */
+bool ReadInt8Act(ArgReader& args, size_t i) {
+  if (args.IsAbsent(i)) return false;
+  const std::string s = args.String(i, "act");
+  if (s == "f32") return false;
+  if (s == "int8") return true;
+  args.Fail("act", "\"f32\" or \"int8\"", "string \"" + s + "\"");
+}
+
 Napi::Value QuantPackBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "quantPack");
   const Type t = ReadType(args, 1);
@@ -174,6 +242,7 @@ Napi::Value QuantPackBinding(const Napi::CallbackInfo& info) {
 
 struct GemmCall {
   Problem problem{};
+  bool int8 = false;
   Napi::Float32Array x, y;
   Napi::Uint8Array packed;
 };
@@ -191,18 +260,26 @@ GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
                     "quantPackedBytes(type, n, k)");
   c.y = args.F32(6, "y", CheckedProduct(call, {m, n}), "m*n");
   c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k, t};
+  c.int8 = ReadInt8Act(args, 7);
   return c;
 }
 
 Napi::Value GemmQuantBinding(const Napi::CallbackInfo& info) {
-  RunGemm(ReadGemmArgs(info, "gemmQuant").problem);
+  const GemmCall c = ReadGemmArgs(info, "gemmQuant");
+  if (c.int8) {
+    RunGemmI8(c.problem);
+  } else {
+    RunGemm(c.problem);
+  }
   return info.Env().Undefined();
 }
 
 Napi::Value GemmQuantAsyncBinding(const Napi::CallbackInfo& info) {
   GemmCall c = ReadGemmArgs(info, "gemmQuantAsync");
   const Problem p = c.problem;
-  return QueueKernel(info.Env(), "gemmQuantAsync", [p]() { RunGemm(p); }, {c.x, c.packed, c.y});
+  const bool int8 = c.int8;
+  return QueueKernel(info.Env(), "gemmQuantAsync", [p, int8]() { int8 ? RunGemmI8(p) : RunGemm(p); },
+                     {c.x, c.packed, c.y});
 }
 
 Napi::Value QuantDequantBf16Binding(const Napi::CallbackInfo& info) {

@@ -20,6 +20,15 @@
  * fp32 accumulator per output, blocks in order, a fixed order within a block; threads split N,
  * never K). Portable and AVX-512 paths differ by rounding only (FMA vs mul + add).
  *
+ * int8 activations (`act = 'int8'`; llama.cpp's q4_0/q4_1/q8_0 × q8_0/q8_1 dot products): each row
+ * of X is quantized once per call per block of 32 along K, `d_x = max|x| / 127` (fp32),
+ * `q = clamp(roundEven(x / d_x), ±127)`, `s_x = d_x·Σq`; then per output and weight block
+ * `t = (d_w·d_x)·Σ q_w·q_x` (+ `m_w·s_x` for Q4_1; q_w = nibble − 8 for Q4_0, nibble for Q4_1), the
+ * integer sum exact, and `acc = acc + t` block by block, no FMA. Integer dot products by AVX512-VNNI
+ * (with AVX512-VBMI; portable otherwise, the same bits). Batch and thread invariant like the fp32
+ * path, and the two ISA paths agree bit for bit (native/src/quant_kernels.h, "int8 activations").
+ * Relative error against the fp32-activation result: ~1e-2 per GEMM (the int8 rounding of x).
+ *
  * `dequantizeToBf16` gives the weights as bf16 `[n, k]` (round to nearest even of the fp32
  * dequantized value) to pack for `gemmBf16` instead (faster for compute-bound batches: see
  * docs/BENCHMARKS.md, "Quantized GEMM (GGUF Q4_1 / Q8_0)").
@@ -33,6 +42,14 @@ declare const quantBrand: unique symbol;
 
 /** GGUF block type. */
 export type QuantType = 'q4_0' | 'q4_1' | 'q8_0';
+
+/**
+ * Activations of `gemmQuant`: `'f32'` (weights dequantized on the fly, fp32 products) or `'int8'`
+ * (activations quantized per 32-block once per call, integer block dot products).
+ */
+export type QuantActivation = 'f32' | 'int8';
+
+const QUANT_ACTIVATIONS = ['f32', 'int8'] as const;
 
 const QUANT_TYPES = ['q4_0', 'q4_1', 'q8_0'] as const;
 const RAW_BLOCK_BYTES: Record<QuantType, number> = { q4_0: 18, q4_1: 20, q8_0: 34 };
@@ -97,7 +114,15 @@ function checkWeights(call: string, w: QuantizedWeights): void {
   expectBytes(call, 'w.data', w.data, quantPackedBytes(w.type, w.n, w.k), 'quantPackedBytes(w.type, w.n, w.k)');
 }
 
-function checkGemm(call: string, x: Float32Array, m: number, w: QuantizedWeights, out: Float32Array | undefined) {
+function checkGemm(
+  call: string,
+  x: Float32Array,
+  m: number,
+  w: QuantizedWeights,
+  out: Float32Array | undefined,
+  act: QuantActivation,
+) {
+  expectOneOf(call, 'act', act, QUANT_ACTIVATIONS);
   expectInt(call, 'm', m, 0);
   checkWeights(call, w);
   expectArray(call, 'x', x, Float32Array, m * w.k, 'm*w.k');
@@ -105,17 +130,25 @@ function checkGemm(call: string, x: Float32Array, m: number, w: QuantizedWeights
 }
 
 /**
- * `Y = X · Wᵀ` synchronously (GEMV when m = 1), weights dequantized on the fly.
+ * `Y = X · Wᵀ` synchronously (GEMV when m = 1), weights dequantized on the fly (`act = 'f32'`) or
+ * int8 activations against the integer quants (`act = 'int8'`; numerics in the module comment).
  * @param x Float32Array [m, k] (k = w.k), row-major.
  * @param m rows (tokens), >= 0.
  * @param w packed quantized weights [n, k].
  * @param out optional Float32Array [m, n] to write into (must not alias x).
+ * @param act `'f32'` (default) or `'int8'`.
  * @returns Float32Array [m, n].
- * @throws SpecdArgumentError on a wrong type, shape or length.
+ * @throws SpecdArgumentError on a wrong type, shape, length or act.
  */
-export function gemmQuant(x: Float32Array, m: number, w: QuantizedWeights, out?: Float32Array): Float32Array {
-  const y = checkGemm('gemmQuant', x, m, w, out);
-  addon.gemmQuant(x, m, w.k, w.data, w.type, w.n, y);
+export function gemmQuant(
+  x: Float32Array,
+  m: number,
+  w: QuantizedWeights,
+  out?: Float32Array,
+  act: QuantActivation = 'f32',
+): Float32Array {
+  const y = checkGemm('gemmQuant', x, m, w, out, act);
+  addon.gemmQuant(x, m, w.k, w.data, w.type, w.n, y, act);
   return y;
 }
 
@@ -130,9 +163,10 @@ export function gemmQuantAsync(
   m: number,
   w: QuantizedWeights,
   out?: Float32Array,
+  act: QuantActivation = 'f32',
 ): Promise<Float32Array> {
-  const y = checkGemm('gemmQuantAsync', x, m, w, out);
-  return addon.gemmQuantAsync(x, m, w.k, w.data, w.type, w.n, y).then(() => y);
+  const y = checkGemm('gemmQuantAsync', x, m, w, out, act);
+  return addon.gemmQuantAsync(x, m, w.k, w.data, w.type, w.n, y, act).then(() => y);
 }
 
 /**

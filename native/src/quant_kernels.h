@@ -34,6 +34,31 @@
 // acc = fma(x, w, acc) on AVX-512, acc = acc + x·w (two roundings, -ffp-contract=off) on the
 // portable path. Hence row i of a GEMM equals the GEMV of row i bit for bit on one path; the two
 // paths differ by the rounding of the products only.
+//
+// ---- int8 activations (gemmQuant act = "int8"; llama.cpp's q4_0/q4_1/q8_0 × q8_0/q8_1 scheme) ----
+// Once per call, every row of X is quantized per block of 32 along K (QuantizeActs*, identical bits
+// on both paths; rows are independent, so this is batch invariant too):
+//   amax = max |x_j|;  d_x = amax / 127 (fp32 division);
+//   q_j = d_x ≠ 0 ? clamp(round-to-nearest-even(x_j / d_x), −127, 127) : 0 (int8; the fp32 quotient
+//         is correctly rounded, so only a subnormal d_x can reach the clamp);  Σq = Σ q_j (int32);
+//   s_x = d_x · float(Σq) (fp32).   A block with a NaN/±Inf x: q = 0, Σq = 0, d_x = s_x = NaN.
+// d_x stays fp32 (ggml's q8_0/q8_1 round it to f16 and multiply by 1/d_x instead of dividing).
+// Per output Y[r][col] and weight block b, with the weight quants q_w (Q4_0: nibble − 8,
+// Q4_1: nibble, Q8_0: signed byte) and d_w, m_w the f16 scales widened exactly:
+//   isum = Σ_{j<32} q_w[j] · q_x[j]                           (int32, exact in any order)
+//   t    = (d_w · d_x) · float(isum)                           (two fp32 roundings; float(isum) exact)
+//   Q4_1 only: t = t + m_w · s_x                               (two more: ggml's q4_1 × q8_1 term)
+//   acc  = acc + t                                             (acc starts at +0, b = 0, 1, …)
+// No FMA anywhere in this combination, so the portable and AVX-512 paths give the same bits. The
+// integer dot is exact whatever its order (AVX-512 VNNI VPDPBUSD sums u8 × s8 quads with the weight
+// as the unsigned side: Q8_0 weights biased by +128 and Q4_0 nibbles unbiased, the bias removed by
+// starting isum at −128·Σq resp. −8·Σq). Threads split panels (N), never K, and a row's sum never
+// depends on its tile: row i of a GEMM equals the GEMV of row i bit for bit, for any m and thread
+// count, and on either path. The AVX-512 path also needs AVX512_VBMI (VPERMB turns a 64-byte group
+// of 4 quant lines [k][lane] into 16 dwords [lane][4 k]); without it the portable path runs. Where
+// AMX-INT8 is usable, m >= kAmxMinRows computes the same int32 block sums with TDPBSUD tiles and
+// combines them in the same fp32 order (quant_i8_amx.cc): same bits, so the GEMV (VNNI) and an AMX
+// GEMM still agree row for row.
 #pragma once
 #include <cstdint>
 
@@ -104,6 +129,52 @@ static inline int64_t ScratchFloats(int64_t m) { return (m + 8) * 4 * kLanes; }
 /** Computes all rows of Y for panels [panel_begin, panel_end); `scratch` holds ScratchFloats(m). */
 void PanelsPortable(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch);
 void PanelsAvx512(const Problem& p, int64_t panel_begin, int64_t panel_end, float* scratch);
+
+// ---- int8 activations (see the header comment) ----
+
+/** X quantized per 32-block: row r, block b at index r·(k/32) + b; q row-major [m, k]. */
+struct ActsI8 {
+  int8_t* q;
+  float* d;      // d_x
+  float* s;      // d_x · float(Σq)
+  int32_t* sum;  // Σq
+};
+
+/** One int8-activation GEMM: Y[m, n] (f32, row stride ldy) = Q8(X)[m, k] · W[n, k]^T. */
+struct ProblemI8 {
+  ActsI8 x;
+  const uint8_t* packed;
+  float* y;
+  int64_t ldy;
+  int64_t m, n, k;
+  Type type;
+};
+
+/** Quantizes rows [row_begin, row_end) of X [m, k] (row stride ldx) into `out` (same bits on both paths). */
+void QuantizeActsPortable(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out);
+void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out);
+
+/** Bytes of per-thread scratch a VNNI kernel call needs for m rows (weight chunk + accumulators). */
+static inline int64_t ScratchBytesI8(int64_t m) { return 8 * 4 * 640 + 64 + (m + 8) * 4 * kLanes * 4; }
+
+/** All rows of Y for panels [panel_begin, panel_end); `scratch` holds ScratchBytesI8(m), 64-byte aligned. */
+void PanelsI8Portable(const ProblemI8& p, int64_t panel_begin, int64_t panel_end);
+void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
+
+/**
+ * The VNNI operands of blocks [b0, b1) of `panels` (1..4) panels from panel0, into
+ * ws + ((blk − b0)·panels + b)·640: 8 × 64 B (16 lanes × 4 consecutive k, u8: Q4 nibbles, Q8_0 + 128)
+ * | d[16] f32 | m[16] f32. The 8 × 64 B are also an AMX B tile (8 rows of K/4, 64 B stride).
+ */
+void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws);
+
+/** AMX-INT8 path (m >= kAmxMinRows): the same integer block sums by TDPBSUD, the same bits. */
+// From m = 96 on (prefill chunks); below, the VNNI tiles are as fast or faster (1 thread, AMX vs VNNI
+// time: m = 16 ×0.7–1.0, m = 64 ×0.85–1.0, m = 128 ×1.1–2.2, m = 512 ×1.6–2.1).
+constexpr int64_t kAmxMinRows = 96;
+/** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
+static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 4096 + 4096 + 64; }
+void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
 
 }  // namespace quant
 }  // namespace specd

@@ -18,7 +18,14 @@ import {
   ggmlBlockSize,
   type GgufTensorInfo,
 } from '@specd/core';
-import { f32ToBf16, gemmQuant, packBf16Weights, quantizedWeights, type QuantType } from '@specd/native';
+import {
+  f32ToBf16,
+  gemmQuant,
+  packBf16Weights,
+  type QuantActivation,
+  quantizedWeights,
+  type QuantType,
+} from '@specd/native';
 
 import { parseLlamaConfig, type LlamaConfig } from './config.js';
 import {
@@ -102,10 +109,10 @@ const QUANT_OF: Partial<Record<GgmlType, QuantType>> = {
   [GgmlType.Q8_0]: 'q8_0',
 };
 
-/** A {@link LinearWeights} over repacked GGUF blocks (@specd/native `gemmQuant`). */
-function quantLinear(bytes: Uint8Array, type: QuantType, n: number, k: number): LinearWeights {
+/** A {@link LinearWeights} over repacked GGUF blocks (@specd/native `gemmQuant` with activations `act`). */
+function quantLinear(bytes: Uint8Array, type: QuantType, n: number, k: number, act: QuantActivation): LinearWeights {
   const w = quantizedWeights(bytes, type, n, k);
-  return { n, k, apply: (x, m) => gemmQuant(x, m, w) };
+  return { n, k, apply: (x, m) => gemmQuant(x, m, w, undefined, act) };
 }
 
 /** Per quantised type: bytes per block and the offsets of its f16 fields (scale d, and Q4_1's minimum m). */
@@ -164,12 +171,15 @@ export function checkGgufFinite(sanity: CheckpointSanity, file: string, t: GgufT
  * ({@link checkGgufFinite}) under `sanity` (default: refused).
  * @param mode quantized projections kept as blocks (`'quant'`) or dequantised to bf16 panels (`'bf16'`);
  *   F32/F16/BF16 projections always become bf16 panels.
+ * @param act activations of the quantized projections: `'f32'` (weights dequantized on the fly) or
+ *   `'int8'` (activations quantized per 32-block, integer dot products; @specd/native `gemmQuant`).
  */
 export function ggufSource(
   g: GgufFile,
   mode: GgufWeightMode = 'quant',
   onTensor?: (name: string) => void,
   sanity: CheckpointSanity = new CheckpointSanity(),
+  act: QuantActivation = 'f32',
 ): LlamaTensorSource {
   const scanned = new Set<string>();
   const info = (hf: string, shape: readonly number[]): GgufTensorInfo => {
@@ -208,7 +218,7 @@ export function ggufSource(
           bytes.set(p, at);
           at += p.length;
         }
-        return quantLinear(bytes, q, n, k);
+        return quantLinear(bytes, q, n, k, act);
       }
       const bits = new Uint16Array(n * k);
       let row = 0;

@@ -1,9 +1,11 @@
 /**
  * The Llama {@link ModelPlugin}: HF safetensors folders (`model_type` "llama", `LlamaForCausalLM`)
  * and GGUF files with `general.architecture` "llama" (quantized projections kept as blocks unless
- * `SPECD_GGUF_WEIGHTS=bf16` asks for bf16 panels at load; docs/BENCHMARKS.md "Quantized GEMM").
+ * `SPECD_GGUF_WEIGHTS=bf16` asks for bf16 panels at load; docs/BENCHMARKS.md "Quantized GEMM"; `SPECD_GGUF_ACT`
+ * picks f32 or int8 activations for the quantized projections).
  */
 import type { GgufFile, ModelPlugin, ModelSource, StageLoadOptions, StageModel } from '@specd/core';
+import type { QuantActivation } from '@specd/native';
 
 import { LLAMA_ARCHITECTURES, LLAMA_MODEL_TYPES, parseLlamaConfig } from './config.js';
 import { ggufSource, parseGgufLlamaConfig, type GgufWeightMode } from './gguf.js';
@@ -31,6 +33,17 @@ function ggufWeightMode(): GgufWeightMode {
   throw new RangeError(`SPECD_GGUF_WEIGHTS: expected "quant" or "bf16", got ${JSON.stringify(v)}`);
 }
 
+/**
+ * `SPECD_GGUF_ACT`: activations of the quantized GGUF projections, `f32` (default) or `int8`
+ * (docs/BENCHMARKS.md "Quantized GEMM: int8 activations"). @throws {RangeError} for another value.
+ */
+function ggufActivation(): QuantActivation {
+  const v = process.env.SPECD_GGUF_ACT;
+  if (v === undefined || v === '' || v === 'f32') return 'f32';
+  if (v === 'int8') return 'int8';
+  throw new RangeError(`SPECD_GGUF_ACT: expected "f32" or "int8", got ${JSON.stringify(v)}`);
+}
+
 export const llamaPlugin: ModelPlugin = Object.freeze({
   // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
   apiVersion: 1,
@@ -50,7 +63,7 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
     const c = parseGgufLlamaConfig(file);
     return loadLlamaStageAsync(
       c,
-      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers), options?.sanity),
+      ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers), options?.sanity, ggufActivation()),
       rangeOf(options),
     );
   },

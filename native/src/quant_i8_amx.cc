@@ -1,0 +1,141 @@
+// AMX-INT8 kernel for the int8-activation GEMM over packed GGUF-quantized weights (numerics:
+// quant_kernels.h, "int8 activations"). Compiled with the AVX-512 + AMX-TILE/INT8 flags; called
+// only when isa.cc reports AMX-INT8 usable, for m >= kAmxMinRows. Intrinsics only, no STL.
+//
+// The integer block sums are exact, so computing them with TDPBSUD (signed activations × unsigned
+// weight bytes) instead of VPDPBUSD gives the same int32 values, and the fp32 combination below is
+// the VNNI path's, operation for operation: the AMX path, the VNNI GEMV and the portable path agree
+// bit for bit (row i of a GEMM still equals the GEMV of row i).
+//
+// Per group of <= 4 panels: all of K transformed once (TransformPanelsI8: the 8 × 64 B operands of a
+// panel block are one B tile, 8 rows of 4 k × 16 columns); then per row tile of <= 16 rows and per
+// block: C0..C3 = 0, A = 16 rows × 32 k of int8 activations, C_b += A · B_b, the C tiles stored and
+// combined with AVX-512 into fp32 accumulators in scratch (t = (d_w·d_x)·isum (+ m_w·s_x); acc + t).
+#include <immintrin.h>
+
+#include "quant_kernels.h"
+
+namespace specd {
+namespace quant {
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void Configure(int rows) {
+  TileConfig cfg = {};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 4; ++t) {  // C: rows × 16 int32
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
+  }
+  cfg.rows[4] = static_cast<uint8_t>(rows);  // A: rows × 32 int8
+  cfg.colsb[4] = 32;
+  for (int t = 5; t < 7; ++t) {  // B: 8 × (16 columns × 4 k) uint8
+    cfg.rows[t] = 8;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
+  const int64_t valid = n - col;
+  if (valid >= 16) {
+    _mm512_storeu_ps(y + col, v);
+  } else if (valid > 0) {
+    _mm512_mask_storeu_ps(y + col, static_cast<__mmask16>((1u << valid) - 1u), v);
+  }
+}
+
+template <Type T>
+void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+  const int64_t blocks = p.k / kBlock;
+  uint8_t* ws = scratch;
+  int32_t* ibuf = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640);   // [4][16][16]
+  float* fs = reinterpret_cast<float*>(scratch + blocks * 4 * 640 + 4096);  // [16][4][16]
+  constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
+  int configured = -1;
+  for (int64_t panel = panel_begin; panel < panel_end; panel += 4) {
+    const int nb = static_cast<int>(panel_end - panel < 4 ? panel_end - panel : 4);
+    TransformPanelsI8(p, panel, nb, 0, blocks, ws);
+    const int64_t tiles = (p.m + 15) / 16;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t row0 = p.m * t / tiles;
+      const int rows = static_cast<int>(p.m * (t + 1) / tiles - row0);
+      if (rows != configured) {
+        Configure(rows);
+        configured = rows;
+      }
+      for (int i = 0; i < rows * 4; ++i) _mm512_store_ps(fs + i * 16, _mm512_setzero_ps());
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const uint8_t* wb = ws + blk * nb * 640;
+        _tile_loadd(4, p.x.q + row0 * p.k + blk * kBlock, p.k);
+        _tile_zero(0);
+        _tile_loadd(5, wb, 64);
+        _tile_dpbsud(0, 4, 5);
+        if (nb > 1) {
+          _tile_zero(1);
+          _tile_loadd(6, wb + 640, 64);
+          _tile_dpbsud(1, 4, 6);
+        }
+        if (nb > 2) {
+          _tile_zero(2);
+          _tile_loadd(5, wb + 2 * 640, 64);
+          _tile_dpbsud(2, 4, 5);
+        }
+        if (nb > 3) {
+          _tile_zero(3);
+          _tile_loadd(6, wb + 3 * 640, 64);
+          _tile_dpbsud(3, 4, 6);
+        }
+        _tile_stored(0, ibuf, 64);
+        if (nb > 1) _tile_stored(1, ibuf + 256, 64);
+        if (nb > 2) _tile_stored(2, ibuf + 512, 64);
+        if (nb > 3) _tile_stored(3, ibuf + 768, 64);
+        __m512 dw[4], mw[4];
+        for (int b = 0; b < nb; ++b) {
+          dw[b] = _mm512_load_ps(reinterpret_cast<const float*>(wb + b * 640 + 512));
+          mw[b] = T == Type::kQ4_1 ? _mm512_load_ps(reinterpret_cast<const float*>(wb + b * 640 + 576))
+                                   : _mm512_setzero_ps();
+        }
+        for (int r = 0; r < rows; ++r) {
+          const int64_t at = (row0 + r) * blocks + blk;
+          const __m512 dx = _mm512_set1_ps(p.x.d[at]);
+          const __m512 sx = _mm512_set1_ps(p.x.s[at]);
+          const __m512i off = _mm512_set1_epi32(bias * p.x.sum[at]);
+          for (int b = 0; b < nb; ++b) {
+            __m512i isum = _mm512_load_si512(ibuf + b * 256 + r * 16);
+            if (bias != 0) isum = _mm512_add_epi32(isum, off);
+            // As the VNNI path: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded, no FMA.
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(dw[b], dx), _mm512_cvtepi32_ps(isum));
+            if (T == Type::kQ4_1) v = _mm512_add_ps(v, _mm512_mul_ps(mw[b], sx));
+            float* acc = fs + (r * 4 + b) * 16;
+            _mm512_store_ps(acc, _mm512_add_ps(_mm512_load_ps(acc), v));
+          }
+        }
+      }
+      for (int r = 0; r < rows; ++r)
+        for (int b = 0; b < nb; ++b)
+          StoreRow(p.y + (row0 + r) * p.ldy, (panel + b) * kLanes, p.n, _mm512_load_ps(fs + (r * 4 + b) * 16));
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+
+void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+  switch (p.type) {
+    case Type::kQ4_0: Panels<Type::kQ4_0>(p, panel_begin, panel_end, scratch); break;
+    case Type::kQ4_1: Panels<Type::kQ4_1>(p, panel_begin, panel_end, scratch); break;
+    case Type::kQ8_0: Panels<Type::kQ8_0>(p, panel_begin, panel_end, scratch); break;
+  }
+}
+
+}  // namespace quant
+}  // namespace specd

@@ -1,0 +1,252 @@
+// AVX-512 VNNI kernels for the int8-activation GEMM over packed GGUF-quantized weights (activation
+// quantization, integer dot products and fp32 combination order: quant_kernels.h, "int8
+// activations"). Compiled with the AVX-512 flags plus AVX512_VBMI (CMakeLists.txt); called only
+// when isa.cc reports AVX-512 and VBMI. Intrinsics only, no STL (see CMakeLists.txt on ODR).
+//
+// Schedule, for one thread's range of panels:
+//   for each tile of B panels (B = 4 when m <= 2, so a GEMV has 4 independent VPDPBUSD chains; else 2):
+//     for each chunk of kChunk blocks (256 k):
+//       transform the chunk's weights once into `scratch` (L1): per panel block 8 × 64-byte operands,
+//         each one VPERMB of 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
+//         (Q4: low and high nibbles ANDed apart; Q8_0: XOR 0x80, the +128 bias), and d (m) as fp32;
+//       for each row tile of <= kRowTile rows: R x B int32 block sums (VPDPBUSD, the activation
+//         quad broadcast from memory), then the fp32 combination into R x B accumulators, saved to
+//         / loaded from `scratch` between chunks (exact fp32 store/load).
+// Each output still sees one fp32 accumulator updated block by block in the fixed order of
+// quant_kernels.h, whatever its tile or thread: batch and thread invariant.
+#include <immintrin.h>
+
+#include "quant_kernels.h"
+
+namespace specd {
+namespace quant {
+namespace {
+
+#ifndef SPECD_QUANT_PREFETCH
+#define SPECD_QUANT_PREFETCH 4096
+#endif
+constexpr int64_t kPrefetchBytes = SPECD_QUANT_PREFETCH;
+constexpr int64_t kChunk = 8;                    // blocks per transformed chunk
+constexpr int64_t kOpBytes = 512;                // 8 operands × 64 B per panel block
+constexpr int64_t kWBlockBytes = 640;            // operands | d[16] f32 | m[16] f32
+constexpr int64_t kWeightScratch = 8 * 4 * 640;  // kChunk × (B <= 4) × kWBlockBytes (ScratchBytesI8)
+constexpr int kRowTile = 6;
+
+// VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
+alignas(64) constexpr unsigned char kTranspose[64] = {0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
+                                                      4,  20, 36, 52, 5,  21, 37, 53, 6,  22, 38, 54, 7,  23, 39, 55,
+                                                      8,  24, 40, 56, 9,  25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59,
+                                                      12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+
+constexpr int64_t PbbOf(Type t) { return t == Type::kQ4_0 ? 288 : t == Type::kQ4_1 ? 320 : 544; }
+
+inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
+  const int64_t valid = n - col;
+  if (valid >= 16) {
+    _mm512_storeu_ps(y + col, v);
+  } else if (valid > 0) {
+    _mm512_mask_storeu_ps(y + col, static_cast<__mmask16>((1u << valid) - 1u), v);
+  }
+}
+
+/** Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b]. */
+template <Type T, int B>
+void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws) {
+  constexpr int64_t pbb = PbbOf(T);
+  constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
+  const int64_t panel_stride = (p.k / kBlock) * pbb;
+  const __m512i idx = _mm512_load_si512(reinterpret_cast<const void*>(kTranspose));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t blk = b0; blk < b1; ++blk)
+    for (int b = 0; b < B; ++b) {
+      const uint8_t* pb = p.packed + (panel0 + b) * panel_stride + blk * pbb;
+      for (int64_t off = 0; off < pbb; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
+      uint8_t* o = ws + ((blk - b0) * B + b) * kWBlockBytes;
+      const uint8_t* qs = pb + sb;
+      if (T == Type::kQ8_0) {
+        for (int g = 0; g < 8; ++g) {
+          const __m512i v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(qs + 64 * g));
+          _mm512_store_si512(o + 64 * g, _mm512_xor_si512(v, bias));
+        }
+      } else {
+        for (int g = 0; g < 4; ++g) {
+          const __m512i v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(qs + 64 * g));
+          _mm512_store_si512(o + 64 * g, _mm512_and_si512(v, low4));
+          _mm512_store_si512(o + 256 + 64 * g, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+        }
+      }
+      _mm512_store_ps(o + kOpBytes, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb))));
+      if (T == Type::kQ4_1)
+        _mm512_store_ps(o + kOpBytes + 64,
+                        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32))));
+    }
+}
+
+/** Rows row0 .. row0+R−1 over the chunk [b0, b1) in ws; accumulators in fs ([R][B][16]) between chunks. */
+template <Type T, int R, int B>
+void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t b1, bool first, bool last,
+          const uint8_t* ws, float* fs) {
+  const int64_t blocks = p.k / kBlock;
+  constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = first ? _mm512_setzero_ps() : _mm512_load_ps(fs + (r * B + b) * 16);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const uint8_t* wb = ws + (blk - b0) * B * kWBlockBytes;
+    __m512i isum[R][B];
+    for (int r = 0; r < R; ++r) {
+      const __m512i init =
+          bias == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
+      for (int b = 0; b < B; ++b) isum[r][b] = init;
+    }
+    for (int g = 0; g < 8; ++g) {
+      __m512i wv[B];
+      for (int b = 0; b < B; ++b) wv[b] = _mm512_load_si512(wb + b * kWBlockBytes + 64 * g);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        __builtin_memcpy(&quad, p.x.q + (row0 + r) * p.k + blk * kBlock + 4 * g, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+        for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], wv[b], xv);
+      }
+    }
+    __m512 dw[B], mw[B];
+    for (int b = 0; b < B; ++b) {
+      dw[b] = _mm512_load_ps(reinterpret_cast<const float*>(wb + b * kWBlockBytes + kOpBytes));
+      mw[b] = T == Type::kQ4_1 ? _mm512_load_ps(reinterpret_cast<const float*>(wb + b * kWBlockBytes + kOpBytes + 64))
+                               : _mm512_setzero_ps();
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (row0 + r) * blocks + blk;
+      const __m512 dx = _mm512_set1_ps(p.x.d[at]);
+      const __m512 sx = _mm512_set1_ps(p.x.s[at]);
+      for (int b = 0; b < B; ++b) {
+        // No FMA: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded (quant_kernels.h).
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw[b], dx), _mm512_cvtepi32_ps(isum[r][b]));
+        if (T == Type::kQ4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mw[b], sx));
+        acc[r][b] = _mm512_add_ps(acc[r][b], t);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      if (last) {
+        StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kLanes, p.n, acc[r][b]);
+      } else {
+        _mm512_store_ps(fs + (r * B + b) * 16, acc[r][b]);
+      }
+    }
+}
+
+template <Type T, int B>
+void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int64_t b0, int64_t b1, bool first,
+             bool last, const uint8_t* ws, float* fs) {
+  switch (rows) {
+    case 1: Tile<T, 1, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 2: Tile<T, 2, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 3: Tile<T, 3, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 4: Tile<T, 4, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 5: Tile<T, 5, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 6: Tile<T, 6, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    default: break;
+  }
+}
+
+template <Type T, int B>
+void PanelTile(const ProblemI8& p, int64_t panel0, uint8_t* scratch) {
+  uint8_t* ws = scratch;
+  float* fs = reinterpret_cast<float*>(scratch + kWeightScratch);
+  const int64_t blocks = p.k / kBlock;
+  const int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
+  for (int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
+    const int64_t b1 = b0 + kChunk < blocks ? b0 + kChunk : blocks;
+    TransformChunk<T, B>(p, panel0, b0, b1, ws);
+    // Balanced row tiles (m = 7 -> 4 + 3); tiling never changes an output's reduction order.
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t row = p.m * t / tiles;
+      const int64_t rows = p.m * (t + 1) / tiles - row;
+      RowTile<T, B>(p, row, rows, panel0, b0, b1, b0 == 0, b1 == blocks, ws, fs + row * B * 16);
+    }
+  }
+}
+
+template <Type T>
+void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+  int64_t panel = panel_begin;
+  if (p.m <= 2) {
+    for (; panel + 4 <= panel_end; panel += 4) PanelTile<T, 4>(p, panel, scratch);
+  }
+  for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2>(p, panel, scratch);
+  for (; panel < panel_end; ++panel) PanelTile<T, 1>(p, panel, scratch);
+}
+
+}  // namespace
+
+void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out) {
+  const int64_t blocks = k / kBlock;
+  const __m512 fmax = _mm512_set1_ps(3.4028234663852886e38f);
+  const __m512i lim = _mm512_set1_epi32(127);
+  const __m512i neg_lim = _mm512_set1_epi32(-127);
+  for (int64_t r = row_begin; r < row_end; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + r * ldx + b * kBlock;
+      int8_t* q = out.q + r * k + b * kBlock;
+      const int64_t at = r * blocks + b;
+      const __m512 lo = _mm512_loadu_ps(xb);
+      const __m512 hi = _mm512_loadu_ps(xb + 16);
+      const __m512 alo = _mm512_abs_ps(lo);
+      const __m512 ahi = _mm512_abs_ps(hi);
+      // not (|x| <= FLT_MAX), unordered true: NaN or ±Inf
+      const __mmask16 bad = _mm512_cmp_ps_mask(alo, fmax, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(ahi, fmax, _CMP_NLE_UQ);
+      if (bad != 0) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_setzero_si256());
+        out.d[at] = __builtin_nanf("");
+        out.s[at] = __builtin_nanf("");
+        out.sum[at] = 0;
+        continue;
+      }
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(alo, ahi));
+      const float d = amax / 127.0f;
+      __m512i qlo = _mm512_setzero_si512(), qhi = _mm512_setzero_si512();
+      if (d != 0.0f) {
+        const __m512 dv = _mm512_set1_ps(d);
+        // VCVTPS2DQ rounds to nearest even (default MXCSR), as the portable path's RoundEven.
+        qlo = _mm512_max_epi32(neg_lim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_div_ps(lo, dv))));
+        qhi = _mm512_max_epi32(neg_lim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_div_ps(hi, dv))));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qlo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qhi));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+      out.d[at] = d;
+      out.sum[at] = sum;
+      out.s[at] = d * static_cast<float>(sum);
+    }
+}
+
+void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws) {
+#define SPECD_TRANSFORM(T)                                       \
+  switch (panels) {                                              \
+    case 1: TransformChunk<T, 1>(p, panel0, b0, b1, ws); break;  \
+    case 2: TransformChunk<T, 2>(p, panel0, b0, b1, ws); break;  \
+    case 3: TransformChunk<T, 3>(p, panel0, b0, b1, ws); break;  \
+    default: TransformChunk<T, 4>(p, panel0, b0, b1, ws); break; \
+  }
+  switch (p.type) {
+    case Type::kQ4_0: SPECD_TRANSFORM(Type::kQ4_0); break;
+    case Type::kQ4_1: SPECD_TRANSFORM(Type::kQ4_1); break;
+    case Type::kQ8_0: SPECD_TRANSFORM(Type::kQ8_0); break;
+  }
+#undef SPECD_TRANSFORM
+}
+
+void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+  switch (p.type) {
+    case Type::kQ4_0: PanelsOf<Type::kQ4_0>(p, panel_begin, panel_end, scratch); break;
+    case Type::kQ4_1: PanelsOf<Type::kQ4_1>(p, panel_begin, panel_end, scratch); break;
+    case Type::kQ8_0: PanelsOf<Type::kQ8_0>(p, panel_begin, panel_end, scratch); break;
+  }
+}
+
+}  // namespace quant
+}  // namespace specd
