@@ -7,9 +7,13 @@
  * {@link CostDraftPolicy} (the engine's default) maximises expected committed tokens per second:
  *   E[committed | k] = 1 + Σ_{i ≤ k} Π_{j ≤ i} a_j      (a_j: P(draft j accepted | drafts < j accepted))
  *   rate(k_1..k_B)   = Σ_s E_s[committed | k_s] /
- *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, Σ (k_s + 1)) + t_overhead)
- * with the costs measured on this machine ({@link StepCosts}) and the a_j estimated online per
- * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). With one
+ *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, T = Σ (k_s + 1)) + t_overhead
+ *                       + t_catch-up(deferred context rows of the sequences that start drafting))
+ * with the costs measured on this machine ({@link StepCosts}: the batch's ONE verify forward costed by its
+ * total rows T, corrected online by every step's measured time) and the a_j estimated online per
+ * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). The ks come from the
+ * batch goodput rule of batch-draft-lengths.ts (SmartSpec, arXiv 2406.14066; TETRIS, arXiv 2502.15197): the
+ * batch's draft rows go to the drafts of highest cumulative acceptance, as many as raise the goodput. With one
  * sequence this is argmax_k E[committed | k] / (t_draft(k) + t_verify(k)) (REFERENCE.md §4 DSpark
  * adaptive verification, §11); under load the batch's verify cost grows with every drafted row, so
  * it drafts less, down to none. Ties go to fewer drafts.
@@ -33,6 +37,7 @@
  */
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import { type BatchShape, chooseBatchDraftLengths } from './batch-draft-lengths.js';
 import type { RequestMetrics } from './metrics.js';
 import type { StepCosts } from './step-costs.js';
 
@@ -42,6 +47,11 @@ export interface DraftCandidate {
   /** Most drafts allowed this step (drafter maximum, capped by the tokens still needed). */
   readonly maxDrafts: number;
   readonly metrics: RequestMetrics;
+  /**
+   * Rows of deferred draft context (committed tokens of its plain steps) the sequence must write before it drafts
+   * again: its lazy catch-up, charged to the step that makes it draft (default 0).
+   */
+  readonly pendingContextRows?: number;
 }
 
 /** A proposal offered to {@link DraftPolicy.budgets}: a sequence's per-draft confidences. */
@@ -83,6 +93,11 @@ export interface DraftPolicy {
     verifyMs: number,
     proposeMs: number,
   ): void;
+  /**
+   * A lazy catch-up just ran: `rows` deferred draft-context rows written (projection and draft KV) in `ms` before
+   * the propose call of the step.
+   */
+  observeContext?(rows: number, ms: number): void;
   /** The sequence finished or was aborted. */
   release(id: SequenceId): void;
 }
@@ -243,6 +258,9 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly recalibrate: boolean;
   /** Consecutive steps in which every sequence drafted. */
   private allDraftingRun = 0;
+  /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
+  private catchUpMs = 0;
+  private catchUpRows = 0;
 
   constructor(
     readonly costs: StepCosts,
@@ -257,53 +275,39 @@ export class CostDraftPolicy implements DraftPolicy {
 
   choose(candidates: readonly DraftCandidate[]): number[] {
     const B = candidates.length;
-    const ks = new Array<number>(B).fill(0);
-    if (B === 0) return ks;
-    const gains = candidates.map((c) => this.acceptance.expectedCommitted(c.id, c.maxDrafts));
-    // Greedy ascent on the rate: each round, move the one sequence (to any larger k) that raises it most.
-    let committed = B;
-    let drafts = 0;
-    let drafting = 0;
-    // Cost of a step with d drafts in all over dr drafting sequences (memoised across steps: the
-    // measured costs never change, the ascent asks often).
+    if (B === 0) return [];
+    // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
     // Before a drafting step was seen, its overhead is assumed equal to a plain step's.
     const plainOverhead = this.overheadMs[0]!;
     const specOverhead = this.overheadSeen[1] ? this.overheadMs[1]! : plainOverhead;
     const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
-    const cost = (d: number, dr: number): number => {
+    const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
+    const cost = (shape: BatchShape): number => {
+      const { drafts: d, drafting: dr } = shape;
+      // memoised across steps: the calibrated curves never change, and the rule asks at every D
       const key = (B * 4096 + d) * 1024 + dr;
       let c = this.memo.get(key);
       if (c === undefined) {
-        c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)];
+        c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, shape.tokens)];
         this.memo.set(key, c);
       }
-      return c[0]! * draftScale + c[1]! * (dr > 0 ? verifyScale : plainScale) + (dr > 0 ? specOverhead : plainOverhead);
+      return Math.max(
+        1e-6,
+        c[0]! * draftScale +
+          c[1]! * (dr > 0 ? verifyScale : plainScale) +
+          (dr > 0 ? specOverhead : plainOverhead) +
+          catchUpMsPerRow * shape.catchUpRows,
+      );
     };
-    let best = committed / cost(drafts, drafting);
-    for (;;) {
-      let pick = -1;
-      let pickK = 0;
-      let pickRate = best;
-      for (let s = 0; s < B; s++) {
-        const g = gains[s]!;
-        const k0 = ks[s]!;
-        for (let k = k0 + 1; k <= candidates[s]!.maxDrafts; k++) {
-          const rate = (committed - g[k0]! + g[k]!) / cost(drafts - k0 + k, drafting + (k0 === 0 ? 1 : 0));
-          if (rate > pickRate * (1 + 1e-9)) {
-            pick = s;
-            pickK = k;
-            pickRate = rate;
-          }
-        }
-      }
-      if (pick < 0) break;
-      const k0 = ks[pick]!;
-      committed += gains[pick]![pickK]! - gains[pick]![k0]!;
-      drafts += pickK - k0;
-      if (k0 === 0) drafting++;
-      ks[pick] = pickK;
-      best = pickRate;
-    }
+    const choice = chooseBatchDraftLengths(
+      candidates.map((c) => ({
+        gains: this.acceptance.expectedCommitted(c.id, c.maxDrafts),
+        catchUpRows: c.pendingContextRows ?? 0,
+      })),
+      cost,
+    );
+    const ks = [...choice.ks];
+    const best = choice.rate;
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
@@ -376,6 +380,13 @@ export class CostDraftPolicy implements DraftPolicy {
 
   observe(id: SequenceId, drafted: number, accepted: number): void {
     if (drafted > 0) this.acceptance.observe(id, drafted, accepted);
+  }
+
+  observeContext(rows: number, ms: number): void {
+    if (!(rows > 0 && ms >= 0)) return;
+    const first = this.catchUpRows === 0;
+    this.catchUpMs = first ? ms : 0.8 * this.catchUpMs + 0.2 * ms;
+    this.catchUpRows = first ? rows : 0.8 * this.catchUpRows + 0.2 * rows;
   }
 
   observeOverhead(ms: number, drafted: boolean): void {

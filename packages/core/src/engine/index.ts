@@ -39,6 +39,12 @@ export {
   type DraftPolicy,
 } from './draft-policy.js';
 export {
+  chooseBatchDraftLengths,
+  type BatchDraftChoice,
+  type BatchDraftItem,
+  type BatchShape,
+} from './batch-draft-lengths.js';
+export {
   StepCosts,
   calibrateStepCosts,
   costBuckets,
