@@ -101,7 +101,7 @@ describe('chooseBatchDraftLengths', () => {
     expect(wide.ks).toEqual([2, 0, 2, 0, 2, 0, 2, 0]);
   });
 
-  it('drafts nothing on a compute-bound curve (each row costs what a plain token costs), with any acceptance < 1', () => {
+  it('drafts nothing on a compute-bound curve (a row costs what a plain token costs) at any acceptance < 1', () => {
     const items = Array.from({ length: 16 }, () => item([0.95, 0.95, 0.95]));
     const choice = chooseBatchDraftLengths(items, (s) => 7 * s.tokens + (s.drafting > 0 ? 1 : 0));
     expect(choice.ks).toEqual(new Array(16).fill(0));
