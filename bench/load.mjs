@@ -207,8 +207,8 @@ for (const C of CONCS) {
 }
 
 console.log(
-  '\n| drafter | concurrent | plain tok/s | spec tok/s | spec ÷ plain | ÷ plain per CPU-s | drafts / seq step | drafts / batch step |' +
-    ' drafting steps | τ per verify step | goal |',
+  '\n| drafter | concurrent | plain tok/s | spec tok/s | spec ÷ plain | ÷ plain per CPU-s | drafts / seq step |' +
+    ' drafts / batch step | drafting steps | τ per verify step | goal |',
 );
 console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|');
 let met = 0;
@@ -218,9 +218,10 @@ for (const r of rows) {
   if (ok) met++;
   r.goal = { need, met: ok };
   console.log(
-    `| ${r.method} | ${r.C} | ${r.plainTokPerS.toFixed(1)} | ${r.specTokPerS.toFixed(1)} | ${r.ratio.toFixed(3)} | ${r.cpuRatio.toFixed(3)} | ` +
-      `${r.draftsPerSeqStep.toFixed(2)} | ${r.draftsPerBatchStep.toFixed(2)} | ${(100 * r.draftStepShare).toFixed(0)} % ` +
-      `| ${r.tau.toFixed(3)} | ≥ ${need.toFixed(1)}× with drafts: ${ok ? 'met' : 'NOT met'} |`,
+    `| ${r.method} | ${r.C} | ${r.plainTokPerS.toFixed(1)} | ${r.specTokPerS.toFixed(1)} | ${r.ratio.toFixed(3)} | ` +
+      `${r.cpuRatio.toFixed(3)} | ${r.draftsPerSeqStep.toFixed(2)} | ${r.draftsPerBatchStep.toFixed(2)} | ` +
+      `${(100 * r.draftStepShare).toFixed(0)} % | ${r.tau.toFixed(3)} | ` +
+      `≥ ${need.toFixed(1)}× with drafts: ${ok ? 'met' : 'NOT met'} |`,
   );
 }
 console.log(`\ngoals met: ${met} of ${rows.length}; load at the end ${loadavg()[0].toFixed(2)} (1 min)`);
