@@ -8,7 +8,7 @@
  *   E[committed | k] = 1 + Σ_{i ≤ k} Π_{j ≤ i} a_j      (a_j: P(draft j accepted | drafts < j accepted))
  *   rate(k_1..k_B)   = Σ_s E_s[committed | k_s] /
  *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, T = Σ (k_s + 1)) + t_overhead
- *                       + t_catch-up(deferred context rows of the sequences that start drafting))
+ *                       + t_catch-up(deferred context rows of the sequences that start drafting) ÷ run length)
  * with the costs measured on this machine ({@link StepCosts}: the batch's ONE verify forward costed by its
  * total rows T, corrected online by every step's measured time) and the a_j estimated online per
  * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). The ks come from the
@@ -261,6 +261,14 @@ export class CostDraftPolicy implements DraftPolicy {
   /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
   private catchUpMs = 0;
   private catchUpRows = 0;
+  /**
+   * EMA of the length of a drafting run (consecutive steps a sequence drafts once it starts), steps; prior 8. A
+   * catch-up is paid once per run, so each step of the run is charged its share: rows × ms per row ÷ this. Charging
+   * it whole to one step would keep a sequence with a long prompt (all deferred) from ever drafting.
+   */
+  private draftingRunSteps = 8;
+  /** Per sequence: the current drafting run's steps so far (0: not drafting). */
+  private readonly draftingRun = new Map<SequenceId, number>();
 
   constructor(
     readonly costs: StepCosts,
@@ -281,7 +289,7 @@ export class CostDraftPolicy implements DraftPolicy {
     const plainOverhead = this.overheadMs[0]!;
     const specOverhead = this.overheadSeen[1] ? this.overheadMs[1]! : plainOverhead;
     const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
-    const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
+    const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows / this.draftingRunSteps : 0;
     const cost = (shape: BatchShape): number => {
       const { drafts: d, drafting: dr } = shape;
       // memoised across steps: the calibrated curves never change, and the rule asks at every D
@@ -335,8 +343,19 @@ export class CostDraftPolicy implements DraftPolicy {
     } else {
       this.allDraftingRun = 0;
     }
+    candidates.forEach((c, s) => {
+      const run = this.draftingRun.get(c.id) ?? 0;
+      if (ks[s]! > 0) this.draftingRun.set(c.id, run + 1);
+      else if (run > 0) this.endDraftingRun(c.id, run);
+    });
     this.setThreshold(B, ks, best);
     return ks;
+  }
+
+  /** A sequence's drafting run of `steps` ended (it decodes plainly, or finished): folded into the mean run. */
+  private endDraftingRun(id: SequenceId, steps: number): void {
+    this.draftingRun.delete(id);
+    this.draftingRunSteps = 0.8 * this.draftingRunSteps + 0.2 * steps;
   }
 
   observeStep(
@@ -398,6 +417,8 @@ export class CostDraftPolicy implements DraftPolicy {
   release(id: SequenceId): void {
     this.acceptance.release(id);
     this.plainRun.delete(id);
+    const run = this.draftingRun.get(id) ?? 0;
+    if (run > 0) this.endDraftingRun(id, run);
   }
 }
 

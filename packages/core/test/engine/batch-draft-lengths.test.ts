@@ -165,10 +165,20 @@ describe('CostDraftPolicy with the batch rule', () => {
     const ks = p.choose(Array.from({ length: 8 }, (_, i) => cand(`s${i}`)));
     expect(ks.reduce((a, k) => a + k, 0)).toBeGreaterThan(0);
     expect(ks.reduce((a, k) => a + k, 0)).toBeLessThanOrEqual(4 + 1); // about the 4 free rows (12 − 8)
-    // a catch-up measured at 1 ms per row makes a sequence 50 rows behind stay plain; the current ones draft
+    // a catch-up measured at 1 ms per row (its share per step of a drafting run: ÷ 8 steps) keeps a sequence 50
+    // rows behind plain; the current ones draft
     p.observeContext(50, 50);
     const behind = p.choose([cand('late', 50), ...Array.from({ length: 7 }, (_, i) => cand(`t${i}`))]);
     expect(behind[0]).toBe(0);
     expect(behind.slice(1).some((k) => k > 0)).toBe(true);
+  });
+
+  it('a sequence whose whole prompt is deferred still drafts: its drafting run shares the catch-up', () => {
+    const p = new CostDraftPolicy(costs, { exploreEvery: 0, prior: 0.8 });
+    p.observeContext(400, 20); // 0.05 ms per row: 1000 prompt rows cost 50 ms, five 10 ms steps
+    expect(p.choose([cand('prompt', 1000)])[0]).toBeGreaterThan(0);
+    // charged whole to the one step the rule would never start drafting
+    const whole = (s: BatchShape) => verify(s.tokens) + (s.drafting > 0 ? 0.2 : 0) + 0.05 * s.catchUpRows;
+    expect(chooseBatchDraftLengths([item([0.8, 0.8, 0.8, 0.8], 1000)], whole).ks).toEqual([0]);
   });
 });
