@@ -210,4 +210,41 @@ describe.each(DRAFTERS)('speculation under load with %s', (method) => {
       drafter.dispose();
     }
   });
+
+  it('the cost policy under concurrency, exploring every 4 plain steps: plain output, drafts verified', async () => {
+    const dir = path.join(ROOT, 'models', `kimi-k3-tiny-${method}`);
+    const { drafter } = await loadDrafter(dir, BUILTIN_PLUGIN_PACKAGES, target, 256, PROMPTS.length);
+    try {
+      const plain = run(undefined);
+      const engine = new SpecEngine(target.model, drafter, {
+        maxSequences: PROMPTS.length,
+        maxTokensPerSequence: 256,
+        draftPolicy: 'cost',
+        costPolicy: { exploreEvery: 4 },
+      });
+      const results = engine
+        .run(
+          prompts.map((promptIds, id) => ({
+            id,
+            promptIds,
+            maxTokens: MAX_TOKENS,
+            sampling: { temperature: 0 },
+            seed: 1,
+            ignoreEos: true,
+          })),
+        )
+        .sort((a, b) => Number(a.id) - Number(b.id));
+      expect(results.map((r) => r.tokenIds)).toEqual(plain.results.map((r) => r.tokenIds));
+      // verified drafts (an exploring sequence's are verified whole), and those a confidence budget cut (DSpark)
+      const drafted = results.reduce((a, r) => a + r.metrics.drafted, 0);
+      const cut = results.reduce((a, r) => a + r.metrics.unverified, 0);
+      expect(drafted).toBeGreaterThan(0);
+      expect(engine.cache.pagesInUse + engine.cache.slotsInUse + drafter.pagesInUse).toBe(0);
+      console.log(
+        `${method}, cost policy: ${drafted} drafts verified, ${cut} cut by a budget; output plain decoding's`,
+      );
+    } finally {
+      drafter.dispose();
+    }
+  });
 });
