@@ -211,7 +211,7 @@ describe.each(DRAFTERS)('speculation under load with %s', (method) => {
     }
   });
 
-  it('the cost policy under concurrency, exploring every 4 plain steps: plain output, drafts verified', async () => {
+  it('the cost policy under concurrency, exploring every 4 plain steps: plain output, drafts proposed', async () => {
     const dir = path.join(ROOT, 'models', `kimi-k3-tiny-${method}`);
     const { drafter } = await loadDrafter(dir, BUILTIN_PLUGIN_PACKAGES, target, 256, PROMPTS.length);
     try {
@@ -235,10 +235,11 @@ describe.each(DRAFTERS)('speculation under load with %s', (method) => {
         )
         .sort((a, b) => Number(a.id) - Number(b.id));
       expect(results.map((r) => r.tokenIds)).toEqual(plain.results.map((r) => r.tokenIds));
-      // verified drafts (an exploring sequence's are verified whole), and those a confidence budget cut (DSpark)
+      // verified drafts, and those a confidence budget cut before the verify (DSpark: an exploring sequence's
+      // fresh confidences are judged by the survival rule, which may keep none of them)
       const drafted = results.reduce((a, r) => a + r.metrics.drafted, 0);
       const cut = results.reduce((a, r) => a + r.metrics.unverified, 0);
-      expect(drafted).toBeGreaterThan(0);
+      expect(drafted + cut).toBeGreaterThan(0);
       expect(engine.cache.pagesInUse + engine.cache.slotsInUse + drafter.pagesInUse).toBe(0);
       console.log(
         `${method}, cost policy: ${drafted} drafts verified, ${cut} cut by a budget; output plain decoding's`,

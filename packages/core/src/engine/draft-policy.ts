@@ -267,8 +267,6 @@ export class CostDraftPolicy implements DraftPolicy {
    * it whole to one step would keep a sequence with a long prompt (all deferred) from ever drafting.
    */
   private draftingRunSteps = 8;
-  /** Sequences the last choose made explore (their drafts are verified whole: {@link budgets}). */
-  private readonly exploring = new Set<SequenceId>();
   /** Per sequence: the current drafting run's steps so far (0: not drafting). */
   private readonly draftingRun = new Map<SequenceId, number>();
 
@@ -318,7 +316,6 @@ export class CostDraftPolicy implements DraftPolicy {
     );
     const ks = [...choice.ks];
     const best = choice.rate;
-    this.exploring.clear();
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
@@ -333,7 +330,6 @@ export class CostDraftPolicy implements DraftPolicy {
         }
         if (++st.run > st.every && c.maxDrafts > 0) {
           ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
-          this.exploring.add(c.id);
           st.run = 0;
           st.every = Math.min(16 * this.exploreEvery, 2 * st.every);
         }
@@ -397,14 +393,8 @@ export class CostDraftPolicy implements DraftPolicy {
   }
 
   /** The survival rule with the threshold of the last choose (see the file comment). */
-  /**
-   * The survival rule with the threshold of the last choose (see the file comment); an exploring sequence's drafts
-   * are all verified (decided before they exist, so lossless): cut by λ they would be proposed and never measured.
-   */
   budgets(items: readonly BudgetItem[]): number[] {
-    return items.map((it) =>
-      this.exploring.has(it.id) ? it.confidence.length : survivalBudget(it.confidence, this.threshold),
-    );
+    return items.map((it) => survivalBudget(it.confidence, this.threshold));
   }
 
   observe(id: SequenceId, drafted: number, accepted: number): void {
