@@ -49,6 +49,8 @@ export {
   calibrateStepCosts,
   costBuckets,
   costDraftLengths,
+  isotonic,
+  partialDrafts,
   type BucketCosts,
   type CalibrateOptions,
 } from './step-costs.js';

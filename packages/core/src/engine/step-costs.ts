@@ -144,6 +144,28 @@ export function costBuckets(maxSequences: number): number[] {
   return out;
 }
 
+/**
+ * The non-decreasing sequence closest to `ys` in least squares (isotonic regression by pool-adjacent-violators:
+ * Barlow et al., "Statistical Inference under Order Restrictions", 1972): a run of points that decreases is replaced
+ * by its mean. `[n]` → `[n]`.
+ */
+export function isotonic(ys: readonly number[]): number[] {
+  const blocks: { sum: number; n: number }[] = [];
+  for (const y of ys) {
+    let block = { sum: y, n: 1 };
+    for (
+      let prev = blocks.at(-1);
+      prev !== undefined && prev.sum / prev.n > block.sum / block.n;
+      prev = blocks.at(-1)
+    ) {
+      blocks.pop();
+      block = { sum: prev.sum + block.sum, n: prev.n + block.n };
+    }
+    blocks.push(block);
+  }
+  return blocks.flatMap((b) => new Array<number>(b.n).fill(b.sum / b.n));
+}
+
 /** Drafting sequences of the partial verify blocks measured in a bucket of `sequences`: 1, 2, 4, … below it. */
 export function partialDrafts(sequences: number): number[] {
   const out: number[] = [];
@@ -271,15 +293,16 @@ export function calibrateStepCosts(
           if (r >= warmup) verify.push(ms);
         });
       }
-      // Medians, made non-decreasing in k (more rows never cost less; removes noise inversions).
-      const monotone = (xs: number[]): number[] => xs.map((_, i) => Math.max(...xs.slice(0, i + 1)));
-      const verifyMs = monotone(times.map((t) => median(t.verify)));
-      const draftMs = [0, ...monotone(times.slice(1).map((t) => median(t.draft)))];
+      // Medians, made non-decreasing in k (more rows never cost less) by the least-squares monotone fit: a noise
+      // spike is pooled with the points after it instead of raising all of them (a running max would).
+      const rawVerifyMs = times.map((t) => median(t.verify));
+      const verifyMs = isotonic(rawVerifyMs);
+      const draftMs = [0, ...isotonic(times.slice(1).map((t) => median(t.draft)))];
       const points = [
-        ...ks.map((k, i) => ({ rows: B * (k + 1), ms: verifyMs[i]! })),
+        ...ks.map((k, i) => ({ rows: B * (k + 1), ms: rawVerifyMs[i]! })),
         ...partial.map(({ d, verify }) => ({ rows: B + d, ms: median(verify) })),
       ].sort((a, b) => a.rows - b.rows);
-      const verifyRowsMs = monotone(points.map((x) => x.ms));
+      const verifyRowsMs = isotonic(points.map((x) => x.ms));
       out.push({ sequences: B, ks, verifyMs, draftMs, verifyRows: points.map((x) => x.rows), verifyRowsMs });
     }
     const costs = new StepCosts(out);

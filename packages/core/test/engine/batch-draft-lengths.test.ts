@@ -9,6 +9,8 @@ import {
   type BatchShape,
   CostDraftPolicy,
   chooseBatchDraftLengths,
+  isotonic,
+  partialDrafts,
   RequestMetrics,
   StepCosts,
 } from '../../src/engine/index.js';
@@ -124,6 +126,21 @@ describe('chooseBatchDraftLengths', () => {
     );
     expect(() => chooseBatchDraftLengths([item([0.5])], () => 0)).toThrow(/cost of .*"tokens":1.*expected > 0 ms/);
     expect(chooseBatchDraftLengths([], () => 1)).toEqual({ ks: [], committed: 0, costMs: 0, rate: 0 });
+  });
+});
+
+describe('the calibrated curve', () => {
+  it('partial blocks at 1, 2, 4, … drafting sequences; a noise spike is pooled, not carried forward', () => {
+    expect(partialDrafts(16)).toEqual([1, 2, 4, 8]);
+    expect(partialDrafts(5)).toEqual([1, 2, 4]);
+    expect(partialDrafts(1)).toEqual([]);
+    // T = 16, 18, 20, 24 rows: the spike at 18 (a preempted forward) would lift 20 and 24 to 48 ms under a running max
+    const fit = isotonic([19, 48, 20, 21, 40]);
+    expect(fit[0]).toBe(19);
+    for (const x of fit.slice(1, 4)) expect(x).toBeCloseTo((48 + 20 + 21) / 3, 12);
+    expect(fit[4]).toBe(40);
+    expect(isotonic([1, 2, 2, 5])).toEqual([1, 2, 2, 5]); // already non-decreasing: unchanged
+    expect(isotonic([3, 1])).toEqual([2, 2]);
   });
 });
 
