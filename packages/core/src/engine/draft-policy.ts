@@ -77,9 +77,10 @@ export interface DraftPolicy {
   observe(id: SequenceId, drafted: number, accepted: number): void;
   /**
    * Wall time of a step's work outside the propose call and the verify forward (choosing, accept,
-   * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step.
+   * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step; `rows`: the verify
+   * forward's rows (default 1).
    */
-  observeOverhead?(ms: number, drafted: boolean): void;
+  observeOverhead?(ms: number, drafted: boolean, rows?: number): void;
   /**
    * The measured cost of the step just run: `sequences` in the verify forward holding `tokens` rows,
    * of which `drafting` sequences proposed `drafts` drafts in all; the verify forward took
@@ -220,6 +221,9 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
   readonly recalibrate?: boolean;
 }
 
+/** Per-step overhead observations of each kind skipped before the EMA starts (JIT warm-up). */
+export const OVERHEAD_WARMUP = 2;
+
 /** The cost-based policy (see the file comment). */
 export class CostDraftPolicy implements DraftPolicy {
   readonly acceptance: AcceptanceEstimator;
@@ -230,13 +234,16 @@ export class CostDraftPolicy implements DraftPolicy {
   /** Calibrated [t_draft, t_verify] by (batch, drafts, drafting sequences); never changes. */
   private readonly memo = new Map<number, number[]>();
   /**
-   * EMA of the per-step overhead (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
+   * EMA of the per-step overhead per verify row (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
    * that drafted]. A drafting step also writes the committed tokens' draft context, restores the
    * linear state from a snapshot and accepts over k + 1 rows — on the tiny target that is more than
-   * a whole plain step, and the calibrated forward times do not see it.
+   * a whole plain step, and the calibrated forward times do not see it. Per row, because accept and commit work
+   * row by row: an overhead learned at one batch size then holds at another (a step's estimate is this × its T).
+   * The first {@link OVERHEAD_WARMUP} observations of each kind are skipped (JIT compilation: the first step's
+   * accept and commit measured 20 ms on the tiny target, whose steady overhead is well under 1 ms).
    */
-  private readonly overheadMs = [0, 0];
-  private readonly overheadSeen = [false, false];
+  private readonly overheadMsPerRow = [0, 0];
+  private readonly overheadSeen = [0, 0];
   /**
    * The survival threshold λ = R*·δ of the step last chosen (see the file comment); Infinity
    * before the first choose (nothing is verified without a choice).
@@ -286,8 +293,8 @@ export class CostDraftPolicy implements DraftPolicy {
     if (B === 0) return [];
     // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
     // Before a drafting step was seen, its overhead is assumed equal to a plain step's.
-    const plainOverhead = this.overheadMs[0]!;
-    const specOverhead = this.overheadSeen[1] ? this.overheadMs[1]! : plainOverhead;
+    const plainOverhead = this.overheadMsPerRow[0]!;
+    const specOverhead = (this.overheadSeen[1] ?? 0) > OVERHEAD_WARMUP ? this.overheadMsPerRow[1]! : plainOverhead;
     const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
     const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows / this.draftingRunSteps : 0;
     const cost = (shape: BatchShape): number => {
@@ -303,7 +310,7 @@ export class CostDraftPolicy implements DraftPolicy {
         1e-6,
         c[0]! * draftScale +
           c[1]! * (dr > 0 ? verifyScale : plainScale) +
-          (dr > 0 ? specOverhead : plainOverhead) +
+          (dr > 0 ? specOverhead : plainOverhead) * shape.tokens +
           catchUpMsPerRow * shape.catchUpRows,
       );
     };
@@ -408,10 +415,12 @@ export class CostDraftPolicy implements DraftPolicy {
     this.catchUpRows = first ? rows : 0.8 * this.catchUpRows + 0.2 * rows;
   }
 
-  observeOverhead(ms: number, drafted: boolean): void {
+  observeOverhead(ms: number, drafted: boolean, rows = 1): void {
     const i = drafted ? 1 : 0;
-    this.overheadMs[i] = this.overheadSeen[i] ? 0.8 * this.overheadMs[i]! + 0.2 * ms : ms;
-    this.overheadSeen[i] = true;
+    const seen = ++this.overheadSeen[i]!;
+    if (seen <= OVERHEAD_WARMUP || !(rows > 0)) return;
+    const perRow = ms / rows;
+    this.overheadMsPerRow[i] = seen === OVERHEAD_WARMUP + 1 ? perRow : 0.8 * this.overheadMsPerRow[i]! + 0.2 * perRow;
   }
 
   release(id: SequenceId): void {

@@ -190,6 +190,18 @@ describe('CostDraftPolicy with the batch rule', () => {
     expect(behind.slice(1).some((k) => k > 0)).toBe(true);
   });
 
+  it('learns the step overhead per verify row after a warm-up: JIT-slow first steps do not count', () => {
+    const p = new CostDraftPolicy(costs, { exploreEvery: 0, prior: 0.8 });
+    const batch = Array.from({ length: 8 }, (_, i) => cand(`s${i}`));
+    const first = p.choose(batch);
+    expect(first.some((k) => k > 0)).toBe(true);
+    p.observeOverhead(1000, true, 12); // warm-up observations (JIT): skipped
+    p.observeOverhead(1000, true, 12);
+    expect(p.choose(batch)).toEqual(first);
+    p.observeOverhead(12 * 5, true, 12); // then 5 ms per row in drafting steps: drafting stops
+    expect(p.choose(batch)).toEqual(new Array(8).fill(0));
+  });
+
   it('a sequence whose whole prompt is deferred still drafts: its drafting run shares the catch-up', () => {
     const p = new CostDraftPolicy(costs, { exploreEvery: 0, prior: 0.8 });
     p.observeContext(400, 20); // 0.05 ms per row: 1000 prompt rows cost 50 ms, five 10 ms steps
