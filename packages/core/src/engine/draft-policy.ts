@@ -240,7 +240,7 @@ export class CostDraftPolicy implements DraftPolicy {
    * a whole plain step, and the calibrated forward times do not see it. Per row, because accept and commit work
    * row by row: an overhead learned at one batch size then holds at another (a step's estimate is this × its T).
    * The first {@link OVERHEAD_WARMUP} observations of each kind are skipped (JIT compilation: the first step's
-   * accept and commit measured 20 ms on the tiny target, whose steady overhead is well under 1 ms).
+   * accept and commit measured 20 ms on the tiny target, several whole steps).
    */
   private readonly overheadMsPerRow = [0, 0];
   private readonly overheadSeen = [0, 0];
