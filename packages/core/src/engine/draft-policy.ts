@@ -7,9 +7,13 @@
  * {@link CostDraftPolicy} (the engine's default) maximises expected committed tokens per second:
  *   E[committed | k] = 1 + Σ_{i ≤ k} Π_{j ≤ i} a_j      (a_j: P(draft j accepted | drafts < j accepted))
  *   rate(k_1..k_B)   = Σ_s E_s[committed | k_s] /
- *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, Σ (k_s + 1)) + t_overhead)
- * with the costs measured on this machine ({@link StepCosts}) and the a_j estimated online per
- * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). With one
+ *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, T = Σ (k_s + 1)) + t_overhead
+ *                       + t_catch-up(deferred context rows of the sequences that start drafting) ÷ run length)
+ * with the costs measured on this machine ({@link StepCosts}: the batch's ONE verify forward costed by its
+ * total rows T, corrected online by every step's measured time) and the a_j estimated online per
+ * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). The ks come from the
+ * batch goodput rule of batch-draft-lengths.ts (SmartSpec, arXiv 2406.14066; TETRIS, arXiv 2502.15197): the
+ * batch's draft rows go to the drafts of highest cumulative acceptance, as many as raise the goodput. With one
  * sequence this is argmax_k E[committed | k] / (t_draft(k) + t_verify(k)) (REFERENCE.md §4 DSpark
  * adaptive verification, §11); under load the batch's verify cost grows with every drafted row, so
  * it drafts less, down to none. Ties go to fewer drafts.
@@ -33,6 +37,7 @@
  */
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
+import { type BatchShape, chooseBatchDraftLengths } from './batch-draft-lengths.js';
 import type { RequestMetrics } from './metrics.js';
 import type { StepCosts } from './step-costs.js';
 
@@ -42,6 +47,11 @@ export interface DraftCandidate {
   /** Most drafts allowed this step (drafter maximum, capped by the tokens still needed). */
   readonly maxDrafts: number;
   readonly metrics: RequestMetrics;
+  /**
+   * Rows of deferred draft context (committed tokens of its plain steps) the sequence must write before it drafts
+   * again: its lazy catch-up, charged to the step that makes it draft (default 0).
+   */
+  readonly pendingContextRows?: number;
 }
 
 /** A proposal offered to {@link DraftPolicy.budgets}: a sequence's per-draft confidences. */
@@ -67,9 +77,10 @@ export interface DraftPolicy {
   observe(id: SequenceId, drafted: number, accepted: number): void;
   /**
    * Wall time of a step's work outside the propose call and the verify forward (choosing, accept,
-   * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step.
+   * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step; `rows`: the verify
+   * forward's rows (default 1).
    */
-  observeOverhead?(ms: number, drafted: boolean): void;
+  observeOverhead?(ms: number, drafted: boolean, rows?: number): void;
   /**
    * The measured cost of the step just run: `sequences` in the verify forward holding `tokens` rows,
    * of which `drafting` sequences proposed `drafts` drafts in all; the verify forward took
@@ -83,6 +94,11 @@ export interface DraftPolicy {
     verifyMs: number,
     proposeMs: number,
   ): void;
+  /**
+   * A lazy catch-up just ran: `rows` deferred draft-context rows written (projection and draft KV) in `ms` before
+   * the propose call of the step.
+   */
+  observeContext?(rows: number, ms: number): void;
   /** The sequence finished or was aborted. */
   release(id: SequenceId): void;
 }
@@ -205,6 +221,9 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
   readonly recalibrate?: boolean;
 }
 
+/** Per-step overhead observations of each kind skipped before the EMA starts (JIT warm-up). */
+export const OVERHEAD_WARMUP = 2;
+
 /** The cost-based policy (see the file comment). */
 export class CostDraftPolicy implements DraftPolicy {
   readonly acceptance: AcceptanceEstimator;
@@ -215,13 +234,16 @@ export class CostDraftPolicy implements DraftPolicy {
   /** Calibrated [t_draft, t_verify] by (batch, drafts, drafting sequences); never changes. */
   private readonly memo = new Map<number, number[]>();
   /**
-   * EMA of the per-step overhead (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
+   * EMA of the per-step overhead per verify row (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
    * that drafted]. A drafting step also writes the committed tokens' draft context, restores the
    * linear state from a snapshot and accepts over k + 1 rows — on the tiny target that is more than
-   * a whole plain step, and the calibrated forward times do not see it.
+   * a whole plain step, and the calibrated forward times do not see it. Per row, because accept and commit work
+   * row by row: an overhead learned at one batch size then holds at another (a step's estimate is this × its T).
+   * The first {@link OVERHEAD_WARMUP} observations of each kind are skipped (JIT compilation: the first step's
+   * accept and commit measured 20 ms on the tiny target, several whole steps).
    */
-  private readonly overheadMs = [0, 0];
-  private readonly overheadSeen = [false, false];
+  private readonly overheadMsPerRow = [0, 0];
+  private readonly overheadSeen = [0, 0];
   /**
    * The survival threshold λ = R*·δ of the step last chosen (see the file comment); Infinity
    * before the first choose (nothing is verified without a choice).
@@ -243,6 +265,17 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly recalibrate: boolean;
   /** Consecutive steps in which every sequence drafted. */
   private allDraftingRun = 0;
+  /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
+  private catchUpMs = 0;
+  private catchUpRows = 0;
+  /**
+   * EMA of the length of a drafting run (consecutive steps a sequence drafts once it starts), steps; prior 8. A
+   * catch-up is paid once per run, so each step of the run is charged its share: rows × ms per row ÷ this. Charging
+   * it whole to one step would keep a sequence with a long prompt (all deferred) from ever drafting.
+   */
+  private draftingRunSteps = 8;
+  /** Per sequence: the current drafting run's steps so far (0: not drafting). */
+  private readonly draftingRun = new Map<SequenceId, number>();
 
   constructor(
     readonly costs: StepCosts,
@@ -257,53 +290,39 @@ export class CostDraftPolicy implements DraftPolicy {
 
   choose(candidates: readonly DraftCandidate[]): number[] {
     const B = candidates.length;
-    const ks = new Array<number>(B).fill(0);
-    if (B === 0) return ks;
-    const gains = candidates.map((c) => this.acceptance.expectedCommitted(c.id, c.maxDrafts));
-    // Greedy ascent on the rate: each round, move the one sequence (to any larger k) that raises it most.
-    let committed = B;
-    let drafts = 0;
-    let drafting = 0;
-    // Cost of a step with d drafts in all over dr drafting sequences (memoised across steps: the
-    // measured costs never change, the ascent asks often).
+    if (B === 0) return [];
+    // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
     // Before a drafting step was seen, its overhead is assumed equal to a plain step's.
-    const plainOverhead = this.overheadMs[0]!;
-    const specOverhead = this.overheadSeen[1] ? this.overheadMs[1]! : plainOverhead;
+    const plainOverhead = this.overheadMsPerRow[0]!;
+    const specOverhead = (this.overheadSeen[1] ?? 0) > OVERHEAD_WARMUP ? this.overheadMsPerRow[1]! : plainOverhead;
     const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
-    const cost = (d: number, dr: number): number => {
+    const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows / this.draftingRunSteps : 0;
+    const cost = (shape: BatchShape): number => {
+      const { drafts: d, drafting: dr } = shape;
+      // memoised across steps: the calibrated curves never change, and the rule asks at every D
       const key = (B * 4096 + d) * 1024 + dr;
       let c = this.memo.get(key);
       if (c === undefined) {
-        c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, B + d)];
+        c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, shape.tokens)];
         this.memo.set(key, c);
       }
-      return c[0]! * draftScale + c[1]! * (dr > 0 ? verifyScale : plainScale) + (dr > 0 ? specOverhead : plainOverhead);
+      return Math.max(
+        1e-6,
+        c[0]! * draftScale +
+          c[1]! * (dr > 0 ? verifyScale : plainScale) +
+          (dr > 0 ? specOverhead : plainOverhead) * shape.tokens +
+          catchUpMsPerRow * shape.catchUpRows,
+      );
     };
-    let best = committed / cost(drafts, drafting);
-    for (;;) {
-      let pick = -1;
-      let pickK = 0;
-      let pickRate = best;
-      for (let s = 0; s < B; s++) {
-        const g = gains[s]!;
-        const k0 = ks[s]!;
-        for (let k = k0 + 1; k <= candidates[s]!.maxDrafts; k++) {
-          const rate = (committed - g[k0]! + g[k]!) / cost(drafts - k0 + k, drafting + (k0 === 0 ? 1 : 0));
-          if (rate > pickRate * (1 + 1e-9)) {
-            pick = s;
-            pickK = k;
-            pickRate = rate;
-          }
-        }
-      }
-      if (pick < 0) break;
-      const k0 = ks[pick]!;
-      committed += gains[pick]![pickK]! - gains[pick]![k0]!;
-      drafts += pickK - k0;
-      if (k0 === 0) drafting++;
-      ks[pick] = pickK;
-      best = pickRate;
-    }
+    const choice = chooseBatchDraftLengths(
+      candidates.map((c) => ({
+        gains: this.acceptance.expectedCommitted(c.id, c.maxDrafts),
+        catchUpRows: c.pendingContextRows ?? 0,
+      })),
+      cost,
+    );
+    const ks = [...choice.ks];
+    const best = choice.rate;
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
@@ -331,8 +350,19 @@ export class CostDraftPolicy implements DraftPolicy {
     } else {
       this.allDraftingRun = 0;
     }
+    candidates.forEach((c, s) => {
+      const run = this.draftingRun.get(c.id) ?? 0;
+      if (ks[s]! > 0) this.draftingRun.set(c.id, run + 1);
+      else if (run > 0) this.endDraftingRun(c.id, run);
+    });
     this.setThreshold(B, ks, best);
     return ks;
+  }
+
+  /** A sequence's drafting run of `steps` ended (it decodes plainly, or finished): folded into the mean run. */
+  private endDraftingRun(id: SequenceId, steps: number): void {
+    this.draftingRun.delete(id);
+    this.draftingRunSteps = 0.8 * this.draftingRunSteps + 0.2 * steps;
   }
 
   observeStep(
@@ -378,15 +408,26 @@ export class CostDraftPolicy implements DraftPolicy {
     if (drafted > 0) this.acceptance.observe(id, drafted, accepted);
   }
 
-  observeOverhead(ms: number, drafted: boolean): void {
+  observeContext(rows: number, ms: number): void {
+    if (!(rows > 0 && ms >= 0)) return;
+    const first = this.catchUpRows === 0;
+    this.catchUpMs = first ? ms : 0.8 * this.catchUpMs + 0.2 * ms;
+    this.catchUpRows = first ? rows : 0.8 * this.catchUpRows + 0.2 * rows;
+  }
+
+  observeOverhead(ms: number, drafted: boolean, rows = 1): void {
     const i = drafted ? 1 : 0;
-    this.overheadMs[i] = this.overheadSeen[i] ? 0.8 * this.overheadMs[i]! + 0.2 * ms : ms;
-    this.overheadSeen[i] = true;
+    const seen = ++this.overheadSeen[i]!;
+    if (seen <= OVERHEAD_WARMUP || !(rows > 0)) return;
+    const perRow = ms / rows;
+    this.overheadMsPerRow[i] = seen === OVERHEAD_WARMUP + 1 ? perRow : 0.8 * this.overheadMsPerRow[i]! + 0.2 * perRow;
   }
 
   release(id: SequenceId): void {
     this.acceptance.release(id);
     this.plainRun.delete(id);
+    const run = this.draftingRun.get(id) ?? 0;
+    if (run > 0) this.endDraftingRun(id, run);
   }
 }
 

@@ -39,10 +39,18 @@ export {
   type DraftPolicy,
 } from './draft-policy.js';
 export {
+  chooseBatchDraftLengths,
+  type BatchDraftChoice,
+  type BatchDraftItem,
+  type BatchShape,
+} from './batch-draft-lengths.js';
+export {
   StepCosts,
   calibrateStepCosts,
   costBuckets,
   costDraftLengths,
+  isotonic,
+  partialDrafts,
   type BucketCosts,
   type CalibrateOptions,
 } from './step-costs.js';

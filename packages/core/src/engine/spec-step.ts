@@ -94,6 +94,10 @@ export interface Proposed {
   readonly drafted: number;
   /** Wall time of the drafter's propose call, ms (0 without a call; with the one-by-one retry, all its calls). */
   readonly proposeMs: number;
+  /** Deferred draft-context rows written before the propose call (the drafting sequences' lazy catch-up). */
+  readonly catchUpRows: number;
+  /** Wall time of that catch-up write, ms (0 when nothing was deferred). */
+  readonly catchUpMs: number;
   /** Sequences that failed alone in propose (they take no part in this step's verify). */
   readonly failed: ReadonlyMap<SequenceId, SequenceError>;
 }
@@ -147,7 +151,14 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
   const policy = ctx.policy;
   // the engine sets a policy whenever it has a drafter and no draftLength hook (step() calibrates 'cost' first)
   if (policy === undefined) throw new EngineError('propose: internal error: a drafter without a draft policy');
-  const chosen = policy.choose(caps.map(({ r, cap }) => ({ id: r.id, maxDrafts: cap, metrics: r.metrics })));
+  const chosen = policy.choose(
+    caps.map(({ r, cap }) => ({
+      id: r.id,
+      maxDrafts: cap,
+      metrics: r.metrics,
+      pendingContextRows: r.pending?.numTokens ?? 0,
+    })),
+  );
   return chosen.map((k, i) => Math.max(0, Math.min(caps[i]!.cap, Math.floor(k))));
 }
 
@@ -173,8 +184,13 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   const drafting = asks.map(({ r }) => r);
   // (wants are all 0 without a drafter)
   if (drafter === undefined || context === undefined || drafting.length === 0)
-    return { proposals, drafted: 0, proposeMs: 0, failed };
-  context.flush(drafting.filter((r) => r.pending !== undefined));
+    return { proposals, drafted: 0, proposeMs: 0, catchUpRows: 0, catchUpMs: 0, failed };
+  // lazy catch-up: the context deferred while these sequences did not draft, written in one call
+  const behind = drafting.filter((r) => r.pending !== undefined);
+  const catchUpRows = behind.reduce((a, r) => a + (r.pending?.numTokens ?? 0), 0);
+  const tc = performance.now();
+  context.flush(behind);
+  const catchUpMs = performance.now() - tc;
   const toDraft: DraftSequence[] = asks.map(({ r, want }) => ({
     id: r.id,
     position: r.historyLength - 1,
@@ -223,7 +239,7 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
     }
   }
   applyBudgets(ctx, proposals);
-  return { proposals, drafted: toDraft.length, proposeMs, failed };
+  return { proposals, drafted: toDraft.length, proposeMs, catchUpRows, catchUpMs, failed };
 }
 
 /**

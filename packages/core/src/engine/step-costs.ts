@@ -29,6 +29,14 @@ export interface BucketCosts {
   readonly verifyMs: readonly number[];
   /** `draftMs[i]`: one propose of ks[i] drafts for each of `sequences` sequences, ms (0 at k = 0). */
   readonly draftMs: readonly number[];
+  /**
+   * The verify cost by the batch's total rows T (ascending, from `sequences`), `verifyRowsMs[i]` ms for a forward of
+   * `verifyRows[i]` rows: the uniform blocks above (T = sequences × (k + 1)) merged with partial ones (T = sequences
+   * + d, d < sequences: d sequences verify one draft, the others none), as the batch rule spreads drafts. Absent:
+   * the uniform points alone (linear in k between them).
+   */
+  readonly verifyRows?: readonly number[];
+  readonly verifyRowsMs?: readonly number[];
 }
 
 /** Calibrated costs for every bucket, ascending by `sequences`. */
@@ -42,9 +50,18 @@ export class StepCosts {
     return this.verifyMs(sequences, sequences);
   }
 
-  /** Verify forward of `sequences` sequences holding `tokens` rows in all (≥ sequences), ms. */
+  /**
+   * Verify forward of `sequences` sequences holding `tokens` rows in all (≥ sequences), ms: within a bucket by its
+   * rows curve (`verifyRows`, at the same drafts per sequence), else linear in k; between buckets linear in the
+   * batch size.
+   */
   verifyMs(sequences: number, tokens: number): number {
-    return this.interpolate(sequences, tokens / sequences - 1, (b) => b.verifyMs);
+    const k = tokens / sequences - 1;
+    return this.interpolateBy(sequences, (b) =>
+      b.verifyRows !== undefined && b.verifyRowsMs !== undefined
+        ? interpolate1(b.verifyRows, b.verifyRowsMs, b.sequences * (k + 1))
+        : interpolate1(b.ks, b.verifyMs, k),
+    );
   }
 
   /** Propose for `sequences` drafting sequences, `drafts` drafts in all, ms (0 when nothing is drafted). */
@@ -55,8 +72,12 @@ export class StepCosts {
 
   /** Linear in k within a bucket, then linear in the batch size between buckets (clamped at the ends). */
   private interpolate(sequences: number, k: number, of: (b: BucketCosts) => readonly number[]): number {
+    return this.interpolateBy(sequences, (b) => interpolate1(b.ks, of(b), k));
+  }
+
+  /** `at(bucket)` linear in the batch size between buckets (scaled by the batch size beyond the ends). */
+  private interpolateBy(sequences: number, at: (b: BucketCosts) => number): number {
     const bs = this.buckets;
-    const at = (b: BucketCosts): number => interpolate1(b.ks, of(b), k);
     if (sequences <= bs[0]!.sequences) return at(bs[0]!) * (sequences / bs[0]!.sequences);
     for (let i = 1; i < bs.length; i++) {
       const lo = bs[i - 1]!,
@@ -123,6 +144,35 @@ export function costBuckets(maxSequences: number): number[] {
   return out;
 }
 
+/**
+ * The non-decreasing sequence closest to `ys` in least squares (isotonic regression by pool-adjacent-violators:
+ * Barlow et al., "Statistical Inference under Order Restrictions", 1972): a run of points that decreases is replaced
+ * by its mean. `[n]` → `[n]`.
+ */
+export function isotonic(ys: readonly number[]): number[] {
+  const blocks: { sum: number; n: number }[] = [];
+  for (const y of ys) {
+    let block = { sum: y, n: 1 };
+    for (
+      let prev = blocks.at(-1);
+      prev !== undefined && prev.sum / prev.n > block.sum / block.n;
+      prev = blocks.at(-1)
+    ) {
+      blocks.pop();
+      block = { sum: prev.sum + block.sum, n: prev.n + block.n };
+    }
+    blocks.push(block);
+  }
+  return blocks.flatMap((b) => new Array<number>(b.n).fill(b.sum / b.n));
+}
+
+/** Drafting sequences of the partial verify blocks measured in a bucket of `sequences`: 1, 2, 4, … below it. */
+export function partialDrafts(sequences: number): number[] {
+  const out: number[] = [];
+  for (let d = 1; d < sequences; d *= 2) out.push(d);
+  return out;
+}
+
 /** Draft lengths measured: dense at small k, sparser above (the costs are close to linear in k). */
 export function costDraftLengths(maxDrafts: number): number[] {
   return [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 24, 31]
@@ -184,11 +234,31 @@ export function calibrateStepCosts(
       drafter.writeProjectedContextKV(sum, [{ id, position: 0, numTokens: P, nextTokens: next }]);
     });
     const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+    /** One timed verify forward, sequence s holding 1 + drafts(s) rows (logits for every row, as the engine), ms. */
+    const timeVerify = (seqs: readonly SequenceId[], drafts: (s: number) => number): number => {
+      const cps = seqs.map((id) => ({ id, cp: seqCache.checkpoint(id) }));
+      const fseqs = seqs.map((id, s) => {
+        // Verify rows: the scratch prompt again (valid ids for any target; the cost of a row does
+        // not depend on whether it would be accepted).
+        const tokens = Int32Array.from({ length: drafts(s) + 1 }, (_, j) => prompt(s)[(P - 1 + j) % P]!);
+        return { id, position: seqCache.length(id), tokens, logits: 'all' as const };
+      });
+      const t2 = performance.now();
+      target.forward({ sequences: fseqs }, seqCache, {
+        taps: options.taps,
+        stateSnapshots: options.stateSnapshots && fseqs.some((f) => f.tokens.length > 1),
+      }); // as the engine
+      const ms = performance.now() - t2;
+      for (const { id, cp } of cps) seqCache.rollback(id, cp);
+      return ms;
+    };
     const out: BucketCosts[] = [];
     for (const B of buckets) {
       const seqs = ids.slice(0, B);
       // per k: the verify and the propose times (ms)
       const times = ks.map((k) => ({ k, verify: [] as number[], draft: [] as number[] }));
+      // partial blocks: d < B sequences verify one draft, the others none (T = B + d rows)
+      const partial = ks.includes(1) ? partialDrafts(B).map((d) => ({ d, verify: [] as number[] })) : [];
       // Round-robin over k (every repetition visits every k), so a change in the machine's load
       // hits all k alike; the first `warmup` rounds are not kept (JIT, first-touch allocations:
       // two for the first bucket, one after it).
@@ -215,28 +285,25 @@ export function calibrateStepCosts(
             if (props.length !== B)
               throw new Error(`calibrateStepCosts: propose returned ${props.length} proposals for ${B} sequences`);
           }
-          const cps = seqs.map((id) => ({ id, cp: seqCache.checkpoint(id) }));
-          const fseqs = seqs.map((id, s) => {
-            // Verify rows: the scratch prompt again (valid ids for any target; the cost of a row does
-            // not depend on whether it would be accepted).
-            const tokens = Int32Array.from({ length: k + 1 }, (_, j) => prompt(s)[(P - 1 + j) % P]!);
-            return { id, position: seqCache.length(id), tokens, logits: 'all' as const };
-          });
-          const t2 = performance.now();
-          target.forward({ sequences: fseqs }, seqCache, {
-            taps: options.taps,
-            stateSnapshots: options.stateSnapshots && k > 0,
-          }); // as the engine
-          const t3 = performance.now();
-          if (r >= warmup) verify.push(t3 - t2);
-          for (const { id, cp } of cps) seqCache.rollback(id, cp);
+          const ms = timeVerify(seqs, () => k);
+          if (r >= warmup) verify.push(ms);
+        });
+        partial.forEach(({ d, verify }) => {
+          const ms = timeVerify(seqs, (s) => (s < d ? 1 : 0));
+          if (r >= warmup) verify.push(ms);
         });
       }
-      // Medians, made non-decreasing in k (more rows never cost less; removes noise inversions).
-      const monotone = (xs: number[]): number[] => xs.map((_, i) => Math.max(...xs.slice(0, i + 1)));
-      const verifyMs = monotone(times.map((t) => median(t.verify)));
-      const draftMs = [0, ...monotone(times.slice(1).map((t) => median(t.draft)))];
-      out.push({ sequences: B, ks, verifyMs, draftMs });
+      // Medians, made non-decreasing in k (more rows never cost less) by the least-squares monotone fit: a noise
+      // spike is pooled with the points after it instead of raising all of them (a running max would).
+      const rawVerifyMs = times.map((t) => median(t.verify));
+      const verifyMs = isotonic(rawVerifyMs);
+      const draftMs = [0, ...isotonic(times.slice(1).map((t) => median(t.draft)))];
+      const points = [
+        ...ks.map((k, i) => ({ rows: B * (k + 1), ms: rawVerifyMs[i]! })),
+        ...partial.map(({ d, verify }) => ({ rows: B + d, ms: median(verify) })),
+      ].sort((a, b) => a.rows - b.rows);
+      const verifyRowsMs = isotonic(points.map((x) => x.ms));
+      out.push({ sequences: B, ks, verifyMs, draftMs, verifyRows: points.map((x) => x.rows), verifyRowsMs });
     }
     const costs = new StepCosts(out);
     perDrafter.set(key, costs);

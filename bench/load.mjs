@@ -1,0 +1,231 @@
+#!/usr/bin/env node
+// Speculation under load: one engine with a drafter (the default cost policy) against one without (`--no-spec`),
+// at 1, 4, 8 and 16 concurrent requests, alternated in ONE run so that machine noise hits both alike.
+//
+//   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
+//   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
+//                       [--waves N] [--reps N] [--policy cost|max|off] [--json FILE] [--quick]
+//
+// Each engine is built once with maxSequences = the largest level (as a server is) and, for the drafter, its
+// cost calibration runs before any timer. A level C runs C × waves requests with C running at a time (continuous
+// batching: a finished request's slot goes to the next one, as C closed-loop clients of a server), greedy, EOS
+// ignored, `--tokens` new tokens each. Prompts: SmolLM2 — tools/reference/smollm2/prompts/{chat,plain}.jsonl
+// alternately (chat template already applied); kimi — test/prompts/{prose,code}.jsonl alternately.
+// Per level and drafter: median tok/s of each side (output tokens / wall, prefill included), the median of the
+// per-repetition ratios spec / plain, drafted tokens per sequence step and per batch step, the share of batch
+// steps that drafted, and τ per verify step. Greedy outputs are checked equal to plain decoding's (abort if not).
+// Goals (issue 16, "Never lose under load"): ratio ≥ 1.0 at 4, 8 and 16 and ≥ 1.3 at 1, with drafts made at every
+// level (drafted tokens per step > 0: never drafting is not a pass).
+import * as fs from 'node:fs';
+import { cpus, loadavg } from 'node:os';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } from '@specd/core';
+import { isa } from '@specd/native';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const argv = process.argv.slice(2);
+const arg = (name, dflt) => {
+  const i = argv.indexOf(`--${name}`);
+  return i < 0 ? dflt : argv[i + 1];
+};
+const quick = argv.includes('--quick');
+const MODEL = arg('model', 'smollm2');
+if (MODEL !== 'smollm2' && MODEL !== 'kimi')
+  throw new Error(`bench:load: --model: expected smollm2 or kimi, got ${MODEL}`);
+const CONCS = arg('conc', quick ? '1,8' : '1,4,8,16')
+  .split(',')
+  .map(Number);
+const NEW = Number(arg('tokens', quick ? '32' : '64'));
+const WAVES = Number(arg('waves', quick ? '1' : '2'));
+const REPS = Number(arg('reps', quick ? '1' : '3'));
+const POLICY = arg('policy', 'cost');
+const jsonOut = arg('json', undefined);
+const targetDir = MODEL === 'smollm2' ? 'smollm2-135m-instruct' : 'kimi-k3-tiny';
+const METHODS = arg('drafters', MODEL === 'smollm2' ? 'eagle3,dflash' : 'eagle3,dflash,dspark')
+  .split(',')
+  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `${targetDir}-${m}`, 'config.json')));
+if (METHODS.length === 0) throw new Error(`bench:load: no drafter of ${targetDir} found under models/`);
+
+const readJsonl = (file) =>
+  fs
+    .readFileSync(path.join(ROOT, file), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
+const sources =
+  MODEL === 'smollm2'
+    ? ['chat', 'plain'].map((n) => readJsonl(`tools/reference/smollm2/prompts/${n}.jsonl`))
+    : ['prose', 'code'].map((n) => readJsonl(`test/prompts/${n}.jsonl`));
+/** Prompt i alternates between the two sets. */
+const promptAt = (i) => {
+  const set = sources[i % 2];
+  return Int32Array.from(set[(i >> 1) % set.length].prompt_token_ids);
+};
+
+const maxSeq = Math.max(...CONCS);
+const maxTokensPerSequence = 2048;
+const target = await loadTarget(path.join(ROOT, 'models', targetDir), BUILTIN_PLUGIN_PACKAGES);
+const engines = { plain: new SpecEngine(target.model, undefined, { maxSequences: maxSeq, maxTokensPerSequence }) };
+for (const m of METHODS) {
+  const { drafter } = await loadDrafter(
+    path.join(ROOT, 'models', `${targetDir}-${m}`),
+    BUILTIN_PLUGIN_PACKAGES,
+    target,
+    maxTokensPerSequence,
+    maxSeq,
+  );
+  // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call)
+  const draftPolicy = POLICY === 'off' ? fixedDraftPolicy(0) : POLICY;
+  const e = new SpecEngine(target.model, drafter, { maxSequences: maxSeq, maxTokensPerSequence, draftPolicy });
+  e.calibrate();
+  engines[m] = e;
+}
+
+let nextId = 0;
+/** One level on one engine: C × WAVES requests, C at a time. */
+function run(name, C) {
+  const e = engines[name];
+  const steps0 = e.metrics.verifyForwards;
+  const total = C * WAVES;
+  const reqs = Array.from({ length: total }, (_, i) => ({
+    id: `${name}-${nextId++}`,
+    promptIds: promptAt(i),
+    maxTokens: NEW,
+    sampling: { temperature: 0 },
+    seed: 1,
+    ignoreEos: true,
+  }));
+  const index = new Map(reqs.map((q, i) => [q.id, i]));
+  const outputs = new Map();
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  let queued = 0;
+  for (; queued < C; queued++) e.add(reqs[queued]);
+  const results = [];
+  while (e.pending > 0) {
+    for (const r of e.step()) {
+      results.push(r);
+      if (queued < total) e.add(reqs[queued++]);
+    }
+  }
+  const s = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  const cpuS = (cpu.user + cpu.system) / 1e6;
+  let drafted = 0;
+  let accepted = 0;
+  let seqSteps = 0;
+  let draftSteps = 0;
+  for (const r of results) {
+    if (r.finishReason !== 'length') throw new Error(`bench:load: ${r.id} ended with ${r.finishReason}`);
+    drafted += r.metrics.drafted;
+    accepted += r.metrics.accepted;
+    seqSteps += r.metrics.verifySteps;
+    draftSteps += r.metrics.draftSteps;
+    // request i of every engine has the same prompt: key outputs by i
+    outputs.set(index.get(r.id), r.tokenIds.join());
+  }
+  const batchSteps = e.metrics.verifyForwards - steps0;
+  const tokens = results.reduce((a, r) => a + r.tokenIds.length, 0);
+  return {
+    tokPerS: tokens / s,
+    tokPerCpuS: tokens / cpuS,
+    draftsPerSeqStep: drafted / Math.max(1, seqSteps),
+    draftsPerBatchStep: drafted / Math.max(1, batchSteps),
+    draftStepShare: draftSteps / Math.max(1, seqSteps),
+    tau: seqSteps === 0 ? 0 : (accepted + seqSteps) / seqSteps,
+    outputs,
+  };
+}
+const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+
+const info = isa();
+const [l1, l5] = loadavg();
+console.log(
+  `bench:load — ${targetDir}; drafters ${METHODS.join(', ')} (policy ${POLICY}); levels ${CONCS.join(', ')}; ` +
+    `${WAVES} wave(s) × ${NEW} tokens; ${REPS} rep(s); threads ${info.threads}, isa ${info.isa}, ` +
+    `${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+);
+// the calibrated verify curve the batch rule reads: t_verify(B, T) by the batch's total rows T
+for (const m of METHODS) {
+  const costs = engines[m].stepCosts;
+  if (costs === undefined) continue;
+  for (const b of costs.buckets) {
+    const rows = b.verifyRows ?? b.ks.map((k) => b.sequences * (k + 1));
+    const ms = b.verifyRowsMs ?? b.verifyMs;
+    const curve = rows.map((t, i) => `${t}:${ms[i].toFixed(1)}`).join(' ');
+    console.log(`${m} calibrated t_verify(B=${b.sequences}, T) ms: ${curve}; t_draft(k=1) ${b.draftMs[1]?.toFixed(1)}`);
+  }
+}
+run('plain', 1); // warm-up (JIT, page faults)
+
+const rows = [];
+for (const C of CONCS) {
+  const per = Object.fromEntries(Object.keys(engines).map((n) => [n, []]));
+  const ratios = Object.fromEntries(METHODS.map((m) => [m, []]));
+  const cpuRatios = Object.fromEntries(METHODS.map((m) => [m, []]));
+  for (let r = 0; r < REPS; r++) {
+    // alternate the order per repetition: plain first, then last
+    const order = r % 2 === 0 ? ['plain', ...METHODS] : [...METHODS, 'plain'];
+    const got = {};
+    for (const n of order) got[n] = run(n, C);
+    for (const m of METHODS) {
+      for (const [i, toks] of got.plain.outputs)
+        if (got[m].outputs.get(i) !== toks)
+          throw new Error(`bench:load: ${m}: greedy output of request ${i} differs from plain decoding (C=${C})`);
+      ratios[m].push(got[m].tokPerS / got.plain.tokPerS);
+      cpuRatios[m].push(got[m].tokPerCpuS / got.plain.tokPerCpuS);
+    }
+    for (const n of order) per[n].push(got[n]);
+  }
+  const plainTok = median(per.plain.map((x) => x.tokPerS));
+  for (const m of METHODS) {
+    const xs = per[m];
+    const row = {
+      method: m,
+      C,
+      plainTokPerS: plainTok,
+      specTokPerS: median(xs.map((x) => x.tokPerS)),
+      ratio: median(ratios[m]),
+      ratios: ratios[m],
+      cpuRatio: median(cpuRatios[m]),
+      draftsPerSeqStep: median(xs.map((x) => x.draftsPerSeqStep)),
+      draftsPerBatchStep: median(xs.map((x) => x.draftsPerBatchStep)),
+      draftStepShare: median(xs.map((x) => x.draftStepShare)),
+      tau: median(xs.map((x) => x.tau)),
+      load1: loadavg()[0],
+    };
+    rows.push(row);
+    console.log(
+      `${m} C=${C}: plain ${plainTok.toFixed(1)} tok/s, spec ${row.specTokPerS.toFixed(1)} (×${row.ratio.toFixed(3)};` +
+        ` per rep ${row.ratios.map((x) => x.toFixed(2)).join(' ')}; per CPU-second ×${row.cpuRatio.toFixed(3)}),` +
+        ` drafts/seq step ${row.draftsPerSeqStep.toFixed(2)},` +
+        ` drafts/batch step ${row.draftsPerBatchStep.toFixed(2)}, τ ${row.tau.toFixed(3)}`,
+    );
+  }
+}
+
+console.log(
+  '\n| drafter | concurrent | plain tok/s | spec tok/s | spec ÷ plain | ÷ plain per CPU-s | drafts / seq step |' +
+    ' drafts / batch step | drafting steps | τ per verify step | goal |',
+);
+console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|');
+let met = 0;
+for (const r of rows) {
+  const need = r.C === 1 ? 1.3 : 1.0;
+  const ok = r.ratio >= need && r.draftsPerSeqStep > 0;
+  if (ok) met++;
+  r.goal = { need, met: ok };
+  console.log(
+    `| ${r.method} | ${r.C} | ${r.plainTokPerS.toFixed(1)} | ${r.specTokPerS.toFixed(1)} | ${r.ratio.toFixed(3)} | ` +
+      `${r.cpuRatio.toFixed(3)} | ${r.draftsPerSeqStep.toFixed(2)} | ${r.draftsPerBatchStep.toFixed(2)} | ` +
+      `${(100 * r.draftStepShare).toFixed(0)} % | ${r.tau.toFixed(3)} | ` +
+      `≥ ${need.toFixed(1)}× with drafts: ${ok ? 'met' : 'NOT met'} |`,
+  );
+}
+console.log(`\ngoals met: ${met} of ${rows.length}; load at the end ${loadavg()[0].toFixed(2)} (1 min)`);
+if (jsonOut)
+  fs.writeFileSync(jsonOut, `${JSON.stringify({ model: targetDir, threads: info.threads, isa: info.isa, rows })}\n`);
+for (const e of Object.values(engines)) e.drafter?.dispose();
+target.model.dispose();
