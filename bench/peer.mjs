@@ -355,6 +355,25 @@ function measureRates(gguf) {
 }
 
 /**
+ * Peak dot-product rates from registers (bench/dot-rate.c: VNNI int8, AVX512-BF16, AMX-INT8, AMX-BF16 on
+ * THREADS threads at once, G ops/s, a multiply-add = 2 ops), compiled with `cc -O2 -march=native` into
+ * .cache/peer/ when its source is newer than the binary. @returns the rates, or undefined (with the reason
+ * printed) when no compiler is there or the probe fails: the bench then bounds prefill by the GEMM rate.
+ */
+function peakDotRates() {
+  const src = path.join(ROOT, 'bench/dot-rate.c');
+  const bin = path.join(PEER, 'dot-rate');
+  try {
+    if (!fs.existsSync(bin) || fs.statSync(bin).mtimeMs < fs.statSync(src).mtimeMs)
+      execFileSync('cc', ['-O2', '-march=native', '-pthread', '-o', bin, src], { stdio: 'inherit' });
+    return JSON.parse(execFileSync(bin, [String(THREADS), '0.5'], { encoding: 'utf8' }));
+  } catch (e) {
+    console.log(`bench:peer: the dot-product rate probe (bench/dot-rate.c) failed: ${e.message}`);
+    return undefined;
+  }
+}
+
+/**
  * Decode bytes and prefill FLOPs of the GGUF. Bytes per decoded token: every tensor's bytes (the tied
  * token_embd is read in full as the lm_head each step; the one embedding row is not counted twice); KV reads
  * are left out (small at these contexts). FLOPs of a P-token prefill: 2·P·(matmul parameters of the layers)
@@ -419,6 +438,14 @@ if (native) console.log(`llama.cpp native build system info: ${native.info.syste
 const ggufFile = GgufFile.open(GGUF);
 const costs = modelCosts(ggufFile);
 const rates = measureRates(ggufFile);
+rates.peak = peakDotRates();
+const fmtPeak = (g) => (g === null || g === undefined ? 'n/a' : g.toFixed(0));
+if (rates.peak)
+  console.log(
+    `peak dot-product rates from registers (bench/dot-rate.c, ${THREADS} threads, G ops/s): VNNI int8 ` +
+      `${fmtPeak(rates.peak.vnni_int8)}, AVX512-BF16 ${fmtPeak(rates.peak.avx512_bf16)}, AMX-INT8 ` +
+      `${fmtPeak(rates.peak.amx_int8)}, AMX-BF16 ${fmtPeak(rates.peak.amx_bf16)}`,
+  );
 console.log(
   `rates (specd kernels, ${THREADS} threads): copy ${rates.copyGBs.toFixed(1)} GB/s, weight read (bf16 GEMV, ` +
     `256 MiB) ${rates.gemvGBs.toFixed(1)} GB/s; GEMM m=512: fp32 activations ` +
@@ -714,17 +741,28 @@ for (const p of prefillRows)
 // --- bounds, native calls, goals ----------------------------------------------------------------------
 const readGBs = Math.max(rates.gemvGBs, rates.copyGBs);
 const decodeBound = (readGBs * 1e9) / costs.bytes;
-const computeRate = rates.gemmGflops.bf16 * 1e9;
+// Prefill bound: the best int8 rate the CPU issued (AMX-INT8 where present, else VNNI); without the probe,
+// specd's bf16-activation GEMM rate (what a kernel reached, not the instructions' peak).
+const int8Peak = rates.peak ? Math.max(rates.peak.amx_int8 ?? 0, rates.peak.vnni_int8 ?? 0) : 0;
+const computeSource =
+  int8Peak > 0
+    ? `${(rates.peak.amx_int8 ?? 0) >= (rates.peak.vnni_int8 ?? 0) ? 'AMX-INT8' : 'AVX512-VNNI'} peak from ` +
+      'registers (bench/dot-rate.c)'
+    : `specd's bf16-activation GEMM at m=512 (${amx ? 'AMX-BF16' : 'AVX512-BF16'}; no int8 probe)`;
+const computeGops = int8Peak > 0 ? int8Peak : rates.gemmGflops.bf16;
+const computeRate = computeGops * 1e9;
+const prefillBound = (P) => (P * computeRate) / costs.prefillFlops(P);
 console.log(
   `\nBounds (${cpus()[0]?.model ?? '?'}, ${THREADS} threads): decode ≤ ${(costs.bytes / 1e6).toFixed(1)} MB per ` +
     `token (GGUF tensors, tied lm_head read in full) at ${readGBs.toFixed(1)} GB/s (the bf16 GEMV's weight-read ` +
     `rate or copy bandwidth, the higher) = ${decodeBound.toFixed(0)} tok/s; prefill ≤ FLOPs ÷ ` +
-    `${rates.gemmGflops.bf16.toFixed(0)} GFLOP/s (specd's bf16-activation GEMM, m=512, cache-resident weights` +
-    `${amx ? ', AMX-BF16' : ', AVX512-BF16'}; an int8 dot-product GEMM is not in this build, so the int8 rate ` +
-    'is not measured): ' +
+    `${computeGops.toFixed(0)} G ops/s (${computeSource}): ` +
     PREFILL.map((P) => {
       const f = costs.prefillFlops(P);
-      return `${P} tokens ${(f / 1e9).toFixed(1)} GFLOP → ${((P * computeRate) / f).toFixed(0)} tok/s`;
+      return (
+        `${P} tokens ${(f / 1e9).toFixed(1)} GFLOP → ${prefillBound(P).toFixed(0)} tok/s (at specd's bf16 GEMM ` +
+        `rate ${((P * rates.gemmGflops.bf16 * 1e9) / f).toFixed(0)})`
+      );
     }).join(', '),
 );
 
@@ -768,8 +806,7 @@ for (const p of prefillRows)
   goal(
     `prefill ${p.P} ≥ ${prefillNeed}× llama.cpp (${amx ? 'AMX present: ≥ 1×' : 'no AMX: ≥ 2×'})`,
     `${p.tokPerS[p.specdBest].toFixed(0)} (${p.specdBest}) vs ${p.tokPerS[p.llamaBest].toFixed(0)} tok/s ` +
-      `(${lname(p.llamaBest)}) = ×${p.ratio.toFixed(3)}; bound ` +
-      `${((p.P * computeRate) / costs.prefillFlops(p.P)).toFixed(0)} tok/s`,
+      `(${lname(p.llamaBest)}) = ×${p.ratio.toFixed(3)}; bound ${prefillBound(p.P).toFixed(0)} tok/s`,
     p.ratio >= prefillNeed,
   );
 const specRows = rows.filter((r) => r.key.endsWith('-max') || r.key.endsWith('-cost'));
@@ -836,7 +873,14 @@ if (jsonOut) {
       cpu: cpus()[0]?.model,
       amx,
       rates,
-      bounds: { decodeBytes: costs.bytes, readGBs, decodeTokPerS: decodeBound, computeGflops: rates.gemmGflops.bf16 },
+      bounds: {
+        decodeBytes: costs.bytes,
+        readGBs,
+        decodeTokPerS: decodeBound,
+        computeGops,
+        computeSource,
+        prefillTokPerS: Object.fromEntries(PREFILL.map((P) => [P, prefillBound(P)])),
+      },
       llamaBest,
       nativeAgree,
       goals,
