@@ -3,7 +3,8 @@
 // same prompt token ids; the machine's physical bounds; issue 16's goals printed as met / not met.
 //
 //   npm run bench:peer                      (root; run `npm run build` and `npm run models:fetch` first; 10–20 min)
-//   node bench/peer.mjs [--threads N] [--prompts N] [--tokens N] [--reps N] [--json FILE] [--quick] [--no-native]
+//   node bench/peer.mjs [--threads N] [--prompts N] [--tokens N] [--reps N] [--prefill 512,2048] [--json FILE]
+//                       [--quick] [--no-native]
 //
 // Two llama.cpp builds, both installed on demand into the git-ignored .cache/peer/ (never by `npm test`):
 //   - node-llama-cpp 3.21.1's prebuilt CPU binary (`npm install --prefix .cache/peer node-llama-cpp@3.21.1
@@ -82,7 +83,9 @@ const THREADS = Number(arg('threads', '2'));
 const NPROMPTS = Number(arg('prompts', quick ? '4' : '8')); // per file
 const NEW = Number(arg('tokens', quick ? '64' : '128'));
 const REPS = Number(arg('reps', quick ? '1' : '3'));
-const PREFILL = quick ? [512] : [512, 2048];
+const PREFILL = arg('prefill', quick ? '512' : '512,2048')
+  .split(',')
+  .map(Number);
 const jsonOut = arg('json', undefined);
 const NLC_VERSION = '3.21.1';
 const MODEL_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');

@@ -1,11 +1,14 @@
 #!/usr/bin/env node
 // Installs llama.cpp built for this machine, for bench:peer only: llama-cpp-python (pinned below) from
-// PyPI into a venv in the git-ignored .cache/peer/llama-cpp-python/, compiled from its source
-// distribution (`--no-binary llama-cpp-python`) with CMAKE_ARGS="-DGGML_NATIVE=ON": its bundled
-// llama.cpp gets -march=native (AVX512-VNNI/BF16, AMX where the CPU has them). The build takes minutes
-// (2 parallel jobs, niced); a later call with the pinned version installed does nothing. `npm test`
-// never calls this; bench/peer.mjs does (or run it alone: `node scripts/install-llama-cpp-python.mjs`).
-// Needs python3 (with venv), a C++ compiler and cmake (pip brings cmake if absent).
+// PyPI into a venv in the git-ignored .cache/peer/llama-cpp-python/ (or $SPECD_LLAMA_CPP_PYTHON_DIR),
+// compiled from its source distribution (`--no-binary llama-cpp-python`) with CMAKE_ARGS (BUILD_FLAGS
+// below): GGML_NATIVE=ON gives its bundled llama.cpp -march=native (AVX512-VNNI/BF16, AMX where the CPU has
+// them); LLAVA_BUILD=OFF skips the multimodal library the bench never loads; scripts/llama-cpp-amx-fix.h is
+// forced into every file, since with GCC 12 llama.cpp's AMX kernels fault (SIGILL) without it (the header
+// says why; it does nothing without AMX or with another compiler). The build takes 10–30 minutes on 2 shared
+// cores (2 parallel jobs, niced); a later call finds the pinned version built with the same flags (build.json)
+// and does nothing. `npm test` never calls this; bench/peer.mjs does (alone: `npm run bench:peer:install`).
+// Needs python3 (with venv), a C/C++ compiler and cmake (pip brings cmake if absent).
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -15,8 +18,25 @@ import { fileURLToPath } from 'node:url';
 export const LLAMA_CPP_PYTHON_VERSION = '0.3.36';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-/** The venv's folder (under the git-ignored .cache/). */
-export const LLAMA_CPP_PYTHON_DIR = path.join(ROOT, '.cache/peer/llama-cpp-python');
+/** The venv's folder (under the git-ignored .cache/ unless SPECD_LLAMA_CPP_PYTHON_DIR names another). */
+export const LLAMA_CPP_PYTHON_DIR =
+  process.env.SPECD_LLAMA_CPP_PYTHON_DIR ?? path.join(ROOT, '.cache/peer/llama-cpp-python');
+/** The header forced into llama.cpp's build (GCC 12's AMX tile-configuration bug). */
+const AMX_FIX = path.join(ROOT, 'scripts/llama-cpp-amx-fix.h');
+/**
+ * The build's environment: CMAKE_ARGS, and CFLAGS/CXXFLAGS (CMake's initial C/C++ flags) forcing the AMX fix
+ * in. build.json records them; a build made with others is rebuilt.
+ */
+export const BUILD_ENV = {
+  CMAKE_ARGS: '-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF',
+  CFLAGS: `-include ${AMX_FIX}`,
+  CXXFLAGS: `-include ${AMX_FIX}`,
+};
+const buildId = () => ({
+  version: LLAMA_CPP_PYTHON_VERSION,
+  env: BUILD_ENV,
+  amxFixBytes: fs.readFileSync(AMX_FIX, 'utf8').length,
+});
 
 /** Version of llama_cpp importable by the venv's python, or undefined (not installed / broken). */
 function installedVersion(python) {
@@ -41,7 +61,11 @@ function installedVersion(python) {
 export function ensureLlamaCppPython(log = console.log) {
   const venv = path.join(LLAMA_CPP_PYTHON_DIR, 'venv');
   const python = path.join(venv, 'bin/python');
-  if (installedVersion(python) === LLAMA_CPP_PYTHON_VERSION) return { python, version: LLAMA_CPP_PYTHON_VERSION };
+  const marker = path.join(LLAMA_CPP_PYTHON_DIR, 'build.json');
+  const want = JSON.stringify(buildId());
+  const built = fs.existsSync(marker) ? fs.readFileSync(marker, 'utf8').trim() : undefined;
+  if (built === want && installedVersion(python) === LLAMA_CPP_PYTHON_VERSION)
+    return { python, version: LLAMA_CPP_PYTHON_VERSION };
   fs.mkdirSync(LLAMA_CPP_PYTHON_DIR, { recursive: true });
   const logFile = path.join(LLAMA_CPP_PYTHON_DIR, 'build.log');
   if (!fs.existsSync(python)) {
@@ -58,6 +82,9 @@ export function ensureLlamaCppPython(log = console.log) {
   );
   const fd = fs.openSync(logFile, 'w');
   try {
+    if (installedVersion(python) !== undefined)
+      // built before with other flags
+      execFileSync(python, ['-m', 'pip', 'uninstall', '-y', 'llama-cpp-python'], { stdio: ['ignore', fd, fd] });
     execFileSync(
       'nice',
       [
@@ -74,7 +101,7 @@ export function ensureLlamaCppPython(log = console.log) {
       ],
       {
         stdio: ['ignore', fd, fd],
-        env: { ...process.env, CMAKE_ARGS: '-DGGML_NATIVE=ON', CMAKE_BUILD_PARALLEL_LEVEL: '2' },
+        env: { ...process.env, ...BUILD_ENV, CMAKE_BUILD_PARALLEL_LEVEL: '2' },
       },
     );
   } catch (e) {
@@ -83,6 +110,7 @@ export function ensureLlamaCppPython(log = console.log) {
     fs.closeSync(fd);
   }
   const version = installedVersion(python);
+  if (version === LLAMA_CPP_PYTHON_VERSION) fs.writeFileSync(marker, `${want}\n`);
   if (version !== LLAMA_CPP_PYTHON_VERSION)
     throw new Error(
       `install-llama-cpp-python: expected llama_cpp ${LLAMA_CPP_PYTHON_VERSION} in ${venv}, found ${version ?? 'none'}`,
