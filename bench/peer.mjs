@@ -855,9 +855,12 @@ console.log(
 console.log(
   `| (reported) native calls per decode step | ${calls.callsPerStep.toFixed(0)} = ` +
     `${calls.callsPerLayerPerStep.toFixed(2)} per layer; no-op call ${calls.noopUs.toFixed(2)} µs → ` +
-    `${(100 * calls.noopShare).toFixed(1)} % of a ${calls.stepMs.toFixed(2)} ms step; pool hand-off ` +
-    `${calls.handoffUs.toFixed(1)} µs per split call; step at ${THREADS} vs 1 thread ${calls.stepMs.toFixed(2)} / ` +
-    `${calls.step1Ms.toFixed(2)} ms; JavaScript ${calls.javascriptMsPerStep.toFixed(2)} ms of a profiled ` +
+    `${(100 * calls.noopShare).toFixed(1)} % of a ${calls.stepMs.toFixed(2)} ms step; ` +
+    (THREADS > 1
+      ? `pool hand-off ${calls.handoffUs.toFixed(1)} µs per split call; step at ${THREADS} vs 1 thread ` +
+        `${calls.stepMs.toFixed(2)} / ${calls.step1Ms.toFixed(2)} ms; `
+      : 'no pool at 1 thread; ') +
+    `JavaScript ${calls.javascriptMsPerStep.toFixed(2)} ms of a profiled ` +
     `${calls.profiledWallMs.toFixed(2)} ms step | – |`,
 );
 const [e1, e5] = load();
