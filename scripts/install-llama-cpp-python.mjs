@@ -5,7 +5,7 @@
 // below): GGML_NATIVE=ON gives its bundled llama.cpp -march=native (AVX512-VNNI/BF16, AMX where the CPU has
 // them); LLAVA_BUILD=OFF skips the multimodal library the bench never loads; scripts/llama-cpp-amx-fix.h is
 // forced into every file, since with GCC 12 llama.cpp's AMX kernels fault (SIGILL) without it (the header
-// says why; it does nothing without AMX or with another compiler). The build takes 10–30 minutes on 2 shared
+// says why; it does nothing without AMX or with another compiler). The build takes 10–40 minutes on 2 shared
 // cores (2 parallel jobs, niced); a later call finds the pinned version built with the same flags (build.json)
 // and does nothing. `npm test` never calls this; bench/peer.mjs does (alone: `npm run bench:peer:install`).
 // Needs python3 (with venv), a C/C++ compiler and cmake (pip brings cmake if absent).
