@@ -2,8 +2,9 @@
 // -mamx-tile -mamx-bf16 (+ AVX-512 flags); called only when isa.cc reports AMX usable (cpuid,
 // XCR0 and the Linux arch_prctl permission). Intrinsics only, no STL (see CMakeLists.txt on ODR).
 //
-// Tiles: C0..C3 = 4 panels x (rows x 16) fp32 accumulators, A = X rows x 32 k (bf16),
-// B = 16 K pairs x 16 columns of one panel (exactly 1 KiB of the packed layout, stride 64 B).
+// Tiles: C0..C3 = 4 panels x (rows x 16) fp32 accumulators, A = X rows x 32 k (bf16; tile 4, and
+// tile 7 for the low half of split bf16), B = 16 K pairs x 16 columns of one panel (exactly 1 KiB of
+// the packed layout, stride 64 B).
 // Loop: row tiles of <= 16 rows (one tile config each) > groups of 4 panels > K in steps of 32.
 // For m <= 16 (verification) the weights are streamed exactly once.
 #include <immintrin.h>
@@ -35,6 +36,8 @@ void Configure(int rows) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
+  cfg.rows[7] = static_cast<uint8_t>(rows);  // A, low half of split bf16
+  cfg.colsb[7] = 64;
   _tile_loadconfig(&cfg);
 }
 
@@ -49,9 +52,70 @@ inline void StoreTile(const Problem& p, const float* tile, int64_t row0, int row
   }
 }
 
+/**
+ * Split bf16: per 32-k step and panel, C += A_hi·B then C += A_lo·B (tiles 4 and 7), the B tile
+ * loaded once for both. Same loop nest as the plain variant.
+ */
+void PanelsSplit(const Problem& p, int64_t panel_begin, int64_t panel_end) {
+  const int64_t blocks = PanelPairs(p.k) / 16;
+  const int64_t panel_stride = PanelPairs(p.k) * 32;
+  const int64_t a_stride = p.ldxb * 2;
+  alignas(64) float tile[4][16 * 16];
+  for (int64_t row0 = 0; row0 < p.m; row0 += 16) {
+    const int rows = static_cast<int>(p.m - row0 < 16 ? p.m - row0 : 16);
+    Configure(rows);
+    const uint16_t* hi = p.x_bf16 + row0 * p.ldxb;
+    const uint16_t* lo = p.x_bf16_lo + row0 * p.ldxb;
+    int64_t panel = panel_begin;
+    for (; panel + 4 <= panel_end; panel += 4) {
+      const uint16_t* w = p.packed + panel * panel_stride;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        _tile_loadd(4, hi + kb * 32, a_stride);
+        _tile_loadd(7, lo + kb * 32, a_stride);
+        _tile_loadd(5, w + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(0, 7, 5);
+        _tile_loadd(6, w + panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_dpbf16ps(1, 7, 6);
+        _tile_loadd(5, w + 2 * panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(2, 7, 5);
+        _tile_loadd(6, w + 3 * panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(3, 4, 6);
+        _tile_dpbf16ps(3, 7, 6);
+      }
+      _tile_stored(0, tile[0], 64);
+      _tile_stored(1, tile[1], 64);
+      _tile_stored(2, tile[2], 64);
+      _tile_stored(3, tile[3], 64);
+      for (int t = 0; t < 4; ++t) StoreTile(p, tile[t], row0, rows, panel + t);
+    }
+    for (; panel < panel_end; ++panel) {
+      const uint16_t* w = p.packed + panel * panel_stride;
+      _tile_zero(0);
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        _tile_loadd(4, hi + kb * 32, a_stride);
+        _tile_loadd(7, lo + kb * 32, a_stride);
+        _tile_loadd(5, w + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(0, 7, 5);
+      }
+      _tile_stored(0, tile[0], 64);
+      StoreTile(p, tile[0], row0, rows, panel);
+    }
+  }
+  _tile_release();
+}
+
 }  // namespace
 
 void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end) {
+  if (p.x_bf16_lo != nullptr) return PanelsSplit(p, panel_begin, panel_end);
   const int64_t blocks = PanelPairs(p.k) / 16;        // 32-k steps
   const int64_t panel_stride = PanelPairs(p.k) * 32;  // uint16 per panel
   const int64_t a_stride = p.ldxb * 2;                // bytes per X row
