@@ -14,8 +14,9 @@
  * precision (8 significant bits): use it only where that was validated (e.g. acceptance unchanged).
  * `'bf16x2'` (split bf16, opt-in) writes X = hi + lo, both bf16 (hi = bf16(X), lo = bf16(X − hi):
  * 16 significant bits, relative error ≤ 2⁻¹⁷ per element) and runs two AMX products per tile step
- * into one fp32 accumulator: twice the tile work, the same weight traffic, so a memory-bound GEMM
- * (decode, a verify block of ≤ 16 rows) costs about what `'bf16'` costs, with near-fp32 results;
+ * into two fp32 accumulators (hi·W, lo·W; summed once): twice the tile work, the same weight
+ * traffic, so a memory-bound GEMM (decode, a verify block of ≤ 16 rows) costs about what `'bf16'`
+ * costs, with near-fp32 results;
  * without AMX it runs the fp32 kernels on hi + lo. Each variant is batch invariant on its own (the
  * m = 1 GEMV runs the GEMM's kernel as a one-row tile; threads split N, never K); they differ from
  * each other.

@@ -52,9 +52,19 @@ inline void StoreTile(const Problem& p, const float* tile, int64_t row0, int row
   }
 }
 
+/** Stores hi + lo (two fp32 tiles of one panel, summed once in fp32) as StoreTile does. */
+inline void StoreSplitTile(const Problem& p, float* hi, const float* lo, int64_t row0, int rows, int64_t panel) {
+  for (int r = 0; r < rows; ++r)
+    _mm512_store_ps(hi + r * 16, _mm512_add_ps(_mm512_load_ps(hi + r * 16), _mm512_load_ps(lo + r * 16)));
+  StoreTile(p, hi, row0, rows, panel);
+}
+
 /**
- * Split bf16: per 32-k step and panel, C += A_hi·B then C += A_lo·B (tiles 4 and 7), the B tile
- * loaded once for both. Same loop nest as the plain variant.
+ * Split bf16: two accumulators per output, C_hi = Σ_k hi·w and C_lo = Σ_k lo·w (each one fp32 tile
+ * updated per 32-k step in order), Y = C_hi + C_lo. Groups of 2 panels: C0, C1 = hi of panels 0, 1;
+ * C2, C3 = lo of panels 0, 1, so the four TDPBF16PS of a k step update four independent tiles (a
+ * shared accumulator would chain the hi and lo products back to back). A last odd panel runs alone
+ * with the same per-output arithmetic, so grouping (and hence threads) never changes a result.
  */
 void PanelsSplit(const Problem& p, int64_t panel_begin, int64_t panel_end) {
   const int64_t blocks = PanelPairs(p.k) / 16;
@@ -67,7 +77,7 @@ void PanelsSplit(const Problem& p, int64_t panel_begin, int64_t panel_end) {
     const uint16_t* hi = p.x_bf16 + row0 * p.ldxb;
     const uint16_t* lo = p.x_bf16_lo + row0 * p.ldxb;
     int64_t panel = panel_begin;
-    for (; panel + 4 <= panel_end; panel += 4) {
+    for (; panel + 2 <= panel_end; panel += 2) {
       const uint16_t* w = p.packed + panel * panel_stride;
       _tile_zero(0);
       _tile_zero(1);
@@ -77,36 +87,33 @@ void PanelsSplit(const Problem& p, int64_t panel_begin, int64_t panel_end) {
         _tile_loadd(4, hi + kb * 32, a_stride);
         _tile_loadd(7, lo + kb * 32, a_stride);
         _tile_loadd(5, w + kb * 512, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_dpbf16ps(0, 7, 5);
         _tile_loadd(6, w + panel_stride + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_dpbf16ps(1, 7, 6);
-        _tile_loadd(5, w + 2 * panel_stride + kb * 512, 64);
-        _tile_dpbf16ps(2, 4, 5);
         _tile_dpbf16ps(2, 7, 5);
-        _tile_loadd(6, w + 3 * panel_stride + kb * 512, 64);
-        _tile_dpbf16ps(3, 4, 6);
         _tile_dpbf16ps(3, 7, 6);
       }
       _tile_stored(0, tile[0], 64);
       _tile_stored(1, tile[1], 64);
       _tile_stored(2, tile[2], 64);
       _tile_stored(3, tile[3], 64);
-      for (int t = 0; t < 4; ++t) StoreTile(p, tile[t], row0, rows, panel + t);
+      StoreSplitTile(p, tile[0], tile[2], row0, rows, panel);
+      StoreSplitTile(p, tile[1], tile[3], row0, rows, panel + 1);
     }
     for (; panel < panel_end; ++panel) {
       const uint16_t* w = p.packed + panel * panel_stride;
       _tile_zero(0);
+      _tile_zero(2);
       for (int64_t kb = 0; kb < blocks; ++kb) {
         _tile_loadd(4, hi + kb * 32, a_stride);
         _tile_loadd(7, lo + kb * 32, a_stride);
         _tile_loadd(5, w + kb * 512, 64);
         _tile_dpbf16ps(0, 4, 5);
-        _tile_dpbf16ps(0, 7, 5);
+        _tile_dpbf16ps(2, 7, 5);
       }
       _tile_stored(0, tile[0], 64);
-      StoreTile(p, tile[0], row0, rows, panel);
+      _tile_stored(2, tile[2], 64);
+      StoreSplitTile(p, tile[0], tile[2], row0, rows, panel);
     }
   }
   _tile_release();

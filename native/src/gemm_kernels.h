@@ -18,11 +18,11 @@
 //
 // bf16 activations (opt-in): X rounded to bf16. With AMX, TDPBF16PS tiles (PanelsBf16Amx); else
 // the fp32 kernels run on the rounded X. Split bf16 ("bf16x2", opt-in): X = hi + lo, both bf16
-// (hi = bf16(X), lo = bf16(X - hi): 16 significant bits), two TDPBF16PS per tile step into one
-// fp32 accumulator; else the fp32 kernels on hi + lo. The m = 1 GEMV of every variant runs the
-// same kernel as the GEMM (a one-row tile), never a separate GEMV kernel.
-// A VDPBF16PS (AVX512_BF16) register kernel was measured and dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened
-// weights (1 core, cached, M=16), while AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
+// (hi = bf16(X), lo = bf16(X - hi): 16 significant bits), two TDPBF16PS per tile step into two
+// fp32 accumulators (hi·W, lo·W) summed once at the end; else the fp32 kernels on hi + lo. The m = 1 GEMV of every
+// variant runs the same kernel as the GEMM (a one-row tile), never a separate GEMV kernel. A VDPBF16PS (AVX512_BF16)
+// register kernel was measured and dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened weights (1 core, cached,
+// M=16), while AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
 #pragma once
 #include <cstdint>
 
@@ -44,7 +44,7 @@ struct Problem {
   int64_t ldxb = 0;
   /**
    * Split-bf16 ("bf16x2") variant only: the residual bf16(X - bf16(X)), same layout as x_bf16. Each
-   * 32-k step adds hi·W then lo·W into the same fp32 tile, so X carries ~16 significant bits.
+   * 32-k step adds hi·W and lo·W into two fp32 tiles (summed at the end): X carries ~16 significant bits.
    */
   const uint16_t* x_bf16_lo = nullptr;
   /**
@@ -79,9 +79,10 @@ void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, f
  * tiles of 16 rows x 16 columns x 32 k). Row results depend only on that row of X, so the variant
  * is batch invariant too; its rounding differs from the fp32-activation kernels (X in bf16, the
  * tile's internal summation order, denormals flushed). Needs p.x_bf16; compiled in gemm_amx.cc.
- * With p.x_bf16_lo set (split bf16, "bf16x2") every 32-k step also adds lo·W into the same tile
- * right after hi·W: the same order for every row, tile and thread (m = 1 runs the same one-row
- * tile), so row i of a GEMM still equals the GEMV of row i bit for bit.
+ * With p.x_bf16_lo set (split bf16, "bf16x2") each output has two fp32 accumulators, one over hi·W
+ * and one over lo·W (each updated per 32-k step in order), added once at the end: the same
+ * arithmetic for every row, tile and thread (m = 1 runs the same one-row tile), so row i of a GEMM
+ * still equals the GEMV of row i bit for bit.
  */
 void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end);
 
