@@ -190,6 +190,7 @@ function verifyGoal(name, ratios) {
   const parts = Object.entries(ratios).map(([seqs, r]) => `${seqs} seq ${r.toFixed(2)}`);
   const worst = Math.max(...Object.values(ratios));
   console.log(
-    `goal (${name}): t(16-token verify block) / t(decode) ≤ 1.3: ${worst <= 1.3 ? 'met' : 'NOT met'} (${parts.join(', ')})`,
+    `goal (${name}): t(16-token verify block) / t(decode) ≤ 1.3: ${worst <= 1.3 ? 'met' : 'NOT met'} ` +
+      `(${parts.join(', ')})`,
   );
 }
