@@ -120,17 +120,18 @@ void RunGemm(Problem p, Activations act) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512 && AmxAvailable()) {
     const int64_t ldxb = gemm::PanelPairs(p.k) * 2;
-    std::vector<uint16_t> xb(static_cast<size_t>(p.m * ldxb), 0);
-    std::vector<uint16_t> xlo(split ? static_cast<size_t>(p.m * ldxb) : 0, 0);
+    // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
+    const int64_t rows_per_x = split ? 2 : 1;
+    std::vector<uint16_t> xb(static_cast<size_t>(p.m * rows_per_x * ldxb), 0);
     for (int64_t r = 0; r < p.m; ++r)
       for (int64_t i = 0; i < p.k; ++i) {
         const float v = p.x[r * p.ldx + i];
         const uint16_t hi = F32ToBf16(v);
-        xb[r * ldxb + i] = hi;
-        if (split) xlo[r * ldxb + i] = F32ToBf16(SplitRest(v, Bf16ToF32(hi)));
+        xb[r * rows_per_x * ldxb + i] = hi;
+        if (split) xb[(2 * r + 1) * ldxb + i] = F32ToBf16(SplitRest(v, Bf16ToF32(hi)));
       }
     p.x_bf16 = xb.data();
-    p.x_bf16_lo = split ? xlo.data() : nullptr;
+    p.x_bf16_lo = split ? xb.data() + ldxb : nullptr;
     p.ldxb = ldxb;
     ParallelFor(
         gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); },

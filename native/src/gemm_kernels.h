@@ -43,8 +43,9 @@ struct Problem {
   const uint16_t* x_bf16 = nullptr;
   int64_t ldxb = 0;
   /**
-   * Split-bf16 ("bf16x2") variant only: the residual bf16(X - bf16(X)), same layout as x_bf16. Each
-   * 32-k step adds hi·W and lo·W into two fp32 tiles (summed at the end): X carries ~16 significant bits.
+   * Split-bf16 ("bf16x2") variant only: the residual bf16(X - bf16(X)). The rows are stacked: hi row i
+   * at x_bf16 + 2i*ldxb, lo row i at x_bf16 + (2i+1)*ldxb, and x_bf16_lo = x_bf16 + ldxb, so one AMX
+   * tile holds hi and lo of up to 8 X rows (one TDPBF16PS computes hi·W and lo·W into two C rows).
    */
   const uint16_t* x_bf16_lo = nullptr;
   /**
@@ -79,9 +80,9 @@ void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, f
  * tiles of 16 rows x 16 columns x 32 k). Row results depend only on that row of X, so the variant
  * is batch invariant too; its rounding differs from the fp32-activation kernels (X in bf16, the
  * tile's internal summation order, denormals flushed). Needs p.x_bf16; compiled in gemm_amx.cc.
- * With p.x_bf16_lo set (split bf16, "bf16x2") each output has two fp32 accumulators, one over hi·W
- * and one over lo·W (each updated per 32-k step in order), added once at the end: the same
- * arithmetic for every row, tile and thread (m = 1 runs the same one-row tile), so row i of a GEMM
+ * With p.x_bf16_lo set (split bf16, "bf16x2", stacked rows) each output has two fp32 accumulators,
+ * one over hi·W and one over lo·W (each updated per 32-k step in order), added once at the end: the
+ * same arithmetic for every row, tile and thread (m = 1 runs the same kernel), so row i of a GEMM
  * still equals the GEMV of row i bit for bit.
  */
 void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end);
