@@ -20,8 +20,9 @@
 // (several times the FLOP rate of fp32 FMA, so verifying 16 tokens costs about one GEMV);
 // otherwise it runs the fp32 kernel of the current path on the rounded X. "bf16x2" (opt-in; split
 // bf16) writes X = hi + lo with hi = bf16(X), lo = bf16(X - hi) (16 significant bits, relative error
-// ~2^-17 instead of 2^-9) and runs two AMX products per tile step (twice the tile work, the same
-// weight traffic; without AMX the fp32 kernel on hi + lo). Every variant is batch invariant; they
+// ~2^-17 instead of 2^-9), hi and lo as two rows of one AMX tile: one TDPBF16PS per panel and k step
+// for up to 8 rows, two fp32 accumulators per output summed once (without AMX the fp32 kernel on hi +
+// lo). Every variant is batch invariant; they
 // differ from each other by the rounding of X (and AMX's own summation order).
 //
 // Layout, reduction order and batch invariance: gemm_kernels.h.

@@ -13,13 +13,12 @@
  * the FLOP rate, so a 16-token verify costs about one GEMV (docs/BENCHMARKS.md). It loses X
  * precision (8 significant bits): use it only where that was validated (e.g. acceptance unchanged).
  * `'bf16x2'` (split bf16, opt-in) writes X = hi + lo, both bf16 (hi = bf16(X), lo = bf16(X − hi):
- * 16 significant bits, relative error ≤ 2⁻¹⁷ per element) and runs two AMX products per tile step
- * into two fp32 accumulators (hi·W, lo·W; summed once): twice the tile work, the same weight
- * traffic, so a memory-bound GEMM (decode, a verify block of ≤ 16 rows) costs about what `'bf16'`
- * costs, with near-fp32 results;
- * without AMX it runs the fp32 kernels on hi + lo. Each variant is batch invariant on its own (the
- * m = 1 GEMV runs the GEMM's kernel as a one-row tile; threads split N, never K); they differ from
- * each other.
+ * 16 significant bits, relative error ≤ 2⁻¹⁷ per element), hi and lo as two rows of one AMX tile
+ * (two fp32 accumulators per output, hi·W and lo·W, summed once): the instruction count of `'bf16'`
+ * up to 8 rows and the same weight traffic, so a GEMV or a verify block of ≤ 16 rows costs about
+ * what `'bf16'` costs, with near-fp32 results; without AMX it runs the fp32 kernels on hi + lo.
+ * Each variant is batch invariant on its own (the m = 1 GEMV runs the GEMM's kernel as a one-row
+ * tile; threads split N, never K); they differ from each other.
  *
  * Sync vs async: `gemmBf16` blocks the calling thread (use it inside a model forward that runs on
  * a worker thread, or for small shapes: no Promise overhead); `gemmBf16Async` runs on a libuv

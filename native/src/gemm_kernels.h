@@ -18,11 +18,11 @@
 //
 // bf16 activations (opt-in): X rounded to bf16. With AMX, TDPBF16PS tiles (PanelsBf16Amx); else
 // the fp32 kernels run on the rounded X. Split bf16 ("bf16x2", opt-in): X = hi + lo, both bf16
-// (hi = bf16(X), lo = bf16(X - hi): 16 significant bits), two TDPBF16PS per tile step into two
-// fp32 accumulators (hi·W, lo·W) summed once at the end; else the fp32 kernels on hi + lo. The m = 1 GEMV of every
-// variant runs the same kernel as the GEMM (a one-row tile), never a separate GEMV kernel. A VDPBF16PS (AVX512_BF16)
-// register kernel was measured and dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened weights (1 core, cached,
-// M=16), while AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
+// (hi = bf16(X), lo = bf16(X - hi): 16 significant bits) as two rows of one A tile, so TDPBF16PS
+// fills two fp32 accumulators (hi·W, lo·W) summed once at the end; else the fp32 kernels on hi + lo. The m = 1 GEMV of
+// every variant runs the same kernel as the GEMM (a one-row tile), never a separate GEMV kernel. A VDPBF16PS
+// (AVX512_BF16) register kernel was measured and dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened weights (1
+// core, cached, M=16), while AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
 #pragma once
 #include <cstdint>
 

@@ -110,7 +110,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
   /**
    * Activation precision of the dense bf16-weight GEMMs (KDA and MLA projections, dense MLPs,
    * lm_head; `gemmBf16`'s): `'f32'`, `'bf16'` (X rounded to bf16; AMX tiles where present) or
-   * `'bf16x2'` (split bf16: X = hi + lo, two AMX products; near-fp32 results). The router and the
+   * `'bf16x2'` (split bf16: X = hi + lo, both on AMX; near-fp32 results). The router and the
    * routed / shared experts stay fp32. On every variant each GEMM row equals the GEMV of that row
    * bit for bit, so decode, verify and batched forwards agree (greedy speculation stays lossless);
    * the variants differ from each other by rounding. Set at load ({@link KimiLoadOptions.activations});
