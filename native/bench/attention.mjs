@@ -93,6 +93,7 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
   console.log('|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
   const nhd = { ...layout, kvLayout: 'NHD' };
   const hnd = { ...layout, kvLayout: 'HND' }; // same buffers read in the other order (timing only)
+  const verifyRatio = {}; // seqs → t(16 causal) / t(decode), HND
   for (const seqs of [1, 2, 4, 8].filter((n) => n <= maxSeqs)) {
     let tDecode = 0;
     for (const [qLen, mask] of [
@@ -116,6 +117,7 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
         );
       }
       if (qLen === 1) tDecode = b;
+      else if (mask === 'causal') verifyRatio[seqs] = b / tDecode;
       const bytes = seqs * kvLen * KV * D * 4 * 2;
       const flops = seqs * qLen * H * kvLen * 4 * D; // QK and PV, ~all keys visible
       console.log(
@@ -125,6 +127,7 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
       );
     }
   }
+  verifyGoal('GQA (HND)', verifyRatio);
 }
 
 // 4. MLA.
@@ -149,6 +152,7 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
   );
   console.log('| seqs | qLen | t (ms) | latent GB/s | of copy | GFLOP/s | t / t(decode) |');
   console.log('|---:|---:|---:|---:|---:|---:|---:|');
+  const verifyRatio = {};
   for (const seqs of [1, 4]) {
     let tDecode = 0;
     for (const qLen of [1, 16]) {
@@ -165,6 +169,7 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
         ),
       );
       if (qLen === 1) tDecode = ms;
+      else verifyRatio[seqs] = ms / tDecode;
       const gbs = (seqs * kvLen * 576 * 4) / ms / 1e6;
       const H = dims.numHeads;
       const flops = seqs * qLen * H * (kvLen * 2 * (576 + 512) + 2 * (128 * 512 + 512 * 128)); // attention + absorption
@@ -174,4 +179,18 @@ console.log(`copy: ${((copyFloats * 4) / 2 ** 20).toFixed(0)} MiB x2 = ${copyGBs
       );
     }
   }
+  verifyGoal('MLA', verifyRatio);
+}
+
+/**
+ * Prints the verify-block goal of issue 16 ("attention over a (k+1)-token verify block at close to one
+ * token's cost"): t(16-query causal block) / t(decode) per batch size, against ≤ 1.3.
+ */
+function verifyGoal(name, ratios) {
+  const parts = Object.entries(ratios).map(([seqs, r]) => `${seqs} seq ${r.toFixed(2)}`);
+  const worst = Math.max(...Object.values(ratios));
+  console.log(
+    `goal (${name}): t(16-token verify block) / t(decode) ≤ 1.3: ${worst <= 1.3 ? 'met' : 'NOT met'} ` +
+      `(${parts.join(', ')})`,
+  );
 }

@@ -103,6 +103,12 @@ function benchKdaDecode() {
         `${snap.toFixed(3)} | ${((T * (lens.state + lens.conv) * 4) / 2 ** 20).toFixed(1)} MiB |`,
     );
   }
+  const [, t1, s1] = rows[0];
+  const [, t16, s16] = rows.at(-1);
+  console.log(
+    `goal (KDA recurrent): t(16-token verify block) / t(1 token) ≤ 1.3: ${t16 / t1 <= 1.3 ? 'met' : 'NOT met'} ` +
+      `(${(t16 / t1).toFixed(2)}; with snapshots ${(s16 / s1).toFixed(2)})`,
+  );
   const snaps = createKdaSnapshots(shape, 16);
   const commit = minTimeMs(() => kdaCommitSnapshot(pools, shape, 0, snaps, 7), 20);
   console.log(`commit one snapshot (copy ${stateMiB} MiB + conv into the slot): ${commit.toFixed(3)} ms`);

@@ -11,7 +11,8 @@
 //      fraction of the copy bandwidth,
 //   4. t(GEMM m) / t(GEMV) for m = 1..16 on the same weights, re-read from memory every call
 //      (256 MiB: 64x the 4 MiB of L2; the host's shared L3 is not dedicated to this VM),
-//      with the default fp32 activations and with the opt-in bf16 activations (AMX when available),
+//      with the default fp32 activations and with the opt-in bf16 and split-bf16 (bf16x2) activations
+//      (AMX when available),
 //   5. the same ratios on the portable path (m = 1, 4, 16) for reference,
 //   6. OpenBLAS sgemm/sgemv on fp32 weights of the same shape when libopenblas-dev is installed
 //      (bench-only: native/bench/openblas_sgemm.cc compiled into native/build/bench/),
@@ -84,7 +85,7 @@ console.log(`copy: ${(copyFloats * 4) >> 20} MiB x2 in ${copyMs.toFixed(2)} ms =
   const x = new Float32Array(m * k).fill(0.25);
   const y = new Float32Array(m * n);
   const inner = 20;
-  for (const act of ['f32', 'bf16']) {
+  for (const act of ['f32', 'bf16', 'bf16x2']) {
     const ms =
       minTimeMs(() => {
         for (let i = 0; i < inner; i++) gemmBf16(x, m, w, y, act);
@@ -107,6 +108,7 @@ const run = (m, act = 'f32') => gemmBf16(X.subarray(0, m * K), m, W, Y.subarray(
 const rows = [];
 const t1 = minTimeMs(() => run(1));
 const b1 = minTimeMs(() => run(1, 'bf16'));
+const s1 = minTimeMs(() => run(1, 'bf16x2'));
 const gemvGBs = wBytes / t1 / 1e6;
 console.log(
   `gemv n=${N} k=${K} (${wBytes >> 20} MiB bf16): ${t1.toFixed(2)} ms = ` +
@@ -114,17 +116,20 @@ console.log(
 );
 console.log(
   '\n| m | f32 act: t (ms) | t(m)/t(1) | GFLOP/s | bf16 act' +
-    `${info.amxAvailable ? ' (AMX)' : ''}: t (ms) | t(m)/t(1) | GFLOP/s |`,
+    `${info.amxAvailable ? ' (AMX)' : ''}: t (ms) | t(m)/t(1) | GFLOP/s | bf16x2 act: t (ms) | t(m)/t(1) | ` +
+    't(m)/t_f32(1) |',
 );
-console.log('|---:|---:|---:|---:|---:|---:|---:|');
+console.log('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
 const gflops = (m, t) => ((2 * m * N * K) / t / 1e6).toFixed(0);
 for (let m = 1; m <= 16; m++) {
   const t = m === 1 ? t1 : minTimeMs(() => run(m));
   const b = m === 1 ? b1 : minTimeMs(() => run(m, 'bf16'));
+  const sp = m === 1 ? s1 : minTimeMs(() => run(m, 'bf16x2'));
   rows.push([m, t]);
   console.log(
     `| ${m} | ${t.toFixed(2)} | ${(t / t1).toFixed(2)} | ${gflops(m, t)} ` +
-      `| ${b.toFixed(2)} | ${(b / b1).toFixed(2)} | ${gflops(m, b)} |`,
+      `| ${b.toFixed(2)} | ${(b / b1).toFixed(2)} | ${gflops(m, b)} ` +
+      `| ${sp.toFixed(2)} | ${(sp / s1).toFixed(2)} | ${(sp / t1).toFixed(2)} |`,
   );
 }
 

@@ -32,7 +32,7 @@ export type PackedQuantData = Uint8Array & { readonly __brand: 'PackedQuant' };
 export type RawQuantType = 'q4_0' | 'q4_1' | 'q8_0';
 
 /** Activation precision of the bf16 GEMM. */
-export type RawGemmActivations = 'f32' | 'bf16';
+export type RawGemmActivations = 'f32' | 'bf16' | 'bf16x2';
 
 /** Which keys a query sees in the attention kernels. */
 export type RawAttentionMask = 'causal' | 'non-causal';

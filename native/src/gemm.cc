@@ -3,7 +3,7 @@
 // JS entry points (wrapped by native/src/gemm.ts; shapes row-major):
 //   packBf16(w: Uint16Array [n*k] bf16, n, k, out: Uint16Array [packedBf16Length(n,k)]) -> undefined
 //   gemmBf16(x: Float32Array [m*k], m, k, packed: Uint16Array, n, y: Float32Array [m*n],
-//            activations?: "f32" | "bf16") -> undefined              (synchronous, blocks the caller)
+//            activations?: "f32" | "bf16" | "bf16x2", accumulate?: boolean) -> undefined  (synchronous)
 //   gemmBf16Async(same arguments) -> Promise<undefined>             (libuv thread, see below)
 //
 // Sync vs async: the sync call blocks the JS thread for the duration of the GEMM (~ms for a
@@ -18,10 +18,15 @@
 // Activations: "f32" (default, the project rule) keeps X in fp32 (FMA on widened weights).
 // "bf16" (opt-in) rounds X to bf16 first: on the avx512 path with AMX it runs TDPBF16PS tiles
 // (several times the FLOP rate of fp32 FMA, so verifying 16 tokens costs about one GEMV);
-// otherwise it runs the fp32 kernel of the current path on the rounded X. Both variants are batch
-// invariant; they differ from each other by the rounding of X (and AMX's own summation order).
+// otherwise it runs the fp32 kernel of the current path on the rounded X. "bf16x2" (opt-in; split
+// bf16) writes X = hi + lo with hi = bf16(X), lo = bf16(X - hi) (16 significant bits, relative error
+// ~2^-17 instead of 2^-9), hi and lo as two rows of one AMX tile: one TDPBF16PS per panel and k step
+// for up to 8 rows, two fp32 accumulators per output summed once (without AMX the fp32 kernel on hi +
+// lo). Every variant is batch invariant; they
+// differ from each other by the rounding of X (and AMX's own summation order).
 //
 // Layout, reduction order and batch invariance: gemm_kernels.h.
+#include <cmath>
 #include <vector>
 
 #include "common.h"
@@ -62,7 +67,7 @@ void PackBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
       16 * k);  // work per panel: 16 rows of k weights
 }
 
-enum class Activations { kF32, kBf16 };
+enum class Activations { kF32, kBf16, kBf16x2 };
 
 /** Runs one fp32-activation GEMM on the current ISA path, partitioned over column panels only. */
 /**
@@ -100,16 +105,34 @@ void RunGemmF32(const Problem& p) {
       gemm::PanelWork(p.m, p.k));
 }
 
-/** Runs one GEMM with the chosen activation precision (never splits K). */
+/** The low half of split bf16 before rounding: v - hi, or 0 where that is not finite (v = ±Inf). */
+inline float SplitRest(float v, float hi) {
+  const float rest = v - hi;
+  return std::isfinite(rest) ? rest : 0.0f;
+}
+
+/**
+ * Runs one GEMM with the chosen activation precision (never splits K). The m = 1 GEMV runs the same
+ * kernel as any m (AMX: a one-row tile), so row i of a GEMM is the GEMV of row i bit for bit.
+ */
 void RunGemm(Problem p, Activations act) {
   if (act == Activations::kF32 || p.m == 0) return RunGemmF32(p);
+  const bool split = act == Activations::kBf16x2;
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512 && AmxAvailable()) {
     const int64_t ldxb = gemm::PanelPairs(p.k) * 2;
-    std::vector<uint16_t> xb(static_cast<size_t>(p.m * ldxb), 0);
+    // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
+    const int64_t rows_per_x = split ? 2 : 1;
+    std::vector<uint16_t> xb(static_cast<size_t>(p.m * rows_per_x * ldxb), 0);
     for (int64_t r = 0; r < p.m; ++r)
-      for (int64_t i = 0; i < p.k; ++i) xb[r * ldxb + i] = F32ToBf16(p.x[r * p.ldx + i]);
+      for (int64_t i = 0; i < p.k; ++i) {
+        const float v = p.x[r * p.ldx + i];
+        const uint16_t hi = F32ToBf16(v);
+        xb[r * rows_per_x * ldxb + i] = hi;
+        if (split) xb[(2 * r + 1) * ldxb + i] = F32ToBf16(SplitRest(v, Bf16ToF32(hi)));
+      }
     p.x_bf16 = xb.data();
+    p.x_bf16_lo = split ? xb.data() + ldxb : nullptr;
     p.ldxb = ldxb;
     ParallelFor(
         gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); },
@@ -117,9 +140,14 @@ void RunGemm(Problem p, Activations act) {
     return;
   }
 #endif
+  // No AMX: the fp32 kernels on the rounded X (bf16), or on hi + lo (split bf16, exact in fp32).
   std::vector<float> xr(static_cast<size_t>(p.m * p.k));
   for (int64_t r = 0; r < p.m; ++r)
-    for (int64_t i = 0; i < p.k; ++i) xr[r * p.k + i] = Bf16ToF32(F32ToBf16(p.x[r * p.ldx + i]));
+    for (int64_t i = 0; i < p.k; ++i) {
+      const float v = p.x[r * p.ldx + i];
+      const float hi = Bf16ToF32(F32ToBf16(v));
+      xr[r * p.k + i] = split ? hi + Bf16ToF32(F32ToBf16(SplitRest(v, hi))) : hi;
+    }
   p.x = xr.data();
   p.ldx = p.k;
   RunGemmF32(p);
@@ -150,8 +178,10 @@ GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
   const std::string act = args.IsAbsent(6) ? "f32" : args.String(6, "activations");
   if (act == "bf16") {
     c.act = Activations::kBf16;
+  } else if (act == "bf16x2") {
+    c.act = Activations::kBf16x2;
   } else if (act != "f32") {
-    args.Fail("activations", "\"f32\" or \"bf16\"", "\"" + act + "\"");
+    args.Fail("activations", "\"f32\", \"bf16\" or \"bf16x2\"", "\"" + act + "\"");
   }
   const int64_t m = args.Int(1, "m", 0);
   const int64_t k = args.Int(2, "k", 1);

@@ -12,7 +12,13 @@
  * rounds X to bf16 first and, on the avx512 path of a CPU with AMX, runs AMX tiles: several times
  * the FLOP rate, so a 16-token verify costs about one GEMV (docs/BENCHMARKS.md). It loses X
  * precision (8 significant bits): use it only where that was validated (e.g. acceptance unchanged).
- * Each variant is batch invariant on its own; they differ from each other.
+ * `'bf16x2'` (split bf16, opt-in) writes X = hi + lo, both bf16 (hi = bf16(X), lo = bf16(X − hi):
+ * 16 significant bits, relative error ≤ 2⁻¹⁷ per element), hi and lo as two rows of one AMX tile
+ * (two fp32 accumulators per output, hi·W and lo·W, summed once): the instruction count of `'bf16'`
+ * up to 8 rows and the same weight traffic, so a GEMV or a verify block of ≤ 16 rows costs about
+ * what `'bf16'` costs, with near-fp32 results; without AMX it runs the fp32 kernels on hi + lo.
+ * Each variant is batch invariant on its own (the m = 1 GEMV runs the GEMM's kernel as a one-row
+ * tile; threads split N, never K); they differ from each other.
  *
  * Sync vs async: `gemmBf16` blocks the calling thread (use it inside a model forward that runs on
  * a worker thread, or for small shapes: no Promise overhead); `gemmBf16Async` runs on a libuv
@@ -36,7 +42,7 @@ export interface PackedBf16Weights {
 }
 
 /** Activation precision of `gemmBf16` (see the module comment). */
-export type GemmActivations = 'f32' | 'bf16';
+export type GemmActivations = 'f32' | 'bf16' | 'bf16x2';
 
 /** Elements of the packed layout: `roundUp(n, 16) * roundUp(k, 32)`. */
 export function packedBf16Length(n: number, k: number): number {
@@ -65,7 +71,7 @@ function checkGemm(
   out: Float32Array | undefined,
   activations: unknown,
 ) {
-  expectOneOf(call, 'activations', activations, ['f32', 'bf16'] as const);
+  expectOneOf(call, 'activations', activations, ['f32', 'bf16', 'bf16x2'] as const);
   expectInt(call, 'm', m, 0);
   if (typeof w !== 'object' || w === null || !(w.data instanceof Uint16Array)) {
     expectArray(call, 'w.data', (w as { data?: unknown } | null)?.data, Uint16Array);
@@ -81,7 +87,7 @@ function checkGemm(
  * @param m rows (tokens), >= 0.
  * @param w packed weights [n, k].
  * @param out optional Float32Array [m, n] to write into (must not alias x).
- * @param activations "f32" (default) or "bf16" (opt-in, see the module comment).
+ * @param activations "f32" (default), "bf16" or "bf16x2" (opt-in, see the module comment).
  * @returns Float32Array [m, n].
  * @throws SpecdArgumentError on a wrong type, shape, length or activations.
  */
@@ -106,7 +112,7 @@ export function gemmBf16(
  * @param m rows (tokens), >= 0.
  * @param w packed weights [n, k].
  * @param acc Float32Array [m, n], updated in place (must not alias x).
- * @param activations "f32" (default) or "bf16".
+ * @param activations "f32" (default), "bf16" or "bf16x2".
  * @returns acc.
  * @throws SpecdArgumentError on a wrong type, shape, length or activations.
  */

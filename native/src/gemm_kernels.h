@@ -17,9 +17,12 @@
 // GEMM equals the GEMV of row i bit for bit on one path; the two paths differ by rounding only.
 //
 // bf16 activations (opt-in): X rounded to bf16. With AMX, TDPBF16PS tiles (PanelsBf16Amx); else
-// the fp32 kernels run on the rounded X. A VDPBF16PS (AVX512_BF16) register kernel was measured and
-// dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened weights (1 core, cached, M=16), while
-// AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
+// the fp32 kernels run on the rounded X. Split bf16 ("bf16x2", opt-in): X = hi + lo, both bf16
+// (hi = bf16(X), lo = bf16(X - hi): 16 significant bits) as two rows of one A tile, so TDPBF16PS
+// fills two fp32 accumulators (hi·W, lo·W) summed once at the end; else the fp32 kernels on hi + lo. The m = 1 GEMV of
+// every variant runs the same kernel as the GEMM (a one-row tile), never a separate GEMV kernel. A VDPBF16PS
+// (AVX512_BF16) register kernel was measured and dropped: 90 GFLOP/s vs 140 GFLOP/s for fp32 FMA on widened weights (1
+// core, cached, M=16), while AMX reaches several hundred (docs/BENCHMARKS.md, "Kernels").
 #pragma once
 #include <cstdint>
 
@@ -39,6 +42,12 @@ struct Problem {
   /** bf16-activation variant only: X rounded to bf16, [m][ldxb] with zero padding up to Kpad. */
   const uint16_t* x_bf16 = nullptr;
   int64_t ldxb = 0;
+  /**
+   * Split-bf16 ("bf16x2") variant only: the residual bf16(X - bf16(X)). The rows are stacked: hi row i
+   * at x_bf16 + 2i*ldxb, lo row i at x_bf16 + (2i+1)*ldxb, and x_bf16_lo = x_bf16 + ldxb, so one AMX
+   * tile holds hi and lo of up to 8 X rows (one TDPBF16PS computes hi·W and lo·W into two C rows).
+   */
+  const uint16_t* x_bf16_lo = nullptr;
   /**
    * Y ← Y + X·Wᵀ instead of Y ← X·Wᵀ: each output's dot product is reduced exactly as without it
    * (one accumulator from +0 over k in order), then added once to the old Y[i][j] in fp32 — the
@@ -71,6 +80,10 @@ void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, f
  * tiles of 16 rows x 16 columns x 32 k). Row results depend only on that row of X, so the variant
  * is batch invariant too; its rounding differs from the fp32-activation kernels (X in bf16, the
  * tile's internal summation order, denormals flushed). Needs p.x_bf16; compiled in gemm_amx.cc.
+ * With p.x_bf16_lo set (split bf16, "bf16x2", stacked rows) each output has two fp32 accumulators,
+ * one over hi·W and one over lo·W (each updated per 32-k step in order), added once at the end: the
+ * same arithmetic for every row, tile and thread (m = 1 runs the same kernel), so row i of a GEMM
+ * still equals the GEMV of row i bit for bit.
  */
 void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end);
 

@@ -44,7 +44,7 @@ function randomWeights(n: number, k: number, next: () => number): { bits: Uint16
 }
 
 /** float64 reference Y[m, n] = X[m, k] · W[n, k]ᵀ. */
-function referenceGemm(x: Float32Array, w: Float64Array, m: number, n: number, k: number): Float64Array {
+function referenceGemm(x: ArrayLike<number>, w: Float64Array, m: number, n: number, k: number): Float64Array {
   const y = new Float64Array(m * n);
   for (let i = 0; i < m; i++)
     for (let j = 0; j < n; j++) {
@@ -63,6 +63,17 @@ function gemm(x: Float32Array, m: number, w: PackedBf16Weights, activations: Gem
 function roundedToBf16(x: Float32Array): Float32Array {
   return x.map((v) => bf16Value(bf16Bits(v)));
 }
+
+/** X as the 'bf16x2' variant sees it: hi + lo with hi = bf16(x), lo = bf16(x - hi) (exact in f64). */
+function splitBf16(x: Float32Array): Float64Array {
+  return Float64Array.from(x, (v) => {
+    const hi = bf16Value(bf16Bits(v));
+    return hi + bf16Value(bf16Bits(Math.fround(v - hi)));
+  });
+}
+
+/** Every activation variant: each has its own batch and thread invariance contract. */
+const ACTIVATIONS = ['f32', 'bf16', 'bf16x2'] as const;
 
 const shapes: Array<[m: number, n: number, k: number]> = [
   [1, 16, 32],
@@ -128,24 +139,55 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
     },
   );
 
-  it('with bf16 activations is batch invariant too (m = 1..33, bitwise)', () => {
-    const seed = freshSeed();
-    const next = rng(seed);
-    const [n, k] = [75, 333];
-    const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
-    const x = randomF32(33 * k, next);
-    withIsa(path, () => {
-      const gemv = Array.from({ length: 33 }, (_, i) => gemm(x.subarray(i * k, (i + 1) * k), 1, w, 'bf16'));
-      for (let m = 1; m <= 33; m++) {
-        const offset = (m * 5) % (34 - m);
-        const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w, 'bf16');
-        for (let i = 0; i < m; i++) {
-          const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
-          expect(diff, `seed ${seed}: m=${m} row ${i} differs at column ${diff}`).toBe(-1);
-        }
+  it.each(shapes.slice(0, 6))(
+    'with split bf16 activations (bf16x2) matches float64 on hi + lo, and fp32 x within 2^-16, at m=%i n=%i k=%i',
+    (m, n, k) => {
+      const seed = freshSeed();
+      const next = rng(seed);
+      const { bits, values } = randomWeights(n, k, next);
+      const x = randomF32(m * k, next);
+      const w = packBf16Weights(bits, n, k);
+      const y = withIsa(path, () => gemm(x, m, w, 'bf16x2'));
+      const ref = referenceGemm(splitBf16(x), values, m, n, k);
+      const err = relError(y, ref);
+      expect(err, `seed ${seed}: rel err ${err}; ${firstMismatches(y, ref, 1e-4)}`).toBeLessThan(2 * tolDot(k));
+      // against the unrounded x: the split keeps 16 significant bits (|x - hi - lo| <= 2^-17 |x|)
+      const exact = relError(y, referenceGemm(x, values, m, n, k));
+      expect(exact, `seed ${seed}`).toBeLessThan(2 ** -16 * Math.sqrt(k) + 2 * tolDot(k));
+    },
+  );
+
+  it.each(['bf16', 'bf16x2'] as const)(
+    'with %s activations row i of every GEMM (m = 1..33) is the GEMV of row i bit for bit, on 1 and 2 threads',
+    (act) => {
+      const seed = freshSeed();
+      const next = rng(seed);
+      // 5 panels: one group of 4 + a single panel on 1 thread; other groupings on 2 threads
+      const [n, k] = [75, 333];
+      const w = packBf16Weights(randomWeights(n, k, next).bits, n, k);
+      const x = randomF32(33 * k, next);
+      const threads = isa().threads;
+      try {
+        withIsa(path, () => {
+          setNumThreads(1);
+          const gemv = Array.from({ length: 33 }, (_, i) => gemm(x.subarray(i * k, (i + 1) * k), 1, w, act));
+          for (const t of [1, 2]) {
+            setNumThreads(t);
+            for (let m = 1; m <= 33; m++) {
+              const offset = (m * 5) % (34 - m);
+              const y = gemm(x.subarray(offset * k, (offset + m) * k), m, w, act);
+              for (let i = 0; i < m; i++) {
+                const diff = firstBitDifference(y.subarray(i * n, (i + 1) * n), gemv[offset + i]!);
+                expect(diff, `seed ${seed}: ${t} threads m=${m} row ${i} differs at column ${diff}`).toBe(-1);
+              }
+            }
+          }
+        });
+      } finally {
+        setNumThreads(threads);
       }
-    });
-  });
+    },
+  );
 
   it('reads no float past X and writes none past Y (both end at a PROT_NONE page)', () => {
     // GCC 12 -O3 once vectorised the portable tile into a group load that over-read X by a pair
@@ -160,11 +202,11 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
             const w = packBf16Weights(bits, n, k);
             const x = guardedFloat32Array(m * k);
             x.set(randomF32(m * k, next));
-            for (const act of ['f32', 'bf16'] as const) {
+            for (const act of ACTIVATIONS) {
               const y = guardedFloat32Array(m * n);
               y.fill(Number.NaN);
               gemmBf16(x, m, w, y, act);
-              const xs = act === 'bf16' ? roundedToBf16(x) : x;
+              const xs = act === 'bf16' ? roundedToBf16(x) : act === 'bf16x2' ? splitBf16(x) : x;
               const ref = referenceGemm(xs, values, m, n, k);
               // Every output written and right: within the fp32 dot-product bound (k + 2)·u·Σ|x·w| of
               // its own reference (a per-element bound: with n = 1 a relative L2 error of one
@@ -191,7 +233,7 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
     const x = randomF32(m * k, next);
     const threads = isa().threads;
     withIsa(path, () => {
-      for (const act of ['f32', 'bf16'] as const) {
+      for (const act of ACTIVATIONS) {
         setNumThreads(1);
         const one = gemm(x, m, w, act);
         setNumThreads(2);
@@ -231,7 +273,7 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
       const x = randomF32(m * k, next);
       const acc0 = randomF32(m * n, next);
       withIsa(path, () => {
-        for (const act of ['f32', 'bf16'] as const) {
+        for (const act of ACTIVATIONS) {
           const y = gemm(x, m, w, act);
           const want = acc0.map((v, e) => v + y[e]!);
           const acc = Float32Array.from(acc0);
@@ -250,7 +292,7 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
     const x = randomF32(m * k, next);
     setIsa(path);
     try {
-      for (const act of ['f32', 'bf16'] as const) {
+      for (const act of ACTIVATIONS) {
         const sync = gemm(x, m, w, act);
         const async = await gemmBf16Async(x, m, w, poisoned(m * n), act);
         expect(firstBitDifference(sync, async)).toBe(-1);
@@ -301,7 +343,7 @@ describe('gemmBf16 argument errors', () => {
       /packBf16Weights: w: expected Uint16Array of length 6/,
     );
     expect(() => gemmBf16(new Float32Array(2), 1, w, undefined, 'fp8' as 'f32')).toThrow(
-      'gemmBf16: activations: expected one of "f32", "bf16", got string "fp8"',
+      'gemmBf16: activations: expected one of "f32", "bf16", "bf16x2", got string "fp8"',
     );
     expect(() => gemmBf16Async(new Float32Array(3), 1, w)).toThrow(
       /gemmBf16Async: x: expected Float32Array of length 2/,

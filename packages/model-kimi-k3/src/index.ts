@@ -24,6 +24,7 @@ export {
   KimiForwardError,
   KimiStageModel,
   KimiTensorParallelError,
+  defaultKimiActivations,
   kimiShardConfig,
   loadKimiFromDir,
   loadKimiShard,

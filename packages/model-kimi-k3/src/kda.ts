@@ -13,7 +13,7 @@
  */
 
 import { type SequenceCache, sliceColumns } from '@specd/core';
-import { gatedRmsNorm, gemmBf16, type PackedBf16Weights } from '@specd/native';
+import { gatedRmsNorm, gemmBf16, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels } from './kernels.js';
@@ -111,7 +111,8 @@ function softplus(x: number): number {
 /**
  * KDA forward for a batch: `xn [N, hidden]` f32 (input-normalised) → `[N, hidden]` f32; advances
  * each sequence's recurrent and conv state in `cache` (layer `l`). `chunked[i]` selects the
- * chunked form for span i (prefill only).
+ * chunked form for span i (prefill only). `act`: the projections' activation precision
+ * (`gemmBf16`'s; the recurrence itself is fp32 either way).
  */
 export function kdaForward(
   w: KdaWeights,
@@ -124,14 +125,15 @@ export function kdaForward(
   kernels: KimiKernels,
   chunked: readonly boolean[],
   snapshots?: KdaLayerSnapshots,
+  act: GemmActivations = 'f32',
 ): Float32Array {
   const H = c.kdaHeads;
   const d = c.kdaHeadDim;
   const HD = H * d;
   const width = 3 * HD + 2 * d + H;
-  const proj = gemmBf16(xn, N, w.inProj);
-  const fb = gemmBf16(sliceColumns(proj, N, width, 3 * HD, d), N, w.fB);
-  const gb = gemmBf16(sliceColumns(proj, N, width, 3 * HD + d, d), N, w.gB);
+  const proj = gemmBf16(xn, N, w.inProj, undefined, act);
+  const fb = gemmBf16(sliceColumns(proj, N, width, 3 * HD, d), N, w.fB, undefined, act);
+  const gb = gemmBf16(sliceColumns(proj, N, width, 3 * HD + d, d), N, w.gB, undefined, act);
   const qkv = sliceColumns(proj, N, width, 0, 3 * HD);
   const g = new Float32Array(N * HD);
   const beta = new Float32Array(N * H);
@@ -183,5 +185,5 @@ export function kdaForward(
     i = j;
   }
   gatedRmsNorm(o, w.oNorm, gb, c.rmsNormEps, 'sigmoid', o);
-  return gemmBf16(o, N, w.oProj);
+  return gemmBf16(o, N, w.oProj, undefined, act);
 }

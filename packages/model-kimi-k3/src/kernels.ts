@@ -9,7 +9,7 @@
  * thread count; the recurrent KDA over a block of T tokens equals T single-token calls bit for bit.
  */
 
-import { gemmBf16, packBf16Weights, swigluFused, type PackedBf16Weights } from '@specd/native';
+import { gemmBf16, packBf16Weights, swigluFused, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 
@@ -249,9 +249,18 @@ interface TsMoe extends MoePrepared {
   readonly shared: SwigluWeights | undefined;
 }
 
-/** SwiGLU MLP forward: `x [m, hidden]` → `[m, hidden]` f32 (packed GEMMs, batch invariant rows). */
-export function swigluForward(w: SwigluWeights, x: Float32Array, m: number): Float32Array {
-  return gemmBf16(swigluFused(gemmBf16(x, m, w.gateUp), w.inter), m, w.down);
+/**
+ * SwiGLU MLP forward: `x [m, hidden]` → `[m, hidden]` f32 (packed GEMMs, batch invariant rows);
+ * `act` is both GEMMs' activation precision (`gemmBf16`'s, default `'f32'`).
+ */
+export function swigluForward(
+  w: SwigluWeights,
+  x: Float32Array,
+  m: number,
+  act: GemmActivations = 'f32',
+): Float32Array {
+  const gateUp = gemmBf16(x, m, w.gateUp, undefined, act);
+  return gemmBf16(swigluFused(gateUp, w.inter), m, w.down, undefined, act);
 }
 
 /** TypeScript kernels (reference math; `'chunked'` runs the recurrent form). */

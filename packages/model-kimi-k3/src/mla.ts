@@ -12,7 +12,7 @@
  */
 
 import { type SequenceCache, sliceColumns } from '@specd/core';
-import { gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
+import { gemmBf16, rmsNorm, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels, MlaBatch, MlaPrepared } from './kernels.js';
@@ -108,7 +108,8 @@ export function mlaBatch(spans: readonly SeqSpan[], cache: SequenceCache): MlaBa
 
 /**
  * MLA forward for a batch: `xn [N, hidden]` f32 → `[N, hidden]` f32. Writes each new token's cache
- * row into the paged store of layer `l`, then attends.
+ * row into the paged store of layer `l`, then attends. `act`: the projections' activation precision
+ * (`gemmBf16`'s; the latent cache and attention stay fp32).
  */
 export function mlaForward(
   w: MlaWeights,
@@ -120,11 +121,12 @@ export function mlaForward(
   cache: SequenceCache,
   kernels: KimiKernels,
   batch: MlaBatch,
+  act: GemmActivations = 'f32',
 ): Float32Array {
   const { numHeads: H, qkNopeHeadDim: nope, qkRopeHeadDim: rope, kvLoraRank: rank } = c;
   const qw = H * (nope + rope);
   const width = qw + rank + rope;
-  const proj = gemmBf16(xn, N, w.inProj);
+  const proj = gemmBf16(xn, N, w.inProj, undefined, act);
   const latent = rmsNorm(sliceColumns(proj, N, width, qw, rank), w.kvNorm, c.rmsNormEps);
   const kv = cache.kv!;
   const store = kv.layerStore(l);
@@ -138,5 +140,5 @@ export function mlaForward(
   }
   const q = sliceColumns(proj, N, width, 0, qw);
   const o = kernels.mla(q, store, kv.pageSize, w.kvB, batch, 1 / Math.sqrt(nope + rope), c);
-  return gemmBf16(o, N, w.oProj);
+  return gemmBf16(o, N, w.oProj, undefined, act);
 }

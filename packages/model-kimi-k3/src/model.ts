@@ -32,7 +32,7 @@ import {
   TensorParallelUnsupportedError,
   vocabShardRange,
 } from '@specd/core';
-import { bf16ToF32, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
+import { bf16ToF32, gemmBf16, isa, rmsNorm, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
 import { KDA_TENSORS_PER_LAYER, kdaForward, loadKdaWeights, type KdaLayerSnapshots, type KdaWeights } from './kda.js';
@@ -107,6 +107,16 @@ export class KimiStageModel implements StageModel, PrefixCommit {
    * equal to decode) or `'recurrent'`. Decode and verify always use the recurrent form.
    */
   kdaPrefill: 'chunked' | 'recurrent' = 'chunked';
+  /**
+   * Activation precision of the dense bf16-weight GEMMs (KDA and MLA projections, dense MLPs,
+   * lm_head; `gemmBf16`'s): `'f32'`, `'bf16'` (X rounded to bf16; AMX tiles where present) or
+   * `'bf16x2'` (split bf16: X = hi + lo, both on AMX; near-fp32 results). The router and the
+   * routed / shared experts stay fp32. On every variant each GEMM row equals the GEMV of that row
+   * bit for bit, so decode, verify and batched forwards agree (greedy speculation stays lossless);
+   * the variants differ from each other by rounding. Set at load ({@link KimiLoadOptions.activations});
+   * changing it between forwards is allowed (benches), never inside a request.
+   */
+  gemmActivations: GemmActivations;
 
   constructor(
     readonly config: KimiConfig,
@@ -121,7 +131,9 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     private lmHeadWeights: PackedBf16Weights | undefined,
     /** Tensor-parallel rank (its config is the shard's: its heads); undefined for the whole model. */
     readonly comm?: TpComm,
+    activations: GemmActivations = 'f32',
   ) {
+    this.gemmActivations = activations;
     const c = config;
     const kdaLayers = c.layerKinds.flatMap((k, i) => (k === 'kda' ? [i] : []));
     this.info = Object.freeze({
@@ -191,21 +203,22 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       }
     }
     const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
+    const act = this.gemmActivations;
     for (let li = 0; li < this.layers.length; li++) {
       const l = layerStart + li;
       const w = this.layers[li]!;
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
       const a = reduce(
         w.kind === 'kda'
-          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l))
-          : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!),
+          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l), act)
+          : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act),
       );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;
       const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
       const debug = this.debug;
       const f = reduce(
         w.dense !== undefined
-          ? swigluForward(w.dense, xm, N)
+          ? swigluForward(w.dense, xm, N, act)
           : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined),
       );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
@@ -297,7 +310,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
    * dot product over D either way (the GEMM computes every output column independently).
    */
   private vocabLogits(x: Float32Array, rows: number): Float32Array {
-    const local = gemmBf16(x, rows, this.lmHeadWeights!);
+    const local = gemmBf16(x, rows, this.lmHeadWeights!, undefined, this.gemmActivations);
     const comm = this.comm;
     return comm === undefined || comm.size === 1
       ? local
@@ -349,6 +362,7 @@ function* buildStage(
   const shard: ShardRank = comm === undefined ? { rank: 0, size: 1 } : { rank: comm.rank, size: comm.size };
   const c = comm === undefined ? full : kimiShardConfig(full, comm.size);
   const kernels = selectKernels(options.kernels);
+  const activations = selectActivations(options.activations);
   const start = options.layerStart ?? 0;
   const end = options.layerEnd ?? c.numLayers;
   if (!(Number.isInteger(start) && Number.isInteger(end) && start >= 0 && start < end && end <= c.numLayers)) {
@@ -402,7 +416,7 @@ function* buildStage(
         },
       ])
     : undefined;
-  return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead, comm);
+  return new KimiStageModel(c, kernels, start, end, embed, layers, finalNorm, lmHead, comm, activations);
 }
 
 /**
@@ -473,6 +487,34 @@ export type KimiKernelChoice = 'native' | 'ts';
 export interface KimiLoadOptions extends StageLoadOptions {
   /** Default: `SPECD_KIMI_KERNELS` if set, else `'native'`. */
   readonly kernels?: KimiKernelChoice;
+  /**
+   * Activation precision of the dense GEMMs ({@link KimiStageModel.gemmActivations}). Default:
+   * `SPECD_KIMI_ACTIVATIONS` if set, else {@link defaultKimiActivations}.
+   */
+  readonly activations?: GemmActivations;
+}
+
+/**
+ * The default activation precision: `'bf16x2'` where the CPU has AMX and the avx512 path is active
+ * (split bf16 on AMX tiles: the goldens within 1e-2 at every layer, the greedy continuations token for
+ * token, a 16-token verify forward faster than fp32: docs/BENCHMARKS.md, "bf16 activations"), else
+ * `'f32'` (without AMX the bf16 variants only round X and run the fp32 kernels: the same cost, less
+ * precision). Plain `'bf16'` is never the default: on kimi-k3-tiny it flips MoE routes and misses
+ * 1e-2 at some layers. Override with {@link KimiLoadOptions.activations} or `SPECD_KIMI_ACTIVATIONS`.
+ */
+export function defaultKimiActivations(): GemmActivations {
+  const info = isa();
+  return info.isa === 'avx512' && info.amxAvailable ? 'bf16x2' : 'f32';
+}
+
+function selectActivations(choice: GemmActivations | undefined): GemmActivations {
+  const env = process.env.SPECD_KIMI_ACTIVATIONS;
+  const pick = choice ?? (env === undefined || env === '' ? defaultKimiActivations() : env);
+  if (pick === 'f32' || pick === 'bf16' || pick === 'bf16x2') return pick;
+  throw new RangeError(
+    'loadKimiStage: activations: expected "f32", "bf16" or "bf16x2" (option or SPECD_KIMI_ACTIVATIONS), ' +
+      `got ${JSON.stringify(pick)}`,
+  );
 }
 
 function selectKernels(choice: KimiKernelChoice | undefined): KimiKernels {
