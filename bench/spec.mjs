@@ -28,8 +28,9 @@
 // Greedy outputs of every drafter run are checked equal to plain decoding's (the run aborts if not).
 //
 // SmolLM2 (`--target smollm2`): target models/smollm2-135m-instruct (the Q4_1 GGUF of `npm run models:fetch`),
-// drafters models/smollm2-135m-instruct-<name> for each `--drafters` name (a folder suffix, e.g. `dflash`,
-// `dflash-v8192` — the FR-Spec copy tools/draft-vocab.mjs writes — and `eagle3`), prompts the first N/2 of
+// drafters models/smollm2-135m-instruct-<name> for each `--drafters` name (a folder suffix; default `dflash`,
+// `dflash-v8192` — the FR-Spec copy `node tools/draft-vocab.mjs --size 8192` writes — and `eagle3`; a `:packed`
+// suffix loads a DFlash with the setting draft_head "packed"), prompts the first N/2 of
 // tools/reference/smollm2/prompts/chat.jsonl (chat template applied) and of plain.jsonl.
 //
 // Draft cost (bench/draft-split.mjs; `--split-ks 1,3,7,15`, `--split-only` to skip the decoding runs): one
@@ -67,9 +68,17 @@ const REPS = Number(arg('reps', quick ? '1' : '3'));
 const TARGET = arg('target', 'kimi');
 if (TARGET !== 'kimi' && TARGET !== 'smollm2') throw new Error(`bench:spec: --target: expected kimi or smollm2`);
 const TARGET_DIR = TARGET === 'kimi' ? 'kimi-k3-tiny' : 'smollm2-135m-instruct';
-const METHODS = arg('drafters', 'dflash,dspark,eagle3')
+const METHODS = arg('drafters', TARGET === 'kimi' ? 'dflash,dspark,eagle3' : 'dflash,dflash-v8192,eagle3')
   .split(',')
-  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `${TARGET_DIR}-${m}`, 'config.json')));
+  .filter((m) => {
+    const there = fs.existsSync(path.join(ROOT, 'models', `${TARGET_DIR}-${m.split(':')[0]}`, 'config.json'));
+    if (!there)
+      console.log(
+        `bench:spec: models/${TARGET_DIR}-${m} absent, skipped` +
+          (/-v\d+$/.test(m) ? ` (make it: node tools/draft-vocab.mjs --size ${m.replace(/.*-v/, '')})` : ''),
+      );
+    return there;
+  });
 const SPLIT_KS = arg('split-ks', '1,3,7,15')
   .split(',')
   .map(Number)
@@ -89,8 +98,11 @@ const drafters = [];
 /** Display name of each drafter: the folder suffix (two DFlash folders differ by it). */
 const labels = new Map();
 for (const m of METHODS) {
+  // `name:packed`: the DFlash setting draft_head "packed" (a drafter-owned bf16 copy of the target lm_head)
+  const [dirName, variant] = m.split(':');
+  const dir = path.join(ROOT, 'models', `${TARGET_DIR}-${dirName}`);
   const { drafter } = await loadDrafter(
-    path.join(ROOT, 'models', `${TARGET_DIR}-${m}`),
+    variant === 'packed' ? { dir, settings: { draft_head: 'packed' } } : dir,
     BUILTIN_PLUGIN_PACKAGES,
     target,
     4096,

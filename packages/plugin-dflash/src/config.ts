@@ -124,5 +124,12 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
       description: 'DFlash checkpoint directory (z-lab format, architectures ["DFlashDraftModel"])',
     },
     num_draft_tokens: { type: 'integer', minimum: 1, description: 'drafts per step at most (default block_size − 1)' },
+    draft_head: {
+      enum: ['target', 'packed'],
+      description:
+        'the draft logits over the whole vocabulary: "target" (default) runs the target lm_head; "packed" a ' +
+        'drafter-owned packed bf16 copy of it (vocab × hidden × 2 bytes more memory; faster where the target head ' +
+        'is quantized). A checkpoint with draft_vocab_size always packs its reduced head',
+    },
   },
 });

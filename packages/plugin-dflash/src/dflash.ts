@@ -104,6 +104,12 @@ export interface DFlashLoadParts {
    * then needs no embedTokens / lmHead. Default false (everything).
    */
   readonly contextOnly?: boolean;
+  /**
+   * Draft from a drafter-owned packed bf16 copy of the target's lm_head instead of the target's own (setting
+   * `draft_head: "packed"`; draft-head.ts, {@link DraftHead.packedFull}); whole vocabulary, no tensor parallelism
+   * only. Default false.
+   */
+  readonly packedHead?: boolean;
 }
 
 /**
@@ -238,11 +244,14 @@ function buildDFlash(
     c.draftVocabSize === undefined
       ? undefined
       : readDraftVocabIds(source.weights, c.draftVocabSize, c.vocabSize, where);
+  const whole = ids === undefined || ids.length === c.vocabSize;
   const head = contextOnly
     ? undefined
-    : ids === undefined || ids.length === c.vocabSize
-      ? DraftHead.full(t)
-      : DraftHead.reduced(t, ids, tp === undefined);
+    : !whole
+      ? DraftHead.reduced(t, ids, tp === undefined)
+      : parts.packedHead === true && tp === undefined
+        ? DraftHead.packedFull(t)
+        : DraftHead.full(t);
   const drafter = new DFlashDrafter(
     c,
     t,

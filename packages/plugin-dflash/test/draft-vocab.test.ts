@@ -22,7 +22,7 @@ import {
 } from '@specd/core';
 
 import { dflashPlugin, gatherLmHeadRows, parseDFlashConfig, type DFlashDrafter } from '../src/index.js';
-import { DFLASH_DIR, loadTarget, REPO_ROOT } from './helpers.js';
+import { DFLASH_DIR, loadTarget, relError, REPO_ROOT } from './helpers.js';
 
 const V = 8192;
 let target: StageModel;
@@ -63,12 +63,12 @@ function checkpointWith(
   return dir;
 }
 
-async function load(dir: string, maxSequences = 4): Promise<DFlashDrafter> {
+async function load(dir: string, maxSequences = 4, settings?: Record<string, unknown>): Promise<DFlashDrafter> {
   const weights = SafetensorsCheckpoint.open(dir);
   try {
     return (await dflashPlugin.load(
       { dir, config: HfConfig.read(dir), weights },
-      { target, maxSequences, maxTokensPerSequence: 1024 },
+      { target, maxSequences, maxTokensPerSequence: 1024, ...(settings === undefined ? {} : { settings }) },
     )) as DFlashDrafter;
   } finally {
     weights.close();
@@ -200,6 +200,24 @@ describe('the reduced draft head', () => {
       expect(off).toBe(0);
       expect(on).toBeCloseTo(1, 4);
       expect(allowed.has(p.tokens[j]!)).toBe(true);
+    }
+  });
+});
+
+describe('draft_head "packed": the whole vocabulary from a drafter-owned bf16 copy of the lm_head', () => {
+  it("gives the target lm_head's logits within bf16 rounding", async () => {
+    const d = await load(DFLASH_DIR, 1, { draft_head: 'packed' });
+    try {
+      const head = d.draftHead!;
+      expect(head.size).toBe(V);
+      expect(head.ids).toBeUndefined();
+      const D = target.info.hiddenSize;
+      const rng = new SeededRandom(9);
+      const x = Float32Array.from({ length: 3 * D }, () => rng.next() - 0.5);
+      // bf16 weights (and bf16 activations on AMX): 8 significant bits
+      expect(relError(head.logits(x, 3), target.lmHead!(x, 3))).toBeLessThan(2e-2);
+    } finally {
+      d.dispose();
     }
   });
 });
