@@ -230,7 +230,8 @@ for (const sp of splits)
         `${r.samplingMs.toFixed(2)} | ${r.restMs.toFixed(2)} | ${sp.stepMs.toFixed(2)} ` +
         `(${sp.stepMedianMs.toFixed(2)}) |`,
     );
-for (const sp of splits.filter((x) => /^dflash/.test(x.drafter))) {
+// the goal is on SmolLM2 (issue 16)
+for (const sp of splits.filter((x) => /^dflash/.test(x.drafter) && TARGET === 'smollm2')) {
   const full = sp.rows[sp.rows.length - 1];
   const ratio = full.totalMs / sp.stepMs;
   console.log(
