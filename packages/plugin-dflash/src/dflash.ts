@@ -116,7 +116,9 @@ export interface DFlashLoadParts {
  * Loads a DFlash checkpoint for `options.target` (validated against it) and packs its weights.
  * @throws {DrafterError} if the mask token is outside the target vocabulary, `fc` is not
  *   `[hidden, taps × hidden]`, a tap is beyond the target's layers, hidden sizes differ, the target
- *   lacks `embedTokens` / `lmHead`, or a tensor is missing / mis-shaped.
+ *   lacks `embedTokens` / `lmHead`, a tensor is missing / mis-shaped, or `dflash_config.draft_vocab_size` is set and
+ *   `draft_vocab_ids` is missing or not `[draft_vocab_size]` I32/I64 ids, strictly ascending, in the vocabulary
+ *   (draft-head.ts `readDraftVocabIds`).
  */
 export function loadDFlashDrafter(
   source: DrafterSource,
