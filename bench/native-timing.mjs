@@ -46,3 +46,11 @@ export const mlaAttention = timed('mlaAttention', real.mlaAttention);
 export const moeRoute = timed('moeRoute', real.moeRoute);
 export const moeExperts = timed('moeExperts', real.moeExperts);
 export const argmax = timed('argmax', real.argmax);
+// the calls of a Llama-family forward and of a DFlash draft block (bench/spec.mjs's draft-cost split)
+export const gemmQuant = timed('gemmQuant', real.gemmQuant);
+export const gemmBf16Accumulate = timed('gemmBf16Accumulate', real.gemmBf16Accumulate);
+export const pagedAttention = timed('pagedAttention', real.pagedAttention);
+export const writeKvPages = timed('writeKvPages', real.writeKvPages);
+export const rmsNormPerHead = timed('rmsNormPerHead', real.rmsNormPerHead);
+export const applyRope = timed('applyRope', real.applyRope);
+export const softmax = timed('softmax', real.softmax);

@@ -26,13 +26,32 @@
 // the same alternation: the best of them and plain (k = 0) is the achievable optimum the cost
 // policy is judged against (its goal: "≥ 90 % of the best ceiling").
 // Greedy outputs of every drafter run are checked equal to plain decoding's (the run aborts if not).
+//
+// SmolLM2 (`--target smollm2`): target models/smollm2-135m-instruct (the Q4_1 GGUF of `npm run models:fetch`),
+// drafters models/smollm2-135m-instruct-<name> for each `--drafters` name (a folder suffix; default `dflash`,
+// `dflash-v8192` — the FR-Spec copy `node tools/draft-vocab.mjs --size 8192` writes — and `eagle3`; a `:packed`
+// suffix loads a DFlash with the setting draft_head "packed"), prompts the first N/2 of
+// tools/reference/smollm2/prompts/chat.jsonl (chat template applied) and of plain.jsonl.
+//
+// Draft cost (bench/draft-split.mjs; `--split-ks 1,3,7,15`, `--split-only` to skip the decoding runs): one
+// propose split into layers (GEMM, attention, other native, JS), lm_head, sampling and the rest of propose, per
+// drafter and draft length k, next to the target step timed in the same alternation (the fastest of 3 passes × 5
+// rounds, the drafters alternating by pass; medians beside: the VM is shared); and, from the max-k runs,
+// each verify step's engine phases (propose incl. draft-context writes, verify, accept + commit, the rest of the
+// loop). Goal (issue 16): a full DFlash block (the checkpoint's block size) under 0.5 of a target step.
+// `--tau-only`: plain and max-k runs only (τ of each drafter, e.g. a whole vs a reduced draft vocabulary).
 import * as fs from 'node:fs';
+import { register } from 'node:module';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } from '@specd/core';
-import { isa } from '@specd/native';
+// the native timing shim (bench/native-timing.mjs) must be in place before the packages are imported
+register('./native-timing-hooks.mjs', import.meta.url);
+const core = await import('@specd/core');
+const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } = core;
+const { isa } = await import('@specd/native');
+const { draftCostSplit } = await import('./draft-split.mjs');
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -47,9 +66,27 @@ const CONCS = arg('conc', quick ? '1,4' : '1,4,8')
   .split(',')
   .map(Number);
 const REPS = Number(arg('reps', quick ? '1' : '3'));
-const METHODS = arg('drafters', 'dflash,dspark,eagle3')
+const TARGET = arg('target', 'kimi');
+if (TARGET !== 'kimi' && TARGET !== 'smollm2') throw new Error(`bench:spec: --target: expected kimi or smollm2`);
+const TARGET_DIR = TARGET === 'kimi' ? 'kimi-k3-tiny' : 'smollm2-135m-instruct';
+const METHODS = arg('drafters', TARGET === 'kimi' ? 'dflash,dspark,eagle3' : 'dflash,dflash-v8192,eagle3')
   .split(',')
-  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `kimi-k3-tiny-${m}`, 'config.json')));
+  .filter((m) => {
+    const there = fs.existsSync(path.join(ROOT, 'models', `${TARGET_DIR}-${m.split(':')[0]}`, 'config.json'));
+    if (!there)
+      console.log(
+        `bench:spec: models/${TARGET_DIR}-${m} absent, skipped` +
+          (/-v\d+$/.test(m) ? ` (make it: node tools/draft-vocab.mjs --size ${m.replace(/.*-v/, '')})` : ''),
+      );
+    return there;
+  });
+const SPLIT_KS = arg('split-ks', '1,3,7,15')
+  .split(',')
+  .map(Number)
+  .filter((k) => k > 0);
+const SPLIT_ONLY = argv.includes('--split-only');
+/** τ both ways quickly: plain and max-k runs only (no cost-policy or fixed-k runs; the cost columns repeat max k). */
+const TAU_ONLY = argv.includes('--tau-only');
 const jsonOut = arg('json', undefined);
 /** Fixed draft lengths measured at 1 sequence, greedy: the achievable optimum, step overheads included. */
 const FIXED_KS = arg('fixed-k', '1,2,3')
@@ -58,28 +95,40 @@ const FIXED_KS = arg('fixed-k', '1,2,3')
   .filter((k) => k > 0);
 const load = () => loadavg().slice(0, 2);
 
-const target = await loadTarget(path.join(ROOT, 'models/kimi-k3-tiny'), BUILTIN_PLUGIN_PACKAGES);
+const target = await loadTarget(path.join(ROOT, 'models', TARGET_DIR), BUILTIN_PLUGIN_PACKAGES);
 const maxSeq = Math.max(...CONCS);
 const drafters = [];
+/** Display name of each drafter: the folder suffix (two DFlash folders differ by it). */
+const labels = new Map();
 for (const m of METHODS) {
+  // `name:packed`: the DFlash setting draft_head "packed" (a drafter-owned bf16 copy of the target lm_head)
+  const [dirName, variant] = m.split(':');
+  const dir = path.join(ROOT, 'models', `${TARGET_DIR}-${dirName}`);
   const { drafter } = await loadDrafter(
-    path.join(ROOT, 'models', `kimi-k3-tiny-${m}`),
+    variant === 'packed' ? { dir, settings: { draft_head: 'packed' } } : dir,
     BUILTIN_PLUGIN_PACKAGES,
     target,
     4096,
     maxSeq,
   );
   drafters.push(drafter);
+  labels.set(drafter, m);
 }
+const label = (d) => labels.get(d) ?? d.method;
 
-const read = (name) =>
+const read = (dir, name) =>
   fs
-    .readFileSync(path.join(ROOT, 'test/prompts', `${name}.jsonl`), 'utf8')
+    .readFileSync(path.join(ROOT, dir, `${name}.jsonl`), 'utf8')
     .trim()
     .split('\n')
     .map((l) => JSON.parse(l));
 const half = Math.ceil(NPROMPTS / 2);
-const prompts = [...read('prose').slice(0, half), ...read('code').slice(0, NPROMPTS - half)];
+const PROMPT_SETS =
+  TARGET === 'kimi' ? ['test/prompts', 'prose', 'code'] : ['tools/reference/smollm2/prompts', 'chat', 'plain'];
+const prompts = [
+  ...read(PROMPT_SETS[0], PROMPT_SETS[1]).slice(0, half),
+  ...read(PROMPT_SETS[0], PROMPT_SETS[2]).slice(0, NPROMPTS - half),
+];
 const requests = (temperature) =>
   prompts.map((p, i) => ({
     id: p.id,
@@ -96,7 +145,7 @@ function run(drafter, C, temperature, mode) {
   const opts = { maxSequences: C, maxTokensPerSequence: 4096 };
   let e;
   if (mode === 'cost') {
-    const key = `${drafter.method}|${C}|${temperature}`;
+    const key = `${label(drafter)}|${C}|${temperature}`;
     e = costEngines.get(key);
     if (e === undefined) {
       e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost' });
@@ -119,6 +168,13 @@ function run(drafter, C, temperature, mode) {
     perPosition: m.perPositionAcceptance,
     drafted: m.drafted,
     verifySteps: m.verifySteps,
+    // per verify step, ms: propose phase (draft-context writes + propose), verify, accept + commit, the rest
+    phases: {
+      draft: m.draftMs / Math.max(1, m.verifySteps),
+      verify: m.verifyMs / Math.max(1, m.verifySteps),
+      commit: m.commitMs / Math.max(1, m.verifySteps),
+      rest: (s * 1000 - m.draftMs - m.verifyMs - m.commitMs) / Math.max(1, m.verifySteps),
+    },
     outputs: new Map(rs.map((r) => [r.id, r.tokenIds.join()])),
     costs: e.stepCosts,
   };
@@ -128,22 +184,81 @@ const median = (xs) => [...xs].sort((a, b) => a.tokPerS - b.tokPerS)[xs.length >
 const info = isa();
 const [l1, l5] = load();
 console.log(
-  `bench:spec — drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} tokens; threads ` +
+  `bench:spec — target ${TARGET_DIR}; drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} ` +
+    `tokens; threads ` +
     `${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
 );
 run(undefined, 1, 0, 'plain'); // warm-up (JIT, page faults)
+
+// ---- draft cost: one propose split, per drafter and k, against the target step -----------------------------
+// three passes over the drafters (5 rounds each), so a change in the machine's load hits every drafter alike; per
+// drafter and k the fastest round of all passes, and the fastest target step
+const passes = drafters.map(() => []);
+for (let pass = 0; pass < 3; pass++)
+  drafters.forEach((d, i) => {
+    const ks = SPLIT_KS.filter((k) => k <= d.maxDraftTokens);
+    if (!ks.includes(d.maxDraftTokens)) ks.push(d.maxDraftTokens);
+    passes[i].push(draftCostSplit(core, target, d, ks, { reps: quick ? 3 : 5 }));
+  });
+const splits = drafters.map((d, i) => {
+  const ps = passes[i];
+  const rows = ps[0].rows.map((_, j) => {
+    const best = ps.map((p) => p.rows[j]).reduce((a, b) => (b.totalMs < a.totalMs ? b : a));
+    const medians = ps.map((p) => p.rows[j].medianMs).sort((a, b) => a - b);
+    return { ...best, medianMs: medians[medians.length >> 1] };
+  });
+  const stepMedians = ps.map((p) => p.stepMedianMs).sort((a, b) => a - b);
+  return {
+    drafter: label(d),
+    stepMs: Math.min(...ps.map((p) => p.stepMs)),
+    stepMedianMs: stepMedians[stepMedians.length >> 1],
+    rows,
+  };
+});
+console.log(
+  '\n| drafter | k | propose ms (median) | ×step | layers (GEMM / attention / other native / JS) | lm_head | ' +
+    'sampling | rest of propose | target step ms (median) |',
+);
+console.log('|---|---:|---:|---:|---|---:|---:|---:|---:|');
+for (const sp of splits)
+  for (const r of sp.rows)
+    console.log(
+      `| ${sp.drafter} | ${r.k} | ${r.totalMs.toFixed(2)} (${r.medianMs.toFixed(2)}) | ` +
+        `${(r.totalMs / sp.stepMs).toFixed(3)} | ` +
+        `${r.layersMs.toFixed(2)} (${r.gemmMs.toFixed(2)} / ${r.attentionMs.toFixed(2)} / ` +
+        `${r.otherNativeMs.toFixed(2)} / ${r.layersJsMs.toFixed(2)}) | ${r.headMs.toFixed(2)} | ` +
+        `${r.samplingMs.toFixed(2)} | ${r.restMs.toFixed(2)} | ${sp.stepMs.toFixed(2)} ` +
+        `(${sp.stepMedianMs.toFixed(2)}) |`,
+    );
+// the goal is on SmolLM2 (issue 16)
+for (const sp of splits.filter((x) => /^dflash/.test(x.drafter) && TARGET === 'smollm2')) {
+  const full = sp.rows[sp.rows.length - 1];
+  const ratio = full.totalMs / sp.stepMs;
+  console.log(
+    `goal (issue 16): a full ${sp.drafter} block (k = ${full.k}) under 0.5 of a target step: ` +
+      `${full.totalMs.toFixed(2)} ms / ${sp.stepMs.toFixed(2)} ms = ${ratio.toFixed(3)} — ` +
+      `${ratio < 0.5 ? 'met' : 'NOT met'}`,
+  );
+}
+if (jsonOut !== undefined && SPLIT_ONLY)
+  fs.writeFileSync(jsonOut, `${JSON.stringify({ threads: isa().threads, isa: isa().isa, splits })}\n`);
+if (SPLIT_ONLY) {
+  for (const d of drafters) d.dispose();
+  target.model.dispose();
+  process.exit(0);
+}
 
 const rows = [];
 for (const C of CONCS) {
   for (const temperature of [0, 1]) {
     const plains = [];
     const per = drafters.map(() => ({ max: [], cost: [], fixed: FIXED_KS.map(() => []) }));
-    const measureFixed = C === 1 && temperature === 0;
+    const measureFixed = !TAU_ONLY && C === 1 && temperature === 0;
     for (let r = 0; r < REPS; r++) {
       plains.push(run(undefined, C, temperature, 'plain'));
       drafters.forEach((d, i) => {
         per[i].max.push(run(d, C, temperature, 'max'));
-        per[i].cost.push(run(d, C, temperature, 'cost'));
+        if (!TAU_ONLY) per[i].cost.push(run(d, C, temperature, 'cost'));
         if (measureFixed)
           FIXED_KS.forEach((k, j) => {
             per[i].fixed[j].push(run(d, C, temperature, k));
@@ -153,12 +268,12 @@ for (const C of CONCS) {
     const plain = median(plains);
     drafters.forEach((d, i) => {
       const max = median(per[i].max);
-      const cost = median(per[i].cost);
+      const cost = TAU_ONLY ? max : median(per[i].cost);
       if (temperature === 0) {
         for (const res of [max, cost]) {
           for (const [id, toks] of plain.outputs)
             if (res.outputs.get(id) !== toks)
-              throw new Error(`bench:spec: ${d.method}: greedy output of ${id} differs from plain decoding (C=${C})`);
+              throw new Error(`bench:spec: ${label(d)}: greedy output of ${id} differs from plain decoding (C=${C})`);
         }
       }
       let ceiling;
@@ -176,7 +291,7 @@ for (const C of CONCS) {
         }
         ceiling = { ...best, stepMs: tStep, perK };
         console.log(
-          `${d.method} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)}` +
+          `${label(d)} ceiling per k (C=1, greedy; t_step ${tStep.toFixed(3)}` +
             ' ms): k | τ(k) | t_draft ms | t_verify ms | ×plain',
         );
         for (const r of perK)
@@ -191,15 +306,16 @@ for (const C of CONCS) {
         const best = fixed.reduce((a, b) => (b.speedup > a.speedup ? b : a), { k: 0, speedup: 1 });
         measured = { fixed, best, costOfBest: cost.tokPerS / plain.tokPerS / best.speedup };
         console.log(
-          `${d.method} C=1 T=0 measured fixed k: ` +
+          `${label(d)} C=1 T=0 measured fixed k: ` +
             `${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×` +
             `${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it`,
         );
       }
       const row = {
         measured,
-        method: d.method,
+        method: label(d),
         C,
+        maxPhases: max.phases,
         temperature,
         plain: plain.tokPerS,
         maxK: d.maxDraftTokens,
@@ -216,11 +332,13 @@ for (const C of CONCS) {
       };
       rows.push(row);
       console.log(
-        `${d.method} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=` +
+        `${label(d)} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=` +
           `${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ` +
           `${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)}` +
           ` (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}` +
-          (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`),
+          (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`) +
+          `; max-k step phases ms: propose ${max.phases.draft.toFixed(2)}, verify ${max.phases.verify.toFixed(2)}, ` +
+          `accept+commit ${max.phases.commit.toFixed(2)}, rest ${max.phases.rest.toFixed(2)}`,
       );
     });
   }
@@ -279,10 +397,9 @@ if (withCeiling.length > 0) {
 }
 const [e1, e5] = load();
 console.log(`\nload at the end ${e1.toFixed(2)} / ${e5.toFixed(2)} (1/5 min)`);
-if (jsonOut)
-  fs.writeFileSync(
-    jsonOut,
-    `${JSON.stringify({ threads: info.threads, isa: info.isa, prompts: prompts.length, newTokens: NEW, rows })}\n`,
-  );
+if (jsonOut) {
+  const out = { target: TARGET_DIR, threads: info.threads, isa: info.isa, prompts: prompts.length, newTokens: NEW };
+  fs.writeFileSync(jsonOut, `${JSON.stringify({ ...out, rows, splits })}\n`);
+}
 for (const d of drafters) d.dispose();
 target.model.dispose();

@@ -40,6 +40,12 @@ export interface DFlashConfig {
   readonly rmsNormEps: number;
   /** `max_position_embeddings`: positions the draft model was trained for (undefined: no limit declared). */
   readonly maxPositionEmbeddings: number | undefined;
+  /**
+   * `dflash_config.draft_vocab_size`: the draft head's vocabulary (FR-Spec, arXiv 2502.14856), whose token ids the
+   * checkpoint's `draft_vocab_ids` tensor lists; undefined = the whole target vocabulary. Verification always keeps
+   * the whole vocabulary, so the output is unchanged (lossless).
+   */
+  readonly draftVocabSize: number | undefined;
 }
 
 /**
@@ -80,6 +86,10 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
       `expected at most ${DFLASH_MAX_BLOCK_SIZE} (a block is one forward of block_size rows per sequence, and the ` +
         `draft KV pool is sized by it), got ${blockSize}`,
     );
+  const vocabSize = c.requireInt('vocab_size', { min: 1 });
+  const draftVocabSize = d.optionalInt('draft_vocab_size', { min: 1 });
+  if (draftVocabSize !== undefined && draftVocabSize > vocabSize)
+    d.fail('draft_vocab_size', `expected at most vocab_size = ${vocabSize}, got ${draftVocabSize}`);
   return Object.freeze({
     hiddenSize: c.requireInt('hidden_size', { min: 1 }),
     numLayers,
@@ -87,7 +97,7 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
     numKvHeads,
     headDim,
     intermediateSize: c.requireInt('intermediate_size', { min: 1 }),
-    vocabSize: c.requireInt('vocab_size', { min: 1 }),
+    vocabSize,
     blockSize,
     maskTokenId: d.requireInt('mask_token_id', { min: 0 }),
     targetLayerIds: Object.freeze(targetLayerIds),
@@ -97,6 +107,7 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
     ropeTheta: c.optionalNumber('rope_theta', { min: Number.MIN_VALUE }) ?? 10000,
     rmsNormEps: c.optionalNumber('rms_norm_eps', { min: 0 }) ?? 1e-6,
     maxPositionEmbeddings: c.optionalInt('max_position_embeddings', { min: 1 }),
+    draftVocabSize,
   });
 }
 
@@ -113,5 +124,12 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
       description: 'DFlash checkpoint directory (z-lab format, architectures ["DFlashDraftModel"])',
     },
     num_draft_tokens: { type: 'integer', minimum: 1, description: 'drafts per step at most (default block_size − 1)' },
+    draft_head: {
+      enum: ['target', 'packed'],
+      description:
+        'the draft logits over the whole vocabulary: "target" (default) runs the target lm_head; "packed" a ' +
+        'drafter-owned packed bf16 copy of it (vocab × hidden × 2 bytes more memory; faster where the target head ' +
+        'is quantized). A checkpoint with draft_vocab_size always packs its reduced head',
+    },
   },
 });

@@ -11,8 +11,9 @@
  *   with the target's embedding. Each layer: x = input_layernorm(h); Q, K, V from x (q/k norm,
  *   RoPE); the block's K/V are written after the context (temporarily); attention over context +
  *   block — full-attention layers non-causal, sliding layers causal with the window; o_proj,
- *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the target's lm_head;
- *   slot j (1 … B − 1) predicts the token at position p + j. The block's KV is discarded after.
+ *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the draft head (the target's
+ *   lm_head, or its rows of FR-Spec's reduced draft vocabulary: draft-head.ts); slot j (1 … B − 1) predicts the
+ *   token at position p + j. The block's KV is discarded after.
  *
  * Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the draft KV pages alone (fc,
  * hidden_norm and the K/V path are applied when it is written), entries `'draft-kv'` layer j part `'k'` / `'v'`.
@@ -43,8 +44,6 @@ import {
   denseBlock,
   draftShardLayout,
   packShard,
-  sampleFromProbs,
-  samplingProbs,
   sliceColumns,
   type ContextSpan,
   type DenseBlockWeights,
@@ -65,7 +64,6 @@ import {
 } from '@specd/core';
 import {
   applyRope,
-  argmax,
   gemmBf16,
   makePagedBatch,
   pagedAttention,
@@ -75,6 +73,7 @@ import {
 } from '@specd/native';
 
 import type { DFlashConfig } from './config.js';
+import { DraftHead, readDraftVocabIds } from './draft-head.js';
 
 /** A draft layer's context-KV path (all a context-KV-only drafter loads). */
 interface DraftLayerKvWeights {
@@ -105,13 +104,21 @@ export interface DFlashLoadParts {
    * then needs no embedTokens / lmHead. Default false (everything).
    */
   readonly contextOnly?: boolean;
+  /**
+   * Draft from a drafter-owned packed bf16 copy of the target's lm_head instead of the target's own (setting
+   * `draft_head: "packed"`; draft-head.ts, {@link DraftHead.packedFull}); whole vocabulary, no tensor parallelism
+   * only. Default false.
+   */
+  readonly packedHead?: boolean;
 }
 
 /**
  * Loads a DFlash checkpoint for `options.target` (validated against it) and packs its weights.
  * @throws {DrafterError} if the mask token is outside the target vocabulary, `fc` is not
  *   `[hidden, taps × hidden]`, a tap is beyond the target's layers, hidden sizes differ, the target
- *   lacks `embedTokens` / `lmHead`, or a tensor is missing / mis-shaped.
+ *   lacks `embedTokens` / `lmHead`, a tensor is missing / mis-shaped, or `dflash_config.draft_vocab_size` is set and
+ *   `draft_vocab_ids` is missing or not `[draft_vocab_size]` I32/I64 ids, strictly ascending, in the vocabulary
+ *   (draft-head.ts `readDraftVocabIds`).
  */
 export function loadDFlashDrafter(
   source: DrafterSource,
@@ -234,6 +241,19 @@ function buildDFlash(
   // a block's B rows are temporary: context + B per sequence at most
   const numPages = DraftKvCache.pagesFor(options.maxSequences, options.maxTokensPerSequence + c.blockSize);
   const finalNorm = contextOnly ? undefined : r.f32('norm.weight', [D]);
+  // the draft vocabulary (FR-Spec): validated at load even context-KV-only; rows gathered only to draft
+  const ids =
+    c.draftVocabSize === undefined
+      ? undefined
+      : readDraftVocabIds(source.weights, c.draftVocabSize, c.vocabSize, where);
+  const whole = ids === undefined || ids.length === c.vocabSize;
+  const head = contextOnly
+    ? undefined
+    : !whole
+      ? DraftHead.reduced(t, ids, tp === undefined)
+      : parts.packedHead === true && tp === undefined
+        ? DraftHead.packedFull(t)
+        : DraftHead.full(t);
   const drafter = new DFlashDrafter(
     c,
     t,
@@ -243,6 +263,7 @@ function buildDFlash(
     layers,
     numPages,
     tp,
+    head,
   );
   return { drafter, reads: r.reads };
 }
@@ -330,6 +351,8 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     numPages: number,
     /** The rank's tensor-parallel group and blocks; undefined = the whole draft model on this thread. */
     readonly tp?: DraftShard,
+    /** The draft head (the target's lm_head, or FR-Spec's reduced vocabulary); undefined when context-KV-only. */
+    private head?: DraftHead,
   ) {
     const kvHeads = tp?.kvHeads ?? config.numKvHeads;
     const kv = new DraftKvCache({
@@ -404,21 +427,23 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     const c = this.config;
     const B = c.blockSize;
     const D = c.hiddenSize;
-    const V = this.target.info.vocabSize;
     const seqs = batch.sequences;
     const S = seqs.length;
+    const head = this.head;
     if (this.contextOnly)
       throw new DrafterError(
         'dflash: propose: this drafter was loaded in context-KV-only mode (projection and draft KV only, ' +
           'for a prefill-only producer); load it without contextOnly to draft',
       );
+    if (head === undefined) throw new DrafterError('dflash: propose: the drafter is disposed');
     if (S === 0) return [];
     seqs.forEach((s, i) => {
       this.checkMaxDrafts(s, i, B - 1);
     });
     const h = this.runBlocks(seqs);
-    // rows 1 … k of every block (already final-normed) → target lm_head (under tensor parallelism a
-    // collective: every rank passes the same rows to its target shard's vocab-parallel lmHead)
+    // rows 1 … k of every block (already final-normed) → the draft head: the target's lm_head, or its rows of the
+    // draft vocabulary (under tensor parallelism a collective: every rank passes the same rows to its target
+    // shard's vocab-parallel lmHead)
     const rowsOf = seqs.map((s) => s.maxDrafts);
     const R = rowsOf.reduce((a, b) => a + b, 0);
     const x = new Float32Array(R * D);
@@ -427,22 +452,16 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
       x.set(h.subarray((i * B + 1) * D, (i * B + 1 + s.maxDrafts) * D), at * D);
       at += s.maxDrafts;
     });
-    const logits = this.target.lmHead!(x, R);
+    const logits = head.logits(x, R); // [R, Vd]
     if (this.tp !== undefined && !this.tp.isRoot) return []; // sampling is rank 0's
+    const Vd = head.size;
     const out: DraftProposal[] = [];
     at = 0;
     for (const s of seqs) {
       const k = s.maxDrafts;
-      const lg = logits.subarray(at * V, (at + k) * V);
+      const d = head.drafts(logits.subarray(at * Vd, (at + k) * Vd), k, s.sampling, s.rng);
       at += k;
-      if (s.sampling.temperature === 0) {
-        out.push({ id: s.id, tokens: argmax(lg, V) });
-      } else {
-        const q = samplingProbs(lg, V, s.sampling);
-        const d = new Int32Array(k);
-        for (let j = 0; j < k; j++) d[j] = sampleFromProbs(q.subarray(j * V, (j + 1) * V), s.rng);
-        out.push({ id: s.id, tokens: d, probs: q });
-      }
+      out.push(d.probs === undefined ? { id: s.id, tokens: d.tokens } : { id: s.id, tokens: d.tokens, probs: d.probs });
     }
     return out;
   }
@@ -527,8 +546,15 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     this.reserveDraftContext(id, length);
   }
 
+  /** The draft head: its vocabulary ({@link DraftHead.ids}) and logits (shared with block drafters on DFlash). */
+  get draftHead(): DraftHead | undefined {
+    return this.head;
+  }
+
   override dispose(): void {
     this.layers = [];
+    this.head?.dispose();
+    this.head = undefined;
     this.projection.dispose();
     super.dispose();
   }

@@ -30,3 +30,10 @@ export {
   loadDFlashShard,
   type DFlashLoadParts,
 } from './dflash.js';
+export {
+  DRAFT_VOCAB_IDS_TENSOR,
+  DraftHead,
+  gatherLmHeadRows,
+  readDraftVocabIds,
+  type HeadDrafts,
+} from './draft-head.js';

@@ -22,6 +22,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
     return Promise.resolve().then(() =>
       loadDFlashDrafter(source, parseDFlashConfig(source.config), options, {
         contextOnly: options.contextOnly === true,
+        packedHead: options.settings?.draft_head === 'packed',
       }),
     );
   },

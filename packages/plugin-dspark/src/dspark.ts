@@ -10,6 +10,9 @@
  *   (the last verified token for j = 0, else draft j − 1); W1 = markov_head.embed `[V, r]`,
  *   W2 = markov_head.proj `[V, r]`. Greedy: argmax; sampled: q_j = samplingProbs(logits_j), d_j ~ q_j
  *   (q returned for rejection sampling).
+ * - Reduced draft vocabulary (FR-Spec, arXiv 2502.14856; `dflash_config.draft_vocab_size` and the checkpoint's
+ *   `draft_vocab_ids`, the backbone's draft head: @specd/plugin-dflash `DraftHead`): lm_head and W2 keep the listed
+ *   ids' rows only, the drafts are listed ids (x_j stays a token id for W1), a sampled q is 0 off the list.
  * - Confidence head: c_j = sigmoid(w · [h_j; W1[x_j]] + b) (h_j after the final norm), returned as
  *   the proposal's `confidence`. c_j depends on the token BEFORE draft j (x_j), never on d_j, so the
  *   engine's cost policy may cut a proposal to its survival budget Π c_l ≥ λ losslessly (adaptive
@@ -45,7 +48,7 @@ import {
   type StageInfo,
   type StageModel,
 } from '@specd/core';
-import { gemmBf16, type PackedBf16Weights } from '@specd/native';
+import { gemmBf16, packBf16Weights, type PackedBf16Weights } from '@specd/native';
 import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
@@ -103,9 +106,11 @@ function buildDSpark(
     const V = options.target.info.vocabSize;
     const R = config.markovRank;
     const D = config.hiddenSize;
+    // a reduced draft vocabulary (FR-Spec, the backbone's draft head): W2's rows of the listed ids only
+    const ids = backbone.draftHead?.ids;
     const d = new DSparkDrafter(config, options.target, backbone, {
       embed: r.f32('markov_head.embed.weight', [V, R]),
-      proj: r.packedRows(['markov_head.proj.weight'], [V], R),
+      proj: ids === undefined ? r.packedRows(['markov_head.proj.weight'], [V], R) : packIdRows(r, ids, V, R),
       confW: r.f32('confidence_head.weight', [1, D + R]),
       confB: r.f32('confidence_head.bias', [1])[0]!,
     });
@@ -117,11 +122,21 @@ function buildDSpark(
   }
 }
 
+/** Rows `ids` of markov_head.proj `[V, r]`, packed `[ids.length, r]` (the reduced draft vocabulary's). */
+function packIdRows(r: WeightReader, ids: Int32Array, V: number, R: number): PackedBf16Weights {
+  const all = r.bf16('markov_head.proj.weight', [V, R]);
+  const rows = new Uint16Array(ids.length * R);
+  ids.forEach((id, j) => {
+    rows.set(all.subarray(id * R, (id + 1) * R), j * R);
+  });
+  return packBf16Weights(rows, ids.length, R);
+}
+
 /** DSpark's own weights. */
 export interface DSparkHeads {
   /** W1 = markov_head.embed `[V, r]` f32. */
   readonly embed: Float32Array;
-  /** W2 = markov_head.proj `[V, r]` packed. */
+  /** W2 = markov_head.proj `[V, r]` packed; `[Vd, r]` (the listed ids' rows) with a reduced draft vocabulary. */
   readonly proj: PackedBf16Weights;
   /** confidence_head.weight `[D + r]` f32. */
   readonly confW: Float32Array;
@@ -209,8 +224,12 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
     seqs.forEach((s, i) => {
       x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D);
     });
-    const base = this.target.lmHead!(x, Rows);
+    // the backbone's draft head: the target lm_head `[Rows, V]`, or the reduced vocabulary's rows `[Rows, Vd]`
+    const head = this.backbone.draftHead;
+    if (head === undefined) throw new DrafterError('dspark: propose: the drafter is disposed');
+    const base = head.logits(x, Rows);
     if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
+    const Vd = head.size;
     // per sequence (i: its index in seqs): drafts, confidences, q rows (temperature > 0)
     const outs = seqs.map((s, i) => ({
       i,
@@ -231,11 +250,11 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
           throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
-      const bias = gemmBf16(e, n, heads.proj); // [n, V]
+      const bias = gemmBf16(e, n, heads.proj); // [n, Vd]
       active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
         const row = start[i]! + j;
-        const lg = new Float32Array(V);
-        for (let v = 0; v < V; v++) lg[v] = base[row * V + v]! + bias[a * V + v]!;
+        const lg = new Float32Array(Vd);
+        for (let v = 0; v < Vd; v++) lg[v] = base[row * Vd + v]! + bias[a * Vd + v]!;
         // confidence: sigmoid(w · [h_j; W1[x_j]] + b)
         let z = heads.confB;
         const hj = (i * B + j) * D;
@@ -245,12 +264,18 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
         let d: number;
         if (q === undefined) {
           d = 0;
-          for (let v = 1; v < V; v++) if (lg[v]! > lg[d]!) d = v;
+          for (let v = 1; v < Vd; v++) if (lg[v]! > lg[d]!) d = v;
         } else {
-          const qj = samplingProbs(lg, V, s.sampling);
-          q.set(qj, j * V);
+          const qj = samplingProbs(lg, Vd, s.sampling);
+          // q over the whole vocabulary: 0 outside a reduced draft vocabulary
+          if (head.ids === undefined) q.set(qj, j * V);
+          else
+            head.ids.forEach((id, v) => {
+              q[j * V + id] = qj[v]!;
+            });
           d = sampleFromProbs(qj, s.rng);
         }
+        d = head.tokenOf(d);
         tokens[j] = d;
         prev[i] = d;
       });

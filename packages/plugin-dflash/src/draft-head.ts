@@ -1,0 +1,222 @@
+/**
+ * The draft head of a drafter that shares the target's lm_head (DFlash, DSpark): the logits of the draft rows over
+ * the draft vocabulary, and the drafts chosen from them.
+ *
+ * - Whole vocabulary (the default): the target's own `lmHead`, `[rows, V]`; or, opted in (DFlash setting
+ *   `draft_head: "packed"`), the same rows gathered into a drafter-owned packed bf16 `[V, D]` (V·D·2 bytes more
+ *   memory: 57 MB for SmolLM2) run with AMX bf16 activations — worth it where the target's head is a quantized
+ *   GEMM with fp32 activations, whose cost grows with the rows (2.1× faster at 15 rows on SmolLM2's Q8_0 head).
+ * - Reduced vocabulary (FR-Spec, Zhao et al. 2025, arXiv 2502.14856, §3.2: the draft head restricted to the most
+ *   frequent tokens): `dflash_config.draft_vocab_size` = Vd and the checkpoint's `draft_vocab_ids` `[Vd]` (token
+ *   ids, strictly ascending, in [0, V)). At load the Vd rows of the target's lm_head are gathered into a packed
+ *   bf16 sub-matrix `[Vd, D]` (read through the target's `lmHead` itself, {@link gatherLmHeadRows}, so any lm_head
+ *   format works), and a propose computes `[rows, Vd]` logits only: Vd/V of the lm_head's bytes and FLOPs — with
+ *   bf16 activations on a CPU with AMX ({@link draftHeadActivations}: 2.4× faster at Vd = 8192, 15 rows; the
+ *   drafts are proposals only, so their precision moves τ at most, never the output), fp32 elsewhere. Drafts
+ *   are token ids from the list; a sampled draft's q is zero outside it (the rejection sampler stays lossless
+ *   for any q). Verification keeps the whole vocabulary, so the output is unchanged.
+ * - Tensor parallelism: the target's vocab-parallel lmHead is a collective every rank joins, so there the reduced
+ *   head computes the whole vocabulary and keeps the Vd columns (same drafts, no saving).
+ */
+
+import { DrafterError, sampleFromProbs, samplingProbs, type DraftSampling, type RandomSource } from '@specd/core';
+import {
+  argmax,
+  f32ToBf16,
+  gemmBf16,
+  isa,
+  packBf16Weights,
+  type GemmActivations,
+  type PackedBf16Weights,
+} from '@specd/native';
+import type { SafetensorsCheckpoint, StageModel } from '@specd/core';
+
+/** The checkpoint tensor that lists the draft vocabulary's token ids (`[draft_vocab_size]` I32 or I64). */
+export const DRAFT_VOCAB_IDS_TENSOR = 'draft_vocab_ids';
+
+/** Columns of the identity passed through the target's lmHead per call when gathering rows (bounds the scratch). */
+const GATHER_CHUNK = 64;
+
+/**
+ * Reads and validates `draft_vocab_ids` (checkpoint sanity): `[draftVocabSize]`, dtype I32 or I64, every id in
+ * [0, vocabSize), strictly ascending (so unique).
+ * @returns the ids `[draftVocabSize]` i32.
+ * @throws {DrafterError} naming the tensor, the rule and the first bad entry.
+ */
+export function readDraftVocabIds(
+  weights: SafetensorsCheckpoint,
+  draftVocabSize: number,
+  vocabSize: number,
+  where: string,
+): Int32Array {
+  const name = DRAFT_VOCAB_IDS_TENSOR;
+  if (!weights.has(name))
+    throw new DrafterError(
+      `${where}: dflash_config.draft_vocab_size is ${draftVocabSize} but the checkpoint has no ${name} tensor ` +
+        '(the token ids of the draft vocabulary; tools/draft-vocab.mjs writes it)',
+    );
+  const info = weights.info(name);
+  if (info.shape.length !== 1 || info.shape[0] !== draftVocabSize)
+    throw new DrafterError(
+      `${where}: ${name} is [${info.shape.join(', ')}], expected [${draftVocabSize}] (dflash_config.draft_vocab_size)`,
+    );
+  if (info.dtype !== 'I32' && info.dtype !== 'I64')
+    throw new DrafterError(`${where}: ${name}: expected dtype I32 or I64, got ${info.dtype}`);
+  const data = weights.read(name).data as Int32Array | BigInt64Array;
+  const ids = new Int32Array(draftVocabSize);
+  for (let i = 0; i < draftVocabSize; i++) {
+    const v = Number(data[i]!);
+    if (!(Number.isInteger(v) && v >= 0 && v < vocabSize))
+      throw new DrafterError(`${where}: ${name}[${i}] = ${v} is outside the vocabulary [0, ${vocabSize})`);
+    if (i > 0 && v <= ids[i - 1]!)
+      throw new DrafterError(
+        `${where}: ${name}[${i}] = ${v} does not follow ${name}[${i - 1}] = ${ids[i - 1]} ` +
+          '(expected strictly ascending ids: sorted, no repeats)',
+      );
+    ids[i] = v;
+  }
+  return ids;
+}
+
+/**
+ * Rows `ids` of the target's lm_head W `[V, D]`, read through `target.lmHead` itself: lmHead of the identity's
+ * rows e_c gives W's column c (`logits[v] = Σ_d e_c[d]·W[v, d] = W[v, c]`, exact: one product by 1, the rest by
+ * 0), GATHER_CHUNK columns per call. Costs one lm_head GEMM of D rows, once at load.
+ * @returns `[ids.length, D]` f32, row j = W[ids[j]].
+ */
+export function gatherLmHeadRows(target: StageModel, ids: Int32Array): Float32Array {
+  const lmHead = requireLmHead(target);
+  const D = target.info.hiddenSize;
+  const V = target.info.vocabSize;
+  const out = new Float32Array(ids.length * D);
+  for (let c0 = 0; c0 < D; c0 += GATHER_CHUNK) {
+    const n = Math.min(GATHER_CHUNK, D - c0);
+    const x = new Float32Array(n * D);
+    for (let i = 0; i < n; i++) x[i * D + c0 + i] = 1;
+    const cols = lmHead(x, n); // [n, V]: row i = W[:, c0 + i]
+    ids.forEach((id, j) => {
+      for (let i = 0; i < n; i++) out[j * D + c0 + i] = cols[i * V + id]!;
+    });
+  }
+  return out;
+}
+
+/**
+ * Activation precision of the packed reduced head: `'bf16'` where @specd/native runs bf16 GEMMs on AMX tiles (the
+ * avx512 path of a CPU with AMX), else `'f32'` (no faster without AMX).
+ */
+export function draftHeadActivations(): GemmActivations {
+  const i = isa();
+  return i.isa === 'avx512' && i.amxAvailable ? 'bf16' : 'f32';
+}
+
+/** The target's lmHead, bound. @throws {DrafterError} when the target stage has none (not the last stage). */
+function requireLmHead(target: StageModel): (x: Float32Array, rows: number) => Float32Array {
+  const lmHead = target.lmHead;
+  if (lmHead === undefined)
+    throw new DrafterError('draft head: the target stage exposes no lmHead (the draft head reuses the target lm_head)');
+  return lmHead.bind(target);
+}
+
+/** Drafts of one row block: token ids `[k]`, and q `[k, V]` f32 over the whole vocabulary when sampled. */
+export interface HeadDrafts {
+  readonly tokens: Int32Array;
+  readonly probs?: Float32Array;
+}
+
+/** See the module comment. Create with {@link DraftHead.full} or {@link DraftHead.reduced}. */
+export class DraftHead {
+  private readonly lmHead: (x: Float32Array, rows: number) => Float32Array;
+
+  private constructor(
+    private readonly target: StageModel,
+    /** Draft index → token id `[Vd]` (undefined: the whole vocabulary, index = id). */
+    readonly ids: Int32Array | undefined,
+    /**
+     * The gathered rows `[Vd, D]` (or `[V, D]`, {@link DraftHead.packedFull}); undefined: the target's lmHead (and,
+     * for a reduced vocabulary under tensor parallelism, the ids' columns of it).
+     */
+    private packed: PackedBf16Weights | undefined,
+    /** The packed head's GEMM activations ({@link draftHeadActivations}). */
+    readonly activations: GemmActivations = draftHeadActivations(),
+  ) {
+    this.lmHead = requireLmHead(target);
+  }
+
+  /** The target's own lm_head over the whole vocabulary. */
+  static full(target: StageModel): DraftHead {
+    return new DraftHead(target, undefined, undefined);
+  }
+
+  /** The whole vocabulary from a drafter-owned packed bf16 copy of the target's lm_head (see the module comment). */
+  static packedFull(target: StageModel): DraftHead {
+    const V = target.info.vocabSize;
+    const all = Int32Array.from({ length: V }, (_, i) => i);
+    const bits = f32ToBf16(gatherLmHeadRows(target, all));
+    return new DraftHead(target, undefined, packBf16Weights(bits, V, target.info.hiddenSize));
+  }
+
+  /**
+   * The reduced vocabulary `ids` (validated by {@link readDraftVocabIds}). `gather`: pack the rows now (one
+   * lm_head GEMM of D rows); false under tensor parallelism (every propose then runs the whole vocab-parallel
+   * lmHead and keeps the ids' columns).
+   */
+  static reduced(target: StageModel, ids: Int32Array, gather: boolean): DraftHead {
+    const D = target.info.hiddenSize;
+    const packed = gather ? packBf16Weights(f32ToBf16(gatherLmHeadRows(target, ids)), ids.length, D) : undefined;
+    return new DraftHead(target, ids, packed);
+  }
+
+  /** Vd: the draft vocabulary's size (V for the whole vocabulary). */
+  get size(): number {
+    return this.ids?.length ?? this.target.info.vocabSize;
+  }
+
+  /**
+   * Draft logits of `x [rows, D]` f32 (final-normed hidden states) → `[rows, Vd]` f32. Under tensor parallelism a
+   * collective (the target's vocab-parallel lmHead).
+   */
+  logits(x: Float32Array, rows: number): Float32Array {
+    const ids = this.ids;
+    if (this.packed !== undefined) return gemmBf16(x, rows, this.packed, undefined, this.activations);
+    if (ids === undefined) return this.lmHead(x, rows);
+    const V = this.target.info.vocabSize;
+    const all = this.lmHead(x, rows);
+    const out = new Float32Array(rows * ids.length);
+    for (let r = 0; r < rows; r++) for (let j = 0; j < ids.length; j++) out[r * ids.length + j] = all[r * V + ids[j]!]!;
+    return out;
+  }
+
+  /** Token id of draft index `j`. */
+  tokenOf(j: number): number {
+    return this.ids === undefined ? j : this.ids[j]!;
+  }
+
+  /**
+   * Drafts from `logits [k, Vd]` f32: greedy (temperature 0) the argmax of each row; sampled, q = the request's
+   * temperature / top-k / top-p over the draft vocabulary (core's `samplingProbs`), d ~ q, and q returned over the
+   * whole vocabulary `[k, V]` (0 outside the draft vocabulary).
+   */
+  drafts(logits: Float32Array, k: number, sampling: DraftSampling, rng: RandomSource): HeadDrafts {
+    const Vd = this.size;
+    const ids = this.ids;
+    if (sampling.temperature === 0) {
+      const tokens = argmax(logits, Vd);
+      if (ids !== undefined) for (let j = 0; j < k; j++) tokens[j] = ids[tokens[j]!]!;
+      return { tokens };
+    }
+    const q = samplingProbs(logits, Vd, sampling);
+    const tokens = new Int32Array(k);
+    for (let j = 0; j < k; j++) tokens[j] = this.tokenOf(sampleFromProbs(q.subarray(j * Vd, (j + 1) * Vd), rng));
+    if (ids === undefined) return { tokens, probs: q };
+    const V = this.target.info.vocabSize;
+    const probs = new Float32Array(k * V);
+    for (let j = 0; j < k; j++) for (let i = 0; i < Vd; i++) probs[j * V + ids[i]!] = q[j * Vd + i]!;
+    return { tokens, probs };
+  }
+
+  /** Drops the packed rows. */
+  dispose(): void {
+    this.packed = undefined;
+  }
+}
