@@ -4,8 +4,8 @@
  * - fields that would change the output and are not implemented are refused with a 400 naming the field:
  *   `response_format` other than `{"type": "text"}`, `tools` (a non-empty list), `tool_choice` other than "none" /
  *   "auto", `functions` (a non-empty list), `function_call` other than "none" / "auto", `best_of` other than n (vLLM
- *   returns the n best of best_of samples), `suffix`, `min_p` other than 0, vLLM's `prompt_logprobs` (completions' `echo`
- *   with `logprobs` returns the prompt's logprobs), and vLLM's `guided_*` and `structured_outputs`;
+ *   returns the n best of best_of samples), `suffix`, `min_p` other than 0, vLLM's `prompt_logprobs` (completions'
+ *   `echo` with `logprobs` returns the prompt's logprobs), and vLLM's `guided_*` and `structured_outputs`;
  * - metadata-only fields are accepted as no-ops ({@link METADATA_FIELDS}: `user`, `metadata`, `store`,
  *   `service_tier`, `parallel_tool_calls` without tools);
  * - any other field no endpoint knows is logged once per name and server ({@link UnknownFieldLog}), then ignored;
