@@ -412,6 +412,20 @@ export class PdRouter {
     if (served.length > 0 && !served.includes(p.model)) throw unknownModel(p.model, served.join('", "'));
   }
 
+  /**
+   * Counts a client request in flight until its connection closes; a client that leaves before its answer ended is
+   * counted as a 499 and `leave` runs (it aborts the request's P/D pairs).
+   */
+  private watchClient(req: FastifyRequest, reply: FastifyReply, leave: () => void): void {
+    this.metrics.inFlight.inc();
+    reply.raw.on('close', () => {
+      this.metrics.inFlight.dec();
+      if (reply.raw.writableFinished) return;
+      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
+      leave();
+    });
+  }
+
   /** The prompt ids of one one-choice body (400 for a bad field, 404 for another model). */
   private async buildPrompt(body: unknown, kind: PromptKind): Promise<{ prompt: BuiltPrompt; p: GenerationParams }> {
     const { sampling, prompts } = this.options;
@@ -434,12 +448,8 @@ export class PdRouter {
     if (req.raw.socket.destroyed) return reply; // gone while its body was read: nothing to start
     let clientGone = false;
     const pair = this.startPair(req, kind, req.body, prompt, () => clientGone);
-    this.metrics.inFlight.inc();
-    reply.raw.on('close', () => {
-      this.metrics.inFlight.dec();
-      if (reply.raw.writableFinished) return;
+    this.watchClient(req, reply, () => {
       clientGone = true;
-      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
       req.log.info('client disconnected: aborting prefill and decode');
       pair.abort('client disconnected');
     });
@@ -611,12 +621,8 @@ export class PdRouter {
       abortAll('the request could not be routed'); // no healthy P or D for a later choice
       throw err;
     }
-    this.metrics.inFlight.inc();
-    reply.raw.on('close', () => {
-      this.metrics.inFlight.dec();
-      if (reply.raw.writableFinished) return;
+    this.watchClient(req, reply, () => {
       clientGone = true;
-      this.metrics.requests.inc({ route: req.routeOptions.url ?? 'unknown', status: '499' });
       req.log.info('client disconnected: aborting every choice');
       abortAll('client disconnected');
     });
