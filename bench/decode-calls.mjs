@@ -9,7 +9,7 @@
 //   1. plain decode step time: SpecEngine without a drafter, one request of the first chat prompt of
 //      tools/reference/smollm2/prompts/chat.jsonl, `--tokens` new tokens (default 128), greedy, EOS ignored;
 //      ms per step = (time of the last token − time of the first) / (tokens − 1), median over reps;
-//   2. a profiled pass of the same request (bench/native-calls.mjs, loaded through a resolve hook: every
+//   2. a profiled pass of the same request (bench/native-timing.mjs by function name, through a resolve hook: every
 //      synchronous kernel call of '@specd/native' counted and timed, from the first token's onToken on):
 //      native calls per step and per layer per step, by function, with µs per call; the rest of the step
 //      (engine, model JavaScript, the wrappers' own timers) is "JavaScript";
@@ -26,8 +26,8 @@ import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-register('./native-calls-hooks.mjs', import.meta.url);
-const { nativeCalls, parallelCopy, setNumThreads, isa } = await import('./native-calls.mjs');
+register('./native-timing-hooks.mjs', import.meta.url);
+const { nativeTiming: nativeCalls, parallelCopy, setNumThreads, isa } = await import('./native-timing.mjs');
 const { BUILTIN_PLUGIN_PACKAGES, GgufFile, SpecEngine, loadTarget } = await import('@specd/core');
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');

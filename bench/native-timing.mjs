@@ -1,5 +1,5 @@
-// '@specd/native' with the kernels a model forward calls wrapped by timers (bench/decode.mjs's
-// "where the time goes"). Everything else is re-exported unchanged (`export *` never re-exports a
+// '@specd/native' with every synchronous kernel a decode step calls wrapped by timers (bench/decode.mjs's "where
+// the time goes", bench/spec.mjs's draft-cost split, bench/decode-calls.mjs's calls per step). Everything else is re-exported unchanged (`export *` never re-exports a
 // name this module exports itself). Timing is off until `nativeTiming.enabled = true`; a call is
 // then attributed to `nativeTiming.classify(name, args)` (default: the function name).
 import * as real from '@specd/native';
@@ -54,3 +54,13 @@ export const writeKvPages = timed('writeKvPages', real.writeKvPages);
 export const rmsNormPerHead = timed('rmsNormPerHead', real.rmsNormPerHead);
 export const applyRope = timed('applyRope', real.applyRope);
 export const softmax = timed('softmax', real.softmax);
+// the rest of a decode step's kernels (bench/decode-calls.mjs counts every call that crosses into the addon)
+export const silu = timed('silu', real.silu);
+export const swiglu = timed('swiglu', real.swiglu);
+export const writePagedRows = timed('writePagedRows', real.writePagedRows);
+export const copyPages = timed('copyPages', real.copyPages);
+export const f32ToBf16 = timed('f32ToBf16', real.f32ToBf16);
+export const writeMlaCache = timed('writeMlaCache', real.writeMlaCache);
+export const dequantizeToBf16 = timed('dequantizeToBf16', real.dequantizeToBf16);
+export const topKMask = timed('topKMask', real.topKMask);
+export const topPMask = timed('topPMask', real.topPMask);
