@@ -1,7 +1,8 @@
 // '@specd/native' with every synchronous kernel a decode step calls wrapped by timers (bench/decode.mjs's "where
-// the time goes", bench/spec.mjs's draft-cost split, bench/decode-calls.mjs's calls per step). Everything else is re-exported unchanged (`export *` never re-exports a
-// name this module exports itself). Timing is off until `nativeTiming.enabled = true`; a call is
-// then attributed to `nativeTiming.classify(name, args)` (default: the function name).
+// the time goes", bench/spec.mjs's draft-cost split, bench/decode-calls.mjs's calls per step). Everything else is
+// re-exported unchanged (`export *` never re-exports a name this module exports itself). Timing is off until
+// `nativeTiming.enabled = true`; a call is then attributed to `nativeTiming.classify(name, args)` (default: the
+// function name).
 import * as real from '@specd/native';
 
 export * from '@specd/native';

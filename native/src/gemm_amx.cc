@@ -9,19 +9,14 @@
 // For m <= 16 (verification) the weights are streamed exactly once.
 #include <immintrin.h>
 
+#include "amx_tiles.h"
 #include "gemm_kernels.h"
 
 namespace specd {
 namespace gemm {
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
+using TileConfig = AmxTileConfig;
 
 void Configure(int rows) {
   TileConfig cfg = {};

@@ -13,19 +13,14 @@
 // combined with AVX-512 into fp32 accumulators in scratch (t = (d_w·d_x)·isum (+ m_w·s_x); acc + t).
 #include <immintrin.h>
 
+#include "amx_tiles.h"
 #include "quant_kernels.h"
 
 namespace specd {
 namespace quant {
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
+using TileConfig = AmxTileConfig;
 
 void Configure(int rows) {
   TileConfig cfg = {};
