@@ -11,7 +11,7 @@ from pathlib import Path
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--method", choices=["dflash", "eagle3"], required=True)
+    ap.add_argument("--method", choices=["dflash", "dspark", "eagle3"], required=True)
     ap.add_argument("--hf", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--regen", type=Path, required=True)
@@ -24,12 +24,13 @@ def main():
     meta = json.loads((a.regen / "meta.json").read_text())
     size = sum(p.stat().st_size for p in a.hf.glob("*.safetensors"))
     name = f"smollm2-135m-instruct-{a.method}"
+    title = {"dflash": "DFlash", "dspark": "DSpark", "eagle3": "EAGLE-3"}[a.method]
     L = ["# " + name, "",
-         f"A {'DFlash' if a.method == 'dflash' else 'EAGLE-3'} drafter for SmolLM2-135M-Instruct "
+         f"A {title} drafter for SmolLM2-135M-Instruct "
          f"(`models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`; `architectures` {c['architectures']}). "
-         f"Reference implementation: `tools/reference/specd_ref/{'dflash' if a.method == 'dflash' else 'eagle3'}.py`; "
+         f"Reference implementation: `tools/reference/specd_ref/{'eagle3' if a.method == 'eagle3' else 'dflash'}.py`; "
          "target: `tools/reference/specd_ref/llama.py` (GGUF dequantised to fp32).", "", "## Architecture"]
-    if a.method == "dflash":
+    if a.method in ("dflash", "dspark"):
         d = c["dflash_config"]
         L += [f"- {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads / "
               f"{c['num_key_value_heads']} KV heads × {c['head_dim']}, MLP {c['intermediate_size']}, RoPE θ {c['rope_theta']}.",
@@ -37,6 +38,11 @@ def main():
               f"- Block size {c['block_size']}, mask token {d['mask_token_id']} (`<empty_output>`, a control token "
               f"chat never produces), layer types {c['layer_types']}.",
               "- Uses the target's (tied) embedding and lm_head."]
+        if a.method == "dspark":
+            L += ["- DSpark heads: slot j predicts the next token (a block of "
+                  f"{c['block_size']} gives {c['block_size']} drafts); a Markov head of rank "
+                  f"{c['dspark_config']['markov_rank']} over the previous token and "
+                  "a confidence head (the cost policy's survival budget)."]
     else:
         L += [f"- One layer, hidden {c['hidden_size']}, {c['num_attention_heads']} heads / {c['num_key_value_heads']} KV "
               f"heads × {c['head_dim']}, MLP {c['intermediate_size']}, RoPE θ {c['rope_theta']}.",
@@ -50,7 +56,7 @@ def main():
           f"instructions, half raw corpus snippets, from the train splits of brown/nlp/sotu/TypeScript) + the target's "
           f"continuation (EOS ignored), batches alternating temperatures {meta['temperatures']}. "
           f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
-          f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafter on one GPU), "
+          f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafters on one GPU), "
           f"AdamW lr 1e-3, bf16 autocast, seed 0; best validation "
           f"loss {log['best_val']:.4f}. Command: `{a.command}`.", "",
           "## Acceptance length τ (held-out prompts `tools/reference/smollm2/prompts/{chat,plain}.jsonl`)",

@@ -5,7 +5,8 @@
   # GPU (or a tiny CPU smoke run): token ids only, no tokenizer needed
   python regen_smollm2.py gen --gguf G --prompts smollm2/prompts --out R --sequences 4096 --length 320
 
-`prompts` writes, from the shipped corpora (work/corpus: brown, nlp, sotu prose and TypeScript code):
+`prompts` writes (then run `ngram_check.py filter`: no training prompt may share a content 8-gram with a held-out
+one), from the shipped corpora (work/corpus: brown, nlp, sotu prose and TypeScript code):
   train_prompts.u16 (concatenated ids), train_prompts.len.u16 (one length per prompt),
   train_prompts.json (kind per prompt and counts) — half chat, half plain, from the train splits;
   chat.jsonl, plain.jsonl — held-out prompt sets (from the held-out splits) for eval_tau.py and goldens,

@@ -4,14 +4,15 @@
 # Stages (each time-boxed, timings printed and kept in logs.tar.gz/timings.txt):
 #   regen  regen_smollm2.py gen: SEQ prompts (smollm2/prompts, committed) → SEQ rows of LEN tokens
 #          (greedy / T=0.8 batches, GEN_BATCH per batch, stops starting batches after GEN_SECONDS)
-#   train  DFlash and EAGLE-3 concurrently on the one GPU, MIN minutes each (or MAX_STEPS)
-#   eval   τ of both drafters, greedy and T=1, EVAL_LIMIT chat + EVAL_LIMIT plain held-out prompts,
-#          NEW new tokens, four evaluations concurrently, each cut at EVAL_TIMEOUT seconds
+#   train  the METHODS drafters (default dflash dspark eagle3) concurrently on the one GPU, MIN minutes each
+#          (or MAX_STEPS)
+#   eval   τ of every drafter, greedy and T=1, EVAL_LIMIT chat + EVAL_LIMIT plain held-out prompts,
+#          NEW new tokens, all evaluations concurrently, each cut at EVAL_TIMEOUT seconds
 # STAGES="regen train eval" by default; without regen, REGEN=<dir with tokens.u16 meta.json> is used.
 # RESUME=1: train continues from $W/<method>/last.pt (an earlier call on the same warm machine); MIN is then the
 # total minutes of training, earlier calls included.
-# $OUT (≤ 8 files ≤ 16 MiB): dflash/{config.json,model.safetensors,MODEL_CARD.md},
-#   eagle3/{config.json,model.safetensors,MODEL_CARD.md}, logs.tar.gz, regen.tar.gz
+# $OUT (≤ 8 files ≤ 16 MiB): drafters.tar.part* (<method>/{config.json,*.safetensors,MODEL_CARD.md} for every
+#   trained method, split in 15 MiB parts: `cat drafters.tar.part* | tar x`), logs.tar.gz, regen.tar.gz
 # Offline: torch, numpy, safetensors only (the GGUF is read by specd_ref/gguf_io.py's numpy reader
 # when the pip `gguf` package is missing; no tokenizer is needed on the GPU).
 set -uo pipefail
@@ -22,7 +23,7 @@ W=${2:-/root/smol}; O=${OUT:-$W/out}
 SEQ=${SEQ:-4096}; LEN=${LEN:-320}; GEN_BATCH=${GEN_BATCH:-512}; GEN_SECONDS=${GEN_SECONDS:-90}
 MIN=${MIN:-3.25}; BATCH=${BATCH:-32}; MAX_STEPS=${MAX_STEPS:-100000}; EVAL_EVERY=${EVAL_EVERY:-200}
 EVAL_LIMIT=${EVAL_LIMIT:-16}; NEW=${NEW:-128}; EVAL_TIMEOUT=${EVAL_TIMEOUT:-170}
-STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; P=smollm2/prompts
+STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; P=smollm2/prompts; METHODS=${METHODS:-dflash dspark eagle3}
 R=${REGEN:-$W/regen}
 mkdir -p "$W" "$O"
 T0=$(date +%s)
@@ -38,8 +39,8 @@ if [[ " $STAGES " == *" regen "* ]]; then
 fi
 
 if [[ " $STAGES " == *" train "* ]]; then
-  tm "train start (dflash + eagle3 concurrently, $MIN min each)"
-  for m in dflash eagle3; do
+  tm "train start ($METHODS concurrently, $MIN min each)"
+  for m in $METHODS; do
     $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
         --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${RESUME:+--resume} >> "$W/train_$m.log" 2>&1 &
   done
@@ -52,18 +53,21 @@ if [[ " $STAGES " == *" eval "* ]]; then
   tm "eval start"
   ev() { timeout "$EVAL_TIMEOUT" $PY eval_tau.py --gguf "$G" --drafter "$W/$1/hf" --prompts $P --domains chat,plain \
          --limit "$EVAL_LIMIT" --new-tokens "$NEW" --temperature "$2" --out "$W/tau_$1_t$2.json" > "$W/eval_$1_t$2.log" 2>&1; }
-  ev dflash 0 & ev dflash 1 & ev eagle3 0 & ev eagle3 1 &
+  for m in $METHODS; do ev "$m" 0 & ev "$m" 1 & done
   wait
   tail -n 3 "$W"/eval_*.log
   tm "eval done"
 fi
 
-for m in dflash eagle3; do
-  if [ -f "$W/$m/hf/model.safetensors" ]; then
-    mkdir -p "$O/$m"; cp "$W/$m/hf/config.json" "$W/$m/hf/model.safetensors" "$O/$m/"
-    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --out "$O/$m/MODEL_CARD.md" || true
+D=$W/drafters; rm -rf "$D"; mkdir -p "$D"
+for m in $METHODS; do
+  if [ -f "$W/$m/hf/config.json" ]; then
+    mkdir -p "$D/$m"; cp "$W/$m/hf/config.json" "$W/$m"/hf/*.safetensors "$D/$m/"
+    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --out "$D/$m/MODEL_CARD.md" || true
   fi
 done
+tar cf - -C "$D" . | split -b 15M - "$O/drafters.tar.part"
+
 tm "all done"
 (cd "$W" && tar czf "$O/logs.tar.gz" --ignore-failed-read timings.txt regen.log train_*.log eval_*.log tau_*.json \
    */log.json regen/meta.json 2>/dev/null)
