@@ -63,7 +63,9 @@ D=$W/drafters; rm -rf "$D"; mkdir -p "$D"
 for m in $METHODS; do
   if [ -f "$W/$m/hf/config.json" ]; then
     mkdir -p "$D/$m"; cp "$W/$m/hf/config.json" "$W/$m"/hf/*.safetensors "$D/$m/"
-    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --out "$D/$m/MODEL_CARD.md" || true
+    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --out "$D/$m/MODEL_CARD.md" \
+        --command "SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
+bash tools/reference/gpu/smollm2.sh (training time spread over calls with RESUME=1)" || true
   fi
 done
 tar cf - -C "$D" . | split -b 15M - "$O/drafters.tar.part"
