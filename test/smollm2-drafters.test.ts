@@ -1,5 +1,5 @@
-// The DFlash and EAGLE-3 drafters trained for SmolLM2-135M-Instruct
-// (models/smollm2-135m-instruct-{dflash,eagle3}) run through the unchanged plugins on the GGUF target
+// The DFlash, DSpark and EAGLE-3 drafters trained for SmolLM2-135M-Instruct
+// (models/smollm2-135m-instruct-{dflash,dspark,eagle3}) run through the unchanged plugins on the GGUF target
 // (model-llama): greedy output must be plain decoding's, with one target forward per verify step and every
 // page freed; EAGLE-3 dynamic trees too; and specd's τ must be the PyTorch reference's
 // (tools/reference/smollm2/reference_tau.json, eval_tau.py on the GPU) within 0.1 on the first two chat and
@@ -21,6 +21,7 @@ const HAVE = !skipWithoutFiles('the drafters trained for SmolLM2-135M-Instruct',
 
 const DRAFTERS = {
   dflash: path.join(ROOT, 'models/smollm2-135m-instruct-dflash'),
+  dspark: path.join(ROOT, 'models/smollm2-135m-instruct-dspark'),
   eagle3: path.join(ROOT, 'models/smollm2-135m-instruct-eagle3'),
 };
 const REF = path.join(ROOT, 'tools/reference/smollm2/reference_tau.json');
@@ -102,7 +103,7 @@ describe.skipIf(!HAVE)('the drafters trained for SmolLM2-135M-Instruct', () => {
     },
   );
 
-  it.each(['dflash', 'eagle3'])(
+  it.each(['dflash', 'dspark', 'eagle3'])(
     "%s: greedy output is plain decoding's; drafts made, one target forward per verify step, pages freed",
     async (method) => {
       const { drafter } = await loadDrafter(
@@ -143,7 +144,7 @@ describe.skipIf(!HAVE)('the drafters trained for SmolLM2-135M-Instruct', () => {
     },
   );
 
-  it.each(['dflash', 'eagle3'] as const)(
+  it.each(['dflash', 'dspark', 'eagle3'] as const)(
     '%s: specd τ within 0.1 of the reference on the same prompts (greedy, 128 tokens, 2 chat + 2 plain)',
     async (method) => {
       const run = (JSON.parse(fs.readFileSync(REF, 'utf8')) as { runs: RefRun[] }).runs.find(

@@ -2,7 +2,7 @@
 // models/smollm2-135m-instruct-dflash` answers OpenAI chat completions with the model's own chat
 // template (ChatML from the GGUF metadata, default system prompt included), through the official
 // `openai` client, drafting with the DFlash drafter trained for it (a fixed draft length here, so the
-// test does not depend on the machine's measured costs); and configs/smollm2-dflash.json serves.
+// test does not depend on the machine's measured costs); and configs/smollm2-{dflash,dspark}.json serve.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -81,7 +81,7 @@ describe.skipIf(!HAVE)('specd serve with SmolLM2-135M-Instruct (GGUF)', () => {
     expect(streamed).toBe(whole);
   });
 
-  it('configs/smollm2-dflash.json serves the same greedy answer', async () => {
+  it.each(['dflash', 'dspark'])('configs/smollm2-%s.json serves the same greedy answer', async (method) => {
     const req = {
       model: 'smollm2-135m-instruct',
       messages: [{ role: 'user' as const, content: 'Name a color.' }],
@@ -89,9 +89,9 @@ describe.skipIf(!HAVE)('specd serve with SmolLM2-135M-Instruct (GGUF)', () => {
       temperature: 0,
     };
     const expected = (await client.chat.completions.create(req)).choices[0]!.message.content;
-    const c = await startServe({ config: 'configs/smollm2-dflash.json', port: 0, logLevel: 'silent' }, io);
+    const c = await startServe({ config: `configs/smollm2-${method}.json`, port: 0, logLevel: 'silent' }, io);
     try {
-      expect(c.drafter?.drafter.method).toBe('dflash');
+      expect(c.drafter?.drafter.method).toBe(method);
       const other = new OpenAI({ baseURL: `${c.url}/v1`, apiKey: 'none' });
       expect((await other.chat.completions.create(req)).choices[0]!.message.content).toBe(expected);
     } finally {

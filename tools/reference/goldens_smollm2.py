@@ -1,13 +1,13 @@
 """Goldens for the SmolLM2-135M-Instruct target and its drafters (CPU, ~1 minute):
 
-  python goldens_smollm2.py --gguf G --dflash D --eagle3 E --prompts smollm2/prompts --out OUT
+  python goldens_smollm2.py --gguf G --dflash D --dspark S --eagle3 E --prompts smollm2/prompts --out OUT
 
 For each fixed prompt, OUT/<name>.safetensors (fp32 unless noted):
   input_ids [T] i32 · hidden.{i} [T, D] for the taps the drafters read plus 0 and L (tap i = residual
   entering layer i; L = final pre-norm hidden) · hidden_last.{i} [min(T,4), D] for every i = 0..L (the
   per-layer check on the last positions, small enough to commit) · logits.last [min(T,2), V] · argmax [T] i32 ·
   dflash.context [T, D] (hidden_norm(fc(taps))) · dflash.layer.{j}.k / .v [T, KV, hd] (k_norm + RoPE) ·
-  {dflash,eagle3}.first_proposal [n] i32 (greedy drafts for the first block after prefill, the greedy
+  {dflash,dspark,eagle3}.first_proposal [n] i32 (greedy drafts for the first block after prefill, the greedy
   first token as the bonus).
 OUT/index.json: prompt text, T, greedy continuation (32 tokens, plain decoding), taps stored.
 The target is the GGUF dequantised to fp32 (q/k rows un-permuted to HF order); drafters are the bf16
@@ -77,6 +77,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--dflash", type=Path)
+    ap.add_argument("--dspark", type=Path)
     ap.add_argument("--eagle3", type=Path)
     ap.add_argument("--prompts", type=Path, default=Path("smollm2/prompts"))
     ap.add_argument("--out", type=Path, required=True)
@@ -85,12 +86,13 @@ def main():
     cpu = torch.device("cpu")
     target, _ = load_gguf(a.gguf, device=cpu)
     tok = load_tokenizer(a.gguf)
-    drafters = {n: load_drafter(p, cpu) for n, p in (("dflash", a.dflash), ("eagle3", a.eagle3))
+    drafters = {n: load_drafter(p, cpu) for n, p in (("dflash", a.dflash), ("dspark", a.dspark), ("eagle3", a.eagle3))
                 if p and (p / "config.json").exists()}
     a.out.mkdir(parents=True, exist_ok=True)
     index = {"target": "SmolLM2-135M-Instruct.Q4_1.gguf (dequantised fp32)",
-             "drafters": {n: str(p) for n, p in (("dflash", a.dflash), ("eagle3", a.eagle3)) if n in drafters},
-             "command": "python tools/reference/goldens_smollm2.py --gguf G --dflash D --eagle3 E --out OUT",
+             "drafters": {n: str(p) for n, p in (("dflash", a.dflash), ("dspark", a.dspark), ("eagle3", a.eagle3))
+                          if n in drafters},
+             "command": "python tools/reference/goldens_smollm2.py --gguf G --dflash D --dspark S --eagle3 E --out OUT",
              "goldens": {}}
     for name, text in prompts(a.prompts).items():
         ids = tok.encode(text).ids

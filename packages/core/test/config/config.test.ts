@@ -171,6 +171,7 @@ describe('config files', () => {
       'kimi-k3-tiny-eagle3.json',
       'kimi-k3-tiny-nospec.json',
       'smollm2-dflash.json',
+      'smollm2-dspark.json',
       'smollm2-eagle3.json',
     ]) {
       expect(shipped).toContain(f);
