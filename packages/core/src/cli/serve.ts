@@ -379,6 +379,7 @@ function pdOptions(
     host: cfg.pd.bootstrap?.host ?? host,
     bootstrapTimeoutMs: cfg.pd.bootstrap_timeout_ms,
     transferTimeoutMs: cfg.pd.transfer_timeout_ms,
+    transfer: cfg.pd.transfer,
     digest,
   };
   // test-only fault point: the prefill role's transfers stop after N descriptors (tests kill it there)
