@@ -248,7 +248,7 @@ export interface RawAddon {
   mlaAttentionAsync(...args: MlaAttentionRawArgs): Promise<void>;
   // nixl.cc (handles are opaque)
   nixlLoad(capiPath: string): void;
-  nixlCreateAgent(name: string): NixlHandle;
+  nixlCreateAgent(name: string, progressDelayUs: number): NixlHandle;
   nixlCreateBackend(agent: NixlHandle, plugin: string): NixlHandle;
   nixlAddress(bytes: Uint8Array): number;
   nixlRegister(agent: NixlHandle, backend: NixlHandle, bytes: Uint8Array): number;

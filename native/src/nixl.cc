@@ -6,7 +6,8 @@
 // JS entry points (wrapped by packages/core/src/pd/nixl-transfer.ts; every handle is an opaque External):
 //   nixlLoad(capiPath: string) -> undefined            dlopen(RTLD_NOW|RTLD_LOCAL) + dlsym of every function below;
 //                                                     throws Error(code ERR_SPECD_NIXL_MISSING) naming dlerror()
-//   nixlCreateAgent(name: string) -> agent             nixlAgent with its progress thread (the C API's default)
+//   nixlCreateAgent(name: string, progressDelayUs: 1..1e6) -> agent   nixlAgent with a progress thread that waits
+//                                                     for UCX events in poll(), timeout progressDelayUs (ms-rounded)
 //   nixlCreateBackend(agent, plugin: string) -> backend   the plugin's default parameters (e.g. "UCX")
 //   nixlRegister(agent, backend, bytes: Uint8Array) -> number   registers DRAM [addr, addr + length); returns addr
 //   nixlDeregister(agent, backend, addr: number, length: number) -> undefined
@@ -41,8 +42,20 @@ using Handle = void*;
 constexpr int kMemDram = 0;    // NIXL_CAPI_MEM_DRAM
 constexpr int kXferWrite = 1;  // NIXL_CAPI_XFER_OP_WRITE
 
+// nixl_capi_agent_config_t (unchanged since the C API gained it, ai-dynamo/nixl #824, through 1.5.1)
+struct AgentConfig {
+  bool enable_prog_thread;
+  bool enable_listen_thread;
+  int listen_port;
+  int thread_sync;  // nixl_capi_thread_sync_t: 0 = NIXL_CAPI_THREAD_SYNC_DEFAULT
+  unsigned int num_workers;
+  uint64_t pthr_delay_us;
+  uint64_t lthr_delay_us;
+  bool capture_telemetry;
+};
+
 struct Api {
-  Status (*create_agent)(const char*, Handle*);
+  Status (*create_configured_agent)(const char*, const AgentConfig*, Handle*);
   Status (*destroy_agent)(Handle);
   Status (*get_plugin_params)(Handle, const char*, Handle*, Handle*);
   Status (*destroy_mem_list)(Handle);
@@ -156,7 +169,7 @@ Napi::Value LoadBinding(const Napi::CallbackInfo& info) {
   Api a{};
   std::string missing;
 #define SPECD_NIXL_SYM(field) Sym(lib, "nixl_capi_" #field, &a.field, &missing)
-  SPECD_NIXL_SYM(create_agent);
+  SPECD_NIXL_SYM(create_configured_agent);
   SPECD_NIXL_SYM(destroy_agent);
   SPECD_NIXL_SYM(get_plugin_params);
   SPECD_NIXL_SYM(destroy_mem_list);
@@ -205,8 +218,13 @@ Napi::Value CreateAgentBinding(const Napi::CallbackInfo& info) {
   RequireLoaded(info.Env(), "nixlCreateAgent");
   ArgReader args(info, "nixlCreateAgent");
   const std::string name = args.String(0, "name");
+  const int64_t delay_us = args.Int(1, "progressDelayUs", 1, 1000000);
+  // A progress thread (so UCX moves bytes without the event loop) that sleeps in poll() on the workers' event fds
+  // with a timeout of delay_us rounded up to ms; the C API's default (delay 0) makes that poll() spin a core.
+  const AgentConfig cfg{true, false, 0, 0, 1, static_cast<uint64_t>(delay_us), 100000, false};
   Handle agent = nullptr;
-  Check(info.Env(), "nixlCreateAgent", "nixl_capi_create_agent", g_api.create_agent(name.c_str(), &agent));
+  Check(info.Env(), "nixlCreateAgent", "nixl_capi_create_configured_agent",
+        g_api.create_configured_agent(name.c_str(), &cfg, &agent));
   return Napi::External<void>::New(info.Env(), agent);
 }
 

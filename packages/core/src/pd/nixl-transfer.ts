@@ -18,7 +18,8 @@
  * - P posts ONE NIXL WRITE request for all the runs (one batched descriptor list, contiguous pages coalesced by
  *   {@link coalesceDescriptors}), its notification `{req, seq, descriptors, bytes, last: true, payload}`.
  *   (The pause test hook posts the first N runs as a first request whose notification has `last: false`.)
- * - D, on the notification (polled: `getNotifs` every {@link POLL_MS} ms while an expect is pending), checks the
+ * - D, on the notification (polled: `getNotifs` at every event-loop turn for {@link SPIN_MS} ms after a `go`, then
+ *   every {@link POLL_MS} ms while an expect is pending), checks the
  *   counts against the `req` message, resolves `expect` with `payload` and sends `done` `{t: 'done', req, ok: true}`
  *   (or not ok, code 'peer', when the counts disagree); P's write resolves on it.
  * - either way `abort` `{t: 'abort', req, reason}`: the other side rejects its pending promise ('abort'); P releases
@@ -52,6 +53,13 @@ import { AllowedRanges } from './zmq-transfer-protocol.js';
 
 /** How often a pending expect polls NIXL's notifications and a pending write its transfer status (ms). */
 export const POLL_MS = 1;
+/** After D accepts a transfer it polls at every event-loop turn for this long (ms): a small payload lands sooner. */
+const SPIN_MS = 2;
+/**
+ * NIXL's progress thread waits for UCX events at most this long per poll() (µs, rounded up to ms by NIXL): it
+ * wakes on events at once, so this only bounds a missed wake-up; NIXL's default (0) spins a core per agent.
+ */
+const PROGRESS_DELAY_US = 1000;
 /** How many finished / aborted request ids a receiver remembers (to answer their late messages). */
 const TOMBSTONES = 4096;
 /** A control frame larger than this is refused (the connection is dropped): 64 MiB. */
@@ -211,7 +219,9 @@ class NixlTransferEngine implements TransferEngine {
   private readonly accepted = new Set<Control>();
   /** The version of this agent's metadata (bumped by every (de)registration). */
   private version = 0;
-  private polling: NodeJS.Timeout | undefined;
+  private polling: NodeJS.Timeout | NodeJS.Immediate | undefined;
+  /** Poll at every event-loop turn until then (performance.now() ms). */
+  private spinUntil = 0;
   private closed = false;
 
   constructor(
@@ -401,6 +411,8 @@ class NixlTransferEngine implements TransferEngine {
       return;
     }
     control.send({ t: 'go', req: e.requestId, a: addrs, v: this.version });
+    this.spinUntil = performance.now() + SPIN_MS;
+    this.schedulePoll();
   }
 
   /** Applies NIXL notifications: `{req, seq, descriptors, bytes, last, payload}` (running totals). */
@@ -712,7 +724,9 @@ class NixlTransferEngine implements TransferEngine {
     if (this.polling !== undefined || this.closed) return;
     let active = this.expects.size > 0;
     for (const w of this.writes.values()) if (w.xfer !== undefined) active = true;
-    if (active) this.polling = setTimeout(() => this.poll(), POLL_MS);
+    if (!active) return;
+    this.polling =
+      performance.now() < this.spinUntil ? setImmediate(() => this.poll()) : setTimeout(() => this.poll(), POLL_MS);
   }
 
   private releaseXfer(w: PendingWrite): void {
@@ -762,7 +776,10 @@ class NixlTransferEngine implements TransferEngine {
     }
     this.closed = true;
     openEngines.delete(this);
-    clearTimeout(this.polling);
+    if (this.polling !== undefined) {
+      clearTimeout(this.polling as NodeJS.Timeout);
+      clearImmediate(this.polling as NodeJS.Immediate);
+    }
     this.destroy();
   }
 
@@ -799,7 +816,7 @@ export async function createNixlTransferEngine(options: NixlTransferEngineOption
     throw new RangeError(`createNixlTransferEngine: testHooks.pauseAfterDescriptors must be ≥ 0, got ${pause}`);
   const api = loadNixl();
   const name = `specd-${os.hostname()}-${process.pid}-${randomBytes(6).toString('hex')}`;
-  const agent = api.nixlCreateAgent(name);
+  const agent = api.nixlCreateAgent(name, PROGRESS_DELAY_US);
   let backend: NixlHandle;
   const savedTls = process.env.UCX_TLS;
   try {
