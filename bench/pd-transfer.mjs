@@ -138,9 +138,8 @@ if (argv[0] === '--peer') {
         }
       const med = kinds.map((k) => median(got.get(k)));
       const ratios = med.slice(1).map((g) => `${(g / (med[0] ?? 1)).toFixed(2)}×`);
-      console.log(
-        `| ${bytes / MB} MB | ${layout} | ${descriptors} | ${med.map((g) => g.toFixed(2)).join(' | ')} | ${ratios.join(' | ')} |`,
-      );
+      const cells = [`${bytes / MB} MB`, layout, descriptors, ...med.map((g) => g.toFixed(2)), ...ratios];
+      console.log(`| ${cells.join(' | ')} |`);
     }
   }
   console.log(`\nload average after: ${loadavg()[0].toFixed(2)}`);
