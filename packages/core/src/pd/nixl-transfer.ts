@@ -23,7 +23,9 @@
  *   counts against the `req` message, resolves `expect` with `payload` and sends `done` `{t: 'done', req, ok: true}`
  *   (or not ok, code 'peer', when the counts disagree); P's write resolves on it.
  * - either way `abort` `{t: 'abort', req, reason}`: the other side rejects its pending promise ('abort'); P releases
- *   the NIXL request (NIXL aborts a transfer in progress).
+ *   the NIXL request (NIXL aborts a transfer in progress) before it sends its abort, and answers D's with
+ *   `{t: 'released', req}`: a one-sided write cannot be recalled by D, so D's expect (whose rejection lets D reuse
+ *   the pages) settles only once P released it, P's connection closed, or {@link RELEASE_GRACE_MS} passed.
  *
  * Dead peers: a control connection that closes fails its side's pending requests at once ('peer', naming the
  * peer); a peer that stays connected but silent runs into `timeoutMs` ('timeout'). A write to an address nobody
@@ -60,6 +62,12 @@ const SPIN_MS = 2;
  * wakes on events at once, so this only bounds a missed wake-up; NIXL's default (0) spins a core per agent.
  */
 const PROGRESS_DELAY_US = 1000;
+/**
+ * How long D waits, after aborting a request whose transfer it accepted, for P to confirm that it released its NIXL
+ * write (ms): a one-sided write cannot be recalled from D, so the request's pages stay D's until P stopped writing
+ * into them (or its connection closed); after this D gives them up anyway.
+ */
+const RELEASE_GRACE_MS = 1000;
 /** How many finished / aborted request ids a receiver remembers (to answer their late messages). */
 const TOMBSTONES = 4096;
 /** A control frame larger than this is refused (the connection is dropped): 64 MiB. */
@@ -91,12 +99,17 @@ type Msg =
   | { t: 'go'; req: string; a: number[]; v: number; md?: string }
   | { t: 'done'; req: string; ok: true }
   | { t: 'done'; req: string; ok: false; code: PdError['code']; message: string }
-  | { t: 'abort'; req: string; reason: string };
+  | { t: 'abort'; req: string; reason: string }
+  | { t: 'released'; req: string };
 
 /** A control connection: length-prefixed JSON frames. */
 class Control {
   private pending: Buffer = Buffer.alloc(0);
   closed = false;
+  /** Receiver side: the version of this agent's metadata the peer holds (sent in hello, or in a later go). */
+  version = -1;
+  /** Receiver side: requests aborted here whose sender has not yet released its NIXL write → settle the expect. */
+  readonly releasing = new Map<string, () => void>();
 
   constructor(
     readonly sock: net.Socket,
@@ -331,6 +344,7 @@ class NixlTransferEngine implements TransferEngine {
       () => this.onSenderGone(control),
     );
     this.accepted.add(control);
+    control.version = this.version;
     control.send({
       t: 'hello',
       agent: this.agentName,
@@ -340,6 +354,10 @@ class NixlTransferEngine implements TransferEngine {
   }
 
   private onInbound(control: Control, m: Msg): void {
+    if (m.t === 'released') {
+      control.releasing.get(m.req)?.();
+      return;
+    }
     if (m.t === 'abort') {
       const e = this.expects.get(m.req);
       if (e !== undefined && e.sender === control)
@@ -410,7 +428,15 @@ class NixlTransferEngine implements TransferEngine {
       e.resolve(m.payload);
       return;
     }
-    control.send({ t: 'go', req: e.requestId, a: addrs, v: this.version });
+    const stale = control.version !== this.version;
+    control.version = this.version;
+    control.send({
+      t: 'go',
+      req: e.requestId,
+      a: addrs,
+      v: this.version,
+      ...(stale ? { md: this.api.nixlLocalMetadata(this.agent).toString('base64') } : {}),
+    });
     this.spinUntil = performance.now() + SPIN_MS;
     this.schedulePoll();
   }
@@ -447,6 +473,7 @@ class NixlTransferEngine implements TransferEngine {
 
   private onSenderGone(control: Control): void {
     this.accepted.delete(control);
+    for (const settle of [...control.releasing.values()]) settle();
     for (const e of [...this.expects.values()])
       if (e.sender === control)
         this.failExpect(
@@ -466,10 +493,30 @@ class NixlTransferEngine implements TransferEngine {
     e.reject(new PdError(code, message));
   }
 
+  /**
+   * Rejects a pending expect; `tell` (when given) is sent to its sender as an abort reason. When the sender was
+   * told and its write may still be landing (D accepted the transfer, no final notification yet), the rejection
+   * waits until the sender confirms it released the write, its connection closes, or {@link RELEASE_GRACE_MS}.
+   */
   private failExpect(e: PendingExpect, err: PdError, tell: string | undefined): void {
     this.endExpect(e, err.message);
-    if (tell !== undefined) e.sender?.send({ t: 'abort', req: e.requestId, reason: tell });
-    e.reject(err);
+    const sender = e.sender;
+    if (tell === undefined || sender === undefined) {
+      e.reject(err);
+      return;
+    }
+    sender.send({ t: 'abort', req: e.requestId, reason: tell });
+    if (e.announced === undefined || sender.closed) {
+      e.reject(err);
+      return;
+    }
+    const settle = (): void => {
+      clearTimeout(timer);
+      sender.releasing.delete(e.requestId);
+      e.reject(err);
+    };
+    const timer = setTimeout(settle, RELEASE_GRACE_MS);
+    sender.releasing.set(e.requestId, settle);
   }
 
   private endExpect(e: PendingExpect, why: string): void {
@@ -632,12 +679,16 @@ class NixlTransferEngine implements TransferEngine {
   }
 
   private onReply(link: PeerLink, m: Msg): void {
-    if (m.t === 'hello') return;
+    if (m.t === 'hello' || m.t === 'released') return;
     const w = this.writes.get(m.req);
-    if (w === undefined || w.link !== link) return;
     if (m.t === 'abort') {
-      this.failWrite(w, new PdError('abort', `request ${m.req} aborted by the receiver ${link.peer}: ${m.reason}`));
-    } else if (m.t === 'done' && m.ok) {
+      if (w !== undefined && w.link === link)
+        this.failWrite(w, new PdError('abort', `request ${m.req} aborted by the receiver ${link.peer}: ${m.reason}`));
+      link.control.send({ t: 'released', req: m.req }); // nothing of the request is in flight from here any more
+      return;
+    }
+    if (w === undefined || w.link !== link) return;
+    if (m.t === 'done' && m.ok) {
       this.endWrite(w);
       w.resolve({ ...w.stats });
     } else if (m.t === 'done') {

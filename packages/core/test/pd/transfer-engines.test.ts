@@ -260,6 +260,24 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     expect([p1.inflight, p2.inflight, d1.inflight, d2.inflight]).toEqual([0, 0, 0, 0]);
   });
 
+  run('a region registered after a first request is written by the next (the peer learns it)', async () => {
+    const { a, b, src } = await pair();
+    const first = pagePairs([[0, 0]], PAGE);
+    const got = b.expect('before', pageRanges([0], PAGE), { timeoutMs: 10_000 });
+    await a.write(b.address, 'before', first.local, first.remote, 1, { timeoutMs: 10_000 });
+    expect(await got).toBe(1);
+    const later = new Uint8Array(4 * PAGE);
+    b.registerRegions([{ id: 'later', bytes: later }]);
+    const local = [{ region: 'src', offset: 5 * PAGE, length: 2 * PAGE }];
+    const remote = [{ region: 'later', offset: PAGE, length: 2 * PAGE }];
+    const got2 = b.expect('after', remote, { timeoutMs: 10_000 });
+    await a.write(b.address, 'after', local, remote, 2, { timeoutMs: 10_000 });
+    expect(await got2).toBe(2);
+    const want = new Uint8Array(4 * PAGE);
+    want.set(src.subarray(5 * PAGE, 7 * PAGE), PAGE);
+    expect(firstDiff(later, want)).toBe(-1);
+  });
+
   run('delivers a notification alone (no descriptors)', async () => {
     const [a, b] = [await engine(), await engine()];
     const got = b.expect('empty', [], { timeoutMs: 10_000 });
