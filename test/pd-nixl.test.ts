@@ -1,7 +1,9 @@
 // Prefill/decode disaggregation with the NIXL transfer engine (config `pd.transfer: "nixl"`) as real processes on
 // loopback: `specd serve --role prefill`, `--role decode` and `specd router`, kimi-k3-tiny with plain decoding and
 // with its DFlash drafter. Greedy completions through the router equal an aggregated server's; the decode instance
-// prefills nothing; payload bytes arrived; every page, slot and transfer is free afterwards. Needs the models and
+// prefills nothing; payload bytes arrived; every page, slot and transfer is free afterwards. P killed mid-transfer
+// (its NIXL write paused after 1 descriptor by the test hook): the client gets an error, D frees everything at once
+// (the control connection's close, not a timeout), and answers. Needs the models and
 // `npm run nixl:fetch` (npm test runs it): without the library the case fails under CI=true, else skips loudly.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -12,6 +14,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
+  allFree,
   drafterBranch,
   drafterDirs,
   metric,
@@ -21,6 +24,7 @@ import {
   startRouter,
   startSpecd,
   stopAll,
+  until,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
@@ -95,4 +99,39 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
     },
     300_000,
   );
+
+  it('P killed mid-transfer: the client gets an error, D frees everything and still answers', async () => {
+    const file = path.join(tmp, 'fault.json');
+    const pd = { transfer: 'nixl', bootstrap_timeout_ms: 20_000, transfer_timeout_ms: 60_000 };
+    fs.writeFileSync(
+      file,
+      JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(dflash), pd }),
+    );
+    const procs: (SpecdProcess | undefined)[] = [];
+    try {
+      const args = ['serve', '--config', file, '--port', '0', '--log-level', 'warn'];
+      const [p, d] = await Promise.all([
+        startSpecd([...args, '--role', 'prefill'], 120_000, { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' }),
+        startSpecd([...args, '--role', 'decode']),
+      ]);
+      procs.push(p, d);
+      const r = await startRouter(p, d, file);
+      procs.push(r);
+      const model = (await (await fetch(`${d.url}/v1/models`)).json()).data[0].id as string;
+      const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const pending = client.completions.create({ model, prompt: PROMPT_FAULT, max_tokens: 8 }).catch((e) => e);
+      await until('P paused in the transfer', () => /paused after 1 descriptors of room/.test(p.stderr()));
+      p.kill('SIGKILL');
+      const err = await pending;
+      expect(err).toBeInstanceOf(OpenAI.APIError);
+      expect((err as InstanceType<typeof OpenAI.APIError>).status).toBeGreaterThanOrEqual(500);
+      // within until's 20 s, a third of the 60 s transfer timeout: D learnt it from the closed connection
+      await until('D free', () => allFree(d.url));
+      expect((await fetch(`${d.url}/health`)).status).toBe(200);
+    } finally {
+      await stopAll(procs);
+    }
+  }, 300_000);
 });
+
+const PROMPT_FAULT = 'The history of the ';
