@@ -3,7 +3,8 @@
 // with its DFlash drafter. Greedy completions through the router equal an aggregated server's; the decode instance
 // prefills nothing; payload bytes arrived; every page, slot and transfer is free afterwards. P killed mid-transfer
 // (its NIXL write paused after 1 descriptor by the test hook): the client gets an error, D frees everything at once
-// (the control connection's close, not a timeout), and answers. Needs the models and
+// (the control connection's close, not a timeout), and answers. A prefill instance at pp 2 (its stage processes
+// write their layers over NIXL too) gives the aggregated output. Needs the models and
 // `npm run nixl:fetch` (npm test runs it): without the library the case fails under CI=true, else skips loudly.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -99,6 +100,36 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
     },
     300_000,
   );
+
+  it('P at pp 2 (each stage process sends its own layers over NIXL): greedy output equals aggregated', async () => {
+    const file = path.join(tmp, 'pp.json');
+    const base = { model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(dflash) };
+    fs.writeFileSync(file, JSON.stringify({ ...base, pd: { transfer: 'nixl' } }));
+    const procs: (SpecdProcess | undefined)[] = [];
+    try {
+      const args = ['serve', '--config', file, '--port', '0', '--log-level', 'warn'];
+      const [a, p, d] = await Promise.all([
+        startSpecd(args),
+        startSpecd([...args, '--role', 'prefill', '--pp', '2']),
+        startSpecd([...args, '--role', 'decode']),
+      ]);
+      procs.push(a, p, d);
+      const r = await startRouter(p, d, file);
+      procs.push(r);
+      const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+      const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
+      const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
+      for (const prompt of PROMPTS) {
+        const body = { model, prompt, max_tokens: 16, temperature: 0 };
+        const want = await agg.completions.create(body);
+        expect((await pd.completions.create(body)).choices[0]?.text, prompt).toBe(want.choices[0]?.text);
+      }
+      expect(metric(await metricsOf(d.url), 'specd_prompt_tokens_prefilled')).toBe(0);
+      await until('P and D free', async () => (await allFree(p.url)) && (await allFree(d.url)));
+    } finally {
+      await stopAll(procs);
+    }
+  }, 300_000);
 
   it('P killed mid-transfer: the client gets an error, D frees everything and still answers', async () => {
     const file = path.join(tmp, 'fault.json');
