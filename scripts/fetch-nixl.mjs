@@ -17,9 +17,10 @@
  * - `nixl_cu12/` (Python bindings), `nixl_ep_cu12/` (3 × 36 MB torch extensions), scripts, asio headers: skipped.
  * No CUDA library is linked by the core or the UCX plugin (CUDA is only loaded by UCX's cuda modules when present).
  *
- * Steps: pip download into a temp dir (or `--wheel FILE` / SPECD_NIXL_WHEEL) → check the sha256 → extract the two
- * library folders into a temp folder next to the destination (Python's zipfile) → rename into place (atomic) →
- * write `.complete` (the wheel's sha256). Cached: a complete destination prints "ok, cached" and does nothing.
+ * Steps: the wheel: `--wheel FILE` / SPECD_NIXL_WHEEL, else the cached `.cache/nixl/<wheel>`, else pip download
+ * (kept there afterwards) → check the sha256 → extract the two library folders into a temp folder next to the
+ * destination (Python's zipfile) → rename into place (atomic) → write `.complete` (the wheel's sha256).
+ * Cached: a complete destination prints "ok, cached" and does nothing (`--force` re-extracts from the cached wheel).
  * Exit status: 0 on success, 1 on any failure (the message says what failed and what to do).
  */
 
@@ -40,9 +41,10 @@ const KEEP = ['.nixl_cu12.mesonpy.libs/', 'nixl_cu12.libs/'];
 /** The files the engine needs, checked after extraction. */
 const REQUIRED = ['.nixl_cu12.mesonpy.libs/libnixl_capi.so', '.nixl_cu12.mesonpy.libs/plugins/libplugin_UCX.so'];
 
+class FetchError extends Error {}
+
 function fail(what, todo) {
-  console.error(`nixl:fetch: ${what}\n  → ${todo}`);
-  process.exit(1);
+  throw new FetchError(`nixl:fetch: ${what}\n  → ${todo}`);
 }
 
 function parseArgs(argv) {
@@ -112,6 +114,11 @@ function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-nixl-'));
   try {
     let wheel = opts.wheel;
+    const cachedWheel = path.join(path.dirname(opts.dest), WHEEL_NAME);
+    if (wheel === undefined && fs.existsSync(cachedWheel) && sha256File(cachedWheel) === WHEEL_SHA256) {
+      console.log(`nixl:fetch: using the cached ${path.relative(REPO_ROOT, cachedWheel)}`);
+      wheel = cachedWheel;
+    }
     if (wheel === undefined) {
       console.log(`nixl:fetch: downloading ${PACKAGE}==${VERSION} (${WHEEL_NAME}, ~69 MB) from PyPI …`);
       run(
@@ -141,6 +148,11 @@ function main() {
         'check network access to pypi.org (proxy: HTTPS_PROXY / PIP_INDEX_URL), or pass --wheel FILE',
       );
       wheel = path.join(tmp, WHEEL_NAME);
+      if (fs.existsSync(wheel) && sha256File(wheel) === WHEEL_SHA256) {
+        fs.mkdirSync(path.dirname(cachedWheel), { recursive: true });
+        fs.copyFileSync(wheel, `${cachedWheel}.part`);
+        fs.renameSync(`${cachedWheel}.part`, cachedWheel);
+      }
     }
     if (!fs.existsSync(wheel)) fail(`${wheel} does not exist`, 'pass --wheel FILE naming the downloaded wheel');
     const got = sha256File(wheel);
@@ -167,4 +179,10 @@ function main() {
   }
 }
 
-main();
+try {
+  main();
+} catch (e) {
+  if (!(e instanceof FetchError)) throw e;
+  console.error(e.message);
+  process.exit(1);
+}

@@ -4,7 +4,7 @@
 // killed mid-request (fixtures/transfer-peer.mjs). Runs against dist/ (`npm run build:ts`). The NIXL engine needs
 // `npm run nixl:fetch` (npm test runs it); without it the NIXL cases fail under CI=true and are skipped loudly
 // elsewhere. Engine-specific wire details (ZeroMQ batches, raw peers) stay in zmq-transfer.test.ts.
-import { fork, type ChildProcess } from 'node:child_process';
+import { execFileSync, fork, type ChildProcess } from 'node:child_process';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -495,6 +495,26 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
         expect(p.inflight).toBe(0);
       },
     );
+  });
+});
+
+describe('the NIXL library missing', () => {
+  it('creating a NIXL engine fails with one message saying npm run nixl:fetch', () => {
+    // a child process: this one may have loaded the library already (it is loaded once per process)
+    const dist = new URL('../../dist/pd/nixl-transfer.js', import.meta.url).href;
+    const script =
+      `import(${JSON.stringify(dist)}).then((m) => m.createNixlTransferEngine())` +
+      '.then(() => console.log("created"), (e) => console.log(JSON.stringify([e.code, e.message])))';
+    const out = execFileSync(process.execPath, ['-e', script], {
+      env: { ...process.env, SPECD_NIXL_DIR: '/nonexistent/nixl' },
+      encoding: 'utf8',
+    });
+    expect(JSON.parse(out)).toEqual([
+      'ERR_SPECD_NIXL_MISSING',
+      'the NIXL library is not at /nonexistent/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so: run `npm run nixl:fetch` ' +
+        '(it unpacks the PyPI wheel nixl-cu12==1.5.1 into .cache/nixl/), or set SPECD_NIXL_DIR to an unpacked copy; ' +
+        'or use pd.transfer "zmq"',
+    ]);
   });
 });
 
