@@ -511,9 +511,9 @@ describe('the NIXL library missing', () => {
     });
     expect(JSON.parse(out)).toEqual([
       'ERR_SPECD_NIXL_MISSING',
-      'the NIXL library is not at /nonexistent/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so: run `npm run nixl:fetch` ' +
-        '(it unpacks the PyPI wheel nixl-cu12==1.5.1 into .cache/nixl/), or set SPECD_NIXL_DIR to an unpacked copy; ' +
-        'or use pd.transfer "zmq"',
+      'the NIXL library is not at /nonexistent/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so: ' +
+        'run `npm run nixl:fetch` (it unpacks the PyPI wheel nixl-cu12==1.5.1 into .cache/nixl/), ' +
+        'or set SPECD_NIXL_DIR to an unpacked copy; or use pd.transfer "zmq"',
     ]);
   });
 });
