@@ -4,9 +4,14 @@
  * `NIXL_PLUGIN_DIR` to the wheel's plugin folder (unless already set) before the first agent exists; the
  * libraries' RPATH ($ORIGIN/../nixl_cu12.libs) finds the bundled UCX, grpc, etc., and UCX finds its transport
  * modules next to libucs (nixl_cu12.libs/ucx), so no LD_LIBRARY_PATH is needed.
+ *
+ * On a host without RDMA devices (no /sys/class/infiniband entries) loading also sets `UCX_MODULES=^ib,rdmacm,cuda`
+ * unless `UCX_MODULES` is set: those UCX modules have nothing to drive there, and the InfiniBand one pulls in the
+ * wheel's libnl-route, whose destructor (rtnl_tc_unregister) crashes the process at exit (SIGSEGV in _dl_fini,
+ * seen with gdb, whether or not the agent was destroyed). With them left out UCX uses CMA / shared memory / TCP.
  */
 
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -34,6 +39,15 @@ export function nixlAvailable(dir = nixlDir()): boolean {
   return existsSync(nixlPaths(dir).capi);
 }
 
+/** Whether the host has an RDMA device (an entry in /sys/class/infiniband). */
+function hasRdmaDevice(): boolean {
+  try {
+    return readdirSync('/sys/class/infiniband').length > 0;
+  } catch {
+    return false;
+  }
+}
+
 let loaded: NixlApi | undefined;
 
 /**
@@ -54,6 +68,7 @@ export function loadNixl(): NixlApi {
     throw e;
   }
   if (process.env.NIXL_PLUGIN_DIR === undefined) process.env.NIXL_PLUGIN_DIR = plugins;
+  if (process.env.UCX_MODULES === undefined && !hasRdmaDevice()) process.env.UCX_MODULES = '^ib,rdmacm,cuda';
   loaded = nixlLoad(capi);
   return loaded;
 }
