@@ -702,7 +702,10 @@ class NixlTransferEngine implements TransferEngine {
         if (m.v !== link.version) throw new Error(`its metadata version ${m.v} is not the one held (${link.version})`);
         if (!Array.isArray(m.a) || m.a.length !== w.runs.length) throw new Error('malformed go message');
         const pause = this.hooks.pauseAfterDescriptors;
-        this.post(w, m.a, pause === undefined ? w.runs.length : Math.min(pause, w.runs.length));
+        const end = pause === undefined ? w.runs.length : Math.min(pause, w.runs.length);
+        if (end === 0)
+          this.hooks.onPause?.(w.requestId); // the test hook paused before the first descriptor
+        else this.post(w, m.a, end);
       } catch (err) {
         this.failWrite(
           w,
