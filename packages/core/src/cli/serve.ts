@@ -370,6 +370,7 @@ function pdOptions(
           },
         }),
     pageSize: cfg.scheduler.page_size,
+    transfer: cfg.pd.transfer,
     ...(draftKv ? { draftPageSize: DRAFT_PAGE_SIZE, draftDtype: 'f32' } : {}),
     dtype: 'f32',
     tp: par.tp,
