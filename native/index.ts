@@ -105,3 +105,4 @@ export {
 export type { KernelBackend } from './src/backend.js';
 export { cpuBackend } from './src/cpu-backend.js';
 export type { PackedBf16Data, PackedQuantData } from './src/addon.js';
+export { nixlLoad, type NixlApi, type NixlHandle } from './src/nixl.js';

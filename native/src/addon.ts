@@ -246,7 +246,33 @@ export interface RawAddon {
   // mla.cc
   mlaAttention(...args: MlaAttentionRawArgs): void;
   mlaAttentionAsync(...args: MlaAttentionRawArgs): Promise<void>;
+  // nixl.cc (handles are opaque)
+  nixlLoad(capiPath: string): void;
+  nixlCreateAgent(name: string, progressDelayUs: number): NixlHandle;
+  nixlCreateBackend(agent: NixlHandle, plugin: string): NixlHandle;
+  nixlAddress(bytes: Uint8Array): number;
+  nixlRegister(agent: NixlHandle, backend: NixlHandle, bytes: Uint8Array): number;
+  nixlDeregister(agent: NixlHandle, backend: NixlHandle, addr: number, length: number): void;
+  nixlLocalMetadata(agent: NixlHandle): Buffer;
+  nixlLoadRemoteMetadata(agent: NixlHandle, md: Uint8Array): string;
+  nixlInvalidateRemote(agent: NixlHandle, name: string): void;
+  nixlPostWrite(
+    agent: NixlHandle,
+    backend: NixlHandle,
+    remote: string,
+    local: Float64Array,
+    remoteDescs: Float64Array,
+    notif: Uint8Array,
+  ): NixlHandle;
+  nixlXferStatus(agent: NixlHandle, xfer: NixlHandle): number;
+  nixlReleaseXfer(agent: NixlHandle, xfer: NixlHandle): void;
+  nixlGetNotifs(agent: NixlHandle): [string, Buffer][];
+  nixlDestroyBackend(backend: NixlHandle): void;
+  nixlDestroyAgent(agent: NixlHandle): void;
 }
+
+/** An opaque NIXL C API handle (agent, backend or transfer request) held by the addon (native/src/nixl.cc). */
+export type NixlHandle = { readonly __brand: 'NixlHandle' };
 
 /** Absolute path of the addon this package loads. */
 export const addonPath: string = fileURLToPath(new URL('../../build/Release/specd_native.node', import.meta.url));

@@ -22,6 +22,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
     RegisterAttention(env, exports);
     RegisterMla(env, exports);
     RegisterQuant(env, exports);
+    RegisterNixl(env, exports);
   } catch (const Napi::Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -47,5 +47,6 @@ void RegisterMoe(Napi::Env env, Napi::Object exports);         // moe.cc: MoE ro
 void RegisterAttention(Napi::Env env, Napi::Object exports);   // attention.cc: paged GQA attention, page writes/copies
 void RegisterMla(Napi::Env env, Napi::Object exports);         // mla.cc: absorbed MLA over a paged latent cache
 void RegisterQuant(Napi::Env env, Napi::Object exports);       // quant.cc: GGUF Q4_0/Q4_1/Q8_0 GEMM, dequant to bf16
+void RegisterNixl(Napi::Env env, Napi::Object exports);        // nixl.cc: NIXL C API, loaded with dlopen (PD transfers)
 
 }  // namespace specd

@@ -370,6 +370,7 @@ function pdOptions(
           },
         }),
     pageSize: cfg.scheduler.page_size,
+    transfer: cfg.pd.transfer,
     ...(draftKv ? { draftPageSize: DRAFT_PAGE_SIZE, draftDtype: 'f32' } : {}),
     dtype: 'f32',
     tp: par.tp,
@@ -379,6 +380,7 @@ function pdOptions(
     host: cfg.pd.bootstrap?.host ?? host,
     bootstrapTimeoutMs: cfg.pd.bootstrap_timeout_ms,
     transferTimeoutMs: cfg.pd.transfer_timeout_ms,
+    transfer: cfg.pd.transfer,
     digest,
   };
   // test-only fault point: the prefill role's transfers stop after N descriptors (tests kill it there)

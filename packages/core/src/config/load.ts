@@ -80,6 +80,7 @@ export interface SpecdConfig {
       health_interval_ms: number;
     };
     bootstrap_timeout_ms: number;
+    transfer: 'zmq' | 'nixl';
     transfer_timeout_ms: number;
   };
 }

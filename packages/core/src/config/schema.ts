@@ -266,6 +266,13 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
             default: 30000,
             description: 'how long P and D wait for their peer to join a bootstrap room before failing the request',
           },
+          transfer: {
+            enum: ['zmq', 'nixl'],
+            default: 'zmq',
+            description:
+              'the PD data plane: zmq (ZeroMQ/TCP) or nixl (NIXL over UCX: shared memory/TCP on one host, RDMA on a ' +
+              'cluster; needs `npm run nixl:fetch`); prefill and decode instances must use the same',
+          },
           transfer_timeout_ms: {
             type: 'integer',
             minimum: 1,

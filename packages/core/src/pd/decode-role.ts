@@ -26,7 +26,7 @@ import { type PdRoleOptions, Tombstones } from './prefill-role.js';
 import { RankedState } from './ranks.js';
 import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
-import { createZmqTransferEngine } from './zmq-transfer.js';
+import { createTransferEngine } from './transfer-factory.js';
 import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
 
 /** How a request admitted by the decode role goes on. */
@@ -155,7 +155,7 @@ export class DecodeRole {
 
   /** Binds the transfer agent and registers the engine's memory. */
   async start(): Promise<void> {
-    this.transfer = await createZmqTransferEngine({ host: this.options.host, port: 0 });
+    this.transfer = await createTransferEngine(this.options.transfer ?? 'zmq', { host: this.options.host, port: 0 });
     const regions = this.ranked.regions();
     this.transfer.registerRegions(regions);
     this.lookup = regionLookup(regions);

@@ -24,6 +24,7 @@
  *   than what it computes ({@link DIGEST_IGNORED_SETTINGS}: `path`, `context_only`).
  * - `page_size.target`, `page_size.draft` (tokens per page; `'none'` without draft KV), `dtype.target`,
  *   `dtype.draft` (the caches' dtypes, e.g. `'f32'`).
+ * - `transfer`: the data plane, `pd.transfer` (`'zmq'` or `'nixl'`): the two engines do not talk to each other.
  * - `tp`, `pp`: the side's tensor- and pipeline-parallel sizes. They may differ between P and D (the
  *   transfer plan maps one layout onto the other), so {@link compareDigests} only checks that they are
  *   positive integers and reports them.
@@ -51,6 +52,7 @@ export const PD_DIGEST_FIELDS = [
   'page_size.draft',
   'dtype.target',
   'dtype.draft',
+  'transfer',
   'tp',
   'pp',
 ] as const;
@@ -88,6 +90,8 @@ export interface PdDigestInputs {
   readonly dtype: string;
   /** The draft caches' dtype; absent = no draft KV. */
   readonly draftDtype?: string;
+  /** The transfer engine (`pd.transfer`; default `'zmq'`). */
+  readonly transfer?: 'zmq' | 'nixl';
   /** Tensor-parallel size of this side (≥ 1). */
   readonly tp: number;
   /** Pipeline-parallel size of this side (≥ 1). */
@@ -124,6 +128,7 @@ export function pdDigest(inputs: PdDigestInputs): PdDigest {
     'page_size.draft': inputs.draftPageSize === undefined ? 'none' : positive('draftPageSize', inputs.draftPageSize),
     'dtype.target': inputs.dtype,
     'dtype.draft': inputs.draftDtype ?? 'none',
+    transfer: inputs.transfer ?? 'zmq',
     tp: positive('tp', inputs.tp),
     pp: positive('pp', inputs.pp),
   };

@@ -88,3 +88,6 @@ export {
   type PdRouterOptions,
   type PdUpstreamState,
 } from './router.js';
+export * from './transfer-factory.js';
+export { createNixlTransferEngine, type NixlTransferEngineOptions } from './nixl-transfer.js';
+export { loadNixl, nixlAvailable, nixlDir } from './nixl-library.js';

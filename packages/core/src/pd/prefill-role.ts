@@ -41,7 +41,8 @@ import {
   type StageUsage,
 } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
-import { createZmqTransferEngine, type ZmqTransferTestHooks } from './zmq-transfer.js';
+import { createTransferEngine, type TransferKind } from './transfer-factory.js';
+import type { ZmqTransferTestHooks } from './zmq-transfer.js';
 import { type PdEntryKey, PdError, type PdPayloadClass, payloadClass } from './types.js';
 
 /** Settings shared by both roles. */
@@ -52,6 +53,8 @@ export interface PdRoleOptions {
   readonly bootstrapTimeoutMs: number;
   /** How long a transfer may take, from the layout to the acknowledgement (ms). */
   readonly transferTimeoutMs: number;
+  /** The transfer engine (config `pd.transfer`; default 'zmq'); P and D must use the same one. */
+  readonly transfer?: TransferKind;
   /** This side's digest (digest.ts): compared at connection time, a mismatch refused naming the field. */
   readonly digest: Readonly<Record<string, string>>;
   readonly logger?: Logger;
@@ -161,7 +164,7 @@ export class PrefillRole {
   /** Binds the bootstrap socket and the transfer agent and registers the engine's memory. */
   async start(): Promise<void> {
     await this.control.bind(this.options.host, this.options.bootstrapPort);
-    this.transfer = await createZmqTransferEngine({
+    this.transfer = await createTransferEngine(this.options.transfer ?? 'zmq', {
       host: this.options.host,
       port: 0,
       ...(this.options.testHooks?.transfer === undefined ? {} : { testHooks: this.options.testHooks.transfer }),
@@ -172,6 +175,7 @@ export class PrefillRole {
     const pause = this.options.testHooks?.transfer?.pauseAfterDescriptors;
     this.senders?.pdStart({
       host: this.options.host,
+      ...(this.options.transfer === undefined ? {} : { transfer: this.options.transfer }),
       ...(pause === undefined ? {} : { pauseAfterDescriptors: pause }),
     });
   }

@@ -80,6 +80,8 @@ export interface StageNotification {
 export interface StageSendersStart {
   /** The interface the agents bind (port 0). */
   readonly host: string;
+  /** The transfer engine (config `pd.transfer`; default 'zmq'). */
+  readonly transfer?: 'zmq' | 'nixl';
   /** Test-only: every stage write stops after this many descriptors (a fault point, logged naming the stage). */
   readonly pauseAfterDescriptors?: number;
 }

@@ -23,7 +23,7 @@ import { reshardEntries } from '../pd/ranks.js';
 import type { StageNotification, StageSendRequest } from '../pd/stages.js';
 import type { TransferEngine } from '../pd/transfer-engine.js';
 import { PdError } from '../pd/types.js';
-import { createZmqTransferEngine } from '../pd/zmq-transfer.js';
+import { createTransferEngine } from '../pd/transfer-factory.js';
 
 /** The end of one stage write (stage → driver, over the IPC channel). */
 export type StagePdDone =
@@ -40,6 +40,8 @@ export type StagePdDone =
 export interface StagePdStart {
   /** The interface the transfer agent binds (port 0). */
   readonly host: string;
+  /** The transfer engine (config `pd.transfer`; default 'zmq'). */
+  readonly transfer?: 'zmq' | 'nixl';
   /** Test-only: every write stops after this many descriptors (a fault point; logged to stderr naming the stage). */
   readonly pauseAfterDescriptors?: number;
 }
@@ -68,7 +70,7 @@ export class StagePdSender {
   async start(options: StagePdStart): Promise<string> {
     if (this.transfer === undefined) {
       const pause = options.pauseAfterDescriptors;
-      this.transfer = await createZmqTransferEngine({
+      this.transfer = await createTransferEngine(options.transfer ?? 'zmq', {
         host: options.host,
         port: 0,
         ...(pause === undefined

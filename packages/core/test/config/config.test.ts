@@ -75,7 +75,12 @@ describe('config schema', () => {
     });
     expect(c.server).toEqual({ host: '127.0.0.1', port: 8000, metrics_require_key: false, body_limit_bytes: 1048576 });
     expect(c.parallelism).toEqual({ tp: 1, pp: 1, transport: 'zmq' });
-    expect(c.pd).toEqual({ role: 'none', bootstrap_timeout_ms: 30000, transfer_timeout_ms: 60000 });
+    expect(c.pd).toEqual({
+      role: 'none',
+      bootstrap_timeout_ms: 30000,
+      transfer: 'zmq',
+      transfer_timeout_ms: 60000,
+    });
     expect(c.checkpoint_sanity).toBe('refuse');
     expect(check({ checkpoint_sanity: 'warn' }).checkpoint_sanity).toBe('warn');
   });

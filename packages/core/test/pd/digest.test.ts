@@ -98,6 +98,16 @@ describe('pdDigest', () => {
     expect(compareDigests(a, b)).toEqual({ tp: { mine: 1, theirs: 1 }, pp: { mine: 1, theirs: 1 } });
   });
 
+  it('transfer: the data plane (zmq by default); a zmq side and a nixl side are refused naming it', () => {
+    const zmq = pdDigest(inputs(hfDir()));
+    const nixl = pdDigest(inputs(hfDir(), { transfer: 'nixl' }));
+    expect([zmq.transfer, nixl.transfer]).toEqual(['zmq', 'nixl']);
+    expect(differing(zmq, nixl)).toEqual(['transfer']);
+    expect(mismatch(zmq, nixl)).toBe(
+      'bootstrap digest: prefill 127.0.0.1:9 differs in transfer (mine "zmq", theirs "nixl")',
+    );
+  });
+
   it("target.config follows config.json's values, not its formatting", () => {
     const base = pdDigest(inputs(hfDir()));
     const reformatted = pdDigest(inputs(hfDir({ config: '{\n  "architectures": ["X"],\n  "hidden_size": 4\n}' })));

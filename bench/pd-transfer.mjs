@@ -1,0 +1,151 @@
+#!/usr/bin/env node
+// The PD data plane's transfer engines (packages/core/src/pd): ZeroMQ/TCP vs NIXL/UCX (config `pd.transfer`),
+// between this process (P, the sender) and a forked receiver process (D), on this host.
+//
+//   npm run bench:pd-transfer        (root; run `npm run build` and `npm run nixl:fetch` first; ~1 min)
+//   node bench/pd-transfer.mjs --reps 5 --sizes 1,4,16,64
+//
+// Per payload size (MB = 2^20 bytes) and layout, GB/s (1e9 bytes/s) = payload / the time from write() until P
+// holds D's acknowledgement (D applied everything; includes the notification round trip), median of --reps:
+//   contiguous: one range (one coalesced run: the engines' bandwidth);
+//   pages:      16 KiB pages scattered on D (every other page: one descriptor per page, as a KV page list).
+// Engines: zmq; nixl (UCX's own transport choice: shared memory / CMA on one host); nixl tcp (UCX_TLS=tcp).
+// The variants alternate within each round (the machine is shared: ratios of one run are what to compare).
+import { fork } from 'node:child_process';
+import { cpus, loadavg } from 'node:os';
+import { fileURLToPath } from 'node:url';
+
+import { createNixlTransferEngine, createZmqTransferEngine, nixlAvailable, nixlDir } from '@specd/core';
+
+const argv = process.argv.slice(2);
+const arg = (name, dflt) => {
+  const i = argv.indexOf(`--${name}`);
+  return i < 0 ? dflt : argv[i + 1];
+};
+const MB = 1 << 20;
+const PAGE = 16 << 10;
+
+async function makeEngine(kind) {
+  if (kind === 'zmq') return createZmqTransferEngine({});
+  return createNixlTransferEngine(kind === 'nixl tcp' ? { ucxTls: 'tcp' } : {});
+}
+
+if (argv[0] === '--peer') {
+  // the receiver: one engine, region 'dst' of the given bytes; {expect} → {expecting}, then {settled}
+  const engine = await makeEngine(argv[1]);
+  engine.registerRegions([{ id: 'dst', bytes: new Uint8Array(Number(argv[2])) }]);
+  process.on('message', (m) => {
+    if (m.exit) {
+      void engine.close().then(() => process.exit(0));
+      return;
+    }
+    engine.expect(m.req, m.allowed, { timeoutMs: 60_000 }).then(
+      () => process.send({ settled: m.req }),
+      (e) => process.send({ settled: m.req, error: e.message }),
+    );
+    process.send({ expecting: m.req });
+  });
+  process.send({ address: engine.address });
+} else {
+  const sizes = arg('sizes', '1,4,16,64')
+    .split(',')
+    .map((s) => Number(s) * MB);
+  const reps = Number(arg('reps', '5'));
+  const kinds = nixlAvailable() ? ['zmq', 'nixl', 'nixl tcp'] : ['zmq'];
+  if (kinds.length === 1) console.warn(`NIXL not at ${nixlDir()}: run \`npm run nixl:fetch\`; measuring zmq only`);
+  const maxBytes = Math.max(...sizes);
+  const self = fileURLToPath(import.meta.url);
+  const src = new Uint8Array(2 * maxBytes);
+  for (let i = 0; i < src.length; i += 4096) src[i] = i & 255;
+
+  const peers = new Map();
+  for (const kind of kinds) {
+    const child = fork(self, ['--peer', kind, String(2 * maxBytes)], {
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
+    const waiters = [];
+    child.on('message', (m) => {
+      const i = waiters.findIndex((w) => w.pick(m));
+      if (i >= 0) waiters.splice(i, 1)[0].resolve(m);
+    });
+    const next = (pick) => new Promise((resolve) => waiters.push({ pick, resolve }));
+    const { address } = await next((m) => m.address !== undefined);
+    const engine = await makeEngine(kind);
+    engine.registerRegions([{ id: 'src', bytes: src }]);
+    peers.set(kind, { child, next, address, engine });
+  }
+
+  /** Local and remote descriptors of `bytes` in `layout`. */
+  function layoutOf(bytes, layout) {
+    if (layout === 'contiguous')
+      return {
+        local: [{ region: 'src', offset: 0, length: bytes }],
+        remote: [{ region: 'dst', offset: 0, length: bytes }],
+      };
+    const n = bytes / PAGE;
+    const local = [];
+    const remote = [];
+    for (let i = 0; i < n; i++) {
+      local.push({ region: 'src', offset: i * PAGE, length: PAGE });
+      remote.push({ region: 'dst', offset: 2 * i * PAGE, length: PAGE });
+    }
+    return { local, remote };
+  }
+
+  let seq = 0;
+  async function once(kind, bytes, layout) {
+    const p = peers.get(kind);
+    const { local, remote } = layoutOf(bytes, layout);
+    const req = `b${seq++}`;
+    const expecting = p.next((m) => m.expecting === req);
+    const settled = p.next((m) => m.settled === req);
+    p.child.send({ req, allowed: remote });
+    await expecting;
+    const t0 = process.hrtime.bigint();
+    const stats = await p.engine.write(p.address, req, local, remote, null, { timeoutMs: 60_000 });
+    const s = Number(process.hrtime.bigint() - t0) / 1e9;
+    const end = await settled;
+    if (end.error !== undefined) throw new Error(`${kind}: ${end.error}`);
+    if (stats.bytes !== bytes) throw new Error(`${kind}: ${stats.bytes} bytes moved, ${bytes} asked`);
+    return { gbs: bytes / s / 1e9, descriptors: stats.descriptors };
+  }
+
+  const median = (xs) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
+  console.log(`CPU: ${cpus()[0]?.model} (${cpus().length} vCPUs); load average before: ${loadavg()[0].toFixed(2)}`);
+  console.log(`GB/s (1e9 B/s), median of ${reps}; write() → D's acknowledgement; receiver in another process\n`);
+  console.log(
+    `| payload | layout | descriptors | ${kinds.join(' | ')} | ${kinds
+      .slice(1)
+      .map((k) => `${k} / zmq`)
+      .join(' | ')} |`,
+  );
+  console.log(
+    `|---|---|---|${kinds.map(() => '---|').join('')}${kinds
+      .slice(1)
+      .map(() => '---|')
+      .join('')}`,
+  );
+  for (const layout of ['contiguous', 'pages']) {
+    for (const bytes of sizes) {
+      const got = new Map(kinds.map((k) => [k, []]));
+      let descriptors = 0;
+      await Promise.all(kinds.map((k) => once(k, bytes, layout).catch(() => undefined))); // warm-up, not counted
+      for (let r = 0; r < reps; r++)
+        for (const k of r % 2 === 0 ? kinds : [...kinds].reverse()) {
+          const x = await once(k, bytes, layout);
+          got.get(k).push(x.gbs);
+          descriptors = x.descriptors;
+        }
+      const med = kinds.map((k) => median(got.get(k)));
+      const ratios = med.slice(1).map((g) => `${(g / (med[0] ?? 1)).toFixed(2)}×`);
+      const cells = [`${bytes / MB} MB`, layout, descriptors, ...med.map((g) => g.toFixed(2)), ...ratios];
+      console.log(`| ${cells.join(' | ')} |`);
+    }
+  }
+  console.log(`\nload average after: ${loadavg()[0].toFixed(2)}`);
+  for (const p of peers.values()) {
+    p.child.send({ exit: true });
+    await p.engine.close();
+  }
+  process.exit(0);
+}

@@ -1,0 +1,74 @@
+/**
+ * Where the NIXL library lives and how it is loaded: `npm run nixl:fetch` unpacks the PyPI wheel nixl-cu12==1.5.1
+ * into `<repo>/.cache/nixl/nixl-cu12-1.5.1/` (or set `SPECD_NIXL_DIR` to such a folder). Loading sets
+ * `NIXL_PLUGIN_DIR` to the wheel's plugin folder (unless already set) before the first agent exists; the
+ * libraries' RPATH ($ORIGIN/../nixl_cu12.libs) finds the bundled UCX, grpc, etc., and UCX finds its transport
+ * modules next to libucs (nixl_cu12.libs/ucx), so no LD_LIBRARY_PATH is needed.
+ *
+ * On a host without RDMA devices (no /sys/class/infiniband entries) loading also sets `UCX_MODULES=^ib,rdmacm,cuda`
+ * unless `UCX_MODULES` is set: those UCX modules have nothing to drive there, and the InfiniBand one pulls in the
+ * wheel's libnl-route, whose destructor (rtnl_tc_unregister) crashes the process at exit (SIGSEGV in _dl_fini,
+ * seen with gdb, whether or not the agent was destroyed). With them left out UCX uses CMA / shared memory / TCP.
+ */
+
+import { existsSync, readdirSync } from 'node:fs';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { nixlLoad, type NixlApi } from '@specd/native';
+
+/** The wheel's folder of NIXL's own libraries (libnixl_capi.so, plugins/). */
+const LIB_FOLDER = '.nixl_cu12.mesonpy.libs';
+
+/** The unpacked wheel: `SPECD_NIXL_DIR`, else `<repo>/.cache/nixl/nixl-cu12-1.5.1`. */
+export function nixlDir(): string {
+  const env = process.env.SPECD_NIXL_DIR;
+  if (env !== undefined && env !== '') return path.resolve(env);
+  // packages/core/dist/pd/nixl-library.js → the repository root is four folders up
+  const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..');
+  return path.join(root, '.cache', 'nixl', 'nixl-cu12-1.5.1');
+}
+
+/** Paths of the C API library and the plugin folder inside {@link nixlDir}. */
+export function nixlPaths(dir = nixlDir()): { capi: string; plugins: string } {
+  return { capi: path.join(dir, LIB_FOLDER, 'libnixl_capi.so'), plugins: path.join(dir, LIB_FOLDER, 'plugins') };
+}
+
+/** Whether the NIXL library has been fetched (tests and benches use it to say why they cannot run). */
+export function nixlAvailable(dir = nixlDir()): boolean {
+  return existsSync(nixlPaths(dir).capi);
+}
+
+/** Whether the host has an RDMA device (an entry in /sys/class/infiniband). */
+function hasRdmaDevice(): boolean {
+  try {
+    return readdirSync('/sys/class/infiniband').length > 0;
+  } catch {
+    return false;
+  }
+}
+
+let loaded: NixlApi | undefined;
+
+/**
+ * Loads the NIXL C API once per process (see the module comment).
+ * @throws Error with code `ERR_SPECD_NIXL_MISSING`: "the NIXL library is not at …: run `npm run nixl:fetch`" when
+ *   it was not fetched, or naming dlopen's error when it cannot be loaded.
+ */
+export function loadNixl(): NixlApi {
+  if (loaded !== undefined) return loaded;
+  const dir = nixlDir();
+  const { capi, plugins } = nixlPaths(dir);
+  if (!existsSync(capi)) {
+    const e = new Error(
+      `the NIXL library is not at ${capi}: run \`npm run nixl:fetch\` (it unpacks the PyPI wheel nixl-cu12==1.5.1 ` +
+        'into .cache/nixl/), or set SPECD_NIXL_DIR to an unpacked copy; or use pd.transfer "zmq"',
+    );
+    (e as Error & { code: string }).code = 'ERR_SPECD_NIXL_MISSING';
+    throw e;
+  }
+  if (process.env.NIXL_PLUGIN_DIR === undefined) process.env.NIXL_PLUGIN_DIR = plugins;
+  if (process.env.UCX_MODULES === undefined && !hasRdmaDevice()) process.env.UCX_MODULES = '^ib,rdmacm,cuda';
+  loaded = nixlLoad(capi);
+  return loaded;
+}
