@@ -12,6 +12,9 @@
 //       for each row tile of <= kRowTile rows: R x B int32 block sums (VPDPBUSD, the activation
 //         quad broadcast from memory), then the fp32 combination into R x B accumulators, saved to
 //         / loaded from `scratch` between chunks (exact fp32 store/load).
+// The transform of a tile's weights also prefetches the thread's next tile into L2, swept linearly
+// at the rate the current tile is read (as quant_avx512.cc; the last tile of a range prefetches
+// kPrefetchBytes ahead in each panel instead).
 // Each output still sees one fp32 accumulator updated block by block in the fixed order of
 // quant_kernels.h, whatever its tile or thread: batch and thread invariant.
 #include <immintrin.h>
@@ -49,20 +52,29 @@ inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
   }
 }
 
-/** Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b]. */
+/**
+ * Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b]; prefetches
+ * pf + blk·pf_step .. + pf_step into L2 per block (the next tile), or with pf = nullptr each panel
+ * kPrefetchBytes ahead.
+ */
 template <Type T, int B>
-void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws) {
+void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws,
+                    const uint8_t* pf = nullptr, int64_t pf_step = 0) {
   constexpr int64_t pbb = PbbOf(T);
   constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
   const int64_t panel_stride = (p.k / kBlock) * pbb;
   const __m512i idx = _mm512_load_si512(reinterpret_cast<const void*>(kTranspose));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t blk = b0; blk < b1; ++blk)
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    if (pf != nullptr)
+      for (int64_t off = 0; off < pf_step; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T1);
     for (int b = 0; b < B; ++b) {
       const uint8_t* pb = p.packed + (panel0 + b) * panel_stride + blk * pbb;
-      for (int64_t off = 0; off < pbb; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
+      if (pf == nullptr)
+        for (int64_t off = 0; off < pbb; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
       uint8_t* o = ws + ((blk - b0) * B + b) * kWBlockBytes;
       const uint8_t* qs = pb + sb;
       if (T == Type::kQ8_0) {
@@ -82,6 +94,7 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
         _mm512_store_ps(o + kOpBytes + 64,
                         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32))));
     }
+  }
 }
 
 /** Rows row0 .. row0+R−1 over the chunk [b0, b1) in ws; accumulators in fs ([R][B][16]) between chunks. */
@@ -154,14 +167,17 @@ void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int
 }
 
 template <Type T, int B>
-void PanelTile(const ProblemI8& p, int64_t panel0, uint8_t* scratch) {
+void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* scratch) {
   uint8_t* ws = scratch;
   float* fs = reinterpret_cast<float*>(scratch + kWeightScratch);
   const int64_t blocks = p.k / kBlock;
+  // The next tile: up to B panels after this one, within the thread's range (contiguous bytes).
+  const int64_t next = panel_end - (panel0 + B) < B ? panel_end - (panel0 + B) : B;
+  const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
   const int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
   for (int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
     const int64_t b1 = b0 + kChunk < blocks ? b0 + kChunk : blocks;
-    TransformChunk<T, B>(p, panel0, b0, b1, ws);
+    TransformChunk<T, B>(p, panel0, b0, b1, ws, pf, next * PbbOf(T));
     // Balanced row tiles (m = 7 -> 4 + 3); tiling never changes an output's reduction order.
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t row = p.m * t / tiles;
@@ -175,10 +191,10 @@ template <Type T>
 void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   int64_t panel = panel_begin;
   if (p.m <= 2) {
-    for (; panel + 4 <= panel_end; panel += 4) PanelTile<T, 4>(p, panel, scratch);
+    for (; panel + 4 <= panel_end; panel += 4) PanelTile<T, 4>(p, panel, panel_end, scratch);
   }
-  for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2>(p, panel, scratch);
-  for (; panel < panel_end; ++panel) PanelTile<T, 1>(p, panel, scratch);
+  for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2>(p, panel, panel_end, scratch);
+  for (; panel < panel_end; ++panel) PanelTile<T, 1>(p, panel, panel_end, scratch);
 }
 
 }  // namespace
