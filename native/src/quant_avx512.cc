@@ -14,14 +14,15 @@
 //     for each K chunk (whole K when m <= 8, else kChunkBlocks blocks = 512 k, in L1 for B = 2):
 //       for each row tile of <= 8 rows: R x B accumulators in registers, saved to / loaded from
 //                                       `scratch` between K chunks (exact fp32 store/load)
-// The first row tile streams the weights from memory and prefetches the thread's NEXT tile of
-// panels into L2 at the rate it consumes the current one (B·pbb bytes per block: the next tile is
-// one contiguous region, swept linearly), so each tile after a thread's first finds its weights in
-// L2; the last tile of a range prefetches kPrefetchBytes ahead in each panel instead (the hardware
-// streamer stops at 4 KiB pages). From DRAM, m = 1, one thread (AMD EPYC Zen 5): Q4_1 ×1.5–1.7,
-// Q8_0 ×1.45 faster than the per-panel prefetch alone (docs/BENCHMARKS.md). Later row tiles re-read
-// the weights from L1. Each output still sees one accumulator updated in the fixed order of
-// quant_kernels.h: batch invariant (prefetching changes no value).
+// The first row tile streams the weights from memory and prefetches (T0) the thread's NEXT tile of
+// panels at the rate it consumes the current one (B·pbb bytes per block: the next tile is one
+// contiguous region, swept linearly), so each tile after a thread's first finds its weights in
+// cache; the last tile of a range prefetches kPrefetchBytes ahead in each panel instead (the
+// hardware streamer stops at 4 KiB pages). From DRAM, m = 1, one thread, AMD EPYC Zen 5: Q4_1
+// ×1.1–1.7 (k = 1536 .. 576), Q8_0 ×1.4 faster than the per-panel prefetch alone
+// (docs/BENCHMARKS.md). Later row tiles re-read the weights from L1. Each output still sees one
+// accumulator updated in the fixed order of quant_kernels.h: batch invariant (prefetching changes
+// no value).
 #include <immintrin.h>
 
 #include "quant_kernels.h"
@@ -93,7 +94,7 @@ void Tile(const Problem& p, int64_t row0, int64_t panel0, const Chunk& c) {
     if (c.pf != nullptr) {
       const uint8_t* next = c.pf + blk * c.pf_step;
       for (int64_t off = 0; off < c.pf_step; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
     }
     const float* xb = x + blk * kBlock;
     if (T == Type::kQ8_0) {

@@ -5,16 +5,19 @@
 //
 // Schedule, for one thread's range of panels:
 //   for each tile of B panels (B = 4 when m <= 2, so a GEMV has 4 independent VPDPBUSD chains; else 2):
-//     for each chunk of kChunk blocks (256 k):
+//     m <= 4 (TileDirect): per block, each panel block's 8 VPERMB operands (below) made in registers
+//       and fed straight to R x B VPDPBUSD chains, then the fp32 combination (one row tile, all K);
+//     m >= 5, for each chunk of kChunk blocks (256 k):
 //       transform the chunk's weights once into `scratch` (L1): per panel block 8 × 64-byte operands,
 //         each one VPERMB of 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
 //         (Q4: low and high nibbles ANDed apart; Q8_0: XOR 0x80, the +128 bias), and d (m) as fp32;
 //       for each row tile of <= kRowTile rows: R x B int32 block sums (VPDPBUSD, the activation
 //         quad broadcast from memory), then the fp32 combination into R x B accumulators, saved to
 //         / loaded from `scratch` between chunks (exact fp32 store/load).
-// The transform of a tile's weights also prefetches the thread's next tile into L2, swept linearly
-// at the rate the current tile is read (as quant_avx512.cc; the last tile of a range prefetches
-// kPrefetchBytes ahead in each panel instead).
+// Both prefetch (T0) the thread's next tile while reading the current one, swept linearly at the
+// rate the current tile is read (as quant_avx512.cc; the last tile of a range prefetches
+// kPrefetchBytes ahead in each panel instead). From DRAM, one thread, AMD EPYC Zen 5, vs the
+// scratch path with per-panel prefetch: m = 1, 2 ×1.5–2.2, m = 4 ×1.1–2.3 (docs/BENCHMARKS.md).
 // Each output still sees one fp32 accumulator updated block by block in the fixed order of
 // quant_kernels.h, whatever its tile or thread: batch and thread invariant.
 #include <immintrin.h>
@@ -69,7 +72,7 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
   for (int64_t blk = b0; blk < b1; ++blk) {
     if (pf != nullptr)
       for (int64_t off = 0; off < pf_step; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T0);
     for (int b = 0; b < B; ++b) {
       const uint8_t* pb = p.packed + (panel0 + b) * panel_stride + blk * pbb;
       if (pf == nullptr)
@@ -152,6 +155,87 @@ void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t 
     }
 }
 
+/**
+ * GEMV and small-m rows (m <= 4, one row tile): as Tile over all of K, but each panel block's VPERMB operands
+ * are made in registers and consumed at once (no round trip through `scratch`), the next tile
+ * prefetched as TransformChunk does. The same integer block sums (exact in any order) and the
+ * same fp32 combination as Tile: the same bits.
+ */
+template <Type T, int R, int B>
+void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, const uint8_t* pf, int64_t pf_step) {
+  constexpr int64_t pbb = PbbOf(T);
+  constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
+  constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
+  // Operand g of quant_kernels.h's order: Q4 g < 4 the low nibbles of lines 4g..4g+3 (k = 4g..)
+  // and g + 4 their high nibbles (k = 16 + 4g..); Q8_0 g < 8 lines 4g..4g+3 (k = 4g..).
+  constexpr int kGroups = T == Type::kQ8_0 ? 8 : 4;
+  const int64_t blocks = p.k / kBlock;
+  const int64_t panel_stride = blocks * pbb;
+  const __m512i idx = _mm512_load_si512(reinterpret_cast<const void*>(kTranspose));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    if (pf != nullptr)
+      for (int64_t off = 0; off < pf_step; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T0);
+    const uint8_t* pb[B];
+    for (int b = 0; b < B; ++b) {
+      pb[b] = p.packed + (panel0 + b) * panel_stride + blk * pbb;
+      if (pf == nullptr)
+        for (int64_t off = 0; off < pbb; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pb[b] + kPrefetchBytes + off), _MM_HINT_T0);
+    }
+    __m512i isum[R][B];
+    for (int r = 0; r < R; ++r) {
+      const __m512i init =
+          bias == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
+      for (int b = 0; b < B; ++b) isum[r][b] = init;
+    }
+    const int8_t* xq = p.x.q + row0 * p.k + blk * kBlock;
+    for (int g = 0; g < kGroups; ++g) {
+      __m512i lo[B], hi[B];
+      for (int b = 0; b < B; ++b) {
+        const __m512i v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(pb[b] + sb + 64 * g));
+        if (T == Type::kQ8_0) {
+          lo[b] = _mm512_xor_si512(v, sign);
+        } else {
+          lo[b] = _mm512_and_si512(v, low4);
+          hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        __builtin_memcpy(&quad, xq + r * p.k + 4 * g, 4);
+        const __m512i xl = _mm512_set1_epi32(quad);
+        for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], lo[b], xl);
+        if (T != Type::kQ8_0) {
+          __builtin_memcpy(&quad, xq + r * p.k + 16 + 4 * g, 4);
+          const __m512i xh = _mm512_set1_epi32(quad);
+          for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], hi[b], xh);
+        }
+      }
+    }
+    for (int b = 0; b < B; ++b) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb[b])));
+      const __m512 mw = T == Type::kQ4_1
+                            ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb[b] + 32)))
+                            : _mm512_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (row0 + r) * blocks + blk;
+        // As Tile: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded, no FMA.
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(p.x.d[at])), _mm512_cvtepi32_ps(isum[r][b]));
+        if (T == Type::kQ4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_set1_ps(p.x.s[at])));
+        acc[r][b] = _mm512_add_ps(acc[r][b], t);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kLanes, p.n, acc[r][b]);
+}
+
 template <Type T, int B>
 void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int64_t b0, int64_t b1, bool first,
              bool last, const uint8_t* ws, float* fs) {
@@ -174,6 +258,10 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
   // The next tile: up to B panels after this one, within the thread's range (contiguous bytes).
   const int64_t next = panel_end - (panel0 + B) < B ? panel_end - (panel0 + B) : B;
   const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
+  if (p.m == 1) return TileDirect<T, 1, B>(p, 0, panel0, pf, next * PbbOf(T));
+  if (p.m == 2) return TileDirect<T, 2, B>(p, 0, panel0, pf, next * PbbOf(T));
+  if (p.m == 3) return TileDirect<T, 3, B>(p, 0, panel0, pf, next * PbbOf(T));
+  if (p.m == 4) return TileDirect<T, 4, B>(p, 0, panel0, pf, next * PbbOf(T));
   const int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
   for (int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
     const int64_t b1 = b0 + kChunk < blocks ? b0 + kChunk : blocks;
