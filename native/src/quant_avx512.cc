@@ -18,9 +18,9 @@
 // panels at the rate it consumes the current one (B·pbb bytes per block: the next tile is one
 // contiguous region, swept linearly), so each tile after a thread's first finds its weights in
 // cache; the last tile of a range prefetches kPrefetchBytes ahead in each panel instead (the
-// hardware streamer stops at 4 KiB pages). From DRAM, m = 1, one thread, AMD EPYC Zen 5: Q4_1
-// ×1.1–1.7 (k = 1536 .. 576), Q8_0 ×1.4 faster than the per-panel prefetch alone
-// (docs/BENCHMARKS.md). Later row tiles re-read the weights from L1. Each output still sees one
+// hardware streamer stops at 4 KiB pages). From DRAM, one thread, AMD EPYC Zen 5, m = 1: Q4_1
+// ×1.2–2.1, Q8_0 ×1.5 faster than with the per-panel prefetch alone (docs/BENCHMARKS.md, "m ≤ 16 on
+// AMD EPYC Zen 5"). Later row tiles re-read the weights from L1. Each output still sees one
 // accumulator updated in the fixed order of quant_kernels.h: batch invariant (prefetching changes
 // no value).
 #include <immintrin.h>

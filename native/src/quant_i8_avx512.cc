@@ -18,8 +18,8 @@
 // Both prefetch (T0) the thread's next tile while reading the current one, swept linearly at the
 // rate the current tile is read (as quant_avx512.cc; the last tile of a range prefetches
 // kPrefetchBytes ahead in each panel instead). From DRAM, one thread, AMD EPYC Zen 5, vs the
-// scratch path with per-panel prefetch: m = 1–4 ×1.5–2.5, m = 8 ×1.1–1.7, m = 16 ×1.0–1.4
-// (docs/BENCHMARKS.md).
+// scratch path with per-panel prefetch: m = 1–4 ×1.6–2.8, m = 8 ×1.7–2.1, m = 16 ×1.1–1.3
+// (docs/BENCHMARKS.md, "m ≤ 16 on AMD EPYC Zen 5").
 // Each output still sees one fp32 accumulator updated block by block in the fixed order of
 // quant_kernels.h, whatever its tile or thread: batch and thread invariant.
 #include <immintrin.h>
