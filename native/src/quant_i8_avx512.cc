@@ -4,7 +4,10 @@
 // when isa.cc reports AVX-512 and VBMI. Intrinsics only, no STL (see CMakeLists.txt on ODR).
 //
 // Schedule, for one thread's range of panels:
-//   for each tile of B panels (B = 4 when m <= 2, so a GEMV has 4 independent VPDPBUSD chains; else 2):
+//   m <= kDirectRows (TileDirect), for each panel (B = 1: the weights are one sequential stream), for
+//     each row tile of <= 8 rows, per block: the panel block's 8 VPERMB operands (below) made in
+//     registers and fed straight to 2 VPDPBUSD chains per row, then the fp32 combination;
+//   m > kDirectRows, for each tile of B panels (B = 2; 1 for the last odd panel):
 //     for each chunk of kChunk blocks (256 k):
 //       transform the chunk's weights once into `scratch` (L1): per panel block 8 × 64-byte operands,
 //         each one VPERMB of 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
@@ -12,6 +15,11 @@
 //       for each row tile of <= kRowTile rows: R x B int32 block sums (VPDPBUSD, the activation
 //         quad broadcast from memory), then the fp32 combination into R x B accumulators, saved to
 //         / loaded from `scratch` between chunks (exact fp32 store/load).
+// Both prefetch (T0) the thread's next tile while reading the current one, swept linearly at the
+// rate the current tile is read (as quant_avx512.cc; the last tile of a range prefetches
+// kPrefetchBytes ahead in each panel instead). From DRAM, one thread, AMD EPYC Zen 5, vs the
+// scratch path with per-panel prefetch: m = 1–4 ×1.6–2.8, m = 8 ×1.7–2.1, m = 16 ×1.1–1.3
+// (docs/BENCHMARKS.md, "m ≤ 16 on AMD EPYC Zen 5").
 // Each output still sees one fp32 accumulator updated block by block in the fixed order of
 // quant_kernels.h, whatever its tile or thread: batch and thread invariant.
 #include <immintrin.h>
@@ -31,6 +39,9 @@ constexpr int64_t kOpBytes = 512;                // 8 operands × 64 B per panel
 constexpr int64_t kWBlockBytes = 640;            // operands | d[16] f32 | m[16] f32
 constexpr int64_t kWeightScratch = 8 * 4 * 640;  // kChunk × (B <= 4) × kWBlockBytes (ScratchBytesI8)
 constexpr int kRowTile = 6;
+// Up to this m, TileDirect (operands in registers) instead of the scratch transform: from DRAM, one
+// thread, Zen 5, m = 8 ×1.2–1.7 and m = 16 ×1.0–1.2 faster than through scratch.
+constexpr int64_t kDirectRows = 16;
 
 // VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
 alignas(64) constexpr unsigned char kTranspose[64] = {0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
@@ -49,20 +60,29 @@ inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
   }
 }
 
-/** Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b]. */
+/**
+ * Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b]; prefetches
+ * pf + blk·pf_step .. + pf_step into L2 per block (the next tile), or with pf = nullptr each panel
+ * kPrefetchBytes ahead.
+ */
 template <Type T, int B>
-void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws) {
+void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws,
+                    const uint8_t* pf = nullptr, int64_t pf_step = 0) {
   constexpr int64_t pbb = PbbOf(T);
   constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
   const int64_t panel_stride = (p.k / kBlock) * pbb;
   const __m512i idx = _mm512_load_si512(reinterpret_cast<const void*>(kTranspose));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t blk = b0; blk < b1; ++blk)
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    if (pf != nullptr)
+      for (int64_t off = 0; off < pf_step; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T0);
     for (int b = 0; b < B; ++b) {
       const uint8_t* pb = p.packed + (panel0 + b) * panel_stride + blk * pbb;
-      for (int64_t off = 0; off < pbb; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
+      if (pf == nullptr)
+        for (int64_t off = 0; off < pbb; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
       uint8_t* o = ws + ((blk - b0) * B + b) * kWBlockBytes;
       const uint8_t* qs = pb + sb;
       if (T == Type::kQ8_0) {
@@ -82,6 +102,7 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
         _mm512_store_ps(o + kOpBytes + 64,
                         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32))));
     }
+  }
 }
 
 /** Rows row0 .. row0+R−1 over the chunk [b0, b1) in ws; accumulators in fs ([R][B][16]) between chunks. */
@@ -139,6 +160,99 @@ void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t 
     }
 }
 
+/**
+ * Rows row0 .. row0+R−1 (R <= 8) of one panel: as Tile over all of K, but each panel block's VPERMB
+ * operands are made in registers and consumed at once (no round trip through `scratch`). With
+ * `stream`, prefetches as TransformChunk does (the next tile pf, else kPrefetchBytes ahead). The same integer block
+ * sums (exact in any order) and the same fp32 combination as Tile: the same bits.
+ */
+template <Type T, int R>
+void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, const uint8_t* pf, int64_t pf_step) {
+  constexpr int B = 1;
+  constexpr int64_t pbb = PbbOf(T);
+  constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
+  constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
+  // Operand g of quant_kernels.h's order: Q4 g < 4 the low nibbles of lines 4g..4g+3 (k = 4g..)
+  // and g + 4 their high nibbles (k = 16 + 4g..); Q8_0 g < 8 lines 4g..4g+3 (k = 4g..).
+  constexpr int kGroups = T == Type::kQ8_0 ? 8 : 4;
+  const int64_t blocks = p.k / kBlock;
+  const int64_t panel_stride = blocks * pbb;
+  const __m512i idx = _mm512_load_si512(reinterpret_cast<const void*>(kTranspose));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    if (stream && pf != nullptr)
+      for (int64_t off = 0; off < pf_step; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T0);
+    const uint8_t* pb[B];
+    for (int b = 0; b < B; ++b) {
+      pb[b] = p.packed + (panel0 + b) * panel_stride + blk * pbb;
+      if (stream && pf == nullptr)
+        for (int64_t off = 0; off < pbb; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pb[b] + kPrefetchBytes + off), _MM_HINT_T0);
+    }
+    // Two VPDPBUSD chains per output (Q4: low / high nibbles; Q8_0: even / odd groups), added at the
+    // end of the block: integer sums, exact in any order.
+    __m512i isum[R][B], isum2[R][B];
+    for (int r = 0; r < R; ++r) {
+      const __m512i init =
+          bias == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
+      for (int b = 0; b < B; ++b) {
+        isum[r][b] = init;
+        isum2[r][b] = _mm512_setzero_si512();
+      }
+    }
+    const int8_t* xq = p.x.q + row0 * p.k + blk * kBlock;
+    for (int g = 0; g < kGroups; ++g) {
+      __m512i lo[B], hi[B];
+      for (int b = 0; b < B; ++b) {
+        const __m512i v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(pb[b] + sb + 64 * g));
+        if (T == Type::kQ8_0) {
+          lo[b] = _mm512_xor_si512(v, sign);
+        } else {
+          lo[b] = _mm512_and_si512(v, low4);
+          hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        __builtin_memcpy(&quad, xq + r * p.k + 4 * g, 4);
+        const __m512i xl = _mm512_set1_epi32(quad);
+        if (T == Type::kQ8_0 && (g & 1) != 0) {
+          for (int b = 0; b < B; ++b) isum2[r][b] = _mm512_dpbusd_epi32(isum2[r][b], lo[b], xl);
+        } else {
+          for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], lo[b], xl);
+        }
+        if (T != Type::kQ8_0) {
+          __builtin_memcpy(&quad, xq + r * p.k + 16 + 4 * g, 4);
+          const __m512i xh = _mm512_set1_epi32(quad);
+          for (int b = 0; b < B; ++b) isum2[r][b] = _mm512_dpbusd_epi32(isum2[r][b], hi[b], xh);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b) isum[r][b] = _mm512_add_epi32(isum[r][b], isum2[r][b]);
+    for (int b = 0; b < B; ++b) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb[b])));
+      const __m512 mw = T == Type::kQ4_1
+                            ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb[b] + 32)))
+                            : _mm512_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (row0 + r) * blocks + blk;
+        // As Tile: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded, no FMA.
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(p.x.d[at])), _mm512_cvtepi32_ps(isum[r][b]));
+        if (T == Type::kQ4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_set1_ps(p.x.s[at])));
+        acc[r][b] = _mm512_add_ps(acc[r][b], t);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kLanes, p.n, acc[r][b]);
+}
+
 template <Type T, int B>
 void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int64_t b0, int64_t b1, bool first,
              bool last, const uint8_t* ws, float* fs) {
@@ -154,14 +268,40 @@ void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int
 }
 
 template <Type T, int B>
-void PanelTile(const ProblemI8& p, int64_t panel0, uint8_t* scratch) {
+void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* scratch) {
   uint8_t* ws = scratch;
   float* fs = reinterpret_cast<float*>(scratch + kWeightScratch);
   const int64_t blocks = p.k / kBlock;
+  // The next tile: up to B panels after this one, within the thread's range (contiguous bytes).
+  const int64_t next = panel_end - (panel0 + B) < B ? panel_end - (panel0 + B) : B;
+  const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
+  if constexpr (B == 1) {
+    if (p.m <= kDirectRows) {
+      // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6); the first streams the panel from memory,
+      // the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
+      const int64_t tiles = (p.m + 7) / 8;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t row = p.m * t / tiles;
+        const int64_t rows = p.m * (t + 1) / tiles - row;
+        const int64_t step = next * PbbOf(T);
+        switch (rows) {
+          case 1: TileDirect<T, 1>(p, row, panel0, t == 0, pf, step); break;
+          case 2: TileDirect<T, 2>(p, row, panel0, t == 0, pf, step); break;
+          case 3: TileDirect<T, 3>(p, row, panel0, t == 0, pf, step); break;
+          case 4: TileDirect<T, 4>(p, row, panel0, t == 0, pf, step); break;
+          case 5: TileDirect<T, 5>(p, row, panel0, t == 0, pf, step); break;
+          case 6: TileDirect<T, 6>(p, row, panel0, t == 0, pf, step); break;
+          case 7: TileDirect<T, 7>(p, row, panel0, t == 0, pf, step); break;
+          default: TileDirect<T, 8>(p, row, panel0, t == 0, pf, step); break;
+        }
+      }
+      return;
+    }
+  }
   const int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
   for (int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
     const int64_t b1 = b0 + kChunk < blocks ? b0 + kChunk : blocks;
-    TransformChunk<T, B>(p, panel0, b0, b1, ws);
+    TransformChunk<T, B>(p, panel0, b0, b1, ws, pf, next * PbbOf(T));
     // Balanced row tiles (m = 7 -> 4 + 3); tiling never changes an output's reduction order.
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t row = p.m * t / tiles;
@@ -174,11 +314,11 @@ void PanelTile(const ProblemI8& p, int64_t panel0, uint8_t* scratch) {
 template <Type T>
 void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   int64_t panel = panel_begin;
-  if (p.m <= 2) {
-    for (; panel + 4 <= panel_end; panel += 4) PanelTile<T, 4>(p, panel, scratch);
+  // m <= kDirectRows: one panel at a time (TileDirect), so the weights are one sequential stream.
+  if (p.m > kDirectRows) {
+    for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2>(p, panel, panel_end, scratch);
   }
-  for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2>(p, panel, scratch);
-  for (; panel < panel_end; ++panel) PanelTile<T, 1>(p, panel, scratch);
+  for (; panel < panel_end; ++panel) PanelTile<T, 1>(p, panel, panel_end, scratch);
 }
 
 }  // namespace

@@ -351,6 +351,7 @@ describe('gemmQuant act int8 across paths', () => {
     const next = rng(seed);
     for (const [m, n, k] of [
       [1, 61, 576],
+      [3, 40, 576], // m <= 16: VPERMB operands made in registers (TileDirect), 1 or 2 row tiles; m > 16: scratch
       [16, 49, 1536],
       [40, 18, 320],
       [120, 33, 576],
