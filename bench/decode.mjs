@@ -264,6 +264,7 @@ function makeClassifier(c) {
         return 'dense MLP';
       case 'kdaRecurrent':
       case 'kdaChunked':
+      case 'kdaGate':
         return 'KDA core';
       case 'mlaAttention':
         return 'MLA attention';

@@ -407,6 +407,55 @@ Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
   return QueueKernel(info.Env(), "kdaForwardAsync", [p]() mutable { RunKda(p); }, std::move(c.arrays));
 }
 
+/**
+ * kdaGate(f [T, C] f32 (f_b_proj output), dtBias [C], negA [H] (-exp(A_log)), b: Float32Array, bOffset, bStride,
+ *         T, H, d, g out [T, C], beta out [T, H]):
+ *   g[t][h*d+i] = negA[h] * float(softplus(float(f[t][h*d+i] + dtBias[h*d+i])))   (softplus in double,
+ *                 torch's threshold 20: x > 20 -> x, else log1p(exp(x)); the product in double, stored fp32)
+ *   beta[t][h]  = float(1 / (1 + exp(-b[bOffset + t*bStride + h])))                  (double)
+ * The arithmetic of kimi.py's gate as the TypeScript forward wrote it (double, rounded where it stored
+ * fp32), elementwise: a token's gate never depends on the batch or the thread count.
+ */
+Napi::Value KdaGateBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "kdaGate");
+  const int64_t T = args.Int(6, "tokens", 0);
+  const int64_t H = args.Int(7, "heads", 1, 1 << 16);
+  const int64_t d = args.Int(8, "headDim", 1, 1 << 16);
+  const int64_t C = H * d;
+  const int64_t b_off = args.Int(4, "bOffset", 0);
+  const int64_t b_stride = args.Int(5, "bStride", H);
+  auto f = args.F32(0, "f", CheckedProduct("kdaGate", {T, C}), "tokens*heads*headDim");
+  auto dt = args.F32(1, "dtBias", static_cast<size_t>(C), "heads*headDim");
+  auto neg_a = args.F32(2, "negA", static_cast<size_t>(H), "heads");
+  auto b = args.F32(3, "b");
+  if (T > 0 && static_cast<int64_t>(b.ElementLength()) < b_off + (T - 1) * b_stride + H)
+    args.Fail("b", "a Float32Array of at least bOffset + (tokens-1)*bStride + heads floats",
+              "length " + std::to_string(b.ElementLength()));
+  auto g = args.F32(9, "g", CheckedProduct("kdaGate", {T, C}), "tokens*heads*headDim");
+  auto beta = args.F32(10, "beta", CheckedProduct("kdaGate", {T, H}), "tokens*heads");
+  const float *pf = f.Data(), *pdt = dt.Data(), *pa = neg_a.Data(), *pb = b.Data();
+  float *pg = g.Data(), *pbeta = beta.Data();
+  ParallelFor(
+      T,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          for (int64_t h = 0; h < H; ++h) {
+            const double a = pa[h];
+            for (int64_t i = 0; i < d; ++i) {
+              const int64_t ch = h * d + i;
+              const float x = pf[t * C + ch] + pdt[ch];
+              const double sp = x > 20.0f ? static_cast<double>(x) : std::log1p(std::exp(static_cast<double>(x)));
+              pg[t * C + ch] = static_cast<float>(a * static_cast<double>(static_cast<float>(sp)));
+            }
+            const double bl = pb[b_off + t * b_stride + h];
+            pbeta[t * H + h] = static_cast<float>(1.0 / (1.0 + std::exp(-bl)));
+          }
+        }
+      },
+      24 * C);
+  return info.Env().Undefined();
+}
+
 }  // namespace
 
 namespace kda {
@@ -456,6 +505,7 @@ void StepsPortable(const Steps& st) {
 
 void RegisterKda(Napi::Env env, Napi::Object exports) {
   exports.Set("kdaForward", Napi::Function::New(env, Guarded<KdaForwardBinding>, "kdaForward"));
+  exports.Set("kdaGate", Napi::Function::New(env, Guarded<KdaGateBinding>, "kdaGate"));
   exports.Set("kdaForwardAsync", Napi::Function::New(env, Guarded<KdaForwardAsyncBinding>, "kdaForwardAsync"));
 }
 

@@ -103,11 +103,6 @@ export interface KdaLayerSnapshots {
   readonly conv: Float32Array;
 }
 
-/** torch.nn.functional.softplus (beta 1, threshold 20). */
-function softplus(x: number): number {
-  return x > 20 ? x : Math.log1p(Math.exp(x));
-}
-
 /**
  * KDA forward for a batch: `xn [N, hidden]` f32 (input-normalised) → `[N, hidden]` f32; advances
  * each sequence's recurrent and conv state in `cache` (layer `l`). `chunked[i]` selects the
@@ -135,18 +130,7 @@ export function kdaForward(
   const fb = gemmBf16(sliceColumns(proj, N, width, 3 * HD, d), N, w.fB, undefined, act);
   const gb = gemmBf16(sliceColumns(proj, N, width, 3 * HD + d, d), N, w.gB, undefined, act);
   const qkv = sliceColumns(proj, N, width, 0, 3 * HD);
-  const g = new Float32Array(N * HD);
-  const beta = new Float32Array(N * H);
-  for (let t = 0; t < N; t++) {
-    for (let h = 0; h < H; h++) {
-      const a = w.negA[h]!;
-      for (let i = 0; i < d; i++) {
-        const ch = h * d + i;
-        g[t * HD + ch] = a * Math.fround(softplus(Math.fround(fb[t * HD + ch]! + w.dtBias[ch]!)));
-      }
-      beta[t * H + h] = 1 / (1 + Math.exp(-proj[t * width + 3 * HD + 2 * d + h]!));
-    }
-  }
+  const { g, beta } = kernels.kdaGate(fb, w.dtBias, w.negA, proj, 3 * HD + 2 * d, width, H, d);
   const o = new Float32Array(N * HD);
   const pools = cache.state!;
   const state = pools.recurrentStore(l);
