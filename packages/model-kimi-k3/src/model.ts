@@ -70,13 +70,14 @@ interface LayerWeights {
 /** Kimi forward options: the core ones plus per-token KDA snapshots. */
 export interface KimiForwardOptions extends ForwardOptions {
   /**
-   * Keep the KDA state after every token (verify steps): commit an accepted prefix later with
-   * {@link commitFromSnapshots} instead of a replay. Forces the recurrent form.
+   * Keep what commits an accepted prefix later with {@link commitFromSnapshots} (verify steps): each KDA
+   * layer's core inputs and each sequence's state before the forward ({@link KdaLayerSnapshots}); the
+   * commit re-runs only the KDA recurrence of the accepted tokens. Forces the recurrent form.
    */
   readonly kdaSnapshots?: boolean;
 }
 
-/** Per-token KDA states of a forward, by absolute layer id, plus where each sequence's rows are. */
+/** What commits a prefix of a forward ({@link KdaLayerSnapshots}), by absolute layer id, plus where each sequence's rows are. */
 export interface KdaSnapshotSet {
   readonly spans: readonly SeqSpan[];
   readonly layers: ReadonlyMap<number, KdaLayerSnapshots>;
@@ -193,15 +194,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       (s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && !wantSnapshots,
     );
     const snapshots = wantSnapshots ? new Map<number, KdaLayerSnapshots>() : undefined;
-    if (snapshots !== undefined) {
-      const g = this.cacheGeometry.linearState;
-      for (const l of g.layers) {
-        snapshots.set(l, {
-          state: new Float32Array(N * g.heads * g.keyDim * g.valueDim),
-          conv: new Float32Array(N * g.convStates * g.convChannels * g.convWidth),
-        });
-      }
-    }
+    const keep = (l: number) => (snapshots === undefined ? undefined : (s: KdaLayerSnapshots) => snapshots.set(l, s));
     const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
     const act = this.gemmActivations;
     for (let li = 0; li < this.layers.length; li++) {
@@ -210,7 +203,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
       const a = reduce(
         w.kind === 'kda'
-          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l), act)
+          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act)
           : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act),
       );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;
