@@ -410,12 +410,16 @@ Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
 /**
  * kdaGate(f [T, C] f32 (f_b_proj output), dtBias [C], negA [H] (-exp(A_log)), b: Float32Array, bOffset, bStride,
  *         T, H, d, g out [T, C], beta out [T, H]):
- *   g[t][h*d+i] = negA[h] * float(softplus(float(f[t][h*d+i] + dtBias[h*d+i])))   (softplus in double,
- *                 torch's threshold 20: x > 20 -> x, else log1p(exp(x)); the product in double, stored fp32)
- *   beta[t][h]  = float(1 / (1 + exp(-b[bOffset + t*bStride + h])))                  (double)
- * The arithmetic of kimi.py's gate as the TypeScript forward wrote it (double, rounded where it stored
- * fp32), elementwise: a token's gate never depends on the batch or the thread count.
+ *   g[t][h*d+i] = negA[h] * softplus(f[t][h*d+i] + dtBias[h*d+i])   (kda::Softplus: torch's threshold 20)
+ *   beta[t][h]  = 1 / (1 + exp(-b[bOffset + t*bStride + h]))
+ * in fp32 with the vectorisable kda::Exp (kda_math.h; ~3 ulp against the double formula the TypeScript
+ * kernels keep). Portable code, one build for every ISA path, elementwise: a token's gates never depend
+ * on the batch, the thread count or the path.
  */
+SPECD_KDA_VECTORIZABLE void GateRow(const float* f, const float* dt, float a, float* g, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) g[i] = a * kda::Softplus(f[i] + dt[i]);
+}
+
 Napi::Value KdaGateBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "kdaGate");
   const int64_t T = args.Int(6, "tokens", 0);
@@ -440,19 +444,12 @@ Napi::Value KdaGateBinding(const Napi::CallbackInfo& info) {
       [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
           for (int64_t h = 0; h < H; ++h) {
-            const double a = pa[h];
-            for (int64_t i = 0; i < d; ++i) {
-              const int64_t ch = h * d + i;
-              const float x = pf[t * C + ch] + pdt[ch];
-              const double sp = x > 20.0f ? static_cast<double>(x) : std::log1p(std::exp(static_cast<double>(x)));
-              pg[t * C + ch] = static_cast<float>(a * static_cast<double>(static_cast<float>(sp)));
-            }
-            const double bl = pb[b_off + t * b_stride + h];
-            pbeta[t * H + h] = static_cast<float>(1.0 / (1.0 + std::exp(-bl)));
+            GateRow(pf + t * C + h * d, pdt + h * d, pa[h], pg + t * C + h * d, d);
+            pbeta[t * H + h] = 1.0f / (1.0f + kda::Exp(-pb[b_off + t * b_stride + h]));
           }
         }
       },
-      24 * C);
+      8 * C);
   return info.Env().Undefined();
 }
 

@@ -348,9 +348,9 @@ export interface KdaGateBetaLayout {
  * The KDA gates of T tokens (kimi.py `KDAAttention`, the part between the projections and the core):
  *   g[t][h·d + i] = negA[h] · softplus(f[t][h·d + i] + dtBias[h·d + i])   (log decay, ≤ 0)
  *   β[t][h] = sigmoid(b[offset + t·stride + h])
- * with softplus(x) = x for x > 20, else log1p(exp(x)) (torch's threshold). Arithmetic: the f + dtBias add
- * in fp32, softplus and the product in double, each stored fp32 (what the TypeScript forward computed),
- * elementwise — a token's gates never depend on the batch or the thread count.
+ * with softplus(x) = x for x > 20, else log1p(exp(x)) (torch's threshold). fp32 throughout, with a
+ * vectorisable exp and log1p series (kda_math.h; within 4 ulp of the double formula), one portable build
+ * for every ISA path, elementwise — a token's gates never depend on the batch, the thread count or the path.
  * @param f f32 `[T, heads·headDim]` (f_b_proj output); @param dtBias f32 `[heads·headDim]`;
  * @param negA f32 `[heads]` (−exp(A_log)); @param b f32 holding β's logits at `layout` (e.g. the fused
  * in-projection's rows, one of its column ranges).

@@ -406,7 +406,7 @@ describe('KDA async and arguments', () => {
     }
   });
 
-  it('kdaGate: g = negA·softplus(f + dtBias), β = sigmoid(b) at its layout, as the double-precision formula', () => {
+  it('kdaGate: g = negA·softplus(f + dtBias), β = sigmoid(b) at its layout, within 4 ulp of the double-precision formula', () => {
     const seed = freshSeed();
     const next = rng(seed);
     const { heads: H, headDim: d } = SHAPE;
@@ -428,11 +428,11 @@ describe('KDA async and arguments', () => {
         for (let i = 0; i < d; i++) {
           const ch = h * d + i;
           const want = Math.fround(negA[h]! * Math.fround(sp(Math.fround(f[t * C + ch]! + dtBias[ch]!))));
-          // libm's exp/log1p may differ from V8's in the last double ulp: at most 1 fp32 ulp here
-          if (Math.abs(g[t * C + ch]! - want) > Math.abs(want) * 2 ** -23) gMismatch++;
+          // fp32 exp and log1p series (kda_math.h): within 4 fp32 ulp of the double formula
+          if (Math.abs(g[t * C + ch]! - want) > 4 * Math.abs(want) * 2 ** -23) gMismatch++;
         }
         const want = Math.fround(1 / (1 + Math.exp(-b[1 + t * stride + h]!)));
-        if (Math.abs(beta[t * H + h]! - want) > want * 2 ** -23) bMismatch++;
+        if (Math.abs(beta[t * H + h]! - want) > 4 * want * 2 ** -23) bMismatch++;
       }
     }
     expect([gMismatch, bMismatch], `seed ${seed}`).toEqual([0, 0]);

@@ -117,7 +117,19 @@ export interface KdaLayerSnapshots {
   readonly heads: number;
   readonly headDim: number;
   readonly kernels: KimiKernels;
+  /**
+   * Only with {@link KdaCommitMode} `'copy'`: the state `[N, H, d, d]` and conv state `[N, 3·H·d, ks − 1]`
+   * after every row (the kernel writes them during the forward); the commit copies one row instead of the replay.
+   */
+  readonly perToken?: { readonly state: Float32Array; readonly conv: Float32Array };
 }
+
+/**
+ * How a verify forward's accepted prefix is committed (`KimiStageModel.kdaCommit`): `'replay'` (default:
+ * keep the inputs and the state before the forward; the commit re-runs the committed tokens' recurrence)
+ * or `'copy'` (the forward writes the state after every token; the commit copies one). Same bits either way.
+ */
+export type KdaCommitMode = 'replay' | 'copy';
 
 /**
  * KDA forward for a batch: `xn [N, hidden]` f32 (input-normalised) → `[N, hidden]` f32; advances
@@ -138,6 +150,7 @@ export function kdaForward(
   chunked: readonly boolean[],
   onSnapshot?: (s: KdaLayerSnapshots) => void,
   act: GemmActivations = 'f32',
+  commit: KdaCommitMode = 'replay',
 ): Float32Array {
   const H = c.kdaHeads;
   const d = c.kdaHeadDim;
@@ -152,6 +165,7 @@ export function kdaForward(
   const pools = cache.state!;
   const state = pools.recurrentStore(l);
   const conv = pools.convStore(l);
+  let perToken: { state: Float32Array; conv: Float32Array } | undefined;
   if (onSnapshot !== undefined) {
     const st = spans.map((s) => pools.recurrent(s.id, l));
     const cv = spans.map((s) => pools.conv(s.id, l));
@@ -161,7 +175,25 @@ export function kdaForward(
       stateBefore.set(st[i]!, i * st[0]!.length);
       convBefore.set(cv[i]!, i * cv[0]!.length);
     });
-    onSnapshot({ qkv, g, beta, stateBefore, convBefore, convWeight: w.convWeight, heads: H, headDim: d, kernels });
+    onSnapshot({
+      qkv,
+      g,
+      beta,
+      stateBefore,
+      convBefore,
+      convWeight: w.convWeight,
+      heads: H,
+      headDim: d,
+      kernels,
+      ...(commit === 'copy'
+        ? {
+            perToken: (perToken = {
+              state: new Float32Array(N * st[0]!.length),
+              conv: new Float32Array(N * cv[0]!.length),
+            }),
+          }
+        : {}),
+    });
   }
   // one kernel call per mode; each covers a contiguous run of spans with that mode
   let i = 0;
@@ -183,6 +215,14 @@ export function kdaForward(
         heads: H,
         headDim: d,
         out: o.subarray(first * HD, last * HD),
+        ...(perToken === undefined
+          ? {}
+          : {
+              snapshots: {
+                state: perToken.state.subarray(first * H * d * d, last * H * d * d),
+                conv: perToken.conv.subarray(first * 3 * HD * (c.convKernel - 1), last * 3 * HD * (c.convKernel - 1)),
+              },
+            }),
       },
       chunked[i] ? 'chunked' : 'recurrent',
     );

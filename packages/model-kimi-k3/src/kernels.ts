@@ -86,8 +86,8 @@ export interface KimiKernels {
   kda(call: KdaCall, mode: 'recurrent' | 'chunked'): void;
   /**
    * KDA gates of T tokens: `g [T, H·d] = negA[h] · softplus(f + dtBias)` (softplus threshold 20) and
-   * `beta [T, H] = sigmoid(b[bOffset + t·bStride + h])`; the add in fp32, softplus, sigmoid and the
-   * product in double, stored fp32 (both kernel sets: the same bits up to the last ulp of exp/log1p).
+   * `beta [T, H] = sigmoid(b[bOffset + t·bStride + h])`: in double, stored fp32 (TypeScript), or in fp32
+   * with a vectorised exp/log1p (native `kdaGate`, within 4 ulp). Elementwise (batch invariant).
    * `f [T, H·d]` is f_b_proj's output, `b` holds β's logits (a column range of the in-projection).
    */
   kdaGate(

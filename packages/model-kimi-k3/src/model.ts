@@ -35,7 +35,14 @@ import {
 import { bf16ToF32, gemmBf16, isa, rmsNorm, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
-import { KDA_TENSORS_PER_LAYER, kdaForward, loadKdaWeights, type KdaLayerSnapshots, type KdaWeights } from './kda.js';
+import {
+  KDA_TENSORS_PER_LAYER,
+  kdaForward,
+  loadKdaWeights,
+  type KdaCommitMode,
+  type KdaLayerSnapshots,
+  type KdaWeights,
+} from './kda.js';
 import { swigluForward, tsKernels, type KimiKernels, type SwigluWeights } from './kernels.js';
 import { nativeKernels } from './kernels-native.js';
 import type { SeqSpan, ShardRank } from './layout.js';
@@ -108,6 +115,13 @@ export class KimiStageModel implements StageModel, PrefixCommit {
    * equal to decode) or `'recurrent'`. Decode and verify always use the recurrent form.
    */
   kdaPrefill: 'chunked' | 'recurrent' = 'chunked';
+  /**
+   * How {@link commitPrefix} gets a verify's KDA state after the last accepted token ({@link KdaCommitMode}):
+   * `'replay'` (default; the verify copies one state per sequence and layer, the commit re-runs the accepted
+   * tokens' recurrence) or `'copy'` (the verify writes the state after every token, the commit copies one).
+   * Bitwise the same state; set between forwards (benches), never between a verify and its commit.
+   */
+  kdaCommit: KdaCommitMode = 'replay';
   /**
    * Activation precision of the dense bf16-weight GEMMs (KDA and MLA projections, dense MLPs,
    * lm_head; `gemmBf16`'s): `'f32'`, `'bf16'` (X rounded to bf16; AMX tiles where present) or
@@ -203,7 +217,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
       const a = reduce(
         w.kind === 'kda'
-          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act)
+          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act, this.kdaCommit)
           : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act),
       );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;

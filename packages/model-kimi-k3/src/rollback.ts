@@ -65,6 +65,13 @@ export function commitFromSnapshots(
   for (const [l, snap] of snapshots.layers) {
     const st = pools.recurrent(id, l);
     const cv = pools.conv(id, l);
+    if (snap.perToken !== undefined) {
+      // commit mode 'copy': the forward kept the state after every row
+      const row = span.tokenStart + committed - 1;
+      st.set(snap.perToken.state.subarray(row * st.length, (row + 1) * st.length));
+      cv.set(snap.perToken.conv.subarray(row * cv.length, (row + 1) * cv.length));
+      continue;
+    }
     st.set(snap.stateBefore.subarray(si * st.length, (si + 1) * st.length));
     cv.set(snap.convBefore.subarray(si * cv.length, (si + 1) * cv.length));
     const C = snap.heads * snap.headDim;
