@@ -66,7 +66,7 @@ const WARMUP_MS = quick ? 500 : 1500;
 const WARMUP_MAX_STEPS = 400;
 const DECODE_STEPS = quick ? 8 : 24;
 const VERIFY_REPS = argv.includes('--verify-reps') ? Number(argv[argv.indexOf('--verify-reps') + 1]) : quick ? 3 : 7;
-const PROFILE_STEPS = quick ? 3 : 6;
+const PROFILE_STEPS = quick ? 5 : 9;
 const MAX_K = 16;
 
 // ---- statistics, load -------------------------------------------------------------------------
@@ -302,11 +302,11 @@ const FAMILIES = [
 
 /**
  * Runs `fn` `times` times with every native call timed and the router choices counted.
- * @returns per-call averages: family → ms, wall ms, distinct routed experts (Σ over layers).
+ * @returns per forward: family → median ms over the passes, median wall ms, mean distinct routed experts
+ *   (Σ over layers).
  */
 function profile(stage, raw, times, fn) {
   nativeTiming.classify = makeClassifier(raw);
-  nativeTiming.reset();
   let distinct = 0;
   let current = new Map();
   stage.debug = {
@@ -316,19 +316,26 @@ function profile(stage, raw, times, fn) {
       current.set(layer, s);
     },
   };
-  let wall = 0;
+  const passes = [];
   for (let i = 0; i < times; i++) {
     current = new Map();
+    nativeTiming.reset();
     nativeTiming.enabled = true;
     const t0 = performance.now();
     fn();
-    wall += performance.now() - t0;
+    const wall = performance.now() - t0;
     nativeTiming.enabled = false;
+    passes.push({ wall, fam: new Map([...nativeTiming.totals].map(([k, v]) => [k, v.ms])) });
     for (const s of current.values()) distinct += s.size;
   }
   stage.debug = undefined;
-  const fam = new Map([...nativeTiming.totals].map(([k, v]) => [k, v.ms / times]));
-  return { fam, wallMs: wall / times, distinctExperts: distinct / times };
+  // medians over the passes, per family and for the wall time: a pass stalled by another process
+  // (the VM is shared) moves a mean, not a median
+  const names = new Set(passes.flatMap((p) => [...p.fam.keys()]));
+  const fam = new Map([...names].map((k) => [k, median(passes.map((p) => p.fam.get(k) ?? 0))]));
+  // JavaScript = a pass's wall time minus its native calls, per pass, then the median
+  const jsMs = median(passes.map((p) => p.wall - [...p.fam.values()].reduce((a, b) => a + b, 0)));
+  return { fam, wallMs: median(passes.map((p) => p.wall)), jsMs, distinctExperts: distinct / times };
 }
 
 /**
@@ -461,7 +468,7 @@ function runVerify(stage, raw) {
   }
   const load = meter.stop();
   const med = new Map([...times].map(([k, v]) => [k, median(v)]));
-  const prof = profile(stage, raw, Math.max(2, PROFILE_STEPS >> 1), () => once(MAX_K, 'all', false));
+  const prof = profile(stage, raw, PROFILE_STEPS, () => once(MAX_K, 'all', false));
   // routed experts a k-token block touches (one untimed forward per k): its weight bytes
   const distinct = new Map();
   for (let k = 1; k <= MAX_K; k++) distinct.set(k, profile(stage, raw, 1, () => once(k, 'all', false)).distinctExperts);
@@ -495,9 +502,7 @@ function profileTable(columns) {
     f === 'MoE experts' ? c.wb.fam[f] + c.prof.distinctExperts * c.wb.perExpert : c.wb.fam[f];
   for (const f of [...FAMILIES, 'JavaScript (rest of forward)']) {
     const cells = columns.map((c) => {
-      const ms = f.startsWith('JavaScript')
-        ? c.prof.wallMs - [...c.prof.fam.values()].reduce((a, b) => a + b, 0)
-        : (c.prof.fam.get(f) ?? 0);
+      const ms = f.startsWith('JavaScript') ? c.prof.jsMs : (c.prof.fam.get(f) ?? 0);
       const bytes = f.startsWith('JavaScript') ? 0 : famBytes(c, f);
       const gbs = bytes > 0 && ms > 0 ? `, ${(bytes / ms / 1e6).toFixed(1)}` : '';
       return `${ms.toFixed(2)} (${((100 * ms) / c.prof.wallMs).toFixed(0)} %${gbs})`;
@@ -673,7 +678,6 @@ const GROUPS = [
   ['MoE experts (routed + shared)', ['MoE experts']],
   ['norms, embedding', ['norms', 'embedding']],
 ];
-const jsMs = (prof) => prof.wallMs - [...prof.fam.values()].reduce((a, b) => a + b, 0);
 console.log(`| part | ${results.map((r) => `${r.name}: step ms → verify ms (ratio, share)`).join(' | ')} |`);
 console.log(`|---|${results.map(() => '---:').join('|')}|`);
 const splitRow = (label, get) =>
@@ -682,12 +686,13 @@ const splitRow = (label, get) =>
       .map((r) => {
         const a = get(r.dec[0].prof);
         const b = get(r.ver.prof);
-        return `${a.toFixed(2)} → ${b.toFixed(2)} (${(b / a).toFixed(2)}×, ${((100 * b) / r.ver.prof.wallMs).toFixed(0)} %)`;
+        const share = ((100 * b) / r.ver.prof.wallMs).toFixed(0);
+        return `${a.toFixed(2)} → ${b.toFixed(2)} (${(b / a).toFixed(2)}×, ${share} %)`;
       })
       .join(' | ')} |`,
   );
 for (const [label, fams] of GROUPS) splitRow(label, (prof) => fams.reduce((a, f) => a + (prof.fam.get(f) ?? 0), 0));
-splitRow('JavaScript (rest of forward)', jsMs);
+splitRow('JavaScript (rest of forward)', (prof) => prof.jsMs);
 splitRow('**whole forward (profiled)**', (prof) => prof.wallMs);
 
 console.log(

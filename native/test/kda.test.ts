@@ -406,7 +406,7 @@ describe('KDA async and arguments', () => {
     }
   });
 
-  it('kdaGate: g = negA·softplus(f + dtBias), β = sigmoid(b) at its layout, within 4 ulp of the double-precision formula', () => {
+  it('kdaGate: g = negA·softplus(f + dtBias), β = sigmoid(b) at its layout, within 4 ulp of the double formula', () => {
     const seed = freshSeed();
     const next = rng(seed);
     const { heads: H, headDim: d } = SHAPE;

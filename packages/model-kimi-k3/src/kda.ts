@@ -175,6 +175,8 @@ export function kdaForward(
       stateBefore.set(st[i]!, i * st[0]!.length);
       convBefore.set(cv[i]!, i * cv[0]!.length);
     });
+    if (commit === 'copy')
+      perToken = { state: new Float32Array(N * st[0]!.length), conv: new Float32Array(N * cv[0]!.length) };
     onSnapshot({
       qkv,
       g,
@@ -185,14 +187,7 @@ export function kdaForward(
       heads: H,
       headDim: d,
       kernels,
-      ...(commit === 'copy'
-        ? {
-            perToken: (perToken = {
-              state: new Float32Array(N * st[0]!.length),
-              conv: new Float32Array(N * cv[0]!.length),
-            }),
-          }
-        : {}),
+      ...(perToken === undefined ? {} : { perToken }),
     });
   }
   // one kernel call per mode; each covers a contiguous run of spans with that mode

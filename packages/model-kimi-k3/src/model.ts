@@ -84,7 +84,10 @@ export interface KimiForwardOptions extends ForwardOptions {
   readonly kdaSnapshots?: boolean;
 }
 
-/** What commits a prefix of a forward ({@link KdaLayerSnapshots}), by absolute layer id, plus where each sequence's rows are. */
+/**
+ * What commits a prefix of a forward ({@link KdaLayerSnapshots}), by absolute layer id, plus where each
+ * sequence's rows are.
+ */
 export interface KdaSnapshotSet {
   readonly spans: readonly SeqSpan[];
   readonly layers: ReadonlyMap<number, KdaLayerSnapshots>;

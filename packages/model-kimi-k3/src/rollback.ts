@@ -42,7 +42,8 @@ export function commitByReplay(
  * Keeps the first `committed` tokens (≥ 1) of `id`'s rows in a verify forward run with
  * `{ kdaSnapshots: true }`: the KDA state and conv state become those after token `committed − 1`
  * of the block (restored from before the forward, then the recurrence re-run on the committed rows; the
- * same bits as the forward computed, so committing twice or after a later forward is still exact); KV beyond `position + committed` is dropped (pages freed).
+ * same bits as the forward computed, so committing twice or after a later forward is still exact); KV
+ * beyond `position + committed` is dropped (pages freed).
  * @throws {RangeError} if `id` was not in that forward, or `committed` is not in [1, numNew]
  *   (to keep none, roll back to a checkpoint).
  */

@@ -182,7 +182,7 @@ describe.each(KERNELS)('%s kernels', (kernels) => {
 
   describe('verify rollback by snapshots', () => {
     it.each(['replay', 'copy'] as const)(
-      'kdaCommit %s: batched verify of two sequences, commit 2 of 5 and 5 of 5: states and next logits equal plain decoding',
+      'kdaCommit %s: batched verify of two sequences, commit 2 of 5 and 5 of 5: states, next logits = plain',
       (mode) => {
         model.kdaCommit = mode;
         const cache = cacheFor(model, 4, 128);
