@@ -7,6 +7,7 @@
 //   node bench/decode.mjs --keep-synthetic D  (generate the synthetic checkpoint into D once and
 //                                              reuse it on later runs; never deleted)
 //   node bench/decode.mjs --threads N         (compute pool size; default SPECD_NUM_THREADS or all CPUs)
+//   node bench/decode.mjs --verify-reps N     (rounds of the verify table; default 7, 3 with --quick)
 //
 // Models: models/kimi-k3-tiny (shipped) and a large synthetic config of the same architecture
 // (bench/synthetic-kimi.mjs: hidden 2048, 8 layers KDA×3 + MLA repeated, 64 experts top-8, 3.5 GB
@@ -24,11 +25,14 @@
 //      parameter (bf16), parameters the model holds in fp32 (norms, conv, MLA's absorbed kv_b) 4.
 //      Bound = copy bandwidth / bytes per token; decode is reported as a fraction of it;
 //   4. t_verify(k) / t_step for k = 1..16: one forward of k tokens of one sequence with logits of
-//      all k (what the engine's verify step runs), without and with per-token KDA state snapshots
-//      (the engine's default commit mode), against a 1-token decode forward at the same context
+//      all k (what the engine's verify step runs), without and with KDA state snapshots (the engine's
+//      default commit mode; timed with the commitPrefix of all k tokens, which re-runs their KDA
+//      recurrence), against a 1-token decode forward at the same context
 //      (each timed call is undone with a cache checkpoint/rollback outside the timer);
 //   5. where the time goes: a separate pass with every native call timed (loader hook, see
-//      bench/native-timing.mjs) and classified by kernel family; the rest is JavaScript.
+//      bench/native-timing.mjs) and classified by kernel family; the rest is JavaScript. Then the
+//      verify block split: per family, its ms in the k = 16 verify over its ms in the B = 1 step
+//      (linear GEMMs, MLA attention, KDA core, MoE experts, ...): which part keeps t_verify(16) above t_step.
 // The machine's load is recorded per section: load average and the CPU time other processes used
 // (from /proc/stat minus this process's own CPU time), in vCPUs. A section during which other
 // processes used more than 0.2 vCPU is measured again (15 s later, up to 4 attempts; the attempt
@@ -61,8 +65,8 @@ const DECODE_WARMUP = 3; // steps on the measured sequences, after warmUp()
 const WARMUP_MS = quick ? 500 : 1500;
 const WARMUP_MAX_STEPS = 400;
 const DECODE_STEPS = quick ? 8 : 24;
-const VERIFY_REPS = quick ? 3 : 7;
-const PROFILE_STEPS = quick ? 3 : 6;
+const VERIFY_REPS = argv.includes('--verify-reps') ? Number(argv[argv.indexOf('--verify-reps') + 1]) : quick ? 3 : 7;
+const PROFILE_STEPS = quick ? 5 : 9;
 const MAX_K = 16;
 
 // ---- statistics, load -------------------------------------------------------------------------
@@ -264,6 +268,7 @@ function makeClassifier(c) {
         return 'dense MLP';
       case 'kdaRecurrent':
       case 'kdaChunked':
+      case 'kdaGate':
         return 'KDA core';
       case 'mlaAttention':
         return 'MLA attention';
@@ -297,11 +302,11 @@ const FAMILIES = [
 
 /**
  * Runs `fn` `times` times with every native call timed and the router choices counted.
- * @returns per-call averages: family → ms, wall ms, distinct routed experts (Σ over layers).
+ * @returns per forward: family → median ms over the passes, median wall ms, mean distinct routed experts
+ *   (Σ over layers).
  */
 function profile(stage, raw, times, fn) {
   nativeTiming.classify = makeClassifier(raw);
-  nativeTiming.reset();
   let distinct = 0;
   let current = new Map();
   stage.debug = {
@@ -311,19 +316,26 @@ function profile(stage, raw, times, fn) {
       current.set(layer, s);
     },
   };
-  let wall = 0;
+  const passes = [];
   for (let i = 0; i < times; i++) {
     current = new Map();
+    nativeTiming.reset();
     nativeTiming.enabled = true;
     const t0 = performance.now();
     fn();
-    wall += performance.now() - t0;
+    const wall = performance.now() - t0;
     nativeTiming.enabled = false;
+    passes.push({ wall, fam: new Map([...nativeTiming.totals].map(([k, v]) => [k, v.ms])) });
     for (const s of current.values()) distinct += s.size;
   }
   stage.debug = undefined;
-  const fam = new Map([...nativeTiming.totals].map(([k, v]) => [k, v.ms / times]));
-  return { fam, wallMs: wall / times, distinctExperts: distinct / times };
+  // medians over the passes, per family and for the wall time: a pass stalled by another process
+  // (the VM is shared) moves a mean, not a median
+  const names = new Set(passes.flatMap((p) => [...p.fam.keys()]));
+  const fam = new Map([...names].map((k) => [k, median(passes.map((p) => p.fam.get(k) ?? 0))]));
+  // JavaScript = a pass's wall time minus its native calls, per pass, then the median
+  const jsMs = median(passes.map((p) => p.wall - [...p.fam.values()].reduce((a, b) => a + b, 0)));
+  return { fam, wallMs: median(passes.map((p) => p.wall)), jsMs, distinctExperts: distinct / times };
 }
 
 /**
@@ -425,14 +437,17 @@ function runVerify(stage, raw) {
     cache,
   );
   const block = randomTokens(MAX_K, V);
-  const once = (k, logits, snapshots) => {
+  const once = (k, logits, snapshots, commit = 'replay') => {
+    stage.kdaCommit = commit;
     const cp = cache.checkpoint(0);
     const t0 = performance.now();
-    stage.forward(
+    const res = stage.forward(
       { sequences: [{ id: 0, position: cache.length(0), tokens: block.subarray(0, k), logits }] },
       cache,
       snapshots ? { stateSnapshots: true } : {},
     );
+    // the engine's snapshot commit mode: the commit of the accepted prefix belongs to the step (here all k)
+    if (snapshots) stage.commitPrefix(cache, res, 0, k);
     const t = performance.now() - t0;
     cache.rollback(0, cp);
     return t;
@@ -442,16 +457,18 @@ function runVerify(stage, raw) {
     variants.push(
       { key: `plain${k}`, k, logits: 'all', snap: false },
       { key: `snap${k}`, k, logits: 'all', snap: true },
+      { key: `copy${k}`, k, logits: 'all', snap: true, commit: 'copy' },
     );
   const times = new Map(variants.map((v) => [v.key, []]));
-  for (const v of variants) once(v.k, v.logits, v.snap); // warm-up
+  for (const v of variants) once(v.k, v.logits, v.snap, v.commit); // warm-up
   const meter = loadMeter();
   for (let r = 0; r < VERIFY_REPS; r++) {
-    for (const v of variants) times.get(v.key).push(once(v.k, v.logits, v.snap)); // interleaved: drift hits all k alike
+    // interleaved: drift hits all k and commit modes alike
+    for (const v of variants) times.get(v.key).push(once(v.k, v.logits, v.snap, v.commit));
   }
   const load = meter.stop();
   const med = new Map([...times].map(([k, v]) => [k, median(v)]));
-  const prof = profile(stage, raw, Math.max(2, PROFILE_STEPS >> 1), () => once(MAX_K, 'all', false));
+  const prof = profile(stage, raw, PROFILE_STEPS, () => once(MAX_K, 'all', false));
   // routed experts a k-token block touches (one untimed forward per k): its weight bytes
   const distinct = new Map();
   for (let k = 1; k <= MAX_K; k++) distinct.set(k, profile(stage, raw, 1, () => once(k, 'all', false)).distinctExperts);
@@ -485,9 +502,7 @@ function profileTable(columns) {
     f === 'MoE experts' ? c.wb.fam[f] + c.prof.distinctExperts * c.wb.perExpert : c.wb.fam[f];
   for (const f of [...FAMILIES, 'JavaScript (rest of forward)']) {
     const cells = columns.map((c) => {
-      const ms = f.startsWith('JavaScript')
-        ? c.prof.wallMs - [...c.prof.fam.values()].reduce((a, b) => a + b, 0)
-        : (c.prof.fam.get(f) ?? 0);
+      const ms = f.startsWith('JavaScript') ? c.prof.jsMs : (c.prof.fam.get(f) ?? 0);
       const bytes = f.startsWith('JavaScript') ? 0 : famBytes(c, f);
       const gbs = bytes > 0 && ms > 0 ? `, ${(bytes / ms / 1e6).toFixed(1)}` : '';
       return `${ms.toFixed(2)} (${((100 * ms) / c.prof.wallMs).toFixed(0)} %${gbs})`;
@@ -603,9 +618,16 @@ console.log(
   '"bytes(k)/bytes(1)": weight bytes the k-token forward reads (routed experts it touches, counted) ' +
     "over a 1-token forward's: the floor of t_verify(k)/t_step for a bandwidth-bound forward.\n",
 );
-const verifyColumns = results.map((r) => `${r.name} plain | ${r.name} + KDA snapshots | ${r.name} bytes(k)/bytes(1)`);
+console.log(
+  '"+ KDA snapshots": the engine\'s commit mode, forward + commitPrefix of all k (kdaCommit "replay", the default: ' +
+    'one state copy per layer, the commit re-runs the KDA recurrence); "copy": the per-token state copies of ' +
+    'kdaCommit "copy" (the old default) — alternated in the same rounds.\n',
+);
+const verifyColumns = results.map(
+  (r) => `${r.name} plain | ${r.name} + KDA snapshots | ${r.name} copy | ${r.name} bytes(k)/bytes(1)`,
+);
 console.log(`| k | ${verifyColumns.join(' | ')} |`);
-console.log(`|---:|${results.map(() => '---:|---:|---:').join('|')}|`);
+console.log(`|---:|${results.map(() => '---:|---:|---:|---:').join('|')}|`);
 for (let k = 1; k <= MAX_K; k++) {
   console.log(
     `| ${k} | ${results
@@ -614,15 +636,18 @@ for (let k = 1; k <= MAX_K; k++) {
         const bytes = (j) => r.wb.fixed + r.ver.distinct.get(j) * r.wb.perExpert;
         return (
           `${(r.ver.med.get(`plain${k}`) / s).toFixed(2)} | ` +
-          `${(r.ver.med.get(`snap${k}`) / s).toFixed(2)} | ${(bytes(k) / bytes(1)).toFixed(2)}`
+          `${(r.ver.med.get(`snap${k}`) / s).toFixed(2)} | ${(r.ver.med.get(`copy${k}`) / s).toFixed(2)} | ` +
+          `${(bytes(k) / bytes(1)).toFixed(2)}`
         );
       })
       .join(' | ')} |`,
   );
 }
-console.log(`| t_step (ms) | ${results.map((r) => `${r.ver.med.get('step').toFixed(2)} | | `).join(' | ')} |`);
+console.log(`| t_step (ms) | ${results.map((r) => `${r.ver.med.get('step').toFixed(2)} | | | `).join(' | ')} |`);
 const verify16 = results.map(
-  (r) => `${r.ver.med.get(`plain${MAX_K}`).toFixed(2)} | ${r.ver.med.get(`snap${MAX_K}`).toFixed(2)} | `,
+  (r) =>
+    `${r.ver.med.get(`plain${MAX_K}`).toFixed(2)} | ${r.ver.med.get(`snap${MAX_K}`).toFixed(2)} | ` +
+    `${r.ver.med.get(`copy${MAX_K}`).toFixed(2)} | `,
 );
 console.log(`| t_verify(16) (ms) | ${verify16.join(' | ')} |`);
 
@@ -638,6 +663,37 @@ for (const r of results) {
 console.log(profileTable(cols));
 for (const c of cols)
   console.log(`- ${c.name}: distinct routed experts per forward (all MoE layers) ${c.prof.distinctExperts.toFixed(1)}`);
+
+console.log(
+  `\n### Verify block split: t_verify(${MAX_K}) / t_step per family (profiled passes above; ` +
+    'ms in the verify forward ÷ ms in the 1-token step; share = of the verify forward)\n',
+);
+const GROUPS = [
+  [
+    'linear GEMMs (KDA, MLA, dense MLP projections, router, lm_head)',
+    ['KDA projections', 'MLA projections', 'dense MLP', 'MoE router', 'lm_head'],
+  ],
+  ['MLA attention', ['MLA attention']],
+  ['KDA core (gates, conv, recurrence)', ['KDA core']],
+  ['MoE experts (routed + shared)', ['MoE experts']],
+  ['norms, embedding', ['norms', 'embedding']],
+];
+console.log(`| part | ${results.map((r) => `${r.name}: step ms → verify ms (ratio, share)`).join(' | ')} |`);
+console.log(`|---|${results.map(() => '---:').join('|')}|`);
+const splitRow = (label, get) =>
+  console.log(
+    `| ${label} | ${results
+      .map((r) => {
+        const a = get(r.dec[0].prof);
+        const b = get(r.ver.prof);
+        const share = ((100 * b) / r.ver.prof.wallMs).toFixed(0);
+        return `${a.toFixed(2)} → ${b.toFixed(2)} (${(b / a).toFixed(2)}×, ${share} %)`;
+      })
+      .join(' | ')} |`,
+  );
+for (const [label, fams] of GROUPS) splitRow(label, (prof) => fams.reduce((a, f) => a + (prof.fam.get(f) ?? 0), 0));
+splitRow('JavaScript (rest of forward)', (prof) => prof.jsMs);
+splitRow('**whole forward (profiled)**', (prof) => prof.wallMs);
 
 console.log(
   `\ncopy bandwidth: start ${copy0.toFixed(1)}, per model ${results.map((r) => r.copy.toFixed(1)).join(', ')}` +

@@ -3,11 +3,12 @@
 // `cc -O2 -march=native -pthread` into the git-ignored .cache/peer/ and runs it; never part of the addon.
 //
 //   dot-rate THREADS SECONDS  ->  one JSON line: {"vnni_int8": GOP/s, "avx512_bf16": GFLOP/s,
-//                                 "amx_int8": GOP/s, "amx_bf16": GFLOP/s} (a key is null when the
+//                                 "amx_int8": GOP/s, "amx_bf16": GFLOP/s, "avx512_f32": GFLOP/s} (a key is null when the
 //                                 compiler or CPU lacks the instructions, or the kernel refuses AMX state)
 // One op = one multiply or one add (a multiply-add = 2 ops), as GEMM FLOPs count them. Per instruction:
 //   vpdpbusd zmm (AVX512-VNNI): 16 lanes × 4 u8·s8 products, accumulated into i32 = 64 MACs;
 //   vdpbf16ps zmm (AVX512-BF16): 16 lanes × 2 bf16 products into f32 = 32 MACs;
+//   vfmadd231ps zmm (AVX-512 F): 16 fp32 MACs (the fp32-activation GEMM's instruction, for comparison);
 //   tdpbusd (AMX-INT8): C[16×16 i32] += A[16×64 u8] · B[64×16 s8] = 16·16·64 MACs;
 //   tdpbf16ps (AMX-BF16): C[16×16 f32] += A[16×32 bf16] · B[32×16 bf16] = 16·16·32 MACs.
 // 8 independent accumulators (VNNI/BF16) and 4 (AMX: tiles 0–3 accumulate, 4–7 hold A and B) hide the
@@ -84,6 +85,34 @@ static double bf16(double seconds) {
 }
 #endif
 
+#if defined(__AVX512F__)
+static double f32fma(double seconds) {
+  __m512 c0 = _mm512_set1_ps(0), c1 = _mm512_set1_ps(1), c2 = _mm512_set1_ps(2), c3 = _mm512_set1_ps(3),
+         c4 = _mm512_set1_ps(4), c5 = _mm512_set1_ps(5), c6 = _mm512_set1_ps(6), c7 = _mm512_set1_ps(7);
+  __m512 a = _mm512_set1_ps(1e-8f), b = _mm512_set1_ps(1.0f);
+  __asm__ volatile("" : "+v"(a), "+v"(b));
+  double ops = 0, t0 = now_s();
+  while (now_s() - t0 < seconds) {
+    for (int r = 0; r < 4096; r++) {
+      c0 = _mm512_fmadd_ps(a, b, c0);
+      c1 = _mm512_fmadd_ps(a, b, c1);
+      c2 = _mm512_fmadd_ps(a, b, c2);
+      c3 = _mm512_fmadd_ps(a, b, c3);
+      c4 = _mm512_fmadd_ps(a, b, c4);
+      c5 = _mm512_fmadd_ps(a, b, c5);
+      c6 = _mm512_fmadd_ps(a, b, c6);
+      c7 = _mm512_fmadd_ps(a, b, c7);
+    }
+    ops += 4096.0 * 8 * 16 * 2;
+  }
+  __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return ops;
+}
+#endif
+
 #if defined(__AMX_INT8__) && defined(__AMX_BF16__)
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -151,7 +180,7 @@ static double amx_bf16(double seconds) {
 }
 #endif
 
-enum { kVnni, kBf16, kAmxInt8, kAmxBf16, kKernels };
+enum { kVnni, kBf16, kAmxInt8, kAmxBf16, kF32, kKernels };
 
 struct job {
   double seconds;
@@ -175,6 +204,9 @@ static void* run_job(void* p) {
 #endif
 #if defined(__AVX512BF16__)
   timed(j, kBf16, bf16);
+#endif
+#if defined(__AVX512F__)
+  timed(j, kF32, f32fma);
 #endif
 #if defined(__AMX_INT8__) && defined(__AMX_BF16__)
   if (j->amx) {
@@ -227,7 +259,8 @@ int main(int argc, char** argv) {
   print_rate("vnni_int8", vnni_rate, 0);
   print_rate("avx512_bf16", bf16_rate, 0);
   print_rate("amx_int8", amx_i8, 0);
-  print_rate("amx_bf16", amx_b16, 1);
+  print_rate("amx_bf16", amx_b16, 0);
+  print_rate("avx512_f32", rates[kF32], 1);
   printf("}\n");
   return 0;
 }

@@ -43,6 +43,7 @@ export const bf16ToF32 = timed('bf16ToF32', real.bf16ToF32);
 export const swigluFused = timed('swigluFused', real.swigluFused);
 export const kdaRecurrent = timed('kdaRecurrent', real.kdaRecurrent);
 export const kdaChunked = timed('kdaChunked', real.kdaChunked);
+export const kdaGate = timed('kdaGate', real.kdaGate);
 export const mlaAttention = timed('mlaAttention', real.mlaAttention);
 export const moeRoute = timed('moeRoute', real.moeRoute);
 export const moeExperts = timed('moeExperts', real.moeExperts);

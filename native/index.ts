@@ -54,6 +54,8 @@ export {
   kdaResetSlot,
   kdaCopySlot,
   kdaCommitSnapshot,
+  kdaGate,
+  type KdaGateBetaLayout,
   type KdaShape,
   type KdaStatePools,
   type KdaInputs,

@@ -9,7 +9,9 @@
 //   1. recurrent decode (1 token) and verification blocks (T = 4, 8, 16) for one sequence, with and
 //      without per-token snapshots; the snapshot commit (one slot copy); replay of n accepted tokens;
 //      batched decode (B = 8 sequences x 1 token);
-//   2. prefill of one sequence: recurrent vs chunked (chunk 16, 32, 64), tokens/s.
+//   2. prefill of one sequence: recurrent vs chunked (chunk 16, 32, 64), tokens/s;
+//   2b. the gates g = -exp(A_log)·softplus(f + dt_bias), β = sigmoid(b) of T = 1 and 16 tokens: the native
+//      kdaGate against the JavaScript loop the Kimi forward ran before it (same formula), alternated.
 //   State traffic is reported as GB/s of state read + written (2 x 2 MiB per token and sequence).
 // MoE, one layer (hidden 2304, inter 1024, top-8 + 1 shared expert of inter 1024, sigmoid router):
 //   3. routed experts + shared for N = 1, 4, 16, 64 tokens with random routing over E experts:
@@ -24,6 +26,7 @@ import {
   isa,
   kdaChunked,
   kdaCommitSnapshot,
+  kdaGate,
   kdaRecurrent,
   kdaSlotLengths,
   moeExperts,
@@ -180,8 +183,57 @@ function benchMoe() {
   console.log(`router moeRoute N=${N}, 256 experts, top-${K}: ${(ms * 1000).toFixed(0)} us`);
 }
 
+/** The Kimi forward's former JavaScript gate loop (packages/model-kimi-k3 before kdaGate), for comparison. */
+function jsGate(f, dtBias, negA, b, H, d) {
+  const HD = H * d;
+  const T = f.length / HD;
+  const g = new Float32Array(T * HD);
+  const beta = new Float32Array(T * H);
+  const softplus = (x) => (x > 20 ? x : Math.log1p(Math.exp(x)));
+  for (let t = 0; t < T; t++) {
+    for (let h = 0; h < H; h++) {
+      const a = negA[h];
+      for (let i = 0; i < d; i++) {
+        const ch = h * d + i;
+        g[t * HD + ch] = a * Math.fround(softplus(Math.fround(f[t * HD + ch] + dtBias[ch])));
+      }
+      beta[t * H + h] = 1 / (1 + Math.exp(-b[t * H + h]));
+    }
+  }
+  return { g, beta };
+}
+
+function benchKdaGates() {
+  console.log(
+    `\n## KDA gates (heads ${shape.heads}, headDim ${shape.headDim}): ms per layer call, min of 3 x ${reps}\n`,
+  );
+  console.log('| T | JavaScript loop | kdaGate (native) | speed-up |');
+  console.log('|---:|---:|---:|---:|');
+  for (const T of [1, 16]) {
+    const f = randomF32(T * C, 4);
+    const dt = randomF32(C, 1);
+    const negA = Float32Array.from({ length: shape.heads }, (_, h) => -(h + 1));
+    const b = randomF32(T * shape.heads, 3);
+    let js = Infinity;
+    let nat = Infinity;
+    for (let r = 0; r < 3; r++) {
+      // alternated, so machine load hits both alike
+      js = Math.min(
+        js,
+        minTimeMs(() => jsGate(f, dt, negA, b, shape.heads, shape.headDim)),
+      );
+      nat = Math.min(
+        nat,
+        minTimeMs(() => kdaGate(f, dt, negA, b, shape)),
+      );
+    }
+    console.log(`| ${T} | ${js.toFixed(3)} | ${nat.toFixed(3)} | ${(js / nat).toFixed(1)}× |`);
+  }
+}
+
 if (runKda) {
   benchKdaDecode();
   benchKdaPrefill();
+  benchKdaGates();
 }
 if (runMoe) benchMoe();

@@ -205,6 +205,19 @@ export interface RawAddon {
   // kda.cc
   kdaForward(...args: KdaRawArgs): void;
   kdaForwardAsync(...args: KdaRawArgs): Promise<void>;
+  kdaGate(
+    f: Float32Array,
+    dtBias: Float32Array,
+    negA: Float32Array,
+    b: Float32Array,
+    bOffset: number,
+    bStride: number,
+    tokens: number,
+    heads: number,
+    headDim: number,
+    g: Float32Array,
+    beta: Float32Array,
+  ): void;
   // moe.cc
   moeRoute(
     logits: Float32Array,

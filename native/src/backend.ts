@@ -74,6 +74,7 @@ export interface KernelBackend {
   readonly kdaResetSlot: typeof kda.kdaResetSlot;
   readonly kdaCopySlot: typeof kda.kdaCopySlot;
   readonly kdaCommitSnapshot: typeof kda.kdaCommitSnapshot;
+  readonly kdaGate: typeof kda.kdaGate;
   readonly kdaRecurrent: typeof kda.kdaRecurrent;
   readonly kdaRecurrentAsync: typeof kda.kdaRecurrentAsync;
   readonly kdaChunked: typeof kda.kdaChunked;

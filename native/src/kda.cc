@@ -407,6 +407,52 @@ Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
   return QueueKernel(info.Env(), "kdaForwardAsync", [p]() mutable { RunKda(p); }, std::move(c.arrays));
 }
 
+/**
+ * kdaGate(f [T, C] f32 (f_b_proj output), dtBias [C], negA [H] (-exp(A_log)), b: Float32Array, bOffset, bStride,
+ *         T, H, d, g out [T, C], beta out [T, H]):
+ *   g[t][h*d+i] = negA[h] * softplus(f[t][h*d+i] + dtBias[h*d+i])   (kda::Softplus: torch's threshold 20)
+ *   beta[t][h]  = 1 / (1 + exp(-b[bOffset + t*bStride + h]))
+ * in fp32 with the vectorisable kda::Exp (kda_math.h; ~3 ulp against the double formula the TypeScript
+ * kernels keep). Portable code, one build for every ISA path, elementwise: a token's gates never depend
+ * on the batch, the thread count or the path.
+ */
+SPECD_KDA_VECTORIZABLE void GateRow(const float* f, const float* dt, float a, float* g, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) g[i] = a * kda::Softplus(f[i] + dt[i]);
+}
+
+Napi::Value KdaGateBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "kdaGate");
+  const int64_t T = args.Int(6, "tokens", 0);
+  const int64_t H = args.Int(7, "heads", 1, 1 << 16);
+  const int64_t d = args.Int(8, "headDim", 1, 1 << 16);
+  const int64_t C = H * d;
+  const int64_t b_off = args.Int(4, "bOffset", 0);
+  const int64_t b_stride = args.Int(5, "bStride", H);
+  auto f = args.F32(0, "f", CheckedProduct("kdaGate", {T, C}), "tokens*heads*headDim");
+  auto dt = args.F32(1, "dtBias", static_cast<size_t>(C), "heads*headDim");
+  auto neg_a = args.F32(2, "negA", static_cast<size_t>(H), "heads");
+  auto b = args.F32(3, "b");
+  if (T > 0 && static_cast<int64_t>(b.ElementLength()) < b_off + (T - 1) * b_stride + H)
+    args.Fail("b", "a Float32Array of at least bOffset + (tokens-1)*bStride + heads floats",
+              "length " + std::to_string(b.ElementLength()));
+  auto g = args.F32(9, "g", CheckedProduct("kdaGate", {T, C}), "tokens*heads*headDim");
+  auto beta = args.F32(10, "beta", CheckedProduct("kdaGate", {T, H}), "tokens*heads");
+  const float *pf = f.Data(), *pdt = dt.Data(), *pa = neg_a.Data(), *pb = b.Data();
+  float *pg = g.Data(), *pbeta = beta.Data();
+  ParallelFor(
+      T,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          for (int64_t h = 0; h < H; ++h) {
+            GateRow(pf + t * C + h * d, pdt + h * d, pa[h], pg + t * C + h * d, d);
+            pbeta[t * H + h] = 1.0f / (1.0f + kda::Exp(-pb[b_off + t * b_stride + h]));
+          }
+        }
+      },
+      8 * C);
+  return info.Env().Undefined();
+}
+
 }  // namespace
 
 namespace kda {
@@ -456,6 +502,7 @@ void StepsPortable(const Steps& st) {
 
 void RegisterKda(Napi::Env env, Napi::Object exports) {
   exports.Set("kdaForward", Napi::Function::New(env, Guarded<KdaForwardBinding>, "kdaForward"));
+  exports.Set("kdaGate", Napi::Function::New(env, Guarded<KdaGateBinding>, "kdaGate"));
   exports.Set("kdaForwardAsync", Napi::Function::New(env, Guarded<KdaForwardAsyncBinding>, "kdaForwardAsync"));
 }
 

@@ -338,6 +338,50 @@ export function kdaChunkedAsync(
   return addon.kdaForwardAsync(...args).then(() => args[10]);
 }
 
+/** Where {@link kdaGate} reads β's logits: `b[offset + t·stride + h]` (default offset 0, stride heads). */
+export interface KdaGateBetaLayout {
+  readonly offset?: number;
+  readonly stride?: number;
+}
+
+/**
+ * The KDA gates of T tokens (kimi.py `KDAAttention`, the part between the projections and the core):
+ *   g[t][h·d + i] = negA[h] · softplus(f[t][h·d + i] + dtBias[h·d + i])   (log decay, ≤ 0)
+ *   β[t][h] = sigmoid(b[offset + t·stride + h])
+ * with softplus(x) = x for x > 20, else log1p(exp(x)) (torch's threshold). fp32 throughout, with a
+ * vectorisable exp and log1p series (kda_math.h; within 4 ulp of the double formula), one portable build
+ * for every ISA path, elementwise — a token's gates never depend on the batch, the thread count or the path.
+ * @param f f32 `[T, heads·headDim]` (f_b_proj output); @param dtBias f32 `[heads·headDim]`;
+ * @param negA f32 `[heads]` (−exp(A_log)); @param b f32 holding β's logits at `layout` (e.g. the fused
+ * in-projection's rows, one of its column ranges).
+ * @returns `{ g: [T, heads·headDim], beta: [T, heads] }` f32 (`out`'s arrays when given).
+ * @throws SpecdArgumentError on a wrong type or length (b shorter than its layout needs included).
+ */
+export function kdaGate(
+  f: Float32Array,
+  dtBias: Float32Array,
+  negA: Float32Array,
+  b: Float32Array,
+  shape: KdaShape,
+  layout: KdaGateBetaLayout = {},
+  out?: { readonly g: Float32Array; readonly beta: Float32Array },
+): { g: Float32Array; beta: Float32Array } {
+  const call = 'kdaGate';
+  const heads = expectInt(call, 'heads', shape?.heads, 1, 1 << 16);
+  const headDim = expectInt(call, 'headDim', shape?.headDim, 1, 1 << 16);
+  const C = heads * headDim;
+  expectArray(call, 'f', f, Float32Array);
+  if (f.length % C !== 0) fail(call, 'f', `a Float32Array of T*heads*headDim floats (a multiple of ${C})`, f);
+  const T = f.length / C;
+  const offset = expectInt(call, 'layout.offset', layout.offset ?? 0, 0);
+  const stride = expectInt(call, 'layout.stride', layout.stride ?? heads, heads);
+  const g = out === undefined ? new Float32Array(T * C) : expectArray(call, 'out.g', out.g, Float32Array, T * C);
+  const beta =
+    out === undefined ? new Float32Array(T * heads) : expectArray(call, 'out.beta', out.beta, Float32Array, T * heads);
+  addon.kdaGate(f, dtBias, negA, b, offset, stride, T, heads, headDim, g, beta);
+  return { g, beta };
+}
+
 /**
  * KDA output gate: `o_norm(o) · sigmoid(gate)` per head (RMSNorm over headDim, one weight shared by
  * the heads) — exactly `rmsNormPerHead(o, heads, weight, eps, { values: gate, kind: 'sigmoid' }, out)`.

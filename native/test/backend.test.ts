@@ -7,7 +7,7 @@ describe('cpuBackend', () => {
     const { cpuBackend } = native;
     expect(cpuBackend.name).toBe('cpu');
     const kernels = Object.entries(cpuBackend).filter(([key]) => key !== 'name');
-    expect(kernels.length).toBe(48);
+    expect(kernels.length).toBe(49);
     for (const [key, fn] of kernels) expect(fn, key).toBe((native as Record<string, unknown>)[key]);
     expect(Object.isFrozen(cpuBackend)).toBe(true);
   });

@@ -10,6 +10,7 @@ import {
   kdaChunkedAsync,
   kdaCommitSnapshot,
   kdaCopySlot,
+  kdaGate,
   kdaOutputNorm,
   kdaRecurrent,
   kdaRecurrentAsync,
@@ -403,6 +404,48 @@ describe('KDA async and arguments', () => {
     } catch (e) {
       expect((e as { code?: string }).code).toBe('ERR_SPECD_INVALID_ARG');
     }
+  });
+
+  it('kdaGate: g = negA·softplus(f + dtBias), β = sigmoid(b) at its layout, within 4 ulp of the double formula', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const { heads: H, headDim: d } = SHAPE;
+    const C = H * d;
+    const T = 5;
+    const f = randomF32(T * C, next, 8);
+    f[3] = 25; // above softplus's threshold: softplus(x) = x
+    f[4] = -30;
+    const dtBias = randomF32(C, next, 1);
+    const negA = Float32Array.from({ length: H }, (_, h) => -Math.exp(Math.log(h + 1)));
+    const stride = 2 * H + 3; // β's logits at columns [1, 1 + H) of a wider row
+    const b = randomF32(T * stride, next, 6);
+    const { g, beta } = kdaGate(f, dtBias, negA, b, SHAPE, { offset: 1, stride });
+    const sp = (x: number) => (x > 20 ? x : Math.log1p(Math.exp(x)));
+    let gMismatch = 0;
+    let bMismatch = 0;
+    for (let t = 0; t < T; t++) {
+      for (let h = 0; h < H; h++) {
+        for (let i = 0; i < d; i++) {
+          const ch = h * d + i;
+          const want = Math.fround(negA[h]! * Math.fround(sp(Math.fround(f[t * C + ch]! + dtBias[ch]!))));
+          // fp32 exp and log1p series (kda_math.h): within 4 fp32 ulp of the double formula
+          if (Math.abs(g[t * C + ch]! - want) > 4 * Math.abs(want) * 2 ** -23) gMismatch++;
+        }
+        const want = Math.fround(1 / (1 + Math.exp(-b[1 + t * stride + h]!)));
+        if (Math.abs(beta[t * H + h]! - want) > 4 * want * 2 ** -23) bMismatch++;
+      }
+    }
+    expect([gMismatch, bMismatch], `seed ${seed}`).toEqual([0, 0]);
+    expect(g[3]).toBe(Math.fround(negA[0]! * Math.fround(25 + dtBias[3]!)));
+    expect(Math.max(...g)).toBeLessThanOrEqual(0);
+    // a token's gates do not depend on the other tokens of the call
+    const one = kdaGate(f.subarray(2 * C, 3 * C), dtBias, negA, b, SHAPE, { offset: 1 + 2 * stride, stride });
+    expect(firstBitDifference(one.g, g.subarray(2 * C, 3 * C))).toBe(-1);
+    expect(firstBitDifference(one.beta, beta.subarray(2 * H, 3 * H))).toBe(-1);
+    expect(() => kdaGate(f, dtBias, negA, b.subarray(0, (T - 1) * stride + H), SHAPE, { offset: 1, stride })).toThrow(
+      /b: expected a Float32Array of at least/,
+    );
+    expect(() => kdaGate(f.subarray(1), dtBias, negA, b, SHAPE)).toThrow(/kdaGate: f/);
   });
 
   it('kdaOutputNorm is the per-head RMSNorm gated by sigmoid', () => {

@@ -37,7 +37,7 @@ export {
   type KimiKernelChoice,
   type KimiLoadOptions,
 } from './model.js';
-export type { KdaLayerSnapshots } from './kda.js';
+export type { KdaCommitMode, KdaLayerSnapshots } from './kda.js';
 export {
   tsKernels,
   type KdaCall,

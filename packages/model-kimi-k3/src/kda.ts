@@ -95,23 +95,47 @@ export function loadKdaWeights(
   };
 }
 
-/** Per-token KDA states of one layer after a forward (rollback by copy; batch rows). */
+/**
+ * What a verify forward keeps of one KDA layer so that an accepted prefix can be committed later
+ * (`commitFromSnapshots`): the core's inputs of every row of the batch and each sequence's state from
+ * before the forward. Committing n tokens of a sequence restores its state and re-runs the recurrent
+ * kernel on its first n rows — bitwise the state after token n − 1 (the recurrent kernel over T tokens
+ * equals T single-token calls), for the cost of n tokens' recurrence at commit instead of writing a
+ * `[H, d, d]` state copy per token during the verify (16 MiB per layer for a 16-token block at H = 16,
+ * d = 128).
+ */
 export interface KdaLayerSnapshots {
-  /** `[numTokens, H, d, d]` f32: row r = recurrent state of row r's sequence after token r. */
-  readonly state: Float32Array;
-  /** `[numTokens, 3·H·d, ks − 1]` f32: row r = conv state after token r. */
-  readonly conv: Float32Array;
+  /** Pre-conv q | k | v `[N, 3·H·d]`, log decay g `[N, H·d]` and β `[N, H]` of every row (batch order). */
+  readonly qkv: Float32Array;
+  readonly g: Float32Array;
+  readonly beta: Float32Array;
+  /** Per span of the forward (span order): recurrent state `[H, d, d]` and conv state `[3·H·d, ks − 1]` before it. */
+  readonly stateBefore: Float32Array;
+  readonly convBefore: Float32Array;
+  /** What the replay runs: the layer's conv weights, shape and kernel set. */
+  readonly convWeight: Float32Array;
+  readonly heads: number;
+  readonly headDim: number;
+  readonly kernels: KimiKernels;
+  /**
+   * Only with {@link KdaCommitMode} `'copy'`: the state `[N, H, d, d]` and conv state `[N, 3·H·d, ks − 1]`
+   * after every row (the kernel writes them during the forward); the commit copies one row instead of the replay.
+   */
+  readonly perToken?: { readonly state: Float32Array; readonly conv: Float32Array };
 }
 
-/** torch.nn.functional.softplus (beta 1, threshold 20). */
-function softplus(x: number): number {
-  return x > 20 ? x : Math.log1p(Math.exp(x));
-}
+/**
+ * How a verify forward's accepted prefix is committed (`KimiStageModel.kdaCommit`): `'replay'` (default:
+ * keep the inputs and the state before the forward; the commit re-runs the committed tokens' recurrence)
+ * or `'copy'` (the forward writes the state after every token; the commit copies one). Same bits either way.
+ */
+export type KdaCommitMode = 'replay' | 'copy';
 
 /**
  * KDA forward for a batch: `xn [N, hidden]` f32 (input-normalised) → `[N, hidden]` f32; advances
  * each sequence's recurrent and conv state in `cache` (layer `l`). `chunked[i]` selects the
- * chunked form for span i (prefill only). `act`: the projections' activation precision
+ * chunked form for span i (prefill only). `onSnapshot` (verify steps; every span recurrent) receives what
+ * commits a prefix later ({@link KdaLayerSnapshots}). `act`: the projections' activation precision
  * (`gemmBf16`'s; the recurrence itself is fp32 either way).
  */
 export function kdaForward(
@@ -124,8 +148,9 @@ export function kdaForward(
   cache: SequenceCache,
   kernels: KimiKernels,
   chunked: readonly boolean[],
-  snapshots?: KdaLayerSnapshots,
+  onSnapshot?: (s: KdaLayerSnapshots) => void,
   act: GemmActivations = 'f32',
+  commit: KdaCommitMode = 'replay',
 ): Float32Array {
   const H = c.kdaHeads;
   const d = c.kdaHeadDim;
@@ -135,22 +160,36 @@ export function kdaForward(
   const fb = gemmBf16(sliceColumns(proj, N, width, 3 * HD, d), N, w.fB, undefined, act);
   const gb = gemmBf16(sliceColumns(proj, N, width, 3 * HD + d, d), N, w.gB, undefined, act);
   const qkv = sliceColumns(proj, N, width, 0, 3 * HD);
-  const g = new Float32Array(N * HD);
-  const beta = new Float32Array(N * H);
-  for (let t = 0; t < N; t++) {
-    for (let h = 0; h < H; h++) {
-      const a = w.negA[h]!;
-      for (let i = 0; i < d; i++) {
-        const ch = h * d + i;
-        g[t * HD + ch] = a * Math.fround(softplus(Math.fround(fb[t * HD + ch]! + w.dtBias[ch]!)));
-      }
-      beta[t * H + h] = 1 / (1 + Math.exp(-proj[t * width + 3 * HD + 2 * d + h]!));
-    }
-  }
+  const { g, beta } = kernels.kdaGate(fb, w.dtBias, w.negA, proj, 3 * HD + 2 * d, width, H, d);
   const o = new Float32Array(N * HD);
   const pools = cache.state!;
   const state = pools.recurrentStore(l);
   const conv = pools.convStore(l);
+  let perToken: { state: Float32Array; conv: Float32Array } | undefined;
+  if (onSnapshot !== undefined) {
+    const st = spans.map((s) => pools.recurrent(s.id, l));
+    const cv = spans.map((s) => pools.conv(s.id, l));
+    const stateBefore = new Float32Array(spans.length * st[0]!.length);
+    const convBefore = new Float32Array(spans.length * cv[0]!.length);
+    spans.forEach((_, i) => {
+      stateBefore.set(st[i]!, i * st[0]!.length);
+      convBefore.set(cv[i]!, i * cv[0]!.length);
+    });
+    if (commit === 'copy')
+      perToken = { state: new Float32Array(N * st[0]!.length), conv: new Float32Array(N * cv[0]!.length) };
+    onSnapshot({
+      qkv,
+      g,
+      beta,
+      stateBefore,
+      convBefore,
+      convWeight: w.convWeight,
+      heads: H,
+      headDim: d,
+      kernels,
+      ...(perToken === undefined ? {} : { perToken }),
+    });
+  }
   // one kernel call per mode; each covers a contiguous run of spans with that mode
   let i = 0;
   while (i < spans.length) {
@@ -171,12 +210,12 @@ export function kdaForward(
         heads: H,
         headDim: d,
         out: o.subarray(first * HD, last * HD),
-        ...(snapshots === undefined
+        ...(perToken === undefined
           ? {}
           : {
               snapshots: {
-                state: snapshots.state.subarray(first * H * d * d, last * H * d * d),
-                conv: snapshots.conv.subarray(first * 3 * HD * (c.convKernel - 1), last * 3 * HD * (c.convKernel - 1)),
+                state: perToken.state.subarray(first * H * d * d, last * H * d * d),
+                conv: perToken.conv.subarray(first * 3 * HD * (c.convKernel - 1), last * 3 * HD * (c.convKernel - 1)),
               },
             }),
       },

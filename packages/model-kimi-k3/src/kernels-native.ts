@@ -6,6 +6,7 @@
 import {
   createMoeExpertSet,
   kdaChunked,
+  kdaGate,
   kdaRecurrent,
   mlaAttention,
   moeExperts,
@@ -38,6 +39,9 @@ export const nativeKernels: KimiKernels = Object.freeze<KimiKernels>({
     const shape = { heads: call.heads, headDim: call.headDim };
     if (mode === 'chunked') kdaChunked(inputs, batch, pools, shape, { out: call.out, chunk: 64 });
     else kdaRecurrent(inputs, batch, pools, shape, { out: call.out, snapshots: call.snapshots });
+  },
+  kdaGate(f, dtBias, negA, b, bOffset, bStride, heads, headDim) {
+    return kdaGate(f, dtBias, negA, b, { heads, headDim }, { offset: bOffset, stride: bStride });
   },
   prepareMla(kvB, c) {
     const w = prepareMlaWeights(kvB, {

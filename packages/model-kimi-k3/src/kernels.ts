@@ -84,6 +84,22 @@ export interface KimiKernels {
    * (prefill only: equal within fp32 tolerance, not bitwise); `'recurrent'` is token by token.
    */
   kda(call: KdaCall, mode: 'recurrent' | 'chunked'): void;
+  /**
+   * KDA gates of T tokens: `g [T, H·d] = negA[h] · softplus(f + dtBias)` (softplus threshold 20) and
+   * `beta [T, H] = sigmoid(b[bOffset + t·bStride + h])`: in double, stored fp32 (TypeScript), or in fp32
+   * with a vectorised exp/log1p (native `kdaGate`, within 4 ulp). Elementwise (batch invariant).
+   * `f [T, H·d]` is f_b_proj's output, `b` holds β's logits (a column range of the in-projection).
+   */
+  kdaGate(
+    f: Float32Array,
+    dtBias: Float32Array,
+    negA: Float32Array,
+    b: Float32Array,
+    bOffset: number,
+    bStride: number,
+    heads: number,
+    headDim: number,
+  ): { g: Float32Array; beta: Float32Array };
   /** Prepares one layer's MLA absorption weights from kv_b_proj `[H·(nope+v), r]` bf16 bits. */
   prepareMla(kvB: Uint16Array, c: KimiConfig): MlaPrepared;
   /**
@@ -263,9 +279,31 @@ export function swigluForward(
   return gemmBf16(swigluFused(gateUp, w.inter), m, w.down, undefined, act);
 }
 
+/** torch.nn.functional.softplus (beta 1, threshold 20). */
+function softplus(x: number): number {
+  return x > 20 ? x : Math.log1p(Math.exp(x));
+}
+
 /** TypeScript kernels (reference math; `'chunked'` runs the recurrent form). */
 export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
   name: 'ts',
+  kdaGate(f, dtBias, negA, b, bOffset, bStride, H, d) {
+    const C = H * d;
+    const T = f.length / C;
+    const g = new Float32Array(T * C);
+    const beta = new Float32Array(T * H);
+    for (let t = 0; t < T; t++) {
+      for (let h = 0; h < H; h++) {
+        const a = negA[h]!;
+        for (let i = 0; i < d; i++) {
+          const ch = h * d + i;
+          g[t * C + ch] = a * Math.fround(softplus(Math.fround(f[t * C + ch]! + dtBias[ch]!)));
+        }
+        beta[t * H + h] = 1 / (1 + Math.exp(-b[bOffset + t * bStride + h]!));
+      }
+    }
+    return { g, beta };
+  },
   kda(call) {
     const { qkv, g, beta, convWeight, seqLens, slots, state, conv, heads: H, headDim: d, out } = call;
     const C = H * d;

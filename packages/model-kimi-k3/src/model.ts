@@ -35,7 +35,14 @@ import {
 import { bf16ToF32, gemmBf16, isa, rmsNorm, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
-import { KDA_TENSORS_PER_LAYER, kdaForward, loadKdaWeights, type KdaLayerSnapshots, type KdaWeights } from './kda.js';
+import {
+  KDA_TENSORS_PER_LAYER,
+  kdaForward,
+  loadKdaWeights,
+  type KdaCommitMode,
+  type KdaLayerSnapshots,
+  type KdaWeights,
+} from './kda.js';
 import { swigluForward, tsKernels, type KimiKernels, type SwigluWeights } from './kernels.js';
 import { nativeKernels } from './kernels-native.js';
 import type { SeqSpan, ShardRank } from './layout.js';
@@ -70,13 +77,17 @@ interface LayerWeights {
 /** Kimi forward options: the core ones plus per-token KDA snapshots. */
 export interface KimiForwardOptions extends ForwardOptions {
   /**
-   * Keep the KDA state after every token (verify steps): commit an accepted prefix later with
-   * {@link commitFromSnapshots} instead of a replay. Forces the recurrent form.
+   * Keep what commits an accepted prefix later with {@link commitFromSnapshots} (verify steps): each KDA
+   * layer's core inputs and each sequence's state before the forward ({@link KdaLayerSnapshots}); the
+   * commit re-runs only the KDA recurrence of the accepted tokens. Forces the recurrent form.
    */
   readonly kdaSnapshots?: boolean;
 }
 
-/** Per-token KDA states of a forward, by absolute layer id, plus where each sequence's rows are. */
+/**
+ * What commits a prefix of a forward ({@link KdaLayerSnapshots}), by absolute layer id, plus where each
+ * sequence's rows are.
+ */
 export interface KdaSnapshotSet {
   readonly spans: readonly SeqSpan[];
   readonly layers: ReadonlyMap<number, KdaLayerSnapshots>;
@@ -107,6 +118,13 @@ export class KimiStageModel implements StageModel, PrefixCommit {
    * equal to decode) or `'recurrent'`. Decode and verify always use the recurrent form.
    */
   kdaPrefill: 'chunked' | 'recurrent' = 'chunked';
+  /**
+   * How {@link commitPrefix} gets a verify's KDA state after the last accepted token ({@link KdaCommitMode}):
+   * `'replay'` (default; the verify copies one state per sequence and layer, the commit re-runs the accepted
+   * tokens' recurrence) or `'copy'` (the verify writes the state after every token, the commit copies one).
+   * Bitwise the same state; set between forwards (benches), never between a verify and its commit.
+   */
+  kdaCommit: KdaCommitMode = 'replay';
   /**
    * Activation precision of the dense bf16-weight GEMMs (KDA and MLA projections, dense MLPs,
    * lm_head; `gemmBf16`'s): `'f32'`, `'bf16'` (X rounded to bf16; AMX tiles where present) or
@@ -193,15 +211,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       (s) => s.phase === 'prefill' && this.kdaPrefill === 'chunked' && !wantSnapshots,
     );
     const snapshots = wantSnapshots ? new Map<number, KdaLayerSnapshots>() : undefined;
-    if (snapshots !== undefined) {
-      const g = this.cacheGeometry.linearState;
-      for (const l of g.layers) {
-        snapshots.set(l, {
-          state: new Float32Array(N * g.heads * g.keyDim * g.valueDim),
-          conv: new Float32Array(N * g.convStates * g.convChannels * g.convWidth),
-        });
-      }
-    }
+    const keep = (l: number) => (snapshots === undefined ? undefined : (s: KdaLayerSnapshots) => snapshots.set(l, s));
     const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
     const act = this.gemmActivations;
     for (let li = 0; li < this.layers.length; li++) {
@@ -210,7 +220,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
       const a = reduce(
         w.kind === 'kda'
-          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, snapshots?.get(l), act)
+          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act, this.kdaCommit)
           : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act),
       );
       for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;

@@ -2,11 +2,13 @@
  * Committing a verify step on a stage with KDA state (REFERENCE.md §7: rolling back rejected draft
  * tokens needs per-position snapshots or a replay). Both give bitwise the state plain decoding of
  * the committed tokens would give (KDA decode and verify use the same recurrent kernel, per token).
- * - Replay: take `cache.checkpoint(id)` before the verify forward; {@link commitByReplay} restores
- *   it, drops the verify block's KV and runs the committed tokens again (one extra forward).
- * - Snapshots: verify with `{ kdaSnapshots: true }`; {@link commitFromSnapshots} copies the states
- *   after the last committed token into the slot and truncates the KV (a copy of
- *   H·d² + 3·H·d·(ks−1) floats per KDA layer; the verify pass writes T such copies).
+ * - Replay of the whole stage: take `cache.checkpoint(id)` before the verify forward; {@link commitByReplay}
+ *   restores it, drops the verify block's KV and runs the committed tokens again (one extra forward).
+ * - Snapshots: verify with `{ kdaSnapshots: true }` (or `stateSnapshots`); {@link commitFromSnapshots}
+ *   restores each KDA layer's state from before the verify and re-runs only the KDA recurrence on the
+ *   committed tokens' kept core inputs (no projection, attention or MoE), then truncates the KV. The
+ *   verify pass copies one state per sequence and layer (H·d² + 3·H·d·(ks−1) floats) instead of one per
+ *   token; the commit costs the recurrence of the committed tokens.
  */
 
 import type { ForwardResult, SequenceCache, SequenceCheckpoint, SequenceId, StageModel } from '@specd/core';
@@ -39,7 +41,9 @@ export function commitByReplay(
 /**
  * Keeps the first `committed` tokens (≥ 1) of `id`'s rows in a verify forward run with
  * `{ kdaSnapshots: true }`: the KDA state and conv state become those after token `committed − 1`
- * of the block; KV beyond `position + committed` is dropped (pages freed).
+ * of the block (restored from before the forward, then the recurrence re-run on the committed rows; the
+ * same bits as the forward computed, so committing twice or after a later forward is still exact); KV
+ * beyond `position + committed` is dropped (pages freed).
  * @throws {RangeError} if `id` was not in that forward, or `committed` is not in [1, numNew]
  *   (to keep none, roll back to a checkpoint).
  */
@@ -57,12 +61,39 @@ export function commitFromSnapshots(
       `commitFromSnapshots: committed: expected an integer in [1, ${span.numNew}], got ${committed}`,
     );
   }
-  const row = span.tokenStart + committed - 1;
+  const si = snapshots.spans.indexOf(span);
+  const pools = cache.state!;
   for (const [l, snap] of snapshots.layers) {
-    const st = cache.state!.recurrent(id, l);
-    const cv = cache.state!.conv(id, l);
-    st.set(snap.state.subarray(row * st.length, (row + 1) * st.length));
-    cv.set(snap.conv.subarray(row * cv.length, (row + 1) * cv.length));
+    const st = pools.recurrent(id, l);
+    const cv = pools.conv(id, l);
+    if (snap.perToken !== undefined) {
+      // commit mode 'copy': the forward kept the state after every row
+      const row = span.tokenStart + committed - 1;
+      st.set(snap.perToken.state.subarray(row * st.length, (row + 1) * st.length));
+      cv.set(snap.perToken.conv.subarray(row * cv.length, (row + 1) * cv.length));
+      continue;
+    }
+    st.set(snap.stateBefore.subarray(si * st.length, (si + 1) * st.length));
+    cv.set(snap.convBefore.subarray(si * cv.length, (si + 1) * cv.length));
+    const C = snap.heads * snap.headDim;
+    const r0 = span.tokenStart;
+    const r1 = r0 + committed;
+    snap.kernels.kda(
+      {
+        qkv: snap.qkv.subarray(r0 * 3 * C, r1 * 3 * C),
+        g: snap.g.subarray(r0 * C, r1 * C),
+        beta: snap.beta.subarray(r0 * snap.heads, r1 * snap.heads),
+        convWeight: snap.convWeight,
+        seqLens: Int32Array.of(committed),
+        slots: Int32Array.of(pools.slotOf(id)),
+        state: pools.recurrentStore(l),
+        conv: pools.convStore(l),
+        heads: snap.heads,
+        headDim: snap.headDim,
+        out: new Float32Array(committed * C),
+      },
+      'recurrent',
+    );
   }
   cache.rollback(id, { length: span.position + committed, state: undefined });
 }

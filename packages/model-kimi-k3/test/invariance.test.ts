@@ -181,51 +181,64 @@ describe.each(KERNELS)('%s kernels', (kernels) => {
   });
 
   describe('verify rollback by snapshots', () => {
-    it('batched verify of two sequences, commit 2 of 5 and 5 of 5: states and next logits equal plain decoding', () => {
-      const cache = cacheFor(model, 4, 128);
-      for (const id of ['a', 'b', 'pa', 'pb']) prefill(cache, id, id.endsWith('a') ? PROMPT : OTHER);
-      const blockA = Int32Array.from([...DRAFTS, 9]);
-      const blockB = Int32Array.from([3, 1, 4, 1, 5]);
-      const res = model.forward(
-        {
-          sequences: [
-            { id: 'a', position: PROMPT.length, tokens: blockA, logits: 'all' },
-            { id: 'b', position: OTHER.length, tokens: blockB, logits: 'all' },
-          ],
-        },
-        cache,
-        { kdaSnapshots: true },
-      );
-      expect(res.kdaSnapshots!.layers.size).toBe(model.cacheGeometry.linearState.layers.length);
-      commitFromSnapshots(cache, res.kdaSnapshots!, 'a', 2);
-      commitFromSnapshots(cache, res.kdaSnapshots!, 'b', 5);
-      expect(() => commitFromSnapshots(cache, res.kdaSnapshots!, 'a', 0)).toThrow(
-        /committed: expected an integer in \[1, 5\]/,
-      );
-      for (const [id, plain, toks] of [
-        ['a', 'pa', blockA.subarray(0, 2)],
-        ['b', 'pb', blockB],
-      ] as const) {
-        for (const t of toks)
-          model.forward(
-            { sequences: [{ id: plain, position: cache.length(plain), tokens: Int32Array.of(t), logits: 'none' }] },
-            cache,
-          );
-        expect(cache.length(id)).toBe(cache.length(plain));
-        for (const l of model.cacheGeometry.linearState.layers) {
-          expect(bitwiseEqual(cache.state!.recurrent(id, l), cache.state!.recurrent(plain, l))).toBe(true);
-          expect(bitwiseEqual(cache.state!.conv(id, l), cache.state!.conv(plain, l))).toBe(true);
+    it.each(['replay', 'copy'] as const)(
+      'kdaCommit %s: batched verify of two sequences, commit 2 of 5 and 5 of 5: states, next logits = plain',
+      (mode) => {
+        model.kdaCommit = mode;
+        const cache = cacheFor(model, 4, 128);
+        for (const id of ['a', 'b', 'pa', 'pb']) prefill(cache, id, id.endsWith('a') ? PROMPT : OTHER);
+        const blockA = Int32Array.from([...DRAFTS, 9]);
+        const blockB = Int32Array.from([3, 1, 4, 1, 5]);
+        const res = model.forward(
+          {
+            sequences: [
+              { id: 'a', position: PROMPT.length, tokens: blockA, logits: 'all' },
+              { id: 'b', position: OTHER.length, tokens: blockB, logits: 'all' },
+            ],
+          },
+          cache,
+          { kdaSnapshots: true },
+        );
+        expect(res.kdaSnapshots!.layers.size).toBe(model.cacheGeometry.linearState.layers.length);
+        const snap0 = [...res.kdaSnapshots!.layers.values()][0]!;
+        expect(snap0.perToken === undefined).toBe(mode === 'replay');
+        // a sequence committed, then a later forward on it: a second commit of the same prefix is still exact
+        commitFromSnapshots(cache, res.kdaSnapshots!, 'a', 4);
+        model.forward(
+          { sequences: [{ id: 'a', position: cache.length('a'), tokens: Int32Array.of(7), logits: 'none' }] },
+          cache,
+        );
+        commitFromSnapshots(cache, res.kdaSnapshots!, 'a', 2);
+        commitFromSnapshots(cache, res.kdaSnapshots!, 'b', 5);
+        expect(() => commitFromSnapshots(cache, res.kdaSnapshots!, 'a', 0)).toThrow(
+          /committed: expected an integer in \[1, 5\]/,
+        );
+        for (const [id, plain, toks] of [
+          ['a', 'pa', blockA.subarray(0, 2)],
+          ['b', 'pb', blockB],
+        ] as const) {
+          for (const t of toks)
+            model.forward(
+              { sequences: [{ id: plain, position: cache.length(plain), tokens: Int32Array.of(t), logits: 'none' }] },
+              cache,
+            );
+          expect(cache.length(id)).toBe(cache.length(plain));
+          for (const l of model.cacheGeometry.linearState.layers) {
+            expect(bitwiseEqual(cache.state!.recurrent(id, l), cache.state!.recurrent(plain, l))).toBe(true);
+            expect(bitwiseEqual(cache.state!.conv(id, l), cache.state!.conv(plain, l))).toBe(true);
+          }
+          const next = (s: string) =>
+            model.forward(
+              { sequences: [{ id: s, position: cache.length(s), tokens: Int32Array.of(42), logits: 'last' }] },
+              cache,
+            ).logits!;
+          expect(bitwiseEqual(next(id), next(plain))).toBe(true);
         }
-        const next = (s: string) =>
-          model.forward(
-            { sequences: [{ id: s, position: cache.length(s), tokens: Int32Array.of(42), logits: 'last' }] },
-            cache,
-          ).logits!;
-        expect(bitwiseEqual(next(id), next(plain))).toBe(true);
-      }
-      for (const id of ['a', 'b', 'pa', 'pb']) cache.finish(id);
-      expect(cache.pagesInUse + cache.slotsInUse).toBe(0);
-    });
+        for (const id of ['a', 'b', 'pa', 'pb']) cache.finish(id);
+        expect(cache.pagesInUse + cache.slotsInUse).toBe(0);
+        model.kdaCommit = 'replay';
+      },
+    );
   });
 
   describe('pipeline stages', () => {
