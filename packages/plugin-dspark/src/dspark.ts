@@ -48,7 +48,7 @@ import {
   type StageInfo,
   type StageModel,
 } from '@specd/core';
-import { gemmBf16, packBf16Weights, type PackedBf16Weights } from '@specd/native';
+import { argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
 import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
@@ -250,11 +250,17 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
           throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
-      const bias = gemmBf16(e, n, heads.proj); // [n, Vd]
-      active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
+      // logits_j = lm_head(h_j) + W2 · W1[x_j]: the base rows, then the Markov bias accumulated onto them in one
+      // native call (bit for bit base + bias, each rounded once in fp32) and the greedy drafts by native argmax
+      const lgs = new Float32Array(n * Vd); // [n, Vd]
+      active.forEach(({ i }, a) => {
         const row = start[i]! + j;
-        const lg = new Float32Array(Vd);
-        for (let v = 0; v < Vd; v++) lg[v] = base[row * Vd + v]! + bias[a * Vd + v]!;
+        lgs.set(base.subarray(row * Vd, (row + 1) * Vd), a * Vd);
+      });
+      gemmBf16Accumulate(e, n, heads.proj, lgs);
+      const greedy = active.some(({ probs: q }) => q === undefined) ? argmax(lgs, Vd) : undefined;
+      active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
+        const lg = lgs.subarray(a * Vd, (a + 1) * Vd);
         // confidence: sigmoid(w · [h_j; W1[x_j]] + b)
         let z = heads.confB;
         const hj = (i * B + j) * D;
@@ -263,8 +269,7 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
         conf[j] = 1 / (1 + Math.exp(-z));
         let d: number;
         if (q === undefined) {
-          d = 0;
-          for (let v = 1; v < Vd; v++) if (lg[v]! > lg[d]!) d = v;
+          d = greedy![a]!; // the first largest logit, as a left-to-right scan
         } else {
           const qj = samplingProbs(lg, Vd, s.sampling);
           // q over the whole vocabulary: 0 outside a reduced draft vocabulary
