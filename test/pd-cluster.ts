@@ -169,3 +169,51 @@ export async function allFree(url: string): Promise<boolean> {
     metric(m, 'specd_num_requests_running') === 0
   );
 }
+
+/** A request's TTFT waterfall as the router serves it (`GET /pd/waterfall/<id>`, pd/waterfall.ts). */
+export interface WaterfallJson {
+  readonly request_id: string;
+  readonly ttft_ms: number;
+  readonly phases_ms: Record<string, number>;
+  readonly payload_bytes: Record<string, number>;
+  readonly descriptors: number;
+  readonly decode_reserve_ms: number;
+}
+
+/** The waterfall phases, in order (pd/waterfall.ts WATERFALL_PHASES). */
+export const PHASES = [
+  'router',
+  'prefill_queue',
+  'prefill_forward',
+  'bootstrap',
+  'transfer_wait',
+  'decode_queue',
+  'decode_first_step',
+] as const;
+
+/**
+ * Posts a completion to the router and reads its waterfall. @returns the OpenAI answer's text (the stream's chunks
+ * joined), the router's request id and the waterfall. @throws on a non-200 answer (status and body in the message).
+ */
+export async function completionWithWaterfall(
+  router: string,
+  body: Record<string, unknown>,
+): Promise<{ text: string; requestId: string; waterfall: WaterfallJson }> {
+  const res = await fetch(`${router}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const raw = await res.text();
+  if (res.status !== 200) throw new Error(`router answered ${res.status}: ${raw}`);
+  const requestId = res.headers.get('x-request-id') ?? '';
+  let text = '';
+  if (body.stream === true) {
+    for (const line of raw.split('\n'))
+      if (line.startsWith('data: ') && line !== 'data: [DONE]')
+        text += (JSON.parse(line.slice(6)) as { choices: { text: string }[] }).choices[0]?.text ?? '';
+  } else text = (JSON.parse(raw) as { choices: { text: string }[] }).choices[0]?.text ?? '';
+  const w = await fetch(`${router}/pd/waterfall/${encodeURIComponent(requestId)}`);
+  if (w.status !== 200) throw new Error(`GET /pd/waterfall/${requestId} answered ${w.status}: ${await w.text()}`);
+  return { text, requestId, waterfall: (await w.json()) as WaterfallJson };
+}
