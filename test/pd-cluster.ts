@@ -5,6 +5,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { expect } from 'vitest';
+
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
 /** The shipped checkpoints. */
@@ -51,14 +53,17 @@ export interface SpecdProcess {
 
 /**
  * Spawns `specd ARGS` and waits for the line naming its URL (`on http://…`, as `serve` and `router` print).
+ * @param wrap turns the command line into the one spawned (e.g. `ip netns exec NS …`, test/netns.ts).
  * @throws when it exits first or does not report within `timeoutMs` (its stderr in the message).
  */
 export async function startSpecd(
   args: readonly string[],
   timeoutMs = 120_000,
   env: Readonly<Record<string, string>> = {},
+  wrap: (argv: readonly string[]) => readonly string[] = (argv) => argv,
 ): Promise<SpecdProcess> {
-  const child = spawn(process.execPath, [BIN, ...args], {
+  const [cmd = process.execPath, ...rest] = wrap([process.execPath, BIN, ...args]);
+  const child = spawn(cmd, rest, {
     cwd: ROOT,
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
@@ -216,4 +221,15 @@ export async function completionWithWaterfall(
   const w = await fetch(`${router}/pd/waterfall/${encodeURIComponent(requestId)}`);
   if (w.status !== 200) throw new Error(`GET /pd/waterfall/${requestId} answered ${w.status}: ${await w.text()}`);
   return { text, requestId, waterfall: (await w.json()) as WaterfallJson };
+}
+
+/** Checks one waterfall: every phase present and ≥ 0, their sum ≤ the TTFT, a forward and a transfer measured. */
+export function checkWaterfall(w: WaterfallJson, what: string): void {
+  expect(Object.keys(w.phases_ms).sort(), what).toEqual([...PHASES].sort());
+  for (const ph of PHASES) expect(w.phases_ms[ph], `${what}: ${ph}`).toBeGreaterThanOrEqual(0);
+  const sum = PHASES.reduce((s, ph) => s + (w.phases_ms[ph] ?? 0), 0);
+  expect(sum, `${what}: Σ phases ${sum} ms vs TTFT ${w.ttft_ms} ms`).toBeLessThanOrEqual(w.ttft_ms);
+  expect(w.phases_ms.prefill_forward, what).toBeGreaterThan(0);
+  expect(w.phases_ms.transfer_wait, what).toBeGreaterThan(0);
+  expect(w.descriptors, what).toBeGreaterThan(0);
 }

@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
   allFree,
+  checkWaterfall,
   completionWithWaterfall,
   drafterBranch,
   metric,
@@ -22,7 +23,6 @@ import {
   startSpecd,
   stopAll,
   until,
-  type WaterfallJson,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
@@ -39,17 +39,6 @@ beforeAll(() => {
 afterAll(() => {
   if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
 });
-
-/** Checks one waterfall: every phase present and ≥ 0, their sum ≤ the TTFT, a forward and a transfer measured. */
-export function checkWaterfall(w: WaterfallJson, what: string): void {
-  expect(Object.keys(w.phases_ms).sort(), what).toEqual([...PHASES].sort());
-  for (const ph of PHASES) expect(w.phases_ms[ph], `${what}: ${ph}`).toBeGreaterThanOrEqual(0);
-  const sum = PHASES.reduce((s, ph) => s + (w.phases_ms[ph] ?? 0), 0);
-  expect(sum, `${what}: Σ phases ${sum} ms vs TTFT ${w.ttft_ms} ms`).toBeLessThanOrEqual(w.ttft_ms);
-  expect(w.phases_ms.prefill_forward, what).toBeGreaterThan(0);
-  expect(w.phases_ms.transfer_wait, what).toBeGreaterThan(0);
-  expect(w.descriptors, what).toBeGreaterThan(0);
-}
 
 describe.skipIf(!HAVE)('PD TTFT waterfall (loopback)', () => {
   it('phases measured where they happen, bytes equal to the manifest', async () => {
