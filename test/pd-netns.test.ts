@@ -7,6 +7,7 @@
 // wait grows at the lower rate (the ratio is printed). Both transfer engines: ZeroMQ, and NIXL with UCX over TCP
 // (`UCX_TLS=tcp`; it runs when `npm run nixl:fetch` brought the library, which pd-nixl.test.ts requires under CI).
 // Under CI (root) a namespace that cannot be made fails the file; elsewhere it skips loudly.
+import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -225,5 +226,95 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       expect(slow).toBeGreaterThan(fast);
       await waitFree();
     }, 120_000);
+  },
+);
+
+// P at pp 2 with its stage 0 on a host of its own: the stage process starts in its namespace (`ip netns exec`, from
+// parallelism.stage_hosts), talks to P's driver over TCP across the bridge and writes its layers to D from its own
+// address; greedy output through the router equals aggregated, and every page is freed.
+describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined)(
+  'PD across network namespaces: P stage 0 on its own host',
+  () => {
+    let lab: NetnsLab | undefined;
+    const procs: (SpecdProcess | undefined)[] = [];
+    afterAll(async () => {
+      await stopAll(procs);
+      lab?.close();
+    });
+
+    it('pp 2 over TCP between hosts: greedy output equals aggregated; every page is freed', async () => {
+      lab = new NetnsLab(['router', 'prefill', 'stage0', 'decode']);
+      const l = lab;
+      const base = { model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(DFLASH) };
+      const cfg = path.join(tmp, 'kimi-dflash-pp.json');
+      fs.writeFileSync(cfg, JSON.stringify(base));
+      const pCfg = path.join(tmp, 'kimi-dflash-pp-prefill.json');
+      const stage0 = { exec: l.wrap('stage0', []), address: l.host('stage0').address };
+      fs.writeFileSync(pCfg, JSON.stringify({ ...base, parallelism: { pp: 2, stage_hosts: [stage0] } }));
+      const inNs = (host: string) => (argv: readonly string[]) => l.wrap(host, argv);
+      const serve = (c: string, host: string, ...extra: string[]): Promise<SpecdProcess> =>
+        startSpecd(
+          ['serve', '--config', c, '--host', l.host(host).address, '--port', '0', '--log-level', 'warn', ...extra],
+          120_000,
+          {},
+          inNs(host),
+        );
+      const started = await Promise.all([
+        serve(pCfg, 'prefill', '--role', 'prefill'),
+        serve(cfg, 'decode', '--role', 'decode'),
+        startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']),
+      ]);
+      procs.push(...started);
+      const [p, d, a] = started;
+      const r = await startSpecd(
+        ['router', '--prefill', p.url, '--decode', d.url, '--host', l.host('router').address, '--port', '0'].concat([
+          '--config',
+          cfg,
+          '--log-level',
+          'warn',
+        ]),
+        120_000,
+        {},
+        inNs('router'),
+      );
+      procs.push(r);
+      const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+      const prompts = ['The quick brown fox', 'Once upon a time, in a'];
+      const bodies = prompts.map((prompt) => ({ model, prompt, max_tokens: 16, temperature: 0 }));
+      const answers = l.fetch(
+        'router',
+        bodies.map((body) => ({ url: `${r.url}/v1/completions`, body })),
+      );
+      for (const [i, body] of bodies.entries()) {
+        const want = (await (
+          await fetch(`${a.url}/v1/completions`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify(body),
+          })
+        ).json()) as { choices: { text: string }[] };
+        expect(answers[i]?.status, answers[i]?.text).toBe(200);
+        const got = JSON.parse(answers[i]?.text ?? '{}') as { choices: { text: string }[] };
+        expect(got.choices[0]?.text, body.prompt).toBe(want.choices[0]?.text);
+      }
+      // P's stages: stage 0 is a process in its own namespace, and both stages hold nothing now
+      const free = (): boolean =>
+        l.fetch('router', [{ url: `${p.url}/pd/stages` }, { url: `${d.url}/metrics` }]).every((m, i) => {
+          if (i === 0) {
+            const st = (JSON.parse(m.text) as { stages: { kv_pages_used: number; transfers_inflight: number }[] })
+              .stages;
+            return st.length === 2 && st.every((s) => s.kv_pages_used === 0 && s.transfers_inflight === 0);
+          }
+          return (
+            metric(m.text, 'specd_kv_pages_used', 'cache="target"') === 0 &&
+            metric(m.text, 'specd_pd_transfers_inflight') === 0
+          );
+        });
+      for (let i = 0; i < 100 && !free(); i++) await new Promise((res) => setTimeout(res, 100));
+      expect(free(), 'every page freed on both P stages and on D').toBe(true);
+      const ns = l.host('stage0').ns;
+      const pids = spawnSync('ip', ['netns', 'pids', ns], { encoding: 'utf8' }).stdout.trim().split('\n');
+      expect(pids.filter((x) => x !== '').length, `a stage process runs in ${ns}`).toBeGreaterThan(0);
+    }, 180_000);
   },
 );
