@@ -5,6 +5,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { expect } from 'vitest';
+
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
 /** The shipped checkpoints. */
@@ -51,14 +53,17 @@ export interface SpecdProcess {
 
 /**
  * Spawns `specd ARGS` and waits for the line naming its URL (`on http://…`, as `serve` and `router` print).
+ * @param wrap turns the command line into the one spawned (e.g. `ip netns exec NS …`, test/netns.ts).
  * @throws when it exits first or does not report within `timeoutMs` (its stderr in the message).
  */
 export async function startSpecd(
   args: readonly string[],
   timeoutMs = 120_000,
   env: Readonly<Record<string, string>> = {},
+  wrap: (argv: readonly string[]) => readonly string[] = (argv) => argv,
 ): Promise<SpecdProcess> {
-  const child = spawn(process.execPath, [BIN, ...args], {
+  const [cmd = process.execPath, ...rest] = wrap([process.execPath, BIN, ...args]);
+  const child = spawn(cmd, rest, {
     cwd: ROOT,
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
@@ -168,4 +173,63 @@ export async function allFree(url: string): Promise<boolean> {
     metric(m, 'specd_pd_transfers_inflight') === 0 &&
     metric(m, 'specd_num_requests_running') === 0
   );
+}
+
+/** A request's TTFT waterfall as the router serves it (`GET /pd/waterfall/<id>`, pd/waterfall.ts). */
+export interface WaterfallJson {
+  readonly request_id: string;
+  readonly ttft_ms: number;
+  readonly phases_ms: Record<string, number>;
+  readonly payload_bytes: Record<string, number>;
+  readonly descriptors: number;
+  readonly decode_reserve_ms: number;
+}
+
+/** The waterfall phases, in order (pd/waterfall.ts WATERFALL_PHASES). */
+export const PHASES = [
+  'router',
+  'prefill_queue',
+  'prefill_forward',
+  'bootstrap',
+  'transfer_wait',
+  'decode_queue',
+  'decode_first_step',
+] as const;
+
+/**
+ * Posts a completion to the router and reads its waterfall. @returns the OpenAI answer's text (the stream's chunks
+ * joined), the router's request id and the waterfall. @throws on a non-200 answer (status and body in the message).
+ */
+export async function completionWithWaterfall(
+  router: string,
+  body: Record<string, unknown>,
+): Promise<{ text: string; requestId: string; waterfall: WaterfallJson }> {
+  const res = await fetch(`${router}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const raw = await res.text();
+  if (res.status !== 200) throw new Error(`router answered ${res.status}: ${raw}`);
+  const requestId = res.headers.get('x-request-id') ?? '';
+  let text = '';
+  if (body.stream === true) {
+    for (const line of raw.split('\n'))
+      if (line.startsWith('data: ') && line !== 'data: [DONE]')
+        text += (JSON.parse(line.slice(6)) as { choices: { text: string }[] }).choices[0]?.text ?? '';
+  } else text = (JSON.parse(raw) as { choices: { text: string }[] }).choices[0]?.text ?? '';
+  const w = await fetch(`${router}/pd/waterfall/${encodeURIComponent(requestId)}`);
+  if (w.status !== 200) throw new Error(`GET /pd/waterfall/${requestId} answered ${w.status}: ${await w.text()}`);
+  return { text, requestId, waterfall: (await w.json()) as WaterfallJson };
+}
+
+/** Checks one waterfall: every phase present and ≥ 0, their sum ≤ the TTFT, a forward and a transfer measured. */
+export function checkWaterfall(w: WaterfallJson, what: string): void {
+  expect(Object.keys(w.phases_ms).sort(), what).toEqual([...PHASES].sort());
+  for (const ph of PHASES) expect(w.phases_ms[ph], `${what}: ${ph}`).toBeGreaterThanOrEqual(0);
+  const sum = PHASES.reduce((s, ph) => s + (w.phases_ms[ph] ?? 0), 0);
+  expect(sum, `${what}: Σ phases ${sum} ms vs TTFT ${w.ttft_ms} ms`).toBeLessThanOrEqual(w.ttft_ms);
+  expect(w.phases_ms.prefill_forward, what).toBeGreaterThan(0);
+  expect(w.phases_ms.transfer_wait, what).toBeGreaterThan(0);
+  expect(w.descriptors, what).toBeGreaterThan(0);
 }

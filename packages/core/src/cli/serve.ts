@@ -195,6 +195,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     ...(partition === undefined ? {} : { partition }),
     lastStageEmbedding: choice !== undefined,
     transport: par.transport,
+    ...(par.stage_hosts === undefined ? {} : { stageHosts: par.stage_hosts, bindHost: host }),
   });
   stage(io, `target loaded in ${since(t0)} (plugin ${target.pluginName})`);
   let drafter: LoadedDrafter | undefined;

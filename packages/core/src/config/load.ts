@@ -66,7 +66,14 @@ export interface SpecdConfig {
     body_limit_bytes: number;
     model_name?: string;
   };
-  readonly parallelism: { tp: number; pp: number; partition?: number[]; transport: 'zmq' | 'fifo' };
+  readonly parallelism: {
+    tp: number;
+    pp: number;
+    partition?: number[];
+    transport: 'zmq' | 'fifo';
+    /** Stage processes on other hosts (schema.ts `parallelism.stage_hosts`). */
+    stage_hosts?: { exec?: string[]; address?: string }[];
+  };
   readonly pd: {
     role: 'none' | 'prefill' | 'decode';
     bootstrap?: { host: string; port: number };

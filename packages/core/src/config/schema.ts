@@ -217,6 +217,23 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
               'pp > 1: how the driver talks to the stage processes: "zmq" = ZeroMQ PAIR sockets over ipc:// ' +
               '(default), "fifo" = a pair of named pipes per stage (same host only, lower latency)',
           },
+          stage_hosts: {
+            type: 'array',
+            items: {
+              type: 'object',
+              additionalProperties: false,
+              properties: {
+                exec: { type: 'array', items: { type: 'string', minLength: 1 }, minItems: 1 },
+                address: { type: 'string', minLength: 1 },
+              },
+            },
+            description:
+              "pp > 1, transport zmq (specd serve): stage k's process (k = 0 … pp−2) on another host: `exec` is the " +
+              'command prefix that starts it there and execs node in place (e.g. ["ip", "netns", "exec", "ns1"]; the ' +
+              'stage stays a child of the server, which watches its pid: another network namespace, a container ' +
+              'sharing the process table), `address` its own address (its PD transfer agent binds there); the ' +
+              'server then binds the stage sockets on tcp://<server host>:* instead of ipc://',
+          },
           partition: {
             type: 'array',
             items: { type: 'integer', minimum: 1 },

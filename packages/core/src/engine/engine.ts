@@ -418,6 +418,7 @@ export class SpecEngine {
     let first: number | undefined;
     let firstLogprob: TokenLogprob | undefined;
     const promptTopN = req.promptLogprobs;
+    if (p === 0) req.onPrefillStart?.();
     try {
       const res = this.target.forward(
         {

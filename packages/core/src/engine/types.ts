@@ -87,6 +87,11 @@ export interface SpecRequest {
   /** Called once with the prompt's logprobs when {@link promptLogprobs} is set. */
   readonly onPromptLogprobs?: (logprobs: readonly (TokenLogprob | null)[]) => void;
   /**
+   * Called once, just before the forward of the prompt's first prefill chunk (the end of the request's queue wait:
+   * the prefill role's waterfall, pd/waterfall.ts).
+   */
+  readonly onPrefillStart?: () => void;
+  /**
    * Prefill only, for prefill/decode disaggregation (the prefill role): after the prompt's last chunk and
    * the first token, the draft context is written and the request ends with finish reason `'handoff'`
    * while its target pages, state slot and draft context stay allocated for the transfer to a decode

@@ -55,6 +55,8 @@ export type ControlMessage =
       readonly promptLogprobs?: unknown;
     }
   | { readonly type: 'failed'; readonly room: string; readonly status: number; readonly message: string }
+  /** P starts writing the room's state now (D's transfer wait starts when this arrives: pd/waterfall.ts). */
+  | { readonly type: 'sending'; readonly room: string }
   | { readonly type: 'abort'; readonly room: string; readonly reason: string };
 
 /** Longest control frame accepted (bytes): a layout lists every entry's ranges, far below this. */
@@ -132,6 +134,9 @@ export function decodeControl(frame: Buffer): ControlMessage {
       break;
     case 'abort':
       if (!isString(msg.room) || typeof msg.reason !== 'string') bad('room, reason');
+      break;
+    case 'sending':
+      if (!isString(msg.room)) bad('room: expected a string');
       break;
     default:
       bad('unknown type');

@@ -28,6 +28,7 @@ import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createTransferEngine } from './transfer-factory.js';
 import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
+import type { DecodeTimings } from './waterfall.js';
 
 /** How a request admitted by the decode role goes on. */
 export type Admission =
@@ -40,6 +41,11 @@ export type Admission =
 export interface Admitted {
   readonly admission: Admission;
   begin(): void;
+  /**
+   * D's phases of the request's TTFT waterfall (pd/waterfall.ts), complete once the first token reached the
+   * listener (the decode first step ends there; read before that, it ends now).
+   */
+  timings(): DecodeTimings;
 }
 
 /**
@@ -67,6 +73,8 @@ type RoomEvent =
 interface Room {
   events: Deferred<RoomEvent>;
   aborted?: PdError;
+  /** When P's `sending` arrived (performance.now(), ms): the start of the transfer wait. */
+  sendingAt?: number;
 }
 
 /** @throws {PdError} `'peer'` unless `ids` are token ids of the vocabulary. */
@@ -188,6 +196,31 @@ export class DecodeRole {
   ): Promise<Admitted> {
     const transfer = this.transfer;
     if (transfer === undefined) throw new PdError('peer', 'decode role: not started');
+    // the waterfall's instants (performance.now(), ms; pd/waterfall.ts)
+    const admittedAt = performance.now();
+    let reservedAt = admittedAt;
+    let arrivedAt = admittedAt;
+    let beganAt: number | undefined;
+    let firstAt: number | undefined;
+    const timed: LoopListener = {
+      ...listener,
+      onToken: (t, lp) => {
+        if (firstAt === undefined && beganAt !== undefined) firstAt = performance.now();
+        listener.onToken(t, lp);
+      },
+    };
+    const timings = (r: Room): (() => DecodeTimings) => {
+      const wait = arrivedAt - (r.sendingAt ?? arrivedAt);
+      return () => {
+        const began = beganAt ?? performance.now();
+        return {
+          transfer_wait_ms: Math.max(0, wait),
+          decode_queue_ms: began - arrivedAt,
+          decode_first_step_ms: (firstAt ?? performance.now()) - began,
+          reserve_ms: reservedAt - admittedAt,
+        };
+      };
+    };
     if (this.rooms.has(room)) throw new PdError('conflict', `room ${room}: already in use by another request`);
     const dead = this.tombstones.reason(room);
     if (dead !== undefined) throw new PdError('abort', `room ${room}: aborted (${dead})`);
@@ -198,7 +231,8 @@ export class DecodeRole {
     /** The transfer ids expected for the room (one per P stage that sends). */
     let transferIds: string[] = [];
     try {
-      loopId = await this.reserve(req, listener, r);
+      loopId = await this.reserve(req, timed, r);
+      reservedAt = performance.now();
       const id = loopId;
       if (this.drafter !== undefined && hasDraftContextTransfer(this.drafter))
         this.drafter.pdReserveContext(id, req.promptIds.length);
@@ -240,6 +274,7 @@ export class DecodeRole {
           this.options.bootstrapTimeoutMs + this.options.transferTimeoutMs,
           `room ${room}: waiting for the state from ${bootstrap}`,
         );
+        arrivedAt = performance.now();
         // P restarted on the same address and never saw our hello: hello again and resend the layout, once
         if (outcome.kind !== 'rehello') break;
         for (const tid of transferIds) transfer.abort(tid, 'the prefill instance asked for a new hello');
@@ -261,10 +296,12 @@ export class DecodeRole {
         return {
           admission: { kind: 'finished', loopId: undefined },
           begin: () => {
+            beganAt = performance.now();
             if (lps.promptLogprobs !== undefined) listener.onPromptLogprobs?.(lps.promptLogprobs);
-            for (const [i, t] of tokenIds.entries()) listener.onToken(t, i === 0 ? lps.firstLogprob : undefined);
+            for (const [i, t] of tokenIds.entries()) timed.onToken(t, i === 0 ? lps.firstLogprob : undefined);
             listener.onFinish({ id, tokenIds: [...tokenIds], finishReason, metrics: new RequestMetrics() });
           },
+          timings: timings(r),
         };
       }
       // the last sender's notification carries the state; every sender's its rows, checked together
@@ -295,7 +332,9 @@ export class DecodeRole {
       }
       return {
         admission: { kind: 'resume', loopId: id, payload },
+        timings: timings(r),
         begin: () => {
+          beganAt = performance.now();
           try {
             this.loop.resume(id, state);
           } catch (err) {
@@ -422,6 +461,11 @@ export class DecodeRole {
           p.client.close();
         }
         this.rooms.get(msg.room)?.events.resolve({ kind: 'rehello' });
+        return;
+      }
+      case 'sending': {
+        const r = this.rooms.get(msg.room);
+        if (r !== undefined) r.sendingAt ??= performance.now();
         return;
       }
       case 'failed':

@@ -91,3 +91,15 @@ export {
 export * from './transfer-factory.js';
 export { createNixlTransferEngine, type NixlTransferEngineOptions } from './nixl-transfer.js';
 export { loadNixl, nixlAvailable, nixlDir } from './nixl-library.js';
+export {
+  assembleWaterfall,
+  DECODE_TIMINGS_HEADER,
+  type DecodeTimings,
+  PAYLOAD_CLASSES,
+  parseDecodeTimings,
+  parsePrefillTimings,
+  type PrefillTimings,
+  WATERFALL_PHASES,
+  type Waterfall,
+  type WaterfallPhase,
+} from './waterfall.js';

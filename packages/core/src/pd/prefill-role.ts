@@ -44,6 +44,7 @@ import type { TransferEngine } from './transfer-engine.js';
 import { createTransferEngine, type TransferKind } from './transfer-factory.js';
 import type { ZmqTransferTestHooks } from './zmq-transfer.js';
 import { type PdEntryKey, PdError, type PdPayloadClass, payloadClass } from './types.js';
+import { PAYLOAD_CLASSES, type PrefillTimings } from './waterfall.js';
 
 /** Settings shared by both roles. */
 export interface PdRoleOptions {
@@ -78,6 +79,36 @@ export interface PrefillOutcome {
   readonly payload: Partial<Record<PdPayloadClass, number>>;
   /** Handoff to acknowledgement, ms (0 without a transfer). */
   readonly transferMs: number;
+  /** P's phases of the request's TTFT waterfall, its payload by class and descriptors (pd/waterfall.ts). */
+  readonly timings: PrefillTimings;
+}
+
+/** What {@link PrefillRole.send} moved, and when it started (performance.now(), ms). */
+interface Sent {
+  readonly payload: Partial<Record<PdPayloadClass, number>>;
+  readonly descriptors: number;
+  readonly startedAt: number;
+}
+
+/** P's timings from its instants (performance.now(), ms): arrival, first chunk's forward, handoff, write start. */
+function prefillTimings(
+  arrived: number,
+  forwardAt: number | undefined,
+  handoffAt: number,
+  sendAt: number,
+  payload: Partial<Record<PdPayloadClass, number>>,
+  descriptors: number,
+): PrefillTimings {
+  const forward = forwardAt ?? handoffAt;
+  const bytes = {} as Record<PdPayloadClass, number>;
+  for (const c of PAYLOAD_CLASSES) bytes[c] = payload[c] ?? 0;
+  return {
+    prefill_queue_ms: forward - arrived,
+    prefill_forward_ms: handoffAt - forward,
+    bootstrap_ms: sendAt - handoffAt,
+    payload_bytes: bytes,
+    descriptors,
+  };
 }
 
 /** D's layout for one request, as received on the control plane. */
@@ -197,6 +228,7 @@ export class PrefillRole {
    *   Whatever happens, the request's pages and slot are free when it settles.
    */
   async prefill(room: string, requestId: string, req: LoopRequest, request = ''): Promise<PrefillOutcome> {
+    const arrived = performance.now();
     if (this.rooms.get(room)?.loopId !== undefined)
       throw new PdError('conflict', `room ${room}: already in use by another request`);
     const dead = this.tombstones.reason(room);
@@ -205,6 +237,8 @@ export class PrefillRole {
     const log = this.options.logger?.child({ requestId, room });
     // the first token's logprob and the prompt's (for a request that asks): D emits them (pd/logprobs-wire.ts)
     let lps: HandoffLogprobs = {};
+    let forwardAt: number | undefined;
+    let handoffAt = arrived;
     try {
       const result = await new Promise<SpecResult>((resolve, reject) => {
         r.failed.promise.catch(reject);
@@ -217,7 +251,13 @@ export class PrefillRole {
             onPromptLogprobs: (promptLogprobs) => {
               lps = { ...lps, promptLogprobs };
             },
-            onFinish: resolve,
+            onPrefillStart: () => {
+              forwardAt = performance.now();
+            },
+            onFinish: (res) => {
+              handoffAt = performance.now();
+              resolve(res);
+            },
             onError: reject,
           },
         );
@@ -232,6 +272,7 @@ export class PrefillRole {
         );
       if (result.finishReason !== 'handoff' || result.handoff === undefined) {
         // ended on its first token: nothing to transfer
+        const sendAt = performance.now();
         await this.control.send(layout.peer, {
           type: 'finished',
           room,
@@ -239,13 +280,16 @@ export class PrefillRole {
           finishReason: result.finishReason,
           ...handoffLogprobsToWire(lps),
         });
-        return { promptTokens: req.promptIds.length, payload: {}, transferMs: 0 };
+        const timings = prefillTimings(arrived, forwardAt, handoffAt, sendAt, {}, 0);
+        return { promptTokens: req.promptIds.length, payload: {}, transferMs: 0, timings };
       }
       const t0 = performance.now();
-      const payload = await this.send(room, r, layout, { ...result.handoff, ...lps });
+      const sent = await this.send(room, r, layout, { ...result.handoff, ...lps });
       const transferMs = performance.now() - t0;
-      log?.info({ payload, transferMs: Math.round(transferMs) }, 'pd: state transferred');
-      return { promptTokens: req.promptIds.length, payload, transferMs };
+      const { payload, descriptors } = sent;
+      const timings = prefillTimings(arrived, forwardAt, handoffAt, sent.startedAt, payload, descriptors);
+      log?.info({ payload, descriptors, transferMs: Math.round(transferMs) }, 'pd: state transferred');
+      return { promptTokens: req.promptIds.length, payload, transferMs, timings };
     } catch (err) {
       const layout = r.layout.settled ? await r.layout.promise.catch(() => undefined) : undefined;
       if (layout !== undefined && !(err instanceof PdError && err.code === 'abort'))
@@ -302,12 +346,7 @@ export class PrefillRole {
    * ({@link splitByStage}) at the same time, under its own transfer id; the request fails naming the first
    * sender that fails, and the others are stopped.
    */
-  private async send(
-    room: string,
-    r: Room,
-    layout: Layout,
-    state: HandoffState,
-  ): Promise<Partial<Record<PdPayloadClass, number>>> {
+  private async send(room: string, r: Room, layout: Layout, state: HandoffState): Promise<Sent> {
     const transfer = this.transfer;
     const loopId = r.loopId;
     if (transfer === undefined || loopId === undefined) throw new PdError('peer', 'prefill role: not started');
@@ -315,6 +354,10 @@ export class PrefillRole {
     const last = this.stages.length - 1;
     const payload: Partial<Record<PdPayloadClass, number>> = {};
     const writes: Promise<unknown>[] = [];
+    // the end of the bootstrap phase: D's transfer wait starts when this message arrives (pd/waterfall.ts)
+    const startedAt = performance.now();
+    await this.control.send(layout.peer, { type: 'sending', room }).catch(() => undefined);
+    if (r.failed.settled) await r.failed.promise; // aborted meanwhile: nothing is written
     r.stageWrites = [];
     for (const [k, entries] of byStage.entries()) {
       const senders = this.senders;
@@ -359,15 +402,20 @@ export class PrefillRole {
       const cls = payloadClass(row.key.kind);
       payload[cls] = (payload[cls] ?? 0) + row.byteLength;
     }
+    let descriptors = 0;
     writes.push(
-      transfer.write(
-        layout.agent,
-        room,
-        own.local,
-        own.remote,
-        { requestId: layout.requestId, rows: own.rows, state: { ...state, ...handoffLogprobsToWire(state) } },
-        { timeoutMs: this.options.transferTimeoutMs },
-      ),
+      transfer
+        .write(
+          layout.agent,
+          room,
+          own.local,
+          own.remote,
+          { requestId: layout.requestId, rows: own.rows, state: { ...state, ...handoffLogprobsToWire(state) } },
+          { timeoutMs: this.options.transferTimeoutMs },
+        )
+        .then((stats) => {
+          descriptors = stats.descriptors;
+        }),
     );
     try {
       await this.await(r, Promise.all(writes), this.options.transferTimeoutMs, 'transferring');
@@ -377,7 +425,7 @@ export class PrefillRole {
       throw err;
     }
     r.stageWrites = [];
-    return payload;
+    return { payload, descriptors, startedAt };
   }
 
   /** Stops the room's stage writes still in flight (each stage's abort is a no-op for a write that ended). */

@@ -3,7 +3,9 @@
  * router (router.ts) counts into it.
  */
 
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+
+import { PHASE_BUCKETS_S, type Waterfall } from './waterfall.js';
 
 /** The router's Prometheus metrics (names prefixed `specd_router_`). */
 export class PdRouterMetrics {
@@ -17,6 +19,14 @@ export class PdRouterMetrics {
   readonly inFlight: Gauge;
   /** 1 healthy, 0 not, per upstream. */
   readonly upstreamHealthy: Gauge<'url' | 'role'>;
+  /** TTFT per P/D pair, measured at the router (arrival to D's first byte), seconds. */
+  readonly ttft: Histogram;
+  /** The TTFT waterfall per P/D pair by phase (pd/waterfall.ts), seconds. */
+  readonly waterfall: Histogram<'phase'>;
+  /** Payload per P/D pair by class, bytes. */
+  readonly payloadBytes: Histogram<'kind'>;
+  /** Descriptors of P's write per P/D pair (after coalescing). */
+  readonly descriptors: Histogram;
 
   constructor() {
     const registers = [this.registry];
@@ -49,5 +59,41 @@ export class PdRouterMetrics {
       labelNames: ['url', 'role'],
       registers,
     });
+    this.ttft = new Histogram({
+      name: 'specd_router_ttft_seconds',
+      help: "time to first token per P/D pair at the router: the request's arrival to the first byte of D's answer",
+      buckets: PHASE_BUCKETS_S,
+      registers,
+    });
+    this.waterfall = new Histogram({
+      name: 'specd_router_waterfall_seconds',
+      help:
+        'TTFT waterfall per P/D pair by phase (router, prefill_queue, prefill_forward, bootstrap, transfer_wait, ' +
+        'decode_queue, decode_first_step), each measured where it happens',
+      labelNames: ['phase'],
+      buckets: PHASE_BUCKETS_S,
+      registers,
+    });
+    this.payloadBytes = new Histogram({
+      name: 'specd_router_payload_bytes',
+      help: 'P → D payload per P/D pair by class (target_kv, linear_state, draft_context), bytes',
+      labelNames: ['kind'],
+      buckets: [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26, 1 << 29],
+      registers,
+    });
+    this.descriptors = new Histogram({
+      name: 'specd_router_transfer_descriptors',
+      help: "descriptors of P's write per P/D pair, after coalescing contiguous pages",
+      buckets: [1, 4, 16, 64, 256, 1024, 4096, 16384],
+      registers,
+    });
+  }
+
+  /** Records one pair's waterfall. */
+  observe(w: Waterfall): void {
+    this.ttft.observe(w.ttft_ms / 1000);
+    for (const [phase, ms] of Object.entries(w.phases_ms)) this.waterfall.observe({ phase }, ms / 1000);
+    for (const [kind, bytes] of Object.entries(w.payload_bytes)) this.payloadBytes.observe({ kind }, bytes);
+    this.descriptors.observe(w.descriptors);
   }
 }

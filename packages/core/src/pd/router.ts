@@ -24,6 +24,11 @@
  * upstream's state), `GET /v1/models` (a healthy D's), `GET /metrics` (`specd_router_*`, its own registry).
  * Health: `GET /pd/info` (role, P's bootstrap address, model) and `GET /health` on every upstream at start and
  * every `healthIntervalMs`; a server answering the other role's /pd/info refuses the start.
+ *
+ * The TTFT waterfall (pd/waterfall.ts): the router measures its own phase and the TTFT, reads P's phases from its
+ * /pd/prefill answer and D's from a header of its /pd/decode answer (not passed on), exports the whole at /metrics,
+ * logs it at debug level and serves the last {@link WATERFALLS_KEPT} at `GET /pd/waterfall/<request id>`
+ * (`<id>-<choice>` for a request of several choices).
  */
 
 import { randomBytes, randomUUID } from 'node:crypto';
@@ -48,6 +53,14 @@ import {
 import { type PdCandidate, type PdPolicy, type PdRole, RoundRobinPolicy } from './policy.js';
 import { PdRouterMetrics } from './router-metrics.js';
 import { PdError } from './types.js';
+import {
+  assembleWaterfall,
+  DECODE_TIMINGS_HEADER,
+  parseDecodeTimings,
+  parsePrefillTimings,
+  type PrefillTimings,
+  type Waterfall,
+} from './waterfall.js';
 
 /** What the router is given. */
 export interface PdRouterOptions {
@@ -105,6 +118,33 @@ interface Upstream extends PdCandidate {
 
 const OTHER: Record<PdRole, PdRole> = { prefill: 'decode', decode: 'prefill' };
 
+/** Waterfalls kept for `GET /pd/waterfall/<request id>` (the oldest is dropped). */
+export const WATERFALLS_KEPT = 1024;
+
+/** How long `GET /pd/waterfall/<id>` waits for a request's waterfall still being assembled, ms. */
+const WATERFALL_WAIT_MS = 10_000;
+
+/**
+ * `res` with its body passed through unchanged, `onFirst(performance.now())` called at its first non-empty chunk
+ * (a cancel or an error of the body reaches the original as before).
+ */
+function timeFirstByte(res: Response, onFirst: (at: number) => void): Response {
+  if (res.body === null) return res;
+  let seen = false;
+  const body = res.body.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, ctl) {
+        if (!seen && chunk.byteLength > 0) {
+          seen = true;
+          onFirst(performance.now());
+        }
+        ctl.enqueue(chunk);
+      },
+    }),
+  );
+  return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+}
+
 /** A random bootstrap room id in [0, 2^53) (a safe integer, so JSON keeps it exact). */
 export function randomRoom(): number {
   return Number(randomBytes(8).readBigUInt64BE() & ((1n << 53n) - 1n));
@@ -158,6 +198,10 @@ export class PdRouter {
   private timer: NodeJS.Timeout | undefined;
   private closed = false;
   private boundHost: string | undefined;
+  /** When each client request arrived (performance.now(), ms), by its socket request. */
+  private readonly arrivals = new WeakMap<object, number>();
+  /** The last waterfalls by P/D request id (pending while assembled; undefined: the pair failed). */
+  private readonly waterfalls = new Map<string, Promise<Waterfall | undefined>>();
 
   /** @throws {PdError} `'peer'` when a role has no URL or a URL appears twice. */
   constructor(readonly options: PdRouterOptions) {
@@ -320,6 +364,16 @@ export class PdRouter {
     return this.policy.pick(role, healthy);
   }
 
+  /** Keeps a pair's waterfall (pending until assembled) for `GET /pd/waterfall/<id>` (the last 1024). */
+  private keepWaterfall(requestId: string, w: Promise<Waterfall | undefined>): void {
+    this.waterfalls.delete(requestId);
+    this.waterfalls.set(requestId, w);
+    if (this.waterfalls.size > WATERFALLS_KEPT) {
+      const oldest = this.waterfalls.keys().next().value;
+      if (oldest !== undefined) this.waterfalls.delete(oldest);
+    }
+  }
+
   /** Posts /pd/abort to `u` (never throws; failures are logged). */
   private abortUpstream(u: Upstream, room: number, requestId: string, reason: string, log: FastifyBaseLogger): void {
     this.metrics.aborts.inc({ role: u.role });
@@ -346,6 +400,9 @@ export class PdRouter {
 
   private routes(): void {
     const app = this.app;
+    app.addHook('onRequest', async (req) => {
+      this.arrivals.set(req.raw, performance.now());
+    });
     installAccessHook(
       app,
       this.options,
@@ -401,6 +458,28 @@ export class PdRouter {
         .code(res.status)
         .type('application/json')
         .send(await res.text());
+    });
+    app.get<{ Params: { id: string } }>('/pd/waterfall/:id', async (req, reply) => {
+      const pending = this.waterfalls.get(req.params.id);
+      const w =
+        pending === undefined
+          ? undefined
+          : await Promise.race([
+              pending,
+              new Promise<undefined>((r) => setTimeout(r, WATERFALL_WAIT_MS, undefined).unref()),
+            ]);
+      if (w === undefined)
+        return send(
+          reply,
+          new ApiError(
+            404,
+            `no waterfall for request ${req.params.id} (unknown, failed, or older than the last ${WATERFALLS_KEPT})`,
+            'invalid_request_error',
+            null,
+            'not_found',
+          ),
+        );
+      return w;
     });
     app.post('/v1/completions', (req, reply) => this.generate(req, reply, 'completion'));
     app.post('/v1/chat/completions', (req, reply) => this.generate(req, reply, 'chat'));
@@ -490,6 +569,7 @@ export class PdRouter {
     const requestId = choice === undefined ? String(req.id) : `${String(req.id)}-${choice}`;
     const room = randomRoom();
     const log = req.log;
+    const arrived = this.arrivals.get(req.raw) ?? performance.now();
     log.info(
       { prefill: sides.prefill.url, decode: sides.decode.url, room, promptTokens: prompt.ids.length },
       'pd route',
@@ -526,9 +606,42 @@ export class PdRouter {
         (err: unknown) => ({ side: role, err }),
       );
     const outcomes: Record<PdRole, Promise<Outcome>> = { prefill: call('prefill'), decode: call('decode') };
+    const routerMs = performance.now() - arrived;
+    // the waterfall (pd/waterfall.ts): P's part from its answer, D's from its header, the TTFT at D's first byte
+    let prefillPart: (p: PrefillTimings | undefined) => void = () => undefined;
+    const prefillTimings = new Promise<PrefillTimings | undefined>((r) => {
+      prefillPart = r;
+    });
+    let settle: (w: Waterfall | undefined) => void = () => undefined;
+    this.keepWaterfall(
+      requestId,
+      new Promise<Waterfall | undefined>((r) => {
+        settle = r;
+      }),
+    );
+    /** Reads P's successful answer (its waterfall part). */
+    const readPrefill = (res: Response | undefined): Promise<void> =>
+      (res === undefined ? Promise.resolve(undefined) : (res.json() as Promise<{ waterfall?: unknown }>)).then(
+        (j) => prefillPart(parsePrefillTimings(j?.waterfall)),
+        () => prefillPart(undefined),
+      );
+    /** D's answer with its first byte timed: the waterfall is assembled then. */
+    const timed = (res: Response): Response => {
+      const d = parseDecodeTimings(res.headers.get(DECODE_TIMINGS_HEADER));
+      return timeFirstByte(res, (at) => {
+        void prefillTimings.then((p) => {
+          if (p === undefined || d === undefined) return settle(undefined);
+          const w = assembleWaterfall(requestId, routerMs, at - arrived, p, d);
+          this.metrics.observe(w);
+          log.debug({ waterfall: w }, 'pd waterfall');
+          settle(w);
+        });
+      });
+    };
 
     /** The client's answer to `side`'s failure; the other side is aborted. */
     const fail = async (o: Outcome): Promise<PairOutcome> => {
+      settle(undefined);
       const u = sides[o.side];
       const ours = aborted.has(o.side); // the router aborted it (the client left, another choice failed)
       abort(OTHER[o.side], `${o.side} server ${u.url} failed`);
@@ -554,11 +667,12 @@ export class PdRouter {
       let first = await Promise.race([outcomes.prefill, outcomes.decode]);
       if (first.side === 'prefill') {
         if (failed(first)) return fail(first);
-        await first.res?.body?.cancel();
+        void readPrefill(first.res);
         first = await outcomes.decode;
       } else {
         void outcomes.prefill.then(async (o) => {
-          if (!failed(o)) return o.res?.body?.cancel();
+          if (!failed(o)) return readPrefill(o.res);
+          prefillPart(undefined);
           if (controllers.prefill.signal.aborted || gone()) return;
           this.metrics.errors.inc({ side: 'prefill' });
           if (o.res === undefined)
@@ -567,12 +681,13 @@ export class PdRouter {
         });
       }
       if (gone()) {
+        settle(undefined);
         await first.res?.body?.cancel();
         return { ok: false, status: 499, body: null };
       }
       const res = first.res;
       if (res === undefined || !res.ok) return fail(first);
-      return { ok: true, res };
+      return { ok: true, res: timed(res) };
     })();
     return {
       done,

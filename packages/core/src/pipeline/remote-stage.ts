@@ -73,6 +73,8 @@ export class RemoteStage implements StageModel {
 
   /** PD writes in flight on the stage (`pdSend`), by transfer id. */
   private readonly pdWrites = new Map<string, Deferred<void>>();
+  /** The stage's own address when it runs on another host: its PD transfer agent binds there (start-pipeline.ts). */
+  pdHost: string | undefined;
 
   constructor(
     readonly index: number,
@@ -231,7 +233,8 @@ export class RemoteStage implements StageModel {
    */
   pdStart(options: StagePdStart): string {
     this.checkAlive();
-    return this.exchange({ header: { type: 'pd-start', options }, frames: [] }).header.agent as string;
+    const o = this.pdHost === undefined ? options : { ...options, host: this.pdHost };
+    return this.exchange({ header: { type: 'pd-start', options: o }, frames: [] }).header.agent as string;
   }
 
   /**

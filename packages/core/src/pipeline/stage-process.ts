@@ -3,7 +3,7 @@
  * those alive so none outlives the driver, and how a dead one is described in errors.
  */
 
-import { fork, type ChildProcess } from 'node:child_process';
+import { fork, spawn, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as nodePath from 'node:path';
@@ -86,9 +86,18 @@ export function untrack(c: ChildProcess): void {
 /** The compiled stage-worker entry (next to this file in dist/). */
 export const STAGE_WORKER_SCRIPT = nodePath.join(nodePath.dirname(fileURLToPath(import.meta.url)), 'stage-worker.js');
 
-/** Forks a stage process (stage-worker.js), tracked so that it dies with this process. */
-export function forkStage(args: string[]): ChildProcess {
-  const child = fork(STAGE_WORKER_SCRIPT, args, { stdio: ['ignore', 2, 2, 'ipc'], serialization: 'json' });
+/**
+ * Forks a stage process (stage-worker.js), tracked so that it dies with this process.
+ * @param exec a command prefix that starts it elsewhere (e.g. `['ip', 'netns', 'exec', 'ns1']`: another network
+ *   namespace); the prefix must exec node in place (the process stays this one's child, its IPC channel inherited).
+ */
+export function forkStage(args: string[], exec?: readonly string[]): ChildProcess {
+  const options = { stdio: ['ignore', 2, 2, 'ipc'] as ('ignore' | number | 'ipc')[], serialization: 'json' as const };
+  const [cmd, ...prefix] = exec ?? [];
+  const child =
+    cmd === undefined
+      ? fork(STAGE_WORKER_SCRIPT, args, options)
+      : spawn(cmd, [...prefix, process.execPath, STAGE_WORKER_SCRIPT, ...args], options);
   track(child);
   return child;
 }

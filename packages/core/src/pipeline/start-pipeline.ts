@@ -48,6 +48,24 @@ export interface PipelineOptions {
    * `'fifo'` — a pair of named pipes per stage (same host only; lower latency, docs/BENCHMARKS.md).
    */
   readonly transport?: StageTransport;
+  /**
+   * Stage processes on other hosts (transport `'zmq'`): entry k for stage k (0 … pp−2; absent: this host). The
+   * driver then binds every stage's PAIR socket on `tcp://<bindHost>:*` (not `ipc://`), so the stages reach it over
+   * the network. Each host's `exec` starts the stage there (a command prefix that execs node in place: the stage
+   * stays a child of this process, which watches its pid — another network namespace, a container sharing the
+   * process table); `address` is where the stage's PD transfer agent binds (default: the server's host).
+   */
+  readonly stageHosts?: readonly StageHost[];
+  /** The driver's address for {@link stageHosts}' TCP sockets (required with them). */
+  readonly bindHost?: string;
+}
+
+/** Where a stage process runs ({@link PipelineOptions.stageHosts}). */
+export interface StageHost {
+  /** Command prefix that starts the stage process there, e.g. `['ip', 'netns', 'exec', 'ns1']`. */
+  readonly exec?: readonly string[];
+  /** The stage's own address (its PD transfer agent binds there). */
+  readonly address?: string;
 }
 
 /** How the driver and a stage process talk (see {@link PipelineOptions.transport}). */
@@ -117,12 +135,14 @@ async function spawnStageZmq(
   stage: number,
   init: Omit<StageInit, 'type' | 'stage'>,
   tmp: string,
+  remote?: { readonly bindHost: string; readonly host: StageHost },
 ): Promise<RemoteStage> {
   let pid: number | undefined;
-  const channel = ZmqChannel.bind(zmqEndpoint(tmp, stage), { isPeerAlive: () => processAlive(pid) });
+  const endpoint = remote === undefined ? zmqEndpoint(tmp, stage) : `tcp://${remote.bindHost}:*`;
+  const channel = ZmqChannel.bind(endpoint, { isPeerAlive: () => processAlive(pid) });
   let child: ChildProcess | undefined;
   try {
-    child = forkStage(['zmq', channel.endpoint]);
+    child = forkStage(['zmq', channel.endpoint], remote?.host.exec);
     pid = child.pid;
     const where = `pipeline stage ${stage} (layers ${init.layerStart}–${init.layerEnd - 1}, pid ${child.pid})`;
     const ready = await stageReady(child, stage, init, where);
@@ -136,7 +156,9 @@ async function spawnStageZmq(
       throw new PipelineStageError(`${where}: expected hello, got ${String(hello.header.type)}`);
     child.channel?.unref();
     child.unref();
-    return new RemoteStage(stage, ready.info, child, channel, stageReport(stage, init, child, ready));
+    const r = new RemoteStage(stage, ready.info, child, channel, stageReport(stage, init, child, ready));
+    if (remote?.host.address !== undefined) r.pdHost = remote.host.address;
+    return r;
   } catch (err) {
     if (child !== undefined) {
       child.kill('SIGKILL');
@@ -226,12 +248,18 @@ export async function startPipeline(options: PipelineOptions): Promise<PipelineM
   const transport = options.transport ?? 'zmq';
   if (transport !== 'zmq' && transport !== 'fifo')
     throw new PipelineStageError(`startPipeline: transport must be 'zmq' or 'fifo', got ${String(transport)}`);
-  const spawnStage = transport === 'zmq' ? spawnStageZmq : spawnStageFifo;
-  const remotes = ranges
-    .slice(0, -1)
-    .map(([a, b], k) =>
-      spawnStage(k, { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b, ...par }, tmp),
-    );
+  const hosts = options.stageHosts ?? [];
+  if (hosts.length > 0 && (transport !== 'zmq' || options.bindHost === undefined))
+    throw new PipelineStageError("startPipeline: stage hosts need transport 'zmq' and the driver's bindHost");
+  if (hosts.length > ranges.length - 1)
+    throw new PipelineStageError(`startPipeline: ${hosts.length} stage hosts for ${ranges.length - 1} stage processes`);
+  const remotes = ranges.slice(0, -1).map(([a, b], k) => {
+    const init = { modelDir: options.modelDir, plugins: options.plugins, layerStart: a, layerEnd: b, ...par };
+    const host = hosts[k];
+    if (transport === 'fifo') return spawnStageFifo(k, init, tmp);
+    const bindHost = options.bindHost ?? '127.0.0.1';
+    return spawnStageZmq(k, init, tmp, host === undefined ? undefined : { bindHost, host });
+  });
   const embedding = options.lastStageEmbedding ?? true;
   const lastP: Promise<{ model: StageModel; tensors: string[]; ranks?: readonly RankReport[] }> =
     tp > 1

@@ -11,7 +11,7 @@ import { HfConfig } from '../io/hf-config.js';
 import { Tokenizer } from '../io/tokenizer.js';
 import { type LoadProgress, TensorParallelUnsupportedError } from '../plugin/model-plugin.js';
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
-import { startPipeline } from '../pipeline/start-pipeline.js';
+import { type StageHost, startPipeline } from '../pipeline/start-pipeline.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
 import { ggufPathOf, loadTarget, type LoadedTarget, type SanityLoadOptions } from './target.js';
 
@@ -37,6 +37,9 @@ export interface PipelineTargetOptions {
   readonly tp?: number;
   /** Driver ↔ stage transport (default `'zmq'`; {@link PipelineOptions.transport}). */
   readonly transport?: 'zmq' | 'fifo';
+  /** Stage processes on other hosts and the driver's address for them ({@link PipelineOptions.stageHosts}). */
+  readonly stageHosts?: readonly StageHost[];
+  readonly bindHost?: string;
 }
 
 /**
@@ -63,6 +66,8 @@ export async function loadPipelineTarget(
   const model = await startPipeline({
     ...(options.tp === undefined ? {} : { tp: options.tp }),
     ...(options.transport === undefined ? {} : { transport: options.transport }),
+    ...(options.stageHosts === undefined ? {} : { stageHosts: options.stageHosts }),
+    ...(options.bindHost === undefined ? {} : { bindHost: options.bindHost }),
     modelDir,
     plugins,
     pp: options.pp,
@@ -126,6 +131,9 @@ export interface ParallelTargetOptions extends SanityLoadOptions {
   readonly onProgress?: (p: LoadProgress) => void;
   /** Under pp > 1: driver ↔ stage transport (default `'zmq'`). */
   readonly transport?: 'zmq' | 'fifo';
+  /** Under pp > 1: stage processes on other hosts, and the driver's address for them (PipelineOptions). */
+  readonly stageHosts?: readonly StageHost[];
+  readonly bindHost?: string;
 }
 
 /**
@@ -167,6 +175,8 @@ export async function loadParallelTarget(
       ...(tp > 1 ? { tp } : {}),
       ...(options.partition === undefined ? {} : { partition: options.partition }),
       ...(options.transport === undefined ? {} : { transport: options.transport }),
+      ...(options.stageHosts === undefined ? {} : { stageHosts: options.stageHosts }),
+      ...(options.bindHost === undefined ? {} : { bindHost: options.bindHost }),
       ...(options.lastStageEmbedding === undefined ? {} : { lastStageEmbedding: options.lastStageEmbedding }),
       ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
     }).catch(

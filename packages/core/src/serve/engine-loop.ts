@@ -42,6 +42,8 @@ export interface LoopListener {
   onToken(id: number, logprob?: TokenLogprob): void;
   /** The prompt's logprobs (entry 0 null), before the first token, when the request asked for them. */
   onPromptLogprobs?(logprobs: readonly (TokenLogprob | null)[]): void;
+  /** The request's first prefill chunk is about to run (SpecRequest.onPrefillStart). */
+  onPrefillStart?(): void;
   onFinish(result: SpecResult): void;
   /**
    * The request failed: alone (a SequenceError, engine/types.ts: the others go on) or with the whole batch (a step
@@ -194,6 +196,7 @@ export class EngineLoop {
       logprobs: req.logprobs,
       promptLogprobs: req.promptLogprobs,
       onPromptLogprobs: (lps) => entry.listener.onPromptLogprobs?.(lps),
+      onPrefillStart: () => entry.listener.onPrefillStart?.(),
       onToken: (t, lp) => {
         this.generated++;
         entry.started = true;

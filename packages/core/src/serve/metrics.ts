@@ -15,6 +15,7 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 import type { RequestMetrics } from '../engine/metrics.js';
+import { PHASE_BUCKETS_S } from '../pd/waterfall.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 const TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1];
@@ -95,6 +96,10 @@ export class ServerMetrics {
   readonly pdTransferWait: Histogram<'role'>;
   /** Prefill/decode disaggregation: transfers that failed, by PdError code. */
   readonly pdTransferFailures: Counter<'code'>;
+  /** The TTFT waterfall's phases measured on this instance (pd/waterfall.ts), seconds. */
+  readonly pdPhase: Histogram<'phase'>;
+  /** Descriptors of a prefill instance's write per request, after coalescing. */
+  readonly pdDescriptors: Histogram;
 
   private readonly totals = { draftSteps: 0, verifySteps: 0, draftTokens: 0, acceptedTokens: 0 };
   private readonly totalsPerPos: number[] = [];
@@ -207,6 +212,21 @@ export class ServerMetrics {
         'prefill: handoff to acknowledged)',
       labelNames: ['role'],
       buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.pdPhase = new Histogram({
+      name: 'specd_pd_phase_seconds',
+      help:
+        "phases of a disaggregated request's TTFT measured here (prefill: prefill_queue, prefill_forward, bootstrap; " +
+        'decode: transfer_wait, decode_queue, decode_first_step; docs/METRICS.md)',
+      labelNames: ['phase'],
+      buckets: PHASE_BUCKETS_S,
+      registers,
+    });
+    this.pdDescriptors = new Histogram({
+      name: 'specd_pd_transfer_descriptors',
+      help: "descriptors of a prefill instance's write per request, after coalescing contiguous pages",
+      buckets: [1, 4, 16, 64, 256, 1024, 4096, 16384],
       registers,
     });
     this.pdTransferFailures = new Counter({

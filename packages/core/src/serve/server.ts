@@ -47,6 +47,7 @@ import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
 import { parsePdRequest, type PdRequest, ROOM_EXPECTED, requestDigest, roomName } from '../pd/protocol.js';
 import { PdError, type PdPayloadClass } from '../pd/types.js';
+import { DECODE_TIMINGS_HEADER, type WaterfallPhase } from '../pd/waterfall.js';
 import {
   logitsProblem,
   parseChatRequest,
@@ -121,6 +122,11 @@ type ResolvedParams = GenerationParams & { readonly maxTokens: number };
 interface Opened {
   readonly loopId: number | undefined;
   begin(): void;
+  /**
+   * Extra response headers, read once when the headers are written: after the first token for a stream (Node sends
+   * the head with the first body bytes anyway), with the answer otherwise (the decode role's timings).
+   */
+  readonly headers?: () => Record<string, string>;
 }
 
 /** Maps the engine's finish reasons to OpenAI's. */
@@ -465,7 +471,15 @@ export class SpecdServer {
           const req = { ...this.loopRequest(p, ids, true), ...ChoiceOutput.request(pd.kind, p) };
           const out = await role.prefill(pd.room, pd.requestId, req, digest);
           this.recordPayload('prefill', out.payload, out.transferMs / 1000);
-          return { request_id: pd.requestId, prompt_tokens: out.promptTokens };
+          const t = out.timings;
+          this.recordPhases({
+            prefill_queue: t.prefill_queue_ms,
+            prefill_forward: t.prefill_forward_ms,
+            bootstrap: t.bootstrap_ms,
+          });
+          if (t.descriptors > 0) this.metrics.pdDescriptors.observe(t.descriptors);
+          // P's part of the TTFT waterfall, read by the router (pd/waterfall.ts)
+          return { request_id: pd.requestId, prompt_tokens: out.promptTokens, waterfall: t };
         } catch (err) {
           throw this.pdError(err, param);
         }
@@ -489,7 +503,17 @@ export class SpecdServer {
             );
             if (a.admission.kind === 'resume')
               this.recordPayload('decode', a.admission.payload, (performance.now() - t0) / 1000);
-            return { loopId: a.admission.loopId, begin: a.begin };
+            const headers = (): Record<string, string> => {
+              const t = a.timings();
+              this.recordPhases({
+                transfer_wait: t.transfer_wait_ms,
+                decode_queue: t.decode_queue_ms,
+                decode_first_step: t.decode_first_step_ms,
+              });
+              // D's part of the TTFT waterfall, read (and not passed on) by the router (pd/waterfall.ts)
+              return { [DECODE_TIMINGS_HEADER]: JSON.stringify(t) };
+            };
+            return { loopId: a.admission.loopId, begin: a.begin, headers };
           } catch (err) {
             throw this.pdError(err, param);
           }
@@ -550,6 +574,11 @@ export class SpecdServer {
     this.metrics.pdTransferWait.observe({ role }, waitS);
   }
 
+  /** Records a PD request's waterfall phases measured here (ms; pd/waterfall.ts). */
+  private recordPhases(phases: Partial<Record<WaterfallPhase, number>>): void {
+    for (const [phase, ms] of Object.entries(phases)) this.metrics.pdPhase.observe({ phase }, ms / 1000);
+  }
+
   /** The client's answer to an error of a PD request (PdError → pdFailed; the loop's refusals as for /v1). */
   private pdError(err: unknown, promptParam: string): Error {
     if (err instanceof PdError) {
@@ -597,6 +626,12 @@ export class SpecdServer {
     let finished = false;
     let first = true;
     const raw = reply.raw;
+    /** The extra headers of the opened request (the decode role's timings), read once. */
+    let extraHeaders: (() => Record<string, string>) | undefined;
+    /** Writes the stream's head if not yet written (before its first bytes). */
+    const head = (): void => {
+      if (!raw.headersSent) raw.writeHead(200, { ...SSE_HEADERS, ...(extraHeaders?.() ?? {}) });
+    };
     const chunk = (text: string | undefined, finishReason: string | null, logprobs: unknown = null): string => {
       const choice =
         kind === 'chat'
@@ -649,6 +684,7 @@ export class SpecdServer {
         onPromptLogprobs,
         onToken: (t, lp) => {
           onToken();
+          head();
           // the echoed prompt (and its logprobs) is the stream's first chunk
           const echoed = out.takeEcho();
           if (echoed !== undefined) raw.write(chunk(echoed, null, out.takeLogprobs()));
@@ -658,6 +694,7 @@ export class SpecdServer {
         onFinish: (r) => {
           finished = true;
           record(r);
+          head();
           const tail = out.finish();
           if (tail !== '') raw.write(chunk(tail, null, out.takeLogprobs()));
           raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop', out.takeLogprobs()));
@@ -679,6 +716,7 @@ export class SpecdServer {
                 ? sequenceFailed(err)
                 : new ApiError(500, err.message, 'server_error', null, 'internal_error');
           this.metrics.errors.inc({ status: String(e.status) });
+          head();
           // shutting down: the error event ends the stream, then the connection closes
           if (this.closing) raw.once('finish', () => raw.socket?.end());
           raw.end(`data: ${JSON.stringify(e.toJSON())}\n\ndata: [DONE]\n\n`);
@@ -692,7 +730,9 @@ export class SpecdServer {
         return reply;
       }
       reply.hijack();
-      raw.writeHead(200, SSE_HEADERS);
+      extraHeaders = opened.headers;
+      // without extra headers the head is written now; with them, at the first token (the same bytes on the wire)
+      if (extraHeaders === undefined) head();
       raw.on('close', () => {
         if (!finished) {
           finished = true;
@@ -729,6 +769,7 @@ export class SpecdServer {
                   ...ids,
                 }
               : { index: 0, text, logprobs, finish_reason: reason, ...ids };
+          for (const [k, v] of Object.entries(extraHeaders?.() ?? {})) reply.header(k, v);
           resolve({ id, object, created, model, choices: [choice], usage: usage(r.tokenIds.length) });
         },
         onError: (err) => {
@@ -756,6 +797,7 @@ export class SpecdServer {
           resolve(undefined);
           return;
         }
+        extraHeaders = opened.headers;
         opened.begin();
       }, reject);
     });
