@@ -5,13 +5,8 @@
 
 import type * as Zmq from 'zeromq';
 
-import {
-  coalesceDescriptors,
-  describeRange,
-  type TransferDescriptor,
-  type TransferRun,
-  type TransferStats,
-} from './transfer-engine.js';
+import { abortedError, alreadyPending, prepareWrite, writeTimeoutError } from './transfer-common.js';
+import { describeRange, type TransferDescriptor, type TransferRun, type TransferStats } from './transfer-engine.js';
 import { PdError } from './types.js';
 import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
 
@@ -91,15 +86,19 @@ export class ZmqSender {
     notification: unknown,
     options: { timeoutMs: number },
   ): Promise<TransferStats> {
-    if (this.writes.has(requestId))
-      return Promise.reject(new Error(`write: request ${requestId} already has a pending write from ${this.address}`));
+    if (this.writes.has(requestId)) return Promise.reject(alreadyPending('write', requestId, this.address));
     let runs: TransferRun[];
     let notifyPayload: string | undefined;
     try {
-      runs = coalesceDescriptors(local, remote, this.maxBatchBytes, (id) => this.regions.get(id)?.byteLength);
-      notifyPayload = JSON.stringify(notification);
+      ({ runs, notifyPayload } = prepareWrite(
+        requestId,
+        local,
+        remote,
+        notification,
+        this.maxBatchBytes,
+        (id) => this.regions.get(id)?.byteLength,
+      ));
     } catch (err) {
-      if (err instanceof PdError) return Promise.reject(new PdError(err.code, `write ${requestId}: ${err.message}`));
       return Promise.reject(err);
     }
     let link: PeerLink;
@@ -114,16 +113,14 @@ export class ZmqSender {
       const timer = setTimeout(() => {
         const w = this.writes.get(requestId);
         if (w === undefined || w.link !== link) return;
-        const err = link.connected
-          ? new PdError(
-              'timeout',
-              `request ${requestId}: peer ${peer} did not confirm the transfer within ${options.timeoutMs} ms ` +
-                `(${w.stats.descriptors} of ${runs.length} descriptors sent; the peer may be dead)`,
-            )
-          : new PdError(
-              'peer',
-              `request ${requestId}: peer ${peer} unreachable (no connection within ${options.timeoutMs} ms)`,
-            );
+        const err = writeTimeoutError(
+          requestId,
+          peer,
+          options.timeoutMs,
+          link.connected,
+          w.stats.descriptors,
+          runs.length,
+        );
         this.failWrite(w, err, 'timed out at the sender');
       }, options.timeoutMs);
       const w: PendingWrite = {
@@ -325,7 +322,7 @@ export class ZmqSender {
   abort(requestId: string, reason: string): boolean {
     const w = this.writes.get(requestId);
     if (w === undefined) return false;
-    this.failWrite(w, new PdError('abort', `request ${requestId} aborted at ${this.address}: ${reason}`), reason);
+    this.failWrite(w, abortedError(requestId, this.address, reason), reason);
     return true;
   }
 
