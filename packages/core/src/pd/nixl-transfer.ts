@@ -53,11 +53,15 @@ import {
   closedError,
   countInflight,
   expectTimeoutError,
+  newStats,
+  openPending,
+  type Pending,
   prepareWrite,
   refusal,
   refusedMessage,
   Tombstones,
   type TransferTestHooks,
+  type WriteStats,
   writeTimeoutError,
 } from './transfer-common.js';
 import {
@@ -177,12 +181,8 @@ interface Region {
   readonly registered: boolean;
 }
 
-interface PendingExpect {
-  readonly requestId: string;
+interface PendingExpect extends Pending<unknown> {
   readonly allowed: AllowedRanges;
-  readonly timer: NodeJS.Timeout;
-  readonly resolve: (payload: unknown) => void;
-  readonly reject: (e: PdError) => void;
   /** The sender's control connection and NIXL agent, once its `req` arrived. */
   sender?: Control;
   agent?: string;
@@ -204,15 +204,11 @@ interface PeerLink {
   readonly requests: Set<string>;
 }
 
-interface PendingWrite {
-  readonly requestId: string;
+interface PendingWrite extends Pending<TransferStats> {
   readonly link: PeerLink;
   readonly runs: TransferRun[];
   readonly notifyPayload: string | undefined;
-  readonly timer: NodeJS.Timeout;
-  readonly stats: { bytes: number; descriptors: number; messages: number };
-  readonly resolve: (s: TransferStats) => void;
-  readonly reject: (e: PdError) => void;
+  readonly stats: WriteStats;
   /** The NIXL write request in flight. */
   xfer?: NixlHandle;
   /** The runs the request in flight covers (end index) and whether it is the last. */
@@ -295,27 +291,17 @@ class NixlTransferEngine implements TransferEngine {
     const bad = checkAllowed(requestId, allowed, (id) => this.regions.get(id)?.bytes.byteLength);
     if (bad !== undefined) return Promise.reject(bad);
     this.tombstones.delete(requestId);
-    const done = new Promise<unknown>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const e = this.expects.get(requestId);
-        if (e === undefined) return;
+    const { done } = openPending<unknown, PendingExpect>(
+      this.expects,
+      requestId,
+      options.timeoutMs,
+      (base) => ({ ...base, allowed: new AllowedRanges(allowed), descriptors: 0, bytes: 0 }),
+      (e) => {
         const applied = e.sender === undefined ? undefined : e;
-        this.failExpect(
-          e,
-          expectTimeoutError(requestId, this.address, options.timeoutMs, applied),
-          `timed out at the receiver ${this.address}`,
-        );
-      }, options.timeoutMs);
-      this.expects.set(requestId, {
-        requestId,
-        allowed: new AllowedRanges(allowed),
-        timer,
-        resolve,
-        reject,
-        descriptors: 0,
-        bytes: 0,
-      });
-    });
+        const err = expectTimeoutError(requestId, this.address, options.timeoutMs, applied);
+        this.failExpect(e, err, `timed out at the receiver ${this.address}`);
+      },
+    );
     this.schedulePoll();
     return done;
   }
@@ -527,10 +513,12 @@ class NixlTransferEngine implements TransferEngine {
     if (target === undefined)
       return Promise.reject(new PdError('peer', `write ${requestId}: ${peer} is not a nixl://host:port address`));
     const link = this.link(peer, target);
-    const done = new Promise<TransferStats>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const w = this.writes.get(requestId);
-        if (w === undefined) return;
+    const { record: w, done } = openPending<TransferStats, PendingWrite>(
+      this.writes,
+      requestId,
+      options.timeoutMs,
+      (base) => ({ ...base, link, runs, notifyPayload, stats: newStats(), xferEnd: 0, settled: false }),
+      (w) => {
         const err = writeTimeoutError(
           requestId,
           peer,
@@ -540,23 +528,9 @@ class NixlTransferEngine implements TransferEngine {
           runs.length,
         );
         this.failWrite(w, err, 'timed out at the sender');
-      }, options.timeoutMs);
-      const w: PendingWrite = {
-        requestId,
-        link,
-        runs,
-        notifyPayload,
-        timer,
-        stats: { bytes: 0, descriptors: 0, messages: 0 },
-        resolve,
-        reject,
-        xferEnd: 0,
-        settled: false,
-      };
-      this.writes.set(requestId, w);
-      link.requests.add(requestId);
-    });
-    const w = this.writes.get(requestId) as PendingWrite;
+      },
+    );
+    link.requests.add(requestId);
     link.ready.then(
       () => {
         if (w.settled) return;

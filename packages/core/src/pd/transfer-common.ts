@@ -188,6 +188,46 @@ export function writeTimeoutError(
     : new PdError('peer', `request ${requestId}: peer ${peer} unreachable (no connection within ${timeoutMs} ms)`);
 }
 
+/** A write's running {@link TransferStats} (counted as it sends). */
+export type WriteStats = { bytes: number; descriptors: number; messages: number };
+
+/** Zeroed {@link WriteStats}. */
+export function newStats(): WriteStats {
+  return { bytes: 0, descriptors: 0, messages: 0 };
+}
+
+/** What every pending expect or write holds: its id, its deadline and its promise's settle functions. */
+export interface Pending<T> {
+  readonly requestId: string;
+  readonly timer: NodeJS.Timeout;
+  readonly resolve: (value: T) => void;
+  readonly reject: (e: PdError) => void;
+}
+
+/**
+ * Opens a pending request: `make(base)` builds the engine's record of it from `base` (the id, a timer of
+ * `timeoutMs` and the promise's settle functions), which is stored in `pending` under `requestId`. When the timer
+ * fires while that record is still the one pending, it is handed to `onTimeout` (which must end it; ending a
+ * record clears its timer). Returns the record and the promise the engine returns.
+ */
+export function openPending<T, P extends Pending<T>>(
+  pending: Map<string, P>,
+  requestId: string,
+  timeoutMs: number,
+  make: (base: Pending<T>) => P,
+  onTimeout: (record: P) => void,
+): { record: P; done: Promise<T> } {
+  let record: P | undefined;
+  const done = new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      if (record !== undefined && pending.get(requestId) === record) onTimeout(record);
+    }, timeoutMs);
+    record = make({ requestId, timer, resolve, reject });
+    pending.set(requestId, record);
+  });
+  return { record: record as P, done };
+}
+
 /** How many finished / aborted request ids a receiver remembers (to answer their late messages). */
 const TOMBSTONES = 4096;
 

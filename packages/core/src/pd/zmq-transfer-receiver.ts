@@ -11,6 +11,8 @@ import {
   AllowedRanges,
   checkAllowed,
   expectTimeoutError,
+  openPending,
+  type Pending,
   refusal,
   refusedMessage,
   Tombstones,
@@ -18,12 +20,8 @@ import {
 import { PdError, type RegionRange } from './types.js';
 import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
 
-interface PendingExpect {
-  readonly requestId: string;
+interface PendingExpect extends Pending<unknown> {
   readonly allowed: AllowedRanges;
-  readonly timer: NodeJS.Timeout;
-  readonly resolve: (payload: unknown) => void;
-  readonly reject: (e: PdError) => void;
   /** The identities (ROUTER routing ids) of the senders seen, by hex. */
   readonly senders: Map<string, Buffer>;
   /** Data messages applied. */
@@ -67,29 +65,24 @@ export class ZmqReceiver {
     const bad = checkAllowed(requestId, allowed, (id) => this.regions.get(id)?.byteLength);
     if (bad !== undefined) return Promise.reject(bad);
     this.tombstones.delete(requestId);
-    return new Promise<unknown>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const e = this.expects.get(requestId);
-        if (e === undefined) return;
-        const applied = e.senders.size === 0 ? undefined : e;
-        this.failExpect(
-          e,
-          expectTimeoutError(requestId, this.address, options.timeoutMs, applied),
-          `timed out at the receiver ${this.address}`,
-        );
-      }, options.timeoutMs);
-      this.expects.set(requestId, {
-        requestId,
+    return openPending<unknown, PendingExpect>(
+      this.expects,
+      requestId,
+      options.timeoutMs,
+      (base) => ({
+        ...base,
         allowed: new AllowedRanges(allowed),
-        timer,
-        resolve,
-        reject,
         senders: new Map(),
         batches: 0,
         descriptors: 0,
         bytes: 0,
-      });
-    });
+      }),
+      (e) => {
+        const applied = e.senders.size === 0 ? undefined : e;
+        const err = expectTimeoutError(requestId, this.address, options.timeoutMs, applied);
+        this.failExpect(e, err, `timed out at the receiver ${this.address}`);
+      },
+    ).done;
   }
 
   private async receiveLoop(): Promise<void> {

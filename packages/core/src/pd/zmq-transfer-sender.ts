@@ -5,7 +5,16 @@
 
 import type * as Zmq from 'zeromq';
 
-import { abortedError, alreadyPending, prepareWrite, writeTimeoutError } from './transfer-common.js';
+import {
+  abortedError,
+  alreadyPending,
+  newStats,
+  openPending,
+  type Pending,
+  prepareWrite,
+  type WriteStats,
+  writeTimeoutError,
+} from './transfer-common.js';
 import { describeRange, type TransferDescriptor, type TransferRun, type TransferStats } from './transfer-engine.js';
 import { PdError } from './types.js';
 import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
@@ -44,13 +53,9 @@ interface PeerLink {
   notices: number;
 }
 
-interface PendingWrite {
-  readonly requestId: string;
+interface PendingWrite extends Pending<TransferStats> {
   readonly link: PeerLink;
-  readonly timer: NodeJS.Timeout;
-  readonly stats: { bytes: number; descriptors: number; messages: number };
-  readonly resolve: (s: TransferStats) => void;
-  readonly reject: (e: PdError) => void;
+  readonly stats: WriteStats;
   settled: boolean;
 }
 
@@ -109,10 +114,12 @@ export class ZmqSender {
         new PdError('peer', `write ${requestId}: cannot connect to ${peer}: ${(err as Error).message}`),
       );
     }
-    const done = new Promise<TransferStats>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const w = this.writes.get(requestId);
-        if (w === undefined || w.link !== link) return;
+    const { record: w, done } = openPending<TransferStats, PendingWrite>(
+      this.writes,
+      requestId,
+      options.timeoutMs,
+      (base) => ({ ...base, link, stats: newStats(), settled: false }),
+      (w) => {
         const err = writeTimeoutError(
           requestId,
           peer,
@@ -122,20 +129,10 @@ export class ZmqSender {
           runs.length,
         );
         this.failWrite(w, err, 'timed out at the sender');
-      }, options.timeoutMs);
-      const w: PendingWrite = {
-        requestId,
-        link,
-        timer,
-        stats: { bytes: 0, descriptors: 0, messages: 0 },
-        resolve,
-        reject,
-        settled: false,
-      };
-      this.writes.set(requestId, w);
-      link.requests.add(requestId);
-    });
-    void this.sendAll(this.writes.get(requestId) as PendingWrite, runs, notifyPayload);
+      },
+    );
+    link.requests.add(requestId);
+    void this.sendAll(w, runs, notifyPayload);
     return done;
   }
 
