@@ -53,7 +53,6 @@ import {
   closedError,
   countInflight,
   expectTimeoutError,
-  newStats,
   openPending,
   type Pending,
   prepareWrite,
@@ -61,8 +60,8 @@ import {
   refusedMessage,
   Tombstones,
   type TransferTestHooks,
-  type WriteStats,
-  writeTimeoutError,
+  openPendingWrite,
+  type PendingWrite as PendingWriteBase,
 } from './transfer-common.js';
 import {
   describeRange,
@@ -204,16 +203,13 @@ interface PeerLink {
   readonly requests: Set<string>;
 }
 
-interface PendingWrite extends Pending<TransferStats> {
-  readonly link: PeerLink;
+interface PendingWrite extends PendingWriteBase<PeerLink> {
   readonly runs: TransferRun[];
   readonly notifyPayload: string | undefined;
-  readonly stats: WriteStats;
   /** The NIXL write request in flight. */
   xfer?: NixlHandle;
   /** The runs the request in flight covers (end index) and whether it is the last. */
   xferEnd: number;
-  settled: boolean;
 }
 
 /** `nixl://host:port` → [host, port], or undefined. */
@@ -513,24 +509,16 @@ class NixlTransferEngine implements TransferEngine {
     if (target === undefined)
       return Promise.reject(new PdError('peer', `write ${requestId}: ${peer} is not a nixl://host:port address`));
     const link = this.link(peer, target);
-    const { record: w, done } = openPending<TransferStats, PendingWrite>(
+    const { record: w, done } = openPendingWrite<PeerLink, PendingWrite>(
       this.writes,
       requestId,
+      peer,
+      link,
+      runs.length,
       options.timeoutMs,
-      (base) => ({ ...base, link, runs, notifyPayload, stats: newStats(), xferEnd: 0, settled: false }),
-      (w) => {
-        const err = writeTimeoutError(
-          requestId,
-          peer,
-          options.timeoutMs,
-          link.connected,
-          w.stats.descriptors,
-          runs.length,
-        );
-        this.failWrite(w, err, 'timed out at the sender');
-      },
+      (base) => ({ ...base, runs, notifyPayload, xferEnd: 0 }),
+      (w, err, tell) => this.failWrite(w, err, tell),
     );
-    link.requests.add(requestId);
     link.ready.then(
       () => {
         if (w.settled) return;

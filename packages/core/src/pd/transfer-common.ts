@@ -5,7 +5,13 @@
  * hook that closes what is still open. Each engine keeps its own transport, links and pending-request state.
  */
 
-import { coalesceDescriptors, describeRange, type TransferDescriptor, type TransferRun } from './transfer-engine.js';
+import {
+  coalesceDescriptors,
+  describeRange,
+  type TransferDescriptor,
+  type TransferRun,
+  type TransferStats,
+} from './transfer-engine.js';
 import { PdError, type RegionRange } from './types.js';
 
 /** Fault points for tests only (both engines take them). */
@@ -191,11 +197,6 @@ export function writeTimeoutError(
 /** A write's running {@link TransferStats} (counted as it sends). */
 export type WriteStats = { bytes: number; descriptors: number; messages: number };
 
-/** Zeroed {@link WriteStats}. */
-export function newStats(): WriteStats {
-  return { bytes: 0, descriptors: 0, messages: 0 };
-}
-
 /** What every pending expect or write holds: its id, its deadline and its promise's settle functions. */
 export interface Pending<T> {
   readonly requestId: string;
@@ -226,6 +227,52 @@ export function openPending<T, P extends Pending<T>>(
     pending.set(requestId, record);
   });
   return { record: record as P, done };
+}
+
+/** A sender's connection to one peer, as a pending write sees it. */
+export interface WriteLink {
+  /** Whether the connection formed (a timeout then means 'timeout', not 'peer' unreachable). */
+  readonly connected: boolean;
+  /** Requests with a pending write on this link. */
+  readonly requests: Set<string>;
+}
+
+/** What every pending write holds: {@link Pending}, its link, its running stats, whether it settled. */
+export interface PendingWrite<L extends WriteLink> extends Pending<TransferStats> {
+  readonly link: L;
+  readonly stats: WriteStats;
+  settled: boolean;
+}
+
+/**
+ * Opens a pending write of `runs` coalesced runs to `peer` over `link` ({@link openPending}; zeroed stats; the
+ * request joins `link.requests`). When `timeoutMs` passes first, `fail(w, err, 'timed out at the sender')` gets
+ * {@link writeTimeoutError}.
+ */
+export function openPendingWrite<L extends WriteLink, W extends PendingWrite<L>>(
+  writes: Map<string, W>,
+  requestId: string,
+  peer: string,
+  link: L,
+  runs: number,
+  timeoutMs: number,
+  make: (base: PendingWrite<L>) => W,
+  fail: (w: W, err: PdError, tell: string) => void,
+): { record: W; done: Promise<TransferStats> } {
+  const opened = openPending<TransferStats, W>(
+    writes,
+    requestId,
+    timeoutMs,
+    (base) => make({ ...base, link, stats: { bytes: 0, descriptors: 0, messages: 0 }, settled: false }),
+    (w) =>
+      fail(
+        w,
+        writeTimeoutError(requestId, peer, timeoutMs, link.connected, w.stats.descriptors, runs),
+        'timed out at the sender',
+      ),
+  );
+  link.requests.add(requestId);
+  return opened;
 }
 
 /** How many finished / aborted request ids a receiver remembers (to answer their late messages). */

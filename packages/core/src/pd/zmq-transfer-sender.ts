@@ -8,12 +8,9 @@ import type * as Zmq from 'zeromq';
 import {
   abortedError,
   alreadyPending,
-  newStats,
-  openPending,
-  type Pending,
+  openPendingWrite,
+  type PendingWrite as PendingWriteBase,
   prepareWrite,
-  type WriteStats,
-  writeTimeoutError,
 } from './transfer-common.js';
 import { describeRange, type TransferDescriptor, type TransferRun, type TransferStats } from './transfer-engine.js';
 import { PdError } from './types.js';
@@ -53,11 +50,7 @@ interface PeerLink {
   notices: number;
 }
 
-interface PendingWrite extends Pending<TransferStats> {
-  readonly link: PeerLink;
-  readonly stats: WriteStats;
-  settled: boolean;
-}
+type PendingWrite = PendingWriteBase<PeerLink>;
 
 /** P's half of a ZeroMQ transfer engine. */
 export class ZmqSender {
@@ -114,24 +107,16 @@ export class ZmqSender {
         new PdError('peer', `write ${requestId}: cannot connect to ${peer}: ${(err as Error).message}`),
       );
     }
-    const { record: w, done } = openPending<TransferStats, PendingWrite>(
+    const { record: w, done } = openPendingWrite<PeerLink, PendingWrite>(
       this.writes,
       requestId,
+      peer,
+      link,
+      runs.length,
       options.timeoutMs,
-      (base) => ({ ...base, link, stats: newStats(), settled: false }),
-      (w) => {
-        const err = writeTimeoutError(
-          requestId,
-          peer,
-          options.timeoutMs,
-          link.connected,
-          w.stats.descriptors,
-          runs.length,
-        );
-        this.failWrite(w, err, 'timed out at the sender');
-      },
+      (base) => base,
+      (w, err, tell) => this.failWrite(w, err, tell),
     );
-    link.requests.add(requestId);
     void this.sendAll(w, runs, notifyPayload);
     return done;
   }
