@@ -32,7 +32,8 @@
  *
  * Files: this one (options, the engine, its creation), zmq-transfer-receiver.ts (D's half: the ROUTER and the
  * pending expects), zmq-transfer-sender.ts (P's half: the DEALER links and the pending writes),
- * zmq-transfer-protocol.ts (headers, the send queue, the allowed-range check).
+ * zmq-transfer-protocol.ts (headers, the send queue); what it shares with the NIXL engine (argument and range
+ * checks, the allowed ranges, pending-request timeouts and their errors, tombstones) is transfer-common.ts.
  */
 
 import type * as Zmq from 'zeromq';
