@@ -2,10 +2,12 @@
 // each on port 0, reporting its URL on stderr; kills them all at the end.
 import { type ChildProcess, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { expect } from 'vitest';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, expect } from 'vitest';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const BIN = path.join(ROOT, 'packages/core/src/cli/bin.js');
@@ -232,4 +234,55 @@ export function checkWaterfall(w: WaterfallJson, what: string): void {
   expect(w.phases_ms.prefill_forward, what).toBeGreaterThan(0);
   expect(w.phases_ms.transfer_wait, what).toBeGreaterThan(0);
   expect(w.descriptors, what).toBeGreaterThan(0);
+}
+
+/**
+ * A temporary directory for the calling test file's configs: created in its beforeAll (`os.tmpdir()/<prefix>…`),
+ * removed with its contents in its afterAll. Call at the file's top level; the returned function gives the path.
+ */
+export function tempDir(prefix: string): () => string {
+  let dir: string | undefined;
+  beforeAll(() => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  });
+  afterAll(() => {
+    if (dir !== undefined) fs.rmSync(dir, { recursive: true, force: true });
+  });
+  return () => {
+    if (dir === undefined) throw new Error(`tempDir(${prefix}): used before beforeAll ran`);
+    return dir;
+  };
+}
+
+/** The id of the model `url` serves (`GET url/v1/models`, the first entry). */
+export async function modelId(url: string): Promise<string> {
+  return (await (await fetch(`${url}/v1/models`)).json()).data[0].id as string;
+}
+
+/** An OpenAI client of the server or router at `url` (no API key; `maxRetries` as OpenAI's default unless given). */
+export function clientOf(url: string, maxRetries?: number): OpenAI {
+  return new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', ...(maxRetries === undefined ? {} : { maxRetries }) });
+}
+
+/**
+ * Sends a completion of `prompt` through `client` (a router of `p` and `d`), waits until `p` logged that its
+ * transfer paused after 1 descriptor (the test hook `SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS=1`), kills `p`
+ * (SIGKILL), and asserts: the client gets an API error with a 5xx status; `d` then frees everything (within
+ * {@link until}'s 20 s) and still answers /health.
+ */
+export async function expectPrefillKilledMidTransfer(
+  client: OpenAI,
+  model: string,
+  prompt: string,
+  p: SpecdProcess,
+  d: SpecdProcess,
+): Promise<void> {
+  const pending = client.completions.create({ model, prompt, max_tokens: 8 }).catch((e: unknown) => e);
+  await until('P paused in the transfer', () => /paused after 1 descriptors of room/.test(p.stderr()));
+  p.kill('SIGKILL');
+  const err = await pending;
+  expect(err).toBeInstanceOf(OpenAI.APIError);
+  expect((err as InstanceType<typeof OpenAI.APIError>).status).toBeGreaterThanOrEqual(500);
+  await until('D free', () => allFree(d.url));
+  expect((await fetch(`${d.url}/health`)).status).toBe(200);
 }

@@ -19,6 +19,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
   allFree,
+  clientOf,
+  expectPrefillKilledMidTransfer,
   metric,
   metricsOf,
   ROOT,
@@ -195,15 +197,7 @@ describe.skipIf(!HAVE)('PD faults (processes)', () => {
   it('P killed mid-transfer (paused after 1 descriptor): the client gets an error, D frees everything', async () => {
     const p4 = await serve(config('p-pause'), 'prefill', { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' });
     const r4 = await router(p4, D, config('d'));
-    const c4 = new OpenAI({ baseURL: `${r4.url}/v1`, apiKey: 'none', maxRetries: 0 });
-    const pending = c4.completions.create({ model, prompt: PROMPT, max_tokens: 8 }).catch((e: unknown) => e);
-    await until('P paused in the transfer', () => /paused after 1 descriptors of room/.test(p4.stderr()));
-    p4.kill('SIGKILL');
-    const err = await pending;
-    expect(err).toBeInstanceOf(OpenAI.APIError);
-    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBeGreaterThanOrEqual(500);
-    await until('D free', () => allFree(D.url));
-    expect((await fetch(`${D.url}/health`)).status).toBe(200);
+    await expectPrefillKilledMidTransfer(clientOf(r4.url, 0), model, PROMPT, p4, D);
   });
 
   it('D killed mid-stream: the client sees the stream end in error, P is free and still answers', async () => {

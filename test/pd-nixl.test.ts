@@ -7,24 +7,26 @@
 // write their layers over NIXL too) gives the aggregated output. Needs the models and
 // `npm run nixl:fetch` (npm test runs it): without the library the case fails under CI=true, else skips loudly.
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 
 import { nixlAvailable, nixlDir } from '@specd/core';
-import OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import {
   allFree,
+  clientOf,
   drafterBranch,
   drafterDirs,
+  expectPrefillKilledMidTransfer,
   metric,
   metricsOf,
   MODELS,
+  modelId,
   type SpecdProcess,
   startRouter,
   startSpecd,
   stopAll,
+  tempDir,
   until,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
@@ -37,13 +39,33 @@ if (!HAVE_NIXL) {
   console.warn(`pd-nixl.test.ts: SKIPPING: ${why}`);
 }
 
-let tmp: string;
-beforeAll(() => {
-  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-pd-nixl-'));
-});
-afterAll(() => {
-  if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
-});
+const tmp = tempDir('specd-pd-nixl-');
+
+/** Writes the config `name` (kimi-k3-tiny, `drafter`, `pd.transfer: "nixl"` and `pd`) and returns its path. */
+function config(name: string, drafter: string | undefined, pd: object = {}): string {
+  const file = path.join(tmp(), `${name}.json`);
+  const model = path.join(MODELS, 'kimi-k3-tiny');
+  fs.writeFileSync(file, JSON.stringify({ model, drafter: drafterBranch(drafter), pd: { transfer: 'nixl', ...pd } }));
+  return file;
+}
+
+const SERVE = (file: string): string[] => ['serve', '--config', file, '--port', '0', '--log-level', 'warn'];
+
+/**
+ * Starts an aggregated server, P (`--role prefill` and `prefillArgs`), D and a router on `file` (pushed to `procs`);
+ * returns P, D, the model id and clients of the aggregated server and of the router.
+ */
+async function cluster(file: string, procs: (SpecdProcess | undefined)[], prefillArgs: string[] = []) {
+  const [a, p, d] = await Promise.all([
+    startSpecd(SERVE(file)),
+    startSpecd([...SERVE(file), '--role', 'prefill', ...prefillArgs]),
+    startSpecd([...SERVE(file), '--role', 'decode']),
+  ]);
+  procs.push(a, p, d);
+  const r = await startRouter(p, d, file);
+  procs.push(r);
+  return { p, d, model: await modelId(a.url), agg: clientOf(a.url), pd: clientOf(r.url) };
+}
 
 const PROMPTS = [
   'The quick brown fox',
@@ -59,22 +81,9 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
   ] as const)(
     '%s: greedy output equals aggregated; D prefills nothing',
     async (name, dir) => {
-      const file = path.join(tmp, `${name}.json`);
-      const base = { model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(dir) };
-      fs.writeFileSync(file, JSON.stringify({ ...base, pd: { transfer: 'nixl' } }));
       const procs: (SpecdProcess | undefined)[] = [];
       try {
-        const [a, p, d] = await Promise.all([
-          startSpecd(['serve', '--config', file, '--port', '0', '--log-level', 'warn']),
-          startSpecd(['serve', '--config', file, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
-          startSpecd(['serve', '--config', file, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
-        ]);
-        procs.push(a, p, d);
-        const r = await startRouter(p, d, file);
-        procs.push(r);
-        const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
-        const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
-        const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
+        const { p, d, model, agg, pd } = await cluster(config(name, dir), procs);
         let promptTokens = 0;
         for (const prompt of PROMPTS) {
           const body = { model, prompt, max_tokens: 24, temperature: 0 };
@@ -102,23 +111,9 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
   );
 
   it('P at pp 2 (each stage process sends its own layers over NIXL): greedy output equals aggregated', async () => {
-    const file = path.join(tmp, 'pp.json');
-    const base = { model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(dflash) };
-    fs.writeFileSync(file, JSON.stringify({ ...base, pd: { transfer: 'nixl' } }));
     const procs: (SpecdProcess | undefined)[] = [];
     try {
-      const args = ['serve', '--config', file, '--port', '0', '--log-level', 'warn'];
-      const [a, p, d] = await Promise.all([
-        startSpecd(args),
-        startSpecd([...args, '--role', 'prefill', '--pp', '2']),
-        startSpecd([...args, '--role', 'decode']),
-      ]);
-      procs.push(a, p, d);
-      const r = await startRouter(p, d, file);
-      procs.push(r);
-      const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
-      const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
-      const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
+      const { p, d, model, agg, pd } = await cluster(config('pp', dflash), procs, ['--pp', '2']);
       for (const prompt of PROMPTS) {
         const body = { model, prompt, max_tokens: 16, temperature: 0 };
         const want = await agg.completions.create(body);
@@ -132,33 +127,18 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
   }, 300_000);
 
   it('P killed mid-transfer: the client gets an error, D frees everything and still answers', async () => {
-    const file = path.join(tmp, 'fault.json');
-    const pd = { transfer: 'nixl', bootstrap_timeout_ms: 20_000, transfer_timeout_ms: 60_000 };
-    fs.writeFileSync(
-      file,
-      JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(dflash), pd }),
-    );
+    const file = config('fault', dflash, { bootstrap_timeout_ms: 20_000, transfer_timeout_ms: 60_000 });
     const procs: (SpecdProcess | undefined)[] = [];
     try {
-      const args = ['serve', '--config', file, '--port', '0', '--log-level', 'warn'];
       const [p, d] = await Promise.all([
-        startSpecd([...args, '--role', 'prefill'], 120_000, { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' }),
-        startSpecd([...args, '--role', 'decode']),
+        startSpecd([...SERVE(file), '--role', 'prefill'], 120_000, { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' }),
+        startSpecd([...SERVE(file), '--role', 'decode']),
       ]);
       procs.push(p, d);
       const r = await startRouter(p, d, file);
       procs.push(r);
-      const model = (await (await fetch(`${d.url}/v1/models`)).json()).data[0].id as string;
-      const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none', maxRetries: 0 });
-      const pending = client.completions.create({ model, prompt: PROMPT_FAULT, max_tokens: 8 }).catch((e) => e);
-      await until('P paused in the transfer', () => /paused after 1 descriptors of room/.test(p.stderr()));
-      p.kill('SIGKILL');
-      const err = await pending;
-      expect(err).toBeInstanceOf(OpenAI.APIError);
-      expect((err as InstanceType<typeof OpenAI.APIError>).status).toBeGreaterThanOrEqual(500);
-      // within until's 20 s, a third of the 60 s transfer timeout: D learnt it from the closed connection
-      await until('D free', () => allFree(d.url));
-      expect((await fetch(`${d.url}/health`)).status).toBe(200);
+      // D frees within until's 20 s, a third of the 60 s transfer timeout: it learnt it from the closed connection
+      await expectPrefillKilledMidTransfer(clientOf(r.url, 0), await modelId(d.url), PROMPT_FAULT, p, d);
     } finally {
       await stopAll(procs);
     }

@@ -11,11 +11,10 @@
 // process killed mid-transfer fails the request with an error naming the stage, and D frees everything.
 // Kimi only: SmolLM2 ships as a GGUF file, and pipeline parallelism loads safetensors checkpoints only.
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 
 import OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import {
   allFree,
@@ -23,11 +22,13 @@ import {
   drafterDirs,
   metric,
   metricsOf,
+  modelId,
   MODELS,
   type SpecdProcess,
   startRouter,
   startSpecd,
   stopAll,
+  tempDir,
   until,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
@@ -41,16 +42,10 @@ const PROMPTS = [
   'Once upon a time, in a land far away, there lived a king who had three daughters. The youngest',
 ];
 
-let tmp: string;
-beforeAll(() => {
-  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-pd-pp-'));
-});
-afterAll(() => {
-  if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
-});
+const tmp = tempDir('specd-pd-pp-');
 
 function config(name: string, drafter: string | undefined, pd: object = {}): string {
-  const file = path.join(tmp, `${name}.json`);
+  const file = path.join(tmp(), `${name}.json`);
   fs.writeFileSync(
     file,
     JSON.stringify({
@@ -119,7 +114,7 @@ describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
         expect(stages).toHaveLength(pp);
         expect(stages.map((s) => s.layer_start)).toEqual([0, ...stages.slice(0, -1).map((s) => s.layer_end)]);
         expect(stages[pp - 1]?.layer_end).toBe(8);
-        const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+        const model = await modelId(a.url);
         const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
         const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
         let promptTokens = 0;
@@ -168,7 +163,7 @@ describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
       const r = await router(p, d, cfg);
       procs.push(r);
       const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none', maxRetries: 0 });
-      const model = (await (await fetch(`${d.url}/v1/models`)).json()).data[0].id as string;
+      const model = await modelId(d.url);
       const ac = new AbortController();
       const pending = client.completions
         .create({ model, prompt: PROMPTS[1] ?? '', max_tokens: 8 }, { signal: ac.signal })
@@ -207,7 +202,7 @@ describe.skipIf(!HAVE)('PD with P at pp 2 (kimi-k3-tiny)', () => {
       const r = await router(p, d, cfg);
       procs.push(r);
       const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none', maxRetries: 0 });
-      const model = (await (await fetch(`${d.url}/v1/models`)).json()).data[0].id as string;
+      const model = await modelId(d.url);
       const pending = client.completions
         .create({ model, prompt: PROMPTS[2] ?? '', max_tokens: 8, temperature: 0 })
         .catch((e: unknown) => e);

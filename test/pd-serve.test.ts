@@ -6,11 +6,10 @@
 // instance), payload bytes by kind are reported, and every page and slot is free afterwards; seeded sampling gives
 // the same text too. The faults are in pd-faults.test.ts.
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 
 import OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import {
   allFree,
@@ -18,11 +17,13 @@ import {
   drafterDirs,
   metric,
   metricsOf,
+  modelId,
   MODELS,
   type SpecdProcess,
   startRouter,
   startSpecd,
   stopAll,
+  tempDir,
   until,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
@@ -46,17 +47,11 @@ const FAMILIES: readonly Family[] = [
   },
 ];
 
-let tmp: string;
-beforeAll(() => {
-  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-pd-serve-'));
-});
-afterAll(() => {
-  if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
-});
+const tmp = tempDir('specd-pd-serve-');
 
 /** A config file: the target, the drafter (or none) at a fixed draft length, and `extra` merged in. */
 function config(name: string, target: string, drafter: string | undefined, extra: Record<string, unknown> = {}) {
-  const file = path.join(tmp, `${name}.json`);
+  const file = path.join(tmp(), `${name}.json`);
   const d = drafterBranch(drafter);
   fs.writeFileSync(file, JSON.stringify({ model: path.join(MODELS, target), drafter: d, ...extra }));
   return file;
@@ -89,7 +84,7 @@ for (const family of FAMILIES) {
           procs.push(a);
           const { p, d, r } = await cluster(cfg);
           procs.push(p, d, r);
-          const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+          const model = await modelId(a.url);
           const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
           const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
           let promptTokens = 0;
@@ -163,7 +158,7 @@ describe.skipIf(!KIMI)('PD through the router: logprobs, echo, n > 1, prompt lis
       procs.push(a);
       const { p, d, r } = await cluster(cfg);
       procs.push(p, d, r);
-      const model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
+      const model = await modelId(a.url);
       const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
       const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
       const same = async (body: Record<string, unknown>, what: string): Promise<OpenAI.Completion> => {

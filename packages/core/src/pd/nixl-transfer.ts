@@ -43,7 +43,27 @@ import type { NixlApi, NixlHandle } from '@specd/native';
 
 import { loadNixl } from './nixl-library.js';
 import {
-  coalesceDescriptors,
+  abortedError,
+  alreadyPending,
+  AllowedRanges,
+  checkAllowed,
+  checkTestHooks,
+  checkCall,
+  closeAtExit,
+  closedError,
+  countInflight,
+  expectTimeoutError,
+  openPending,
+  type Pending,
+  prepareWrite,
+  refusal,
+  refusedMessage,
+  Tombstones,
+  type TransferTestHooks,
+  openPendingWrite,
+  type PendingWrite as PendingWriteBase,
+} from './transfer-common.js';
+import {
   describeRange,
   type TransferDescriptor,
   type TransferEngine,
@@ -51,7 +71,6 @@ import {
   type TransferStats,
 } from './transfer-engine.js';
 import { PdError, type MemoryRegion, type RegionRange } from './types.js';
-import { AllowedRanges } from './zmq-transfer-protocol.js';
 
 /** How often a pending expect polls NIXL's notifications and a pending write its transfer status (ms). */
 export const POLL_MS = 1;
@@ -69,8 +88,6 @@ export const DEFAULT_PROGRESS_DELAY_US = 1000;
  * into them (or its connection closed); after this D gives them up anyway.
  */
 const RELEASE_GRACE_MS = 1000;
-/** How many finished / aborted request ids a receiver remembers (to answer their late messages). */
-const TOMBSTONES = 4096;
 /** A control frame larger than this is refused (the connection is dropped): 64 MiB. */
 const MAX_FRAME = 64 << 20;
 
@@ -86,14 +103,11 @@ export interface NixlTransferEngineOptions {
   readonly ucxTls?: string;
   /** NIXL's progress thread's poll() timeout, µs (default {@link DEFAULT_PROGRESS_DELAY_US}). */
   readonly progressDelayUs?: number;
-  /** Fault points for tests only (as the ZeroMQ engine's). */
-  readonly testHooks?: {
-    /** Sender: post only the first N coalesced runs, then call `onPause(requestId)` and send nothing more. */
-    readonly pauseAfterDescriptors?: number;
-    readonly onPause?: (requestId: string) => void;
-    /** Receiver: called for each notification of a request applied, with the request's running totals. */
-    readonly onApplied?: (requestId: string, applied: { descriptors: number; bytes: number }) => void;
-  };
+  /**
+   * Fault points for tests only (transfer-common.ts): the sender posts only the first `pauseAfterDescriptors`
+   * coalesced runs; `onApplied` is called for each notification of a request applied.
+   */
+  readonly testHooks?: TransferTestHooks;
 }
 
 type Msg =
@@ -166,12 +180,8 @@ interface Region {
   readonly registered: boolean;
 }
 
-interface PendingExpect {
-  readonly requestId: string;
+interface PendingExpect extends Pending<unknown> {
   readonly allowed: AllowedRanges;
-  readonly timer: NodeJS.Timeout;
-  readonly resolve: (payload: unknown) => void;
-  readonly reject: (e: PdError) => void;
   /** The sender's control connection and NIXL agent, once its `req` arrived. */
   sender?: Control;
   agent?: string;
@@ -193,25 +203,13 @@ interface PeerLink {
   readonly requests: Set<string>;
 }
 
-interface PendingWrite {
-  readonly requestId: string;
-  readonly link: PeerLink;
+interface PendingWrite extends PendingWriteBase<PeerLink> {
   readonly runs: TransferRun[];
   readonly notifyPayload: string | undefined;
-  readonly timer: NodeJS.Timeout;
-  readonly stats: { bytes: number; descriptors: number; messages: number };
-  readonly resolve: (s: TransferStats) => void;
-  readonly reject: (e: PdError) => void;
   /** The NIXL write request in flight. */
   xfer?: NixlHandle;
   /** The runs the request in flight covers (end index) and whether it is the last. */
   xferEnd: number;
-  settled: boolean;
-}
-
-function checkTimeout(method: string, timeoutMs: number): RangeError | undefined {
-  if (Number.isFinite(timeoutMs) && timeoutMs > 0) return undefined;
-  return new RangeError(`${method}: options.timeoutMs must be a positive number of ms, got ${timeoutMs}`);
 }
 
 /** `nixl://host:port` → [host, port], or undefined. */
@@ -222,14 +220,10 @@ function parseAddress(address: string): [string, number] | undefined {
   return port > 0 && port < 65536 ? [(m[1] as string).replace(/^\[|\]$/g, ''), port] : undefined;
 }
 
-/** Engines still open, closed at process exit (NIXL's progress thread must stop before the process ends). */
-const openEngines = new Set<NixlTransferEngine>();
-let exitHandlerInstalled = false;
-
 class NixlTransferEngine implements TransferEngine {
   private readonly regions = new Map<string, Region>();
   private readonly expects = new Map<string, PendingExpect>();
-  private readonly tombstones = new Map<string, string>();
+  private readonly tombstones = new Tombstones();
   private readonly links = new Map<string, PeerLink>();
   private readonly writes = new Map<string, PendingWrite>();
   private readonly accepted = new Set<Control>();
@@ -239,6 +233,8 @@ class NixlTransferEngine implements TransferEngine {
   /** Poll at every event-loop turn until then (performance.now() ms). */
   private spinUntil = 0;
   private closed = false;
+  /** Forgets this engine's exit hook (NIXL's progress thread must stop before the process ends). */
+  forgetAtExit: () => void = () => {};
 
   constructor(
     private readonly api: NixlApi,
@@ -253,9 +249,7 @@ class NixlTransferEngine implements TransferEngine {
   }
 
   get inflight(): number {
-    let n = this.expects.size;
-    for (const id of this.writes.keys()) if (!this.expects.has(id)) n++;
-    return n;
+    return countInflight(this.expects, this.writes.keys());
   }
 
   registerRegions(regions: readonly MemoryRegion[]): void {
@@ -287,51 +281,23 @@ class NixlTransferEngine implements TransferEngine {
   // ---- D: the receiver ----
 
   expect(requestId: string, allowed: readonly RegionRange[], options: { timeoutMs: number }): Promise<unknown> {
-    if (this.closed) return Promise.reject(this.closedError(requestId));
-    const badTimeout = checkTimeout('expect', options.timeoutMs);
-    if (badTimeout !== undefined) return Promise.reject(badTimeout);
-    if (this.expects.has(requestId))
-      return Promise.reject(new Error(`expect: request ${requestId} is already expected at ${this.address}`));
-    for (const r of allowed) {
-      const size = this.regions.get(r.region)?.bytes.byteLength;
-      const ok =
-        size !== undefined &&
-        Number.isSafeInteger(r.offset) &&
-        Number.isSafeInteger(r.length) &&
-        r.offset >= 0 &&
-        r.length >= 0 &&
-        r.offset + r.length <= size;
-      if (!ok) {
-        const why = size === undefined ? 'not a registered region' : `outside the region's ${size} bytes`;
-        return Promise.reject(new PdError('layout', `expect ${requestId}: allowed ${describeRange(r)}: ${why}`));
-      }
-    }
+    const refused = checkCall('expect', this.address, this.closed, requestId, options.timeoutMs);
+    if (refused !== undefined) return Promise.reject(refused);
+    if (this.expects.has(requestId)) return Promise.reject(alreadyPending('expect', requestId, this.address));
+    const bad = checkAllowed(requestId, allowed, (id) => this.regions.get(id)?.bytes.byteLength);
+    if (bad !== undefined) return Promise.reject(bad);
     this.tombstones.delete(requestId);
-    const done = new Promise<unknown>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const e = this.expects.get(requestId);
-        if (e === undefined) return;
-        const from =
-          e.sender === undefined ? 'no sender seen' : `${e.descriptors} descriptors, ${e.bytes} bytes applied`;
-        this.failExpect(
-          e,
-          new PdError(
-            'timeout',
-            `request ${requestId}: transfer to ${this.address} not complete within ${options.timeoutMs} ms (${from})`,
-          ),
-          `timed out at the receiver ${this.address}`,
-        );
-      }, options.timeoutMs);
-      this.expects.set(requestId, {
-        requestId,
-        allowed: new AllowedRanges(allowed),
-        timer,
-        resolve,
-        reject,
-        descriptors: 0,
-        bytes: 0,
-      });
-    });
+    const { done } = openPending<unknown, PendingExpect>(
+      this.expects,
+      requestId,
+      options.timeoutMs,
+      (base) => ({ ...base, allowed: new AllowedRanges(allowed), descriptors: 0, bytes: 0 }),
+      (e) => {
+        const applied = e.sender === undefined ? undefined : e;
+        const err = expectTimeoutError(requestId, this.address, options.timeoutMs, applied);
+        this.failExpect(e, err, `timed out at the receiver ${this.address}`);
+      },
+    );
     this.schedulePoll();
     return done;
   }
@@ -370,14 +336,8 @@ class NixlTransferEngine implements TransferEngine {
     if (m.t !== 'req') return;
     const e = this.expects.get(m.req);
     if (e === undefined) {
-      const why = this.tombstones.get(m.req) ?? 'not expected (unknown request)';
-      control.send({
-        t: 'done',
-        req: m.req,
-        ok: false,
-        code: 'abort',
-        message: `request ${m.req} at ${this.address}: ${why}`,
-      });
+      const message = this.tombstones.notExpected(m.req, this.address);
+      control.send({ t: 'done', req: m.req, ok: false, code: 'abort', message });
       return;
     }
     if (e.sender !== undefined) {
@@ -392,7 +352,6 @@ class NixlTransferEngine implements TransferEngine {
     for (const d of Array.isArray(m.d) ? m.d : []) {
       const [region, offset, length] = Array.isArray(d) ? d : [];
       const r = typeof region === 'string' ? this.regions.get(region) : undefined;
-      const range = `region '${region}' offset ${offset} length ${length}`;
       let why: string | undefined;
       if (
         !Number.isSafeInteger(offset) ||
@@ -401,18 +360,9 @@ class NixlTransferEngine implements TransferEngine {
         (length as number) <= 0
       )
         why = 'not a valid range';
-      else if (r === undefined) why = 'not a registered region';
-      else if ((offset as number) + (length as number) > r.bytes.byteLength)
-        why = `outside the region's ${r.bytes.byteLength} bytes`;
-      else if (!e.allowed.covers(region as string, offset as number, (offset as number) + (length as number)))
-        why = 'outside the ranges allowed';
+      else why = refusal(region as string, offset as number, length as number, r?.bytes.byteLength, e.allowed);
       if (why !== undefined) {
-        this.refuse(
-          control,
-          e,
-          'layout',
-          `request ${e.requestId}: write to ${range} refused at ${this.address}: ${why}`,
-        );
+        this.refuse(control, e, 'layout', refusedMessage(e.requestId, [region, offset, length], this.address, why));
         return;
       }
       addrs.push((r as Region).addr + (offset as number));
@@ -526,7 +476,6 @@ class NixlTransferEngine implements TransferEngine {
     clearTimeout(e.timer);
     this.expects.delete(e.requestId);
     this.tombstones.set(e.requestId, why);
-    if (this.tombstones.size > TOMBSTONES) this.tombstones.delete(this.tombstones.keys().next().value as string);
   }
 
   // ---- P: the sender ----
@@ -539,61 +488,37 @@ class NixlTransferEngine implements TransferEngine {
     notification: unknown,
     options: { timeoutMs: number },
   ): Promise<TransferStats> {
-    if (this.closed) return Promise.reject(this.closedError(requestId));
-    const badTimeout = checkTimeout('write', options.timeoutMs);
-    if (badTimeout !== undefined) return Promise.reject(badTimeout);
-    if (this.writes.has(requestId))
-      return Promise.reject(new Error(`write: request ${requestId} already has a pending write from ${this.address}`));
+    const refused = checkCall('write', this.address, this.closed, requestId, options.timeoutMs);
+    if (refused !== undefined) return Promise.reject(refused);
+    if (this.writes.has(requestId)) return Promise.reject(alreadyPending('write', requestId, this.address));
     let runs: TransferRun[];
     let notifyPayload: string | undefined;
     try {
-      runs = coalesceDescriptors(
+      ({ runs, notifyPayload } = prepareWrite(
+        requestId,
         local,
         remote,
+        notification,
         Number.MAX_SAFE_INTEGER,
         (id) => this.regions.get(id)?.bytes.byteLength,
-      );
-      notifyPayload = JSON.stringify(notification);
+      ));
     } catch (err) {
-      if (err instanceof PdError) return Promise.reject(new PdError(err.code, `write ${requestId}: ${err.message}`));
       return Promise.reject(err);
     }
     const target = parseAddress(peer);
     if (target === undefined)
       return Promise.reject(new PdError('peer', `write ${requestId}: ${peer} is not a nixl://host:port address`));
     const link = this.link(peer, target);
-    const done = new Promise<TransferStats>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const w = this.writes.get(requestId);
-        if (w === undefined) return;
-        const err = link.connected
-          ? new PdError(
-              'timeout',
-              `request ${requestId}: peer ${peer} did not confirm the transfer within ${options.timeoutMs} ms ` +
-                `(${w.stats.descriptors} of ${runs.length} descriptors sent; the peer may be dead)`,
-            )
-          : new PdError(
-              'peer',
-              `request ${requestId}: peer ${peer} unreachable (no connection within ${options.timeoutMs} ms)`,
-            );
-        this.failWrite(w, err, 'timed out at the sender');
-      }, options.timeoutMs);
-      const w: PendingWrite = {
-        requestId,
-        link,
-        runs,
-        notifyPayload,
-        timer,
-        stats: { bytes: 0, descriptors: 0, messages: 0 },
-        resolve,
-        reject,
-        xferEnd: 0,
-        settled: false,
-      };
-      this.writes.set(requestId, w);
-      link.requests.add(requestId);
-    });
-    const w = this.writes.get(requestId) as PendingWrite;
+    const { record: w, done } = openPendingWrite<PeerLink, PendingWrite>(
+      this.writes,
+      requestId,
+      peer,
+      link,
+      runs.length,
+      options.timeoutMs,
+      (base) => ({ ...base, runs, notifyPayload, xferEnd: 0 }),
+      (w, err, tell) => this.failWrite(w, err, tell),
+    );
     link.ready.then(
       () => {
         if (w.settled) return;
@@ -814,11 +739,9 @@ class NixlTransferEngine implements TransferEngine {
 
   abort(requestId: string, reason: string): void {
     const e = this.expects.get(requestId);
-    if (e !== undefined)
-      this.failExpect(e, new PdError('abort', `request ${requestId} aborted at ${this.address}: ${reason}`), reason);
+    if (e !== undefined) this.failExpect(e, abortedError(requestId, this.address, reason), reason);
     const w = this.writes.get(requestId);
-    if (w !== undefined)
-      this.failWrite(w, new PdError('abort', `request ${requestId} aborted at ${this.address}: ${reason}`), reason);
+    if (w !== undefined) this.failWrite(w, abortedError(requestId, this.address, reason), reason);
   }
 
   async close(): Promise<void> {
@@ -832,7 +755,7 @@ class NixlTransferEngine implements TransferEngine {
       w.reject(this.closedError(w.requestId));
     }
     this.closed = true;
-    openEngines.delete(this);
+    this.forgetAtExit();
     if (this.polling !== undefined) {
       clearTimeout(this.polling as NodeJS.Timeout);
       clearImmediate(this.polling as NodeJS.Immediate);
@@ -855,7 +778,7 @@ class NixlTransferEngine implements TransferEngine {
   }
 
   private closedError(requestId: string): PdError {
-    return new PdError('abort', `request ${requestId}: the transfer engine at ${this.address} is closed`);
+    return closedError(requestId, this.address);
   }
 }
 
@@ -868,9 +791,7 @@ class NixlTransferEngine implements TransferEngine {
 export async function createNixlTransferEngine(options: NixlTransferEngineOptions = {}): Promise<TransferEngine> {
   const host = options.host ?? '127.0.0.1';
   const port = options.port ?? 0;
-  const pause = options.testHooks?.pauseAfterDescriptors;
-  if (pause !== undefined && (!Number.isSafeInteger(pause) || pause < 0))
-    throw new RangeError(`createNixlTransferEngine: testHooks.pauseAfterDescriptors must be ≥ 0, got ${pause}`);
+  checkTestHooks('createNixlTransferEngine', options.testHooks);
   const api = loadNixl();
   const name = `specd-${os.hostname()}-${process.pid}-${randomBytes(6).toString('hex')}`;
   const delay = options.progressDelayUs ?? DEFAULT_PROGRESS_DELAY_US;
@@ -916,12 +837,6 @@ export async function createNixlTransferEngine(options: NixlTransferEngineOption
     `nixl://${shown}:${bound}`,
     options.testHooks ?? {},
   );
-  if (!exitHandlerInstalled) {
-    exitHandlerInstalled = true;
-    process.on('exit', () => {
-      for (const e of [...openEngines]) e.destroy();
-    });
-  }
-  openEngines.add(engine);
+  engine.forgetAtExit = closeAtExit(() => engine.destroy());
   return engine;
 }

@@ -1,9 +1,9 @@
 /**
- * The wire pieces of the ZeroMQ transfer engine (zmq-transfer.ts has the protocol): message headers, a send
- * queue per socket, and the allowed-range check a receiver applies to every descriptor.
+ * The wire pieces of the ZeroMQ transfer engine (zmq-transfer.ts has the protocol): message headers and a send
+ * queue per socket (the allowed-range check a receiver applies to every descriptor is transfer-common.ts's).
  */
 
-import type { PdError, RegionRange } from './types.js';
+import type { PdError } from './types.js';
 
 /** A message's header (its first frame, JSON); the protocol is described in zmq-transfer.ts. */
 export type Header =
@@ -44,52 +44,5 @@ export class SendQueue {
       () => {},
     );
     return sent;
-  }
-}
-
-/**
- * The ranges a receiver accepts writes into for one request: per region, sorted and merged half-open
- * `[start, end)` byte intervals (adjacent ranges merge, so one coalesced write may span several of them).
- */
-export class AllowedRanges {
-  private readonly byRegion = new Map<string, [number, number][]>();
-
-  constructor(ranges: readonly RegionRange[]) {
-    for (const r of ranges) {
-      if (r.length === 0) continue;
-      const list = this.byRegion.get(r.region) ?? [];
-      list.push([r.offset, r.offset + r.length]);
-      this.byRegion.set(r.region, list);
-    }
-    for (const [region, list] of this.byRegion) {
-      list.sort((a, b) => a[0] - b[0]);
-      const merged: [number, number][] = [];
-      for (const iv of list) {
-        const last = merged[merged.length - 1];
-        if (last !== undefined && iv[0] <= last[1]) last[1] = Math.max(last[1], iv[1]);
-        else merged.push([iv[0], iv[1]]);
-      }
-      this.byRegion.set(region, merged);
-    }
-  }
-
-  /** Whether bytes `[start, end)` of `region` lie inside the allowed ranges (binary search). */
-  covers(region: string, start: number, end: number): boolean {
-    const intervals = this.byRegion.get(region);
-    if (intervals === undefined) return false;
-    let lo = 0;
-    let hi = intervals.length - 1;
-    let found: [number, number] | undefined;
-    while (lo <= hi) {
-      const mid = (lo + hi) >> 1;
-      const iv = intervals[mid] as [number, number];
-      if (iv[0] <= start) {
-        found = iv;
-        lo = mid + 1;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    return found !== undefined && found[1] >= end;
   }
 }

@@ -5,19 +5,23 @@
 
 import type * as Zmq from 'zeromq';
 
-import { describeRange } from './transfer-engine.js';
+import {
+  abortedError,
+  alreadyPending,
+  AllowedRanges,
+  checkAllowed,
+  expectTimeoutError,
+  openPending,
+  type Pending,
+  refusal,
+  refusedMessage,
+  Tombstones,
+} from './transfer-common.js';
 import { PdError, type RegionRange } from './types.js';
-import { AllowedRanges, decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
+import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
 
-/** How many finished / aborted request ids a receiver remembers (to answer their late messages). */
-const TOMBSTONES = 4096;
-
-interface PendingExpect {
-  readonly requestId: string;
+interface PendingExpect extends Pending<unknown> {
   readonly allowed: AllowedRanges;
-  readonly timer: NodeJS.Timeout;
-  readonly resolve: (payload: unknown) => void;
-  readonly reject: (e: PdError) => void;
   /** The identities (ROUTER routing ids) of the senders seen, by hex. */
   readonly senders: Map<string, Buffer>;
   /** Data messages applied. */
@@ -30,7 +34,7 @@ interface PendingExpect {
 export class ZmqReceiver {
   private readonly expects = new Map<string, PendingExpect>();
   /** Finished or aborted requests → why (answers their late messages); insertion-ordered, bounded. */
-  private readonly tombstones = new Map<string, string>();
+  private readonly tombstones = new Tombstones();
   private readonly routerQueue: SendQueue;
 
   constructor(
@@ -57,50 +61,28 @@ export class ZmqReceiver {
 
   /** See {@link TransferEngine.expect} (the engine checked that it is open and the timeout). */
   expect(requestId: string, allowed: readonly RegionRange[], options: { timeoutMs: number }): Promise<unknown> {
-    if (this.expects.has(requestId))
-      return Promise.reject(new Error(`expect: request ${requestId} is already expected at ${this.address}`));
-    for (const r of allowed) {
-      const bytes = this.regions.get(r.region);
-      const ok =
-        bytes !== undefined &&
-        Number.isSafeInteger(r.offset) &&
-        Number.isSafeInteger(r.length) &&
-        r.offset >= 0 &&
-        r.length >= 0 &&
-        r.offset + r.length <= bytes.byteLength;
-      if (!ok) {
-        const why = bytes === undefined ? 'not a registered region' : `outside the region's ${bytes.byteLength} bytes`;
-        return Promise.reject(new PdError('layout', `expect ${requestId}: allowed ${describeRange(r)}: ${why}`));
-      }
-    }
+    if (this.expects.has(requestId)) return Promise.reject(alreadyPending('expect', requestId, this.address));
+    const bad = checkAllowed(requestId, allowed, (id) => this.regions.get(id)?.byteLength);
+    if (bad !== undefined) return Promise.reject(bad);
     this.tombstones.delete(requestId);
-    return new Promise<unknown>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const e = this.expects.get(requestId);
-        if (e === undefined) return;
-        const from = e.senders.size === 0 ? 'no sender seen' : `${e.descriptors} descriptors, ${e.bytes} bytes applied`;
-        this.failExpect(
-          e,
-          new PdError(
-            'timeout',
-            `request ${requestId}: transfer to ${this.address} not complete within ` +
-              `${options.timeoutMs} ms (${from})`,
-          ),
-          `timed out at the receiver ${this.address}`,
-        );
-      }, options.timeoutMs);
-      this.expects.set(requestId, {
-        requestId,
+    return openPending<unknown, PendingExpect>(
+      this.expects,
+      requestId,
+      options.timeoutMs,
+      (base) => ({
+        ...base,
         allowed: new AllowedRanges(allowed),
-        timer,
-        resolve,
-        reject,
         senders: new Map(),
         batches: 0,
         descriptors: 0,
         bytes: 0,
-      });
-    });
+      }),
+      (e) => {
+        const applied = e.senders.size === 0 ? undefined : e;
+        const err = expectTimeoutError(requestId, this.address, options.timeoutMs, applied);
+        this.failExpect(e, err, `timed out at the receiver ${this.address}`);
+      },
+    ).done;
   }
 
   private async receiveLoop(): Promise<void> {
@@ -140,14 +122,8 @@ export class ZmqReceiver {
     if (h.t !== 'data' && h.t !== 'notify') return;
     const e = this.expects.get(h.req);
     if (e === undefined) {
-      const why = this.tombstones.get(h.req) ?? 'not expected (unknown request)';
-      this.reply(identity, {
-        t: 'done',
-        req: h.req,
-        ok: false,
-        code: 'abort',
-        message: `request ${h.req} at ${this.address}: ${why}`,
-      });
+      const message = this.tombstones.notExpected(h.req, this.address);
+      this.reply(identity, { t: 'done', req: h.req, ok: false, code: 'abort', message });
       return;
     }
     e.senders.set(identity.toString('hex'), identity);
@@ -170,22 +146,13 @@ export class ZmqReceiver {
     for (const [i, d] of h.d.entries()) {
       const [region, offset, length] = d;
       const frame = pieces[i] as Buffer;
-      const bytes = this.regions.get(region);
-      const range = `region '${region}' offset ${offset} length ${length}`;
       let why: string | undefined;
       if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0)
         why = 'not a valid range';
       else if (frame.byteLength !== length) why = `its frame has ${frame.byteLength} bytes`;
-      else if (bytes === undefined) why = 'not a registered region';
-      else if (offset + length > bytes.byteLength) why = `outside the region's ${bytes.byteLength} bytes`;
-      else if (!e.allowed.covers(region, offset, offset + length)) why = 'outside the ranges allowed';
+      else why = refusal(region, offset, length, this.regions.get(region)?.byteLength, e.allowed);
       if (why !== undefined) {
-        this.refuse(
-          identity,
-          e,
-          'layout',
-          `request ${e.requestId}: write to ${range} refused at ${this.address}: ${why}`,
-        );
+        this.refuse(identity, e, 'layout', refusedMessage(e.requestId, d, this.address, why));
         return;
       }
     }
@@ -233,17 +200,13 @@ export class ZmqReceiver {
     clearTimeout(e.timer);
     this.expects.delete(e.requestId);
     this.tombstones.set(e.requestId, why);
-    if (this.tombstones.size > TOMBSTONES) {
-      const oldest = this.tombstones.keys().next().value as string;
-      this.tombstones.delete(oldest);
-    }
   }
 
   /** Aborts a pending expect (its known senders are told); false when there is none. */
   abort(requestId: string, reason: string): boolean {
     const e = this.expects.get(requestId);
     if (e === undefined) return false;
-    this.failExpect(e, new PdError('abort', `request ${requestId} aborted at ${this.address}: ${reason}`), reason);
+    this.failExpect(e, abortedError(requestId, this.address, reason), reason);
     return true;
   }
 

@@ -6,12 +6,13 @@
 import type * as Zmq from 'zeromq';
 
 import {
-  coalesceDescriptors,
-  describeRange,
-  type TransferDescriptor,
-  type TransferRun,
-  type TransferStats,
-} from './transfer-engine.js';
+  abortedError,
+  alreadyPending,
+  openPendingWrite,
+  type PendingWrite as PendingWriteBase,
+  prepareWrite,
+} from './transfer-common.js';
+import { describeRange, type TransferDescriptor, type TransferRun, type TransferStats } from './transfer-engine.js';
 import { PdError } from './types.js';
 import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
 
@@ -49,15 +50,7 @@ interface PeerLink {
   notices: number;
 }
 
-interface PendingWrite {
-  readonly requestId: string;
-  readonly link: PeerLink;
-  readonly timer: NodeJS.Timeout;
-  readonly stats: { bytes: number; descriptors: number; messages: number };
-  readonly resolve: (s: TransferStats) => void;
-  readonly reject: (e: PdError) => void;
-  settled: boolean;
-}
+type PendingWrite = PendingWriteBase<PeerLink>;
 
 /** P's half of a ZeroMQ transfer engine. */
 export class ZmqSender {
@@ -91,15 +84,19 @@ export class ZmqSender {
     notification: unknown,
     options: { timeoutMs: number },
   ): Promise<TransferStats> {
-    if (this.writes.has(requestId))
-      return Promise.reject(new Error(`write: request ${requestId} already has a pending write from ${this.address}`));
+    if (this.writes.has(requestId)) return Promise.reject(alreadyPending('write', requestId, this.address));
     let runs: TransferRun[];
     let notifyPayload: string | undefined;
     try {
-      runs = coalesceDescriptors(local, remote, this.maxBatchBytes, (id) => this.regions.get(id)?.byteLength);
-      notifyPayload = JSON.stringify(notification);
+      ({ runs, notifyPayload } = prepareWrite(
+        requestId,
+        local,
+        remote,
+        notification,
+        this.maxBatchBytes,
+        (id) => this.regions.get(id)?.byteLength,
+      ));
     } catch (err) {
-      if (err instanceof PdError) return Promise.reject(new PdError(err.code, `write ${requestId}: ${err.message}`));
       return Promise.reject(err);
     }
     let link: PeerLink;
@@ -110,35 +107,17 @@ export class ZmqSender {
         new PdError('peer', `write ${requestId}: cannot connect to ${peer}: ${(err as Error).message}`),
       );
     }
-    const done = new Promise<TransferStats>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const w = this.writes.get(requestId);
-        if (w === undefined || w.link !== link) return;
-        const err = link.connected
-          ? new PdError(
-              'timeout',
-              `request ${requestId}: peer ${peer} did not confirm the transfer within ${options.timeoutMs} ms ` +
-                `(${w.stats.descriptors} of ${runs.length} descriptors sent; the peer may be dead)`,
-            )
-          : new PdError(
-              'peer',
-              `request ${requestId}: peer ${peer} unreachable (no connection within ${options.timeoutMs} ms)`,
-            );
-        this.failWrite(w, err, 'timed out at the sender');
-      }, options.timeoutMs);
-      const w: PendingWrite = {
-        requestId,
-        link,
-        timer,
-        stats: { bytes: 0, descriptors: 0, messages: 0 },
-        resolve,
-        reject,
-        settled: false,
-      };
-      this.writes.set(requestId, w);
-      link.requests.add(requestId);
-    });
-    void this.sendAll(this.writes.get(requestId) as PendingWrite, runs, notifyPayload);
+    const { record: w, done } = openPendingWrite<PeerLink, PendingWrite>(
+      this.writes,
+      requestId,
+      peer,
+      link,
+      runs.length,
+      options.timeoutMs,
+      (base) => base,
+      (w, err, tell) => this.failWrite(w, err, tell),
+    );
+    void this.sendAll(w, runs, notifyPayload);
     return done;
   }
 
@@ -325,7 +304,7 @@ export class ZmqSender {
   abort(requestId: string, reason: string): boolean {
     const w = this.writes.get(requestId);
     if (w === undefined) return false;
-    this.failWrite(w, new PdError('abort', `request ${requestId} aborted at ${this.address}: ${reason}`), reason);
+    this.failWrite(w, abortedError(requestId, this.address, reason), reason);
     return true;
   }
 

@@ -32,13 +32,22 @@
  *
  * Files: this one (options, the engine, its creation), zmq-transfer-receiver.ts (D's half: the ROUTER and the
  * pending expects), zmq-transfer-sender.ts (P's half: the DEALER links and the pending writes),
- * zmq-transfer-protocol.ts (headers, the send queue, the allowed-range check).
+ * zmq-transfer-protocol.ts (headers, the send queue); what it shares with the NIXL engine (argument and range
+ * checks, the allowed ranges, pending-request timeouts and their errors, tombstones) is transfer-common.ts.
  */
 
 import type * as Zmq from 'zeromq';
 
+import {
+  checkTestHooks,
+  checkCall,
+  closeAtExit,
+  closedError,
+  countInflight,
+  type TransferTestHooks,
+} from './transfer-common.js';
 import type { TransferDescriptor, TransferEngine, TransferStats } from './transfer-engine.js';
-import { PdError, type MemoryRegion, type RegionRange } from './types.js';
+import type { MemoryRegion, PdError, RegionRange } from './types.js';
 import { ZmqReceiver } from './zmq-transfer-receiver.js';
 import { ZmqSender } from './zmq-transfer-sender.js';
 
@@ -58,27 +67,11 @@ export interface ZmqTransferEngineOptions {
   readonly testHooks?: ZmqTransferTestHooks;
 }
 
-export interface ZmqTransferTestHooks {
-  /**
-   * Sender: after this many descriptors (after coalescing) of a request were handed to ZeroMQ, call
-   * `onPause(requestId)` and send nothing more for that request (it stays pending until abort / timeout /
-   * close).
-   */
-  readonly pauseAfterDescriptors?: number;
-  readonly onPause?: (requestId: string) => void;
-  /** Receiver: called after each data message of a request was applied, with the request's running totals. */
-  readonly onApplied?: (requestId: string, applied: { descriptors: number; bytes: number }) => void;
-}
-
-/** A RangeError for a `timeoutMs` that is not a positive finite number of ms, else undefined. */
-function checkTimeout(method: string, timeoutMs: number): RangeError | undefined {
-  if (Number.isFinite(timeoutMs) && timeoutMs > 0) return undefined;
-  return new RangeError(`${method}: options.timeoutMs must be a positive number of ms, got ${timeoutMs}`);
-}
-
-/** Engines still open, closed at process exit (a zeromq socket left open then can abort the process). */
-const openEngines = new Set<ZmqTransferEngine>();
-let exitHandlerInstalled = false;
+/**
+ * The test hooks (transfer-common.ts): a descriptor counts as sent once handed to ZeroMQ; `onApplied` is called
+ * after each data message.
+ */
+export type ZmqTransferTestHooks = TransferTestHooks;
 
 /** The engine: its registered regions, a receiver (D's half) and a sender (P's half). */
 class ZmqTransferEngine implements TransferEngine {
@@ -86,6 +79,8 @@ class ZmqTransferEngine implements TransferEngine {
   private readonly receiver: ZmqReceiver;
   private readonly sender: ZmqSender;
   private closed = false;
+  /** Forgets this engine's exit hook (a zeromq socket left open at exit can abort the process). */
+  forgetAtExit: () => void = () => {};
 
   constructor(
     zmq: typeof Zmq,
@@ -99,9 +94,7 @@ class ZmqTransferEngine implements TransferEngine {
   }
 
   get inflight(): number {
-    let n = this.receiver.size;
-    for (const id of this.sender.requests()) if (!this.receiver.has(id)) n++;
-    return n;
+    return countInflight(this.receiver, this.sender.requests());
   }
 
   registerRegions(regions: readonly MemoryRegion[]): void {
@@ -114,9 +107,8 @@ class ZmqTransferEngine implements TransferEngine {
   }
 
   expect(requestId: string, allowed: readonly RegionRange[], options: { timeoutMs: number }): Promise<unknown> {
-    if (this.closed) return Promise.reject(this.closedError(requestId));
-    const badTimeout = checkTimeout('expect', options.timeoutMs);
-    if (badTimeout !== undefined) return Promise.reject(badTimeout);
+    const refused = checkCall('expect', this.address, this.closed, requestId, options.timeoutMs);
+    if (refused !== undefined) return Promise.reject(refused);
     return this.receiver.expect(requestId, allowed, options);
   }
 
@@ -128,9 +120,8 @@ class ZmqTransferEngine implements TransferEngine {
     notification: unknown,
     options: { timeoutMs: number },
   ): Promise<TransferStats> {
-    if (this.closed) return Promise.reject(this.closedError(requestId));
-    const badTimeout = checkTimeout('write', options.timeoutMs);
-    if (badTimeout !== undefined) return Promise.reject(badTimeout);
+    const refused = checkCall('write', this.address, this.closed, requestId, options.timeoutMs);
+    if (refused !== undefined) return Promise.reject(refused);
     return this.sender.write(peer, requestId, local, remote, notification, options);
   }
 
@@ -142,7 +133,7 @@ class ZmqTransferEngine implements TransferEngine {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    openEngines.delete(this);
+    this.forgetAtExit();
     this.receiver.close((id) => this.closedError(id));
     this.sender.close((id) => this.closedError(id));
   }
@@ -154,7 +145,7 @@ class ZmqTransferEngine implements TransferEngine {
   }
 
   private closedError(requestId: string): PdError {
-    return new PdError('abort', `request ${requestId}: the transfer engine at ${this.address} is closed`);
+    return closedError(requestId, this.address);
   }
 }
 
@@ -178,9 +169,7 @@ export async function createZmqTransferEngine(options: ZmqTransferEngineOptions 
   const maxBatchBytes = options.maxBatchBytes ?? DEFAULT_MAX_BATCH_BYTES;
   if (!Number.isSafeInteger(maxBatchBytes) || maxBatchBytes <= 0)
     throw new RangeError(`createZmqTransferEngine: maxBatchBytes must be a positive integer, got ${maxBatchBytes}`);
-  const pause = options.testHooks?.pauseAfterDescriptors;
-  if (pause !== undefined && (!Number.isSafeInteger(pause) || pause < 0))
-    throw new RangeError(`createZmqTransferEngine: testHooks.pauseAfterDescriptors must be ≥ 0, got ${pause}`);
+  checkTestHooks('createZmqTransferEngine', options.testHooks);
   const endpoint = `tcp://${host}:${port === 0 ? '*' : port}`;
   const zmq = await loadZmq();
   const router = new zmq.Router({ linger: 0 });
@@ -197,12 +186,6 @@ export async function createZmqTransferEngine(options: ZmqTransferEngineOptions 
     maxBatchBytes,
     options.testHooks ?? {},
   );
-  if (!exitHandlerInstalled) {
-    exitHandlerInstalled = true;
-    process.on('exit', () => {
-      for (const e of [...openEngines]) e.closeSockets();
-    });
-  }
-  openEngines.add(engine);
+  engine.forgetAtExit = closeAtExit(() => engine.closeSockets());
   return engine;
 }

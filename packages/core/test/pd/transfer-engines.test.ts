@@ -4,21 +4,28 @@
 // killed mid-request (fixtures/transfer-peer.mjs). Runs against dist/ (`npm run build:ts`). The NIXL engine needs
 // `npm run nixl:fetch` (npm test runs it); without it the NIXL cases fail under CI=true and are skipped loudly
 // elsewhere. Engine-specific wire details (ZeroMQ batches, raw peers) stay in zmq-transfer.test.ts.
-import { execFileSync, fork, type ChildProcess } from 'node:child_process';
-import * as path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 
 import { checksumRanges } from '../../dist/pd/checksum.js';
 import { nixlAvailable, nixlDir } from '../../dist/pd/nixl-library.js';
 import { createNixlTransferEngine } from '../../dist/pd/nixl-transfer.js';
-import type { TransferDescriptor, TransferEngine } from '../../dist/pd/transfer-engine.js';
-import { PdError, type RegionRange } from '../../dist/pd/types.js';
+import type { TransferEngine } from '../../dist/pd/transfer-engine.js';
 import { createZmqTransferEngine } from '../../dist/pd/zmq-transfer.js';
 import { prng, randomBytes } from '../io/helpers.js';
-
-const PEER = path.join(path.dirname(fileURLToPath(import.meta.url)), 'fixtures/transfer-peer.mjs');
+import {
+  appliedWatch,
+  expectedAfter,
+  firstDiff,
+  killed,
+  nextMessage,
+  pagePairs,
+  pageRanges,
+  rejection,
+  spawnPeer,
+  waitFor,
+} from './transfer-helpers.js';
 
 type Hooks = {
   pauseAfterDescriptors?: number;
@@ -26,13 +33,24 @@ type Hooks = {
   onApplied?: (requestId: string, applied: { descriptors: number; bytes: number }) => void;
 };
 
+/** `s` as a regular expression matching it literally. */
+const literal = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
 interface Kind {
   readonly name: 'zmq' | 'nixl';
   readonly create: (hooks?: Hooks) => Promise<TransferEngine>;
   readonly address: RegExp;
+  /** Transport messages of a write whose runs fit one batch: data (1 when it has descriptors) + this. */
+  readonly notifyMessages: number;
   /** How a receiver reports a sender killed mid-request, and a sender a receiver killed between requests. */
   readonly senderDeath: 'timeout' | 'peer';
   readonly receiverDeath: 'timeout' | 'peer';
+  /** The receiver's error when its sender died after `applied` (`'2 descriptors, 2048 bytes applied'`). */
+  readonly senderDeathMessage: (req: string, receiver: string, timeoutMs: number, applied: string) => string;
+  /** The sender's error for a write to a receiver that died after a first request completed. */
+  readonly receiverDeathMessage: (req: string, peer: string, timeoutMs: number) => RegExp;
+  /** The sender's error for a write to an address nobody listens on. */
+  readonly unreachableMessage: (req: string, peer: string, timeoutMs: number) => RegExp;
 }
 
 const KINDS: Kind[] = [
@@ -40,17 +58,35 @@ const KINDS: Kind[] = [
     name: 'zmq',
     create: (testHooks) => createZmqTransferEngine(testHooks === undefined ? {} : { testHooks }),
     address: /^tcp:\/\/127\.0\.0\.1:\d+$/,
+    notifyMessages: 1, // the notification is a message of its own
     // ZeroMQ hides connection loss: only the deadline tells
     senderDeath: 'timeout',
     receiverDeath: 'timeout',
+    senderDeathMessage: (req, receiver, timeoutMs, applied) =>
+      `request ${req}: transfer to ${receiver} not complete within ${timeoutMs} ms (${applied})`,
+    receiverDeathMessage: (req, peer, timeoutMs) =>
+      new RegExp(
+        `^${literal(`request ${req}: peer ${peer} did not confirm the transfer within ${timeoutMs} ms `)}` +
+          `${literal('(0 of 1 descriptors sent; the peer may be dead)')}$`,
+      ),
+    unreachableMessage: (req, peer, timeoutMs) =>
+      new RegExp(`^${literal(`request ${req}: peer ${peer} unreachable (no connection within ${timeoutMs} ms)`)}$`),
   },
   {
     name: 'nixl',
     create: (testHooks) => createNixlTransferEngine(testHooks === undefined ? {} : { testHooks }),
     address: /^nixl:\/\/127\.0\.0\.1:\d+$/,
+    notifyMessages: 0, // the notification rides on the NIXL write (or on the request message without one)
     // the control connection's close is seen at once
     senderDeath: 'peer',
     receiverDeath: 'peer',
+    senderDeathMessage: (req, receiver, _timeoutMs, applied) =>
+      `request ${req}: the sender's connection to ${receiver} closed (${applied}; the sender may be dead)`,
+    // the dead receiver's connection was dropped: the write connects anew and is refused
+    receiverDeathMessage: (req, peer) =>
+      new RegExp(`^${literal(`request ${req}: peer ${peer} unreachable: `)}.*ECONNREFUSED`),
+    unreachableMessage: (req, peer) =>
+      new RegExp(`^${literal(`request ${req}: peer ${peer} unreachable: `)}.*ECONNREFUSED`),
   },
 ];
 
@@ -69,67 +105,6 @@ afterEach(async () => {
 afterAll(() => {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
-
-function pagePairs(
-  pages: readonly (readonly [number, number])[],
-  pageBytes: number,
-): { local: TransferDescriptor[]; remote: TransferDescriptor[] } {
-  return {
-    local: pages.map(([s]) => ({ region: 'src', offset: s * pageBytes, length: pageBytes })),
-    remote: pages.map(([, d]) => ({ region: 'dst', offset: d * pageBytes, length: pageBytes })),
-  };
-}
-
-function pageRanges(pages: readonly number[], pageBytes: number): RegionRange[] {
-  return pages.map((p) => ({ region: 'dst', offset: p * pageBytes, length: pageBytes }));
-}
-
-function firstDiff(a: Uint8Array, b: Uint8Array): number {
-  if (a.length !== b.length) return Math.min(a.length, b.length);
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return i;
-  return -1;
-}
-
-function expectedAfter(
-  before: Uint8Array,
-  src: Uint8Array,
-  pages: readonly (readonly [number, number])[],
-  pageBytes: number,
-): Uint8Array {
-  const out = before.slice();
-  for (const [s, d] of pages) out.set(src.subarray(s * pageBytes, (s + 1) * pageBytes), d * pageBytes);
-  return out;
-}
-
-async function rejection(p: Promise<unknown>): Promise<PdError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(PdError);
-    return err as PdError;
-  }
-  throw new Error('expected a rejection, the promise resolved');
-}
-
-function appliedWatch() {
-  const seen = new Map<string, { descriptors: number; bytes: number }>();
-  const waiters: { req: string; n: number; resolve: (a: { descriptors: number; bytes: number }) => void }[] = [];
-  return {
-    onApplied(req: string, a: { descriptors: number; bytes: number }) {
-      seen.set(req, { ...a });
-      for (const w of [...waiters])
-        if (w.req === req && a.descriptors >= w.n) {
-          waiters.splice(waiters.indexOf(w), 1);
-          w.resolve({ ...a });
-        }
-    },
-    reached(req: string, n: number): Promise<{ descriptors: number; bytes: number }> {
-      const a = seen.get(req);
-      if (a !== undefined && a.descriptors >= n) return Promise.resolve(a);
-      return new Promise((resolve) => waiters.push({ req, n, resolve }));
-    },
-  };
-}
 
 describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
   const PAGE = 1024;
@@ -153,7 +128,9 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
   }
 
   run('reports its address', async () => {
-    expect((await engine()).address).toMatch(kind.address);
+    const a = await engine();
+    expect(a.address).toMatch(kind.address);
+    expect(Number(a.address.split(':')[2])).toBeGreaterThan(0); // port 0 asked: the port bound
   });
 
   run('integrity: contiguous and scattered runs land exactly; the digest matches; runs are coalesced', async () => {
@@ -171,7 +148,7 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     const got = b.expect('req-1', allowed, { timeoutMs: 10_000 });
     const stats = await a.write(b.address, 'req-1', local, remote, manifest, { timeoutMs: 10_000 });
     expect(await got).toEqual(manifest);
-    expect([stats.bytes, stats.descriptors]).toEqual([25 * PAGE, 1 + 5 + 1]);
+    expect(stats).toEqual({ bytes: 25 * PAGE, descriptors: 1 + 5 + 1, messages: 1 + kind.notifyMessages });
     expect(firstDiff(dst, expectedAfter(before, src, pages, PAGE))).toBe(-1);
     expect(checksumRanges(() => dst, remote)).toBe(manifest.rows[0]?.checksum);
     expect([a.inflight, b.inflight]).toEqual([0, 0]);
@@ -248,7 +225,8 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
       return r.p.write(r.d.address, `r${r.k}`, local, remote, { k: r.k }, { timeoutMs: 10_000 });
     });
     expect([p1.inflight, p2.inflight]).toEqual([6, 2]);
-    for (const s of await Promise.all(writes)) expect([s.bytes, s.descriptors]).toEqual([4 * PAGE, 1]);
+    for (const s of await Promise.all(writes))
+      expect(s).toEqual({ bytes: 4 * PAGE, descriptors: 1, messages: 1 + kind.notifyMessages });
     expect(await Promise.all(expects)).toEqual(reqs.map((r) => ({ k: r.k })));
     let want1 = new Uint8Array(64 * PAGE);
     let want2 = new Uint8Array(64 * PAGE);
@@ -282,8 +260,62 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     const [a, b] = [await engine(), await engine()];
     const got = b.expect('empty', [], { timeoutMs: 10_000 });
     const stats = await a.write(b.address, 'empty', [], [], { first: 42 }, { timeoutMs: 10_000 });
-    expect([stats.bytes, stats.descriptors]).toEqual([0, 0]);
+    expect(stats).toEqual({ bytes: 0, descriptors: 0, messages: kind.notifyMessages });
     expect(await got).toEqual({ first: 42 });
+  });
+
+  run('refuses a write into a region the receiver did not register, and past a region end', async () => {
+    const { a, b, dst, before } = await pair();
+    const eight = [{ region: 'src', offset: 0, length: 8 }];
+    const got = rejection(b.expect('nope', pageRanges([0], PAGE), { timeoutMs: 10_000 }));
+    const ghost = [{ region: 'ghost', offset: 0, length: 8 }];
+    const w = await rejection(a.write(b.address, 'nope', eight, ghost, 1, { timeoutMs: 10_000 }));
+    expect([w.code, (await got).code]).toEqual(['layout', 'layout']);
+    expect(w.message).toContain("region 'ghost' offset 0 length 8");
+    expect(w.message).toContain('not a registered region');
+
+    const got2 = rejection(b.expect('end', pageRanges([63], PAGE), { timeoutMs: 10_000 }));
+    const past = [{ region: 'dst', offset: 64 * PAGE - 4, length: 8 }];
+    const w2 = await rejection(a.write(b.address, 'end', eight, past, 1, { timeoutMs: 10_000 }));
+    expect(w2.code).toBe('layout');
+    expect(w2.message).toContain(`outside the region's ${64 * PAGE} bytes`);
+    expect((await got2).code).toBe('layout');
+    expect(firstDiff(dst, before)).toBe(-1);
+    expect([a.inflight, b.inflight]).toEqual([0, 0]);
+  });
+
+  run('refuses an allowed range outside a registered region at expect()', async () => {
+    const { b } = await pair();
+    const e = await rejection(b.expect('bad', [{ region: 'dst', offset: 64 * PAGE, length: 1 }], { timeoutMs: 100 }));
+    expect([e.code, e.message]).toEqual([
+      'layout',
+      `expect bad: allowed region 'dst' offset ${64 * PAGE} length 1: outside the region's ${64 * PAGE} bytes`,
+    ]);
+    const ghost = await rejection(b.expect('bad', [{ region: 'ghost', offset: 0, length: 1 }], { timeoutMs: 100 }));
+    expect(ghost.message).toBe("expect bad: allowed region 'ghost' offset 0 length 1: not a registered region");
+    expect(b.inflight).toBe(0);
+  });
+
+  run('refuses a timeout that is not a positive number of ms', async () => {
+    const { a, b } = await pair();
+    await expect(b.expect('t', [], { timeoutMs: 0 })).rejects.toThrow(
+      'expect: options.timeoutMs must be a positive number of ms, got 0',
+    );
+    await expect(a.write(b.address, 't', [], [], null, { timeoutMs: Number.NaN })).rejects.toThrow(
+      'write: options.timeoutMs must be a positive number of ms, got NaN',
+    );
+    expect([a.inflight, b.inflight]).toEqual([0, 0]);
+  });
+
+  run('refuses local layout errors before sending anything', async () => {
+    const { a, b } = await pair();
+    const local = [{ region: 'src', offset: 0, length: 8 }];
+    const e = await rejection(
+      a.write(b.address, 'x', local, [{ region: 'dst', offset: 0, length: 4 }], 1, { timeoutMs: 100 }),
+    );
+    expect(e.code).toBe('layout');
+    expect(e.message).toMatch(/^write x: descriptor 0: local length 8 differs from remote length 4/);
+    expect(a.inflight).toBe(0);
   });
 
   run('refuses a write outside the allowed ranges: nothing is written, both sides fail with layout', async () => {
@@ -300,9 +332,13 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     const w = await rejection(a.write(b.address, 'out', local, remote, null, { timeoutMs: 10_000 }));
     const e = await got;
     expect([w.code, e.code]).toEqual(['layout', 'layout']);
-    expect(e.message).toContain(`offset ${2 * PAGE} length ${3 * PAGE}`);
-    expect(e.message).toContain('outside the ranges allowed');
-    expect(firstDiff(dst, before)).toBe(-1);
+    // dst pages 2..4 coalesce into one run that leaves the allowed ranges: both sides name it and the receiver
+    for (const m of [w.message, e.message]) {
+      expect(m).toContain(`region 'dst' offset ${2 * PAGE} length ${3 * PAGE}`);
+      expect(m).toContain('outside the ranges allowed');
+      expect(m).toContain(b.address);
+    }
+    expect(firstDiff(dst, before)).toBe(-1); // nothing written, not even the allowed pages 2 and 3
     expect([a.inflight, b.inflight]).toEqual([0, 0]);
   });
 
@@ -314,10 +350,26 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     expect(unknown.message).toContain('not expected');
     const got = rejection(b.expect('gone', pageRanges([0], PAGE), { timeoutMs: 10_000 }));
     b.abort('gone', 'client went away');
-    expect((await got).message).toBe(`request gone aborted at ${b.address}: client went away`);
+    const e = await got;
+    expect([e.code, e.message]).toEqual(['abort', `request gone aborted at ${b.address}: client went away`]);
     const late = await rejection(a.write(b.address, 'gone', local, remote, null, { timeoutMs: 10_000 }));
     expect([late.code, late.message.includes('client went away')]).toEqual(['abort', true]);
     expect(firstDiff(dst, before)).toBe(-1);
+
+    // a request that completed: a second write under its id is answered, not written
+    const done = b.expect('twice', pageRanges([1], PAGE), { timeoutMs: 10_000 });
+    const once = pagePairs([[1, 1]], PAGE);
+    await a.write(b.address, 'twice', once.local, once.remote, null, { timeoutMs: 10_000 });
+    await done;
+    const after = dst.slice();
+    const again = pagePairs([[2, 1]], PAGE);
+    const second = await rejection(a.write(b.address, 'twice', again.local, again.remote, null, { timeoutMs: 10_000 }));
+    expect([second.code, second.message]).toEqual([
+      'abort',
+      `request twice: refused by ${b.address}: request twice at ${b.address}: already complete`,
+    ]);
+    expect(firstDiff(dst, after)).toBe(-1);
+    expect([a.inflight, b.inflight]).toEqual([0, 0]);
   });
 
   run('abort mid-transfer: the sender paused after 3 descriptors; exactly those landed; both sides end', async () => {
@@ -336,7 +388,7 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     const got = rejection(b.expect('p', allowed, { timeoutMs: 60_000 }));
     const w = rejection(a.write(b.address, 'p', local, remote, null, { timeoutMs: 60_000 }));
     expect(await watch.reached('p', 3)).toEqual({ descriptors: 3, bytes: 3 * PAGE });
-    await vi_waitFor(() => paused.length === 1);
+    await waitFor(() => paused.length === 1);
     expect(paused).toEqual(['p']);
     expect([a.inflight, b.inflight]).toEqual([1, 1]);
     a.abort('p', 'test abort');
@@ -383,7 +435,7 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     const one = [{ region: 'src', offset: 0, length: PAGE }];
     const w = await rejection(a.write(address, 'lost', one, one, 1, { timeoutMs: 300 }));
     expect(w.code).toBe('peer');
-    expect(w.message).toContain(`request lost: peer ${address} unreachable`);
+    expect(w.message).toMatch(kind.unreachableMessage('lost', address, 300));
     expect([a.inflight, b.inflight]).toEqual([0, 0]);
   });
 
@@ -391,54 +443,24 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     const { a, b } = await pair({ a: { pauseAfterDescriptors: 0 } });
     const { local, remote } = pagePairs([[0, 0]], PAGE);
     const e1 = rejection(b.expect('c1', pageRanges([0], PAGE), { timeoutMs: 60_000 }));
+    const e2 = rejection(b.expect('c2', pageRanges([0], PAGE), { timeoutMs: 60_000 }));
     const w1 = rejection(a.write(b.address, 'c1', local, remote, null, { timeoutMs: 60_000 }));
+    expect([a.inflight, b.inflight]).toEqual([1, 2]);
     await b.close();
     await a.close();
     // both close before either sees the other's socket close (no I/O turn in between): both end as closed
-    expect([(await e1).code, (await w1).code]).toEqual(['abort', 'abort']);
+    expect([(await e1).code, (await e2).code, (await w1).code]).toEqual(['abort', 'abort', 'abort']);
     expect((await e1).message).toBe(`request c1: the transfer engine at ${b.address} is closed`);
+    expect((await e2).message).toBe(`request c2: the transfer engine at ${b.address} is closed`);
+    expect((await w1).message).toBe(`request c1: the transfer engine at ${a.address} is closed`);
     expect([a.inflight, b.inflight]).toEqual([0, 0]);
     expect((await rejection(b.expect('c3', [], { timeoutMs: 10 }))).code).toBe('abort');
     expect((await rejection(a.write(b.address, 'c3', [], [], null, { timeoutMs: 10 }))).code).toBe('abort');
-    await a.close();
+    await a.close(); // idempotent
   });
 
   describe('a peer process killed mid-request', () => {
     const BYTES = 64 * 1024;
-
-    function spawnPeer(args: string[]): Promise<{ child: ChildProcess; address: string }> {
-      const child = fork(PEER, args, {
-        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-        env: { ...process.env, SPECD_TEST_TRANSFER: kind.name },
-      });
-      children.push(child);
-      return new Promise((resolve, reject) => {
-        child.on('message', (m: { address?: string }) => {
-          if (m.address !== undefined) resolve({ child, address: m.address });
-        });
-        child.once('exit', (code) => reject(new Error(`transfer peer exited (${code}) before reporting its address`)));
-      });
-    }
-
-    function nextMessage<T>(child: ChildProcess, pick: (m: T) => boolean): Promise<T> {
-      return new Promise((resolve) => {
-        const on = (m: T) => {
-          if (pick(m)) {
-            child.off('message', on);
-            resolve(m);
-          }
-        };
-        child.on('message', on);
-      });
-    }
-
-    function killed(child: ChildProcess): Promise<void> {
-      return new Promise((resolve) => {
-        if (child.exitCode !== null || child.signalCode !== null) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGKILL');
-      });
-    }
 
     run(
       'a sender killed after 2 descriptors: exactly those landed; the receiver fails',
@@ -448,7 +470,7 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
         const d = await engine({ onApplied: watch.onApplied });
         const dst = new Uint8Array(BYTES);
         d.registerRegions([{ id: 'dst', bytes: dst }]);
-        const { child } = await spawnPeer(['sender', String(BYTES), '2']);
+        const { child } = await spawnPeer(['sender', String(BYTES), '2'], kind.name, children);
         const page = 1024;
         const pages: [number, number][] = [0, 1, 2, 3, 4].map((i) => [3 * i, i]);
         const { local, remote } = pagePairs(pages, page);
@@ -460,7 +482,9 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
         await killed(child);
         const e = await got;
         expect(e.code).toBe(kind.senderDeath);
-        expect(e.message).toContain(`(2 descriptors, ${2 * page} bytes applied`);
+        expect(e.message).toBe(
+          kind.senderDeathMessage('killed-p', d.address, 1000, `2 descriptors, ${2 * page} bytes applied`),
+        );
         const src = new Uint8Array(BYTES);
         for (let i = 0; i < src.length; i++) src[i] = (i * 7 + 3) & 255; // the fixture's fill
         expect(firstDiff(dst, expectedAfter(new Uint8Array(BYTES), src, pages.slice(0, 2), page))).toBe(-1);
@@ -476,7 +500,7 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
       async () => {
         const p = await engine();
         p.registerRegions([{ id: 'src', bytes: randomBytes(BYTES, prng(22)) }]);
-        const { child, address } = await spawnPeer(['receiver', String(BYTES)]);
+        const { child, address } = await spawnPeer(['receiver', String(BYTES)], kind.name, children);
         const desc = [{ region: 'src', offset: 0, length: 4096 }];
         const target = [{ region: 'dst', offset: 0, length: 4096 }];
         const settled = nextMessage<{ settled?: string }>(child, (m) => m.settled === 'one');
@@ -489,8 +513,12 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
         await killed(child);
         const e = await rejection(p.write(address, 'two', desc, target, null, { timeoutMs: 500 }));
         expect(e.code).toBe(kind.receiverDeath);
-        expect(e.message).toContain(`request two: peer ${address}`);
+        expect(e.message).toMatch(kind.receiverDeathMessage('two', address, 500));
         expect(p.inflight).toBe(0);
+        // the connection to the dead peer was dropped; a new one never forms
+        const e3 = await rejection(p.write(address, 'three', desc, target, null, { timeoutMs: 500 }));
+        expect(e3.code).toBe('peer');
+        expect(e3.message).toMatch(kind.unreachableMessage('three', address, 500));
       },
     );
   });
@@ -515,8 +543,3 @@ describe('the NIXL library missing', () => {
     ]);
   });
 });
-
-/** Polls `cond` every 5 ms (the pause hook fires from the sender's poll loop, after the first batch completed). */
-async function vi_waitFor(cond: () => boolean): Promise<void> {
-  while (!cond()) await new Promise((r) => setTimeout(r, 5));
-}
