@@ -265,7 +265,8 @@ try {
 // kimi-k3-tiny through the configs/kimi-k3-tiny-*.json configs: aggregated `specd serve` (no drafter) vs PD no-spec
 // vs PD + each drafter, with each transfer engine, at each concurrency, on the same requests: the longest prompts the
 // model allows (max_position_embeddings − max_tokens; test/prompts' prose and code token ids, concatenated), greedy,
-// streamed. Per request the client measures TTFT, TPOT and E2E and reads the router's waterfall; per run τ comes
+// streamed; every configuration's servers run at once and the configurations alternate wave by wave (waves of C
+// requests). Per request the client measures TTFT, TPOT and E2E and reads the router's waterfall; per run τ comes
 // from the decoding server's counters. Prints the tables (bench/pd-report.mjs) and writes docs/pd-waterfall.svg.
 //   node bench/pd.mjs --quick                 (section 4 only: 8 requests, 16 new tokens)
 //   node bench/pd.mjs --sections 4 --requests 32 --concurrency 1,8 --max-tokens 256 --engines zmq,nixl
@@ -371,35 +372,22 @@ async function production() {
     return ['accepted_tokens', 'verify_steps', 'drafts'].map((k) => val(m, `specd_spec_decode_num_${k}_total`));
   };
 
-  const rows = [];
-  const reference = []; // aggregated texts, prompt by prompt (greedy: every configuration must give the same)
-  /** Runs every prompt at concurrency C against `url` (`decoder`: the server whose counters give τ). */
-  const runAt = async (row, url, decoder, C) => {
-    await complete(url, prompts[0].slice(0, 64), 2); // warm-up
-    const before = await counters(decoder);
-    const results = new Array(requests);
-    let next = 0;
+  /**
+   * Sends prompts [from, to) together to `run`'s server (one wave of up to C requests) and adds the wave's
+   * duration, results and counter changes to `run`.
+   */
+  const wave = async (run, from, to) => {
+    const before = await counters(run.decoder);
     const t0 = performance.now();
-    await Promise.all(
-      Array.from({ length: C }, async () => {
-        for (let i = next++; i < requests; i = next++) results[i] = await complete(url, prompts[i], maxTokens);
-      }),
-    );
-    row.durationMs = performance.now() - t0;
-    const after = await counters(decoder);
-    const [acc, steps, drafts] = after.map((a, k) => a - before[k]);
-    row.tau = drafts > 0 ? (acc + steps) / steps : undefined;
-    for (const q of results) {
-      if (!q.ok || row.path !== 'pd') continue;
-      const w = await fetch(`${url}/pd/waterfall/${encodeURIComponent(q.requestId)}`);
-      if (w.status === 200) q.waterfall = await w.json();
-    }
-    if (row.path === 'agg' && reference.length === 0) reference.push(...results.map((q) => q.text));
-    row.sameAsAggregated = results.filter((q, i) => q.ok && q.text === reference[i]).length;
-    row.requests = results;
-    for (const q of results) if (!q.ok) console.log(`${report.label(row)}: failed: ${q.error}`);
-    rows.push(row);
-    console.log(`  ${report.label(row)}: ${(row.durationMs / 1000).toFixed(1)} s`);
+    const results = await Promise.all(prompts.slice(from, to).map((prompt) => complete(run.url, prompt, maxTokens)));
+    run.durationMs += performance.now() - t0;
+    const after = await counters(run.decoder);
+    after.forEach((a, k) => {
+      run.counts[k] += a - before[k];
+    });
+    results.forEach((q, j) => {
+      run.requests[from + j] = q;
+    });
   };
 
   const quiet = ['--log-level', 'warn', '--port', '0'];
@@ -407,9 +395,9 @@ async function production() {
     `\n4. production report, kimi-k3-tiny, ${requests} requests of ${promptTokens} prompt tokens, ${maxTokens} new ` +
       `tokens, greedy, streamed; C = ${concurrency.join(', ')}; engines ${engines.join(', ')}:`,
   );
+  // every configuration's servers at once (idle ones take no CPU), so that the configurations alternate
   const agg = await start(['serve', ...quiet, '--config', configFile('none', 'zmq')]);
-  for (const C of concurrency) await runAt({ path: 'agg', drafter: 'none', concurrency: C }, agg, agg, C);
-  for (const c of procs.splice(-1)) c.kill('SIGTERM');
+  const setups = [{ path: 'agg', drafter: 'none', url: agg, decoder: agg }];
   for (const drafter of drafters)
     for (const engine of engines) {
       const cfg = ['--config', configFile(drafter, engine)];
@@ -418,9 +406,33 @@ async function production() {
         start(['serve', '--role', 'decode', ...quiet, ...cfg]),
       ]);
       const router = await start(['router', '--prefill', p, '--decode', d, ...quiet, ...cfg]);
-      for (const C of concurrency) await runAt({ path: 'pd', drafter, engine, concurrency: C }, router, d, C);
-      for (const c of procs.splice(-3)) c.kill('SIGTERM');
+      setups.push({ path: 'pd', drafter, engine, url: router, decoder: d });
     }
+  for (const s of setups) await complete(s.url, prompts[0].slice(0, 64), 2); // warm-up
+
+  // at each C: waves of C requests; wave k runs on every configuration in turn, the order reversed every other wave
+  const rows = [];
+  for (const C of concurrency) {
+    const runs = setups.map((s) => ({ ...s, concurrency: C, durationMs: 0, counts: [0, 0, 0], requests: [] }));
+    for (let k = 0; k * C < requests; k++)
+      for (const run of k % 2 === 0 ? runs : [...runs].reverse())
+        await wave(run, k * C, Math.min(requests, (k + 1) * C));
+    rows.push(...runs);
+    for (const r of runs) console.log(`  ${report.label(r)}: ${(r.durationMs / 1000).toFixed(1)} s`);
+  }
+  const reference = rows[0].requests.map((q) => q.text); // aggregated at the first C: greedy, all must equal it
+  for (const row of rows) {
+    const [acc, steps, drafts] = row.counts;
+    row.tau = drafts > 0 ? (acc + steps) / steps : undefined;
+    row.sameAsAggregated = row.requests.filter((q, i) => q.ok && q.text === reference[i]).length;
+    for (const q of row.requests) {
+      if (!q.ok) console.log(`${report.label(row)}: failed: ${q.error}`);
+      else if (row.path === 'pd') {
+        const w = await fetch(`${row.url}/pd/waterfall/${encodeURIComponent(q.requestId)}`);
+        if (w.status === 200) q.waterfall = await w.json();
+      }
+    }
+  }
 
   console.log(
     '\nServing (TTFT: send → first streamed text; TPOT: (E2E − TTFT) / (output tokens − 1); τ: tokens per verify ' +
