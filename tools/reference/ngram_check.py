@@ -35,7 +35,8 @@ def grams(ids: list[int], n: int = N) -> set[tuple[int, ...]]:
 def template_grams(tok) -> set[tuple[int, ...]]:
     """8-grams of the text around `{x}` in every chat task rendered with ChatML: the token ids shared by two
     renderings with different snippets (common prefix and suffix). A snippet that merges differently with the text
-    next to it (a leading space or digit) makes its boundary 8-grams count as content: the check errs towards dropping."""
+    next to it (a leading space or digit) makes its boundary 8-grams count as content: the check errs towards
+    dropping."""
     out: set[tuple[int, ...]] = set()
     for task in PROSE_TASKS + CODE_TASKS:
         a, b = (tok.encode(chatml([{"role": "user", "content": task.format(x=x)}])).ids
