@@ -54,7 +54,8 @@ def main():
           "## Data and training",
           f"The target's own continuations (`regen_smollm2.py gen`): {meta['sequences']} rows of {meta['length']} tokens "
           f"= a prompt (mean {meta['mean_prompt_len']:.0f} tokens; half ChatML chat turns built from corpus snippets with "
-          f"instructions, half raw corpus snippets, from the train splits of brown/nlp/sotu/TypeScript) + the target's "
+          f"instructions, half raw corpus snippets, from the train splits of brown/nlp/sotu/TypeScript, none sharing a "
+          f"content 8-gram with a held-out prompt: `ngram_check.py`) + the target's "
           f"continuation (EOS ignored), batches alternating temperatures {meta['temperatures']}. "
           f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
           f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafters on one GPU), "
