@@ -2,17 +2,20 @@
 // the measured rows, no I/O. A row is one configuration (path, drafter, transfer engine, concurrency) with its
 // requests' client-side timings (ms), token counts, the router's waterfalls (`GET /pd/waterfall/<id>`,
 // packages/core/src/pd/waterfall.ts) and τ from the decoding server's counters.
+import { WATERFALL_PHASES } from '@specd/core';
 
+/** The chart's colour of each waterfall phase. */
+const COLOURS = {
+  router: '#8c564b',
+  prefill_queue: '#bcbd22',
+  prefill_forward: '#1f77b4',
+  bootstrap: '#9467bd',
+  transfer_wait: '#d62728',
+  decode_queue: '#ff7f0e',
+  decode_first_step: '#2ca02c',
+};
 /** The waterfall phases in order (pd/waterfall.ts WATERFALL_PHASES), with the chart's colours. */
-export const PHASES = [
-  ['router', '#8c564b'],
-  ['prefill_queue', '#bcbd22'],
-  ['prefill_forward', '#1f77b4'],
-  ['bootstrap', '#9467bd'],
-  ['transfer_wait', '#d62728'],
-  ['decode_queue', '#ff7f0e'],
-  ['decode_first_step', '#2ca02c'],
-];
+export const PHASES = WATERFALL_PHASES.map((p) => [p, COLOURS[p]]);
 /** TTFT − Σ phases: network hops and HTTP plumbing (not a phase; drawn after them in grey). */
 const GAP = ['gap (HTTP, hops)', '#c7c7c7'];
 export const PAYLOAD_KINDS = ['target_kv', 'linear_state', 'draft_context'];

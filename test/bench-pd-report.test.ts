@@ -1,20 +1,13 @@
 // bench/pd-report.mjs, the production report's tables and waterfall chart of `npm run bench:pd` (section 4), on
 // hand-made rows: the statistics (means, nearest-rank P95, TPOT, throughput, τ), the mean waterfall and payload
 // ratios, and the SVG (one stacked bar per PD configuration whose segments are the phases in ms, a legend).
+import { WATERFALL_PHASES } from '@specd/core';
 import { describe, expect, it } from 'vitest';
 
 // a plain ES module of the benches (no declarations; vitest transpiles without type-checking)
 import * as report from '../bench/pd-report.mjs';
 
-const PHASES = [
-  'router',
-  'prefill_queue',
-  'prefill_forward',
-  'bootstrap',
-  'transfer_wait',
-  'decode_queue',
-  'decode_first_step',
-];
+const PHASES = WATERFALL_PHASES;
 /** A waterfall whose phases are 1, 2, …, 7 ms × `k`, TTFT = 30 k ms, payload (1024, 0, `draft`) bytes. */
 const waterfall = (k: number, draft: number) => ({
   ttft_ms: 30 * k,

@@ -6,6 +6,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { WATERFALL_PHASES } from '@specd/core';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, expect } from 'vitest';
 
@@ -187,16 +188,8 @@ export interface WaterfallJson {
   readonly decode_reserve_ms: number;
 }
 
-/** The waterfall phases, in order (pd/waterfall.ts WATERFALL_PHASES). */
-export const PHASES = [
-  'router',
-  'prefill_queue',
-  'prefill_forward',
-  'bootstrap',
-  'transfer_wait',
-  'decode_queue',
-  'decode_first_step',
-] as const;
+/** The waterfall phases, in order (pd/waterfall.ts). */
+export const PHASES = WATERFALL_PHASES;
 
 /**
  * Posts a completion to the router and reads its waterfall. @returns the OpenAI answer's text (the stream's chunks
