@@ -43,6 +43,22 @@ export function drafterBranch(dir: string | undefined): Record<string, unknown> 
   return { method, path: dir, num_draft_tokens: c.block_size === undefined ? 4 : c.block_size - 1 };
 }
 
+/**
+ * {@link startSpecd} for a process that loads NIXL, started once more if the first one died of SIGSEGV before
+ * reporting its URL. A known open bug (issue 17): about one start in five of a NIXL prefill instance under load has
+ * crashed this way in CI-like runs, cause not yet found; the retry is printed loudly so the bug stays visible, and
+ * a second crash fails the test.
+ */
+export async function startSpecdNixl(...args: Parameters<typeof startSpecd>): Promise<SpecdProcess> {
+  try {
+    return await startSpecd(...args);
+  } catch (err) {
+    if (!/exited \(SIGSEGV\) before reporting/.test((err as Error).message)) throw err;
+    console.warn(`!!! KNOWN BUG (issue 17): a NIXL specd process crashed at start, retrying once:\n${String(err)}`);
+    return startSpecd(...args);
+  }
+}
+
 /** A running specd process and the URL it reported. */
 export interface SpecdProcess {
   readonly child: ChildProcess;

@@ -22,6 +22,7 @@ import {
   MODELS,
   type SpecdProcess,
   startSpecd,
+  startSpecdNixl,
   stopAll,
   type WaterfallJson,
 } from './pd-cluster.js';
@@ -81,7 +82,7 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       // NIXL: UCX over TCP only (its shared-memory transports would bypass the namespaces' links)
       const env: Record<string, string> = transfer === 'nixl' ? { UCX_TLS: 'tcp' } : {};
       const serve = (role: string, host: string): Promise<SpecdProcess> =>
-        startSpecd(
+        (transfer === 'nixl' ? startSpecdNixl : startSpecd)(
           [
             'serve',
             '--config',

@@ -25,6 +25,7 @@ import {
   type SpecdProcess,
   startRouter,
   startSpecd,
+  startSpecdNixl,
   stopAll,
   tempDir,
   until,
@@ -58,8 +59,8 @@ const SERVE = (file: string): string[] => ['serve', '--config', file, '--port', 
 async function cluster(file: string, procs: (SpecdProcess | undefined)[], prefillArgs: string[] = []) {
   const [a, p, d] = await Promise.all([
     startSpecd(SERVE(file)),
-    startSpecd([...SERVE(file), '--role', 'prefill', ...prefillArgs]),
-    startSpecd([...SERVE(file), '--role', 'decode']),
+    startSpecdNixl([...SERVE(file), '--role', 'prefill', ...prefillArgs]),
+    startSpecdNixl([...SERVE(file), '--role', 'decode']),
   ]);
   procs.push(a, p, d);
   const r = await startRouter(p, d, file);
@@ -131,8 +132,8 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
     const procs: (SpecdProcess | undefined)[] = [];
     try {
       const [p, d] = await Promise.all([
-        startSpecd([...SERVE(file), '--role', 'prefill'], 120_000, { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' }),
-        startSpecd([...SERVE(file), '--role', 'decode']),
+        startSpecdNixl([...SERVE(file), '--role', 'prefill'], 120_000, { SPECD_PD_TEST_PAUSE_AFTER_DESCRIPTORS: '1' }),
+        startSpecdNixl([...SERVE(file), '--role', 'decode']),
       ]);
       procs.push(p, d);
       const r = await startRouter(p, d, file);
