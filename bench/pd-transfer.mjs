@@ -9,7 +9,8 @@
 // holds D's acknowledgement (D applied everything; includes the notification round trip), median of --reps:
 //   contiguous: one range (one coalesced run: the engines' bandwidth);
 //   pages:      16 KiB pages scattered on D (every other page: one descriptor per page, as a KV page list).
-// Engines: zmq; nixl (UCX's own transport choice: shared memory / CMA on one host); nixl tcp (UCX_TLS=tcp).
+// Engines: zmq; nixl (UCX's own transport choice: shared memory / CMA on one host); nixl tcp (UCX_TLS=tcp);
+// nixl thread (NIXL's own progress thread, option progressThread: off by default, see nixl-transfer.ts).
 // The variants alternate within each round (the machine is shared: ratios of one run are what to compare).
 import { fork } from 'node:child_process';
 import { cpus, loadavg } from 'node:os';
@@ -27,6 +28,7 @@ const PAGE = 16 << 10;
 
 async function makeEngine(kind) {
   if (kind === 'zmq') return createZmqTransferEngine({});
+  if (kind === 'nixl thread') return createNixlTransferEngine({ progressThread: true });
   return createNixlTransferEngine(kind === 'nixl tcp' ? { ucxTls: 'tcp' } : {});
 }
 
@@ -51,7 +53,7 @@ if (argv[0] === '--peer') {
     .split(',')
     .map((s) => Number(s) * MB);
   const reps = Number(arg('reps', '5'));
-  const kinds = nixlAvailable() ? ['zmq', 'nixl', 'nixl tcp'] : ['zmq'];
+  const kinds = nixlAvailable() ? ['zmq', 'nixl', 'nixl tcp', 'nixl thread'] : ['zmq'];
   if (kinds.length === 1) console.warn(`NIXL not at ${nixlDir()}: run \`npm run nixl:fetch\`; measuring zmq only`);
   const maxBytes = Math.max(...sizes);
   const self = fileURLToPath(import.meta.url);

@@ -45,9 +45,10 @@ export function drafterBranch(dir: string | undefined): Record<string, unknown> 
 
 /**
  * {@link startSpecd} for a process that loads NIXL, started once more if the first one died of SIGSEGV before
- * reporting its URL. A known open bug (issue 17): about one start in five of a NIXL prefill instance under load has
- * crashed this way in CI-like runs, cause not yet found; the retry is printed loudly so the bug stays visible, and
- * a second crash fails the test.
+ * reporting its URL. Under load about one start in five of a NIXL prefill instance crashed this way while the
+ * engine ran NIXL's progress thread (heap corruption; the engine has run without it since, see nixl-transfer.ts
+ * `progressThread`). Kept as a tripwire: a retry is printed loudly so a recurrence stays visible, and a second
+ * crash fails the test.
  */
 export async function startSpecdNixl(...args: Parameters<typeof startSpecd>): Promise<SpecdProcess> {
   try {

@@ -261,6 +261,7 @@ export interface RawAddon {
   mlaAttentionAsync(...args: MlaAttentionRawArgs): Promise<void>;
   // nixl.cc (handles are opaque)
   nixlLoad(capiPath: string): void;
+  /** progressDelayUs 0: no NIXL progress thread. */
   nixlCreateAgent(name: string, progressDelayUs: number): NixlHandle;
   nixlCreateBackend(agent: NixlHandle, plugin: string): NixlHandle;
   nixlAddress(bytes: Uint8Array): number;

@@ -6,8 +6,10 @@
 // JS entry points (wrapped by packages/core/src/pd/nixl-transfer.ts; every handle is an opaque External):
 //   nixlLoad(capiPath: string) -> undefined            dlopen(RTLD_NOW|RTLD_LOCAL) + dlsym of every function below;
 //                                                     throws Error(code ERR_SPECD_NIXL_MISSING) naming dlerror()
-//   nixlCreateAgent(name: string, progressDelayUs: 1..1e6) -> agent   nixlAgent with a progress thread that waits
-//                                                     for UCX events in poll(), timeout progressDelayUs (ms-rounded)
+//   nixlCreateAgent(name: string, progressDelayUs: 0..1e6) -> agent   nixlAgent; 0: no progress thread (the caller
+//                                                     progresses UCX through nixlXferStatus / nixlGetNotifs, all on
+//                                                     one thread); else a progress thread that waits for UCX events
+//                                                     in poll(), timeout progressDelayUs (ms-rounded)
 //   nixlCreateBackend(agent, plugin: string) -> backend   the plugin's default parameters (e.g. "UCX")
 //   nixlRegister(agent, backend, bytes: Uint8Array) -> number   registers DRAM [addr, addr + length); returns addr
 //   nixlDeregister(agent, backend, addr: number, length: number) -> undefined
@@ -218,10 +220,11 @@ Napi::Value CreateAgentBinding(const Napi::CallbackInfo& info) {
   RequireLoaded(info.Env(), "nixlCreateAgent");
   ArgReader args(info, "nixlCreateAgent");
   const std::string name = args.String(0, "name");
-  const int64_t delay_us = args.Int(1, "progressDelayUs", 1, 1000000);
-  // A progress thread (so UCX moves bytes without the event loop) that sleeps in poll() on the workers' event fds
-  // with a timeout of delay_us rounded up to ms; the C API's default (delay 0) makes that poll() spin a core.
-  const AgentConfig cfg{true, false, 0, 0, 1, static_cast<uint64_t>(delay_us), 100000, false};
+  const int64_t delay_us = args.Int(1, "progressDelayUs", 0, 1000000);
+  // delay_us > 0: a progress thread (so UCX moves bytes without the event loop) that sleeps in poll() on the workers'
+  // event fds with a timeout of delay_us rounded up to ms (the C API's default delay, 0, makes that poll() spin a
+  // core). delay_us == 0: no progress thread; UCX then runs only inside the caller's NIXL calls.
+  const AgentConfig cfg{delay_us > 0, false, 0, 0, 1, static_cast<uint64_t>(delay_us), 100000, false};
   Handle agent = nullptr;
   Check(info.Env(), "nixlCreateAgent", "nixl_capi_create_configured_agent",
         g_api.create_configured_agent(name.c_str(), &cfg, &agent));

@@ -101,7 +101,14 @@ export interface NixlTransferEngineOptions {
    * `'sm,self'`; default: the process's `UCX_TLS`, else UCX's own choice (shared memory and TCP on one host).
    */
   readonly ucxTls?: string;
-  /** NIXL's progress thread's poll() timeout, µs (default {@link DEFAULT_PROGRESS_DELAY_US}). */
+  /**
+   * Run NIXL's own progress thread (default false). Without it UCX progresses only inside this engine's NIXL calls
+   * on the event-loop thread, which polls while a transfer is pending (every {@link POLL_MS} ms); with it, NIXL
+   * 1.5.1's progress thread runs beside those calls, and here about one run of the transfer suite in twenty then
+   * died of a corrupted heap (SIGSEGV in malloc; docs/BENCHMARKS.md, "PD transfer engines").
+   */
+  readonly progressThread?: boolean;
+  /** NIXL's progress thread's poll() timeout, µs (default {@link DEFAULT_PROGRESS_DELAY_US}; with `progressThread`). */
   readonly progressDelayUs?: number;
   /**
    * Fault points for tests only (transfer-common.ts): the sender posts only the first `pauseAfterDescriptors`
@@ -233,7 +240,7 @@ class NixlTransferEngine implements TransferEngine {
   /** Poll at every event-loop turn until then (performance.now() ms). */
   private spinUntil = 0;
   private closed = false;
-  /** Forgets this engine's exit hook (NIXL's progress thread must stop before the process ends). */
+  /** Forgets this engine's exit hook (NIXL's and UCX's threads must stop before the process ends). */
   forgetAtExit: () => void = () => {};
 
   constructor(
@@ -797,7 +804,7 @@ export async function createNixlTransferEngine(options: NixlTransferEngineOption
   const delay = options.progressDelayUs ?? DEFAULT_PROGRESS_DELAY_US;
   if (!Number.isSafeInteger(delay) || delay < 1 || delay > 1_000_000)
     throw new RangeError(`createNixlTransferEngine: progressDelayUs must be an integer in [1, 1e6], got ${delay}`);
-  const agent = api.nixlCreateAgent(name, delay);
+  const agent = api.nixlCreateAgent(name, options.progressThread === true ? delay : 0);
   let backend: NixlHandle;
   const savedTls = process.env.UCX_TLS;
   try {

@@ -64,10 +64,11 @@ const KINDS: Kind[] = [
     receiverDeath: 'timeout',
     senderDeathMessage: (req, receiver, timeoutMs, applied) =>
       `request ${req}: transfer to ${receiver} not complete within ${timeoutMs} ms (${applied})`,
+    // 0 of 1 when ZeroMQ already saw the connection drop, 1 of 1 when it queued the descriptor first (load)
     receiverDeathMessage: (req, peer, timeoutMs) =>
       new RegExp(
         `^${literal(`request ${req}: peer ${peer} did not confirm the transfer within ${timeoutMs} ms `)}` +
-          `${literal('(0 of 1 descriptors sent; the peer may be dead)')}$`,
+          `\\([01]${literal(' of 1 descriptors sent; the peer may be dead)')}$`,
       ),
     unreachableMessage: (req, peer, timeoutMs) =>
       new RegExp(`^${literal(`request ${req}: peer ${peer} unreachable (no connection within ${timeoutMs} ms)`)}$`),
@@ -427,10 +428,11 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
       'timeout',
       `request idle: transfer to ${b.address} not complete within 200 ms (no sender seen)`,
     ]);
+    // the sender exists before the port is freed: it cannot bind that port itself and write to itself
+    const a = await engine();
     const gone = await kind.create();
     const address = gone.address;
     await gone.close();
-    const a = await engine();
     a.registerRegions([{ id: 'src', bytes: new Uint8Array(PAGE) }]);
     const one = [{ region: 'src', offset: 0, length: PAGE }];
     const w = await rejection(a.write(address, 'lost', one, one, 1, { timeoutMs: 300 }));
