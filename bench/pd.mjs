@@ -270,7 +270,7 @@ try {
 // from the decoding server's counters. Prints the tables (bench/pd-report.mjs) and writes docs/pd-waterfall.svg.
 //   node bench/pd.mjs --quick                 (section 4 only: 8 requests, 16 new tokens)
 //   node bench/pd.mjs --sections 4 --requests 32 --concurrency 1,8 --max-tokens 256 --engines zmq,nixl
-//     [--drafters dflash,dspark,eagle3] [--prompt-tokens N] [--svg docs/pd-waterfall.svg]
+//     [--drafters dflash,dflash-swa,dspark,eagle3] [--prompt-tokens N] [--svg docs/pd-waterfall.svg]
 async function production() {
   const { nixlAvailable } = await import('@specd/core');
   const report = await import('./pd-report.mjs');
@@ -278,7 +278,7 @@ async function production() {
   const concurrency = arg('concurrency', '1,8').split(',').map(Number);
   const maxTokens = Number(arg('max-tokens', QUICK ? '16' : '256'));
   const engines = arg('engines', 'zmq,nixl').split(',');
-  const drafters = ['none', ...arg('drafters', 'dflash,dspark,eagle3').split(',')];
+  const drafters = ['none', ...arg('drafters', 'dflash,dflash-swa,dspark,eagle3').split(',')];
   const svgPath = resolve(ROOT, arg('svg', 'docs/pd-waterfall.svg'));
   if (engines.includes('nixl') && !nixlAvailable())
     throw new Error('bench:pd: the NIXL library is missing: run `npm run nixl:fetch` (or pass --engines zmq)');

@@ -174,8 +174,9 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
     t: LoadedTarget,
     p: Drafter,
     pickFirst?: (prompt: Int32Array) => number,
+    text = PROMPT,
   ): { prompt: Int32Array; first: number } {
-    const prompt = t.tokenizer.encode(PROMPT, { addSpecialTokens: false });
+    const prompt = t.tokenizer.encode(text, { addSpecialTokens: false });
     const n = prompt.length;
     const cache = new SequenceCache(t.model.cacheGeometry, { pageSize: 16, numPages: 16, numSlots: 1 });
     cache.add(SEQ);
@@ -287,6 +288,76 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
       expect(kinds.has('draft-kv'), path.basename(dir)).toBe(true);
       // a drafter that continues from a per-sequence feature declares it (EAGLE-3's g)
       if (method === 'eagle3') expect(kinds.has('draft-state')).toBe(true);
+    }
+  });
+
+  it('a sliding draft layer sends only its window; D drafts as P with the pages before it poisoned', async () => {
+    const t = targets.get(KIMI)!;
+    // a prompt longer than both windows plus a page: ~200 tokens
+    const text = Array.from({ length: 12 }, (_, i) => `Line ${i}: the quick brown fox jumps over the lazy dog.`).join(
+      ' ',
+    );
+    const PAGE = 16; // the draft KV's page size (DRAFT_PAGE_SIZE)
+    // the shipped DFlash slides its last layer over 128 positions; its -swa variant all three over 64
+    for (const [name, windows] of [
+      ['kimi-k3-tiny-dflash', [0, 0, 128]],
+      ['kimi-k3-tiny-dflash-swa', [64, 64, 64]],
+    ] as const) {
+      const load = async () => (await loadDrafter(path.join(MODELS, name), BUILTIN_PLUGIN_PACKAGES, t, 256, 2)).drafter;
+      const p = (await load()) as Drafter & DraftContextTransfer;
+      const d = (await load()) as Drafter & DraftContextTransfer;
+      try {
+        const { prompt, first } = prefillP(t, p, undefined, text);
+        const L = prompt.length;
+        expect(L).toBeGreaterThan(128 + PAGE);
+        reserveD(d, L);
+        const P = { entries: p.pdContextEntries(SEQ), bytes: regionLookup(p.pdRegions()) };
+        const D = { entries: d.pdContextEntries(SEQ), bytes: regionLookup(d.pdRegions()) };
+        // (a) per layer: every page for a full layer, the pages of rows [L − W, L) for a sliding one
+        const pool = (
+          d as unknown as { pool: { pageSize: number; pageBytes: number; blockTable(id: string): Int32Array } }
+        ).pool;
+        expect(pool.pageSize).toBe(PAGE);
+        const pagesSent = (layer: number): number => {
+          const w = windows[layer]!;
+          return Math.ceil(L / PAGE) - (w > 0 ? Math.floor(Math.max(0, L - w) / PAGE) : 0);
+        };
+        for (const e of P.entries)
+          expect(entryByteLength(e) / pool.pageBytes, `${name} ${entryId(e.key)}`).toBe(pagesSent(e.key.layer));
+        transfer(P, D);
+        // (b) D's pages before each window are never written: fill them with NaN, and D still drafts as P
+        const table = pool.blockTable(SEQ);
+        const rowFloats = pool.pageBytes / 4 / PAGE;
+        const poison = (layer: number, rows: [number, number], value = Number.NaN) => {
+          for (const part of ['k', 'v'] as const) {
+            const bytes = D.bytes(`draft-kv/${layer}/${part}`);
+            const store = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+            for (let row = rows[0]; row < rows[1]; row++) {
+              const at = (table[Math.floor(row / PAGE)]! * PAGE + (row % PAGE)) * rowFloats;
+              store.fill(value, at, at + rowFloats);
+            }
+          }
+        };
+        windows.forEach((w, j) => {
+          if (w > 0) poison(j, [0, Math.floor((L - w) / PAGE) * PAGE]);
+        });
+        const greedyP = propose(p, prompt, first, 0);
+        expect(propose(d, prompt, first, 0).tokens, name).toEqual(greedyP.tokens);
+        const sampledP = propose(p, prompt, first, 0.8);
+        const sampledD = propose(d, prompt, first, 0.8);
+        expect(sampledD.tokens, name).toEqual(sampledP.tokens);
+        expect(sameBits(sampledD.probs, sampledP.probs), name).toBe(true);
+        // (c) the poison would show: zeros in a row of the window (its middle one) change D's q (a NaN there would
+        // make the logits NaN)
+        const j = windows.findIndex((w) => w > 0);
+        const inside = L - windows[j]! / 2;
+        poison(j, [inside, inside + 1], 0);
+        const q = propose(d, prompt, first, 0.8).probs;
+        expect(sameBits(q, sampledP.probs), `${name}: row ${inside} of layer ${j} poisoned`).toBe(false);
+      } finally {
+        p.dispose();
+        d.dispose();
+      }
     }
   });
 

@@ -38,7 +38,15 @@ const FAMILIES: readonly Family[] = [
   {
     target: 'kimi-k3-tiny',
     file: 'kimi-k3-tiny/config.json',
-    prompts: ['The quick brown fox', 'def fibonacci(n):\n    if n < 2:\n        return n\n', 'Once upon a time, in a'],
+    prompts: [
+      'The quick brown fox',
+      'def fibonacci(n):\n    if n < 2:\n        return n\n',
+      'Once upon a time, in a',
+      // longer than the sliding draft windows (64 of kimi-k3-tiny-dflash-swa, 128 of -dflash's last layer) plus a page
+      Array.from({ length: 14 }, (_, i) => `Day ${i + 1}: the fox ran through the quiet forest and home again.`).join(
+        ' ',
+      ),
+    ],
   },
   {
     target: 'smollm2-135m-instruct',
@@ -55,6 +63,28 @@ function config(name: string, target: string, drafter: string | undefined, extra
   const d = drafterBranch(drafter);
   fs.writeFileSync(file, JSON.stringify({ model: path.join(MODELS, target), drafter: d, ...extra }));
   return file;
+}
+
+/**
+ * Draft KV bytes D receives for a block drafter's context of `length` rows (core `DrafterBase.draftKvEntries`): per
+ * layer K and V, every page of a full layer, the pages of rows [length − W, length) of a layer sliding over W;
+ * pages of 16 rows of `[kvHeads, headDim]` f32. Undefined for a checkpoint without `layer_types` (EAGLE-3).
+ */
+function draftContextBytes(dir: string, length: number): number | undefined {
+  const c = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8')) as {
+    layer_types?: string[];
+    sliding_window?: number;
+    num_key_value_heads: number;
+    head_dim: number;
+  };
+  if (c.layer_types === undefined) return undefined;
+  const page = 16 * c.num_key_value_heads * c.head_dim * 4;
+  let pages = 0;
+  for (const t of c.layer_types) {
+    const w = t === 'sliding_attention' ? (c.sliding_window ?? 0) : 0;
+    pages += Math.ceil(length / 16) - (w > 0 ? Math.floor(Math.max(0, length - w) / 16) : 0);
+  }
+  return 2 * pages * page;
 }
 
 /** P, D and the router for a config (P and D may have their own). */
@@ -88,6 +118,7 @@ for (const family of FAMILIES) {
           const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
           const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });
           let promptTokens = 0;
+          const handedOff: number[] = []; // the prompt length of every request P handed to D
           for (const prompt of family.prompts) {
             const body = { model, prompt, max_tokens: 20, temperature: 0 };
             const want = await agg.completions.create(body);
@@ -95,6 +126,7 @@ for (const family of FAMILIES) {
             expect(got.choices[0]?.text, prompt).toBe(want.choices[0]?.text);
             expect(got.usage?.completion_tokens).toBe(want.usage?.completion_tokens);
             promptTokens += got.usage?.prompt_tokens ?? 0;
+            handedOff.push(got.usage?.prompt_tokens ?? 0, got.usage?.prompt_tokens ?? 0, got.usage?.prompt_tokens ?? 0);
             let streamed = '';
             for await (const chunk of await pd.completions.create({ ...body, stream: true }))
               streamed += chunk.choices[0]?.text ?? '';
@@ -119,6 +151,7 @@ for (const family of FAMILIES) {
             const got = await pd.chat.completions.create(chat);
             expect(got.choices[0]?.message.content).toBe(want.choices[0]?.message.content);
             promptTokens += got.usage?.prompt_tokens ?? 0;
+            handedOff.push(got.usage?.prompt_tokens ?? 0);
           }
           const dm = await metricsOf(d.url);
           const pm = await metricsOf(p.url);
@@ -127,6 +160,14 @@ for (const family of FAMILIES) {
           expect(metric(dm, 'specd_pd_payload_bytes_count', 'kind="target_kv"')).toBeGreaterThan(0);
           if (dir !== undefined && !name.endsWith('eagle3'))
             expect(metric(dm, 'specd_pd_payload_bytes_sum', 'kind="draft_context"')).toBeGreaterThan(0);
+          // a block drafter sends its draft KV, a sliding layer only its window's pages: exactly these bytes (the
+          // Kimi family's last prompt is past both windows plus a page)
+          if (family.target === 'kimi-k3-tiny') expect(Math.max(...handedOff)).toBeGreaterThan(128 + 16);
+          const draftBytes = dir === undefined ? undefined : draftContextBytes(dir, 1);
+          if (dir !== undefined && draftBytes !== undefined)
+            expect(metric(dm, 'specd_pd_payload_bytes_sum', 'kind="draft_context"')).toBe(
+              handedOff.reduce((a, n) => a + (draftContextBytes(dir, n) as number), 0),
+            );
           for (const [u, m] of [
             [p.url, pm],
             [d.url, dm],

@@ -536,9 +536,20 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     return this.draftKvRegions();
   }
 
-  /** PD: the sequence's draft KV pages, `'draft-kv'` layer j part `'k'` / `'v'` — DFlash's whole context. */
+  /**
+   * The attention window of draft layer `layer`, positions: `sliding_window` for a `sliding_attention` layer, 0 for a
+   * full one (config `layer_types`).
+   */
+  slidingWindow(layer: number): number {
+    return this.config.layerTypes[layer] === 'sliding_attention' ? this.config.slidingWindow : 0;
+  }
+
+  /**
+   * PD: the sequence's draft KV pages, `'draft-kv'` layer j part `'k'` / `'v'` — DFlash's whole context, except
+   * that a sliding layer sends only the pages of its window's last rows (core's `draftKvEntries`).
+   */
   pdContextEntries(id: SequenceId): readonly LocalEntry[] {
-    return this.draftKvEntries(id);
+    return this.draftKvEntries(id, (j) => this.slidingWindow(j));
   }
 
   /** PD (decode side): allocates the pages of a `length`-row draft context for the transfer to fill. */

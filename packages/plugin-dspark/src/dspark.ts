@@ -295,9 +295,12 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
     return this.draftKvRegions();
   }
 
-  /** PD: the sequence's draft KV pages, `'draft-kv'` layer j part `'k'` / `'v'` — DSpark's whole context. */
+  /**
+   * PD: the sequence's draft KV pages, `'draft-kv'` layer j part `'k'` / `'v'` — DSpark's whole context, a sliding
+   * backbone layer only its window's pages (as DFlash's).
+   */
   pdContextEntries(id: SequenceId): readonly LocalEntry[] {
-    return this.draftKvEntries(id);
+    return this.draftKvEntries(id, (j) => this.backbone.slidingWindow(j));
   }
 
   /** PD (decode side): allocates the pages of a `length`-row draft context for the transfer to fill. */

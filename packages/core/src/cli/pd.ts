@@ -112,7 +112,9 @@ function summary(file: string, layout: PdLayout, copies: readonly PdCopy[], prom
         `${spec.rowsPerUnit} row${spec.rowsPerUnit === 1 ? '' : 's'} per ${spec.unit}, on the ${where}`,
     );
     if (spec.window !== undefined)
-      out.push(`  sliding window ${spec.window} tokens: accepted; the whole context is sent`);
+      out.push(
+        `  sliding window ${spec.window} tokens: a request sends only the pages of its last ${spec.window} rows`,
+      );
     out.push(`  prefill: ${holdLine(p, P.tp)}`);
     out.push(`  decode:  ${holdLine(d, D.tp)}`);
     const mine = copies.filter((c) => c.region === spec.name);
@@ -140,7 +142,11 @@ function summary(file: string, layout: PdLayout, copies: readonly PdCopy[], prom
   });
   out.push('', `plan: ${copies.length} copies, ${formatBytes(total)}`);
   const units = unitsForTokens(layout.regions, promptTokens);
-  out.push(`payload per request of ${promptTokens} prompt tokens (bytes decode receives):`);
+  const windowed = layout.regions.some((r) => r.window !== undefined);
+  out.push(
+    `payload per request of ${promptTokens} prompt tokens (bytes decode receives` +
+      `${windowed ? '; sliding regions send their window' : ''}):`,
+  );
   const byKind = new Map<string, number>();
   for (const e of expectedEntries(layout.regions, layout.decode, units))
     byKind.set(e.key.kind, (byKind.get(e.key.kind) ?? 0) + e.byteLength);
@@ -151,6 +157,21 @@ function summary(file: string, layout: PdLayout, copies: readonly PdCopy[], prom
       .map(([k, n]) => `${k} ${formatBytes(n)}`)
       .join(', ')}`,
   );
+  if (classes.draft_context > 0) {
+    // the draft context's modes against the payload without a drafter (target KV + linear-attention state)
+    const whole = payloadBytes(
+      layout.regions,
+      layout.decode,
+      unitsForTokens(layout.regions, promptTokens, { windows: false }),
+    );
+    const noSpec = classes.target_kv + classes.linear_state;
+    const vs = (draft: number) =>
+      noSpec > 0 ? `, ×${((noSpec + draft) / noSpec).toFixed(3)} the payload without a drafter` : '';
+    out.push(
+      `draft context: kv (every page) ${formatBytes(whole.draft_context)}${vs(whole.draft_context)}; ` +
+        `kv + window ${formatBytes(classes.draft_context)}${vs(classes.draft_context)}`,
+    );
+  }
   return `${out.join('\n')}\n`;
 }
 

@@ -92,7 +92,7 @@ export const PD_LAYOUT_SCHEMA = Object.freeze({
         layers: count(1, 'layers (target-kv: layers 0 … n−1 of the target; draft-kv: draft layers)'),
         kv_heads: count(1, 'KV heads in all'),
         head_dim: count(1, 'elements per head'),
-        window: count(1, 'sliding window, tokens (reported; the whole context is sent)'),
+        window: count(1, 'sliding window, tokens (a request sends only the pages of its last window rows)'),
       },
     },
     mla: {

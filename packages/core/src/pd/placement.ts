@@ -32,7 +32,7 @@ export interface PdRegionSpec {
   /** Bytes of one head in one row (e.g. `headDim · 2` for bf16 KV). */
   readonly headBytes: number;
   readonly split: PdSplit;
-  /** Sliding-window length, tokens: accepted and reported; the whole context is still sent. */
+  /** Sliding-window length, tokens: a request sends only the pages of its last `window` rows (planner.ts). */
   readonly window?: number;
   /** A drafter region: it lives on the last pipeline stage (and `layers` are draft layer indices). */
   readonly drafter?: boolean;

@@ -418,14 +418,26 @@ export interface PdExpectedEntry {
 }
 
 /**
- * Units a request of `numTokens` tokens occupies per region: pages `⌈numTokens / rowsPerUnit⌉`, slots 1
- * (the whole context: a sliding window does not shorten it yet).
+ * Units a request of `numTokens` tokens sends per region: a page region `⌈numTokens / rowsPerUnit⌉` pages, a slot
+ * region 1 slot. A page region with a sliding `window` W sends only the pages of its last W rows,
+ * `⌈numTokens / rowsPerUnit⌉ − ⌊max(0, numTokens − W) / rowsPerUnit⌋` (the drafter's window-aware draft context;
+ * core `DrafterBase.draftKvEntries`), unless `windows` is false (every page: what a window-blind sender sends).
  * @throws {PdError} `'layout'` for a negative or fractional token count.
  */
-export function unitsForTokens(regions: readonly PdRegionSpec[], numTokens: number): Record<string, number> {
+export function unitsForTokens(
+  regions: readonly PdRegionSpec[],
+  numTokens: number,
+  options: { readonly windows?: boolean } = {},
+): Record<string, number> {
   if (!isCount(numTokens, 0)) throw layoutError(`numTokens: expected an integer >= 0, got ${numTokens}`);
+  const windows = options.windows ?? true;
   return Object.fromEntries(
-    regions.map((r) => [r.name, r.unit === 'slot' ? 1 : Math.ceil(numTokens / r.rowsPerUnit)] as const),
+    regions.map((r) => {
+      if (r.unit === 'slot') return [r.name, 1] as const;
+      const all = Math.ceil(numTokens / r.rowsPerUnit);
+      const w = windows ? (r.window ?? 0) : 0;
+      return [r.name, w > 0 ? all - Math.floor(Math.max(0, numTokens - w) / r.rowsPerUnit) : all] as const;
+    }),
   );
 }
 

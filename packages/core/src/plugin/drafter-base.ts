@@ -154,25 +154,35 @@ export abstract class DrafterBase implements Drafter {
 
   /**
    * PD helper ({@link DraftContextTransfer.pdContextEntries}): per draft layer j, entries `'draft-kv'` layer j
-   * part `'k'` then `'v'` (rank 0), each the sequence's pages in block-table order, adjacent pages coalesced
-   * (`⌈contextLength / pageSize⌉ · pageBytes` bytes), split by KV head (`heads`: the draft model's KV heads over
-   * its tensor-parallel group, `headDim · 4` bytes each); `[]` without draft KV.
+   * part `'k'` then `'v'` (rank 0), each the sequence's pages in block-table order, adjacent pages coalesced,
+   * split by KV head (`heads`: the draft model's KV heads over its tensor-parallel group, `headDim · 4` bytes each);
+   * `[]` without draft KV.
+   *
+   * Window-aware: a layer whose attention slides over `window(j) = W > 0` positions reads, for a query at
+   * position p ≥ L (the context length L and every later draft or verify row), only keys in (p − W, p]; rows before
+   * L − W are never read again. Its entries hold only the pages of rows [max(0, L − W), L)
+   * (`⌈L / pageSize⌉ − ⌊max(0, L − W) / pageSize⌋` pages, where a full layer sends `⌈L / pageSize⌉`); the earlier
+   * pages D reserved keep whatever they held, which the sliding attention kernel never reads.
+   * @param window the sliding window of layer j, positions (0 or absent: full attention, every page).
    * @throws `CacheError` `unknown-sequence`.
    */
-  protected draftKvEntries(id: SequenceId): LocalEntry[] {
+  protected draftKvEntries(id: SequenceId, window?: (layer: number) => number): LocalEntry[] {
     const kv = this.draftKv;
     if (kv === undefined) return [];
-    kv.contextLength(id); // an unknown sequence throws, with or without KV
+    const length = kv.contextLength(id); // an unknown sequence throws, with or without KV
     if (!kv.hasKv) return [];
     const pages = kv.pool.blockTable(id);
     // a row is [kvHeads, headDim]: split by KV head over the tensor-parallel group
     const heads = { total: kv.totalKvHeads, bytes: kv.layout.headDim * 4 };
     const out: LocalEntry[] = [];
     for (let j = 0; j < kv.numLayers; j++) {
+      const w = window?.(j) ?? 0;
+      const first = w > 0 ? Math.floor(Math.max(0, length - w) / kv.pool.pageSize) : 0;
+      const sent = first > 0 ? pages.subarray(first) : pages;
       for (const part of ['k', 'v'] as const) {
         out.push({
           key: { kind: 'draft-kv', layer: j, part, rank: 0 },
-          ranges: pageRanges(draftKvRegionId(j, part), pages, kv.pool.pageBytes),
+          ranges: pageRanges(draftKvRegionId(j, part), sent, kv.pool.pageBytes),
           heads,
         });
       }

@@ -172,6 +172,7 @@ describe('config files', () => {
     for (const f of [
       'default.json',
       'kimi-k3-tiny-dflash.json',
+      'kimi-k3-tiny-dflash-swa.json',
       'kimi-k3-tiny-dspark.json',
       'kimi-k3-tiny-eagle3.json',
       'kimi-k3-tiny-nospec.json',

@@ -58,12 +58,24 @@ describe('specd pd plan', () => {
     expect(out).toContain(
       '  decode:  1 head per rank, each on 4 of 32 ranks; row 256 B, page 16384 B (16 KiB), 2048 pages\n',
     );
-    expect(out).toContain('sliding window 4096 tokens: accepted; the whole context is sent');
+    expect(out).toContain('sliding window 4096 tokens: a request sends only the pages of its last 4096 rows');
     // 6 layers × K, V × 32 D ranks × 2 page runs; 4 pages × 64 tokens × 256 B per D rank and buffer
     expect(out).toContain(`  768 copies (rows strided on prefill: 768, on decode: 0), ${6 * 2 * 32 * 4 * 64 * 256} B`);
     expect(out).toContain('    prefill stage 7 rank 1 → decode stage 0 ranks 8-15: 192 copies, 6291456 B (6 MiB)\n');
     // ⌈1000 / 64⌉ = 16 pages of 16 KiB per (layer, part, D rank)
     expect(out).toContain(`  draft-kv (draft_context): ${6 * 2 * 32 * 16 * 16384} B (96 MiB)\n`);
+  });
+
+  it('payload: a prompt past the window sends its pages; the kv line names both modes', async () => {
+    const { code, out } = await run(['pd', 'plan', DRAFT, '--prompt-tokens', '16384']);
+    expect(code).toBe(0);
+    // rows [12288, 16384): pages 192 … 255, 64 of the 256 a window-blind sender would send
+    const page = 16384;
+    const per = 6 * 2 * 32 * page;
+    expect(out).toContain(`  draft-kv (draft_context): ${64 * per} B (384 MiB)\n`);
+    expect(out).toContain(
+      `draft context: kv (every page) ${256 * per} B (1.5 GiB); kv + window ${64 * per} B (384 MiB)\n`,
+    );
   });
 
   it('--json: one copy per line; D rank 13, layer 2 (v), page 9 → 40 at hand-derived offsets', async () => {
@@ -109,7 +121,10 @@ describe('specd pd plan', () => {
     const pages = Math.ceil(16600 / 64);
     const mla = 24 * 32 * pages * 64 * (512 + 64) * 2; // replicated: every D rank receives the whole latent
     const kda = 69 * 32 * (128 * 128 * 4 + 3 * 128 * 3 * 4); // f32 state + q/k/v conv (kernel 4 → 3 columns)
-    const draft = 6 * 2 * 32 * pages * 64 * 256;
+    // the draft layers slide over 4096: rows [12504, 16600) on pages 195 … 259, 65 pages
+    const windowPages = pages - Math.floor((16600 - 4096) / 64);
+    expect(windowPages).toBe(65);
+    const draft = 6 * 2 * 32 * windowPages * 64 * 256;
     expect(full.out).toMatch(
       new RegExp(`by class: target_kv ${mla} B \\(.*\\), linear_state ${kda} B \\(.*\\), draft_context ${draft} B`),
     );

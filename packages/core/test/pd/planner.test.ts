@@ -189,6 +189,12 @@ describe('draft KV, P TP4/PP8 → D TP32/PP1 (the incident)', () => {
       linear_state: 0,
       draft_context: 6 * 2 * 32 * 262144,
     });
+    // past the window (4096) only the window's pages: rows [L − W, L) = [5904, 10000) on pages 92 … 156
+    expect(unitsForTokens([draftKv], 10_000)).toEqual({ 'draft-kv': 157 - 92 });
+    expect(unitsForTokens([draftKv], 10_000, { windows: false })).toEqual({ 'draft-kv': 157 });
+    expect(unitsForTokens([draftKv], 4096)).toEqual({ 'draft-kv': 64 }); // exactly the window: every page
+    expect(unitsForTokens([draftKv], 4097)).toEqual({ 'draft-kv': 65 }); // row 0 shares page 0 with rows 1 … 63
+    expect(unitsForTokens([draftKv], 4160)).toEqual({ 'draft-kv': 64 }); // rows [64, 4160): pages 1 … 64
     // a 16-page mapping delivers exactly that many bytes to every entry
     const sixteen = { 'draft-kv': Array.from({ length: 16 }, (_, i) => [3 * i, i] as const) };
     const got = new Map<string, number>();
