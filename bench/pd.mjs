@@ -271,6 +271,7 @@ try {
 //   node bench/pd.mjs --quick                 (section 4 only: 8 requests, 16 new tokens)
 //   node bench/pd.mjs --sections 4 --requests 32 --concurrency 1,8 --max-tokens 256 --engines zmq,nixl
 //     [--drafters dflash,dflash-swa,dspark,eagle3] [--prompt-tokens N] [--svg docs/pd-waterfall.svg]
+//     (a drafter `name+features` / `name+auto` runs it with pd.draft_context "features" / "auto")
 async function production() {
   const { nixlAvailable } = await import('@specd/core');
   const report = await import('./pd-report.mjs');
@@ -302,9 +303,9 @@ async function production() {
 
   /** configs/kimi-k3-tiny-<drafter>.json with absolute paths, room for the longest prompt at the top concurrency. */
   const configFile = (drafter, engine) => {
-    const c = JSON.parse(
-      readFileSync(join(ROOT, `configs/kimi-k3-tiny-${drafter === 'none' ? 'nospec' : drafter}.json`)),
-    );
+    // `<drafter>+features` / `+auto`: the same drafter with pd.draft_context "features" / "auto"
+    const [name, form] = drafter.split('+');
+    const c = JSON.parse(readFileSync(join(ROOT, `configs/kimi-k3-tiny-${name === 'none' ? 'nospec' : name}.json`)));
     c.model = modelDir;
     if (c.drafter.path !== undefined) c.drafter.path = resolve(ROOT, 'configs', c.drafter.path);
     const C = Math.max(...concurrency);
@@ -314,8 +315,8 @@ async function production() {
       max_running_requests: Math.max(C, c.scheduler.max_running_requests ?? 0),
       max_tokens_in_flight: maxSeq * C,
     };
-    c.pd = { transfer: engine };
-    const file = join(tmp, `prod-${drafter}-${engine}.json`);
+    c.pd = { transfer: engine, ...(form === undefined ? {} : { draft_context: form }) };
+    const file = join(tmp, `prod-${drafter.replace('+', '-')}-${engine}.json`);
     writeFileSync(file, JSON.stringify(c));
     return file;
   };

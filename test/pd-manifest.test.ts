@@ -19,9 +19,11 @@ import {
   checkManifest,
   checkPdDrafter,
   DrafterRegistry,
+  drafterEntries,
   entryByteLength,
   entryId,
   HfConfig,
+  hasDraftContextFeatures,
   loadDrafter,
   loadPluginPackages,
   loadTarget,
@@ -30,6 +32,7 @@ import {
   SequenceCache,
   targetEntries,
   targetRegions,
+  type DraftContextFeatures,
   type DraftContextTransfer,
   type Drafter,
   type DraftProposal,
@@ -354,6 +357,64 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
         poison(j, [inside, inside + 1], 0);
         const q = propose(d, prompt, first, 0.8).probs;
         expect(sameBits(q, sampledP.probs), `${name}: row ${inside} of layer ${j} poisoned`).toBe(false);
+      } finally {
+        p.dispose();
+        d.dispose();
+      }
+    }
+  });
+
+  it("features instead of draft KV: D rebuilds P's K/V rows from P's features bit for bit, drafts as P", async () => {
+    const text = Array.from({ length: 12 }, (_, i) => `Line ${i}: the quick brown fox jumps over the lazy dog.`).join(
+      ' ',
+    );
+    const cases = checkpoints.filter(({ dir }) => /-(dflash|dflash-swa|dspark)$/.test(dir));
+    expect(cases.length).toBeGreaterThanOrEqual(5); // kimi-k3-tiny: dflash, dflash-swa, dspark; SmolLM2: dflash, dspark
+    for (const { target, dir } of cases) {
+      const name = path.basename(dir);
+      const t = targets.get(target)!;
+      const load = async () =>
+        (await loadDrafter(dir, BUILTIN_PLUGIN_PACKAGES, t, 256, 2, { pdFeatures: true })).drafter as Drafter &
+          DraftContextTransfer;
+      const p = await load();
+      const d = await load();
+      try {
+        expect(hasDraftContextFeatures(p), name).toBe(true);
+        const { prompt, first } = prefillP(t, p, undefined, text);
+        const L = prompt.length;
+        reserveD(d, L);
+        const P = { entries: drafterEntries(p, SEQ, 0, 'both'), bytes: regionLookup(p.pdRegions()) };
+        const D = { entries: drafterEntries(d, SEQ, 0, 'features'), bytes: regionLookup(d.pdRegions()) };
+        // D asks for the features (no draft KV); P offers both forms
+        expect(D.entries.map((e) => e.key.kind)).toEqual(['draft-features']);
+        const kvBytes = P.entries.filter((e) => e.key.kind === 'draft-kv').reduce((a, e) => a + entryByteLength(e), 0);
+        const featureBytes = entryByteLength(D.entries[0]!);
+        expect(featureBytes, name).toBeLessThan(kvBytes);
+        const wanted = new Set(D.entries.map((e) => entryId(e.key)));
+        transfer({ ...P, entries: P.entries.filter((e) => wanted.has(entryId(e.key))) }, D);
+        const rows = (d as unknown as DraftContextFeatures).pdRebuildFromFeatures(SEQ);
+        expect(rows * t.model.info.hiddenSize * 4, name).toBeLessThanOrEqual(featureBytes);
+        // the rebuilt K/V rows are P's bit for bit: rows [L − rows, L) of every layer (from the first row its entry
+        // holds: a sliding layer's starts at its window's first page)
+        const pageBytes = (d as unknown as { pool: { pageBytes: number } }).pool.pageBytes;
+        const kvP = P.entries.filter((e) => e.key.kind === 'draft-kv');
+        const kvD = drafterEntries(d, SEQ, 0, 'kv');
+        expect(kvD.map((e) => entryId(e.key))).toEqual(kvP.map((e) => entryId(e.key)));
+        for (const [i, e] of kvD.entries()) {
+          const a = gather(D.bytes, e);
+          const b = gather(P.bytes, kvP[i]!);
+          const firstRow = (Math.ceil(L / 16) - a.length / pageBytes) * 16;
+          const from = (Math.max(L - rows, firstRow) - firstRow) * (pageBytes / 16);
+          const to = (L - firstRow) * (pageBytes / 16);
+          expect(to - from, `${name} ${entryId(e.key)}`).toBeGreaterThan(0);
+          expect(Buffer.compare(a.subarray(from, to), b.subarray(from, to)), `${name} ${entryId(e.key)}`).toBe(0);
+        }
+        const greedyP = propose(p, prompt, first, 0);
+        expect(propose(d, prompt, first, 0).tokens, name).toEqual(greedyP.tokens);
+        const sampledP = propose(p, prompt, first, 0.8);
+        const sampledD = propose(d, prompt, first, 0.8);
+        expect(sampledD.tokens, name).toEqual(sampledP.tokens);
+        expect(sameBits(sampledD.probs, sampledP.probs), name).toBe(true);
       } finally {
         p.dispose();
         d.dispose();

@@ -16,7 +16,11 @@
  *   token at position p + j. The block's KV is discarded after.
  *
  * Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the draft KV pages alone (fc,
- * hidden_norm and the K/V path are applied when it is written), entries `'draft-kv'` layer j part `'k'` / `'v'`.
+ * hidden_norm and the K/V path are applied when it is written), entries `'draft-kv'` layer j part `'k'` / `'v'`;
+ * a sliding layer's entries hold only its window's last rows. Loaded with `pdFeatures`
+ * ({@link DraftContextFeatures}), the draft KV cache also keeps each context row's projected feature (the fp32 sum,
+ * before hidden_norm): D can receive those instead (`'draft-features'`) and rebuild the K/V rows from them with the
+ * same path (`pdRebuildFromFeatures`).
  *
  * Draft KV: core's {@link DraftKvCache} — K and V of every draft layer (pool "layers" 2j and 2j + 1),
  * `numKvHeads · headDim` f32 per token, NHD pages (@specd/native's `pagedAttention` layout); one block
@@ -47,6 +51,7 @@ import {
   sliceColumns,
   type ContextSpan,
   type DenseBlockWeights,
+  type DraftContextFeatures,
   type DraftContextTransfer,
   type DraftBatch,
   type DrafterLoadOptions,
@@ -264,6 +269,7 @@ function buildDFlash(
     numPages,
     tp,
     head,
+    options.pdFeatures === true && tp === undefined,
   );
   return { drafter, reads: r.reads };
 }
@@ -327,7 +333,7 @@ export function loadDFlashProjection(
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
-export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
+export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, DraftContextFeatures {
   readonly method = 'dflash';
   readonly maxDraftTokens: number;
   /** The draft model's `max_position_embeddings` (the engine stops drafting before a block would reach it). */
@@ -353,6 +359,8 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     readonly tp?: DraftShard,
     /** The draft head (the target's lm_head, or FR-Spec's reduced vocabulary); undefined when context-KV-only. */
     private head?: DraftHead,
+    /** Keep each context row's projected feature for PD (`DrafterLoadOptions.pdFeatures`). */
+    pdFeatures = false,
   ) {
     const kvHeads = tp?.kvHeads ?? config.numKvHeads;
     const kv = new DraftKvCache({
@@ -361,6 +369,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
       totalKvHeads: config.numKvHeads,
       headDim: config.headDim,
       numPages,
+      ...(pdFeatures ? { featureWidth: config.hiddenSize } : {}),
     });
     super(kv);
     const c = config;
@@ -415,8 +424,13 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
     let at = 0;
     for (const s of spans) for (let i = 0; i < s.numTokens; i++) positions[at++] = s.position + i;
     this.kv.extendAll(spans);
-    const slots = this.kv.slots(spans);
-    const f = rmsNorm(sum, this.hiddenNorm, c.rmsNormEps);
+    if (this.kv.features !== undefined) this.kv.writeFeatures(spans, sum);
+    this.writeContextRows(sum, positions, this.kv.slots(spans));
+  }
+
+  /** Each draft layer's K/V of context rows from their projected features `sum` `[n, D]` at `positions`, `slots`. */
+  private writeContextRows(sum: Float32Array, positions: Int32Array, slots: Int32Array): void {
+    const f = rmsNorm(sum, this.hiddenNorm, this.config.rmsNormEps);
     this.layers.forEach((w, j) => {
       const [k, v] = this.keysValues(w, f, positions);
       this.kv.write(j, k, v, slots);
@@ -533,7 +547,33 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer {
 
   /** PD: the K and V page stores of every draft layer (core's helper over the draft KV cache). */
   pdRegions(): readonly MemoryRegion[] {
-    return this.draftKvRegions();
+    return [...this.draftKvRegions(), ...this.draftFeatureRegions()];
+  }
+
+  /** PD: floats per projected feature (the hidden size) when loaded with `pdFeatures`, else 0. */
+  get pdFeatureWidth(): number {
+    return this.kv.features === undefined ? 0 : this.config.hiddenSize;
+  }
+
+  /** PD: the feature pages of the rows D rebuilds (every row unless every layer slides; core's helper). */
+  pdFeatureEntries(id: SequenceId): readonly LocalEntry[] {
+    return this.draftFeatureEntries(id, (j) => this.slidingWindow(j));
+  }
+
+  /**
+   * PD (decode side), once the features arrived: each layer's K/V of rows [first sent row, L) rebuilt from them by
+   * the path P wrote them with (hidden_norm, k_proj / v_proj, k_norm, RoPE: row by row, so the same bits).
+   */
+  pdRebuildFromFeatures(id: SequenceId): number {
+    if (this.kv.features === undefined)
+      throw new DrafterError('dflash: pdRebuildFromFeatures: the drafter was loaded without features (pdFeatures)');
+    const from = this.featureRowsFrom(id, (j) => this.slidingWindow(j));
+    const to = this.kv.contextLength(id);
+    if (to === from) return 0;
+    const positions = Int32Array.from({ length: to - from }, (_, i) => from + i);
+    const rows = [{ id, position: from, numTokens: to - from }];
+    this.writeContextRows(this.kv.readFeatures(id, from, to), positions, this.kv.slots(rows));
+    return to - from;
   }
 
   /**

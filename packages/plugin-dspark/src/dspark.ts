@@ -22,7 +22,9 @@
  *   prefill-only producer that writes draft KV and never drafts; `propose` throws.
  * - Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the backbone's draft KV
  *   pages (`'draft-kv'` layer j part `'k'` / `'v'`); the heads keep nothing per sequence (x_0 is the last
- *   verified token, which travels with the request), so a context-KV-only P feeds a full D.
+ *   verified token, which travels with the request), so a context-KV-only P feeds a full D. As DFlash's: a
+ *   sliding layer sends its window's rows only, and with `pdFeatures` the projected features may travel instead
+ *   ({@link DraftContextFeatures}, the backbone rebuilds).
  * - Tensor parallelism ({@link loadDSparkShard}): the backbone sharded as DFlash's
  *   (`loadDFlashShard`); every rank passes the same rows to its target shard's vocab-parallel
  *   `lmHead` (a collective); the Markov and confidence heads on rank 0 only, which alone runs them.
@@ -36,6 +38,7 @@ import {
   samplingProbs,
   type ContextSpan,
   type DraftBatch,
+  type DraftContextFeatures,
   type DraftContextTransfer,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
@@ -147,7 +150,7 @@ export interface DSparkHeads {
  * A loaded DSpark drafter bound to one target stage. Its draft context is the backbone's
  * (`backbone.kv`, shared): core's {@link DrafterBase} keeps the sequence bookkeeping on it.
  */
-export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
+export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, DraftContextFeatures {
   readonly method = 'dspark';
   /** block_size: every slot predicts the next token. */
   readonly maxDraftTokens: number;
@@ -292,7 +295,22 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer {
 
   /** PD: the backbone's K and V page stores of every draft layer (core's helper over the shared draft KV cache). */
   pdRegions(): readonly MemoryRegion[] {
-    return this.draftKvRegions();
+    return [...this.draftKvRegions(), ...this.draftFeatureRegions()];
+  }
+
+  /** PD: floats per projected feature when loaded with `pdFeatures` (the backbone's), else 0. */
+  get pdFeatureWidth(): number {
+    return this.backbone.pdFeatureWidth;
+  }
+
+  /** PD: the backbone's feature pages of the rows D rebuilds. */
+  pdFeatureEntries(id: SequenceId): readonly LocalEntry[] {
+    return this.draftFeatureEntries(id, (j) => this.backbone.slidingWindow(j));
+  }
+
+  /** PD (decode side): the backbone rebuilds its draft KV rows from the features (DSpark's heads keep nothing). */
+  pdRebuildFromFeatures(id: SequenceId): number {
+    return this.backbone.pdRebuildFromFeatures(id);
   }
 
   /**

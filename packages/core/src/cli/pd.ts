@@ -10,7 +10,7 @@ import * as path from 'node:path';
 
 import { type Command, InvalidArgumentError } from 'commander';
 
-import { loadLayoutFile, type PdLayout } from '../pd/layout-file.js';
+import { loadLayoutFile, PD_DTYPE_BYTES, type PdLayout } from '../pd/layout-file.js';
 import { type PdRegionPlacement, type PdSidePlacement, placeSide } from '../pd/placement.js';
 import { expectedEntries, type PdCopy, payloadBytes, planTransfer, unitsForTokens } from '../pd/planner.js';
 import { payloadClass } from '../pd/types.js';
@@ -171,6 +171,24 @@ function summary(file: string, layout: PdLayout, copies: readonly PdCopy[], prom
       `draft context: kv (every page) ${formatBytes(whole.draft_context)}${vs(whole.draft_context)}; ` +
         `kv + window ${formatBytes(classes.draft_context)}${vs(classes.draft_context)}`,
     );
+    const width = layout.featureWidth;
+    const drafterRegion = layout.regions.find((r) => r.drafter === true);
+    if (width !== undefined && drafterRegion !== undefined) {
+      // pd.draft_context "features": the rows' projected features (the window's rows when the layers slide), whole
+      // rows on every D rank that rebuilds draft KV (each rebuilds its own heads from the whole feature)
+      const ps = layout.pageSize;
+      const w = layout.window ?? 0;
+      const pages = Math.ceil(promptTokens / ps) - (w > 0 ? Math.floor(Math.max(0, promptTokens - w) / ps) : 0);
+      const ranks = layout.decode.tp;
+      const features = pages * ps * width * PD_DTYPE_BYTES[layout.dtype] * ranks;
+      const best = Math.min(features, classes.draft_context);
+      out.push(
+        `  features (${width} elements a row, ${w > 0 ? 'the window' : 'every row'}, to each of D's ${ranks} ` +
+          `rank${ranks === 1 ? '' : 's'}) ${formatBytes(features)}${vs(features)}; auto by bytes (at run time D ` +
+          `also weighs the rebuild it measures): ${best === features ? 'features' : 'kv + window'}, ` +
+          `${formatBytes(best)}${vs(best)}`,
+      );
+    }
   }
   return `${out.join('\n')}\n`;
 }

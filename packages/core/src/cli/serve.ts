@@ -32,7 +32,7 @@ import type { CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import type { SpecdConfig } from '../config/load.js';
 import { DRAFT_PAGE_SIZE } from '../kv/draft-kv-cache.js';
 import { pdDigest } from '../pd/digest.js';
-import { hasDraftContextTransfer } from '../plugin/drafter-plugin.js';
+import { hasDraftContextFeatures, hasDraftContextTransfer } from '../plugin/drafter-plugin.js';
 import { type AccessPolicy, apiKeyFrom, checkBind } from '../serve/http-guard.js';
 import { checkServerContextLength, modelContextLength } from '../serve/limits.js';
 import { SpecdServer, type SpecdServerOptions } from '../serve/server.js';
@@ -206,6 +206,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
       drafter = await loadDrafter(choice, cfg.plugins, target, sched.max_sequence_tokens, sched.max_running_requests, {
         // a prefill instance never drafts: only the context path (projection, draft KV) where the method has the mode
         contextOnly: role === 'prefill',
+        // P keeps each context row's projected feature when D may ask for features instead of draft KV
+        pdFeatures: role !== 'none' && cfg.pd.draft_context !== 'kv',
         ...sanity,
       });
       if (choice.method !== undefined && drafter.drafter.method !== choice.method) {
@@ -358,6 +360,16 @@ function pdOptions(
   par: { tp: number; pp: number },
 ): SpecdServerOptions['pd'] {
   const d = drafter?.drafter;
+  if (cfg.pd.draft_context !== 'kv' && d !== undefined) {
+    const form = `pd.draft_context ${JSON.stringify(cfg.pd.draft_context)}`;
+    if (par.tp > 1 || par.pp > 1)
+      throw new CliError(`${form} needs tp = pp = 1 on both sides (got tp ${par.tp}, pp ${par.pp}): use "kv"`);
+    if (!hasDraftContextFeatures(d))
+      throw new CliError(
+        `${form}: the ${d.method} drafter cannot send its context as features (it does not declare ` +
+          'DraftContextFeatures, docs/PLUGINS.md): use "kv"',
+      );
+  }
   const draftKv = d !== undefined && hasDraftContextTransfer(d) && d.pdRegions().length > 0;
   const digest = pdDigest({
     target: modelDir,
@@ -372,6 +384,7 @@ function pdOptions(
         }),
     pageSize: cfg.scheduler.page_size,
     transfer: cfg.pd.transfer,
+    draftContext: cfg.pd.draft_context,
     ...(draftKv ? { draftPageSize: DRAFT_PAGE_SIZE, draftDtype: 'f32' } : {}),
     dtype: 'f32',
     tp: par.tp,
@@ -382,6 +395,7 @@ function pdOptions(
     bootstrapTimeoutMs: cfg.pd.bootstrap_timeout_ms,
     transferTimeoutMs: cfg.pd.transfer_timeout_ms,
     transfer: cfg.pd.transfer,
+    draftContext: cfg.pd.draft_context,
     digest,
   };
   // test-only fault point: the prefill role's transfers stop after N descriptors (tests kill it there)

@@ -88,6 +88,7 @@ export interface SpecdConfig {
     };
     bootstrap_timeout_ms: number;
     transfer: 'zmq' | 'nixl';
+    draft_context: 'kv' | 'features' | 'auto';
     transfer_timeout_ms: number;
   };
 }

@@ -290,6 +290,16 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
               'the PD data plane: zmq (ZeroMQ/TCP) or nixl (NIXL over UCX: shared memory/TCP on one host, RDMA on a ' +
               'cluster; needs `npm run nixl:fetch`); prefill and decode instances must use the same',
           },
+          draft_context: {
+            enum: ['kv', 'features', 'auto'],
+            default: 'kv',
+            description:
+              "the drafter's context in a transfer: kv (its draft KV pages; a sliding layer only its window's), " +
+              'features (the projected features of the rows, from which the decode instance rebuilds the draft ' +
+              'KV: fewer bytes, some compute on D), auto (the decode instance picks per request by measured ' +
+              'transfer rate and rebuild cost); prefill and decode instances must use the same; features and auto ' +
+              'need a drafter that declares DraftContextFeatures and tp = pp = 1',
+          },
           transfer_timeout_ms: {
             type: 'integer',
             minimum: 1,

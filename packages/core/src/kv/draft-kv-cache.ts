@@ -36,6 +36,12 @@ export interface DraftKvCacheOptions {
   readonly pageSize?: number;
   /** Pages in the pool, shared by every sequence (size it with {@link DraftKvCache.pagesFor}). */
   readonly numPages: number;
+  /**
+   * Also keep each context row's projected feature, `featureWidth` f32 (prefill/decode `pd.draft_context`
+   * "features": P sends features, D rebuilds the K/V rows from them): a second page pool of the same page size
+   * and count whose block tables grow and shrink with the KV's ({@link DraftKvCache.features}). Default: none.
+   */
+  readonly featureWidth?: number;
 }
 
 /**
@@ -54,6 +60,7 @@ export interface DraftRows {
 export class DraftKvCache {
   private readonly kvLayout: KvPageLayout | undefined;
   private kvPool: PagedKvPool | undefined;
+  private featurePool: PagedKvPool | undefined;
   private readonly lengths = new Map<SequenceId, number>();
   private disposed = false;
 
@@ -83,6 +90,12 @@ export class DraftKvCache {
       numPages,
     });
     this.kvLayout = Object.freeze({ numPages, pageSize, numKvHeads, headDim, kvLayout: 'NHD' });
+    const fw = options.featureWidth;
+    if (fw !== undefined) {
+      if (!Number.isSafeInteger(fw) || fw < 1)
+        throw new RangeError(`DraftKvCache: featureWidth: expected an integer >= 1, got ${fw}`);
+      this.featurePool = new PagedKvPool({ layers: [0], floatsPerToken: fw, pageSize, numPages });
+    }
     this.totalKvHeads = options.totalKvHeads ?? numKvHeads;
     if (!(Number.isSafeInteger(this.totalKvHeads) && this.totalKvHeads >= numKvHeads))
       throw new RangeError(`DraftKvCache: totalKvHeads: expected an integer >= numKvHeads, got ${this.totalKvHeads}`);
@@ -122,6 +135,14 @@ export class DraftKvCache {
     return this.kvLayout;
   }
 
+  /**
+   * The projected-feature pages (`[numPages, pageSize, featureWidth]` f32, layer 0; the same block-table growth as
+   * the KV's), or undefined when the cache keeps none ({@link DraftKvCacheOptions.featureWidth}).
+   */
+  get features(): PagedKvPool | undefined {
+    return this.featurePool;
+  }
+
   /** Draft attention layers whose K and V the cache keeps (0 without KV). */
   get numLayers(): number {
     return this.kvPool === undefined ? 0 : this.kvPool.layers.length / 2;
@@ -151,12 +172,14 @@ export class DraftKvCache {
     if (this.lengths.has(id))
       throw new CacheError('duplicate-sequence', `DraftKvCache: sequence ${String(id)} already exists`);
     this.kvPool?.addSequence(id);
+    this.featurePool?.addSequence(id);
     this.lengths.set(id, 0);
   }
 
   /** Frees every page of `id` and forgets it. Idempotent (unknown ids are ignored). */
   free(id: SequenceId): void {
     this.kvPool?.free(id);
+    this.featurePool?.free(id);
     this.lengths.delete(id);
   }
 
@@ -188,6 +211,12 @@ export class DraftKvCache {
     try {
       for (const r of rows) {
         this.kvPool?.extend(r.id, r.position + r.numTokens);
+        try {
+          this.featurePool?.extend(r.id, r.position + r.numTokens);
+        } catch (err) {
+          this.kvPool?.truncate(r.id, r.position);
+          throw err;
+        }
         this.lengths.set(r.id, r.position + r.numTokens);
         grown.push(r);
       }
@@ -212,6 +241,7 @@ export class DraftKvCache {
             `got ${r.position}`,
         );
       this.kvPool?.truncate(r.id, r.position);
+      this.featurePool?.truncate(r.id, r.position);
       this.lengths.set(r.id, r.position);
     }
   }
@@ -258,10 +288,47 @@ export class DraftKvCache {
     writeKvPages(this.layout, k, v, this.keys(layer), this.values(layer), slots);
   }
 
+  /**
+   * Writes projected-feature rows into their pages.
+   * @param rows the rows' sequences and positions (already grown by {@link extendAll}); @param features
+   *   `[Σ numTokens, featureWidth]` f32, in `rows` order.
+   * @throws {RangeError} without features or for a mis-shaped `features`; {@link CacheError} `range` for a row
+   *   outside its sequence.
+   */
+  writeFeatures(rows: readonly DraftRows[], features: Float32Array): void {
+    const pool = this.featurePool;
+    if (pool === undefined) throw new RangeError('DraftKvCache.writeFeatures: the cache keeps no features');
+    const slots = pool.tokenSlots(rows.map((r) => ({ id: r.id, start: r.position, n: r.numTokens })));
+    const w = pool.floatsPerToken;
+    if (features.length !== slots.length * w)
+      throw new RangeError(
+        `DraftKvCache.writeFeatures: features: expected [${slots.length}, ${w}] f32, got length ${features.length}`,
+      );
+    const store = pool.layerStore(0);
+    for (let i = 0; i < slots.length; i++) store.set(features.subarray(i * w, (i + 1) * w), (slots[i] as number) * w);
+  }
+
+  /**
+   * Projected-feature rows `[from, to)` of `id`, `[to − from, featureWidth]` f32 (a copy).
+   * @throws {RangeError} without features; {@link CacheError} `range` for rows outside the sequence.
+   */
+  readFeatures(id: SequenceId, from: number, to: number): Float32Array {
+    const pool = this.featurePool;
+    if (pool === undefined) throw new RangeError('DraftKvCache.readFeatures: the cache keeps no features');
+    const slots = pool.tokenSlots([{ id, start: from, n: to - from }]);
+    const w = pool.floatsPerToken;
+    const store = pool.layerStore(0);
+    const out = new Float32Array(slots.length * w);
+    for (let i = 0; i < slots.length; i++)
+      out.set(store.subarray((slots[i] as number) * w, ((slots[i] as number) + 1) * w), i * w);
+    return out;
+  }
+
   /** Frees every sequence and drops the page stores; afterwards `add` throws and `free` does nothing. */
   dispose(): void {
     this.lengths.clear();
     this.kvPool = undefined;
+    this.featurePool = undefined;
     this.disposed = true;
   }
 

@@ -15,10 +15,17 @@
 
 import { RequestMetrics } from '../engine/metrics.js';
 import type { HandoffState } from '../engine/types.js';
-import { hasDraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.js';
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import {
+  hasDraftContextFeatures,
+  hasDraftContextTransfer,
+  type DraftContextFeatures,
+  type Drafter,
+} from '../plugin/drafter-plugin.js';
 import type { EngineLoop, LoopListener, LoopRequest } from '../serve/engine-loop.js';
 import { checksumRanges } from './checksum.js';
 import { ControlClient, type ControlMessage, type Deferred, deferred, withTimeout } from './control.js';
+import { DraftFormChooser } from './draft-form.js';
 import { handoffLogprobsFromWire } from './logprobs-wire.js';
 import { checkManifest, checkPdDrafter, regionLookup } from './manifest.js';
 import { rangeBytes } from './pairing.js';
@@ -27,7 +34,7 @@ import { RankedState } from './ranks.js';
 import { type PdStageLayout, splitByStage, stageRequestId } from './stages.js';
 import type { TransferEngine } from './transfer-engine.js';
 import { createTransferEngine } from './transfer-factory.js';
-import { entryName, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
+import { entryName, type LocalEntry, type ManifestRow, PdError, type PdPayloadClass, payloadClass } from './types.js';
 import type { DecodeTimings } from './waterfall.js';
 
 /** How a request admitted by the decode role goes on. */
@@ -141,6 +148,8 @@ export class DecodeRole {
   private readonly ranked: RankedState;
   /** Rooms aborted before their request arrived here: the request is refused when it comes. */
   private readonly tombstones = new Tombstones();
+  /** The draft context's form per request (`pd.draft_context`; pd/draft-form.ts). */
+  readonly draftForm: DraftFormChooser;
 
   /**
    * @param maxQueued requests that may wait for a free sequence at once (the server's max_waiting_requests).
@@ -154,6 +163,27 @@ export class DecodeRole {
   ) {
     if (drafter !== undefined) checkPdDrafter(drafter);
     this.ranked = new RankedState(loop.engine.target, loop.engine.cache, drafter);
+    const mode = drafter !== undefined && hasDraftContextFeatures(drafter) ? (options.draftContext ?? 'kv') : 'kv';
+    this.draftForm = new DraftFormChooser(mode);
+  }
+
+  /**
+   * Sequence `id`'s expected entries with the draft context in the form {@link draftForm} picks for it (by the
+   * draft bytes of each form), and that form.
+   */
+  private expectedEntries(id: SequenceId): { entries: LocalEntry[]; form: 'kv' | 'features' } {
+    const kv = this.ranked.entries(id, 'kv');
+    const d = this.drafter;
+    if (this.draftForm.mode === 'kv' || d === undefined || !hasDraftContextFeatures(d))
+      return { entries: kv, form: 'kv' };
+    const features = this.ranked.entries(id, 'features');
+    const draftBytes = (es: readonly LocalEntry[]) =>
+      es.filter((e) => payloadClass(e.key.kind) === 'draft_context').reduce((a, e) => a + rangeBytes(e.ranges), 0);
+    const featureBytes = features
+      .filter((e) => e.key.kind === 'draft-features')
+      .reduce((a, e) => a + rangeBytes(e.ranges), 0);
+    const form = this.draftForm.choose(draftBytes(kv), draftBytes(features), featureBytes / (4 * d.pdFeatureWidth));
+    return { entries: form === 'kv' ? kv : features, form };
   }
 
   /** Requests being admitted (reserved, waiting for their state). */
@@ -238,7 +268,7 @@ export class DecodeRole {
         this.drafter.pdReserveContext(id, req.promptIds.length);
       // every rank holds the reservation before the transfer writes into it (a replayed add zeroes the slot)
       this.ranked.sync();
-      const expected = this.ranked.entries(id);
+      const { entries: expected, form } = this.expectedEntries(id);
       let outcome: { kind: 'data'; ns: Notification[] } | RoomEvent;
       for (let hellos = 0; ; hellos++) {
         const { peer, stages } = await this.peer(bootstrap);
@@ -329,6 +359,16 @@ export class DecodeRole {
           );
         const cls = payloadClass(e.key.kind);
         payload[cls] = (payload[cls] ?? 0) + rangeBytes(e.ranges);
+      }
+      this.draftForm.observeTransfer(
+        Object.values(payload).reduce((a, n) => a + n, 0),
+        arrivedAt - (r.sendingAt ?? arrivedAt),
+      );
+      if (form === 'features') {
+        // the draft KV of the rows the features cover, computed here as P computed it (the same bits)
+        const t0 = performance.now();
+        const rows = (this.drafter as Drafter & DraftContextFeatures).pdRebuildFromFeatures(id);
+        this.draftForm.observeRebuild(rows, performance.now() - t0);
       }
       return {
         admission: { kind: 'resume', loopId: id, payload },

@@ -25,6 +25,7 @@
  * - `page_size.target`, `page_size.draft` (tokens per page; `'none'` without draft KV), `dtype.target`,
  *   `dtype.draft` (the caches' dtypes, e.g. `'f32'`).
  * - `transfer`: the data plane, `pd.transfer` (`'zmq'` or `'nixl'`): the two engines do not talk to each other.
+ * - `draft_context`: `pd.draft_context` (`'kv'`, `'features'`, `'auto'`): D asks for the form, P must keep it.
  * - `tp`, `pp`: the side's tensor- and pipeline-parallel sizes. They may differ between P and D (the
  *   transfer plan maps one layout onto the other), so {@link compareDigests} only checks that they are
  *   positive integers and reports them.
@@ -53,6 +54,7 @@ export const PD_DIGEST_FIELDS = [
   'dtype.target',
   'dtype.draft',
   'transfer',
+  'draft_context',
   'tp',
   'pp',
 ] as const;
@@ -92,6 +94,8 @@ export interface PdDigestInputs {
   readonly draftDtype?: string;
   /** The transfer engine (`pd.transfer`; default `'zmq'`). */
   readonly transfer?: 'zmq' | 'nixl';
+  /** The draft context's form (`pd.draft_context`; default `'kv'`). */
+  readonly draftContext?: 'kv' | 'features' | 'auto';
   /** Tensor-parallel size of this side (≥ 1). */
   readonly tp: number;
   /** Pipeline-parallel size of this side (≥ 1). */
@@ -129,6 +133,7 @@ export function pdDigest(inputs: PdDigestInputs): PdDigest {
     'dtype.target': inputs.dtype,
     'dtype.draft': inputs.draftDtype ?? 'none',
     transfer: inputs.transfer ?? 'zmq',
+    draft_context: inputs.draftContext ?? 'kv',
     tp: positive('tp', inputs.tp),
     pp: positive('pp', inputs.pp),
   };

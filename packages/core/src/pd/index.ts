@@ -8,6 +8,7 @@ export {
   checkManifest,
   checkPdDrafter,
   coalesceRanges,
+  DRAFT_FEATURES_REGION,
   draftKvRegionId,
   drafterEntries,
   drafterRegions,
@@ -19,8 +20,15 @@ export {
   targetEntries,
   targetRegions,
   type ChecksumRanges,
+  type DraftContextForm,
 } from './manifest.js';
-export { hasDraftContextTransfer, type DraftContextTransfer } from '../plugin/drafter-plugin.js';
+export { DraftFormChooser, type DraftContextMode } from './draft-form.js';
+export {
+  hasDraftContextFeatures,
+  hasDraftContextTransfer,
+  type DraftContextFeatures,
+  type DraftContextTransfer,
+} from '../plugin/drafter-plugin.js';
 export {
   canonicalJson,
   compareDigests,

@@ -93,6 +93,11 @@ export const PD_LAYOUT_SCHEMA = Object.freeze({
         kv_heads: count(1, 'KV heads in all'),
         head_dim: count(1, 'elements per head'),
         window: count(1, 'sliding window, tokens (a request sends only the pages of its last window rows)'),
+        feature_width: count(
+          1,
+          "draft-kv: elements of the drafter's projected feature per row (its hidden size), for the bytes of " +
+            'pd.draft_context "features"',
+        ),
       },
     },
     mla: {
@@ -133,6 +138,8 @@ export interface PdLayout {
   readonly pageSize: number;
   /** Window of `region`, tokens, when given. */
   readonly window?: number;
+  /** A draft-kv region's projected-feature width, elements per row (`feature_width`), when given. */
+  readonly featureWidth?: number;
   /** In buffer order. */
   readonly regions: readonly PdRegionSpec[];
   readonly prefill: PdSideLayout;
@@ -153,7 +160,14 @@ interface LayoutJson {
   dtype: PdDtype;
   page_size: number;
   target_layers?: number;
-  region: { kind: 'target-kv' | 'draft-kv'; layers: number; kv_heads: number; head_dim: number; window?: number };
+  region: {
+    kind: 'target-kv' | 'draft-kv';
+    layers: number;
+    kv_heads: number;
+    head_dim: number;
+    window?: number;
+    feature_width?: number;
+  };
   mla?: {
     layers: number[];
     kv_lora_rank: number;
@@ -365,6 +379,7 @@ export function parseLayout(data: unknown, where = 'layout'): PdLayout {
     dtype: j.dtype,
     pageSize: j.page_size,
     ...(j.region.window === undefined ? {} : { window: j.region.window }),
+    ...(j.region.feature_width === undefined ? {} : { featureWidth: j.region.feature_width }),
     regions,
     prefill: side(j.prefill, pUnits),
     decode: side(j.decode, dUnits),

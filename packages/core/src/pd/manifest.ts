@@ -22,7 +22,13 @@
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache } from '../kv/sequence-cache.js';
-import { hasDraftContextTransfer, type DraftContextTransfer, type Drafter } from '../plugin/drafter-plugin.js';
+import {
+  hasDraftContextFeatures,
+  hasDraftContextTransfer,
+  type DraftContextFeatures,
+  type DraftContextTransfer,
+  type Drafter,
+} from '../plugin/drafter-plugin.js';
 import {
   entryId,
   entryName,
@@ -44,6 +50,9 @@ export function f32Region(id: string, store: Float32Array): MemoryRegion {
 export function draftKvRegionId(layer: number, part: 'k' | 'v'): string {
   return `draft-kv/${layer}/${part}`;
 }
+
+/** Region id of a drafter's projected-feature page store ({@link DraftContextFeatures}). */
+export const DRAFT_FEATURES_REGION = 'draft-features';
 
 /**
  * Merges each range into the previous one when it is of the same region and starts where the previous
@@ -195,12 +204,39 @@ export function drafterRegions(drafter: Drafter): readonly MemoryRegion[] {
 }
 
 /**
- * The drafter's entries of sequence `id` ({@link DraftContextTransfer.pdContextEntries}), keys of rank `rank`.
- * @throws {PdError} `'unsupported'` as {@link checkPdDrafter}; `CacheError` `unknown-sequence`.
+ * The form of a request's draft context in a transfer (`pd.draft_context`): `'kv'` the drafter's entries as they
+ * are (its draft KV pages, window-aware, and any `'draft-state'`); `'features'` its projected features instead of
+ * the draft KV (`'draft-features'`, plus any `'draft-state'`; D rebuilds the KV, {@link DraftContextFeatures});
+ * `'both'` every entry of both forms (what P offers when D may ask for either).
  */
-export function drafterEntries(drafter: Drafter, id: SequenceId, rank = 0): LocalEntry[] {
+export type DraftContextForm = 'kv' | 'features' | 'both';
+
+/**
+ * The drafter's entries of sequence `id` in `form` ({@link DraftContextForm}; default `'kv'`:
+ * {@link DraftContextTransfer.pdContextEntries}), keys of rank `rank`.
+ * @throws {PdError} `'unsupported'` as {@link checkPdDrafter}, or for `'features'` from a drafter without
+ *   {@link DraftContextFeatures} (or loaded without features); `CacheError` `unknown-sequence`.
+ */
+export function drafterEntries(
+  drafter: Drafter,
+  id: SequenceId,
+  rank = 0,
+  form: DraftContextForm = 'kv',
+): LocalEntry[] {
   checkPdDrafter(drafter);
-  return drafter.pdContextEntries(id).map((e) => ({ ...e, key: { ...e.key, rank } }));
+  const kv = drafter.pdContextEntries(id);
+  let entries: readonly LocalEntry[] = kv;
+  if (form !== 'kv') {
+    if (!hasDraftContextFeatures(drafter))
+      throw new PdError(
+        'unsupported',
+        `${drafter.method}: no draft context as features (the drafter does not declare DraftContextFeatures, or ` +
+          'was loaded without pdFeatures): use pd.draft_context "kv"',
+      );
+    const features = drafter.pdFeatureEntries(id);
+    entries = form === 'both' ? [...kv, ...features] : [...kv.filter((e) => e.key.kind !== 'draft-kv'), ...features];
+  }
+  return entries.map((e) => ({ ...e, key: { ...e.key, rank } }));
 }
 
 /**
@@ -214,9 +250,10 @@ export function allEntries(
   id: SequenceId,
   rank = 0,
   tp = 1,
+  form: DraftContextForm = 'kv',
 ): LocalEntry[] {
   const target = targetEntries(cache, id, rank, tp);
-  const entries = drafter === undefined ? target : [...target, ...drafterEntries(drafter, id, rank)];
+  const entries = drafter === undefined ? target : [...target, ...drafterEntries(drafter, id, rank, form)];
   const seen = new Set<string>();
   for (const e of entries) {
     const name = entryName(e.key);

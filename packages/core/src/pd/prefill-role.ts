@@ -28,6 +28,7 @@ import {
   withTimeout,
 } from './control.js';
 import { compareDigests } from './digest.js';
+import type { DraftContextMode } from './draft-form.js';
 import { type HandoffLogprobs, handoffLogprobsToWire } from './logprobs-wire.js';
 import { checkPdDrafter, regionLookup } from './manifest.js';
 import { planSend, rangeBytes } from './pairing.js';
@@ -56,6 +57,11 @@ export interface PdRoleOptions {
   readonly transferTimeoutMs: number;
   /** The transfer engine (config `pd.transfer`; default 'zmq'); P and D must use the same one. */
   readonly transfer?: TransferKind;
+  /**
+   * The draft context's form (config `pd.draft_context`; default 'kv'): D picks per request (pd/draft-form.ts), so
+   * P offers both forms unless it is 'kv'.
+   */
+  readonly draftContext?: DraftContextMode;
   /** This side's digest (digest.ts): compared at connection time, a mismatch refused naming the field. */
   readonly digest: Readonly<Record<string, string>>;
   readonly logger?: Logger;
@@ -383,7 +389,12 @@ export class PrefillRole {
     // an entry cut into many small pieces (TP sizes that differ) is gathered into a staging buffer first
     const wanted = byStage[last] ?? [];
     const staged = gatherScattered(
-      reshardEntries(this.ranked.entries(loopId), this.ranked.tp, wanted, layout.tp),
+      reshardEntries(
+        this.ranked.entries(loopId, (this.options.draftContext ?? 'kv') === 'kv' ? 'kv' : 'both'),
+        this.ranked.tp,
+        wanted,
+        layout.tp,
+      ),
       this.lookup,
       `staging/${room}/`,
     );

@@ -22,7 +22,7 @@ import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache } from '../kv/sequence-cache.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
-import { allEntries, allRegions, coalesceRanges, entryByteLength } from './manifest.js';
+import { allEntries, allRegions, coalesceRanges, type DraftContextForm, entryByteLength } from './manifest.js';
 import {
   entryId,
   entryName,
@@ -105,11 +105,12 @@ export class RankedState {
 
   /**
    * Sequence `id`'s entries on every rank, rank order: rank 0's (manifest.ts `allEntries`, heads over this
-   * side's TP), then each worker rank's copy of those whose regions it holds.
+   * side's TP), then each worker rank's copy of those whose regions it holds; the draft context in `form`
+   * (manifest.ts `DraftContextForm`, default `'kv'`).
    * @throws as `allEntries`.
    */
-  entries(id: SequenceId): LocalEntry[] {
-    const base = allEntries(this.cache, this.drafter, id, 0, this.tp);
+  entries(id: SequenceId, form: DraftContextForm = 'kv'): LocalEntry[] {
+    const base = allEntries(this.cache, this.drafter, id, 0, this.tp, form);
     const out = [...base];
     this.held.forEach((held, k) => {
       const rank = k + 1;

@@ -21,7 +21,9 @@ export type PdEntryKind =
   /** Draft K (`part` `'k'`) or V (`part` `'v'`) pages of one draft attention layer. */
   | 'draft-kv'
   /** Per-sequence draft state other than KV (e.g. the last projected feature a drafter continues from). */
-  | 'draft-state';
+  | 'draft-state'
+  /** Projected-feature pages of the draft context, from which D rebuilds the draft KV (`pd.draft_context`). */
+  | 'draft-features';
 
 /** The payload classes reported per request in `/metrics` (bytes by class). */
 export type PdPayloadClass = 'target_kv' | 'linear_state' | 'draft_context';
@@ -36,6 +38,7 @@ export function payloadClass(kind: PdEntryKind): PdPayloadClass {
       return 'linear_state';
     case 'draft-kv':
     case 'draft-state':
+    case 'draft-features':
       return 'draft_context';
   }
 }

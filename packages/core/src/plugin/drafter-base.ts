@@ -22,7 +22,7 @@
 
 import type { DraftKvCache } from '../kv/draft-kv-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import { draftKvRegionId, f32Region, pageRanges } from '../pd/manifest.js';
+import { DRAFT_FEATURES_REGION, draftKvRegionId, f32Region, pageRanges } from '../pd/manifest.js';
 import type { LocalEntry, MemoryRegion } from '../pd/types.js';
 import {
   DrafterError,
@@ -30,6 +30,7 @@ import {
   type DraftBatch,
   type Drafter,
   type DraftProposal,
+  type DraftContextFeatures,
   type DraftContextTransfer,
   type DraftSequence,
 } from './drafter-plugin.js';
@@ -188,6 +189,56 @@ export abstract class DrafterBase implements Drafter {
       }
     }
     return out;
+  }
+
+  /**
+   * PD helper ({@link DraftContextFeatures}): the projected-feature page store as region `draft-features`
+   * (`[numPages, pageSize, featureWidth]` f32, as bytes); `[]` when the draft KV cache keeps no features.
+   */
+  protected draftFeatureRegions(): MemoryRegion[] {
+    const pool = this.draftKv?.features;
+    return pool === undefined ? [] : [f32Region(DRAFT_FEATURES_REGION, pool.layerStore(0))];
+  }
+
+  /**
+   * PD helper ({@link DraftContextFeatures.pdFeatureEntries}): the `'draft-features'` entry of `id` (layer 0, part
+   * `''`, rank 0, no head split: every rank's rebuild reads whole rows), the feature pages of rows
+   * [max(0, L − W), L) where W is the widest window of `window(j)` over the draft layers — every row (W = ∞) when a
+   * layer attends the whole context (`window(j)` 0) — in block-table order, coalesced. `[]` without features.
+   * @throws `CacheError` `unknown-sequence`.
+   */
+  protected draftFeatureEntries(id: SequenceId, window?: (layer: number) => number): LocalEntry[] {
+    const kv = this.draftKv;
+    if (kv === undefined) return [];
+    const first = this.featureRowsFrom(id, window);
+    const pool = kv.features;
+    if (pool === undefined) return [];
+    const pages = pool.blockTable(id).subarray(Math.floor(first / pool.pageSize));
+    return [
+      {
+        key: { kind: 'draft-features', layer: 0, part: '', rank: 0 },
+        ranges: pageRanges(DRAFT_FEATURES_REGION, pages, pool.pageBytes),
+      },
+    ];
+  }
+
+  /**
+   * The first row whose feature page {@link draftFeatureEntries} sends, rounded down to its page: D rebuilds rows
+   * [that, L). @throws `CacheError` `unknown-sequence`.
+   */
+  protected featureRowsFrom(id: SequenceId, window?: (layer: number) => number): number {
+    const kv = this.draftKv;
+    if (kv === undefined) return 0;
+    const length = kv.contextLength(id); // an unknown sequence throws
+    const layers = Math.max(kv.numLayers, 1);
+    let widest = 0;
+    for (let j = 0; j < layers; j++) {
+      const w = window?.(j) ?? 0;
+      if (w <= 0) return 0;
+      widest = Math.max(widest, w);
+    }
+    const pageSize = kv.features?.pageSize ?? 1;
+    return Math.floor(Math.max(0, length - widest) / pageSize) * pageSize;
   }
 
   /**

@@ -72,6 +72,12 @@ export interface DrafterLoadOptions {
    * Default false.
    */
   readonly contextOnly?: boolean;
+  /**
+   * Keep each context row's projected feature besides its draft KV, for prefill/decode disaggregation that sends
+   * features instead of draft KV (`pd.draft_context` "features" or "auto"; {@link DraftContextFeatures}). A
+   * drafter without that capability ignores it. Default false.
+   */
+  readonly pdFeatures?: boolean;
 }
 
 /**
@@ -331,6 +337,42 @@ export interface DraftContextTransfer {
    *   `full` (nothing allocated) or `unknown-sequence`.
    */
   pdReserveContext(id: SequenceId, length: number): void;
+}
+
+/**
+ * Optional capability of a {@link DraftContextTransfer} drafter whose draft KV rows are a function of one
+ * projected feature per context row (DFlash, DSpark: K = RoPE(k_norm(k_proj f)), V = v_proj f per layer): P may
+ * send the features `[rows, featureWidth]` instead of every layer's K and V, and D rebuild the rows (prefill/decode
+ * `pd.draft_context` "features" / "auto"; docs/PLUGINS.md). Needs the drafter loaded with
+ * {@link DrafterLoadOptions.pdFeatures}.
+ */
+export interface DraftContextFeatures {
+  /** Floats per feature row (the drafter's hidden size); 0 when the drafter was loaded without features. */
+  readonly pdFeatureWidth: number;
+  /**
+   * The `'draft-features'` entry of `id` (layer 0, part `''`, rank 0): the feature pages of the rows D must rebuild
+   * — every row when some draft layer attends the whole context, else the rows of the widest window — in
+   * block-table order. `[]` when loaded without features.
+   * @throws `CacheError` `unknown-sequence`.
+   */
+  pdFeatureEntries(id: SequenceId): readonly LocalEntry[];
+  /**
+   * D, once the features of `pdFeatureEntries(id)` arrived: computes each draft layer's K/V of those rows into the
+   * pages `pdReserveContext` allocated, exactly (the same bits) as P computed them. Returns the rows rebuilt.
+   * @throws {DrafterError} when loaded without features; `CacheError` `unknown-sequence`.
+   */
+  pdRebuildFromFeatures(id: SequenceId): number;
+}
+
+/** Whether `drafter` can send its context as features ({@link DraftContextFeatures}, loaded with them). */
+export function hasDraftContextFeatures<D extends Drafter>(drafter: D): drafter is D & DraftContextFeatures {
+  const d = drafter as Partial<DraftContextFeatures>;
+  return (
+    typeof d.pdFeatureWidth === 'number' &&
+    d.pdFeatureWidth > 0 &&
+    typeof d.pdFeatureEntries === 'function' &&
+    typeof d.pdRebuildFromFeatures === 'function'
+  );
 }
 
 /** Whether `drafter` declares {@link DraftContextTransfer} (all three methods present). */

@@ -59,7 +59,7 @@ export async function loadDrafter(
   target: LoadedTarget,
   maxTokensPerSequence: number,
   maxSequences = 1,
-  extra: { readonly contextOnly?: boolean } & SanityLoadOptions = {},
+  extra: { readonly contextOnly?: boolean; readonly pdFeatures?: boolean } & SanityLoadOptions = {},
 ): Promise<LoadedDrafter> {
   const c: DrafterChoice = typeof choice === 'string' ? { dir: choice } : choice;
   const sanity = sanityOf(extra);
@@ -71,6 +71,7 @@ export async function loadDrafter(
     maxTokensPerSequence,
     ...(c.settings === undefined ? {} : { settings: c.settings }),
     ...(extra.contextOnly === true ? { contextOnly: true } : {}),
+    ...(extra.pdFeatures === true ? { pdFeatures: true } : {}),
   };
   const drafterDir = c.dir;
   if (drafterDir === undefined) {

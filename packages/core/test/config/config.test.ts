@@ -79,6 +79,7 @@ describe('config schema', () => {
       role: 'none',
       bootstrap_timeout_ms: 30000,
       transfer: 'zmq',
+      draft_context: 'kv',
       transfer_timeout_ms: 60000,
     });
     expect(c.checkpoint_sanity).toBe('refuse');

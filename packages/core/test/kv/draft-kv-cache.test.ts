@@ -1,5 +1,6 @@
 // DraftKvCache: a drafter's draft context — lengths, pages of K/V per draft layer, all-or-nothing
-// extendAll with rollback, temporary rows, a context without KV, and dispose.
+// extendAll with rollback, temporary rows, a context without KV, dispose, and the projected-feature pages kept for
+// prefill/decode (`featureWidth`).
 import { describe, expect, it } from 'vitest';
 
 import { CacheError, DRAFT_PAGE_SIZE, DraftKvCache } from '../../src/kv/index.js';
@@ -137,5 +138,38 @@ describe('DraftKvCache', () => {
     c.free('a');
     expect(() => c.add('b')).toThrow('DraftKvCache: disposed');
     expect(() => c.pool).toThrow('DraftKvCache: disposed');
+  });
+
+  it('featureWidth: feature pages grow, shrink and free with the KV; rows written come back in order', () => {
+    expect(() => new DraftKvCache({ ...geometry, featureWidth: 0 })).toThrow(/featureWidth: expected an integer >= 1/);
+    expect(new DraftKvCache(geometry).features).toBeUndefined();
+    const c = new DraftKvCache({ ...geometry, featureWidth: 3 });
+    const f = c.features!;
+    expect([f.layers, f.floatsPerToken, f.pageSize, f.numPages]).toEqual([[0], 3, 4, 6]);
+    c.add('a');
+    c.add('b');
+    c.extendAll([
+      { id: 'a', position: 0, numTokens: 2 },
+      { id: 'b', position: 0, numTokens: 5 },
+    ]);
+    expect([f.pagesInUse, c.pagesInUse]).toEqual([3, 3]);
+    // rows 2 … 5 of a (a second page), written after b's: read back in position order
+    c.extendAll([{ id: 'a', position: 2, numTokens: 4 }]);
+    const rows = Float32Array.from({ length: 6 * 3 }, (_, i) => i);
+    c.writeFeatures([{ id: 'a', position: 0, numTokens: 6 }], rows);
+    expect(Array.from(c.readFeatures('a', 1, 6))).toEqual(Array.from(rows.subarray(3)));
+    expect(() => c.writeFeatures([{ id: 'a', position: 0, numTokens: 2 }], rows)).toThrow(
+      /features: expected \[2, 3\] f32, got length 18/,
+    );
+    expect(() => c.readFeatures('a', 4, 7)).toThrow(CacheError);
+    // all or nothing: the pools run out together, and nothing stays allocated in either
+    expect(() => c.extendAll([{ id: 'b', position: 5, numTokens: 12 }])).toThrow(CacheError);
+    expect([f.pagesInUse, c.pagesInUse, c.contextLength('b')]).toEqual([4, 4, 5]);
+    c.truncateAll([{ id: 'a', position: 1, numTokens: 0 }]);
+    c.free('b');
+    expect([f.pagesInUse, c.pagesInUse]).toEqual([1, 1]);
+    c.dispose();
+    expect(c.features).toBeUndefined();
+    expect(() => c.readFeatures('a', 0, 1)).toThrow(/keeps no features/);
   });
 });

@@ -76,6 +76,12 @@ describe('specd pd plan', () => {
     expect(out).toContain(
       `draft context: kv (every page) ${256 * per} B (1.5 GiB); kv + window ${64 * per} B (384 MiB)\n`,
     );
+    // features: the window's 4096 rows × 7168 bf16 elements, whole on each of D's 32 ranks: more than kv + window
+    const features = 4096 * 7168 * 2 * 32;
+    expect(out).toContain(
+      `  features (7168 elements a row, the window, to each of D's 32 ranks) ${features} B (1.75 GiB); auto by bytes ` +
+        `(at run time D also weighs the rebuild it measures): kv + window, ${64 * per} B (384 MiB)\n`,
+    );
   });
 
   it('--json: one copy per line; D rank 13, layer 2 (v), page 9 → 40 at hand-derived offsets', async () => {
