@@ -98,6 +98,11 @@ describe.skipIf(!HAVE)('PD with the draft context as features (pd.draft_context)
           if (form === 'features' || i === 0) expect(draft, `${prompt}: draft context bytes`).toBe(want);
           else want = draft;
         }
+        // the form of each request D resumed: features for "features"; "auto" began with features
+        const forms = await metricsOf(d.url);
+        const byForm = (f: string) => metric(forms, 'specd_pd_draft_context_form_total', `form="${f}"`) || 0;
+        expect(byForm('features') + byForm('kv')).toBe(PROMPTS.length);
+        expect(byForm('features')).toBeGreaterThanOrEqual(form === 'features' ? PROMPTS.length : 1);
         // D drafts from the rebuilt draft KV exactly as the aggregated server from its own: the same acceptances
         const accepted = async (u: string) => metric(await metricsOf(u), 'specd_spec_decode_num_accepted_tokens_total');
         expect(await accepted(d.url)).toBeGreaterThan(0);

@@ -160,6 +160,9 @@ for (const family of FAMILIES) {
           expect(metric(dm, 'specd_pd_payload_bytes_count', 'kind="target_kv"')).toBeGreaterThan(0);
           if (dir !== undefined && !name.endsWith('eagle3'))
             expect(metric(dm, 'specd_pd_payload_bytes_sum', 'kind="draft_context"')).toBeGreaterThan(0);
+          // every request came with its draft context as KV (pd.draft_context "kv", the default)
+          if (dir !== undefined)
+            expect(metric(dm, 'specd_pd_draft_context_form_total', 'form="kv"')).toBe(handedOff.length);
           // a block drafter sends its draft KV, a sliding layer only its window's pages: exactly these bytes (the
           // Kimi family's last prompt is past both windows plus a page)
           if (family.target === 'kimi-k3-tiny') expect(Math.max(...handedOff)).toBeGreaterThan(128 + 16);

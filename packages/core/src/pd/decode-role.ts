@@ -40,7 +40,13 @@ import type { DecodeTimings } from './waterfall.js';
 /** How a request admitted by the decode role goes on. */
 export type Admission =
   /** The state arrived and checked: `begin()` resumes the request (its first token reaches the listener). */
-  | { readonly kind: 'resume'; readonly loopId: number; readonly payload: Partial<Record<PdPayloadClass, number>> }
+  | {
+      readonly kind: 'resume';
+      readonly loopId: number;
+      readonly payload: Partial<Record<PdPayloadClass, number>>;
+      /** The draft context's form this request used (pd/draft-form.ts; `'kv'` without a drafter). */
+      readonly draftForm: 'kv' | 'features';
+    }
   /** The request ended on P with its first token (EOS, max_tokens 1, a stop string): `begin()` reports it. */
   | { readonly kind: 'finished'; readonly loopId: undefined };
 
@@ -371,7 +377,7 @@ export class DecodeRole {
         this.draftForm.observeRebuild(rows, performance.now() - t0);
       }
       return {
-        admission: { kind: 'resume', loopId: id, payload },
+        admission: { kind: 'resume', loopId: id, payload, draftForm: form },
         timings: timings(r),
         begin: () => {
           beganAt = performance.now();

@@ -92,6 +92,8 @@ export class ServerMetrics {
   readonly numUnverifiedTokens: Counter;
   /** Prefill/decode disaggregation: payload bytes per request by class (target_kv, linear_state, draft_context). */
   readonly pdPayloadBytes: Histogram<'kind'>;
+  /** Prefill/decode disaggregation (decode instance): requests by the form their draft context came in. */
+  readonly pdDraftContextForm: Counter<'form'>;
   /** Prefill/decode disaggregation: time from reserving (D) or handing off (P) to the transfer's end, s. */
   readonly pdTransferWait: Histogram<'role'>;
   /** Prefill/decode disaggregation: transfers that failed, by PdError code. */
@@ -203,6 +205,14 @@ export class ServerMetrics {
       help: 'prefill/decode payload bytes per request, by kind (target_kv, linear_state, draft_context)',
       labelNames: ['kind'],
       buckets: [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26, 1 << 29],
+      registers,
+    });
+    this.pdDraftContextForm = new Counter({
+      name: 'specd_pd_draft_context_form_total',
+      help:
+        'prefill/decode requests a decode instance resumed, by the form of their draft context (kv: draft KV pages; ' +
+        'features: projected features it rebuilt the draft KV from; pd.draft_context)',
+      labelNames: ['form'],
       registers,
     });
     this.pdTransferWait = new Histogram({

@@ -501,8 +501,10 @@ export class SpecdServer {
               listener,
               digest,
             );
-            if (a.admission.kind === 'resume')
+            if (a.admission.kind === 'resume') {
               this.recordPayload('decode', a.admission.payload, (performance.now() - t0) / 1000);
+              this.metrics.pdDraftContextForm.inc({ form: a.admission.draftForm });
+            }
             const headers = (): Record<string, string> => {
               const t = a.timings();
               this.recordPhases({
