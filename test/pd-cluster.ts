@@ -148,6 +148,22 @@ export function startRouter(
   ]);
 }
 
+/**
+ * `specd serve --role prefill` and `--role decode` (port 0, log level warn) and `specd router` in front of them, for
+ * a config (P and D may have their own; the router takes D's).
+ */
+export async function startPdCluster(
+  pConfig: string,
+  dConfig = pConfig,
+): Promise<{ p: SpecdProcess; d: SpecdProcess; r: SpecdProcess }> {
+  const [p, d] = await Promise.all([
+    startSpecd(['serve', '--config', pConfig, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
+    startSpecd(['serve', '--config', dConfig, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
+  ]);
+  const r = await startRouter(p, d, dConfig);
+  return { p, d, r };
+}
+
 /** Stops every process (SIGTERM, then SIGKILL after `graceMs`) and waits for them. */
 export async function stopAll(procs: readonly (SpecdProcess | undefined)[], graceMs = 5000): Promise<void> {
   await Promise.all(

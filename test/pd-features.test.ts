@@ -20,7 +20,7 @@ import {
   modelId,
   MODELS,
   type SpecdProcess,
-  startRouter,
+  startPdCluster,
   startSpecd,
   stopAll,
   tempDir,
@@ -76,13 +76,8 @@ describe.skipIf(!HAVE)('PD with the draft context as features (pd.draft_context)
       try {
         const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
         procs.push(a);
-        const [p, d] = await Promise.all([
-          startSpecd(['serve', '--config', cfg, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
-          startSpecd(['serve', '--config', cfg, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
-        ]);
-        procs.push(p, d);
-        const r = await startRouter(p, d, cfg);
-        procs.push(r);
+        const { p, d, r } = await startPdCluster(cfg);
+        procs.push(p, d, r);
         const model = await modelId(a.url);
         const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
         const pd = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: 'none' });

@@ -221,6 +221,20 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
     return out!;
   }
 
+  /**
+   * D drafts exactly as P at the end of the prompt: the same greedy drafts, and the same sampled drafts and q bit for
+   * bit (seed 7). Returns P's sampled proposal.
+   */
+  function expectSameDrafts(p: Drafter, d: Drafter, prompt: Int32Array, first: number, name: string): DraftProposal {
+    const greedyP = propose(p, prompt, first, 0);
+    expect(propose(d, prompt, first, 0).tokens, name).toEqual(greedyP.tokens);
+    const sampledP = propose(p, prompt, first, 0.8);
+    const sampledD = propose(d, prompt, first, 0.8);
+    expect(sampledD.tokens, name).toEqual(sampledP.tokens);
+    expect(sameBits(sampledD.probs, sampledP.probs), name).toBe(true);
+    return sampledP;
+  }
+
   /** D: a sequence holding other pages and slots first, then `SEQ` reserved for `length` rows. */
   function reserveD(d: Drafter & DraftContextTransfer, length: number): void {
     d.addSequence('other');
@@ -344,12 +358,7 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
         windows.forEach((w, j) => {
           if (w > 0) poison(j, [0, Math.floor((L - w) / PAGE) * PAGE]);
         });
-        const greedyP = propose(p, prompt, first, 0);
-        expect(propose(d, prompt, first, 0).tokens, name).toEqual(greedyP.tokens);
-        const sampledP = propose(p, prompt, first, 0.8);
-        const sampledD = propose(d, prompt, first, 0.8);
-        expect(sampledD.tokens, name).toEqual(sampledP.tokens);
-        expect(sameBits(sampledD.probs, sampledP.probs), name).toBe(true);
+        const sampledP = expectSameDrafts(p, d, prompt, first, name);
         // (c) the poison would show: zeros in a row of the window (its middle one) change D's q (a NaN there would
         // make the logits NaN)
         const j = windows.findIndex((w) => w > 0);
@@ -409,12 +418,7 @@ describe.skipIf(!HAVE)('the PD transfer manifest on real checkpoints', () => {
           expect(to - from, `${name} ${entryId(e.key)}`).toBeGreaterThan(0);
           expect(Buffer.compare(a.subarray(from, to), b.subarray(from, to)), `${name} ${entryId(e.key)}`).toBe(0);
         }
-        const greedyP = propose(p, prompt, first, 0);
-        expect(propose(d, prompt, first, 0).tokens, name).toEqual(greedyP.tokens);
-        const sampledP = propose(p, prompt, first, 0.8);
-        const sampledD = propose(d, prompt, first, 0.8);
-        expect(sampledD.tokens, name).toEqual(sampledP.tokens);
-        expect(sameBits(sampledD.probs, sampledP.probs), name).toBe(true);
+        expectSameDrafts(p, d, prompt, first, name);
       } finally {
         p.dispose();
         d.dispose();

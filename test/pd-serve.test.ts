@@ -20,7 +20,7 @@ import {
   modelId,
   MODELS,
   type SpecdProcess,
-  startRouter,
+  startPdCluster,
   startSpecd,
   stopAll,
   tempDir,
@@ -87,19 +87,6 @@ function draftContextBytes(dir: string, length: number): number | undefined {
   return 2 * pages * page;
 }
 
-/** P, D and the router for a config (P and D may have their own). */
-async function cluster(
-  pConfig: string,
-  dConfig = pConfig,
-): Promise<{ p: SpecdProcess; d: SpecdProcess; r: SpecdProcess }> {
-  const [p, d] = await Promise.all([
-    startSpecd(['serve', '--config', pConfig, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
-    startSpecd(['serve', '--config', dConfig, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
-  ]);
-  const r = await startRouter(p, d, dConfig);
-  return { p, d, r };
-}
-
 for (const family of FAMILIES) {
   const HAVE = !skipWithoutFiles(`PD serving (${family.target})`, [path.join(MODELS, family.file)]);
   describe.skipIf(!HAVE)(`PD through the router: ${family.target}`, () => {
@@ -112,7 +99,7 @@ for (const family of FAMILIES) {
         try {
           const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
           procs.push(a);
-          const { p, d, r } = await cluster(cfg);
+          const { p, d, r } = await startPdCluster(cfg);
           procs.push(p, d, r);
           const model = await modelId(a.url);
           const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });
@@ -200,7 +187,7 @@ describe.skipIf(!KIMI)('PD through the router: logprobs, echo, n > 1, prompt lis
     try {
       const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
       procs.push(a);
-      const { p, d, r } = await cluster(cfg);
+      const { p, d, r } = await startPdCluster(cfg);
       procs.push(p, d, r);
       const model = await modelId(a.url);
       const agg = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none' });

@@ -19,8 +19,7 @@ import {
   MODELS,
   PHASES,
   type SpecdProcess,
-  startRouter,
-  startSpecd,
+  startPdCluster,
   stopAll,
   until,
 } from './pd-cluster.js';
@@ -46,13 +45,8 @@ describe.skipIf(!HAVE)('PD TTFT waterfall (loopback)', () => {
     fs.writeFileSync(cfg, JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(DFLASH) }));
     const procs: (SpecdProcess | undefined)[] = [];
     try {
-      const [p, d] = await Promise.all([
-        startSpecd(['serve', '--config', cfg, '--role', 'prefill', '--port', '0', '--log-level', 'warn']),
-        startSpecd(['serve', '--config', cfg, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
-      ]);
-      procs.push(p, d);
-      const r = await startRouter(p, d, cfg);
-      procs.push(r);
+      const { p, d, r } = await startPdCluster(cfg);
+      procs.push(p, d, r);
       const model = (await (await fetch(`${r.url}/v1/models`)).json()).data[0].id as string;
       const prompt = 'Once upon a time, in a land far away, there lived a '.repeat(6);
       const bytes: Record<string, number> = { target_kv: 0, linear_state: 0, draft_context: 0 };
