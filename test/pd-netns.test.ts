@@ -2,12 +2,14 @@
 // veth pairs on a bridge in the router's namespace, private addresses inside the namespaces only), each spawned with
 // `ip netns exec`, kimi-k3-tiny + DFlash at a fixed draft length. Greedy output through the router equals an
 // aggregated server's (on loopback outside the namespaces), streamed and not; every request's TTFT waterfall is
-// measured (pd/waterfall.ts: phases ≥ 0, their sum within the TTFT); every page, slot and transfer is freed. One case
-// shapes the traffic leaving P (the P → D payload) with `tc qdisc … tbf` at two rates and checks that the transfer
-// wait grows at the lower rate (the ratio is printed). Both transfer engines: ZeroMQ, and NIXL with UCX over TCP
-// (`UCX_TLS=tcp`; it runs when `npm run nixl:fetch` brought the library, which pd-nixl.test.ts requires under CI).
-// Under CI (root) a namespace that cannot be made fails the file; elsewhere it skips loudly.
-import { spawnSync } from 'node:child_process';
+// measured (pd/waterfall.ts: phases ≥ 0, their sum within the TTFT); every page, slot and transfer is freed. One
+// case shapes the traffic leaving P (the P → D payload) with `tc qdisc … tbf` at two rates and checks that the
+// transfer wait grows at the lower rate (the ratio is printed); another puts a delay relay (test/delay-relay.mjs, a
+// TCP proxy in the router's namespace holding each chunk 100 ms) on a second router's link to P and checks that the
+// time no waterfall phase covers (TTFT − Σ phases: the links) grows by that. Both transfer engines: ZeroMQ, and NIXL
+// with UCX over TCP (`UCX_TLS=tcp`; it runs when `npm run nixl:fetch` brought the library, which pd-nixl.test.ts
+// requires under CI). Under CI (root) a namespace that cannot be made fails the file; elsewhere it skips loudly.
+import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -20,6 +22,7 @@ import {
   drafterBranch,
   metric,
   MODELS,
+  ROOT,
   type SpecdProcess,
   startSpecd,
   startSpecdNixl,
@@ -70,6 +73,7 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
     let prefill = '';
     let decode = '';
     let model = '';
+    let config = '';
     let agg: SpecdProcess;
     const prompts = ['The quick brown fox', 'def fibonacci(n):\n    if n < 2:\n        return n\n'];
 
@@ -78,6 +82,7 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       const cfg = path.join(tmp, `kimi-dflash-${transfer}.json`);
       const drafter = drafterBranch(DFLASH);
       fs.writeFileSync(cfg, JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter, pd: { transfer } }));
+      config = cfg;
       const l = lab;
       // NIXL: UCX over TCP only (its shared-memory transports would bypass the namespaces' links)
       const env: Record<string, string> = transfer === 'nixl' ? { UCX_TLS: 'tcp' } : {};
@@ -95,6 +100,9 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
             '0',
             '--log-level',
             'warn',
+            // the delay relay case reaches P under the relay's address (the router's host) as well
+            '--allowed-hosts',
+            `${l.host(host).address},${l.host('router').address}`,
           ],
           120_000,
           env,
@@ -132,12 +140,15 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       model = (await (await fetch(`${a.url}/v1/models`)).json()).data[0].id as string;
     }, 180_000);
 
-    /** Completions through the router from inside the router's namespace, each with its waterfall. */
-    const viaRouter = (bodies: readonly Record<string, unknown>[]): { text: string; waterfall: WaterfallJson }[] => {
+    /** Completions through the router (`at`) from inside the router's namespace, each with its waterfall. */
+    const viaRouter = (
+      bodies: readonly Record<string, unknown>[],
+      at = router,
+    ): { text: string; waterfall: WaterfallJson }[] => {
       const l = lab as NetnsLab;
       const answers = l.fetch(
         'router',
-        bodies.map((body) => ({ url: `${router}/v1/completions`, body })),
+        bodies.map((body) => ({ url: `${at}/v1/completions`, body })),
       );
       const ids = answers.map((a, i) => {
         if (a.status !== 200) throw new Error(`request ${i}: router answered ${a.status}: ${a.text}`);
@@ -145,7 +156,7 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       });
       const waterfalls = l.fetch(
         'router',
-        ids.map((id) => ({ url: `${router}/pd/waterfall/${encodeURIComponent(id)}` })),
+        ids.map((id) => ({ url: `${at}/pd/waterfall/${encodeURIComponent(id)}` })),
       );
       return answers.map((a, i) => {
         let text = '';
@@ -227,6 +238,84 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       expect(slow).toBeGreaterThan(fast);
       await waitFree();
     }, 120_000);
+
+    it.runIf(transfer === 'zmq')(
+      'a delay relay on the router → P link: the time between hosts grows by its delay',
+      async () => {
+        const l = lab as NetnsLab;
+        const DELAY_MS = 100;
+        // test/delay-relay.mjs in the router's namespace holds every chunk between the router and P for DELAY_MS
+        const relay = spawn(
+          'ip',
+          l
+            .wrap('router', [
+              process.execPath,
+              path.join(ROOT, 'test/delay-relay.mjs'),
+              l.host('router').address,
+              new URL(prefill).host,
+              String(DELAY_MS),
+            ])
+            .slice(1),
+          { stdio: ['ignore', 'pipe', 'pipe'] },
+        );
+        try {
+          const at = await new Promise<string>((resolve, reject) => {
+            let out = '';
+            relay.stdout?.on('data', (c: Buffer) => {
+              out += c.toString();
+              const m = /relay listening on (\S+)/.exec(out);
+              if (m?.[1] !== undefined) resolve(m[1]);
+            });
+            relay.once('exit', (code) => reject(new Error(`delay relay exited (${code})`)));
+          });
+          const slow = await startSpecd(
+            ['router', '--prefill', `http://${at}`, '--decode', decode, '--host', l.host('router').address].concat([
+              '--port',
+              '0',
+              '--config',
+              config,
+              '--log-level',
+              'warn',
+            ]),
+            120_000,
+            {},
+            (argv) => l.wrap('router', argv),
+          );
+          procs.push(slow);
+          const bodies = [0, 1].map((i) => ({
+            model,
+            prompt: `${i} The quick brown fox`,
+            max_tokens: 4,
+            temperature: 0,
+          }));
+          // the time no phase covers (TTFT − Σ phases: the links between the hosts; each phase is measured on its
+          // own host): the relay holds the router's request to P for DELAY_MS, so it is at least that much longer
+          const gap: Record<string, number> = {};
+          for (const [name, url] of [
+            ['direct', router],
+            ['relayed', slow.url],
+          ] as const) {
+            const runs = viaRouter(bodies, url);
+            for (const [i, r] of runs.entries()) checkWaterfall(r.waterfall, `${name} request ${i}`);
+            const gaps = runs.map(
+              (r) => r.waterfall.ttft_ms - Object.values(r.waterfall.phases_ms).reduce((a, b) => a + (b ?? 0), 0),
+            );
+            gap[name] = Math.min(...gaps);
+            const shown = runs.map((r, i) => `${r.waterfall.ttft_ms.toFixed(1)} (gap ${gaps[i]?.toFixed(1)})`);
+            console.log(`${name}: TTFT ${shown.join(', ')} ms`);
+          }
+          console.log(
+            `delay relay ${DELAY_MS} ms, router → P: the time between hosts ${gap.direct?.toFixed(1)} → ` +
+              `${gap.relayed?.toFixed(1)} ms (best of 2)`,
+          );
+          expect(gap.relayed).toBeGreaterThanOrEqual(0.95 * DELAY_MS);
+          await waitFree();
+        } finally {
+          relay.kill('SIGKILL');
+        }
+      },
+      120_000,
+    );
   },
 );
 
