@@ -35,11 +35,23 @@ const table = (head, rows) =>
     ...rows.map((r) => `| ${r.join(' | ')} |`),
   ].join('\n');
 
-/** The row's label: `aggregated C=1`, `PD dflash zmq C=8`. */
+/** The row's label: `aggregated C=1`, `PD dflash zmq C=8` (`… overlap off` for a PD row with `overlap: false`). */
 export const label = (r) =>
   r.path === 'agg'
     ? `aggregated C=${r.concurrency}`
-    : `PD ${r.drafter === 'none' ? 'no-spec' : r.drafter} ${r.engine} C=${r.concurrency}`;
+    : `PD ${r.drafter === 'none' ? 'no-spec' : r.drafter} ${r.engine} C=${r.concurrency}` +
+      `${r.overlap === false ? ' overlap off' : ''}`;
+
+/** The PD no-spec row `r` compares with: same engine, concurrency and overlap setting. */
+const baseOf = (rows, r) =>
+  rows.find(
+    (b) =>
+      b.path === 'pd' &&
+      b.drafter === 'none' &&
+      b.engine === r.engine &&
+      b.concurrency === r.concurrency &&
+      (b.overlap ?? true) === (r.overlap ?? true),
+  );
 
 /**
  * The serving table (the production report's columns). Per request: TTFT = send → first streamed text, E2E = send →
@@ -115,27 +127,84 @@ export function waterfallTable(rows) {
   );
 }
 
-/** Payload per request by kind (KiB, the means over the row's waterfalls), descriptors, and × PD no-spec. */
+/**
+ * A row's payload per request (bytes, means over its waterfalls): by kind, the total, the part sent while P prefilled
+ * (`overlapped_bytes`) and the descriptors of P's last write.
+ */
+export function meanPayload(r) {
+  const ws = r.requests.filter((q) => q.waterfall !== undefined).map((q) => q.waterfall);
+  const kinds = Object.fromEntries(PAYLOAD_KINDS.map((k) => [k, mean(ws.map((w) => w.payload_bytes[k] ?? 0))]));
+  return {
+    kinds,
+    total: PAYLOAD_KINDS.reduce((a, k) => a + kinds[k], 0),
+    early: mean(ws.map((w) => w.overlapped_bytes ?? 0)),
+    desc: mean(ws.map((w) => w.descriptors)),
+  };
+}
+
+/** Payload per request by kind (KiB, the means over the row's waterfalls), sent early, descriptors, × PD no-spec. */
 export function payloadTable(rows) {
   const pd = rows.filter((r) => r.path === 'pd');
-  const per = (r) => {
-    const ws = r.requests.filter((q) => q.waterfall !== undefined).map((q) => q.waterfall);
-    const kinds = Object.fromEntries(PAYLOAD_KINDS.map((k) => [k, mean(ws.map((w) => w.payload_bytes[k] ?? 0))]));
-    return { kinds, total: PAYLOAD_KINDS.reduce((a, k) => a + kinds[k], 0), desc: mean(ws.map((w) => w.descriptors)) };
-  };
   return table(
-    ['configuration', ...PAYLOAD_KINDS.map((k) => `${k} KiB`), 'total KiB', 'descriptors', '× PD no-spec'],
+    [
+      'configuration',
+      ...PAYLOAD_KINDS.map((k) => `${k} KiB`),
+      'total KiB',
+      'sent while prefilling KiB',
+      'descriptors',
+      '× PD no-spec',
+    ],
     pd.map((r) => {
-      const p = per(r);
-      const base = pd.find((b) => b.drafter === 'none' && b.engine === r.engine && b.concurrency === r.concurrency);
+      const p = meanPayload(r);
+      const base = baseOf(pd, r);
       return [
         label(r),
         ...PAYLOAD_KINDS.map((k) => f(p.kinds[k] / 1024, 1)),
         f(p.total / 1024, 1),
+        f(p.early / 1024, 1),
         f(p.desc, 1),
-        base === undefined ? '' : f(p.total / per(base).total, 2),
+        base === undefined ? '' : f(p.total / meanPayload(base).total, 2),
       ];
     }),
+  );
+}
+
+/** Output tokens per second of a row's successful requests over its duration. */
+const outputTps = (r) => r.requests.filter((q) => q.ok).reduce((a, q) => a + q.outputTokens, 0) / (r.durationMs / 1000);
+
+/**
+ * Issue 17's goals as ratios to PD no-spec (same engine, concurrency and overlap), per PD configuration with a
+ * drafter: payload (goal ≤ 1.25), mean transfer wait (goal ≤ 1.10, on a 1 Gbit/s tbf link with the transfer
+ * overlapped: `link` names the link the run had, e.g. `'tbf 1gbit'`, or undefined for loopback), output tokens/s
+ * (goal ≥ 1.2 at C = 1). Each cell: the ratio, then `met` / `NOT met`, or `(n/a: why)` where the goal does not apply.
+ */
+export function goalsTable(rows, link) {
+  const pd = rows.filter((r) => r.path === 'pd');
+  const verdict = (x, ok, applies) =>
+    !Number.isFinite(x) ? '—' : `${f(x, 2)} ${applies === true ? (ok ? 'met' : 'NOT met') : `(n/a: ${applies})`}`;
+  return table(
+    [
+      'configuration',
+      'payload × no-spec (≤ 1.25)',
+      'transfer wait × no-spec (≤ 1.10)',
+      'output tok/s × no-spec (≥ 1.2, C = 1)',
+    ],
+    pd
+      .filter((r) => r.drafter !== 'none')
+      .map((r) => {
+        const base = baseOf(pd, r);
+        if (base === undefined) return [label(r), '—', '—', '—'];
+        const payload = meanPayload(r).total / meanPayload(base).total;
+        const wait = meanWaterfall(r).phases.transfer_wait / meanWaterfall(base).phases.transfer_wait;
+        const tps = outputTps(r) / outputTps(base);
+        const waitApplies = link === undefined ? 'loopback, no link' : r.overlap === false ? 'not overlapped' : true;
+        return [
+          label(r),
+          verdict(payload, payload <= 1.25, true),
+          verdict(wait, wait <= 1.1, waitApplies),
+          verdict(tps, tps >= 1.2, r.concurrency === 1 ? true : `C = ${r.concurrency}`),
+        ];
+      }),
   );
 }
 

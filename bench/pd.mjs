@@ -14,7 +14,9 @@
 //   npm run bench:pd -- --quick      (section 4 only, 8 requests, 16 new tokens: a few minutes on 2 cores)
 //   node bench/pd.mjs --sections 1,2,3 --reps 5 --prompt 512
 //   node bench/pd.mjs --sections 4 --requests 32 --concurrency 1,8 --max-tokens 256 --engines zmq,nixl
-import { spawn } from 'node:child_process';
+//   node bench/pd.mjs --sections 4 --link 1gbit   (root: every process in one network namespace whose loopback is
+//                                                  shaped with tc tbf at 1 Gbit/s, MTU 1500; NIXL with UCX_TLS=tcp)
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -42,7 +44,48 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 const val = (text, name) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1] ?? Number.NaN);
 const gbps = (bytes, ms) => (bytes / (ms / 1000) / 1e9).toFixed(2);
 
+/** `--link RATE` (e.g. `1gbit`): the link every process of this run shares (set in the namespace's child run). */
+const LINK = process.env.SPECD_BENCH_LINK;
+if (arg('link') !== undefined && LINK === undefined) process.exit(inShapedNamespace(arg('link')));
+
+/**
+ * Runs this bench again inside a new network namespace whose loopback (MTU 1500, like Ethernet) is shaped with
+ * `tc qdisc … tbf` at `rate`, so that every byte between the processes — P's transfer to D above all — crosses a link
+ * of that rate; NIXL is kept on UCX's TCP transport there (shared memory would bypass the link). Needs root.
+ * @returns the child run's exit code (the namespace is removed either way).
+ */
+function inShapedNamespace(rate) {
+  const ns = `specdb${process.pid}-link`;
+  const sh = (args) => {
+    const r = spawnSync(args[0], args.slice(1), { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`bench:pd --link: ${args.join(' ')}: ${r.stderr || r.error?.message}`);
+  };
+  sh(['ip', 'netns', 'add', ns]);
+  try {
+    sh(['ip', '-n', ns, 'link', 'set', 'lo', 'mtu', '1500', 'up']);
+    sh(
+      ['ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'replace', 'dev', 'lo', 'root', 'tbf'].concat([
+        'rate',
+        rate,
+        'burst',
+        '256kb',
+        'latency',
+        '5s',
+      ]),
+    );
+    const rest = argv.filter((a, i) => a !== '--link' && argv[i - 1] !== '--link');
+    const r = spawnSync('ip', ['netns', 'exec', ns, process.execPath, fileURLToPath(import.meta.url), ...rest], {
+      stdio: 'inherit',
+      env: { ...process.env, SPECD_BENCH_LINK: `tbf ${rate}`, UCX_TLS: 'tcp' },
+    });
+    return r.status ?? 1;
+  } finally {
+    spawnSync('ip', ['netns', 'del', ns]);
+  }
+}
+
 console.log(`CPU: ${cpus()[0]?.model ?? 'unknown'} × ${cpus().length}`);
+if (LINK !== undefined) console.log(`link: every process in one network namespace, loopback MTU 1500, ${LINK}`);
 
 // --- 1. data plane --------------------------------------------------------------------------------------
 if (SECTIONS.has(1)) {
@@ -272,6 +315,8 @@ try {
 //   node bench/pd.mjs --sections 4 --requests 32 --concurrency 1,8 --max-tokens 256 --engines zmq,nixl
 //     [--drafters dflash,dflash-swa,dspark,eagle3] [--prompt-tokens N] [--svg docs/pd-waterfall.svg]
 //     (a drafter `name+features` / `name+auto` runs it with pd.draft_context "features" / "auto")
+//     [--overlap on,off]  (pd.overlap: the transfer overlapped with prefill, or after it; default on)
+//     [--link 1gbit]      (the processes share a tbf-shaped link: the transfer-wait goal's setting)
 async function production() {
   const { nixlAvailable } = await import('@specd/core');
   const report = await import('./pd-report.mjs');
@@ -280,6 +325,9 @@ async function production() {
   const maxTokens = Number(arg('max-tokens', QUICK ? '16' : '256'));
   const engines = arg('engines', 'zmq,nixl').split(',');
   const drafters = ['none', ...arg('drafters', 'dflash,dflash-swa,dspark,eagle3').split(',')];
+  const overlaps = arg('overlap', 'on')
+    .split(',')
+    .map((o) => o !== 'off');
   const svgPath = resolve(ROOT, arg('svg', 'docs/pd-waterfall.svg'));
   if (engines.includes('nixl') && !nixlAvailable())
     throw new Error('bench:pd: the NIXL library is missing: run `npm run nixl:fetch` (or pass --engines zmq)');
@@ -302,7 +350,7 @@ async function production() {
   });
 
   /** configs/kimi-k3-tiny-<drafter>.json with absolute paths, room for the longest prompt at the top concurrency. */
-  const configFile = (drafter, engine) => {
+  const configFile = (drafter, engine, overlap = true) => {
     // `<drafter>+features` / `+auto`: the same drafter with pd.draft_context "features" / "auto"
     const [name, form] = drafter.split('+');
     const c = JSON.parse(readFileSync(join(ROOT, `configs/kimi-k3-tiny-${name === 'none' ? 'nospec' : name}.json`)));
@@ -315,8 +363,8 @@ async function production() {
       max_running_requests: Math.max(C, c.scheduler.max_running_requests ?? 0),
       max_tokens_in_flight: maxSeq * C,
     };
-    c.pd = { transfer: engine, ...(form === undefined ? {} : { draft_context: form }) };
-    const file = join(tmp, `prod-${drafter.replace('+', '-')}-${engine}.json`);
+    c.pd = { transfer: engine, overlap, ...(form === undefined ? {} : { draft_context: form }) };
+    const file = join(tmp, `prod-${drafter.replace('+', '-')}-${engine}-${overlap ? 'on' : 'off'}.json`);
     writeFileSync(file, JSON.stringify(c));
     return file;
   };
@@ -399,16 +447,17 @@ async function production() {
   // every configuration's servers at once (idle ones take no CPU), so that the configurations alternate
   const agg = await start(['serve', ...quiet, '--config', configFile('none', 'zmq')]);
   const setups = [{ path: 'agg', drafter: 'none', url: agg, decoder: agg }];
-  for (const drafter of drafters)
-    for (const engine of engines) {
-      const cfg = ['--config', configFile(drafter, engine)];
-      const [p, d] = await Promise.all([
-        start(['serve', '--role', 'prefill', ...quiet, ...cfg]),
-        start(['serve', '--role', 'decode', ...quiet, ...cfg]),
-      ]);
-      const router = await start(['router', '--prefill', p, '--decode', d, ...quiet, ...cfg]);
-      setups.push({ path: 'pd', drafter, engine, url: router, decoder: d });
-    }
+  for (const overlap of overlaps)
+    for (const drafter of drafters)
+      for (const engine of engines) {
+        const cfg = ['--config', configFile(drafter, engine, overlap)];
+        const [p, d] = await Promise.all([
+          start(['serve', '--role', 'prefill', ...quiet, ...cfg]),
+          start(['serve', '--role', 'decode', ...quiet, ...cfg]),
+        ]);
+        const router = await start(['router', '--prefill', p, '--decode', d, ...quiet, ...cfg]);
+        setups.push({ path: 'pd', drafter, engine, overlap, url: router, decoder: d });
+      }
   for (const s of setups) await complete(s.url, prompts[0].slice(0, 64), 2); // warm-up
 
   // at each C: waves of C requests; wave k runs on every configuration in turn, the order reversed every other wave
@@ -444,9 +493,15 @@ async function production() {
   console.log(report.waterfallTable(rows));
   console.log('\nPayload per request (mean over the requests, KiB) and descriptors of P’s write:');
   console.log(report.payloadTable(rows));
+  console.log(
+    `\nGoals (issue 17), ratios to PD no-spec in this run (same engine, C and overlap); link: ${LINK ?? 'loopback'}` +
+      ' (the transfer-wait goal is set on a 1 Gbit/s tbf link: --link 1gbit; the payload goal at the real shapes is' +
+      " `specd pd plan`'s):",
+  );
+  console.log(report.goalsTable(rows, LINK));
   const title =
-    `kimi-k3-tiny PD, ${promptTokens}-token prompts, ${maxTokens} new tokens, ${requests} requests — ` +
-    `${cpus()[0]?.model ?? 'CPU'} × ${cpus().length}`;
+    `kimi-k3-tiny PD, ${promptTokens}-token prompts, ${maxTokens} new tokens, ${requests} requests` +
+    `${LINK === undefined ? '' : `, ${LINK} link`} — ${cpus()[0]?.model ?? 'CPU'} × ${cpus().length}`;
   writeFileSync(svgPath, report.waterfallSvg(rows, title));
   console.log(`\nwrote ${svgPath}`);
 }

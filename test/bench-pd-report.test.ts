@@ -9,11 +9,12 @@ import * as report from '../bench/pd-report.mjs';
 
 const PHASES = WATERFALL_PHASES;
 /** A waterfall whose phases are 1, 2, …, 7 ms × `k`, TTFT = 30 k ms, payload (1024, 0, `draft`) bytes. */
-const waterfall = (k: number, draft: number) => ({
+const waterfall = (k: number, draft: number, early = 0) => ({
   ttft_ms: 30 * k,
   phases_ms: Object.fromEntries(PHASES.map((p, i) => [p, (i + 1) * k])),
   payload_bytes: { target_kv: 1024, linear_state: 0, draft_context: draft },
   descriptors: 4,
+  overlapped_bytes: early,
   decode_reserve_ms: 0.5,
 });
 const request = (ttft: number, e2e: number, w?: ReturnType<typeof waterfall>) => ({
@@ -39,7 +40,7 @@ const rows = [
     engine: 'zmq',
     concurrency: 1,
     durationMs: 1000,
-    requests: [request(20, 120, waterfall(1, 0)), request(40, 240, waterfall(3, 0))],
+    requests: [request(20, 120, waterfall(1, 0, 512)), request(40, 240, waterfall(3, 0))],
     sameAsAggregated: 2,
   },
   {
@@ -98,8 +99,25 @@ describe('bench/pd-report.mjs', () => {
       '0.5',
     ]);
     const p = report.payloadTable(rows) as string;
-    expect(cells(p, 'PD no-spec zmq C=1').slice(1, 7)).toEqual(['1.0', '0.0', '0.0', '1.0', '4.0', '1.00']);
-    expect(cells(p, 'PD dflash zmq C=1').slice(1, 7)).toEqual(['1.0', '0.0', '1.0', '2.0', '4.0', '2.00']);
+    // kinds, total, sent while prefilling (overlapped_bytes: 0.5 KiB in one of no-spec's two), descriptors, ×
+    expect(cells(p, 'PD no-spec zmq C=1').slice(1, 8)).toEqual(['1.0', '0.0', '0.0', '1.0', '0.3', '4.0', '1.00']);
+    expect(cells(p, 'PD dflash zmq C=1').slice(1, 8)).toEqual(['1.0', '0.0', '1.0', '2.0', '0.0', '4.0', '2.00']);
+  });
+
+  it('goals table: payload, transfer wait and output tok/s as ratios to PD no-spec, each judged', () => {
+    const g = report.goalsTable(rows, undefined) as string;
+    expect(g).not.toContain('no-spec zmq');
+    // payload 2048 / 1024; transfer wait 10 / 10 ms (no link: not judged); output 11 / 22 tok/s at C = 1
+    expect(cells(g, 'PD dflash zmq C=1').slice(1)).toEqual([
+      '2.00 NOT met',
+      '1.00 (n/a: loopback, no link)',
+      '0.50 NOT met',
+    ]);
+    expect(cells(report.goalsTable(rows, 'tbf 1gbit') as string, 'PD dflash zmq C=1')[2]).toBe('1.00 met');
+    // an overlap-off row compares with the overlap-off no-spec row, and its wait is not judged
+    const off = rows.filter((r) => r.path === 'pd').map((r) => ({ ...r, overlap: false }));
+    const g2 = report.goalsTable([...rows, ...off], 'tbf 1gbit') as string;
+    expect(cells(g2, 'PD dflash zmq C=1 overlap off')[2]).toBe('1.00 (n/a: not overlapped)');
   });
 
   it('SVG: a stacked bar per PD configuration, segments in ms on a shared axis, a legend', () => {

@@ -218,6 +218,7 @@ export interface WaterfallJson {
   readonly phases_ms: Record<string, number>;
   readonly payload_bytes: Record<string, number>;
   readonly descriptors: number;
+  readonly overlapped_bytes: number;
   readonly decode_reserve_ms: number;
 }
 

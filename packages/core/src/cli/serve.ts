@@ -396,6 +396,7 @@ function pdOptions(
     transferTimeoutMs: cfg.pd.transfer_timeout_ms,
     transfer: cfg.pd.transfer,
     draftContext: cfg.pd.draft_context,
+    overlap: cfg.pd.overlap,
     digest,
   };
   // test-only fault point: the prefill role's transfers stop after N descriptors (tests kill it there)

@@ -89,6 +89,7 @@ export interface SpecdConfig {
     bootstrap_timeout_ms: number;
     transfer: 'zmq' | 'nixl';
     draft_context: 'kv' | 'features' | 'auto';
+    overlap: boolean;
     transfer_timeout_ms: number;
   };
 }

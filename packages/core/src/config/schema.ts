@@ -300,6 +300,14 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
               'transfer rate and rebuild cost); prefill and decode instances must use the same; features and auto ' +
               'need a drafter that declares DraftContextFeatures and tp = pp = 1',
           },
+          overlap: {
+            type: 'boolean',
+            default: true,
+            description:
+              'prefill instance: send the rows each prefill chunk finished (target KV, the draft context of layers ' +
+              'that attend the whole context) while the prompt still prefills, so that the transfer wait is only ' +
+              'the tail after the forward; applies at tp 1 on both sides without pipeline stages',
+          },
           transfer_timeout_ms: {
             type: 'integer',
             minimum: 1,

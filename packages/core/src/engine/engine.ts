@@ -443,6 +443,8 @@ export class SpecEngine {
       // written before its first propose (a handed-off request's at the handoff: its decode instance drafts)
       if (this.context !== undefined && (!r.plainOnly || req.handoff === true))
         this.context.defer(r, res, 0, p, tokens.length);
+      // a handed-off request sent while it prefills: the chunk's draft context now (the token after each row is known)
+      if (req.handoff === true && req.onPrefillChunk !== undefined && end < P) this.context?.flush([r]);
       if (promptTopN !== undefined) this.promptLogprobs(r, res.logits!, p, end, promptTopN);
       if (end === P) {
         const last = promptTopN === undefined ? 0 : end - p - 1;
@@ -460,7 +462,10 @@ export class SpecEngine {
     } catch (err) {
       return this.fail(r, new SequenceError(id, 'prefill', err));
     }
-    if (first === undefined) return undefined;
+    if (first === undefined) {
+      if (req.handoff === true) req.onPrefillChunk?.(end);
+      return undefined;
+    }
     if (r.promptLogprobs !== undefined) req.onPromptLogprobs?.(r.promptLogprobs);
     const reason = this.emit(r, [first], firstLogprob === undefined ? undefined : [firstLogprob]);
     if (reason !== undefined) return this.finish(r, reason);

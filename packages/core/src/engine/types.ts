@@ -92,6 +92,13 @@ export interface SpecRequest {
    */
   readonly onPrefillStart?: () => void;
   /**
+   * A {@link handoff} request only (the prefill role, pd/overlap.ts): called after each of its prefill chunks but
+   * the last, with `rows` the prompt rows done — their target KV final and, with a drafter, their draft context
+   * written (set, it makes the engine write a handoff request's draft context chunk by chunk instead of at the
+   * handoff, so that the finished rows can be sent while the prompt still prefills; the same rows, the same bits).
+   */
+  readonly onPrefillChunk?: (rows: number) => void;
+  /**
    * Prefill only, for prefill/decode disaggregation (the prefill role): after the prompt's last chunk and
    * the first token, the draft context is written and the request ends with finish reason `'handoff'`
    * while its target pages, state slot and draft context stay allocated for the transfer to a decode

@@ -146,6 +146,7 @@ export function targetEntries(cache: SequenceCache, id: SequenceId, rank = 0, tp
       out.push({
         key: { kind: 'target-kv', layer: l, part: '', rank },
         ranges: pageRanges(`target-kv/${l}`, pages, kv.pageBytes),
+        rowBytes: kv.floatsPerToken * 4,
         ...(heads === undefined ? {} : { heads }),
       });
     }

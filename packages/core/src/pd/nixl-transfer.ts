@@ -18,6 +18,8 @@
  * - P posts ONE NIXL WRITE request for all the runs (one batched descriptor list, contiguous pages coalesced by
  *   {@link coalesceDescriptors}), its notification `{req, seq, descriptors, bytes, last: true, payload}`.
  *   (The pause test hook posts the first N runs as a first request whose notification has `last: false`.)
+ * - A partial write (WriteOptions.partial) is a `req` with `part: true` and a notification with `part: true`: D
+ *   checks its counts and answers `done`, keeps the expect pending and accepts the same sender's next `req`.
  * - D, on the notification (polled: `getNotifs` at every event-loop turn for {@link SPIN_MS} ms after a `go`, then
  *   every {@link POLL_MS} ms while an expect is pending), checks the
  *   counts against the `req` message, resolves `expect` with `payload` and sends `done` `{t: 'done', req, ok: true}`
@@ -69,6 +71,7 @@ import {
   type TransferEngine,
   type TransferRun,
   type TransferStats,
+  type WriteOptions,
 } from './transfer-engine.js';
 import { PdError, type MemoryRegion, type RegionRange } from './types.js';
 
@@ -119,7 +122,15 @@ export interface NixlTransferEngineOptions {
 
 type Msg =
   | { t: 'hello'; agent: string; md: string; v: number }
-  | { t: 'req'; req: string; agent: string; d: [string, number, number][]; bytes: number; payload?: unknown }
+  | {
+      t: 'req';
+      req: string;
+      agent: string;
+      d: [string, number, number][];
+      bytes: number;
+      payload?: unknown;
+      part?: true;
+    }
   | { t: 'go'; req: string; a: number[]; v: number; md?: string }
   | { t: 'done'; req: string; ok: true }
   | { t: 'done'; req: string; ok: false; code: PdError['code']; message: string }
@@ -213,6 +224,8 @@ interface PeerLink {
 interface PendingWrite extends PendingWriteBase<PeerLink> {
   readonly runs: TransferRun[];
   readonly notifyPayload: string | undefined;
+  /** One part of the request (WriteOptions.partial): D keeps its expect pending after it. */
+  readonly partial: boolean;
   /** The NIXL write request in flight. */
   xfer?: NixlHandle;
   /** The runs the request in flight covers (end index) and whether it is the last. */
@@ -347,7 +360,8 @@ class NixlTransferEngine implements TransferEngine {
       control.send({ t: 'done', req: m.req, ok: false, code: 'abort', message });
       return;
     }
-    if (e.sender !== undefined) {
+    // a request's parts come one after the other from one sender (WriteOptions.partial)
+    if (e.sender !== undefined && (e.sender !== control || e.announced !== undefined)) {
       this.refuse(control, e, 'peer', `request ${e.requestId}: a second transfer request arrived`);
       return;
     }
@@ -381,6 +395,11 @@ class NixlTransferEngine implements TransferEngine {
       return;
     }
     e.announced = { descriptors, bytes };
+    if (descriptors === 0 && m.part === true) {
+      e.announced = undefined; // an empty part: nothing to wait for
+      control.send({ t: 'done', req: e.requestId, ok: true });
+      return;
+    }
     if (descriptors === 0) {
       // nothing to move: the request message carries the notification
       this.endExpect(e, 'already complete');
@@ -403,7 +422,7 @@ class NixlTransferEngine implements TransferEngine {
 
   /** Applies NIXL notifications: `{req, seq, descriptors, bytes, last, payload}` (running totals). */
   private onNotification(agent: string, raw: Buffer): void {
-    let n: { req?: unknown; descriptors?: unknown; bytes?: unknown; last?: unknown; payload?: unknown };
+    let n: { req?: unknown; descriptors?: unknown; bytes?: unknown; last?: unknown; payload?: unknown; part?: unknown };
     try {
       n = JSON.parse(raw.toString('utf8'));
     } catch {
@@ -426,8 +445,15 @@ class NixlTransferEngine implements TransferEngine {
       );
       return;
     }
-    this.endExpect(e, 'already complete');
     e.sender.send({ t: 'done', req: e.requestId, ok: true });
+    if (n.part === true) {
+      // one part of the request landed: the sender's next `req` continues it, the expect stays pending
+      e.announced = undefined;
+      e.descriptors = 0;
+      e.bytes = 0;
+      return;
+    }
+    this.endExpect(e, 'already complete');
     e.resolve(n.payload);
   }
 
@@ -493,7 +519,7 @@ class NixlTransferEngine implements TransferEngine {
     local: readonly TransferDescriptor[],
     remote: readonly TransferDescriptor[],
     notification: unknown,
-    options: { timeoutMs: number },
+    options: WriteOptions,
   ): Promise<TransferStats> {
     const refused = checkCall('write', this.address, this.closed, requestId, options.timeoutMs);
     if (refused !== undefined) return Promise.reject(refused);
@@ -523,7 +549,7 @@ class NixlTransferEngine implements TransferEngine {
       link,
       runs.length,
       options.timeoutMs,
-      (base) => ({ ...base, runs, notifyPayload, xferEnd: 0 }),
+      (base) => ({ ...base, runs, notifyPayload, partial: options.partial === true, xferEnd: 0 }),
       (w, err, tell) => this.failWrite(w, err, tell),
     );
     link.ready.then(
@@ -537,6 +563,7 @@ class NixlTransferEngine implements TransferEngine {
           bytes: runs.reduce((s, r) => s + r.local.length, 0),
           // no runs: this message is the notification
           ...(runs.length === 0 ? { payload: notification } : {}),
+          ...(options.partial === true ? { part: true } : {}),
         });
       },
       () => {},
@@ -669,7 +696,8 @@ class NixlTransferEngine implements TransferEngine {
     const notif =
       `{"req":${JSON.stringify(w.requestId)},"seq":${w.stats.messages},"descriptors":${w.stats.descriptors + n},` +
       `"bytes":${w.stats.bytes + bytes},"last":${last}` +
-      `${last && w.notifyPayload !== undefined ? `,"payload":${w.notifyPayload}` : ''}}`;
+      `${last && w.notifyPayload !== undefined ? `,"payload":${w.notifyPayload}` : ''}` +
+      `${last && w.partial ? ',"part":true' : ''}}`;
     w.xfer = this.api.nixlPostWrite(this.agent, this.backend, w.link.agent as string, local, far, Buffer.from(notif));
     w.xferEnd = end;
     w.stats.messages++;

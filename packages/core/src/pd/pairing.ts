@@ -30,6 +30,23 @@ export function rangeBytes(ranges: readonly RegionRange[]): number {
 }
 
 /**
+ * The byte range [from, to) of the concatenation of `ranges` (in order), as ranges: the entry's bytes `from` to
+ * `to` in send order. `from` and `to` are clamped to [0, Σ lengths].
+ */
+export function sliceRanges(ranges: readonly RegionRange[], from: number, to: number): RegionRange[] {
+  const out: RegionRange[] = [];
+  let at = 0; // bytes before ranges[i]
+  for (const r of ranges) {
+    const a = Math.max(from, at);
+    const b = Math.min(to, at + r.length);
+    if (b > a) out.push({ region: r.region, offset: r.offset + (a - at), length: b - a });
+    at += r.length;
+    if (at >= to) break;
+  }
+  return out;
+}
+
+/**
  * Cuts `local` and `remote` at each other's boundaries so that they pair up one to one.
  * @param key the entry (named in the error).
  * @throws {PdError} `'manifest'` when the two sides' byte lengths differ (naming the entry and both lengths).
@@ -85,6 +102,8 @@ export interface SendPlan {
  * @param lookup region id → the sender's bytes (manifest.ts `regionLookup`).
  * @param who names the sender in the error (e.g. `'the prefill instance'`, `'pipeline stage 0'`).
  * @param withhold test-only: entries left out of both the descriptors and the rows.
+ * @param sentBefore entry id (types.ts `entryId`) → bytes of the entry already sent from its start (pd/overlap.ts,
+ *   while the prompt prefilled): the descriptors cover only the rest; the rows (checksums) the whole entry.
  * @throws {PdError} `'manifest'` for an entry the sender does not have, or of another length (naming it).
  */
 export function planSend(
@@ -93,6 +112,7 @@ export function planSend(
   lookup: (id: string) => Uint8Array,
   who: string,
   withhold?: (key: PdEntryKey) => boolean,
+  sentBefore?: ReadonlyMap<string, number>,
 ): SendPlan {
   const have = new Map(mine.map((e) => [entryId(e.key), e]));
   const plan: SendPlan = { local: [], remote: [], rows: [] };
@@ -101,10 +121,21 @@ export function planSend(
     if (own === undefined)
       throw new PdError('manifest', `${entryName(want.key)}: the decode instance expects it, ${who} has none`);
     if (withhold?.(want.key) === true) continue;
-    const pairs = pairRanges(want.key, own.ranges, want.ranges);
+    const total = rangeBytes(own.ranges);
+    const done = sentBefore?.get(entryId(want.key)) ?? 0;
+    const theirs = rangeBytes(want.ranges);
+    if (done > 0 && theirs !== total)
+      throw new PdError(
+        'manifest',
+        `${entryName(want.key)}: ${total} bytes here, the decode side expects ${theirs} bytes`,
+      );
+    const pairs =
+      done === 0
+        ? pairRanges(want.key, own.ranges, want.ranges)
+        : pairRanges(want.key, sliceRanges(own.ranges, done, total), sliceRanges(want.ranges, done, total));
     plan.local.push(...pairs.local);
     plan.remote.push(...pairs.remote);
-    plan.rows.push({ key: want.key, byteLength: rangeBytes(own.ranges), checksum: checksumRanges(lookup, own.ranges) });
+    plan.rows.push({ key: want.key, byteLength: total, checksum: checksumRanges(lookup, own.ranges) });
   }
   return plan;
 }

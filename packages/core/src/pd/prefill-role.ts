@@ -31,6 +31,7 @@ import { compareDigests } from './digest.js';
 import type { DraftContextMode } from './draft-form.js';
 import { type HandoffLogprobs, handoffLogprobsToWire } from './logprobs-wire.js';
 import { checkPdDrafter, regionLookup } from './manifest.js';
+import { OverlapSender } from './overlap.js';
 import { planSend, rangeBytes } from './pairing.js';
 import { gatherScattered, RankedState, reshardEntries } from './ranks.js';
 import {
@@ -62,6 +63,11 @@ export interface PdRoleOptions {
    * P offers both forms unless it is 'kv'.
    */
   readonly draftContext?: DraftContextMode;
+  /**
+   * Send the rows each prefill chunk finished while the prompt still prefills (config `pd.overlap`; default true;
+   * P only, pd/overlap.ts): the transfer wait is then the tail after the forward.
+   */
+  readonly overlap?: boolean;
   /** This side's digest (digest.ts): compared at connection time, a mismatch refused naming the field. */
   readonly digest: Readonly<Record<string, string>>;
   readonly logger?: Logger;
@@ -94,6 +100,8 @@ interface Sent {
   readonly payload: Partial<Record<PdPayloadClass, number>>;
   readonly descriptors: number;
   readonly startedAt: number;
+  /** Bytes sent while the prompt prefilled (pd/overlap.ts). */
+  readonly overlapped: number;
 }
 
 /** P's timings from its instants (performance.now(), ms): arrival, first chunk's forward, handoff, write start. */
@@ -104,6 +112,7 @@ function prefillTimings(
   sendAt: number,
   payload: Partial<Record<PdPayloadClass, number>>,
   descriptors: number,
+  overlapped = 0,
 ): PrefillTimings {
   const forward = forwardAt ?? handoffAt;
   const bytes = {} as Record<PdPayloadClass, number>;
@@ -114,6 +123,7 @@ function prefillTimings(
     bootstrap_ms: sendAt - handoffAt,
     payload_bytes: bytes,
     descriptors,
+    overlapped_bytes: overlapped,
   };
 }
 
@@ -140,6 +150,8 @@ interface Room {
   stageWrites?: { readonly stage: number; readonly transferId: string }[];
   /** Staging regions registered for the room's write (gathered entries), deregistered when the room ends. */
   staging?: string[];
+  /** The rows sent while the request prefills (pd/overlap.ts), when they are. */
+  stream?: OverlapSender;
   timer?: NodeJS.Timeout;
 }
 
@@ -245,6 +257,7 @@ export class PrefillRole {
     let lps: HandoffLogprobs = {};
     let forwardAt: number | undefined;
     let handoffAt = arrived;
+    const stream = this.overlapSender(r, room, request);
     try {
       const result = await new Promise<SpecResult>((resolve, reject) => {
         r.failed.promise.catch(reject);
@@ -260,6 +273,7 @@ export class PrefillRole {
             onPrefillStart: () => {
               forwardAt = performance.now();
             },
+            ...(stream === undefined ? {} : { onPrefillChunk: (rows: number) => stream.progress(rows) }),
             onFinish: (res) => {
               handoffAt = performance.now();
               resolve(res);
@@ -277,7 +291,8 @@ export class PrefillRole {
             "one's): refusing to hand this request's state to it",
         );
       if (result.finishReason !== 'handoff' || result.handoff === undefined) {
-        // ended on its first token: nothing to transfer
+        // ended on its first token: nothing to transfer (rows sent while it prefilled are D's to drop)
+        await stream?.finish().catch(() => undefined);
         const sendAt = performance.now();
         await this.control.send(layout.peer, {
           type: 'finished',
@@ -293,15 +308,29 @@ export class PrefillRole {
       const sent = await this.send(room, r, layout, { ...result.handoff, ...lps });
       const transferMs = performance.now() - t0;
       const { payload, descriptors } = sent;
-      const timings = prefillTimings(arrived, forwardAt, handoffAt, sent.startedAt, payload, descriptors);
-      log?.info({ payload, descriptors, transferMs: Math.round(transferMs) }, 'pd: state transferred');
+      const timings = prefillTimings(
+        arrived,
+        forwardAt,
+        handoffAt,
+        sent.startedAt,
+        payload,
+        descriptors,
+        sent.overlapped,
+      );
+      log?.info(
+        { payload, descriptors, overlappedBytes: sent.overlapped, transferMs: Math.round(transferMs) },
+        'pd: state transferred',
+      );
       return { promptTokens: req.promptIds.length, payload, transferMs, timings };
     } catch (err) {
+      // a part still in flight stops (a no-op when the last write already failed and aborted it)
+      if (stream !== undefined) this.transfer?.abort(room, (err as Error).message);
       const layout = r.layout.settled ? await r.layout.promise.catch(() => undefined) : undefined;
       if (layout !== undefined && !(err instanceof PdError && err.code === 'abort'))
         void this.control.send(layout.peer, { type: 'abort', room, reason: (err as Error).message });
       throw err;
     } finally {
+      stream?.close();
       // stage writes still going (another sender failed) stop before the pages can be handed out again
       this.stopStageWrites(r, 'the request ended');
       if (r.staging !== undefined && r.staging.length > 0) this.transfer?.deregisterRegions(r.staging);
@@ -363,6 +392,12 @@ export class PrefillRole {
     // the end of the bootstrap phase: D's transfer wait starts when this message arrives (pd/waterfall.ts)
     const startedAt = performance.now();
     await this.control.send(layout.peer, { type: 'sending', room }).catch(() => undefined);
+    // the rows sent while the request prefilled: the last write skips them (a failed part fails the request here)
+    const stream = r.stream;
+    const sentBefore =
+      stream === undefined
+        ? undefined
+        : await this.await(r, stream.finish(), this.options.transferTimeoutMs, 'sending the rows left');
     if (r.failed.settled) await r.failed.promise; // aborted meanwhile: nothing is written
     r.stageWrites = [];
     for (const [k, entries] of byStage.entries()) {
@@ -408,6 +443,7 @@ export class PrefillRole {
       (id) => (stagedIds.has(id) ? stagedBytes(id) : this.lookup(id)),
       'the prefill instance',
       this.options.testHooks?.withhold,
+      sentBefore,
     );
     for (const row of own.rows) {
       const cls = payloadClass(row.key.kind);
@@ -436,7 +472,32 @@ export class PrefillRole {
       throw err;
     }
     r.stageWrites = [];
-    return { payload, descriptors, startedAt };
+    return { payload, descriptors, startedAt, overlapped: stream?.bytes ?? 0 };
+  }
+
+  /**
+   * The room's {@link OverlapSender} when its rows can go while it prefills (`overlap` on, no pipeline stages, tp 1
+   * here; it starts once D's layout arrived for this request from a decode instance at tp 1), else undefined.
+   */
+  private overlapSender(r: Room, room: string, request: string): OverlapSender | undefined {
+    const transfer = this.transfer;
+    if (this.options.overlap === false || this.senders !== undefined || this.ranked.tp !== 1 || transfer === undefined)
+      return undefined;
+    const form = (this.options.draftContext ?? 'kv') === 'kv' ? 'kv' : 'both';
+    const stream = new OverlapSender(
+      transfer,
+      room,
+      () => (r.loopId === undefined ? [] : this.ranked.entries(r.loopId, form)),
+      this.options.transferTimeoutMs,
+    );
+    r.stream = stream;
+    r.layout.promise.then(
+      (l) => {
+        if (l.tp === 1 && l.request === request) stream.start(l.agent, l.entries);
+      },
+      () => undefined,
+    );
+    return stream;
   }
 
   /** Stops the room's stage writes still in flight (each stage's abort is a no-op for a write that ended). */

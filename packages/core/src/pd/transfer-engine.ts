@@ -10,6 +10,9 @@
  * - P (sender): `registerRegions` once, then per request `write(peer, requestId, local, remote, notification)`:
  *   the pairs are coalesced ({@link coalesceDescriptors}), batched, sent, then the notification; resolves
  *   when D acknowledged that it applied everything.
+ *   A request's bytes may go in several writes (`partial: true` on all but the last, one at a time: each resolves
+ *   once D applied it, and the request stays open on both sides); only the last one's notification completes D's
+ *   `expect` (pd/overlap.ts sends the prompt's finished pages while P is still prefilling).
  * - Either side may `abort(requestId)`; the other is told when it is known.
  */
 
@@ -34,6 +37,14 @@ export interface TransferStats {
   readonly messages: number;
 }
 
+/** Options of {@link TransferEngine.write}. */
+export interface WriteOptions {
+  /** How long the write may take until the peer confirmed it (ms). */
+  readonly timeoutMs: number;
+  /** One part of the request: more writes of it follow (see {@link TransferEngine.write}). */
+  readonly partial?: boolean;
+}
+
 /** The data plane of prefill/decode disaggregation (see the module comment for the life of a request). */
 export interface TransferEngine {
   /** Where peers reach this agent, e.g. `'tcp://127.0.0.1:41234'` (bound on port 0 when asked for it). */
@@ -55,6 +66,9 @@ export interface TransferEngine {
   /**
    * Sender (P): writes `local[i]` → `remote[i]` (equal lengths pairwise) to the agent at `peer`, batched, then
    * the notification (any JSON value); resolves when the peer confirmed it applied all of it.
+   * With `options.partial` the write is one part of the request: the peer applies the data and confirms it, its
+   * `expect` stays pending and the notification is not delivered (pass `undefined`); a later write of the same
+   * request (after this one resolved) continues it, and the last one (without `partial`) completes it.
    * Rejects {@link PdError}: `'peer'` (peer unreachable or dead: within `timeoutMs`, never hangs), `'timeout'`,
    * `'abort'`, `'layout'` (a local range outside its registered region, unequal pairs, or refused by the peer).
    */
@@ -64,7 +78,7 @@ export interface TransferEngine {
     local: readonly TransferDescriptor[],
     remote: readonly TransferDescriptor[],
     notification: unknown,
-    options: { timeoutMs: number },
+    options: WriteOptions,
   ): Promise<TransferStats>;
   /** Aborts a request on this side (pending expect/write reject with 'abort'; the peer is told when known). */
   abort(requestId: string, reason: string): void;

@@ -110,6 +110,13 @@ export interface LocalEntry {
    * absent: every rank that holds the entry holds the same bytes (the MLA latent, a drafter's last feature).
    */
   readonly heads?: EntryHeads;
+  /**
+   * Set when the entry's bytes in send order are the sequence's token rows from row 0 (`rowBytes` each: pages in
+   * block-table order, rows in order inside a page): its first `n · rowBytes` bytes are final once rows [0, n) are
+   * computed, so they may be sent while the prompt is still prefilling (pd/overlap.ts). Absent for per-sequence
+   * state and for a sliding window's pages (which rows it starts at depends on the final length).
+   */
+  readonly rowBytes?: number;
 }
 
 /** A manifest row as P sends it in the completion notification: the entry, its length and checksum. */

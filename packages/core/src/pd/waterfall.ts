@@ -57,6 +57,8 @@ export interface PrefillTimings {
   readonly payload_bytes: Readonly<Record<PdPayloadClass, number>>;
   /** Descriptors of P's write after coalescing (TransferStats.descriptors; pipeline stages' own writes excluded). */
   readonly descriptors: number;
+  /** Bytes of the payload sent while the prompt prefilled (pd/overlap.ts; 0 without overlap). */
+  readonly overlapped_bytes?: number;
 }
 
 /** D's part of a request's waterfall (the {@link DECODE_TIMINGS_HEADER} header of its answer). All ms. */
@@ -79,6 +81,8 @@ export interface Waterfall {
   readonly phases_ms: Readonly<Record<WaterfallPhase, number>>;
   readonly payload_bytes: Readonly<Record<PdPayloadClass, number>>;
   readonly descriptors: number;
+  /** Bytes of the payload P sent while it prefilled (pd/overlap.ts); the transfer wait covers the rest. */
+  readonly overlapped_bytes: number;
   /** D's wait for a free sequence (ms; see {@link DecodeTimings.reserve_ms}). */
   readonly decode_reserve_ms: number;
 }
@@ -91,6 +95,8 @@ export function parsePrefillTimings(v: unknown): PrefillTimings | undefined {
   if (o === null || typeof o !== 'object') return undefined;
   if (!isMs(o.prefill_queue_ms) || !isMs(o.prefill_forward_ms) || !isMs(o.bootstrap_ms)) return undefined;
   if (!Number.isSafeInteger(o.descriptors) || (o.descriptors as number) < 0) return undefined;
+  const overlapped = o.overlapped_bytes ?? 0;
+  if (!Number.isSafeInteger(overlapped) || overlapped < 0) return undefined;
   const b = o.payload_bytes as Record<string, unknown> | undefined;
   if (b === null || typeof b !== 'object') return undefined;
   const payload = {} as Record<PdPayloadClass, number>;
@@ -99,7 +105,7 @@ export function parsePrefillTimings(v: unknown): PrefillTimings | undefined {
     if (!Number.isSafeInteger(n) || (n as number) < 0) return undefined;
     payload[c] = n as number;
   }
-  return { ...(o as PrefillTimings), payload_bytes: payload };
+  return { ...(o as PrefillTimings), payload_bytes: payload, overlapped_bytes: overlapped };
 }
 
 /** D's timings from its answer's header; undefined when absent or malformed. */
@@ -144,6 +150,7 @@ export function assembleWaterfall(
     },
     payload_bytes: p.payload_bytes,
     descriptors: p.descriptors,
+    overlapped_bytes: p.overlapped_bytes ?? 0,
     decode_reserve_ms: roundMs(d.reserve_ms),
   };
 }

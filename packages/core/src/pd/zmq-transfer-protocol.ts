@@ -8,7 +8,7 @@ import type { PdError } from './types.js';
 /** A message's header (its first frame, JSON); the protocol is described in zmq-transfer.ts. */
 export type Header =
   | { t: 'data'; req: string; seq: number; d: [string, number, number][]; f?: number[] }
-  | { t: 'notify'; req: string; batches: number; descriptors: number; bytes: number; payload?: unknown }
+  | { t: 'notify'; req: string; batches: number; descriptors: number; bytes: number; payload?: unknown; part?: true }
   | { t: 'done'; req: string; ok: true }
   | { t: 'done'; req: string; ok: false; code: PdError['code']; message: string }
   | { t: 'abort'; req: string; reason: string };

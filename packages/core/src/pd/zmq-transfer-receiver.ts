@@ -176,8 +176,15 @@ export class ZmqReceiver {
       );
       return;
     }
-    this.endExpect(e, 'already complete');
     this.reply(identity, { t: 'done', req: e.requestId, ok: true });
+    if (h.part === true) {
+      // one part of the request applied: the next write counts its messages from 0; the expect stays pending
+      e.batches = 0;
+      e.descriptors = 0;
+      e.bytes = 0;
+      return;
+    }
+    this.endExpect(e, 'already complete');
     e.resolve(h.payload);
   }
 

@@ -12,7 +12,13 @@ import {
   type PendingWrite as PendingWriteBase,
   prepareWrite,
 } from './transfer-common.js';
-import { describeRange, type TransferDescriptor, type TransferRun, type TransferStats } from './transfer-engine.js';
+import {
+  describeRange,
+  type TransferDescriptor,
+  type TransferRun,
+  type TransferStats,
+  type WriteOptions,
+} from './transfer-engine.js';
 import { PdError } from './types.js';
 import { decodeHeader, encodeHeader, SendQueue, type Header } from './zmq-transfer-protocol.js';
 
@@ -82,7 +88,7 @@ export class ZmqSender {
     local: readonly TransferDescriptor[],
     remote: readonly TransferDescriptor[],
     notification: unknown,
-    options: { timeoutMs: number },
+    options: WriteOptions,
   ): Promise<TransferStats> {
     if (this.writes.has(requestId)) return Promise.reject(alreadyPending('write', requestId, this.address));
     let runs: TransferRun[];
@@ -117,12 +123,20 @@ export class ZmqSender {
       (base) => base,
       (w, err, tell) => this.failWrite(w, err, tell),
     );
-    void this.sendAll(w, runs, notifyPayload);
+    void this.sendAll(w, runs, notifyPayload, options.partial === true);
     return done;
   }
 
-  /** Sends the batches, then the notification, unless the write settles (or the test hook pauses it) first. */
-  private async sendAll(w: PendingWrite, runs: TransferRun[], notifyPayload: string | undefined): Promise<void> {
+  /**
+   * Sends the batches, then the notification (a part's when `partial`), unless the write settles (or the test hook
+   * pauses it) first.
+   */
+  private async sendAll(
+    w: PendingWrite,
+    runs: TransferRun[],
+    notifyPayload: string | undefined,
+    partial: boolean,
+  ): Promise<void> {
     const pauseAt = this.hooks.pauseAfterDescriptors;
     let at = 0;
     try {
@@ -188,7 +202,7 @@ export class ZmqSender {
       const notify =
         `{"t":"notify","req":${JSON.stringify(w.requestId)},"batches":${w.stats.messages},` +
         `"descriptors":${w.stats.descriptors},"bytes":${w.stats.bytes}` +
-        `${notifyPayload === undefined ? '' : `,"payload":${notifyPayload}`}}`;
+        `${notifyPayload === undefined ? '' : `,"payload":${notifyPayload}`}${partial ? ',"part":true' : ''}}`;
       w.stats.messages++;
       await w.link.queue.send([Buffer.from(notify)]);
       w.link.connected = true;

@@ -15,6 +15,8 @@
  *   its regions before it writes any, then copies each descriptor's bytes into its region at the offset.
  * - P → D `notify`: `{t: 'notify', req, batches, descriptors, bytes, payload}` after the last batch; D checks
  *   the counts against what it applied (a lost message fails the request), resolves `expect` with `payload`.
+ *   A partial write's (`part: true`) counts only its own messages: D checks them, answers `done` and counts the
+ *   next write's messages from 0, its `expect` still pending.
  * - D → P `done`: `{t: 'done', req, ok}` or `{…, ok: false, code, message}` (a refused write: 'layout'; a request
  *   D does not expect or aborted: 'abort'; a count mismatch: 'peer'). D answers every message of a request it
  *   does not (or no longer) expect, so a sender fails fast.
@@ -46,7 +48,7 @@ import {
   countInflight,
   type TransferTestHooks,
 } from './transfer-common.js';
-import type { TransferDescriptor, TransferEngine, TransferStats } from './transfer-engine.js';
+import type { TransferDescriptor, TransferEngine, TransferStats, WriteOptions } from './transfer-engine.js';
 import type { MemoryRegion, PdError, RegionRange } from './types.js';
 import { ZmqReceiver } from './zmq-transfer-receiver.js';
 import { ZmqSender } from './zmq-transfer-sender.js';
@@ -118,7 +120,7 @@ class ZmqTransferEngine implements TransferEngine {
     local: readonly TransferDescriptor[],
     remote: readonly TransferDescriptor[],
     notification: unknown,
-    options: { timeoutMs: number },
+    options: WriteOptions,
   ): Promise<TransferStats> {
     const refused = checkCall('write', this.address, this.closed, requestId, options.timeoutMs);
     if (refused !== undefined) return Promise.reject(refused);

@@ -185,6 +185,8 @@ export abstract class DrafterBase implements Drafter {
           key: { kind: 'draft-kv', layer: j, part, rank: 0 },
           ranges: pageRanges(draftKvRegionId(j, part), sent, kv.pool.pageBytes),
           heads,
+          // a full layer's rows from row 0: sendable while the prompt prefills (pd/overlap.ts)
+          ...(w > 0 ? {} : { rowBytes: kv.pool.floatsPerToken * 4 }),
         });
       }
     }
@@ -214,10 +216,13 @@ export abstract class DrafterBase implements Drafter {
     const pool = kv.features;
     if (pool === undefined) return [];
     const pages = pool.blockTable(id).subarray(Math.floor(first / pool.pageSize));
+    // rows from row 0 whatever the length when some layer attends the whole context: sendable while prefilling
+    const full = Array.from({ length: Math.max(kv.numLayers, 1) }, (_, j) => window?.(j) ?? 0).some((w) => w <= 0);
     return [
       {
         key: { kind: 'draft-features', layer: 0, part: '', rank: 0 },
         ranges: pageRanges(DRAFT_FEATURES_REGION, pages, pool.pageBytes),
+        ...(full ? { rowBytes: pool.floatsPerToken * 4 } : {}),
       },
     ];
   }

@@ -44,6 +44,8 @@ export interface LoopListener {
   onPromptLogprobs?(logprobs: readonly (TokenLogprob | null)[]): void;
   /** The request's first prefill chunk is about to run (SpecRequest.onPrefillStart). */
   onPrefillStart?(): void;
+  /** A handed-off request's prefill chunk (not the last) ran: `rows` prompt rows done (SpecRequest.onPrefillChunk). */
+  onPrefillChunk?(rows: number): void;
   onFinish(result: SpecResult): void;
   /**
    * The request failed: alone (a SequenceError, engine/types.ts: the others go on) or with the whole batch (a step
@@ -197,6 +199,9 @@ export class EngineLoop {
       promptLogprobs: req.promptLogprobs,
       onPromptLogprobs: (lps) => entry.listener.onPromptLogprobs?.(lps),
       onPrefillStart: () => entry.listener.onPrefillStart?.(),
+      ...(entry.listener.onPrefillChunk === undefined
+        ? {}
+        : { onPrefillChunk: (rows: number) => entry.listener.onPrefillChunk?.(rows) }),
       onToken: (t, lp) => {
         this.generated++;
         entry.started = true;

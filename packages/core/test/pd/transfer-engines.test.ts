@@ -181,6 +181,50 @@ describe.each(KINDS)('transfer engine $name: the shared suite', (kind) => {
     expect(firstDiff(dst, expectedAfter(before, src, pages, small)), `seed ${seed}`).toBe(-1);
   });
 
+  run('parts: a request written in partial writes completes only with its last write', async () => {
+    const { a, b, src, dst, before } = await pair();
+    const all: [number, number][] = Array.from({ length: 12 }, (_, i) => [i, 50 - 3 * i]);
+    let settled = false;
+    const got = b.expect(
+      'parts',
+      pageRanges(
+        all.map(([, d]) => d),
+        PAGE,
+      ),
+      { timeoutMs: 10_000 },
+    );
+    void got.then(() => {
+      settled = true;
+    });
+    let want = before;
+    // three parts (one of them empty), then the last write with the notification
+    for (const [k, part] of [all.slice(0, 5), [], all.slice(5, 9)].entries()) {
+      const { local, remote } = pagePairs(part, PAGE);
+      const stats = await a.write(b.address, 'parts', local, remote, undefined, { timeoutMs: 10_000, partial: true });
+      expect(stats.bytes, `part ${k}`).toBe(part.length * PAGE);
+      want = expectedAfter(want, src, part, PAGE);
+      expect(firstDiff(dst, want), `after part ${k}`).toBe(-1);
+      await new Promise((r) => setTimeout(r, 20));
+      expect(settled, `the expect is still pending after part ${k}`).toBe(false);
+      expect(b.inflight).toBe(1);
+    }
+    const { local, remote } = pagePairs(all.slice(9), PAGE);
+    await a.write(b.address, 'parts', local, remote, { last: true }, { timeoutMs: 10_000 });
+    expect(await got).toEqual({ last: true });
+    expect(firstDiff(dst, expectedAfter(before, src, all, PAGE))).toBe(-1);
+    expect([a.inflight, b.inflight]).toEqual([0, 0]);
+    // a part outside the allowed ranges fails the request on both sides
+    const bad = b.expect('parts-bad', pageRanges([0], PAGE), { timeoutMs: 10_000 });
+    bad.catch(() => undefined);
+    const ok = pagePairs([[0, 0]], PAGE);
+    await a.write(b.address, 'parts-bad', ok.local, ok.remote, undefined, { timeoutMs: 10_000, partial: true });
+    const out = pagePairs([[1, 1]], PAGE);
+    await expect(a.write(b.address, 'parts-bad', out.local, out.remote, 1, { timeoutMs: 10_000 })).rejects.toThrow(
+      /outside|allowed/,
+    );
+    await expect(bad).rejects.toMatchObject({ code: 'layout' });
+  });
+
   run('ordering: requests that reuse the same pages, one after the other, leave the last one', async () => {
     const { a, b, src, dst, before } = await pair();
     let want = before;

@@ -20,8 +20,9 @@ const P = {
 const D = { transfer_wait_ms: 1.93, decode_queue_ms: 0.4, decode_first_step_ms: 0.05, reserve_ms: 4.4 };
 
 describe('waterfall parts', () => {
-  it("parses P's part, filling absent payload classes with 0", () => {
-    expect(parsePrefillTimings(P)).toEqual(P);
+  it("parses P's part, filling absent payload classes and overlapped bytes with 0", () => {
+    expect(parsePrefillTimings(P)).toEqual({ ...P, overlapped_bytes: 0 });
+    expect(parsePrefillTimings({ ...P, overlapped_bytes: 4096 })?.overlapped_bytes).toBe(4096);
     const none = parsePrefillTimings({ ...P, payload_bytes: {}, descriptors: 0 });
     expect(none?.payload_bytes).toEqual({ target_kv: 0, linear_state: 0, draft_context: 0 });
   });
@@ -35,6 +36,7 @@ describe('waterfall parts', () => {
       { ...P, prefill_forward_ms: Number.NaN },
       { ...P, bootstrap_ms: '1' },
       { ...P, descriptors: 1.5 },
+      { ...P, overlapped_bytes: -1 },
       { ...P, payload_bytes: { target_kv: -4 } },
       { ...P, payload_bytes: null },
     ])
