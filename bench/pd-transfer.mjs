@@ -4,6 +4,8 @@
 //
 //   npm run bench:pd-transfer        (root; run `npm run build` and `npm run nixl:fetch` first; ~1 min)
 //   node bench/pd-transfer.mjs --reps 5 --sizes 1,4,16,64
+//   node bench/pd-transfer.mjs --netns   (root: P and D on two hosts, network namespaces joined by a veth pair;
+//                                         `nixl` may still take CMA there, same kernel: `nixl tcp` is the network)
 //
 // Per payload size (MB = 2^20 bytes) and layout, GB/s (1e9 bytes/s) = payload / the time from write() until P
 // holds D's acknowledgement (D applied everything; includes the notification round trip), median of --reps:
@@ -12,7 +14,7 @@
 // Engines: zmq; nixl (UCX's own transport choice: shared memory / CMA on one host); nixl tcp (UCX_TLS=tcp);
 // nixl thread (NIXL's own progress thread, option progressThread: off by default, see nixl-transfer.ts).
 // The variants alternate within each round (the machine is shared: ratios of one run are what to compare).
-import { fork } from 'node:child_process';
+import { fork, spawn, spawnSync } from 'node:child_process';
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 
@@ -26,10 +28,51 @@ const arg = (name, dflt) => {
 const MB = 1 << 20;
 const PAGE = 16 << 10;
 
+/** `--netns`: the namespaces of the two hosts and their addresses (set in the child run inside host A). */
+const NETNS = process.env.SPECD_BENCH_NETNS === undefined ? undefined : JSON.parse(process.env.SPECD_BENCH_NETNS);
+/** The address this process's engines bind: its host's in `--netns` runs (the peer passes its own). */
+const HOST = argv[0] === '--peer' ? argv[3] : (NETNS?.a.address ?? '127.0.0.1');
+
 async function makeEngine(kind) {
-  if (kind === 'zmq') return createZmqTransferEngine({});
-  if (kind === 'nixl thread') return createNixlTransferEngine({ progressThread: true });
-  return createNixlTransferEngine(kind === 'nixl tcp' ? { ucxTls: 'tcp' } : {});
+  const host = { host: HOST };
+  if (kind === 'zmq') return createZmqTransferEngine(host);
+  if (kind === 'nixl thread') return createNixlTransferEngine({ ...host, progressThread: true });
+  return createNixlTransferEngine(kind === 'nixl tcp' ? { ...host, ucxTls: 'tcp' } : host);
+}
+
+if (argv.includes('--netns') && NETNS === undefined) process.exit(twoHosts());
+
+/**
+ * Makes two network namespaces joined by a veth pair (10.88.0.1 ↔ 10.88.0.2, private, inside them only), runs this
+ * bench again in the first with its receivers in the second, and removes both. Needs root. @returns its exit code.
+ */
+function twoHosts() {
+  const base = `specdb${process.pid}`;
+  const a = { ns: `${base}-a`, address: '10.88.0.1' };
+  const b = { ns: `${base}-b`, address: '10.88.0.2' };
+  const ip = (...args) => {
+    const r = spawnSync('ip', args, { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`bench:pd-transfer --netns: ip ${args.join(' ')}: ${r.stderr}`);
+  };
+  try {
+    for (const h of [a, b]) {
+      ip('netns', 'add', h.ns);
+      ip('-n', h.ns, 'link', 'set', 'lo', 'up');
+    }
+    ip('-n', a.ns, 'link', 'add', 'v0', 'type', 'veth', 'peer', 'name', 'v0', 'netns', b.ns);
+    for (const h of [a, b]) {
+      ip('-n', h.ns, 'addr', 'add', `${h.address}/24`, 'dev', 'v0');
+      ip('-n', h.ns, 'link', 'set', 'v0', 'up');
+    }
+    const rest = argv.filter((x) => x !== '--netns');
+    const r = spawnSync('ip', ['netns', 'exec', a.ns, process.execPath, fileURLToPath(import.meta.url), ...rest], {
+      stdio: 'inherit',
+      env: { ...process.env, SPECD_BENCH_NETNS: JSON.stringify({ a, b }) },
+    });
+    return r.status ?? 1;
+  } finally {
+    for (const h of [a, b]) spawnSync('ip', ['netns', 'del', h.ns]);
+  }
 }
 
 if (argv[0] === '--peer') {
@@ -62,9 +105,14 @@ if (argv[0] === '--peer') {
 
   const peers = new Map();
   for (const kind of kinds) {
-    const child = fork(self, ['--peer', kind, String(2 * maxBytes)], {
-      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-    });
+    const peerArgs = ['--peer', kind, String(2 * maxBytes), NETNS?.b.address ?? '127.0.0.1'];
+    // on the second host under --netns (`ip netns exec` keeps the IPC channel's descriptor)
+    const child =
+      NETNS === undefined
+        ? fork(self, peerArgs, { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
+        : spawn('ip', ['netns', 'exec', NETNS.b.ns, process.execPath, self, ...peerArgs], {
+            stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+          });
     const waiters = [];
     child.on('message', (m) => {
       const i = waiters.findIndex((w) => w.pick(m));
@@ -114,7 +162,11 @@ if (argv[0] === '--peer') {
 
   const median = (xs) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
   console.log(`CPU: ${cpus()[0]?.model} (${cpus().length} vCPUs); load average before: ${loadavg()[0].toFixed(2)}`);
-  console.log(`GB/s (1e9 B/s), median of ${reps}; write() → D's acknowledgement; receiver in another process\n`);
+  const where =
+    NETNS === undefined ? '' : ` on another host (network namespaces ${NETNS.a.address} → ${NETNS.b.address}, veth)`;
+  console.log(
+    `GB/s (1e9 B/s), median of ${reps}; write() → D's acknowledgement; receiver in another process${where}\n`,
+  );
   console.log(
     `| payload | layout | descriptors | ${kinds.join(' | ')} | ${kinds
       .slice(1)

@@ -154,7 +154,21 @@ if (SECTIONS.has(1)) {
 // --- 2. end to end ----------------------------------------------------------------------------------------
 const BIN = join(ROOT, 'packages/core/src/cli/bin.js');
 const procs = [];
-function start(args) {
+/**
+ * Starts `specd ARGS` and resolves with the URL it reports. A process that dies of SIGSEGV before reporting is
+ * started once more, loudly (the NIXL tripwire of test/pd-cluster.ts `startSpecdNixl`: a crash at start was seen
+ * under load while NIXL's progress thread ran; a recurrence stays visible here).
+ */
+async function start(args, retried = false) {
+  try {
+    return await startOnce(args);
+  } catch (err) {
+    if (retried || !/exited \(SIGSEGV\)/.test(err.message)) throw err;
+    console.warn(`!!! KNOWN BUG (issue 17): a specd process crashed at start, retrying once:\n${err.message}`);
+    return start(args, true);
+  }
+}
+function startOnce(args) {
   return new Promise((resolveUrl, reject) => {
     const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
     procs.push(child);
@@ -165,7 +179,9 @@ function start(args) {
       const m = / on (http:\/\/\S+)/.exec(err);
       if (m) resolveUrl(m[1]);
     });
-    child.once('exit', (code) => reject(new Error(`specd ${args.join(' ')} exited ${code}:\n${err}`)));
+    child.once('exit', (code, signal) =>
+      reject(new Error(`specd ${args.join(' ')} exited (${signal ?? code}) before reporting its URL:\n${err}`)),
+    );
   });
 }
 const tmp = mkdtempSync(join(tmpdir(), 'specd-bench-pd-'));

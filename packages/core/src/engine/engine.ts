@@ -463,7 +463,7 @@ export class SpecEngine {
       return this.fail(r, new SequenceError(id, 'prefill', err));
     }
     if (first === undefined) {
-      if (req.handoff === true) req.onPrefillChunk?.(end);
+      if (req.handoff === true) req.onPrefillChunk?.(end, P - end <= this.prefillChunk);
       return undefined;
     }
     if (r.promptLogprobs !== undefined) req.onPromptLogprobs?.(r.promptLogprobs);

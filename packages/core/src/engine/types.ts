@@ -96,8 +96,9 @@ export interface SpecRequest {
    * the last, with `rows` the prompt rows done — their target KV final and, with a drafter, their draft context
    * written (set, it makes the engine write a handoff request's draft context chunk by chunk instead of at the
    * handoff, so that the finished rows can be sent while the prompt still prefills; the same rows, the same bits).
+   * `lastNext`: the next chunk is the prompt's last.
    */
-  readonly onPrefillChunk?: (rows: number) => void;
+  readonly onPrefillChunk?: (rows: number, lastNext: boolean) => void;
   /**
    * Prefill only, for prefill/decode disaggregation (the prefill role): after the prompt's last chunk and
    * the first token, the draft context is written and the request ends with finish reason `'handoff'`

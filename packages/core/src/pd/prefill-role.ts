@@ -273,7 +273,9 @@ export class PrefillRole {
             onPrefillStart: () => {
               forwardAt = performance.now();
             },
-            ...(stream === undefined ? {} : { onPrefillChunk: (rows: number) => stream.progress(rows) }),
+            ...(stream === undefined
+              ? {}
+              : { onPrefillChunk: (rows: number, lastNext: boolean) => stream.progress(rows, lastNext) }),
             onFinish: (res) => {
               handoffAt = performance.now();
               resolve(res);

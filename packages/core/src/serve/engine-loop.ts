@@ -44,8 +44,11 @@ export interface LoopListener {
   onPromptLogprobs?(logprobs: readonly (TokenLogprob | null)[]): void;
   /** The request's first prefill chunk is about to run (SpecRequest.onPrefillStart). */
   onPrefillStart?(): void;
-  /** A handed-off request's prefill chunk (not the last) ran: `rows` prompt rows done (SpecRequest.onPrefillChunk). */
-  onPrefillChunk?(rows: number): void;
+  /**
+   * A handed-off request's prefill chunk (not the last) ran: `rows` prompt rows done; `lastNext`: the next chunk is
+   * the last (SpecRequest.onPrefillChunk).
+   */
+  onPrefillChunk?(rows: number, lastNext: boolean): void;
   onFinish(result: SpecResult): void;
   /**
    * The request failed: alone (a SequenceError, engine/types.ts: the others go on) or with the whole batch (a step
@@ -201,7 +204,7 @@ export class EngineLoop {
       onPrefillStart: () => entry.listener.onPrefillStart?.(),
       ...(entry.listener.onPrefillChunk === undefined
         ? {}
-        : { onPrefillChunk: (rows: number) => entry.listener.onPrefillChunk?.(rows) }),
+        : { onPrefillChunk: (rows: number, lastNext: boolean) => entry.listener.onPrefillChunk?.(rows, lastNext) }),
       onToken: (t, lp) => {
         this.generated++;
         entry.started = true;

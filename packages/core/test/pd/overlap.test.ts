@@ -94,7 +94,7 @@ describe('OverlapSender', () => {
       ['dstate', new Uint8Array(128)],
     ]);
     const { engine, writes, land } = recorder(src, dst);
-    const s = new OverlapSender(engine, 'room', () => mine, 1000);
+    const s = new OverlapSender(engine, 'room', () => mine, 1000, 0);
     s.progress(3); // before the layout: nothing
     expect(writes).toHaveLength(0);
     s.start('d', wanted);
@@ -142,7 +142,7 @@ describe('OverlapSender', () => {
       ['dstate', new Uint8Array(128)],
     ]);
     const { engine, writes, land } = recorder(src, dst, () => true);
-    const s = new OverlapSender(engine, 'room', () => mine, 1000);
+    const s = new OverlapSender(engine, 'room', () => mine, 1000, 0);
     s.start('d', wanted);
     s.progress(4);
     await land();
@@ -151,10 +151,25 @@ describe('OverlapSender', () => {
     await expect(s.finish()).rejects.toThrow(/went away/);
   });
 
+  it('a part waits for minPartBytes, but not at the prompt last chunk but one', async () => {
+    const dst = new Map([['dkv', new Uint8Array(3 * PAGE * ROW)]]);
+    const { engine, writes, land } = recorder(src, dst);
+    const s = new OverlapSender(engine, 'room', () => mine, 1000, 5 * ROW);
+    s.start('d', wanted);
+    s.progress(4);
+    expect(writes).toHaveLength(0); // 4 rows < 5
+    s.progress(5);
+    expect(writes).toHaveLength(1);
+    await land();
+    s.progress(8, true); // 3 rows, but the last chunk is next
+    expect(writes).toHaveLength(2);
+    expect(writes[1]!.local.reduce((a, d) => a + d.length, 0)).toBe(3 * ROW);
+  });
+
   it('an entry whose length differs on D stops the parts; the last write names it', async () => {
     const dst = new Map([['dkv', new Uint8Array(3 * PAGE * ROW)]]);
     const { engine, writes } = recorder(src, dst);
-    const s = new OverlapSender(engine, 'room', () => mine, 1000);
+    const s = new OverlapSender(engine, 'room', () => mine, 1000, 0);
     const short = [{ key: mine[0]!.key, ranges: [{ region: 'dkv', offset: 0, length: 5 }] }];
     s.start('d', short);
     s.progress(12);
