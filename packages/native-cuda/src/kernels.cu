@@ -1,0 +1,164 @@
+// @specd/native-cuda: the device side of the first CUDA kernels (issue 18). Device memory is owned by the caller
+// (binding.cc: cudaMalloc'd buffers behind opaque handles); every function here launches on `stream` and returns the
+// CUDA or cuBLAS status, never throws. Numerics: bf16 weights, fp32 accumulation, fp32 activations in and out.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace {
+
+/** out[i] = bf16(x[i]) (round to nearest even), n elements. */
+__global__ void toBf16(__nv_bfloat16* out, const float* x, int64_t n) {
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+/**
+ * RMSNorm, one block per row: out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w (w bf16), fp32 throughout.
+ * The row's sum of squares is a fixed tree over the block's threads: the same bits for a row whatever the rows.
+ */
+__global__ void rmsNormRows(float* out, const float* x, const __nv_bfloat16* w, int cols, float eps) {
+  __shared__ float partial[256];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float* orow = out + static_cast<int64_t>(blockIdx.x) * cols;
+  float s = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c] * xr[c];
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = rsqrtf(partial[0] / cols + eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = xr[c] * inv * __bfloat162float(w[c]);
+}
+
+/** Greedy argmax, one block per row (the lowest index among equal maxima, as the CPU path). */
+__global__ void argmaxRows(int32_t* out, const float* x, int cols) {
+  __shared__ float best[256];
+  __shared__ int idx[256];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float b = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    if (xr[c] > b) {
+      b = xr[c];
+      bi = c;
+    }
+  best[threadIdx.x] = b;
+  idx[threadIdx.x] = bi;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float o = best[threadIdx.x + stride];
+      const int oi = idx[threadIdx.x + stride];
+      if (o > best[threadIdx.x] || (o == best[threadIdx.x] && oi < idx[threadIdx.x])) {
+        best[threadIdx.x] = o;
+        idx[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = idx[0];
+}
+
+/** SwiGLU: out[r, j] = silu(gu[r, j]) · gu[r, inter + j] over rows of [gate | up] (2 · inter wide). */
+__global__ void swigluRows(float* out, const float* gu, int rows, int inter) {
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<int64_t>(rows) * inter) return;
+  const int64_t r = i / inter;
+  const int j = static_cast<int>(i % inter);
+  const float g = gu[r * 2 * inter + j];
+  const float u = gu[r * 2 * inter + inter + j];
+  out[i] = g / (1.f + expf(-g)) * u;
+}
+
+/** Embedding gather: out[r, :] = f32(table[ids[r], :]) (table bf16 [vocab, hidden]). */
+__global__ void embedRows(float* out, const __nv_bfloat16* table, const int32_t* ids, int hidden) {
+  const int64_t row = static_cast<int64_t>(ids[blockIdx.x]) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x)
+    out[static_cast<int64_t>(blockIdx.x) * hidden + c] = __bfloat162float(table[row + c]);
+}
+
+}  // namespace
+
+int specdToBf16(void* out, const float* x, int64_t n, cudaStream_t stream) {
+  toBf16<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(out), x, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdRmsNorm(float* out, const float* x, const void* w, int rows, int cols, float eps, cudaStream_t stream) {
+  rmsNormRows<<<rows, 256, 0, stream>>>(out, x, static_cast<const __nv_bfloat16*>(w), cols, eps);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdArgmax(int32_t* out, const float* x, int rows, int cols, cudaStream_t stream) {
+  argmaxRows<<<rows, 256, 0, stream>>>(out, x, cols);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdSwiglu(float* out, const float* gu, int rows, int inter, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(rows) * inter;
+  swigluRows<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(out, gu, rows, inter);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdEmbed(float* out, const void* table, const int32_t* ids, int rows, int hidden, cudaStream_t stream) {
+  embedRows<<<rows, 256, 0, stream>>>(out, static_cast<const __nv_bfloat16*>(table), ids, hidden);
+  return static_cast<int>(cudaGetLastError());
+}
+
+/**
+ * out [m, n] f32 = xb [m, k] bf16 · w [n, k]ᵀ bf16, fp32 accumulation (cuBLASLt, CUBLAS_COMPUTE_32F). Column-major
+ * view: C[n, m] = W[k, n]ᵀ · X[k, m] (op(A) = T). `mPad` (≥ m) is the row count the plan is made for: calls with
+ * any m ≤ mPad use one algorithm and tile shape, so each row's reduction order does not depend on m (xb holds mPad
+ * rows, the padding zeros). The heuristic's first algorithm is taken; split-K is not allowed (its reduction order
+ * depends on the grid). Returns a cublasStatus_t (0 = ok).
+ */
+int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
+                  void* workspace, size_t workspaceBytes, cudaStream_t stream) {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn));
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, mPad, k);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, n, mPad, n);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceCreate(&pref);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
+                                              sizeof(workspaceBytes));
+  cublasLtMatmulHeuristicResult_t heur[8];
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 8, heur, &found);
+  int pick = -1;
+  for (int i = 0; i < found && pick < 0; i++) {
+    int32_t splitK = 1;
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&heur[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof(splitK),
+                                         &got);
+    if (splitK <= 1) pick = i;
+  }
+  if (st == CUBLAS_STATUS_SUCCESS && pick < 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+  const float alpha = 1.f, beta = 0.f;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmul(lt, op, &alpha, w, a, xb, b, &beta, out, c, out, c, &heur[pick].algo, workspace,
+                        workspaceBytes, stream);
+  (void)m;
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+  if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+  if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+  if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  return static_cast<int>(st);
+}

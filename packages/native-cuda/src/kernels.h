@@ -1,0 +1,15 @@
+// @specd/native-cuda: launchers of kernels.cu (see there). Each returns a cudaError_t or cublasStatus_t as int.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+int specdToBf16(void* out, const float* x, int64_t n, cudaStream_t stream);
+int specdRmsNorm(float* out, const float* x, const void* w, int rows, int cols, float eps, cudaStream_t stream);
+int specdArgmax(int32_t* out, const float* x, int rows, int cols, cudaStream_t stream);
+int specdSwiglu(float* out, const float* gu, int rows, int inter, cudaStream_t stream);
+int specdEmbed(float* out, const void* table, const int32_t* ids, int rows, int hidden, cudaStream_t stream);
+int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
+                  void* workspace, size_t workspaceBytes, cudaStream_t stream);
