@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <tuple>
 
 #include "kernels.h"
 
@@ -112,27 +114,29 @@ int specdEmbed(float* out, const void* table, const int32_t* ids, int rows, int 
   return static_cast<int>(cudaGetLastError());
 }
 
-/**
- * out [m, n] f32 = xb [m, k] bf16 · w [n, k]ᵀ bf16, fp32 accumulation (cuBLASLt, CUBLAS_COMPUTE_32F). Column-major
- * view: C[n, m] = W[k, n]ᵀ · X[k, m] (op(A) = T). `mPad` (≥ m) is the row count the plan is made for: calls with
- * any m ≤ mPad use one algorithm and tile shape, so each row's reduction order does not depend on m (xb holds mPad
- * rows, the padding zeros). The heuristic's first algorithm is taken; split-K is not allowed (its reduction order
- * depends on the grid). Returns a cublasStatus_t (0 = ok).
- */
-int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
-                  void* workspace, size_t workspaceBytes, cudaStream_t stream) {
+namespace {
+
+/** A cuBLASLt plan for one (mPad, n, k): descriptors and the algorithm, made once and kept (not thread-safe). */
+struct GemmPlan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+std::map<std::tuple<int, int, int, size_t>, GemmPlan> g_plans;
+
+/** Makes the plan of (mPad, n, k): the heuristic's first algorithm without split-K (see specdGemmBf16). */
+cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t workspaceBytes, GemmPlan* plan) {
   cublasLtMatmulPreference_t pref = nullptr;
-  cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasStatus_t st = cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t));
+    st = cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t));
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn));
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k);
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, mPad, k);
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, n, mPad, n);
+    st = cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn));
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, k);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, mPad, k);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, n, mPad, n);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceCreate(&pref);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
@@ -140,7 +144,7 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
   cublasLtMatmulHeuristicResult_t heur[8];
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 8, heur, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(lt, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 8, heur, &found);
   int pick = -1;
   for (int i = 0; i < found && pick < 0; i++) {
     int32_t splitK = 1;
@@ -150,15 +154,39 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
     if (splitK <= 1) pick = i;
   }
   if (st == CUBLAS_STATUS_SUCCESS && pick < 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
-  const float alpha = 1.f, beta = 0.f;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmul(lt, op, &alpha, w, a, xb, b, &beta, out, c, out, c, &heur[pick].algo, workspace,
-                        workspaceBytes, stream);
-  (void)m;
+  if (st == CUBLAS_STATUS_SUCCESS) plan->algo = heur[pick].algo;
   if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-  if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
-  if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-  if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-  if (op != nullptr) cublasLtMatmulDescDestroy(op);
-  return static_cast<int>(st);
+  return st;
+}
+
+}  // namespace
+
+/**
+ * out [m, n] f32 = xb [m, k] bf16 · w [n, k]ᵀ bf16, fp32 accumulation (cuBLASLt, CUBLAS_COMPUTE_32F). Column-major
+ * view: C[n, m] = W[k, n]ᵀ · X[k, m] (op(A) = T). `mPad` (≥ m) is the row count the plan is made for: calls with
+ * any m ≤ mPad use one algorithm and tile shape, so each row's reduction order does not depend on m (xb holds mPad
+ * rows, the padding zeros). The plan (the heuristic's first algorithm without split-K, whose reduction order depends
+ * on the grid) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
+ */
+int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
+                  void* workspace, size_t workspaceBytes, cudaStream_t stream) {
+  (void)m;
+  const auto key = std::make_tuple(mPad, n, k, workspaceBytes);
+  auto it = g_plans.find(key);
+  if (it == g_plans.end()) {
+    GemmPlan plan;
+    const cublasStatus_t st = makePlan(lt, mPad, n, k, workspaceBytes, &plan);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
+      if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
+      if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
+      if (plan.op != nullptr) cublasLtMatmulDescDestroy(plan.op);
+      return static_cast<int>(st);
+    }
+    it = g_plans.emplace(key, plan).first;
+  }
+  const GemmPlan& p = it->second;
+  const float alpha = 1.f, beta = 0.f;
+  return static_cast<int>(cublasLtMatmul(lt, p.op, &alpha, w, p.a, xb, p.b, &beta, out, p.c, out, p.c, &p.algo,
+                                         workspace, workspaceBytes, stream));
 }
