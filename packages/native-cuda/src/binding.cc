@@ -217,6 +217,97 @@ Napi::Value Embed(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+/** rope(x, positions, tokens, heads, headDim, rotaryDim, theta, neox): in place over x [tokens, heads, headDim] f32. */
+Napi::Value Rope(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  DeviceBuffer* x = buf(info, 0, "x");
+  DeviceBuffer* pos = buf(info, 1, "positions");
+  const int64_t tokens = num(info, 2, "tokens", 1), heads = num(info, 3, "heads", 1),
+                headDim = num(info, 4, "headDim", 1), rotaryDim = num(info, 5, "rotaryDim", 0);
+  if (rotaryDim % 2 != 0 || rotaryDim > headDim)
+    throw Napi::RangeError::New(env, "rotaryDim: expected an even number <= headDim");
+  need(info, x, tokens * heads * headDim * 4, "x");
+  need(info, pos, tokens * 4, "positions");
+  const float theta = static_cast<float>(info[6].As<Napi::Number>().DoubleValue());
+  launched(env,
+           specdRope(static_cast<float*>(x->ptr), static_cast<int32_t*>(pos->ptr), static_cast<int>(tokens),
+                     static_cast<int>(heads), static_cast<int>(headDim), static_cast<int>(rotaryDim), theta,
+                     info[7].ToBoolean().Value(), nullptr),
+           "rope");
+  return env.Undefined();
+}
+
+/**
+ * writeKvPages(kPool, vPool, k, v, slots, tokens, rowFloats): pool row `slots[t]` = row t of k / v ([tokens,
+ * rowFloats] f32); slot −1 skips. Slots must be < the pools' rows (the pools' sizes are checked against the largest
+ * slot the caller names: `maxSlot`, argument 7).
+ */
+Napi::Value WriteKvPages(const Napi::CallbackInfo& info) {
+  DeviceBuffer* kPool = buf(info, 0, "kPool");
+  DeviceBuffer* vPool = buf(info, 1, "vPool");
+  DeviceBuffer* k = buf(info, 2, "k");
+  DeviceBuffer* v = buf(info, 3, "v");
+  DeviceBuffer* slots = buf(info, 4, "slots");
+  const int64_t tokens = num(info, 5, "tokens", 1), rowFloats = num(info, 6, "rowFloats", 1),
+                maxSlot = num(info, 7, "maxSlot");
+  need(info, kPool, (maxSlot + 1) * rowFloats * 4, "kPool");
+  need(info, vPool, (maxSlot + 1) * rowFloats * 4, "vPool");
+  need(info, k, tokens * rowFloats * 4, "k");
+  need(info, v, tokens * rowFloats * 4, "v");
+  need(info, slots, tokens * 4, "slots");
+  launched(
+      info.Env(),
+      specdWriteKvPages(static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr), static_cast<float*>(k->ptr),
+                        static_cast<float*>(v->ptr), static_cast<int32_t*>(slots->ptr), static_cast<int>(tokens),
+                        static_cast<int>(rowFloats), nullptr),
+      "writeKvPages");
+  return info.Env().Undefined();
+}
+
+/**
+ * pagedAttention(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks,
+ * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages): out and q [totalQ, qHeads, headDim] f32; pools
+ * [numPages, pageSize, kvHeads, headDim] f32 (NHD); the batch metadata i32 as native/src/attention.ts's PagedBatch.
+ * Page ids in blockTables must be < numPages (they are read on the device, not checked there).
+ */
+Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  DeviceBuffer* out = buf(info, 0, "out");
+  DeviceBuffer* q = buf(info, 1, "q");
+  DeviceBuffer* kPool = buf(info, 2, "kPool");
+  DeviceBuffer* vPool = buf(info, 3, "vPool");
+  DeviceBuffer* cu = buf(info, 4, "cuSeqlensQ");
+  DeviceBuffer* kvLens = buf(info, 5, "kvLens");
+  DeviceBuffer* tables = buf(info, 6, "blockTables");
+  DeviceBuffer* pos = buf(info, 7, "positions");
+  const int64_t numSeqs = num(info, 8, "numSeqs", 1), totalQ = num(info, 9, "totalQ", 1),
+                maxBlocks = num(info, 10, "maxBlocks", 1), pageSize = num(info, 11, "pageSize", 1),
+                qHeads = num(info, 12, "qHeads", 1), kvHeads = num(info, 13, "kvHeads", 1),
+                headDim = num(info, 14, "headDim", 1);
+  const float scale = static_cast<float>(info[15].As<Napi::Number>().DoubleValue());
+  const bool causal = info[16].ToBoolean().Value();
+  const int64_t numPages = num(info, 17, "numPages", 1);
+  if (qHeads % kvHeads != 0) throw Napi::RangeError::New(env, "qHeads: must be a multiple of kvHeads");
+  if (headDim > 256) throw Napi::RangeError::New(env, "headDim: at most 256");
+  need(info, out, totalQ * qHeads * headDim * 4, "out");
+  need(info, q, totalQ * qHeads * headDim * 4, "q");
+  need(info, kPool, numPages * pageSize * kvHeads * headDim * 4, "kPool");
+  need(info, vPool, numPages * pageSize * kvHeads * headDim * 4, "vPool");
+  need(info, cu, (numSeqs + 1) * 4, "cuSeqlensQ");
+  need(info, kvLens, numSeqs * 4, "kvLens");
+  need(info, tables, numSeqs * maxBlocks * 4, "blockTables");
+  need(info, pos, totalQ * 4, "positions");
+  launched(env,
+           specdPagedAttention(
+               static_cast<float*>(out->ptr), static_cast<float*>(q->ptr), static_cast<float*>(kPool->ptr),
+               static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr), static_cast<int32_t*>(kvLens->ptr),
+               static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr), static_cast<int>(numSeqs),
+               static_cast<int>(totalQ), static_cast<int>(maxBlocks), static_cast<int>(pageSize),
+               static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim), scale, causal, nullptr),
+           "pagedAttention");
+  return env.Undefined();
+}
+
 /** synchronize(): waits for every launch (errors of earlier launches surface here). */
 Napi::Value Synchronize(const Napi::CallbackInfo& info) {
   check(info.Env(), cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -257,6 +348,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("argmax", Napi::Function::New(env, Argmax));
   exports.Set("swiglu", Napi::Function::New(env, Swiglu));
   exports.Set("embed", Napi::Function::New(env, Embed));
+  exports.Set("rope", Napi::Function::New(env, Rope));
+  exports.Set("writeKvPages", Napi::Function::New(env, WriteKvPages));
+  exports.Set("pagedAttention", Napi::Function::New(env, PagedAttention));
   exports.Set("synchronize", Napi::Function::New(env, Synchronize));
   exports.Set("timeGemm", Napi::Function::New(env, TimeGemm));
   return exports;

@@ -86,6 +86,99 @@ __global__ void embedRows(float* out, const __nv_bfloat16* table, const int32_t*
     out[static_cast<int64_t>(blockIdx.x) * hidden + c] = __bfloat162float(table[row + c]);
 }
 
+/**
+ * RoPE in place over x [tokens, heads, headDim]: pair (a, b) → (a·cos − b·sin, b·cos + a·sin), angle =
+ * pos · theta^(−2i / rotaryDim); neox pairs (i, i + rotaryDim/2), interleaved (2i, 2i + 1). One thread per pair.
+ */
+__global__ void ropeRows(float* x, const int32_t* positions, int tokens, int heads, int headDim, int rotaryDim,
+                         float theta, bool neox) {
+  const int half = rotaryDim / 2;
+  int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= static_cast<int64_t>(tokens) * heads * half) return;
+  const int i = static_cast<int>(idx % half);
+  const int64_t th = idx / half;  // token · heads + head
+  const int t = static_cast<int>(th / heads);
+  float* row = x + th * headDim;
+  const float invFreq = powf(theta, -2.0f * i / rotaryDim);
+  float sn, cs;
+  sincosf(positions[t] * invFreq, &sn, &cs);
+  const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+  const float a = row[ia], b = row[ib];
+  row[ia] = a * cs - b * sn;
+  row[ib] = b * cs + a * sn;
+}
+
+/** vLLM reshape_and_cache: pool[slot, :] = rows[t, :] for each token t with slot ≥ 0 (K and V pools alike). */
+__global__ void writePages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots,
+                           int tokens, int rowFloats) {
+  int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= static_cast<int64_t>(tokens) * rowFloats) return;
+  const int t = static_cast<int>(idx / rowFloats);
+  const int c = static_cast<int>(idx % rowFloats);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  kPool[slot * rowFloats + c] = k[idx];
+  vPool[slot * rowFloats + c] = v[idx];
+}
+
+constexpr int kMaxDimPerLane = 8;  // headDim ≤ 256
+
+/**
+ * Paged attention, NHD pages ([page, slot, kvHead, headDim] f32), GQA, one warp per (query row, q head): the keys
+ * the query sees (causal: j ≤ its position; non-causal: j < kvLen) in order, an online softmax in fp32. A query with
+ * no visible key gets zeros. Each query's result depends on its own keys only: the same bits in any batch.
+ */
+__global__ void pagedAttentionRows(float* out, const float* q, const float* kPool, const float* vPool,
+                                   const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                                   const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
+                                   int kvHeads, int headDim, float scale, bool causal) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int lane = threadIdx.x;
+  int s = 0;
+  while (s + 1 < numSeqs && cuSeqlensQ[s + 1] <= row) s++;
+  const int kvHead = head / (qHeads / kvHeads);
+  const int rowFloats = kvHeads * headDim;
+  const int per = (headDim + 31) / 32;
+  float qv[kMaxDimPerLane], acc[kMaxDimPerLane];
+  const float* qr = q + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  for (int d = 0; d < per; d++) {
+    const int c = lane + 32 * d;
+    qv[d] = c < headDim ? qr[c] : 0.f;
+    acc[d] = 0.f;
+  }
+  const int kvLen = kvLens[s];
+  const int last = causal ? min(positions[row] + 1, kvLen) : kvLen;
+  float m = -INFINITY, l = 0.f;
+  for (int j = 0; j < last; j++) {
+    const int64_t slot = static_cast<int64_t>(blockTables[static_cast<int64_t>(s) * maxBlocks + j / pageSize]) *
+                             pageSize + j % pageSize;
+    const float* kr = kPool + slot * rowFloats + kvHead * headDim;
+    float dot = 0.f;
+    for (int d = 0; d < per; d++) {
+      const int c = lane + 32 * d;
+      if (c < headDim) dot += qv[d] * kr[c];
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float sc = dot * scale;
+    const float mNew = fmaxf(m, sc);
+    const float corr = expf(m - mNew);
+    const float p = expf(sc - mNew);
+    l = l * corr + p;
+    const float* vr = vPool + slot * rowFloats + kvHead * headDim;
+    for (int d = 0; d < per; d++) {
+      const int c = lane + 32 * d;
+      acc[d] = acc[d] * corr + (c < headDim ? p * vr[c] : 0.f);
+    }
+    m = mNew;
+  }
+  float* orow = out + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  for (int d = 0; d < per; d++) {
+    const int c = lane + 32 * d;
+    if (c < headDim) orow[c] = l > 0.f ? acc[d] / l : 0.f;
+  }
+}
+
 }  // namespace
 
 int specdToBf16(void* out, const float* x, int64_t n, cudaStream_t stream) {
@@ -168,6 +261,34 @@ cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t work
  * rows, the padding zeros). The plan (the heuristic's first algorithm without split-K, whose reduction order depends
  * on the grid) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
  */
+int specdRope(float* x, const int32_t* positions, int tokens, int heads, int headDim, int rotaryDim, float theta,
+              bool neox, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(tokens) * heads * (rotaryDim / 2);
+  if (n == 0) return 0;
+  ropeRows<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(x, positions, tokens, heads, headDim,
+                                                                        rotaryDim, theta, neox);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots, int tokens,
+                      int rowFloats, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(tokens) * rowFloats;
+  writePages<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(kPool, vPool, k, v, slots, tokens,
+                                                                         rowFloats);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdPagedAttention(float* out, const float* q, const float* kPool, const float* vPool, const int32_t* cuSeqlensQ,
+                        const int32_t* kvLens, const int32_t* blockTables, const int32_t* positions, int numSeqs,
+                        int totalQ, int maxBlocks, int pageSize, int qHeads, int kvHeads, int headDim, float scale,
+                        bool causal, cudaStream_t stream) {
+  if (headDim > 32 * kMaxDimPerLane || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
+  pagedAttentionRows<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables,
+                                                               positions, numSeqs, maxBlocks, pageSize, qHeads,
+                                                               kvHeads, headDim, scale, causal);
+  return static_cast<int>(cudaGetLastError());
+}
+
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
                   void* workspace, size_t workspaceBytes, cudaStream_t stream) {
   (void)m;

@@ -11,5 +11,13 @@ int specdRmsNorm(float* out, const float* x, const void* w, int rows, int cols, 
 int specdArgmax(int32_t* out, const float* x, int rows, int cols, cudaStream_t stream);
 int specdSwiglu(float* out, const float* gu, int rows, int inter, cudaStream_t stream);
 int specdEmbed(float* out, const void* table, const int32_t* ids, int rows, int hidden, cudaStream_t stream);
+int specdRope(float* x, const int32_t* positions, int tokens, int heads, int headDim, int rotaryDim, float theta,
+              bool neox, cudaStream_t stream);
+int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots, int tokens,
+                      int rowFloats, cudaStream_t stream);
+int specdPagedAttention(float* out, const float* q, const float* kPool, const float* vPool, const int32_t* cuSeqlensQ,
+                        const int32_t* kvLens, const int32_t* blockTables, const int32_t* positions, int numSeqs,
+                        int totalQ, int maxBlocks, int pageSize, int qHeads, int kvHeads, int headDim, float scale,
+                        bool causal, cudaStream_t stream);
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
                   void* workspace, size_t workspaceBytes, cudaStream_t stream);

@@ -23,7 +23,8 @@ try {
 }
 const gpu = { skip: why };
 
-const f32Buf = (a) => {
+/** A device buffer holding `a` (any typed array). */
+const devBuf = (a) => {
   const b = cuda.alloc(a.byteLength);
   cuda.upload(b, a);
   return b;
@@ -40,7 +41,7 @@ test('toBf16 rounds to nearest even like the CPU', gpu, () => {
   x[0] = 1.00390625; // a tie: 1 + 2^-8 → 1 (even)
   x[1] = 1.01171875; // 1 + 3 · 2^-8 → 1 + 2^-6 (even)
   const out = cuda.alloc(x.length * 2);
-  cuda.toBf16(out, f32Buf(x), x.length);
+  cuda.toBf16(out, devBuf(x), x.length);
   const got = new Uint16Array(x.length);
   cuda.download(out, got);
   for (let i = 0; i < x.length; i++) assert.equal(got[i], bf16Bits(x[i]), `element ${i}`);
@@ -51,7 +52,7 @@ function gemm(xRows, m, mPad, wBuf, n, k) {
   const x = new Float32Array(mPad * k);
   x.set(xRows.subarray(0, m * k));
   const xb = cuda.alloc(mPad * k * 2);
-  cuda.toBf16(xb, f32Buf(x), mPad * k);
+  cuda.toBf16(xb, devBuf(x), mPad * k);
   const out = cuda.alloc(mPad * n * 4);
   cuda.gemmBf16(out, xb, wBuf, m, mPad, n, k);
   return readF32(out, mPad * n).subarray(0, m * n);
@@ -99,7 +100,7 @@ test('rmsNorm, swiglu and embed against the CPU', gpu, () => {
   const wBuf = cuda.alloc(cols * 2);
   cuda.upload(wBuf, w.bits);
   const out = cuda.alloc(rows * cols * 4);
-  cuda.rmsNorm(out, f32Buf(x), wBuf, rows, cols, 1e-5);
+  cuda.rmsNorm(out, devBuf(x), wBuf, rows, cols, 1e-5);
   const y = readF32(out, rows * cols);
   for (let r = 0; r < rows; r++) {
     let ss = 0;
@@ -113,7 +114,7 @@ test('rmsNorm, swiglu and embed against the CPU', gpu, () => {
   const inter = 1536;
   const gu = Float32Array.from({ length: rows * 2 * inter }, () => (next() * 2 - 1) * 6);
   const s = cuda.alloc(rows * inter * 4);
-  cuda.swiglu(s, f32Buf(gu), rows, inter);
+  cuda.swiglu(s, devBuf(gu), rows, inter);
   const sy = readF32(s, rows * inter);
   for (let r = 0; r < rows; r++)
     for (let j = 0; j < inter; j++) {
@@ -127,7 +128,7 @@ test('rmsNorm, swiglu and embed against the CPU', gpu, () => {
   cuda.upload(tBuf, table.bits);
   const ids = Int32Array.from([0, 999, 17, 17, 500]);
   const e = cuda.alloc(ids.length * hidden * 4);
-  cuda.embed(e, tBuf, f32Buf(ids), ids.length, hidden, vocab);
+  cuda.embed(e, tBuf, devBuf(ids), ids.length, hidden, vocab);
   const ey = readF32(e, ids.length * hidden);
   for (const [r, id] of ids.entries())
     for (let c = 0; c < hidden; c++) assert.equal(ey[r * hidden + c], table.values[id * hidden + c]);
@@ -142,7 +143,7 @@ test('argmax: exact, ties to the lowest index', gpu, () => {
   x[2 * cols + cols - 1] = 7;
   x.fill(-1, 3 * cols, 4 * cols); // all equal: 0
   const out = cuda.alloc(rows * 4);
-  cuda.argmax(out, f32Buf(x), rows, cols);
+  cuda.argmax(out, devBuf(x), rows, cols);
   const got = new Int32Array(rows);
   cuda.download(out, got);
   const want = [];
@@ -166,3 +167,177 @@ test('refuses a buffer too small or freed, naming it', gpu, () => {
   assert.throws(() => cuda.download(small, new Float32Array(1)), /buffer: the device buffer was freed/);
   assert.throws(() => cuda.alloc(0), { name: 'RangeError', message: /bytes/ });
 });
+
+test('rope: neox and interleaved against the CPU formula', gpu, () => {
+  const next = prng(5);
+  const [tokens, heads, headDim] = [6, 9, 64];
+  const positions = Int32Array.from([0, 1, 7, 100, 1023, 2047]);
+  for (const neox of [true, false])
+    for (const rotaryDim of [64, 32]) {
+      const x = Float32Array.from({ length: tokens * heads * headDim }, () => next() * 2 - 1);
+      const xb = devBuf(x);
+      cuda.rope(xb, devBuf(positions), tokens, heads, headDim, rotaryDim, 10000, neox);
+      const y = readF32(xb, x.length);
+      const half = rotaryDim / 2;
+      for (let t = 0; t < tokens; t++)
+        for (let h = 0; h < heads; h++)
+          for (let i = 0; i < half; i++) {
+            const base = (t * heads + h) * headDim;
+            const [ia, ib] = neox ? [i, i + half] : [2 * i, 2 * i + 1];
+            const angle = Math.fround(positions[t] * Math.fround(10000 ** ((-2 * i) / rotaryDim)));
+            const [a, b] = [x[base + ia], x[base + ib]];
+            const wa = a * Math.cos(angle) - b * Math.sin(angle);
+            const wb = b * Math.cos(angle) + a * Math.sin(angle);
+            const tol = 2e-5 * (1 + Math.abs(positions[t]) * 1e-3);
+            assert.ok(Math.abs(y[base + ia] - wa) <= tol, `neox ${neox} rd ${rotaryDim} [${t}, ${h}, ${i}] a`);
+            assert.ok(Math.abs(y[base + ib] - wb) <= tol, `neox ${neox} rd ${rotaryDim} [${t}, ${h}, ${i}] b`);
+          }
+      // the dimensions past rotaryDim are untouched
+      for (let r = 0; r < tokens * heads; r++)
+        for (let c = rotaryDim; c < headDim; c++) assert.equal(y[r * headDim + c], x[r * headDim + c]);
+    }
+});
+
+/** Attention of one query (fp64): softmax(q·k · scale) · v over the keys `keys` of a sequence's K/V rows. */
+function attendRef(qRow, kRows, vRows, keys, headDim, scale) {
+  const out = new Float64Array(headDim);
+  if (keys === 0) return out;
+  const s = [];
+  for (let j = 0; j < keys; j++) {
+    let d = 0;
+    for (let c = 0; c < headDim; c++) d += qRow[c] * kRows[j][c];
+    s.push(d * scale);
+  }
+  const m = Math.max(...s);
+  const p = s.map((x) => Math.exp(x - m));
+  const l = p.reduce((a, b) => a + b, 0);
+  for (let j = 0; j < keys; j++) for (let c = 0; c < headDim; c++) out[c] += (p[j] / l) * vRows[j][c];
+  return out;
+}
+
+test(
+  'writeKvPages and pagedAttention (GQA, NHD pages): decode, verify blocks, non-causal; batch-invariant',
+  gpu,
+  () => {
+    const next = prng(9);
+    const [pageSize, numPages, qHeads, kvHeads, headDim] = [16, 32, 9, 3, 64];
+    const rowFloats = kvHeads * headDim;
+    const seqs = [
+      { qLen: 1, kvLen: 37 },
+      { qLen: 5, kvLen: 70 },
+      { qLen: 3, kvLen: 20 },
+    ];
+    const maxBlocks = 5;
+    const free = Array.from({ length: numPages }, (_, i) => i).sort(() => next() - 0.5);
+    const tables = new Int32Array(seqs.length * maxBlocks);
+    const kv = seqs.map((sq, s) => {
+      for (let b = 0; b < Math.ceil(sq.kvLen / pageSize); b++) tables[s * maxBlocks + b] = free.pop();
+      const rows = () =>
+        Array.from({ length: sq.kvLen }, () => Float32Array.from({ length: rowFloats }, () => next() * 2 - 1));
+      return { k: rows(), v: rows() };
+    });
+    // every key of every sequence written through writeKvPages, one call
+    const slots = [];
+    const kFlat = [];
+    const vFlat = [];
+    seqs.forEach((sq, s) => {
+      for (let j = 0; j < sq.kvLen; j++) {
+        slots.push(tables[s * maxBlocks + Math.floor(j / pageSize)] * pageSize + (j % pageSize));
+        kFlat.push(...kv[s].k[j]);
+        vFlat.push(...kv[s].v[j]);
+      }
+    });
+    slots.push(-1); // skipped
+    kFlat.push(...new Array(rowFloats).fill(9));
+    vFlat.push(...new Array(rowFloats).fill(9));
+    const poolBytes = numPages * pageSize * rowFloats * 4;
+    const [kPool, vPool] = [cuda.alloc(poolBytes), cuda.alloc(poolBytes)];
+    cuda.upload(kPool, new Float32Array(poolBytes / 4));
+    cuda.upload(vPool, new Float32Array(poolBytes / 4));
+    cuda.writeKvPages(
+      kPool,
+      vPool,
+      devBuf(Float32Array.from(kFlat)),
+      devBuf(Float32Array.from(vFlat)),
+      devBuf(Int32Array.from(slots)),
+      slots.length,
+      rowFloats,
+      numPages * pageSize - 1,
+    );
+    const kHost = readF32(kPool, poolBytes / 4);
+    assert.deepEqual(kHost.subarray(slots[3] * rowFloats, (slots[3] + 1) * rowFloats), kv[0].k[3]);
+    // queries: the last qLen positions of each sequence
+    const totalQ = seqs.reduce((a, sq) => a + sq.qLen, 0);
+    const cu = Int32Array.from([0, 1, 6, 9]);
+    const positions = Int32Array.from(
+      seqs.flatMap((sq) => Array.from({ length: sq.qLen }, (_, i) => sq.kvLen - sq.qLen + i)),
+    );
+    const q = Float32Array.from({ length: totalQ * qHeads * headDim }, () => next() * 2 - 1);
+    const scale = 1 / Math.sqrt(headDim);
+    const run = (causal, qb, cub, kvb, tb, pb, n, tq) => {
+      const out = cuda.alloc(tq * qHeads * headDim * 4);
+      cuda.pagedAttention(
+        out,
+        qb,
+        kPool,
+        vPool,
+        cub,
+        kvb,
+        tb,
+        pb,
+        n,
+        tq,
+        maxBlocks,
+        pageSize,
+        qHeads,
+        kvHeads,
+        headDim,
+        scale,
+        causal,
+        numPages,
+      );
+      return readF32(out, tq * qHeads * headDim);
+    };
+    const meta = [devBuf(cu), devBuf(Int32Array.from(seqs.map((sq) => sq.kvLen))), devBuf(tables), devBuf(positions)];
+    for (const causal of [true, false]) {
+      const y = run(causal, devBuf(q), ...meta, seqs.length, totalQ);
+      let worst = 0;
+      seqs.forEach((sq, s) => {
+        for (let i = 0; i < sq.qLen; i++) {
+          const r = cu[s] + i;
+          const keys = causal ? Math.min(positions[r] + 1, sq.kvLen) : sq.kvLen;
+          for (let h = 0; h < qHeads; h++) {
+            const g = Math.floor(h / (qHeads / kvHeads));
+            const pick = (rows) => rows.map((row) => row.subarray(g * headDim, (g + 1) * headDim));
+            const want = attendRef(
+              q.subarray((r * qHeads + h) * headDim, (r * qHeads + h + 1) * headDim),
+              pick(kv[s].k),
+              pick(kv[s].v),
+              keys,
+              headDim,
+              scale,
+            );
+            for (let c = 0; c < headDim; c++)
+              worst = Math.max(worst, Math.abs(y[(r * qHeads + h) * headDim + c] - want[c]));
+          }
+        }
+      });
+      console.log(`pagedAttention causal ${causal}: worst |error| ${worst.toExponential(2)}`);
+      assert.ok(worst < 2e-6, `causal ${causal}: worst error ${worst}`);
+      if (!causal) continue;
+      // batch invariance: sequence 1 alone gives its rows of the batch, bit for bit
+      const rows = q.subarray(1 * qHeads * headDim, 6 * qHeads * headDim);
+      const alone = run(
+        true,
+        devBuf(Float32Array.from(rows)),
+        devBuf(Int32Array.from([0, 5])),
+        devBuf(Int32Array.from([70])),
+        devBuf(tables.slice(maxBlocks, 2 * maxBlocks)),
+        devBuf(positions.slice(1, 6)),
+        1,
+        5,
+      );
+      assert.deepEqual(alone, y.subarray(1 * qHeads * headDim, 6 * qHeads * headDim));
+    }
+  },
+);
