@@ -32,3 +32,54 @@ for (const [n, k] of [
   }
   cuda.free(w);
 }
+
+// paged attention (SmolLM2's heads: 9 query, 3 KV, head_dim 64; pages of 16 keys): one sequence, a decode row vs a
+// verify block of 16 rows at the end of kvLen keys; wall time per call over 200 launches, synchronized.
+console.log('\n| attention kvLen | query rows | µs per call | t(16) / t(1) |');
+console.log('|---|---|---|---|');
+const [qHeads, kvHeads, headDim, pageSize] = [9, 3, 64, 16];
+for (const kvLen of [512, 4096]) {
+  const pages = Math.ceil(kvLen / pageSize);
+  const poolFloats = pages * pageSize * kvHeads * headDim;
+  const dev = (a) => {
+    const b = cuda.alloc(a.byteLength);
+    cuda.upload(b, a);
+    return b;
+  };
+  const kPool = dev(new Float32Array(poolFloats).fill(0.01));
+  const vPool = dev(new Float32Array(poolFloats).fill(0.02));
+  const tables = dev(Int32Array.from({ length: pages }, (_, i) => i));
+  let t1;
+  for (const qLen of [1, 16]) {
+    const q = dev(new Float32Array(qLen * qHeads * headDim).fill(0.1));
+    const out = cuda.alloc(qLen * qHeads * headDim * 4);
+    const args = [
+      out,
+      q,
+      kPool,
+      vPool,
+      dev(Int32Array.from([0, qLen])),
+      dev(Int32Array.from([kvLen])),
+      tables,
+      dev(Int32Array.from({ length: qLen }, (_, i) => kvLen - qLen + i)),
+      1,
+      qLen,
+      pages,
+      pageSize,
+      qHeads,
+      kvHeads,
+      headDim,
+      0.125,
+      true,
+      pages,
+    ];
+    cuda.pagedAttention(...args);
+    cuda.synchronize();
+    const t0 = performance.now();
+    for (let r = 0; r < 200; r++) cuda.pagedAttention(...args);
+    cuda.synchronize();
+    const us = ((performance.now() - t0) / 200) * 1000;
+    t1 ??= us;
+    console.log(`| ${kvLen} | ${qLen} | ${us.toFixed(1)} | ${(us / t1).toFixed(2)} |`);
+  }
+}

@@ -122,60 +122,98 @@ __global__ void writePages(float* kPool, float* vPool, const float* k, const flo
 }
 
 constexpr int kMaxDimPerLane = 8;  // headDim ≤ 256
+constexpr int kAttnWarps = 4;
 
 /**
- * Paged attention, NHD pages ([page, slot, kvHead, headDim] f32), GQA, one warp per (query row, q head): the keys
- * the query sees (causal: j ≤ its position; non-causal: j < kvLen) in order, an online softmax in fp32. A query with
- * no visible key gets zeros. Each query's result depends on its own keys only: the same bits in any batch.
+ * Paged attention, NHD pages ([page, slot, kvHead, headDim] f32), GQA; one block of 4 warps per (query row, q head).
+ * The keys the query sees (causal: j ≤ its position; non-causal: j < kvLen) go in tiles of 32, tile t to warp t mod 4:
+ * lane i scores key 32t + i (its whole dot product), the warp takes the tile's max and sum with shuffles (online
+ * softmax in fp32), and each lane accumulates its dims of V over the tile's keys in order. The 4 warps' partial
+ * results are merged in warp order. Every split depends on the query's own key count only: a query's output has the
+ * same bits alone or in any batch. A query with no visible key gets zeros.
  */
 __global__ void pagedAttentionRows(float* out, const float* q, const float* kPool, const float* vPool,
                                    const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                                    const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
                                    int kvHeads, int headDim, float scale, bool causal) {
+  __shared__ float qs[32 * kMaxDimPerLane];
+  __shared__ float wm[kAttnWarps], wl[kAttnWarps];
+  __shared__ float wacc[kAttnWarps][32 * kMaxDimPerLane];
   const int row = blockIdx.x;
   const int head = blockIdx.y;
-  const int lane = threadIdx.x;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   int s = 0;
   while (s + 1 < numSeqs && cuSeqlensQ[s + 1] <= row) s++;
   const int kvHead = head / (qHeads / kvHeads);
-  const int rowFloats = kvHeads * headDim;
+  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
   const int per = (headDim + 31) / 32;
-  float qv[kMaxDimPerLane], acc[kMaxDimPerLane];
   const float* qr = q + (static_cast<int64_t>(row) * qHeads + head) * headDim;
-  for (int d = 0; d < per; d++) {
-    const int c = lane + 32 * d;
-    qv[d] = c < headDim ? qr[c] : 0.f;
-    acc[d] = 0.f;
-  }
+  for (int c = threadIdx.x; c < headDim; c += blockDim.x) qs[c] = qr[c];
+  __syncthreads();
   const int kvLen = kvLens[s];
   const int last = causal ? min(positions[row] + 1, kvLen) : kvLen;
-  float m = -INFINITY, l = 0.f;
-  for (int j = 0; j < last; j++) {
-    const int64_t slot = static_cast<int64_t>(blockTables[static_cast<int64_t>(s) * maxBlocks + j / pageSize]) *
-                             pageSize + j % pageSize;
-    const float* kr = kPool + slot * rowFloats + kvHead * headDim;
-    float dot = 0.f;
-    for (int d = 0; d < per; d++) {
-      const int c = lane + 32 * d;
-      if (c < headDim) dot += qv[d] * kr[c];
+  const int32_t* table = blockTables + static_cast<int64_t>(s) * maxBlocks;
+  float m = -INFINITY, l = 0.f, acc[kMaxDimPerLane];
+  for (int d = 0; d < per; d++) acc[d] = 0.f;
+  const int tiles = (last + 31) / 32;
+  for (int t = warp; t < tiles; t += kAttnWarps) {
+    const int j = t * 32 + lane;
+    const bool valid = j < last;
+    int64_t slot = 0;
+    float score = -INFINITY;
+    if (valid) {
+      slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
+      const float* kr = kPool + slot * rowFloats + static_cast<int64_t>(kvHead) * headDim;
+      float dot = 0.f;
+      for (int c = 0; c < headDim; c++) dot += qs[c] * kr[c];
+      score = dot * scale;
     }
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    const float sc = dot * scale;
-    const float mNew = fmaxf(m, sc);
+    float tileMax = score;
+    for (int o = 16; o > 0; o >>= 1) tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, o));
+    const float mNew = fmaxf(m, tileMax);
+    const float p = valid ? expf(score - mNew) : 0.f;
+    float tileSum = p;
+    for (int o = 16; o > 0; o >>= 1) tileSum += __shfl_xor_sync(0xffffffffu, tileSum, o);
     const float corr = expf(m - mNew);
-    const float p = expf(sc - mNew);
-    l = l * corr + p;
-    const float* vr = vPool + slot * rowFloats + kvHead * headDim;
-    for (int d = 0; d < per; d++) {
-      const int c = lane + 32 * d;
-      acc[d] = acc[d] * corr + (c < headDim ? p * vr[c] : 0.f);
+    l = l * corr + tileSum;
+    for (int d = 0; d < per; d++) acc[d] *= corr;
+    const int n = min(32, last - t * 32);
+    for (int i = 0; i < n; i++) {
+      const float pi = __shfl_sync(0xffffffffu, p, i);
+      const int64_t si = __shfl_sync(0xffffffffu, slot, i);
+      const float* vr = vPool + si * rowFloats + static_cast<int64_t>(kvHead) * headDim;
+      for (int d = 0; d < per; d++) {
+        const int c = lane + 32 * d;
+        if (c < headDim) acc[d] += pi * vr[c];
+      }
     }
     m = mNew;
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+  for (int d = 0; d < per; d++) {
+    const int c = lane + 32 * d;
+    if (c < headDim) wacc[warp][c] = acc[d];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, wm[w]);
+  float L = 0.f, f[kAttnWarps];
+  for (int w = 0; w < kAttnWarps; w++) {
+    f[w] = wl[w] > 0.f ? expf(wm[w] - M) : 0.f;
+    L += wl[w] * f[w];
   }
   float* orow = out + (static_cast<int64_t>(row) * qHeads + head) * headDim;
   for (int d = 0; d < per; d++) {
     const int c = lane + 32 * d;
-    if (c < headDim) orow[c] = l > 0.f ? acc[d] / l : 0.f;
+    if (c >= headDim) continue;
+    float o = 0.f;
+    for (int w = 0; w < kAttnWarps; w++) o += wacc[w][c] * f[w];
+    orow[c] = L > 0.f ? o / L : 0.f;
   }
 }
 
@@ -283,9 +321,9 @@ int specdPagedAttention(float* out, const float* q, const float* kPool, const fl
                         int totalQ, int maxBlocks, int pageSize, int qHeads, int kvHeads, int headDim, float scale,
                         bool causal, cudaStream_t stream) {
   if (headDim > 32 * kMaxDimPerLane || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
-  pagedAttentionRows<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables,
-                                                               positions, numSeqs, maxBlocks, pageSize, qHeads,
-                                                               kvHeads, headDim, scale, causal);
+  pagedAttentionRows<<<dim3(totalQ, qHeads), 32 * kAttnWarps, 0, stream>>>(
+      out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
+      headDim, scale, causal);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -80,6 +80,7 @@ describe('config schema', () => {
       bootstrap_timeout_ms: 30000,
       transfer: 'zmq',
       draft_context: 'kv',
+      overlap: true,
       transfer_timeout_ms: 60000,
     });
     expect(c.checkpoint_sanity).toBe('refuse');
