@@ -72,6 +72,7 @@ for (const kvLen of [512, 4096]) {
       0.125,
       true,
       pages,
+      kvLen,
     ];
     cuda.pagedAttention(...args);
     cuda.synchronize();

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <napi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -264,11 +265,16 @@ Napi::Value WriteKvPages(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+/** A device workspace kept across calls, grown as needed (the attention partitions). */
+void* g_attnWork = nullptr;
+size_t g_attnWorkBytes = 0;
+
 /**
  * pagedAttention(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks,
- * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages): out and q [totalQ, qHeads, headDim] f32; pools
- * [numPages, pageSize, kvHeads, headDim] f32 (NHD); the batch metadata i32 as native/src/attention.ts's PagedBatch.
- * Page ids in blockTables must be < numPages (they are read on the device, not checked there).
+ * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages, maxKvLen): out and q [totalQ, qHeads, headDim] f32;
+ * pools [numPages, pageSize, kvHeads, headDim] f32 (NHD); the batch metadata i32 as native/src/attention.ts's
+ * PagedBatch; maxKvLen ≥ every kvLens[s] (it sizes the split over keys). Page ids in blockTables must be < numPages
+ * and kvLens ≤ maxKvLen (they are read on the device, not checked there).
  */
 Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -286,9 +292,10 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
                 headDim = num(info, 14, "headDim", 1);
   const float scale = static_cast<float>(info[15].As<Napi::Number>().DoubleValue());
   const bool causal = info[16].ToBoolean().Value();
-  const int64_t numPages = num(info, 17, "numPages", 1);
+  const int64_t numPages = num(info, 17, "numPages", 1), maxKvLen = num(info, 18, "maxKvLen", 0);
   if (qHeads % kvHeads != 0) throw Napi::RangeError::New(env, "qHeads: must be a multiple of kvHeads");
   if (headDim > 256) throw Napi::RangeError::New(env, "headDim: at most 256");
+  if (maxKvLen > maxBlocks * pageSize) throw Napi::RangeError::New(env, "maxKvLen: more than maxBlocks * pageSize");
   need(info, out, totalQ * qHeads * headDim * 4, "out");
   need(info, q, totalQ * qHeads * headDim * 4, "q");
   need(info, kPool, numPages * pageSize * kvHeads * headDim * 4, "kPool");
@@ -297,13 +304,23 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   need(info, kvLens, numSeqs * 4, "kvLens");
   need(info, tables, numSeqs * maxBlocks * 4, "blockTables");
   need(info, pos, totalQ * 4, "positions");
+  const int64_t parts = std::max<int64_t>(1, specdAttentionParts(static_cast<int>(maxKvLen)));
+  const size_t work = static_cast<size_t>(totalQ * qHeads * parts * (2 + headDim) * 4);
+  if (work > g_attnWorkBytes) {
+    if (g_attnWork != nullptr) cudaFree(g_attnWork);
+    g_attnWork = nullptr;
+    g_attnWorkBytes = 0;
+    check(env, cudaMalloc(&g_attnWork, work), "cudaMalloc (attention workspace)");
+    g_attnWorkBytes = work;
+  }
   launched(env,
            specdPagedAttention(
-               static_cast<float*>(out->ptr), static_cast<float*>(q->ptr), static_cast<float*>(kPool->ptr),
-               static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr), static_cast<int32_t*>(kvLens->ptr),
-               static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr), static_cast<int>(numSeqs),
-               static_cast<int>(totalQ), static_cast<int>(maxBlocks), static_cast<int>(pageSize),
-               static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim), scale, causal, nullptr),
+               static_cast<float*>(out->ptr), static_cast<float*>(g_attnWork), static_cast<float*>(q->ptr),
+               static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr),
+               static_cast<int32_t*>(kvLens->ptr), static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
+               static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks),
+               static_cast<int>(pageSize), static_cast<int>(qHeads), static_cast<int>(kvHeads),
+               static_cast<int>(headDim), scale, causal, static_cast<int>(maxKvLen), nullptr),
            "pagedAttention");
   return env.Undefined();
 }

@@ -123,24 +123,27 @@ __global__ void writePages(float* kPool, float* vPool, const float* k, const flo
 
 constexpr int kMaxDimPerLane = 8;  // headDim ≤ 256
 constexpr int kAttnWarps = 4;
+/** Keys per partition: a query's keys split at multiples of this, one block per partition (flash-decoding). */
+constexpr int kAttnPart = 256;
 
 /**
- * Paged attention, NHD pages ([page, slot, kvHead, headDim] f32), GQA; one block of 4 warps per (query row, q head).
- * The keys the query sees (causal: j ≤ its position; non-causal: j < kvLen) go in tiles of 32, tile t to warp t mod 4:
- * lane i scores key 32t + i (its whole dot product), the warp takes the tile's max and sum with shuffles (online
- * softmax in fp32), and each lane accumulates its dims of V over the tile's keys in order. The 4 warps' partial
- * results are merged in warp order. Every split depends on the query's own key count only: a query's output has the
- * same bits alone or in any batch. A query with no visible key gets zeros.
+ * Paged attention, first pass: one block of 4 warps per (query row, q head, partition of 256 keys); NHD pages
+ * ([page, slot, kvHead, headDim] f32), GQA. The partition's visible keys (causal: j ≤ the query's position;
+ * non-causal: j < kvLen) go in tiles of 32, tile t to warp t mod 4: lane i scores key 32t + i (its whole dot product),
+ * the warp takes the tile's max and sum with shuffles (online softmax in fp32) and each lane accumulates its dims of V
+ * over the tile's keys in order; the warps merge in order into the partition's (m, l, acc[headDim]), written to
+ * `part` ([rows, qHeads, parts, 2 + headDim] f32). An empty partition writes l = 0.
  */
-__global__ void pagedAttentionRows(float* out, const float* q, const float* kPool, const float* vPool,
-                                   const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
-                                   const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
-                                   int kvHeads, int headDim, float scale, bool causal) {
+__global__ void attentionPartial(float* part, const float* q, const float* kPool, const float* vPool,
+                                 const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                                 const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
+                                 int kvHeads, int headDim, float scale, bool causal) {
   __shared__ float qs[32 * kMaxDimPerLane];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
   __shared__ float wacc[kAttnWarps][32 * kMaxDimPerLane];
   const int row = blockIdx.x;
   const int head = blockIdx.y;
+  const int partIdx = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   int s = 0;
@@ -152,13 +155,15 @@ __global__ void pagedAttentionRows(float* out, const float* q, const float* kPoo
   for (int c = threadIdx.x; c < headDim; c += blockDim.x) qs[c] = qr[c];
   __syncthreads();
   const int kvLen = kvLens[s];
-  const int last = causal ? min(positions[row] + 1, kvLen) : kvLen;
+  const int visible = causal ? min(positions[row] + 1, kvLen) : kvLen;
+  const int begin = partIdx * kAttnPart;
+  const int last = min(visible, begin + kAttnPart);
   const int32_t* table = blockTables + static_cast<int64_t>(s) * maxBlocks;
   float m = -INFINITY, l = 0.f, acc[kMaxDimPerLane];
   for (int d = 0; d < per; d++) acc[d] = 0.f;
-  const int tiles = (last + 31) / 32;
+  const int tiles = last > begin ? (last - begin + 31) / 32 : 0;
   for (int t = warp; t < tiles; t += kAttnWarps) {
-    const int j = t * 32 + lane;
+    const int j = begin + t * 32 + lane;
     const bool valid = j < last;
     int64_t slot = 0;
     float score = -INFINITY;
@@ -178,7 +183,7 @@ __global__ void pagedAttentionRows(float* out, const float* q, const float* kPoo
     const float corr = expf(m - mNew);
     l = l * corr + tileSum;
     for (int d = 0; d < per; d++) acc[d] *= corr;
-    const int n = min(32, last - t * 32);
+    const int n = min(32, last - begin - t * 32);
     for (int i = 0; i < n; i++) {
       const float pi = __shfl_sync(0xffffffffu, p, i);
       const int64_t si = __shfl_sync(0xffffffffu, slot, i);
@@ -201,18 +206,53 @@ __global__ void pagedAttentionRows(float* out, const float* q, const float* kPoo
   __syncthreads();
   if (warp != 0) return;
   float M = -INFINITY;
-  for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, wm[w]);
+  for (int w = 0; w < kAttnWarps; w++)
+    if (wl[w] > 0.f) M = fmaxf(M, wm[w]);
   float L = 0.f, f[kAttnWarps];
   for (int w = 0; w < kAttnWarps; w++) {
     f[w] = wl[w] > 0.f ? expf(wm[w] - M) : 0.f;
     L += wl[w] * f[w];
   }
-  float* orow = out + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
+  if (lane == 0) {
+    dst[0] = M;
+    dst[1] = L;
+  }
   for (int d = 0; d < per; d++) {
     const int c = lane + 32 * d;
     if (c >= headDim) continue;
     float o = 0.f;
-    for (int w = 0; w < kAttnWarps; w++) o += wacc[w][c] * f[w];
+    for (int w = 0; w < kAttnWarps; w++)
+      if (wl[w] > 0.f) o += wacc[w][c] * f[w];
+    dst[2 + c] = o;
+  }
+}
+
+/**
+ * Paged attention, second pass: one warp per (query row, q head) merges its partitions in order (skipping empty
+ * ones, so the number of partitions launched for the batch does not touch a query's bits): out = Σ acc_p e^(m_p − M)
+ * / Σ l_p e^(m_p − M). A query with no visible key gets zeros.
+ */
+__global__ void attentionMerge(float* out, const float* part, int parts, int qHeads, int headDim) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int lane = threadIdx.x;
+  const float* src = part + (static_cast<int64_t>(row) * qHeads + head) * parts * (2 + headDim);
+  float M = -INFINITY;
+  for (int p = 0; p < parts; p++)
+    if (src[p * (2 + headDim) + 1] > 0.f) M = fmaxf(M, src[p * (2 + headDim)]);
+  float L = 0.f;
+  for (int p = 0; p < parts; p++) {
+    const float* x = src + p * (2 + headDim);
+    if (x[1] > 0.f) L += x[1] * expf(x[0] - M);
+  }
+  float* orow = out + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  for (int c = lane; c < headDim; c += 32) {
+    float o = 0.f;
+    for (int p = 0; p < parts; p++) {
+      const float* x = src + p * (2 + headDim);
+      if (x[1] > 0.f) o += x[2 + c] * expf(x[0] - M);
+    }
     orow[c] = L > 0.f ? o / L : 0.f;
   }
 }
@@ -316,14 +356,18 @@ int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v
   return static_cast<int>(cudaGetLastError());
 }
 
-int specdPagedAttention(float* out, const float* q, const float* kPool, const float* vPool, const int32_t* cuSeqlensQ,
-                        const int32_t* kvLens, const int32_t* blockTables, const int32_t* positions, int numSeqs,
-                        int totalQ, int maxBlocks, int pageSize, int qHeads, int kvHeads, int headDim, float scale,
-                        bool causal, cudaStream_t stream) {
+int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAttnPart; }
+
+int specdPagedAttention(float* out, float* part, const float* q, const float* kPool, const float* vPool,
+                        const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                        const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
   if (headDim > 32 * kMaxDimPerLane || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
-  pagedAttentionRows<<<dim3(totalQ, qHeads), 32 * kAttnWarps, 0, stream>>>(
-      out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
+  const int parts = max(1, specdAttentionParts(maxKvLen));
+  attentionPartial<<<dim3(totalQ, qHeads, parts), 32 * kAttnWarps, 0, stream>>>(
+      part, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
       headDim, scale, causal);
+  attentionMerge<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, part, parts, qHeads, headDim);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -15,9 +15,11 @@ int specdRope(float* x, const int32_t* positions, int tokens, int heads, int hea
               bool neox, cudaStream_t stream);
 int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots, int tokens,
                       int rowFloats, cudaStream_t stream);
-int specdPagedAttention(float* out, const float* q, const float* kPool, const float* vPool, const int32_t* cuSeqlensQ,
-                        const int32_t* kvLens, const int32_t* blockTables, const int32_t* positions, int numSeqs,
-                        int totalQ, int maxBlocks, int pageSize, int qHeads, int kvHeads, int headDim, float scale,
-                        bool causal, cudaStream_t stream);
+/** Partitions of 256 keys a query of `maxKvLen` keys is split into (the `part` workspace's third dimension). */
+int specdAttentionParts(int maxKvLen);
+int specdPagedAttention(float* out, float* part, const float* q, const float* kPool, const float* vPool,
+                        const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                        const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
                   void* workspace, size_t workspaceBytes, cudaStream_t stream);

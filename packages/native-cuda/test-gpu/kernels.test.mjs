@@ -220,14 +220,14 @@ test(
   gpu,
   () => {
     const next = prng(9);
-    const [pageSize, numPages, qHeads, kvHeads, headDim] = [16, 32, 9, 3, 64];
+    const [pageSize, numPages, qHeads, kvHeads, headDim] = [16, 64, 9, 3, 64];
     const rowFloats = kvHeads * headDim;
     const seqs = [
       { qLen: 1, kvLen: 37 },
-      { qLen: 5, kvLen: 70 },
+      { qLen: 5, kvLen: 600 }, // three partitions of 256 keys
       { qLen: 3, kvLen: 20 },
     ];
-    const maxBlocks = 5;
+    const maxBlocks = 40;
     const free = Array.from({ length: numPages }, (_, i) => i).sort(() => next() - 0.5);
     const tables = new Int32Array(seqs.length * maxBlocks);
     const kv = seqs.map((sq, s) => {
@@ -274,7 +274,7 @@ test(
     );
     const q = Float32Array.from({ length: totalQ * qHeads * headDim }, () => next() * 2 - 1);
     const scale = 1 / Math.sqrt(headDim);
-    const run = (causal, qb, cub, kvb, tb, pb, n, tq) => {
+    const run = (causal, qb, cub, kvb, tb, pb, n, tq, maxKv = 600) => {
       const out = cuda.alloc(tq * qHeads * headDim * 4);
       cuda.pagedAttention(
         out,
@@ -295,6 +295,7 @@ test(
         scale,
         causal,
         numPages,
+        maxKv,
       );
       return readF32(out, tq * qHeads * headDim);
     };
@@ -325,19 +326,23 @@ test(
       console.log(`pagedAttention causal ${causal}: worst |error| ${worst.toExponential(2)}`);
       assert.ok(worst < 2e-6, `causal ${causal}: worst error ${worst}`);
       if (!causal) continue;
-      // batch invariance: sequence 1 alone gives its rows of the batch, bit for bit
-      const rows = q.subarray(1 * qHeads * headDim, 6 * qHeads * headDim);
-      const alone = run(
-        true,
-        devBuf(Float32Array.from(rows)),
-        devBuf(Int32Array.from([0, 5])),
-        devBuf(Int32Array.from([70])),
-        devBuf(tables.slice(maxBlocks, 2 * maxBlocks)),
-        devBuf(positions.slice(1, 6)),
-        1,
-        5,
-      );
-      assert.deepEqual(alone, y.subarray(1 * qHeads * headDim, 6 * qHeads * headDim));
+      // batch invariance: each sequence alone gives its rows of the batch, bit for bit (sequence 2 alone needs one
+      // partition of keys where the batch launched three)
+      for (const s of [1, 2]) {
+        const [r0, r1] = [cu[s], cu[s + 1]];
+        const alone = run(
+          true,
+          devBuf(Float32Array.from(q.subarray(r0 * qHeads * headDim, r1 * qHeads * headDim))),
+          devBuf(Int32Array.from([0, r1 - r0])),
+          devBuf(Int32Array.from([seqs[s].kvLen])),
+          devBuf(tables.slice(s * maxBlocks, (s + 1) * maxBlocks)),
+          devBuf(positions.slice(r0, r1)),
+          1,
+          r1 - r0,
+          seqs[s].kvLen,
+        );
+        assert.deepEqual(alone, y.subarray(r0 * qHeads * headDim, r1 * qHeads * headDim), `sequence ${s} alone`);
+      }
     }
   },
 );
