@@ -44,6 +44,24 @@ export function drafterBranch(dir: string | undefined): Record<string, unknown> 
 }
 
 /**
+ * Writes `<dir>/<name>.json`: kimi-k3-tiny with the drafter checkpoint `drafter` at a fixed draft length
+ * ({@link drafterBranch}; none when undefined) and `pd` as the config's pd section. @returns the file's path.
+ */
+export function kimiConfig(
+  dir: string,
+  name: string,
+  drafter: string | undefined,
+  pd: Record<string, unknown> = {},
+): string {
+  const file = path.join(dir, `${name}.json`);
+  fs.writeFileSync(
+    file,
+    JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(drafter), pd }),
+  );
+  return file;
+}
+
+/**
  * {@link startSpecd} for a process that loads NIXL, started once more if the first one died of SIGSEGV before
  * reporting its URL. Under load about one start in five of a NIXL prefill instance crashed this way while the
  * engine ran NIXL's progress thread (heap corruption; the engine has run without it since, see nixl-transfer.ts

@@ -14,7 +14,7 @@ import { describe, expect, it } from 'vitest';
 
 import {
   allFree,
-  drafterBranch,
+  kimiConfig,
   metric,
   metricsOf,
   modelId,
@@ -37,15 +37,6 @@ const PROMPTS = [
 ];
 
 /** A config: kimi-k3-tiny, the drafter at a fixed draft length, `pd` merged in. */
-function config(name: string, drafter: string, pd: Record<string, unknown>): string {
-  const file = path.join(tmp(), `${name}.json`);
-  fs.writeFileSync(
-    file,
-    JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(drafter), pd }),
-  );
-  return file;
-}
-
 /**
  * Feature bytes of a context of `length` rows (core `DrafterBase.draftFeatureEntries`): the pages (16 rows of
  * `hidden` f32) of every row, or of the widest window's rows when every draft layer slides.
@@ -71,7 +62,7 @@ describe.skipIf(!HAVE)('PD with the draft context as features (pd.draft_context)
     '%s, %s: router output equals aggregated; D receives the feature pages and rebuilds',
     async (name, form) => {
       const dir = path.join(MODELS, name);
-      const cfg = config(`${name}-${form}`, dir, { draft_context: form });
+      const cfg = kimiConfig(tmp(), `${name}-${form}`, dir, { draft_context: form });
       const procs: (SpecdProcess | undefined)[] = [];
       try {
         const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
@@ -116,11 +107,13 @@ describe.skipIf(!HAVE)('PD with the draft context as features (pd.draft_context)
   );
 
   it('refuses a drafter or a layout that cannot send features, naming the setting', async () => {
-    const eagle = config('eagle-features', path.join(MODELS, 'kimi-k3-tiny-eagle3'), { draft_context: 'features' });
+    const eagle = kimiConfig(tmp(), 'eagle-features', path.join(MODELS, 'kimi-k3-tiny-eagle3'), {
+      draft_context: 'features',
+    });
     await expect(
       startSpecd(['serve', '--config', eagle, '--role', 'decode', '--port', '0', '--log-level', 'warn']),
     ).rejects.toThrow(/pd\.draft_context "features": the eagle3 drafter cannot send its context as features/);
-    const tp = config('tp-features', path.join(MODELS, 'kimi-k3-tiny-dflash'), { draft_context: 'auto' });
+    const tp = kimiConfig(tmp(), 'tp-features', path.join(MODELS, 'kimi-k3-tiny-dflash'), { draft_context: 'auto' });
     await expect(
       startSpecd(['serve', '--config', tp, '--role', 'prefill', '--tp', '2', '--port', '0', '--log-level', 'warn']),
     ).rejects.toThrow(/pd\.draft_context "auto" needs tp = pp = 1 on both sides \(got tp 2, pp 1\)/);

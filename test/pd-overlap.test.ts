@@ -16,8 +16,8 @@ import { describe, expect, it } from 'vitest';
 import {
   allFree,
   completionWithWaterfall,
-  drafterBranch,
   drafterDirs,
+  kimiConfig,
   metric,
   metricsOf,
   modelId,
@@ -39,15 +39,6 @@ const LONG = Array.from(
   (_, i) => `Day ${i + 1}: the fox ran ${i % 3 === 0 ? 'through the quiet forest' : 'along the river'} and home.`,
 ).join(' ');
 
-function config(name: string, drafter: string | undefined, pd: Record<string, unknown> = {}): string {
-  const file = path.join(tmp(), `${name}.json`);
-  fs.writeFileSync(
-    file,
-    JSON.stringify({ model: path.join(MODELS, 'kimi-k3-tiny'), drafter: drafterBranch(drafter), pd }),
-  );
-  return file;
-}
-
 /** Whether every layer of a drafter checkpoint slides (its draft context then never goes early). */
 function allSlide(dir: string | undefined): boolean {
   if (dir === undefined) return false;
@@ -66,7 +57,7 @@ describe.skipIf(!HAVE)('PD: the transfer overlapped with prefill (pd.overlap)', 
   it.each(cases)(
     '%s: output equals aggregated, rows went while P prefilled',
     async (name, dir) => {
-      const cfg = config(name.replace(/ /g, '-'), dir);
+      const cfg = kimiConfig(tmp(), name.replace(/ /g, '-'), dir);
       const procs: (SpecdProcess | undefined)[] = [];
       try {
         const a = await startSpecd(['serve', '--config', cfg, '--port', '0', '--log-level', 'warn']);
@@ -107,8 +98,8 @@ describe.skipIf(!HAVE)('PD: the transfer overlapped with prefill (pd.overlap)', 
 
   it('pd.overlap false: nothing goes early, the same output; a dropped request frees everything', async () => {
     const dir = path.join(MODELS, 'kimi-k3-tiny-dflash');
-    const off = config('off', dir, { overlap: false });
-    const on = config('on', dir);
+    const off = kimiConfig(tmp(), 'off', dir, { overlap: false });
+    const on = kimiConfig(tmp(), 'on', dir);
     const procs: (SpecdProcess | undefined)[] = [];
     try {
       const c1 = await startPdCluster(off);
