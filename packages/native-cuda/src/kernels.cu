@@ -126,118 +126,105 @@ constexpr int kAttnWarps = 4;
 /** Keys per partition: a query's keys split at multiples of this, one block per partition (flash-decoding). */
 constexpr int kAttnPart = 256;
 
-/** (query, q head) pairs one block takes at a time: 8 per warp, their softmax states in registers. */
-constexpr int kAttnPairs = 8 * kAttnWarps;
-
 /**
- * Paged attention, first pass: one block of 4 warps per (sequence, KV head, partition of 256 keys); NHD pages
- * ([page, slot, kvHead, headDim] f32), GQA. The block's pairs — every query row of the sequence × every q head of
- * the KV head's group, 32 at a time — share each tile of 32 keys, loaded once into shared memory (K rows padded by
- * one float against bank conflicts). Pair p belongs to warp p mod 4: lane i scores key i of the tile for it (causal:
- * keys j ≤ the query's position; non-causal: j < kvLen), the warp takes the tile's max and sum with shuffles (online
- * softmax in fp32) and each lane accumulates its dims of V over the tile's keys in order. A pair's arithmetic depends
- * on its own query and keys only — not on the other rows, heads or sequences of the launch — so its bits are the
- * same alone or in any batch. Each pair writes its partition's (m, l, acc[headDim]) to `part`
- * ([rows, qHeads, parts, 2 + headDim] f32); l = 0 when it saw no key.
+ * Paged attention, first pass: one block of 4 warps per (query row, q head, partition of 256 keys); NHD pages
+ * ([page, slot, kvHead, headDim] f32), GQA. The partition's visible keys (causal: j ≤ the query's position;
+ * non-causal: j < kvLen) go in tiles of 32, tile t to warp t mod 4: lane i scores key 32t + i (its whole dot product),
+ * the warp takes the tile's max and sum with shuffles (online softmax in fp32) and each lane accumulates its dims of V
+ * over the tile's keys in order; the warps merge in order into the partition's (m, l, acc[headDim]), written to
+ * `part` ([rows, qHeads, parts, 2 + headDim] f32). An empty partition writes l = 0.
  */
 __global__ void attentionPartial(float* part, const float* q, const float* kPool, const float* vPool,
                                  const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
-                                 const int32_t* positions, int maxBlocks, int pageSize, int qHeads, int kvHeads,
-                                 int headDim, float scale, bool causal) {
-  extern __shared__ float smem[];
-  const int stride = headDim + 1;
-  float* qs = smem;                            // [kAttnPairs, headDim]
-  float* ks = qs + kAttnPairs * headDim;       // [32, headDim + 1]
-  float* vs = ks + 32 * stride;                // [32, headDim]
-  const int s = blockIdx.x;
-  const int g = blockIdx.y;
+                                 const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
+                                 int kvHeads, int headDim, float scale, bool causal) {
+  __shared__ float qs[32 * kMaxDimPerLane];
+  __shared__ float wm[kAttnWarps], wl[kAttnWarps];
+  __shared__ float wacc[kAttnWarps][32 * kMaxDimPerLane];
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
   const int partIdx = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int group = qHeads / kvHeads;
-  const int r0 = cuSeqlensQ[s];
-  const int pairs = (cuSeqlensQ[s + 1] - r0) * group;
-  const int kvLen = kvLens[s];
-  const int begin = partIdx * kAttnPart;
-  const int end = min(kvLen, begin + kAttnPart);
+  int s = 0;
+  while (s + 1 < numSeqs && cuSeqlensQ[s + 1] <= row) s++;
+  const int kvHead = head / (qHeads / kvHeads);
   const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
   const int per = (headDim + 31) / 32;
+  const float* qr = q + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  for (int c = threadIdx.x; c < headDim; c += blockDim.x) qs[c] = qr[c];
+  __syncthreads();
+  const int kvLen = kvLens[s];
+  const int visible = causal ? min(positions[row] + 1, kvLen) : kvLen;
+  const int begin = partIdx * kAttnPart;
+  const int last = min(visible, begin + kAttnPart);
   const int32_t* table = blockTables + static_cast<int64_t>(s) * maxBlocks;
-  for (int base = 0; base < pairs; base += kAttnPairs) {
-    const int n = min(kAttnPairs, pairs - base);
-    __syncthreads();  // the previous round's last tile is consumed
-    for (int i = threadIdx.x; i < n * headDim; i += blockDim.x) {
-      const int pi = base + i / headDim;
-      const int row = r0 + pi / group;
-      const int head = g * group + pi % group;
-      qs[i] = q[(static_cast<int64_t>(row) * qHeads + head) * headDim + i % headDim];
+  float m = -INFINITY, l = 0.f, acc[kMaxDimPerLane];
+  for (int d = 0; d < per; d++) acc[d] = 0.f;
+  const int tiles = last > begin ? (last - begin + 31) / 32 : 0;
+  for (int t = warp; t < tiles; t += kAttnWarps) {
+    const int j = begin + t * 32 + lane;
+    const bool valid = j < last;
+    int64_t slot = 0;
+    float score = -INFINITY;
+    if (valid) {
+      slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
+      const float* kr = kPool + slot * rowFloats + static_cast<int64_t>(kvHead) * headDim;
+      float dot = 0.f;
+      for (int c = 0; c < headDim; c++) dot += qs[c] * kr[c];
+      score = dot * scale;
     }
-    float m[8], l[8], acc[8][kMaxDimPerLane];
-    int last[8];
-    for (int k = 0; k < 8; k++) {
-      const int pi = base + warp + 4 * k;
-      m[k] = -INFINITY;
-      l[k] = 0.f;
-      last[k] = pi < pairs ? (causal ? min(positions[r0 + pi / group] + 1, end) : end) : begin;
-      for (int d = 0; d < per; d++) acc[k][d] = 0.f;
-    }
-    for (int t0 = begin; t0 < end; t0 += 32) {
-      const int tn = min(32, end - t0);
-      __syncthreads();  // the previous tile is consumed (and qs written)
-      for (int i = threadIdx.x; i < tn * headDim; i += blockDim.x) {
-        const int j = t0 + i / headDim;
-        const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
-        const int64_t at = slot * rowFloats + static_cast<int64_t>(g) * headDim + i % headDim;
-        ks[(i / headDim) * stride + i % headDim] = kPool[at];
-        vs[i] = vPool[at];
-      }
-      __syncthreads();
-      for (int k = 0; k < 8; k++) {
-        const int local = warp + 4 * k;
-        if (local >= n || last[k] <= t0) continue;
-        const int visible = min(tn, last[k] - t0);
-        float score = -INFINITY;
-        if (lane < visible) {
-          const float* qp = qs + local * headDim;
-          const float* kr = ks + lane * stride;
-          float dot = 0.f;
-          for (int c = 0; c < headDim; c++) dot += qp[c] * kr[c];
-          score = dot * scale;
-        }
-        float tileMax = score;
-        for (int o = 16; o > 0; o >>= 1) tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, o));
-        const float mNew = fmaxf(m[k], tileMax);
-        const float p = lane < visible ? expf(score - mNew) : 0.f;
-        float tileSum = p;
-        for (int o = 16; o > 0; o >>= 1) tileSum += __shfl_xor_sync(0xffffffffu, tileSum, o);
-        const float corr = expf(m[k] - mNew);
-        l[k] = l[k] * corr + tileSum;
-        for (int d = 0; d < per; d++) acc[k][d] *= corr;
-        for (int i = 0; i < visible; i++) {
-          const float pj = __shfl_sync(0xffffffffu, p, i);
-          for (int d = 0; d < per; d++) {
-            const int c = lane + 32 * d;
-            if (c < headDim) acc[k][d] += pj * vs[i * headDim + c];
-          }
-        }
-        m[k] = mNew;
-      }
-    }
-    for (int k = 0; k < 8; k++) {
-      const int pi = base + warp + 4 * k;
-      if (pi >= pairs) continue;
-      const int row = r0 + pi / group;
-      const int head = g * group + pi % group;
-      float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
-      if (lane == 0) {
-        dst[0] = m[k];
-        dst[1] = l[k];
-      }
+    float tileMax = score;
+    for (int o = 16; o > 0; o >>= 1) tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, o));
+    const float mNew = fmaxf(m, tileMax);
+    const float p = valid ? expf(score - mNew) : 0.f;
+    float tileSum = p;
+    for (int o = 16; o > 0; o >>= 1) tileSum += __shfl_xor_sync(0xffffffffu, tileSum, o);
+    const float corr = expf(m - mNew);
+    l = l * corr + tileSum;
+    for (int d = 0; d < per; d++) acc[d] *= corr;
+    const int n = min(32, last - begin - t * 32);
+    for (int i = 0; i < n; i++) {
+      const float pi = __shfl_sync(0xffffffffu, p, i);
+      const int64_t si = __shfl_sync(0xffffffffu, slot, i);
+      const float* vr = vPool + si * rowFloats + static_cast<int64_t>(kvHead) * headDim;
       for (int d = 0; d < per; d++) {
         const int c = lane + 32 * d;
-        if (c < headDim) dst[2 + c] = acc[k][d];
+        if (c < headDim) acc[d] += pi * vr[c];
       }
     }
+    m = mNew;
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+  for (int d = 0; d < per; d++) {
+    const int c = lane + 32 * d;
+    if (c < headDim) wacc[warp][c] = acc[d];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; w++)
+    if (wl[w] > 0.f) M = fmaxf(M, wm[w]);
+  float L = 0.f, f[kAttnWarps];
+  for (int w = 0; w < kAttnWarps; w++) {
+    f[w] = wl[w] > 0.f ? expf(wm[w] - M) : 0.f;
+    L += wl[w] * f[w];
+  }
+  float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
+  if (lane == 0) {
+    dst[0] = M;
+    dst[1] = L;
+  }
+  for (int d = 0; d < per; d++) {
+    const int c = lane + 32 * d;
+    if (c >= headDim) continue;
+    float o = 0.f;
+    for (int w = 0; w < kAttnWarps; w++)
+      if (wl[w] > 0.f) o += wacc[w][c] * f[w];
+    dst[2 + c] = o;
   }
 }
 
@@ -377,12 +364,9 @@ int specdPagedAttention(float* out, float* part, const float* q, const float* kP
                         int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
   if (headDim > 32 * kMaxDimPerLane || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
-  const size_t shared = static_cast<size_t>(kAttnPairs * headDim + 32 * (headDim + 1) + 32 * headDim) * 4;
-  if (shared > 48 * 1024)
-    cudaFuncSetAttribute(attentionPartial, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-  attentionPartial<<<dim3(numSeqs, kvHeads, parts), 32 * kAttnWarps, shared, stream>>>(
-      part, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, maxBlocks, pageSize, qHeads, kvHeads, headDim,
-      scale, causal);
+  attentionPartial<<<dim3(totalQ, qHeads, parts), 32 * kAttnWarps, 0, stream>>>(
+      part, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
+      headDim, scale, causal);
   attentionMerge<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, part, parts, qHeads, headDim);
   return static_cast<int>(cudaGetLastError());
 }
