@@ -60,7 +60,12 @@ def main():
           f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
           f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafters on one GPU), "
           f"AdamW lr 1e-3, bf16 autocast, seed 0; best validation "
-          f"loss {log['best_val']:.4f}. Command: `{a.command}`.", "",
+          f"loss {log['best_val']:.4f}. Command: `{a.command}`.", ""]
+    if log.get("init"):
+        L += [f"Warm start: training began from the weights of the checkpoint shipped before it (`{log['init']['folder']}`"
+              "), with a fresh optimiser and LR schedule; that checkpoint's own training (its card, in git history) is "
+              "not counted in the steps and tokens here.", ""]
+    L += [
           "## Acceptance length τ (held-out prompts `tools/reference/smollm2/prompts/{chat,plain}.jsonl`)",
           "τ = mean over verify steps of (accepted + 1), EOS ignored, fp32 target; ± is the standard error with prompts "
           "as clusters. t0 greedy, t1 temperature 1.", "",

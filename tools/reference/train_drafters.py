@@ -207,10 +207,16 @@ def eagle3_loss(model: Eagle3Draft, target, seqs, hidden, tlogits, steps: int = 
 
 def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: float, seed: int = 0,
           batch: int = 32, lr: float = 1e-3, max_steps: int = 6000, gguf: str | None = None,
-          eval_every: int = 200, resume: bool = False):
+          eval_every: int = 200, resume: bool = False, init: Path | None = None,
+          stop_after: float | None = None):
     """Trains one drafter for `minutes` of wall time in all (with `resume`, across calls: each call
     continues from out/last.pt — model, optimiser, step, log, RNG, seconds spent — until the total
-    budget or `max_steps` is used; the LR schedule runs over the total)."""
+    budget or `max_steps` is used; the LR schedule runs over the total).
+    `init`: an HF folder of the same drafter (config equal to this one's) to start from instead of random
+    weights — a shipped checkpoint trained further on new data; fresh optimiser, step 0, schedule from the
+    start; the EAGLE-3 draft vocabulary is the checkpoint's (`d2t`/`t2d` come with its state).
+    `stop_after`: leave this call after that many minutes (last.pt saved) although the budget is not
+    used up; the next call continues with `resume` (a GPU call is limited to 10 minutes)."""
     dev = device()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -234,6 +240,17 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
         model.set_vocab(top)
         print(f"eagle3: draft vocab {cfg.draft_vocab_size} covers {counts[top].sum().item() / counts.sum().item():.4f}"
               f" of the training tokens", flush=True)
+    init_info = None
+    if init is not None:
+        icfg = json.loads((init / "config.json").read_text())
+        if type(cfg).from_hf(icfg) != cfg:
+            raise ValueError(f"--init {init}: its config.json describes another drafter than this {method} "
+                             f"one: {type(cfg).from_hf(icfg)} vs {cfg}")
+        model.load_state_dict(load_hf_state(init), strict=True)
+        init_info = {"folder": str(init)}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "init.json").write_text(json.dumps(init_info) + "\n")
+        print(f"{method}: weights from {init}", flush=True)
     model.to(dev)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                             betas=(0.9, 0.95), weight_decay=0.01)
@@ -263,7 +280,13 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
             return dflash_loss(model, target, seqs, hidden, tlogits, rng, nb=8 if method == "dflash" else 16,
                                lo=lo)
 
+    t_call = time.time()
     while step < max_steps and time.time() - t0 < budget:
+        if stop_after is not None and time.time() - t_call > stop_after * 60:
+            print(f"{method}: leaving this call after {stop_after} min at step {step} "
+                  f"({time.time() - t0:.0f}s of {budget:.0f}s spent)", flush=True)
+            save_last()
+            return
         frac = min(step / 100, 1.0) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min((time.time() - t0) / budget, 1))))
         for g in opt.param_groups:
             g["lr"] = lr * frac
@@ -298,7 +321,9 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
     save_last()
     if not (out / "best.pt").exists():
         torch.save({"model": model.state_dict(), "step": step}, out / "best.pt")
-    (out / "log.json").write_text(json.dumps({"log": log, "best_val": best, "steps": step,
+    if init_info is None and (out / "init.json").exists():
+        init_info = json.loads((out / "init.json").read_text())
+    (out / "log.json").write_text(json.dumps({"log": log, "best_val": best, "steps": step, "init": init_info,
                                               "seconds": time.time() - t0,
                                               "params": sum(p.numel() for p in model.parameters())}, indent=2))
     model.load_state_dict(torch.load(out / "best.pt", map_location=dev)["model"])
@@ -322,10 +347,12 @@ if __name__ == "__main__":
     ap.add_argument("--max-steps", type=int, default=6000)
     ap.add_argument("--resume", action="store_true",
                     help="continue from OUT/last.pt; --minutes is then the total budget over all calls")
+    ap.add_argument("--init", type=Path, help="start from this HF folder of the same drafter (not with a last.pt)")
+    ap.add_argument("--stop-after", type=float, help="leave this call after N minutes (resume later)")
     a = ap.parse_args()
     if not (a.target or a.gguf):
         ap.error("one of --target / --gguf is required")
     if a.draft_vocab:
         SMOL_SIZES["draft_vocab"] = a.draft_vocab
     train(a.method, a.target, a.regen, a.out, a.minutes, batch=a.batch, max_steps=a.max_steps, gguf=a.gguf,
-          eval_every=a.eval_every, lr=a.lr, resume=a.resume)
+          eval_every=a.eval_every, lr=a.lr, resume=a.resume, init=a.init, stop_after=a.stop_after)

@@ -10,7 +10,10 @@
 #          NEW new tokens, all evaluations concurrently, each cut at EVAL_TIMEOUT seconds
 # STAGES="regen train eval" by default; without regen, REGEN=<dir with tokens.u16 meta.json> is used.
 # RESUME=1: train continues from $W/<method>/last.pt (an earlier call on the same warm machine); MIN is then the
-# total minutes of training, earlier calls included.
+# total minutes of training, earlier calls included. STOP_AFTER=N: each trainer leaves this call after N minutes
+# (last.pt kept) — a GPU call is limited to 10 minutes, so a long MIN is spread over calls (RESUME=1 in the next).
+# INIT=DIR: start each drafter from DIR/smollm2-135m-instruct-<method> (the shipped checkpoints, staged by
+# tools/gpu/stage.sh) instead of random weights.
 # $OUT (≤ 8 files ≤ 16 MiB): drafters.tar.part* (<method>/{config.json,*.safetensors,MODEL_CARD.md} for every
 #   trained method, split in 15 MiB parts: `cat drafters.tar.part* | tar x`), logs.tar.gz, regen.tar.gz
 # Offline: torch, numpy, safetensors only (the GGUF is read by specd_ref/gguf_io.py's numpy reader
@@ -23,7 +26,7 @@ W=${2:-/root/smol}; O=${OUT:-$W/out}
 SEQ=${SEQ:-4096}; LEN=${LEN:-320}; GEN_BATCH=${GEN_BATCH:-512}; GEN_SECONDS=${GEN_SECONDS:-90}
 MIN=${MIN:-3.25}; BATCH=${BATCH:-32}; MAX_STEPS=${MAX_STEPS:-100000}; EVAL_EVERY=${EVAL_EVERY:-200}
 EVAL_LIMIT=${EVAL_LIMIT:-16}; NEW=${NEW:-128}; EVAL_TIMEOUT=${EVAL_TIMEOUT:-170}
-STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; P=smollm2/prompts; METHODS=${METHODS:-dflash dspark eagle3}
+STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; INIT=${INIT:-}; P=smollm2/prompts; METHODS=${METHODS:-dflash dspark eagle3}
 R=${REGEN:-$W/regen}
 mkdir -p "$W" "$O"
 T0=$(date +%s)
@@ -42,7 +45,9 @@ if [[ " $STAGES " == *" train "* ]]; then
   tm "train start ($METHODS concurrently, $MIN min each)"
   for m in $METHODS; do
     $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
-        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${RESUME:+--resume} >> "$W/train_$m.log" 2>&1 &
+        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${RESUME:+--resume} ${STOP_AFTER:+--stop-after "$STOP_AFTER"} \
+        $(if [ -n "$INIT" ] && [ -d "$INIT/smollm2-135m-instruct-$m" ]; then echo --init "$INIT/smollm2-135m-instruct-$m"; fi) \
+        >> "$W/train_$m.log" 2>&1 &
   done
   wait
   tail -n 3 "$W"/train_*.log
