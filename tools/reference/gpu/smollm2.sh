@@ -56,10 +56,23 @@ fi
 
 if [[ " $STAGES " == *" eval "* ]]; then
   tm "eval start"
-  ev() { timeout "$EVAL_TIMEOUT" $PY eval_tau.py --gguf "$G" --drafter "$W/$1/hf" --prompts $P --domains chat,plain \
-         --limit "$EVAL_LIMIT" --new-tokens "$NEW" --temperature "$2" --out "$W/tau_$1_t$2.json" > "$W/eval_$1_t$2.log" 2>&1; }
-  for m in $METHODS; do ev "$m" 0 & ev "$m" 1 & done
+  # one process per (drafter, temperature, prompt set), all at once; then one JSON per (drafter, temperature)
+  ev() { timeout "$EVAL_TIMEOUT" $PY eval_tau.py --gguf "$G" --drafter "$W/$1/hf" --prompts $P --domains "$3" \
+         --limit "$EVAL_LIMIT" --new-tokens "$NEW" --temperature "$2" --out "$W/tau_$1_t$2_$3.json" \
+         > "$W/eval_$1_t$2_$3.log" 2>&1; }
+  for m in $METHODS; do for t in 0 1; do for d in chat plain; do ev "$m" $t $d & done; done; done
   wait
+  for m in $METHODS; do for t in 0 1; do
+    $PY - "$W/tau_${m}_t$t.json" "$W/tau_${m}_t${t}_chat.json" "$W/tau_${m}_t${t}_plain.json" <<'PYEOF'
+import json, sys, pathlib
+parts = [json.loads(pathlib.Path(f).read_text()) for f in sys.argv[2:] if pathlib.Path(f).exists()]
+if parts:
+    merged = parts[0]
+    for p in parts[1:]:
+        merged["domains"].update(p["domains"])
+    pathlib.Path(sys.argv[1]).write_text(json.dumps(merged) + "\n")
+PYEOF
+  done; done
   tail -n 3 "$W"/eval_*.log
   tm "eval done"
 fi
