@@ -3,14 +3,16 @@
 // addon this checkout built (`new`) and another build of it (`--base FILE.node`, e.g. one built from main),
 // whose `gemmQuant` replaces this addon's for the `base` variants (same packed layout, same arguments).
 // Variants, alternated step by step so load changes hit them all alike:
-//   base-f32, new-f32 (activations fp32, the default), base-int8, new-int8 (act 'int8', SPECD_GGUF_ACT=int8).
+//   base-f32, new-f32 (activations fp32, the default), base-int8, new-int8 (act 'int8', SPECD_GGUF_ACT=int8),
+//   new-int16 (act 'int16', SPECD_GGUF_ACT=int16; the base build is not asked for it).
 //
 //   node bench/quant-ab.mjs --base /path/to/specd_native.node [--threads 2] [--steps 64] [--context 64]
-//   node bench/quant-ab.mjs            (no --base: only new-f32 and new-int8)
+//   node bench/quant-ab.mjs            (no --base: only the new-* variants)
 //
 // Per variant: the median decode step (one token, logits of the last; wall ms and the process CPU ms),
 // tok/s, and the ratio to new-f32. The prompt is `--context` synthetic tokens; each round decodes one token
-// per variant at the same position (the KV cache of each variant rolled back), `--steps` rounds.
+// per variant at the same position (the KV cache of each variant rolled back), `--steps` rounds; with
+// `--verify N` (default 16, 0: off) each round also runs an N-token forward (a verify block, logits of all N).
 // `--kernels` first times the raw gemmQuant calls of the decode/verify shapes (q/k/v fused 960×576, o 576×576,
 // gate/up fused 3072×576, down 576×1536 Q4_1; lm_head 49152×576 Q8_0) at m = 1, 2, 4, 8, 16, each over enough
 // distinct random copies to exceed 96 MiB (so the weights stream from DRAM, as in a decode step), variants
@@ -33,6 +35,15 @@ const THREADS = Number(arg('threads', '2'));
 const STEPS = Number(arg('steps', '64'));
 const CONTEXT = Number(arg('context', '64'));
 const basePath = arg('base', undefined);
+const VERIFY = Number(arg('verify', '16'));
+const actOf = (v) => v.slice(v.indexOf('-') + 1);
+const VARIANTS = [
+  ...(basePath ? ['base-f32'] : []),
+  'new-f32',
+  ...(basePath ? ['base-int8'] : []),
+  'new-int8',
+  'new-int16',
+];
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
 if (!fs.existsSync(GGUF)) throw new Error(`quant-ab: ${GGUF} is missing: run \`npm run models:fetch\``);
 
@@ -74,13 +85,13 @@ if (argv.includes('--kernels')) {
     ['down 576×1536', 'q4_1', 576, 1536],
     ['lm_head 49152×576', 'q8_0', 49152, 576],
   ];
-  const kv = [...(base ? ['base-f32'] : []), 'new-f32', ...(base ? ['base-int8'] : []), 'new-int8'];
+  const kv = VARIANTS;
   console.log(`quant-ab --kernels — gemmQuant per call, weights streamed from DRAM; ${header()}`);
   console.log(
     `| shape | m | ${kv.map((v) => `${v} µs (GB/s)`).join(' | ')} |${base ? ' base÷new f32 | base÷new int8 |' : ''}` +
-      ' f32÷int8 (new) |',
+      ' f32÷int8 (new) | f32÷int16 (new) |',
   );
-  console.log(`|---|---:|${kv.map(() => '---:|').join('')}${base ? '---:|---:|' : ''}---:|`);
+  console.log(`|---|---:|${kv.map(() => '---:|').join('')}${base ? '---:|---:|' : ''}---:|---:|`);
   for (const [name, type, n, k] of shapes) {
     const one = quantizedWeights(randomRaw(type, n, k, 17), type, n, k);
     const copies = Math.ceil((96 << 20) / one.data.length);
@@ -95,7 +106,7 @@ if (argv.includes('--kernels')) {
       for (let r = 0; r <= REPS; r++)
         for (const v of r % 2 === 0 ? kv : [...kv].reverse()) {
           const g = v.startsWith('base') ? base.gemmQuant : newGemm;
-          const act = v.endsWith('int8') ? 'int8' : 'f32';
+          const act = actOf(v);
           const t0 = process.hrtime.bigint();
           for (const w of ws) g(xs, m, k, w.data, type, n, ys, act);
           const t = Number(process.hrtime.bigint() - t0) / 1e3 / ws.length;
@@ -106,7 +117,7 @@ if (argv.includes('--kernels')) {
       console.log(
         `| ${name} ${type.toUpperCase()} | ${m} | ${kv.map(cell).join(' | ')} |` +
           `${base ? ` ${ratio('base-f32', 'new-f32')} | ${ratio('base-int8', 'new-int8')} |` : ''}` +
-          ` ${ratio('new-f32', 'new-int8')} |`,
+          ` ${ratio('new-f32', 'new-int8')} | ${ratio('new-f32', 'new-int16')} |`,
       );
     }
   }
@@ -115,20 +126,21 @@ if (argv.includes('--kernels')) {
 
 const { GgufFile, SequenceCache } = await import('@specd/core');
 const { ggufSource, loadLlamaStage, parseGgufLlamaConfig } = await import('@specd/model-llama');
+const ACTS = ['f32', 'int8', 'int16'];
 const models = {};
-for (const act of ['f32', 'int8']) {
+for (const act of ACTS) {
   const file = GgufFile.open(GGUF);
   models[act] = loadLlamaStage(parseGgufLlamaConfig(file), ggufSource(file, 'quant', undefined, undefined, act));
 }
-const variants = [...(base ? ['base-f32'] : []), 'new-f32', ...(base ? ['base-int8'] : []), 'new-int8'];
+const variants = VARIANTS;
 const V = models.f32.info.vocabSize;
 const prompt = Int32Array.from({ length: CONTEXT }, (_, i) => 1 + ((i * 7919) % (V - 1)));
 const caches = {};
 const next = {};
-for (const act of ['f32', 'int8']) {
+for (const act of ACTS) {
   const cache = new SequenceCache(models[act].cacheGeometry, {
     pageSize: 16,
-    numPages: Math.ceil((CONTEXT + 2) / 16) + 1,
+    numPages: Math.ceil((CONTEXT + Math.max(2, VERIFY)) / 16) + 1,
     numSlots: 1,
   });
   cache.add('s');
@@ -139,11 +151,12 @@ for (const act of ['f32', 'int8']) {
   caches[act] = cache;
   next[act] = argmax(logits, V)[0];
 }
-const res = Object.fromEntries(variants.map((v) => [v, { wall: [], cpu: [] }]));
+const res = Object.fromEntries(variants.map((v) => [v, { wall: [], cpu: [], verify: [] }]));
+const block = Int32Array.from({ length: VERIFY }, (_, i) => 1 + ((i * 104729) % (V - 1)));
 for (let s = 0; s < STEPS + 2; s++) {
   const order = s % 2 === 0 ? variants : [...variants].reverse();
   for (const v of order) {
-    const act = v.endsWith('int8') ? 'int8' : 'f32';
+    const act = actOf(v);
     raw.gemmQuant = v.startsWith('base') ? base.gemmQuant : newGemm;
     const cache = caches[act];
     const cp = cache.checkpoint('s');
@@ -160,6 +173,13 @@ for (let s = 0; s < STEPS + 2; s++) {
       res[v].wall.push(wall);
       res[v].cpu.push((c.user + c.system) / 1000);
     }
+    if (VERIFY > 0) {
+      const t1 = process.hrtime.bigint();
+      models[act].forward({ sequences: [{ id: 's', position: CONTEXT, tokens: block, logits: 'all' }] }, cache);
+      const verify = Number(process.hrtime.bigint() - t1) / 1e6;
+      cache.rollback('s', cp);
+      if (s >= 2) res[v].verify.push(verify);
+    }
   }
 }
 raw.gemmQuant = newGemm;
@@ -168,11 +188,20 @@ console.log(
   `quant-ab — SmolLM2-135M-Instruct Q4_1 plain decode, context ${CONTEXT}, ${STEPS} steps per variant ` +
     `(alternated); ${header()}`,
 );
-console.log('| variant | step (ms, median) | tok/s | CPU ms per step | step ÷ new-f32 |\n|---|---:|---:|---:|---:|');
+const vh = VERIFY > 0 ? ` verify ${VERIFY} (ms, median) | verify ÷ new-f32 | verify ÷ step |` : '';
+console.log(
+  `| variant | step (ms, median) | tok/s | CPU ms per step | step ÷ new-f32 |${vh}\n` +
+    `|---|---:|---:|---:|---:|${VERIFY > 0 ? '---:|---:|---:|' : ''}`,
+);
 const ref = median(res['new-f32'].wall);
+const vref = VERIFY > 0 ? median(res['new-f32'].verify) : 0;
 for (const v of variants) {
   const w = median(res[v].wall);
   const cpu = median(res[v].cpu);
-  console.log(`| ${v} | ${w.toFixed(2)} | ${(1000 / w).toFixed(1)} | ${cpu.toFixed(2)} | ${(w / ref).toFixed(2)} |`);
+  const vt = VERIFY > 0 ? median(res[v].verify) : 0;
+  const vc = VERIFY > 0 ? ` ${vt.toFixed(2)} | ${(vt / vref).toFixed(2)} | ${(vt / w).toFixed(2)} |` : '';
+  console.log(
+    `| ${v} | ${w.toFixed(2)} | ${(1000 / w).toFixed(1)} | ${cpu.toFixed(2)} | ${(w / ref).toFixed(2)} |${vc}`,
+  );
 }
 for (const m of Object.values(models)) m.dispose();

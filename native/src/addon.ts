@@ -59,7 +59,7 @@ export type GemmQuantRawArgs = [
   type: RawQuantType,
   n: number,
   y: Float32Array,
-  act?: 'f32' | 'int8',
+  act?: 'f32' | 'int8' | 'int16',
 ];
 
 /** kdaForward(…) (native/src/kda.cc); snapshots only in the recurrent mode. */

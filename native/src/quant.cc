@@ -7,9 +7,10 @@
 //             out: Uint8Array [PackedBytes(type, n, k)]) -> undefined
 //   gemmQuant(x: Float32Array [m·k], m, k, packed: Uint8Array, type, n, y: Float32Array [m·n])
 //             -> undefined                                   (synchronous, blocks the caller)
-//             [, act: "f32" (default) | "int8"]
+//             [, act: "f32" (default) | "int8" | "int16"]
 //             act "f32": weights dequantized to fp32, fp32 activations; "int8": activations quantized
-//             per 32-block to int8 once per call, integer block dot products (VNNI where present)
+//             per 32-block to int8 once per call, integer block dot products (VNNI where present);
+//             "int16": as int8 with 16-bit quants split into two int8 planes (two dot products each)
 //   gemmQuantAsync(same arguments) -> Promise<undefined>     (libuv thread, like gemmBf16Async)
 //   quantDequantBf16(packed: Uint8Array, type, n, k, out: Uint16Array [n·k]) -> undefined
 //             (bf16 bits of d·q + m rounded to nearest even, row-major [n, k])
@@ -170,21 +171,21 @@ const bool g_int8_amx = [] {
 }();
 
 /**
- * Y = Q8(X) · Wᵀ with int8 activations (quant_kernels.h, "int8 activations"): X quantized once per
- * call (rows split over threads), then panels split over threads. VNNI path when the ISA is avx512
- * and the CPU has VBMI (AMX-INT8 tiles for m >= kAmxMinRows where present), else portable; all
- * give the same bits.
+ * Y = Q(X) · Wᵀ with int8 activations, or int16 ones with `wide` (quant_kernels.h, "int8 activations",
+ * "int16 activations"): X quantized once per call (rows split over threads), then panels split over
+ * threads. VNNI path when the ISA is avx512 and the CPU has VBMI (int8: AMX-INT8 tiles for m >=
+ * kAmxMinRows where present), else portable; all give the same bits.
  */
-void RunGemmI8(const Problem& p) {
+void RunGemmI8(const Problem& p, bool wide) {
   if (p.m == 0 || p.n == 0) return;
   const bool vnni = CurrentIsa() == Isa::kAvx512 && Avx512VbmiAvailable();
   // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
-  const bool amx = vnni && AmxInt8Available() && p.m >= quant::kAmxMinRows && g_int8_amx;
+  const bool amx = vnni && !wide && AmxInt8Available() && p.m >= quant::kAmxMinRows && g_int8_amx;
   const int64_t blocks = p.k / quant::kBlock;
-  std::vector<int8_t> xq(static_cast<size_t>(p.m * p.k));
+  std::vector<int8_t> xq(static_cast<size_t>(p.m * p.k)), xlo(wide ? xq.size() : 0);
   std::vector<float> xd(static_cast<size_t>(p.m * blocks)), xs(xd.size());
   std::vector<int32_t> xsum(xd.size());
-  const quant::ActsI8 acts{xq.data(), xd.data(), xs.data(), xsum.data()};
+  const quant::ActsI8 acts{xq.data(), xd.data(), xs.data(), xsum.data(), wide ? xlo.data() : nullptr};
   ParallelFor(
       p.m,
       [&](int64_t begin, int64_t end) {
@@ -213,17 +214,29 @@ void RunGemmI8(const Problem& p) {
 #endif
         quant::PanelsI8Portable(q, begin, end);
       },
-      // int8 MACs run ~4× the fp32 FMA rate: a quarter of PanelWork, so small calls stay inline.
-      (quant::PanelWork(p.m, p.k) + 3) / 4);
+      // int8 MACs run ~4× the fp32 FMA rate: a quarter of PanelWork, so small calls stay inline. int16:
+      // two VPDPBUSD per int8 one (m/4), and counted like PanelWork (not a quarter), so the GEMVs of a
+      // decode step split over 2 threads as the fp32 ones do: they stream the weights from DRAM, and a
+      // second thread adds bandwidth (Zen 5, 2 threads, SmolLM2 decode step ×0.88–0.95 of fp32 against
+      // ×1.0–1.1 with a quarter; docs/BENCHMARKS.md, "int16 activations").
+      wide ? quant::kLanes * p.k * (1 + p.m / 4) : (quant::PanelWork(p.m, p.k) + 3) / 4);
 }
 
-/** Activation mode of gemmQuant: "f32" (default, weights dequantized) or "int8" (RunGemmI8). */
-bool ReadInt8Act(ArgReader& args, size_t i) {
-  if (args.IsAbsent(i)) return false;
+/** Activation mode of gemmQuant: "f32" (default, weights dequantized), "int8" or "int16" (RunGemmI8). */
+enum class Act { kF32, kInt8, kInt16 };
+
+Act ReadAct(ArgReader& args, size_t i) {
+  if (args.IsAbsent(i)) return Act::kF32;
   const std::string s = args.String(i, "act");
-  if (s == "f32") return false;
-  if (s == "int8") return true;
-  args.Fail("act", "\"f32\" or \"int8\"", "string \"" + s + "\"");
+  if (s == "f32") return Act::kF32;
+  if (s == "int8") return Act::kInt8;
+  if (s == "int16") return Act::kInt16;
+  args.Fail("act", "\"f32\", \"int8\" or \"int16\"", "string \"" + s + "\"");
+}
+
+void Run(const Problem& p, Act act) {
+  if (act == Act::kF32) return RunGemm(p);
+  RunGemmI8(p, act == Act::kInt16);
 }
 
 Napi::Value QuantPackBinding(const Napi::CallbackInfo& info) {
@@ -242,7 +255,7 @@ Napi::Value QuantPackBinding(const Napi::CallbackInfo& info) {
 
 struct GemmCall {
   Problem problem{};
-  bool int8 = false;
+  Act act = Act::kF32;
   Napi::Float32Array x, y;
   Napi::Uint8Array packed;
 };
@@ -260,26 +273,21 @@ GemmCall ReadGemmArgs(const Napi::CallbackInfo& info, const char* call) {
                     "quantPackedBytes(type, n, k)");
   c.y = args.F32(6, "y", CheckedProduct(call, {m, n}), "m*n");
   c.problem = Problem{c.x.Data(), k, c.packed.Data(), c.y.Data(), n, m, n, k, t};
-  c.int8 = ReadInt8Act(args, 7);
+  c.act = ReadAct(args, 7);
   return c;
 }
 
 Napi::Value GemmQuantBinding(const Napi::CallbackInfo& info) {
   const GemmCall c = ReadGemmArgs(info, "gemmQuant");
-  if (c.int8) {
-    RunGemmI8(c.problem);
-  } else {
-    RunGemm(c.problem);
-  }
+  Run(c.problem, c.act);
   return info.Env().Undefined();
 }
 
 Napi::Value GemmQuantAsyncBinding(const Napi::CallbackInfo& info) {
   GemmCall c = ReadGemmArgs(info, "gemmQuantAsync");
   const Problem p = c.problem;
-  const bool int8 = c.int8;
-  return QueueKernel(info.Env(), "gemmQuantAsync", [p, int8]() { int8 ? RunGemmI8(p) : RunGemm(p); },
-                     {c.x, c.packed, c.y});
+  const Act act = c.act;
+  return QueueKernel(info.Env(), "gemmQuantAsync", [p, act]() { Run(p, act); }, {c.x, c.packed, c.y});
 }
 
 Napi::Value QuantDequantBf16Binding(const Napi::CallbackInfo& info) {

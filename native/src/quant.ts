@@ -29,6 +29,14 @@
  * path, and the two ISA paths agree bit for bit (native/src/quant_kernels.h, "int8 activations").
  * Relative error against the fp32-activation result: ~1e-2 per GEMM (the int8 rounding of x).
  *
+ * int16 activations (`act = 'int16'`): as int8 with `d_x = max|x| / 32639` and 16-bit quants
+ * `q = clamp(roundEven(x / d_x), ±32639)`, each split into two int8 planes `q = 256·hi + lo`
+ * (hi ∈ [−127, 127], lo ∈ [−128, 127]); the block sum `Σ q_w·q = 256·Σ q_w·hi + Σ q_w·lo` is two
+ * VNNI dot products against the same weight operand, the combination the int8 one (`float(isum)`
+ * rounded to nearest even, as it can pass 2^24). Same invariances; ~4e-5 relative per GEMM; AMX is
+ * not used. On SmolLM2-135M every layer stays within ~2e-4 of the fp32 reference, where int8
+ * drifts 2–5 % (docs/BENCHMARKS.md, "int16 activations").
+ *
  * `dequantizeToBf16` gives the weights as bf16 `[n, k]` (round to nearest even of the fp32
  * dequantized value) to pack for `gemmBf16` instead (faster for compute-bound batches: see
  * docs/BENCHMARKS.md, "Quantized GEMM (GGUF Q4_1 / Q8_0)").
@@ -44,12 +52,13 @@ declare const quantBrand: unique symbol;
 export type QuantType = 'q4_0' | 'q4_1' | 'q8_0';
 
 /**
- * Activations of `gemmQuant`: `'f32'` (weights dequantized on the fly, fp32 products) or `'int8'`
- * (activations quantized per 32-block once per call, integer block dot products).
+ * Activations of `gemmQuant`: `'f32'` (weights dequantized on the fly, fp32 products), `'int8'`
+ * (activations quantized per 32-block once per call, integer block dot products) or `'int16'` (as
+ * int8 with 16-bit quants: two int8 dot products per block, ~256× less activation rounding).
  */
-export type QuantActivation = 'f32' | 'int8';
+export type QuantActivation = 'f32' | 'int8' | 'int16';
 
-const QUANT_ACTIVATIONS = ['f32', 'int8'] as const;
+const QUANT_ACTIVATIONS = ['f32', 'int8', 'int16'] as const;
 
 const QUANT_TYPES = ['q4_0', 'q4_1', 'q8_0'] as const;
 const RAW_BLOCK_BYTES: Record<QuantType, number> = { q4_0: 18, q4_1: 20, q8_0: 34 };
@@ -131,12 +140,13 @@ function checkGemm(
 
 /**
  * `Y = X · Wᵀ` synchronously (GEMV when m = 1), weights dequantized on the fly (`act = 'f32'`) or
- * int8 activations against the integer quants (`act = 'int8'`; numerics in the module comment).
+ * int8 / int16 activations against the integer quants (`act = 'int8'`, `'int16'`; numerics in the
+ * module comment).
  * @param x Float32Array [m, k] (k = w.k), row-major.
  * @param m rows (tokens), >= 0.
  * @param w packed quantized weights [n, k].
  * @param out optional Float32Array [m, n] to write into (must not alias x).
- * @param act `'f32'` (default) or `'int8'`.
+ * @param act `'f32'` (default), `'int8'` or `'int16'`.
  * @returns Float32Array [m, n].
  * @throws SpecdArgumentError on a wrong type, shape, length or act.
  */

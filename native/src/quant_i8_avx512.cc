@@ -1,12 +1,12 @@
-// AVX-512 VNNI kernels for the int8-activation GEMM over packed GGUF-quantized weights (activation
+// AVX-512 VNNI kernels for the int8- and int16-activation GEMM over packed GGUF-quantized weights (activation
 // quantization, integer dot products and fp32 combination order: quant_kernels.h, "int8
 // activations"). Compiled with the AVX-512 flags plus AVX512_VBMI (CMakeLists.txt); called only
 // when isa.cc reports AVX-512 and VBMI. Intrinsics only, no STL (see CMakeLists.txt on ODR).
 //
 // Schedule, for one thread's range of panels:
 //   m <= kDirectRows (TileDirect), for each panel (B = 1: the weights are one sequential stream), for
-//     each row tile of <= 8 rows, per block: the panel block's 8 VPERMB operands (below) made in
-//     registers and fed straight to 2 VPDPBUSD chains per row, then the fp32 combination;
+//     each row tile of <= 8 rows (int16: <= 4), per block: the panel block's 8 VPERMB operands (below)
+//     made in registers and fed straight to 2 VPDPBUSD chains per row, then the fp32 combination;
 //   m > kDirectRows, for each tile of B panels (B = 2; 1 for the last odd panel):
 //     for each chunk of kChunk blocks (256 k):
 //       transform the chunk's weights once into `scratch` (L1): per panel block 8 × 64-byte operands,
@@ -22,6 +22,10 @@
 // (docs/BENCHMARKS.md, "m ≤ 16 on AMD EPYC Zen 5").
 // Each output still sees one fp32 accumulator updated block by block in the fixed order of
 // quant_kernels.h, whatever its tile or thread: batch and thread invariant.
+// int16 activations (template flag W, ActsI8::lo set): the same weight operands, twice the VPDPBUSD
+// (high and low activation planes), isum = 256·high + low, then the same combination.
+// The int16 speed (docs/BENCHMARKS.md, "int16 activations"): ×1.0–1.2 of int8's time at m = 1–2,
+// ×1.35–1.6 at m = 4–16.
 #include <immintrin.h>
 
 #include "quant_kernels.h"
@@ -42,6 +46,10 @@ constexpr int kRowTile = 6;
 // Up to this m, TileDirect (operands in registers) instead of the scratch transform: from DRAM, one
 // thread, Zen 5, m = 8 ×1.2–1.7 and m = 16 ×1.0–1.2 faster than through scratch.
 constexpr int64_t kDirectRows = 16;
+// Rows per TileDirect tile: int8 up to 8; int16 up to 4 (two int32 chains per row: at 8 rows the
+// accumulators spill; from DRAM, one thread, Zen 5, m = 16: Q8_0 lm_head ×1.0–1.3, Q4_1 ×1.0–1.1 faster).
+constexpr int64_t kDirectTileRows = 8;
+constexpr int64_t kDirectTileRowsWide = 4;
 
 // VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
 alignas(64) constexpr unsigned char kTranspose[64] = {0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
@@ -105,8 +113,12 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
   }
 }
 
-/** Rows row0 .. row0+R−1 over the chunk [b0, b1) in ws; accumulators in fs ([R][B][16]) between chunks. */
-template <Type T, int R, int B>
+/**
+ * Rows row0 .. row0+R−1 over the chunk [b0, b1) in ws; accumulators in fs ([R][B][16]) between chunks.
+ * W (int16 mode): per block one int32 chain over the high plane, ×256 (exact), then on over the low
+ * plane with the bias term: 256·Σ q_w·hi + Σ q_w·lo + bias·Σq, the int16 isum of quant_kernels.h.
+ */
+template <Type T, int R, int B, bool W>
 void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t b1, bool first, bool last,
           const uint8_t* ws, float* fs) {
   const int64_t blocks = p.k / kBlock;
@@ -119,17 +131,25 @@ void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t 
     __m512i isum[R][B];
     for (int r = 0; r < R; ++r) {
       const __m512i init =
-          bias == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
+          bias == 0 || W ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
       for (int b = 0; b < B; ++b) isum[r][b] = init;
     }
-    for (int g = 0; g < 8; ++g) {
-      __m512i wv[B];
-      for (int b = 0; b < B; ++b) wv[b] = _mm512_load_si512(wb + b * kWBlockBytes + 64 * g);
-      for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        __builtin_memcpy(&quad, p.x.q + (row0 + r) * p.k + blk * kBlock + 4 * g, 4);
-        const __m512i xv = _mm512_set1_epi32(quad);
-        for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], wv[b], xv);
+    for (int pass = 0; pass < (W ? 2 : 1); ++pass) {
+      const int8_t* plane = pass == 0 ? p.x.q : p.x.lo;
+      if (pass == 1)
+        for (int r = 0; r < R; ++r) {
+          const __m512i add = _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
+          for (int b = 0; b < B; ++b) isum[r][b] = _mm512_add_epi32(_mm512_slli_epi32(isum[r][b], 8), add);
+        }
+      for (int g = 0; g < 8; ++g) {
+        __m512i wv[B];
+        for (int b = 0; b < B; ++b) wv[b] = _mm512_load_si512(wb + b * kWBlockBytes + 64 * g);
+        for (int r = 0; r < R; ++r) {
+          int32_t quad;
+          __builtin_memcpy(&quad, plane + (row0 + r) * p.k + blk * kBlock + 4 * g, 4);
+          const __m512i xv = _mm512_set1_epi32(quad);
+          for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], wv[b], xv);
+        }
       }
     }
     __m512 dw[B], mw[B];
@@ -164,9 +184,10 @@ void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t 
  * Rows row0 .. row0+R−1 (R <= 8) of one panel: as Tile over all of K, but each panel block's VPERMB
  * operands are made in registers and consumed at once (no round trip through `scratch`). With
  * `stream`, prefetches as TransformChunk does (the next tile pf, else kPrefetchBytes ahead). The same integer block
- * sums (exact in any order) and the same fp32 combination as Tile: the same bits.
+ * sums (exact in any order) and the same fp32 combination as Tile: the same bits. W (int16 mode): the
+ * two chains are the high plane's and the low plane's, isum = 256·high + low.
  */
-template <Type T, int R>
+template <Type T, int R, bool W>
 void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, const uint8_t* pf, int64_t pf_step) {
   constexpr int B = 1;
   constexpr int64_t pbb = PbbOf(T);
@@ -194,18 +215,20 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
         for (int64_t off = 0; off < pbb; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(pb[b] + kPrefetchBytes + off), _MM_HINT_T0);
     }
-    // Two VPDPBUSD chains per output (Q4: low / high nibbles; Q8_0: even / odd groups), added at the
-    // end of the block: integer sums, exact in any order.
+    // Two VPDPBUSD chains per output (int8: Q4 low / high nibbles, Q8_0 even / odd groups, added at
+    // the end of the block; int16: the high / low activation planes, isum = 256·high + low): integer
+    // sums, exact in any order.
     __m512i isum[R][B], isum2[R][B];
     for (int r = 0; r < R; ++r) {
       const __m512i init =
           bias == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
       for (int b = 0; b < B; ++b) {
-        isum[r][b] = init;
-        isum2[r][b] = _mm512_setzero_si512();
+        isum[r][b] = W ? _mm512_setzero_si512() : init;
+        isum2[r][b] = W ? init : _mm512_setzero_si512();
       }
     }
     const int8_t* xq = p.x.q + row0 * p.k + blk * kBlock;
+    const int8_t* xlo = W ? p.x.lo + row0 * p.k + blk * kBlock : nullptr;
     for (int g = 0; g < kGroups; ++g) {
       __m512i lo[B], hi[B];
       for (int b = 0; b < B; ++b) {
@@ -219,6 +242,28 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
       }
       for (int r = 0; r < R; ++r) {
         int32_t quad;
+        if constexpr (W) {
+          // high plane -> isum, low plane -> isum2; Q4: low-nibble operand with k = 4g.., high with 16 + 4g..
+          __builtin_memcpy(&quad, xq + r * p.k + 4 * g, 4);
+          const __m512i xl = _mm512_set1_epi32(quad);
+          __builtin_memcpy(&quad, xlo + r * p.k + 4 * g, 4);
+          const __m512i yl = _mm512_set1_epi32(quad);
+          for (int b = 0; b < B; ++b) {
+            isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], lo[b], xl);
+            isum2[r][b] = _mm512_dpbusd_epi32(isum2[r][b], lo[b], yl);
+          }
+          if (T != Type::kQ8_0) {
+            __builtin_memcpy(&quad, xq + r * p.k + 16 + 4 * g, 4);
+            const __m512i xh = _mm512_set1_epi32(quad);
+            __builtin_memcpy(&quad, xlo + r * p.k + 16 + 4 * g, 4);
+            const __m512i yh = _mm512_set1_epi32(quad);
+            for (int b = 0; b < B; ++b) {
+              isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], hi[b], xh);
+              isum2[r][b] = _mm512_dpbusd_epi32(isum2[r][b], hi[b], yh);
+            }
+          }
+          continue;
+        }
         __builtin_memcpy(&quad, xq + r * p.k + 4 * g, 4);
         const __m512i xl = _mm512_set1_epi32(quad);
         if (T == Type::kQ8_0 && (g & 1) != 0) {
@@ -234,7 +279,8 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int b = 0; b < B; ++b) isum[r][b] = _mm512_add_epi32(isum[r][b], isum2[r][b]);
+      for (int b = 0; b < B; ++b)
+        isum[r][b] = _mm512_add_epi32(W ? _mm512_slli_epi32(isum[r][b], 8) : isum[r][b], isum2[r][b]);
     for (int b = 0; b < B; ++b) {
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb[b])));
       const __m512 mw = T == Type::kQ4_1
@@ -253,21 +299,21 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
     for (int b = 0; b < B; ++b) StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kLanes, p.n, acc[r][b]);
 }
 
-template <Type T, int B>
+template <Type T, int B, bool W>
 void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int64_t b0, int64_t b1, bool first,
              bool last, const uint8_t* ws, float* fs) {
   switch (rows) {
-    case 1: Tile<T, 1, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 2: Tile<T, 2, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 3: Tile<T, 3, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 4: Tile<T, 4, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 5: Tile<T, 5, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 6: Tile<T, 6, B>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 1: Tile<T, 1, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 2: Tile<T, 2, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 3: Tile<T, 3, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 4: Tile<T, 4, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 5: Tile<T, 5, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
+    case 6: Tile<T, 6, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
     default: break;
   }
 }
 
-template <Type T, int B>
+template <Type T, int B, bool W>
 void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* scratch) {
   uint8_t* ws = scratch;
   float* fs = reinterpret_cast<float*>(scratch + kWeightScratch);
@@ -277,22 +323,24 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
   const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
   if constexpr (B == 1) {
     if (p.m <= kDirectRows) {
-      // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6); the first streams the panel from memory,
-      // the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
-      const int64_t tiles = (p.m + 7) / 8;
+      // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6; int16 <= 4); the first streams the panel from
+      // memory, the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
+      constexpr int64_t kTileRows = W ? kDirectTileRowsWide : kDirectTileRows;
+      const int64_t tiles = (p.m + kTileRows - 1) / kTileRows;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t row = p.m * t / tiles;
         const int64_t rows = p.m * (t + 1) / tiles - row;
         const int64_t step = next * PbbOf(T);
+        // int16 tiles have <= 4 rows: cases 5–8 never run for W (W ? 4 only avoids instantiating them).
         switch (rows) {
-          case 1: TileDirect<T, 1>(p, row, panel0, t == 0, pf, step); break;
-          case 2: TileDirect<T, 2>(p, row, panel0, t == 0, pf, step); break;
-          case 3: TileDirect<T, 3>(p, row, panel0, t == 0, pf, step); break;
-          case 4: TileDirect<T, 4>(p, row, panel0, t == 0, pf, step); break;
-          case 5: TileDirect<T, 5>(p, row, panel0, t == 0, pf, step); break;
-          case 6: TileDirect<T, 6>(p, row, panel0, t == 0, pf, step); break;
-          case 7: TileDirect<T, 7>(p, row, panel0, t == 0, pf, step); break;
-          default: TileDirect<T, 8>(p, row, panel0, t == 0, pf, step); break;
+          case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step); break;
+          case 2: TileDirect<T, 2, W>(p, row, panel0, t == 0, pf, step); break;
+          case 3: TileDirect<T, 3, W>(p, row, panel0, t == 0, pf, step); break;
+          case 4: TileDirect<T, 4, W>(p, row, panel0, t == 0, pf, step); break;
+          case 5: TileDirect<T, W ? 4 : 5, W>(p, row, panel0, t == 0, pf, step); break;
+          case 6: TileDirect<T, W ? 4 : 6, W>(p, row, panel0, t == 0, pf, step); break;
+          case 7: TileDirect<T, W ? 4 : 7, W>(p, row, panel0, t == 0, pf, step); break;
+          default: TileDirect<T, W ? 4 : 8, W>(p, row, panel0, t == 0, pf, step); break;
         }
       }
       return;
@@ -306,32 +354,42 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t row = p.m * t / tiles;
       const int64_t rows = p.m * (t + 1) / tiles - row;
-      RowTile<T, B>(p, row, rows, panel0, b0, b1, b0 == 0, b1 == blocks, ws, fs + row * B * 16);
+      RowTile<T, B, W>(p, row, rows, panel0, b0, b1, b0 == 0, b1 == blocks, ws, fs + row * B * 16);
     }
   }
 }
 
-template <Type T>
+template <Type T, bool W>
 void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   int64_t panel = panel_begin;
   // m <= kDirectRows: one panel at a time (TileDirect), so the weights are one sequential stream.
   if (p.m > kDirectRows) {
-    for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2>(p, panel, panel_end, scratch);
+    for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2, W>(p, panel, panel_end, scratch);
   }
-  for (; panel < panel_end; ++panel) PanelTile<T, 1>(p, panel, panel_end, scratch);
+  for (; panel < panel_end; ++panel) PanelTile<T, 1, W>(p, panel, panel_end, scratch);
+}
+
+template <Type T>
+void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+  if (p.x.lo != nullptr) return PanelsOf<T, true>(p, panel_begin, panel_end, scratch);
+  PanelsOf<T, false>(p, panel_begin, panel_end, scratch);
 }
 
 }  // namespace
 
 void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out) {
   const int64_t blocks = k / kBlock;
+  const bool wide = out.lo != nullptr;  // int16 mode
+  const int32_t qmax = wide ? kI16Max : 127;
   const __m512 fmax = _mm512_set1_ps(3.4028234663852886e38f);
-  const __m512i lim = _mm512_set1_epi32(127);
-  const __m512i neg_lim = _mm512_set1_epi32(-127);
+  const __m512i lim = _mm512_set1_epi32(qmax);
+  const __m512i neg_lim = _mm512_set1_epi32(-qmax);
+  const __m512i half = _mm512_set1_epi32(128);
   for (int64_t r = row_begin; r < row_end; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + r * ldx + b * kBlock;
       int8_t* q = out.q + r * k + b * kBlock;
+      int8_t* lo8 = wide ? out.lo + r * k + b * kBlock : nullptr;
       const int64_t at = r * blocks + b;
       const __m512 lo = _mm512_loadu_ps(xb);
       const __m512 hi = _mm512_loadu_ps(xb + 16);
@@ -341,13 +399,14 @@ void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begi
       const __mmask16 bad = _mm512_cmp_ps_mask(alo, fmax, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(ahi, fmax, _CMP_NLE_UQ);
       if (bad != 0) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_setzero_si256());
+        if (wide) _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo8), _mm256_setzero_si256());
         out.d[at] = __builtin_nanf("");
         out.s[at] = __builtin_nanf("");
         out.sum[at] = 0;
         continue;
       }
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(alo, ahi));
-      const float d = amax / 127.0f;
+      const float d = amax / static_cast<float>(qmax);
       __m512i qlo = _mm512_setzero_si512(), qhi = _mm512_setzero_si512();
       if (d != 0.0f) {
         const __m512 dv = _mm512_set1_ps(d);
@@ -355,9 +414,20 @@ void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begi
         qlo = _mm512_max_epi32(neg_lim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_div_ps(lo, dv))));
         qhi = _mm512_max_epi32(neg_lim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_div_ps(hi, dv))));
       }
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+      if (wide) {
+        // q = 256·hi + lo: hi = (q + 128) >> 8 (arithmetic: floor), lo = q − 256·hi (quant_kernels.h).
+        const __m512i hlo = _mm512_srai_epi32(_mm512_add_epi32(qlo, half), 8);
+        const __m512i hhi = _mm512_srai_epi32(_mm512_add_epi32(qhi, half), 8);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo8),
+                         _mm512_cvtepi32_epi8(_mm512_sub_epi32(qlo, _mm512_slli_epi32(hlo, 8))));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo8 + 16),
+                         _mm512_cvtepi32_epi8(_mm512_sub_epi32(qhi, _mm512_slli_epi32(hhi, 8))));
+        qlo = hlo;
+        qhi = hhi;
+      }
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qlo));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qhi));
-      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
       out.d[at] = d;
       out.sum[at] = sum;
       out.s[at] = d * static_cast<float>(sum);

@@ -1,4 +1,4 @@
-// Portable int8-activation kernels over packed GGUF-quantized weights (activation quantization,
+// Portable int8- and int16-activation kernels over packed GGUF-quantized weights (activation quantization,
 // integer dot products and the fp32 combination order: quant_kernels.h, "int8 activations").
 // Baseline target, -ffp-contract=off: the same bits as the VNNI path (quant_i8_avx512.cc).
 #include <cstring>
@@ -28,10 +28,12 @@ inline float RoundEven(float v) {
 
 void QuantizeActsPortable(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out) {
   const int64_t blocks = k / kBlock;
+  const bool wide = out.lo != nullptr;  // int16 mode
   for (int64_t r = row_begin; r < row_end; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + r * ldx + b * kBlock;
       int8_t* q = out.q + r * k + b * kBlock;
+      int8_t* lo = wide ? out.lo + r * k + b * kBlock : nullptr;
       const int64_t at = r * blocks + b;
       float amax = 0.0f;
       bool finite = true;
@@ -42,18 +44,26 @@ void QuantizeActsPortable(const float* x, int64_t ldx, int64_t k, int64_t row_be
       }
       if (!finite) {
         std::memset(q, 0, kBlock);
+        if (wide) std::memset(lo, 0, kBlock);
         out.d[at] = __builtin_nanf("");
         out.s[at] = __builtin_nanf("");
         out.sum[at] = 0;
         continue;
       }
-      const float d = amax / 127.0f;
+      const float qmax = wide ? static_cast<float>(kI16Max) : 127.0f;
+      const float d = amax / qmax;
       int32_t sum = 0;
       for (int j = 0; j < kBlock; ++j) {
         float v = d != 0.0f ? RoundEven(xb[j] / d) : 0.0f;
-        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        v = v > qmax ? qmax : v < -qmax ? -qmax : v;
         const int32_t vi = static_cast<int32_t>(v);
-        q[j] = static_cast<int8_t>(vi);
+        if (wide) {
+          const int32_t hi = (vi + 128 + 32768) / 256 - 128;  // floor((vi + 128) / 256), a positive division
+          q[j] = static_cast<int8_t>(hi);
+          lo[j] = static_cast<int8_t>(vi - 256 * hi);
+        } else {
+          q[j] = static_cast<int8_t>(vi);
+        }
         sum += vi;
       }
       out.d[at] = d;
@@ -76,10 +86,15 @@ void PanelsI8Portable(const ProblemI8& p, int64_t panel_begin, int64_t panel_end
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* blk = base + b * pbb;
         const uint8_t* qs = blk + sb;
-        const int8_t* xq = p.x.q + r * p.k + b * kBlock;
         const int64_t at = r * blocks + b;
         const float dx = p.x.d[at];
         const float sx = p.x.s[at];
+        // The block's activation quants (int16 mode: 256·hi + lo, the planes' value).
+        int32_t xq[kBlock];
+        for (int j = 0; j < kBlock; ++j) {
+          xq[j] = p.x.q[r * p.k + b * kBlock + j];
+          if (p.x.lo != nullptr) xq[j] = 256 * xq[j] + p.x.lo[r * p.k + b * kBlock + j];
+        }
         for (int l = 0; l < kLanes; ++l) {
           int32_t isum = 0;
           if (p.type == Type::kQ8_0) {
@@ -92,7 +107,7 @@ void PanelsI8Portable(const ProblemI8& p, int64_t panel_begin, int64_t panel_end
             }
           }
           const float dw = F16ToF32(LoadU16(blk + 2 * l));
-          float t = (dw * dx) * static_cast<float>(isum);
+          float t = (dw * dx) * static_cast<float>(isum);  // float(isum): RNE, as VCVTDQ2PS
           if (p.type == Type::kQ4_1) t = t + F16ToF32(LoadU16(blk + 32 + 2 * l)) * sx;
           acc[l] = acc[l] + t;
         }

@@ -59,6 +59,24 @@
 // AMX-INT8 is usable, m >= kAmxMinRows computes the same int32 block sums with TDPBSUD tiles and
 // combines them in the same fp32 order (quant_i8_amx.cc): same bits, so the GEMV (VNNI) and an AMX
 // GEMM still agree row for row.
+//
+// ---- int16 activations (gemmQuant act = "int16"; int8 × 2 planes, same weights and combination) ----
+// As int8, with 16-bit activation quants (~256× less rounding error): per row and block of 32,
+//   d_x = amax / 32639 (fp32 division);  q_j = clamp(roundEven(x_j / d_x), ±32639) (d_x = 0: q = 0);
+//   Σq, s_x = d_x · float(Σq) as above (|Σq| < 2^20, exact in fp32).
+// 32639 = 127·256 + 127, so q splits exactly into two signed bytes q = 256·hi + lo with
+//   hi = floor((q + 128) / 256) ∈ [−127, 127],  lo = q − 256·hi ∈ [−128, 127],
+// stored as two int8 planes (ActsI8::q = hi, ActsI8::lo = lo). The integer block dot is then
+//   isum = 256·Σ q_w·hi + Σ q_w·lo = Σ q_w·q     (int32, exact: |isum| <= 32·128·32639 < 2^27),
+// i.e. two VPDPBUSD chains against the SAME weight operand (no other transform), the bias term
+// −128·Σq (Q8_0) / −8·Σq (Q4_0) taken once with the q of 16 bits. The combination is the int8
+// one: t = (d_w·d_x)·float(isum) (+ m_w·s_x), acc = acc + t — float(isum) may now round (|isum| can
+// pass 2^24), identically on both paths (round to nearest even). Same invariances as int8. AMX is not
+// used for int16 (the VNNI tiles run every m; same bits either way).
+// Why (docs/BENCHMARKS.md, "int16 activations"): SmolLM2-135M's goldens drift 2–5 % per layer with
+// int8 activations — every projection's 8-bit rounding (~0.6–0.9 % relative per GEMM, uniform over q/k/v,
+// o, gate/up, down and the lm_head, not one outlier projection) compounds over 30 layers; 16 bits
+// give ~2e-4.
 #pragma once
 #include <cstdint>
 
@@ -132,15 +150,22 @@ void PanelsAvx512(const Problem& p, int64_t panel_begin, int64_t panel_end, floa
 
 // ---- int8 activations (see the header comment) ----
 
-/** X quantized per 32-block: row r, block b at index r·(k/32) + b; q row-major [m, k]. */
+/**
+ * X quantized per 32-block: row r, block b at index r·(k/32) + b; q (and lo) row-major [m, k].
+ * int8 mode: q the quants, lo = nullptr. int16 mode: the quant is 256·q + lo (both int8 planes).
+ */
 struct ActsI8 {
   int8_t* q;
   float* d;      // d_x
   float* s;      // d_x · float(Σq)
-  int32_t* sum;  // Σq
+  int32_t* sum;  // Σq (of the 16-bit quants in int16 mode)
+  int8_t* lo;    // int16 mode: the low plane; nullptr in int8 mode
 };
 
-/** One int8-activation GEMM: Y[m, n] (f32, row stride ldy) = Q8(X)[m, k] · W[n, k]^T. */
+/** Largest |quant| of the int16 mode: 127·256 + 127, so that q = 256·hi + lo with hi, lo int8. */
+constexpr int32_t kI16Max = 32639;
+
+/** One int8- (x.lo = nullptr) or int16-activation GEMM: Y[m, n] (f32, row stride ldy) = Q(X)[m, k] · W[n, k]^T. */
 struct ProblemI8 {
   ActsI8 x;
   const uint8_t* packed;
@@ -150,7 +175,10 @@ struct ProblemI8 {
   Type type;
 };
 
-/** Quantizes rows [row_begin, row_end) of X [m, k] (row stride ldx) into `out` (same bits on both paths). */
+/**
+ * Quantizes rows [row_begin, row_end) of X [m, k] (row stride ldx) into `out` (same bits on both paths):
+ * int8 quants, or with out.lo != nullptr the int16 ones split into out.q (high) and out.lo (low).
+ */
 void QuantizeActsPortable(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out);
 void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out);
 

@@ -171,8 +171,9 @@ export function checkGgufFinite(sanity: CheckpointSanity, file: string, t: GgufT
  * ({@link checkGgufFinite}) under `sanity` (default: refused).
  * @param mode quantized projections kept as blocks (`'quant'`) or dequantised to bf16 panels (`'bf16'`);
  *   F32/F16/BF16 projections always become bf16 panels.
- * @param act activations of the quantized projections: `'f32'` (weights dequantized on the fly) or
- *   `'int8'` (activations quantized per 32-block, integer dot products; @specd/native `gemmQuant`).
+ * @param act activations of the quantized projections: `'f32'` (weights dequantized on the fly),
+ *   `'int8'` (activations quantized per 32-block, integer dot products; @specd/native `gemmQuant`) or
+ *   `'int16'` (as int8 with 16-bit quants: two int8 dot products per block, within ~2e-4 of fp32).
  */
 export function ggufSource(
   g: GgufFile,
