@@ -62,9 +62,9 @@ def main():
           f"AdamW lr 1e-3, bf16 autocast, seed 0; best validation "
           f"loss {log['best_val']:.4f}. Command: `{a.command}`.", ""]
     if log.get("init"):
-        L += [f"Warm start: training began from the weights of the checkpoint shipped before it (`{log['init']['folder']}`"
-              "), with a fresh optimiser and LR schedule; that checkpoint's own training (its card, in git history) is "
-              "not counted in the steps and tokens here.", ""]
+        L += [f"Warm start: training began from the weights of the checkpoint shipped before it (`models/"
+              f"{Path(log['init']['folder']).name}` as committed before), with a fresh optimiser and LR schedule; that "
+              "checkpoint's own training (its card, in git history) is not counted in the steps and tokens here.", ""]
     L += [
           "## Acceptance length τ (held-out prompts `tools/reference/smollm2/prompts/{chat,plain}.jsonl`)",
           "τ = mean over verify steps of (accepted + 1), EOS ignored, fp32 target; ± is the standard error with prompts "

@@ -81,7 +81,7 @@ D=$W/drafters; rm -rf "$D"; mkdir -p "$D"
 for m in $METHODS; do
   if [ -f "$W/$m/hf/config.json" ]; then
     mkdir -p "$D/$m"; cp "$W/$m"/hf/*.json "$W/$m"/hf/*.safetensors "$D/$m/"  # config, shard index
-    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --out "$D/$m/MODEL_CARD.md" \
+    $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --batch "$BATCH" --out "$D/$m/MODEL_CARD.md" \
         --command "SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
 bash tools/reference/gpu/smollm2.sh (training time spread over calls with RESUME=1)" || true
   fi
