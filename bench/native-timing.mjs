@@ -41,6 +41,7 @@ export const rmsNorm = timed('rmsNorm', real.rmsNorm);
 export const gatedRmsNorm = timed('gatedRmsNorm', real.gatedRmsNorm);
 export const bf16ToF32 = timed('bf16ToF32', real.bf16ToF32);
 export const swigluFused = timed('swigluFused', real.swigluFused);
+export const addF32 = timed('addF32', real.addF32);
 export const kdaRecurrent = timed('kdaRecurrent', real.kdaRecurrent);
 export const kdaChunked = timed('kdaChunked', real.kdaChunked);
 export const kdaGate = timed('kdaGate', real.kdaGate);

@@ -46,3 +46,19 @@ export function swigluFused(gateUp: Float32Array, inter: number, out?: Float32Ar
   addon.swigluFused(gateUp, rows, inter, y);
   return y;
 }
+
+/**
+ * Elementwise `out = a + b` in f32 (one rounding: the same bits as `a[i] + b[i]` stored to a
+ * Float32Array in JavaScript), e.g. a residual add `h += x` as `addF32(h, x, h)`.
+ * @param a Float32Array [n]; @param b Float32Array [n].
+ * @param out optional Float32Array [n], may alias a or b.
+ * @returns Float32Array [n].
+ * @throws SpecdArgumentError on a wrong type or length.
+ */
+export function addF32(a: Float32Array, b: Float32Array, out?: Float32Array): Float32Array {
+  const x = expectArray('addF32', 'a', a, Float32Array);
+  const y = expectArray('addF32', 'b', b, Float32Array, x.length, 'a.length');
+  const o = outArray('addF32', out, Float32Array, x.length, 'a.length');
+  addon.add(x, y, o);
+  return o;
+}

@@ -197,6 +197,7 @@ export interface RawAddon {
   silu(x: Float32Array, out: Float32Array): void;
   swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
   swigluFused(gateUp: Float32Array, rows: number, inter: number, out: Float32Array): void;
+  add(a: Float32Array, b: Float32Array, out: Float32Array): void;
   // sampling.cc
   softmax(x: Float32Array, rows: number, cols: number, temperature: number, out: Float32Array): void;
   argmax(x: Float32Array, rows: number, cols: number, out: Int32Array): void;

@@ -7,6 +7,8 @@
 //   m <= kDirectRows (TileDirect), for each panel (B = 1: the weights are one sequential stream), for
 //     each row tile of <= 8 rows (int16: <= 4), per block: the panel block's 8 VPERMB operands (below)
 //     made in registers and fed straight to 2 VPDPBUSD chains per row, then the fp32 combination;
+//     int16 Q4 at m = 5..16 (DirectPairs): the same over 2 panels at once in row tiles of <= 3 (B = 2: 2
+//     panel streams, each activation broadcast feeds both panels' VPDPBUSD);
 //   m > kDirectRows, for each tile of B panels (B = 2; 1 for the last odd panel):
 //     for each chunk of kChunk blocks (256 k):
 //       transform the chunk's weights once into `scratch` (L1): per panel block 8 × 64-byte operands,
@@ -50,6 +52,20 @@ constexpr int64_t kDirectRows = 16;
 // accumulators spill; from DRAM, one thread, Zen 5, m = 16: Q8_0 lm_head ×1.0–1.3, Q4_1 ×1.0–1.1 faster).
 constexpr int64_t kDirectTileRows = 8;
 constexpr int64_t kDirectTileRowsWide = 4;
+// int16 Q4_0 / Q4_1 at m = 5..kDirectRows (DirectPairs): TileDirect over 2 panels at once (B = 2) in row
+// tiles of <= 3, so each activation broadcast feeds two VPDPBUSD and a tile has 4·R (up to 12) independent
+// int32 chains (VPDPBUSD's latency wants ~8–12 in flight, and a broadcast from memory per VPDPBUSD caps
+// the rate near 0.6–0.85 of the register-only one on Zen 5; B = 1 has 2·R <= 8 chains).
+// One thread, Zen 5, the SmolLM2 Q4_1 shapes, vs B = 1: weights in L2 m = 6–16 ×1.10–1.29; from DRAM
+// m = 8 ×1.0–1.15, m = 16 ×1.04–1.11; 2-thread verify forward (all of gemmQuant) m = 8 ×~1.05, m = 16
+// ×~1.08. Not Q8_0 (two 9.8 KiB panels per tile re-read by the later row tiles: lm_head ×0.7–0.9 at
+// m = 2–8), not m = 1 (×0.85–0.95), not m = 2–4 (the call is bound by the weight stream: L2 ×1.06–1.3 but
+// DRAM ×0.92–1.08, 2-thread verify forward ×0.94–1.0).
+constexpr int64_t kDirectPairRows = 3;
+template <Type T, bool W>
+constexpr bool DirectPairs(int64_t m) {
+  return W && T != Type::kQ8_0 && m >= 5 && m <= kDirectRows;
+}
 
 // VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
 alignas(64) constexpr unsigned char kTranspose[64] = {0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
@@ -181,15 +197,14 @@ void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t 
 }
 
 /**
- * Rows row0 .. row0+R−1 (R <= 8) of one panel: as Tile over all of K, but each panel block's VPERMB
- * operands are made in registers and consumed at once (no round trip through `scratch`). With
- * `stream`, prefetches as TransformChunk does (the next tile pf, else kPrefetchBytes ahead). The same integer block
- * sums (exact in any order) and the same fp32 combination as Tile: the same bits. W (int16 mode): the
- * two chains are the high plane's and the low plane's, isum = 256·high + low.
+ * Rows row0 .. row0+R−1 (R <= 8) of B panels (B = 2 only for DirectPairs): as Tile over all of K, but
+ * each panel block's VPERMB operands are made in registers and consumed at once (no round trip through
+ * `scratch`). With `stream`, prefetches as TransformChunk does (the next tile pf, else kPrefetchBytes
+ * ahead). The same integer block sums (exact in any order) and the same fp32 combination as Tile: the
+ * same bits. W (int16 mode): the two chains are the high plane's and the low plane's, isum = 256·high + low.
  */
-template <Type T, int R, bool W>
+template <Type T, int R, bool W, int B = 1>
 void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, const uint8_t* pf, int64_t pf_step) {
-  constexpr int B = 1;
   constexpr int64_t pbb = PbbOf(T);
   constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
   constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
@@ -321,6 +336,23 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
   // The next tile: up to B panels after this one, within the thread's range (contiguous bytes).
   const int64_t next = panel_end - (panel0 + B) < B ? panel_end - (panel0 + B) : B;
   const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
+  if constexpr (B == 2 && W && T != Type::kQ8_0) {
+    if (p.m <= kDirectRows) {
+      // int16 Q4, m = 5..16 (DirectPairs): balanced row tiles of <= 3 rows over 2 panels; the first streams both.
+      const int64_t tiles = (p.m + kDirectPairRows - 1) / kDirectPairRows;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t row = p.m * t / tiles;
+        const int64_t rows = p.m * (t + 1) / tiles - row;
+        const int64_t step = next * PbbOf(T);
+        switch (rows) {
+          case 1: TileDirect<T, 1, W, 2>(p, row, panel0, t == 0, pf, step); break;
+          case 2: TileDirect<T, 2, W, 2>(p, row, panel0, t == 0, pf, step); break;
+          default: TileDirect<T, 3, W, 2>(p, row, panel0, t == 0, pf, step); break;
+        }
+      }
+      return;
+    }
+  }
   if constexpr (B == 1) {
     if (p.m <= kDirectRows) {
       // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6; int16 <= 4); the first streams the panel from
@@ -362,8 +394,9 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
 template <Type T, bool W>
 void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   int64_t panel = panel_begin;
-  // m <= kDirectRows: one panel at a time (TileDirect), so the weights are one sequential stream.
-  if (p.m > kDirectRows) {
+  // m <= kDirectRows: one panel at a time (TileDirect), so the weights are one sequential stream; int16 Q4
+  // at m = 5..16 two panels at a time (DirectPairs).
+  if (p.m > kDirectRows || DirectPairs<T, W>(p.m)) {
     for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2, W>(p, panel, panel_end, scratch);
   }
   for (; panel < panel_end; ++panel) PanelTile<T, 1, W>(p, panel, panel_end, scratch);

@@ -10,7 +10,15 @@
 //   neox (rotate halves, HF rotate_half / GPT-NeoX): a = v[i], b = v[i + rotaryDim/2]
 //   interleaved (GPT-J / original RoFormer pairs):   a = v[2i], b = v[2i+1]
 // Dimensions >= rotaryDim are copied unchanged (partial rotary). out may alias x.
+//
+// The (c, s) of positions below kCachedPositions are kept in a process-wide table per (theta,
+// rotaryDim), filled on first use by the same formula (so the same bits): a forward calls rope twice
+// per layer on the same positions, and the double cos/sin were most of the call.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "common.h"
@@ -19,6 +27,61 @@
 
 namespace specd {
 namespace {
+
+constexpr int64_t kCachedPositions = int64_t{1} << 15;  // 8 MiB of table for rotaryDim 64
+constexpr size_t kMaxTables = 8;
+
+/** cs[pos * rotary + i] = c_i, cs[pos * rotary + half + i] = s_i for pos < positions. */
+struct RopeTable {
+  double theta;
+  int64_t rotary;
+  int64_t positions;
+  std::vector<float> cs;
+};
+
+/** inv_freq_i = theta^(-2i/rotaryDim) in double (the header's formula). */
+std::vector<double> InvFreq(double theta, int64_t rotary) {
+  std::vector<double> inv(static_cast<size_t>(rotary / 2));
+  for (int64_t i = 0; i < rotary / 2; ++i)
+    inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary));
+  return inv;
+}
+
+/** c and s of position p: c[i], s[i] for i < inv.size(). */
+void CosSin(const std::vector<double>& inv, int64_t p, float* c, float* s) {
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const double angle = static_cast<double>(p) * inv[i];
+    c[i] = static_cast<float>(std::cos(angle));
+    s[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+/** A table of (theta, rotary) covering positions [0, need) (need <= kCachedPositions); thread-safe. */
+std::shared_ptr<const RopeTable> CachedTable(double theta, int64_t rotary, int64_t need) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<const RopeTable>> tables;  // most recently grown last
+  std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<const RopeTable> old;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (tables[i]->theta != theta || tables[i]->rotary != rotary) continue;
+    if (tables[i]->positions >= need) return tables[i];
+    old = tables[i];
+    tables.erase(tables.begin() + static_cast<std::ptrdiff_t>(i));
+    break;
+  }
+  auto t = std::make_shared<RopeTable>();
+  t->theta = theta;
+  t->rotary = rotary;
+  const int64_t have = old ? old->positions : 0;
+  t->positions = std::min(kCachedPositions, std::max({need, 2 * have, int64_t{256}}));
+  t->cs.resize(static_cast<size_t>(t->positions * rotary));
+  if (old) std::memcpy(t->cs.data(), old->cs.data(), old->cs.size() * sizeof(float));
+  const std::vector<double> inv = InvFreq(theta, rotary);
+  for (int64_t p = have; p < t->positions; ++p) CosSin(inv, p, &t->cs[p * rotary], &t->cs[p * rotary + rotary / 2]);
+  if (tables.size() >= kMaxTables) tables.erase(tables.begin());
+  tables.push_back(t);
+  return t;
+}
 
 Napi::Value RopeBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "rope");
@@ -42,29 +105,42 @@ Napi::Value RopeBinding(const Napi::CallbackInfo& info) {
       args.Fail("positions", "values >= 0", "positions[" + std::to_string(t) + "] = " + std::to_string(pp[t]));
   }
   const int64_t half = rotary / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary));
+  int64_t max_pos = -1;
+  for (int64_t t = 0; t < tokens; ++t) max_pos = std::max<int64_t>(max_pos, pp[t]);
+  std::shared_ptr<const RopeTable> table;
+  std::vector<double> inv_freq;  // positions beyond the table only
+  if (half > 0 && max_pos >= 0 && max_pos < kCachedPositions) table = CachedTable(theta, rotary, max_pos + 1);
+  else inv_freq = InvFreq(theta, rotary);
   const float* px = x.Data();
   float* po = out.Data();
   ParallelFor(
       tokens,
       [&](int64_t begin, int64_t end) {  // work per token: heads*headDim (+ cos/sin)
-        std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+        std::vector<float> cs_buf(table ? 0 : static_cast<size_t>(rotary));
         for (int64_t t = begin; t < end; ++t) {
-          for (int64_t i = 0; i < half; ++i) {
-            const double angle = static_cast<double>(pp[t]) * inv_freq[i];
-            c[i] = static_cast<float>(std::cos(angle));
-            s[i] = static_cast<float>(std::sin(angle));
+          const float* c;
+          if (table) {
+            c = table->cs.data() + pp[t] * rotary;
+          } else {
+            CosSin(inv_freq, pp[t], cs_buf.data(), cs_buf.data() + half);
+            c = cs_buf.data();
           }
+          const float* s = c + half;
           for (int64_t h = 0; h < heads; ++h) {
             const float* v = px + (t * heads + h) * head_dim;
             float* o = po + (t * heads + h) * head_dim;
-            for (int64_t i = 0; i < half; ++i) {
-              const int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-              const float a = v[ia], b = v[ib];
-              o[ia] = a * c[i] - b * s[i];
-              o[ib] = b * c[i] + a * s[i];
+            if (neox) {
+              for (int64_t i = 0; i < half; ++i) {
+                const float a = v[i], b = v[i + half];
+                o[i] = a * c[i] - b * s[i];
+                o[i + half] = b * c[i] + a * s[i];
+              }
+            } else {
+              for (int64_t i = 0; i < half; ++i) {
+                const float a = v[2 * i], b = v[2 * i + 1];
+                o[2 * i] = a * c[i] - b * s[i];
+                o[2 * i + 1] = b * c[i] + a * s[i];
+              }
             }
             if (o != v) {
               for (int64_t i = rotary; i < head_dim; ++i) o[i] = v[i];

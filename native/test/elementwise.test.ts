@@ -1,13 +1,16 @@
 // bf16 conversion, RMSNorm (plain, gated, per head), RoPE, SiLU/SwiGLU vs float64 references.
-// These kernels have one (portable) implementation; results must not depend on the ISA setting.
+// These kernels have one (portable) implementation, except SiLU/SwiGLU (also AVX-512, the same bits);
+// results must not depend on the ISA setting.
 import { describe, expect, it } from 'vitest';
 import {
+  addF32,
   applyRope,
   bf16ToF32,
   f32ToBf16,
   gatedRmsNorm,
   rmsNorm,
   rmsNormPerHead,
+  setIsa,
   silu,
   swiglu,
   swigluFused,
@@ -168,6 +171,18 @@ describe('applyRope', () => {
     },
   );
 
+  it('positions past the cached cos/sin table give the bits of the same positions inside it', () => {
+    // rope.cc keeps (c, s) of positions < 2^15 in a table; a call with a larger position computes them
+    // per token (same formula): the two must agree bit for bit.
+    const x = randomF32(3 * 2 * 64, rng(5));
+    const opts = { heads: 2, headDim: 64, theta: 1e5, style: 'neox' } as const;
+    const mixed = applyRope(x, Int32Array.of(7, 1000, 40000), opts); // per token (40000 is past the table)
+    const cached = applyRope(x.subarray(0, 2 * 2 * 64), Int32Array.of(7, 1000), opts);
+    expect(Array.from(mixed.subarray(0, 2 * 2 * 64))).toEqual(Array.from(cached));
+    const again = applyRope(x.subarray(2 * 2 * 64), Int32Array.of(40000), opts);
+    expect(Array.from(mixed.subarray(2 * 2 * 64))).toEqual(Array.from(again));
+  });
+
   it('position 0 is the identity', () => {
     const x = randomF32(2 * 16, rng(1));
     expect(Array.from(applyRope(x, new Int32Array(2), { heads: 1, headDim: 16, theta: 1e6, style: 'neox' }))).toEqual(
@@ -205,6 +220,33 @@ describe('SiLU and SwiGLU', () => {
     }
   });
 
+  it('the portable and AVX-512 paths give the same bits, special values included', () => {
+    const next = rng(11);
+    const n = 4099;
+    const g = randomF32(n, next, 30);
+    const u = randomF32(n, next, 2);
+    const special = [0, -0, Infinity, -Infinity, Number.NaN, 88.72, 88.73, -88.73, 103.9, 104, -104, 1e30, -1e30];
+    g.set(special);
+    const run = (path: 'portable' | 'auto') => {
+      setIsa(path);
+      try {
+        return [
+          silu(g),
+          swiglu(g, u),
+          swigluFused(Float32Array.of(...g.subarray(0, 2048), ...u.subarray(0, 2048)), 2048),
+        ];
+      } finally {
+        setIsa('auto');
+      }
+    };
+    const [a, b] = [run('portable'), run('auto')];
+    for (let i = 0; i < 3; i++) expect(Array.from(b[i]!)).toEqual(Array.from(a[i]!));
+    // g / (1 + exp(-g)) as before: silu(+inf) = inf, silu(-inf) = -inf / inf = NaN, silu(NaN) = NaN
+    expect(a[0]![2]).toBe(Infinity);
+    expect(a[0]![3]).toBeNaN();
+    expect(a[0]![4]).toBeNaN();
+  });
+
   it('swigluFused splits each row into [gate | up]', () => {
     const seed = freshSeed();
     const next = rng(seed);
@@ -220,5 +262,19 @@ describe('SiLU and SwiGLU', () => {
     expect(() => swigluFused(new Float32Array(10), 3)).toThrow(
       'swigluFused: gateUp: expected a length divisible by 2*inter = 6, got Float32Array of length 10',
     );
+  });
+});
+
+describe('addF32', () => {
+  it('gives the bits of the JavaScript sum stored to a Float32Array, in place too', () => {
+    const next = rng(3);
+    const a = randomF32(1001, next, 100);
+    const b = randomF32(1001, next, 1e-3);
+    const ref = new Float32Array(a.length);
+    for (let i = 0; i < a.length; i++) ref[i] = a[i]! + b[i]!;
+    expect(Array.from(addF32(a, b))).toEqual(Array.from(ref));
+    addF32(a, b, a);
+    expect(Array.from(a)).toEqual(Array.from(ref));
+    expect(() => addF32(new Float32Array(3), new Float32Array(2))).toThrow(/addF32: b: expected/);
   });
 });

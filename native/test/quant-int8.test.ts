@@ -369,6 +369,7 @@ describe('gemmQuant act int8 / int16 across paths', () => {
         [1, 61, 576],
         [3, 40, 576], // m <= 16: VPERMB operands made in registers (TileDirect), 1 or 2 row tiles; m > 16: scratch
         [16, 49, 1536],
+        [8, 64, 96], // int16 Q4, m = 5..16: two panels per TileDirect (DirectPairs), here no odd panel left
         [40, 18, 320],
         [120, 33, 576],
       ] as const) {

@@ -9,7 +9,7 @@
  * layer i (REFERENCE.md §2). No linear state: committing a verified prefix truncates the KV.
  */
 
-import { denseBlock, forwardPrologue, sliceColumns } from '@specd/core';
+import { denseBlock, forwardPrologue } from '@specd/core';
 import type {
   CacheGeometry,
   ForwardBatch,
@@ -180,25 +180,27 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
     const qw = H * hd;
     const kw = KV * hd;
     const block = { eps: c.rmsNormEps, intermediate: c.intermediateSize };
+    // q, k, v and the attention output of a layer, reused by every layer of this forward (each is
+    // consumed before the next layer writes it): four allocations per layer fewer.
+    const q = new Float32Array(N * qw);
+    const k = new Float32Array(N * kw);
+    const v = new Float32Array(N * kw);
+    const attnOut = new Float32Array(N * qw);
+    const ropeQ = { ...rope, heads: H };
+    const ropeK = { ...rope, heads: KV };
+    const attnOptions = { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' } as const;
     for (let li = 0; li < this.layers.length; li++) {
       const l = layerStart + li;
       const w = this.layers[li]!;
       // attention of layer l on the normed rows xn: qkv, RoPE, this forward's K/V written, paged attention
       const attention = (xn: Float32Array): Float32Array => {
-        const qkv = w.qkv.apply(xn, N);
-        const q = sliceColumns(qkv, N, qw + 2 * kw, 0, qw);
-        const k = sliceColumns(qkv, N, qw + 2 * kw, qw, kw);
-        const v = sliceColumns(qkv, N, qw + 2 * kw, qw + kw, kw);
-        applyRope(q, positions, { ...rope, heads: H }, q);
-        applyRope(k, positions, { ...rope, heads: KV }, k);
+        splitColumns(w.qkv.apply(xn, N), N, [q, k, v], [qw, kw, kw]);
+        applyRope(q, positions, ropeQ, q);
+        applyRope(k, positions, ropeK, k);
         const kStore = kv.layerStore(2 * l);
         const vStore = kv.layerStore(2 * l + 1);
         writeKvPages(layout, k, v, kStore, vStore, slots);
-        return pagedAttention(q, kStore, vStore, layout, attnBatch, {
-          numHeads: H,
-          scale: 1 / Math.sqrt(hd),
-          mask: 'causal',
-        });
+        return pagedAttention(q, kStore, vStore, layout, attnBatch, attnOptions, attnOut);
       };
       denseBlock(h, N, w, attention, block);
       capture(l + 1);
@@ -311,6 +313,25 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
     this.embed = undefined;
     this.finalNorm = undefined;
     this.lmHeadWeights = undefined;
+  }
+}
+
+/**
+ * Copies the column blocks of `src [rows, sum(widths)]` into `outs[i] [rows, widths[i]]` (the q / k / v
+ * of a fused qkv projection) without allocating.
+ */
+function splitColumns(src: Float32Array, rows: number, outs: readonly Float32Array[], widths: readonly number[]): void {
+  let total = 0;
+  for (const w of widths) total += w;
+  if (src.length !== rows * total)
+    throw new LlamaForwardError(`splitColumns: src: expected [${rows}, ${total}], got length ${src.length}`);
+  for (let r = 0; r < rows; r++) {
+    let col = r * total;
+    for (let i = 0; i < outs.length; i++) {
+      const w = widths[i]!;
+      outs[i]!.set(src.subarray(col, col + w), r * w);
+      col += w;
+    }
   }
 }
 

@@ -8,7 +8,7 @@
  * rank's row-parallel partials over the group (an all-reduce); without it the block is the whole model's.
  */
 
-import { gemmBf16, rmsNorm, swigluFused, type PackedBf16Weights } from '@specd/native';
+import { addF32, gemmBf16, rmsNorm, swigluFused, type PackedBf16Weights } from '@specd/native';
 
 /**
  * A projection y = x·Wᵀ of a block: packed bf16 weights (@specd/native `gemmBf16`), or any linear map
@@ -64,10 +64,10 @@ export function denseBlockOutput(
 ): Float32Array {
   const reduce = options.reduce ?? ((x: Float32Array) => x);
   const o = reduce(project(w.o, a, n));
-  for (let e = 0; e < h.length; e++) h[e] = h[e]! + o[e]!;
+  addF32(h, o, h); // the bits of h[e] + o[e] in JavaScript, without the per-element loop
   const xm = rmsNorm(h, w.postNorm, options.eps);
   const m = reduce(project(w.down, swigluFused(project(w.gateUp, xm, n), options.intermediate), n));
-  for (let e = 0; e < h.length; e++) h[e] = h[e]! + m[e]!;
+  addF32(h, m, h);
   return h;
 }
 

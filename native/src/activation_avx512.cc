@@ -1,0 +1,70 @@
+// AVX-512 SiLU / SwiGLU: activation_kernels.h's ExpF on 16 lanes (two halves of 8 doubles), the same
+// operations in the same order (this file is compiled with -ffp-contract=off, CMakeLists.txt), so the
+// same bits as the portable loops. Called only when isa.cc reports AVX-512. Intrinsics and plain
+// headers only, no STL (ODR, CMakeLists.txt).
+#include <immintrin.h>
+
+#include "activation_kernels.h"
+
+namespace specd {
+namespace act {
+namespace {
+
+/** ExpF of 8 floats (already clamped to [-150, 100] or NaN), as 8 floats. */
+inline __m256 Exp8(__m256 xc) {
+  const __m512d xd = _mm512_cvtps_pd(xc);
+  const __m512d shift = _mm512_set1_pd(0x1.8p+52);
+  const __m512d z = _mm512_mul_pd(_mm512_set1_pd(0x1.71547652b82fep+0 * 32), xd);
+  __m512d kd = _mm512_add_pd(z, shift);
+  const __m512i ki = _mm512_castpd_si512(kd);
+  kd = _mm512_sub_pd(kd, shift);
+  const __m512d r = _mm512_sub_pd(z, kd);
+  const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+  const __m512i* tab = reinterpret_cast<const __m512i*>(kExp2Tab);
+  const __m512i lo = _mm512_permutex2var_epi64(_mm512_loadu_si512(tab), idx, _mm512_loadu_si512(tab + 1));
+  const __m512i hi = _mm512_permutex2var_epi64(_mm512_loadu_si512(tab + 2), idx, _mm512_loadu_si512(tab + 3));
+  const __m512i tv = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
+  const __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(tv, _mm512_slli_epi64(ki, 47)));
+  const __m512d zz = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r),
+                                   _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
+  const __m512d r2 = _mm512_mul_pd(r, r);
+  __m512d y = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r), _mm512_set1_pd(1.0));
+  y = _mm512_add_pd(_mm512_mul_pd(zz, r2), y);
+  return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
+}
+
+/** silu of 16 lanes: g / (1 + ExpF(-g)). */
+inline __m512 Silu16(__m512 g) {
+  __m512 x = _mm512_sub_ps(_mm512_setzero_ps(), g);
+  // x < -150 ? -150 : (x > 100 ? 100 : x), NaN kept (max/min return their second operand on NaN)
+  x = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), x));
+  const __m256 e0 = Exp8(_mm512_castps512_ps256(x));
+  const __m256 e1 = Exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  const __m512 e =
+      _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(e0)), _mm256_castps_pd(e1), 1));
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+inline __mmask16 Tail(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+}  // namespace
+
+void SiluAvx512(const float* g, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Tail(n - i);
+    _mm512_mask_storeu_ps(o + i, m, Silu16(_mm512_maskz_loadu_ps(m, g + i)));
+  }
+}
+
+void SwigluAvx512(const float* g, const float* u, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Tail(n - i);
+    const __m512 s = Silu16(_mm512_maskz_loadu_ps(m, g + i));
+    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
+}  // namespace act
+}  // namespace specd
