@@ -328,6 +328,17 @@ void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int
   }
 }
 
+// Calls fn(t, row0, rows) for the balanced row tiles of m rows, at most max_rows each (m = 13, 8 -> 7 + 6):
+// tiling never changes an output's reduction order.
+template <typename Fn>
+inline void BalancedRowTiles(int64_t m, int64_t max_rows, Fn fn) {
+  const int64_t tiles = (m + max_rows - 1) / max_rows;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t row = m * t / tiles;
+    fn(t, row, m * (t + 1) / tiles - row);
+  }
+}
+
 template <Type T, int B, bool W>
 void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* scratch) {
   uint8_t* ws = scratch;
@@ -339,17 +350,14 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
   if constexpr (B == 2 && W && T != Type::kQ8_0) {
     if (p.m <= kDirectRows) {
       // int16 Q4, m = 5..16 (DirectPairs): balanced row tiles of <= 3 rows over 2 panels; the first streams both.
-      const int64_t tiles = (p.m + kDirectPairRows - 1) / kDirectPairRows;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t row = p.m * t / tiles;
-        const int64_t rows = p.m * (t + 1) / tiles - row;
-        const int64_t step = next * PbbOf(T);
+      const int64_t step = next * PbbOf(T);
+      BalancedRowTiles(p.m, kDirectPairRows, [&](int64_t t, int64_t row, int64_t rows) {
         switch (rows) {
           case 1: TileDirect<T, 1, W, 2>(p, row, panel0, t == 0, pf, step); break;
           case 2: TileDirect<T, 2, W, 2>(p, row, panel0, t == 0, pf, step); break;
           default: TileDirect<T, 3, W, 2>(p, row, panel0, t == 0, pf, step); break;
         }
-      }
+      });
       return;
     }
   }
@@ -358,11 +366,8 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
       // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6; int16 <= 4); the first streams the panel from
       // memory, the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
       constexpr int64_t kTileRows = W ? kDirectTileRowsWide : kDirectTileRows;
-      const int64_t tiles = (p.m + kTileRows - 1) / kTileRows;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t row = p.m * t / tiles;
-        const int64_t rows = p.m * (t + 1) / tiles - row;
-        const int64_t step = next * PbbOf(T);
+      const int64_t step = next * PbbOf(T);
+      BalancedRowTiles(p.m, kTileRows, [&](int64_t t, int64_t row, int64_t rows) {
         // int16 tiles have <= 4 rows: cases 5–8 never run for W (W ? 4 only avoids instantiating them).
         switch (rows) {
           case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step); break;
@@ -374,7 +379,7 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* s
           case 7: TileDirect<T, W ? 4 : 7, W>(p, row, panel0, t == 0, pf, step); break;
           default: TileDirect<T, W ? 4 : 8, W>(p, row, panel0, t == 0, pf, step); break;
         }
-      }
+      });
       return;
     }
   }

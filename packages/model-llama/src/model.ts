@@ -9,7 +9,7 @@
  * layer i (REFERENCE.md §2). No linear state: committing a verified prefix truncates the KV.
  */
 
-import { denseBlock, forwardPrologue } from '@specd/core';
+import { denseBlock, forwardPrologue, sliceColumns } from '@specd/core';
 import type {
   CacheGeometry,
   ForwardBatch,
@@ -194,7 +194,10 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
       const w = this.layers[li]!;
       // attention of layer l on the normed rows xn: qkv, RoPE, this forward's K/V written, paged attention
       const attention = (xn: Float32Array): Float32Array => {
-        splitColumns(w.qkv.apply(xn, N), N, [q, k, v], [qw, kw, kw]);
+        const qkv = w.qkv.apply(xn, N);
+        sliceColumns(qkv, N, qw + 2 * kw, 0, qw, q);
+        sliceColumns(qkv, N, qw + 2 * kw, qw, kw, k);
+        sliceColumns(qkv, N, qw + 2 * kw, qw + kw, kw, v);
         applyRope(q, positions, ropeQ, q);
         applyRope(k, positions, ropeK, k);
         const kStore = kv.layerStore(2 * l);
@@ -313,25 +316,6 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
     this.embed = undefined;
     this.finalNorm = undefined;
     this.lmHeadWeights = undefined;
-  }
-}
-
-/**
- * Copies the column blocks of `src [rows, sum(widths)]` into `outs[i] [rows, widths[i]]` (the q / k / v
- * of a fused qkv projection) without allocating.
- */
-function splitColumns(src: Float32Array, rows: number, outs: readonly Float32Array[], widths: readonly number[]): void {
-  let total = 0;
-  for (const w of widths) total += w;
-  if (src.length !== rows * total)
-    throw new LlamaForwardError(`splitColumns: src: expected [${rows}, ${total}], got length ${src.length}`);
-  for (let r = 0; r < rows; r++) {
-    let col = r * total;
-    for (let i = 0; i < outs.length; i++) {
-      const w = widths[i]!;
-      outs[i]!.set(src.subarray(col, col + w), r * w);
-      col += w;
-    }
   }
 }
 
