@@ -229,6 +229,15 @@ export function ggufSource(
       }
       return bf16Linear(packBf16Weights(bits, n, k));
     },
+    bf16Rows(names, rows, k) {
+      const out = new Uint16Array(rows.reduce((a, b) => a + b, 0) * k);
+      let at = 0;
+      names.forEach((hf, i) => {
+        out.set(f32ToBf16(dequantize(g.tensor(info(hf, [rows[i]!, k]).name))), at);
+        at += rows[i]! * k;
+      });
+      return out;
+    },
     embedding(hf, vocab, dim): EmbeddingTable {
       const t = info(hf, [vocab, dim]);
       const bytes = g.tensor(t.name).bytes;

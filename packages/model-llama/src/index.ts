@@ -38,6 +38,7 @@ export {
   type LinearWeights,
   type LlamaTensorSource,
 } from './weights.js';
+export { CudaLlamaStageModel, loadLlamaCudaStage, type CudaStageOptions } from './cuda-stage.js';
 export {
   checkGgufFinite,
   ggufLlamaConfig,

@@ -8,6 +8,7 @@ import type { GgufFile, ModelPlugin, ModelSource, StageLoadOptions, StageModel }
 import type { QuantActivation } from '@specd/native';
 
 import { LLAMA_ARCHITECTURES, LLAMA_MODEL_TYPES, parseLlamaConfig } from './config.js';
+import { loadLlamaCudaStage, type CudaStageOptions } from './cuda-stage.js';
 import { ggufSource, parseGgufLlamaConfig, type GgufWeightMode } from './gguf.js';
 import { loadLlamaStageAsync, type LlamaLoadOptions } from './model.js';
 import { safetensorsSource } from './weights.js';
@@ -48,6 +49,20 @@ function ggufActivation(): QuantActivation {
   throw new RangeError(`SPECD_GGUF_ACT: expected "f32", "int8" or "int16", got ${JSON.stringify(v)}`);
 }
 
+/**
+ * The CUDA stage's options from a load's: the whole model only (a layer range is refused), `maxTokens` passed on,
+ * CUDA graphs unless `SPECD_CUDA_GRAPHS=0`.
+ * @throws {RangeError} for a layer range.
+ */
+function cudaOptions(options: StageLoadOptions): CudaStageOptions {
+  if (options.layerStart !== undefined || options.layerEnd !== undefined)
+    throw new RangeError('llama: device "cuda" loads the whole model: a layer range (pipeline stage) is not supported');
+  return {
+    ...(options.maxTokens === undefined ? {} : { maxTokens: options.maxTokens }),
+    graphs: process.env.SPECD_CUDA_GRAPHS !== '0',
+  };
+}
+
 export const llamaPlugin: ModelPlugin = Object.freeze({
   // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
   apiVersion: 1,
@@ -55,8 +70,15 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
   modelTypes: LLAMA_MODEL_TYPES,
   architectures: LLAMA_ARCHITECTURES,
   ggufArchitectures: Object.freeze(['llama']),
+  devices: Object.freeze(['cpu', 'cuda'] as const),
   load(source: ModelSource, options?: StageLoadOptions): Promise<StageModel> {
     const c = parseLlamaConfig(source.config, 'neox');
+    if (options?.device === 'cuda')
+      return loadLlamaCudaStage(
+        c,
+        safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers), source.sanity),
+        cudaOptions(options),
+      );
     return loadLlamaStageAsync(
       c,
       safetensorsSource(source.dir, source.weights, progress(options, 3 + 6 * c.numLayers), source.sanity),
@@ -65,6 +87,12 @@ export const llamaPlugin: ModelPlugin = Object.freeze({
   },
   loadGguf(file: GgufFile, options?: StageLoadOptions): Promise<StageModel> {
     const c = parseGgufLlamaConfig(file);
+    if (options?.device === 'cuda')
+      return loadLlamaCudaStage(
+        c,
+        ggufSource(file, 'bf16', progress(options, 3 + 9 * c.numLayers), options.sanity),
+        cudaOptions(options),
+      );
     return loadLlamaStageAsync(
       c,
       ggufSource(file, ggufWeightMode(), progress(options, 3 + 9 * c.numLayers), options?.sanity, ggufActivation()),

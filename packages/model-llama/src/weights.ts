@@ -51,6 +51,12 @@ export interface LlamaTensorSource {
   linear(names: readonly string[], rows: readonly number[], k: number): LinearWeights;
   /** Token embeddings `[vocab, dim]`. */
   embedding(name: string, vocab: number, dim: number): EmbeddingTable;
+  /**
+   * Matrices stacked by rows as plain bf16 bits (not packed for the CPU GEMM; quantized tensors dequantized, then
+   * rounded to bf16): `names[i]` is `[rows[i], k]`; the result is `[Σ rows, k]` row-major. For devices that take
+   * their own layout (the CUDA stage).
+   */
+  bf16Rows(names: readonly string[], rows: readonly number[], k: number): Uint16Array;
 }
 
 /** Thrown for a missing or mis-shaped tensor. */
@@ -87,6 +93,16 @@ export function safetensorsSource(
       const e = bf16Embedding(r.bf16(name, [vocab, dim]), vocab, dim);
       seen(name);
       return e;
+    },
+    bf16Rows(names, rows, k) {
+      const out = new Uint16Array(rows.reduce((a, b) => a + b, 0) * k);
+      let at = 0;
+      names.forEach((name, i) => {
+        out.set(r.bf16(name, [rows[i]!, k]), at);
+        at += rows[i]! * k;
+        seen(name);
+      });
+      return out;
     },
   };
 }

@@ -17,5 +17,5 @@ NAPI_INCLUDE=${NAPI_INCLUDE:-$(node -p "require('path').dirname(require.resolve(
 mkdir -p build
 "$NVCC" -O3 -std=c++17 -arch="$ARCH" -shared -Xcompiler -fPIC,-fvisibility=hidden \
   -DNAPI_VERSION=8 -DNAPI_CPP_EXCEPTIONS -DNODE_ADDON_API_DISABLE_DEPRECATED \
-  -I"$NODE_INCLUDE" -I"$NAPI_INCLUDE" -o build/specd_cuda.node src/kernels.cu src/binding.cc -lcublasLt
+  -I"$NODE_INCLUDE" -I"$NAPI_INCLUDE" -o build/specd_cuda.node src/kernels.cu src/llama.cu src/binding.cc src/llama_runner.cc -lcublasLt
 echo "build:cuda: built build/specd_cuda.node for $ARCH with $("$NVCC" --version | tail -n 2 | head -n 1)"

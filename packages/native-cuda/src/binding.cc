@@ -294,7 +294,7 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   const bool causal = info[16].ToBoolean().Value();
   const int64_t numPages = num(info, 17, "numPages", 1), maxKvLen = num(info, 18, "maxKvLen", 0);
   if (qHeads % kvHeads != 0) throw Napi::RangeError::New(env, "qHeads: must be a multiple of kvHeads");
-  if (headDim > 256) throw Napi::RangeError::New(env, "headDim: at most 256");
+  if (headDim > 256 || headDim % 16 != 0) throw Napi::RangeError::New(env, "headDim: a multiple of 16, at most 256");
   if (maxKvLen > maxBlocks * pageSize) throw Napi::RangeError::New(env, "maxKvLen: more than maxBlocks * pageSize");
   need(info, out, totalQ * qHeads * headDim * 4, "out");
   need(info, q, totalQ * qHeads * headDim * 4, "q");
@@ -315,7 +315,7 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   }
   launched(env,
            specdPagedAttention(
-               static_cast<float*>(out->ptr), static_cast<float*>(g_attnWork), static_cast<float*>(q->ptr),
+               static_cast<float*>(out->ptr), nullptr, static_cast<float*>(g_attnWork), static_cast<float*>(q->ptr),
                static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr),
                static_cast<int32_t*>(kvLens->ptr), static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
                static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks),
@@ -353,7 +353,14 @@ Napi::Value TimeGemm(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, ms / static_cast<double>(reps));
 }
 
+}  // namespace
+
+void RegisterLlama(Napi::Env env, Napi::Object exports);  // llama_runner.cc
+
+namespace {
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  RegisterLlama(env, exports);
   exports.Set("deviceInfo", Napi::Function::New(env, DeviceInfo));
   exports.Set("alloc", Napi::Function::New(env, Alloc));
   exports.Set("free", Napi::Function::New(env, Free));

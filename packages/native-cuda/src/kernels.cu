@@ -39,18 +39,26 @@ __global__ void rmsNormRows(float* out, const float* x, const __nv_bfloat16* w, 
   for (int c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = xr[c] * inv * __bfloat162float(w[c]);
 }
 
-/** Greedy argmax, one block per row (the lowest index among equal maxima, as the CPU path). */
+/**
+ * Greedy argmax, one block per row (the lowest index among equal maxima, as the CPU path); −1 for a row with a
+ * value that is not finite (the CPU path's checkLogitsRow refuses such a row).
+ */
 __global__ void argmaxRows(int32_t* out, const float* x, int cols) {
   __shared__ float best[256];
   __shared__ int idx[256];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
   float b = -INFINITY;
   int bi = 0x7fffffff;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x)
-    if (xr[c] > b) {
-      b = xr[c];
+  int bad = 0;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = xr[c];
+    bad |= !isfinite(v);
+    if (v > b) {
+      b = v;
       bi = c;
     }
+  }
+  bad = __syncthreads_or(bad);
   best[threadIdx.x] = b;
   idx[threadIdx.x] = bi;
   __syncthreads();
@@ -65,7 +73,7 @@ __global__ void argmaxRows(int32_t* out, const float* x, int cols) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = idx[0];
+  if (threadIdx.x == 0) out[blockIdx.x] = bad ? -1 : idx[0];
 }
 
 /** SwiGLU: out[r, j] = silu(gu[r, j]) · gu[r, inter + j] over rows of [gate | up] (2 · inter wide). */
@@ -146,8 +154,16 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
   const int partIdx = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  int s = 0;
-  while (s + 1 < numSeqs && cuSeqlensQ[s + 1] <= row) s++;
+  // the row's sequence: the last s with cuSeqlensQ[s] <= row (rows past the batch's tokens fall to the last
+  // sequence, which a padded batch gives no keys)
+  int s = 0, hi = numSeqs - 1;
+  while (s < hi) {
+    const int mid = (s + hi + 1) / 2;
+    if (cuSeqlensQ[mid] <= row)
+      s = mid;
+    else
+      hi = mid - 1;
+  }
   const int kvHead = head / (qHeads / kvHeads);
   const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
   const int per = (headDim + 31) / 32;
@@ -231,9 +247,11 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
 /**
  * Paged attention, second pass: one warp per (query row, q head) merges its partitions in order (skipping empty
  * ones, so the number of partitions launched for the batch does not touch a query's bits): out = Σ acc_p e^(m_p − M)
- * / Σ l_p e^(m_p − M). A query with no visible key gets zeros.
+ * / Σ l_p e^(m_p − M). A query with no visible key gets zeros. Written as f32 to `out` or, when `out` is null, as
+ * bf16 to `outBf16` (the input of the output projection's GEMM).
  */
-__global__ void attentionMerge(float* out, const float* part, int parts, int qHeads, int headDim) {
+__global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* part, int parts, int qHeads,
+                               int headDim) {
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int lane = threadIdx.x;
@@ -246,14 +264,16 @@ __global__ void attentionMerge(float* out, const float* part, int parts, int qHe
     const float* x = src + p * (2 + headDim);
     if (x[1] > 0.f) L += x[1] * expf(x[0] - M);
   }
-  float* orow = out + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  const int64_t at = (static_cast<int64_t>(row) * qHeads + head) * headDim;
   for (int c = lane; c < headDim; c += 32) {
     float o = 0.f;
     for (int p = 0; p < parts; p++) {
       const float* x = src + p * (2 + headDim);
       if (x[1] > 0.f) o += x[2 + c] * expf(x[0] - M);
     }
-    orow[c] = L > 0.f ? o / L : 0.f;
+    const float r = L > 0.f ? o / L : 0.f;
+    if (out != nullptr) out[at + c] = r;
+    else outBf16[at + c] = __float2bfloat16_rn(r);
   }
 }
 
@@ -336,8 +356,9 @@ cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t work
  * out [m, n] f32 = xb [m, k] bf16 · w [n, k]ᵀ bf16, fp32 accumulation (cuBLASLt, CUBLAS_COMPUTE_32F). Column-major
  * view: C[n, m] = W[k, n]ᵀ · X[k, m] (op(A) = T). `mPad` (≥ m) is the row count the plan is made for: calls with
  * any m ≤ mPad use one algorithm and tile shape, so each row's reduction order does not depend on m (xb holds mPad
- * rows, the padding zeros). The plan (the heuristic's first algorithm without split-K, whose reduction order depends
- * on the grid) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
+ * rows, the padding zeros). `accumulate`: out += xb · wᵀ instead (β = 1, C = D in place: the residual add of a
+ * projection, after the whole reduction, so rows stay independent of m). The plan (the heuristic's first algorithm
+ * without split-K) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
  */
 int specdRope(float* x, const int32_t* positions, int tokens, int heads, int headDim, int rotaryDim, float theta,
               bool neox, cudaStream_t stream) {
@@ -358,21 +379,23 @@ int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v
 
 int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAttnPart; }
 
-int specdPagedAttention(float* out, float* part, const float* q, const float* kPool, const float* vPool,
-                        const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
-                        const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
+int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool,
+                        const float* vPool, const int32_t* cuSeqlensQ, const int32_t* kvLens,
+                        const int32_t* blockTables, const int32_t* positions, int numSeqs, int totalQ, int maxBlocks,
+                        int pageSize, int qHeads, int kvHeads, int headDim, float scale, bool causal, int maxKvLen,
+                        cudaStream_t stream) {
   if (headDim > 32 * kMaxDimPerLane || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
   attentionPartial<<<dim3(totalQ, qHeads, parts), 32 * kAttnWarps, 0, stream>>>(
       part, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
       headDim, scale, causal);
-  attentionMerge<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, part, parts, qHeads, headDim);
+  attentionMerge<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, static_cast<__nv_bfloat16*>(outBf16), part, parts,
+                                                           qHeads, headDim);
   return static_cast<int>(cudaGetLastError());
 }
 
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
-                  void* workspace, size_t workspaceBytes, cudaStream_t stream) {
+                  void* workspace, size_t workspaceBytes, cudaStream_t stream, bool accumulate) {
   (void)m;
   const auto key = std::make_tuple(mPad, n, k, workspaceBytes);
   auto it = g_plans.find(key);
@@ -389,7 +412,7 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
     it = g_plans.emplace(key, plan).first;
   }
   const GemmPlan& p = it->second;
-  const float alpha = 1.f, beta = 0.f;
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   return static_cast<int>(cublasLtMatmul(lt, p.op, &alpha, w, p.a, xb, p.b, &beta, out, p.c, out, p.c, &p.algo,
                                          workspace, workspaceBytes, stream));
 }

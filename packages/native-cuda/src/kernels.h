@@ -17,9 +17,18 @@ int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v
                       int rowFloats, cudaStream_t stream);
 /** Partitions of 256 keys a query of `maxKvLen` keys is split into (the `part` workspace's third dimension). */
 int specdAttentionParts(int maxKvLen);
-int specdPagedAttention(float* out, float* part, const float* q, const float* kPool, const float* vPool,
+/** Paged attention; the result goes to `out` f32 or, when `out` is null, to `outBf16` bf16 ([totalQ, qHeads, headDim]).
+ */
+int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
                         int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
-                  void* workspace, size_t workspaceBytes, cudaStream_t stream);
+                  void* workspace, size_t workspaceBytes, cudaStream_t stream, bool accumulate = false);
+
+// llama.cu: the whole-model runner's fused kernels (see there).
+int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* rows, int numRows, int cols, float eps,
+                     cudaStream_t stream);
+int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,
+                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream);
+int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_t stream);

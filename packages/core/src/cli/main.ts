@@ -7,6 +7,7 @@
  *
  *   specd generate --prompt "The history of the" --max-tokens 32 [--temperature 0.8 --top-p 0.9 --seed 1] [--json]
  *   specd generate --drafter models/kimi-k3-tiny-dflash [--num-draft-tokens 7] --prompt … | --no-spec
+ *   specd generate --model models/smollm2-135m-instruct --device cuda --prompt …   (one NVIDIA GPU; cli/device.ts)
  *   specd --version
  *   specd pd plan configs/pd/kimi-k3-draft-tp4pp8-to-tp32.json [--json] [--prompt-tokens N]   (cli/pd.ts)
  */
@@ -23,14 +24,22 @@ import { loadConfig } from '../config/load.js';
 import { CHECKPOINT_SANITY_MODES, type CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS } from '../engine/sampling-params.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
+import { checkDeviceRows, deviceLine, deviceMaxTokens, deviceOption, draftTokensBound } from './device.js';
 import { registerConfigCommands } from './config-commands.js';
 import { registerPdCommands } from './pd.js';
 import { registerRouterCommand } from './router.js';
 import { registerServeCommand } from './serve.js';
 import { loadDrafter } from '../runtime/drafter.js';
+import type { Device } from '../plugin/model-plugin.js';
 import { loadParallelTarget } from '../runtime/parallel.js';
 import type { LoadedTarget } from '../runtime/target.js';
-import { generateSpeculative, generateTokens, type GenerateResult, type SpecGenerateResult } from './generate.js';
+import {
+  generateSpeculative,
+  generateTokens,
+  type GenerateResult,
+  PREFILL_CHUNK_TOKENS,
+  type SpecGenerateResult,
+} from './generate.js';
 import { defaultModelDir } from './paths.js';
 
 /** The version of `@specd/core` (its package.json, next to src/ and dist/ alike): what `specd --version` prints. */
@@ -90,6 +99,7 @@ interface GenerateFlags {
   ppPartition?: number[];
   tp?: number;
   checkpointSanity?: CheckpointSanityMode;
+  device?: Device;
 }
 
 const listArg = (v: string): number[] => {
@@ -160,8 +170,19 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
     checkpointSanity: flags.checkpointSanity ?? cfg.checkpoint_sanity,
     onWarning: (m: string) => io.stderr.write(`specd: warning: ${m}\n`),
   };
+  const device = flags.device ?? cfg.device;
+  // one sequence: the largest forward is a prefill chunk, or a verify block (cli/device.ts)
+  const deviceRows =
+    device === 'cpu'
+      ? undefined
+      : deviceMaxTokens({
+          prefillChunk: PREFILL_CHUNK_TOKENS,
+          maxSequences: 1,
+          draftTokens: draftTokensBound(choice !== undefined, numDraftTokens),
+        });
   const target: LoadedTarget = await loadParallelTarget(modelDir, cfg.plugins, {
     ...sanity,
+    ...(deviceRows === undefined ? {} : { device, maxTokens: deviceRows }),
     tp,
     pp,
     ...(partition === undefined ? {} : { partition }),
@@ -188,6 +209,8 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
           `the checkpoint is ${JSON.stringify(loaded.drafter.method)}`,
       );
     }
+    if (loaded !== undefined && deviceRows !== undefined)
+      checkDeviceRows(device, deviceRows, 1, loaded.drafter, numDraftTokens);
     const detok = target.tokenizer.createDetokenizer({ skipSpecialTokens: true, promptIds });
     const stream = flags.json !== true;
     const sampling = normalizeSampling({ temperature, topK, topP }); // below 1e-5: greedy, as the server
@@ -207,6 +230,9 @@ async function runGenerate(flags: GenerateFlags, io: CliIo): Promise<void> {
         ? generateTokens(target, genOptions)
         : generateSpeculative(target, loaded.drafter, { ...genOptions, numDraftTokens });
     const m = (result as Partial<SpecGenerateResult>).metrics;
+    // the device's line once the run has sized its KV pool and captured its CUDA graphs
+    const line = deviceLine(device, target.model);
+    if (line !== undefined) io.stderr.write(`specd: ${line}\n`);
     const text = target.tokenizer.decode(result.tokenIds, { skipSpecialTokens: true });
     const n = result.tokenIds.length;
     const tps = result.seconds > 0 ? n / result.seconds : 0;
@@ -326,6 +352,7 @@ export function buildProgram(io: CliIo): Command {
       "layers per pipeline stage, e.g. 3,5 (default: vLLM's even split, the remainder on the stages before the last)",
       listArg,
     )
+    .addOption(deviceOption())
     .addOption(checkpointSanityOption())
     .option(
       '--json',

@@ -1,8 +1,10 @@
 /**
  * `specd serve [--config FILE] [--model DIR] [--drafter DIR | --no-spec] [--host H] [--port P] [--api-key K]
- * [--allowed-hosts a,b] [--metrics-require-key] [--tp T] [--pp P [--pp-partition 3,5]]`: the OpenAI-compatible
- * server (packages/core/src/serve). Flags override the config; with neither --config nor --model it reads the
- * shipped configs/default.json (SmolLM2-135M-Instruct with its fastest drafter on CPU) and serves on 127.0.0.1:8000.
+ * [--allowed-hosts a,b] [--metrics-require-key] [--tp T] [--pp P [--pp-partition 3,5]] [--device cpu|cuda]`: the
+ * OpenAI-compatible server (packages/core/src/serve). Flags override the config; with neither --config nor --model
+ * it reads the shipped configs/default.json (SmolLM2-135M-Instruct with its fastest drafter on CPU) and serves on
+ * 127.0.0.1:8000. `--device cuda` (config `device`) runs the target on one NVIDIA GPU (cli/device.ts): its device
+ * line (GPU, memory, KV pool, CUDA graphs) is logged at info once the server listens.
  * vLLM's names --num-draft-tokens, --served-model-name, --max-model-len and --max-num-seqs override the config's
  * drafter.num_draft_tokens, server.model_name, scheduler.max_sequence_tokens and scheduler.max_running_requests.
  * Sampling defaults: the config's, else the model's generation_config.json, else OpenAI's
@@ -30,6 +32,7 @@ import { describeSampling, resolveSamplingDefaults } from '../config/generation-
 import { loadConfig } from '../config/load.js';
 import type { CheckpointSanityMode } from '../io/checkpoint-sanity.js';
 import type { SpecdConfig } from '../config/load.js';
+import type { Device } from '../plugin/model-plugin.js';
 import { DRAFT_PAGE_SIZE } from '../kv/draft-kv-cache.js';
 import { pdDigest } from '../pd/digest.js';
 import { hasDraftContextFeatures, hasDraftContextTransfer } from '../plugin/drafter-plugin.js';
@@ -37,6 +40,7 @@ import { type AccessPolicy, apiKeyFrom, checkBind } from '../serve/http-guard.js
 import { checkServerContextLength, modelContextLength } from '../serve/limits.js';
 import { SpecdServer, type SpecdServerOptions } from '../serve/server.js';
 import { checkModelPath, chooseDrafter, CliError } from './config-file.js';
+import { checkDeviceRows, deviceLine, deviceMaxTokens, deviceOption, draftTokensBound } from './device.js';
 import { type DrafterChoice, loadDrafter, type LoadedDrafter } from '../runtime/drafter.js';
 import { checkParallelism, loadParallelTarget } from '../runtime/parallel.js';
 import type { LoadedTarget } from '../runtime/target.js';
@@ -83,6 +87,8 @@ export interface ServeFlags {
   maxModelLen?: number;
   /** vLLM's `--max-num-seqs` (overrides config scheduler.max_running_requests). */
   maxNumSeqs?: number;
+  /** vLLM's `--device`: where the target runs (overrides config device). */
+  device?: Device;
 }
 
 /** A started server and what it loaded (close with {@link StartedServer.close}). */
@@ -129,6 +135,13 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   const partition = flags.ppPartition ?? (flags.pp === undefined || flags.pp === par.pp ? par.partition : undefined);
   checkParallelism(tp, pp, partition);
   const role = flags.role ?? cfg.pd.role;
+  const device = flags.device ?? cfg.device;
+  // a GPU stage keeps its KV in device memory, which the PD transfer engines do not read yet
+  if (device !== 'cpu' && role !== 'none')
+    throw new CliError(
+      `--device ${device}: prefill/decode disaggregation (--role / pd.role ${role}) is not available with it yet ` +
+        '(the KV stays on the GPU)',
+    );
   // a prefill instance may be a pipeline (each stage process sends its layers) or a TP group, either side may be a
   // TP group of any size (P's entries are re-split for D's ranks); a pipelined decode side and tp × pp on P are not
   // built yet
@@ -180,8 +193,17 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   if (warning !== undefined) io.stderr.write(`specd: warning: ${warning}\n`);
   const port = flags.port ?? cfg.server.port;
   await checkPortFree(host, port);
+  // the largest forward: a prefill chunk, or a verify step of every running sequence (cli/device.ts)
+  const deviceRows =
+    device === 'cpu'
+      ? undefined
+      : deviceMaxTokens({
+          prefillChunk: sched.prefill_chunk_tokens,
+          maxSequences: sched.max_running_requests,
+          draftTokens: draftTokensBound(choice !== undefined, choice?.numDraftTokens),
+        });
   let t0 = performance.now();
-  stage(io, `loading target ${modelDir} (tp ${tp}, pp ${pp})`);
+  stage(io, `loading target ${modelDir} (tp ${tp}, pp ${pp}${device === 'cpu' ? '' : `, device ${device}`})`);
   const sanity = {
     checkpointSanity: flags.checkpointSanity ?? cfg.checkpoint_sanity,
     onWarning: (m: string) => {
@@ -190,6 +212,7 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
   };
   const target = await loadParallelTarget(modelDir, cfg.plugins, {
     ...sanity,
+    ...(deviceRows === undefined ? {} : { device, maxTokens: deviceRows }),
     tp,
     pp,
     ...(partition === undefined ? {} : { partition }),
@@ -217,6 +240,8 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
         );
       }
       stage(io, `drafter ${drafter.drafter.method} loaded in ${since(t0)}`);
+      if (deviceRows !== undefined)
+        checkDeviceRows(device, deviceRows, sched.max_running_requests, drafter.drafter, choice.numDraftTokens);
     }
     const logger =
       flags.logLevel === 'silent'
@@ -252,6 +277,9 @@ export async function startServe(flags: ServeFlags, io: CliIo): Promise<StartedS
     const calibrationBefore = server.engine.metrics.calibrationMs;
     const url = await server.listen(host, port);
     if (server.engine.metrics.calibrationMs > calibrationBefore) stage(io, `calibrated in ${since(t0)}`);
+    // after the engine allocated the KV pool and calibration captured the first CUDA graphs
+    const line = deviceLine(device, target.model);
+    if (line !== undefined) logger?.info({ device }, line);
     stage(io, `listening on ${url}`);
     return {
       server,
@@ -538,6 +566,7 @@ export function registerServeCommand(program: Command, io: CliIo): void {
       tpArg,
     )
     .option('--disable-log-stats', 'no periodic stats line (default: one every 10 s on the log, as vLLM)')
+    .addOption(deviceOption())
     .addOption(checkpointSanityOption())
     .action(async (flags: ServeFlags) => {
       // the signal handlers are in place before anything loads: a SIGINT / SIGTERM during start-up stops the

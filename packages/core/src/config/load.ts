@@ -11,6 +11,7 @@ import 'reflect-metadata';
 import { container as rootContainer, type DependencyContainer } from 'tsyringe';
 
 import type { CheckpointSanityMode } from '../io/checkpoint-sanity.js';
+import type { Device } from '../plugin/model-plugin.js';
 import { parseStrictJson } from '../io/strict-json.js';
 import { BUILTIN_PLUGIN_PACKAGES, DrafterRegistry, loadPluginPackages, ModelRegistry } from '../plugin/registry.js';
 import { buildConfigSchema } from './schema.js';
@@ -32,6 +33,8 @@ export interface SpecdConfig {
   readonly file?: string;
   /** Absolute target directory; absent: the shipped default. */
   readonly model?: string;
+  /** Where the target runs (default `'cpu'`; `--device` overrides it). */
+  readonly device: Device;
   /** Checkpoint sanity at load (io/checkpoint-sanity.ts): refuse (default) or warn about a non-finite weight. */
   readonly checkpoint_sanity: CheckpointSanityMode;
   /** Absent: the shipped DFlash with the shipped target, else none. */
@@ -153,6 +156,7 @@ export function validateConfig(
   return {
     ...(options.file === undefined ? {} : { file: options.file }),
     ...(c.model === undefined ? {} : { model: resolve(c.model) }),
+    device: c.device,
     checkpoint_sanity: c.checkpoint_sanity,
     ...(drafter === undefined ? {} : { drafter }),
     plugins: c.plugins,

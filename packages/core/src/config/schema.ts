@@ -4,6 +4,7 @@
  * built-in `{"method": "none"}` branch. Core never names a method other than "none".
  *
  *   { "model": "models/kimi-k3-tiny",                     // target checkpoint dir (relative to the file)
+ *     "device": "cpu" | "cuda",                             // where the target runs (default cpu; --device)
  *     "checkpoint_sanity": "refuse" | "warn",               // a non-finite weight refused (default) or warned
  *     "drafter": {"method": "dflash", "path": "…"} | {"method": "none"},
  *     "plugins": ["@specd/model-kimi-k3", "@specd/plugin-dflash"],
@@ -74,6 +75,13 @@ export function buildConfigSchema(drafters: readonly DrafterPlugin[]): Record<st
         description:
           'target checkpoint directory (HF format), relative to the config file; default: the shipped ' +
           'models/kimi-k3-tiny (`specd serve` with neither --config nor --model reads configs/default.json instead)',
+      },
+      device: {
+        enum: ['cpu', 'cuda'],
+        default: 'cpu',
+        description:
+          'where the target runs (`--device` overrides it): "cpu", or "cuda": one NVIDIA GPU through ' +
+          '@specd/native-cuda (`npm run build:cuda`), for model plugins that have a GPU path (Llama) at tp = pp = 1',
       },
       checkpoint_sanity: {
         enum: ['refuse', 'warn'],

@@ -18,7 +18,7 @@
 import { argmax } from '@specd/native';
 
 import type { DraftProposal, RandomSource } from '../plugin/drafter-plugin.js';
-import { sampleFromProbs } from './probs.js';
+import { NonFiniteLogitsError, sampleFromProbs } from './probs.js';
 
 /** Outcome of verifying one sequence's drafts. */
 export interface AcceptResult {
@@ -42,6 +42,22 @@ export function acceptGreedy(drafts: Int32Array, targetLogits: Float32Array, voc
   const top = argmax(targetLogits, vocab);
   let n = 0;
   while (n < k && drafts[n] === top[n]) n++;
+  return { accepted: n, bonus: top[n]! };
+}
+
+/**
+ * Greedy verification from the target's argmax of each verify row (a stage that computes it where its logits live,
+ * `ForwardResult.argmax`): the same decision as {@link acceptGreedy}.
+ * @param drafts `[k]` i32. @param top `[k + 1]` i32: the argmax at the last verified token and at each draft, −1
+ *   for a row that is not finite. @param what names the rows in messages.
+ * @throws {NonFiniteLogitsError} when a row the decision reads (rows 0 … accepted) is not finite.
+ */
+export function acceptGreedyArgmax(drafts: Int32Array, top: Int32Array, what: string): AcceptResult {
+  const k = drafts.length;
+  if (top.length !== k + 1) throw new RangeError(`acceptGreedyArgmax: top: expected [${k + 1}] i32, got ${top.length}`);
+  let n = 0;
+  while (n < k && top[n]! >= 0 && drafts[n] === top[n]) n++;
+  if (top[n]! < 0) throw new NonFiniteLogitsError(`${what} ${n}: the model's output is not finite`);
   return { accepted: n, bonus: top[n]! };
 }
 

@@ -39,11 +39,20 @@ import { CostDraftPolicy, fixedDraftPolicy, type DraftPolicy } from './draft-pol
 import { calibrateStepCosts, type StepCosts } from './step-costs.js';
 import { RequestMetrics, RunMetrics } from './metrics.js';
 import { LogitsProcessor, logitsProcessingProblem } from './logits-processors.js';
-import { checkLogitsRow, nextToken } from './probs.js';
+import { checkLogitsRow, NonFiniteLogitsError, nextToken } from './probs.js';
 import { SeededRandom } from './random.js';
 import { samplingProblem } from './sampling-params.js';
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from './logprobs.js';
-import { accept, commit, committedLogprobs, propose, type Running, type StepContext, verify } from './spec-step.js';
+import {
+  accept,
+  commit,
+  committedLogprobs,
+  propose,
+  type Running,
+  type StepContext,
+  verify,
+  wantsArgmaxOnly,
+} from './spec-step.js';
 import {
   DEFAULT_DRAFT_POLICY,
   EngineError,
@@ -108,7 +117,12 @@ export class SpecEngine {
       throw new EngineError(`SpecEngine: prefillChunk: expected an integer >= 1, got ${this.prefillChunk}`);
     const pageSize = options.pageSize ?? 16;
     const pagesPerSeq = Math.ceil(this.maxTokensPerSequence / pageSize) + 1;
-    const cacheOptions = { pageSize, numPages: this.maxSequences * pagesPerSeq, numSlots: this.maxSequences };
+    const cacheOptions = {
+      pageSize,
+      numPages: this.maxSequences * pagesPerSeq,
+      numSlots: this.maxSequences,
+      maxSequenceLength: this.maxTokensPerSequence,
+    };
     this.cache = target.createCache?.(cacheOptions) ?? new SequenceCache(target.cacheGeometry, cacheOptions);
     this.commitMode = options.commit ?? (hasPrefixCommit(target) ? 'snapshots' : 'replay');
     if (this.commitMode === 'snapshots' && !hasPrefixCommit(target))
@@ -433,7 +447,9 @@ export class SpecEngine {
           ],
         },
         this.cache,
-        { taps: this.taps },
+        // a greedy request without processors or logprobs needs the last row's argmax only (a GPU stage keeps
+        // the logits on the device)
+        { taps: this.taps, argmaxOnly: promptTopN === undefined && wantsArgmaxOnly(r) },
       );
       this.metrics.prefillForwards++;
       this.metrics.prefillTokens += tokens.length;
@@ -446,7 +462,11 @@ export class SpecEngine {
       // a handed-off request sent while it prefills: the chunk's draft context now (the token after each row is known)
       if (req.handoff === true && req.onPrefillChunk !== undefined && end < P) this.context?.flush([r]);
       if (promptTopN !== undefined) this.promptLogprobs(r, res.logits!, p, end, promptTopN);
-      if (end === P) {
+      if (end === P && res.logits === undefined) {
+        first = res.argmax![0]!;
+        if (first < 0)
+          throw new NonFiniteLogitsError(`the logits after prompt position ${P - 1}: the model's output is not finite`);
+      } else if (end === P) {
         const last = promptTopN === undefined ? 0 : end - p - 1;
         const row = res.logits!.subarray(last * this.vocab, (last + 1) * this.vocab);
         checkLogitsRow(row, `the logits after prompt position ${P - 1}`);

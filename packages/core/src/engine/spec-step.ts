@@ -17,6 +17,7 @@ import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model
 import { hasPrefixCommit, hasTreeCommit, type PrefixCommit, type TreeCommit } from '../plugin/stage-capabilities.js';
 import {
   acceptGreedy,
+  acceptGreedyArgmax,
   acceptSampled,
   acceptTreeGreedy,
   isTree,
@@ -302,10 +303,24 @@ export function verify(
   }
   // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
   const snapshots = ctx.commitMode === 'snapshots' && blocks.some((f) => f.tokens.length > 1);
-  const res = ctx.target.forward({ sequences: blocks }, ctx.cache, { taps: ctx.taps, stateSnapshots: snapshots });
+  const argmaxOnly = blocks.every((b) => b.tree === undefined) && seqs.every(wantsArgmaxOnly);
+  const res = ctx.target.forward({ sequences: blocks }, ctx.cache, {
+    taps: ctx.taps,
+    stateSnapshots: snapshots,
+    argmaxOnly,
+  });
   ctx.metrics.verifyForwards++;
   ctx.metrics.decodeForwards++;
   return { blocks, res, checkpoints, snapshots };
+}
+
+/**
+ * True when a sequence's verify needs the target's argmax only — greedy, no logits processors, no logprobs — so a
+ * stage that computes the argmax where its logits live (a GPU stage: {@link ForwardResult.argmax}) need not return
+ * the logits.
+ */
+export function wantsArgmaxOnly(r: Running): boolean {
+  return r.req.sampling.temperature === 0 && r.logits === undefined && r.req.logprobs === undefined;
 }
 
 /** What accept hands to commit. */
@@ -339,6 +354,21 @@ export function accept(
     const block = verified.blocks[i]!;
     const first = row;
     row += block.tokens.length;
+    if (res.logits === undefined) {
+      // an argmax-only forward (wantsArgmaxOnly: greedy, nothing processed): the stage's argmax of each row
+      try {
+        const drafts = block.tokens.subarray(1);
+        const acc = acceptGreedyArgmax(
+          drafts,
+          res.argmax!.subarray(res.logitRowStart[i]!, res.logitRowStart[i + 1]!),
+          'verify row',
+        );
+        outcomes.push({ seq: r, block, row: first, acc, drafts });
+      } catch (err) {
+        failed.set(r.id, new SequenceError(r.id, 'accept', err));
+      }
+      return;
+    }
     const raw = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
     const checkRows = (rows: Iterable<number>): void => {
       for (const x of rows) checkLogitsRow(raw.subarray(x * V, (x + 1) * V), `verify row ${x}`);

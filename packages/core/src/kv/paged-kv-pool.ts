@@ -48,6 +48,12 @@ export interface PagedKvPoolOptions {
   readonly pageSize: number;
   /** Pages in the pool (shared by all sequences). */
   readonly numPages: number;
+  /**
+   * Where the K/V values live (default `'host'`): `'device'` keeps only the page bookkeeping here (page ids, block
+   * tables, slots) for a stage whose pages live in its own device memory (a GPU stage); {@link layerStore} and
+   * transfers of such a pool throw.
+   */
+  readonly storage?: 'host' | 'device';
 }
 
 /** One page of one layer as a byte range of that layer's store ({@link PagedKvPool.layerStore}). */
@@ -75,6 +81,8 @@ export class PagedKvPool {
   readonly floatsPerToken: number;
   readonly pageSize: number;
   readonly numPages: number;
+  /** Where the K/V values live ({@link PagedKvPoolOptions.storage}). */
+  readonly storage: 'host' | 'device';
   private readonly stores = new Map<number, Float32Array>();
   private readonly freePages: number[] = [];
   private readonly seqs = new Map<SequenceId, SeqPages>();
@@ -96,7 +104,9 @@ export class PagedKvPool {
     this.floatsPerToken = floatsPerToken;
     this.pageSize = pageSize;
     this.numPages = numPages;
-    for (const l of layers) this.stores.set(l, sharedFloat32(numPages * pageSize * floatsPerToken));
+    this.storage = options.storage ?? 'host';
+    if (this.storage === 'host')
+      for (const l of layers) this.stores.set(l, sharedFloat32(numPages * pageSize * floatsPerToken));
     for (let p = numPages - 1; p >= 0; p--) this.freePages.push(p);
   }
 
@@ -197,6 +207,8 @@ export class PagedKvPool {
    * here.
    */
   layerStore(layer: number): Float32Array {
+    if (this.storage === 'device')
+      throw new RangeError(`PagedKvPool: layer ${layer}: this pool's K/V live in device memory, not here`);
     const s = this.stores.get(layer);
     if (s === undefined)
       throw new RangeError(`PagedKvPool: layer ${layer} keeps no paged KV (layers [${this.layers.join(', ')}])`);

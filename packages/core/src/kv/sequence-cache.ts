@@ -49,6 +49,13 @@ export interface SequenceCacheOptions {
   readonly numPages: number;
   /** State slots (maximum concurrent sequences). */
   readonly numSlots: number;
+  /**
+   * Tokens one sequence may hold (the engine's `maxTokensPerSequence`; absent: up to the pool): a stage that sizes
+   * per-sequence device structures (a GPU stage's block tables) reads it in `createCache`.
+   */
+  readonly maxSequenceLength?: number;
+  /** Where the paged K/V live ({@link PagedKvPoolOptions.storage}; default `'host'`). */
+  readonly kvStorage?: 'host' | 'device';
 }
 
 /** A saved point of one sequence (KV length + linear state), for rollback after verification. */
@@ -78,6 +85,7 @@ export class SequenceCache {
             floatsPerToken: g.pagedKv.floatsPerToken,
             pageSize: options.pageSize ?? 16,
             numPages: options.numPages,
+            ...(options.kvStorage === undefined ? {} : { storage: options.kvStorage }),
           });
     this.state =
       g.linearState.layers.length === 0

@@ -15,6 +15,7 @@ export {
   type TpComm,
   type StageInfo,
   type StageLoadOptions,
+  type Device,
   type StageModel,
   TensorParallelUnsupportedError,
 } from './model-plugin.js';

@@ -65,7 +65,17 @@ export interface StageLoadOptions {
    * {@link ModelSource.sanity}). Absent: mode `'refuse'`.
    */
   readonly sanity?: CheckpointSanity;
+  /**
+   * Where the model runs (default `'cpu'`): `'cuda'` asks for the plugin's GPU path (one NVIDIA GPU, the whole
+   * model: no layer range). Core refuses it for a plugin whose {@link ModelPlugin.devices} lacks it.
+   */
+  readonly device?: Device;
+  /** Rows of the largest forward, where a device allocates activations up front (the CUDA path; default 2048). */
+  readonly maxTokens?: number;
 }
+
+/** Where a model runs. */
+export type Device = 'cpu' | 'cuda';
 
 /** Static facts about a loaded stage. */
 export interface StageInfo {
@@ -143,11 +153,20 @@ export interface ForwardOptions {
    * without `commitPrefix`.
    */
   readonly stateSnapshots?: boolean;
+  /**
+   * The caller needs only each logit row's argmax (greedy decoding or verification without logits processors or
+   * logprobs): a stage that computes {@link ForwardResult.argmax} where its logits live (a GPU stage) may then leave
+   * `logits` undefined and move token ids instead of `[rows, vocabSize]` f32. Stages without it ignore the flag.
+   */
+  readonly argmaxOnly?: boolean;
 }
 
 /** What a forward returns. */
 export interface ForwardResult {
-  /** Logits `[numLogitRows, vocabSize]` f32 (last stage only; rows in batch order). */
+  /**
+   * Logits `[numLogitRows, vocabSize]` f32 (last stage only; rows in batch order); undefined on a stage without
+   * logits, or when {@link ForwardOptions.argmaxOnly} was asked of a stage that returns {@link argmax}.
+   */
   readonly logits: Float32Array | undefined;
   /** Row ranges into `logits`: sequence `s` has rows [logitRowStart[s], logitRowStart[s+1]); `[numSeqs + 1]` i32. */
   readonly logitRowStart: Int32Array;
@@ -163,6 +182,12 @@ export interface ForwardResult {
    * `Drafter.projectTargetHiddenPartial(taps, …)` for the rest. Absent: every requested tap is in `taps`.
    */
   readonly projection?: Float32Array;
+  /**
+   * Each logit row's argmax `[numLogitRows]` i32 (the lowest index among equal maxima; −1 for a row with a value
+   * that is not finite), given by stages that compute it where the logits live. With
+   * {@link ForwardOptions.argmaxOnly} such a stage may return it without `logits`.
+   */
+  readonly argmax?: Int32Array;
   /** Per-token linear states, when `stateSnapshots` was asked for (opaque; pass to `commitPrefix`). */
   readonly stateSnapshots?: unknown;
 }
@@ -304,6 +329,8 @@ export interface ModelPlugin {
   readonly ggufArchitectures?: readonly string[];
   /** load from a GGUF file (config from its metadata, quantized tensors as the plugin decides). */
   loadGguf?(file: GgufFile, options?: StageLoadOptions): Promise<StageModel>;
+  /** Devices `load` / `loadGguf` run on ({@link StageLoadOptions.device}); absent: `['cpu']`. */
+  readonly devices?: readonly Device[];
   /**
    * Loads rank `options.comm.rank`'s shard of the whole model for tensor parallelism (optional;
    * tensor-parallel/tp-model.ts).

@@ -9,6 +9,8 @@ export {
   sanityOf,
   type LoadedTarget,
   type SanityLoadOptions,
+  type TargetLoadOptions,
+  deviceLoadOptions,
 } from './target.js';
 export {
   checkParallelism,

@@ -13,7 +13,7 @@ import { type LoadProgress, TensorParallelUnsupportedError } from '../plugin/mod
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 import { type StageHost, startPipeline } from '../pipeline/start-pipeline.js';
 import { startTensorParallel } from '../tensor-parallel/tp-model.js';
-import { ggufPathOf, loadTarget, type LoadedTarget, type SanityLoadOptions } from './target.js';
+import { ggufPathOf, loadTarget, type LoadedTarget, type TargetLoadOptions } from './target.js';
 
 /**
  * A parallelism the deployment asks for that cannot be used: a partition whose length is not pp, or
@@ -122,7 +122,7 @@ export async function loadTensorParallelTarget(
  * Parallelism of {@link loadParallelTarget} (the config's `parallelism`, flags applied), and the checkpoint
  * sanity options (applied at tp = pp = 1; tensor- and pipeline-parallel loads keep the default, `'refuse'`).
  */
-export interface ParallelTargetOptions extends SanityLoadOptions {
+export interface ParallelTargetOptions extends TargetLoadOptions {
   readonly tp: number;
   readonly pp: number;
   readonly partition?: readonly number[];
@@ -164,6 +164,10 @@ export async function loadParallelTarget(
 ): Promise<LoadedTarget> {
   const { tp, pp } = options;
   checkParallelism(tp, pp, options.partition);
+  if ((options.device ?? 'cpu') !== 'cpu' && (tp > 1 || pp > 1))
+    throw new ParallelismError(
+      `--device ${options.device} runs the whole model on one GPU: --tp and --pp are not available with it yet`,
+    );
   const tpError = (err: Error): never => {
     throw err instanceof TensorParallelUnsupportedError || err instanceof PluginError
       ? new ParallelismError(`--tp ${tp}: ${err.message}`)

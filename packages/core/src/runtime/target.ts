@@ -16,7 +16,7 @@ import { tokenizerFromGguf } from '../io/gguf-tokenizer.js';
 import { HfConfig } from '../io/hf-config.js';
 import { SafetensorsCheckpoint } from '../io/safetensors-checkpoint.js';
 import { Tokenizer } from '../io/tokenizer.js';
-import type { LoadProgress, StageModel } from '../plugin/model-plugin.js';
+import type { Device, LoadProgress, ModelPlugin, StageLoadOptions, StageModel } from '../plugin/model-plugin.js';
 import { loadPluginPackages, ModelRegistry, PluginError } from '../plugin/registry.js';
 
 /** A loaded target + tokenizer. */
@@ -37,6 +37,30 @@ export interface SanityLoadOptions {
   readonly checkpointSanity?: CheckpointSanityMode;
   /** Where the warnings go (default: a `warning: …` line on stderr). */
   readonly onWarning?: (message: string) => void;
+}
+
+/** Options of {@link loadTarget}: checkpoint sanity and the device. */
+export interface TargetLoadOptions extends SanityLoadOptions {
+  /** Where the model runs (default `'cpu'`; StageLoadOptions.device). */
+  readonly device?: Device;
+  /** Rows of the largest forward, for a device that allocates activations up front (StageLoadOptions.maxTokens). */
+  readonly maxTokens?: number;
+}
+
+/**
+ * The options a plugin's load gets for `device` (and `maxTokens`).
+ * @throws {PluginError} when the plugin does not run on the device (its `devices`, default `['cpu']`).
+ */
+export function deviceLoadOptions(plugin: ModelPlugin, options: TargetLoadOptions): StageLoadOptions {
+  const device = options.device ?? 'cpu';
+  const devices = plugin.devices ?? ['cpu'];
+  if (!devices.includes(device))
+    throw new PluginError(
+      `model plugin ${plugin.name} runs on ${devices.join(', ')} only: --device ${device} is not available for it`,
+    );
+  return device === 'cpu'
+    ? {}
+    : { device, ...(options.maxTokens === undefined ? {} : { maxTokens: options.maxTokens }) };
 }
 
 /** The {@link CheckpointSanity} of one load. */
@@ -126,7 +150,7 @@ export async function loadTarget(
   modelDir: string,
   plugins: readonly string[],
   onProgress?: (p: LoadProgress) => void,
-  options: SanityLoadOptions = {},
+  options: TargetLoadOptions = {},
 ): Promise<LoadedTarget> {
   const sanity = sanityOf(options);
   const container = rootContainer.createChildContainer();
@@ -139,7 +163,11 @@ export async function loadTarget(
     const tokenizer = fs.existsSync(nodePath.join(dir, 'tokenizer.json'))
       ? Tokenizer.load(dir)
       : tokenizerFromGguf(file);
-    const model = await plugin.loadGguf(file, { ...(onProgress === undefined ? {} : { onProgress }), sanity });
+    const model = await plugin.loadGguf(file, {
+      ...(onProgress === undefined ? {} : { onProgress }),
+      sanity,
+      ...deviceLoadOptions(plugin, options),
+    });
     try {
       checkLoadedCheckpoint(sanity, ggufPath, model.info.vocabSize, tokenizer, undefined);
     } catch (err) {
@@ -154,7 +182,10 @@ export async function loadTarget(
   const weights = SafetensorsCheckpoint.open(modelDir);
   let model: StageModel;
   try {
-    model = await plugin.load({ dir: modelDir, config, weights, sanity }, { onProgress });
+    model = await plugin.load(
+      { dir: modelDir, config, weights, sanity },
+      { ...(onProgress === undefined ? {} : { onProgress }), ...deviceLoadOptions(plugin, options) },
+    );
     try {
       checkLoadedCheckpoint(sanity, modelDir, model.info.vocabSize, tokenizer, weights);
     } catch (err) {

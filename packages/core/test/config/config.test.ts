@@ -85,6 +85,8 @@ describe('config schema', () => {
     });
     expect(c.checkpoint_sanity).toBe('refuse');
     expect(check({ checkpoint_sanity: 'warn' }).checkpoint_sanity).toBe('warn');
+    expect(c.device).toBe('cpu');
+    expect(check({ device: 'cuda' }).device).toBe('cuda');
   });
 
   it('resolves model and drafter.path against the file; drafter branches by method', () => {
@@ -121,6 +123,7 @@ describe('config schema', () => {
     ],
     [{ pd: { role: 'both' } }, '$.pd.role: enum: must be one of ["none","prefill","decode"], got "both"'],
     [{ checkpoint_sanity: 'off' }, '$.checkpoint_sanity: enum: must be one of ["refuse","warn"], got "off"'],
+    [{ device: 'tpu' }, '$.device: enum: must be one of ["cpu","cuda"], got "tpu"'],
     [{ pd: { bootstrap: { host: 'h' } } }, '$.pd.bootstrap.port: required: required property is missing'],
     [[], '$: type: must be object, got []'],
   ])('%j → %s', (data, line) => {

@@ -1,0 +1,167 @@
+// bench:gpu, the whole model (issue 18): SmolLM2-135M-Instruct on one GPU through the CUDA stage.
+//   node packages/native-cuda/bench-gpu/llama.mjs [--json FILE] [--new 128] [--batches 1,8,64] [--prefill 512,2048]
+// Measures, in one process:
+// - plain greedy decode: tokens/s and ms per step at 1, 8 and 64 sequences (32-token prompts, 128 new tokens), the
+//   stage's forward called directly with argmaxOnly (the token ids fed back; what a serving loop costs without the
+//   engine), CUDA graphs on, and at 1 sequence off (the launch gaps the graphs remove);
+// - prefill: tokens/s of one forward over 512 and 2,048 prompt tokens (last row's argmax only);
+// - the engine (SpecEngine, what `specd generate` runs): plain greedy decoding and each shipped drafter at its full
+//   draft length (draft policy 'max') on the held-out prompts, 1 sequence, 128 new tokens: tok/s, ×plain, τ;
+// - the bounds: weight bytes ÷ HBM bandwidth (4.8 TB/s, the H200's nominal) per decode step.
+import * as fs from 'node:fs';
+
+import {
+  greedyRequests,
+  haveDrafter,
+  heldOutPrompts,
+  loadGpuDrafter,
+  loadGpuTarget,
+  runEngine,
+} from '../test-gpu/common.mjs';
+
+const args = process.argv.slice(2);
+const opt = (name, dflt) => {
+  const i = args.indexOf(`--${name}`);
+  return i < 0 ? dflt : args[i + 1];
+};
+const NEW = Number(opt('new', '128'));
+const BATCHES = opt('batches', '1,8,64').split(',').map(Number);
+const PREFILL = opt('prefill', '512,2048').split(',').map(Number);
+const PROMPT = 32;
+const HBM = 4.8e12;
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+const gpu = await loadGpuTarget(2048);
+const model = gpu.model;
+const V = model.info.vocabSize;
+const out = { device: undefined, decode: [], prefill: [], engine: [], bounds: {} };
+
+/**
+ * Greedy decode of `batch` sequences: prefill each 32-token prompt, then `NEW` steps of one token per sequence,
+ * every step one forward of `batch` rows with argmaxOnly. @returns ms per step (median of 3 runs).
+ */
+function decode(batch, graphs) {
+  const saved = model.graphs;
+  model.graphs = graphs;
+  const times = [];
+  const gpuMs = -1;
+  for (let rep = 0; rep < 3; rep++) {
+    const cache = model.createCache({
+      pageSize: 16,
+      numPages: batch * (Math.ceil((PROMPT + NEW + 1) / 16) + 1),
+      numSlots: batch,
+      maxSequenceLength: PROMPT + NEW + 1,
+    });
+    let last = new Int32Array(batch);
+    for (let s = 0; s < batch; s++) {
+      cache.add(s);
+      const ids = Int32Array.from({ length: PROMPT }, (_, i) => (7 * s + 13 * i + 100) % V);
+      const r = model.forward({ sequences: [{ id: s, position: 0, tokens: ids, logits: 'last' }] }, cache, {
+        argmaxOnly: true,
+      });
+      last[s] = r.argmax[0];
+    }
+    const t0 = performance.now();
+    for (let step = 0; step < NEW; step++) {
+      const seqs = [];
+      for (let s = 0; s < batch; s++)
+        seqs.push({ id: s, position: PROMPT + step, tokens: Int32Array.of(last[s]), logits: 'last' });
+      const r = model.forward({ sequences: seqs }, cache, { argmaxOnly: true });
+      last = r.argmax;
+    }
+    times.push((performance.now() - t0) / NEW);
+    for (let s = 0; s < batch; s++) cache.finish(s);
+  }
+  model.graphs = saved;
+  return { ms: median(times), gpuMs };
+}
+
+function prefill(tokens) {
+  const times = [];
+  for (let rep = 0; rep < 5; rep++) {
+    const cache = model.createCache({ pageSize: 16, numPages: Math.ceil(tokens / 16) + 1, numSlots: 1 });
+    cache.add(0);
+    const ids = Int32Array.from({ length: tokens }, (_, i) => (31 * i + 7) % V);
+    const t0 = performance.now();
+    model.forward({ sequences: [{ id: 0, position: 0, tokens: ids, logits: 'last' }] }, cache, { argmaxOnly: true });
+    times.push(performance.now() - t0);
+    cache.finish(0);
+  }
+  return median(times.slice(1));
+}
+
+for (const b of BATCHES) {
+  const { ms, gpuMs } = decode(b, true);
+  out.decode.push({ batch: b, graphs: true, msPerStep: ms, gpuMsPerStep: gpuMs, tokPerS: (b * 1000) / ms });
+}
+{
+  const { ms } = decode(1, false);
+  out.decode.push({ batch: 1, graphs: false, msPerStep: ms, gpuMsPerStep: -1, tokPerS: 1000 / ms });
+}
+for (const t of PREFILL) {
+  const ms = prefill(t);
+  out.prefill.push({ tokens: t, ms, tokPerS: (t * 1000) / ms });
+}
+out.device = model.describe();
+const weightBytes = model.runnerInfo().weightBytes;
+out.bounds = { weightBytes, hbmBytesPerS: HBM, stepFloorMs: (weightBytes / HBM) * 1000 };
+
+// the engine: plain and each drafter, one sequence, the held-out prompts
+const prompts = heldOutPrompts(8);
+const reqs = greedyRequests(prompts, NEW);
+const plain = runEngine(model, undefined, reqs);
+const plainTok = (prompts.length * NEW * 1000) / plain.ms;
+out.engine.push({ drafter: 'none', tokPerS: plainTok, xPlain: 1, tau: 1 });
+for (const method of ['eagle3', 'dflash', 'dspark']) {
+  if (!haveDrafter(method)) continue;
+  const drafter = await loadGpuDrafter(method, gpu);
+  try {
+    for (const policy of ['max', 'cost']) {
+      const r = runEngine(model, drafter, reqs, { draftPolicy: policy });
+      const tok = (prompts.length * NEW * 1000) / r.ms;
+      let same = 0;
+      for (const p of prompts) same += JSON.stringify(r.results.get(p.id)) === JSON.stringify(plain.results.get(p.id));
+      out.engine.push({
+        drafter: method,
+        policy,
+        tokPerS: tok,
+        xPlain: tok / plainTok,
+        tau: r.engine.metrics.tauPerStep,
+        drafted: r.engine.metrics.drafted,
+        equalToPlain: `${same}/${prompts.length}`,
+      });
+    }
+  } finally {
+    drafter.dispose();
+  }
+}
+
+const f = (x, d = 1) => x.toFixed(d);
+console.log(`# ${out.device}`);
+console.log(
+  `# bounds: weights ${(weightBytes / 1e6).toFixed(1)} MB bf16 ÷ ${HBM / 1e12} TB/s = ` +
+    `${f(out.bounds.stepFloorMs * 1000, 1)} µs per decode step`,
+);
+console.log(
+  '\n| decode | sequences | CUDA graphs | ms per step | of which the graph on the GPU | tok/s |\n' +
+    '|---|---:|---|---:|---:|---:|',
+);
+for (const d of out.decode)
+  console.log(
+    `| plain greedy | ${d.batch} | ${d.graphs ? 'on' : 'off'} | ${f(d.msPerStep, 3)} | ` +
+      `${d.gpuMsPerStep < 0 ? '' : f(d.gpuMsPerStep, 3)} | ${f(d.tokPerS, 0)} |`,
+  );
+console.log('\n| prefill tokens | ms | tok/s |\n|---:|---:|---:|');
+for (const p of out.prefill) console.log(`| ${p.tokens} | ${f(p.ms, 2)} | ${f(p.tokPerS, 0)} |`);
+console.log(
+  `\n| engine, 1 sequence, ${prompts.length} held-out prompts × ${NEW} tokens | policy | tok/s | ×plain | τ | ` +
+    'greedy equal to plain |\n|---|---|---:|---:|---:|---|',
+);
+for (const e of out.engine)
+  console.log(
+    `| ${e.drafter} | ${e.policy ?? ''} | ${f(e.tokPerS, 0)} | ${f(e.xPlain, 3)} | ${f(e.tau, 3)} | ${e.equalToPlain ?? ''} |`,
+  );
+const json = opt('json', undefined);
+if (json !== undefined) fs.writeFileSync(json, JSON.stringify(out, null, 2));
+model.dispose();

@@ -1,0 +1,89 @@
+// Types of @specd/native-cuda (index.js; the addon's functions in src/binding.cc and src/llama_runner.cc).
+
+/** A device object owned by the addon (a buffer or a runner): opaque to JavaScript. */
+export type DeviceHandle = { readonly __device: unique symbol };
+
+/** The device the addon found. */
+export interface CudaDeviceInfo {
+  readonly name: string;
+  readonly computeCapability: string;
+  readonly totalBytes: number;
+  readonly freeBytes: number;
+}
+
+/** Options of {@link CudaAddon.llamaCreate}. */
+export interface LlamaRunnerOptions {
+  readonly numLayers: number;
+  readonly hiddenSize: number;
+  readonly intermediateSize: number;
+  readonly numHeads: number;
+  readonly numKvHeads: number;
+  readonly headDim: number;
+  readonly vocabSize: number;
+  readonly ropeTheta: number;
+  readonly rmsNormEps: number;
+  /** RoPE pairs (i, i + headDim/2) (true) or (2i, 2i + 1) (false). */
+  readonly neox: boolean;
+  readonly tiedEmbeddings: boolean;
+  /** Rows of the largest forward. */
+  readonly maxTokens: number;
+}
+
+/** What {@link CudaAddon.llamaForward} returns. */
+export interface LlamaRunnerResult {
+  /** The argmax of each logit row `[R]` i32 (−1: the row is not finite). */
+  readonly tokens: Int32Array;
+  /** Residual stream after the last layer `[T, hiddenSize]` f32. */
+  readonly hidden: Float32Array;
+  /** Taps in the order asked, each `[T, hiddenSize]` f32. */
+  readonly taps: Float32Array[];
+  /** `[R, vocabSize]` f32 when asked for. */
+  readonly logits: Float32Array | undefined;
+}
+
+/** What {@link CudaAddon.llamaInfo} returns. */
+export interface LlamaRunnerInfo {
+  readonly weightBytes: number;
+  readonly kvBytes: number;
+  readonly activationBytes: number;
+  readonly maxBlocks: number;
+  /** Captured CUDA graphs (`"16 rows"`, `"16 rows + taps"`). */
+  readonly graphs: string[];
+}
+
+/** The addon (see src/binding.cc and src/llama_runner.cc for each function's contract). */
+export interface CudaAddon {
+  readonly info: CudaDeviceInfo;
+  deviceInfo(): CudaDeviceInfo;
+  synchronize(): void;
+  llamaCreate(options: LlamaRunnerOptions): DeviceHandle;
+  llamaAllocKv(runner: DeviceHandle, pageSize: number, numPages: number, maxModelLen: number): void;
+  llamaSetWeight(runner: DeviceHandle, name: string, layer: number, data: Uint16Array | Float32Array): void;
+  llamaForward(
+    runner: DeviceHandle,
+    ids: Int32Array,
+    positions: Int32Array,
+    slots: Int32Array,
+    cuSeqlensQ: Int32Array,
+    kvLens: Int32Array,
+    blockTables: Int32Array,
+    logitRows: Int32Array,
+    taps: Int32Array,
+    wantLogits: boolean,
+    useGraph: boolean,
+  ): LlamaRunnerResult;
+  llamaLmHead(runner: DeviceHandle, x: Float32Array, rows: number): Float32Array;
+  llamaInfo(runner: DeviceHandle): LlamaRunnerInfo;
+  llamaDispose(runner: DeviceHandle): void;
+  // the single kernels (src/binding.cc): alloc, free, upload, download, gemmBf16, rmsNorm, … (GPU tests)
+  readonly [kernel: string]: unknown;
+}
+
+/** Where the addon is built. */
+export const addonPath: string;
+
+/**
+ * The CUDA addon, checked to see a device.
+ * @throws {Error} one message saying what is missing: the addon not built (how to build it), or no usable device.
+ */
+export function loadCuda(): CudaAddon;

@@ -1,0 +1,699 @@
+// @specd/native-cuda: a whole Llama model on the GPU in one native call per forward (issue 18). The runner owns
+// its device memory (bf16 weights uploaded once, fp32 KV pages, activations sized for `maxTokens` rows, pinned host
+// staging) and one CUDA stream; JavaScript holds an opaque handle and passes each forward's batch metadata as i32
+// arrays (the CPU path's PagedBatch: token ids, positions, KV slots, cuSeqlensQ, kvLens, block tables). A forward
+// returns the argmax of each wanted logit row (−1 where a row is not finite), the residual stream leaving the last
+// layer, the asked taps and, only when asked, the logits: greedy decoding moves token ids, not logits.
+//
+// Per layer: RMSNorm → bf16, q|k|v GEMM, RoPE + KV page write, paged attention → bf16, o GEMM accumulated into the
+// residual (β = 1), RMSNorm → bf16, gate|up GEMM, SwiGLU → bf16, down GEMM accumulated into the residual: nine
+// launches (two for attention). Batches of at most kGraphRows rows run as CUDA graphs, one per (padded row count,
+// tap set), captured at the first forward of each (vLLM's decode graphs): a step is one graph launch. Rows pad to a
+// power of two (padded rows: token 0, position 0, no KV slot, a sequence without keys); the GEMMs of every batch of
+// at most 16 rows use the plan made for 16 rows, so a row's logits are the same bits whether it is decoded alone or
+// verified in a block of up to 16 (greedy speculation equals plain decoding).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <napi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr int kGraphRows = 256;
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+/** Rows a GEMM plan is made for: 16 for every batch of ≤ 16 rows (row invariance), else the padded rows. */
+int gemmRows(int rows) { return rows <= 16 ? 16 : rows <= kGraphRows ? rows : (rows + 127) / 128 * 128; }
+
+int pow2Ceil(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+struct Dims {
+  int layers = 0, hidden = 0, inter = 0, qHeads = 0, kvHeads = 0, headDim = 0, vocab = 0;
+  double ropeTheta = 0;
+  float eps = 0;
+  bool neox = true, tied = true;
+  int pageSize = 0, numPages = 0, maxModelLen = 0, maxTokens = 0;
+};
+
+struct LayerWeights {
+  float* attnNorm = nullptr;
+  void* qkv = nullptr;
+  void* o = nullptr;
+  float* mlpNorm = nullptr;
+  void* gateUp = nullptr;
+  void* down = nullptr;
+};
+
+class CudaFailure : public std::exception {
+ public:
+  explicit CudaFailure(std::string m) : msg(std::move(m)) {}
+  const char* what() const noexcept override { return msg.c_str(); }
+  std::string msg;
+};
+
+void ok(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw CudaFailure(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+void launched(int status, const char* what) {
+  if (status != 0) throw CudaFailure(std::string(what) + " failed with status " + std::to_string(status));
+}
+
+/** The batch of one forward, as given (host i32). */
+struct Batch {
+  int T = 0, S = 0, R = 0;
+  const int32_t *ids = nullptr, *positions = nullptr, *slots = nullptr, *cu = nullptr, *kvLens = nullptr,
+                *tables = nullptr, *logitRows = nullptr;
+};
+
+class LlamaRunner {
+ public:
+  explicit LlamaRunner(const Dims& dims) : d(dims) {
+    qw = d.qHeads * d.headDim;
+    kw = d.kvHeads * d.headDim;
+    maxRows = std::max(d.maxTokens, kGraphRows);
+    mPadMax = gemmRows(maxRows);
+    try {
+      ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) throw CudaFailure("cublasLtCreate failed");
+      ws = dev(kWorkspaceBytes, "cuBLASLt workspace");
+      // activations: every buffer GEMMs read or write holds mPadMax rows (zeroed once: padding rows stay finite)
+      const int64_t M = mPadMax;
+      x = static_cast<float*>(dev(M * d.hidden * 4, "residual"));
+      xb = dev(M * std::max(d.hidden, qw) * 2, "normed rows");
+      qkv = static_cast<float*>(dev(M * (qw + 2 * kw) * 4, "q|k|v"));
+      q = static_cast<float*>(dev(M * qw * 4, "q"));
+      attnB = dev(M * qw * 2, "attention output");
+      gu = static_cast<float*>(dev(M * 2 * d.inter * 4, "gate|up"));
+      hb = dev(M * d.inter * 2, "SwiGLU output");
+      logits = static_cast<float*>(dev(M * d.vocab * 4, "logits"));
+      argmax = static_cast<int32_t*>(dev(M * 4, "argmax"));
+      taps = static_cast<float*>(dev(static_cast<size_t>(d.layers + 1) * maxRows * d.hidden * 4, "taps"));
+      ok(cudaMallocHost(&hArgmax, static_cast<size_t>(maxRows) * 4), "cudaMallocHost (argmax)");
+      layers.resize(d.layers);
+      ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize (the zeroed buffers)");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  /**
+   * Allocates the KV pool (per layer K then V, each [numPages · pageSize, kvHeads · headDim] f32), the RoPE table
+   * and the per-batch structures for sequences of up to maxModelLen tokens. Once per runner.
+   */
+  void allocKv(int pageSize, int numPages, int maxModelLen) {
+    freeKv();
+    kvPhase = true;
+    d.pageSize = pageSize;
+    d.numPages = numPages;
+    d.maxModelLen = maxModelLen;
+    maxBlocks = (maxModelLen + pageSize - 1) / pageSize;
+    poolFloats = static_cast<size_t>(numPages) * pageSize * kw;
+    kvBytes = 2 * poolFloats * 4 * d.layers;
+    kv = static_cast<float*>(dev(kvBytes, "KV pool"));
+    // cos/sin per position, the CPU path's formula (native/src/rope.cc: inv_freq in double, then cos / sin)
+    std::vector<float> cs(static_cast<size_t>(maxModelLen) * d.headDim);
+    const int half = d.headDim / 2;
+    for (int p = 0; p < maxModelLen; p++)
+      for (int i = 0; i < half; i++) {
+        const double inv = std::pow(d.ropeTheta, -2.0 * i / static_cast<double>(d.headDim));
+        const double angle = static_cast<double>(p) * inv;
+        cs[static_cast<size_t>(p) * d.headDim + i] = static_cast<float>(std::cos(angle));
+        cs[static_cast<size_t>(p) * d.headDim + half + i] = static_cast<float>(std::sin(angle));
+      }
+    cosSin = static_cast<float*>(dev(cs.size() * 4, "RoPE table"));
+    ok(cudaMemcpy(cosSin, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (RoPE table)");
+    parts = std::max(1, specdAttentionParts(maxBlocks * pageSize));
+    part = static_cast<float*>(
+        dev(static_cast<size_t>(mPadMax) * d.qHeads * parts * (2 + d.headDim) * 4, "attention partitions"));
+    metaInts = 5 * static_cast<size_t>(maxRows) + 1 + static_cast<size_t>(maxRows) * maxBlocks + maxRows;
+    meta = static_cast<int32_t*>(dev(metaInts * 4, "batch metadata"));
+    ok(cudaMallocHost(&hMeta, metaInts * 4), "cudaMallocHost (batch metadata)");
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize (the zeroed buffers)");
+    kvPhase = false;
+  }
+  bool hasKv() const { return kv != nullptr; }
+
+  /** Frees the KV pool and what was sized with it, and the CUDA graphs (which name its buffers). */
+  void freeKv() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (auto& [k, v] : graphs) cudaGraphExecDestroy(v);
+    graphs.clear();
+    for (void* p : kvAllocs) cudaFree(p);
+    kvAllocs.clear();
+    if (hMeta != nullptr) cudaFreeHost(hMeta);
+    hMeta = nullptr;
+    kv = nullptr;
+    cosSin = nullptr;
+    part = nullptr;
+    meta = nullptr;
+    kvBytes = 0;
+  }
+  ~LlamaRunner() { release(); }
+
+  Dims d;
+  int qw = 0, kw = 0, maxBlocks = 0, maxRows = 0, mPadMax = 0, parts = 0;
+  size_t poolFloats = 0, kvBytes = 0, weightBytes = 0, activationBytes = 0, metaInts = 0;
+  bool disposed = false;
+
+  /** Uploads one weight: `name` of layer `layer` (−1 for the model's own), `bytes` from host `src`. */
+  void setWeight(const std::string& name, int layer, const void* src, size_t bytes) {
+    const size_t D = d.hidden;
+    auto matrix = [&](void** slot, size_t rows, size_t cols) {
+      expect(bytes, rows * cols * 2, name);
+      upload(slot, src, bytes, name);
+    };
+    auto vector = [&](float** slot) {
+      expect(bytes, D * 4, name);
+      upload(reinterpret_cast<void**>(slot), src, bytes, name);
+    };
+    if (layer < 0) {
+      if (name == "embed") return matrix(&embed, d.vocab, D);
+      if (name == "lmHead") return matrix(&lmHead, d.vocab, D);
+      if (name == "finalNorm") return vector(&finalNorm);
+      throw std::invalid_argument("name: unknown model weight " + name);
+    }
+    if (layer >= d.layers) throw std::invalid_argument("layer: " + std::to_string(layer) + " is not a layer");
+    LayerWeights& w = layers[layer];
+    if (name == "attnNorm") return vector(&w.attnNorm);
+    if (name == "qkv") return matrix(&w.qkv, qw + 2 * kw, D);
+    if (name == "o") return matrix(&w.o, D, qw);
+    if (name == "mlpNorm") return vector(&w.mlpNorm);
+    if (name == "gateUp") return matrix(&w.gateUp, 2 * static_cast<size_t>(d.inter), D);
+    if (name == "down") return matrix(&w.down, D, d.inter);
+    throw std::invalid_argument("name: unknown layer weight " + name);
+  }
+
+  /** The first weight not uploaded yet, or "" when the model is complete. */
+  std::string missing() const {
+    if (embed == nullptr) return "embed";
+    if (!d.tied && lmHead == nullptr) return "lmHead";
+    if (finalNorm == nullptr) return "finalNorm";
+    for (int l = 0; l < d.layers; l++) {
+      const LayerWeights& w = layers[l];
+      const std::string at = " of layer " + std::to_string(l);
+      if (w.attnNorm == nullptr) return "attnNorm" + at;
+      if (w.qkv == nullptr) return "qkv" + at;
+      if (w.o == nullptr) return "o" + at;
+      if (w.mlpNorm == nullptr) return "mlpNorm" + at;
+      if (w.gateUp == nullptr) return "gateUp" + at;
+      if (w.down == nullptr) return "down" + at;
+    }
+    return "";
+  }
+
+  /**
+   * One forward of batch `b` (checked by the caller), taps `tapMask` (bit t: tap t), graph replay when `useGraph`
+   * and the batch fits kGraphRows rows. Leaves the results on the device; `fetch` brings them back.
+   */
+  void forward(const Batch& b, uint64_t tapMask, bool useGraph) {
+    const bool graph = useGraph && b.T <= kGraphRows;
+    const int Tp = graph ? pow2Ceil(b.T) : b.T;
+    const int Sp = graph ? Tp : b.S;
+    const int Rp = graph ? Tp : b.R;
+    pack(b, Tp, Sp, Rp);
+    ok(cudaMemcpyAsync(meta, hMeta, metaUsed(Tp, Sp, Rp) * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    if (!graph) {
+      launchAll(Tp, Sp, Rp, tapMask);
+    } else {
+      const std::pair<int, uint64_t> key(Tp, tapMask);
+      auto it = graphs.find(key);
+      if (it == graphs.end()) {
+        launchAll(Tp, Sp, Rp, tapMask);  // this forward's results; makes the GEMM plans outside the capture
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+        try {
+          launchAll(Tp, Sp, Rp, tapMask);
+        } catch (...) {
+          cudaStreamEndCapture(stream, &g);
+          if (g != nullptr) cudaGraphDestroy(g);
+          throw;
+        }
+        ok(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
+        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        ok(e, "cudaGraphInstantiate");
+        graphs.emplace(key, exec);
+      } else {
+        ok(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
+      }
+    }
+  }
+
+  /** Copies the results of the last forward to host memory, then waits for the stream. */
+  void fetch(int T, int R, int32_t* ids, float* hidden, const std::vector<std::pair<int, float*>>& tapOut,
+             float* logitsOut) {
+    ok(cudaMemcpyAsync(hArgmax, argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, stream), "argmax copy");
+    if (hidden != nullptr)
+      ok(cudaMemcpyAsync(hidden, x, static_cast<size_t>(T) * d.hidden * 4, cudaMemcpyDeviceToHost, stream),
+         "hidden copy");
+    for (const auto& [t, dst] : tapOut)
+      ok(cudaMemcpyAsync(dst, taps + static_cast<size_t>(t) * maxRows * d.hidden, static_cast<size_t>(T) * d.hidden * 4,
+                         cudaMemcpyDeviceToHost, stream),
+         "tap copy");
+    if (logitsOut != nullptr)
+      ok(cudaMemcpyAsync(logitsOut, logits, static_cast<size_t>(R) * d.vocab * 4, cudaMemcpyDeviceToHost, stream),
+         "logits copy");
+    ok(cudaStreamSynchronize(stream), "the forward (cudaStreamSynchronize)");
+    std::memcpy(ids, hArgmax, static_cast<size_t>(R) * 4);
+  }
+
+  /**
+   * The output projection alone (no final norm): logits [rows, vocab] f32 of x [rows, hidden] f32 (host), through
+   * the same bf16 rounding and GEMM plans as a forward's lm_head. Uses the forward's scratch buffers.
+   */
+  void lmHeadRows(const float* xHost, int rows, float* out) {
+    const int D = d.hidden;
+    ok(cudaMemcpyAsync(qkv, xHost, static_cast<size_t>(rows) * D * 4, cudaMemcpyHostToDevice, stream), "x copy");
+    launched(specdToBf16(xb, qkv, static_cast<int64_t>(rows) * D, stream), "toBf16");
+    launched(specdGemmBf16(lt, logits, xb, d.tied ? embed : lmHead, gemmRows(rows), gemmRows(rows), d.vocab, D, ws,
+                           kWorkspaceBytes, stream, false),
+             "lm_head GEMM");
+    ok(cudaMemcpyAsync(out, logits, static_cast<size_t>(rows) * d.vocab * 4, cudaMemcpyDeviceToHost, stream),
+       "logits copy");
+    ok(cudaStreamSynchronize(stream), "lm_head (cudaStreamSynchronize)");
+  }
+
+  /** Captured graphs as "rows×taps" labels. */
+  std::vector<std::string> graphLabels() const {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : graphs) out.push_back(std::to_string(k.first) + (k.second ? " rows + taps" : " rows"));
+    return out;
+  }
+
+  void release() {
+    freeKv();
+    for (void* p : allocs) cudaFree(p);
+    allocs.clear();
+    if (hArgmax != nullptr) cudaFreeHost(hArgmax);
+    hArgmax = nullptr;
+    if (lt != nullptr) cublasLtDestroy(lt);
+    lt = nullptr;
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    stream = nullptr;
+    disposed = true;
+  }
+
+ private:
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* ws = nullptr;
+  std::vector<void*> allocs, kvAllocs;  // kvAllocs: what allocKv sized (freed by freeKv)
+  bool kvPhase = false;
+  void *embed = nullptr, *lmHead = nullptr;
+  float* finalNorm = nullptr;
+  std::vector<LayerWeights> layers;
+  float *kv = nullptr, *cosSin = nullptr, *x = nullptr, *qkv = nullptr, *q = nullptr, *gu = nullptr;
+  float *logits = nullptr, *part = nullptr, *taps = nullptr;
+  void *xb = nullptr, *attnB = nullptr, *hb = nullptr;
+  int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
+  std::map<std::pair<int, uint64_t>, cudaGraphExec_t> graphs;
+
+  void* dev(size_t bytes, const char* what) {
+    void* p = nullptr;
+    ok(cudaMalloc(&p, bytes), std::string("cudaMalloc (") + what + ", " + std::to_string(bytes) + " bytes)");
+    (kvPhase ? kvAllocs : allocs).push_back(p);
+    ok(cudaMemset(p, 0, bytes), "cudaMemset");
+    if (!kvPhase) activationBytes += bytes;
+    return p;
+  }
+  static void expect(size_t got, size_t want, const std::string& name) {
+    if (got != want)
+      throw std::invalid_argument(name + ": " + std::to_string(got) + " bytes, expected " + std::to_string(want));
+  }
+  void upload(void** slot, const void* src, size_t bytes, const std::string& name) {
+    if (*slot == nullptr) {
+      ok(cudaMalloc(slot, bytes), "cudaMalloc (weight " + name + ", " + std::to_string(bytes) + " bytes)");
+      allocs.push_back(*slot);
+      weightBytes += bytes;
+    }
+    ok(cudaMemcpy(*slot, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight " + name + ")");
+  }
+
+  // metadata layout: ids[Tp] positions[Tp] slots[Tp] cu[Sp + 1] kvLens[Sp] tables[Sp · maxBlocks] logitRows[Rp]
+  size_t metaUsed(int Tp, int Sp, int Rp) const {
+    return 3 * static_cast<size_t>(Tp) + 2 * static_cast<size_t>(Sp) + 1 + static_cast<size_t>(Sp) * maxBlocks + Rp;
+  }
+  void pack(const Batch& b, int Tp, int Sp, int Rp) {
+    int32_t* m = hMeta;
+    auto put = [&](const int32_t* src, int n, int total, int32_t pad) {
+      std::memcpy(m, src, static_cast<size_t>(n) * 4);
+      std::fill(m + n, m + total, pad);
+      m += total;
+    };
+    put(b.ids, b.T, Tp, 0);
+    put(b.positions, b.T, Tp, 0);
+    put(b.slots, b.T, Tp, -1);
+    put(b.cu, b.S + 1, Sp + 1, b.T);
+    put(b.kvLens, b.S, Sp, 0);
+    put(b.tables, b.S * maxBlocks, Sp * maxBlocks, 0);
+    put(b.logitRows, b.R, Rp, 0);
+  }
+
+  /** Every launch of one forward over Tp rows, Sp sequences and Rp logit rows, metadata already in `meta`. */
+  void launchAll(int Tp, int Sp, int Rp, uint64_t tapMask) {
+    const int D = d.hidden;
+    const int M = gemmRows(Tp), MR = gemmRows(Rp);
+    const int32_t* ids = meta;
+    const int32_t* pos = ids + Tp;
+    const int32_t* slots = pos + Tp;
+    const int32_t* cu = slots + Tp;
+    const int32_t* kvLens = cu + Sp + 1;
+    const int32_t* tables = kvLens + Sp;
+    const int32_t* logitRows = tables + static_cast<size_t>(Sp) * maxBlocks;
+    auto gemm = [&](float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
+      launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
+    };
+    auto tap = [&](int t) {
+      if (tapMask >> t & 1u)
+        ok(cudaMemcpyAsync(taps + static_cast<size_t>(t) * maxRows * D, x, static_cast<size_t>(Tp) * D * 4,
+                           cudaMemcpyDeviceToDevice, stream),
+           "tap copy");
+    };
+    launched(specdEmbed(x, embed, ids, Tp, D, stream), "embed");
+    const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
+    for (int l = 0; l < d.layers; l++) {
+      const LayerWeights& w = layers[l];
+      float* kPool = kv + static_cast<size_t>(2 * l) * poolFloats;
+      float* vPool = kPool + poolFloats;
+      tap(l);
+      launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm");
+      gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM");
+      launched(
+          specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
+          "RoPE + KV write");
+      launched(
+          specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
+                              d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
+          "paged attention");
+      gemm(x, attnB, w.o, M, D, qw, true, "o GEMM");
+      launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm");
+      gemm(gu, xb, w.gateUp, M, 2 * d.inter, D, false, "gate|up GEMM");
+      launched(specdSwigluBf16(hb, gu, Tp, d.inter, stream), "SwiGLU");
+      gemm(x, hb, w.down, M, D, d.inter, true, "down GEMM");
+    }
+    tap(d.layers);
+    launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm");
+    gemm(logits, xb, d.tied ? embed : lmHead, MR, d.vocab, D, false, "lm_head GEMM");
+    launched(specdArgmax(argmax, logits, Rp, d.vocab, stream), "argmax");
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// N-API
+
+LlamaRunner* runnerOf(const Napi::CallbackInfo& info) {
+  if (!info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "runner: expected a handle from llamaCreate");
+  LlamaRunner* r = info[0].As<Napi::External<LlamaRunner>>().Data();
+  if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
+  return r;
+}
+
+int intField(Napi::Object o, const char* key, int lo, int hi = 1 << 30) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string(key) + ": expected a number");
+  const double x = v.As<Napi::Number>().DoubleValue();
+  if (!(x >= lo && x <= hi && x == std::floor(x)))
+    throw Napi::RangeError::New(o.Env(), std::string(key) + ": expected an integer in [" + std::to_string(lo) + ", " +
+                                             std::to_string(hi) + "], got " + std::to_string(x));
+  return static_cast<int>(x);
+}
+
+double numField(Napi::Object o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsNumber() || !(v.As<Napi::Number>().DoubleValue() > 0))
+    throw Napi::RangeError::New(o.Env(), std::string(key) + ": expected a positive number");
+  return v.As<Napi::Number>().DoubleValue();
+}
+
+/**
+ * llamaCreate({numLayers, hiddenSize, intermediateSize, numHeads, numKvHeads, headDim, vocabSize, ropeTheta,
+ * rmsNormEps, neox, tiedEmbeddings, maxTokens}) → a runner handle with its activations for batches of up to
+ * `maxTokens` rows (at least 256: the graph buckets) allocated; the KV pool comes with llamaAllocKv.
+ * @throws RangeError for a bad field; Error naming the failed CUDA call (e.g. cudaMalloc of the KV pool).
+ */
+Napi::Value LlamaCreate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsObject()) throw Napi::TypeError::New(env, "options: expected an object");
+  Napi::Object o = info[0].As<Napi::Object>();
+  Dims d;
+  d.layers = intField(o, "numLayers", 1, 4096);
+  d.hidden = intField(o, "hiddenSize", 1, 1 << 16);
+  d.inter = intField(o, "intermediateSize", 1, 1 << 18);
+  d.qHeads = intField(o, "numHeads", 1, 1024);
+  d.kvHeads = intField(o, "numKvHeads", 1, 1024);
+  d.headDim = intField(o, "headDim", 2, 256);
+  d.vocab = intField(o, "vocabSize", 1, 1 << 24);
+  d.ropeTheta = numField(o, "ropeTheta");
+  d.eps = static_cast<float>(numField(o, "rmsNormEps"));
+  d.neox = o.Get("neox").ToBoolean().Value();
+  d.tied = o.Get("tiedEmbeddings").ToBoolean().Value();
+  d.maxTokens = intField(o, "maxTokens", 1, 1 << 16);
+  if (d.qHeads % d.kvHeads != 0) throw Napi::RangeError::New(env, "numHeads: must be a multiple of numKvHeads");
+  if (d.headDim % 2 != 0) throw Napi::RangeError::New(env, "headDim: must be even");
+  if (d.layers > 63) throw Napi::RangeError::New(env, "numLayers: at most 63 (taps are a 64-bit mask)");
+  try {
+    auto* r = new LlamaRunner(d);
+    return Napi::External<LlamaRunner>::New(env, r, [](Napi::Env, LlamaRunner* p) { delete p; });
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
+/**
+ * llamaAllocKv(runner, pageSize, numPages, maxModelLen): allocates the KV pool (numPages · pageSize tokens, fp32 K
+ * and V of every layer) and the structures for sequences of up to maxModelLen tokens, at once: a pool that does not
+ * fit fails here naming its bytes, never during a forward. A second call replaces the first pool (its contents and
+ * the CUDA graphs are dropped).
+ * @throws RangeError for a bad size; Error naming the failed CUDA call.
+ */
+Napi::Value LlamaAllocKv(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  for (size_t i = 1; i <= 3; i++)
+    if (!info[i].IsNumber()) throw Napi::TypeError::New(env, "pageSize, numPages, maxModelLen: expected numbers");
+  const int pageSize = info[1].As<Napi::Number>().Int32Value(), numPages = info[2].As<Napi::Number>().Int32Value(),
+            maxModelLen = info[3].As<Napi::Number>().Int32Value();
+  if (pageSize < 1 || numPages < 1 || maxModelLen < 1 || maxModelLen > (1 << 20))
+    throw Napi::RangeError::New(env,
+                                "pageSize, numPages, maxModelLen: expected positive integers (maxModelLen <= 2^20)");
+  try {
+    r->allocKv(pageSize, numPages, maxModelLen);
+  } catch (const std::invalid_argument& e) {
+    throw Napi::RangeError::New(env, e.what());
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  return env.Undefined();
+}
+
+/** llamaSetWeight(runner, name, layer, data): uploads a weight (bf16 bits as Uint16Array; norms Float32Array). */
+Napi::Value LlamaSetWeight(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  if (!info[1].IsString()) throw Napi::TypeError::New(env, "name: expected a string");
+  const std::string name = info[1].As<Napi::String>().Utf8Value();
+  if (!info[2].IsNumber()) throw Napi::TypeError::New(env, "layer: expected a number");
+  const int layer = info[2].As<Napi::Number>().Int32Value();
+  if (!info[3].IsTypedArray()) throw Napi::TypeError::New(env, "data: expected a typed array");
+  Napi::TypedArray t = info[3].As<Napi::TypedArray>();
+  const bool isNorm = name == "finalNorm" || name == "attnNorm" || name == "mlpNorm";
+  if (t.TypedArrayType() != (isNorm ? napi_float32_array : napi_uint16_array))
+    throw Napi::TypeError::New(env, name + ": expected " + (isNorm ? "a Float32Array" : "a Uint16Array of bf16 bits"));
+  const uint8_t* src = static_cast<const uint8_t*>(t.ArrayBuffer().Data()) + t.ByteOffset();
+  try {
+    r->setWeight(name, layer, src, t.ByteLength());
+  } catch (const std::invalid_argument& e) {
+    throw Napi::RangeError::New(env, e.what());
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  return env.Undefined();
+}
+
+const int32_t* i32(const Napi::CallbackInfo& info, size_t i, const char* name, size_t length) {
+  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected an Int32Array");
+  Napi::Int32Array a = info[i].As<Napi::Int32Array>();
+  if (a.ElementLength() != length)
+    throw Napi::RangeError::New(info.Env(), std::string(name) + ": length " + std::to_string(a.ElementLength()) +
+                                                ", expected " + std::to_string(length));
+  return a.Data();
+}
+
+/**
+ * llamaForward(runner, ids, positions, slots, cuSeqlensQ, kvLens, blockTables, logitRows, taps, wantLogits,
+ * useGraph) → {tokens, hidden, taps, logits}: T = ids.length token rows of S = kvLens.length sequences (rows
+ * [cuSeqlensQ[s], cuSeqlensQ[s + 1]) are sequence s, its keys kvLens[s] tokens through blockTables[s · maxBlocks …],
+ * maxBlocks = ceil(maxModelLen / pageSize), unused entries 0), every token's K/V written at slots[t] (page ·
+ * pageSize + offset; −1: not written). tokens [R] i32: the argmax of logit row r = the final-normed row
+ * logitRows[r] (−1 if not finite); hidden [T, hiddenSize] f32 after the last layer; taps[i] [T, hiddenSize] f32,
+ * tap taps[i] = the residual entering layer taps[i] (numLayers: after the last); logits [R, vocabSize] f32 when
+ * `wantLogits`, else undefined. Everything is checked here before anything runs on the device.
+ * @throws RangeError naming the argument; Error naming a failed CUDA call.
+ */
+Napi::Value LlamaForward(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  const Dims& d = r->d;
+  auto len = [&](size_t i, const char* name) -> size_t {
+    if (!info[i].IsTypedArray()) throw Napi::TypeError::New(env, std::string(name) + ": expected an Int32Array");
+    return info[i].As<Napi::TypedArray>().ElementLength();
+  };
+  if (!r->hasKv()) throw Napi::Error::New(env, "llamaForward: no KV pool yet (llamaAllocKv)");
+  Batch b;
+  b.T = static_cast<int>(len(1, "ids"));
+  b.S = static_cast<int>(len(5, "kvLens"));
+  b.R = static_cast<int>(len(7, "logitRows"));
+  if (b.T < 1 || b.T > d.maxTokens)
+    throw Napi::RangeError::New(
+        env, "ids: " + std::to_string(b.T) + " tokens, expected 1 to maxTokens " + std::to_string(d.maxTokens));
+  if (b.S < 1 || b.S > b.T) throw Napi::RangeError::New(env, "kvLens: expected 1 to ids.length sequences");
+  if (b.R < 1 || b.R > b.T) throw Napi::RangeError::New(env, "logitRows: expected 1 to ids.length rows");
+  b.ids = i32(info, 1, "ids", b.T);
+  b.positions = i32(info, 2, "positions", b.T);
+  b.slots = i32(info, 3, "slots", b.T);
+  b.cu = i32(info, 4, "cuSeqlensQ", b.S + 1);
+  b.kvLens = i32(info, 5, "kvLens", b.S);
+  b.tables = i32(info, 6, "blockTables", static_cast<size_t>(b.S) * r->maxBlocks);
+  b.logitRows = i32(info, 7, "logitRows", b.R);
+  const int64_t slotsTotal = static_cast<int64_t>(d.numPages) * d.pageSize;
+  auto bad = [&](const std::string& m) { return Napi::RangeError::New(env, m); };
+  for (int t = 0; t < b.T; t++) {
+    if (b.ids[t] < 0 || b.ids[t] >= d.vocab) throw bad("ids[" + std::to_string(t) + "]: outside the vocabulary");
+    if (b.positions[t] < 0 || b.positions[t] >= d.maxModelLen)
+      throw bad("positions[" + std::to_string(t) + "]: outside [0, maxModelLen)");
+    if (b.slots[t] < -1 || b.slots[t] >= slotsTotal)
+      throw bad("slots[" + std::to_string(t) + "]: outside [-1, numPages * pageSize)");
+  }
+  if (b.cu[0] != 0 || b.cu[b.S] != b.T) throw bad("cuSeqlensQ: must start at 0 and end at ids.length");
+  for (int s = 0; s < b.S; s++) {
+    const int n = b.cu[s + 1] - b.cu[s];
+    if (n < 1) throw bad("cuSeqlensQ: sequence " + std::to_string(s) + " has no rows");
+    if (b.kvLens[s] < n || b.kvLens[s] > d.maxModelLen)
+      throw bad("kvLens[" + std::to_string(s) + "]: expected rows of the sequence to maxModelLen");
+    const int used = (b.kvLens[s] + d.pageSize - 1) / d.pageSize;
+    for (int j = 0; j < used; j++) {
+      const int32_t p = b.tables[static_cast<size_t>(s) * r->maxBlocks + j];
+      if (p < 0 || p >= d.numPages)
+        throw bad("blockTables: sequence " + std::to_string(s) + " names page " + std::to_string(p) +
+                  ", outside [0, numPages)");
+    }
+  }
+  for (int i = 0; i < b.R; i++)
+    if (b.logitRows[i] < 0 || b.logitRows[i] >= b.T) throw bad("logitRows: row outside [0, ids.length)");
+  if (!info[8].IsTypedArray() || info[8].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    throw Napi::TypeError::New(env, "taps: expected an Int32Array");
+  Napi::Int32Array tapIds = info[8].As<Napi::Int32Array>();
+  uint64_t mask = 0;
+  for (size_t i = 0; i < tapIds.ElementLength(); i++) {
+    if (tapIds[i] < 0 || tapIds[i] > d.layers) throw bad("taps: a tap outside [0, numLayers]");
+    mask |= uint64_t{1} << tapIds[i];
+  }
+  const bool wantLogits = info[9].ToBoolean().Value();
+  const bool useGraph = info[10].ToBoolean().Value();
+  const std::string missing = r->missing();
+  if (!missing.empty()) throw Napi::Error::New(env, "llamaForward: weight " + missing + " was not uploaded");
+  Napi::Int32Array tokens = Napi::Int32Array::New(env, b.R);
+  Napi::Float32Array hidden = Napi::Float32Array::New(env, static_cast<size_t>(b.T) * d.hidden);
+  Napi::Array tapArrays = Napi::Array::New(env, tapIds.ElementLength());
+  std::vector<std::pair<int, float*>> tapOut;
+  for (size_t i = 0; i < tapIds.ElementLength(); i++) {
+    Napi::Float32Array a = Napi::Float32Array::New(env, static_cast<size_t>(b.T) * d.hidden);
+    tapArrays.Set(static_cast<uint32_t>(i), a);
+    tapOut.emplace_back(tapIds[i], a.Data());
+  }
+  Napi::Value logitsValue = env.Undefined();
+  float* logitsOut = nullptr;
+  if (wantLogits) {
+    Napi::Float32Array a = Napi::Float32Array::New(env, static_cast<size_t>(b.R) * d.vocab);
+    logitsOut = a.Data();
+    logitsValue = a;
+  }
+  try {
+    r->forward(b, mask, useGraph);
+    r->fetch(b.T, b.R, tokens.Data(), hidden.Data(), tapOut, logitsOut);
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("tokens", tokens);
+  out.Set("hidden", hidden);
+  out.Set("taps", tapArrays);
+  out.Set("logits", logitsValue);
+  return out;
+}
+
+/**
+ * llamaLmHead(runner, x, rows) → logits [rows, vocabSize] f32 of x [rows, hiddenSize] f32 (no final norm; rows ≤
+ * maxTokens). @throws RangeError for a mis-sized x; Error naming a failed CUDA call.
+ */
+Napi::Value LlamaLmHead(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+    throw Napi::TypeError::New(env, "x: expected a Float32Array");
+  Napi::Float32Array x = info[1].As<Napi::Float32Array>();
+  const int rows = info[2].As<Napi::Number>().Int32Value();
+  if (rows < 1 || rows > r->d.maxTokens || x.ElementLength() != static_cast<size_t>(rows) * r->d.hidden)
+    throw Napi::RangeError::New(env, "x: expected [rows, hiddenSize] f32 with 1 <= rows <= maxTokens");
+  const std::string missing = r->missing();
+  if (!missing.empty()) throw Napi::Error::New(env, "llamaLmHead: weight " + missing + " was not uploaded");
+  Napi::Float32Array out = Napi::Float32Array::New(env, static_cast<size_t>(rows) * r->d.vocab);
+  try {
+    r->lmHeadRows(x.Data(), rows, out.Data());
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  return out;
+}
+
+/** llamaInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}: sizes and captured graphs. */
+Napi::Value LlamaInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("weightBytes", static_cast<double>(r->weightBytes));
+  o.Set("kvBytes", static_cast<double>(r->kvBytes));
+  o.Set("activationBytes", static_cast<double>(r->activationBytes));
+  o.Set("maxBlocks", r->maxBlocks);
+  const std::vector<std::string> labels = r->graphLabels();
+  Napi::Array g = Napi::Array::New(env, labels.size());
+  for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
+  o.Set("graphs", g);
+  return o;
+}
+
+/** llamaDispose(runner): frees the runner's device memory, graphs and stream now (a later use throws). */
+Napi::Value LlamaDispose(const Napi::CallbackInfo& info) {
+  runnerOf(info)->release();
+  return info.Env().Undefined();
+}
+
+}  // namespace
+
+void RegisterLlama(Napi::Env env, Napi::Object exports) {
+  exports.Set("llamaCreate", Napi::Function::New(env, LlamaCreate));
+  exports.Set("llamaAllocKv", Napi::Function::New(env, LlamaAllocKv));
+  exports.Set("llamaSetWeight", Napi::Function::New(env, LlamaSetWeight));
+  exports.Set("llamaForward", Napi::Function::New(env, LlamaForward));
+  exports.Set("llamaLmHead", Napi::Function::New(env, LlamaLmHead));
+  exports.Set("llamaInfo", Napi::Function::New(env, LlamaInfo));
+  exports.Set("llamaDispose", Napi::Function::New(env, LlamaDispose));
+}

@@ -1,0 +1,86 @@
+// Shared by the GPU tests and benches of the whole-model CUDA path (llama.test.mjs, bench-gpu/llama.mjs): where the
+// SmolLM2 GGUF and its drafters are, the held-out prompts, and loaders for the GPU and CPU targets. Runs from the
+// built code (packages/*/dist) with `node`, never vitest (the GPU machine has no dev dependencies).
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, loadDrafter, loadTarget } from '@specd/core';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+/** The SmolLM2 GGUF folder (SPECD_GGUF_DIR overrides: the GPU machine's staged copy). */
+export const GGUF_DIR = process.env.SPECD_GGUF_DIR ?? path.join(ROOT, 'models/smollm2-135m-instruct');
+/** Drafter folders (SPECD_DRAFTERS_DIR overrides the parent folder). */
+const DRAFTERS_DIR = process.env.SPECD_DRAFTERS_DIR ?? path.join(ROOT, 'models');
+export const DRAFTERS = Object.fromEntries(
+  ['eagle3', 'dflash', 'dspark'].map((m) => [m, path.join(DRAFTERS_DIR, `smollm2-135m-instruct-${m}`)]),
+);
+
+/** Whether a drafter's checkpoint is here. */
+export const haveDrafter = (method) => fs.existsSync(path.join(DRAFTERS[method], 'config.json'));
+
+/**
+ * The first `n` prompts of each held-out set (tools/reference/smollm2/prompts/{chat,plain}.jsonl, chat template
+ * already applied) as {id, ids: Int32Array}.
+ */
+export function heldOutPrompts(n) {
+  const out = [];
+  for (const domain of ['chat', 'plain']) {
+    const lines = fs
+      .readFileSync(path.join(ROOT, 'tools/reference/smollm2/prompts', `${domain}.jsonl`), 'utf8')
+      .trim()
+      .split('\n')
+      .slice(0, n);
+    for (const l of lines) {
+      const row = JSON.parse(l);
+      out.push({ id: row.id, ids: Int32Array.from(row.prompt_token_ids) });
+    }
+  }
+  return out;
+}
+
+/** The SmolLM2 target on the GPU (`maxTokens` rows per forward at most). */
+export const loadGpuTarget = (maxTokens = 2048) =>
+  loadTarget(GGUF_DIR, BUILTIN_PLUGIN_PACKAGES, undefined, { device: 'cuda', maxTokens });
+
+/**
+ * The SmolLM2 target on the CPU with the GPU's weights (the GGUF dequantized to bf16) and fp32 activations: the
+ * reference the GPU's logits are compared with.
+ */
+export async function loadCpuReference() {
+  const saved = [process.env.SPECD_GGUF_WEIGHTS, process.env.SPECD_GGUF_ACT];
+  process.env.SPECD_GGUF_WEIGHTS = 'bf16';
+  process.env.SPECD_GGUF_ACT = 'f32';
+  try {
+    return await loadTarget(GGUF_DIR, BUILTIN_PLUGIN_PACKAGES);
+  } finally {
+    if (saved[0] === undefined) delete process.env.SPECD_GGUF_WEIGHTS;
+    else process.env.SPECD_GGUF_WEIGHTS = saved[0];
+    if (saved[1] === undefined) delete process.env.SPECD_GGUF_ACT;
+    else process.env.SPECD_GGUF_ACT = saved[1];
+  }
+}
+
+/** Loads a drafter for `target` (sequences of up to 1,024 tokens, `maxSeqs` at once). */
+export const loadGpuDrafter = (method, target, maxSeqs = 1) =>
+  loadDrafter(DRAFTERS[method], BUILTIN_PLUGIN_PACKAGES, target, 1024, maxSeqs).then((d) => d.drafter);
+
+/** Greedy requests over `prompts`, EOS ignored. */
+export const greedyRequests = (prompts, maxTokens) =>
+  prompts.map((p) => ({
+    id: p.id,
+    promptIds: p.ids,
+    maxTokens,
+    sampling: { temperature: 0 },
+    seed: 0,
+    ignoreEos: true,
+  }));
+
+/** Runs `requests` through a fresh engine; returns {results: Map id → tokenIds, engine, ms}. */
+export function runEngine(model, drafter, requests, options = {}) {
+  const engine = new SpecEngine(model, drafter, { maxSequences: 1, maxTokensPerSequence: 1024, ...options });
+  const t0 = performance.now();
+  const out = engine.run(requests);
+  const ms = performance.now() - t0;
+  return { results: new Map(out.map((r) => [r.id, Array.from(r.tokenIds)])), engine, ms };
+}

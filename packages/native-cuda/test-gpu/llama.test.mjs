@@ -1,0 +1,223 @@
+// SmolLM2-135M-Instruct on the GPU (issue 18), through the same contracts as the CPU: the CUDA stage's logits
+// against the CPU path with the same bf16 weights, greedy continuations compared, greedy speculation with each
+// shipped drafter equal to plain GPU decoding token for token, a batch equal to each sequence alone, malformed
+// input refused without touching the cache, and `specd serve --device cuda` answering a chat request. Run on a GPU
+// machine with `node --test packages/native-cuda/test-gpu/` (npm run test:gpu).
+import * as assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import * as path from 'node:path';
+import { after, before, test } from 'node:test';
+
+import {
+  GGUF_DIR,
+  ROOT,
+  greedyRequests,
+  haveDrafter,
+  heldOutPrompts,
+  loadCpuReference,
+  loadGpuDrafter,
+  loadGpuTarget,
+  runEngine,
+} from './common.mjs';
+
+let gpu;
+let prompts;
+before(async () => {
+  gpu = await loadGpuTarget(1024);
+  prompts = heldOutPrompts(4);
+  console.log(`# ${gpu.model.describe()}`);
+});
+after(() => gpu?.model.dispose());
+
+/** One prefill of `ids` with every row's logits, in a fresh cache of the GPU stage. */
+function prefillLogits(model, ids) {
+  const cache = model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
+  cache.add(1);
+  const res = model.forward({ sequences: [{ id: 1, position: 0, tokens: ids, logits: 'all' }] }, cache);
+  cache.finish(1);
+  return res.logits;
+}
+
+test('logits within bf16 tolerance of the CPU path with the same bf16 weights (fp32 activations)', async () => {
+  const cpu = await loadCpuReference();
+  try {
+    const { SequenceCache } = await import('@specd/core');
+    const V = gpu.model.info.vocabSize;
+    let worst = 0;
+    let agree = 0;
+    let rows = 0;
+    for (const p of prompts) {
+      const cpuCache = new SequenceCache(cpu.model.cacheGeometry, { pageSize: 16, numPages: 64, numSlots: 1 });
+      cpuCache.add(1);
+      const ref = cpu.model.forward(
+        { sequences: [{ id: 1, position: 0, tokens: p.ids, logits: 'all' }] },
+        cpuCache,
+      ).logits;
+      const got = prefillLogits(gpu.model, p.ids);
+      let maxRef = 0;
+      let maxDiff = 0;
+      let sumDiff = 0;
+      let sumRef = 0;
+      for (let i = 0; i < ref.length; i++) {
+        maxRef = Math.max(maxRef, Math.abs(ref[i]));
+        maxDiff = Math.max(maxDiff, Math.abs(ref[i] - got[i]));
+        sumDiff += Math.abs(ref[i] - got[i]);
+        sumRef += Math.abs(ref[i]);
+      }
+      for (let r = 0; r < p.ids.length; r++) {
+        let a = 0;
+        let b = 0;
+        for (let j = 1; j < V; j++) {
+          if (ref[r * V + j] > ref[r * V + a]) a = j;
+          if (got[r * V + j] > got[r * V + b]) b = j;
+        }
+        agree += a === b ? 1 : 0;
+        rows++;
+      }
+      const rel = maxDiff / maxRef;
+      worst = Math.max(worst, rel);
+      console.log(
+        `# ${p.id}: ${p.ids.length} rows, max |Δ| ${maxDiff.toFixed(4)} of max |logit| ${maxRef.toFixed(2)} ` +
+          `(${rel.toExponential(2)}), mean |Δ| / mean |logit| ${(sumDiff / sumRef).toExponential(2)}`,
+      );
+    }
+    console.log(`# argmax agreement ${agree} / ${rows} rows; worst max |Δ| / max |logit| ${worst.toExponential(2)}`);
+    // bf16 inputs to every GEMM (2^-9 relative rounding each) over 30 layers: 3e-2 of the logit range, and the
+    // argmax equal on at least 95 % of the rows (the rest are near-ties)
+    assert.ok(worst <= 3e-2, `worst relative logit difference ${worst}`);
+    assert.ok(agree >= 0.95 * rows, `argmax agreement ${agree} / ${rows}`);
+  } finally {
+    cpu.model.dispose();
+  }
+});
+
+test('greedy continuations: GPU runs repeat bit for bit; GPU vs CPU differences reported', async () => {
+  const reqs = greedyRequests(prompts, 64);
+  const a = runEngine(gpu.model, undefined, reqs).results;
+  const b = runEngine(gpu.model, undefined, reqs).results;
+  for (const p of prompts) assert.deepEqual(b.get(p.id), a.get(p.id), `run-to-run, prompt ${p.id}`);
+  const cpu = await loadCpuReference();
+  try {
+    const c = runEngine(cpu.model, undefined, reqs).results;
+    let same = 0;
+    for (const p of prompts) {
+      const g = a.get(p.id);
+      const r = c.get(p.id);
+      const first = g.findIndex((t, i) => t !== r[i]);
+      if (first < 0) same++;
+      console.log(`# ${p.id}: ${first < 0 ? 'equal (64 tokens)' : `first difference at token ${first}`}`);
+    }
+    console.log(`# GPU vs CPU (bf16 weights, fp32 activations): ${same} / ${prompts.length} continuations equal`);
+  } finally {
+    cpu.model.dispose();
+  }
+});
+
+for (const method of ['eagle3', 'dflash', 'dspark']) {
+  test(`greedy speculation with ${method} equals plain GPU decoding token for token`, async (t) => {
+    if (!haveDrafter(method)) return t.skip(`no ${method} checkpoint here`);
+    const reqs = greedyRequests(prompts, 64);
+    const plain = runEngine(gpu.model, undefined, reqs).results;
+    const drafter = await loadGpuDrafter(method, gpu);
+    try {
+      const { results, engine } = runEngine(gpu.model, drafter, reqs, { draftPolicy: 'max' });
+      for (const p of prompts) assert.deepEqual(results.get(p.id), plain.get(p.id), `prompt ${p.id}`);
+      const m = engine.metrics;
+      console.log(`# ${method}: τ per verify step ${m.tauPerStep.toFixed(3)}, drafted ${m.drafted}`);
+      assert.ok(m.drafted > 0);
+      assert.equal(m.decodeForwards, m.verifyForwards);
+      assert.equal(engine.cache.pagesInUse + engine.cache.slotsInUse + drafter.pagesInUse, 0);
+    } finally {
+      drafter.dispose();
+    }
+  });
+}
+
+test('a batch of 4 sequences decodes as each sequence alone', () => {
+  const reqs = greedyRequests(prompts.slice(0, 4), 48);
+  const alone = runEngine(gpu.model, undefined, reqs).results;
+  const { results, engine } = runEngine(gpu.model, undefined, reqs, { maxSequences: 4 });
+  for (const r of reqs) assert.deepEqual(results.get(r.id), alone.get(r.id), `prompt ${r.id}`);
+  assert.equal(engine.cache.pagesInUse, 0);
+});
+
+test('malformed input is refused before the cache is touched; a foreign cache is refused', async () => {
+  const { SequenceCache } = await import('@specd/core');
+  const cache = gpu.model.createCache({ pageSize: 16, numPages: 8, numSlots: 1, maxSequenceLength: 64 });
+  cache.add(7);
+  const fwd = (tokens, extra = {}) =>
+    gpu.model.forward({ sequences: [{ id: 7, position: 0, tokens, logits: 'last', ...extra }] }, cache);
+  assert.throws(() => fwd(Int32Array.of(1, 49152)), /outside \[0, 49152\)/);
+  // 64 tokens per sequence + one page: 80 at most
+  assert.throws(() => fwd(new Int32Array(100)), /100 tokens, more than the CUDA KV pool's 80 per sequence/);
+  assert.throws(() => fwd(Int32Array.of(1, 2), { tree: Int32Array.of(-1, 0) }), /token trees/);
+  assert.equal(cache.length(7), 0);
+  const r = fwd(Int32Array.of(1, 2, 3), {});
+  assert.equal(r.logits.length, gpu.model.info.vocabSize);
+  assert.equal(cache.length(7), 3);
+  const foreign = new SequenceCache(gpu.model.cacheGeometry, { pageSize: 16, numPages: 8, numSlots: 1 });
+  foreign.add(7);
+  assert.throws(
+    () => gpu.model.forward({ sequences: [{ id: 7, position: 0, tokens: Int32Array.of(1), logits: 'last' }] }, foreign),
+    /expected the cache from this stage's createCache/,
+  );
+  cache.finish(7);
+});
+
+test('specd serve --device cuda answers a chat request end to end', async () => {
+  const child = spawn(
+    process.execPath,
+    [
+      path.join(ROOT, 'packages/core/src/cli/bin.js'),
+      'serve',
+      '--model',
+      GGUF_DIR,
+      '--no-spec',
+      '--device',
+      'cuda',
+      '--port',
+      '0',
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let err = '';
+  child.stdout.resume();
+  try {
+    const url = await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no listening line in 120 s:\n${err}`)), 120_000);
+      child.stderr.on('data', (d) => {
+        err += d;
+        const m = /listening on (\S+)/.exec(err);
+        if (m !== null) {
+          clearTimeout(timer);
+          resolve(m[1]);
+        }
+      });
+      child.on('exit', (code) => reject(new Error(`serve exited with ${code}:\n${err}`)));
+    });
+    console.log(
+      `# ${err
+        .split('\n')
+        .filter((l) => /cuda/i.test(l))
+        .join('\n# ')}`,
+    );
+    const models = await (await fetch(`${url}/v1/models`)).json();
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: models.data[0].id,
+        messages: [{ role: 'user', content: 'Name three colors.' }],
+        max_tokens: 24,
+        temperature: 0,
+      }),
+    });
+    const body = await res.json();
+    console.log(`# ${res.status} ${JSON.stringify(body).slice(0, 400)}`);
+    assert.equal(res.status, 200);
+    assert.ok(body.choices[0].message.content.length > 0);
+    assert.equal(body.usage.completion_tokens, 24);
+  } finally {
+    child.kill('SIGINT');
+  }
+});
