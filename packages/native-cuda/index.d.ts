@@ -74,6 +74,8 @@ export interface CudaAddon {
   ): LlamaRunnerResult;
   llamaLmHead(runner: DeviceHandle, x: Float32Array, rows: number): Float32Array;
   llamaInfo(runner: DeviceHandle): LlamaRunnerInfo;
+  /** GPU ms per replay of the last forward's CUDA graph (−1 when it ran without one). */
+  llamaReplayMs(runner: DeviceHandle, reps: number): number;
   llamaDispose(runner: DeviceHandle): void;
   // the single kernels (src/binding.cc): alloc, free, upload, download, gemmBf16, rmsNorm, … (GPU tests)
   readonly [kernel: string]: unknown;

@@ -99,6 +99,11 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     return this.cuda.llamaInfo(this.runner);
   }
 
+  /** GPU ms per replay of the last forward's CUDA graph, `reps` back to back (−1: it ran without a graph). */
+  replayMs(reps = 20): number {
+    return this.cuda.llamaReplayMs(this.runner, reps);
+  }
+
   /** The device's name and memory, the runner's sizes and the CUDA graphs captured so far (for the log line). */
   describe(): string {
     const i = this.cuda.info;

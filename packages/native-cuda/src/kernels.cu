@@ -129,31 +129,32 @@ __global__ void writePages(float* kPool, float* vPool, const float* k, const flo
   vPool[slot * rowFloats + c] = v[idx];
 }
 
-constexpr int kMaxDimPerLane = 8;  // headDim ≤ 256
-constexpr int kAttnWarps = 4;
+constexpr int kAttnThreads = 128;
+constexpr int kAttnTile = 32;
 /** Keys per partition: a query's keys split at multiples of this, one block per partition (flash-decoding). */
-constexpr int kAttnPart = 256;
+constexpr int kAttnPart = 64;
 
 /**
- * Paged attention, first pass: one block of 4 warps per (query row, q head, partition of 256 keys); NHD pages
- * ([page, slot, kvHead, headDim] f32), GQA. The partition's visible keys (causal: j ≤ the query's position;
- * non-causal: j < kvLen) go in tiles of 32, tile t to warp t mod 4: lane i scores key 32t + i (its whole dot product),
- * the warp takes the tile's max and sum with shuffles (online softmax in fp32) and each lane accumulates its dims of V
- * over the tile's keys in order; the warps merge in order into the partition's (m, l, acc[headDim]), written to
- * `part` ([rows, qHeads, parts, 2 + headDim] f32). An empty partition writes l = 0.
+ * Paged attention, first pass: one block of 128 threads per (query row, q head, partition of 64 keys); NHD pages
+ * ([page, slot, kvHead, headDim] f32), GQA, headDim a multiple of 16 up to 256. The partition's visible keys (causal:
+ * j ≤ the query's position; non-causal: j < kvLen) go in tiles of 32: four threads score a key (float4 loads of
+ * its K row, a fixed two-step shuffle sum), the 32 scores meet in shared memory, and every thread folds the tile
+ * into the same online-softmax (m, l) in key order (fp32); for the output, thread t owns dim t mod headDim over its
+ * group of the tile's keys (128 / headDim groups), whose partial sums are added in group order at the end. The
+ * partition's (m, l, acc[headDim]) go to `part` ([rows, qHeads, parts, 2 + headDim] f32); an empty partition writes
+ * l = 0. A query's bits depend on its own keys only (not on the batch, nor on how many partitions were launched).
  */
 __global__ void attentionPartial(float* part, const float* q, const float* kPool, const float* vPool,
                                  const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                                  const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
                                  int kvHeads, int headDim, float scale, bool causal) {
-  __shared__ float qs[32 * kMaxDimPerLane];
-  __shared__ float wm[kAttnWarps], wl[kAttnWarps];
-  __shared__ float wacc[kAttnWarps][32 * kMaxDimPerLane];
+  __shared__ __align__(16) float qs[256];
+  __shared__ float sc[kAttnTile];
+  __shared__ float comb[kAttnThreads];
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int partIdx = blockIdx.z;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const int t = threadIdx.x;
   // the row's sequence: the last s with cuSeqlensQ[s] <= row (rows past the batch's tokens fall to the last
   // sequence, which a padded batch gives no keys)
   int s = 0, hi = numSeqs - 1;
@@ -166,82 +167,80 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
   }
   const int kvHead = head / (qHeads / kvHeads);
   const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
-  const int per = (headDim + 31) / 32;
-  const float* qr = q + (static_cast<int64_t>(row) * qHeads + head) * headDim;
-  for (int c = threadIdx.x; c < headDim; c += blockDim.x) qs[c] = qr[c];
-  __syncthreads();
   const int kvLen = kvLens[s];
   const int visible = causal ? min(positions[row] + 1, kvLen) : kvLen;
   const int begin = partIdx * kAttnPart;
   const int last = min(visible, begin + kAttnPart);
-  const int32_t* table = blockTables + static_cast<int64_t>(s) * maxBlocks;
-  float m = -INFINITY, l = 0.f, acc[kMaxDimPerLane];
-  for (int d = 0; d < per; d++) acc[d] = 0.f;
-  const int tiles = last > begin ? (last - begin + 31) / 32 : 0;
-  for (int t = warp; t < tiles; t += kAttnWarps) {
-    const int j = begin + t * 32 + lane;
-    const bool valid = j < last;
-    int64_t slot = 0;
-    float score = -INFINITY;
-    if (valid) {
-      slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
-      const float* kr = kPool + slot * rowFloats + static_cast<int64_t>(kvHead) * headDim;
-      float dot = 0.f;
-      for (int c = 0; c < headDim; c++) dot += qs[c] * kr[c];
-      score = dot * scale;
+  float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
+  if (last <= begin) {
+    if (t == 0) {
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
     }
-    float tileMax = score;
-    for (int o = 16; o > 0; o >>= 1) tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, o));
-    const float mNew = fmaxf(m, tileMax);
-    const float p = valid ? expf(score - mNew) : 0.f;
-    float tileSum = p;
-    for (int o = 16; o > 0; o >>= 1) tileSum += __shfl_xor_sync(0xffffffffu, tileSum, o);
-    const float corr = expf(m - mNew);
-    l = l * corr + tileSum;
-    for (int d = 0; d < per; d++) acc[d] *= corr;
-    const int n = min(32, last - begin - t * 32);
-    for (int i = 0; i < n; i++) {
-      const float pi = __shfl_sync(0xffffffffu, p, i);
-      const int64_t si = __shfl_sync(0xffffffffu, slot, i);
-      const float* vr = vPool + si * rowFloats + static_cast<int64_t>(kvHead) * headDim;
-      for (int d = 0; d < per; d++) {
-        const int c = lane + 32 * d;
-        if (c < headDim) acc[d] += pi * vr[c];
+    return;
+  }
+  const float* qr = q + (static_cast<int64_t>(row) * qHeads + head) * headDim;
+  for (int c = t; c < headDim; c += kAttnThreads) qs[c] = qr[c];
+  __syncthreads();
+  const int32_t* table = blockTables + static_cast<int64_t>(s) * maxBlocks;
+  const int64_t headOff = static_cast<int64_t>(kvHead) * headDim;
+  const int kk = t >> 2, qq = t & 3;  // scoring: key kk of the tile, quarter qq of its float4 chunks
+  const int groups = headDim <= kAttnThreads ? kAttnThreads / headDim : 1;
+  const int d0 = headDim <= kAttnThreads ? t % headDim : t;  // output dims d0 (and d0 + 128 when headDim > 128)
+  const int g = headDim <= kAttnThreads ? t / headDim : 0;
+  const bool d1 = headDim > kAttnThreads && t + kAttnThreads < headDim;
+  const int perGroup = kAttnTile / groups;
+  float m = -INFINITY, l = 0.f, acc0 = 0.f, acc1 = 0.f;
+  for (int j0 = begin; j0 < last; j0 += kAttnTile) {
+    const int n = min(kAttnTile, last - j0);
+    float dot = 0.f;
+    if (kk < n) {
+      const int j = j0 + kk;
+      const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
+      const float4* kr = reinterpret_cast<const float4*>(kPool + slot * rowFloats + headOff);
+      for (int i = qq; i < headDim / 4; i += 4) {
+        const float4 k4 = kr[i];
+        dot += qs[4 * i] * k4.x + qs[4 * i + 1] * k4.y + qs[4 * i + 2] * k4.z + qs[4 * i + 3] * k4.w;
       }
     }
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+    if (qq == 0) sc[kk] = dot * scale;
+    __syncthreads();
+    float tileMax = -INFINITY;
+    for (int i = 0; i < n; i++) tileMax = fmaxf(tileMax, sc[i]);
+    const float mNew = fmaxf(m, tileMax);
+    const float corr = expf(m - mNew);
+    float a0 = 0.f, a1 = 0.f;
+    const int iEnd = min(n, (g + 1) * perGroup);
+    for (int i = g * perGroup; i < iEnd; i++) {
+      const float p = expf(sc[i] - mNew);
+      const int j = j0 + i;
+      const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
+      const float* vr = vPool + slot * rowFloats + headOff;
+      a0 += p * vr[d0];
+      if (d1) a1 += p * vr[d0 + kAttnThreads];
+    }
+    float psum = 0.f;
+    for (int i = 0; i < n; i++) psum += expf(sc[i] - mNew);
+    l = l * corr + psum;
+    acc0 = acc0 * corr + a0;
+    acc1 = acc1 * corr + a1;
     m = mNew;
+    __syncthreads();  // sc is rewritten by the next tile
   }
-  if (lane == 0) {
-    wm[warp] = m;
-    wl[warp] = l;
+  if (groups > 1) {
+    comb[t] = acc0;
+    __syncthreads();
+    if (g != 0) return;
+    for (int gg = 1; gg < groups; gg++) acc0 += comb[gg * headDim + d0];
   }
-  for (int d = 0; d < per; d++) {
-    const int c = lane + 32 * d;
-    if (c < headDim) wacc[warp][c] = acc[d];
+  if (t == 0) {
+    dst[0] = m;
+    dst[1] = l;
   }
-  __syncthreads();
-  if (warp != 0) return;
-  float M = -INFINITY;
-  for (int w = 0; w < kAttnWarps; w++)
-    if (wl[w] > 0.f) M = fmaxf(M, wm[w]);
-  float L = 0.f, f[kAttnWarps];
-  for (int w = 0; w < kAttnWarps; w++) {
-    f[w] = wl[w] > 0.f ? expf(wm[w] - M) : 0.f;
-    L += wl[w] * f[w];
-  }
-  float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
-  if (lane == 0) {
-    dst[0] = M;
-    dst[1] = L;
-  }
-  for (int d = 0; d < per; d++) {
-    const int c = lane + 32 * d;
-    if (c >= headDim) continue;
-    float o = 0.f;
-    for (int w = 0; w < kAttnWarps; w++)
-      if (wl[w] > 0.f) o += wacc[w][c] * f[w];
-    dst[2 + c] = o;
-  }
+  dst[2 + d0] = acc0;
+  if (d1) dst[2 + d0 + kAttnThreads] = acc1;
 }
 
 /**
@@ -316,8 +315,15 @@ struct GemmPlan {
 
 std::map<std::tuple<int, int, int, size_t>, GemmPlan> g_plans;
 
-/** Makes the plan of (mPad, n, k): the heuristic's first algorithm without split-K (see specdGemmBf16). */
-cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t workspaceBytes, GemmPlan* plan) {
+/**
+ * Makes the plan of (mPad, n, k): of the heuristic's candidates (up to 8) whose split-K, if any, reduces through the
+ * workspace in a fixed order (reduction schemes COMPUTE_TYPE / OUTPUT_TYPE; never INPLACE, whose atomics add in a
+ * varying order), the fastest on these operands (5 timed calls each after one warm-up, into a scratch output):
+ * autotuning as vLLM's GEMM tuners. A plan is one algorithm and tile shape, so the reduction order of an output row
+ * does not depend on the other rows. Runs outside stream capture (the first call of each shape is eager).
+ */
+cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t workspaceBytes, GemmPlan* plan,
+                        const void* xb, const void* w, void* workspace, cudaStream_t stream) {
   cublasLtMatmulPreference_t pref = nullptr;
   cublasStatus_t st = cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
@@ -332,22 +338,47 @@ cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t work
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspaceBytes,
                                               sizeof(workspaceBytes));
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                              sizeof(schemes));
   cublasLtMatmulHeuristicResult_t heur[8];
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulAlgoGetHeuristic(lt, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 8, heur, &found);
-  int pick = -1;
-  for (int i = 0; i < found && pick < 0; i++) {
-    int32_t splitK = 1;
-    size_t got = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&heur[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitK, sizeof(splitK),
-                                         &got);
-    if (splitK <= 1) pick = i;
-  }
-  if (st == CUBLAS_STATUS_SUCCESS && pick < 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
-  if (st == CUBLAS_STATUS_SUCCESS) plan->algo = heur[pick].algo;
   if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-  return st;
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  int pick = 0;
+  void* scratch = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (found > 1 && cudaMalloc(&scratch, static_cast<size_t>(mPad) * n * 4) == cudaSuccess &&
+      cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+    const float alpha = 1.f, beta = 0.f;
+    float best = INFINITY;
+    for (int i = 0; i < found; i++) {
+      auto call = [&]() {
+        return cublasLtMatmul(lt, plan->op, &alpha, w, plan->a, xb, plan->b, &beta, scratch, plan->c, scratch,
+                              plan->c, &heur[i].algo, workspace, workspaceBytes, stream);
+      };
+      if (call() != CUBLAS_STATUS_SUCCESS) continue;
+      cudaEventRecord(e0, stream);
+      for (int r = 0; r < 5; r++) call();
+      cudaEventRecord(e1, stream);
+      float ms = INFINITY;
+      if (cudaEventSynchronize(e1) == cudaSuccess) cudaEventElapsedTime(&ms, e0, e1);
+      if (ms < best) {
+        best = ms;
+        pick = i;
+      }
+    }
+  }
+  if (e0 != nullptr) cudaEventDestroy(e0);
+  if (e1 != nullptr) cudaEventDestroy(e1);
+  if (scratch != nullptr) cudaFree(scratch);
+  cudaGetLastError();  // a candidate that failed to launch leaves nothing behind
+  plan->algo = heur[pick].algo;
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -357,8 +388,8 @@ cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t work
  * view: C[n, m] = W[k, n]ᵀ · X[k, m] (op(A) = T). `mPad` (≥ m) is the row count the plan is made for: calls with
  * any m ≤ mPad use one algorithm and tile shape, so each row's reduction order does not depend on m (xb holds mPad
  * rows, the padding zeros). `accumulate`: out += xb · wᵀ instead (β = 1, C = D in place: the residual add of a
- * projection, after the whole reduction, so rows stay independent of m). The plan (the heuristic's first algorithm
- * without split-K) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
+ * projection, after the whole reduction, so rows stay independent of m). The plan (makePlan: the fastest of the
+ * heuristic's candidates with a fixed reduction order) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
  */
 int specdRope(float* x, const int32_t* positions, int tokens, int heads, int headDim, int rotaryDim, float theta,
               bool neox, cudaStream_t stream) {
@@ -384,9 +415,9 @@ int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, 
                         const int32_t* blockTables, const int32_t* positions, int numSeqs, int totalQ, int maxBlocks,
                         int pageSize, int qHeads, int kvHeads, int headDim, float scale, bool causal, int maxKvLen,
                         cudaStream_t stream) {
-  if (headDim > 32 * kMaxDimPerLane || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (headDim > 256 || headDim % 16 != 0 || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
-  attentionPartial<<<dim3(totalQ, qHeads, parts), 32 * kAttnWarps, 0, stream>>>(
+  attentionPartial<<<dim3(totalQ, qHeads, parts), kAttnThreads, 0, stream>>>(
       part, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
       headDim, scale, causal);
   attentionMerge<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, static_cast<__nv_bfloat16*>(outBf16), part, parts,
@@ -401,7 +432,7 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
     GemmPlan plan;
-    const cublasStatus_t st = makePlan(lt, mPad, n, k, workspaceBytes, &plan);
+    const cublasStatus_t st = makePlan(lt, mPad, n, k, workspaceBytes, &plan, xb, w, workspace, stream);
     if (st != CUBLAS_STATUS_SUCCESS) {
       if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
       if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);

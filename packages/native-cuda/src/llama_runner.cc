@@ -154,6 +154,7 @@ class LlamaRunner {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     for (auto& [k, v] : graphs) cudaGraphExecDestroy(v);
     graphs.clear();
+    lastGraph = nullptr;
     for (void* p : kvAllocs) cudaFree(p);
     kvAllocs.clear();
     if (hMeta != nullptr) cudaFreeHost(hMeta);
@@ -229,6 +230,7 @@ class LlamaRunner {
     pack(b, Tp, Sp, Rp);
     ok(cudaMemcpyAsync(meta, hMeta, metaUsed(Tp, Sp, Rp) * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
     if (!graph) {
+      lastGraph = nullptr;
       launchAll(Tp, Sp, Rp, tapMask);
     } else {
       const std::pair<int, uint64_t> key(Tp, tapMask);
@@ -250,8 +252,10 @@ class LlamaRunner {
         cudaGraphDestroy(g);
         ok(e, "cudaGraphInstantiate");
         graphs.emplace(key, exec);
+        lastGraph = exec;
       } else {
         ok(cudaGraphLaunch(it->second, stream), "cudaGraphLaunch");
+        lastGraph = it->second;
       }
     }
   }
@@ -290,6 +294,27 @@ class LlamaRunner {
     ok(cudaStreamSynchronize(stream), "lm_head (cudaStreamSynchronize)");
   }
 
+  /**
+   * GPU milliseconds of the last forward's CUDA graph replayed `reps` times back to back (cudaEvent timing; the
+   * replays rewrite the same KV slots with the same values). −1 when the last forward did not run as a graph.
+   */
+  double replayMs(int reps) {
+    if (lastGraph == nullptr) return -1;
+    cudaEvent_t a = nullptr, b = nullptr;
+    ok(cudaEventCreate(&a), "cudaEventCreate");
+    ok(cudaEventCreate(&b), "cudaEventCreate");
+    cudaEventRecord(a, stream);
+    for (int r = 0; r < reps; r++) cudaGraphLaunch(lastGraph, stream);
+    cudaEventRecord(b, stream);
+    float ms = 0;
+    const cudaError_t e = cudaEventSynchronize(b);
+    if (e == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    ok(e, "graph replay (cudaEventSynchronize)");
+    return ms / reps;
+  }
+
   /** Captured graphs as "rows×taps" labels. */
   std::vector<std::string> graphLabels() const {
     std::vector<std::string> out;
@@ -324,6 +349,7 @@ class LlamaRunner {
   void *xb = nullptr, *attnB = nullptr, *hb = nullptr;
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
   std::map<std::pair<int, uint64_t>, cudaGraphExec_t> graphs;
+  cudaGraphExec_t lastGraph = nullptr;
 
   void* dev(size_t bytes, const char* what) {
     void* p = nullptr;
@@ -664,6 +690,17 @@ Napi::Value LlamaLmHead(const Napi::CallbackInfo& info) {
   return out;
 }
 
+/** llamaReplayMs(runner, reps) → GPU ms per replay of the last forward's CUDA graph (−1: it ran without one). */
+Napi::Value LlamaReplayMs(const Napi::CallbackInfo& info) {
+  LlamaRunner* r = runnerOf(info);
+  const int reps = info[1].IsNumber() ? std::max(1, info[1].As<Napi::Number>().Int32Value()) : 20;
+  try {
+    return Napi::Number::New(info.Env(), r->replayMs(reps));
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(info.Env(), e.what());
+  }
+}
+
 /** llamaInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}: sizes and captured graphs. */
 Napi::Value LlamaInfo(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -694,6 +731,7 @@ void RegisterLlama(Napi::Env env, Napi::Object exports) {
   exports.Set("llamaSetWeight", Napi::Function::New(env, LlamaSetWeight));
   exports.Set("llamaForward", Napi::Function::New(env, LlamaForward));
   exports.Set("llamaLmHead", Napi::Function::New(env, LlamaLmHead));
+  exports.Set("llamaReplayMs", Napi::Function::New(env, LlamaReplayMs));
   exports.Set("llamaInfo", Napi::Function::New(env, LlamaInfo));
   exports.Set("llamaDispose", Napi::Function::New(env, LlamaDispose));
 }
