@@ -161,7 +161,8 @@ console.log(
 );
 for (const e of out.engine)
   console.log(
-    `| ${e.drafter} | ${e.policy ?? ''} | ${f(e.tokPerS, 0)} | ${f(e.xPlain, 3)} | ${f(e.tau, 3)} | ${e.equalToPlain ?? ''} |`,
+    `| ${e.drafter} | ${e.policy ?? ''} | ${f(e.tokPerS, 0)} | ${f(e.xPlain, 3)} | ${f(e.tau, 3)} | ` +
+      `${e.equalToPlain ?? ''} |`,
   );
 const json = opt('json', undefined);
 if (json !== undefined) fs.writeFileSync(json, JSON.stringify(out, null, 2));
