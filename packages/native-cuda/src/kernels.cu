@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "kernels.h"
+#include "row_reduce.cuh"
 
 namespace {
 
@@ -24,18 +25,9 @@ __global__ void toBf16(__nv_bfloat16* out, const float* x, int64_t n) {
  * The row's sum of squares is a fixed tree over the block's threads: the same bits for a row whatever the rows.
  */
 __global__ void rmsNormRows(float* out, const float* x, const __nv_bfloat16* w, int cols, float eps) {
-  __shared__ float partial[256];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * cols;
-  float s = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c] * xr[c];
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float inv = rsqrtf(partial[0] / cols + eps);
+  const float inv = rmsInvRow(xr, cols, eps);
   for (int c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = xr[c] * inv * __bfloat162float(w[c]);
 }
 

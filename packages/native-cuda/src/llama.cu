@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels.h"
+#include "row_reduce.cuh"
 
 namespace {
 
@@ -18,19 +19,10 @@ namespace {
  */
 __global__ void rmsNormBf16Rows(__nv_bfloat16* out, const float* x, const float* w, const int32_t* rows, int cols,
                                 float eps) {
-  __shared__ float partial[256];
   const int64_t src = rows == nullptr ? blockIdx.x : rows[blockIdx.x];
   const float* xr = x + src * cols;
   __nv_bfloat16* orow = out + static_cast<int64_t>(blockIdx.x) * cols;
-  float s = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c] * xr[c];
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float inv = rsqrtf(partial[0] / cols + eps);
+  const float inv = rmsInvRow(xr, cols, eps);
   for (int c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = __float2bfloat16_rn(xr[c] * inv * w[c]);
 }
 
