@@ -76,6 +76,17 @@ export interface CudaAddon {
   llamaInfo(runner: DeviceHandle): LlamaRunnerInfo;
   /** GPU ms per replay of the last forward's CUDA graph (−1 when it ran without one). */
   llamaReplayMs(runner: DeviceHandle, reps: number): number;
+  /**
+   * Launch choices for later forwards (drops the captured graphs): `smallGemm` — batches of ≤ 16 rows use the small
+   * row-invariant GEMM with RMSNorm / SwiGLU fused (default true); `pdl` — programmatic dependent launch on sm_90+
+   * (default true, process wide).
+   */
+  llamaSetOptions(runner: DeviceHandle, options: { smallGemm?: boolean; pdl?: boolean }): void;
+  /**
+   * GPU µs of each launch of layer 0 and of the head at the last forward's batch shape (each replayed as a graph of
+   * `reps` copies). Overwrites activations and that batch's KV slots: benches only, at the end of a run.
+   */
+  llamaProfile(runner: DeviceHandle, reps: number): { name: string; us: number }[];
   llamaDispose(runner: DeviceHandle): void;
   // the single kernels (src/binding.cc): alloc, free, upload, download, gemmBf16, rmsNorm, … (GPU tests)
   readonly [kernel: string]: unknown;

@@ -104,6 +104,23 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     return this.cuda.llamaReplayMs(this.runner, reps);
   }
 
+  /**
+   * Launch choices for later forwards (A/B benches; the captured graphs are dropped): `smallGemm` — batches of ≤ 16
+   * rows use the row-invariant small GEMM with RMSNorm / SwiGLU fused (default true); `pdl` — programmatic dependent
+   * launch on sm_90+ (default true).
+   */
+  setLaunchOptions(options: { readonly smallGemm?: boolean; readonly pdl?: boolean }): void {
+    this.cuda.llamaSetOptions(this.runner, { ...options });
+  }
+
+  /**
+   * GPU µs of each launch of layer 0 and of the head at the last forward's batch shape (each replayed as a graph of
+   * `reps` copies). Overwrites activations and that batch's KV slots: for benches, after their last forward.
+   */
+  profile(reps = 50): { name: string; us: number }[] {
+    return this.cuda.llamaProfile(this.runner, reps);
+  }
+
   /** The device's name and memory, the runner's sizes and the CUDA graphs captured so far (for the log line). */
   describe(): string {
     const i = this.cuda.info;

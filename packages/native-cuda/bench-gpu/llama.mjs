@@ -35,18 +35,18 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const gpu = await loadGpuTarget(2048);
 const model = gpu.model;
 const V = model.info.vocabSize;
-const out = { device: undefined, decode: [], prefill: [], engine: [], bounds: {} };
+const out = { device: undefined, decode: [], variants: [], profile: [], prefill: [], engine: [], bounds: {} };
 
 /**
  * Greedy decode of `batch` sequences: prefill each 32-token prompt, then `NEW` steps of one token per sequence,
  * every step one forward of `batch` rows with argmaxOnly. @returns ms per step (median of 3 runs).
  */
-function decode(batch, graphs) {
+function decode(batch, graphs, reps = 3, steps = NEW) {
   const saved = model.graphs;
   model.graphs = graphs;
   const times = [];
   let gpuMs = -1;
-  for (let rep = 0; rep < 3; rep++) {
+  for (let rep = 0; rep < reps; rep++) {
     const cache = model.createCache({
       pageSize: 16,
       numPages: batch * (Math.ceil((PROMPT + NEW + 1) / 16) + 1),
@@ -63,14 +63,14 @@ function decode(batch, graphs) {
       last[s] = r.argmax[0];
     }
     const t0 = performance.now();
-    for (let step = 0; step < NEW; step++) {
+    for (let step = 0; step < steps; step++) {
       const seqs = [];
       for (let s = 0; s < batch; s++)
         seqs.push({ id: s, position: PROMPT + step, tokens: Int32Array.of(last[s]), logits: 'last' });
       const r = model.forward({ sequences: seqs }, cache, { argmaxOnly: true });
       last = r.argmax;
     }
-    times.push((performance.now() - t0) / NEW);
+    times.push((performance.now() - t0) / steps);
     if (rep === 0) gpuMs = model.replayMs(50);
     for (let s = 0; s < batch; s++) cache.finish(s);
   }
@@ -99,6 +99,25 @@ for (const b of BATCHES) {
 {
   const { ms } = decode(1, false);
   out.decode.push({ batch: 1, graphs: false, msPerStep: ms, gpuMsPerStep: -1, tokPerS: 1000 / ms });
+}
+// launch variants at 1 sequence, in one run: the small GEMM (RMSNorm / SwiGLU fused, row-invariant) with and without
+// programmatic dependent launch, and cuBLASLt with separate RMSNorm / SwiGLU launches (the previous path)
+for (const v of [
+  { name: 'small GEMM + PDL', smallGemm: true, pdl: true },
+  { name: 'small GEMM, no PDL', smallGemm: true, pdl: false },
+  { name: 'cuBLASLt + separate norm/SwiGLU', smallGemm: false, pdl: false },
+]) {
+  model.setLaunchOptions(v);
+  for (const b of [1, 16]) {
+    const { ms, gpuMs } = decode(b, true);
+    out.variants.push({ variant: v.name, batch: b, msPerStep: ms, gpuMsPerStep: gpuMs, tokPerS: (b * 1000) / ms });
+  }
+}
+model.setLaunchOptions({ smallGemm: true, pdl: true });
+// where a step goes: each launch of one layer and of the head, at 1 and 16 rows (a verify block's shape)
+for (const b of [1, 16]) {
+  decode(b, true, 1, 4);
+  for (const p of model.profile(50)) out.profile.push({ rows: b, ...p });
 }
 for (const t of PREFILL) {
   const ms = prefill(t);
@@ -153,6 +172,17 @@ for (const d of out.decode)
     `| plain greedy | ${d.batch} | ${d.graphs ? 'on' : 'off'} | ${f(d.msPerStep, 3)} | ` +
       `${d.gpuMsPerStep < 0 ? '' : f(d.gpuMsPerStep, 3)} | ${f(d.tokPerS, 0)} |`,
   );
+console.log(
+  '\n| launch variant (graphs on) | sequences | ms per step | of which the graph on the GPU | tok/s |\n' +
+    '|---|---:|---:|---:|---:|',
+);
+for (const v of out.variants)
+  console.log(`| ${v.variant} | ${v.batch} | ${f(v.msPerStep, 3)} | ${f(v.gpuMsPerStep, 3)} | ${f(v.tokPerS, 0)} |`);
+console.log('\n| launch (layer 0 and the head) | µs at 1 row | µs at 16 rows |\n|---|---:|---:|');
+for (const p of out.profile.filter((q) => q.rows === 1)) {
+  const p16 = out.profile.find((q) => q.rows === 16 && q.name === p.name);
+  console.log(`| ${p.name} | ${f(p.us, 2)} | ${p16 === undefined ? '' : f(p16.us, 2)} |`);
+}
 console.log('\n| prefill tokens | ms | tok/s |\n|---:|---:|---:|');
 for (const p of out.prefill) console.log(`| ${p.tokens} | ${f(p.ms, 2)} | ${f(p.tokPerS, 0)} |`);
 console.log(

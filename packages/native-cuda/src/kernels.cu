@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "kernels.h"
+#include "launch.cuh"
 #include "row_reduce.cuh"
 
 namespace {
@@ -38,6 +39,8 @@ __global__ void rmsNormRows(float* out, const float* x, const __nv_bfloat16* w, 
 __global__ void argmaxRows(int32_t* out, const float* x, int cols) {
   __shared__ float best[256];
   __shared__ int idx[256];
+  pdlWait();
+  pdlLaunchNext();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
   float b = -INFINITY;
   int bi = 0x7fffffff;
@@ -81,6 +84,8 @@ __global__ void swigluRows(float* out, const float* gu, int rows, int inter) {
 
 /** Embedding gather: out[r, :] = f32(table[ids[r], :]) (table bf16 [vocab, hidden]). */
 __global__ void embedRows(float* out, const __nv_bfloat16* table, const int32_t* ids, int hidden) {
+  pdlWait();
+  pdlLaunchNext();
   const int64_t row = static_cast<int64_t>(ids[blockIdx.x]) * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x)
     out[static_cast<int64_t>(blockIdx.x) * hidden + c] = __bfloat162float(table[row + c]);
@@ -109,8 +114,8 @@ __global__ void ropeRows(float* x, const int32_t* positions, int tokens, int hea
 }
 
 /** vLLM reshape_and_cache: pool[slot, :] = rows[t, :] for each token t with slot ≥ 0 (K and V pools alike). */
-__global__ void writePages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots,
-                           int tokens, int rowFloats) {
+__global__ void writePages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots, int tokens,
+                           int rowFloats) {
   int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= static_cast<int64_t>(tokens) * rowFloats) return;
   const int t = static_cast<int>(idx / rowFloats);
@@ -147,15 +152,15 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
   const int head = blockIdx.y;
   const int partIdx = blockIdx.z;
   const int t = threadIdx.x;
+  pdlWait();
+  pdlLaunchNext();
   // the row's sequence: the last s with cuSeqlensQ[s] <= row (rows past the batch's tokens fall to the last
   // sequence, which a padded batch gives no keys)
   int s = 0, hi = numSeqs - 1;
   while (s < hi) {
     const int mid = (s + hi + 1) / 2;
-    if (cuSeqlensQ[mid] <= row)
-      s = mid;
-    else
-      hi = mid - 1;
+    if (cuSeqlensQ[mid] <= row) s = mid;
+    else hi = mid - 1;
   }
   const int kvHead = head / (qHeads / kvHeads);
   const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
@@ -246,21 +251,25 @@ __global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* 
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int lane = threadIdx.x;
+  pdlWait();
+  pdlLaunchNext();
   const float* src = part + (static_cast<int64_t>(row) * qHeads + head) * parts * (2 + headDim);
+  // the non-empty partitions are a prefix (partition p holds keys [64p, 64p + 64) of the visible ones)
+  int used = 0;
+  while (used < parts && src[used * (2 + headDim) + 1] > 0.f) used++;
   float M = -INFINITY;
-  for (int p = 0; p < parts; p++)
-    if (src[p * (2 + headDim) + 1] > 0.f) M = fmaxf(M, src[p * (2 + headDim)]);
+  for (int p = 0; p < used; p++) M = fmaxf(M, src[p * (2 + headDim)]);
   float L = 0.f;
-  for (int p = 0; p < parts; p++) {
+  for (int p = 0; p < used; p++) {
     const float* x = src + p * (2 + headDim);
-    if (x[1] > 0.f) L += x[1] * expf(x[0] - M);
+    L += x[1] * expf(x[0] - M);
   }
   const int64_t at = (static_cast<int64_t>(row) * qHeads + head) * headDim;
   for (int c = lane; c < headDim; c += 32) {
     float o = 0.f;
-    for (int p = 0; p < parts; p++) {
+    for (int p = 0; p < used; p++) {
       const float* x = src + p * (2 + headDim);
-      if (x[1] > 0.f) o += x[2 + c] * expf(x[0] - M);
+      o += x[2 + c] * expf(x[0] - M);
     }
     const float r = L > 0.f ? o / L : 0.f;
     if (out != nullptr) out[at + c] = r;
@@ -281,8 +290,7 @@ int specdRmsNorm(float* out, const float* x, const void* w, int rows, int cols, 
 }
 
 int specdArgmax(int32_t* out, const float* x, int rows, int cols, cudaStream_t stream) {
-  argmaxRows<<<rows, 256, 0, stream>>>(out, x, cols);
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(specdLaunch(argmaxRows, dim3(rows), dim3(256), 0, stream, out, x, cols));
 }
 
 int specdSwiglu(float* out, const float* gu, int rows, int inter, cudaStream_t stream) {
@@ -292,8 +300,8 @@ int specdSwiglu(float* out, const float* gu, int rows, int inter, cudaStream_t s
 }
 
 int specdEmbed(float* out, const void* table, const int32_t* ids, int rows, int hidden, cudaStream_t stream) {
-  embedRows<<<rows, 256, 0, stream>>>(out, static_cast<const __nv_bfloat16*>(table), ids, hidden);
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(specdLaunch(embedRows, dim3(rows), dim3(256), 0, stream, out,
+                                      static_cast<const __nv_bfloat16*>(table), ids, hidden));
 }
 
 namespace {
@@ -350,8 +358,8 @@ cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t work
     float best = INFINITY;
     for (int i = 0; i < found; i++) {
       auto call = [&]() {
-        return cublasLtMatmul(lt, plan->op, &alpha, w, plan->a, xb, plan->b, &beta, scratch, plan->c, scratch,
-                              plan->c, &heur[i].algo, workspace, workspaceBytes, stream);
+        return cublasLtMatmul(lt, plan->op, &alpha, w, plan->a, xb, plan->b, &beta, scratch, plan->c, scratch, plan->c,
+                              &heur[i].algo, workspace, workspaceBytes, stream);
       };
       if (call() != CUBLAS_STATUS_SUCCESS) continue;
       cudaEventRecord(e0, stream);
@@ -381,40 +389,40 @@ cublasStatus_t makePlan(cublasLtHandle_t lt, int mPad, int n, int k, size_t work
  * any m ≤ mPad use one algorithm and tile shape, so each row's reduction order does not depend on m (xb holds mPad
  * rows, the padding zeros). `accumulate`: out += xb · wᵀ instead (β = 1, C = D in place: the residual add of a
  * projection, after the whole reduction, so rows stay independent of m). The plan (makePlan: the fastest of the
- * heuristic's candidates with a fixed reduction order) is made at the first call of each (mPad, n, k) and kept. Returns a cublasStatus_t (0 = ok).
+ * heuristic's candidates with a fixed reduction order) is made at the first call of each (mPad, n, k) and kept. Returns
+ * a cublasStatus_t (0 = ok).
  */
 int specdRope(float* x, const int32_t* positions, int tokens, int heads, int headDim, int rotaryDim, float theta,
               bool neox, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(tokens) * heads * (rotaryDim / 2);
   if (n == 0) return 0;
-  ropeRows<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(x, positions, tokens, heads, headDim,
-                                                                        rotaryDim, theta, neox);
+  ropeRows<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(x, positions, tokens, heads, headDim, rotaryDim,
+                                                                       theta, neox);
   return static_cast<int>(cudaGetLastError());
 }
 
 int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v, const int32_t* slots, int tokens,
                       int rowFloats, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(tokens) * rowFloats;
-  writePages<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(kPool, vPool, k, v, slots, tokens,
-                                                                         rowFloats);
+  writePages<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(kPool, vPool, k, v, slots, tokens, rowFloats);
   return static_cast<int>(cudaGetLastError());
 }
 
 int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAttnPart; }
 
-int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool,
-                        const float* vPool, const int32_t* cuSeqlensQ, const int32_t* kvLens,
-                        const int32_t* blockTables, const int32_t* positions, int numSeqs, int totalQ, int maxBlocks,
-                        int pageSize, int qHeads, int kvHeads, int headDim, float scale, bool causal, int maxKvLen,
-                        cudaStream_t stream) {
+int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
+                        const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                        const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
   if (headDim > 256 || headDim % 16 != 0 || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
-  attentionPartial<<<dim3(totalQ, qHeads, parts), kAttnThreads, 0, stream>>>(
-      part, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads,
-      headDim, scale, causal);
-  attentionMerge<<<dim3(totalQ, qHeads), 32, 0, stream>>>(out, static_cast<__nv_bfloat16*>(outBf16), part, parts,
-                                                           qHeads, headDim);
-  return static_cast<int>(cudaGetLastError());
+  cudaError_t e = specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q,
+                              kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
+                              qHeads, kvHeads, headDim, scale, causal);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  return static_cast<int>(specdLaunch(attentionMerge, dim3(totalQ, qHeads), dim3(32), 0, stream, out,
+                                      static_cast<__nv_bfloat16*>(outBf16), static_cast<const float*>(part), parts,
+                                      qHeads, headDim));
 }
 
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,

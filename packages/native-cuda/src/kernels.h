@@ -32,3 +32,17 @@ int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* r
 int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,
                 const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream);
 int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_t stream);
+
+/** Rows of the largest batch the small GEMM (llama.cu) takes: decode steps and verify blocks of up to 16 tokens. */
+constexpr int kSmallGemmRows = 16;
+/** Whether specdSmallGemm takes `rows` rows of depth k (k a multiple of 8, [16, k] bf16 in shared memory). */
+bool specdSmallGemmFits(int rows, int k);
+/**
+ * out [rows, n] f32 (+)= prologue(in) [rows, k] · wᵀ, w bf16 [n, k]; prologue 0: `in` bf16 [rows, k]; 1: RMSNorm of
+ * f32 rows of `in` (row rowIdx[r] when rowIdx is given) times normW [k] f32, eps; 2: SwiGLU of `in` f32 [rows, 2k].
+ * Row-invariant (a row's bits do not depend on the other rows); launched with PDL when on.
+ */
+int specdSmallGemm(float* out, const void* in, int prologue, const float* normW, const int32_t* rowIdx, const void* w,
+                   int rows, int n, int k, float eps, bool accumulate, cudaStream_t stream);
+/** Programmatic dependent launch for later launches (launch.cuh; default on, used on sm_90+ only). */
+void specdSetPdl(bool on);

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -228,6 +229,10 @@ class LlamaRunner {
     const int Sp = graph ? Tp : b.S;
     const int Rp = graph ? Tp : b.R;
     pack(b, Tp, Sp, Rp);
+    lastShape[0] = Tp;
+    lastShape[1] = Sp;
+    lastShape[2] = Rp;
+    lastMask = tapMask;
     ok(cudaMemcpyAsync(meta, hMeta, metaUsed(Tp, Sp, Rp) * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
     if (!graph) {
       lastGraph = nullptr;
@@ -392,8 +397,20 @@ class LlamaRunner {
     put(b.logitRows, b.R, Rp, 0);
   }
 
-  /** Every launch of one forward over Tp rows, Sp sequences and Rp logit rows, metadata already in `meta`. */
-  void launchAll(int Tp, int Sp, int Rp, uint64_t tapMask) {
+  /** One launch (or copy) of a forward, named for profiles. */
+  struct Op {
+    const char* name;
+    int layer;  // −1: outside the layers
+    std::function<void()> run;
+  };
+
+  /**
+   * Every launch of one forward over Tp rows, Sp sequences and Rp logit rows, metadata already in `meta`. Batches of
+   * at most kSmallGemmRows rows take the small-GEMM path (RMSNorm and SwiGLU fused into the GEMMs' prologues, the
+   * residual adds into their epilogues: seven launches per layer); larger ones cuBLASLt with separate RMSNorm and
+   * SwiGLU launches (ten). The logits of at most kSmallGemmRows rows take the small GEMM too, the final norm fused.
+   */
+  std::vector<Op> forwardOps(int Tp, int Sp, int Rp, uint64_t tapMask) {
     const int D = d.hidden;
     const int M = gemmRows(Tp), MR = gemmRows(Rp);
     const int32_t* ids = meta;
@@ -403,42 +420,142 @@ class LlamaRunner {
     const int32_t* kvLens = cu + Sp + 1;
     const int32_t* tables = kvLens + Sp;
     const int32_t* logitRows = tables + static_cast<size_t>(Sp) * maxBlocks;
-    auto gemm = [&](float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
+    const bool small =
+        smallGemmOn && specdSmallGemmFits(Tp, D) && specdSmallGemmFits(Tp, qw) && specdSmallGemmFits(Tp, d.inter);
+    const bool smallHead = smallGemmOn && specdSmallGemmFits(Rp, D);
+    std::vector<Op> ops;
+    auto add = [&](const char* name, int layer, std::function<void()> f) {
+      ops.push_back({name, layer, std::move(f)});
+    };
+    auto gemm = [this](float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
       launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
+    };
+    auto smallGemm = [this](float* out, const void* in, int prologue, const float* norm, const int32_t* rowIdx,
+                            const void* w, int rows, int n, int k, bool acc, const char* what) {
+      launched(specdSmallGemm(out, in, prologue, norm, rowIdx, w, rows, n, k, d.eps, acc, stream), what);
     };
     auto tap = [&](int t) {
       if (tapMask >> t & 1u)
-        ok(cudaMemcpyAsync(taps + static_cast<size_t>(t) * maxRows * D, x, static_cast<size_t>(Tp) * D * 4,
-                           cudaMemcpyDeviceToDevice, stream),
-           "tap copy");
+        add("tap copy", t < d.layers ? t : -1, [this, t, Tp, D] {
+          ok(cudaMemcpyAsync(taps + static_cast<size_t>(t) * maxRows * D, x, static_cast<size_t>(Tp) * D * 4,
+                             cudaMemcpyDeviceToDevice, stream),
+             "tap copy");
+        });
     };
-    launched(specdEmbed(x, embed, ids, Tp, D, stream), "embed");
+    add("embed", -1, [=, this] { launched(specdEmbed(x, embed, ids, Tp, D, stream), "embed"); });
     const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
     for (int l = 0; l < d.layers; l++) {
       const LayerWeights& w = layers[l];
       float* kPool = kv + static_cast<size_t>(2 * l) * poolFloats;
       float* vPool = kPool + poolFloats;
       tap(l);
-      launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm");
-      gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM");
-      launched(
-          specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
-          "RoPE + KV write");
-      launched(
-          specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
-                              d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
-          "paged attention");
-      gemm(x, attnB, w.o, M, D, qw, true, "o GEMM");
-      launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm");
-      gemm(gu, xb, w.gateUp, M, 2 * d.inter, D, false, "gate|up GEMM");
-      launched(specdSwigluBf16(hb, gu, Tp, d.inter, stream), "SwiGLU");
-      gemm(x, hb, w.down, M, D, d.inter, true, "down GEMM");
+      if (small) {
+        add("norm + q|k|v GEMM", l,
+            [=, &w] { smallGemm(qkv, x, 1, w.attnNorm, nullptr, w.qkv, Tp, qw + 2 * kw, D, false, "q|k|v GEMM"); });
+      } else {
+        add("rmsNorm", l,
+            [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
+        add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
+      }
+      add("RoPE + KV write", l, [=, this] {
+        launched(
+            specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
+            "RoPE + KV write");
+      });
+      add("paged attention (2 launches)", l, [=, this] {
+        launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
+                                     d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize,
+                                     stream),
+                 "paged attention");
+      });
+      if (small) {
+        add("o GEMM + residual", l,
+            [=, &w] { smallGemm(x, attnB, 0, nullptr, nullptr, w.o, Tp, D, qw, true, "o GEMM"); });
+        add("norm + gate|up GEMM", l,
+            [=, &w] { smallGemm(gu, x, 1, w.mlpNorm, nullptr, w.gateUp, Tp, 2 * d.inter, D, false, "gate|up GEMM"); });
+        add("SwiGLU + down GEMM + residual", l,
+            [=, &w] { smallGemm(x, gu, 2, nullptr, nullptr, w.down, Tp, D, d.inter, true, "down GEMM"); });
+      } else {
+        add("o GEMM + residual", l, [=, &w] { gemm(x, attnB, w.o, M, D, qw, true, "o GEMM"); });
+        add("rmsNorm", l,
+            [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
+        add("gate|up GEMM", l, [=, &w] { gemm(gu, xb, w.gateUp, M, 2 * d.inter, D, false, "gate|up GEMM"); });
+        add("SwiGLU", l, [=, this] { launched(specdSwigluBf16(hb, gu, Tp, d.inter, stream), "SwiGLU"); });
+        add("down GEMM + residual", l, [=, &w] { gemm(x, hb, w.down, M, D, d.inter, true, "down GEMM"); });
+      }
     }
     tap(d.layers);
-    launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm");
-    gemm(logits, xb, d.tied ? embed : lmHead, MR, d.vocab, D, false, "lm_head GEMM");
-    launched(specdArgmax(argmax, logits, Rp, d.vocab, stream), "argmax");
+    const void* head = d.tied ? embed : lmHead;
+    if (smallHead) {
+      add("final norm + lm_head", -1,
+          [=] { smallGemm(logits, x, 1, finalNorm, logitRows, head, Rp, d.vocab, D, false, "lm_head GEMM"); });
+    } else {
+      add("final rmsNorm", -1, [=, this] {
+        launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm");
+      });
+      add("lm_head", -1, [=] { gemm(logits, xb, head, MR, d.vocab, D, false, "lm_head GEMM"); });
+    }
+    add("argmax", -1, [=, this] { launched(specdArgmax(argmax, logits, Rp, d.vocab, stream), "argmax"); });
+    return ops;
   }
+
+  void launchAll(int Tp, int Sp, int Rp, uint64_t tapMask) {
+    for (const Op& op : forwardOps(Tp, Sp, Rp, tapMask)) op.run();
+  }
+
+ public:
+  /** Use the small GEMM for batches of ≤ 16 rows (default on; off: cuBLASLt everywhere, for A/B benches). */
+  bool smallGemmOn = true;
+
+  /** Drops the captured CUDA graphs (after a launch option changed). */
+  void dropGraphs() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (auto& [k, v] : graphs) cudaGraphExecDestroy(v);
+    graphs.clear();
+    lastGraph = nullptr;
+  }
+
+  /**
+   * GPU µs of each launch of layer 0 and of the head for the last forward's batch shape, each timed as a CUDA graph
+   * of `reps` back-to-back copies (so launch gaps inside a graph count, host gaps do not). Overwrites activations
+   * and rewrites the batch's KV slots with other values: for benches at the end of a run only.
+   */
+  std::vector<std::pair<std::string, double>> profile(int reps) {
+    std::vector<std::pair<std::string, double>> out;
+    if (lastShape[0] == 0) return out;
+    const std::vector<Op> ops = forwardOps(lastShape[0], lastShape[1], lastShape[2], lastMask);
+    cudaEvent_t a = nullptr, b = nullptr;
+    ok(cudaEventCreate(&a), "cudaEventCreate");
+    ok(cudaEventCreate(&b), "cudaEventCreate");
+    for (const Op& op : ops) {
+      if (op.layer > 0) continue;
+      op.run();  // outside the capture first (plans, attributes)
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      for (int r = 0; r < reps; r++) op.run();
+      ok(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
+      ok(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
+      cudaGraphDestroy(g);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(a, stream);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(b, stream);
+      float ms = 0;
+      const cudaError_t e = cudaEventSynchronize(b);
+      if (e == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
+      cudaGraphExecDestroy(exec);
+      ok(e, "profile (cudaEventSynchronize)");
+      out.emplace_back(std::string(op.name) + (op.layer < 0 ? "" : " (a layer)"), 1000.0 * ms / reps);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return out;
+  }
+
+ private:
+  int lastShape[3] = {0, 0, 0};
+  uint64_t lastMask = 0;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -701,6 +818,48 @@ Napi::Value LlamaReplayMs(const Napi::CallbackInfo& info) {
   }
 }
 
+/**
+ * llamaSetOptions(runner, {smallGemm?, pdl?}): the launch choices for later forwards (A/B benches), dropping the
+ * captured CUDA graphs. smallGemm: batches of ≤ 16 rows use the small GEMM with fused RMSNorm / SwiGLU (default
+ * true; false: cuBLASLt and separate launches). pdl: programmatic dependent launch on sm_90+ (default true; process
+ * wide).
+ */
+Napi::Value LlamaSetOptions(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  if (!info[1].IsObject()) throw Napi::TypeError::New(env, "options: expected an object");
+  Napi::Object o = info[1].As<Napi::Object>();
+  if (o.Has("smallGemm")) r->smallGemmOn = o.Get("smallGemm").ToBoolean().Value();
+  if (o.Has("pdl")) specdSetPdl(o.Get("pdl").ToBoolean().Value());
+  r->dropGraphs();
+  return env.Undefined();
+}
+
+/**
+ * llamaProfile(runner, reps) → [{name, us}]: GPU µs of each launch of layer 0 and of the head at the last forward's
+ * batch shape, each replayed as a graph of `reps` copies. Overwrites activations and that batch's KV slots: benches
+ * only, at the end.
+ */
+Napi::Value LlamaProfile(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  const int reps = info[1].IsNumber() ? std::max(1, info[1].As<Napi::Number>().Int32Value()) : 20;
+  std::vector<std::pair<std::string, double>> rows;
+  try {
+    rows = r->profile(reps);
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  Napi::Array out = Napi::Array::New(env, rows.size());
+  for (size_t i = 0; i < rows.size(); i++) {
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("name", rows[i].first);
+    o.Set("us", rows[i].second);
+    out.Set(static_cast<uint32_t>(i), o);
+  }
+  return out;
+}
+
 /** llamaInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}: sizes and captured graphs. */
 Napi::Value LlamaInfo(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -733,5 +892,7 @@ void RegisterLlama(Napi::Env env, Napi::Object exports) {
   exports.Set("llamaLmHead", Napi::Function::New(env, LlamaLmHead));
   exports.Set("llamaReplayMs", Napi::Function::New(env, LlamaReplayMs));
   exports.Set("llamaInfo", Napi::Function::New(env, LlamaInfo));
+  exports.Set("llamaSetOptions", Napi::Function::New(env, LlamaSetOptions));
+  exports.Set("llamaProfile", Napi::Function::New(env, LlamaProfile));
   exports.Set("llamaDispose", Napi::Function::New(env, LlamaDispose));
 }

@@ -91,6 +91,87 @@ test('logits within bf16 tolerance of the CPU path with the same bf16 weights (f
   }
 });
 
+/**
+ * Logits of a 5-row block after a prefill of the rest of `ids` (the block takes the small-GEMM path of ≤ 16 rows,
+ * the prefill cuBLASLt), under launch options `opts` and graphs on or off.
+ */
+function blockLogits(model, ids, opts, graphs, tail = 5) {
+  model.setLaunchOptions(opts);
+  const saved = model.graphs;
+  model.graphs = graphs;
+  try {
+    const cache = model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
+    cache.add(1);
+    const n = ids.length - tail;
+    model.forward({ sequences: [{ id: 1, position: 0, tokens: ids.subarray(0, n), logits: 'last' }] }, cache);
+    const res = model.forward({ sequences: [{ id: 1, position: n, tokens: ids.subarray(n), logits: 'all' }] }, cache);
+    cache.finish(1);
+    return res.logits;
+  } finally {
+    model.graphs = saved;
+    model.setLaunchOptions({ smallGemm: true, pdl: true });
+  }
+}
+
+test('blocks of ≤ 16 rows (small GEMM): near the CPU and cuBLASLt; graphs, PDL, padding change no bit', async () => {
+  const cpu = await loadCpuReference();
+  try {
+    const { SequenceCache } = await import('@specd/core');
+    const V = gpu.model.info.vocabSize;
+    const tail = 5;
+    for (const p of prompts.slice(0, 3)) {
+      const cpuCache = new SequenceCache(cpu.model.cacheGeometry, { pageSize: 16, numPages: 64, numSlots: 1 });
+      cpuCache.add(1);
+      const all = cpu.model.forward(
+        { sequences: [{ id: 1, position: 0, tokens: p.ids, logits: 'all' }] },
+        cpuCache,
+      ).logits;
+      const ref = all.subarray((p.ids.length - tail) * V);
+      const small = blockLogits(gpu.model, p.ids, { smallGemm: true, pdl: true }, true);
+      // 5 rows pad to 8 under graphs (padded rows are real rows of token 0); without graphs the kernel zero-pads
+      const bits = (a) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+      assert.ok(
+        bits(blockLogits(gpu.model, p.ids, { smallGemm: true, pdl: true }, false)).equals(bits(small)),
+        'graphs off',
+      );
+      assert.ok(
+        bits(blockLogits(gpu.model, p.ids, { smallGemm: true, pdl: false }, true)).equals(bits(small)),
+        'PDL off',
+      );
+      const cublas = blockLogits(gpu.model, p.ids, { smallGemm: false, pdl: false }, true);
+      const rel = (a, b) => {
+        let maxRef = 0;
+        let maxDiff = 0;
+        for (let i = 0; i < a.length; i++) {
+          maxRef = Math.max(maxRef, Math.abs(b[i]));
+          maxDiff = Math.max(maxDiff, Math.abs(a[i] - b[i]));
+        }
+        return maxDiff / maxRef;
+      };
+      let agree = 0;
+      for (let r = 0; r < tail; r++) {
+        let a = 0;
+        let b = 0;
+        for (let j = 1; j < V; j++) {
+          if (ref[r * V + j] > ref[r * V + a]) a = j;
+          if (small[r * V + j] > small[r * V + b]) b = j;
+        }
+        agree += a === b ? 1 : 0;
+      }
+      const vsCpu = rel(small, ref);
+      const vsCublas = rel(small, cublas);
+      console.log(
+        `# ${p.id}: ${tail}-row block, small GEMM vs CPU ${vsCpu.toExponential(2)}, vs cuBLASLt ` +
+          `${vsCublas.toExponential(2)} (max |Δ| / max |logit|), argmax equal to the CPU's on ${agree} / ${tail}`,
+      );
+      assert.ok(vsCpu <= 3e-2, `small GEMM vs CPU ${vsCpu}`);
+      assert.ok(vsCublas <= 3e-2, `small GEMM vs cuBLASLt ${vsCublas}`);
+    }
+  } finally {
+    cpu.model.dispose();
+  }
+});
+
 test('greedy continuations: GPU runs repeat bit for bit; GPU vs CPU differences reported', async () => {
   const reqs = greedyRequests(prompts, 64);
   const a = runEngine(gpu.model, undefined, reqs).results;
