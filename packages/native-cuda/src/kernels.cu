@@ -147,6 +147,7 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
                                  int kvHeads, int headDim, float scale, bool causal) {
   __shared__ __align__(16) float qs[256];
   __shared__ float sc[kAttnTile];
+  __shared__ int64_t slotS[kAttnTile];  // the tile's keys' pool rows (the V pass reads them without the table)
   __shared__ float comb[kAttnThreads];
   const int row = blockIdx.x;
   const int head = blockIdx.y;
@@ -194,7 +195,9 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
     if (kk < n) {
       const int j = j0 + kk;
       const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
+      if (qq == 0) slotS[kk] = slot;
       const float4* kr = reinterpret_cast<const float4*>(kPool + slot * rowFloats + headOff);
+#pragma unroll 4
       for (int i = qq; i < headDim / 4; i += 4) {
         const float4 k4 = kr[i];
         dot += qs[4 * i] * k4.x + qs[4 * i + 1] * k4.y + qs[4 * i + 2] * k4.z + qs[4 * i + 3] * k4.w;
@@ -210,11 +213,10 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
     const float corr = expf(m - mNew);
     float a0 = 0.f, a1 = 0.f;
     const int iEnd = min(n, (g + 1) * perGroup);
+#pragma unroll 8
     for (int i = g * perGroup; i < iEnd; i++) {
       const float p = expf(sc[i] - mNew);
-      const int j = j0 + i;
-      const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
-      const float* vr = vPool + slot * rowFloats + headOff;
+      const float* vr = vPool + slotS[i] * rowFloats + headOff;
       a0 += p * vr[d0];
       if (d1) a1 += p * vr[d0 + kAttnThreads];
     }

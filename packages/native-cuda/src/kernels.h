@@ -35,14 +35,19 @@ int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_
 
 /** Rows of the largest batch the small GEMM (llama.cu) takes: decode steps and verify blocks of up to 16 tokens. */
 constexpr int kSmallGemmRows = 16;
-/** Whether specdSmallGemm takes `rows` rows of depth k (k a multiple of 8, [16, k] bf16 in shared memory). */
+/** Whether the small GEMM takes `rows` rows of depth k (1 ≤ rows ≤ 16, k a multiple of 64). */
 bool specdSmallGemmFits(int rows, int k);
 /**
- * out [rows, n] f32 (+)= prologue(in) [rows, k] · wᵀ, w bf16 [n, k]; prologue 0: `in` bf16 [rows, k]; 1: RMSNorm of
- * f32 rows of `in` (row rowIdx[r] when rowIdx is given) times normW [k] f32, eps; 2: SwiGLU of `in` f32 [rows, 2k].
- * Row-invariant (a row's bits do not depend on the other rows); launched with PDL when on.
+ * out [rows, n] f32 (+)= x [rows, k] bf16 · wᵀ, w bf16 [n, k], on the tensor cores with fp32 accumulation;
+ * row-invariant (a row's bits do not depend on the other rows or on `rows`); launched with PDL when on.
  */
-int specdSmallGemm(float* out, const void* in, int prologue, const float* normW, const int32_t* rowIdx, const void* w,
-                   int rows, int n, int k, float eps, bool accumulate, cudaStream_t stream);
+int specdSmallGemm(float* out, const void* x, const void* w, int rows, int n, int k, bool accumulate,
+                   cudaStream_t stream);
+/** outBf16 [rows, inter] = bf16(silu(x · Wgᵀ) · (x · Wuᵀ)), w = [Wg ; Wu] bf16 [2 · inter, k]: the same GEMM. */
+int specdSmallGemmSwiglu(void* outBf16, const void* x, const void* w, int rows, int inter, int k, cudaStream_t stream);
+/** Bytes of the workspace specdArgmaxTwoPass needs for rows × cols. */
+size_t specdArgmaxWorkspaceBytes(int rows, int cols);
+/** Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). */
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream);
 /** Programmatic dependent launch for later launches (launch.cuh; default on, used on sm_90+ only). */
 void specdSetPdl(bool on);

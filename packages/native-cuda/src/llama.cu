@@ -74,174 +74,228 @@ __global__ void swigluBf16Rows(__nv_bfloat16* out, const float* gu, int rows, in
   out[i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
 }
 
-/** What a small GEMM's prologue makes of its input (the bf16 rows the GEMV reads). */
-enum SmallIn : int {
-  kInBf16 = 0,    // bf16 [rows, k] as given (the attention output)
-  kInNorm = 1,    // RMSNorm of f32 [*, k] rows (gathered by rowIdx when given) times normW, rounded to bf16
-  kInSwiglu = 2,  // silu(gate) · up of f32 [rows, 2k] = [gate | up], rounded to bf16
-};
+constexpr int kSplitK = 4;  // warps of a small-GEMM block: each sums a fixed quarter of k
 
-constexpr int kSmallWarps = 4;
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
-__device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x) {
-  const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+/** 16 bf16 (32 bytes) at p as 8 words, or zeros when !valid. */
+__device__ __forceinline__ void load16(uint32_t (&w)[8], const __nv_bfloat16* p, bool valid) {
+  if (valid) {
+    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(p)), hi = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+  } else {
 #pragma unroll
-  for (int e = 0; e < 4; e++) {
-    const float2 wf = __bfloat1622float2(wp[e]), xf = __bfloat1622float2(xp[e]);
-    acc = __fmaf_rn(wf.x, xf.x, acc);
-    acc = __fmaf_rn(wf.y, xf.y, acc);
+    for (int i = 0; i < 8; i++) w[i] = 0u;
   }
 }
 
 /**
- * The GEMM of a batch of at most 16 rows (decode steps and verify blocks): out[r, c] (+)= Σ_k in[r, k] · W[c, k],
- * W bf16 [n, k] (k a multiple of 8), the input made by prologue P into shared memory as bf16 [M, k] (rows ≥ `rows`
- * are zeros). One warp owns C output columns: lane l sums the 8-element chunks l, l + 32, … in order with fp32 FMAs,
- * then a fixed xor butterfly adds the 32 lanes. Row r's bits depend on row r alone — not on M, C or the other rows
- * (the row invariance greedy speculation needs: a verify block's row equals the decode step's). The RMSNorm scale of
- * a row is one warp's strided sum of squares and the same butterfly. With PDL the block prefetches its weight rows
- * into L2 before waiting for the previous kernel.
+ * The GEMM of a batch of at most 16 rows (decode steps and verify blocks) on the tensor cores: out[r, c] (+)= Σ_k
+ * x[r, k] · W[c, k], x bf16 [rows, k] (rows ≤ 16, padded to 16 with zeros in registers), W bf16 [n, k], k a
+ * multiple of 64, fp32 accumulation (mma.sync m16n8k16). A block owns NT tiles of 8 output columns; its kSplitK
+ * warps each sum a fixed range of k's 64-wide superblocks, and warp 0 adds the four partial tiles in warp order.
+ * Inside a superblock, lane (g = lane / 4, t = lane % 4) feeds the MMA the 16 contiguous elements [t·16, t·16 + 16)
+ * of rows g and g + 8 and of its tile's column g, four per MMA step: the k order inside the MMA is a fixed
+ * permutation of the superblock, the same for x and W. Nothing depends on `rows` except which rows are zero, and
+ * the MMA's row r reads row r of x only: a row's bits are the same at any batch size up to 16 (the row invariance
+ * greedy speculation needs: a verify block's row equals the decode step's).
+ * PAIR (SwiGLU): the tiles are gate columns [c0, c0 + 8·NT) and the same up columns n + c0 … of W [2n, k]; the
+ * epilogue writes outBf16 [rows, n] = bf16(silu(gate) · up) instead of out.
  */
-template <int M, int C, int P>
-__global__ void __launch_bounds__(kSmallWarps * 32)
-    smallGemm(float* out, const void* in, const float* normW, const int32_t* rowIdx, const __nv_bfloat16* W, int rows,
-              int n, int k, float eps, bool accumulate) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem);
+template <int NT, bool PAIR>
+__global__ void __launch_bounds__(kSplitK * 32)
+    mmaGemm(float* out, __nv_bfloat16* outBf16, const __nv_bfloat16* x, const __nv_bfloat16* W, int rows, int n, int k,
+            bool accumulate) {
+  constexpr int TILES = PAIR ? 2 * NT : NT;
+  __shared__ float partial[kSplitK - 1][32][TILES * 4];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int col0 = (blockIdx.x * kSmallWarps + warp) * C;
-  const int chunks = k / 8;
-  // the warp's weight rows into L2 while the previous kernel finishes (128-byte lines)
-  for (int c = 0; c < C; c++)
-    if (col0 + c < n) {
-      const char* row = reinterpret_cast<const char*>(W + static_cast<int64_t>(col0 + c) * k);
-      for (int off = lane * 128; off < k * 2; off += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+  const int g = lane >> 2, t = lane & 3;
+  const int c0 = blockIdx.x * 8 * NT;
+  int wrow[TILES];
+  bool wok[TILES];
+#pragma unroll
+  for (int i = 0; i < TILES; i++) {
+    const int c = c0 + 8 * (i % NT) + g;
+    wok[i] = c < n;
+    wrow[i] = (PAIR && i >= NT ? n : 0) + (wok[i] ? c : 0);
+  }
+  const int sbs = k / 64;
+  const int per = (sbs + kSplitK - 1) / kSplitK;
+  const int sb0 = warp * per, sb1 = min(sbs, sb0 + per);
+  // this warp's weights into L2 while the previous kernel finishes
+  for (int i = 0; i < TILES; i++)
+    if (wok[i] && sb0 < sb1) {
+      const char* p = reinterpret_cast<const char*>(W + static_cast<int64_t>(wrow[i]) * k + sb0 * 64);
+      for (int off = t * 128; off < (sb1 - sb0) * 128; off += 4 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
     }
   pdlWait();
   pdlLaunchNext();
-  if (P == kInNorm) {
-    const float* x = static_cast<const float*>(in);
-    for (int r = warp; r < M; r += kSmallWarps) {
-      __nv_bfloat16* dst = xs + r * k;
-      if (r >= rows) {
-        for (int i = lane; i < k; i += 32) dst[i] = __float2bfloat16_rn(0.f);
-        continue;
-      }
-      const float* xr = x + static_cast<int64_t>(rowIdx == nullptr ? r : rowIdx[r]) * k;
-      float s = 0.f;
-      for (int i = lane; i < k; i += 32) s = __fmaf_rn(xr[i], xr[i], s);
+  float acc[TILES][4];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
-      const float inv = rsqrtf(__fadd_rn(__fdiv_rn(s, static_cast<float>(k)), eps));
-      for (int i = lane; i < k; i += 32) dst[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(xr[i], inv), normW[i]));
+  for (int i = 0; i < TILES; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  const bool lo = g < rows, hi = g + 8 < rows;
+  const __nv_bfloat16* xlo = x + static_cast<int64_t>(lo ? g : 0) * k + t * 16;
+  const __nv_bfloat16* xhi = x + static_cast<int64_t>(hi ? g + 8 : 0) * k + t * 16;
+#pragma unroll 2
+  for (int sb = sb0; sb < sb1; sb++) {
+    uint32_t a0[8], a1[8], b[TILES][8];
+    load16(a0, xlo + sb * 64, lo);
+    load16(a1, xhi + sb * 64, hi);
+#pragma unroll
+    for (int i = 0; i < TILES; i++) load16(b[i], W + static_cast<int64_t>(wrow[i]) * k + sb * 64 + t * 16, wok[i]);
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
+#pragma unroll
+      for (int i = 0; i < TILES; i++) mma16816(acc[i], a, b[i][2 * s], b[i][2 * s + 1]);
     }
-  } else if (P == kInSwiglu) {
-    const float* gu = static_cast<const float*>(in);
-    for (int i = threadIdx.x; i < M * k; i += blockDim.x) {
-      const int r = i / k, j = i % k;
-      float v = 0.f;
-      if (r < rows) {
-        const float g = gu[static_cast<int64_t>(r) * 2 * k + j], u = gu[static_cast<int64_t>(r) * 2 * k + k + j];
-        v = g / (1.f + expf(-g)) * u;
-      }
-      xs[i] = __float2bfloat16_rn(v);
-    }
-  } else {
-    const uint4* src = static_cast<const uint4*>(in);
-    uint4* dst = reinterpret_cast<uint4*>(xs);
-    for (int i = threadIdx.x; i < M * chunks; i += blockDim.x)
-      dst[i] = i / chunks < rows ? src[i] : make_uint4(0, 0, 0, 0);
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < TILES; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) partial[warp - 1][lane][i * 4 + e] = acc[i][e];
   }
   __syncthreads();
-  if (col0 >= n) return;
-  float acc[C][M];
+  if (warp > 0) return;
 #pragma unroll
-  for (int c = 0; c < C; c++)
+  for (int w = 0; w < kSplitK - 1; w++)
 #pragma unroll
-    for (int m = 0; m < M; m++) acc[c][m] = 0.f;
-  const uint4* wrow[C];
+    for (int i = 0; i < TILES; i++)
 #pragma unroll
-  for (int c = 0; c < C; c++)
-    wrow[c] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(min(col0 + c, n - 1)) * k);
-  const uint4* xv = reinterpret_cast<const uint4*>(xs);
-#pragma unroll 2
-  for (int ch = lane; ch < chunks; ch += 32) {
-    uint4 w[C];
+      for (int e = 0; e < 4; e++) acc[i][e] = __fadd_rn(acc[i][e], partial[w][lane][i * 4 + e]);
+  // C fragment: acc[i][0..1] row g, columns 2t, 2t + 1 of tile i; acc[i][2..3] row g + 8
 #pragma unroll
-    for (int c = 0; c < C; c++) w[c] = __ldg(wrow[c] + ch);
+  for (int i = 0; i < NT; i++)
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-      const uint4 xm = xv[m * chunks + ch];
-#pragma unroll
-      for (int c = 0; c < C; c++) fma8(acc[c][m], w[c], xm);
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < C; c++)
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      float v = acc[c][m];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-      if (lane == ((c * M + m) & 31) && m < rows && col0 + c < n) {
-        float* dst = out + static_cast<int64_t>(m) * n + col0 + c;
-        *dst = accumulate ? __fadd_rn(*dst, v) : v;
+    for (int e = 0; e < 4; e++) {
+      const int r = e < 2 ? g : g + 8;
+      const int c = c0 + 8 * i + 2 * t + (e & 1);
+      if (r >= rows || c >= n) continue;
+      if (PAIR) {
+        const float gate = acc[i][e], up = acc[NT + i][e];
+        outBf16[static_cast<int64_t>(r) * n + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+      } else {
+        float* dst = out + static_cast<int64_t>(r) * n + c;
+        *dst = accumulate ? __fadd_rn(*dst, acc[i][e]) : acc[i][e];
       }
     }
 }
 
-template <int M, int C, int P>
-int launchSmall(float* out, const void* in, const float* normW, const int32_t* rowIdx, const void* W, int rows, int n,
-                int k, float eps, bool accumulate, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(M) * k * 2;
-  static size_t allowed = 48u << 10;  // per instantiation: raised once, outside any graph capture (the warm-up)
-  if (smem > allowed) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(smallGemm<M, C, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return static_cast<int>(e);
-    allowed = smem;
+/**
+ * Greedy argmax, first pass: block (row, p) scans columns [p · 2048, p · 2048 + 2048) of x [rows, cols] (float4
+ * loads when cols is a multiple of 4) → part[row, p] = (max, lowest index of it, any value not finite).
+ */
+constexpr int kArgmaxSpan = 2048;
+struct ArgmaxPart {
+  float v;
+  int i;
+  int bad;
+};
+
+__device__ __forceinline__ void argmaxTake(float& b, int& bi, float v, int i) {
+  if (v > b || (v == b && i < bi)) {
+    b = v;
+    bi = i;
   }
-  const unsigned blocks = static_cast<unsigned>((n + kSmallWarps * C - 1) / (kSmallWarps * C));
-  return static_cast<int>(specdLaunch(smallGemm<M, C, P>, dim3(blocks), dim3(kSmallWarps * 32), smem, stream, out, in,
-                                      normW, rowIdx, static_cast<const __nv_bfloat16*>(W), rows, n, k, eps,
-                                      accumulate));
 }
 
-/** Columns per warp: more for wide outputs (the lm_head) and many rows (the prologue's work per block). */
-template <int M, int P>
-int dispatchC(float* out, const void* in, const float* normW, const int32_t* rowIdx, const void* W, int rows, int n,
-              int k, float eps, bool accumulate, cudaStream_t stream) {
-  if (n >= 16384)
-    return launchSmall<M, (M <= 4 ? 8 : 4), P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
-  return launchSmall<M, (M <= 2 ? 2 : 4), P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
+__global__ void __launch_bounds__(256) argmaxPass1(ArgmaxPart* part, const float* x, int cols) {
+  __shared__ float sv[256];
+  __shared__ int si[256];
+  pdlWait();
+  pdlLaunchNext();
+  const int row = blockIdx.x, p = blockIdx.y, parts = gridDim.y;
+  const float* xr = x + static_cast<int64_t>(row) * cols;
+  const int begin = p * kArgmaxSpan, end = min(cols, begin + kArgmaxSpan);
+  float b = -INFINITY;
+  int bi = 0x7fffffff, bad = 0;
+#pragma unroll
+  for (int j = 0; j < kArgmaxSpan / 256; j++) {
+    const int c = begin + j * 256 + threadIdx.x;
+    if (c < end) {
+      const float v = xr[c];
+      bad |= !isfinite(v);
+      argmaxTake(b, bi, v, c);
+    }
+  }
+  bad = __syncthreads_or(bad);
+  sv[threadIdx.x] = b;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int stride = 128; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride)
+      argmaxTake(sv[threadIdx.x], si[threadIdx.x], sv[threadIdx.x + stride], si[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[static_cast<int64_t>(row) * parts + p] = {sv[0], si[0], bad};
 }
 
-template <int P>
-int dispatchM(float* out, const void* in, const float* normW, const int32_t* rowIdx, const void* W, int rows, int n,
-              int k, float eps, bool accumulate, cudaStream_t stream) {
-  if (rows <= 1) return dispatchC<1, P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
-  if (rows <= 2) return dispatchC<2, P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
-  if (rows <= 4) return dispatchC<4, P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
-  if (rows <= 8) return dispatchC<8, P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
-  return dispatchC<16, P>(out, in, normW, rowIdx, W, rows, n, k, eps, accumulate, stream);
+/** Greedy argmax, second pass: one warp per row over its parts → out[row] (−1 when a value was not finite). */
+__global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
+  pdlWait();
+  pdlLaunchNext();
+  const int row = blockIdx.x, lane = threadIdx.x;
+  float b = -INFINITY;
+  int bi = 0x7fffffff, bad = 0;
+  for (int p = lane; p < parts; p += 32) {
+    const ArgmaxPart q = part[static_cast<int64_t>(row) * parts + p];
+    bad |= q.bad;
+    argmaxTake(b, bi, q.v, q.i);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, b, o);
+    const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmaxTake(b, bi, v, i);
+    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+  }
+  if (lane == 0) out[row] = bad ? -1 : bi;
+}
+
+template <int NT, bool PAIR>
+int launchMma(float* out, void* outBf16, const void* x, const void* w, int rows, int n, int k, bool accumulate,
+              cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((n + 8 * NT - 1) / (8 * NT));
+  return static_cast<int>(specdLaunch(mmaGemm<NT, PAIR>, dim3(blocks), dim3(kSplitK * 32), 0, stream, out,
+                                      static_cast<__nv_bfloat16*>(outBf16), static_cast<const __nv_bfloat16*>(x),
+                                      static_cast<const __nv_bfloat16*>(w), rows, n, k, accumulate));
 }
 
 }  // namespace
 
-bool specdSmallGemmFits(int rows, int k) {
-  return rows >= 1 && rows <= kSmallGemmRows && k % 8 == 0 && static_cast<size_t>(16) * k * 2 <= (160u << 10);
+bool specdSmallGemmFits(int rows, int k) { return rows >= 1 && rows <= kSmallGemmRows && k % 64 == 0; }
+
+int specdSmallGemm(float* out, const void* x, const void* w, int rows, int n, int k, bool accumulate,
+                   cudaStream_t stream) {
+  if (!specdSmallGemmFits(rows, k)) return static_cast<int>(cudaErrorInvalidValue);
+  if (n >= 16384) return launchMma<4, false>(out, nullptr, x, w, rows, n, k, accumulate, stream);
+  return launchMma<1, false>(out, nullptr, x, w, rows, n, k, accumulate, stream);
 }
 
-int specdSmallGemm(float* out, const void* in, int prologue, const float* normW, const int32_t* rowIdx, const void* w,
-                   int rows, int n, int k, float eps, bool accumulate, cudaStream_t stream) {
-  if (!specdSmallGemmFits(rows, k) || prologue < kInBf16 || prologue > kInSwiglu)
-    return static_cast<int>(cudaErrorInvalidValue);
-  if (prologue == kInNorm) return dispatchM<kInNorm>(out, in, normW, rowIdx, w, rows, n, k, eps, accumulate, stream);
-  if (prologue == kInSwiglu)
-    return dispatchM<kInSwiglu>(out, in, normW, rowIdx, w, rows, n, k, eps, accumulate, stream);
-  return dispatchM<kInBf16>(out, in, normW, rowIdx, w, rows, n, k, eps, accumulate, stream);
+int specdSmallGemmSwiglu(void* outBf16, const void* x, const void* w, int rows, int inter, int k, cudaStream_t stream) {
+  if (!specdSmallGemmFits(rows, k)) return static_cast<int>(cudaErrorInvalidValue);
+  return launchMma<1, true>(nullptr, outBf16, x, w, rows, inter, k, false, stream);
+}
+
+size_t specdArgmaxWorkspaceBytes(int rows, int cols) {
+  return static_cast<size_t>(rows) * ((cols + kArgmaxSpan - 1) / kArgmaxSpan) * sizeof(ArgmaxPart);
+}
+
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream) {
+  const int parts = (cols + kArgmaxSpan - 1) / kArgmaxSpan;
+  ArgmaxPart* part = static_cast<ArgmaxPart*>(workspace);
+  cudaError_t e = specdLaunch(argmaxPass1, dim3(rows, parts), dim3(256), 0, stream, part, x, cols);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  return static_cast<int>(
+      specdLaunch(argmaxPass2, dim3(rows), dim3(32), 0, stream, out, static_cast<const ArgmaxPart*>(part), parts));
 }
 
 namespace {

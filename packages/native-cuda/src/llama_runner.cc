@@ -6,12 +6,15 @@
 // layer, the asked taps and, only when asked, the logits: greedy decoding moves token ids, not logits.
 //
 // Per layer: RMSNorm → bf16, q|k|v GEMM, RoPE + KV page write, paged attention → bf16, o GEMM accumulated into the
-// residual (β = 1), RMSNorm → bf16, gate|up GEMM, SwiGLU → bf16, down GEMM accumulated into the residual: nine
-// launches (two for attention). Batches of at most kGraphRows rows run as CUDA graphs, one per (padded row count,
-// tap set), captured at the first forward of each (vLLM's decode graphs): a step is one graph launch. Rows pad to a
-// power of two (padded rows: token 0, position 0, no KV slot, a sequence without keys); the GEMMs of every batch of
-// at most 16 rows use the plan made for 16 rows, so a row's logits are the same bits whether it is decoded alone or
-// verified in a block of up to 16 (greedy speculation equals plain decoding).
+// residual, RMSNorm → bf16, gate|up GEMM, SwiGLU → bf16, down GEMM accumulated into the residual. Batches of at
+// most 16 rows (decode steps, verify blocks) use llama.cu's small GEMM on the tensor cores (row-invariant, SwiGLU in
+// the gate|up GEMM's epilogue, residual adds in the o/down GEMMs': nine launches, two for attention); larger ones
+// cuBLASLt (β = 1 for the residual adds: ten). Kernels go out with programmatic dependent launch on sm_90+. Batches of
+// at most kGraphRows rows run as CUDA graphs, one per (padded row count, tap set), captured at the first forward of
+// each (vLLM's decode graphs): a step is one graph launch. Rows pad to a power of two (padded rows: token 0, position
+// 0, no KV slot, a sequence without keys); a row's logits are the same bits whether it is decoded alone or verified in
+// a block of up to 16 (greedy speculation equals plain decoding): the small GEMM is row-invariant, and with it off
+// (llamaSetOptions) every batch of ≤ 16 rows uses cuBLASLt's plan for 16 rows.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <napi.h>
@@ -103,6 +106,7 @@ class LlamaRunner {
       hb = dev(M * d.inter * 2, "SwiGLU output");
       logits = static_cast<float*>(dev(M * d.vocab * 4, "logits"));
       argmax = static_cast<int32_t*>(dev(M * 4, "argmax"));
+      argmaxWs = dev(specdArgmaxWorkspaceBytes(static_cast<int>(M), d.vocab), "argmax partials");
       taps = static_cast<float*>(dev(static_cast<size_t>(d.layers + 1) * maxRows * d.hidden * 4, "taps"));
       ok(cudaMallocHost(&hArgmax, static_cast<size_t>(maxRows) * 4), "cudaMallocHost (argmax)");
       layers.resize(d.layers);
@@ -351,7 +355,7 @@ class LlamaRunner {
   std::vector<LayerWeights> layers;
   float *kv = nullptr, *cosSin = nullptr, *x = nullptr, *qkv = nullptr, *q = nullptr, *gu = nullptr;
   float *logits = nullptr, *part = nullptr, *taps = nullptr;
-  void *xb = nullptr, *attnB = nullptr, *hb = nullptr;
+  void *xb = nullptr, *attnB = nullptr, *hb = nullptr, *argmaxWs = nullptr;
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
   std::map<std::pair<int, uint64_t>, cudaGraphExec_t> graphs;
   cudaGraphExec_t lastGraph = nullptr;
@@ -405,10 +409,8 @@ class LlamaRunner {
   };
 
   /**
-   * Every launch of one forward over Tp rows, Sp sequences and Rp logit rows, metadata already in `meta`. Batches of
-   * at most kSmallGemmRows rows take the small-GEMM path (RMSNorm and SwiGLU fused into the GEMMs' prologues, the
-   * residual adds into their epilogues: seven launches per layer); larger ones cuBLASLt with separate RMSNorm and
-   * SwiGLU launches (ten). The logits of at most kSmallGemmRows rows take the small GEMM too, the final norm fused.
+   * Every launch of one forward over Tp rows, Sp sequences and Rp logit rows, metadata already in `meta` (see the
+   * file comment for the two GEMM paths). The logits of at most kSmallGemmRows rows take the small GEMM too.
    */
   std::vector<Op> forwardOps(int Tp, int Sp, int Rp, uint64_t tapMask) {
     const int D = d.hidden;
@@ -430,10 +432,6 @@ class LlamaRunner {
     auto gemm = [this](float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
       launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
     };
-    auto smallGemm = [this](float* out, const void* in, int prologue, const float* norm, const int32_t* rowIdx,
-                            const void* w, int rows, int n, int k, bool acc, const char* what) {
-      launched(specdSmallGemm(out, in, prologue, norm, rowIdx, w, rows, n, k, d.eps, acc, stream), what);
-    };
     auto tap = [&](int t) {
       if (tapMask >> t & 1u)
         add("tap copy", t < d.layers ? t : -1, [this, t, Tp, D] {
@@ -449,14 +447,13 @@ class LlamaRunner {
       float* kPool = kv + static_cast<size_t>(2 * l) * poolFloats;
       float* vPool = kPool + poolFloats;
       tap(l);
-      if (small) {
-        add("norm + q|k|v GEMM", l,
-            [=, &w] { smallGemm(qkv, x, 1, w.attnNorm, nullptr, w.qkv, Tp, qw + 2 * kw, D, false, "q|k|v GEMM"); });
-      } else {
-        add("rmsNorm", l,
-            [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
-        add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
-      }
+      add("attention rmsNorm", l,
+          [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
+      if (small)
+        add("q|k|v GEMM", l, [=, &w, this] {
+          launched(specdSmallGemm(qkv, xb, w.qkv, Tp, qw + 2 * kw, D, false, stream), "q|k|v GEMM");
+        });
+      else add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
       add("RoPE + KV write", l, [=, this] {
         launched(
             specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
@@ -468,17 +465,19 @@ class LlamaRunner {
                                      stream),
                  "paged attention");
       });
-      if (small) {
+      if (small)
         add("o GEMM + residual", l,
-            [=, &w] { smallGemm(x, attnB, 0, nullptr, nullptr, w.o, Tp, D, qw, true, "o GEMM"); });
-        add("norm + gate|up GEMM", l,
-            [=, &w] { smallGemm(gu, x, 1, w.mlpNorm, nullptr, w.gateUp, Tp, 2 * d.inter, D, false, "gate|up GEMM"); });
-        add("SwiGLU + down GEMM + residual", l,
-            [=, &w] { smallGemm(x, gu, 2, nullptr, nullptr, w.down, Tp, D, d.inter, true, "down GEMM"); });
+            [=, &w, this] { launched(specdSmallGemm(x, attnB, w.o, Tp, D, qw, true, stream), "o GEMM"); });
+      else add("o GEMM + residual", l, [=, &w] { gemm(x, attnB, w.o, M, D, qw, true, "o GEMM"); });
+      add("MLP rmsNorm", l,
+          [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
+      if (small) {
+        add("gate|up GEMM + SwiGLU", l, [=, &w, this] {
+          launched(specdSmallGemmSwiglu(hb, xb, w.gateUp, Tp, d.inter, D, stream), "gate|up GEMM");
+        });
+        add("down GEMM + residual", l,
+            [=, &w, this] { launched(specdSmallGemm(x, hb, w.down, Tp, D, d.inter, true, stream), "down GEMM"); });
       } else {
-        add("o GEMM + residual", l, [=, &w] { gemm(x, attnB, w.o, M, D, qw, true, "o GEMM"); });
-        add("rmsNorm", l,
-            [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
         add("gate|up GEMM", l, [=, &w] { gemm(gu, xb, w.gateUp, M, 2 * d.inter, D, false, "gate|up GEMM"); });
         add("SwiGLU", l, [=, this] { launched(specdSwigluBf16(hb, gu, Tp, d.inter, stream), "SwiGLU"); });
         add("down GEMM + residual", l, [=, &w] { gemm(x, hb, w.down, M, D, d.inter, true, "down GEMM"); });
@@ -486,16 +485,14 @@ class LlamaRunner {
     }
     tap(d.layers);
     const void* head = d.tied ? embed : lmHead;
-    if (smallHead) {
-      add("final norm + lm_head", -1,
-          [=] { smallGemm(logits, x, 1, finalNorm, logitRows, head, Rp, d.vocab, D, false, "lm_head GEMM"); });
-    } else {
-      add("final rmsNorm", -1, [=, this] {
-        launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm");
-      });
-      add("lm_head", -1, [=] { gemm(logits, xb, head, MR, d.vocab, D, false, "lm_head GEMM"); });
-    }
-    add("argmax", -1, [=, this] { launched(specdArgmax(argmax, logits, Rp, d.vocab, stream), "argmax"); });
+    add("final rmsNorm", -1,
+        [=, this] { launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm"); });
+    if (smallHead)
+      add("lm_head", -1,
+          [=, this] { launched(specdSmallGemm(logits, xb, head, Rp, d.vocab, D, false, stream), "lm_head GEMM"); });
+    else add("lm_head", -1, [=] { gemm(logits, xb, head, MR, d.vocab, D, false, "lm_head GEMM"); });
+    add("argmax (2 launches)", -1,
+        [=, this] { launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, Rp, d.vocab, stream), "argmax"); });
     return ops;
   }
 
