@@ -279,6 +279,141 @@ __global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* 
   }
 }
 
+constexpr int kPreQ = 32;   // query rows of a prefill-attention block
+constexpr int kPreK = 32;   // keys per tile
+constexpr int kPreHd = 64;  // the largest headDim of the prefill kernel (static shared memory)
+
+/**
+ * Causal paged attention for batches of more than 16 rows (prefill chunks): one block of 128 threads per (32 query
+ * rows, q head), the keys in tiles of 32 staged in shared memory once for the block's rows (FlashAttention's
+ * tiling, arXiv 2205.14135, on CUDA cores in fp32). Rows of several sequences in one block are taken a sequence at
+ * a time. Four threads own a query row: each scores 8 of the tile's keys and owns headDim / 4 output dims; the
+ * online softmax (m, l) of a row combines the four threads' partial sums in a fixed order. Key tiles start at key 0
+ * and a tile past a row's visible keys changes nothing of it (p = 0 exactly), so a row's bits depend on its own
+ * sequence's keys only, not on the other rows. Output as in attentionMerge (f32 `out`, or bf16 `outBf16`).
+ */
+__global__ void __launch_bounds__(128)
+    prefillAttention(float* out, __nv_bfloat16* outBf16, const float* q, const float* kPool, const float* vPool,
+                     const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                     const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                     int kvHeads, int headDim, float scale) {
+  __shared__ float qs[kPreQ][kPreHd + 1];  // + 1: the 8 rows a warp reads fall in different banks
+  __shared__ float ks[kPreK][kPreHd + 1];
+  __shared__ __align__(16) float vs[kPreK][kPreHd];
+  __shared__ float ps[kPreQ][kPreK + 1];
+  __shared__ int seqOf[kPreQ], vis[kPreQ];
+  pdlWait();
+  pdlLaunchNext();
+  const int t = threadIdx.x;
+  const int row0 = blockIdx.x * kPreQ, head = blockIdx.y;
+  const int kvHead = head / (qHeads / kvHeads);
+  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
+  const int64_t headOff = static_cast<int64_t>(kvHead) * headDim;
+  if (t < kPreQ) {
+    const int row = row0 + t;
+    int sq = -1, v = 0;
+    if (row < totalQ) {
+      int lo = 0, hi = numSeqs - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (cuSeqlensQ[mid] <= row) lo = mid;
+        else hi = mid - 1;
+      }
+      sq = lo;
+      v = min(positions[row] + 1, kvLens[lo]);
+    }
+    seqOf[t] = sq;
+    vis[t] = v;
+  }
+  for (int i = t; i < kPreQ * headDim; i += 128) {
+    const int r = i / headDim, c = i % headDim;
+    const int row = row0 + r;
+    qs[r][c] = row < totalQ ? q[(static_cast<int64_t>(row) * qHeads + head) * headDim + c] : 0.f;
+  }
+  __syncthreads();
+  const int qi = t >> 2, part = t & 3;  // this thread: row qi, keys part, part + 4, …; dims [part·hd/4, …)
+  const int dq = headDim / 4, d0 = part * dq;
+  float acc[kPreHd / 4];
+  float m = -INFINITY, l = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPreHd / 4; i++) acc[i] = 0.f;
+  const int firstSeq = seqOf[0], lastSeq = seqOf[min(kPreQ, totalQ - row0) - 1];
+  for (int sq = firstSeq; sq <= lastSeq; sq++) {
+    int kmax = 0;
+    for (int r = 0; r < kPreQ; r++)
+      if (seqOf[r] == sq) kmax = max(kmax, vis[r]);
+    const bool mine = seqOf[qi] == sq;
+    const int myVis = mine ? vis[qi] : 0;
+    const int32_t* table = blockTables + static_cast<int64_t>(sq) * maxBlocks;
+    for (int j0 = 0; j0 < kmax; j0 += kPreK) {
+      const int n = min(kPreK, kmax - j0);
+      for (int i = t; i < kPreK * (headDim / 4); i += 128) {
+        const int kk = i / (headDim / 4), c4 = i % (headDim / 4);
+        float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
+        if (kk < n) {
+          const int j = j0 + kk;
+          const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
+          k4 = reinterpret_cast<const float4*>(kPool + slot * rowFloats + headOff)[c4];
+          v4 = reinterpret_cast<const float4*>(vPool + slot * rowFloats + headOff)[c4];
+        }
+        ks[kk][4 * c4] = k4.x, ks[kk][4 * c4 + 1] = k4.y, ks[kk][4 * c4 + 2] = k4.z, ks[kk][4 * c4 + 3] = k4.w;
+        reinterpret_cast<float4*>(&vs[kk][0])[c4] = v4;
+      }
+      __syncthreads();
+      // scores of row qi against keys part + 4u; the tile's max over the visible ones
+      float sc[kPreK / 4];
+      float tileMax = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kPreK / 4; u++) {
+        const int kk = part + 4 * u;
+        float dot = 0.f;
+#pragma unroll 8
+        for (int c = 0; c < headDim; c++) dot = __fmaf_rn(qs[qi][c], ks[kk][c], dot);
+        sc[u] = j0 + kk < myVis ? dot * scale : -INFINITY;
+        tileMax = fmaxf(tileMax, sc[u]);
+      }
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+      const float mNew = fmaxf(m, tileMax);
+      const float corr = mNew == -INFINITY ? 1.f : expf(m - mNew);
+      float psum = 0.f;
+#pragma unroll
+      for (int u = 0; u < kPreK / 4; u++) {
+        const float p = sc[u] == -INFINITY ? 0.f : expf(sc[u] - mNew);
+        ps[qi][part + 4 * u] = p;
+        psum += p;
+      }
+      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+      __syncwarp();
+      l = l * corr + psum;
+      m = mNew;
+      float a[kPreHd / 4];
+#pragma unroll
+      for (int i = 0; i < kPreHd / 4; i++) a[i] = 0.f;
+      for (int kk = 0; kk < n; kk++) {
+        const float p = ps[qi][kk];
+#pragma unroll
+        for (int i = 0; i < kPreHd / 4; i++)
+          if (i < dq) a[i] = __fmaf_rn(p, vs[kk][d0 + i], a[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kPreHd / 4; i++) acc[i] = acc[i] * corr + a[i];
+      __syncthreads();  // ks, vs and ps are rewritten by the next tile
+    }
+  }
+  const int row = row0 + qi;
+  if (row >= totalQ) return;
+  const int64_t at = (static_cast<int64_t>(row) * qHeads + head) * headDim + d0;
+#pragma unroll
+  for (int i = 0; i < kPreHd / 4; i++) {
+    if (i >= dq) break;
+    const float r = l > 0.f ? acc[i] / l : 0.f;
+    if (out != nullptr) out[at + i] = r;
+    else outBf16[at + i] = __float2bfloat16_rn(r);
+  }
+}
+
 }  // namespace
 
 int specdToBf16(void* out, const float* x, int64_t n, cudaStream_t stream) {
@@ -448,4 +583,17 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   return static_cast<int>(cublasLtMatmul(lt, p.op, &alpha, w, p.a, xb, p.b, &beta, out, p.c, out, p.c, &p.algo,
                                          workspace, workspaceBytes, stream));
+}
+
+bool specdPrefillAttentionFits(int headDim) { return headDim <= kPreHd && headDim % 4 == 0; }
+
+int specdPrefillAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
+                          const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                          const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                          int kvHeads, int headDim, float scale, cudaStream_t stream) {
+  if (!specdPrefillAttentionFits(headDim) || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(specdLaunch(prefillAttention, dim3((totalQ + kPreQ - 1) / kPreQ, qHeads), dim3(128), 0,
+                                      stream, out, static_cast<__nv_bfloat16*>(outBf16), q, kPool, vPool, cuSeqlensQ,
+                                      kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks, pageSize, qHeads,
+                                      kvHeads, headDim, scale));
 }

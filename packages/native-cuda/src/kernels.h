@@ -23,6 +23,16 @@ int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, 
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
                         int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
+/** Whether specdPrefillAttention takes this headDim (a multiple of 4, at most 64). */
+bool specdPrefillAttentionFits(int headDim);
+/**
+ * Causal paged attention for batches of more than 16 rows (prefill chunks), query-tiled: the arguments of
+ * specdPagedAttention (causal only, no partition workspace). A row's bits depend on its own sequence's keys only.
+ */
+int specdPrefillAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
+                          const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                          const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                          int kvHeads, int headDim, float scale, cudaStream_t stream);
 int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w, int m, int mPad, int n, int k,
                   void* workspace, size_t workspaceBytes, cudaStream_t stream, bool accumulate = false);
 

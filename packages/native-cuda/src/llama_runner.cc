@@ -459,12 +459,19 @@ class LlamaRunner {
             specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
             "RoPE + KV write");
       });
-      add("paged attention (2 launches)", l, [=, this] {
-        launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
-                                     d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize,
-                                     stream),
-                 "paged attention");
-      });
+      if (Tp > kSmallGemmRows && specdPrefillAttentionFits(d.headDim))
+        add("prefill attention", l, [=, this] {
+          launched(specdPrefillAttention(nullptr, attnB, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
+                                         d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, stream),
+                   "prefill attention");
+        });
+      else
+        add("paged attention (2 launches)", l, [=, this] {
+          launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp,
+                                       maxBlocks, d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true,
+                                       maxBlocks * d.pageSize, stream),
+                   "paged attention");
+        });
       if (small)
         add("o GEMM + residual", l,
             [=, &w, this] { launched(specdSmallGemm(x, attnB, w.o, Tp, D, qw, true, stream), "o GEMM"); });
