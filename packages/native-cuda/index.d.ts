@@ -1,4 +1,5 @@
-// Types of @specd/native-cuda (index.js; the addon's functions in src/binding.cc and src/llama_runner.cc).
+// Types of @specd/native-cuda (index.js; the addon's functions in src/binding.cc, src/llama_runner.cc and
+// src/eagle3_runner.cc).
 
 /** A device object owned by the addon (a buffer or a runner): opaque to JavaScript. */
 export type DeviceHandle = { readonly __device: unique symbol };
@@ -51,6 +52,49 @@ export interface LlamaRunnerInfo {
   readonly graphs: string[];
 }
 
+/** Options of {@link CudaAddon.eagle3Create} (the EAGLE-3 draft model's sizes; src/eagle3_runner.cc). */
+export interface Eagle3RunnerOptions {
+  readonly hiddenSize: number;
+  readonly numHeads: number;
+  readonly numKvHeads: number;
+  /** A multiple of 16, at most 256 (the paged attention kernel's). */
+  readonly headDim: number;
+  readonly intermediateSize: number;
+  /** The target's vocabulary (rows of the embedding; the range of d2t). */
+  readonly vocabSize: number;
+  /** Rows of the draft lm_head. */
+  readonly draftVocabSize: number;
+  /** Target taps fc reads (fc is `[hiddenSize, numTaps · hiddenSize]`). */
+  readonly numTaps: number;
+  readonly ropeTheta: number;
+  readonly rmsNormEps: number;
+  /** The draft layer's residual is hidden_norm(g) (true) or g (false). */
+  readonly normBeforeResidual: boolean;
+  /** Sequences at once, at most (g slots, chain rows). */
+  readonly maxSequences: number;
+  /** Chain steps at most. */
+  readonly maxDraftTokens: number;
+}
+
+/** What {@link CudaAddon.eagle3Step} returns. */
+export interface Eagle3StepResult {
+  /** The argmax of each row's draft-vocabulary logits `[S]` i32 (−1: not finite). */
+  readonly argmax: Int32Array;
+  /** Draft-vocabulary logits `[S, draftVocabSize]` f32. */
+  readonly logits: Float32Array;
+}
+
+/** What {@link CudaAddon.eagle3Info} returns. */
+export interface Eagle3RunnerInfo {
+  readonly weightBytes: number;
+  readonly kvBytes: number;
+  readonly activationBytes: number;
+  /** Block-table entries per sequence of eagle3Chain / eagle3Step. */
+  readonly maxBlocks: number;
+  /** Captured chain graphs (`"16 rows x 6 steps"`). */
+  readonly graphs: string[];
+}
+
 /** The addon (see src/binding.cc and src/llama_runner.cc for each function's contract). */
 export interface CudaAddon {
   readonly info: CudaDeviceInfo;
@@ -88,6 +132,45 @@ export interface CudaAddon {
    */
   llamaProfile(runner: DeviceHandle, reps: number): { name: string; us: number }[];
   llamaDispose(runner: DeviceHandle): void;
+  // the EAGLE-3 draft runner (src/eagle3_runner.cc: each function's contract there)
+  eagle3Create(options: Eagle3RunnerOptions): DeviceHandle;
+  eagle3AllocKv(runner: DeviceHandle, pageSize: number, numPages: number, maxModelLen: number): void;
+  eagle3SetWeight(runner: DeviceHandle, name: string, data: Uint16Array | Float32Array | Int32Array): void;
+  eagle3ContextWrite(
+    runner: DeviceHandle,
+    rows: Float32Array,
+    fromTaps: boolean,
+    nextTokens: Int32Array,
+    positions: Int32Array,
+    slots: Int32Array,
+    gSlotOfRow: Int32Array,
+  ): void;
+  eagle3Chain(
+    runner: DeviceHandle,
+    gSlots: Int32Array,
+    tokens: Int32Array,
+    positions: Int32Array,
+    blockTables: Int32Array,
+    stepSlots: Int32Array,
+    lengths: Int32Array,
+    k: number,
+    useGraph: boolean,
+  ): Int32Array;
+  eagle3Step(
+    runner: DeviceHandle,
+    j: number,
+    gSlots: Int32Array,
+    tokens: Int32Array,
+    positions: Int32Array,
+    blockTables: Int32Array,
+    stepSlots: Int32Array,
+    lengths: Int32Array,
+  ): Eagle3StepResult;
+  eagle3Synchronize(runner: DeviceHandle): void;
+  /** GPU ms per replay of the last chain's CUDA graph (−1 when it ran without one). */
+  eagle3ReplayMs(runner: DeviceHandle, reps: number): number;
+  eagle3Info(runner: DeviceHandle): Eagle3RunnerInfo;
+  eagle3Dispose(runner: DeviceHandle): void;
   // the single kernels (src/binding.cc): alloc, free, upload, download, gemmBf16, rmsNorm, … (GPU tests)
   readonly [kernel: string]: unknown;
 }

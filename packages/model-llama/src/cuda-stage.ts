@@ -265,6 +265,17 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     return out;
   }
 
+  /**
+   * The GPU this stage runs on, for drafters that run their draft model beside it (the EAGLE-3 plugin's GPU
+   * drafter finds it by shape: a stage with `cudaDevice()`): the loaded addon and the token embedding as bf16 bits
+   * `[vocabSize, hiddenSize]` (a drafter uploads its own copy; the runner's device buffer is not shared).
+   * @throws {LlamaForwardError} once the stage was disposed.
+   */
+  cudaDevice(): { readonly addon: CudaAddon; readonly embedding: Uint16Array } {
+    if (this.disposed) throw new LlamaForwardError('cudaDevice: the CUDA stage was disposed');
+    return { addon: this.cuda, embedding: this.embedBits };
+  }
+
   /** The output projection alone on the GPU: `x [rows, hiddenSize]` f32 → logits `[rows, vocabSize]` f32. */
   lmHead(x: Float32Array, rows: number): Float32Array {
     return this.cuda.llamaLmHead(this.runner, x, rows);

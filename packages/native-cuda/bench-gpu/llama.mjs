@@ -6,11 +6,15 @@
 //   engine), CUDA graphs on, and at 1 sequence off (the launch gaps the graphs remove);
 // - prefill: tokens/s of one forward over 512 and 2,048 prompt tokens (last row's argmax only);
 // - the engine (SpecEngine, what `specd generate` runs): plain greedy decoding and each shipped drafter at its full
-//   draft length (draft policy 'max') on the held-out prompts, 1 sequence, 128 new tokens: tok/s, ×plain, τ;
+//   draft length (draft policy 'max') on the held-out prompts, 1 sequence, 128 new tokens: tok/s, ×plain, τ; EAGLE-3
+//   twice: its drafter on the GPU (the plugin's choice for the CUDA stage: "EAGLE-3 (GPU drafter)", with the GPU
+//   time of one chain's CUDA graph) and on the CPU (drafter.device "cpu");
 // - the bounds: weight bytes ÷ HBM bandwidth (4.8 TB/s, the H200's nominal) per decode step.
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 
 import {
+  ROOT,
   greedyRequests,
   haveDrafter,
   heldOutPrompts,
@@ -133,9 +137,18 @@ const reqs = greedyRequests(prompts, NEW);
 const plain = runEngine(model, undefined, reqs);
 const plainTok = (prompts.length * NEW * 1000) / plain.ms;
 out.engine.push({ drafter: 'none', tokPerS: plainTok, xPlain: 1, tau: 1 });
-for (const method of ['eagle3', 'dflash', 'dspark']) {
-  if (!haveDrafter(method)) continue;
-  const drafter = await loadGpuDrafter(method, gpu);
+/** The EAGLE-3 drafter with drafter.device `device` for the GPU target. */
+async function eagle3On(device) {
+  const { BUILTIN_PLUGIN_PACKAGES, loadDrafter } = await import('@specd/core');
+  const dir = path.join(process.env.SPECD_DRAFTERS_DIR ?? path.join(ROOT, 'models'), 'smollm2-135m-instruct-eagle3');
+  return (await loadDrafter({ dir, settings: { device } }, BUILTIN_PLUGIN_PACKAGES, gpu, 1024, 1)).drafter;
+}
+for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
+  const gpuDrafter = method === 'eagle3-gpu';
+  if (!haveDrafter(gpuDrafter ? 'eagle3' : method)) continue;
+  const drafter = method.startsWith('eagle3')
+    ? await eagle3On(gpuDrafter ? 'cuda' : 'cpu')
+    : await loadGpuDrafter(method, gpu);
   try {
     for (const policy of ['max', 'cost']) {
       const r = runEngine(model, drafter, reqs, { draftPolicy: policy });
@@ -143,7 +156,8 @@ for (const method of ['eagle3', 'dflash', 'dspark']) {
       let same = 0;
       for (const p of prompts) same += JSON.stringify(r.results.get(p.id)) === JSON.stringify(plain.results.get(p.id));
       out.engine.push({
-        drafter: method,
+        drafter: gpuDrafter ? 'EAGLE-3 (GPU drafter)' : method === 'eagle3' ? 'EAGLE-3 (CPU drafter)' : method,
+        ...(gpuDrafter && policy === 'max' ? { chainGpuMs: drafter.replayMs(50) } : {}),
         policy,
         tokPerS: tok,
         xPlain: tok / plainTok,
@@ -192,7 +206,7 @@ console.log(
 for (const e of out.engine)
   console.log(
     `| ${e.drafter} | ${e.policy ?? ''} | ${f(e.tokPerS, 0)} | ${f(e.xPlain, 3)} | ${f(e.tau, 3)} | ` +
-      `${e.equalToPlain ?? ''} |`,
+      `${e.equalToPlain ?? ''} | ${e.chainGpuMs === undefined || e.chainGpuMs < 0 ? '' : f(e.chainGpuMs, 3)} |`,
   );
 const json = opt('json', undefined);
 if (json !== undefined) fs.writeFileSync(json, JSON.stringify(out, null, 2));

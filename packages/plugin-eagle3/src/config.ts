@@ -81,7 +81,18 @@ export interface Eagle3TreeSettings {
 export interface Eagle3Settings {
   readonly numDraftTokens?: number;
   readonly tree?: Eagle3TreeSettings;
+  /**
+   * Where the draft model runs: `'auto'` (absent: on the target's GPU when the target stage runs on one, else on the
+   * CPU), `'cpu'`, or `'cuda'` (refused at load for a target that is not on a GPU).
+   */
+  readonly device?: Eagle3Device;
 }
+
+/** Where the EAGLE-3 draft model runs ({@link Eagle3Settings.device}). */
+export type Eagle3Device = 'auto' | 'cpu' | 'cuda';
+
+/** The accepted values of the `device` setting. */
+export const EAGLE3_DEVICES: readonly Eagle3Device[] = Object.freeze(['auto', 'cpu', 'cuda']);
 
 /** The Llama fields of either layout (top level, or `transformer_layer_config`). */
 function parseLlama(
@@ -248,7 +259,7 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
       throw new DrafterError(`eagle3: settings.${where}: expected an integer in [1, ${max}], got ${JSON.stringify(v)}`);
     return v as number;
   };
-  const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings } = {};
+  const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings; device?: Eagle3Device } = {};
   if (settings.num_draft_tokens !== undefined)
     out.numDraftTokens = int(settings.num_draft_tokens, 'num_draft_tokens', EAGLE3_MAX_DRAFT_TOKENS);
   const tree = settings.tree;
@@ -261,6 +272,15 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
       depth: int(t.depth, 'tree.depth', EAGLE3_MAX_TREE_DEPTH),
       totalTokens: int(t.total_tokens, 'tree.total_tokens', EAGLE3_MAX_DRAFT_TOKENS),
     });
+  }
+  const device = settings.device;
+  if (device !== undefined) {
+    if (!EAGLE3_DEVICES.includes(device as Eagle3Device))
+      throw new DrafterError(
+        `eagle3: settings.device: expected one of ${EAGLE3_DEVICES.map((d) => JSON.stringify(d)).join(', ')}, ` +
+          `got ${JSON.stringify(device)}`,
+      );
+    out.device = device as Eagle3Device;
   }
   return Object.freeze(out);
 }
@@ -286,6 +306,12 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
       description:
         "chain length, drafts per step at most (default: the checkpoint's speculative_tokens, " +
         `else ${EAGLE3_DEFAULT_DRAFT_TOKENS}); not used with tree`,
+    },
+    device: {
+      enum: [...EAGLE3_DEVICES],
+      description:
+        'where the draft model runs: "auto" (default: on the GPU when the target runs on one, --device cuda; else ' +
+        'the CPU), "cpu", or "cuda" (refused for a target on the CPU); trees are drafted on the CPU only',
     },
     tree: {
       type: 'object',

@@ -22,6 +22,7 @@ import {
 
 import { EAGLE3_DEFAULT_DRAFT_TOKENS, parseEagle3Settings, type Eagle3Config } from './config.js';
 import { Eagle3Drafter } from './eagle3.js';
+import { Eagle3CudaDrafter, cudaDeviceOf, type CudaTargetDevice } from './eagle3-cuda.js';
 import type { Eagle3Weights } from './eagle3-model.js';
 
 /** Weight-name prefixes of the decoder layer: EAGLE-3 layout, then the speculators layout. */
@@ -93,8 +94,41 @@ export function checkVocabularyMaps(
 }
 
 /**
+ * Loads an EAGLE-3 checkpoint for `options.target` where the deployment config's `drafter.device` puts it
+ * (`options.settings.device`): `"auto"` (default) — on the target's GPU when the target stage runs on one
+ * ({@link cudaDeviceOf}: the CUDA Llama stage, `--device cuda`), else on the CPU; `"cpu"`; `"cuda"`. The plugin's
+ * `load`.
+ * @throws {DrafterError} for `device` `"cuda"` with a target that is not on a GPU, `"cuda"` with `tree` (trees are
+ *   drafted on the CPU only), and as {@link loadEagle3Drafter}.
+ */
+export function loadEagle3(
+  source: DrafterSource,
+  config: Eagle3Config,
+  options: DrafterLoadOptions,
+): Eagle3Drafter | Eagle3CudaDrafter {
+  const settings = parseEagle3Settings(options.settings);
+  const device = settings.device ?? 'auto';
+  const cuda = device === 'cpu' ? undefined : cudaDeviceOf(options.target);
+  if (device === 'cuda' && cuda === undefined)
+    throw new DrafterError(
+      `eagle3: ${source.dir}: drafter.device "cuda": the target stage does not run on a GPU ` +
+        '(run the target with --device cuda, or set drafter.device to "auto" or "cpu")',
+    );
+  if (cuda !== undefined && settings.tree !== undefined) {
+    if (device === 'cuda')
+      throw new DrafterError(
+        `eagle3: ${source.dir}: drafter.device "cuda": tree drafting runs on the CPU only; use chain drafting ` +
+          '(omit `tree`) or drafter.device "cpu"',
+      );
+    return buildEagle3(source, config, options, undefined).drafter as Eagle3Drafter;
+  }
+  return buildEagle3(source, config, options, undefined, cuda).drafter;
+}
+
+/**
  * Loads an EAGLE-3 checkpoint (EAGLE-3 or speculators layout) for `options.target` (validated against
- * it) and packs its weights. `options.settings` (the config's `drafter` branch) may set
+ * it) and packs its weights for the CPU drafter, whatever the target runs on (the `device` setting is not read:
+ * {@link loadEagle3} chooses the device). `options.settings` (the config's `drafter` branch) may set
  * `num_draft_tokens` (the chain length; default the checkpoint's `speculative_tokens`, else 6) and `tree`.
  * Weight names: `fc.weight`, `<prefix>{input_layernorm, hidden_norm, post_attention_layernorm,
  * self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}.weight` with prefix `midlayer.` or `layers.0.`,
@@ -114,7 +148,7 @@ export function loadEagle3Drafter(
   config: Eagle3Config,
   options: DrafterLoadOptions,
 ): Eagle3Drafter {
-  return buildEagle3(source, config, options, undefined).drafter;
+  return buildEagle3(source, config, options, undefined).drafter as Eagle3Drafter;
 }
 
 /**
@@ -145,15 +179,20 @@ export function loadEagle3Shard(
   );
   const { drafter, reads } = buildEagle3(source, config, options, new DraftShard(options.comm, layout));
   options.onReads?.(reads);
-  return drafter;
+  return drafter as Eagle3Drafter;
 }
 
+/**
+ * The checks against the target and the weights, then the CPU drafter (`cuda` undefined; the rank's shard under
+ * `tp`) or the GPU drafter on `cuda` (whole model, chains only: the caller refuses `tree` and `tp` with it).
+ */
 function buildEagle3(
   source: DrafterSource,
   config: Eagle3Config,
   options: DrafterLoadOptions,
   tp: DraftShard | undefined,
-): { drafter: Eagle3Drafter; reads: WeightReader['reads'] } {
+  cuda?: CudaTargetDevice,
+): { drafter: Eagle3Drafter | Eagle3CudaDrafter; reads: WeightReader['reads'] } {
   const c = config;
   const t = options.target;
   const info = t.info;
@@ -184,8 +223,18 @@ function buildEagle3(
     ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
   });
   const D = c.hiddenSize;
-  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there
-  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
+  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there; the GPU drafter
+  // reads it whole below (the same shape check first)
+  const projection =
+    cuda === undefined ? TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []) : undefined;
+  if (cuda !== undefined) {
+    const shape = r.shape('fc.weight');
+    if (shape.length !== 2 || shape[0] !== D || shape[1] !== c.taps.length * D)
+      throw new DrafterError(
+        `${where}: fc.weight is [${shape.join(', ')}], expected [${D}, ${c.taps.length * D}] ` +
+          `(hidden ${D}, taps × hidden = ${c.taps.length} × ${D})`,
+      );
+  }
   const bad = c.taps.filter((tap) => tap > info.numLayers);
   if (bad.length > 0) {
     throw new DrafterError(
@@ -239,6 +288,47 @@ function buildEagle3(
   const hd = c.headDim;
   const I = c.intermediateSize;
   const [q, k, v] = ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`) as [string, string, string];
+  const maxDraftTokens =
+    tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
+  if (cuda !== undefined) {
+    // row-major bf16 as the device runner takes them (q|k|v and gate|up stacked by rows)
+    const rows = (parts: readonly [string, number, number][]): Uint16Array => {
+      const blocks = parts.map(([name, n, kk]) => r.bf16(name, [n, kk]));
+      const out = new Uint16Array(blocks.reduce((a, b) => a + b.length, 0));
+      let at = 0;
+      for (const b of blocks) {
+        out.set(b, at);
+        at += b.length;
+      }
+      return out;
+    };
+    const drafter = Eagle3CudaDrafter.create(
+      c,
+      cuda,
+      {
+        fc: r.bf16('fc.weight', [D, c.taps.length * D]),
+        qkv: rows([
+          [q, H * hd, 2 * D],
+          [k, KV * hd, 2 * D],
+          [v, KV * hd, 2 * D],
+        ]),
+        o: r.bf16(`${p}self_attn.o_proj.weight`, [D, H * hd]),
+        gateUp: rows([
+          [`${p}mlp.gate_proj.weight`, I, D],
+          [`${p}mlp.up_proj.weight`, I, D],
+        ]),
+        down: r.bf16(`${p}mlp.down_proj.weight`, [D, I]),
+        lmHead: r.bf16('lm_head.weight', [Vd, D]),
+        inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+        hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
+        postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+        finalNorm: r.f32('norm.weight', [D]),
+        draftToTarget,
+      },
+      { maxDraftTokens, maxSequences: options.maxSequences, maxTokensPerSequence: options.maxTokensPerSequence },
+    );
+    return { drafter, reads: r.reads };
+  }
   // whole matrices, or the rank's blocks under tensor parallelism; fc, norm and lm_head on rank 0 only
   const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
   const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
@@ -246,7 +336,7 @@ function buildEagle3(
   const kPart: ShardPart = { name: k, n: KV * hd, k: 2 * D, split: 'kvHeads' };
   const vPart: ShardPart = { name: v, n: KV * hd, k: 2 * D, split: 'kvHeads' };
   const w: Eagle3Weights = {
-    projection,
+    projection: projection!,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
     hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
     postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
@@ -263,8 +353,6 @@ function buildEagle3(
     ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
     draftToTarget,
   };
-  const maxDraftTokens =
-    tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
   // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most
   const temp =
     tree === undefined

@@ -42,6 +42,12 @@ export interface DraftKvCacheOptions {
    * and count whose block tables grow and shrink with the KV's ({@link DraftKvCache.features}). Default: none.
    */
   readonly featureWidth?: number;
+  /**
+   * Where the K/V values live (default `'host'`): `'device'` keeps only the page bookkeeping here (block tables,
+   * slots) for a drafter whose pages live in its own device memory (a GPU drafter); {@link DraftKvCache.keys},
+   * {@link DraftKvCache.values} and {@link DraftKvCache.write} then throw (PagedKvPoolOptions.storage).
+   */
+  readonly storage?: 'host' | 'device';
 }
 
 /**
@@ -88,6 +94,7 @@ export class DraftKvCache {
       floatsPerToken: numKvHeads * headDim,
       pageSize,
       numPages,
+      ...(options.storage === undefined ? {} : { storage: options.storage }),
     });
     this.kvLayout = Object.freeze({ numPages, pageSize, numKvHeads, headDim, kvLayout: 'NHD' });
     const fw = options.featureWidth;

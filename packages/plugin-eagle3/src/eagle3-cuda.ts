@@ -1,0 +1,620 @@
+/**
+ * The EAGLE-3 drafter on the GPU (issue 18): the same drafter contract and the same math as {@link Eagle3Drafter}
+ * (eagle3.ts, module comment; oracle tools/reference/specd_ref/eagle3.py), with the draft model in
+ * @specd/native-cuda's EAGLE-3 runner (packages/native-cuda/src/eagle3_runner.cc) beside a target that runs on the
+ * same GPU (the CUDA Llama stage). Chosen by the plugin when the target stage exposes its CUDA device
+ * ({@link cudaDeviceOf}: a stage with `cudaDevice()`, found by shape — core names no device capability) and the
+ * deployment config's `drafter.device` is `"auto"` (default) or `"cuda"`.
+ *
+ * What lives where:
+ * - on the device (the runner): bf16 weights (fc `[D, T·D]`, q|k|v `[(H + 2·KV)·hd, 2D]`, o, gate|up, down,
+ *   lm_head `[draftVocab, D]`), the four norms, d2t, its own copy of the target's bf16 token embedding (uploaded
+ *   once at load), the draft KV values (one layer, fp32 K and V pages) and the last-feature slots g
+ *   `[maxSequences, D]` f32;
+ * - here: the page bookkeeping (core's {@link DraftKvCache} with storage `'device'`: block tables, slots, context
+ *   lengths) and which g slot each sequence holds.
+ *
+ * Context entries: the engine calls `projectTargetHiddenPartial` then `writeProjectedContextKV` with what it
+ * returned. Here projecting does no arithmetic on the host: it returns the rows' taps concatenated in the
+ * drafter's tap order, `[n, T·D]` f32 (fc's column blocks), remembered by identity, and `writeProjectedContextKV`
+ * hands them to the device, where fc, the layer input, K/V (RoPE at the rows' positions) and the g slots are
+ * computed in one call that is not waited for. A sum that did not come from this drafter's `projectTargetHiddenPartial`
+ * (`[n, D]` f32, the contract's projection) is written as g directly.
+ *
+ * Propose: greedy sequences (temperature 0) draft their chain on the device in one call — every step, the argmax
+ * over the draft vocabulary mapped through d2t into the next step's token, a CUDA graph per (padded sequences, k)
+ * — and only the draft ids come back. Sampled sequences (temperature > 0) run the same steps one call per step: each
+ * returns the draft-vocabulary logits, the host computes q = samplingProbs(logits) (temperature / top-k / top-p over
+ * the draft vocabulary, as the CPU drafter) and samples with the request's generator, so q is returned in the
+ * target vocabulary and rejection sampling stays lossless. The chain's entries are temporary rows of the draft KV,
+ * reserved here before the call and dropped after it, whether it returns or throws.
+ *
+ * Not here: trees (the CUDA stage cannot verify them, so the plugin refuses `tree` for it at load), tensor
+ * parallelism (the CUDA stage is one GPU) and prefill/decode disaggregation (the draft context lives in device
+ * memory: this drafter does not declare {@link DraftContextTransfer}, so PD refuses it at startup).
+ */
+
+import {
+  DrafterBase,
+  DrafterError,
+  CacheError,
+  DraftKvCache,
+  sampleFromProbs,
+  samplingProbs,
+  type ContextSpan,
+  type DraftBatch,
+  type DraftProposal,
+  type DraftSequence,
+  type SequenceId,
+  type StageInfo,
+  type StageModel,
+} from '@specd/core';
+
+import type { Eagle3Config } from './config.js';
+
+/** An opaque device object of the CUDA addon (a runner). */
+export type CudaHandle = { readonly __device: unique symbol };
+
+/**
+ * The functions of @specd/native-cuda's EAGLE-3 runner this drafter calls (src/eagle3_runner.cc has each
+ * contract; its index.d.ts the same signatures). Structural: the addon object comes from the target stage, so this
+ * plugin never imports @specd/native-cuda and machines without CUDA never load it.
+ */
+export interface Eagle3CudaAddon {
+  eagle3Create(options: {
+    readonly hiddenSize: number;
+    readonly numHeads: number;
+    readonly numKvHeads: number;
+    readonly headDim: number;
+    readonly intermediateSize: number;
+    readonly vocabSize: number;
+    readonly draftVocabSize: number;
+    readonly numTaps: number;
+    readonly ropeTheta: number;
+    readonly rmsNormEps: number;
+    readonly normBeforeResidual: boolean;
+    readonly maxSequences: number;
+    readonly maxDraftTokens: number;
+  }): CudaHandle;
+  eagle3AllocKv(runner: CudaHandle, pageSize: number, numPages: number, maxModelLen: number): void;
+  eagle3SetWeight(runner: CudaHandle, name: string, data: Uint16Array | Float32Array | Int32Array): void;
+  eagle3ContextWrite(
+    runner: CudaHandle,
+    rows: Float32Array,
+    fromTaps: boolean,
+    nextTokens: Int32Array,
+    positions: Int32Array,
+    slots: Int32Array,
+    gSlotOfRow: Int32Array,
+  ): void;
+  eagle3Chain(
+    runner: CudaHandle,
+    gSlots: Int32Array,
+    tokens: Int32Array,
+    positions: Int32Array,
+    blockTables: Int32Array,
+    stepSlots: Int32Array,
+    lengths: Int32Array,
+    k: number,
+    useGraph: boolean,
+  ): Int32Array;
+  eagle3Step(
+    runner: CudaHandle,
+    j: number,
+    gSlots: Int32Array,
+    tokens: Int32Array,
+    positions: Int32Array,
+    blockTables: Int32Array,
+    stepSlots: Int32Array,
+    lengths: Int32Array,
+  ): { readonly argmax: Int32Array; readonly logits: Float32Array };
+  eagle3Synchronize(runner: CudaHandle): void;
+  eagle3ReplayMs(runner: CudaHandle, reps: number): number;
+  eagle3Info(runner: CudaHandle): {
+    readonly weightBytes: number;
+    readonly kvBytes: number;
+    readonly activationBytes: number;
+    readonly maxBlocks: number;
+    readonly graphs: string[];
+  };
+  eagle3Dispose(runner: CudaHandle): void;
+}
+
+/** What a target stage on a CUDA GPU lends drafters that run beside it (its `cudaDevice()`). */
+export interface CudaTargetDevice {
+  /** The loaded CUDA addon (the stage's own). */
+  readonly addon: Eagle3CudaAddon;
+  /** The target's token embedding as bf16 bits, `[vocabSize, hiddenSize]`. */
+  readonly embedding: Uint16Array;
+}
+
+/**
+ * The CUDA device of `target` when it runs on one: a stage with a `cudaDevice()` method (the CUDA Llama stage)
+ * whose addon has the EAGLE-3 runner; undefined otherwise (a CPU stage, or an addon built before the runner).
+ */
+export function cudaDeviceOf(target: StageModel): CudaTargetDevice | undefined {
+  const t = target as StageModel & { cudaDevice?: () => CudaTargetDevice };
+  if (typeof t.cudaDevice !== 'function') return undefined;
+  const device = t.cudaDevice();
+  return typeof device?.addon?.eagle3Create === 'function' && device.embedding instanceof Uint16Array
+    ? device
+    : undefined;
+}
+
+/** The draft model's weights for the device, row-major bf16 bits (norms f32), as the runner takes them. */
+export interface Eagle3CudaWeights {
+  /** fc `[D, T·D]` (column block i: tap `config.taps[i]`). */
+  readonly fc: Uint16Array;
+  /** q_proj ; k_proj ; v_proj stacked `[(H + 2·KV)·hd, 2D]`. */
+  readonly qkv: Uint16Array;
+  /** o_proj `[D, H·hd]`. */
+  readonly o: Uint16Array;
+  /** gate_proj ; up_proj stacked `[2I, D]`. */
+  readonly gateUp: Uint16Array;
+  /** down_proj `[D, I]`. */
+  readonly down: Uint16Array;
+  /** lm_head `[draftVocab, D]`. */
+  readonly lmHead: Uint16Array;
+  readonly inputNorm: Float32Array;
+  readonly hiddenNorm: Float32Array;
+  readonly postNorm: Float32Array;
+  readonly finalNorm: Float32Array;
+  /** Target id of each draft id, `[draftVocab]` i32. */
+  readonly draftToTarget: Int32Array;
+}
+
+/** Sizes of {@link Eagle3CudaDrafter.create}. */
+export interface Eagle3CudaSizes {
+  /** Drafts per step at most (the chain length). */
+  readonly maxDraftTokens: number;
+  /** Sequences at once, at most. */
+  readonly maxSequences: number;
+  /** Tokens per sequence, at most (prompt + generated). */
+  readonly maxTokensPerSequence: number;
+}
+
+/** The EAGLE-3 drafter with its draft model on the GPU (module comment). */
+export class Eagle3CudaDrafter extends DrafterBase {
+  readonly method = 'eagle3';
+  /** Where the draft model runs. */
+  readonly device = 'cuda';
+  readonly maxDraftTokens: number;
+  /** The draft KV page bookkeeping (values on the device). */
+  readonly kv: DraftKvCache;
+  /** Run greedy chains as CUDA graphs (default true; false launches every kernel, for benches). */
+  graphs = true;
+  private runner: CudaHandle | undefined;
+  /** Block-table entries per sequence of a chain call. */
+  private readonly maxBlocks: number;
+  private readonly freeGSlots: number[] = [];
+  private readonly gSlots = new Map<SequenceId, number>();
+  /** Sequences whose g slot holds the g of their last context row. */
+  private readonly hasG = new Set<SequenceId>();
+  /** Arrays {@link projectTargetHiddenPartial} returned: packed taps, not projections. */
+  private readonly packedTaps = new WeakSet<Float32Array>();
+
+  private constructor(
+    readonly config: Eagle3Config,
+    private readonly addon: Eagle3CudaAddon,
+    runner: CudaHandle,
+    /** Target id of each draft id, `[draftVocab]` i32. */
+    readonly draftToTarget: Int32Array,
+    sizes: Eagle3CudaSizes,
+    kv: DraftKvCache,
+    /** Positions below which chains run (the runner's RoPE table). */
+    readonly maxModelLen: number,
+  ) {
+    super(kv);
+    this.kv = kv;
+    this.runner = runner;
+    this.maxDraftTokens = sizes.maxDraftTokens;
+    this.maxBlocks = addon.eagle3Info(runner).maxBlocks;
+    for (let s = sizes.maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
+  }
+
+  /**
+   * Creates the runner on `device`, uploads the weights and the target's embedding, and allocates the draft KV
+   * pool: `DraftKvCache.pagesFor(maxSequences, maxTokensPerSequence + maxDraftTokens)` pages of 16 tokens (the
+   * context plus a chain's temporary entries), positions below maxTokensPerSequence + maxDraftTokens.
+   * @throws {DrafterError} for sizes that are not positive integers; the addon's RangeError / Error (a failed CUDA
+   *   allocation, named) — the runner is freed first.
+   */
+  static create(
+    config: Eagle3Config,
+    device: CudaTargetDevice,
+    w: Eagle3CudaWeights,
+    sizes: Eagle3CudaSizes,
+  ): Eagle3CudaDrafter {
+    const c = config;
+    for (const [name, v] of Object.entries(sizes))
+      if (!(Number.isSafeInteger(v) && v >= 1))
+        throw new DrafterError(`eagle3: ${name}: expected an integer >= 1, got ${String(v)}`);
+    const a = device.addon;
+    const runner = a.eagle3Create({
+      hiddenSize: c.hiddenSize,
+      numHeads: c.numHeads,
+      numKvHeads: c.numKvHeads,
+      headDim: c.headDim,
+      intermediateSize: c.intermediateSize,
+      vocabSize: c.vocabSize,
+      draftVocabSize: c.draftVocabSize,
+      numTaps: c.taps.length,
+      ropeTheta: c.ropeTheta,
+      rmsNormEps: c.rmsNormEps,
+      normBeforeResidual: c.normBeforeResidual,
+      maxSequences: sizes.maxSequences,
+      maxDraftTokens: sizes.maxDraftTokens,
+    });
+    try {
+      const set = (name: string, data: Uint16Array | Float32Array | Int32Array) =>
+        a.eagle3SetWeight(runner, name, data);
+      set('embed', device.embedding);
+      set('fc', w.fc);
+      set('qkv', w.qkv);
+      set('o', w.o);
+      set('gateUp', w.gateUp);
+      set('down', w.down);
+      set('lmHead', w.lmHead);
+      set('inputNorm', w.inputNorm);
+      set('hiddenNorm', w.hiddenNorm);
+      set('postNorm', w.postNorm);
+      set('finalNorm', w.finalNorm);
+      set('d2t', w.draftToTarget);
+      const tokens = sizes.maxTokensPerSequence + sizes.maxDraftTokens;
+      const kv = new DraftKvCache({
+        numLayers: 1,
+        numKvHeads: c.numKvHeads,
+        headDim: c.headDim,
+        numPages: DraftKvCache.pagesFor(sizes.maxSequences, tokens),
+        storage: 'device',
+      });
+      a.eagle3AllocKv(runner, kv.layout.pageSize, kv.layout.numPages, tokens);
+      return new Eagle3CudaDrafter(c, a, runner, w.draftToTarget, sizes, kv, tokens);
+    } catch (err) {
+      a.eagle3Dispose(runner);
+      throw err;
+    }
+  }
+
+  override captureSetter(target: StageInfo): readonly number[] {
+    const bad = this.config.taps.filter((t) => t > target.numLayers);
+    if (bad.length > 0)
+      throw new DrafterError(
+        `eagle3: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
+      );
+    return this.config.taps;
+  }
+
+  /**
+   * The rows' taps for {@link writeProjectedContextKV}, which projects them on the device (module comment): every
+   * tap of the drafter, `[numTokens, D]` f32 each → `[numTokens, T·D]` f32, row r = the taps' rows r in the
+   * drafter's tap order. Not a projection: only this drafter's writeProjectedContextKV reads it.
+   * @throws {DrafterError} with an accumulator (a partial projection from pipeline stages: the GPU drafter projects
+   *   every tap at once), for a missing or foreign tap, or a tap that is not `[numTokens, D]`.
+   */
+  override projectTargetHiddenPartial(
+    stageTaps: ReadonlyMap<number, Float32Array>,
+    numTokens: number,
+    accumulator?: Float32Array,
+  ): Float32Array {
+    const c = this.config;
+    const D = c.hiddenSize;
+    const T = c.taps.length;
+    if (accumulator !== undefined)
+      throw new DrafterError(
+        'eagle3: projectTargetHiddenPartial: the GPU drafter projects every tap at once on the device; ' +
+          'a partial projection (pipeline stages) is not supported with it',
+      );
+    for (const tap of stageTaps.keys())
+      if (!c.taps.includes(tap))
+        throw new DrafterError(
+          `eagle3: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${c.taps.join(', ')}]`,
+        );
+    const out = new Float32Array(numTokens * T * D);
+    c.taps.forEach((tap, i) => {
+      const h = stageTaps.get(tap);
+      if (h === undefined || h.length !== numTokens * D)
+        throw new DrafterError(
+          `eagle3: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, ` +
+            (h === undefined ? 'missing' : `got length ${h.length}`),
+        );
+      for (let r = 0; r < numTokens; r++) out.set(h.subarray(r * D, (r + 1) * D), (r * T + i) * D);
+    });
+    this.packedTaps.add(out);
+    return out;
+  }
+
+  /**
+   * Context entries of the spans' rows on the device (module comment; eagle3.ts "Context entry"), pages allocated
+   * here first (all or nothing: given back if the device call is refused); each span's last row's g kept in its
+   * sequence's slot.
+   * @param sum what {@link projectTargetHiddenPartial} returned (`[Σ numTokens, T·D]` f32), or a projection
+   *   `[Σ numTokens, D]` f32 from elsewhere.
+   * @throws {DrafterError} if the drafter was disposed, a span lacks `nextTokens` (or it is not `[numTokens]`), a
+   *   position is not the sequence's draft context length, or `sum` has the wrong length; `CacheError` `full`
+   *   (nothing allocated); the addon's errors.
+   */
+  override writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+    const runner = this.live();
+    const c = this.config;
+    const fromTaps = this.packedTaps.has(sum);
+    const width = (fromTaps ? c.taps.length : 1) * c.hiddenSize;
+    const n = spans.reduce((a, s) => a + s.numTokens, 0);
+    if (sum.length !== n * width)
+      throw new DrafterError(
+        `eagle3: writeProjectedContextKV: sum: expected [${n}, ${width}] f32, got length ${sum.length}`,
+      );
+    for (const s of spans) {
+      this.checkContextPosition(s, 'writeProjectedContextKV');
+      if (s.nextTokens === undefined)
+        throw new DrafterError(
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens is missing ` +
+            "(EAGLE-3's context entry of position t reads the token x_{t+1})",
+        );
+      if (s.nextTokens.length !== s.numTokens)
+        throw new DrafterError(
+          `eagle3: writeProjectedContextKV: sequence ${String(s.id)}: nextTokens: expected [${s.numTokens}] i32, ` +
+            `got length ${s.nextTokens.length}`,
+        );
+    }
+    if (n === 0) return;
+    const positions = new Int32Array(n);
+    const next = new Int32Array(n);
+    const gSlotOfRow = new Int32Array(n).fill(-1);
+    let at = 0;
+    for (const s of spans) {
+      next.set(s.nextTokens!, at);
+      for (let i = 0; i < s.numTokens; i++) positions[at + i] = s.position + i;
+      at += s.numTokens;
+      if (s.numTokens > 0) gSlotOfRow[at - 1] = this.gSlotOf(s.id);
+    }
+    this.kv.extendAll(spans);
+    try {
+      this.addon.eagle3ContextWrite(runner, sum, fromTaps, next, positions, this.kv.slots(spans), gSlotOfRow);
+    } catch (err) {
+      this.kv.truncateAll(spans.map((s) => ({ id: s.id, position: s.position, numTokens: 0 })));
+      throw err;
+    }
+    this.packedTaps.delete(sum);
+    for (const s of spans) if (s.numTokens > 0) this.hasG.add(s.id);
+  }
+
+  /**
+   * Drafts a chain of `maxDrafts` for every sequence (module comment): greedy ones in one device call, sampled ones
+   * one call per step with q. Leaves the draft context unchanged (the chain's entries are dropped on every path).
+   * @throws {DrafterError} if the drafter was disposed, maxDrafts is outside [1, maxDraftTokens], a position is not
+   *   the draft context length, a sequence has no context yet, its chain would pass the runner's positions, or a
+   *   step's logits are not finite (greedy); `CacheError` `full` when the draft KV has no page for the chain.
+   */
+  propose(batch: DraftBatch): DraftProposal[] {
+    this.live();
+    const seqs = batch.sequences;
+    seqs.forEach((s, i) => {
+      this.checkMaxDrafts(s, i, this.maxDraftTokens);
+      this.checkProposePosition(s, i);
+      if (s.position < 1 || !this.hasG.has(s.id))
+        throw new DrafterError(
+          `eagle3: propose: sequences[${i}] (${String(s.id)}): no draft context yet ` +
+            '(EAGLE-3 drafts from the last context entry)',
+        );
+      if (s.position + s.maxDrafts - 1 > this.maxModelLen)
+        throw new DrafterError(
+          `eagle3: propose: sequences[${i}] (${String(s.id)}): a chain of ${s.maxDrafts} from position ` +
+            `${s.position} passes the GPU drafter's ${this.maxModelLen} positions`,
+        );
+    });
+    const out = new Array<DraftProposal>(seqs.length);
+    const greedy: number[] = [];
+    const sampled: number[] = [];
+    seqs.forEach((s, i) => {
+      (s.sampling.temperature > 0 ? sampled : greedy).push(i);
+    });
+    if (greedy.length > 0) {
+      const gs = greedy.map((i) => seqs[i]!);
+      const drafts = this.greedyChain(gs);
+      greedy.forEach((i, r) => {
+        out[i] = { id: seqs[i]!.id, tokens: drafts[r]! };
+      });
+    }
+    if (sampled.length > 0) {
+      const ss = sampled.map((i) => seqs[i]!);
+      const V = this.config.vocabSize;
+      const probs = ss.map((s) => new Float32Array(s.maxDrafts * V));
+      const drafts = this.stepwiseChain(
+        ss,
+        ss.map((s) => s.maxDrafts),
+        (r, j, lg) => {
+          const s = ss[r]!;
+          const qd = samplingProbs(lg, lg.length, s.sampling);
+          const full = probs[r]!.subarray((j - 1) * V, j * V);
+          for (let e = 0; e < qd.length; e++) full[this.draftToTarget[e]!] = qd[e]!;
+          return sampleFromProbs(qd, s.rng);
+        },
+      );
+      sampled.forEach((i, r) => {
+        out[i] = {
+          id: seqs[i]!.id,
+          tokens: Int32Array.from(drafts[r]!, (d) => this.draftToTarget[d]!),
+          probs: probs[r]!,
+        };
+      });
+    }
+    return out;
+  }
+
+  /**
+   * Test hook (internal), as {@link Eagle3Drafter.forcedChainLogits}: the draft-vocabulary logits
+   * `[forced.length + 1, draftVocab]` f32 of the chain steps 1 … forced.length + 1 of `seq` with step j > 1 fed the
+   * draft id forced[j − 2] (the stepwise device path). Leaves the draft context unchanged.
+   * @internal
+   */
+  forcedChainLogits(seq: DraftSequence, forced: ArrayLike<number>): Float32Array {
+    this.live();
+    const Vd = this.config.draftVocabSize;
+    if (seq.position !== this.contextLength(seq.id) || seq.position < 1 || !this.hasG.has(seq.id))
+      throw new DrafterError(
+        `eagle3: forcedChainLogits: sequence ${String(seq.id)}: position ${seq.position} is not a drafting position`,
+      );
+    const out = new Float32Array((forced.length + 1) * Vd);
+    this.stepwiseChain([seq], [forced.length + 1], (_r, j, lg) => {
+      out.set(lg, (j - 1) * Vd);
+      return j <= forced.length ? forced[j - 1]! : 0;
+    });
+    return out;
+  }
+
+  /**
+   * GPU milliseconds per replay of the last greedy chain's CUDA graph (−1 without one), for benches: call it right
+   * after a propose (the replays rewrite that chain's temporary entries, which no later write has reused yet).
+   */
+  replayMs(reps = 20): number {
+    return this.addon.eagle3ReplayMs(this.live(), reps);
+  }
+
+  /** The runner's sizes and captured graphs. */
+  runnerInfo(): ReturnType<Eagle3CudaAddon['eagle3Info']> {
+    return this.addon.eagle3Info(this.live());
+  }
+
+  /**
+   * add: registers `id` with an empty draft context and a g slot.
+   * @throws `CacheError` `duplicate-sequence`, or `full` when every g slot is taken (maxSequences in use).
+   */
+  override addSequence(id: SequenceId): void {
+    super.addSequence(id);
+    const slot = this.freeGSlots.pop();
+    if (slot === undefined) {
+      super.freeSequence(id);
+      throw new CacheError('full', `eagle3: addSequence: no free g slot (${this.gSlots.size} sequences in use)`);
+    }
+    this.gSlots.set(id, slot);
+  }
+
+  /** free: drops the sequence's pages and its g slot. Idempotent. */
+  override freeSequence(id: SequenceId): void {
+    super.freeSequence(id);
+    this.hasG.delete(id);
+    const slot = this.gSlots.get(id);
+    if (slot === undefined) return;
+    this.gSlots.delete(id);
+    this.freeGSlots.push(slot);
+  }
+
+  /** dispose: frees the runner's device memory and the page bookkeeping (later calls throw). Idempotent. */
+  override dispose(): void {
+    const runner = this.runner;
+    this.runner = undefined;
+    if (runner !== undefined) this.addon.eagle3Dispose(runner);
+    this.hasG.clear();
+    this.gSlots.clear();
+    super.dispose();
+  }
+
+  /** The runner. @throws {DrafterError} once disposed. */
+  private live(): CudaHandle {
+    if (this.runner === undefined) throw new DrafterError('eagle3: the drafter was disposed');
+    return this.runner;
+  }
+
+  /** The g slot of `id`. @throws `CacheError` `unknown-sequence`. */
+  private gSlotOf(id: SequenceId): number {
+    const slot = this.gSlots.get(id);
+    if (slot === undefined) throw new CacheError('unknown-sequence', `eagle3: unknown sequence ${String(id)}`);
+    return slot;
+  }
+
+  /**
+   * The per-sequence arguments of a chain call for `seqs` with `lengths[r]` steps, their temporary entries already
+   * reserved: gSlots, last tokens, positions `[S]`, block tables `[S, maxBlocks]`, and the slot of each
+   * sequence's entry of step j ≥ 2 (`slotOf(j, r)`, −1 past its length).
+   */
+  private chainArgs(seqs: readonly DraftSequence[], lengths: readonly number[]) {
+    const S = seqs.length;
+    const tables = new Int32Array(S * this.maxBlocks);
+    const temp = seqs.map((s, r) => {
+      tables.set(this.kv.pool.blockTable(s.id), r * this.maxBlocks);
+      return this.kv.slots([{ id: s.id, position: s.position, numTokens: lengths[r]! - 1 }]);
+    });
+    return {
+      gSlots: Int32Array.from(seqs, (s) => this.gSlotOf(s.id)),
+      tokens: Int32Array.from(seqs, (s) => s.lastToken),
+      positions: Int32Array.from(seqs, (s) => s.position),
+      tables,
+      lengths: Int32Array.from(lengths),
+      slotOf: (j: number, r: number): number => (j >= 2 && j <= lengths[r]! ? temp[r]![j - 2]! : -1),
+    };
+  }
+
+  /** Runs `body` with each sequence's `lengths[r] − 1` temporary chain entries reserved (dropped afterwards). */
+  private withChainRows<T>(seqs: readonly DraftSequence[], lengths: readonly number[], body: () => T): T {
+    return this.kv.withRows(
+      seqs.map((s, r) => ({ id: s.id, position: s.position, numTokens: lengths[r]! - 1 })),
+      body,
+    );
+  }
+
+  /** Greedy chains of `maxDrafts` on the device in one call → target ids `[maxDrafts]` i32 per sequence. */
+  private greedyChain(seqs: readonly DraftSequence[]): Int32Array[] {
+    const runner = this.live();
+    const lengths = seqs.map((s) => s.maxDrafts);
+    const K = Math.max(...lengths);
+    const S = seqs.length;
+    const ids = this.withChainRows(seqs, lengths, () => {
+      const a = this.chainArgs(seqs, lengths);
+      const stepSlots = new Int32Array((K - 1) * S);
+      for (let j = 2; j <= K; j++) for (let r = 0; r < S; r++) stepSlots[(j - 2) * S + r] = a.slotOf(j, r);
+      return this.addon.eagle3Chain(
+        runner,
+        a.gSlots,
+        a.tokens,
+        a.positions,
+        a.tables,
+        stepSlots,
+        a.lengths,
+        K,
+        this.graphs,
+      );
+    });
+    return seqs.map((s, r) =>
+      Int32Array.from({ length: lengths[r]! }, (_, j) => {
+        const d = ids[r * K + j]!;
+        if (d < 0)
+          throw new DrafterError(
+            `eagle3: propose: sequence ${String(s.id)}: the draft logits of step ${j + 1} are not finite`,
+          );
+        return this.draftToTarget[d]!;
+      }),
+    );
+  }
+
+  /**
+   * Chains of `lengths[r]` steps computed one device call per step; `pick(r, j, logits)` chooses step j's draft id
+   * (draft vocabulary) of sequence r from its draft-vocabulary logits `[draftVocab]` f32. → draft ids per sequence.
+   */
+  private stepwiseChain(
+    seqs: readonly DraftSequence[],
+    lengths: readonly number[],
+    pick: (r: number, j: number, logits: Float32Array) => number,
+  ): Int32Array[] {
+    const runner = this.live();
+    const Vd = this.config.draftVocabSize;
+    const K = Math.max(...lengths);
+    const S = seqs.length;
+    const drafts = lengths.map((k) => new Int32Array(k));
+    this.withChainRows(seqs, lengths, () => {
+      const a = this.chainArgs(seqs, lengths);
+      const tokens = Int32Array.from(a.tokens);
+      for (let j = 1; j <= K; j++) {
+        const slots = Int32Array.from({ length: S }, (_, r) => a.slotOf(j, r));
+        const { logits } = this.addon.eagle3Step(runner, j, a.gSlots, tokens, a.positions, a.tables, slots, a.lengths);
+        for (let r = 0; r < S; r++) {
+          if (j > lengths[r]!) continue;
+          const d = pick(r, j, logits.subarray(r * Vd, (r + 1) * Vd));
+          drafts[r]![j - 1] = d;
+          tokens[r] = this.draftToTarget[d]!;
+        }
+      }
+    });
+    return drafts;
+  }
+}
