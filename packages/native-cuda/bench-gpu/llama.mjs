@@ -136,7 +136,12 @@ const prompts = heldOutPrompts(8);
 const reqs = greedyRequests(prompts, NEW);
 const plain = runEngine(model, undefined, reqs);
 const plainTok = (prompts.length * NEW * 1000) / plain.ms;
-out.engine.push({ drafter: 'none', tokPerS: plainTok, xPlain: 1, tau: 1 });
+/** The engine's wall time per verify forward, ms: propose, verify forward, commit (RunMetrics). */
+const stepSplit = (m) => {
+  const n = Math.max(1, m.verifyForwards);
+  return { draftMs: m.draftMs / n, verifyMs: m.verifyMs / n, commitMs: m.commitMs / n };
+};
+out.engine.push({ drafter: 'none', tokPerS: plainTok, xPlain: 1, tau: 1, ...stepSplit(plain.engine.metrics) });
 /** The EAGLE-3 drafter with drafter.device `device` for the GPU target. */
 async function eagle3On(device) {
   const { BUILTIN_PLUGIN_PACKAGES, loadDrafter } = await import('@specd/core');
@@ -164,6 +169,7 @@ for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
         tau: r.engine.metrics.tauPerStep,
         drafted: r.engine.metrics.drafted,
         equalToPlain: `${same}/${prompts.length}`,
+        ...stepSplit(r.engine.metrics),
       });
     }
   } finally {
@@ -201,12 +207,14 @@ console.log('\n| prefill tokens | ms | tok/s |\n|---:|---:|---:|');
 for (const p of out.prefill) console.log(`| ${p.tokens} | ${f(p.ms, 2)} | ${f(p.tokPerS, 0)} |`);
 console.log(
   `\n| engine, 1 sequence, ${prompts.length} held-out prompts × ${NEW} tokens | policy | tok/s | ×plain | τ | ` +
-    'greedy equal to plain |\n|---|---|---:|---:|---:|---|',
+    'greedy equal to plain | chain graph, GPU ms | ms per step: propose / verify / commit |\n' +
+    '|---|---|---:|---:|---:|---|---:|---|',
 );
 for (const e of out.engine)
   console.log(
     `| ${e.drafter} | ${e.policy ?? ''} | ${f(e.tokPerS, 0)} | ${f(e.xPlain, 3)} | ${f(e.tau, 3)} | ` +
-      `${e.equalToPlain ?? ''} | ${e.chainGpuMs === undefined || e.chainGpuMs < 0 ? '' : f(e.chainGpuMs, 3)} |`,
+      `${e.equalToPlain ?? ''} | ${e.chainGpuMs === undefined || e.chainGpuMs < 0 ? '' : f(e.chainGpuMs, 3)} | ` +
+      `${f(e.draftMs, 3)} / ${f(e.verifyMs, 3)} / ${f(e.commitMs, 3)} |`,
   );
 const json = opt('json', undefined);
 if (json !== undefined) fs.writeFileSync(json, JSON.stringify(out, null, 2));

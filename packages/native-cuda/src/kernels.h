@@ -55,6 +55,13 @@ int specdSmallGemm(float* out, const void* x, const void* w, int rows, int n, in
                    cudaStream_t stream);
 /** outBf16 [rows, inter] = bf16(silu(x · Wgᵀ) · (x · Wuᵀ)), w = [Wg ; Wu] bf16 [2 · inter, k]: the same GEMM. */
 int specdSmallGemmSwiglu(void* outBf16, const void* x, const void* w, int rows, int inter, int k, cudaStream_t stream);
+/**
+ * The small GEMM with RMSNorm fused: the input rows are bf16(xf[row] / rms(xf[row]) · normW) of f32 rows xf
+ * [*, k] (row rowIdx[r] when rowIdx is given), eps inside the root. → out [rows, n] f32, or with outBf16 the SwiGLU
+ * form (n = inter, w = [Wg ; Wu]) into outBf16 [rows, n]. Row-invariant like specdSmallGemm.
+ */
+int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* normW, const int32_t* rowIdx, float eps,
+                       const void* w, int rows, int n, int k, cudaStream_t stream);
 /** Bytes of the workspace specdArgmaxTwoPass needs for rows × cols. */
 size_t specdArgmaxWorkspaceBytes(int rows, int cols);
 /** Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). */

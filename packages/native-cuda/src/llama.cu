@@ -95,6 +95,25 @@ __device__ __forceinline__ void load16(uint32_t (&w)[8], const __nv_bfloat16* p,
   }
 }
 
+/** 16 f32 at p scaled by inv and the norm weights nw, rounded to bf16, as 8 words; zeros when !valid. */
+__device__ __forceinline__ void loadNorm16(uint32_t (&w)[8], const float* p, const float* nw, float inv, bool valid) {
+  if (!valid) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = 0u;
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p) + q), c = __ldg(reinterpret_cast<const float4*>(nw) + q);
+    const __nv_bfloat162 lo =
+        __floats2bfloat162_rn(__fmul_rn(__fmul_rn(v.x, inv), c.x), __fmul_rn(__fmul_rn(v.y, inv), c.y));
+    const __nv_bfloat162 hi =
+        __floats2bfloat162_rn(__fmul_rn(__fmul_rn(v.z, inv), c.z), __fmul_rn(__fmul_rn(v.w, inv), c.w));
+    w[2 * q] = *reinterpret_cast<const uint32_t*>(&lo);
+    w[2 * q + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+  }
+}
+
 /**
  * The GEMM of a batch of at most 16 rows (decode steps and verify blocks) on the tensor cores: out[r, c] (+)= Σ_k
  * x[r, k] · W[c, k], x bf16 [rows, k] (rows ≤ 16, padded to 16 with zeros in registers), W bf16 [n, k], k a
@@ -107,13 +126,16 @@ __device__ __forceinline__ void load16(uint32_t (&w)[8], const __nv_bfloat16* p,
  * greedy speculation needs: a verify block's row equals the decode step's).
  * PAIR (SwiGLU): the tiles are gate columns [c0, c0 + 8·NT) and the same up columns n + c0 … of W [2n, k]; the
  * epilogue writes outBf16 [rows, n] = bf16(silu(gate) · up) instead of out.
+ * NORM (RMSNorm fused): x is xf f32 rows (row rowIdx[r] when given), each block computes a row's 1 / rms (warp
+ * r mod 4: a strided float4 sum of squares and a fixed butterfly) and feeds the MMA bf16(x · inv · normW).
  */
-template <int NT, bool PAIR>
+template <int NT, bool PAIR, bool NORM>
 __global__ void __launch_bounds__(kSplitK * 32)
-    mmaGemm(float* out, __nv_bfloat16* outBf16, const __nv_bfloat16* x, const __nv_bfloat16* W, int rows, int n, int k,
-            bool accumulate) {
+    mmaGemm(float* out, __nv_bfloat16* outBf16, const __nv_bfloat16* x, const float* xf, const float* normW,
+            const int32_t* rowIdx, float eps, const __nv_bfloat16* W, int rows, int n, int k, bool accumulate) {
   constexpr int TILES = PAIR ? 2 * NT : NT;
   __shared__ float partial[kSplitK - 1][32][TILES * 4];
+  __shared__ float invS[kSmallGemmRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int c0 = blockIdx.x * 8 * NT;
@@ -137,17 +159,47 @@ __global__ void __launch_bounds__(kSplitK * 32)
     }
   pdlWait();
   pdlLaunchNext();
+  if (NORM) {
+    for (int r = warp; r < kSmallGemmRows; r += kSplitK) {
+      float ss = 0.f;
+      if (r < rows) {
+        const float4* xr = reinterpret_cast<const float4*>(xf + static_cast<int64_t>(rowIdx ? rowIdx[r] : r) * k);
+#pragma unroll 4
+        for (int i = lane; i < k / 4; i += 32) {
+          const float4 v = __ldg(xr + i);
+          ss = __fmaf_rn(v.x, v.x, ss);
+          ss = __fmaf_rn(v.y, v.y, ss);
+          ss = __fmaf_rn(v.z, v.z, ss);
+          ss = __fmaf_rn(v.w, v.w, ss);
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+      if (lane == 0) invS[r] = rsqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(k)), eps));
+    }
+    __syncthreads();
+  }
   float acc[TILES][4];
 #pragma unroll
   for (int i = 0; i < TILES; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   const bool lo = g < rows, hi = g + 8 < rows;
-  const __nv_bfloat16* xlo = x + static_cast<int64_t>(lo ? g : 0) * k + t * 16;
-  const __nv_bfloat16* xhi = x + static_cast<int64_t>(hi ? g + 8 : 0) * k + t * 16;
+  const int rlo = lo ? (NORM && rowIdx != nullptr ? rowIdx[g] : g) : 0;
+  const int rhi = hi ? (NORM && rowIdx != nullptr ? rowIdx[g + 8] : g + 8) : 0;
+  const __nv_bfloat16* xlo = x + static_cast<int64_t>(rlo) * k + t * 16;
+  const __nv_bfloat16* xhi = x + static_cast<int64_t>(rhi) * k + t * 16;
+  const float* flo = xf + static_cast<int64_t>(rlo) * k + t * 16;
+  const float* fhi = xf + static_cast<int64_t>(rhi) * k + t * 16;
+  const float invLo = NORM && lo ? invS[g] : 0.f, invHi = NORM && hi ? invS[g + 8] : 0.f;
 #pragma unroll 2
   for (int sb = sb0; sb < sb1; sb++) {
     uint32_t a0[8], a1[8], b[TILES][8];
-    load16(a0, xlo + sb * 64, lo);
-    load16(a1, xhi + sb * 64, hi);
+    if (NORM) {
+      loadNorm16(a0, flo + sb * 64, normW + sb * 64 + t * 16, invLo, lo);
+      loadNorm16(a1, fhi + sb * 64, normW + sb * 64 + t * 16, invHi, hi);
+    } else {
+      load16(a0, xlo + sb * 64, lo);
+      load16(a1, xhi + sb * 64, hi);
+    }
 #pragma unroll
     for (int i = 0; i < TILES; i++) load16(b[i], W + static_cast<int64_t>(wrow[i]) * k + sb * 64 + t * 16, wok[i]);
 #pragma unroll
@@ -260,13 +312,14 @@ __global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
   if (lane == 0) out[row] = bad ? -1 : bi;
 }
 
-template <int NT, bool PAIR>
-int launchMma(float* out, void* outBf16, const void* x, const void* w, int rows, int n, int k, bool accumulate,
-              cudaStream_t stream) {
+template <int NT, bool PAIR, bool NORM>
+int launchMma(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
+              float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((n + 8 * NT - 1) / (8 * NT));
-  return static_cast<int>(specdLaunch(mmaGemm<NT, PAIR>, dim3(blocks), dim3(kSplitK * 32), 0, stream, out,
-                                      static_cast<__nv_bfloat16*>(outBf16), static_cast<const __nv_bfloat16*>(x),
-                                      static_cast<const __nv_bfloat16*>(w), rows, n, k, accumulate));
+  return static_cast<int>(specdLaunch(mmaGemm<NT, PAIR, NORM>, dim3(blocks), dim3(kSplitK * 32), 0, stream, out,
+                                      static_cast<__nv_bfloat16*>(outBf16), static_cast<const __nv_bfloat16*>(x), xf,
+                                      normW, rowIdx, eps, static_cast<const __nv_bfloat16*>(w), rows, n, k,
+                                      accumulate));
 }
 
 }  // namespace
@@ -276,13 +329,26 @@ bool specdSmallGemmFits(int rows, int k) { return rows >= 1 && rows <= kSmallGem
 int specdSmallGemm(float* out, const void* x, const void* w, int rows, int n, int k, bool accumulate,
                    cudaStream_t stream) {
   if (!specdSmallGemmFits(rows, k)) return static_cast<int>(cudaErrorInvalidValue);
-  if (n >= 16384) return launchMma<4, false>(out, nullptr, x, w, rows, n, k, accumulate, stream);
-  return launchMma<1, false>(out, nullptr, x, w, rows, n, k, accumulate, stream);
+  if (n >= 16384)
+    return launchMma<4, false, false>(out, nullptr, x, nullptr, nullptr, nullptr, 0.f, w, rows, n, k, accumulate,
+                                      stream);
+  return launchMma<1, false, false>(out, nullptr, x, nullptr, nullptr, nullptr, 0.f, w, rows, n, k, accumulate, stream);
 }
 
 int specdSmallGemmSwiglu(void* outBf16, const void* x, const void* w, int rows, int inter, int k, cudaStream_t stream) {
   if (!specdSmallGemmFits(rows, k)) return static_cast<int>(cudaErrorInvalidValue);
-  return launchMma<1, true>(nullptr, outBf16, x, w, rows, inter, k, false, stream);
+  return launchMma<1, true, false>(nullptr, outBf16, x, nullptr, nullptr, nullptr, 0.f, w, rows, inter, k, false,
+                                   stream);
+}
+
+int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* normW, const int32_t* rowIdx, float eps,
+                       const void* w, int rows, int n, int k, cudaStream_t stream) {
+  if (!specdSmallGemmFits(rows, k)) return static_cast<int>(cudaErrorInvalidValue);
+  if (outBf16 != nullptr)
+    return launchMma<1, true, true>(nullptr, outBf16, nullptr, xf, normW, rowIdx, eps, w, rows, n, k, false, stream);
+  if (n >= 16384)
+    return launchMma<4, false, true>(out, nullptr, nullptr, xf, normW, rowIdx, eps, w, rows, n, k, false, stream);
+  return launchMma<1, false, true>(out, nullptr, nullptr, xf, normW, rowIdx, eps, w, rows, n, k, false, stream);
 }
 
 size_t specdArgmaxWorkspaceBytes(int rows, int cols) {

@@ -27,6 +27,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -237,12 +238,15 @@ class LlamaRunner {
     lastShape[1] = Sp;
     lastShape[2] = Rp;
     lastMask = tapMask;
+    // the query-tiled attention for prefill-like batches (on average ≥ 8 rows a sequence, more than 16 rows);
+    // decode steps and verify blocks of many sequences keep the partitioned kernel
+    tiledAttn = b.T > kSmallGemmRows && b.T >= 8 * b.S && specdPrefillAttentionFits(d.headDim);
     ok(cudaMemcpyAsync(meta, hMeta, metaUsed(Tp, Sp, Rp) * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
     if (!graph) {
       lastGraph = nullptr;
       launchAll(Tp, Sp, Rp, tapMask);
     } else {
-      const std::pair<int, uint64_t> key(Tp, tapMask);
+      const std::tuple<int, uint64_t, bool> key(Tp, tapMask, tiledAttn);
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         launchAll(Tp, Sp, Rp, tapMask);  // this forward's results; makes the GEMM plans outside the capture
@@ -327,7 +331,9 @@ class LlamaRunner {
   /** Captured graphs as "rows×taps" labels. */
   std::vector<std::string> graphLabels() const {
     std::vector<std::string> out;
-    for (const auto& [k, v] : graphs) out.push_back(std::to_string(k.first) + (k.second ? " rows + taps" : " rows"));
+    for (const auto& [k, v] : graphs)
+      out.push_back(std::to_string(std::get<0>(k)) + (std::get<1>(k) != 0 ? " rows + taps" : " rows") +
+                    (std::get<2>(k) ? " (prefill attention)" : ""));
     return out;
   }
 
@@ -357,7 +363,8 @@ class LlamaRunner {
   float *logits = nullptr, *part = nullptr, *taps = nullptr;
   void *xb = nullptr, *attnB = nullptr, *hb = nullptr, *argmaxWs = nullptr;
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
-  std::map<std::pair<int, uint64_t>, cudaGraphExec_t> graphs;
+  std::map<std::tuple<int, uint64_t, bool>, cudaGraphExec_t> graphs;
+  bool tiledAttn = false;  // this forward's attention: query-tiled (prefill-like batch) or partitioned
   cudaGraphExec_t lastGraph = nullptr;
 
   void* dev(size_t bytes, const char* what) {
@@ -447,19 +454,22 @@ class LlamaRunner {
       float* kPool = kv + static_cast<size_t>(2 * l) * poolFloats;
       float* vPool = kPool + poolFloats;
       tap(l);
-      add("attention rmsNorm", l,
-          [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
-      if (small)
-        add("q|k|v GEMM", l, [=, &w, this] {
-          launched(specdSmallGemm(qkv, xb, w.qkv, Tp, qw + 2 * kw, D, false, stream), "q|k|v GEMM");
+      if (small) {
+        add("norm + q|k|v GEMM", l, [=, &w, this] {
+          launched(specdSmallGemmNorm(qkv, nullptr, x, w.attnNorm, nullptr, d.eps, w.qkv, Tp, qw + 2 * kw, D, stream),
+                   "q|k|v GEMM");
         });
-      else add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
+      } else {
+        add("attention rmsNorm", l,
+            [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
+        add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
+      }
       add("RoPE + KV write", l, [=, this] {
         launched(
             specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
             "RoPE + KV write");
       });
-      if (Tp > kSmallGemmRows && specdPrefillAttentionFits(d.headDim))
+      if (tiledAttn)
         add("prefill attention", l, [=, this] {
           launched(specdPrefillAttention(nullptr, attnB, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
                                          d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, stream),
@@ -476,15 +486,16 @@ class LlamaRunner {
         add("o GEMM + residual", l,
             [=, &w, this] { launched(specdSmallGemm(x, attnB, w.o, Tp, D, qw, true, stream), "o GEMM"); });
       else add("o GEMM + residual", l, [=, &w] { gemm(x, attnB, w.o, M, D, qw, true, "o GEMM"); });
-      add("MLP rmsNorm", l,
-          [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
       if (small) {
-        add("gate|up GEMM + SwiGLU", l, [=, &w, this] {
-          launched(specdSmallGemmSwiglu(hb, xb, w.gateUp, Tp, d.inter, D, stream), "gate|up GEMM");
+        add("norm + gate|up GEMM + SwiGLU", l, [=, &w, this] {
+          launched(specdSmallGemmNorm(nullptr, hb, x, w.mlpNorm, nullptr, d.eps, w.gateUp, Tp, d.inter, D, stream),
+                   "gate|up GEMM");
         });
         add("down GEMM + residual", l,
             [=, &w, this] { launched(specdSmallGemm(x, hb, w.down, Tp, D, d.inter, true, stream), "down GEMM"); });
       } else {
+        add("MLP rmsNorm", l,
+            [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.mlpNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
         add("gate|up GEMM", l, [=, &w] { gemm(gu, xb, w.gateUp, M, 2 * d.inter, D, false, "gate|up GEMM"); });
         add("SwiGLU", l, [=, this] { launched(specdSwigluBf16(hb, gu, Tp, d.inter, stream), "SwiGLU"); });
         add("down GEMM + residual", l, [=, &w] { gemm(x, hb, w.down, M, D, d.inter, true, "down GEMM"); });
@@ -492,12 +503,17 @@ class LlamaRunner {
     }
     tap(d.layers);
     const void* head = d.tied ? embed : lmHead;
-    add("final rmsNorm", -1,
-        [=, this] { launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm"); });
-    if (smallHead)
-      add("lm_head", -1,
-          [=, this] { launched(specdSmallGemm(logits, xb, head, Rp, d.vocab, D, false, stream), "lm_head GEMM"); });
-    else add("lm_head", -1, [=] { gemm(logits, xb, head, MR, d.vocab, D, false, "lm_head GEMM"); });
+    if (smallHead) {
+      add("final norm + lm_head", -1, [=, this] {
+        launched(specdSmallGemmNorm(logits, nullptr, x, finalNorm, logitRows, d.eps, head, Rp, d.vocab, D, stream),
+                 "lm_head GEMM");
+      });
+    } else {
+      add("final rmsNorm", -1, [=, this] {
+        launched(specdRmsNormBf16(xb, x, finalNorm, logitRows, Rp, D, d.eps, stream), "final rmsNorm");
+      });
+      add("lm_head", -1, [=] { gemm(logits, xb, head, MR, d.vocab, D, false, "lm_head GEMM"); });
+    }
     add("argmax (2 launches)", -1,
         [=, this] { launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, Rp, d.vocab, stream), "argmax"); });
     return ops;
