@@ -131,6 +131,12 @@ constexpr int kAttnTile = 32;
 /** Keys per partition: a query's keys split at multiples of this, one block per partition (flash-decoding). */
 constexpr int kAttnPart = 64;
 
+__device__ void partitionBody(float* dst, const float* q, const float* kPool, const float* vPool,
+                              const int32_t* blockTables, int s, int row, int head, int kvHead, int64_t rowFloats,
+                              int begin, int last, int maxBlocks, int pageSize, int qHeads, int headDim, float scale);
+__device__ void mergeIfLast(float* out, __nv_bfloat16* outBf16, const float* part, unsigned* counters, int row,
+                            int head, int qHeads, int headDim);
+
 /**
  * Paged attention, first pass: one block of 128 threads per (query row, q head, partition of 64 keys); NHD pages
  * ([page, slot, kvHead, headDim] f32), GQA, headDim a multiple of 16 up to 256. The partition's visible keys (causal:
@@ -144,11 +150,8 @@ constexpr int kAttnPart = 64;
 __global__ void attentionPartial(float* part, const float* q, const float* kPool, const float* vPool,
                                  const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                                  const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
-                                 int kvHeads, int headDim, float scale, bool causal) {
-  __shared__ __align__(16) float qs[256];
-  __shared__ float sc[kAttnTile];
-  __shared__ int64_t slotS[kAttnTile];  // the tile's keys' pool rows (the V pass reads them without the table)
-  __shared__ float comb[kAttnThreads];
+                                 int kvHeads, int headDim, float scale, bool causal, float* out, __nv_bfloat16* outBf16,
+                                 unsigned* counters) {
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int partIdx = blockIdx.z;
@@ -175,8 +178,22 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
       dst[0] = -INFINITY;
       dst[1] = 0.f;
     }
-    return;
+  } else {
+    partitionBody(dst, q, kPool, vPool, blockTables, s, row, head, kvHead, rowFloats, begin, last, maxBlocks, pageSize,
+                  qHeads, headDim, scale);
   }
+  if (counters != nullptr) mergeIfLast(out, outBf16, part, counters, row, head, qHeads, headDim);
+}
+
+/** One non-empty partition of attentionPartial (module comment there): its (m, l, acc) into dst. */
+__device__ void partitionBody(float* dst, const float* q, const float* kPool, const float* vPool,
+                              const int32_t* blockTables, int s, int row, int head, int kvHead, int64_t rowFloats,
+                              int begin, int last, int maxBlocks, int pageSize, int qHeads, int headDim, float scale) {
+  const int t = threadIdx.x;
+  __shared__ __align__(16) float qs[256];
+  __shared__ float sc[kAttnTile];
+  __shared__ int64_t slotS[kAttnTile];  // the tile's keys' pool rows (the V pass reads them without the table)
+  __shared__ float comb[kAttnThreads];
   const float* qr = q + (static_cast<int64_t>(row) * qHeads + head) * headDim;
   for (int c = t; c < headDim; c += kAttnThreads) qs[c] = qr[c];
   __syncthreads();
@@ -243,40 +260,67 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
 }
 
 /**
- * Paged attention, second pass: one warp per (query row, q head) merges its partitions in order (skipping empty
- * ones, so the number of partitions launched for the batch does not touch a query's bits): out = Σ acc_p e^(m_p − M)
- * / Σ l_p e^(m_p − M). A query with no visible key gets zeros. Written as f32 to `out` or, when `out` is null, as
- * bf16 to `outBf16` (the input of the output projection's GEMM).
+ * The merge of (row, head)'s partitions by one warp (lane = its thread): out = Σ acc_p e^(m_p − M) / Σ l_p e^(m_p − M)
+ * over the non-empty partitions in order (they are a prefix: partition p holds keys [64p, 64p + 64) of the visible
+ * ones); reads through L2 (__ldcg: the partials may come from other SMs in this kernel).
  */
-__global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* part, int parts, int qHeads,
-                               int headDim) {
-  const int row = blockIdx.x;
-  const int head = blockIdx.y;
-  const int lane = threadIdx.x;
-  pdlWait();
-  pdlLaunchNext();
+__device__ void mergeParts(float* out, __nv_bfloat16* outBf16, const float* part, int parts, int qHeads, int headDim,
+                           int row, int head, int lane) {
   const float* src = part + (static_cast<int64_t>(row) * qHeads + head) * parts * (2 + headDim);
-  // the non-empty partitions are a prefix (partition p holds keys [64p, 64p + 64) of the visible ones)
   int used = 0;
-  while (used < parts && src[used * (2 + headDim) + 1] > 0.f) used++;
+  while (used < parts && __ldcg(src + used * (2 + headDim) + 1) > 0.f) used++;
   float M = -INFINITY;
-  for (int p = 0; p < used; p++) M = fmaxf(M, src[p * (2 + headDim)]);
+  for (int p = 0; p < used; p++) M = fmaxf(M, __ldcg(src + p * (2 + headDim)));
   float L = 0.f;
   for (int p = 0; p < used; p++) {
     const float* x = src + p * (2 + headDim);
-    L += x[1] * expf(x[0] - M);
+    L += __ldcg(x + 1) * expf(__ldcg(x) - M);
   }
   const int64_t at = (static_cast<int64_t>(row) * qHeads + head) * headDim;
   for (int c = lane; c < headDim; c += 32) {
     float o = 0.f;
     for (int p = 0; p < used; p++) {
       const float* x = src + p * (2 + headDim);
-      o += x[2 + c] * expf(x[0] - M);
+      o += __ldcg(x + 2 + c) * expf(__ldcg(x) - M);
     }
     const float r = L > 0.f ? o / L : 0.f;
     if (out != nullptr) out[at + c] = r;
     else outBf16[at + c] = __float2bfloat16_rn(r);
   }
+}
+
+/**
+ * The end of a fused attentionPartial block: counts the block done for its (row, head) (threadFenceReduction's
+ * pattern: every writer fences, then one atomic); the block that finishes last resets the counter for the next
+ * launch and merges the partitions with its first warp.
+ */
+__device__ void mergeIfLast(float* out, __nv_bfloat16* outBf16, const float* part, unsigned* counters, int row,
+                            int head, int qHeads, int headDim) {
+  __shared__ unsigned isLast;
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = counters + static_cast<int64_t>(row) * qHeads + head;
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(counter, 1u) + 1u;
+    isLast = done == gridDim.z;
+    if (isLast) *counter = 0u;
+  }
+  __syncthreads();
+  if (!isLast || threadIdx.x >= 32) return;
+  __threadfence();
+  mergeParts(out, outBf16, part, gridDim.z, qHeads, headDim, row, head, threadIdx.x);
+}
+
+/**
+ * Paged attention, second pass: one warp per (query row, q head) merges its partitions (mergeParts), so the number
+ * of partitions launched for the batch does not touch a query's bits. A query with no visible key gets zeros.
+ * Written as f32 to `out` or, when `out` is null, as bf16 to `outBf16` (the input of the output projection's GEMM).
+ */
+__global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* part, int parts, int qHeads,
+                               int headDim) {
+  pdlWait();
+  pdlLaunchNext();
+  mergeParts(out, outBf16, part, parts, qHeads, headDim, blockIdx.x, blockIdx.y, threadIdx.x);
 }
 
 constexpr int kPreQ = 32;   // query rows of a prefill-attention block
@@ -550,13 +594,15 @@ int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAtt
 int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream,
+                        unsigned* counters) {
   if (headDim > 256 || headDim % 16 != 0 || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
-  cudaError_t e = specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q,
-                              kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
-                              qHeads, kvHeads, headDim, scale, causal);
-  if (e != cudaSuccess) return static_cast<int>(e);
+  cudaError_t e =
+      specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q, kPool, vPool,
+                  cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads, headDim,
+                  scale, causal, out, static_cast<__nv_bfloat16*>(outBf16), counters);
+  if (e != cudaSuccess || counters != nullptr) return static_cast<int>(e);
   return static_cast<int>(specdLaunch(attentionMerge, dim3(totalQ, qHeads), dim3(32), 0, stream, out,
                                       static_cast<__nv_bfloat16*>(outBf16), static_cast<const float*>(part), parts,
                                       qHeads, headDim));

@@ -115,27 +115,27 @@ __device__ __forceinline__ void loadNorm16(uint32_t (&w)[8], const float* p, con
 }
 
 /**
- * The GEMM of a batch of at most 16 rows (decode steps and verify blocks) on the tensor cores: out[r, c] (+)= Σ_k
- * x[r, k] · W[c, k], x bf16 [rows, k] (rows ≤ 16, padded to 16 with zeros in registers), W bf16 [n, k], k a
- * multiple of 64, fp32 accumulation (mma.sync m16n8k16). A block owns NT tiles of 8 output columns; its kSplitK
- * warps each sum a fixed range of k's 64-wide superblocks, and warp 0 adds the four partial tiles in warp order.
- * Inside a superblock, lane (g = lane / 4, t = lane % 4) feeds the MMA the 16 contiguous elements [t·16, t·16 + 16)
- * of rows g and g + 8 and of its tile's column g, four per MMA step: the k order inside the MMA is a fixed
- * permutation of the superblock, the same for x and W. Nothing depends on `rows` except which rows are zero, and
- * the MMA's row r reads row r of x only: a row's bits are the same at any batch size up to 16 (the row invariance
- * greedy speculation needs: a verify block's row equals the decode step's).
- * PAIR (SwiGLU): the tiles are gate columns [c0, c0 + 8·NT) and the same up columns n + c0 … of W [2n, k]; the
- * epilogue writes outBf16 [rows, n] = bf16(silu(gate) · up) instead of out.
- * NORM (RMSNorm fused): x is xf f32 rows (row rowIdx[r] when given), each block computes a row's 1 / rms (warp
- * r mod 4: a strided float4 sum of squares and a fixed butterfly) and feeds the MMA bf16(x · inv · normW).
+ * The GEMM of a batch of at most 64 rows (decode steps and verify blocks) on the tensor cores: out[r, c] (+)= Σ_k
+ * x[r, k] · W[c, k], x bf16 [rows, k] in MC chunks of 16 rows (the last padded with zeros in registers; a W
+ * fragment loaded once feeds every chunk), W bf16 [n, k], k a multiple of 64, fp32 accumulation (mma.sync m16n8k16). A
+ * block owns NT tiles of 8 output columns; its kSplitK warps each sum a fixed range of k's 64-wide superblocks, and
+ * warp 0 adds the four partial tiles in warp order. Inside a superblock, lane (g = lane / 4, t = lane % 4) feeds the
+ * MMA the 16 contiguous elements [t·16, t·16 + 16) of rows g and g + 8 and of its tile's column g, four per MMA step:
+ * the k order inside the MMA is a fixed permutation of the superblock, the same for x and W. Nothing depends on `rows`
+ * except which rows are zero, and the MMA's row r reads row r of x only: a row's bits are the same at any batch size up
+ * to 64 (the row invariance greedy speculation needs: a verify block's row equals the decode step's). PAIR (SwiGLU):
+ * the tiles are gate columns [c0, c0 + 8·NT) and the same up columns n + c0 … of W [2n, k]; the epilogue writes outBf16
+ * [rows, n] = bf16(silu(gate) · up) instead of out. NORM (RMSNorm fused): x is xf f32 rows (row rowIdx[r] when given),
+ * each block computes a row's 1 / rms (warp r mod 4: a strided float4 sum of squares and a fixed butterfly) and feeds
+ * the MMA bf16(x · inv · normW).
  */
-template <int NT, bool PAIR, bool NORM>
+template <int NT, int MC, bool PAIR, bool NORM>
 __global__ void __launch_bounds__(kSplitK * 32)
     mmaGemm(float* out, __nv_bfloat16* outBf16, const __nv_bfloat16* x, const float* xf, const float* normW,
             const int32_t* rowIdx, float eps, const __nv_bfloat16* W, int rows, int n, int k, bool accumulate) {
   constexpr int TILES = PAIR ? 2 * NT : NT;
-  __shared__ float partial[kSplitK - 1][32][TILES * 4];
-  __shared__ float invS[kSmallGemmRows];
+  __shared__ float partial[kSplitK - 1][32][MC * TILES * 4];
+  __shared__ float invS[16 * MC];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int c0 = blockIdx.x * 8 * NT;
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kSplitK * 32)
   pdlWait();
   pdlLaunchNext();
   if (NORM) {
-    for (int r = warp; r < kSmallGemmRows; r += kSplitK) {
+    for (int r = warp; r < 16 * MC; r += kSplitK) {
       float ss = 0.f;
       if (r < rows) {
         const float4* xr = reinterpret_cast<const float4*>(xf + static_cast<int64_t>(rowIdx ? rowIdx[r] : r) * k);
@@ -179,66 +179,84 @@ __global__ void __launch_bounds__(kSplitK * 32)
     }
     __syncthreads();
   }
-  float acc[TILES][4];
+  float acc[MC][TILES][4];
 #pragma unroll
-  for (int i = 0; i < TILES; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  const bool lo = g < rows, hi = g + 8 < rows;
-  const int rlo = lo ? (NORM && rowIdx != nullptr ? rowIdx[g] : g) : 0;
-  const int rhi = hi ? (NORM && rowIdx != nullptr ? rowIdx[g + 8] : g + 8) : 0;
-  const __nv_bfloat16* xlo = x + static_cast<int64_t>(rlo) * k + t * 16;
-  const __nv_bfloat16* xhi = x + static_cast<int64_t>(rhi) * k + t * 16;
-  const float* flo = xf + static_cast<int64_t>(rlo) * k + t * 16;
-  const float* fhi = xf + static_cast<int64_t>(rhi) * k + t * 16;
-  const float invLo = NORM && lo ? invS[g] : 0.f, invHi = NORM && hi ? invS[g + 8] : 0.f;
+  for (int m = 0; m < MC; m++)
+#pragma unroll
+    for (int i = 0; i < TILES; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.f;
+  // this lane's two rows of each 16-row chunk m: 16m + g and 16m + g + 8
+  bool ok[MC][2];
+  int64_t off[MC][2];
+  float inv[MC][2];
+#pragma unroll
+  for (int m = 0; m < MC; m++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = 16 * m + g + 8 * h;
+      ok[m][h] = r < rows;
+      const int src = ok[m][h] ? (NORM && rowIdx != nullptr ? rowIdx[r] : r) : 0;
+      off[m][h] = static_cast<int64_t>(src) * k + t * 16;
+      inv[m][h] = NORM && ok[m][h] ? invS[r] : 0.f;
+    }
 #pragma unroll 2
   for (int sb = sb0; sb < sb1; sb++) {
-    uint32_t a0[8], a1[8], b[TILES][8];
-    if (NORM) {
-      loadNorm16(a0, flo + sb * 64, normW + sb * 64 + t * 16, invLo, lo);
-      loadNorm16(a1, fhi + sb * 64, normW + sb * 64 + t * 16, invHi, hi);
-    } else {
-      load16(a0, xlo + sb * 64, lo);
-      load16(a1, xhi + sb * 64, hi);
-    }
+    uint32_t b[TILES][8];
 #pragma unroll
     for (int i = 0; i < TILES; i++) load16(b[i], W + static_cast<int64_t>(wrow[i]) * k + sb * 64 + t * 16, wok[i]);
 #pragma unroll
-    for (int s = 0; s < 4; s++) {
-      const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
+    for (int m = 0; m < MC; m++) {
+      uint32_t a0[8], a1[8];
+      if (NORM) {
+        loadNorm16(a0, xf + off[m][0] + sb * 64, normW + sb * 64 + t * 16, inv[m][0], ok[m][0]);
+        loadNorm16(a1, xf + off[m][1] + sb * 64, normW + sb * 64 + t * 16, inv[m][1], ok[m][1]);
+      } else {
+        load16(a0, x + off[m][0] + sb * 64, ok[m][0]);
+        load16(a1, x + off[m][1] + sb * 64, ok[m][1]);
+      }
 #pragma unroll
-      for (int i = 0; i < TILES; i++) mma16816(acc[i], a, b[i][2 * s], b[i][2 * s + 1]);
+      for (int s = 0; s < 4; s++) {
+        const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
+#pragma unroll
+        for (int i = 0; i < TILES; i++) mma16816(acc[m][i], a, b[i][2 * s], b[i][2 * s + 1]);
+      }
     }
   }
   if (warp > 0) {
 #pragma unroll
-    for (int i = 0; i < TILES; i++)
+    for (int m = 0; m < MC; m++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) partial[warp - 1][lane][i * 4 + e] = acc[i][e];
+      for (int i = 0; i < TILES; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) partial[warp - 1][lane][(m * TILES + i) * 4 + e] = acc[m][i][e];
   }
   __syncthreads();
   if (warp > 0) return;
 #pragma unroll
   for (int w = 0; w < kSplitK - 1; w++)
 #pragma unroll
-    for (int i = 0; i < TILES; i++)
+    for (int m = 0; m < MC; m++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) acc[i][e] = __fadd_rn(acc[i][e], partial[w][lane][i * 4 + e]);
-  // C fragment: acc[i][0..1] row g, columns 2t, 2t + 1 of tile i; acc[i][2..3] row g + 8
+      for (int i = 0; i < TILES; i++)
 #pragma unroll
-  for (int i = 0; i < NT; i++)
+        for (int e = 0; e < 4; e++) acc[m][i][e] = __fadd_rn(acc[m][i][e], partial[w][lane][(m * TILES + i) * 4 + e]);
+  // C fragment: acc[m][i][0..1] row 16m + g, columns 2t, 2t + 1 of tile i; acc[m][i][2..3] row 16m + g + 8
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int r = e < 2 ? g : g + 8;
-      const int c = c0 + 8 * i + 2 * t + (e & 1);
-      if (r >= rows || c >= n) continue;
-      if (PAIR) {
-        const float gate = acc[i][e], up = acc[NT + i][e];
-        outBf16[static_cast<int64_t>(r) * n + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
-      } else {
-        float* dst = out + static_cast<int64_t>(r) * n + c;
-        *dst = accumulate ? __fadd_rn(*dst, acc[i][e]) : acc[i][e];
+  for (int m = 0; m < MC; m++)
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = 16 * m + (e < 2 ? g : g + 8);
+        const int c = c0 + 8 * i + 2 * t + (e & 1);
+        if (r >= rows || c >= n) continue;
+        if (PAIR) {
+          const float gate = acc[m][i][e], up = acc[m][NT + i][e];
+          outBf16[static_cast<int64_t>(r) * n + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+        } else {
+          float* dst = out + static_cast<int64_t>(r) * n + c;
+          *dst = accumulate ? __fadd_rn(*dst, acc[m][i][e]) : acc[m][i][e];
+        }
       }
-    }
 }
 
 /**
@@ -312,14 +330,25 @@ __global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
   if (lane == 0) out[row] = bad ? -1 : bi;
 }
 
-template <int NT, bool PAIR, bool NORM>
-int launchMma(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
-              float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
+template <int NT, int MC, bool PAIR, bool NORM>
+int launchMmaMc(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
+                float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((n + 8 * NT - 1) / (8 * NT));
-  return static_cast<int>(specdLaunch(mmaGemm<NT, PAIR, NORM>, dim3(blocks), dim3(kSplitK * 32), 0, stream, out,
+  return static_cast<int>(specdLaunch(mmaGemm<NT, MC, PAIR, NORM>, dim3(blocks), dim3(kSplitK * 32), 0, stream, out,
                                       static_cast<__nv_bfloat16*>(outBf16), static_cast<const __nv_bfloat16*>(x), xf,
                                       normW, rowIdx, eps, static_cast<const __nv_bfloat16*>(w), rows, n, k,
                                       accumulate));
+}
+
+/** The 16-row chunks the batch needs: 1, 2 or 4 (each chunk's rows computed by the same MMA code). */
+template <int NT, bool PAIR, bool NORM>
+int launchMma(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
+              float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
+  if (rows <= 16)
+    return launchMmaMc<NT, 1, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
+  if (rows <= 32)
+    return launchMmaMc<NT, 2, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
+  return launchMmaMc<NT, 4, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
 }
 
 }  // namespace
