@@ -121,7 +121,7 @@ export interface CudaAddon {
   /** GPU ms per replay of the last forward's CUDA graph (−1 when it ran without one). */
   llamaReplayMs(runner: DeviceHandle, reps: number): number;
   /**
-   * Launch choices for later forwards (drops the captured graphs): `smallGemm` — batches of ≤ 64 rows use the small
+   * Launch choices for later forwards (drops the captured graphs): `smallGemm` — batches of ≤ 32 rows use the small
    * row-invariant GEMM with RMSNorm / SwiGLU fused (default true); `pdl` — programmatic dependent launch on sm_90+
    * (default true, process wide).
    */

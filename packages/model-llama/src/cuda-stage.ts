@@ -105,7 +105,7 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
   }
 
   /**
-   * Launch choices for later forwards (A/B benches; the captured graphs are dropped): `smallGemm` — batches of ≤ 64
+   * Launch choices for later forwards (A/B benches; the captured graphs are dropped): `smallGemm` — batches of ≤ 32
    * rows use the row-invariant small GEMM with RMSNorm / SwiGLU fused (default true); `pdl` — programmatic dependent
    * launch on sm_90+ (default true).
    */

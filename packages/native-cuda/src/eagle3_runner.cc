@@ -537,7 +537,7 @@ class Eagle3Runner {
     launched(specdEagle3Input(xb, h, embed, tok, d.vocab, g, gRows, inputNorm, hiddenNorm, Sp, D, d.eps,
                               d.normBeforeResidual, stream),
              "layer input");
-    // batches of ≤ 64 rows (every chain of ≤ 64 sequences): the small GEMM on the tensor cores, SwiGLU in its epilogue
+    // batches of ≤ 32 rows (every chain of ≤ 32 sequences): the small GEMM on the tensor cores, SwiGLU in its epilogue
     const bool small = specdSmallGemmFits(Sp, 2 * D) && specdSmallGemmFits(Sp, qw) && specdSmallGemmFits(Sp, D) &&
                        specdSmallGemmFits(Sp, d.inter);
     auto mm = [&](float* out, const void* in, const void* w, int n, int k, bool acc, const char* what) {

@@ -134,8 +134,6 @@ constexpr int kAttnPart = 64;
 __device__ void partitionBody(float* dst, const float* q, const float* kPool, const float* vPool,
                               const int32_t* blockTables, int s, int row, int head, int kvHead, int64_t rowFloats,
                               int begin, int last, int maxBlocks, int pageSize, int qHeads, int headDim, float scale);
-__device__ void mergeIfLast(float* out, __nv_bfloat16* outBf16, const float* part, unsigned* counters, int row,
-                            int head, int qHeads, int headDim);
 
 /**
  * Paged attention, first pass: one block of 128 threads per (query row, q head, partition of 64 keys); NHD pages
@@ -150,8 +148,7 @@ __device__ void mergeIfLast(float* out, __nv_bfloat16* outBf16, const float* par
 __global__ void attentionPartial(float* part, const float* q, const float* kPool, const float* vPool,
                                  const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                                  const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads,
-                                 int kvHeads, int headDim, float scale, bool causal, float* out, __nv_bfloat16* outBf16,
-                                 unsigned* counters) {
+                                 int kvHeads, int headDim, float scale, bool causal) {
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int partIdx = blockIdx.z;
@@ -182,7 +179,6 @@ __global__ void attentionPartial(float* part, const float* q, const float* kPool
     partitionBody(dst, q, kPool, vPool, blockTables, s, row, head, kvHead, rowFloats, begin, last, maxBlocks, pageSize,
                   qHeads, headDim, scale);
   }
-  if (counters != nullptr) mergeIfLast(out, outBf16, part, counters, row, head, qHeads, headDim);
 }
 
 /** One non-empty partition of attentionPartial (module comment there): its (m, l, acc) into dst. */
@@ -262,7 +258,7 @@ __device__ void partitionBody(float* dst, const float* q, const float* kPool, co
 /**
  * The merge of (row, head)'s partitions by one warp (lane = its thread): out = Σ acc_p e^(m_p − M) / Σ l_p e^(m_p − M)
  * over the non-empty partitions in order (they are a prefix: partition p holds keys [64p, 64p + 64) of the visible
- * ones); reads through L2 (__ldcg: the partials may come from other SMs in this kernel).
+ * ones).
  */
 __device__ void mergeParts(float* out, __nv_bfloat16* outBf16, const float* part, int parts, int qHeads, int headDim,
                            int row, int head, int lane) {
@@ -287,28 +283,6 @@ __device__ void mergeParts(float* out, __nv_bfloat16* outBf16, const float* part
     if (out != nullptr) out[at + c] = r;
     else outBf16[at + c] = __float2bfloat16_rn(r);
   }
-}
-
-/**
- * The end of a fused attentionPartial block: counts the block done for its (row, head) (threadFenceReduction's
- * pattern: every writer fences, then one atomic); the block that finishes last resets the counter for the next
- * launch and merges the partitions with its first warp.
- */
-__device__ void mergeIfLast(float* out, __nv_bfloat16* outBf16, const float* part, unsigned* counters, int row,
-                            int head, int qHeads, int headDim) {
-  __shared__ unsigned isLast;
-  __threadfence();
-  __syncthreads();
-  unsigned* counter = counters + static_cast<int64_t>(row) * qHeads + head;
-  if (threadIdx.x == 0) {
-    const unsigned done = atomicAdd(counter, 1u) + 1u;
-    isLast = done == gridDim.z;
-    if (isLast) *counter = 0u;
-  }
-  __syncthreads();
-  if (!isLast || threadIdx.x >= 32) return;
-  __threadfence();
-  mergeParts(out, outBf16, part, gridDim.z, qHeads, headDim, row, head, threadIdx.x);
 }
 
 /**
@@ -594,15 +568,13 @@ int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAtt
 int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream,
-                        unsigned* counters) {
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
   if (headDim > 256 || headDim % 16 != 0 || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
-  cudaError_t e =
-      specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q, kPool, vPool,
-                  cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads, headDim,
-                  scale, causal, out, static_cast<__nv_bfloat16*>(outBf16), counters);
-  if (e != cudaSuccess || counters != nullptr) return static_cast<int>(e);
+  cudaError_t e = specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q,
+                              kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
+                              qHeads, kvHeads, headDim, scale, causal);
+  if (e != cudaSuccess) return static_cast<int>(e);
   return static_cast<int>(specdLaunch(attentionMerge, dim3(totalQ, qHeads), dim3(32), 0, stream, out,
                                       static_cast<__nv_bfloat16*>(outBf16), static_cast<const float*>(part), parts,
                                       qHeads, headDim));

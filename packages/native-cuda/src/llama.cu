@@ -115,7 +115,7 @@ __device__ __forceinline__ void loadNorm16(uint32_t (&w)[8], const float* p, con
 }
 
 /**
- * The GEMM of a batch of at most 64 rows (decode steps and verify blocks) on the tensor cores: out[r, c] (+)= Σ_k
+ * The GEMM of a batch of at most 32 rows (decode steps and verify blocks) on the tensor cores: out[r, c] (+)= Σ_k
  * x[r, k] · W[c, k], x bf16 [rows, k] in MC chunks of 16 rows (the last padded with zeros in registers; a W
  * fragment loaded once feeds every chunk), W bf16 [n, k], k a multiple of 64, fp32 accumulation (mma.sync m16n8k16). A
  * block owns NT tiles of 8 output columns; its kSplitK warps each sum a fixed range of k's 64-wide superblocks, and
@@ -340,15 +340,13 @@ int launchMmaMc(float* out, void* outBf16, const void* x, const float* xf, const
                                       accumulate));
 }
 
-/** The 16-row chunks the batch needs: 1, 2 or 4 (each chunk's rows computed by the same MMA code). */
+/** The 16-row chunks the batch needs: 1 or 2 (each chunk's rows computed by the same MMA code). */
 template <int NT, bool PAIR, bool NORM>
 int launchMma(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
               float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
   if (rows <= 16)
     return launchMmaMc<NT, 1, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
-  if (rows <= 32)
-    return launchMmaMc<NT, 2, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
-  return launchMmaMc<NT, 4, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
+  return launchMmaMc<NT, 2, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
 }
 
 }  // namespace

@@ -7,15 +7,15 @@
 //
 // Per layer: RMSNorm → bf16, q|k|v GEMM, RoPE + KV page write, paged attention → bf16, o GEMM accumulated into the
 // residual, RMSNorm → bf16, gate|up GEMM, SwiGLU → bf16, down GEMM accumulated into the residual. Batches of at
-// most 64 rows (decode steps, verify blocks) use llama.cu's small GEMM on the tensor cores, row-invariant, with the
-// RMSNorms in its prologue, SwiGLU in the gate|up epilogue and the residual adds in the o/down epilogues, and the
-// partitioned attention merging in its own launch: six launches per layer. Larger batches use cuBLASLt (β = 1 for
+// most 32 rows (decode steps, verify blocks) use llama.cu's small GEMM on the tensor cores, row-invariant, with the
+// RMSNorms in its prologue, SwiGLU in the gate|up epilogue and the residual adds in the o/down epilogues: seven
+// launches per layer (two for attention). Larger batches use cuBLASLt (β = 1 for
 // the residual adds), separate RMSNorm / SwiGLU launches and, for prefill-like batches, the query-tiled attention.
 // Kernels go out with programmatic dependent launch on sm_90+. Batches of at most kGraphRows rows run as CUDA
 // graphs, one per (padded row count, tap set, attention kind), captured at the first forward of each (vLLM's decode
 // graphs): a step is one graph launch. Rows pad to a power of two (padded rows: token 0, position 0, no KV slot, a
 // sequence without keys); a row's logits are the same bits whether it is decoded alone or verified in a batch of up
-// to 64 rows (greedy speculation equals plain decoding, one sequence or several): the small GEMM is row-invariant,
+// to 32 rows (greedy speculation equals plain decoding, one sequence or several): the small GEMM is row-invariant,
 // and with it off (llamaSetOptions) every batch of ≤ 16 rows uses cuBLASLt's plan for 16 rows (invariance up to 16).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -110,7 +110,6 @@ class LlamaRunner {
       logits = static_cast<float*>(dev(M * d.vocab * 4, "logits"));
       argmax = static_cast<int32_t*>(dev(M * 4, "argmax"));
       argmaxWs = dev(specdArgmaxWorkspaceBytes(static_cast<int>(M), d.vocab), "argmax partials");
-      attnCounters = static_cast<unsigned*>(dev(static_cast<size_t>(M) * d.qHeads * 4, "attention merge counters"));
       taps = static_cast<float*>(dev(static_cast<size_t>(d.layers + 1) * maxRows * d.hidden * 4, "taps"));
       ok(cudaMallocHost(&hArgmax, static_cast<size_t>(maxRows) * 4), "cudaMallocHost (argmax)");
       layers.resize(d.layers);
@@ -241,7 +240,7 @@ class LlamaRunner {
     lastShape[1] = Sp;
     lastShape[2] = Rp;
     lastMask = tapMask;
-    // the query-tiled attention for prefill-like batches (on average ≥ 8 rows a sequence, more than 64 rows);
+    // the query-tiled attention for prefill-like batches (on average ≥ 8 rows a sequence, more than 32 rows);
     // decode steps and verify blocks of many sequences keep the partitioned kernel
     tiledAttn = b.T > kSmallGemmRows && b.T >= 8 * b.S && specdPrefillAttentionFits(d.headDim);
     ok(cudaMemcpyAsync(meta, hMeta, metaUsed(Tp, Sp, Rp) * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
@@ -365,7 +364,6 @@ class LlamaRunner {
   float *kv = nullptr, *cosSin = nullptr, *x = nullptr, *qkv = nullptr, *q = nullptr, *gu = nullptr;
   float *logits = nullptr, *part = nullptr, *taps = nullptr;
   void *xb = nullptr, *attnB = nullptr, *hb = nullptr, *argmaxWs = nullptr;
-  unsigned* attnCounters = nullptr;  // the fused attention merge's per (row, head) counters (left zeroed)
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
   std::map<std::tuple<int, uint64_t, bool>, cudaGraphExec_t> graphs;
   bool tiledAttn = false;  // this forward's attention: query-tiled (prefill-like batch) or partitioned
@@ -480,10 +478,10 @@ class LlamaRunner {
                    "prefill attention");
         });
       else
-        add("paged attention", l, [=, this] {
+        add("paged attention (2 launches)", l, [=, this] {
           launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp,
                                        maxBlocks, d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true,
-                                       maxBlocks * d.pageSize, stream, attnCounters),
+                                       maxBlocks * d.pageSize, stream),
                    "paged attention");
         });
       if (small)
@@ -528,7 +526,7 @@ class LlamaRunner {
   }
 
  public:
-  /** Use the small GEMM for batches of ≤ 64 rows (default on; off: cuBLASLt everywhere, for A/B benches). */
+  /** Use the small GEMM for batches of ≤ 32 rows (default on; off: cuBLASLt everywhere, for A/B benches). */
   bool smallGemmOn = true;
 
   /** Drops the captured CUDA graphs (after a launch option changed). */
@@ -844,7 +842,7 @@ Napi::Value LlamaReplayMs(const Napi::CallbackInfo& info) {
 
 /**
  * llamaSetOptions(runner, {smallGemm?, pdl?}): the launch choices for later forwards (A/B benches), dropping the
- * captured CUDA graphs. smallGemm: batches of ≤ 64 rows use the small GEMM with fused RMSNorm / SwiGLU (default
+ * captured CUDA graphs. smallGemm: batches of ≤ 32 rows use the small GEMM with fused RMSNorm / SwiGLU (default
  * true; false: cuBLASLt and separate launches). pdl: programmatic dependent launch on sm_90+ (default true; process
  * wide).
  */
