@@ -41,6 +41,7 @@
 
 #include "eagle3_kernels.h"
 #include "kernels.h"
+#include "runner_util.h"
 
 namespace {
 
@@ -65,20 +66,6 @@ struct E3Dims {
   int pageSize = 0, numPages = 0, maxModelLen = 0;
 };
 
-class CudaFailure : public std::exception {
- public:
-  explicit CudaFailure(std::string m) : msg(std::move(m)) {}
-  const char* what() const noexcept override { return msg.c_str(); }
-  std::string msg;
-};
-
-void ok(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) throw CudaFailure(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
-}
-void launched(int status, const char* what) {
-  if (status != 0) throw CudaFailure(std::string(what) + " failed with status " + std::to_string(status));
-}
-
 /** One chain or step call, as checked by the N-API layer (host i32). */
 struct ChainArgs {
   int S = 0, K = 0;
@@ -86,7 +73,7 @@ struct ChainArgs {
                 *lengths = nullptr;
 };
 
-class Eagle3Runner {
+class Eagle3Runner : public RunnerMemory {
  public:
   explicit Eagle3Runner(const E3Dims& dims) : d(dims) {
     qw = d.heads * d.headDim;
@@ -128,7 +115,7 @@ class Eagle3Runner {
 
   E3Dims d;
   int qw = 0, kw = 0, qkvW = 0, chainRows = 0, rows = 0, maxBlocks = 0, parts = 0;
-  size_t weightBytes = 0, kvBytes = 0, activationBytes = 0;
+  size_t kvBytes = 0;
   bool disposed = false;
 
   /**
@@ -333,20 +320,7 @@ class Eagle3Runner {
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         launchChain(Sp, c.K);  // this chain's results; makes the GEMM plans outside the capture
-        cudaGraph_t g = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-        try {
-          launchChain(Sp, c.K);
-        } catch (...) {
-          cudaStreamEndCapture(stream, &g);
-          if (g != nullptr) cudaGraphDestroy(g);
-          throw;
-        }
-        ok(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
-        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-        cudaGraphDestroy(g);
-        ok(e, "cudaGraphInstantiate");
+        cudaGraphExec_t exec = captureGraph(stream, [&] { launchChain(Sp, c.K); });
         graphs.emplace(key, exec);
         lastGraph = exec;
       } else {
@@ -395,22 +369,7 @@ class Eagle3Runner {
   void sync() { ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 
   /** GPU ms per replay of the last chain's CUDA graph (−1 without one). Rewrites the chain's temporary entries. */
-  double replayMs(int reps) {
-    if (lastGraph == nullptr) return -1;
-    cudaEvent_t a = nullptr, b = nullptr;
-    ok(cudaEventCreate(&a), "cudaEventCreate");
-    ok(cudaEventCreate(&b), "cudaEventCreate");
-    cudaEventRecord(a, stream);
-    for (int r = 0; r < reps; r++) cudaGraphLaunch(lastGraph, stream);
-    cudaEventRecord(b, stream);
-    float ms = 0;
-    const cudaError_t e = cudaEventSynchronize(b);
-    if (e == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    ok(e, "graph replay (cudaEventSynchronize)");
-    return ms / reps;
-  }
+  double replayMs(int reps) { return lastGraph == nullptr ? -1 : replayGraphMs(lastGraph, stream, reps); }
 
   std::vector<std::string> graphLabels() const {
     std::vector<std::string> out;
@@ -423,8 +382,6 @@ class Eagle3Runner {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void *ws = nullptr, *argmaxWs = nullptr;
-  std::vector<void*> allocs, kvAllocs;
-  bool kvPhase = false;
   void *embed = nullptr, *fc = nullptr, *wQkv = nullptr, *wO = nullptr, *wGateUp = nullptr, *wDown = nullptr,
        *lmHead = nullptr;
   float *inputNorm = nullptr, *hiddenNorm = nullptr, *postNorm = nullptr, *finalNorm = nullptr;
@@ -443,26 +400,6 @@ class Eagle3Runner {
   cudaGraphExec_t lastGraph = nullptr;
   int stepNext = 0, stepRows = 0;
 
-  void* dev(size_t bytes, const char* what) {
-    void* p = nullptr;
-    ok(cudaMalloc(&p, bytes), std::string("cudaMalloc (") + what + ", " + std::to_string(bytes) + " bytes)");
-    (kvPhase ? kvAllocs : allocs).push_back(p);
-    ok(cudaMemset(p, 0, bytes), "cudaMemset");
-    if (!kvPhase) activationBytes += bytes;
-    return p;
-  }
-  static void expect(size_t got, size_t want, const std::string& name) {
-    if (got != want)
-      throw std::invalid_argument(name + ": " + std::to_string(got) + " bytes, expected " + std::to_string(want));
-  }
-  void upload(void** slot, const void* src, size_t bytes, const std::string& name) {
-    if (*slot == nullptr) {
-      ok(cudaMalloc(slot, bytes), "cudaMalloc (weight " + name + ", " + std::to_string(bytes) + " bytes)");
-      allocs.push_back(*slot);
-      weightBytes += bytes;
-    }
-    ok(cudaMemcpy(*slot, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight " + name + ")");
-  }
   void gemm(float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
     launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
   }
@@ -577,25 +514,6 @@ Eagle3Runner* runnerOf(const Napi::CallbackInfo& info) {
   return r;
 }
 
-int intField(Napi::Object o, const char* key, int lo, int hi) {
-  Napi::Value v = o.Get(key);
-  if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string(key) + ": expected a number");
-  const double x = v.As<Napi::Number>().DoubleValue();
-  if (!(x >= lo && x <= hi && x == std::floor(x)))
-    throw Napi::RangeError::New(o.Env(), std::string(key) + ": expected an integer in [" + std::to_string(lo) + ", " +
-                                             std::to_string(hi) + "], got " + std::to_string(x));
-  return static_cast<int>(x);
-}
-
-double numField(Napi::Object o, const char* key, bool positive) {
-  Napi::Value v = o.Get(key);
-  const double x = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
-  if (!(positive ? x > 0 : x >= 0) || !std::isfinite(x))
-    throw Napi::RangeError::New(
-        o.Env(), std::string(key) + (positive ? ": expected a positive number" : ": expected a number >= 0"));
-  return x;
-}
-
 int intArg(const Napi::CallbackInfo& info, size_t i, const char* name, int lo, int hi) {
   if (!info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected a number");
   const double x = info[i].As<Napi::Number>().DoubleValue();
@@ -603,16 +521,6 @@ int intArg(const Napi::CallbackInfo& info, size_t i, const char* name, int lo, i
     throw Napi::RangeError::New(info.Env(), std::string(name) + ": expected an integer in [" + std::to_string(lo) +
                                                 ", " + std::to_string(hi) + "], got " + std::to_string(x));
   return static_cast<int>(x);
-}
-
-const int32_t* i32(const Napi::CallbackInfo& info, size_t i, const char* name, size_t length) {
-  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
-    throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected an Int32Array");
-  Napi::Int32Array a = info[i].As<Napi::Int32Array>();
-  if (a.ElementLength() != length)
-    throw Napi::RangeError::New(info.Env(), std::string(name) + ": length " + std::to_string(a.ElementLength()) +
-                                                ", expected " + std::to_string(length));
-  return a.Data();
 }
 
 size_t typedLength(const Napi::CallbackInfo& info, size_t i, const char* name) {

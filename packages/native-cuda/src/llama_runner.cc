@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "runner_util.h"
 
 namespace {
 
@@ -66,20 +67,6 @@ struct LayerWeights {
   void* down = nullptr;
 };
 
-class CudaFailure : public std::exception {
- public:
-  explicit CudaFailure(std::string m) : msg(std::move(m)) {}
-  const char* what() const noexcept override { return msg.c_str(); }
-  std::string msg;
-};
-
-void ok(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) throw CudaFailure(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
-}
-void launched(int status, const char* what) {
-  if (status != 0) throw CudaFailure(std::string(what) + " failed with status " + std::to_string(status));
-}
-
 /** The batch of one forward, as given (host i32). */
 struct Batch {
   int T = 0, S = 0, R = 0;
@@ -87,7 +74,7 @@ struct Batch {
                 *tables = nullptr, *logitRows = nullptr;
 };
 
-class LlamaRunner {
+class LlamaRunner : public RunnerMemory {
  public:
   explicit LlamaRunner(const Dims& dims) : d(dims) {
     qw = d.qHeads * d.headDim;
@@ -177,7 +164,7 @@ class LlamaRunner {
 
   Dims d;
   int qw = 0, kw = 0, maxBlocks = 0, maxRows = 0, mPadMax = 0, parts = 0;
-  size_t poolFloats = 0, kvBytes = 0, weightBytes = 0, activationBytes = 0, metaInts = 0;
+  size_t poolFloats = 0, kvBytes = 0, metaInts = 0;
   bool disposed = false;
 
   /** Uploads one weight: `name` of layer `layer` (−1 for the model's own), `bytes` from host `src`. */
@@ -252,20 +239,7 @@ class LlamaRunner {
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         launchAll(Tp, Sp, Rp, tapMask);  // this forward's results; makes the GEMM plans outside the capture
-        cudaGraph_t g = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-        try {
-          launchAll(Tp, Sp, Rp, tapMask);
-        } catch (...) {
-          cudaStreamEndCapture(stream, &g);
-          if (g != nullptr) cudaGraphDestroy(g);
-          throw;
-        }
-        ok(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
-        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-        cudaGraphDestroy(g);
-        ok(e, "cudaGraphInstantiate");
+        cudaGraphExec_t exec = captureGraph(stream, [&] { launchAll(Tp, Sp, Rp, tapMask); });
         graphs.emplace(key, exec);
         lastGraph = exec;
       } else {
@@ -313,22 +287,7 @@ class LlamaRunner {
    * GPU milliseconds of the last forward's CUDA graph replayed `reps` times back to back (cudaEvent timing; the
    * replays rewrite the same KV slots with the same values). −1 when the last forward did not run as a graph.
    */
-  double replayMs(int reps) {
-    if (lastGraph == nullptr) return -1;
-    cudaEvent_t a = nullptr, b = nullptr;
-    ok(cudaEventCreate(&a), "cudaEventCreate");
-    ok(cudaEventCreate(&b), "cudaEventCreate");
-    cudaEventRecord(a, stream);
-    for (int r = 0; r < reps; r++) cudaGraphLaunch(lastGraph, stream);
-    cudaEventRecord(b, stream);
-    float ms = 0;
-    const cudaError_t e = cudaEventSynchronize(b);
-    if (e == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    ok(e, "graph replay (cudaEventSynchronize)");
-    return ms / reps;
-  }
+  double replayMs(int reps) { return lastGraph == nullptr ? -1 : replayGraphMs(lastGraph, stream, reps); }
 
   /** Captured graphs as "rows×taps" labels. */
   std::vector<std::string> graphLabels() const {
@@ -356,8 +315,6 @@ class LlamaRunner {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* ws = nullptr;
-  std::vector<void*> allocs, kvAllocs;  // kvAllocs: what allocKv sized (freed by freeKv)
-  bool kvPhase = false;
   void *embed = nullptr, *lmHead = nullptr;
   float* finalNorm = nullptr;
   std::vector<LayerWeights> layers;
@@ -368,27 +325,6 @@ class LlamaRunner {
   std::map<std::tuple<int, uint64_t, bool>, cudaGraphExec_t> graphs;
   bool tiledAttn = false;  // this forward's attention: query-tiled (prefill-like batch) or partitioned
   cudaGraphExec_t lastGraph = nullptr;
-
-  void* dev(size_t bytes, const char* what) {
-    void* p = nullptr;
-    ok(cudaMalloc(&p, bytes), std::string("cudaMalloc (") + what + ", " + std::to_string(bytes) + " bytes)");
-    (kvPhase ? kvAllocs : allocs).push_back(p);
-    ok(cudaMemset(p, 0, bytes), "cudaMemset");
-    if (!kvPhase) activationBytes += bytes;
-    return p;
-  }
-  static void expect(size_t got, size_t want, const std::string& name) {
-    if (got != want)
-      throw std::invalid_argument(name + ": " + std::to_string(got) + " bytes, expected " + std::to_string(want));
-  }
-  void upload(void** slot, const void* src, size_t bytes, const std::string& name) {
-    if (*slot == nullptr) {
-      ok(cudaMalloc(slot, bytes), "cudaMalloc (weight " + name + ", " + std::to_string(bytes) + " bytes)");
-      allocs.push_back(*slot);
-      weightBytes += bytes;
-    }
-    ok(cudaMemcpy(*slot, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight " + name + ")");
-  }
 
   // metadata layout: ids[Tp] positions[Tp] slots[Tp] cu[Sp + 1] kvLens[Sp] tables[Sp · maxBlocks] logitRows[Rp]
   size_t metaUsed(int Tp, int Sp, int Rp) const {
@@ -546,32 +482,23 @@ class LlamaRunner {
     std::vector<std::pair<std::string, double>> out;
     if (lastShape[0] == 0) return out;
     const std::vector<Op> ops = forwardOps(lastShape[0], lastShape[1], lastShape[2], lastMask);
-    cudaEvent_t a = nullptr, b = nullptr;
-    ok(cudaEventCreate(&a), "cudaEventCreate");
-    ok(cudaEventCreate(&b), "cudaEventCreate");
     for (const Op& op : ops) {
       if (op.layer > 0) continue;
       op.run();  // outside the capture first (plans, attributes)
-      cudaGraph_t g = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-      for (int r = 0; r < reps; r++) op.run();
-      ok(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
-      ok(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
-      cudaGraphDestroy(g);
-      cudaGraphLaunch(exec, stream);
-      cudaEventRecord(a, stream);
-      cudaGraphLaunch(exec, stream);
-      cudaEventRecord(b, stream);
-      float ms = 0;
-      const cudaError_t e = cudaEventSynchronize(b);
-      if (e == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
+      cudaGraphExec_t exec = captureGraph(stream, [&] {
+        for (int r = 0; r < reps; r++) op.run();
+      });
+      cudaGraphLaunch(exec, stream);  // warm
+      double ms = 0;
+      try {
+        ms = replayGraphMs(exec, stream, 1);
+      } catch (...) {
+        cudaGraphExecDestroy(exec);
+        throw;
+      }
       cudaGraphExecDestroy(exec);
-      ok(e, "profile (cudaEventSynchronize)");
       out.emplace_back(std::string(op.name) + (op.layer < 0 ? "" : " (a layer)"), 1000.0 * ms / reps);
     }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     return out;
   }
 
@@ -588,23 +515,6 @@ LlamaRunner* runnerOf(const Napi::CallbackInfo& info) {
   LlamaRunner* r = info[0].As<Napi::External<LlamaRunner>>().Data();
   if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
   return r;
-}
-
-int intField(Napi::Object o, const char* key, int lo, int hi = 1 << 30) {
-  Napi::Value v = o.Get(key);
-  if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string(key) + ": expected a number");
-  const double x = v.As<Napi::Number>().DoubleValue();
-  if (!(x >= lo && x <= hi && x == std::floor(x)))
-    throw Napi::RangeError::New(o.Env(), std::string(key) + ": expected an integer in [" + std::to_string(lo) + ", " +
-                                             std::to_string(hi) + "], got " + std::to_string(x));
-  return static_cast<int>(x);
-}
-
-double numField(Napi::Object o, const char* key) {
-  Napi::Value v = o.Get(key);
-  if (!v.IsNumber() || !(v.As<Napi::Number>().DoubleValue() > 0))
-    throw Napi::RangeError::New(o.Env(), std::string(key) + ": expected a positive number");
-  return v.As<Napi::Number>().DoubleValue();
 }
 
 /**
@@ -690,16 +600,6 @@ Napi::Value LlamaSetWeight(const Napi::CallbackInfo& info) {
     throw Napi::Error::New(env, e.what());
   }
   return env.Undefined();
-}
-
-const int32_t* i32(const Napi::CallbackInfo& info, size_t i, const char* name, size_t length) {
-  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
-    throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected an Int32Array");
-  Napi::Int32Array a = info[i].As<Napi::Int32Array>();
-  if (a.ElementLength() != length)
-    throw Napi::RangeError::New(info.Env(), std::string(name) + ": length " + std::to_string(a.ElementLength()) +
-                                                ", expected " + std::to_string(length));
-  return a.Data();
 }
 
 /**

@@ -1,0 +1,145 @@
+// @specd/native-cuda: host helpers the whole-model runners share (llama_runner.cc, eagle3_runner.cc): CUDA errors as
+// exceptions, CUDA-graph capture and replay timing, and the N-API argument checks. Each runner's TU gets its own
+// copy (an unnamed namespace), as before the move.
+#pragma once
+#include <cuda_runtime.h>
+#include <napi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+/** A failed CUDA call or launch, named (the N-API layer turns it into an Error). */
+class CudaFailure : public std::exception {
+ public:
+  explicit CudaFailure(std::string m) : msg(std::move(m)) {}
+  const char* what() const noexcept override { return msg.c_str(); }
+  std::string msg;
+};
+
+/** @throws CudaFailure "what: <error name> (<error string>)" unless e is cudaSuccess. */
+void ok(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw CudaFailure(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+/** @throws CudaFailure "what failed with status N" unless a launcher returned 0. */
+void launched(int status, const char* what) {
+  if (status != 0) throw CudaFailure(std::string(what) + " failed with status " + std::to_string(status));
+}
+
+/**
+ * Captures what `launch` puts on `stream` as a CUDA graph and instantiates it (the caller ran `launch` once outside
+ * the capture first, so every GEMM plan and kernel attribute exists). A throw from `launch` ends the capture and
+ * rethrows. @throws CudaFailure naming the failed capture call.
+ */
+template <typename F>
+cudaGraphExec_t captureGraph(cudaStream_t stream, F&& launch) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  try {
+    launch();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+    throw;
+  }
+  ok(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  ok(e, "cudaGraphInstantiate");
+  return exec;
+}
+
+/** GPU ms per replay of `graph`, `reps` replays back to back on `stream` (cudaEvent timing). */
+double replayGraphMs(cudaGraphExec_t graph, cudaStream_t stream, int reps) {
+  cudaEvent_t a = nullptr, b = nullptr;
+  ok(cudaEventCreate(&a), "cudaEventCreate");
+  ok(cudaEventCreate(&b), "cudaEventCreate");
+  cudaEventRecord(a, stream);
+  for (int r = 0; r < reps; r++) cudaGraphLaunch(graph, stream);
+  cudaEventRecord(b, stream);
+  float ms = 0;
+  const cudaError_t e = cudaEventSynchronize(b);
+  if (e == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  ok(e, "graph replay (cudaEventSynchronize)");
+  return ms / reps;
+}
+
+/**
+ * The device memory a runner owns: `dev` allocates (zeroed) activations, or while `kvPhase` what the KV pool's
+ * allocation sizes (freed apart, by the runner's freeKv); `upload` allocates a weight once and copies it.
+ */
+class RunnerMemory {
+ public:
+  size_t weightBytes = 0, activationBytes = 0;
+
+ protected:
+  std::vector<void*> allocs, kvAllocs;  // kvAllocs: what the KV pool's allocation sized
+  bool kvPhase = false;
+
+  /** @throws CudaFailure naming `what` and the bytes. */
+  void* dev(size_t bytes, const char* what) {
+    void* p = nullptr;
+    ok(cudaMalloc(&p, bytes), std::string("cudaMalloc (") + what + ", " + std::to_string(bytes) + " bytes)");
+    (kvPhase ? kvAllocs : allocs).push_back(p);
+    ok(cudaMemset(p, 0, bytes), "cudaMemset");
+    if (!kvPhase) activationBytes += bytes;
+    return p;
+  }
+  /** @throws std::invalid_argument "name: got bytes, expected want" when they differ. */
+  static void expect(size_t got, size_t want, const std::string& name) {
+    if (got != want)
+      throw std::invalid_argument(name + ": " + std::to_string(got) + " bytes, expected " + std::to_string(want));
+  }
+  /** Copies `bytes` from host `src` into the weight at `*slot` (allocated at the first upload). */
+  void upload(void** slot, const void* src, size_t bytes, const std::string& name) {
+    if (*slot == nullptr) {
+      ok(cudaMalloc(slot, bytes), "cudaMalloc (weight " + name + ", " + std::to_string(bytes) + " bytes)");
+      allocs.push_back(*slot);
+      weightBytes += bytes;
+    }
+    ok(cudaMemcpy(*slot, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight " + name + ")");
+  }
+};
+
+/** o[key] as an integer in [lo, hi]. @throws TypeError (not a number) or RangeError naming the key. */
+int intField(Napi::Object o, const char* key, int lo, int hi = 1 << 30) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string(key) + ": expected a number");
+  const double x = v.As<Napi::Number>().DoubleValue();
+  if (!(x >= lo && x <= hi && x == std::floor(x)))
+    throw Napi::RangeError::New(o.Env(), std::string(key) + ": expected an integer in [" + std::to_string(lo) + ", " +
+                                             std::to_string(hi) + "], got " + std::to_string(x));
+  return static_cast<int>(x);
+}
+
+/** o[key] as a finite number > 0 (or ≥ 0 when !positive). @throws RangeError naming the key. */
+double numField(Napi::Object o, const char* key, bool positive = true) {
+  Napi::Value v = o.Get(key);
+  const double x = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
+  if (!(positive ? x > 0 : x >= 0) || !std::isfinite(x))
+    throw Napi::RangeError::New(
+        o.Env(), std::string(key) + (positive ? ": expected a positive number" : ": expected a number >= 0"));
+  return x;
+}
+
+/** Argument i as an Int32Array of `length` elements. @throws TypeError or RangeError naming the argument. */
+const int32_t* i32(const Napi::CallbackInfo& info, size_t i, const char* name, size_t length) {
+  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected an Int32Array");
+  Napi::Int32Array a = info[i].As<Napi::Int32Array>();
+  if (a.ElementLength() != length)
+    throw Napi::RangeError::New(info.Env(), std::string(name) + ": length " + std::to_string(a.ElementLength()) +
+                                                ", expected " + std::to_string(length));
+  return a.Data();
+}
+
+}  // namespace
