@@ -22,7 +22,7 @@
  * entering target layer k (REFERENCE.md §2; vLLM captures the same). They are required in both layouts.
  */
 
-import { DrafterError, type DrafterSchema, type HfConfig } from '@specd/core';
+import { DrafterError, type DrafterSchema, type HfConfig, type StageInfo } from '@specd/core';
 
 /** `config.json` `architectures` entries accepted: the EAGLE-3 layout and the speculators layout. */
 export const EAGLE3_ARCHITECTURES: readonly string[] = Object.freeze(['LlamaForCausalLMEagle3', 'Eagle3Speculator']);
@@ -135,6 +135,19 @@ function checkTaps(c: HfConfig, key: string, taps: number[]): number[] {
  * `speculativeTokens`, which only the speculators layout carries).
  * @throws {HfConfigError} naming the JSON path of the first bad field.
  */
+/**
+ * The target taps an EAGLE-3 drafter reads (its `captureSetter`, CPU and GPU drafter alike): the config's taps.
+ * @throws {DrafterError} naming the taps beyond the target's layers.
+ */
+export function eagle3Taps(config: Eagle3Config, target: StageInfo): readonly number[] {
+  const bad = config.taps.filter((t) => t > target.numLayers);
+  if (bad.length > 0)
+    throw new DrafterError(
+      `eagle3: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
+    );
+  return config.taps;
+}
+
 export function parseEagle3Config(c: HfConfig): Eagle3Config {
   const archs = c.architectures;
   if (!archs.some((a) => EAGLE3_ARCHITECTURES.includes(a)))

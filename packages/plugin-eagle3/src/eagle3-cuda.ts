@@ -50,7 +50,7 @@ import {
   type StageModel,
 } from '@specd/core';
 
-import type { Eagle3Config } from './config.js';
+import { eagle3Taps, type Eagle3Config } from './config.js';
 
 /** An opaque device object of the CUDA addon (a runner). */
 export type CudaHandle = { readonly __device: unique symbol };
@@ -277,12 +277,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
   }
 
   override captureSetter(target: StageInfo): readonly number[] {
-    const bad = this.config.taps.filter((t) => t > target.numLayers);
-    if (bad.length > 0)
-      throw new DrafterError(
-        `eagle3: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
-      );
-    return this.config.taps;
+    return eagle3Taps(this.config, target);
   }
 
   /**

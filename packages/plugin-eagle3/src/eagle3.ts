@@ -97,7 +97,7 @@ import {
 } from '@specd/core';
 import { gemmBf16 } from '@specd/native';
 
-import type { Eagle3Config, Eagle3TreeSettings } from './config.js';
+import { eagle3Taps, type Eagle3Config, type Eagle3TreeSettings } from './config.js';
 import { runChain } from './eagle3-chain.js';
 import { Eagle3Model, type Eagle3Weights } from './eagle3-model.js';
 import { proposeTree } from './eagle3-tree.js';
@@ -171,12 +171,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
   }
 
   override captureSetter(target: StageInfo): readonly number[] {
-    const bad = this.config.taps.filter((t) => t > target.numLayers);
-    if (bad.length > 0)
-      throw new DrafterError(
-        `eagle3: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
-      );
-    return this.config.taps;
+    return eagle3Taps(this.config, target);
   }
 
   override projectTargetHiddenPartial(
