@@ -130,12 +130,6 @@ function checkTaps(c: HfConfig, key: string, taps: number[]): number[] {
 }
 
 /**
- * Validates an EAGLE-3 `config.json` in the EAGLE-3 or the speculators layout (module comment).
- * Both layouts of the same weights parse to the same config except `layout` (and
- * `speculativeTokens`, which only the speculators layout carries).
- * @throws {HfConfigError} naming the JSON path of the first bad field.
- */
-/**
  * The target taps an EAGLE-3 drafter reads (its `captureSetter`, CPU and GPU drafter alike): the config's taps.
  * @throws {DrafterError} naming the taps beyond the target's layers.
  */
@@ -148,6 +142,12 @@ export function eagle3Taps(config: Eagle3Config, target: StageInfo): readonly nu
   return config.taps;
 }
 
+/**
+ * Validates an EAGLE-3 `config.json` in the EAGLE-3 or the speculators layout (module comment).
+ * Both layouts of the same weights parse to the same config except `layout` (and
+ * `speculativeTokens`, which only the speculators layout carries).
+ * @throws {HfConfigError} naming the JSON path of the first bad field.
+ */
 export function parseEagle3Config(c: HfConfig): Eagle3Config {
   const archs = c.architectures;
   if (!archs.some((a) => EAGLE3_ARCHITECTURES.includes(a)))
