@@ -528,17 +528,6 @@ size_t typedLength(const Napi::CallbackInfo& info, size_t i, const char* name) {
   return info[i].As<Napi::TypedArray>().ElementLength();
 }
 
-template <typename F>
-auto guarded(Napi::Env env, F body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const std::invalid_argument& e) {
-    throw Napi::RangeError::New(env, e.what());
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
-}
-
 /**
  * eagle3Create({hiddenSize, numHeads, numKvHeads, headDim, intermediateSize, vocabSize, draftVocabSize, numTaps,
  * ropeTheta, rmsNormEps, normBeforeResidual, maxSequences, maxDraftTokens}) → a runner handle with its activations

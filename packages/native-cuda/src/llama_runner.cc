@@ -543,12 +543,10 @@ Napi::Value LlamaCreate(const Napi::CallbackInfo& info) {
   if (d.qHeads % d.kvHeads != 0) throw Napi::RangeError::New(env, "numHeads: must be a multiple of numKvHeads");
   if (d.headDim % 2 != 0) throw Napi::RangeError::New(env, "headDim: must be even");
   if (d.layers > 63) throw Napi::RangeError::New(env, "numLayers: at most 63 (taps are a 64-bit mask)");
-  try {
+  return guarded(env, [&]() -> Napi::Value {
     auto* r = new LlamaRunner(d);
     return Napi::External<LlamaRunner>::New(env, r, [](Napi::Env, LlamaRunner* p) { delete p; });
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  });
 }
 
 /**
@@ -568,13 +566,7 @@ Napi::Value LlamaAllocKv(const Napi::CallbackInfo& info) {
   if (pageSize < 1 || numPages < 1 || maxModelLen < 1 || maxModelLen > (1 << 20))
     throw Napi::RangeError::New(env,
                                 "pageSize, numPages, maxModelLen: expected positive integers (maxModelLen <= 2^20)");
-  try {
-    r->allocKv(pageSize, numPages, maxModelLen);
-  } catch (const std::invalid_argument& e) {
-    throw Napi::RangeError::New(env, e.what());
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  guarded(env, [&]() { r->allocKv(pageSize, numPages, maxModelLen); });
   return env.Undefined();
 }
 
@@ -592,13 +584,7 @@ Napi::Value LlamaSetWeight(const Napi::CallbackInfo& info) {
   if (t.TypedArrayType() != (isNorm ? napi_float32_array : napi_uint16_array))
     throw Napi::TypeError::New(env, name + ": expected " + (isNorm ? "a Float32Array" : "a Uint16Array of bf16 bits"));
   const uint8_t* src = static_cast<const uint8_t*>(t.ArrayBuffer().Data()) + t.ByteOffset();
-  try {
-    r->setWeight(name, layer, src, t.ByteLength());
-  } catch (const std::invalid_argument& e) {
-    throw Napi::RangeError::New(env, e.what());
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  guarded(env, [&]() { r->setWeight(name, layer, src, t.ByteLength()); });
   return env.Undefined();
 }
 
@@ -691,12 +677,10 @@ Napi::Value LlamaForward(const Napi::CallbackInfo& info) {
     logitsOut = a.Data();
     logitsValue = a;
   }
-  try {
+  guarded(env, [&]() {
     r->forward(b, mask, useGraph);
     r->fetch(b.T, b.R, tokens.Data(), hidden.Data(), tapOut, logitsOut);
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  });
   Napi::Object out = Napi::Object::New(env);
   out.Set("tokens", tokens);
   out.Set("hidden", hidden);
@@ -721,11 +705,7 @@ Napi::Value LlamaLmHead(const Napi::CallbackInfo& info) {
   const std::string missing = r->missing();
   if (!missing.empty()) throw Napi::Error::New(env, "llamaLmHead: weight " + missing + " was not uploaded");
   Napi::Float32Array out = Napi::Float32Array::New(env, static_cast<size_t>(rows) * r->d.vocab);
-  try {
-    r->lmHeadRows(x.Data(), rows, out.Data());
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  guarded(env, [&]() { r->lmHeadRows(x.Data(), rows, out.Data()); });
   return out;
 }
 
@@ -733,11 +713,7 @@ Napi::Value LlamaLmHead(const Napi::CallbackInfo& info) {
 Napi::Value LlamaReplayMs(const Napi::CallbackInfo& info) {
   LlamaRunner* r = runnerOf(info);
   const int reps = info[1].IsNumber() ? std::max(1, info[1].As<Napi::Number>().Int32Value()) : 20;
-  try {
-    return Napi::Number::New(info.Env(), r->replayMs(reps));
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(info.Env(), e.what());
-  }
+  return guarded(info.Env(), [&]() { return Napi::Number::New(info.Env(), r->replayMs(reps)); });
 }
 
 /**
@@ -767,11 +743,7 @@ Napi::Value LlamaProfile(const Napi::CallbackInfo& info) {
   LlamaRunner* r = runnerOf(info);
   const int reps = info[1].IsNumber() ? std::max(1, info[1].As<Napi::Number>().Int32Value()) : 20;
   std::vector<std::pair<std::string, double>> rows;
-  try {
-    rows = r->profile(reps);
-  } catch (const CudaFailure& e) {
-    throw Napi::Error::New(env, e.what());
-  }
+  guarded(env, [&]() { rows = r->profile(reps); });
   Napi::Array out = Napi::Array::New(env, rows.size());
   for (size_t i = 0; i < rows.size(); i++) {
     Napi::Object o = Napi::Object::New(env);

@@ -110,6 +110,21 @@ class RunnerMemory {
   }
 };
 
+/**
+ * body() with the runners' exceptions as JavaScript errors: std::invalid_argument → RangeError, CudaFailure → Error
+ * (its message names the failed call).
+ */
+template <typename F>
+auto guarded(Napi::Env env, F body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::invalid_argument& e) {
+    throw Napi::RangeError::New(env, e.what());
+  } catch (const CudaFailure& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
 /** o[key] as an integer in [lo, hi]. @throws TypeError (not a number) or RangeError naming the key. */
 int intField(Napi::Object o, const char* key, int lo, int hi = 1 << 30) {
   Napi::Value v = o.Get(key);
