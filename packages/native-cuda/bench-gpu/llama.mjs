@@ -148,6 +148,47 @@ async function eagle3On(device) {
   const dir = path.join(process.env.SPECD_DRAFTERS_DIR ?? path.join(ROOT, 'models'), 'smollm2-135m-instruct-eagle3');
   return (await loadDrafter({ dir, settings: { device } }, BUILTIN_PLUGIN_PACKAGES, gpu, 1024, 1)).drafter;
 }
+/**
+ * Where a speculative step's wall time goes (EAGLE-3's GPU drafter, full chain): the engine run again with every
+ * function of the addon timed on the host (wall ms per verify step and calls per step, each call including its
+ * waits for the GPU), the rest of the step being JavaScript; and the GPU time of the last verify forward's graph.
+ */
+function traceStep(drafter) {
+  const addon = model.cuda;
+  const names = Object.keys(addon).filter((k) => typeof addon[k] === 'function');
+  const saved = new Map(names.map((k) => [k, addon[k]]));
+  const acc = new Map();
+  for (const k of names)
+    addon[k] = (...a) => {
+      const t0 = performance.now();
+      try {
+        return saved.get(k).apply(addon, a);
+      } finally {
+        const e = acc.get(k) ?? { ms: 0, calls: 0 };
+        e.ms += performance.now() - t0;
+        e.calls++;
+        acc.set(k, e);
+      }
+    };
+  let r;
+  try {
+    r = runEngine(model, drafter, reqs, { draftPolicy: 'max' });
+  } finally {
+    for (const [k, fn] of saved) addon[k] = fn;
+  }
+  const m = r.engine.metrics;
+  const n = Math.max(1, m.verifyForwards);
+  const verifyGraphMs = model.replayMs(20);
+  const chainGraphMs = drafter.replayMs(20);
+  return {
+    steps: n,
+    stepMs: (m.draftMs + m.verifyMs + m.commitMs) / n,
+    wallMsPerStep: r.ms / n,
+    verifyGraphMs,
+    chainGraphMs,
+    calls: [...acc].map(([name, e]) => ({ name, msPerStep: e.ms / n, callsPerStep: e.calls / n })),
+  };
+}
 for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
   const gpuDrafter = method === 'eagle3-gpu';
   if (!haveDrafter(gpuDrafter ? 'eagle3' : method)) continue;
@@ -172,6 +213,7 @@ for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
         ...stepSplit(r.engine.metrics),
       });
     }
+    if (gpuDrafter) out.trace = traceStep(drafter);
   } finally {
     drafter.dispose();
   }
@@ -216,6 +258,20 @@ for (const e of out.engine)
       `${e.equalToPlain ?? ''} | ${e.chainGpuMs === undefined || e.chainGpuMs < 0 ? '' : f(e.chainGpuMs, 3)} | ` +
       `${f(e.draftMs, 3)} / ${f(e.verifyMs, 3)} / ${f(e.commitMs, 3)} |`,
   );
+if (out.trace !== undefined) {
+  const t = out.trace;
+  const native = t.calls.reduce((a, c) => a + c.msPerStep, 0);
+  console.log(
+    `\n| EAGLE-3 (GPU drafter, max): a verify step's wall time, ${t.steps} steps | ms per step | calls per step |\n` +
+      '|---|---:|---:|',
+  );
+  for (const c of [...t.calls].sort((a, b) => b.msPerStep - a.msPerStep))
+    console.log(`| addon.${c.name} (host wall, GPU waits included) | ${f(c.msPerStep, 3)} | ${f(c.callsPerStep, 2)} |`);
+  console.log(`| JavaScript (the step minus the addon calls) | ${f(t.wallMsPerStep - native, 3)} | |`);
+  console.log(`| the whole step (run wall ÷ steps; prefill included) | ${f(t.wallMsPerStep, 3)} | |`);
+  const gpuMs = `${f(t.verifyGraphMs, 3)} / ${f(t.chainGraphMs, 3)}`;
+  console.log(`| GPU: the last verify forward's graph / the chain's graph | ${gpuMs} | |`);
+}
 const json = opt('json', undefined);
 if (json !== undefined) fs.writeFileSync(json, JSON.stringify(out, null, 2));
 model.dispose();

@@ -40,8 +40,19 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
 // llama.cu: the whole-model runner's fused kernels (see there).
 int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* rows, int numRows, int cols, float eps,
                      cudaStream_t stream);
+/**
+ * RoPE of q and k fused with the KV page write over tokens rows of a q|k|v GEMM's output; `pairedIn`: the rows' q and
+ * k heads hold RoPE pair i at (2i, 2i + 1) (weights stored by specdRopePairedRows) for either style.
+ */
 int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,
-                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream);
+                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream,
+                bool pairedIn = false);
+/**
+ * Reorders the q and k rows of a q|k|v weight bf16 [(qHeads + 2 · kvHeads) · headDim, cols] in place (host memory) so
+ * that each head's RoPE pair (i, i + headDim / 2) of the neox style sits at rows (2i, 2i + 1): what
+ * specdSmallGemmNormRope's epilogue and specdRopeKv(pairedIn) read. The v rows are left as they are.
+ */
+void specdRopePairedRows(uint16_t* w, int qHeads, int kvHeads, int headDim, int cols);
 int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_t stream);
 
 /**
@@ -66,6 +77,16 @@ int specdSmallGemmSwiglu(void* outBf16, const void* x, const void* w, int rows, 
  */
 int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* normW, const int32_t* rowIdx, float eps,
                        const void* w, int rows, int n, int k, cudaStream_t stream);
+/**
+ * RMSNorm + the q|k|v GEMM + RoPE + the KV page write in one launch (the small GEMM with a RoPE epilogue): x f32 rows
+ * [rows, k] normalised by normW, w the q|k|v weight bf16 [(qHeads + 2 · kvHeads) · headDim, k] with its neox pairs
+ * adjacent (specdRopePairedRows; as stored for the interleaved style) → q f32 [rows, qHeads · headDim] rotated, k
+ * rotated and v into the pools at slots[r] (−1: skipped), cos/sin of positions[r] from cosSin [position, headDim].
+ * Bit-equal to specdSmallGemmNorm then specdRopeKv(pairedIn); row-invariant like specdSmallGemm.
+ */
+int specdSmallGemmNormRope(float* q, float* kPool, float* vPool, const float* cosSin, const int32_t* positions,
+                           const int32_t* slots, int qHeads, int kvHeads, int headDim, bool neox, const float* xf,
+                           const float* normW, float eps, const void* w, int rows, int k, cudaStream_t stream);
 /** Bytes of the workspace specdArgmaxTwoPass needs for rows × cols. */
 size_t specdArgmaxWorkspaceBytes(int rows, int cols);
 /** Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). */

@@ -5,7 +5,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels.h"
 #include "launch.cuh"
@@ -32,11 +34,13 @@ __global__ void rmsNormBf16Rows(__nv_bfloat16* out, const float* x, const float*
  * q [t, qHeads, headDim]; k rotated and v copied into the layer's pools at row slots[t] ([*, kvHeads · headDim] f32;
  * slot −1 skips: a padded row). RoPE over the whole head (rotary dim = headDim) with cos/sin from the table
  * cosSin [position, headDim] (c_i at i, s_i at headDim/2 + i: the CPU path's values), neox pairs (i, i + half) or
- * interleaved (2i, 2i + 1).
+ * interleaved (2i, 2i + 1). `pairedIn`: the q and k heads of the qkv rows hold pair i at (2i, 2i + 1) whatever the
+ * style (the whole-model runner stores its q|k|v weights so, see specdRopePairedRows); the output keeps the style's
+ * layout.
  */
 __global__ void ropeKvRows(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin,
                            const int32_t* positions, const int32_t* slots, int qHeads, int kvHeads, int headDim,
-                           bool neox) {
+                           bool neox, bool pairedIn) {
   const int t = blockIdx.x;
   pdlWait();
   pdlLaunchNext();
@@ -55,7 +59,7 @@ __global__ void ropeKvRows(float* q, float* kPool, float* vPool, const float* qk
     const float* in = src + static_cast<int64_t>(head) * headDim;  // k heads follow the q heads in the row
     float* dst = isQ ? qr + head * headDim : kr + (head - qHeads) * headDim;
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    const float a = in[ia], b = in[ib], c = cs[i], s = cs[half + i];
+    const float a = in[pairedIn ? 2 * i : ia], b = in[pairedIn ? 2 * i + 1 : ib], c = cs[i], s = cs[half + i];
     dst[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     dst[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
@@ -75,6 +79,22 @@ __global__ void swigluBf16Rows(__nv_bfloat16* out, const float* gu, int rows, in
 }
 
 constexpr int kSplitK = 4;  // warps of a small-GEMM block: each sums a fixed quarter of k
+
+/**
+ * Where the small GEMM's RoPE epilogue (ROPE) puts a q|k|v row: q rotated into q [rows, qw], k rotated into kPool
+ * and v copied into vPool at row slots[r] ([*, kw] f32 each; slot −1 skips: a padded row), cos/sin of positions[r]
+ * from cosSin [position, headDim] (ropeKvRows' table and arithmetic).
+ */
+struct RopeOut {
+  float* q;
+  float* kPool;
+  float* vPool;
+  const float* cosSin;
+  const int32_t* positions;
+  const int32_t* slots;
+  int qw, kw, headDim;
+  bool neox;
+};
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -127,12 +147,16 @@ __device__ __forceinline__ void loadNorm16(uint32_t (&w)[8], const float* p, con
  * the tiles are gate columns [c0, c0 + 8·NT) and the same up columns n + c0 … of W [2n, k]; the epilogue writes outBf16
  * [rows, n] = bf16(silu(gate) · up) instead of out. NORM (RMSNorm fused): x is xf f32 rows (row rowIdx[r] when given),
  * each block computes a row's 1 / rms (warp r mod 4: a strided float4 sum of squares and a fixed butterfly) and feeds
- * the MMA bf16(x · inv · normW).
+ * the MMA bf16(x · inv · normW). ROPE (q|k|v with RoPE and the KV write fused, `ro`): W's q and k rows hold each RoPE
+ * pair at adjacent columns (2i, 2i + 1) of its head (specdRopePairedRows), so a lane's two accumulators of a row are
+ * one pair: rotated as ropeKvRows does (the same fp32 operations on the same values: the same bits) and written to
+ * q / the K pool; the v columns go to the V pool.
  */
-template <int NT, int MC, bool PAIR, bool NORM>
+template <int NT, int MC, bool PAIR, bool NORM, bool ROPE = false>
 __global__ void __launch_bounds__(kSplitK * 32)
     mmaGemm(float* out, __nv_bfloat16* outBf16, const __nv_bfloat16* x, const float* xf, const float* normW,
-            const int32_t* rowIdx, float eps, const __nv_bfloat16* W, int rows, int n, int k, bool accumulate) {
+            const int32_t* rowIdx, float eps, const __nv_bfloat16* W, int rows, int n, int k, bool accumulate,
+            RopeOut ro) {
   constexpr int TILES = PAIR ? 2 * NT : NT;
   __shared__ float partial[kSplitK - 1][32][MC * TILES * 4];
   __shared__ float invS[16 * MC];
@@ -240,23 +264,57 @@ __global__ void __launch_bounds__(kSplitK * 32)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[m][i][e] = __fadd_rn(acc[m][i][e], partial[w][lane][(m * TILES + i) * 4 + e]);
   // C fragment: acc[m][i][0..1] row 16m + g, columns 2t, 2t + 1 of tile i; acc[m][i][2..3] row 16m + g + 8
+  if constexpr (ROPE) {
+    const int half = ro.headDim / 2;
 #pragma unroll
-  for (int m = 0; m < MC; m++)
+    for (int m = 0; m < MC; m++)
 #pragma unroll
-    for (int i = 0; i < NT; i++)
+      for (int i = 0; i < NT; i++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = 16 * m + (e < 2 ? g : g + 8);
-        const int c = c0 + 8 * i + 2 * t + (e & 1);
-        if (r >= rows || c >= n) continue;
-        if (PAIR) {
-          const float gate = acc[m][i][e], up = acc[m][NT + i][e];
-          outBf16[static_cast<int64_t>(r) * n + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
-        } else {
-          float* dst = out + static_cast<int64_t>(r) * n + c;
-          *dst = accumulate ? __fadd_rn(*dst, acc[m][i][e]) : acc[m][i][e];
+        for (int h = 0; h < 2; h++) {
+          const int r = 16 * m + g + 8 * h;
+          const int c = c0 + 8 * i + 2 * t;
+          if (r >= rows || c >= n) continue;
+          const float a = acc[m][i][2 * h], b = acc[m][i][2 * h + 1];
+          const int64_t slot = ro.slots[r];
+          if (c >= ro.qw + ro.kw) {  // v: copied
+            if (slot >= 0) {
+              float* dst = ro.vPool + slot * ro.kw + (c - ro.qw - ro.kw);
+              dst[0] = a;
+              dst[1] = b;
+            }
+            continue;
+          }
+          const bool isQ = c < ro.qw;
+          if (!isQ && slot < 0) continue;
+          const int cc = isQ ? c : c - ro.qw;
+          const int head = cc / ro.headDim, p = (cc % ro.headDim) / 2;
+          const int ia = ro.neox ? p : 2 * p, ib = ro.neox ? p + half : 2 * p + 1;
+          const float* cs = ro.cosSin + static_cast<int64_t>(ro.positions[r]) * ro.headDim;
+          const float cv = cs[p], sv = cs[half + p];
+          float* dst = (isQ ? ro.q + static_cast<int64_t>(r) * ro.qw : ro.kPool + slot * ro.kw) + head * ro.headDim;
+          dst[ia] = __fsub_rn(__fmul_rn(a, cv), __fmul_rn(b, sv));
+          dst[ib] = __fadd_rn(__fmul_rn(b, cv), __fmul_rn(a, sv));
         }
-      }
+  } else {
+#pragma unroll
+    for (int m = 0; m < MC; m++)
+#pragma unroll
+      for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = 16 * m + (e < 2 ? g : g + 8);
+          const int c = c0 + 8 * i + 2 * t + (e & 1);
+          if (r >= rows || c >= n) continue;
+          if (PAIR) {
+            const float gate = acc[m][i][e], up = acc[m][NT + i][e];
+            outBf16[static_cast<int64_t>(r) * n + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+          } else {
+            float* dst = out + static_cast<int64_t>(r) * n + c;
+            *dst = accumulate ? __fadd_rn(*dst, acc[m][i][e]) : acc[m][i][e];
+          }
+        }
+  }
 }
 
 /**
@@ -330,23 +388,27 @@ __global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
   if (lane == 0) out[row] = bad ? -1 : bi;
 }
 
-template <int NT, int MC, bool PAIR, bool NORM>
+template <int NT, int MC, bool PAIR, bool NORM, bool ROPE>
 int launchMmaMc(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
-                float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
+                float eps, const void* w, int rows, int n, int k, bool accumulate, const RopeOut& ro,
+                cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((n + 8 * NT - 1) / (8 * NT));
-  return static_cast<int>(specdLaunch(mmaGemm<NT, MC, PAIR, NORM>, dim3(blocks), dim3(kSplitK * 32), 0, stream, out,
-                                      static_cast<__nv_bfloat16*>(outBf16), static_cast<const __nv_bfloat16*>(x), xf,
-                                      normW, rowIdx, eps, static_cast<const __nv_bfloat16*>(w), rows, n, k,
-                                      accumulate));
+  return static_cast<int>(specdLaunch(mmaGemm<NT, MC, PAIR, NORM, ROPE>, dim3(blocks), dim3(kSplitK * 32), 0, stream,
+                                      out, static_cast<__nv_bfloat16*>(outBf16), static_cast<const __nv_bfloat16*>(x),
+                                      xf, normW, rowIdx, eps, static_cast<const __nv_bfloat16*>(w), rows, n, k,
+                                      accumulate, ro));
 }
 
 /** The 16-row chunks the batch needs: 1 or 2 (each chunk's rows computed by the same MMA code). */
-template <int NT, bool PAIR, bool NORM>
+template <int NT, bool PAIR, bool NORM, bool ROPE = false>
 int launchMma(float* out, void* outBf16, const void* x, const float* xf, const float* normW, const int32_t* rowIdx,
-              float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream) {
+              float eps, const void* w, int rows, int n, int k, bool accumulate, cudaStream_t stream,
+              const RopeOut& ro = RopeOut{}) {
   if (rows <= 16)
-    return launchMmaMc<NT, 1, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
-  return launchMmaMc<NT, 2, PAIR, NORM>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, stream);
+    return launchMmaMc<NT, 1, PAIR, NORM, ROPE>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, ro,
+                                                stream);
+  return launchMmaMc<NT, 2, PAIR, NORM, ROPE>(out, outBf16, x, xf, normW, rowIdx, eps, w, rows, n, k, accumulate, ro,
+                                              stream);
 }
 
 }  // namespace
@@ -376,6 +438,30 @@ int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* 
   if (n >= 16384)
     return launchMma<4, false, true>(out, nullptr, nullptr, xf, normW, rowIdx, eps, w, rows, n, k, false, stream);
   return launchMma<1, false, true>(out, nullptr, nullptr, xf, normW, rowIdx, eps, w, rows, n, k, false, stream);
+}
+
+int specdSmallGemmNormRope(float* q, float* kPool, float* vPool, const float* cosSin, const int32_t* positions,
+                           const int32_t* slots, int qHeads, int kvHeads, int headDim, bool neox, const float* xf,
+                           const float* normW, float eps, const void* w, int rows, int k, cudaStream_t stream) {
+  const int qw = qHeads * headDim, kw = kvHeads * headDim;
+  if (!specdSmallGemmFits(rows, k) || headDim % 8 != 0) return static_cast<int>(cudaErrorInvalidValue);
+  const RopeOut ro{q, kPool, vPool, cosSin, positions, slots, qw, kw, headDim, neox};
+  return launchMma<1, false, true, true>(nullptr, nullptr, nullptr, xf, normW, nullptr, eps, w, rows, qw + 2 * kw, k,
+                                         false, stream, ro);
+}
+
+void specdRopePairedRows(uint16_t* w, int qHeads, int kvHeads, int headDim, int cols) {
+  const int half = headDim / 2;
+  std::vector<uint16_t> head(static_cast<size_t>(headDim) * cols);
+  for (int h = 0; h < qHeads + kvHeads; h++) {
+    uint16_t* base = w + static_cast<size_t>(h) * headDim * cols;
+    std::copy(base, base + head.size(), head.begin());
+    for (int i = 0; i < half; i++) {
+      std::copy_n(head.data() + static_cast<size_t>(i) * cols, cols, base + static_cast<size_t>(2 * i) * cols);
+      std::copy_n(head.data() + static_cast<size_t>(i + half) * cols, cols,
+                  base + static_cast<size_t>(2 * i + 1) * cols);
+    }
+  }
 }
 
 size_t specdArgmaxWorkspaceBytes(int rows, int cols) {
@@ -417,10 +503,10 @@ int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* r
 }
 
 int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,
-                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox,
-                cudaStream_t stream) {
+                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream,
+                bool pairedIn) {
   return static_cast<int>(specdLaunch(ropeKvRows, dim3(tokens), dim3(128), 0, stream, q, kPool, vPool, qkv, cosSin,
-                                      positions, slots, qHeads, kvHeads, headDim, neox));
+                                      positions, slots, qHeads, kvHeads, headDim, neox, pairedIn));
 }
 
 int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_t stream) {

@@ -8,8 +8,9 @@
 // Per layer: RMSNorm → bf16, q|k|v GEMM, RoPE + KV page write, paged attention → bf16, o GEMM accumulated into the
 // residual, RMSNorm → bf16, gate|up GEMM, SwiGLU → bf16, down GEMM accumulated into the residual. Batches of at
 // most 32 rows (decode steps, verify blocks) use llama.cu's small GEMM on the tensor cores, row-invariant, with the
-// RMSNorms in its prologue, SwiGLU in the gate|up epilogue and the residual adds in the o/down epilogues: seven
-// launches per layer (two for attention). Larger batches use cuBLASLt (β = 1 for
+// RMSNorms in its prologue, RoPE + the KV page write in the q|k|v epilogue (the q|k|v weights are stored with each
+// neox RoPE pair in adjacent rows, specdRopePairedRows), SwiGLU in the gate|up epilogue and the residual adds in the
+// o/down epilogues: six launches per layer (two for attention). Larger batches use cuBLASLt (β = 1 for
 // the residual adds), separate RMSNorm / SwiGLU launches and, for prefill-like batches, the query-tiled attention.
 // Kernels go out with programmatic dependent launch on sm_90+. Batches of at most kGraphRows rows run as CUDA
 // graphs, one per (padded row count, tap set, attention kind), captured at the first forward of each (vLLM's decode
@@ -187,7 +188,13 @@ class LlamaRunner : public RunnerMemory {
     if (layer >= d.layers) throw std::invalid_argument("layer: " + std::to_string(layer) + " is not a layer");
     LayerWeights& w = layers[layer];
     if (name == "attnNorm") return vector(&w.attnNorm);
-    if (name == "qkv") return matrix(&w.qkv, qw + 2 * kw, D);
+    if (name == "qkv") {
+      // neox RoPE pairs stored adjacent (specdRopePairedRows): the small GEMM's RoPE epilogue holds a pair in one lane
+      expect(bytes, static_cast<size_t>(qw + 2 * kw) * D * 2, name);
+      std::vector<uint16_t> rows(static_cast<const uint16_t*>(src), static_cast<const uint16_t*>(src) + bytes / 2);
+      if (d.neox) specdRopePairedRows(rows.data(), d.qHeads, d.kvHeads, d.headDim, static_cast<int>(D));
+      return upload(&w.qkv, rows.data(), bytes, name);
+    }
     if (name == "o") return matrix(&w.o, D, qw);
     if (name == "mlpNorm") return vector(&w.mlpNorm);
     if (name == "gateUp") return matrix(&w.gateUp, 2 * static_cast<size_t>(d.inter), D);
@@ -393,20 +400,21 @@ class LlamaRunner : public RunnerMemory {
       float* vPool = kPool + poolFloats;
       tap(l);
       if (small) {
-        add("norm + q|k|v GEMM", l, [=, &w, this] {
-          launched(specdSmallGemmNorm(qkv, nullptr, x, w.attnNorm, nullptr, d.eps, w.qkv, Tp, qw + 2 * kw, D, stream),
-                   "q|k|v GEMM");
+        add("norm + q|k|v GEMM + RoPE + KV write", l, [=, &w, this] {
+          launched(specdSmallGemmNormRope(q, kPool, vPool, cosSin, pos, slots, d.qHeads, d.kvHeads, d.headDim, d.neox,
+                                          x, w.attnNorm, d.eps, w.qkv, Tp, D, stream),
+                   "q|k|v GEMM + RoPE");
         });
       } else {
         add("attention rmsNorm", l,
             [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
         add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
+        add("RoPE + KV write", l, [=, this] {
+          launched(specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox,
+                               stream, true),
+                   "RoPE + KV write");
+        });
       }
-      add("RoPE + KV write", l, [=, this] {
-        launched(
-            specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
-            "RoPE + KV write");
-      });
       if (tiledAttn)
         add("prefill attention", l, [=, this] {
           launched(specdPrefillAttention(nullptr, attnB, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
