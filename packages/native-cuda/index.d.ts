@@ -50,6 +50,17 @@ export interface LlamaRunnerInfo {
   readonly maxBlocks: number;
   /** Captured CUDA graphs (`"16 rows"`, `"16 rows + taps"`). */
   readonly graphs: string[];
+  /**
+   * Host time of the forwards so far, µs, cumulative: argument checks and result arrays, metadata + graph launch,
+   * result copies + the wait for the stream (the GPU's time once the host is ahead), staged results into the arrays.
+   */
+  readonly hostUs: {
+    readonly forwards: number;
+    readonly checkUs: number;
+    readonly launchUs: number;
+    readonly waitUs: number;
+    readonly copyUs: number;
+  };
 }
 
 /** Options of {@link CudaAddon.eagle3Create} (the EAGLE-3 draft model's sizes; src/eagle3_runner.cc). */

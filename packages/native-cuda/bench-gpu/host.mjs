@@ -52,7 +52,14 @@ const count = (name) => counts.set(name, (counts.get(name) ?? 0) + 1);
 const addon = {
   info: { name: 'stand-in', computeCapability: '0.0', totalBytes: 0 },
   llamaAllocKv: () => {},
-  llamaInfo: () => ({ weightBytes: 0, kvBytes: 0, activationBytes: 0, maxBlocks: 1024 / 16 + 2, graphs: [] }),
+  llamaInfo: () => ({
+    weightBytes: 0,
+    kvBytes: 0,
+    activationBytes: 0,
+    maxBlocks: 1024 / 16 + 2,
+    graphs: [],
+    hostUs: { forwards: 0, checkUs: 0, launchUs: 0, waitUs: 0, copyUs: 0 },
+  }),
   llamaForward: (_r, ids, positions, _slots, _cu, _kvLens, _tables, logitRows, taps) => {
     count('llamaForward');
     const T = ids.length;

@@ -158,24 +158,31 @@ function traceStep(drafter) {
   const names = Object.keys(addon).filter((k) => typeof addon[k] === 'function');
   const saved = new Map(names.map((k) => [k, addon[k]]));
   const acc = new Map();
+  const timed = (k, fn, a) => {
+    const t0 = performance.now();
+    try {
+      return fn.apply(addon, a);
+    } finally {
+      const e = acc.get(k) ?? { ms: 0, calls: 0 };
+      e.ms += performance.now() - t0;
+      e.calls++;
+      acc.set(k, e);
+    }
+  };
   for (const k of names)
     addon[k] = (...a) => {
-      const t0 = performance.now();
-      try {
-        return saved.get(k).apply(addon, a);
-      } finally {
-        const e = acc.get(k) ?? { ms: 0, calls: 0 };
-        e.ms += performance.now() - t0;
-        e.calls++;
-        acc.set(k, e);
-      }
+      // the chain first waits for what the drafter's stream still runs (the context write), timed apart
+      if (k === 'eagle3Chain') timed('eagle3Synchronize before the chain', saved.get('eagle3Synchronize'), [a[0]]);
+      return timed(k, saved.get(k), a);
     };
+  const host0 = model.runnerInfo().hostUs;
   let r;
   try {
     r = runEngine(model, drafter, reqs, { draftPolicy: 'max' });
   } finally {
     for (const [k, fn] of saved) addon[k] = fn;
   }
+  const host1 = model.runnerInfo().hostUs;
   const m = r.engine.metrics;
   const n = Math.max(1, m.verifyForwards);
   const verifyGraphMs = model.replayMs(20);
@@ -187,6 +194,10 @@ function traceStep(drafter) {
     verifyGraphMs,
     chainGraphMs,
     calls: [...acc].map(([name, e]) => ({ name, msPerStep: e.ms / n, callsPerStep: e.calls / n })),
+    // inside llamaForward (LlamaRunner::HostTimes), ms per verify step
+    forwardSplit: Object.fromEntries(
+      ['checkUs', 'launchUs', 'waitUs', 'copyUs'].map((k) => [k, (host1[k] - host0[k]) / 1000 / n]),
+    ),
   };
 }
 for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
@@ -267,6 +278,11 @@ if (out.trace !== undefined) {
   );
   for (const c of [...t.calls].sort((a, b) => b.msPerStep - a.msPerStep))
     console.log(`| addon.${c.name} (host wall, GPU waits included) | ${f(c.msPerStep, 3)} | ${f(c.callsPerStep, 2)} |`);
+  const fs_ = t.forwardSplit;
+  console.log(
+    `| in llamaForward: checks + result arrays / metadata + graph launch / copies + wait / staged copy-out | ` +
+      `${f(fs_.checkUs, 3)} / ${f(fs_.launchUs, 3)} / ${f(fs_.waitUs, 3)} / ${f(fs_.copyUs, 3)} | |`,
+  );
   console.log(`| JavaScript (the step minus the addon calls) | ${f(t.wallMsPerStep - native, 3)} | |`);
   console.log(`| the whole step (run wall ÷ steps; prefill included) | ${f(t.wallMsPerStep, 3)} | |`);
   const gpuMs = `${f(t.verifyGraphMs, 3)} / ${f(t.chainGraphMs, 3)}`;

@@ -266,7 +266,9 @@ class Eagle3Runner : public RunnerMemory {
                            cudaMemcpyHostToDevice, stream),
            "taps copy");
         launched(specdToBf16(tapsB, tapsF, static_cast<int64_t>(rowsHere) * TD, stream), "toBf16 (taps)");
-        gemm(gCtx, tapsB, fc, M, D, TD, false, "fc GEMM");
+        if (specdSmallGemmFits(rowsHere, TD))  // a step's few rows: one launch, no cuBLASLt call on the host
+          launched(specdSmallGemm(gCtx, tapsB, fc, rowsHere, D, TD, false, stream), "fc GEMM");
+        else gemm(gCtx, tapsB, fc, M, D, TD, false, "fc GEMM");
       } else {
         ok(cudaMemcpyAsync(gCtx, src + static_cast<size_t>(a) * D, static_cast<size_t>(rowsHere) * D * 4,
                            cudaMemcpyHostToDevice, stream),
@@ -295,7 +297,9 @@ class Eagle3Runner : public RunnerMemory {
       launched(specdEagle3Input(xb, nullptr, embed, ids, d.vocab, gCtx, nullptr, inputNorm, hiddenNorm, rowsHere, D,
                                 d.eps, d.normBeforeResidual, stream),
                "layer input");
-      gemm(qkv, xb, wQkv, M, qkvW, 2 * D, false, "q|k|v GEMM");
+      if (specdSmallGemmFits(rowsHere, 2 * D))
+        launched(specdSmallGemm(qkv, xb, wQkv, rowsHere, qkvW, 2 * D, false, stream), "q|k|v GEMM");
+      else gemm(qkv, xb, wQkv, M, qkvW, 2 * D, false, "q|k|v GEMM");
       launched(
           specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, sl, rowsHere, d.heads, d.kvHeads, d.headDim, true, stream),
           "RoPE + KV write");

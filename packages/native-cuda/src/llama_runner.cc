@@ -23,6 +23,7 @@
 #include <napi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,8 @@
 namespace {
 
 constexpr int kGraphRows = 256;
+// Taps a forward of at most kGraphRows rows brings back through the pinned staging buffer (more: pageable copies).
+constexpr int kStagedTaps = 4;
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
 /** Rows a GEMM plan is made for: 16 for every batch of ≤ 16 rows (row invariance), else the padded rows. */
@@ -100,6 +103,8 @@ class LlamaRunner : public RunnerMemory {
       argmaxWs = dev(specdArgmaxWorkspaceBytes(static_cast<int>(M), d.vocab), "argmax partials");
       taps = static_cast<float*>(dev(static_cast<size_t>(d.layers + 1) * maxRows * d.hidden * 4, "taps"));
       ok(cudaMallocHost(&hArgmax, static_cast<size_t>(maxRows) * 4), "cudaMallocHost (argmax)");
+      ok(cudaMallocHost(&hOut, static_cast<size_t>(kGraphRows) * (1 + kStagedTaps) * d.hidden * 4),
+         "cudaMallocHost (output staging)");
       layers.resize(d.layers);
       ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize (the zeroed buffers)");
     } catch (...) {
@@ -202,8 +207,9 @@ class LlamaRunner : public RunnerMemory {
     throw std::invalid_argument("name: unknown layer weight " + name);
   }
 
-  /** The first weight not uploaded yet, or "" when the model is complete. */
-  std::string missing() const {
+  /** The first weight not uploaded yet, or "" when the model is complete (remembered: weights are never removed). */
+  std::string missing() {
+    if (complete) return "";
     if (embed == nullptr) return "embed";
     if (!d.tied && lmHead == nullptr) return "lmHead";
     if (finalNorm == nullptr) return "finalNorm";
@@ -217,14 +223,17 @@ class LlamaRunner : public RunnerMemory {
       if (w.gateUp == nullptr) return "gateUp" + at;
       if (w.down == nullptr) return "down" + at;
     }
+    complete = true;
     return "";
   }
+  bool complete = false;
 
   /**
    * One forward of batch `b` (checked by the caller), taps `tapMask` (bit t: tap t), graph replay when `useGraph`
    * and the batch fits kGraphRows rows. Leaves the results on the device; `fetch` brings them back.
    */
   void forward(const Batch& b, uint64_t tapMask, bool useGraph) {
+    const auto t0 = Clock::now();
     const bool graph = useGraph && b.T <= kGraphRows;
     const int Tp = graph ? pow2Ceil(b.T) : b.T;
     const int Sp = graph ? Tp : b.S;
@@ -254,24 +263,55 @@ class LlamaRunner : public RunnerMemory {
         lastGraph = it->second;
       }
     }
+    host.forwards++;
+    host.launchUs += us(t0, Clock::now());
   }
 
-  /** Copies the results of the last forward to host memory, then waits for the stream. */
+  /**
+   * Copies the results of the last forward to host memory, then waits for the stream. Batches of at most kGraphRows
+   * rows with at most kStagedTaps taps go through pinned staging (asynchronous copies, one wait, then host memcpy: a
+   * copy into pageable memory waits for the stream each time); larger ones straight into the JavaScript arrays.
+   */
   void fetch(int T, int R, int32_t* ids, float* hidden, const std::vector<std::pair<int, float*>>& tapOut,
              float* logitsOut) {
+    const auto t0 = Clock::now();
+    const size_t rowBytes = static_cast<size_t>(T) * d.hidden * 4;
+    const bool staged = T <= kGraphRows && tapOut.size() <= static_cast<size_t>(kStagedTaps);
     ok(cudaMemcpyAsync(hArgmax, argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, stream), "argmax copy");
     if (hidden != nullptr)
-      ok(cudaMemcpyAsync(hidden, x, static_cast<size_t>(T) * d.hidden * 4, cudaMemcpyDeviceToHost, stream),
-         "hidden copy");
-    for (const auto& [t, dst] : tapOut)
-      ok(cudaMemcpyAsync(dst, taps + static_cast<size_t>(t) * maxRows * d.hidden, static_cast<size_t>(T) * d.hidden * 4,
+      ok(cudaMemcpyAsync(staged ? hOut : hidden, x, rowBytes, cudaMemcpyDeviceToHost, stream), "hidden copy");
+    for (size_t i = 0; i < tapOut.size(); i++)
+      ok(cudaMemcpyAsync(staged ? hOut + (1 + i) * static_cast<size_t>(kGraphRows) * d.hidden : tapOut[i].second,
+                         taps + static_cast<size_t>(tapOut[i].first) * maxRows * d.hidden, rowBytes,
                          cudaMemcpyDeviceToHost, stream),
          "tap copy");
     if (logitsOut != nullptr)
       ok(cudaMemcpyAsync(logitsOut, logits, static_cast<size_t>(R) * d.vocab * 4, cudaMemcpyDeviceToHost, stream),
          "logits copy");
     ok(cudaStreamSynchronize(stream), "the forward (cudaStreamSynchronize)");
+    const auto t1 = Clock::now();
     std::memcpy(ids, hArgmax, static_cast<size_t>(R) * 4);
+    if (staged) {
+      if (hidden != nullptr) std::memcpy(hidden, hOut, rowBytes);
+      for (size_t i = 0; i < tapOut.size(); i++)
+        std::memcpy(tapOut[i].second, hOut + (1 + i) * static_cast<size_t>(kGraphRows) * d.hidden, rowBytes);
+    }
+    host.waitUs += us(t0, t1);
+    host.copyUs += us(t1, Clock::now());
+  }
+
+  /**
+   * Host time of the forwards so far, µs, cumulative (benches take differences): `checkUs` the argument checks and
+   * result arrays, `launchUs` packing the metadata, its copy and the graph launch (or the kernels' launches),
+   * `waitUs` issuing the result copies and waiting for the stream (the GPU's time, once the host is ahead),
+   * `copyUs` the staged results into the JavaScript arrays.
+   */
+  struct HostTimes {
+    double forwards = 0, checkUs = 0, launchUs = 0, waitUs = 0, copyUs = 0;
+  } host;
+  using Clock = std::chrono::steady_clock;
+  static double us(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
   }
 
   /**
@@ -311,6 +351,8 @@ class LlamaRunner : public RunnerMemory {
     allocs.clear();
     if (hArgmax != nullptr) cudaFreeHost(hArgmax);
     hArgmax = nullptr;
+    if (hOut != nullptr) cudaFreeHost(hOut);
+    hOut = nullptr;
     if (lt != nullptr) cublasLtDestroy(lt);
     lt = nullptr;
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -329,6 +371,7 @@ class LlamaRunner : public RunnerMemory {
   float *logits = nullptr, *part = nullptr, *taps = nullptr;
   void *xb = nullptr, *attnB = nullptr, *hb = nullptr, *argmaxWs = nullptr;
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
+  float* hOut = nullptr;  // pinned: hidden then kStagedTaps taps, kGraphRows rows each
   std::map<std::tuple<int, uint64_t, bool>, cudaGraphExec_t> graphs;
   bool tiledAttn = false;  // this forward's attention: query-tiled (prefill-like batch) or partitioned
   cudaGraphExec_t lastGraph = nullptr;
@@ -608,6 +651,7 @@ Napi::Value LlamaSetWeight(const Napi::CallbackInfo& info) {
  * @throws RangeError naming the argument; Error naming a failed CUDA call.
  */
 Napi::Value LlamaForward(const Napi::CallbackInfo& info) {
+  const auto t0 = LlamaRunner::Clock::now();
   Napi::Env env = info.Env();
   LlamaRunner* r = runnerOf(info);
   const Dims& d = r->d;
@@ -685,6 +729,7 @@ Napi::Value LlamaForward(const Napi::CallbackInfo& info) {
     logitsOut = a.Data();
     logitsValue = a;
   }
+  r->host.checkUs += LlamaRunner::us(t0, LlamaRunner::Clock::now());
   guarded(env, [&]() {
     r->forward(b, mask, useGraph);
     r->fetch(b.T, b.R, tokens.Data(), hidden.Data(), tapOut, logitsOut);
@@ -762,7 +807,10 @@ Napi::Value LlamaProfile(const Napi::CallbackInfo& info) {
   return out;
 }
 
-/** llamaInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}: sizes and captured graphs. */
+/**
+ * llamaInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs, hostUs}: sizes, captured graphs and
+ * the host time of the forwards so far (LlamaRunner::HostTimes, cumulative µs).
+ */
 Napi::Value LlamaInfo(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   LlamaRunner* r = runnerOf(info);
@@ -775,6 +823,13 @@ Napi::Value LlamaInfo(const Napi::CallbackInfo& info) {
   Napi::Array g = Napi::Array::New(env, labels.size());
   for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
   o.Set("graphs", g);
+  Napi::Object h = Napi::Object::New(env);
+  h.Set("forwards", r->host.forwards);
+  h.Set("checkUs", r->host.checkUs);
+  h.Set("launchUs", r->host.launchUs);
+  h.Set("waitUs", r->host.waitUs);
+  h.Set("copyUs", r->host.copyUs);
+  o.Set("hostUs", h);
   return o;
 }
 
