@@ -178,8 +178,11 @@ export interface CudaAddon {
     lengths: Int32Array,
   ): Eagle3StepResult;
   eagle3Synchronize(runner: DeviceHandle): void;
-  /** GPU ms per replay of the last chain's CUDA graph (−1 when it ran without one). */
-  eagle3ReplayMs(runner: DeviceHandle, reps: number): number;
+  /**
+   * GPU ms per replay of the last chain's CUDA graph (−1 when it ran without one); with `k`, of the captured chain of k
+   * steps over `sequences` (default 1) instead, replayed over the last chain's metadata (benches, after the run).
+   */
+  eagle3ReplayMs(runner: DeviceHandle, reps: number, k?: number, sequences?: number): number;
   eagle3Info(runner: DeviceHandle): Eagle3RunnerInfo;
   eagle3Dispose(runner: DeviceHandle): void;
   // the single kernels (src/binding.cc): alloc, free, upload, download, gemmBf16, rmsNorm, … (GPU tests)

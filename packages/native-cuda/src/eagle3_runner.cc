@@ -11,17 +11,18 @@
 // Context write (eagle3ContextWrite; eagle3.ts "Context entry"): for rows of the target's taps [n, T·D] f32 (or of
 // g itself [n, D] f32): g = fc(taps) (one bf16 GEMM over the concatenated taps, fp32 accumulation), x = [rms(embed(
 // next)) · input_layernorm ; rms(g) · hidden_norm] → bf16, q|k|v GEMM, K = RoPE_neox(k) and V = v written into the
-// pages at the rows' slots (llama.cu's fused RoPE + KV write; q is computed and dropped), and g of each sequence's
-// last row copied into its slot. No host round trip (nothing comes back).
+// pages at the rows' slots (RoPE + KV write in the q|k|v GEMM's epilogue for ≤ 32 rows, llama.cu; the q|k|v weight
+// is stored with each RoPE pair in adjacent rows; q is computed and dropped), and g of each sequence's last row
+// copied into its slot. No host round trip (nothing comes back).
 //
 // Step (eagle3.ts "Chain"): from the step's input tokens and g rows: x as above, h = g (or hidden_norm(g)), q|k|v
-// GEMM, RoPE + the step's K/V entry (none at step 1: its entry is the last context entry), paged attention over the
-// sequence's context and chain entries → bf16, h += o(attn) (GEMM epilogue, β = 1), h += down(SwiGLU(gate|up(
-// post_attention_layernorm(h)))), logits = lm_head(norm(h)) [rows, draftVocab], argmax on the device. A greedy chain
-// (eagle3Chain) runs k steps with the argmax mapped through d2t as the next step's token and h as its g, on the
-// device, as one CUDA graph per (padded rows, k) captured at the first chain of that shape: one H2D copy of the
-// metadata, one graph launch, one D2H copy of the draft ids. A sampled chain (eagle3Step) runs one step per call and
-// returns the draft-vocabulary logits, so the host samples with the request's generator and keeps q (rejection
+// GEMM with RoPE + the step's K/V entry (none at step 1: its entry is the last context entry), paged attention (one
+// launch) over the sequence's context and chain entries → bf16, h += o(attn) (GEMM epilogue, β = 1), h +=
+// down(SwiGLU(gate|up(post_attention_layernorm(h)))), logits = lm_head(norm(h)) [rows, draftVocab], argmax on the
+// device. A greedy chain (eagle3Chain) runs k steps with the argmax mapped through d2t as the next step's token and h
+// as its g, on the device, as one CUDA graph per (padded rows, k) captured at the first chain of that shape: one H2D
+// copy of the metadata, one graph launch, one D2H copy of the draft ids. A sampled chain (eagle3Step) runs one step per
+// call and returns the draft-vocabulary logits, so the host samples with the request's generator and keeps q (rejection
 // sampling stays lossless); the host feeds the sampled token to the next call. Rows pad to max(16, 2^⌈log2 S⌉)
 // (padded rows: token 0, g zeros, no keys, no KV write), so every chain of ≤ 16 sequences uses the GEMM plans of 16
 // rows and a chain's drafts are the same bits whether it runs as a graph, eagerly or step by step.
@@ -99,6 +100,7 @@ class Eagle3Runner : public RunnerMemory {
       sb = dev(R * d.inter * 2, "SwiGLU output");
       logits = static_cast<float*>(dev(static_cast<int64_t>(chainRows) * d.draftVocab * 4, "draft logits"));
       argmax = static_cast<int32_t*>(dev(chainRows * 4, "argmax"));
+      attnCounters = static_cast<int32_t*>(dev(static_cast<int64_t>(chainRows) * d.heads * 4, "attention counters"));
       argmaxWs = dev(specdArgmaxWorkspaceBytes(chainRows, d.draftVocab), "argmax partials");
       next = static_cast<int32_t*>(dev(chainRows * 4, "next tokens"));
       drafts = static_cast<int32_t*>(dev(static_cast<int64_t>(d.maxDrafts) * chainRows * 4, "drafts"));
@@ -208,7 +210,13 @@ class Eagle3Runner : public RunnerMemory {
     };
     if (name == "embed") return matrix(&embed, d.vocab, D);
     if (name == "fc") return matrix(&fc, D, static_cast<size_t>(d.taps) * D);
-    if (name == "qkv") return matrix(&wQkv, qkvW, 2 * D);
+    if (name == "qkv") {
+      // each RoPE pair (neox) in adjacent rows (specdRopePairedRows): the small GEMM's RoPE epilogue reads it so
+      expect(bytes, static_cast<size_t>(qkvW) * 2 * D * 2, name);
+      std::vector<uint16_t> rows(static_cast<const uint16_t*>(src), static_cast<const uint16_t*>(src) + bytes / 2);
+      specdRopePairedRows(rows.data(), d.heads, d.kvHeads, d.headDim, static_cast<int>(2 * D));
+      return upload(&wQkv, rows.data(), bytes, name);
+    }
     if (name == "o") return matrix(&wO, D, qw);
     if (name == "gateUp") return matrix(&wGateUp, 2 * static_cast<size_t>(d.inter), D);
     if (name == "down") return matrix(&wDown, D, d.inter);
@@ -297,12 +305,16 @@ class Eagle3Runner : public RunnerMemory {
       launched(specdEagle3Input(xb, nullptr, embed, ids, d.vocab, gCtx, nullptr, inputNorm, hiddenNorm, rowsHere, D,
                                 d.eps, d.normBeforeResidual, stream),
                "layer input");
-      if (specdSmallGemmFits(rowsHere, 2 * D))
-        launched(specdSmallGemm(qkv, xb, wQkv, rowsHere, qkvW, 2 * D, false, stream), "q|k|v GEMM");
-      else gemm(qkv, xb, wQkv, M, qkvW, 2 * D, false, "q|k|v GEMM");
-      launched(
-          specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, sl, rowsHere, d.heads, d.kvHeads, d.headDim, true, stream),
-          "RoPE + KV write");
+      if (specdSmallGemmFits(rowsHere, 2 * D)) {
+        launched(specdSmallGemmRope(q, kPool, vPool, cosSin, pos, sl, d.heads, d.kvHeads, d.headDim, true, xb, wQkv,
+                                    rowsHere, 2 * D, stream),
+                 "q|k|v GEMM + RoPE + KV write");
+      } else {
+        gemm(qkv, xb, wQkv, M, qkvW, 2 * D, false, "q|k|v GEMM");
+        launched(specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, sl, rowsHere, d.heads, d.kvHeads, d.headDim, true,
+                             stream, true),
+                 "RoPE + KV write");
+      }
       launched(specdCopyRows(gSlotPool, sl + rowsHere, gCtx, sl + rowsHere + copies, copies, D, stream), "g slots");
     }
   }
@@ -374,6 +386,11 @@ class Eagle3Runner : public RunnerMemory {
 
   /** GPU ms per replay of the last chain's CUDA graph (−1 without one). Rewrites the chain's temporary entries. */
   double replayMs(int reps) { return lastGraph == nullptr ? -1 : replayGraphMs(lastGraph, stream, reps); }
+  /** GPU ms per replay of the captured chain of k steps over `rows` padded rows (−1: none captured). */
+  double replayMs(int reps, int rows, int k) {
+    const auto it = graphs.find(std::pair<int, int>(padRows(rows), k));
+    return it == graphs.end() ? -1 : replayGraphMs(it->second, stream, reps);
+  }
 
   std::vector<std::string> graphLabels() const {
     std::vector<std::string> out;
@@ -395,6 +412,7 @@ class Eagle3Runner : public RunnerMemory {
   float* gSlotPool = nullptr;
   void *tapsB = nullptr, *xb = nullptr, *attnB = nullptr, *hb = nullptr, *sb = nullptr;
   int32_t *argmax = nullptr, *next = nullptr, *drafts = nullptr, *ctxMeta = nullptr;
+  int32_t* attnCounters = nullptr;  // the one-launch attention's arrival counters (zero between launches)
   int32_t* hDrafts = nullptr;
   // sized by allocKv
   float *kv = nullptr, *cosSin = nullptr, *part = nullptr;
@@ -485,14 +503,21 @@ class Eagle3Runner : public RunnerMemory {
       if (small) launched(specdSmallGemm(out, in, w, Sp, n, k, acc, stream), what);
       else gemm(out, in, w, Sp, n, k, acc, what);
     };
-    mm(qkv, xb, wQkv, qkvW, 2 * D, false, "q|k|v GEMM");
-    launched(specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Sp, d.heads, d.kvHeads, d.headDim, true, stream),
-             "RoPE + KV write");
+    if (small) {
+      launched(specdSmallGemmRope(q, kPool, vPool, cosSin, pos, slots, d.heads, d.kvHeads, d.headDim, true, xb, wQkv,
+                                  Sp, 2 * D, stream),
+               "q|k|v GEMM + RoPE + KV write");
+    } else {
+      mm(qkv, xb, wQkv, qkvW, 2 * D, false, "q|k|v GEMM");
+      launched(
+          specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Sp, d.heads, d.kvHeads, d.headDim, true, stream, true),
+          "RoPE + KV write");
+    }
     const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
-    launched(
-        specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
-                            d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
-        "paged attention");
+    launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
+                                 d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream,
+                                 attnCounters),
+             "paged attention");
     mm(h, attnB, wO, D, qw, true, "o GEMM");
     launched(specdRmsNormBf16(hb, h, postNorm, nullptr, Sp, D, d.eps, stream), "post_attention_layernorm");
     if (small) {
@@ -769,11 +794,18 @@ Napi::Value Eagle3Synchronize(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-/** eagle3ReplayMs(runner, reps) → GPU ms per replay of the last chain's CUDA graph (−1: it ran without one). */
+/**
+ * eagle3ReplayMs(runner, reps, k?, sequences?) → GPU ms per replay of the last chain's CUDA graph, or with k that of
+ * the chain of k steps over `sequences` (default 1) — −1 when there is none.
+ */
 Napi::Value Eagle3ReplayMs(const Napi::CallbackInfo& info) {
   Eagle3Runner* r = runnerOf(info);
   const int reps = info[1].IsNumber() ? std::max(1, info[1].As<Napi::Number>().Int32Value()) : 20;
-  return guarded(info.Env(), [&]() -> Napi::Value { return Napi::Number::New(info.Env(), r->replayMs(reps)); });
+  const int k = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : 0;
+  const int seqs = info[3].IsNumber() ? std::max(1, info[3].As<Napi::Number>().Int32Value()) : 1;
+  return guarded(info.Env(), [&]() -> Napi::Value {
+    return Napi::Number::New(info.Env(), k > 0 ? r->replayMs(reps, seqs, k) : r->replayMs(reps));
+  });
 }
 
 /** eagle3Info(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}. */

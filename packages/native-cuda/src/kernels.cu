@@ -244,15 +244,17 @@ __device__ void partitionBody(float* dst, const float* q, const float* kPool, co
   if (groups > 1) {
     comb[t] = acc0;
     __syncthreads();
-    if (g != 0) return;
-    for (int gg = 1; gg < groups; gg++) acc0 += comb[gg * headDim + d0];
+    if (g == 0)
+      for (int gg = 1; gg < groups; gg++) acc0 += comb[gg * headDim + d0];
   }
   if (t == 0) {
     dst[0] = m;
     dst[1] = l;
   }
-  dst[2 + d0] = acc0;
-  if (d1) dst[2 + d0 + kAttnThreads] = acc1;
+  if (g == 0) {  // every thread reaches the end (the fused kernel synchronises the block after this)
+    dst[2 + d0] = acc0;
+    if (d1) dst[2 + d0 + kAttnThreads] = acc1;
+  }
 }
 
 /**
@@ -295,6 +297,57 @@ __global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* 
   pdlWait();
   pdlLaunchNext();
   mergeParts(out, outBf16, part, parts, qHeads, headDim, blockIdx.x, blockIdx.y, threadIdx.x);
+}
+
+/**
+ * Paged attention in one launch: attentionPartial's blocks, then the last block of each (query row, q head) to finish
+ * merges its partitions (mergeParts, the same order and arithmetic as attentionMerge: the same bits). Arrival is
+ * counted in counters[row · qHeads + head] (zero before the launch; the merging block puts it back to zero), after a
+ * __threadfence that makes each block's partition visible to the merging one (the CUDA threadFenceReduction sample's
+ * pattern). Saves the merge's launch: two per layer become one.
+ */
+__global__ void attentionFused(float* out, __nv_bfloat16* outBf16, float* part, int32_t* counters, const float* q,
+                               const float* kPool, const float* vPool, const int32_t* cuSeqlensQ, const int32_t* kvLens,
+                               const int32_t* blockTables, const int32_t* positions, int numSeqs, int maxBlocks,
+                               int pageSize, int qHeads, int kvHeads, int headDim, float scale, bool causal) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int partIdx = blockIdx.z;
+  const int t = threadIdx.x;
+  pdlWait();
+  pdlLaunchNext();
+  int s = 0, hi = numSeqs - 1;
+  while (s < hi) {
+    const int mid = (s + hi + 1) / 2;
+    if (cuSeqlensQ[mid] <= row) s = mid;
+    else hi = mid - 1;
+  }
+  const int kvHead = head / (qHeads / kvHeads);
+  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
+  const int kvLen = kvLens[s];
+  const int visible = causal ? min(positions[row] + 1, kvLen) : kvLen;
+  const int begin = partIdx * kAttnPart;
+  const int last = min(visible, begin + kAttnPart);
+  float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
+  if (last <= begin) {
+    if (t == 0) {
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
+    }
+  } else {
+    partitionBody(dst, q, kPool, vPool, blockTables, s, row, head, kvHead, rowFloats, begin, last, maxBlocks, pageSize,
+                  qHeads, headDim, scale);
+  }
+  __shared__ int lastBlock;
+  __threadfence();
+  __syncthreads();
+  int32_t* counter = counters + static_cast<int64_t>(row) * qHeads + head;
+  if (t == 0) lastBlock = atomicAdd(counter, 1) == static_cast<int>(gridDim.z) - 1;
+  __syncthreads();
+  if (!lastBlock) return;
+  __threadfence();
+  if (t < 32) mergeParts(out, outBf16, part, gridDim.z, qHeads, headDim, row, head, t);
+  if (t == 0) *counter = 0;
 }
 
 constexpr int kPreQ = 32;   // query rows of a prefill-attention block
@@ -568,9 +621,15 @@ int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAtt
 int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream,
+                        int32_t* counters) {
   if (headDim > 256 || headDim % 16 != 0 || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
+  if (counters != nullptr)
+    return static_cast<int>(specdLaunch(attentionFused, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, out,
+                                        static_cast<__nv_bfloat16*>(outBf16), part, counters, q, kPool, vPool,
+                                        cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
+                                        qHeads, kvHeads, headDim, scale, causal));
   cudaError_t e = specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q,
                               kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
                               qHeads, kvHeads, headDim, scale, causal);

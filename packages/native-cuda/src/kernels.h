@@ -19,11 +19,14 @@ int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v
 int specdAttentionParts(int maxKvLen);
 /**
  * Paged attention; the result goes to `out` f32 or, when `out` is null, to `outBf16` bf16 ([totalQ, qHeads, headDim]).
+ * `part` [totalQ, qHeads, specdAttentionParts(maxKvLen), 2 + headDim] f32 workspace. With `counters` ([totalQ ·
+ * qHeads] i32, zero, left zero) one launch (the last partition of a query head merges), else two; the same bits.
  */
 int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream,
+                        int32_t* counters = nullptr);
 /** Whether specdPrefillAttention takes this headDim (a multiple of 4, at most 64). */
 bool specdPrefillAttentionFits(int headDim);
 /**
@@ -87,9 +90,18 @@ int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* 
 int specdSmallGemmNormRope(float* q, float* kPool, float* vPool, const float* cosSin, const int32_t* positions,
                            const int32_t* slots, int qHeads, int kvHeads, int headDim, bool neox, const float* xf,
                            const float* normW, float eps, const void* w, int rows, int k, cudaStream_t stream);
+/** specdSmallGemmNormRope over bf16 rows x [rows, k] that are already the GEMM's input (no RMSNorm). */
+int specdSmallGemmRope(float* q, float* kPool, float* vPool, const float* cosSin, const int32_t* positions,
+                       const int32_t* slots, int qHeads, int kvHeads, int headDim, bool neox, const void* x,
+                       const void* w, int rows, int k, cudaStream_t stream);
 /** Bytes of the workspace specdArgmaxTwoPass needs for rows × cols. */
 size_t specdArgmaxWorkspaceBytes(int rows, int cols);
-/** Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). */
-int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream);
+/**
+ * Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). Two
+ * passes over 2,048-column parts; `oneLaunch` (default): the second pass is done by the last block of each row to
+ * finish (arrival counters in the workspace, zeroed at allocation and left zero) — one launch, the same result.
+ */
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream,
+                       bool oneLaunch = true);
 /** Programmatic dependent launch for later launches (launch.cuh; default on, used on sm_90+ only). */
 void specdSetPdl(bool on);

@@ -274,7 +274,7 @@ test(
     );
     const q = Float32Array.from({ length: totalQ * qHeads * headDim }, () => next() * 2 - 1);
     const scale = 1 / Math.sqrt(headDim);
-    const run = (causal, qb, cub, kvb, tb, pb, n, tq, maxKv = 600) => {
+    const run = (causal, qb, cub, kvb, tb, pb, n, tq, maxKv = 600, fused = false) => {
       const out = cuda.alloc(tq * qHeads * headDim * 4);
       cuda.pagedAttention(
         out,
@@ -296,6 +296,7 @@ test(
         causal,
         numPages,
         maxKv,
+        fused,
       );
       return readF32(out, tq * qHeads * headDim);
     };
@@ -325,6 +326,11 @@ test(
       });
       console.log(`pagedAttention causal ${causal}: worst |error| ${worst.toExponential(2)}`);
       assert.ok(worst < 2e-6, `causal ${causal}: worst error ${worst}`);
+      // the one-launch form (the runners'): the same bits, twice in a row (its arrival counters go back to zero)
+      for (let rep = 0; rep < 2; rep++) {
+        const fused = run(causal, devBuf(q), ...meta, seqs.length, totalQ, 600, true);
+        assert.deepEqual(fused, y, `causal ${causal}: the one-launch attention, call ${rep + 1}`);
+      }
       if (!causal) continue;
       // batch invariance: each sequence alone gives its rows of the batch, bit for bit (sequence 2 alone needs one
       // partition of keys where the batch launched three)

@@ -29,12 +29,21 @@ before(async () => {
 });
 after(() => gpu?.model.dispose());
 
-/** One prefill of `ids` with every row's logits, in a fresh cache of the GPU stage. */
+/**
+ * One prefill of `ids` with every row's logits, in a fresh cache of the GPU stage; checks that the device's argmax of
+ * each row (the one-launch two-pass kernel) is the first maximum of the row's logits as they came back.
+ */
 function prefillLogits(model, ids) {
   const cache = model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
   cache.add(1);
   const res = model.forward({ sequences: [{ id: 1, position: 0, tokens: ids, logits: 'all' }] }, cache);
   cache.finish(1);
+  const V = model.info.vocabSize;
+  for (let r = 0; r < ids.length; r++) {
+    let b = 0;
+    for (let j = 1; j < V; j++) if (res.logits[r * V + j] > res.logits[r * V + b]) b = j;
+    assert.equal(res.argmax[r], b, `row ${r}: the device argmax`);
+  }
   return res.logits;
 }
 

@@ -109,7 +109,7 @@ export interface Eagle3CudaAddon {
     lengths: Int32Array,
   ): { readonly argmax: Int32Array; readonly logits: Float32Array };
   eagle3Synchronize(runner: CudaHandle): void;
-  eagle3ReplayMs(runner: CudaHandle, reps: number): number;
+  eagle3ReplayMs(runner: CudaHandle, reps: number, k?: number, sequences?: number): number;
   eagle3Info(runner: CudaHandle): {
     readonly weightBytes: number;
     readonly kvBytes: number;
@@ -460,10 +460,14 @@ export class Eagle3CudaDrafter extends DrafterBase {
 
   /**
    * GPU milliseconds per replay of the last greedy chain's CUDA graph (−1 without one), for benches: call it right
-   * after a propose (the replays rewrite that chain's temporary entries, which no later write has reused yet).
+   * after a propose (the replays rewrite that chain's temporary entries, which no later write has reused yet). With
+   * `k`: the captured chain of k drafts for one sequence instead (−1 if none was captured) — replayed over the last
+   * chain's metadata, so only after the run, when no sequence's draft context is needed any more.
    */
-  replayMs(reps = 20): number {
-    return this.addon.eagle3ReplayMs(this.live(), reps);
+  replayMs(reps = 20, k?: number): number {
+    return k === undefined
+      ? this.addon.eagle3ReplayMs(this.live(), reps)
+      : this.addon.eagle3ReplayMs(this.live(), reps, k, 1);
   }
 
   /** The runner's sizes and captured graphs. */
