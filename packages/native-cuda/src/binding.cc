@@ -268,17 +268,14 @@ Napi::Value WriteKvPages(const Napi::CallbackInfo& info) {
 /** A device workspace kept across calls, grown as needed (the attention partitions). */
 void* g_attnWork = nullptr;
 size_t g_attnWorkBytes = 0;
-/** The one-launch attention's arrival counters (zero between launches), grown as needed. */
-void* g_attnCounters = nullptr;
-size_t g_attnCounterBytes = 0;
 
 /**
  * pagedAttention(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks,
- * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages, maxKvLen, fused?): out and q [totalQ, qHeads, headDim]
- * f32; pools [numPages, pageSize, kvHeads, headDim] f32 (NHD); the batch metadata i32 as native/src/attention.ts's
+ * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages, maxKvLen): out and q [totalQ, qHeads, headDim] f32;
+ * pools [numPages, pageSize, kvHeads, headDim] f32 (NHD); the batch metadata i32 as native/src/attention.ts's
  * PagedBatch; maxKvLen ≥ every kvLens[s] (it sizes the split over keys). Page ids in blockTables must be < numPages
- * and kvLens ≤ maxKvLen (they are read on the device, not checked there). `fused`: one launch (the last partition of a
- * query head merges; the whole-model runners' form) instead of two.
+ * and kvLens ≤ maxKvLen (they are read on the device, not checked there). `decode` (a 20th argument): the one-launch
+ * decode kernel (specdDecodeAttention, the runners' for batches of ≤ 32 rows) instead of the split one.
  */
 Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -317,26 +314,29 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
     check(env, cudaMalloc(&g_attnWork, work), "cudaMalloc (attention workspace)");
     g_attnWorkBytes = work;
   }
-  const bool fused = info.Length() > 19 && info[19].ToBoolean().Value();
-  const size_t counterBytes = static_cast<size_t>(totalQ * qHeads * 4);
-  if (fused && counterBytes > g_attnCounterBytes) {
-    if (g_attnCounters != nullptr) cudaFree(g_attnCounters);
-    g_attnCounters = nullptr;
-    g_attnCounterBytes = 0;
-    check(env, cudaMalloc(&g_attnCounters, counterBytes), "cudaMalloc (attention counters)");
-    check(env, cudaMemset(g_attnCounters, 0, counterBytes), "cudaMemset (attention counters)");
-    g_attnCounterBytes = counterBytes;
+  if (info.Length() > 19 && info[19].ToBoolean().Value()) {
+    if (!specdDecodeAttentionFits(static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim)))
+      throw Napi::RangeError::New(env, "decode: the decode kernel takes headDim 64 and at most 8 q heads per KV head");
+    launched(env,
+             specdDecodeAttention(static_cast<float*>(out->ptr), nullptr, static_cast<float*>(q->ptr),
+                                  static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr),
+                                  static_cast<int32_t*>(cu->ptr), static_cast<int32_t*>(kvLens->ptr),
+                                  static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
+                                  static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks),
+                                  static_cast<int>(pageSize), static_cast<int>(qHeads), static_cast<int>(kvHeads),
+                                  static_cast<int>(headDim), scale, causal, nullptr),
+             "decodeAttention");
+    return env.Undefined();
   }
-  launched(
-      env,
-      specdPagedAttention(
-          static_cast<float*>(out->ptr), nullptr, static_cast<float*>(g_attnWork), static_cast<float*>(q->ptr),
-          static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr),
-          static_cast<int32_t*>(kvLens->ptr), static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
-          static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks), static_cast<int>(pageSize),
-          static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim), scale, causal,
-          static_cast<int>(maxKvLen), nullptr, fused ? static_cast<int32_t*>(g_attnCounters) : nullptr),
-      "pagedAttention");
+  launched(env,
+           specdPagedAttention(
+               static_cast<float*>(out->ptr), nullptr, static_cast<float*>(g_attnWork), static_cast<float*>(q->ptr),
+               static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr),
+               static_cast<int32_t*>(kvLens->ptr), static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
+               static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks),
+               static_cast<int>(pageSize), static_cast<int>(qHeads), static_cast<int>(kvHeads),
+               static_cast<int>(headDim), scale, causal, static_cast<int>(maxKvLen), nullptr),
+           "pagedAttention");
   return env.Undefined();
 }
 

@@ -16,8 +16,8 @@
 // copied into its slot. No host round trip (nothing comes back).
 //
 // Step (eagle3.ts "Chain"): from the step's input tokens and g rows: x as above, h = g (or hidden_norm(g)), q|k|v
-// GEMM with RoPE + the step's K/V entry (none at step 1: its entry is the last context entry), paged attention (one
-// launch) over the sequence's context and chain entries → bf16, h += o(attn) (GEMM epilogue, β = 1), h +=
+// GEMM with RoPE + the step's K/V entry (none at step 1: its entry is the last context entry), paged attention over
+// the sequence's context and chain entries → bf16, h += o(attn) (GEMM epilogue, β = 1), h +=
 // down(SwiGLU(gate|up(post_attention_layernorm(h)))), logits = lm_head(norm(h)) [rows, draftVocab], argmax on the
 // device. A greedy chain (eagle3Chain) runs k steps with the argmax mapped through d2t as the next step's token and h
 // as its g, on the device, as one CUDA graph per (padded rows, k) captured at the first chain of that shape: one H2D
@@ -100,7 +100,6 @@ class Eagle3Runner : public RunnerMemory {
       sb = dev(R * d.inter * 2, "SwiGLU output");
       logits = static_cast<float*>(dev(static_cast<int64_t>(chainRows) * d.draftVocab * 4, "draft logits"));
       argmax = static_cast<int32_t*>(dev(chainRows * 4, "argmax"));
-      attnCounters = static_cast<int32_t*>(dev(static_cast<int64_t>(chainRows) * d.heads * 4, "attention counters"));
       argmaxWs = dev(specdArgmaxWorkspaceBytes(chainRows, d.draftVocab), "argmax partials");
       next = static_cast<int32_t*>(dev(chainRows * 4, "next tokens"));
       drafts = static_cast<int32_t*>(dev(static_cast<int64_t>(d.maxDrafts) * chainRows * 4, "drafts"));
@@ -412,7 +411,6 @@ class Eagle3Runner : public RunnerMemory {
   float* gSlotPool = nullptr;
   void *tapsB = nullptr, *xb = nullptr, *attnB = nullptr, *hb = nullptr, *sb = nullptr;
   int32_t *argmax = nullptr, *next = nullptr, *drafts = nullptr, *ctxMeta = nullptr;
-  int32_t* attnCounters = nullptr;  // the one-launch attention's arrival counters (zero between launches)
   int32_t* hDrafts = nullptr;
   // sized by allocKv
   float *kv = nullptr, *cosSin = nullptr, *part = nullptr;
@@ -514,10 +512,15 @@ class Eagle3Runner : public RunnerMemory {
           "RoPE + KV write");
     }
     const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
-    launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
-                                 d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream,
-                                 attnCounters),
-             "paged attention");
+    if (small && specdDecodeAttentionFits(d.heads, d.kvHeads, d.headDim))
+      launched(specdDecodeAttention(nullptr, attnB, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
+                                    d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, stream),
+               "decode attention");
+    else
+      launched(
+          specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
+                              d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
+          "paged attention");
     mm(h, attnB, wO, D, qw, true, "o GEMM");
     launched(specdRmsNormBf16(hb, h, postNorm, nullptr, Sp, D, d.eps, stream), "post_attention_layernorm");
     if (small) {

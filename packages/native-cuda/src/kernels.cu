@@ -244,17 +244,15 @@ __device__ void partitionBody(float* dst, const float* q, const float* kPool, co
   if (groups > 1) {
     comb[t] = acc0;
     __syncthreads();
-    if (g == 0)
-      for (int gg = 1; gg < groups; gg++) acc0 += comb[gg * headDim + d0];
+    if (g != 0) return;
+    for (int gg = 1; gg < groups; gg++) acc0 += comb[gg * headDim + d0];
   }
   if (t == 0) {
     dst[0] = m;
     dst[1] = l;
   }
-  if (g == 0) {  // every thread reaches the end (the fused kernel synchronises the block after this)
-    dst[2 + d0] = acc0;
-    if (d1) dst[2 + d0 + kAttnThreads] = acc1;
-  }
+  dst[2 + d0] = acc0;
+  if (d1) dst[2 + d0 + kAttnThreads] = acc1;
 }
 
 /**
@@ -299,21 +297,32 @@ __global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* 
   mergeParts(out, outBf16, part, parts, qHeads, headDim, blockIdx.x, blockIdx.y, threadIdx.x);
 }
 
+constexpr int kDecWarps = 8;     // warps of a decode-attention block: each takes every 8th group of 32 keys
+constexpr int kDecMaxGroup = 8;  // q heads per KV head the decode kernel takes (GQA group)
+constexpr int kDecHd = 64;       // its head dimension
+
 /**
- * Paged attention in one launch: attentionPartial's blocks, then the last block of each (query row, q head) to finish
- * merges its partitions (mergeParts, the same order and arithmetic as attentionMerge: the same bits). Arrival is
- * counted in counters[row · qHeads + head] (zero before the launch; the merging block puts it back to zero), after a
- * __threadfence that makes each block's partition visible to the merging one (the CUDA threadFenceReduction sample's
- * pattern). Saves the merge's launch: two per layer become one.
+ * Paged attention for decode steps and verify blocks in one launch (no partition workspace, no merge launch): one
+ * block of kDecWarps warps per (query row, KV head), the group's G q heads together so each K and V row is read once
+ * for them. Keys go in rounds of 32 · kDecWarps: warp w takes keys [32w, 32w + 32) of the round, one key a lane —
+ * the lane's dot products with the G queries (q in shared memory, the K row as float4, dims in order) — then the
+ * warp's online softmax over its keys (max and sum by a fixed butterfly) and its V sums, lane l owning dims 2l and
+ * 2l + 1 and adding the 32 keys in key order. The warps' (m, l, acc) are merged at the end in warp order. Everything
+ * about a row depends on its own keys only (not on the batch, not on the pool's size). headDim 64, G ≤ 8. Output as
+ * attentionMerge's (f32 `out`, or bf16 `outBf16`).
  */
-__global__ void attentionFused(float* out, __nv_bfloat16* outBf16, float* part, int32_t* counters, const float* q,
-                               const float* kPool, const float* vPool, const int32_t* cuSeqlensQ, const int32_t* kvLens,
-                               const int32_t* blockTables, const int32_t* positions, int numSeqs, int maxBlocks,
-                               int pageSize, int qHeads, int kvHeads, int headDim, float scale, bool causal) {
-  const int row = blockIdx.x;
-  const int head = blockIdx.y;
-  const int partIdx = blockIdx.z;
-  const int t = threadIdx.x;
+__global__ void __launch_bounds__(kDecWarps * 32)
+    attentionDecode(float* out, __nv_bfloat16* outBf16, const float* q, const float* kPool, const float* vPool,
+                    const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                    const int32_t* positions, int numSeqs, int maxBlocks, int pageSize, int qHeads, int kvHeads,
+                    float scale, bool causal) {
+  constexpr int HD = kDecHd;
+  const int row = blockIdx.x, kvHead = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int G = qHeads / kvHeads;
+  __shared__ __align__(16) float qs[kDecMaxGroup][HD];
+  __shared__ float wm[kDecWarps][kDecMaxGroup], wl[kDecWarps][kDecMaxGroup];
+  __shared__ float wacc[kDecWarps][kDecMaxGroup][HD];
   pdlWait();
   pdlLaunchNext();
   int s = 0, hi = numSeqs - 1;
@@ -322,32 +331,98 @@ __global__ void attentionFused(float* out, __nv_bfloat16* outBf16, float* part, 
     if (cuSeqlensQ[mid] <= row) s = mid;
     else hi = mid - 1;
   }
-  const int kvHead = head / (qHeads / kvHeads);
-  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
   const int kvLen = kvLens[s];
   const int visible = causal ? min(positions[row] + 1, kvLen) : kvLen;
-  const int begin = partIdx * kAttnPart;
-  const int last = min(visible, begin + kAttnPart);
-  float* dst = part + ((static_cast<int64_t>(row) * qHeads + head) * gridDim.z + partIdx) * (2 + headDim);
-  if (last <= begin) {
-    if (t == 0) {
-      dst[0] = -INFINITY;
-      dst[1] = 0.f;
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
+    qs[i / HD][i % HD] = q[(static_cast<int64_t>(row) * qHeads + kvHead * G + i / HD) * HD + i % HD];
+  __syncthreads();
+  const int32_t* table = blockTables + static_cast<int64_t>(s) * maxBlocks;
+  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * HD;
+  const int64_t headOff = static_cast<int64_t>(kvHead) * HD;
+  float m[kDecMaxGroup], l[kDecMaxGroup], a0[kDecMaxGroup], a1[kDecMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kDecMaxGroup; g++) m[g] = -INFINITY, l[g] = 0.f, a0[g] = 0.f, a1[g] = 0.f;
+  for (int base = warp * 32; base < visible; base += kDecWarps * 32) {
+    const int j = base + lane;
+    const bool valid = j < visible;
+    const int64_t slot = valid ? static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize : 0;
+    float sc[kDecMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kDecMaxGroup; g++) sc[g] = 0.f;
+    if (valid) {
+      const float4* kr = reinterpret_cast<const float4*>(kPool + slot * rowFloats + headOff);
+#pragma unroll 4
+      for (int c = 0; c < HD / 4; c++) {
+        const float4 k4 = kr[c];
+#pragma unroll
+        for (int g = 0; g < kDecMaxGroup; g++)
+          if (g < G) {
+            float d = sc[g];
+            d = __fmaf_rn(qs[g][4 * c], k4.x, d);
+            d = __fmaf_rn(qs[g][4 * c + 1], k4.y, d);
+            d = __fmaf_rn(qs[g][4 * c + 2], k4.z, d);
+            d = __fmaf_rn(qs[g][4 * c + 3], k4.w, d);
+            sc[g] = d;
+          }
+      }
     }
-  } else {
-    partitionBody(dst, q, kPool, vPool, blockTables, s, row, head, kvHead, rowFloats, begin, last, maxBlocks, pageSize,
-                  qHeads, headDim, scale);
+#pragma unroll
+    for (int g = 0; g < kDecMaxGroup; g++) {
+      if (g >= G) continue;
+      const float x = valid ? sc[g] * scale : -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float mNew = fmaxf(m[g], mx);  // finite: lane 0's key of this round is valid
+      const float corr = expf(m[g] - mNew);
+      const float p = valid ? expf(x - mNew) : 0.f;
+      float ps = p;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+      l[g] = l[g] * corr + ps;
+      m[g] = mNew;
+      sc[g] = p;
+      a0[g] *= corr;
+      a1[g] *= corr;
+    }
+    const int n = min(32, visible - base);
+    for (int i = 0; i < n; i++) {
+      const int64_t si = __shfl_sync(0xffffffffu, slot, i);
+      const float2 v = *reinterpret_cast<const float2*>(vPool + si * rowFloats + headOff + 2 * lane);
+#pragma unroll
+      for (int g = 0; g < kDecMaxGroup; g++)
+        if (g < G) {
+          const float p = __shfl_sync(0xffffffffu, sc[g], i);
+          a0[g] = __fmaf_rn(p, v.x, a0[g]);
+          a1[g] = __fmaf_rn(p, v.y, a1[g]);
+        }
+    }
   }
-  __shared__ int lastBlock;
-  __threadfence();
+#pragma unroll
+  for (int g = 0; g < kDecMaxGroup; g++)
+    if (g < G) {
+      if (lane == 0) wm[warp][g] = m[g], wl[warp][g] = l[g];
+      wacc[warp][g][2 * lane] = a0[g];
+      wacc[warp][g][2 * lane + 1] = a1[g];
+    }
   __syncthreads();
-  int32_t* counter = counters + static_cast<int64_t>(row) * qHeads + head;
-  if (t == 0) lastBlock = atomicAdd(counter, 1) == static_cast<int>(gridDim.z) - 1;
-  __syncthreads();
-  if (!lastBlock) return;
-  __threadfence();
-  if (t < 32) mergeParts(out, outBf16, part, gridDim.z, qHeads, headDim, row, head, t);
-  if (t == 0) *counter = 0;
+  // the merge: thread t of the first G · HD owns (group g, dim c); warps in order
+  for (int t = threadIdx.x; t < G * HD; t += blockDim.x) {
+    const int g = t / HD, c = t % HD;
+    float M = -INFINITY;
+    for (int w = 0; w < kDecWarps; w++) M = fmaxf(M, wm[w][g]);
+    float L = 0.f, o = 0.f;
+    for (int w = 0; w < kDecWarps; w++) {
+      if (wl[w][g] == 0.f) continue;  // a warp without keys (its m is −inf)
+      const float e = expf(wm[w][g] - M);
+      L = __fmaf_rn(wl[w][g], e, L);
+      o = __fmaf_rn(wacc[w][g][c], e, o);
+    }
+    const float r = L > 0.f ? o / L : 0.f;
+    const int64_t at = (static_cast<int64_t>(row) * qHeads + kvHead * G + g) * HD + c;
+    if (out != nullptr) out[at] = r;
+    else outBf16[at] = __float2bfloat16_rn(r);
+  }
 }
 
 constexpr int kPreQ = 32;   // query rows of a prefill-attention block
@@ -621,15 +696,9 @@ int specdAttentionParts(int maxKvLen) { return (maxKvLen + kAttnPart - 1) / kAtt
 int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream,
-                        int32_t* counters) {
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream) {
   if (headDim > 256 || headDim % 16 != 0 || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
   const int parts = max(1, specdAttentionParts(maxKvLen));
-  if (counters != nullptr)
-    return static_cast<int>(specdLaunch(attentionFused, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, out,
-                                        static_cast<__nv_bfloat16*>(outBf16), part, counters, q, kPool, vPool,
-                                        cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
-                                        qHeads, kvHeads, headDim, scale, causal));
   cudaError_t e = specdLaunch(attentionPartial, dim3(totalQ, qHeads, parts), dim3(kAttnThreads), 0, stream, part, q,
                               kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, maxBlocks, pageSize,
                               qHeads, kvHeads, headDim, scale, causal);
@@ -660,6 +729,21 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   return static_cast<int>(cublasLtMatmul(lt, p.op, &alpha, w, p.a, xb, p.b, &beta, out, p.c, out, p.c, &p.algo,
                                          workspace, workspaceBytes, stream));
+}
+
+bool specdDecodeAttentionFits(int qHeads, int kvHeads, int headDim) {
+  return headDim == kDecHd && qHeads % kvHeads == 0 && qHeads / kvHeads <= kDecMaxGroup;
+}
+
+int specdDecodeAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
+                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                         int kvHeads, int headDim, float scale, bool causal, cudaStream_t stream) {
+  if (!specdDecodeAttentionFits(qHeads, kvHeads, headDim)) return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(specdLaunch(attentionDecode, dim3(totalQ, kvHeads), dim3(kDecWarps * 32), 0, stream, out,
+                                      static_cast<__nv_bfloat16*>(outBf16), q, kPool, vPool, cuSeqlensQ, kvLens,
+                                      blockTables, positions, numSeqs, maxBlocks, pageSize, qHeads, kvHeads, scale,
+                                      causal));
 }
 
 bool specdPrefillAttentionFits(int headDim) { return headDim <= kPreHd && headDim % 4 == 0; }

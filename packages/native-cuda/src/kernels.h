@@ -19,14 +19,21 @@ int specdWriteKvPages(float* kPool, float* vPool, const float* k, const float* v
 int specdAttentionParts(int maxKvLen);
 /**
  * Paged attention; the result goes to `out` f32 or, when `out` is null, to `outBf16` bf16 ([totalQ, qHeads, headDim]).
- * `part` [totalQ, qHeads, specdAttentionParts(maxKvLen), 2 + headDim] f32 workspace. With `counters` ([totalQ ·
- * qHeads] i32, zero, left zero) one launch (the last partition of a query head merges), else two; the same bits.
  */
 int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, const float* kPool, const float* vPool,
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream,
-                        int32_t* counters = nullptr);
+                        int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
+/** Whether specdDecodeAttention takes these heads (headDim 64, at most 8 q heads per KV head). */
+bool specdDecodeAttentionFits(int qHeads, int kvHeads, int headDim);
+/**
+ * Paged attention in one launch for decode steps and verify blocks: the arguments of specdPagedAttention (no
+ * partition workspace); one block per (query row, KV head) walks the row's keys. Row-invariant like it.
+ */
+int specdDecodeAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
+                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
+                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
+                         int kvHeads, int headDim, float scale, bool causal, cudaStream_t stream);
 /** Whether specdPrefillAttention takes this headDim (a multiple of 4, at most 64). */
 bool specdPrefillAttentionFits(int headDim);
 /**
@@ -96,12 +103,7 @@ int specdSmallGemmRope(float* q, float* kPool, float* vPool, const float* cosSin
                        const void* w, int rows, int k, cudaStream_t stream);
 /** Bytes of the workspace specdArgmaxTwoPass needs for rows × cols. */
 size_t specdArgmaxWorkspaceBytes(int rows, int cols);
-/**
- * Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). Two
- * passes over 2,048-column parts; `oneLaunch` (default): the second pass is done by the last block of each row to
- * finish (arrival counters in the workspace, zeroed at allocation and left zero) — one launch, the same result.
- */
-int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream,
-                       bool oneLaunch = true);
+/** Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). */
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream);
 /** Programmatic dependent launch for later launches (launch.cuh; default on, used on sm_90+ only). */
 void specdSetPdl(bool on);

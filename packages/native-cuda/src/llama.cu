@@ -335,34 +335,9 @@ __device__ __forceinline__ void argmaxTake(float& b, int& bi, float v, int i) {
   }
 }
 
-/** argmaxPass2's reduction of row's parts by one warp (lane = its thread), reading them from L2. */
-__device__ void argmaxMerge(int32_t* out, const ArgmaxPart* part, int parts, int row, int lane) {
-  float b = -INFINITY;
-  int bi = 0x7fffffff, bad = 0;
-  for (int p = lane; p < parts; p += 32) {
-    const ArgmaxPart* q = part + static_cast<int64_t>(row) * parts + p;
-    bad |= __ldcg(&q->bad);
-    argmaxTake(b, bi, __ldcg(&q->v), __ldcg(&q->i));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, b, o);
-    const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-    argmaxTake(b, bi, v, i);
-    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-  }
-  if (lane == 0) out[row] = bad ? -1 : bi;
-}
-
-/**
- * Greedy argmax, first pass (and with `counters`, the second too: the last block of a row to finish merges the
- * row's parts — argmaxMerge, the same order as argmaxPass2 — and puts the row's counter back to zero).
- */
-__global__ void __launch_bounds__(256)
-    argmaxPass1(ArgmaxPart* part, const float* x, int cols, int32_t* out, int32_t* counters) {
+__global__ void __launch_bounds__(256) argmaxPass1(ArgmaxPart* part, const float* x, int cols) {
   __shared__ float sv[256];
   __shared__ int si[256];
-  __shared__ int lastBlock;
   pdlWait();
   pdlLaunchNext();
   const int row = blockIdx.x, p = blockIdx.y, parts = gridDim.y;
@@ -389,21 +364,28 @@ __global__ void __launch_bounds__(256)
     __syncthreads();
   }
   if (threadIdx.x == 0) part[static_cast<int64_t>(row) * parts + p] = {sv[0], si[0], bad};
-  if (counters == nullptr) return;
-  __threadfence();
-  if (threadIdx.x == 0) lastBlock = atomicAdd(counters + row, 1) == parts - 1;
-  __syncthreads();
-  if (!lastBlock) return;
-  __threadfence();
-  if (threadIdx.x < 32) argmaxMerge(out, part, parts, row, threadIdx.x);
-  if (threadIdx.x == 0) counters[row] = 0;
 }
 
 /** Greedy argmax, second pass: one warp per row over its parts → out[row] (−1 when a value was not finite). */
 __global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
   pdlWait();
   pdlLaunchNext();
-  argmaxMerge(out, part, parts, blockIdx.x, threadIdx.x);
+  const int row = blockIdx.x, lane = threadIdx.x;
+  float b = -INFINITY;
+  int bi = 0x7fffffff, bad = 0;
+  for (int p = lane; p < parts; p += 32) {
+    const ArgmaxPart q = part[static_cast<int64_t>(row) * parts + p];
+    bad |= q.bad;
+    argmaxTake(b, bi, q.v, q.i);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, b, o);
+    const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmaxTake(b, bi, v, i);
+    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+  }
+  if (lane == 0) out[row] = bad ? -1 : bi;
 }
 
 template <int NT, int MC, bool PAIR, bool NORM, bool ROPE>
@@ -493,19 +475,14 @@ void specdRopePairedRows(uint16_t* w, int qHeads, int kvHeads, int headDim, int 
 }
 
 size_t specdArgmaxWorkspaceBytes(int rows, int cols) {
-  // the parts, then one arrival counter per row
-  return static_cast<size_t>(rows) * ((cols + kArgmaxSpan - 1) / kArgmaxSpan) * sizeof(ArgmaxPart) +
-         static_cast<size_t>(rows) * 4;
+  return static_cast<size_t>(rows) * ((cols + kArgmaxSpan - 1) / kArgmaxSpan) * sizeof(ArgmaxPart);
 }
 
-int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream,
-                       bool oneLaunch) {
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream) {
   const int parts = (cols + kArgmaxSpan - 1) / kArgmaxSpan;
   ArgmaxPart* part = static_cast<ArgmaxPart*>(workspace);
-  int32_t* counters = reinterpret_cast<int32_t*>(part + static_cast<size_t>(rows) * parts);
-  cudaError_t e = specdLaunch(argmaxPass1, dim3(rows, parts), dim3(256), 0, stream, part, x, cols, out,
-                              oneLaunch ? counters : nullptr);
-  if (e != cudaSuccess || oneLaunch) return static_cast<int>(e);
+  cudaError_t e = specdLaunch(argmaxPass1, dim3(rows, parts), dim3(256), 0, stream, part, x, cols);
+  if (e != cudaSuccess) return static_cast<int>(e);
   return static_cast<int>(
       specdLaunch(argmaxPass2, dim3(rows), dim3(32), 0, stream, out, static_cast<const ArgmaxPart*>(part), parts));
 }

@@ -10,15 +10,15 @@
 // most 32 rows (decode steps, verify blocks) use llama.cu's small GEMM on the tensor cores, row-invariant, with the
 // RMSNorms in its prologue, RoPE + the KV page write in the q|k|v epilogue (the q|k|v weights are stored with each
 // neox RoPE pair in adjacent rows, specdRopePairedRows), SwiGLU in the gate|up epilogue and the residual adds in the
-// o/down epilogues, and attention in one launch (its partitions merged by the last to finish): five launches per
-// layer. Larger batches use cuBLASLt (β = 1 for
-// the residual adds), separate RMSNorm / SwiGLU launches and, for prefill-like batches, the query-tiled attention.
-// Kernels go out with programmatic dependent launch on sm_90+. Batches of at most kGraphRows rows run as CUDA
-// graphs, one per (padded row count, tap set, attention kind), captured at the first forward of each (vLLM's decode
-// graphs): a step is one graph launch. Rows pad to a power of two (padded rows: token 0, position 0, no KV slot, a
-// sequence without keys); a row's logits are the same bits whether it is decoded alone or verified in a batch of up
-// to 32 rows (greedy speculation equals plain decoding, one sequence or several): the small GEMM is row-invariant,
-// and with it off (llamaSetOptions) every batch of ≤ 16 rows uses cuBLASLt's plan for 16 rows (invariance up to 16).
+// o/down epilogues, and attention in one launch (kernels.cu's decode attention: a block per query row and KV head):
+// five launches per layer. Larger batches use cuBLASLt (β = 1 for the residual adds), separate RMSNorm / SwiGLU
+// launches and, for prefill-like batches, the query-tiled attention. Kernels go out with programmatic dependent launch
+// on sm_90+. Batches of at most kGraphRows rows run as CUDA graphs, one per (padded row count, tap set, attention
+// kind), captured at the first forward of each (vLLM's decode graphs): a step is one graph launch. Rows pad to a power
+// of two (padded rows: token 0, position 0, no KV slot, a sequence without keys); a row's logits are the same bits
+// whether it is decoded alone or verified in a batch of up to 32 rows (greedy speculation equals plain decoding, one
+// sequence or several): the small GEMM is row-invariant, and with it off (llamaSetOptions) every batch of ≤ 16 rows
+// uses cuBLASLt's plan for 16 rows (invariance up to 16).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <napi.h>
@@ -101,7 +101,6 @@ class LlamaRunner : public RunnerMemory {
       hb = dev(M * d.inter * 2, "SwiGLU output");
       logits = static_cast<float*>(dev(M * d.vocab * 4, "logits"));
       argmax = static_cast<int32_t*>(dev(M * 4, "argmax"));
-      attnCounters = static_cast<int32_t*>(dev(M * d.qHeads * 4, "attention counters"));
       argmaxWs = dev(specdArgmaxWorkspaceBytes(static_cast<int>(M), d.vocab), "argmax partials");
       taps = static_cast<float*>(dev(static_cast<size_t>(d.layers + 1) * maxRows * d.hidden * 4, "taps"));
       ok(cudaMallocHost(&hArgmax, static_cast<size_t>(maxRows) * 4), "cudaMallocHost (argmax)");
@@ -372,7 +371,6 @@ class LlamaRunner : public RunnerMemory {
   float *kv = nullptr, *cosSin = nullptr, *x = nullptr, *qkv = nullptr, *q = nullptr, *gu = nullptr;
   float *logits = nullptr, *part = nullptr, *taps = nullptr;
   void *xb = nullptr, *attnB = nullptr, *hb = nullptr, *argmaxWs = nullptr;
-  int32_t* attnCounters = nullptr;  // the one-launch attention's arrival counters (zero between launches)
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
   float* hOut = nullptr;  // pinned: hidden then kStagedTaps taps, kGraphRows rows each
   std::map<std::tuple<int, uint64_t, bool>, cudaGraphExec_t> graphs;
@@ -467,11 +465,17 @@ class LlamaRunner : public RunnerMemory {
                                          d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, stream),
                    "prefill attention");
         });
+      else if (small && specdDecodeAttentionFits(d.qHeads, d.kvHeads, d.headDim))
+        add("decode attention", l, [=, this] {
+          launched(specdDecodeAttention(nullptr, attnB, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
+                                        d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true, stream),
+                   "decode attention");
+        });
       else
-        add("paged attention", l, [=, this] {
+        add("paged attention (2 launches)", l, [=, this] {
           launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp,
                                        maxBlocks, d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true,
-                                       maxBlocks * d.pageSize, stream, attnCounters),
+                                       maxBlocks * d.pageSize, stream),
                    "paged attention");
         });
       if (small)
@@ -506,7 +510,7 @@ class LlamaRunner : public RunnerMemory {
       });
       add("lm_head", -1, [=] { gemm(logits, xb, head, MR, d.vocab, D, false, "lm_head GEMM"); });
     }
-    add("argmax", -1,
+    add("argmax (2 launches)", -1,
         [=, this] { launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, Rp, d.vocab, stream), "argmax"); });
     return ops;
   }
