@@ -127,6 +127,8 @@ for (const t of PREFILL) {
   const ms = prefill(t);
   out.prefill.push({ tokens: t, ms, tokPerS: (t * 1000) / ms });
 }
+// where the longest prefill goes: each launch of layer 0 and of the head at its shape
+if (PREFILL.length > 0) for (const p of model.profile(5)) out.profile.push({ rows: Math.max(...PREFILL), ...p });
 out.device = model.describe();
 const weightBytes = model.runnerInfo().weightBytes;
 out.bounds = { weightBytes, hbmBytesPerS: HBM, stepFloorMs: (weightBytes / HBM) * 1000 };
@@ -256,6 +258,9 @@ for (const p of out.profile.filter((q) => q.rows === 1)) {
   const p16 = out.profile.find((q) => q.rows === 16 && q.name === p.name);
   console.log(`| ${p.name} | ${f(p.us, 2)} | ${p16 === undefined ? '' : f(p16.us, 2)} |`);
 }
+const longest = Math.max(...PREFILL);
+console.log(`\n| launch (layer 0 and the head), prefill of ${longest} tokens | µs |\n|---|---:|`);
+for (const p of out.profile.filter((q) => q.rows === longest)) console.log(`| ${p.name} | ${f(p.us, 1)} |`);
 console.log('\n| prefill tokens | ms | tok/s |\n|---:|---:|---:|');
 for (const p of out.prefill) console.log(`| ${p.tokens} | ${f(p.ms, 2)} | ${f(p.tokPerS, 0)} |`);
 console.log(
