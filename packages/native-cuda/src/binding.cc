@@ -274,8 +274,7 @@ size_t g_attnWorkBytes = 0;
  * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages, maxKvLen): out and q [totalQ, qHeads, headDim] f32;
  * pools [numPages, pageSize, kvHeads, headDim] f32 (NHD); the batch metadata i32 as native/src/attention.ts's
  * PagedBatch; maxKvLen ≥ every kvLens[s] (it sizes the split over keys). Page ids in blockTables must be < numPages
- * and kvLens ≤ maxKvLen (they are read on the device, not checked there). `decode` (a 20th argument): the one-launch
- * decode kernel (specdDecodeAttention, the runners' for batches of ≤ 32 rows) instead of the split one.
+ * and kvLens ≤ maxKvLen (they are read on the device, not checked there).
  */
 Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -313,20 +312,6 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
     g_attnWorkBytes = 0;
     check(env, cudaMalloc(&g_attnWork, work), "cudaMalloc (attention workspace)");
     g_attnWorkBytes = work;
-  }
-  if (info.Length() > 19 && info[19].ToBoolean().Value()) {
-    if (!specdDecodeAttentionFits(static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim)))
-      throw Napi::RangeError::New(env, "decode: the decode kernel takes headDim 64 and at most 8 q heads per KV head");
-    launched(env,
-             specdDecodeAttention(static_cast<float*>(out->ptr), nullptr, static_cast<float*>(q->ptr),
-                                  static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr),
-                                  static_cast<int32_t*>(cu->ptr), static_cast<int32_t*>(kvLens->ptr),
-                                  static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
-                                  static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks),
-                                  static_cast<int>(pageSize), static_cast<int>(qHeads), static_cast<int>(kvHeads),
-                                  static_cast<int>(headDim), scale, causal, nullptr),
-             "decodeAttention");
-    return env.Undefined();
   }
   launched(env,
            specdPagedAttention(

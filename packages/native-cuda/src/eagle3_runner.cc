@@ -512,15 +512,10 @@ class Eagle3Runner : public RunnerMemory {
           "RoPE + KV write");
     }
     const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
-    if (small && specdDecodeAttentionFits(d.heads, d.kvHeads, d.headDim))
-      launched(specdDecodeAttention(nullptr, attnB, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
-                                    d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, stream),
-               "decode attention");
-    else
-      launched(
-          specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
-                              d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
-          "paged attention");
+    launched(
+        specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
+                            d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
+        "paged attention");
     mm(h, attnB, wO, D, qw, true, "o GEMM");
     launched(specdRmsNormBf16(hb, h, postNorm, nullptr, Sp, D, d.eps, stream), "post_attention_layernorm");
     if (small) {

@@ -24,16 +24,6 @@ int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, 
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
                         int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
-/** Whether specdDecodeAttention takes these heads (headDim 64, at most 8 q heads per KV head). */
-bool specdDecodeAttentionFits(int qHeads, int kvHeads, int headDim);
-/**
- * Paged attention in one launch for decode steps and verify blocks: the arguments of specdPagedAttention (no
- * partition workspace); one block per (query row, KV head) walks the row's keys. Row-invariant like it.
- */
-int specdDecodeAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
-                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
-                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                         int kvHeads, int headDim, float scale, bool causal, cudaStream_t stream);
 /** Whether specdPrefillAttention takes this headDim (a multiple of 4, at most 64). */
 bool specdPrefillAttentionFits(int headDim);
 /**
