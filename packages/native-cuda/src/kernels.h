@@ -82,7 +82,8 @@ int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* 
  * [rows, k] normalised by normW, w the q|k|v weight bf16 [(qHeads + 2 · kvHeads) · headDim, k] with its neox pairs
  * adjacent (specdRopePairedRows; as stored for the interleaved style) → q f32 [rows, qHeads · headDim] rotated, k
  * rotated and v into the pools at slots[r] (−1: skipped), cos/sin of positions[r] from cosSin [position, headDim].
- * Bit-equal to specdSmallGemmNorm then specdRopeKv(pairedIn); row-invariant like specdSmallGemm.
+ * The same fp32 operations on the same values as specdSmallGemmNorm then specdRopeKv(pairedIn) (so the same bits by
+ * construction; not compared bit for bit by a test); row-invariant like specdSmallGemm.
  */
 int specdSmallGemmNormRope(float* q, float* kPool, float* vPool, const float* cosSin, const int32_t* positions,
                            const int32_t* slots, int qHeads, int kvHeads, int headDim, bool neox, const float* xf,
