@@ -205,12 +205,7 @@ void RunGemmI8(const Problem& p, bool wide) {
           uint8_t* scratch = raw.data() + (64 - reinterpret_cast<uintptr_t>(raw.data()) % 64) % 64;
           return quant::PanelsI8Amx(q, begin, end, scratch);
         }
-        if (vnni) {
-          // 64-byte aligned scratch: transformed weight chunk, then the row tiles' accumulators.
-          std::vector<uint8_t> raw(static_cast<size_t>(quant::ScratchBytesI8(p.m) + 64));
-          uint8_t* scratch = raw.data() + (64 - reinterpret_cast<uintptr_t>(raw.data()) % 64) % 64;
-          return quant::PanelsI8Vnni(q, begin, end, scratch);
-        }
+        if (vnni) return quant::PanelsI8Vnni(q, begin, end);
 #endif
         quant::PanelsI8Portable(q, begin, end);
       },

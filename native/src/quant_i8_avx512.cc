@@ -3,31 +3,33 @@
 // activations"). Compiled with the AVX-512 flags plus AVX512_VBMI (CMakeLists.txt); called only
 // when isa.cc reports AVX-512 and VBMI. Intrinsics only, no STL (see CMakeLists.txt on ODR).
 //
-// Schedule, for one thread's range of panels:
-//   m <= kDirectRows (TileDirect), for each panel (B = 1: the weights are one sequential stream), for
-//     each row tile of <= 8 rows (int16: <= 4), per block: the panel block's 8 VPERMB operands (below)
-//     made in registers and fed straight to 2 VPDPBUSD chains per row, then the fp32 combination;
-//     int16 Q4 at m = 5..16 (DirectPairs): the same over 2 panels at once in row tiles of <= 3 (B = 2: 2
-//     panel streams, each activation broadcast feeds both panels' VPDPBUSD);
-//   m > kDirectRows, for each tile of B panels (B = 2; 1 for the last odd panel):
-//     for each chunk of kChunk blocks (256 k):
-//       transform the chunk's weights once into `scratch` (L1): per panel block 8 × 64-byte operands,
-//         each one VPERMB of 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
-//         (Q4: low and high nibbles ANDed apart; Q8_0: XOR 0x80, the +128 bias), and d (m) as fp32;
-//       for each row tile of <= kRowTile rows: R x B int32 block sums (VPDPBUSD, the activation
-//         quad broadcast from memory), then the fp32 combination into R x B accumulators, saved to
-//         / loaded from `scratch` between chunks (exact fp32 store/load).
-// Both prefetch (T0) the thread's next tile while reading the current one, swept linearly at the
-// rate the current tile is read (as quant_avx512.cc; the last tile of a range prefetches
-// kPrefetchBytes ahead in each panel instead). From DRAM, one thread, AMD EPYC Zen 5, vs the
-// scratch path with per-panel prefetch: m = 1–4 ×1.6–2.8, m = 8 ×1.7–2.1, m = 16 ×1.1–1.3
-// (docs/BENCHMARKS.md, "m ≤ 16 on AMD EPYC Zen 5").
+// Schedule (TileDirect), for one thread's range of panels, every m: for each tile of B panels, for each
+// row tile, per block: the B panel blocks' 8 VPERMB operands (below) made in registers and fed straight
+// to 2 VPDPBUSD chains per row and panel, then the fp32 combination. The first row tile streams the
+// tile's weights from memory; the others re-read them from L1 (B panels: 5.6–31 KiB for k = 576–1536).
+//   B = 1 (one weight stream) in row tiles of <= 8 rows (int16: <= 4): m <= 4; int8 Q4 and Q8_0 up to
+//     m = 16; the odd last panel of a range;
+//   B = 2 (DirectPairs: 2 panel streams, each activation broadcast feeds both panels' VPDPBUSD) in row
+//     tiles of <= 3 rows (int8: <= 4): int16 Q4 from m = 5, every type and act from m = 17.
+// The operands: each VPERMB turns 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
+// (Q4: low and high nibbles ANDed apart; Q8_0: XOR 0x80, the +128 bias).
+// The first row tile prefetches (T0) the thread's next tile while it reads the current one, swept
+// linearly at the rate it is read (as quant_avx512.cc; the last tile of a range prefetches
+// kPrefetchBytes ahead in each panel instead).
+// Against the former path for every m (the weights of a chunk of 8 blocks transformed once into an L1
+// scratch, then row tiles of <= 6 over them), from DRAM, one thread, AMD EPYC Zen 5: m = 1–4 ×1.6–2.8,
+// m = 8 ×1.7–2.1, m = 16 ×1.1–1.3 (docs/BENCHMARKS.md, "m ≤ 16 on AMD EPYC Zen 5"); the SmolLM2 forward's
+// GEMMs, 1–2 threads: int16 m = 17–64 ×1.15–1.35, m = 65–512 ×1.3–1.5; int8 m = 17–64 ×0.96–1.25 (no loss
+// past the noise), m = 65–512 ×1.1–1.2 (docs/BENCHMARKS.md, "m = 17–32 on the direct path").
+// TransformChunk remains for the AMX kernel.
 // Each output still sees one fp32 accumulator updated block by block in the fixed order of
 // quant_kernels.h, whatever its tile or thread: batch and thread invariant.
 // int16 activations (template flag W, ActsI8::lo set): the same weight operands, twice the VPDPBUSD
 // (high and low activation planes), isum = 256·high + low, then the same combination.
 // The int16 speed (docs/BENCHMARKS.md, "int16 activations"): ×1.0–1.2 of int8's time at m = 1–2,
-// ×1.35–1.6 at m = 4–16.
+// ×1.35–1.6 at m = 4–16. From m ≈ 8 on the call is bound by the core, not the weight stream: VPDPBUSD
+// and the combination's 3 VMULPS share two ports on Zen 5 and ~70–75 % of the VPDPBUSD peak is reached,
+// so each row past 16 adds ~5 % of t(16) at int16 (docs/BENCHMARKS.md, "m = 17–32 on the direct path").
 #include <immintrin.h>
 
 #include "quant_kernels.h"
@@ -40,31 +42,31 @@ namespace {
 #define SPECD_QUANT_PREFETCH 4096
 #endif
 constexpr int64_t kPrefetchBytes = SPECD_QUANT_PREFETCH;
-constexpr int64_t kChunk = 8;                    // blocks per transformed chunk
-constexpr int64_t kOpBytes = 512;                // 8 operands × 64 B per panel block
-constexpr int64_t kWBlockBytes = 640;            // operands | d[16] f32 | m[16] f32
-constexpr int64_t kWeightScratch = 8 * 4 * 640;  // kChunk × (B <= 4) × kWBlockBytes (ScratchBytesI8)
-constexpr int kRowTile = 6;
-// Up to this m, TileDirect (operands in registers) instead of the scratch transform: from DRAM, one
-// thread, Zen 5, m = 8 ×1.2–1.7 and m = 16 ×1.0–1.2 faster than through scratch.
-constexpr int64_t kDirectRows = 16;
-// Rows per TileDirect tile: int8 up to 8; int16 up to 4 (two int32 chains per row: at 8 rows the
+constexpr int64_t kOpBytes = 512;      // 8 operands × 64 B per panel block
+constexpr int64_t kWBlockBytes = 640;  // operands | d[16] f32 | m[16] f32
+// Rows per B = 1 tile: int8 up to 8; int16 up to 4 (two int32 chains per row: at 8 rows the
 // accumulators spill; from DRAM, one thread, Zen 5, m = 16: Q8_0 lm_head ×1.0–1.3, Q4_1 ×1.0–1.1 faster).
 constexpr int64_t kDirectTileRows = 8;
 constexpr int64_t kDirectTileRowsWide = 4;
-// int16 Q4_0 / Q4_1 at m = 5..kDirectRows (DirectPairs): TileDirect over 2 panels at once (B = 2) in row
-// tiles of <= 3, so each activation broadcast feeds two VPDPBUSD and a tile has 4·R (up to 12) independent
-// int32 chains (VPDPBUSD's latency wants ~8–12 in flight, and a broadcast from memory per VPDPBUSD caps
-// the rate near 0.6–0.85 of the register-only one on Zen 5; B = 1 has 2·R <= 8 chains).
-// One thread, Zen 5, the SmolLM2 Q4_1 shapes, vs B = 1: weights in L2 m = 6–16 ×1.10–1.29; from DRAM
-// m = 8 ×1.0–1.15, m = 16 ×1.04–1.11; 2-thread verify forward (all of gemmQuant) m = 8 ×~1.05, m = 16
-// ×~1.08. Not Q8_0 (two 9.8 KiB panels per tile re-read by the later row tiles: lm_head ×0.7–0.9 at
-// m = 2–8), not m = 1 (×0.85–0.95), not m = 2–4 (the call is bound by the weight stream: L2 ×1.06–1.3 but
-// DRAM ×0.92–1.08, 2-thread verify forward ×0.94–1.0).
+// DirectPairs: TileDirect over 2 panels at once (B = 2), so each activation broadcast feeds two VPDPBUSD
+// and a tile has 4·R independent int32 chains (VPDPBUSD's latency wants ~8–12 in flight, and a broadcast
+// from memory per VPDPBUSD caps the rate near 0.6–0.85 of the register-only one on Zen 5; B = 1 has
+// 2·R <= 8 chains at int16). Row tiles of <= 3 rows at int16 (12 chains; 4 rows: ×0.95 in L2), <= 4 at
+// int8 (16 chains; vs 3 rows ×1.1 in L2).
+// int16 Q4_0 / Q4_1 at m = 5..16: one thread, Zen 5, the SmolLM2 Q4_1 shapes, vs B = 1: weights in L2
+// m = 6–16 ×1.10–1.29; from DRAM m = 8 ×1.0–1.15, m = 16 ×1.04–1.11; 2-thread verify forward (all of
+// gemmQuant) m = 8 ×~1.05, m = 16 ×~1.08. Not Q8_0 there (two 9.8 KiB panels per tile re-read by the
+// later row tiles: lm_head ×0.7–0.9 at m = 2–8), not m = 1 (×0.85–0.95), not m = 2–4 (the call is bound by
+// the weight stream: L2 ×1.06–1.3 but DRAM ×0.92–1.08, 2-thread verify forward ×0.94–1.0).
+// Every type and act from m = 17: one thread, Zen 5, vs B = 1 tiles: int16 Q8_0 lm_head m = 17–64
+// ×1.14–1.25; int8 (all the SmolLM2 GEMMs) m = 17–64 ×1.13–1.23 (docs/BENCHMARKS.md, "m = 17–32 on the
+// direct path").
 constexpr int64_t kDirectPairRows = 3;
+constexpr int64_t kDirectPairRowsI8 = 4;
+constexpr int64_t kPairsEveryType = 17;  // from this m, DirectPairs for every type and act
 template <Type T, bool W>
 constexpr bool DirectPairs(int64_t m) {
-  return W && T != Type::kQ8_0 && m >= 5 && m <= kDirectRows;
+  return m >= kPairsEveryType || (W && T != Type::kQ8_0 && m >= 5);
 }
 
 // VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
@@ -85,13 +87,11 @@ inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
 }
 
 /**
- * Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b]; prefetches
- * pf + blk·pf_step .. + pf_step into L2 per block (the next tile), or with pf = nullptr each panel
- * kPrefetchBytes ahead.
+ * Weights of blocks [b0, b1) of panels panel0 .. panel0+B−1 into ws[(blk − b0)·B + b] (TransformPanelsI8,
+ * the AMX kernel's operands); prefetches each panel kPrefetchBytes ahead.
  */
 template <Type T, int B>
-void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws,
-                    const uint8_t* pf = nullptr, int64_t pf_step = 0) {
+void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, uint8_t* ws) {
   constexpr int64_t pbb = PbbOf(T);
   constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
   const int64_t panel_stride = (p.k / kBlock) * pbb;
@@ -99,14 +99,10 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t blk = b0; blk < b1; ++blk) {
-    if (pf != nullptr)
-      for (int64_t off = 0; off < pf_step; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T0);
     for (int b = 0; b < B; ++b) {
       const uint8_t* pb = p.packed + (panel0 + b) * panel_stride + blk * pbb;
-      if (pf == nullptr)
-        for (int64_t off = 0; off < pbb; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
+      for (int64_t off = 0; off < pbb; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pb + kPrefetchBytes + off), _MM_HINT_T0);
       uint8_t* o = ws + ((blk - b0) * B + b) * kWBlockBytes;
       const uint8_t* qs = pb + sb;
       if (T == Type::kQ8_0) {
@@ -130,78 +126,13 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
 }
 
 /**
- * Rows row0 .. row0+R−1 over the chunk [b0, b1) in ws; accumulators in fs ([R][B][16]) between chunks.
- * W (int16 mode): per block one int32 chain over the high plane, ×256 (exact), then on over the low
- * plane with the bias term: 256·Σ q_w·hi + Σ q_w·lo + bias·Σq, the int16 isum of quant_kernels.h.
- */
-template <Type T, int R, int B, bool W>
-void Tile(const ProblemI8& p, int64_t row0, int64_t panel0, int64_t b0, int64_t b1, bool first, bool last,
-          const uint8_t* ws, float* fs) {
-  const int64_t blocks = p.k / kBlock;
-  constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
-  __m512 acc[R][B];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) acc[r][b] = first ? _mm512_setzero_ps() : _mm512_load_ps(fs + (r * B + b) * 16);
-  for (int64_t blk = b0; blk < b1; ++blk) {
-    const uint8_t* wb = ws + (blk - b0) * B * kWBlockBytes;
-    __m512i isum[R][B];
-    for (int r = 0; r < R; ++r) {
-      const __m512i init =
-          bias == 0 || W ? _mm512_setzero_si512() : _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
-      for (int b = 0; b < B; ++b) isum[r][b] = init;
-    }
-    for (int pass = 0; pass < (W ? 2 : 1); ++pass) {
-      const int8_t* plane = pass == 0 ? p.x.q : p.x.lo;
-      if (pass == 1)
-        for (int r = 0; r < R; ++r) {
-          const __m512i add = _mm512_set1_epi32(bias * p.x.sum[(row0 + r) * blocks + blk]);
-          for (int b = 0; b < B; ++b) isum[r][b] = _mm512_add_epi32(_mm512_slli_epi32(isum[r][b], 8), add);
-        }
-      for (int g = 0; g < 8; ++g) {
-        __m512i wv[B];
-        for (int b = 0; b < B; ++b) wv[b] = _mm512_load_si512(wb + b * kWBlockBytes + 64 * g);
-        for (int r = 0; r < R; ++r) {
-          int32_t quad;
-          __builtin_memcpy(&quad, plane + (row0 + r) * p.k + blk * kBlock + 4 * g, 4);
-          const __m512i xv = _mm512_set1_epi32(quad);
-          for (int b = 0; b < B; ++b) isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], wv[b], xv);
-        }
-      }
-    }
-    __m512 dw[B], mw[B];
-    for (int b = 0; b < B; ++b) {
-      dw[b] = _mm512_load_ps(reinterpret_cast<const float*>(wb + b * kWBlockBytes + kOpBytes));
-      mw[b] = T == Type::kQ4_1 ? _mm512_load_ps(reinterpret_cast<const float*>(wb + b * kWBlockBytes + kOpBytes + 64))
-                               : _mm512_setzero_ps();
-    }
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (row0 + r) * blocks + blk;
-      const __m512 dx = _mm512_set1_ps(p.x.d[at]);
-      const __m512 sx = _mm512_set1_ps(p.x.s[at]);
-      for (int b = 0; b < B; ++b) {
-        // No FMA: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded (quant_kernels.h).
-        __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw[b], dx), _mm512_cvtepi32_ps(isum[r][b]));
-        if (T == Type::kQ4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mw[b], sx));
-        acc[r][b] = _mm512_add_ps(acc[r][b], t);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) {
-      if (last) {
-        StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kLanes, p.n, acc[r][b]);
-      } else {
-        _mm512_store_ps(fs + (r * B + b) * 16, acc[r][b]);
-      }
-    }
-}
-
-/**
- * Rows row0 .. row0+R−1 (R <= 8) of B panels (B = 2 only for DirectPairs): as Tile over all of K, but
- * each panel block's VPERMB operands are made in registers and consumed at once (no round trip through
- * `scratch`). With `stream`, prefetches as TransformChunk does (the next tile pf, else kPrefetchBytes
- * ahead). The same integer block sums (exact in any order) and the same fp32 combination as Tile: the
- * same bits. W (int16 mode): the two chains are the high plane's and the low plane's, isum = 256·high + low.
+ * Rows row0 .. row0+R−1 (R <= 8) of Y over panels panel0 .. panel0+B−1 (B = 2 only for DirectPairs), all
+ * of K: per block, each panel block's VPERMB operands are made in registers and consumed at once by the R
+ * rows; per output the integer block sum (exact in any order), then the fp32 combination of
+ * quant_kernels.h ("int8 activations"): the same bits as the portable path and the AMX kernel. With
+ * `stream`, prefetches the next tile (pf: pf_step bytes per block), or with pf = nullptr each panel
+ * kPrefetchBytes ahead. W (int16 mode): the two chains are the high plane's and the low plane's,
+ * isum = 256·high + low.
  */
 template <Type T, int R, bool W, int B = 1>
 void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, const uint8_t* pf, int64_t pf_step) {
@@ -303,7 +234,7 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
                             : _mm512_setzero_ps();
       for (int r = 0; r < R; ++r) {
         const int64_t at = (row0 + r) * blocks + blk;
-        // As Tile: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded, no FMA.
+        // (dw·dx)·isum (+ mw·sx), then acc + t, each rounded, no FMA (quant_kernels.h).
         __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(p.x.d[at])), _mm512_cvtepi32_ps(isum[r][b]));
         if (T == Type::kQ4_1) t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_set1_ps(p.x.s[at])));
         acc[r][b] = _mm512_add_ps(acc[r][b], t);
@@ -312,20 +243,6 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
   }
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) StoreRow(p.y + (row0 + r) * p.ldy, (panel0 + b) * kLanes, p.n, acc[r][b]);
-}
-
-template <Type T, int B, bool W>
-void RowTile(const ProblemI8& p, int64_t row0, int64_t rows, int64_t panel0, int64_t b0, int64_t b1, bool first,
-             bool last, const uint8_t* ws, float* fs) {
-  switch (rows) {
-    case 1: Tile<T, 1, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 2: Tile<T, 2, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 3: Tile<T, 3, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 4: Tile<T, 4, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 5: Tile<T, 5, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    case 6: Tile<T, 6, B, W>(p, row0, panel0, b0, b1, first, last, ws, fs); break;
-    default: break;
-  }
 }
 
 // Calls fn(t, row0, rows) for the balanced row tiles of m rows, at most max_rows each (m = 13, 8 -> 7 + 6):
@@ -339,78 +256,63 @@ inline void BalancedRowTiles(int64_t m, int64_t max_rows, Fn fn) {
   }
 }
 
+/**
+ * Rows 0 .. m−1 of Y over panels panel0 .. panel0+B−1 (B = 2: DirectPairs), all of K; panel_end ends the
+ * thread's range (the next tile, prefetched, lies before it).
+ */
 template <Type T, int B, bool W>
-void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end, uint8_t* scratch) {
-  uint8_t* ws = scratch;
-  float* fs = reinterpret_cast<float*>(scratch + kWeightScratch);
+void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end) {
   const int64_t blocks = p.k / kBlock;
   // The next tile: up to B panels after this one, within the thread's range (contiguous bytes).
   const int64_t next = panel_end - (panel0 + B) < B ? panel_end - (panel0 + B) : B;
   const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
-  if constexpr (B == 2 && W && T != Type::kQ8_0) {
-    if (p.m <= kDirectRows) {
-      // int16 Q4, m = 5..16 (DirectPairs): balanced row tiles of <= 3 rows over 2 panels; the first streams both.
-      const int64_t step = next * PbbOf(T);
-      BalancedRowTiles(p.m, kDirectPairRows, [&](int64_t t, int64_t row, int64_t rows) {
-        switch (rows) {
-          case 1: TileDirect<T, 1, W, 2>(p, row, panel0, t == 0, pf, step); break;
-          case 2: TileDirect<T, 2, W, 2>(p, row, panel0, t == 0, pf, step); break;
-          default: TileDirect<T, 3, W, 2>(p, row, panel0, t == 0, pf, step); break;
-        }
-      });
-      return;
-    }
-  }
-  if constexpr (B == 1) {
-    if (p.m <= kDirectRows) {
-      // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6; int16 <= 4); the first streams the panel from
-      // memory, the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
-      constexpr int64_t kTileRows = W ? kDirectTileRowsWide : kDirectTileRows;
-      const int64_t step = next * PbbOf(T);
-      BalancedRowTiles(p.m, kTileRows, [&](int64_t t, int64_t row, int64_t rows) {
-        // int16 tiles have <= 4 rows: cases 5–8 never run for W (W ? 4 only avoids instantiating them).
-        switch (rows) {
-          case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step); break;
-          case 2: TileDirect<T, 2, W>(p, row, panel0, t == 0, pf, step); break;
-          case 3: TileDirect<T, 3, W>(p, row, panel0, t == 0, pf, step); break;
-          case 4: TileDirect<T, 4, W>(p, row, panel0, t == 0, pf, step); break;
-          case 5: TileDirect<T, W ? 4 : 5, W>(p, row, panel0, t == 0, pf, step); break;
-          case 6: TileDirect<T, W ? 4 : 6, W>(p, row, panel0, t == 0, pf, step); break;
-          case 7: TileDirect<T, W ? 4 : 7, W>(p, row, panel0, t == 0, pf, step); break;
-          default: TileDirect<T, W ? 4 : 8, W>(p, row, panel0, t == 0, pf, step); break;
-        }
-      });
-      return;
-    }
-  }
-  const int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
-  for (int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
-    const int64_t b1 = b0 + kChunk < blocks ? b0 + kChunk : blocks;
-    TransformChunk<T, B>(p, panel0, b0, b1, ws, pf, next * PbbOf(T));
-    // Balanced row tiles (m = 7 -> 4 + 3); tiling never changes an output's reduction order.
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t row = p.m * t / tiles;
-      const int64_t rows = p.m * (t + 1) / tiles - row;
-      RowTile<T, B, W>(p, row, rows, panel0, b0, b1, b0 == 0, b1 == blocks, ws, fs + row * B * 16);
-    }
+  const int64_t step = next * PbbOf(T);
+  if constexpr (B == 2) {
+    // Balanced row tiles of <= 3 rows (int8: <= 4) over 2 panels; the first streams both. (W ? 3 : 4
+    // only avoids instantiating int16 tiles of 4 rows, which never run.)
+    BalancedRowTiles(p.m, W ? kDirectPairRows : kDirectPairRowsI8, [&](int64_t t, int64_t row, int64_t rows) {
+      switch (rows) {
+        case 1: TileDirect<T, 1, W, 2>(p, row, panel0, t == 0, pf, step); break;
+        case 2: TileDirect<T, 2, W, 2>(p, row, panel0, t == 0, pf, step); break;
+        case 3: TileDirect<T, 3, W, 2>(p, row, panel0, t == 0, pf, step); break;
+        default: TileDirect<T, W ? 3 : 4, W, 2>(p, row, panel0, t == 0, pf, step); break;
+      }
+    });
+  } else {
+    // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6; int16 <= 4); the first streams the panel from
+    // memory, the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
+    constexpr int64_t kTileRows = W ? kDirectTileRowsWide : kDirectTileRows;
+    BalancedRowTiles(p.m, kTileRows, [&](int64_t t, int64_t row, int64_t rows) {
+      // int16 tiles have <= 4 rows: cases 5–8 never run for W (W ? 4 only avoids instantiating them).
+      switch (rows) {
+        case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step); break;
+        case 2: TileDirect<T, 2, W>(p, row, panel0, t == 0, pf, step); break;
+        case 3: TileDirect<T, 3, W>(p, row, panel0, t == 0, pf, step); break;
+        case 4: TileDirect<T, 4, W>(p, row, panel0, t == 0, pf, step); break;
+        case 5: TileDirect<T, W ? 4 : 5, W>(p, row, panel0, t == 0, pf, step); break;
+        case 6: TileDirect<T, W ? 4 : 6, W>(p, row, panel0, t == 0, pf, step); break;
+        case 7: TileDirect<T, W ? 4 : 7, W>(p, row, panel0, t == 0, pf, step); break;
+        default: TileDirect<T, W ? 4 : 8, W>(p, row, panel0, t == 0, pf, step); break;
+      }
+    });
   }
 }
 
 template <Type T, bool W>
-void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end) {
   int64_t panel = panel_begin;
-  // m <= kDirectRows: one panel at a time (TileDirect), so the weights are one sequential stream; int16 Q4
-  // at m = 5..16 two panels at a time (DirectPairs).
-  if (p.m > kDirectRows || DirectPairs<T, W>(p.m)) {
-    for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2, W>(p, panel, panel_end, scratch);
+  // One panel at a time, so that the weights are one sequential stream; DirectPairs two at a time, then
+  // the odd last panel alone.
+  if (DirectPairs<T, W>(p.m)) {
+    for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2, W>(p, panel, panel_end);
   }
-  for (; panel < panel_end; ++panel) PanelTile<T, 1, W>(p, panel, panel_end, scratch);
+  for (; panel < panel_end; ++panel) PanelTile<T, 1, W>(p, panel, panel_end);
 }
 
 template <Type T>
-void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
-  if (p.x.lo != nullptr) return PanelsOf<T, true>(p, panel_begin, panel_end, scratch);
-  PanelsOf<T, false>(p, panel_begin, panel_end, scratch);
+void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end) {
+  if (p.x.lo != nullptr) return PanelsOf<T, true>(p, panel_begin, panel_end);
+  PanelsOf<T, false>(p, panel_begin, panel_end);
 }
 
 }  // namespace
@@ -488,11 +390,11 @@ void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b
 #undef SPECD_TRANSFORM
 }
 
-void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end) {
   switch (p.type) {
-    case Type::kQ4_0: PanelsOf<Type::kQ4_0>(p, panel_begin, panel_end, scratch); break;
-    case Type::kQ4_1: PanelsOf<Type::kQ4_1>(p, panel_begin, panel_end, scratch); break;
-    case Type::kQ8_0: PanelsOf<Type::kQ8_0>(p, panel_begin, panel_end, scratch); break;
+    case Type::kQ4_0: PanelsOf<Type::kQ4_0>(p, panel_begin, panel_end); break;
+    case Type::kQ4_1: PanelsOf<Type::kQ4_1>(p, panel_begin, panel_end); break;
+    case Type::kQ8_0: PanelsOf<Type::kQ8_0>(p, panel_begin, panel_end); break;
   }
 }
 

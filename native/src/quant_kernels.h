@@ -182,12 +182,9 @@ struct ProblemI8 {
 void QuantizeActsPortable(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out);
 void QuantizeActsAvx512(const float* x, int64_t ldx, int64_t k, int64_t row_begin, int64_t row_end, ActsI8 out);
 
-/** Bytes of per-thread scratch a VNNI kernel call needs for m rows (weight chunk + accumulators). */
-static inline int64_t ScratchBytesI8(int64_t m) { return 8 * 4 * 640 + 64 + (m + 8) * 4 * kLanes * 4; }
-
-/** All rows of Y for panels [panel_begin, panel_end); `scratch` holds ScratchBytesI8(m), 64-byte aligned. */
+/** All rows of Y for panels [panel_begin, panel_end) (no scratch: the VNNI operands stay in registers). */
 void PanelsI8Portable(const ProblemI8& p, int64_t panel_begin, int64_t panel_end);
-void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
+void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end);
 
 /**
  * The VNNI operands of blocks [b0, b1) of `panels` (1..4) panels from panel0, into
@@ -198,7 +195,9 @@ void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b
 
 /** AMX-INT8 path (m >= kAmxMinRows): the same integer block sums by TDPBSUD, the same bits. */
 // From m = 96 on (prefill chunks); below, the VNNI tiles are as fast or faster (1 thread, AMX vs VNNI
-// time: m = 16 ×0.7–1.0, m = 64 ×0.85–1.0, m = 128 ×1.1–2.2, m = 512 ×1.6–2.1).
+// time: m = 16 ×0.7–1.0, m = 64 ×0.85–1.0, m = 128 ×1.1–2.2, m = 512 ×1.6–2.1). Measured against the
+// former VNNI scratch tiles; the direct tiles that replaced them (quant_i8_avx512.cc) are ×1.1–1.2 faster
+// at m = 65–512 (int8) on Zen 5, which has no AMX: not re-measured on an AMX machine.
 constexpr int64_t kAmxMinRows = 96;
 /** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
 static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 4096 + 4096 + 64; }

@@ -291,14 +291,14 @@ describe.each(ACTS.flatMap((act) => isaPaths().map((path) => [act, path] as cons
         if (m * n >= 32) expect(relError(y, yf), `seed ${seed}`).toBeLessThan(act === 'int8' ? 3e-2 : 3e-4);
       });
 
-      it('row i of every GEMM (m = 1..33, 64, 65, 100) equals the GEMV of row i bit for bit, 1 and 2 threads', () => {
+      it('row i of every GEMM (m = 1..33, 48, 64, 65, 100) equals the GEMV of row i bitwise, 1 and 2 threads', () => {
         const seed = freshSeed();
         const next = rng(seed);
         const n = 37;
         const k = 576;
         const w = quantizedWeights(randomTensor(type, n, k, next).bytes, type, n, k);
         const x = randomF32(100 * k, next, 3);
-        const ms = [...Array.from({ length: 33 }, (_, i) => i + 1), 64, 65, 100];
+        const ms = [...Array.from({ length: 33 }, (_, i) => i + 1), 48, 64, 65, 100];
         const threads = isa().threads;
         withIsa(path, () => {
           try {
@@ -367,10 +367,13 @@ describe('gemmQuant act int8 / int16 across paths', () => {
       const next = rng(seed);
       for (const [m, n, k] of [
         [1, 61, 576],
-        [3, 40, 576], // m <= 16: VPERMB operands made in registers (TileDirect), 1 or 2 row tiles; m > 16: scratch
+        [3, 40, 576], // VPERMB operands made in registers (TileDirect), 1 or 2 row tiles
         [16, 49, 1536],
         [8, 64, 96], // int16 Q4, m = 5..16: two panels per TileDirect (DirectPairs), here no odd panel left
+        [17, 101, 576], // m >= 17: DirectPairs for every type and act; 7 panels: pairs and an odd last panel
+        [24, 37, 1536],
         [40, 18, 320],
+        [64, 80, 576],
         [120, 33, 576],
       ] as const) {
         const w = quantizedWeights(randomTensor(type, n, k, next).bytes, type, n, k);
