@@ -4,7 +4,7 @@
 //
 //   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
-//                       [--waves N] [--reps N] [--policy cost|max|off] [--json FILE] [--quick]
+//                       [--waves N] [--reps N] [--policy cost|max|off] [--json FILE] [--trace FILE] [--quick]
 //
 // Each engine is built once with maxSequences = the largest level (as a server is) and, for the drafter, its
 // cost calibration runs before any timer. A level C runs C × waves requests with C running at a time (continuous
@@ -16,6 +16,8 @@
 // steps that drafted, and τ per verify step. Greedy outputs are checked equal to plain decoding's (abort if not).
 // Goals (issue 16, "Never lose under load"): ratio ≥ 1.0 at 4, 8 and 16 and ≥ 1.3 at 1, with drafts made at every
 // level (drafted tokens per step > 0: never drafting is not a pass).
+// --trace FILE: every decision and observation of the cost policy (CostDraftPolicyOptions.trace) as JSON lines,
+// tagged with the drafter, level and repetition (what each choice read: a_j, the modelled cost of each D, the k).
 import * as fs from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
@@ -42,6 +44,10 @@ const WAVES = Number(arg('waves', quick ? '1' : '2'));
 const REPS = Number(arg('reps', quick ? '1' : '3'));
 const POLICY = arg('policy', 'cost');
 const jsonOut = arg('json', undefined);
+const traceOut = arg('trace', undefined);
+/** The trace's lines, and the tag of the run in progress. */
+const traceLines = [];
+let traceTag = { C: 0, rep: -1 };
 const targetDir = MODEL === 'smollm2' ? 'smollm2-135m-instruct' : 'kimi-k3-tiny';
 const METHODS = arg('drafters', MODEL === 'smollm2' ? 'eagle3,dflash' : 'eagle3,dflash,dspark')
   .split(',')
@@ -78,7 +84,16 @@ for (const m of METHODS) {
   );
   // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call)
   const draftPolicy = POLICY === 'off' ? fixedDraftPolicy(0) : POLICY;
-  const e = new SpecEngine(target.model, drafter, { maxSequences: maxSeq, maxTokensPerSequence, draftPolicy });
+  const costPolicy =
+    traceOut === undefined
+      ? undefined
+      : { trace: (ev) => traceLines.push(JSON.stringify({ drafter: m, ...traceTag, ...ev })) };
+  const e = new SpecEngine(target.model, drafter, {
+    maxSequences: maxSeq,
+    maxTokensPerSequence,
+    draftPolicy,
+    costPolicy,
+  });
   e.calibrate();
   engines[m] = e;
 }
@@ -169,6 +184,7 @@ for (const C of CONCS) {
     // alternate the order per repetition: plain first, then last
     const order = r % 2 === 0 ? ['plain', ...METHODS] : [...METHODS, 'plain'];
     const got = {};
+    traceTag = { C, rep: r };
     for (const n of order) got[n] = run(n, C);
     for (const m of METHODS) {
       for (const [i, toks] of got.plain.outputs)
@@ -225,6 +241,7 @@ for (const r of rows) {
   );
 }
 console.log(`\ngoals met: ${met} of ${rows.length}; load at the end ${loadavg()[0].toFixed(2)} (1 min)`);
+if (traceOut) fs.writeFileSync(traceOut, traceLines.length === 0 ? '' : `${traceLines.join('\n')}\n`);
 if (jsonOut)
   fs.writeFileSync(jsonOut, `${JSON.stringify({ model: targetDir, threads: info.threads, isa: info.isa, rows })}\n`);
 for (const e of Object.values(engines)) e.drafter?.dispose();

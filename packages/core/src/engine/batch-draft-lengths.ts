@@ -56,6 +56,11 @@ export interface BatchDraftChoice {
   readonly costMs: number;
   /** Goodput of the choice, expected committed tokens per ms. */
   readonly rate: number;
+  /**
+   * The walk the choice was taken from: for D = 0 … Σ maxDrafts drafts along the merge order, the expected committed
+   * tokens and the cost of that shape (`rate` = committed ÷ costMs at `ks`' D). For tracing (the policy's `trace`).
+   */
+  readonly curve: readonly { readonly drafts: number; readonly committed: number; readonly costMs: number }[];
 }
 
 /**
@@ -80,7 +85,7 @@ export function chooseBatchDraftLengths(
         throw new RangeError(`chooseBatchDraftLengths: items[${s}].gains[${j}] = ${g[j]} < gains[${j - 1}]`);
   });
   const ks = new Array<number>(B).fill(0);
-  if (B === 0) return { ks, committed: 0, costMs: 0, rate: 0 };
+  if (B === 0) return { ks, committed: 0, costMs: 0, rate: 0, curve: [] };
   const cost = (shape: BatchShape): number => {
     const c = costMs(shape);
     if (!(c > 0 && Number.isFinite(c)))
@@ -122,6 +127,7 @@ export function chooseBatchDraftLengths(
   const shape = (d: number): BatchShape => ({ sequences: B, tokens: B + d, drafting, drafts: d, catchUpRows });
   let best = { d: 0, committed, costMs: cost(shape(0)) };
   let bestRate = committed / best.costMs;
+  const curve = [{ drafts: 0, committed, costMs: best.costMs }];
   order.forEach((s, i) => {
     const item = items[s]!;
     const k = walk[s]!;
@@ -133,11 +139,12 @@ export function chooseBatchDraftLengths(
     walk[s] = k + 1;
     const c = cost(shape(i + 1));
     const rate = committed / c;
+    curve.push({ drafts: i + 1, committed, costMs: c });
     if (rate > bestRate * (1 + 1e-9)) {
       best = { d: i + 1, committed, costMs: c };
       bestRate = rate;
     }
   });
   for (const s of order.slice(0, best.d)) ks[s]!++;
-  return { ks, committed: best.committed, costMs: best.costMs, rate: bestRate };
+  return { ks, committed: best.committed, costMs: best.costMs, rate: bestRate, curve };
 }

@@ -10,13 +10,26 @@
  *                      (t_draft(drafting sequences, Σ k_s) + t_verify(B, T = Σ (k_s + 1)) + t_overhead
  *                       + t_catch-up(deferred context rows of the sequences that start drafting) ÷ run length)
  * with the costs measured on this machine ({@link StepCosts}: the batch's ONE verify forward costed by its
- * total rows T, corrected online by every step's measured time) and the a_j estimated online per
- * request (EMA) with the run's rates as the fallback ({@link AcceptanceEstimator}). The ks come from the
- * batch goodput rule of batch-draft-lengths.ts (SmartSpec, arXiv 2406.14066; TETRIS, arXiv 2502.15197): the
- * batch's draft rows go to the drafts of highest cumulative acceptance, as many as raise the goodput. With one
- * sequence this is argmax_k E[committed | k] / (t_draft(k) + t_verify(k)) (REFERENCE.md §4 DSpark
- * adaptive verification, §11); under load the batch's verify cost grows with every drafted row, so
- * it drafts less, down to none. Ties go to fewer drafts.
+ * total rows T, corrected online by every step's measured time, {@link CostDraftPolicy.costScale}; t_overhead
+ * by the step's shape, {@link OverheadModel}) and the a_j estimated online ({@link AcceptanceEstimator}: the run's
+ * rates by position and by whether the request's last drafting step was fully accepted, shifted by the request's
+ * own logit offset, a hierarchical Bayesian estimate). The ks come from the batch goodput rule of
+ * batch-draft-lengths.ts (SmartSpec, arXiv 2406.14066; TETRIS, arXiv 2502.15197): the batch's draft rows go to the
+ * drafts of highest cumulative acceptance, as many as raise the goodput. With one sequence this is
+ * argmax_k E[committed | k] / (t_draft(k) + t_verify(k) + t_overhead(k)) (REFERENCE.md §4 DSpark adaptive
+ * verification, §11); under load the batch's verify cost grows with every drafted row, so it drafts less, down to
+ * none. Ties go to fewer drafts.
+ *
+ * Exploration: the rule runs at the posterior means of the a_j, then once more with the a_j of ONE position beyond
+ * each sequence's choice raised to its upper confidence bound (optimism in the face of uncertainty, as UCB1: Auer et
+ * al. 2002; the run's counts fade by a factor per step, as discounted UCB for a changing reward: Garivier & Moulines,
+ * "On Upper-Confidence Bound Policies for Switching Bandit Problems", ALT 2011). The estimate only learns from drafts
+ * it verifies — a plain step observes nothing, and position j + 1 is only seen when j drafts were — so a greedy
+ * choice on an estimate that a few early rejections pulled below the break-even never drafts again; with one
+ * optimistic position it tries the next draft when that could pay, and stops once the position is known.
+ * Measured (bench:load, SmolLM2 + a chain drafter, one sequence, 64-token requests): the previous per-request EMA
+ * (weight 0.2) fell after two or three rejections, chose plain steps for 19 % of the steps where a draft still paid,
+ * and never observed position 2 often enough (7 times in a run) to draft past 1.
  *
  * Verify budgets ({@link DraftPolicy.budgets}; adaptive verification, REFERENCE.md §4): when a
  * proposal carries per-draft `confidence` c_j ≈ P(draft j accepted | drafts < j accepted), the
@@ -37,7 +50,7 @@
  */
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
-import { type BatchShape, chooseBatchDraftLengths } from './batch-draft-lengths.js';
+import { type BatchDraftChoice, type BatchShape, chooseBatchDraftLengths } from './batch-draft-lengths.js';
 import type { RequestMetrics } from './metrics.js';
 import type { StepCosts } from './step-costs.js';
 
@@ -61,6 +74,16 @@ export interface BudgetItem {
   readonly confidence: Float32Array;
 }
 
+/** The shape of a step its overhead is learned by ({@link DraftPolicy.observeOverhead}). Immutable. */
+export interface OverheadShape {
+  /** Sequences in the verify forward (B). */
+  readonly sequences: number;
+  /** Sequences that drafted. */
+  readonly drafting: number;
+  /** Drafts verified in all. */
+  readonly drafts: number;
+}
+
 /** A draft-length policy: choose → propose → (budgets) → verify → observe per sequence, release at finish. */
 export interface DraftPolicy {
   /** Drafts per candidate, each an integer in [0, candidates[i].maxDrafts]. */
@@ -78,9 +101,10 @@ export interface DraftPolicy {
   /**
    * Wall time of a step's work outside the propose call and the verify forward (choosing, accept,
    * commit, writing draft context), ms; `drafted`: whether any sequence drafted in that step; `rows`: the verify
-   * forward's rows (default 1).
+   * forward's rows (default 1); `shape`: the step's sequences, drafting sequences and drafts (absent: a plain step
+   * of `rows` sequences, or a drafting step of one sequence with `rows` − 1 drafts).
    */
-  observeOverhead?(ms: number, drafted: boolean, rows?: number): void;
+  observeOverhead?(ms: number, drafted: boolean, rows?: number, shape?: OverheadShape): void;
   /**
    * The measured cost of the step just run: `sequences` in the verify forward holding `tokens` rows,
    * of which `drafting` sequences proposed `drafts` drafts in all; the verify forward took
@@ -120,83 +144,201 @@ export function survivalBudget(confidence: ArrayLike<number>, threshold: number)
 
 /** Options of {@link AcceptanceEstimator}. */
 export interface AcceptanceEstimatorOptions {
-  /** Weight of the newest observation in a request's per-position EMA, (0, 1] (default 0.2). */
-  readonly alpha?: number;
   /** Acceptance assumed before anything is observed (default 0.7). */
   readonly prior?: number;
-  /** Pseudo-observations of the prior in the run's rates (default 2). */
+  /** Pseudo-observations of the prior in each of the run's rates (default 2). */
   readonly priorWeight?: number;
+  /**
+   * Prior variance of a request's offset from the run's rates on the logit scale, σ² (default 0.1; 0: every
+   * request takes the run's rates).
+   */
+  readonly requestVariance?: number;
+  /**
+   * Optimism of the rates the policy chooses with: posterior standard deviations of the run's rate added to each a_j
+   * (default 0.5; 0: posterior means). A rate observed n times gains z·√(a(1−a)/(n + priorWeight + 1)).
+   */
+  readonly optimism?: number;
+  /**
+   * Weight kept by the run's counts per batch step, (0, 1] (default 0.998: a window of about 500 steps; 1: the
+   * whole run).
+   */
+  readonly forget?: number;
 }
 
+/** A request's evidence: its drafts offered and accepted per (state, 0-based position), and its state now. */
+interface RequestEvidence {
+  /** Whether its last drafting step had every draft accepted (state 1), else state 0. */
+  hot: boolean;
+  readonly offered: [number[], number[]];
+  readonly accepted: [number[], number[]];
+}
+
+/** Logit of p, p clamped to [1e-3, 1 − 1e-3]. */
+const logit = (p: number): number => {
+  const q = Math.min(1 - 1e-3, Math.max(1e-3, p));
+  return Math.log(q / (1 - q));
+};
+
 /**
- * Per-position conditional acceptance a_j (j = 1-based draft index): the run's counts (drafts j
- * offered = verify steps with k ≥ j whose drafts < j were all accepted; of them, accepted) and a per
- * request EMA. A request's a_j is its EMA once it has seen position j, else the run's rate; a
- * position the run never offered takes the rate of the deepest offered one (or the prior).
+ * Conditional acceptance a_j = P(draft j accepted | drafts < j accepted) (j = 1-based draft index) of each running
+ * request, from the run's counts and the request's own, as a hierarchical model:
+ *
+ * - The run's rates by (state, j): drafts j offered (verify steps with k ≥ j whose drafts < j were all accepted) and
+ *   accepted, Beta(prior·w, (1 − prior)·w) prior (w = priorWeight), posterior mean (accepted + prior·w) / (offered +
+ *   w). State 1 ("hot"): the request's previous drafting step had all its drafts accepted; state 0: it had a
+ *   rejection (or the request has not drafted yet). Acceptance runs in streaks — a draft that follows a
+ *   fully accepted step is accepted more often (SmolLM2 + a chain drafter, 32 prompts: a_1 0.74–0.79 after a fully
+ *   accepted step, 0.57 after a rejection) — so the state carries what the last step showed at no cost. A plain
+ *   step (k = 0) decides nothing and leaves the state. A (state, j) the run never offered takes the other state's
+ *   rate at j, else the rate of the deepest offered position below j, else the prior.
+ * - A request's offset δ from the run on the logit scale, a_j = σ(logit(run a_j) + δ), with prior δ ~ N(0, σ²): the
+ *   request's evidence enters as one Newton step of the posterior mode from δ = 0 (Laplace approximation),
+ *   δ = Σ (x − p) / (Σ p(1 − p) + 1/σ²) over its decided drafts x ∈ {0, 1}, p their run rates now. One parameter
+ *   pools all of a request's positions (a hard prompt is hard at every depth), and with few observations δ stays
+ *   near 0: the run's rates, learned from every request, carry a new request instead of its first rejections.
+ *   (Replaces a per-request EMA, which after two early rejections predicted the request lost for good.)
+ * - Upper confidence bounds for exploration ({@link rates} with `optimism` > 0): a_j plus `optimism` posterior
+ *   standard deviations of the run's rate at that cell, √(a(1 − a)/(n + w + 1)) (as UCB1: Auer et al., "Finite-time
+ *   Analysis of the Multiarmed Bandit Problem", 2002). A position the run never offered counts as observed 0 times.
+ *   The cost policy chooses at the means and reads the bound of one position beyond its choice (see the file
+ *   comment): a plain step observes nothing, so without it an estimate that fell below the break-even could never
+ *   recover. The run's counts fade by `forget` per batch step ({@link step}; discounted UCB, Garivier & Moulines
+ *   2011): the means stay, the bound of a position no longer drafted grows back, and the run follows its workload.
  */
 export class AcceptanceEstimator {
-  private readonly alpha: number;
   private readonly prior: number;
   private readonly priorWeight: number;
-  private readonly offered: number[] = [];
-  private readonly accepted: number[] = [];
-  private readonly ema = new Map<SequenceId, number[]>();
+  private readonly requestVariance: number;
+  private readonly optimism: number;
+  private readonly forget: number;
+  /** The run's counts by [state][0-based position]. */
+  private readonly offered: [number[], number[]] = [[], []];
+  private readonly accepted: [number[], number[]] = [[], []];
+  private readonly requests = new Map<SequenceId, RequestEvidence>();
 
   constructor(options: AcceptanceEstimatorOptions = {}) {
-    this.alpha = options.alpha ?? 0.2;
     this.prior = options.prior ?? 0.7;
     this.priorWeight = options.priorWeight ?? 2;
-    if (!(this.alpha > 0 && this.alpha <= 1))
-      throw new RangeError(`AcceptanceEstimator: alpha: expected (0, 1], got ${this.alpha}`);
+    this.requestVariance = options.requestVariance ?? 0.1;
+    this.optimism = options.optimism ?? 0.5;
+    this.forget = options.forget ?? 0.998;
     if (!(this.prior >= 0 && this.prior <= 1))
       throw new RangeError(`AcceptanceEstimator: prior: expected [0, 1], got ${this.prior}`);
+    if (!(this.priorWeight > 0))
+      throw new RangeError(`AcceptanceEstimator: priorWeight: expected > 0, got ${this.priorWeight}`);
+    if (!(this.requestVariance >= 0))
+      throw new RangeError(`AcceptanceEstimator: requestVariance: expected >= 0, got ${this.requestVariance}`);
+    if (!(this.optimism >= 0))
+      throw new RangeError(`AcceptanceEstimator: optimism: expected >= 0, got ${this.optimism}`);
+    if (!(this.forget > 0 && this.forget <= 1))
+      throw new RangeError(`AcceptanceEstimator: forget: expected (0, 1], got ${this.forget}`);
   }
 
-  /** Records one verify step of `id`: `drafted` drafts, `accepted` kept. */
-  observe(id: SequenceId, drafted: number, accepted: number): void {
-    let e = this.ema.get(id);
-    if (e === undefined) {
-      e = [];
-      this.ema.set(id, e);
+  private request(id: SequenceId): RequestEvidence {
+    let r = this.requests.get(id);
+    if (r === undefined) {
+      r = { hot: false, offered: [[], []], accepted: [[], []] };
+      this.requests.set(id, r);
     }
+    return r;
+  }
+
+  /** Records one verify step of `id`: `drafted` drafts, `accepted` kept (a plain step, drafted 0, records nothing). */
+  observe(id: SequenceId, drafted: number, accepted: number): void {
+    if (!(drafted > 0)) return;
+    const r = this.request(id);
+    const s = r.hot ? 1 : 0;
     const seen = Math.min(drafted, accepted + 1); // positions 0..seen-1 were decided
     for (let j = 0; j < seen; j++) {
       const x = j < accepted ? 1 : 0;
-      const before = e[j] ?? this.runRate(j);
-      this.offered[j] = (this.offered[j] ?? 0) + 1;
-      this.accepted[j] = (this.accepted[j] ?? 0) + x;
-      e[j] = (1 - this.alpha) * before + this.alpha * x;
+      this.offered[s][j] = (this.offered[s][j] ?? 0) + 1;
+      this.accepted[s][j] = (this.accepted[s][j] ?? 0) + x;
+      r.offered[s][j] = (r.offered[s][j] ?? 0) + 1;
+      r.accepted[s][j] = (r.accepted[s][j] ?? 0) + x;
     }
+    r.hot = accepted >= drafted;
   }
 
-  /** The run's a at 0-based position j (see the class comment). */
-  runRate(j: number): number {
-    let i = Math.min(j, this.offered.length - 1);
-    while (i >= 0 && (this.offered[i] ?? 0) === 0) i--;
-    if (i < 0) return this.prior;
-    return ((this.accepted[i] ?? 0) + this.prior * this.priorWeight) / (this.offered[i]! + this.priorWeight);
-  }
-
-  /** a_1..a_n of request `id` (0-based array). */
-  rates(id: SequenceId, n: number): number[] {
-    const e = this.ema.get(id);
-    return Array.from({ length: n }, (_, j) => e?.[j] ?? this.runRate(j));
-  }
-
-  /** E[committed | k] for k = 0..n: `[1, 1 + a_1, 1 + a_1 + a_1 a_2, …]`. */
-  expectedCommitted(id: SequenceId, n: number): number[] {
-    const a = this.rates(id, n);
-    const out = [1];
-    let p = 1;
-    for (let j = 0; j < n; j++) {
-      p *= a[j]!;
-      out.push(out[j]! + p);
+  /**
+   * The run's rate at (state, 0-based position j) (see the class comment): posterior mean, and the observations
+   * behind it (0 when the cell itself was never offered and the rate is borrowed).
+   */
+  private cell(state: number, j: number): { mean: number; n: number } {
+    const w = this.priorWeight;
+    for (let i = j; i >= 0; i--) {
+      for (const st of [state, 1 - state]) {
+        const off = this.offered[st]![i] ?? 0;
+        if (off > 0)
+          return {
+            mean: ((this.accepted[st]![i] ?? 0) + this.prior * w) / (off + w),
+            n: i === j && st === state ? off : 0,
+          };
+      }
     }
-    return out;
+    return { mean: this.prior, n: 0 };
+  }
+
+  /**
+   * One batch step passed: the run's counts are multiplied by `forget` (their means stay, their weight fades), so
+   * the optimism of a position the run stopped drafting grows back (see the class comment).
+   */
+  step(): void {
+    if (this.forget === 1) return;
+    for (const t of [this.offered, this.accepted])
+      for (const row of t) for (let j = 0; j < row.length; j++) row[j]! *= this.forget;
+  }
+
+  /** The run's a at 0-based position j in state 0 (after a rejection), or 1 (after a fully accepted step). */
+  runRate(j: number, hot = false): number {
+    return this.cell(hot ? 1 : 0, j).mean;
+  }
+
+  /** δ: request `id`'s logit offset from the run's rates (0 for a request with no evidence; see the class comment). */
+  offset(id: SequenceId): number {
+    const r = this.requests.get(id);
+    if (r === undefined || !(this.requestVariance > 0)) return 0;
+    let score = 0;
+    let info = 0;
+    for (const s of [0, 1]) {
+      const off = r.offered[s]!;
+      for (let j = 0; j < off.length; j++) {
+        const n = off[j] ?? 0;
+        if (n === 0) continue;
+        const p = 1 / (1 + Math.exp(-logit(this.cell(s, j).mean)));
+        score += (r.accepted[s]![j] ?? 0) - n * p;
+        info += n * p * (1 - p);
+      }
+    }
+    return score / (info + 1 / this.requestVariance);
+  }
+
+  /**
+   * a_1..a_n of request `id` in its current state (0-based array): posterior means shifted by its offset, plus
+   * `optimism` standard deviations (default: the estimator's; 0 for the means).
+   */
+  rates(id: SequenceId, n: number, optimism = this.optimism): number[] {
+    const state = this.requests.get(id)?.hot === true ? 1 : 0;
+    const delta = this.offset(id);
+    return Array.from({ length: n }, (_, j) => {
+      const c = this.cell(state, j);
+      const a = delta === 0 ? c.mean : 1 / (1 + Math.exp(-(logit(c.mean) + delta)));
+      if (!(optimism > 0)) return a;
+      return Math.min(1, a + optimism * Math.sqrt((a * (1 - a)) / (c.n + this.priorWeight + 1)));
+    });
+  }
+
+  /** E[committed | k] for k = 0..n: `[1, 1 + a_1, 1 + a_1 + a_1 a_2, …]` (from {@link rates}, same `optimism`). */
+  expectedCommitted(id: SequenceId, n: number, optimism = this.optimism): number[] {
+    return gainsOf(this.rates(id, n, optimism));
+  }
+
+  /** Whether request `id`'s last drafting step had every draft accepted (state 1). */
+  hot(id: SequenceId): boolean {
+    return this.requests.get(id)?.hot === true;
   }
 
   release(id: SequenceId): void {
-    this.ema.delete(id);
+    this.requests.delete(id);
   }
 }
 
@@ -219,10 +361,164 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
    * Correct the calibrated costs from every step's measured times ({@link CostDraftPolicy.costScale}; default true).
    */
   readonly recalibrate?: boolean;
+  /**
+   * Called with every decision and observation of the policy (off when absent): what each step's choice read (the
+   * a_j, the costs along the batch rule's walk, the cost corrections) and what the step then measured. For
+   * diagnosis (`bench/load.mjs --trace FILE`); nothing the policy does depends on it.
+   */
+  readonly trace?: (event: CostPolicyTraceEvent) => void;
 }
 
-/** Per-step overhead observations of each kind skipped before the EMA starts (JIT warm-up). */
+/** One event of {@link CostDraftPolicyOptions.trace}. Immutable. */
+export type CostPolicyTraceEvent =
+  | {
+      readonly kind: 'choose';
+      /**
+       * Per candidate: its id, maxDrafts, the posterior means a_1 … a_maxDrafts, the rates the rule chose with (the
+       * means, one position optimistic), its logit offset δ, whether its last drafting step was fully accepted, and
+       * the k the policy returned.
+       */
+      readonly candidates: readonly {
+        readonly id: SequenceId;
+        readonly maxDrafts: number;
+        readonly means: readonly number[];
+        readonly rates: readonly number[];
+        readonly offset: number;
+        readonly hot: boolean;
+        readonly k: number;
+      }[];
+      /** The batch rule's ks (with the one optimistic position), before `exploreEvery` and `explorePlainEvery`. */
+      readonly ruleKs: readonly number[];
+      /** The batch rule's walk: expected committed tokens and modelled cost (ms) at each total draft count D. */
+      readonly curve: BatchDraftChoice['curve'];
+      /** R*: the rate of the rule's choice at the posterior means, committed tokens per ms. */
+      readonly rate: number;
+      /** {@link CostDraftPolicy.costScale} at the choice. */
+      readonly costScale: readonly number[];
+      /** The overhead model's coefficients, ms: per sequence, per drafting sequence, per draft. */
+      readonly overhead: readonly number[];
+      /** The catch-up charge per deferred row (already divided by the mean drafting run), ms. */
+      readonly catchUpMsPerRow: number;
+    }
+  | { readonly kind: 'observe'; readonly id: SequenceId; readonly drafted: number; readonly accepted: number }
+  | {
+      readonly kind: 'step';
+      readonly sequences: number;
+      readonly tokens: number;
+      readonly drafting: number;
+      readonly drafts: number;
+      readonly verifyMs: number;
+      readonly proposeMs: number;
+      /** The calibrated times of the same shape (before {@link CostDraftPolicy.costScale}), ms. */
+      readonly calibratedVerifyMs: number;
+      readonly calibratedDraftMs: number;
+    }
+  | {
+      readonly kind: 'overhead';
+      readonly ms: number;
+      readonly drafted: boolean;
+      readonly rows: number;
+      readonly shape: OverheadShape;
+    }
+  | { readonly kind: 'context'; readonly rows: number; readonly ms: number };
+
+/** Per-step overhead observations of each kind (plain, drafting) skipped before they are learned (JIT warm-up). */
 export const OVERHEAD_WARMUP = 2;
+
+/**
+ * The per-step overhead (the engine's work outside the propose call and the verify forward: choosing, accept, commit,
+ * the committed tokens' draft context) as a linear function of the step's shape,
+ *   overhead ≈ c_seq·B + c_drafting·(drafting sequences) + c_draft·(drafts),
+ * fitted online by least squares with exponential forgetting (each observation's weight × `forget` per later one)
+ * and the coefficients held ≥ 0 (non-negative least squares, exact over the 2³ active sets). Plain steps (no draft)
+ * identify c_seq; drafting steps the rest. Measured on SmolLM2 + a chain drafter at one sequence (2 vCPUs):
+ * 0.21 ms for a plain step and 0.62 / 0.70 / 0.79 / 0.74 / 0.80 / 1.10 ms for 1 … 6 drafts (medians) — mostly per
+ * drafting sequence (its draft-context write, the commit), little per draft. A cost per verify row (the previous
+ * model) charged every further draft the first draft's whole overhead and so priced deeper drafts ~0.3 ms too high.
+ */
+export class OverheadModel {
+  /** Σ weight · x xᵀ (3 × 3, row-major) and Σ weight · x · ms. */
+  private readonly xx = new Float64Array(9);
+  private readonly xy = new Float64Array(3);
+  /** [c_seq, c_drafting, c_draft], ms. */
+  readonly coefficients = [0, 0, 0];
+
+  constructor(
+    private readonly forget = 0.98,
+    private readonly ridge = 1e-3,
+  ) {}
+
+  /** One step's overhead `ms` at its shape. */
+  observe(ms: number, shape: OverheadShape): void {
+    if (!(ms >= 0 && Number.isFinite(ms))) return;
+    const x = [shape.sequences, shape.drafting, shape.drafts];
+    for (let i = 0; i < 3; i++) {
+      this.xy[i] = this.forget * this.xy[i]! + x[i]! * ms;
+      for (let j = 0; j < 3; j++) this.xx[3 * i + j] = this.forget * this.xx[3 * i + j]! + x[i]! * x[j]!;
+    }
+    this.solve();
+  }
+
+  /** The overhead of a step of this shape, ms. */
+  predict(sequences: number, drafting: number, drafts: number): number {
+    const [a, b, c] = this.coefficients as [number, number, number];
+    return a * sequences + b * drafting + c * drafts;
+  }
+
+  /** Non-negative least squares over the active sets: the feasible subset solution of least squared error. */
+  private solve(): void {
+    let best = [0, 0, 0];
+    let bestObj = 0; // the empty set: c = 0
+    for (let mask = 1; mask < 8; mask++) {
+      const idx = [0, 1, 2].filter((i) => (mask >> i) & 1);
+      const n = idx.length;
+      // (XX_SS + ridge I) c_S = xy_S by Gaussian elimination (n ≤ 3)
+      const m = idx.map((i) => [...idx.map((j) => this.xx[3 * i + j]! + (i === j ? this.ridge : 0)), this.xy[i]!]);
+      let ok = true;
+      for (let col = 0; col < n && ok; col++) {
+        let piv = col;
+        for (let r = col + 1; r < n; r++) if (Math.abs(m[r]![col]!) > Math.abs(m[piv]![col]!)) piv = r;
+        if (!(Math.abs(m[piv]![col]!) > 1e-12)) ok = false;
+        else {
+          [m[col], m[piv]] = [m[piv]!, m[col]!];
+          for (let r = 0; r < n; r++) {
+            if (r === col) continue;
+            const f = m[r]![col]! / m[col]![col]!;
+            for (let c = col; c <= n; c++) m[r]![c]! -= f * m[col]![c]!;
+          }
+        }
+      }
+      if (!ok) continue;
+      const c = [0, 0, 0];
+      idx.forEach((i, r) => {
+        c[i] = m[r]![n]! / m[r]![r]!;
+      });
+      if (c.some((v) => v < 0)) continue;
+      // squared error up to a constant: cᵀ(XX + ridge)c − 2 xyᵀc
+      let obj = 0;
+      for (let i = 0; i < 3; i++) {
+        obj -= 2 * this.xy[i]! * c[i]!;
+        for (let j = 0; j < 3; j++) obj += c[i]! * (this.xx[3 * i + j]! + (i === j ? this.ridge : 0)) * c[j]!;
+      }
+      if (obj < bestObj) {
+        bestObj = obj;
+        best = c;
+      }
+    }
+    for (let i = 0; i < 3; i++) this.coefficients[i] = best[i]!;
+  }
+}
+
+/** E[committed | k] for k = 0 … a.length from conditional acceptances a_j: `[1, 1 + a_1, 1 + a_1 + a_1 a_2, …]`. */
+function gainsOf(a: readonly number[]): number[] {
+  const out = [1];
+  let p = 1;
+  for (let j = 0; j < a.length; j++) {
+    p *= a[j]!;
+    out.push(out[j]! + p);
+  }
+  return out;
+}
 
 /** The cost-based policy (see the file comment). */
 export class CostDraftPolicy implements DraftPolicy {
@@ -234,15 +530,14 @@ export class CostDraftPolicy implements DraftPolicy {
   /** Calibrated [t_draft, t_verify] by (batch, drafts, drafting sequences); never changes. */
   private readonly memo = new Map<number, number[]>();
   /**
-   * EMA of the per-step overhead per verify row (see {@link DraftPolicy.observeOverhead}), ms: [plain steps, steps
-   * that drafted]. A drafting step also writes the committed tokens' draft context, restores the
-   * linear state from a snapshot and accepts over k + 1 rows — on the tiny target that is more than
-   * a whole plain step, and the calibrated forward times do not see it. Per row, because accept and commit work
-   * row by row: an overhead learned at one batch size then holds at another (a step's estimate is this × its T).
-   * The first {@link OVERHEAD_WARMUP} observations of each kind are skipped (JIT compilation: the first step's
-   * accept and commit measured 20 ms on the tiny target, several whole steps).
+   * The per-step overhead by the step's shape (see {@link DraftPolicy.observeOverhead}, {@link OverheadModel}). A
+   * drafting step also writes the committed tokens' draft context, restores the linear state from a snapshot and
+   * accepts over k + 1 rows — on the tiny target that is more than a whole plain step, and the calibrated forward
+   * times do not see it. By shape (per sequence, per drafting sequence, per draft), so what was learned at one batch
+   * size holds at another. The first {@link OVERHEAD_WARMUP} observations of each kind (plain, drafting) are skipped
+   * (JIT compilation: the first step's accept and commit measured 20 ms on the tiny target, several whole steps).
    */
-  private readonly overheadMsPerRow = [0, 0];
+  readonly overhead = new OverheadModel();
   private readonly overheadSeen = [0, 0];
   /**
    * The survival threshold λ = R*·δ of the step last chosen (see the file comment); Infinity
@@ -254,13 +549,20 @@ export class CostDraftPolicy implements DraftPolicy {
   /** δ: marginal verify cost per token of the last choose's batch, ms. */
   marginalVerifyMs = 0;
   /**
-   * Online correction of the calibration: EMA of measured / calibrated time for [plain verify
-   * forwards, verify forwards with drafts, propose calls], clamped to [1/4, 4]. One calibration at
-   * start-up is a few milliseconds of samples on a machine whose load changes (bench:spec saw a
-   * mis-calibrated engine draft at ×0.6 of plain); every step measures the real cost, so the
-   * choice follows the machine. Applied multiplicatively to the calibrated curves.
+   * Online correction of the calibration: measured ÷ calibrated time for [plain verify forwards, verify forwards with
+   * drafts, propose calls], each in [1/4, 4], applied multiplicatively to the calibrated curves. One calibration at
+   * start-up is a few milliseconds of samples on a machine whose load changes (bench:spec saw a mis-calibrated
+   * engine draft at ×0.6 of plain); every step measures the real cost, so the choice follows the machine.
+   * Model: log(measured ÷ calibrated) = m + r_kind + noise — m the machine's state now, common to every kind, r_kind
+   * a kind's own miscalibration — learned by a gradient step on the squared log error of each observation (step 0.1
+   * each for m and the verify kinds' r; the propose calls' r alone, 0.2). A kind seldom observed (plain steps while
+   * everyone drafts) thus follows the machine through m: with one EMA per kind (the previous model) a load spike seen
+   * only by the drafting steps made drafting look dearer than a plain step whose estimate was stale.
    */
   readonly costScale = [1, 1, 1];
+  /** m and r_kind of {@link costScale} (natural logs). */
+  private logMachine = 0;
+  private readonly logKind = [0, 0, 0];
   private readonly explorePlainEvery: number;
   private readonly recalibrate: boolean;
   /** Consecutive steps in which every sequence drafted. */
@@ -276,6 +578,7 @@ export class CostDraftPolicy implements DraftPolicy {
   private draftingRunSteps = 8;
   /** Per sequence: the current drafting run's steps so far (0: not drafting). */
   private readonly draftingRun = new Map<SequenceId, number>();
+  private readonly trace: ((event: CostPolicyTraceEvent) => void) | undefined;
 
   constructor(
     readonly costs: StepCosts,
@@ -286,15 +589,13 @@ export class CostDraftPolicy implements DraftPolicy {
     this.exploreDrafts = options.exploreDrafts ?? 4;
     this.explorePlainEvery = options.explorePlainEvery ?? 32;
     this.recalibrate = options.recalibrate ?? true;
+    this.trace = options.trace;
   }
 
   choose(candidates: readonly DraftCandidate[]): number[] {
     const B = candidates.length;
     if (B === 0) return [];
     // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
-    // Before a drafting step was seen, its overhead is assumed equal to a plain step's.
-    const plainOverhead = this.overheadMsPerRow[0]!;
-    const specOverhead = (this.overheadSeen[1] ?? 0) > OVERHEAD_WARMUP ? this.overheadMsPerRow[1]! : plainOverhead;
     const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
     const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows / this.draftingRunSteps : 0;
     const cost = (shape: BatchShape): number => {
@@ -310,19 +611,32 @@ export class CostDraftPolicy implements DraftPolicy {
         1e-6,
         c[0]! * draftScale +
           c[1]! * (dr > 0 ? verifyScale : plainScale) +
-          (dr > 0 ? specOverhead : plainOverhead) * shape.tokens +
+          this.overhead.predict(B, dr, d) +
           catchUpMsPerRow * shape.catchUpRows,
       );
     };
-    const choice = chooseBatchDraftLengths(
-      candidates.map((c) => ({
-        gains: this.acceptance.expectedCommitted(c.id, c.maxDrafts),
-        catchUpRows: c.pendingContextRows ?? 0,
-      })),
-      cost,
-    );
+    const rule = (rates: readonly (readonly number[])[]): BatchDraftChoice =>
+      chooseBatchDraftLengths(
+        candidates.map((c, s) => ({ gains: gainsOf(rates[s]!), catchUpRows: c.pendingContextRows ?? 0 })),
+        cost,
+      );
+    // The rule at the posterior means, then again with ONE position beyond each sequence's choice optimistic (its
+    // upper confidence bound; AcceptanceEstimator): a draft the estimate has not seen enough of is tried when it
+    // could pay, and a plain step (which observes nothing) is not taken on an estimate that few drafts made.
+    this.acceptance.step();
+    const means = candidates.map((c) => this.acceptance.rates(c.id, c.maxDrafts, 0));
+    const atMeans = rule(means);
+    const rates = means.map((a, s) => {
+      const k = atMeans.ks[s]!;
+      if (k >= a.length) return a;
+      const optimistic = [...a];
+      optimistic[k] = this.acceptance.rates(candidates[s]!.id, k + 1)[k]!;
+      return optimistic;
+    });
+    const choice = rates.some((a, s) => a !== means[s]) ? rule(rates) : atMeans;
+    // R* for the survival threshold: the choice's rate at the means (the estimate, not the exploration bonus)
+    const best = choice.ks.reduce((a, k, s) => a + gainsOf(means[s]!.slice(0, k))[k]!, 0) / choice.costMs;
     const ks = [...choice.ks];
-    const best = choice.rate;
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
@@ -356,6 +670,24 @@ export class CostDraftPolicy implements DraftPolicy {
       else if (run > 0) this.endDraftingRun(c.id, run);
     });
     this.setThreshold(B, ks, best);
+    this.trace?.({
+      kind: 'choose',
+      candidates: candidates.map((c, s) => ({
+        id: c.id,
+        maxDrafts: c.maxDrafts,
+        means: means[s]!,
+        rates: rates[s]!,
+        offset: this.acceptance.offset(c.id),
+        hot: this.acceptance.hot(c.id),
+        k: ks[s]!,
+      })),
+      ruleKs: choice.ks,
+      curve: choice.curve,
+      rate: best,
+      costScale: [...this.costScale],
+      overhead: [...this.overhead.coefficients],
+      catchUpMsPerRow,
+    });
     return ks;
   }
 
@@ -373,14 +705,36 @@ export class CostDraftPolicy implements DraftPolicy {
     verifyMs: number,
     proposeMs: number,
   ): void {
+    this.trace?.({
+      kind: 'step',
+      sequences,
+      tokens,
+      drafting,
+      drafts,
+      verifyMs,
+      proposeMs,
+      calibratedVerifyMs: this.costs.verifyMs(sequences, tokens),
+      calibratedDraftMs: this.costs.draftMs(drafting, drafts),
+    });
     if (!this.recalibrate) return;
-    const ema = (i: number, measured: number, calibrated: number): void => {
-      if (!(calibrated > 0 && measured > 0)) return;
-      const r = Math.min(4, Math.max(0.25, measured / calibrated));
-      this.costScale[i] = 0.8 * this.costScale[i]! + 0.2 * r;
-    };
-    ema(drafting > 0 ? 1 : 0, verifyMs, this.costs.verifyMs(sequences, tokens));
-    if (drafting > 0) ema(2, proposeMs, this.costs.draftMs(drafting, drafts));
+    const LIMIT = Math.log(4);
+    const clamp = (x: number): number => Math.min(LIMIT, Math.max(-LIMIT, x));
+    /** The residual of one observation of kind i: log(measured ÷ calibrated) − (m + r_i). */
+    const residual = (i: number, measured: number, calibrated: number): number | undefined =>
+      calibrated > 0 && measured > 0
+        ? clamp(Math.log(measured / calibrated)) - this.logMachine - this.logKind[i]!
+        : undefined;
+    const v = drafting > 0 ? 1 : 0;
+    const e = residual(v, verifyMs, this.costs.verifyMs(sequences, tokens));
+    if (e !== undefined) {
+      this.logMachine = clamp(this.logMachine + 0.1 * e);
+      this.logKind[v] = clamp(this.logKind[v]! + 0.1 * e);
+    }
+    if (drafting > 0) {
+      const d = residual(2, proposeMs, this.costs.draftMs(drafting, drafts));
+      if (d !== undefined) this.logKind[2] = clamp(this.logKind[2]! + 0.2 * d);
+    }
+    for (let i = 0; i < 3; i++) this.costScale[i] = Math.exp(clamp(this.logMachine + this.logKind[i]!));
   }
 
   /**
@@ -405,22 +759,27 @@ export class CostDraftPolicy implements DraftPolicy {
   }
 
   observe(id: SequenceId, drafted: number, accepted: number): void {
+    this.trace?.({ kind: 'observe', id, drafted, accepted });
     if (drafted > 0) this.acceptance.observe(id, drafted, accepted);
   }
 
   observeContext(rows: number, ms: number): void {
+    this.trace?.({ kind: 'context', rows, ms });
     if (!(rows > 0 && ms >= 0)) return;
     const first = this.catchUpRows === 0;
     this.catchUpMs = first ? ms : 0.8 * this.catchUpMs + 0.2 * ms;
     this.catchUpRows = first ? rows : 0.8 * this.catchUpRows + 0.2 * rows;
   }
 
-  observeOverhead(ms: number, drafted: boolean, rows = 1): void {
+  observeOverhead(ms: number, drafted: boolean, rows = 1, shape?: OverheadShape): void {
+    const sh =
+      shape ??
+      (drafted ? { sequences: 1, drafting: 1, drafts: rows - 1 } : { sequences: rows, drafting: 0, drafts: 0 });
+    this.trace?.({ kind: 'overhead', ms, drafted, rows, shape: sh });
     const i = drafted ? 1 : 0;
     const seen = ++this.overheadSeen[i]!;
     if (seen <= OVERHEAD_WARMUP || !(rows > 0)) return;
-    const perRow = ms / rows;
-    this.overheadMsPerRow[i] = seen === OVERHEAD_WARMUP + 1 ? perRow : 0.8 * this.overheadMsPerRow[i]! + 0.2 * perRow;
+    this.overhead.observe(ms, sh);
   }
 
   release(id: SequenceId): void {

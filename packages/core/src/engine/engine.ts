@@ -576,7 +576,11 @@ export class SpecEngine {
     const { drafted, proposeMs, catchUpRows, catchUpMs } = proposed;
     // the lazy catch-up is charged per deferred row (the policy's catch-up cost), not as per-step overhead
     if (catchUpRows > 0) this.policy?.observeContext?.(catchUpRows, catchUpMs);
-    this.policy?.observeOverhead?.(t1 - t0 - proposeMs - catchUpMs + (t3 - t2), drafted > 0, rows);
+    this.policy?.observeOverhead?.(t1 - t0 - proposeMs - catchUpMs + (t3 - t2), drafted > 0, rows, {
+      sequences: live.length,
+      drafting: drafted,
+      drafts: rows - live.length,
+    });
     this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs);
     for (const o of accepted.outcomes) {
       const { seq: r, acc, drafts } = o;

@@ -35,6 +35,9 @@ export {
   type AcceptanceEstimatorOptions,
   type BudgetItem,
   type CostDraftPolicyOptions,
+  type CostPolicyTraceEvent,
+  OverheadModel,
+  type OverheadShape,
   type DraftCandidate,
   type DraftPolicy,
 } from './draft-policy.js';

@@ -125,7 +125,7 @@ describe('chooseBatchDraftLengths', () => {
       /items\[1\]\.gains\[1\] = 0.5 < gains\[0\]/,
     );
     expect(() => chooseBatchDraftLengths([item([0.5])], () => 0)).toThrow(/cost of .*"tokens":1.*expected > 0 ms/);
-    expect(chooseBatchDraftLengths([], () => 1)).toEqual({ ks: [], committed: 0, costMs: 0, rate: 0 });
+    expect(chooseBatchDraftLengths([], () => 1)).toEqual({ ks: [], committed: 0, costMs: 0, rate: 0, curve: [] });
   });
 });
 
@@ -190,16 +190,26 @@ describe('CostDraftPolicy with the batch rule', () => {
     expect(behind.slice(1).some((k) => k > 0)).toBe(true);
   });
 
-  it('learns the step overhead per verify row after a warm-up: JIT-slow first steps do not count', () => {
+  it('learns the step overhead by shape after a warm-up: JIT-slow first steps do not count', () => {
     const p = new CostDraftPolicy(costs, { exploreEvery: 0, prior: 0.8 });
     const batch = Array.from({ length: 8 }, (_, i) => cand(`s${i}`));
     const first = p.choose(batch);
     expect(first.some((k) => k > 0)).toBe(true);
-    p.observeOverhead(1000, true, 12); // warm-up observations (JIT): skipped
-    p.observeOverhead(1000, true, 12);
+    const shape = { sequences: 8, drafting: 4, drafts: 4 };
+    p.observeOverhead(1000, true, 12, shape); // warm-up observations (JIT): skipped
+    p.observeOverhead(1000, true, 12, shape);
+    p.observeOverhead(1000, false, 8, { sequences: 8, drafting: 0, drafts: 0 });
+    p.observeOverhead(1000, false, 8, { sequences: 8, drafting: 0, drafts: 0 });
+    expect(p.overhead.coefficients).toEqual([0, 0, 0]);
     expect(p.choose(batch)).toEqual(first);
-    p.observeOverhead(12 * 5, true, 12); // then 5 ms per row in drafting steps: drafting stops
-    expect(p.choose(batch)).toEqual(new Array(8).fill(0));
+    // then plain steps at 0.1 ms a sequence, and drafting steps 40 ms more: 10 ms per drafting sequence or draft
+    for (let i = 0; i < 3; i++) {
+      p.observeOverhead(0.8, false, 8, { sequences: 8, drafting: 0, drafts: 0 });
+      p.observeOverhead(0.8 + 40, true, 12, shape);
+    }
+    expect(p.overhead.predict(8, 0, 0)).toBeCloseTo(0.8, 3);
+    expect(p.overhead.predict(8, 4, 4)).toBeCloseTo(40.8, 3);
+    expect(p.choose(batch)).toEqual(new Array(8).fill(0)); // drafting stops
   });
 
   it('a sequence whose whole prompt is deferred still drafts: its drafting run shares the catch-up', () => {
