@@ -2,7 +2,7 @@
  * Measured step costs for the cost-based draft length ({@link CostDraftPolicy}): on this machine,
  * thread count and commit mode, how long a target verify forward of `b` sequences × (k + 1) tokens
  * takes (`verifyMs`), and how long the drafter's propose of k drafts for `b` sequences takes
- * (`draftMs`), for a few batch-size buckets b and draft lengths k (median of a few repetitions).
+ * (`draftMs`), for a few batch-size buckets b and draft lengths k (lower median of a few repetitions).
  * k = 0 is a plain decode step (one token per sequence, no propose). REFERENCE.md §11: the speed-up
  * of speculation is bounded by τ(k)·t_step / (t_draft(k) + t_verify(k)).
  *
@@ -121,7 +121,9 @@ export interface CalibrateOptions {
   readonly stateSnapshots: boolean;
   /** Tap ids the engine captures (verify forwards capture them too). */
   readonly taps: readonly number[];
-  /** Repetitions per point, the median is kept (default 5, after 2 warm-up rounds; 1 from the second bucket on). */
+  /**
+   * Repetitions per point, the lower median is kept (default 5, after 2 warm-up rounds; 1 from the second bucket on).
+   */
   readonly repetitions?: number;
   /**
    * Wall-time budget per batch-size bucket, ms (default 1500): once a bucket has kept one full
@@ -233,7 +235,10 @@ export function calibrateStepCosts(
       next[P - 1] = tokens[0]!; // any token: the scratch context only has to exist
       drafter.writeProjectedContextKV(sum, [{ id, position: 0, numTokens: P, nextTokens: next }]);
     });
-    const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+    // the lower median: timing noise on a shared machine only adds time (preemption, GC), and a bucket cut short by
+    // the budget keeps two samples, whose upper one was a spike's whenever there was one (bench:load saw a 16-sequence
+    // bucket read 38 ms for 17 rows where 17.9 was measured in the next run)
+    const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[(xs.length - 1) >> 1]!;
     /** One timed verify forward, sequence s holding 1 + drafts(s) rows (logits for every row, as the engine), ms. */
     const timeVerify = (seqs: readonly SequenceId[], drafts: (s: number) => number): number => {
       const cps = seqs.map((id) => ({ id, cp: seqCache.checkpoint(id) }));
