@@ -209,13 +209,8 @@ class Eagle3Runner : public RunnerMemory {
     };
     if (name == "embed") return matrix(&embed, d.vocab, D);
     if (name == "fc") return matrix(&fc, D, static_cast<size_t>(d.taps) * D);
-    if (name == "qkv") {
-      // each RoPE pair (neox) in adjacent rows (specdRopePairedRows): the small GEMM's RoPE epilogue reads it so
-      expect(bytes, static_cast<size_t>(qkvW) * 2 * D * 2, name);
-      std::vector<uint16_t> rows(static_cast<const uint16_t*>(src), static_cast<const uint16_t*>(src) + bytes / 2);
-      specdRopePairedRows(rows.data(), d.heads, d.kvHeads, d.headDim, static_cast<int>(2 * D));
-      return upload(&wQkv, rows.data(), bytes, name);
-    }
+    if (name == "qkv")  // the draft model's RoPE is neox
+      return uploadQkv(&wQkv, src, bytes, d.heads, d.kvHeads, d.headDim, static_cast<int>(2 * D), true, name);
     if (name == "o") return matrix(&wO, D, qw);
     if (name == "gateUp") return matrix(&wGateUp, 2 * static_cast<size_t>(d.inter), D);
     if (name == "down") return matrix(&wDown, D, d.inter);
@@ -310,9 +305,9 @@ class Eagle3Runner : public RunnerMemory {
                  "q|k|v GEMM + RoPE + KV write");
       } else {
         gemm(qkv, xb, wQkv, M, qkvW, 2 * D, false, "q|k|v GEMM");
-        launched(specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, sl, rowsHere, d.heads, d.kvHeads, d.headDim, true,
-                             stream, true),
-                 "RoPE + KV write");
+        launched(
+            specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, sl, rowsHere, d.heads, d.kvHeads, d.headDim, true, stream),
+            "RoPE + KV write");
       }
       launched(specdCopyRows(gSlotPool, sl + rowsHere, gCtx, sl + rowsHere + copies, copies, D, stream), "g slots");
     }
@@ -507,9 +502,8 @@ class Eagle3Runner : public RunnerMemory {
                "q|k|v GEMM + RoPE + KV write");
     } else {
       mm(qkv, xb, wQkv, qkvW, 2 * D, false, "q|k|v GEMM");
-      launched(
-          specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Sp, d.heads, d.kvHeads, d.headDim, true, stream, true),
-          "RoPE + KV write");
+      launched(specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Sp, d.heads, d.kvHeads, d.headDim, true, stream),
+               "RoPE + KV write");
     }
     const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
     launched(

@@ -41,16 +41,15 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
 int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* rows, int numRows, int cols, float eps,
                      cudaStream_t stream);
 /**
- * RoPE of q and k fused with the KV page write over tokens rows of a q|k|v GEMM's output; `pairedIn`: the rows' q and
- * k heads hold RoPE pair i at (2i, 2i + 1) (weights stored by specdRopePairedRows) for either style.
+ * RoPE of q and k fused with the KV page write over tokens rows of a q|k|v GEMM's output whose q and k heads hold RoPE
+ * pair i at (2i, 2i + 1) for either style (weights stored by specdRopePairedRows).
  */
 int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,
-                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream,
-                bool pairedIn = false);
+                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream);
 /**
  * Reorders the q and k rows of a q|k|v weight bf16 [(qHeads + 2 · kvHeads) · headDim, cols] in place (host memory) so
  * that each head's RoPE pair (i, i + headDim / 2) of the neox style sits at rows (2i, 2i + 1): what
- * specdSmallGemmNormRope's epilogue and specdRopeKv(pairedIn) read. The v rows are left as they are.
+ * specdSmallGemmNormRope's epilogue and specdRopeKv read. The v rows are left as they are.
  */
 void specdRopePairedRows(uint16_t* w, int qHeads, int kvHeads, int headDim, int cols);
 int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_t stream);
@@ -82,7 +81,7 @@ int specdSmallGemmNorm(float* out, void* outBf16, const float* xf, const float* 
  * [rows, k] normalised by normW, w the q|k|v weight bf16 [(qHeads + 2 · kvHeads) · headDim, k] with its neox pairs
  * adjacent (specdRopePairedRows; as stored for the interleaved style) → q f32 [rows, qHeads · headDim] rotated, k
  * rotated and v into the pools at slots[r] (−1: skipped), cos/sin of positions[r] from cosSin [position, headDim].
- * The same fp32 operations on the same values as specdSmallGemmNorm then specdRopeKv(pairedIn) (so the same bits by
+ * The same fp32 operations on the same values as specdSmallGemmNorm then specdRopeKv (so the same bits by
  * construction; not compared bit for bit by a test); row-invariant like specdSmallGemm.
  */
 int specdSmallGemmNormRope(float* q, float* kPool, float* vPool, const float* cosSin, const int32_t* positions,

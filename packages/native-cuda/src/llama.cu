@@ -34,13 +34,12 @@ __global__ void rmsNormBf16Rows(__nv_bfloat16* out, const float* x, const float*
  * q [t, qHeads, headDim]; k rotated and v copied into the layer's pools at row slots[t] ([*, kvHeads · headDim] f32;
  * slot −1 skips: a padded row). RoPE over the whole head (rotary dim = headDim) with cos/sin from the table
  * cosSin [position, headDim] (c_i at i, s_i at headDim/2 + i: the CPU path's values), neox pairs (i, i + half) or
- * interleaved (2i, 2i + 1). `pairedIn`: the q and k heads of the qkv rows hold pair i at (2i, 2i + 1) whatever the
- * style (the whole-model runner stores its q|k|v weights so, see specdRopePairedRows); the output keeps the style's
- * layout.
+ * interleaved (2i, 2i + 1). The q and k heads of the qkv rows hold pair i at (2i, 2i + 1) whatever the style (the
+ * runners store their q|k|v weights so, specdRopePairedRows); the output keeps the style's layout.
  */
 __global__ void ropeKvRows(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin,
                            const int32_t* positions, const int32_t* slots, int qHeads, int kvHeads, int headDim,
-                           bool neox, bool pairedIn) {
+                           bool neox) {
   const int t = blockIdx.x;
   pdlWait();
   pdlLaunchNext();
@@ -59,7 +58,7 @@ __global__ void ropeKvRows(float* q, float* kPool, float* vPool, const float* qk
     const float* in = src + static_cast<int64_t>(head) * headDim;  // k heads follow the q heads in the row
     float* dst = isQ ? qr + head * headDim : kr + (head - qHeads) * headDim;
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    const float a = in[pairedIn ? 2 * i : ia], b = in[pairedIn ? 2 * i + 1 : ib], c = cs[i], s = cs[half + i];
+    const float a = in[2 * i], b = in[2 * i + 1], c = cs[i], s = cs[half + i];
     dst[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     dst[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
@@ -513,10 +512,10 @@ int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* r
 }
 
 int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,
-                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox, cudaStream_t stream,
-                bool pairedIn) {
+                const int32_t* slots, int tokens, int qHeads, int kvHeads, int headDim, bool neox,
+                cudaStream_t stream) {
   return static_cast<int>(specdLaunch(ropeKvRows, dim3(tokens), dim3(128), 0, stream, q, kPool, vPool, qkv, cosSin,
-                                      positions, slots, qHeads, kvHeads, headDim, neox, pairedIn));
+                                      positions, slots, qHeads, kvHeads, headDim, neox));
 }
 
 int specdSwigluBf16(void* out, const float* gu, int rows, int inter, cudaStream_t stream) {

@@ -193,13 +193,8 @@ class LlamaRunner : public RunnerMemory {
     if (layer >= d.layers) throw std::invalid_argument("layer: " + std::to_string(layer) + " is not a layer");
     LayerWeights& w = layers[layer];
     if (name == "attnNorm") return vector(&w.attnNorm);
-    if (name == "qkv") {
-      // neox RoPE pairs stored adjacent (specdRopePairedRows): the small GEMM's RoPE epilogue holds a pair in one lane
-      expect(bytes, static_cast<size_t>(qw + 2 * kw) * D * 2, name);
-      std::vector<uint16_t> rows(static_cast<const uint16_t*>(src), static_cast<const uint16_t*>(src) + bytes / 2);
-      if (d.neox) specdRopePairedRows(rows.data(), d.qHeads, d.kvHeads, d.headDim, static_cast<int>(D));
-      return upload(&w.qkv, rows.data(), bytes, name);
-    }
+    if (name == "qkv")
+      return uploadQkv(&w.qkv, src, bytes, d.qHeads, d.kvHeads, d.headDim, static_cast<int>(D), d.neox, name);
     if (name == "o") return matrix(&w.o, D, qw);
     if (name == "mlpNorm") return vector(&w.mlpNorm);
     if (name == "gateUp") return matrix(&w.gateUp, 2 * static_cast<size_t>(d.inter), D);
@@ -453,9 +448,9 @@ class LlamaRunner : public RunnerMemory {
             [=, &w, this] { launched(specdRmsNormBf16(xb, x, w.attnNorm, nullptr, Tp, D, d.eps, stream), "rmsNorm"); });
         add("q|k|v GEMM", l, [=, &w] { gemm(qkv, xb, w.qkv, M, qw + 2 * kw, D, false, "q|k|v GEMM"); });
         add("RoPE + KV write", l, [=, this] {
-          launched(specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox,
-                               stream, true),
-                   "RoPE + KV write");
+          launched(
+              specdRopeKv(q, kPool, vPool, qkv, cosSin, pos, slots, Tp, d.qHeads, d.kvHeads, d.headDim, d.neox, stream),
+              "RoPE + KV write");
         });
       }
       if (tiledAttn)

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels.h"
+
 namespace {
 
 /** A failed CUDA call or launch, named (the N-API layer turns it into an Error). */
@@ -98,6 +100,18 @@ class RunnerMemory {
   static void expect(size_t got, size_t want, const std::string& name) {
     if (got != want)
       throw std::invalid_argument(name + ": " + std::to_string(got) + " bytes, expected " + std::to_string(want));
+  }
+  /**
+   * Uploads a q|k|v weight bf16 [(qHeads + 2 · kvHeads) · headDim, cols] from host `src` with each neox RoPE pair in
+   * adjacent rows (specdRopePairedRows; as given for the interleaved style): the layout the small GEMM's RoPE epilogue
+   * and specdRopeKv read. @throws std::invalid_argument when `bytes` is not that size.
+   */
+  void uploadQkv(void** slot, const void* src, size_t bytes, int qHeads, int kvHeads, int headDim, int cols, bool neox,
+                 const std::string& name) {
+    expect(bytes, static_cast<size_t>(qHeads + 2 * kvHeads) * headDim * cols * 2, name);
+    std::vector<uint16_t> rows(static_cast<const uint16_t*>(src), static_cast<const uint16_t*>(src) + bytes / 2);
+    if (neox) specdRopePairedRows(rows.data(), qHeads, kvHeads, headDim, cols);
+    upload(slot, rows.data(), bytes, name);
   }
   /** Copies `bytes` from host `src` into the weight at `*slot` (allocated at the first upload). */
   void upload(void** slot, const void* src, size_t bytes, const std::string& name) {
