@@ -173,11 +173,14 @@ interface RequestEvidence {
   readonly accepted: [number[], number[]];
 }
 
+/** p clamped to [1e-3, 1 − 1e-3] (finite logits). */
+const clampP = (p: number): number => Math.min(1 - 1e-3, Math.max(1e-3, p));
 /** Logit of p, p clamped to [1e-3, 1 − 1e-3]. */
 const logit = (p: number): number => {
-  const q = Math.min(1 - 1e-3, Math.max(1e-3, p));
+  const q = clampP(p);
   return Math.log(q / (1 - q));
 };
+const sigmoid = (x: number): number => 1 / (1 + Math.exp(-x));
 
 /**
  * Conditional acceptance a_j = P(draft j accepted | drafts < j accepted) (j = 1-based draft index) of each running
@@ -304,7 +307,7 @@ export class AcceptanceEstimator {
       for (let j = 0; j < off.length; j++) {
         const n = off[j] ?? 0;
         if (n === 0) continue;
-        const p = 1 / (1 + Math.exp(-logit(this.cell(s, j).mean)));
+        const p = clampP(this.cell(s, j).mean);
         score += (r.accepted[s]![j] ?? 0) - n * p;
         info += n * p * (1 - p);
       }
@@ -321,7 +324,7 @@ export class AcceptanceEstimator {
     const delta = this.offset(id);
     return Array.from({ length: n }, (_, j) => {
       const c = this.cell(state, j);
-      const a = delta === 0 ? c.mean : 1 / (1 + Math.exp(-(logit(c.mean) + delta)));
+      const a = delta === 0 ? c.mean : sigmoid(logit(c.mean) + delta);
       if (!(optimism > 0)) return a;
       return Math.min(1, a + optimism * Math.sqrt((a * (1 - a)) / (c.n + this.priorWeight + 1)));
     });
