@@ -325,6 +325,50 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+/**
+ * prefillAttention(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks,
+ * pageSize, qHeads, kvHeads, headDim, scale, numPages): the causal tensor-core attention of prefill chunks
+ * (specdPrefillAttention), f32 `out` [totalQ, qHeads, headDim]; the other arguments as pagedAttention's. Throws a
+ * RangeError for a headDim the kernel does not take (64 only).
+ */
+Napi::Value PrefillAttention(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  DeviceBuffer* out = buf(info, 0, "out");
+  DeviceBuffer* q = buf(info, 1, "q");
+  DeviceBuffer* kPool = buf(info, 2, "kPool");
+  DeviceBuffer* vPool = buf(info, 3, "vPool");
+  DeviceBuffer* cu = buf(info, 4, "cuSeqlensQ");
+  DeviceBuffer* kvLens = buf(info, 5, "kvLens");
+  DeviceBuffer* tables = buf(info, 6, "blockTables");
+  DeviceBuffer* pos = buf(info, 7, "positions");
+  const int64_t numSeqs = num(info, 8, "numSeqs", 1), totalQ = num(info, 9, "totalQ", 1),
+                maxBlocks = num(info, 10, "maxBlocks", 1), pageSize = num(info, 11, "pageSize", 1),
+                qHeads = num(info, 12, "qHeads", 1), kvHeads = num(info, 13, "kvHeads", 1),
+                headDim = num(info, 14, "headDim", 1);
+  const float scale = static_cast<float>(info[15].As<Napi::Number>().DoubleValue());
+  const int64_t numPages = num(info, 16, "numPages", 1);
+  if (qHeads % kvHeads != 0) throw Napi::RangeError::New(env, "qHeads: must be a multiple of kvHeads");
+  if (!specdPrefillAttentionFits(static_cast<int>(headDim)))
+    throw Napi::RangeError::New(env, "headDim: the prefill attention kernel takes 64 only");
+  need(info, out, totalQ * qHeads * headDim * 4, "out");
+  need(info, q, totalQ * qHeads * headDim * 4, "q");
+  need(info, kPool, numPages * pageSize * kvHeads * headDim * 4, "kPool");
+  need(info, vPool, numPages * pageSize * kvHeads * headDim * 4, "vPool");
+  need(info, cu, (numSeqs + 1) * 4, "cuSeqlensQ");
+  need(info, kvLens, numSeqs * 4, "kvLens");
+  need(info, tables, numSeqs * maxBlocks * 4, "blockTables");
+  need(info, pos, totalQ * 4, "positions");
+  launched(env,
+           specdPrefillAttention(
+               static_cast<float*>(out->ptr), nullptr, static_cast<float*>(q->ptr), static_cast<float*>(kPool->ptr),
+               static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr), static_cast<int32_t*>(kvLens->ptr),
+               static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr), static_cast<int>(numSeqs),
+               static_cast<int>(totalQ), static_cast<int>(maxBlocks), static_cast<int>(pageSize),
+               static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim), scale, nullptr),
+           "prefillAttention");
+  return env.Undefined();
+}
+
 /** synchronize(): waits for every launch (errors of earlier launches surface here). */
 Napi::Value Synchronize(const Napi::CallbackInfo& info) {
   check(info.Env(), cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -377,6 +421,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("rope", Napi::Function::New(env, Rope));
   exports.Set("writeKvPages", Napi::Function::New(env, WriteKvPages));
   exports.Set("pagedAttention", Napi::Function::New(env, PagedAttention));
+  exports.Set("prefillAttention", Napi::Function::New(env, PrefillAttention));
   exports.Set("synchronize", Napi::Function::New(env, Synchronize));
   exports.Set("timeGemm", Napi::Function::New(env, TimeGemm));
   return exports;

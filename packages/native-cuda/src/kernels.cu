@@ -297,37 +297,63 @@ __global__ void attentionMerge(float* out, __nv_bfloat16* outBf16, const float* 
   mergeParts(out, outBf16, part, parts, qHeads, headDim, blockIdx.x, blockIdx.y, threadIdx.x);
 }
 
-constexpr int kPreQ = 32;   // query rows of a prefill-attention block
-constexpr int kPreK = 32;   // keys per tile
-constexpr int kPreHd = 64;  // the largest headDim of the prefill kernel (static shared memory)
+constexpr int kTcRows = 64;    // query rows of a prefill-attention block: 16 per warp, 4 warps
+constexpr int kTcKeys = 64;    // keys per tile
+constexpr int kTcHd = 64;      // the head dim the kernel is written for
+constexpr int kTcStride = 68;  // shared-memory row stride (words): the fragment reads below hit 32 distinct banks
+
+/** x rounded to TF32 (10-bit mantissa, round to nearest, ties away), as the tensor cores' .tf32 operand. */
+__device__ __forceinline__ uint32_t toTf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
 
 /**
- * Causal paged attention for batches of more than 16 rows (prefill chunks): one block of 128 threads per (32 query
- * rows, q head), the keys in tiles of 32 staged in shared memory once for the block's rows (FlashAttention's
- * tiling, arXiv 2205.14135, on CUDA cores in fp32). Rows of several sequences in one block are taken a sequence at
- * a time. Four threads own a query row: each scores 8 of the tile's keys and owns headDim / 4 output dims; the
- * online softmax (m, l) of a row combines the four threads' partial sums in a fixed order. Key tiles start at key 0
- * and a tile past a row's visible keys changes nothing of it (p = 0 exactly), so a row's bits depend on its own
- * sequence's keys only, not on the other rows. Output as in attentionMerge (f32 `out`, or bf16 `outBf16`).
+ * c += a · b on the tensor cores, m16n8k8 TF32 → fp32 (PTX ISA, "mma.m16n8k8" fragments; g = lane / 4, c = lane % 4):
+ * a0..a3 = A[g][c], A[g + 8][c], A[g][c + 4], A[g + 8][c + 4]; b0, b1 = B[c][g], B[c + 4][g];
+ * c0..c3 = C[g][2c], C[g][2c + 1], C[g + 8][2c], C[g + 8][2c + 1].
+ */
+__device__ __forceinline__ void mmaTf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/**
+ * Causal paged attention for prefill chunks (batches of more than 32 rows) on the tensor cores: FlashAttention-2's
+ * tiling (arXiv 2307.08691) with TF32 operands and fp32 accumulation. One block of 4 warps per (64 query rows, q
+ * head); a warp owns 16 rows and keeps their Q fragments, the running (m, l) and the output [16, 64] in registers.
+ * Per tile of 64 keys (staged in shared memory once for the block, rounded to TF32): S = Q·Kᵀ (64 mma), scale and
+ * causal mask in fp32, the online softmax (row max over the quad, exp in fp32, l as per-thread partial sums added in
+ * a fixed order at the end), then O = O·corr + P·V (64 mma), P taken straight from S's accumulator registers: the
+ * PV product's k index c stands for key 2c and c + 4 for key 2c + 1, so no shuffle is needed (V is read at those
+ * rows). Rows of several sequences in one block are taken a sequence at a time. Every tile starts at key 0 of the
+ * sequence and a tile past a row's visible keys leaves it exactly as it was (p = 0, corr = 1; a warp with no visible
+ * key in the tile skips it), so a row's bits depend on its own sequence's keys only, not on the other rows. TF32
+ * rounds q, k, v and p to 10 mantissa bits (2⁻¹¹ relative): the scores carry ~1e-3 of the fp32 path's error, far
+ * below the bf16 weights' (test-gpu/kernels.test.mjs compares it with an fp32 reference). headDim 64 only.
+ * Output as attentionMerge: f32 `out`, or bf16 `outBf16` when `out` is null.
  */
 __global__ void __launch_bounds__(128)
     prefillAttention(float* out, __nv_bfloat16* outBf16, const float* q, const float* kPool, const float* vPool,
                      const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                      const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
-                     int kvHeads, int headDim, float scale) {
-  __shared__ float qs[kPreQ][kPreHd + 1];  // + 1: the 8 rows a warp reads fall in different banks
-  __shared__ float ks[kPreK][kPreHd + 1];
-  __shared__ __align__(16) float vs[kPreK][kPreHd];
-  __shared__ float ps[kPreQ][kPreK + 1];
-  __shared__ int seqOf[kPreQ], vis[kPreQ];
+                     int kvHeads, float scale) {
+  __shared__ __align__(16) uint32_t ks[kTcKeys * kTcStride];
+  __shared__ __align__(16) uint32_t vs[kTcKeys * kTcStride];
+  __shared__ int64_t slotOf[kTcKeys];
+  __shared__ int seqOf[kTcRows], vis[kTcRows];
   pdlWait();
   pdlLaunchNext();
-  const int t = threadIdx.x;
-  const int row0 = blockIdx.x * kPreQ, head = blockIdx.y;
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = lane >> 2, c = lane & 3;
+  const int row0 = blockIdx.x * kTcRows, head = blockIdx.y;
   const int kvHead = head / (qHeads / kvHeads);
-  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * headDim;
-  const int64_t headOff = static_cast<int64_t>(kvHead) * headDim;
-  if (t < kPreQ) {
+  const int64_t rowFloats = static_cast<int64_t>(kvHeads) * kTcHd;
+  const int64_t headOff = static_cast<int64_t>(kvHead) * kTcHd;
+  if (t < kTcRows) {
     const int row = row0 + t;
     int sq = -1, v = 0;
     if (row < totalQ) {
@@ -343,95 +369,139 @@ __global__ void __launch_bounds__(128)
     seqOf[t] = sq;
     vis[t] = v;
   }
-  for (int i = t; i < kPreQ * headDim; i += 128) {
-    const int r = i / headDim, c = i % headDim;
-    const int row = row0 + r;
-    qs[r][c] = row < totalQ ? q[(static_cast<int64_t>(row) * qHeads + head) * headDim + c] : 0.f;
-  }
-  __syncthreads();
-  const int qi = t >> 2, part = t & 3;  // this thread: row qi, keys part, part + 4, …; dims [part·hd/4, …)
-  const int dq = headDim / 4, d0 = part * dq;
-  float acc[kPreHd / 4];
-  float m = -INFINITY, l = 0.f;
+  // the warp's rows a = row0 + 16·warp + g and b = a + 8: their Q fragments for the 8 k-steps over the head dim
+  const int ra = warp * 16 + g, rb = ra + 8;
+  uint32_t qf[kTcHd / 8][4];
+  {
+    const bool okA = row0 + ra < totalQ, okB = row0 + rb < totalQ;
+    const float* qa = q + (static_cast<int64_t>(row0 + ra) * qHeads + head) * kTcHd;
+    const float* qb = q + (static_cast<int64_t>(row0 + rb) * qHeads + head) * kTcHd;
 #pragma unroll
-  for (int i = 0; i < kPreHd / 4; i++) acc[i] = 0.f;
-  const int firstSeq = seqOf[0], lastSeq = seqOf[min(kPreQ, totalQ - row0) - 1];
-  for (int sq = firstSeq; sq <= lastSeq; sq++) {
-    int kmax = 0;
-    for (int r = 0; r < kPreQ; r++)
-      if (seqOf[r] == sq) kmax = max(kmax, vis[r]);
-    const bool mine = seqOf[qi] == sq;
-    const int myVis = mine ? vis[qi] : 0;
-    const int32_t* table = blockTables + static_cast<int64_t>(sq) * maxBlocks;
-    for (int j0 = 0; j0 < kmax; j0 += kPreK) {
-      const int n = min(kPreK, kmax - j0);
-      for (int i = t; i < kPreK * (headDim / 4); i += 128) {
-        const int kk = i / (headDim / 4), c4 = i % (headDim / 4);
-        float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
-        if (kk < n) {
-          const int j = j0 + kk;
-          const int64_t slot = static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize;
-          k4 = reinterpret_cast<const float4*>(kPool + slot * rowFloats + headOff)[c4];
-          v4 = reinterpret_cast<const float4*>(vPool + slot * rowFloats + headOff)[c4];
-        }
-        ks[kk][4 * c4] = k4.x, ks[kk][4 * c4 + 1] = k4.y, ks[kk][4 * c4 + 2] = k4.z, ks[kk][4 * c4 + 3] = k4.w;
-        reinterpret_cast<float4*>(&vs[kk][0])[c4] = v4;
-      }
-      __syncthreads();
-      // scores of row qi against keys part + 4u; the tile's max over the visible ones
-      float sc[kPreK / 4];
-      float tileMax = -INFINITY;
-#pragma unroll
-      for (int u = 0; u < kPreK / 4; u++) {
-        const int kk = part + 4 * u;
-        float dot = 0.f;
-#pragma unroll 8
-        for (int c = 0; c < headDim; c++) dot = __fmaf_rn(qs[qi][c], ks[kk][c], dot);
-        sc[u] = j0 + kk < myVis ? dot * scale : -INFINITY;
-        tileMax = fmaxf(tileMax, sc[u]);
-      }
-      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
-      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
-      const float mNew = fmaxf(m, tileMax);
-      const float corr = mNew == -INFINITY ? 1.f : expf(m - mNew);
-      float psum = 0.f;
-#pragma unroll
-      for (int u = 0; u < kPreK / 4; u++) {
-        const float p = sc[u] == -INFINITY ? 0.f : expf(sc[u] - mNew);
-        ps[qi][part + 4 * u] = p;
-        psum += p;
-      }
-      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
-      __syncwarp();
-      l = l * corr + psum;
-      m = mNew;
-      float a[kPreHd / 4];
-#pragma unroll
-      for (int i = 0; i < kPreHd / 4; i++) a[i] = 0.f;
-      for (int kk = 0; kk < n; kk++) {
-        const float p = ps[qi][kk];
-#pragma unroll
-        for (int i = 0; i < kPreHd / 4; i++)
-          if (i < dq) a[i] = __fmaf_rn(p, vs[kk][d0 + i], a[i]);
-      }
-#pragma unroll
-      for (int i = 0; i < kPreHd / 4; i++) acc[i] = acc[i] * corr + a[i];
-      __syncthreads();  // ks, vs and ps are rewritten by the next tile
+    for (int kk = 0; kk < kTcHd / 8; kk++) {
+      qf[kk][0] = okA ? toTf32(qa[kk * 8 + c]) : 0u;
+      qf[kk][1] = okB ? toTf32(qb[kk * 8 + c]) : 0u;
+      qf[kk][2] = okA ? toTf32(qa[kk * 8 + c + 4]) : 0u;
+      qf[kk][3] = okB ? toTf32(qb[kk * 8 + c + 4]) : 0u;
     }
   }
-  const int row = row0 + qi;
-  if (row >= totalQ) return;
-  const int64_t at = (static_cast<int64_t>(row) * qHeads + head) * headDim + d0;
+  float o[kTcHd / 8][4];
 #pragma unroll
-  for (int i = 0; i < kPreHd / 4; i++) {
-    if (i >= dq) break;
-    const float r = l > 0.f ? acc[i] / l : 0.f;
-    if (out != nullptr) out[at + i] = r;
-    else outBf16[at + i] = __float2bfloat16_rn(r);
+  for (int i = 0; i < kTcHd / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  __syncthreads();
+  const int firstSeq = seqOf[0], lastSeq = seqOf[min(kTcRows, totalQ - row0) - 1];
+  for (int sq = firstSeq; sq <= lastSeq; sq++) {
+    int kmax = 0, warpMax = 0;
+    for (int r = 0; r < kTcRows; r++)
+      if (seqOf[r] == sq) {
+        kmax = max(kmax, vis[r]);
+        if (r >> 4 == warp) warpMax = max(warpMax, vis[r]);
+      }
+    const int visA = seqOf[ra] == sq ? vis[ra] : 0, visB = seqOf[rb] == sq ? vis[rb] : 0;
+    const int32_t* table = blockTables + static_cast<int64_t>(sq) * maxBlocks;
+    for (int j0 = 0; j0 < kmax; j0 += kTcKeys) {
+      const int n = min(kTcKeys, kmax - j0);
+      if (t < kTcKeys) {
+        const int j = j0 + t;
+        slotOf[t] = t < n ? static_cast<int64_t>(table[j / pageSize]) * pageSize + j % pageSize : -1;
+      }
+      __syncthreads();
+      for (int i = t; i < kTcKeys * (kTcHd / 4); i += 128) {
+        const int kk = i / (kTcHd / 4), c4 = i % (kTcHd / 4);
+        float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
+        if (kk < n) {
+          const int64_t at = slotOf[kk] * rowFloats + headOff;
+          k4 = reinterpret_cast<const float4*>(kPool + at)[c4];
+          v4 = reinterpret_cast<const float4*>(vPool + at)[c4];
+        }
+        reinterpret_cast<uint4*>(ks + kk * kTcStride)[c4] =
+            make_uint4(toTf32(k4.x), toTf32(k4.y), toTf32(k4.z), toTf32(k4.w));
+        reinterpret_cast<uint4*>(vs + kk * kTcStride)[c4] =
+            make_uint4(toTf32(v4.x), toTf32(v4.y), toTf32(v4.z), toTf32(v4.w));
+      }
+      __syncthreads();
+      if (j0 < warpMax) {  // warp-uniform: a warp whose rows see no key of the tile skips it (bit-neutral)
+        float s[kTcKeys / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < kTcKeys / 8; nt++) {
+          s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+          const uint32_t* kr = ks + (nt * 8 + g) * kTcStride + c;
+#pragma unroll
+          for (int kk = 0; kk < kTcHd / 8; kk++)
+            mmaTf32(s[nt], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kr[kk * 8], kr[kk * 8 + 4]);
+        }
+        float tmA = -INFINITY, tmB = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kTcKeys / 8; nt++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int j = j0 + nt * 8 + 2 * c + e;
+            s[nt][e] = j < visA ? s[nt][e] * scale : -INFINITY;
+            s[nt][2 + e] = j < visB ? s[nt][2 + e] * scale : -INFINITY;
+            tmA = fmaxf(tmA, s[nt][e]);
+            tmB = fmaxf(tmB, s[nt][2 + e]);
+          }
+        tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
+        tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
+        tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
+        tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
+        const float nA = fmaxf(mA, tmA), nB = fmaxf(mB, tmB);
+        const float corrA = nA == -INFINITY ? 1.f : expf(mA - nA), corrB = nB == -INFINITY ? 1.f : expf(mB - nB);
+        mA = nA;
+        mB = nB;
+        float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kTcKeys / 8; nt++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            s[nt][e] = s[nt][e] == -INFINITY ? 0.f : expf(s[nt][e] - nA);
+            s[nt][2 + e] = s[nt][2 + e] == -INFINITY ? 0.f : expf(s[nt][2 + e] - nB);
+            sumA += s[nt][e];
+            sumB += s[nt][2 + e];
+          }
+        lA = lA * corrA + sumA;
+        lB = lB * corrB + sumB;
+#pragma unroll
+        for (int nd = 0; nd < kTcHd / 8; nd++) {
+          o[nd][0] *= corrA;
+          o[nd][1] *= corrA;
+          o[nd][2] *= corrB;
+          o[nd][3] *= corrB;
+        }
+        // O += P·V over the tile's 8 chunks of 8 keys: k index c ↔ key 2c, c + 4 ↔ key 2c + 1 of the chunk
+#pragma unroll
+        for (int kc = 0; kc < kTcKeys / 8; kc++) {
+          const uint32_t a0 = toTf32(s[kc][0]), a1 = toTf32(s[kc][2]), a2 = toTf32(s[kc][1]), a3 = toTf32(s[kc][3]);
+          const uint32_t* v0 = vs + (kc * 8 + 2 * c) * kTcStride + g;
+#pragma unroll
+          for (int nd = 0; nd < kTcHd / 8; nd++) mmaTf32(o[nd], a0, a1, a2, a3, v0[nd * 8], v0[kTcStride + nd * 8]);
+        }
+      }
+      __syncthreads();  // ks, vs and slotOf are rewritten by the next tile
+    }
+  }
+  lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+  lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int row = row0 + (half == 0 ? ra : rb);
+    const float l = half == 0 ? lA : lB;
+    if (row >= totalQ) continue;
+    const int64_t at = (static_cast<int64_t>(row) * qHeads + head) * kTcHd + 2 * c;
+#pragma unroll
+    for (int nd = 0; nd < kTcHd / 8; nd++) {
+      const float x0 = l > 0.f ? o[nd][2 * half] / l : 0.f, x1 = l > 0.f ? o[nd][2 * half + 1] / l : 0.f;
+      if (out != nullptr) {
+        out[at + nd * 8] = x0;
+        out[at + nd * 8 + 1] = x1;
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(outBf16 + at + nd * 8) = __floats2bfloat162_rn(x0, x1);
+      }
+    }
   }
 }
-
 }  // namespace
 
 int specdToBf16(void* out, const float* x, int64_t n, cudaStream_t stream) {
@@ -603,15 +673,15 @@ int specdGemmBf16(cublasLtHandle_t lt, float* out, const void* xb, const void* w
                                          workspace, workspaceBytes, stream));
 }
 
-bool specdPrefillAttentionFits(int headDim) { return headDim <= kPreHd && headDim % 4 == 0; }
+bool specdPrefillAttentionFits(int headDim) { return headDim == kTcHd; }
 
 int specdPrefillAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
                           const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                           const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
                           int kvHeads, int headDim, float scale, cudaStream_t stream) {
   if (!specdPrefillAttentionFits(headDim) || qHeads % kvHeads != 0) return static_cast<int>(cudaErrorInvalidValue);
-  return static_cast<int>(specdLaunch(prefillAttention, dim3((totalQ + kPreQ - 1) / kPreQ, qHeads), dim3(128), 0,
+  return static_cast<int>(specdLaunch(prefillAttention, dim3((totalQ + kTcRows - 1) / kTcRows, qHeads), dim3(128), 0,
                                       stream, out, static_cast<__nv_bfloat16*>(outBf16), q, kPool, vPool, cuSeqlensQ,
                                       kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks, pageSize, qHeads,
-                                      kvHeads, headDim, scale));
+                                      kvHeads, scale));
 }

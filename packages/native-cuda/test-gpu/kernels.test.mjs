@@ -216,6 +216,155 @@ function attendRef(qRow, kRows, vRows, keys, headDim, scale) {
 }
 
 test(
+  'prefillAttention (tensor cores, TF32): causal prefill chunks of several sequences within TF32 tolerance of an fp64 ' +
+    'reference; batch-invariant',
+  gpu,
+  () => {
+    const next = prng(11);
+    const [pageSize, numPages, qHeads, kvHeads, headDim] = [16, 80, 9, 3, 64];
+    const rowFloats = kvHeads * headDim;
+    // a fresh prompt sharing its 64-row block with the next sequence, a chunk continuing a prefill (positions
+    // 200–299), a long prompt (11 key tiles), a short one at the end of a partly filled block
+    const seqs = [
+      { qLen: 40, kvLen: 40 },
+      { qLen: 100, kvLen: 300 },
+      { qLen: 700, kvLen: 700 },
+      { qLen: 5, kvLen: 5 },
+    ];
+    const maxBlocks = 44;
+    const free = Array.from({ length: numPages }, (_, i) => i).sort(() => next() - 0.5);
+    const tables = new Int32Array(seqs.length * maxBlocks);
+    const kPoolHost = new Float32Array(numPages * pageSize * rowFloats);
+    const vPoolHost = new Float32Array(numPages * pageSize * rowFloats);
+    const kv = seqs.map((sq, s) => {
+      for (let b = 0; b < Math.ceil(sq.kvLen / pageSize); b++) tables[s * maxBlocks + b] = free.pop();
+      const rows = () =>
+        Array.from({ length: sq.kvLen }, () => Float32Array.from({ length: rowFloats }, () => next() * 2 - 1));
+      const k = rows();
+      const v = rows();
+      for (let j = 0; j < sq.kvLen; j++) {
+        const slot = tables[s * maxBlocks + Math.floor(j / pageSize)] * pageSize + (j % pageSize);
+        kPoolHost.set(k[j], slot * rowFloats);
+        vPoolHost.set(v[j], slot * rowFloats);
+      }
+      return { k, v };
+    });
+    const [kPool, vPool] = [devBuf(kPoolHost), devBuf(vPoolHost)];
+    const cuArr = [0];
+    for (const sq of seqs) cuArr.push(cuArr[cuArr.length - 1] + sq.qLen);
+    const totalQ = cuArr[seqs.length];
+    const positions = Int32Array.from(
+      seqs.flatMap((sq) => Array.from({ length: sq.qLen }, (_, i) => sq.kvLen - sq.qLen + i)),
+    );
+    // queries ×3: scores of standard deviation ~1 after the 1/8 scale, so the softmax is not flat
+    const q = Float32Array.from({ length: totalQ * qHeads * headDim }, () => (next() * 2 - 1) * 3);
+    const scale = 1 / Math.sqrt(headDim);
+    const run = (qb, cub, kvb, tb, pb, n, tq) => {
+      const out = cuda.alloc(tq * qHeads * headDim * 4);
+      cuda.prefillAttention(
+        out,
+        qb,
+        kPool,
+        vPool,
+        cub,
+        kvb,
+        tb,
+        pb,
+        n,
+        tq,
+        maxBlocks,
+        pageSize,
+        qHeads,
+        kvHeads,
+        headDim,
+        scale,
+        numPages,
+      );
+      return readF32(out, tq * qHeads * headDim);
+    };
+    const y = run(
+      devBuf(q),
+      devBuf(Int32Array.from(cuArr)),
+      devBuf(Int32Array.from(seqs.map((sq) => sq.kvLen))),
+      devBuf(tables),
+      devBuf(positions),
+      seqs.length,
+      totalQ,
+    );
+    let worst = 0;
+    let sumErr = 0;
+    let count = 0;
+    seqs.forEach((sq, s) => {
+      for (let i = 0; i < sq.qLen; i++) {
+        const r = cuArr[s] + i;
+        const keys = Math.min(positions[r] + 1, sq.kvLen);
+        for (let h = 0; h < qHeads; h++) {
+          const g = Math.floor(h / (qHeads / kvHeads));
+          const pick = (rows) => rows.map((row) => row.subarray(g * headDim, (g + 1) * headDim));
+          const want = attendRef(
+            q.subarray((r * qHeads + h) * headDim, (r * qHeads + h + 1) * headDim),
+            pick(kv[s].k),
+            pick(kv[s].v),
+            keys,
+            headDim,
+            scale,
+          );
+          for (let c = 0; c < headDim; c++) {
+            const e = Math.abs(y[(r * qHeads + h) * headDim + c] - want[c]);
+            worst = Math.max(worst, e);
+            sumErr += e;
+            count++;
+          }
+        }
+      }
+    });
+    console.log(
+      `prefillAttention: ${totalQ} rows, worst |error| ${worst.toExponential(2)}, mean ${(sumErr / count).toExponential(2)}`,
+    );
+    // TF32 rounds q, k, v and p to 2^-11 relative: ~1e-3 of an output in [-1, 1] at worst (fp32: < 2e-6)
+    assert.ok(worst < 4e-3, `worst error ${worst}`);
+    assert.ok(sumErr / count < 4e-4, `mean error ${sumErr / count}`);
+    // batch invariance: each sequence alone gives its rows of the batch, bit for bit
+    seqs.forEach((sq, s) => {
+      const [r0, r1] = [cuArr[s], cuArr[s + 1]];
+      const alone = run(
+        devBuf(Float32Array.from(q.subarray(r0 * qHeads * headDim, r1 * qHeads * headDim))),
+        devBuf(Int32Array.from([0, r1 - r0])),
+        devBuf(Int32Array.from([sq.kvLen])),
+        devBuf(tables.slice(s * maxBlocks, (s + 1) * maxBlocks)),
+        devBuf(positions.slice(r0, r1)),
+        1,
+        r1 - r0,
+      );
+      assert.deepEqual(alone, y.subarray(r0 * qHeads * headDim, r1 * qHeads * headDim), `sequence ${s} alone`);
+    });
+    assert.throws(
+      () =>
+        cuda.prefillAttention(
+          cuda.alloc(4),
+          cuda.alloc(4),
+          kPool,
+          vPool,
+          cuda.alloc(8),
+          cuda.alloc(4),
+          cuda.alloc(4),
+          cuda.alloc(4),
+          1,
+          1,
+          1,
+          pageSize,
+          qHeads,
+          kvHeads,
+          32,
+          scale,
+          numPages,
+        ),
+      /headDim/,
+    );
+  },
+);
+
+test(
   'writeKvPages and pagedAttention (GQA, NHD pages): decode, verify blocks, non-causal; batch-invariant',
   gpu,
   () => {
