@@ -8,7 +8,7 @@
 // - the engine (SpecEngine, what `specd generate` runs): plain greedy decoding and each shipped drafter at its full
 //   draft length (draft policy 'max') on the held-out prompts, 1 sequence, 128 new tokens: tok/s, ×plain, τ; EAGLE-3
 //   twice: its drafter on the GPU (the plugin's choice for the CUDA stage: "EAGLE-3 (GPU drafter)", with the GPU
-//   time of one chain's CUDA graph) and on the CPU (drafter.device "cpu");
+//   time of one chain's CUDA graph; also at fixed chains of 5 and 4) and on the CPU (drafter.device "cpu");
 // - the bounds: weight bytes ÷ HBM bandwidth (4.8 TB/s, the H200's nominal) per decode step.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -209,8 +209,10 @@ for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
     ? await eagle3On(gpuDrafter ? 'cuda' : 'cpu')
     : await loadGpuDrafter(method, gpu);
   try {
-    for (const policy of ['max', 'cost']) {
-      const r = runEngine(model, drafter, reqs, { draftPolicy: policy });
+    // the GPU drafter also at fixed shorter chains: whether the last drafts pay for their draft step and verify row
+    for (const policy of gpuDrafter ? ['max', 'cost', 'k = 5', 'k = 4'] : ['max', 'cost']) {
+      const k = policy.startsWith('k = ') ? Number(policy.slice(4)) : 0;
+      const r = runEngine(model, drafter, reqs, k > 0 ? { draftLength: () => k } : { draftPolicy: policy });
       const tok = (prompts.length * NEW * 1000) / r.ms;
       let same = 0;
       for (const p of prompts) same += JSON.stringify(r.results.get(p.id)) === JSON.stringify(plain.results.get(p.id));

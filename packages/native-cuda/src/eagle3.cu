@@ -1,7 +1,6 @@
 // @specd/native-cuda: the kernels of the EAGLE-3 draft runner (eagle3_runner.cc) that kernels.cu and llama.cu do not
 // cover: the draft layer's input row [input_layernorm(embed(token)); hidden_norm(g)] straight to bf16 (with the
-// residual g or hidden_norm(g) kept in f32), the pick of a chain step (the argmax's draft id recorded, mapped through
-// d2t to the next step's target token), and a row copy between row sets (a sequence's last g into its slot). Every
+// residual g or hidden_norm(g) kept in f32), and a row copy between row sets (a sequence's last g into its slot). Every
 // launcher returns the CUDA status and never throws. Numerics: fp32 activations, bf16 only where a GEMM reads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +8,7 @@
 #include <cstdint>
 
 #include "eagle3_kernels.h"
+#include "launch.cuh"
 
 namespace {
 
@@ -47,6 +47,8 @@ __global__ void draftInputRows(__nv_bfloat16* xb, float* resid, const __nv_bfloa
                                int vocab, const float* g, const int32_t* gRows, const float* inputNorm,
                                const float* hiddenNorm, int D, float eps, bool normBeforeResidual) {
   __shared__ float partial[kThreads];
+  pdlWait();
+  pdlLaunchNext();
   const int r = blockIdx.x;
   int32_t tok = tokens[r];
   if (tok < 0 || tok >= vocab) tok = 0;
@@ -66,17 +68,10 @@ __global__ void draftInputRows(__nv_bfloat16* xb, float* resid, const __nv_bfloa
   }
 }
 
-/** drafts[r] = argmax[r] (a draft-vocabulary id, −1: not finite); next[r] = d2t[argmax[r]] (0 for −1). */
-__global__ void pickRows(int32_t* drafts, int32_t* next, const int32_t* argmax, const int32_t* d2t, int rows) {
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  const int32_t a = argmax[r];
-  drafts[r] = a;
-  next[r] = a < 0 ? 0 : d2t[a];
-}
-
 /** dst[dstRows[i], :] = src[srcRows[i], :] for i < count (rows of D f32); one block per copied row. */
 __global__ void copyRows(float* dst, const int32_t* dstRows, const float* src, const int32_t* srcRows, int D) {
+  pdlWait();
+  pdlLaunchNext();
   const int64_t d = dstRows[blockIdx.x], s = srcRows[blockIdx.x];
   for (int c = threadIdx.x; c < D; c += blockDim.x) dst[d * D + c] = src[s * D + c];
 }
@@ -87,22 +82,13 @@ int specdEagle3Input(void* xb, float* resid, const void* embed, const int32_t* t
                      const int32_t* gRows, const float* inputNorm, const float* hiddenNorm, int rows, int D, float eps,
                      bool normBeforeResidual, cudaStream_t stream) {
   if (rows == 0) return 0;
-  draftInputRows<<<rows, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(xb), resid,
-                                                static_cast<const __nv_bfloat16*>(embed), tokens, vocab, g, gRows,
-                                                inputNorm, hiddenNorm, D, eps, normBeforeResidual);
-  return static_cast<int>(cudaGetLastError());
-}
-
-int specdEagle3Pick(int32_t* drafts, int32_t* next, const int32_t* argmax, const int32_t* d2t, int rows,
-                    cudaStream_t stream) {
-  if (rows == 0) return 0;
-  pickRows<<<(rows + 127) / 128, 128, 0, stream>>>(drafts, next, argmax, d2t, rows);
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(specdLaunch(draftInputRows, dim3(rows), dim3(kThreads), 0, stream,
+                                      static_cast<__nv_bfloat16*>(xb), resid, static_cast<const __nv_bfloat16*>(embed),
+                                      tokens, vocab, g, gRows, inputNorm, hiddenNorm, D, eps, normBeforeResidual));
 }
 
 int specdCopyRows(float* dst, const int32_t* dstRows, const float* src, const int32_t* srcRows, int count, int D,
                   cudaStream_t stream) {
   if (count == 0) return 0;
-  copyRows<<<count, kThreads, 0, stream>>>(dst, dstRows, src, srcRows, D);
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(specdLaunch(copyRows, dim3(count), dim3(kThreads), 0, stream, dst, dstRows, src, srcRows, D));
 }

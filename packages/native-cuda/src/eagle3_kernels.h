@@ -13,9 +13,6 @@
 int specdEagle3Input(void* xb, float* resid, const void* embed, const int32_t* tokens, int vocab, const float* g,
                      const int32_t* gRows, const float* inputNorm, const float* hiddenNorm, int rows, int D, float eps,
                      bool normBeforeResidual, cudaStream_t stream);
-/** drafts[r] = argmax[r]; next[r] = d2t[argmax[r]] (0 when argmax[r] = −1), rows i32. */
-int specdEagle3Pick(int32_t* drafts, int32_t* next, const int32_t* argmax, const int32_t* d2t, int rows,
-                    cudaStream_t stream);
 /** dst[dstRows[i], :] = src[srcRows[i], :], `count` rows of D f32. */
 int specdCopyRows(float* dst, const int32_t* dstRows, const float* src, const int32_t* srcRows, int count, int D,
                   cudaStream_t stream);

@@ -19,13 +19,16 @@
 // GEMM with RoPE + the step's K/V entry (none at step 1: its entry is the last context entry), paged attention over
 // the sequence's context and chain entries → bf16, h += o(attn) (GEMM epilogue, β = 1), h +=
 // down(SwiGLU(gate|up(post_attention_layernorm(h)))), logits = lm_head(norm(h)) [rows, draftVocab], argmax on the
-// device. A greedy chain (eagle3Chain) runs k steps with the argmax mapped through d2t as the next step's token and h
-// as its g, on the device, as one CUDA graph per (padded rows, k) captured at the first chain of that shape: one H2D
-// copy of the metadata, one graph launch, one D2H copy of the draft ids. A sampled chain (eagle3Step) runs one step per
-// call and returns the draft-vocabulary logits, so the host samples with the request's generator and keeps q (rejection
-// sampling stays lossless); the host feeds the sampled token to the next call. Rows pad to max(16, 2^⌈log2 S⌉)
-// (padded rows: token 0, g zeros, no keys, no KV write), so every chain of ≤ 16 sequences uses the GEMM plans of 16
-// rows and a chain's drafts are the same bits whether it runs as a graph, eagerly or step by step.
+// device; for ≤ 32 rows the two norms run in the prologue of the small GEMM after them (nine launches a step). A
+// greedy chain (eagle3Chain) runs k steps with the argmax mapped through d2t (in the argmax's second pass) as the
+// next step's token and h as its g, on the device, as one CUDA graph per (padded rows, k, key span) captured at the
+// first chain of that shape: one H2D copy of the metadata, one graph launch, one D2H copy of the draft ids. A sampled
+// chain (eagle3Step) runs one step per call and returns the draft-vocabulary logits, so the host samples with the
+// request's generator and keeps q (rejection sampling stays lossless); the host feeds the sampled token to the next
+// call. Rows pad to 2^⌈log2 S⌉ (padded rows: token 0, g zeros, no keys, no KV write; up to 32 rows every GEMM is the
+// row-invariant small GEMM), and the paged attention launches the partitions of a key span bucketed by the longest
+// context (attnSpan; a query's bits do not depend on it), so a chain's drafts are the same bits whether it runs as a
+// graph, eagerly or step by step.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <napi.h>
@@ -55,8 +58,14 @@ int pow2Ceil(int v) {
   while (p < v) p <<= 1;
   return p;
 }
-/** Rows a batch of n runs as (kernels and GEMM plans alike): max(16, 2^⌈log2 n⌉). */
-int padRows(int n) { return std::max(16, pow2Ceil(n)); }
+/**
+ * Rows a batch of n runs as (kernels and GEMM plans alike): 2^⌈log2 n⌉. Up to 32 rows the small GEMM is
+ * row-invariant, so padding changes no real row's bits; above, cuBLASLt's plan is made for the padded count.
+ */
+int padRows(int n) { return pow2Ceil(n); }
+
+/** The paged attention's key span for contexts of at most maxKv keys: 2^⌈log2 maxKv⌉, at least 64, at most `cap`. */
+int attnSpan(int maxKv, int cap) { return std::min(cap, pow2Ceil(std::max(64, maxKv))); }
 
 struct E3Dims {
   int hidden = 0, heads = 0, kvHeads = 0, headDim = 0, inter = 0, vocab = 0, draftVocab = 0, taps = 0;
@@ -322,11 +331,14 @@ class Eagle3Runner : public RunnerMemory {
     pack(c, Sp, c.K, true);
     ok(cudaMemcpyAsync(meta, hMeta, metaSize(Sp, c.K) * 4, cudaMemcpyHostToDevice, stream), "metadata copy");
     stepNext = 0;  // the chain reuses the residual buffers a stepwise chain continues from
+    int maxKv = 0;
+    for (int s = 0; s < c.S; s++) maxKv = std::max(maxKv, c.positions[s] + std::min(c.K, c.lengths[s]) - 1);
+    attnKeys = attnSpan(maxKv, maxBlocks * d.pageSize);
     if (!useGraph) {
       lastGraph = nullptr;
       launchChain(Sp, c.K);
     } else {
-      const std::pair<int, int> key(Sp, c.K);
+      const std::tuple<int, int, int> key(Sp, c.K, attnKeys);
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         launchChain(Sp, c.K);  // this chain's results; makes the GEMM plans outside the capture
@@ -358,6 +370,9 @@ class Eagle3Runner : public RunnerMemory {
                                   " over the same sequences)");
     pack(c, Sp, 1, false, j);
     ok(cudaMemcpyAsync(meta, hMeta, metaSize(Sp, 1) * 4, cudaMemcpyHostToDevice, stream), "metadata copy");
+    int maxKv = 0;
+    for (int s = 0; s < c.S; s++) maxKv = std::max(maxKv, c.positions[s] + std::min(j, c.lengths[s]) - 1);
+    attnKeys = attnSpan(maxKv, maxBlocks * d.pageSize);
     lastGraph = nullptr;
     stepNext = 0;
     const int32_t* tok = meta;
@@ -380,16 +395,20 @@ class Eagle3Runner : public RunnerMemory {
 
   /** GPU ms per replay of the last chain's CUDA graph (−1 without one). Rewrites the chain's temporary entries. */
   double replayMs(int reps) { return lastGraph == nullptr ? -1 : replayGraphMs(lastGraph, stream, reps); }
-  /** GPU ms per replay of the captured chain of k steps over `rows` padded rows (−1: none captured). */
+  /**
+   * GPU ms per replay of the captured chain of k steps over `rows` padded rows at the last chain's key span (−1: none
+   * captured).
+   */
   double replayMs(int reps, int rows, int k) {
-    const auto it = graphs.find(std::pair<int, int>(padRows(rows), k));
+    const auto it = graphs.find(std::tuple<int, int, int>(padRows(rows), k, attnKeys));
     return it == graphs.end() ? -1 : replayGraphMs(it->second, stream, reps);
   }
 
   std::vector<std::string> graphLabels() const {
     std::vector<std::string> out;
     for (const auto& [k, v] : graphs)
-      out.push_back(std::to_string(k.first) + " rows x " + std::to_string(k.second) + " steps");
+      out.push_back(std::to_string(std::get<0>(k)) + " rows x " + std::to_string(std::get<1>(k)) + " steps, " +
+                    std::to_string(std::get<2>(k)) + " keys");
     return out;
   }
 
@@ -411,9 +430,10 @@ class Eagle3Runner : public RunnerMemory {
   float *kv = nullptr, *cosSin = nullptr, *part = nullptr;
   size_t poolFloats = 0, metaInts = 0;
   int32_t *meta = nullptr, *hMeta = nullptr;
-  std::map<std::pair<int, int>, cudaGraphExec_t> graphs;
+  std::map<std::tuple<int, int, int>, cudaGraphExec_t> graphs;
   cudaGraphExec_t lastGraph = nullptr;
   int stepNext = 0, stepRows = 0;
+  int attnKeys = 64;  // the paged attention's key span of the current chain or step (attnSpan)
 
   void gemm(float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
     launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
@@ -471,18 +491,20 @@ class Eagle3Runner : public RunnerMemory {
     const int32_t* steps = tables + static_cast<size_t>(Sp) * maxBlocks;
     for (int j = 1; j <= K; j++) {
       const int32_t* pos = steps + static_cast<size_t>(j - 1) * 3 * Sp;
+      // the argmax's second pass records step j's draft ids and maps them through d2t to the next step's tokens
       launchStep(Sp, j == 1 ? tok0 : next, j == 1 ? gSlotPool : hbuf[(j - 1) & 1], j == 1 ? gIdx : nullptr, hbuf[j & 1],
-                 cu, tables, pos, pos + Sp, pos + 2 * Sp);
-      launched(specdEagle3Pick(drafts + static_cast<size_t>(j - 1) * Sp, next, argmax, d2t, Sp, stream), "pick");
+                 cu, tables, pos, pos + Sp, pos + 2 * Sp, drafts + static_cast<size_t>(j - 1) * Sp, next, d2t);
     }
   }
 
   /**
    * One step over Sp rows (module comment, "Step"): input tokens `tok`, g rows `g` (gathered by `gRows` when
-   * given), residual → `h`; leaves the logits in `logits` and their argmax in `argmax`.
+   * given), residual → `h`; leaves the logits in `logits` and their argmax in `argmax` (and, with `pickD2t`, the
+   * argmax in `pickDrafts` and d2t of it in `pickNext`: a chain step's pick).
    */
   void launchStep(int Sp, const int32_t* tok, const float* g, const int32_t* gRows, float* h, const int32_t* cu,
-                  const int32_t* tables, const int32_t* pos, const int32_t* slots, const int32_t* kvLens) {
+                  const int32_t* tables, const int32_t* pos, const int32_t* slots, const int32_t* kvLens,
+                  int32_t* pickDrafts = nullptr, int32_t* pickNext = nullptr, const int32_t* pickD2t = nullptr) {
     const int D = d.hidden;
     float* kPool = kv;
     float* vPool = kv + poolFloats;
@@ -506,22 +528,28 @@ class Eagle3Runner : public RunnerMemory {
                "RoPE + KV write");
     }
     const float scale = 1.f / std::sqrt(static_cast<float>(d.headDim));
-    launched(
-        specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
-                            d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, maxBlocks * d.pageSize, stream),
-        "paged attention");
+    launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Sp, maxBlocks,
+                                 d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, attnKeys, stream),
+             "paged attention");
     mm(h, attnB, wO, D, qw, true, "o GEMM");
-    launched(specdRmsNormBf16(hb, h, postNorm, nullptr, Sp, D, d.eps, stream), "post_attention_layernorm");
     if (small) {
-      launched(specdSmallGemmSwiglu(sb, hb, wGateUp, Sp, d.inter, D, stream), "gate|up GEMM + SwiGLU");
+      launched(specdSmallGemmNorm(nullptr, sb, h, postNorm, nullptr, d.eps, wGateUp, Sp, d.inter, D, stream),
+               "post_attention_layernorm + gate|up GEMM + SwiGLU");
     } else {
+      launched(specdRmsNormBf16(hb, h, postNorm, nullptr, Sp, D, d.eps, stream), "post_attention_layernorm");
       gemm(gu, hb, wGateUp, Sp, 2 * d.inter, D, false, "gate|up GEMM");
       launched(specdSwigluBf16(sb, gu, Sp, d.inter, stream), "SwiGLU");
     }
     mm(h, sb, wDown, D, d.inter, true, "down GEMM");
-    launched(specdRmsNormBf16(hb, h, finalNorm, nullptr, Sp, D, d.eps, stream), "norm");
-    mm(logits, hb, lmHead, d.draftVocab, D, false, "lm_head GEMM");
-    launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, Sp, d.draftVocab, stream), "argmax");
+    if (small) {
+      launched(specdSmallGemmNorm(logits, nullptr, h, finalNorm, nullptr, d.eps, lmHead, Sp, d.draftVocab, D, stream),
+               "norm + lm_head GEMM");
+    } else {
+      launched(specdRmsNormBf16(hb, h, finalNorm, nullptr, Sp, D, d.eps, stream), "norm");
+      gemm(logits, hb, lmHead, Sp, d.draftVocab, D, false, "lm_head GEMM");
+    }
+    launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, Sp, d.draftVocab, stream, pickDrafts, pickNext, pickD2t),
+             "argmax");
   }
 };
 

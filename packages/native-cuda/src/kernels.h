@@ -24,11 +24,12 @@ int specdPagedAttention(float* out, void* outBf16, float* part, const float* q, 
                         const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
                         const int32_t* positions, int numSeqs, int totalQ, int maxBlocks, int pageSize, int qHeads,
                         int kvHeads, int headDim, float scale, bool causal, int maxKvLen, cudaStream_t stream);
-/** Whether specdPrefillAttention takes this headDim (a multiple of 4, at most 64). */
+/** Whether specdPrefillAttention takes this headDim (64: the tensor-core kernel is written for it). */
 bool specdPrefillAttentionFits(int headDim);
 /**
- * Causal paged attention for prefill chunks (batches of more than 32 rows), query-tiled: the arguments of
- * specdPagedAttention (causal only, no partition workspace). A row's bits depend on its own sequence's keys only.
+ * Causal paged attention for prefill chunks (batches of more than 32 rows) on the tensor cores (TF32 operands, fp32
+ * accumulation; FlashAttention-2's tiling): the arguments of specdPagedAttention (causal only, no partition
+ * workspace; headDim as specdPrefillAttentionFits). A row's bits depend on its own sequence's keys only.
  */
 int specdPrefillAttention(float* out, void* outBf16, const float* q, const float* kPool, const float* vPool,
                           const int32_t* cuSeqlensQ, const int32_t* kvLens, const int32_t* blockTables,
@@ -93,7 +94,11 @@ int specdSmallGemmRope(float* q, float* kPool, float* vPool, const float* cosSin
                        const void* w, int rows, int k, cudaStream_t stream);
 /** Bytes of the workspace specdArgmaxTwoPass needs for rows × cols. */
 size_t specdArgmaxWorkspaceBytes(int rows, int cols);
-/** Greedy argmax of each row of x [rows, cols] f32 (lowest index among equal maxima; −1: a value not finite). */
-int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream);
+/**
+ * Greedy argmax of each row of x [rows, cols] f32 → out [rows] (lowest index among equal maxima; −1: a value not
+ * finite). With `d2t` (an EAGLE-3 chain step's pick): also drafts [rows] = out and next [rows] = d2t[out] (0 for −1).
+ */
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream,
+                       int32_t* drafts = nullptr, int32_t* next = nullptr, const int32_t* d2t = nullptr);
 /** Programmatic dependent launch for later launches (launch.cuh; default on, used on sm_90+ only). */
 void specdSetPdl(bool on);

@@ -22,6 +22,8 @@ namespace {
  */
 __global__ void rmsNormBf16Rows(__nv_bfloat16* out, const float* x, const float* w, const int32_t* rows, int cols,
                                 float eps) {
+  pdlWait();
+  pdlLaunchNext();
   const int64_t src = rows == nullptr ? blockIdx.x : rows[blockIdx.x];
   const float* xr = x + src * cols;
   __nv_bfloat16* orow = out + static_cast<int64_t>(blockIdx.x) * cols;
@@ -365,8 +367,12 @@ __global__ void __launch_bounds__(256) argmaxPass1(ArgmaxPart* part, const float
   if (threadIdx.x == 0) part[static_cast<int64_t>(row) * parts + p] = {sv[0], si[0], bad};
 }
 
-/** Greedy argmax, second pass: one warp per row over its parts → out[row] (−1 when a value was not finite). */
-__global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
+/**
+ * Greedy argmax, second pass: one warp per row over its parts → out[row] (−1 when a value was not finite); with
+ * `d2t`, also drafts[row] = out[row] and next[row] = d2t[out[row]] (0 for −1): an EAGLE-3 chain step's pick.
+ */
+__global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts, int32_t* drafts, int32_t* next,
+                            const int32_t* d2t) {
   pdlWait();
   pdlLaunchNext();
   const int row = blockIdx.x, lane = threadIdx.x;
@@ -384,7 +390,14 @@ __global__ void argmaxPass2(int32_t* out, const ArgmaxPart* part, int parts) {
     argmaxTake(b, bi, v, i);
     bad |= __shfl_xor_sync(0xffffffffu, bad, o);
   }
-  if (lane == 0) out[row] = bad ? -1 : bi;
+  if (lane == 0) {
+    const int32_t a = bad ? -1 : bi;
+    out[row] = a;
+    if (d2t != nullptr) {
+      drafts[row] = a;
+      next[row] = a < 0 ? 0 : d2t[a];
+    }
+  }
 }
 
 template <int NT, int MC, bool PAIR, bool NORM, bool ROPE>
@@ -477,13 +490,14 @@ size_t specdArgmaxWorkspaceBytes(int rows, int cols) {
   return static_cast<size_t>(rows) * ((cols + kArgmaxSpan - 1) / kArgmaxSpan) * sizeof(ArgmaxPart);
 }
 
-int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream) {
+int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, int cols, cudaStream_t stream,
+                       int32_t* drafts, int32_t* next, const int32_t* d2t) {
   const int parts = (cols + kArgmaxSpan - 1) / kArgmaxSpan;
   ArgmaxPart* part = static_cast<ArgmaxPart*>(workspace);
   cudaError_t e = specdLaunch(argmaxPass1, dim3(rows, parts), dim3(256), 0, stream, part, x, cols);
   if (e != cudaSuccess) return static_cast<int>(e);
-  return static_cast<int>(
-      specdLaunch(argmaxPass2, dim3(rows), dim3(32), 0, stream, out, static_cast<const ArgmaxPart*>(part), parts));
+  return static_cast<int>(specdLaunch(argmaxPass2, dim3(rows), dim3(32), 0, stream, out,
+                                      static_cast<const ArgmaxPart*>(part), parts, drafts, next, d2t));
 }
 
 namespace {
@@ -507,8 +521,8 @@ void specdSetPdl(bool on) { g_pdl = on; }
 
 int specdRmsNormBf16(void* out, const float* x, const float* w, const int32_t* rows, int numRows, int cols, float eps,
                      cudaStream_t stream) {
-  rmsNormBf16Rows<<<numRows, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(out), x, w, rows, cols, eps);
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(specdLaunch(rmsNormBf16Rows, dim3(numRows), dim3(256), 0, stream,
+                                      static_cast<__nv_bfloat16*>(out), x, w, rows, cols, eps));
 }
 
 int specdRopeKv(float* q, float* kPool, float* vPool, const float* qkv, const float* cosSin, const int32_t* positions,

@@ -241,12 +241,17 @@ class LlamaRunner : public RunnerMemory {
     // the query-tiled attention for prefill-like batches (on average ≥ 8 rows a sequence, more than 32 rows);
     // decode steps and verify blocks of many sequences keep the partitioned kernel
     tiledAttn = b.T > kSmallGemmRows && b.T >= 8 * b.S && specdPrefillAttentionFits(d.headDim);
+    // the partitioned attention's key span: the batch's longest context rounded up to a power of two ≥ 64 (one graph
+    // per span; a query's bits do not depend on how many partitions are launched)
+    int maxKv = 64;
+    for (int s = 0; s < b.S; s++) maxKv = std::max(maxKv, b.kvLens[s]);
+    attnKeys = tiledAttn ? 0 : std::min(maxBlocks * d.pageSize, pow2Ceil(maxKv));
     ok(cudaMemcpyAsync(meta, hMeta, metaUsed(Tp, Sp, Rp) * 4, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
     if (!graph) {
       lastGraph = nullptr;
       launchAll(Tp, Sp, Rp, tapMask);
     } else {
-      const std::tuple<int, uint64_t, bool> key(Tp, tapMask, tiledAttn);
+      const std::tuple<int, uint64_t, bool, int> key(Tp, tapMask, tiledAttn, attnKeys);
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         launchAll(Tp, Sp, Rp, tapMask);  // this forward's results; makes the GEMM plans outside the capture
@@ -336,7 +341,7 @@ class LlamaRunner : public RunnerMemory {
     std::vector<std::string> out;
     for (const auto& [k, v] : graphs)
       out.push_back(std::to_string(std::get<0>(k)) + (std::get<1>(k) != 0 ? " rows + taps" : " rows") +
-                    (std::get<2>(k) ? " (prefill attention)" : ""));
+                    (std::get<2>(k) ? " (prefill attention)" : ", " + std::to_string(std::get<3>(k)) + " keys"));
     return out;
   }
 
@@ -367,8 +372,9 @@ class LlamaRunner : public RunnerMemory {
   void *xb = nullptr, *attnB = nullptr, *hb = nullptr, *argmaxWs = nullptr;
   int32_t *argmax = nullptr, *meta = nullptr, *hMeta = nullptr, *hArgmax = nullptr;
   float* hOut = nullptr;  // pinned: hidden then kStagedTaps taps, kGraphRows rows each
-  std::map<std::tuple<int, uint64_t, bool>, cudaGraphExec_t> graphs;
+  std::map<std::tuple<int, uint64_t, bool, int>, cudaGraphExec_t> graphs;
   bool tiledAttn = false;  // this forward's attention: query-tiled (prefill-like batch) or partitioned
+  int attnKeys = 0;        // the partitioned attention's key span (a power of two ≥ the batch's longest context)
   cudaGraphExec_t lastGraph = nullptr;
 
   // metadata layout: ids[Tp] positions[Tp] slots[Tp] cu[Sp + 1] kvLens[Sp] tables[Sp · maxBlocks] logitRows[Rp]
@@ -461,10 +467,10 @@ class LlamaRunner : public RunnerMemory {
         });
       else
         add("paged attention (2 launches)", l, [=, this] {
-          launched(specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp,
-                                       maxBlocks, d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true,
-                                       maxBlocks * d.pageSize, stream),
-                   "paged attention");
+          launched(
+              specdPagedAttention(nullptr, attnB, part, q, kPool, vPool, cu, kvLens, tables, pos, Sp, Tp, maxBlocks,
+                                  d.pageSize, d.qHeads, d.kvHeads, d.headDim, scale, true, attnKeys, stream),
+              "paged attention");
         });
       if (small)
         add("o GEMM + residual", l,
