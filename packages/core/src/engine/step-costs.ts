@@ -239,7 +239,12 @@ export function calibrateStepCosts(
     // the budget keeps two samples, whose upper one was a spike's whenever there was one (bench:load saw a 16-sequence
     // bucket read 38 ms for 17 rows where 17.9 was measured in the next run)
     const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[(xs.length - 1) >> 1]!;
-    /** One timed verify forward, sequence s holding 1 + drafts(s) rows (logits for every row, as the engine), ms. */
+    /**
+     * One timed verify forward, sequence s holding 1 + drafts(s) rows (logits for every row, as the engine), ms. As a
+     * greedy batch runs (`argmaxOnly`): a stage that computes the argmax on its device then returns no logits, and a
+     * verify of k + 1 rows costs there what the engine's greedy steps pay (copying every row's logits back instead
+     * made the GPU's verify look 0.1–0.2 ms dearer per 7 rows than it runs); other stages ignore the option.
+     */
     const timeVerify = (seqs: readonly SequenceId[], drafts: (s: number) => number): number => {
       const cps = seqs.map((id) => ({ id, cp: seqCache.checkpoint(id) }));
       const fseqs = seqs.map((id, s) => {
@@ -252,6 +257,7 @@ export function calibrateStepCosts(
       target.forward({ sequences: fseqs }, seqCache, {
         taps: options.taps,
         stateSnapshots: options.stateSnapshots && fseqs.some((f) => f.tokens.length > 1),
+        argmaxOnly: true,
       }); // as the engine
       const ms = performance.now() - t2;
       for (const { id, cp } of cps) seqCache.rollback(id, cp);
