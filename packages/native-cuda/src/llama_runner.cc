@@ -11,10 +11,11 @@
 // RMSNorms in its prologue, RoPE + the KV page write in the q|k|v epilogue (the q|k|v weights are stored with each
 // neox RoPE pair in adjacent rows, specdRopePairedRows), SwiGLU in the gate|up epilogue and the residual adds in the
 // o/down epilogues: six launches per layer (two for attention). Larger batches use cuBLASLt (β = 1 for
-// the residual adds), separate RMSNorm / SwiGLU launches and, for prefill-like batches, the query-tiled attention.
-// Kernels go out with programmatic dependent launch on sm_90+. Batches of at most kGraphRows rows run as CUDA
-// graphs, one per (padded row count, tap set, attention kind), captured at the first forward of each (vLLM's decode
-// graphs): a step is one graph launch. Rows pad to a power of two (padded rows: token 0, position 0, no KV slot, a
+// the residual adds), separate RMSNorm / SwiGLU launches and, for prefill-like batches, the query-tiled attention on
+// the tensor cores (kernels.cu, FlashAttention-2's tiling in TF32). Kernels go out with programmatic dependent launch
+// on sm_90+. Batches of at most kGraphRows rows run as CUDA graphs, one per (padded row count, tap set, attention
+// kind, key span of the partitioned attention), captured at the first forward of each (vLLM's decode graphs): a step
+// is one graph launch. Rows pad to a power of two (padded rows: token 0, position 0, no KV slot, a
 // sequence without keys); a row's logits are the same bits whether it is decoded alone or verified in a batch of up
 // to 32 rows (greedy speculation equals plain decoding, one sequence or several): the small GEMM is row-invariant,
 // and with it off (llamaSetOptions) every batch of ≤ 16 rows uses cuBLASLt's plan for 16 rows (invariance up to 16).
