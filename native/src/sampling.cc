@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "common.h"
 #include "families.h"
 #include "threadpool.h"
@@ -46,6 +50,50 @@ bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
   const float inv_sum = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < cols; ++i) out[i] *= inv_sum;
   return true;
+}
+
+/**
+ * First index of the largest value of x[0, cols) (NaN never wins; a row of only NaN gives 0). Two passes that
+ * run 16 lanes at a time (a branchy one-pass scan is scalar): the maximum m over 16 accumulators, each updated as
+ * `v > acc ? v : acc` (SSE MAXPS(v, acc) is exactly that: a NaN v keeps acc), then the first i with x[i] == m,
+ * found 16 at a time. The same index as the one-pass scan: the first occurrence of m (−0 and +0 compare equal
+ * there too, so the first zero of either sign when m is a zero); m = −Inf finds the first −Inf; a row without a
+ * non-NaN value finds nothing (0).
+ */
+int32_t ArgmaxRow(const float* x, int64_t cols) {
+  float m = kNegInf;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  if (cols >= 16) {
+    __m128 a0 = _mm_set1_ps(kNegInf), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 16 <= cols; i += 16) {
+      a0 = _mm_max_ps(_mm_loadu_ps(x + i), a0);
+      a1 = _mm_max_ps(_mm_loadu_ps(x + i + 4), a1);
+      a2 = _mm_max_ps(_mm_loadu_ps(x + i + 8), a2);
+      a3 = _mm_max_ps(_mm_loadu_ps(x + i + 12), a3);
+    }
+    float lanes[16];
+    _mm_storeu_ps(lanes, a0);
+    _mm_storeu_ps(lanes + 4, a1);
+    _mm_storeu_ps(lanes + 8, a2);
+    _mm_storeu_ps(lanes + 12, a3);
+    for (const float v : lanes) m = v > m ? v : m;
+  }
+#endif
+  for (; i < cols; ++i) m = x[i] > m ? x[i] : m;
+  i = 0;
+#if defined(__SSE2__)
+  const __m128 mv = _mm_set1_ps(m);
+  for (; i + 16 <= cols; i += 16) {
+    const __m128 e =
+        _mm_or_ps(_mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(x + i), mv), _mm_cmpeq_ps(_mm_loadu_ps(x + i + 4), mv)),
+                  _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(x + i + 8), mv), _mm_cmpeq_ps(_mm_loadu_ps(x + i + 12), mv)));
+    if (_mm_movemask_ps(e) != 0) break;
+  }
+#endif
+  for (; i < cols; ++i)
+    if (x[i] == m) return static_cast<int32_t>(i);
+  return 0;
 }
 
 struct RowsArgs {
@@ -94,15 +142,7 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
   ParallelFor(
       rows,
       [&](int64_t b, int64_t e) {
-        for (int64_t row = b; row < e; ++row) {
-          const float* xr = px + row * cols;
-          int64_t best = -1;
-          for (int64_t i = 0; i < cols; ++i) {
-            if (std::isnan(xr[i])) continue;
-            if (best < 0 || xr[i] > xr[best]) best = i;
-          }
-          po[row] = static_cast<int32_t>(best < 0 ? 0 : best);
-        }
+        for (int64_t row = b; row < e; ++row) po[row] = ArgmaxRow(px + row * cols, cols);
       },
       cols);
   return info.Env().Undefined();
