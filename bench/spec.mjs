@@ -30,7 +30,9 @@
 // SmolLM2 (`--target smollm2`): target models/smollm2-135m-instruct (the Q4_1 GGUF of `npm run models:fetch`),
 // drafters models/smollm2-135m-instruct-<name> for each `--drafters` name (a folder suffix; default `dflash`,
 // `dflash-v8192` — the FR-Spec copy `node tools/draft-vocab.mjs --size 8192` writes — and `eagle3`; a `:packed`
-// suffix loads a DFlash with the setting draft_head "packed"), prompts the first N/2 of
+// suffix loads a DFlash with the setting draft_head "packed", a `:whole` suffix a DFlash or DSpark with the setting
+// draft_vocab "whole": the shipped SmolLM2 DFlash and DSpark draft over a reduced vocabulary, `:whole` over all of
+// it), prompts the first N/2 of
 // tools/reference/smollm2/prompts/chat.jsonl (chat template applied) and of plain.jsonl.
 //
 // Draft cost (bench/draft-split.mjs; `--split-ks 1,3,7,15`, `--split-only` to skip the decoding runs): one
@@ -101,11 +103,13 @@ const drafters = [];
 /** Display name of each drafter: the folder suffix (two DFlash folders differ by it). */
 const labels = new Map();
 for (const m of METHODS) {
-  // `name:packed`: the DFlash setting draft_head "packed" (a drafter-owned bf16 copy of the target lm_head)
+  // `name:packed`: the DFlash setting draft_head "packed" (a drafter-owned copy of the target lm_head); `name:whole`:
+  // the setting draft_vocab "whole" (the whole vocabulary although the checkpoint lists a reduced one)
   const [dirName, variant] = m.split(':');
   const dir = path.join(ROOT, 'models', `${TARGET_DIR}-${dirName}`);
+  const settings = { packed: { draft_head: 'packed' }, whole: { draft_vocab: 'whole' } }[variant];
   const { drafter } = await loadDrafter(
-    variant === 'packed' ? { dir, settings: { draft_head: 'packed' } } : dir,
+    settings === undefined ? dir : { dir, settings },
     BUILTIN_PLUGIN_PACKAGES,
     target,
     4096,

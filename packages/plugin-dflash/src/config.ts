@@ -128,8 +128,15 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
       enum: ['target', 'packed'],
       description:
         'the draft logits over the whole vocabulary: "target" (default) runs the target lm_head; "packed" a ' +
-        'drafter-owned packed bf16 copy of it (vocab × hidden × 2 bytes more memory; faster where the target head ' +
-        'is quantized). A checkpoint with draft_vocab_size always packs its reduced head',
+        'drafter-owned packed copy of it (bf16: vocab × hidden × 2 bytes more memory; Q8_0 with int8 activations on ' +
+        'AVX-512 CPUs without AMX; faster where the target head ' +
+        'is quantized). A checkpoint with draft_vocab_size packs its reduced head (unless draft_vocab is "whole")',
+    },
+    draft_vocab: {
+      enum: ['checkpoint', 'whole'],
+      description:
+        'the draft head\'s vocabulary: "checkpoint" (default) the reduced one the checkpoint lists ' +
+        '(dflash_config.draft_vocab_size, FR-Spec), if any; "whole" the whole vocabulary even then',
     },
   },
 });

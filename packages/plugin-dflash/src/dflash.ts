@@ -90,8 +90,11 @@ interface DraftLayerKvWeights {
 /** The rest of a draft layer (the block forward only): core's dense block weights plus the attention's own. */
 interface DraftLayerBlockWeights extends DenseBlockWeights {
   readonly sliding: boolean;
-  /** q_proj `[H·hd, D]`. */
-  readonly q: PackedBf16Weights;
+  /**
+   * q_proj ; k_proj ; v_proj stacked: `[(H + 2·KV)·hd, D]` — the block's queries, keys and values in one GEMM
+   * (each output column is its own dot product, so the same bits as q_proj and the context path's k/v GEMM).
+   */
+  readonly qkv: PackedBf16Weights;
   readonly qNorm: Float32Array;
 }
 
@@ -115,6 +118,11 @@ export interface DFlashLoadParts {
    * only. Default false.
    */
   readonly packedHead?: boolean;
+  /**
+   * Draft over the whole vocabulary even when the checkpoint lists a reduced one (setting `draft_vocab: "whole"`;
+   * `draft_vocab_ids` is still validated). Default false (the checkpoint's list).
+   */
+  readonly wholeVocab?: boolean;
 }
 
 /**
@@ -231,7 +239,11 @@ function buildDFlash(
               sliding: c.layerTypes[j] === 'sliding_attention',
               inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
               postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
-              q: pack([{ name: `${p}self_attn.q_proj.weight`, n: H * hd, k: D, split: 'heads' }]),
+              qkv: pack([
+                { name: `${p}self_attn.q_proj.weight`, n: H * hd, k: D, split: 'heads' },
+                { name: `${p}self_attn.k_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },
+                { name: `${p}self_attn.v_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },
+              ]),
               o: pack([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' }]),
               qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
               gateUp: pack([
@@ -251,7 +263,7 @@ function buildDFlash(
     c.draftVocabSize === undefined
       ? undefined
       : readDraftVocabIds(source.weights, c.draftVocabSize, c.vocabSize, where);
-  const whole = ids === undefined || ids.length === c.vocabSize;
+  const whole = ids === undefined || ids.length === c.vocabSize || parts.wholeVocab === true;
   const head = contextOnly
     ? undefined
     : !whole
@@ -518,7 +530,12 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
       );
       const h =
         this.tp === undefined ? this.target.embedTokens!(tokens) : this.tp.embed(this.target, tokens, c.hiddenSize);
-      const block = { eps: c.rmsNormEps, intermediate: this.inter, reduce: (x: Float32Array) => this.reduce(x) };
+      // without tensor parallelism no reduce: core's dense block then adds o_proj and down_proj into h in one call each
+      const block = {
+        eps: c.rmsNormEps,
+        intermediate: this.inter,
+        ...(this.tp === undefined ? {} : { reduce: (x: Float32Array) => this.reduce(x) }),
+      };
       for (const [j, w] of this.layers.entries()) {
         const b = w.block!; // present whenever finalNorm is
         // core's dense block around DFlash's attention: q/k norms, RoPE, the block's K/V after the context
@@ -527,9 +544,14 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
           N,
           b,
           (x) => {
-            const q = rmsNormPerHead(gemmBf16(x, N, b.q), H, b.qNorm, c.rmsNormEps);
+            // one GEMM for the block's q | k | v
+            const qkv = gemmBf16(x, N, b.qkv);
+            const Q = H * hd;
+            const W = this.kvHeads * hd;
+            const q = sliceColumns(qkv, N, Q + 2 * W, 0, Q);
+            rmsNormPerHead(q, H, b.qNorm, c.rmsNormEps, undefined, q);
             applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
-            const [k, v] = this.keysValues(w, x, positions);
+            const [k, v] = this.normRopeKeys(w, qkv, Q, positions);
             this.kv.write(j, k, v, slots);
             return pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, {
               numHeads: H,
@@ -620,12 +642,25 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
    * (KV = the rank's KV heads).
    */
   private keysValues(w: DraftLayerKvWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
+    return this.normRopeKeys(w, gemmBf16(x, positions.length, w.kv), 0, positions);
+  }
+
+  /**
+   * K = RoPE(k_norm(k)), V = v from projected rows `proj [n, from + 2·KV·hd]` whose columns [from, from + KV·hd)
+   * are k_proj's and the next KV·hd v_proj's → `[n, KV, hd]` f32 each.
+   */
+  private normRopeKeys(
+    w: DraftLayerKvWeights,
+    proj: Float32Array,
+    from: number,
+    positions: Int32Array,
+  ): [Float32Array, Float32Array] {
     const c = this.config;
     const n = positions.length;
     const W = this.kvHeads * c.headDim;
-    const kv = gemmBf16(x, n, w.kv);
-    const k = sliceColumns(kv, n, 2 * W, 0, W);
-    const v = sliceColumns(kv, n, 2 * W, W, W);
+    const width = n === 0 ? from + 2 * W : proj.length / n;
+    const k = sliceColumns(proj, n, width, from, W);
+    const v = sliceColumns(proj, n, width, from + W, W);
     rmsNormPerHead(k, this.kvHeads, w.kNorm, c.rmsNormEps, undefined, k);
     applyRope(k, positions, { heads: this.kvHeads, headDim: c.headDim, theta: c.ropeTheta, style: 'neox' }, k);
     return [k, v];

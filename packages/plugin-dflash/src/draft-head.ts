@@ -3,31 +3,44 @@
  * the draft vocabulary, and the drafts chosen from them.
  *
  * - Whole vocabulary (the default): the target's own `lmHead`, `[rows, V]`; or, opted in (DFlash setting
- *   `draft_head: "packed"`), the same rows gathered into a drafter-owned packed bf16 `[V, D]` (V·D·2 bytes more
- *   memory: 57 MB for SmolLM2) run with AMX bf16 activations — worth it where the target's head is a quantized
- *   GEMM with fp32 activations, whose cost grows with the rows (2.1× faster at 15 rows on SmolLM2's Q8_0 head).
+ *   `draft_head: "packed"`), the same rows gathered into a drafter-owned packed `[V, D]` in the format below (bf16:
+ *   V·D·2 bytes more memory, 57 MB for SmolLM2, run with AMX bf16 activations — 2.1× faster at 15 rows than
+ *   SmolLM2's Q8_0 head with fp32 activations; Q8_0: 30 MB, int8 activations).
  * - Reduced vocabulary (FR-Spec, Zhao et al. 2025, arXiv 2502.14856, §3.2: the draft head restricted to the most
  *   frequent tokens): `dflash_config.draft_vocab_size` = Vd and the checkpoint's `draft_vocab_ids` `[Vd]` (token
  *   ids, strictly ascending, in [0, V)). At load the Vd rows of the target's lm_head are gathered into a packed
  *   bf16 sub-matrix `[Vd, D]` (read through the target's `lmHead` itself, {@link gatherLmHeadRows}, so any lm_head
- *   format works), and a propose computes `[rows, Vd]` logits only: Vd/V of the lm_head's bytes and FLOPs — with
- *   bf16 activations on a CPU with AMX ({@link draftHeadActivations}: 2.4× faster at Vd = 8192, 15 rows; the
- *   drafts are proposals only, so their precision moves τ at most, never the output), fp32 elsewhere. Drafts
- *   are token ids from the list; a sampled draft's q is zero outside it (the rejection sampler stays lossless
- *   for any q). Verification keeps the whole vocabulary, so the output is unchanged.
+ *   format works), and a propose computes `[rows, Vd]` logits only: Vd/V of the lm_head's bytes and FLOPs. The
+ *   gathered rows' format follows the CPU ({@link draftHeadFormat}; the drafts are proposals only, so their
+ *   precision moves τ at most, never the output): bf16 with bf16 activations on AMX tiles (2.4× faster than fp32
+ *   activations at Vd = 8192, 15 rows); on an AVX-512 CPU without AMX, GGUF Q8_0 blocks (round-tripping a Q8_0
+ *   lm_head's own rows) run by `gemmQuant` with int8 activations on VNNI (2× faster than bf16 weights with fp32
+ *   activations at Vd = 16384, 15 rows, on AMD Zen 5); bf16 with fp32 activations elsewhere. Drafts are token ids
+ *   from the list; a sampled draft's q is zero outside it (the rejection sampler stays lossless for any q).
+ *   Verification keeps the whole vocabulary, so the output is unchanged.
  * - Tensor parallelism: the target's vocab-parallel lmHead is a collective every rank joins, so there the reduced
  *   head computes the whole vocabulary and keeps the Vd columns (same drafts, no saving).
  */
 
-import { DrafterError, sampleFromProbs, samplingProbs, type DraftSampling, type RandomSource } from '@specd/core';
+import {
+  DrafterError,
+  f16ToF32,
+  sampleFromProbs,
+  samplingProbs,
+  type DraftSampling,
+  type RandomSource,
+} from '@specd/core';
 import {
   argmax,
   f32ToBf16,
   gemmBf16,
+  gemmQuant,
   isa,
   packBf16Weights,
+  quantizedWeights,
   type GemmActivations,
   type PackedBf16Weights,
+  type QuantizedWeights,
 } from '@specd/native';
 import type { SafetensorsCheckpoint, StageModel } from '@specd/core';
 
@@ -110,6 +123,66 @@ export function draftHeadActivations(): GemmActivations {
   return i.isa === 'avx512' && i.amxAvailable ? 'bf16' : 'f32';
 }
 
+/**
+ * The format of a packed reduced head's rows on this CPU: `'q8_0'` (GGUF Q8_0 blocks, `gemmQuant` with int8
+ * activations) on the avx512 path without AMX, where the int8 VNNI dot products beat bf16 weights with fp32
+ * activations (no bf16 tiles there); else `'bf16'` (with {@link draftHeadActivations}).
+ */
+export function draftHeadFormat(): 'bf16' | 'q8_0' {
+  const i = isa();
+  return i.isa === 'avx512' && !i.amxAvailable ? 'q8_0' : 'bf16';
+}
+
+/** IEEE binary16 bits of `v` (round to nearest even; overflow to ±Inf). */
+export function f32ToF16(v: number): number {
+  F32[0] = v;
+  const x = U32[0]!;
+  const sign = (x >>> 16) & 0x8000;
+  const exp = (x >>> 23) & 0xff;
+  let mant = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 : 0);
+  const e = exp - 127 + 15;
+  if (e >= 31) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign; // below half the smallest subnormal
+    mant |= 0x800000;
+    const shift = 14 - e;
+    let half = mant >>> shift;
+    const rest = mant & ((1 << shift) - 1);
+    const halfway = 1 << (shift - 1);
+    if (rest > halfway || (rest === halfway && (half & 1) === 1)) half++;
+    return sign | half;
+  }
+  let half = (e << 10) | (mant >>> 13);
+  const rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && (half & 1) === 1)) half++; // a carry rounds into the exponent
+  return sign | half;
+}
+const F32 = new Float32Array(1);
+const U32 = new Uint32Array(F32.buffer);
+
+/**
+ * Rows `w [n, k]` f32 (k a multiple of 32) as raw GGUF Q8_0 blocks (ggml `quantize_row_q8_0`: per block of 32,
+ * d = f16(max|w| / 127), q = clamp(round(w / d), ±127)), for `quantizedWeights(…, 'q8_0', n, k)`. Rows that were
+ * Q8_0 weights d·q (a Q8_0 lm_head's) come back as the same d and q whenever their block holds a ±127 quant.
+ */
+export function quantizeQ8_0(w: Float32Array, n: number, k: number): Uint8Array {
+  const blocks = (n * k) / 32;
+  const out = new Uint8Array(blocks * 34);
+  const view = new DataView(out.buffer);
+  const q = new Int8Array(out.buffer);
+  for (let b = 0; b < blocks; b++) {
+    let amax = 0;
+    for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(w[b * 32 + j]!));
+    const h = f32ToF16(amax / 127);
+    const d = f16ToF32(h);
+    view.setUint16(b * 34, h, true);
+    for (let j = 0; j < 32; j++)
+      q[b * 34 + 2 + j] = d === 0 ? 0 : Math.max(-127, Math.min(127, Math.round(w[b * 32 + j]! / d)));
+  }
+  return out;
+}
+
 /** The target's lmHead, bound. @throws {DrafterError} when the target stage has none (not the last stage). */
 function requireLmHead(target: StageModel): (x: Float32Array, rows: number) => Float32Array {
   const lmHead = target.lmHead;
@@ -139,6 +212,8 @@ export class DraftHead {
     private packed: PackedBf16Weights | undefined,
     /** The packed head's GEMM activations ({@link draftHeadActivations}). */
     readonly activations: GemmActivations = draftHeadActivations(),
+    /** The gathered rows as Q8_0 blocks (`gemmQuant`, int8 activations; {@link draftHeadFormat}) instead of bf16. */
+    private quant?: QuantizedWeights,
   ) {
     this.lmHead = requireLmHead(target);
   }
@@ -148,12 +223,17 @@ export class DraftHead {
     return new DraftHead(target, undefined, undefined);
   }
 
-  /** The whole vocabulary from a drafter-owned packed bf16 copy of the target's lm_head (see the module comment). */
+  /**
+   * The whole vocabulary from a drafter-owned packed copy of the target's lm_head, in {@link draftHeadFormat}'s
+   * format (see the module comment).
+   */
   static packedFull(target: StageModel): DraftHead {
     const V = target.info.vocabSize;
-    const all = Int32Array.from({ length: V }, (_, i) => i);
-    const bits = f32ToBf16(gatherLmHeadRows(target, all));
-    return new DraftHead(target, undefined, packBf16Weights(bits, V, target.info.hiddenSize));
+    return DraftHead.packRows(
+      target,
+      Int32Array.from({ length: V }, (_, i) => i),
+      undefined,
+    );
   }
 
   /**
@@ -162,9 +242,25 @@ export class DraftHead {
    * lmHead and keeps the ids' columns).
    */
   static reduced(target: StageModel, ids: Int32Array, gather: boolean): DraftHead {
+    return gather ? DraftHead.packRows(target, ids, ids) : new DraftHead(target, ids, undefined);
+  }
+
+  /**
+   * A head over the lm_head rows `rows` (gathered once), in {@link draftHeadFormat}'s format (Q8_0 needs the hidden
+   * size a multiple of 32, else bf16); `ids`: the draft vocabulary (undefined: `rows` is the whole vocabulary).
+   */
+  private static packRows(target: StageModel, rows: Int32Array, ids: Int32Array | undefined): DraftHead {
     const D = target.info.hiddenSize;
-    const packed = gather ? packBf16Weights(f32ToBf16(gatherLmHeadRows(target, ids)), ids.length, D) : undefined;
-    return new DraftHead(target, ids, packed);
+    const w = gatherLmHeadRows(target, rows);
+    if (draftHeadFormat() === 'q8_0' && D % 32 === 0)
+      return new DraftHead(
+        target,
+        ids,
+        undefined,
+        'f32',
+        quantizedWeights(quantizeQ8_0(w, rows.length, D), 'q8_0', rows.length, D),
+      );
+    return new DraftHead(target, ids, packBf16Weights(f32ToBf16(w), rows.length, D));
   }
 
   /** Vd: the draft vocabulary's size (V for the whole vocabulary). */
@@ -178,6 +274,7 @@ export class DraftHead {
    */
   logits(x: Float32Array, rows: number): Float32Array {
     const ids = this.ids;
+    if (this.quant !== undefined) return gemmQuant(x, rows, this.quant, undefined, 'int8');
     if (this.packed !== undefined) return gemmBf16(x, rows, this.packed, undefined, this.activations);
     if (ids === undefined) return this.lmHead(x, rows);
     const V = this.target.info.vocabSize;
@@ -218,5 +315,6 @@ export class DraftHead {
   /** Drops the packed rows. */
   dispose(): void {
     this.packed = undefined;
+    this.quant = undefined;
   }
 }

@@ -33,7 +33,9 @@ export {
 export {
   DRAFT_VOCAB_IDS_TENSOR,
   DraftHead,
+  draftHeadFormat,
   gatherLmHeadRows,
+  quantizeQ8_0,
   readDraftVocabIds,
   type HeadDrafts,
 } from './draft-head.js';

@@ -23,12 +23,16 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
       loadDFlashDrafter(source, parseDFlashConfig(source.config), options, {
         contextOnly: options.contextOnly === true,
         packedHead: options.settings?.draft_head === 'packed',
+        wholeVocab: options.settings?.draft_vocab === 'whole',
       }),
     );
   },
   loadShard(source: DrafterSource, options: DrafterShardLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() =>
-      loadDFlashShard(source, parseDFlashConfig(source.config), options, { contextOnly: options.contextOnly === true }),
+      loadDFlashShard(source, parseDFlashConfig(source.config), options, {
+        contextOnly: options.contextOnly === true,
+        wholeVocab: options.settings?.draft_vocab === 'whole',
+      }),
     );
   },
   loadProjection(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection {

@@ -21,7 +21,9 @@ import {
   type StageModel,
 } from '@specd/core';
 
-import { dflashPlugin, gatherLmHeadRows, parseDFlashConfig, type DFlashDrafter } from '../src/index.js';
+import { quantizedWeights, gemmQuant } from '@specd/native';
+
+import { dflashPlugin, gatherLmHeadRows, parseDFlashConfig, quantizeQ8_0, type DFlashDrafter } from '../src/index.js';
 import { DFLASH_DIR, loadTarget, relError, REPO_ROOT } from './helpers.js';
 
 const V = 8192;
@@ -204,7 +206,56 @@ describe('the reduced draft head', () => {
   });
 });
 
-describe('draft_head "packed": the whole vocabulary from a drafter-owned bf16 copy of the lm_head', () => {
+describe("the reduced head's Q8_0 rows (AVX-512 CPUs without AMX)", () => {
+  it('Q8_0 rows d·q come back as the same blocks; other rows within the 8-bit rounding', () => {
+    // blocks with a ±127 quant (as ggml's quantizer makes them) round-trip exactly
+    const n = 3;
+    const k = 64;
+    const rng = new SeededRandom(5);
+    const raw = new Uint8Array(((n * k) / 32) * 34);
+    const view = new DataView(raw.buffer);
+    const w = new Float32Array(n * k);
+    for (let b = 0; b < (n * k) / 32; b++) {
+      const h = 0x1c00 + b * 37; // f16 scales 2^-8 … (exponent 7)
+      view.setUint16(b * 34, h, true);
+      const d = 2 ** -8 * (1 + (b * 37) / 1024);
+      for (let j = 0; j < 32; j++) {
+        const q = j === 5 ? (b % 2 === 0 ? 127 : -127) : Math.floor(rng.next() * 255) - 127;
+        raw[b * 34 + 2 + j] = q & 0xff;
+        w[b * 32 + j] = d * q;
+      }
+    }
+    expect(Array.from(quantizeQ8_0(w, n, k))).toEqual(Array.from(raw));
+    // arbitrary rows: within half a quantum of each block's max
+    const x = Float32Array.from({ length: n * k }, () => rng.next() - 0.5);
+    const qw = quantizedWeights(quantizeQ8_0(x, n, k), 'q8_0', n, k);
+    const eye = new Float32Array(k * k);
+    for (let i = 0; i < k; i++) eye[i * k + i] = 1;
+    const back = gemmQuant(eye, k, qw); // [k, n]: column i of the dequantized rows
+    for (let r = 0; r < n; r++)
+      for (let b = 0; b < k / 32; b++) {
+        let amax = 0;
+        for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(x[r * k + b * 32 + j]!));
+        for (let j = 0; j < 32; j++)
+          expect(Math.abs(back[(b * 32 + j) * n + r]! - x[r * k + b * 32 + j]!)).toBeLessThanOrEqual(
+            (0.5 + 1e-3) * (amax / 127),
+          );
+      }
+  });
+
+  it('draft_vocab "whole" drafts over the whole vocabulary although the checkpoint lists a reduced one', async () => {
+    const dir = checkpointWith('whole', IDS.length, { dtype: 'I32', data: IDS, n: IDS.length });
+    const d = await load(dir, 1, { draft_vocab: 'whole' });
+    try {
+      expect(d.draftHead!.ids).toBeUndefined();
+      expect(d.draftHead!.size).toBe(V);
+    } finally {
+      d.dispose();
+    }
+  });
+});
+
+describe('draft_head "packed": the whole vocabulary from a drafter-owned copy of the lm_head', () => {
   it("gives the target lm_head's logits within bf16 rounding", async () => {
     const d = await load(DFLASH_DIR, 1, { draft_head: 'packed' });
     try {
@@ -214,7 +265,8 @@ describe('draft_head "packed": the whole vocabulary from a drafter-owned bf16 co
       const D = target.info.hiddenSize;
       const rng = new SeededRandom(9);
       const x = Float32Array.from({ length: 3 * D }, () => rng.next() - 0.5);
-      // bf16 weights (and bf16 activations on AMX): 8 significant bits
+      // bf16 weights (and bf16 activations on AMX): 8 significant bits; Q8_0 weights with int8 activations (AVX-512
+      // without AMX): ~1 %
       expect(relError(head.logits(x, 3), target.lmHead!(x, 3))).toBeLessThan(2e-2);
     } finally {
       d.dispose();

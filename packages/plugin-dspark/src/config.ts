@@ -56,5 +56,11 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
         'context-KV-only mode for a prefill-only producer: load only the projection (fc, hidden_norm) and ' +
         "each layer's k/v projections and k_norm; the drafter never drafts",
     },
+    draft_vocab: {
+      enum: ['checkpoint', 'whole'],
+      description:
+        'the draft head\'s vocabulary: "checkpoint" (default) the reduced one the checkpoint lists ' +
+        '(dflash_config.draft_vocab_size, FR-Spec), if any; "whole" the whole vocabulary even then',
+    },
   },
 });

@@ -92,11 +92,12 @@ function buildDSpark(
   shard: DrafterShardLoadOptions | undefined,
 ): DSparkDrafter {
   const contextOnly = options.contextOnly === true || options.settings?.context_only === true;
+  const parts = { contextOnly, wholeVocab: options.settings?.draft_vocab === 'whole' };
   let backboneReads: readonly TensorRead[] = [];
   const backbone =
     shard === undefined
-      ? loadDFlashDrafter(source, config, options, { contextOnly })
-      : loadDFlashShard(source, config, { ...shard, onReads: (r) => (backboneReads = r) }, { contextOnly });
+      ? loadDFlashDrafter(source, config, options, parts)
+      : loadDFlashShard(source, config, { ...shard, onReads: (r) => (backboneReads = r) }, parts);
   if (contextOnly || (shard !== undefined && shard.comm.rank !== 0)) {
     shard?.onReads?.(backboneReads);
     return new DSparkDrafter(config, options.target, backbone, undefined);

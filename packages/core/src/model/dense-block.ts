@@ -8,7 +8,7 @@
  * rank's row-parallel partials over the group (an all-reduce); without it the block is the whole model's.
  */
 
-import { addF32, gemmBf16, rmsNorm, swigluFused, type PackedBf16Weights } from '@specd/native';
+import { addF32, gemmBf16, gemmBf16Accumulate, rmsNorm, swigluFused, type PackedBf16Weights } from '@specd/native';
 
 /**
  * A projection y = x·Wᵀ of a block: packed bf16 weights (@specd/native `gemmBf16`), or any linear map
@@ -19,6 +19,25 @@ export type BlockLinear = PackedBf16Weights | { apply(x: Float32Array, rows: num
 /** `x [rows, k]` · Wᵀ → `[rows, n]` f32. */
 function project(w: BlockLinear, x: Float32Array, rows: number): Float32Array {
   return 'apply' in w ? w.apply(x, rows) : gemmBf16(x, rows, w);
+}
+
+/**
+ * `h += x·Wᵀ` in place: one fused native call for packed bf16 weights without a reduction (`gemmBf16Accumulate`: bit
+ * for bit `h[e] + gemmBf16(x)[e]`), else the projection, `reduce`, then `addF32` — the same bits either way.
+ */
+function addProjection(
+  h: Float32Array,
+  w: BlockLinear,
+  x: Float32Array,
+  rows: number,
+  reduce: ((x: Float32Array) => Float32Array) | undefined,
+): void {
+  if (reduce === undefined && !('apply' in w)) {
+    gemmBf16Accumulate(x, rows, w, h);
+    return;
+  }
+  const y = project(w, x, rows);
+  addF32(h, reduce === undefined ? y : reduce(y), h); // the bits of h[e] + y[e] in JavaScript, without the loop
 }
 
 /** The weights after attention: o_proj and the MLP with its norm. */
@@ -62,12 +81,9 @@ export function denseBlockOutput(
   w: DenseBlockOutputWeights,
   options: DenseBlockOptions,
 ): Float32Array {
-  const reduce = options.reduce ?? ((x: Float32Array) => x);
-  const o = reduce(project(w.o, a, n));
-  addF32(h, o, h); // the bits of h[e] + o[e] in JavaScript, without the per-element loop
+  addProjection(h, w.o, a, n, options.reduce);
   const xm = rmsNorm(h, w.postNorm, options.eps);
-  const m = reduce(project(w.down, swigluFused(project(w.gateUp, xm, n), options.intermediate), n));
-  addF32(h, m, h);
+  addProjection(h, w.down, swigluFused(project(w.gateUp, xm, n), options.intermediate), n, options.reduce);
   return h;
 }
 
