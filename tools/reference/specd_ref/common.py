@@ -109,7 +109,11 @@ def save_hf_folder(out: Path, state: dict, config: dict, max_shard_bytes: int = 
 
 
 def load_hf_state(folder: Path) -> dict:
-    """Read every tensor of an HF folder (single file or sharded) as fp32 torch tensors."""
+    """Read every tensor of an HF folder (single file or sharded) as fp32 torch tensors.
+
+    `draft_vocab_ids` (FR-Spec's reduced draft vocabulary of a DFlash/DSpark checkpoint: the ids specd's draft
+    head keeps; tools/draft-vocab.mjs) is not a module weight and is skipped: the reference drafts over the whole
+    vocabulary."""
     from safetensors.torch import load_file
     idx = folder / "model.safetensors.index.json"
     files = sorted(set(json.loads(idx.read_text())["weight_map"].values())) if idx.exists() \
@@ -117,6 +121,8 @@ def load_hf_state(folder: Path) -> dict:
     state = {}
     for f in files:
         for k, v in load_file(str(folder / f)).items():
+            if k == "draft_vocab_ids":
+                continue
             state[k] = v.float() if v.is_floating_point() else v
     return state
 
