@@ -15,6 +15,7 @@ import {
   type ForwardOptions,
   type ForwardResult,
   forwardPrologue,
+  type ForwardPrologueSpec,
   type PrefixCommit,
   SequenceCache,
   type SequenceCacheOptions,
@@ -63,6 +64,16 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
   private maxModelLen = 0;
   private maxBlocks = 0;
   private disposed = false;
+  /**
+   * The block tables of every forward, refilled each time (the runner copies its arguments before llamaForward
+   * returns, so one buffer serves every call), and its `[S, maxBlocks]` views by S.
+   */
+  private tableBuffer = new Int32Array(0);
+  private tableViews: Int32Array[] = [];
+  /** The last forward's tap ids (the engine asks for the same taps every step). */
+  private lastTaps: Int32Array | undefined;
+  /** The forward prologue's checks and span records (built once). */
+  private readonly prologueSpec: ForwardPrologueSpec<Span>;
 
   constructor(
     readonly config: LlamaConfig,
@@ -92,6 +103,24 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
       pagedKv: { layers, floatsPerToken: c.numKvHeads * c.headDim, kvHeads: c.numKvHeads },
       linearState: { layers: [], heads: 1, keyDim: 1, valueDim: 1, convStates: 0, convChannels: 0, convWidth: 0 },
     });
+    const error = (m: string) => new LlamaForwardError(m);
+    this.prologueSpec = {
+      info: this.info,
+      error,
+      span: (s, i, row): Span => {
+        if (s.tree !== undefined) throw error(`forward: sequences[${i}].tree: token trees are not supported on CUDA`);
+        if (row + s.tokens.length > this.maxTokens)
+          throw error(`forward: the batch has more than maxTokens ${this.maxTokens} rows (the CUDA stage's limit)`);
+        if (s.position + s.tokens.length > this.maxModelLen)
+          throw error(
+            `forward: sequences[${i}]: ${s.position + s.tokens.length} tokens, more than the CUDA KV pool's ` +
+              `${this.maxModelLen} per sequence`,
+          );
+        return { id: s.id, position: s.position, numNew: s.tokens.length, row, logits: s.logits };
+      },
+      // no embedRow: the runner embeds on the device (no residual stream on the host)
+      hiddenOnFirstStage: 'ignore',
+    };
   }
 
   /** The runner's sizes (bytes of weights, KV pool, activations) and the CUDA graphs captured so far. */
@@ -154,6 +183,8 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     this.maxModelLen = Math.min(pool, perSeq);
     this.cuda.llamaAllocKv(this.runner, pageSize, options.numPages, this.maxModelLen);
     this.maxBlocks = this.cuda.llamaInfo(this.runner).maxBlocks;
+    this.tableBuffer = new Int32Array(0);
+    this.tableViews = [];
     this.cache = new SequenceCache(this.cacheGeometry, { ...options, pageSize, kvStorage: 'device' });
     return this.cache;
   }
@@ -172,47 +203,38 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     if (this.disposed) throw new LlamaForwardError('forward: the CUDA stage was disposed');
     if (cache !== this.cache || this.cache === undefined)
       throw new LlamaForwardError("forward: cache: expected the cache from this stage's createCache()");
-    const error = (m: string) => new LlamaForwardError(m);
-    const prologue = forwardPrologue<Span>(batch, cache, options, {
-      info: this.info,
-      error,
-      span: (s, i, row): Span => {
-        if (s.tree !== undefined) throw error(`forward: sequences[${i}].tree: token trees are not supported on CUDA`);
-        if (row + s.tokens.length > this.maxTokens)
-          throw error(`forward: the batch has more than maxTokens ${this.maxTokens} rows (the CUDA stage's limit)`);
-        if (s.position + s.tokens.length > this.maxModelLen)
-          throw error(
-            `forward: sequences[${i}]: ${s.position + s.tokens.length} tokens, more than the CUDA KV pool's ` +
-              `${this.maxModelLen} per sequence`,
-          );
-        return { id: s.id, position: s.position, numNew: s.tokens.length, row, logits: s.logits };
-      },
-      embedRow: () => {}, // the runner embeds on the device
-      hiddenOnFirstStage: 'ignore',
-    });
-    const { spans, numTokens: N, taps } = prologue;
+    const { spans, numTokens: N, taps } = forwardPrologue<Span>(batch, cache, options, this.prologueSpec);
     const kv = cache.kv!;
     const S = spans.length;
+    const MB = this.maxBlocks;
     const ids = new Int32Array(N);
     const positions = new Int32Array(N);
+    const slots = new Int32Array(N);
     const cu = new Int32Array(S + 1);
     const kvLens = new Int32Array(S);
-    const tables = new Int32Array(S * this.maxBlocks);
+    const tables = this.tables(S);
     const logitRowStart = new Int32Array(S + 1);
-    const rows: number[] = [];
-    batch.sequences.forEach((s, i) => {
+    let R = 0;
+    for (let i = 0; i < S; i++) {
       const sp = spans[i]!;
-      ids.set(s.tokens, sp.row);
-      for (let t = 0; t < sp.numNew; t++) positions[sp.row + t] = sp.position + t;
-      cu[i + 1] = sp.row + sp.numNew;
-      kvLens[i] = sp.position + sp.numNew;
-      tables.set(kv.blockTable(s.id), i * this.maxBlocks);
-      if (sp.logits === 'all') for (let t = 0; t < sp.numNew; t++) rows.push(sp.row + t);
-      else if (sp.logits === 'last') rows.push(sp.row + sp.numNew - 1);
-      logitRowStart[i + 1] = rows.length;
-    });
-    const slots = kv.tokenSlots(spans.map((s) => ({ id: s.id, start: s.position, n: s.numNew })));
-    const R = rows.length;
+      R += sp.logits === 'all' ? sp.numNew : sp.logits === 'last' ? 1 : 0;
+    }
+    const rows = new Int32Array(R === 0 ? 1 : R);
+    R = 0;
+    for (let i = 0; i < S; i++) {
+      const sp = spans[i]!;
+      const n = sp.numNew;
+      ids.set(batch.sequences[i]!.tokens, sp.row);
+      for (let t = 0; t < n; t++) positions[sp.row + t] = sp.position + t;
+      kv.writeTokenSlots(sp.id, sp.position, n, slots, sp.row);
+      cu[i + 1] = sp.row + n;
+      kvLens[i] = sp.position + n;
+      const pages = kv.writeBlockTable(sp.id, tables, i * MB);
+      tables.fill(0, i * MB + pages, (i + 1) * MB);
+      if (sp.logits === 'all') for (let t = 0; t < n; t++) rows[R++] = sp.row + t;
+      else if (sp.logits === 'last') rows[R++] = sp.row + n - 1;
+      logitRowStart[i + 1] = R;
+    }
     const argmaxOnly = options.argmaxOnly === true;
     const r = this.cuda.llamaForward(
       this.runner,
@@ -222,13 +244,13 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
       cu,
       kvLens,
       tables,
-      R === 0 ? Int32Array.of(0) : Int32Array.from(rows),
-      Int32Array.from(taps),
+      rows,
+      this.tapIds(taps),
       R > 0 && !argmaxOnly,
       this.graphs,
     );
     const captured = new Map<number, Float32Array>();
-    for (const [i, t] of taps.entries()) captured.set(t, r.taps[i]!);
+    for (let i = 0; i < taps.length; i++) captured.set(taps[i]!, r.taps[i]!);
     const result: CudaForwardResult = {
       spans,
       logits: R === 0 ? new Float32Array(0) : argmaxOnly ? undefined : r.logits,
@@ -238,6 +260,32 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
       taps: captured,
     };
     return result;
+  }
+
+  /** The block-table buffer of a forward of `S` sequences, `[S, maxBlocks]` i32 (a view kept per S). */
+  private tables(S: number): Int32Array {
+    const n = S * this.maxBlocks;
+    if (n > this.tableBuffer.length) {
+      this.tableBuffer = new Int32Array(n);
+      this.tableViews = [];
+    }
+    let view = this.tableViews[S];
+    if (view === undefined) {
+      view = this.tableBuffer.subarray(0, n);
+      this.tableViews[S] = view;
+    }
+    return view;
+  }
+
+  /** `taps` as the Int32Array llamaForward takes (the last one reused while the engine asks for the same taps). */
+  private tapIds(taps: readonly number[]): Int32Array {
+    const last = this.lastTaps;
+    let same = last !== undefined && last.length === taps.length;
+    for (let i = 0; same && i < taps.length; i++) same = last![i] === taps[i];
+    if (same) return last!;
+    const ids = Int32Array.from(taps);
+    this.lastTaps = ids;
+    return ids;
   }
 
   /**

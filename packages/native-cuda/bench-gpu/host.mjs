@@ -3,7 +3,7 @@
 // return at once (no device work, no copies). What is measured is the JavaScript and bookkeeping a step costs on the
 // host — the part of the GPU run's "ms per step: propose / verify / commit" that a faster GPU cannot remove.
 //
-//   node packages/native-cuda/bench-gpu/host.mjs [--steps 2000] [--accept 0.8] [--json FILE]
+//   node packages/native-cuda/bench-gpu/host.mjs [--steps 2000] [--accept 0.8] [--only none|max|cost] [--json FILE]
 //   (after `npm run build` and `npm run models:fetch`; node --cpu-prof for where it goes)
 //
 // The stand-in target's greedy token after position p is a fixed function of p (a token of the draft vocabulary),
@@ -27,6 +27,8 @@ const opt = (name, dflt) => {
 const STEPS = Number(opt('steps', '2000'));
 const ACCEPT = Number(opt('accept', '0.8'));
 const jsonOut = opt('json', undefined);
+/** One row only (`none`: plain decoding, `max` / `cost`: EAGLE-3 with that policy), for profiles of one path. */
+const only = opt('only', undefined);
 
 const cpu = await loadTarget(path.join(ROOT, 'models/smollm2-135m-instruct'), BUILTIN_PLUGIN_PACKAGES);
 const config = cpu.model.config;
@@ -157,7 +159,11 @@ function run(withDrafter, policy) {
   };
 }
 
-const rows = [run(false), run(true, 'max'), run(true, 'cost')];
+const rows = [
+  ...(only === undefined || only === 'none' ? [run(false)] : []),
+  ...(only === undefined || only === 'max' ? [run(true, 'max')] : []),
+  ...(only === undefined || only === 'cost' ? [run(true, 'cost')] : []),
+];
 console.log(`# bench:gpu-host — ${new Date().toISOString()}; ${cpus()[0]?.model}, node ${process.version}`);
 console.log(`# stand-in device (no GPU work); acceptance per draft ${ACCEPT}, chain ${drafter.maxDraftTokens}`);
 console.log(

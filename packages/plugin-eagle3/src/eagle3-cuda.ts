@@ -192,6 +192,20 @@ export class Eagle3CudaDrafter extends DrafterBase {
   private readonly hasG = new Set<SequenceId>();
   /** Arrays {@link projectTargetHiddenPartial} returned: packed taps, not projections. */
   private readonly packedTaps = new WeakSet<Float32Array>();
+  /**
+   * Packed taps of a step's rows (≤ maxDraftTokens + 1) reuse one buffer, `[n, T·D]` views of it by n, while no
+   * view of it is lent out (returned by {@link projectTargetHiddenPartial} and not yet written); larger packs and
+   * a second pack while one is lent get their own array.
+   */
+  private readonly packBuffer: Float32Array;
+  private readonly packViews: Float32Array[] = [];
+  private packLent = false;
+  /**
+   * Block tables of chain calls, refilled each call (the runner copies its arguments before it returns) and its
+   * `[S, maxBlocks]` views by S.
+   */
+  private tableBuffer = new Int32Array(0);
+  private tableViews: Int32Array[] = [];
 
   private constructor(
     readonly config: Eagle3Config,
@@ -210,6 +224,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     this.maxDraftTokens = sizes.maxDraftTokens;
     this.maxBlocks = addon.eagle3Info(runner).maxBlocks;
     for (let s = sizes.maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
+    this.packBuffer = new Float32Array((sizes.maxDraftTokens + 1) * config.taps.length * config.hiddenSize);
   }
 
   /**
@@ -305,16 +320,25 @@ export class Eagle3CudaDrafter extends DrafterBase {
         throw new DrafterError(
           `eagle3: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${c.taps.join(', ')}]`,
         );
-    const out = new Float32Array(numTokens * T * D);
-    c.taps.forEach((tap, i) => {
+    for (const tap of c.taps) {
       const h = stageTaps.get(tap);
       if (h === undefined || h.length !== numTokens * D)
         throw new DrafterError(
           `eagle3: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, ` +
             (h === undefined ? 'missing' : `got length ${h.length}`),
         );
+    }
+    const size = numTokens * T * D;
+    let out: Float32Array;
+    if (!this.packLent && size <= this.packBuffer.length) {
+      out = this.packViews[numTokens] ?? this.packBuffer.subarray(0, size);
+      this.packViews[numTokens] = out;
+      this.packLent = true;
+    } else out = new Float32Array(size);
+    for (let i = 0; i < T; i++) {
+      const h = stageTaps.get(c.taps[i]!)!;
       for (let r = 0; r < numTokens; r++) out.set(h.subarray(r * D, (r + 1) * D), (r * T + i) * D);
-    });
+    }
     this.packedTaps.add(out);
     return out;
   }
@@ -330,11 +354,14 @@ export class Eagle3CudaDrafter extends DrafterBase {
    *   (nothing allocated); the addon's errors.
    */
   override writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
+    // a packed buffer is handed over by this call, written or refused (a later projection may reuse it)
+    if (sum.buffer === this.packBuffer.buffer) this.packLent = false;
     const runner = this.live();
     const c = this.config;
     const fromTaps = this.packedTaps.has(sum);
     const width = (fromTaps ? c.taps.length : 1) * c.hiddenSize;
-    const n = spans.reduce((a, s) => a + s.numTokens, 0);
+    let n = 0;
+    for (const s of spans) n += s.numTokens;
     if (sum.length !== n * width)
       throw new DrafterError(
         `eagle3: writeProjectedContextKV: sum: expected [${n}, ${width}] f32, got length ${sum.length}`,
@@ -365,7 +392,11 @@ export class Eagle3CudaDrafter extends DrafterBase {
     }
     this.kv.extendAll(spans);
     try {
-      this.addon.eagle3ContextWrite(runner, sum, fromTaps, next, positions, this.kv.slots(spans), gSlotOfRow);
+      const slots = new Int32Array(n);
+      const pool = this.kv.pool;
+      at = 0;
+      for (const s of spans) at = pool.writeTokenSlots(s.id, s.position, s.numTokens, slots, at);
+      this.addon.eagle3ContextWrite(runner, sum, fromTaps, next, positions, slots, gSlotOfRow);
     } catch (err) {
       this.kv.truncateAll(spans.map((s) => ({ id: s.id, position: s.position, numTokens: 0 })));
       throw err;
@@ -384,7 +415,10 @@ export class Eagle3CudaDrafter extends DrafterBase {
   propose(batch: DraftBatch): DraftProposal[] {
     this.live();
     const seqs = batch.sequences;
-    seqs.forEach((s, i) => {
+    let allGreedy = true;
+    for (let i = 0; i < seqs.length; i++) {
+      const s = seqs[i]!;
+      if (s.sampling.temperature > 0) allGreedy = false;
       this.checkMaxDrafts(s, i, this.maxDraftTokens);
       this.checkProposePosition(s, i);
       if (s.position < 1 || !this.hasG.has(s.id))
@@ -397,7 +431,13 @@ export class Eagle3CudaDrafter extends DrafterBase {
           `eagle3: propose: sequences[${i}] (${String(s.id)}): a chain of ${s.maxDrafts} from position ` +
             `${s.position} passes the GPU drafter's ${this.maxModelLen} positions`,
         );
-    });
+    }
+    if (allGreedy) {
+      const drafts = this.greedyChain(seqs);
+      const out: DraftProposal[] = [];
+      for (let i = 0; i < seqs.length; i++) out.push({ id: seqs[i]!.id, tokens: drafts[i]! });
+      return out;
+    }
     const out = new Array<DraftProposal>(seqs.length);
     const greedy: number[] = [];
     const sampled: number[] = [];
@@ -522,68 +562,105 @@ export class Eagle3CudaDrafter extends DrafterBase {
     return slot;
   }
 
+  /** The block-table buffer of a chain call over `S` sequences, `[S, maxBlocks]` i32 (a view kept per S). */
+  private tables(S: number): Int32Array {
+    const n = S * this.maxBlocks;
+    if (n > this.tableBuffer.length) {
+      this.tableBuffer = new Int32Array(n);
+      this.tableViews = [];
+    }
+    let view = this.tableViews[S];
+    if (view === undefined) {
+      view = this.tableBuffer.subarray(0, n);
+      this.tableViews[S] = view;
+    }
+    return view;
+  }
+
   /**
    * The per-sequence arguments of a chain call for `seqs` with `lengths[r]` steps, their temporary entries already
-   * reserved: gSlots, last tokens, positions `[S]`, block tables `[S, maxBlocks]`, and the slot of each
-   * sequence's entry of step j ≥ 2 (`slotOf(j, r)`, −1 past its length).
+   * reserved: gSlots, last tokens, positions, lengths `[S]`, block tables `[S, maxBlocks]`, and the slot of each
+   * sequence's entry of step j ≥ 2, `stepSlots[(j − 2)·S + r]` `[(K − 1)·S]` (−1 past its length; `slotOf(j, r)`,
+   * −1 for j = 1).
    */
-  private chainArgs(seqs: readonly DraftSequence[], lengths: readonly number[]) {
+  private chainArgs(seqs: readonly DraftSequence[], lengths: Int32Array, K: number) {
     const S = seqs.length;
-    const tables = new Int32Array(S * this.maxBlocks);
-    const temp = seqs.map((s, r) => {
-      tables.set(this.kv.pool.blockTable(s.id), r * this.maxBlocks);
-      return this.kv.slots([{ id: s.id, position: s.position, numTokens: lengths[r]! - 1 }]);
-    });
+    const MB = this.maxBlocks;
+    const pool = this.kv.pool;
+    const tables = this.tables(S);
+    const gSlots = new Int32Array(S);
+    const tokens = new Int32Array(S);
+    const positions = new Int32Array(S);
+    const stepSlots = new Int32Array(Math.max(0, K - 1) * S).fill(-1);
+    const temp = new Int32Array(Math.max(0, K - 1));
+    for (let r = 0; r < S; r++) {
+      const s = seqs[r]!;
+      gSlots[r] = this.gSlotOf(s.id);
+      tokens[r] = s.lastToken;
+      positions[r] = s.position;
+      const pages = pool.writeBlockTable(s.id, tables, r * MB);
+      tables.fill(0, r * MB + pages, (r + 1) * MB);
+      const extra = lengths[r]! - 1;
+      pool.writeTokenSlots(s.id, s.position, extra, temp, 0);
+      for (let j = 0; j < extra; j++) stepSlots[j * S + r] = temp[j]!;
+    }
     return {
-      gSlots: Int32Array.from(seqs, (s) => this.gSlotOf(s.id)),
-      tokens: Int32Array.from(seqs, (s) => s.lastToken),
-      positions: Int32Array.from(seqs, (s) => s.position),
+      gSlots,
+      tokens,
+      positions,
       tables,
-      lengths: Int32Array.from(lengths),
-      slotOf: (j: number, r: number): number => (j >= 2 && j <= lengths[r]! ? temp[r]![j - 2]! : -1),
+      lengths,
+      stepSlots,
+      slotOf: (j: number, r: number): number => (j >= 2 ? stepSlots[(j - 2) * S + r]! : -1),
     };
   }
 
   /** Runs `body` with each sequence's `lengths[r] − 1` temporary chain entries reserved (dropped afterwards). */
-  private withChainRows<T>(seqs: readonly DraftSequence[], lengths: readonly number[], body: () => T): T {
-    return this.kv.withRows(
-      seqs.map((s, r) => ({ id: s.id, position: s.position, numTokens: lengths[r]! - 1 })),
-      body,
-    );
+  private withChainRows<T>(seqs: readonly DraftSequence[], lengths: Int32Array, body: () => T): T {
+    const rows: { id: SequenceId; position: number; numTokens: number }[] = [];
+    for (let r = 0; r < seqs.length; r++)
+      rows.push({ id: seqs[r]!.id, position: seqs[r]!.position, numTokens: lengths[r]! - 1 });
+    return this.kv.withRows(rows, body);
   }
 
   /** Greedy chains of `maxDrafts` on the device in one call → target ids `[maxDrafts]` i32 per sequence. */
   private greedyChain(seqs: readonly DraftSequence[]): Int32Array[] {
     const runner = this.live();
-    const lengths = seqs.map((s) => s.maxDrafts);
-    const K = Math.max(...lengths);
     const S = seqs.length;
+    const lengths = new Int32Array(S);
+    let K = 0;
+    for (let r = 0; r < S; r++) {
+      lengths[r] = seqs[r]!.maxDrafts;
+      K = Math.max(K, lengths[r]!);
+    }
     const ids = this.withChainRows(seqs, lengths, () => {
-      const a = this.chainArgs(seqs, lengths);
-      const stepSlots = new Int32Array((K - 1) * S);
-      for (let j = 2; j <= K; j++) for (let r = 0; r < S; r++) stepSlots[(j - 2) * S + r] = a.slotOf(j, r);
+      const a = this.chainArgs(seqs, lengths, K);
       return this.addon.eagle3Chain(
         runner,
         a.gSlots,
         a.tokens,
         a.positions,
         a.tables,
-        stepSlots,
+        a.stepSlots,
         a.lengths,
         K,
         this.graphs,
       );
     });
-    return seqs.map((s, r) =>
-      Int32Array.from({ length: lengths[r]! }, (_, j) => {
+    const out: Int32Array[] = [];
+    for (let r = 0; r < S; r++) {
+      const drafts = new Int32Array(lengths[r]!);
+      for (let j = 0; j < drafts.length; j++) {
         const d = ids[r * K + j]!;
         if (d < 0)
           throw new DrafterError(
-            `eagle3: propose: sequence ${String(s.id)}: the draft logits of step ${j + 1} are not finite`,
+            `eagle3: propose: sequence ${String(seqs[r]!.id)}: the draft logits of step ${j + 1} are not finite`,
           );
-        return this.draftToTarget[d]!;
-      }),
-    );
+        drafts[j] = this.draftToTarget[d]!;
+      }
+      out.push(drafts);
+    }
+    return out;
   }
 
   /**
@@ -600,8 +677,9 @@ export class Eagle3CudaDrafter extends DrafterBase {
     const K = Math.max(...lengths);
     const S = seqs.length;
     const drafts = lengths.map((k) => new Int32Array(k));
-    this.withChainRows(seqs, lengths, () => {
-      const a = this.chainArgs(seqs, lengths);
+    const lens = Int32Array.from(lengths);
+    this.withChainRows(seqs, lens, () => {
+      const a = this.chainArgs(seqs, lens, K);
       const tokens = Int32Array.from(a.tokens);
       for (let j = 1; j <= K; j++) {
         const slots = Int32Array.from({ length: S }, (_, r) => a.slotOf(j, r));

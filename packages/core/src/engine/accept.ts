@@ -48,17 +48,22 @@ export function acceptGreedy(drafts: Int32Array, targetLogits: Float32Array, voc
 /**
  * Greedy verification from the target's argmax of each verify row (a stage that computes it where its logits live,
  * `ForwardResult.argmax`): the same decision as {@link acceptGreedy}.
- * @param drafts `[k]` i32. @param top `[k + 1]` i32: the argmax at the last verified token and at each draft, −1
- *   for a row that is not finite. @param what names the rows in messages.
- * @throws {NonFiniteLogitsError} when a row the decision reads (rows 0 … accepted) is not finite.
+ * @param drafts `[k]` i32. @param top `[k + 1]` i32 from element `offset` (default 0; `top` may be longer, e.g. a
+ *   whole batch's argmax): the argmax at the last verified token and at each draft, −1 for a row that is not finite.
+ * @param what names the rows in messages.
+ * @throws {NonFiniteLogitsError} when a row the decision reads (rows 0 … accepted) is not finite; RangeError when
+ *   `top` has fewer than k + 1 entries from `offset` (or more, without an offset).
  */
-export function acceptGreedyArgmax(drafts: Int32Array, top: Int32Array, what: string): AcceptResult {
+export function acceptGreedyArgmax(drafts: Int32Array, top: Int32Array, what: string, offset?: number): AcceptResult {
   const k = drafts.length;
-  if (top.length !== k + 1) throw new RangeError(`acceptGreedyArgmax: top: expected [${k + 1}] i32, got ${top.length}`);
+  const o = offset ?? 0;
+  if (offset === undefined ? top.length !== k + 1 : !(o >= 0 && o + k + 1 <= top.length))
+    throw new RangeError(`acceptGreedyArgmax: top: expected [${k + 1}] i32, got ${top.length - o}`);
   let n = 0;
-  while (n < k && top[n]! >= 0 && drafts[n] === top[n]) n++;
-  if (top[n]! < 0) throw new NonFiniteLogitsError(`${what} ${n}: the model's output is not finite`);
-  return { accepted: n, bonus: top[n]! };
+  while (n < k && top[o + n]! >= 0 && drafts[n] === top[o + n]) n++;
+  const bonus = top[o + n]!;
+  if (bonus < 0) throw new NonFiniteLogitsError(`${what} ${n}: the model's output is not finite`);
+  return { accepted: n, bonus };
 }
 
 /**

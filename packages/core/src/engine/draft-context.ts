@@ -76,21 +76,35 @@ export class DraftContextWriter {
    * them as draft context.
    */
   write(spans: readonly ContextSpan[], res: ForwardResult, rows: readonly Int32Array[]): void {
-    const n = spans.reduce((a, s) => a + s.numTokens, 0);
+    let n = 0;
+    for (const s of spans) n += s.numTokens;
     if (n === 0) return;
     const D = this.hiddenSize;
+    // the rows in order are one run [first, first + n) (a single chain's committed prefix, or whole blocks): the
+    // taps are passed as views of the forward's (projections read them, never keep or change them)
+    const first = rows[0]?.[0] ?? 0;
+    let run = true;
+    let at = 0;
+    for (let i = 0; i < spans.length && run; i++) {
+      const r = rows[i]!;
+      for (let j = 0; j < spans[i]!.numTokens && run; j++) run = r[j] === first + at++;
+    }
     const gather = (h: Float32Array): Float32Array => {
+      if (run) return h.subarray(first * D, (first + n) * D);
       const g = new Float32Array(n * D);
-      let at = 0;
-      spans.forEach((s, i) => {
-        for (let j = 0; j < s.numTokens; j++) g.set(h.subarray(rows[i]![j]! * D, (rows[i]![j]! + 1) * D), (at + j) * D);
-        at += s.numTokens;
-      });
+      let to = 0;
+      for (let i = 0; i < spans.length; i++) {
+        const r = rows[i]!;
+        for (let j = 0; j < spans[i]!.numTokens; j++, to += D) g.set(h.subarray(r[j]! * D, (r[j]! + 1) * D), to);
+      }
       return g;
     };
     const taps = new Map<number, Float32Array>();
     for (const [tap, h] of res.taps) taps.set(tap, gather(h));
-    const inputs: ContextRows = res.projection === undefined ? { taps } : { taps, projection: gather(res.projection) };
+    // the partial projection is the accumulator the drafter adds into: always a copy
+    const projection = res.projection === undefined ? undefined : gather(res.projection);
+    const inputs: ContextRows =
+      projection === undefined ? { taps } : { taps, projection: run ? projection.slice() : projection };
     this.drafter.writeProjectedContextKV(project(this.drafter, inputs, n), spans);
   }
 
@@ -135,7 +149,13 @@ export class DraftContextWriter {
     const D = this.hiddenSize;
     const n = owners.reduce((a, o) => a + o.pending.numTokens, 0);
     const taps = new Map<number, Float32Array>();
+    // one sequence that kept one block per input (a prompt of one chunk): its own copies are the inputs
+    const one = owners.length === 1 && [...first.taps.values()].every((l) => l.length === 1);
     for (const tap of first.taps.keys()) {
+      if (one) {
+        taps.set(tap, first.taps.get(tap)![0]!);
+        continue;
+      }
       const g = new Float32Array(n * D);
       let at = 0;
       for (const o of owners) {
@@ -148,6 +168,8 @@ export class DraftContextWriter {
       taps.set(tap, g);
     }
     let projection: Float32Array | undefined;
+    // (the projection is the accumulator the drafter adds into: always a fresh copy, the pending one stays intact
+    // should the write throw)
     if (first.projection !== undefined) {
       projection = new Float32Array(n * D);
       let at = 0;

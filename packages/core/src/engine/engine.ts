@@ -358,14 +358,18 @@ export class SpecEngine {
     const done: SpecResult[] = [];
     if (this.needsCalibration && this.running.size === 0 && this.waiting.length > 0) this.calibrate();
     const admit = Math.min(this.waiting.length, this.maxSequences - this.occupied);
-    for (const req of this.waiting.splice(0, Math.max(0, admit))) this.admit(req);
-    for (const r of [...this.running.values()]) {
-      if (r.prefilled === r.req.promptIds.length) continue;
-      const f = this.prefillStep(r);
-      if (f !== undefined) done.push(f);
-    }
-    const decoding = [...this.running.values()].filter((r) => r.prefilled === r.req.promptIds.length);
-    if (decoding.length > 0) done.push(...this.specStep(decoding));
+    if (admit > 0) for (const req of this.waiting.splice(0, admit)) this.admit(req);
+    let prefilling = false;
+    for (const r of this.running.values()) if (r.prefilled < r.req.promptIds.length) prefilling = true;
+    if (prefilling)
+      for (const r of [...this.running.values()]) {
+        if (r.prefilled === r.req.promptIds.length) continue;
+        const f = this.prefillStep(r);
+        if (f !== undefined) done.push(f);
+      }
+    const decoding: Running[] = [];
+    for (const r of this.running.values()) if (r.prefilled === r.req.promptIds.length) decoding.push(r);
+    if (decoding.length > 0) for (const f of this.specStep(decoding)) done.push(f);
     return done;
   }
 
@@ -558,18 +562,28 @@ export class SpecEngine {
     const t0 = performance.now();
     const proposed = propose(ctx, seqs);
     const t1 = performance.now();
-    const live = seqs.filter((r) => !proposed.failed.has(r.id));
-    for (const r of seqs) {
-      const err = proposed.failed.get(r.id);
-      if (err !== undefined) done.push(this.fail(r, err));
+    let live = seqs;
+    if (proposed.failed.size > 0) {
+      live = seqs.filter((r) => !proposed.failed.has(r.id));
+      for (const r of seqs) {
+        const err = proposed.failed.get(r.id);
+        if (err !== undefined) done.push(this.fail(r, err));
+      }
     }
     if (live.length === 0) return done;
     const verified = verify(ctx, live, proposed.proposals);
     const t2 = performance.now();
     const accepted = accept(ctx, live, verified, proposed.proposals);
-    const failed = new Map([...accepted.failed, ...commit(ctx, verified, accepted.outcomes)]);
+    const commitFailed = commit(ctx, verified, accepted.outcomes);
+    const failed =
+      accepted.failed.size === 0
+        ? commitFailed
+        : commitFailed.size === 0
+          ? accepted.failed
+          : new Map([...accepted.failed, ...commitFailed]);
     const t3 = performance.now();
-    const rows = verified.blocks.reduce((a, b) => a + b.tokens.length, 0);
+    let rows = 0;
+    for (const b of verified.blocks) rows += b.tokens.length;
     this.metrics.draftMs += t1 - t0;
     this.metrics.verifyMs += t2 - t1;
     this.metrics.commitMs += t3 - t2;
@@ -584,18 +598,18 @@ export class SpecEngine {
     this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs);
     for (const o of accepted.outcomes) {
       const { seq: r, acc, drafts } = o;
-      if (failed.has(r.id)) continue;
-      const reason = this.emit(
-        r,
-        [...drafts.subarray(0, acc.accepted), acc.bonus],
-        committedLogprobs(ctx, verified, o),
-      );
+      if (failed.size > 0 && failed.has(r.id)) continue;
+      const committed: number[] = [];
+      for (let j = 0; j < acc.accepted; j++) committed.push(drafts[j]!);
+      committed.push(acc.bonus);
+      const reason = this.emit(r, committed, committedLogprobs(ctx, verified, o));
       if (reason !== undefined) done.push(this.finish(r, reason));
     }
-    for (const r of live) {
-      const err = failed.get(r.id);
-      if (err !== undefined) done.push(this.fail(r, err));
-    }
+    if (failed.size > 0)
+      for (const r of live) {
+        const err = failed.get(r.id);
+        if (err !== undefined) done.push(this.fail(r, err));
+      }
     return done;
   }
 
@@ -605,13 +619,14 @@ export class SpecEngine {
    */
   private emit(r: Running, tokens: readonly number[], logprobs?: readonly TokenLogprob[]): FinishReason | undefined {
     const req = r.req;
-    for (const [i, t] of tokens.entries()) {
+    // below minTokens the processor masked EOS and the stop ids, and stop strings are not checked (vLLM)
+    const minTokens = req.sampling.minTokens ?? 0;
+    for (let i = 0; i < tokens.length; i++) {
+      const t = tokens[i]!;
       r.history[r.historyLength++] = t;
       r.out.push(t);
       r.logits?.push(t);
       req.onToken?.(t, logprobs?.[i]);
-      // below minTokens the processor masked EOS and the stop ids, and stop strings are not checked (vLLM)
-      const minTokens = req.sampling.minTokens ?? 0;
       if (req.ignoreEos !== true && req.eosTokenIds?.includes(t) === true && r.out.length >= minTokens) return 'eos';
       if (req.stopTokenIds?.includes(t) === true && r.out.length >= minTokens) return 'stop';
       if (req.stopStrings !== undefined && req.stopStrings.length > 0 && r.out.length > minTokens) {

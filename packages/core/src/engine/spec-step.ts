@@ -136,31 +136,33 @@ export interface Outcome {
 function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
   const maxK = ctx.drafter?.maxDraftTokens ?? 0;
   const maxPosition = ctx.drafter?.maxPosition;
-  const caps = seqs.map((r) => {
+  const caps: number[] = [];
+  for (const r of seqs) {
     let cap = r.plainOnly ? 0 : Math.max(0, Math.min(maxK, r.req.maxTokens - r.out.length));
     // past the draft model's trained positions its drafts are noise: stop drafting (the step decodes plainly)
     if (cap > 0 && maxPosition !== undefined && r.historyLength + maxK > maxPosition) {
       cap = 0;
       r.metrics.positionLimitedSteps++;
     }
-    return { r, cap };
-  });
-  if (ctx.drafter === undefined) return caps.map(() => 0);
+    caps.push(cap);
+  }
+  if (ctx.drafter === undefined) return caps.fill(0);
   const hook = ctx.options.draftLength;
   if (hook !== undefined)
-    return caps.map(({ r, cap }) => Math.min(cap, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
+    return seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
   const policy = ctx.policy;
   // the engine sets a policy whenever it has a drafter and no draftLength hook (step() calibrates 'cost' first)
   if (policy === undefined) throw new EngineError('propose: internal error: a drafter without a draft policy');
   const chosen = policy.choose(
-    caps.map(({ r, cap }) => ({
+    seqs.map((r, i) => ({
       id: r.id,
-      maxDrafts: cap,
+      maxDrafts: caps[i]!,
       metrics: r.metrics,
       pendingContextRows: r.pending?.numTokens ?? 0,
     })),
   );
-  return chosen.map((k, i) => Math.max(0, Math.min(caps[i]!.cap, Math.floor(k))));
+  for (let i = 0; i < caps.length; i++) caps[i] = Math.max(0, Math.min(caps[i]!, Math.floor(chosen[i]!)));
+  return caps;
 }
 
 /**
@@ -174,36 +176,50 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
  * @throws {EngineError} for drafts of a sequence that is not in the step; what the draft context write throws.
  */
 export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
+  const { drafter, context } = ctx;
+  // (without a drafter every sequence asks for 0 drafts)
+  if (drafter === undefined || context === undefined) return nothingProposed();
   const wants = draftLengths(ctx, seqs);
+  /** The sequences that draft, with their index in `seqs`. */
+  const asks: { readonly r: Running; readonly want: number; readonly at: number }[] = [];
+  for (let i = 0; i < seqs.length; i++) {
+    const want = wants[i];
+    if (want !== undefined && want > 0) asks.push({ r: seqs[i]!, want, at: i });
+  }
+  if (asks.length === 0) return nothingProposed();
   const proposals = new Map<SequenceId, DraftProposal>();
   const failed = new Map<SequenceId, SequenceError>();
-  const { drafter, context } = ctx;
-  const asks = seqs.flatMap((r, i) => {
-    const want = wants[i];
-    return want !== undefined && want > 0 ? [{ r, want }] : [];
-  });
-  const drafting = asks.map(({ r }) => r);
-  // (wants are all 0 without a drafter)
-  if (drafter === undefined || context === undefined || drafting.length === 0)
-    return { proposals, drafted: 0, proposeMs: 0, catchUpRows: 0, catchUpMs: 0, failed };
   // lazy catch-up: the context deferred while these sequences did not draft, written in one call
-  const behind = drafting.filter((r) => r.pending !== undefined);
-  const catchUpRows = behind.reduce((a, r) => a + (r.pending?.numTokens ?? 0), 0);
-  const tc = performance.now();
-  context.flush(behind);
-  const catchUpMs = performance.now() - tc;
-  const toDraft: DraftSequence[] = asks.map(({ r, want }) => ({
-    id: r.id,
-    position: r.historyLength - 1,
-    lastToken: r.history[r.historyLength - 1]!,
-    maxDrafts: want,
-    history: r.history.subarray(0, r.historyLength),
-    sampling: r.req.sampling,
-    rng: r.rng,
-  }));
+  const behind: Running[] = [];
+  let catchUpRows = 0;
+  for (const { r } of asks) {
+    if (r.pending === undefined) continue;
+    behind.push(r);
+    catchUpRows += r.pending.numTokens;
+  }
+  let catchUpMs = 0;
+  if (behind.length > 0) {
+    const tc = performance.now();
+    context.flush(behind);
+    catchUpMs = performance.now() - tc;
+  }
+  const toDraft: DraftSequence[] = [];
+  /** Each drafting sequence's PRNG draws before the call (rewound for the one-by-one retry). */
+  const draws: number[] = [];
+  for (const { r, want } of asks) {
+    toDraft.push({
+      id: r.id,
+      position: r.historyLength - 1,
+      lastToken: r.history[r.historyLength - 1]!,
+      maxDrafts: want,
+      history: r.history.subarray(0, r.historyLength),
+      sampling: r.req.sampling,
+      rng: r.rng,
+    });
+    draws.push(r.rng.draws);
+  }
   ctx.metrics.proposeCalls++;
   const tp = performance.now();
-  const marks = drafting.map((r) => ({ rng: r.rng, draws: r.rng.draws }));
   let proposed: readonly DraftProposal[];
   try {
     proposed = drafter.propose({ sequences: toDraft });
@@ -213,7 +229,7 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
       failed.set(only.id, new SequenceError(only.id, 'propose', err));
       proposed = [];
     } else {
-      for (const m of marks) m.rng.rewind(m.draws);
+      for (let i = 0; i < asks.length; i++) asks[i]!.r.rng.rewind(draws[i]!);
       proposed = toDraft.flatMap((d) => {
         ctx.metrics.proposeCalls++;
         try {
@@ -226,8 +242,11 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
     }
   }
   const proposeMs = performance.now() - tp;
-  for (const p of proposed) {
-    const at = seqs.findIndex((r) => r.id === p.id);
+  for (let i = 0; i < proposed.length; i++) {
+    const p = proposed[i]!;
+    // proposals come in the order asked (one-by-one retries skip the sequences that failed)
+    const ask = asks[i];
+    const at = ask !== undefined && ask.r.id === p.id ? ask.at : seqs.findIndex((r) => r.id === p.id);
     if (at < 0 && p.tokens.length > 0)
       throw new EngineError(`propose: ${String(p.id)}: drafts for a sequence that was not asked to draft`);
     try {
@@ -241,6 +260,11 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   }
   applyBudgets(ctx, proposals);
   return { proposals, drafted: toDraft.length, proposeMs, catchUpRows, catchUpMs, failed };
+}
+
+/** What {@link propose} returns when no sequence drafts. */
+function nothingProposed(): Proposed {
+  return { proposals: new Map(), drafted: 0, proposeMs: 0, catchUpRows: 0, catchUpMs: 0, failed: new Map() };
 }
 
 /**
@@ -282,28 +306,32 @@ export function verify(
 ): Verified {
   const blocks: ForwardSequence[] = [];
   const checkpoints = new Map<SequenceId, SequenceCheckpoint>();
+  let drafted = false;
+  let argmaxOnly = true;
   for (const r of seqs) {
-    const p = proposals.get(r.id);
-    const drafts = p?.tokens ?? new Int32Array(0);
-    const tokens = new Int32Array(drafts.length + 1);
+    const p = proposals.size === 0 ? undefined : proposals.get(r.id);
+    const k = p === undefined ? 0 : p.tokens.length;
+    const tokens = new Int32Array(k + 1);
     tokens[0] = r.history[r.historyLength - 1]!;
-    tokens.set(drafts, 1);
-    if (ctx.commitMode === 'replay' && drafts.length > 0) checkpoints.set(r.id, ctx.cache.checkpoint(r.id));
-    const tree =
-      p !== undefined && isTree(p)
-        ? Int32Array.from([-1, ...Array.from(p.parents.subarray(0, drafts.length), (v) => v + 1)])
-        : undefined;
-    blocks.push({
-      id: r.id,
-      position: ctx.cache.length(r.id),
-      tokens,
-      logits: 'all',
-      ...(tree === undefined ? {} : { tree }),
-    });
+    if (k > 0) {
+      tokens.set(p!.tokens, 1);
+      drafted = true;
+      if (ctx.commitMode === 'replay') checkpoints.set(r.id, ctx.cache.checkpoint(r.id));
+    }
+    const position = ctx.cache.length(r.id);
+    if (p !== undefined && isTree(p)) {
+      const tree = new Int32Array(k + 1);
+      tree[0] = -1;
+      for (let j = 0; j < k; j++) tree[j + 1] = p.parents[j]! + 1;
+      blocks.push({ id: r.id, position, tokens, logits: 'all', tree });
+      argmaxOnly = false;
+    } else {
+      blocks.push({ id: r.id, position, tokens, logits: 'all' });
+      if (!wantsArgmaxOnly(r)) argmaxOnly = false;
+    }
   }
   // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
-  const snapshots = ctx.commitMode === 'snapshots' && blocks.some((f) => f.tokens.length > 1);
-  const argmaxOnly = blocks.every((b) => b.tree === undefined) && seqs.every(wantsArgmaxOnly);
+  const snapshots = ctx.commitMode === 'snapshots' && drafted;
   const res = ctx.target.forward({ sequences: blocks }, ctx.cache, {
     taps: ctx.taps,
     stateSnapshots: snapshots,
@@ -345,12 +373,12 @@ export function accept(
   verified: Verified,
   proposals: ReadonlyMap<SequenceId, DraftProposal>,
 ): Accepted {
-  const V = ctx.vocab;
   const { res } = verified;
   const outcomes: Outcome[] = [];
   const failed = new Map<SequenceId, SequenceError>();
   let row = 0;
-  seqs.forEach((r, i) => {
+  for (let i = 0; i < seqs.length; i++) {
+    const r = seqs[i]!;
     const block = verified.blocks[i]!;
     const first = row;
     row += block.tokens.length;
@@ -358,43 +386,59 @@ export function accept(
       // an argmax-only forward (wantsArgmaxOnly: greedy, nothing processed): the stage's argmax of each row
       try {
         const drafts = block.tokens.subarray(1);
-        const acc = acceptGreedyArgmax(
-          drafts,
-          res.argmax!.subarray(res.logitRowStart[i]!, res.logitRowStart[i + 1]!),
-          'verify row',
-        );
+        const start = res.logitRowStart[i]!;
+        const rows = res.logitRowStart[i + 1]! - start;
+        if (rows !== drafts.length + 1)
+          throw new RangeError(`acceptGreedyArgmax: top: expected [${drafts.length + 1}] i32, got ${rows}`);
+        const acc = acceptGreedyArgmax(drafts, res.argmax!, 'verify row', start);
         outcomes.push({ seq: r, block, row: first, acc, drafts });
       } catch (err) {
         failed.set(r.id, new SequenceError(r.id, 'accept', err));
       }
+      continue;
+    }
+    acceptRow(ctx, r, i, block, first, res, proposals, outcomes, failed);
+  }
+  return { outcomes, failed };
+}
+
+/** {@link accept} of sequence `i` (`r`, its block's first row `first`) from the forward's logits. */
+function acceptRow(
+  ctx: StepContext,
+  r: Running,
+  i: number,
+  block: ForwardSequence,
+  first: number,
+  res: ForwardResult,
+  proposals: ReadonlyMap<SequenceId, DraftProposal>,
+  outcomes: Outcome[],
+  failed: Map<SequenceId, SequenceError>,
+): void {
+  const V = ctx.vocab;
+  const raw = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
+  const checkRows = (rows: Iterable<number>): void => {
+    for (const x of rows) checkLogitsRow(raw.subarray(x * V, (x + 1) * V), `verify row ${x}`);
+  };
+  try {
+    // row x processed as plain decoding would after the drafts before it (logits-processors.ts)
+    const lg = r.logits === undefined ? raw : r.logits.block(raw, V, block.tokens, block.tree);
+    if (block.tree !== undefined) {
+      const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
+      checkRows(rows);
+      const drafts = Int32Array.from(rows.slice(1), (x) => block.tokens[x]!);
+      outcomes.push({ seq: r, block, row: first, acc, drafts, path: rows });
       return;
     }
-    const raw = res.logits!.subarray(res.logitRowStart[i]! * V, res.logitRowStart[i + 1]! * V);
-    const checkRows = (rows: Iterable<number>): void => {
-      for (const x of rows) checkLogitsRow(raw.subarray(x * V, (x + 1) * V), `verify row ${x}`);
-    };
-    try {
-      // row x processed as plain decoding would after the drafts before it (logits-processors.ts)
-      const lg = r.logits === undefined ? raw : r.logits.block(raw, V, block.tokens, block.tree);
-      if (block.tree !== undefined) {
-        const { rows, acc } = acceptTreeGreedy(block.tokens, block.tree, lg, V);
-        checkRows(rows);
-        const drafts = Int32Array.from(rows.slice(1), (x) => block.tokens[x]!);
-        outcomes.push({ seq: r, block, row: first, acc, drafts, path: rows });
-        return;
-      }
-      const drafts = block.tokens.subarray(1);
-      const acc =
-        r.req.sampling.temperature === 0
-          ? acceptGreedy(drafts, lg, V)
-          : acceptSampled(drafts, proposals.get(r.id)?.probs, targetProbs(lg, V, r.req.sampling), V, r.rng);
-      checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
-      outcomes.push({ seq: r, block, row: first, acc, drafts });
-    } catch (err) {
-      failed.set(r.id, new SequenceError(r.id, 'accept', err));
-    }
-  });
-  return { outcomes, failed };
+    const drafts = block.tokens.subarray(1);
+    const acc =
+      r.req.sampling.temperature === 0
+        ? acceptGreedy(drafts, lg, V)
+        : acceptSampled(drafts, proposals.get(r.id)?.probs, targetProbs(lg, V, r.req.sampling), V, r.rng);
+    checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
+    outcomes.push({ seq: r, block, row: first, acc, drafts });
+  } catch (err) {
+    failed.set(r.id, new SequenceError(r.id, 'accept', err));
+  }
 }
 
 /**
@@ -455,7 +499,9 @@ export function commit(
       next.set(drafts.subarray(0, acc.accepted));
       next[acc.accepted] = acc.bonus;
       spans.push({ id: r.id, position: block.position, numTokens: committed, nextTokens: next });
-      spanRows.push(Int32Array.from(path ?? Array.from({ length: committed }, (_, j) => j), (x) => row + x));
+      const rows = new Int32Array(committed);
+      for (let j = 0; j < committed; j++) rows[j] = row + (path === undefined ? j : path[j]!);
+      spanRows.push(rows);
     }
   }
   if (ctx.context !== undefined && spans.length > 0) ctx.context.write(spans, res, spanRows);

@@ -153,6 +153,22 @@ export class PagedKvPool {
   }
 
   /**
+   * Writes the block table of `id` (page ids in token order, `[ceil(length / pageSize)]`) into `out` from element
+   * `offset`, without allocating (a stage filling its per-step block tables). @returns the number of pages written.
+   * @throws {CacheError} `unknown-sequence`; {@link RangeError} when `out` has no room for them past `offset`.
+   */
+  writeBlockTable(id: SequenceId, out: Int32Array, offset = 0): number {
+    const pages = this.seq(id).pages;
+    const n = pages.length;
+    if (!(Number.isSafeInteger(offset) && offset >= 0 && offset + n <= out.length))
+      throw new RangeError(
+        `PagedKvPool.writeBlockTable: ${n} pages do not fit out (length ${out.length}) at offset ${offset}`,
+      );
+    for (let i = 0; i < n; i++) out[offset + i] = pages[i]!;
+    return n;
+  }
+
+  /**
    * Grows `id` to `newLength` tokens, allocating pages as needed (all or nothing).
    * @throws {CacheError} `full` if not enough pages are free (nothing is allocated then);
    *   `range` if `newLength` < the current length.
@@ -234,11 +250,40 @@ export class PagedKvPool {
    * @returns `[Σ n]` i32. @throws {CacheError} `range` for a token outside its sequence.
    */
   tokenSlots(ranges: readonly { readonly id: SequenceId; readonly start: number; readonly n: number }[]): Int32Array {
-    const slots = new Int32Array(ranges.reduce((a, r) => a + r.n, 0));
+    let total = 0;
+    for (const r of ranges) total += r.n;
+    const slots = new Int32Array(total);
     let at = 0;
-    for (const r of ranges)
-      for (let i = 0; i < r.n; i++) slots[at++] = this.tokenOffset(r.id, r.start + i) / this.floatsPerToken;
+    for (const r of ranges) at = this.writeTokenSlots(r.id, r.start, r.n, slots, at);
     return slots;
+  }
+
+  /**
+   * The token slots of tokens [start, start + n) of `id` ({@link tokenSlots}) written into `out` from element
+   * `offset`, without allocating. @returns the element after them.
+   * @throws {CacheError} `range` for a token outside the sequence (nothing written), `unknown-sequence`;
+   *   {@link RangeError} when `out` has no room for them.
+   */
+  writeTokenSlots(id: SequenceId, start: number, n: number, out: Int32Array, offset = 0): number {
+    if (!(n > 0)) return offset;
+    const s = this.seq(id);
+    if (!(Number.isSafeInteger(start) && Number.isSafeInteger(n) && start >= 0 && start + n <= s.length)) {
+      // the first token outside, as tokenOffset names it
+      const bad = start >= 0 && start < s.length ? s.length : start;
+      throw new CacheError('range', `PagedKvPool.tokenOffset: pos: expected [0, ${s.length}), got ${bad}`);
+    }
+    if (!(Number.isSafeInteger(offset) && offset >= 0 && offset + n <= out.length))
+      throw new RangeError(
+        `PagedKvPool.writeTokenSlots: ${n} slots do not fit out (length ${out.length}) at offset ${offset}`,
+      );
+    const ps = this.pageSize;
+    const pages = s.pages;
+    for (let i = 0; i < n; i++) {
+      const pos = start + i;
+      const page = (pos / ps) | 0;
+      out[offset + i] = pages[page]! * ps + (pos - page * ps);
+    }
+    return offset + n;
   }
 
   /**

@@ -27,8 +27,12 @@ export interface ForwardPrologueSpec<S extends ForwardSpanBase> {
    * called in batch order once that sequence passed the checks (it may throw `error(…)` itself).
    */
   readonly span: (sequence: ForwardSequence, i: number, row: number) => S;
-  /** Writes the embedding of token `id` (in [0, vocabSize)) into `out`, `[hiddenSize]` f32. */
-  readonly embedRow: (id: number, out: Float32Array) => void;
+  /**
+   * Writes the embedding of token `id` (in [0, vocabSize)) into `out`, `[hiddenSize]` f32. Absent: the stage
+   * embeds elsewhere (a GPU stage, on its device) — a first stage then builds no residual stream here (`hidden`
+   * is empty and `capture` keeps nothing; the token ids are still checked).
+   */
+  readonly embedRow?: (id: number, out: Float32Array) => void;
   /**
    * A first stage given `batch.hidden`: `'use'` it (as a later stage would) or `'ignore'` it and
    * embed the tokens.
@@ -44,7 +48,10 @@ export interface ForwardPrologue<S> {
   readonly numTokens: number;
   /** The taps asked for (checked to lie in [layerStart, layerEnd]). */
   readonly taps: readonly number[];
-  /** Residual stream `[numTokens, hiddenSize]` f32, owned by the forward (updated in place by the layers). */
+  /**
+   * Residual stream `[numTokens, hiddenSize]` f32, owned by the forward (updated in place by the layers); empty
+   * (`[0]`) on a first stage without `embedRow`.
+   */
   readonly hidden: Float32Array;
   /** Captured taps: tap id → `[numTokens, hiddenSize]` f32 (tap `layerStart` already in when asked for). */
   readonly captured: Map<number, Float32Array>;
@@ -69,12 +76,18 @@ export function forwardPrologue<S extends ForwardSpanBase>(
   const { layerStart, layerEnd, isFirst, hiddenSize: D, vocabSize } = spec.info;
   const fail = spec.error;
   if (batch.sequences.length === 0) throw fail('forward: batch.sequences: expected at least one sequence');
+  const seqs = batch.sequences;
   const spans: S[] = [];
   let N = 0;
-  const ids = new Set<unknown>();
-  for (const [i, s] of batch.sequences.entries()) {
-    if (ids.has(s.id)) throw fail(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
-    ids.add(s.id);
+  // a sequence listed twice: a set for large batches, a scan for small ones (one verify step's batch)
+  const ids = seqs.length > 8 ? new Set<unknown>() : undefined;
+  for (let i = 0; i < seqs.length; i++) {
+    const s = seqs[i]!;
+    let twice = false;
+    if (ids === undefined) for (let j = 0; j < i && !twice; j++) twice = seqs[j]!.id === s.id;
+    else twice = ids.has(s.id);
+    if (twice) throw fail(`forward: sequences[${i}].id: sequence ${String(s.id)} appears twice in the batch`);
+    ids?.add(s.id);
     if (s.tokens.length < 1) throw fail(`forward: sequences[${i}].tokens: expected at least one token`);
     const have = cache.length(s.id);
     if (have !== s.position)
@@ -89,13 +102,16 @@ export function forwardPrologue<S extends ForwardSpanBase>(
   }
   let h: Float32Array;
   if (isFirst && (spec.hiddenOnFirstStage === 'ignore' || batch.hidden === undefined)) {
-    h = new Float32Array(N * D);
+    const embedRow = spec.embedRow;
+    h = new Float32Array(embedRow === undefined ? 0 : N * D);
     let row = 0;
-    for (const [i, s] of batch.sequences.entries()) {
-      for (const id of s.tokens) {
+    for (let i = 0; i < seqs.length; i++) {
+      const tokens = seqs[i]!.tokens;
+      for (let j = 0; j < tokens.length; j++) {
+        const id = tokens[j]!;
         if (!(id >= 0 && id < vocabSize))
           throw fail(`forward: sequences[${i}].tokens: id ${id} outside [0, ${vocabSize})`);
-        spec.embedRow(id, h.subarray(row * D, (row + 1) * D));
+        embedRow?.(id, h.subarray(row * D, (row + 1) * D));
         row++;
       }
     }
@@ -109,7 +125,7 @@ export function forwardPrologue<S extends ForwardSpanBase>(
   cache.extendAll(spans); // all or nothing
   const captured = new Map<number, Float32Array>();
   const capture = (tap: number) => {
-    if (taps.includes(tap)) captured.set(tap, h.slice());
+    if (h.length > 0 && taps.includes(tap)) captured.set(tap, h.slice());
   };
   capture(layerStart);
   return { spans, numTokens: N, taps, hidden: h, captured, capture };

@@ -277,7 +277,8 @@ export interface Drafter {
   /**
    * project: this stage's share of the context projection, `Σ_{i ∈ stage} h_i · W_iᵀ`, added into
    * `accumulator` (`[numTokens, hiddenSize]` f32, created zeroed when absent) and returned.
-   * @param stageTaps tap id → `[numTokens, hiddenSize]` f32, the taps this stage owns (may be none).
+   * @param stageTaps tap id → `[numTokens, hiddenSize]` f32, the taps this stage owns (may be none); read only
+   *   and not kept after the call (the engine may pass views of a forward's taps).
    */
   projectTargetHiddenPartial(
     stageTaps: ReadonlyMap<number, Float32Array>,
