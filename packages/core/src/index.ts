@@ -11,4 +11,5 @@ export * from './runtime/index.js';
 export * from './pd/index.js';
 export * from './cli/index.js';
 export * from './util/columns.js';
+export * from './util/row-views.js';
 export * from './model/forward-prologue.js';

@@ -15,6 +15,7 @@ import {
   type ForwardOptions,
   type ForwardResult,
   forwardPrologue,
+  Int32RowViews,
   type ForwardPrologueSpec,
   type PrefixCommit,
   SequenceCache,
@@ -65,11 +66,10 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
   private maxBlocks = 0;
   private disposed = false;
   /**
-   * The block tables of every forward, refilled each time (the runner copies its arguments before llamaForward
-   * returns, so one buffer serves every call), and its `[S, maxBlocks]` views by S.
+   * The block tables of every forward, `[S, maxBlocks]` views of one buffer refilled each time (the runner copies its
+   * arguments before llamaForward returns, so one buffer serves every call).
    */
-  private tableBuffer = new Int32Array(0);
-  private tableViews: Int32Array[] = [];
+  private tables = new Int32RowViews(0);
   /** The last forward's tap ids (the engine asks for the same taps every step). */
   private lastTaps: Int32Array | undefined;
   /** The forward prologue's checks and span records (built once). */
@@ -183,8 +183,7 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     this.maxModelLen = Math.min(pool, perSeq);
     this.cuda.llamaAllocKv(this.runner, pageSize, options.numPages, this.maxModelLen);
     this.maxBlocks = this.cuda.llamaInfo(this.runner).maxBlocks;
-    this.tableBuffer = new Int32Array(0);
-    this.tableViews = [];
+    this.tables = new Int32RowViews(this.maxBlocks);
     this.cache = new SequenceCache(this.cacheGeometry, { ...options, pageSize, kvStorage: 'device' });
     return this.cache;
   }
@@ -212,7 +211,7 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
     const slots = new Int32Array(N);
     const cu = new Int32Array(S + 1);
     const kvLens = new Int32Array(S);
-    const tables = this.tables(S);
+    const tables = this.tables.view(S);
     const logitRowStart = new Int32Array(S + 1);
     let R = 0;
     for (let i = 0; i < S; i++) {
@@ -260,21 +259,6 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
       taps: captured,
     };
     return result;
-  }
-
-  /** The block-table buffer of a forward of `S` sequences, `[S, maxBlocks]` i32 (a view kept per S). */
-  private tables(S: number): Int32Array {
-    const n = S * this.maxBlocks;
-    if (n > this.tableBuffer.length) {
-      this.tableBuffer = new Int32Array(n);
-      this.tableViews = [];
-    }
-    let view = this.tableViews[S];
-    if (view === undefined) {
-      view = this.tableBuffer.subarray(0, n);
-      this.tableViews[S] = view;
-    }
-    return view;
   }
 
   /** `taps` as the Int32Array llamaForward takes (the last one reused while the engine asks for the same taps). */

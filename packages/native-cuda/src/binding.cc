@@ -269,6 +269,50 @@ Napi::Value WriteKvPages(const Napi::CallbackInfo& info) {
 void* g_attnWork = nullptr;
 size_t g_attnWorkBytes = 0;
 
+/** The arguments pagedAttention and prefillAttention share (their contracts there). */
+struct AttentionArgs {
+  DeviceBuffer *out, *q, *kPool, *vPool, *cu, *kvLens, *tables, *pos;
+  int64_t numSeqs, totalQ, maxBlocks, pageSize, qHeads, kvHeads, headDim, numPages;
+  float scale;
+};
+
+/** Arguments 0–15 and numPages (argument `numPagesAt`); throws for a qHeads that is not a multiple of kvHeads. */
+AttentionArgs attentionArgs(const Napi::CallbackInfo& info, size_t numPagesAt) {
+  AttentionArgs a{buf(info, 0, "out"),
+                  buf(info, 1, "q"),
+                  buf(info, 2, "kPool"),
+                  buf(info, 3, "vPool"),
+                  buf(info, 4, "cuSeqlensQ"),
+                  buf(info, 5, "kvLens"),
+                  buf(info, 6, "blockTables"),
+                  buf(info, 7, "positions"),
+                  num(info, 8, "numSeqs", 1),
+                  num(info, 9, "totalQ", 1),
+                  num(info, 10, "maxBlocks", 1),
+                  num(info, 11, "pageSize", 1),
+                  num(info, 12, "qHeads", 1),
+                  num(info, 13, "kvHeads", 1),
+                  num(info, 14, "headDim", 1),
+                  num(info, numPagesAt, "numPages", 1),
+                  static_cast<float>(info[15].As<Napi::Number>().DoubleValue())};
+  if (a.qHeads % a.kvHeads != 0) throw Napi::RangeError::New(info.Env(), "qHeads: must be a multiple of kvHeads");
+  return a;
+}
+
+/** Throws a RangeError naming the first buffer of `a` too small for its shape. */
+void needAttentionBuffers(const Napi::CallbackInfo& info, const AttentionArgs& a) {
+  const int64_t rowBytes = a.totalQ * a.qHeads * a.headDim * 4;
+  const int64_t poolBytes = a.numPages * a.pageSize * a.kvHeads * a.headDim * 4;
+  need(info, a.out, rowBytes, "out");
+  need(info, a.q, rowBytes, "q");
+  need(info, a.kPool, poolBytes, "kPool");
+  need(info, a.vPool, poolBytes, "vPool");
+  need(info, a.cu, (a.numSeqs + 1) * 4, "cuSeqlensQ");
+  need(info, a.kvLens, a.numSeqs * 4, "kvLens");
+  need(info, a.tables, a.numSeqs * a.maxBlocks * 4, "blockTables");
+  need(info, a.pos, a.totalQ * 4, "positions");
+}
+
 /**
  * pagedAttention(out, q, kPool, vPool, cuSeqlensQ, kvLens, blockTables, positions, numSeqs, totalQ, maxBlocks,
  * pageSize, qHeads, kvHeads, headDim, scale, causal, numPages, maxKvLen): out and q [totalQ, qHeads, headDim] f32;
@@ -278,34 +322,15 @@ size_t g_attnWorkBytes = 0;
  */
 Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  DeviceBuffer* out = buf(info, 0, "out");
-  DeviceBuffer* q = buf(info, 1, "q");
-  DeviceBuffer* kPool = buf(info, 2, "kPool");
-  DeviceBuffer* vPool = buf(info, 3, "vPool");
-  DeviceBuffer* cu = buf(info, 4, "cuSeqlensQ");
-  DeviceBuffer* kvLens = buf(info, 5, "kvLens");
-  DeviceBuffer* tables = buf(info, 6, "blockTables");
-  DeviceBuffer* pos = buf(info, 7, "positions");
-  const int64_t numSeqs = num(info, 8, "numSeqs", 1), totalQ = num(info, 9, "totalQ", 1),
-                maxBlocks = num(info, 10, "maxBlocks", 1), pageSize = num(info, 11, "pageSize", 1),
-                qHeads = num(info, 12, "qHeads", 1), kvHeads = num(info, 13, "kvHeads", 1),
-                headDim = num(info, 14, "headDim", 1);
-  const float scale = static_cast<float>(info[15].As<Napi::Number>().DoubleValue());
+  const AttentionArgs a = attentionArgs(info, 17);
   const bool causal = info[16].ToBoolean().Value();
-  const int64_t numPages = num(info, 17, "numPages", 1), maxKvLen = num(info, 18, "maxKvLen", 0);
-  if (qHeads % kvHeads != 0) throw Napi::RangeError::New(env, "qHeads: must be a multiple of kvHeads");
-  if (headDim > 256 || headDim % 16 != 0) throw Napi::RangeError::New(env, "headDim: a multiple of 16, at most 256");
-  if (maxKvLen > maxBlocks * pageSize) throw Napi::RangeError::New(env, "maxKvLen: more than maxBlocks * pageSize");
-  need(info, out, totalQ * qHeads * headDim * 4, "out");
-  need(info, q, totalQ * qHeads * headDim * 4, "q");
-  need(info, kPool, numPages * pageSize * kvHeads * headDim * 4, "kPool");
-  need(info, vPool, numPages * pageSize * kvHeads * headDim * 4, "vPool");
-  need(info, cu, (numSeqs + 1) * 4, "cuSeqlensQ");
-  need(info, kvLens, numSeqs * 4, "kvLens");
-  need(info, tables, numSeqs * maxBlocks * 4, "blockTables");
-  need(info, pos, totalQ * 4, "positions");
+  const int64_t maxKvLen = num(info, 18, "maxKvLen", 0);
+  if (a.headDim > 256 || a.headDim % 16 != 0)
+    throw Napi::RangeError::New(env, "headDim: a multiple of 16, at most 256");
+  if (maxKvLen > a.maxBlocks * a.pageSize) throw Napi::RangeError::New(env, "maxKvLen: more than maxBlocks * pageSize");
+  needAttentionBuffers(info, a);
   const int64_t parts = std::max<int64_t>(1, specdAttentionParts(static_cast<int>(maxKvLen)));
-  const size_t work = static_cast<size_t>(totalQ * qHeads * parts * (2 + headDim) * 4);
+  const size_t work = static_cast<size_t>(a.totalQ * a.qHeads * parts * (2 + a.headDim) * 4);
   if (work > g_attnWorkBytes) {
     if (g_attnWork != nullptr) cudaFree(g_attnWork);
     g_attnWork = nullptr;
@@ -314,13 +339,14 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
     g_attnWorkBytes = work;
   }
   launched(env,
-           specdPagedAttention(
-               static_cast<float*>(out->ptr), nullptr, static_cast<float*>(g_attnWork), static_cast<float*>(q->ptr),
-               static_cast<float*>(kPool->ptr), static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr),
-               static_cast<int32_t*>(kvLens->ptr), static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr),
-               static_cast<int>(numSeqs), static_cast<int>(totalQ), static_cast<int>(maxBlocks),
-               static_cast<int>(pageSize), static_cast<int>(qHeads), static_cast<int>(kvHeads),
-               static_cast<int>(headDim), scale, causal, static_cast<int>(maxKvLen), nullptr),
+           specdPagedAttention(static_cast<float*>(a.out->ptr), nullptr, static_cast<float*>(g_attnWork),
+                               static_cast<float*>(a.q->ptr), static_cast<float*>(a.kPool->ptr),
+                               static_cast<float*>(a.vPool->ptr), static_cast<int32_t*>(a.cu->ptr),
+                               static_cast<int32_t*>(a.kvLens->ptr), static_cast<int32_t*>(a.tables->ptr),
+                               static_cast<int32_t*>(a.pos->ptr), static_cast<int>(a.numSeqs),
+                               static_cast<int>(a.totalQ), static_cast<int>(a.maxBlocks), static_cast<int>(a.pageSize),
+                               static_cast<int>(a.qHeads), static_cast<int>(a.kvHeads), static_cast<int>(a.headDim),
+                               a.scale, causal, static_cast<int>(maxKvLen), nullptr),
            "pagedAttention");
   return env.Undefined();
 }
@@ -333,38 +359,18 @@ Napi::Value PagedAttention(const Napi::CallbackInfo& info) {
  */
 Napi::Value PrefillAttention(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  DeviceBuffer* out = buf(info, 0, "out");
-  DeviceBuffer* q = buf(info, 1, "q");
-  DeviceBuffer* kPool = buf(info, 2, "kPool");
-  DeviceBuffer* vPool = buf(info, 3, "vPool");
-  DeviceBuffer* cu = buf(info, 4, "cuSeqlensQ");
-  DeviceBuffer* kvLens = buf(info, 5, "kvLens");
-  DeviceBuffer* tables = buf(info, 6, "blockTables");
-  DeviceBuffer* pos = buf(info, 7, "positions");
-  const int64_t numSeqs = num(info, 8, "numSeqs", 1), totalQ = num(info, 9, "totalQ", 1),
-                maxBlocks = num(info, 10, "maxBlocks", 1), pageSize = num(info, 11, "pageSize", 1),
-                qHeads = num(info, 12, "qHeads", 1), kvHeads = num(info, 13, "kvHeads", 1),
-                headDim = num(info, 14, "headDim", 1);
-  const float scale = static_cast<float>(info[15].As<Napi::Number>().DoubleValue());
-  const int64_t numPages = num(info, 16, "numPages", 1);
-  if (qHeads % kvHeads != 0) throw Napi::RangeError::New(env, "qHeads: must be a multiple of kvHeads");
-  if (!specdPrefillAttentionFits(static_cast<int>(headDim)))
+  const AttentionArgs a = attentionArgs(info, 16);
+  if (!specdPrefillAttentionFits(static_cast<int>(a.headDim)))
     throw Napi::RangeError::New(env, "headDim: the prefill attention kernel takes 64 only");
-  need(info, out, totalQ * qHeads * headDim * 4, "out");
-  need(info, q, totalQ * qHeads * headDim * 4, "q");
-  need(info, kPool, numPages * pageSize * kvHeads * headDim * 4, "kPool");
-  need(info, vPool, numPages * pageSize * kvHeads * headDim * 4, "vPool");
-  need(info, cu, (numSeqs + 1) * 4, "cuSeqlensQ");
-  need(info, kvLens, numSeqs * 4, "kvLens");
-  need(info, tables, numSeqs * maxBlocks * 4, "blockTables");
-  need(info, pos, totalQ * 4, "positions");
+  needAttentionBuffers(info, a);
   launched(env,
-           specdPrefillAttention(
-               static_cast<float*>(out->ptr), nullptr, static_cast<float*>(q->ptr), static_cast<float*>(kPool->ptr),
-               static_cast<float*>(vPool->ptr), static_cast<int32_t*>(cu->ptr), static_cast<int32_t*>(kvLens->ptr),
-               static_cast<int32_t*>(tables->ptr), static_cast<int32_t*>(pos->ptr), static_cast<int>(numSeqs),
-               static_cast<int>(totalQ), static_cast<int>(maxBlocks), static_cast<int>(pageSize),
-               static_cast<int>(qHeads), static_cast<int>(kvHeads), static_cast<int>(headDim), scale, nullptr),
+           specdPrefillAttention(static_cast<float*>(a.out->ptr), nullptr, static_cast<float*>(a.q->ptr),
+                                 static_cast<float*>(a.kPool->ptr), static_cast<float*>(a.vPool->ptr),
+                                 static_cast<int32_t*>(a.cu->ptr), static_cast<int32_t*>(a.kvLens->ptr),
+                                 static_cast<int32_t*>(a.tables->ptr), static_cast<int32_t*>(a.pos->ptr),
+                                 static_cast<int>(a.numSeqs), static_cast<int>(a.totalQ), static_cast<int>(a.maxBlocks),
+                                 static_cast<int>(a.pageSize), static_cast<int>(a.qHeads), static_cast<int>(a.kvHeads),
+                                 static_cast<int>(a.headDim), a.scale, nullptr),
            "prefillAttention");
   return env.Undefined();
 }

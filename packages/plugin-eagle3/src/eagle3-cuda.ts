@@ -39,6 +39,7 @@ import {
   DrafterError,
   CacheError,
   DraftKvCache,
+  Int32RowViews,
   sampleFromProbs,
   samplingProbs,
   type ContextSpan,
@@ -201,11 +202,10 @@ export class Eagle3CudaDrafter extends DrafterBase {
   private readonly packViews: Float32Array[] = [];
   private packLent = false;
   /**
-   * Block tables of chain calls, refilled each call (the runner copies its arguments before it returns) and its
-   * `[S, maxBlocks]` views by S.
+   * Block tables of chain calls, `[S, maxBlocks]` views of one buffer refilled each call (the runner copies its
+   * arguments before it returns).
    */
-  private tableBuffer = new Int32Array(0);
-  private tableViews: Int32Array[] = [];
+  private readonly tables: Int32RowViews;
 
   private constructor(
     readonly config: Eagle3Config,
@@ -223,6 +223,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     this.runner = runner;
     this.maxDraftTokens = sizes.maxDraftTokens;
     this.maxBlocks = addon.eagle3Info(runner).maxBlocks;
+    this.tables = new Int32RowViews(this.maxBlocks);
     for (let s = sizes.maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
     this.packBuffer = new Float32Array((sizes.maxDraftTokens + 1) * config.taps.length * config.hiddenSize);
   }
@@ -562,21 +563,6 @@ export class Eagle3CudaDrafter extends DrafterBase {
     return slot;
   }
 
-  /** The block-table buffer of a chain call over `S` sequences, `[S, maxBlocks]` i32 (a view kept per S). */
-  private tables(S: number): Int32Array {
-    const n = S * this.maxBlocks;
-    if (n > this.tableBuffer.length) {
-      this.tableBuffer = new Int32Array(n);
-      this.tableViews = [];
-    }
-    let view = this.tableViews[S];
-    if (view === undefined) {
-      view = this.tableBuffer.subarray(0, n);
-      this.tableViews[S] = view;
-    }
-    return view;
-  }
-
   /**
    * The per-sequence arguments of a chain call for `seqs` with `lengths[r]` steps, their temporary entries already
    * reserved: gSlots, last tokens, positions, lengths `[S]`, block tables `[S, maxBlocks]`, and the slot of each
@@ -587,7 +573,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     const S = seqs.length;
     const MB = this.maxBlocks;
     const pool = this.kv.pool;
-    const tables = this.tables(S);
+    const tables = this.tables.view(S);
     const gSlots = new Int32Array(S);
     const tokens = new Int32Array(S);
     const positions = new Int32Array(S);
