@@ -438,26 +438,52 @@ export const OVERHEAD_WARMUP = 2;
  * 0.21 ms for a plain step and 0.62 / 0.70 / 0.79 / 0.74 / 0.80 / 1.10 ms for 1 … 6 drafts (medians) — mostly per
  * drafting sequence (its draft-context write, the commit), little per draft. A cost per verify row (the previous
  * model) charged every further draft the first draft's whole overhead and so priced deeper drafts ~0.3 ms too high.
+ *
+ * Two guards keep a few bad samples from switching drafting off for good (bench:load on a shared 2-vCPU VM: a
+ * drafting step preempted for 19 ms raised the drafting terms by milliseconds, the policy stopped drafting, and with
+ * no drafting step to observe the estimate never moved again: 0.00 drafts a step at every concurrency):
+ * - each sample is clipped to `clip` × the model's prediction for its shape + `clipFloorMs` (a preemption or GC pause
+ *   is not the engine's overhead; a real rise still gets through, the cap growing with each step);
+ * - a step that drafts nothing fades the drafting steps' weight (× `staleForget` on top of `forget`), so the ridge
+ *   pulls stale drafting terms back towards 0 and drafting is tried, and measured, again.
  */
 export class OverheadModel {
-  /** Σ weight · x xᵀ (3 × 3, row-major) and Σ weight · x · ms. */
-  private readonly xx = new Float64Array(9);
-  private readonly xy = new Float64Array(3);
+  /**
+   * Σ weight · x xᵀ (3 × 3, row-major) and Σ weight · x · ms over the plain steps (`[0]`) and over the drafting steps
+   * (`[1]`), kept apart so that a plain step can fade the drafting steps' weight alone; the fit is on their sum.
+   */
+  private readonly xx = [new Float64Array(9), new Float64Array(9)];
+  private readonly xy = [new Float64Array(3), new Float64Array(3)];
   /** [c_seq, c_drafting, c_draft], ms. */
   readonly coefficients = [0, 0, 0];
 
   constructor(
     private readonly forget = 0.98,
-    private readonly ridge = 1e-3,
+    private readonly ridge = 0.5,
+    private readonly clip = 3,
+    private readonly clipFloorMs = 1,
+    private readonly staleForget = 0.9,
   ) {}
 
-  /** One step's overhead `ms` at its shape. */
+  /** One step's overhead `ms` at its shape (clipped, see the class comment). */
   observe(ms: number, shape: OverheadShape): void {
     if (!(ms >= 0 && Number.isFinite(ms))) return;
     const x = [shape.sequences, shape.drafting, shape.drafts];
-    for (let i = 0; i < 3; i++) {
-      this.xy[i] = this.forget * this.xy[i]! + x[i]! * ms;
-      for (let j = 0; j < 3; j++) this.xx[3 * i + j] = this.forget * this.xx[3 * i + j]! + x[i]! * x[j]!;
+    const cap =
+      this.clip === Number.POSITIVE_INFINITY
+        ? ms
+        : this.clip * this.predict(shape.sequences, shape.drafting, shape.drafts) + this.clipFloorMs;
+    const y = Math.min(ms, cap);
+    const into = shape.drafting === 0 ? 0 : 1;
+    for (let s = 0; s < 2; s++) {
+      // a step that drafts nothing fades the drafting steps' weight further: it cannot observe them
+      const f = s === 1 && into === 0 ? this.forget * this.staleForget : this.forget;
+      const xx = this.xx[s]!;
+      const xy = this.xy[s]!;
+      for (let i = 0; i < 3; i++) {
+        xy[i] = f * xy[i]! + (s === into ? x[i]! * y : 0);
+        for (let j = 0; j < 3; j++) xx[3 * i + j] = f * xx[3 * i + j]! + (s === into ? x[i]! * x[j]! : 0);
+      }
     }
     this.solve();
   }
@@ -470,13 +496,15 @@ export class OverheadModel {
 
   /** Non-negative least squares over the active sets: the feasible subset solution of least squared error. */
   private solve(): void {
+    const XX = this.xx[0]!.map((v, i) => v + this.xx[1]![i]!);
+    const XY = this.xy[0]!.map((v, i) => v + this.xy[1]![i]!);
     let best = [0, 0, 0];
     let bestObj = 0; // the empty set: c = 0
     for (let mask = 1; mask < 8; mask++) {
       const idx = [0, 1, 2].filter((i) => (mask >> i) & 1);
       const n = idx.length;
       // (XX_SS + ridge I) c_S = xy_S by Gaussian elimination (n ≤ 3)
-      const m = idx.map((i) => [...idx.map((j) => this.xx[3 * i + j]! + (i === j ? this.ridge : 0)), this.xy[i]!]);
+      const m = idx.map((i) => [...idx.map((j) => XX[3 * i + j]! + (i === j ? this.ridge : 0)), XY[i]!]);
       let ok = true;
       for (let col = 0; col < n && ok; col++) {
         let piv = col;
@@ -500,8 +528,8 @@ export class OverheadModel {
       // squared error up to a constant: cᵀ(XX + ridge)c − 2 xyᵀc
       let obj = 0;
       for (let i = 0; i < 3; i++) {
-        obj -= 2 * this.xy[i]! * c[i]!;
-        for (let j = 0; j < 3; j++) obj += c[i]! * (this.xx[3 * i + j]! + (i === j ? this.ridge : 0)) * c[j]!;
+        obj -= 2 * XY[i]! * c[i]!;
+        for (let j = 0; j < 3; j++) obj += c[i]! * (XX[3 * i + j]! + (i === j ? this.ridge : 0)) * c[j]!;
       }
       if (obj < bestObj) {
         bestObj = obj;

@@ -202,13 +202,15 @@ describe('CostDraftPolicy with the batch rule', () => {
     p.observeOverhead(1000, false, 8, { sequences: 8, drafting: 0, drafts: 0 });
     expect(p.overhead.coefficients).toEqual([0, 0, 0]);
     expect(p.choose(batch)).toEqual(first);
-    // then plain steps at 0.1 ms a sequence, and drafting steps 40 ms more: 10 ms per drafting sequence or draft
-    for (let i = 0; i < 3; i++) {
+    // then plain steps at 0.1 ms a sequence, and drafting steps 40 ms more: 10 ms per drafting sequence or draft. A
+    // sample is clipped to 3 × the prediction + 1 ms, so a real rise takes a few steps to be believed (the cap
+    // triples each step), then is learned (the first, clipped samples still weigh a little)
+    for (let i = 0; i < 8; i++) {
       p.observeOverhead(0.8, false, 8, { sequences: 8, drafting: 0, drafts: 0 });
       p.observeOverhead(0.8 + 40, true, 12, shape);
     }
-    expect(p.overhead.predict(8, 0, 0)).toBeCloseTo(0.8, 3);
-    expect(p.overhead.predict(8, 4, 4)).toBeCloseTo(40.8, 3);
+    expect(Math.abs(p.overhead.predict(8, 0, 0) - 0.8)).toBeLessThan(0.1);
+    expect(p.overhead.predict(8, 4, 4)).toBeGreaterThan(30);
     expect(p.choose(batch)).toEqual(new Array(8).fill(0)); // drafting stops
   });
 

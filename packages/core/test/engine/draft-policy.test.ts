@@ -98,7 +98,7 @@ describe('AcceptanceEstimator', () => {
 
 describe('OverheadModel', () => {
   it('recovers per-sequence, per-drafting-sequence and per-draft costs by least squares, never below 0', () => {
-    const m = new OverheadModel(1, 1e-9);
+    const m = new OverheadModel(1, 1e-9, Infinity, 0, 1); // no forgetting, ridge, clipping or fading: the fit alone
     const shapes = [
       { sequences: 1, drafting: 0, drafts: 0 },
       { sequences: 1, drafting: 1, drafts: 1 },
@@ -113,10 +113,27 @@ describe('OverheadModel', () => {
     expect(m.coefficients[2]).toBeCloseTo(0.05, 6);
     expect(m.predict(4, 2, 5)).toBeCloseTo(0.8 + 0.8 + 0.25, 6);
     // a step that costs less the more it drafts: the per-draft coefficient stays at 0
-    const n = new OverheadModel(1, 1e-9);
+    const n = new OverheadModel(1, 1e-9, Infinity, 0, 1);
     for (const d of [1, 2, 3, 4]) n.observe(1 - 0.1 * d, { sequences: 1, drafting: 1, drafts: d });
     expect(n.coefficients[2]).toBe(0);
     expect(n.predict(1, 1, 2)).toBeCloseTo(0.75, 6); // the mean of the four
+  });
+
+  it('clips a preempted step, and fades what drafting steps taught while nothing is drafted', () => {
+    const m = new OverheadModel(); // the engine's defaults
+    const plainStep = { sequences: 1, drafting: 0, drafts: 0 };
+    const draftStep = { sequences: 1, drafting: 1, drafts: 2 };
+    for (let i = 0; i < 20; i++) m.observe(0.3, plainStep);
+    for (let i = 0; i < 10; i++) m.observe(0.8, draftStep);
+    const learned = m.predict(1, 1, 2);
+    expect(learned).toBeGreaterThan(0.7);
+    expect(learned).toBeLessThan(0.85);
+    m.observe(19, draftStep); // a 19 ms preemption: taken as 3 × the prediction + 1 ms
+    expect(m.predict(1, 1, 2)).toBeLessThan(learned + 0.3);
+    // 60 plain steps: the drafting premium fades (the ridge pulls it to 0) and drafting gets tried again; c_seq stays
+    for (let i = 0; i < 60; i++) m.observe(0.3, plainStep);
+    expect(m.predict(1, 0, 0)).toBeCloseTo(0.3, 2);
+    expect(m.predict(1, 1, 2) - m.predict(1, 0, 0)).toBeLessThan(0.1);
   });
 });
 
