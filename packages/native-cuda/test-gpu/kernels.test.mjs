@@ -215,6 +215,36 @@ function attendRef(qRow, kRows, vRows, keys, headDim, scale) {
   return out;
 }
 
+/**
+ * |y − reference| over every query row and q head of a batch of paged-attention outputs y [totalQ, qHeads, headDim]:
+ * sequence s's rows cu[s] … cu[s] + qLen − 1 attend to kv[s]'s first min(position + 1, kvLen) keys (causal) or all
+ * kvLen (attendRef, fp64). → { worst, mean }.
+ */
+function attentionErrors({ y, q, seqs, cu, positions, kv, causal, qHeads, kvHeads, headDim, scale }) {
+  let worst = 0;
+  let sum = 0;
+  let count = 0;
+  seqs.forEach((sq, s) => {
+    for (let i = 0; i < sq.qLen; i++) {
+      const r = cu[s] + i;
+      const keys = causal ? Math.min(positions[r] + 1, sq.kvLen) : sq.kvLen;
+      for (let h = 0; h < qHeads; h++) {
+        const g = Math.floor(h / (qHeads / kvHeads));
+        const pick = (rows) => rows.map((row) => row.subarray(g * headDim, (g + 1) * headDim));
+        const at = (r * qHeads + h) * headDim;
+        const want = attendRef(q.subarray(at, at + headDim), pick(kv[s].k), pick(kv[s].v), keys, headDim, scale);
+        for (let c = 0; c < headDim; c++) {
+          const e = Math.abs(y[at + c] - want[c]);
+          worst = Math.max(worst, e);
+          sum += e;
+          count++;
+        }
+      }
+    }
+  });
+  return { worst, mean: sum / count };
+}
+
 test(
   'prefillAttention (tensor cores, TF32): causal prefill chunks of several sequences within TF32 tolerance of ' +
     'an fp64 reference; batch-invariant',
@@ -291,34 +321,19 @@ test(
       seqs.length,
       totalQ,
     );
-    let worst = 0;
-    let sumErr = 0;
-    let count = 0;
-    seqs.forEach((sq, s) => {
-      for (let i = 0; i < sq.qLen; i++) {
-        const r = cuArr[s] + i;
-        const keys = Math.min(positions[r] + 1, sq.kvLen);
-        for (let h = 0; h < qHeads; h++) {
-          const g = Math.floor(h / (qHeads / kvHeads));
-          const pick = (rows) => rows.map((row) => row.subarray(g * headDim, (g + 1) * headDim));
-          const want = attendRef(
-            q.subarray((r * qHeads + h) * headDim, (r * qHeads + h + 1) * headDim),
-            pick(kv[s].k),
-            pick(kv[s].v),
-            keys,
-            headDim,
-            scale,
-          );
-          for (let c = 0; c < headDim; c++) {
-            const e = Math.abs(y[(r * qHeads + h) * headDim + c] - want[c]);
-            worst = Math.max(worst, e);
-            sumErr += e;
-            count++;
-          }
-        }
-      }
+    const { worst, mean } = attentionErrors({
+      y,
+      q,
+      seqs,
+      cu: cuArr,
+      positions,
+      kv,
+      causal: true,
+      qHeads,
+      kvHeads,
+      headDim,
+      scale,
     });
-    const mean = sumErr / count;
     console.log(
       `prefillAttention: ${totalQ} rows, worst |error| ${worst.toExponential(2)}, mean ${mean.toExponential(2)}`,
     );
@@ -452,27 +467,7 @@ test(
     const meta = [devBuf(cu), devBuf(Int32Array.from(seqs.map((sq) => sq.kvLen))), devBuf(tables), devBuf(positions)];
     for (const causal of [true, false]) {
       const y = run(causal, devBuf(q), ...meta, seqs.length, totalQ);
-      let worst = 0;
-      seqs.forEach((sq, s) => {
-        for (let i = 0; i < sq.qLen; i++) {
-          const r = cu[s] + i;
-          const keys = causal ? Math.min(positions[r] + 1, sq.kvLen) : sq.kvLen;
-          for (let h = 0; h < qHeads; h++) {
-            const g = Math.floor(h / (qHeads / kvHeads));
-            const pick = (rows) => rows.map((row) => row.subarray(g * headDim, (g + 1) * headDim));
-            const want = attendRef(
-              q.subarray((r * qHeads + h) * headDim, (r * qHeads + h + 1) * headDim),
-              pick(kv[s].k),
-              pick(kv[s].v),
-              keys,
-              headDim,
-              scale,
-            );
-            for (let c = 0; c < headDim; c++)
-              worst = Math.max(worst, Math.abs(y[(r * qHeads + h) * headDim + c] - want[c]));
-          }
-        }
-      });
+      const { worst } = attentionErrors({ y, q, seqs, cu, positions, kv, causal, qHeads, kvHeads, headDim, scale });
       console.log(`pagedAttention causal ${causal}: worst |error| ${worst.toExponential(2)}`);
       assert.ok(worst < 2e-6, `causal ${causal}: worst error ${worst}`);
       if (!causal) continue;
