@@ -207,9 +207,11 @@ if __name__ == "__main__":
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--temperatures", default="0,0.8")
     ap.add_argument("--max-seconds", type=float, default=1e9)
+    ap.add_argument("--seed", type=int, default=1,
+                    help="sampling and batch-order seed (another seed: other T > 0 rows, other batches greedy)")
     a = ap.parse_args()
     if a.cmd == "prompts":
         print(json.dumps(build_prompts(a.work, a.gguf, a.out, a.train_prompts, a.heldout)))
     else:
         gen(a.gguf, a.prompts, a.out, a.sequences, a.length, a.batch,
-            [float(t) for t in a.temperatures.split(",")], a.max_seconds)
+            [float(t) for t in a.temperatures.split(",")], a.max_seconds, a.seed)

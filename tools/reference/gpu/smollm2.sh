@@ -3,11 +3,13 @@
 #   OUT=… bash tools/reference/gpu/smollm2.sh /path/to/SmolLM2-135M-Instruct.Q4_1.gguf [WORK]
 # Stages (each time-boxed, timings printed and kept in logs.tar.gz/timings.txt):
 #   regen  regen_smollm2.py gen: SEQ prompts (smollm2/prompts, committed) → SEQ rows of LEN tokens
-#          (greedy / T=0.8 batches, GEN_BATCH per batch, stops starting batches after GEN_SECONDS)
+#          (greedy / T=0.8 batches, GEN_BATCH per batch, stops starting batches after GEN_SECONDS; SEED, default 1,
+#          picks the batch order and the sampled rows: a later stage with another seed regenerates other rows)
 #   train  the METHODS drafters (default dflash dspark eagle3) concurrently on the one GPU, MIN minutes each
 #          (or MAX_STEPS)
-#   eval   τ of every drafter, greedy and T=1, EVAL_LIMIT chat + EVAL_LIMIT plain held-out prompts,
-#          NEW new tokens, all evaluations concurrently, each cut at EVAL_TIMEOUT seconds
+#   eval   τ of every drafter at the temperatures EVAL_TEMPS (default "0 1": greedy and T=1), EVAL_LIMIT chat +
+#          EVAL_LIMIT plain held-out prompts, NEW new tokens, all evaluations concurrently, each cut at
+#          EVAL_TIMEOUT seconds
 # STAGES="regen train eval" by default; without regen, REGEN=<dir with tokens.u16 meta.json> is used.
 # RESUME=1: train continues from $W/<method>/last.pt (an earlier call on the same warm machine); MIN is then the
 # total minutes of training, earlier calls included. STOP_AFTER=N: each trainer leaves this call after N minutes
@@ -24,8 +26,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 W=${2:-/root/smol}; O=${OUT:-$W/out}
 SEQ=${SEQ:-4096}; LEN=${LEN:-320}; GEN_BATCH=${GEN_BATCH:-512}; GEN_SECONDS=${GEN_SECONDS:-90}
-MIN=${MIN:-3.25}; BATCH=${BATCH:-32}; MAX_STEPS=${MAX_STEPS:-100000}; EVAL_EVERY=${EVAL_EVERY:-200}
-EVAL_LIMIT=${EVAL_LIMIT:-16}; NEW=${NEW:-128}; EVAL_TIMEOUT=${EVAL_TIMEOUT:-170}
+SEED=${SEED:-1}; MIN=${MIN:-3.25}; BATCH=${BATCH:-32}; MAX_STEPS=${MAX_STEPS:-100000}; EVAL_EVERY=${EVAL_EVERY:-200}
+EVAL_LIMIT=${EVAL_LIMIT:-16}; EVAL_TEMPS=${EVAL_TEMPS:-0 1}; NEW=${NEW:-128}; EVAL_TIMEOUT=${EVAL_TIMEOUT:-170}
 STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; INIT=${INIT:-}; P=smollm2/prompts; METHODS=${METHODS:-dflash dspark eagle3}
 R=${REGEN:-$W/regen}
 mkdir -p "$W" "$O"
@@ -37,7 +39,7 @@ $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_av
 if [[ " $STAGES " == *" regen "* ]]; then
   tm "regen start"
   $PY regen_smollm2.py gen --gguf "$G" --prompts $P --out "$R" --sequences "$SEQ" --length "$LEN" \
-      --batch "$GEN_BATCH" --max-seconds "$GEN_SECONDS" 2>&1 | tee "$W/regen.log"
+      --batch "$GEN_BATCH" --max-seconds "$GEN_SECONDS" --seed "$SEED" 2>&1 | tee "$W/regen.log"
   tm "regen done"
 fi
 
@@ -60,9 +62,9 @@ if [[ " $STAGES " == *" eval "* ]]; then
   ev() { timeout "$EVAL_TIMEOUT" $PY eval_tau.py --gguf "$G" --drafter "$W/$1/hf" --prompts $P --domains "$3" \
          --limit "$EVAL_LIMIT" --new-tokens "$NEW" --temperature "$2" --out "$W/tau_$1_t$2_$3.json" \
          > "$W/eval_$1_t$2_$3.log" 2>&1; }
-  for m in $METHODS; do for t in 0 1; do for d in chat plain; do ev "$m" $t $d & done; done; done
+  for m in $METHODS; do for t in $EVAL_TEMPS; do for d in chat plain; do ev "$m" $t $d & done; done; done
   wait
-  for m in $METHODS; do for t in 0 1; do
+  for m in $METHODS; do for t in $EVAL_TEMPS; do
     $PY - "$W/tau_${m}_t$t.json" "$W/tau_${m}_t${t}_chat.json" "$W/tau_${m}_t${t}_plain.json" <<'PYEOF'
 import json, sys, pathlib
 parts = [json.loads(pathlib.Path(f).read_text()) for f in sys.argv[2:] if pathlib.Path(f).exists()]
