@@ -66,6 +66,11 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
     let lab: NetnsLab | undefined;
     const procs: (SpecdProcess | undefined)[] = [];
     afterAll(async () => {
+      // the router retries a P/D request whose connection dropped before an answer (pd/router.ts): say so, with why
+      for (const q of procs) {
+        const retried = (q?.stderr() ?? '').split('\n').filter((l) => l.includes('retrying once'));
+        if (retried.length > 0) console.warn(`pd-netns (${transfer}): ${q?.url} retried:\n${retried.join('\n')}`);
+      }
       await stopAll(procs);
       lab?.close();
     });
@@ -333,6 +338,11 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined)(
     let lab: NetnsLab | undefined;
     const procs: (SpecdProcess | undefined)[] = [];
     afterAll(async () => {
+      // the router retries a P/D request whose connection dropped before an answer (pd/router.ts): say so, with why
+      for (const q of procs) {
+        const retried = (q?.stderr() ?? '').split('\n').filter((l) => l.includes('retrying once'));
+        if (retried.length > 0) console.warn(`pd-netns (${transfer}): ${q?.url} retried:\n${retried.join('\n')}`);
+      }
       await stopAll(procs);
       lab?.close();
     });

@@ -16,6 +16,8 @@ export class PdRouterMetrics {
   readonly errors: Counter<'side'>;
   /** /pd/abort calls sent, by role. */
   readonly aborts: Counter<'role'>;
+  /** POST /pd/prefill or /pd/decode sent a second time after the connection dropped before an answer, by role. */
+  readonly retries: Counter<'role'>;
   readonly inFlight: Gauge;
   /** 1 healthy, 0 not, per upstream. */
   readonly upstreamHealthy: Gauge<'url' | 'role'>;
@@ -45,6 +47,12 @@ export class PdRouterMetrics {
     this.aborts = new Counter({
       name: 'specd_router_aborts_sent_total',
       help: 'POST /pd/abort calls sent, by role',
+      labelNames: ['role'],
+      registers,
+    });
+    this.retries = new Counter({
+      name: 'specd_router_upstream_retries_total',
+      help: 'POST /pd/prefill or /pd/decode sent again after its connection dropped before an answer, by role',
       labelNames: ['role'],
       registers,
     });

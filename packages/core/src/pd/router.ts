@@ -150,16 +150,43 @@ export function randomRoom(): number {
   return Number(randomBytes(8).readBigUInt64BE() & ((1n << 53n) - 1n));
 }
 
-/** The reason a fetch failed (e.g. `ECONNREFUSED`), from undici's `cause`. */
+/** undici's `cause` of a failed fetch: its code, message and, for a socket error, the socket's byte counts. */
+interface FetchCause {
+  code?: string;
+  message?: string;
+  socket?: { bytesWritten?: number; bytesRead?: number };
+}
+
+/**
+ * The reason a fetch failed, from undici's `cause`: its code (e.g. `ECONNREFUSED`), and for a dropped connection
+ * (`UND_ERR_SOCKET`) undici's message and the connection's bytes sent and received, e.g. `UND_ERR_SOCKET (other side
+ * closed; 412 B sent, 0 B received)`.
+ */
 function describeFetchError(err: unknown): string {
-  const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+  const cause = (err as { cause?: FetchCause }).cause;
   // the fetch standard's blocked ports (6000, 6665–6669, …): Node's fetch refuses them before connecting
   if (cause?.message === 'bad port')
     return (
       "bad port: the port is on the fetch standard's blocked-port list, which Node's fetch refuses; run that " +
       'server on another port'
     );
-  return cause?.code ?? cause?.message ?? (err as Error).message ?? String(err);
+  const code = cause?.code ?? cause?.message ?? (err as Error).message ?? String(err);
+  const sock = cause?.socket;
+  if (cause?.code !== 'UND_ERR_SOCKET' || sock === undefined) return code;
+  const bytes = `${sock.bytesWritten ?? '?'} B sent, ${sock.bytesRead ?? '?'} B received`;
+  return `${code} (${cause.message ?? 'closed'}; ${bytes})`;
+}
+
+/**
+ * Connection failures that happen before any answer and that a second attempt, on another connection, may not meet:
+ * the peer (or the path to it) closed or reset the connection. A refused connection (no server) or a timeout is not
+ * one of them.
+ */
+const DROPPED_BEFORE_ANSWER = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+
+/** Whether a rejected fetch lost its connection before the answer's head ({@link DROPPED_BEFORE_ANSWER}). */
+function droppedBeforeAnswer(err: unknown): boolean {
+  return DROPPED_BEFORE_ANSWER.has((err as { cause?: FetchCause }).cause?.code ?? '');
 }
 
 /** The OpenAI error of an upstream's non-2xx answer: its own when it sent one, else one naming the side. */
@@ -595,16 +622,31 @@ export class PdRouter {
     };
 
     type Outcome = { side: PdRole; res?: Response; err?: unknown };
-    const call = (role: PdRole): Promise<Outcome> =>
+    const post = (role: PdRole): Promise<Response> =>
       fetch(`${sides[role].url}/pd/${role}`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', 'x-request-id': requestId, ...this.authFor(req) },
         body: payload,
         signal: controllers[role].signal,
-      }).then(
-        (res) => ({ side: role, res }),
-        (err: unknown) => ({ side: role, err }),
-      );
+      });
+    // A connection dropped before any answer is retried once, on another connection (CI's network-namespace test
+    // met such a drop twice, NIXL's D alive and silent; its cause is not known). Safe: P and D refuse a room already
+    // in use (409), so a request the upstream did receive is never run twice.
+    const call = (role: PdRole): Promise<Outcome> =>
+      post(role)
+        .catch((err: unknown) => {
+          if (controllers[role].signal.aborted || !droppedBeforeAnswer(err)) throw err;
+          this.metrics.retries.inc({ role });
+          log.warn(
+            { url: sides[role].url, err: describeFetchError(err) },
+            `POST /pd/${role}: the connection dropped before an answer; retrying once`,
+          );
+          return post(role);
+        })
+        .then(
+          (res) => ({ side: role, res }),
+          (err: unknown) => ({ side: role, err }),
+        );
     const outcomes: Record<PdRole, Promise<Outcome>> = { prefill: call('prefill'), decode: call('decode') };
     const routerMs = performance.now() - arrived;
     // the waterfall (pd/waterfall.ts): P's part from its answer, D's from its header, the TTFT at D's first byte

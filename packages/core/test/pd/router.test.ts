@@ -45,8 +45,15 @@ interface Received {
   };
 }
 
-/** How a fake answers its next /pd/prefill or /pd/decode: normally, with an error, or not until aborted. */
-type Mode = { kind: 'ok' } | { kind: 'error'; status: number; message: string } | { kind: 'hang' };
+/**
+ * How a fake answers its next /pd/prefill or /pd/decode: normally, with an error, not until aborted, or by dropping
+ * the connection without an answer (the next `times` requests; then normally).
+ */
+type Mode =
+  | { kind: 'ok' }
+  | { kind: 'error'; status: number; message: string }
+  | { kind: 'hang' }
+  | { kind: 'drop'; times: number };
 
 /** The words a fake D generates: a function of the prompt ids, so the test can predict them. */
 function words(ids: readonly number[], n: number): string[] {
@@ -107,6 +114,12 @@ class FakeUpstream {
       const body = req.body as Received['body'];
       this.received.push({ requestIdHeader: req.headers['x-request-id'] as string | undefined, body });
       const mode = this.mode;
+      if (mode.kind === 'drop') {
+        if (--mode.times <= 0) this.mode = { kind: 'ok' };
+        reply.hijack();
+        req.raw.socket.destroy(); // the request was read; no answer, the connection closes
+        return;
+      }
       if (mode.kind === 'hang') {
         await new Promise<void>((resolve) => reply.raw.on('close', resolve));
         this.closedEarly.push(body.room);
@@ -391,6 +404,44 @@ describe('specd router against fake prefill and decode servers (openai client)',
     await until('P to get /pd/abort and its request closed', () => p.aborts.length === 1 && p.closedEarly.length === 1);
     expect(p.aborts[0]).toMatchObject({ room });
     expect(D.every((d) => d.aborts.length === 0)).toBe(true);
+  });
+
+  it('a D connection dropped before an answer is retried once (counted, logged); dropped twice, 502', async () => {
+    resetAll();
+    const before = await metric(url, 'specd_router_upstream_retries_total', { role: 'decode' });
+    for (const d of D) d.mode = { kind: 'drop', times: 1 };
+    const r = await client.completions.create({ model: MODEL, prompt: 'x', max_tokens: 2 });
+    const ids = Array.from(tokenizer.encode('x', { addSpecialTokens: false }));
+    expect(r.choices[0]?.text).toBe(words(ids, 2).join(''));
+    // the same D got the request twice, with the same room and request id: the second attempt answered
+    const d = D.find((u) => u.received.length > 0);
+    expect(d?.received.map((g) => [g.body.room, g.body.request_id])).toEqual([
+      [d?.received[0]?.body.room, d?.received[0]?.body.request_id],
+      [d?.received[0]?.body.room, d?.received[0]?.body.request_id],
+    ]);
+    expect(P.map((p) => p.received.length).sort()).toEqual([0, 1]);
+    expect(P.every((p) => p.aborts.length === 0)).toBe(true);
+    expect(await metric(url, 'specd_router_upstream_retries_total', { role: 'decode' })).toBe(before + 1);
+    const warned = logLines.find((l) => String(l.msg).includes('retrying once'));
+    expect(String(warned?.err)).toMatch(/^UND_ERR_SOCKET \(.+; \d+ B sent, 0 B received\)$/);
+
+    // dropped twice: 502 naming D; P is aborted (a router of its own: the 502 takes that D out of its rotation)
+    resetAll();
+    const r2 = await newRouter({});
+    try {
+      for (const p of P) p.mode = { kind: 'hang' };
+      for (const d2 of D) d2.mode = { kind: 'drop', times: 2 };
+      const c = new OpenAI({ baseURL: `${r2.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const err = await c.completions.create({ model: MODEL, prompt: 'x', max_tokens: 1 }).catch((e) => e);
+      expect(err.status).toBe(502);
+      expect(err.message).toMatch(/decode server \S+ is unreachable: UND_ERR_SOCKET \(.+ B received\)/);
+      expect(D.map((u) => u.received.length).sort()).toEqual([0, 2]);
+      const { fake: p } = theOne(P);
+      await until('P to get /pd/abort', () => p.aborts.length === 1 && p.closedEarly.length === 1);
+      expect(await metric(r2.url, 'specd_router_upstream_retries_total', { role: 'decode' })).toBe(1);
+    } finally {
+      await r2.router.close();
+    }
   });
 
   it("a client that disconnects mid-stream: both P and D get /pd/abort and D's stream is closed", async () => {
