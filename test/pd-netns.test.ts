@@ -60,19 +60,26 @@ afterAll(() => {
   if (tmp !== undefined) fs.rmSync(tmp, { recursive: true, force: true });
 });
 
+/** Prints the router's retries of a P/D request whose connection dropped before an answer (pd/router.ts), if any. */
+function reportRetries(what: string, procs: readonly (SpecdProcess | undefined)[]): void {
+  for (const q of procs) {
+    const retried = (q?.stderr() ?? '').split('\n').filter((l) => l.includes('retrying once'));
+    if (retried.length > 0) console.warn(`pd-netns (${what}): ${q?.url} retried:\n${retried.join('\n')}`);
+  }
+}
+
 describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
   'PD across network namespaces (%s)',
   (transfer) => {
     let lab: NetnsLab | undefined;
     const procs: (SpecdProcess | undefined)[] = [];
     afterAll(async () => {
-      // the router retries a P/D request whose connection dropped before an answer (pd/router.ts): say so, with why
-      for (const q of procs) {
-        const retried = (q?.stderr() ?? '').split('\n').filter((l) => l.includes('retrying once'));
-        if (retried.length > 0) console.warn(`pd-netns (${transfer}): ${q?.url} retried:\n${retried.join('\n')}`);
+      try {
+        reportRetries(transfer, procs);
+      } finally {
+        await stopAll(procs);
+        lab?.close();
       }
-      await stopAll(procs);
-      lab?.close();
     });
     let router = '';
     let prefill = '';
@@ -338,13 +345,12 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined)(
     let lab: NetnsLab | undefined;
     const procs: (SpecdProcess | undefined)[] = [];
     afterAll(async () => {
-      // the router retries a P/D request whose connection dropped before an answer (pd/router.ts): say so, with why
-      for (const q of procs) {
-        const retried = (q?.stderr() ?? '').split('\n').filter((l) => l.includes('retrying once'));
-        if (retried.length > 0) console.warn(`pd-netns (${transfer}): ${q?.url} retried:\n${retried.join('\n')}`);
+      try {
+        reportRetries('pp 2', procs);
+      } finally {
+        await stopAll(procs);
+        lab?.close();
       }
-      await stopAll(procs);
-      lab?.close();
     });
 
     it('pp 2 over TCP between hosts: greedy output equals aggregated; every page is freed', async () => {

@@ -629,24 +629,35 @@ export class PdRouter {
         body: payload,
         signal: controllers[role].signal,
       });
-    // A connection dropped before any answer is retried once, on another connection (CI's network-namespace test
-    // met such a drop twice, NIXL's D alive and silent; its cause is not known). Safe: P and D refuse a room already
-    // in use (409), so a request the upstream did receive is never run twice.
+    // A connection dropped before any answer is sent once more (CI's network-namespace test met such a drop twice,
+    // NIXL's D alive and silent; its cause is not known). That helps when the upstream never read the request. When
+    // it did, the second attempt is refused — P and D refuse a room in use, P keeps a finished room's tombstone, so
+    // nothing runs twice — and the client gets the drop, not that refusal; fail() then aborts the room on that side
+    // too, freeing what the first attempt holds there.
     const call = (role: PdRole): Promise<Outcome> =>
-      post(role)
-        .catch((err: unknown) => {
-          if (controllers[role].signal.aborted || !droppedBeforeAnswer(err)) throw err;
+      post(role).then(
+        (res) => ({ side: role, res }),
+        async (first: unknown): Promise<Outcome> => {
+          if (controllers[role].signal.aborted || !droppedBeforeAnswer(first)) return { side: role, err: first };
           this.metrics.retries.inc({ role });
           log.warn(
-            { url: sides[role].url, err: describeFetchError(err) },
+            { url: sides[role].url, err: describeFetchError(first) },
             `POST /pd/${role}: the connection dropped before an answer; retrying once`,
           );
-          return post(role);
-        })
-        .then(
-          (res) => ({ side: role, res }),
-          (err: unknown) => ({ side: role, err }),
-        );
+          try {
+            const res = await post(role);
+            if (res.ok) return { side: role, res };
+            await res.body?.cancel();
+            log.warn(
+              { url: sides[role].url, status: res.status },
+              `POST /pd/${role}: the retry was refused; answering with the dropped connection`,
+            );
+          } catch (err) {
+            return { side: role, err };
+          }
+          return { side: role, err: first };
+        },
+      );
     const outcomes: Record<PdRole, Promise<Outcome>> = { prefill: call('prefill'), decode: call('decode') };
     const routerMs = performance.now() - arrived;
     // the waterfall (pd/waterfall.ts): P's part from its answer, D's from its header, the TTFT at D's first byte
@@ -694,6 +705,8 @@ export class PdRouter {
       }
       this.metrics.errors.inc({ side: o.side });
       if (o.res === undefined) {
+        // a dropped connection: the upstream may have read the request and hold its room; abort it there as well
+        if (droppedBeforeAnswer(o.err)) abort(o.side, `the connection to ${o.side} server ${u.url} dropped`);
         this.setHealth(u, false, `POST /pd/${o.side} failed: ${describeFetchError(o.err)}`);
         log.warn({ url: u.url, err: describeFetchError(o.err) }, `${o.side} server unreachable`);
         const e = unreachable(o.side, u.url, o.err);

@@ -92,6 +92,8 @@ class FakeUpstream {
   stallAfterFirstChunk = false;
   /** Decode only: after the first streamed chunk, drop the connection (a decode server that dies). */
   dieAfterFirstChunk = false;
+  /** Answer 409 to a room already received (as P and D refuse a room in use). */
+  refuseRepeatedRooms = false;
   url = '';
 
   constructor(
@@ -112,7 +114,12 @@ class FakeUpstream {
     });
     app.post(`/pd/${role}`, async (req, reply) => {
       const body = req.body as Received['body'];
+      const repeated = this.received.some((g) => g.body.room === body.room);
       this.received.push({ requestIdHeader: req.headers['x-request-id'] as string | undefined, body });
+      if (this.refuseRepeatedRooms && repeated)
+        return reply.code(409).send({
+          error: { message: `room ${body.room}: already in use`, type: 'invalid_request_error', param: null },
+        });
       const mode = this.mode;
       if (mode.kind === 'drop') {
         if (--mode.times <= 0) this.mode = { kind: 'ok' };
@@ -193,6 +200,7 @@ class FakeUpstream {
     this.mode = { kind: 'ok' };
     this.stallAfterFirstChunk = false;
     this.dieAfterFirstChunk = false;
+    this.refuseRepeatedRooms = false;
     this.healthy = true;
   }
 }
@@ -406,7 +414,7 @@ describe('specd router against fake prefill and decode servers (openai client)',
     expect(D.every((d) => d.aborts.length === 0)).toBe(true);
   });
 
-  it('a D connection dropped before an answer is retried once (counted, logged); dropped twice, 502', async () => {
+  it('a dropped D connection is retried once; refused or dropped again, the 502 names the drop', async () => {
     resetAll();
     const before = await metric(url, 'specd_router_upstream_retries_total', { role: 'decode' });
     for (const d of D) d.mode = { kind: 'drop', times: 1 };
@@ -423,7 +431,34 @@ describe('specd router against fake prefill and decode servers (openai client)',
     expect(P.every((p) => p.aborts.length === 0)).toBe(true);
     expect(await metric(url, 'specd_router_upstream_retries_total', { role: 'decode' })).toBe(before + 1);
     const warned = logLines.find((l) => String(l.msg).includes('retrying once'));
-    expect(String(warned?.err)).toMatch(/^UND_ERR_SOCKET \(.+; \d+ B sent, 0 B received\)$/);
+    // (the byte counts are the connection's: a reused keep-alive connection counts its earlier requests too)
+    expect(String(warned?.err)).toMatch(/^UND_ERR_SOCKET \(.+; \d+ B sent, \d+ B received\)$/);
+
+    // a D that read the request before the drop refuses the retry (409): the client gets the drop (502), and both
+    // P and that D get /pd/abort for the room, which frees what the first attempt holds (a router of its own: the
+    // 502 takes that D out of its rotation)
+    resetAll();
+    const r1 = await newRouter({});
+    try {
+      for (const p of P) p.mode = { kind: 'hang' };
+      for (const u of D) {
+        u.mode = { kind: 'drop', times: 1 };
+        u.refuseRepeatedRooms = true;
+      }
+      const c = new OpenAI({ baseURL: `${r1.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const err = await c.completions.create({ model: MODEL, prompt: 'x', max_tokens: 1 }).catch((e) => e);
+      expect(err.status).toBe(502);
+      expect(err.message).toMatch(/decode server \S+ is unreachable: UND_ERR_SOCKET \(.+ B received\)/);
+      const d2 = D.find((u) => u.received.length === 2);
+      const room = d2?.received[0]?.body.room;
+      const { fake: p } = theOne(P);
+      await until('P and D to get /pd/abort', () => p.aborts.length === 1 && (d2?.aborts.length ?? 0) === 1);
+      expect(p.aborts[0]).toMatchObject({ room });
+      expect(d2?.aborts[0]).toMatchObject({ room });
+      expect(await metric(r1.url, 'specd_router_upstream_retries_total', { role: 'decode' })).toBe(1);
+    } finally {
+      await r1.router.close();
+    }
 
     // dropped twice: 502 naming D; P is aborted (a router of its own: the 502 takes that D out of its rotation)
     resetAll();
