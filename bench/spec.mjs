@@ -4,12 +4,16 @@
 //
 //   npm run bench:spec                      (root; run `npm run build` first; ~6 min)
 //   node bench/spec.mjs [--drafters dflash,dspark,eagle3] [--prompts N] [--tokens N] [--conc 1,4,8]
-//                       [--reps N] [--fixed-k 1,2,3] [--json FILE] [--quick]
+//                       [--reps N] [--fixed-k 1,2,3] [--json FILE] [--quick] [--settings 0,1,defaults]
 //
 // Prompts: the first N/2 of test/prompts/prose.jsonl and of code.jsonl (held out; N = 16 by default),
-// `--tokens` new tokens each (default 64), EOS ignored. Target models/kimi-k3-tiny; each drafter is
-// loaded from models/kimi-k3-tiny-<method> through its config.json (the plugin registry picks it).
-// For every load C and temperature T, in one run, alternating `--reps` times (medians reported):
+// `--tokens` new tokens each (default 64), EOS ignored (but in the defaults setting). Target models/kimi-k3-tiny;
+// each drafter is loaded from models/kimi-k3-tiny-<method> through its config.json (the plugin registry picks it).
+// For every load C and sampling setting, in one run, alternating `--reps` times (medians reported). The settings:
+// T = 0 and T = 1 with EOS ignored, and the target's defaults (`generation_config.json` as `specd serve` reads it:
+// SmolLM2 temperature 0.2, top_p 0.9; kimi-k3-tiny greedy) with EOS honoured, as a server answers by default
+// (`--settings 0,1,defaults` picks among them). Each row also gives the share of outputs that end in a loop (their last
+// 8-gram occurs 3 or more times in the output) for plain decoding and the cost policy.
 //   plain    = SpecEngine without a drafter (one token per target forward);
 //   max k    = the drafter at its full draft length every step (draftPolicy 'max'): τ and the
 //              per-position acceptance of the method, and the speed of always drafting;
@@ -51,7 +55,8 @@ import { fileURLToPath } from 'node:url';
 // the native timing shim (bench/native-timing.mjs) must be in place before the packages are imported
 register('./native-timing-hooks.mjs', import.meta.url);
 const core = await import('@specd/core');
-const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } = core;
+const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget, readModelSamplingDefaults } =
+  core;
 const { isa } = await import('@specd/native');
 const { draftCostSplit } = await import('./draft-split.mjs');
 
@@ -133,23 +138,62 @@ const prompts = [
   ...read(PROMPT_SETS[0], PROMPT_SETS[1]).slice(0, half),
   ...read(PROMPT_SETS[0], PROMPT_SETS[2]).slice(0, NPROMPTS - half),
 ];
-const requests = (temperature) =>
+/** The target's default sampling (its generation_config.json, as `specd serve` resolves it), EOS honoured. */
+const modelDefaults = readModelSamplingDefaults(path.join(ROOT, 'models', TARGET_DIR)) ?? {};
+const DEFAULTS = {
+  temperature: modelDefaults.temperature ?? 1,
+  topP: modelDefaults.top_p ?? 1,
+  topK: modelDefaults.top_k ?? 0,
+};
+/**
+ * The sampling settings measured (`--settings`, default `0,1,defaults`): greedy and T = 1 with EOS ignored, and the
+ * defaults with EOS honoured.
+ */
+const ALL_SETTINGS = {
+  0: { name: '0', sampling: { temperature: 0 }, ignoreEos: true },
+  1: { name: '1', sampling: { temperature: 1 }, ignoreEos: true },
+  defaults: {
+    name:
+      `defaults (T ${DEFAULTS.temperature}, top_p ${DEFAULTS.topP}` +
+      `${DEFAULTS.topK > 0 ? `, top_k ${DEFAULTS.topK}` : ''}, EOS)`,
+    sampling: DEFAULTS,
+    ignoreEos: false,
+  },
+};
+const SETTINGS = arg('settings', '0,1,defaults')
+  .split(',')
+  .map((n) => {
+    const s = ALL_SETTINGS[n];
+    if (s === undefined) throw new Error(`bench:spec: --settings: ${n}: expected 0, 1 or defaults`);
+    return s;
+  });
+const requests = (setting) =>
   prompts.map((p, i) => ({
     id: p.id,
     promptIds: Int32Array.from(p.prompt_token_ids),
     maxTokens: NEW,
-    sampling: { temperature },
+    sampling: setting.sampling,
     seed: 1000 + i,
-    ignoreEos: true,
+    ignoreEos: setting.ignoreEos,
   }));
+
+/** Whether `ids` ends in a loop: its last 8-gram occurs at least 3 times in it. */
+function endsInLoop(ids) {
+  const n = 8;
+  if (ids.length < 3 * n) return false;
+  const tail = ids.slice(-n).join();
+  let count = 0;
+  for (let i = 0; i + n <= ids.length; i++) if (ids.slice(i, i + n).join() === tail) count++;
+  return count >= 3;
+}
 
 /** Cost-policy engines are kept per (drafter, C, T) across repetitions, as a server keeps its engine. */
 const costEngines = new Map();
-function run(drafter, C, temperature, mode) {
+function run(drafter, C, setting, mode) {
   const opts = { maxSequences: C, maxTokensPerSequence: 4096 };
   let e;
   if (mode === 'cost') {
-    const key = `${label(drafter)}|${C}|${temperature}`;
+    const key = `${label(drafter)}|${C}|${setting.name}`;
     e = costEngines.get(key);
     if (e === undefined) {
       e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost' });
@@ -162,7 +206,7 @@ function run(drafter, C, temperature, mode) {
     e = new SpecEngine(target.model, drafter, mode === 'plain' ? opts : { ...opts, draftPolicy: 'max' });
   }
   const t0 = performance.now();
-  const rs = e.run(requests(temperature));
+  const rs = e.run(requests(setting));
   const s = (performance.now() - t0) / 1000;
   const m = e.metrics;
   return {
@@ -180,6 +224,7 @@ function run(drafter, C, temperature, mode) {
       rest: (s * 1000 - m.draftMs - m.verifyMs - m.commitMs) / Math.max(1, m.verifySteps),
     },
     outputs: new Map(rs.map((r) => [r.id, r.tokenIds.join()])),
+    loops: rs.filter((r) => endsInLoop(Array.from(r.tokenIds))).length / Math.max(1, rs.length),
     costs: e.stepCosts,
   };
 }
@@ -192,7 +237,7 @@ console.log(
     `tokens; threads ` +
     `${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
 );
-run(undefined, 1, 0, 'plain'); // warm-up (JIT, page faults)
+run(undefined, 1, ALL_SETTINGS[0], 'plain'); // warm-up (JIT, page faults)
 
 // ---- draft cost: one propose split, per drafter and k, against the target step -----------------------------
 // three passes over the drafters (5 rounds each), so a change in the machine's load hits every drafter alike; per
@@ -254,18 +299,20 @@ if (SPLIT_ONLY) {
 
 const rows = [];
 for (const C of CONCS) {
-  for (const temperature of [0, 1]) {
+  for (const setting of SETTINGS) {
+    const temperature = setting.sampling.temperature;
+    const greedy = temperature === 0 && setting.ignoreEos;
     const plains = [];
     const per = drafters.map(() => ({ max: [], cost: [], fixed: FIXED_KS.map(() => []) }));
-    const measureFixed = !TAU_ONLY && C === 1 && temperature === 0;
+    const measureFixed = !TAU_ONLY && C === 1 && greedy;
     for (let r = 0; r < REPS; r++) {
-      plains.push(run(undefined, C, temperature, 'plain'));
+      plains.push(run(undefined, C, setting, 'plain'));
       drafters.forEach((d, i) => {
-        per[i].max.push(run(d, C, temperature, 'max'));
-        if (!TAU_ONLY) per[i].cost.push(run(d, C, temperature, 'cost'));
+        per[i].max.push(run(d, C, setting, 'max'));
+        if (!TAU_ONLY) per[i].cost.push(run(d, C, setting, 'cost'));
         if (measureFixed)
           FIXED_KS.forEach((k, j) => {
-            per[i].fixed[j].push(run(d, C, temperature, k));
+            per[i].fixed[j].push(run(d, C, setting, k));
           });
       });
     }
@@ -274,6 +321,7 @@ for (const C of CONCS) {
       const max = median(per[i].max);
       const cost = TAU_ONLY ? max : median(per[i].cost);
       if (temperature === 0) {
+        // greedy: equal to plain decoding's token for token (EOS honoured or not)
         for (const res of [max, cost]) {
           for (const [id, toks] of plain.outputs)
             if (res.outputs.get(id) !== toks)
@@ -281,7 +329,7 @@ for (const C of CONCS) {
         }
       }
       let ceiling;
-      if (C === 1 && temperature === 0 && cost.costs !== undefined) {
+      if (C === 1 && greedy && cost.costs !== undefined) {
         const c = cost.costs;
         const tStep = c.stepMs(1);
         let best = { k: 0, value: 1 };
@@ -321,6 +369,9 @@ for (const C of CONCS) {
         C,
         maxPhases: max.phases,
         temperature,
+        setting: setting.name,
+        plainLoops: plain.loops,
+        costLoops: cost.loops,
         plain: plain.tokPerS,
         maxK: d.maxDraftTokens,
         tauPerStep: max.tauPerStep,
@@ -336,13 +387,14 @@ for (const C of CONCS) {
       };
       rows.push(row);
       console.log(
-        `${label(d)} C=${C} T=${temperature}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=` +
+        `${label(d)} C=${C} T=${setting.name}: plain ${plain.tokPerS.toFixed(1)} tok/s; max k=` +
           `${d.maxDraftTokens} ${max.tokPerS.toFixed(1)} (×${row.maxSpeedup.toFixed(3)}), τ ` +
           `${max.tauPerStep.toFixed(3)} / ${max.tauMeanOfRequests.toFixed(3)}; cost ${cost.tokPerS.toFixed(1)}` +
           ` (×${row.costSpeedup.toFixed(3)}), drafts/step ${row.costDraftsPerStep.toFixed(2)}` +
           (ceiling === undefined ? '' : `; ceiling ×${ceiling.value.toFixed(3)} at k=${ceiling.k}`) +
           `; max-k step phases ms: propose ${max.phases.draft.toFixed(2)}, verify ${max.phases.verify.toFixed(2)}, ` +
-          `accept+commit ${max.phases.commit.toFixed(2)}, rest ${max.phases.rest.toFixed(2)}`,
+          `accept+commit ${max.phases.commit.toFixed(2)}, rest ${max.phases.rest.toFixed(2)}; outputs ending in a ` +
+          `loop: plain ${(100 * plain.loops).toFixed(0)} %, cost ${(100 * cost.loops).toFixed(0)} %`,
       );
     });
   }
@@ -356,16 +408,17 @@ const pp = (a) =>
 console.log(
   '\n| drafter | sequences | T | τ per step (max k) | τ mean of requests | ' +
     'per-position acceptance a_1…a_6 | plain tok/s | max k tok/s | ×plain | ' +
-    'cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) |',
+    'cost policy tok/s | ×plain | drafts/step (cost) | ceiling (C=1, greedy) | loops: plain / cost |',
 );
-console.log('|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|');
+console.log('|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   console.log(
-    `| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.temperature} | ${r.tauPerStep.toFixed(3)} | ` +
+    `| ${r.method} (k=${r.maxK}) | ${r.C} | ${r.setting} | ${r.tauPerStep.toFixed(3)} | ` +
       `${r.tauMeanOfRequests.toFixed(3)} | ${pp(r.perPosition)} | ${r.plain.toFixed(1)} | ` +
       `${r.maxTokPerS.toFixed(1)} | ${r.maxSpeedup.toFixed(3)} | ${r.costTokPerS.toFixed(1)} ` +
       `| ${r.costSpeedup.toFixed(3)} | ${r.costDraftsPerStep.toFixed(2)} | ` +
-      `${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} |`,
+      `${r.ceiling === undefined ? '' : `×${r.ceiling.value.toFixed(3)} (k=${r.ceiling.k})`} | ` +
+      `${(100 * r.plainLoops).toFixed(0)} % / ${(100 * r.costLoops).toFixed(0)} % |`,
   );
 }
 for (const r of rows.filter((x) => x.measured !== undefined)) {

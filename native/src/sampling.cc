@@ -169,6 +169,62 @@ Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+/**
+ * Marks in keep[0, cols) the smallest prefix of the tokens sorted by (prob desc, index asc) whose cumulative mass
+ * (a double sum in that order) reaches p, at least one token: the full sort's set, found without sorting the row.
+ * The tokens whose probability's binary exponent is at least ilogb(max) − B, i.e. prob ≥ t = 2^(ilogb(max) − B),
+ * come first in that order, so once their mass reaches p they hold the prefix and only they are sorted. B is the
+ * smallest exponent gap whose mass reaches p (one pass builds the mass per gap). If the candidates' cumulative in
+ * the sorted order still falls short of p (the mass was summed in another order), the whole row is sorted, as
+ * before. A peaked row (temperature 0.2, say) sorts a handful of tokens instead of the vocabulary.
+ * `order` has room for cols entries; keep is all 0 on entry.
+ */
+void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t* keep) {
+  const auto by_prob = [&](int32_t a, int32_t c) { return prob[a] > prob[c] || (prob[a] == prob[c] && a < c); };
+  float mx = 0.0f;
+  for (int64_t i = 0; i < cols; ++i) mx = prob[i] > mx ? prob[i] : mx;
+  constexpr int kGaps = 64;  // exponent gaps 0 … 62, and 63: a gap ≥ 63 or a zero
+  double mass[kGaps] = {};
+  const int top = std::ilogb(mx);
+  const auto gap = [&](float v) {
+    if (!(v > 0.0f)) return kGaps - 1;
+    return std::min(kGaps - 1, top - std::ilogb(v));
+  };
+  for (int64_t i = 0; i < cols; ++i) mass[gap(prob[i])] += prob[i];
+  int last = kGaps - 1;
+  double cum = 0.0;
+  for (int b = 0; b < kGaps - 1; ++b) {
+    cum += mass[b];
+    if (cum >= p) {
+      last = b;
+      break;
+    }
+  }
+  int64_t n = 0;
+  if (last < kGaps - 1) {
+    for (int64_t i = 0; i < cols; ++i)
+      if (gap(prob[i]) <= last) order[n++] = static_cast<int32_t>(i);
+    std::sort(order, order + n, by_prob);
+    double c = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      c += prob[order[j]];
+      if (c >= p) {
+        for (int64_t q = 0; q <= j; ++q) keep[order[q]] = 1;
+        return;
+      }
+    }
+  }
+  // the whole row: p not reached by the candidates
+  std::iota(order, order + cols, 0);
+  std::sort(order, order + cols, by_prob);
+  double c = 0.0;
+  for (int64_t j = 0; j < cols; ++j) {
+    keep[order[j]] = 1;
+    c += prob[order[j]];
+    if (c >= p) break;
+  }
+}
+
 Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "topPMask");
   RowsArgs r = ReadRows(args, "logits", 4);
@@ -190,16 +246,8 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
           if (!SoftmaxRow(xr, prob.data(), r.cols, 1.0f)) {
             throw KernelError("topPMask: logits: row " + std::to_string(row) + " has no finite value");
           }
-          std::iota(order.begin(), order.end(), 0);
-          std::sort(order.begin(), order.end(),
-                    [&](int32_t a, int32_t c) { return prob[a] > prob[c] || (prob[a] == prob[c] && a < c); });
           std::fill(keep.begin(), keep.end(), 0);
-          double cum = 0.0;
-          for (int64_t j = 0; j < r.cols; ++j) {
-            keep[order[j]] = 1;
-            cum += prob[order[j]];
-            if (cum >= p) break;
-          }
+          TopPKeep(prob.data(), r.cols, p, order.data(), keep.data());
           for (int64_t i = 0; i < r.cols; ++i) o[i] = keep[i] ? xr[i] : kNegInf;
         }
       },

@@ -112,4 +112,40 @@ describe('topPMask', () => {
     expect(Array.from(inPlace)).toEqual(Array.from(y));
     expect(() => topPMask(x, vocab, 1.5)).toThrow('topPMask: p: expected a number in (0, 1], got number 1.5');
   });
+
+  it("keeps exactly the full sort's set over the kernel's own f32 probabilities (peaked, flat and tied rows)", () => {
+    // the kernel sorts only the tokens above a threshold whose mass reaches p: it must keep what sorting the
+    // whole row keeps (f32 softmax as the kernel computes it, order (prob desc, index asc), cumulative in double)
+    const seed = freshSeed();
+    const next = rng(seed);
+    const vocab = 4099;
+    const rows: Float32Array[] = [];
+    for (const scale of [0.5, 2, 6, 20, 60, 400]) rows.push(randomF32(vocab, next, scale));
+    rows.push(Float32Array.from(randomF32(vocab, next, 3), (v) => Math.round(v))); // many ties
+    rows.push(Float32Array.from({ length: vocab }, (_, i) => (i % 7 === 0 ? 5 : 0))); // tied block on top
+    rows.push(Float32Array.from({ length: vocab }, (_, i) => -i * 0.25)); // geometric: long tail
+    const x = new Float32Array(rows.length * vocab);
+    for (const [i, r] of rows.entries()) x.set(r, i * vocab);
+    const probs = softmax(x, vocab, 1);
+    for (const p of [1e-9, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999999]) {
+      const y = topPMask(x, vocab, p);
+      rows.forEach((_, r) => {
+        const prob = probs.subarray(r * vocab, (r + 1) * vocab);
+        const order = Array.from(prob.keys()).sort((a, b) => prob[b]! - prob[a]! || a - b);
+        const keep = new Set<number>();
+        let cum = 0;
+        for (const i of order) {
+          keep.add(i);
+          cum += prob[i]!;
+          if (cum >= p) break;
+        }
+        const kept = new Set<number>();
+        for (let i = 0; i < vocab; i++) if (y[r * vocab + i] !== -Infinity) kept.add(i);
+        expect(
+          [...kept].sort((a, b) => a - b),
+          `seed ${seed}, row ${r}, p ${p}`,
+        ).toEqual([...keep].sort((a, b) => a - b));
+      });
+    }
+  });
 });
