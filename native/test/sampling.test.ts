@@ -73,6 +73,23 @@ describe('topKMask', () => {
   });
 });
 
+/**
+ * Top-p by sorting the whole row: the ids by (prob desc, index asc), and the smallest prefix whose cumulative (a
+ * double sum in that order) reaches p, at least one id.
+ */
+function fullSortKeep(prob: ArrayLike<number>, p: number): { order: number[]; keep: Set<number> } {
+  const at = (i: number): number => prob[i] ?? Number.NaN;
+  const order = Array.from({ length: prob.length }, (_, i) => i).sort((a, b) => at(b) - at(a) || a - b);
+  const keep = new Set<number>();
+  let cum = 0;
+  for (const i of order) {
+    keep.add(i);
+    cum += at(i);
+    if (cum >= p) break;
+  }
+  return { order, keep };
+}
+
 describe('topPMask', () => {
   it('keeps the smallest most-probable set reaching p, at least one token', () => {
     const logits = Float32Array.from([0.1, 0.5, 0.2, 0.2].map(Math.log));
@@ -93,14 +110,7 @@ describe('topPMask', () => {
     const y = topPMask(x, vocab, p, poisoned(x.length));
     for (let r = 0; r < rows; r++) {
       const prob = refSoftmax(x.subarray(r * vocab, (r + 1) * vocab), vocab, 1);
-      const order = Array.from(prob.keys()).sort((a, b) => prob[b]! - prob[a]! || a - b);
-      const keep = new Set<number>();
-      let cum = 0;
-      for (const i of order) {
-        keep.add(i);
-        cum += prob[i]!;
-        if (cum >= p) break;
-      }
+      const { order, keep } = fullSortKeep(prob, p);
       let kept = 0;
       for (let i = 0; i < vocab; i++) if (y[r * vocab + i] !== -Infinity) kept++;
       // float32 vs float64 probabilities may move the boundary by at most one token.
@@ -130,15 +140,7 @@ describe('topPMask', () => {
     for (const p of [1e-9, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999999]) {
       const y = topPMask(x, vocab, p);
       rows.forEach((_, r) => {
-        const prob = probs.subarray(r * vocab, (r + 1) * vocab);
-        const order = Array.from(prob.keys()).sort((a, b) => prob[b]! - prob[a]! || a - b);
-        const keep = new Set<number>();
-        let cum = 0;
-        for (const i of order) {
-          keep.add(i);
-          cum += prob[i]!;
-          if (cum >= p) break;
-        }
+        const { keep } = fullSortKeep(probs.subarray(r * vocab, (r + 1) * vocab), p);
         const kept = new Set<number>();
         for (let i = 0; i < vocab; i++) if (y[r * vocab + i] !== -Infinity) kept.add(i);
         expect(
