@@ -201,27 +201,21 @@ void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t
     }
   }
   int64_t n = 0;
-  if (last < kGaps - 1) {
+  if (last < kGaps - 1)
     for (int64_t i = 0; i < cols; ++i)
       if (gap(prob[i]) <= last) order[n++] = static_cast<int32_t>(i);
+  for (;;) {
     std::sort(order, order + n, by_prob);
     double c = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      c += prob[order[j]];
-      if (c >= p) {
-        for (int64_t q = 0; q <= j; ++q) keep[order[q]] = 1;
-        return;
-      }
+    int64_t j = 0;
+    while (j < n && (c += prob[order[j]]) < p) ++j;  // j: the token whose mass reaches p, or n
+    if (j < n || n == cols) {
+      for (int64_t q = 0; q <= j && q < n; ++q) keep[order[q]] = 1;
+      return;
     }
-  }
-  // the whole row: p not reached by the candidates
-  std::iota(order, order + cols, 0);
-  std::sort(order, order + cols, by_prob);
-  double c = 0.0;
-  for (int64_t j = 0; j < cols; ++j) {
-    keep[order[j]] = 1;
-    c += prob[order[j]];
-    if (c >= p) break;
+    // the candidates fall short of p: the whole row
+    std::iota(order, order + cols, 0);
+    n = cols;
   }
 }
 
