@@ -25,6 +25,7 @@
 import {
   DrafterError,
   f16ToF32,
+  f32ToF16,
   sampleFromProbs,
   samplingProbs,
   type DraftSampling,
@@ -132,34 +133,6 @@ export function draftHeadFormat(): 'bf16' | 'q8_0' {
   const i = isa();
   return i.isa === 'avx512' && !i.amxAvailable ? 'q8_0' : 'bf16';
 }
-
-/** IEEE binary16 bits of `v` (round to nearest even; overflow to ±Inf). */
-export function f32ToF16(v: number): number {
-  F32[0] = v;
-  const x = U32[0]!;
-  const sign = (x >>> 16) & 0x8000;
-  const exp = (x >>> 23) & 0xff;
-  let mant = x & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 : 0);
-  const e = exp - 127 + 15;
-  if (e >= 31) return sign | 0x7c00;
-  if (e <= 0) {
-    if (e < -10) return sign; // below half the smallest subnormal
-    mant |= 0x800000;
-    const shift = 14 - e;
-    let half = mant >>> shift;
-    const rest = mant & ((1 << shift) - 1);
-    const halfway = 1 << (shift - 1);
-    if (rest > halfway || (rest === halfway && (half & 1) === 1)) half++;
-    return sign | half;
-  }
-  let half = (e << 10) | (mant >>> 13);
-  const rest = mant & 0x1fff;
-  if (rest > 0x1000 || (rest === 0x1000 && (half & 1) === 1)) half++; // a carry rounds into the exponent
-  return sign | half;
-}
-const F32 = new Float32Array(1);
-const U32 = new Uint32Array(F32.buffer);
 
 /**
  * Rows `w [n, k]` f32 (k a multiple of 32) as raw GGUF Q8_0 blocks (ggml `quantize_row_q8_0`: per block of 32,

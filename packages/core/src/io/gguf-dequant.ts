@@ -24,6 +24,34 @@ export function f16ToF32(bits: number): number {
   return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
+/** IEEE binary16 bits of `v` (round to nearest even, subnormals, overflow to ±Inf, NaN kept): f16ToF32's inverse. */
+export function f32ToF16(v: number): number {
+  F32[0] = v;
+  const x = U32[0]!;
+  const sign = (x >>> 16) & 0x8000;
+  const exp = (x >>> 23) & 0xff;
+  let mant = x & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 : 0);
+  const e = exp - 127 + 15;
+  if (e >= 31) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign; // below half the smallest subnormal
+    mant |= 0x800000;
+    const shift = 14 - e;
+    let half = mant >>> shift;
+    const rest = mant & ((1 << shift) - 1);
+    const halfway = 1 << (shift - 1);
+    if (rest > halfway || (rest === halfway && (half & 1) === 1)) half++;
+    return sign | half;
+  }
+  let half = (e << 10) | (mant >>> 13);
+  const rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && (half & 1) === 1)) half++; // a carry rounds into the exponent
+  return sign | half;
+}
+const F32 = new Float32Array(1);
+const U32 = new Uint32Array(F32.buffer);
+
 /** A 65 536-entry f16 → f32 table (256 KiB), built on first use. */
 function f16Table(): Float32Array {
   if (F16_TABLE === undefined) {

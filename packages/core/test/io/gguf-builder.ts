@@ -1,5 +1,5 @@
 /** Test helper: writes small GGUF files in memory (layout as ggml's gguf.cpp writes it). */
-import { type GgmlType, ggmlBlockSize, GgufValueType } from '../../src/io/index.js';
+import { f32ToF16, type GgmlType, ggmlBlockSize, GgufValueType } from '../../src/io/index.js';
 
 /** A metadata value to write: the type tag decides the encoding. */
 export type BuildValue =
@@ -161,17 +161,5 @@ export function buildGguf(opts: BuildOptions = {}): Uint8Array {
   return w.done();
 }
 
-/** IEEE binary16 bits of `x` (round to nearest even; normal range only — enough for tests). */
-export function f32ToF16Bits(x: number): number {
-  const f = new Float32Array([x]);
-  const u = new Uint32Array(f.buffer)[0]!;
-  const sign = (u >>> 16) & 0x8000;
-  const exp = ((u >>> 23) & 0xff) - 127 + 15;
-  const mant = u & 0x7fffff;
-  if (x === 0) return sign;
-  if (exp <= 0 || exp >= 31) throw new Error(`f32ToF16Bits: ${x} out of the normal f16 range`);
-  let h = sign | (exp << 10) | (mant >>> 13);
-  const rest = mant & 0x1fff;
-  if (rest > 0x1000 || (rest === 0x1000 && (h & 1) === 1)) h++;
-  return h;
-}
+/** IEEE binary16 bits of `x` (core's f32ToF16, under the name the tests use). */
+export const f32ToF16Bits = f32ToF16;
