@@ -48,20 +48,25 @@ export function acceptGreedy(drafts: Int32Array, targetLogits: Float32Array, voc
 /**
  * Greedy verification from the target's argmax of each verify row (a stage that computes it where its logits live,
  * `ForwardResult.argmax`): the same decision as {@link acceptGreedy}.
- * @param drafts `[k]` i32. @param top `[k + 1]` i32 from element `offset` (default 0; `top` may be longer, e.g. a
- *   whole batch's argmax): the argmax at the last verified token and at each draft, −1 for a row that is not finite.
+ * @param drafts `[k]` i32. @param top i32, its entries [start, end) `[k + 1]` (`top` may be longer, e.g. a whole
+ *   batch's argmax): the argmax at the last verified token and at each draft, −1 for a row that is not finite.
  * @param what names the rows in messages.
  * @throws {NonFiniteLogitsError} when a row the decision reads (rows 0 … accepted) is not finite; RangeError when
- *   `top` has fewer than k + 1 entries from `offset` (or more, without an offset).
+ *   [start, end) is not k + 1 entries of `top`.
  */
-export function acceptGreedyArgmax(drafts: Int32Array, top: Int32Array, what: string, offset?: number): AcceptResult {
+export function acceptGreedyArgmax(
+  drafts: Int32Array,
+  top: Int32Array,
+  what: string,
+  start = 0,
+  end = top.length,
+): AcceptResult {
   const k = drafts.length;
-  const o = offset ?? 0;
-  if (offset === undefined ? top.length !== k + 1 : !(o >= 0 && o + k + 1 <= top.length))
-    throw new RangeError(`acceptGreedyArgmax: top: expected [${k + 1}] i32, got ${top.length - o}`);
+  if (end - start !== k + 1 || start < 0 || end > top.length)
+    throw new RangeError(`acceptGreedyArgmax: top: expected [${k + 1}] i32, got ${end - start}`);
   let n = 0;
-  while (n < k && top[o + n]! >= 0 && drafts[n] === top[o + n]) n++;
-  const bonus = top[o + n]!;
+  while (n < k && top[start + n]! >= 0 && drafts[n] === top[start + n]) n++;
+  const bonus = top[start + n]!;
   if (bonus < 0) throw new NonFiniteLogitsError(`${what} ${n}: the model's output is not finite`);
   return { accepted: n, bonus };
 }

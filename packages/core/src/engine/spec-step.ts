@@ -146,7 +146,6 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
     }
     caps.push(cap);
   }
-  if (ctx.drafter === undefined) return caps.fill(0);
   const hook = ctx.options.draftLength;
   if (hook !== undefined)
     return seqs.map((r, i) => Math.min(caps[i]!, Math.max(0, Math.min(maxK, Math.floor(hook(r.id, r.metrics))))));
@@ -386,11 +385,8 @@ export function accept(
       // an argmax-only forward (wantsArgmaxOnly: greedy, nothing processed): the stage's argmax of each row
       try {
         const drafts = block.tokens.subarray(1);
-        const start = res.logitRowStart[i]!;
-        const rows = res.logitRowStart[i + 1]! - start;
-        if (rows !== drafts.length + 1)
-          throw new RangeError(`acceptGreedyArgmax: top: expected [${drafts.length + 1}] i32, got ${rows}`);
-        const acc = acceptGreedyArgmax(drafts, res.argmax!, 'verify row', start);
+        const [start, end] = [res.logitRowStart[i]!, res.logitRowStart[i + 1]!];
+        const acc = acceptGreedyArgmax(drafts, res.argmax!, 'verify row', start, end);
         outcomes.push({ seq: r, block, row: first, acc, drafts });
       } catch (err) {
         failed.set(r.id, new SequenceError(r.id, 'accept', err));
