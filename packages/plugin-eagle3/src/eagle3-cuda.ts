@@ -393,11 +393,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     }
     this.kv.extendAll(spans);
     try {
-      const slots = new Int32Array(n);
-      const pool = this.kv.pool;
-      at = 0;
-      for (const s of spans) at = pool.writeTokenSlots(s.id, s.position, s.numTokens, slots, at);
-      this.addon.eagle3ContextWrite(runner, sum, fromTaps, next, positions, slots, gSlotOfRow);
+      this.addon.eagle3ContextWrite(runner, sum, fromTaps, next, positions, this.kv.slots(spans), gSlotOfRow);
     } catch (err) {
       this.kv.truncateAll(spans.map((s) => ({ id: s.id, position: s.position, numTokens: 0 })));
       throw err;

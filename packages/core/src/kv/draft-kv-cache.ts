@@ -283,7 +283,7 @@ export class DraftKvCache {
    * @throws {CacheError} `range` for a row outside its sequence; {@link RangeError} without KV.
    */
   slots(rows: readonly DraftRows[]): Int32Array {
-    return this.pool.tokenSlots(rows.map((r) => ({ id: r.id, start: r.position, n: r.numTokens })));
+    return rowSlots(this.pool, rows);
   }
 
   /**
@@ -305,7 +305,7 @@ export class DraftKvCache {
   writeFeatures(rows: readonly DraftRows[], features: Float32Array): void {
     const pool = this.featurePool;
     if (pool === undefined) throw new RangeError('DraftKvCache.writeFeatures: the cache keeps no features');
-    const slots = pool.tokenSlots(rows.map((r) => ({ id: r.id, start: r.position, n: r.numTokens })));
+    const slots = rowSlots(pool, rows);
     const w = pool.floatsPerToken;
     if (features.length !== slots.length * w)
       throw new RangeError(
@@ -342,4 +342,14 @@ export class DraftKvCache {
   private noKv(): RangeError {
     return new RangeError(`DraftKvCache: ${this.disposed ? 'disposed' : 'keeps no KV (created without a geometry)'}`);
   }
+}
+
+/** `pool`'s token slots of each row set's rows [position, position + numTokens), concatenated (`[Σ n]` i32). */
+function rowSlots(pool: PagedKvPool, rows: readonly DraftRows[]): Int32Array {
+  let total = 0;
+  for (const r of rows) total += Math.max(0, r.numTokens);
+  const slots = new Int32Array(total);
+  let at = 0;
+  for (const r of rows) at = pool.writeTokenSlots(r.id, r.position, r.numTokens, slots, at);
+  return slots;
 }
