@@ -239,6 +239,8 @@ function buildDFlash(
               sliding: c.layerTypes[j] === 'sliding_attention',
               inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
               postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+              // q | k | v in one GEMM for the block; k and v are packed a second time here (kv above serves the
+              // context writes, which need no q): 2 · KV · hd · D bf16 more a layer, 0.44 MB on SmolLM2's DFlash
               qkv: pack([
                 { name: `${p}self_attn.q_proj.weight`, n: H * hd, k: D, split: 'heads' },
                 { name: `${p}self_attn.k_proj.weight`, n: KV * hd, k: D, split: 'kvHeads' },

@@ -135,9 +135,11 @@ export function draftHeadFormat(): 'bf16' | 'q8_0' {
 }
 
 /**
- * Rows `w [n, k]` f32 (k a multiple of 32) as raw GGUF Q8_0 blocks (ggml `quantize_row_q8_0`: per block of 32,
- * d = f16(max|w| / 127), q = clamp(round(w / d), ±127)), for `quantizedWeights(…, 'q8_0', n, k)`. Rows that were
- * Q8_0 weights d·q (a Q8_0 lm_head's) come back as the same d and q whenever their block holds a ±127 quant.
+ * Rows `w [n, k]` f32 (k a multiple of 32) as raw GGUF Q8_0 blocks (per block of 32, d = f16(max|w| / 127) as in
+ * ggml's `quantize_row_q8_0`, then q = clamp(round(w / d), ±127) with the f16-rounded d and JavaScript's rounding —
+ * ggml multiplies by 1/d and rounds halves away from zero, so a tie can differ by one quant: drafts only), for
+ * `quantizedWeights(…, 'q8_0', n, k)`. Rows that were Q8_0 weights d·q (a Q8_0 lm_head's) come back as the same d
+ * and q whenever their block holds a ±127 quant.
  */
 export function quantizeQ8_0(w: Float32Array, n: number, k: number): Uint8Array {
   const blocks = (n * k) / 32;
