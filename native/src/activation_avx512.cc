@@ -58,6 +58,20 @@ void SiluAvx512(const float* g, float* o, int64_t n) {
   }
 }
 
+void ExpShiftAvx512(const float* x, float* o, int64_t n, float mx, float inv_t) {
+  const __m512 m = _mm512_set1_ps(mx), s = _mm512_set1_ps(inv_t);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = Tail(n - i);
+    __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s);
+    v = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), v));
+    const __m256 e0 = Exp8(_mm512_castps512_ps256(v));
+    const __m256 e1 = Exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    _mm512_mask_storeu_ps(
+        o + i, k,
+        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(e0)), _mm256_castps_pd(e1), 1)));
+  }
+}
+
 void SwigluAvx512(const float* g, const float* u, float* o, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = Tail(n - i);

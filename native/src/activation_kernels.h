@@ -59,7 +59,13 @@ SPECD_KDA_VECTORIZABLE static inline void SwigluArray(const float* g, const floa
   for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + ExpF(-g[i])) * u[i];
 }
 
+/** o[i] = ExpF((x[i] - mx) * inv_t): softmax's exponentials (sampling.cc), std::exp's bits (o may alias x). */
+SPECD_KDA_VECTORIZABLE static inline void ExpShiftArray(const float* x, float* o, int64_t n, float mx, float inv_t) {
+  for (int64_t i = 0; i < n; ++i) o[i] = ExpF((x[i] - mx) * inv_t);
+}
+
 void SiluAvx512(const float* g, float* o, int64_t n);
+void ExpShiftAvx512(const float* x, float* o, int64_t n, float mx, float inv_t);
 void SwigluAvx512(const float* g, const float* u, float* o, int64_t n);
 
 }  // namespace act

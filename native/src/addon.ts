@@ -203,6 +203,15 @@ export interface RawAddon {
   argmax(x: Float32Array, rows: number, cols: number, out: Int32Array): void;
   topKMask(logits: Float32Array, rows: number, cols: number, k: number, out: Float32Array): void;
   topPMask(logits: Float32Array, rows: number, cols: number, p: number, out: Float32Array): void;
+  samplingProbs(
+    logits: Float32Array,
+    rows: number,
+    cols: number,
+    temperature: number,
+    topK: number,
+    topP: number,
+    out: Float32Array,
+  ): void;
   // kda.cc
   kdaForward(...args: KdaRawArgs): void;
   kdaForwardAsync(...args: KdaRawArgs): Promise<void>;

@@ -14,9 +14,14 @@
 //       on probabilities softmax(logits) (apply the temperature to the logits first), keeps the
 //       smallest prefix of tokens sorted by (probability desc, index asc) whose cumulative mass
 //       reaches p (at least one token), sets the others to -Infinity. p = 1 keeps all.
-// out may alias the input for softmax, topKMask and topPMask. Rows are independent.
+//   samplingProbs(logits, rows, cols, temperature (> 0), topK (0 = off), p (0 < p <= 1), out) -> undefined
+//       the sampling distribution in one call: x = f32(logits / temperature) (the division in double, as
+//       JavaScript's into a Float32Array), topKMask(x, topK) when 0 < topK < cols, topPMask(x, p) when p < 1,
+//       softmax(x): the bits of those calls made one after the other. Throws like softmax.
+// out may alias the input for softmax, topKMask, topPMask and samplingProbs. Rows are independent.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -27,8 +32,10 @@
 #include <emmintrin.h>
 #endif
 
+#include "activation_kernels.h"
 #include "common.h"
 #include "families.h"
+#include "isa.h"
 #include "threadpool.h"
 
 namespace specd {
@@ -36,31 +43,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/** Writes exp((x-max)/T)/sum into out; returns false when the row has no finite maximum. */
-bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
-  float mx = kNegInf;
-  for (int64_t i = 0; i < cols; ++i) mx = x[i] > mx ? x[i] : mx;
-  if (!std::isfinite(mx)) return false;
-  double sum = 0.0;
-  for (int64_t i = 0; i < cols; ++i) {
-    const float e = std::exp((x[i] - mx) * inv_t);
-    out[i] = e;
-    sum += e;
-  }
-  const float inv_sum = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < cols; ++i) out[i] *= inv_sum;
-  return true;
-}
-
 /**
- * First index of the largest value of x[0, cols) (NaN never wins; a row of only NaN gives 0). Two passes that
- * run 16 lanes at a time (a branchy one-pass scan is scalar): the maximum m over 16 accumulators, each updated as
- * `v > acc ? v : acc` (SSE MAXPS(v, acc) is exactly that: a NaN v keeps acc), then the first i with x[i] == m,
- * found 16 at a time. The same index as the one-pass scan: the first occurrence of m (−0 and +0 compare equal
- * there too, so the first zero of either sign when m is a zero); m = −Inf finds the first −Inf; a row without a
- * non-NaN value finds nothing (0).
+ * The largest value of x[0, cols) (NaN never wins; −Inf for a row without a non-NaN value), 16 lanes at a time:
+ * each accumulator updated as `v > acc ? v : acc` (SSE MAXPS(v, acc) is exactly that: a NaN v keeps acc). The
+ * same value as a one-pass scan but for the sign of a zero maximum (which −0 or +0 of the row comes out).
  */
-int32_t ArgmaxRow(const float* x, int64_t cols) {
+float MaxRow(const float* x, int64_t cols) {
   float m = kNegInf;
   int64_t i = 0;
 #if defined(__SSE2__)
@@ -81,7 +69,19 @@ int32_t ArgmaxRow(const float* x, int64_t cols) {
   }
 #endif
   for (; i < cols; ++i) m = x[i] > m ? x[i] : m;
-  i = 0;
+  return m;
+}
+
+/**
+ * First index of the largest value of x[0, cols) (NaN never wins; a row of only NaN gives 0). Two passes that
+ * run 16 lanes at a time (a branchy one-pass scan is scalar): the maximum m (MaxRow), then the first i with
+ * x[i] == m, found 16 at a time. The same index as the one-pass scan: the first occurrence of m (−0 and +0 compare
+ * equal there too, so the first zero of either sign when m is a zero); m = −Inf finds the first −Inf; a row
+ * without a non-NaN value finds nothing (0).
+ */
+int32_t ArgmaxRow(const float* x, int64_t cols) {
+  const float m = MaxRow(x, cols);
+  int64_t i = 0;
 #if defined(__SSE2__)
   const __m128 mv = _mm_set1_ps(m);
   for (; i + 16 <= cols; i += 16) {
@@ -94,6 +94,36 @@ int32_t ArgmaxRow(const float* x, int64_t cols) {
   for (; i < cols; ++i)
     if (x[i] == m) return static_cast<int32_t>(i);
   return 0;
+}
+
+using ExpShiftFn = void (*)(const float*, float*, int64_t, float, float);
+
+void ExpShiftPortable(const float* x, float* o, int64_t n, float mx, float inv_t) {
+  act::ExpShiftArray(x, o, n, mx, inv_t);
+}
+
+/** out[i] = exp((x[i] − mx)·inv_t) with std::exp's bits (activation_kernels.h's ExpF, AVX-512 where present). */
+void ExpShift(const float* x, float* out, int64_t n, float mx, float inv_t) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return act::ExpShiftAvx512(x, out, n, mx, inv_t);
+#endif
+  ExpShiftPortable(x, out, n, mx, inv_t);
+}
+
+/**
+ * Writes exp((x-max)/T)/sum into out (out may alias x); returns false when the row has no finite maximum. The
+ * exponentials are std::exp's bits computed 16 at a time (ExpShift), the sum a double sum in index order: the
+ * results of the scalar loop `e = std::exp((x[i] - mx) * inv_t); sum += e` it replaced.
+ */
+bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
+  const float mx = MaxRow(x, cols);
+  if (!std::isfinite(mx)) return false;
+  ExpShift(x, out, cols, mx, inv_t);
+  double sum = 0.0;
+  for (int64_t i = 0; i < cols; ++i) sum += out[i];
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < cols; ++i) out[i] *= inv_sum;
+  return true;
 }
 
 struct RowsArgs {
@@ -148,6 +178,14 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+/** One row of topKMask (o may alias x); tmp has room for cols floats. */
+void TopKRow(const float* x, float* o, int64_t cols, int64_t k, float* tmp) {
+  for (int64_t i = 0; i < cols; ++i) tmp[i] = std::isnan(x[i]) ? kNegInf : x[i];
+  std::nth_element(tmp, tmp + (k - 1), tmp + cols, std::greater<float>());
+  const float threshold = tmp[k - 1];
+  for (int64_t i = 0; i < cols; ++i) o[i] = x[i] >= threshold ? x[i] : kNegInf;
+}
+
 Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "topKMask");
   RowsArgs r = ReadRows(args, "logits", 4);
@@ -156,14 +194,7 @@ Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
       r.rows,
       [&](int64_t b, int64_t e) {
         std::vector<float> tmp(static_cast<size_t>(r.cols));
-        for (int64_t row = b; row < e; ++row) {
-          const float* xr = r.x + row * r.cols;
-          float* o = r.out + row * r.cols;
-          for (int64_t i = 0; i < r.cols; ++i) tmp[i] = std::isnan(xr[i]) ? kNegInf : xr[i];
-          std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
-          const float threshold = tmp[static_cast<size_t>(k - 1)];
-          for (int64_t i = 0; i < r.cols; ++i) o[i] = xr[i] >= threshold ? xr[i] : kNegInf;
-        }
+        for (int64_t row = b; row < e; ++row) TopKRow(r.x + row * r.cols, r.out + row * r.cols, r.cols, k, tmp.data());
       },
       8 * r.cols);
   return info.Env().Undefined();
@@ -186,11 +217,25 @@ void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t
   constexpr int kGaps = 64;  // exponent gaps 0 … 62, and 63: a gap ≥ 63 or a zero
   double mass[kGaps] = {};
   const int top = std::ilogb(mx);
+  // ilogb(v) read from the exponent field: the same for a normal v; a subnormal one reads −127 where ilogb gives
+  // less, and both give a gap ≥ 63 (capped) while top ≥ −64 (mx ≥ 1/cols, so always for cols < 2^64)
+  const bool bits = top >= -64;
   const auto gap = [&](float v) {
     if (!(v > 0.0f)) return kGaps - 1;
-    return std::min(kGaps - 1, top - std::ilogb(v));
+    int e;
+    if (bits) {
+      uint32_t u;
+      std::memcpy(&u, &v, sizeof u);
+      e = static_cast<int>(u >> 23) - 127;
+    } else {
+      e = std::ilogb(v);
+    }
+    return std::min(kGaps - 1, top - e);
   };
-  for (int64_t i = 0; i < cols; ++i) mass[gap(prob[i])] += prob[i];
+  for (int64_t i = 0; i < cols; ++i) {  // the last gap's mass is never read: the long tail adds nothing
+    const int g = gap(prob[i]);
+    if (g < kGaps - 1) mass[g] += prob[i];
+  }
   int last = kGaps - 1;
   double cum = 0.0;
   for (int b = 0; b < kGaps - 1; ++b) {
@@ -219,6 +264,37 @@ void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t
   }
 }
 
+/**
+ * Buffers of one row for topPMask and samplingProbs, one set per thread kept between calls (`For(cols)`): a
+ * vocabulary-sized allocation per call (~0.6 MB at 49,152) came back from the kernel as fresh pages and cost more
+ * page faults than the row's arithmetic.
+ */
+struct RowScratch {
+  std::vector<float> prob, tmp;
+  std::vector<int32_t> order;
+  std::vector<uint8_t> keep;
+  static RowScratch& For(int64_t cols) {
+    thread_local RowScratch s;
+    const auto n = static_cast<size_t>(cols);
+    if (s.prob.size() < n) {
+      s.prob.resize(n);
+      s.tmp.resize(n);
+      s.order.resize(n);
+      s.keep.resize(n);
+    }
+    return s;
+  }
+};
+
+/** One row of topPMask with p < 1 (o may alias x); false when the row has no finite value. */
+bool TopPRow(const float* x, float* o, int64_t cols, double p, RowScratch& s) {
+  if (!SoftmaxRow(x, s.prob.data(), cols, 1.0f)) return false;
+  std::fill(s.keep.begin(), s.keep.begin() + cols, 0);
+  TopPKeep(s.prob.data(), cols, p, s.order.data(), s.keep.data());
+  for (int64_t i = 0; i < cols; ++i) o[i] = s.keep[i] ? x[i] : kNegInf;
+  return true;
+}
+
 Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "topPMask");
   RowsArgs r = ReadRows(args, "logits", 4);
@@ -227,9 +303,7 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
   ParallelFor(
       r.rows,
       [&](int64_t b, int64_t e) {
-        std::vector<float> prob(static_cast<size_t>(r.cols));
-        std::vector<int32_t> order(static_cast<size_t>(r.cols));
-        std::vector<uint8_t> keep(static_cast<size_t>(r.cols));
+        RowScratch& s = RowScratch::For(r.cols);
         for (int64_t row = b; row < e; ++row) {
           const float* xr = r.x + row * r.cols;
           float* o = r.out + row * r.cols;
@@ -237,15 +311,39 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
             if (o != xr) std::copy(xr, xr + r.cols, o);
             continue;
           }
-          if (!SoftmaxRow(xr, prob.data(), r.cols, 1.0f)) {
+          if (!TopPRow(xr, o, r.cols, p, s)) {
             throw KernelError("topPMask: logits: row " + std::to_string(row) + " has no finite value");
           }
-          std::fill(keep.begin(), keep.end(), 0);
-          TopPKeep(prob.data(), r.cols, p, order.data(), keep.data());
-          for (int64_t i = 0; i < r.cols; ++i) o[i] = keep[i] ? xr[i] : kNegInf;
         }
       },
       16 * r.cols);
+  return info.Env().Undefined();
+}
+
+Napi::Value SamplingProbsBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "samplingProbs");
+  RowsArgs r = ReadRows(args, "logits", 6);
+  const double t = args.Number(3, "temperature");
+  if (!(t > 0)) args.Fail("temperature", "a number > 0", std::to_string(t));
+  const int64_t k = args.Int(4, "topK", 0, r.cols);
+  const double p = args.Number(5, "topP");
+  if (!(p > 0 && p <= 1)) args.Fail("topP", "a number in (0, 1]", std::to_string(p));
+  ParallelFor(
+      r.rows,
+      [&](int64_t b, int64_t e) {
+        RowScratch& s = RowScratch::For(r.cols);
+        for (int64_t row = b; row < e; ++row) {
+          const float* xr = r.x + row * r.cols;
+          float* o = r.out + row * r.cols;
+          // the f32 rounding of the double quotient: JavaScript's `logits[i] / temperature` into a Float32Array
+          for (int64_t i = 0; i < r.cols; ++i) o[i] = static_cast<float>(static_cast<double>(xr[i]) / t);
+          if (k > 0 && k < r.cols) TopKRow(o, o, r.cols, k, s.tmp.data());
+          if ((p < 1.0 && !TopPRow(o, o, r.cols, p, s)) || !SoftmaxRow(o, o, r.cols, 1.0f)) {
+            throw KernelError("samplingProbs: logits: row " + std::to_string(row) + " has no finite value");
+          }
+        }
+      },
+      24 * r.cols);
   return info.Env().Undefined();
 }
 
@@ -253,6 +351,7 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
 
 void RegisterSampling(Napi::Env env, Napi::Object exports) {
   exports.Set("softmax", Napi::Function::New(env, Guarded<SoftmaxBinding>, "softmax"));
+  exports.Set("samplingProbs", Napi::Function::New(env, Guarded<SamplingProbsBinding>, "samplingProbs"));
   exports.Set("argmax", Napi::Function::New(env, Guarded<ArgmaxBinding>, "argmax"));
   exports.Set("topKMask", Napi::Function::New(env, Guarded<TopKMaskBinding>, "topKMask"));
   exports.Set("topPMask", Napi::Function::New(env, Guarded<TopPMaskBinding>, "topPMask"));

@@ -73,3 +73,31 @@ export function topPMask(logits: Float32Array, vocab: number, p: number, out?: F
   addon.topPMask(logits, n, vocab, pp, y);
   return y;
 }
+
+/**
+ * The sampling distribution of each row in one native call: `softmax(topPMask(topKMask(logits / temperature)))`
+ * with the bits of those calls made one after the other (the division by the temperature in double rounded to
+ * f32, as `logits[i] / temperature` written into a Float32Array), without the intermediate arrays.
+ * @param logits Float32Array [rows, vocab] (not modified unless `out` is it); @param vocab row length.
+ * @param temperature > 0; @param topK 0 (off) … vocab (vocab keeps all); @param topP in (0, 1] (1 keeps all).
+ * @param out optional Float32Array [rows, vocab]; may be `logits`.
+ * @returns probabilities, Float32Array [rows, vocab] (0 for the filtered tokens).
+ * @throws SpecdArgumentError on bad arguments; Error (code ERR_SPECD_KERNEL) when a row has no
+ *   finite value.
+ */
+export function samplingProbs(
+  logits: Float32Array,
+  vocab: number,
+  temperature: number,
+  topK: number,
+  topP: number,
+  out?: Float32Array,
+): Float32Array {
+  const n = rows('samplingProbs', 'logits', logits, vocab);
+  const t = expectNumber('samplingProbs', 'temperature', temperature, (v) => v > 0, 'a number > 0');
+  const k = expectInt('samplingProbs', 'topK', topK, 0, vocab);
+  const pp = expectNumber('samplingProbs', 'topP', topP, (v) => v > 0 && v <= 1, 'a number in (0, 1]');
+  const y = outArray('samplingProbs', out, Float32Array, logits.length, 'logits.length');
+  addon.samplingProbs(logits, n, vocab, t, k, pp, y);
+  return y;
+}

@@ -1,7 +1,17 @@
 // softmax (temperature), argmax, top-k and top-p filters vs float64 references.
 import { describe, expect, it } from 'vitest';
-import { argmax, softmax, topKMask, topPMask } from '@specd/native';
-import { freshSeed, poisoned, randomF32, relError, rng, TOL_F32 } from './reference.js';
+import { argmax, samplingProbs, softmax, topKMask, topPMask } from '@specd/native';
+import {
+  firstBitDifference,
+  freshSeed,
+  isaPaths,
+  poisoned,
+  randomF32,
+  relError,
+  rng,
+  TOL_F32,
+  withIsa,
+} from './reference.js';
 
 function refSoftmax(x: ArrayLike<number>, cols: number, t: number): Float64Array {
   const y = new Float64Array(x.length);
@@ -149,5 +159,58 @@ describe('topPMask', () => {
         ).toEqual([...keep].sort((a, b) => a - b));
       });
     }
+  });
+});
+
+describe('samplingProbs', () => {
+  it('gives the bits of x / T, topKMask, topPMask and softmax made one after the other (and works in place)', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const vocab = 4099;
+    const rows: Float32Array[] = [];
+    for (const scale of [0.5, 3, 20, 200]) rows.push(randomF32(vocab, next, scale));
+    rows.push(Float32Array.from(randomF32(vocab, next, 3), (v) => Math.round(v))); // ties
+    const masked = randomF32(vocab, next, 5);
+    for (let i = 0; i < vocab; i += 3) masked[i] = -Infinity;
+    rows.push(masked);
+    const x = new Float32Array(rows.length * vocab);
+    for (const [i, r] of rows.entries()) x.set(r, i * vocab);
+    for (const t of [1, 0.2, 0.7, 1.7])
+      for (const k of [0, 1, 40, vocab - 1, vocab])
+        for (const p of [0.3, 0.9, 1]) {
+          const ref = Float32Array.from(x, (v) => v / t);
+          if (k > 0 && k < vocab) topKMask(ref, vocab, k, ref);
+          if (p < 1) topPMask(ref, vocab, p, ref);
+          softmax(ref, vocab, 1, ref);
+          const y = samplingProbs(x, vocab, t, k, p, poisoned(x.length));
+          const at = firstBitDifference(y, ref);
+          expect(at, `seed ${seed}, T ${t}, k ${k}, p ${p}: first difference at ${at}`).toBe(-1);
+          if (t === 0.7 && k === 40 && p === 0.9) {
+            const inPlace = Float32Array.from(x);
+            samplingProbs(inPlace, vocab, t, k, p, inPlace);
+            expect(firstBitDifference(inPlace, ref)).toBe(-1);
+          }
+        }
+  });
+
+  it('names a bad argument and a row without a finite value', () => {
+    const x = new Float32Array([1, 2, -Infinity, -Infinity]);
+    expect(() => samplingProbs(x, 2, 1, 0, 1)).toThrow('samplingProbs: logits: row 1 has no finite value');
+    expect(() => samplingProbs(x, 2, 0, 0, 1)).toThrow(
+      'samplingProbs: temperature: expected a number > 0, got number 0',
+    );
+    expect(() => samplingProbs(x, 2, 1, 3, 1)).toThrow('samplingProbs: topK: expected an integer in [0, 2], got');
+    expect(() => samplingProbs(x, 2, 1, 0, 0)).toThrow('samplingProbs: topP: expected a number in (0, 1], got');
+  });
+});
+
+describe('softmax on every ISA path', () => {
+  it('gives the same bits on each path (std::exp bits: the vector exp is glibc expf, activation_kernels.h)', () => {
+    const seed = freshSeed();
+    const vocab = 4099;
+    const x = randomF32(5 * vocab, rng(seed), 30);
+    for (let i = 0; i < x.length; i += 11) x[i] = -Infinity;
+    const outs = isaPaths().map((path) => withIsa(path, () => softmax(x, vocab, 0.7)));
+    for (const y of outs.slice(1)) expect(firstBitDifference(y, outs[0]!), `seed ${seed}`).toBe(-1);
   });
 });

@@ -7,7 +7,7 @@
  * Drawn with a seeded PRNG (random.ts) so runs are reproducible.
  */
 
-import { argmax, softmax, topKMask, topPMask } from '@specd/native';
+import { argmax, samplingProbs as nativeSamplingProbs } from '@specd/native';
 
 import type { DraftSampling, RandomSource } from '../plugin/drafter-plugin.js';
 
@@ -33,11 +33,8 @@ export function samplingProbs(logits: Float32Array, vocab: number, params: Draft
     throw new RangeError(`samplingProbs: topK: expected an integer >= 0, got ${topK}`);
   if (topP !== undefined && !(topP > 0 && topP <= 1))
     throw new RangeError(`samplingProbs: topP: expected a number in (0, 1], got ${topP}`);
-  const x = new Float32Array(logits.length);
-  for (let i = 0; i < x.length; i++) x[i] = logits[i]! / temperature;
-  if (topK !== undefined && topK > 0 && topK < vocab) topKMask(x, vocab, topK, x);
-  if (topP !== undefined && topP < 1) topPMask(x, vocab, topP, x);
-  return softmax(x, vocab, 1, x);
+  // one native call: x / T, topKMask, topPMask, softmax with the bits of those steps made one by one
+  return nativeSamplingProbs(logits, vocab, temperature, topK !== undefined && topK < vocab ? topK : 0, topP ?? 1);
 }
 
 /**
