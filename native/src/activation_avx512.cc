@@ -1,7 +1,7 @@
-// AVX-512 SiLU / SwiGLU: activation_kernels.h's ExpF on 16 lanes (two halves of 8 doubles), the same
-// operations in the same order (this file is compiled with -ffp-contract=off, CMakeLists.txt), so the
-// same bits as the portable loops. Called only when isa.cc reports AVX-512. Intrinsics and plain
-// headers only, no STL (ODR, CMakeLists.txt).
+// AVX-512 SiLU / SwiGLU and softmax's exponentials: activation_kernels.h's ExpF on 16 lanes (two halves of 8 doubles),
+// the same operations in the same order (this file is compiled with -ffp-contract=off, CMakeLists.txt), so the same
+// bits as the portable loops. Called only when isa.cc reports AVX-512. Intrinsics and plain headers only, no STL (ODR,
+// CMakeLists.txt).
 #include <immintrin.h>
 
 #include "activation_kernels.h"

@@ -102,7 +102,8 @@ void ExpShiftPortable(const float* x, float* o, int64_t n, float mx, float inv_t
   act::ExpShiftArray(x, o, n, mx, inv_t);
 }
 
-/** out[i] = exp((x[i] − mx)·inv_t) with std::exp's bits (activation_kernels.h's ExpF, AVX-512 where present). */
+/** out[i] = exp((x[i] − mx)·inv_t) by activation_kernels.h's ExpF (AVX-512 where present; the same bits on every path).
+ */
 void ExpShift(const float* x, float* out, int64_t n, float mx, float inv_t) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512) return act::ExpShiftAvx512(x, out, n, mx, inv_t);
@@ -112,8 +113,9 @@ void ExpShift(const float* x, float* out, int64_t n, float mx, float inv_t) {
 
 /**
  * Writes exp((x-max)/T)/sum into out (out may alias x); returns false when the row has no finite maximum. The
- * exponentials are std::exp's bits computed 16 at a time (ExpShift), the sum a double sum in index order: the
- * results of the scalar loop `e = std::exp((x[i] - mx) * inv_t); sum += e` it replaced.
+ * exponentials are ExpF's, 16 at a time (ExpShift), the sum a double sum in index order: the results of the scalar
+ * loop `e = std::exp((x[i] - mx) * inv_t); sum += e` it replaced but where libm's FMA expf rounds differently (2
+ * floats of 2.2e9, activation_kernels.h), now the same on every host.
  */
 bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
   const float mx = MaxRow(x, cols);
@@ -218,7 +220,7 @@ void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t
   double mass[kGaps] = {};
   const int top = std::ilogb(mx);
   // ilogb(v) read from the exponent field: the same for a normal v; a subnormal one reads −127 where ilogb gives
-  // less, and both give a gap ≥ 63 (capped) while top ≥ −64 (mx ≥ 1/cols, so always for cols < 2^64)
+  // −127 or less, and both give a gap ≥ 63 (capped) while top ≥ −64 (mx ≥ 1/cols, so always for cols < 2^64)
   const bool bits = top >= -64;
   const auto gap = [&](float v) {
     if (!(v > 0.0f)) return kGaps - 1;
@@ -267,7 +269,8 @@ void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t
 /**
  * Buffers of one row for topPMask and samplingProbs, one set per thread kept between calls (`For(cols)`): a
  * vocabulary-sized allocation per call (~0.6 MB at 49,152) came back from the kernel as fresh pages and cost more
- * page faults than the row's arithmetic.
+ * page faults than the row's arithmetic. Held for the thread's life: 13 bytes × the largest vocabulary seen, per
+ * pool thread (0.6 MB at 49,152).
  */
 struct RowScratch {
   std::vector<float> prob, tmp;
@@ -276,7 +279,7 @@ struct RowScratch {
   static RowScratch& For(int64_t cols) {
     thread_local RowScratch s;
     const auto n = static_cast<size_t>(cols);
-    if (s.prob.size() < n) {
+    if (s.keep.size() < n) {  // keep last: a resize that throws leaves keep short, so the next call retries all
       s.prob.resize(n);
       s.tmp.resize(n);
       s.order.resize(n);
@@ -303,7 +306,6 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
   ParallelFor(
       r.rows,
       [&](int64_t b, int64_t e) {
-        RowScratch& s = RowScratch::For(r.cols);
         for (int64_t row = b; row < e; ++row) {
           const float* xr = r.x + row * r.cols;
           float* o = r.out + row * r.cols;
@@ -311,7 +313,7 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
             if (o != xr) std::copy(xr, xr + r.cols, o);
             continue;
           }
-          if (!TopPRow(xr, o, r.cols, p, s)) {
+          if (!TopPRow(xr, o, r.cols, p, RowScratch::For(r.cols))) {
             throw KernelError("topPMask: logits: row " + std::to_string(row) + " has no finite value");
           }
         }

@@ -23,12 +23,13 @@ export class NonFiniteLogitsError extends RangeError {
 /**
  * `logits [rows, vocab]` f32 (not modified) → probabilities `[rows, vocab]` f32 after temperature,
  * top-k and top-p; masked entries are exactly 0.
- * @throws {RangeError} if temperature ≤ 0 (greedy has no distribution), topK < 0 or topP outside (0, 1].
+ * @throws {RangeError} if temperature ≤ 0 (greedy has no distribution) or not finite, topK < 0 or topP outside
+ *   (0, 1].
  */
 export function samplingProbs(logits: Float32Array, vocab: number, params: DraftSampling): Float32Array {
   const { temperature, topK, topP } = params;
-  if (!(temperature > 0))
-    throw new RangeError(`samplingProbs: temperature: expected > 0 (0 is greedy), got ${temperature}`);
+  if (!(temperature > 0 && temperature < Number.POSITIVE_INFINITY))
+    throw new RangeError(`samplingProbs: temperature: expected a finite number > 0 (0 is greedy), got ${temperature}`);
   if (topK !== undefined && !(Number.isSafeInteger(topK) && topK >= 0))
     throw new RangeError(`samplingProbs: topK: expected an integer >= 0, got ${topK}`);
   if (topP !== undefined && !(topP > 0 && topP <= 1))
