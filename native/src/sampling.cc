@@ -96,8 +96,6 @@ int32_t ArgmaxRow(const float* x, int64_t cols) {
   return 0;
 }
 
-using ExpShiftFn = void (*)(const float*, float*, int64_t, float, float);
-
 void ExpShiftPortable(const float* x, float* o, int64_t n, float mx, float inv_t) {
   act::ExpShiftArray(x, o, n, mx, inv_t);
 }
