@@ -33,15 +33,18 @@ inline __m256 Exp8(__m256 xc) {
   return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
 }
 
-/** silu of 16 lanes: g / (1 + ExpF(-g)). */
-inline __m512 Silu16(__m512 g) {
-  __m512 x = _mm512_sub_ps(_mm512_setzero_ps(), g);
+/** ExpF of 16 floats: clamped as ExpF clamps, then two halves of 8. */
+inline __m512 Exp16(__m512 x) {
   // x < -150 ? -150 : (x > 100 ? 100 : x), NaN kept (max/min return their second operand on NaN)
   x = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), x));
   const __m256 e0 = Exp8(_mm512_castps512_ps256(x));
   const __m256 e1 = Exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-  const __m512 e =
-      _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(e0)), _mm256_castps_pd(e1), 1));
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(e0)), _mm256_castps_pd(e1), 1));
+}
+
+/** silu of 16 lanes: g / (1 + ExpF(-g)). */
+inline __m512 Silu16(__m512 g) {
+  const __m512 e = Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
@@ -62,13 +65,7 @@ void ExpShiftAvx512(const float* x, float* o, int64_t n, float mx, float inv_t) 
   const __m512 m = _mm512_set1_ps(mx), s = _mm512_set1_ps(inv_t);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = Tail(n - i);
-    __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s);
-    v = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), v));
-    const __m256 e0 = Exp8(_mm512_castps512_ps256(v));
-    const __m256 e1 = Exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    _mm512_mask_storeu_ps(
-        o + i, k,
-        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(e0)), _mm256_castps_pd(e1), 1)));
+    _mm512_mask_storeu_ps(o + i, k, Exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s)));
   }
 }
 

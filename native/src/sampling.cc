@@ -96,17 +96,13 @@ int32_t ArgmaxRow(const float* x, int64_t cols) {
   return 0;
 }
 
-void ExpShiftPortable(const float* x, float* o, int64_t n, float mx, float inv_t) {
-  act::ExpShiftArray(x, o, n, mx, inv_t);
-}
-
 /** out[i] = exp((x[i] − mx)·inv_t) by activation_kernels.h's ExpF (AVX-512 where present; the same bits on every path).
  */
 void ExpShift(const float* x, float* out, int64_t n, float mx, float inv_t) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512) return act::ExpShiftAvx512(x, out, n, mx, inv_t);
 #endif
-  ExpShiftPortable(x, out, n, mx, inv_t);
+  act::ExpShiftArray(x, out, n, mx, inv_t);
 }
 
 /**
