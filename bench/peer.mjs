@@ -70,6 +70,7 @@ import {
 } from '@specd/native';
 
 import { ensureLlamaCppPython } from '../scripts/install-llama-cpp-python.mjs';
+import { compileProbe, cpuHasAmx } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -364,11 +365,8 @@ function measureRates(gguf) {
  * printed) when no compiler is there or the probe fails: the bench then bounds prefill by the GEMM rate.
  */
 function peakDotRates() {
-  const src = path.join(ROOT, 'bench/dot-rate.c');
-  const bin = path.join(PEER, 'dot-rate');
   try {
-    if (!fs.existsSync(bin) || fs.statSync(bin).mtimeMs < fs.statSync(src).mtimeMs)
-      execFileSync('cc', ['-O2', '-march=native', '-pthread', '-o', bin, src], { stdio: 'inherit' });
+    const bin = compileProbe('dot-rate', PEER);
     return JSON.parse(execFileSync(bin, [String(THREADS), '0.5'], { encoding: 'utf8' }));
   } catch (e) {
     console.log(`bench:peer: the dot-product rate probe (bench/dot-rate.c) failed: ${e.message}`);
@@ -397,20 +395,6 @@ function modelCosts(gguf) {
   const prefillFlops = (P) =>
     2 * P * matmulParams + (layers * 4 * heads * headDim * P * (P + 1)) / 2 + 2 * vocab * hidden;
   return { layers, bytes, matmulParams, prefillFlops };
-}
-
-/** AMX as /proc/cpuinfo lists it (amx_tile + amx_int8 or amx_bf16). */
-function cpuHasAmx() {
-  try {
-    const flags =
-      fs
-        .readFileSync('/proc/cpuinfo', 'utf8')
-        .match(/^flags\s*:(.*)$/m)?.[1]
-        .split(/\s+/) ?? [];
-    return flags.includes('amx_tile') && (flags.includes('amx_int8') || flags.includes('amx_bf16'));
-  } catch {
-    return false;
-  }
 }
 
 /** Whether the last 8 generated tokens occur earlier in the generated tokens (the output has started cycling). */

@@ -61,6 +61,7 @@ import {
 import { isa, setNumThreads } from '@specd/native';
 
 import { ggufTensorBytes, writeGguf } from './gguf-write.mjs';
+import { compileProbe, cpuHasAmx } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -264,17 +265,9 @@ if (
 const WEIGHT_BYTES = recorded.tensorBytes;
 
 // --- bounds helpers (bench/read-bw.c, bench/dot-rate.c) ----------------------------------------------------------
-/** Compiles bench/`name`.c into .cache/synthetic-dense/`name` when missing or older than its source. */
-function helper(name) {
-  const src = path.join(ROOT, 'bench', `${name}.c`);
-  const bin = path.join(CACHE, name);
-  if (!fs.existsSync(bin) || fs.statSync(bin).mtimeMs < fs.statSync(src).mtimeMs)
-    execFileSync('cc', ['-O2', '-march=native', '-pthread', '-o', bin, src], { stdio: 'inherit' });
-  return bin;
-}
 /** Read bandwidth of THREADS threads over 256 MiB (bench/read-bw.c), GB/s, per run. */
 function readBandwidth(runs) {
-  const bin = helper('read-bw');
+  const bin = compileProbe('read-bw', CACHE);
   return Array.from({ length: runs }, () => {
     const out = execFileSync(bin, [String(THREADS), '256'], { encoding: 'utf8' });
     const m = /read ([\d.]+) GB\/s/.exec(out);
@@ -284,26 +277,13 @@ function readBandwidth(runs) {
 }
 /** Peak dot-product rates from registers (bench/dot-rate.c), G ops/s (a multiply-add = 2 ops), best of `runs`. */
 function dotRates(runs) {
-  const bin = helper('dot-rate');
+  const bin = compileProbe('dot-rate', CACHE);
   const best = {};
   for (let i = 0; i < runs; i++) {
     const r = JSON.parse(execFileSync(bin, [String(THREADS), quick ? '0.2' : '0.5'], { encoding: 'utf8' }));
     for (const [k, v] of Object.entries(r)) best[k] = v === null ? null : Math.max(best[k] ?? 0, v);
   }
   return best;
-}
-/** AMX as /proc/cpuinfo lists it. */
-function cpuHasAmx() {
-  try {
-    const flags =
-      fs
-        .readFileSync('/proc/cpuinfo', 'utf8')
-        .match(/^flags\s*:(.*)$/m)?.[1]
-        .split(/\s+/) ?? [];
-    return flags.includes('amx_tile') && (flags.includes('amx_int8') || flags.includes('amx_bf16'));
-  } catch {
-    return false;
-  }
 }
 
 // --- load ------------------------------------------------------------------------------------------------------
