@@ -63,10 +63,9 @@ export function kimiConfig(
 
 /**
  * {@link startSpecd} for a process that loads NIXL, started once more if the first one died of SIGSEGV before
- * reporting its URL. Under load about one start in five of a NIXL prefill instance crashed this way while the
- * engine ran NIXL's progress thread (heap corruption; the engine has run without it since, see nixl-transfer.ts
- * `progressThread`). Kept as a tripwire: a retry is printed loudly so a recurrence stays visible, and a second
- * crash fails the test.
+ * reporting its URL. About one NIXL process in 60 crashed this way (heap corruption) while UCX's memory hooks were
+ * on; loading NIXL turns them off on hosts without RDMA devices (pd/nixl-library.ts). Kept as a tripwire: a retry is
+ * printed loudly so a recurrence stays visible, and a second crash fails the test.
  */
 export async function startSpecdNixl(...args: Parameters<typeof startSpecd>): Promise<SpecdProcess> {
   try {
@@ -180,6 +179,34 @@ export async function startPdCluster(
   ]);
   const r = await startRouter(p, d, dConfig);
   return { p, d, r };
+}
+
+/**
+ * One line per process: its URL, whether it runs (else its exit code or signal) and its stderr's last `tail`
+ * characters, for a failure message (a dead upstream and a dropped connection look alike to a client).
+ */
+export function processStates(procs: readonly (SpecdProcess | undefined)[], tail = 600): string {
+  return procs
+    .map((q) => {
+      if (q === undefined) return 'not started';
+      const status = q.child.exitCode ?? q.child.signalCode ?? 'running';
+      return `${q.url}: ${status}; stderr tail: ${q.stderr().slice(-tail)}`;
+    })
+    .join('\n');
+}
+
+/** Runs `fn`; an error it throws is rethrown with {@link processStates} of `procs` appended to its message. */
+export async function withProcessStates<T>(
+  procs: readonly (SpecdProcess | undefined)[],
+  fn: () => Promise<T>,
+): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    const e = err instanceof Error ? err : new Error(String(err));
+    e.message += `\n${processStates(procs)}`;
+    throw e;
+  }
 }
 
 /** Stops every process (SIGTERM, then SIGKILL after `graceMs`) and waits for them. */

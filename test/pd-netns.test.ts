@@ -22,6 +22,7 @@ import {
   drafterBranch,
   metric,
   MODELS,
+  processStates,
   ROOT,
   type SpecdProcess,
   startSpecd,
@@ -165,11 +166,7 @@ describe.skipIf(!HAVE_MODELS || NO_NETNS !== undefined).each(TRANSFERS)(
       const ids = answers.map((a, i) => {
         if (a.status !== 200) {
           // what each process said and whether it is alive (a dead upstream and a dropped connection look alike)
-          const state = procs.map((q) => {
-            const status = q === undefined ? 'not started' : (q.child.exitCode ?? q.child.signalCode ?? 'running');
-            return `${q?.url}: ${status}; stderr tail: ${q?.stderr().slice(-600)}`;
-          });
-          throw new Error(`request ${i}: router answered ${a.status}: ${a.text}\n${state.join('\n')}`);
+          throw new Error(`request ${i}: router answered ${a.status}: ${a.text}\n${processStates(procs)}`);
         }
         return a.headers['x-request-id'] ?? '';
       });

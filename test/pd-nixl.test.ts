@@ -29,6 +29,7 @@ import {
   stopAll,
   tempDir,
   until,
+  withProcessStates,
 } from './pd-cluster.js';
 import { skipWithoutFiles } from './require-files.js';
 
@@ -84,26 +85,28 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
     async (name, dir) => {
       const procs: (SpecdProcess | undefined)[] = [];
       try {
-        const { p, d, model, agg, pd } = await cluster(config(name, dir), procs);
-        let promptTokens = 0;
-        for (const prompt of PROMPTS) {
-          const body = { model, prompt, max_tokens: 24, temperature: 0 };
-          const want = await agg.completions.create(body);
-          const got = await pd.completions.create(body);
-          expect(got.choices[0]?.text, prompt).toBe(want.choices[0]?.text);
-          expect(got.usage?.completion_tokens).toBe(want.usage?.completion_tokens);
-          promptTokens += got.usage?.prompt_tokens ?? 0;
-        }
-        const [dm, pm] = [await metricsOf(d.url), await metricsOf(p.url)];
-        expect(metric(dm, 'specd_prompt_tokens_prefilled')).toBe(0);
-        expect(metric(pm, 'specd_prompt_tokens_prefilled')).toBe(promptTokens);
-        expect(metric(dm, 'specd_pd_payload_bytes_count', 'kind="target_kv"')).toBe(PROMPTS.length);
-        if (dir !== undefined)
-          expect(metric(dm, 'specd_pd_payload_bytes_sum', 'kind="draft_context"')).toBeGreaterThan(0);
-        for (const m of [pm, dm]) {
-          expect(metric(m, 'specd_kv_pages_used', 'cache="target"')).toBe(0);
-          expect(metric(m, 'specd_pd_transfers_inflight')).toBe(0);
-        }
+        await withProcessStates(procs, async () => {
+          const { p, d, model, agg, pd } = await cluster(config(name, dir), procs);
+          let promptTokens = 0;
+          for (const prompt of PROMPTS) {
+            const body = { model, prompt, max_tokens: 24, temperature: 0 };
+            const want = await agg.completions.create(body);
+            const got = await pd.completions.create(body);
+            expect(got.choices[0]?.text, prompt).toBe(want.choices[0]?.text);
+            expect(got.usage?.completion_tokens).toBe(want.usage?.completion_tokens);
+            promptTokens += got.usage?.prompt_tokens ?? 0;
+          }
+          const [dm, pm] = [await metricsOf(d.url), await metricsOf(p.url)];
+          expect(metric(dm, 'specd_prompt_tokens_prefilled')).toBe(0);
+          expect(metric(pm, 'specd_prompt_tokens_prefilled')).toBe(promptTokens);
+          expect(metric(dm, 'specd_pd_payload_bytes_count', 'kind="target_kv"')).toBe(PROMPTS.length);
+          if (dir !== undefined)
+            expect(metric(dm, 'specd_pd_payload_bytes_sum', 'kind="draft_context"')).toBeGreaterThan(0);
+          for (const m of [pm, dm]) {
+            expect(metric(m, 'specd_kv_pages_used', 'cache="target"')).toBe(0);
+            expect(metric(m, 'specd_pd_transfers_inflight')).toBe(0);
+          }
+        });
       } finally {
         await stopAll(procs);
       }
@@ -115,13 +118,15 @@ describe.skipIf(!HAVE_MODEL || !HAVE_NIXL)('PD through the router over NIXL: kim
     const procs: (SpecdProcess | undefined)[] = [];
     try {
       const { p, d, model, agg, pd } = await cluster(config('pp', dflash), procs, ['--pp', '2']);
-      for (const prompt of PROMPTS) {
-        const body = { model, prompt, max_tokens: 16, temperature: 0 };
-        const want = await agg.completions.create(body);
-        expect((await pd.completions.create(body)).choices[0]?.text, prompt).toBe(want.choices[0]?.text);
-      }
-      expect(metric(await metricsOf(d.url), 'specd_prompt_tokens_prefilled')).toBe(0);
-      await until('P and D free', async () => (await allFree(p.url)) && (await allFree(d.url)));
+      await withProcessStates(procs, async () => {
+        for (const prompt of PROMPTS) {
+          const body = { model, prompt, max_tokens: 16, temperature: 0 };
+          const want = await agg.completions.create(body);
+          expect((await pd.completions.create(body)).choices[0]?.text, prompt).toBe(want.choices[0]?.text);
+        }
+        expect(metric(await metricsOf(d.url), 'specd_prompt_tokens_prefilled')).toBe(0);
+        await until('P and D free', async () => (await allFree(p.url)) && (await allFree(d.url)));
+      });
     } finally {
       await stopAll(procs);
     }

@@ -9,6 +9,15 @@
  * unless `UCX_MODULES` is set: those UCX modules have nothing to drive there, and the InfiniBand one pulls in the
  * wheel's libnl-route, whose destructor (rtnl_tc_unregister) crashes the process at exit (SIGSEGV in _dl_fini,
  * seen with gdb, whether or not the agent was destroyed). With them left out UCX uses CMA / shared memory / TCP.
+ *
+ * On such a host loading also turns UCX's memory hooks off, each variable unless set: `UCX_MEM_MALLOC_HOOKS=no`,
+ * `UCX_MEM_MMAP_HOOK_MODE=none`, `UCX_MEM_EVENTS=no`. Otherwise libucm replaces malloc and patches mmap/munmap in
+ * the live process (its registration cache for RDMA needs those events; CMA, shared memory and TCP do not), beside
+ * the threads of V8 and the compute pool; about one NIXL process in 60 then died of SIGSEGV on a corrupted heap: at
+ * start (in malloc), mid-request (likely CI's prefill instance at pp 2 gone between two requests), or in V8's heap
+ * teardown at exit (gdb on the core: `MemoryAllocator::RecordNormalPageDestroyed` following a corrupt pointer).
+ * `npm run bench:nixl-starts` counts such deaths over repeated starts and stops (`--ucx-hooks` keeps UCX's
+ * defaults); on 2 vCPUs, 4 processes at a time: 5 of 300 with the hooks, 0 of 660 without (docs/BENCHMARKS.md).
  */
 
 import { existsSync, readdirSync } from 'node:fs';
@@ -48,6 +57,14 @@ function hasRdmaDevice(): boolean {
   }
 }
 
+/** UCX settings on a host without RDMA devices (module comment), each applied only where the variable is unset. */
+const NO_RDMA_UCX_ENV: Readonly<Record<string, string>> = {
+  UCX_MODULES: '^ib,rdmacm,cuda',
+  UCX_MEM_MALLOC_HOOKS: 'no',
+  UCX_MEM_MMAP_HOOK_MODE: 'none',
+  UCX_MEM_EVENTS: 'no',
+};
+
 let loaded: NixlApi | undefined;
 
 /**
@@ -68,7 +85,7 @@ export function loadNixl(): NixlApi {
     throw e;
   }
   if (process.env.NIXL_PLUGIN_DIR === undefined) process.env.NIXL_PLUGIN_DIR = plugins;
-  if (process.env.UCX_MODULES === undefined && !hasRdmaDevice()) process.env.UCX_MODULES = '^ib,rdmacm,cuda';
+  if (!hasRdmaDevice()) for (const [k, v] of Object.entries(NO_RDMA_UCX_ENV)) process.env[k] ??= v;
   loaded = nixlLoad(capi);
   return loaded;
 }
