@@ -108,7 +108,8 @@ export interface NixlTransferEngineOptions {
    * Run NIXL's own progress thread (default false). Without it UCX progresses only inside this engine's NIXL calls
    * on the event-loop thread, which polls while a transfer is pending (every {@link POLL_MS} ms); with it, NIXL
    * 1.5.1's progress thread runs beside those calls, and here about one run of the transfer suite in twenty then
-   * died of a corrupted heap (SIGSEGV in malloc; docs/BENCHMARKS.md, "PD transfer engines").
+   * died of a corrupted heap (SIGSEGV in malloc; docs/BENCHMARKS.md, "PD transfer engines"). UCX's memory hooks,
+   * found later to corrupt the heap on their own (pd/nixl-library.ts), may have been that crash's cause too.
    */
   readonly progressThread?: boolean;
   /** NIXL's progress thread's poll() timeout, µs (default {@link DEFAULT_PROGRESS_DELAY_US}; with `progressThread`). */

@@ -5,6 +5,7 @@
 // `npm run nixl:fetch` (npm test runs it); without it the NIXL cases fail under CI=true and are skipped loudly
 // elsewhere. Engine-specific wire details (ZeroMQ batches, raw peers) stay in zmq-transfer.test.ts.
 import { execFileSync, type ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
 
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 
@@ -587,5 +588,25 @@ describe('the NIXL library missing', () => {
         'run `npm run nixl:fetch` (it unpacks the PyPI wheel nixl-cu12==1.5.1 into .cache/nixl/), ' +
         'or set SPECD_NIXL_DIR to an unpacked copy; or use pd.transfer "zmq"',
     ]);
+  });
+});
+
+describe.skipIf(!haveNixl)('loading NIXL', () => {
+  it("sets UCX's settings for a host without RDMA devices, each only where the variable is unset", () => {
+    // a child process: loading happens once per process, and it writes the process's environment
+    const lib = new URL('../../dist/pd/nixl-library.js', import.meta.url).href;
+    const names = ['UCX_MODULES', 'UCX_MEM_MALLOC_HOOKS', 'UCX_MEM_MMAP_HOOK_MODE', 'UCX_MEM_EVENTS'];
+    const script =
+      `import(${JSON.stringify(lib)}).then((m) => { m.loadNixl(); ` +
+      `console.log(JSON.stringify(${JSON.stringify(names)}.map((k) => process.env[k] ?? null))); })`;
+    const env: Record<string, string | undefined> = { ...process.env, UCX_MEM_EVENTS: 'yes' };
+    for (const k of names.slice(0, 3)) delete env[k];
+    const out = JSON.parse(execFileSync(process.execPath, ['-e', script], { env, encoding: 'utf8' }));
+    let rdma = false;
+    try {
+      rdma = fs.readdirSync('/sys/class/infiniband').length > 0;
+    } catch {}
+    // with RDMA devices the hooks stay (its registration cache needs them) and every module loads
+    expect(out).toEqual(rdma ? [null, null, null, 'yes'] : ['^ib,rdmacm,cuda', 'no', 'none', 'yes']);
   });
 });
