@@ -53,7 +53,11 @@ export {
   costBuckets,
   costDraftLengths,
   isotonic,
+  lowerMedian,
   partialDrafts,
+  pointMs,
+  recheckJumps,
   type BucketCosts,
   type CalibrateOptions,
+  type VerifyPoint,
 } from './step-costs.js';

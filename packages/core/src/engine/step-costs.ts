@@ -134,6 +134,11 @@ export interface CalibrateOptions {
   readonly bucketBudgetMs?: number;
   /** Scratch prompt tokens per sequence (default 32). */
   readonly contextTokens?: number;
+  /**
+   * Wall-time budget per bucket for re-timing the verify points that jumped ({@link recheckJumps}), ms (default 500;
+   * 0: no re-check).
+   */
+  readonly recheckBudgetMs?: number;
 }
 
 const cache = new WeakMap<Drafter, Map<string, StepCosts>>();
@@ -166,6 +171,69 @@ export function isotonic(ys: readonly number[]): number[] {
     blocks.push(block);
   }
   return blocks.flatMap((b) => new Array<number>(b.n).fill(b.sum / b.n));
+}
+
+/** The lower median of `xs` (the lower of the two middle values for an even count). @throws RangeError on `[]`. */
+export function lowerMedian(xs: readonly number[]): number {
+  if (xs.length === 0) throw new RangeError('lowerMedian: no samples');
+  return [...xs].sort((a, b) => a - b)[(xs.length - 1) >> 1]!;
+}
+
+/** A verify point of a calibration bucket: its rows in all, its timed samples and those of a re-check (ms). */
+export interface VerifyPoint {
+  readonly rows: number;
+  readonly samples: number[];
+  /** Samples taken by {@link recheckJumps}, beside the previous point's (empty unless it re-timed this point). */
+  readonly fresh: number[];
+}
+
+/** A point's time: the lower median of its samples, or of its re-check's when that is lower (ms). */
+export function pointMs(p: VerifyPoint): number {
+  const ms = lowerMedian(p.samples);
+  return p.fresh.length === 0 ? ms : Math.min(ms, lowerMedian(p.fresh));
+}
+
+/**
+ * Re-times the verify points of one bucket whose time grew faster than their rows: with the points sorted by rows, a
+ * point i is a jump when `pointMs(i) > jump × pointMs(i − 1) × rows(i) / rows(i − 1)` (a forward of more rows costs at
+ * most proportionally more, but for the step of a kernel's tile size). Each jump and the point before it are timed
+ * again, alternately, `perRound` times each round, into their `fresh` samples, for at most `rounds` rounds or until
+ * `budgetMs` is spent; a jump that persists in its fresh samples is kept (a real tile boundary: SmolLM2 at 16
+ * sequences, 17.1 → 19.8 ms from 16 to 17 rows), one that was load goes. Why: on a shared 2-vCPU host the start-up
+ * calibration read EAGLE-3's 6-row verify at 17.3 ms after 9.8 ms for 5 rows, and 66.0 ms for 24 rows at 4 sequences
+ * after 32.3 for 20 (bench:load, docs/BENCHMARKS.md): the cost policy then priced every deeper draft out, and the
+ * online correction (draft-policy.ts costScale, one factor per kind of step) cannot see a spike at one shape it never
+ * runs again.
+ * @param points one bucket's points (any order); their `fresh` arrays are appended to.
+ * @param time times one forward of the point's shape, ms.
+ * @returns how many forwards it timed.
+ */
+export function recheckJumps(
+  points: readonly VerifyPoint[],
+  time: (p: VerifyPoint) => number,
+  options: { jump?: number; rounds?: number; perRound?: number; budgetMs?: number; now?: () => number } = {},
+): number {
+  const { jump = 1.2, rounds = 3, perRound = 3, budgetMs = 500, now = () => performance.now() } = options;
+  const sorted = [...points].sort((a, b) => a.rows - b.rows);
+  const t0 = now();
+  let timed = 0;
+  for (let round = 0; round < rounds; round++) {
+    const jumps: [VerifyPoint, VerifyPoint][] = [];
+    for (let i = 1; i < sorted.length; i++) {
+      const [prev, p] = [sorted[i - 1]!, sorted[i]!];
+      if (pointMs(p) > jump * pointMs(prev) * (p.rows / prev.rows)) jumps.push([prev, p]);
+    }
+    if (jumps.length === 0) break;
+    for (let r = 0; r < perRound; r++) {
+      for (const [prev, p] of jumps) {
+        if (now() - t0 > budgetMs) return timed;
+        prev.fresh.push(time(prev));
+        p.fresh.push(time(p));
+        timed += 2;
+      }
+    }
+  }
+  return timed;
 }
 
 /** Drafting sequences of the partial verify blocks measured in a bucket of `sequences`: 1, 2, 4, … below it. */
@@ -238,7 +306,8 @@ export function calibrateStepCosts(
     // the lower median: timing noise on a shared machine only adds time (preemption, GC), and a bucket cut short by
     // the budget keeps two samples, whose upper one was a spike's whenever there was one (bench:load saw a 16-sequence
     // bucket read 38 ms for 17 rows where 17.9 was measured in the next run)
-    const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[(xs.length - 1) >> 1]!;
+    const median = lowerMedian;
+    const recheckBudgetMs = options.recheckBudgetMs ?? 500;
     /**
      * One timed verify forward, sequence s holding 1 + drafts(s) rows (logits for every row, as the engine), ms. As a
      * greedy batch runs (`argmaxOnly`): a stage that computes the argmax on its device then returns no logits, and a
@@ -304,15 +373,21 @@ export function calibrateStepCosts(
           if (r >= warmup) verify.push(ms);
         });
       }
+      // A verify time that grew faster than its rows is timed again beside the point before it (recheckJumps).
+      const uniform = times.map(({ k, verify }) => ({ rows: B * (k + 1), samples: verify, fresh: [], drafts: k }));
+      const partialPoints = partial.map(({ d, verify }) => ({ rows: B + d, samples: verify, fresh: [], d }));
+      const shapes = new Map<VerifyPoint, (s: number) => number>([
+        ...uniform.map((p) => [p, () => p.drafts] as const),
+        ...partialPoints.map((p) => [p, (s: number) => (s < p.d ? 1 : 0)] as const),
+      ]);
+      if (recheckBudgetMs > 0)
+        recheckJumps([...shapes.keys()], (p) => timeVerify(seqs, shapes.get(p)!), { budgetMs: recheckBudgetMs });
       // Medians, made non-decreasing in k (more rows never cost less) by the least-squares monotone fit: a noise
       // spike is pooled with the points after it instead of raising all of them (a running max would).
-      const rawVerifyMs = times.map((t) => median(t.verify));
+      const rawVerifyMs = uniform.map(pointMs);
       const verifyMs = isotonic(rawVerifyMs);
       const draftMs = [0, ...isotonic(times.slice(1).map((t) => median(t.draft)))];
-      const points = [
-        ...ks.map((k, i) => ({ rows: B * (k + 1), ms: rawVerifyMs[i]! })),
-        ...partial.map(({ d, verify }) => ({ rows: B + d, ms: median(verify) })),
-      ].sort((a, b) => a.rows - b.rows);
+      const points = [...shapes.keys()].map((p) => ({ rows: p.rows, ms: pointMs(p) })).sort((a, b) => a.rows - b.rows);
       const verifyRowsMs = isotonic(points.map((x) => x.ms));
       out.push({ sequences: B, ks, verifyMs, draftMs, verifyRows: points.map((x) => x.rows), verifyRowsMs });
     }

@@ -10,9 +10,13 @@ import {
   CostDraftPolicy,
   chooseBatchDraftLengths,
   isotonic,
+  lowerMedian,
   partialDrafts,
+  pointMs,
   RequestMetrics,
+  recheckJumps,
   StepCosts,
+  type VerifyPoint,
 } from '../../src/engine/index.js';
 
 /** E[committed | k] for k = 0 … a.length from conditional acceptances a_j (as the acceptance estimator). */
@@ -141,6 +145,52 @@ describe('the calibrated curve', () => {
     expect(fit[4]).toBe(40);
     expect(isotonic([1, 2, 2, 5])).toEqual([1, 2, 2, 5]); // already non-decreasing: unchanged
     expect(isotonic([3, 1])).toEqual([2, 2]);
+  });
+
+  /** Points at `rows` with the start-up samples `samples[i]` (ms). */
+  const pointsOf = (rows: number[], samples: number[][]): VerifyPoint[] =>
+    rows.map((r, i) => ({ rows: r, samples: [...samples[i]!], fresh: [] }));
+
+  it('a verify point that jumped under load is timed again beside the one before it, and the jump goes', () => {
+    // EAGLE-3 at one sequence as bench:load calibrated it: 9.8 ms for 5 rows, 17.3 for 6 (the host busy meanwhile)
+    const pts = pointsOf([1, 5, 6, 7], [[4.8], [9.8, 9.9, 10.0], [17.3, 17.0, 17.6], [11.9, 12.2]]);
+    const quiet = (p: VerifyPoint): number => 4.6 + 1.1 * (p.rows - 1);
+    const timed = recheckJumps(pts, quiet);
+    expect(timed).toBe(6); // one round: 3 × (the 5-row point, the 6-row point); the second round finds no jump
+    expect(pts.map((p) => p.fresh.length)).toEqual([0, 3, 3, 0]);
+    expect(pointMs(pts[2]!)).toBeCloseTo(quiet(pts[2]!), 12); // the fresh lower median, below the start-up one
+    expect(pointMs(pts[1]!)).toBeCloseTo(quiet(pts[1]!), 12); // 9.9 (start-up) vs 9.0 (fresh): the lower of the two
+    expect(pointMs(pts[3]!)).toBe(11.9); // not re-timed
+    // a point whose fresh samples are dearer keeps its start-up median
+    const up: VerifyPoint = { rows: 2, samples: [5], fresh: [6, 7] };
+    expect(pointMs(up)).toBe(5);
+  });
+
+  it('a jump that persists (a kernel tile boundary) stays, after a bounded number of re-timings', () => {
+    // SmolLM2 at 16 sequences: 16 → 17 rows costs 17.1 → 24 ms in every sample here
+    const pts = pointsOf([16, 17, 18], [[17.1], [24], [24.5]]);
+    const timed = recheckJumps(pts, (p) => (p.rows === 16 ? 17.1 : 24), { rounds: 2, perRound: 2 });
+    expect(timed).toBe(8); // 2 rounds × 2 × (16, 17)
+    expect(pointMs(pts[1]!)).toBe(24);
+    // within 20 % of proportional growth is no jump: nothing is re-timed
+    const flat = pointsOf([16, 17], [[17.1], [19.8]]);
+    expect(recheckJumps(flat, () => Number.NaN)).toBe(0);
+  });
+
+  it('stops at its time budget', () => {
+    let clock = 0;
+    const pts = pointsOf([1, 2], [[1], [10]]);
+    const timed = recheckJumps(
+      pts,
+      () => {
+        clock += 30;
+        return 10;
+      },
+      { budgetMs: 100, now: () => clock },
+    );
+    expect(timed).toBe(4); // 2 pairs × 60 ms: the third pair starts after 120 ms > 100
+    expect(() => lowerMedian([])).toThrow(RangeError);
+    expect(lowerMedian([3, 1, 2, 4])).toBe(2);
   });
 });
 
