@@ -5,8 +5,9 @@
 //   softmax(x, rows, cols, temperature (> 0), out: Float32Array [rows*cols]) -> undefined
 //       out = exp((x - max)/T) / sum, exp in f32, sum in double. Entries of -Infinity get 0.
 //       Throws (ERR_SPECD_KERNEL) when a row has no finite maximum (all -Infinity or NaN).
-//   argmax(x, rows, cols, out: Int32Array [rows]) -> undefined
-//       first index of the largest value; NaN never wins; a row of only NaN gives 0.
+//   argmax(x, rows, cols, out: Int32Array [rows], checked = false) -> undefined
+//       first index of the largest value; NaN never wins; a row of only NaN gives 0. checked: −1 for a row that
+//       holds a NaN or +Infinity or has no finite value (−Infinity entries, masked tokens, are allowed).
 //   topKMask(logits, rows, cols, k (1..cols), out) -> undefined
 //       keeps entries >= the k-th largest value of the row (ties at the boundary are all kept, so
 //       more than k may survive), sets the others to -Infinity.
@@ -96,6 +97,33 @@ int32_t ArgmaxRow(const float* x, int64_t cols) {
   return 0;
 }
 
+/**
+ * Whether x[0, cols) can be decided from: no NaN, no +Infinity, at least one finite value (−Infinity entries are
+ * allowed: masked tokens). core's checkLogitsRow applies the same rule in JavaScript; here 4 lanes at a time in the
+ * pass before the argmax's two, so a greedy verify reads each row in native code only.
+ */
+bool RowDecidable(const float* x, int64_t cols) {
+  constexpr float kPosInf = std::numeric_limits<float>::infinity();
+  bool bad = false, finite = false;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 pinf = _mm_set1_ps(kPosInf), ninf = _mm_set1_ps(kNegInf);
+  __m128 b = _mm_setzero_ps(), f = _mm_setzero_ps();
+  for (; i + 4 <= cols; i += 4) {
+    const __m128 v = _mm_loadu_ps(x + i);
+    b = _mm_or_ps(b, _mm_cmpnlt_ps(v, pinf));  // NaN or +Inf: not less than +Inf
+    f = _mm_or_ps(f, _mm_cmpgt_ps(v, ninf));   // above −Inf (NaN is not)
+  }
+  bad = _mm_movemask_ps(b) != 0;
+  finite = _mm_movemask_ps(f) != 0;
+#endif
+  for (; i < cols; ++i) {
+    if (!(x[i] < kPosInf)) bad = true;
+    if (x[i] > kNegInf) finite = true;
+  }
+  return !bad && finite;
+}
+
 /** out[i] = exp((x[i] − mx)·inv_t) by activation_kernels.h's ExpF (AVX-512 where present; the same bits on every path).
  */
 void ExpShift(const float* x, float* out, int64_t n, float mx, float inv_t) {
@@ -163,12 +191,16 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
   const int64_t cols = args.Int(2, "cols", 1, INT32_MAX);
   auto x = args.F32(0, "x", CheckedProduct("argmax", {rows, cols}), "rows*cols");
   auto out = args.I32(3, "out", static_cast<size_t>(rows), "rows");
+  const bool checked = info.Length() > 4 && info[4].IsBoolean() && info[4].As<Napi::Boolean>().Value();
   const float* px = x.Data();
   int32_t* po = out.Data();
   ParallelFor(
       rows,
       [&](int64_t b, int64_t e) {
-        for (int64_t row = b; row < e; ++row) po[row] = ArgmaxRow(px + row * cols, cols);
+        for (int64_t row = b; row < e; ++row) {
+          const float* xr = px + row * cols;
+          po[row] = checked && !RowDecidable(xr, cols) ? -1 : ArgmaxRow(xr, cols);
+        }
       },
       cols);
   return info.Env().Undefined();

@@ -41,6 +41,20 @@ export function argmax(x: Float32Array, vocab: number): Int32Array {
 }
 
 /**
+ * {@link argmax} of rows that a token may be chosen from: −1 for a row that holds a NaN or +Infinity or has no
+ * finite value (−Infinity entries, masked tokens, are allowed) — core's checkLogitsRow rule, in the same native call.
+ * @param x Float32Array [rows, vocab]; @param vocab row length (<= 2^31-1).
+ * @returns Int32Array [rows]: token ids, −1 where the row is not decidable.
+ * @throws SpecdArgumentError on bad arguments.
+ */
+export function argmaxChecked(x: Float32Array, vocab: number): Int32Array {
+  const n = rows('argmaxChecked', 'x', x, vocab);
+  const out = new Int32Array(n);
+  addon.argmax(x, n, vocab, out, true);
+  return out;
+}
+
+/**
  * Top-k filter: keeps logits >= the k-th largest of the row (all ties at the boundary survive),
  * sets the rest to -Infinity.
  * @param logits Float32Array [rows, vocab]; @param vocab row length; @param k in [1, vocab].

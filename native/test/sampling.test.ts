@@ -1,6 +1,6 @@
 // softmax (temperature), argmax, top-k and top-p filters vs float64 references.
 import { describe, expect, it } from 'vitest';
-import { argmax, samplingProbs, softmax, topKMask, topPMask } from '@specd/native';
+import { argmax, argmaxChecked, samplingProbs, softmax, topKMask, topPMask } from '@specd/native';
 import {
   firstBitDifference,
   freshSeed,
@@ -62,6 +62,31 @@ describe('argmax', () => {
     });
     expect(Array.from(argmax(x, vocab)), `seed ${seed}`).toEqual(ref);
     expect(Array.from(argmax(new Float32Array([Number.NaN, 1, 3, 3, Number.NaN, Number.NaN]), 3))).toEqual([2, 0]);
+  });
+
+  it('argmaxChecked: the same index, −1 for a row with NaN or +Infinity or no finite value, at every position', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    // 7 and 21 columns: the 4-lane pass and its scalar tail; every position of a bad value in both
+    for (const vocab of [7, 21]) {
+      const x = randomF32(vocab, next);
+      expect(Array.from(argmaxChecked(x, vocab)), `seed ${seed}`).toEqual(Array.from(argmax(x, vocab)));
+      for (let i = 0; i < vocab; i++) {
+        for (const bad of [Number.NaN, Number.POSITIVE_INFINITY]) {
+          const y = Float32Array.from(x);
+          y[i] = bad;
+          expect(argmaxChecked(y, vocab)[0], `${bad} at ${i} of ${vocab}`).toBe(-1);
+        }
+        // −Infinity (a masked token) is allowed: the argmax of the rest
+        const m = Float32Array.from(x);
+        m[i] = Number.NEGATIVE_INFINITY;
+        expect(argmaxChecked(m, vocab)[0]).toBe(argmax(m, vocab)[0]);
+      }
+      expect(argmaxChecked(new Float32Array(vocab).fill(Number.NEGATIVE_INFINITY), vocab)[0]).toBe(-1);
+    }
+    // rows are independent: a bad row does not touch its neighbours
+    const rows = new Float32Array([1, 5, 2, Number.NaN, 0, 1, 4, 4, 3]);
+    expect(Array.from(argmaxChecked(rows, 3))).toEqual([1, -1, 0]);
   });
 });
 

@@ -10,13 +10,14 @@
  * The engine (engine.ts) times the phases and emits the committed tokens.
  */
 
+import { argmaxChecked } from '@specd/native';
+
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache, SequenceCheckpoint } from '../kv/sequence-cache.js';
 import type { ContextSpan, DraftProposal, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import { hasPrefixCommit, hasTreeCommit, type PrefixCommit, type TreeCommit } from '../plugin/stage-capabilities.js';
 import {
-  acceptGreedy,
   acceptGreedyArgmax,
   acceptSampled,
   acceptTreeGreedy,
@@ -426,10 +427,21 @@ function acceptRow(
       return;
     }
     const drafts = block.tokens.subarray(1);
-    const acc =
-      r.req.sampling.temperature === 0
-        ? acceptGreedy(drafts, lg, V)
-        : acceptSampled(drafts, proposals.get(r.id)?.probs, targetProbs(lg, V, r.req.sampling), V, r.rng);
+    if (r.req.sampling.temperature === 0) {
+      // greedy: each row's argmax and its finiteness in one native pass (argmaxChecked: −1 for a row no token can be
+      // chosen from); a used row that is not is named by checkLogitsRow's message (token id and value)
+      const top = argmaxChecked(lg, V);
+      try {
+        outcomes.push({ seq: r, block, row: first, acc: acceptGreedyArgmax(drafts, top, 'verify row'), drafts });
+      } catch (err) {
+        let n = 0;
+        while (n < drafts.length && top[n]! >= 0 && drafts[n] === top[n]) n++;
+        checkRows([n]);
+        throw err;
+      }
+      return;
+    }
+    const acc = acceptSampled(drafts, proposals.get(r.id)?.probs, targetProbs(lg, V, r.req.sampling), V, r.rng);
     checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
     outcomes.push({ seq: r, block, row: first, acc, drafts });
   } catch (err) {
