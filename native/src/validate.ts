@@ -46,10 +46,10 @@ export function expectArray<T extends Float32Array | Uint16Array | Int32Array>(
   length?: number,
   what?: string,
 ): T {
+  if (value instanceof ctor && (length === undefined || value.length === length)) return value;
+  // the message only on failure: this check runs on every native call
   const expected = length === undefined ? ctor.name : `${ctor.name} of length ${length}${what ? ` (${what})` : ''}`;
-  if (!(value instanceof ctor)) fail(call, param, expected, value);
-  if (length !== undefined && value.length !== length) fail(call, param, expected, value);
-  return value;
+  return fail(call, param, expected, value);
 }
 
 /** Returns `out` checked against (ctor, length), or a new zero-filled array when `out` is undefined. */
