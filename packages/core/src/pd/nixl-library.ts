@@ -17,7 +17,7 @@
  * start (in malloc), mid-request (likely CI's prefill instance at pp 2 gone between two requests), or in V8's heap
  * teardown at exit (gdb on the core: `MemoryAllocator::RecordNormalPageDestroyed` following a corrupt pointer).
  * `npm run bench:nixl-starts` counts such deaths over repeated starts and stops (`--ucx-hooks` keeps UCX's
- * defaults); on 2 vCPUs, 4 processes at a time: 5 of 300 with the hooks, 0 of 660 without (docs/BENCHMARKS.md).
+ * defaults); on 2 vCPUs, 4 processes at a time: 8 of 600 died with the hooks, 0 of 960 without (docs/BENCHMARKS.md).
  */
 
 import { existsSync, readdirSync } from 'node:fs';
