@@ -255,6 +255,7 @@ export class SpecEngine {
     this.known.delete(id);
     this.cache.finish(id);
     this.drafter?.freeSequence(id);
+    this.context?.discard(r);
     this.policy?.release(id);
     return true;
   }
@@ -650,6 +651,7 @@ export class SpecEngine {
     this.known.delete(id);
     this.cache.finish(id);
     this.drafter?.freeSequence(id);
+    this.context?.discard(r);
     this.policy?.release(id);
     this.metrics.requests.push(r.metrics);
     return { id, tokenIds: r.out, finishReason: reason, metrics: r.metrics };
