@@ -62,7 +62,8 @@ export const ROW_CHUNK = 64;
  * draft context of a sequence that does not draft is held until it drafts or finishes, and holding it in arrays
  * that were allocated per step, or grown by doubling, kept V8 in a mark-compact about every 100 ms (kimi-k3-tiny +
  * DSpark at 8 sequences, drafter attached with k = 0: 230–245 mark-compacts against 2 for plain decoding, the
- * garbage collector 0.6 → 2.9–3.6 s of a 3 × 64-request CPU profile); in chunks of one size from a pool, 3.
+ * garbage collector 0.6 → 2.9–3.6 s of a 3 × 64-request CPU profile); in chunks of one size from a pool, 74, and
+ * the run as fast as plain decoding (docs/BENCHMARKS.md, "kimi-k3-tiny on every prompt").
  */
 export class RowBuffer {
   private readonly chunks: Float32Array[] = [];
@@ -150,10 +151,10 @@ function project(drafter: Drafter, inputs: ContextRows, n: number): Float32Array
 
 /** Writes the draft context of a forward's results and defers it per sequence. Bound to one drafter. */
 export class DraftContextWriter {
-  /** @param hiddenSize the target's hidden size (rows of taps and projection). */
   /** The chunks of every sequence's deferred rows, recycled ({@link RowBuffer}). */
   private readonly pool: FloatPool;
 
+  /** @param hiddenSize the target's hidden size (rows of taps and projection). */
   constructor(
     private readonly drafter: Drafter,
     private readonly hiddenSize: number,
