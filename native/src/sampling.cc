@@ -47,20 +47,29 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 /**
  * The largest value of x[0, cols) (NaN never wins; −Inf for a row without a non-NaN value), 16 lanes at a time:
  * each accumulator updated as `v > acc ? v : acc` (SSE MAXPS(v, acc) is exactly that: a NaN v keeps acc). The
- * same value as a one-pass scan but for the sign of a zero maximum (which −0 or +0 of the row comes out).
+ * same value as a one-pass scan but for the sign of a zero maximum (which −0 or +0 of the row comes out). With
+ * kFlagNaN also whether the row holds a NaN (`*nan`), in the same pass.
  */
-float MaxRow(const float* x, int64_t cols) {
+template <bool kFlagNaN>
+float MaxRowImpl(const float* x, int64_t cols, bool* nan) {
   float m = kNegInf;
+  bool any_nan = false;
   int64_t i = 0;
 #if defined(__SSE2__)
   if (cols >= 16) {
     __m128 a0 = _mm_set1_ps(kNegInf), a1 = a0, a2 = a0, a3 = a0;
+    __m128 n = _mm_setzero_ps();
     for (; i + 16 <= cols; i += 16) {
-      a0 = _mm_max_ps(_mm_loadu_ps(x + i), a0);
-      a1 = _mm_max_ps(_mm_loadu_ps(x + i + 4), a1);
-      a2 = _mm_max_ps(_mm_loadu_ps(x + i + 8), a2);
-      a3 = _mm_max_ps(_mm_loadu_ps(x + i + 12), a3);
+      const __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
+      const __m128 v2 = _mm_loadu_ps(x + i + 8), v3 = _mm_loadu_ps(x + i + 12);
+      a0 = _mm_max_ps(v0, a0);
+      a1 = _mm_max_ps(v1, a1);
+      a2 = _mm_max_ps(v2, a2);
+      a3 = _mm_max_ps(v3, a3);
+      if constexpr (kFlagNaN)
+        n = _mm_or_ps(n, _mm_or_ps(_mm_cmpunord_ps(v0, v1), _mm_cmpunord_ps(v2, v3)));  // unordered: a NaN
     }
+    if constexpr (kFlagNaN) any_nan = _mm_movemask_ps(n) != 0;
     float lanes[16];
     _mm_storeu_ps(lanes, a0);
     _mm_storeu_ps(lanes + 4, a1);
@@ -69,19 +78,18 @@ float MaxRow(const float* x, int64_t cols) {
     for (const float v : lanes) m = v > m ? v : m;
   }
 #endif
-  for (; i < cols; ++i) m = x[i] > m ? x[i] : m;
+  for (; i < cols; ++i) {
+    m = x[i] > m ? x[i] : m;
+    if constexpr (kFlagNaN) any_nan = any_nan || std::isnan(x[i]);
+  }
+  if constexpr (kFlagNaN) *nan = any_nan;
   return m;
 }
 
-/**
- * First index of the largest value of x[0, cols) (NaN never wins; a row of only NaN gives 0). Two passes that
- * run 16 lanes at a time (a branchy one-pass scan is scalar): the maximum m (MaxRow), then the first i with
- * x[i] == m, found 16 at a time. The same index as the one-pass scan: the first occurrence of m (−0 and +0 compare
- * equal there too, so the first zero of either sign when m is a zero); m = −Inf finds the first −Inf; a row
- * without a non-NaN value finds nothing (0).
- */
-int32_t ArgmaxRow(const float* x, int64_t cols) {
-  const float m = MaxRow(x, cols);
+float MaxRow(const float* x, int64_t cols) { return MaxRowImpl<false>(x, cols, nullptr); }
+
+/** First i with x[i] == m, 16 at a time (0 when there is none). */
+int32_t FirstIndexOf(const float* x, int64_t cols, float m) {
   int64_t i = 0;
 #if defined(__SSE2__)
   const __m128 mv = _mm_set1_ps(m);
@@ -98,30 +106,24 @@ int32_t ArgmaxRow(const float* x, int64_t cols) {
 }
 
 /**
- * Whether x[0, cols) can be decided from: no NaN, no +Infinity, at least one finite value (−Infinity entries are
- * allowed: masked tokens). core's checkLogitsRow applies the same rule in JavaScript; here 4 lanes at a time in the
- * pass before the argmax's two, so a greedy verify reads each row in native code only.
+ * First index of the largest value of x[0, cols) (NaN never wins; a row of only NaN gives 0). Two passes that
+ * run 16 lanes at a time (a branchy one-pass scan is scalar): the maximum m (MaxRow), then the first i with
+ * x[i] == m. The same index as the one-pass scan: the first occurrence of m (−0 and +0 compare equal there too, so
+ * the first zero of either sign when m is a zero); m = −Inf finds the first −Inf; a row without a non-NaN value
+ * finds nothing (0).
  */
-bool RowDecidable(const float* x, int64_t cols) {
-  constexpr float kPosInf = std::numeric_limits<float>::infinity();
-  bool bad = false, finite = false;
-  int64_t i = 0;
-#if defined(__SSE2__)
-  const __m128 pinf = _mm_set1_ps(kPosInf), ninf = _mm_set1_ps(kNegInf);
-  __m128 b = _mm_setzero_ps(), f = _mm_setzero_ps();
-  for (; i + 4 <= cols; i += 4) {
-    const __m128 v = _mm_loadu_ps(x + i);
-    b = _mm_or_ps(b, _mm_cmpnlt_ps(v, pinf));  // NaN or +Inf: not less than +Inf
-    f = _mm_or_ps(f, _mm_cmpgt_ps(v, ninf));   // above −Inf (NaN is not)
-  }
-  bad = _mm_movemask_ps(b) != 0;
-  finite = _mm_movemask_ps(f) != 0;
-#endif
-  for (; i < cols; ++i) {
-    if (!(x[i] < kPosInf)) bad = true;
-    if (x[i] > kNegInf) finite = true;
-  }
-  return !bad && finite;
+int32_t ArgmaxRow(const float* x, int64_t cols) { return FirstIndexOf(x, cols, MaxRow(x, cols)); }
+
+/**
+ * ArgmaxRow of a row a token may be chosen from, else −1: a NaN, +Infinity, or no finite value (−Infinity entries
+ * are allowed: masked tokens) — core's checkLogitsRow rule. The NaN check rides in the maximum's pass; +Infinity
+ * and "no finite value" are the maximum's own value (+Inf, −Inf).
+ */
+int32_t ArgmaxCheckedRow(const float* x, int64_t cols) {
+  bool nan = false;
+  const float m = MaxRowImpl<true>(x, cols, &nan);
+  if (nan || !(m < std::numeric_limits<float>::infinity()) || !(m > kNegInf)) return -1;
+  return FirstIndexOf(x, cols, m);
 }
 
 /** out[i] = exp((x[i] − mx)·inv_t) by activation_kernels.h's ExpF (AVX-512 where present; the same bits on every path).
@@ -199,7 +201,7 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
       [&](int64_t b, int64_t e) {
         for (int64_t row = b; row < e; ++row) {
           const float* xr = px + row * cols;
-          po[row] = checked && !RowDecidable(xr, cols) ? -1 : ArgmaxRow(xr, cols);
+          po[row] = checked ? ArgmaxCheckedRow(xr, cols) : ArgmaxRow(xr, cols);
         }
       },
       cols);
