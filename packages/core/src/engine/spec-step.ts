@@ -434,9 +434,9 @@ function acceptRow(
       try {
         outcomes.push({ seq: r, block, row: first, acc: acceptGreedyArgmax(drafts, top, 'verify row'), drafts });
       } catch (err) {
-        let n = 0;
-        while (n < drafts.length && top[n]! >= 0 && drafts[n] === top[n]) n++;
-        checkRows([n]);
+        // the row it failed on (every row before it was decidable), named with its token and value
+        const bad = top.indexOf(-1);
+        if (bad >= 0) checkRows([bad]);
         throw err;
       }
       return;
