@@ -208,9 +208,9 @@ export function pointMs(p: VerifyPoint): number {
  * @param time times one forward of the point's shape, ms.
  * @returns how many forwards it timed.
  */
-export function recheckJumps(
-  points: readonly VerifyPoint[],
-  time: (p: VerifyPoint) => number,
+export function recheckJumps<P extends VerifyPoint>(
+  points: readonly P[],
+  time: (p: P) => number,
   options: { jump?: number; rounds?: number; perRound?: number; budgetMs?: number; now?: () => number } = {},
 ): number {
   const { jump = 1.2, rounds = 3, perRound = 3, budgetMs = 500, now = () => performance.now() } = options;
@@ -218,7 +218,7 @@ export function recheckJumps(
   const t0 = now();
   let timed = 0;
   for (let round = 0; round < rounds; round++) {
-    const jumps: [VerifyPoint, VerifyPoint][] = [];
+    const jumps: [P, P][] = [];
     for (let i = 1; i < sorted.length; i++) {
       const [prev, p] = [sorted[i - 1]!, sorted[i]!];
       if (pointMs(p) > jump * pointMs(prev) * (p.rows / prev.rows)) jumps.push([prev, p]);
@@ -374,20 +374,30 @@ export function calibrateStepCosts(
         });
       }
       // A verify time that grew faster than its rows is timed again beside the point before it (recheckJumps).
-      const uniform = times.map(({ k, verify }) => ({ rows: B * (k + 1), samples: verify, fresh: [], drafts: k }));
-      const partialPoints = partial.map(({ d, verify }) => ({ rows: B + d, samples: verify, fresh: [], d }));
-      const shapes = new Map<VerifyPoint, (s: number) => number>([
-        ...uniform.map((p) => [p, () => p.drafts] as const),
-        ...partialPoints.map((p) => [p, (s: number) => (s < p.d ? 1 : 0)] as const),
-      ]);
-      if (recheckBudgetMs > 0)
-        recheckJumps([...shapes.keys()], (p) => timeVerify(seqs, shapes.get(p)!), { budgetMs: recheckBudgetMs });
+      // each point with its drafts per sequence s
+      type Point = VerifyPoint & { readonly drafts: (s: number) => number };
+      const uniform: Point[] = times.map(({ k, verify }) => ({
+        rows: B * (k + 1),
+        samples: verify,
+        fresh: [],
+        drafts: () => k,
+      }));
+      const all: Point[] = [
+        ...uniform,
+        ...partial.map(({ d, verify }) => ({
+          rows: B + d,
+          samples: verify,
+          fresh: [],
+          drafts: (s: number) => (s < d ? 1 : 0),
+        })),
+      ];
+      if (recheckBudgetMs > 0) recheckJumps(all, (p) => timeVerify(seqs, p.drafts), { budgetMs: recheckBudgetMs });
       // Medians, made non-decreasing in k (more rows never cost less) by the least-squares monotone fit: a noise
       // spike is pooled with the points after it instead of raising all of them (a running max would).
       const rawVerifyMs = uniform.map(pointMs);
       const verifyMs = isotonic(rawVerifyMs);
       const draftMs = [0, ...isotonic(times.slice(1).map((t) => median(t.draft)))];
-      const points = [...shapes.keys()].map((p) => ({ rows: p.rows, ms: pointMs(p) })).sort((a, b) => a.rows - b.rows);
+      const points = all.map((p) => ({ rows: p.rows, ms: pointMs(p) })).sort((a, b) => a.rows - b.rows);
       const verifyRowsMs = isotonic(points.map((x) => x.ms));
       out.push({ sequences: B, ks, verifyMs, draftMs, verifyRows: points.map((x) => x.rows), verifyRowsMs });
     }
