@@ -84,9 +84,14 @@ const KINDS: Kind[] = [
     receiverDeath: 'peer',
     senderDeathMessage: (req, receiver, _timeoutMs, applied) =>
       `request ${req}: the sender's connection to ${receiver} closed (${applied}; the sender may be dead)`,
-    // the dead receiver's connection was dropped: the write connects anew and is refused
+    // the dead receiver's connection was dropped: the write connects anew and is refused — or, when the child's exit
+    // reached the test before the socket's close reached the engine, the write goes out on the old connection and
+    // its close fails it (seen once in 2 full runs of npm test on a loaded 2-vCPU machine)
     receiverDeathMessage: (req, peer) =>
-      new RegExp(`^${literal(`request ${req}: peer ${peer} unreachable: `)}.*ECONNREFUSED`),
+      new RegExp(
+        `^${literal(`request ${req}: peer ${peer} `)}(unreachable: .*ECONNREFUSED|` +
+          `${literal('closed the connection (0 of 1 descriptors sent; the peer may be dead)')})`,
+      ),
     unreachableMessage: (req, peer) =>
       new RegExp(`^${literal(`request ${req}: peer ${peer} unreachable: `)}.*ECONNREFUSED`),
   },
