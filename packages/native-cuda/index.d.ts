@@ -106,6 +106,25 @@ export interface Eagle3RunnerInfo {
   readonly graphs: string[];
 }
 
+/**
+ * A sampling request (src/sampler.h, src/sampling.cu): G groups (sequences), each over its logit rows row0 … row0 + k
+ * (its k drafts' verify rows).
+ */
+export interface SampleRequest {
+  /** `[G · 4]` i32: row0, k, the first row of its q in `q` (−1: point masses), top-k (0: off). */
+  readonly groups: Int32Array;
+  /** `[G]`, each finite and > 0. */
+  readonly temperature: Float64Array;
+  /** `[G]`, each in (0, 1]. */
+  readonly topP: Float64Array;
+  /** `[Σ k]` i32 in group order. */
+  readonly drafts: Int32Array;
+  /** `[Σ (k + 1)]` draws in [0, 1) in group order: k for the drafts, the last for the token drawn. */
+  readonly uniforms: Float64Array;
+  /** The drafters' probabilities `[qRows, vocab]` f32; absent when every group's q row is −1. */
+  readonly q?: Float32Array;
+}
+
 /** The addon (see src/binding.cc and src/llama_runner.cc for each function's contract). */
 export interface CudaAddon {
   readonly info: CudaDeviceInfo;
@@ -128,6 +147,11 @@ export interface CudaAddon {
     useGraph: boolean,
   ): LlamaRunnerResult;
   llamaLmHead(runner: DeviceHandle, x: Float32Array, rows: number): Float32Array;
+  /**
+   * Sampling and rejection acceptance over the last llamaForward's logit rows, on the device: `[G · 2]` i32, per
+   * group the accepted drafts and the token drawn (−1: a row it used is not finite).
+   */
+  llamaSample(runner: DeviceHandle, request: SampleRequest): Int32Array;
   llamaInfo(runner: DeviceHandle): LlamaRunnerInfo;
   /** GPU ms per replay of the last forward's CUDA graph (−1 when it ran without one). */
   llamaReplayMs(runner: DeviceHandle, reps: number): number;

@@ -11,6 +11,8 @@
  */
 import {
   type CacheGeometry,
+  type DeviceSampleSpec,
+  type DeviceSampling,
   type ForwardBatch,
   type ForwardOptions,
   type ForwardResult,
@@ -58,7 +60,7 @@ interface CudaForwardResult extends ForwardResult {
 }
 
 /** A Llama model on the GPU. Whole model only (no pipeline stages, no tensor parallelism, no token trees yet). */
-export class CudaLlamaStageModel implements StageModel, PrefixCommit {
+export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSampling {
   readonly info: StageInfo;
   readonly cacheGeometry: CacheGeometry;
   private cache: SequenceCache | undefined;
@@ -72,6 +74,8 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
   private tables = new Int32RowViews(0);
   /** The last forward's tap ids (the engine asks for the same taps every step). */
   private lastTaps: Int32Array | undefined;
+  /** The latest forward's result: the one whose logits the device holds (sampleOnDevice). */
+  private lastResult: ForwardResult | undefined;
   /** The forward prologue's checks and span records (built once). */
   private readonly prologueSpec: ForwardPrologueSpec<Span>;
 
@@ -258,7 +262,84 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit {
       hidden: r.hidden,
       taps: captured,
     };
+    this.lastResult = R === 0 ? undefined : result;
     return result;
+  }
+
+  /**
+   * {@link DeviceSampling}: temperature / top-k / top-p sampling and rejection acceptance on the GPU over the
+   * logits of `result` (@specd/native-cuda's llamaSample, src/sampling.cu); the logits never leave the device,
+   * only `[2 · specs.length]` i32 (accepted drafts, token) come back: the token −1 when a row used is not finite,
+   * both −2 for a sequence without a spec.
+   * @throws {LlamaForwardError} when `result` is not this stage's latest forward, or a spec's drafts do not match
+   *   its sequence's logit rows or its uniforms; Error naming a failed CUDA call.
+   */
+  sampleOnDevice(result: ForwardResult, specs: readonly (DeviceSampleSpec | undefined)[]): Int32Array {
+    if (this.disposed) throw new LlamaForwardError('sampleOnDevice: the CUDA stage was disposed');
+    if (result !== this.lastResult || result === undefined)
+      throw new LlamaForwardError("sampleOnDevice: result: expected this stage's latest forward");
+    const S = result.logitRowStart.length - 1;
+    if (specs.length !== S)
+      throw new LlamaForwardError(
+        `sampleOnDevice: specs: expected ${S} entries (one per sequence), got ${specs.length}`,
+      );
+    const V = this.config.vocabSize;
+    let G = 0;
+    let D = 0;
+    let Q = 0;
+    for (let s = 0; s < S; s++) {
+      const sp = specs[s];
+      if (sp === undefined) continue;
+      const k = sp.drafts.length;
+      const rows = result.logitRowStart[s + 1]! - result.logitRowStart[s]!;
+      if (rows !== k + 1 && !(k === 0 && rows >= 1))
+        throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: ${k} drafts for ${rows} logit rows`);
+      if (sp.uniforms.length !== k + 1)
+        throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: expected ${k + 1} uniforms`);
+      if (sp.q !== undefined && sp.q.length !== k * V)
+        throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: q: expected [${k}, ${V}] f32`);
+      G++;
+      D += k;
+      if (sp.q !== undefined) Q += k;
+    }
+    const out = new Int32Array(2 * S).fill(-2);
+    if (G === 0) return out;
+    const groups = new Int32Array(4 * G);
+    const temperature = new Float64Array(G);
+    const topP = new Float64Array(G);
+    const drafts = new Int32Array(D);
+    const uniforms = new Float64Array(D + G);
+    const q = Q === 0 ? undefined : new Float32Array(Q * V);
+    const who: number[] = [];
+    let [g, d, u, qr] = [0, 0, 0, 0];
+    for (let s = 0; s < S; s++) {
+      const sp = specs[s];
+      if (sp === undefined) continue;
+      const k = sp.drafts.length;
+      // k = 0: the sequence's last logit row (a prefill chunk asked for 'last' has one)
+      groups[4 * g] = result.logitRowStart[s + 1]! - 1 - k;
+      groups[4 * g + 1] = k;
+      groups[4 * g + 2] = sp.q === undefined ? -1 : qr;
+      groups[4 * g + 3] = sp.topK !== undefined && sp.topK < V ? sp.topK : 0;
+      temperature[g] = sp.temperature;
+      topP[g] = sp.topP ?? 1;
+      drafts.set(sp.drafts, d);
+      uniforms.set(sp.uniforms, u);
+      if (sp.q !== undefined) {
+        q!.set(sp.q, qr * V);
+        qr += k;
+      }
+      d += k;
+      u += k + 1;
+      who.push(s);
+      g++;
+    }
+    const res = this.cuda.llamaSample(this.runner, { groups, temperature, topP, drafts, uniforms, q });
+    for (let i = 0; i < G; i++) {
+      out[2 * who[i]!] = res[2 * i]!;
+      out[2 * who[i]! + 1] = res[2 * i + 1]!;
+    }
+    return out;
   }
 
   /** `taps` as the Int32Array llamaForward takes (the last one reused while the engine asks for the same taps). */

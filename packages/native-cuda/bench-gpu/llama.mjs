@@ -263,6 +263,34 @@ for (const p of out.profile.filter((q) => q.rows === 1)) {
 const longest = Math.max(...PREFILL);
 console.log(`\n| launch (layer 0 and the head), prefill of ${longest} tokens | µs |\n|---|---:|`);
 for (const p of out.profile.filter((q) => q.rows === longest)) console.log(`| ${p.name} | ${f(p.us, 1)} |`);
+// sampled requests at the model's default sampling (SmolLM2: temperature 0.2, top-p 0.9): drawn on the device
+// (DeviceSampling: only token ids come back) against the host path (every verify row's logits copied back)
+out.sampled = [];
+{
+  const sreqs = reqs.map((r, i) => ({ ...r, sampling: { temperature: 0.2, topP: 0.9 }, seed: i + 1 }));
+  const drafter = haveDrafter('eagle3') ? await eagle3On('cuda') : undefined;
+  try {
+    for (const d of drafter === undefined ? [undefined] : [undefined, drafter])
+      for (const where of ['device', 'host', 'device']) {
+        if (where === 'host') model.sampleOnDevice = undefined; // hides the capability (hasDeviceSampling)
+        let r;
+        try {
+          r = runEngine(model, d, sreqs, { draftPolicy: 'max' });
+        } finally {
+          delete model.sampleOnDevice;
+        }
+        out.sampled.push({
+          drafter: d === undefined ? 'none' : 'EAGLE-3 (GPU drafter), full chain',
+          where,
+          tokPerS: (prompts.length * NEW * 1000) / r.ms,
+          tau: r.engine.metrics.tauPerStep,
+        });
+      }
+  } finally {
+    drafter?.dispose();
+  }
+}
+
 console.log('\n| prefill tokens | ms | tok/s |\n|---:|---:|---:|');
 for (const p of out.prefill) console.log(`| ${p.tokens} | ${f(p.ms, 2)} | ${f(p.tokPerS, 0)} |`);
 console.log(
@@ -276,6 +304,11 @@ for (const e of out.engine)
       `${e.equalToPlain ?? ''} | ${e.chainGpuMs === undefined || e.chainGpuMs < 0 ? '' : f(e.chainGpuMs, 3)} | ` +
       `${f(e.draftMs, 3)} / ${f(e.verifyMs, 3)} / ${f(e.commitMs, 3)} |`,
   );
+console.log(
+  `\n| sampled (T 0.2, top-p 0.9), 1 sequence, ${prompts.length} prompts × ${NEW} tokens | sampled on | tok/s | τ |\n` +
+    '|---|---|---:|---:|',
+);
+for (const e of out.sampled) console.log(`| ${e.drafter} | ${e.where} | ${f(e.tokPerS, 0)} | ${f(e.tau, 3)} |`);
 if (out.trace !== undefined) {
   const t = out.trace;
   const native = t.calls.reduce((a, c) => a + c.msPerStep, 0);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels.h"
+#include "sampler.h"
 
 namespace {
 
@@ -375,6 +376,46 @@ Napi::Value PrefillAttention(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+/**
+ * sample(logits, rows, vocab, request, wantProbs) → {results, probs}: sampling and rejection acceptance on the device
+ * over the device buffer `logits` [rows, vocab] f32 (sampling.cu; `request` as sampler.h's parseSample): results
+ * [groups · 2] i32 (accepted drafts, token; token −1 when a row it used is not finite), probs [Σ (k + 1), vocab] f32
+ * (each group's rows' sampling probabilities, in group order) when `wantProbs`, else undefined.
+ * @throws TypeError / RangeError naming a malformed argument; Error naming a failed CUDA call.
+ */
+Napi::Value Sample(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  DeviceBuffer* logits = buf(info, 0, "logits");
+  const int64_t rows = num(info, 1, "rows", 1), vocab = num(info, 2, "vocab", 1);
+  need(info, logits, rows * vocab * 4, "logits");
+  if (!info[3].IsObject()) throw Napi::TypeError::New(env, "request: expected an object");
+  const SampleRequest r = parseSample(info[3].As<Napi::Object>(), static_cast<int>(rows), static_cast<int>(vocab));
+  const bool wantProbs = info[4].ToBoolean().Value();
+  static DeviceSampler* sampler = new DeviceSampler();  // lives as long as the process (the default stream)
+  float* probsDev = nullptr;
+  if (wantProbs) check(env, cudaMalloc(&probsDev, static_cast<size_t>(r.N) * vocab * 4), "cudaMalloc (probs)");
+  Napi::Value probs = env.Undefined();
+  std::vector<int32_t> res;
+  try {
+    res = sampler->run(r, static_cast<const float*>(logits->ptr), static_cast<int>(vocab), nullptr, probsDev);
+    if (wantProbs) {
+      Napi::Float32Array p = Napi::Float32Array::New(env, static_cast<size_t>(r.N) * vocab);
+      check(env, cudaMemcpy(p.Data(), probsDev, p.ByteLength(), cudaMemcpyDeviceToHost), "cudaMemcpy (probs)");
+      probs = p;
+    }
+  } catch (const std::exception& e) {
+    if (probsDev != nullptr) cudaFree(probsDev);
+    throw Napi::Error::New(env, e.what());
+  }
+  if (probsDev != nullptr) cudaFree(probsDev);
+  Napi::Int32Array results = Napi::Int32Array::New(env, res.size());
+  std::copy(res.begin(), res.end(), results.Data());
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("results", results);
+  out.Set("probs", probs);
+  return out;
+}
+
 /** synchronize(): waits for every launch (errors of earlier launches surface here). */
 Napi::Value Synchronize(const Napi::CallbackInfo& info) {
   check(info.Env(), cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -428,6 +469,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("writeKvPages", Napi::Function::New(env, WriteKvPages));
   exports.Set("pagedAttention", Napi::Function::New(env, PagedAttention));
   exports.Set("prefillAttention", Napi::Function::New(env, PrefillAttention));
+  exports.Set("sample", Napi::Function::New(env, Sample));
   exports.Set("synchronize", Napi::Function::New(env, Synchronize));
   exports.Set("timeGemm", Napi::Function::New(env, TimeGemm));
   return exports;

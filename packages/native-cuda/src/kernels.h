@@ -102,3 +102,17 @@ int specdArgmaxTwoPass(int32_t* out, void* workspace, const float* x, int rows, 
                        int32_t* drafts = nullptr, int32_t* next = nullptr, const int32_t* d2t = nullptr);
 /** Programmatic dependent launch for later launches (launch.cuh; default on, used on sm_90+ only). */
 void specdSetPdl(bool on);
+
+// sampling.cu: sampling and rejection acceptance on the device (see there).
+/** Bytes of the per-row statistics workspace of specdSampleAccept for `rows` stats rows. */
+size_t specdSampleStatsBytes(int rows);
+/**
+ * Sampling + rejection acceptance of `groups` sequences over `statRows` logit rows (sampling.cu's file comment; the
+ * packed arrays as sampler.h builds them): results [groups · 2] i32 (accepted drafts, token; token −1 when a row it
+ * used is not finite), or null to skip the decision; probsOut [statRows, vocab] f32 (the rows' probabilities), or
+ * null. Deterministic: a group's result depends on its own rows and inputs only.
+ */
+int specdSampleAccept(int32_t* results, void* statsWs, float* probsOut, const float* logits, int vocab, int groups,
+                      int statRows, const int32_t* rowGroup, const int32_t* rowIndex, const int32_t* statsRow0,
+                      const int32_t* gi, const double* gf, const int32_t* drafts, const double* uniforms,
+                      const float* q, cudaStream_t stream);

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -38,6 +39,7 @@
 
 #include "kernels.h"
 #include "runner_util.h"
+#include "sampler.h"
 
 namespace {
 
@@ -321,6 +323,7 @@ class LlamaRunner : public RunnerMemory {
    */
   void lmHeadRows(const float* xHost, int rows, float* out) {
     const int D = d.hidden;
+    lastLogitRows = 0;  // the logits buffer no longer holds a forward's rows
     ok(cudaMemcpyAsync(qkv, xHost, static_cast<size_t>(rows) * D * 4, cudaMemcpyHostToDevice, stream), "x copy");
     launched(specdToBf16(xb, qkv, static_cast<int64_t>(rows) * D, stream), "toBf16");
     launched(specdGemmBf16(lt, logits, xb, d.tied ? embed : lmHead, gemmRows(rows), gemmRows(rows), d.vocab, D, ws,
@@ -346,7 +349,25 @@ class LlamaRunner : public RunnerMemory {
     return out;
   }
 
+  /**
+   * Sampling and rejection acceptance (sampling.cu) over the logit rows of the last forward, on the runner's stream;
+   * → the groups' (accepted, token) pairs. @throws std::invalid_argument when no forward's logits are there.
+   */
+  std::vector<int32_t> sample(const SampleRequest& req) {
+    if (lastLogitRows == 0) throw std::invalid_argument("llamaSample: no forward's logits to sample from");
+    if (!sampler) sampler = std::make_unique<DeviceSampler>();
+    try {
+      return sampler->run(req, logits, d.vocab, stream);
+    } catch (const std::runtime_error& e) {
+      throw CudaFailure(e.what());
+    }
+  }
+
+  /** Logit rows the last forward left in the device's logits buffer (0 after llamaLmHead or a profile). */
+  int lastLogitRows = 0;
+
   void release() {
+    sampler.reset();
     freeKv();
     for (void* p : allocs) cudaFree(p);
     allocs.clear();
@@ -377,6 +398,7 @@ class LlamaRunner : public RunnerMemory {
   bool tiledAttn = false;  // this forward's attention: query-tiled (prefill-like batch) or partitioned
   int attnKeys = 0;        // the partitioned attention's key span (a power of two ≥ the batch's longest context)
   cudaGraphExec_t lastGraph = nullptr;
+  std::unique_ptr<DeviceSampler> sampler;  // made at the first llamaSample
 
   // metadata layout: ids[Tp] positions[Tp] slots[Tp] cu[Sp + 1] kvLens[Sp] tables[Sp · maxBlocks] logitRows[Rp]
   size_t metaUsed(int Tp, int Sp, int Rp) const {
@@ -532,6 +554,7 @@ class LlamaRunner : public RunnerMemory {
    * and rewrites the batch's KV slots with other values: for benches at the end of a run only.
    */
   std::vector<std::pair<std::string, double>> profile(int reps) {
+    lastLogitRows = 0;  // the replays overwrite the logits
     std::vector<std::pair<std::string, double>> out;
     if (lastShape[0] == 0) return out;
     const std::vector<Op> ops = forwardOps(lastShape[0], lastShape[1], lastShape[2], lastMask);
@@ -734,7 +757,10 @@ Napi::Value LlamaForward(const Napi::CallbackInfo& info) {
   r->host.checkUs += LlamaRunner::us(t0, LlamaRunner::Clock::now());
   guarded(env, [&]() {
     r->forward(b, mask, useGraph);
+    r->lastLogitRows = 0;
+    r->forward(b, mask, useGraph);
     r->fetch(b.T, b.R, tokens.Data(), hidden.Data(), tapOut, logitsOut);
+    r->lastLogitRows = b.R;
   });
   Napi::Object out = Napi::Object::New(env);
   out.Set("tokens", tokens);
@@ -761,6 +787,27 @@ Napi::Value LlamaLmHead(const Napi::CallbackInfo& info) {
   if (!missing.empty()) throw Napi::Error::New(env, "llamaLmHead: weight " + missing + " was not uploaded");
   Napi::Float32Array out = Napi::Float32Array::New(env, static_cast<size_t>(rows) * r->d.vocab);
   guarded(env, [&]() { r->lmHeadRows(x.Data(), rows, out.Data()); });
+  return out;
+}
+
+/**
+ * llamaSample(runner, request) → Int32Array [groups · 2]: sampling and rejection acceptance on the device over the
+ * logit rows of the last llamaForward (row r = its logitRows[r]; sampler.h's parseSample for `request`): per group
+ * (a sequence) the accepted drafts and the token drawn (the recovered token at the first rejection, else the bonus
+ * token), the token −1 when a row the group used holds a NaN / +Inf / no finite value (accepted then names that row).
+ * Only these ids come back; the logits stay on the device.
+ * @throws TypeError / RangeError naming a malformed request or no forward before; Error naming a failed CUDA call.
+ */
+Napi::Value LlamaSample(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  LlamaRunner* r = runnerOf(info);
+  if (!info[1].IsObject()) throw Napi::TypeError::New(env, "request: expected an object");
+  if (r->lastLogitRows == 0) throw Napi::RangeError::New(env, "llamaSample: no forward's logits to sample from");
+  const SampleRequest req = parseSample(info[1].As<Napi::Object>(), r->lastLogitRows, r->d.vocab);
+  std::vector<int32_t> res;
+  guarded(env, [&]() { res = r->sample(req); });
+  Napi::Int32Array out = Napi::Int32Array::New(env, res.size());
+  std::copy(res.begin(), res.end(), out.Data());
   return out;
 }
 
@@ -849,6 +896,7 @@ void RegisterLlama(Napi::Env env, Napi::Object exports) {
   exports.Set("llamaSetWeight", Napi::Function::New(env, LlamaSetWeight));
   exports.Set("llamaForward", Napi::Function::New(env, LlamaForward));
   exports.Set("llamaLmHead", Napi::Function::New(env, LlamaLmHead));
+  exports.Set("llamaSample", Napi::Function::New(env, LlamaSample));
   exports.Set("llamaReplayMs", Napi::Function::New(env, LlamaReplayMs));
   exports.Set("llamaInfo", Napi::Function::New(env, LlamaInfo));
   exports.Set("llamaSetOptions", Napi::Function::New(env, LlamaSetOptions));

@@ -1,6 +1,7 @@
 // SmolLM2-135M-Instruct on the GPU (issue 18), through the same contracts as the CPU: the CUDA stage's logits
 // against the CPU path with the same bf16 weights, greedy continuations compared, greedy speculation with each
-// shipped drafter equal to plain GPU decoding token for token, a batch equal to each sequence alone, malformed
+// shipped drafter equal to plain GPU decoding token for token, sampled requests drawn on the device (the first
+// token's χ² against p, seeded runs repeating), a batch equal to each sequence alone, malformed
 // input refused without touching the cache, and `specd serve --device cuda` answering a chat request. Run on a GPU
 // machine with `node --test packages/native-cuda/test-gpu/` (npm run test:gpu).
 import * as assert from 'node:assert/strict';
@@ -222,6 +223,110 @@ for (const method of ['eagle3', 'dflash', 'dspark']) {
     }
   });
 }
+
+/** Counts the stage's sampleOnDevice calls and the forwards that returned logits while `body` runs. */
+async function countDeviceSampling(model, body) {
+  const [sample, forward] = [model.sampleOnDevice, model.forward];
+  const n = { sampled: 0, logits: 0 };
+  model.sampleOnDevice = (...a) => {
+    n.sampled++;
+    return sample.apply(model, a);
+  };
+  model.forward = (...a) => {
+    const r = forward.apply(model, a);
+    if (r.logits !== undefined && r.logits.length > 0) n.logits++;
+    return r;
+  };
+  try {
+    return { ...(await body()), ...n };
+  } finally {
+    model.sampleOnDevice = sample;
+    model.forward = forward;
+  }
+}
+
+test('sampled requests draw on the device (no logits come back); the first token is distributed as p', async () => {
+  const { samplingProbs } = await import('@specd/native');
+  const p = prompts[0];
+  const V = gpu.model.info.vocabSize;
+  const logits = prefillLogits(gpu.model, p.ids);
+  const sampling = { temperature: 1, topK: 40 };
+  const probs = samplingProbs(logits.subarray((p.ids.length - 1) * V, p.ids.length * V), V, 1, 40, 1);
+  const N = 2000;
+  const reqs = Array.from({ length: N }, (_, i) => ({
+    id: `s${i}`,
+    promptIds: p.ids,
+    maxTokens: 1,
+    sampling,
+    seed: i + 1,
+    ignoreEos: true,
+  }));
+  const run = await countDeviceSampling(gpu.model, async () => runEngine(gpu.model, undefined, reqs));
+  assert.equal(run.logits, 0, 'no forward returned logits');
+  assert.equal(run.sampled, N);
+  const counts = new Float64Array(V);
+  for (const r of reqs) counts[run.results.get(r.id)[0]]++;
+  let stat = 0;
+  let df = -1;
+  let [restO, restE] = [0, 0];
+  for (let i = 0; i < V; i++) {
+    const e = probs[i] * N;
+    if (e >= 5) {
+      stat += (counts[i] - e) ** 2 / e;
+      df++;
+    } else {
+      restO += counts[i];
+      restE += e;
+    }
+  }
+  if (restE > 0) {
+    stat += (restO - restE) ** 2 / restE;
+    df++;
+  }
+  const crit = df * (1 - 2 / (9 * df) + 3.719 * Math.sqrt(2 / (9 * df))) ** 3;
+  console.log(
+    `# first token, T 1, top-k 40, ${N} seeds: χ² ${stat.toFixed(1)} (df ${df}, critical ${crit.toFixed(1)})`,
+  );
+  assert.ok(stat < crit, `χ² ${stat} ≥ ${crit}`);
+});
+
+test('seeded sampling repeats on the device, plain and with EAGLE-3 (drafts verified on the device)', async (t) => {
+  const reqs = prompts.map((p, i) => ({
+    id: p.id,
+    promptIds: p.ids,
+    maxTokens: 48,
+    sampling: { temperature: 0.8, topP: 0.95, topK: 200 },
+    seed: 100 + i,
+    ignoreEos: true,
+  }));
+  const a = await countDeviceSampling(gpu.model, async () => runEngine(gpu.model, undefined, reqs));
+  const b = runEngine(gpu.model, undefined, reqs, { maxSequences: 4 });
+  for (const r of reqs) {
+    assert.equal(a.results.get(r.id).length, 48);
+    assert.deepEqual(b.results.get(r.id), a.results.get(r.id), `plain, prompt ${r.id}: 4 at once as alone`);
+  }
+  assert.equal(a.logits, 0, 'no forward returned logits');
+  if (!haveDrafter('eagle3')) return t.skip('no eagle3 checkpoint here');
+  const drafter = await loadGpuDrafter('eagle3', gpu, 4);
+  try {
+    const runs = [];
+    for (let i = 0; i < 2; i++)
+      runs.push(
+        await countDeviceSampling(gpu.model, async () =>
+          runEngine(gpu.model, drafter, reqs, { maxSequences: 4, draftPolicy: 'max' }),
+        ),
+      );
+    for (const r of reqs) assert.deepEqual(runs[1].results.get(r.id), runs[0].results.get(r.id), `prompt ${r.id}`);
+    const m = runs[0].engine.metrics;
+    console.log(`# sampled EAGLE-3 on the device: τ per verify step ${m.tauPerStep.toFixed(3)}, drafted ${m.drafted}`);
+    assert.ok(m.drafted > 0);
+    assert.equal(runs[0].logits, 0, 'no forward returned logits');
+    assert.ok(runs[0].sampled > 0);
+    assert.equal(runs[0].engine.cache.pagesInUse + drafter.pagesInUse, 0);
+  } finally {
+    drafter.dispose();
+  }
+});
 
 test('a batch of 4 sequences decodes as each sequence alone', () => {
   const reqs = greedyRequests(prompts.slice(0, 4), 48);

@@ -33,7 +33,7 @@ import { CacheError } from '../kv/paged-kv-pool.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { Drafter } from '../plugin/drafter-plugin.js';
 import type { StageModel } from '../plugin/model-plugin.js';
-import { hasPrefixCommit, type PrefixCommit } from '../plugin/stage-capabilities.js';
+import { hasDeviceSampling, hasPrefixCommit, type PrefixCommit } from '../plugin/stage-capabilities.js';
 import { DraftContextWriter } from './draft-context.js';
 import { CostDraftPolicy, fixedDraftPolicy, type DraftPolicy } from './draft-policy.js';
 import { calibrateStepCosts, type StepCosts } from './step-costs.js';
@@ -51,6 +51,7 @@ import {
   type Running,
   type StepContext,
   verify,
+  deviceSpec,
   wantsArgmaxOnly,
 } from './spec-step.js';
 import {
@@ -438,6 +439,15 @@ export class SpecEngine {
     let firstLogprob: TokenLogprob | undefined;
     const promptTopN = req.promptLogprobs;
     if (p === 0) req.onPrefillStart?.();
+    // a sampled request without processors or logprobs draws its first token where the logits live (DeviceSampling)
+    const sampler = hasDeviceSampling(this.target) ? this.target : undefined;
+    const drawOnDevice =
+      sampler !== undefined &&
+      end === P &&
+      promptTopN === undefined &&
+      req.sampling.temperature > 0 &&
+      r.logits === undefined &&
+      req.logprobs === undefined;
     try {
       const res = this.target.forward(
         {
@@ -454,7 +464,7 @@ export class SpecEngine {
         this.cache,
         // a greedy request without processors or logprobs needs the last row's argmax only (a GPU stage keeps
         // the logits on the device)
-        { taps: this.taps, argmaxOnly: promptTopN === undefined && wantsArgmaxOnly(r) },
+        { taps: this.taps, argmaxOnly: (promptTopN === undefined && wantsArgmaxOnly(r)) || drawOnDevice },
       );
       this.metrics.prefillForwards++;
       this.metrics.prefillTokens += tokens.length;
@@ -467,7 +477,11 @@ export class SpecEngine {
       // a handed-off request sent while it prefills: the chunk's draft context now (the token after each row is known)
       if (req.handoff === true && req.onPrefillChunk !== undefined && end < P) this.context?.flush([r]);
       if (promptTopN !== undefined) this.promptLogprobs(r, res.logits!, p, end, promptTopN);
-      if (end === P && res.logits === undefined) {
+      if (drawOnDevice) {
+        first = sampler!.sampleOnDevice(res, [deviceSpec(r, new Int32Array(0), undefined)])[1]!;
+        if (first < 0)
+          throw new NonFiniteLogitsError(`the logits after prompt position ${P - 1}: the model's output is not finite`);
+      } else if (end === P && res.logits === undefined) {
         first = res.argmax![0]!;
         if (first < 0)
           throw new NonFiniteLogitsError(`the logits after prompt position ${P - 1}: the model's output is not finite`);

@@ -16,7 +16,14 @@ import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache, SequenceCheckpoint } from '../kv/sequence-cache.js';
 import type { ContextSpan, DraftProposal, DraftSequence, Drafter } from '../plugin/drafter-plugin.js';
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
-import { hasPrefixCommit, hasTreeCommit, type PrefixCommit, type TreeCommit } from '../plugin/stage-capabilities.js';
+import {
+  type DeviceSampleSpec,
+  hasDeviceSampling,
+  hasPrefixCommit,
+  hasTreeCommit,
+  type PrefixCommit,
+  type TreeCommit,
+} from '../plugin/stage-capabilities.js';
 import {
   acceptGreedyArgmax,
   acceptSampled,
@@ -30,7 +37,7 @@ import type { DraftPolicy } from './draft-policy.js';
 import { type TokenLogprob, tokenLogprob } from './logprobs.js';
 import type { LogitsProcessor } from './logits-processors.js';
 import type { RequestMetrics, RunMetrics } from './metrics.js';
-import { checkLogitsRow, samplingProbs } from './probs.js';
+import { checkLogitsRow, NonFiniteLogitsError, samplingProbs } from './probs.js';
 import type { SeededRandom } from './random.js';
 import { EngineError, SequenceError, type SpecEngineOptions, type SpecRequest } from './types.js';
 
@@ -114,6 +121,11 @@ export interface Verified {
   readonly checkpoints: ReadonlyMap<SequenceId, SequenceCheckpoint>;
   /** True when the forward kept per-token state snapshots (`commitPrefix` commits). */
   readonly snapshots: boolean;
+  /**
+   * Sampled sequences decided where the logits live ({@link DeviceSampling}): `[2 · sequences]` i32, per sequence
+   * the accepted drafts and the token drawn (−1: a used row is not finite; −2: not sampled there).
+   */
+  readonly sampled?: Int32Array;
 }
 
 /** What accept decided for one sequence. */
@@ -297,7 +309,10 @@ function checkTree(ctx: StepContext, p: TreeProposal, r: Running): void {
  * Verify: ONE target forward over `[last verified token, drafts…]` of every sequence (a tree
  * proposal as the block's `tree`: row 0 the root, draft j's parent row = parents[j] + 1), logits
  * for every row, the drafter's taps, and per-token state snapshots when some block has drafts in
- * `'snapshots'` mode. In `'replay'` mode a sequence with drafts is checkpointed first.
+ * `'snapshots'` mode. In `'replay'` mode a sequence with drafts is checkpointed first. A stage with
+ * {@link DeviceSampling} decides sampled sequences where its logits live when every sequence of the batch can be
+ * (greedy, or sampled without logits processors, logprobs or a tree): the forward then returns no logits and
+ * `sampled` holds each sequence's accepted drafts and token, drawn with k + 1 draws of its PRNG.
  */
 export function verify(
   ctx: StepContext,
@@ -308,6 +323,11 @@ export function verify(
   const checkpoints = new Map<SequenceId, SequenceCheckpoint>();
   let drafted = false;
   let argmaxOnly = true;
+  // sampled sequences are decided on the stage's device when it can (DeviceSampling) and every sequence of the
+  // batch is greedy or sampled there (no processors, logprobs or tree): no logits come back
+  const sampler = hasDeviceSampling(ctx.target) ? ctx.target : undefined;
+  let allOnDevice = sampler !== undefined;
+  let anySampled = false;
   for (const r of seqs) {
     const p = proposals.size === 0 ? undefined : proposals.get(r.id);
     const k = p === undefined ? 0 : p.tokens.length;
@@ -325,21 +345,50 @@ export function verify(
       for (let j = 0; j < k; j++) tree[j + 1] = p.parents[j]! + 1;
       blocks.push({ id: r.id, position, tokens, logits: 'all', tree });
       argmaxOnly = false;
+      allOnDevice = false;
     } else {
       blocks.push({ id: r.id, position, tokens, logits: 'all' });
-      if (!wantsArgmaxOnly(r)) argmaxOnly = false;
+      if (!wantsArgmaxOnly(r)) {
+        argmaxOnly = false;
+        if (sampler !== undefined && sampledOnDevice(r, p, k, ctx.vocab)) anySampled = true;
+        else allOnDevice = false;
+      }
     }
   }
+  const onDevice = sampler !== undefined && allOnDevice && anySampled;
   // A block of one token always commits whole: no snapshots (and no commitPrefix) when nobody drafted.
   const snapshots = ctx.commitMode === 'snapshots' && drafted;
   const res = ctx.target.forward({ sequences: blocks }, ctx.cache, {
     taps: ctx.taps,
     stateSnapshots: snapshots,
-    argmaxOnly,
+    argmaxOnly: argmaxOnly || onDevice,
   });
   ctx.metrics.verifyForwards++;
   ctx.metrics.decodeForwards++;
-  return { blocks, res, checkpoints, snapshots };
+  if (!onDevice) return { blocks, res, checkpoints, snapshots };
+  // the draws are taken only here: a batch sampled on the host takes them in accept, as many as it examines
+  const specs: (DeviceSampleSpec | undefined)[] = seqs.map((r, i) =>
+    wantsArgmaxOnly(r) ? undefined : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id)?.probs),
+  );
+  const sampled = sampler.sampleOnDevice(res, specs);
+  return { blocks, res, checkpoints, snapshots, sampled };
+}
+
+/**
+ * True when sampled sequence `r` (temperature > 0) with `k` drafts (proposal `p`) can be decided by the stage's
+ * {@link DeviceSampling}: no logits processors, no logprobs, a chain whose q (if any) is `[k, vocab]`.
+ */
+function sampledOnDevice(r: Running, p: DraftProposal | undefined, k: number, vocab: number): boolean {
+  if (r.logits !== undefined || r.req.logprobs !== undefined) return false;
+  return p?.probs === undefined || p.probs.length === k * vocab;
+}
+
+/** The device sampling request of sampled sequence `r`: its drafts, q and k + 1 draws from its PRNG. */
+export function deviceSpec(r: Running, drafts: Int32Array, q: Float32Array | undefined): DeviceSampleSpec {
+  const uniforms = new Float64Array(drafts.length + 1);
+  for (let j = 0; j < uniforms.length; j++) uniforms[j] = r.rng.next();
+  const { temperature, topK, topP } = r.req.sampling;
+  return { temperature, topK, topP, drafts, q, uniforms };
 }
 
 /**
@@ -362,7 +411,8 @@ export interface Accepted {
 /**
  * Accept (accept.ts), per sequence in step order: a tree is accepted greedily along the target's
  * argmax path (its kept block rows are the outcome's `path`); a chain greedily at temperature 0,
- * else by rejection sampling against the drafter's q with the request's PRNG. The rows a sequence used
+ * else by rejection sampling against the drafter's q with the request's PRNG (or as the stage decided it on its
+ * device: `verified.sampled`). The rows a sequence used
  * (its kept path: rows 0 … accepted) must be finite ({@link checkLogitsRow}); a row it did not reach may
  * be anything (e.g. after a draft whose embedding is NaN). A sequence whose rows or sampling fail fails
  * alone (`failed`); the others are decided from their own rows only, so their tokens do not change.
@@ -382,6 +432,18 @@ export function accept(
     const block = verified.blocks[i]!;
     const first = row;
     row += block.tokens.length;
+    const sampled = verified.sampled;
+    if (sampled !== undefined && sampled[2 * i + 1] !== -2) {
+      // decided where the logits live (DeviceSampling): the accepted count and the token drawn
+      const [accepted, bonus] = [sampled[2 * i]!, sampled[2 * i + 1]!];
+      if (bonus < 0) {
+        const why = `verify row ${accepted}: no token can be drawn (a logit is NaN or +Infinity, or none is finite)`;
+        failed.set(r.id, new SequenceError(r.id, 'accept', new NonFiniteLogitsError(why)));
+      } else {
+        outcomes.push({ seq: r, block, row: first, acc: { accepted, bonus }, drafts: block.tokens.subarray(1) });
+      }
+      continue;
+    }
     if (res.logits === undefined) {
       // an argmax-only forward (wantsArgmaxOnly: greedy, nothing processed): the stage's argmax of each row
       try {

@@ -51,10 +51,13 @@ export {
 } from './drafter-plugin.js';
 export { TapProjection } from './tap-projection.js';
 export {
+  hasDeviceSampling,
   hasPrefixCommit,
   hasProjectionDistribution,
   hasTreeCommit,
   isDistributedStage,
+  type DeviceSampleSpec,
+  type DeviceSampling,
   type DistributedStage,
   type PrefixCommit,
   type ProjectionDistribution,

@@ -5,7 +5,8 @@
  * - {@link PrefixCommit}: commit an accepted prefix of a verify forward from state snapshots;
  * - {@link TreeCommit}: verify token trees and commit one root-to-node path;
  * - {@link DistributedStage}: a model spread over ranks or processes that loads a drafter its own way;
- * - {@link ProjectionDistribution}: a model split into stages whose stages project their own taps.
+ * - {@link ProjectionDistribution}: a model split into stages whose stages project their own taps;
+ * - {@link DeviceSampling}: sampling and rejection acceptance where the logits live (a GPU stage).
  * A guard tests that the method is there; a class declares the capability with `implements`. A wrapper
  * whose capability depends on what it wraps (a pipeline forwards its last stage's commits, a tensor-parallel
  * model its rank 0 shard's) declares it as `Partial<…>` and sets the method only when the wrapped stage has it.
@@ -68,6 +69,44 @@ export interface ProjectionDistribution {
    * @throws the stage's error (a drafter plugin without `loadProjection`, a bad checkpoint).
    */
   distributeProjection(spec: ProjectionSpec | undefined): readonly (readonly TensorRead[])[];
+}
+
+/** One sequence's sampling request for {@link DeviceSampling.sampleOnDevice}. */
+export interface DeviceSampleSpec {
+  /** The request's sampling (temperature > 0; top-k 0 or absent: off; top-p absent: 1). */
+  readonly temperature: number;
+  readonly topK?: number;
+  readonly topP?: number;
+  /** The drafts `[k]` i32 verified by the sequence's k + 1 logit rows (empty: sample from its one row). */
+  readonly drafts: Int32Array;
+  /** The drafter's probabilities `[k, vocab]` f32 of those drafts, or undefined: point masses (argmax drafts). */
+  readonly q: Float32Array | undefined;
+  /** `[k + 1]` draws in [0, 1) from the request's PRNG: one per draft, the last for the token drawn. */
+  readonly uniforms: Float64Array;
+}
+
+/**
+ * A stage that samples where its logits live (the GPU stage: only token ids come back). Same distribution as
+ * the host path (probs.ts samplingProbs: temperature, top-k, top-p; rejection sampling as accept.ts
+ * acceptSampled), not the same draws: seeded output is reproducible per device, not across devices.
+ */
+export interface DeviceSampling {
+  /**
+   * Rejection sampling over the logits of `result` — the stage's latest forward, run with `argmaxOnly` — for each
+   * sequence s with `specs[s]` (its logit rows are its k + 1 verify rows, or its one last row when k = 0): draft j
+   * is accepted when u_j · q_j(x_j) < p_j(x_j); at the first rejection a token is drawn from norm(max(0, p_j − q_j)),
+   * else the bonus token from p_k (Leviathan et al., arXiv 2211.17192).
+   * @returns `[2 · specs.length]` i32: per sequence the accepted drafts and the token drawn; the token is −1 when a
+   *   row it used holds a NaN / +Infinity / no finite value (the accepted count then names that row); both −2 for
+   *   a sequence without a spec.
+   * @throws when `result` is not the latest forward, or a spec does not match its rows (a caller's bug).
+   */
+  sampleOnDevice(result: ForwardResult, specs: readonly (DeviceSampleSpec | undefined)[]): Int32Array;
+}
+
+/** Whether `model` samples where its logits live ({@link DeviceSampling}). */
+export function hasDeviceSampling<M extends StageModel>(model: M): model is M & DeviceSampling {
+  return 'sampleOnDevice' in model && typeof model.sampleOnDevice === 'function';
 }
 
 /** Whether `model` commits accepted prefixes from state snapshots ({@link PrefixCommit}). */

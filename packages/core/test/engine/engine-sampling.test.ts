@@ -4,6 +4,9 @@
 // 2nd and 3rd generated tokens (both produced by verify steps) must be the target chain's, after the
 // request's temperature and top-p — χ² over the 16 cells (cells top-p makes impossible must stay empty). Also with
 // argmax drafts (no q: point masses).
+// The same through a stage that samples where its logits live (DeviceSampling, a JavaScript model of the GPU
+// stage's sampling.cu): the engine hands it the drafts, q and k + 1 draws, no logits come back, the χ² holds; a batch
+// with a logprobs request stays on the host; a row the stage cannot draw from fails only its sequence.
 // And seeded requests (SpecRequest.seeded) under a timing-based policy: plain decoding, reproducible.
 // With the request's logits processors (penalties, logit_bias, min_tokens; logits-processors.ts): the same χ²
 // against the processed chain, greedy speculation equal to plain decoding, min_tokens and stop_token_ids.
@@ -23,10 +26,13 @@ import {
 import type { SequenceCache } from '../../src/kv/index.js';
 import type {
   CacheGeometry,
+  DeviceSampleSpec,
+  DeviceSampling,
   DraftBatch,
   Drafter,
   DraftProposal,
   ForwardBatch,
+  ForwardOptions,
   ForwardResult,
   PrefixCommit,
   StageInfo,
@@ -85,6 +91,65 @@ class ChainTarget implements StageModel, PrefixCommit {
   }
   readonly starts = new Map<string | number, number>();
   dispose(): void {}
+}
+
+/**
+ * ChainTarget sampling "on its device" ({@link DeviceSampling}): a forward asked for `argmaxOnly` keeps its logits
+ * and returns none; sampleOnDevice decides each spec as sampling.cu does, with the spec's draws (u_j for draft j,
+ * u_k for the token drawn by the inverse CDF). Sequences in `poisoned` get the token −1 (a row not finite).
+ */
+class DeviceChainTarget extends ChainTarget implements DeviceSampling {
+  private last: { res: ForwardResult; logits: Float32Array } | undefined;
+  argmaxOnlyForwards = 0;
+  logitForwards = 0;
+  readonly specs: DeviceSampleSpec[] = [];
+  readonly poisoned = new Set<string | number>();
+  private ids: (string | number)[] = [];
+  override forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
+    const res = super.forward(batch, cache);
+    this.ids = batch.sequences.map((s) => s.id);
+    if (options.argmaxOnly !== true) {
+      this.last = undefined;
+      if (res.logits!.length > 0) this.logitForwards++;
+      return res;
+    }
+    this.argmaxOnlyForwards++;
+    const rows = res.logits!.length / V;
+    const argmax = Int32Array.from({ length: rows }, (_, r) => {
+      const row = Array.from(res.logits!.subarray(r * V, (r + 1) * V));
+      return row.indexOf(Math.max(...row));
+    });
+    const out: ForwardResult = { ...res, logits: undefined, argmax };
+    this.last = { res: out, logits: res.logits! };
+    return out;
+  }
+  sampleOnDevice(result: ForwardResult, specs: readonly (DeviceSampleSpec | undefined)[]): Int32Array {
+    expect(result, 'sampleOnDevice gets the latest forward').toBe(this.last?.res);
+    const { logits } = this.last!;
+    const out = new Int32Array(2 * specs.length).fill(-2);
+    specs.forEach((sp, s) => {
+      if (sp === undefined) return;
+      this.specs.push(sp);
+      const k = sp.drafts.length;
+      expect(sp.uniforms.length).toBe(k + 1);
+      const row0 = result.logitRowStart[s + 1]! - 1 - k;
+      const p = (j: number) => samplingProbs(logits.subarray((row0 + j) * V, (row0 + j + 1) * V), V, sp);
+      let j = 0;
+      for (; j < k; j++) {
+        const x = sp.drafts[j]!;
+        if (!(sp.uniforms[j]! * (sp.q === undefined ? 1 : sp.q[j * V + x]!) < p(j)[x]!)) break;
+      }
+      let w = p(j);
+      if (j < k) {
+        const x = sp.drafts[j]!;
+        const resid = w.map((v, i) => Math.max(0, v - (sp.q === undefined ? (i === x ? 1 : 0) : sp.q[j * V + i]!)));
+        if (resid.some((v) => v > 0)) w = resid;
+      }
+      out[2 * s] = j;
+      out[2 * s + 1] = this.poisoned.has(this.ids[s]!) ? -1 : sampleFromProbs(w, { next: () => sp.uniforms[k]! });
+    });
+    return out;
+  }
 }
 
 class ChainDrafter implements Drafter {
@@ -181,6 +246,99 @@ describe.each([
     expect(chi).toBeLessThan(CHI2_CRIT[cells - 1]!);
     expect(e.metrics.accepted).toBeGreaterThan(0);
     expect(e.metrics.accepted).toBeLessThan(e.metrics.drafted);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+  });
+});
+
+describe.each([
+  ['q from a different chain, 2 drafts', true, 1, 2, 1],
+  ['q, temperature 1 with top-p 0.8', true, 1, 2, 0.8],
+  ['argmax drafts (point mass)', false, 1, 2, 1],
+] as const)(
+  'rejection sampling on the stage (DeviceSampling) is lossless: %s',
+  (_name, withQ, temperature, k, topP) => {
+    it('(2nd, 3rd) generated tokens ~ the target chain (χ², 10⁴ requests); no logits come back', () => {
+      const target = new DeviceChainTarget();
+      const e = new SpecEngine(target, new ChainDrafter(withQ), {
+        maxSequences: 256,
+        maxTokensPerSequence: 16,
+        pageSize: 4,
+        draftLength: () => k,
+      });
+      const rs = e.run(
+        Array.from({ length: N }, (_, i) => ({
+          id: i,
+          promptIds: Int32Array.of(2),
+          maxTokens: 3,
+          sampling: { temperature, topP },
+          seed: Math.imul(i + 7, 2654435761) >>> 0,
+        })),
+      );
+      const counts = new Array<number>(V * V).fill(0);
+      for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
+      const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature, topP });
+      const p0 = p(2);
+      let chi = 0;
+      let cells = 0;
+      for (let b = 0; b < V; b++)
+        for (let c = 0; c < V; c++) {
+          let want = 0;
+          for (let a = 0; a < V; a++) want += p0[a]! * p(a)[b]! * p(b)[c]!;
+          if (want === 0) {
+            expect(counts[b * V + c], `cell ${b * V + c} has probability 0`).toBe(0);
+            continue;
+          }
+          cells++;
+          chi += (counts[b * V + c]! - want * N) ** 2 / (want * N);
+        }
+      expect(chi).toBeLessThan(CHI2_CRIT[cells - 1]!);
+      // every prefill's first token and every verify step decided on the stage; no forward returned logits
+      expect(target.logitForwards).toBe(0);
+      expect(target.specs.filter((sp) => sp.drafts.length === 0).length).toBeGreaterThanOrEqual(N);
+      expect(target.specs.some((sp) => sp.drafts.length === k && (sp.q !== undefined) === withQ)).toBe(true);
+      expect(e.metrics.accepted).toBeGreaterThan(0);
+      expect(e.metrics.accepted).toBeLessThan(e.metrics.drafted);
+      expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+    });
+  },
+);
+
+describe('DeviceSampling: what stays on the host, and a row the stage cannot draw from', () => {
+  const req = (id: string, extra: Partial<SpecRequest> = {}): SpecRequest => ({
+    id,
+    promptIds: Int32Array.of(1),
+    maxTokens: 6,
+    sampling: { temperature: 0.9 },
+    seed: 5,
+    ...extra,
+  });
+  it('a batch with a logprobs request or a greedy one with logits processors is sampled on the host', () => {
+    const target = new DeviceChainTarget();
+    const e = new SpecEngine(target, new ChainDrafter(true), { maxSequences: 4, pageSize: 4, draftLength: () => 2 });
+    const rs = e.run([req('a', { logprobs: 1 }), req('b')]);
+    expect(rs.map((r) => [r.id, r.tokenIds.length])).toEqual([
+      ['a', 6],
+      ['b', 6],
+    ]);
+    // b's first token was drawn on the stage (its prefill); every verify step had a on board: host
+    expect(target.specs.every((sp) => sp.drafts.length === 0)).toBe(true);
+    expect(target.logitForwards).toBeGreaterThan(0);
+    const alone = new DeviceChainTarget();
+    new SpecEngine(alone, new ChainDrafter(true), { maxSequences: 4, pageSize: 4, draftLength: () => 2 }).run([
+      req('b'),
+    ]);
+    expect(alone.logitForwards).toBe(0);
+    expect(alone.specs.some((sp) => sp.drafts.length === 2)).toBe(true);
+  });
+  it('a token of −1 fails only its sequence, naming the row; the others finish; nothing leaks', () => {
+    const target = new DeviceChainTarget();
+    target.poisoned.add('bad');
+    const e = new SpecEngine(target, new ChainDrafter(true), { maxSequences: 4, pageSize: 4, draftLength: () => 2 });
+    const rs = e.run([req('ok'), req('bad')]);
+    const bad = rs.find((r) => r.id === 'bad')!;
+    expect([bad.finishReason, bad.error?.phase]).toEqual(['error', 'prefill']);
+    expect(bad.error?.message).toMatch(/not finite/);
+    expect(rs.find((r) => r.id === 'ok')!.tokenIds.length).toBe(6);
     expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
   });
 });
