@@ -171,6 +171,16 @@ const bool g_int8_amx = [] {
 }();
 
 /**
+ * Rows from which the int8 GEMM takes the AMX tiles: quant::kAmxMinRows, or SPECD_QUANT_AMX_MIN_ROWS (an integer
+ * >= 1; A/B runs on a machine with AMX: the same bits either way, only the speed differs).
+ */
+const int64_t g_amx_min_rows = [] {
+  const char* v = std::getenv("SPECD_QUANT_AMX_MIN_ROWS");
+  const long n = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
+  return n >= 1 ? static_cast<int64_t>(n) : quant::kAmxMinRows;
+}();
+
+/**
  * Y = Q(X) · Wᵀ with int8 activations, or int16 ones with `wide` (quant_kernels.h, "int8 activations",
  * "int16 activations"): X quantized once per call (rows split over threads), then panels split over
  * threads. VNNI path when the ISA is avx512 and the CPU has VBMI (int8: AMX-INT8 tiles for m >=
@@ -180,7 +190,7 @@ void RunGemmI8(const Problem& p, bool wide) {
   if (p.m == 0 || p.n == 0) return;
   const bool vnni = CurrentIsa() == Isa::kAvx512 && Avx512VbmiAvailable();
   // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
-  const bool amx = vnni && !wide && AmxInt8Available() && p.m >= quant::kAmxMinRows && g_int8_amx;
+  const bool amx = vnni && !wide && AmxInt8Available() && p.m >= g_amx_min_rows && g_int8_amx;
   const int64_t blocks = p.k / quant::kBlock;
   std::vector<int8_t> xq(static_cast<size_t>(p.m * p.k)), xlo(wide ? xq.size() : 0);
   std::vector<float> xd(static_cast<size_t>(p.m * blocks)), xs(xd.size());
