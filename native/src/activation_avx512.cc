@@ -77,5 +77,65 @@ void SwigluAvx512(const float* g, const float* u, float* o, int64_t n) {
   }
 }
 
+namespace {
+
+/** The two registers' 16 partials folded as SumF64Lanes16 folds them: + 8 lane-wise, then + 4, + 2, + 1. */
+inline double Fold16(__m512d a0, __m512d a1) {
+  const __m512d s8 = _mm512_add_pd(a0, a1);
+  const __m256d s4 =
+      _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_castpd512_pd256(_mm512_shuffle_f64x2(s8, s8, 0xEE)));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+}  // namespace
+
+double SumF64Lanes16Avx512(const float* x, int64_t n) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    // a tail's missing lanes add +0.0: no change to a partial (every partial is +0.0 or a sum of floats)
+    const __m512 v = _mm512_maskz_loadu_ps(Tail(n - i), x + i);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE))));
+  }
+  return Fold16(a0, a1);
+}
+
+void DivideF64Avx512(const float* x, float* o, int64_t n, double t) {
+  const __m512d d = _mm512_set1_pd(t);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __mmask8 k = static_cast<__mmask8>(n - i >= 8 ? 0xff : (1u << (n - i)) - 1u);
+    const __m512d v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, x + i));
+    _mm256_mask_storeu_ps(o + i, k, _mm512_cvtpd_ps(_mm512_div_pd(v, d)));
+  }
+}
+
+double SumAtLeastAvx512(const float* x, int64_t n, float t) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  const __m512 tv = _mm512_set1_ps(t);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 tail = Tail(n - i);
+    const __m512 raw = _mm512_maskz_loadu_ps(tail, x + i);
+    const __m512 v = _mm512_maskz_mov_ps(_mm512_mask_cmp_ps_mask(tail, raw, tv, _CMP_GE_OQ), raw);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE))));
+  }
+  return Fold16(a0, a1);
+}
+
+int64_t IndicesAtLeastAvx512(const float* x, int64_t n, float t, int32_t* idx) {
+  const __m512 tv = _mm512_set1_ps(t);
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 tail = Tail(n - i);
+    const __mmask16 k = _mm512_mask_cmp_ps_mask(tail, _mm512_maskz_loadu_ps(tail, x + i), tv, _CMP_GE_OQ);
+    if (k == 0) continue;
+    _mm512_mask_compressstoreu_epi32(idx + c, k, _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i))));
+    c += __builtin_popcount(k);
+  }
+  return c;
+}
+
 }  // namespace act
 }  // namespace specd

@@ -66,6 +66,46 @@ SPECD_KDA_VECTORIZABLE static inline void ExpShiftArray(const float* x, float* o
   for (int64_t i = 0; i < n; ++i) o[i] = ExpF((x[i] - mx) * inv_t);
 }
 
+/**
+ * Σ x[0, n) in double, in a fixed order: 16 partial sums, x[i] added to partial i mod 16 in index order, then the
+ * partials folded in halves (p[l] += p[l + 8], then + 4, + 2, + 1). The AVX-512 version adds the same values in the
+ * same order (two registers of 8 doubles, the folds lane-wise), so every path gives the same bits. Softmax's
+ * normaliser (sampling.cc): 16 independent chains instead of one (a double add's latency per element).
+ */
+static inline double SumF64Lanes16(const float* x, int64_t n) {
+  double p[16] = {};
+  for (int64_t i = 0; i < n; ++i) p[i & 15] += static_cast<double>(x[i]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) p[l] += p[l + w];
+  return p[0];
+}
+
+/** o[i] = f32(f64(x[i]) / t) (o may alias x): a temperature applied as JavaScript does into a Float32Array. */
+SPECD_KDA_VECTORIZABLE static inline void DivideF64Array(const float* x, float* o, int64_t n, double t) {
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(static_cast<double>(x[i]) / t);
+}
+
+/** Σ of the x[i] >= t, in double (SumF64Lanes16's order over the kept values; the others add 0). */
+static inline double SumAtLeastArray(const float* x, int64_t n, float t) {
+  double p[16] = {};
+  for (int64_t i = 0; i < n; ++i) p[i & 15] += x[i] >= t ? static_cast<double>(x[i]) : 0.0;
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) p[l] += p[l + w];
+  return p[0];
+}
+
+/** Writes the indices i with x[i] >= t into idx in ascending order; returns how many. */
+static inline int64_t IndicesAtLeastArray(const float* x, int64_t n, float t, int32_t* idx) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] >= t) idx[c++] = static_cast<int32_t>(i);
+  return c;
+}
+
+double SumF64Lanes16Avx512(const float* x, int64_t n);
+void DivideF64Avx512(const float* x, float* o, int64_t n, double t);
+double SumAtLeastAvx512(const float* x, int64_t n, float t);
+int64_t IndicesAtLeastAvx512(const float* x, int64_t n, float t, int32_t* idx);
 void SiluAvx512(const float* g, float* o, int64_t n);
 void ExpShiftAvx512(const float* x, float* o, int64_t n, float mx, float inv_t);
 void SwigluAvx512(const float* g, const float* u, float* o, int64_t n);

@@ -3,7 +3,8 @@
 //
 // JS entry points (wrapped by native/src/sampling.ts):
 //   softmax(x, rows, cols, temperature (> 0), out: Float32Array [rows*cols]) -> undefined
-//       out = exp((x - max)/T) / sum, exp in f32, sum in double. Entries of -Infinity get 0.
+//       out = exp((x - max)/T) / sum, exp in f32, sum in double (16 partial sums in a fixed order, the same on
+//       every path: activation_kernels.h's SumF64Lanes16). Entries of -Infinity get 0.
 //       Throws (ERR_SPECD_KERNEL) when a row has no finite maximum (all -Infinity or NaN).
 //   argmax(x, rows, cols, out: Int32Array [rows], checked = false) -> undefined
 //       first index of the largest value; NaN never wins; a row of only NaN gives 0. checked: −1 for a row that
@@ -135,18 +136,49 @@ void ExpShift(const float* x, float* out, int64_t n, float mx, float inv_t) {
   act::ExpShiftArray(x, out, n, mx, inv_t);
 }
 
+/** Σ x[0, n) in double in activation_kernels.h's SumF64Lanes16 order (AVX-512 where present; the same bits). */
+double SumF64(const float* x, int64_t n) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return act::SumF64Lanes16Avx512(x, n);
+#endif
+  return act::SumF64Lanes16(x, n);
+}
+
+/** o[i] = f32(f64(x[i]) / t) (activation_kernels.h's DivideF64Array; AVX-512 where present, the same bits). */
+void DivideF64(const float* x, float* o, int64_t n, double t) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return act::DivideF64Avx512(x, o, n, t);
+#endif
+  act::DivideF64Array(x, o, n, t);
+}
+
+/** Σ of the x[i] >= t in double (a fixed order; AVX-512 where present). */
+double SumAtLeast(const float* x, int64_t n, float t) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return act::SumAtLeastAvx512(x, n, t);
+#endif
+  return act::SumAtLeastArray(x, n, t);
+}
+
+/** The indices i with x[i] >= t, ascending, into idx; → how many. */
+int64_t IndicesAtLeast(const float* x, int64_t n, float t, int32_t* idx) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return act::IndicesAtLeastAvx512(x, n, t, idx);
+#endif
+  return act::IndicesAtLeastArray(x, n, t, idx);
+}
+
 /**
  * Writes exp((x-max)/T)/sum into out (out may alias x); returns false when the row has no finite maximum. The
- * exponentials are ExpF's, 16 at a time (ExpShift), the sum a double sum in index order: the results of the scalar
- * loop `e = std::exp((x[i] - mx) * inv_t); sum += e` it replaced but where libm's FMA expf rounds differently (2
- * floats of 2.2e9, activation_kernels.h), now the same on every host.
+ * exponentials are ExpF's, 16 at a time (ExpShift), the same on every host (libm's FMA expf rounds differently: 2
+ * floats of 2.2e9, activation_kernels.h); the sum a double sum in SumF64Lanes16's fixed order (16 partials: one
+ * chain of dependent adds over the vocabulary cost a double add's latency per element).
  */
 bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
   const float mx = MaxRow(x, cols);
   if (!std::isfinite(mx)) return false;
   ExpShift(x, out, cols, mx, inv_t);
-  double sum = 0.0;
-  for (int64_t i = 0; i < cols; ++i) sum += out[i];
+  const double sum = SumF64(out, cols);
   const float inv_sum = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < cols; ++i) out[i] *= inv_sum;
   return true;
@@ -233,65 +265,35 @@ Napi::Value TopKMaskBinding(const Napi::CallbackInfo& info) {
 /**
  * Marks in keep[0, cols) the smallest prefix of the tokens sorted by (prob desc, index asc) whose cumulative mass
  * (a double sum in that order) reaches p, at least one token: the full sort's set, found without sorting the row.
- * The tokens whose probability's binary exponent is at least ilogb(max) − B, i.e. prob ≥ t = 2^(ilogb(max) − B),
- * come first in that order, so once their mass reaches p they hold the prefix and only they are sorted. B is the
- * smallest exponent gap whose mass reaches p (one pass builds the mass per gap). If the candidates' cumulative in
- * the sorted order still falls short of p (the mass was summed in another order), the whole row is sorted, as
- * before. A peaked row (temperature 0.2, say) sorts a handful of tokens instead of the vocabulary.
- * `order` has room for cols entries; keep is all 0 on entry.
+ * The tokens with prob >= t come first in that order for any threshold t, so once such a set's sorted cumulative
+ * reaches p it holds the prefix, and only it is sorted. The thresholds tried are max · 2^−B for growing B, each
+ * taken when the (vectorised, fixed-order) mass of the tokens at or above it reaches p; should their cumulative in
+ * the sorted order still fall short (the mass was summed in another order), the next threshold is tried, and at
+ * last the whole row is sorted. The threshold changes only the work, never the set. A peaked row (temperature 0.2,
+ * say) sorts a handful of tokens instead of the vocabulary. `order` has room for cols entries; keep is all 0 on
+ * entry.
  */
 void TopPKeep(const float* prob, int64_t cols, double p, int32_t* order, uint8_t* keep) {
   const auto by_prob = [&](int32_t a, int32_t c) { return prob[a] > prob[c] || (prob[a] == prob[c] && a < c); };
-  float mx = 0.0f;
-  for (int64_t i = 0; i < cols; ++i) mx = prob[i] > mx ? prob[i] : mx;
-  constexpr int kGaps = 64;  // exponent gaps 0 … 62, and 63: a gap ≥ 63 or a zero
-  double mass[kGaps] = {};
-  const int top = std::ilogb(mx);
-  // ilogb(v) read from the exponent field: the same for a normal v; a subnormal one reads −127 where ilogb gives
-  // −127 or less, and both give a gap ≥ 63 (capped) while top ≥ −64 (mx ≥ 1/cols, so always for cols < 2^64)
-  const bool bits = top >= -64;
-  const auto gap = [&](float v) {
-    if (!(v > 0.0f)) return kGaps - 1;
-    int e;
-    if (bits) {
-      uint32_t u;
-      std::memcpy(&u, &v, sizeof u);
-      e = static_cast<int>(u >> 23) - 127;
-    } else {
-      e = std::ilogb(v);
-    }
-    return std::min(kGaps - 1, top - e);
-  };
-  for (int64_t i = 0; i < cols; ++i) {  // the last gap's mass is never read: the long tail adds nothing
-    const int g = gap(prob[i]);
-    if (g < kGaps - 1) mass[g] += prob[i];
-  }
-  int last = kGaps - 1;
-  double cum = 0.0;
-  for (int b = 0; b < kGaps - 1; ++b) {
-    cum += mass[b];
-    if (cum >= p) {
-      last = b;
-      break;
-    }
-  }
-  int64_t n = 0;
-  if (last < kGaps - 1)
-    for (int64_t i = 0; i < cols; ++i)
-      if (gap(prob[i]) <= last) order[n++] = static_cast<int32_t>(i);
-  for (;;) {
+  // the sorted prefix of order[0, n) reaching p: marks it and returns true; false when the n fall short
+  const auto take = [&](int64_t n) {
     std::sort(order, order + n, by_prob);
     double c = 0.0;
     int64_t j = 0;
     while (j < n && (c += prob[order[j]]) < p) ++j;  // j: the token whose mass reaches p, or n
-    if (j < n || n == cols) {
-      for (int64_t q = 0; q <= j && q < n; ++q) keep[order[q]] = 1;
-      return;
-    }
-    // the candidates fall short of p: the whole row
-    std::iota(order, order + cols, 0);
-    n = cols;
+    if (j == n && n < cols) return false;
+    for (int64_t q = 0; q <= j && q < n; ++q) keep[order[q]] = 1;
+    return true;
+  };
+  const float mx = MaxRow(prob, cols);
+  for (const int b : {3, 7, 12, 20, 32, 48, 72, 100}) {
+    const float t = std::ldexp(mx, -b);
+    if (!(t > 0.0f)) break;
+    if (SumAtLeast(prob, cols, t) < p) continue;
+    if (take(IndicesAtLeast(prob, cols, t, order))) return;
   }
+  std::iota(order, order + cols, 0);  // the whole row
+  take(cols);
 }
 
 /**
@@ -366,7 +368,7 @@ Napi::Value SamplingProbsBinding(const Napi::CallbackInfo& info) {
           const float* xr = r.x + row * r.cols;
           float* o = r.out + row * r.cols;
           // the f32 rounding of the double quotient: JavaScript's `logits[i] / temperature` into a Float32Array
-          for (int64_t i = 0; i < r.cols; ++i) o[i] = static_cast<float>(static_cast<double>(xr[i]) / t);
+          DivideF64(xr, o, r.cols, t);
           if (k > 0 && k < r.cols) TopKRow(o, o, r.cols, k, s.tmp.data());
           if ((p < 1.0 && !TopPRow(o, o, r.cols, p, s)) || !SoftmaxRow(o, o, r.cols, 1.0f)) {
             throw KernelError("samplingProbs: logits: row " + std::to_string(row) + " has no finite value");

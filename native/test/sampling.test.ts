@@ -238,4 +238,27 @@ describe('softmax on every ISA path', () => {
     const outs = isaPaths().map((path) => withIsa(path, () => softmax(x, vocab, 0.7)));
     for (const y of outs.slice(1)) expect(firstBitDifference(y, outs[0]!), `seed ${seed}`).toBe(-1);
   });
+
+  it('samplingProbs: the same bits on each path (the division, the 16-partial sums, the top-p candidates)', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    // lengths around the 16-lane and 8-lane tails; peaked, flat and tied rows
+    for (const vocab of [1, 7, 15, 16, 17, 33, 4099]) {
+      const rows = [randomF32(vocab, next, 0.5), randomF32(vocab, next, 8), randomF32(vocab, next, 60)];
+      rows.push(Float32Array.from(randomF32(vocab, next, 3), (v) => Math.round(v)));
+      const x = new Float32Array(rows.length * vocab);
+      for (const [i, r] of rows.entries()) x.set(r, i * vocab);
+      for (const [t, k, p] of [
+        [1, 0, 1],
+        [0.2, 0, 0.9],
+        [0.7, 3, 0.95],
+        [1.3, 0, 0.3],
+      ] as const) {
+        const kk = Math.min(k, vocab);
+        const outs = isaPaths().map((path) => withIsa(path, () => samplingProbs(x, vocab, t, kk, p)));
+        for (const y of outs.slice(1))
+          expect(firstBitDifference(y, outs[0]!), `seed ${seed}, vocab ${vocab}, T ${t}, k ${k}, p ${p}`).toBe(-1);
+      }
+    }
+  });
 });
