@@ -88,24 +88,43 @@ export function acceptSampled(
   const k = drafts.length;
   if (p.length !== (k + 1) * vocab)
     throw new RangeError(`acceptSampled: p: expected [${k + 1}, ${vocab}] f32, got length ${p.length}`);
+  return acceptSampledRows(drafts, q, (j) => p.subarray(j * vocab, (j + 1) * vocab), vocab, rng);
+}
+
+/**
+ * {@link acceptSampled} with the target's probabilities computed as they are reached: `pRow(j)` → row j `[vocab]`
+ * f32, called at most once per row, in order, for the rows the decision reads (the drafts examined, then the row
+ * drawn from) — on average τ of the k + 1 rows. The same draws and the same result as the eager form.
+ * @throws {RangeError} for a mis-sized q; {@link NonFiniteLogitsError} (sampleFromProbs) when a row drawn from has
+ *   no positive finite mass.
+ */
+export function acceptSampledRows(
+  drafts: Int32Array,
+  q: Float32Array | undefined,
+  pRow: (j: number) => Float32Array,
+  vocab: number,
+  rng: RandomSource,
+): AcceptResult {
+  const k = drafts.length;
   if (q !== undefined && q.length !== k * vocab)
     throw new RangeError(`acceptSampled: q: expected [${k}, ${vocab}] f32, got length ${q.length}`);
   for (let i = 0; i < k; i++) {
     const x = drafts[i]!;
-    const px = p[i * vocab + x]!;
+    const pi = pRow(i);
+    const px = pi[x]!;
     const qx = q === undefined ? 1 : q[i * vocab + x]!;
     if (rng.next() * qx < px) continue;
     const resid = new Float32Array(vocab);
     let sum = 0;
     for (let v = 0; v < vocab; v++) {
-      const r = Math.max(0, p[i * vocab + v]! - (q === undefined ? (v === x ? 1 : 0) : q[i * vocab + v]!));
+      const r = Math.max(0, pi[v]! - (q === undefined ? (v === x ? 1 : 0) : q[i * vocab + v]!));
       resid[v] = r;
       sum += r;
     }
-    const row = sum > 0 ? resid : p.subarray(i * vocab, (i + 1) * vocab);
+    const row = sum > 0 ? resid : pi;
     return { accepted: i, bonus: sampleFromProbs(row, rng) };
   }
-  return { accepted: k, bonus: sampleFromProbs(p.subarray(k * vocab, (k + 1) * vocab), rng) };
+  return { accepted: k, bonus: sampleFromProbs(pRow(k), rng) };
 }
 
 /** A proposal with `parents`. */

@@ -11,7 +11,7 @@ export {
   type SpecRequest,
   type SpecResult,
 } from './types.js';
-export { acceptGreedy, acceptSampled, acceptTreeGreedy, type AcceptResult } from './accept.js';
+export { acceptGreedy, acceptSampled, acceptSampledRows, acceptTreeGreedy, type AcceptResult } from './accept.js';
 export {
   checkLogitsRow,
   greedyToken,

@@ -26,7 +26,7 @@ import {
 } from '../plugin/stage-capabilities.js';
 import {
   acceptGreedyArgmax,
-  acceptSampled,
+  acceptSampledRows,
   acceptTreeGreedy,
   isTree,
   type AcceptResult,
@@ -503,7 +503,9 @@ function acceptRow(
       }
       return;
     }
-    const acc = acceptSampled(drafts, proposals.get(r.id)?.probs, targetProbs(lg, V, r.req.sampling), V, r.rng);
+    // the target's p of each row only as the decision reaches it (τ rows on average, not k + 1)
+    const pRow = (j: number) => targetRow(lg.subarray(j * V, (j + 1) * V), V, r.req.sampling);
+    const acc = acceptSampledRows(drafts, proposals.get(r.id)?.probs, pRow, V, r.rng);
     checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
     outcomes.push({ seq: r, block, row: first, acc, drafts });
   } catch (err) {
@@ -512,23 +514,15 @@ function acceptRow(
 }
 
 /**
- * The target's p for a verify block's logits `[n, V]` f32 ({@link samplingProbs}); a row the sampler refuses
- * (no finite value) becomes NaN instead of failing the others, so rejection sampling fails only if it reaches
- * that row (sampleFromProbs throws on it).
+ * The target's p for one verify row's logits `[V]` f32 ({@link samplingProbs}); a row the sampler refuses (no finite
+ * value) becomes NaN instead of failing the others, so rejection sampling fails only if it reaches that row
+ * (sampleFromProbs throws on it).
  */
-function targetProbs(lg: Float32Array, V: number, sampling: SpecRequest['sampling']): Float32Array {
+function targetRow(lg: Float32Array, V: number, sampling: SpecRequest['sampling']): Float32Array {
   try {
     return samplingProbs(lg, V, sampling);
   } catch {
-    const p = new Float32Array(lg.length);
-    for (let x = 0; x * V < lg.length; x++) {
-      try {
-        p.set(samplingProbs(lg.subarray(x * V, (x + 1) * V), V, sampling), x * V);
-      } catch {
-        p.fill(Number.NaN, x * V, (x + 1) * V);
-      }
-    }
-    return p;
+    return new Float32Array(V).fill(Number.NaN);
   }
 }
 
