@@ -17,6 +17,7 @@ import { gatedRmsNorm, gemmBf16, type GemmActivations, type PackedBf16Weights } 
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels } from './kernels.js';
+import { freshScratch, type Scratch } from './scratch.js';
 import { shardRange, type SeqSpan, type ShardRank } from './layout.js';
 import type { WeightReader } from './weights.js';
 
@@ -136,7 +137,9 @@ export type KdaCommitMode = 'replay' | 'copy';
  * each sequence's recurrent and conv state in `cache` (layer `l`). `chunked[i]` selects the
  * chunked form for span i (prefill only). `onSnapshot` (verify steps; every span recurrent) receives what
  * commits a prefix later ({@link KdaLayerSnapshots}). `act`: the projections' activation precision
- * (`gemmBf16`'s; the recurrence itself is fp32 either way).
+ * (`gemmBf16`'s; the recurrence itself is fp32 either way). `buf`: where the intermediates and the returned
+ * `[N, hidden]` go ({@link Scratch}; default fresh arrays): with a stage's kept scratch the result is overwritten by
+ * the next layer, so the caller consumes it at once.
  */
 export function kdaForward(
   w: KdaWeights,
@@ -151,17 +154,29 @@ export function kdaForward(
   onSnapshot?: (s: KdaLayerSnapshots) => void,
   act: GemmActivations = 'f32',
   commit: KdaCommitMode = 'replay',
+  buf: Scratch = freshScratch,
 ): Float32Array {
   const H = c.kdaHeads;
   const d = c.kdaHeadDim;
   const HD = H * d;
   const width = 3 * HD + 2 * d + H;
-  const proj = gemmBf16(xn, N, w.inProj, undefined, act);
-  const fb = gemmBf16(sliceColumns(proj, N, width, 3 * HD, d), N, w.fB, undefined, act);
-  const gb = gemmBf16(sliceColumns(proj, N, width, 3 * HD + d, d), N, w.gB, undefined, act);
-  const qkv = sliceColumns(proj, N, width, 0, 3 * HD);
+  const proj = gemmBf16(xn, N, w.inProj, buf('kda.proj', N * width), act);
+  const fa = sliceColumns(proj, N, width, 3 * HD, d, buf('kda.fa', N * d));
+  const fb = gemmBf16(fa, N, w.fB, buf('kda.fb', N * HD), act);
+  const ga = sliceColumns(proj, N, width, 3 * HD + d, d, buf('kda.ga', N * d));
+  const gb = gemmBf16(ga, N, w.gB, buf('kda.gb', N * HD), act);
+  // the snapshots keep q | k | v (and g, β) beyond this forward: a fresh array then
+  const qkv = sliceColumns(
+    proj,
+    N,
+    width,
+    0,
+    3 * HD,
+    onSnapshot === undefined ? buf('kda.qkv', N * 3 * HD) : undefined,
+  );
   const { g, beta } = kernels.kdaGate(fb, w.dtBias, w.negA, proj, 3 * HD + 2 * d, width, H, d);
-  const o = new Float32Array(N * HD);
+  // every row is written by the kernel calls below (the spans cover rows [0, N))
+  const o = buf('kda.o', N * HD);
   const pools = cache.state!;
   const state = pools.recurrentStore(l);
   const conv = pools.convStore(l);
@@ -224,5 +239,5 @@ export function kdaForward(
     i = j;
   }
   gatedRmsNorm(o, w.oNorm, gb, c.rmsNormEps, 'sigmoid', o);
-  return gemmBf16(o, N, w.oProj, undefined, act);
+  return gemmBf16(o, N, w.oProj, buf('mixer.out', N * w.oProj.n), act);
 }

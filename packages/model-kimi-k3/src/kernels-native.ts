@@ -67,7 +67,7 @@ export const nativeKernels: KimiKernels = Object.freeze<KimiKernels>({
     const set = createMoeExpertSet(experts.map(pack), shared === undefined ? undefined : pack(shared));
     return { kind: 'native', set } as NativeMoe;
   },
-  moe(x, n, prepared, r) {
-    return moeExperts(x, n, (prepared as NativeMoe).set, r);
+  moe(x, n, prepared, r, out) {
+    return moeExperts(x, n, (prepared as NativeMoe).set, r, out);
   },
 });

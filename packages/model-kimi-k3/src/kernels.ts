@@ -12,6 +12,7 @@
 import { gemmBf16, packBf16Weights, swigluFused, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
+import { freshScratch, type Scratch } from './scratch.js';
 
 /** KDA core inputs for a batch (C = heads·headDim; T = Σ seqLens). */
 export interface KdaCall {
@@ -122,8 +123,11 @@ export interface KimiKernels {
   route(logits: Float32Array, n: number, bias: Float32Array, c: KimiConfig): Routing;
   /** Prepares one layer's routed experts (+ shared). */
   prepareMoe(experts: readonly SwigluWeights[], shared: SwigluWeights | undefined): MoePrepared;
-  /** Σ_j w_j · expert_{id_j}(x) in ascending expert id, + shared(x) last; `x [N, hidden]` → `[N, hidden]` f32. */
-  moe(x: Float32Array, n: number, w: MoePrepared, r: Routing): Float32Array;
+  /**
+   * Σ_j w_j · expert_{id_j}(x) in ascending expert id, + shared(x) last; `x [N, hidden]` → `[N, hidden]` f32,
+   * written into `out` `[N, hidden]` when given (its old contents ignored; a kernel may return a new array instead).
+   */
+  moe(x: Float32Array, n: number, w: MoePrepared, r: Routing, out?: Float32Array): Float32Array;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,16 +271,19 @@ interface TsMoe extends MoePrepared {
 
 /**
  * SwiGLU MLP forward: `x [m, hidden]` → `[m, hidden]` f32 (packed GEMMs, batch invariant rows);
- * `act` is both GEMMs' activation precision (`gemmBf16`'s, default `'f32'`).
+ * `act` is both GEMMs' activation precision (`gemmBf16`'s, default `'f32'`). `buf`: where the intermediates and
+ * the result go ({@link Scratch}; default fresh arrays; a kept scratch's result is overwritten by the next layer).
  */
 export function swigluForward(
   w: SwigluWeights,
   x: Float32Array,
   m: number,
   act: GemmActivations = 'f32',
+  buf: Scratch = freshScratch,
 ): Float32Array {
-  const gateUp = gemmBf16(x, m, w.gateUp, undefined, act);
-  return gemmBf16(swigluFused(gateUp, w.inter), m, w.down, undefined, act);
+  const gateUp = gemmBf16(x, m, w.gateUp, buf('mlp.gateUp', m * w.gateUp.n), act);
+  const inner = swigluFused(gateUp, w.inter, buf('mlp.inner', m * w.inter));
+  return gemmBf16(inner, m, w.down, buf('ffn.out', m * w.down.n), act);
 }
 
 /** torch.nn.functional.softplus (beta 1, threshold 20). */

@@ -17,6 +17,7 @@ import { gemmBf16, rmsNorm, type GemmActivations, type PackedBf16Weights } from 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels, MlaBatch, MlaPrepared } from './kernels.js';
 import { shardRange, type SeqSpan, type ShardRank } from './layout.js';
+import { freshScratch, type Scratch } from './scratch.js';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one MLA layer. */
@@ -109,7 +110,8 @@ export function mlaBatch(spans: readonly SeqSpan[], cache: SequenceCache): MlaBa
 /**
  * MLA forward for a batch: `xn [N, hidden]` f32 → `[N, hidden]` f32. Writes each new token's cache
  * row into the paged store of layer `l`, then attends. `act`: the projections' activation precision
- * (`gemmBf16`'s; the latent cache and attention stay fp32).
+ * (`gemmBf16`'s; the latent cache and attention stay fp32). `buf`: where the intermediates and the returned
+ * `[N, hidden]` go ({@link Scratch}; default fresh arrays; a kept scratch's result is overwritten by the next layer).
  */
 export function mlaForward(
   w: MlaWeights,
@@ -122,12 +124,14 @@ export function mlaForward(
   kernels: KimiKernels,
   batch: MlaBatch,
   act: GemmActivations = 'f32',
+  buf: Scratch = freshScratch,
 ): Float32Array {
   const { numHeads: H, qkNopeHeadDim: nope, qkRopeHeadDim: rope, kvLoraRank: rank } = c;
   const qw = H * (nope + rope);
   const width = qw + rank + rope;
-  const proj = gemmBf16(xn, N, w.inProj, undefined, act);
-  const latent = rmsNorm(sliceColumns(proj, N, width, qw, rank), w.kvNorm, c.rmsNormEps);
+  const proj = gemmBf16(xn, N, w.inProj, buf('mla.proj', N * width), act);
+  const kvA = sliceColumns(proj, N, width, qw, rank, buf('mla.kvA', N * rank));
+  const latent = rmsNorm(kvA, w.kvNorm, c.rmsNormEps, buf('mla.latent', N * rank));
   const kv = cache.kv!;
   const store = kv.layerStore(l);
   for (const s of spans) {
@@ -138,7 +142,7 @@ export function mlaForward(
       store.set(proj.subarray(tok * width + qw + rank, tok * width + width), off + rank);
     }
   }
-  const q = sliceColumns(proj, N, width, 0, qw);
+  const q = sliceColumns(proj, N, width, 0, qw, buf('mla.q', N * qw));
   const o = kernels.mla(q, store, kv.pageSize, w.kvB, batch, 1 / Math.sqrt(nope + rope), c);
-  return gemmBf16(o, N, w.oProj, undefined, act);
+  return gemmBf16(o, N, w.oProj, buf('mixer.out', N * w.oProj.n), act);
 }

@@ -32,7 +32,7 @@ import {
   TensorParallelUnsupportedError,
   vocabShardRange,
 } from '@specd/core';
-import { bf16ToF32, gemmBf16, isa, rmsNorm, type GemmActivations, type PackedBf16Weights } from '@specd/native';
+import { addF32, bf16ToF32, gemmBf16, isa, rmsNorm, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import { parseKimiConfig, type KimiConfig } from './config.js';
 import {
@@ -56,6 +56,7 @@ import {
 } from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
 import { commitFromSnapshots } from './rollback.js';
+import { keptScratch, type Scratch } from './scratch.js';
 import { kimiWeightReader, type WeightReader } from './weights.js';
 import type { TensorRead } from '@specd/core';
 
@@ -135,6 +136,16 @@ export class KimiStageModel implements StageModel, PrefixCommit {
    * changing it between forwards is allowed (benches), never inside a request.
    */
   gemmActivations: GemmActivations;
+  /**
+   * The latest forward's snapshot set (undefined when it kept none, or threw) with its cache and the sequences of
+   * it committed partially since: a sequence not among them whose cache still ends where the forward's block ended
+   * holds the state after the block's last token, so {@link commitPrefix} of the whole block has nothing to redo.
+   */
+  private lastSnapshots:
+    | { readonly set: KdaSnapshotSet; readonly cache: SequenceCache; readonly partial: Set<SequenceId> }
+    | undefined;
+  /** Buffers of the forward's intermediates, kept from one forward to the next ({@link keptScratch}). */
+  private readonly scratch: Scratch = keptScratch();
 
   constructor(
     readonly config: KimiConfig,
@@ -194,6 +205,8 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     const c = this.config;
     const D = c.hiddenSize;
     const { layerStart, isLast } = this.info;
+    // every forward (also one that throws) may advance the state: a commit after it replays
+    this.lastSnapshots = undefined;
     // batch checks, spans, taps, embeddings or the previous stage's hidden, cache extension, tap layerStart
     const prologue = forwardPrologue(batch, cache, options, {
       info: this.info,
@@ -214,24 +227,28 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     const keep = (l: number) => (snapshots === undefined ? undefined : (s: KdaLayerSnapshots) => snapshots.set(l, s));
     const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
     const act = this.gemmActivations;
+    // the intermediates of the layers live in the stage's kept scratch (each consumed before its name is reused)
+    const buf = this.scratch;
     for (let li = 0; li < this.layers.length; li++) {
       const l = layerStart + li;
       const w = this.layers[li]!;
-      const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps);
+      const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps, buf('xn', h.length));
       const a = reduce(
         w.kind === 'kda'
-          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act, this.kdaCommit)
-          : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act),
+          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act, this.kdaCommit, buf)
+          : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act, buf),
       );
-      for (let i = 0; i < h.length; i++) h[i] = h[i]! + a[i]!;
-      const xm = rmsNorm(h, w.postNorm, c.rmsNormEps);
+      // h += a in f32 (one rounding per element: the bits of the scalar loop)
+      addF32(h, a, h);
+      const xm = rmsNorm(h, w.postNorm, c.rmsNormEps, buf('xm', h.length));
       const debug = this.debug;
+      const onRoute = debug?.onRoute ? (r: RouterChoice) => debug.onRoute!(l, r) : undefined;
       const f = reduce(
         w.dense !== undefined
-          ? swigluForward(w.dense, xm, N, act)
-          : moeForward(w.moe!, c, xm, N, this.kernels, debug?.onRoute ? (r) => debug.onRoute!(l, r) : undefined),
+          ? swigluForward(w.dense, xm, N, act, buf)
+          : moeForward(w.moe!, c, xm, N, this.kernels, onRoute, buf),
       );
-      for (let i = 0; i < h.length; i++) h[i] = h[i]! + f[i]!;
+      addF32(h, f, h);
       capture(l + 1);
     }
     const logitRowStart = new Int32Array(spans.length + 1);
@@ -245,18 +262,20 @@ export class KimiStageModel implements StageModel, PrefixCommit {
         logitRowStart[i + 1] = rows.length;
       });
       if (rows.length > 0) {
-        const x = new Float32Array(rows.length * D);
+        const x = buf('head.x', rows.length * D);
         rows.forEach((r, i) => {
           x.set(h.subarray(r * D, (r + 1) * D), i * D);
         });
         // under tensor parallelism a collective: every rank gets the same logits requests
-        logits = this.vocabLogits(rmsNorm(x, this.finalNorm!, c.rmsNormEps), rows.length);
+        const xNormed = rmsNorm(x, this.finalNorm!, c.rmsNormEps, buf('head.xn', x.length));
+        logits = this.vocabLogits(xNormed, rows.length);
       } else {
         logits = new Float32Array(0);
       }
     }
     const snapshotSet =
       snapshots === undefined ? undefined : { spans: spans.map((s) => ({ ...s })), layers: snapshots };
+    if (snapshotSet !== undefined) this.lastSnapshots = { set: snapshotSet, cache, partial: new Set() };
     return {
       logits,
       logitRowStart,
@@ -268,13 +287,23 @@ export class KimiStageModel implements StageModel, PrefixCommit {
 
   /**
    * {@link PrefixCommit}: {@link commitFromSnapshots} on a result of a forward run with
-   * `{ stateSnapshots: true }` (or `kdaSnapshots`).
+   * `{ stateSnapshots: true }` (or `kdaSnapshots`). The whole block of a sequence committed right after that
+   * forward (the latest of this stage, on `cache`; the sequence not committed partially since and its cache still
+   * ending with the block) needs nothing: the forward left the state after the block's last token and its KV, the
+   * bits a replay would write. Anything else replays (a commit after a later forward, a second commit after a
+   * partial one).
    * @throws {KimiForwardError} if the result carries no snapshots; RangeError as commitFromSnapshots.
    */
   commitPrefix(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void {
     const snaps = (result as KimiForwardResult).kdaSnapshots;
     if (snaps === undefined)
       throw new KimiForwardError('commitPrefix: result: the forward was not run with { stateSnapshots: true }');
+    const last = this.lastSnapshots;
+    if (last !== undefined && last.set === snaps && last.cache === cache && !last.partial.has(id)) {
+      const span = snaps.spans.find((s) => s.id === id);
+      if (span !== undefined && committed === span.numNew && cache.length(id) === span.position + span.numNew) return;
+      last.partial.add(id);
+    }
     commitFromSnapshots(cache, snaps, id, committed);
   }
 

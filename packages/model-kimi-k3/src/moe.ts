@@ -13,6 +13,7 @@ import { gemmBf16, type PackedBf16Weights } from '@specd/native';
 import type { KimiConfig } from './config.js';
 import { swigluForward, type KimiKernels, type MoePrepared, type Routing, type SwigluWeights } from './kernels.js';
 import { shardRange, type ShardRank } from './layout.js';
+import { freshScratch, type Scratch } from './scratch.js';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one MoE block. */
@@ -162,6 +163,8 @@ function moeShardForward(
 /**
  * Sparse MoE block: `x [N, hidden]` f32 (post-attention-normalised) → `[N, hidden]` f32.
  * @param onRoute receives the router decisions (tests, statistics).
+ * @param buf where the router logits and the result go ({@link Scratch}; default fresh arrays; a kept scratch's
+ *   result is overwritten by the next layer).
  */
 export function moeForward(
   w: MoeWeights,
@@ -170,8 +173,9 @@ export function moeForward(
   N: number,
   kernels: KimiKernels,
   onRoute?: (r: RouterChoice) => void,
+  buf: Scratch = freshScratch,
 ): Float32Array {
-  const logits = gemmBf16(x, N, w.gate);
+  const logits = gemmBf16(x, N, w.gate, buf('moe.logits', N * w.gate.n));
   const r = kernels.route(logits, N, w.bias, c);
   if (onRoute !== undefined) {
     const E = c.numExperts;
@@ -179,5 +183,5 @@ export function moeForward(
     onRoute({ ...r, choiceScores });
   }
   if (w.local !== undefined) return moeShardForward(w, x, N, c.hiddenSize, kernels, r);
-  return kernels.moe(x, N, w.experts, r);
+  return kernels.moe(x, N, w.experts, r, buf('ffn.out', x.length));
 }

@@ -239,6 +239,61 @@ describe.each(KERNELS)('%s kernels', (kernels) => {
         model.kdaCommit = 'replay';
       },
     );
+
+    it('commitPrefix: a whole block right after its forward keeps the state; after a later forward it replays', () => {
+      const cache = cacheFor(model, 4, 128);
+      for (const id of ['a', 'b', 'pa', 'pb']) prefill(cache, id, id.endsWith('a') ? PROMPT : OTHER);
+      const blockA = Int32Array.from([...DRAFTS, 9]);
+      const blockB = Int32Array.from([3, 1, 4, 1, 5]);
+      const verifyBlocks = () =>
+        model.forward(
+          {
+            sequences: [
+              { id: 'a', position: cache.length('a'), tokens: blockA, logits: 'all' },
+              { id: 'b', position: cache.length('b'), tokens: blockB, logits: 'all' },
+            ],
+          },
+          cache,
+          { stateSnapshots: true },
+        );
+      const step = (id: string, toks: Int32Array) => {
+        for (const t of toks)
+          model.forward(
+            { sequences: [{ id, position: cache.length(id), tokens: Int32Array.of(t), logits: 'none' }] },
+            cache,
+          );
+      };
+      const same = () => {
+        for (const [id, plain] of [
+          ['a', 'pa'],
+          ['b', 'pb'],
+        ] as const) {
+          expect(cache.length(id)).toBe(cache.length(plain));
+          for (const l of model.cacheGeometry.linearState.layers) {
+            expect(bitwiseEqual(cache.state!.recurrent(id, l), cache.state!.recurrent(plain, l))).toBe(true);
+            expect(bitwiseEqual(cache.state!.conv(id, l), cache.state!.conv(plain, l))).toBe(true);
+          }
+        }
+      };
+      // b whole right after the forward (nothing to redo), a partly (a replay)
+      let res = verifyBlocks();
+      model.commitPrefix(cache, res, 'b', 5);
+      model.commitPrefix(cache, res, 'a', 2);
+      model.commitPrefix(cache, res, 'b', 5);
+      step('pa', blockA.subarray(0, 2));
+      step('pb', blockB);
+      same();
+      // b whole after a later forward on it (one more token): restored from the snapshots, the extra token dropped
+      res = verifyBlocks();
+      step('b', Int32Array.of(7));
+      model.commitPrefix(cache, res, 'a', 5);
+      model.commitPrefix(cache, res, 'b', 5);
+      step('pa', blockA);
+      step('pb', blockB);
+      same();
+      for (const id of ['a', 'b', 'pa', 'pb']) cache.finish(id);
+      expect(cache.pagesInUse + cache.slotsInUse).toBe(0);
+    });
   });
 
   describe('pipeline stages', () => {
