@@ -86,50 +86,28 @@ __device__ double blockSum(double v, double* red) {
 }
 
 /**
- * Inclusive block scan of a per-thread double in thread order (fixed: shuffles within a warp, then the warps'
- * totals scanned by warp 0). `red` holds ≥ 33 doubles.
+ * Inclusive block scan of a per-thread value in thread order (fixed: shuffles within a warp, then the warps' totals
+ * scanned by warp 0). `red` holds ≥ 32 values.
  */
-__device__ double blockScan(double v, double* red) {
+template <typename T>
+__device__ T blockScan(T v, T* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int o = 1; o < 32; o <<= 1) {
-    const double n = __shfl_up_sync(0xffffffffu, v, o);
+    const T n = __shfl_up_sync(0xffffffffu, v, o);
     if (lane >= o) v += n;
   }
   if (lane == 31) red[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    double w = lane < kWarps ? red[lane] : 0.0;
+    T w = lane < kWarps ? red[lane] : T(0);
     for (int o = 1; o < 32; o <<= 1) {
-      const double n = __shfl_up_sync(0xffffffffu, w, o);
+      const T n = __shfl_up_sync(0xffffffffu, w, o);
       if (lane >= o) w += n;
     }
     red[lane] = w;  // inclusive over the warps
   }
   __syncthreads();
-  const double r = v + (warp > 0 ? red[warp - 1] : 0.0);
-  __syncthreads();
-  return r;
-}
-
-/** Inclusive block scan of a per-thread int (same shape as blockScan). */
-__device__ int blockScanInt(int v, int* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
-  if (lane == 31) red[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int w = lane < kWarps ? red[lane] : 0;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += n;
-    }
-    red[lane] = w;
-  }
-  __syncthreads();
-  const int r = v + (warp > 0 ? red[warp - 1] : 0);
+  const T r = v + (warp > 0 ? red[warp - 1] : T(0));
   __syncthreads();
   return r;
 }
@@ -317,7 +295,7 @@ __global__ void __launch_bounds__(kThreads)
         if (x >= s.kth && __float_as_uint(expf(x - s.m) * s.invZ1) == prefix) mine++;
       }
       if (t == 0) tieAt = -1;
-      const int incl = blockScanInt(mine, ired);  // its syncs also publish tieAt
+      const int incl = blockScan(mine, ired);  // its syncs also publish tieAt
       if (incl - mine < c && c <= incl) {
         int seen = incl - mine;
         for (int i = lo; i < hi; i++) {

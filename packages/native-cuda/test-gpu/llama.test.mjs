@@ -20,6 +20,7 @@ import {
   loadGpuTarget,
   runEngine,
 } from './common.mjs';
+import { chiCrit, chiSquare } from './reference.mjs';
 
 let gpu;
 let prompts;
@@ -266,24 +267,8 @@ test('sampled requests draw on the device (no logits come back); the first token
   assert.equal(run.sampled, N);
   const counts = new Float64Array(V);
   for (const r of reqs) counts[run.results.get(r.id)[0]]++;
-  let stat = 0;
-  let df = -1;
-  let [restO, restE] = [0, 0];
-  for (let i = 0; i < V; i++) {
-    const e = probs[i] * N;
-    if (e >= 5) {
-      stat += (counts[i] - e) ** 2 / e;
-      df++;
-    } else {
-      restO += counts[i];
-      restE += e;
-    }
-  }
-  if (restE > 0) {
-    stat += (restO - restE) ** 2 / restE;
-    df++;
-  }
-  const crit = df * (1 - 2 / (9 * df) + 3.719 * Math.sqrt(2 / (9 * df))) ** 3;
+  const { stat, df } = chiSquare(counts, probs, N);
+  const crit = chiCrit(df);
   console.log(
     `# first token, T 1, top-k 40, ${N} seeds: χ² ${stat.toFixed(1)} (df ${df}, critical ${crit.toFixed(1)})`,
   );

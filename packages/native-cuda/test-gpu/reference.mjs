@@ -39,3 +39,32 @@ export function randomBf16(n, next, scale = 1) {
   }
   return { bits, values };
 }
+
+/**
+ * χ² of `counts` against probabilities `p` over `n` draws, bins with an expected count below 5 merged into one;
+ * → {stat, df}.
+ */
+export function chiSquare(counts, p, n) {
+  let stat = 0;
+  let df = -1;
+  let restO = 0;
+  let restE = 0;
+  for (let i = 0; i < p.length; i++) {
+    const e = p[i] * n;
+    if (e >= 5) {
+      stat += (counts[i] - e) ** 2 / e;
+      df++;
+    } else {
+      restO += counts[i];
+      restE += e;
+    }
+  }
+  if (restE > 0) {
+    stat += (restO - restE) ** 2 / Math.max(restE, 1e-9);
+    df++;
+  }
+  return { stat, df };
+}
+
+/** The χ² critical value at p = 1e-4 for `df` degrees of freedom (Wilson–Hilferty). */
+export const chiCrit = (df) => df * (1 - 2 / (9 * df) + 3.719 * Math.sqrt(2 / (9 * df))) ** 3;

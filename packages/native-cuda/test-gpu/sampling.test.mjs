@@ -11,7 +11,7 @@ import { test } from 'node:test';
 import { samplingProbs } from '@specd/native';
 
 import { loadCuda } from '../index.js';
-import { prng } from './reference.mjs';
+import { chiCrit, chiSquare, prng } from './reference.mjs';
 
 let cuda;
 let why;
@@ -149,32 +149,6 @@ test('top-p ties at the cut are kept in index order, as the CPU sort does; 2,000
   cuda.free(buf);
   cuda.free(yb);
 });
-
-/** χ² of `counts` against probabilities `p` (bins with expected < 5 merged into one). */
-function chiSquare(counts, p, n) {
-  let stat = 0;
-  let df = -1;
-  let restO = 0;
-  let restE = 0;
-  for (let i = 0; i < p.length; i++) {
-    const e = p[i] * n;
-    if (e >= 5) {
-      stat += (counts[i] - e) ** 2 / e;
-      df++;
-    } else {
-      restO += counts[i];
-      restE += e;
-    }
-  }
-  if (restE > 0) {
-    stat += (restO - restE) ** 2 / Math.max(restE, 1e-9);
-    df++;
-  }
-  return { stat, df };
-}
-
-/** The χ² critical value at p = 1e-4 (Wilson–Hilferty). */
-const chiCrit = (df) => df * (1 - 2 / (9 * df) + 3.719 * Math.sqrt(2 / (9 * df))) ** 3;
 
 test(
   'rejection sampling is lossless: the first emitted token is distributed as p (with q, and point masses)',
