@@ -756,7 +756,6 @@ Napi::Value LlamaForward(const Napi::CallbackInfo& info) {
   }
   r->host.checkUs += LlamaRunner::us(t0, LlamaRunner::Clock::now());
   guarded(env, [&]() {
-    r->forward(b, mask, useGraph);
     r->lastLogitRows = 0;
     r->forward(b, mask, useGraph);
     r->fetch(b.T, b.R, tokens.Data(), hidden.Data(), tapOut, logitsOut);

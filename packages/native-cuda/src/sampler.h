@@ -133,9 +133,6 @@ class DeviceSampler {
     if (hResults_ != nullptr) cudaFreeHost(hResults_);
   }
 
-  /** Device buffer bytes held now. */
-  size_t bytes() const { return held_; }
-
   /** @throws std::runtime_error naming a failed CUDA call (callers turn it into a JavaScript Error). */
   std::vector<int32_t> run(const SampleRequest& r, const float* logits, int vocab, cudaStream_t stream,
                            float* probsOut = nullptr) {
@@ -174,7 +171,7 @@ class DeviceSampler {
 
  private:
   void *ints_ = nullptr, *floats_ = nullptr, *u_ = nullptr, *q_ = nullptr, *stats_ = nullptr, *results_ = nullptr;
-  size_t intsCap_ = 0, floatsCap_ = 0, uCap_ = 0, qCap_ = 0, statsCap_ = 0, resultsCap_ = 0, held_ = 0;
+  size_t intsCap_ = 0, floatsCap_ = 0, uCap_ = 0, qCap_ = 0, statsCap_ = 0, resultsCap_ = 0;
   int32_t* hResults_ = nullptr;
   size_t hResultsCap_ = 0;
 
@@ -188,13 +185,11 @@ class DeviceSampler {
     if (*p != nullptr) {
       check(cudaDeviceSynchronize(), "sample (cudaDeviceSynchronize)");  // the old buffer may be in use
       cudaFree(*p);
-      held_ -= *cap;
       *p = nullptr;
       *cap = 0;
     }
     check(cudaMalloc(p, want), "cudaMalloc (sample buffers)");
     *cap = want;
-    held_ += want;
   }
 };
 

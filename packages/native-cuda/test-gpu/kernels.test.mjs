@@ -7,28 +7,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { loadCuda } from '../index.js';
+import { cuda, devBuf, gpu } from './device.mjs';
 import { bf16Bits, bf16Value, prng, randomBf16 } from './reference.mjs';
 
-let cuda;
-let why;
-try {
-  cuda = loadCuda();
-  console.log(
-    `device: ${cuda.info.name}, sm ${cuda.info.computeCapability}, ${(cuda.info.totalBytes / 2 ** 30).toFixed(1)} GiB`,
-  );
-} catch (err) {
-  why = err.message;
-  console.log(`GPU tests skipped: ${why}`);
-}
-const gpu = { skip: why };
-
-/** A device buffer holding `a` (any typed array). */
-const devBuf = (a) => {
-  const b = cuda.alloc(a.byteLength);
-  cuda.upload(b, a);
-  return b;
-};
 const readF32 = (b, n) => {
   const out = new Float32Array(n);
   cuda.download(b, out);

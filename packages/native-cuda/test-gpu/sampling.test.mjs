@@ -10,25 +10,8 @@ import { test } from 'node:test';
 
 import { samplingProbs } from '@specd/native';
 
-import { loadCuda } from '../index.js';
+import { cuda, devBuf, gpu } from './device.mjs';
 import { chiCrit, chiSquare, prng } from './reference.mjs';
-
-let cuda;
-let why;
-try {
-  cuda = loadCuda();
-} catch (err) {
-  why = err.message;
-  console.log(`GPU tests skipped: ${why}`);
-}
-const gpu = { skip: why };
-
-/** A device buffer holding `a`. */
-const devBuf = (a) => {
-  const b = cuda.alloc(a.byteLength);
-  cuda.upload(b, a);
-  return b;
-};
 
 /** Rows of logits ~ N(0, scale²) (Box–Muller over the seeded PRNG). */
 function randomLogits(rows, vocab, seed, scale = 3) {
