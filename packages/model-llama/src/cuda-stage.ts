@@ -309,7 +309,9 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
     const topP = new Float64Array(G);
     const drafts = new Int32Array(D);
     const uniforms = new Float64Array(D + G);
-    const q = Q === 0 ? undefined : new Float32Array(Q * V);
+    // one sequence's q goes as it is (the common case, 1 sequence: no copy of k · vocab floats on the step's path)
+    const qOnly = Q === 0 ? undefined : specs.filter((sp) => sp?.q !== undefined);
+    const q = qOnly === undefined ? undefined : qOnly.length === 1 ? qOnly[0]!.q! : new Float32Array(Q * V);
     const who: number[] = [];
     let [g, d, u, qr] = [0, 0, 0, 0];
     for (let s = 0; s < S; s++) {
@@ -326,7 +328,7 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
       drafts.set(sp.drafts, d);
       uniforms.set(sp.uniforms, u);
       if (sp.q !== undefined) {
-        q!.set(sp.q, qr * V);
+        if (q !== sp.q) q!.set(sp.q, qr * V);
         qr += k;
       }
       d += k;
