@@ -87,6 +87,38 @@ export interface Eagle3RunnerOptions {
   readonly maxDraftTokens: number;
 }
 
+/** Options of {@link CudaAddon.dflashCreate} (the DFlash draft model's sizes; src/dflash_runner.cc). */
+export interface DFlashRunnerOptions {
+  readonly hiddenSize: number;
+  readonly numHeads: number;
+  readonly numKvHeads: number;
+  /** A multiple of 16, at most 256 (the paged attention kernel's). */
+  readonly headDim: number;
+  readonly intermediateSize: number;
+  readonly numLayers: number;
+  /** The target's vocabulary (rows of the embedding; the range of the draft head's ids). */
+  readonly vocabSize: number;
+  /** Rows of the draft head (the target lm_head's rows of the draft vocabulary). */
+  readonly draftVocabSize: number;
+  /** Target taps fc reads (fc is `[hiddenSize, numTaps · hiddenSize]`). */
+  readonly numTaps: number;
+  /** Rows of a draft block (B: the last verified token and B − 1 masks). */
+  readonly blockSize: number;
+  readonly maskTokenId: number;
+  readonly ropeTheta: number;
+  readonly rmsNormEps: number;
+  /** Sequences of one block call, at most. */
+  readonly maxSequences: number;
+}
+
+/** What {@link CudaAddon.dflashBlock} returns. */
+export interface DFlashBlockResult {
+  /** The greedy draft of slots 1 … B − 1 of each block as token ids `[S · (B − 1)]` i32 (−1: not finite). */
+  readonly ids: Int32Array;
+  /** The draft-head logits `[S · (B − 1), draftVocabSize]` f32, when asked for. */
+  readonly logits?: Float32Array;
+}
+
 /** What {@link CudaAddon.eagle3Step} returns. */
 export interface Eagle3StepResult {
   /** The argmax of each row's draft-vocabulary logits `[S]` i32 (−1: not finite). */
@@ -209,6 +241,37 @@ export interface CudaAddon {
   eagle3ReplayMs(runner: DeviceHandle, reps: number, k?: number, sequences?: number): number;
   eagle3Info(runner: DeviceHandle): Eagle3RunnerInfo;
   eagle3Dispose(runner: DeviceHandle): void;
+  // the DFlash draft runner (src/dflash_runner.cc: each function's contract there)
+  dflashCreate(options: DFlashRunnerOptions): DeviceHandle;
+  dflashAllocKv(runner: DeviceHandle, pageSize: number, numPages: number, maxModelLen: number): void;
+  dflashSetWeight(
+    runner: DeviceHandle,
+    name: string,
+    layer: number,
+    data: Uint16Array | Float32Array | Int32Array,
+  ): void;
+  dflashContextWrite(
+    runner: DeviceHandle,
+    rows: Float32Array,
+    fromTaps: boolean,
+    positions: Int32Array,
+    slots: Int32Array,
+  ): void;
+  dflashBlock(
+    runner: DeviceHandle,
+    tokens: Int32Array,
+    positions: Int32Array,
+    blockTables: Int32Array,
+    slots: Int32Array,
+    useGraph: boolean,
+    wantLogits: boolean,
+  ): DFlashBlockResult;
+  dflashSynchronize(runner: DeviceHandle): void;
+  /** GPU ms per replay of the last block's CUDA graph (−1 when it ran without one). */
+  dflashReplayMs(runner: DeviceHandle, reps: number): number;
+  /** Sizes and the captured graphs (the Eagle3RunnerInfo fields). */
+  dflashInfo(runner: DeviceHandle): Eagle3RunnerInfo;
+  dflashDispose(runner: DeviceHandle): void;
   // the single kernels (src/binding.cc): alloc, free, upload, download, gemmBf16, rmsNorm, … (GPU tests)
   readonly [kernel: string]: unknown;
 }

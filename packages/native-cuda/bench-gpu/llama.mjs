@@ -8,7 +8,8 @@
 // - the engine (SpecEngine, what `specd generate` runs): plain greedy decoding and each shipped drafter at its full
 //   draft length (draft policy 'max') on the held-out prompts, 1 sequence, 128 new tokens: tok/s, ×plain, τ; EAGLE-3
 //   twice: its drafter on the GPU (the plugin's choice for the CUDA stage: "EAGLE-3 (GPU drafter)", with the GPU
-//   time of one chain's CUDA graph; also at fixed chains of 5 and 4) and on the CPU (drafter.device "cpu");
+//   time of one chain's CUDA graph; also at fixed chains of 5 and 4) and on the CPU (drafter.device "cpu"); DFlash
+//   likewise ("DFlash (GPU drafter)" with the GPU time of one block's graph, also at 7 and 4 drafts; and on the CPU);
 // - the bounds: weight bytes ÷ HBM bandwidth (4.8 TB/s, the H200's nominal) per decode step.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -144,10 +145,10 @@ const stepSplit = (m) => {
   return { draftMs: m.draftMs / n, verifyMs: m.verifyMs / n, commitMs: m.commitMs / n };
 };
 out.engine.push({ drafter: 'none', tokPerS: plainTok, xPlain: 1, tau: 1, ...stepSplit(plain.engine.metrics) });
-/** The EAGLE-3 drafter with drafter.device `device` for the GPU target. */
-async function eagle3On(device) {
+/** The drafter `method` ('eagle3' or 'dflash') with its device setting `device` for the GPU target. */
+async function drafterOn(method, device) {
   const { BUILTIN_PLUGIN_PACKAGES, loadDrafter } = await import('@specd/core');
-  const dir = path.join(process.env.SPECD_DRAFTERS_DIR ?? path.join(ROOT, 'models'), 'smollm2-135m-instruct-eagle3');
+  const dir = path.join(process.env.SPECD_DRAFTERS_DIR ?? path.join(ROOT, 'models'), `smollm2-135m-instruct-${method}`);
   return (await loadDrafter({ dir, settings: { device } }, BUILTIN_PLUGIN_PACKAGES, gpu, 1024, 1)).drafter;
 }
 /**
@@ -202,23 +203,36 @@ function traceStep(drafter) {
     ),
   };
 }
-for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
-  const gpuDrafter = method === 'eagle3-gpu';
-  if (!haveDrafter(gpuDrafter ? 'eagle3' : method)) continue;
-  const drafter = method.startsWith('eagle3')
-    ? await eagle3On(gpuDrafter ? 'cuda' : 'cpu')
-    : await loadGpuDrafter(method, gpu);
+const LABELS = {
+  'eagle3-gpu': 'EAGLE-3 (GPU drafter)',
+  eagle3: 'EAGLE-3 (CPU drafter)',
+  'dflash-gpu': 'DFlash (GPU drafter)',
+  dflash: 'DFlash (CPU drafter)',
+  dspark: 'dspark',
+};
+for (const method of ['eagle3-gpu', 'eagle3', 'dflash-gpu', 'dflash', 'dspark']) {
+  const base = method.replace('-gpu', '');
+  const gpuDrafter = method.endsWith('-gpu');
+  if (!haveDrafter(base)) continue;
+  const drafter =
+    base === 'dspark' ? await loadGpuDrafter(base, gpu) : await drafterOn(base, gpuDrafter ? 'cuda' : 'cpu');
   try {
-    // the GPU drafter also at fixed shorter chains: whether the last drafts pay for their draft step and verify row
-    for (const policy of gpuDrafter ? ['max', 'cost', 'k = 5', 'k = 4'] : ['max', 'cost']) {
+    // EAGLE-3's GPU drafter also at fixed shorter chains, DFlash's at shorter blocks: whether the last drafts pay for
+    // their draft step and verify row
+    const policies = gpuDrafter
+      ? ['max', 'cost', ...(base === 'eagle3' ? ['k = 5', 'k = 4'] : ['k = 7', 'k = 4'])]
+      : [];
+    for (const policy of gpuDrafter ? policies : ['max', 'cost']) {
       const k = policy.startsWith('k = ') ? Number(policy.slice(4)) : 0;
       const r = runEngine(model, drafter, reqs, k > 0 ? { draftLength: () => k } : { draftPolicy: policy });
       const tok = (prompts.length * NEW * 1000) / r.ms;
       let same = 0;
       for (const p of prompts) same += JSON.stringify(r.results.get(p.id)) === JSON.stringify(plain.results.get(p.id));
       out.engine.push({
-        drafter: gpuDrafter ? 'EAGLE-3 (GPU drafter)' : method === 'eagle3' ? 'EAGLE-3 (CPU drafter)' : method,
-        ...(gpuDrafter && policy === 'max' ? { chainGpuMs: drafter.replayMs(50, drafter.maxDraftTokens) } : {}),
+        drafter: LABELS[method],
+        ...(gpuDrafter && policy === 'max'
+          ? { chainGpuMs: base === 'eagle3' ? drafter.replayMs(50, drafter.maxDraftTokens) : drafter.replayMs(50) }
+          : {}),
         policy,
         tokPerS: tok,
         xPlain: tok / plainTok,
@@ -228,7 +242,7 @@ for (const method of ['eagle3-gpu', 'eagle3', 'dflash', 'dspark']) {
         ...stepSplit(r.engine.metrics),
       });
     }
-    if (gpuDrafter) out.trace = traceStep(drafter);
+    if (method === 'eagle3-gpu') out.trace = traceStep(drafter);
   } finally {
     drafter.dispose();
   }
@@ -268,7 +282,7 @@ for (const p of out.profile.filter((q) => q.rows === longest)) console.log(`| ${
 out.sampled = [];
 {
   const sreqs = reqs.map((r, i) => ({ ...r, sampling: { temperature: 0.2, topP: 0.9 }, seed: i + 1 }));
-  const drafter = haveDrafter('eagle3') ? await eagle3On('cuda') : undefined;
+  const drafter = haveDrafter('eagle3') ? await drafterOn('eagle3', 'cuda') : undefined;
   try {
     for (const d of drafter === undefined ? [undefined] : [undefined, drafter])
       for (const where of ['device', 'host', 'device']) {
@@ -295,7 +309,7 @@ console.log('\n| prefill tokens | ms | tok/s |\n|---:|---:|---:|');
 for (const p of out.prefill) console.log(`| ${p.tokens} | ${f(p.ms, 2)} | ${f(p.tokPerS, 0)} |`);
 console.log(
   `\n| engine, 1 sequence, ${prompts.length} held-out prompts × ${NEW} tokens | policy | tok/s | ×plain | τ | ` +
-    'greedy equal to plain | full chain graph, GPU ms | ms per step: propose / verify / commit |\n' +
+    'greedy equal to plain | full chain or block graph, GPU ms | ms per step: propose / verify / commit |\n' +
     '|---|---|---:|---:|---:|---|---:|---|',
 );
 for (const e of out.engine)

@@ -448,12 +448,14 @@ Napi::Value TimeGemm(const Napi::CallbackInfo& info) {
 
 void RegisterLlama(Napi::Env env, Napi::Object exports);   // llama_runner.cc
 void RegisterEagle3(Napi::Env env, Napi::Object exports);  // eagle3_runner.cc
+void RegisterDFlash(Napi::Env env, Napi::Object exports);  // dflash_runner.cc
 
 namespace {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   RegisterLlama(env, exports);
   RegisterEagle3(env, exports);
+  RegisterDFlash(env, exports);
   exports.Set("deviceInfo", Napi::Function::New(env, DeviceInfo));
   exports.Set("alloc", Napi::Function::New(env, Alloc));
   exports.Set("free", Napi::Function::New(env, Free));

@@ -53,20 +53,6 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 /** Rows of one context-write chunk (a longer write is split). */
 constexpr int kCtxRows = 512;
 
-int pow2Ceil(int v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-/**
- * Rows a batch of n runs as (kernels and GEMM plans alike): 2^⌈log2 n⌉. Up to 32 rows the small GEMM is
- * row-invariant, so padding changes no real row's bits; above, cuBLASLt's plan is made for the padded count.
- */
-int padRows(int n) { return pow2Ceil(n); }
-
-/** The paged attention's key span for contexts of at most maxKv keys: 2^⌈log2 maxKv⌉, at least 64, at most `cap`. */
-int attnSpan(int maxKv, int cap) { return std::min(cap, pow2Ceil(std::max(64, maxKv))); }
-
 struct E3Dims {
   int hidden = 0, heads = 0, kvHeads = 0, headDim = 0, inter = 0, vocab = 0, draftVocab = 0, taps = 0;
   int maxSequences = 0, maxDrafts = 0;
@@ -561,20 +547,6 @@ Eagle3Runner* runnerOf(const Napi::CallbackInfo& info) {
   Eagle3Runner* r = info[0].As<Napi::External<Eagle3Runner>>().Data();
   if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
   return r;
-}
-
-int intArg(const Napi::CallbackInfo& info, size_t i, const char* name, int lo, int hi) {
-  if (!info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected a number");
-  const double x = info[i].As<Napi::Number>().DoubleValue();
-  if (!(x >= lo && x <= hi && x == std::floor(x)))
-    throw Napi::RangeError::New(info.Env(), std::string(name) + ": expected an integer in [" + std::to_string(lo) +
-                                                ", " + std::to_string(hi) + "], got " + std::to_string(x));
-  return static_cast<int>(x);
-}
-
-size_t typedLength(const Napi::CallbackInfo& info, size_t i, const char* name) {
-  if (!info[i].IsTypedArray()) throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected an Int32Array");
-  return info[i].As<Napi::TypedArray>().ElementLength();
 }
 
 /**

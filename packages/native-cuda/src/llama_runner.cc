@@ -51,12 +51,6 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 /** Rows a GEMM plan is made for: 16 for every batch of ≤ 16 rows (row invariance), else the padded rows. */
 int gemmRows(int rows) { return rows <= 16 ? 16 : rows <= kGraphRows ? rows : (rows + 127) / 128 * 128; }
 
-int pow2Ceil(int v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 struct Dims {
   int layers = 0, hidden = 0, inter = 0, qHeads = 0, kvHeads = 0, headDim = 0, vocab = 0;
   double ropeTheta = 0;

@@ -1,10 +1,11 @@
-// @specd/native-cuda: host helpers the whole-model runners share (llama_runner.cc, eagle3_runner.cc): CUDA errors as
-// exceptions, CUDA-graph capture and replay timing, and the N-API argument checks. Each runner's TU gets its own
-// copy (an unnamed namespace), as before the move.
+// @specd/native-cuda: host helpers the whole-model runners share (llama_runner.cc, eagle3_runner.cc,
+// dflash_runner.cc): CUDA errors as exceptions, CUDA-graph capture and replay timing, row padding, and the N-API
+// argument checks. Each runner's TU gets its own copy (an unnamed namespace).
 #pragma once
 #include <cuda_runtime.h>
 #include <napi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -170,5 +171,35 @@ const int32_t* i32(const Napi::CallbackInfo& info, size_t i, const char* name, s
                                                 ", expected " + std::to_string(length));
   return a.Data();
 }
+
+/** Argument i as an integer in [lo, hi]. @throws TypeError (not a number) or RangeError naming it. */
+[[maybe_unused]] int intArg(const Napi::CallbackInfo& info, size_t i, const char* name, int lo, int hi) {
+  if (!info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected a number");
+  const double x = info[i].As<Napi::Number>().DoubleValue();
+  if (!(x >= lo && x <= hi && x == std::floor(x)))
+    throw Napi::RangeError::New(info.Env(), std::string(name) + ": expected an integer in [" + std::to_string(lo) +
+                                                ", " + std::to_string(hi) + "], got " + std::to_string(x));
+  return static_cast<int>(x);
+}
+
+[[maybe_unused]] size_t typedLength(const Napi::CallbackInfo& info, size_t i, const char* name) {
+  if (!info[i].IsTypedArray()) throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected an Int32Array");
+  return info[i].As<Napi::TypedArray>().ElementLength();
+}
+
+/** 2^⌈log2 v⌉ (1 for v ≤ 1). */
+[[maybe_unused]] int pow2Ceil(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+/**
+ * Rows a batch of n runs as (kernels and GEMM plans alike): 2^⌈log2 n⌉. Up to 32 rows the small GEMM is
+ * row-invariant, so padding changes no real row's bits; above, cuBLASLt's plan is made for the padded count.
+ */
+[[maybe_unused]] int padRows(int n) { return pow2Ceil(n); }
+
+/** The paged attention's key span for contexts of at most maxKv keys: 2^⌈log2 maxKv⌉, at least 64, at most `cap`. */
+[[maybe_unused]] int attnSpan(int maxKv, int cap) { return std::min(cap, pow2Ceil(std::max(64, maxKv))); }
 
 }  // namespace

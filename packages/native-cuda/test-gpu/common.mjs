@@ -84,3 +84,55 @@ export function runEngine(model, drafter, requests, options = {}) {
   const ms = performance.now() - t0;
   return { results: new Map(out.map((r) => [r.id, Array.from(r.tokenIds)])), engine, ms };
 }
+
+/**
+ * A drafter that feeds the same calls to the GPU and the CPU drafter and returns the GPU drafter's proposals,
+ * counting draft positions where the two agree (every position; and up to the first difference).
+ */
+export function tee(g, c) {
+  const sums = new WeakMap();
+  const stats = { positions: 0, agree: 0, prefix: 0, proposals: 0, identical: 0 };
+  return {
+    stats,
+    method: g.method,
+    maxDraftTokens: g.maxDraftTokens,
+    captureSetter: (info) => g.captureSetter(info),
+    projectTargetHiddenPartial(taps, n, acc) {
+      const out = g.projectTargetHiddenPartial(taps, n, acc);
+      sums.set(out, c.projectTargetHiddenPartial(taps, n, acc));
+      return out;
+    },
+    writeProjectedContextKV(sum, spans) {
+      c.writeProjectedContextKV(sums.get(sum), spans);
+      g.writeProjectedContextKV(sum, spans);
+    },
+    propose(batch) {
+      const a = g.propose(batch);
+      const b = c.propose(batch);
+      a.forEach((p, i) => {
+        const q = b[i].tokens;
+        let first = p.tokens.findIndex((t, j) => t !== q[j]);
+        if (first < 0) first = p.tokens.length;
+        stats.positions += p.tokens.length;
+        stats.agree += p.tokens.filter((t, j) => t === q[j]).length;
+        stats.prefix += first;
+        stats.proposals++;
+        stats.identical += first === p.tokens.length ? 1 : 0;
+      });
+      return a;
+    },
+    addSequence(id) {
+      g.addSequence(id);
+      c.addSequence(id);
+    },
+    contextLength: (id) => g.contextLength(id),
+    freeSequence(id) {
+      g.freeSequence(id);
+      c.freeSequence(id);
+    },
+    get pagesInUse() {
+      return g.pagesInUse + c.pagesInUse;
+    },
+    dispose() {},
+  };
+}

@@ -3,7 +3,7 @@
  * `DFlashConfig.from_hf`) and this method's branch of the specd config schema.
  */
 
-import type { DrafterSchema, HfConfig } from '@specd/core';
+import { DrafterError, type DrafterSchema, type HfConfig } from '@specd/core';
 
 /** `config.json` `architectures` entries of a DFlash checkpoint. */
 export const DFLASH_ARCHITECTURES: readonly string[] = Object.freeze(['DFlashDraftModel']);
@@ -132,6 +132,12 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
         'AVX-512 CPUs without AMX; faster where the target head ' +
         'is quantized). A checkpoint with draft_vocab_size packs its reduced head (unless draft_vocab is "whole")',
     },
+    device: {
+      enum: ['auto', 'cpu', 'cuda'],
+      description:
+        'where the draft model runs: "auto" (default: on the GPU when the target runs on one, --device cuda, and the ' +
+        'draft layers are full-attention; else on the CPU), "cpu", or "cuda" (refused unless the target runs on a GPU)',
+    },
     draft_vocab: {
       enum: ['checkpoint', 'whole'],
       description:
@@ -140,3 +146,20 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
     },
   },
 });
+
+/** The accepted values of the `device` setting. */
+export const DFLASH_DEVICES: readonly ('auto' | 'cpu' | 'cuda')[] = Object.freeze(['auto', 'cpu', 'cuda']);
+
+/**
+ * The `device` setting (undefined: `"auto"`), checked again here for callers that bypass the schema.
+ * @throws {DrafterError} naming the setting and the accepted values.
+ */
+export function dflashDevice(value: unknown): 'auto' | 'cpu' | 'cuda' {
+  if (value === undefined) return 'auto';
+  if (!DFLASH_DEVICES.includes(value as 'auto'))
+    throw new DrafterError(
+      `dflash: settings.device: expected one of ${DFLASH_DEVICES.map((d) => JSON.stringify(d)).join(', ')}, ` +
+        `got ${JSON.stringify(value)}`,
+    );
+  return value as 'auto' | 'cpu' | 'cuda';
+}

@@ -69,6 +69,7 @@ import {
 } from '@specd/core';
 import {
   applyRope,
+  f32ToBf16,
   gemmBf16,
   makePagedBatch,
   pagedAttention,
@@ -78,7 +79,13 @@ import {
 } from '@specd/native';
 
 import type { DFlashConfig } from './config.js';
-import { DraftHead, readDraftVocabIds } from './draft-head.js';
+import {
+  DFlashCudaDrafter,
+  dflashCudaDeviceOf,
+  type DFlashCudaDevice,
+  type DFlashCudaLayerWeights,
+} from './dflash-cuda.js';
+import { DraftHead, gatherLmHeadRows, readDraftVocabIds } from './draft-head.js';
 
 /** A draft layer's context-KV path (all a context-KV-only drafter loads). */
 interface DraftLayerKvWeights {
@@ -123,6 +130,11 @@ export interface DFlashLoadParts {
    * `draft_vocab_ids` is still validated). Default false (the checkpoint's list).
    */
   readonly wholeVocab?: boolean;
+  /**
+   * Where the draft model runs (setting `device`; {@link loadDFlash}): `"auto"` (default), `"cpu"` or `"cuda"`.
+   * {@link loadDFlashDrafter} itself always loads the CPU drafter.
+   */
+  readonly device?: 'auto' | 'cpu' | 'cuda';
 }
 
 /**
@@ -180,37 +192,9 @@ function buildDFlash(
   const root = tp === undefined || tp.isRoot;
   const c = config;
   const t = options.target;
-  const info = t.info;
   const where = `dflash: ${source.dir}`;
-  if (c.maskTokenId >= info.vocabSize) {
-    throw new DrafterError(
-      `${where}: dflash_config.mask_token_id ${c.maskTokenId} is outside the target vocabulary [0, ${info.vocabSize})`,
-    );
-  }
-  if (c.hiddenSize !== info.hiddenSize)
-    throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
-  // DFlash drafts with the target's lm_head: a checkpoint made for another vocabulary drafts ids of another tokenizer
-  if (c.vocabSize !== info.vocabSize)
-    throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
-  const sanity = source.sanity ?? new CheckpointSanity();
-  const r = new WeightReader(source.weights, {
-    makeError: (m) => new DrafterError(`dflash: ${source.dir}: ${m}`),
-    sanity,
-  });
+  const { sanity, r } = checkTarget(source, c, t, contextOnly, root);
   const D = c.hiddenSize;
-  const bad = c.taps.filter((tap) => tap > info.numLayers);
-  if (bad.length > 0) {
-    throw new DrafterError(
-      `${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] ` +
-        `the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
-    );
-  }
-  // under tensor parallelism the embedding is rank 0's, the lm_head vocab-parallel (every rank's target shard has one)
-  if (!contextOnly && ((root && t.embedTokens === undefined) || t.lmHead === undefined))
-    throw new DrafterError(
-      `${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`,
-    );
-  if (!contextOnly && root) checkMaskEmbedding(sanity, where, t, c.maskTokenId);
   // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
   const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const H = c.numHeads;
@@ -286,6 +270,163 @@ function buildDFlash(
     options.pdFeatures === true && tp === undefined,
   );
   return { drafter, reads: r.reads };
+}
+
+/**
+ * The checks of a DFlash checkpoint against its target (module comment of {@link loadDFlashDrafter}'s errors) and the
+ * weight reader over it. `contextOnly`: the block forward is not loaded (no embedding / lm_head needed); `root`: this
+ * rank embeds (rank 0 under tensor parallelism).
+ */
+function checkTarget(
+  source: DrafterSource,
+  c: DFlashConfig,
+  t: StageModel,
+  contextOnly: boolean,
+  root: boolean,
+): { sanity: CheckpointSanity; r: WeightReader } {
+  const info = t.info;
+  const where = `dflash: ${source.dir}`;
+  if (c.maskTokenId >= info.vocabSize) {
+    throw new DrafterError(
+      `${where}: dflash_config.mask_token_id ${c.maskTokenId} is outside the target vocabulary [0, ${info.vocabSize})`,
+    );
+  }
+  if (c.hiddenSize !== info.hiddenSize)
+    throw new DrafterError(`${where}: hidden_size ${c.hiddenSize} differs from the target's ${info.hiddenSize}`);
+  // DFlash drafts with the target's lm_head: a checkpoint made for another vocabulary drafts ids of another tokenizer
+  if (c.vocabSize !== info.vocabSize)
+    throw new DrafterError(`${where}: vocab_size ${c.vocabSize} differs from the target's ${info.vocabSize}`);
+  const sanity = source.sanity ?? new CheckpointSanity();
+  const r = new WeightReader(source.weights, {
+    makeError: (m) => new DrafterError(`dflash: ${source.dir}: ${m}`),
+    sanity,
+  });
+  const bad = c.taps.filter((tap) => tap > info.numLayers);
+  if (bad.length > 0) {
+    throw new DrafterError(
+      `${where}: dflash_config.target_layer_ids [${c.targetLayerIds.join(', ')}] name taps [${bad.join(', ')}] ` +
+        `the target does not have (it has taps 0..${info.numLayers}, ${info.numLayers} layers)`,
+    );
+  }
+  // under tensor parallelism the embedding is rank 0's, the lm_head vocab-parallel (every rank's target shard has one)
+  if (!contextOnly && ((root && t.embedTokens === undefined) || t.lmHead === undefined))
+    throw new DrafterError(
+      `${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`,
+    );
+  if (!contextOnly && root) checkMaskEmbedding(sanity, where, t, c.maskTokenId);
+  return { sanity, r };
+}
+
+/**
+ * Loads a DFlash checkpoint where the config's `device` setting puts it (`parts.device`): `"auto"` (default) — on the
+ * target's GPU when the target stage runs on one ({@link dflashCudaDeviceOf}: the CUDA Llama stage, `--device cuda`)
+ * and the draft model has full-attention layers only, else on the CPU; `"cpu"`; `"cuda"`. Context-KV-only loads stay
+ * on the CPU. The plugin's `load`.
+ * @throws {DrafterError} for `device` `"cuda"` with a target that is not on a GPU, a sliding-window draft layer or
+ *   `draft_head: "packed"` (a CPU format), and as {@link loadDFlashDrafter}.
+ */
+export function loadDFlash(
+  source: DrafterSource,
+  config: DFlashConfig,
+  options: DrafterLoadOptions,
+  parts: DFlashLoadParts = {},
+): DFlashDrafter | DFlashCudaDrafter {
+  const device = parts.device ?? 'auto';
+  const where = `dflash: ${source.dir}: device "cuda"`;
+  const cuda = device === 'cpu' || parts.contextOnly === true ? undefined : dflashCudaDeviceOf(options.target);
+  if (device === 'cuda') {
+    if (cuda === undefined)
+      throw new DrafterError(
+        `${where}: the target stage does not run on a GPU` +
+          (parts.contextOnly === true ? ' (or the drafter is loaded context-KV-only, a CPU path)' : '') +
+          ' (run the target with --device cuda, or set device to "auto" or "cpu")',
+      );
+    if (config.layerTypes.some((l) => l !== 'full_attention'))
+      throw new DrafterError(`${where}: sliding-window draft layers run on the CPU only (set device to "cpu")`);
+    if (parts.packedHead === true)
+      throw new DrafterError(`${where}: draft_head "packed" is a CPU format (the GPU drafter packs its own head)`);
+  }
+  if (cuda === undefined || config.layerTypes.some((l) => l !== 'full_attention') || parts.packedHead === true)
+    return loadDFlashDrafter(source, config, options, parts);
+  return buildDFlashCuda(source, config, options, parts, cuda);
+}
+
+/** The GPU drafter: the checks of {@link buildDFlash}, then the weights as the device runner takes them. */
+function buildDFlashCuda(
+  source: DrafterSource,
+  c: DFlashConfig,
+  options: DrafterLoadOptions,
+  parts: DFlashLoadParts,
+  cuda: DFlashCudaDevice,
+): DFlashCudaDrafter {
+  const t = options.target;
+  const where = `dflash: ${source.dir}`;
+  const { r } = checkTarget(source, c, t, false, true);
+  const D = c.hiddenSize;
+  const H = c.numHeads;
+  const KV = c.numKvHeads;
+  const hd = c.headDim;
+  const I = c.intermediateSize;
+  const shape = r.shape('fc.weight');
+  if (shape.length !== 2 || shape[0] !== D || shape[1] !== c.taps.length * D)
+    throw new DrafterError(
+      `${where}: fc.weight is [${shape.join(', ')}], expected [${D}, ${c.taps.length * D}] ` +
+        `(hidden ${D}, taps × hidden = ${c.taps.length} × ${D})`,
+    );
+  // row-major bf16 as the device runner takes them (q|k|v and gate|up stacked by rows)
+  const rows = (names: readonly [string, number, number][]): Uint16Array => {
+    const blocks = names.map(([name, n, k]) => r.bf16(name, [n, k]));
+    const out = new Uint16Array(blocks.reduce((a, b) => a + b.length, 0));
+    let at = 0;
+    for (const b of blocks) {
+      out.set(b, at);
+      at += b.length;
+    }
+    return out;
+  };
+  const layers: DFlashCudaLayerWeights[] = [];
+  for (let j = 0; j < c.numLayers; j++) {
+    const p = `layers.${j}.`;
+    layers.push({
+      qkv: rows([
+        [`${p}self_attn.q_proj.weight`, H * hd, D],
+        [`${p}self_attn.k_proj.weight`, KV * hd, D],
+        [`${p}self_attn.v_proj.weight`, KV * hd, D],
+      ]),
+      o: r.bf16(`${p}self_attn.o_proj.weight`, [D, H * hd]),
+      gateUp: rows([
+        [`${p}mlp.gate_proj.weight`, I, D],
+        [`${p}mlp.up_proj.weight`, I, D],
+      ]),
+      down: r.bf16(`${p}mlp.down_proj.weight`, [D, I]),
+      inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
+      postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
+      qNorm: r.f32(`${p}self_attn.q_norm.weight`, [hd]),
+      kNorm: r.f32(`${p}self_attn.k_norm.weight`, [hd]),
+    });
+  }
+  const reduced =
+    c.draftVocabSize === undefined
+      ? undefined
+      : readDraftVocabIds(source.weights, c.draftVocabSize, c.vocabSize, where);
+  const ids =
+    reduced === undefined || reduced.length === c.vocabSize || parts.wholeVocab === true ? undefined : reduced;
+  // the draft head's rows gathered once through the target's lmHead (exact: bf16 values in f32 round back to the bits)
+  const headIds = ids ?? Int32Array.from({ length: c.vocabSize }, (_, i) => i);
+  const head = f32ToBf16(gatherLmHeadRows(t, headIds));
+  return DFlashCudaDrafter.create(
+    c,
+    cuda,
+    {
+      fc: r.bf16('fc.weight', [D, c.taps.length * D]),
+      hiddenNorm: r.f32('hidden_norm.weight', [D]),
+      finalNorm: r.f32('norm.weight', [D]),
+      layers,
+      head,
+      ids,
+    },
+    { maxSequences: options.maxSequences, maxTokensPerSequence: options.maxTokensPerSequence },
+  );
 }
 
 /** A mask-token embedding whose norm is below this fraction of the median row norm draws a warning. */

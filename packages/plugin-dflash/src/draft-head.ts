@@ -172,6 +172,38 @@ export interface HeadDrafts {
   readonly probs?: Float32Array;
 }
 
+/**
+ * Drafts from draft-head logits `[k, Vd]` f32 over the draft vocabulary `ids` `[Vd]` (undefined: the whole vocabulary,
+ * Vd = vocabSize): greedy (temperature 0) the argmax of each row; sampled, q = the request's temperature / top-k /
+ * top-p over the draft vocabulary (core's `samplingProbs`), d ~ q, and q returned over the whole vocabulary
+ * `[k, vocabSize]` (0 outside the draft vocabulary).
+ */
+export function draftsFromLogits(
+  logits: Float32Array,
+  k: number,
+  ids: Int32Array | undefined,
+  vocabSize: number,
+  sampling: DraftSampling,
+  rng: RandomSource,
+): HeadDrafts {
+  const Vd = ids?.length ?? vocabSize;
+  if (sampling.temperature === 0) {
+    const tokens = argmax(logits, Vd);
+    if (ids !== undefined) for (let j = 0; j < k; j++) tokens[j] = ids[tokens[j]!]!;
+    return { tokens };
+  }
+  const q = samplingProbs(logits, Vd, sampling);
+  const tokens = new Int32Array(k);
+  for (let j = 0; j < k; j++) {
+    const d = sampleFromProbs(q.subarray(j * Vd, (j + 1) * Vd), rng);
+    tokens[j] = ids === undefined ? d : ids[d]!;
+  }
+  if (ids === undefined) return { tokens, probs: q };
+  const probs = new Float32Array(k * vocabSize);
+  for (let j = 0; j < k; j++) for (let i = 0; i < Vd; i++) probs[j * vocabSize + ids[i]!] = q[j * Vd + i]!;
+  return { tokens, probs };
+}
+
 /** See the module comment. Create with {@link DraftHead.full} or {@link DraftHead.reduced}. */
 export class DraftHead {
   private readonly lmHead: (x: Float32Array, rows: number) => Float32Array;
@@ -264,27 +296,9 @@ export class DraftHead {
     return this.ids === undefined ? j : this.ids[j]!;
   }
 
-  /**
-   * Drafts from `logits [k, Vd]` f32: greedy (temperature 0) the argmax of each row; sampled, q = the request's
-   * temperature / top-k / top-p over the draft vocabulary (core's `samplingProbs`), d ~ q, and q returned over the
-   * whole vocabulary `[k, V]` (0 outside the draft vocabulary).
-   */
+  /** Drafts from `logits [k, Vd]` f32 ({@link draftsFromLogits} over this head's vocabulary). */
   drafts(logits: Float32Array, k: number, sampling: DraftSampling, rng: RandomSource): HeadDrafts {
-    const Vd = this.size;
-    const ids = this.ids;
-    if (sampling.temperature === 0) {
-      const tokens = argmax(logits, Vd);
-      if (ids !== undefined) for (let j = 0; j < k; j++) tokens[j] = ids[tokens[j]!]!;
-      return { tokens };
-    }
-    const q = samplingProbs(logits, Vd, sampling);
-    const tokens = new Int32Array(k);
-    for (let j = 0; j < k; j++) tokens[j] = this.tokenOf(sampleFromProbs(q.subarray(j * Vd, (j + 1) * Vd), rng));
-    if (ids === undefined) return { tokens, probs: q };
-    const V = this.target.info.vocabSize;
-    const probs = new Float32Array(k * V);
-    for (let j = 0; j < k; j++) for (let i = 0; i < Vd; i++) probs[j * V + ids[i]!] = q[j * Vd + i]!;
-    return { tokens, probs };
+    return draftsFromLogits(logits, k, this.ids, this.target.info.vocabSize, sampling, rng);
   }
 
   /** Drops the packed rows. */

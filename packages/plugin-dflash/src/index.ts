@@ -16,7 +16,9 @@ export { dflashPlugin } from './plugin.js';
 export {
   DFLASH_ARCHITECTURES,
   DFLASH_MAX_BLOCK_SIZE,
+  DFLASH_DEVICES,
   DFLASH_SCHEMA,
+  dflashDevice,
   parseDFlashConfig,
   type DFlashConfig,
   type DFlashLayerType,
@@ -25,15 +27,27 @@ export {
   DFLASH_MASK_NORM_MIN_FRACTION,
   DFlashDrafter,
   checkMaskEmbedding,
+  loadDFlash,
   loadDFlashDrafter,
   loadDFlashProjection,
   loadDFlashShard,
   type DFlashLoadParts,
 } from './dflash.js';
 export {
+  DFlashCudaDrafter,
+  dflashCudaDeviceOf,
+  type DFlashCudaAddon,
+  type DFlashCudaDevice,
+  type DFlashCudaHandle,
+  type DFlashCudaLayerWeights,
+  type DFlashCudaSizes,
+  type DFlashCudaWeights,
+} from './dflash-cuda.js';
+export {
   DRAFT_VOCAB_IDS_TENSOR,
   DraftHead,
   draftHeadFormat,
+  draftsFromLogits,
   gatherLmHeadRows,
   quantizeQ8_0,
   readDraftVocabIds,

@@ -9,8 +9,8 @@ import type {
   ProjectionLoadOptions,
 } from '@specd/core';
 
-import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, parseDFlashConfig } from './config.js';
-import { loadDFlashDrafter, loadDFlashProjection, loadDFlashShard } from './dflash.js';
+import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashDevice, parseDFlashConfig } from './config.js';
+import { loadDFlash, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
   // the plugin API version (core's PLUGIN_API_VERSION) this plugin is built for
@@ -20,10 +20,11 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
   schema: DFLASH_SCHEMA,
   load(source: DrafterSource, options: DrafterLoadOptions): Promise<Drafter> {
     return Promise.resolve().then(() =>
-      loadDFlashDrafter(source, parseDFlashConfig(source.config), options, {
+      loadDFlash(source, parseDFlashConfig(source.config), options, {
         contextOnly: options.contextOnly === true,
         packedHead: options.settings?.draft_head === 'packed',
         wholeVocab: options.settings?.draft_vocab === 'whole',
+        device: dflashDevice(options.settings?.device),
       }),
     );
   },

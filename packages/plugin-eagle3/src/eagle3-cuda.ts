@@ -40,6 +40,7 @@ import {
   CacheError,
   DraftKvCache,
   Int32RowViews,
+  PackedTaps,
   sampleFromProbs,
   samplingProbs,
   type ContextSpan,
@@ -191,16 +192,8 @@ export class Eagle3CudaDrafter extends DrafterBase {
   private readonly gSlots = new Map<SequenceId, number>();
   /** Sequences whose g slot holds the g of their last context row. */
   private readonly hasG = new Set<SequenceId>();
-  /** Arrays {@link projectTargetHiddenPartial} returned: packed taps, not projections. */
-  private readonly packedTaps = new WeakSet<Float32Array>();
-  /**
-   * Packed taps of a step's rows (≤ maxDraftTokens + 1) reuse one buffer, `[n, T·D]` views of it by n, while no
-   * view of it is lent out (returned by {@link projectTargetHiddenPartial} and not yet written); larger packs and
-   * a second pack while one is lent get their own array.
-   */
-  private readonly packBuffer: Float32Array;
-  private readonly packViews: Float32Array[] = [];
-  private packLent = false;
+  /** Packed taps {@link projectTargetHiddenPartial} returns (core's {@link PackedTaps}). */
+  private readonly packedTaps: PackedTaps;
   /**
    * Block tables of chain calls, `[S, maxBlocks]` views of one buffer refilled each call (the runner copies its
    * arguments before it returns).
@@ -225,7 +218,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     this.maxBlocks = addon.eagle3Info(runner).maxBlocks;
     this.tables = new Int32RowViews(this.maxBlocks);
     for (let s = sizes.maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
-    this.packBuffer = new Float32Array((sizes.maxDraftTokens + 1) * config.taps.length * config.hiddenSize);
+    this.packedTaps = new PackedTaps('eagle3', config.taps, config.hiddenSize, sizes.maxDraftTokens + 1);
   }
 
   /**
@@ -308,40 +301,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     numTokens: number,
     accumulator?: Float32Array,
   ): Float32Array {
-    const c = this.config;
-    const D = c.hiddenSize;
-    const T = c.taps.length;
-    if (accumulator !== undefined)
-      throw new DrafterError(
-        'eagle3: projectTargetHiddenPartial: the GPU drafter projects every tap at once on the device; ' +
-          'a partial projection (pipeline stages) is not supported with it',
-      );
-    for (const tap of stageTaps.keys())
-      if (!c.taps.includes(tap))
-        throw new DrafterError(
-          `eagle3: projectTargetHiddenPartial: stageTaps: tap ${tap} is not one of [${c.taps.join(', ')}]`,
-        );
-    for (const tap of c.taps) {
-      const h = stageTaps.get(tap);
-      if (h === undefined || h.length !== numTokens * D)
-        throw new DrafterError(
-          `eagle3: projectTargetHiddenPartial: tap ${tap}: expected [${numTokens}, ${D}] f32, ` +
-            (h === undefined ? 'missing' : `got length ${h.length}`),
-        );
-    }
-    const size = numTokens * T * D;
-    let out: Float32Array;
-    if (!this.packLent && size <= this.packBuffer.length) {
-      out = this.packViews[numTokens] ?? this.packBuffer.subarray(0, size);
-      this.packViews[numTokens] = out;
-      this.packLent = true;
-    } else out = new Float32Array(size);
-    for (let i = 0; i < T; i++) {
-      const h = stageTaps.get(c.taps[i]!)!;
-      for (let r = 0; r < numTokens; r++) out.set(h.subarray(r * D, (r + 1) * D), (r * T + i) * D);
-    }
-    this.packedTaps.add(out);
-    return out;
+    return this.packedTaps.pack(stageTaps, numTokens, accumulator);
   }
 
   /**
@@ -356,10 +316,9 @@ export class Eagle3CudaDrafter extends DrafterBase {
    */
   override writeProjectedContextKV(sum: Float32Array, spans: readonly ContextSpan[]): void {
     // a packed buffer is handed over by this call, written or refused (a later projection may reuse it)
-    if (sum.buffer === this.packBuffer.buffer) this.packLent = false;
+    const fromTaps = this.packedTaps.handOver(sum);
     const runner = this.live();
     const c = this.config;
-    const fromTaps = this.packedTaps.has(sum);
     const width = (fromTaps ? c.taps.length : 1) * c.hiddenSize;
     let n = 0;
     for (const s of spans) n += s.numTokens;
@@ -398,7 +357,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
       this.kv.truncateAll(spans.map((s) => ({ id: s.id, position: s.position, numTokens: 0 })));
       throw err;
     }
-    this.packedTaps.delete(sum);
+    this.packedTaps.written(sum);
     for (const s of spans) if (s.numTokens > 0) this.hasG.add(s.id);
   }
 

@@ -31,6 +31,7 @@ export {
   loadPluginPackages,
 } from './registry.js';
 export { DrafterBase } from './drafter-base.js';
+export { PackedTaps } from './packed-taps.js';
 export {
   DrafterError,
   stageTaps,
