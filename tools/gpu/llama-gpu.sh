@@ -36,8 +36,8 @@ pack-runtime)
   { echo node_modules/@specd; ls -d packages/*/dist native/dist; echo native/build/Release/specd_native.node; } \
     >> /tmp/rt.txt
   mkdir -p .gpu
-  tar -cf - -T /tmp/rt.txt --exclude='*.map' --exclude='*.d.ts' --exclude='node_modules/zeromq/prebuilds/*win*' \
-    --exclude='node_modules/zeromq/prebuilds/*darwin*' --exclude='node_modules/zeromq/prebuilds/*arm*' |
+  tar -cf - --exclude='*.map' --exclude='*.d.ts' --exclude='node_modules/zeromq/prebuilds/*win*' \
+    --exclude='node_modules/zeromq/prebuilds/*darwin*' --exclude='node_modules/zeromq/prebuilds/*arm*' -T /tmp/rt.txt |
     xz -T2 -6 > .gpu/runtime.tar.xz
   ls -la .gpu/runtime.tar.xz
   ;;
