@@ -433,7 +433,7 @@ export class DFlashCudaDrafter extends DrafterBase {
     });
   }
 
-  /** GPU milliseconds per replay of the last block's CUDA graph (−1 without one), for benches: right after a propose. */
+  /** GPU ms per replay of the last block's CUDA graph (−1 without one), for benches: right after a propose. */
   replayMs(reps = 20): number {
     return this.addon.dflashReplayMs(this.live(), reps);
   }

@@ -255,7 +255,7 @@ describe('DFlashCudaDrafter (host side, a stand-in runner)', () => {
     b.d.dispose();
   });
 
-  it('refuses a partial projection, a foreign tap, a wrong sum, a stale position and a block past the positions', async () => {
+  it('refuses a partial projection, a foreign tap, a wrong sum, a stale position and too many drafts', async () => {
     const { d } = await setup();
     d.addSequence('z');
     const taps = new Map(d.config.taps.map((t) => [t, new Float32Array(2 * D())]));
