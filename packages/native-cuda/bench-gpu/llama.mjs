@@ -282,9 +282,11 @@ for (const p of out.profile.filter((q) => q.rows === longest)) console.log(`| ${
 out.sampled = [];
 {
   const sreqs = reqs.map((r, i) => ({ ...r, sampling: { temperature: 0.2, topP: 0.9 }, seed: i + 1 }));
-  const drafter = haveDrafter('eagle3') ? await drafterOn('eagle3', 'cuda') : undefined;
+  const drafters = [];
+  if (haveDrafter('eagle3')) drafters.push(['EAGLE-3 (GPU drafter), full chain', await drafterOn('eagle3', 'cuda')]);
+  if (haveDrafter('dflash')) drafters.push(['DFlash (GPU drafter), full block', await drafterOn('dflash', 'cuda')]);
   try {
-    for (const d of drafter === undefined ? [undefined] : [undefined, drafter])
+    for (const [label, d] of [['none', undefined], ...drafters])
       for (const where of ['device', 'host', 'device']) {
         if (where === 'host') model.sampleOnDevice = undefined; // hides the capability (hasDeviceSampling)
         let r;
@@ -294,14 +296,14 @@ out.sampled = [];
           delete model.sampleOnDevice;
         }
         out.sampled.push({
-          drafter: d === undefined ? 'none' : 'EAGLE-3 (GPU drafter), full chain',
+          drafter: label,
           where,
           tokPerS: (prompts.length * NEW * 1000) / r.ms,
           tau: r.engine.metrics.tauPerStep,
         });
       }
   } finally {
-    drafter?.dispose();
+    for (const [, d] of drafters) d.dispose();
   }
 }
 

@@ -2,7 +2,8 @@
 // against the CPU path with the same bf16 weights, greedy continuations compared, greedy speculation with each
 // shipped drafter equal to plain GPU decoding token for token, sampled requests drawn on the device (the first
 // token's χ² against p, seeded runs repeating), a batch equal to each sequence alone, malformed
-// input refused without touching the cache, and `specd serve --device cuda` answering a chat request. Run on a GPU
+// input refused without touching the cache, and `specd serve --device cuda` answering chat requests (plain, and
+// with DFlash drafting on the GPU: the same text). Run on a GPU
 // machine with `node --test packages/native-cuda/test-gpu/` (npm run test:gpu).
 import * as assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -10,6 +11,7 @@ import * as path from 'node:path';
 import { after, before, test } from 'node:test';
 
 import {
+  DRAFTERS,
   GGUF_DIR,
   ROOT,
   greedyRequests,
@@ -344,7 +346,8 @@ test('malformed input is refused before the cache is touched; a foreign cache is
   cache.finish(7);
 });
 
-test('specd serve --device cuda answers a chat request end to end', async () => {
+/** The answers of `specd serve --device cuda` with `spec` (`--no-spec`, or a drafter) to the prompts, greedy. */
+async function serveAnswers(spec, questions) {
   const child = spawn(
     process.execPath,
     [
@@ -352,7 +355,7 @@ test('specd serve --device cuda answers a chat request end to end', async () => 
       'serve',
       '--model',
       GGUF_DIR,
-      '--no-spec',
+      ...spec,
       '--device',
       'cuda',
       '--port',
@@ -376,30 +379,44 @@ test('specd serve --device cuda answers a chat request end to end', async () => 
       child.on('exit', (code) => reject(new Error(`serve exited with ${code}:\n${err}`)));
     });
     console.log(
-      `# ${err
+      `# ${spec.join(' ')}: ${err
         .split('\n')
-        .filter((l) => /cuda/i.test(l))
+        .filter((l) => /cuda|drafter/i.test(l))
         .join('\n# ')}`,
     );
     const models = await (await fetch(`${url}/v1/models`)).json();
-    const res = await fetch(`${url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: models.data[0].id,
-        messages: [{ role: 'user', content: 'Name three colors.' }],
-        max_tokens: 24,
-        temperature: 0,
-      }),
-    });
-    const body = await res.json();
-    console.log(`# ${res.status} ${JSON.stringify(body).slice(0, 400)}`);
-    assert.equal(res.status, 200);
-    assert.ok(body.choices[0].message.content.length > 0);
-    // EOS ends the answer early (finish_reason stop) or max_tokens does (length)
-    const { finish_reason: finish } = body.choices[0];
-    assert.ok(finish === 'stop' ? body.usage.completion_tokens <= 24 : body.usage.completion_tokens === 24, finish);
+    // one at a time: a prefill batched with another request's would be a different GEMM shape above 32 rows
+    const answers = [];
+    for (const q of questions) {
+      const res = await fetch(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: models.data[0].id,
+          messages: [{ role: 'user', content: q }],
+          max_tokens: 24,
+          temperature: 0,
+        }),
+      });
+      const body = await res.json();
+      console.log(`# ${res.status} ${JSON.stringify(body).slice(0, 300)}`);
+      assert.equal(res.status, 200);
+      assert.ok(body.choices[0].message.content.length > 0);
+      // EOS ends the answer early (finish_reason stop) or max_tokens does (length)
+      const { finish_reason: finish } = body.choices[0];
+      assert.ok(finish === 'stop' ? body.usage.completion_tokens <= 24 : body.usage.completion_tokens === 24, finish);
+      answers.push(body.choices[0].message.content);
+    }
+    return answers;
   } finally {
     child.kill('SIGINT');
   }
+}
+
+test('specd serve --device cuda answers chat requests end to end, with DFlash on the GPU the same text', async () => {
+  const questions = ['Name three colors.', 'What is the capital of France?', 'Write a haiku about rain.'];
+  const plain = await serveAnswers(['--no-spec'], questions);
+  if (!haveDrafter('dflash')) return;
+  const spec = await serveAnswers(['--drafter', DRAFTERS.dflash], questions);
+  assert.deepEqual(spec, plain);
 });
