@@ -266,6 +266,17 @@ export interface CudaAddon {
     useGraph: boolean,
     wantLogits: boolean,
   ): DFlashBlockResult;
+  /** Sampled drafts over the last block's head rows (`request` as llamaSample's, one row per group, no drafts). */
+  dflashSample(
+    runner: DeviceHandle,
+    request: {
+      readonly groups: Int32Array;
+      readonly temperature: Float64Array;
+      readonly topP: Float64Array;
+      readonly drafts: Int32Array;
+      readonly uniforms: Float64Array;
+    },
+  ): { readonly results: Int32Array; readonly probs: Float32Array };
   dflashSynchronize(runner: DeviceHandle): void;
   /** GPU ms per replay of the last block's CUDA graph (−1 when it ran without one). */
   dflashReplayMs(runner: DeviceHandle, reps: number): number;

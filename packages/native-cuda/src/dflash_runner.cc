@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -40,6 +41,7 @@
 #include "dflash_kernels.h"
 #include "kernels.h"
 #include "runner_util.h"
+#include "sampler.h"
 
 namespace {
 
@@ -157,6 +159,11 @@ class DFlashRunner : public RunnerMemory {
 
   void release() {
     freeKv();
+    sampler.reset();
+    if (qDraft != nullptr) cudaFree(qDraft);
+    if (qFull != nullptr) cudaFree(qFull);
+    qDraft = qFull = nullptr;
+    qRowsCap = 0;
     for (void* p : allocs) cudaFree(p);
     allocs.clear();
     if (hIds != nullptr) cudaFreeHost(hIds);
@@ -318,6 +325,7 @@ class DFlashRunner : public RunnerMemory {
       }
     }
     const size_t R = static_cast<size_t>(c.S) * (B - 1);  // the real sequences' rows come first
+    lastHeadRows = static_cast<int>(R);
     ok(cudaMemcpyAsync(hIds, draftIds, R * 4, cudaMemcpyDeviceToHost, stream), "draft ids copy");
     ok(cudaMemcpyAsync(hIds + headRows, draftIdx, R * 4, cudaMemcpyDeviceToHost, stream), "draft indices copy");
     if (logitsOut != nullptr)
@@ -326,6 +334,43 @@ class DFlashRunner : public RunnerMemory {
     // the argmax's −1 (a row not finite) is mapped to token 0 on the device: kept as −1 here
     for (size_t r = 0; r < R; r++) idsOut[r] = hIds[headRows + r] < 0 ? -1 : hIds[r];
   }
+
+  /**
+   * Sampled drafts over the last block's head rows (sampling.cu through sampler.h; `req`'s groups are single rows
+   * with no drafts, so each group's token is drawn from its row's distribution after temperature / top-k / top-p):
+   * → the groups' (0, draft-head index) pairs, and each group's probabilities scattered into the target vocabulary
+   * (zero outside the draft vocabulary) into host `qOut` [G, vocab] f32.
+   * @throws std::invalid_argument when no block's logits are there.
+   */
+  std::vector<int32_t> sample(const SampleRequest& req, float* qOut) {
+    if (lastHeadRows == 0) throw std::invalid_argument("dflashSample: no block's logits to sample from");
+    if (!sampler) sampler = std::make_unique<DeviceSampler>();
+    const size_t G = req.G;
+    if (G > qRowsCap) {
+      if (qDraft != nullptr) cudaFree(qDraft);
+      if (qFull != nullptr) cudaFree(qFull);
+      qDraft = qFull = nullptr;
+      qRowsCap = 0;
+      ok(cudaMalloc(&qDraft, G * d.draftVocab * 4), "cudaMalloc (draft q)");
+      ok(cudaMalloc(&qFull, G * d.vocab * 4), "cudaMalloc (draft q, target vocabulary)");
+      qRowsCap = G;
+    }
+    std::vector<int32_t> res;
+    try {
+      res = sampler->run(req, logits, d.draftVocab, stream, qDraft);
+    } catch (const std::runtime_error& e) {
+      throw CudaFailure(e.what());
+    }
+    ok(cudaMemsetAsync(qFull, 0, G * d.vocab * 4, stream), "cudaMemsetAsync (draft q)");
+    launched(specdScatterCols(qFull, qDraft, tokenIds, static_cast<int>(G), d.draftVocab, d.vocab, stream),
+             "draft q into the target vocabulary");
+    ok(cudaMemcpyAsync(qOut, qFull, G * d.vocab * 4, cudaMemcpyDeviceToHost, stream), "draft q copy");
+    ok(cudaStreamSynchronize(stream), "dflashSample (cudaStreamSynchronize)");
+    return res;
+  }
+
+  /** Head rows of the last block (the rows dflashSample may name). */
+  int lastHeadRows = 0;
 
   /** Waits for the stream (a context write's errors surface here). */
   void sync() { ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
@@ -362,7 +407,10 @@ class DFlashRunner : public RunnerMemory {
   int32_t *meta = nullptr, *hMeta = nullptr;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs;
   cudaGraphExec_t lastGraph = nullptr;
-  int attnKeys = 64;  // the paged attention's key span of the current block (attnSpan)
+  int attnKeys = 64;                          // the paged attention's key span of the current block (attnSpan)
+  std::unique_ptr<DeviceSampler> sampler;     // made at the first dflashSample
+  float *qDraft = nullptr, *qFull = nullptr;  // [qRowsCap, draftVocab], [qRowsCap, vocab]: dflashSample's q
+  size_t qRowsCap = 0;
 
   void allocKvBuffers(int pageSize, int numPages, int maxModelLen) {
     d.pageSize = pageSize;
@@ -689,6 +737,33 @@ Napi::Value DFlashBlock(const Napi::CallbackInfo& info) {
   return out;
 }
 
+/**
+ * dflashSample(runner, request) → {results [G · 2] i32, probs [G, vocabSize] f32}: sampled drafts on the device over
+ * the head rows of the last dflashBlock (rows s · (B − 1) + j − 1 for slot j of sequence s): `request` as llamaSample's
+ * (sampler.h) with every group one row and no drafts — groups [G · 4] (row, 0, −1, top-k), temperature and topP
+ * [G], drafts empty, uniforms [G] (the draw of each row, from the request's generator). results[2g + 1]: the drawn
+ * draft-head index (−1: the row is not finite); probs row g: the row's probabilities in the target vocabulary (q).
+ * @throws TypeError / RangeError naming a malformed field, or without a block before; Error naming a failed CUDA
+ *   call.
+ */
+Napi::Value DFlashSample(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  DFlashRunner* r = runnerOf(info);
+  if (!info[1].IsObject()) throw Napi::TypeError::New(env, "request: expected an object");
+  if (r->lastHeadRows == 0) throw Napi::RangeError::New(env, "dflashSample: no block's logits to sample from");
+  const SampleRequest req = parseSample(info[1].As<Napi::Object>(), r->lastHeadRows, r->d.draftVocab);
+  if (req.N != req.G) throw Napi::RangeError::New(env, "dflashSample: every group must be one row with no drafts");
+  Napi::Float32Array probs = Napi::Float32Array::New(env, static_cast<size_t>(req.G) * r->d.vocab);
+  std::vector<int32_t> res;
+  guarded(env, [&]() { res = r->sample(req, probs.Data()); });
+  Napi::Int32Array results = Napi::Int32Array::New(env, res.size());
+  std::copy(res.begin(), res.end(), results.Data());
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("results", results);
+  out.Set("probs", probs);
+  return out;
+}
+
 /** dflashSynchronize(runner): waits for the runner's stream (a context write's errors are thrown here). */
 Napi::Value DFlashSynchronize(const Napi::CallbackInfo& info) {
   DFlashRunner* r = runnerOf(info);
@@ -737,6 +812,7 @@ void RegisterDFlash(Napi::Env env, Napi::Object exports) {
   exports.Set("dflashSetWeight", Napi::Function::New(env, DFlashSetWeight));
   exports.Set("dflashContextWrite", Napi::Function::New(env, DFlashContextWrite));
   exports.Set("dflashBlock", Napi::Function::New(env, DFlashBlock));
+  exports.Set("dflashSample", Napi::Function::New(env, DFlashSample));
   exports.Set("dflashSynchronize", Napi::Function::New(env, DFlashSynchronize));
   exports.Set("dflashReplayMs", Napi::Function::New(env, DFlashReplayMs));
   exports.Set("dflashInfo", Napi::Function::New(env, DFlashInfo));

@@ -57,6 +57,39 @@ function cpuBlockLogits(c, seq) {
   return c.draftHead.logits(h.subarray(D, B * D), B - 1);
 }
 
+/**
+ * A sampled propose of every slot of `seq`'s block (T 0.8, top-p 0.95): the drafts and q drawn on the device, checked
+ * against the CPU's samplingProbs of the same block's logits `logits` [B − 1, Vd] (q in the target vocabulary, zero
+ * outside the draft vocabulary, each draft inside the kept set). → the worst |Δ| of q.
+ */
+async function sampledQ(g, seq, logits, Vd) {
+  const { samplingProbs } = await import('@specd/native');
+  const B = g.config.blockSize;
+  const V = gpu.model.info.vocabSize;
+  const sampling = { temperature: 0.8, topP: 0.95 };
+  let u = 0;
+  const rng = { next: () => (u = (u + 0.37) % 1) };
+  const [p] = g.propose({
+    sequences: [{ ...seq, maxDrafts: B - 1, history: new Int32Array(seq.position + 1), sampling, rng }],
+  });
+  assert.equal(p.tokens.length, B - 1);
+  const ref = samplingProbs(logits, Vd, 0.8, 0, 0.95);
+  const ids = g.draftIds ?? Int32Array.from({ length: V }, (_, i) => i);
+  let worst = 0;
+  for (let j = 0; j < B - 1; j++) {
+    const q = p.probs.subarray(j * V, (j + 1) * V);
+    let sum = 0;
+    for (let e = 0; e < Vd; e++) {
+      worst = Math.max(worst, Math.abs(q[ids[e]] - ref[j * Vd + e]));
+      sum += q[ids[e]];
+    }
+    const total = q.reduce((a, b) => a + b, 0);
+    assert.ok(Math.abs(total - sum) < 1e-6, `slot ${j + 1}: q outside the draft vocabulary`);
+    assert.ok(q[p.tokens[j]] > 0, `slot ${j + 1}: draft ${p.tokens[j]} outside the kept set`);
+  }
+  return worst;
+}
+
 test('the plugin puts DFlash on the GPU for the CUDA stage; block logits match the CPU drafter', async (t) => {
   if (skip) return t.skip(skip);
   const g = await dflash('auto');
@@ -70,6 +103,7 @@ test('the plugin puts DFlash on the GPU for the CUDA stage; block logits match t
     let worst = 0;
     let agree = 0;
     let rows = 0;
+    let qWorst = 1;
     for (const p of prompts.slice(0, 4)) {
       // the target's taps of the prompt, then the same context rows into both drafters
       const cache = gpu.model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
@@ -88,6 +122,7 @@ test('the plugin puts DFlash on the GPU for the CUDA stage; block logits match t
       const seq = { id: p.id, position: n, lastToken: res.argmax[0] };
       const a = g.blockLogits(seq);
       const b = cpuBlockLogits(c, seq);
+      if (p === prompts[0]) qWorst = await sampledQ(g, seq, a, Vd);
       assert.equal(a.length, b.length);
       for (let j = 0; j < a.length / Vd; j++) {
         let maxRef = 0;
@@ -110,6 +145,8 @@ test('the plugin puts DFlash on the GPU for the CUDA stage; block logits match t
       c.freeSequence(p.id);
     }
     console.log(`# block logits: argmax equal on ${agree} / ${rows} slots; worst max |Δ| / max |logit| ${worst}`);
+    console.log(`# sampled drafts: q on the device vs samplingProbs of the block's logits, worst |Δ| ${qWorst}`);
+    assert.ok(qWorst <= 1e-5, `q differs from samplingProbs by ${qWorst}`);
     // the CPU head here is bf16 with bf16 activations (AMX) or Q8_0 with int8 activations: a few % of the largest logit
     assert.ok(worst <= 5e-2, `worst relative draft-logit difference ${worst}`);
     assert.ok(agree >= 0.8 * rows, `argmax agreement ${agree} / ${rows}`);

@@ -21,9 +21,12 @@
  *
  * Propose: one device call for the whole batch. The block's B rows per sequence are temporary rows of the draft KV,
  * reserved here before the call and dropped after it, whether it returns or throws. Greedy sequences get their drafts
- * as token ids (the argmax over the draft vocabulary on the device); when any sequence samples, the call also returns
- * the draft-head logits and the host computes q (temperature / top-k / top-p over the draft vocabulary, as the CPU
- * drafter's {@link draftsFromLogits}) and samples with the request's generator, so rejection sampling stays lossless.
+ * as token ids (the argmax over the draft vocabulary on the device). Sampled sequences' drafts are drawn on the device
+ * too, from the same block's logits (a second call, `dflashSample`, through the target's sampling kernels): q after
+ * the request's temperature / top-k / top-p over the draft vocabulary, one draw of the request's generator per draft
+ * handed over, and q returned over the whole vocabulary (zero outside the draft vocabulary), so rejection sampling
+ * stays lossless. A draft row whose logits are not finite ends that sequence's drafts there (fewer drafts, nothing
+ * fails).
  *
  * Not here: tensor parallelism (the CUDA stage is one GPU), prefill/decode disaggregation (the draft context lives in
  * device memory: this drafter does not declare DraftContextTransfer, so PD refuses it at startup), sliding-window
@@ -46,7 +49,6 @@ import {
 } from '@specd/core';
 
 import type { DFlashConfig } from './config.js';
-import { draftsFromLogits } from './draft-head.js';
 
 /** An opaque device object of the CUDA addon (a runner). */
 export type DFlashCudaHandle = { readonly __device: unique symbol };
@@ -96,6 +98,16 @@ export interface DFlashCudaAddon {
     useGraph: boolean,
     wantLogits: boolean,
   ): { readonly ids: Int32Array; readonly logits?: Float32Array };
+  dflashSample(
+    runner: DFlashCudaHandle,
+    request: {
+      readonly groups: Int32Array;
+      readonly temperature: Float64Array;
+      readonly topP: Float64Array;
+      readonly drafts: Int32Array;
+      readonly uniforms: Float64Array;
+    },
+  ): { readonly results: Int32Array; readonly probs: Float32Array };
   dflashSynchronize(runner: DFlashCudaHandle): void;
   dflashReplayMs(runner: DFlashCudaHandle, reps: number): number;
   dflashInfo(runner: DFlashCudaHandle): {
@@ -342,8 +354,8 @@ export class DFlashCudaDrafter extends DrafterBase {
    * One draft block per sequence on the device (module comment): `maxDrafts` drafts each, greedy as token ids, sampled
    * with q over the whole vocabulary. Leaves the draft context unchanged (the block's rows are dropped on every path).
    * @throws {DrafterError} if the drafter was disposed, maxDrafts is outside [1, blockSize − 1], a position is not the
-   *   draft context length, a block would pass the runner's positions, or a greedy row's logits are not finite;
-   *   `CacheError` `full` when the draft KV has no page for the block.
+   *   draft context length, or a block would pass the runner's positions; `CacheError` `full` when the draft KV has no
+   *   page for the block.
    */
   propose(batch: DraftBatch): DraftProposal[] {
     this.live();
@@ -364,32 +376,73 @@ export class DFlashCudaDrafter extends DrafterBase {
         );
       if (s.sampling.temperature > 0) sampled = true;
     }
-    const { ids, logits } = this.runBlock(seqs, sampled);
-    const Vd = this.draftIds?.length ?? this.vocabSize;
+    const { ids } = this.runBlock(seqs, false);
+    const drawn = sampled ? this.sampleDrafts(seqs) : undefined;
     const out: DraftProposal[] = [];
     for (let r = 0; r < S; r++) {
       const s = seqs[r]!;
-      const k = s.maxDrafts;
-      const at = r * (B - 1);
-      if (s.sampling.temperature > 0) {
-        const d = draftsFromLogits(
-          logits!.subarray(at * Vd, (at + k) * Vd),
-          k,
-          this.draftIds,
-          this.vocabSize,
-          s.sampling,
-          s.rng,
-        );
-        out.push({ id: s.id, tokens: d.tokens, probs: d.probs! });
+      const d = drawn?.get(r);
+      if (d !== undefined) {
+        out.push(d);
         continue;
       }
-      const tokens = ids.slice(at, at + k);
+      const at = r * (B - 1);
+      const tokens = ids.slice(at, at + s.maxDrafts);
+      // a row whose logits are not finite ends the drafts there (fewer drafts: still lossless; nothing fails)
       const bad = tokens.indexOf(-1);
-      if (bad >= 0)
-        throw new DrafterError(
-          `dflash: propose: sequence ${String(s.id)}: the draft logits of slot ${bad + 1} are not finite`,
-        );
-      out.push({ id: s.id, tokens });
+      out.push({ id: s.id, tokens: bad < 0 ? tokens : tokens.slice(0, bad) });
+    }
+    return out;
+  }
+
+  /**
+   * The sampled sequences' drafts drawn on the device from the last block's logits (`dflashSample`: q after the
+   * request's temperature / top-k / top-p over the draft vocabulary, one draw of the request's generator per draft, as
+   * the CPU drafter consumes it) → proposal by batch index, q `[k, V]` over the whole vocabulary (0 outside the draft
+   * vocabulary). A row that is not finite ends that sequence's drafts there.
+   */
+  private sampleDrafts(seqs: DraftBatch['sequences']): Map<number, DraftProposal> {
+    const B = this.config.blockSize;
+    const V = this.vocabSize;
+    const rows: { r: number; j: number }[] = [];
+    seqs.forEach((s, r) => {
+      if (s.sampling.temperature > 0) for (let j = 0; j < s.maxDrafts; j++) rows.push({ r, j });
+    });
+    const G = rows.length;
+    const groups = new Int32Array(4 * G);
+    const temperature = new Float64Array(G);
+    const topP = new Float64Array(G);
+    const uniforms = new Float64Array(G);
+    rows.forEach(({ r, j }, g) => {
+      const sp = seqs[r]!.sampling;
+      groups[4 * g] = r * (B - 1) + j;
+      groups[4 * g + 2] = -1;
+      groups[4 * g + 3] = sp.topK !== undefined && sp.topK < V ? sp.topK : 0;
+      temperature[g] = sp.temperature;
+      topP[g] = sp.topP ?? 1;
+      uniforms[g] = seqs[r]!.rng.next();
+    });
+    const { results, probs } = this.addon.dflashSample(this.live(), {
+      groups,
+      temperature,
+      topP,
+      drafts: new Int32Array(0),
+      uniforms,
+    });
+    const out = new Map<number, DraftProposal>();
+    let g = 0;
+    while (g < G) {
+      const r = rows[g]!.r;
+      const s = seqs[r]!;
+      let k = 0;
+      const tokens = new Int32Array(s.maxDrafts);
+      for (; k < s.maxDrafts; k++) {
+        const d = results[2 * (g + k) + 1]!;
+        if (d < 0) break;
+        tokens[k] = this.draftIds === undefined ? d : this.draftIds[d]!;
+      }
+      out.set(r, { id: s.id, tokens: tokens.subarray(0, k), probs: probs.subarray(g * V, (g + k) * V) });
+      g += s.maxDrafts;
     }
     return out;
   }

@@ -16,7 +16,10 @@ import { DFLASH_DIR, loadTarget } from './helpers.js';
 type Call = { name: string; args: unknown[] };
 
 /** A stand-in runner: records every call; a block drafts token (5·s + j) mod vocab at slot j of sequence s. */
-function fakeAddon(fail: { context?: boolean; block?: boolean } = {}): { addon: DFlashCudaAddon; calls: Call[] } {
+function fakeAddon(fail: { context?: boolean; block?: boolean; nanRow?: number } = {}): {
+  addon: DFlashCudaAddon;
+  calls: Call[];
+} {
   const calls: Call[] = [];
   let maxBlocks = 0;
   let vocab = 0;
@@ -52,6 +55,19 @@ function fakeAddon(fail: { context?: boolean; block?: boolean } = {}): { addon: 
       const logits = new Float32Array(S * (B - 1) * draftVocab);
       for (let r = 0; r < S * (B - 1); r++) logits[r * draftVocab + ((3 * r) % draftVocab)] = 6;
       return { ids, logits };
+    },
+    dflashSample: (...a: unknown[]) => {
+      rec('dflashSample', a);
+      const req = a[1] as { groups: Int32Array; uniforms: Float64Array };
+      const G = req.uniforms.length;
+      const results = new Int32Array(2 * G);
+      const probs = new Float32Array(G * vocab);
+      for (let g = 0; g < G; g++) {
+        // row r's draw: draft index (3r) mod draftVocab, q a point mass there (its token id: the ids' entry)
+        results[2 * g + 1] = fail.nanRow === g ? -1 : (3 * req.groups[4 * g]!) % draftVocab;
+        probs[g * vocab + results[2 * g + 1]!] = 1;
+      }
+      return { results, probs };
     },
     dflashSynchronize: () => {},
     dflashReplayMs: () => -1,
@@ -164,7 +180,7 @@ describe('the device setting', () => {
 describe('DFlashCudaDrafter (host side, a stand-in runner)', () => {
   const D = () => target.info.hiddenSize;
 
-  async function setup(fail: { context?: boolean; block?: boolean } = {}) {
+  async function setup(fail: { context?: boolean; block?: boolean; nanRow?: number } = {}) {
     const { addon, calls } = fakeAddon(fail);
     const d = (await load(onFakeGpu(target, addon))) as DFlashCudaDrafter;
     return { d, calls };
@@ -219,21 +235,41 @@ describe('DFlashCudaDrafter (host side, a stand-in runner)', () => {
     expect(Array.from(props[1]!.tokens)).toEqual([6, 7, 8, 9]);
     expect(d.pagesInUse).toBe(pages);
     expect(d.contextLength('a')).toBe(20);
-    // sampled: the logits come back and q is over the whole vocabulary
-    const [q] = d.propose({ sequences: [seq('a', 20, 3, 0.7)] });
-    expect(calls.filter((c) => c.name === 'dflashBlock').at(-1)!.args[6]).toBe(true);
+    // sampled: drawn on the device from the same block (one uniform of the request's generator per draft), q over
+    // the whole vocabulary; a greedy sequence in the same batch keeps its argmax drafts
+    const [q, greedy] = d.propose({ sequences: [seq('a', 20, 3, 0.7), seq('b', 3, 2)] });
+    const sample = calls.filter((c) => c.name === 'dflashSample').at(-1)!.args[1] as {
+      groups: Int32Array;
+      temperature: Float64Array;
+      uniforms: Float64Array;
+    };
+    expect(Array.from(sample.groups)).toEqual([0, 0, -1, 0, 1, 0, -1, 0, 2, 0, -1, 0]);
+    expect(Array.from(sample.temperature)).toEqual([0.7, 0.7, 0.7]);
+    const rng = new SeededRandom(1);
+    expect(Array.from(sample.uniforms)).toEqual([rng.next(), rng.next(), rng.next()]);
+    expect(Array.from(q!.tokens)).toEqual([0, 3, 6]); // whole vocabulary: index = id
     const V = target.info.vocabSize;
-    for (let j = 0; j < 3; j++) {
-      const row = q!.probs!.subarray(j * V, (j + 1) * V);
-      expect(row.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 4);
-      expect(row[q!.tokens[j]!]).toBeGreaterThan(0);
-    }
+    expect(q!.probs!.length).toBe(3 * V);
+    for (let j = 0; j < 3; j++) expect(q!.probs![j * V + q!.tokens[j]!]).toBe(1);
+    expect(greedy!.probs).toBeUndefined();
+    expect(Array.from(greedy!.tokens)).toEqual([6, 7]);
     expect(d.pagesInUse).toBe(pages);
     d.freeSequence('a');
     d.freeSequence('b');
     expect(d.pagesInUse).toBe(0);
     d.dispose();
     expect(() => d.propose({ sequences: [seq('a', 20, 3)] })).toThrow(/disposed/);
+  });
+
+  it("a draft row that is not finite ends that sequence's drafts there, greedy or sampled", async () => {
+    const { d } = await setup({ nanRow: 1 });
+    d.addSequence('n');
+    writeContext(d, 'n', 4);
+    const [p] = d.propose({ sequences: [seq('n', 4, 3, 0.5)] });
+    expect(p!.tokens.length).toBe(1);
+    expect(p!.probs!.length).toBe(target.info.vocabSize);
+    d.freeSequence('n');
+    d.dispose();
   });
 
   it('gives the pages back when the device refuses a context write or a block fails', async () => {
