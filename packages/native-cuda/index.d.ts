@@ -155,6 +155,13 @@ export interface SampleRequest {
   readonly uniforms: Float64Array;
   /** The drafters' probabilities `[qRows, vocab]` f32; absent when every group's q row is −1. */
   readonly q?: Float32Array;
+  /**
+   * Instead of q: the device address of `[qRows, vocab]` f32 rows another runner of this addon lends (a GPU
+   * drafter's q: dflashSample's qAddress), read in place.
+   */
+  readonly qAddress?: bigint;
+  /** Rows at qAddress. */
+  readonly qRows?: number;
 }
 
 /** The addon (see src/binding.cc and src/llama_runner.cc for each function's contract). */
@@ -266,17 +273,17 @@ export interface CudaAddon {
     useGraph: boolean,
     wantLogits: boolean,
   ): DFlashBlockResult;
-  /** Sampled drafts over the last block's head rows (`request` as llamaSample's, one row per group, no drafts). */
+  /**
+   * Sampled drafts over the last block's head rows (`request` as llamaSample's, one row per group, no drafts): q stays
+   * at qAddress (lent to llamaSample) and comes back as `probs` only with `copyProbs`.
+   */
   dflashSample(
     runner: DeviceHandle,
-    request: {
-      readonly groups: Int32Array;
-      readonly temperature: Float64Array;
-      readonly topP: Float64Array;
-      readonly drafts: Int32Array;
-      readonly uniforms: Float64Array;
-    },
-  ): { readonly results: Int32Array; readonly probs: Float32Array };
+    request: SampleRequest,
+    copyProbs: boolean,
+  ): { readonly results: Int32Array; readonly qAddress: bigint; readonly probs?: Float32Array };
+  /** Rows [row, row + rows) of the last dflashSample's q, `[rows, vocab]` f32 (copied back). */
+  dflashProbs(runner: DeviceHandle, row: number, rows: number): Float32Array;
   dflashSynchronize(runner: DeviceHandle): void;
   /** GPU ms per replay of the last block's CUDA graph (−1 when it ran without one). */
   dflashReplayMs(runner: DeviceHandle, reps: number): number;

@@ -11,6 +11,7 @@
  */
 import {
   type CacheGeometry,
+  type DeviceDraftProbs,
   type DeviceSampleSpec,
   type DeviceSampling,
   type ForwardBatch,
@@ -287,6 +288,8 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
     let G = 0;
     let D = 0;
     let Q = 0;
+    // q rows on the device (a GPU drafter's): the lowest address, each group's rows counted from it
+    let qBase: bigint | undefined;
     for (let s = 0; s < S; s++) {
       const sp = specs[s];
       if (sp === undefined) continue;
@@ -298,10 +301,18 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
         throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: expected ${k + 1} uniforms`);
       if (sp.q !== undefined && sp.q.length !== k * V)
         throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: q: expected [${k}, ${V}] f32`);
+      if (sp.qDevice !== undefined) {
+        if (!this.acceptsDeviceProbs(sp.qDevice))
+          throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: qDevice: on ${sp.qDevice.device}, not cuda`);
+        const at = sp.qDevice.address;
+        if (qBase === undefined || at < qBase) qBase = at;
+      }
       G++;
       D += k;
       if (sp.q !== undefined) Q += k;
     }
+    if (qBase !== undefined && Q > 0)
+      throw new LlamaForwardError('sampleOnDevice: specs: q in host memory and on the device in one batch');
     const out = new Int32Array(2 * S).fill(-2);
     if (G === 0) return out;
     const groups = new Int32Array(4 * G);
@@ -313,6 +324,8 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
     const qOnly = Q === 0 ? undefined : specs.filter((sp) => sp?.q !== undefined);
     const q = qOnly === undefined ? undefined : qOnly.length === 1 ? qOnly[0]!.q! : new Float32Array(Q * V);
     const who: number[] = [];
+    const rowBytes = BigInt(V * 4);
+    let qRows = 0;
     let [g, d, u, qr] = [0, 0, 0, 0];
     for (let s = 0; s < S; s++) {
       const sp = specs[s];
@@ -321,7 +334,13 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
       // k = 0: the sequence's last logit row (a prefill chunk asked for 'last' has one)
       groups[4 * g] = result.logitRowStart[s + 1]! - 1 - k;
       groups[4 * g + 1] = k;
-      groups[4 * g + 2] = sp.q === undefined ? -1 : qr;
+      if (sp.qDevice !== undefined) {
+        const off = sp.qDevice.address - qBase!;
+        if (off % rowBytes !== 0n)
+          throw new LlamaForwardError(`sampleOnDevice: sequence ${s}: qDevice: not a whole row from the others`);
+        groups[4 * g + 2] = Number(off / rowBytes);
+        qRows = Math.max(qRows, groups[4 * g + 2]! + k);
+      } else groups[4 * g + 2] = sp.q === undefined ? -1 : qr;
       groups[4 * g + 3] = sp.topK !== undefined && sp.topK < V ? sp.topK : 0;
       temperature[g] = sp.temperature;
       topP[g] = sp.topP ?? 1;
@@ -336,12 +355,25 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
       who.push(s);
       g++;
     }
-    const res = this.cuda.llamaSample(this.runner, { groups, temperature, topP, drafts, uniforms, q });
+    const res = this.cuda.llamaSample(
+      this.runner,
+      qBase === undefined
+        ? { groups, temperature, topP, drafts, uniforms, q }
+        : { groups, temperature, topP, drafts, uniforms, qAddress: qBase, qRows: Math.max(1, qRows) },
+    );
     for (let i = 0; i < G; i++) {
       out[2 * who[i]!] = res[2 * i]!;
       out[2 * who[i]! + 1] = res[2 * i + 1]!;
     }
     return out;
+  }
+
+  /**
+   * {@link DeviceSampling}: a drafter's q on this GPU is read where it lies (the addon checks the address is one of
+   * its lent buffers).
+   */
+  acceptsDeviceProbs(probs: DeviceDraftProbs): boolean {
+    return probs.device === 'cuda';
   }
 
   /** `taps` as the Int32Array llamaForward takes (the last one reused while the engine asks for the same taps). */

@@ -115,6 +115,42 @@ describe('CudaLlamaStageModel.sampleOnDevice (stand-in addon)', () => {
     expect(Array.from(out)).toEqual([2, 5, -2, -2, 1, 6]);
   });
 
+  it("q on the device (a GPU drafter's): one lent address and each group's row from it, no host q", () => {
+    const { model, calls } = standIn();
+    expect(model.acceptsDeviceProbs({ device: 'cuda', address: 0n })).toBe(true);
+    expect(model.acceptsDeviceProbs({ device: 'cpu', address: 0n })).toBe(false);
+    const cache = model.createCache({ pageSize: 4, numPages: 32, numSlots: 4 });
+    for (const id of ['a', 'b']) cache.add(id);
+    const res = model.forward(
+      {
+        sequences: [
+          { id: 'a', position: 0, tokens: Int32Array.of(1, 2, 3), logits: 'all' },
+          { id: 'b', position: 0, tokens: Int32Array.of(4, 5), logits: 'all' },
+        ],
+      },
+      cache,
+      { argmaxOnly: true },
+    );
+    const row = BigInt(V * 4);
+    const base = 1n << 20n;
+    const spec = (k: number, address: bigint) => ({
+      temperature: 1,
+      drafts: new Int32Array(k).fill(2),
+      q: undefined,
+      qDevice: { device: 'cuda', address },
+      uniforms: new Float64Array(k + 1).fill(0.5),
+    });
+    // b's q rows lie after a's two in the drafter's buffer
+    model.sampleOnDevice(res, [spec(2, base), spec(1, base + 2n * row)]);
+    const r = calls.samples[0]!;
+    expect(Array.from(r.groups)).toEqual([0, 2, 0, 0, 3, 1, 2, 0]);
+    expect([r.q, r.qAddress, r.qRows]).toEqual([undefined, base, 3]);
+    expect(() => model.sampleOnDevice(res, [spec(2, base), spec(1, base + 5n)])).toThrow(/not a whole row/);
+    expect(() =>
+      model.sampleOnDevice(res, [spec(2, base), { ...spec(1, 0n), qDevice: undefined, q: new Float32Array(V) }]),
+    ).toThrow(/host memory and on the device/);
+  });
+
   it('refuses a result that is not the latest forward, and specs that do not match the rows', () => {
     const { model } = standIn();
     const cache = model.createCache({ pageSize: 4, numPages: 32, numSlots: 2 });

@@ -8,10 +8,36 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "kernels.h"
 #include "sampler.h"
+
+namespace {
+std::mutex lentMutex;
+std::map<uintptr_t, size_t> lentRows;  // start → bytes of the registered buffers
+}  // namespace
+
+void specdRegisterDeviceRows(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(lentMutex);
+  lentRows[reinterpret_cast<uintptr_t>(p)] = bytes;
+}
+
+void specdForgetDeviceRows(const void* p) {
+  std::lock_guard<std::mutex> lock(lentMutex);
+  lentRows.erase(reinterpret_cast<uintptr_t>(p));
+}
+
+bool specdDeviceRowsValid(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(lentMutex);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = lentRows.upper_bound(a);
+  if (it == lentRows.begin()) return false;
+  --it;
+  return a >= it->first && bytes <= it->second && a - it->first <= it->second - bytes;
+}
 
 namespace {
 

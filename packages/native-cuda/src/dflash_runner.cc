@@ -160,10 +160,7 @@ class DFlashRunner : public RunnerMemory {
   void release() {
     freeKv();
     sampler.reset();
-    if (qDraft != nullptr) cudaFree(qDraft);
-    if (qFull != nullptr) cudaFree(qFull);
-    qDraft = qFull = nullptr;
-    qRowsCap = 0;
+    freeQ();
     for (void* p : allocs) cudaFree(p);
     allocs.clear();
     if (hIds != nullptr) cudaFreeHost(hIds);
@@ -347,14 +344,13 @@ class DFlashRunner : public RunnerMemory {
     if (!sampler) sampler = std::make_unique<DeviceSampler>();
     const size_t G = req.G;
     if (G > qRowsCap) {
-      if (qDraft != nullptr) cudaFree(qDraft);
-      if (qFull != nullptr) cudaFree(qFull);
-      qDraft = qFull = nullptr;
-      qRowsCap = 0;
+      freeQ();
       ok(cudaMalloc(&qDraft, G * d.draftVocab * 4), "cudaMalloc (draft q)");
       ok(cudaMalloc(&qFull, G * d.vocab * 4), "cudaMalloc (draft q, target vocabulary)");
+      specdRegisterDeviceRows(qFull, G * d.vocab * 4);
       qRowsCap = G;
     }
+    sampledRows = 0;
     std::vector<int32_t> res;
     try {
       res = sampler->run(req, logits, d.draftVocab, stream, qDraft);
@@ -364,10 +360,29 @@ class DFlashRunner : public RunnerMemory {
     ok(cudaMemsetAsync(qFull, 0, G * d.vocab * 4, stream), "cudaMemsetAsync (draft q)");
     launched(specdScatterCols(qFull, qDraft, tokenIds, static_cast<int>(G), d.draftVocab, d.vocab, stream),
              "draft q into the target vocabulary");
-    ok(cudaMemcpyAsync(qOut, qFull, G * d.vocab * 4, cudaMemcpyDeviceToHost, stream), "draft q copy");
+    if (qOut != nullptr)
+      ok(cudaMemcpyAsync(qOut, qFull, G * d.vocab * 4, cudaMemcpyDeviceToHost, stream), "draft q copy");
     ok(cudaStreamSynchronize(stream), "dflashSample (cudaStreamSynchronize)");
+    sampledRows = static_cast<int>(G);
     return res;
   }
+
+  /** Rows [row, row + rows) of the last dflashSample's q (target vocabulary) into host `out` [rows, vocab] f32. */
+  void probs(int row, int rows, float* out) {
+    if (row < 0 || rows < 0 || row + rows > sampledRows)
+      throw std::invalid_argument("dflashProbs: rows " + std::to_string(row) + " … " + std::to_string(row + rows) +
+                                  " outside the last dflashSample's " + std::to_string(sampledRows));
+    ok(cudaMemcpyAsync(out, qFull + static_cast<size_t>(row) * d.vocab, static_cast<size_t>(rows) * d.vocab * 4,
+                       cudaMemcpyDeviceToHost, stream),
+       "draft q copy");
+    ok(cudaStreamSynchronize(stream), "dflashProbs (cudaStreamSynchronize)");
+  }
+
+  /** The device address of the last dflashSample's q [G, vocab] f32 (lent: specdRegisterDeviceRows). */
+  const float* probsAddress() const { return qFull; }
+
+  /** Rows of q the last dflashSample left (0 before any). */
+  int sampledRows = 0;
 
   /** Head rows of the last block (the rows dflashSample may name). */
   int lastHeadRows = 0;
@@ -437,6 +452,16 @@ class DFlashRunner : public RunnerMemory {
     meta = static_cast<int32_t*>(dev(metaSize(seqRows) * 4, "block metadata"));
     ok(cudaMallocHost(&hMeta, metaSize(seqRows) * 4), "cudaMallocHost (block metadata)");
     ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize (the zeroed buffers)");
+  }
+
+  /** Frees the q buffers (unregistering the lent one). */
+  void freeQ() {
+    if (qFull != nullptr) specdForgetDeviceRows(qFull);
+    if (qDraft != nullptr) cudaFree(qDraft);
+    if (qFull != nullptr) cudaFree(qFull);
+    qDraft = qFull = nullptr;
+    qRowsCap = 0;
+    sampledRows = 0;
   }
 
   void gemm(float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
@@ -738,11 +763,13 @@ Napi::Value DFlashBlock(const Napi::CallbackInfo& info) {
 }
 
 /**
- * dflashSample(runner, request) → {results [G · 2] i32, probs [G, vocabSize] f32}: sampled drafts on the device over
- * the head rows of the last dflashBlock (rows s · (B − 1) + j − 1 for slot j of sequence s): `request` as llamaSample's
- * (sampler.h) with every group one row and no drafts — groups [G · 4] (row, 0, −1, top-k), temperature and topP
- * [G], drafts empty, uniforms [G] (the draw of each row, from the request's generator). results[2g + 1]: the drawn
- * draft-head index (−1: the row is not finite); probs row g: the row's probabilities in the target vocabulary (q).
+ * dflashSample(runner, request, copyProbs) → {results [G · 2] i32, qAddress: BigInt, probs?: [G, vocabSize] f32}:
+ * sampled drafts on the device over the head rows of the last dflashBlock (rows s · (B − 1) + j − 1 for slot j of
+ * sequence s): `request` as llamaSample's (sampler.h) with every group one row and no drafts — groups [G · 4] (row, 0,
+ * −1, top-k), temperature and topP [G], drafts empty, uniforms [G] (the draw of each row, from the request's
+ * generator). results[2g + 1]: the drawn draft-head index (−1: the row is not finite). q — row g: the row's
+ * probabilities in the target vocabulary — stays on the device at qAddress (lent to the target's sampler: llamaSample's
+ * qAddress, valid until the next dflashSample) and comes back as `probs` only when `copyProbs`.
  * @throws TypeError / RangeError naming a malformed field, or without a block before; Error naming a failed CUDA
  *   call.
  */
@@ -753,14 +780,35 @@ Napi::Value DFlashSample(const Napi::CallbackInfo& info) {
   if (r->lastHeadRows == 0) throw Napi::RangeError::New(env, "dflashSample: no block's logits to sample from");
   const SampleRequest req = parseSample(info[1].As<Napi::Object>(), r->lastHeadRows, r->d.draftVocab);
   if (req.N != req.G) throw Napi::RangeError::New(env, "dflashSample: every group must be one row with no drafts");
-  Napi::Float32Array probs = Napi::Float32Array::New(env, static_cast<size_t>(req.G) * r->d.vocab);
+  const bool copy = info[2].ToBoolean().Value();
+  Napi::Object out = Napi::Object::New(env);
   std::vector<int32_t> res;
-  guarded(env, [&]() { res = r->sample(req, probs.Data()); });
+  if (copy) {
+    Napi::Float32Array probs = Napi::Float32Array::New(env, static_cast<size_t>(req.G) * r->d.vocab);
+    guarded(env, [&]() { res = r->sample(req, probs.Data()); });
+    out.Set("probs", probs);
+  } else {
+    guarded(env, [&]() { res = r->sample(req, nullptr); });
+  }
   Napi::Int32Array results = Napi::Int32Array::New(env, res.size());
   std::copy(res.begin(), res.end(), results.Data());
-  Napi::Object out = Napi::Object::New(env);
   out.Set("results", results);
-  out.Set("probs", probs);
+  out.Set("qAddress", Napi::BigInt::New(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(r->probsAddress()))));
+  return out;
+}
+
+/**
+ * dflashProbs(runner, row, rows) → Float32Array [rows, vocabSize]: rows [row, row + rows) of the last dflashSample's q
+ * copied to the host (a sampled proposal's q when the host samples after all).
+ * @throws RangeError for rows outside the last dflashSample's; Error naming a failed CUDA call.
+ */
+Napi::Value DFlashProbs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  DFlashRunner* r = runnerOf(info);
+  const int row = intArg(info, 1, "row", 0, 1 << 24);
+  const int rows = intArg(info, 2, "rows", 0, 1 << 24);
+  Napi::Float32Array out = Napi::Float32Array::New(env, static_cast<size_t>(rows) * r->d.vocab);
+  guarded(env, [&]() { r->probs(row, rows, out.Data()); });
   return out;
 }
 
@@ -813,6 +861,7 @@ void RegisterDFlash(Napi::Env env, Napi::Object exports) {
   exports.Set("dflashContextWrite", Napi::Function::New(env, DFlashContextWrite));
   exports.Set("dflashBlock", Napi::Function::New(env, DFlashBlock));
   exports.Set("dflashSample", Napi::Function::New(env, DFlashSample));
+  exports.Set("dflashProbs", Napi::Function::New(env, DFlashProbs));
   exports.Set("dflashSynchronize", Napi::Function::New(env, DFlashSynchronize));
   exports.Set("dflashReplayMs", Napi::Function::New(env, DFlashReplayMs));
   exports.Set("dflashInfo", Napi::Function::New(env, DFlashInfo));

@@ -116,3 +116,12 @@ int specdSampleAccept(int32_t* results, void* statsWs, float* probsOut, const fl
                       int statRows, const int32_t* rowGroup, const int32_t* rowIndex, const int32_t* statsRow0,
                       const int32_t* gi, const double* gf, const int32_t* drafts, const double* uniforms,
                       const float* q, cudaStream_t stream);
+
+// binding.cc: device buffers whose rows one runner lends another by address (a drafter's q read by the target
+// runner's sampler on the same device); a lent address is accepted only inside a registered buffer.
+/** Registers [p, p + bytes) as lendable (until specdForgetDeviceRows(p)). Thread-safe. */
+void specdRegisterDeviceRows(const void* p, size_t bytes);
+/** Drops the buffer that starts at p. Thread-safe. */
+void specdForgetDeviceRows(const void* p);
+/** Whether [p, p + bytes) lies inside one registered buffer. Thread-safe. */
+bool specdDeviceRowsValid(const void* p, size_t bytes);

@@ -26,6 +26,8 @@ namespace {
  *   drafts       Int32Array [Σ k] in group order, each in [0, vocab)
  *   uniforms     Float64Array [Σ (k + 1)] in group order, each in [0, 1): k for the drafts, one for the draw
  *   q            Float32Array [qRows, vocab] (the drafters' probabilities), absent when every q row is −1
+ *   qAddress     instead of q: a BigInt device address of [qRows, vocab] f32 rows on this device that another runner
+ *                of this addon lent (specdRegisterDeviceRows; a drafter's q), with qRows a number
  */
 struct SampleRequest {
   int G = 0, N = 0;           // groups, stats rows (Σ (k + 1))
@@ -34,6 +36,7 @@ struct SampleRequest {
   const double* u = nullptr;  // [N]
   const float* q = nullptr;   // [qRows, vocab]
   size_t qFloats = 0;
+  const float* qDevice = nullptr;  // [qRows, vocab] on the device (lent; no copy), instead of q
 };
 
 template <typename A>
@@ -61,7 +64,22 @@ SampleRequest parseSample(Napi::Object o, int rows, int vocab) {
     throw bad("temperature and topP: expected one entry per group (" + std::to_string(r.G) + ")");
   size_t qRows = 0;
   Napi::Value qv = o.Get("q");
-  if (!qv.IsUndefined() && !qv.IsNull()) {
+  Napi::Value qa = o.Get("qAddress");
+  if (!qa.IsUndefined() && !qa.IsNull()) {
+    if (!qv.IsUndefined() && !qv.IsNull()) throw bad("q and qAddress: expected one of them");
+    if (!qa.IsBigInt()) throw Napi::TypeError::New(env, "sample: qAddress: expected a BigInt (a device address)");
+    bool lossless = false;
+    const uint64_t address = qa.As<Napi::BigInt>().Uint64Value(&lossless);
+    Napi::Value qn = o.Get("qRows");
+    const double rowsIn = qn.IsNumber() ? qn.As<Napi::Number>().DoubleValue() : -1;
+    if (!(rowsIn >= 1 && rowsIn <= (1 << 24) && rowsIn == std::floor(rowsIn)))
+      throw bad("qRows: expected an integer >= 1 with qAddress");
+    qRows = static_cast<size_t>(rowsIn);
+    const void* p = reinterpret_cast<const void*>(static_cast<uintptr_t>(address));
+    if (!lossless || !specdDeviceRowsValid(p, qRows * static_cast<size_t>(vocab) * 4))
+      throw bad("qAddress: not " + std::to_string(qRows) + " rows of a device buffer this addon lends");
+    r.qDevice = static_cast<const float*>(p);
+  } else if (!qv.IsUndefined() && !qv.IsNull()) {
     auto q = typedField<Napi::Float32Array>(o, "q", napi_float32_array, "a Float32Array [rows, vocab]");
     if (q.ElementLength() % static_cast<size_t>(vocab) != 0) throw bad("q: expected whole rows of the vocabulary");
     r.q = q.Data();
@@ -161,7 +179,8 @@ class DeviceSampler {
     const int32_t* drafts = statsRow0 + r.G;
     const int e = specdSampleAccept(static_cast<int32_t*>(results_), stats_, probsOut, logits, vocab, r.G, r.N,
                                     rowGroup, rowIndex, statsRow0, gi, static_cast<const double*>(floats_), drafts,
-                                    static_cast<const double*>(u_), static_cast<const float*>(q_), stream);
+                                    static_cast<const double*>(u_),
+                                    r.qDevice != nullptr ? r.qDevice : static_cast<const float*>(q_), stream);
     if (e != 0) throw std::runtime_error("sample: kernel launch failed with status " + std::to_string(e));
     check(cudaMemcpyAsync(hResults_, results_, static_cast<size_t>(r.G) * 8, cudaMemcpyDeviceToHost, stream),
           "sample results copy");

@@ -2,7 +2,8 @@
 // same GPU target: the draft-head logits of whole blocks (the same context written into both), the greedy drafts of
 // every propose of a run (both drafters fed the same context; agreement reported and asserted), greedy speculation
 // equal to plain GPU decoding token for token (8 prompts × 64 tokens), τ against the CPU drafter's, sampled drafting
-// at 4 sequences, refusals, and no draft KV page left in use. Skips without a GPU or without the checkpoint. Run on a
+// at 4 sequences, sampled speculation with q left on the device lossless (χ² of the 2nd and 3rd tokens against the
+// target's), refusals, and no draft KV page left in use. Skips without a GPU or without the checkpoint. Run on a
 // GPU machine: `node --test packages/native-cuda/test-gpu/dflash.test.mjs` (part of npm run test:gpu).
 import * as assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -17,6 +18,7 @@ import {
   runEngine,
   tee,
 } from './common.mjs';
+import { chiCrit, chiSquare } from './reference.mjs';
 
 let gpu;
 let skip;
@@ -221,6 +223,81 @@ test('sampled requests draft on the GPU with q; 4 sequences at once; no page lef
     assert.equal(g.pagesInUse, 0);
     assert.equal(batched.engine.cache.pagesInUse, 0);
   } finally {
+    g.dispose();
+  }
+});
+
+test('sampled speculation with q left on the device is lossless: (2nd, 3rd) tokens ~ the target (χ²)', async (t) => {
+  if (skip) return t.skip(skip);
+  const { samplingProbs } = await import('@specd/native');
+  const V = gpu.model.info.vocabSize;
+  const prompt = prompts[0].ids;
+  const topK = 4;
+  /** p(· | ids) after T 1 and top-k, from one prefill of `ids` on the GPU target. */
+  const probs = (ids) => {
+    const cache = gpu.model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
+    cache.add(1);
+    const res = gpu.model.forward({ sequences: [{ id: 1, position: 0, tokens: ids, logits: 'last' }] }, cache);
+    cache.finish(1);
+    return samplingProbs(res.logits, V, 1, topK, 1);
+  };
+  const support = (p) => Array.from(p.keys()).filter((i) => p[i] > 0);
+  const cat = (...xs) => Int32Array.from([...prompt, ...xs]);
+  // the joint of the 2nd and 3rd tokens: Σ_a p(a) p(b | a) p(c | a, b)
+  const want = new Map();
+  const p1 = probs(prompt);
+  for (const a of support(p1)) {
+    const p2 = probs(cat(a));
+    for (const b of support(p2)) {
+      const p3 = probs(cat(a, b));
+      for (const c of support(p3)) want.set(b * V + c, (want.get(b * V + c) ?? 0) + p1[a] * p2[b] * p3[c]);
+    }
+  }
+  const g = await dflash('cuda', 16);
+  const addon = gpu.model.cuda;
+  const copyBack = addon.dflashProbs;
+  let copies = 0;
+  addon.dflashProbs = (...a) => {
+    copies++;
+    return copyBack.apply(addon, a);
+  };
+  try {
+    const N = 3000;
+    const reqs = Array.from({ length: N }, (_, i) => ({
+      id: `q${i}`,
+      promptIds: prompt,
+      maxTokens: 3,
+      sampling: { temperature: 1, topK },
+      seed: i + 1,
+      ignoreEos: true,
+    }));
+    const { results, engine } = runEngine(gpu.model, g, reqs, { maxSequences: 16, draftPolicy: 'max' });
+    const keys = [...want.keys()];
+    const index = new Map(keys.map((k, i) => [k, i]));
+    const counts = new Float64Array(keys.length);
+    for (const r of reqs) {
+      const [, b, c] = results.get(r.id);
+      const i = index.get(b * V + c);
+      assert.ok(i !== undefined, `(${b}, ${c}) has probability 0 under the target`);
+      counts[i]++;
+    }
+    const { stat, df } = chiSquare(
+      counts,
+      Float64Array.from(keys, (k) => want.get(k)),
+      N,
+    );
+    const m = engine.metrics;
+    console.log(
+      `# sampled DFlash on the GPU, T 1, top-k ${topK}, ${N} requests: (2nd, 3rd) χ² ${stat.toFixed(1)} (df ${df}, ` +
+        `critical ${chiCrit(df).toFixed(1)}); drafted ${m.drafted}, accepted ${m.accepted}; ` +
+        `q copied back ${copies} times`,
+    );
+    assert.ok(stat < chiCrit(df), `χ² ${stat} ≥ ${chiCrit(df)}`);
+    assert.ok(m.drafted > 0 && m.accepted > 0 && m.accepted < m.drafted);
+    assert.equal(copies, 0, 'q stayed on the device');
+    assert.equal(g.pagesInUse + engine.cache.pagesInUse, 0);
+  } finally {
+    addon.dflashProbs = copyBack;
     g.dispose();
   }
 });

@@ -24,9 +24,10 @@
  * as token ids (the argmax over the draft vocabulary on the device). Sampled sequences' drafts are drawn on the device
  * too, from the same block's logits (a second call, `dflashSample`, through the target's sampling kernels): q after
  * the request's temperature / top-k / top-p over the draft vocabulary, one draw of the request's generator per draft
- * handed over, and q returned over the whole vocabulary (zero outside the draft vocabulary), so rejection sampling
- * stays lossless. A draft row whose logits are not finite ends that sequence's drafts there (fewer drafts, nothing
- * fails).
+ * handed over, and q over the whole vocabulary (zero outside the draft vocabulary) kept on the device: the proposal's
+ * `deviceProbs` points the CUDA stage's sampler at it, so rejection sampling stays lossless without q crossing to the
+ * host; reading the proposal's `probs` copies it back (the host path). A draft row whose logits are not finite ends
+ * that sequence's drafts there (fewer drafts, nothing fails).
  *
  * Not here: tensor parallelism (the CUDA stage is one GPU), prefill/decode disaggregation (the draft context lives in
  * device memory: this drafter does not declare DraftContextTransfer, so PD refuses it at startup), sliding-window
@@ -107,7 +108,9 @@ export interface DFlashCudaAddon {
       readonly drafts: Int32Array;
       readonly uniforms: Float64Array;
     },
-  ): { readonly results: Int32Array; readonly probs: Float32Array };
+    copyProbs: boolean,
+  ): { readonly results: Int32Array; readonly qAddress: bigint; readonly probs?: Float32Array };
+  dflashProbs(runner: DFlashCudaHandle, row: number, rows: number): Float32Array;
   dflashSynchronize(runner: DFlashCudaHandle): void;
   dflashReplayMs(runner: DFlashCudaHandle, reps: number): number;
   dflashInfo(runner: DFlashCudaHandle): {
@@ -195,6 +198,8 @@ export class DFlashCudaDrafter extends DrafterBase {
   /** Block-table entries per sequence of a block call. */
   private readonly maxBlocks: number;
   private readonly packedTaps: PackedTaps;
+  /** Counts dflashSample calls: a proposal's q on the device is valid until the next one. */
+  private sampleGeneration = 0;
   /** Block tables of block calls, `[S, maxBlocks]` views refilled each call (the runner copies its arguments). */
   private readonly tables: Int32RowViews;
 
@@ -398,12 +403,14 @@ export class DFlashCudaDrafter extends DrafterBase {
   /**
    * The sampled sequences' drafts drawn on the device from the last block's logits (`dflashSample`: q after the
    * request's temperature / top-k / top-p over the draft vocabulary, one draw of the request's generator per draft, as
-   * the CPU drafter consumes it) → proposal by batch index, q `[k, V]` over the whole vocabulary (0 outside the draft
-   * vocabulary). A row that is not finite ends that sequence's drafts there.
+   * the CPU drafter consumes it) → proposal by batch index, its q `[k, V]` over the whole vocabulary (0 outside the
+   * draft vocabulary) on the device ({@link deviceProposal}). A row that is not finite ends that sequence's drafts
+   * there.
    */
   private sampleDrafts(seqs: DraftBatch['sequences']): Map<number, DraftProposal> {
     const B = this.config.blockSize;
     const V = this.vocabSize;
+    const Vd = this.draftIds?.length ?? V;
     const rows: { r: number; j: number }[] = [];
     seqs.forEach((s, r) => {
       if (s.sampling.temperature > 0) for (let j = 0; j < s.maxDrafts; j++) rows.push({ r, j });
@@ -417,18 +424,19 @@ export class DFlashCudaDrafter extends DrafterBase {
       const sp = seqs[r]!.sampling;
       groups[4 * g] = r * (B - 1) + j;
       groups[4 * g + 2] = -1;
-      groups[4 * g + 3] = sp.topK !== undefined && sp.topK < V ? sp.topK : 0;
+      groups[4 * g + 3] = sp.topK !== undefined && sp.topK < Vd ? sp.topK : 0;
       temperature[g] = sp.temperature;
       topP[g] = sp.topP ?? 1;
       uniforms[g] = seqs[r]!.rng.next();
     });
-    const { results, probs } = this.addon.dflashSample(this.live(), {
-      groups,
-      temperature,
-      topP,
-      drafts: new Int32Array(0),
-      uniforms,
-    });
+    const runner = this.live();
+    const { results, qAddress } = this.addon.dflashSample(
+      runner,
+      { groups, temperature, topP, drafts: new Int32Array(0), uniforms },
+      false,
+    );
+    const generation = ++this.sampleGeneration;
+    const rowBytes = BigInt(V * 4);
     const out = new Map<number, DraftProposal>();
     let g = 0;
     while (g < G) {
@@ -441,10 +449,39 @@ export class DFlashCudaDrafter extends DrafterBase {
         if (d < 0) break;
         tokens[k] = this.draftIds === undefined ? d : this.draftIds[d]!;
       }
-      out.set(r, { id: s.id, tokens: tokens.subarray(0, k), probs: probs.subarray(g * V, (g + k) * V) });
+      out.set(r, this.deviceProposal(s.id, tokens.subarray(0, k), g, qAddress + BigInt(g) * rowBytes, generation));
       g += s.maxDrafts;
     }
     return out;
+  }
+
+  /**
+   * A sampled proposal whose q (rows [row, row + k) of the last dflashSample) stays on the device (`deviceProbs`, for
+   * the target's device sampler) and is copied back only when `probs` is read (the host path), before the next
+   * propose.
+   */
+  private deviceProposal(
+    id: SequenceId,
+    tokens: Int32Array,
+    row: number,
+    address: bigint,
+    generation: number,
+  ): DraftProposal {
+    const k = tokens.length;
+    if (k === 0) return { id, tokens, probs: new Float32Array(0) };
+    let copy: Float32Array | undefined;
+    const read = (): Float32Array => {
+      if (copy !== undefined) return copy;
+      if (generation !== this.sampleGeneration)
+        throw new DrafterError(
+          `dflash: sequence ${String(id)}: q was read after a later propose (it lives on the GPU until then)`,
+        );
+      copy = this.addon.dflashProbs(this.live(), row, k);
+      return copy;
+    };
+    const p = { id, tokens, deviceProbs: { device: 'cuda', address } };
+    Object.defineProperty(p, 'probs', { enumerable: true, get: read });
+    return p as DraftProposal;
   }
 
   /**

@@ -25,6 +25,7 @@ function fakeAddon(fail: { context?: boolean; block?: boolean; nanRow?: number }
   let vocab = 0;
   let draftVocab = 0;
   let B = 0;
+  let lastQ = new Float32Array(0);
   const rec = (name: string, args: unknown[]) => calls.push({ name, args });
   const addon = {
     dflashCreate: (o: { vocabSize: number; draftVocabSize: number; blockSize: number }) => {
@@ -61,13 +62,18 @@ function fakeAddon(fail: { context?: boolean; block?: boolean; nanRow?: number }
       const req = a[1] as { groups: Int32Array; uniforms: Float64Array };
       const G = req.uniforms.length;
       const results = new Int32Array(2 * G);
-      const probs = new Float32Array(G * vocab);
+      lastQ = new Float32Array(G * vocab);
       for (let g = 0; g < G; g++) {
         // row r's draw: draft index (3r) mod draftVocab, q a point mass there (its token id: the ids' entry)
         results[2 * g + 1] = fail.nanRow === g ? -1 : (3 * req.groups[4 * g]!) % draftVocab;
-        probs[g * vocab + results[2 * g + 1]!] = 1;
+        lastQ[g * vocab + results[2 * g + 1]!] = 1;
       }
-      return { results, probs };
+      return { results, qAddress: 4096n, ...(a[2] === true ? { probs: lastQ } : {}) };
+    },
+    dflashProbs: (...a: unknown[]) => {
+      rec('dflashProbs', a);
+      const [row, rows] = [a[1] as number, a[2] as number];
+      return lastQ.slice(row * vocab, (row + rows) * vocab);
     },
     dflashSynchronize: () => {},
     dflashReplayMs: () => -1,
@@ -249,10 +255,19 @@ describe('DFlashCudaDrafter (host side, a stand-in runner)', () => {
     expect(Array.from(sample.uniforms)).toEqual([rng.next(), rng.next(), rng.next()]);
     expect(Array.from(q!.tokens)).toEqual([0, 3, 6]); // whole vocabulary: index = id
     const V = target.info.vocabSize;
+    // q stays on the device (the stage reads it there); reading probs copies rows [0, 3) back, once
+    expect(q!.deviceProbs).toEqual({ device: 'cuda', address: 4096n });
+    expect(calls.filter((c) => c.name === 'dflashProbs').length).toBe(0);
     expect(q!.probs!.length).toBe(3 * V);
     for (let j = 0; j < 3; j++) expect(q!.probs![j * V + q!.tokens[j]!]).toBe(1);
+    expect(calls.filter((c) => c.name === 'dflashProbs').map((c) => c.args.slice(1))).toEqual([[0, 3]]);
     expect(greedy!.probs).toBeUndefined();
     expect(Array.from(greedy!.tokens)).toEqual([6, 7]);
+    // two sampled sequences: the second's q starts at its first row; a stale proposal's q is refused
+    const [a2, b2] = d.propose({ sequences: [seq('a', 20, 2, 0.7), seq('b', 3, 3, 0.9)] });
+    expect(b2!.deviceProbs!.address).toBe(4096n + BigInt(2 * V * 4));
+    d.propose({ sequences: [seq('a', 20, 1, 0.7)] });
+    expect(() => a2!.probs).toThrow(/read after a later propose/);
     expect(d.pagesInUse).toBe(pages);
     d.freeSequence('a');
     d.freeSequence('b');
@@ -268,6 +283,7 @@ describe('DFlashCudaDrafter (host side, a stand-in runner)', () => {
     const [p] = d.propose({ sequences: [seq('n', 4, 3, 0.5)] });
     expect(p!.tokens.length).toBe(1);
     expect(p!.probs!.length).toBe(target.info.vocabSize);
+    expect(p!.deviceProbs?.address).toBe(4096n);
     d.freeSequence('n');
     d.dispose();
   });

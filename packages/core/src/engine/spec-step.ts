@@ -18,6 +18,7 @@ import type { ContextSpan, DraftProposal, DraftSequence, Drafter } from '../plug
 import type { ForwardResult, ForwardSequence, StageModel } from '../plugin/model-plugin.js';
 import {
   type DeviceSampleSpec,
+  type DeviceSampling,
   hasDeviceSampling,
   hasPrefixCommit,
   hasTreeCommit,
@@ -350,7 +351,7 @@ export function verify(
       blocks.push({ id: r.id, position, tokens, logits: 'all' });
       if (!wantsArgmaxOnly(r)) {
         argmaxOnly = false;
-        if (sampler !== undefined && sampledOnDevice(r, p, k, ctx.vocab)) anySampled = true;
+        if (sampler !== undefined && sampledOnDevice(r, p, k, ctx.vocab, sampler)) anySampled = true;
         else allOnDevice = false;
       }
     }
@@ -366,9 +367,17 @@ export function verify(
   ctx.metrics.verifyForwards++;
   ctx.metrics.decodeForwards++;
   if (!onDevice) return { blocks, res, checkpoints, snapshots };
+  // q stays on the device when every sampled proposal's q is there and the stage reads it (a GPU drafter beside a
+  // GPU target): one source for the whole batch
+  let qOnDevice = true;
+  for (const r of seqs) {
+    const p = proposals.get(r.id);
+    if (wantsArgmaxOnly(r) || p === undefined || p.tokens.length === 0) continue;
+    if (p.deviceProbs === undefined || sampler.acceptsDeviceProbs?.(p.deviceProbs) !== true) qOnDevice = false;
+  }
   // the draws are taken only here: a batch sampled on the host takes them in accept, as many as it examines
   const specs: (DeviceSampleSpec | undefined)[] = seqs.map((r, i) =>
-    wantsArgmaxOnly(r) ? undefined : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id)?.probs),
+    wantsArgmaxOnly(r) ? undefined : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id), qOnDevice),
   );
   const sampled = sampler.sampleOnDevice(res, specs);
   return { blocks, res, checkpoints, snapshots, sampled };
@@ -378,17 +387,35 @@ export function verify(
  * True when sampled sequence `r` (temperature > 0) with `k` drafts (proposal `p`) can be decided by the stage's
  * {@link DeviceSampling}: no logits processors, no logprobs, a chain whose q (if any) is `[k, vocab]`.
  */
-function sampledOnDevice(r: Running, p: DraftProposal | undefined, k: number, vocab: number): boolean {
+function sampledOnDevice(
+  r: Running,
+  p: DraftProposal | undefined,
+  k: number,
+  vocab: number,
+  sampler: DeviceSampling,
+): boolean {
   if (r.logits !== undefined || r.req.logprobs !== undefined) return false;
+  // q on the device (not read here: reading `probs` would copy it back)
+  if (k > 0 && p?.deviceProbs !== undefined && sampler.acceptsDeviceProbs?.(p.deviceProbs) === true) return true;
   return p?.probs === undefined || p.probs.length === k * vocab;
 }
 
-/** The device sampling request of sampled sequence `r`: its drafts, q and k + 1 draws from its PRNG. */
-export function deviceSpec(r: Running, drafts: Int32Array, q: Float32Array | undefined): DeviceSampleSpec {
+/**
+ * The device sampling request of sampled sequence `r`: its drafts, q (where it lies: `qOnDevice` and a proposal with
+ * `deviceProbs` leave it on the device) and k + 1 draws from its PRNG.
+ */
+export function deviceSpec(
+  r: Running,
+  drafts: Int32Array,
+  p: DraftProposal | undefined,
+  qOnDevice = false,
+): DeviceSampleSpec {
   const uniforms = new Float64Array(drafts.length + 1);
   for (let j = 0; j < uniforms.length; j++) uniforms[j] = r.rng.next();
   const { temperature, topK, topP } = r.req.sampling;
-  return { temperature, topK, topP, drafts, q, uniforms };
+  if (drafts.length > 0 && qOnDevice && p?.deviceProbs !== undefined)
+    return { temperature, topK, topP, drafts, q: undefined, qDevice: p.deviceProbs, uniforms };
+  return { temperature, topK, topP, drafts, q: drafts.length === 0 ? undefined : p?.probs, uniforms };
 }
 
 /**
@@ -641,13 +668,21 @@ function applyBudgets(ctx: StepContext, proposals: Map<SequenceId, DraftProposal
     const b = Math.max(0, Math.min(k, Math.floor(budgets[i] ?? k)));
     ctx.running.get(p.id)?.metrics.recordBudget(k, b);
     if (b === k) return;
-    proposals.set(p.id, {
+    const trimmed: DraftProposal = {
       id: p.id,
       tokens: p.tokens.subarray(0, b),
-      ...(p.probs === undefined ? {} : { probs: p.probs.subarray(0, b * V) }),
+      // q on the device keeps its first row; its host copy is made only if read
+      ...(p.deviceProbs !== undefined
+        ? { deviceProbs: p.deviceProbs }
+        : p.probs === undefined
+          ? {}
+          : { probs: p.probs.subarray(0, b * V) }),
       ...(p.parents === undefined ? {} : { parents: p.parents.subarray(0, b) }),
       confidence: p.confidence.subarray(0, b),
-    });
+    };
+    if (p.deviceProbs !== undefined)
+      Object.defineProperty(trimmed, 'probs', { enumerable: true, get: () => p.probs?.subarray(0, b * V) });
+    proposals.set(p.id, trimmed);
   });
 }
 

@@ -197,6 +197,14 @@ export interface DraftSampling {
   readonly topP?: number;
 }
 
+/** Where a proposal's q lies in device memory ({@link DraftProposal.deviceProbs}). Immutable. */
+export interface DeviceDraftProbs {
+  /** The device, as the stages name it (`'cuda'`). */
+  readonly device: string;
+  /** The device address of q's first row, `[k, vocabSize]` f32 row-major (a buffer the device's addon lends). */
+  readonly address: bigint;
+}
+
 /** One sequence to draft for. Immutable. */
 export interface DraftSequence {
   readonly id: SequenceId;
@@ -231,6 +239,13 @@ export interface DraftProposal {
    * vocabulary), when drafts were sampled; absent for argmax drafts (a point mass, REFERENCE.md §6).
    */
   readonly probs?: Float32Array;
+  /**
+   * q kept in device memory by a drafter that runs beside its target on the same device (a GPU drafter): the
+   * target's {@link DeviceSampling} stage reads it there when it accepts it (`acceptsDeviceProbs`), so the k · vocab
+   * floats never cross to the host. A proposal with it still answers `probs` (copied back on demand) for the host
+   * path; the engine reads one or the other. Valid until the drafter's next propose.
+   */
+  readonly deviceProbs?: DeviceDraftProbs;
   /** Tree drafts: parent index of each draft (−1 = the last verified token), `[k]` i32; absent = a chain. */
   readonly parents?: Int32Array;
   /**

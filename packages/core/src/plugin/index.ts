@@ -43,6 +43,7 @@ export {
   type DrafterSchema,
   type DrafterShardLoadOptions,
   type DrafterSource,
+  type DeviceDraftProbs,
   type DraftProposal,
   type DraftSampling,
   type DraftSequence,

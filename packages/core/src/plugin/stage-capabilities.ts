@@ -15,7 +15,7 @@
 import type { TensorRead } from '../io/weight-reader.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { SequenceCache } from '../kv/sequence-cache.js';
-import type { Drafter, DrafterLoadOptions } from './drafter-plugin.js';
+import type { DeviceDraftProbs, Drafter, DrafterLoadOptions } from './drafter-plugin.js';
 import type { ForwardResult, ProjectionSpec, StageModel } from './model-plugin.js';
 
 /** A stage that commits an accepted prefix of a verify forward without a replay. */
@@ -81,6 +81,11 @@ export interface DeviceSampleSpec {
   readonly drafts: Int32Array;
   /** The drafter's probabilities `[k, vocab]` f32 of those drafts, or undefined: point masses (argmax drafts). */
   readonly q: Float32Array | undefined;
+  /**
+   * Instead of q: the same `[k, vocab]` f32 rows in device memory (a GPU drafter's {@link DeviceDraftProbs}), given
+   * only to a stage whose `acceptsDeviceProbs` accepted them.
+   */
+  readonly qDevice?: DeviceDraftProbs;
   /** `[k + 1]` draws in [0, 1) from the request's PRNG: one per draft, the last for the token drawn. */
   readonly uniforms: Float64Array;
 }
@@ -102,6 +107,11 @@ export interface DeviceSampling {
    * @throws when `result` is not the latest forward, or a spec does not match its rows (a caller's bug).
    */
   sampleOnDevice(result: ForwardResult, specs: readonly (DeviceSampleSpec | undefined)[]): Int32Array;
+  /**
+   * Whether this stage reads a drafter's q where it lies (`DeviceSampleSpec.qDevice`): the same device. Absent: never
+   * (q comes as host memory).
+   */
+  acceptsDeviceProbs?(probs: DeviceDraftProbs): boolean;
 }
 
 /** Whether `model` samples where its logits live ({@link DeviceSampling}). */

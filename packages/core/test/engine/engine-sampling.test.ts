@@ -303,6 +303,115 @@ describe.each([
   },
 );
 
+/** "Device memory" of {@link DeviceQDrafter}: q arrays by address. */
+const deviceQ = new Map<bigint, Float32Array>();
+let nextAddress = 64n;
+
+/**
+ * ChainDrafter whose q "stays on the device" (a GPU drafter's `deviceProbs`): the proposal points at q in `deviceQ`
+ * and its `probs` is a getter that counts the reads (a copy back to the host on the GPU).
+ */
+class DeviceQDrafter extends ChainDrafter {
+  probsReads = 0;
+  constructor() {
+    super(true);
+  }
+  override propose(batch: DraftBatch): DraftProposal[] {
+    return super.propose(batch).map((p) => {
+      const q = p.probs;
+      if (q === undefined) return p;
+      const address = nextAddress;
+      nextAddress += 64n;
+      deviceQ.set(address, q);
+      const out = { id: p.id, tokens: p.tokens, deviceProbs: { device: 'sim', address } };
+      Object.defineProperty(out, 'probs', {
+        enumerable: true,
+        get: () => {
+          this.probsReads++;
+          return q;
+        },
+      });
+      return out as DraftProposal;
+    });
+  }
+}
+
+/** DeviceChainTarget that reads q where a {@link DeviceQDrafter} left it, when `accepts`. */
+class DeviceQTarget extends DeviceChainTarget {
+  specsWithDeviceQ = 0;
+  constructor(private readonly accepts: boolean) {
+    super();
+  }
+  acceptsDeviceProbs(probs: { readonly device: string }): boolean {
+    return this.accepts && probs.device === 'sim';
+  }
+  override sampleOnDevice(result: ForwardResult, specs: readonly (DeviceSampleSpec | undefined)[]): Int32Array {
+    const resolved = specs.map((sp) => {
+      if (sp?.qDevice === undefined) return sp;
+      expect(sp.q, 'q on the device comes without a host copy').toBeUndefined();
+      this.specsWithDeviceQ++;
+      return { ...sp, q: deviceQ.get(sp.qDevice.address) };
+    });
+    return super.sampleOnDevice(result, resolved);
+  }
+}
+
+describe('q kept on the device by the drafter (DraftProposal.deviceProbs)', () => {
+  it('a stage that reads it gets the address, never a host copy; sampling stays lossless (χ², 10⁴ requests)', () => {
+    const target = new DeviceQTarget(true);
+    const drafter = new DeviceQDrafter();
+    const e = new SpecEngine(target, drafter, {
+      maxSequences: 256,
+      maxTokensPerSequence: 16,
+      pageSize: 4,
+      draftLength: () => 2,
+    });
+    const rs = e.run(
+      Array.from({ length: N }, (_, i) => ({
+        id: i,
+        promptIds: Int32Array.of(2),
+        maxTokens: 3,
+        sampling: { temperature: 1 },
+        seed: Math.imul(i + 11, 2654435761) >>> 0,
+      })),
+    );
+    const counts = new Array<number>(V * V).fill(0);
+    for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
+    const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature: 1 });
+    const p0 = p(2);
+    let chi = 0;
+    for (let b = 0; b < V; b++)
+      for (let c = 0; c < V; c++) {
+        let want = 0;
+        for (let a = 0; a < V; a++) want += p0[a]! * p(a)[b]! * p(b)[c]!;
+        chi += (counts[b * V + c]! - want * N) ** 2 / (want * N);
+      }
+    expect(chi).toBeLessThan(CHI2_CRIT[V * V - 1]!);
+    expect(target.specsWithDeviceQ).toBeGreaterThan(N / 2);
+    expect(drafter.probsReads).toBe(0);
+    expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+  });
+
+  it('a stage that does not read it gets the host copy (probs read), the same distribution path as before', () => {
+    const target = new DeviceQTarget(false);
+    const drafter = new DeviceQDrafter();
+    const e = new SpecEngine(target, drafter, { maxSequences: 4, pageSize: 4, draftLength: () => 2 });
+    const rs = e.run(
+      [0, 1, 2].map((i) => ({
+        id: i,
+        promptIds: Int32Array.of(1),
+        maxTokens: 6,
+        sampling: { temperature: 0.9 },
+        seed: i + 1,
+      })),
+    );
+    expect(rs.every((r) => r.tokenIds.length === 6)).toBe(true);
+    expect(target.specsWithDeviceQ).toBe(0);
+    expect(drafter.probsReads).toBeGreaterThan(0);
+    expect(target.specs.some((sp) => sp.drafts.length === 2 && sp.q !== undefined)).toBe(true);
+  });
+});
+
 describe('DeviceSampling: what stays on the host, and a row the stage cannot draw from', () => {
   const req = (id: string, extra: Partial<SpecRequest> = {}): SpecRequest => ({
     id,
