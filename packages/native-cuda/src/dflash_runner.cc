@@ -565,12 +565,7 @@ class DFlashRunner : public RunnerMemory {
 // ---------------------------------------------------------------------------------------------------------------
 // N-API
 
-DFlashRunner* runnerOf(const Napi::CallbackInfo& info) {
-  if (!info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "runner: expected a handle from dflashCreate");
-  DFlashRunner* r = info[0].As<Napi::External<DFlashRunner>>().Data();
-  if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
-  return r;
-}
+DFlashRunner* runnerOf(const Napi::CallbackInfo& info) { return runnerArg<DFlashRunner>(info, "dflashCreate"); }
 
 /**
  * dflashCreate({hiddenSize, numHeads, numKvHeads, headDim, intermediateSize, numLayers, vocabSize, draftVocabSize,
@@ -678,13 +673,8 @@ Napi::Value DFlashContextWrite(const Napi::CallbackInfo& info) {
   const int n = static_cast<int>(typedLength(info, 3, "positions"));
   if (n < 1) throw Napi::RangeError::New(env, "positions: expected at least one row");
   const bool fromTaps = info[2].ToBoolean().Value();
-  if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
-    throw Napi::TypeError::New(env, "rows: expected a Float32Array");
-  Napi::Float32Array rows = info[1].As<Napi::Float32Array>();
-  const size_t width = static_cast<size_t>(fromTaps ? d.taps : 1) * d.hidden;
-  if (rows.ElementLength() != static_cast<size_t>(n) * width)
-    throw Napi::RangeError::New(env, "rows: length " + std::to_string(rows.ElementLength()) + ", expected [" +
-                                         std::to_string(n) + ", " + std::to_string(width) + "] f32");
+  Napi::Float32Array rows =
+      f32Rows(info, 1, "rows", static_cast<size_t>(n), static_cast<size_t>(fromTaps ? d.taps : 1) * d.hidden);
   const int32_t* positions = i32(info, 3, "positions", n);
   const int32_t* slots = i32(info, 4, "slots", n);
   for (int i = 0; i < n; i++) {
@@ -827,30 +817,10 @@ Napi::Value DFlashReplayMs(const Napi::CallbackInfo& info) {
 }
 
 /** dflashInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}. */
-Napi::Value DFlashInfo(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  DFlashRunner* r = runnerOf(info);
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("weightBytes", static_cast<double>(r->weightBytes));
-  o.Set("kvBytes", static_cast<double>(r->kvBytes));
-  o.Set("activationBytes", static_cast<double>(r->activationBytes));
-  o.Set("maxBlocks", r->maxBlocks);
-  const std::vector<std::string> labels = r->graphLabels();
-  Napi::Array g = Napi::Array::New(env, labels.size());
-  for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
-  o.Set("graphs", g);
-  return o;
-}
+Napi::Value DFlashInfo(const Napi::CallbackInfo& info) { return draftRunnerInfo(info.Env(), runnerOf(info)); }
 
 /** dflashDispose(runner): frees the runner's device memory, graphs and stream now (a later use throws). */
-Napi::Value DFlashDispose(const Napi::CallbackInfo& info) {
-  if (info[0].IsExternal()) {
-    DFlashRunner* r = info[0].As<Napi::External<DFlashRunner>>().Data();
-    if (!r->disposed) r->release();
-    return info.Env().Undefined();
-  }
-  throw Napi::TypeError::New(info.Env(), "runner: expected a handle from dflashCreate");
-}
+Napi::Value DFlashDispose(const Napi::CallbackInfo& info) { return disposeRunner<DFlashRunner>(info, "dflashCreate"); }
 
 }  // namespace
 

@@ -542,12 +542,7 @@ class Eagle3Runner : public RunnerMemory {
 // ---------------------------------------------------------------------------------------------------------------
 // N-API
 
-Eagle3Runner* runnerOf(const Napi::CallbackInfo& info) {
-  if (!info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "runner: expected a handle from eagle3Create");
-  Eagle3Runner* r = info[0].As<Napi::External<Eagle3Runner>>().Data();
-  if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
-  return r;
-}
+Eagle3Runner* runnerOf(const Napi::CallbackInfo& info) { return runnerArg<Eagle3Runner>(info, "eagle3Create"); }
 
 /**
  * eagle3Create({hiddenSize, numHeads, numKvHeads, headDim, intermediateSize, vocabSize, draftVocabSize, numTaps,
@@ -652,13 +647,8 @@ Napi::Value Eagle3ContextWrite(const Napi::CallbackInfo& info) {
   const int n = static_cast<int>(typedLength(info, 3, "nextTokens"));
   if (n < 1) throw Napi::RangeError::New(env, "nextTokens: expected at least one row");
   const bool fromTaps = info[2].ToBoolean().Value();
-  if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
-    throw Napi::TypeError::New(env, "rows: expected a Float32Array");
-  Napi::Float32Array rows = info[1].As<Napi::Float32Array>();
-  const size_t width = static_cast<size_t>(fromTaps ? d.taps : 1) * d.hidden;
-  if (rows.ElementLength() != static_cast<size_t>(n) * width)
-    throw Napi::RangeError::New(env, "rows: length " + std::to_string(rows.ElementLength()) + ", expected [" +
-                                         std::to_string(n) + ", " + std::to_string(width) + "] f32");
+  Napi::Float32Array rows =
+      f32Rows(info, 1, "rows", static_cast<size_t>(n), static_cast<size_t>(fromTaps ? d.taps : 1) * d.hidden);
   const int32_t* next = i32(info, 3, "nextTokens", n);
   const int32_t* positions = i32(info, 4, "positions", n);
   const int32_t* slots = i32(info, 5, "slots", n);
@@ -801,30 +791,10 @@ Napi::Value Eagle3ReplayMs(const Napi::CallbackInfo& info) {
 }
 
 /** eagle3Info(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}. */
-Napi::Value Eagle3Info(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  Eagle3Runner* r = runnerOf(info);
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("weightBytes", static_cast<double>(r->weightBytes));
-  o.Set("kvBytes", static_cast<double>(r->kvBytes));
-  o.Set("activationBytes", static_cast<double>(r->activationBytes));
-  o.Set("maxBlocks", r->maxBlocks);
-  const std::vector<std::string> labels = r->graphLabels();
-  Napi::Array g = Napi::Array::New(env, labels.size());
-  for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
-  o.Set("graphs", g);
-  return o;
-}
+Napi::Value Eagle3Info(const Napi::CallbackInfo& info) { return draftRunnerInfo(info.Env(), runnerOf(info)); }
 
 /** eagle3Dispose(runner): frees the runner's device memory, graphs and stream now (a later use throws). */
-Napi::Value Eagle3Dispose(const Napi::CallbackInfo& info) {
-  if (info[0].IsExternal()) {
-    Eagle3Runner* r = info[0].As<Napi::External<Eagle3Runner>>().Data();
-    if (!r->disposed) r->release();
-    return info.Env().Undefined();
-  }
-  throw Napi::TypeError::New(info.Env(), "runner: expected a handle from eagle3Create");
-}
+Napi::Value Eagle3Dispose(const Napi::CallbackInfo& info) { return disposeRunner<Eagle3Runner>(info, "eagle3Create"); }
 
 }  // namespace
 

@@ -580,12 +580,7 @@ class LlamaRunner : public RunnerMemory {
 // ---------------------------------------------------------------------------------------------------------------
 // N-API
 
-LlamaRunner* runnerOf(const Napi::CallbackInfo& info) {
-  if (!info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "runner: expected a handle from llamaCreate");
-  LlamaRunner* r = info[0].As<Napi::External<LlamaRunner>>().Data();
-  if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
-  return r;
-}
+LlamaRunner* runnerOf(const Napi::CallbackInfo& info) { return runnerArg<LlamaRunner>(info, "llamaCreate"); }
 
 /**
  * llamaCreate({numLayers, hiddenSize, intermediateSize, numHeads, numKvHeads, headDim, vocabSize, ropeTheta,

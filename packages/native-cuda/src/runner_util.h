@@ -202,4 +202,55 @@ const int32_t* i32(const Napi::CallbackInfo& info, size_t i, const char* name, s
 /** The paged attention's key span for contexts of at most maxKv keys: 2^⌈log2 maxKv⌉, at least 64, at most `cap`. */
 [[maybe_unused]] int attnSpan(int maxKv, int cap) { return std::min(cap, pow2Ceil(std::max(64, maxKv))); }
 
+/** Argument 0 as a runner handle of type R (made by `create`). @throws TypeError (not one) or Error once disposed. */
+template <typename R>
+R* runnerArg(const Napi::CallbackInfo& info, const char* create) {
+  if (!info[0].IsExternal())
+    throw Napi::TypeError::New(info.Env(), std::string("runner: expected a handle from ") + create);
+  R* r = info[0].As<Napi::External<R>>().Data();
+  if (r->disposed) throw Napi::Error::New(info.Env(), "runner: disposed");
+  return r;
+}
+
+/** `<runner>Dispose(runner)`: frees R's device memory, graphs and stream now (a later use throws). Idempotent. */
+template <typename R>
+Napi::Value disposeRunner(const Napi::CallbackInfo& info, const char* create) {
+  if (!info[0].IsExternal())
+    throw Napi::TypeError::New(info.Env(), std::string("runner: expected a handle from ") + create);
+  R* r = info[0].As<Napi::External<R>>().Data();
+  if (!r->disposed) r->release();
+  return info.Env().Undefined();
+}
+
+/** A draft runner's {weightBytes, kvBytes, activationBytes, maxBlocks, graphs} (`<runner>Info`). */
+template <typename R>
+Napi::Object draftRunnerInfo(Napi::Env env, const R* r) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("weightBytes", static_cast<double>(r->weightBytes));
+  o.Set("kvBytes", static_cast<double>(r->kvBytes));
+  o.Set("activationBytes", static_cast<double>(r->activationBytes));
+  o.Set("maxBlocks", r->maxBlocks);
+  const std::vector<std::string> labels = r->graphLabels();
+  Napi::Array g = Napi::Array::New(env, labels.size());
+  for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
+  o.Set("graphs", g);
+  return o;
+}
+
+/**
+ * Argument i as a Float32Array of `rows` rows of `width` floats (a context write's rows).
+ * @throws TypeError (not a Float32Array) or RangeError naming `name` and the expected shape.
+ */
+[[maybe_unused]] Napi::Float32Array f32Rows(const Napi::CallbackInfo& info, size_t i, const char* name, size_t rows,
+                                            size_t width) {
+  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+    throw Napi::TypeError::New(info.Env(), std::string(name) + ": expected a Float32Array");
+  Napi::Float32Array a = info[i].As<Napi::Float32Array>();
+  if (a.ElementLength() != rows * width)
+    throw Napi::RangeError::New(info.Env(), std::string(name) + ": length " + std::to_string(a.ElementLength()) +
+                                                ", expected [" + std::to_string(rows) + ", " + std::to_string(width) +
+                                                "] f32");
+  return a;
+}
+
 }  // namespace

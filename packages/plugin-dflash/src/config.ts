@@ -3,7 +3,7 @@
  * `DFlashConfig.from_hf`) and this method's branch of the specd config schema.
  */
 
-import { DrafterError, type DrafterSchema, type HfConfig } from '@specd/core';
+import { DrafterError, type DrafterSchema, type HfConfig, type StageInfo } from '@specd/core';
 
 /** `config.json` `architectures` entries of a DFlash checkpoint. */
 export const DFLASH_ARCHITECTURES: readonly string[] = Object.freeze(['DFlashDraftModel']);
@@ -162,4 +162,17 @@ export function dflashDevice(value: unknown): 'auto' | 'cpu' | 'cuda' {
         `got ${JSON.stringify(value)}`,
     );
   return value as 'auto' | 'cpu' | 'cuda';
+}
+
+/**
+ * The target taps a DFlash drafter reads (its `captureSetter`): `config.taps`.
+ * @throws {DrafterError} naming the taps beyond the target's layers.
+ */
+export function dflashTaps(config: DFlashConfig, target: StageInfo): readonly number[] {
+  const bad = config.taps.filter((t) => t > target.numLayers);
+  if (bad.length > 0)
+    throw new DrafterError(
+      `dflash: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
+    );
+  return config.taps;
 }

@@ -41,6 +41,8 @@ import {
   DraftKvCache,
   Int32RowViews,
   PackedTaps,
+  lentCudaDevice,
+  type LentCudaDevice,
   type ContextSpan,
   type DraftBatch,
   type DraftProposal,
@@ -49,7 +51,7 @@ import {
   type StageModel,
 } from '@specd/core';
 
-import type { DFlashConfig } from './config.js';
+import { dflashTaps, type DFlashConfig } from './config.js';
 
 /** An opaque device object of the CUDA addon (a runner). */
 export type DFlashCudaHandle = { readonly __device: unique symbol };
@@ -123,25 +125,15 @@ export interface DFlashCudaAddon {
   dflashDispose(runner: DFlashCudaHandle): void;
 }
 
-/** What a target stage on a CUDA GPU lends drafters that run beside it (its `cudaDevice()`). */
-export interface DFlashCudaDevice {
-  /** The loaded CUDA addon (the stage's own). */
-  readonly addon: DFlashCudaAddon;
-  /** The target's token embedding as bf16 bits, `[vocabSize, hiddenSize]`. */
-  readonly embedding: Uint16Array;
-}
+/** What a target stage on a CUDA GPU lends drafters that run beside it (core's {@link LentCudaDevice}). */
+export type DFlashCudaDevice = LentCudaDevice<DFlashCudaAddon>;
 
 /**
  * The CUDA device of `target` when it runs on one: a stage with a `cudaDevice()` method (the CUDA Llama stage) whose
  * addon has the DFlash runner; undefined otherwise (a CPU stage, or an addon built before the runner).
  */
 export function dflashCudaDeviceOf(target: StageModel): DFlashCudaDevice | undefined {
-  const t = target as StageModel & { cudaDevice?: () => DFlashCudaDevice };
-  if (typeof t.cudaDevice !== 'function') return undefined;
-  const device = t.cudaDevice();
-  return typeof device?.addon?.dflashCreate === 'function' && device.embedding instanceof Uint16Array
-    ? device
-    : undefined;
+  return lentCudaDevice<DFlashCudaAddon>(target, 'dflashCreate');
 }
 
 /** One draft layer's weights for the device: bf16 bits row-major, norms f32. */
@@ -301,12 +293,7 @@ export class DFlashCudaDrafter extends DrafterBase {
   }
 
   override captureSetter(target: StageInfo): readonly number[] {
-    const bad = this.config.taps.filter((t) => t > target.numLayers);
-    if (bad.length > 0)
-      throw new DrafterError(
-        `dflash: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
-      );
-    return this.config.taps;
+    return dflashTaps(this.config, target);
   }
 
   /**

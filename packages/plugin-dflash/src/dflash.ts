@@ -78,7 +78,7 @@ import {
   type PackedBf16Weights,
 } from '@specd/native';
 
-import type { DFlashConfig } from './config.js';
+import { dflashTaps, type DFlashConfig } from './config.js';
 import {
   DFlashCudaDrafter,
   dflashCudaDeviceOf,
@@ -373,31 +373,18 @@ function buildDFlashCuda(
       `${where}: fc.weight is [${shape.join(', ')}], expected [${D}, ${c.taps.length * D}] ` +
         `(hidden ${D}, taps × hidden = ${c.taps.length} × ${D})`,
     );
-  // row-major bf16 as the device runner takes them (q|k|v and gate|up stacked by rows)
-  const rows = (names: readonly [string, number, number][]): Uint16Array => {
-    const blocks = names.map(([name, n, k]) => r.bf16(name, [n, k]));
-    const out = new Uint16Array(blocks.reduce((a, b) => a + b.length, 0));
-    let at = 0;
-    for (const b of blocks) {
-      out.set(b, at);
-      at += b.length;
-    }
-    return out;
-  };
   const layers: DFlashCudaLayerWeights[] = [];
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
+    // row-major bf16 as the device runner takes them (q|k|v and gate|up stacked by rows)
     layers.push({
-      qkv: rows([
-        [`${p}self_attn.q_proj.weight`, H * hd, D],
-        [`${p}self_attn.k_proj.weight`, KV * hd, D],
-        [`${p}self_attn.v_proj.weight`, KV * hd, D],
-      ]),
+      qkv: r.bf16Rows(
+        ['q_proj', 'k_proj', 'v_proj'].map((n) => `${p}self_attn.${n}.weight`),
+        [H * hd, KV * hd, KV * hd],
+        D,
+      ),
       o: r.bf16(`${p}self_attn.o_proj.weight`, [D, H * hd]),
-      gateUp: rows([
-        [`${p}mlp.gate_proj.weight`, I, D],
-        [`${p}mlp.up_proj.weight`, I, D],
-      ]),
+      gateUp: r.bf16Rows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
       down: r.bf16(`${p}mlp.down_proj.weight`, [D, I]),
       inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
       postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
@@ -550,12 +537,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
   }
 
   override captureSetter(target: StageInfo): readonly number[] {
-    const bad = this.config.taps.filter((t) => t > target.numLayers);
-    if (bad.length > 0)
-      throw new DrafterError(
-        `dflash: captureSetter: taps [${bad.join(', ')}] are beyond the target's ${target.numLayers} layers`,
-      );
-    return this.config.taps;
+    return dflashTaps(this.config, target);
   }
 
   override projectTargetHiddenPartial(

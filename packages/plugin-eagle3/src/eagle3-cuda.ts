@@ -41,6 +41,8 @@ import {
   DraftKvCache,
   Int32RowViews,
   PackedTaps,
+  lentCudaDevice,
+  type LentCudaDevice,
   sampleFromProbs,
   samplingProbs,
   type ContextSpan,
@@ -122,25 +124,15 @@ export interface Eagle3CudaAddon {
   eagle3Dispose(runner: CudaHandle): void;
 }
 
-/** What a target stage on a CUDA GPU lends drafters that run beside it (its `cudaDevice()`). */
-export interface CudaTargetDevice {
-  /** The loaded CUDA addon (the stage's own). */
-  readonly addon: Eagle3CudaAddon;
-  /** The target's token embedding as bf16 bits, `[vocabSize, hiddenSize]`. */
-  readonly embedding: Uint16Array;
-}
+/** What a target stage on a CUDA GPU lends drafters that run beside it (core's {@link LentCudaDevice}). */
+export type CudaTargetDevice = LentCudaDevice<Eagle3CudaAddon>;
 
 /**
  * The CUDA device of `target` when it runs on one: a stage with a `cudaDevice()` method (the CUDA Llama stage)
  * whose addon has the EAGLE-3 runner; undefined otherwise (a CPU stage, or an addon built before the runner).
  */
 export function cudaDeviceOf(target: StageModel): CudaTargetDevice | undefined {
-  const t = target as StageModel & { cudaDevice?: () => CudaTargetDevice };
-  if (typeof t.cudaDevice !== 'function') return undefined;
-  const device = t.cudaDevice();
-  return typeof device?.addon?.eagle3Create === 'function' && device.embedding instanceof Uint16Array
-    ? device
-    : undefined;
+  return lentCudaDevice<Eagle3CudaAddon>(target, 'eagle3Create');
 }
 
 /** The draft model's weights for the device, row-major bf16 bits (norms f32), as the runner takes them. */

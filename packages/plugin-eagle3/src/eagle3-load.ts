@@ -292,31 +292,14 @@ function buildEagle3(
     tree?.totalTokens ?? settings.numDraftTokens ?? c.speculativeTokens ?? EAGLE3_DEFAULT_DRAFT_TOKENS;
   if (cuda !== undefined) {
     // row-major bf16 as the device runner takes them (q|k|v and gate|up stacked by rows)
-    const rows = (parts: readonly [string, number, number][]): Uint16Array => {
-      const blocks = parts.map(([name, n, kk]) => r.bf16(name, [n, kk]));
-      const out = new Uint16Array(blocks.reduce((a, b) => a + b.length, 0));
-      let at = 0;
-      for (const b of blocks) {
-        out.set(b, at);
-        at += b.length;
-      }
-      return out;
-    };
     const drafter = Eagle3CudaDrafter.create(
       c,
       cuda,
       {
         fc: r.bf16('fc.weight', [D, c.taps.length * D]),
-        qkv: rows([
-          [q, H * hd, 2 * D],
-          [k, KV * hd, 2 * D],
-          [v, KV * hd, 2 * D],
-        ]),
+        qkv: r.bf16Rows([q, k, v], [H * hd, KV * hd, KV * hd], 2 * D),
         o: r.bf16(`${p}self_attn.o_proj.weight`, [D, H * hd]),
-        gateUp: rows([
-          [`${p}mlp.gate_proj.weight`, I, D],
-          [`${p}mlp.up_proj.weight`, I, D],
-        ]),
+        gateUp: r.bf16Rows([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], [I, I], D),
         down: r.bf16(`${p}mlp.down_proj.weight`, [D, I]),
         lmHead: r.bf16('lm_head.weight', [Vd, D]),
         inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),

@@ -182,13 +182,21 @@ export class WeightReader {
    */
   packedRows(names: readonly string[], rows: readonly number[], k: number): PackedBf16Weights {
     const n = rows.reduce((a, b) => a + b, 0);
-    const all = new Uint16Array(n * k);
+    return packBf16Weights(this.bf16Rows(names, rows, k), n, k);
+  }
+
+  /**
+   * Matrices `names[i]` `[rows[i], k]` (same k) stacked by rows as bf16 bits `[Σ rows, k]` row-major, unpacked (the
+   * layout a GPU runner uploads: q|k|v or gate|up in one GEMM).
+   */
+  bf16Rows(names: readonly string[], rows: readonly number[], k: number): Uint16Array {
+    const all = new Uint16Array(rows.reduce((a, b) => a + b, 0) * k);
     let at = 0;
     names.forEach((name, i) => {
       all.set(this.bf16(name, [rows[i]!, k]), at);
       at += rows[i]! * k;
     });
-    return packBf16Weights(all, n, k);
+    return all;
   }
 
   private logRead(r: TensorRead): void {
