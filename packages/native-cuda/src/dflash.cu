@@ -62,22 +62,7 @@ __global__ void headNormRopeKvRows(float* q, float* pools, int64_t poolFloats, c
   }
 }
 
-/** out[r, cols[i]] = in[r, i] for i < inCols: one block per row (out's other entries are left as they are). */
-__global__ void scatterColsRows(float* out, const float* in, const int32_t* cols, int inCols, int outCols) {
-  pdlWait();
-  pdlLaunchNext();
-  const int64_t r = blockIdx.x;
-  for (int i = threadIdx.x; i < inCols; i += blockDim.x) out[r * outCols + cols[i]] = in[r * inCols + i];
-}
-
 }  // namespace
-
-int specdScatterCols(float* out, const float* in, const int32_t* cols, int rows, int inCols, int outCols,
-                     cudaStream_t stream) {
-  if (rows <= 0) return 0;
-  return static_cast<int>(
-      specdLaunch(scatterColsRows, dim3(rows), dim3(256), 0, stream, out, in, cols, inCols, outCols));
-}
 
 int specdHeadNormRopeKv(float* q, float* pools, int64_t poolFloats, const float* src, int srcStride,
                         const float* cosSin, const int32_t* positions, const int32_t* slots, int rows, int qHeads,

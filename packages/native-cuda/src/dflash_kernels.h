@@ -1,4 +1,4 @@
-// @specd/native-cuda: launchers of dflash.cu, the DFlash draft runner's own kernels (see there). Each returns a
+// @specd/native-cuda: launchers of dflash.cu, the DFlash draft runner's own kernel (see there). Returns a
 // cudaError_t as int.
 #pragma once
 #include <cuda_runtime.h>
@@ -16,7 +16,3 @@ int specdHeadNormRopeKv(float* q, float* pools, int64_t poolFloats, const float*
                         const float* cosSin, const int32_t* positions, const int32_t* slots, int rows, int qHeads,
                         int kvHeads, int headDim, int layers, int layer0, const float* qNorm, const float* kNorm,
                         float eps, cudaStream_t stream);
-
-/** out[r, cols[i]] = in[r, i] over rows × inCols (out [rows, outCols] f32; its other entries untouched). */
-int specdScatterCols(float* out, const float* in, const int32_t* cols, int rows, int inCols, int outCols,
-                     cudaStream_t stream);

@@ -358,7 +358,7 @@ class DFlashRunner : public RunnerMemory {
       throw CudaFailure(e.what());
     }
     ok(cudaMemsetAsync(qFull, 0, G * d.vocab * 4, stream), "cudaMemsetAsync (draft q)");
-    launched(specdScatterCols(qFull, qDraft, tokenIds, static_cast<int>(G), d.draftVocab, d.vocab, stream),
+    launched(specdScatterCols(qFull, qDraft, tokenIds, static_cast<int>(G), d.draftVocab, d.vocab, 1, 0, stream),
              "draft q into the target vocabulary");
     if (qOut != nullptr)
       ok(cudaMemcpyAsync(qOut, qFull, G * d.vocab * 4, cudaMemcpyDeviceToHost, stream), "draft q copy");

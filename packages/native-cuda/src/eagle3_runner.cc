@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -46,6 +47,7 @@
 #include "eagle3_kernels.h"
 #include "kernels.h"
 #include "runner_util.h"
+#include "sampler.h"
 
 namespace {
 
@@ -180,6 +182,9 @@ class Eagle3Runner : public RunnerMemory {
 
   void release() {
     freeKv();
+    sampler.reset();
+    if (qFull != nullptr) specdForgetDeviceRows(qFull);
+    qDraft = qFull = nullptr;
     for (void* p : allocs) cudaFree(p);
     allocs.clear();
     if (hDrafts != nullptr) cudaFreeHost(hDrafts);
@@ -376,6 +381,73 @@ class Eagle3Runner : public RunnerMemory {
     stepRows = Sp;
   }
 
+  /**
+   * Step j of a sampled chain on the device (checked by the caller; j > 1 continues the previous call's rows): the
+   * step's forward as `step`, then each sequence's draft drawn from its draft-vocabulary row by the sampling kernels
+   * (`req`: one group per sequence, row s, no drafts; temperature / top-k / top-p and the draw of the request's
+   * generator) → the drawn draft ids into `idsOut` [S] (−1: the row is not finite). Its q, scattered into the target
+   * vocabulary through d2t, stays on the device at row s · maxDrafts + j − 1 of the lent q buffer (`probsAddress`;
+   * rows of a sequence's chain contiguous), zeroed at step 1.
+   */
+  void sampledStep(int j, const ChainArgs& c, const SampleRequest& req, int32_t* idsOut) {
+    const int Sp = padRows(c.S);
+    if (j > 1 && (j != stepNext || Sp != stepRows))
+      throw std::invalid_argument("j: step " + std::to_string(j) + " does not continue the previous step (expected " +
+                                  (stepNext == 0 ? std::string("j = 1") : "j = " + std::to_string(stepNext)) +
+                                  " over the same sequences)");
+    if (!sampler) sampler = std::make_unique<DeviceSampler>();
+    const size_t qRows = static_cast<size_t>(d.maxSequences) * d.maxDrafts;
+    if (qFull == nullptr) {
+      qDraft = static_cast<float*>(dev(static_cast<size_t>(chainRows) * d.draftVocab * 4, "draft q"));
+      qFull = static_cast<float*>(dev(qRows * d.vocab * 4, "draft q, target vocabulary"));
+      specdRegisterDeviceRows(qFull, qRows * d.vocab * 4);
+    }
+    pack(c, Sp, 1, false, j);
+    ok(cudaMemcpyAsync(meta, hMeta, metaSize(Sp, 1) * 4, cudaMemcpyHostToDevice, stream), "metadata copy");
+    int maxKv = 0;
+    for (int s = 0; s < c.S; s++) maxKv = std::max(maxKv, c.positions[s] + std::min(j, c.lengths[s]) - 1);
+    attnKeys = attnSpan(maxKv, maxBlocks * d.pageSize);
+    lastGraph = nullptr;
+    stepNext = 0;
+    if (j == 1)
+      ok(cudaMemsetAsync(qFull, 0, static_cast<size_t>(c.S) * d.maxDrafts * d.vocab * 4, stream),
+         "cudaMemsetAsync (q)");
+    const int32_t* tok = meta;
+    const int32_t* gIdx = tok + Sp;
+    const int32_t* cu = gIdx + Sp;
+    const int32_t* tables = cu + Sp + 1;
+    const int32_t* pos = tables + static_cast<size_t>(Sp) * maxBlocks;
+    launchStep(Sp, tok, j == 1 ? gSlotPool : hbuf[(j - 1) & 1], j == 1 ? gIdx : nullptr, hbuf[j & 1], cu, tables, pos,
+               pos + Sp, pos + 2 * Sp);
+    std::vector<int32_t> res;
+    try {
+      res = sampler->run(req, logits, d.draftVocab, stream, qDraft);  // waits for the stream
+    } catch (const std::runtime_error& e) {
+      throw CudaFailure(e.what());
+    }
+    launched(specdScatterCols(qFull, qDraft, d2t, c.S, d.draftVocab, d.vocab, d.maxDrafts, j - 1, stream),
+             "draft q into the target vocabulary");
+    ok(cudaStreamSynchronize(stream), "the sampled step (cudaStreamSynchronize)");
+    for (int s = 0; s < c.S; s++) idsOut[s] = res[2 * s + 1];
+    stepNext = j + 1;
+    stepRows = Sp;
+    sampledChains = c.S;
+  }
+
+  /** Rows [row, row + rows) of the sampled chain's q (target vocabulary) into host `out` [rows, vocab] f32. */
+  void probs(int row, int rows, float* out) {
+    if (qFull == nullptr || row < 0 || rows < 0 || row + rows > sampledChains * d.maxDrafts)
+      throw std::invalid_argument("eagle3Probs: rows " + std::to_string(row) + " … " + std::to_string(row + rows) +
+                                  " outside the sampled chain's q");
+    ok(cudaMemcpyAsync(out, qFull + static_cast<size_t>(row) * d.vocab, static_cast<size_t>(rows) * d.vocab * 4,
+                       cudaMemcpyDeviceToHost, stream),
+       "draft q copy");
+    ok(cudaStreamSynchronize(stream), "eagle3Probs (cudaStreamSynchronize)");
+  }
+
+  /** The device address of the sampled chains' q [maxSequences · maxDrafts, vocab] f32 (lent), null before any. */
+  const float* probsAddress() const { return qFull; }
+
   /** Waits for the stream (a context write's errors surface here). */
   void sync() { ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 
@@ -419,7 +491,10 @@ class Eagle3Runner : public RunnerMemory {
   std::map<std::tuple<int, int, int>, cudaGraphExec_t> graphs;
   cudaGraphExec_t lastGraph = nullptr;
   int stepNext = 0, stepRows = 0;
-  int attnKeys = 64;  // the paged attention's key span of the current chain or step (attnSpan)
+  int attnKeys = 64;                          // the paged attention's key span of the current chain or step (attnSpan)
+  std::unique_ptr<DeviceSampler> sampler;     // made at the first sampled step
+  float *qDraft = nullptr, *qFull = nullptr;  // a sampled step's q [chainRows, draftVocab]; the chains' q (lent)
+  int sampledChains = 0;                      // sequences of the last sampled chain
 
   void gemm(float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
     launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
@@ -769,6 +844,52 @@ Napi::Value Eagle3Step(const Napi::CallbackInfo& info) {
   return out;
 }
 
+/**
+ * eagle3StepSample(runner, j, gSlots, tokens, positions, blockTables, stepSlots, lengths, request) → {ids [S] i32,
+ * qAddress: BigInt}: step j of a sampled chain on the device (eagle3Step's arguments and continuation rules), each
+ * sequence's draft drawn from its draft-vocabulary logits by the sampling kernels: `request` as llamaSample's with one
+ * group per sequence (row s, 0 drafts, −1, top-k), temperature / topP [S], drafts empty, uniforms [S] (the draw of
+ * each sequence's generator; any value for a sequence past its length, whose row is ignored). ids: the drawn draft
+ * ids (draft vocabulary; −1: the row is not finite). q stays on the device: sequence s's step-j row is row
+ * s · maxDraftTokens + j − 1 at qAddress, in the target vocabulary (lent to llamaSample; valid until the next sampled
+ * step 1).
+ * @throws RangeError / TypeError naming the argument; Error naming a failed CUDA call.
+ */
+Napi::Value Eagle3StepSample(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Eagle3Runner* r = runnerOf(info);
+  ready(env, r, "eagle3StepSample");
+  const int j = intArg(info, 1, "j", 1, r->d.maxDrafts);
+  const ChainArgs c = chainArgs(info, r, 2, false, j);
+  if (!info[8].IsObject()) throw Napi::TypeError::New(env, "request: expected an object");
+  const SampleRequest req = parseSample(info[8].As<Napi::Object>(), c.S, r->d.draftVocab);
+  if (req.G != c.S || req.N != req.G)
+    throw Napi::RangeError::New(env, "request: expected one group per sequence, one row each, no drafts");
+  for (int g = 0; g < req.G; g++)
+    if (req.ints[6 * g] != g) throw Napi::RangeError::New(env, "request: group " + std::to_string(g) + ": row != g");
+  Napi::Int32Array ids = Napi::Int32Array::New(env, c.S);
+  guarded(env, [&]() { r->sampledStep(j, c, req, ids.Data()); });
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("ids", ids);
+  out.Set("qAddress", Napi::BigInt::New(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(r->probsAddress()))));
+  return out;
+}
+
+/**
+ * eagle3Probs(runner, row, rows) → Float32Array [rows, vocabSize]: rows [row, row + rows) of the sampled chains' q
+ * copied to the host (a sampled proposal's q when the host samples after all).
+ * @throws RangeError for rows outside the last sampled chain's; Error naming a failed CUDA call.
+ */
+Napi::Value Eagle3Probs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Eagle3Runner* r = runnerOf(info);
+  const int row = intArg(info, 1, "row", 0, 1 << 24);
+  const int rows = intArg(info, 2, "rows", 0, 1 << 24);
+  Napi::Float32Array out = Napi::Float32Array::New(env, static_cast<size_t>(rows) * r->d.vocab);
+  guarded(env, [&]() { r->probs(row, rows, out.Data()); });
+  return out;
+}
+
 /** eagle3Synchronize(runner): waits for the runner's stream (a context write's errors are thrown here). */
 Napi::Value Eagle3Synchronize(const Napi::CallbackInfo& info) {
   Eagle3Runner* r = runnerOf(info);
@@ -805,6 +926,8 @@ void RegisterEagle3(Napi::Env env, Napi::Object exports) {
   exports.Set("eagle3ContextWrite", Napi::Function::New(env, Eagle3ContextWrite));
   exports.Set("eagle3Chain", Napi::Function::New(env, Eagle3Chain));
   exports.Set("eagle3Step", Napi::Function::New(env, Eagle3Step));
+  exports.Set("eagle3StepSample", Napi::Function::New(env, Eagle3StepSample));
+  exports.Set("eagle3Probs", Napi::Function::New(env, Eagle3Probs));
   exports.Set("eagle3Synchronize", Napi::Function::New(env, Eagle3Synchronize));
   exports.Set("eagle3ReplayMs", Napi::Function::New(env, Eagle3ReplayMs));
   exports.Set("eagle3Info", Napi::Function::New(env, Eagle3Info));

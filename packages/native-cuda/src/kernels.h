@@ -117,6 +117,13 @@ int specdSampleAccept(int32_t* results, void* statsWs, float* probsOut, const fl
                       const int32_t* gi, const double* gf, const int32_t* drafts, const double* uniforms,
                       const float* q, cudaStream_t stream);
 
+/**
+ * A draft head's q rows into the target vocabulary: out[r · outRowStride + outRow0, cols[i]] = in[r, i] over rows ×
+ * inCols (out [*, outCols] f32; its other entries untouched; cols: the draft vocabulary's token ids).
+ */
+int specdScatterCols(float* out, const float* in, const int32_t* cols, int rows, int inCols, int outCols,
+                     int outRowStride, int outRow0, cudaStream_t stream);
+
 // binding.cc: device buffers whose rows one runner lends another by address (a drafter's q read by the target
 // runner's sampler on the same device); a lent address is accepted only inside a registered buffer.
 /** Registers [p, p + bytes) as lendable (until specdForgetDeviceRows(p)). Thread-safe. */

@@ -451,6 +451,14 @@ __global__ void sampleProbRows(float* out, const RowStats* stats, const float* l
     o[i] = s.bad ? NAN : probOf(s, scaled(row[i], g.temperature), i);
 }
 
+/** out[r · outRowStride + outRow0, cols[i]] = in[r, i] for i < inCols: one block per row (other entries untouched). */
+__global__ void scatterColsRows(float* out, const float* in, const int32_t* cols, int inCols, int outCols,
+                                int outRowStride, int outRow0) {
+  const int64_t r = blockIdx.x;
+  float* o = out + (r * outRowStride + outRow0) * outCols;
+  for (int i = threadIdx.x; i < inCols; i += blockDim.x) o[cols[i]] = in[r * inCols + i];
+}
+
 }  // namespace
 
 size_t specdSampleStatsBytes(int rows) { return static_cast<size_t>(rows) * sizeof(RowStats); }
@@ -467,5 +475,12 @@ int specdSampleAccept(int32_t* results, void* statsWs, float* probsOut, const fl
   if (results != nullptr)
     sampleDecide<<<groups, kThreads, 0, stream>>>(results, stats, statsRow0, logits, vocab, rowIndex, gi, gf, drafts,
                                                   uniforms, q);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int specdScatterCols(float* out, const float* in, const int32_t* cols, int rows, int inCols, int outCols,
+                     int outRowStride, int outRow0, cudaStream_t stream) {
+  if (rows <= 0) return 0;
+  scatterColsRows<<<rows, 256, 0, stream>>>(out, in, cols, inCols, outCols, outRowStride, outRow0);
   return static_cast<int>(cudaGetLastError());
 }

@@ -136,3 +136,82 @@ export function tee(g, c) {
     dispose() {},
   };
 }
+
+/**
+ * Sampled speculation through `drafter` on the GPU target `model` against the target's own distribution: 3,000
+ * requests of `prompt` (T 1, top-k 4, 3 new tokens, one sequence at a time, draft policy 'max'); the (2nd, 3rd) tokens'
+ * counts against Σ_a p(a) p(b | a) p(c | a, b), with p computed as the engine computes it (the prompt in chunks of 64,
+ * then single rows of the row-invariant small GEMM), so the top-k sets are the same bits, not cut differently at a
+ * near-tie. Counts the calls of the addon's `copyFn` (a drafter's q copied back to the host).
+ * @returns {stat, df, crit, drafted, accepted, copies, line}; throws when a pair outside the target's support comes up.
+ */
+export async function sampledChiSquare(model, drafter, prompt, copyFn) {
+  const { samplingProbs } = await import('@specd/native');
+  const { chiCrit, chiSquare } = await import('./reference.mjs');
+  const V = model.info.vocabSize;
+  const topK = 4;
+  const CHUNK = 64;
+  const cache = model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
+  cache.add(1);
+  const forward = (position, tokens) => {
+    cache.rollback(1, { length: position, state: undefined });
+    const res = model.forward({ sequences: [{ id: 1, position, tokens, logits: 'last' }] }, cache);
+    return samplingProbs(res.logits, V, 1, topK, 1);
+  };
+  const n = prompt.length;
+  let p1;
+  for (let c = 0; c < n; c += CHUNK) p1 = forward(c, prompt.subarray(c, Math.min(n, c + CHUNK)));
+  const support = (p) => Array.from(p.keys()).filter((i) => p[i] > 0);
+  const want = new Map();
+  for (const a of support(p1)) {
+    const p2 = forward(n, Int32Array.of(a));
+    for (const b of support(p2)) {
+      const p3 = forward(n + 1, Int32Array.of(b));
+      for (const c of support(p3)) want.set(b * V + c, (want.get(b * V + c) ?? 0) + p1[a] * p2[b] * p3[c]);
+    }
+  }
+  cache.finish(1);
+  const addon = model.cuda;
+  const copyBack = addon[copyFn];
+  let copies = 0;
+  addon[copyFn] = (...a) => {
+    copies++;
+    return copyBack.apply(addon, a);
+  };
+  try {
+    const N = 3000;
+    const reqs = Array.from({ length: N }, (_, i) => ({
+      id: `q${i}`,
+      promptIds: prompt,
+      maxTokens: 3,
+      sampling: { temperature: 1, topK },
+      seed: i + 1,
+      ignoreEos: true,
+    }));
+    // one sequence at a time: a batched prefill would be another GEMM shape (other bits) than the reference's
+    const { results, engine } = runEngine(model, drafter, reqs, { prefillChunk: CHUNK, draftPolicy: 'max' });
+    const keys = [...want.keys()];
+    const index = new Map(keys.map((k, i) => [k, i]));
+    const counts = new Float64Array(keys.length);
+    for (const r of reqs) {
+      const [, b, c] = results.get(r.id);
+      const i = index.get(b * V + c);
+      if (i === undefined) throw new Error(`(${b}, ${c}) has probability 0 under the target`);
+      counts[i]++;
+    }
+    const { stat, df } = chiSquare(
+      counts,
+      Float64Array.from(keys, (k) => want.get(k)),
+      N,
+    );
+    const m = engine.metrics;
+    const crit = chiCrit(df);
+    const line =
+      `T 1, top-k ${topK}, ${N} requests: (2nd, 3rd) χ² ${stat.toFixed(1)} (df ${df}, critical ${crit.toFixed(1)}); ` +
+      `drafted ${m.drafted}, accepted ${m.accepted}; q copied back ${copies} times`;
+    if (engine.cache.pagesInUse !== 0) throw new Error('the engine left KV pages in use');
+    return { stat, df, crit, drafted: m.drafted, accepted: m.accepted, copies, line };
+  } finally {
+    addon[copyFn] = copyBack;
+  }
+}

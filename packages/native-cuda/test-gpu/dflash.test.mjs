@@ -16,9 +16,9 @@ import {
   loadGpuDrafter,
   loadGpuTarget,
   runEngine,
+  sampledChiSquare,
   tee,
 } from './common.mjs';
-import { chiCrit, chiSquare } from './reference.mjs';
 
 let gpu;
 let skip;
@@ -229,81 +229,15 @@ test('sampled requests draft on the GPU with q; 4 sequences at once; no page lef
 
 test('sampled speculation with q left on the device is lossless: (2nd, 3rd) tokens ~ the target (χ²)', async (t) => {
   if (skip) return t.skip(skip);
-  const { samplingProbs } = await import('@specd/native');
-  const V = gpu.model.info.vocabSize;
-  const prompt = prompts[0].ids;
-  const topK = 4;
-  const CHUNK = 64;
-  // the target's p after T 1 and top-k for the prompt, then one token a, then a and b — computed as the engine
-  // computes them with one sequence (the prompt in chunks of 64, then rows of the row-invariant small GEMM), so the
-  // top-k sets are the same bits as the engine's, not cut differently at a near-tie
-  const cache = gpu.model.createCache({ pageSize: 16, numPages: 64, numSlots: 1, maxSequenceLength: 1000 });
-  cache.add(1);
-  const forward = (position, tokens) => {
-    cache.rollback(1, { length: position, state: undefined });
-    const res = gpu.model.forward({ sequences: [{ id: 1, position, tokens, logits: 'last' }] }, cache);
-    return samplingProbs(res.logits, V, 1, topK, 1);
-  };
-  const n = prompt.length;
-  let p1;
-  for (let c = 0; c < n; c += CHUNK) p1 = forward(c, prompt.subarray(c, Math.min(n, c + CHUNK)));
-  const support = (p) => Array.from(p.keys()).filter((i) => p[i] > 0);
-  // the joint of the 2nd and 3rd tokens: Σ_a p(a) p(b | a) p(c | a, b)
-  const want = new Map();
-  for (const a of support(p1)) {
-    const p2 = forward(n, Int32Array.of(a));
-    for (const b of support(p2)) {
-      const p3 = forward(n + 1, Int32Array.of(b));
-      for (const c of support(p3)) want.set(b * V + c, (want.get(b * V + c) ?? 0) + p1[a] * p2[b] * p3[c]);
-    }
-  }
-  cache.finish(1);
   const g = await dflash('cuda');
-  const addon = gpu.model.cuda;
-  const copyBack = addon.dflashProbs;
-  let copies = 0;
-  addon.dflashProbs = (...a) => {
-    copies++;
-    return copyBack.apply(addon, a);
-  };
   try {
-    const N = 3000;
-    const reqs = Array.from({ length: N }, (_, i) => ({
-      id: `q${i}`,
-      promptIds: prompt,
-      maxTokens: 3,
-      sampling: { temperature: 1, topK },
-      seed: i + 1,
-      ignoreEos: true,
-    }));
-    // one sequence at a time: a batched prefill would be another GEMM shape (other bits) than the reference's
-    const { results, engine } = runEngine(gpu.model, g, reqs, { prefillChunk: CHUNK, draftPolicy: 'max' });
-    const keys = [...want.keys()];
-    const index = new Map(keys.map((k, i) => [k, i]));
-    const counts = new Float64Array(keys.length);
-    for (const r of reqs) {
-      const [, b, c] = results.get(r.id);
-      const i = index.get(b * V + c);
-      assert.ok(i !== undefined, `(${b}, ${c}) has probability 0 under the target`);
-      counts[i]++;
-    }
-    const { stat, df } = chiSquare(
-      counts,
-      Float64Array.from(keys, (k) => want.get(k)),
-      N,
-    );
-    const m = engine.metrics;
-    console.log(
-      `# sampled DFlash on the GPU, T 1, top-k ${topK}, ${N} requests: (2nd, 3rd) χ² ${stat.toFixed(1)} (df ${df}, ` +
-        `critical ${chiCrit(df).toFixed(1)}); drafted ${m.drafted}, accepted ${m.accepted}; ` +
-        `q copied back ${copies} times`,
-    );
-    assert.ok(stat < chiCrit(df), `χ² ${stat} ≥ ${chiCrit(df)}`);
-    assert.ok(m.drafted > 0 && m.accepted > 0 && m.accepted < m.drafted);
-    assert.equal(copies, 0, 'q stayed on the device');
-    assert.equal(g.pagesInUse + engine.cache.pagesInUse, 0);
+    const r = await sampledChiSquare(gpu.model, g, prompts[0].ids, 'dflashProbs');
+    console.log(`# sampled DFlash on the GPU, ${r.line}`);
+    assert.ok(r.stat < r.crit, `χ² ${r.stat} ≥ ${r.crit}`);
+    assert.ok(r.drafted > 0 && r.accepted > 0 && r.accepted < r.drafted);
+    assert.equal(r.copies, 0, 'q stayed on the device');
+    assert.equal(g.pagesInUse, 0);
   } finally {
-    addon.dflashProbs = copyBack;
     g.dispose();
   }
 });

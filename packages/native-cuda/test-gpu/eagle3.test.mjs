@@ -2,7 +2,8 @@
 // same GPU target: the draft-vocabulary logits of forced chains, the greedy drafts of every propose of a run (both
 // drafters fed the same context; agreement reported, ≥ 90 % of draft positions asserted), greedy speculation equal
 // to plain GPU decoding token for token (8 prompts × 64 tokens), τ within 5 % of the CPU drafter's, sampled
-// drafting, and no draft KV page left in use. Skips without a GPU or without the checkpoint. Run on a GPU machine:
+// drafting (drawn on the device, q left there: lossless by a χ² of the 2nd and 3rd tokens), and no draft KV page left
+// in use. Skips without a GPU or without the checkpoint. Run on a GPU machine:
 // `node --test packages/native-cuda/test-gpu/eagle3.test.mjs` (part of npm run test:gpu).
 import * as assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -15,6 +16,7 @@ import {
   loadGpuDrafter,
   loadGpuTarget,
   runEngine,
+  sampledChiSquare,
   tee,
 } from './common.mjs';
 
@@ -175,6 +177,21 @@ test('sampled requests draft on the GPU with q; 4 sequences at once; no page lef
     for (const r of greedy) assert.deepEqual(batched.results.get(r.id), plain.get(r.id), `batched, prompt ${r.id}`);
     assert.equal(g.pagesInUse, 0);
     assert.equal(batched.engine.cache.pagesInUse, 0);
+  } finally {
+    g.dispose();
+  }
+});
+
+test('sampled speculation with q left on the device is lossless: (2nd, 3rd) tokens ~ the target (χ²)', async (t) => {
+  if (skip) return t.skip(skip);
+  const g = await eagle3('cuda');
+  try {
+    const r = await sampledChiSquare(gpu.model, g, prompts[0].ids, 'eagle3Probs');
+    console.log(`# sampled EAGLE-3 on the GPU, ${r.line}`);
+    assert.ok(r.stat < r.crit, `χ² ${r.stat} ≥ ${r.crit}`);
+    assert.ok(r.drafted > 0 && r.accepted > 0 && r.accepted < r.drafted);
+    assert.equal(r.copies, 0, 'q stayed on the device');
+    assert.equal(g.pagesInUse, 0);
   } finally {
     g.dispose();
   }

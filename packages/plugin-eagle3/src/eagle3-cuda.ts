@@ -23,11 +23,13 @@
  *
  * Propose: greedy sequences (temperature 0) draft their chain on the device in one call — every step, the argmax
  * over the draft vocabulary mapped through d2t into the next step's token, a CUDA graph per (padded sequences, k)
- * — and only the draft ids come back. Sampled sequences (temperature > 0) run the same steps one call per step: each
- * returns the draft-vocabulary logits, the host computes q = samplingProbs(logits) (temperature / top-k / top-p over
- * the draft vocabulary, as the CPU drafter) and samples with the request's generator, so q is returned in the
- * target vocabulary and rejection sampling stays lossless. The chain's entries are temporary rows of the draft KV,
- * reserved here before the call and dropped after it, whether it returns or throws.
+ * — and only the draft ids come back. Sampled sequences (temperature > 0) run the same steps one call per step, each
+ * drawing its draft on the device (`eagle3StepSample`, the target's sampling kernels: temperature / top-k / top-p over
+ * the draft vocabulary, as the CPU drafter, with one draw of the request's generator handed over); q, in the target
+ * vocabulary, stays on the device for the CUDA stage's rejection sampling (the proposal's `deviceProbs`), so it stays
+ * lossless with only draft ids crossing to the host; reading the proposal's `probs` copies q back. The chain's
+ * entries are temporary rows of the draft KV, reserved here before the call and dropped after it, whether it returns
+ * or throws.
  *
  * Not here: trees (the CUDA stage cannot verify them, so the plugin refuses `tree` for it at load), tensor
  * parallelism (the CUDA stage is one GPU) and prefill/decode disaggregation (the draft context lives in device
@@ -43,8 +45,6 @@ import {
   PackedTaps,
   lentCudaDevice,
   type LentCudaDevice,
-  sampleFromProbs,
-  samplingProbs,
   type ContextSpan,
   type DraftBatch,
   type DraftProposal,
@@ -112,6 +112,24 @@ export interface Eagle3CudaAddon {
     stepSlots: Int32Array,
     lengths: Int32Array,
   ): { readonly argmax: Int32Array; readonly logits: Float32Array };
+  eagle3StepSample(
+    runner: CudaHandle,
+    j: number,
+    gSlots: Int32Array,
+    tokens: Int32Array,
+    positions: Int32Array,
+    blockTables: Int32Array,
+    stepSlots: Int32Array,
+    lengths: Int32Array,
+    request: {
+      readonly groups: Int32Array;
+      readonly temperature: Float64Array;
+      readonly topP: Float64Array;
+      readonly drafts: Int32Array;
+      readonly uniforms: Float64Array;
+    },
+  ): { readonly ids: Int32Array; readonly qAddress: bigint };
+  eagle3Probs(runner: CudaHandle, row: number, rows: number): Float32Array;
   eagle3Synchronize(runner: CudaHandle): void;
   eagle3ReplayMs(runner: CudaHandle, reps: number, k?: number, sequences?: number): number;
   eagle3Info(runner: CudaHandle): {
@@ -182,6 +200,8 @@ export class Eagle3CudaDrafter extends DrafterBase {
   private readonly maxBlocks: number;
   private readonly freeGSlots: number[] = [];
   private readonly gSlots = new Map<SequenceId, number>();
+  /** Counts sampled chains: a proposal's q on the device is valid until the next one. */
+  private sampleGeneration = 0;
   /** Sequences whose g slot holds the g of their last context row. */
   private readonly hasG = new Set<SequenceId>();
   /** Packed taps {@link projectTargetHiddenPartial} returns (core's {@link PackedTaps}). */
@@ -401,25 +421,9 @@ export class Eagle3CudaDrafter extends DrafterBase {
     }
     if (sampled.length > 0) {
       const ss = sampled.map((i) => seqs[i]!);
-      const V = this.config.vocabSize;
-      const probs = ss.map((s) => new Float32Array(s.maxDrafts * V));
-      const drafts = this.stepwiseChain(
-        ss,
-        ss.map((s) => s.maxDrafts),
-        (r, j, lg) => {
-          const s = ss[r]!;
-          const qd = samplingProbs(lg, lg.length, s.sampling);
-          const full = probs[r]!.subarray((j - 1) * V, j * V);
-          for (let e = 0; e < qd.length; e++) full[this.draftToTarget[e]!] = qd[e]!;
-          return sampleFromProbs(qd, s.rng);
-        },
-      );
+      const props = this.sampledChain(ss);
       sampled.forEach((i, r) => {
-        out[i] = {
-          id: seqs[i]!.id,
-          tokens: Int32Array.from(drafts[r]!, (d) => this.draftToTarget[d]!),
-          probs: probs[r]!,
-        };
+        out[i] = props[r]!;
       });
     }
     return out;
@@ -594,6 +598,85 @@ export class Eagle3CudaDrafter extends DrafterBase {
       out.push(drafts);
     }
     return out;
+  }
+
+  /**
+   * Sampled chains on the device, one call per step (`eagle3StepSample`): each step's draft drawn from its
+   * draft-vocabulary logits after the request's temperature / top-k / top-p with one draw of its generator (as the
+   * CPU drafter consumes them), fed to the next step mapped through d2t; q stays on the device (the proposal's
+   * `deviceProbs`, rows s · maxDraftTokens … of the runner's lent buffer) and comes back only if `probs` is read. A
+   * row that is not finite ends that sequence's chain there.
+   */
+  private sampledChain(seqs: readonly DraftSequence[]): DraftProposal[] {
+    const runner = this.live();
+    const S = seqs.length;
+    const V = this.config.vocabSize;
+    const Vd = this.config.draftVocabSize;
+    const lengths = Int32Array.from(seqs, (s) => s.maxDrafts);
+    const K = Math.max(...lengths);
+    const drafts = seqs.map((s) => new Int32Array(s.maxDrafts));
+    const got = new Int32Array(S).fill(-1); // drafts made so far; −1: still drafting
+    const groups = new Int32Array(4 * S);
+    const temperature = new Float64Array(S);
+    const topP = new Float64Array(S);
+    seqs.forEach((s, r) => {
+      groups[4 * r] = r;
+      groups[4 * r + 2] = -1;
+      groups[4 * r + 3] = s.sampling.topK !== undefined && s.sampling.topK < Vd ? s.sampling.topK : 0;
+      temperature[r] = s.sampling.temperature;
+      topP[r] = s.sampling.topP ?? 1;
+    });
+    let address = 0n;
+    this.withChainRows(seqs, lengths, () => {
+      const a = this.chainArgs(seqs, lengths, K);
+      const tokens = Int32Array.from(a.tokens);
+      for (let j = 1; j <= K; j++) {
+        const slots = Int32Array.from({ length: S }, (_, r) => a.slotOf(j, r));
+        const uniforms = Float64Array.from(seqs, (s, r) => (j <= lengths[r]! && got[r]! < 0 ? s.rng.next() : 0.5));
+        const res = this.addon.eagle3StepSample(runner, j, a.gSlots, tokens, a.positions, a.tables, slots, a.lengths, {
+          groups,
+          temperature,
+          topP,
+          drafts: new Int32Array(0),
+          uniforms,
+        });
+        address = res.qAddress;
+        for (let r = 0; r < S; r++) {
+          if (j > lengths[r]! || got[r]! >= 0) continue;
+          const d = res.ids[r]!;
+          if (d < 0) {
+            got[r] = j - 1;
+            continue;
+          }
+          drafts[r]![j - 1] = this.draftToTarget[d]!;
+          tokens[r] = this.draftToTarget[d]!;
+        }
+      }
+    });
+    const generation = ++this.sampleGeneration;
+    const rowBytes = BigInt(V * 4);
+    return seqs.map((s, r) => {
+      const k = got[r]! >= 0 ? got[r]! : lengths[r]!;
+      const row = r * this.maxDraftTokens;
+      const tokens = drafts[r]!.subarray(0, k);
+      if (k === 0) return { id: s.id, tokens, probs: new Float32Array(0) };
+      let copy: Float32Array | undefined;
+      const p = { id: s.id, tokens, deviceProbs: { device: 'cuda', address: address + BigInt(row) * rowBytes } };
+      Object.defineProperty(p, 'probs', {
+        enumerable: true,
+        get: (): Float32Array => {
+          if (copy !== undefined) return copy;
+          if (generation !== this.sampleGeneration)
+            throw new DrafterError(
+              `eagle3: sequence ${String(s.id)}: q was read after a later sampled propose ` +
+                '(it lives on the GPU until then)',
+            );
+          copy = this.addon.eagle3Probs(this.live(), row, k);
+          return copy;
+        },
+      });
+      return p as DraftProposal;
+    });
   }
 
   /**
