@@ -417,12 +417,13 @@ export class DFlashCudaDrafter extends DrafterBase {
       uniforms[g] = seqs[r]!.rng.next();
     });
     const runner = this.live();
+    // the q of earlier proposals is overwritten from here on, whether this call returns or throws
+    const generation = ++this.sampleGeneration;
     const { results, qAddress } = this.addon.dflashSample(
       runner,
       { groups, temperature, topP, drafts: new Int32Array(0), uniforms },
       false,
     );
-    const generation = ++this.sampleGeneration;
     const rowBytes = BigInt(V * 4);
     const out = new Map<number, DraftProposal>();
     let g = 0;

@@ -627,6 +627,8 @@ export class Eagle3CudaDrafter extends DrafterBase {
       topP[r] = s.sampling.topP ?? 1;
     });
     let address = 0n;
+    // the q of earlier proposals is overwritten from here on, whether the chain returns or throws
+    const generation = ++this.sampleGeneration;
     this.withChainRows(seqs, lengths, () => {
       const a = this.chainArgs(seqs, lengths, K);
       const tokens = Int32Array.from(a.tokens);
@@ -653,7 +655,6 @@ export class Eagle3CudaDrafter extends DrafterBase {
         }
       }
     });
-    const generation = ++this.sampleGeneration;
     const rowBytes = BigInt(V * 4);
     return seqs.map((s, r) => {
       const k = got[r]! >= 0 ? got[r]! : lengths[r]!;

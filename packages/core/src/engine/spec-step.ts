@@ -246,7 +246,8 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
       proposed = toDraft.flatMap((d) => {
         ctx.metrics.proposeCalls++;
         try {
-          return drafter.propose({ sequences: [d] });
+          // each call's q on the device lives until the next propose: bring it to the host before that call
+          return drafter.propose({ sequences: [d] }).map(detachDeviceProbs);
         } catch (one) {
           failed.set(d.id, new SequenceError(d.id, 'propose', one));
           return [];
@@ -273,6 +274,22 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
   }
   applyBudgets(ctx, proposals);
   return { proposals, drafted: toDraft.length, proposeMs, catchUpRows, catchUpMs, failed };
+}
+
+/**
+ * `p` with its q in host memory: a proposal whose q lies on the device (`deviceProbs`, valid until the drafter's next
+ * propose) gets it copied back now (reading `probs`), and the device address dropped; others as they are.
+ */
+function detachDeviceProbs(p: DraftProposal): DraftProposal {
+  if (p.deviceProbs === undefined) return p;
+  const probs = p.probs;
+  return {
+    id: p.id,
+    tokens: p.tokens,
+    ...(probs === undefined ? {} : { probs }),
+    ...(p.parents === undefined ? {} : { parents: p.parents }),
+    ...(p.confidence === undefined ? {} : { confidence: p.confidence }),
+  };
 }
 
 /** What {@link propose} returns when no sequence drafts. */

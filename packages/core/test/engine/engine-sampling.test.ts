@@ -356,6 +356,32 @@ class DeviceQTarget extends DeviceChainTarget {
   }
 }
 
+/**
+ * A DeviceQDrafter as a GPU drafter keeps q: ONE device buffer, rewritten by every propose (so a proposal's q is valid
+ * until the next propose), and a batch of more than one sequence refused, so the engine retries one sequence at a
+ * time — where each retry overwrites the previous proposal's q.
+ */
+class OneBufferDrafter extends DeviceQDrafter {
+  static readonly ADDRESS = 1n << 40n;
+  override propose(batch: DraftBatch): DraftProposal[] {
+    if (batch.sequences.length > 1) throw new Error('one sequence at a time');
+    return super.propose(batch).map((p) => {
+      if (p.deviceProbs === undefined) return p;
+      const q = deviceQ.get(p.deviceProbs.address)!;
+      deviceQ.set(OneBufferDrafter.ADDRESS, q);
+      const out = { id: p.id, tokens: p.tokens, deviceProbs: { device: 'sim', address: OneBufferDrafter.ADDRESS } };
+      Object.defineProperty(out, 'probs', {
+        enumerable: true,
+        get: () => {
+          this.probsReads++;
+          return q;
+        },
+      });
+      return out as DraftProposal;
+    });
+  }
+}
+
 describe('q kept on the device by the drafter (DraftProposal.deviceProbs)', () => {
   it('a stage that reads it gets the address, never a host copy; sampling stays lossless (χ², 10⁴ requests)', () => {
     const target = new DeviceQTarget(true);
@@ -390,6 +416,42 @@ describe('q kept on the device by the drafter (DraftProposal.deviceProbs)', () =
     expect(target.specsWithDeviceQ).toBeGreaterThan(N / 2);
     expect(drafter.probsReads).toBe(0);
     expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
+  });
+
+  it('proposals retried one by one carry their q to the host (the next retry overwrites the device buffer): χ²', () => {
+    const target = new DeviceQTarget(true);
+    const drafter = new OneBufferDrafter();
+    const e = new SpecEngine(target, drafter, {
+      maxSequences: 4,
+      maxTokensPerSequence: 16,
+      pageSize: 4,
+      draftLength: () => 2,
+    });
+    const rs = e.run(
+      Array.from({ length: N }, (_, i) => ({
+        id: i,
+        promptIds: Int32Array.of(2),
+        maxTokens: 3,
+        sampling: { temperature: 1 },
+        seed: Math.imul(i + 13, 2654435761) >>> 0,
+      })),
+    );
+    const counts = new Array<number>(V * V).fill(0);
+    for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
+    const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature: 1 });
+    const p0 = p(2);
+    let chi = 0;
+    for (let b = 0; b < V; b++)
+      for (let c = 0; c < V; c++) {
+        let want = 0;
+        for (let a = 0; a < V; a++) want += p0[a]! * p(a)[b]! * p(b)[c]!;
+        chi += (counts[b * V + c]! - want * N) ** 2 / (want * N);
+      }
+    expect(chi).toBeLessThan(CHI2_CRIT[V * V - 1]!);
+    // every batch of 4 was retried: its q came to the host, never as the (overwritten) device address
+    expect(target.specsWithDeviceQ).toBe(0);
+    expect(drafter.probsReads).toBeGreaterThan(N / 2);
+    expect(target.specs.some((sp) => sp.drafts.length === 2 && sp.q !== undefined)).toBe(true);
   });
 
   it('a stage that does not read it gets the host copy (probs read), the same distribution path as before', () => {
