@@ -37,6 +37,7 @@
 
 import {
   DrafterBase,
+  DeviceQRows,
   DrafterError,
   DraftKvCache,
   Int32RowViews,
@@ -190,8 +191,8 @@ export class DFlashCudaDrafter extends DrafterBase {
   /** Block-table entries per sequence of a block call. */
   private readonly maxBlocks: number;
   private readonly packedTaps: PackedTaps;
-  /** Counts dflashSample calls: a proposal's q on the device is valid until the next one. */
-  private sampleGeneration = 0;
+  /** The sampled proposals' q rows on the device (valid until the next dflashSample). */
+  private readonly qRows: DeviceQRows;
   /** Block tables of block calls, `[S, maxBlocks]` views refilled each call (the runner copies its arguments). */
   private readonly tables: Int32RowViews;
 
@@ -214,6 +215,7 @@ export class DFlashCudaDrafter extends DrafterBase {
     this.maxBlocks = addon.dflashInfo(runner).maxBlocks;
     this.tables = new Int32RowViews(this.maxBlocks);
     this.packedTaps = new PackedTaps('dflash', config.taps, config.hiddenSize, config.blockSize);
+    this.qRows = new DeviceQRows('dflash', vocabSize, (row, rows) => addon.dflashProbs(this.live(), row, rows));
   }
 
   /**
@@ -391,7 +393,7 @@ export class DFlashCudaDrafter extends DrafterBase {
    * The sampled sequences' drafts drawn on the device from the last block's logits (`dflashSample`: q after the
    * request's temperature / top-k / top-p over the draft vocabulary, one draw of the request's generator per draft, as
    * the CPU drafter consumes it) → proposal by batch index, its q `[k, V]` over the whole vocabulary (0 outside the
-   * draft vocabulary) on the device ({@link deviceProposal}). A row that is not finite ends that sequence's drafts
+   * draft vocabulary) on the device (core's {@link DeviceQRows}). A row that is not finite ends that sequence's drafts
    * there.
    */
   private sampleDrafts(seqs: DraftBatch['sequences']): Map<number, DraftProposal> {
@@ -418,13 +420,12 @@ export class DFlashCudaDrafter extends DrafterBase {
     });
     const runner = this.live();
     // the q of earlier proposals is overwritten from here on, whether this call returns or throws
-    const generation = ++this.sampleGeneration;
+    this.qRows.rewrite();
     const { results, qAddress } = this.addon.dflashSample(
       runner,
       { groups, temperature, topP, drafts: new Int32Array(0), uniforms },
       false,
     );
-    const rowBytes = BigInt(V * 4);
     const out = new Map<number, DraftProposal>();
     let g = 0;
     while (g < G) {
@@ -437,39 +438,10 @@ export class DFlashCudaDrafter extends DrafterBase {
         if (d < 0) break;
         tokens[k] = this.draftIds === undefined ? d : this.draftIds[d]!;
       }
-      out.set(r, this.deviceProposal(s.id, tokens.subarray(0, k), g, qAddress + BigInt(g) * rowBytes, generation));
+      out.set(r, this.qRows.proposal(s.id, tokens.subarray(0, k), qAddress, g));
       g += s.maxDrafts;
     }
     return out;
-  }
-
-  /**
-   * A sampled proposal whose q (rows [row, row + k) of the last dflashSample) stays on the device (`deviceProbs`, for
-   * the target's device sampler) and is copied back only when `probs` is read (the host path), before the next
-   * propose.
-   */
-  private deviceProposal(
-    id: SequenceId,
-    tokens: Int32Array,
-    row: number,
-    address: bigint,
-    generation: number,
-  ): DraftProposal {
-    const k = tokens.length;
-    if (k === 0) return { id, tokens, probs: new Float32Array(0) };
-    let copy: Float32Array | undefined;
-    const read = (): Float32Array => {
-      if (copy !== undefined) return copy;
-      if (generation !== this.sampleGeneration)
-        throw new DrafterError(
-          `dflash: sequence ${String(id)}: q was read after a later propose (it lives on the GPU until then)`,
-        );
-      copy = this.addon.dflashProbs(this.live(), row, k);
-      return copy;
-    };
-    const p = { id, tokens, deviceProbs: { device: 'cuda', address } };
-    Object.defineProperty(p, 'probs', { enumerable: true, get: read });
-    return p as DraftProposal;
   }
 
   /**

@@ -193,7 +193,7 @@ function buildDFlash(
   const c = config;
   const t = options.target;
   const where = `dflash: ${source.dir}`;
-  const { sanity, r } = checkTarget(source, c, t, contextOnly, root);
+  const r = checkTarget(source, c, t, contextOnly, root);
   const D = c.hiddenSize;
   // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
   const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
@@ -273,7 +273,7 @@ function buildDFlash(
 }
 
 /**
- * The checks of a DFlash checkpoint against its target (module comment of {@link loadDFlashDrafter}'s errors) and the
+ * The checks of a DFlash checkpoint against its target (module comment of {@link loadDFlashDrafter}'s errors); → the
  * weight reader over it. `contextOnly`: the block forward is not loaded (no embedding / lm_head needed); `root`: this
  * rank embeds (rank 0 under tensor parallelism).
  */
@@ -283,7 +283,7 @@ function checkTarget(
   t: StageModel,
   contextOnly: boolean,
   root: boolean,
-): { sanity: CheckpointSanity; r: WeightReader } {
+): WeightReader {
   const info = t.info;
   const where = `dflash: ${source.dir}`;
   if (c.maskTokenId >= info.vocabSize) {
@@ -314,7 +314,7 @@ function checkTarget(
       `${where}: the target stage exposes no embedTokens / lmHead (DFlash reuses the target's embedding and lm_head)`,
     );
   if (!contextOnly && root) checkMaskEmbedding(sanity, where, t, c.maskTokenId);
-  return { sanity, r };
+  return r;
 }
 
 /**
@@ -361,7 +361,7 @@ function buildDFlashCuda(
 ): DFlashCudaDrafter {
   const t = options.target;
   const where = `dflash: ${source.dir}`;
-  const { r } = checkTarget(source, c, t, false, true);
+  const r = checkTarget(source, c, t, false, true);
   const D = c.hiddenSize;
   const H = c.numHeads;
   const KV = c.numKvHeads;

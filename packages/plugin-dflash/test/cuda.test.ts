@@ -267,7 +267,7 @@ describe('DFlashCudaDrafter (host side, a stand-in runner)', () => {
     const [a2, b2] = d.propose({ sequences: [seq('a', 20, 2, 0.7), seq('b', 3, 3, 0.9)] });
     expect(b2!.deviceProbs!.address).toBe(4096n + BigInt(2 * V * 4));
     d.propose({ sequences: [seq('a', 20, 1, 0.7)] });
-    expect(() => a2!.probs).toThrow(/read after a later propose/);
+    expect(() => a2!.probs).toThrow(/read after a later sampled propose/);
     expect(d.pagesInUse).toBe(pages);
     d.freeSequence('a');
     d.freeSequence('b');

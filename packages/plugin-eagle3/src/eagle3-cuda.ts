@@ -37,6 +37,7 @@
  */
 
 import {
+  DeviceQRows,
   DrafterBase,
   DrafterError,
   CacheError,
@@ -200,8 +201,8 @@ export class Eagle3CudaDrafter extends DrafterBase {
   private readonly maxBlocks: number;
   private readonly freeGSlots: number[] = [];
   private readonly gSlots = new Map<SequenceId, number>();
-  /** Counts sampled chains: a proposal's q on the device is valid until the next one. */
-  private sampleGeneration = 0;
+  /** The sampled chains' q rows on the device (valid until the next sampled chain). */
+  private readonly qRows: DeviceQRows;
   /** Sequences whose g slot holds the g of their last context row. */
   private readonly hasG = new Set<SequenceId>();
   /** Packed taps {@link projectTargetHiddenPartial} returns (core's {@link PackedTaps}). */
@@ -231,6 +232,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     this.tables = new Int32RowViews(this.maxBlocks);
     for (let s = sizes.maxSequences - 1; s >= 0; s--) this.freeGSlots.push(s);
     this.packedTaps = new PackedTaps('eagle3', config.taps, config.hiddenSize, sizes.maxDraftTokens + 1);
+    this.qRows = new DeviceQRows('eagle3', config.vocabSize, (row, rows) => addon.eagle3Probs(this.live(), row, rows));
   }
 
   /**
@@ -610,7 +612,6 @@ export class Eagle3CudaDrafter extends DrafterBase {
   private sampledChain(seqs: readonly DraftSequence[]): DraftProposal[] {
     const runner = this.live();
     const S = seqs.length;
-    const V = this.config.vocabSize;
     const Vd = this.config.draftVocabSize;
     const lengths = Int32Array.from(seqs, (s) => s.maxDrafts);
     const K = Math.max(...lengths);
@@ -628,7 +629,7 @@ export class Eagle3CudaDrafter extends DrafterBase {
     });
     let address = 0n;
     // the q of earlier proposals is overwritten from here on, whether the chain returns or throws
-    const generation = ++this.sampleGeneration;
+    this.qRows.rewrite();
     this.withChainRows(seqs, lengths, () => {
       const a = this.chainArgs(seqs, lengths, K);
       const tokens = Int32Array.from(a.tokens);
@@ -655,28 +656,9 @@ export class Eagle3CudaDrafter extends DrafterBase {
         }
       }
     });
-    const rowBytes = BigInt(V * 4);
     return seqs.map((s, r) => {
       const k = got[r]! >= 0 ? got[r]! : lengths[r]!;
-      const row = r * this.maxDraftTokens;
-      const tokens = drafts[r]!.subarray(0, k);
-      if (k === 0) return { id: s.id, tokens, probs: new Float32Array(0) };
-      let copy: Float32Array | undefined;
-      const p = { id: s.id, tokens, deviceProbs: { device: 'cuda', address: address + BigInt(row) * rowBytes } };
-      Object.defineProperty(p, 'probs', {
-        enumerable: true,
-        get: (): Float32Array => {
-          if (copy !== undefined) return copy;
-          if (generation !== this.sampleGeneration)
-            throw new DrafterError(
-              `eagle3: sequence ${String(s.id)}: q was read after a later sampled propose ` +
-                '(it lives on the GPU until then)',
-            );
-          copy = this.addon.eagle3Probs(this.live(), row, k);
-          return copy;
-        },
-      });
-      return p as DraftProposal;
+      return this.qRows.proposal(s.id, drafts[r]!.subarray(0, k), address, r * this.maxDraftTokens);
     });
   }
 

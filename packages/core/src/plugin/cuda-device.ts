@@ -2,9 +2,12 @@
  * The GPU a target stage lends drafters that run their draft model beside it (the GPU drafters of EAGLE-3 and DFlash),
  * found by shape: a stage with a `cudaDevice()` method (the CUDA Llama stage) returns its loaded addon and its token
  * embedding. Core names no device capability of its own; a drafter plugin asks for the addon entry its runner needs, so
- * an addon built before that runner is treated as no device.
+ * an addon built before that runner is treated as no device. Also the bookkeeping of sampled q rows such a drafter
+ * leaves on the device ({@link DeviceQRows}).
  */
 
+import type { SequenceId } from '../kv/paged-kv-pool.js';
+import { DrafterError, type DraftProposal } from './drafter-plugin.js';
 import type { StageModel } from './model-plugin.js';
 
 /** What a target stage on a CUDA GPU lends (its `cudaDevice()`). */
@@ -26,4 +29,55 @@ export function lentCudaDevice<A>(target: StageModel, entry: string): LentCudaDe
   return typeof device?.addon?.[entry] === 'function' && device.embedding instanceof Uint16Array
     ? (device as unknown as LentCudaDevice<A>)
     : undefined;
+}
+
+/**
+ * The sampled proposals of a GPU drafter whose q rows lie in ONE device buffer it lends the target (its
+ * `DraftProposal.deviceProbs`), rewritten by every sampled propose: {@link rewrite} before the device call that
+ * rewrites it (earlier proposals' q then refuses to be copied back), {@link proposal} for each sequence after it.
+ */
+export class DeviceQRows {
+  private generation = 0;
+
+  /**
+   * @param method the drafter's name (prefixes the error).
+   * @param vocabSize floats per q row (the target vocabulary).
+   * @param copy copies rows [row, row + rows) of the buffer to the host, `[rows, vocabSize]` f32.
+   */
+  constructor(
+    private readonly method: string,
+    private readonly vocabSize: number,
+    private readonly copy: (row: number, rows: number) => Float32Array,
+  ) {}
+
+  /** Call before the device call that rewrites the buffer, whether it returns or throws. */
+  rewrite(): void {
+    this.generation++;
+  }
+
+  /**
+   * The proposal of `tokens` whose q is rows [row, row + tokens.length) of the buffer at device address `base`:
+   * `deviceProbs` points at them, and reading `probs` copies them back (once) until the next {@link rewrite}, then
+   * throws {@link DrafterError}. No drafts: an empty q in host memory.
+   */
+  proposal(id: SequenceId, tokens: Int32Array, base: bigint, row: number): DraftProposal {
+    const k = tokens.length;
+    if (k === 0) return { id, tokens, probs: new Float32Array(0) };
+    const generation = this.generation;
+    let copied: Float32Array | undefined;
+    const read = (): Float32Array => {
+      if (copied !== undefined) return copied;
+      if (generation !== this.generation)
+        throw new DrafterError(
+          `${this.method}: sequence ${String(id)}: q was read after a later sampled propose ` +
+            '(it lives on the GPU until then)',
+        );
+      copied = this.copy(row, k);
+      return copied;
+    };
+    const address = base + BigInt(row) * BigInt(this.vocabSize * 4);
+    const p = { id, tokens, deviceProbs: { device: 'cuda', address } };
+    Object.defineProperty(p, 'probs', { enumerable: true, get: read });
+    return p as DraftProposal;
+  }
 }

@@ -32,7 +32,7 @@ export {
 } from './registry.js';
 export { DrafterBase } from './drafter-base.js';
 export { PackedTaps } from './packed-taps.js';
-export { lentCudaDevice, type LentCudaDevice } from './cuda-device.js';
+export { DeviceQRows, lentCudaDevice, type LentCudaDevice } from './cuda-device.js';
 export {
   DrafterError,
   stageTaps,
