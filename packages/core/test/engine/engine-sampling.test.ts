@@ -303,6 +303,25 @@ describe.each([
   },
 );
 
+/**
+ * The (2nd, 3rd) generated tokens of `rs` (N requests of prompt [2]) against the target chain P at `temperature`
+ * (top-p 1): every cell of the joint has probability > 0; χ² over the V² cells below the p = 0.001 critical value.
+ */
+function expectTargetJoint(rs: readonly SpecResult[], temperature: number): void {
+  const counts = new Array<number>(V * V).fill(0);
+  for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
+  const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature });
+  const p0 = p(2);
+  let chi = 0;
+  for (let b = 0; b < V; b++)
+    for (let c = 0; c < V; c++) {
+      let want = 0;
+      for (let a = 0; a < V; a++) want += p0[a]! * p(a)[b]! * p(b)[c]!;
+      chi += (counts[b * V + c]! - want * N) ** 2 / (want * N);
+    }
+  expect(chi).toBeLessThan(CHI2_CRIT[V * V - 1]!);
+}
+
 /** "Device memory" of {@link DeviceQDrafter}: q arrays by address. */
 const deviceQ = new Map<bigint, Float32Array>();
 let nextAddress = 64n;
@@ -401,18 +420,7 @@ describe('q kept on the device by the drafter (DraftProposal.deviceProbs)', () =
         seed: Math.imul(i + 11, 2654435761) >>> 0,
       })),
     );
-    const counts = new Array<number>(V * V).fill(0);
-    for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
-    const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature: 1 });
-    const p0 = p(2);
-    let chi = 0;
-    for (let b = 0; b < V; b++)
-      for (let c = 0; c < V; c++) {
-        let want = 0;
-        for (let a = 0; a < V; a++) want += p0[a]! * p(a)[b]! * p(b)[c]!;
-        chi += (counts[b * V + c]! - want * N) ** 2 / (want * N);
-      }
-    expect(chi).toBeLessThan(CHI2_CRIT[V * V - 1]!);
+    expectTargetJoint(rs, 1);
     expect(target.specsWithDeviceQ).toBeGreaterThan(N / 2);
     expect(drafter.probsReads).toBe(0);
     expect(e.cache.pagesInUse + e.cache.slotsInUse).toBe(0);
@@ -436,18 +444,7 @@ describe('q kept on the device by the drafter (DraftProposal.deviceProbs)', () =
         seed: Math.imul(i + 13, 2654435761) >>> 0,
       })),
     );
-    const counts = new Array<number>(V * V).fill(0);
-    for (const r of rs) counts[r.tokenIds[1]! * V + r.tokenIds[2]!]!++;
-    const p = (t: number) => samplingProbs(logRow(P, t), V, { temperature: 1 });
-    const p0 = p(2);
-    let chi = 0;
-    for (let b = 0; b < V; b++)
-      for (let c = 0; c < V; c++) {
-        let want = 0;
-        for (let a = 0; a < V; a++) want += p0[a]! * p(a)[b]! * p(b)[c]!;
-        chi += (counts[b * V + c]! - want * N) ** 2 / (want * N);
-      }
-    expect(chi).toBeLessThan(CHI2_CRIT[V * V - 1]!);
+    expectTargetJoint(rs, 1);
     // every batch of 4 was retried: its q came to the host, never as the (overwritten) device address
     expect(target.specsWithDeviceQ).toBe(0);
     expect(drafter.probsReads).toBeGreaterThan(N / 2);
