@@ -354,25 +354,7 @@ class Eagle3Runner : public RunnerMemory {
    * argmax [S] i32 and the draft-vocabulary logits [S, draftVocab] f32 into `argmaxOut` / `logitsOut`.
    */
   void step(int j, const ChainArgs& c, int32_t* argmaxOut, float* logitsOut) {
-    const int Sp = padRows(c.S);
-    if (j > 1 && (j != stepNext || Sp != stepRows))
-      throw std::invalid_argument("j: step " + std::to_string(j) + " does not continue the previous step (expected " +
-                                  (stepNext == 0 ? std::string("j = 1") : "j = " + std::to_string(stepNext)) +
-                                  " over the same sequences)");
-    pack(c, Sp, 1, false, j);
-    ok(cudaMemcpyAsync(meta, hMeta, metaSize(Sp, 1) * 4, cudaMemcpyHostToDevice, stream), "metadata copy");
-    int maxKv = 0;
-    for (int s = 0; s < c.S; s++) maxKv = std::max(maxKv, c.positions[s] + std::min(j, c.lengths[s]) - 1);
-    attnKeys = attnSpan(maxKv, maxBlocks * d.pageSize);
-    lastGraph = nullptr;
-    stepNext = 0;
-    const int32_t* tok = meta;
-    const int32_t* gIdx = tok + Sp;
-    const int32_t* cu = gIdx + Sp;
-    const int32_t* tables = cu + Sp + 1;
-    const int32_t* pos = tables + static_cast<size_t>(Sp) * maxBlocks;
-    launchStep(Sp, tok, j == 1 ? gSlotPool : hbuf[(j - 1) & 1], j == 1 ? gIdx : nullptr, hbuf[j & 1], cu, tables, pos,
-               pos + Sp, pos + 2 * Sp);
+    const int Sp = launchSingleStep(j, c);
     ok(cudaMemcpyAsync(argmaxOut, argmax, static_cast<size_t>(c.S) * 4, cudaMemcpyDeviceToHost, stream), "argmax copy");
     ok(cudaMemcpyAsync(logitsOut, logits, static_cast<size_t>(c.S) * d.draftVocab * 4, cudaMemcpyDeviceToHost, stream),
        "logits copy");
@@ -390,11 +372,6 @@ class Eagle3Runner : public RunnerMemory {
    * rows of a sequence's chain contiguous), zeroed at step 1.
    */
   void sampledStep(int j, const ChainArgs& c, const SampleRequest& req, int32_t* idsOut) {
-    const int Sp = padRows(c.S);
-    if (j > 1 && (j != stepNext || Sp != stepRows))
-      throw std::invalid_argument("j: step " + std::to_string(j) + " does not continue the previous step (expected " +
-                                  (stepNext == 0 ? std::string("j = 1") : "j = " + std::to_string(stepNext)) +
-                                  " over the same sequences)");
     if (!sampler) sampler = std::make_unique<DeviceSampler>();
     const size_t qRows = static_cast<size_t>(d.maxSequences) * d.maxDrafts;
     if (qFull == nullptr) {
@@ -402,23 +379,10 @@ class Eagle3Runner : public RunnerMemory {
       qFull = static_cast<float*>(dev(qRows * d.vocab * 4, "draft q, target vocabulary"));
       specdRegisterDeviceRows(qFull, qRows * d.vocab * 4);
     }
-    pack(c, Sp, 1, false, j);
-    ok(cudaMemcpyAsync(meta, hMeta, metaSize(Sp, 1) * 4, cudaMemcpyHostToDevice, stream), "metadata copy");
-    int maxKv = 0;
-    for (int s = 0; s < c.S; s++) maxKv = std::max(maxKv, c.positions[s] + std::min(j, c.lengths[s]) - 1);
-    attnKeys = attnSpan(maxKv, maxBlocks * d.pageSize);
-    lastGraph = nullptr;
-    stepNext = 0;
+    const int Sp = launchSingleStep(j, c);
     if (j == 1)
       ok(cudaMemsetAsync(qFull, 0, static_cast<size_t>(c.S) * d.maxDrafts * d.vocab * 4, stream),
          "cudaMemsetAsync (q)");
-    const int32_t* tok = meta;
-    const int32_t* gIdx = tok + Sp;
-    const int32_t* cu = gIdx + Sp;
-    const int32_t* tables = cu + Sp + 1;
-    const int32_t* pos = tables + static_cast<size_t>(Sp) * maxBlocks;
-    launchStep(Sp, tok, j == 1 ? gSlotPool : hbuf[(j - 1) & 1], j == 1 ? gIdx : nullptr, hbuf[j & 1], cu, tables, pos,
-               pos + Sp, pos + 2 * Sp);
     std::vector<int32_t> res;
     try {
       res = sampler->run(req, logits, d.draftVocab, stream, qDraft);  // waits for the stream
@@ -541,6 +505,35 @@ class Eagle3Runner : public RunnerMemory {
           sl[s] = isChain ? c.stepSlots[static_cast<size_t>(j - 2) * c.S + s] : c.stepSlots[s];
       }
     }
+  }
+
+  /**
+   * The forward of step j (1-based) of a chain computed one call per step (`step`, `sampledStep`), for c's sequences:
+   * checks that j continues the previous call (j = 1, or the next step over the same padded rows), packs and copies
+   * the step's metadata, and launches it; the logits and argmax are left on the device (nothing is waited for).
+   * → the padded rows. @throws std::invalid_argument when j does not continue the previous step.
+   */
+  int launchSingleStep(int j, const ChainArgs& c) {
+    const int Sp = padRows(c.S);
+    if (j > 1 && (j != stepNext || Sp != stepRows))
+      throw std::invalid_argument("j: step " + std::to_string(j) + " does not continue the previous step (expected " +
+                                  (stepNext == 0 ? std::string("j = 1") : "j = " + std::to_string(stepNext)) +
+                                  " over the same sequences)");
+    pack(c, Sp, 1, false, j);
+    ok(cudaMemcpyAsync(meta, hMeta, metaSize(Sp, 1) * 4, cudaMemcpyHostToDevice, stream), "metadata copy");
+    int maxKv = 0;
+    for (int s = 0; s < c.S; s++) maxKv = std::max(maxKv, c.positions[s] + std::min(j, c.lengths[s]) - 1);
+    attnKeys = attnSpan(maxKv, maxBlocks * d.pageSize);
+    lastGraph = nullptr;
+    stepNext = 0;
+    const int32_t* tok = meta;
+    const int32_t* gIdx = tok + Sp;
+    const int32_t* cu = gIdx + Sp;
+    const int32_t* tables = cu + Sp + 1;
+    const int32_t* pos = tables + static_cast<size_t>(Sp) * maxBlocks;
+    launchStep(Sp, tok, j == 1 ? gSlotPool : hbuf[(j - 1) & 1], j == 1 ? gIdx : nullptr, hbuf[j & 1], cu, tables, pos,
+               pos + Sp, pos + 2 * Sp);
+    return Sp;
   }
 
   /** Chain steps 1 … K over Sp rows, metadata in `meta`; step j's argmax → drafts[j − 1] and the next tokens. */
