@@ -3,7 +3,15 @@
  * `DFlashConfig.from_hf`) and this method's branch of the specd config schema.
  */
 
-import { DrafterError, type DrafterSchema, type HfConfig, type StageInfo } from '@specd/core';
+import {
+  DRAFTER_DEVICES,
+  DrafterError,
+  drafterDevice,
+  type DrafterDevice,
+  type DrafterSchema,
+  type HfConfig,
+  type StageInfo,
+} from '@specd/core';
 
 /** `config.json` `architectures` entries of a DFlash checkpoint. */
 export const DFLASH_ARCHITECTURES: readonly string[] = Object.freeze(['DFlashDraftModel']);
@@ -147,21 +155,15 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
   },
 });
 
-/** The accepted values of the `device` setting. */
-export const DFLASH_DEVICES: readonly ('auto' | 'cpu' | 'cuda')[] = Object.freeze(['auto', 'cpu', 'cuda']);
+/** The accepted values of the `device` setting (core's). */
+export const DFLASH_DEVICES: readonly DrafterDevice[] = DRAFTER_DEVICES;
 
 /**
  * The `device` setting (undefined: `"auto"`), checked again here for callers that bypass the schema.
  * @throws {DrafterError} naming the setting and the accepted values.
  */
-export function dflashDevice(value: unknown): 'auto' | 'cpu' | 'cuda' {
-  if (value === undefined) return 'auto';
-  if (!DFLASH_DEVICES.includes(value as 'auto'))
-    throw new DrafterError(
-      `dflash: settings.device: expected one of ${DFLASH_DEVICES.map((d) => JSON.stringify(d)).join(', ')}, ` +
-        `got ${JSON.stringify(value)}`,
-    );
-  return value as 'auto' | 'cpu' | 'cuda';
+export function dflashDevice(value: unknown): DrafterDevice {
+  return drafterDevice('dflash', value) ?? 'auto';
 }
 
 /**

@@ -52,6 +52,7 @@ import {
   type ContextSpan,
   type DenseBlockWeights,
   type DraftContextFeatures,
+  type DrafterDevice,
   type DraftContextTransfer,
   type DraftBatch,
   type DrafterLoadOptions,
@@ -134,7 +135,7 @@ export interface DFlashLoadParts {
    * Where the draft model runs (setting `device`; {@link loadDFlash}): `"auto"` (default), `"cpu"` or `"cuda"`.
    * {@link loadDFlashDrafter} itself always loads the CPU drafter.
    */
-  readonly device?: 'auto' | 'cpu' | 'cuda';
+  readonly device?: DrafterDevice;
 }
 
 /**

@@ -22,7 +22,15 @@
  * entering target layer k (REFERENCE.md §2; vLLM captures the same). They are required in both layouts.
  */
 
-import { DrafterError, type DrafterSchema, type HfConfig, type StageInfo } from '@specd/core';
+import {
+  DRAFTER_DEVICES,
+  DrafterError,
+  drafterDevice,
+  type DrafterDevice,
+  type DrafterSchema,
+  type HfConfig,
+  type StageInfo,
+} from '@specd/core';
 
 /** `config.json` `architectures` entries accepted: the EAGLE-3 layout and the speculators layout. */
 export const EAGLE3_ARCHITECTURES: readonly string[] = Object.freeze(['LlamaForCausalLMEagle3', 'Eagle3Speculator']);
@@ -88,11 +96,11 @@ export interface Eagle3Settings {
   readonly device?: Eagle3Device;
 }
 
-/** Where the EAGLE-3 draft model runs ({@link Eagle3Settings.device}). */
-export type Eagle3Device = 'auto' | 'cpu' | 'cuda';
+/** Where the EAGLE-3 draft model runs ({@link Eagle3Settings.device}; core's {@link DrafterDevice}). */
+export type Eagle3Device = DrafterDevice;
 
-/** The accepted values of the `device` setting. */
-export const EAGLE3_DEVICES: readonly Eagle3Device[] = Object.freeze(['auto', 'cpu', 'cuda']);
+/** The accepted values of the `device` setting (core's). */
+export const EAGLE3_DEVICES: readonly Eagle3Device[] = DRAFTER_DEVICES;
 
 /** The Llama fields of either layout (top level, or `transformer_layer_config`). */
 function parseLlama(
@@ -286,15 +294,8 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
       totalTokens: int(t.total_tokens, 'tree.total_tokens', EAGLE3_MAX_DRAFT_TOKENS),
     });
   }
-  const device = settings.device;
-  if (device !== undefined) {
-    if (!EAGLE3_DEVICES.includes(device as Eagle3Device))
-      throw new DrafterError(
-        `eagle3: settings.device: expected one of ${EAGLE3_DEVICES.map((d) => JSON.stringify(d)).join(', ')}, ` +
-          `got ${JSON.stringify(device)}`,
-      );
-    out.device = device as Eagle3Device;
-  }
+  const device = drafterDevice('eagle3', settings.device);
+  if (device !== undefined) out.device = device;
   return Object.freeze(out);
 }
 

@@ -81,3 +81,23 @@ export class DeviceQRows {
     return p as DraftProposal;
   }
 }
+
+/** Where a drafter's draft model runs (its `device` setting): the target's GPU when it runs on one, CPU, or CUDA. */
+export type DrafterDevice = 'auto' | 'cpu' | 'cuda';
+
+/** The accepted values of a drafter's `device` setting. */
+export const DRAFTER_DEVICES: readonly DrafterDevice[] = Object.freeze(['auto', 'cpu', 'cuda']);
+
+/**
+ * A drafter's `device` setting checked (undefined stays undefined: the drafter's default, `"auto"`).
+ * @throws {DrafterError} "`method`: settings.device: expected one of …, got …".
+ */
+export function drafterDevice(method: string, value: unknown): DrafterDevice | undefined {
+  if (value === undefined) return undefined;
+  if (!DRAFTER_DEVICES.includes(value as DrafterDevice))
+    throw new DrafterError(
+      `${method}: settings.device: expected one of ${DRAFTER_DEVICES.map((d) => JSON.stringify(d)).join(', ')}, ` +
+        `got ${JSON.stringify(value)}`,
+    );
+  return value as DrafterDevice;
+}

@@ -32,7 +32,14 @@ export {
 } from './registry.js';
 export { DrafterBase } from './drafter-base.js';
 export { PackedTaps } from './packed-taps.js';
-export { DeviceQRows, lentCudaDevice, type LentCudaDevice } from './cuda-device.js';
+export {
+  DeviceQRows,
+  DRAFTER_DEVICES,
+  drafterDevice,
+  lentCudaDevice,
+  type DrafterDevice,
+  type LentCudaDevice,
+} from './cuda-device.js';
 export {
   DrafterError,
   stageTaps,
