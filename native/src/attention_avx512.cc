@@ -11,7 +11,11 @@
 //           blocks b = 0, 1, … of dim in order (masked tail block last); then one fixed
 //           transpose-and-add tree turns acc_0..acc_15 into the score vector (lane i = key slot i):
 //           pairs (unpacklo + unpackhi), quads (shuffle_ps 0x44 + 0xEE), 128-bit lanes
-//           (shuffle_f32x4 0x88 + 0xDD, twice); times scale;
+//           (shuffle_f32x4 0x88 + 0xDD, twice); times scale. In lane terms: score_i = (G_0 + G_1) +
+//           (G_2 + G_3), G_g = (acc_i[4g] + acc_i[4g+2]) + (acc_i[4g+1] + acc_i[4g+3]). Tiles of at least
+//           kTransposedRows rows (prefill chunks, verify blocks; headDim a multiple of 16) compute the same
+//           chains and the same tree from the chunk's K transposed once ([dim][16 slots]: key slots in the
+//           lanes), which needs no transposes per row and loads each K vector once for 4 rows (ScoresT);
 //   its online-softmax update (vector exp, Cephes-style polynomial, ~1 ulp);
 //   its P·V update: acc = acc * alpha, then acc = fma(p_j, v_j, acc) for its visible j ascending;
 //           up to 4 consecutive rows that see the same keys of the chunk share the V loads.
@@ -111,6 +115,21 @@ inline void PvGroup(float* const* a, const float* const* p, const float* alpha, 
   __m512 va[N];
   for (int n = 0; n < N; ++n) va[n] = _mm512_set1_ps(alpha[n]);
   int64_t d = 0;
+  for (; d + 64 <= dv; d += 64) {  // 4 vectors per row: each p_j broadcast feeds 4 FMAs
+    __m512 x[N][4];
+    for (int n = 0; n < N; ++n)
+      for (int u = 0; u < 4; ++u) x[n][u] = _mm512_mul_ps(_mm512_loadu_ps(a[n] + d + 16 * u), va[n]);
+    for (int j = jb; j < je; ++j) {
+      __m512 v[4];
+      for (int u = 0; u < 4; ++u) v[u] = _mm512_loadu_ps(At<Blocked>(vr, j, d + 16 * u));
+      for (int n = 0; n < N; ++n) {
+        const __m512 pj = _mm512_set1_ps(p[n][j]);
+        for (int u = 0; u < 4; ++u) x[n][u] = _mm512_fmadd_ps(pj, v[u], x[n][u]);
+      }
+    }
+    for (int n = 0; n < N; ++n)
+      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(a[n] + d + 16 * u, x[n][u]);
+  }
   for (; d + 32 <= dv; d += 32) {
     __m512 x[N][2];
     for (int n = 0; n < N; ++n) {
@@ -143,9 +162,79 @@ inline void PvGroup(float* const* a, const float* const* p, const float* alpha, 
   }
 }
 
+/** dst[l][i] = src[i][l] for a 16 x 16 block (row strides 16 floats). */
+inline void Transpose16(const float* src, float* dst) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + 16 * i);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  // now r[4q + e], 128-bit lane c = column 4c + e of rows 4q..4q+3; two lane shuffles gather each column
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + 16 * i, r[i]);
+}
+
+/**
+ * Scores of 16 key slots for N rows from the chunk's transposed K (kt[d][slot], dk a multiple of 16):
+ * the same arithmetic as Scores16 (lane l of key i's accumulator is the FMA chain over blocks b of
+ * q[16b+l]*k_i[16b+l]; the lanes then add in Scores16's tree, (l, l+2), (l+1, l+3) within each quad,
+ * quads 0+1 and 2+3, then the halves), with the key slots in the lanes instead of the dimensions: no
+ * transposes per row, and each K vector loaded once for the N rows.
+ */
+template <int N>
+inline void ScoresT(const float* const* q, const float* kt, int64_t dk, __m512* s) {
+  __m512 half[N];
+  for (int g = 0; g < 4; ++g) {
+    __m512 a[N][4];
+    for (int n = 0; n < N; ++n)
+      for (int e = 0; e < 4; ++e) a[n][e] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < dk; b += 16) {
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = b + 4 * g + e;
+        const __m512 kv = _mm512_loadu_ps(kt + 16 * d);
+        for (int n = 0; n < N; ++n) a[n][e] = _mm512_fmadd_ps(_mm512_set1_ps(q[n][d]), kv, a[n][e]);
+      }
+    }
+    for (int n = 0; n < N; ++n) {
+      const __m512 h = _mm512_add_ps(_mm512_add_ps(a[n][0], a[n][2]), _mm512_add_ps(a[n][1], a[n][3]));
+      if (g == 0 || g == 2) half[n] = h;
+      else if (g == 1) s[n] = _mm512_add_ps(half[n], h);
+      else s[n] = _mm512_add_ps(s[n], _mm512_add_ps(half[n], h));
+    }
+  }
+}
+
 constexpr float kNegInf = -__builtin_inff();
 
 }  // namespace
+
+/** Raw scores of the tile rows rows[0..N) into sbuf[row][kChunk] (ScoresT). */
+template <int N>
+static void ScoresRows(const Tile& t, const int* rows, const float* kt, int64_t dk, float* sbuf) {
+  const float* q[N];
+  for (int n = 0; n < N; ++n) q[n] = t.row[rows[n]].q;
+  __m512 s[N];
+  ScoresT<N>(q, kt, dk, s);
+  for (int n = 0; n < N; ++n) _mm512_storeu_ps(sbuf + rows[n] * kChunk, s[n]);
+}
 
 template <bool Blocked>
 static void PvDispatch(int n, float* const* ar, const float* const* pp, const float* al, int jb, int je,
@@ -170,12 +259,16 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
   float* zero = l + kMaxRows;            // [dk] zeros: K row of the key slots outside the union
   float* kbuf = zero + dk_pad;           // [dk_pad/16][kChunk][16] packed K rows of the chunk
   float* vbuf = kbuf + kChunk * dk_pad;  // [dv_pad/16][kChunk][16] packed V rows
+  float* kt = vbuf + kChunk * dv_pad;    // [dk][kChunk] transposed K rows (TransposedScores)
+  float* sbuf = kt + kChunk * dk_pad;    // [kMaxRows][kChunk] raw scores of the chunk (TransposedScores)
   for (int64_t d = 0; d < dk; ++d) zero[d] = 0.0f;
   // V rows that are prefixes of the K rows (MLA latent) are read from the packed K rows.
   const bool shared_rows = t.v.base == t.k.base && t.v.page_stride == t.k.page_stride &&
                            t.v.token_stride == t.k.token_stride && t.v.head_stride == t.k.head_stride && dv <= dk;
   // Packing copies the same values (it never changes a result); it pays when several rows reuse them.
   const bool pack = t.rows >= 4;
+  // Large tiles (prefill, verify blocks) score from the transposed K: the same bits as Scores16.
+  const bool transposed = t.rows >= kTransposedRows && dk % 16 == 0;
   int64_t lo = INT64_MAX;
   int64_t hi = INT64_MIN;
   for (int r = 0; r < t.rows; ++r) {
@@ -216,6 +309,23 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
       for (int64_t i = 0; i < kChunk; ++i)
         if (i < jb - c0 || i >= je - c0) PackRow(kbuf, i, zero, dk);
     }
+    if (transposed) {
+      for (int64_t b = 0; b < dk; b += 16) Transpose16(kbuf + b * kChunk, kt + b * kChunk);
+      int act[kMaxRows];
+      int na = 0;
+      for (int r = 0; r < t.rows; ++r) {
+        const Row& row = t.row[r];
+        if ((row.lo > c0 ? row.lo : c0) < (row.hi < c0 + kChunk ? row.hi : c0 + kChunk)) act[na++] = r;
+      }
+      int i = 0;
+      for (; i + 4 <= na; i += 4) ScoresRows<4>(t, act + i, kt, dk, sbuf);
+      switch (na - i) {
+        case 3: ScoresRows<3>(t, act + i, kt, dk, sbuf); break;
+        case 2: ScoresRows<2>(t, act + i, kt, dk, sbuf); break;
+        case 1: ScoresRows<1>(t, act + i, kt, dk, sbuf); break;
+        default: break;
+      }
+    }
     const int64_t ne = hi < c0 + 2 * kChunk ? hi : c0 + 2 * kChunk;  // next chunk: prefetch its rows
     for (int64_t j = c0 + kChunk; j < ne; ++j) {
       PrefetchRow(RowPtr(t.k, t.table, t.page_size, j, t.kv_head), dk);
@@ -228,7 +338,9 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
       rbs[r] = res[r] = 0;
       if (rb >= re) continue;
       const __mmask16 mask = static_cast<__mmask16>(TailMask(re - c0) & ~TailMask(rb - c0));
-      const __m512 sc = pack ? Scores16<true>(row.q, kr, dk) : Scores16<false>(row.q, kr, dk);
+      const __m512 sc = transposed ? _mm512_loadu_ps(sbuf + r * kChunk)
+                        : pack     ? Scores16<true>(row.q, kr, dk)
+                                   : Scores16<false>(row.q, kr, dk);
       const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mask, _mm512_mul_ps(sc, _mm512_set1_ps(t.scale)));
       const float mc = _mm512_reduce_max_ps(sv);
       const float mn = m[r] > mc ? m[r] : mc;

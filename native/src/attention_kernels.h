@@ -34,8 +34,9 @@
 namespace specd {
 namespace attn {
 
-constexpr int64_t kChunk = 16;  // keys per online-softmax step, aligned to the absolute key index
-constexpr int kMaxRows = 64;    // query rows per tile (they share the K/V row fetches)
+constexpr int64_t kChunk = 16;      // keys per online-softmax step, aligned to the absolute key index
+constexpr int kMaxRows = 64;        // query rows per tile (they share the K/V row fetches)
+constexpr int kTransposedRows = 8;  // AVX-512: tiles of at least this many rows score from transposed K
 
 /** Geometry of paged rows in one pool (all strides in floats). */
 struct PagedRows {
@@ -70,7 +71,7 @@ static inline const float* RowPtr(const PagedRows& p, const int32_t* table, int6
 
 /** Floats of per-thread scratch a tile needs for key dim dk and value dim dv. */
 static inline int64_t TileScratchFloats(int64_t dk, int64_t dv) {
-  return kMaxRows * (dv + kChunk + 2) + (kChunk + 1) * (dk + 16) + kChunk * (dv + 16) + 64;
+  return kMaxRows * (dv + 2 * kChunk + 2) + (2 * kChunk + 1) * (dk + 16) + kChunk * (dv + 16) + 64;
 }
 
 /** Attends all rows of a tile (see the reduction order above); scratch: TileScratchFloats(k.dim, v.dim). */
