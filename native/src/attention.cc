@@ -122,8 +122,9 @@ void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows&
       n += (b.cu[s + 1] - b.cu[s] + tpn - 1) / tpn * ((group + hpn - 1) / hpn) * num_kv_heads;
     return n;
   };
-  // Smaller tiles when there are too few for the threads (the shape never changes a result).
-  while (count(tp, hp) < threads && (tp > 1 || hp > 1)) {
+  // Smaller tiles when there are too few to share among the threads evenly (a decode step: one tile per
+  // KV head); the shape never changes a result.
+  while (count(tp, hp) < 2 * threads && (tp > 1 || hp > 1)) {
     if (tp > 1) tp = (tp + 1) / 2;
     else hp = (hp + 1) / 2;
   }
@@ -134,20 +135,44 @@ void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows&
       for (int64_t hb = kvh * group; hb < (kvh + 1) * group; hb += hp)
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; t += tp)
           specs.push_back({s, t, std::min<int64_t>(t + tp, b.cu[s + 1]), hb, std::min(hb + hp, (kvh + 1) * group)});
-  // ParallelFor work per tile (average): rows × heads × context × (K + V dims).
-  int64_t work = 0;
-  for (const TileSpec& sp : specs) work += (sp.t1 - sp.t0) * (sp.h1 - sp.h0) * b.kv_lens[sp.seq] * (k.dim + v.dim);
-  const int64_t tile_work = std::max<int64_t>(1, work / std::max<int64_t>(1, static_cast<int64_t>(specs.size())));
+  // Work of each tile: its rows' visible keys × (K + V dims), × kColdReads: a step's K/V rows come from
+  // memory, not cache (the weights streamed since evicted them), so they cost several work units each.
+  constexpr int64_t kColdReads = 4;
+  std::vector<int64_t> cum(specs.size() + 1, 0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TileSpec& sp = specs[i];
+    int64_t keys = 0;
+    for (int64_t t = sp.t0; t < sp.t1; ++t) {
+      int64_t lo, hi;
+      VisibleKeys(b, b.kv_lens[sp.seq], b.positions[t], &lo, &hi);
+      keys += std::max<int64_t>(0, hi - lo);
+    }
+    cum[i + 1] = cum[i] + std::max<int64_t>(1, keys * (sp.h1 - sp.h0) * (k.dim + v.dim) * kColdReads);
+  }
+  // Bins of consecutive tiles with equal shares of the work (causal blocks: later rows see more keys), so
+  // that the threads finish together; ParallelFor then runs one bin per range.
+  const int64_t total = cum.back();
+  const int64_t n_specs = static_cast<int64_t>(specs.size());
+  const int64_t bins = PartitionCount(n_specs, std::max<int64_t>(1, total / n_specs), static_cast<int>(threads));
+  std::vector<size_t> edge(static_cast<size_t>(bins) + 1, specs.size());
+  edge[0] = 0;
+  for (int64_t i = 1; i < bins; ++i) {
+    // first tile whose work midpoint lies past i/bins of the total
+    const int64_t target = total * i / bins;
+    size_t j = edge[static_cast<size_t>(i - 1)];
+    while (j < specs.size() && cum[j] + (cum[j + 1] - cum[j]) / 2 < target) ++j;
+    edge[static_cast<size_t>(i)] = j;
+  }
   void (*kernel)(const Tile&, float*) = AttendTilePortable;
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512) kernel = AttendTileAvx512;
 #endif
   ParallelFor(
-      static_cast<int64_t>(specs.size()),
-      [&](int64_t begin, int64_t end) {
+      bins,
+      [&](int64_t bin_begin, int64_t bin_end) {
         std::vector<float> scratch(static_cast<size_t>(TileScratchFloats(k.dim, v.dim)));
-        for (int64_t i = begin; i < end; ++i) {
-          const TileSpec& sp = specs[static_cast<size_t>(i)];
+        for (size_t i = edge[static_cast<size_t>(bin_begin)]; i < edge[static_cast<size_t>(bin_end)]; ++i) {
+          const TileSpec& sp = specs[i];
           Tile tile;
           tile.k = k;
           tile.v = v;
@@ -171,7 +196,8 @@ void RunPagedAttention(const PagedBatch& b, const PagedRows& k, const PagedRows&
           kernel(tile, scratch.data());
         }
       },
-      tile_work);
+      // one bin per range: its work is what PartitionCount weighed above
+      std::max<int64_t>(1, total / std::max<int64_t>(1, bins)));
 }
 
 }  // namespace attn
