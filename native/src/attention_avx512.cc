@@ -162,10 +162,9 @@ inline void PvGroup(float* const* a, const float* const* p, const float* alpha, 
   }
 }
 
-/** dst[l][i] = src[i][l] for a 16 x 16 block (row strides 16 floats). */
-inline void Transpose16(const float* src, float* dst) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + 16 * i);
+/** In place: r[l] lane i becomes the old r[i] lane l (a 16 x 16 transpose in registers). */
+inline void Transpose16(__m512* r) {
+  __m512 t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -189,7 +188,35 @@ inline void Transpose16(const float* src, float* dst) {
     r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
     r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
   }
+}
+
+/** dst[l][i] = src[i][l] for a 16 x 16 block (row strides 16 floats). */
+inline void Transpose16(const float* src, float* dst) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + 16 * i);
+  Transpose16(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + 16 * i, r[i]);
+}
+
+/**
+ * The sum of a row's 16 lanes in a fixed tree (GCC's _mm512_reduce_add_ps, written out so that every compiler
+ * and the row-vectorised softmax below give the same bits): ((a0 + a8) + (a4 + a12)) + ((a2 + a10) + (a6 + a14)),
+ * plus the same over the odd lanes, the even half first.
+ */
+inline float SumTree16(__m512 a) {
+  const __m256 h =
+      _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 p = _mm_add_ps(q, _mm_shuffle_ps(q, q, 0x4E));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 0x55)));
+}
+
+/** SumTree16 of 16 rows at once: u[j] lane r = lane j of row r (a transposed block); lane r of the result. */
+inline __m512 SumTree16Rows(const __m512* u) {
+  const auto pair = [&](int j) {  // (u_j + u_{j+8}) + (u_{j+4} + u_{j+12})
+    return _mm512_add_ps(_mm512_add_ps(u[j], u[j + 8]), _mm512_add_ps(u[j + 4], u[j + 12]));
+  };
+  return _mm512_add_ps(_mm512_add_ps(pair(0), pair(2)), _mm512_add_ps(pair(1), pair(3)));
 }
 
 /**
@@ -331,27 +358,80 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
       PrefetchRow(RowPtr(t.k, t.table, t.page_size, j, t.kv_head), dk);
       if (!shared_rows) PrefetchRow(RowPtr(t.v, t.table, t.page_size, j, t.kv_head), dv);
     }
-    for (int r = 0; r < t.rows; ++r) {
-      const Row& row = t.row[r];
-      const int64_t rb = row.lo > c0 ? row.lo : c0;
-      const int64_t re = row.hi < c0 + kChunk ? row.hi : c0 + kChunk;
-      rbs[r] = res[r] = 0;
-      if (rb >= re) continue;
-      const __mmask16 mask = static_cast<__mmask16>(TailMask(re - c0) & ~TailMask(rb - c0));
-      const __m512 sc = transposed ? _mm512_loadu_ps(sbuf + r * kChunk)
-                        : pack     ? Scores16<true>(row.q, kr, dk)
-                                   : Scores16<false>(row.q, kr, dk);
-      const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mask, _mm512_mul_ps(sc, _mm512_set1_ps(t.scale)));
-      const float mc = _mm512_reduce_max_ps(sv);
-      const float mn = m[r] > mc ? m[r] : mc;
-      const __m512 e = _mm512_maskz_mov_ps(mask, Exp(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
-      const float alpha = m[r] == kNegInf ? 0.0f : _mm512_cvtss_f32(Exp(_mm512_set1_ps(m[r] - mn)));
-      l[r] = l[r] * alpha + _mm512_reduce_add_ps(e);
-      m[r] = mn;
-      _mm512_storeu_ps(pr + r * kChunk, e);
-      al[r] = alpha;
-      rbs[r] = static_cast<int>(rb - c0);
-      res[r] = static_cast<int>(re - c0);
+    if (transposed) {
+      // The same online-softmax update as the per-row loop below, 16 rows at a time: the row maxima, alpha and
+      // the row sums of p are vectors over the rows (a row max is the same in any order; the sums add in
+      // SumTree16's tree), and only each row's exp of its scores stays per row.
+      for (int r0 = 0; r0 < t.rows; r0 += 16) {
+        const int nr = t.rows - r0 < 16 ? t.rows - r0 : 16;
+        __m512 u[16];
+        __mmask16 km[16];
+        __mmask16 active = 0;
+        for (int i = 0; i < 16; ++i) {
+          const int r = r0 + i;
+          km[i] = 0;
+          u[i] = _mm512_set1_ps(kNegInf);
+          if (i >= nr) continue;
+          const Row& row = t.row[r];
+          const int64_t rb = row.lo > c0 ? row.lo : c0;
+          const int64_t re = row.hi < c0 + kChunk ? row.hi : c0 + kChunk;
+          rbs[r] = res[r] = 0;
+          if (rb >= re) continue;
+          km[i] = static_cast<__mmask16>(TailMask(re - c0) & ~TailMask(rb - c0));
+          active = static_cast<__mmask16>(active | (1u << i));
+          u[i] = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), km[i],
+                                    _mm512_mul_ps(_mm512_loadu_ps(sbuf + r * kChunk), _mm512_set1_ps(t.scale)));
+          rbs[r] = static_cast<int>(rb - c0);
+          res[r] = static_cast<int>(re - c0);
+        }
+        if (active == 0) continue;
+        __m512 sv[16];
+        for (int i = 0; i < 16; ++i) sv[i] = u[i];
+        Transpose16(u);
+        __m512 mc = u[0];
+        for (int j = 1; j < 16; ++j) mc = _mm512_max_ps(mc, u[j]);
+        const __m512 mo = _mm512_maskz_loadu_ps(active, m + r0);
+        const __m512 mn = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mo, mc, _CMP_GT_OQ), mc, mo);
+        const __m512 alpha =
+            _mm512_mask_mov_ps(Exp(_mm512_sub_ps(mo, mn)), _mm512_cmp_ps_mask(mo, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ),
+                               _mm512_setzero_ps());
+        alignas(64) float mnv[16];
+        _mm512_store_ps(mnv, mn);
+        for (int i = 0; i < 16; ++i) {
+          if (!((active >> i) & 1)) {
+            u[i] = _mm512_setzero_ps();
+            continue;
+          }
+          u[i] = _mm512_maskz_mov_ps(km[i], Exp(_mm512_sub_ps(sv[i], _mm512_set1_ps(mnv[i]))));
+          _mm512_storeu_ps(pr + (r0 + i) * kChunk, u[i]);
+        }
+        Transpose16(u);
+        const __m512 lv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(active, l + r0), alpha, SumTree16Rows(u));
+        _mm512_mask_storeu_ps(l + r0, active, lv);
+        _mm512_mask_storeu_ps(m + r0, active, mn);
+        _mm512_mask_storeu_ps(al + r0, active, alpha);
+      }
+    } else {
+      for (int r = 0; r < t.rows; ++r) {
+        const Row& row = t.row[r];
+        const int64_t rb = row.lo > c0 ? row.lo : c0;
+        const int64_t re = row.hi < c0 + kChunk ? row.hi : c0 + kChunk;
+        rbs[r] = res[r] = 0;
+        if (rb >= re) continue;
+        const __mmask16 mask = static_cast<__mmask16>(TailMask(re - c0) & ~TailMask(rb - c0));
+        const __m512 sc = pack ? Scores16<true>(row.q, kr, dk) : Scores16<false>(row.q, kr, dk);
+        const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), mask, _mm512_mul_ps(sc, _mm512_set1_ps(t.scale)));
+        const float mc = _mm512_reduce_max_ps(sv);
+        const float mn = m[r] > mc ? m[r] : mc;
+        const __m512 e = _mm512_maskz_mov_ps(mask, Exp(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
+        const float alpha = m[r] == kNegInf ? 0.0f : _mm512_cvtss_f32(Exp(_mm512_set1_ps(m[r] - mn)));
+        l[r] = __builtin_fmaf(l[r], alpha, SumTree16(e));  // l·alpha + Σ p, one rounding
+        m[r] = mn;
+        _mm512_storeu_ps(pr + r * kChunk, e);
+        al[r] = alpha;
+        rbs[r] = static_cast<int>(rb - c0);
+        res[r] = static_cast<int>(re - c0);
+      }
     }
     // P·V: runs of up to 4 consecutive rows that see the same keys of this chunk share the V loads.
     for (int r = 0; r < t.rows;) {
