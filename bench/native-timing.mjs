@@ -62,6 +62,7 @@ export const silu = timed('silu', real.silu);
 export const swiglu = timed('swiglu', real.swiglu);
 export const writePagedRows = timed('writePagedRows', real.writePagedRows);
 export const copyPages = timed('copyPages', real.copyPages);
+export const prefetchPages = timed('prefetchPages', real.prefetchPages);
 export const f32ToBf16 = timed('f32ToBf16', real.f32ToBf16);
 export const writeMlaCache = timed('writeMlaCache', real.writeMlaCache);
 export const dequantizeToBf16 = timed('dequantizeToBf16', real.dequantizeToBf16);

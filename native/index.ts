@@ -83,6 +83,7 @@ export {
   writeKvPages,
   writePagedRows,
   copyPages,
+  prefetchPages,
   createKvPool,
   kvPageElements,
   makePagedBatch,

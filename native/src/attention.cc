@@ -14,6 +14,8 @@
 //       [colOffset, colOffset+cols). reshape_and_cache for NHD K/V (heads = 1, cols = rowElements =
 //       kvH*headDim), HND K/V (heads = kvH, cols = rowElements = headDim) and MLA's [latent | k_pe]
 //       rows (heads = 1, two calls).
+//   prefetchPages(pool, pageElements, pages i32 [n]) -> undefined
+//       prefetch hints for whole pages (a decode step's K/V before the layer's q/k/v GEMM); changes nothing.
 //   copyPages(src, dst, pageElements, srcPages i32 [n], dstPages i32 [n]) -> undefined
 //       dst page dstPages[i] = src page srcPages[i] (whole pages, any pool: K, V or MLA latent).
 //
@@ -310,6 +312,28 @@ Napi::Value WritePagedRowsBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+Napi::Value PrefetchPagesBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "prefetchPages");
+  const int64_t page_elements = args.Int(1, "pageElements", 1);
+  auto pool = args.F32(0, "pool");
+  auto ids = args.I32(2, "pages");
+  const int64_t pages = static_cast<int64_t>(pool.ElementLength()) / page_elements;
+  const int32_t* pi = ids.Data();
+  const int64_t n = static_cast<int64_t>(ids.ElementLength());
+  for (int64_t i = 0; i < n; ++i)
+    if (pi[i] < 0 || pi[i] >= pages)
+      args.Fail("pages", "page ids in [0, " + std::to_string(pages) + ")",
+                "pages[" + std::to_string(i) + "] = " + std::to_string(pi[i]));
+  // Hints only (prefetcht1: into this core's L2 on the way); nothing is read into a register or written.
+  const char* base = reinterpret_cast<const char*>(pool.Data());
+  const int64_t bytes = page_elements * static_cast<int64_t>(sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const char* p = base + pi[i] * bytes;
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+  }
+  return info.Env().Undefined();
+}
+
 Napi::Value CopyPagesBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "copyPages");
   const int64_t page_elements = args.Int(2, "pageElements", 1);
@@ -371,6 +395,7 @@ void RegisterAttention(Napi::Env env, Napi::Object exports) {
               Napi::Function::New(env, Guarded<PagedAttentionAsyncBinding>, "pagedAttentionAsync"));
   exports.Set("writePagedRows", Napi::Function::New(env, Guarded<WritePagedRowsBinding>, "writePagedRows"));
   exports.Set("copyPages", Napi::Function::New(env, Guarded<CopyPagesBinding>, "copyPages"));
+  exports.Set("prefetchPages", Napi::Function::New(env, Guarded<PrefetchPagesBinding>, "prefetchPages"));
 }
 
 }  // namespace specd

@@ -5,6 +5,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import {
   copyPages,
+  prefetchPages,
   createKvPool,
   isa,
   kvPageElements,
@@ -426,6 +427,17 @@ describe.each(paths)('pagedAttention on the %s path, %s pages', (path, kvLayout)
 });
 
 describe('KV pages', () => {
+  it('prefetchPages leaves the pool as it was and names a page outside it', () => {
+    const pool = new Float32Array(5 * 48).map((_, i) => Math.sin(i));
+    const copy = Float32Array.from(pool);
+    prefetchPages(pool, 48, Int32Array.of(4, 0, 2, 2));
+    expect(firstBitDifference(pool, copy)).toBe(-1);
+    expect(() => prefetchPages(pool, 48, Int32Array.of(1, 5))).toThrow(
+      /prefetchPages: pages: expected page ids in \[0, 5\), got pages\[1\] = 5/,
+    );
+    expect(() => prefetchPages(pool, 0, Int32Array.of(0))).toThrow(/prefetchPages: pageElements/);
+  });
+
   it('copyPages moves whole pages (same pool and another pool); attention on the copy is identical', () => {
     const c = cases[1]!;
     const seed = freshSeed();

@@ -22,10 +22,21 @@ import type {
   StageModel,
   TreeCommit,
 } from '@specd/core';
-import { applyRope, makePagedBatch, pagedAttention, rmsNorm, writeKvPages, type KvPageLayout } from '@specd/native';
+import {
+  applyRope,
+  makePagedBatch,
+  pagedAttention,
+  prefetchPages,
+  rmsNorm,
+  writeKvPages,
+  type KvPageLayout,
+} from '@specd/native';
 
 import type { LlamaConfig } from './config.js';
 import type { EmbeddingTable, LinearWeights, LlamaTensorSource } from './weights.js';
+
+/** Forwards of at most this many rows (decode, verify blocks) prefetch each layer's K/V pages. */
+const PREFETCH_MAX_ROWS = 16;
 
 /** Thrown for a malformed forward call (names the argument). */
 export class LlamaForwardError extends Error {
@@ -186,6 +197,13 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
     const k = new Float32Array(N * kw);
     const v = new Float32Array(N * kw);
     const attnOut = new Float32Array(N * qw);
+    // Decode and verify steps (few rows, no tree): each layer's K/V pages are prefetched before its q/k/v GEMM,
+    // so that they arrive while it streams weights (@specd/native prefetchPages; prefill reads them warm anyway).
+    const prefetch =
+      N <= PREFETCH_MAX_ROWS && spans.every((s) => s.tree === undefined)
+        ? Int32Array.from(spans.flatMap((s) => Array.from(kv.blockTable(s.id))))
+        : undefined;
+    const pageElements = kv.pageSize * KV * hd;
     const ropeQ = { ...rope, heads: H };
     const ropeK = { ...rope, heads: KV };
     const attnOptions = { numHeads: H, scale: 1 / Math.sqrt(hd), mask: 'causal' } as const;
@@ -205,6 +223,10 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
         writeKvPages(layout, k, v, kStore, vStore, slots);
         return pagedAttention(q, kStore, vStore, layout, attnBatch, attnOptions, attnOut);
       };
+      if (prefetch !== undefined) {
+        prefetchPages(kv.layerStore(2 * l), pageElements, prefetch);
+        prefetchPages(kv.layerStore(2 * l + 1), pageElements, prefetch);
+      }
       denseBlock(h, N, w, attention, block);
       capture(l + 1);
     }
