@@ -315,7 +315,8 @@ export function writeKvPages(
  * a decode step calls it for a layer's K and V pages before the layer's q/k/v projection, so that the pages arrive
  * while that GEMM streams its weights instead of stalling `pagedAttention` (the weights streamed since the layer's
  * last step evicted them). Reads nothing into a register and writes nothing: results never change.
- * Measured (SmolLM2 decode, context ~200, 2 threads, AMD EPYC Zen 5): pagedAttention 20 → 11–12 µs a call.
+ * Measured (SmolLM2 decode, context ~200, 2 threads, AMD EPYC Zen 5; `npm run bench:calls`): pagedAttention 15–20 →
+ * 12.7–13.5 µs a call, the hints ~1.5 µs a call (docs/BENCHMARKS.md, issue 16, 2026-12-04).
  * @param pool Float32Array [numPages, pageElements] (a K or V pool, any layout). @param pageElements floats per page.
  * @param pages Int32Array [n] page ids. @throws {RangeError} naming the argument (a page id outside the pool).
  */

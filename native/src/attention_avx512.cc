@@ -16,7 +16,9 @@
 //           kTransposedRows rows (prefill chunks, verify blocks; headDim a multiple of 16) compute the same
 //           chains and the same tree from the chunk's K transposed once ([dim][16 slots]: key slots in the
 //           lanes), which needs no transposes per row and loads each K vector once for 4 rows (ScoresT);
-//   its online-softmax update (vector exp, Cephes-style polynomial, ~1 ulp);
+//   its online-softmax update (vector exp, Cephes-style polynomial, ~1 ulp; l = fma(l, alpha, Σ p) with Σ p
+//           in SumTree16's fixed tree); tiles of kTransposedRows or more run this update for 16 rows at a time
+//           (maxima, alpha and the sums as vectors over the rows: the same operations per row);
 //   its P·V update: acc = acc * alpha, then acc = fma(p_j, v_j, acc) for its visible j ascending;
 //           up to 4 consecutive rows that see the same keys of the chunk share the V loads.
 // Rows share loads only, never arithmetic: each row's result is the same in any tile.
@@ -286,8 +288,8 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
   float* zero = l + kMaxRows;            // [dk] zeros: K row of the key slots outside the union
   float* kbuf = zero + dk_pad;           // [dk_pad/16][kChunk][16] packed K rows of the chunk
   float* vbuf = kbuf + kChunk * dk_pad;  // [dv_pad/16][kChunk][16] packed V rows
-  float* kt = vbuf + kChunk * dv_pad;    // [dk][kChunk] transposed K rows (TransposedScores)
-  float* sbuf = kt + kChunk * dk_pad;    // [kMaxRows][kChunk] raw scores of the chunk (TransposedScores)
+  float* kt = vbuf + kChunk * dv_pad;    // [dk][kChunk] transposed K rows (ScoresT)
+  float* sbuf = kt + kChunk * dk_pad;    // [kMaxRows][kChunk] raw scores of the chunk (ScoresT)
   for (int64_t d = 0; d < dk; ++d) zero[d] = 0.0f;
   // V rows that are prefixes of the K rows (MLA latent) are read from the packed K rows.
   const bool shared_rows = t.v.base == t.k.base && t.v.page_stride == t.k.page_stride &&
