@@ -127,16 +127,7 @@ class DFlashRunner : public RunnerMemory {
    * A second call replaces the first (its contents and the CUDA graphs are dropped).
    */
   void allocKv(int pageSize, int numPages, int maxModelLen) {
-    freeKv();
-    kvPhase = true;
-    try {
-      allocKvBuffers(pageSize, numPages, maxModelLen);
-    } catch (...) {
-      freeKv();  // no half-made pool: hasKv() stays false
-      kvPhase = false;
-      throw;
-    }
-    kvPhase = false;
+    allocKvPhase([&] { allocKvBuffers(pageSize, numPages, maxModelLen); }, [&] { freeKv(); });
   }
   bool hasKv() const { return pools != nullptr; }
   int64_t slotsTotal() const { return static_cast<int64_t>(d.numPages) * d.pageSize; }
@@ -435,17 +426,7 @@ class DFlashRunner : public RunnerMemory {
     poolFloats = static_cast<int64_t>(numPages) * pageSize * kw;
     kvBytes = 2 * static_cast<size_t>(d.layers) * poolFloats * 4;
     pools = static_cast<float*>(dev(kvBytes, "draft KV pool"));
-    std::vector<float> cs(static_cast<size_t>(maxModelLen) * d.headDim);
-    const int half = d.headDim / 2;
-    for (int p = 0; p < maxModelLen; p++)
-      for (int i = 0; i < half; i++) {
-        const double inv = std::pow(d.ropeTheta, -2.0 * i / static_cast<double>(d.headDim));
-        const double angle = static_cast<double>(p) * inv;
-        cs[static_cast<size_t>(p) * d.headDim + i] = static_cast<float>(std::cos(angle));
-        cs[static_cast<size_t>(p) * d.headDim + half + i] = static_cast<float>(std::sin(angle));
-      }
-    cosSin = static_cast<float*>(dev(cs.size() * 4, "RoPE table"));
-    ok(cudaMemcpy(cosSin, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (RoPE table)");
+    cosSin = ropeTable(d.ropeTheta, d.headDim, maxModelLen);
     parts = std::max(1, specdAttentionParts(maxBlocks * pageSize));
     part = static_cast<float*>(
         dev(static_cast<size_t>(blockRows) * d.heads * parts * (2 + d.headDim) * 4, "attention partitions"));
@@ -466,6 +447,12 @@ class DFlashRunner : public RunnerMemory {
 
   void gemm(float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
     launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
+  }
+  /** gemm as a callable for draftMlp / draftHead. */
+  auto gemmFn() {
+    return [this](float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
+      gemm(out, in, w, m, n, k, acc, what);
+    };
   }
 
   // metadata: tokens[Np] positions[Np] slots[Np] cu[Sp + 1] kvLens[Sp] tables[Sp · maxBlocks] headRows[Sp · (B − 1)]
@@ -540,23 +527,10 @@ class DFlashRunner : public RunnerMemory {
                               maxBlocks, d.pageSize, d.heads, d.kvHeads, d.headDim, scale, false, attnKeys, stream),
           "paged attention (non-causal)");
       mm(h, attnB, wO[j], D, qw, true, "o GEMM");
-      if (small) {
-        launched(specdSmallGemmNorm(nullptr, sb, h, postNorm[j], nullptr, d.eps, wGateUp[j], Np, d.inter, D, stream),
-                 "post_attention_layernorm + gate|up GEMM + SwiGLU");
-      } else {
-        launched(specdRmsNormBf16(hb, h, postNorm[j], nullptr, Np, D, d.eps, stream), "post_attention_layernorm");
-        gemm(gu, hb, wGateUp[j], Np, 2 * d.inter, D, false, "gate|up GEMM");
-        launched(specdSwigluBf16(sb, gu, Np, d.inter, stream), "SwiGLU");
-      }
-      mm(h, sb, wDown[j], D, d.inter, true, "down GEMM");
+      draftMlp(small, gemmFn(), stream, h, hb, gu, sb, postNorm[j], wGateUp[j], wDown[j], Np, D, d.inter, d.eps);
     }
-    if (specdSmallGemmFits(R, D)) {
-      launched(specdSmallGemmNorm(logits, nullptr, h, finalNorm, rows, d.eps, lmHead, R, d.draftVocab, D, stream),
-               "norm + draft head GEMM");
-    } else {
-      launched(specdRmsNormBf16(hb, h, finalNorm, rows, R, D, d.eps, stream), "norm");
-      gemm(logits, hb, lmHead, R, d.draftVocab, D, false, "draft head GEMM");
-    }
+    draftHead(specdSmallGemmFits(R, D), gemmFn(), stream, logits, h, hb, finalNorm, rows, lmHead, R, d.draftVocab, D,
+              d.eps);
     launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, R, d.draftVocab, stream, draftIdx, draftIds, tokenIds),
              "argmax");
   }

@@ -122,16 +122,7 @@ class Eagle3Runner : public RunnerMemory {
    * maxModelLen positions. A second call replaces the first (its contents and the CUDA graphs are dropped).
    */
   void allocKv(int pageSize, int numPages, int maxModelLen) {
-    freeKv();
-    kvPhase = true;
-    try {
-      allocKvBuffers(pageSize, numPages, maxModelLen);
-    } catch (...) {
-      freeKv();  // no half-made pool: hasKv() stays false
-      kvPhase = false;
-      throw;
-    }
-    kvPhase = false;
+    allocKvPhase([&] { allocKvBuffers(pageSize, numPages, maxModelLen); }, [&] { freeKv(); });
   }
   void allocKvBuffers(int pageSize, int numPages, int maxModelLen) {
     d.pageSize = pageSize;
@@ -141,17 +132,7 @@ class Eagle3Runner : public RunnerMemory {
     poolFloats = static_cast<size_t>(numPages) * pageSize * kw;
     kvBytes = 2 * poolFloats * 4;
     kv = static_cast<float*>(dev(kvBytes, "draft KV pool"));
-    std::vector<float> cs(static_cast<size_t>(maxModelLen) * d.headDim);
-    const int half = d.headDim / 2;
-    for (int p = 0; p < maxModelLen; p++)
-      for (int i = 0; i < half; i++) {
-        const double inv = std::pow(d.ropeTheta, -2.0 * i / static_cast<double>(d.headDim));
-        const double angle = static_cast<double>(p) * inv;
-        cs[static_cast<size_t>(p) * d.headDim + i] = static_cast<float>(std::cos(angle));
-        cs[static_cast<size_t>(p) * d.headDim + half + i] = static_cast<float>(std::sin(angle));
-      }
-    cosSin = static_cast<float*>(dev(cs.size() * 4, "RoPE table"));
-    ok(cudaMemcpy(cosSin, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (RoPE table)");
+    cosSin = ropeTable(d.ropeTheta, d.headDim, maxModelLen);
     parts = std::max(1, specdAttentionParts(maxBlocks * pageSize));
     part = static_cast<float*>(
         dev(static_cast<size_t>(chainRows) * d.heads * parts * (2 + d.headDim) * 4, "attention partitions"));
@@ -463,6 +444,12 @@ class Eagle3Runner : public RunnerMemory {
   void gemm(float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
     launched(specdGemmBf16(lt, out, in, w, m, m, n, k, ws, kWorkspaceBytes, stream, acc), what);
   }
+  /** gemm as a callable for draftMlp / draftHead. */
+  auto gemmFn() {
+    return [this](float* out, const void* in, const void* w, int m, int n, int k, bool acc, const char* what) {
+      gemm(out, in, w, m, n, k, acc, what);
+    };
+  }
 
   // metadata: tokens[Sp] gIdx[Sp] cu[Sp + 1] tables[Sp · maxBlocks], then per step: positions[Sp] slots[Sp] kvLens[Sp]
   size_t metaSize(int Sp, int K) const {
@@ -586,22 +573,8 @@ class Eagle3Runner : public RunnerMemory {
                                  d.pageSize, d.heads, d.kvHeads, d.headDim, scale, true, attnKeys, stream),
              "paged attention");
     mm(h, attnB, wO, D, qw, true, "o GEMM");
-    if (small) {
-      launched(specdSmallGemmNorm(nullptr, sb, h, postNorm, nullptr, d.eps, wGateUp, Sp, d.inter, D, stream),
-               "post_attention_layernorm + gate|up GEMM + SwiGLU");
-    } else {
-      launched(specdRmsNormBf16(hb, h, postNorm, nullptr, Sp, D, d.eps, stream), "post_attention_layernorm");
-      gemm(gu, hb, wGateUp, Sp, 2 * d.inter, D, false, "gate|up GEMM");
-      launched(specdSwigluBf16(sb, gu, Sp, d.inter, stream), "SwiGLU");
-    }
-    mm(h, sb, wDown, D, d.inter, true, "down GEMM");
-    if (small) {
-      launched(specdSmallGemmNorm(logits, nullptr, h, finalNorm, nullptr, d.eps, lmHead, Sp, d.draftVocab, D, stream),
-               "norm + lm_head GEMM");
-    } else {
-      launched(specdRmsNormBf16(hb, h, finalNorm, nullptr, Sp, D, d.eps, stream), "norm");
-      gemm(logits, hb, lmHead, Sp, d.draftVocab, D, false, "lm_head GEMM");
-    }
+    draftMlp(small, gemmFn(), stream, h, hb, gu, sb, postNorm, wGateUp, wDown, Sp, D, d.inter, d.eps);
+    draftHead(small, gemmFn(), stream, logits, h, hb, finalNorm, nullptr, lmHead, Sp, d.draftVocab, D, d.eps);
     launched(specdArgmaxTwoPass(argmax, argmaxWs, logits, Sp, d.draftVocab, stream, pickDrafts, pickNext, pickD2t),
              "argmax");
   }

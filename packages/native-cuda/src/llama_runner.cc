@@ -112,11 +112,13 @@ class LlamaRunner : public RunnerMemory {
 
   /**
    * Allocates the KV pool (per layer K then V, each [numPages · pageSize, kvHeads · headDim] f32), the RoPE table
-   * and the per-batch structures for sequences of up to maxModelLen tokens. Once per runner.
+   * and the per-batch structures for sequences of up to maxModelLen tokens. Once per runner; a failed allocation
+   * frees what it made.
    */
   void allocKv(int pageSize, int numPages, int maxModelLen) {
-    freeKv();
-    kvPhase = true;
+    allocKvPhase([&] { allocKvBuffers(pageSize, numPages, maxModelLen); }, [&] { freeKv(); });
+  }
+  void allocKvBuffers(int pageSize, int numPages, int maxModelLen) {
     d.pageSize = pageSize;
     d.numPages = numPages;
     d.maxModelLen = maxModelLen;
@@ -124,18 +126,7 @@ class LlamaRunner : public RunnerMemory {
     poolFloats = static_cast<size_t>(numPages) * pageSize * kw;
     kvBytes = 2 * poolFloats * 4 * d.layers;
     kv = static_cast<float*>(dev(kvBytes, "KV pool"));
-    // cos/sin per position, the CPU path's formula (native/src/rope.cc: inv_freq in double, then cos / sin)
-    std::vector<float> cs(static_cast<size_t>(maxModelLen) * d.headDim);
-    const int half = d.headDim / 2;
-    for (int p = 0; p < maxModelLen; p++)
-      for (int i = 0; i < half; i++) {
-        const double inv = std::pow(d.ropeTheta, -2.0 * i / static_cast<double>(d.headDim));
-        const double angle = static_cast<double>(p) * inv;
-        cs[static_cast<size_t>(p) * d.headDim + i] = static_cast<float>(std::cos(angle));
-        cs[static_cast<size_t>(p) * d.headDim + half + i] = static_cast<float>(std::sin(angle));
-      }
-    cosSin = static_cast<float*>(dev(cs.size() * 4, "RoPE table"));
-    ok(cudaMemcpy(cosSin, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (RoPE table)");
+    cosSin = ropeTable(d.ropeTheta, d.headDim, maxModelLen);
     parts = std::max(1, specdAttentionParts(maxBlocks * pageSize));
     part = static_cast<float*>(
         dev(static_cast<size_t>(mPadMax) * d.qHeads * parts * (2 + d.headDim) * 4, "attention partitions"));
@@ -143,7 +134,6 @@ class LlamaRunner : public RunnerMemory {
     meta = static_cast<int32_t*>(dev(metaInts * 4, "batch metadata"));
     ok(cudaMallocHost(&hMeta, metaInts * 4), "cudaMallocHost (batch metadata)");
     ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize (the zeroed buffers)");
-    kvPhase = false;
   }
   bool hasKv() const { return kv != nullptr; }
 

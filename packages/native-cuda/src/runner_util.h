@@ -114,6 +114,42 @@ class RunnerMemory {
     if (neox) specdRopePairedRows(rows.data(), qHeads, kvHeads, headDim, cols);
     upload(slot, rows.data(), bytes, name);
   }
+  /**
+   * Runs `alloc` as the KV pool's allocation (what it `dev`s is freed by the runner's `freeKv`), after `freeKv`: a
+   * second call replaces the first. When `alloc` throws, what it made is freed again (no half-made pool) and the
+   * exception goes on.
+   */
+  template <typename Alloc, typename Free>
+  void allocKvPhase(Alloc&& alloc, Free&& freeKv) {
+    freeKv();
+    kvPhase = true;
+    try {
+      alloc();
+    } catch (...) {
+      freeKv();
+      kvPhase = false;
+      throw;
+    }
+    kvPhase = false;
+  }
+  /**
+   * The RoPE table on the device: cos | sin [maxModelLen, headDim] f32 (per position, headDim / 2 cosines then the
+   * sines), the CPU path's formula (native/src/rope.cc: inv_freq = theta^(−2i / headDim) in double, then cos / sin).
+   */
+  float* ropeTable(double theta, int headDim, int maxModelLen) {
+    std::vector<float> cs(static_cast<size_t>(maxModelLen) * headDim);
+    const int half = headDim / 2;
+    for (int p = 0; p < maxModelLen; p++)
+      for (int i = 0; i < half; i++) {
+        const double inv = std::pow(theta, -2.0 * i / static_cast<double>(headDim));
+        const double angle = static_cast<double>(p) * inv;
+        cs[static_cast<size_t>(p) * headDim + i] = static_cast<float>(std::cos(angle));
+        cs[static_cast<size_t>(p) * headDim + half + i] = static_cast<float>(std::sin(angle));
+      }
+    float* table = static_cast<float*>(dev(cs.size() * 4, "RoPE table"));
+    ok(cudaMemcpy(table, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy (RoPE table)");
+    return table;
+  }
   /** Copies `bytes` from host `src` into the weight at `*slot` (allocated at the first upload). */
   void upload(void** slot, const void* src, size_t bytes, const std::string& name) {
     if (*slot == nullptr) {
@@ -124,6 +160,44 @@ class RunnerMemory {
     ok(cudaMemcpy(*slot, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight " + name + ")");
   }
 };
+
+/**
+ * A draft layer's MLP on `rows` rows of the residual h [rows, D] f32, the down projection added into h:
+ * post_attention_layernorm, gate|up GEMM, SwiGLU, down GEMM. With `small`, the small tensor-core GEMM (the norm in its
+ * prologue, SwiGLU in its epilogue, into sb); else the norm into hb, `gemm` (cuBLASLt) into gu, and the SwiGLU
+ * kernel into sb. gemm(out, in, w, m, n, k, accumulate, what) is the runner's. Launches only (stream order).
+ */
+template <typename Gemm>
+void draftMlp(bool small, Gemm&& gemm, cudaStream_t stream, float* h, void* hb, float* gu, void* sb,
+              const float* postNorm, const void* wGateUp, const void* wDown, int rows, int D, int inter, float eps) {
+  if (small) {
+    launched(specdSmallGemmNorm(nullptr, sb, h, postNorm, nullptr, eps, wGateUp, rows, inter, D, stream),
+             "post_attention_layernorm + gate|up GEMM + SwiGLU");
+    launched(specdSmallGemm(h, sb, wDown, rows, D, inter, true, stream), "down GEMM");
+  } else {
+    launched(specdRmsNormBf16(hb, h, postNorm, nullptr, rows, D, eps, stream), "post_attention_layernorm");
+    gemm(gu, hb, wGateUp, rows, 2 * inter, D, false, "gate|up GEMM");
+    launched(specdSwigluBf16(sb, gu, rows, inter, stream), "SwiGLU");
+    gemm(h, sb, wDown, rows, D, inter, true, "down GEMM");
+  }
+}
+
+/**
+ * A drafter's head: the final norm of the residual rows `rowIdx` (all `n` when null) of h [·, D] f32, then the draft
+ * head GEMM into logits [n, vocab] f32 — on the small GEMM (the norm in its prologue) with `small`, else the norm into
+ * hb and `gemm`. Launches only.
+ */
+template <typename Gemm>
+void draftHead(bool small, Gemm&& gemm, cudaStream_t stream, float* logits, const float* h, void* hb,
+               const float* finalNorm, const int32_t* rowIdx, const void* head, int n, int vocab, int D, float eps) {
+  if (small) {
+    launched(specdSmallGemmNorm(logits, nullptr, h, finalNorm, rowIdx, eps, head, n, vocab, D, stream),
+             "norm + draft head GEMM");
+  } else {
+    launched(specdRmsNormBf16(hb, h, finalNorm, rowIdx, n, D, eps, stream), "norm");
+    gemm(logits, hb, head, n, vocab, D, false, "draft head GEMM");
+  }
+}
 
 /**
  * body() with the runners' exceptions as JavaScript errors: std::invalid_argument → RangeError, CudaFailure → Error
