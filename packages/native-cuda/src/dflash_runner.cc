@@ -625,11 +625,7 @@ Napi::Value DFlashSetWeight(const Napi::CallbackInfo& info) {
 }
 
 /** Throws unless the runner has its KV pool and every weight. */
-void ready(Napi::Env env, DFlashRunner* r, const char* call) {
-  if (!r->hasKv()) throw Napi::Error::New(env, std::string(call) + ": no draft KV pool yet (dflashAllocKv)");
-  const std::string missing = r->missing();
-  if (!missing.empty()) throw Napi::Error::New(env, std::string(call) + ": weight " + missing + " was not uploaded");
-}
+void ready(Napi::Env env, DFlashRunner* r, const char* call) { requireReady(env, r, call, "dflashAllocKv"); }
 
 /**
  * dflashContextWrite(runner, rows, fromTaps, positions, slots): the draft context rows of n = positions.length rows
@@ -791,7 +787,7 @@ Napi::Value DFlashReplayMs(const Napi::CallbackInfo& info) {
 }
 
 /** dflashInfo(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}. */
-Napi::Value DFlashInfo(const Napi::CallbackInfo& info) { return draftRunnerInfo(info.Env(), runnerOf(info)); }
+Napi::Value DFlashInfo(const Napi::CallbackInfo& info) { return runnerInfo(info.Env(), runnerOf(info)); }
 
 /** dflashDispose(runner): frees the runner's device memory, graphs and stream now (a later use throws). */
 Napi::Value DFlashDispose(const Napi::CallbackInfo& info) { return disposeRunner<DFlashRunner>(info, "dflashCreate"); }

@@ -664,11 +664,7 @@ Napi::Value Eagle3SetWeight(const Napi::CallbackInfo& info) {
 }
 
 /** Throws unless the runner has its KV pool and every weight. */
-void ready(Napi::Env env, Eagle3Runner* r, const char* call) {
-  if (!r->hasKv()) throw Napi::Error::New(env, std::string(call) + ": no draft KV pool yet (eagle3AllocKv)");
-  const std::string missing = r->missing();
-  if (!missing.empty()) throw Napi::Error::New(env, std::string(call) + ": weight " + missing + " was not uploaded");
-}
+void ready(Napi::Env env, Eagle3Runner* r, const char* call) { requireReady(env, r, call, "eagle3AllocKv"); }
 
 /**
  * eagle3ContextWrite(runner, rows, fromTaps, nextTokens, positions, slots, gSlotOfRow): the draft context entries
@@ -878,7 +874,7 @@ Napi::Value Eagle3ReplayMs(const Napi::CallbackInfo& info) {
 }
 
 /** eagle3Info(runner) → {weightBytes, kvBytes, activationBytes, maxBlocks, graphs}. */
-Napi::Value Eagle3Info(const Napi::CallbackInfo& info) { return draftRunnerInfo(info.Env(), runnerOf(info)); }
+Napi::Value Eagle3Info(const Napi::CallbackInfo& info) { return runnerInfo(info.Env(), runnerOf(info)); }
 
 /** eagle3Dispose(runner): frees the runner's device memory, graphs and stream now (a later use throws). */
 Napi::Value Eagle3Dispose(const Napi::CallbackInfo& info) { return disposeRunner<Eagle3Runner>(info, "eagle3Create"); }

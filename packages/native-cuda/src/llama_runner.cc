@@ -841,15 +841,7 @@ Napi::Value LlamaProfile(const Napi::CallbackInfo& info) {
 Napi::Value LlamaInfo(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   LlamaRunner* r = runnerOf(info);
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("weightBytes", static_cast<double>(r->weightBytes));
-  o.Set("kvBytes", static_cast<double>(r->kvBytes));
-  o.Set("activationBytes", static_cast<double>(r->activationBytes));
-  o.Set("maxBlocks", r->maxBlocks);
-  const std::vector<std::string> labels = r->graphLabels();
-  Napi::Array g = Napi::Array::New(env, labels.size());
-  for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
-  o.Set("graphs", g);
+  Napi::Object o = runnerInfo(env, r);
   Napi::Object h = Napi::Object::New(env);
   h.Set("forwards", r->host.forwards);
   h.Set("checkUs", r->host.checkUs);

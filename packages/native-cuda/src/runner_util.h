@@ -296,9 +296,10 @@ Napi::Value disposeRunner(const Napi::CallbackInfo& info, const char* create) {
   return info.Env().Undefined();
 }
 
-/** A draft runner's {weightBytes, kvBytes, activationBytes, maxBlocks, graphs} (`<runner>Info`). */
+/** A runner's {weightBytes, kvBytes, activationBytes, maxBlocks, graphs} (`<runner>Info`; llamaInfo adds its host
+ * timings). */
 template <typename R>
-Napi::Object draftRunnerInfo(Napi::Env env, const R* r) {
+Napi::Object runnerInfo(Napi::Env env, const R* r) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("weightBytes", static_cast<double>(r->weightBytes));
   o.Set("kvBytes", static_cast<double>(r->kvBytes));
@@ -309,6 +310,14 @@ Napi::Object draftRunnerInfo(Napi::Env env, const R* r) {
   for (size_t i = 0; i < labels.size(); i++) g.Set(static_cast<uint32_t>(i), labels[i]);
   o.Set("graphs", g);
   return o;
+}
+
+/** Throws unless runner `r` has its KV pool (`allocCall` makes it) and every weight (`missing()` names the first). */
+template <typename R>
+void requireReady(Napi::Env env, const R* r, const char* call, const char* allocCall) {
+  if (!r->hasKv()) throw Napi::Error::New(env, std::string(call) + ": no draft KV pool yet (" + allocCall + ")");
+  const std::string missing = r->missing();
+  if (!missing.empty()) throw Napi::Error::New(env, std::string(call) + ": weight " + missing + " was not uploaded");
 }
 
 /**
