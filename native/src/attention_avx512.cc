@@ -325,10 +325,10 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
     const int64_t jb = lo > c0 ? lo : c0;
     const int64_t je = hi < c0 + kChunk ? hi : c0 + kChunk;
     for (int64_t i = 0; i < kChunk; ++i) kp[i] = zero;
+    RowPtrs(t.k, t.table, t.page_size, jb, je, t.kv_head, kp + (jb - c0));
+    RowPtrs(t.v, t.table, t.page_size, jb, je, t.kv_head, vp + (jb - c0));
     for (int64_t j = jb; j < je; ++j) {
       const int64_t i = j - c0;
-      kp[i] = RowPtr(t.k, t.table, t.page_size, j, t.kv_head);
-      vp[i] = RowPtr(t.v, t.table, t.page_size, j, t.kv_head);
       if (pack) {
         PackRow(kbuf, i, kp[i], dk);
         if (!shared_rows) PackRow(vbuf, i, vp[i], dv);
@@ -356,9 +356,15 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
       }
     }
     const int64_t ne = hi < c0 + 2 * kChunk ? hi : c0 + 2 * kChunk;  // next chunk: prefetch its rows
-    for (int64_t j = c0 + kChunk; j < ne; ++j) {
-      PrefetchRow(RowPtr(t.k, t.table, t.page_size, j, t.kv_head), dk);
-      if (!shared_rows) PrefetchRow(RowPtr(t.v, t.table, t.page_size, j, t.kv_head), dv);
+    if (c0 + kChunk < ne) {
+      const float* next[2 * kChunk];
+      const int64_t nn = ne - (c0 + kChunk);
+      RowPtrs(t.k, t.table, t.page_size, c0 + kChunk, ne, t.kv_head, next);
+      if (!shared_rows) RowPtrs(t.v, t.table, t.page_size, c0 + kChunk, ne, t.kv_head, next + kChunk);
+      for (int64_t i = 0; i < nn; ++i) {
+        PrefetchRow(next[i], dk);
+        if (!shared_rows) PrefetchRow(next[kChunk + i], dv);
+      }
     }
     if (transposed) {
       // The same online-softmax update as the per-row loop below, 16 rows at a time: the row maxima, alpha and

@@ -42,10 +42,11 @@ void AttendTilePortable(const Tile& t, float* scratch) {
       const int64_t jb = row.lo > c0 ? row.lo : c0;
       const int64_t je = row.hi < c0 + kChunk ? row.hi : c0 + kChunk;
       float mc = -std::numeric_limits<float>::infinity();
+      const float* kp[kChunk];
+      RowPtrs(t.k, t.table, t.page_size, jb, je, t.kv_head, kp);
+      RowPtrs(t.v, t.table, t.page_size, jb, je, t.kv_head, vp);
       for (int64_t j = jb; j < je; ++j) {
-        const float* kr = RowPtr(t.k, t.table, t.page_size, j, t.kv_head);
-        vp[j - jb] = RowPtr(t.v, t.table, t.page_size, j, t.kv_head);
-        s[j - jb] = Dot(row.q, kr, dk) * t.scale;
+        s[j - jb] = Dot(row.q, kp[j - jb], dk) * t.scale;
         mc = s[j - jb] > mc ? s[j - jb] : mc;
       }
       const float mn = m > mc ? m : mc;
