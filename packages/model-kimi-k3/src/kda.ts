@@ -17,7 +17,7 @@ import { gatedRmsNorm, gemmBf16, type GemmActivations, type PackedBf16Weights } 
 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels } from './kernels.js';
-import { freshScratch, type Scratch } from './scratch.js';
+import { freshScratch, type Scratch } from '@specd/core';
 import { shardRange, type SeqSpan, type ShardRank } from './layout.js';
 import type { WeightReader } from './weights.js';
 

@@ -12,7 +12,7 @@
 import { gemmBf16, packBf16Weights, swigluFused, type GemmActivations, type PackedBf16Weights } from '@specd/native';
 
 import type { KimiConfig } from './config.js';
-import { freshScratch, type Scratch } from './scratch.js';
+import { freshScratch, type Scratch } from '@specd/core';
 
 /** KDA core inputs for a batch (C = heads·headDim; T = Σ seqLens). */
 export interface KdaCall {

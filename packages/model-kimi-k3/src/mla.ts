@@ -17,7 +17,7 @@ import { gemmBf16, rmsNorm, type GemmActivations, type PackedBf16Weights } from 
 import type { KimiConfig } from './config.js';
 import type { KimiKernels, MlaBatch, MlaPrepared } from './kernels.js';
 import { shardRange, type SeqSpan, type ShardRank } from './layout.js';
-import { freshScratch, type Scratch } from './scratch.js';
+import { freshScratch, type Scratch } from '@specd/core';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one MLA layer. */

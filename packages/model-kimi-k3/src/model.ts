@@ -56,7 +56,7 @@ import {
 } from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
 import { commitFromSnapshots } from './rollback.js';
-import { keptScratch, type Scratch } from './scratch.js';
+import { keptScratch, type Scratch } from '@specd/core';
 import { kimiWeightReader, type WeightReader } from './weights.js';
 import type { TensorRead } from '@specd/core';
 

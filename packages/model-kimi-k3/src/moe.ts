@@ -13,7 +13,7 @@ import { gemmBf16, type PackedBf16Weights } from '@specd/native';
 import type { KimiConfig } from './config.js';
 import { swigluForward, type KimiKernels, type MoePrepared, type Routing, type SwigluWeights } from './kernels.js';
 import { shardRange, type ShardRank } from './layout.js';
-import { freshScratch, type Scratch } from './scratch.js';
+import { freshScratch, type Scratch } from '@specd/core';
 import type { WeightReader } from './weights.js';
 
 /** Weights of one MoE block. */

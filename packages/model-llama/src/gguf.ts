@@ -112,7 +112,7 @@ const QUANT_OF: Partial<Record<GgmlType, QuantType>> = {
 /** A {@link LinearWeights} over repacked GGUF blocks (@specd/native `gemmQuant` with activations `act`). */
 function quantLinear(bytes: Uint8Array, type: QuantType, n: number, k: number, act: QuantActivation): LinearWeights {
   const w = quantizedWeights(bytes, type, n, k);
-  return { n, k, apply: (x, m) => gemmQuant(x, m, w, undefined, act) };
+  return { n, k, apply: (x, m, out) => gemmQuant(x, m, w, out, act) };
 }
 
 /** Per quantised type: bytes per block and the offsets of its f16 fields (scale d, and Q4_1's minimum m). */

@@ -17,14 +17,15 @@ export interface LinearWeights {
   readonly k: number;
   /**
    * `x [m, k]` f32 → `[m, n]` f32, fp32 accumulation. Batch invariant: row i of the result is bitwise
-   * the same for every m and every position of the row in the batch.
+   * the same for every m and every position of the row in the batch. Written into `out` `[m, n]` f32 when given
+   * (it must not alias x).
    */
-  apply(x: Float32Array, m: number): Float32Array;
+  apply(x: Float32Array, m: number, out?: Float32Array): Float32Array;
 }
 
 /** A {@link LinearWeights} over packed bf16 panels (@specd/native `gemmBf16`). */
 export function bf16Linear(w: PackedBf16Weights): LinearWeights {
-  return { n: w.n, k: w.k, apply: (x, m) => gemmBf16(x, m, w) };
+  return { n: w.n, k: w.k, apply: (x, m, out) => gemmBf16(x, m, w, out) };
 }
 
 /** Token embeddings `[vocab, dim]`. */

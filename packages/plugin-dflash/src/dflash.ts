@@ -47,6 +47,7 @@ import {
   WeightReader,
   denseBlock,
   draftShardLayout,
+  keptScratch,
   packShard,
   sliceColumns,
   type ContextSpan,
@@ -487,6 +488,8 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
   private readonly heads: number;
   private readonly kvHeads: number;
   private readonly inter: number;
+  /** The dense block's intermediates, kept between draft blocks (core's `keptScratch`). */
+  private readonly blockScratch = keptScratch();
 
   constructor(
     readonly config: DFlashConfig,
@@ -660,6 +663,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
       const block = {
         eps: c.rmsNormEps,
         intermediate: this.inter,
+        scratch: this.blockScratch,
         ...(this.tp === undefined ? {} : { reduce: (x: Float32Array) => this.reduce(x) }),
       };
       for (const [j, w] of this.layers.entries()) {

@@ -8,6 +8,7 @@
 import {
   DrafterError,
   denseBlockOutput,
+  keptScratch,
   sliceColumns,
   type DraftSequence,
   type DenseBlockOutputWeights,
@@ -65,6 +66,8 @@ export class Eagle3Model {
   readonly heads: number;
   readonly kvHeads: number;
   readonly inter: number;
+  /** The dense block's intermediates, kept between steps (core's `keptScratch`). */
+  private readonly scratch = keptScratch();
 
   constructor(
     readonly config: Eagle3Config,
@@ -160,6 +163,7 @@ export class Eagle3Model {
       eps: c.rmsNormEps,
       intermediate: this.inter,
       reduce: (x) => this.reduce(x),
+      scratch: this.scratch,
     });
   }
 

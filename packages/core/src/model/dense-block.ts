@@ -9,16 +9,20 @@
  */
 
 import { addF32, gemmBf16, gemmBf16Accumulate, rmsNorm, swigluFused, type PackedBf16Weights } from '@specd/native';
+import { freshScratch, type Scratch } from './scratch.js';
 
 /**
  * A projection y = x·Wᵀ of a block: packed bf16 weights (@specd/native `gemmBf16`), or any linear map
- * `x [rows, k]` f32 → `[rows, n]` f32 with the same batch invariance (e.g. a model's quantized weights).
+ * `x [rows, k]` f32 → `[rows, n]` f32 with the same batch invariance (e.g. a model's quantized weights), written
+ * into `out` `[rows, n]` f32 when given.
  */
-export type BlockLinear = PackedBf16Weights | { apply(x: Float32Array, rows: number): Float32Array };
+export type BlockLinear =
+  | PackedBf16Weights
+  | { readonly n: number; apply(x: Float32Array, rows: number, out?: Float32Array): Float32Array };
 
-/** `x [rows, k]` · Wᵀ → `[rows, n]` f32. */
-function project(w: BlockLinear, x: Float32Array, rows: number): Float32Array {
-  return 'apply' in w ? w.apply(x, rows) : gemmBf16(x, rows, w);
+/** `x [rows, k]` · Wᵀ → `[rows, n]` f32, into `out` when given. */
+function project(w: BlockLinear, x: Float32Array, rows: number, out?: Float32Array): Float32Array {
+  return 'apply' in w ? w.apply(x, rows, out) : gemmBf16(x, rows, w, out);
 }
 
 /**
@@ -31,12 +35,13 @@ function addProjection(
   x: Float32Array,
   rows: number,
   reduce: ((x: Float32Array) => Float32Array) | undefined,
+  scratch: Scratch,
 ): void {
   if (reduce === undefined && !('apply' in w)) {
     gemmBf16Accumulate(x, rows, w, h);
     return;
   }
-  const y = project(w, x, rows);
+  const y = project(w, x, rows, scratch('block.proj', rows * w.n));
   addF32(h, reduce === undefined ? y : reduce(y), h); // the bits of h[e] + y[e] in JavaScript, without the loop
 }
 
@@ -66,6 +71,11 @@ export interface DenseBlockOptions {
   readonly intermediate: number;
   /** Sum of a row-parallel partial `[n, D]` f32 over the ranks; absent = identity (no tensor parallelism). */
   readonly reduce?: (x: Float32Array) => Float32Array;
+  /**
+   * Where the block's intermediates go (normed rows, projections, SwiGLU): a stage's kept buffers
+   * (`keptScratch`), so a decode step allocates none; default fresh arrays. Names used: `block.*`.
+   */
+  readonly scratch?: Scratch;
 }
 
 /**
@@ -81,9 +91,12 @@ export function denseBlockOutput(
   w: DenseBlockOutputWeights,
   options: DenseBlockOptions,
 ): Float32Array {
-  addProjection(h, w.o, a, n, options.reduce);
-  const xm = rmsNorm(h, w.postNorm, options.eps);
-  addProjection(h, w.down, swigluFused(project(w.gateUp, xm, n), options.intermediate), n, options.reduce);
+  const scratch = options.scratch ?? freshScratch;
+  const I = options.intermediate;
+  addProjection(h, w.o, a, n, options.reduce, scratch);
+  const xm = rmsNorm(h, w.postNorm, options.eps, scratch('block.xn', h.length));
+  const gu = project(w.gateUp, xm, n, scratch('block.gateUp', n * 2 * I));
+  addProjection(h, w.down, swigluFused(gu, I, scratch('block.act', n * I)), n, options.reduce, scratch);
   return h;
 }
 
@@ -100,6 +113,6 @@ export function denseBlock(
   attention: (x: Float32Array) => Float32Array,
   options: DenseBlockOptions,
 ): Float32Array {
-  const a = attention(rmsNorm(h, w.inputNorm, options.eps));
+  const a = attention(rmsNorm(h, w.inputNorm, options.eps, (options.scratch ?? freshScratch)('block.xn', h.length)));
   return denseBlockOutput(h, a, n, w, options);
 }

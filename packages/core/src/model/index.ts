@@ -7,4 +7,5 @@ export {
   type DenseBlockOutputWeights,
   type DenseBlockWeights,
 } from './dense-block.js';
+export { freshScratch, keptScratch, type Scratch } from './scratch.js';
 export { packShard, type ShardPart, type ShardSplit, type WeightShard } from './shard-weights.js';
