@@ -1,8 +1,9 @@
 /**
- * Scratch buffers of a stage's forward (kimi-k3's stage, the Llama stage and core's dense block): the intermediates that never leave it (projections, norms, the mixer's
- * and ffn's outputs before the residual add) are written into buffers the stage keeps from one forward to the next
- * instead of fresh arrays each call (a decode or verify step makes hundreds of small arrays; their allocation,
- * zero-fill and collection cost about as much as the small kernels themselves on a tiny model).
+ * Scratch buffers of a stage's forward (kimi-k3's stage, the Llama stage, the drafters' dense blocks): the
+ * intermediates that never leave it (projections, norms, the mixer's and ffn's outputs before the residual add)
+ * are written into buffers the stage keeps from one forward to the next instead of fresh arrays each call (a
+ * decode or verify step makes hundreds of small arrays; their allocation, zero-fill and collection cost about as
+ * much as the small kernels themselves on a tiny model).
  */
 
 /**
