@@ -17,11 +17,11 @@ export type Scratch = (name: string, n: number) => Float32Array;
 export const freshScratch: Scratch = (_name, n) => new Float32Array(n);
 
 /** Buffers of more elements are not kept (a long prefill chunk of a large model: allocated per call instead). */
-const MAX_KEPT = 1 << 20;
+const MAX_KEPT = 1 << 22;
 
 /**
  * A {@link Scratch} keeping one buffer per name, grown to the largest size asked for (up to {@link MAX_KEPT}
- * elements, 4 MiB; larger requests get a fresh array).
+ * elements, 16 MiB: a 512-token prefill chunk of SmolLM2 keeps ~17 MiB in all; larger requests get a fresh array).
  */
 export function keptScratch(): Scratch {
   const bufs = new Map<string, Float32Array>();
