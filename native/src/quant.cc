@@ -192,10 +192,20 @@ void RunGemmI8(const Problem& p, bool wide) {
   // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
   const bool amx = vnni && !wide && AmxInt8Available() && p.m >= g_amx_min_rows && g_int8_amx;
   const int64_t blocks = p.k / quant::kBlock;
-  std::vector<int8_t> xq(static_cast<size_t>(p.m * p.k)), xlo(wide ? xq.size() : 0);
-  std::vector<float> xd(static_cast<size_t>(p.m * blocks)), xs(xd.size());
-  std::vector<int32_t> xsum(xd.size());
-  const quant::ActsI8 acts{xq.data(), xd.data(), xs.data(), xsum.data(), wide ? xlo.data() : nullptr};
+  // The quantized activations, in buffers this thread keeps between calls (the quantization writes every element;
+  // fresh zero-filled vectors cost a 512-row prefill chunk ~0.6 MB of memset per GEMM).
+  struct ActBuffers {
+    std::vector<int8_t> q, lo;
+    std::vector<float> d, s;
+    std::vector<int32_t> sum;
+  };
+  thread_local ActBuffers buf;
+  const auto fit = [](auto& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+    return v.data();
+  };
+  const quant::ActsI8 acts{fit(buf.q, p.m * p.k), fit(buf.d, p.m * blocks), fit(buf.s, p.m * blocks),
+                           fit(buf.sum, p.m * blocks), wide ? fit(buf.lo, p.m * p.k) : nullptr};
   ParallelFor(
       p.m,
       [&](int64_t begin, int64_t end) {
