@@ -601,13 +601,14 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
     // shard's vocab-parallel lmHead)
     const rowsOf = seqs.map((s) => s.maxDrafts);
     const R = rowsOf.reduce((a, b) => a + b, 0);
-    const x = new Float32Array(R * D);
+    // x and the logits are consumed here (the proposals keep only tokens and fresh q rows): kept buffers
+    const x = this.blockScratch('dflash.headIn', R * D);
     let at = 0;
     seqs.forEach((s, i) => {
       x.set(h.subarray((i * B + 1) * D, (i * B + 1 + s.maxDrafts) * D), at * D);
       at += s.maxDrafts;
     });
-    const logits = head.logits(x, R); // [R, Vd]
+    const logits = head.logits(x, R, this.blockScratch('dflash.logits', R * head.size)); // [R, Vd]
     if (this.tp !== undefined && !this.tp.isRoot) return []; // sampling is rank 0's
     const Vd = head.size;
     const out: DraftProposal[] = [];
@@ -675,20 +676,22 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
           b,
           (x) => {
             // one GEMM for the block's q | k | v
-            const qkv = gemmBf16(x, N, b.qkv);
             const Q = H * hd;
             const W = this.kvHeads * hd;
-            const q = sliceColumns(qkv, N, Q + 2 * W, 0, Q);
+            const qkv = gemmBf16(x, N, b.qkv, this.blockScratch('dflash.qkv', N * (Q + 2 * W)));
+            const q = sliceColumns(qkv, N, Q + 2 * W, 0, Q, this.blockScratch('dflash.q', N * Q));
             rmsNormPerHead(q, H, b.qNorm, c.rmsNormEps, undefined, q);
             applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
             const [k, v] = this.normRopeKeys(w, qkv, Q, positions);
             this.kv.write(j, k, v, slots);
-            return pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, {
+            const options = {
               numHeads: H,
               scale: 1 / Math.sqrt(hd),
-              mask: b.sliding ? 'causal' : 'non-causal',
+              mask: b.sliding ? ('causal' as const) : ('non-causal' as const),
               slidingWindow: b.sliding ? c.slidingWindow : 0,
-            });
+            };
+            const out = this.blockScratch('dflash.attn', N * Q);
+            return pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, options, out);
           },
           block,
         );

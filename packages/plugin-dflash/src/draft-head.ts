@@ -276,19 +276,20 @@ export class DraftHead {
   }
 
   /**
-   * Draft logits of `x [rows, D]` f32 (final-normed hidden states) → `[rows, Vd]` f32. Under tensor parallelism a
-   * collective (the target's vocab-parallel lmHead).
+   * Draft logits of `x [rows, D]` f32 (final-normed hidden states) → `[rows, Vd]` f32, written into `out` `[rows, Vd]`
+   * when given and this head owns its rows (else a fresh array). Under tensor parallelism a collective (the target's
+   * vocab-parallel lmHead).
    */
-  logits(x: Float32Array, rows: number): Float32Array {
+  logits(x: Float32Array, rows: number, out?: Float32Array): Float32Array {
     const ids = this.ids;
-    if (this.quant !== undefined) return gemmQuant(x, rows, this.quant, undefined, 'int8');
-    if (this.packed !== undefined) return gemmBf16(x, rows, this.packed, undefined, this.activations);
+    if (this.quant !== undefined) return gemmQuant(x, rows, this.quant, out, 'int8');
+    if (this.packed !== undefined) return gemmBf16(x, rows, this.packed, out, this.activations);
     if (ids === undefined) return this.lmHead(x, rows);
     const V = this.target.info.vocabSize;
     const all = this.lmHead(x, rows);
-    const out = new Float32Array(rows * ids.length);
-    for (let r = 0; r < rows; r++) for (let j = 0; j < ids.length; j++) out[r * ids.length + j] = all[r * V + ids[j]!]!;
-    return out;
+    const y = new Float32Array(rows * ids.length);
+    for (let r = 0; r < rows; r++) for (let j = 0; j < ids.length; j++) y[r * ids.length + j] = all[r * V + ids[j]!]!;
+    return y;
   }
 
   /** Token id of draft index `j`. */

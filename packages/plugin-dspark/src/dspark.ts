@@ -50,6 +50,7 @@ import {
   type TensorRead,
   type StageInfo,
   type StageModel,
+  keptScratch,
 } from '@specd/core';
 import { argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
 import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
@@ -155,6 +156,8 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
   readonly method = 'dspark';
   /** block_size: every slot predicts the next token. */
   readonly maxDraftTokens: number;
+  /** propose's head inputs and logits, kept between proposals (core's `keptScratch`; none leaves propose). */
+  private readonly scratch = keptScratch();
 
   constructor(
     readonly config: DSparkConfig,
@@ -224,14 +227,14 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
       start[i] = Rows;
       Rows += s.maxDrafts;
     });
-    const x = new Float32Array(Rows * D);
+    const x = this.scratch('dspark.headIn', Rows * D);
     seqs.forEach((s, i) => {
       x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D);
     });
     // the backbone's draft head: the target lm_head `[Rows, V]`, or the reduced vocabulary's rows `[Rows, Vd]`
     const head = this.backbone.draftHead;
     if (head === undefined) throw new DrafterError('dspark: propose: the drafter is disposed');
-    const base = head.logits(x, Rows);
+    const base = head.logits(x, Rows, this.scratch('dspark.base', Rows * head.size));
     if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
     const Vd = head.size;
     // per sequence (i: its index in seqs): drafts, confidences, q rows (temperature > 0)
@@ -256,7 +259,7 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
       });
       // logits_j = lm_head(h_j) + W2 · W1[x_j]: the base rows, then the Markov bias accumulated onto them in one
       // native call (bit for bit base + bias, each rounded once in fp32) and the greedy drafts by native argmax
-      const lgs = new Float32Array(n * Vd); // [n, Vd]
+      const lgs = this.scratch('dspark.logits', n * Vd); // [n, Vd], every row written below
       active.forEach(({ i }, a) => {
         const row = start[i]! + j;
         lgs.set(base.subarray(row * Vd, (row + 1) * Vd), a * Vd);
