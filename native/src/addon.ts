@@ -266,7 +266,7 @@ export interface RawAddon {
     srcPages: Int32Array,
     dstPages: Int32Array,
   ): void;
-  prefetchPages(pool: Float32Array, pageElements: number, pages: Int32Array): void;
+  prefetchPages(pool: Float32Array, pageElements: number, pages: Int32Array, pool2?: Float32Array): void;
   // mla.cc
   mlaAttention(...args: MlaAttentionRawArgs): void;
   mlaAttentionAsync(...args: MlaAttentionRawArgs): Promise<void>;

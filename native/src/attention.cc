@@ -14,7 +14,7 @@
 //       [colOffset, colOffset+cols). reshape_and_cache for NHD K/V (heads = 1, cols = rowElements =
 //       kvH*headDim), HND K/V (heads = kvH, cols = rowElements = headDim) and MLA's [latent | k_pe]
 //       rows (heads = 1, two calls).
-//   prefetchPages(pool, pageElements, pages i32 [n]) -> undefined
+//   prefetchPages(pool, pageElements, pages i32 [n][, pool2]) -> undefined
 //       prefetch hints for whole pages (a decode step's K/V before the layer's q/k/v GEMM); changes nothing.
 //   copyPages(src, dst, pageElements, srcPages i32 [n], dstPages i32 [n]) -> undefined
 //       dst page dstPages[i] = src page srcPages[i] (whole pages, any pool: K, V or MLA latent).
@@ -321,7 +321,10 @@ Napi::Value PrefetchPagesBinding(const Napi::CallbackInfo& info) {
   const int64_t page_elements = args.Int(1, "pageElements", 1);
   auto pool = args.F32(0, "pool");
   auto ids = args.I32(2, "pages");
-  const int64_t pages = static_cast<int64_t>(pool.ElementLength()) / page_elements;
+  // an optional second pool of the same page size (a layer's V beside its K): one call for both
+  const bool two = !args.IsAbsent(3);
+  Napi::Float32Array pool2 = two ? args.F32(3, "pool2") : pool;
+  const int64_t pages = static_cast<int64_t>(std::min(pool.ElementLength(), pool2.ElementLength())) / page_elements;
   const int32_t* pi = ids.Data();
   const int64_t n = static_cast<int64_t>(ids.ElementLength());
   for (int64_t i = 0; i < n; ++i)
@@ -329,11 +332,14 @@ Napi::Value PrefetchPagesBinding(const Napi::CallbackInfo& info) {
       args.Fail("pages", "page ids in [0, " + std::to_string(pages) + ")",
                 "pages[" + std::to_string(i) + "] = " + std::to_string(pi[i]));
   // Hints only (prefetcht1: into this core's L2 on the way); nothing is read into a register or written.
-  const char* base = reinterpret_cast<const char*>(pool.Data());
   const int64_t bytes = page_elements * static_cast<int64_t>(sizeof(float));
-  for (int64_t i = 0; i < n; ++i) {
-    const char* p = base + pi[i] * bytes;
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+  for (const Napi::Float32Array* pl : {&pool, &pool2}) {
+    const char* base = reinterpret_cast<const char*>(pl->Data());
+    for (int64_t i = 0; i < n; ++i) {
+      const char* p = base + pi[i] * bytes;
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+    }
+    if (!two) break;
   }
   return info.Env().Undefined();
 }

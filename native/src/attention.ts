@@ -318,14 +318,17 @@ export function writeKvPages(
  * Measured (SmolLM2 decode, context ~200, 2 threads, AMD EPYC Zen 5; `npm run bench:calls`): pagedAttention 15–20 →
  * 12.7–13.5 µs a call, the hints ~1.5 µs a call (docs/BENCHMARKS.md, issue 16, 2026-12-04).
  * @param pool Float32Array [numPages, pageElements] (a K or V pool, any layout). @param pageElements floats per page.
- * @param pages Int32Array [n] page ids. @throws {RangeError} naming the argument (a page id outside the pool).
+ * @param pages Int32Array [n] page ids. @param pool2 optional second pool of the same page size (the layer's V beside
+ *   its K): the same pages of both in one call.
+ * @throws {RangeError} naming the argument (a page id outside a pool).
  */
-export function prefetchPages(pool: Float32Array, pageElements: number, pages: Int32Array): void {
+export function prefetchPages(pool: Float32Array, pageElements: number, pages: Int32Array, pool2?: Float32Array): void {
   const call = 'prefetchPages';
   expectInt(call, 'pageElements', pageElements, 1);
   expectArray(call, 'pool', pool, Float32Array);
   expectArray(call, 'pages', pages, Int32Array);
-  addon.prefetchPages(pool, pageElements, pages);
+  if (pool2 === undefined) addon.prefetchPages(pool, pageElements, pages);
+  else addon.prefetchPages(pool, pageElements, pages, expectArray(call, 'pool2', pool2, Float32Array));
 }
 
 /**

@@ -436,6 +436,18 @@ describe('KV pages', () => {
       /prefetchPages: pages: expected page ids in \[0, 5\), got pages\[1\] = 5/,
     );
     expect(() => prefetchPages(pool, 0, Int32Array.of(0))).toThrow(/prefetchPages: pageElements/);
+    // K and V in one call: both untouched; a page id is checked against the smaller pool
+    const pool2 = new Float32Array(3 * 48).map((_, i) => Math.cos(i));
+    const copy2 = Float32Array.from(pool2);
+    prefetchPages(pool, 48, Int32Array.of(2, 0, 1), pool2);
+    expect(firstBitDifference(pool, copy)).toBe(-1);
+    expect(firstBitDifference(pool2, copy2)).toBe(-1);
+    expect(() => prefetchPages(pool, 48, Int32Array.of(0, 4), pool2)).toThrow(
+      /prefetchPages: pages: expected page ids in \[0, 3\), got pages\[1\] = 4/,
+    );
+    expect(() => prefetchPages(pool, 48, Int32Array.of(0), new Float64Array(48) as never)).toThrow(
+      /prefetchPages: pool2/,
+    );
   });
 
   it('copyPages moves whole pages (same pool and another pool); attention on the copy is identical', () => {

@@ -227,10 +227,7 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
         writeKvPages(layout, k, v, kStore, vStore, slots);
         return pagedAttention(q, kStore, vStore, layout, attnBatch, attnOptions, attnOut);
       };
-      if (prefetch !== undefined) {
-        prefetchPages(kv.layerStore(2 * l), pageElements, prefetch);
-        prefetchPages(kv.layerStore(2 * l + 1), pageElements, prefetch);
-      }
+      if (prefetch !== undefined) prefetchPages(kv.layerStore(2 * l), pageElements, prefetch, kv.layerStore(2 * l + 1));
       denseBlock(h, N, w, attention, block);
       capture(l + 1);
     }
