@@ -33,7 +33,8 @@ const HAVE = !skipWithoutFiles('SmolLM2 and its EAGLE-3 drafter', [
 
 /**
  * A stage answering argmaxOnly forwards as a GPU stage does: each logit row's argmax (−1 for a row of a sequence in
- * `poisoned`), no logits. Records which forwards asked for argmax only.
+ * `poisoned`), no logits. Records which forwards asked for argmax only. (The CPU Llama stage answers argmaxOnly
+ * itself since issue 16's kept logits buffer; the wrapper then only poisons its argmax rows.)
  */
 function argmaxOnlyStage(inner: StageModel, poisoned: Set<unknown>, asked: boolean[]): StageModel {
   const V = inner.info.vocabSize;
@@ -46,8 +47,14 @@ function argmaxOnlyStage(inner: StageModel, poisoned: Set<unknown>, asked: boole
     forward(batch: ForwardBatch, cache: SequenceCache, options: ForwardOptions = {}): ForwardResult {
       asked.push(options.argmaxOnly === true);
       const res = inner.forward(batch, cache, options);
-      if (options.argmaxOnly !== true || res.logits === undefined) return res;
-      const top = res.logits.length === 0 ? new Int32Array(0) : argmax(res.logits, V);
+      if (options.argmaxOnly !== true) return res;
+      // the Llama stage answers argmaxOnly itself (argmax rows, no logits); a stage that does not gets them here
+      const top =
+        res.argmax !== undefined
+          ? Int32Array.from(res.argmax)
+          : res.logits!.length === 0
+            ? new Int32Array(0)
+            : argmax(res.logits!, V);
       batch.sequences.forEach((s, i) => {
         if (poisoned.has(s.id)) top.fill(-1, res.logitRowStart[i]!, res.logitRowStart[i + 1]!);
       });

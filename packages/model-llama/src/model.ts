@@ -24,6 +24,7 @@ import type {
 } from '@specd/core';
 import {
   applyRope,
+  argmaxChecked,
   makePagedBatch,
   pagedAttention,
   prefetchPages,
@@ -138,7 +139,9 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
    * its new tokens (all sequences or none).
    * @param batch `hidden` `[N, hiddenSize]` f32 from the previous stage when this stage is not the first.
    * @returns logits `[rows, vocabSize]` f32 for the rows each sequence asked for, hidden `[N, hiddenSize]`,
-   *   and the asked taps (tap t = residual entering layer t) `[N, hiddenSize]` f32 each.
+   *   and the asked taps (tap t = residual entering layer t) `[N, hiddenSize]` f32 each. With
+   *   `options.argmaxOnly` (a greedy caller): `argmax` `[rows]` i32 of the same rows (@specd/native
+   *   `argmaxChecked`: −1 for a row with a NaN, +Infinity or no finite value) and no logits.
    * @throws {LlamaForwardError} on an empty batch, a sequence listed twice, a bad token id, a position
    *   that disagrees with the cache, a missing / mis-sized `batch.hidden`, or a tap outside the stage.
    * @throws {CacheError} `full` when the KV pool has no room (nothing was extended).
@@ -247,9 +250,18 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
           x.set(h.subarray(r * D, (r + 1) * D), i * D);
         });
         const xn = rmsNorm(x, this.finalNorm!, c.rmsNormEps, scratch('llama.headNorm', rows.length * D));
+        if (options.argmaxOnly === true) {
+          // greedy, nothing processed: each row's argmax (−1 for a row with a NaN, +Infinity or no finite value) from
+          // logits in a kept buffer; no [rows, vocab] array per step (0.2–0.8 MB: allocation and zero-fill)
+          const V = c.vocabSize;
+          const lg = this.lmHeadWeights!.apply(xn, rows.length, scratch('llama.logits', rows.length * V));
+          return { logits: undefined, argmax: argmaxChecked(lg, V), logitRowStart, hidden: h, taps: captured, spans };
+        }
         logits = this.lmHeadWeights!.apply(xn, rows.length); // fresh: the caller keeps the logits
       } else {
         logits = new Float32Array(0);
+        if (options.argmaxOnly === true)
+          return { logits, argmax: new Int32Array(0), logitRowStart, hidden: h, taps: captured, spans };
       }
     }
     return { logits, logitRowStart, hidden: h, taps: captured, spans };

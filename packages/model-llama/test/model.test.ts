@@ -133,6 +133,35 @@ describe.skipIf(!HAVE)('SmolLM2-135M-Instruct (GGUF Q4_1)', () => {
     });
   });
 
+  it("argmaxOnly returns the asked rows' argmax instead of the logits, the same as the logits give", () => {
+    const prompt = tokenizer.encode('The quick brown fox jumps over the lazy dog because', { addSpecialTokens: false });
+    const block = Int32Array.from([279, 3050, 314, 253, 1542]);
+    const V = model.info.vocabSize;
+    const run = (argmaxOnly: boolean) => {
+      const c = cacheFor(model, ['a', 'b']);
+      model.forward({ sequences: [{ id: 'a', position: 0, tokens: prompt, logits: 'none' }] }, c);
+      return model.forward(
+        {
+          sequences: [
+            { id: 'b', position: 0, tokens: prompt.subarray(0, 4), logits: 'last' },
+            { id: 'a', position: prompt.length, tokens: block, logits: 'all' },
+          ],
+        },
+        c,
+        { argmaxOnly },
+      );
+    };
+    const full = run(false);
+    const only = run(true);
+    expect(only.logits).toBeUndefined();
+    expect(Array.from(only.logitRowStart)).toEqual([0, 1, 6]);
+    // the rows' argmax from the full logits; a forward after it reuses the kept logits buffer and changes nothing
+    expect(Array.from(only.argmax!)).toEqual(Array.from(argmax(full.logits!, V)));
+    const again = run(true);
+    expect(Array.from(again.argmax!)).toEqual(Array.from(only.argmax!));
+    expect(new Set(only.argmax).size).toBeGreaterThan(1);
+  });
+
   it('commitPrefix keeps the committed tokens and the next token continues as if only they had been fed', () => {
     const prompt = tokenizer.encode('Once upon a time', { addSpecialTokens: false });
     const c = cacheFor(model, ['a', 'ref']);
