@@ -333,14 +333,13 @@ Napi::Value PrefetchPagesBinding(const Napi::CallbackInfo& info) {
                 "pages[" + std::to_string(i) + "] = " + std::to_string(pi[i]));
   // Hints only (prefetcht1: into this core's L2 on the way); nothing is read into a register or written.
   const int64_t bytes = page_elements * static_cast<int64_t>(sizeof(float));
-  for (const Napi::Float32Array* pl : {&pool, &pool2}) {
-    const char* base = reinterpret_cast<const char*>(pl->Data());
-    for (int64_t i = 0; i < n; ++i) {
-      const char* p = base + pi[i] * bytes;
-      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-    }
-    if (!two) break;
-  }
+  const auto hint = [&](const float* pool_data) {
+    const char* base = reinterpret_cast<const char*>(pool_data);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(base + pi[i] * bytes + o, 0, 2);
+  };
+  hint(pool.Data());
+  if (two) hint(pool2.Data());
   return info.Env().Undefined();
 }
 

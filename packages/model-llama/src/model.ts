@@ -204,6 +204,7 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
     const k = scratch('llama.k', N * kw);
     const v = scratch('llama.v', N * kw);
     const attnOut = scratch('llama.attn', N * qw);
+    const qkvOut = scratch('llama.qkv', N * (qw + 2 * kw));
     // Decode and verify steps (few rows, no tree): each layer's K/V pages are prefetched before its q/k/v GEMM,
     // so that they arrive while it streams weights (@specd/native prefetchPages; prefill reads them warm anyway).
     const prefetch =
@@ -219,7 +220,7 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
       const w = this.layers[li]!;
       // attention of layer l on the normed rows xn: qkv, RoPE, this forward's K/V written, paged attention
       const attention = (xn: Float32Array): Float32Array => {
-        const qkv = w.qkv.apply(xn, N, scratch('llama.qkv', N * (qw + 2 * kw)));
+        const qkv = w.qkv.apply(xn, N, qkvOut);
         sliceColumns(qkv, N, qw + 2 * kw, 0, qw, q);
         sliceColumns(qkv, N, qw + 2 * kw, qw, kw, k);
         sliceColumns(qkv, N, qw + 2 * kw, qw + kw, kw, v);
