@@ -49,6 +49,7 @@ export const mlaAttention = timed('mlaAttention', real.mlaAttention);
 export const moeRoute = timed('moeRoute', real.moeRoute);
 export const moeExperts = timed('moeExperts', real.moeExperts);
 export const argmax = timed('argmax', real.argmax);
+export const argmaxProb = timed('argmaxProb', real.argmaxProb);
 // the calls of a Llama-family forward and of a DFlash draft block (bench/spec.mjs's draft-cost split)
 export const gemmQuant = timed('gemmQuant', real.gemmQuant);
 export const gemmBf16Accumulate = timed('gemmBf16Accumulate', real.gemmBf16Accumulate);

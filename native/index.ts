@@ -39,7 +39,7 @@ export {
 export { rmsNorm, gatedRmsNorm, rmsNormPerHead, type RmsNormGate } from './src/norm.js';
 export { applyRope, type RopeOptions, type RopeStyle } from './src/rope.js';
 export { addF32, silu, swiglu, swigluFused } from './src/activation.js';
-export { softmax, argmax, argmaxChecked, topKMask, topPMask, samplingProbs } from './src/sampling.js';
+export { softmax, argmax, argmaxChecked, argmaxProb, topKMask, topPMask, samplingProbs } from './src/sampling.js';
 export { SpecdArgumentError } from './src/validate.js';
 export { addonPath } from './src/addon.js';
 export {

@@ -200,7 +200,7 @@ export interface RawAddon {
   add(a: Float32Array, b: Float32Array, out: Float32Array): void;
   // sampling.cc
   softmax(x: Float32Array, rows: number, cols: number, temperature: number, out: Float32Array): void;
-  argmax(x: Float32Array, rows: number, cols: number, out: Int32Array, checked?: boolean): void;
+  argmax(x: Float32Array, rows: number, cols: number, out: Int32Array, checked?: boolean, prob?: Float32Array): void;
   topKMask(logits: Float32Array, rows: number, cols: number, k: number, out: Float32Array): void;
   topPMask(logits: Float32Array, rows: number, cols: number, p: number, out: Float32Array): void;
   samplingProbs(

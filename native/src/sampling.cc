@@ -6,9 +6,11 @@
 //       out = exp((x - max)/T) / sum, exp in f32, sum in double (16 partial sums in a fixed order, the same on
 //       every path: activation_kernels.h's SumF64Lanes16). Entries of -Infinity get 0.
 //       Throws (ERR_SPECD_KERNEL) when a row has no finite maximum (all -Infinity or NaN).
-//   argmax(x, rows, cols, out: Int32Array [rows], checked = false) -> undefined
+//   argmax(x, rows, cols, out: Int32Array [rows], checked = false, prob?: Float32Array [rows]) -> undefined
 //       first index of the largest value; NaN never wins; a row of only NaN gives 0. checked: −1 for a row that
 //       holds a NaN or +Infinity or has no finite value (−Infinity entries, masked tokens, are allowed).
+//       prob: also softmax(x)'s largest probability per row, f32(1 / Σ exp(x − max)) with softmax's exponentials
+//       and sum (NaN for a row without a finite maximum).
 //   topKMask(logits, rows, cols, k (1..cols), out) -> undefined
 //       keeps entries >= the k-th largest value of the row (ties at the boundary are all kept, so
 //       more than k may survive), sets the others to -Infinity.
@@ -184,6 +186,19 @@ bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
   return true;
 }
 
+/**
+ * softmax(x)'s largest probability, f32(1 / Σ exp(x − max)): SoftmaxRow's exponentials and sum (so the same value as
+ * its entry at the argmax), without writing the row; NaN for a row without a finite maximum.
+ */
+float MaxProbRow(const float* x, int64_t cols) {
+  const float mx = MaxRow(x, cols);
+  if (!std::isfinite(mx)) return std::numeric_limits<float>::quiet_NaN();
+  thread_local std::vector<float> exps;
+  if (exps.size() < static_cast<size_t>(cols)) exps.resize(static_cast<size_t>(cols));
+  ExpShift(x, exps.data(), cols, mx, 1.0f);
+  return static_cast<float>(1.0 / SumF64(exps.data(), cols));
+}
+
 struct RowsArgs {
   int64_t rows, cols;
   const float* x;
@@ -226,6 +241,9 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
   auto x = args.F32(0, "x", CheckedProduct("argmax", {rows, cols}), "rows*cols");
   auto out = args.I32(3, "out", static_cast<size_t>(rows), "rows");
   const bool checked = info.Length() > 4 && info[4].IsBoolean() && info[4].As<Napi::Boolean>().Value();
+  float* pp = info.Length() > 5 && !info[5].IsUndefined()
+                  ? args.F32(5, "prob", static_cast<size_t>(rows), "rows").Data()
+                  : nullptr;
   const float* px = x.Data();
   int32_t* po = out.Data();
   ParallelFor(
@@ -234,9 +252,10 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
         for (int64_t row = b; row < e; ++row) {
           const float* xr = px + row * cols;
           po[row] = checked ? ArgmaxCheckedRow(xr, cols) : ArgmaxRow(xr, cols);
+          if (pp != nullptr) pp[row] = MaxProbRow(xr, cols);
         }
       },
-      cols);
+      cols * (pp != nullptr ? 4 : 1));
   return info.Env().Undefined();
 }
 

@@ -41,6 +41,26 @@ export function argmax(x: Float32Array, vocab: number): Int32Array {
 }
 
 /**
+ * {@link argmax} and, per row, softmax(x)'s largest probability `1 / Σ exp(x − max)` (the value {@link softmax}
+ * gives the argmax, without writing the row): a drafter's confidence in its greedy draft, in one native call.
+ * @param x Float32Array [rows, vocab]; @param vocab row length (<= 2^31-1).
+ * @param prob optional Float32Array [rows] to write the probabilities into (NaN for a row without a finite value).
+ * @returns `ids` Int32Array [rows] (argmax's) and `prob` Float32Array [rows].
+ * @throws SpecdArgumentError on bad arguments.
+ */
+export function argmaxProb(
+  x: Float32Array,
+  vocab: number,
+  prob?: Float32Array,
+): { readonly ids: Int32Array; readonly prob: Float32Array } {
+  const n = rows('argmaxProb', 'x', x, vocab);
+  const ids = new Int32Array(n);
+  const p = outArray('argmaxProb', prob, Float32Array, n, 'rows');
+  addon.argmax(x, n, vocab, ids, false, p);
+  return { ids, prob: p };
+}
+
+/**
  * {@link argmax} of rows that a token may be chosen from: −1 for a row that holds a NaN or +Infinity or has no
  * finite value (−Infinity entries, masked tokens, are allowed) — core's checkLogitsRow rule, in the same native call.
  * @param x Float32Array [rows, vocab]; @param vocab row length (<= 2^31-1).

@@ -1,6 +1,6 @@
 // softmax (temperature), argmax, top-k and top-p filters vs float64 references.
 import { describe, expect, it } from 'vitest';
-import { argmax, argmaxChecked, samplingProbs, softmax, topKMask, topPMask } from '@specd/native';
+import { argmax, argmaxChecked, argmaxProb, samplingProbs, softmax, topKMask, topPMask } from '@specd/native';
 import {
   firstBitDifference,
   freshSeed,
@@ -87,6 +87,36 @@ describe('argmax', () => {
     // rows are independent: a bad row does not touch its neighbours
     const rows = new Float32Array([1, 5, 2, Number.NaN, 0, 1, 4, 4, 3]);
     expect(Array.from(argmaxChecked(rows, 3))).toEqual([1, -1, 0]);
+  });
+});
+
+describe('argmaxProb', () => {
+  it("argmax's index and softmax's value there, bit for bit, on every ISA path; NaN for a row with no maximum", () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const [rows, vocab] = [6, 4099];
+    const x = randomF32(rows * vocab, next, 8);
+    x[vocab + 5] = Number.NEGATIVE_INFINITY; // a masked token
+    for (const isa of isaPaths()) {
+      withIsa(isa, () => {
+        const out = new Float32Array(rows);
+        const { ids, prob } = argmaxProb(x, vocab, out);
+        expect(prob).toBe(out);
+        expect(Array.from(ids), `${isa} seed ${seed}`).toEqual(Array.from(argmax(x, vocab)));
+        const sm = softmax(x, vocab);
+        for (let r = 0; r < rows; r++) {
+          const at = sm[r * vocab + ids[r]!]!;
+          expect(firstBitDifference(prob.subarray(r, r + 1), Float32Array.of(at)), `${isa} row ${r}`).toBe(-1);
+          // and the float64 reference's largest probability
+          const ref = refSoftmax(x.subarray(r * vocab, (r + 1) * vocab), vocab, 1);
+          expect(Math.abs(prob[r]! - Math.max(...ref)) / Math.max(...ref)).toBeLessThan(4 * TOL_F32);
+        }
+      });
+    }
+    const bad = argmaxProb(new Float32Array([1, 3, Number.NEGATIVE_INFINITY, Number.NEGATIVE_INFINITY]), 2);
+    expect(bad.prob[0]).toBeCloseTo(1 / (1 + Math.exp(-2)), 6);
+    expect(Number.isNaN(bad.prob[1])).toBe(true);
+    expect(() => argmaxProb(new Float32Array(4), 2, new Float32Array(3))).toThrow(/argmaxProb/);
   });
 });
 
