@@ -4,21 +4,23 @@
  */
 
 import { DrafterError, type DraftKvCache, type DraftSequence, type SequenceId } from '@specd/core';
-import { argmax, makePagedBatch, pagedAttention } from '@specd/native';
+import { argmaxProb, makePagedBatch, pagedAttention } from '@specd/native';
 
 import type { Eagle3Model } from './eagle3-model.js';
 
 /**
  * Chooses step j's draft id (1-based) of sequence r from its draft-vocabulary logits `[draftVocab]` f32;
- * `greedy` is their argmax.
+ * `greedy` is their argmax, `greedyProb` softmax(logits)'s probability of it.
  */
-export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: number) => number;
+export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: number, greedyProb: number) => number;
 
 /**
  * The chain (module comment) of `lengths[r]` steps for each of `seqs`, batched per step; `pick` chooses
  * step j's draft id of sequence r (rank 0 only: other ranks' drafts stay 0, their embeddings are rank
  * 0's). Step 1 reads g of anchor p − 1 from `lastG`; step j > 1 writes its K/V after the context (slot
  * p + j − 2) as temporary rows, dropped before returning (also on an error).
+ * @param confidence optional, `[lengths[r]]` f32 per sequence: receives step j's greedy probability
+ *   max softmax(logits_j) (a function of the drafts before j only; rank 0).
  * @returns the draft ids, `[lengths[r]]` i32 per sequence (draft vocabulary).
  * @throws `CacheError` `full` when the draft KV has no page left for a step's rows; {@link DrafterError}
  *   on an internal inconsistency (a sequence without a stored g: the callers check it first).
@@ -30,6 +32,7 @@ export function runChain(
   seqs: readonly DraftSequence[],
   lengths: readonly number[],
   pick: ChainPick,
+  confidence?: readonly Float32Array[],
 ): Int32Array[] {
   const c = model.config;
   const D = c.hiddenSize;
@@ -83,15 +86,16 @@ export function runChain(
       const h = model.finish(g, a, n);
       // logits and the pick on rank 0 only (the other ranks' drafts stay 0: their embeddings are rank 0's)
       const logits = root ? model.logits(h, n) : undefined;
-      const greedy = logits === undefined ? undefined : argmax(logits, Vd);
+      const greedy = logits === undefined ? undefined : argmaxProb(logits, Vd);
       const nextActive: typeof active = [];
       const nextRows: number[] = [];
       active.forEach((c, row) => {
         const d =
           logits === undefined || greedy === undefined
             ? 0
-            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy[row]!);
+            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy.ids[row]!, greedy.prob[row]!);
         c.out[j - 1] = d;
+        if (confidence !== undefined && greedy !== undefined) confidence[c.i]![j - 1] = greedy.prob[row]!;
         if (c.length > j) {
           nextActive.push(c);
           nextRows.push(row);

@@ -24,6 +24,11 @@
  *   and maps to the target vocabulary as target_id = draft_id + d2t[draft_id]. q is returned in the
  *   target vocabulary ([k, vocab], exactly 0 outside the draft vocabulary), so rejection sampling
  *   (u·q(x) < p(x)) stays lossless. The chain's KV is discarded after propose.
+ * - Confidence (`DraftProposal.confidence`, chains only): c_j = max_x q_j(x), the largest probability of step j's
+ *   draft distribution — softmax(logits_j) for a greedy draft (its own probability, EAGLE-2's confidence score:
+ *   Li et al., arXiv 2406.16858, §4, drafts of higher draft probability are accepted more often), the sampling
+ *   distribution's for a sampled one. c_j is a function of q_j, fixed before d_j is drawn, so the engine's verify
+ *   budgets (a stopping rule on c_1 … c_j) keep rejection sampling exact.
  * - Tree (`tree: {top_k, depth, total_tokens}`, accepted only on all-attention targets: verifying a
  *   tree needs a tree attention mask, which linear-attention / KDA layers cannot apply without
  *   per-branch state). Trees are greedy-only: at temperature > 0 a tree falls back to a chain of
@@ -279,19 +284,37 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
       const cs = chainAt.map(({ s }) => s);
       const lengths = cs.map((s) => (tree === undefined ? s.maxDrafts : Math.min(tree.depth, s.maxDrafts)));
       const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * V) : undefined));
-      const drafts = runChain(this.model, this.kv, this.lastG, cs, lengths, (r, j, lg, greedy) => {
-        const qRow = probs[r];
-        if (qRow === undefined) return greedy;
-        const s = cs[r]!;
-        const qd = samplingProbs(lg, lg.length, s.sampling);
-        const full = qRow.subarray((j - 1) * V, j * V);
-        for (let e = 0; e < qd.length; e++) full[w.draftToTarget[e]!] = qd[e]!;
-        return sampleFromProbs(qd, s.rng);
-      });
+      // confidence c_j: the greedy draft's probability, or a sampled draft's distribution's largest (module
+      // comment "Confidence"); written by runChain, a sampled step's overwritten by its pick
+      const confidence = lengths.map((k) => new Float32Array(k));
+      const sampledTop = lengths.map((k) => new Float32Array(k));
+      const drafts = runChain(
+        this.model,
+        this.kv,
+        this.lastG,
+        cs,
+        lengths,
+        (r, j, lg, greedy) => {
+          const qRow = probs[r];
+          if (qRow === undefined) return greedy;
+          const s = cs[r]!;
+          const qd = samplingProbs(lg, lg.length, s.sampling);
+          const full = qRow.subarray((j - 1) * V, j * V);
+          let top = 0;
+          for (let e = 0; e < qd.length; e++) {
+            full[w.draftToTarget[e]!] = qd[e]!;
+            if (qd[e]! > top) top = qd[e]!;
+          }
+          sampledTop[r]![j - 1] = top;
+          return sampleFromProbs(qd, s.rng);
+        },
+        confidence,
+      );
       chainAt.forEach(({ i, s }, r) => {
         const tokens = Int32Array.from(drafts[r]!, (d) => w.draftToTarget[d]!);
         const q = probs[r];
-        out[i] = q === undefined ? { id: s.id, tokens } : { id: s.id, tokens, probs: q };
+        const c = q === undefined ? confidence[r]! : sampledTop[r]!;
+        out[i] = q === undefined ? { id: s.id, tokens, confidence: c } : { id: s.id, tokens, probs: q, confidence: c };
       });
     }
     // (only with a tree are sequences put in treeAt)

@@ -11,7 +11,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { SafetensorsFile, type DraftSequence, type StageModel } from '@specd/core';
+import { SafetensorsFile, samplingProbs, type DraftSequence, type StageModel } from '@specd/core';
+import { argmax, softmax } from '@specd/native';
 
 import type { Eagle3Drafter } from '../src/index.js';
 import { EAGLE3_DIR, GOLDENS_DIR, loadDrafter, loadTarget } from './helpers.js';
@@ -56,9 +57,11 @@ let target: StageModel;
 let attnTarget: StageModel;
 let chain1: Eagle3Drafter; // top_k 1 tree
 let tree: Eagle3Drafter; // top_k 2, depth 4, total 10
+let chain: Eagle3Drafter; // no tree: chains, with confidences
 beforeAll(async () => {
   target = loadTarget();
   attnTarget = allAttention(target);
+  chain = await loadDrafter(target);
   chain1 = await loadDrafter(attnTarget, {
     settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 1, depth: 6, total_tokens: 10 } },
   });
@@ -88,6 +91,7 @@ beforeAll(async () => {
   }
 });
 afterAll(() => {
+  chain.dispose();
   chain1.dispose();
   tree.dispose();
   target.dispose();
@@ -267,6 +271,40 @@ describe.each(NAMES)('tree drafting on golden %s', (name) => {
       tree.freeSequence('b');
     }
     expect(tree.pagesInUse).toBe(0);
+  });
+});
+
+describe('confidence (chains)', () => {
+  it("c_j is the largest probability of step j's distribution: the greedy draft's softmax, a sampled one's q", () => {
+    const Vd = chain.config.draftVocabSize;
+    const toDraft = new Map(Array.from(chain.draftToTarget, (t, d) => [t, d]));
+    for (const [temperature, id] of [
+      [0, 'greedy'],
+      [0.8, 'sampled'],
+    ] as const) {
+      const seqOf = addGolden(chain, id, NAMES[0]!);
+      const seq = seqOf(4, temperature);
+      const [p] = chain.propose({ sequences: [seq] });
+      const c = p!.confidence!;
+      expect(c.length).toBe(4);
+      const drafts = Array.from(p!.tokens, (t) => toDraft.get(t)!);
+      // the chain's logits with its drafts forced: step j's row saw drafts 1 … j − 1 only
+      const lg = chain.forcedChainLogits(seqOf(4, temperature), drafts.slice(0, 3));
+      for (let j = 0; j < 4; j++) {
+        const row = lg.subarray(j * Vd, (j + 1) * Vd);
+        if (temperature === 0) {
+          const best = argmax(row, Vd)[0]!;
+          expect(drafts[j]).toBe(best);
+          expect(c[j]).toBe(softmax(row, Vd)[best]); // the same bits as softmax's entry
+        } else {
+          const q = samplingProbs(row, Vd, seq.sampling);
+          expect(c[j]).toBe(q.reduce((m, v) => Math.max(m, v), 0));
+        }
+        expect(c[j]).toBeGreaterThan(0);
+        expect(c[j]).toBeLessThanOrEqual(1);
+      }
+      chain.freeSequence(id);
+    }
   });
 });
 
