@@ -51,6 +51,7 @@
 
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import { type BatchDraftChoice, type BatchShape, chooseBatchDraftLengths } from './batch-draft-lengths.js';
+import { ConfidenceCalibration } from './confidence-model.js';
 import type { RequestMetrics } from './metrics.js';
 import type { StepCosts } from './step-costs.js';
 
@@ -108,7 +109,8 @@ export interface DraftPolicy {
   /**
    * The measured cost of the step just run: `sequences` in the verify forward holding `tokens` rows,
    * of which `drafting` sequences proposed `drafts` drafts in all; the verify forward took
-   * `verifyMs` and the propose call `proposeMs` (0 when nobody drafted).
+   * `verifyMs` and the propose call `proposeMs` (0 when nobody drafted); `proposed`: the drafts the propose call
+   * made, before verify budgets cut them (default `drafts`).
    */
   observeStep?(
     sequences: number,
@@ -117,6 +119,7 @@ export interface DraftPolicy {
     drafts: number,
     verifyMs: number,
     proposeMs: number,
+    proposed?: number,
   ): void;
   /**
    * A lazy catch-up just ran: `rows` deferred draft-context rows written (projection and draft KV) in `ms` before
@@ -181,6 +184,8 @@ const logit = (p: number): number => {
   return Math.log(q / (1 - q));
 };
 const sigmoid = (x: number): number => 1 / (1 + Math.exp(-x));
+/** A log cost factor clamped to [−log 4, log 4]. */
+const clampLog = (x: number): number => Math.min(Math.log(4), Math.max(-Math.log(4), x));
 
 /**
  * Conditional acceptance a_j = P(draft j accepted | drafts < j accepted) (j = 1-based draft index) of each running
@@ -350,7 +355,8 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
   /**
    * After this many consecutive plain steps (k = 0) a sequence drafts `exploreDrafts` once, so its
    * acceptance estimate keeps up with the text (default 64; 0 = never). Each exploration after
-   * which the policy still chooses k = 0 doubles the sequence's interval, up to 16×.
+   * which the policy still chooses k = 0 doubles the sequence's interval, up to 16×. At most one
+   * sequence of the batch explores per this many batch steps.
    */
   readonly exploreEvery?: number;
   /** Drafts of an exploration step (default 4). */
@@ -364,6 +370,11 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
    * Correct the calibrated costs from every step's measured times ({@link CostDraftPolicy.costScale}; default true).
    */
   readonly recalibrate?: boolean;
+  /**
+   * The least relative gain in modelled rate (committed tokens per ms) over a plain step for which the batch drafts
+   * (default 0.03; 0: any gain). Exploration steps are not held to it.
+   */
+  readonly minGain?: number;
   /**
    * Called with every decision and observation of the policy (off when absent): what each step's choice read (the
    * a_j, the costs along the batch rule's walk, the cost corrections) and what the step then measured. For
@@ -412,6 +423,8 @@ export type CostPolicyTraceEvent =
       readonly drafts: number;
       readonly verifyMs: number;
       readonly proposeMs: number;
+      /** Drafts proposed, before the verify budgets cut them to `drafts`. */
+      readonly proposed: number;
       /** The calibrated times of the same shape (before {@link CostDraftPolicy.costScale}), ms. */
       readonly calibratedVerifyMs: number;
       readonly calibratedDraftMs: number;
@@ -424,6 +437,12 @@ export type CostPolicyTraceEvent =
       readonly shape: OverheadShape;
     }
   | { readonly kind: 'context'; readonly rows: number; readonly ms: number };
+
+/** Steps a plain choice of the cost policy is reused for the same batch before the rule is worked out again. */
+const PLAIN_REUSE = 7;
+
+/** Verify forwards of a shape measured before the cost policy reads the learned time instead of the calibrated one. */
+const LEARNED_MIN = 3;
 
 /** Per-step overhead observations of each kind (plain, drafting) skipped before they are learned (JIT warm-up). */
 export const OVERHEAD_WARMUP = 2;
@@ -558,6 +577,13 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly exploreDrafts: number;
   /** Per sequence: consecutive plain steps, and the current exploration interval. */
   private readonly plainRun = new Map<SequenceId, { run: number; every: number }>();
+  /** The last plain choice, reused for the same batch (see choose), its uses so far, its batch's ids and maxDrafts. */
+  private plainChoice: BatchDraftChoice | undefined;
+  private plainReuse = 0;
+  private plainBatch: SequenceId[] = [];
+  private plainMax: number[] = [];
+  /** Batch steps since a sequence last explored (starts ready). */
+  private sinceExplore = Number.MAX_SAFE_INTEGER;
   /** Calibrated [t_draft, t_verify] by (batch, drafts, drafting sequences); never changes. */
   private readonly memo = new Map<number, number[]>();
   /**
@@ -589,13 +615,33 @@ export class CostDraftPolicy implements DraftPolicy {
    * each for m and the verify kinds' r; the propose calls' r alone, 0.2). A kind seldom observed (plain steps while
    * everyone drafts) thus follows the machine through m: with one EMA per kind (the previous model) a load spike seen
    * only by the drafting steps made drafting look dearer than a plain step whose estimate was stale.
+   * Plus r_{B,kind}, a kind's miscalibration at batch size B (step 0.2; 0 at a size not seen yet): the start-up
+   * curve's error depends on B (bench:load, SmolLM2 + EAGLE-3: plain steps 1.3× their calibrated time at 4 and 8
+   * sequences, 1.0× at 16), and one factor per kind learned at 8 sequences priced a plain step at 16 a third too
+   * dear, which made drafting look profitable there. Each observation's residual is clipped to ±0.25 (a Huber step:
+   * one preempted step, 47 ms where 19 were due, moved every factor of its kind by a fifth). This array holds the
+   * factors of the batch size last observed.
    */
   readonly costScale = [1, 1, 1];
-  /** m and r_kind of {@link costScale} (natural logs). */
+  /** m, r_kind and r_{B,kind} of {@link costScale} (natural logs). */
   private logMachine = 0;
   private readonly logKind = [0, 0, 0];
+  private readonly logBatch = new Map<number, number[]>();
+  /**
+   * The verify forward's measured time by batch size B and drafted rows r ({@link learnVerify}), which the rule reads
+   * in place of the calibrated curve once measured: the start-up calibration times each shape a few times in
+   * isolation, and its curve's shape is off in the engine (SmolLM2 + EAGLE-3, one sequence: calibrated 4.58 ms for 4
+   * rows and 5.36 for 7, measured 4.19 and 6.02 — a factor per kind cannot bend it), which made the rule propose 6
+   * drafts where 3 were faster (bench/spec-steps.mjs).
+   */
+  private readonly learnedVerify = new Map<number, { ms: Float64Array; n: Uint32Array }>();
+  /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
+  readonly calibration = new ConfidenceCalibration();
+  /** Per sequence: the raw confidences of the drafts it verifies this step (budgets → observe). */
+  private readonly verifiedConfidence = new Map<SequenceId, Float32Array>();
   private readonly explorePlainEvery: number;
   private readonly recalibrate: boolean;
+  private readonly minGain: number;
   /** Consecutive steps in which every sequence drafted. */
   private allDraftingRun = 0;
   /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
@@ -620,6 +666,7 @@ export class CostDraftPolicy implements DraftPolicy {
     this.exploreDrafts = options.exploreDrafts ?? 4;
     this.explorePlainEvery = options.explorePlainEvery ?? 32;
     this.recalibrate = options.recalibrate ?? true;
+    this.minGain = options.minGain ?? 0.03;
     this.trace = options.trace;
   }
 
@@ -627,7 +674,7 @@ export class CostDraftPolicy implements DraftPolicy {
     const B = candidates.length;
     if (B === 0) return [];
     // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
-    const [plainScale, verifyScale, draftScale] = this.costScale as [number, number, number];
+    const [plainScale, verifyScale, draftScale] = this.scalesFor(B);
     const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows / this.draftingRunSteps : 0;
     const cost = (shape: BatchShape): number => {
       const { drafts: d, drafting: dr } = shape;
@@ -641,7 +688,7 @@ export class CostDraftPolicy implements DraftPolicy {
       return Math.max(
         1e-6,
         c[0]! * draftScale +
-          c[1]! * (dr > 0 ? verifyScale : plainScale) +
+          (this.learnedVerifyMs(B, d) ?? c[1]! * (dr > 0 ? verifyScale : plainScale)) +
           this.overhead.predict(B, dr, d) +
           catchUpMsPerRow * shape.catchUpRows,
       );
@@ -655,19 +702,63 @@ export class CostDraftPolicy implements DraftPolicy {
     // upper confidence bound; AcceptanceEstimator): a draft the estimate has not seen enough of is tried when it
     // could pay, and a plain step (which observes nothing) is not taken on an estimate that few drafts made.
     this.acceptance.step();
-    const means = candidates.map((c) => this.acceptance.rates(c.id, c.maxDrafts, 0));
-    const atMeans = rule(means);
-    const rates = means.map((a, s) => {
-      const k = atMeans.ks[s]!;
-      if (k >= a.length) return a;
-      const optimistic = [...a];
-      optimistic[k] = this.acceptance.rates(candidates[s]!.id, k + 1)[k]!;
-      return optimistic;
-    });
-    const choice = rates.some((a, s) => a !== means[s]) ? rule(rates) : atMeans;
+    // A plain choice is kept for up to PLAIN_REUSE more steps of the same batch: while nothing drafts nothing is
+    // observed but the costs' slow drift, and working the rule out again every step cost 0.1–0.2 ms at 16 sequences
+    // (bench:load: with the drafter attached and drafting nothing, ×0.973 of plain against ×1.004 for `--policy off`).
+    const reuse =
+      this.plainChoice !== undefined &&
+      this.plainReuse < PLAIN_REUSE &&
+      this.plainBatch.length === B &&
+      candidates.every((c, s) => this.plainBatch[s] === c.id && this.plainMax[s] === c.maxDrafts);
+    let means: number[][];
+    let rates: number[][];
+    let choice: BatchDraftChoice;
+    if (reuse) {
+      this.plainReuse++;
+      choice = this.plainChoice!;
+      means = candidates.map(() => []);
+      rates = means;
+    } else {
+      means = candidates.map((c) => this.acceptance.rates(c.id, c.maxDrafts, 0));
+      const atMeans = rule(means);
+      const m = means;
+      rates = means.map((a, s) => {
+        const k = atMeans.ks[s]!;
+        if (k >= a.length) return a;
+        const optimistic = [...a];
+        optimistic[k] = this.acceptance.rates(candidates[s]!.id, k + 1)[k]!;
+        return optimistic;
+      });
+      choice = rates.some((a, s) => a !== m[s]) ? rule(rates) : atMeans;
+    }
+    // a drafting choice must beat the plain step's modelled rate by `minGain`: the model's error is of that order
+    // (bench:load, SmolLM2 + EAGLE-3, 4 and 8 sequences: predicted vs measured step rates within 2–7 %), and a choice
+    // inside it is a coin flip that loses on average (the drafting steps measured 0.76–0.84 tokens/ms where plain
+    // steps did 0.80 at 4 sequences, each chosen for a predicted gain of under 3 %)
+    const plain = choice.curve[0];
+    if (
+      plain !== undefined &&
+      choice.ks.some((k) => k > 0) &&
+      choice.rate < (plain.committed / plain.costMs) * (1 + this.minGain)
+    )
+      choice = {
+        ks: choice.ks.map(() => 0),
+        committed: plain.committed,
+        costMs: plain.costMs,
+        rate: plain.committed / plain.costMs,
+        curve: choice.curve,
+      };
+    if (!reuse) {
+      const allPlain = choice.ks.every((k) => k === 0);
+      this.plainChoice = allPlain ? choice : undefined;
+      this.plainReuse = 0;
+      this.plainBatch = allPlain ? candidates.map((c) => c.id) : [];
+      this.plainMax = allPlain ? candidates.map((c) => c.maxDrafts) : [];
+    }
     // R* for the survival threshold: the choice's rate at the means (the estimate, not the exploration bonus)
     const best = choice.ks.reduce((a, k, s) => a + gainsOf(means[s]!.slice(0, k))[k]!, 0) / choice.costMs;
     const ks = [...choice.ks];
+    this.sinceExplore++;
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
         let st = this.plainRun.get(c.id);
@@ -680,10 +771,13 @@ export class CostDraftPolicy implements DraftPolicy {
           st.every = this.exploreEvery;
           return;
         }
-        if (++st.run > st.every && c.maxDrafts > 0) {
+        // at most one exploration per `exploreEvery` batch steps: each adds rows to the whole batch's verify (at 16
+        // sequences one per request, 4 rows past the 16-row GEMM tile, cost 4 % of bench:load's wall)
+        if (++st.run > st.every && c.maxDrafts > 0 && this.sinceExplore >= this.exploreEvery) {
           ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
           st.run = 0;
           st.every = Math.min(16 * this.exploreEvery, 2 * st.every);
+          this.sinceExplore = 0;
         }
       });
     }
@@ -735,6 +829,7 @@ export class CostDraftPolicy implements DraftPolicy {
     drafts: number,
     verifyMs: number,
     proposeMs: number,
+    proposed?: number,
   ): void {
     this.trace?.({
       kind: 'step',
@@ -744,28 +839,85 @@ export class CostDraftPolicy implements DraftPolicy {
       drafts,
       verifyMs,
       proposeMs,
+      proposed: proposed ?? drafts,
       calibratedVerifyMs: this.costs.verifyMs(sequences, tokens),
-      calibratedDraftMs: this.costs.draftMs(drafting, drafts),
+      calibratedDraftMs: this.costs.draftMs(drafting, proposed ?? drafts),
     });
     if (!this.recalibrate) return;
-    const LIMIT = Math.log(4);
-    const clamp = (x: number): number => Math.min(LIMIT, Math.max(-LIMIT, x));
-    /** The residual of one observation of kind i: log(measured ÷ calibrated) − (m + r_i). */
+    this.learnVerify(sequences, tokens - sequences, verifyMs);
+    let batch = this.logBatch.get(sequences);
+    if (batch === undefined) {
+      batch = [0, 0, 0];
+      this.logBatch.set(sequences, batch);
+    }
+    const rb = batch;
+    /** The residual of one observation of kind i: log(measured ÷ calibrated) − (m + r_i + r_{B,i}), clipped. */
     const residual = (i: number, measured: number, calibrated: number): number | undefined =>
       calibrated > 0 && measured > 0
-        ? clamp(Math.log(measured / calibrated)) - this.logMachine - this.logKind[i]!
+        ? Math.min(
+            0.25,
+            Math.max(-0.25, clampLog(Math.log(measured / calibrated)) - this.logMachine - this.logKind[i]! - rb[i]!),
+          )
         : undefined;
-    const v = drafting > 0 ? 1 : 0;
+    // a step whose drafts the verify budgets all cut verified one row per sequence: a plain forward
+    const v = drafts > 0 ? 1 : 0;
     const e = residual(v, verifyMs, this.costs.verifyMs(sequences, tokens));
     if (e !== undefined) {
-      this.logMachine = clamp(this.logMachine + 0.1 * e);
-      this.logKind[v] = clamp(this.logKind[v]! + 0.1 * e);
+      this.logMachine = clampLog(this.logMachine + 0.1 * e);
+      this.logKind[v] = clampLog(this.logKind[v]! + 0.1 * e);
+      rb[v] = clampLog(rb[v]! + 0.2 * e);
     }
     if (drafting > 0) {
-      const d = residual(2, proposeMs, this.costs.draftMs(drafting, drafts));
-      if (d !== undefined) this.logKind[2] = clamp(this.logKind[2]! + 0.2 * d);
+      // the propose call made `proposed` drafts, whatever the budgets then kept
+      const d = residual(2, proposeMs, this.costs.draftMs(drafting, proposed ?? drafts));
+      if (d !== undefined) {
+        this.logKind[2] = clampLog(this.logKind[2]! + 0.2 * d);
+        rb[2] = clampLog(rb[2]! + 0.2 * d);
+      }
     }
-    for (let i = 0; i < 3; i++) this.costScale[i] = Math.exp(clamp(this.logMachine + this.logKind[i]!));
+    const now = this.scalesFor(sequences);
+    for (let i = 0; i < 3; i++) this.costScale[i] = now[i]!;
+  }
+
+  /**
+   * One verify forward of B sequences and B + r rows took `ms`: folded into the learned curve of B at r (an EMA,
+   * weight 0.2, the first observation taken whole; a sample above twice the point's estimate is clipped there: a
+   * preemption is not the forward's cost).
+   */
+  private learnVerify(B: number, r: number, ms: number): void {
+    if (!(r >= 0 && Number.isInteger(r) && ms > 0 && Number.isFinite(ms))) return;
+    let l = this.learnedVerify.get(B);
+    if (l === undefined || l.n.length <= r) {
+      const grown = {
+        ms: new Float64Array(Math.max(r + 1, 8 * B + 2)),
+        n: new Uint32Array(Math.max(r + 1, 8 * B + 2)),
+      };
+      if (l !== undefined) {
+        grown.ms.set(l.ms);
+        grown.n.set(l.n);
+      }
+      l = grown;
+      this.learnedVerify.set(B, l);
+    }
+    const seen = l.n[r]!;
+    l.ms[r] = seen === 0 ? ms : 0.8 * l.ms[r]! + 0.2 * Math.min(ms, 2 * l.ms[r]!);
+    l.n[r] = seen + 1;
+  }
+
+  /**
+   * The learned t_verify(B, B + r), ms, once measured {@link LEARNED_MIN} times (undefined before: the calibrated curve
+   * × its factor stands in).
+   */
+  private learnedVerifyMs(B: number, r: number): number | undefined {
+    const l = this.learnedVerify.get(B);
+    return l !== undefined && r < l.n.length && l.n[r]! >= LEARNED_MIN ? l.ms[r] : undefined;
+  }
+
+  /** The cost factors [plain verify, verify with drafts, propose] at batch size B ({@link costScale}'s model). */
+  private scalesFor(B: number): [number, number, number] {
+    const rb = this.logBatch.get(B);
+    const at = (i: number): number => Math.exp(clampLog(this.logMachine + this.logKind[i]! + (rb?.[i] ?? 0)));
+    return [at(0), at(1), at(2)];
   }
 
   /**
@@ -784,14 +936,33 @@ export class CostDraftPolicy implements DraftPolicy {
     this.threshold = rate * delta;
   }
 
-  /** The survival rule with the threshold of the last choose (see the file comment). */
+  /**
+   * The survival rule with the threshold of the last choose (see the file comment), on the calibrated confidences
+   * a(c_j) ({@link ConfidenceCalibration}, learned from earlier steps only, so draft j's decision still reads
+   * c_1 … c_j alone): draft j is verified iff Π_{l ≤ j} a(c_l) ≥ λ.
+   */
   budgets(items: readonly BudgetItem[]): number[] {
-    return items.map((it) => survivalBudget(it.confidence, this.threshold));
+    return items.map((it) => {
+      const c = it.confidence;
+      const a = new Float32Array(c.length);
+      for (let j = 0; j < c.length; j++) a[j] = this.calibration.map(c[j]!);
+      const k = survivalBudget(a, this.threshold);
+      this.verifiedConfidence.set(it.id, c.slice(0, k));
+      return k;
+    });
   }
 
   observe(id: SequenceId, drafted: number, accepted: number): void {
     this.trace?.({ kind: 'observe', id, drafted, accepted });
-    if (drafted > 0) this.acceptance.observe(id, drafted, accepted);
+    const c = this.verifiedConfidence.get(id);
+    this.verifiedConfidence.delete(id);
+    if (drafted > 0) {
+      this.acceptance.observe(id, drafted, accepted);
+      // drafts 1 … accepted + 1 were decided (the first rejected one included), each under its own confidence
+      if (c !== undefined)
+        for (let j = 0; j < Math.min(drafted, accepted + 1, c.length); j++)
+          this.calibration.observe(c[j]!, j < accepted);
+    }
   }
 
   observeContext(rows: number, ms: number): void {
@@ -815,6 +986,7 @@ export class CostDraftPolicy implements DraftPolicy {
 
   release(id: SequenceId): void {
     this.acceptance.release(id);
+    this.verifiedConfidence.delete(id);
     this.plainRun.delete(id);
     const run = this.draftingRun.get(id) ?? 0;
     if (run > 0) this.endDraftingRun(id, run);

@@ -602,7 +602,7 @@ export class SpecEngine {
     this.metrics.draftMs += t1 - t0;
     this.metrics.verifyMs += t2 - t1;
     this.metrics.commitMs += t3 - t2;
-    const { drafted, proposeMs, catchUpRows, catchUpMs } = proposed;
+    const { drafted, proposedDrafts, proposeMs, catchUpRows, catchUpMs } = proposed;
     // the lazy catch-up is charged per deferred row (the policy's catch-up cost), not as per-step overhead
     if (catchUpRows > 0) this.policy?.observeContext?.(catchUpRows, catchUpMs);
     this.policy?.observeOverhead?.(t1 - t0 - proposeMs - catchUpMs + (t3 - t2), drafted > 0, rows, {
@@ -610,7 +610,7 @@ export class SpecEngine {
       drafting: drafted,
       drafts: rows - live.length,
     });
-    this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs);
+    this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs, proposedDrafts);
     for (const o of accepted.outcomes) {
       const { seq: r, acc, drafts } = o;
       if (failed.size > 0 && failed.has(r.id)) continue;

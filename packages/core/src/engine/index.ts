@@ -41,6 +41,7 @@ export {
   type DraftCandidate,
   type DraftPolicy,
 } from './draft-policy.js';
+export { ConfidenceCalibration } from './confidence-model.js';
 export {
   chooseBatchDraftLengths,
   type BatchDraftChoice,

@@ -102,6 +102,8 @@ export interface Proposed {
   readonly proposals: ReadonlyMap<SequenceId, DraftProposal>;
   /** Sequences that drafted (the size of the propose call; 0: no call). */
   readonly drafted: number;
+  /** Drafts the propose call made, before the verify budgets cut them. */
+  readonly proposedDrafts: number;
   /** Wall time of the drafter's propose call, ms (0 without a call; with the one-by-one retry, all its calls). */
   readonly proposeMs: number;
   /** Deferred draft-context rows written before the propose call (the drafting sequences' lazy catch-up). */
@@ -272,8 +274,10 @@ export function propose(ctx: StepContext, seqs: readonly Running[]): Proposed {
       failed.set(p.id, new SequenceError(p.id, 'propose', err));
     }
   }
+  let proposedDrafts = 0;
+  for (const p of proposals.values()) proposedDrafts += p.tokens.length;
   applyBudgets(ctx, proposals);
-  return { proposals, drafted: toDraft.length, proposeMs, catchUpRows, catchUpMs, failed };
+  return { proposals, drafted: toDraft.length, proposedDrafts, proposeMs, catchUpRows, catchUpMs, failed };
 }
 
 /**
@@ -294,7 +298,15 @@ function detachDeviceProbs(p: DraftProposal): DraftProposal {
 
 /** What {@link propose} returns when no sequence drafts. */
 function nothingProposed(): Proposed {
-  return { proposals: new Map(), drafted: 0, proposeMs: 0, catchUpRows: 0, catchUpMs: 0, failed: new Map() };
+  return {
+    proposals: new Map(),
+    drafted: 0,
+    proposedDrafts: 0,
+    proposeMs: 0,
+    catchUpRows: 0,
+    catchUpMs: 0,
+    failed: new Map(),
+  };
 }
 
 /**

@@ -204,9 +204,18 @@ describe('CostDraftPolicy', () => {
     const last = chosen.slice(-200);
     expect(last.filter((k) => k === 3).length).toBeGreaterThanOrEqual(180);
     expect(last.every((k) => k === 3 || k === 4)).toBe(true);
-    // 8 sequences of the same acceptance: uniform k = 1, 2, 3 reach 1.355, 1.358, 1.343 tokens per ms (plain 1.333)
-    const eight = p.choose(Array.from({ length: 8 }, (_, i) => cand(`b${i}`, 6)));
-    const perSeq = eight.reduce((a, b) => a + b, 0) / 8;
+    // 8 sequences of the same acceptance: uniform k = 1, 2, 3 reach 1.355, 1.358, 1.343 tokens per ms (plain 1.333):
+    // a gain of 1.9 %, inside the default minGain (3 %), so plain; with minGain 0 it drafts, less than at one sequence
+    const eight = Array.from({ length: 8 }, (_, i) => cand(`b${i}`, 6));
+    expect(p.choose(eight)).toEqual(new Array(8).fill(0));
+    const q = new CostDraftPolicy(c, { ...noExplore, explorePlainEvery: 0, minGain: 0 });
+    for (let step = 0; step < 400; step++) {
+      const [k] = q.choose([cand('a', 6)]);
+      let accepted = 0;
+      while (accepted < k! && uniform() < truth[accepted]!) accepted++;
+      q.observe('a', k!, accepted);
+    }
+    const perSeq = q.choose(eight).reduce((a, b) => a + b, 0) / 8;
     expect(perSeq).toBeGreaterThan(0);
     expect(perSeq).toBeLessThan(3);
   });
@@ -245,15 +254,61 @@ describe('CostDraftPolicy', () => {
     expect(p.costScale[0]! / p.costScale[1]!).toBeLessThan(0.45);
   });
 
-  it('a slowdown measured by the drafting steps alone moves the plain-step estimate by half (machine factor)', () => {
+  it('a slowdown measured by the drafting steps alone moves the plain estimate by a quarter (machine factor)', () => {
     const c = costs(4.5, 0.5, 0.5);
     const p = new CostDraftPolicy(c, noExplore);
     for (let i = 0; i < 200; i++) p.observeStep(1, 2, 1, 1, 1.5 * c.verifyMs(1, 2), c.draftMs(1, 1));
-    // log(1.5) split equally between the machine (m) and the drafting kind (r): plain = e^m = √1.5
+    // log(1.5) split by the learning rates: the machine (m, 0.1), the drafting kind (r, 0.1) and the drafting kind at
+    // this batch size (r_B, 0.2): plain = e^m = 1.5^(1/4)
     expect(p.costScale[1]).toBeCloseTo(1.5, 6);
-    expect(p.costScale[0]).toBeCloseTo(Math.sqrt(1.5), 6);
+    expect(p.costScale[0]).toBeCloseTo(1.5 ** 0.25, 6);
     // the propose calls ran at their calibrated time: their own factor cancels the machine's
     expect(p.costScale[2]).toBeCloseTo(1, 3);
+  });
+
+  it('keeps a cost factor per batch size: a plain step 1.3x its calibration at 8 sequences, 1.0x at 16', () => {
+    const c = costs(2, 0.5, 0.5, [8, 16]);
+    const p = new CostDraftPolicy(c, noExplore);
+    for (let i = 0; i < 300; i++) p.observeStep(8, 8, 0, 0, 1.3 * c.verifyMs(8, 8), 0);
+    expect(p.costScale[0]).toBeCloseTo(1.3, 2);
+    for (let i = 0; i < 300; i++) p.observeStep(16, 16, 0, 0, c.verifyMs(16, 16), 0);
+    expect(p.costScale[0]).toBeCloseTo(1.0, 2);
+    // back at 8 sequences, one step: its own factor was kept
+    p.observeStep(8, 8, 0, 0, 1.3 * c.verifyMs(8, 8), 0);
+    expect(p.costScale[0]).toBeGreaterThan(1.2);
+    // a preempted step moves a factor by at most e^(0.4 · 0.25) (the residual is clipped to ±0.25)
+    const before = p.costScale[0]!;
+    p.observeStep(8, 8, 0, 0, 100 * c.verifyMs(8, 8), 0);
+    expect(p.costScale[0]! / before).toBeLessThan(Math.exp(0.4 * 0.25) + 1e-9);
+  });
+
+  it('prices the propose call by the drafts it proposed, not by those the verify budgets kept', () => {
+    const ks = [0, 1, 2, 4, 8];
+    const c = new StepCosts([
+      { sequences: 1, ks, verifyMs: ks.map((k) => 2 + 0.2 * k), draftMs: ks.map((k) => 0.5 * k) } satisfies BucketCosts,
+    ]);
+    const p = new CostDraftPolicy(c, noExplore);
+    // 4 drafts proposed at their calibrated time, 1 kept
+    for (let i = 0; i < 200; i++) p.observeStep(1, 2, 1, 1, c.verifyMs(1, 2), c.draftMs(1, 4), 4);
+    expect(p.costScale[2]).toBeCloseTo(1, 3);
+  });
+
+  it('reads a verify shape measured three times in place of the calibrated curve', () => {
+    const c = costs(2, 0.1, 0.3);
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(c, { ...noExplore, recalibrate: true, trace: (e) => events.push(e) });
+    // one draft (2 rows) measured at 40 ms, three times; nothing else measured
+    for (let i = 0; i < 3; i++) p.observeStep(1, 2, 1, 1, 40, c.draftMs(1, 1), 1);
+    p.choose([cand('a', 4)]);
+    const ch = events.filter((e) => e.kind === 'choose').at(-1);
+    if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+    const [, d1, d2] = ch.curve;
+    const draftScale = ch.costScale[2]!;
+    const over = (d: number) => p.overhead.predict(1, 1, d);
+    // D = 1: the learned 40 ms; D = 2: the calibrated time × the drafting factor (one point cannot bend it)
+    expect(d1!.costMs).toBeCloseTo(c.draftMs(1, 1) * draftScale + 40 + over(1), 6);
+    expect(d2!.costMs).toBeCloseTo(c.draftMs(1, 2) * draftScale + c.verifyMs(1, 3) * ch.costScale[1]! + over(2), 6);
+    expect(d2!.costMs).toBeLessThan(d1!.costMs);
   });
 
   it('traces what each choice read and what the step measured (off by default)', () => {
@@ -273,6 +328,30 @@ describe('CostDraftPolicy', () => {
     const st = events[2]!;
     if (st.kind !== 'step') throw new Error('expected a step event');
     expect(st.calibratedVerifyMs).toBeCloseTo(c.verifyMs(1, k! + 1), 12);
+  });
+
+  it('keeps a plain choice for 7 more steps of the same batch; a new batch or a drafting choice recomputes', () => {
+    const events: CostPolicyTraceEvent[] = [];
+    // verify rows far too dear: plain is the choice
+    const p = new CostDraftPolicy(costs(1, 5, 5), { ...noExplore, trace: (e) => events.push(e) });
+    const batch = [cand('a', 4), cand('b', 4)];
+    for (let i = 0; i < 10; i++) expect(p.choose(batch)).toEqual([0, 0]);
+    // worked out (the a_j read) at steps 0 and 8 only
+    const worked = events.flatMap((e, i) => (e.kind === 'choose' && e.candidates[0]!.means.length > 0 ? [i] : []));
+    expect(worked).toEqual([0, 8]);
+    p.choose([cand('a', 4), cand('c', 4)]);
+    const last = events.at(-1);
+    if (last?.kind !== 'choose') throw new Error('expected a choose event');
+    expect(last.candidates[0]!.means.length).toBe(4);
+  });
+
+  it('lets at most one sequence of the batch explore per exploreEvery batch steps', () => {
+    const p = new CostDraftPolicy(costs(1, 5, 5, [1, 8]), { prior: 0.9, exploreEvery: 4, exploreDrafts: 2 });
+    const batch = Array.from({ length: 8 }, (_, i) => cand(`s${i}`));
+    const explored = Array.from({ length: 40 }, () => p.choose(batch).filter((k) => k > 0).length);
+    expect(Math.max(...explored)).toBe(1);
+    // every sequence is due after 4 plain steps; one goes every 4 batch steps
+    expect(explored.map((n, i) => (n > 0 ? i : -1)).filter((i) => i >= 0)).toEqual([4, 8, 12, 16, 20, 24, 28, 32, 36]);
   });
 
   it('explores after a run of plain steps, with a growing interval', () => {

@@ -118,8 +118,10 @@ describe('survival rule', () => {
     const bc = cheap.budgets(items);
     const bd = dear.budgets(items);
     items.forEach((it, i) => {
-      expect(bc[i]).toBe(prefixBudget([...it.confidence], cheap.threshold));
-      expect(bd[i]).toBe(prefixBudget([...it.confidence], dear.threshold));
+      // on the calibrated confidences (before any observation: each bin's middle)
+      const a = (p: CostDraftPolicy) => [...it.confidence].map((c) => p.calibration.map(c));
+      expect(bc[i]).toBe(prefixBudget(a(cheap), cheap.threshold));
+      expect(bd[i]).toBe(prefixBudget(a(dear), dear.threshold));
       expect(bd[i]!).toBeLessThanOrEqual(bc[i]!);
     });
     expect(bd.reduce((a, b) => a + b, 0)).toBeLessThan(bc.reduce((a, b) => a + b, 0));
@@ -127,6 +129,33 @@ describe('survival rule', () => {
       `λ cheap verify ${cheap.threshold.toFixed(4)} (R* ${cheap.predictedRate.toFixed(4)}/ms, δ ` +
         `${cheap.marginalVerifyMs} ms), dear ${dear.threshold.toFixed(4)}; budgets ${bc} vs ${bd}`,
     );
+  });
+
+  it('budgets read the calibrated confidences: drafts learned to be accepted pass where the raw product stops', () => {
+    const p = new CostDraftPolicy(costs(100, 10, 10), { ...noExplore, prior: 0.8 });
+    p.choose([cand('a')]);
+    p.threshold = 0.5;
+    const two = [{ id: 'a', confidence: Float32Array.of(0.35, 0.35) }];
+    expect(p.budgets(two)).toEqual([0]); // prior: 0.35 → 0.35 < λ
+    // 300 drafts of confidence 0.35, every one accepted
+    for (let i = 0; i < 300; i++) {
+      p.threshold = 0;
+      expect(p.budgets([{ id: 'a', confidence: Float32Array.of(0.35) }])).toEqual([1]);
+      p.observe('a', 1, 1);
+    }
+    expect(p.calibration.map(0.35)).toBeGreaterThan(0.95);
+    p.threshold = 0.5;
+    expect(p.budgets(two)).toEqual([2]);
+    // only decided drafts teach it: a draft after the first rejection is not observed
+    const q = new CostDraftPolicy(costs(100, 10, 10), { ...noExplore, prior: 0.8 });
+    q.choose([cand('a')]);
+    q.threshold = 0;
+    for (let i = 0; i < 300; i++) {
+      q.budgets([{ id: 'a', confidence: Float32Array.of(0.15, 0.95) }]);
+      q.observe('a', 2, 0); // the first draft rejected: the second was never decided
+    }
+    expect(q.calibration.map(0.15)).toBeLessThan(0.01);
+    expect(q.calibration.map(0.95)).toBeCloseTo(0.97, 6);
   });
 
   it('λ is fixed at choose (before the drafts): budgets of one step do not change λ', () => {
