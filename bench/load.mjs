@@ -4,13 +4,16 @@
 //
 //   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
-//                       [--waves N] [--reps N] [--policy cost|max|off] [--json FILE] [--trace FILE] [--quick]
+//                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off] [--budget survival|all]
+//                       [--json FILE] [--trace FILE] [--quick]
 //
 // Each engine is built once with maxSequences = the largest level (as a server is) and, for the drafter, its
-// cost calibration runs before any timer. A level C runs C × waves requests with C running at a time (continuous
-// batching: a finished request's slot goes to the next one, as C closed-loop clients of a server), greedy, EOS
-// ignored, `--tokens` new tokens each. Prompts: SmolLM2 — tools/reference/smollm2/prompts/{chat,plain}.jsonl
-// alternately (chat template already applied); kimi — test/prompts/{prose,code}.jsonl alternately.
+// cost calibration runs before any timer. A level C runs max(C × waves, --requests) requests with C running at a
+// time (continuous batching: a finished request's slot goes to the next one, as C closed-loop clients of a server),
+// greedy, EOS ignored, `--tokens` new tokens each. Prompts: SmolLM2 — tools/reference/smollm2/prompts/{chat,plain}
+// .jsonl alternately (chat template already applied); kimi — test/prompts/{prose,code}.jsonl alternately;
+// --requests defaults to every prompt of both sets once (64 for SmolLM2; 0 with --quick): with C × waves requests
+// alone a level of one sequence ran the same two prompts, whose τ is not the prompt set's.
 // Per level and drafter: median tok/s of each side (output tokens / wall, prefill included), the median of the
 // per-repetition ratios spec / plain, drafted tokens per sequence step and per batch step, the share of batch
 // steps that drafted, and τ per verify step. Greedy outputs are checked equal to plain decoding's (abort if not).
@@ -43,6 +46,8 @@ const NEW = Number(arg('tokens', quick ? '32' : '64'));
 const WAVES = Number(arg('waves', quick ? '1' : '2'));
 const REPS = Number(arg('reps', quick ? '1' : '3'));
 const POLICY = arg('policy', 'cost');
+/** Verify budgets (SpecEngineOptions.verifyBudget): 'survival' (default) cuts proposals by their confidences. */
+const BUDGET = arg('budget', 'survival');
 const jsonOut = arg('json', undefined);
 const traceOut = arg('trace', undefined);
 /** The trace's lines, and the tag of the run in progress. */
@@ -64,6 +69,8 @@ const sources =
   MODEL === 'smollm2'
     ? ['chat', 'plain'].map((n) => readJsonl(`tools/reference/smollm2/prompts/${n}.jsonl`))
     : ['prose', 'code'].map((n) => readJsonl(`test/prompts/${n}.jsonl`));
+/** Requests per level and repetition: every prompt of both sets once (at least C × waves). */
+const PROMPTS = Number(arg('requests', String(quick ? 0 : sources[0].length + sources[1].length)));
 /** Prompt i alternates between the two sets. */
 const promptAt = (i) => {
   const set = sources[i % 2];
@@ -93,17 +100,19 @@ for (const m of METHODS) {
     maxTokensPerSequence,
     draftPolicy,
     costPolicy,
+    verifyBudget: BUDGET,
   });
   e.calibrate();
   engines[m] = e;
 }
 
 let nextId = 0;
-/** One level on one engine: C × WAVES requests, C at a time. */
+/** One level on one engine: max(C × WAVES, PROMPTS) requests, C at a time. */
 function run(name, C) {
   const e = engines[name];
   const steps0 = e.metrics.verifyForwards;
-  const total = C * WAVES;
+  const ms0 = [e.metrics.draftMs, e.metrics.verifyMs, e.metrics.commitMs];
+  const total = Math.max(C * WAVES, PROMPTS);
   const reqs = Array.from({ length: total }, (_, i) => ({
     id: `${name}-${nextId++}`,
     promptIds: promptAt(i),
@@ -142,6 +151,10 @@ function run(name, C) {
     outputs.set(index.get(r.id), r.tokenIds.join());
   }
   const batchSteps = e.metrics.verifyForwards - steps0;
+  // where a batch step's time went: the propose call (with any catch-up), the verify forward, accept + commit
+  const split = [e.metrics.draftMs, e.metrics.verifyMs, e.metrics.commitMs].map(
+    (v, i) => (v - ms0[i]) / Math.max(1, batchSteps),
+  );
   const tokens = results.reduce((a, r) => a + r.tokenIds.length, 0);
   return {
     tokPerS: tokens / s,
@@ -150,6 +163,8 @@ function run(name, C) {
     draftsPerBatchStep: drafted / Math.max(1, batchSteps),
     draftStepShare: draftSteps / Math.max(1, seqSteps),
     tau: seqSteps === 0 ? 0 : (accepted + seqSteps) / seqSteps,
+    split,
+    stepMs: (s * 1000) / Math.max(1, batchSteps),
     outputs,
   };
 }
@@ -159,8 +174,9 @@ const info = isa();
 const [l1, l5] = loadavg();
 console.log(
   `bench:load — ${targetDir}; drafters ${METHODS.join(', ')} (policy ${POLICY}); levels ${CONCS.join(', ')}; ` +
-    `${WAVES} wave(s) × ${NEW} tokens; ${REPS} rep(s); threads ${info.threads}, isa ${info.isa}, ` +
-    `${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+    `max(${WAVES} wave(s), ${PROMPTS} requests) × ${NEW} tokens; ${REPS} rep(s); budgets ${BUDGET}; ` +
+    `threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); ` +
+    `load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
 );
 // the calibrated verify curve the batch rule reads: t_verify(B, T) by the batch's total rows T
 for (const m of METHODS) {
@@ -210,6 +226,10 @@ for (const C of CONCS) {
       draftsPerBatchStep: median(xs.map((x) => x.draftsPerBatchStep)),
       draftStepShare: median(xs.map((x) => x.draftStepShare)),
       tau: median(xs.map((x) => x.tau)),
+      split: [0, 1, 2].map((i) => median(xs.map((x) => x.split[i]))),
+      plainSplit: [0, 1, 2].map((i) => median(per.plain.map((x) => x.split[i]))),
+      stepMs: median(xs.map((x) => x.stepMs)),
+      plainStepMs: median(per.plain.map((x) => x.stepMs)),
       load1: loadavg()[0],
     };
     rows.push(row);
@@ -217,7 +237,10 @@ for (const C of CONCS) {
       `${m} C=${C}: plain ${plainTok.toFixed(1)} tok/s, spec ${row.specTokPerS.toFixed(1)} (×${row.ratio.toFixed(3)};` +
         ` per rep ${row.ratios.map((x) => x.toFixed(2)).join(' ')}; per CPU-second ×${row.cpuRatio.toFixed(3)}),` +
         ` drafts/seq step ${row.draftsPerSeqStep.toFixed(2)},` +
-        ` drafts/batch step ${row.draftsPerBatchStep.toFixed(2)}, τ ${row.tau.toFixed(3)}`,
+        ` drafts/batch step ${row.draftsPerBatchStep.toFixed(2)}, τ ${row.tau.toFixed(3)};` +
+        ` ms a batch step (wall incl. prefill / propose / verify / accept+commit): spec` +
+        ` ${[row.stepMs, ...row.split].map((v) => v.toFixed(2)).join(' / ')}, plain` +
+        ` ${[row.plainStepMs, ...row.plainSplit].map((v) => v.toFixed(2)).join(' / ')}`,
     );
   }
 }

@@ -81,6 +81,10 @@ if (COST) {
   const e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', costPolicy: { trace } });
   e.calibrate(); // before any timer, as a server calibrates once
   engines.set('cost policy', e);
+  // the same policy with every proposed draft verified (no verify budgets): what the confidence cut is worth
+  const all = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', verifyBudget: 'all' });
+  all.calibrate();
+  engines.set('cost, all verified', all);
 }
 
 const acc = new Map();
