@@ -94,6 +94,11 @@ export interface Eagle3Settings {
    * CPU), `'cpu'`, or `'cuda'` (refused at load for a target that is not on a GPU).
    */
   readonly device?: Eagle3Device;
+  /**
+   * Whether chain proposals carry per-draft `confidence` (the engine's verify budgets then cut them; default false:
+   * every draft verified — see eagle3.ts, "Confidence", for why that is the default).
+   */
+  readonly confidence?: boolean;
 }
 
 /** Where the EAGLE-3 draft model runs ({@link Eagle3Settings.device}; core's {@link DrafterDevice}). */
@@ -280,7 +285,7 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
       throw new DrafterError(`eagle3: settings.${where}: expected an integer in [1, ${max}], got ${JSON.stringify(v)}`);
     return v as number;
   };
-  const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings; device?: Eagle3Device } = {};
+  const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings; device?: Eagle3Device; confidence?: boolean } = {};
   if (settings.num_draft_tokens !== undefined)
     out.numDraftTokens = int(settings.num_draft_tokens, 'num_draft_tokens', EAGLE3_MAX_DRAFT_TOKENS);
   const tree = settings.tree;
@@ -296,6 +301,13 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
   }
   const device = drafterDevice('eagle3', settings.device);
   if (device !== undefined) out.device = device;
+  if (settings.confidence !== undefined) {
+    if (typeof settings.confidence !== 'boolean')
+      throw new DrafterError(
+        `eagle3: settings.confidence: expected a boolean, got ${JSON.stringify(settings.confidence)}`,
+      );
+    out.confidence = settings.confidence;
+  }
   return Object.freeze(out);
 }
 
@@ -326,6 +338,14 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
       description:
         'where the draft model runs: "auto" (default: on the GPU when the target runs on one, --device cuda; else ' +
         'the CPU), "cpu", or "cuda" (refused for a target on the CPU); trees are drafted on the CPU only',
+    },
+    confidence: {
+      type: 'boolean',
+      description:
+        "chain proposals carry each draft's confidence (the largest probability of its step's distribution), so the " +
+        "cost policy's verify budgets cut each proposal where its calibrated survival falls below the step's " +
+        'threshold (default false: every proposed draft is verified; measured on SmolLM2: no faster at one ' +
+        'sequence, and the cut made the cost policy over-predict drafting steps under load)',
     },
     tree: {
       type: 'object',

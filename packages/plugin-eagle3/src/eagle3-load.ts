@@ -346,7 +346,9 @@ function buildEagle3(
         );
   const numPages = DraftKvCache.pagesFor(options.maxSequences, options.maxTokensPerSequence + temp);
   return {
-    drafter: new Eagle3Drafter(c, t, w, maxDraftTokens, numPages, options.maxSequences, tree, tp),
+    drafter: Object.assign(new Eagle3Drafter(c, t, w, maxDraftTokens, numPages, options.maxSequences, tree, tp), {
+      confidence: settings.confidence === true,
+    }),
     reads: r.reads,
   };
 }

@@ -24,11 +24,16 @@
  *   and maps to the target vocabulary as target_id = draft_id + d2t[draft_id]. q is returned in the
  *   target vocabulary ([k, vocab], exactly 0 outside the draft vocabulary), so rejection sampling
  *   (u·q(x) < p(x)) stays lossless. The chain's KV is discarded after propose.
- * - Confidence (`DraftProposal.confidence`, chains only): c_j = max_x q_j(x), the largest probability of step j's
- *   draft distribution — softmax(logits_j) for a greedy draft (its own probability, EAGLE-2's confidence score:
- *   Li et al., arXiv 2406.16858, §4, drafts of higher draft probability are accepted more often), the sampling
- *   distribution's for a sampled one. c_j is a function of q_j, fixed before d_j is drawn, so the engine's verify
- *   budgets (a stopping rule on c_1 … c_j) keep rejection sampling exact.
+ * - Confidence (`DraftProposal.confidence`, chains only, with `drafter.confidence: true`): c_j = max_x q_j(x), the
+ *   largest probability of step j's draft distribution — softmax(logits_j) for a greedy draft (its own probability,
+ *   EAGLE-2's confidence score: Li et al., arXiv 2406.16858, §4, drafts of higher draft probability are accepted
+ *   more often), the sampling distribution's for a sampled one. c_j is a function of q_j, fixed before d_j is drawn,
+ *   so the engine's verify budgets (a stopping rule on c_1 … c_j) keep rejection sampling exact. It predicts well
+ *   (SmolLM2, 64 prompts, greedy chains of 6: c < 0.2 accepted 0.20, c ∈ [0.5, 0.6) 0.73, c ≥ 0.95 0.99), but off by
+ *   default: cutting proposals by it made SmolLM2 + EAGLE-3 no faster at one sequence (bench/spec-steps.mjs: ×1.665
+ *   either way) and, under load, made the cost policy draft where plain decoding was faster (its rule prices a
+ *   proposal as verified whole: at 4 sequences it predicted 10.4 committed tokens in 10.7 ms for steps that gave 7.1
+ *   in 8.6; ×0.84 of plain) — docs/BENCHMARKS.md, "EAGLE-3 confidences…".
  * - Tree (`tree: {top_k, depth, total_tokens}`, accepted only on all-attention targets: verifying a
  *   tree needs a tree attention mask, which linear-attention / KDA layers cannot apply without
  *   per-branch state). Trees are greedy-only: at temperature > 0 a tree falls back to a chain of
@@ -133,6 +138,9 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
   private readonly freeGSlots: number[] = [];
   /** The g slot of each added sequence. */
   private readonly gSlots = new Map<SequenceId, number>();
+
+  /** Whether chain proposals carry `confidence` (the deployment config's `drafter.confidence`; module comment). */
+  confidence = false;
 
   constructor(
     readonly config: Eagle3Config,
@@ -286,8 +294,8 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
       const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * V) : undefined));
       // confidence c_j: the greedy draft's probability, or a sampled draft's distribution's largest (module
       // comment "Confidence"); written by runChain, a sampled step's overwritten by its pick
-      const confidence = lengths.map((k) => new Float32Array(k));
-      const sampledTop = lengths.map((k) => new Float32Array(k));
+      const confidence = this.confidence ? lengths.map((k) => new Float32Array(k)) : undefined;
+      const sampledTop = lengths.map((k) => new Float32Array(this.confidence ? k : 0));
       const drafts = runChain(
         this.model,
         this.kv,
@@ -305,7 +313,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
             full[w.draftToTarget[e]!] = qd[e]!;
             if (qd[e]! > top) top = qd[e]!;
           }
-          sampledTop[r]![j - 1] = top;
+          if (confidence !== undefined) sampledTop[r]![j - 1] = top;
           return sampleFromProbs(qd, s.rng);
         },
         confidence,
@@ -313,8 +321,9 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
       chainAt.forEach(({ i, s }, r) => {
         const tokens = Int32Array.from(drafts[r]!, (d) => w.draftToTarget[d]!);
         const q = probs[r];
-        const c = q === undefined ? confidence[r]! : sampledTop[r]!;
-        out[i] = q === undefined ? { id: s.id, tokens, confidence: c } : { id: s.id, tokens, probs: q, confidence: c };
+        const c = confidence === undefined ? undefined : q === undefined ? confidence[r]! : sampledTop[r]!;
+        const p: DraftProposal = q === undefined ? { id: s.id, tokens } : { id: s.id, tokens, probs: q };
+        out[i] = c === undefined ? p : { ...p, confidence: c };
       });
     }
     // (only with a tree are sequences put in treeAt)

@@ -61,7 +61,7 @@ let chain: Eagle3Drafter; // no tree: chains, with confidences
 beforeAll(async () => {
   target = loadTarget();
   attnTarget = allAttention(target);
-  chain = await loadDrafter(target);
+  chain = await loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, confidence: true } });
   chain1 = await loadDrafter(attnTarget, {
     settings: { method: 'eagle3', path: EAGLE3_DIR, tree: { top_k: 1, depth: 6, total_tokens: 10 } },
   });
@@ -275,7 +275,7 @@ describe.each(NAMES)('tree drafting on golden %s', (name) => {
 });
 
 describe('confidence (chains)', () => {
-  it("c_j is the largest probability of step j's distribution: the greedy draft's softmax, a sampled one's q", () => {
+  it("c_j is the largest probability of step j's distribution: the greedy draft's softmax, a sampled one's q", async () => {
     const Vd = chain.config.draftVocabSize;
     const toDraft = new Map(Array.from(chain.draftToTarget, (t, d) => [t, d]));
     for (const [temperature, id] of [
@@ -304,6 +304,16 @@ describe('confidence (chains)', () => {
         expect(c[j]).toBeLessThanOrEqual(1);
       }
       chain.freeSequence(id);
+    }
+    // off by default (drafter.confidence): every draft verified
+    const plain = await loadDrafter(target);
+    try {
+      const seq = addGolden(plain, 'off', NAMES[0]!)(4);
+      const [p] = plain.propose({ sequences: [seq] });
+      expect(p!.tokens.length).toBe(4);
+      expect(p!.confidence).toBeUndefined();
+    } finally {
+      plain.dispose();
     }
   });
 });
