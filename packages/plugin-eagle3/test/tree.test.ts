@@ -275,7 +275,7 @@ describe.each(NAMES)('tree drafting on golden %s', (name) => {
 });
 
 describe('confidence (chains)', () => {
-  it("c_j is the largest probability of step j's distribution: the greedy draft's softmax, a sampled one's q", async () => {
+  it("c_j is the largest probability of step j's distribution: greedy, its softmax; sampled, its q", async () => {
     const Vd = chain.config.draftVocabSize;
     const toDraft = new Map(Array.from(chain.draftToTarget, (t, d) => [t, d]));
     for (const [temperature, id] of [
