@@ -376,6 +376,11 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
    */
   readonly minGain?: number;
   /**
+   * Read each (batch size, rows) verify time measured {@link LEARNED_MIN} times in place of the calibrated curve
+   * (default true; see {@link CostDraftPolicy}'s learned curve).
+   */
+  readonly learnVerify?: boolean;
+  /**
    * Called with every decision and observation of the policy (off when absent): what each step's choice read (the
    * a_j, the costs along the batch rule's walk, the cost corrections) and what the step then measured. For
    * diagnosis (`bench/load.mjs --trace FILE`); nothing the policy does depends on it.
@@ -642,6 +647,7 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly explorePlainEvery: number;
   private readonly recalibrate: boolean;
   private readonly minGain: number;
+  private readonly useLearned: boolean;
   /** Consecutive steps in which every sequence drafted. */
   private allDraftingRun = 0;
   /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
@@ -667,6 +673,7 @@ export class CostDraftPolicy implements DraftPolicy {
     this.explorePlainEvery = options.explorePlainEvery ?? 32;
     this.recalibrate = options.recalibrate ?? true;
     this.minGain = options.minGain ?? 0.03;
+    this.useLearned = options.learnVerify ?? true;
     this.trace = options.trace;
   }
 
@@ -732,9 +739,9 @@ export class CostDraftPolicy implements DraftPolicy {
       choice = rates.some((a, s) => a !== m[s]) ? rule(rates) : atMeans;
     }
     // a drafting choice must beat the plain step's modelled rate by `minGain`: the model's error is of that order
-    // (bench:load, SmolLM2 + EAGLE-3, 4 and 8 sequences: predicted vs measured step rates within 2–7 %), and a choice
-    // inside it is a coin flip that loses on average (the drafting steps measured 0.76–0.84 tokens/ms where plain
-    // steps did 0.80 at 4 sequences, each chosen for a predicted gain of under 3 %)
+    // (bench:load --trace, SmolLM2 + EAGLE-3, 4 sequences: steps of 2, 7 and 8 drafts predicted at 0.80, 0.80 and
+    // 0.78 tokens/ms measured 0.80, 0.84 and 0.76, plain steps 0.80), so a choice inside it is a coin flip that pays a
+    // drafting step's fixed costs either way
     const plain = choice.curve[0];
     if (
       plain !== undefined &&
@@ -909,7 +916,7 @@ export class CostDraftPolicy implements DraftPolicy {
    * × its factor stands in).
    */
   private learnedVerifyMs(B: number, r: number): number | undefined {
-    const l = this.learnedVerify.get(B);
+    const l = this.useLearned ? this.learnedVerify.get(B) : undefined;
     return l !== undefined && r < l.n.length && l.n[r]! >= LEARNED_MIN ? l.ms[r] : undefined;
   }
 

@@ -309,6 +309,17 @@ describe('CostDraftPolicy', () => {
     expect(d1!.costMs).toBeCloseTo(c.draftMs(1, 1) * draftScale + 40 + over(1), 6);
     expect(d2!.costMs).toBeCloseTo(c.draftMs(1, 2) * draftScale + c.verifyMs(1, 3) * ch.costScale[1]! + over(2), 6);
     expect(d2!.costMs).toBeLessThan(d1!.costMs);
+    // learnVerify: false reads the calibrated curve × its factor throughout
+    const off: CostPolicyTraceEvent[] = [];
+    const q = new CostDraftPolicy(c, { ...noExplore, learnVerify: false, trace: (e) => off.push(e) });
+    for (let i = 0; i < 3; i++) q.observeStep(1, 2, 1, 1, 40, c.draftMs(1, 1), 1);
+    q.choose([cand('a', 4)]);
+    const och = off.filter((e) => e.kind === 'choose').at(-1);
+    if (och?.kind !== 'choose') throw new Error('expected a choose event');
+    const o1 = och.curve[1]!;
+    const want =
+      c.draftMs(1, 1) * och.costScale[2]! + c.verifyMs(1, 2) * och.costScale[1]! + q.overhead.predict(1, 1, 1);
+    expect(o1.costMs).toBeCloseTo(want, 6);
   });
 
   it('traces what each choice read and what the step measured (off by default)', () => {
