@@ -10,9 +10,9 @@ import type { Eagle3Model } from './eagle3-model.js';
 
 /**
  * Chooses step j's draft id (1-based) of sequence r from its draft-vocabulary logits `[draftVocab]` f32;
- * `greedy` is their argmax, `greedyProb` softmax(logits)'s probability of it.
+ * `greedy` is their argmax.
  */
-export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: number, greedyProb: number) => number;
+export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: number) => number;
 
 /**
  * The chain (module comment) of `lengths[r]` steps for each of `seqs`, batched per step; `pick` chooses
@@ -93,7 +93,7 @@ export function runChain(
         const d =
           logits === undefined || greedy === undefined
             ? 0
-            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy.ids[row]!, greedy.prob[row]!);
+            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy.ids[row]!);
         c.out[j - 1] = d;
         if (confidence !== undefined && greedy !== undefined) confidence[c.i]![j - 1] = greedy.prob[row]!;
         if (c.length > j) {
