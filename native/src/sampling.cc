@@ -187,11 +187,11 @@ bool SoftmaxRow(const float* x, float* out, int64_t cols, float inv_t) {
 }
 
 /**
- * softmax(x)'s largest probability, f32(1 / Σ exp(x − max)): SoftmaxRow's exponentials and sum (so the same value as
- * its entry at the argmax), without writing the row; NaN for a row without a finite maximum.
+ * softmax(x)'s largest probability, f32(1 / Σ exp(x − mx)) for the row's maximum mx (MaxRow's): SoftmaxRow's
+ * exponentials and sum (so the same value as its entry at the argmax), without writing the row; NaN for a row without
+ * a finite maximum.
  */
-float MaxProbRow(const float* x, int64_t cols) {
-  const float mx = MaxRow(x, cols);
+float MaxProbRow(const float* x, int64_t cols, float mx) {
   if (!std::isfinite(mx)) return std::numeric_limits<float>::quiet_NaN();
   thread_local std::vector<float> exps;
   if (exps.size() < static_cast<size_t>(cols)) exps.resize(static_cast<size_t>(cols));
@@ -251,8 +251,14 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
       [&](int64_t b, int64_t e) {
         for (int64_t row = b; row < e; ++row) {
           const float* xr = px + row * cols;
-          po[row] = checked ? ArgmaxCheckedRow(xr, cols) : ArgmaxRow(xr, cols);
-          if (pp != nullptr) pp[row] = MaxProbRow(xr, cols);
+          if (pp != nullptr) {
+            // one maximum pass for the index and the probability
+            const float mx = MaxRow(xr, cols);
+            po[row] = checked ? ArgmaxCheckedRow(xr, cols) : FirstIndexOf(xr, cols, mx);
+            pp[row] = MaxProbRow(xr, cols, mx);
+          } else {
+            po[row] = checked ? ArgmaxCheckedRow(xr, cols) : ArgmaxRow(xr, cols);
+          }
         }
       },
       cols * (pp != nullptr ? 4 : 1));
