@@ -4,7 +4,7 @@
  */
 
 import { DrafterError, type DraftKvCache, type DraftSequence, type SequenceId } from '@specd/core';
-import { argmaxProb, makePagedBatch, pagedAttention } from '@specd/native';
+import { argmax, argmaxProb, makePagedBatch, pagedAttention } from '@specd/native';
 
 import type { Eagle3Model } from './eagle3-model.js';
 
@@ -20,7 +20,8 @@ export type ChainPick = (r: number, j: number, logits: Float32Array, greedy: num
  * 0's). Step 1 reads g of anchor p − 1 from `lastG`; step j > 1 writes its K/V after the context (slot
  * p + j − 2) as temporary rows, dropped before returning (also on an error).
  * @param confidence optional, `[lengths[r]]` f32 per sequence: receives step j's greedy probability
- *   max softmax(logits_j) (a function of the drafts before j only; rank 0).
+ *   max softmax(logits_j) (a function of the drafts before j only; rank 0), before `pick` runs (which may
+ *   overwrite it). Absent: no probability is worked out.
  * @returns the draft ids, `[lengths[r]]` i32 per sequence (draft vocabulary).
  * @throws `CacheError` `full` when the draft KV has no page left for a step's rows; {@link DrafterError}
  *   on an internal inconsistency (a sequence without a stored g: the callers check it first).
@@ -86,16 +87,22 @@ export function runChain(
       const h = model.finish(g, a, n);
       // logits and the pick on rank 0 only (the other ranks' drafts stay 0: their embeddings are rank 0's)
       const logits = root ? model.logits(h, n) : undefined;
-      const greedy = logits === undefined ? undefined : argmaxProb(logits, Vd);
+      // the greedy ids, and their probabilities only when confidences are asked for
+      const top =
+        logits === undefined
+          ? undefined
+          : confidence === undefined
+            ? { ids: argmax(logits, Vd), prob: undefined }
+            : argmaxProb(logits, Vd);
       const nextActive: typeof active = [];
       const nextRows: number[] = [];
       active.forEach((c, row) => {
+        if (confidence !== undefined && top?.prob !== undefined) confidence[c.i]![j - 1] = top.prob[row]!;
         const d =
-          logits === undefined || greedy === undefined
+          logits === undefined || top === undefined
             ? 0
-            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), greedy.ids[row]!);
+            : pick(c.i, j, logits.subarray(row * Vd, (row + 1) * Vd), top.ids[row]!);
         c.out[j - 1] = d;
-        if (confidence !== undefined && greedy !== undefined) confidence[c.i]![j - 1] = greedy.prob[row]!;
         if (c.length > j) {
           nextActive.push(c);
           nextRows.push(row);

@@ -295,7 +295,6 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
       // confidence c_j: the greedy draft's probability, or a sampled draft's distribution's largest (module
       // comment "Confidence"); written by runChain, a sampled step's overwritten by its pick
       const confidence = this.confidence ? lengths.map((k) => new Float32Array(k)) : undefined;
-      const sampledTop = lengths.map((k) => new Float32Array(this.confidence ? k : 0));
       const drafts = runChain(
         this.model,
         this.kv,
@@ -313,7 +312,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
             full[w.draftToTarget[e]!] = qd[e]!;
             if (qd[e]! > top) top = qd[e]!;
           }
-          if (confidence !== undefined) sampledTop[r]![j - 1] = top;
+          if (confidence !== undefined) confidence[r]![j - 1] = top;
           return sampleFromProbs(qd, s.rng);
         },
         confidence,
@@ -321,7 +320,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
       chainAt.forEach(({ i, s }, r) => {
         const tokens = Int32Array.from(drafts[r]!, (d) => w.draftToTarget[d]!);
         const q = probs[r];
-        const c = confidence === undefined ? undefined : q === undefined ? confidence[r]! : sampledTop[r]!;
+        const c = confidence?.[r];
         const p: DraftProposal = q === undefined ? { id: s.id, tokens } : { id: s.id, tokens, probs: q };
         out[i] = c === undefined ? p : { ...p, confidence: c };
       });
