@@ -895,10 +895,8 @@ export class CostDraftPolicy implements DraftPolicy {
     if (!(r >= 0 && Number.isInteger(r) && ms > 0 && Number.isFinite(ms))) return;
     let l = this.learnedVerify.get(B);
     if (l === undefined || l.n.length <= r) {
-      const grown = {
-        ms: new Float64Array(Math.max(r + 1, 8 * B + 2)),
-        n: new Uint32Array(Math.max(r + 1, 8 * B + 2)),
-      };
+      const size = Math.max(r + 1, 8 * B + 2);
+      const grown = { ms: new Float64Array(size), n: new Uint32Array(size) };
       if (l !== undefined) {
         grown.ms.set(l.ms);
         grown.n.set(l.n);

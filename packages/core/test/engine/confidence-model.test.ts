@@ -2,16 +2,7 @@
 // confidence at its word, learning what a bin's drafts are accepted at, isotonic in the confidence, and fading.
 import { describe, expect, it } from 'vitest';
 
-import { ConfidenceCalibration } from '../../src/engine/index.js';
-
-/** A small deterministic PRNG. */
-function lcg(seed: number): () => number {
-  let x = seed >>> 0;
-  return () => {
-    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
-    return x / 2 ** 32;
-  };
-}
+import { ConfidenceCalibration, SeededRandom } from '../../src/engine/index.js';
 
 describe('ConfidenceCalibration', () => {
   it('before any observation a confidence is taken at its word (its bin middle)', () => {
@@ -26,7 +17,8 @@ describe('ConfidenceCalibration', () => {
 
   it('learns an under-confident drafter: its drafts accepted at min(1, c + 0.25)', () => {
     const cal = new ConfidenceCalibration(4, 1); // no fading
-    const rnd = lcg(3);
+    const g = new SeededRandom(3);
+    const rnd = () => g.next();
     for (let i = 0; i < 40_000; i++) {
       const c = rnd();
       cal.observe(c, rnd() < Math.min(1, c + 0.25));

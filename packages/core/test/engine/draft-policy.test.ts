@@ -192,14 +192,16 @@ describe('CostDraftPolicy', () => {
       seed = (seed * 1103515245 + 12345) % 2147483648;
       return seed / 2147483648;
     };
-    const chosen: number[] = [];
-    for (let step = 0; step < 400; step++) {
-      const [k] = p.choose([cand('a', 6)]);
-      let accepted = 0;
-      while (accepted < k! && uniform() < truth[accepted]!) accepted++;
-      p.observe('a', k!, accepted);
-      chosen.push(k!);
-    }
+    /** 400 steps of one sequence whose drafts are accepted at `truth`: the ks chosen. */
+    const drive = (policy: CostDraftPolicy): number[] =>
+      Array.from({ length: 400 }, () => {
+        const [k] = policy.choose([cand('a', 6)]);
+        let accepted = 0;
+        while (accepted < k! && uniform() < truth[accepted]!) accepted++;
+        policy.observe('a', k!, accepted);
+        return k!;
+      });
+    const chosen = drive(p);
     // the last 200 steps: the optimum, but for a few re-explorations of draft 4 as its counts fade (forget)
     const last = chosen.slice(-200);
     expect(last.filter((k) => k === 3).length).toBeGreaterThanOrEqual(180);
@@ -209,12 +211,7 @@ describe('CostDraftPolicy', () => {
     const eight = Array.from({ length: 8 }, (_, i) => cand(`b${i}`, 6));
     expect(p.choose(eight)).toEqual(new Array(8).fill(0));
     const q = new CostDraftPolicy(c, { ...noExplore, explorePlainEvery: 0, minGain: 0 });
-    for (let step = 0; step < 400; step++) {
-      const [k] = q.choose([cand('a', 6)]);
-      let accepted = 0;
-      while (accepted < k! && uniform() < truth[accepted]!) accepted++;
-      q.observe('a', k!, accepted);
-    }
+    drive(q);
     const perSeq = q.choose(eight).reduce((a, b) => a + b, 0) / 8;
     expect(perSeq).toBeGreaterThan(0);
     expect(perSeq).toBeLessThan(3);
@@ -295,13 +292,17 @@ describe('CostDraftPolicy', () => {
 
   it('reads a verify shape measured three times in place of the calibrated curve', () => {
     const c = costs(2, 0.1, 0.3);
-    const events: CostPolicyTraceEvent[] = [];
-    const p = new CostDraftPolicy(c, { ...noExplore, recalibrate: true, trace: (e) => events.push(e) });
-    // one draft (2 rows) measured at 40 ms, three times; nothing else measured
-    for (let i = 0; i < 3; i++) p.observeStep(1, 2, 1, 1, 40, c.draftMs(1, 1), 1);
-    p.choose([cand('a', 4)]);
-    const ch = events.filter((e) => e.kind === 'choose').at(-1);
-    if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+    /** A policy after one draft (2 rows) measured at 40 ms three times, nothing else: it and its choice's trace. */
+    const measured = (learnVerify: boolean) => {
+      const events: CostPolicyTraceEvent[] = [];
+      const p = new CostDraftPolicy(c, { ...noExplore, learnVerify, trace: (e) => events.push(e) });
+      for (let i = 0; i < 3; i++) p.observeStep(1, 2, 1, 1, 40, c.draftMs(1, 1), 1);
+      p.choose([cand('a', 4)]);
+      const ch = events.filter((e) => e.kind === 'choose').at(-1);
+      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+      return { p, ch };
+    };
+    const { p, ch } = measured(true);
     const [, d1, d2] = ch.curve;
     const draftScale = ch.costScale[2]!;
     const over = (d: number) => p.overhead.predict(1, 1, d);
@@ -310,12 +311,7 @@ describe('CostDraftPolicy', () => {
     expect(d2!.costMs).toBeCloseTo(c.draftMs(1, 2) * draftScale + c.verifyMs(1, 3) * ch.costScale[1]! + over(2), 6);
     expect(d2!.costMs).toBeLessThan(d1!.costMs);
     // learnVerify: false reads the calibrated curve × its factor throughout
-    const off: CostPolicyTraceEvent[] = [];
-    const q = new CostDraftPolicy(c, { ...noExplore, learnVerify: false, trace: (e) => off.push(e) });
-    for (let i = 0; i < 3; i++) q.observeStep(1, 2, 1, 1, 40, c.draftMs(1, 1), 1);
-    q.choose([cand('a', 4)]);
-    const och = off.filter((e) => e.kind === 'choose').at(-1);
-    if (och?.kind !== 'choose') throw new Error('expected a choose event');
+    const { p: q, ch: och } = measured(false);
     const o1 = och.curve[1]!;
     const want =
       c.draftMs(1, 1) * och.costScale[2]! + c.verifyMs(1, 2) * och.costScale[1]! + q.overhead.predict(1, 1, 1);
