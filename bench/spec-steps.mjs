@@ -5,6 +5,7 @@
 // steps; this one times from each request's first token to its last, and times the target's forwards inside that.
 //
 //   node bench/spec-steps.mjs [--drafter eagle3] [--ks 1,2,3] [--prompts 8] [--tokens 128] [--reps 2] [--no-cost]
+//                             [--budget-all]
 //
 // Prompts: the first N/2 of tools/reference/smollm2/prompts/chat.jsonl and of plain.jsonl (their prompt_token_ids),
 // `--tokens` new tokens, EOS ignored. Drafter: models/smollm2-135m-instruct-<drafter>. Printed, per engine:
@@ -81,10 +82,13 @@ if (COST) {
   const e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', costPolicy: { trace } });
   e.calibrate(); // before any timer, as a server calibrates once
   engines.set('cost policy', e);
-  // the same policy with every proposed draft verified (no verify budgets): what the confidence cut is worth
-  const all = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', verifyBudget: 'all' });
-  all.calibrate();
-  engines.set('cost, all verified', all);
+  // --budget-all: the same policy with every proposed draft verified (no verify budgets), for a drafter whose
+  // proposals carry confidences (DSpark; EAGLE-3 with drafter.confidence): what the confidence cut is worth
+  if (argv.includes('--budget-all')) {
+    const all = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', verifyBudget: 'all' });
+    all.calibrate();
+    engines.set('cost, all verified', all);
+  }
 }
 
 const acc = new Map();
