@@ -63,6 +63,67 @@ export function largeSyntheticConfig() {
   };
 }
 
+/**
+ * The dense synthetic config: {@link largeSyntheticConfig} with every layer's feed-forward the dense SwiGLU MLP
+ * (first_k_dense_replace = the layer count; no experts are written): 8 layers of 68 M (KDA) / 64 M (MLA) parameters
+ * and a 67 M lm_head, 1.21 GB of bf16 weights read per token (bench/verify-dense.mjs --model kimi).
+ */
+export function denseSyntheticConfig() {
+  const c = largeSyntheticConfig();
+  return { ...c, first_k_dense_replace: c.num_hidden_layers };
+}
+
+/**
+ * Bytes of weights a forward reads, by family, from the HF config (the model's parsing rules:
+ * kinds from linear_attn_config, dense below first_k_dense_replace). Routed experts are separate:
+ * `perExpert` bytes each, counted by the caller from the routing (bench/decode.mjs, bench/verify-dense.mjs).
+ */
+export function kimiWeightBytes(c) {
+  const D = c.hidden_size;
+  const la = c.linear_attn_config;
+  const H = la.num_heads;
+  const d = la.head_dim;
+  const HD = H * d;
+  const ks = la.short_conv_kernel_size;
+  const Hm = c.num_attention_heads;
+  const rope = c.qk_rope_head_dim;
+  const r = c.kv_lora_rank;
+  const E = c.num_experts;
+  const Im = c.moe_intermediate_size;
+  const L = c.num_hidden_layers;
+  const kdaLayers = la.kda_layers.length;
+  const mlaLayers = la.full_attn_layers.length;
+  const dense = c.first_k_dense_replace;
+  const moeLayers = L - dense;
+  const fam = {
+    'KDA projections':
+      kdaLayers * (2 * (D * (3 * HD + 2 * d + H) + 2 * HD * d + D * HD) + 4 * (3 * HD * ks + H + HD + d)),
+    'KDA core': 0,
+    'MLA projections':
+      mlaLayers * (2 * (D * (Hm * (c.qk_nope_head_dim + rope) + r + rope) + D * Hm * c.v_head_dim) + 4 * r),
+    'MLA attention': mlaLayers * 4 * Hm * (c.qk_nope_head_dim + c.v_head_dim) * r,
+    'dense MLP': dense * 2 * 3 * D * c.intermediate_size,
+    'MoE router': moeLayers * (2 * E * D + 4 * E),
+    'MoE experts': moeLayers * 2 * 3 * D * Im * c.num_shared_experts, // + routed experts
+    norms: L * 2 * D * 4 + D * 4,
+    lm_head: 2 * c.vocab_size * D,
+    embedding: 0,
+  };
+  const fixed = Object.values(fam).reduce((a, b) => a + b, 0);
+  const perExpert = 2 * 3 * D * Im;
+  // ≈ checkpoint bytes (embedding included)
+  const stored = 2 * c.vocab_size * D + fixed - fam['MLA attention'] / 2 + moeLayers * E * perExpert;
+  return {
+    fam,
+    fixed,
+    perExpert,
+    moeLayers,
+    stored,
+    kdaStatePerSeq: kdaLayers * H * d * d * 4,
+    mlaRowBytes: mlaLayers * (r + rope) * 4,
+  };
+}
+
 /** xorshift32 state shared by the generators below (deterministic per run). */
 let rngState = 0x9e3779b9;
 
