@@ -5,8 +5,16 @@
 //
 //   npm run bench:verify-dense              (root; run `npm run build` and `npm run models:fetch` first; ~1 min,
 //                                            the first run also writes the 1.1 GB GGUF, ~5–20 s)
-//   node bench/verify-dense.mjs [--threads N] [--reps N] [--context N] [--layers N] [--hidden D] [--json FILE]
-//                               [--quick]
+//   node bench/verify-dense.mjs [--model llama|kimi] [--threads N] [--reps N] [--context N] [--layers N] [--hidden D]
+//                               [--json FILE] [--quick]
+//
+// `--model kimi`: a dense Kimi-K3 checkpoint instead (bench/synthetic-kimi.mjs denseSyntheticConfig: bench:decode's
+// large synthetic config with the dense SwiGLU MLP in every layer, random bf16 weights, 1,218 MB read per token),
+// written once into .cache/synthetic-dense/kimi-dense-h2048-l8/ and loaded with the stage's default activations
+// (defaultKimiActivations: split bf16 on AMX, fp32 elsewhere; SPECD_KIMI_ACTIVATIONS overrides). Its floors: t_mem
+// from the weight bytes a forward reads (kimiWeightBytes), t_compute16 at the activations path's rate (fp32 FMA;
+// AMX-BF16 for bf16; AMX-BF16 ÷ 2 for split bf16); `--hidden` does not apply, `--layers` re-lays the KDA/MLA pattern.
+// What follows describes the default GGUF model.
 //
 // The model: a synthetic llama GGUF with random weights, written once into the git-ignored .cache/synthetic-dense/
 // (bench/gguf-write.mjs; reused while the JSON beside it records the same parameters). SmolLM2-135M-Instruct's layout
