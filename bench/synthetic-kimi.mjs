@@ -66,7 +66,7 @@ export function largeSyntheticConfig() {
 /**
  * The dense synthetic config: {@link largeSyntheticConfig} with every layer's feed-forward the dense SwiGLU MLP
  * (first_k_dense_replace = the layer count; no experts are written): 8 layers of 68 M (KDA) / 64 M (MLA) parameters
- * and a 67 M lm_head, 1.21 GB of bf16 weights read per token (bench/verify-dense.mjs --model kimi).
+ * and a 67 M lm_head, 1.22 GB of bf16 weights read per token (bench/verify-dense.mjs --model kimi).
  */
 export function denseSyntheticConfig() {
   const c = largeSyntheticConfig();
