@@ -307,12 +307,12 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
           const s = cs[r]!;
           const qd = samplingProbs(lg, lg.length, s.sampling);
           const full = qRow.subarray((j - 1) * V, j * V);
-          let top = 0;
-          for (let e = 0; e < qd.length; e++) {
-            full[w.draftToTarget[e]!] = qd[e]!;
-            if (qd[e]! > top) top = qd[e]!;
+          for (let e = 0; e < qd.length; e++) full[w.draftToTarget[e]!] = qd[e]!;
+          if (confidence !== undefined) {
+            let top = 0;
+            for (let e = 0; e < qd.length; e++) if (qd[e]! > top) top = qd[e]!;
+            confidence[r]![j - 1] = top;
           }
-          if (confidence !== undefined) confidence[r]![j - 1] = top;
           return sampleFromProbs(qd, s.rng);
         },
         confidence,

@@ -14,6 +14,8 @@
 
 /** Bin edges of {@link ConfidenceCalibration} over c ∈ [0, 1]: finer near 1, where confident drafts live. */
 const EDGES = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0000001];
+/** Each bin's prior mean: its middle c. */
+const MIDDLES = EDGES.slice(1).map((hi, b) => (EDGES[b]! + Math.min(1, hi)) / 2);
 
 /** Online calibration of confidences to conditional acceptance (see the file comment). */
 export class ConfidenceCalibration {
@@ -38,7 +40,7 @@ export class ConfidenceCalibration {
     this.fit = new Float64Array(n);
     for (let b = 0; b < n; b++) {
       this.offered[b] = priorWeight;
-      this.accepted[b] = priorWeight * ((EDGES[b]! + Math.min(1, EDGES[b + 1]!)) / 2);
+      this.accepted[b] = priorWeight * MIDDLES[b]!;
     }
   }
 
@@ -56,7 +58,7 @@ export class ConfidenceCalibration {
     const n = this.offered.length;
     for (let b = 0; b < n; b++) {
       // fade toward the prior, never below it
-      const mean = ((EDGES[b]! + Math.min(1, EDGES[b + 1]!)) / 2) * this.priorWeight;
+      const mean = MIDDLES[b]! * this.priorWeight;
       this.offered[b] = this.priorWeight + f * (this.offered[b]! - this.priorWeight);
       this.accepted[b] = mean + f * (this.accepted[b]! - mean);
     }
