@@ -6,7 +6,11 @@
 //   npm run bench:verify-dense              (root; run `npm run build` and `npm run models:fetch` first; ~1 min,
 //                                            the first run also writes the 1.1 GB GGUF, ~5–20 s)
 //   node bench/verify-dense.mjs [--model llama|kimi] [--threads N] [--reps N] [--context N] [--layers N] [--hidden D]
-//                               [--json FILE] [--quick]
+//                               [--json FILE] [--quick] [--profile]
+//
+// `--profile`: after the timed reps, one more pass with every native call timed (bench/native-timing.mjs; the bench
+// re-runs itself under bench/native-timing-register.mjs): ms per forward of the 1-token step and the 16-token verify
+// by kernel and GEMM shape (n × k, with its weight GB/s), and the JavaScript left over.
 //
 // `--model kimi`: a dense Kimi-K3 checkpoint instead (bench/synthetic-kimi.mjs denseSyntheticConfig: bench:decode's
 // large synthetic config with the dense SwiGLU MLP in every layer, random bf16 weights, 1,218 MB read per token),
@@ -50,11 +54,11 @@
 //   loaded (shared) machine they read low, the floors high, and the measured ratio can fall below the printed floor
 //   (the bench says so); run it on a quiet machine.
 // `--json FILE` writes the configuration, bounds, every timed repetition and the goal.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 import {
   BUILTIN_PLUGIN_PACKAGES,
@@ -77,6 +81,14 @@ import { compileProbe, cpuHasAmx } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
+if (argv.includes('--profile') && !globalThis.specdNativeTimingHook) {
+  // the timing shim must resolve '@specd/native' before this file's static imports: run again under it
+  const hook = path.join(ROOT, 'bench/native-timing-register.mjs');
+  const child = spawnSync(process.execPath, ['--import', pathToFileURL(hook).href, ...process.argv.slice(1)], {
+    stdio: 'inherit',
+  });
+  process.exit(child.status ?? 1);
+}
 const arg = (name, dflt) => {
   const i = argv.indexOf(`--${name}`);
   return i < 0 ? dflt : argv[i + 1];
@@ -188,7 +200,7 @@ function kimiLinearParams(c) {
 
 const params = {
   version: 1,
-  source: { file: path.relative(ROOT, SOURCE), bytes: fs.statSync(SOURCE).size },
+  source: { file: path.relative(ROOT, SOURCE), bytes: MODEL === 'llama' ? fs.statSync(SOURCE).size : 0 },
   seed: 1,
   hidden: HIDDEN,
   heads,
@@ -584,6 +596,77 @@ if (ratio < floorRatio || tStep < tMem || tVerify < vFloor)
   );
 console.log(`load at the end ${fmtLoad(loadEnd)} (1/5 min); ${new Date().toISOString()}`);
 
+// --- profile (--profile) -----------------------------------------------------------------------------------------
+const profile = globalThis.specdNativeTimingHook ? await profilePass(3) : undefined;
+/**
+ * Every native call of `reps` step and verify forwards (alternated) timed by bench/native-timing.mjs; a GEMM is
+ * attributed to its weight shape. Returns { step, verify } as Map(family → { ms, calls }) per forward, wall ms
+ * included, and prints the table.
+ */
+async function profilePass(reps) {
+  const { nativeTiming } = await import('./native-timing.mjs');
+  nativeTiming.classify = (name, args) =>
+    name === 'gemmBf16' || name === 'gemmQuant' ? `${name} ${args[2].n} × ${args[2].k}` : name;
+  const out = {};
+  for (const m of [1, ROWS]) {
+    const walls = [];
+    const perForward = new Map();
+    for (let r = 0; r < reps; r++) {
+      nativeTiming.reset();
+      nativeTiming.enabled = true;
+      walls.push(timed(m, r));
+      nativeTiming.enabled = false;
+      for (const [family, { ms, calls }] of nativeTiming.totals) {
+        const e = perForward.get(family) ?? { ms: 0, calls: 0 };
+        e.ms += ms / reps;
+        e.calls += calls / reps;
+        perForward.set(family, e);
+      }
+    }
+    out[m === 1 ? 'step' : 'verify'] = { wall: walls.reduce((a, b) => a + b, 0) / reps, families: perForward };
+  }
+  const families = [...new Set([...out.step.families.keys(), ...out.verify.families.keys()])].sort(
+    (a, b) => (out.verify.families.get(b)?.ms ?? 0) - (out.verify.families.get(a)?.ms ?? 0),
+  );
+  const gemmBytes = (family) => {
+    const hit = /^gemmBf16 (\d+) × (\d+)$/.exec(family);
+    return hit ? Number(hit[1]) * Number(hit[2]) * 2 : 0;
+  };
+  console.log(
+    `\nprofile (--profile): every native call timed, mean of ${reps} forwards each; GEMMs by weight shape n × k ` +
+      '(bf16), GB/s = weight bytes ÷ time',
+  );
+  console.log('| family | step ms (calls) | verify(16) ms (calls) | verify ÷ step | GB/s step / verify |');
+  console.log('|---|---:|---:|---:|---:|');
+  let nativeStep = 0;
+  let nativeVerify = 0;
+  for (const f of families) {
+    const a = out.step.families.get(f) ?? { ms: 0, calls: 0 };
+    const b = out.verify.families.get(f) ?? { ms: 0, calls: 0 };
+    nativeStep += a.ms;
+    nativeVerify += b.ms;
+    const bytes = gemmBytes(f);
+    const gbs =
+      bytes > 0
+        ? `${((bytes * a.calls) / (a.ms * 1e6)).toFixed(1)} / ${((bytes * b.calls) / (b.ms * 1e6)).toFixed(1)}`
+        : '';
+    console.log(
+      `| ${f} | ${a.ms.toFixed(2)} (${a.calls.toFixed(0)}) | ${b.ms.toFixed(2)} (${b.calls.toFixed(0)}) | ` +
+        `${a.ms > 0 ? (b.ms / a.ms).toFixed(2) : '–'} | ${gbs} |`,
+    );
+  }
+  const jsStep = out.step.wall - nativeStep;
+  const jsVerify = out.verify.wall - nativeVerify;
+  console.log(
+    `| JavaScript (the rest) | ${jsStep.toFixed(2)} | ${jsVerify.toFixed(2)} | ${(jsVerify / jsStep).toFixed(2)} | |`,
+  );
+  console.log(
+    `| **whole forward (profiled)** | ${out.step.wall.toFixed(2)} | ${out.verify.wall.toFixed(2)} | ` +
+      `${(out.verify.wall / out.step.wall).toFixed(2)} | |`,
+  );
+  return out;
+}
+
 if (jsonOut)
   fs.writeFileSync(
     jsonOut,
@@ -622,6 +705,16 @@ if (jsonOut)
         ratioMin,
         goal: { text: `t_verify(16)/t_step ≤ ${GOAL}`, met },
         verifyLogits: check,
+        ...(profile === undefined
+          ? {}
+          : {
+              profile: Object.fromEntries(
+                Object.entries(profile).map(([k, v]) => [
+                  k,
+                  { wall: v.wall, families: Object.fromEntries(v.families) },
+                ]),
+              ),
+            }),
         loadStart,
         loadEnd,
       },

@@ -6,13 +6,13 @@
 #
 #   setup   unpacks Node (.gpu/node.xz) and the built JavaScript with its production node_modules and the CPU addon
 #           (.gpu/runtime.tar.xz, made here by `bash tools/gpu/llama-gpu.sh pack-runtime`); no CUDA build
-#   verify  writes $OUT/verify-dense-kimi.{txt,json}: bench/verify-dense.mjs --model kimi with the default activations
+#   verify  writes $OUT/verify-dense-kimi.{txt,json}: bench/verify-dense.mjs --model kimi --profile, default activations
 #           (bf16x2 on AMX; the 1.2 GB dense synthetic is written there, ~10 s), and $OUT/verify-dense-kimi-f32.txt:
 #           the same with SPECD_KIMI_ACTIVATIONS=f32 (~3 min in all)
 #   spec    with the Kimi models staged by tools/gpu/stage.sh in STAGE (default /root/stage: files/kimi.tar holds
 #           models/kimi-k3-tiny and its drafters) writes $OUT/spec-kimi.{txt,json}: bench/spec.mjs on kimi-k3-tiny,
 #           every prompt, 128 tokens, 1 and 8 sequences, greedy (the issue's kimi-k3-tiny goals; up to ~8 min)
-#   moe     (after spec: it reads the staged models) writes $OUT/decode.txt: bench/decode.mjs --quick on kimi-k3-tiny
+#   moe     (after spec: it unpacks the staged models) writes $OUT/decode.txt: bench/decode.mjs --quick on kimi-k3-tiny
 #           and the 3.5 GB MoE synthetic (written there), whose goal line is the MoE verify against its expert-union
 #           floor (~5 min)
 # Each of verify, spec and moe is one call (the device runs 10 minutes at most per call).
@@ -21,15 +21,18 @@
 #   bash tools/gpu/llama-gpu.sh pack-runtime
 #   tar cf /tmp/kimi.tar -C models kimi-k3-tiny kimi-k3-tiny-dflash kimi-k3-tiny-dspark kimi-k3-tiny-eagle3
 #   bash tools/gpu/stage.sh pack .gpu/stage-kimi 48 /tmp/kimi.tar
-#   git rm -r -q --cached models && echo /models/ >> .git/info/exclude
+#   # the carried tree must stay under 64 MiB with the 42 MB kimi.tar: untrack what no call reads (27 → 6 MB)
+#   UNTRACK="models test/goldens test/goldens-smollm2 test/fixtures tools/reference/smollm2/prompts/train_prompts.u16"
+#   git rm -r -q --cached $UNTRACK && printf '/%s\n' $UNTRACK >> .git/info/exclude
 #   run (carry [".gpu/node.xz", ".gpu/runtime.tar.xz"]; 34 MB): bash tools/gpu/cpu-amx.sh setup &&
 #       bash tools/gpu/cpu-amx.sh verify
 #   run (carry [".gpu/stage-kimi/call1"]; 42 MB, within 30 s of the first):
 #       bash tools/gpu/stage.sh take .gpu/stage-kimi/call1 /root/stage && bash tools/gpu/stage.sh join /root/stage &&
 #       bash tools/gpu/cpu-amx.sh spec
 #   run (no carry, within 30 s): bash tools/gpu/cpu-amx.sh moe
-#   git reset -q models   (and remove the /models/ line from .git/info/exclude)
-# (Sizes on 2026-12-05: node.xz 24 MB, runtime.tar.xz 10 MB, kimi.tar 42 MB, the tracked tree without models 27 MB.)
+#   git reset -q $UNTRACK   (and remove those lines from .git/info/exclude)
+# (Sizes on 2026-12-05: node.xz 24 MB, runtime.tar.xz 10 MB, kimi.tar 42 MB, the tracked tree without $UNTRACK 6 MB.
+# A call's tree replaces the last one's there, so moe unpacks the staged models again.)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -55,8 +58,8 @@ setup)
   ;;
 verify)
   export PATH=/root/nbin:$PATH
-  { header "node bench/verify-dense.mjs --model kimi (default activations)"
-    timeout "${VERIFY_TIMEOUT:-240}" taskset -c "$CPUS" node bench/verify-dense.mjs --model kimi \
+  { header "node bench/verify-dense.mjs --model kimi --profile (default activations)"
+    timeout "${VERIFY_TIMEOUT:-240}" taskset -c "$CPUS" node bench/verify-dense.mjs --model kimi --profile \
       --json "$OUT/verify-dense-kimi.json"; } > "$OUT/verify-dense-kimi.txt" 2>&1
   { header "SPECD_KIMI_ACTIVATIONS=f32 node bench/verify-dense.mjs --model kimi"
     SPECD_KIMI_ACTIVATIONS=f32 timeout "${VERIFY_TIMEOUT:-240}" taskset -c "$CPUS" node bench/verify-dense.mjs \
@@ -77,6 +80,7 @@ spec)
   ;;
 moe)
   export PATH=/root/nbin:$PATH
+  if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
   { header "node bench/decode.mjs --quick (kimi-k3-tiny and the MoE synthetic)"
     timeout "${DECODE_TIMEOUT:-540}" taskset -c "$CPUS" node bench/decode.mjs --quick --threads 2; } \
     > "$OUT/decode.txt" 2>&1
