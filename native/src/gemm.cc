@@ -112,25 +112,43 @@ inline float SplitRest(float v, float hi) {
 }
 
 /**
+ * bf16 activation rows: p.x [m, k] f32 -> xb [m][ldxb] (split: hi and lo rows interleaved, lo = bf16(SplitRest)),
+ * F32ToBf16's rounding; the AVX-512 loop gives the same bits as the scalar one.
+ */
+void ToBf16Rows(const Problem& p, bool split, uint16_t* xb, int64_t ldxb) {
+#if defined(SPECD_HAVE_AVX512_BUILD)
+  if (CurrentIsa() == Isa::kAvx512) return gemm::ToBf16RowsAvx512(p, split, xb, ldxb);
+#endif
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int64_t i = 0; i < p.k; ++i) {
+      const float v = p.x[r * p.ldx + i];
+      const uint16_t hi = F32ToBf16(v);
+      xb[(split ? 2 * r : r) * ldxb + i] = hi;
+      if (split) xb[(2 * r + 1) * ldxb + i] = F32ToBf16(SplitRest(v, Bf16ToF32(hi)));
+    }
+}
+
+/**
+ * Padding of a bf16 activation row, in bf16 (one 64-byte line). Without it a row of k = 2048 is exactly
+ * 4 KiB, so the 16 rows of an AMX A tile (8 X rows as hi and lo) share one L1 set and keep evicting each
+ * other and the prefetched weight lines. Never read by a kernel (they stop at Kpad).
+ */
+constexpr int64_t kXbPad = 32;
+
+/**
  * Runs one GEMM with the chosen activation precision (never splits K). The m = 1 GEMV runs the same
  * kernel as any m (AMX: a one-row tile), so row i of a GEMM is the GEMV of row i bit for bit.
  */
 void RunGemm(Problem p, Activations act) {
   if (act == Activations::kF32 || p.m == 0) return RunGemmF32(p);
   const bool split = act == Activations::kBf16x2;
+  const int64_t ldxb = gemm::PanelPairs(p.k) * 2 + kXbPad;
+  // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
+  const int64_t rows_per_x = split ? 2 : 1;
+  std::vector<uint16_t> xb(static_cast<size_t>(p.m * rows_per_x * ldxb), 0);
+  ToBf16Rows(p, split, xb.data(), ldxb);
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512 && AmxAvailable()) {
-    const int64_t ldxb = gemm::PanelPairs(p.k) * 2;
-    // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
-    const int64_t rows_per_x = split ? 2 : 1;
-    std::vector<uint16_t> xb(static_cast<size_t>(p.m * rows_per_x * ldxb), 0);
-    for (int64_t r = 0; r < p.m; ++r)
-      for (int64_t i = 0; i < p.k; ++i) {
-        const float v = p.x[r * p.ldx + i];
-        const uint16_t hi = F32ToBf16(v);
-        xb[r * rows_per_x * ldxb + i] = hi;
-        if (split) xb[(2 * r + 1) * ldxb + i] = F32ToBf16(SplitRest(v, Bf16ToF32(hi)));
-      }
     p.x_bf16 = xb.data();
     p.x_bf16_lo = split ? xb.data() + ldxb : nullptr;
     p.ldxb = ldxb;
@@ -142,12 +160,11 @@ void RunGemm(Problem p, Activations act) {
 #endif
   // No AMX: the fp32 kernels on the rounded X (bf16), or on hi + lo (split bf16, exact in fp32).
   std::vector<float> xr(static_cast<size_t>(p.m * p.k));
-  for (int64_t r = 0; r < p.m; ++r)
-    for (int64_t i = 0; i < p.k; ++i) {
-      const float v = p.x[r * p.ldx + i];
-      const float hi = Bf16ToF32(F32ToBf16(v));
-      xr[r * p.k + i] = split ? hi + Bf16ToF32(F32ToBf16(SplitRest(v, hi))) : hi;
-    }
+  for (int64_t r = 0; r < p.m; ++r) {
+    const uint16_t* hi = xb.data() + r * rows_per_x * ldxb;
+    for (int64_t i = 0; i < p.k; ++i)
+      xr[r * p.k + i] = split ? Bf16ToF32(hi[i]) + Bf16ToF32(hi[ldxb + i]) : Bf16ToF32(hi[i]);
+  }
   p.x = xr.data();
   p.ldx = p.k;
   RunGemmF32(p);

@@ -148,5 +148,42 @@ void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, f
   Panels(p, panel_begin, panel_end, scratch);
 }
 
+namespace {
+
+/** F32ToBf16 (bf16.h) on 16 lanes, the same bits: round to nearest even, NaN -> quiet NaN, sign kept. */
+inline __m256i ToBf16x16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+}  // namespace
+
+void ToBf16RowsAvx512(const Problem& p, bool split, uint16_t* xb, int64_t ldxb) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  for (int64_t r = 0; r < p.m; ++r) {
+    const float* x = p.x + r * p.ldx;
+    uint16_t* hi_row = xb + (split ? 2 * r : r) * ldxb;
+    uint16_t* lo_row = hi_row + ldxb;
+    for (int64_t i = 0; i < p.k; i += 16) {
+      const __mmask16 mask =
+          p.k - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (p.k - i)) - 1u);
+      const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+      const __m256i hi = ToBf16x16(v);
+      _mm256_mask_storeu_epi16(hi_row + i, mask, hi);
+      if (!split) continue;
+      // SplitRest (gemm.cc): v - hi, or 0 where that is not finite
+      const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+      const __mmask16 finite =
+          _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(rest), exponent), exponent);
+      _mm256_mask_storeu_epi16(lo_row + i, mask, ToBf16x16(_mm512_maskz_mov_ps(finite, rest)));
+    }
+  }
+}
+
 }  // namespace gemm
 }  // namespace specd

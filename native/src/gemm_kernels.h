@@ -39,7 +39,10 @@ struct Problem {
   float* y;
   int64_t ldy;
   int64_t m, n, k;
-  /** bf16-activation variant only: X rounded to bf16, [m][ldxb] with zero padding up to Kpad. */
+  /**
+   * bf16-activation variant only: X rounded to bf16, [m][ldxb] with zero padding up to Kpad and beyond
+   * (gemm.cc pads ldxb by one cache line: see kXbPad).
+   */
   const uint16_t* x_bf16 = nullptr;
   int64_t ldxb = 0;
   /**
@@ -86,6 +89,13 @@ void PanelsF32Avx512(const Problem& p, int64_t panel_begin, int64_t panel_end, f
  * still equals the GEMV of row i bit for bit.
  */
 void PanelsBf16Amx(const Problem& p, int64_t panel_begin, int64_t panel_end);
+
+/**
+ * X [m, k] f32 (p.x, p.ldx) -> bf16 rows of xb [m][ldxb] (split: hi row i at 2i·ldxb, lo = bf16(x - hi) at
+ * (2i + 1)·ldxb, 0 where x - hi is not finite), rounded as F32ToBf16 (bf16.h) bit for bit; columns k..ldxb
+ * are left as the caller set them. The AVX-512 version of gemm.cc's scalar loop (gemm_avx512.cc).
+ */
+void ToBf16RowsAvx512(const Problem& p, bool split, uint16_t* xb, int64_t ldxb);
 
 /** Scratch floats a kernel call needs per thread for m rows. */
 static inline int64_t ScratchFloats(int64_t m) { return (m + 8) * 2 * kPanelCols; }

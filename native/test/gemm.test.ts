@@ -158,6 +158,37 @@ describe.each(isaPaths())('gemmBf16 on the %s path', (path) => {
   );
 
   it.each(['bf16', 'bf16x2'] as const)(
+    'with %s activations rounds X as the scalar F32ToBf16 does (ties to even, ties at both parities), bit for bit',
+    (act) => {
+      // W = the identity, so Y = X as the kernel rounded it: hi, or hi + lo for the split (exact in fp32).
+      // k = 37 leaves a 5-lane tail for the 16-lane conversion; no denormals (AMX flushes them).
+      const seed = freshSeed();
+      const next = rng(seed);
+      const [m, k] = [3, 37];
+      const eye = new Uint16Array(k * k);
+      for (let j = 0; j < k; j++) eye[j * k + j] = bf16Bits(1);
+      const w = packBf16Weights(eye, k, k);
+      const bits = new Uint32Array(m * k);
+      for (let i = 0; i < m * k; i++) {
+        const exponent = 100 + Math.floor(next() * 60); // 2^-27 .. 2^33
+        const low = i % 4 === 0 ? 0x8000 : i % 4 === 1 ? 0x7fff : Math.floor(next() * 0x10000);
+        const mantissaHigh = Math.floor(next() * 0x80); // even and odd bf16 mantissas
+        bits[i] = ((i % 3 === 0 ? 1 : 0) << 31) | (exponent << 23) | (mantissaHigh << 16) | low;
+      }
+      const x = new Float32Array(bits.buffer);
+      const want = Float32Array.from(x, (v) => {
+        const hi = bf16Value(bf16Bits(v));
+        return act === 'bf16' ? hi : hi + bf16Value(bf16Bits(Math.fround(v - hi)));
+      });
+      withIsa(path, () => {
+        const y = gemm(x, m, w, act);
+        const diff = firstBitDifference(y, want);
+        expect(diff, `seed ${seed}: element ${diff}: x ${x[diff]} gave ${y[diff]}, want ${want[diff]}`).toBe(-1);
+      });
+    },
+  );
+
+  it.each(['bf16', 'bf16x2'] as const)(
     'with %s activations row i of every GEMM (m = 1..33) is the GEMV of row i bit for bit, on 1 and 2 threads',
     (act) => {
       const seed = freshSeed();
