@@ -5,10 +5,11 @@
 // steps; this one times from each request's first token to its last, and times the target's forwards inside that.
 //
 //   node bench/spec-steps.mjs [--drafter eagle3] [--ks 1,2,3] [--prompts 8] [--tokens 128] [--reps 2] [--no-cost]
-//                             [--budget-all]
+//                             [--budget-all] [--target smollm2|kimi]
 //
 // Prompts: the first N/2 of tools/reference/smollm2/prompts/chat.jsonl and of plain.jsonl (their prompt_token_ids),
-// `--tokens` new tokens, EOS ignored. Drafter: models/smollm2-135m-instruct-<drafter>. Printed, per engine:
+// `--tokens` new tokens, EOS ignored. Drafter: models/smollm2-135m-instruct-<drafter>. `--target kimi`: models/
+// kimi-k3-tiny with models/kimi-k3-tiny-<drafter>, prompts from test/prompts/{prose,code}.jsonl. Printed, per engine:
 //   - speed-up = plain ms per token ÷ the engine's ms per token (decode only);
 //   - committed tokens per verify step; per step, ms: propose (draft-context writes + propose), verify (the verify
 //     call, its target forward inside it), accept + commit, the rest of the loop; the step in plain steps;
@@ -34,9 +35,12 @@ const NEW = Number(arg('tokens', '128'));
 const REPS = Number(arg('reps', '2'));
 const COST = !argv.includes('--no-cost');
 
-const target = await loadTarget(path.join(ROOT, 'models/smollm2-135m-instruct'), BUILTIN_PLUGIN_PACKAGES);
+const TARGET = arg('target', 'smollm2');
+if (TARGET !== 'smollm2' && TARGET !== 'kimi') throw new Error(`spec-steps: --target ${TARGET}: smollm2 or kimi`);
+const TARGET_DIR = TARGET === 'kimi' ? 'kimi-k3-tiny' : 'smollm2-135m-instruct';
+const target = await loadTarget(path.join(ROOT, 'models', TARGET_DIR), BUILTIN_PLUGIN_PACKAGES);
 const { drafter } = await loadDrafter(
-  path.join(ROOT, `models/smollm2-135m-instruct-${DRAFTER}`),
+  path.join(ROOT, `models/${TARGET_DIR}-${DRAFTER}`),
   BUILTIN_PLUGIN_PACKAGES,
   target,
   4096,
@@ -56,13 +60,15 @@ target.model.forward = (...args) => {
   }
 };
 
+const [PROMPT_DIR, FIRST, SECOND] =
+  TARGET === 'kimi' ? ['test/prompts', 'prose', 'code'] : ['tools/reference/smollm2/prompts', 'chat', 'plain'];
 const read = (name) =>
   fs
-    .readFileSync(path.join(ROOT, 'tools/reference/smollm2/prompts', `${name}.jsonl`), 'utf8')
+    .readFileSync(path.join(ROOT, PROMPT_DIR, `${name}.jsonl`), 'utf8')
     .trim()
     .split('\n')
     .map((l) => JSON.parse(l));
-const prompts = [...read('chat').slice(0, Math.ceil(N / 2)), ...read('plain').slice(0, Math.floor(N / 2))];
+const prompts = [...read(FIRST).slice(0, Math.ceil(N / 2)), ...read(SECOND).slice(0, Math.floor(N / 2))];
 
 const opts = { maxSequences: 1, maxTokensPerSequence: 4096 };
 const engines = new Map([['plain', new SpecEngine(target.model, undefined, opts)]]);
@@ -128,7 +134,7 @@ for (let rep = 0; rep < REPS; rep++)
 
 const info = isa();
 console.log(
-  `spec-steps — SmolLM2-135M-Instruct + ${DRAFTER}; ${prompts.length} prompts × ${NEW} tokens, ${REPS} reps, ` +
+  `spec-steps — ${TARGET === 'kimi' ? 'kimi-k3-tiny' : 'SmolLM2-135M-Instruct'} + ${DRAFTER}; ${prompts.length} prompts × ${NEW} tokens, ${REPS} reps, ` +
     `greedy, one sequence; isa ${info.isa}, threads ${info.threads}`,
 );
 const plain = acc.get('plain');
