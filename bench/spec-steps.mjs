@@ -134,8 +134,9 @@ for (let rep = 0; rep < REPS; rep++)
 
 const info = isa();
 console.log(
-  `spec-steps — ${TARGET === 'kimi' ? 'kimi-k3-tiny' : 'SmolLM2-135M-Instruct'} + ${DRAFTER}; ${prompts.length} prompts × ${NEW} tokens, ${REPS} reps, ` +
-    `greedy, one sequence; isa ${info.isa}, threads ${info.threads}`,
+  `spec-steps — ${TARGET === 'kimi' ? 'kimi-k3-tiny' : 'SmolLM2-135M-Instruct'} + ${DRAFTER}; ` +
+    `${prompts.length} prompts × ${NEW} tokens, ${REPS} reps, greedy, one sequence; isa ${info.isa}, ` +
+    `threads ${info.threads}`,
 );
 const plain = acc.get('plain');
 const plainMs = plain.wall / plain.tokens;
