@@ -73,7 +73,7 @@ import {
   loadTarget,
 } from '@specd/core';
 import { loadKimiStage } from '@specd/model-kimi-k3';
-import { isa, setNumThreads } from '@specd/native';
+import { gemmBf16, isa, setNumThreads } from '@specd/native';
 
 import { ggufTensorBytes, writeGguf } from './gguf-write.mjs';
 import { denseSyntheticConfig, kimiWeightBytes, writeSyntheticKimi } from './synthetic-kimi.mjs';
@@ -664,6 +664,33 @@ async function profilePass(reps) {
     `| **whole forward (profiled)** | ${out.step.wall.toFixed(2)} | ${out.verify.wall.toFixed(2)} | ` +
       `${(out.verify.wall / out.step.wall).toFixed(2)} | |`,
   );
+  // The GEMMs of one forward of each kind again, back to back with the same arguments (the weights streamed from
+  // DRAM either way: the forward's matrices are ~1.2 GB): a kernel alone against the same kernel inside the forward.
+  const captured = { 1: [], [ROWS]: [] };
+  nativeTiming.classify = (name, args) => {
+    if (name === 'gemmBf16') captured[args[1]]?.push(args);
+    return name;
+  };
+  for (const m of [1, ROWS]) {
+    nativeTiming.enabled = true;
+    timed(m, 0);
+    nativeTiming.enabled = false;
+  }
+  const inForward = (m) => [...out[m === 1 ? 'step' : 'verify'].families].filter(([f]) => f.startsWith('gemmBf16'));
+  for (const m of [1, ROWS]) {
+    const calls = captured[m].filter((a) => a[1] === m);
+    const alone = [];
+    for (let r = 0; r < 3; r++) {
+      const t0 = performance.now();
+      for (const a of calls) gemmBf16(...a);
+      alone.push(performance.now() - t0);
+    }
+    const fwd = inForward(m).reduce((acc, [, v]) => acc + v.ms, 0);
+    console.log(
+      `the ${calls.length} GEMMs of a ${m}-row forward: ${fwd.toFixed(2)} ms inside the forward, ` +
+        `${median(alone).toFixed(2)} ms replayed back to back (median of 3)`,
+    );
+  }
   return out;
 }
 
