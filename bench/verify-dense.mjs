@@ -10,7 +10,8 @@
 //
 // `--profile`: after the timed reps, one more pass with every native call timed (bench/native-timing.mjs; the bench
 // re-runs itself under bench/native-timing-register.mjs): ms per forward of the 1-token step and the 16-token verify
-// by kernel and GEMM shape (n × k, with its weight GB/s), and the JavaScript left over.
+// by kernel and GEMM shape (n × k, with its weight GB/s), and the JavaScript left over; then each forward's GEMMs
+// replayed back to back with the same arguments (the kernels alone against the same calls inside the forward).
 //
 // `--model kimi`: a dense Kimi-K3 checkpoint instead (bench/synthetic-kimi.mjs denseSyntheticConfig: bench:decode's
 // large synthetic config with the dense SwiGLU MLP in every layer, random bf16 weights, 1,218 MB read per token),

@@ -130,8 +130,9 @@ void ToBf16Rows(const Problem& p, bool split, uint16_t* xb, int64_t ldxb) {
 
 /**
  * Padding of a bf16 activation row, in bf16 (one 64-byte line). Without it a row of k = 2048 is exactly
- * 4 KiB, so the 16 rows of an AMX A tile (8 X rows as hi and lo) share one L1 set and keep evicting each
- * other and the prefetched weight lines. Never read by a kernel (they stop at Kpad).
+ * 4 KiB, so the 16 rows of an AMX A tile (8 X rows as hi and lo) share one L1 set. Measured on AMX (docs/
+ * BENCHMARKS.md, "the split-bf16 GEMM at 16 rows"): 7-16 % less time at 16 rows, none at one. Never read by a
+ * kernel (they stop at Kpad).
  */
 constexpr int64_t kXbPad = 32;
 
