@@ -27,6 +27,7 @@
 //
 // Layout, reduction order and batch invariance: gemm_kernels.h.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -146,12 +147,21 @@ void RunGemm(Problem p, Activations act) {
   const int64_t ldxb = gemm::PanelPairs(p.k) * 2 + kXbPad;
   // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
   const int64_t rows_per_x = split ? 2 : 1;
-  std::vector<uint16_t> xb(static_cast<size_t>(p.m * rows_per_x * ldxb), 0);
-  ToBf16Rows(p, split, xb.data(), ldxb);
+  // In a buffer this thread keeps: a fresh one of 133 KB (16 split rows at k = 2048) is mmapped and page-faulted
+  // on every call. The rows' K padding [k, Kpad) is zeroed each call (the tiles read it); kXbPad is never read.
+  thread_local std::vector<uint16_t> kept;
+  const size_t xb_size = static_cast<size_t>(p.m * rows_per_x * ldxb);
+  if (kept.size() < xb_size) kept.resize(xb_size);
+  uint16_t* const xb = kept.data();
+  const int64_t kpad = gemm::PanelPairs(p.k) * 2;
+  if (kpad > p.k)
+    for (int64_t row = 0; row < p.m * rows_per_x; ++row)
+      std::memset(xb + row * ldxb + p.k, 0, static_cast<size_t>(kpad - p.k) * sizeof(uint16_t));
+  ToBf16Rows(p, split, xb, ldxb);
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512 && AmxAvailable()) {
-    p.x_bf16 = xb.data();
-    p.x_bf16_lo = split ? xb.data() + ldxb : nullptr;
+    p.x_bf16 = xb;
+    p.x_bf16_lo = split ? xb + ldxb : nullptr;
     p.ldxb = ldxb;
     ParallelFor(
         gemm::Panels(p.n), [&](int64_t begin, int64_t end) { gemm::PanelsBf16Amx(p, begin, end); },
@@ -162,7 +172,7 @@ void RunGemm(Problem p, Activations act) {
   // No AMX: the fp32 kernels on the rounded X (bf16), or on hi + lo (split bf16, exact in fp32).
   std::vector<float> xr(static_cast<size_t>(p.m * p.k));
   for (int64_t r = 0; r < p.m; ++r) {
-    const uint16_t* hi = xb.data() + r * rows_per_x * ldxb;
+    const uint16_t* hi = xb + r * rows_per_x * ldxb;
     for (int64_t i = 0; i < p.k; ++i)
       xr[r * p.k + i] = split ? Bf16ToF32(hi[i]) + Bf16ToF32(hi[ldxb + i]) : Bf16ToF32(hi[i]);
   }
