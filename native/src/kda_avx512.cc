@@ -93,6 +93,10 @@ void StepsAvx512(const Steps& s) {
 }
 
 void ExpAvx512(const float* x, float* y, int64_t n) { ExpArray(x, y, n); }
+void GatedScaleAvx512(const float* x, const float* w, const float* g, float inv, bool silu, float* y, int64_t n) {
+  GatedScaleArray(x, w, g, inv, silu, y, n);
+}
+void GateRowAvx512(const float* f, const float* dt, float a, float* g, int64_t n) { GateRowArray(f, dt, a, g, n); }
 
 namespace {
 

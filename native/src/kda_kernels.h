@@ -66,6 +66,14 @@ void StepsAvx512(const Steps& s);
 void ExpAvx512(const float* x, float* y, int64_t n);
 
 /**
+ * kda_math.h's GatedScaleArray (gated RMSNorm) and GateRowArray (kdaGate) compiled for AVX-512
+ * (16 lanes; the portable callers run the same loops at 4). The same operations per element, no contraction: the
+ * same bits as the portable loops.
+ */
+void GatedScaleAvx512(const float* x, const float* w, const float* g, float inv, bool silu, float* y, int64_t n);
+void GateRowAvx512(const float* f, const float* dt, float a, float* g, int64_t n);
+
+/**
  * Causal depthwise conv (kernel 4) of one token for channels [ch0, ch0 + n) without the SiLU:
  * y[c] = ((w0*s0 + w1*s1) + w2*s2) + w3*x (products and sums rounded separately, no FMA, so both
  * paths give the same bits), then the channel's state [s0, s1, s2] becomes [s1, s2, x].

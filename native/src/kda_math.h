@@ -76,5 +76,23 @@ SPECD_KDA_VECTORIZABLE static inline void SiluInPlace(float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] / (1.0f + Exp(-y[i]));
 }
 
+/**
+ * Gated RMSNorm's scaling of one row (norm.cc): y[i] = ((x[i] · inv) · w[i]) · act(g[i]), act = sigmoid
+ * (1 / (1 + Exp(-g))) or, with `silu`, g / (1 + Exp(-g)). Elementwise, so y may alias x or g.
+ */
+SPECD_KDA_VECTORIZABLE static inline void GatedScaleArray(const float* x, const float* w, const float* g, float inv,
+                                                          bool silu, float* y, int64_t n) {
+  if (silu) {
+    for (int64_t i = 0; i < n; ++i) y[i] = ((x[i] * inv) * w[i]) * (g[i] / (1.0f + Exp(-g[i])));
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = ((x[i] * inv) * w[i]) * (1.0f / (1.0f + Exp(-g[i])));
+  }
+}
+
+/** g[i] = a · Softplus(f[i] + dt[i]): KDA's forget gate of one head (kdaGate, kda.cc). */
+SPECD_KDA_VECTORIZABLE static inline void GateRowArray(const float* f, const float* dt, float a, float* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = a * Softplus(f[i] + dt[i]);
+}
+
 }  // namespace kda
 }  // namespace specd
