@@ -198,31 +198,43 @@ void RunMoePass(const MoeProblem& p) {
     for (int64_t r = 0; r < n * k; ++r) row_of[r] = next[static_cast<size_t>(p.ids[r])]++;
   }
   const int64_t rows = n * k;
-  std::vector<float> xg(static_cast<size_t>(rows * D));
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(xg.data() + row_of[r] * D, p.x + (r / k) * D, static_cast<size_t>(D) * sizeof(float));
   const bool shared = p.shared_w13 != nullptr;
   const int64_t Is = p.shared_inter;
-  std::vector<float> h13(static_cast<size_t>(rows * 2 * I)), act(static_cast<size_t>(rows * I)),
-      y(static_cast<size_t>(rows * D));
-  std::vector<float> sh13, sact, sy;
-  if (shared) {
-    sh13.resize(static_cast<size_t>(n * 2 * Is));
-    sact.resize(static_cast<size_t>(n * Is));
-    sy.resize(static_cast<size_t>(n * D));
-  }
+  // Activations in buffers this thread keeps (each is written in full before it is read): fresh ones, ~1 MB each
+  // for a 16-token verify at hidden 2048, were mmapped and page-faulted on every call. A buffer over 16 MiB (a long
+  // prefill chunk) is this call's own instead, so a thread never keeps more than 7 × 16 MiB.
+  constexpr int64_t kKeptFloats = INT64_C(4) << 20;
+  struct Buffers {
+    std::vector<float> xg, h13, act, y, sh13, sact, sy;
+  };
+  thread_local Buffers kept;
+  Buffers own;
+  const auto fit = [](std::vector<float>& keep, std::vector<float>& mine, int64_t len) {
+    std::vector<float>& v = len > kKeptFloats ? mine : keep;
+    if (v.size() < static_cast<size_t>(len)) v.resize(static_cast<size_t>(len));
+    return v.data();
+  };
+  float* const xg = fit(kept.xg, own.xg, rows * D);
+  float* const h13 = fit(kept.h13, own.h13, rows * 2 * I);
+  float* const act = fit(kept.act, own.act, rows * I);
+  float* const y = fit(kept.y, own.y, rows * D);
+  float* const sh13 = shared ? fit(kept.sh13, own.sh13, n * 2 * Is) : nullptr;
+  float* const sact = shared ? fit(kept.sact, own.sact, n * Is) : nullptr;
+  float* const sy = shared ? fit(kept.sy, own.sy, n * D) : nullptr;
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(xg + row_of[r] * D, p.x + (r / k) * D, static_cast<size_t>(D) * sizeof(float));
   // Phase 1: [m_e, 2I] = X_e . W13_e^T for every used expert (+ shared).
   std::vector<GemmJob> jobs;
   int64_t panel = 0;
   for (int64_t e = 0; e < p.e_count; ++e) {
     const int64_t m = count[e + 1] - count[e];
     if (m == 0) continue;
-    gemm::Problem q{xg.data() + count[e] * D, D, p.w13[e], h13.data() + count[e] * 2 * I, 2 * I, m, 2 * I, D};
+    gemm::Problem q{xg + count[e] * D, D, p.w13[e], h13 + count[e] * 2 * I, 2 * I, m, 2 * I, D};
     jobs.push_back(GemmJob{q, panel});
     panel += gemm::Panels(2 * I);
   }
   if (shared) {
-    jobs.push_back(GemmJob{gemm::Problem{p.x, D, p.shared_w13, sh13.data(), 2 * Is, n, 2 * Is, D}, panel});
+    jobs.push_back(GemmJob{gemm::Problem{p.x, D, p.shared_w13, sh13, 2 * Is, n, 2 * Is, D}, panel});
   }
   RunJobs(jobs);
   // SwiGLU: silu(gate) * up, gate = columns [0, I), up = [I, 2I).
@@ -232,8 +244,8 @@ void RunMoePass(const MoeProblem& p) {
         for (int64_t r = begin; r < end; ++r) {
           const bool sh = r >= rows;
           const int64_t ii = sh ? Is : I;
-          const float* hr = sh ? sh13.data() + (r - rows) * 2 * Is : h13.data() + r * 2 * I;
-          float* ar = sh ? sact.data() + (r - rows) * Is : act.data() + r * I;
+          const float* hr = sh ? sh13 + (r - rows) * 2 * Is : h13 + r * 2 * I;
+          float* ar = sh ? sact + (r - rows) * Is : act + r * I;
           for (int64_t c = 0; c < ii; ++c) ar[c] = Silu(hr[c]) * hr[ii + c];
         }
       },
@@ -244,11 +256,11 @@ void RunMoePass(const MoeProblem& p) {
   for (int64_t e = 0; e < p.e_count; ++e) {
     const int64_t m = count[e + 1] - count[e];
     if (m == 0) continue;
-    gemm::Problem q{act.data() + count[e] * I, I, p.w2[e], y.data() + count[e] * D, D, m, D, I};
+    gemm::Problem q{act + count[e] * I, I, p.w2[e], y + count[e] * D, D, m, D, I};
     jobs.push_back(GemmJob{q, panel});
     panel += gemm::Panels(D);
   }
-  if (shared) jobs.push_back(GemmJob{gemm::Problem{sact.data(), Is, p.shared_w2, sy.data(), D, n, D, Is}, panel});
+  if (shared) jobs.push_back(GemmJob{gemm::Problem{sact, Is, p.shared_w2, sy, D, n, D, Is}, panel});
   RunJobs(jobs);
   // Combine per token: ascending (expert, slot), then the shared expert.
   ParallelFor(
@@ -265,11 +277,11 @@ void RunMoePass(const MoeProblem& p) {
           for (int64_t c = 0; c < D; ++c) ot[c] = 0.0f;
           for (int64_t j : order) {
             const float w = p.weights[t * k + j];
-            const float* yr = y.data() + row_of[t * k + j] * D;
+            const float* yr = y + row_of[t * k + j] * D;
             for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + w * yr[c];
           }
           if (shared) {
-            const float* sr = sy.data() + t * D;
+            const float* sr = sy + t * D;
             for (int64_t c = 0; c < D; ++c) ot[c] = ot[c] + sr[c];
           }
         }
