@@ -25,6 +25,22 @@ class KernelError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/** Largest scratch buffer a thread keeps between calls (KeptScratch), in bytes. */
+constexpr int64_t kKeptScratchBytes = INT64_C(16) << 20;
+
+/**
+ * Scratch of n elements for one call: `kept` (declare it thread_local; grown, never shrunk) up to kKeptScratchBytes,
+ * else `own` (the caller's local vector, freed with the call). Contents unspecified: the caller writes before it
+ * reads. Why: a fresh vector of 128 KiB or more is an mmap whose pages fault on every call; in a 16-token verify
+ * that cost more than the kernels themselves (docs/BENCHMARKS.md, "A 16-token verify outside the GEMMs").
+ */
+template <typename T>
+T* KeptScratch(std::vector<T>& kept, std::vector<T>& own, int64_t n) {
+  std::vector<T>& v = n * static_cast<int64_t>(sizeof(T)) > kKeptScratchBytes ? own : kept;
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
 /** Builds a JS error object carrying `code`. `kind` selects Error/TypeError/RangeError. */
 enum class ErrorKind { kError, kTypeError, kRangeError };
 Napi::Error MakeError(Napi::Env env, ErrorKind kind, const std::string& code, const std::string& message);

@@ -147,12 +147,11 @@ void RunGemm(Problem p, Activations act) {
   const int64_t ldxb = gemm::PanelPairs(p.k) * 2 + kXbPad;
   // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
   const int64_t rows_per_x = split ? 2 : 1;
-  // In a buffer this thread keeps: a fresh one of 133 KB (16 split rows at k = 2048) is mmapped and page-faulted
-  // on every call. The rows' K padding [k, Kpad) is zeroed each call (the tiles read it); kXbPad is never read.
+  // Kept scratch (common.h; 133 KB for 16 split rows at k = 2048). The rows' K padding [k, Kpad) is zeroed each call
+  // (the tiles read it); kXbPad is never read.
   thread_local std::vector<uint16_t> kept;
-  const size_t xb_size = static_cast<size_t>(p.m * rows_per_x * ldxb);
-  if (kept.size() < xb_size) kept.resize(xb_size);
-  uint16_t* const xb = kept.data();
+  std::vector<uint16_t> own;
+  uint16_t* const xb = KeptScratch(kept, own, p.m * rows_per_x * ldxb);
   const int64_t kpad = gemm::PanelPairs(p.k) * 2;
   if (kpad > p.k)
     for (int64_t row = 0; row < p.m * rows_per_x; ++row)

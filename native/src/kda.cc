@@ -413,7 +413,7 @@ Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
  *   g[t][h*d+i] = negA[h] * softplus(f[t][h*d+i] + dtBias[h*d+i])   (kda::Softplus: torch's threshold 20)
  *   beta[t][h]  = 1 / (1 + exp(-b[bOffset + t*bStride + h]))
  * in fp32 with the vectorisable kda::Exp (kda_math.h; ~3 ulp against the double formula the TypeScript
- * kernels keep). kda::GateRowArray, compiled at the baseline ISA and for AVX-512 (GateRowAvx512, 16 lanes, 2x
+ * kernels keep). kda::GateRowArray, compiled at the baseline ISA and for AVX-512 (GateRowAvx512, 16 lanes, 5x
  * faster at 16 tokens): the same operations, so the same bits on both; elementwise, so a token's gates never depend
  * on the batch, the thread count or the path.
  */

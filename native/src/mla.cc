@@ -59,13 +59,12 @@ void RunMla(const MlaProblem& p) {
   if (CurrentIsa() == Isa::kAvx512) mat = attn::RowsTimesMatrixAvx512;
 #endif
   const int64_t blocks = (T + kTokenBlock - 1) / kTokenBlock;
-  // Scratch this thread keeps between calls: every element is written before it is read (A writes q_ext, B o_lat),
-  // and fresh zero-filled vectors cost a 16-token verify more than the three phases together (page faults).
-  thread_local std::vector<float> qext, olat;
-  if (qext.size() < static_cast<size_t>(T * H * ed)) qext.resize(static_cast<size_t>(T * H * ed));
-  if (olat.size() < static_cast<size_t>(T * H * r)) olat.resize(static_cast<size_t>(T * H * r));
-  float* pqe = qext.data();
-  float* pol = olat.data();
+  // Kept scratch (common.h): every element is written before it is read (A writes q_ext, B o_lat); fresh vectors
+  // cost a 16-token verify more than the three phases together.
+  thread_local std::vector<float> kept_qext, kept_olat;
+  std::vector<float> own_qext, own_olat;
+  float* pqe = KeptScratch(kept_qext, own_qext, T * H * ed);
+  float* pol = KeptScratch(kept_olat, own_olat, T * H * r);
   const int64_t block_rows = std::min(kTokenBlock, T);  // ParallelFor work per item: a block's GEMV rows
   // A. absorption: q_ext[t][h] = [W_UK[h]ᵀ q_nope[t][h] | q_pe[t][h]].
   ParallelFor(

@@ -200,27 +200,20 @@ void RunMoePass(const MoeProblem& p) {
   const int64_t rows = n * k;
   const bool shared = p.shared_w13 != nullptr;
   const int64_t Is = p.shared_inter;
-  // Activations in buffers this thread keeps (each is written in full before it is read): fresh ones, ~1 MB each
-  // for a 16-token verify at hidden 2048, were mmapped and page-faulted on every call. A buffer over 16 MiB (a long
-  // prefill chunk) is this call's own instead, so a thread never keeps more than 7 × 16 MiB.
-  constexpr int64_t kKeptFloats = INT64_C(4) << 20;
+  // Activations in kept scratch (common.h; each is written in full before it is read): ~1 MB each for a 16-token
+  // verify at hidden 2048.
   struct Buffers {
     std::vector<float> xg, h13, act, y, sh13, sact, sy;
   };
   thread_local Buffers kept;
   Buffers own;
-  const auto fit = [](std::vector<float>& keep, std::vector<float>& mine, int64_t len) {
-    std::vector<float>& v = len > kKeptFloats ? mine : keep;
-    if (v.size() < static_cast<size_t>(len)) v.resize(static_cast<size_t>(len));
-    return v.data();
-  };
-  float* const xg = fit(kept.xg, own.xg, rows * D);
-  float* const h13 = fit(kept.h13, own.h13, rows * 2 * I);
-  float* const act = fit(kept.act, own.act, rows * I);
-  float* const y = fit(kept.y, own.y, rows * D);
-  float* const sh13 = shared ? fit(kept.sh13, own.sh13, n * 2 * Is) : nullptr;
-  float* const sact = shared ? fit(kept.sact, own.sact, n * Is) : nullptr;
-  float* const sy = shared ? fit(kept.sy, own.sy, n * D) : nullptr;
+  float* const xg = KeptScratch(kept.xg, own.xg, rows * D);
+  float* const h13 = KeptScratch(kept.h13, own.h13, rows * 2 * I);
+  float* const act = KeptScratch(kept.act, own.act, rows * I);
+  float* const y = KeptScratch(kept.y, own.y, rows * D);
+  float* const sh13 = shared ? KeptScratch(kept.sh13, own.sh13, n * 2 * Is) : nullptr;
+  float* const sact = shared ? KeptScratch(kept.sact, own.sact, n * Is) : nullptr;
+  float* const sy = shared ? KeptScratch(kept.sy, own.sy, n * D) : nullptr;
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(xg + row_of[r] * D, p.x + (r / k) * D, static_cast<size_t>(D) * sizeof(float));
   // Phase 1: [m_e, 2I] = X_e . W13_e^T for every used expert (+ shared).
