@@ -144,21 +144,22 @@ constexpr int64_t kXbPad = 32;
 void RunGemm(Problem p, Activations act) {
   if (act == Activations::kF32 || p.m == 0) return RunGemmF32(p);
   const bool split = act == Activations::kBf16x2;
-  const int64_t ldxb = gemm::PanelPairs(p.k) * 2 + kXbPad;
+  const int64_t kpad = gemm::PanelPairs(p.k) * 2;  // K as the tiles read it
+  const int64_t ldxb = kpad + kXbPad;
   // bf16: [m][ldxb] rows of hi. Split bf16: hi and lo rows interleaved, [m][2][ldxb] (gemm_kernels.h).
   const int64_t rows_per_x = split ? 2 : 1;
-  // Kept scratch (common.h; 133 KB for 16 split rows at k = 2048). The rows' K padding [k, Kpad) is zeroed each call
-  // (the tiles read it); kXbPad is never read.
+  // Kept scratch (common.h; 133 KB for 16 split rows at k = 2048).
   thread_local std::vector<uint16_t> kept;
   std::vector<uint16_t> own;
   uint16_t* const xb = KeptScratch(kept, own, p.m * rows_per_x * ldxb);
-  const int64_t kpad = gemm::PanelPairs(p.k) * 2;
-  if (kpad > p.k)
-    for (int64_t row = 0; row < p.m * rows_per_x; ++row)
-      std::memset(xb + row * ldxb + p.k, 0, static_cast<size_t>(kpad - p.k) * sizeof(uint16_t));
   ToBf16Rows(p, split, xb, ldxb);
 #if defined(SPECD_HAVE_AVX512_BUILD)
   if (CurrentIsa() == Isa::kAvx512 && AmxAvailable()) {
+    // The tiles read the rows' K padding [k, Kpad): zeroed every call (the kept buffer holds older rows there);
+    // kXbPad is never read.
+    if (kpad > p.k)
+      for (int64_t row = 0; row < p.m * rows_per_x; ++row)
+        std::memset(xb + row * ldxb + p.k, 0, static_cast<size_t>(kpad - p.k) * sizeof(uint16_t));
     p.x_bf16 = xb;
     p.x_bf16_lo = split ? xb + ldxb : nullptr;
     p.ldxb = ldxb;

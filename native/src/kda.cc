@@ -288,21 +288,18 @@ void RunKda(KdaProblem& p) {
       [&](int64_t begin, int64_t end) {
         const int64_t floats =
             p.mode == Mode::kRecurrent ? RecurrentScratchFloats(p.dim) : ChunkScratchFloats(p.chunk, p.dim);
-        // Per-thread scratch kept across calls (pool threads are persistent): a fresh allocation of
-        // this size is an mmap + page faults on every call, which dominated single-token decode.
-        // Unusually large requests (> 4 MiB: huge chunk or headDim) get a buffer of their own instead.
-        constexpr int64_t kKeptFloats = INT64_C(1) << 20;
+        // Kept scratch (common.h; pool threads are persistent): a fresh allocation of this size is an
+        // mmap + page faults on every call, which dominated single-token decode.
         thread_local std::vector<float> kept;
         std::vector<float> own;
-        std::vector<float>& scratch = floats > kKeptFloats ? own : kept;
-        if (scratch.size() < static_cast<size_t>(floats)) scratch.resize(static_cast<size_t>(floats));
+        float* const scratch = KeptScratch(kept, own, floats);
         for (int64_t item = begin; item < end; ++item) {
           const int64_t b = item / p.heads, h = item % p.heads;
           if (p.seq_lens[b] == 0) continue;
           if (p.mode == Mode::kRecurrent) {
-            RecurrentItem(p, b, h, steps, scratch.data());
+            RecurrentItem(p, b, h, steps, scratch);
           } else {
-            ChunkedItem(p, b, h, chunk_fn, scratch.data());
+            ChunkedItem(p, b, h, chunk_fn, scratch);
           }
         }
       },

@@ -192,20 +192,18 @@ void RunGemmI8(const Problem& p, bool wide) {
   // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
   const bool amx = vnni && !wide && AmxInt8Available() && p.m >= g_amx_min_rows && g_int8_amx;
   const int64_t blocks = p.k / quant::kBlock;
-  // The quantized activations, in buffers this thread keeps between calls (the quantization writes every element;
-  // fresh zero-filled vectors cost a 512-row prefill chunk ~0.6 MB of memset per GEMM).
+  // The quantized activations in kept scratch (common.h; the quantization writes every element; fresh zero-filled
+  // vectors cost a 512-row prefill chunk ~0.6 MB of memset per GEMM).
   struct ActBuffers {
     std::vector<int8_t> q, lo;
     std::vector<float> d, s;
     std::vector<int32_t> sum;
   };
-  thread_local ActBuffers buf;
-  const auto fit = [](auto& v, int64_t n) {
-    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
-    return v.data();
-  };
-  const quant::ActsI8 acts{fit(buf.q, p.m * p.k), fit(buf.d, p.m * blocks), fit(buf.s, p.m * blocks),
-                           fit(buf.sum, p.m * blocks), wide ? fit(buf.lo, p.m * p.k) : nullptr};
+  thread_local ActBuffers kept;
+  ActBuffers own;
+  const quant::ActsI8 acts{KeptScratch(kept.q, own.q, p.m * p.k), KeptScratch(kept.d, own.d, p.m * blocks),
+                           KeptScratch(kept.s, own.s, p.m * blocks), KeptScratch(kept.sum, own.sum, p.m * blocks),
+                           wide ? KeptScratch(kept.lo, own.lo, p.m * p.k) : nullptr};
   ParallelFor(
       p.m,
       [&](int64_t begin, int64_t end) {
