@@ -24,8 +24,7 @@
 
 import {
   DrafterError,
-  f16ToF32,
-  f32ToF16,
+  quantizeQ8_0,
   sampleFromProbs,
   samplingProbs,
   type DraftSampling,
@@ -132,30 +131,6 @@ export function draftHeadActivations(): GemmActivations {
 export function draftHeadFormat(): 'bf16' | 'q8_0' {
   const i = isa();
   return i.isa === 'avx512' && !i.amxAvailable ? 'q8_0' : 'bf16';
-}
-
-/**
- * Rows `w [n, k]` f32 (k a multiple of 32) as raw GGUF Q8_0 blocks (per block of 32, d = f16(max|w| / 127) as in
- * ggml's `quantize_row_q8_0`, then q = clamp(round(w / d), ±127) with the f16-rounded d and JavaScript's rounding —
- * ggml multiplies by 1/d and rounds halves away from zero, so a tie can differ by one quant: drafts only), for
- * `quantizedWeights(…, 'q8_0', n, k)`. Rows that were Q8_0 weights d·q (a Q8_0 lm_head's) come back as the same d
- * and q whenever their block holds a ±127 quant.
- */
-export function quantizeQ8_0(w: Float32Array, n: number, k: number): Uint8Array {
-  const blocks = (n * k) / 32;
-  const out = new Uint8Array(blocks * 34);
-  const view = new DataView(out.buffer);
-  const q = new Int8Array(out.buffer);
-  for (let b = 0; b < blocks; b++) {
-    let amax = 0;
-    for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(w[b * 32 + j]!));
-    const h = f32ToF16(amax / 127);
-    const d = f16ToF32(h);
-    view.setUint16(b * 34, h, true);
-    for (let j = 0; j < 32; j++)
-      q[b * 34 + 2 + j] = d === 0 ? 0 : Math.max(-127, Math.min(127, Math.round(w[b * 32 + j]! / d)));
-  }
-  return out;
 }
 
 /** The target's lmHead, bound. @throws {DrafterError} when the target stage has none (not the last stage). */

@@ -49,7 +49,6 @@ export {
   draftHeadFormat,
   draftsFromLogits,
   gatherLmHeadRows,
-  quantizeQ8_0,
   readDraftVocabIds,
   type HeadDrafts,
 } from './draft-head.js';

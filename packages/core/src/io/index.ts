@@ -75,4 +75,5 @@ export {
 export { parseGguf } from './gguf-format.js';
 export { GGUF_MAX_IN_MEMORY_BYTES, GgufFile } from './gguf.js';
 export { bf16ToF32, dequantize, dequantizeRow, f16ToF32, f32ToF16, type GgufTensorView } from './gguf-dequant.js';
+export { quantizeQ8_0 } from './gguf-quant.js';
 export { GGUF_TOKEN_TYPE, PRE_TOKENIZERS, ggufTokenizerSources, tokenizerFromGguf } from './gguf-tokenizer.js';

@@ -20,8 +20,11 @@ export type BlockLinear =
   | PackedBf16Weights
   | { readonly n: number; apply(x: Float32Array, rows: number, out?: Float32Array): Float32Array };
 
-/** `x [rows, k]` · Wᵀ → `[rows, n]` f32, into `out` when given. */
-function project(w: BlockLinear, x: Float32Array, rows: number, out?: Float32Array): Float32Array {
+/**
+ * `x [rows, k]` f32 · Wᵀ → `[rows, n]` f32, into `out` when given: `w.apply`, or `gemmBf16` for packed bf16 weights.
+ * @throws what the linear map or `gemmBf16` throws (a SpecdArgumentError on a wrong length).
+ */
+export function applyBlockLinear(w: BlockLinear, x: Float32Array, rows: number, out?: Float32Array): Float32Array {
   return 'apply' in w ? w.apply(x, rows, out) : gemmBf16(x, rows, w, out);
 }
 
@@ -41,7 +44,7 @@ function addProjection(
     gemmBf16Accumulate(x, rows, w, h);
     return;
   }
-  const y = project(w, x, rows, scratch('block.proj', rows * w.n));
+  const y = applyBlockLinear(w, x, rows, scratch('block.proj', rows * w.n));
   addF32(h, reduce === undefined ? y : reduce(y), h); // the bits of h[e] + y[e] in JavaScript, without the loop
 }
 
@@ -95,7 +98,7 @@ export function denseBlockOutput(
   const I = options.intermediate;
   addProjection(h, w.o, a, n, options.reduce, scratch);
   const xm = rmsNorm(h, w.postNorm, options.eps, scratch('block.xn', h.length));
-  const gu = project(w.gateUp, xm, n, scratch('block.gateUp', n * 2 * I));
+  const gu = applyBlockLinear(w.gateUp, xm, n, scratch('block.gateUp', n * 2 * I));
   addProjection(h, w.down, swigluFused(gu, I, scratch('block.act', n * I)), n, options.reduce, scratch);
   return h;
 }

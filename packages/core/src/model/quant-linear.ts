@@ -1,0 +1,27 @@
+/**
+ * A {@link BlockLinear} over weights quantized at load to GGUF Q8_0 (a drafter's `weights: "q8_0"` setting): core's
+ * {@link quantizeQ8_0} of the bf16 matrix, then `@specd/native` `gemmQuant` with int16 activations (each row of x
+ * quantized per 32-block to 16 bits, VNNI dot products; ~4e-5 relative per GEMM against fp32 activations on the same
+ * weights: native/src/quant.ts). Batch invariant as every `gemmQuant` path: row i of a GEMM is the GEMV of row i bit
+ * for bit, so a drafter's proposals do not depend on how many sequences draft together.
+ */
+
+import { bf16ToF32, gemmQuant, quantizedWeights } from '@specd/native';
+
+import { quantizeQ8_0 } from '../io/gguf-quant.js';
+import type { BlockLinear } from './dense-block.js';
+
+/** A Q8_0 linear map `[rows, k]` → `[rows, n]` f32. */
+export type Q8_0Linear = Extract<BlockLinear, { apply: unknown }> & { readonly k: number };
+
+/**
+ * Quantizes `w` `[n, k]` bf16 (row-major bit patterns, as a checkpoint stores them) to Q8_0 and packs it for
+ * `gemmQuant`: `apply(x [rows, k] f32, rows, out?)` → `[rows, n]` f32. Reads 8.5 bits a weight instead of 16.
+ * @throws {RangeError} if k is not a multiple of 32 or a weight is not finite (quantizeQ8_0); SpecdArgumentError
+ *   on a wrong length.
+ */
+export function q8_0Linear(w: Uint16Array, n: number, k: number): Q8_0Linear {
+  if (w.length !== n * k) throw new RangeError(`q8_0Linear: w has ${w.length} values, expected n·k = ${n * k}`);
+  const packed = quantizedWeights(quantizeQ8_0(bf16ToF32(w), n, k), 'q8_0', n, k);
+  return { n, k, apply: (x, rows, out) => gemmQuant(x, rows, packed, out, 'int16') };
+}

@@ -1,0 +1,56 @@
+// q8_0Linear: a drafter's projection quantized to Q8_0 at load, run by gemmQuant with int16 activations — close to
+// the bf16 product, and batch invariant (row i of a GEMM is the GEMV of row i, bit for bit).
+import { describe, expect, it } from 'vitest';
+
+import { q8_0Linear } from '../../src/index.js';
+
+/** bf16 bit pattern of f32 `v` (truncation: any bf16 will do as a weight). */
+const bf16 = (v: number) => new Uint32Array(Float32Array.of(v).buffer)[0]! >>> 16;
+const toF32 = (b: number) => new Float32Array(Uint32Array.of(b << 16).buffer)[0]!;
+
+describe('q8_0Linear', () => {
+  const n = 40;
+  const k = 96;
+  let s = 7;
+  const rnd = () => {
+    s = (s * 16807) % 2147483647;
+    return s / 2147483647 - 0.5;
+  };
+  const w = Uint16Array.from({ length: n * k }, () => bf16(rnd() * 0.1));
+  const m = 5;
+  const x = Float32Array.from({ length: m * k }, rnd);
+  const lin = q8_0Linear(w, n, k);
+
+  it('is within 1 % of the fp32 product over the bf16 weights (per row, relative to its largest output)', () => {
+    expect(lin.n).toBe(n);
+    expect(lin.k).toBe(k);
+    const y = lin.apply(x, m);
+    expect(y.length).toBe(m * n);
+    for (let r = 0; r < m; r++) {
+      let err = 0;
+      let big = 0;
+      for (let c = 0; c < n; c++) {
+        let ref = 0;
+        for (let i = 0; i < k; i++) ref += x[r * k + i]! * toF32(w[c * k + i]!);
+        err = Math.max(err, Math.abs(y[r * n + c]! - ref));
+        big = Math.max(big, Math.abs(ref));
+      }
+      expect(err / big).toBeLessThan(1e-2);
+    }
+  });
+
+  it('row i of a GEMM equals the GEMV of row i bit for bit; `out` is written', () => {
+    const out = new Float32Array(m * n);
+    const y = lin.apply(x, m, out);
+    expect(y).toBe(out);
+    for (let r = 0; r < m; r++)
+      expect(Array.from(lin.apply(x.subarray(r * k, (r + 1) * k), 1))).toEqual(
+        Array.from(y.subarray(r * n, (r + 1) * n)),
+      );
+  });
+
+  it('refuses a wrong length and k not a multiple of 32', () => {
+    expect(() => q8_0Linear(new Uint16Array(10), 2, 32)).toThrow(/w has 10 values, expected n·k = 64/);
+    expect(() => q8_0Linear(new Uint16Array(2 * 48), 2, 48)).toThrow(/k: expected a positive multiple of 32, got 48/);
+  });
+});
