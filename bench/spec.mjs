@@ -37,7 +37,9 @@
 // suffix loads a DFlash with the setting draft_head "packed", a `:whole` suffix a DFlash or DSpark with the setting
 // draft_vocab "whole": the shipped SmolLM2 DFlash and DSpark draft over a reduced vocabulary, `:whole` over all of
 // it), prompts the first N/2 of
-// tools/reference/smollm2/prompts/chat.jsonl (chat template applied) and of plain.jsonl.
+// tools/reference/smollm2/prompts/chat.jsonl (chat template applied) and of plain.jsonl. On either target,
+// `eagle3:bf16` and `eagle3:q8_0` are the EAGLE-3 with the setting weights "bf16" or "q8_0" (its decoder layer and
+// lm_head as stored, or in Q8_0; `eagle3` alone: the default, Q8_0).
 //
 // Draft cost (bench/draft-split.mjs; `--split-ks 1,3,7,15`, `--split-only` to skip the decoding runs): one
 // propose split into layers (GEMM, attention, other native, JS), lm_head, sampling and the rest of propose, per
@@ -109,10 +111,16 @@ const drafters = [];
 const labels = new Map();
 for (const m of METHODS) {
   // `name:packed`: the DFlash setting draft_head "packed" (a drafter-owned copy of the target lm_head); `name:whole`:
-  // the setting draft_vocab "whole" (the whole vocabulary although the checkpoint lists a reduced one)
+  // the setting draft_vocab "whole" (the whole vocabulary although the checkpoint lists a reduced one); `name:bf16`,
+  // `name:q8_0`: the EAGLE-3 setting weights (its decoder layer and lm_head as the checkpoint's bf16, or in Q8_0)
   const [dirName, variant] = m.split(':');
   const dir = path.join(ROOT, 'models', `${TARGET_DIR}-${dirName}`);
-  const settings = { packed: { draft_head: 'packed' }, whole: { draft_vocab: 'whole' } }[variant];
+  const settings = {
+    packed: { draft_head: 'packed' },
+    whole: { draft_vocab: 'whole' },
+    bf16: { weights: 'bf16' },
+    q8_0: { weights: 'q8_0' },
+  }[variant];
   const { drafter } = await loadDrafter(
     settings === undefined ? dir : { dir, settings },
     BUILTIN_PLUGIN_PACKAGES,

@@ -99,7 +99,23 @@ export interface Eagle3Settings {
    * every draft verified — see eagle3.ts, "Confidence", for why that is the default).
    */
   readonly confidence?: boolean;
+  /**
+   * The CPU draft model's weights: `'q8_0'` (quantized to GGUF Q8_0 at load, {@link EAGLE3_WEIGHT_FORMATS}) or `'bf16'`
+   * (the checkpoint's, `gemmBf16`). Absent: `'q8_0'` for a whole draft model whose projections' input widths are
+   * multiples of 32, `'bf16'` for a tensor-parallel shard (loadShard) or other widths; a drafter on the GPU is bf16.
+   */
+  readonly weights?: Eagle3WeightFormat;
 }
+
+/**
+ * The draft model's weight formats on the CPU (the `weights` setting): `'bf16'`, or `'q8_0'` — its decoder layer's
+ * q/k/v/o and MLP projections and its lm_head quantized at load to GGUF Q8_0 (core's `quantizeQ8_0`, 8.5 bits a
+ * weight) and run by `@specd/native` `gemmQuant` with int16 activations: a draft step reads about half the bytes.
+ * fc (the context projection, once per committed token) stays bf16. Lossless either way: the drafts change a little
+ * (the rounding of the weights), the target's verification does not.
+ */
+export const EAGLE3_WEIGHT_FORMATS = ['bf16', 'q8_0'] as const;
+export type Eagle3WeightFormat = (typeof EAGLE3_WEIGHT_FORMATS)[number];
 
 /** Where the EAGLE-3 draft model runs ({@link Eagle3Settings.device}; core's {@link DrafterDevice}). */
 export type Eagle3Device = DrafterDevice;
@@ -285,7 +301,13 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
       throw new DrafterError(`eagle3: settings.${where}: expected an integer in [1, ${max}], got ${JSON.stringify(v)}`);
     return v as number;
   };
-  const out: { numDraftTokens?: number; tree?: Eagle3TreeSettings; device?: Eagle3Device; confidence?: boolean } = {};
+  const out: {
+    numDraftTokens?: number;
+    tree?: Eagle3TreeSettings;
+    device?: Eagle3Device;
+    confidence?: boolean;
+    weights?: Eagle3WeightFormat;
+  } = {};
   if (settings.num_draft_tokens !== undefined)
     out.numDraftTokens = int(settings.num_draft_tokens, 'num_draft_tokens', EAGLE3_MAX_DRAFT_TOKENS);
   const tree = settings.tree;
@@ -307,6 +329,14 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
         `eagle3: settings.confidence: expected a boolean, got ${JSON.stringify(settings.confidence)}`,
       );
     out.confidence = settings.confidence;
+  }
+  if (settings.weights !== undefined) {
+    if (!(EAGLE3_WEIGHT_FORMATS as readonly unknown[]).includes(settings.weights))
+      throw new DrafterError(
+        `eagle3: settings.weights: expected ${EAGLE3_WEIGHT_FORMATS.map((w) => `"${w}"`).join(' or ')}, ` +
+          `got ${JSON.stringify(settings.weights)}`,
+      );
+    out.weights = settings.weights as Eagle3WeightFormat;
   }
   return Object.freeze(out);
 }
@@ -346,6 +376,15 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
         "cost policy's verify budgets cut each proposal where its calibrated survival falls below the step's " +
         'threshold (default false: every proposed draft is verified; measured on SmolLM2: no faster at one ' +
         'sequence, and the cut made the cost policy over-predict drafting steps under load)',
+    },
+    weights: {
+      enum: [...EAGLE3_WEIGHT_FORMATS],
+      description:
+        'the CPU draft model\'s weights: "q8_0" (the decoder layer\'s projections and the lm_head quantized to GGUF ' +
+        'Q8_0 at load, int16 activations: a draft step reads about half the bytes; the drafts may change a little, ' +
+        'the output does not) or "bf16" (as the checkpoint stores them). Default: "q8_0" on the CPU without tensor ' +
+        'parallelism when every projection\'s input width is a multiple of 32, else "bf16"; "q8_0" is refused with ' +
+        'device "cuda" and under tensor parallelism',
     },
     tree: {
       type: 'object',

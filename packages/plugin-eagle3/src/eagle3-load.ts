@@ -13,6 +13,8 @@ import {
   draftShardLayout,
   hasTreeCommit,
   packShard,
+  q8_0Linear,
+  type BlockLinear,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
   type DrafterSource,
@@ -96,10 +98,10 @@ export function checkVocabularyMaps(
 /**
  * Loads an EAGLE-3 checkpoint for `options.target` where the deployment config's `drafter.device` puts it
  * (`options.settings.device`): `"auto"` (default) — on the target's GPU when the target stage runs on one
- * ({@link cudaDeviceOf}: the CUDA Llama stage, `--device cuda`), else on the CPU; `"cpu"`; `"cuda"`. The plugin's
- * `load`.
- * @throws {DrafterError} for `device` `"cuda"` with a target that is not on a GPU, `"cuda"` with `tree` (trees are
- *   drafted on the CPU only), and as {@link loadEagle3Drafter}.
+ * ({@link cudaDeviceOf}: the CUDA Llama stage, `--device cuda`), else on the CPU; `"cpu"`; `"cuda"`. `tree` and
+ * `weights: "q8_0"` keep `"auto"` on the CPU. The plugin's `load`.
+ * @throws {DrafterError} for `device` `"cuda"` with a target that is not on a GPU, `"cuda"` with `tree` or with
+ *   `weights` `"q8_0"` (both CPU only), and as {@link loadEagle3Drafter}.
  */
 export function loadEagle3(
   source: DrafterSource,
@@ -122,6 +124,14 @@ export function loadEagle3(
       );
     return buildEagle3(source, config, options, undefined).drafter as Eagle3Drafter;
   }
+  if (cuda !== undefined && settings.weights === 'q8_0') {
+    if (device === 'cuda')
+      throw new DrafterError(
+        `eagle3: ${source.dir}: drafter.device "cuda": drafter.weights "q8_0" runs on the CPU only; use ` +
+          'drafter.weights "bf16" or drafter.device "cpu"',
+      );
+    return buildEagle3(source, config, options, undefined).drafter as Eagle3Drafter;
+  }
   return buildEagle3(source, config, options, undefined, cuda).drafter;
 }
 
@@ -129,7 +139,8 @@ export function loadEagle3(
  * Loads an EAGLE-3 checkpoint (EAGLE-3 or speculators layout) for `options.target` (validated against
  * it) and packs its weights for the CPU drafter, whatever the target runs on (the `device` setting is not read:
  * {@link loadEagle3} chooses the device). `options.settings` (the config's `drafter` branch) may set
- * `num_draft_tokens` (the chain length; default the checkpoint's `speculative_tokens`, else 6) and `tree`.
+ * `num_draft_tokens` (the chain length; default the checkpoint's `speculative_tokens`, else 6), `tree` and `weights`
+ * (`"q8_0"`: the decoder layer's projections and the lm_head quantized to Q8_0, core's `q8_0Linear`).
  * Weight names: `fc.weight`, `<prefix>{input_layernorm, hidden_norm, post_attention_layernorm,
  * self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}.weight` with prefix `midlayer.` or `layers.0.`,
  * `norm.weight`, `lm_head.weight`, `d2t` (I64 or I32; required unless draft_vocab_size = vocab_size,
@@ -137,7 +148,8 @@ export function loadEagle3(
  * `embed_tokens.weight` is not read (the target's embedding is used; the runtime warns that it is ignored).
  * With `tree` (all-attention targets only), `maxDraftTokens` = `tree.total_tokens` (`num_draft_tokens`
  * is then not used).
- * @throws {DrafterError} if `tree` is set on a target that cannot verify trees (its
+ * @throws {DrafterError} if `weights` is `"q8_0"` and a projection's input width is not a multiple of 32, if `tree`
+ *   is set on a target that cannot verify trees (its
  *   `StageInfo.treeVerificationBlocker`, named; or no `TreeCommit` capability), hidden or vocabulary sizes differ from
  *   the target's, `fc` is not `[hidden, taps × hidden]`, a tap is beyond the target's layers, the
  *   target lacks `embedTokens`, `d2t` is missing or maps outside the target vocabulary, or a tensor
@@ -158,7 +170,8 @@ export function loadEagle3Drafter(
  * `[]`); `projectTargetHiddenPartial` works on rank 0 only. Reports its reads through `options.onReads`.
  * @throws {DrafterError} when tp does not fit the heads / KV heads / intermediate width (counts
  *   named), for `tree` with tp > 1 (trees need a target without linear-attention layers, and only Kimi
- *   has `loadShard`), and as {@link loadEagle3Drafter} (target checks on rank 0 only).
+ *   has `loadShard`), for `weights` `"q8_0"` with tp > 1, and as {@link loadEagle3Drafter} (target checks on rank 0
+ *   only).
  */
 export function loadEagle3Shard(
   source: DrafterSource,
@@ -314,26 +327,64 @@ function buildEagle3(
   }
   // whole matrices, or the rank's blocks under tensor parallelism; fc, norm and lm_head on rank 0 only
   const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
-  const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
   const qPart: ShardPart = { name: q, n: H * hd, k: 2 * D, split: 'heads' };
   const kPart: ShardPart = { name: k, n: KV * hd, k: 2 * D, split: 'kvHeads' };
   const vPart: ShardPart = { name: v, n: KV * hd, k: 2 * D, split: 'kvHeads' };
+  const oPart: ShardPart = { name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' };
+  const gatePart: ShardPart = { name: `${p}mlp.gate_proj.weight`, n: I, k: D, split: 'intermediate' };
+  const upPart: ShardPart = { name: `${p}mlp.up_proj.weight`, n: I, k: D, split: 'intermediate' };
+  const downPart: ShardPart = { name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' };
+  // the `weights` setting: whole matrices quantized to Q8_0 (the default for a whole draft model whose input widths
+  // are multiples of 32), or packed bf16 (the default for a shard: the rank's blocks under tensor parallelism)
+  const oddWidths = [...new Set([2 * D, H * hd, D, I])].filter((x) => x % 32 !== 0);
+  const sharded = tp !== undefined && tp.comm.size > 1;
+  if (settings.weights === 'q8_0') {
+    if (sharded)
+      throw new DrafterError(
+        `${where}: drafter.weights "q8_0" is not supported under tensor parallelism (tp = ${tp.comm.size}); ` +
+          'use "bf16"',
+      );
+    if (oddWidths.length > 0)
+      throw new DrafterError(
+        `${where}: drafter.weights "q8_0" needs every projection's input width to be a multiple of 32 (Q8_0 ` +
+          `blocks); this draft model has ${oddWidths.join(', ')}; use "bf16"`,
+      );
+  }
+  const quantize = (settings.weights ?? (tp !== undefined || oddWidths.length > 0 ? 'bf16' : 'q8_0')) === 'q8_0';
+  /** Row blocks `parts` stacked (one `k`), as one linear map. */
+  const linear = (parts: readonly ShardPart[]): BlockLinear => {
+    if (!quantize) return packShard(r, parts, shard);
+    const rows = parts.map((x) => x.n);
+    const k = parts[0]!.k;
+    return q8_0Linear(
+      r.bf16Rows(
+        parts.map((x) => x.name),
+        rows,
+        k,
+      ),
+      rows.reduce((a, b) => a + b, 0),
+      k,
+    );
+  };
   const w: Eagle3Weights = {
     projection: projection!,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
     hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
     postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),
     ...(root ? { finalNorm: r.f32('norm.weight', [D]) } : {}),
-    q: pack([qPart]),
-    qkv: pack([qPart, kPart, vPart]),
-    kv: pack([kPart, vPart]),
-    o: pack([{ name: `${p}self_attn.o_proj.weight`, n: D, k: H * hd, split: 'headsIn' }]),
-    gateUp: pack([
-      { name: `${p}mlp.gate_proj.weight`, n: I, k: D, split: 'intermediate' },
-      { name: `${p}mlp.up_proj.weight`, n: I, k: D, split: 'intermediate' },
-    ]),
-    down: pack([{ name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' }]),
-    ...(root ? { lmHead: r.packedRows(['lm_head.weight'], [Vd], D) } : {}),
+    q: linear([qPart]),
+    qkv: linear([qPart, kPart, vPart]),
+    kv: linear([kPart, vPart]),
+    o: linear([oPart]),
+    gateUp: linear([gatePart, upPart]),
+    down: linear([downPart]),
+    ...(root
+      ? {
+          lmHead: quantize
+            ? q8_0Linear(r.bf16('lm_head.weight', [Vd, D]), Vd, D)
+            : r.packedRows(['lm_head.weight'], [Vd], D),
+        }
+      : {}),
     draftToTarget,
   };
   // temporary entries per propose: a chain's k − 1, a tree's frontier width × (depth − 1) at most

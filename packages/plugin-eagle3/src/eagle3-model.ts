@@ -7,7 +7,9 @@
 
 import {
   DrafterError,
+  applyBlockLinear,
   denseBlockOutput,
+  type BlockLinear,
   keptScratch,
   sliceColumns,
   type DraftSequence,
@@ -16,11 +18,14 @@ import {
   type StageModel,
   type TapProjection,
 } from '@specd/core';
-import { applyRope, gemmBf16, rmsNorm, type PackedBf16Weights } from '@specd/native';
+import { applyRope, rmsNorm } from '@specd/native';
 
 import type { Eagle3Config } from './config.js';
 
-/** The packed weights of the draft (one decoder layer + head; its o_proj and MLP are core's dense block's). */
+/**
+ * The weights of the draft (one decoder layer + head; its o_proj and MLP are core's dense block's): packed bf16, or
+ * with the `weights: "q8_0"` setting core's Q8_0 linear maps (config.ts, EAGLE3_WEIGHT_FORMATS).
+ */
 export interface Eagle3Weights extends DenseBlockOutputWeights {
   /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
   readonly projection: TapProjection;
@@ -30,19 +35,19 @@ export interface Eagle3Weights extends DenseBlockOutputWeights {
   /** `norm` (rank 0 only under tensor parallelism). */
   readonly finalNorm?: Float32Array;
   /** q_proj `[H·hd, 2D]` (step 1: the query of the last context entry). */
-  readonly q: PackedBf16Weights;
+  readonly q: BlockLinear;
   /** q_proj ; k_proj ; v_proj stacked: `[(H + 2·KV)·hd, 2D]`. */
-  readonly qkv: PackedBf16Weights;
+  readonly qkv: BlockLinear;
   /** k_proj ; v_proj stacked: `[2·KV·hd, 2D]` (context entries need no query). */
-  readonly kv: PackedBf16Weights;
+  readonly kv: BlockLinear;
   /** o_proj `[D, H·hd]`. */
-  readonly o: PackedBf16Weights;
+  readonly o: BlockLinear;
   /** gate_proj ; up_proj stacked `[2·I, D]`. */
-  readonly gateUp: PackedBf16Weights;
+  readonly gateUp: BlockLinear;
   /** down_proj `[D, I]`. */
-  readonly down: PackedBf16Weights;
+  readonly down: BlockLinear;
   /** lm_head `[draftVocab, D]`. */
-  readonly lmHead?: PackedBf16Weights;
+  readonly lmHead?: BlockLinear;
   /**
    * Target id of each draft id (`draft_id + d2t[draft_id]`), `[draftVocab]` i32 (`[0]` off rank 0 under
    * tensor parallelism).
@@ -123,7 +128,7 @@ export class Eagle3Model {
    */
   firstQuery(x: Float32Array, seqs: readonly DraftSequence[]): Float32Array {
     const c = this.config;
-    const q = gemmBf16(x, seqs.length, this.weights().q);
+    const q = applyBlockLinear(this.weights().q, x, seqs.length);
     applyRope(
       q,
       Int32Array.from(seqs, (s) => s.position - 1),
@@ -143,7 +148,7 @@ export class Eagle3Model {
     const H = this.heads;
     const hd = c.headDim;
     const W = this.kvHeads * hd;
-    const qkv = gemmBf16(x, n, this.weights().qkv);
+    const qkv = applyBlockLinear(this.weights().qkv, x, n);
     const q = sliceColumns(qkv, n, H * hd + 2 * W, 0, H * hd);
     applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
     const [k, v] = this.keysValues(qkv, positions, H * hd);
@@ -173,7 +178,7 @@ export class Eagle3Model {
     // the root (rank 0) loads both, and only the root computes logits
     if (finalNorm === undefined || lmHead === undefined)
       throw new DrafterError('eagle3: logits: internal error: no final norm / lm_head (not the root rank)');
-    return gemmBf16(rmsNorm(h, finalNorm, this.config.rmsNormEps), n, lmHead);
+    return applyBlockLinear(lmHead, rmsNorm(h, finalNorm, this.config.rmsNormEps), n);
   }
 
   /**

@@ -85,6 +85,7 @@
 
 import {
   CacheError,
+  applyBlockLinear,
   DrafterBase,
   DrafterError,
   DraftKvCache,
@@ -105,7 +106,6 @@ import {
   type StageInfo,
   type StageModel,
 } from '@specd/core';
-import { gemmBf16 } from '@specd/native';
 
 import { eagle3Taps, type Eagle3Config, type Eagle3TreeSettings } from './config.js';
 import { runChain } from './eagle3-chain.js';
@@ -235,7 +235,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
     }
     this.kv.extendAll(spans);
     const x = this.model.layerInput(this.model.embed(next), sum, n);
-    const [k, v] = this.model.keysValues(gemmBf16(x, n, w.kv), positions, 0);
+    const [k, v] = this.model.keysValues(applyBlockLinear(w.kv, x, n), positions, 0);
     this.kv.write(0, k, v, this.kv.slots(spans));
     at = 0;
     for (const s of spans) {

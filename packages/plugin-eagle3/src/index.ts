@@ -22,6 +22,7 @@ export {
   EAGLE3_MAX_TREE_DEPTH,
   EAGLE3_MAX_TREE_TOP_K,
   EAGLE3_SCHEMA,
+  EAGLE3_WEIGHT_FORMATS,
   parseEagle3Config,
   parseEagle3Settings,
   type Eagle3Config,
@@ -29,6 +30,7 @@ export {
   type Eagle3Layout,
   type Eagle3Settings,
   type Eagle3TreeSettings,
+  type Eagle3WeightFormat,
 } from './config.js';
 export { Eagle3Drafter } from './eagle3.js';
 export {

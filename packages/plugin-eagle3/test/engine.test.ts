@@ -3,6 +3,7 @@
 //   EOS ignored, draftPolicy 'max'); drafts are made and accepted, one target forward per verify step;
 // - τ on a 6 prose + 4 code subset within 0.1 of the reference run `eagle3_t0` on the same prompts, and
 //   the verify steps of each request equal the reference's (one request of a subset may differ);
+// - the default Q8_0 weights and bf16: both greedy-exact, their τ within 0.15 of each other;
 // - after finish and abort every target page, state slot and draft page is free;
 // - sampled decoding is reproducible per seed; a sampled proposal's q rows (target vocabulary) sum to 1, q(d) > 0.
 import * as fs from 'node:fs';
@@ -12,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type StageModel } from '@specd/core';
 
 import type { Eagle3Drafter } from '../src/index.js';
-import { GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
+import { EAGLE3_DIR, GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
 import { requireEntry, skipWithoutFiles } from '../../../test/require-files.js';
 
 const NEW_TOKENS = 128;
@@ -155,6 +156,54 @@ describe.skipIf(refRun === undefined)('τ vs the reference run eagle3_t0 (subset
     expect(same).toBeGreaterThanOrEqual(count - 1);
     expect(drafter.pagesInUse).toBe(0);
   });
+});
+
+describe('weights: the default "q8_0" and "bf16"', () => {
+  it(
+    'both give plain greedy output for every golden prompt, their τ within 0.15; the default is Q8_0 ' +
+      '(every projection and the lm_head), "bf16" packed bf16',
+    async () => {
+      const bf16 = await loadDrafter(target, {
+        settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'bf16' },
+        maxSequences: 8,
+        maxTokensPerSequence: 2048,
+      });
+      try {
+        // the formats took effect: a Q8_0 linear map has apply, a packed bf16 matrix is data for gemmBf16
+        const names = ['q', 'qkv', 'kv', 'o', 'gateUp', 'down', 'lmHead'];
+        const weightsOf = (d: Eagle3Drafter) =>
+          (d as unknown as { model: { weights(): Record<string, unknown> } }).model.weights();
+        for (const name of names) {
+          expect(weightsOf(drafter)[name], name).toHaveProperty('apply');
+          expect(weightsOf(bf16)[name], name).not.toHaveProperty('apply');
+        }
+        const plain = byId(
+          new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(
+            prompts.map((p) => greedy(p)),
+          ),
+        );
+        const tau = new Map<string, number>();
+        for (const [name, d] of [
+          ['q8_0', drafter],
+          ['bf16', bf16],
+        ] as const) {
+          const e = new SpecEngine(target, d, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+          const results = byId(e.run(prompts.map((p) => greedy(p))));
+          for (const p of prompts)
+            expect(results.get(p.id)!.tokenIds, `${name} ${p.id}`).toEqual(plain.get(p.id)!.tokenIds);
+          tau.set(name, e.metrics.tauPerStep);
+          expect(d.pagesInUse).toBe(0);
+        }
+        console.log(
+          `EAGLE-3 greedy τ per step: q8_0 ${tau.get('q8_0')!.toFixed(3)}, bf16 ${tau.get('bf16')!.toFixed(3)}`,
+        );
+        expect(tau.get('bf16')!).toBeGreaterThan(1.5);
+        expect(Math.abs(tau.get('q8_0')! - tau.get('bf16')!)).toBeLessThan(0.15);
+      } finally {
+        bf16.dispose();
+      }
+    },
+  );
 });
 
 describe('resources', () => {

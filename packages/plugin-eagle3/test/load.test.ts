@@ -173,6 +173,13 @@ describe('EAGLE-3 load', () => {
     e.dispose();
   });
 
+  it('the weights setting: "bf16" or "q8_0", anything else named', async () => {
+    await expect(
+      loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'int4' } }),
+    ).rejects.toThrow(/eagle3: settings\.weights: expected "bf16" or "q8_0", got "int4"/);
+    const d = await loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'bf16' } });
+    d.dispose();
+  });
   it('fc width ≠ taps × hidden size', async () => {
     await expect(
       loadDrafter(target, { config: { eagle_config: { eagle_aux_hidden_state_layer_ids: [2, 4] } } }),
