@@ -23,8 +23,8 @@ import { applyRope, rmsNorm } from '@specd/native';
 import type { Eagle3Config } from './config.js';
 
 /**
- * The weights of the draft (one decoder layer + head; its o_proj and MLP are core's dense block's): packed bf16, or
- * with the `weights: "q8_0"` setting core's Q8_0 linear maps (config.ts, EAGLE3_WEIGHT_FORMATS).
+ * The weights of the draft (one decoder layer + head; its o_proj and MLP are core's dense block's): core's Q8_0 linear
+ * maps, or packed bf16 (the `weights` setting and its default: config.ts, EAGLE3_WEIGHT_FORMATS).
  */
 export interface Eagle3Weights extends DenseBlockOutputWeights {
   /** fc's column blocks, one per tap: the context projection (core's accumulate-by-tap {@link TapProjection}). */
