@@ -271,6 +271,12 @@ describe('refusals', () => {
     }
   });
 
+  it.each(['dflash', 'dspark'] as const)('%s: weights "q8_0" under tp = 2 is refused', async (m) => {
+    await expect(loadDrafter({ dir: dirOf(m), settings: { weights: 'q8_0' } }, PLUGINS, tp2, 256, 1)).rejects.toThrow(
+      /weights "q8_0" is not supported under tensor parallelism \(tp = 2\); use "bf16"/,
+    );
+  });
+
   it('eagle3: weights "q8_0" under tp = 2 is refused', async () => {
     await expect(
       loadDrafter({ dir: dirOf('eagle3'), settings: { weights: 'q8_0' } }, PLUGINS, tp2, 256, 1),

@@ -119,6 +119,18 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
   });
 }
 
+/** The accepted values of the `weights` setting (DFlash and DSpark; dflash.ts, `DFlashLoadParts.weights`). */
+export const DFLASH_WEIGHT_FORMATS = ['bf16', 'q8_0'] as const;
+
+/** The `weights` setting's JSON Schema (DFlash's and DSpark's config branches). */
+export const DFLASH_WEIGHTS_SCHEMA = Object.freeze({
+  enum: [...DFLASH_WEIGHT_FORMATS],
+  description:
+    'the CPU draft layers\' projections: "bf16" (default, as the checkpoint stores them) or "q8_0" (q/k/v, o and ' +
+    'the MLP quantized to GGUF Q8_0 at load, int16 activations: half the bytes and VNNI dot products; the drafts ' +
+    'may change a little, the output does not). Not with device "cuda" or tensor parallelism',
+});
+
 /** This method's branch of the specd config schema (JSON Schema draft 2020-12; validated elsewhere). */
 export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
   $id: 'specd:drafter/dflash',
@@ -152,11 +164,23 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
         'the draft head\'s vocabulary: "checkpoint" (default) the reduced one the checkpoint lists ' +
         '(dflash_config.draft_vocab_size, FR-Spec), if any; "whole" the whole vocabulary even then',
     },
+    weights: DFLASH_WEIGHTS_SCHEMA,
   },
 });
 
 /** The accepted values of the `device` setting (core's). */
 export const DFLASH_DEVICES: readonly DrafterDevice[] = DRAFTER_DEVICES;
+
+/**
+ * The `weights` setting of `method` (undefined: `"bf16"`), checked again here for callers that bypass the schema.
+ * @throws {DrafterError} naming the setting and the accepted values.
+ */
+export function dflashWeights(value: unknown, method = 'dflash'): 'bf16' | 'q8_0' {
+  if (value === undefined) return 'bf16';
+  if (!(DFLASH_WEIGHT_FORMATS as readonly unknown[]).includes(value))
+    throw new DrafterError(`${method}: settings.weights: expected "bf16" or "q8_0", got ${JSON.stringify(value)}`);
+  return value as 'bf16' | 'q8_0';
+}
 
 /**
  * The `device` setting (undefined: `"auto"`), checked again here for callers that bypass the schema.

@@ -49,6 +49,9 @@ import {
   draftShardLayout,
   keptScratch,
   packShard,
+  q8_0Linear,
+  applyBlockLinear,
+  type BlockLinear,
   sliceColumns,
   type ContextSpan,
   type DenseBlockWeights,
@@ -69,16 +72,7 @@ import {
   type StageInfo,
   type StageModel,
 } from '@specd/core';
-import {
-  applyRope,
-  f32ToBf16,
-  gemmBf16,
-  makePagedBatch,
-  pagedAttention,
-  rmsNorm,
-  rmsNormPerHead,
-  type PackedBf16Weights,
-} from '@specd/native';
+import { applyRope, f32ToBf16, makePagedBatch, pagedAttention, rmsNorm, rmsNormPerHead } from '@specd/native';
 
 import { dflashTaps, type DFlashConfig } from './config.js';
 import {
@@ -92,7 +86,7 @@ import { DraftHead, gatherLmHeadRows, readDraftVocabIds } from './draft-head.js'
 /** A draft layer's context-KV path (all a context-KV-only drafter loads). */
 interface DraftLayerKvWeights {
   /** k_proj ; v_proj stacked: `[2·KV·hd, D]`. */
-  readonly kv: PackedBf16Weights;
+  readonly kv: BlockLinear;
   readonly kNorm: Float32Array;
 }
 
@@ -103,7 +97,7 @@ interface DraftLayerBlockWeights extends DenseBlockWeights {
    * q_proj ; k_proj ; v_proj stacked: `[(H + 2·KV)·hd, D]` — the block's queries, keys and values in one GEMM
    * (each output column is its own dot product, so the same bits as q_proj and the context path's k/v GEMM).
    */
-  readonly qkv: PackedBf16Weights;
+  readonly qkv: BlockLinear;
   readonly qNorm: Float32Array;
 }
 
@@ -137,6 +131,12 @@ export interface DFlashLoadParts {
    * {@link loadDFlashDrafter} itself always loads the CPU drafter.
    */
   readonly device?: DrafterDevice;
+  /**
+   * The draft layers' projections (setting `weights`, {@link dflashWeights}): `"bf16"` (default, packed bf16) or
+   * `"q8_0"` (q/k/v, o and the MLP quantized to GGUF Q8_0 at load, core's `q8_0Linear`: int16 activations, half the
+   * bytes; the CPU drafter of a whole draft model only). The draft head keeps its own format (draft-head.ts).
+   */
+  readonly weights?: 'bf16' | 'q8_0';
 }
 
 /**
@@ -206,7 +206,31 @@ function buildDFlash(
   const layers: DraftLayerWeights[] = [];
   // whole matrices, or the rank's blocks under tensor parallelism
   const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
-  const pack = (parts: readonly ShardPart[]) => packShard(r, parts, shard);
+  if (parts.weights === 'q8_0' && tp !== undefined && tp.comm.size > 1)
+    throw new DrafterError(
+      `${where}: weights "q8_0" is not supported under tensor parallelism (tp = ${tp.comm.size}); use "bf16"`,
+    );
+  const oddWidths = [...new Set([D, H * hd, I])].filter((x) => x % 32 !== 0);
+  if (parts.weights === 'q8_0' && oddWidths.length > 0)
+    throw new DrafterError(
+      `${where}: weights "q8_0" needs every projection's input width to be a multiple of 32 (Q8_0 blocks); this ` +
+        `draft model has ${oddWidths.join(', ')}; use "bf16"`,
+    );
+  /** Row blocks stacked (one `k`) as one linear map: packed bf16 (the rank's blocks), or Q8_0 (whole matrices). */
+  const pack = (parts_: readonly ShardPart[]): BlockLinear => {
+    if (parts.weights !== 'q8_0') return packShard(r, parts_, shard);
+    const rows = parts_.map((x) => x.n);
+    const k = parts_[0]!.k;
+    return q8_0Linear(
+      r.bf16Rows(
+        parts_.map((x) => x.name),
+        rows,
+        k,
+      ),
+      rows.reduce((a, b) => a + b, 0),
+      k,
+    );
+  };
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {
@@ -347,8 +371,15 @@ export function loadDFlash(
       throw new DrafterError(`${where}: sliding-window draft layers run on the CPU only (set device to "cpu")`);
     if (parts.packedHead === true)
       throw new DrafterError(`${where}: draft_head "packed" is a CPU format (the GPU drafter packs its own head)`);
+    if (parts.weights === 'q8_0')
+      throw new DrafterError(`${where}: weights "q8_0" is a CPU format (set weights to "bf16" or device to "cpu")`);
   }
-  if (cuda === undefined || config.layerTypes.some((l) => l !== 'full_attention') || parts.packedHead === true)
+  if (
+    cuda === undefined ||
+    config.layerTypes.some((l) => l !== 'full_attention') ||
+    parts.packedHead === true ||
+    parts.weights === 'q8_0'
+  )
     return loadDFlashDrafter(source, config, options, parts);
   return buildDFlashCuda(source, config, options, parts, cuda);
 }
@@ -678,7 +709,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
             // one GEMM for the block's q | k | v
             const Q = H * hd;
             const W = this.kvHeads * hd;
-            const qkv = gemmBf16(x, N, b.qkv, this.blockScratch('dflash.qkv', N * (Q + 2 * W)));
+            const qkv = applyBlockLinear(b.qkv, x, N, this.blockScratch('dflash.qkv', N * (Q + 2 * W)));
             const q = sliceColumns(qkv, N, Q + 2 * W, 0, Q, this.blockScratch('dflash.q', N * Q));
             rmsNormPerHead(q, H, b.qNorm, c.rmsNormEps, undefined, q);
             applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
@@ -775,7 +806,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
    * (KV = the rank's KV heads).
    */
   private keysValues(w: DraftLayerKvWeights, x: Float32Array, positions: Int32Array): [Float32Array, Float32Array] {
-    return this.normRopeKeys(w, gemmBf16(x, positions.length, w.kv), 0, positions);
+    return this.normRopeKeys(w, applyBlockLinear(w.kv, x, positions.length), 0, positions);
   }
 
   /**

@@ -9,7 +9,7 @@ import type {
   ProjectionLoadOptions,
 } from '@specd/core';
 
-import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashDevice, parseDFlashConfig } from './config.js';
+import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashDevice, dflashWeights, parseDFlashConfig } from './config.js';
 import { loadDFlash, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
@@ -25,6 +25,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
         packedHead: options.settings?.draft_head === 'packed',
         wholeVocab: options.settings?.draft_vocab === 'whole',
         device: dflashDevice(options.settings?.device),
+        weights: dflashWeights(options.settings?.weights),
       }),
     );
   },
@@ -33,6 +34,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
       loadDFlashShard(source, parseDFlashConfig(source.config), options, {
         contextOnly: options.contextOnly === true,
         wholeVocab: options.settings?.draft_vocab === 'whole',
+        weights: dflashWeights(options.settings?.weights),
       }),
     );
   },

@@ -82,6 +82,36 @@ afterAll(() => {
   target.dispose();
 });
 
+describe('weights "q8_0" (the draft layers in Q8_0)', () => {
+  it("is token-for-token plain greedy for every prompt at 8 sequences; τ within 0.15 of the bf16 layers'", async () => {
+    const q8 = await loadDrafter(target, {}, 8, 2048, { method: 'dflash', path: 'x', weights: 'q8_0' });
+    try {
+      const tau = new Map<string, number>();
+      for (const [name, d] of [
+        ['bf16', drafter],
+        ['q8_0', q8],
+      ] as const) {
+        const e = new SpecEngine(target, d, { maxSequences: 8, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+        const results = byId(e.run(prompts.map((p) => greedy(p))));
+        for (const p of prompts)
+          expect(results.get(p.id)!.tokenIds, `${name} ${p.id}`).toEqual(plain.get(p.id)!.tokenIds);
+        tau.set(name, e.metrics.tauPerStep);
+        expect(d.pagesInUse).toBe(0);
+      }
+      console.log(
+        `DFlash greedy τ per step: bf16 layers ${tau.get('bf16')!.toFixed(3)}, q8_0 ${tau.get('q8_0')!.toFixed(3)}`,
+      );
+      expect(tau.get('q8_0')!).toBeGreaterThan(1.5);
+      expect(Math.abs(tau.get('q8_0')! - tau.get('bf16')!)).toBeLessThan(0.15);
+    } finally {
+      q8.dispose();
+    }
+    await expect(loadDrafter(target, {}, 8, 2048, { weights: 'int4' })).rejects.toThrow(
+      /dflash: settings\.weights: expected "bf16" or "q8_0", got "int4"/,
+    );
+  });
+});
+
 describe('greedy speculative decoding with DFlash', () => {
   it('plain greedy (the baseline) matches the reference continuation of every golden', () => {
     for (const p of prompts) {

@@ -17,12 +17,16 @@ export function loadTarget(): StageModel {
   return loadKimiFromDir(TARGET_DIR);
 }
 
-/** The shipped DFlash drafter bound to `target`; `config` overrides config.json fields. */
+/**
+ * The shipped DFlash drafter bound to `target`; `config` overrides config.json fields, `settings` is the deployment
+ * config's drafter branch.
+ */
 export async function loadDrafter(
   target: StageModel,
   config: Record<string, unknown> = {},
   maxSequences = 4,
   maxTokensPerSequence = 1024,
+  settings?: Record<string, unknown>,
 ): Promise<DFlashDrafter> {
   const weights = SafetensorsCheckpoint.open(DFLASH_DIR);
   try {
@@ -30,7 +34,7 @@ export async function loadDrafter(
     const merged = HfConfig.fromObject({ ...base, ...config }, path.join(DFLASH_DIR, 'config.json'));
     return (await dflashPlugin.load(
       { dir: DFLASH_DIR, config: merged, weights },
-      { target, maxSequences, maxTokensPerSequence },
+      { target, maxSequences, maxTokensPerSequence, ...(settings === undefined ? {} : { settings }) },
     )) as DFlashDrafter;
   } finally {
     weights.close();

@@ -5,7 +5,7 @@
  */
 
 import type { DrafterSchema, HfConfig } from '@specd/core';
-import { parseDFlashConfig, type DFlashConfig } from '@specd/plugin-dflash';
+import { DFLASH_WEIGHTS_SCHEMA, parseDFlashConfig, type DFlashConfig } from '@specd/plugin-dflash';
 
 /** `config.json` `architectures` entries of a DSpark checkpoint. */
 export const DSPARK_ARCHITECTURES: readonly string[] = Object.freeze(['DSparkDraftModel']);
@@ -62,5 +62,6 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
         'the draft head\'s vocabulary: "checkpoint" (default) the reduced one the checkpoint lists ' +
         '(dflash_config.draft_vocab_size, FR-Spec), if any; "whole" the whole vocabulary even then',
     },
+    weights: DFLASH_WEIGHTS_SCHEMA,
   },
 });

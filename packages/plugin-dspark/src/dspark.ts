@@ -53,7 +53,7 @@ import {
   keptScratch,
 } from '@specd/core';
 import { argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
-import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
+import { dflashWeights, loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
 
@@ -93,7 +93,11 @@ function buildDSpark(
   shard: DrafterShardLoadOptions | undefined,
 ): DSparkDrafter {
   const contextOnly = options.contextOnly === true || options.settings?.context_only === true;
-  const parts = { contextOnly, wholeVocab: options.settings?.draft_vocab === 'whole' };
+  const parts = {
+    contextOnly,
+    wholeVocab: options.settings?.draft_vocab === 'whole',
+    weights: dflashWeights(options.settings?.weights, 'dspark'),
+  };
   let backboneReads: readonly TensorRead[] = [];
   const backbone =
     shard === undefined

@@ -89,6 +89,41 @@ describe('greedy speculative decoding with DSpark', () => {
   });
 });
 
+describe('weights "q8_0" (the draft layers in Q8_0)', () => {
+  it("is token-for-token plain greedy for every golden prompt; τ within 0.15 of the bf16 layers'", async () => {
+    const q8 = await loadDrafter(target, 8, 2048, { method: 'dspark', path: 'x', weights: 'q8_0' });
+    try {
+      const plain = byId(
+        new SpecEngine(target, undefined, { maxSequences: 8, maxTokensPerSequence: 2048 }).run(
+          prompts.map((p) => greedy(p)),
+        ),
+      );
+      const tau = new Map<string, number>();
+      for (const [name, d] of [
+        ['bf16', drafter],
+        ['q8_0', q8],
+      ] as const) {
+        const e = new SpecEngine(target, d, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+        const results = byId(e.run(prompts.map((p) => greedy(p))));
+        for (const p of prompts)
+          expect(results.get(p.id)!.tokenIds, `${name} ${p.id}`).toEqual(plain.get(p.id)!.tokenIds);
+        tau.set(name, e.metrics.tauPerStep);
+        expect(d.pagesInUse).toBe(0);
+      }
+      console.log(
+        `DSpark greedy τ per step: bf16 layers ${tau.get('bf16')!.toFixed(3)}, q8_0 ${tau.get('q8_0')!.toFixed(3)}`,
+      );
+      expect(tau.get('q8_0')!).toBeGreaterThan(1.5);
+      expect(Math.abs(tau.get('q8_0')! - tau.get('bf16')!)).toBeLessThan(0.15);
+    } finally {
+      q8.dispose();
+    }
+    await expect(loadDrafter(target, 8, 2048, { weights: 'int4' })).rejects.toThrow(
+      /dspark: settings\.weights: expected "bf16" or "q8_0", got "int4"/,
+    );
+  });
+});
+
 const REF = path.join(REPO_ROOT, 'test/prompts/reference_tau.json');
 interface RefRequest {
   id: string;

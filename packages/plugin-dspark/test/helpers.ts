@@ -17,17 +17,18 @@ export function loadTarget(): StageModel {
   return loadKimiFromDir(TARGET_DIR);
 }
 
-/** The shipped DSpark drafter bound to `target`. */
+/** The shipped DSpark drafter bound to `target`; `settings`: the deployment config's drafter branch. */
 export async function loadDrafter(
   target: StageModel,
   maxSequences = 4,
   maxTokensPerSequence = 1024,
+  settings?: Record<string, unknown>,
 ): Promise<DSparkDrafter> {
   const weights = SafetensorsCheckpoint.open(DSPARK_DIR);
   try {
     return (await dsparkPlugin.load(
       { dir: DSPARK_DIR, config: HfConfig.read(DSPARK_DIR), weights },
-      { target, maxSequences, maxTokensPerSequence },
+      { target, maxSequences, maxTokensPerSequence, ...(settings === undefined ? {} : { settings }) },
     )) as DSparkDrafter;
   } finally {
     weights.close();
