@@ -48,8 +48,7 @@ import {
   denseBlock,
   draftShardLayout,
   keptScratch,
-  packShard,
-  q8_0Linear,
+  packLinear,
   applyBlockLinear,
   type BlockLinear,
   sliceColumns,
@@ -217,20 +216,7 @@ function buildDFlash(
         `draft model has ${oddWidths.join(', ')}; use "bf16"`,
     );
   /** Row blocks stacked (one `k`) as one linear map: packed bf16 (the rank's blocks), or Q8_0 (whole matrices). */
-  const pack = (parts_: readonly ShardPart[]): BlockLinear => {
-    if (parts.weights !== 'q8_0') return packShard(r, parts_, shard);
-    const rows = parts_.map((x) => x.n);
-    const k = parts_[0]!.k;
-    return q8_0Linear(
-      r.bf16Rows(
-        parts_.map((x) => x.name),
-        rows,
-        k,
-      ),
-      rows.reduce((a, b) => a + b, 0),
-      k,
-    );
-  };
+  const pack = (p: readonly ShardPart[]): BlockLinear => packLinear(r, p, shard, parts.weights ?? 'bf16');
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {

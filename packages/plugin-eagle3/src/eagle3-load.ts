@@ -12,7 +12,7 @@ import {
   WeightReader,
   draftShardLayout,
   hasTreeCommit,
-  packShard,
+  packLinear,
   q8_0Linear,
   type BlockLinear,
   type DrafterLoadOptions,
@@ -352,20 +352,7 @@ function buildEagle3(
   }
   const quantize = (settings.weights ?? (tp !== undefined || oddWidths.length > 0 ? 'bf16' : 'q8_0')) === 'q8_0';
   /** Row blocks `parts` stacked (one `k`), as one linear map. */
-  const linear = (parts: readonly ShardPart[]): BlockLinear => {
-    if (!quantize) return packShard(r, parts, shard);
-    const rows = parts.map((x) => x.n);
-    const k = parts[0]!.k;
-    return q8_0Linear(
-      r.bf16Rows(
-        parts.map((x) => x.name),
-        rows,
-        k,
-      ),
-      rows.reduce((a, b) => a + b, 0),
-      k,
-    );
-  };
+  const linear = (parts: readonly ShardPart[]): BlockLinear => packLinear(r, parts, shard, quantize ? 'q8_0' : 'bf16');
   const w: Eagle3Weights = {
     projection: projection!,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),

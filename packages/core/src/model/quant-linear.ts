@@ -9,7 +9,9 @@
 import { bf16ToF32, gemmQuant, quantizedWeights } from '@specd/native';
 
 import { quantizeQ8_0 } from '../io/gguf-quant.js';
+import type { WeightReader } from '../io/weight-reader.js';
 import type { BlockLinear } from './dense-block.js';
+import { packShard, type ShardPart, type WeightShard } from './shard-weights.js';
 
 /** A Q8_0 linear map `[rows, k]` → `[rows, n]` f32. */
 export type Q8_0Linear = Extract<BlockLinear, { apply: unknown }> & { readonly k: number };
@@ -24,4 +26,34 @@ export function q8_0Linear(w: Uint16Array, n: number, k: number): Q8_0Linear {
   if (w.length !== n * k) throw new RangeError(`q8_0Linear: w has ${w.length} values, expected n·k = ${n * k}`);
   const packed = quantizedWeights(quantizeQ8_0(bf16ToF32(w), n, k), 'q8_0', n, k);
   return { n, k, apply: (x, rows, out) => gemmQuant(x, rows, packed, out, 'int16') };
+}
+
+/**
+ * A drafter's projection from the row blocks `parts` (stacked in order, one `k`) in the weight format of its `weights`
+ * setting: `'bf16'` packs them ({@link packShard}: the rank's blocks under `shard`), `'q8_0'` quantizes the whole
+ * matrices ({@link q8_0Linear}).
+ * @throws {RangeError} for `'q8_0'` with a shard over more than one rank (the callers refuse that setting under
+ *   tensor parallelism first, naming it), or as q8_0Linear; what packShard and the reader throw on a missing or
+ *   mis-shaped tensor.
+ */
+export function packLinear(
+  r: WeightReader,
+  parts: readonly ShardPart[],
+  shard: WeightShard | undefined,
+  format: 'bf16' | 'q8_0',
+): BlockLinear {
+  if (format === 'bf16') return packShard(r, parts, shard);
+  if (shard !== undefined && shard.layout.size > 1)
+    throw new RangeError(`packLinear: q8_0 weights are whole matrices, not a shard of ${shard.layout.size} ranks`);
+  const rows = parts.map((x) => x.n);
+  const k = parts[0]!.k;
+  return q8_0Linear(
+    r.bf16Rows(
+      parts.map((x) => x.name),
+      rows,
+      k,
+    ),
+    rows.reduce((a, b) => a + b, 0),
+    k,
+  );
 }
