@@ -13,6 +13,7 @@ import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type St
 import type { DSparkDrafter } from '../src/index.js';
 import { GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
 import { requireEntry, skipWithoutFiles } from '../../../test/require-files.js';
+import { tauByFormat } from '../../../test/weight-formats.js';
 
 const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
@@ -98,18 +99,16 @@ describe('weights "q8_0" (the draft layers in Q8_0)', () => {
           prompts.map((p) => greedy(p)),
         ),
       );
-      const tau = new Map<string, number>();
-      for (const [name, d] of [
-        ['bf16', drafter],
-        ['q8_0', q8],
-      ] as const) {
-        const e = new SpecEngine(target, d, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-        const results = byId(e.run(prompts.map((p) => greedy(p))));
-        for (const p of prompts)
-          expect(results.get(p.id)!.tokenIds, `${name} ${p.id}`).toEqual(plain.get(p.id)!.tokenIds);
-        tau.set(name, e.metrics.tauPerStep);
-        expect(d.pagesInUse).toBe(0);
-      }
+      const tau = tauByFormat(
+        target,
+        [
+          ['bf16', drafter],
+          ['q8_0', q8],
+        ],
+        prompts.map((p) => greedy(p)),
+        plain,
+        4,
+      );
       console.log(
         `DSpark greedy τ per step: bf16 layers ${tau.get('bf16')!.toFixed(3)}, q8_0 ${tau.get('q8_0')!.toFixed(3)}`,
       );

@@ -15,6 +15,7 @@ import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type St
 import type { Eagle3Drafter } from '../src/index.js';
 import { EAGLE3_DIR, GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
 import { requireEntry, skipWithoutFiles } from '../../../test/require-files.js';
+import { tauByFormat } from '../../../test/weight-formats.js';
 
 const NEW_TOKENS = 128;
 const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), 'utf8')) as {
@@ -182,18 +183,16 @@ describe('weights: the default "q8_0" and "bf16"', () => {
             prompts.map((p) => greedy(p)),
           ),
         );
-        const tau = new Map<string, number>();
-        for (const [name, d] of [
-          ['q8_0', drafter],
-          ['bf16', bf16],
-        ] as const) {
-          const e = new SpecEngine(target, d, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
-          const results = byId(e.run(prompts.map((p) => greedy(p))));
-          for (const p of prompts)
-            expect(results.get(p.id)!.tokenIds, `${name} ${p.id}`).toEqual(plain.get(p.id)!.tokenIds);
-          tau.set(name, e.metrics.tauPerStep);
-          expect(d.pagesInUse).toBe(0);
-        }
+        const tau = tauByFormat(
+          target,
+          [
+            ['q8_0', drafter],
+            ['bf16', bf16],
+          ],
+          prompts.map((p) => greedy(p)),
+          plain,
+          4,
+        );
         console.log(
           `EAGLE-3 greedy τ per step: q8_0 ${tau.get('q8_0')!.toFixed(3)}, bf16 ${tau.get('bf16')!.toFixed(3)}`,
         );
