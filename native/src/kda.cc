@@ -414,7 +414,6 @@ Napi::Value KdaForwardAsyncBinding(const Napi::CallbackInfo& info) {
  * faster at 16 tokens): the same operations, so the same bits on both; elementwise, so a token's gates never depend
  * on the batch, the thread count or the path.
  */
-
 Napi::Value KdaGateBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "kdaGate");
   const int64_t T = args.Int(6, "tokens", 0);

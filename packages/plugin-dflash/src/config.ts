@@ -5,6 +5,7 @@
 
 import {
   DRAFTER_DEVICES,
+  DRAFT_WEIGHT_FORMATS,
   DrafterError,
   drafterDevice,
   type DrafterDevice,
@@ -119,12 +120,9 @@ export function parseDFlashConfig(c: HfConfig, architectures: readonly string[] 
   });
 }
 
-/** The accepted values of the `weights` setting (DFlash and DSpark; dflash.ts, `DFlashLoadParts.weights`). */
-export const DFLASH_WEIGHT_FORMATS = ['bf16', 'q8_0'] as const;
-
 /** The `weights` setting's JSON Schema (DFlash's and DSpark's config branches). */
 export const DFLASH_WEIGHTS_SCHEMA = Object.freeze({
-  enum: [...DFLASH_WEIGHT_FORMATS],
+  enum: [...DRAFT_WEIGHT_FORMATS],
   description:
     'the CPU draft layers\' projections: "bf16" (default, as the checkpoint stores them) or "q8_0" (q/k/v, o and ' +
     'the MLP quantized to GGUF Q8_0 at load, int16 activations: half the bytes and VNNI dot products; the drafts ' +
@@ -170,17 +168,6 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
 
 /** The accepted values of the `device` setting (core's). */
 export const DFLASH_DEVICES: readonly DrafterDevice[] = DRAFTER_DEVICES;
-
-/**
- * The `weights` setting of `method` (undefined: `"bf16"`), checked again here for callers that bypass the schema.
- * @throws {DrafterError} naming the setting and the accepted values.
- */
-export function dflashWeights(value: unknown, method = 'dflash'): 'bf16' | 'q8_0' {
-  if (value === undefined) return 'bf16';
-  if (!(DFLASH_WEIGHT_FORMATS as readonly unknown[]).includes(value))
-    throw new DrafterError(`${method}: settings.weights: expected "bf16" or "q8_0", got ${JSON.stringify(value)}`);
-  return value as 'bf16' | 'q8_0';
-}
 
 /**
  * The `device` setting (undefined: `"auto"`), checked again here for callers that bypass the schema.

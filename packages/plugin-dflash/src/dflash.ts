@@ -49,8 +49,10 @@ import {
   draftShardLayout,
   keptScratch,
   packLinear,
+  q8_0Blocker,
   applyBlockLinear,
   type BlockLinear,
+  type DraftWeightFormat,
   sliceColumns,
   type ContextSpan,
   type DenseBlockWeights,
@@ -131,11 +133,11 @@ export interface DFlashLoadParts {
    */
   readonly device?: DrafterDevice;
   /**
-   * The draft layers' projections (setting `weights`, {@link dflashWeights}): `"bf16"` (default, packed bf16) or
+   * The draft layers' projections (setting `weights`, core's `draftWeightFormat`): `"bf16"` (default, packed bf16) or
    * `"q8_0"` (q/k/v, o and the MLP quantized to GGUF Q8_0 at load, core's `q8_0Linear`: int16 activations, half the
    * bytes; the CPU drafter of a whole draft model only). The draft head keeps its own format (draft-head.ts).
    */
-  readonly weights?: 'bf16' | 'q8_0';
+  readonly weights?: DraftWeightFormat;
 }
 
 /**
@@ -205,16 +207,9 @@ function buildDFlash(
   const layers: DraftLayerWeights[] = [];
   // whole matrices, or the rank's blocks under tensor parallelism
   const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
-  if (parts.weights === 'q8_0' && tp !== undefined && tp.comm.size > 1)
-    throw new DrafterError(
-      `${where}: weights "q8_0" is not supported under tensor parallelism (tp = ${tp.comm.size}); use "bf16"`,
-    );
-  const oddWidths = [...new Set([D, H * hd, I])].filter((x) => x % 32 !== 0);
-  if (parts.weights === 'q8_0' && oddWidths.length > 0)
-    throw new DrafterError(
-      `${where}: weights "q8_0" needs every projection's input width to be a multiple of 32 (Q8_0 blocks); this ` +
-        `draft model has ${oddWidths.join(', ')}; use "bf16"`,
-    );
+  const blocker = q8_0Blocker([D, H * hd, I], tp?.comm.size ?? 1);
+  if (parts.weights === 'q8_0' && blocker !== undefined)
+    throw new DrafterError(`${where}: weights "q8_0" ${blocker}; use "bf16"`);
   /** Row blocks stacked (one `k`) as one linear map: packed bf16 (the rank's blocks), or Q8_0 (whole matrices). */
   const pack = (p: readonly ShardPart[]): BlockLinear => packLinear(r, p, shard, parts.weights ?? 'bf16');
   for (let j = 0; j < c.numLayers; j++) {

@@ -1,15 +1,16 @@
 /** The DFlash {@link DrafterPlugin}: chosen for checkpoints with `architectures ["DFlashDraftModel"]`. */
-import type {
-  Drafter,
-  DrafterLoadOptions,
-  DrafterPlugin,
-  DrafterShardLoadOptions,
-  DrafterSource,
-  PartialProjection,
-  ProjectionLoadOptions,
+import {
+  draftWeightFormat,
+  type Drafter,
+  type DrafterLoadOptions,
+  type DrafterPlugin,
+  type DrafterShardLoadOptions,
+  type DrafterSource,
+  type PartialProjection,
+  type ProjectionLoadOptions,
 } from '@specd/core';
 
-import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashDevice, dflashWeights, parseDFlashConfig } from './config.js';
+import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashDevice, parseDFlashConfig } from './config.js';
 import { loadDFlash, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
@@ -25,7 +26,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
         packedHead: options.settings?.draft_head === 'packed',
         wholeVocab: options.settings?.draft_vocab === 'whole',
         device: dflashDevice(options.settings?.device),
-        weights: dflashWeights(options.settings?.weights),
+        weights: draftWeightFormat('dflash', options.settings?.weights),
       }),
     );
   },
@@ -34,7 +35,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
       loadDFlashShard(source, parseDFlashConfig(source.config), options, {
         contextOnly: options.contextOnly === true,
         wholeVocab: options.settings?.draft_vocab === 'whole',
-        weights: dflashWeights(options.settings?.weights),
+        weights: draftWeightFormat('dflash', options.settings?.weights),
       }),
     );
   },

@@ -31,6 +31,7 @@
  */
 
 import {
+  draftWeightFormat,
   DrafterBase,
   DrafterError,
   WeightReader,
@@ -53,7 +54,7 @@ import {
   keptScratch,
 } from '@specd/core';
 import { argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
-import { dflashWeights, loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
+import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
 
@@ -96,7 +97,7 @@ function buildDSpark(
   const parts = {
     contextOnly,
     wholeVocab: options.settings?.draft_vocab === 'whole',
-    weights: dflashWeights(options.settings?.weights, 'dspark'),
+    weights: draftWeightFormat('dspark', options.settings?.weights),
   };
   let backboneReads: readonly TensorRead[] = [];
   const backbone =

@@ -24,6 +24,9 @@
 
 import {
   DRAFTER_DEVICES,
+  DRAFT_WEIGHT_FORMATS,
+  draftWeightFormat,
+  type DraftWeightFormat,
   DrafterError,
   drafterDevice,
   type DrafterDevice,
@@ -114,8 +117,8 @@ export interface Eagle3Settings {
  * fc (the context projection, once per committed token) stays bf16. Lossless either way: the drafts change a little
  * (the rounding of the weights), the target's verification does not.
  */
-export const EAGLE3_WEIGHT_FORMATS = ['bf16', 'q8_0'] as const;
-export type Eagle3WeightFormat = (typeof EAGLE3_WEIGHT_FORMATS)[number];
+export const EAGLE3_WEIGHT_FORMATS: readonly Eagle3WeightFormat[] = DRAFT_WEIGHT_FORMATS;
+export type Eagle3WeightFormat = DraftWeightFormat;
 
 /** Where the EAGLE-3 draft model runs ({@link Eagle3Settings.device}; core's {@link DrafterDevice}). */
 export type Eagle3Device = DrafterDevice;
@@ -330,14 +333,8 @@ export function parseEagle3Settings(settings: Readonly<Record<string, unknown>> 
       );
     out.confidence = settings.confidence;
   }
-  if (settings.weights !== undefined) {
-    if (!(EAGLE3_WEIGHT_FORMATS as readonly unknown[]).includes(settings.weights))
-      throw new DrafterError(
-        `eagle3: settings.weights: expected ${EAGLE3_WEIGHT_FORMATS.map((w) => `"${w}"`).join(' or ')}, ` +
-          `got ${JSON.stringify(settings.weights)}`,
-      );
-    out.weights = settings.weights as Eagle3WeightFormat;
-  }
+  const weights = draftWeightFormat('eagle3', settings.weights);
+  if (weights !== undefined) out.weights = weights;
   return Object.freeze(out);
 }
 

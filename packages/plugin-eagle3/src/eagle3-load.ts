@@ -13,6 +13,7 @@ import {
   draftShardLayout,
   hasTreeCommit,
   packLinear,
+  q8_0Blocker,
   q8_0Linear,
   type BlockLinear,
   type DrafterLoadOptions,
@@ -336,21 +337,10 @@ function buildEagle3(
   const downPart: ShardPart = { name: `${p}mlp.down_proj.weight`, n: D, k: I, split: 'intermediateIn' };
   // the `weights` setting: whole matrices quantized to Q8_0 (the default for a whole draft model whose input widths
   // are multiples of 32), or packed bf16 (the default for a shard: the rank's blocks under tensor parallelism)
-  const oddWidths = [...new Set([2 * D, H * hd, D, I])].filter((x) => x % 32 !== 0);
-  const sharded = tp !== undefined && tp.comm.size > 1;
-  if (settings.weights === 'q8_0') {
-    if (sharded)
-      throw new DrafterError(
-        `${where}: drafter.weights "q8_0" is not supported under tensor parallelism (tp = ${tp.comm.size}); ` +
-          'use "bf16"',
-      );
-    if (oddWidths.length > 0)
-      throw new DrafterError(
-        `${where}: drafter.weights "q8_0" needs every projection's input width to be a multiple of 32 (Q8_0 ` +
-          `blocks); this draft model has ${oddWidths.join(', ')}; use "bf16"`,
-      );
-  }
-  const quantize = (settings.weights ?? (tp !== undefined || oddWidths.length > 0 ? 'bf16' : 'q8_0')) === 'q8_0';
+  const blocker = q8_0Blocker([2 * D, H * hd, D, I], tp?.comm.size ?? 1);
+  if (settings.weights === 'q8_0' && blocker !== undefined)
+    throw new DrafterError(`${where}: drafter.weights "q8_0" ${blocker}; use "bf16"`);
+  const quantize = (settings.weights ?? (tp !== undefined || blocker !== undefined ? 'bf16' : 'q8_0')) === 'q8_0';
   /** Row blocks `parts` stacked (one `k`), as one linear map. */
   const linear = (parts: readonly ShardPart[]): BlockLinear => packLinear(r, parts, shard, quantize ? 'q8_0' : 'bf16');
   const w: Eagle3Weights = {

@@ -8,6 +8,14 @@ export {
   type DenseBlockOutputWeights,
   type DenseBlockWeights,
 } from './dense-block.js';
-export { packLinear, q8_0Linear, type Q8_0Linear } from './quant-linear.js';
+export {
+  DRAFT_WEIGHT_FORMATS,
+  draftWeightFormat,
+  packLinear,
+  q8_0Blocker,
+  q8_0Linear,
+  type DraftWeightFormat,
+  type Q8_0Linear,
+} from './quant-linear.js';
 export { freshScratch, keptScratch, type Scratch } from './scratch.js';
 export { packShard, type ShardPart, type ShardSplit, type WeightShard } from './shard-weights.js';

@@ -10,8 +10,49 @@ import { bf16ToF32, gemmQuant, quantizedWeights } from '@specd/native';
 
 import { quantizeQ8_0 } from '../io/gguf-quant.js';
 import type { WeightReader } from '../io/weight-reader.js';
+import { DrafterError } from '../plugin/drafter-plugin.js';
 import type { BlockLinear } from './dense-block.js';
 import { packShard, type ShardPart, type WeightShard } from './shard-weights.js';
+
+/**
+ * A drafter's `weights` setting: its draft model's projections as the checkpoint's packed bf16 or quantized to Q8_0
+ * at load ({@link packLinear}).
+ */
+export type DraftWeightFormat = 'bf16' | 'q8_0';
+
+/** The accepted values of a drafter's `weights` setting. */
+export const DRAFT_WEIGHT_FORMATS: readonly DraftWeightFormat[] = Object.freeze(['bf16', 'q8_0']);
+
+/**
+ * A drafter's `weights` setting checked (undefined stays undefined: the drafter's default), as `drafterDevice` checks
+ * `device` for callers that bypass the config schema.
+ * @throws {DrafterError} "`method`: settings.weights: expected "bf16" or "q8_0", got …".
+ */
+export function draftWeightFormat(method: string, value: unknown): DraftWeightFormat | undefined {
+  if (value === undefined) return undefined;
+  if (!DRAFT_WEIGHT_FORMATS.includes(value as DraftWeightFormat))
+    throw new DrafterError(
+      `${method}: settings.weights: expected ${DRAFT_WEIGHT_FORMATS.map((f) => JSON.stringify(f)).join(' or ')}, ` +
+        `got ${JSON.stringify(value)}`,
+    );
+  return value as DraftWeightFormat;
+}
+
+/**
+ * Why Q8_0 weights cannot hold a draft model's projections, or undefined when they can: under tensor parallelism
+ * (`tpSize` > 1: {@link packLinear} quantizes whole matrices) or with an input width that is not a multiple of 32
+ * (Q8_0 blocks run along k). The drafters refuse an explicit `weights: "q8_0"` with it and default to bf16.
+ */
+export function q8_0Blocker(inputWidths: readonly number[], tpSize: number): string | undefined {
+  if (tpSize > 1) return `is not supported under tensor parallelism (tp = ${tpSize})`;
+  const odd = [...new Set(inputWidths)].filter((x) => x % 32 !== 0);
+  if (odd.length > 0)
+    return (
+      "needs every projection's input width to be a multiple of 32 (Q8_0 blocks); this draft model has " +
+      odd.join(', ')
+    );
+  return undefined;
+}
 
 /** A Q8_0 linear map `[rows, k]` → `[rows, n]` f32. */
 export type Q8_0Linear = Extract<BlockLinear, { apply: unknown }> & { readonly k: number };
@@ -40,7 +81,7 @@ export function packLinear(
   r: WeightReader,
   parts: readonly ShardPart[],
   shard: WeightShard | undefined,
-  format: 'bf16' | 'q8_0',
+  format: DraftWeightFormat,
 ): BlockLinear {
   if (format === 'bf16') return packShard(r, parts, shard);
   if (shard !== undefined && shard.layout.size > 1)

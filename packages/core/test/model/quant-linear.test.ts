@@ -2,7 +2,7 @@
 // the bf16 product, and batch invariant (row i of a GEMM is the GEMV of row i, bit for bit).
 import { describe, expect, it } from 'vitest';
 
-import { q8_0Linear } from '../../src/index.js';
+import { DrafterError, draftWeightFormat, q8_0Blocker, q8_0Linear } from '../../src/index.js';
 
 /** bf16 bit pattern of f32 `v` (truncation: any bf16 will do as a weight). */
 const bf16 = (v: number) => new Uint32Array(Float32Array.of(v).buffer)[0]! >>> 16;
@@ -52,5 +52,23 @@ describe('q8_0Linear', () => {
   it('refuses a wrong length and k not a multiple of 32', () => {
     expect(() => q8_0Linear(new Uint16Array(10), 2, 32)).toThrow(/w has 10 values, expected n·k = 64/);
     expect(() => q8_0Linear(new Uint16Array(2 * 48), 2, 48)).toThrow(/k: expected a positive multiple of 32, got 48/);
+  });
+});
+
+describe("a drafter's weights setting", () => {
+  it('draftWeightFormat: "bf16" and "q8_0" pass, undefined stays undefined, anything else is named', () => {
+    expect(draftWeightFormat('m', 'q8_0')).toBe('q8_0');
+    expect(draftWeightFormat('m', 'bf16')).toBe('bf16');
+    expect(draftWeightFormat('m', undefined)).toBeUndefined();
+    expect(() => draftWeightFormat('m', 'fp8')).toThrow(DrafterError);
+    expect(() => draftWeightFormat('m', 8)).toThrow(/^m: settings\.weights: expected "bf16" or "q8_0", got 8$/);
+  });
+
+  it('q8_0Blocker: none for one rank and widths of 32s; else tensor parallelism or the odd widths, named', () => {
+    expect(q8_0Blocker([256, 512, 768], 1)).toBeUndefined();
+    expect(q8_0Blocker([256, 512], 2)).toBe('is not supported under tensor parallelism (tp = 2)');
+    expect(q8_0Blocker([576, 100, 100, 60], 1)).toBe(
+      "needs every projection's input width to be a multiple of 32 (Q8_0 blocks); this draft model has 100, 60",
+    );
   });
 });
