@@ -1,17 +1,18 @@
 // Shared by the drafter packages' tests of the `weights` setting (bf16 against Q8_0 draft weights): each drafter
-// decodes the same greedy requests at its full draft length; its output must be plain decoding's token for token and
-// it must free its pages. Returns τ per step of each, for the caller's bound.
+// decodes the same greedy requests at its full draft length; its output must be plain decoding's token for token, it
+// must free its pages, τ per step must exceed 1.5 for each and differ by less than 0.15 between them.
 import { expect } from 'vitest';
 
 import { SpecEngine, type Drafter, type SpecRequest, type SpecResult, type StageModel } from '@specd/core';
 
-export function tauByFormat(
+export function expectFormatsAgree(
+  label: string,
   target: StageModel,
   drafters: readonly (readonly [string, Drafter & { readonly pagesInUse: number }])[],
   requests: readonly SpecRequest[],
   plain: ReadonlyMap<string | number, SpecResult>,
   maxSequences: number,
-): Map<string, number> {
+): void {
   const tau = new Map<string, number>();
   for (const [name, d] of drafters) {
     const e = new SpecEngine(target, d, { maxSequences, draftPolicy: 'max', maxTokensPerSequence: 2048 });
@@ -21,5 +22,8 @@ export function tauByFormat(
     tau.set(name, e.metrics.tauPerStep);
     expect(d.pagesInUse).toBe(0);
   }
-  return tau;
+  console.log(`${label} greedy τ per step: ${[...tau].map(([n, t]) => `${n} ${t.toFixed(3)}`).join(', ')}`);
+  const taus = [...tau.values()];
+  for (const t of taus) expect(t).toBeGreaterThan(1.5);
+  expect(Math.max(...taus) - Math.min(...taus)).toBeLessThan(0.15);
 }
