@@ -39,7 +39,8 @@
 // it), prompts the first N/2 of
 // tools/reference/smollm2/prompts/chat.jsonl (chat template applied) and of plain.jsonl. On either target,
 // `eagle3:bf16` and `eagle3:q8_0` are the EAGLE-3 with the setting weights "bf16" or "q8_0" (its decoder layer and
-// lm_head as stored, or in Q8_0; `eagle3` alone: the default, Q8_0).
+// lm_head as stored, or in Q8_0; `eagle3` alone: the default, Q8_0); `dflash:noconf` the DFlash with the setting
+// confidence false (every proposed draft verified; `dflash` alone: proposals carry confidences, the default).
 //
 // Draft cost (bench/draft-split.mjs; `--split-ks 1,3,7,15`, `--split-only` to skip the decoding runs): one
 // propose split into layers (GEMM, attention, other native, JS), lm_head, sampling and the rest of propose, per
@@ -120,6 +121,7 @@ for (const m of METHODS) {
     whole: { draft_vocab: 'whole' },
     bf16: { weights: 'bf16' },
     q8_0: { weights: 'q8_0' },
+    noconf: { confidence: false },
   }[variant];
   const { drafter } = await loadDrafter(
     settings === undefined ? dir : { dir, settings },

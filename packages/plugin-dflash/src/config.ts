@@ -163,6 +163,13 @@ export const DFLASH_SCHEMA: DrafterSchema = Object.freeze({
         '(dflash_config.draft_vocab_size, FR-Spec), if any; "whole" the whole vocabulary even then',
     },
     weights: DFLASH_WEIGHTS_SCHEMA,
+    confidence: {
+      type: 'boolean',
+      description:
+        "proposals carry each draft's confidence (the largest probability of its position's draft distribution), " +
+        "so the cost policy's verify budgets verify only the drafts whose calibrated survival clears the step's " +
+        'threshold (default true; false: every proposed draft is verified). The CPU drafter only',
+    },
   },
 });
 
@@ -175,6 +182,17 @@ export const DFLASH_DEVICES: readonly DrafterDevice[] = DRAFTER_DEVICES;
  */
 export function dflashDevice(value: unknown): DrafterDevice {
   return drafterDevice('dflash', value) ?? 'auto';
+}
+
+/**
+ * The `confidence` setting (undefined: true), checked again here for callers that bypass the schema.
+ * @throws {DrafterError} naming the setting when it is not a boolean.
+ */
+export function dflashConfidence(value: unknown): boolean {
+  if (value === undefined) return true;
+  if (typeof value !== 'boolean')
+    throw new DrafterError(`dflash: settings.confidence: expected a boolean, got ${JSON.stringify(value)}`);
+  return value;
 }
 
 /**

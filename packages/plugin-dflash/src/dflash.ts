@@ -14,6 +14,13 @@
  *   residual, post_attention_layernorm, SwiGLU MLP, residual. Then `norm` and the draft head (the target's
  *   lm_head, or its rows of FR-Spec's reduced draft vocabulary: draft-head.ts); slot j (1 … B − 1) predicts the
  *   token at position p + j. The block's KV is discarded after.
+ * - Confidence (`DraftProposal.confidence`; setting `confidence`, default true; the CPU drafter): c_j = max_x q_j(x),
+ *   the largest probability of slot j's draft distribution (greedy: softmax of the draft logits, one native
+ *   `argmaxProb` call; sampled: of q after temperature / top-k / top-p) — EAGLE-2's draft-probability score (Li et
+ *   al., arXiv 2406.16858, §4). The cost policy calibrates it to acceptance online and verifies draft j only while
+ *   the calibrated survival clears the step's threshold (core's draft-policy.ts, verify budgets). Every slot of a
+ *   block comes from one forward over the context, before any draft is drawn, so whether a draft is verified never
+ *   depends on a draft's value: lossless. Measured: docs/BENCHMARKS.md, "DFlash's confidences".
  *
  * Prefill/decode disaggregation ({@link DraftContextTransfer}): the context is the draft KV pages alone (fc,
  * hidden_norm and the K/V path are applied when it is written), entries `'draft-kv'` layer j part `'k'` / `'v'`;
@@ -138,6 +145,11 @@ export interface DFlashLoadParts {
    * bytes; the CPU drafter of a whole draft model only). The draft head keeps its own format (draft-head.ts).
    */
   readonly weights?: DraftWeightFormat;
+  /**
+   * Whether proposals carry per-draft confidences (setting `confidence`; {@link DFlashDrafter.confidence}). Default
+   * true.
+   */
+  readonly confidence?: boolean;
 }
 
 /**
@@ -276,6 +288,7 @@ function buildDFlash(
     head,
     options.pdFeatures === true && tp === undefined,
   );
+  drafter.confidence = parts.confidence ?? true;
   return { drafter, reads: r.reads };
 }
 
@@ -502,6 +515,8 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
   private readonly inter: number;
   /** The dense block's intermediates, kept between draft blocks (core's `keptScratch`). */
   private readonly blockScratch = keptScratch();
+  /** Whether proposals carry per-draft `confidence` (the setting `confidence`; the module comment). */
+  confidence = false;
 
   constructor(
     readonly config: DFlashConfig,
@@ -627,9 +642,11 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
     at = 0;
     for (const s of seqs) {
       const k = s.maxDrafts;
-      const d = head.drafts(logits.subarray(at * Vd, (at + k) * Vd), k, s.sampling, s.rng);
+      const d = head.drafts(logits.subarray(at * Vd, (at + k) * Vd), k, s.sampling, s.rng, this.confidence);
       at += k;
-      out.push(d.probs === undefined ? { id: s.id, tokens: d.tokens } : { id: s.id, tokens: d.tokens, probs: d.probs });
+      const p: DraftProposal =
+        d.probs === undefined ? { id: s.id, tokens: d.tokens } : { id: s.id, tokens: d.tokens, probs: d.probs };
+      out.push(d.confidence === undefined ? p : { ...p, confidence: d.confidence });
     }
     return out;
   }

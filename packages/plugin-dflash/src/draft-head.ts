@@ -32,6 +32,7 @@ import {
 } from '@specd/core';
 import {
   argmax,
+  argmaxProb,
   f32ToBf16,
   gemmBf16,
   gemmQuant,
@@ -145,6 +146,8 @@ function requireLmHead(target: StageModel): (x: Float32Array, rows: number) => F
 export interface HeadDrafts {
   readonly tokens: Int32Array;
   readonly probs?: Float32Array;
+  /** With `withConfidence`: per draft, its distribution's largest probability `[k]` f32 (module comment). */
+  readonly confidence?: Float32Array;
 }
 
 /**
@@ -160,23 +163,34 @@ export function draftsFromLogits(
   vocabSize: number,
   sampling: DraftSampling,
   rng: RandomSource,
+  withConfidence = false,
 ): HeadDrafts {
   const Vd = ids?.length ?? vocabSize;
   if (sampling.temperature === 0) {
-    const tokens = argmax(logits, Vd);
+    const top = withConfidence ? argmaxProb(logits, Vd) : undefined;
+    const tokens = top?.ids ?? argmax(logits, Vd);
     if (ids !== undefined) for (let j = 0; j < k; j++) tokens[j] = ids[tokens[j]!]!;
-    return { tokens };
+    return top === undefined ? { tokens } : { tokens, confidence: top.prob };
   }
   const q = samplingProbs(logits, Vd, sampling);
   const tokens = new Int32Array(k);
+  const confidence = withConfidence ? new Float32Array(k) : undefined;
   for (let j = 0; j < k; j++) {
-    const d = sampleFromProbs(q.subarray(j * Vd, (j + 1) * Vd), rng);
+    const row = q.subarray(j * Vd, (j + 1) * Vd);
+    if (confidence !== undefined) {
+      // the row's largest probability, read before the draw: the verify budget never sees the draft itself
+      let m = 0;
+      for (let i = 0; i < Vd; i++) if (row[i]! > m) m = row[i]!;
+      confidence[j] = m;
+    }
+    const d = sampleFromProbs(row, rng);
     tokens[j] = ids === undefined ? d : ids[d]!;
   }
-  if (ids === undefined) return { tokens, probs: q };
+  const c = confidence === undefined ? {} : { confidence };
+  if (ids === undefined) return { tokens, probs: q, ...c };
   const probs = new Float32Array(k * vocabSize);
   for (let j = 0; j < k; j++) for (let i = 0; i < Vd; i++) probs[j * vocabSize + ids[i]!] = q[j * Vd + i]!;
-  return { tokens, probs };
+  return { tokens, probs, ...c };
 }
 
 /** See the module comment. Create with {@link DraftHead.full} or {@link DraftHead.reduced}. */
@@ -273,8 +287,14 @@ export class DraftHead {
   }
 
   /** Drafts from `logits [k, Vd]` f32 ({@link draftsFromLogits} over this head's vocabulary). */
-  drafts(logits: Float32Array, k: number, sampling: DraftSampling, rng: RandomSource): HeadDrafts {
-    return draftsFromLogits(logits, k, this.ids, this.target.info.vocabSize, sampling, rng);
+  drafts(
+    logits: Float32Array,
+    k: number,
+    sampling: DraftSampling,
+    rng: RandomSource,
+    withConfidence = false,
+  ): HeadDrafts {
+    return draftsFromLogits(logits, k, this.ids, this.target.info.vocabSize, sampling, rng, withConfidence);
   }
 
   /** Drops the packed rows. */

@@ -19,6 +19,7 @@ export {
   DFLASH_DEVICES,
   DFLASH_SCHEMA,
   DFLASH_WEIGHTS_SCHEMA,
+  dflashConfidence,
   dflashDevice,
   parseDFlashConfig,
   type DFlashConfig,

@@ -10,7 +10,7 @@ import {
   type ProjectionLoadOptions,
 } from '@specd/core';
 
-import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashDevice, parseDFlashConfig } from './config.js';
+import { DFLASH_ARCHITECTURES, DFLASH_SCHEMA, dflashConfidence, dflashDevice, parseDFlashConfig } from './config.js';
 import { loadDFlash, loadDFlashProjection, loadDFlashShard } from './dflash.js';
 
 export const dflashPlugin: DrafterPlugin = Object.freeze({
@@ -27,6 +27,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
         wholeVocab: options.settings?.draft_vocab === 'whole',
         device: dflashDevice(options.settings?.device),
         weights: draftWeightFormat('dflash', options.settings?.weights),
+        confidence: dflashConfidence(options.settings?.confidence),
       }),
     );
   },
@@ -36,6 +37,7 @@ export const dflashPlugin: DrafterPlugin = Object.freeze({
         contextOnly: options.contextOnly === true,
         wholeVocab: options.settings?.draft_vocab === 'whole',
         weights: draftWeightFormat('dflash', options.settings?.weights),
+        confidence: dflashConfidence(options.settings?.confidence),
       }),
     );
   },

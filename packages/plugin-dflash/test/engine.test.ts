@@ -107,6 +107,43 @@ describe('weights "q8_0" (the draft layers in Q8_0)', () => {
   });
 });
 
+describe('confidences (the setting confidence) and the cost policy', () => {
+  it('cuts proposals by their confidences and stays token-for-token plain greedy for every prompt (one sequence)', async () => {
+    const off = await loadDrafter(target, {}, 8, 2048, { method: 'dflash', path: 'x', confidence: false });
+    try {
+      expect(drafter.confidence).toBe(true); // the default
+      expect(off.confidence).toBe(false);
+      const cut = new Map<string, number>();
+      for (const [name, d] of [
+        ['confidence', drafter],
+        ['none', off],
+      ] as const) {
+        // one sequence: on this 2-core target the cost policy drafts far more often alone than in a batch
+        const e = new SpecEngine(target, d, { maxSequences: 1, maxTokensPerSequence: 2048 });
+        const results = byId(e.run(prompts.map((p) => greedy(p))));
+        for (const p of prompts)
+          expect(results.get(p.id)!.tokenIds, `${name} ${p.id}`).toEqual(plain.get(p.id)!.tokenIds);
+        const m = e.metrics;
+        expect(m.drafted, name).toBeGreaterThan(0);
+        expect(e.cache.pagesInUse + e.cache.slotsInUse + d.pagesInUse).toBe(0);
+        cut.set(name, m.unverified);
+        console.log(
+          `DFlash, cost policy, one sequence, confidence ${name}: τ ${m.tauPerStep.toFixed(3)}, drafted ${m.drafted}, ` +
+            `cut by budgets ${m.unverified}`,
+        );
+      }
+      // the budgets cut only proposals that carry confidences
+      expect(cut.get('confidence')).toBeGreaterThan(0);
+      expect(cut.get('none')).toBe(0);
+    } finally {
+      off.dispose();
+    }
+    await expect(loadDrafter(target, {}, 8, 2048, { confidence: 'yes' })).rejects.toThrow(
+      /dflash: settings\.confidence: expected a boolean, got "yes"/,
+    );
+  });
+});
+
 describe('greedy speculative decoding with DFlash', () => {
   it('plain greedy (the baseline) matches the reference continuation of every golden', () => {
     for (const p of prompts) {
