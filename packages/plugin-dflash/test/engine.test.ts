@@ -108,7 +108,7 @@ describe('weights "q8_0" (the draft layers in Q8_0)', () => {
 });
 
 describe('confidences (the setting confidence) and the cost policy', () => {
-  it('cuts proposals by their confidences and stays token-for-token plain greedy for every prompt (one sequence)', async () => {
+  it('cuts proposals by their confidences; token-for-token plain greedy for every prompt (one sequence)', async () => {
     const off = await loadDrafter(target, {}, 8, 2048, { method: 'dflash', path: 'x', confidence: false });
     try {
       expect(drafter.confidence).toBe(true); // the default
@@ -128,8 +128,8 @@ describe('confidences (the setting confidence) and the cost policy', () => {
         expect(e.cache.pagesInUse + e.cache.slotsInUse + d.pagesInUse).toBe(0);
         cut.set(name, m.unverified);
         console.log(
-          `DFlash, cost policy, one sequence, confidence ${name}: τ ${m.tauPerStep.toFixed(3)}, drafted ${m.drafted}, ` +
-            `cut by budgets ${m.unverified}`,
+          `DFlash, cost policy, one sequence, confidence ${name}: τ ${m.tauPerStep.toFixed(3)}, ` +
+            `drafted ${m.drafted}, cut by budgets ${m.unverified}`,
         );
       }
       // the budgets cut only proposals that carry confidences
