@@ -6,6 +6,7 @@
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
 //                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off] [--budget survival|all]
 //                       [--json FILE] [--trace FILE] [--quick]
+// (a drafter name may carry a setting: `dflash:noconf` — confidence false —, `eagle3:bf16`, `eagle3:q8_0`)
 //
 // Each engine is built once with maxSequences = the largest level (as a server is) and, for the drafter, its
 // cost calibration runs before any timer. A level C runs max(C × waves, --requests) requests with C running at a
@@ -56,7 +57,10 @@ let traceTag = { C: 0, rep: -1 };
 const targetDir = MODEL === 'smollm2' ? 'smollm2-135m-instruct' : 'kimi-k3-tiny';
 const METHODS = arg('drafters', MODEL === 'smollm2' ? 'eagle3,dflash' : 'eagle3,dflash,dspark')
   .split(',')
-  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `${targetDir}-${m}`, 'config.json')));
+  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `${targetDir}-${m.split(':')[0]}`, 'config.json')));
+/** A drafter name's settings: `name:noconf` the setting confidence false, `name:bf16` / `name:q8_0` weights. */
+const settingsOf = (m) =>
+  ({ noconf: { confidence: false }, bf16: { weights: 'bf16' }, q8_0: { weights: 'q8_0' } })[m.split(':')[1]];
 if (METHODS.length === 0) throw new Error(`bench:load: no drafter of ${targetDir} found under models/`);
 
 const readJsonl = (file) =>
@@ -82,8 +86,10 @@ const maxTokensPerSequence = 2048;
 const target = await loadTarget(path.join(ROOT, 'models', targetDir), BUILTIN_PLUGIN_PACKAGES);
 const engines = { plain: new SpecEngine(target.model, undefined, { maxSequences: maxSeq, maxTokensPerSequence }) };
 for (const m of METHODS) {
+  const dir = path.join(ROOT, 'models', `${targetDir}-${m.split(':')[0]}`);
+  const settings = settingsOf(m);
   const { drafter } = await loadDrafter(
-    path.join(ROOT, 'models', `${targetDir}-${m}`),
+    settings === undefined ? dir : { dir, settings },
     BUILTIN_PLUGIN_PACKAGES,
     target,
     maxTokensPerSequence,
