@@ -146,7 +146,7 @@ function requireLmHead(target: StageModel): (x: Float32Array, rows: number) => F
 export interface HeadDrafts {
   readonly tokens: Int32Array;
   readonly probs?: Float32Array;
-  /** With `withConfidence`: per draft, its distribution's largest probability `[k]` f32 (module comment). */
+  /** With `withConfidence`: per draft, its distribution's largest probability `[k]` f32 ({@link draftsFromLogits}). */
   readonly confidence?: Float32Array;
 }
 
@@ -154,7 +154,9 @@ export interface HeadDrafts {
  * Drafts from draft-head logits `[k, Vd]` f32 over the draft vocabulary `ids` `[Vd]` (undefined: the whole vocabulary,
  * Vd = vocabSize): greedy (temperature 0) the argmax of each row; sampled, q = the request's temperature / top-k /
  * top-p over the draft vocabulary (core's `samplingProbs`), d ~ q, and q returned over the whole vocabulary
- * `[k, vocabSize]` (0 outside the draft vocabulary).
+ * `[k, vocabSize]` (0 outside the draft vocabulary). With `withConfidence`, also each draft's confidence `[k]` f32:
+ * greedy, softmax's largest probability of its row (in the argmax's native call, `argmaxProb`); sampled, the largest
+ * entry of its q row, read before the draw. Tokens, q and the PRNG draws are the same either way.
  */
 export function draftsFromLogits(
   logits: Float32Array,
