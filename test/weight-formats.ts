@@ -5,16 +5,27 @@ import { expect } from 'vitest';
 
 import { SpecEngine, type Drafter, type SpecRequest, type SpecResult, type StageModel } from '@specd/core';
 
+/**
+ * @param drafters the same drafter in each weight format, by format name (decoded in this order).
+ * @param options.plain plain greedy decoding's results of `requests` by id; absent: decoded here (without a drafter).
+ */
 export function expectFormatsAgree(
   label: string,
   target: StageModel,
-  drafters: readonly (readonly [string, Drafter & { readonly pagesInUse: number }])[],
+  drafters: Readonly<Record<string, Drafter & { readonly pagesInUse: number }>>,
   requests: readonly SpecRequest[],
-  plain: ReadonlyMap<string | number, SpecResult>,
-  maxSequences: number,
+  options: { readonly maxSequences: number; readonly plain?: ReadonlyMap<string | number, SpecResult> },
 ): void {
+  const { maxSequences } = options;
+  const plain =
+    options.plain ??
+    new Map(
+      new SpecEngine(target, undefined, { maxSequences, maxTokensPerSequence: 2048 })
+        .run(requests)
+        .map((r) => [r.id, r]),
+    );
   const tau = new Map<string, number>();
-  for (const [name, d] of drafters) {
+  for (const [name, d] of Object.entries(drafters)) {
     const e = new SpecEngine(target, d, { maxSequences, draftPolicy: 'max', maxTokensPerSequence: 2048 });
     const results = new Map(e.run(requests).map((r) => [r.id, r]));
     for (const q of requests)

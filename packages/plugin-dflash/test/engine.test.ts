@@ -90,13 +90,12 @@ describe('weights "q8_0" (the draft layers in Q8_0)', () => {
       expectFormatsAgree(
         'DFlash (draft layers)',
         target,
-        [
-          ['bf16', drafter],
-          ['q8_0', q8],
-        ],
+        { bf16: drafter, q8_0: q8 },
         prompts.map((p) => greedy(p)),
-        plain,
-        8,
+        {
+          maxSequences: 8,
+          plain,
+        },
       );
     } finally {
       q8.dispose();
