@@ -185,11 +185,12 @@ export function dflashDevice(value: unknown): DrafterDevice {
 }
 
 /**
- * The `confidence` setting (undefined: true), checked again here for callers that bypass the schema.
+ * The `confidence` setting checked again here for callers that bypass the schema (undefined stays undefined: the
+ * drafter's default, `DFlashDrafter.confidence`).
  * @throws {DrafterError} naming the setting when it is not a boolean.
  */
-export function dflashConfidence(value: unknown): boolean {
-  if (value === undefined) return true;
+export function dflashConfidence(value: unknown): boolean | undefined {
+  if (value === undefined) return undefined;
   if (typeof value !== 'boolean')
     throw new DrafterError(`dflash: settings.confidence: expected a boolean, got ${JSON.stringify(value)}`);
   return value;

@@ -146,8 +146,8 @@ export interface DFlashLoadParts {
    */
   readonly weights?: DraftWeightFormat;
   /**
-   * Whether proposals carry per-draft confidences (setting `confidence`; {@link DFlashDrafter.confidence}). Default
-   * true.
+   * Whether proposals carry per-draft confidences (setting `confidence`; absent: {@link DFlashDrafter.confidence}'s
+   * default, true).
    */
   readonly confidence?: boolean;
 }
@@ -288,7 +288,7 @@ function buildDFlash(
     head,
     options.pdFeatures === true && tp === undefined,
   );
-  drafter.confidence = parts.confidence ?? true;
+  if (parts.confidence !== undefined) drafter.confidence = parts.confidence;
   return { drafter, reads: r.reads };
 }
 
@@ -515,8 +515,8 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
   private readonly inter: number;
   /** The dense block's intermediates, kept between draft blocks (core's `keptScratch`). */
   private readonly blockScratch = keptScratch();
-  /** Whether proposals carry per-draft `confidence` (the setting `confidence`; the module comment). */
-  confidence = false;
+  /** Whether proposals carry per-draft `confidence` (the setting `confidence`, default true; the module comment). */
+  confidence = true;
 
   constructor(
     readonly config: DFlashConfig,
