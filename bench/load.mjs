@@ -4,7 +4,7 @@
 //
 //   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
-//                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off] [--budget survival|all]
+//                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off|fixed:K] [--budget survival|all]
 //                       [--json FILE] [--trace FILE] [--quick]
 // (a drafter name may carry a setting: `dflash:noconf` — confidence false —, `eagle3:bf16`, `eagle3:q8_0`)
 //
@@ -47,6 +47,15 @@ const NEW = Number(arg('tokens', quick ? '32' : '64'));
 const WAVES = Number(arg('waves', quick ? '1' : '2'));
 const REPS = Number(arg('reps', quick ? '1' : '3'));
 const POLICY = arg('policy', 'cost');
+/** The K of `--policy fixed:K` (a whole number >= 0). */
+const fixedK = (p) => {
+  const k = Number(p.slice('fixed:'.length));
+  if (!Number.isInteger(k) || k < 0) throw new Error(`bench:load: --policy ${p}: expected fixed:K with K >= 0`);
+  return k;
+};
+if (!['cost', 'max', 'off'].includes(POLICY) && !POLICY.startsWith('fixed:'))
+  throw new Error(`bench:load: --policy: expected cost, max, off or fixed:K, got ${POLICY}`);
+if (POLICY.startsWith('fixed:')) fixedK(POLICY);
 /** Verify budgets (SpecEngineOptions.verifyBudget): 'survival' (default) cuts proposals by their confidences. */
 const BUDGET = arg('budget', 'survival');
 const jsonOut = arg('json', undefined);
@@ -95,8 +104,10 @@ for (const m of METHODS) {
     maxTokensPerSequence,
     maxSeq,
   );
-  // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call)
-  const draftPolicy = POLICY === 'off' ? fixedDraftPolicy(0) : POLICY;
+  // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call);
+  // 'fixed:K' drafts K tokens for every sequence on every step
+  const draftPolicy =
+    POLICY === 'off' ? fixedDraftPolicy(0) : POLICY.startsWith('fixed:') ? fixedDraftPolicy(fixedK(POLICY)) : POLICY;
   const costPolicy =
     traceOut === undefined
       ? undefined
