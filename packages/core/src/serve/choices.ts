@@ -25,7 +25,7 @@ import type { Tokenizer } from '../io/tokenizer.js';
 import { type EngineLoop, type LoopListener, type LoopRequest, OverloadedError } from './engine-loop.js';
 import { ChoiceOutput } from './choice-output.js';
 import { ApiError, invalidParam, modelFailed, overloaded, sequenceFailed, shuttingDown } from './errors.js';
-import type { ServerMetrics } from './metrics.js';
+import { apiFinishReason, type ServerMetrics } from './metrics.js';
 import type { GenerationParams } from './protocol.js';
 import { completionPrompts, type RequestEndpoint } from './request-fields.js';
 
@@ -67,8 +67,6 @@ export const SSE_HEADERS = {
 } as const;
 
 /** The finish reasons of the engine, as OpenAI's. */
-const FINISH: Record<string, string> = { eos: 'stop', stop: 'stop', length: 'length', abort: 'abort' };
-
 /**
  * The one-prompt bodies of a request whose choices are more than one (`n` > 1, or a completion's list of prompts),
  * `n` and `best_of` removed (checked by request-fields.ts); undefined for a request of one choice (the server's
@@ -234,7 +232,7 @@ export async function serveChoices(
         if (ended) return;
         const tail = c.out.finish();
         if (tail !== '') raw.write(chunk(c, tail, null));
-        raw.write(chunk(c, chat ? undefined : '', FINISH[r.finishReason] ?? 'stop'));
+        raw.write(chunk(c, chat ? undefined : '', apiFinishReason(r.finishReason)));
         if (++done < choices.length) return;
         ended = true;
         if (p0.includeUsage) {
@@ -279,7 +277,7 @@ export async function serveChoices(
         const out = choices.map((x) => {
           x.out.finish();
           const res = x.result as SpecResult;
-          const reason = FINISH[res.finishReason] ?? 'stop';
+          const reason = apiFinishReason(res.finishReason);
           const ids = x.prompt.params.returnTokenIds ? { token_ids: res.tokenIds } : {};
           const text = x.out.fullText;
           const logprobs = x.out.allLogprobs();

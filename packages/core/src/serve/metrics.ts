@@ -70,6 +70,15 @@ export function perPositionRate(t: SpecDecodeTotals): number[] {
   return t.draftSteps === 0 ? [] : t.acceptedPerPos.map((c) => c / t.draftSteps);
 }
 
+const FINISH: Record<string, string> = { eos: 'stop', stop: 'stop', length: 'length', abort: 'abort' };
+/**
+ * The OpenAI API's finish_reason for an engine finish reason: "eos" and a stop string are "stop"; "length" and
+ * "abort" stay; anything else is "stop".
+ */
+export function apiFinishReason(engineReason: string): string {
+  return FINISH[engineReason] ?? 'stop';
+}
+
 /** The exported metrics (names prefixed `specd_`). */
 export class ServerMetrics {
   readonly registry = new Registry();
@@ -112,7 +121,7 @@ export class ServerMetrics {
     if (options.defaultMetrics === true) collectDefaultMetrics({ register: this.registry, prefix: 'specd_process_' });
     this.requests = new Counter({
       name: 'specd_requests_total',
-      help: 'finished generation requests',
+      help: 'finished generation requests, by endpoint and the API finish_reason (stop, length, abort)',
       labelNames: ['endpoint', 'finish_reason'],
       registers,
     });
@@ -340,13 +349,16 @@ export class ServerMetrics {
     };
   }
 
-  /** Records a finished request. Times in seconds; `ttft` undefined when no token came. */
+  /**
+   * Records a finished request, labelled with its API finish reason ({@link apiFinishReason}: "stop", not the
+   * engine's "eos"). Times in seconds; `ttft` undefined when no token came.
+   */
   recordRequest(
     endpoint: string,
     finishReason: string,
     r: { promptTokens: number; outputTokens: number; ttft?: number; e2e: number; spec?: RequestMetrics },
   ): void {
-    this.requests.inc({ endpoint, finish_reason: finishReason });
+    this.requests.inc({ endpoint, finish_reason: apiFinishReason(finishReason) });
     this.promptTokens.inc(r.promptTokens);
     this.generationTokens.inc(r.outputTokens);
     if (r.ttft !== undefined) this.ttft.observe(r.ttft);

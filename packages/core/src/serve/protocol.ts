@@ -147,6 +147,8 @@ function bool(b: Body, key: string): boolean | undefined {
 
 function common(b: Body, defaults: SamplingDefaults, maxTokensKeys: readonly string[]): GenerationParams {
   const model = b.model;
+  if (model === undefined || model === null)
+    throw invalidParam('model', 'missing (the served model id, as GET /v1/models lists it)');
   if (typeof model !== 'string' || model === '')
     throw invalidParam('model', `expected a model id, got ${JSON.stringify(model)}`);
   let maxTokens: number | undefined;

@@ -41,7 +41,7 @@ import {
 } from './errors.js';
 import { answerThenDrain, checkBind, installAccessHook, installJsonParser } from './http-guard.js';
 import { checkServerContextLength, type ModelContextLength, resolveMaxTokens } from './limits.js';
-import { ServerMetrics } from './metrics.js';
+import { apiFinishReason, ServerMetrics } from './metrics.js';
 import { PromptBuilder } from './prompt.js';
 import { DecodeRole } from '../pd/decode-role.js';
 import { PrefillRole, type PdRoleOptions, type PrefillRoleOptions } from '../pd/prefill-role.js';
@@ -130,8 +130,6 @@ interface Opened {
 }
 
 /** Maps the engine's finish reasons to OpenAI's. */
-const FINISH: Record<string, string> = { eos: 'stop', stop: 'stop', length: 'length', abort: 'abort' };
-
 const send = (reply: FastifyReply, e: ApiError): FastifyReply =>
   reply.code(e.status).type('application/json').send(e.toJSON());
 
@@ -331,6 +329,25 @@ export class SpecdServer {
       if (this.closing) reply.header('connection', 'close');
     });
     app.setNotFoundHandler((req, reply) => {
+      // a route that exists under other methods is a 405 naming them (as FastAPI answers vLLM's routes), else a 404
+      const url = req.url.split('?')[0] ?? req.url;
+      const allowed = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'].filter(
+        (method) => method !== req.method && app.hasRoute({ method: method as 'GET', url }),
+      );
+      if (allowed.length > 0) {
+        this.metrics.errors.inc({ status: '405' });
+        reply.header('allow', allowed.join(', '));
+        return send(
+          reply,
+          new ApiError(
+            405,
+            `method ${req.method} not allowed on ${url} (allowed: ${allowed.join(', ')})`,
+            'invalid_request_error',
+            null,
+            'method_not_allowed',
+          ),
+        );
+      }
       this.metrics.errors.inc({ status: '404' });
       return send(
         reply,
@@ -699,7 +716,7 @@ export class SpecdServer {
           head();
           const tail = out.finish();
           if (tail !== '') raw.write(chunk(tail, null, out.takeLogprobs()));
-          raw.write(chunk(kind === 'chat' ? undefined : '', FINISH[r.finishReason] ?? 'stop', out.takeLogprobs()));
+          raw.write(chunk(kind === 'chat' ? undefined : '', apiFinishReason(r.finishReason), out.takeLogprobs()));
           if (p.includeUsage) {
             const body = { id, object: chunkObject, created, model, choices: [], usage: usage(r.tokenIds.length) };
             raw.write(`data: ${JSON.stringify(body)}\n\n`);
@@ -759,7 +776,7 @@ export class SpecdServer {
           out.finish();
           const text = out.fullText;
           const logprobs = out.allLogprobs();
-          const reason = FINISH[r.finishReason] ?? 'stop';
+          const reason = apiFinishReason(r.finishReason);
           const ids = p.returnTokenIds ? { token_ids: r.tokenIds } : {};
           const choice =
             kind === 'chat'

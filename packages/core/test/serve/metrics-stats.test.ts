@@ -439,4 +439,29 @@ describe('StatsLogger', () => {
     expect(stats.sample().active).toBe(false);
     expect(() => new StatsLogger(source, () => undefined, 0)).toThrow(/intervalMs: expected an integer >= 1, got 0/);
   });
+
+  it('specd_requests_total counts by the API finish reason (the engine\'s "eos" is "stop")', async () => {
+    const zero = () => 0;
+    const metrics = new ServerMetrics({
+      running: zero,
+      waiting: zero,
+      targetPagesInUse: zero,
+      draftPagesInUse: zero,
+      stateSlotsInUse: zero,
+      prefillTokens: zero,
+      transfersInFlight: zero,
+    });
+    for (const reason of ['eos', 'stop', 'eos', 'length', 'abort'])
+      metrics.recordRequest('chat', reason, { promptTokens: 1, outputTokens: 1, e2e: 1 });
+    const text = await metrics.registry.metrics();
+    const count = (reason: string) =>
+      Number(
+        text
+          .split('\n')
+          .find((l) => l.startsWith(`specd_requests_total{endpoint="chat",finish_reason="${reason}"} `))
+          ?.split(' ')[1],
+      );
+    expect([count('stop'), count('length'), count('abort')]).toEqual([3, 1, 1]);
+    expect(text).not.toContain('finish_reason="eos"');
+  });
 });

@@ -356,7 +356,17 @@ describe('specd serve (openai client)', () => {
     const nf = await fetch(`${s.url}/v2/nothing`, { headers: { authorization: `Bearer ${KEY}` } });
     expect(nf.status).toBe(404);
     expect(await nf.json()).toHaveProperty('error.message');
-    expect(await metric('specd_request_errors_total')).toBeGreaterThanOrEqual(7);
+    // a known route under the wrong method: 405, naming the methods it takes
+    const wrong = await fetch(`${s.url}/v1/chat/completions`, { headers: { authorization: `Bearer ${KEY}` } });
+    expect(wrong.status).toBe(405);
+    expect(wrong.headers.get('allow')).toBe('POST');
+    expect(((await wrong.json()) as { error: { message: string; code: string } }).error).toEqual(
+      expect.objectContaining({
+        message: 'method GET not allowed on /v1/chat/completions (allowed: POST)',
+        code: 'method_not_allowed',
+      }),
+    );
+    expect(await metric('specd_request_errors_total')).toBeGreaterThanOrEqual(8);
   });
 
   it('503 when the tokens in flight are full (a second server on the same target, no drafter)', async () => {

@@ -206,6 +206,19 @@ describe('request parsing', () => {
     expect(status(() => parseCompletionRequest(body, DEFAULTS))).toEqual({ status: 400, param });
   });
 
+  it('a missing model says so; a wrong type shows the value', () => {
+    for (const parse of [
+      (model?: unknown) => () => parseCompletionRequest({ model, prompt: 'x' }, DEFAULTS),
+      (model?: unknown) => () => parseChatRequest({ model, messages: [{ role: 'user', content: 'x' }] }, DEFAULTS),
+    ]) {
+      expect(status(parse())).toEqual({ status: 400, param: 'model' });
+      expect(parse()).toThrow(/^model: missing \(the served model id, as GET \/v1\/models lists it\)$/);
+      expect(parse(null)).toThrow(/^model: missing/);
+      expect(parse(7)).toThrow(/^model: expected a model id, got 7$/);
+      expect(parse('')).toThrow(/^model: expected a model id, got ""$/);
+    }
+  });
+
   it.each([
     // JSON.parse reads 1e999 as Infinity and -1e999 as -Infinity; NaN cannot come from JSON but is refused too
     ['temperature', Number.POSITIVE_INFINITY, /^temperature: expected a number in \[0, 2\] \(below 0.00001: greedy\)/],
