@@ -164,7 +164,7 @@ void RunGemm(const Problem& p) {
       quant::PanelWork(p.m, p.k));
 }
 
-/** AMX tiles for the int8-activation GEMM when available (SPECD_QUANT_AMX=0 turns them off, for A/B runs). */
+/** AMX tiles for the int8 and int16 GEMMs when available (SPECD_QUANT_AMX=0 turns them off, for A/B runs). */
 const bool g_int8_amx = [] {
   const char* v = std::getenv("SPECD_QUANT_AMX");
   return v == nullptr || std::string(v) != "0";
@@ -179,18 +179,24 @@ const int64_t g_amx_min_rows = [] {
   const long n = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
   return n >= 1 ? static_cast<int64_t>(n) : quant::kAmxMinRows;
 }();
+/** The same for int16 activations: quant::kAmxMinRowsWide, or SPECD_QUANT_AMX_MIN_ROWS_WIDE (an integer >= 1). */
+const int64_t g_amx_min_rows_wide = [] {
+  const char* v = std::getenv("SPECD_QUANT_AMX_MIN_ROWS_WIDE");
+  const long n = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
+  return n >= 1 ? static_cast<int64_t>(n) : quant::kAmxMinRowsWide;
+}();
 
 /**
  * Y = Q(X) · Wᵀ with int8 activations, or int16 ones with `wide` (quant_kernels.h, "int8 activations",
  * "int16 activations"): X quantized once per call (rows split over threads), then panels split over
- * threads. VNNI path when the ISA is avx512 and the CPU has VBMI (int8: AMX-INT8 tiles for m >=
- * kAmxMinRows where present), else portable; all give the same bits.
+ * threads. VNNI path when the ISA is avx512 and the CPU has VBMI (AMX-INT8 tiles where present for m >=
+ * kAmxMinRows, int16: kAmxMinRowsWide), else portable; all give the same bits.
  */
 void RunGemmI8(const Problem& p, bool wide) {
   if (p.m == 0 || p.n == 0) return;
   const bool vnni = CurrentIsa() == Isa::kAvx512 && Avx512VbmiAvailable();
   // Same integer sums, same fp32 combination: the AMX path changes no bit, only the speed.
-  const bool amx = vnni && !wide && AmxInt8Available() && p.m >= g_amx_min_rows && g_int8_amx;
+  const bool amx = vnni && AmxInt8Available() && p.m >= (wide ? g_amx_min_rows_wide : g_amx_min_rows) && g_int8_amx;
   const int64_t blocks = p.k / quant::kBlock;
   // The quantized activations in kept scratch (common.h; the quantization writes every element; fresh zero-filled
   // vectors cost a 512-row prefill chunk ~0.6 MB of memset per GEMM).

@@ -1,6 +1,7 @@
-// AMX-INT8 kernel for the int8-activation GEMM over packed GGUF-quantized weights (numerics:
-// quant_kernels.h, "int8 activations"). Compiled with the AVX-512 + AMX-TILE/INT8 flags; called
-// only when isa.cc reports AMX-INT8 usable, for m >= kAmxMinRows. Intrinsics only, no STL.
+// AMX-INT8 kernel for the int8- and int16-activation GEMM over packed GGUF-quantized weights (numerics:
+// quant_kernels.h, "int8 activations", "int16 activations"). Compiled with the AVX-512 + AMX-TILE/INT8 flags;
+// called only when isa.cc reports AMX-INT8 usable, for m >= kAmxMinRows (int16: kAmxMinRowsWide). Intrinsics only,
+// no STL.
 //
 // The integer block sums are exact, so computing them with TDPBSUD (signed activations × unsigned
 // weight bytes) instead of VPDPBUSD gives the same int32 values, and the fp32 combination below is
@@ -11,6 +12,11 @@
 // panel block are one B tile, 8 rows of 4 k × 16 columns); then per row tile of <= 16 rows and per
 // block: C0..C3 = 0, A = 16 rows × 32 k of int8 activations, C_b += A · B_b, the C tiles stored and
 // combined with AVX-512 into fp32 accumulators in scratch (t = (d_w·d_x)·isum (+ m_w·s_x); acc + t).
+// int16 activations (ActsI8::lo set): the high plane in tile 4 and the low plane in tile 7, two panels at a time
+// (C0, C1 the high sums, C2, C3 the low ones, against the same B tiles), and isum = 256·high + low + the bias term
+// before the same combination: the VNNI path's int32 sum, so the same bits.
+// The logic is checked on CPUs without AMX by native/test/amx-emulated.test.ts (software tiles, bit for bit
+// against the VNNI kernel).
 #include <immintrin.h>
 
 #include "amx_tiles.h"
@@ -29,12 +35,14 @@ void Configure(int rows) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
     cfg.colsb[t] = 64;
   }
-  cfg.rows[4] = static_cast<uint8_t>(rows);  // A: rows × 32 int8
+  cfg.rows[4] = static_cast<uint8_t>(rows);  // A: rows × 32 int8 (int16: the high plane)
   cfg.colsb[4] = 32;
   for (int t = 5; t < 7; ++t) {  // B: 8 × (16 columns × 4 k) uint8
     cfg.rows[t] = 8;
     cfg.colsb[t] = 64;
   }
+  cfg.rows[7] = static_cast<uint8_t>(rows);  // int16: the low plane, rows × 32 int8
+  cfg.colsb[7] = 32;
   _tile_loadconfig(&cfg);
 }
 
@@ -47,12 +55,13 @@ inline void StoreRow(float* y, int64_t col, int64_t n, __m512 v) {
   }
 }
 
-template <Type T>
+template <Type T, bool W>
 void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   const int64_t blocks = p.k / kBlock;
   uint8_t* ws = scratch;
-  int32_t* ibuf = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640);   // [4][16][16]
-  float* fs = reinterpret_cast<float*>(scratch + blocks * 4 * 640 + 4096);  // [16][4][16]
+  int32_t* ibuf = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640);          // [4][16][16]
+  float* fs = reinterpret_cast<float*>(scratch + blocks * 4 * 640 + 4096);         // [16][4][16]
+  int32_t* ilo = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640 + 8192);    // int16: [4][16][16]
   constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
   int configured = -1;
   for (int64_t panel = panel_begin; panel < panel_end; panel += 4) {
@@ -69,14 +78,40 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
       for (int i = 0; i < rows * 4; ++i) _mm512_store_ps(fs + i * 16, _mm512_setzero_ps());
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* wb = ws + blk * nb * 640;
-        _tile_loadd(4, p.x.q + row0 * p.k + blk * kBlock, p.k);
-        _tile_zero(0);
-        _tile_loadd(5, wb, 64);
-        _tile_dpbsud(0, 4, 5);
-        if (nb > 1) {
-          _tile_zero(1);
-          _tile_loadd(6, wb + 640, 64);
-          _tile_dpbsud(1, 4, 6);
+        if constexpr (W) {
+          // int16: the high plane (tile 4) and the low plane (tile 7) against the same B tiles, two panels at a
+          // time (C0, C1 high; C2, C3 low), each C stored to its int32 buffer.
+          _tile_loadd(4, p.x.q + row0 * p.k + blk * kBlock, p.k);
+          _tile_loadd(7, p.x.lo + row0 * p.k + blk * kBlock, p.k);
+          for (int b = 0; b < nb; b += 2) {
+            _tile_zero(0);
+            _tile_zero(2);
+            _tile_loadd(5, wb + b * 640, 64);
+            _tile_dpbsud(0, 4, 5);
+            _tile_dpbsud(2, 7, 5);
+            if (b + 1 < nb) {
+              _tile_zero(1);
+              _tile_zero(3);
+              _tile_loadd(6, wb + (b + 1) * 640, 64);
+              _tile_dpbsud(1, 4, 6);
+              _tile_dpbsud(3, 7, 6);
+            }
+            _tile_stored(0, ibuf + b * 256, 64);
+            _tile_stored(2, ilo + b * 256, 64);
+            if (b + 1 < nb) {
+              _tile_stored(1, ibuf + (b + 1) * 256, 64);
+              _tile_stored(3, ilo + (b + 1) * 256, 64);
+            }
+          }
+        } else {
+          _tile_loadd(4, p.x.q + row0 * p.k + blk * kBlock, p.k);
+          _tile_zero(0);
+          _tile_loadd(5, wb, 64);
+          _tile_dpbsud(0, 4, 5);
+          if (nb > 1) {
+            _tile_zero(1);
+            _tile_loadd(6, wb + 640, 64);
+            _tile_dpbsud(1, 4, 6);
         }
         if (nb > 2) {
           _tile_zero(2);
@@ -92,6 +127,7 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
         if (nb > 1) _tile_stored(1, ibuf + 256, 64);
         if (nb > 2) _tile_stored(2, ibuf + 512, 64);
         if (nb > 3) _tile_stored(3, ibuf + 768, 64);
+        }
         __m512 dw[4], mw[4];
         for (int b = 0; b < nb; ++b) {
           dw[b] = _mm512_load_ps(reinterpret_cast<const float*>(wb + b * 640 + 512));
@@ -105,6 +141,9 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
           const __m512i off = _mm512_set1_epi32(bias * p.x.sum[at]);
           for (int b = 0; b < nb; ++b) {
             __m512i isum = _mm512_load_si512(ibuf + b * 256 + r * 16);
+            // int16: isum = 256·high + (low + bias·Σq), the VNNI path's int32 sum (exact, any order)
+            if constexpr (W)
+              isum = _mm512_add_epi32(_mm512_slli_epi32(isum, 8), _mm512_load_si512(ilo + b * 256 + r * 16));
             if (bias != 0) isum = _mm512_add_epi32(isum, off);
             // As the VNNI path: (dw·dx)·isum (+ mw·sx), then acc + t, each rounded, no FMA.
             __m512 v = _mm512_mul_ps(_mm512_mul_ps(dw[b], dx), _mm512_cvtepi32_ps(isum));
@@ -125,10 +164,17 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
 }  // namespace
 
 void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
+  const bool wide = p.x.lo != nullptr;
   switch (p.type) {
-    case Type::kQ4_0: Panels<Type::kQ4_0>(p, panel_begin, panel_end, scratch); break;
-    case Type::kQ4_1: Panels<Type::kQ4_1>(p, panel_begin, panel_end, scratch); break;
-    case Type::kQ8_0: Panels<Type::kQ8_0>(p, panel_begin, panel_end, scratch); break;
+    case Type::kQ4_0:
+      return wide ? Panels<Type::kQ4_0, true>(p, panel_begin, panel_end, scratch)
+                  : Panels<Type::kQ4_0, false>(p, panel_begin, panel_end, scratch);
+    case Type::kQ4_1:
+      return wide ? Panels<Type::kQ4_1, true>(p, panel_begin, panel_end, scratch)
+                  : Panels<Type::kQ4_1, false>(p, panel_begin, panel_end, scratch);
+    case Type::kQ8_0:
+      return wide ? Panels<Type::kQ8_0, true>(p, panel_begin, panel_end, scratch)
+                  : Panels<Type::kQ8_0, false>(p, panel_begin, panel_end, scratch);
   }
 }
 

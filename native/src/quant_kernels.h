@@ -71,8 +71,9 @@
 // i.e. two VPDPBUSD chains against the SAME weight operand (no other transform), the bias term
 // −128·Σq (Q8_0) / −8·Σq (Q4_0) taken once with the q of 16 bits. The combination is the int8
 // one: t = (d_w·d_x)·float(isum) (+ m_w·s_x), acc = acc + t — float(isum) may now round (|isum| can
-// pass 2^24), identically on both paths (round to nearest even). Same invariances as int8. AMX is not
-// used for int16 (the VNNI tiles run every m; same bits either way).
+// pass 2^24), identically on both paths (round to nearest even). Same invariances as int8. Where AMX-INT8
+// is usable, m >= kAmxMinRowsWide computes the two planes' sums with two TDPBSUD per tile against the same B tiles
+// and combines isum = 256·high + low exactly as above (quant_i8_amx.cc): same bits.
 // Why (docs/BENCHMARKS.md, "int16 activations"): SmolLM2-135M's goldens drift 2–5 % per layer with
 // int8 activations — every projection's 8-bit rounding (~0.6–0.9 % relative per GEMM, uniform over q/k/v,
 // o, gate/up, down and the lm_head, not one outlier projection) compounds over 30 layers; 16 bits
@@ -193,14 +194,21 @@ void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end);
  */
 void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws);
 
-/** AMX-INT8 path (m >= kAmxMinRows): the same integer block sums by TDPBSUD, the same bits. */
+/** AMX-INT8 path (m >= kAmxMinRows, int16: kAmxMinRowsWide): the same integer block sums by TDPBSUD, same bits. */
 // From m = 96 on (prefill chunks); below, the VNNI tiles are as fast or faster (1 thread, AMX vs VNNI
 // time: m = 16 ×0.7–1.0, m = 64 ×0.85–1.0, m = 128 ×1.1–2.2, m = 512 ×1.6–2.1). Measured against the
 // former VNNI scratch tiles; the direct tiles that replaced them (quant_i8_avx512.cc) are ×1.1–1.2 faster
 // at m = 65–512 (int8) on Zen 5, which has no AMX: not re-measured on an AMX machine.
 constexpr int64_t kAmxMinRows = 96;
+/**
+ * int16 activations: rows from which the AMX path runs (two TDPBSUD a tile, the high and the low plane, where the
+ * VNNI path issues two VPDPBUSD chains a row). The int8 threshold, where int8's AMX path gained ×1.6–2.1 at m = 512;
+ * int16 doubles the VNNI work and adds a tenth to the AMX work. Not yet timed on an AMX machine: the bits are checked
+ * on emulated tiles (native/test/amx-emulated.test.ts), SPECD_QUANT_AMX_MIN_ROWS_WIDE moves it for A/B runs.
+ */
+constexpr int64_t kAmxMinRowsWide = 96;
 /** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
-static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 4096 + 4096 + 64; }
+static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 3 * 4096 + 64; }
 void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
 
 }  // namespace quant

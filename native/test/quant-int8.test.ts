@@ -3,8 +3,9 @@
 // two int8 planes, "int16 activations"): against a float64 reference computed here from the same
 // quantized activations (quantization re-implemented in fp32 steps), bit for bit against an fp32
 // emulation of the documented combination order, close to the fp32-activation GEMM, bitwise batch
-// and thread invariance (int8, m >= 96 runs on AMX-INT8 tiles where present: the same bits as the VNNI
-// GEMV), VNNI == portable, non-finite inputs, async == sync, argument errors.
+// and thread invariance (m >= 96 runs on AMX-INT8 tiles where present, int8 and int16: the same bits as the VNNI
+// GEMV; amx-emulated.test.ts checks that kernel on CPUs without AMX), VNNI == portable, non-finite inputs, async ==
+// sync, argument errors.
 import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
