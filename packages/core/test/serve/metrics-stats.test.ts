@@ -21,6 +21,20 @@ import {
   type SpecDecodeTotals,
 } from '../../src/serve/index.js';
 
+/** A ServerMetrics whose gauges all read 0 (counters only). */
+function idleMetrics(): ServerMetrics {
+  const zero = () => 0;
+  return new ServerMetrics({
+    running: zero,
+    waiting: zero,
+    targetPagesInUse: zero,
+    draftPagesInUse: zero,
+    stateSlotsInUse: zero,
+    prefillTokens: zero,
+    transfersInFlight: zero,
+  });
+}
+
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../..');
 const MODEL = 'kimi-k3-tiny';
 const DRAFTER = path.join(ROOT, 'models/kimi-k3-tiny-dflash');
@@ -312,16 +326,7 @@ describe('the two denominators', () => {
     } finally {
       engine.dispose();
     }
-    const zero = () => 0;
-    const metrics = new ServerMetrics({
-      running: zero,
-      waiting: zero,
-      targetPagesInUse: zero,
-      draftPagesInUse: zero,
-      stateSlotsInUse: zero,
-      prefillTokens: zero,
-      transfersInFlight: zero,
-    });
+    const metrics = idleMetrics();
     for (const r of results)
       metrics.recordRequest('completions', 'length', {
         promptTokens: 4,
@@ -441,16 +446,7 @@ describe('StatsLogger', () => {
   });
 
   it('specd_requests_total counts by the API finish reason (the engine\'s "eos" is "stop")', async () => {
-    const zero = () => 0;
-    const metrics = new ServerMetrics({
-      running: zero,
-      waiting: zero,
-      targetPagesInUse: zero,
-      draftPagesInUse: zero,
-      stateSlotsInUse: zero,
-      prefillTokens: zero,
-      transfersInFlight: zero,
-    });
+    const metrics = idleMetrics();
     for (const reason of ['eos', 'stop', 'eos', 'length', 'abort'])
       metrics.recordRequest('chat', reason, { promptTokens: 1, outputTokens: 1, e2e: 1 });
     const text = await metrics.registry.metrics();
