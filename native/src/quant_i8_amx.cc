@@ -59,9 +59,9 @@ template <Type T, bool W>
 void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch) {
   const int64_t blocks = p.k / kBlock;
   uint8_t* ws = scratch;
-  int32_t* ibuf = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640);          // [4][16][16]
-  float* fs = reinterpret_cast<float*>(scratch + blocks * 4 * 640 + 4096);         // [16][4][16]
-  int32_t* ilo = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640 + 8192);    // int16: [4][16][16]
+  int32_t* ibuf = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640);        // [4][16][16]
+  float* fs = reinterpret_cast<float*>(scratch + blocks * 4 * 640 + 4096);       // [16][4][16]
+  int32_t* ilo = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640 + 8192);  // int16: [4][16][16]
   constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
   int configured = -1;
   for (int64_t panel = panel_begin; panel < panel_end; panel += 4) {
@@ -112,21 +112,21 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
             _tile_zero(1);
             _tile_loadd(6, wb + 640, 64);
             _tile_dpbsud(1, 4, 6);
-        }
-        if (nb > 2) {
-          _tile_zero(2);
-          _tile_loadd(5, wb + 2 * 640, 64);
-          _tile_dpbsud(2, 4, 5);
-        }
-        if (nb > 3) {
-          _tile_zero(3);
-          _tile_loadd(6, wb + 3 * 640, 64);
-          _tile_dpbsud(3, 4, 6);
-        }
-        _tile_stored(0, ibuf, 64);
-        if (nb > 1) _tile_stored(1, ibuf + 256, 64);
-        if (nb > 2) _tile_stored(2, ibuf + 512, 64);
-        if (nb > 3) _tile_stored(3, ibuf + 768, 64);
+          }
+          if (nb > 2) {
+            _tile_zero(2);
+            _tile_loadd(5, wb + 2 * 640, 64);
+            _tile_dpbsud(2, 4, 5);
+          }
+          if (nb > 3) {
+            _tile_zero(3);
+            _tile_loadd(6, wb + 3 * 640, 64);
+            _tile_dpbsud(3, 4, 6);
+          }
+          _tile_stored(0, ibuf, 64);
+          if (nb > 1) _tile_stored(1, ibuf + 256, 64);
+          if (nb > 2) _tile_stored(2, ibuf + 512, 64);
+          if (nb > 3) _tile_stored(3, ibuf + 768, 64);
         }
         __m512 dw[4], mw[4];
         for (int b = 0; b < nb; ++b) {

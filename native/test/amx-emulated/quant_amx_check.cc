@@ -54,9 +54,9 @@ int main() {
           for (size_t i = 0; i < y_vnni.size(); ++i)
             if (std::memcmp(&y_vnni[i], &y_amx[i], 4) != 0) {
               std::printf("mismatch: type %d, %s, n %ld, k %ld, m %ld, row %ld, column %ld: VNNI %.9g, AMX %.9g\n",
-                          static_cast<int>(type), wide ? "int16" : "int8", static_cast<long>(n),
-                          static_cast<long>(k), static_cast<long>(m), static_cast<long>(i / n),
-                          static_cast<long>(i % n), y_vnni[i], y_amx[i]);
+                          static_cast<int>(type), wide ? "int16" : "int8", static_cast<long>(n), static_cast<long>(k),
+                          static_cast<long>(m), static_cast<long>(i / n), static_cast<long>(i % n), y_vnni[i],
+                          y_amx[i]);
               ++differ;
               break;
             }
