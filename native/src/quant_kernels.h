@@ -72,7 +72,7 @@
 // −128·Σq (Q8_0) / −8·Σq (Q4_0) taken once with the q of 16 bits. The combination is the int8
 // one: t = (d_w·d_x)·float(isum) (+ m_w·s_x), acc = acc + t — float(isum) may now round (|isum| can
 // pass 2^24), identically on both paths (round to nearest even). Same invariances as int8. Where AMX-INT8
-// is usable, m >= kAmxMinRowsWide computes the two planes' sums with two TDPBSUD per tile against the same B tiles
+// is usable, m >= kAmxMinRowsWide (16) computes the two planes' sums with two TDPBSUD per tile against the same B tiles
 // and combines isum = 256·high + low exactly as above (quant_i8_amx.cc): same bits.
 // Why (docs/BENCHMARKS.md, "int16 activations"): SmolLM2-135M's goldens drift 2–5 % per layer with
 // int8 activations — every projection's 8-bit rounding (~0.6–0.9 % relative per GEMM, uniform over q/k/v,
@@ -194,7 +194,7 @@ void PanelsI8Vnni(const ProblemI8& p, int64_t panel_begin, int64_t panel_end);
  */
 void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b0, int64_t b1, uint8_t* ws);
 
-/** AMX-INT8 path (m >= kAmxMinRows, int16: kAmxMinRowsWide): the same integer block sums by TDPBSUD, same bits. */
+/** AMX-INT8 path (m >= kAmxMinRows; int16: kAmxMinRowsWide): the same block sums by TDPBSUD, the same bits. */
 // From m = 96 on (prefill chunks); below, the VNNI tiles are as fast or faster (1 thread, AMX vs VNNI
 // time: m = 16 ×0.7–1.0, m = 64 ×0.85–1.0, m = 128 ×1.1–2.2, m = 512 ×1.6–2.1). Measured against the
 // former VNNI scratch tiles; the direct tiles that replaced them (quant_i8_avx512.cc) are ×1.1–1.2 faster
@@ -202,11 +202,14 @@ void TransformPanelsI8(const ProblemI8& p, int64_t panel0, int panels, int64_t b
 constexpr int64_t kAmxMinRows = 96;
 /**
  * int16 activations: rows from which the AMX path runs (two TDPBSUD a tile, the high and the low plane, where the
- * VNNI path issues two VPDPBUSD chains a row). The int8 threshold, where int8's AMX path gained ×1.6–2.1 at m = 512;
- * int16 doubles the VNNI work and adds a tenth to the AMX work. Not yet timed on an AMX machine: the bits are checked
- * on emulated tiles (native/test/amx-emulated.test.ts), SPECD_QUANT_AMX_MIN_ROWS_WIDE moves it for A/B runs.
+ * VNNI path issues two VPDPBUSD chains a row). The GPU machine's Xeon, 2 threads, SmolLM2's Q4_1 / Q8_0 shapes from
+ * DRAM, a forward's GEMMs (30 layers + the lm_head), AMX ÷ VNNI time over two runs: m = 12 ×0.93 / ×1.08,
+ * m = 16 ×0.78 (and ×1.15 with one outlier shape), m = 24 ×0.86 / ×0.94, m = 32 ×0.76 / ×0.80, m = 64–512 ×0.73–0.78;
+ * below 12 the tiles' fixed work loses (m = 2–8 ×1.1–2.1). docs/BENCHMARKS.md, "int16 activations on AMX tiles".
+ * SPECD_QUANT_AMX_MIN_ROWS_WIDE moves it for A/B runs; the bits are the VNNI path's on real tiles (checked there) and
+ * on emulated ones (native/test/amx-emulated.test.ts).
  */
-constexpr int64_t kAmxMinRowsWide = 96;
+constexpr int64_t kAmxMinRowsWide = 16;
 /** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
 static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 3 * 4096 + 64; }
 void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);

@@ -49,7 +49,7 @@ const why =
 
 describe('the AMX quant kernel on emulated tiles', () => {
   it.skipIf(why !== undefined)(
-    `equals the VNNI kernel bit for bit: int8 and int16 activations, Q4_0 / Q4_1 / Q8_0${why ? ` (skipped: ${why})` : ''}`,
+    `equals the VNNI kernel bit for bit: int8 and int16, Q4_0 / Q4_1 / Q8_0${why ? ` (skipped: ${why})` : ''}`,
     () => {
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'specd-amx-emu-'));
       try {
