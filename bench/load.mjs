@@ -28,6 +28,8 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } from '@specd/core';
+
+import { drafterDir, drafterSource } from './drafter-variants.mjs';
 import { isa } from '@specd/native';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -47,15 +49,14 @@ const NEW = Number(arg('tokens', quick ? '32' : '64'));
 const WAVES = Number(arg('waves', quick ? '1' : '2'));
 const REPS = Number(arg('reps', quick ? '1' : '3'));
 const POLICY = arg('policy', 'cost');
-/** The K of `--policy fixed:K` (a whole number >= 0). */
-const fixedK = (p) => {
-  const k = Number(p.slice('fixed:'.length));
-  if (!Number.isInteger(k) || k < 0) throw new Error(`bench:load: --policy ${p}: expected fixed:K with K >= 0`);
-  return k;
-};
-if (!['cost', 'max', 'off'].includes(POLICY) && !POLICY.startsWith('fixed:'))
-  throw new Error(`bench:load: --policy: expected cost, max, off or fixed:K, got ${POLICY}`);
-if (POLICY.startsWith('fixed:')) fixedK(POLICY);
+/** The draft policy `--policy` names: 'cost' and 'max' as named, 'off' = fixed:0, 'fixed:K' K drafts every step. */
+const DRAFT_POLICY = (() => {
+  if (POLICY === 'cost' || POLICY === 'max') return POLICY;
+  const k = POLICY === 'off' ? 0 : POLICY.startsWith('fixed:') ? Number(POLICY.slice('fixed:'.length)) : Number.NaN;
+  if (!Number.isInteger(k) || k < 0)
+    throw new Error(`bench:load: --policy: expected cost, max, off or fixed:K with K >= 0, got ${POLICY}`);
+  return fixedDraftPolicy(k);
+})();
 /** Verify budgets (SpecEngineOptions.verifyBudget): 'survival' (default) cuts proposals by their confidences. */
 const BUDGET = arg('budget', 'survival');
 const jsonOut = arg('json', undefined);
@@ -66,10 +67,7 @@ let traceTag = { C: 0, rep: -1 };
 const targetDir = MODEL === 'smollm2' ? 'smollm2-135m-instruct' : 'kimi-k3-tiny';
 const METHODS = arg('drafters', MODEL === 'smollm2' ? 'eagle3,dflash' : 'eagle3,dflash,dspark')
   .split(',')
-  .filter((m) => fs.existsSync(path.join(ROOT, 'models', `${targetDir}-${m.split(':')[0]}`, 'config.json')));
-/** A drafter name's settings: `name:noconf` the setting confidence false, `name:bf16` / `name:q8_0` weights. */
-const settingsOf = (m) =>
-  ({ noconf: { confidence: false }, bf16: { weights: 'bf16' }, q8_0: { weights: 'q8_0' } })[m.split(':')[1]];
+  .filter((m) => fs.existsSync(path.join(drafterDir(path.join(ROOT, 'models'), targetDir, m), 'config.json')));
 if (METHODS.length === 0) throw new Error(`bench:load: no drafter of ${targetDir} found under models/`);
 
 const readJsonl = (file) =>
@@ -95,19 +93,15 @@ const maxTokensPerSequence = 2048;
 const target = await loadTarget(path.join(ROOT, 'models', targetDir), BUILTIN_PLUGIN_PACKAGES);
 const engines = { plain: new SpecEngine(target.model, undefined, { maxSequences: maxSeq, maxTokensPerSequence }) };
 for (const m of METHODS) {
-  const dir = path.join(ROOT, 'models', `${targetDir}-${m.split(':')[0]}`);
-  const settings = settingsOf(m);
   const { drafter } = await loadDrafter(
-    settings === undefined ? dir : { dir, settings },
+    drafterSource(path.join(ROOT, 'models'), targetDir, m),
     BUILTIN_PLUGIN_PACKAGES,
     target,
     maxTokensPerSequence,
     maxSeq,
   );
-  // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call);
-  // 'fixed:K' drafts K tokens for every sequence on every step
-  const draftPolicy =
-    POLICY === 'off' ? fixedDraftPolicy(0) : POLICY.startsWith('fixed:') ? fixedDraftPolicy(fixedK(POLICY)) : POLICY;
+  // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call)
+  const draftPolicy = DRAFT_POLICY;
   const costPolicy =
     traceOut === undefined
       ? undefined

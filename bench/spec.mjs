@@ -62,6 +62,7 @@ const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, load
   core;
 const { isa } = await import('@specd/native');
 const { draftCostSplit } = await import('./draft-split.mjs');
+const { drafterDir, drafterSource } = await import('./drafter-variants.mjs');
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -82,7 +83,7 @@ const TARGET_DIR = TARGET === 'kimi' ? 'kimi-k3-tiny' : 'smollm2-135m-instruct';
 const METHODS = arg('drafters', TARGET === 'kimi' ? 'dflash,dspark,eagle3' : 'dflash,dflash-v8192,eagle3')
   .split(',')
   .filter((m) => {
-    const there = fs.existsSync(path.join(ROOT, 'models', `${TARGET_DIR}-${m.split(':')[0]}`, 'config.json'));
+    const there = fs.existsSync(path.join(drafterDir(path.join(ROOT, 'models'), TARGET_DIR, m), 'config.json'));
     if (!there)
       console.log(
         `bench:spec: models/${TARGET_DIR}-${m} absent, skipped` +
@@ -111,20 +112,9 @@ const drafters = [];
 /** Display name of each drafter: the folder suffix (two DFlash folders differ by it). */
 const labels = new Map();
 for (const m of METHODS) {
-  // `name:packed`: the DFlash setting draft_head "packed" (a drafter-owned copy of the target lm_head); `name:whole`:
-  // the setting draft_vocab "whole" (the whole vocabulary although the checkpoint lists a reduced one); `name:bf16`,
-  // `name:q8_0`: the EAGLE-3 setting weights (its decoder layer and lm_head as the checkpoint's bf16, or in Q8_0)
-  const [dirName, variant] = m.split(':');
-  const dir = path.join(ROOT, 'models', `${TARGET_DIR}-${dirName}`);
-  const settings = {
-    packed: { draft_head: 'packed' },
-    whole: { draft_vocab: 'whole' },
-    bf16: { weights: 'bf16' },
-    q8_0: { weights: 'q8_0' },
-    noconf: { confidence: false },
-  }[variant];
+  // `name:variant`: that drafter with the variant's settings (bench/drafter-variants.mjs)
   const { drafter } = await loadDrafter(
-    settings === undefined ? dir : { dir, settings },
+    drafterSource(path.join(ROOT, 'models'), TARGET_DIR, m),
     BUILTIN_PLUGIN_PACKAGES,
     target,
     4096,
