@@ -176,16 +176,12 @@ export function draftsFromLogits(
   }
   const q = samplingProbs(logits, Vd, sampling);
   const tokens = new Int32Array(k);
-  const confidence = withConfidence ? new Float32Array(k) : undefined;
+  // each row's largest probability (one native argmax over the k rows), read before the draws: the verify budget
+  // never sees the draft itself
+  const top = withConfidence ? argmax(q, Vd) : undefined;
+  const confidence = top === undefined ? undefined : Float32Array.from(top, (i, j) => q[j * Vd + i]!);
   for (let j = 0; j < k; j++) {
-    const row = q.subarray(j * Vd, (j + 1) * Vd);
-    if (confidence !== undefined) {
-      // the row's largest probability, read before the draw: the verify budget never sees the draft itself
-      let m = 0;
-      for (let i = 0; i < Vd; i++) if (row[i]! > m) m = row[i]!;
-      confidence[j] = m;
-    }
-    const d = sampleFromProbs(row, rng);
+    const d = sampleFromProbs(q.subarray(j * Vd, (j + 1) * Vd), rng);
     tokens[j] = ids === undefined ? d : ids[d]!;
   }
   const c = confidence === undefined ? {} : { confidence };
