@@ -110,7 +110,11 @@ export interface KdaLayerSnapshots {
   readonly qkv: Float32Array;
   readonly g: Float32Array;
   readonly beta: Float32Array;
-  /** Per span of the forward (span order): recurrent state `[H, d, d]` and conv state `[3·H·d, ks − 1]` before it. */
+  /**
+   * Per span of the forward (span order): recurrent state `[H, d, d]` and conv state `[3·H·d, ks − 1]` before it —
+   * for spans of two or more tokens only (zeros for one token: such a block commits whole right after its forward,
+   * which needs no replay; `commitFromSnapshots` refuses to replay it).
+   */
   readonly stateBefore: Float32Array;
   readonly convBefore: Float32Array;
   /** What the replay runs: the layer's conv weights, shape and kernel set. */
@@ -186,7 +190,9 @@ export function kdaForward(
     const cv = spans.map((s) => pools.conv(s.id, l));
     const stateBefore = new Float32Array(spans.length * st[0]!.length);
     const convBefore = new Float32Array(spans.length * cv[0]!.length);
-    spans.forEach((_, i) => {
+    // a block of one token always commits whole, right after its forward: its state before is not needed
+    spans.forEach((s, i) => {
+      if (s.numNew < 2) return;
       stateBefore.set(st[i]!, i * st[0]!.length);
       convBefore.set(cv[i]!, i * cv[0]!.length);
     });

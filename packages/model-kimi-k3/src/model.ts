@@ -16,6 +16,7 @@ import type {
   ForwardResult,
   ModelSource,
   PrefixCommit,
+  PrefixCommitItem,
   SequenceCache,
   SequenceId,
   StageInfo,
@@ -55,7 +56,7 @@ import {
   type MlaWeights,
 } from './mla.js';
 import { loadMoeWeights, loadSwiglu, moeForward, moeTensorCount, type MoeWeights, type RouterChoice } from './moe.js';
-import { commitFromSnapshots } from './rollback.js';
+import { commitFromSnapshotsBatch } from './rollback.js';
 import { keptScratch, type Scratch } from '@specd/core';
 import { kimiWeightReader, type WeightReader } from './weights.js';
 import type { TensorRead } from '@specd/core';
@@ -295,16 +296,37 @@ export class KimiStageModel implements StageModel, PrefixCommit {
    * @throws {KimiForwardError} if the result carries no snapshots; RangeError as commitFromSnapshots.
    */
   commitPrefix(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void {
+    this.commitSnapshotted(cache, result, [{ id, committed }]);
+  }
+
+  /**
+   * {@link PrefixCommit.commitPrefixes}: {@link commitPrefix} for several sequences of one forward, the replays in
+   * one recurrent kernel call per KDA layer ({@link commitFromSnapshotsBatch}). Each whole block committed right
+   * after the forward still needs nothing.
+   * @throws {KimiForwardError} if the result carries no snapshots; RangeError as commitFromSnapshotsBatch.
+   */
+  commitPrefixes(cache: SequenceCache, result: ForwardResult, commits: readonly PrefixCommitItem[]): void {
+    this.commitSnapshotted(cache, result, commits);
+  }
+
+  /** What {@link commitPrefix} and {@link commitPrefixes} do (neither calls the other: either may be wrapped). */
+  private commitSnapshotted(cache: SequenceCache, result: ForwardResult, commits: readonly PrefixCommitItem[]): void {
     const snaps = (result as KimiForwardResult).kdaSnapshots;
     if (snaps === undefined)
       throw new KimiForwardError('commitPrefix: result: the forward was not run with { stateSnapshots: true }');
     const last = this.lastSnapshots;
-    if (last !== undefined && last.set === snaps && last.cache === cache && !last.partial.has(id)) {
-      const span = snaps.spans.find((s) => s.id === id);
-      if (span !== undefined && committed === span.numNew && cache.length(id) === span.position + span.numNew) return;
-      last.partial.add(id);
-    }
-    commitFromSnapshots(cache, snaps, id, committed);
+    const replay =
+      last === undefined || last.set !== snaps || last.cache !== cache
+        ? commits
+        : commits.filter(({ id, committed }) => {
+            if (last.partial.has(id)) return true;
+            const span = snaps.spans.find((s) => s.id === id);
+            if (span !== undefined && committed === span.numNew && cache.length(id) === span.position + span.numNew)
+              return false;
+            last.partial.add(id);
+            return true;
+          });
+    if (replay.length > 0) commitFromSnapshotsBatch(cache, snaps, replay);
   }
 
   /**

@@ -11,7 +11,14 @@
  *   token; the commit costs the recurrence of the committed tokens.
  */
 
-import type { ForwardResult, SequenceCache, SequenceCheckpoint, SequenceId, StageModel } from '@specd/core';
+import type {
+  ForwardResult,
+  PrefixCommitItem,
+  SequenceCache,
+  SequenceCheckpoint,
+  SequenceId,
+  StageModel,
+} from '@specd/core';
 
 import type { KdaSnapshotSet } from './model.js';
 
@@ -43,7 +50,7 @@ export function commitByReplay(
  * `{ kdaSnapshots: true }`: the KDA state and conv state become those after token `committed − 1`
  * of the block (restored from before the forward, then the recurrence re-run on the committed rows; the
  * same bits as the forward computed, so committing twice or after a later forward is still exact); KV
- * beyond `position + committed` is dropped (pages freed).
+ * beyond `position + committed` is dropped (pages freed). {@link commitFromSnapshotsBatch} of one commit.
  * @throws {RangeError} if `id` was not in that forward, or `committed` is not in [1, numNew]
  *   (to keep none, roll back to a checkpoint).
  */
@@ -53,47 +60,97 @@ export function commitFromSnapshots(
   id: SequenceId,
   committed: number,
 ): void {
-  const span = snapshots.spans.find((s) => s.id === id);
-  if (span === undefined)
-    throw new RangeError(`commitFromSnapshots: id: sequence ${String(id)} was not in the snapshotted forward`);
-  if (!Number.isInteger(committed) || committed < 1 || committed > span.numNew) {
-    throw new RangeError(
-      `commitFromSnapshots: committed: expected an integer in [1, ${span.numNew}], got ${committed}`,
-    );
-  }
-  const si = snapshots.spans.indexOf(span);
+  commitFromSnapshotsBatch(cache, snapshots, [{ id, committed }]);
+}
+
+/**
+ * {@link commitFromSnapshots} for several sequences of the same snapshotted forward at once: per KDA layer, every
+ * sequence's state restored from before the forward, then ONE recurrent kernel call over all their committed rows
+ * (`seqLens` = the committed counts; the rows gathered `[Σ committed, 3·H·d]` when there are several) instead of one
+ * call per sequence and layer — on kimi-k3-tiny at 8 sequences the per-sequence calls cost ~0.6 ms a step, a third of
+ * a plain step. The recurrence of a sequence does not depend on the others in the call, so each gets the bits its
+ * own replay writes. Everything is checked before anything changes.
+ * @throws {RangeError} if an id was not in that forward or is repeated, or a `committed` is not in [1, numNew].
+ */
+export function commitFromSnapshotsBatch(
+  cache: SequenceCache,
+  snapshots: KdaSnapshotSet,
+  commits: readonly PrefixCommitItem[],
+): void {
+  const spans = commits.map(({ id, committed }) => {
+    const si = snapshots.spans.findIndex((s) => s.id === id);
+    if (si < 0)
+      throw new RangeError(`commitFromSnapshots: id: sequence ${String(id)} was not in the snapshotted forward`);
+    const span = snapshots.spans[si]!;
+    if (!Number.isInteger(committed) || committed < 1 || committed > span.numNew) {
+      throw new RangeError(
+        `commitFromSnapshots: committed: expected an integer in [1, ${span.numNew}], got ${committed}`,
+      );
+    }
+    if (span.numNew < 2 && [...snapshots.layers.values()].some((l) => l.perToken === undefined))
+      throw new RangeError(
+        `commitFromSnapshots: sequence ${String(id)}: its block of one token kept no state to replay ` +
+          '(committed whole right after its forward, it needs none: KimiStageModel.commitPrefix)',
+      );
+    return { span, si, committed };
+  });
+  if (new Set(commits.map((c) => c.id)).size !== commits.length)
+    throw new RangeError('commitFromSnapshots: commits: a sequence is repeated');
+  if (commits.length === 0) return;
   const pools = cache.state!;
+  const total = spans.reduce((a, s) => a + s.committed, 0);
+  const seqLens = Int32Array.from(spans, (s) => s.committed);
+  const slots = Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
   for (const [l, snap] of snapshots.layers) {
-    const st = pools.recurrent(id, l);
-    const cv = pools.conv(id, l);
     if (snap.perToken !== undefined) {
       // commit mode 'copy': the forward kept the state after every row
-      const row = span.tokenStart + committed - 1;
-      st.set(snap.perToken.state.subarray(row * st.length, (row + 1) * st.length));
-      cv.set(snap.perToken.conv.subarray(row * cv.length, (row + 1) * cv.length));
+      for (const { span, committed } of spans) {
+        const st = pools.recurrent(span.id, l);
+        const cv = pools.conv(span.id, l);
+        const row = span.tokenStart + committed - 1;
+        st.set(snap.perToken.state.subarray(row * st.length, (row + 1) * st.length));
+        cv.set(snap.perToken.conv.subarray(row * cv.length, (row + 1) * cv.length));
+      }
       continue;
     }
-    st.set(snap.stateBefore.subarray(si * st.length, (si + 1) * st.length));
-    cv.set(snap.convBefore.subarray(si * cv.length, (si + 1) * cv.length));
-    const C = snap.heads * snap.headDim;
-    const r0 = span.tokenStart;
-    const r1 = r0 + committed;
+    for (const { span, si } of spans) {
+      const st = pools.recurrent(span.id, l);
+      const cv = pools.conv(span.id, l);
+      st.set(snap.stateBefore.subarray(si * st.length, (si + 1) * st.length));
+      cv.set(snap.convBefore.subarray(si * cv.length, (si + 1) * cv.length));
+    }
+    const H = snap.heads;
+    const C = H * snap.headDim;
+    const rows = (a: Float32Array, width: number): Float32Array => {
+      if (spans.length === 1) {
+        const r0 = spans[0]!.span.tokenStart;
+        return a.subarray(r0 * width, (r0 + spans[0]!.committed) * width);
+      }
+      const out = new Float32Array(total * width);
+      let at = 0;
+      for (const { span, committed } of spans) {
+        out.set(a.subarray(span.tokenStart * width, (span.tokenStart + committed) * width), at * width);
+        at += committed;
+      }
+      return out;
+    };
     snap.kernels.kda(
       {
-        qkv: snap.qkv.subarray(r0 * 3 * C, r1 * 3 * C),
-        g: snap.g.subarray(r0 * C, r1 * C),
-        beta: snap.beta.subarray(r0 * snap.heads, r1 * snap.heads),
+        qkv: rows(snap.qkv, 3 * C),
+        g: rows(snap.g, C),
+        beta: rows(snap.beta, H),
         convWeight: snap.convWeight,
-        seqLens: Int32Array.of(committed),
-        slots: Int32Array.of(pools.slotOf(id)),
+        seqLens,
+        slots,
         state: pools.recurrentStore(l),
         conv: pools.convStore(l),
-        heads: snap.heads,
+        heads: H,
         headDim: snap.headDim,
-        out: new Float32Array(committed * C),
+        out: new Float32Array(total * C),
       },
       'recurrent',
     );
   }
-  cache.rollback(id, { length: span.position + committed, state: undefined });
+  for (const { span, committed } of spans)
+    cache.rollback(span.id, { length: span.position + committed, state: undefined });
 }

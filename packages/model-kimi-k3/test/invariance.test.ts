@@ -294,6 +294,92 @@ describe.each(KERNELS)('%s kernels', (kernels) => {
       for (const id of ['a', 'b', 'pa', 'pb']) cache.finish(id);
       expect(cache.pagesInUse + cache.slotsInUse).toBe(0);
     });
+    it.each(['replay', 'copy'] as const)(
+      'kdaCommit %s: commitPrefixes of four sequences in one call = plain; a bad commit changes nothing',
+      (mode) => {
+        model.kdaCommit = mode;
+        const cache = cacheFor(model, 8, 128);
+        const ids = ['a', 'b', 'c', 'd'] as const;
+        const prompts = { a: PROMPT, b: OTHER, c: PROMPT.slice(0, 5), d: OTHER.slice(0, 7) };
+        for (const id of ids) {
+          prefill(cache, id, prompts[id]);
+          prefill(cache, `p${id}`, prompts[id]);
+        }
+        const blocks = {
+          a: Int32Array.from([...DRAFTS, 9]),
+          b: Int32Array.from([3, 1, 4, 1, 5]),
+          c: Int32Array.from([2, 7, 1, 8]),
+          d: Int32Array.of(6),
+        };
+        const res = model.forward(
+          {
+            sequences: ids.map((id) => ({
+              id,
+              position: cache.length(id),
+              tokens: blocks[id],
+              logits: 'all' as const,
+            })),
+          },
+          cache,
+          { stateSnapshots: true },
+        );
+        const lengths = ids.map((id) => cache.length(id));
+        // checked before anything changes: a repeated id, one not in the forward, a count out of range
+        expect(() =>
+          model.commitPrefixes(cache, res, [
+            { id: 'a', committed: 2 },
+            { id: 'a', committed: 3 },
+          ]),
+        ).toThrow(/a sequence is repeated/);
+        expect(() =>
+          model.commitPrefixes(cache, res, [
+            { id: 'a', committed: 2 },
+            { id: 'pa', committed: 1 },
+          ]),
+        ).toThrow(/sequence pa was not in the snapshotted forward/);
+        expect(() =>
+          model.commitPrefixes(cache, res, [
+            { id: 'b', committed: 2 },
+            { id: 'c', committed: 5 },
+          ]),
+        ).toThrow(/committed: expected an integer in \[1, 4\]/);
+        // a block of one token keeps no state before it (it commits whole): no replay of it
+        if (mode === 'replay')
+          expect(() => commitFromSnapshots(cache, res.kdaSnapshots!, 'd', 1)).toThrow(
+            /sequence d: its block of one token kept no state to replay/,
+          );
+        expect(ids.map((id) => cache.length(id))).toEqual(lengths);
+        // a partly, b and d whole (right after the forward: nothing to redo), c partly — in one call
+        const keep = { a: 2, b: 5, c: 3, d: 1 };
+        model.commitPrefixes(
+          cache,
+          res,
+          ids.map((id) => ({ id, committed: keep[id] })),
+        );
+        for (const id of ids) {
+          for (const t of blocks[id].subarray(0, keep[id]))
+            model.forward(
+              {
+                sequences: [
+                  { id: `p${id}`, position: cache.length(`p${id}`), tokens: Int32Array.of(t), logits: 'none' },
+                ],
+              },
+              cache,
+            );
+          expect(cache.length(id)).toBe(cache.length(`p${id}`));
+          for (const l of model.cacheGeometry.linearState.layers) {
+            expect(bitwiseEqual(cache.state!.recurrent(id, l), cache.state!.recurrent(`p${id}`, l))).toBe(true);
+            expect(bitwiseEqual(cache.state!.conv(id, l), cache.state!.conv(`p${id}`, l))).toBe(true);
+          }
+        }
+        for (const id of ids) {
+          cache.finish(id);
+          cache.finish(`p${id}`);
+        }
+        expect(cache.pagesInUse + cache.slotsInUse).toBe(0);
+        model.kdaCommit = 'replay';
+      },
+    );
   });
 
   describe('pipeline stages', () => {

@@ -10,7 +10,14 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { SafetensorsFile, SpecEngine, type SpecRequest, type SpecResult, type StageModel } from '@specd/core';
+import {
+  type PrefixCommit,
+  SafetensorsFile,
+  SpecEngine,
+  type SpecRequest,
+  type SpecResult,
+  type StageModel,
+} from '@specd/core';
 
 import type { Eagle3Drafter } from '../src/index.js';
 import { EAGLE3_DIR, GOLDENS_DIR, loadDrafter, loadTarget, REPO_ROOT } from './helpers.js';
@@ -93,6 +100,47 @@ describe('greedy speculative decoding with EAGLE-3', () => {
       );
     },
   );
+});
+
+describe("committing a step's sequences", () => {
+  it('one commitPrefixes call a step; when it throws, one by one, output unchanged', () => {
+    const few = prompts.slice(0, 4);
+    const plain = byId(
+      new SpecEngine(target, undefined, { maxSequences: 4, maxTokensPerSequence: 2048 }).run(few.map((p) => greedy(p))),
+    );
+    const stage = target as StageModel & PrefixCommit;
+    const batch = stage.commitPrefixes!;
+    let calls = 0;
+    let sequences = 0;
+    const run = () => {
+      const e = new SpecEngine(target, drafter, { maxSequences: 4, draftPolicy: 'max', maxTokensPerSequence: 2048 });
+      const results = byId(e.run(few.map((p) => greedy(p))));
+      for (const p of few) {
+        expect(results.get(p.id)!.finishReason, p.id).toBe('length');
+        expect(results.get(p.id)!.tokenIds, p.id).toEqual(plain.get(p.id)!.tokenIds);
+      }
+      expect(e.cache.pagesInUse + e.cache.slotsInUse + drafter.pagesInUse).toBe(0);
+      return e.metrics;
+    };
+    try {
+      stage.commitPrefixes = (cache, result, commits) => {
+        calls++;
+        sequences += commits.length;
+        batch.call(stage, cache, result, commits);
+      };
+      const m = run();
+      // every verify step of two or more sequences commits them in one call
+      expect(calls).toBeGreaterThan(0);
+      expect(calls).toBeLessThanOrEqual(m.verifyForwards);
+      expect(sequences).toBeGreaterThanOrEqual(2 * calls);
+      stage.commitPrefixes = () => {
+        throw new Error('commitPrefixes: refused (test)');
+      };
+      run();
+    } finally {
+      stage.commitPrefixes = batch;
+    }
+  });
 });
 
 const REF = path.join(REPO_ROOT, 'test/prompts/reference_tau.json');

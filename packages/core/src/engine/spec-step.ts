@@ -23,6 +23,7 @@ import {
   hasPrefixCommit,
   hasTreeCommit,
   type PrefixCommit,
+  type PrefixCommitItem,
   type TreeCommit,
 } from '../plugin/stage-capabilities.js';
 import {
@@ -599,11 +600,12 @@ export function commit(
   const spans: ContextSpan[] = [];
   const spanRows: Int32Array[] = [];
   const failed = new Map<SequenceId, SequenceError>();
+  const together = commitPrefixesTogether(ctx, verified, outcomes);
   for (const { seq: r, block, row, acc, drafts, path } of outcomes) {
     const k = block.tokens.length - 1;
     const committed = acc.accepted + 1;
     try {
-      commitTarget(ctx, r, verified, block, committed, path);
+      if (!together.has(r.id)) commitTarget(ctx, r, verified, block, committed, path);
     } catch (err) {
       failed.set(r.id, new SequenceError(r.id, 'commit', err));
       continue;
@@ -626,6 +628,30 @@ export function commit(
   }
   if (ctx.context !== undefined && spans.length > 0) ctx.context.write(spans, res, spanRows);
   return failed;
+}
+
+/**
+ * The snapshot commits of a step in one call where the target has {@link PrefixCommit.commitPrefixes} (a stage with
+ * linear state replays them together) and the step has two or more chains to commit. @returns the ids committed
+ * (empty when the call is not made or throws: each sequence is then committed alone by {@link commitTarget}, so that a
+ * bad commit fails its sequence alone; a commit from snapshots may be redone).
+ */
+function commitPrefixesTogether(
+  ctx: StepContext,
+  verified: Verified,
+  outcomes: readonly Outcome[],
+): ReadonlySet<SequenceId> {
+  const target = ctx.target;
+  if (!verified.snapshots || !hasPrefixCommit(target) || target.commitPrefixes === undefined) return new Set();
+  const commits: PrefixCommitItem[] = [];
+  for (const o of outcomes) if (o.path === undefined) commits.push({ id: o.seq.id, committed: o.acc.accepted + 1 });
+  if (commits.length < 2) return new Set();
+  try {
+    target.commitPrefixes(ctx.cache, verified.res, commits);
+  } catch {
+    return new Set();
+  }
+  return new Set(commits.map((c) => c.id));
 }
 
 /**

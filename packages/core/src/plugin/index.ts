@@ -70,6 +70,7 @@ export {
   type DeviceSampling,
   type DistributedStage,
   type PrefixCommit,
+  type PrefixCommitItem,
   type ProjectionDistribution,
   type TreeCommit,
 } from './stage-capabilities.js';

@@ -26,6 +26,19 @@ export interface PrefixCommit {
    * Stages without it are committed by checkpoint + replay.
    */
   commitPrefix(cache: SequenceCache, result: ForwardResult, id: SequenceId, committed: number): void;
+  /**
+   * Optional: {@link commitPrefix} for several sequences of the same forward in one call (a stage with linear state
+   * replays them together: one kernel call per layer, not one per sequence and layer). The engine uses it when
+   * present; each sequence ends as its own `commitPrefix` would leave it. Throws as `commitPrefix` (the engine then
+   * commits the sequences one by one, so that one bad commit fails its sequence alone).
+   */
+  commitPrefixes?(cache: SequenceCache, result: ForwardResult, commits: readonly PrefixCommitItem[]): void;
+}
+
+/** One sequence's commit of {@link PrefixCommit.commitPrefixes}: keep the first `committed` rows (≥ 1) of `id`. */
+export interface PrefixCommitItem {
+  readonly id: SequenceId;
+  readonly committed: number;
 }
 
 /** A stage that verifies token trees (`ForwardSequence.tree`; attention-only targets). */
