@@ -97,11 +97,14 @@ export function commitFromSnapshotsBatch(
   if (new Set(commits.map((c) => c.id)).size !== commits.length)
     throw new RangeError('commitFromSnapshots: commits: a sequence is repeated');
   if (commits.length === 0) return;
-  const pools = cache.state!;
+  const pools = cache.state;
   const total = spans.reduce((a, s) => a + s.committed, 0);
   const seqLens = Int32Array.from(spans, (s) => s.committed);
-  const slots = Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
+  // (a stage without KDA layers has no linear state: only its KV is truncated)
+  const slots = pools === undefined ? undefined : Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
   for (const [l, snap] of snapshots.layers) {
+    if (pools === undefined || slots === undefined)
+      throw new RangeError('commitFromSnapshots: cache: KDA snapshots on a cache without linear state');
     if (snap.perToken !== undefined) {
       // commit mode 'copy': the forward kept the state after every row
       for (const { span, committed } of spans) {
