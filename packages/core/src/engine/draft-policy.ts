@@ -781,9 +781,11 @@ export class CostDraftPolicy implements DraftPolicy {
         // at most one exploration per `exploreEvery` batch steps: each adds rows to the whole batch's verify (at 16
         // sequences one per request, 4 rows past the 16-row GEMM tile, cost 4 % of bench:load's wall)
         if (++st.run > st.every && c.maxDrafts > 0 && this.sinceExplore >= this.exploreEvery) {
-          ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
           st.run = 0;
           st.every = Math.min(16 * this.exploreEvery, 2 * st.every);
+          // what it would learn is worth nothing when drafting could not pay even if every draft were accepted
+          if (!this.couldPay(candidates, ks, s, choice, cost)) return;
+          ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
           this.sinceExplore = 0;
         }
       });
@@ -821,6 +823,37 @@ export class CostDraftPolicy implements DraftPolicy {
       catchUpMsPerRow,
     });
     return ks;
+  }
+
+  /**
+   * Whether sequence `s` (not drafting in `ks`) drafting k = 1 … maxDrafts drafts, every one of them accepted, would
+   * beat the rate of `choice` by {@link CostDraftPolicyOptions.minGain} at the modelled cost (its propose, its
+   * verify rows, its catch-up): an exploration only informs the acceptance estimate, and when even acceptance 1
+   * cannot make drafting pay, no estimate it leads to changes a choice (kimi-k3-tiny at 8 sequences on a 2-vCPU AMD
+   * VM: one verify row more costs ~0.1 ms against 0.17 ms a plain token, plus the propose and the catch-up).
+   */
+  private couldPay(
+    candidates: readonly DraftCandidate[],
+    ks: readonly number[],
+    s: number,
+    choice: BatchDraftChoice,
+    cost: (shape: BatchShape) => number,
+  ): boolean {
+    const B = candidates.length;
+    let drafts = 0;
+    let drafting = 1;
+    let catchUpRows = candidates[s]!.pendingContextRows ?? 0;
+    ks.forEach((k, i) => {
+      if (k <= 0 || i === s) return;
+      drafts += k;
+      drafting++;
+      catchUpRows += candidates[i]!.pendingContextRows ?? 0;
+    });
+    for (let k = 1; k <= candidates[s]!.maxDrafts; k++) {
+      const shape = { sequences: B, tokens: B + drafts + k, drafting, drafts: drafts + k, catchUpRows };
+      if ((choice.committed + k) / cost(shape) >= choice.rate * (1 + this.minGain)) return true;
+    }
+    return false;
   }
 
   /** A sequence's drafting run of `steps` ended (it decodes plainly, or finished): folded into the mean run. */

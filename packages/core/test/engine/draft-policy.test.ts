@@ -353,12 +353,25 @@ describe('CostDraftPolicy', () => {
   });
 
   it('lets at most one sequence of the batch explore per exploreEvery batch steps', () => {
-    const p = new CostDraftPolicy(costs(1, 5, 5, [1, 8]), { prior: 0.9, exploreEvery: 4, exploreDrafts: 2 });
+    // drafting at the prior's acceptance does not pay; at acceptance 1 it would: worth exploring
+    const p = new CostDraftPolicy(costs(20, 1, 1, [1, 8]), { prior: 0.3, exploreEvery: 4, exploreDrafts: 2 });
     const batch = Array.from({ length: 8 }, (_, i) => cand(`s${i}`));
     const explored = Array.from({ length: 40 }, () => p.choose(batch).filter((k) => k > 0).length);
     expect(Math.max(...explored)).toBe(1);
     // every sequence is due after 4 plain steps; one goes every 4 batch steps
     expect(explored.map((n, i) => (n > 0 ? i : -1)).filter((i) => i >= 0)).toEqual([4, 8, 12, 16, 20, 24, 28, 32, 36]);
+  });
+
+  it('does not explore where drafting could not pay even if every draft were accepted', () => {
+    // t_verify = 1 + 5·rows, a propose 5 ms: at one sequence 15 drafts all accepted would beat plain (16 tokens in
+    // 86 ms against 1 in 6), at 8 sequences nothing does (8 tokens in 41 ms against 23 in 121): explored at one only
+    const explorations = (B: number) => {
+      const p = new CostDraftPolicy(costs(1, 5, 5, [1, 8]), { prior: 0.9, exploreEvery: 4, exploreDrafts: 2 });
+      const batch = Array.from({ length: B }, (_, i) => cand(`s${i}`));
+      return Array.from({ length: 40 }, () => p.choose(batch).filter((k) => k > 0).length).reduce((a, n) => a + n);
+    };
+    expect(explorations(1)).toBeGreaterThan(0);
+    expect(explorations(8)).toBe(0);
   });
 
   it('explores after a run of plain steps, with a growing interval', () => {
