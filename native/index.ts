@@ -61,6 +61,7 @@ export {
   type KdaInputs,
   type KdaBatch,
   type KdaSnapshots,
+  type KdaInitial,
   type KdaOptions,
   type KdaRecurrentOptions,
   type KdaChunkedOptions,

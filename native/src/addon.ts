@@ -80,6 +80,9 @@ export type KdaRawArgs = [
   snapState: Float32Array | null,
   snapConv: Float32Array | null,
   scale: number,
+  initState: Float32Array | null,
+  initConv: Float32Array | null,
+  initRows: Int32Array | null,
 ];
 
 /** moeExperts(…) (native/src/moe.cc); one packed array per routed expert. */

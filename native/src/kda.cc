@@ -13,7 +13,10 @@
 //                                                            first; read and updated in place),
 //              heads, headDim, out: Float32Array [T, H, d], mode: "recurrent" | "chunked", chunk,
 //              snapState: Float32Array [T, H, d, d] | null, snapConv: Float32Array [T, 3C, 3] | null,
-//              scale) -> undefined
+//              scale, initState: Float32Array [R, H, d, d] | null, initConv: Float32Array [R, 3C, 3] | null,
+//              initRows: Int32Array [B] (in [0, R)) | null) -> undefined   (initState/initConv: "recurrent" only,
+//              both or neither, seqLens all >= 1: sequence b's slot is set to row initRows[b] of them (row b without
+//              initRows, R = B) before its tokens run — a replay from a kept state in one pass)
 //   kdaForwardAsync(same arguments) -> Promise<undefined>     (libuv thread, like gemmBf16Async)
 //
 // Per sequence and head (kimi.py KDAAttention + kda_recurrent / kda_chunked):
@@ -76,7 +79,12 @@ struct KdaProblem {
   float* out = nullptr;
   float* snap_state = nullptr;
   float* snap_conv = nullptr;
-  std::vector<int64_t> starts;  // first batch row of each sequence
+  // Recurrent mode, optional: each sequence's state and conv state before its tokens ([batch][H][d][d],
+  // [batch][3C][3]), copied into its slot first (a replay from a snapshot without a separate restore pass).
+  const float* init_state = nullptr;
+  const float* init_conv = nullptr;
+  const int32_t* init_rows = nullptr;  // the row of init_state / init_conv of each sequence (null: row b)
+  std::vector<int64_t> starts;         // first batch row of each sequence
   // Elementwise math of the current ISA path (set by RunKda).
   void (*exp)(const float*, float*, int64_t) = nullptr;
   void (*silu)(float*, int64_t) = nullptr;
@@ -179,6 +187,12 @@ void RecurrentItem(const KdaProblem& p, int64_t b, int64_t h, StepsFn steps, flo
   float* v = k + kTokenGroup * d;
   float* alpha = v + kTokenGroup * d;
   float* work = alpha + kTokenGroup * d;
+  if (p.init_state != nullptr) {
+    // this head's state and conv channels from the caller's initial state (hot in cache for the steps below)
+    const int64_t r = p.init_rows != nullptr ? p.init_rows[b] : b;
+    std::memcpy(state, p.init_state + (r * p.heads + h) * d * d, static_cast<size_t>(d * d) * sizeof(float));
+    CopyHeadConv(p, h, p.init_conv + r * 3 * hd * kConvKeep, conv);
+  }
   for (int64_t t0 = 0; t0 < len; t0 += kTokenGroup) {
     const int64_t n = std::min(kTokenGroup, len - t0);
     const int64_t row0 = p.starts[b] + t0;
@@ -388,6 +402,38 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
     auto snap = args.F32(14, "snapConv", CheckedProduct(call, {tokens, 3, hd, kConvKeep}), "T*3*heads*headDim*3");
     p.snap_conv = snap.Data();
     c.arrays.push_back(snap);
+  }
+  if (args.IsAbsent(16) != args.IsAbsent(17))
+    args.Fail("initState", "given with initConv, or both null", "one of them");
+  if (!args.IsAbsent(16)) {
+    if (p.mode != Mode::kRecurrent) args.Fail("initState", "null in \"chunked\" mode", "a Float32Array");
+    for (int64_t b = 0; b < p.batch; ++b)
+      if (p.seq_lens[b] < 1)
+        args.Fail("seqLens", "lengths >= 1 with an initial state",
+                  std::to_string(p.seq_lens[b]) + " at " + std::to_string(b));
+    auto init_state = args.F32(16, "initState");
+    const size_t per_row = CheckedProduct(call, {p.heads, p.dim, p.dim});
+    if (init_state.ElementLength() == 0 || init_state.ElementLength() % per_row != 0)
+      args.Fail("initState", "a Float32Array of rows*heads*headDim*headDim elements (rows >= 1)",
+                "length " + std::to_string(init_state.ElementLength()));
+    const int64_t rows = static_cast<int64_t>(init_state.ElementLength() / per_row);
+    auto init_conv = args.F32(17, "initConv", CheckedProduct(call, {rows, 3, hd, kConvKeep}), "rows*3*heads*headDim*3");
+    if (args.IsAbsent(18)) {
+      if (rows != p.batch)
+        args.Fail("initState", "one row per sequence without initRows", std::to_string(rows) + " rows");
+    } else {
+      auto init_rows = args.I32(18, "initRows", static_cast<size_t>(p.batch), "seqLens.length");
+      for (int64_t b = 0; b < p.batch; ++b)
+        if (init_rows.Data()[b] < 0 || init_rows.Data()[b] >= rows)
+          args.Fail("initRows", "rows in [0, " + std::to_string(rows) + ")",
+                    std::to_string(init_rows.Data()[b]) + " at " + std::to_string(b));
+      p.init_rows = init_rows.Data();
+      c.arrays.push_back(init_rows);
+    }
+    p.init_state = init_state.Data();
+    p.init_conv = init_conv.Data();
+    c.arrays.push_back(init_state);
+    c.arrays.push_back(init_conv);
   }
   return c;
 }

@@ -106,9 +106,23 @@ export interface KdaOptions {
   readonly scale?: number;
 }
 
-/** `kdaRecurrent` options: optional snapshots. */
+/** `kdaRecurrent` options: optional snapshots, optional initial states. */
 export interface KdaRecurrentOptions extends KdaOptions {
   readonly snapshots?: KdaSnapshots;
+  /**
+   * Each sequence's state before its tokens, copied into its slot first inside the kernel (a replay from a kept
+   * state without a separate restore pass over the pools): rows of `state` `[R, heads, headDim, headDim]` f32 and
+   * `conv` `[R, 3·heads·headDim, 3]` f32, sequence b's at row `rows[b]` (`[B]` i32 in [0, R); default b, R = B).
+   * Needs every `seqLens[b] ≥ 1`.
+   */
+  readonly initial?: KdaInitial;
+}
+
+/** {@link KdaRecurrentOptions.initial}. */
+export interface KdaInitial {
+  readonly state: Float32Array;
+  readonly conv: Float32Array;
+  readonly rows?: Int32Array;
 }
 
 /** `kdaChunked` options: chunk length in tokens (1..1024, default 64). */
@@ -272,7 +286,49 @@ function prepare(
     snapState,
     snapConv,
     scale,
+    null,
+    null,
+    null,
   ];
+}
+
+/** Checks `initial` ({@link KdaRecurrentOptions.initial}) and sets it into the raw arguments. */
+function addInitial(
+  call: string,
+  args: KdaRawArgs,
+  shape: KdaShape,
+  batch: KdaBatch,
+  initial: KdaInitial | undefined,
+): void {
+  if (initial === undefined) return;
+  const B = batch.seqLens.length;
+  const { heads, headDim, channels } = checkShape(call, shape);
+  for (let b = 0; b < B; b++)
+    if (batch.seqLens[b]! < 1)
+      fail(call, `batch.seqLens[${b}]`, 'a length >= 1 with options.initial', batch.seqLens[b]);
+  if (typeof initial !== 'object' || initial === null) fail(call, 'options.initial', '{ state, conv, rows? }', initial);
+  const state = expectArray(call, 'options.initial.state', initial.state, Float32Array);
+  const perRow = heads * headDim * headDim;
+  const R = state.length / perRow;
+  if (!(Number.isInteger(R) && R >= 1))
+    fail(call, 'options.initial.state', `a Float32Array of R*heads*headDim² = R*${perRow} elements (R >= 1)`, state);
+  args[16] = state;
+  args[17] = expectArray(
+    call,
+    'options.initial.conv',
+    initial.conv,
+    Float32Array,
+    R * 9 * channels,
+    'R*3*heads*headDim*3',
+  );
+  if (initial.rows === undefined) {
+    if (R !== B) fail(call, 'options.initial.state', `${B} rows (one per sequence) without options.initial.rows`, R);
+    return;
+  }
+  const rows = expectArray(call, 'options.initial.rows', initial.rows, Int32Array, B, 'seqLens.length');
+  for (let b = 0; b < B; b++)
+    if (!(rows[b]! >= 0 && rows[b]! < R)) fail(call, `options.initial.rows[${b}]`, `a row in [0, ${R})`, rows[b]);
+  args[18] = rows;
 }
 
 /**
@@ -289,6 +345,7 @@ export function kdaRecurrent(
   options: KdaRecurrentOptions = {},
 ): Float32Array {
   const args = prepare('kdaRecurrent', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
+  addInitial('kdaRecurrent', args, shape, batch, options.initial);
   addon.kdaForward(...args);
   return args[10];
 }
@@ -305,6 +362,7 @@ export function kdaRecurrentAsync(
   options: KdaRecurrentOptions = {},
 ): Promise<Float32Array> {
   const args = prepare('kdaRecurrentAsync', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
+  addInitial('kdaRecurrentAsync', args, shape, batch, options.initial);
   return addon.kdaForwardAsync(...args).then(() => args[10]);
 }
 

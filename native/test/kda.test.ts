@@ -274,6 +274,55 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
     });
   });
 
+  it('options.initial: each slot set to its row of a kept state, then its tokens: = restoring first, bit for bit', () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    // three sequences in slots 2, 0, 3; the kept states are rows 1, 2, 0 of a 3-row array (random, not the pools')
+    const p = makeProblem(next, SHAPE, [3, 1, 5], [2, 0, 3], 4);
+    const l = kdaSlotLengths(SHAPE);
+    const kept = {
+      state: new Float32Array(3 * l.state).map(() => next() - 0.5),
+      conv: new Float32Array(3 * l.conv).map(() => next() - 0.5),
+    };
+    const rows = Int32Array.of(1, 2, 0);
+    withIsa(path, () => {
+      const restored = clonePools(p.pools);
+      for (let b = 0; b < 3; b++) {
+        const slot = p.batch.slots[b]!;
+        restored.state.set(kept.state.subarray(rows[b]! * l.state, (rows[b]! + 1) * l.state), slot * l.state);
+        restored.conv.set(kept.conv.subarray(rows[b]! * l.conv, (rows[b]! + 1) * l.conv), slot * l.conv);
+      }
+      const oRestored = kdaRecurrent(p.inputs, p.batch, restored, SHAPE);
+      const inKernel = clonePools(p.pools);
+      const o = kdaRecurrent(p.inputs, p.batch, inKernel, SHAPE, { initial: { ...kept, rows } });
+      expect(firstBitDifference(o, oRestored), `seed ${seed}`).toBe(-1);
+      expect(firstBitDifference(inKernel.state, restored.state), `seed ${seed}`).toBe(-1);
+      expect(firstBitDifference(inKernel.conv, restored.conv), `seed ${seed}`).toBe(-1);
+      // without rows: row b for sequence b (as many rows as sequences)
+      const byOrder = clonePools(p.pools);
+      const reordered = {
+        state: Float32Array.from([1, 2, 0].flatMap((r) => [...kept.state.subarray(r * l.state, (r + 1) * l.state)])),
+        conv: Float32Array.from([1, 2, 0].flatMap((r) => [...kept.conv.subarray(r * l.conv, (r + 1) * l.conv)])),
+      };
+      kdaRecurrent(p.inputs, p.batch, byOrder, SHAPE, { initial: reordered });
+      expect(firstBitDifference(byOrder.state, restored.state), `seed ${seed}`).toBe(-1);
+    });
+    const bad = (opts: Parameters<typeof kdaRecurrent>[4], re: RegExp, batch = p.batch) =>
+      expect(() => kdaRecurrent(p.inputs, batch, clonePools(p.pools), SHAPE, opts)).toThrow(re);
+    const fourRows = { state: new Float32Array(4 * l.state), conv: new Float32Array(4 * l.conv) };
+    bad({ initial: fourRows }, /options.initial.state: expected 3 rows \(one per sequence\)/);
+    bad(
+      { initial: { ...kept, rows: Int32Array.of(0, 3, 1) } },
+      /options.initial.rows\[1\]: expected a row in \[0, 3\)/,
+    );
+    bad({ initial: { ...kept, conv: new Float32Array(5) } }, /options.initial.conv/);
+    bad({ initial: { state: new Float32Array(l.state + 1), conv: kept.conv } }, /options.initial.state/);
+    const withEmpty = makeProblem(rng(seed), SHAPE, [3, 0, 5], [2, 0, 3], 4);
+    expect(() =>
+      kdaRecurrent(withEmpty.inputs, withEmpty.batch, withEmpty.pools, SHAPE, { initial: { ...kept, rows } }),
+    ).toThrow(/batch.seqLens\[1\]: expected a length >= 1 with options.initial/);
+  });
+
   it('a block of T tokens equals T single-token calls (decode == verification), bit for bit', () => {
     const seed = freshSeed();
     const p = makeProblem(rng(seed), SHAPE, [9], [0], 1);

@@ -41,6 +41,12 @@ export interface KdaCall {
    * headDim]` and conv state `[3C, kernel − 1]` of row r's sequence right after token r.
    */
   readonly snapshots?: { readonly state: Float32Array; readonly conv: Float32Array };
+  /**
+   * Optional initial states (recurrent mode only; every `seqLens[b] ≥ 1`): sequence b's slot is set to row `rows[b]`
+   * (default b) of `state` `[R, heads, headDim, headDim]` f32 and `conv` `[R, 3C, kernel − 1]` f32 before its tokens
+   * run (a replay from a kept state, without a separate restore pass).
+   */
+  readonly initial?: { readonly state: Float32Array; readonly conv: Float32Array; readonly rows?: Int32Array };
 }
 
 /** Paged batch description (the native `PagedBatch`). */
@@ -324,6 +330,11 @@ export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
     for (let b = 0; b < seqLens.length; b++) {
       const n = seqLens[b]!;
       const slot = slots[b]!;
+      if (call.initial !== undefined) {
+        const r = call.initial.rows?.[b] ?? b;
+        state.set(call.initial.state.subarray(r * H * d * d, (r + 1) * H * d * d), slot * H * d * d);
+        conv.set(call.initial.conv.subarray(r * convSlot, (r + 1) * convSlot), slot * convSlot);
+      }
       const cs = conv.subarray(slot * convSlot, (slot + 1) * convSlot);
       if (call.snapshots !== undefined) convSnapshots(qkv, C, row0, n, ks, cs, call.snapshots.conv);
       [q, k, v].forEach((dst, i) => {

@@ -102,6 +102,7 @@ export function commitFromSnapshotsBatch(
   const seqLens = Int32Array.from(spans, (s) => s.committed);
   // (a stage without KDA layers has no linear state: only its KV is truncated)
   const slots = pools === undefined ? undefined : Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
+  const initialRows = Int32Array.from(spans, (s) => s.si);
   for (const [l, snap] of snapshots.layers) {
     if (pools === undefined || slots === undefined)
       throw new RangeError('commitFromSnapshots: cache: KDA snapshots on a cache without linear state');
@@ -115,12 +116,6 @@ export function commitFromSnapshotsBatch(
         cv.set(snap.perToken.conv.subarray(row * cv.length, (row + 1) * cv.length));
       }
       continue;
-    }
-    for (const { span, si } of spans) {
-      const st = pools.recurrent(span.id, l);
-      const cv = pools.conv(span.id, l);
-      st.set(snap.stateBefore.subarray(si * st.length, (si + 1) * st.length));
-      cv.set(snap.convBefore.subarray(si * cv.length, (si + 1) * cv.length));
     }
     const H = snap.heads;
     const C = H * snap.headDim;
@@ -150,6 +145,8 @@ export function commitFromSnapshotsBatch(
         heads: H,
         headDim: snap.headDim,
         out: new Float32Array(total * C),
+        // each slot restored from before the forward inside the kernel, then the committed rows replayed
+        initial: { state: snap.stateBefore, conv: snap.convBefore, rows: initialRows },
       },
       'recurrent',
     );
