@@ -274,7 +274,7 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
     });
   });
 
-  it('options.initial: each slot set to its row of a kept state, then its tokens: = restoring first, bit for bit', () => {
+  it('options.initial: each slot set to its row of a kept state, then its tokens = restoring first, bitwise', () => {
     const seed = freshSeed();
     const next = rng(seed);
     // three sequences in slots 2, 0, 3; the kept states are rows 1, 2, 0 of a 3-row array (random, not the pools')
