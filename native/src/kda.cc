@@ -79,8 +79,8 @@ struct KdaProblem {
   float* out = nullptr;
   float* snap_state = nullptr;
   float* snap_conv = nullptr;
-  // Recurrent mode, optional: each sequence's state and conv state before its tokens ([batch][H][d][d],
-  // [batch][3C][3]), copied into its slot first (a replay from a snapshot without a separate restore pass).
+  // Recurrent mode, optional: the states and conv states before the sequences' tokens ([R][H][d][d], [R][3C][3];
+  // sequence b's at row init_rows[b]), copied into its slot first (a replay without a separate restore pass).
   const float* init_state = nullptr;
   const float* init_conv = nullptr;
   const int32_t* init_rows = nullptr;  // the row of init_state / init_conv of each sequence (null: row b)
