@@ -62,6 +62,7 @@ export {
   type KdaBatch,
   type KdaSnapshots,
   type KdaInitial,
+  type KdaKeepBefore,
   type KdaOptions,
   type KdaRecurrentOptions,
   type KdaChunkedOptions,

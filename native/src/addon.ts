@@ -83,6 +83,9 @@ export type KdaRawArgs = [
   initState: Float32Array | null,
   initConv: Float32Array | null,
   initRows: Int32Array | null,
+  keepState: Float32Array | null,
+  keepConv: Float32Array | null,
+  keepRows: Int32Array | null,
 ];
 
 /** moeExperts(…) (native/src/moe.cc); one packed array per routed expert. */

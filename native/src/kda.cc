@@ -16,7 +16,11 @@
 //              scale, initState: Float32Array [R, H, d, d] | null, initConv: Float32Array [R, 3C, 3] | null,
 //              initRows: Int32Array [B] (in [0, R)) | null) -> undefined   (initState/initConv: "recurrent" only,
 //              both or neither, seqLens all >= 1: sequence b's slot is set to row initRows[b] of them (row b without
-//              initRows, R = B) before its tokens run — a replay from a kept state in one pass)
+//              initRows, R = B) before its tokens run — a replay from a kept state in one pass),
+//              keepState: Float32Array [R', H, d, d] | null, keepConv: Float32Array [R', 3C, 3] | null,
+//              keepRows: Int32Array [B] (in [-1, R'), distinct but -1) | null   ("recurrent" only: sequence b's state
+//              and conv state before its tokens are written to row keepRows[b], none for -1 — a verify's pre-block
+//              state for a later replay, written where the kernel reads it anyway)
 //   kdaForwardAsync(same arguments) -> Promise<undefined>     (libuv thread, like gemmBf16Async)
 //
 // Per sequence and head (kimi.py KDAAttention + kda_recurrent / kda_chunked):
@@ -84,7 +88,12 @@ struct KdaProblem {
   const float* init_state = nullptr;
   const float* init_conv = nullptr;
   const int32_t* init_rows = nullptr;  // the row of init_state / init_conv of each sequence (null: row b)
-  std::vector<int64_t> starts;         // first batch row of each sequence
+  // Recurrent mode, optional: where each sequence's state and conv state before its tokens are written
+  // ([R][H][d][d], [R][3C][3]; sequence b's at row keep_rows[b], none where it is -1).
+  float* keep_state = nullptr;
+  float* keep_conv = nullptr;
+  const int32_t* keep_rows = nullptr;
+  std::vector<int64_t> starts;  // first batch row of each sequence
   // Elementwise math of the current ISA path (set by RunKda).
   void (*exp)(const float*, float*, int64_t) = nullptr;
   void (*silu)(float*, int64_t) = nullptr;
@@ -192,6 +201,12 @@ void RecurrentItem(const KdaProblem& p, int64_t b, int64_t h, StepsFn steps, flo
     const int64_t r = p.init_rows != nullptr ? p.init_rows[b] : b;
     std::memcpy(state, p.init_state + (r * p.heads + h) * d * d, static_cast<size_t>(d * d) * sizeof(float));
     CopyHeadConv(p, h, p.init_conv + r * 3 * hd * kConvKeep, conv);
+  }
+  if (p.keep_state != nullptr && p.keep_rows[b] >= 0) {
+    // this head's state and conv channels before the tokens, for a later replay (hot in cache: the steps read them)
+    const int64_t r = p.keep_rows[b];
+    std::memcpy(p.keep_state + (r * p.heads + h) * d * d, state, static_cast<size_t>(d * d) * sizeof(float));
+    CopyHeadConv(p, h, conv, p.keep_conv + r * 3 * hd * kConvKeep);
   }
   for (int64_t t0 = 0; t0 < len; t0 += kTokenGroup) {
     const int64_t n = std::min(kTokenGroup, len - t0);
@@ -434,6 +449,33 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
     p.init_conv = init_conv.Data();
     c.arrays.push_back(init_state);
     c.arrays.push_back(init_conv);
+  }
+  if (!args.IsAbsent(19)) {
+    if (p.mode != Mode::kRecurrent) args.Fail("keepState", "null in \"chunked\" mode", "a Float32Array");
+    auto keep_state = args.F32(19, "keepState");
+    const size_t per_row = CheckedProduct(call, {p.heads, p.dim, p.dim});
+    if (keep_state.ElementLength() == 0 || keep_state.ElementLength() % per_row != 0)
+      args.Fail("keepState", "a Float32Array of rows*heads*headDim*headDim elements (rows >= 1)",
+                "length " + std::to_string(keep_state.ElementLength()));
+    const int64_t rows = static_cast<int64_t>(keep_state.ElementLength() / per_row);
+    auto keep_conv = args.F32(20, "keepConv", CheckedProduct(call, {rows, 3, hd, kConvKeep}), "rows*3*heads*headDim*3");
+    auto keep_rows = args.I32(21, "keepRows", static_cast<size_t>(p.batch), "seqLens.length");
+    std::vector<bool> taken(static_cast<size_t>(rows), false);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int32_t r = keep_rows.Data()[b];
+      if (r < -1 || r >= rows)
+        args.Fail("keepRows", "rows in [-1, " + std::to_string(rows) + ")",
+                  std::to_string(r) + " at " + std::to_string(b));
+      if (r >= 0 && taken[static_cast<size_t>(r)])
+        args.Fail("keepRows", "distinct rows", "row " + std::to_string(r) + " twice");
+      if (r >= 0) taken[static_cast<size_t>(r)] = true;
+    }
+    p.keep_state = keep_state.Data();
+    p.keep_conv = keep_conv.Data();
+    p.keep_rows = keep_rows.Data();
+    c.arrays.push_back(keep_state);
+    c.arrays.push_back(keep_conv);
+    c.arrays.push_back(keep_rows);
   }
   return c;
 }

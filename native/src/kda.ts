@@ -116,6 +116,20 @@ export interface KdaRecurrentOptions extends KdaOptions {
    * Needs every `seqLens[b] ≥ 1`.
    */
   readonly initial?: KdaInitial;
+  /**
+   * Where each sequence's state and conv state before its tokens are written (after `initial`, if given), for a later
+   * replay: rows of `state` `[R, heads, headDim, headDim]` f32 and `conv` `[R, 3·heads·headDim, 3]` f32, sequence b's
+   * at row `rows[b]` (`[B]` i32, distinct, in [0, R); −1: not written). The kernel reads those states anyway, so this
+   * costs one write of each, not a separate pass.
+   */
+  readonly keepBefore?: KdaKeepBefore;
+}
+
+/** {@link KdaRecurrentOptions.keepBefore}. */
+export interface KdaKeepBefore {
+  readonly state: Float32Array;
+  readonly conv: Float32Array;
+  readonly rows: Int32Array;
 }
 
 /** {@link KdaRecurrentOptions.initial}. */
@@ -289,6 +303,9 @@ function prepare(
     null,
     null,
     null,
+    null,
+    null,
+    null,
   ];
 }
 
@@ -331,6 +348,44 @@ function addInitial(
   args[18] = rows;
 }
 
+/** Checks `keepBefore` ({@link KdaRecurrentOptions.keepBefore}) and sets it into the raw arguments. */
+function addKeepBefore(
+  call: string,
+  args: KdaRawArgs,
+  shape: KdaShape,
+  batch: KdaBatch,
+  keep: KdaKeepBefore | undefined,
+): void {
+  if (keep === undefined) return;
+  const B = batch.seqLens.length;
+  const { heads, headDim, channels } = checkShape(call, shape);
+  if (typeof keep !== 'object' || keep === null) fail(call, 'options.keepBefore', '{ state, conv, rows }', keep);
+  const state = expectArray(call, 'options.keepBefore.state', keep.state, Float32Array);
+  const perRow = heads * headDim * headDim;
+  const R = state.length / perRow;
+  if (!(Number.isInteger(R) && R >= 1))
+    fail(call, 'options.keepBefore.state', `a Float32Array of R*heads*headDim² = R*${perRow} elements (R >= 1)`, state);
+  const conv = expectArray(
+    call,
+    'options.keepBefore.conv',
+    keep.conv,
+    Float32Array,
+    R * 9 * channels,
+    'R*3*heads*headDim*3',
+  );
+  const rows = expectArray(call, 'options.keepBefore.rows', keep.rows, Int32Array, B, 'seqLens.length');
+  const seen = new Set<number>();
+  for (let b = 0; b < B; b++) {
+    const r = rows[b]!;
+    if (!(r >= -1 && r < R)) fail(call, `options.keepBefore.rows[${b}]`, `a row in [-1, ${R})`, r);
+    if (r >= 0 && seen.has(r)) fail(call, `options.keepBefore.rows[${b}]`, 'distinct rows', r);
+    seen.add(r);
+  }
+  args[19] = state;
+  args[20] = conv;
+  args[21] = rows;
+}
+
 /**
  * Recurrent KDA over a batch of sequences (decode, verification, replay); updates the slots'
  * states in place and optionally writes per-token snapshots (module comment).
@@ -346,6 +401,7 @@ export function kdaRecurrent(
 ): Float32Array {
   const args = prepare('kdaRecurrent', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
   addInitial('kdaRecurrent', args, shape, batch, options.initial);
+  addKeepBefore('kdaRecurrent', args, shape, batch, options.keepBefore);
   addon.kdaForward(...args);
   return args[10];
 }
@@ -363,6 +419,7 @@ export function kdaRecurrentAsync(
 ): Promise<Float32Array> {
   const args = prepare('kdaRecurrentAsync', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
   addInitial('kdaRecurrentAsync', args, shape, batch, options.initial);
+  addKeepBefore('kdaRecurrentAsync', args, shape, batch, options.keepBefore);
   return addon.kdaForwardAsync(...args).then(() => args[10]);
 }
 

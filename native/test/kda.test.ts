@@ -323,6 +323,45 @@ describe.each(isaPaths())('KDA on the %s path', (path) => {
     ).toThrow(/batch.seqLens\[1\]: expected a length >= 1 with options.initial/);
   });
 
+  it('options.keepBefore: each kept row holds its sequence state from before its tokens; -1 keeps none', () => {
+    const seed = freshSeed();
+    const p = makeProblem(rng(seed), SHAPE, [3, 1, 5], [2, 0, 3], 4);
+    const l = kdaSlotLengths(SHAPE);
+    const keep = {
+      state: new Float32Array(3 * l.state).fill(7),
+      conv: new Float32Array(3 * l.conv).fill(7),
+      rows: Int32Array.of(2, -1, 0),
+    };
+    withIsa(path, () => {
+      const plain = clonePools(p.pools);
+      const oPlain = kdaRecurrent(p.inputs, p.batch, plain, SHAPE);
+      const kept = clonePools(p.pools);
+      const o = kdaRecurrent(p.inputs, p.batch, kept, SHAPE, { keepBefore: keep });
+      // the forward itself is unchanged
+      expect(firstBitDifference(o, oPlain), `seed ${seed}`).toBe(-1);
+      expect(firstBitDifference(kept.state, plain.state), `seed ${seed}`).toBe(-1);
+      for (const [b, row] of [
+        [0, 2],
+        [2, 0],
+      ] as const) {
+        const slot = p.batch.slots[b]!;
+        const before = p.pools.state.subarray(slot * l.state, (slot + 1) * l.state);
+        expect(firstBitDifference(keep.state.subarray(row * l.state, (row + 1) * l.state), before)).toBe(-1);
+        const conv = p.pools.conv.subarray(slot * l.conv, (slot + 1) * l.conv);
+        expect(firstBitDifference(keep.conv.subarray(row * l.conv, (row + 1) * l.conv), conv)).toBe(-1);
+      }
+      // row 1 was nobody's: untouched
+      expect(keep.state.subarray(l.state, 2 * l.state).every((x) => x === 7)).toBe(true);
+      expect(keep.conv.subarray(l.conv, 2 * l.conv).every((x) => x === 7)).toBe(true);
+    });
+    const bad = (k: typeof keep, re: RegExp) =>
+      expect(() => kdaRecurrent(p.inputs, p.batch, clonePools(p.pools), SHAPE, { keepBefore: k })).toThrow(re);
+    bad({ ...keep, rows: Int32Array.of(2, 2, 0) }, /options.keepBefore.rows\[1\]: expected distinct rows/);
+    bad({ ...keep, rows: Int32Array.of(3, -1, 0) }, /options.keepBefore.rows\[0\]: expected a row in \[-1, 3\)/);
+    bad({ ...keep, rows: Int32Array.of(0, 1) }, /options.keepBefore.rows/);
+    bad({ ...keep, conv: new Float32Array(4) }, /options.keepBefore.conv/);
+  });
+
   it('a block of T tokens equals T single-token calls (decode == verification), bit for bit', () => {
     const seed = freshSeed();
     const p = makeProblem(rng(seed), SHAPE, [9], [0], 1);

@@ -112,8 +112,9 @@ export interface KdaLayerSnapshots {
   readonly beta: Float32Array;
   /**
    * Per span of the forward (span order): recurrent state `[H, d, d]` and conv state `[3·H·d, ks − 1]` before it —
-   * for spans of two or more tokens only (zeros for one token: such a block commits whole right after its forward,
-   * which needs no replay; `commitFromSnapshots` refuses to replay it).
+   * for spans of two or more tokens only (unwritten for one token: such a block commits whole right after its
+   * forward, which needs no replay; `commitFromSnapshots` refuses to replay it). From `kdaForward`'s `before`
+   * scratch (the stage keeps two sets of these buffers, one per snapshotted forward, alternately).
    */
   readonly stateBefore: Float32Array;
   readonly convBefore: Float32Array;
@@ -143,7 +144,8 @@ export type KdaCommitMode = 'replay' | 'copy';
  * commits a prefix later ({@link KdaLayerSnapshots}). `act`: the projections' activation precision
  * (`gemmBf16`'s; the recurrence itself is fp32 either way). `buf`: where the intermediates and the returned
  * `[N, hidden]` go ({@link Scratch}; default fresh arrays): with a stage's kept scratch the result is overwritten by
- * the next layer, so the caller consumes it at once.
+ * the next layer, so the caller consumes it at once. `before`: where the snapshots' states from before the forward go
+ * (names `${l}.state` and `${l}.conv`; default fresh arrays).
  */
 export function kdaForward(
   w: KdaWeights,
@@ -159,6 +161,7 @@ export function kdaForward(
   act: GemmActivations = 'f32',
   commit: KdaCommitMode = 'replay',
   buf: Scratch = freshScratch,
+  before: Scratch = freshScratch,
 ): Float32Array {
   const H = c.kdaHeads;
   const d = c.kdaHeadDim;
@@ -185,19 +188,16 @@ export function kdaForward(
   const state = pools.recurrentStore(l);
   const conv = pools.convStore(l);
   let perToken: { state: Float32Array; conv: Float32Array } | undefined;
+  let keep: { state: Float32Array; conv: Float32Array } | undefined;
   if (onSnapshot !== undefined) {
-    const st = spans.map((s) => pools.recurrent(s.id, l));
-    const cv = spans.map((s) => pools.conv(s.id, l));
-    const stateBefore = new Float32Array(spans.length * st[0]!.length);
-    const convBefore = new Float32Array(spans.length * cv[0]!.length);
-    // a block of one token always commits whole, right after its forward: its state before is not needed
-    spans.forEach((s, i) => {
-      if (s.numNew < 2) return;
-      stateBefore.set(st[i]!, i * st[0]!.length);
-      convBefore.set(cv[i]!, i * cv[0]!.length);
-    });
-    if (commit === 'copy')
-      perToken = { state: new Float32Array(N * st[0]!.length), conv: new Float32Array(N * cv[0]!.length) };
+    const stateLen = H * d * d;
+    const convLen = 3 * HD * (c.convKernel - 1);
+    // written by the kernel calls below as they read each state (keepBefore): a block of one token always commits
+    // whole, right after its forward, so its state before is not kept
+    const stateBefore = before(`${l}.state`, spans.length * stateLen);
+    const convBefore = before(`${l}.conv`, spans.length * convLen);
+    keep = { state: stateBefore, conv: convBefore };
+    if (commit === 'copy') perToken = { state: new Float32Array(N * stateLen), conv: new Float32Array(N * convLen) };
     onSnapshot({
       qkv,
       g,
@@ -231,6 +231,14 @@ export function kdaForward(
         heads: H,
         headDim: d,
         out: o.subarray(first * HD, last * HD),
+        ...(keep === undefined
+          ? {}
+          : {
+              keepBefore: {
+                ...keep,
+                rows: Int32Array.from(spans.slice(i, j), (s, k) => (s.numNew < 2 ? -1 : i + k)),
+              },
+            }),
         ...(perToken === undefined
           ? {}
           : {

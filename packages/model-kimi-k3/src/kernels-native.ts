@@ -38,7 +38,13 @@ export const nativeKernels: KimiKernels = Object.freeze<KimiKernels>({
     const pools = { state: call.state, conv: call.conv };
     const shape = { heads: call.heads, headDim: call.headDim };
     if (mode === 'chunked') kdaChunked(inputs, batch, pools, shape, { out: call.out, chunk: 64 });
-    else kdaRecurrent(inputs, batch, pools, shape, { out: call.out, snapshots: call.snapshots, initial: call.initial });
+    else
+      kdaRecurrent(inputs, batch, pools, shape, {
+        out: call.out,
+        snapshots: call.snapshots,
+        initial: call.initial,
+        keepBefore: call.keepBefore,
+      });
   },
   kdaGate(f, dtBias, negA, b, bOffset, bStride, heads, headDim) {
     return kdaGate(f, dtBias, negA, b, { heads, headDim }, { offset: bOffset, stride: bStride });

@@ -47,6 +47,12 @@ export interface KdaCall {
    * run (a replay from a kept state, without a separate restore pass).
    */
   readonly initial?: { readonly state: Float32Array; readonly conv: Float32Array; readonly rows?: Int32Array };
+  /**
+   * Optional (recurrent mode only): sequence b's state and conv state before its tokens (after `initial`) written to
+   * row `rows[b]` of `state` `[R, heads, headDim, headDim]` f32 and `conv` `[R, 3C, kernel − 1]` f32 (−1: not
+   * written) — a verify's pre-block state for a later replay.
+   */
+  readonly keepBefore?: { readonly state: Float32Array; readonly conv: Float32Array; readonly rows: Int32Array };
 }
 
 /** Paged batch description (the native `PagedBatch`). */
@@ -334,6 +340,11 @@ export const tsKernels: KimiKernels = Object.freeze<KimiKernels>({
         const r = call.initial.rows?.[b] ?? b;
         state.set(call.initial.state.subarray(r * H * d * d, (r + 1) * H * d * d), slot * H * d * d);
         conv.set(call.initial.conv.subarray(r * convSlot, (r + 1) * convSlot), slot * convSlot);
+      }
+      const keepRow = call.keepBefore?.rows[b] ?? -1;
+      if (keepRow >= 0) {
+        call.keepBefore!.state.set(state.subarray(slot * H * d * d, (slot + 1) * H * d * d), keepRow * H * d * d);
+        call.keepBefore!.conv.set(conv.subarray(slot * convSlot, (slot + 1) * convSlot), keepRow * convSlot);
       }
       const cs = conv.subarray(slot * convSlot, (slot + 1) * convSlot);
       if (call.snapshots !== undefined) convSnapshots(qkv, C, row0, n, ks, cs, call.snapshots.conv);

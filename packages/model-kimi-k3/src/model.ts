@@ -93,6 +93,12 @@ export interface KimiForwardOptions extends ForwardOptions {
 export interface KdaSnapshotSet {
   readonly spans: readonly SeqSpan[];
   readonly layers: ReadonlyMap<number, KdaLayerSnapshots>;
+  /**
+   * Set when two later snapshotted forwards of the stage have reused its state buffers (the stage keeps two sets,
+   * alternately: a fresh 3 MB of states a verify cost kimi-k3-tiny ~0.35 ms at 8 sequences in page faults and
+   * zeroing); a commit from it then throws. A commit right after its forward, as the engine makes, never meets it.
+   */
+  recycled?: boolean;
 }
 
 /** A Kimi forward's result: the core one plus the snapshots when asked for. */
@@ -147,6 +153,9 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     | undefined;
   /** Buffers of the forward's intermediates, kept from one forward to the next ({@link keptScratch}). */
   private readonly scratch: Scratch = keptScratch();
+  /** The snapshot sets whose states are in kept buffer set 0 and 1, and the set the next snapshotted forward uses. */
+  private readonly snapshotSets: (KdaSnapshotSet | undefined)[] = [undefined, undefined];
+  private snapshotParity = 0;
 
   constructor(
     readonly config: KimiConfig,
@@ -226,6 +235,16 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     );
     const snapshots = wantSnapshots ? new Map<number, KdaLayerSnapshots>() : undefined;
     const keep = (l: number) => (snapshots === undefined ? undefined : (s: KdaLayerSnapshots) => snapshots.set(l, s));
+    // the states from before the forward in one of two kept buffer sets, alternately; the set that used it before
+    // (two snapshotted forwards ago) is recycled
+    const parity = this.snapshotParity;
+    if (wantSnapshots) {
+      this.snapshotParity ^= 1;
+      const old = this.snapshotSets[parity];
+      if (old !== undefined) old.recycled = true;
+      this.snapshotSets[parity] = undefined;
+    }
+    const before: Scratch = (name, n) => this.scratch(`kda.before.${parity}.${name}`, n);
     const paged = this.cacheGeometry.pagedKv.layers.length > 0 ? mlaBatch(spans, cache) : undefined;
     const act = this.gemmActivations;
     // the intermediates of the layers live in the stage's kept scratch (each consumed before its name is reused)
@@ -236,7 +255,22 @@ export class KimiStageModel implements StageModel, PrefixCommit {
       const xn = rmsNorm(h, w.inputNorm, c.rmsNormEps, buf('xn', h.length));
       const a = reduce(
         w.kind === 'kda'
-          ? kdaForward(w.kda!, c, l, xn, spans, N, cache, this.kernels, chunked, keep(l), act, this.kdaCommit, buf)
+          ? kdaForward(
+              w.kda!,
+              c,
+              l,
+              xn,
+              spans,
+              N,
+              cache,
+              this.kernels,
+              chunked,
+              keep(l),
+              act,
+              this.kdaCommit,
+              buf,
+              before,
+            )
           : mlaForward(w.mla!, c, l, xn, spans, N, cache, this.kernels, paged!, act, buf),
       );
       // h += a in f32 (one rounding per element: the bits of the scalar loop)
@@ -276,7 +310,10 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     }
     const snapshotSet =
       snapshots === undefined ? undefined : { spans: spans.map((s) => ({ ...s })), layers: snapshots };
-    if (snapshotSet !== undefined) this.lastSnapshots = { set: snapshotSet, cache, partial: new Set() };
+    if (snapshotSet !== undefined) {
+      this.lastSnapshots = { set: snapshotSet, cache, partial: new Set() };
+      this.snapshotSets[parity] = snapshotSet;
+    }
     return {
       logits,
       logitRowStart,

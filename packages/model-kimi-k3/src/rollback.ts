@@ -70,13 +70,19 @@ export function commitFromSnapshots(
  * forward (the kernel's `initial`), instead of a restore and a call per sequence and layer — on kimi-k3-tiny at 8
  * sequences those cost ~0.7 ms a step, half a plain step; now ~0.3. The recurrence of a sequence does not depend on
  * the others in the call, so each gets the bits its own replay writes. Everything is checked before anything changes.
- * @throws {RangeError} if an id was not in that forward or is repeated, or a `committed` is not in [1, numNew].
+ * @throws {RangeError} if an id was not in that forward or is repeated, a `committed` is not in [1, numNew], or the
+ *   snapshots were recycled ({@link KdaSnapshotSet.recycled}).
  */
 export function commitFromSnapshotsBatch(
   cache: SequenceCache,
   snapshots: KdaSnapshotSet,
   commits: readonly PrefixCommitItem[],
 ): void {
+  if (snapshots.recycled === true)
+    throw new RangeError(
+      'commitFromSnapshots: snapshots: two later forwards with snapshots on this stage have reused their buffers ' +
+        '(commit right after the forward)',
+    );
   const spans = commits.map(({ id, committed }) => {
     const si = snapshots.spans.findIndex((s) => s.id === id);
     if (si < 0)

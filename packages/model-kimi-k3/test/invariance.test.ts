@@ -380,6 +380,34 @@ describe.each(KERNELS)('%s kernels', (kernels) => {
         model.kdaCommit = 'replay';
       },
     );
+    it('snapshots in two kept buffer sets: a commit one snapshotted forward later is exact, two later throws', () => {
+      const cache = cacheFor(model, 4, 128);
+      for (const id of ['a', 'b', 'pa']) prefill(cache, id, id.endsWith('a') ? PROMPT : OTHER);
+      const blockA = Int32Array.from([...DRAFTS, 9]);
+      const verify = (id: string, tokens: Int32Array) =>
+        model.forward({ sequences: [{ id, position: cache.length(id), tokens, logits: 'all' }] }, cache, {
+          stateSnapshots: true,
+        });
+      const first = verify('a', blockA);
+      const second = verify('b', Int32Array.from([3, 1, 4]));
+      // a's snapshots outlive one more snapshotted forward (of b): its commit is still exact
+      model.commitPrefix(cache, first, 'a', 2);
+      model.commitPrefix(cache, second, 'b', 3);
+      for (const t of blockA.subarray(0, 2))
+        model.forward(
+          { sequences: [{ id: 'pa', position: cache.length('pa'), tokens: Int32Array.of(t), logits: 'none' }] },
+          cache,
+        );
+      for (const l of model.cacheGeometry.linearState.layers)
+        expect(bitwiseEqual(cache.state!.recurrent('a', l), cache.state!.recurrent('pa', l))).toBe(true);
+      // a third snapshotted forward reuses the first one's buffers: a commit from the first now throws, naming why
+      verify('b', Int32Array.of(5, 9));
+      expect(() => commitFromSnapshots(cache, first.kdaSnapshots!, 'a', 1)).toThrow(
+        /two later forwards with snapshots on this stage have reused their buffers/,
+      );
+      for (const id of ['a', 'b', 'pa']) cache.finish(id);
+      expect(cache.pagesInUse + cache.slotsInUse).toBe(0);
+    });
   });
 
   describe('pipeline stages', () => {
