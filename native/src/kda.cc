@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -341,6 +342,24 @@ struct KdaCall {
   std::vector<Napi::Object> arrays;
 };
 
+/**
+ * Arguments i (state rows [R, H, d, d]) and i + 1 (conv rows [R, 3C, 3]) of an initial or kept state: validated,
+ * R (>= 1) into `rows`.
+ */
+std::pair<Napi::Float32Array, Napi::Float32Array> StateRows(ArgReader& args, const char* call, const KdaProblem& p,
+                                                            size_t i, const char* state_name, const char* conv_name,
+                                                            int64_t& rows) {
+  auto state = args.F32(i, state_name);
+  const size_t per_row = CheckedProduct(call, {p.heads, p.dim, p.dim});
+  if (state.ElementLength() == 0 || state.ElementLength() % per_row != 0)
+    args.Fail(state_name, "a Float32Array of rows*heads*headDim*headDim elements (rows >= 1)",
+              "length " + std::to_string(state.ElementLength()));
+  rows = static_cast<int64_t>(state.ElementLength() / per_row);
+  auto conv =
+      args.F32(i + 1, conv_name, CheckedProduct(call, {rows, 3, p.heads * p.dim, kConvKeep}), "rows*3*heads*headDim*3");
+  return {state, conv};
+}
+
 KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
   ArgReader args(info, call);
   KdaCall c;
@@ -426,13 +445,8 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
       if (p.seq_lens[b] < 1)
         args.Fail("seqLens", "lengths >= 1 with an initial state",
                   std::to_string(p.seq_lens[b]) + " at " + std::to_string(b));
-    auto init_state = args.F32(16, "initState");
-    const size_t per_row = CheckedProduct(call, {p.heads, p.dim, p.dim});
-    if (init_state.ElementLength() == 0 || init_state.ElementLength() % per_row != 0)
-      args.Fail("initState", "a Float32Array of rows*heads*headDim*headDim elements (rows >= 1)",
-                "length " + std::to_string(init_state.ElementLength()));
-    const int64_t rows = static_cast<int64_t>(init_state.ElementLength() / per_row);
-    auto init_conv = args.F32(17, "initConv", CheckedProduct(call, {rows, 3, hd, kConvKeep}), "rows*3*heads*headDim*3");
+    int64_t rows = 0;
+    auto [init_state, init_conv] = StateRows(args, call, p, 16, "initState", "initConv", rows);
     if (args.IsAbsent(18)) {
       if (rows != p.batch)
         args.Fail("initState", "one row per sequence without initRows", std::to_string(rows) + " rows");
@@ -452,13 +466,8 @@ KdaCall ReadKdaArgs(const Napi::CallbackInfo& info, const char* call) {
   }
   if (!args.IsAbsent(19)) {
     if (p.mode != Mode::kRecurrent) args.Fail("keepState", "null in \"chunked\" mode", "a Float32Array");
-    auto keep_state = args.F32(19, "keepState");
-    const size_t per_row = CheckedProduct(call, {p.heads, p.dim, p.dim});
-    if (keep_state.ElementLength() == 0 || keep_state.ElementLength() % per_row != 0)
-      args.Fail("keepState", "a Float32Array of rows*heads*headDim*headDim elements (rows >= 1)",
-                "length " + std::to_string(keep_state.ElementLength()));
-    const int64_t rows = static_cast<int64_t>(keep_state.ElementLength() / per_row);
-    auto keep_conv = args.F32(20, "keepConv", CheckedProduct(call, {rows, 3, hd, kConvKeep}), "rows*3*heads*headDim*3");
+    int64_t rows = 0;
+    auto [keep_state, keep_conv] = StateRows(args, call, p, 19, "keepState", "keepConv", rows);
     auto keep_rows = args.I32(21, "keepRows", static_cast<size_t>(p.batch), "seqLens.length");
     std::vector<bool> taken(static_cast<size_t>(rows), false);
     for (int64_t b = 0; b < p.batch; ++b) {
