@@ -309,81 +309,71 @@ function prepare(
   ];
 }
 
-/** Checks `initial` ({@link KdaRecurrentOptions.initial}) and sets it into the raw arguments. */
-function addInitial(
+/**
+ * Checks a state-rows option (`options.initial` or `options.keepBefore`): `{ state [R, heads, headDim²], conv
+ * [R, 3·heads·headDim, 3] }` f32 with R ≥ 1. @returns the arrays and R.
+ */
+function stateRows(
   call: string,
-  args: KdaRawArgs,
+  name: string,
+  value: { readonly state: Float32Array; readonly conv: Float32Array } | null,
   shape: KdaShape,
-  batch: KdaBatch,
-  initial: KdaInitial | undefined,
-): void {
-  if (initial === undefined) return;
-  const B = batch.seqLens.length;
+  fields: string,
+): { state: Float32Array; conv: Float32Array; R: number } {
   const { heads, headDim, channels } = checkShape(call, shape);
-  for (let b = 0; b < B; b++)
-    if (batch.seqLens[b]! < 1)
-      fail(call, `batch.seqLens[${b}]`, 'a length >= 1 with options.initial', batch.seqLens[b]);
-  if (typeof initial !== 'object' || initial === null) fail(call, 'options.initial', '{ state, conv, rows? }', initial);
-  const state = expectArray(call, 'options.initial.state', initial.state, Float32Array);
+  if (typeof value !== 'object' || value === null) fail(call, name, fields, value);
+  const state = expectArray(call, `${name}.state`, value.state, Float32Array);
   const perRow = heads * headDim * headDim;
   const R = state.length / perRow;
   if (!(Number.isInteger(R) && R >= 1))
-    fail(call, 'options.initial.state', `a Float32Array of R*heads*headDim² = R*${perRow} elements (R >= 1)`, state);
-  args[16] = state;
-  args[17] = expectArray(
-    call,
-    'options.initial.conv',
-    initial.conv,
-    Float32Array,
-    R * 9 * channels,
-    'R*3*heads*headDim*3',
-  );
-  if (initial.rows === undefined) {
-    if (R !== B) fail(call, 'options.initial.state', `${B} rows (one per sequence) without options.initial.rows`, R);
-    return;
-  }
-  const rows = expectArray(call, 'options.initial.rows', initial.rows, Int32Array, B, 'seqLens.length');
-  for (let b = 0; b < B; b++)
-    if (!(rows[b]! >= 0 && rows[b]! < R)) fail(call, `options.initial.rows[${b}]`, `a row in [0, ${R})`, rows[b]);
-  args[18] = rows;
+    fail(call, `${name}.state`, `a Float32Array of R*heads*headDim² = R*${perRow} elements (R >= 1)`, state);
+  const conv = expectArray(call, `${name}.conv`, value.conv, Float32Array, R * 9 * channels, 'R*3*heads*headDim*3');
+  return { state, conv, R };
 }
 
-/** Checks `keepBefore` ({@link KdaRecurrentOptions.keepBefore}) and sets it into the raw arguments. */
-function addKeepBefore(
+/**
+ * Checks `options.initial` and `options.keepBefore` ({@link KdaRecurrentOptions}) and sets them into the raw
+ * arguments.
+ */
+function addStates(
   call: string,
   args: KdaRawArgs,
   shape: KdaShape,
   batch: KdaBatch,
-  keep: KdaKeepBefore | undefined,
+  options: KdaRecurrentOptions,
 ): void {
-  if (keep === undefined) return;
   const B = batch.seqLens.length;
-  const { heads, headDim, channels } = checkShape(call, shape);
-  if (typeof keep !== 'object' || keep === null) fail(call, 'options.keepBefore', '{ state, conv, rows }', keep);
-  const state = expectArray(call, 'options.keepBefore.state', keep.state, Float32Array);
-  const perRow = heads * headDim * headDim;
-  const R = state.length / perRow;
-  if (!(Number.isInteger(R) && R >= 1))
-    fail(call, 'options.keepBefore.state', `a Float32Array of R*heads*headDim² = R*${perRow} elements (R >= 1)`, state);
-  const conv = expectArray(
-    call,
-    'options.keepBefore.conv',
-    keep.conv,
-    Float32Array,
-    R * 9 * channels,
-    'R*3*heads*headDim*3',
-  );
-  const rows = expectArray(call, 'options.keepBefore.rows', keep.rows, Int32Array, B, 'seqLens.length');
-  const seen = new Set<number>();
-  for (let b = 0; b < B; b++) {
-    const r = rows[b]!;
-    if (!(r >= -1 && r < R)) fail(call, `options.keepBefore.rows[${b}]`, `a row in [-1, ${R})`, r);
-    if (r >= 0 && seen.has(r)) fail(call, `options.keepBefore.rows[${b}]`, 'distinct rows', r);
-    seen.add(r);
+  const { initial, keepBefore: keep } = options;
+  if (initial !== undefined) {
+    for (let b = 0; b < B; b++)
+      if (batch.seqLens[b]! < 1)
+        fail(call, `batch.seqLens[${b}]`, 'a length >= 1 with options.initial', batch.seqLens[b]);
+    const { state, conv, R } = stateRows(call, 'options.initial', initial, shape, '{ state, conv, rows? }');
+    args[16] = state;
+    args[17] = conv;
+    if (initial.rows === undefined) {
+      if (R !== B) fail(call, 'options.initial.state', `${B} rows (one per sequence) without options.initial.rows`, R);
+    } else {
+      const rows = expectArray(call, 'options.initial.rows', initial.rows, Int32Array, B, 'seqLens.length');
+      for (let b = 0; b < B; b++)
+        if (!(rows[b]! >= 0 && rows[b]! < R)) fail(call, `options.initial.rows[${b}]`, `a row in [0, ${R})`, rows[b]);
+      args[18] = rows;
+    }
   }
-  args[19] = state;
-  args[20] = conv;
-  args[21] = rows;
+  if (keep !== undefined) {
+    const { state, conv, R } = stateRows(call, 'options.keepBefore', keep, shape, '{ state, conv, rows }');
+    const rows = expectArray(call, 'options.keepBefore.rows', keep.rows, Int32Array, B, 'seqLens.length');
+    const seen = new Set<number>();
+    for (let b = 0; b < B; b++) {
+      const r = rows[b]!;
+      if (!(r >= -1 && r < R)) fail(call, `options.keepBefore.rows[${b}]`, `a row in [-1, ${R})`, r);
+      if (r >= 0 && seen.has(r)) fail(call, `options.keepBefore.rows[${b}]`, 'distinct rows', r);
+      seen.add(r);
+    }
+    args[19] = state;
+    args[20] = conv;
+    args[21] = rows;
+  }
 }
 
 /**
@@ -400,8 +390,7 @@ export function kdaRecurrent(
   options: KdaRecurrentOptions = {},
 ): Float32Array {
   const args = prepare('kdaRecurrent', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
-  addInitial('kdaRecurrent', args, shape, batch, options.initial);
-  addKeepBefore('kdaRecurrent', args, shape, batch, options.keepBefore);
+  addStates('kdaRecurrent', args, shape, batch, options);
   addon.kdaForward(...args);
   return args[10];
 }
@@ -418,8 +407,7 @@ export function kdaRecurrentAsync(
   options: KdaRecurrentOptions = {},
 ): Promise<Float32Array> {
   const args = prepare('kdaRecurrentAsync', inputs, batch, pools, shape, options, 'recurrent', 1, options.snapshots);
-  addInitial('kdaRecurrentAsync', args, shape, batch, options.initial);
-  addKeepBefore('kdaRecurrentAsync', args, shape, batch, options.keepBefore);
+  addStates('kdaRecurrentAsync', args, shape, batch, options);
   return addon.kdaForwardAsync(...args).then(() => args[10]);
 }
 
