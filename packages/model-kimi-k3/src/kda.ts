@@ -114,7 +114,8 @@ export interface KdaLayerSnapshots {
    * Per span of the forward (span order): recurrent state `[H, d, d]` and conv state `[3·H·d, ks − 1]` before it —
    * for spans of two or more tokens only (unwritten for one token: such a block commits whole right after its
    * forward, which needs no replay; `commitFromSnapshots` refuses to replay it). From `kdaForward`'s `before`
-   * scratch (the stage keeps two sets of these buffers, one per snapshotted forward, alternately).
+   * scratch (the stage keeps two sets of these buffers, one per snapshotted forward, alternately). Empty in
+   * {@link KdaCommitMode} `'copy'`, which commits from `perToken`.
    */
   readonly stateBefore: Float32Array;
   readonly convBefore: Float32Array;
@@ -192,12 +193,13 @@ export function kdaForward(
   if (onSnapshot !== undefined) {
     const stateLen = H * d * d;
     const convLen = 3 * HD * (c.convKernel - 1);
-    // written by the kernel calls below as they read each state (keepBefore): a block of one token always commits
-    // whole, right after its forward, so its state before is not kept
-    const stateBefore = before(`${l}.state`, spans.length * stateLen);
-    const convBefore = before(`${l}.conv`, spans.length * convLen);
-    keep = { state: stateBefore, conv: convBefore };
-    if (commit === 'copy') perToken = { state: new Float32Array(N * stateLen), conv: new Float32Array(N * convLen) };
+    // 'replay': written by the kernel calls below as they read each state (keepBefore); a block of one token always
+    // commits whole, right after its forward, so its state before is not kept. 'copy' commits from perToken instead.
+    const replay = commit === 'replay';
+    const stateBefore = replay ? before(`${l}.state`, spans.length * stateLen) : new Float32Array(0);
+    const convBefore = replay ? before(`${l}.conv`, spans.length * convLen) : new Float32Array(0);
+    if (replay) keep = { state: stateBefore, conv: convBefore };
+    else perToken = { state: new Float32Array(N * stateLen), conv: new Float32Array(N * convLen) };
     onSnapshot({
       qkv,
       g,

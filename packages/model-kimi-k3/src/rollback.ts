@@ -83,6 +83,7 @@ export function commitFromSnapshotsBatch(
       'commitFromSnapshots: snapshots: two later forwards with snapshots on this stage have reused their buffers ' +
         '(commit right after the forward)',
     );
+  const replays = [...snapshots.layers.values()].some((l) => l.perToken === undefined);
   const spans = commits.map(({ id, committed }) => {
     const si = snapshots.spans.findIndex((s) => s.id === id);
     if (si < 0)
@@ -93,7 +94,7 @@ export function commitFromSnapshotsBatch(
         `commitFromSnapshots: committed: expected an integer in [1, ${span.numNew}], got ${committed}`,
       );
     }
-    if (span.numNew < 2 && [...snapshots.layers.values()].some((l) => l.perToken === undefined))
+    if (span.numNew < 2 && replays)
       throw new RangeError(
         `commitFromSnapshots: sequence ${String(id)}: its block of one token kept no state to replay ` +
           '(committed whole right after its forward, it needs none: KimiStageModel.commitPrefix)',
