@@ -129,7 +129,7 @@ interface Opened {
   readonly headers?: () => Record<string, string>;
 }
 
-/** Maps the engine's finish reasons to OpenAI's. */
+/** Sends an {@link ApiError} as its OpenAI-style JSON body. */
 const send = (reply: FastifyReply, e: ApiError): FastifyReply =>
   reply.code(e.status).type('application/json').send(e.toJSON());
 
