@@ -66,7 +66,6 @@ export const SSE_HEADERS = {
   'x-accel-buffering': 'no',
 } as const;
 
-/** The finish reasons of the engine, as OpenAI's. */
 /**
  * The one-prompt bodies of a request whose choices are more than one (`n` > 1, or a completion's list of prompts),
  * `n` and `best_of` removed (checked by request-fields.ts); undefined for a request of one choice (the server's
