@@ -4,12 +4,14 @@
  * `src/addon.ts` types the raw addon and is the only module that loads the `.node` file.
  *
  * Environment: `SPECD_ISA=auto|portable|avx512` (ISA path at load), `SPECD_NUM_THREADS=<n>`
- * (compute pool size). See `isa()`.
+ * (compute pool size), `SPECD_PARALLEL_MIN_WORK=<units>` (`setParallelMinWork` at load). See `isa()`.
  */
 export {
   isa,
   setIsa,
   setNumThreads,
+  setParallelMinWork,
+  DEFAULT_PARALLEL_MIN_WORK,
   parallelCopy,
   guardedFloat32Array,
   type IsaInfo,

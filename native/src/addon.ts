@@ -162,6 +162,7 @@ export interface RawAddon {
   isa(): { isa: 'avx512' | 'portable'; avx512Available: boolean; amxAvailable: boolean; threads: number };
   setIsa(name: 'auto' | 'avx512' | 'portable'): void;
   setNumThreads(threads: number): void;
+  setParallelMinWork(units: number): void;
   parallelCopy(dst: Float32Array, src: Float32Array): void;
   guardedFloat32Array(n: number): Float32Array;
   // convert.cc

@@ -5,12 +5,15 @@
 //              threads: number }
 //   setIsa(name: "auto" | "portable" | "avx512") -> undefined
 //   setNumThreads(threads: integer >= 1) -> undefined
+//   setParallelMinWork(units: integer in [1, 2^30]) -> undefined  (threadpool.h MinWorkPerThread; at load
+//            SPECD_PARALLEL_MIN_WORK when set)
 //   parallelCopy(dst: Float32Array, src: Float32Array [same length]) -> undefined  (memcpy per thread)
 //   guardedFloat32Array(n: integer >= 0) -> Float32Array [n] whose last element ends exactly where
 //            a PROT_NONE page begins (tests: a kernel reading past its input faults at once)
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,6 +48,12 @@ Napi::Value SetIsaBinding(const Napi::CallbackInfo& info) {
 Napi::Value SetNumThreadsBinding(const Napi::CallbackInfo& info) {
   ArgReader args(info, "setNumThreads");
   SetPoolSize(static_cast<int>(args.Int(0, "threads", 1, 1024)));
+  return info.Env().Undefined();
+}
+
+Napi::Value SetParallelMinWorkBinding(const Napi::CallbackInfo& info) {
+  ArgReader args(info, "setParallelMinWork");
+  SetMinWorkPerThread(args.Int(0, "units", 1, kMaxMinWorkPerThread));
   return info.Env().Undefined();
 }
 
@@ -101,9 +110,15 @@ Napi::Value GuardedFloat32ArrayBinding(const Napi::CallbackInfo& info) {
 void RegisterRuntime(Napi::Env env, Napi::Object exports) {
   if (const char* isa = std::getenv("SPECD_ISA"); isa != nullptr) SetIsaByName(isa, "SPECD_ISA");
   (void)PoolSize();  // builds the pool now; throws on a malformed SPECD_NUM_THREADS
+  // SPECD_PARALLEL_MIN_WORK: checked at every load (a malformed value fails each), applied at the first only, so a
+  // worker thread loading the addon later keeps what setParallelMinWork set since
+  const int64_t min_work = DefaultMinWorkPerThread();
+  static std::atomic<bool> applied{false};
+  if (!applied.exchange(true)) SetMinWorkPerThread(min_work);
   exports.Set("isa", Napi::Function::New(env, Guarded<IsaBinding>, "isa"));
   exports.Set("setIsa", Napi::Function::New(env, Guarded<SetIsaBinding>, "setIsa"));
   exports.Set("setNumThreads", Napi::Function::New(env, Guarded<SetNumThreadsBinding>, "setNumThreads"));
+  exports.Set("setParallelMinWork", Napi::Function::New(env, Guarded<SetParallelMinWorkBinding>, "setParallelMinWork"));
   exports.Set("parallelCopy", Napi::Function::New(env, Guarded<ParallelCopyBinding>, "parallelCopy"));
   exports.Set("guardedFloat32Array",
               Napi::Function::New(env, Guarded<GuardedFloat32ArrayBinding>, "guardedFloat32Array"));

@@ -44,6 +44,22 @@ export function setNumThreads(threads: number): void {
   addon.setNumThreads(expectInt('setNumThreads', 'threads', threads, 1, 1024));
 }
 
+/** The default of {@link setParallelMinWork}: 2¹⁴ work units. */
+export const DEFAULT_PARALLEL_MIN_WORK = 16384;
+
+/**
+ * Sets how much work (units ≈ one f32 element read or written, or one multiply-add) each thread's range of a
+ * native call must hold before the call is split over the pool; smaller calls run inline on the caller
+ * (native/src/threadpool.h). Process-wide; results never depend on it, only speed does. Default
+ * {@link DEFAULT_PARALLEL_MIN_WORK} (docs/BENCHMARKS.md, "Native dispatch: the split threshold lowered"); larger
+ * values keep more small calls on one thread (a host whose second vCPU is busy), smaller ones split more.
+ * @param units integer in [1, 2³⁰].
+ * @throws SpecdArgumentError on a value outside that range.
+ */
+export function setParallelMinWork(units: number): void {
+  addon.setParallelMinWork(expectInt('setParallelMinWork', 'units', units, 1, 2 ** 30));
+}
+
 /**
  * Copies `src` into `dst` with the compute pool (one memcpy per thread); used by the bandwidth
  * benchmark (STREAM "copy": bytes moved = 2 * 4 * length).

@@ -3,6 +3,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -188,6 +189,19 @@ int DefaultPoolSize() {
   return hc > 0 ? static_cast<int>(hc) : 1;
 }
 
+int64_t DefaultMinWorkPerThread() {
+  if (const char* env = std::getenv("SPECD_PARALLEL_MIN_WORK"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end == env || *end != '\0' || v < 1 || v > kMaxMinWorkPerThread) {
+      throw std::runtime_error(std::string("specd native: SPECD_PARALLEL_MIN_WORK: expected an integer in [1, ") +
+                               std::to_string(kMaxMinWorkPerThread) + "], got \"" + env + "\"");
+    }
+    return static_cast<int64_t>(v);
+  }
+  return kMinWorkPerThread;
+}
+
 int PoolSize() {
   std::lock_guard<std::mutex> lock(RunMutex());
   return GetPool().size();
@@ -200,12 +214,22 @@ void SetPoolSize(int threads) {
   g_size.store(g_pool->size(), std::memory_order_release);
 }
 
+namespace {
+std::atomic<int64_t> g_min_work{kMinWorkPerThread};
+}  // namespace
+
+void SetMinWorkPerThread(int64_t units) {
+  g_min_work.store(std::clamp<int64_t>(units, 1, kMaxMinWorkPerThread), std::memory_order_relaxed);
+}
+int64_t MinWorkPerThread() { return g_min_work.load(std::memory_order_relaxed); }
+
 int64_t PartitionCount(int64_t n, int64_t workPerItem, int threads) {
   if (n <= 0) return 0;
   int64_t parts = n < threads ? n : threads;
   const int64_t w = workPerItem < 1 ? 1 : workPerItem;
-  // n * w / kMinWorkPerThread without overflow: at most `parts` matters.
-  const int64_t by_work = n > (INT64_MAX / w) ? parts : n * w / kMinWorkPerThread;
+  // n * w / min_work without overflow: at most `parts` matters.
+  const int64_t min_work = MinWorkPerThread();
+  const int64_t by_work = n > (INT64_MAX / w) ? parts : n * w / min_work;
   if (by_work < parts) parts = by_work < 1 ? 1 : by_work;
   return parts;
 }

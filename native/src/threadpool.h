@@ -6,10 +6,10 @@
 //
 // ParallelFor(n, fn, workPerItem) splits [0, n) into P contiguous ranges with the static rule
 // range i = [n*i/P, n*(i+1)/P) and calls fn(begin, end) once per range, where
-//   P = min(T, n, max(1, n * workPerItem / kMinWorkPerThread)):
-// a call too small to repay a hand-off (tiny-model decode: one row of 256, a 768×256 GEMV) runs
-// inline on the caller (P = 1) without touching the pool, its mutex or the workers. The partition
-// depends only on (n, workPerItem, T), never on timing: kernels that give each output element to
+//   P = min(T, n, max(1, n * workPerItem / MinWorkPerThread())):
+// a call too small to repay a hand-off (one row of 256 to normalise) runs inline on the caller (P = 1)
+// without touching the pool, its mutex or the workers. The partition depends only on (n, workPerItem, T)
+// and the threshold, never on timing: kernels that give each output element to
 // exactly one range (e.g. GEMM partitions over N only, never K) are deterministic and independent
 // of the partition, hence of the thread count and of the inline threshold.
 //
@@ -39,15 +39,26 @@ void SetPoolSize(int threads);
 int DefaultPoolSize();
 
 /**
- * Work units (≈ one f32 element read or written, or one multiply-add; ~0.1–1 ns on one core) a
- * range must hold before ParallelFor splits a call: below 2 × this the call runs inline.
- * Measured on the 2-vCPU VM (docs/BENCHMARKS.md): a pool hand-off costs ~10 µs idle and up to
- * ~100 µs when the VM is loaded.
+ * Default work units (≈ one f32 element read or written, or one multiply-add; ~0.1–1 ns on one core) a
+ * range must hold before ParallelFor splits a call: below 2 × this the call runs inline. 2^17 until
+ * 2026-12-05; 2^14 since (docs/BENCHMARKS.md, "Native dispatch: the split threshold lowered"): the
+ * workers spin ~50 µs after a job, so within a forward a hand-off costs a few µs, and kimi-k3-tiny's
+ * 256-wide GEMMs, MoE experts and KDA heads ran on one thread (one-sequence decode ×1.38 faster split).
  */
-constexpr int64_t kMinWorkPerThread = int64_t{1} << 17;
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 14;
+
+/** Largest threshold SetMinWorkPerThread takes. */
+constexpr int64_t kMaxMinWorkPerThread = int64_t{1} << 30;
+
+/** Sets the threshold above (process-wide; clamped to [1, kMaxMinWorkPerThread]); never changes a result. */
+void SetMinWorkPerThread(int64_t units);
+/** The threshold in use. */
+int64_t MinWorkPerThread();
+/** SPECD_PARALLEL_MIN_WORK when set, else kMinWorkPerThread; throws on a malformed env var. */
+int64_t DefaultMinWorkPerThread();
 
 /** Work per item when the caller gives none: always split (the partition of older callers). */
-constexpr int64_t kUnknownWork = kMinWorkPerThread;
+constexpr int64_t kUnknownWork = kMaxMinWorkPerThread;
 
 /**
  * Runs fn over a static partition of [0, n); see the file comment. `workPerItem` ≥ 1: the cost of

@@ -2,7 +2,21 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { Worker } from 'node:worker_threads';
 import { describe, expect, it } from 'vitest';
-import { isa, parallelCopy, setIsa } from '@specd/native';
+import {
+  DEFAULT_PARALLEL_MIN_WORK,
+  createMoeExpertSet,
+  f32ToBf16,
+  gemmBf16,
+  isa,
+  kdaRecurrent,
+  moeExperts,
+  packBf16Weights,
+  packMoeExpert,
+  parallelCopy,
+  setIsa,
+  setNumThreads,
+  setParallelMinWork,
+} from '@specd/native';
 import { isaPaths } from './reference.js';
 
 const probe = "import('@specd/native').then((m) => console.log(JSON.stringify(m.isa())))";
@@ -34,6 +48,10 @@ describe('runtime', () => {
     expect(bad.stderr).toContain('SPECD_ISA: expected "auto", "portable" or "avx512", got "sse9"');
     const threads = loadWith({ SPECD_NUM_THREADS: 'many' });
     expect(threads.stderr).toContain('SPECD_NUM_THREADS: expected an integer in [1, 1024], got "many"');
+    const minWork = loadWith({ SPECD_PARALLEL_MIN_WORK: '0' });
+    expect(minWork.status).not.toBe(0);
+    expect(minWork.stderr).toContain('SPECD_PARALLEL_MIN_WORK: expected an integer in [1, 1073741824], got "0"');
+    expect(loadWith({ SPECD_PARALLEL_MIN_WORK: '4096' }).status).toBe(0);
   });
 
   it('setIsa switches paths and validates names', () => {
@@ -67,5 +85,61 @@ describe('runtime', () => {
     parallelCopy(dst, src);
     expect(dst[100_002]).toBe(100_002);
     expect(dst.every((v, i) => v === i)).toBe(true);
+  });
+
+  it('setParallelMinWork changes which calls split, never a result; it validates its argument', () => {
+    let seed = 7;
+    const rnd = (n: number, scale = 1): Float32Array =>
+      Float32Array.from({ length: n }, () => {
+        seed = (seed * 1103515245 + 12345) % 2 ** 31;
+        return (seed / 2 ** 31 - 0.5) * scale;
+      });
+    const bf = (n: number): Uint16Array => f32ToBf16(rnd(n, 0.2));
+    // kimi-k3-tiny's shapes: 256-wide GEMMs, 8 experts of 128, KDA 4 heads × 64
+    const w = packBf16Weights(bf(768 * 256), 768, 256);
+    const x = rnd(5 * 256);
+    const experts = createMoeExpertSet(
+      Array.from({ length: 8 }, () => packMoeExpert(bf(128 * 256), bf(128 * 256), bf(256 * 128), 256, 128)),
+      packMoeExpert(bf(128 * 256), bf(128 * 256), bf(256 * 128), 256, 128),
+    );
+    const routing = { topK: 2, ids: Int32Array.from([0, 3, 1, 3, 7, 2, 5, 6, 4, 0]), weights: rnd(10, 2) };
+    const H = 4;
+    const d = 64;
+    const C = H * d;
+    const inputs = {
+      qkv: rnd(5 * 3 * C),
+      g: rnd(5 * C, 0.1).map((v) => -Math.abs(v)),
+      beta: rnd(5 * H).map((v) => Math.abs(v)),
+      convWeight: rnd(3 * C * 4),
+    };
+    const state0 = rnd(2 * H * d * d, 0.1);
+    const conv0 = rnd(2 * 9 * C);
+    const run = (): Float32Array[] => {
+      const pools = { state: state0.slice(), conv: conv0.slice() };
+      const o = kdaRecurrent(inputs, { seqLens: Int32Array.of(4, 1), slots: Int32Array.of(1, 0) }, pools, {
+        heads: H,
+        headDim: d,
+      });
+      return [gemmBf16(x, 5, w), moeExperts(x, 5, experts, routing), o, pools.state];
+    };
+    const threads = isa().threads;
+    try {
+      setNumThreads(2);
+      setParallelMinWork(2 ** 30); // every call inline (but those without a work estimate)
+      const inline = run();
+      setParallelMinWork(1); // every call split
+      const split = run();
+      setParallelMinWork(DEFAULT_PARALLEL_MIN_WORK);
+      const dflt = run();
+      for (let i = 0; i < inline.length; i++) {
+        expect(Array.from(split[i]!)).toEqual(Array.from(inline[i]!));
+        expect(Array.from(dflt[i]!)).toEqual(Array.from(inline[i]!));
+      }
+    } finally {
+      setParallelMinWork(DEFAULT_PARALLEL_MIN_WORK);
+      setNumThreads(threads);
+    }
+    expect(() => setParallelMinWork(0)).toThrow('setParallelMinWork: units: expected an integer in [1, 1073741824]');
+    expect(() => setParallelMinWork(1.5)).toThrow('setParallelMinWork: units');
   });
 });
