@@ -159,7 +159,13 @@ export type MlaAttentionRawArgs = [
  */
 export interface RawAddon {
   // runtime.cc
-  isa(): { isa: 'avx512' | 'portable'; avx512Available: boolean; amxAvailable: boolean; threads: number };
+  isa(): {
+    isa: 'avx512' | 'portable';
+    avx512Available: boolean;
+    amxAvailable: boolean;
+    threads: number;
+    parallelMinWork: number;
+  };
   setIsa(name: 'auto' | 'avx512' | 'portable'): void;
   setNumThreads(threads: number): void;
   setParallelMinWork(units: number): void;

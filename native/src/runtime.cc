@@ -2,7 +2,7 @@
 //
 // JS entry points (wrapped by native/src/runtime.ts):
 //   isa() -> { isa: "avx512" | "portable", avx512Available: boolean, amxAvailable: boolean,
-//              threads: number }
+//              threads: number, parallelMinWork: number }
 //   setIsa(name: "auto" | "portable" | "avx512") -> undefined
 //   setNumThreads(threads: integer >= 1) -> undefined
 //   setParallelMinWork(units: integer in [1, 2^30]) -> undefined  (threadpool.h MinWorkPerThread; at load
@@ -31,6 +31,7 @@ Napi::Value IsaBinding(const Napi::CallbackInfo& info) {
   o.Set("avx512Available", Avx512Available());
   o.Set("amxAvailable", AmxAvailable());
   o.Set("threads", PoolSize());
+  o.Set("parallelMinWork", static_cast<double>(MinWorkPerThread()));
   return o;
 }
 

@@ -15,6 +15,8 @@ export interface IsaInfo {
   readonly amxAvailable: boolean;
   /** Threads of the compute pool, caller included (SPECD_NUM_THREADS or the CPU affinity mask). */
   readonly threads: number;
+  /** Work units a range of a native call must hold before the call is split ({@link setParallelMinWork}). */
+  readonly parallelMinWork: number;
 }
 
 /**

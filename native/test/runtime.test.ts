@@ -34,12 +34,12 @@ describe('runtime', () => {
     expect(isaPaths()).toContain('portable');
   });
 
-  it('SPECD_ISA=portable and SPECD_NUM_THREADS apply at load', () => {
+  it('SPECD_ISA=portable, SPECD_NUM_THREADS and SPECD_PARALLEL_MIN_WORK apply at load', () => {
     const out = execFileSync(process.execPath, ['-e', probe], {
-      env: { ...process.env, SPECD_ISA: 'portable', SPECD_NUM_THREADS: '3' },
+      env: { ...process.env, SPECD_ISA: 'portable', SPECD_NUM_THREADS: '3', SPECD_PARALLEL_MIN_WORK: '4096' },
       encoding: 'utf8',
     });
-    expect(JSON.parse(out)).toMatchObject({ isa: 'portable', threads: 3 });
+    expect(JSON.parse(out)).toMatchObject({ isa: 'portable', threads: 3, parallelMinWork: 4096 });
   });
 
   it('a malformed env var fails the load with a message naming it', () => {
@@ -125,7 +125,9 @@ describe('runtime', () => {
     const threads = isa().threads;
     try {
       setNumThreads(2);
+      expect(isa().parallelMinWork).toBe(DEFAULT_PARALLEL_MIN_WORK);
       setParallelMinWork(2 ** 30); // every call inline (but those without a work estimate)
+      expect(isa().parallelMinWork).toBe(2 ** 30);
       const inline = run();
       setParallelMinWork(1); // every call split
       const split = run();
