@@ -169,16 +169,25 @@ Pool& GetPool() {
 
 }  // namespace
 
-int DefaultPoolSize() {
-  if (const char* env = std::getenv("SPECD_NUM_THREADS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (end == env || *end != '\0' || v < 1 || v > 1024) {
-      throw std::runtime_error(
-          std::string("specd native: SPECD_NUM_THREADS: expected an integer in [1, 1024], got \"") + env + "\"");
-    }
-    return static_cast<int>(v);
+namespace {
+
+/** The integer env var `name` in [lo, hi], or `fallback` when unset or empty; throws naming it when malformed. */
+int64_t EnvInteger(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || v < lo || v > hi) {
+    throw std::runtime_error(std::string("specd native: ") + name + ": expected an integer in [" + std::to_string(lo) +
+                             ", " + std::to_string(hi) + "], got \"" + env + "\"");
   }
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+int DefaultPoolSize() {
+  if (const int64_t n = EnvInteger("SPECD_NUM_THREADS", 1, 1024, 0); n > 0) return static_cast<int>(n);
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) {
@@ -190,16 +199,7 @@ int DefaultPoolSize() {
 }
 
 int64_t DefaultMinWorkPerThread() {
-  if (const char* env = std::getenv("SPECD_PARALLEL_MIN_WORK"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    if (end == env || *end != '\0' || v < 1 || v > kMaxMinWorkPerThread) {
-      throw std::runtime_error(std::string("specd native: SPECD_PARALLEL_MIN_WORK: expected an integer in [1, ") +
-                               std::to_string(kMaxMinWorkPerThread) + "], got \"" + env + "\"");
-    }
-    return static_cast<int64_t>(v);
-  }
-  return kMinWorkPerThread;
+  return EnvInteger("SPECD_PARALLEL_MIN_WORK", 1, kMaxMinWorkPerThread, kMinWorkPerThread);
 }
 
 int PoolSize() {
