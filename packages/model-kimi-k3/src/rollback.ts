@@ -110,6 +110,16 @@ export function commitFromSnapshotsBatch(
   // (a stage without KDA layers has no linear state: only its KV is truncated)
   const slots = pools === undefined ? undefined : Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
   const initialRows = Int32Array.from(spans, (s) => s.si);
+  // the gathered rows and the replay's (unread) output, one buffer each for every layer: the kernel call is synchronous
+  const buffers = new Map<string, Float32Array>();
+  const buffer = (name: string, n: number): Float32Array => {
+    let b = buffers.get(name);
+    if (b === undefined || b.length !== n) {
+      b = new Float32Array(n);
+      buffers.set(name, b);
+    }
+    return b;
+  };
   for (const [l, snap] of snapshots.layers) {
     if (pools === undefined || slots === undefined)
       throw new RangeError('commitFromSnapshots: cache: KDA snapshots on a cache without linear state');
@@ -126,12 +136,12 @@ export function commitFromSnapshotsBatch(
     }
     const H = snap.heads;
     const C = H * snap.headDim;
-    const rows = (a: Float32Array, width: number): Float32Array => {
+    const rows = (name: string, a: Float32Array, width: number): Float32Array => {
       if (spans.length === 1) {
         const r0 = spans[0]!.span.tokenStart;
         return a.subarray(r0 * width, (r0 + spans[0]!.committed) * width);
       }
-      const out = new Float32Array(total * width);
+      const out = buffer(name, total * width);
       let at = 0;
       for (const { span, committed } of spans) {
         out.set(a.subarray(span.tokenStart * width, (span.tokenStart + committed) * width), at * width);
@@ -141,9 +151,9 @@ export function commitFromSnapshotsBatch(
     };
     snap.kernels.kda(
       {
-        qkv: rows(snap.qkv, 3 * C),
-        g: rows(snap.g, C),
-        beta: rows(snap.beta, H),
+        qkv: rows('qkv', snap.qkv, 3 * C),
+        g: rows('g', snap.g, C),
+        beta: rows('beta', snap.beta, H),
         convWeight: snap.convWeight,
         seqLens,
         slots,
@@ -151,7 +161,7 @@ export function commitFromSnapshotsBatch(
         conv: pools.convStore(l),
         heads: H,
         headDim: snap.headDim,
-        out: new Float32Array(total * C),
+        out: buffer('out', total * C),
         // each slot restored from before the forward inside the kernel, then the committed rows replayed
         initial: { state: snap.stateBefore, conv: snap.convBefore, rows: initialRows },
       },
