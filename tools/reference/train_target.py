@@ -3,9 +3,12 @@
   python train_target.py target --work W [--minutes 6.5] [--resume]
       trains on W/data/*.train.u16 while held-out loss falls; keeps the best checkpoint in
       W/target/best.pt (fp32 weights, optimizer, step, rng) and writes W/target/log.json.
-  python train_target.py regen --work W [--sequences 16384] [--length 256]
-      the target's own continuations of train-split windows: half greedy, half sampled at T=1;
-      writes W/regen/tokens.u16 ([N, length] uint16) and W/regen/meta.json.
+  python train_target.py regen --work W [--sequences 16384] [--length 256] [--target HF_FOLDER] [--seed 1]
+                               [--greedy-every 2] [--max-seconds S] [--regen-out DIR]
+      the target's own continuations of train-split windows: one batch in --greedy-every sampled at T=1, the others
+      greedy (default 2: half and half); writes W/regen/tokens.u16 ([N, length] uint16) and W/regen/meta.json (or
+      into --regen-out). --target: the shipped HF folder instead of W/target/best.pt; --max-seconds: stop after the batch
+      that crosses it (the rows so far are kept).
 Seeded; each stage fits one 10-minute run on one H200.
 """
 from __future__ import annotations
@@ -137,25 +140,36 @@ def generate(model, prompts: torch.Tensor, new_tokens: int, temperature: float, 
     return torch.cat(out, dim=1)
 
 
-def regen(work: Path, sequences: int, length: int, prompt_len: int = 48, batch: int = 1024, seed: int = 1):
+def regen(work: Path, sequences: int, length: int, prompt_len: int = 48, batch: int = 1024, seed: int = 1,
+          target: Path | None = None, greedy_every: int = 2, max_seconds: float = 1e9, out: Path | None = None):
     dev = device()
-    model = load_target(work, dev)
+    if target is not None:
+        from train_drafters import load_target_hf
+        model = load_target_hf(target, dev)
+    else:
+        model = load_target(work, dev)
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=dev).manual_seed(seed)
     train = TokenData(work / "data", "train")
     rows = []
     t0 = time.time()
     for i in range(0, sequences, batch):
-        temp = 0.0 if (i // batch) % 2 == 0 else 1.0
+        if time.time() - t0 > max_seconds:
+            print(f"regen: time box {max_seconds}s reached after {sum(len(r) for r in rows)} sequences", flush=True)
+            break
+        # batch j is sampled at T=1 when j % greedy_every == greedy_every - 1 (default 2: alternating, greedy first)
+        temp = 1.0 if greedy_every > 0 and (i // batch) % greedy_every == greedy_every - 1 else 0.0
         prompts = train.batch(rng, min(batch, sequences - i), prompt_len).to(dev)
         rows.append(generate(model, prompts, length - prompt_len, temp, gen).cpu().numpy().astype(np.uint16))
         print(f"regen {i + len(rows[-1])}/{sequences} T={temp} {time.time() - t0:.0f}s", flush=True)
-    out = work / "regen"
+    out = out or work / "regen"
     out.mkdir(parents=True, exist_ok=True)
     arr = np.concatenate(rows)
     arr.tofile(out / "tokens.u16")
     (out / "meta.json").write_text(json.dumps({"sequences": int(arr.shape[0]), "length": length,
-                                               "prompt_len": prompt_len, "greedy_and_t1": "alternating batches",
+                                               "prompt_len": prompt_len, "seed": seed,
+                                               "greedy_and_t1": f"one batch of {batch} in {greedy_every} at T=1",
+                                               "target": str(target) if target else "W/target/best.pt",
                                                "seconds": time.time() - t0}))
 
 
@@ -188,10 +202,16 @@ if __name__ == "__main__":
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--max-steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--target", type=Path, help="regen: the target's HF folder (default W/target/best.pt)")
+    ap.add_argument("--seed", type=int, default=1, help="regen: prompt windows and sampling seed")
+    ap.add_argument("--greedy-every", type=int, default=2, help="regen: one batch in N sampled at T=1")
+    ap.add_argument("--max-seconds", type=float, default=1e9, help="regen: time box")
+    ap.add_argument("--regen-out", type=Path, help="regen: output folder (default W/regen)")
     a = ap.parse_args()
     if a.stage == "target":
         train_target(a.work, a.minutes, a.resume, max_steps=a.max_steps, batch=a.batch)
     elif a.stage == "regen":
-        regen(a.work, a.sequences, a.length)
+        regen(a.work, a.sequences, a.length, seed=a.seed, target=a.target, greedy_every=a.greedy_every,
+              max_seconds=a.max_seconds, out=a.regen_out)
     else:
         export_target(a.work, a.out)
