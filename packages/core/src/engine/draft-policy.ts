@@ -449,6 +449,9 @@ const PLAIN_REUSE = 7;
 /** Verify forwards of a shape measured before the cost policy reads the learned time instead of the calibrated one. */
 const LEARNED_MIN = 3;
 
+/** Plain verify forwards (r = 0) kept per batch size: their lower median prices its plain step. */
+export const PLAIN_WINDOW = 32;
+
 /** Per-step overhead observations of each kind (plain, drafting) skipped before they are learned (JIT warm-up). */
 export const OVERHEAD_WARMUP = 2;
 
@@ -640,6 +643,22 @@ export class CostDraftPolicy implements DraftPolicy {
    * drafts where 3 were faster (bench/spec-steps.mjs).
    */
   private readonly learnedVerify = new Map<number, { ms: Float64Array; n: Uint32Array }>();
+  /**
+   * The plain verify forward's learned time by batch size: the lower median of its last {@link PLAIN_WINDOW} samples
+   * (a ring), not an EMA, so that a few slow steps cannot move it. With the EMA (weight 0.2, a sample clipped at twice
+   * the estimate) four slow steps in a row (4.1–9.5 ms where 2.5 was usual: the VM) raised kimi-k3-tiny's plain step
+   * at 8 sequences from 0.87 to 1.28 × its calibrated time, and drafting then priced better. Once drafting, the
+   * engine stayed there: the plain steps a drafting run leaves are slower than a run of plain steps (2.4–2.8 ms against
+   * 1.7–1.8; they run between drafting steps, with the caches full of the drafter's work), and they kept the estimate
+   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). In one process,
+   * engines built alike: 4 of 5 fell into it with the EMA, 0 of 4 with the median; at one sequence the two drafted
+   * alike (kimi-k3-tiny ×1.091 / ×1.111 of plain, SmolLM2 + EAGLE-3 ×1.476 / ×1.549, this VM's noise). A lower quartile
+   * priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against ×1.105).
+   */
+  private readonly plainWindow = new Map<
+    number,
+    { ms: Float64Array; sorted: Float64Array; n: number; median: number }
+  >();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
   readonly calibration = new ConfidenceCalibration();
   /** Per sequence: the raw confidences of the drafts it verifies this step (budgets → observe). */
@@ -922,10 +941,15 @@ export class CostDraftPolicy implements DraftPolicy {
   /**
    * One verify forward of B sequences and B + r rows took `ms`: folded into the learned curve of B at r (an EMA,
    * weight 0.2, the first observation taken whole; a sample above twice the point's estimate is clipped there: a
-   * preemption is not the forward's cost).
+   * preemption is not the forward's cost). The plain forward (r = 0) is learned as the lower median of its last
+   * {@link PLAIN_WINDOW} samples instead ({@link plainWindow}).
    */
   private learnVerify(B: number, r: number, ms: number): void {
     if (!(r >= 0 && Number.isInteger(r) && ms > 0 && Number.isFinite(ms))) return;
+    if (r === 0) {
+      this.learnPlain(B, ms);
+      return;
+    }
     let l = this.learnedVerify.get(B);
     if (l === undefined || l.n.length <= r) {
       const size = Math.max(r + 1, 8 * B + 2);
@@ -942,12 +966,37 @@ export class CostDraftPolicy implements DraftPolicy {
     l.n[r] = seen + 1;
   }
 
+  /** One plain verify forward of B sequences took `ms`: into B's window, whose lower median is kept. */
+  private learnPlain(B: number, ms: number): void {
+    let w = this.plainWindow.get(B);
+    if (w === undefined) {
+      w = { ms: new Float64Array(PLAIN_WINDOW), sorted: new Float64Array(PLAIN_WINDOW), n: 0, median: 0 };
+      this.plainWindow.set(B, w);
+    }
+    w.ms[w.n % PLAIN_WINDOW] = ms;
+    w.n++;
+    // insertion sort into the kept buffer (≤ 32 values, no array a step)
+    const n = Math.min(w.n, PLAIN_WINDOW);
+    for (let i = 0; i < n; i++) {
+      const v = w.ms[i]!;
+      let j = i;
+      for (; j > 0 && w.sorted[j - 1]! > v; j--) w.sorted[j] = w.sorted[j - 1]!;
+      w.sorted[j] = v;
+    }
+    w.median = w.sorted[(n - 1) >> 1]!;
+  }
+
   /**
    * The learned t_verify(B, B + r), ms, once measured {@link LEARNED_MIN} times (undefined before: the calibrated curve
-   * × its factor stands in).
+   * × its factor stands in); at r = 0 the lower median of the plain window.
    */
   private learnedVerifyMs(B: number, r: number): number | undefined {
-    const l = this.useLearned ? this.learnedVerify.get(B) : undefined;
+    if (!this.useLearned) return undefined;
+    if (r === 0) {
+      const w = this.plainWindow.get(B);
+      return w !== undefined && w.n >= LEARNED_MIN ? w.median : undefined;
+    }
+    const l = this.learnedVerify.get(B);
     return l !== undefined && r < l.n.length && l.n[r]! >= LEARNED_MIN ? l.ms[r] : undefined;
   }
 

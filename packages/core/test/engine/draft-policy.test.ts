@@ -279,6 +279,35 @@ describe('CostDraftPolicy', () => {
     expect(p.costScale[0]! / before).toBeLessThan(Math.exp(0.4 * 0.25) + 1e-9);
   });
 
+  it('prices a plain step by the lower median of its last 32 forwards: a few slow ones do not move it', () => {
+    const c = costs(2, 0.1, 0.3, [8]); // calibrated: a plain step of 8 sequences 2.8 ms
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
+    let call = 0;
+    /** The plain step's cost the rule read (a batch of fresh ids: a kept plain choice would not be re-priced). */
+    const plainMs = (): number => {
+      call++;
+      p.choose(Array.from({ length: 8 }, (_, i) => cand(`c${call}s${i}`, 4)));
+      const ch = events.filter((e) => e.kind === 'choose').at(-1);
+      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+      return ch.curve[0]!.costMs;
+    };
+    for (let i = 0; i < 20; i++) p.observeStep(8, 8, 0, 0, 2, 0);
+    expect(plainMs()).toBeCloseTo(2, 9);
+    // four slow steps in a row (the machine): the EMA this replaced read 4.15 ms after them
+    for (let i = 0; i < 4; i++) p.observeStep(8, 8, 0, 0, 9, 0);
+    expect(plainMs()).toBeCloseTo(2, 9);
+    // a lasting change moves it once it holds half of the last 32: 12 × 2, 4 × 9, 16 × 3 → 3
+    for (let i = 0; i < 16; i++) p.observeStep(8, 8, 0, 0, 3, 0);
+    expect(plainMs()).toBeCloseTo(3, 9);
+    // learnVerify: false reads the calibrated time × the plain factor instead
+    const q = new CostDraftPolicy(c, { ...noExplore, learnVerify: false, trace: (e) => events.push(e) });
+    q.choose(Array.from({ length: 8 }, (_, i) => cand(`q${i}`, 4)));
+    const qc = events.filter((e) => e.kind === 'choose').at(-1);
+    if (qc?.kind !== 'choose') throw new Error('expected a choose event');
+    expect(qc.curve[0]!.costMs).toBeCloseTo(c.verifyMs(8, 8), 9);
+  });
+
   it('prices the propose call by the drafts it proposed, not by those the verify budgets kept', () => {
     const ks = [0, 1, 2, 4, 8];
     const c = new StepCosts([
