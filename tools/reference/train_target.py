@@ -7,8 +7,8 @@
                                [--greedy-every 2] [--max-seconds S] [--regen-out DIR]
       the target's own continuations of train-split windows: one batch in --greedy-every sampled at T=1, the others
       greedy (default 2: half and half); writes W/regen/tokens.u16 ([N, length] uint16) and W/regen/meta.json (or
-      into --regen-out). --target: the shipped HF folder instead of W/target/best.pt; --max-seconds: stop after the batch
-      that crosses it (the rows so far are kept).
+      into --regen-out). --target: the shipped HF folder instead of W/target/best.pt; --max-seconds: stop before the
+      first batch that starts after it (the rows so far are kept).
 Seeded; each stage fits one 10-minute run on one H200.
 """
 from __future__ import annotations
