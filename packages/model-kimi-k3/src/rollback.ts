@@ -11,13 +11,14 @@
  *   token; the commit costs the recurrence of the committed tokens.
  */
 
-import type {
-  ForwardResult,
-  PrefixCommitItem,
-  SequenceCache,
-  SequenceCheckpoint,
-  SequenceId,
-  StageModel,
+import {
+  type ForwardResult,
+  keptScratch,
+  type PrefixCommitItem,
+  type SequenceCache,
+  type SequenceCheckpoint,
+  type SequenceId,
+  type StageModel,
 } from '@specd/core';
 
 import type { KdaSnapshotSet } from './model.js';
@@ -111,15 +112,7 @@ export function commitFromSnapshotsBatch(
   const slots = pools === undefined ? undefined : Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
   const initialRows = Int32Array.from(spans, (s) => s.si);
   // the gathered rows and the replay's (unread) output, one buffer each for every layer: the kernel call is synchronous
-  const buffers = new Map<string, Float32Array>();
-  const buffer = (name: string, n: number): Float32Array => {
-    let b = buffers.get(name);
-    if (b === undefined || b.length !== n) {
-      b = new Float32Array(n);
-      buffers.set(name, b);
-    }
-    return b;
-  };
+  const buffer = keptScratch();
   for (const [l, snap] of snapshots.layers) {
     if (pools === undefined || slots === undefined)
       throw new RangeError('commitFromSnapshots: cache: KDA snapshots on a cache without linear state');

@@ -636,11 +636,11 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly logKind = [0, 0, 0];
   private readonly logBatch = new Map<number, number[]>();
   /**
-   * The verify forward's measured time by batch size B and drafted rows r ({@link learnVerify}), which the rule reads
-   * in place of the calibrated curve once measured: the start-up calibration times each shape a few times in
-   * isolation, and its curve's shape is off in the engine (SmolLM2 + EAGLE-3, one sequence: calibrated 4.58 ms for 4
-   * rows and 5.36 for 7, measured 4.19 and 6.02 — a factor per kind cannot bend it), which made the rule propose 6
-   * drafts where 3 were faster (bench/spec-steps.mjs).
+   * The verify forward's measured time by batch size B and drafted rows r ≥ 1 ({@link learnVerify}; r = 0:
+   * {@link plainWindow}), which the rule reads in place of the calibrated curve once measured: the start-up
+   * calibration times each shape a few times in isolation, and its curve's shape is off in the engine (SmolLM2 +
+   * EAGLE-3, one sequence: calibrated 4.58 ms for 4 rows and 5.36 for 7, measured 4.19 and 6.02 — a factor per kind
+   * cannot bend it), which made the rule propose 6 drafts where 3 were faster (bench/spec-steps.mjs).
    */
   private readonly learnedVerify = new Map<number, { ms: Float64Array; n: Uint32Array }>();
   /**
