@@ -14,6 +14,11 @@ export const nativeTiming = {
   classify: (name) => name,
   /** @type {Map<string, { ms: number, calls: number }>} */
   totals: new Map(),
+  /**
+   * Called with (functionName, args) before every wrapped kernel call while set, timing on or off (bench/spec-bound.mjs
+   * counts the multiply-adds and bytes of a step with it). @type {((name: string, args: unknown[]) => void) | null}
+   */
+  onCall: null,
   reset() {
     this.totals.clear();
   },
@@ -21,6 +26,7 @@ export const nativeTiming = {
 
 function timed(name, fn) {
   return (...args) => {
+    if (nativeTiming.onCall !== null) nativeTiming.onCall(name, args);
     if (!nativeTiming.enabled) return fn(...args);
     const t0 = performance.now();
     try {

@@ -1,0 +1,378 @@
+// The physical bound on speculative decoding's speed-up at C concurrent sequences (issue 16: a goal may be declared
+// physically unreachable only with the bound computed from the measured FLOP rate or bandwidth). Bench-only.
+//
+//   node bench/spec-bound.mjs [--target kimi|smollm2] [--drafters eagle3] [--conc 1,8] [--prompts 16] [--tokens 64]
+//   (bench:spec prints the same lines for its greedy rows)
+//
+// Both engines are taken at their floors, so per-step overheads (native calls, JavaScript, thread hand-offs) count
+// for neither: the question is what the machine allows, not what this code does.
+// - Work of a step, counted while the engines run (bench/native-timing.mjs's `onCall`, every kernel of a decode
+//   step): multiply-adds per dot-product path (fp32 FMA; AMX-BF16 tiles with split bf16 activations, two tile products
+//   per multiply-add; int8 / int16 activations against quantized weights, one / two int8 products) and the bytes that
+//   must come from memory: each weight matrix read once per step (the MoE: the experts some row of the step routes to,
+//   plus the shared one), each sequence's KDA state and conv state read and written (the verify's kept copy and the
+//   commit's replay too), its MLA latent KV and its draft KV read.
+// - The machine: peak rates from registers (bench/dot-rate.c) and the read bandwidth over a buffer the size of a step's
+//   bytes (bench/read-bw.c), the best of 3 runs each, on the engines' thread count.
+// - floor(step) = max(Σ multiply-adds ÷ the rate of their path, bytes ÷ bandwidth): compute and memory overlapped
+//   perfectly; the compute counted is the GEMMs, the MoE experts and the KDA recurrence only (attention's dot
+//   products, norms and sampling left out). Every choice here lowers a speculative step's floor more than a plain
+//   one's, so the bound is generous to speculation.
+// - Plain decoding: C tokens per floor(plain step at C). Drafting k tokens for every sequence: C·τ(k) tokens per
+//   floor(speculative step at C, fixed k: the drafter's propose and draft-context writes, the verify of C·(k+1) rows,
+//   the commit), with τ(k) = 1 + Σ_{j≤k} a_j from the measured per-position acceptance a_j, and at a_j = 1.
+//   bound(k) = τ(k) · floor(plain) ÷ floor(spec, k); the bound at C is the best k.
+// Where the plain step is compute-bound (C rows of dot products outlast its memory reads), a verify row costs a plain
+// row's dot products and brings at most one token, and the draft's own work comes on top: the bound stays below 1 even
+// at a_j = 1. Where it is memory-bound, verify rows ride on the weight reads until m* = t_mem ÷ t_row rows.
+import { execFileSync } from 'node:child_process';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { compileProbe, cpuHasAmx } from './probes.mjs';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const CACHE = path.join(ROOT, '.cache', 'spec-bound');
+
+/**
+ * Peak rates of this machine on `threads` threads, best of `runs` (bench/dot-rate.c): multiply-adds per second by
+ * path. @returns { fma, bf16, int8, amxBf16 } MAC/s (amxBf16 null without AMX; int8 = the faster of VNNI and AMX-INT8).
+ */
+export function machineRates(threads, runs = 3) {
+  const bin = compileProbe('dot-rate', CACHE);
+  const best = {};
+  for (let r = 0; r < runs; r++) {
+    const o = JSON.parse(execFileSync(bin, [String(threads), '1'], { encoding: 'utf8' }).trim());
+    for (const [k, v] of Object.entries(o)) if (v !== null) best[k] = Math.max(best[k] ?? 0, v);
+  }
+  const mac = (gops) => (gops === undefined ? null : (gops * 1e9) / 2);
+  const amx = cpuHasAmx();
+  return {
+    fma: mac(best.avx512_f32),
+    bf16: mac(best.avx512_bf16),
+    int8: Math.max(mac(best.vnni_int8) ?? 0, amx ? (mac(best.amx_int8) ?? 0) : 0) || null,
+    amxBf16: amx ? mac(best.amx_bf16) : null,
+  };
+}
+
+/** Read bandwidth measured per (threads, MiB), kept for the process. */
+const bandwidths = new Map();
+
+/**
+ * Read bandwidth of `threads` threads re-reading a buffer of `bytes` (rounded up to MiB, ≥ 4; bench/read-bw.c), best of
+ * `runs`: a step that reads that many bytes every step, from whatever cache level holds them. @returns bytes/s and MiB.
+ */
+export function readBandwidth(threads, bytes, runs = 3) {
+  const mib = Math.max(4, Math.ceil(bytes / 2 ** 20));
+  const key = `${threads}/${mib}`;
+  if (!bandwidths.has(key)) {
+    const bin = compileProbe('read-bw', CACHE);
+    let best = 0;
+    for (let r = 0; r < runs; r++) {
+      const out = execFileSync(bin, [String(threads), String(mib)], { encoding: 'utf8' });
+      const m = out.match(/read ([\d.]+) GB\/s/);
+      if (m === null) throw new Error(`spec-bound: read-bw printed ${JSON.stringify(out)}`);
+      best = Math.max(best, Number(m[1]) * 1e9);
+    }
+    bandwidths.set(key, best);
+  }
+  return { bytesPerS: bandwidths.get(key), mib };
+}
+
+/** A step's work: multiply-adds by path and bytes from memory. */
+export function emptyWork() {
+  return { macs: { fma: 0, amxSplit: 0, amxBf16: 0, int8: 0, int16: 0 }, bytes: 0 };
+}
+
+/**
+ * Adds one kernel call's work to `w` (`weights`: the weight arrays this step has read already, each counted once).
+ * Kernels absent here (norms, RoPE, sampling, attention's dot products) count no compute.
+ */
+export function countCall(name, a, w, weights, amx) {
+  const weight = (data) => {
+    if (data === null || data === undefined || weights.has(data)) return;
+    weights.add(data);
+    w.bytes += data.byteLength;
+  };
+  if (name === 'gemmBf16' || name === 'gemmBf16Accumulate') {
+    const [, m, pw, , act = 'f32'] = a;
+    const macs = m * pw.n * pw.k;
+    if (amx && act === 'bf16x2') w.macs.amxSplit += macs;
+    else if (amx && act === 'bf16') w.macs.amxBf16 += macs;
+    else w.macs.fma += macs;
+    weight(pw.data);
+  } else if (name === 'gemmQuant') {
+    const [, m, qw, , act = 'f32'] = a;
+    const macs = m * qw.n * qw.k;
+    if (act === 'int8') w.macs.int8 += macs;
+    else if (act === 'int16') w.macs.int16 += macs;
+    else w.macs.fma += macs;
+    weight(qw.data);
+  } else if (name === 'moeExperts') {
+    const [, n, ex, routing] = a;
+    w.macs.fma += n * routing.topK * 3 * ex.hidden * ex.inter + (ex.sharedW13 ? n * 3 * ex.hidden * ex.sharedInter : 0);
+    for (const e of new Set(routing.ids.subarray(0, n * routing.topK))) {
+      weight(ex.w13[e]);
+      weight(ex.w2[e]);
+    }
+    weight(ex.sharedW13);
+    weight(ex.sharedW2);
+  } else if (name === 'kdaRecurrent') {
+    const [inputs, batch, , shape, options = {}] = a;
+    const slot = 4 * (shape.heads * shape.headDim * shape.headDim + 9 * shape.heads * shape.headDim);
+    let seqs = 0;
+    let tokens = 0;
+    for (const len of batch.seqLens) {
+      if (len > 0) seqs++;
+      tokens += len;
+    }
+    // the state S' = diag(exp g)·S, k̂ᵀS', the rank-1 update and Sᵀq̂: ~4·d² multiply-adds a head and token
+    w.macs.fma += 4 * tokens * shape.heads * shape.headDim * shape.headDim;
+    w.bytes += 2 * seqs * slot; // each slot read and written
+    if (options.keepBefore) w.bytes += slot * options.keepBefore.rows.filter((r) => r >= 0).length;
+    if (options.initial) w.bytes += slot * seqs;
+    weight(inputs.convWeight);
+  } else if (name === 'mlaAttention') {
+    const [, , , mw, batch] = a;
+    const perToken = 4 * (mw.dims.kvLoraRank + mw.dims.qkRopeHeadDim);
+    for (const len of batch.kvLens) w.bytes += len * perToken;
+    weight(mw.wUk);
+    weight(mw.wUvT);
+  } else if (name === 'pagedAttention') {
+    const [, , , layout, batch] = a;
+    for (const len of batch.kvLens) w.bytes += 2 * 4 * len * layout.numKvHeads * layout.headDim;
+  }
+}
+
+/**
+ * Work per decode step of an engine running `C` sequences (`drafter` with a fixed `k` drafts a sequence and step, or
+ * plain decoding without a drafter), greedy, EOS ignored: the mean over `steps` batch steps after every prompt is
+ * prefilled and `warm` steps more (the draft context's catch-up of the prompts left out).
+ * @returns { macs, bytes, steps } per step.
+ */
+export function measureStepWork(core, nativeTiming, target, drafter, prompts, C, k, { warm = 3, steps = 8 } = {}) {
+  const opts = { maxSequences: C, maxTokensPerSequence: 4096 };
+  const e =
+    drafter === undefined
+      ? new core.SpecEngine(target.model, undefined, opts)
+      : new core.SpecEngine(target.model, drafter, { ...opts, draftPolicy: core.fixedDraftPolicy(k) });
+  const amx = cpuHasAmx();
+  const maxTokens = (warm + steps + 2) * (k + 1) + 2;
+  for (let i = 0; i < C; i++)
+    e.add({
+      id: `bound-${i}`,
+      promptIds: Int32Array.from(prompts[i % prompts.length]),
+      maxTokens,
+      sampling: { temperature: 0 },
+      seed: 1,
+      ignoreEos: true,
+    });
+  let guard = 0;
+  while (e.prefilling > 0 || e.pending > e.occupied) {
+    e.step();
+    if (++guard > 10_000) throw new Error('spec-bound: the prompts never finished prefilling');
+  }
+  for (let i = 0; i < warm; i++) e.step();
+  const total = emptyWork();
+  let counted = 0;
+  try {
+    for (let i = 0; i < steps && e.pending === C; i++) {
+      const w = emptyWork();
+      const weights = new Set();
+      nativeTiming.onCall = (name, args) => countCall(name, args, w, weights, amx);
+      e.step();
+      nativeTiming.onCall = null;
+      for (const p of Object.keys(total.macs)) total.macs[p] += w.macs[p];
+      total.bytes += w.bytes;
+      counted++;
+    }
+  } finally {
+    nativeTiming.onCall = null;
+    e.dispose();
+  }
+  if (counted === 0) throw new Error('spec-bound: no step with every sequence running was counted');
+  for (const p of Object.keys(total.macs)) total.macs[p] /= counted;
+  return { macs: total.macs, bytes: total.bytes / counted, steps: counted };
+}
+
+/** Seconds of dot products of a step's work at the machine's rates (paths the machine lacks at the fp32 rate). */
+export function computeSeconds(work, rates) {
+  const m = work.macs;
+  const int8 = rates.int8 ?? rates.fma;
+  return (
+    m.fma / rates.fma +
+    m.amxSplit / ((rates.amxBf16 ?? rates.fma * 2) / 2) +
+    m.amxBf16 / (rates.amxBf16 ?? rates.fma) +
+    m.int8 / int8 +
+    m.int16 / (int8 / 2)
+  );
+}
+
+/**
+ * The bound at C sequences (file comment): `plain` and `spec[k]` from {@link measureStepWork}, `perPosition` the
+ * measured a_j, `bandwidthOf(bytes)` the read bandwidth for a step of that many bytes ({@link readBandwidth}). @returns { plain: {computeS, memoryS, floorS}, perK: [{k, tau, floorS, bound, boundPerfect}], best,
+ * bestPerfect }.
+ */
+export function speculationBound(plain, spec, perPosition, rates, bandwidthOf) {
+  const floor = (w) => {
+    const computeS = computeSeconds(w, rates);
+    const bw = bandwidthOf(w.bytes);
+    const memoryS = w.bytes / bw.bytesPerS;
+    return { computeS, memoryS, floorS: Math.max(computeS, memoryS), bytes: w.bytes, bw };
+  };
+  const p = floor(plain);
+  const perK = [];
+  for (const [k, w] of [...spec].sort((a, b) => a[0] - b[0])) {
+    let tau = 1;
+    for (let j = 0; j < k; j++) tau += perPosition[j] ?? 0;
+    const s = floor(w);
+    perK.push({ k, tau, ...s, bound: (tau * p.floorS) / s.floorS, boundPerfect: ((k + 1) * p.floorS) / s.floorS });
+  }
+  const best = perK.reduce((a, b) => (b.bound > a.bound ? b : a));
+  const bestPerfect = perK.reduce((a, b) => (b.boundPerfect > a.boundPerfect ? b : a));
+  return { plain: p, perK, best, bestPerfect };
+}
+
+/** The draft lengths measured for a drafter of `maxK`: 1, 2, 3, 4, 6 and maxK where ≤ maxK. */
+export function boundKs(maxK) {
+  return [...new Set([1, 2, 3, 4, 6, maxK])].filter((k) => k >= 1 && k <= maxK).sort((a, b) => a - b);
+}
+
+/** µs, one decimal. */
+const us = (s) => (s * 1e6).toFixed(1);
+/** "bytes MB at bandwidth GB/s" of a floor. */
+const mb = (f) => `${(f.bytes / 1e6).toFixed(2)} MB at ${(f.bw.bytesPerS / 1e9).toFixed(1)} GB/s`;
+
+/** One drafter's bound at C: lines to print (a table and a verdict). */
+export function boundLines(name, C, b, cpu) {
+  const lines = [
+    `physical bound, ${name} at ${C} sequence(s), greedy (both engines at their floors; ${cpu}):`,
+    `  plain step: compute ${us(b.plain.computeS)} µs, memory ${us(b.plain.memoryS)} µs ` +
+      `(${mb(b.plain)}; ${b.plain.computeS >= b.plain.memoryS ? 'compute-bound' : 'memory-bound'})`,
+    '  k | τ(k) measured | spec step: compute µs | memory µs (MB at GB/s) | bound ×plain | at a_j = 1',
+  ];
+  for (const r of b.perK)
+    lines.push(
+      `  ${r.k} | ${r.tau.toFixed(3)} | ${us(r.computeS)} | ${us(r.memoryS)} (${mb(r)}) | ` +
+        `×${r.bound.toFixed(3)} | ×${r.boundPerfect.toFixed(3)}`,
+    );
+  lines.push(
+    `  best: ×${b.best.bound.toFixed(3)} at k = ${b.best.k} with the measured acceptance, ` +
+      `×${b.bestPerfect.boundPerfect.toFixed(3)} at k = ${b.bestPerfect.k} with every draft accepted`,
+  );
+  return lines;
+}
+
+/**
+ * Measures and prints the bound for each drafter and C (bench:spec and this file's command line).
+ * @param perPositionOf (drafter, C) → the measured a_j at greedy (max k), or undefined to skip.
+ * @returns [{ drafter, C, bound }].
+ */
+export function printBounds(
+  core,
+  nativeTiming,
+  target,
+  drafters,
+  prompts,
+  concs,
+  threads,
+  perPositionOf,
+  labelOf,
+  cpu,
+) {
+  const rates = machineRates(threads);
+  const out = [];
+  for (const C of concs) {
+    const plain = measureStepWork(core, nativeTiming, target, undefined, prompts, C, 0);
+    for (const d of drafters) {
+      const perPosition = perPositionOf(d, C);
+      if (perPosition === undefined) continue;
+      const spec = new Map(
+        boundKs(d.maxDraftTokens).map((k) => [k, measureStepWork(core, nativeTiming, target, d, prompts, C, k)]),
+      );
+      const b = speculationBound(plain, spec, perPosition, rates, (bytes) => readBandwidth(threads, bytes));
+      const rowMacs = Object.values(plain.macs).reduce((x, y) => x + y, 0) / C;
+      const rateLine =
+        `  rates (bench/dot-rate.c, ${threads} threads, G multiply-adds/s): fp32 FMA ${(rates.fma / 1e9).toFixed(0)}` +
+        `${rates.int8 ? `, int8 ${(rates.int8 / 1e9).toFixed(0)}` : ''}` +
+        `${rates.amxBf16 ? `, AMX-BF16 ${(rates.amxBf16 / 1e9).toFixed(0)}` : ''}; read bandwidth re-reading a ` +
+        `buffer of the step's bytes (bench/read-bw.c); a plain row ${(rowMacs / 1e6).toFixed(2)} M multiply-adds`;
+      for (const l of [...boundLines(labelOf(d), C, b, cpu), rateLine]) console.log(l);
+      out.push({ drafter: labelOf(d), C, bound: b });
+    }
+  }
+  return out;
+}
+
+// ---- command line ----------------------------------------------------------------------------------------------
+if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const fs = await import('node:fs');
+  const { register } = await import('node:module');
+  const { cpus } = await import('node:os');
+  register('./native-timing-hooks.mjs', import.meta.url);
+  const core = await import('@specd/core');
+  const { isa } = await import('@specd/native');
+  const { nativeTiming } = await import('./native-timing.mjs');
+  const argv = process.argv.slice(2);
+  const arg = (n, d) => (argv.indexOf(`--${n}`) >= 0 ? argv[argv.indexOf(`--${n}`) + 1] : d);
+  const TARGET = arg('target', 'kimi');
+  const dir = TARGET === 'kimi' ? 'kimi-k3-tiny' : 'smollm2-135m-instruct';
+  const concs = arg('conc', '1,8').split(',').map(Number);
+  const N = Number(arg('prompts', '16'));
+  const NEW = Number(arg('tokens', '64'));
+  const target = await core.loadTarget(path.join(ROOT, 'models', dir), core.BUILTIN_PLUGIN_PACKAGES);
+  const drafters = [];
+  for (const m of arg('drafters', 'eagle3').split(','))
+    drafters.push(
+      (
+        await core.loadDrafter(
+          path.join(ROOT, 'models', `${dir}-${m}`),
+          core.BUILTIN_PLUGIN_PACKAGES,
+          target,
+          4096,
+          Math.max(...concs),
+        )
+      ).drafter,
+    );
+  const sets =
+    TARGET === 'kimi' ? ['test/prompts', 'prose', 'code'] : ['tools/reference/smollm2/prompts', 'chat', 'plain'];
+  const read = (n) =>
+    fs
+      .readFileSync(path.join(ROOT, sets[0], `${n}.jsonl`), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l).prompt_token_ids);
+  const prompts = [...read(sets[1]).slice(0, Math.ceil(N / 2)), ...read(sets[2]).slice(0, N - Math.ceil(N / 2))];
+  // a_j: a max-k run at one sequence, greedy, EOS ignored
+  const acceptance = new Map();
+  for (const d of drafters) {
+    const e = new core.SpecEngine(target.model, d, { maxSequences: 1, maxTokensPerSequence: 4096, draftPolicy: 'max' });
+    e.run(
+      prompts.map((p, i) => ({
+        id: `tau-${i}`,
+        promptIds: Int32Array.from(p),
+        maxTokens: NEW,
+        sampling: { temperature: 0 },
+        seed: 1,
+        ignoreEos: true,
+      })),
+    );
+    acceptance.set(d, e.metrics.perPositionAcceptance);
+    e.dispose();
+  }
+  const info = isa();
+  printBounds(
+    core,
+    nativeTiming,
+    target,
+    drafters,
+    prompts,
+    concs,
+    info.threads,
+    (d) => acceptance.get(d),
+    (d) => d.method,
+    `${cpus()[0]?.model.trim()}, ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ${info.threads} threads`,
+  );
+  for (const d of drafters) d.dispose();
+  target.model.dispose();
+}
