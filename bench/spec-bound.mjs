@@ -12,12 +12,13 @@
 //   must come from memory: each weight matrix read once per step (the MoE: the experts some row of the step routes to,
 //   plus the shared one), each sequence's KDA state and conv state read and written (the verify's kept copy and the
 //   commit's replay too), its MLA latent KV and its draft KV read.
-// - The machine: peak rates from registers (bench/dot-rate.c) and the read bandwidth over a buffer the size of a step's
-//   bytes (bench/read-bw.c), the best of 3 runs each, on the engines' thread count.
+// - The machine: peak rates from registers (bench/dot-rate.c, best of 3) and the read bandwidth over a buffer the size
+//   of a step's bytes (bench/read-bw.c; the sizes in turn, best of 3, a size never slower than a larger one), on the
+//   engines' thread count.
 // - floor(step) = max(Σ multiply-adds ÷ the rate of their path, bytes ÷ bandwidth): compute and memory overlapped
 //   perfectly; the compute counted is the GEMMs, the MoE experts and the KDA recurrence only (attention's dot
-//   products, norms and sampling left out). Every choice here lowers a speculative step's floor more than a plain
-//   one's, so the bound is generous to speculation.
+//   products, norms and sampling left out, which a verify block of more rows has more of). These choices lower a
+//   speculative step's floor at least as much as a plain one's: the bound leans towards speculation.
 // - Plain decoding: C tokens per floor(plain step at C). Drafting k tokens for every sequence: C·τ(k) tokens per
 //   floor(speculative step at C, fixed k: the drafter's propose and draft-context writes, the verify of C·(k+1) rows,
 //   the commit), with τ(k) = 1 + Σ_{j≤k} a_j from the measured per-position acceptance a_j, and at a_j = 1.
@@ -55,28 +56,31 @@ export function machineRates(threads, runs = 3) {
   };
 }
 
-/** Read bandwidth measured per (threads, MiB), kept for the process. */
-const bandwidths = new Map();
-
 /**
- * Read bandwidth of `threads` threads re-reading a buffer of `bytes` (rounded up to MiB, ≥ 4; bench/read-bw.c), best of
- * `runs`: a step that reads that many bytes every step, from whatever cache level holds them. @returns bytes/s and MiB.
+ * Read bandwidth of `threads` threads re-reading buffers of each of `sizes` bytes (rounded up to MiB, ≥ 4;
+ * bench/read-bw.c): a step that reads that many bytes every step, from whatever cache level holds them. The sizes are
+ * measured in turn, `rounds` times (the best of each kept), so a change in the machine's state hits all of them, and
+ * a size is never read slower than a larger one (the envelope from the largest down). @returns bytes → { bytesPerS,
+ * mib } for any of the sizes.
  */
-export function readBandwidth(threads, bytes, runs = 3) {
-  const mib = Math.max(4, Math.ceil(bytes / 2 ** 20));
-  const key = `${threads}/${mib}`;
-  if (!bandwidths.has(key)) {
-    const bin = compileProbe('read-bw', CACHE);
-    let best = 0;
-    for (let r = 0; r < runs; r++) {
+export function bandwidthTable(threads, sizes, rounds = 3) {
+  const bin = compileProbe('read-bw', CACHE);
+  const mibOf = (bytes) => Math.max(4, Math.ceil(bytes / 2 ** 20));
+  const mibs = [...new Set(sizes.map(mibOf))].sort((a, b) => a - b);
+  const best = new Map(mibs.map((m) => [m, 0]));
+  for (let r = 0; r < rounds; r++)
+    for (const mib of mibs) {
       const out = execFileSync(bin, [String(threads), String(mib)], { encoding: 'utf8' });
       const m = out.match(/read ([\d.]+) GB\/s/);
       if (m === null) throw new Error(`spec-bound: read-bw printed ${JSON.stringify(out)}`);
-      best = Math.max(best, Number(m[1]) * 1e9);
+      best.set(mib, Math.max(best.get(mib), Number(m[1]) * 1e9));
     }
-    bandwidths.set(key, best);
-  }
-  return { bytesPerS: bandwidths.get(key), mib };
+  for (let i = mibs.length - 2; i >= 0; i--) best.set(mibs[i], Math.max(best.get(mibs[i]), best.get(mibs[i + 1])));
+  return (bytes) => {
+    const mib = mibOf(bytes);
+    if (!best.has(mib)) throw new Error(`spec-bound: no bandwidth measured for ${mib} MiB`);
+    return { bytesPerS: best.get(mib), mib };
+  };
 }
 
 /** A step's work: multiply-adds by path and bytes from memory. */
@@ -210,7 +214,7 @@ export function computeSeconds(work, rates) {
 
 /**
  * The bound at C sequences (file comment): `plain` and `spec[k]` from {@link measureStepWork}, `perPosition` the
- * measured a_j, `bandwidthOf(bytes)` the read bandwidth for a step of that many bytes ({@link readBandwidth}). @returns { plain: {computeS, memoryS, floorS}, perK: [{k, tau, floorS, bound, boundPerfect}], best,
+ * measured a_j, `bandwidthOf(bytes)` the read bandwidth for a step of that many bytes ({@link bandwidthTable}). @returns { plain: {computeS, memoryS, floorS}, perK: [{k, tau, floorS, bound, boundPerfect}], best,
  * bestPerfect }.
  */
 export function speculationBound(plain, spec, perPosition, rates, bandwidthOf) {
@@ -284,22 +288,34 @@ export function printBounds(
   const out = [];
   for (const C of concs) {
     const plain = measureStepWork(core, nativeTiming, target, undefined, prompts, C, 0);
+    const measured = [];
     for (const d of drafters) {
       const perPosition = perPositionOf(d, C);
       if (perPosition === undefined) continue;
       const spec = new Map(
         boundKs(d.maxDraftTokens).map((k) => [k, measureStepWork(core, nativeTiming, target, d, prompts, C, k)]),
       );
-      const b = speculationBound(plain, spec, perPosition, rates, (bytes) => readBandwidth(threads, bytes));
-      const rowMacs = Object.values(plain.macs).reduce((x, y) => x + y, 0) / C;
-      const rateLine =
-        `  rates (bench/dot-rate.c, ${threads} threads, G multiply-adds/s): fp32 FMA ${(rates.fma / 1e9).toFixed(0)}` +
-        `${rates.int8 ? `, int8 ${(rates.int8 / 1e9).toFixed(0)}` : ''}` +
-        `${rates.amxBf16 ? `, AMX-BF16 ${(rates.amxBf16 / 1e9).toFixed(0)}` : ''}; read bandwidth re-reading a ` +
-        `buffer of the step's bytes (bench/read-bw.c); a plain row ${(rowMacs / 1e6).toFixed(2)} M multiply-adds`;
-      for (const l of [...boundLines(labelOf(d), C, b, cpu), rateLine]) console.log(l);
+      measured.push({ d, perPosition, spec });
+    }
+    // one bandwidth table for every step of this load (plain and each drafter's), measured after their work
+    const bandwidthOf = bandwidthTable(threads, [
+      plain.bytes,
+      ...measured.flatMap((m) => [...m.spec.values()].map((w) => w.bytes)),
+    ]);
+    const rowMacs = Object.values(plain.macs).reduce((x, y) => x + y, 0) / C;
+    for (const { d, perPosition, spec } of measured) {
+      const b = speculationBound(plain, spec, perPosition, rates, bandwidthOf);
+      for (const l of boundLines(labelOf(d), C, b, cpu)) console.log(l);
       out.push({ drafter: labelOf(d), C, bound: b });
     }
+    if (measured.length > 0)
+      console.log(
+        `  rates (bench/dot-rate.c, ${threads} threads, G multiply-adds/s): fp32 FMA ${(rates.fma / 1e9).toFixed(0)}` +
+          `${rates.int8 ? `, int8 ${(rates.int8 / 1e9).toFixed(0)}` : ''}` +
+          `${rates.amxBf16 ? `, AMX-BF16 ${(rates.amxBf16 / 1e9).toFixed(0)}` : ''}; read bandwidth re-reading a ` +
+          `buffer of the step's bytes, the sizes in turn, best of 3 (bench/read-bw.c); a plain row ` +
+          `${(rowMacs / 1e6).toFixed(2)} M multiply-adds`,
+      );
   }
   return out;
 }

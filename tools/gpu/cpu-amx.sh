@@ -12,10 +12,13 @@
 #   spec    with the Kimi models staged by tools/gpu/stage.sh in STAGE (default /root/stage: files/kimi.tar holds
 #           models/kimi-k3-tiny and its drafters) writes $OUT/spec-kimi.{txt,json}: bench/spec.mjs on kimi-k3-tiny,
 #           every prompt, 128 tokens, 1 and 8 sequences, greedy (the kimi-k3-tiny goals; up to ~8 min)
+#   bound   (after spec, or with the models staged) writes $OUT/spec-bound-kimi.txt: bench/spec-bound.mjs on kimi-k3-tiny
+#           + EAGLE-3 at 1 and 8 sequences, the speed-up drafting could reach with both engines at their floors on
+#           this host's measured rates (bench:spec prints the same beside its goal lines; ~1 min)
 #   moe     (after spec: it unpacks the staged models) writes $OUT/decode.txt: bench/decode.mjs --quick on kimi-k3-tiny
 #           and the 3.5 GB MoE synthetic (written there), whose goal line is the MoE verify against its expert-union
 #           floor (~5 min)
-# Each of verify, spec and moe is one call (the device runs 10 minutes at most per call).
+# Each of verify, spec, bound and moe is one call (the device runs 10 minutes at most per call).
 #
 # Here, before the calls (the models are tracked, so take them out of the carried tree; put them back afterwards):
 #   bash tools/gpu/llama-gpu.sh pack-runtime
@@ -78,6 +81,14 @@ spec)
   fi
   tail -n 20 "$OUT/spec-kimi.txt"
   ;;
+bound)
+  export PATH=/root/nbin:$PATH
+  if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
+  { header "node bench/spec-bound.mjs --target kimi --drafters eagle3 --conc 1,8"
+    timeout "${BOUND_TIMEOUT:-300}" taskset -c "$CPUS" node bench/spec-bound.mjs --target kimi --drafters eagle3 \
+      --conc 1,8; } > "$OUT/spec-bound-kimi.txt" 2>&1
+  grep -E "best:|plain step" "$OUT/spec-bound-kimi.txt"; tail -n 2 "$OUT/spec-bound-kimi.txt"
+  ;;
 moe)
   export PATH=/root/nbin:$PATH
   if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
@@ -87,7 +98,7 @@ moe)
   grep -E "goal|^\| (t_step|t_verify)" "$OUT/decode.txt"; tail -n 5 "$OUT/decode.txt"
   ;;
 *)
-  echo "usage: cpu-amx.sh setup | verify | spec | moe" >&2
+  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe" >&2
   exit 1
   ;;
 esac
