@@ -214,8 +214,10 @@ export function computeSeconds(work, rates) {
 
 /**
  * The bound at C sequences (file comment): `plain` and `spec[k]` from {@link measureStepWork}, `perPosition` the
- * measured a_j, `bandwidthOf(bytes)` the read bandwidth for a step of that many bytes ({@link bandwidthTable}). @returns { plain: {computeS, memoryS, floorS}, perK: [{k, tau, floorS, bound, boundPerfect}], best,
- * bestPerfect }.
+ * measured a_j, `bandwidthOf(bytes)` the read bandwidth for a step of that many bytes ({@link bandwidthTable}).
+ * @returns { plain: { computeS, memoryS, floorS, bytes, bw }, perK: [{ k, tau, computeS, memoryS, floorS, bound,
+ *   boundPerfect }], best, bestPerfect } in seconds; bound = τ(k)·floor(plain) ÷ floor(spec, k), boundPerfect at
+ *   τ = k + 1.
  */
 export function speculationBound(plain, spec, perPosition, rates, bandwidthOf) {
   const floor = (w) => {
