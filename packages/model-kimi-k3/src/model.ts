@@ -379,7 +379,7 @@ export class KimiStageModel implements StageModel, PrefixCommit {
     tokens.forEach((id, i) => {
       if (!(id >= 0 && id < this.config.vocabSize))
         throw new KimiForwardError(`embedTokens: tokens[${i}]: id ${id} outside [0, ${this.config.vocabSize})`);
-      out.set(bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D)), i * D);
+      bf16ToF32(this.embed!.subarray(id * D, (id + 1) * D), out.subarray(i * D, (i + 1) * D));
     });
     return out;
   }

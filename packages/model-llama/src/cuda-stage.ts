@@ -407,7 +407,7 @@ export class CudaLlamaStageModel implements StageModel, PrefixCommit, DeviceSamp
     tokens.forEach((id, i) => {
       if (!(id >= 0 && id < this.config.vocabSize))
         throw new LlamaForwardError(`embedTokens: id ${id} outside [0, ${this.config.vocabSize})`);
-      out.set(bf16ToF32(this.embedBits.subarray(id * D, (id + 1) * D)), i * D);
+      bf16ToF32(this.embedBits.subarray(id * D, (id + 1) * D), out.subarray(i * D, (i + 1) * D));
     });
     return out;
   }

@@ -38,7 +38,14 @@ export interface EmbeddingTable {
 
 /** An {@link EmbeddingTable} over bf16 rows `[vocab · dim]`. */
 export function bf16Embedding(bits: Uint16Array, vocab: number, dim: number): EmbeddingTable {
-  return { vocab, dim, row: (id, out) => out.set(bf16ToF32(bits.subarray(id * dim, (id + 1) * dim))) };
+  // converted straight into out (no temporary array a token)
+  return {
+    vocab,
+    dim,
+    row: (id, out) => {
+      bf16ToF32(bits.subarray(id * dim, (id + 1) * dim), out.length === dim ? out : out.subarray(0, dim));
+    },
+  };
 }
 
 /** What the loader reads, by Hugging Face tensor name. Implementations throw naming the file and tensor. */
