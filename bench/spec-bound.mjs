@@ -5,41 +5,49 @@
 //   (bench:spec prints the same lines for its greedy rows)
 //
 // Both engines are taken at their floors, so per-step overheads (native calls, JavaScript, thread hand-offs) count
-// for neither: the question is what the machine allows, not what this code does.
+// for neither: the question is what the machine allows a speculative decoder against the best plain decoder it
+// allows, not what this code does.
 // - Work of a step, counted while the engines run (bench/native-timing.mjs's `onCall`, every kernel of a decode
-//   step): multiply-adds per dot-product path (fp32 FMA; AMX-BF16 tiles with split bf16 activations, two tile products
-//   per multiply-add; int8 / int16 activations against quantized weights, one / two int8 products) and the bytes that
-//   must come from memory: each weight matrix read once per step (the MoE: the experts some row of the step routes to,
-//   plus the shared one), each sequence's KDA state and conv state read and written (the verify's kept copy and the
-//   commit's replay too), its MLA latent KV and its draft KV read.
-// - The machine: peak rates from registers (bench/dot-rate.c, best of 3) and the read bandwidth over a buffer the size
-//   of a step's bytes (bench/read-bw.c; the sizes in turn, best of 3, a size never slower than a larger one), on the
-//   engines' thread count.
+//   step): multiply-adds per dot-product path (fp32 FMA; AMX-BF16 tiles with split bf16 activations, two tile rows a
+//   row and a tile's 16 rows charged whole; int8 / int16 activations against quantized weights, one / two int8
+//   products at the VNNI rate) and the bytes that must come from memory: each weight matrix read once per step (the
+//   MoE: the experts some row of the step routes to, plus the shared one), each sequence's KDA state and conv state
+//   read and written (the verify's kept copy too), its MLA latent KV and its draft KV read. The target's commits (the
+//   replays of partly accepted blocks) are counted apart.
+// - The machine: peak rates from registers (bench/dot-rate.c, best of 3; AVX-512 only) and the read bandwidth over a
+//   buffer the size of a step's bytes (bench/read-bw.c; the sizes in turn, best of 3, a size never slower than a
+//   larger one), on the engines' thread count. AMX paths only where the addon runs AMX.
 // - floor(step) = max(Σ multiply-adds ÷ the rate of their path, bytes ÷ bandwidth): compute and memory overlapped
 //   perfectly; the compute counted is the GEMMs, the MoE experts and the KDA recurrence only (attention's dot
-//   products, norms and sampling left out, which a verify block of more rows has more of). These choices lower a
-//   speculative step's floor at least as much as a plain one's: the bound leans towards speculation.
+//   products, norms and sampling left out).
 // - Plain decoding: C tokens per floor(plain step at C). Drafting k tokens for every sequence: C·τ(k) tokens per
 //   floor(speculative step at C, fixed k: the drafter's propose and draft-context writes, the verify of C·(k+1) rows,
-//   the commit), with τ(k) = 1 + Σ_{j≤k} a_j from the measured per-position acceptance a_j, and at a_j = 1.
-//   bound(k) = τ(k) · floor(plain) ÷ floor(spec, k); the bound at C is the best k.
+//   the commit), with τ(k) = 1 + Σ_{j≤k} a_j from the measured per-position acceptance a_j (the engine's metric,
+//   which also counts the last step of a request, where the budget cut the drafts: it reads a little low), and at
+//   a_j = 1 (then without the commit's replays: every block is committed whole).
+//   bound(k) = τ(k) · floor(plain) ÷ floor(spec, k); the bound at C is the best k. Beside it, the same against the
+//   plain engine's measured step instead of its floor: what a speculative decoder at its floor could do against this
+//   plain decoder. That one says how far the code is from the machine, not what the machine allows.
 // Where the plain step is compute-bound (C rows of dot products outlast its memory reads), a verify row costs a plain
 // row's dot products and brings at most one token, and the draft's own work comes on top: the bound stays below 1 even
-// at a_j = 1. Where it is memory-bound, verify rows ride on the weight reads until m* = t_mem ÷ t_row rows.
+// at a_j = 1. Where it is memory-bound, verify rows ride on the weight reads until m* = t_mem ÷ t_row rows. The bound
+// is a ratio of floors: a measured speed-up can exceed it where plain decoding runs far above its floor and drafting
+// spreads that cost over τ tokens (e.g. kimi-k3-tiny at one sequence, docs/BENCHMARKS.md).
 import { execFileSync } from 'node:child_process';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { compileProbe, cpuHasAmx } from './probes.mjs';
+import { compileProbe } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const CACHE = path.join(ROOT, '.cache', 'spec-bound');
 
 /**
  * Peak rates of this machine on `threads` threads, best of `runs` (bench/dot-rate.c): multiply-adds per second by
- * path. @returns { fma, bf16, int8, amxBf16 } MAC/s (amxBf16 null without AMX; int8 = the faster of VNNI and AMX-INT8).
+ * path. `amx`: whether the addon runs AMX tiles. @returns { fma, bf16, int8, amxBf16 } MAC/s (amxBf16 null without
+ * AMX; int8 = VNNI's: the quantized GEMMs take AMX-INT8 tiles only from 16 rows, native/src/quant_i8_amx.cc).
  */
-export function machineRates(threads, runs = 3) {
+export function machineRates(threads, amx, runs = 3) {
   const bin = compileProbe('dot-rate', CACHE);
   const best = {};
   for (let r = 0; r < runs; r++) {
@@ -47,11 +55,10 @@ export function machineRates(threads, runs = 3) {
     for (const [k, v] of Object.entries(o)) if (v !== null) best[k] = Math.max(best[k] ?? 0, v);
   }
   const mac = (gops) => (gops === undefined ? null : (gops * 1e9) / 2);
-  const amx = cpuHasAmx();
   return {
     fma: mac(best.avx512_f32),
     bf16: mac(best.avx512_bf16),
-    int8: Math.max(mac(best.vnni_int8) ?? 0, amx ? (mac(best.amx_int8) ?? 0) : 0) || null,
+    int8: mac(best.vnni_int8),
     amxBf16: amx ? mac(best.amx_bf16) : null,
   };
 }
@@ -61,7 +68,7 @@ export function machineRates(threads, runs = 3) {
  * bench/read-bw.c): a step that reads that many bytes every step, from whatever cache level holds them. The sizes are
  * measured in turn, `rounds` times (the best of each kept), so a change in the machine's state hits all of them, and
  * a size is never read slower than a larger one (the envelope from the largest down). @returns bytes → { bytesPerS,
- * mib } for any of the sizes.
+ * mib }: a size not measured reads at the next larger measured size's rate.
  */
 export function bandwidthTable(threads, sizes, rounds = 3) {
   const bin = compileProbe('read-bw', CACHE);
@@ -77,8 +84,9 @@ export function bandwidthTable(threads, sizes, rounds = 3) {
     }
   for (let i = mibs.length - 2; i >= 0; i--) best.set(mibs[i], Math.max(best.get(mibs[i]), best.get(mibs[i + 1])));
   return (bytes) => {
-    const mib = mibOf(bytes);
-    if (!best.has(mib)) throw new Error(`spec-bound: no bandwidth measured for ${mib} MiB`);
+    // a size not measured reads at the next larger size's rate (never faster than measured)
+    const want = mibOf(bytes);
+    const mib = mibs.find((m) => m >= want) ?? mibs[mibs.length - 1];
     return { bytesPerS: best.get(mib), mib };
   };
 }
@@ -100,10 +108,10 @@ export function countCall(name, a, w, weights, amx) {
   };
   if (name === 'gemmBf16' || name === 'gemmBf16Accumulate') {
     const [, m, pw, , act = 'f32'] = a;
-    const macs = m * pw.n * pw.k;
-    if (amx && act === 'bf16x2') w.macs.amxSplit += macs;
-    else if (amx && act === 'bf16') w.macs.amxBf16 += macs;
-    else w.macs.fma += macs;
+    // AMX tiles hold 16 rows: a tile instruction costs the same for fewer (split bf16: hi and lo, two rows a row)
+    if (amx && act === 'bf16x2') w.macs.amxSplit += (Math.ceil((2 * m) / 16) * 16 * pw.n * pw.k) / 2;
+    else if (amx && act === 'bf16') w.macs.amxBf16 += Math.ceil(m / 16) * 16 * pw.n * pw.k;
+    else w.macs.fma += m * pw.n * pw.k;
     weight(pw.data);
   } else if (name === 'gemmQuant') {
     const [, m, qw, , act = 'f32'] = a;
@@ -132,9 +140,9 @@ export function countCall(name, a, w, weights, amx) {
     }
     // the state S' = diag(exp g)·S, k̂ᵀS', the rank-1 update and Sᵀq̂: ~4·d² multiply-adds a head and token
     w.macs.fma += 4 * tokens * shape.heads * shape.headDim * shape.headDim;
-    w.bytes += 2 * seqs * slot; // each slot read and written
+    // each slot read and written (with `initial`, the kept state is read in the slot's place)
+    w.bytes += 2 * seqs * slot;
     if (options.keepBefore) w.bytes += slot * options.keepBefore.rows.filter((r) => r >= 0).length;
-    if (options.initial) w.bytes += slot * seqs;
     weight(inputs.convWeight);
   } else if (name === 'mlaAttention') {
     const [, , , mw, batch] = a;
@@ -151,56 +159,104 @@ export function countCall(name, a, w, weights, amx) {
 /**
  * Work per decode step of an engine running `C` sequences (`drafter` with a fixed `k` drafts a sequence and step, or
  * plain decoding without a drafter), greedy, EOS ignored: the mean over `steps` batch steps after every prompt is
- * prefilled and `warm` steps more (the draft context's catch-up of the prompts left out).
- * @returns { macs, bytes, steps } per step.
+ * prefilled and `warm` steps more (the draft context's catch-up of the prompts left out). The requests' budgets reach
+ * far past those steps, so no draft is cut short. The target's commits (`commitPrefix`, `commitPrefixes`: the replays
+ * of partly accepted blocks) are counted apart as well, and `steps` further steps are timed without counting.
+ * `amx`: whether the addon runs AMX tiles (`isa().amxAvailable` on the avx512 path).
+ * @returns { macs, bytes, commit: { macs, bytes }, steps, wallS } per step (wallS: the median timed step, s).
+ * @throws Error when a counted step ran fewer than C sequences.
  */
-export function measureStepWork(core, nativeTiming, target, drafter, prompts, C, k, { warm = 3, steps = 8 } = {}) {
-  const opts = { maxSequences: C, maxTokensPerSequence: 4096 };
+export function measureStepWork(core, nativeTiming, target, drafter, prompts, C, k, amx, { warm = 3, steps = 8 } = {}) {
+  const maxTokensPerSequence = 4096;
+  const opts = { maxSequences: C, maxTokensPerSequence };
   const e =
     drafter === undefined
       ? new core.SpecEngine(target.model, undefined, opts)
       : new core.SpecEngine(target.model, drafter, { ...opts, draftPolicy: core.fixedDraftPolicy(k) });
-  const amx = cpuHasAmx();
-  const maxTokens = (warm + steps + 2) * (k + 1) + 2;
-  for (let i = 0; i < C; i++)
+  for (let i = 0; i < C; i++) {
+    const promptIds = Int32Array.from(prompts[i % prompts.length]);
     e.add({
       id: `bound-${i}`,
-      promptIds: Int32Array.from(prompts[i % prompts.length]),
-      maxTokens,
+      promptIds,
+      maxTokens: maxTokensPerSequence - promptIds.length - 64, // room for a draft block
       sampling: { temperature: 0 },
       seed: 1,
       ignoreEos: true,
     });
-  let guard = 0;
-  while (e.prefilling > 0 || e.pending > e.occupied) {
-    e.step();
-    if (++guard > 10_000) throw new Error('spec-bound: the prompts never finished prefilling');
   }
-  for (let i = 0; i < warm; i++) e.step();
+  const model = target.model;
+  const restore = [];
+  let inCommit = false;
+  for (const name of ['commitPrefix', 'commitPrefixes']) {
+    const f = model[name];
+    if (typeof f !== 'function') continue;
+    model[name] = (...args) => {
+      inCommit = true;
+      try {
+        return f.apply(model, args);
+      } finally {
+        inCommit = false;
+      }
+    };
+    restore.push(() => {
+      model[name] = f;
+    });
+  }
   const total = emptyWork();
+  const commit = emptyWork();
   let counted = 0;
+  const walls = [];
   try {
-    for (let i = 0; i < steps && e.pending === C; i++) {
+    let guard = 0;
+    while (e.prefilling > 0 || e.pending > e.occupied) {
+      e.step();
+      if (++guard > 10_000) throw new Error('spec-bound: the prompts never finished prefilling');
+    }
+    for (let i = 0; i < warm; i++) e.step();
+    for (let i = 0; i < steps; i++) {
       const w = emptyWork();
+      const c = emptyWork();
       const weights = new Set();
-      nativeTiming.onCall = (name, args) => countCall(name, args, w, weights, amx);
+      nativeTiming.onCall = (name, args) => countCall(name, args, inCommit ? c : w, weights, amx);
       e.step();
       nativeTiming.onCall = null;
-      for (const p of Object.keys(total.macs)) total.macs[p] += w.macs[p];
-      total.bytes += w.bytes;
+      if (e.pending !== C) throw new Error(`spec-bound: a counted step ran ${e.pending} of ${C} sequences`);
+      for (const p of Object.keys(total.macs)) {
+        total.macs[p] += w.macs[p] + c.macs[p];
+        commit.macs[p] += c.macs[p];
+      }
+      total.bytes += w.bytes + c.bytes;
+      commit.bytes += c.bytes;
       counted++;
+    }
+    for (let i = 0; i < steps; i++) {
+      const t0 = performance.now();
+      e.step();
+      walls.push((performance.now() - t0) / 1000);
     }
   } finally {
     nativeTiming.onCall = null;
+    for (const r of restore) r();
     e.dispose();
   }
-  if (counted === 0) throw new Error('spec-bound: no step with every sequence running was counted');
-  for (const p of Object.keys(total.macs)) total.macs[p] /= counted;
-  return { macs: total.macs, bytes: total.bytes / counted, steps: counted };
+  for (const p of Object.keys(total.macs)) {
+    total.macs[p] /= counted;
+    commit.macs[p] /= counted;
+  }
+  walls.sort((x, y) => x - y);
+  return {
+    macs: total.macs,
+    bytes: total.bytes / counted,
+    commit: { macs: commit.macs, bytes: commit.bytes / counted },
+    steps: counted,
+    wallS: walls[walls.length >> 1],
+  };
 }
 
 /** Seconds of dot products of a step's work at the machine's rates (paths the machine lacks at the fp32 rate). */
 export function computeSeconds(work, rates) {
+  if (!rates.fma)
+    throw new Error('spec-bound: bench/dot-rate.c measured no fp32 FMA rate (its kernels need AVX-512): no bound here');
   const m = work.macs;
   const int8 = rates.int8 ?? rates.fma;
   return (
@@ -226,17 +282,32 @@ export function speculationBound(plain, spec, perPosition, rates, bandwidthOf) {
     const memoryS = w.bytes / bw.bytesPerS;
     return { computeS, memoryS, floorS: Math.max(computeS, memoryS), bytes: w.bytes, bw };
   };
+  /** The work without the commit's replays (a step whose every draft is accepted commits each block whole). */
+  const withoutCommit = (w) => {
+    if (w.commit === undefined) return w;
+    const macs = Object.fromEntries(Object.entries(w.macs).map(([p, v]) => [p, v - (w.commit.macs[p] ?? 0)]));
+    return { macs, bytes: w.bytes - w.commit.bytes };
+  };
   const p = floor(plain);
   const perK = [];
   for (const [k, w] of [...spec].sort((a, b) => a[0] - b[0])) {
     let tau = 1;
     for (let j = 0; j < k; j++) tau += perPosition[j] ?? 0;
     const s = floor(w);
-    perK.push({ k, tau, ...s, bound: (tau * p.floorS) / s.floorS, boundPerfect: ((k + 1) * p.floorS) / s.floorS });
+    const perfect = floor(withoutCommit(w));
+    perK.push({
+      k,
+      tau,
+      ...s,
+      bound: (tau * p.floorS) / s.floorS,
+      boundPerfect: ((k + 1) * p.floorS) / perfect.floorS,
+      // against the plain engine as measured (its timed steps) rather than at its floor
+      boundMeasured: plain.wallS === undefined ? undefined : (tau * plain.wallS) / s.floorS,
+    });
   }
   const best = perK.reduce((a, b) => (b.bound > a.bound ? b : a));
   const bestPerfect = perK.reduce((a, b) => (b.boundPerfect > a.boundPerfect ? b : a));
-  return { plain: p, perK, best, bestPerfect };
+  return { plain: { ...p, wallS: plain.wallS }, perK, best, bestPerfect };
 }
 
 /** The draft lengths measured for a drafter of `maxK`: 1, 2, 3, 4, 6 and maxK where ≤ maxK. */
@@ -251,20 +322,26 @@ const mb = (f) => `${(f.bytes / 1e6).toFixed(2)} MB at ${(f.bw.bytesPerS / 1e9).
 
 /** One drafter's bound at C: lines to print (a table and a verdict). */
 export function boundLines(name, C, b, cpu) {
+  const vsMeasured = b.plain.wallS !== undefined;
   const lines = [
     `physical bound, ${name} at ${C} sequence(s), greedy (both engines at their floors; ${cpu}):`,
     `  plain step: compute ${us(b.plain.computeS)} µs, memory ${us(b.plain.memoryS)} µs ` +
-      `(${mb(b.plain)}; ${b.plain.computeS >= b.plain.memoryS ? 'compute-bound' : 'memory-bound'})`,
-    '  k | τ(k) measured | spec step: compute µs | memory µs (MB at GB/s) | bound ×plain | at a_j = 1',
+      `(${mb(b.plain)}; ${b.plain.computeS >= b.plain.memoryS ? 'compute-bound' : 'memory-bound'})` +
+      (vsMeasured ? `; measured ${us(b.plain.wallS)} µs a step` : ''),
+    '  k | τ(k) measured | spec step: compute µs | memory µs (MB at GB/s) | bound ×plain | at a_j = 1' +
+      (vsMeasured ? ' | against the measured plain step' : ''),
   ];
   for (const r of b.perK)
     lines.push(
       `  ${r.k} | ${r.tau.toFixed(3)} | ${us(r.computeS)} | ${us(r.memoryS)} (${mb(r)}) | ` +
-        `×${r.bound.toFixed(3)} | ×${r.boundPerfect.toFixed(3)}`,
+        `×${r.bound.toFixed(3)} | ×${r.boundPerfect.toFixed(3)}` +
+        (r.boundMeasured === undefined ? '' : ` | ×${r.boundMeasured.toFixed(3)}`),
     );
+  const never = (x) => (x < 1 ? ' (below not drafting, ×1.000)' : '');
   lines.push(
-    `  best: ×${b.best.bound.toFixed(3)} at k = ${b.best.k} with the measured acceptance, ` +
-      `×${b.bestPerfect.boundPerfect.toFixed(3)} at k = ${b.bestPerfect.k} with every draft accepted`,
+    `  best: ×${b.best.bound.toFixed(3)} at k = ${b.best.k} with the measured acceptance${never(b.best.bound)}, ` +
+      `×${b.bestPerfect.boundPerfect.toFixed(3)} at k = ${b.bestPerfect.k} with every draft accepted` +
+      never(b.bestPerfect.boundPerfect),
   );
   return lines;
 }
@@ -282,20 +359,21 @@ export function printBounds(
   prompts,
   concs,
   threads,
+  amx,
   perPositionOf,
   labelOf,
   cpu,
 ) {
-  const rates = machineRates(threads);
+  const rates = machineRates(threads, amx);
   const out = [];
   for (const C of concs) {
-    const plain = measureStepWork(core, nativeTiming, target, undefined, prompts, C, 0);
+    const plain = measureStepWork(core, nativeTiming, target, undefined, prompts, C, 0, amx);
     const measured = [];
     for (const d of drafters) {
       const perPosition = perPositionOf(d, C);
       if (perPosition === undefined) continue;
       const spec = new Map(
-        boundKs(d.maxDraftTokens).map((k) => [k, measureStepWork(core, nativeTiming, target, d, prompts, C, k)]),
+        boundKs(d.maxDraftTokens).map((k) => [k, measureStepWork(core, nativeTiming, target, d, prompts, C, k, amx)]),
       );
       measured.push({ d, perPosition, spec });
     }
@@ -316,7 +394,8 @@ export function printBounds(
           `${rates.int8 ? `, int8 ${(rates.int8 / 1e9).toFixed(0)}` : ''}` +
           `${rates.amxBf16 ? `, AMX-BF16 ${(rates.amxBf16 / 1e9).toFixed(0)}` : ''}; read bandwidth re-reading a ` +
           `buffer of the step's bytes, the sizes in turn, best of 3 (bench/read-bw.c); a plain row ` +
-          `${(rowMacs / 1e6).toFixed(2)} M multiply-adds`,
+          `${(rowMacs / 1e6).toFixed(2)} M multiply-adds; work counted over ${plain.steps} steps each, ` +
+          `${plain.steps} more timed`,
       );
   }
   return out;
@@ -387,6 +466,7 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     prompts,
     concs,
     info.threads,
+    info.amxAvailable && info.isa === 'avx512',
     (d) => acceptance.get(d),
     (d) => d.method,
     `${cpus()[0]?.model.trim()}, ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ${info.threads} threads`,

@@ -52,6 +52,20 @@ describe('speculationBound', () => {
   });
 });
 
+describe('speculationBound, the commit and the measured plain step', () => {
+  it('every draft accepted: the commit replays left out; against the measured plain step: its wall time', () => {
+    // memory-bound plain: 100 µs of memory, 10 µs compute, a measured step of 500 µs
+    const plain = { ...work(1e6, 10e6), wallS: 500e-6 };
+    // k = 1: 2 rows of compute; the step reads 12 MB, of which the commit's replays 2 MB
+    const spec = new Map([[1, { ...work(2e6, 12e6), commit: { macs: { ...sb.emptyWork().macs }, bytes: 2e6 } }]]);
+    const b = sb.speculationBound(plain, spec, [0.5], rates, bw);
+    const r = b.perK[0]!;
+    expect(r.bound).toBeCloseTo((1.5 * 100) / 120, 9);
+    expect(r.boundPerfect).toBeCloseTo((2 * 100) / 100, 9);
+    expect(r.boundMeasured).toBeCloseTo((1.5 * 500) / 120, 9);
+  });
+});
+
 describe('computeSeconds', () => {
   it('charges each path at its rate: int16 two int8 products, split bf16 on AMX two tile products', () => {
     const w = sb.emptyWork();
@@ -62,6 +76,10 @@ describe('computeSeconds', () => {
     const amx = sb.emptyWork();
     amx.macs.amxSplit = 1000e9;
     expect(sb.computeSeconds(amx, { ...rates, amxBf16: 2000e9 })).toBeCloseTo(1, 12);
+  });
+
+  it('refuses a machine without a measured fp32 FMA rate', () => {
+    expect(() => sb.computeSeconds(sb.emptyWork(), { ...rates, fma: null })).toThrow(/no fp32 FMA rate/);
   });
 });
 
@@ -82,7 +100,8 @@ describe('countCall', () => {
       false,
     );
     expect(w.macs.fma).toBe(4 * 16 * 32);
-    expect(w.macs.amxSplit).toBe(2 * 16 * 32);
+    // two rows in split bf16 fill 4 of a tile's 16 rows: charged as 16 tile rows, i.e. 8 rows of multiply-adds
+    expect(w.macs.amxSplit).toBe(8 * 16 * 32);
     expect(w.macs.int16).toBe(8 * 32);
     expect(w.bytes).toBe(16 * 32 * 2 + 272);
   });
