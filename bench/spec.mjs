@@ -500,7 +500,9 @@ if (TARGET === 'kimi') {
           `×${top.bound.best.bound.toFixed(3)} at the measured acceptance)` +
           (top.bound.bestPerfect.boundPerfect < want
             ? ': against plain decoding at its floor, out of reach on this CPU'
-            : '');
+            : '') +
+          `; against this run's plain step, a speculative decoder at its floor ×` +
+          `${Math.max(...top.bound.perK.map((r) => r.boundMeasured ?? 0)).toFixed(3)}`;
     console.log(
       `goal (issue 16): kimi-k3-tiny, the best drafter ≥ ${want.toFixed(1)} × plain at ${C} sequence(s), greedy: ` +
         `${best.what} ×${best.x.toFixed(3)} — ${best.x >= want ? 'met' : 'NOT met'} (${cpuName})${bound}`,
