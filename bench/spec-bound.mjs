@@ -348,10 +348,14 @@ export function boundLines(name, C, b, cpu) {
 
 /**
  * Measures and prints the bound for each drafter and C (bench:spec and this file's command line).
- * @param perPositionOf (drafter, C) → the measured a_j at greedy (max k), or undefined to skip.
+ * @param o.core `@specd/core`; o.nativeTiming bench/native-timing.mjs's; o.target a loaded target; o.drafters on it.
+ * @param o.prompts prompt token ids (sequence i takes prompt i mod length); o.concs the loads C.
+ * @param o.threads the engines' threads; o.amx whether the addon runs AMX tiles.
+ * @param o.perPositionOf (drafter, C) → the measured a_j at greedy (max k), or undefined to skip.
+ * @param o.labelOf a drafter's name; o.cpu the machine, as printed.
  * @returns [{ drafter, C, bound }].
  */
-export function printBounds(
+export function printBounds({
   core,
   nativeTiming,
   target,
@@ -363,7 +367,7 @@ export function printBounds(
   perPositionOf,
   labelOf,
   cpu,
-) {
+}) {
   const rates = machineRates(threads, amx);
   const out = [];
   for (const C of concs) {
@@ -458,19 +462,19 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     e.dispose();
   }
   const info = isa();
-  printBounds(
+  printBounds({
     core,
     nativeTiming,
     target,
     drafters,
     prompts,
     concs,
-    info.threads,
-    info.amxAvailable && info.isa === 'avx512',
-    (d) => acceptance.get(d),
-    (d) => d.method,
-    `${cpus()[0]?.model.trim()}, ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ${info.threads} threads`,
-  );
+    threads: info.threads,
+    amx: info.amxAvailable && info.isa === 'avx512',
+    perPositionOf: (d) => acceptance.get(d),
+    labelOf: (d) => d.method,
+    cpu: `${cpus()[0]?.model.trim()}, ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ${info.threads} threads`,
+  });
   for (const d of drafters) d.dispose();
   target.model.dispose();
 }

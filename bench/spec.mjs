@@ -446,19 +446,19 @@ let bounds = [];
 if (!(argv.includes('--no-bound') || TAU_ONLY)) {
   console.log('');
   try {
-    bounds = printBounds(
+    bounds = printBounds({
       core,
       nativeTiming,
       target,
       drafters,
-      prompts.map((p) => p.prompt_token_ids),
-      CONCS.filter((C) => drafters.some((d) => greedyRow(d, C) !== undefined)),
-      info.threads,
-      info.amxAvailable && info.isa === 'avx512',
-      (d, C) => greedyRow(d, C)?.perPosition,
-      label,
-      cpuName,
-    );
+      prompts: prompts.map((p) => p.prompt_token_ids),
+      concs: CONCS.filter((C) => drafters.some((d) => greedyRow(d, C) !== undefined)),
+      threads: info.threads,
+      amx: info.amxAvailable && info.isa === 'avx512',
+      perPositionOf: (d, C) => greedyRow(d, C)?.perPosition,
+      labelOf: label,
+      cpu: cpuName,
+    });
   } catch (e) {
     console.log(`bench:spec: no physical bound: ${e.message}`);
   }
