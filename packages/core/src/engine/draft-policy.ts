@@ -372,7 +372,8 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
   readonly recalibrate?: boolean;
   /**
    * The least relative gain in modelled rate (committed tokens per ms) over a plain step for which the batch drafts
-   * (default 0.03; 0: any gain). Exploration steps are not held to it.
+   * (default 0.03; 0: any gain; negative: drafting even at a modelled loss down to (1 + minGain) × the plain rate, as
+   * tests do to exercise drafting whatever the machine's timing). Exploration steps are not held to it.
    */
   readonly minGain?: number;
   /**
