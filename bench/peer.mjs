@@ -72,7 +72,7 @@ import {
 } from '@specd/native';
 
 import { ensureLlamaCppPython } from '../scripts/install-llama-cpp-python.mjs';
-import { compileProbe, cpuHasAmx } from './probes.mjs';
+import { cpuHasAmx, dotRates } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -370,8 +370,7 @@ function measureRates(gguf) {
  */
 function peakDotRates() {
   try {
-    const bin = compileProbe('dot-rate', PEER);
-    return JSON.parse(execFileSync(bin, [String(THREADS), '0.5'], { encoding: 'utf8' }));
+    return dotRates(THREADS, PEER, { runs: 1, seconds: 0.5 });
   } catch (e) {
     console.log(`bench:peer: the dot-product rate probe (bench/dot-rate.c) failed: ${e.message}`);
     return undefined;

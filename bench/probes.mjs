@@ -20,6 +20,34 @@ export function compileProbe(name, dir) {
   return bin;
 }
 
+/**
+ * Peak dot-product rates from registers (bench/dot-rate.c, compiled into `dir`) on `threads` threads, each issued for
+ * `seconds`, the best of `runs` per key. @returns G ops/s by key (vnni_int8, avx512_bf16, amx_int8, amx_bf16,
+ * avx512_f32; a multiply-add = 2 ops), null where the CPU or compiler lacks the instructions. @throws as compileProbe,
+ * or the probe's failure.
+ */
+export function dotRates(threads, dir, { runs = 3, seconds = 0.5 } = {}) {
+  const bin = compileProbe('dot-rate', dir);
+  const best = {};
+  for (let i = 0; i < runs; i++) {
+    const r = JSON.parse(execFileSync(bin, [String(threads), String(seconds)], { encoding: 'utf8' }));
+    for (const [k, v] of Object.entries(r)) best[k] = v === null ? null : Math.max(best[k] ?? 0, v);
+  }
+  return best;
+}
+
+/**
+ * Read bandwidth of `threads` threads re-reading a buffer of `mib` MiB (bench/read-bw.c, compiled into `dir`), GB/s,
+ * one run. @throws as compileProbe, or when the probe prints no rate.
+ */
+export function readBandwidthGBs(threads, mib, dir) {
+  const bin = compileProbe('read-bw', dir);
+  const out = execFileSync(bin, [String(threads), String(mib)], { encoding: 'utf8' });
+  const m = /read ([\d.]+) GB\/s/.exec(out);
+  if (m === null) throw new Error(`read-bw printed ${JSON.stringify(out)}`);
+  return Number(m[1]);
+}
+
 /** AMX as /proc/cpuinfo lists it (amx_tile + amx_int8 or amx_bf16); false where it cannot be read. */
 export function cpuHasAmx() {
   try {

@@ -33,11 +33,10 @@
 // at a_j = 1. Where it is memory-bound, verify rows ride on the weight reads until m* = t_mem ÷ t_row rows. The bound
 // is a ratio of floors: a measured speed-up can exceed it where plain decoding runs far above its floor and drafting
 // spreads that cost over τ tokens (e.g. kimi-k3-tiny at one sequence, docs/BENCHMARKS.md).
-import { execFileSync } from 'node:child_process';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { compileProbe } from './probes.mjs';
+import { dotRates, readBandwidthGBs } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const CACHE = path.join(ROOT, '.cache', 'spec-bound');
@@ -48,13 +47,8 @@ const CACHE = path.join(ROOT, '.cache', 'spec-bound');
  * AMX; int8 = VNNI's: the quantized GEMMs take AMX-INT8 tiles only from 16 rows, native/src/quant_i8_amx.cc).
  */
 export function machineRates(threads, amx, runs = 3) {
-  const bin = compileProbe('dot-rate', CACHE);
-  const best = {};
-  for (let r = 0; r < runs; r++) {
-    const o = JSON.parse(execFileSync(bin, [String(threads), '1'], { encoding: 'utf8' }).trim());
-    for (const [k, v] of Object.entries(o)) if (v !== null) best[k] = Math.max(best[k] ?? 0, v);
-  }
-  const mac = (gops) => (gops === undefined ? null : (gops * 1e9) / 2);
+  const best = dotRates(threads, CACHE, { runs, seconds: 1 });
+  const mac = (gops) => (gops === undefined || gops === null ? null : (gops * 1e9) / 2);
   return {
     fma: mac(best.avx512_f32),
     bf16: mac(best.avx512_bf16),
@@ -71,17 +65,11 @@ export function machineRates(threads, amx, runs = 3) {
  * mib }: a size not measured reads at the next larger measured size's rate.
  */
 export function bandwidthTable(threads, sizes, rounds = 3) {
-  const bin = compileProbe('read-bw', CACHE);
   const mibOf = (bytes) => Math.max(4, Math.ceil(bytes / 2 ** 20));
   const mibs = [...new Set(sizes.map(mibOf))].sort((a, b) => a - b);
   const best = new Map(mibs.map((m) => [m, 0]));
   for (let r = 0; r < rounds; r++)
-    for (const mib of mibs) {
-      const out = execFileSync(bin, [String(threads), String(mib)], { encoding: 'utf8' });
-      const m = out.match(/read ([\d.]+) GB\/s/);
-      if (m === null) throw new Error(`spec-bound: read-bw printed ${JSON.stringify(out)}`);
-      best.set(mib, Math.max(best.get(mib), Number(m[1]) * 1e9));
-    }
+    for (const mib of mibs) best.set(mib, Math.max(best.get(mib), readBandwidthGBs(threads, mib, CACHE) * 1e9));
   for (let i = mibs.length - 2; i >= 0; i--) best.set(mibs[i], Math.max(best.get(mibs[i]), best.get(mibs[i + 1])));
   return (bytes) => {
     // a size not measured reads at the next larger size's rate (never faster than measured)

@@ -55,7 +55,7 @@
 //   loaded (shared) machine they read low, the floors high, and the measured ratio can fall below the printed floor
 //   (the bench says so); run it on a quiet machine.
 // `--json FILE` writes the configuration, bounds, every timed repetition and the goal.
-import { execFileSync, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
@@ -78,7 +78,7 @@ import { gemmBf16, isa, setNumThreads } from '@specd/native';
 
 import { ggufTensorBytes, writeGguf } from './gguf-write.mjs';
 import { denseSyntheticConfig, kimiWeightBytes, writeSyntheticKimi } from './synthetic-kimi.mjs';
-import { compileProbe, cpuHasAmx } from './probes.mjs';
+import { cpuHasAmx, dotRates as probeDotRates, readBandwidthGBs } from './probes.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -367,23 +367,11 @@ const WEIGHT_BYTES = recorded.tensorBytes;
 // --- bounds helpers (bench/read-bw.c, bench/dot-rate.c) ----------------------------------------------------------
 /** Read bandwidth of THREADS threads over 256 MiB (bench/read-bw.c), GB/s, per run. */
 function readBandwidth(runs) {
-  const bin = compileProbe('read-bw', CACHE);
-  return Array.from({ length: runs }, () => {
-    const out = execFileSync(bin, [String(THREADS), '256'], { encoding: 'utf8' });
-    const m = /read ([\d.]+) GB\/s/.exec(out);
-    if (m === null) throw new Error(`bench:verify-dense: read-bw printed ${JSON.stringify(out)}`);
-    return Number(m[1]);
-  });
+  return Array.from({ length: runs }, () => readBandwidthGBs(THREADS, 256, CACHE));
 }
 /** Peak dot-product rates from registers (bench/dot-rate.c), G ops/s (a multiply-add = 2 ops), best of `runs`. */
 function dotRates(runs) {
-  const bin = compileProbe('dot-rate', CACHE);
-  const best = {};
-  for (let i = 0; i < runs; i++) {
-    const r = JSON.parse(execFileSync(bin, [String(THREADS), quick ? '0.2' : '0.5'], { encoding: 'utf8' }));
-    for (const [k, v] of Object.entries(r)) best[k] = v === null ? null : Math.max(best[k] ?? 0, v);
-  }
-  return best;
+  return probeDotRates(THREADS, CACHE, { runs, seconds: quick ? 0.2 : 0.5 });
 }
 
 // --- load ------------------------------------------------------------------------------------------------------
