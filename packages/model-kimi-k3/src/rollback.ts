@@ -65,6 +65,13 @@ export function commitFromSnapshots(
 }
 
 /**
+ * The batched commit's gathered rows and replay output, kept from one commit to the next (core's `keptScratch`). One
+ * for the module: every use is inside one synchronous kernel call, so commits of several stages in one thread cannot
+ * overlap (a stage in a worker thread has its own module instance).
+ */
+const commitScratch = keptScratch();
+
+/**
  * {@link commitFromSnapshots} for several sequences of the same snapshotted forward at once: per KDA layer, ONE
  * recurrent kernel call over all their committed rows (`seqLens` = the committed counts; the rows gathered
  * `[Σ committed, 3·H·d]` when there are several), which first sets each slot to the sequence's state from before the
@@ -111,8 +118,8 @@ export function commitFromSnapshotsBatch(
   // (a stage without KDA layers has no linear state: only its KV is truncated)
   const slots = pools === undefined ? undefined : Int32Array.from(spans, (s) => pools.slotOf(s.span.id));
   const initialRows = Int32Array.from(spans, (s) => s.si);
-  // the gathered rows and the replay's (unread) output, one buffer each for every layer: the kernel call is synchronous
-  const buffer = keptScratch();
+  // the gathered rows and the replay's (unread) output: one buffer each, kept between commits (commitScratch)
+  const buffer = commitScratch;
   for (const [l, snap] of snapshots.layers) {
     if (pools === undefined || slots === undefined)
       throw new RangeError('commitFromSnapshots: cache: KDA snapshots on a cache without linear state');
