@@ -974,16 +974,21 @@ export class CostDraftPolicy implements DraftPolicy {
       w = { ms: new Float64Array(PLAIN_WINDOW), sorted: new Float64Array(PLAIN_WINDOW), n: 0, median: 0 };
       this.plainWindow.set(B, w);
     }
-    w.ms[w.n % PLAIN_WINDOW] = ms;
-    w.n++;
-    // insertion sort into the kept buffer (≤ 32 values, no array a step)
-    const n = Math.min(w.n, PLAIN_WINDOW);
-    for (let i = 0; i < n; i++) {
-      const v = w.ms[i]!;
-      let j = i;
-      for (; j > 0 && w.sorted[j - 1]! > v; j--) w.sorted[j] = w.sorted[j - 1]!;
-      w.sorted[j] = v;
+    // the sorted copy follows the ring: the sample this one replaces leaves it, this one is inserted (no array a step)
+    const slot = w.n % PLAIN_WINDOW;
+    let n = Math.min(w.n, PLAIN_WINDOW);
+    if (w.n >= PLAIN_WINDOW) {
+      const old = w.ms[slot]!;
+      let i = 0;
+      while (w.sorted[i] !== old) i++;
+      for (n--; i < n; i++) w.sorted[i] = w.sorted[i + 1]!;
     }
+    w.ms[slot] = ms;
+    w.n++;
+    let j = n;
+    for (; j > 0 && w.sorted[j - 1]! > ms; j--) w.sorted[j] = w.sorted[j - 1]!;
+    w.sorted[j] = ms;
+    n++;
     w.median = w.sorted[(n - 1) >> 1]!;
   }
 
