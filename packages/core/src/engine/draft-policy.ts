@@ -450,8 +450,38 @@ const PLAIN_REUSE = 7;
 /** Verify forwards of a shape measured before the cost policy reads the learned time instead of the calibrated one. */
 const LEARNED_MIN = 3;
 
-/** Plain verify forwards (r = 0) kept per batch size: their lower median prices its plain step. */
+/** Verify forwards kept per (batch size, drafted rows): their lower median prices that shape. */
 export const PLAIN_WINDOW = 32;
+
+/**
+ * The last {@link PLAIN_WINDOW} samples of one verify shape (a ring) and their lower median. The sorted copy follows
+ * the ring (the replaced sample out, the new one in: O(window) a sample, no array a sample).
+ */
+class MedianWindow {
+  private readonly ring = new Float64Array(PLAIN_WINDOW);
+  private readonly sorted = new Float64Array(PLAIN_WINDOW);
+  /** Samples seen (all of them, not only those kept). */
+  n = 0;
+  /** The lower median of the samples kept (0 before the first). */
+  median = 0;
+
+  add(ms: number): void {
+    const slot = this.n % PLAIN_WINDOW;
+    let n = Math.min(this.n, PLAIN_WINDOW);
+    if (this.n >= PLAIN_WINDOW) {
+      const old = this.ring[slot]!;
+      let i = 0;
+      while (this.sorted[i] !== old) i++;
+      for (n--; i < n; i++) this.sorted[i] = this.sorted[i + 1]!;
+    }
+    this.ring[slot] = ms;
+    this.n++;
+    let j = n;
+    for (; j > 0 && this.sorted[j - 1]! > ms; j--) this.sorted[j] = this.sorted[j - 1]!;
+    this.sorted[j] = ms;
+    this.median = this.sorted[n >> 1]!;
+  }
+}
 
 /** Per-step overhead observations of each kind (plain, drafting) skipped before they are learned (JIT warm-up). */
 export const OVERHEAD_WARMUP = 2;
@@ -637,29 +667,33 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly logKind = [0, 0, 0];
   private readonly logBatch = new Map<number, number[]>();
   /**
-   * The verify forward's measured time by batch size B and drafted rows r ≥ 1 ({@link learnVerify}; r = 0:
-   * {@link plainWindow}), which the rule reads in place of the calibrated curve once measured: the start-up
-   * calibration times each shape a few times in isolation, and its curve's shape is off in the engine (SmolLM2 +
-   * EAGLE-3, one sequence: calibrated 4.58 ms for 4 rows and 5.36 for 7, measured 4.19 and 6.02 — a factor per kind
-   * cannot bend it), which made the rule propose 6 drafts where 3 were faster (bench/spec-steps.mjs).
-   */
-  private readonly learnedVerify = new Map<number, { ms: Float64Array; n: Uint32Array }>();
-  /**
-   * The plain verify forward's learned time by batch size: the lower median of its last {@link PLAIN_WINDOW} samples
-   * (a ring), not an EMA, so that a few slow steps cannot move it. With the EMA (weight 0.2, a sample clipped at twice
-   * the estimate) four slow steps in a row (4.1–9.5 ms where 2.5 was usual: the VM) raised kimi-k3-tiny's plain step
-   * at 8 sequences from 0.87 to 1.28 × its calibrated time, and drafting then priced better. Once drafting, the
-   * engine stayed there: the plain steps a drafting run leaves are slower than a run of plain steps (2.4–2.8 ms against
+   * The verify forward's measured times by batch size B and drafted rows r ≥ 0 ({@link learnVerify}): one
+   * {@link MedianWindow} per shape, index r. Once a shape is measured {@link LEARNED_MIN} times the rule reads it in
+   * place of the calibrated curve: the start-up calibration times each shape a few times in isolation, and its
+   * curve's shape is off in the engine (SmolLM2 + EAGLE-3, one sequence: calibrated 4.58 ms for 4 rows and 5.36 for
+   * 7, measured 4.19 and 6.02 — a factor per kind cannot bend it), which made the rule propose 6 drafts where 3 were
+   * faster (bench/spec-steps.mjs).
+   *
+   * Lower medians, not EMAs: a shape's times on a shared VM are heavy-tailed (SmolLM2 + EAGLE-3 at one sequence,
+   * bench:load --trace: 3 verify rows 4.89 / 5.34 / 7.23 ms at the 10th / 50th / 90th percentile, 4 rows 5.82 / 6.25 /
+   * 8.10), and the EMA (weight 0.2) that learned the drafted shapes wandered over 5.03–6.85 and 6.10–7.65 ms: the two
+   * estimates crossed, and the rule chose 3 drafts where 2 were faster in 461 of 1,614 drafting steps (×1.27 of plain
+   * decoding against ×1.44 with 2 drafts fixed). The plain step (r = 0) moved to a lower median first (8c52a76):
+   * with the EMA four slow steps in a row (4.1–9.5 ms where 2.5 was usual) raised kimi-k3-tiny's plain step at 8
+   * sequences from 0.87 to 1.28 × its calibrated time, and drafting then priced better. Once drafting, the engine
+   * stayed there: the plain steps a drafting run leaves are slower than a run of plain steps (2.4–2.8 ms against
    * 1.7–1.8; they run between drafting steps, with the caches full of the drafter's work), and they kept the estimate
-   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). In one process,
-   * engines built alike: 4 of 5 fell into it with the EMA, 0 of 4 with the median; at one sequence the two drafted
-   * alike (kimi-k3-tiny ×1.091 / ×1.111 of plain, SmolLM2 + EAGLE-3 ×1.476 / ×1.549, this VM's noise). A lower quartile
-   * priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against ×1.105).
+   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). A lower
+   * quartile priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against
+   * ×1.105).
    */
-  private readonly plainWindow = new Map<
-    number,
-    { ms: Float64Array; sorted: Float64Array; n: number; median: number }
-  >();
+  private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
+  /**
+   * Per batch size: the learned drafted shapes' times made non-decreasing in r (each the least over r' ≥ r: a
+   * forward of more rows does all the work of one of fewer), NaN where fewer than {@link LEARNED_MIN} samples;
+   * rebuilt when a sample arrives ({@link learnedVerifyMs}).
+   */
+  private readonly learnedMonotone = new Map<number, Float64Array>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
   readonly calibration = new ConfidenceCalibration();
   /** Per sequence: the raw confidences of the drafts it verifies this step (budgets → observe). */
@@ -940,70 +974,54 @@ export class CostDraftPolicy implements DraftPolicy {
   }
 
   /**
-   * One verify forward of B sequences and B + r rows took `ms`: folded into the learned curve of B at r (an EMA,
-   * weight 0.2, the first observation taken whole; a sample above twice the point's estimate is clipped there: a
-   * preemption is not the forward's cost). The plain forward (r = 0) is learned as the lower median of its last
-   * {@link PLAIN_WINDOW} samples instead ({@link plainWindow}).
+   * One verify forward of B sequences and B + r rows took `ms`: into the (B, r) window ({@link learned}), whose lower
+   * median is kept.
    */
   private learnVerify(B: number, r: number, ms: number): void {
     if (!(r >= 0 && Number.isInteger(r) && ms > 0 && Number.isFinite(ms))) return;
-    if (r === 0) {
-      this.learnPlain(B, ms);
-      return;
+    let windows = this.learned.get(B);
+    if (windows === undefined) {
+      windows = [];
+      this.learned.set(B, windows);
     }
-    let l = this.learnedVerify.get(B);
-    if (l === undefined || l.n.length <= r) {
-      const size = Math.max(r + 1, 8 * B + 2);
-      const grown = { ms: new Float64Array(size), n: new Uint32Array(size) };
-      if (l !== undefined) {
-        grown.ms.set(l.ms);
-        grown.n.set(l.n);
-      }
-      l = grown;
-      this.learnedVerify.set(B, l);
-    }
-    const seen = l.n[r]!;
-    l.ms[r] = seen === 0 ? ms : 0.8 * l.ms[r]! + 0.2 * Math.min(ms, 2 * l.ms[r]!);
-    l.n[r] = seen + 1;
-  }
-
-  /** One plain verify forward of B sequences took `ms`: into B's window, whose lower median is kept. */
-  private learnPlain(B: number, ms: number): void {
-    let w = this.plainWindow.get(B);
+    let w = windows[r];
     if (w === undefined) {
-      w = { ms: new Float64Array(PLAIN_WINDOW), sorted: new Float64Array(PLAIN_WINDOW), n: 0, median: 0 };
-      this.plainWindow.set(B, w);
+      w = new MedianWindow();
+      windows[r] = w;
     }
-    // the sorted copy follows the ring: the sample this one replaces leaves it, this one is inserted (no array a step)
-    const slot = w.n % PLAIN_WINDOW;
-    let n = Math.min(w.n, PLAIN_WINDOW);
-    if (w.n >= PLAIN_WINDOW) {
-      const old = w.ms[slot]!;
-      let i = 0;
-      while (w.sorted[i] !== old) i++;
-      for (n--; i < n; i++) w.sorted[i] = w.sorted[i + 1]!;
-    }
-    w.ms[slot] = ms;
-    w.n++;
-    let j = n;
-    for (; j > 0 && w.sorted[j - 1]! > ms; j--) w.sorted[j] = w.sorted[j - 1]!;
-    w.sorted[j] = ms;
-    n++;
-    w.median = w.sorted[(n - 1) >> 1]!;
+    w.add(ms);
+    if (r > 0) this.learnedMonotone.delete(B);
   }
 
   /**
    * The learned t_verify(B, B + r), ms, once measured {@link LEARNED_MIN} times (undefined before: the calibrated curve
-   * × its factor stands in); at r = 0 the lower median of the plain window.
+   * × its factor stands in): at r = 0 the plain window's lower median; at r ≥ 1 the least lower median over the
+   * learned shapes of r' ≥ r rows (non-decreasing in r; the plain step is left out of it: a plain step between
+   * drafting steps runs slower than one of a plain run, see {@link learned}).
    */
   private learnedVerifyMs(B: number, r: number): number | undefined {
     if (!this.useLearned) return undefined;
+    const windows = this.learned.get(B);
+    if (windows === undefined) return undefined;
     if (r === 0) {
-      const w = this.plainWindow.get(B);
+      const w = windows[0];
       return w !== undefined && w.n >= LEARNED_MIN ? w.median : undefined;
     }
-    const l = this.learnedVerify.get(B);
-    return l !== undefined && r < l.n.length && l.n[r]! >= LEARNED_MIN ? l.ms[r] : undefined;
+    let mono = this.learnedMonotone.get(B);
+    if (mono === undefined) {
+      mono = new Float64Array(windows.length);
+      let least = Number.NaN;
+      for (let i = windows.length - 1; i >= 1; i--) {
+        const w = windows[i];
+        if (w !== undefined && w.n >= LEARNED_MIN) {
+          least = Number.isNaN(least) ? w.median : Math.min(least, w.median);
+          mono[i] = least;
+        } else mono[i] = Number.NaN;
+      }
+      this.learnedMonotone.set(B, mono);
+    }
+    const v = r < mono.length ? mono[r]! : Number.NaN;
+    return Number.isNaN(v) ? undefined : v;
   }
 
   /** The cost factors [plain verify, verify with drafts, propose] at batch size B ({@link costScale}'s model). */

@@ -347,6 +347,35 @@ describe('CostDraftPolicy', () => {
     expect(o1.costMs).toBeCloseTo(want, 6);
   });
 
+  it('prices a drafted shape by the lower median of its forwards, never above a shape of more rows', () => {
+    const c = costs(2, 0.1, 0.3);
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
+    /** The verify time the rule read at D drafts: the curve's cost less the other terms of the same D. */
+    const verifyRead = (d: number): number => {
+      p.choose([cand(`x${events.length}`, 4)]);
+      const ch = events.filter((e) => e.kind === 'choose').at(-1);
+      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+      return ch.curve[d]!.costMs - c.draftMs(1, d) * ch.costScale[2]! - p.overhead.predict(1, 1, d);
+    };
+    // 3 rows (2 drafts): 20 forwards of 5 ms, then 4 slow ones (the EMA this replaced read 8.3 ms after them)
+    for (let i = 0; i < 20; i++) p.observeStep(1, 3, 1, 2, 5, c.draftMs(1, 2), 2);
+    for (let i = 0; i < 4; i++) p.observeStep(1, 3, 1, 2, 12, c.draftMs(1, 2), 2);
+    expect(verifyRead(2)).toBeCloseTo(5, 9);
+    // 2 rows measured dearer than 3 (its few samples from a slow spell): read at 3 rows' 5 ms; 4 rows at its own 6
+    for (let i = 0; i < 3; i++) p.observeStep(1, 2, 1, 1, 7, c.draftMs(1, 1), 1);
+    for (let i = 0; i < 3; i++) p.observeStep(1, 4, 1, 3, 6, c.draftMs(1, 3), 3);
+    expect(verifyRead(1)).toBeCloseTo(5, 9);
+    expect(verifyRead(3)).toBeCloseTo(6, 9);
+    // 4 rows falls to 4.5 (a lasting change, half the window): 1, 2 and 3 drafts are all read at 4.5
+    for (let i = 0; i < 30; i++) p.observeStep(1, 4, 1, 3, 4.5, c.draftMs(1, 3), 3);
+    for (const d of [1, 2, 3]) expect(verifyRead(d)).toBeCloseTo(4.5, 9);
+    // 4 drafts (5 rows) never measured: the calibrated time × the drafting factor
+    const ch = events.filter((e) => e.kind === 'choose').at(-1);
+    if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+    expect(verifyRead(4)).toBeCloseTo(c.verifyMs(1, 5) * ch.costScale[1]!, 6);
+  });
+
   it('traces what each choice read and what the step measured (off by default)', () => {
     const events: CostPolicyTraceEvent[] = [];
     const c = costs(1, 0.2, 0.5);
