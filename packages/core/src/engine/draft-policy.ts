@@ -678,14 +678,13 @@ export class CostDraftPolicy implements DraftPolicy {
    * bench:load --trace: 3 verify rows 4.89 / 5.34 / 7.23 ms at the 10th / 50th / 90th percentile, 4 rows 5.82 / 6.25 /
    * 8.10), and the EMA (weight 0.2) that learned the drafted shapes wandered over 5.03–6.85 and 6.10–7.65 ms: the two
    * estimates crossed, and the rule chose 3 drafts where 2 were faster in 461 of 1,718 drafting steps (×1.27 of plain
-   * decoding in that run; ×1.44 in a run with 2 drafts fixed). The plain step (r = 0) moved to a lower median first (8c52a76):
-   * with the EMA four slow steps in a row (4.1–9.5 ms where 2.5 was usual) raised kimi-k3-tiny's plain step at 8
-   * sequences from 0.87 to 1.28 × its calibrated time, and drafting then priced better. Once drafting, the engine
+   * decoding in that run; ×1.44 in a run with 2 drafts fixed). The plain step (r = 0) moved to a lower median first
+   * (8c52a76): with the EMA four slow steps in a row (4.1–9.5 ms where 2.5 was usual) raised kimi-k3-tiny's plain step
+   * at 8 sequences from 0.87 to 1.28 × its calibrated time, and drafting then priced better. Once drafting, the engine
    * stayed there: the plain steps a drafting run leaves are slower than a run of plain steps (2.4–2.8 ms against
    * 1.7–1.8; they run between drafting steps, with the caches full of the drafter's work), and they kept the estimate
-   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). A lower
-   * quartile priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against
-   * ×1.105).
+   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). A lower quartile
+   * priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against ×1.105).
    */
   private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
   /**
