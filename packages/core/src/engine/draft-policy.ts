@@ -683,7 +683,9 @@ export class CostDraftPolicy implements DraftPolicy {
    * at 8 sequences from 0.87 to 1.28 × its calibrated time, and drafting then priced better. Once drafting, the engine
    * stayed there: the plain steps a drafting run leaves are slower than a run of plain steps (2.4–2.8 ms against
    * 1.7–1.8; they run between drafting steps, with the caches full of the drafter's work), and they kept the estimate
-   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). A lower quartile
+   * up — 267 drafting steps at ×0.83 of plain decoding (docs/BENCHMARKS.md, "the cost policy's trap"). In one process,
+   * engines built alike: 4 of 5 fell into it with the EMA, 0 of 4 with the median; at one sequence the two drafted
+   * alike (kimi-k3-tiny ×1.091 / ×1.111 of plain, SmolLM2 + EAGLE-3 ×1.476 / ×1.549, this VM's noise). A lower quartile
    * priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against ×1.105).
    */
   private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
