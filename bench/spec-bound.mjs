@@ -7,13 +7,14 @@
 // Both engines are taken at their floors, so per-step overheads (native calls, JavaScript, thread hand-offs) count
 // for neither: the question is what the machine allows a speculative decoder against the best plain decoder it
 // allows, not what this code does.
-// - Work of a step, counted while the engines run (bench/native-timing.mjs's `onCall`, every kernel of a decode
-//   step): multiply-adds per dot-product path (fp32 FMA; AMX-BF16 tiles with split bf16 activations, two tile rows a
-//   row and a tile's 16 rows charged whole; int8 / int16 activations against quantized weights, one / two int8
-//   products at the VNNI rate) and the bytes that must come from memory: each weight matrix read once per step (the
-//   MoE: the experts some row of the step routes to, plus the shared one), each sequence's KDA state and conv state
-//   read and written (the verify's kept copy too), its MLA latent KV and its draft KV read. The target's commits (the
-//   replays of partly accepted blocks) are counted apart.
+// - Work of a step, counted while the engines run (bench/native-timing.mjs's `onCall`, every kernel of a decode step):
+//   multiply-adds per dot-product path (fp32 FMA; AMX-BF16 tiles with split bf16 activations, two tile rows a row and a
+//   tile's 16 rows charged whole; int8 / int16 activations against quantized weights, one / two int8 products at the
+//   VNNI rate, or on AMX-INT8 tiles where the addon takes them: 16 rows and more with int16, 96 with int8, a tile's 16
+//   rows charged whole) and the bytes that must come from memory: each weight matrix read once per step (the MoE: the
+//   experts some row of the step routes to, plus the shared one), each sequence's KDA state and conv state read and
+//   written (the verify's kept copy too), its MLA latent KV and its draft KV read. The target's commits (the replays of
+//   partly accepted blocks) are counted apart.
 // - The machine: peak rates from registers (bench/dot-rate.c, best of 3; AVX-512 only) and the read bandwidth over a
 //   buffer the size of a step's bytes (bench/read-bw.c; the sizes in turn, best of 3, a size never slower than a
 //   larger one), on the engines' thread count. AMX paths only where the addon runs AMX.
@@ -43,8 +44,9 @@ const CACHE = path.join(ROOT, '.cache', 'spec-bound');
 
 /**
  * Peak rates of this machine on `threads` threads, best of `runs` (bench/dot-rate.c): multiply-adds per second by
- * path. `amx`: whether the addon runs AMX tiles. @returns { fma, bf16, int8, amxBf16 } MAC/s (amxBf16 null without
- * AMX; int8 = VNNI's: the quantized GEMMs take AMX-INT8 tiles only from 16 rows, native/src/quant_i8_amx.cc).
+ * path. `amx`: whether the addon runs AMX tiles. @returns { fma, bf16, int8, amxBf16, amxInt8 } MAC/s (the AMX
+ * rates null without AMX; int8 = VNNI's: the quantized GEMMs take AMX-INT8 tiles only from {@link amxQuantMinRows}
+ * rows, native/src/quant_i8_amx.cc).
  */
 export function machineRates(threads, amx, runs = 3) {
   const best = dotRates(threads, CACHE, { runs, seconds: 1 });
@@ -54,8 +56,23 @@ export function machineRates(threads, amx, runs = 3) {
     bf16: mac(best.avx512_bf16),
     int8: mac(best.vnni_int8),
     amxBf16: amx ? mac(best.amx_bf16) : null,
+    amxInt8: amx ? mac(best.amx_int8) : null,
   };
 }
+
+/**
+ * Rows from which `gemmQuant` runs AMX-INT8 tiles on a machine with AMX, by activation: native/src/quant_kernels.h's
+ * kAmxMinRowsWide (int16, 16) and kAmxMinRows (int8, 96), or the addon's overrides SPECD_QUANT_AMX_MIN_ROWS_WIDE /
+ * SPECD_QUANT_AMX_MIN_ROWS (native/src/quant.cc reads the same variables at load).
+ */
+export function amxQuantMinRows(env = process.env) {
+  const read = (name, dflt) => {
+    const n = Number(env[name]);
+    return Number.isInteger(n) && n >= 1 ? n : dflt;
+  };
+  return { int16: read('SPECD_QUANT_AMX_MIN_ROWS_WIDE', 16), int8: read('SPECD_QUANT_AMX_MIN_ROWS', 96) };
+}
+const AMX_QUANT_MIN_ROWS = amxQuantMinRows();
 
 /**
  * Read bandwidth of `threads` threads re-reading buffers of each of `sizes` bytes (rounded up to MiB, ≥ 4;
@@ -81,7 +98,7 @@ export function bandwidthTable(threads, sizes, rounds = 3) {
 
 /** A step's work: multiply-adds by path and bytes from memory. */
 export function emptyWork() {
-  return { macs: { fma: 0, amxSplit: 0, amxBf16: 0, int8: 0, int16: 0 }, bytes: 0 };
+  return { macs: { fma: 0, amxSplit: 0, amxBf16: 0, amxInt8: 0, int8: 0, int16: 0 }, bytes: 0 };
 }
 
 /**
@@ -104,7 +121,11 @@ export function countCall(name, a, w, weights, amx) {
   } else if (name === 'gemmQuant') {
     const [, m, qw, , act = 'f32'] = a;
     const macs = m * qw.n * qw.k;
-    if (act === 'int8') w.macs.int8 += macs;
+    const wide = act === 'int16';
+    // AMX-INT8 tiles (16 rows, charged whole); int16 is two int8 planes, two tile products a tile
+    if (amx && (wide || act === 'int8') && m >= AMX_QUANT_MIN_ROWS[wide ? 'int16' : 'int8'])
+      w.macs.amxInt8 += (wide ? 2 : 1) * Math.ceil(m / 16) * 16 * qw.n * qw.k;
+    else if (act === 'int8') w.macs.int8 += macs;
     else if (act === 'int16') w.macs.int16 += macs;
     else w.macs.fma += macs;
     weight(qw.data);
@@ -252,7 +273,8 @@ export function computeSeconds(work, rates) {
     m.amxSplit / ((rates.amxBf16 ?? rates.fma * 2) / 2) +
     m.amxBf16 / (rates.amxBf16 ?? rates.fma) +
     m.int8 / int8 +
-    m.int16 / (int8 / 2)
+    m.int16 / (int8 / 2) +
+    m.amxInt8 / (rates.amxInt8 ?? int8)
   );
 }
 
@@ -384,7 +406,8 @@ export function printBounds({
       console.log(
         `  rates (bench/dot-rate.c, ${threads} threads, G multiply-adds/s): fp32 FMA ${(rates.fma / 1e9).toFixed(0)}` +
           `${rates.int8 ? `, int8 ${(rates.int8 / 1e9).toFixed(0)}` : ''}` +
-          `${rates.amxBf16 ? `, AMX-BF16 ${(rates.amxBf16 / 1e9).toFixed(0)}` : ''}; read bandwidth re-reading a ` +
+          `${rates.amxBf16 ? `, AMX-BF16 ${(rates.amxBf16 / 1e9).toFixed(0)}` : ''}` +
+          `${rates.amxInt8 ? `, AMX-INT8 ${(rates.amxInt8 / 1e9).toFixed(0)}` : ''}; read bandwidth re-reading a ` +
           `buffer of the step's bytes, the sizes in turn, best of 3 (bench/read-bw.c); a plain row ` +
           `${(rowMacs / 1e6).toFixed(2)} M multiply-adds; work counted over ${plain.steps} steps each, ` +
           `${plain.steps} more timed`,

@@ -76,6 +76,11 @@ describe('computeSeconds', () => {
     const amx = sb.emptyWork();
     amx.macs.amxSplit = 1000e9;
     expect(sb.computeSeconds(amx, { ...rates, amxBf16: 2000e9 })).toBeCloseTo(1, 12);
+    const tiles = sb.emptyWork();
+    tiles.macs.amxInt8 = 3000e9;
+    expect(sb.computeSeconds(tiles, { ...rates, amxInt8: 1500e9 })).toBeCloseTo(2, 12);
+    // a machine that measured no AMX-INT8 rate charges the tiles at the VNNI rate
+    expect(sb.computeSeconds(tiles, { ...rates, amxInt8: null })).toBeCloseTo(3000 / 400, 12);
   });
 
   it('refuses a machine without a measured fp32 FMA rate', () => {
@@ -104,6 +109,28 @@ describe('countCall', () => {
     expect(w.macs.amxSplit).toBe(8 * 16 * 32);
     expect(w.macs.int16).toBe(8 * 32);
     expect(w.bytes).toBe(16 * 32 * 2 + 272);
+  });
+
+  it("quantized GEMMs take AMX-INT8 tiles from the addon's row thresholds, a tile's 16 rows charged whole", () => {
+    expect(sb.amxQuantMinRows({})).toEqual({ int16: 16, int8: 96 });
+    expect(sb.amxQuantMinRows({ SPECD_QUANT_AMX_MIN_ROWS_WIDE: '8', SPECD_QUANT_AMX_MIN_ROWS: 'x' })).toEqual({
+      int16: 8,
+      int8: 96,
+    });
+    const q = (m: number, act: string, amx: boolean) => {
+      const w = sb.emptyWork();
+      const qw = { n: 8, k: 32, data: new Uint8Array(272) };
+      sb.countCall('gemmQuant', [new Float32Array(m * 32), m, qw, undefined, act], w, new Set(), amx);
+      return w.macs;
+    };
+    // int16 from 16 rows: two int8 planes, two tile products; 17 rows fill two tiles
+    expect(q(17, 'int16', true)).toMatchObject({ amxInt8: 2 * 32 * 8 * 32, int16: 0 });
+    expect(q(15, 'int16', true)).toMatchObject({ amxInt8: 0, int16: 15 * 8 * 32 });
+    expect(q(17, 'int16', false)).toMatchObject({ amxInt8: 0, int16: 17 * 8 * 32 });
+    // int8 only from 96 rows
+    expect(q(95, 'int8', true)).toMatchObject({ amxInt8: 0, int8: 95 * 8 * 32 });
+    expect(q(96, 'int8', true)).toMatchObject({ amxInt8: 96 * 8 * 32, int8: 0 });
+    expect(q(96, 'f32', true)).toMatchObject({ amxInt8: 0, fma: 96 * 8 * 32 });
   });
 
   it('MoE: the routed experts and the shared one, each read once', () => {
