@@ -362,8 +362,12 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
   /** Drafts of an exploration step (default 4). */
   readonly exploreDrafts?: number;
   /**
-   * After this many consecutive steps in which every sequence drafted, one step decodes plainly
-   * (k = 0 for all), so the plain-step cost keeps being measured (default 32; 0 = never).
+   * After this many consecutive steps in which some sequence drafted, one step decodes plainly
+   * (k = 0 for all), so the plain-step cost at that batch keeps being measured (default 32; 0 = never).
+   * Counting only steps where every sequence drafted (before 2026-12-06) left a batch that mixed drafting and
+   * plain sequences without a plain measurement for good: bench:load --trace, SmolLM2 + EAGLE-3, 4 sequences, a slow
+   * spell priced the plain step at 12.4 ms, and the policy then drafted for the ~1,000 steps left, its plain steps
+   * costing 7–8 ms before and after.
    */
   readonly explorePlainEvery?: number;
   /**
@@ -691,8 +695,9 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
   /**
    * Per batch size: the learned drafted shapes' times made non-decreasing in r (each the least over r' ≥ r: a
-   * forward of more rows does all the work of one of fewer), NaN where fewer than {@link LEARNED_MIN} samples;
-   * rebuilt when a sample arrives ({@link learnedVerifyMs}).
+   * forward of more rows does all the work of one of fewer), NaN where fewer than {@link LEARNED_MIN} samples; at
+   * index 0 the plain step's anchor (+∞ without a learned drafted shape); rebuilt when a drafted sample arrives
+   * ({@link learnedVerifyMs}).
    */
   private readonly learnedMonotone = new Map<number, Float64Array>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
@@ -704,7 +709,8 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly minGain: number;
   private readonly useLearned: boolean;
   /** Consecutive steps in which every sequence drafted. */
-  private allDraftingRun = 0;
+  /** Consecutive steps in which some sequence drafted (see {@link CostDraftPolicyOptions.explorePlainEvery}). */
+  private draftingStepRun = 0;
   /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
   private catchUpMs = 0;
   private catchUpRows = 0;
@@ -845,13 +851,13 @@ export class CostDraftPolicy implements DraftPolicy {
         }
       });
     }
-    if (this.explorePlainEvery > 0 && ks.every((k, i) => k > 0 || candidates[i]!.maxDrafts === 0)) {
-      if (++this.allDraftingRun > this.explorePlainEvery) {
+    if (this.explorePlainEvery > 0 && ks.some((k) => k > 0)) {
+      if (++this.draftingStepRun > this.explorePlainEvery) {
         ks.fill(0);
-        this.allDraftingRun = 0;
+        this.draftingStepRun = 0;
       }
     } else {
-      this.allDraftingRun = 0;
+      this.draftingStepRun = 0;
     }
     candidates.forEach((c, s) => {
       const run = this.draftingRun.get(c.id) ?? 0;
@@ -991,38 +997,60 @@ export class CostDraftPolicy implements DraftPolicy {
       windows[r] = w;
     }
     w.add(ms);
-    if (r > 0) this.learnedMonotone.delete(B);
+    if (r > 0) this.learnedMonotone.delete(B); // the suffix minima and the plain step's anchor
   }
 
   /**
-   * The learned t_verify(B, B + r), ms, once measured {@link LEARNED_MIN} times (undefined before: the calibrated curve
-   * × its factor stands in): at r = 0 the plain window's lower median; at r ≥ 1 the least lower median over the
-   * learned shapes of r' ≥ r rows (non-decreasing in r; the plain step is left out of it: a plain step between
-   * drafting steps runs slower than one of a plain run, see {@link learned}).
+   * The learned t_verify(B, B + r), ms (undefined: the calibrated curve × its factor stands in).
+   * - r = 0, once measured {@link LEARNED_MIN} times: the plain window's lower median, but no dearer than any learned
+   *   drafted shape scaled by the calibrated curve's ratio, t(B, B + r') · t_cal(B, B) / t_cal(B, B + r'). While the
+   *   batch drafts its plain samples are few and can be stale: a slow spell left a plain price that the drafted
+   *   shapes, measured at every step, had long left behind (see {@link CostDraftPolicyOptions.explorePlainEvery}).
+   * - r ≥ 1 measured {@link LEARNED_MIN} times: the least lower median over the learned shapes of r' ≥ r rows
+   *   (non-decreasing in r; the plain step is left out of it: a plain step between drafting steps runs slower than one
+   *   of a plain run, see {@link learned}).
+   * - r ≥ 1 not measured, once the plain step is: that price × t_cal(B, B + r) / t_cal(B, B), capped by the learned
+   *   shapes of more rows. The calibrated time × the drafting steps' factor (their mean log ratio) read a 16-row
+   *   verify of 8 sequences at 1.97 × its calibration where the plain step's lower median read 1.63 × (SmolLM2 +
+   *   EAGLE-3 on the AMX host, bench:load --trace; the shapes all ran at 1.8–1.9 ×), and no draft was made where
+   *   every sequence drafting one ran ×1.02 of plain decoding. The same statistic on both sides of the comparison.
+   * The drafted shapes carry the machine's present speed, the calibrated curve the ratio between the shapes.
    */
   private learnedVerifyMs(B: number, r: number): number | undefined {
     if (!this.useLearned) return undefined;
     const windows = this.learned.get(B);
     if (windows === undefined) return undefined;
-    if (r === 0) {
-      const w = windows[0];
-      return w !== undefined && w.n >= LEARNED_MIN ? w.median : undefined;
-    }
     let mono = this.learnedMonotone.get(B);
     if (mono === undefined) {
-      mono = new Float64Array(windows.length);
+      mono = new Float64Array(Math.max(1, windows.length));
       let least = Number.NaN;
+      let anchor = Number.POSITIVE_INFINITY;
+      const plainCal = this.costs.verifyMs(B, B);
       for (let i = windows.length - 1; i >= 1; i--) {
         const w = windows[i];
         if (w !== undefined && w.n >= LEARNED_MIN) {
           least = Number.isNaN(least) ? w.median : Math.min(least, w.median);
-          mono[i] = least;
-        } else mono[i] = Number.NaN;
+          const cal = this.costs.verifyMs(B, B + i);
+          if (cal > 0 && plainCal > 0) anchor = Math.min(anchor, (w.median * plainCal) / cal);
+        }
+        mono[i] = least; // NaN until a learned shape of i rows or more
       }
+      mono[0] = anchor;
       this.learnedMonotone.set(B, mono);
     }
-    const v = r < mono.length ? mono[r]! : Number.NaN;
-    return Number.isNaN(v) ? undefined : v;
+    const w0 = windows[0];
+    const plain = w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, mono[0]!) : undefined;
+    if (r === 0) return plain;
+    const wr = r < windows.length ? windows[r] : undefined;
+    if (wr !== undefined && wr.n >= LEARNED_MIN) return mono[r]!;
+    // not measured (enough): the learned plain step × the calibrated ratio, under any learned shape of more rows
+    if (plain === undefined) return undefined;
+    const plainCal = this.costs.verifyMs(B, B);
+    const cal = this.costs.verifyMs(B, B + r);
+    if (!(plainCal > 0 && cal > 0)) return undefined;
+    const above = r < mono.length ? mono[r]! : Number.NaN;
+    const est = (plain * cal) / plainCal;
+    return Number.isNaN(above) ? est : Math.min(est, above);
   }
 
   /** The cost factors [plain verify, verify with drafts, propose] at batch size B ({@link costScale}'s model). */

@@ -376,6 +376,66 @@ describe('CostDraftPolicy', () => {
     expect(verifyRead(4)).toBeCloseTo(c.verifyMs(1, 5) * ch.costScale[1]!, 6);
   });
 
+  it('prices a plain step no dearer than a learned drafted shape × the calibrated ratio (a stale slow spell)', () => {
+    const c = costs(2, 1.5, 0.3, [4]); // calibrated at 4 sequences: plain 8 ms, 9 rows (5 drafts) 15.5 ms
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
+    let call = 0;
+    const plainMs = (): number => {
+      call++;
+      p.choose(Array.from({ length: 4 }, (_, i) => cand(`c${call}s${i}`, 4)));
+      const ch = events.filter((e) => e.kind === 'choose').at(-1);
+      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+      return ch.curve[0]?.costMs ?? Number.NaN;
+    };
+    const over = p.overhead.predict(4, 0, 0);
+    // a slow spell: the plain window holds 12 ms steps, and no drafted shape is learned yet: 12 ms it is
+    for (let i = 0; i < 40; i++) p.observeStep(4, 4, 0, 0, 12, 0);
+    expect(plainMs() - over).toBeCloseTo(12, 9);
+    // the batch drafts; its 9-row forwards run at their calibrated 15.5 ms (the spell is over), no plain step comes:
+    // the plain step is read at 15.5 × 8 / 15.5 = 8 ms, not at the stale 12
+    for (let i = 0; i < 10; i++) p.observeStep(4, 9, 3, 5, 15.5, c.draftMs(3, 5), 5);
+    expect(c.verifyMs(4, 9)).toBeCloseTo(15.5, 9);
+    expect(plainMs() - p.overhead.predict(4, 0, 0)).toBeCloseTo(8, 9);
+    // the anchor only caps: plain steps measured cheaper than it are read as measured
+    for (let i = 0; i < 40; i++) p.observeStep(4, 4, 0, 0, 6, 0);
+    expect(plainMs() - p.overhead.predict(4, 0, 0)).toBeCloseTo(6, 9);
+    // a drafted shape never measured: the plain step's 6 ms × the calibrated ratio (not the drafting steps' factor),
+    // under the learned shapes of more rows: 1 draft 6 × 9.5 / 8; 8 drafts (12 rows) 6 × 20 / 8
+    const ch = events.filter((e) => e.kind === 'choose').at(-1);
+    if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+    const verifyRead = (d: number, drafting: number) =>
+      ch.curve[d]!.costMs - c.draftMs(drafting, d) * ch.costScale[2]! - p.overhead.predict(4, drafting, d);
+    expect(c.verifyMs(4, 5)).toBeCloseTo(9.5, 9);
+    expect(verifyRead(1, 1)).toBeCloseTo((6 * 9.5) / 8, 9);
+    expect(verifyRead(8, 4)).toBeCloseTo((6 * 20) / 8, 9);
+    expect(ch.costScale[1]! * c.verifyMs(4, 12)).not.toBeCloseTo((6 * 20) / 8, 1);
+  });
+
+  it('decodes one step plainly after explorePlainEvery steps in which some sequence drafted', () => {
+    const c = costs(2, 0.1, 0.3, [2]);
+    const p = new CostDraftPolicy(c, { ...noExplore, explorePlainEvery: 4, prior: 0.8 });
+    const chosen: number[][] = [];
+    for (let step = 0; step < 80; step++) {
+      const ks = p.choose([cand('a', 4), cand('b', 4)]);
+      chosen.push(ks);
+      // a's drafts are all accepted, b's never: the rule soon drafts for a alone
+      p.observe('a', ks[0]!, ks[0]!);
+      p.observe('b', ks[1]!, 0);
+      const drafts = ks[0]! + ks[1]!;
+      p.observeStep(2, 2 + drafts, ks.filter((k) => k > 0).length, drafts, c.verifyMs(2, 2 + drafts), 0.3);
+    }
+    const late = chosen.slice(-40);
+    expect(late.some(([a, b]) => a! > 0 && b === 0)).toBe(true); // mixed steps: a drafts, b does not
+    let run = 0;
+    let longest = 0;
+    for (const ks of late) {
+      run = ks.some((k) => k > 0) ? run + 1 : 0;
+      longest = Math.max(longest, run);
+    }
+    expect(longest).toBe(4); // never more than 4 in a row: then one plain step, whose cost is measured
+  });
+
   it('traces what each choice read and what the step measured (off by default)', () => {
     const events: CostPolicyTraceEvent[] = [];
     const c = costs(1, 0.2, 0.5);
