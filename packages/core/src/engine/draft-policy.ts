@@ -695,9 +695,9 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
   /**
    * Per batch size: the learned drafted shapes' times made non-decreasing in r (each the least over r' ≥ r: a
-   * forward of more rows does all the work of one of fewer), NaN where fewer than {@link LEARNED_MIN} samples; at
-   * index 0 the plain step's anchor (+∞ without a learned drafted shape); rebuilt when a drafted sample arrives
-   * ({@link learnedVerifyMs}).
+   * forward of more rows does all the work of one of fewer; NaN where no shape of r or more rows has
+   * {@link LEARNED_MIN} samples); at index 0 the plain step's anchor (+∞ without a learned drafted shape); rebuilt
+   * when a drafted sample arrives ({@link learnedVerifyMs}).
    */
   private readonly learnedMonotone = new Map<number, Float64Array>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
@@ -708,7 +708,6 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly recalibrate: boolean;
   private readonly minGain: number;
   private readonly useLearned: boolean;
-  /** Consecutive steps in which every sequence drafted. */
   /** Consecutive steps in which some sequence drafted (see {@link CostDraftPolicyOptions.explorePlainEvery}). */
   private draftingStepRun = 0;
   /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
