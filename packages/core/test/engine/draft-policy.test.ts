@@ -30,6 +30,20 @@ function costs(base: number, perRow: number, draft: number, buckets = [1]): Step
 }
 const cand = (id: string, maxDrafts = 15) => ({ id, maxDrafts, metrics: new RequestMetrics() });
 const noExplore = { exploreEvery: 0 } as const;
+/**
+ * The plain step's cost the rule of `p` reads for a batch of B sequences (each call a batch of fresh ids: a kept
+ * plain choice would not be re-priced), from the trace events `p` pushes into `events`.
+ */
+function plainPriceReader(p: CostDraftPolicy, events: readonly CostPolicyTraceEvent[], B: number): () => number {
+  let call = 0;
+  return () => {
+    call++;
+    p.choose(Array.from({ length: B }, (_, i) => cand(`c${call}s${i}`, 4)));
+    const ch = events.filter((e) => e.kind === 'choose').at(-1);
+    if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+    return ch.curve[0]?.costMs ?? Number.NaN;
+  };
+}
 
 describe('AcceptanceEstimator', () => {
   const plain = { optimism: 0, forget: 1 } as const;
@@ -283,15 +297,7 @@ describe('CostDraftPolicy', () => {
     const c = costs(2, 0.1, 0.3, [8]); // calibrated: a plain step of 8 sequences 2.8 ms
     const events: CostPolicyTraceEvent[] = [];
     const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
-    let call = 0;
-    /** The plain step's cost the rule read (a batch of fresh ids: a kept plain choice would not be re-priced). */
-    const plainMs = (): number => {
-      call++;
-      p.choose(Array.from({ length: 8 }, (_, i) => cand(`c${call}s${i}`, 4)));
-      const ch = events.filter((e) => e.kind === 'choose').at(-1);
-      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
-      return ch.curve[0]?.costMs ?? Number.NaN;
-    };
+    const plainMs = plainPriceReader(p, events, 8);
     for (let i = 0; i < 20; i++) p.observeStep(8, 8, 0, 0, 2, 0);
     expect(plainMs()).toBeCloseTo(2, 9);
     // four slow steps in a row (the machine): the EMA this replaced read 4.15 ms after them
@@ -380,14 +386,7 @@ describe('CostDraftPolicy', () => {
     const c = costs(2, 1.5, 0.3, [4]); // calibrated at 4 sequences: plain 8 ms, 9 rows (5 drafts) 15.5 ms
     const events: CostPolicyTraceEvent[] = [];
     const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
-    let call = 0;
-    const plainMs = (): number => {
-      call++;
-      p.choose(Array.from({ length: 4 }, (_, i) => cand(`c${call}s${i}`, 4)));
-      const ch = events.filter((e) => e.kind === 'choose').at(-1);
-      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
-      return ch.curve[0]?.costMs ?? Number.NaN;
-    };
+    const plainMs = plainPriceReader(p, events, 4);
     const over = p.overhead.predict(4, 0, 0);
     // a slow spell: the plain window holds 12 ms steps, and no drafted shape is learned yet: 12 ms it is
     for (let i = 0; i < 40; i++) p.observeStep(4, 4, 0, 0, 12, 0);
