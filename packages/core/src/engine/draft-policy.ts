@@ -694,12 +694,12 @@ export class CostDraftPolicy implements DraftPolicy {
    */
   private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
   /**
-   * Per batch size: the learned drafted shapes' times made non-decreasing in r (each the least over r' ≥ r: a
-   * forward of more rows does all the work of one of fewer; NaN where no shape of r or more rows has
-   * {@link LEARNED_MIN} samples); at index 0 the plain step's anchor (+∞ without a learned drafted shape); rebuilt
-   * when a drafted sample arrives ({@link learnedVerifyMs}).
+   * Per batch size, rebuilt when a drafted sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
+   * shapes' times made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
+   * one of fewer; NaN where no shape of r or more rows has {@link LEARNED_MIN} samples); `anchor`, the plain step's
+   * cap (+∞ without a learned drafted shape); `plainCal`, the calibrated t(B, B).
    */
-  private readonly learnedMonotone = new Map<number, Float64Array>();
+  private readonly learnedMonotone = new Map<number, { mono: Float64Array; anchor: number; plainCal: number }>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
   readonly calibration = new ConfidenceCalibration();
   /** Per sequence: the raw confidences of the drafts it verifies this step (budgets → observe). */
@@ -755,7 +755,7 @@ export class CostDraftPolicy implements DraftPolicy {
       return Math.max(
         1e-6,
         c[0]! * draftScale +
-          (this.learnedVerifyMs(B, d) ?? c[1]! * (dr > 0 ? verifyScale : plainScale)) +
+          (this.learnedVerifyMs(B, d, c[1]!) ?? c[1]! * (dr > 0 ? verifyScale : plainScale)) +
           this.overhead.predict(B, dr, d) +
           catchUpMsPerRow * shape.catchUpRows,
       );
@@ -1000,7 +1000,8 @@ export class CostDraftPolicy implements DraftPolicy {
   }
 
   /**
-   * The learned t_verify(B, B + r), ms (undefined: the calibrated curve × its factor stands in).
+   * The learned t_verify(B, B + r), ms (undefined: the calibrated curve × its factor stands in); `calibrated` is
+   * t_cal(B, B + r), which the caller has memoised.
    * - r = 0, once measured {@link LEARNED_MIN} times: the plain window's lower median, but no dearer than any learned
    *   drafted shape scaled by the calibrated curve's ratio, t(B, B + r') · t_cal(B, B) / t_cal(B, B + r'). While the
    *   batch drafts its plain samples are few and can be stale: a slow spell left a plain price that the drafted
@@ -1015,13 +1016,13 @@ export class CostDraftPolicy implements DraftPolicy {
    *   every sequence drafting one ran ×1.02 of plain decoding. The same statistic on both sides of the comparison.
    * The drafted shapes carry the machine's present speed, the calibrated curve the ratio between the shapes.
    */
-  private learnedVerifyMs(B: number, r: number): number | undefined {
+  private learnedVerifyMs(B: number, r: number, calibrated: number): number | undefined {
     if (!this.useLearned) return undefined;
     const windows = this.learned.get(B);
     if (windows === undefined) return undefined;
-    let mono = this.learnedMonotone.get(B);
-    if (mono === undefined) {
-      mono = new Float64Array(Math.max(1, windows.length));
+    let cached = this.learnedMonotone.get(B);
+    if (cached === undefined) {
+      const mono = new Float64Array(Math.max(1, windows.length));
       let least = Number.NaN;
       let anchor = Number.POSITIVE_INFINITY;
       const plainCal = this.costs.verifyMs(B, B);
@@ -1034,21 +1035,19 @@ export class CostDraftPolicy implements DraftPolicy {
         }
         mono[i] = least; // NaN until a learned shape of i rows or more
       }
-      mono[0] = anchor;
-      this.learnedMonotone.set(B, mono);
+      cached = { mono, anchor, plainCal };
+      this.learnedMonotone.set(B, cached);
     }
+    const { mono, anchor, plainCal } = cached;
     const w0 = windows[0];
-    const plain = w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, mono[0]!) : undefined;
+    const plain = w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, anchor) : undefined;
     if (r === 0) return plain;
     const wr = r < windows.length ? windows[r] : undefined;
     if (wr !== undefined && wr.n >= LEARNED_MIN) return mono[r]!;
     // not measured (enough): the learned plain step × the calibrated ratio, under any learned shape of more rows
-    if (plain === undefined) return undefined;
-    const plainCal = this.costs.verifyMs(B, B);
-    const cal = this.costs.verifyMs(B, B + r);
-    if (!(plainCal > 0 && cal > 0)) return undefined;
+    if (plain === undefined || !(plainCal > 0 && calibrated > 0)) return undefined;
     const above = r < mono.length ? mono[r]! : Number.NaN;
-    const est = (plain * cal) / plainCal;
+    const est = (plain * calibrated) / plainCal;
     return Number.isNaN(above) ? est : Math.min(est, above);
   }
 
