@@ -18,7 +18,9 @@
 #   moe     (after spec: it unpacks the staged models) writes $OUT/decode.txt: bench/decode.mjs --quick on kimi-k3-tiny
 #           and the 3.5 GB MoE synthetic (written there), whose goal line is the MoE verify against its expert-union
 #           floor (~5 min)
-# Each of verify, spec, bound and moe is one call (the device runs 10 minutes at most per call).
+#   phases  (with the models staged) writes $OUT/batch-phases-kimi.txt: bench/batch-phases.mjs on kimi-k3-tiny + EAGLE-3
+#           at 8 sequences, plain vs one draft a sequence, every native call timed by phase (~1 min)
+# Each of verify, spec, bound, moe and phases is one call (the device runs 10 minutes at most per call).
 #
 # Here, before the calls (the models are tracked, so take them out of the carried tree; put them back afterwards):
 #   bash tools/gpu/llama-gpu.sh pack-runtime
@@ -97,8 +99,16 @@ moe)
     > "$OUT/decode.txt" 2>&1
   grep -E "goal|^\| (t_step|t_verify)" "$OUT/decode.txt"; tail -n 5 "$OUT/decode.txt"
   ;;
+phases)
+  export PATH=/root/nbin:$PATH
+  if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
+  { header "node bench/batch-phases.mjs --target kimi --conc 8 --ks plain,1"
+    timeout "${PHASES_TIMEOUT:-300}" taskset -c "$CPUS" node bench/batch-phases.mjs --target kimi --conc 8 \
+      --ks plain,1 --json "$OUT/batch-phases-kimi.json"; } > "$OUT/batch-phases-kimi.txt" 2>&1
+  head -n 16 "$OUT/batch-phases-kimi.txt"
+  ;;
 *)
-  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe" >&2
+  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe | phases" >&2
   exit 1
   ;;
 esac
