@@ -99,7 +99,8 @@ export function formatPhaseTable(table, top = 12) {
     lines.push('', `${e.name}: the ${top} kernels that took the most time (µs a batch step, calls a step, µs a call):`);
     for (const k of e.kernels.slice(0, top))
       lines.push(
-        `  ${k.phase}:${k.kernel} ${k.us.toFixed(1)} µs, ${k.calls.toFixed(1)} calls, ${k.usPerCall.toFixed(1)} µs/call`,
+        `  ${k.phase}:${k.kernel} ${k.us.toFixed(1)} µs, ${k.calls.toFixed(1)} calls, ` +
+          `${k.usPerCall.toFixed(1)} µs/call`,
       );
   }
   return lines;
