@@ -11,6 +11,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { median as med } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -79,7 +80,6 @@ for (let r = 0; r < REPS; r++) {
     for (const s of order) res[c][s].push(cases[c](sides[s]));
   }
 }
-const med = (a) => [...a].sort((x, y) => x - y)[a.length >> 1];
 for (const [c, v] of Object.entries(res)) {
   const ratios = v.new.map((x, i) => x / v.old[i]);
   const perRep = ratios.map((x) => x.toFixed(2)).join(' ');

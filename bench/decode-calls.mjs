@@ -25,6 +25,7 @@ import { register } from 'node:module';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { median } from './stats.mjs';
 
 register('./native-timing-hooks.mjs', import.meta.url);
 const { nativeTiming: nativeCalls, parallelCopy, setNumThreads, isa } = await import('./native-timing.mjs');
@@ -44,7 +45,6 @@ const jsonOut = arg('json', undefined);
 const MODEL_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
 const GGUF = path.join(MODEL_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf');
 if (!fs.existsSync(GGUF)) throw new Error(`decode-calls: ${GGUF} is missing: run \`npm run models:fetch\``);
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 const layers = GgufFile.open(GGUF).metadata.get('llama.block_count')?.value;
 if (typeof layers !== 'number') throw new Error(`decode-calls: ${GGUF}: no llama.block_count`);

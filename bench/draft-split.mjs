@@ -11,8 +11,7 @@
 // every figure is also a ratio to it. Each round visits the step and every k; reported: the fastest round of each k
 // (its parts add up) and the fastest step, with the medians beside them (a shared VM preempts at random).
 import { nativeTiming } from './native-timing.mjs';
-
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+import { median } from './stats.mjs';
 
 /** The part of a propose running now: the native timer files each call under it (`${phase}:${family}`). */
 let phase = 'rest';

@@ -32,6 +32,7 @@ import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loa
 
 import { drafterDir, drafterSource } from './drafter-variants.mjs';
 import { isa } from '@specd/native';
+import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -180,7 +181,6 @@ function run(name, C) {
     outputs,
   };
 }
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 const info = isa();
 const [l1, l5] = loadavg();

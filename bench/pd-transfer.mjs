@@ -19,6 +19,7 @@ import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 
 import { createNixlTransferEngine, createZmqTransferEngine, nixlAvailable, nixlDir } from '@specd/core';
+import { median } from './stats.mjs';
 
 const argv = process.argv.slice(2);
 const arg = (name, dflt) => {
@@ -160,7 +161,6 @@ if (argv[0] === '--peer') {
     return { gbs: bytes / s / 1e9, descriptors: stats.descriptors };
   }
 
-  const median = (xs) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
   console.log(`CPU: ${cpus()[0]?.model} (${cpus().length} vCPUs); load average before: ${loadavg()[0].toFixed(2)}`);
   const where =
     NETNS === undefined ? '' : ` on another host (network namespaces ${NETNS.a.address} → ${NETNS.b.address}, veth)`;

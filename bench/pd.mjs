@@ -23,6 +23,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { checksumRanges, createZmqTransferEngine } from '@specd/core';
+import { median } from './stats.mjs';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -39,7 +40,6 @@ const SECTIONS = new Set(
     .map(Number),
 );
 const PROMPT_WORDS = Number(arg('prompt', '400'));
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 /** The value of the Prometheus sample `name` (labels included, as written) in `text`; NaN when absent. */
 const val = (text, name) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1] ?? Number.NaN);
 const gbps = (bytes, ms) => (bytes / (ms / 1000) / 1e9).toFixed(2);

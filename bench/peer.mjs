@@ -73,6 +73,7 @@ import {
 
 import { ensureLlamaCppPython } from '../scripts/install-llama-cpp-python.mjs';
 import { cpuHasAmx, dotRates } from './probes.mjs';
+import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -94,7 +95,6 @@ const NLC_VERSION = '3.21.1';
 const MODEL_DIR = path.join(ROOT, 'models/smollm2-135m-instruct');
 const GGUF = path.join(MODEL_DIR, 'SmolLM2-135M-Instruct.Q4_1.gguf');
 const load = () => loadavg().slice(0, 2);
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 if (!fs.existsSync(GGUF)) throw new Error(`bench:peer: ${GGUF} is missing: run \`npm run models:fetch\``);
 
@@ -737,7 +737,7 @@ for (const p of prefillRows)
 
 // --- bounds, native calls, goals ----------------------------------------------------------------------
 const raceGemv = [...raceGemvGBs].sort((a, b) => a - b);
-const raceMedianGBs = raceGemv[raceGemv.length >> 1];
+const raceMedianGBs = median(raceGemv);
 /** The decode bound's bandwidth: the race's median weight-read rate (the start's burst figure is printed beside). */
 const readGBs = raceMedianGBs;
 const decodeBound = (readGBs * 1e9) / costs.bytes;

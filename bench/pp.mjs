@@ -36,6 +36,7 @@ import { f32ToBf16, isa, setNumThreads } from '@specd/native';
 import { dflashPlugin } from '@specd/plugin-dflash';
 
 import { largeSyntheticConfig, writeSyntheticKimi } from './synthetic-kimi.mjs';
+import { median } from './stats.mjs';
 
 const argv = process.argv.slice(2);
 const arg = (name, dflt) => {
@@ -48,7 +49,6 @@ const NEW = quick ? 16 : 32;
 const REPS = Number(arg('reps', quick ? '1' : '3'));
 const keep = arg('keep-synthetic', undefined);
 const dir = keep ?? mkdtempSync(join(tmpdir(), 'specd-bench-pp-'));
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 const config = largeSyntheticConfig();
 if (!existsSync(join(dir, 'config.json'))) {

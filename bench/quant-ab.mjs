@@ -24,6 +24,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { addonPath, argmax, isa, quantizedWeights, quantRawBytes, setNumThreads } from '@specd/native';
+import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -183,7 +184,6 @@ for (let s = 0; s < STEPS + 2; s++) {
   }
 }
 raw.gemmQuant = newGemm;
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 console.log(
   `quant-ab — SmolLM2-135M-Instruct Q4_1 plain decode, context ${CONTEXT}, ${STEPS} steps per variant ` +
     `(alternated); ${header()}`,

@@ -38,6 +38,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { dotRates, readBandwidthGBs } from './probes.mjs';
+import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const CACHE = path.join(ROOT, '.cache', 'spec-bound');
@@ -252,13 +253,12 @@ export function measureStepWork(core, nativeTiming, target, drafter, prompts, C,
     total.macs[p] /= counted;
     commit.macs[p] /= counted;
   }
-  walls.sort((x, y) => x - y);
   return {
     macs: total.macs,
     bytes: total.bytes / counted,
     commit: { macs: commit.macs, bytes: commit.bytes / counted },
     steps: counted,
-    wallS: walls[walls.length >> 1],
+    wallS: median(walls),
   };
 }
 

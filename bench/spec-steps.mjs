@@ -21,6 +21,7 @@ import { fileURLToPath } from 'node:url';
 
 import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } from '@specd/core';
 import { isa } from '@specd/native';
+import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
@@ -162,7 +163,6 @@ for (const [name, a] of acc) {
 if (COST) {
   const ks = [...chosen].sort((x, y) => x[0] - y[0]);
   console.log(`\ncost policy: k chosen ${ks.map(([k, n]) => `${k}: ${n}`).join(', ')}`);
-  const median = (xs) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
   for (const [rows, s] of [...shapes].sort((x, y) => x[0] - y[0]))
     console.log(
       `  verify of ${rows} rows: ${s.measured.length} steps, measured ${median(s.measured).toFixed(2)} ms ` +

@@ -31,6 +31,7 @@ import {
   SpecEngine,
   ZmqChannel,
 } from '@specd/core';
+import { median } from './stats.mjs';
 
 const argv = process.argv.slice(2);
 const arg = (name, dflt) => {
@@ -71,7 +72,6 @@ const N = Number(arg('n', '2000'));
 const NBIG = Number(arg('big', '30'));
 const self = fileURLToPath(import.meta.url);
 const tmp = fs.mkdtempSync(path.join(tmpdir(), 'specd-bench-transport-'));
-const median = (xs) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
 const cell = new Int32Array(new SharedArrayBuffer(4));
 
 function open(mode, name = 'peer') {

@@ -9,6 +9,7 @@ import { register } from 'node:module';
 import { loadavg } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { median } from './stats.mjs';
 
 register('./native-timing-hooks.mjs', import.meta.url);
 const { nativeTiming, setNumThreads, isa } = await import('./native-timing.mjs');
@@ -40,7 +41,6 @@ const cache = new SequenceCache(model.cacheGeometry, {
 cache.add('s');
 const prompt = Int32Array.from({ length: CONTEXT }, (_, i) => 1 + ((i * 7919) % (V - 1)));
 model.forward({ sequences: [{ id: 's', position: 0, tokens: prompt, logits: 'last' }] }, cache);
-const median = (a) => [...a].sort((x, y) => x - y)[a.length >> 1];
 /** m → { wall: number[], fam: Map<name, number[]> } */
 const res = new Map(ROWS.map((m) => [m, { wall: [], fam: new Map() }]));
 for (let r = 0; r < REPS + 2; r++) {

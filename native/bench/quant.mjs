@@ -32,6 +32,7 @@ import {
   quantizedWeights,
   quantRawBytes,
 } from '@specd/native';
+import { median } from '../../bench/stats.mjs';
 
 const quick = process.argv.includes('--quick');
 const actOnly = process.argv.includes('--act'); // only the int8-vs-f32 activation table (and the model)
@@ -239,7 +240,6 @@ if (!noModel && fs.existsSync(GGUF)) {
       }
       cache.finish('s');
     }
-  const median = (a) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
   console.log(
     '\n| SmolLM2-135M Q4_1 | prefill 512 (ms) | prefill tok/s | decode step (ms) | decode tok/s | ' +
       't_verify(16)/t_step |\n|---|---:|---:|---:|---:|---:|',

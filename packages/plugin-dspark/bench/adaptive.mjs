@@ -146,6 +146,7 @@ for (const C of CONCS) {
     const order = modes.map((_, i) => modes[(i + r * 3) % modes.length]);
     for (const mo of order) res.get(mo).push(run(C, mo));
   }
+  // the median run by tok/s; of an even count the faster of the two middle runs (every policy's alike)
   const med = (xs) => [...xs].sort((a, b) => a.tokPerS - b.tokPerS)[xs.length >> 1];
   const cell = new Map([...res].map(([mo, xs]) => [mo, med(xs)]));
   const plain = cell.get('plain');
