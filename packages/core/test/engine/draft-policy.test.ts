@@ -491,6 +491,50 @@ describe('CostDraftPolicy', () => {
     expect(explorations(8)).toBe(0);
   });
 
+  it('charges a catch-up over the mean drafting run that explorations do not shorten', () => {
+    // drafting at the prior does not pay, so every drafting step is an exploration of one step; catch-ups cost
+    // 0.02 ms a row, to be shared by the steps of a drafting run (the prior run: 8 steps)
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(costs(20, 1, 1, [1, 8]), {
+      prior: 0.3,
+      exploreEvery: 4,
+      exploreDrafts: 2,
+      trace: (e) => events.push(e),
+    });
+    p.observeContext(100, 2);
+    const batch = Array.from({ length: 8 }, (_, i) => cand(`s${i}`));
+    const explored = Array.from({ length: 41 }, () => p.choose(batch).filter((k) => k > 0).length);
+    expect(explored.reduce((a, n) => a + n)).toBe(10);
+    const last = events.filter((e) => e.kind === 'choose').at(-1);
+    if (last?.kind !== 'choose') throw new Error('expected a choose event');
+    // the nine one-step explorations that ended, folded in, would have read 0.02 / (8·0.8⁹ + 1 − 0.8⁹) = 0.0103
+    expect(last.catchUpMsPerRow).toBeCloseTo(0.02 / 8, 12);
+  });
+
+  it('lets drafting runs go on through the forced plain steps', () => {
+    // drafting pays from the start; every fifth step is a forced plain step (explorePlainEvery 4)
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(costs(1, 1, 0.1), {
+      ...noExplore,
+      prior: 0.9,
+      explorePlainEvery: 4,
+      trace: (e) => events.push(e),
+    });
+    p.observeContext(100, 2);
+    const ks = Array.from({ length: 25 }, () => p.choose([cand('a')])[0]!);
+    expect(ks.map((k, i) => (k === 0 ? i : -1)).filter((i) => i >= 0)).toEqual([4, 9, 14, 19, 24]);
+    const perRow = () => {
+      p.choose([cand('b')]);
+      const e = events.filter((x) => x.kind === 'choose').at(-1);
+      if (e?.kind !== 'choose') throw new Error('expected a choose event');
+      return e.catchUpMsPerRow;
+    };
+    // the run of 'a' has not ended: still the prior 8 (runs ended at each forced step would read 0.02 / 4.8)
+    expect(perRow()).toBeCloseTo(0.02 / 8, 12);
+    p.release('a'); // 20 drafting steps: 0.8·8 + 0.2·20 = 10.4
+    expect(perRow()).toBeCloseTo(0.02 / 10.4, 12);
+  });
+
   it('explores after a run of plain steps, with a growing interval', () => {
     const p = new CostDraftPolicy(costs(1, 1, 5), { prior: 0.9, exploreEvery: 4, exploreDrafts: 2 });
     const ks = Array.from({ length: 20 }, () => p.choose([cand('a')])[0]);
