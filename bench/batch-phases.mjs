@@ -150,15 +150,8 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     maxTokensPerSequence,
     C,
   );
-  const [PROMPT_DIR, FIRST, SECOND] =
-    TARGET === 'kimi' ? ['test/prompts', 'prose', 'code'] : ['tools/reference/smollm2/prompts', 'chat', 'plain'];
-  const read = (name) =>
-    fs
-      .readFileSync(path.join(ROOT, PROMPT_DIR, `${name}.jsonl`), 'utf8')
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l));
-  const sets = [read(FIRST), read(SECOND)];
+  const { promptSets } = await import('./prompts.mjs');
+  const sets = promptSets(TARGET);
   const prompts = Array.from({ length: N }, (_, i) => sets[i % 2][(i >> 1) % sets[i % 2].length]);
 
   // phase attribution: the phase a call runs in, and the engine whose run is being timed. A phase entered inside

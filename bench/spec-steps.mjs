@@ -15,12 +15,12 @@
 //     call, its target forward inside it), accept + commit, the rest of the loop; the step in plain steps;
 //   - for the cost policy: how often it chose each k, and per verify shape the measured verify time (median) beside
 //     the calibrated one the policy read (its trace).
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } from '@specd/core';
 import { isa } from '@specd/native';
+import { promptSets } from './prompts.mjs';
 import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -61,15 +61,8 @@ target.model.forward = (...args) => {
   }
 };
 
-const [PROMPT_DIR, FIRST, SECOND] =
-  TARGET === 'kimi' ? ['test/prompts', 'prose', 'code'] : ['tools/reference/smollm2/prompts', 'chat', 'plain'];
-const read = (name) =>
-  fs
-    .readFileSync(path.join(ROOT, PROMPT_DIR, `${name}.jsonl`), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => JSON.parse(l));
-const prompts = [...read(FIRST).slice(0, Math.ceil(N / 2)), ...read(SECOND).slice(0, Math.floor(N / 2))];
+const [FIRST, SECOND] = promptSets(TARGET);
+const prompts = [...FIRST.slice(0, Math.ceil(N / 2)), ...SECOND.slice(0, Math.floor(N / 2))];
 
 const opts = { maxSequences: 1, maxTokensPerSequence: 4096 };
 const engines = new Map([['plain', new SpecEngine(target.model, undefined, opts)]]);

@@ -929,9 +929,8 @@ export class CostDraftPolicy implements DraftPolicy {
   /**
    * A sequence's drafting run of `steps` ended (it decodes plainly, or finished): folded into the mean run, unless it
    * was one exploration step the rule did not follow. Explorations are forced single steps; folding them in pulled
-   * the mean run towards 1 step, so every catch-up was charged whole to one step and a batch whose sequences had
-   * deferred their context never drafted again (bench:load, SmolLM2 at 8 sequences on the AMD VM: 8 drafts priced at
-   * ×2.97 of a plain step, of which ~20 ms catch-up, where one draft a sequence ran ×1.14 of plain).
+   * the mean run towards 1 step, so every catch-up was charged whole to one step (bench:load, SmolLM2 at 8 sequences
+   * on the AMD VM: ~20 ms of the 56 ms at which one draft for every sequence was priced, ×2.97 a plain step).
    */
   private endDraftingRun(id: SequenceId, steps: number): void {
     this.draftingRun.delete(id);
