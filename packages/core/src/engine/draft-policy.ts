@@ -827,7 +827,6 @@ export class CostDraftPolicy implements DraftPolicy {
     // R* for the survival threshold: the choice's rate at the means (the estimate, not the exploration bonus)
     const best = choice.ks.reduce((a, k, s) => a + gainsOf(means[s]!.slice(0, k))[k]!, 0) / choice.costMs;
     const ks = [...choice.ks];
-    const explored: boolean[] = [];
     this.sinceExplore++;
     if (this.exploreEvery > 0) {
       candidates.forEach((c, s) => {
@@ -849,7 +848,6 @@ export class CostDraftPolicy implements DraftPolicy {
           // what it would learn is worth nothing when drafting could not pay even if every draft were accepted
           if (!this.couldPay(candidates, ks, s, choice, cost)) return;
           ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
-          explored[s] = true;
           this.sinceExplore = 0;
         }
       });
@@ -869,7 +867,8 @@ export class CostDraftPolicy implements DraftPolicy {
       candidates.forEach((c, s) => {
         const run = this.draftingRun.get(c.id) ?? 0;
         if (ks[s]! > 0) {
-          if (run === 0 && explored[s] === true) this.exploredRun.add(c.id);
+          // drafting where the rule chose k = 0: an exploration
+          if (run === 0 && choice.ks[s] === 0) this.exploredRun.add(c.id);
           this.draftingRun.set(c.id, run + 1);
         } else if (run > 0) this.endDraftingRun(c.id, run);
       });
