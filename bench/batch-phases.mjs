@@ -28,6 +28,8 @@ import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { promptSets } from './prompts.mjs';
+
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
 /** Phases in print order (module comment). */
@@ -150,7 +152,6 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     maxTokensPerSequence,
     C,
   );
-  const { promptSets } = await import('./prompts.mjs');
   const sets = promptSets(TARGET);
   const prompts = Array.from({ length: N }, (_, i) => sets[i % 2][(i >> 1) % sets[i % 2].length]);
 
