@@ -66,6 +66,11 @@ export interface DraftCandidate {
    * again: its lazy catch-up, charged to the step that makes it draft (default 0).
    */
   readonly pendingContextRows?: number;
+  /**
+   * Tokens the request may still generate (its maxTokens less those generated). With it the cost policy shares a
+   * catch-up's backlog over the steps the sequence has left; without it, over the mean drafting run.
+   */
+  readonly remainingTokens?: number;
 }
 
 /** A proposal offered to {@link DraftPolicy.budgets}: a sequence's per-draft confidences. */
@@ -421,8 +426,10 @@ export type CostPolicyTraceEvent =
       readonly costScale: readonly number[];
       /** The overhead model's coefficients, ms: per sequence, per drafting sequence, per draft. */
       readonly overhead: readonly number[];
-      /** The catch-up charge per deferred row (already divided by the mean drafting run), ms. */
+      /** The measured ms per catch-up row (× each drafting candidate's charged rows, `catchUpRows`). */
       readonly catchUpMsPerRow: number;
+      /** Per candidate, the deferred rows its drafting is charged for this step (see `chargedCatchUpRows`). */
+      readonly catchUpRows: readonly number[];
     }
   | { readonly kind: 'observe'; readonly id: SequenceId; readonly drafted: number; readonly accepted: number }
   | {
@@ -714,9 +721,9 @@ export class CostDraftPolicy implements DraftPolicy {
   private catchUpMs = 0;
   private catchUpRows = 0;
   /**
-   * EMA of the length of a drafting run (consecutive steps a sequence drafts once it starts), steps; prior 8. A
-   * catch-up is paid once per run, so each step of the run is charged its share: rows × ms per row ÷ this. Charging
-   * it whole to one step would keep a sequence with a long prompt (all deferred) from ever drafting.
+   * EMA of the length of a drafting run (consecutive steps a sequence drafts once it starts), steps; prior 8. For a
+   * candidate without remainingTokens a catch-up is shared over it ({@link chargedCatchUpRows}): charging it whole to
+   * one step would keep a sequence with a long prompt (all deferred) from ever drafting.
    */
   private draftingRunSteps = 8;
   /** Per sequence: the current drafting run's steps so far (0: not drafting). */
@@ -744,7 +751,7 @@ export class CostDraftPolicy implements DraftPolicy {
     if (B === 0) return [];
     // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
     const [plainScale, verifyScale, draftScale] = this.scalesFor(B);
-    const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows / this.draftingRunSteps : 0;
+    const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
     const cost = (shape: BatchShape): number => {
       const { drafts: d, drafting: dr } = shape;
       // memoised across steps: the calibrated curves never change, and the rule asks at every D
@@ -764,13 +771,14 @@ export class CostDraftPolicy implements DraftPolicy {
     };
     const rule = (rates: readonly (readonly number[])[]): BatchDraftChoice =>
       chooseBatchDraftLengths(
-        candidates.map((c, s) => ({ gains: gainsOf(rates[s]!), catchUpRows: c.pendingContextRows ?? 0 })),
+        candidates.map((_, s) => ({ gains: gainsOf(rates[s]!), catchUpRows: catchUpRows[s]! })),
         cost,
       );
     // The rule at the posterior means, then again with ONE position beyond each sequence's choice optimistic (its
     // upper confidence bound; AcceptanceEstimator): a draft the estimate has not seen enough of is tried when it
     // could pay, and a plain step (which observes nothing) is not taken on an estimate that few drafts made.
     this.acceptance.step();
+    const catchUpRows = this.chargedCatchUpRows(candidates);
     // A plain choice is kept for up to PLAIN_REUSE more steps of the same batch: while nothing drafts nothing is
     // observed but the costs' slow drift, and working the rule out again every step cost 0.1–0.2 ms at 16 sequences
     // (bench:load: with the drafter attached and drafting nothing, ×0.973 of plain against ×1.004 for `--policy off`).
@@ -846,7 +854,7 @@ export class CostDraftPolicy implements DraftPolicy {
           st.run = 0;
           st.every = Math.min(16 * this.exploreEvery, 2 * st.every);
           // what it would learn is worth nothing when drafting could not pay even if every draft were accepted
-          if (!this.couldPay(candidates, ks, s, choice, cost)) return;
+          if (!this.couldPay(candidates, catchUpRows, ks, s, choice, cost)) return;
           ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
           this.sinceExplore = 0;
         }
@@ -890,6 +898,7 @@ export class CostDraftPolicy implements DraftPolicy {
       costScale: [...this.costScale],
       overhead: [...this.overhead.coefficients],
       catchUpMsPerRow,
+      catchUpRows,
     });
     return ks;
   }
@@ -903,6 +912,7 @@ export class CostDraftPolicy implements DraftPolicy {
    */
   private couldPay(
     candidates: readonly DraftCandidate[],
+    charged: readonly number[],
     ks: readonly number[],
     s: number,
     choice: BatchDraftChoice,
@@ -911,18 +921,41 @@ export class CostDraftPolicy implements DraftPolicy {
     const B = candidates.length;
     let drafts = 0;
     let drafting = 1;
-    let catchUpRows = candidates[s]!.pendingContextRows ?? 0;
+    let catchUpRows = charged[s]!;
     ks.forEach((k, i) => {
       if (k <= 0 || i === s) return;
       drafts += k;
       drafting++;
-      catchUpRows += candidates[i]!.pendingContextRows ?? 0;
+      catchUpRows += charged[i]!;
     });
     for (let k = 1; k <= candidates[s]!.maxDrafts; k++) {
       const shape = { sequences: B, tokens: B + drafts + k, drafting, drafts: drafts + k, catchUpRows };
       if ((choice.committed + k) / cost(shape) >= choice.rate * (1 + this.minGain)) return true;
     }
     return false;
+  }
+
+  /**
+   * Per candidate, the deferred rows its drafting this step is charged for (× the measured ms per catch-up row): the
+   * rows of one step (up to 1 + maxDrafts) whole, the backlog beyond them shared over the steps the sequence has left
+   * when it drafts on, remainingTokens ÷ its expected tokens a step at maxDrafts (the acceptance means; at least 1),
+   * or over the mean drafting run without remainingTokens. The backlog is what its plain steps deferred: it costs
+   * the same whenever it is written, and is saved only if the sequence never drafts again. Shared over the mean run
+   * it was charged as if drafting lasted ~2 steps, because the runs were cut short by that very charge (bench:load,
+   * SmolLM2 + EAGLE-3 at 8 sequences on the AMD VM: ~5–9 ms of the ~36–45 ms at which one draft for every sequence
+   * was priced, a plain step 16–19 ms). A deferred row costs ~1 % of a plain token there (0.026 against 2.1 ms), so a
+   * run cut short after all loses little.
+   */
+  private chargedCatchUpRows(candidates: readonly DraftCandidate[]): number[] {
+    return candidates.map((c) => {
+      const pending = c.pendingContextRows ?? 0;
+      if (pending <= 0) return 0;
+      if (c.remainingTokens === undefined) return pending / this.draftingRunSteps;
+      const step = Math.min(pending, 1 + c.maxDrafts);
+      if (pending === step) return step;
+      const perStep = this.acceptance.expectedCommitted(c.id, c.maxDrafts, 0)[c.maxDrafts]!;
+      return step + (pending - step) / Math.max(1, c.remainingTokens / perStep);
+    });
   }
 
   /**

@@ -175,6 +175,7 @@ function draftLengths(ctx: StepContext, seqs: readonly Running[]): number[] {
       maxDrafts: caps[i]!,
       metrics: r.metrics,
       pendingContextRows: r.pending?.numTokens ?? 0,
+      remainingTokens: Math.max(0, r.req.maxTokens - r.out.length),
     })),
   );
   for (let i = 0; i < caps.length; i++) caps[i] = Math.max(0, Math.min(caps[i]!, Math.floor(chosen[i]!)));

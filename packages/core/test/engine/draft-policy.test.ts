@@ -493,7 +493,7 @@ describe('CostDraftPolicy', () => {
 
   it('charges a catch-up over the mean drafting run that explorations do not shorten', () => {
     // drafting at the prior does not pay, so every drafting step is an exploration of one step; catch-ups cost
-    // 0.02 ms a row, to be shared by the steps of a drafting run (the prior run: 8 steps)
+    // 0.02 ms a row, each sequence's 40 deferred rows shared by the steps of a drafting run (the prior run: 8 steps)
     const events: CostPolicyTraceEvent[] = [];
     const p = new CostDraftPolicy(costs(20, 1, 1, [1, 8]), {
       prior: 0.3,
@@ -502,13 +502,51 @@ describe('CostDraftPolicy', () => {
       trace: (e) => events.push(e),
     });
     p.observeContext(100, 2);
-    const batch = Array.from({ length: 8 }, (_, i) => cand(`s${i}`));
+    const batch = Array.from({ length: 8 }, (_, i) => ({ ...cand(`s${i}`), pendingContextRows: 40 }));
     const explored = Array.from({ length: 41 }, () => p.choose(batch).filter((k) => k > 0).length);
     expect(explored.reduce((a, n) => a + n)).toBe(10);
     const last = events.filter((e) => e.kind === 'choose').at(-1);
     if (last?.kind !== 'choose') throw new Error('expected a choose event');
-    // the nine one-step explorations that ended, folded in, would have read 0.02 / (8·0.8⁹ + 1 − 0.8⁹) = 0.0103
-    expect(last.catchUpMsPerRow).toBeCloseTo(0.02 / 8, 12);
+    expect(last.catchUpMsPerRow).toBeCloseTo(0.02, 12);
+    // the nine one-step explorations that ended, folded in, would have read 40 / (8·0.8⁹ + 1 − 0.8⁹) = 20.6
+    for (const rows of last.catchUpRows) expect(rows).toBeCloseTo(40 / 8, 12);
+  });
+
+  it('charges the rows of one step whole and shares the backlog over the steps a sequence has left', () => {
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(costs(20, 1, 1, [1, 4]), { ...noExplore, trace: (e) => events.push(e) });
+    p.observeContext(100, 2);
+    const charged = (cs: readonly Parameters<CostDraftPolicy['choose']>[0][number][]) => {
+      p.choose(cs);
+      const e = events.filter((x) => x.kind === 'choose').at(-1);
+      if (e?.kind !== 'choose') throw new Error('expected a choose event');
+      return e.catchUpRows;
+    };
+    // E[committed] at maxDrafts 3 from the prior means: the tokens a step brings when the sequence drafts on
+    const perStep = p.acceptance.expectedCommitted('a', 3, 0)[3]!;
+    expect(perStep).toBeGreaterThan(1);
+    const [a, b, c, d] = charged([
+      { ...cand('a', 3), pendingContextRows: 4, remainingTokens: 200 }, // one step's rows: whole
+      { ...cand('b', 3), pendingContextRows: 104, remainingTokens: 200 }, // 100 rows of backlog over 200 / perStep
+      { ...cand('c', 3), pendingContextRows: 104, remainingTokens: 1 }, // at least one step: whole
+      { ...cand('d', 3), pendingContextRows: 104 }, // no remainingTokens: over the mean drafting run (prior 8)
+    ]);
+    expect(a).toBe(4);
+    expect(b).toBeCloseTo(4 + 100 / (200 / perStep), 12);
+    expect(c).toBe(104);
+    expect(d).toBeCloseTo(104 / 8, 12);
+  });
+
+  it('drafts with a long backlog when the sequence has many tokens left', () => {
+    // drafting pays by far at acceptance 0.9 but for a catch-up of 2 ms a row: 1,000 deferred rows cost 2 s, which
+    // the mean drafting run (8 steps) prices out and 10,000 tokens left do not
+    const ks = (remainingTokens?: number) => {
+      const p = new CostDraftPolicy(costs(10, 0.1, 0.5), { ...noExplore, prior: 0.9 });
+      p.observeContext(100, 200);
+      return p.choose([{ ...cand('a', 8), pendingContextRows: 1000, remainingTokens }])[0];
+    };
+    expect(ks()).toBe(0);
+    expect(ks(10_000)).toBeGreaterThan(0);
   });
 
   it('lets drafting runs go on through the forced plain steps', () => {
@@ -523,16 +561,17 @@ describe('CostDraftPolicy', () => {
     p.observeContext(100, 2);
     const ks = Array.from({ length: 25 }, () => p.choose([cand('a')])[0]!);
     expect(ks.map((k, i) => (k === 0 ? i : -1)).filter((i) => i >= 0)).toEqual([4, 9, 14, 19, 24]);
-    const perRow = () => {
-      p.choose([cand('b')]);
+    /** The rows charged to 'b' with 100 deferred rows and no remainingTokens: 100 ÷ the mean drafting run. */
+    const charged = () => {
+      p.choose([{ ...cand('b'), pendingContextRows: 100 }]);
       const e = events.filter((x) => x.kind === 'choose').at(-1);
       if (e?.kind !== 'choose') throw new Error('expected a choose event');
-      return e.catchUpMsPerRow;
+      return e.catchUpRows[0]!;
     };
-    // the run of 'a' has not ended: still the prior 8 (runs ended at each forced step would read 0.02 / 4.8)
-    expect(perRow()).toBeCloseTo(0.02 / 8, 12);
+    // the run of 'a' has not ended: still the prior 8 (runs ended at each forced step would read 100 / 4.8)
+    expect(charged()).toBeCloseTo(100 / 8, 12);
     p.release('a'); // 20 drafting steps: 0.8·8 + 0.2·20 = 10.4
-    expect(perRow()).toBeCloseTo(0.02 / 10.4, 12);
+    expect(charged()).toBeCloseTo(100 / 10.4, 12);
   });
 
   it('explores after a run of plain steps, with a growing interval', () => {
