@@ -937,9 +937,11 @@ export class CostDraftPolicy implements DraftPolicy {
 
   /**
    * Per candidate, the deferred rows its drafting this step is charged for (× the measured ms per catch-up row): the
-   * rows of one step (up to 1 + maxDrafts) whole, the backlog beyond them shared over the steps the sequence has left
-   * when it drafts on, remainingTokens ÷ its expected tokens a step at maxDrafts (the acceptance means; at least 1),
-   * or over the mean drafting run without remainingTokens. The backlog is what its plain steps deferred: it costs
+   * rows one drafting step commits (E[committed | k = 1] at the acceptance means) whole, the backlog beyond them shared
+   * over the steps the sequence has left when it drafts on, remainingTokens ÷ E[committed | maxDrafts] (at least 1),
+   * or all of it over the mean drafting run without remainingTokens. A candidate that cannot draft is charged it all.
+   * (The rows of a step charged as 1 + maxDrafts put 7 rows a sequence on SmolLM2 + EAGLE-3, where one draft a
+   * sequence commits 1.76.) The backlog is what its plain steps deferred: it costs
    * the same whenever it is written, and is saved only if the sequence never drafts again. Shared over the mean run
    * it was charged as if drafting lasted ~2 steps, because the runs were cut short by that very charge (bench:load,
    * SmolLM2 + EAGLE-3 at 8 sequences on the AMD VM: ~5–9 ms of the ~36–45 ms at which one draft for every sequence
@@ -951,10 +953,10 @@ export class CostDraftPolicy implements DraftPolicy {
       const pending = c.pendingContextRows ?? 0;
       if (pending <= 0) return 0;
       if (c.remainingTokens === undefined) return pending / this.draftingRunSteps;
-      const step = Math.min(pending, 1 + c.maxDrafts);
-      if (pending === step) return step;
-      const perStep = this.acceptance.expectedCommitted(c.id, c.maxDrafts, 0)[c.maxDrafts]!;
-      return step + (pending - step) / Math.max(1, c.remainingTokens / perStep);
+      if (c.maxDrafts <= 0) return pending;
+      const e = this.acceptance.expectedCommitted(c.id, c.maxDrafts, 0);
+      const step = Math.min(pending, e[1]!);
+      return step + (pending - step) / Math.max(1, c.remainingTokens / e[c.maxDrafts]!);
     });
   }
 

@@ -512,9 +512,9 @@ describe('CostDraftPolicy', () => {
     for (const rows of last.catchUpRows) expect(rows).toBeCloseTo(40 / 8, 12);
   });
 
-  it('charges the rows of one step whole and shares the backlog over the steps a sequence has left', () => {
+  it('charges the rows of one drafting step whole and shares the backlog over the steps a sequence has left', () => {
     const events: CostPolicyTraceEvent[] = [];
-    const p = new CostDraftPolicy(costs(20, 1, 1, [1, 4]), { ...noExplore, trace: (e) => events.push(e) });
+    const p = new CostDraftPolicy(costs(20, 1, 1, [1, 4, 8]), { ...noExplore, trace: (e) => events.push(e) });
     p.observeContext(100, 2);
     const charged = (cs: readonly Parameters<CostDraftPolicy['choose']>[0][number][]) => {
       p.choose(cs);
@@ -522,19 +522,23 @@ describe('CostDraftPolicy', () => {
       if (e?.kind !== 'choose') throw new Error('expected a choose event');
       return e.catchUpRows;
     };
-    // E[committed] at maxDrafts 3 from the prior means: the tokens a step brings when the sequence drafts on
-    const perStep = p.acceptance.expectedCommitted('a', 3, 0)[3]!;
-    expect(perStep).toBeGreaterThan(1);
-    const [a, b, c, d] = charged([
-      { ...cand('a', 3), pendingContextRows: 4, remainingTokens: 200 }, // one step's rows: whole
-      { ...cand('b', 3), pendingContextRows: 104, remainingTokens: 200 }, // 100 rows of backlog over 200 / perStep
-      { ...cand('c', 3), pendingContextRows: 104, remainingTokens: 1 }, // at least one step: whole
-      { ...cand('d', 3), pendingContextRows: 104 }, // no remainingTokens: over the mean drafting run (prior 8)
+    // from the prior means: the rows a step with one draft commits, and the tokens a step brings at maxDrafts 3
+    const e = p.acceptance.expectedCommitted('a', 3, 0);
+    const [one, perStep] = [e[1]!, e[3]!];
+    expect(one).toBeGreaterThan(1);
+    expect(perStep).toBeGreaterThan(one);
+    const rows = charged([
+      { ...cand('a', 3), pendingContextRows: 1, remainingTokens: 200 }, // under one step's rows: whole
+      { ...cand('b', 3), pendingContextRows: 101, remainingTokens: 200 }, // the backlog over 200 / perStep steps
+      { ...cand('c', 3), pendingContextRows: 101, remainingTokens: 1 }, // at least one step: whole
+      { ...cand('d', 3), pendingContextRows: 101 }, // no remainingTokens: over the mean drafting run (prior 8)
+      { ...cand('e', 0), pendingContextRows: 101, remainingTokens: 200 }, // cannot draft: whole
     ]);
-    expect(a).toBe(4);
-    expect(b).toBeCloseTo(4 + 100 / (200 / perStep), 12);
-    expect(c).toBe(104);
-    expect(d).toBeCloseTo(104 / 8, 12);
+    expect(rows[0]).toBe(1);
+    expect(rows[1]).toBeCloseTo(one + (101 - one) / (200 / perStep), 12);
+    expect(rows[2]).toBeCloseTo(101, 12);
+    expect(rows[3]).toBeCloseTo(101 / 8, 12);
+    expect(rows[4]).toBe(101);
   });
 
   it('drafts with a long backlog when the sequence has many tokens left', () => {
