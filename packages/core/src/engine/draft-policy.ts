@@ -771,14 +771,15 @@ export class CostDraftPolicy implements DraftPolicy {
     };
     const rule = (rates: readonly (readonly number[])[]): BatchDraftChoice =>
       chooseBatchDraftLengths(
-        candidates.map((_, s) => ({ gains: gainsOf(rates[s]!), catchUpRows: catchUpRows[s]! })),
+        candidates.map((_, s) => ({ gains: gainsOf(rates[s]!), catchUpRows: catchUpRows()[s]! })),
         cost,
       );
     // The rule at the posterior means, then again with ONE position beyond each sequence's choice optimistic (its
     // upper confidence bound; AcceptanceEstimator): a draft the estimate has not seen enough of is tried when it
     // could pay, and a plain step (which observes nothing) is not taken on an estimate that few drafts made.
     this.acceptance.step();
-    const catchUpRows = this.chargedCatchUpRows(candidates);
+    let charged: number[] | undefined;
+    const catchUpRows = (): number[] => (charged ??= this.chargedCatchUpRows(candidates));
     // A plain choice is kept for up to PLAIN_REUSE more steps of the same batch: while nothing drafts nothing is
     // observed but the costs' slow drift, and working the rule out again every step cost 0.1–0.2 ms at 16 sequences
     // (bench:load: with the drafter attached and drafting nothing, ×0.973 of plain against ×1.004 for `--policy off`).
@@ -854,7 +855,7 @@ export class CostDraftPolicy implements DraftPolicy {
           st.run = 0;
           st.every = Math.min(16 * this.exploreEvery, 2 * st.every);
           // what it would learn is worth nothing when drafting could not pay even if every draft were accepted
-          if (!this.couldPay(candidates, catchUpRows, ks, s, choice, cost)) return;
+          if (!this.couldPay(candidates, catchUpRows(), ks, s, choice, cost)) return;
           ks[s] = Math.min(c.maxDrafts, this.exploreDrafts);
           this.sinceExplore = 0;
         }
@@ -898,7 +899,7 @@ export class CostDraftPolicy implements DraftPolicy {
       costScale: [...this.costScale],
       overhead: [...this.overhead.coefficients],
       catchUpMsPerRow,
-      catchUpRows,
+      catchUpRows: catchUpRows(),
     });
     return ks;
   }
@@ -941,12 +942,12 @@ export class CostDraftPolicy implements DraftPolicy {
    * over the steps the sequence has left when it drafts on, remainingTokens ÷ E[committed | maxDrafts] (at least 1),
    * or all of it over the mean drafting run without remainingTokens. A candidate that cannot draft is charged it all.
    * (The rows of a step charged as 1 + maxDrafts put 7 rows a sequence on SmolLM2 + EAGLE-3, where one draft a
-   * sequence commits 1.76.) The backlog is what its plain steps deferred: it costs
-   * the same whenever it is written, and is saved only if the sequence never drafts again. Shared over the mean run
-   * it was charged as if drafting lasted ~2 steps, because the runs were cut short by that very charge (bench:load,
-   * SmolLM2 + EAGLE-3 at 8 sequences on the AMD VM: ~5–9 ms of the ~36–45 ms at which one draft for every sequence
-   * was priced, a plain step 16–19 ms). A deferred row costs ~1 % of a plain token there (0.026 against 2.1 ms), so a
-   * run cut short after all loses little.
+   * sequence commits 1.76.) The backlog is what its plain steps deferred: it costs the same whenever it is written,
+   * and is saved only if the sequence never drafts again. Shared over the mean run it was charged as if drafting
+   * lasted ~2 steps, because the runs were cut short by that very charge (bench:load, SmolLM2 + EAGLE-3 at 8 sequences
+   * on the AMD VM: ~5–9 ms of the ~36–45 ms at which one draft for every sequence was priced, a plain step 16–19 ms).
+   * A deferred row costs ~1 % of a plain token there (0.026 against 2.1 ms), so a run cut short after all loses
+   * little. `[B]` rows; computed once a step, and only when the rule or an exploration prices a drafting shape.
    */
   private chargedCatchUpRows(candidates: readonly DraftCandidate[]): number[] {
     return candidates.map((c) => {
