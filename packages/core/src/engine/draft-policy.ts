@@ -769,6 +769,9 @@ export class CostDraftPolicy implements DraftPolicy {
           catchUpMsPerRow * shape.catchUpRows,
       );
     };
+    // the deferred rows each candidate's drafting is charged for: worked out once, when a drafting shape is priced
+    let charged: number[] | undefined;
+    const catchUpRows = (): number[] => (charged ??= this.chargedCatchUpRows(candidates));
     const rule = (rates: readonly (readonly number[])[]): BatchDraftChoice =>
       chooseBatchDraftLengths(
         candidates.map((_, s) => ({ gains: gainsOf(rates[s]!), catchUpRows: catchUpRows()[s]! })),
@@ -778,8 +781,6 @@ export class CostDraftPolicy implements DraftPolicy {
     // upper confidence bound; AcceptanceEstimator): a draft the estimate has not seen enough of is tried when it
     // could pay, and a plain step (which observes nothing) is not taken on an estimate that few drafts made.
     this.acceptance.step();
-    let charged: number[] | undefined;
-    const catchUpRows = (): number[] => (charged ??= this.chargedCatchUpRows(candidates));
     // A plain choice is kept for up to PLAIN_REUSE more steps of the same batch: while nothing drafts nothing is
     // observed but the costs' slow drift, and working the rule out again every step cost 0.1–0.2 ms at 16 sequences
     // (bench:load: with the drafter attached and drafting nothing, ×0.973 of plain against ×1.004 for `--policy off`).
