@@ -225,8 +225,11 @@ void RunGemmI8(const Problem& p, bool wide) {
       [&](int64_t begin, int64_t end) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
         if (amx) {
-          std::vector<uint8_t> raw(static_cast<size_t>(quant::ScratchBytesI8Amx(p.k) + 64));
-          uint8_t* scratch = raw.data() + (64 - reinterpret_cast<uintptr_t>(raw.data()) % 64) % 64;
+          // Kept per thread (common.h): a fresh vector of 128 KiB or more would be an mmap faulted in on every call.
+          thread_local std::vector<uint8_t> kept_amx;
+          std::vector<uint8_t> own_amx;
+          uint8_t* raw = KeptScratch(kept_amx, own_amx, quant::ScratchBytesI8Amx(p.k) + 64);
+          uint8_t* scratch = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64;
           return quant::PanelsI8Amx(q, begin, end, scratch);
         }
         if (vnni) return quant::PanelsI8Vnni(q, begin, end);
