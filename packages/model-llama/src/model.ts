@@ -258,7 +258,12 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
           const lg = this.lmHeadWeights!.apply(xn, rows.length, scratch('llama.logits', rows.length * V));
           return { logits: undefined, argmax: argmaxChecked(lg, V), logitRowStart, hidden: h, taps: captured, spans };
         }
-        logits = this.lmHeadWeights!.apply(xn, rows.length); // fresh: the caller keeps the logits
+        // fresh unless the caller reads them only until its next forward (ForwardOptions.logitsScratch)
+        logits = this.lmHeadWeights!.apply(
+          xn,
+          rows.length,
+          options.logitsScratch === true ? scratch('llama.logits', rows.length * c.vocabSize) : undefined,
+        );
       } else {
         logits = new Float32Array(0);
         if (options.argmaxOnly === true)

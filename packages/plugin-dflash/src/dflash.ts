@@ -645,7 +645,14 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
       const d = head.drafts(logits.subarray(at * Vd, (at + k) * Vd), k, s.sampling, s.rng, this.confidence);
       at += k;
       const p: DraftProposal =
-        d.probs === undefined ? { id: s.id, tokens: d.tokens } : { id: s.id, tokens: d.tokens, probs: d.probs };
+        d.probs === undefined
+          ? { id: s.id, tokens: d.tokens }
+          : {
+              id: s.id,
+              tokens: d.tokens,
+              probs: d.probs,
+              ...(d.probsIds === undefined ? {} : { probsIds: d.probsIds }),
+            };
       out.push(d.confidence === undefined ? p : { ...p, confidence: d.confidence });
     }
     return out;

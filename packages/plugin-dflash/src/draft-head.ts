@@ -142,10 +142,14 @@ function requireLmHead(target: StageModel): (x: Float32Array, rows: number) => F
   return lmHead.bind(target);
 }
 
-/** Drafts of one row block: token ids `[k]`, and q `[k, V]` f32 over the whole vocabulary when sampled. */
+/**
+ * Drafts of one row block: token ids `[k]`, and when sampled q `[k, Vd]` f32 over the draft vocabulary: `probsIds`
+ * (the head's ids, `[Vd]`) names a reduced one's columns; absent, q covers the whole vocabulary.
+ */
 export interface HeadDrafts {
   readonly tokens: Int32Array;
   readonly probs?: Float32Array;
+  readonly probsIds?: Int32Array;
   /** With `withConfidence`: per draft, its distribution's largest probability `[k]` f32 ({@link draftsFromLogits}). */
   readonly confidence?: Float32Array;
 }
@@ -153,10 +157,11 @@ export interface HeadDrafts {
 /**
  * Drafts from draft-head logits `[k, Vd]` f32 over the draft vocabulary `ids` `[Vd]` (undefined: the whole vocabulary,
  * Vd = vocabSize): greedy (temperature 0) the argmax of each row; sampled, q = the request's temperature / top-k /
- * top-p over the draft vocabulary (core's `samplingProbs`), d ~ q, and q returned over the whole vocabulary
- * `[k, vocabSize]` (0 outside the draft vocabulary). With `withConfidence`, also each draft's confidence `[k]` f32:
- * greedy, softmax's largest probability of its row (in the argmax's native call, `argmaxProb`); sampled, the largest
- * entry of its q row, read before the draw. Tokens, q and the PRNG draws are the same either way.
+ * top-p over the draft vocabulary (core's `samplingProbs`), d ~ q, and q returned over the draft vocabulary `[k, Vd]`
+ * with `probsIds = ids` (q is 0 outside it; core's `fullDraftProbs` writes it out). With `withConfidence`, also each
+ * draft's confidence `[k]` f32: greedy, softmax's largest probability of its row (in the argmax's native call,
+ * `argmaxProb`); sampled, the largest entry of its q row, read before the draw. Tokens, q and the PRNG draws are the
+ * same either way.
  */
 export function draftsFromLogits(
   logits: Float32Array,
@@ -185,10 +190,7 @@ export function draftsFromLogits(
     tokens[j] = ids === undefined ? d : ids[d]!;
   }
   const c = confidence === undefined ? {} : { confidence };
-  if (ids === undefined) return { tokens, probs: q, ...c };
-  const probs = new Float32Array(k * vocabSize);
-  for (let j = 0; j < k; j++) for (let i = 0; i < Vd; i++) probs[j * vocabSize + ids[i]!] = q[j * Vd + i]!;
-  return { tokens, probs, ...c };
+  return ids === undefined ? { tokens, probs: q, ...c } : { tokens, probs: q, probsIds: ids, ...c };
 }
 
 /** See the module comment. Create with {@link DraftHead.full} or {@link DraftHead.reduced}. */

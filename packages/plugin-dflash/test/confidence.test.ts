@@ -55,8 +55,12 @@ describe('draftsFromLogits: confidences', () => {
       expect(plain.confidence).toBeUndefined();
       expect(withC.tokens).toEqual(plain.tokens);
       expect(withC.probs).toEqual(plain.probs);
+      // q over the draft vocabulary: [K, Vd], its columns named by probsIds (the head's ids) when reduced
+      expect(withC.probsIds).toBe(ids);
+      const W = ids?.length ?? V;
+      expect(withC.probs!.length).toBe(K * W);
       for (let j = 0; j < K; j++) {
-        const q = withC.probs!.subarray(j * V, (j + 1) * V);
+        const q = withC.probs!.subarray(j * W, (j + 1) * W);
         let max = 0;
         for (const v of q) max = Math.max(max, v);
         expect(withC.confidence![j]).toBe(max);

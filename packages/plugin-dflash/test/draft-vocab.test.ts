@@ -11,6 +11,7 @@ import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
+  fullDraftProbs,
   HfConfig,
   quantizeQ8_0,
   SafetensorsCheckpoint,
@@ -185,18 +186,22 @@ describe('the reduced draft head', () => {
     expect(drafted.length).toBeGreaterThan(0);
     expect(drafted.filter((t) => !allowed.has(t))).toEqual([]);
 
-    // one sampled proposal: q [k, V] is 0 off the list, sums to 1, and the drafts are on it
+    // one sampled proposal: q [k, Vd] over the list (probsIds), written out [k, V] 0 off it, sums to 1, and the
+    // drafts are on it
     const sampled = new SpecEngine(target, drafter, { ...opts, draftPolicy: 'max' });
     proposals.length = 0;
     sampled.run([{ ...requests[0]!, maxTokens: 8, sampling: { temperature: 1 }, seed: 5 }]);
     const p = proposals[0]!;
     const k = p.tokens.length;
-    expect(p.probs!.length).toBe(k * V);
+    expect(p.probsIds!.length).toBe(allowed.size);
+    expect(p.probs!.length).toBe(k * allowed.size);
+    const full = fullDraftProbs(p, V)!;
+    expect(full.length).toBe(k * V);
     for (let j = 0; j < k; j++) {
       let on = 0;
       let off = 0;
       for (let v = 0; v < V; v++) {
-        const q = p.probs![j * V + v]!;
+        const q = full[j * V + v]!;
         if (allowed.has(v)) on += q;
         else off += q;
       }

@@ -242,13 +242,14 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
     const base = head.logits(x, Rows, this.scratch('dspark.base', Rows * head.size));
     if (heads === undefined) return []; // a worker rank of a tensor-parallel group: the heads are rank 0's
     const Vd = head.size;
-    // per sequence (i: its index in seqs): drafts, confidences, q rows (temperature > 0)
+    // per sequence (i: its index in seqs): drafts, confidences, q rows (temperature > 0) over the draft vocabulary:
+    // [maxDrafts, Vd], the proposal's probsIds naming a reduced one's columns
     const outs = seqs.map((s, i) => ({
       i,
       s,
       tokens: new Int32Array(s.maxDrafts),
       conf: new Float32Array(s.maxDrafts),
-      probs: s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * V),
+      probs: s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * Vd),
     }));
     const prev = Int32Array.from(seqs, (s) => s.lastToken);
     const maxK = Math.max(...seqs.map((s) => s.maxDrafts));
@@ -283,13 +284,8 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
         if (q === undefined) {
           d = greedy![a]!; // the first largest logit, as a left-to-right scan
         } else {
-          const qj = samplingProbs(lg, Vd, s.sampling);
-          // q over the whole vocabulary: 0 outside a reduced draft vocabulary
-          if (head.ids === undefined) q.set(qj, j * V);
-          else
-            head.ids.forEach((id, v) => {
-              q[j * V + id] = qj[v]!;
-            });
+          // q_j written straight into the proposal's row j (draft-vocabulary columns)
+          const qj = samplingProbs(lg, Vd, s.sampling, q.subarray(j * Vd, (j + 1) * Vd));
           d = sampleFromProbs(qj, s.rng);
         }
         d = head.tokenOf(d);
@@ -297,8 +293,11 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
         prev[i] = d;
       });
     }
+    const ids = head.ids;
     return outs.map(({ s, tokens, conf, probs }) =>
-      probs === undefined ? { id: s.id, tokens, confidence: conf } : { id: s.id, tokens, probs, confidence: conf },
+      probs === undefined
+        ? { id: s.id, tokens, confidence: conf }
+        : { id: s.id, tokens, probs, ...(ids === undefined ? {} : { probsIds: ids }), confidence: conf },
     );
   }
 

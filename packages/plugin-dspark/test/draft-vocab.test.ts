@@ -7,6 +7,7 @@ import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
+  fullDraftProbs,
   HfConfig,
   SafetensorsCheckpoint,
   SpecEngine,
@@ -104,11 +105,14 @@ describe('DSpark with a reduced draft vocabulary', () => {
       { ...requests[0]!, maxTokens: 8, sampling: { temperature: 1 }, seed: 5 },
     ]);
     const p = proposals[0]!;
+    // q over the draft vocabulary [k, Vd] (probsIds), written out [k, V]
+    expect(p.probs!.length).toBe(p.tokens.length * p.probsIds!.length);
+    const full = fullDraftProbs(p, V)!;
     for (let j = 0; j < p.tokens.length; j++) {
       let on = 0;
       let off = 0;
       for (let v = 0; v < V; v++) {
-        const q = p.probs![j * V + v]!;
+        const q = full[j * V + v]!;
         if (allowed.has(v)) on += q;
         else off += q;
       }

@@ -291,7 +291,9 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
     if (chainAt.length > 0) {
       const cs = chainAt.map(({ s }) => s);
       const lengths = cs.map((s) => (tree === undefined ? s.maxDrafts : Math.min(tree.depth, s.maxDrafts)));
-      const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * V) : undefined));
+      // q rows over the draft vocabulary [k, Vd] (the proposal's probsIds: draftToTarget names their token ids)
+      const Vd = w.draftToTarget.length;
+      const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * Vd) : undefined));
       // confidence c_j: the greedy draft's probability, or a sampled draft's distribution's largest (module
       // comment "Confidence"); written by runChain, a sampled step's overwritten by its pick
       const confidence = this.confidence ? lengths.map((k) => new Float32Array(k)) : undefined;
@@ -305,9 +307,7 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
           const qRow = probs[r];
           if (qRow === undefined) return greedy;
           const s = cs[r]!;
-          const qd = samplingProbs(lg, lg.length, s.sampling);
-          const full = qRow.subarray((j - 1) * V, j * V);
-          for (let e = 0; e < qd.length; e++) full[w.draftToTarget[e]!] = qd[e]!;
+          const qd = samplingProbs(lg, lg.length, s.sampling, qRow.subarray((j - 1) * Vd, j * Vd));
           if (confidence !== undefined) {
             let top = 0;
             for (let e = 0; e < qd.length; e++) if (qd[e]! > top) top = qd[e]!;
@@ -321,7 +321,8 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
         const tokens = Int32Array.from(drafts[r]!, (d) => w.draftToTarget[d]!);
         const q = probs[r];
         const c = confidence?.[r];
-        const p: DraftProposal = q === undefined ? { id: s.id, tokens } : { id: s.id, tokens, probs: q };
+        const p: DraftProposal =
+          q === undefined ? { id: s.id, tokens } : { id: s.id, tokens, probs: q, probsIds: w.draftToTarget };
         out[i] = c === undefined ? p : { ...p, confidence: c };
       });
     }

@@ -11,6 +11,7 @@ import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import {
+  fullDraftProbs,
   type PrefixCommit,
   SafetensorsFile,
   SpecEngine,
@@ -318,9 +319,11 @@ describe('sampling', () => {
           ],
         });
         expect(p!.tokens.length).toBe(6);
-        expect(p!.probs!.length).toBe(6 * V);
+        // q over the draft vocabulary [6, Vd] (probsIds = d2t), written out [6, V]
+        expect(p!.probs!.length).toBe(6 * p!.probsIds!.length);
+        const full = fullDraftProbs(p, V)!;
         for (let j = 0; j < 6; j++) {
-          const q = p!.probs!.subarray(j * V, (j + 1) * V);
+          const q = full.subarray(j * V, (j + 1) * V);
           expect(q.reduce((a, b) => a + b, 0)).toBeCloseTo(1, 4);
           expect(q[p!.tokens[j]!]!).toBeGreaterThan(0);
           expect(q.filter((x) => x > 0).length).toBeLessThanOrEqual(50); // top-k over the draft vocabulary

@@ -74,9 +74,11 @@ export function acceptGreedyArgmax(
 /**
  * Rejection-sampling verification.
  * @param drafts `[k]` i32.
- * @param q `[k, vocab]` f32 draft probabilities, or undefined for argmax drafts (point masses).
+ * @param q `[k, vocab]` f32 draft probabilities — or `[k, qIds.length]` over the token ids `qIds` (a drafter with a
+ *   reduced vocabulary; q is 0 for every other token) —, or undefined for argmax drafts (point masses).
  * @param p `[k + 1, vocab]` f32 target probabilities (after the request's temperature / top-k / top-p).
  * @param rng uniform [0, 1) draws (one per examined draft, one for the recovered / bonus token).
+ * @param qIds distinct token ids in [0, vocab), `[W]` i32, that q's columns stand for (absent: the whole vocabulary).
  */
 export function acceptSampled(
   drafts: Int32Array,
@@ -84,19 +86,46 @@ export function acceptSampled(
   p: Float32Array,
   vocab: number,
   rng: RandomSource,
+  qIds?: Int32Array,
 ): AcceptResult {
   const k = drafts.length;
   if (p.length !== (k + 1) * vocab)
     throw new RangeError(`acceptSampled: p: expected [${k + 1}, ${vocab}] f32, got length ${p.length}`);
-  return acceptSampledRows(drafts, q, (j) => p.subarray(j * vocab, (j + 1) * vocab), vocab, rng);
+  return acceptSampledRows(drafts, q, (j) => p.subarray(j * vocab, (j + 1) * vocab), vocab, rng, qIds);
 }
+
+/** Inverse of each reduced vocabulary seen (token id → q column, −1 off the list), by the ids array's identity. */
+const inverses = new WeakMap<Int32Array, Int32Array>();
+
+/**
+ * Token id → column of q over `ids` (−1: not listed), built once per ids array (a drafter passes the same one with
+ * every proposal).
+ * @throws {RangeError} when an id is outside [0, vocab) or listed twice.
+ */
+function inverseOf(ids: Int32Array, vocab: number): Int32Array {
+  const known = inverses.get(ids);
+  if (known !== undefined && known.length === vocab) return known;
+  const inv = new Int32Array(vocab).fill(-1);
+  for (let e = 0; e < ids.length; e++) {
+    const v = ids[e]!;
+    if (!(v >= 0 && v < vocab)) throw new RangeError(`acceptSampled: qIds[${e}]: ${v} is outside [0, ${vocab})`);
+    if (inv[v] !== -1) throw new RangeError(`acceptSampled: qIds: token ${v} is listed twice`);
+    inv[v] = e;
+  }
+  inverses.set(ids, inv);
+  return inv;
+}
+
+/** The residual's row, reused by every rejection (read only by the draw that follows it). */
+let residScratch = new Float32Array(0);
 
 /**
  * {@link acceptSampled} with the target's probabilities computed as they are reached: `pRow(j)` → row j `[vocab]`
  * f32, called at most once per row, in order, for the rows the decision reads (the drafts examined, then the row
- * drawn from) — on average τ of the k + 1 rows. The same draws and the same result as the eager form.
- * @throws {RangeError} for a mis-sized q; {@link NonFiniteLogitsError} (sampleFromProbs) when a row drawn from has
- *   no positive finite mass.
+ * drawn from) — on average τ of the k + 1 rows. The same draws and the same result as the eager form, and with a
+ * reduced q (`qIds`) the same as with that q written out over the whole vocabulary (zeros off the list).
+ * @throws {RangeError} for a mis-sized q or bad qIds; {@link NonFiniteLogitsError} (sampleFromProbs) when a row drawn
+ *   from has no positive finite mass.
  */
 export function acceptSampledRows(
   drafts: Int32Array,
@@ -104,23 +133,37 @@ export function acceptSampledRows(
   pRow: (j: number) => Float32Array,
   vocab: number,
   rng: RandomSource,
+  qIds?: Int32Array,
 ): AcceptResult {
   const k = drafts.length;
-  if (q !== undefined && q.length !== k * vocab)
-    throw new RangeError(`acceptSampled: q: expected [${k}, ${vocab}] f32, got length ${q.length}`);
+  const W = qIds === undefined ? vocab : qIds.length;
+  if (q !== undefined && q.length !== k * W)
+    throw new RangeError(`acceptSampled: q: expected [${k}, ${W}] f32, got length ${q.length}`);
+  const inv = q !== undefined && qIds !== undefined ? inverseOf(qIds, vocab) : undefined;
   for (let i = 0; i < k; i++) {
     const x = drafts[i]!;
     const pi = pRow(i);
     const px = pi[x]!;
-    const qx = q === undefined ? 1 : q[i * vocab + x]!;
+    const col = inv === undefined ? x : inv[x]!;
+    const qx = q === undefined ? 1 : col < 0 ? 0 : q[i * W + col]!;
     if (rng.next() * qx < px) continue;
-    const resid = new Float32Array(vocab);
-    let sum = 0;
-    for (let v = 0; v < vocab; v++) {
-      const r = Math.max(0, pi[v]! - (q === undefined ? (v === x ? 1 : 0) : q[i * vocab + v]!));
-      resid[v] = r;
-      sum += r;
+    // the recovered token: norm(max(0, p − q)), q written out over the vocabulary (0 off a reduced list)
+    if (residScratch.length < vocab) residScratch = new Float32Array(vocab);
+    const resid = residScratch.subarray(0, vocab);
+    if (q === undefined) {
+      resid.set(pi);
+      resid[x] = Math.max(0, pi[x]! - 1);
+    } else if (qIds === undefined) {
+      for (let v = 0; v < vocab; v++) resid[v] = Math.max(0, pi[v]! - q[i * vocab + v]!);
+    } else {
+      resid.set(pi);
+      for (let e = 0; e < W; e++) {
+        const v = qIds[e]!;
+        resid[v] = Math.max(0, pi[v]! - q[i * W + e]!);
+      }
     }
+    let sum = 0;
+    for (let v = 0; v < vocab; v++) sum += resid[v]!;
     const row = sum > 0 ? resid : pi;
     return { accepted: i, bonus: sampleFromProbs(row, rng) };
   }

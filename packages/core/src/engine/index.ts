@@ -12,6 +12,7 @@ export {
   type SpecResult,
 } from './types.js';
 export { acceptGreedy, acceptSampled, acceptSampledRows, acceptTreeGreedy, type AcceptResult } from './accept.js';
+export { fullDraftProbs } from './spec-step.js';
 export {
   checkLogitsRow,
   greedyToken,

@@ -23,10 +23,16 @@ export class NonFiniteLogitsError extends RangeError {
 /**
  * `logits [rows, vocab]` f32 (not modified) → probabilities `[rows, vocab]` f32 after temperature,
  * top-k and top-p; masked entries are exactly 0.
+ * @param out optional `[rows, vocab]` f32 to write into (e.g. a proposal's q rows), else a new array.
  * @throws {RangeError} if temperature ≤ 0 (greedy has no distribution) or not finite, topK < 0 or topP outside
- *   (0, 1].
+ *   (0, 1]; SpecdArgumentError for a mis-sized `out`.
  */
-export function samplingProbs(logits: Float32Array, vocab: number, params: DraftSampling): Float32Array {
+export function samplingProbs(
+  logits: Float32Array,
+  vocab: number,
+  params: DraftSampling,
+  out?: Float32Array,
+): Float32Array {
   const { temperature, topK, topP } = params;
   if (!(temperature > 0 && temperature < Number.POSITIVE_INFINITY))
     throw new RangeError(`samplingProbs: temperature: expected a finite number > 0 (0 is greedy), got ${temperature}`);
@@ -35,7 +41,7 @@ export function samplingProbs(logits: Float32Array, vocab: number, params: Draft
   if (topP !== undefined && !(topP > 0 && topP <= 1))
     throw new RangeError(`samplingProbs: topP: expected a number in (0, 1], got ${topP}`);
   // one native call: x / T, topKMask, topPMask, softmax with the bits of those steps made one by one
-  return nativeSamplingProbs(logits, vocab, temperature, topK !== undefined && topK < vocab ? topK : 0, topP ?? 1);
+  return nativeSamplingProbs(logits, vocab, temperature, topK !== undefined && topK < vocab ? topK : 0, topP ?? 1, out);
 }
 
 /**

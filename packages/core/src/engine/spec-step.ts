@@ -293,6 +293,7 @@ function detachDeviceProbs(p: DraftProposal): DraftProposal {
     id: p.id,
     tokens: p.tokens,
     ...(probs === undefined ? {} : { probs }),
+    ...(p.probsIds === undefined ? {} : { probsIds: p.probsIds }),
     ...(p.parents === undefined ? {} : { parents: p.parents }),
     ...(p.confidence === undefined ? {} : { confidence: p.confidence }),
   };
@@ -394,6 +395,8 @@ export function verify(
     taps: ctx.taps,
     stateSnapshots: snapshots,
     argmaxOnly: argmaxOnly || onDevice,
+    // accept and commit read the logits within this step
+    logitsScratch: true,
   });
   ctx.metrics.verifyForwards++;
   ctx.metrics.decodeForwards++;
@@ -408,7 +411,9 @@ export function verify(
   }
   // the draws are taken only here: a batch sampled on the host takes them in accept, as many as it examines
   const specs: (DeviceSampleSpec | undefined)[] = seqs.map((r, i) =>
-    wantsArgmaxOnly(r) ? undefined : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id), qOnDevice),
+    wantsArgmaxOnly(r)
+      ? undefined
+      : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id), qOnDevice, ctx.vocab),
   );
   const sampled = sampler.sampleOnDevice(res, specs);
   return { blocks, res, checkpoints, snapshots, sampled };
@@ -428,7 +433,7 @@ function sampledOnDevice(
   if (r.logits !== undefined || r.req.logprobs !== undefined) return false;
   // q on the device (not read here: reading `probs` would copy it back)
   if (k > 0 && p?.deviceProbs !== undefined && sampler.acceptsDeviceProbs?.(p.deviceProbs) === true) return true;
-  return p?.probs === undefined || p.probs.length === k * vocab;
+  return p?.probs === undefined || p.probs.length === k * (p.probsIds?.length ?? vocab);
 }
 
 /**
@@ -440,13 +445,31 @@ export function deviceSpec(
   drafts: Int32Array,
   p: DraftProposal | undefined,
   qOnDevice = false,
+  vocab = 0,
 ): DeviceSampleSpec {
   const uniforms = new Float64Array(drafts.length + 1);
   for (let j = 0; j < uniforms.length; j++) uniforms[j] = r.rng.next();
   const { temperature, topK, topP } = r.req.sampling;
   if (drafts.length > 0 && qOnDevice && p?.deviceProbs !== undefined)
     return { temperature, topK, topP, drafts, q: undefined, qDevice: p.deviceProbs, uniforms };
-  return { temperature, topK, topP, drafts, q: drafts.length === 0 ? undefined : p?.probs, uniforms };
+  return { temperature, topK, topP, drafts, q: drafts.length === 0 ? undefined : fullDraftProbs(p, vocab), uniforms };
+}
+
+/**
+ * A proposal's q over the whole vocabulary `[k, vocab]` f32: `probs` itself, or a reduced q (`probsIds`, `[k, W]`)
+ * written out with zeros off its list (the device sampler reads full rows; tests read rows by token id).
+ * @throws {EngineError} when a reduced q is given no vocabulary size.
+ */
+export function fullDraftProbs(p: DraftProposal | undefined, vocab: number): Float32Array | undefined {
+  const q = p?.probs;
+  const ids = p?.probsIds;
+  if (q === undefined || ids === undefined) return q;
+  if (!(vocab > 0)) throw new EngineError('deviceSpec: a reduced q (probsIds) needs the vocabulary size');
+  const W = ids.length;
+  const k = W === 0 ? 0 : q.length / W;
+  const full = new Float32Array(k * vocab);
+  for (let j = 0; j < k; j++) for (let e = 0; e < W; e++) full[j * vocab + ids[e]!] = q[j * W + e]!;
+  return full;
 }
 
 /**
@@ -561,9 +584,11 @@ function acceptRow(
       }
       return;
     }
-    // the target's p of each row only as the decision reaches it (τ rows on average, not k + 1)
+    // the target's p of each row only as the decision reaches it (τ rows on average, not k + 1), each into the same
+    // scratch row: acceptSampledRows reads row j only until it asks for row j + 1
     const pRow = (j: number) => targetRow(lg.subarray(j * V, (j + 1) * V), V, r.req.sampling);
-    const acc = acceptSampledRows(drafts, proposals.get(r.id)?.probs, pRow, V, r.rng);
+    const p = proposals.get(r.id);
+    const acc = acceptSampledRows(drafts, p?.probs, pRow, V, r.rng, p?.probsIds);
     checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
     outcomes.push({ seq: r, block, row: first, acc, drafts });
   } catch (err) {
@@ -571,16 +596,21 @@ function acceptRow(
   }
 }
 
+/** The target's p of the verify row being decided ({@link targetRow}), reused row after row. */
+let targetScratch = new Float32Array(0);
+
 /**
- * The target's p for one verify row's logits `[V]` f32 ({@link samplingProbs}); a row the sampler refuses (no finite
- * value) becomes NaN instead of failing the others, so rejection sampling fails only if it reaches that row
- * (sampleFromProbs throws on it).
+ * The target's p for one verify row's logits `[V]` f32 ({@link samplingProbs}), in a scratch row that the next call
+ * overwrites; a row the sampler refuses (no finite value) becomes NaN instead of failing the others, so rejection
+ * sampling fails only if it reaches that row (sampleFromProbs throws on it).
  */
 function targetRow(lg: Float32Array, V: number, sampling: SpecRequest['sampling']): Float32Array {
+  if (targetScratch.length < V) targetScratch = new Float32Array(V);
+  const row = targetScratch.subarray(0, V);
   try {
-    return samplingProbs(lg, V, sampling);
+    return samplingProbs(lg, V, sampling, row);
   } catch {
-    return new Float32Array(V).fill(Number.NaN);
+    return row.fill(Number.NaN);
   }
 }
 
@@ -732,7 +762,8 @@ function applyBudgets(ctx: StepContext, proposals: Map<SequenceId, DraftProposal
         ? { deviceProbs: p.deviceProbs }
         : p.probs === undefined
           ? {}
-          : { probs: p.probs.subarray(0, b * V) }),
+          : { probs: p.probs.subarray(0, b * (p.probsIds?.length ?? V)) }),
+      ...(p.probsIds === undefined ? {} : { probsIds: p.probsIds }),
       ...(p.parents === undefined ? {} : { parents: p.parents.subarray(0, b) }),
       confidence: p.confidence.subarray(0, b),
     };

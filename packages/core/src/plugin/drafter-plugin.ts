@@ -240,6 +240,14 @@ export interface DraftProposal {
    */
   readonly probs?: Float32Array;
   /**
+   * The token ids q's columns stand for, `[W]` i32, distinct, each in [0, vocabSize), when the drafter samples over a
+   * reduced vocabulary (FR-Spec, EAGLE-3's draft vocabulary): `probs` is then `[k, W]` f32 and q is 0 for every token
+   * not listed. Absent: `probs` covers the whole target vocabulary. Pass the same array with every proposal (the
+   * engine keeps its inverse by identity); the W floats a draft spare writing out `[k, vocabSize]` (and the allocation
+   * of them) on every sampled step.
+   */
+  readonly probsIds?: Int32Array;
+  /**
    * q kept in device memory by a drafter that runs beside its target on the same device (a GPU drafter): the
    * target's {@link DeviceSampling} stage reads it there when it accepts it (`acceptsDeviceProbs`), so the k · vocab
    * floats never cross to the host. A proposal with it still answers `probs` (copied back on demand) for the host

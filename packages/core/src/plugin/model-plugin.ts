@@ -159,6 +159,12 @@ export interface ForwardOptions {
    * `logits` undefined and move token ids instead of `[rows, vocabSize]` f32. Stages without it ignore the flag.
    */
   readonly argmaxOnly?: boolean;
+  /**
+   * The caller reads the result's `logits` only until its next forward of this stage (the engine's verify steps): a
+   * stage may return them in a buffer it reuses instead of a fresh `[rows, vocabSize]` f32 array each forward (a
+   * sampled verify of 8 rows of SmolLM2 allocated 1.5 MB a step). Stages without it ignore the flag.
+   */
+  readonly logitsScratch?: boolean;
 }
 
 /** What a forward returns. */

@@ -135,6 +135,69 @@ describe('acceptSampled preserves the target distribution (χ², 2·10⁴ draws)
   });
 });
 
+describe('acceptSampled with a reduced q (probsIds: q over a list of token ids, 0 off it)', () => {
+  // a 12-token vocabulary, q over 5 of its ids (out of order), p with mass on and off the list
+  const VV = 12;
+  const ids = Int32Array.of(7, 2, 9, 0, 4);
+  const rows = (seed: number, n: number, width: number) => {
+    const r = new SeededRandom(seed);
+    const out = new Float32Array(n * width);
+    for (let j = 0; j < n; j++) {
+      let t = 0;
+      for (let v = 0; v < width; v++) t += out[j * width + v] = r.next() < 0.2 ? 0 : r.next();
+      for (let v = 0; v < width; v++) out[j * width + v]! /= t;
+    }
+    return out;
+  };
+  const expand = (q: Float32Array, k: number) => {
+    const full = new Float32Array(k * VV);
+    for (let j = 0; j < k; j++) for (let e = 0; e < ids.length; e++) full[j * VV + ids[e]!] = q[j * ids.length + e]!;
+    return full;
+  };
+
+  it('decides exactly as the same q written out over the vocabulary: same accepted count, token and draws', () => {
+    let rejections = 0;
+    for (let seed = 0; seed < 400; seed++) {
+      const k = 1 + (seed % 4);
+      const q = rows(seed, k, ids.length);
+      const p = rows(seed + 10_000, k + 1, VV);
+      const drafts = Int32Array.from({ length: k }, (_, j) => ids[(seed + j) % ids.length]!);
+      const a = new SeededRandom(seed);
+      const b = new SeededRandom(seed);
+      const reduced = acceptSampled(drafts, q, p, VV, a, ids);
+      const full = acceptSampled(drafts, expand(q, k), p, VV, b);
+      expect(reduced).toEqual(full);
+      expect(a.next()).toBe(b.next()); // the same number of draws taken
+      if (reduced.accepted < k) rejections++;
+    }
+    expect(rejections).toBeGreaterThan(50); // the residual path ran, not only acceptances
+  });
+
+  it('a draft off the list (q = 0 there) is accepted with probability 1, as with q written out', () => {
+    const q = rows(3, 1, ids.length);
+    const p = rows(4, 2, VV);
+    for (let seed = 0; seed < 50; seed++) {
+      const r = acceptSampled(Int32Array.of(5), q, p, VV, new SeededRandom(seed), ids);
+      expect(r).toEqual(acceptSampled(Int32Array.of(5), expand(q, 1), p, VV, new SeededRandom(seed)));
+      expect(r.accepted).toBe(1);
+    }
+  });
+
+  it('refuses a q of the wrong width and ids outside the vocabulary or listed twice', () => {
+    const rng = new SeededRandom(1);
+    const p = new Float32Array(2 * VV).fill(1 / VV);
+    expect(() => acceptSampled(Int32Array.of(7), new Float32Array(VV), p, VV, rng, ids)).toThrow(
+      /q: expected \[1, 5\]/,
+    );
+    expect(() => acceptSampled(Int32Array.of(7), new Float32Array(2), p, VV, rng, Int32Array.of(7, 12))).toThrow(
+      /qIds\[1\]: 12 is outside \[0, 12\)/,
+    );
+    expect(() => acceptSampled(Int32Array.of(7), new Float32Array(2), p, VV, rng, Int32Array.of(7, 7))).toThrow(
+      /token 7 is listed twice/,
+    );
+  });
+});
+
 describe('samplingProbs', () => {
   it('rows sum to 1; temperature 0 is refused (greedy has no distribution)', () => {
     const p = samplingProbs(Float32Array.from([1, 2, 3, 4, 5, 6]), V, { temperature: 1, topK: 3 });
