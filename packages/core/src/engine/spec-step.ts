@@ -438,7 +438,8 @@ function sampledOnDevice(
 
 /**
  * The device sampling request of sampled sequence `r`: its drafts, q (where it lies: `qOnDevice` and a proposal with
- * `deviceProbs` leave it on the device) and k + 1 draws from its PRNG.
+ * `deviceProbs` leave it on the device; a reduced q is written out over `vocab` tokens, {@link fullDraftProbs}) and
+ * k + 1 draws from its PRNG.
  */
 export function deviceSpec(
   r: Running,
@@ -464,7 +465,7 @@ export function fullDraftProbs(p: DraftProposal | undefined, vocab: number): Flo
   const q = p?.probs;
   const ids = p?.probsIds;
   if (q === undefined || ids === undefined) return q;
-  if (!(vocab > 0)) throw new EngineError('deviceSpec: a reduced q (probsIds) needs the vocabulary size');
+  if (!(vocab > 0)) throw new EngineError(`fullDraftProbs: a reduced q (probsIds) needs vocab > 0, got ${vocab}`);
   const W = ids.length;
   const k = W === 0 ? 0 : q.length / W;
   const full = new Float32Array(k * vocab);
