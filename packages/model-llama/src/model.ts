@@ -251,19 +251,25 @@ export class LlamaStageModel implements StageModel, PrefixCommit, TreeCommit {
           x.set(h.subarray(r * D, (r + 1) * D), i * D);
         });
         const xn = rmsNorm(x, this.finalNorm!, c.rmsNormEps, scratch('llama.headNorm', rows.length * D));
-        if (options.argmaxOnly === true) {
-          // greedy, nothing processed: each row's argmax (−1 for a row with a NaN, +Infinity or no finite value) from
-          // logits in a kept buffer; no [rows, vocab] array per step (0.2–0.8 MB: allocation and zero-fill)
-          const V = c.vocabSize;
-          const lg = this.lmHeadWeights!.apply(xn, rows.length, scratch('llama.logits', rows.length * V));
-          return { logits: undefined, argmax: argmaxChecked(lg, V), logitRowStart, hidden: h, taps: captured, spans };
-        }
-        // fresh unless the caller reads them only until its next forward (ForwardOptions.logitsScratch)
+        // logits in a kept buffer when nobody reads them past the caller's next forward (argmaxOnly, logitsScratch):
+        // no [rows, vocab] array per step (0.2–1.5 MB: allocation and zero-fill); else fresh
+        const V = c.vocabSize;
+        const kept = options.argmaxOnly === true || options.logitsScratch === true;
         logits = this.lmHeadWeights!.apply(
           xn,
           rows.length,
-          options.logitsScratch === true ? scratch('llama.logits', rows.length * c.vocabSize) : undefined,
+          kept ? scratch('llama.logits', rows.length * V) : undefined,
         );
+        // greedy, nothing processed: each row's argmax (−1 for a row with a NaN, +Infinity or no finite value)
+        if (options.argmaxOnly === true)
+          return {
+            logits: undefined,
+            argmax: argmaxChecked(logits, V),
+            logitRowStart,
+            hidden: h,
+            taps: captured,
+            spans,
+          };
       } else {
         logits = new Float32Array(0);
         if (options.argmaxOnly === true)

@@ -478,7 +478,7 @@ export class SpecEngine {
       if (req.handoff === true && req.onPrefillChunk !== undefined && end < P) this.context?.flush([r]);
       if (promptTopN !== undefined) this.promptLogprobs(r, res.logits!, p, end, promptTopN);
       if (drawOnDevice) {
-        first = sampler!.sampleOnDevice(res, [deviceSpec(r, new Int32Array(0), undefined)])[1]!;
+        first = sampler!.sampleOnDevice(res, [deviceSpec(r, new Int32Array(0), undefined, this.vocab)])[1]!;
         if (first < 0)
           throw new NonFiniteLogitsError(`the logits after prompt position ${P - 1}: the model's output is not finite`);
       } else if (end === P && res.logits === undefined) {

@@ -413,7 +413,7 @@ export function verify(
   const specs: (DeviceSampleSpec | undefined)[] = seqs.map((r, i) =>
     wantsArgmaxOnly(r)
       ? undefined
-      : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id), qOnDevice, ctx.vocab),
+      : deviceSpec(r, blocks[i]!.tokens.subarray(1), proposals.get(r.id), ctx.vocab, qOnDevice),
   );
   const sampled = sampler.sampleOnDevice(res, specs);
   return { blocks, res, checkpoints, snapshots, sampled };
@@ -445,8 +445,8 @@ export function deviceSpec(
   r: Running,
   drafts: Int32Array,
   p: DraftProposal | undefined,
+  vocab: number,
   qOnDevice = false,
-  vocab = 0,
 ): DeviceSampleSpec {
   const uniforms = new Float64Array(drafts.length + 1);
   for (let j = 0; j < uniforms.length; j++) uniforms[j] = r.rng.next();
@@ -459,13 +459,11 @@ export function deviceSpec(
 /**
  * A proposal's q over the whole vocabulary `[k, vocab]` f32: `probs` itself, or a reduced q (`probsIds`, `[k, W]`)
  * written out with zeros off its list (the device sampler reads full rows; tests read rows by token id).
- * @throws {EngineError} when a reduced q is given no vocabulary size.
  */
 export function fullDraftProbs(p: DraftProposal | undefined, vocab: number): Float32Array | undefined {
   const q = p?.probs;
   const ids = p?.probsIds;
   if (q === undefined || ids === undefined) return q;
-  if (!(vocab > 0)) throw new EngineError(`fullDraftProbs: a reduced q (probsIds) needs vocab > 0, got ${vocab}`);
   const W = ids.length;
   const k = W === 0 ? 0 : q.length / W;
   const full = new Float32Array(k * vocab);
