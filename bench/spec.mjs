@@ -4,7 +4,8 @@
 //
 //   npm run bench:spec                      (root; run `npm run build` first; ~6 min)
 //   node bench/spec.mjs [--drafters dflash,dspark,eagle3] [--prompts N] [--tokens N] [--conc 1,4,8]
-//                       [--reps N] [--fixed-k 1,2,3] [--json FILE] [--quick] [--settings 0,1,defaults]
+//                       [--reps N] [--fixed-k 1,2,3] [--fixed-settings 0] [--json FILE] [--quick]
+//                       [--settings 0,1,defaults]
 //
 // Prompts: the first N/2 of test/prompts/prose.jsonl and of code.jsonl (held out; N = 16 by default),
 // `--tokens` new tokens each (default 64), EOS ignored (but in the defaults setting). Target models/kimi-k3-tiny;
@@ -26,7 +27,8 @@
 // Ceiling (C = 1, greedy): with τ(k) = 1 + Σ_{j ≤ k} a_j from the max-k run and the calibrated costs,
 //   ceiling = max_k τ(k) · t_step / (t_draft(k) + t_verify(k))   (k = 0: 1.0; REFERENCE.md §11).
 // It leaves out the per-step work outside the two forwards (accept, commit, draft-context writes),
-// so at C = 1, T = 0 the bench also measures fixed draft lengths (`--fixed-k`, default 1,2,3) in
+// so at C = 1, T = 0 the bench also measures fixed draft lengths (`--fixed-k`, default 1,2,3; at the other settings
+// too where `--fixed-settings` names them, e.g. `0,defaults`) in
 // the same alternation: the best of them and plain (k = 0) is the achievable optimum the cost
 // policy is judged against (its goal: "≥ 90 % of the best ceiling").
 // Greedy outputs of every drafter run are checked equal to plain decoding's (the run aborts if not).
@@ -113,6 +115,11 @@ const FIXED_KS = arg('fixed-k', '1,2,3')
   .split(',')
   .map(Number)
   .filter((k) => k > 0);
+/** The settings (`--settings` keys) at which the fixed draft lengths run (default greedy only). */
+const FIXED_SETTINGS = arg('fixed-settings', '0').split(',');
+for (const n of FIXED_SETTINGS)
+  if (!['0', '1', 'defaults'].includes(n))
+    throw new Error(`bench:spec: --fixed-settings: ${n}: expected 0, 1 or defaults`);
 const load = () => loadavg().slice(0, 2);
 
 const target = await loadTarget(path.join(ROOT, 'models', TARGET_DIR), BUILTIN_PLUGIN_PACKAGES);
@@ -312,7 +319,7 @@ for (const C of CONCS) {
     const greedy = temperature === 0 && setting.ignoreEos;
     const plains = [];
     const per = drafters.map(() => ({ max: [], cost: [], fixed: FIXED_KS.map(() => []) }));
-    const measureFixed = !TAU_ONLY && C === 1 && greedy;
+    const measureFixed = !TAU_ONLY && C === 1 && FIXED_SETTINGS.some((n) => ALL_SETTINGS[n] === setting);
     for (let r = 0; r < REPS; r++) {
       plains.push(run(undefined, C, setting, 'plain'));
       drafters.forEach((d, i) => {
@@ -366,7 +373,7 @@ for (const C of CONCS) {
         const best = fixed.reduce((a, b) => (b.speedup > a.speedup ? b : a), { k: 0, speedup: 1 });
         measured = { fixed, best, costOfBest: cost.tokPerS / plain.tokPerS / best.speedup };
         console.log(
-          `${label(d)} C=1 T=0 measured fixed k: ` +
+          `${label(d)} C=1 T=${setting.name} measured fixed k: ` +
             `${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×` +
             `${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it`,
         );
@@ -431,12 +438,14 @@ for (const r of rows) {
 }
 for (const r of rows.filter((x) => x.measured !== undefined)) {
   console.log(
-    `measured at 1 sequence, greedy, ${r.method}: ` +
+    `measured at 1 sequence, T=${r.setting}, ${r.method}: ` +
       `${r.measured.fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')} (k=0 ×1.000); ` +
       `best k=${r.measured.best.k}; cost policy ×${r.costSpeedup.toFixed(3)} = ` +
-      `${(100 * r.measured.costOfBest).toFixed(1)} % of the best measured, ` +
-      `${((100 * r.costSpeedup) / r.ceiling.value).toFixed(1)} % ` +
-      `of the calibrated ceiling ×${r.ceiling.value.toFixed(3)}`,
+      `${(100 * r.measured.costOfBest).toFixed(1)} % of the best measured` +
+      (r.ceiling === undefined
+        ? ''
+        : `, ${((100 * r.costSpeedup) / r.ceiling.value).toFixed(1)} % ` +
+          `of the calibrated ceiling ×${r.ceiling.value.toFixed(3)}`),
   );
 }
 // The physical bound at each load (bench/spec-bound.mjs: both engines at their floors, from this machine's measured
