@@ -2,6 +2,7 @@
 // physically unreachable only with the bound computed from the measured FLOP rate or bandwidth). Bench-only.
 //
 //   node bench/spec-bound.mjs [--target kimi|smollm2] [--drafters eagle3] [--conc 1,8] [--prompts 16] [--tokens 64]
+//                             [--settings 0|defaults]   (the acceptance greedy, or at the target's default sampling)
 //   (bench:spec prints the same lines for its greedy rows)
 //
 // Both engines are taken at their floors, so per-step overheads (native calls, JavaScript, thread hand-offs) count
@@ -330,11 +331,11 @@ const us = (s) => (s * 1e6).toFixed(1);
 /** "bytes MB at bandwidth GB/s" of a floor. */
 const mb = (f) => `${(f.bytes / 1e6).toFixed(2)} MB at ${(f.bw.bytesPerS / 1e9).toFixed(1)} GB/s`;
 
-/** One drafter's bound at C: lines to print (a table and a verdict). */
-export function boundLines(name, C, b, cpu) {
+/** One drafter's bound at C: lines to print (a table and a verdict); `at` names the acceptance's sampling. */
+export function boundLines(name, C, b, cpu, at = 'greedy') {
   const vsMeasured = b.plain.wallS !== undefined;
   const lines = [
-    `physical bound, ${name} at ${C} sequence(s), greedy (both engines at their floors; ${cpu}):`,
+    `physical bound, ${name} at ${C} sequence(s), acceptance ${at} (both engines at their floors; ${cpu}):`,
     `  plain step: compute ${us(b.plain.computeS)} µs, memory ${us(b.plain.memoryS)} µs ` +
       `(${mb(b.plain)}; ${b.plain.computeS >= b.plain.memoryS ? 'compute-bound' : 'memory-bound'})` +
       (vsMeasured ? `; measured ${us(b.plain.wallS)} µs a step` : ''),
@@ -362,7 +363,8 @@ export function boundLines(name, C, b, cpu) {
  * @param o.prompts prompt token ids (sequence i takes prompt i mod length); o.concs the loads C.
  * @param o.threads the engines' threads; o.amx whether the addon runs AMX tiles.
  * @param o.perPositionOf (drafter, C) → the measured a_j at greedy (max k), or undefined to skip.
- * @param o.labelOf a drafter's name; o.cpu the machine, as printed.
+ * @param o.labelOf a drafter's name; o.cpu the machine, as printed; o.acceptanceAt the sampling a_j was measured at
+ *   (printed; default 'greedy').
  * @returns [{ drafter, C, bound }].
  */
 export function printBounds({
@@ -377,6 +379,7 @@ export function printBounds({
   perPositionOf,
   labelOf,
   cpu,
+  acceptanceAt = 'greedy',
 }) {
   const rates = machineRates(threads, amx);
   const out = [];
@@ -399,7 +402,7 @@ export function printBounds({
     const rowMacs = Object.values(plain.macs).reduce((x, y) => x + y, 0) / C;
     for (const { d, perPosition, spec } of measured) {
       const b = speculationBound(plain, spec, perPosition, rates, bandwidthOf);
-      for (const l of boundLines(labelOf(d), C, b, cpu)) console.log(l);
+      for (const l of boundLines(labelOf(d), C, b, cpu, acceptanceAt)) console.log(l);
       out.push({ drafter: labelOf(d), C, bound: b });
     }
     if (measured.length > 0)
@@ -455,7 +458,19 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
       .split('\n')
       .map((l) => JSON.parse(l).prompt_token_ids);
   const prompts = [...read(sets[1]).slice(0, Math.ceil(N / 2)), ...read(sets[2]).slice(0, N - Math.ceil(N / 2))];
-  // a_j: a max-k run at one sequence, greedy, EOS ignored
+  // a_j: a max-k run at one sequence, greedy with EOS ignored (`--settings 0`, the default), or at the target's default
+  // sampling (its generation_config.json, as `specd serve` reads it) with EOS honoured (`--settings defaults`)
+  const SETTING = arg('settings', '0');
+  if (SETTING !== '0' && SETTING !== 'defaults')
+    throw new Error(`bench:spec-bound: --settings: expected 0 or defaults, got ${SETTING}`);
+  const dflt = core.readModelSamplingDefaults(path.join(ROOT, 'models', dir)) ?? {};
+  const sampling =
+    SETTING === '0'
+      ? { temperature: 0 }
+      : { temperature: dflt.temperature ?? 1, topP: dflt.top_p ?? 1, topK: dflt.top_k ?? 0 };
+  console.log(
+    `bench:spec-bound: acceptance measured at ${JSON.stringify(sampling)}, EOS ${SETTING === '0' ? 'ignored' : 'honoured'}`,
+  );
   const acceptance = new Map();
   for (const d of drafters) {
     const e = new core.SpecEngine(target.model, d, { maxSequences: 1, maxTokensPerSequence: 4096, draftPolicy: 'max' });
@@ -464,9 +479,9 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
         id: `tau-${i}`,
         promptIds: Int32Array.from(p),
         maxTokens: NEW,
-        sampling: { temperature: 0 },
-        seed: 1,
-        ignoreEos: true,
+        sampling,
+        seed: 1000 + i,
+        ignoreEos: SETTING === '0',
       })),
     );
     acceptance.set(d, e.metrics.perPositionAcceptance);
@@ -485,6 +500,7 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     perPositionOf: (d) => acceptance.get(d),
     labelOf: (d) => d.method,
     cpu: `${cpus()[0]?.model.trim()}, ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ${info.threads} threads`,
+    acceptanceAt: SETTING === '0' ? 'greedy' : `at the defaults ${JSON.stringify(sampling)}, EOS honoured`,
   });
   for (const d of drafters) d.dispose();
   target.model.dispose();
