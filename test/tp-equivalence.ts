@@ -31,9 +31,18 @@ export function tinyDrafterDir(method: string): string {
   return path.join(ROOT, 'models', `kimi-k3-tiny-${method}`);
 }
 
-/** Loads a shipped tiny drafter for `target` (2 sequences × 256 tokens; sharded when the target is TP). */
-export async function tinyDrafter(target: LoadedTarget, method: string): Promise<Drafter> {
-  return (await loadDrafter(tinyDrafterDir(method), BUILTIN_PLUGIN_PACKAGES, target, 256, 2)).drafter;
+/**
+ * Loads a shipped tiny drafter for `target` (2 sequences × 256 tokens; sharded when the target is TP), with the
+ * drafter `settings` when given.
+ */
+export async function tinyDrafter(
+  target: LoadedTarget,
+  method: string,
+  settings?: Readonly<Record<string, unknown>>,
+): Promise<Drafter> {
+  const dir = tinyDrafterDir(method);
+  return (await loadDrafter(settings === undefined ? dir : { dir, settings }, BUILTIN_PLUGIN_PACKAGES, target, 256, 2))
+    .drafter;
 }
 
 /** The tp = 1 target, a tp = `tp` one, the prompts' ids and the equivalence checker over them. */

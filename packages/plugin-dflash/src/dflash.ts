@@ -56,6 +56,8 @@ import {
   draftShardLayout,
   keptScratch,
   packLinear,
+  blockDrafterWeightsDefault,
+  isQ8_0Format,
   q8_0Blocker,
   applyBlockLinear,
   type BlockLinear,
@@ -140,9 +142,11 @@ export interface DFlashLoadParts {
    */
   readonly device?: DrafterDevice;
   /**
-   * The draft layers' projections (setting `weights`, core's `draftWeightFormat`): `"bf16"` (default, packed bf16) or
-   * `"q8_0"` (q/k/v, o and the MLP quantized to GGUF Q8_0 at load, core's `q8_0Linear`: int16 activations, half the
-   * bytes; the CPU drafter of a whole draft model only). The draft head keeps its own format (draft-head.ts).
+   * The draft layers' projections (setting `weights`, core's `draftWeightFormat`): `"bf16"` (packed bf16), `"q8_0"`
+   * (q/k/v, o and the MLP quantized to GGUF Q8_0 at load, core's `q8_0Linear`: int16 activations, half the bytes) or
+   * `"q8_0_int8"` (the same weights with int8 activations: half the dot-product work again); the Q8_0 formats on the
+   * CPU drafter of a whole draft model only. Absent: core's `blockDrafterWeightsDefault` (`"q8_0_int8"` on AVX-512
+   * without AMX, else `"bf16"`; a GPU drafter is bf16). The draft head keeps its own format (draft-head.ts).
    */
   readonly weights?: DraftWeightFormat;
   /**
@@ -220,10 +224,11 @@ function buildDFlash(
   // whole matrices, or the rank's blocks under tensor parallelism
   const shard = tp === undefined ? undefined : { layout: tp.layout, headDim: hd };
   const blocker = q8_0Blocker([D, H * hd, I], tp?.comm.size ?? 1);
-  if (parts.weights === 'q8_0' && blocker !== undefined)
-    throw new DrafterError(`${where}: weights "q8_0" ${blocker}; use "bf16"`);
+  if (isQ8_0Format(parts.weights) && blocker !== undefined)
+    throw new DrafterError(`${where}: weights "${parts.weights}" ${blocker}; use "bf16"`);
+  const weights = parts.weights ?? blockDrafterWeightsDefault(blocker);
   /** Row blocks stacked (one `k`) as one linear map: packed bf16 (the rank's blocks), or Q8_0 (whole matrices). */
-  const pack = (p: readonly ShardPart[]): BlockLinear => packLinear(r, p, shard, parts.weights ?? 'bf16');
+  const pack = (p: readonly ShardPart[]): BlockLinear => packLinear(r, p, shard, weights, parts.weights === undefined);
   for (let j = 0; j < c.numLayers; j++) {
     const p = `layers.${j}.`;
     const kvPath: DraftLayerKvWeights = {
@@ -365,14 +370,16 @@ export function loadDFlash(
       throw new DrafterError(`${where}: sliding-window draft layers run on the CPU only (set device to "cpu")`);
     if (parts.packedHead === true)
       throw new DrafterError(`${where}: draft_head "packed" is a CPU format (the GPU drafter packs its own head)`);
-    if (parts.weights === 'q8_0')
-      throw new DrafterError(`${where}: weights "q8_0" is a CPU format (set weights to "bf16" or device to "cpu")`);
+    if (isQ8_0Format(parts.weights))
+      throw new DrafterError(
+        `${where}: weights "${parts.weights}" is a CPU format (set weights to "bf16" or device to "cpu")`,
+      );
   }
   if (
     cuda === undefined ||
     config.layerTypes.some((l) => l !== 'full_attention') ||
     parts.packedHead === true ||
-    parts.weights === 'q8_0'
+    isQ8_0Format(parts.weights)
   )
     return loadDFlashDrafter(source, config, options, parts);
   return buildDFlashCuda(source, config, options, parts, cuda);

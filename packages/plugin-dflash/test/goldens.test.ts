@@ -20,7 +20,8 @@ let target: StageModel;
 let drafter: DFlashDrafter;
 beforeAll(async () => {
   target = loadTarget();
-  drafter = await loadDrafter(target);
+  // the reference numerics: bf16 draft layers (the Q8_0 formats are checked against them in engine.test.ts)
+  drafter = await loadDrafter(target, {}, 4, 1024, { weights: 'bf16' });
 });
 afterAll(() => {
   drafter.dispose();

@@ -97,24 +97,28 @@ describe('greedy speculative decoding with DSpark', () => {
   });
 });
 
-describe('weights "q8_0" (the draft layers in Q8_0)', () => {
+describe('weights "q8_0" and "q8_0_int8" (the draft layers in Q8_0, int16 or int8 activations)', () => {
   it("is token-for-token plain greedy for every golden prompt; τ within 0.15 of the bf16 layers'", async () => {
+    const bf = await loadDrafter(target, 8, 2048, { method: 'dspark', path: 'x', weights: 'bf16' });
     const q8 = await loadDrafter(target, 8, 2048, { method: 'dspark', path: 'x', weights: 'q8_0' });
+    const i8 = await loadDrafter(target, 8, 2048, { method: 'dspark', path: 'x', weights: 'q8_0_int8' });
     try {
       expectFormatsAgree(
         'DSpark (draft layers)',
         target,
-        { bf16: drafter, q8_0: q8 },
+        { bf16: bf, q8_0: q8, q8_0_int8: i8 },
         prompts.map((p) => greedy(p)),
         {
           maxSequences: 4,
         },
       );
     } finally {
+      bf.dispose();
       q8.dispose();
+      i8.dispose();
     }
     await expect(loadDrafter(target, 8, 2048, { weights: 'int4' })).rejects.toThrow(
-      /dspark: settings\.weights: expected "bf16" or "q8_0", got "int4"/,
+      /dspark: settings\.weights: expected "bf16" or "q8_0" or "q8_0_int8", got "int4"/,
     );
   });
 });

@@ -103,9 +103,10 @@ export interface Eagle3Settings {
    */
   readonly confidence?: boolean;
   /**
-   * The CPU draft model's weights: `'q8_0'` (quantized to GGUF Q8_0 at load, {@link EAGLE3_WEIGHT_FORMATS}) or `'bf16'`
-   * (the checkpoint's, `gemmBf16`). Absent: `'q8_0'` for a whole draft model whose projections' input widths are
-   * multiples of 32, `'bf16'` for a tensor-parallel shard (loadShard) or other widths; a drafter on the GPU is bf16.
+   * The CPU draft model's weights: `'q8_0'` (quantized to GGUF Q8_0 at load, {@link EAGLE3_WEIGHT_FORMATS};
+   * `'q8_0_int8'` with int8 activations) or `'bf16'` (the checkpoint's, `gemmBf16`). Absent: `'q8_0'` for a whole
+   * draft model whose projections' input widths are multiples of 32, `'bf16'` for a tensor-parallel shard (loadShard)
+   * or other widths; a drafter on the GPU is bf16.
    */
   readonly weights?: Eagle3WeightFormat;
 }
@@ -379,9 +380,10 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
       description:
         'the CPU draft model\'s weights: "q8_0" (the decoder layer\'s projections and the lm_head quantized to GGUF ' +
         'Q8_0 at load, int16 activations: a draft step reads about half the bytes; the drafts may change a little, ' +
-        'the output does not) or "bf16" (as the checkpoint stores them). Default: "q8_0" on the CPU without tensor ' +
-        'parallelism when every projection\'s input width is a multiple of 32, else "bf16"; "q8_0" is refused with ' +
-        'device "cuda" and under tensor parallelism',
+        'the output does not), "q8_0_int8" (the same weights with int8 activations: half the dot-product work again) ' +
+        'or "bf16" (as the checkpoint stores them). Default: "q8_0" on the CPU without tensor parallelism when every ' +
+        'projection\'s input width is a multiple of 32, else "bf16"; the Q8_0 formats are refused with device ' +
+        '"cuda" and under tensor parallelism',
     },
     tree: {
       type: 'object',

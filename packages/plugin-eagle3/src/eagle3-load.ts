@@ -13,6 +13,7 @@ import {
   draftShardLayout,
   hasTreeCommit,
   packLinear,
+  isQ8_0Format,
   q8_0Blocker,
   q8_0Linear,
   type BlockLinear,
@@ -125,11 +126,11 @@ export function loadEagle3(
       );
     return buildEagle3(source, config, options, undefined).drafter as Eagle3Drafter;
   }
-  if (cuda !== undefined && settings.weights === 'q8_0') {
+  if (cuda !== undefined && isQ8_0Format(settings.weights)) {
     if (device === 'cuda')
       throw new DrafterError(
-        `eagle3: ${source.dir}: drafter.device "cuda": drafter.weights "q8_0" runs on the CPU only; use ` +
-          'drafter.weights "bf16" or drafter.device "cpu"',
+        `eagle3: ${source.dir}: drafter.device "cuda": drafter.weights "${settings.weights}" runs on the CPU ` +
+          'only; use drafter.weights "bf16" or drafter.device "cpu"',
       );
     return buildEagle3(source, config, options, undefined).drafter as Eagle3Drafter;
   }
@@ -338,11 +339,12 @@ function buildEagle3(
   // the `weights` setting: whole matrices quantized to Q8_0 (the default for a whole draft model whose input widths
   // are multiples of 32), or packed bf16 (the default for a shard: the rank's blocks under tensor parallelism)
   const blocker = q8_0Blocker([2 * D, H * hd, D, I], tp?.comm.size ?? 1);
-  if (settings.weights === 'q8_0' && blocker !== undefined)
-    throw new DrafterError(`${where}: drafter.weights "q8_0" ${blocker}; use "bf16"`);
-  const quantize = (settings.weights ?? (tp !== undefined || blocker !== undefined ? 'bf16' : 'q8_0')) === 'q8_0';
+  if (isQ8_0Format(settings.weights) && blocker !== undefined)
+    throw new DrafterError(`${where}: drafter.weights "${settings.weights}" ${blocker}; use "bf16"`);
+  const format = settings.weights ?? (tp !== undefined || blocker !== undefined ? 'bf16' : 'q8_0');
+  const quantize = isQ8_0Format(format);
   /** Row blocks `parts` stacked (one `k`), as one linear map. */
-  const linear = (parts: readonly ShardPart[]): BlockLinear => packLinear(r, parts, shard, quantize ? 'q8_0' : 'bf16');
+  const linear = (parts: readonly ShardPart[]): BlockLinear => packLinear(r, parts, shard, format);
   const w: Eagle3Weights = {
     projection: projection!,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
@@ -358,7 +360,7 @@ function buildEagle3(
     ...(root
       ? {
           lmHead: quantize
-            ? q8_0Linear(r.bf16('lm_head.weight', [Vd, D]), Vd, D)
+            ? q8_0Linear(r.bf16('lm_head.weight', [Vd, D]), Vd, D, format === 'q8_0_int8' ? 'int8' : 'int16')
             : r.packedRows(['lm_head.weight'], [Vd], D),
         }
       : {}),

@@ -208,13 +208,18 @@ describe.skipIf(refRun === undefined)('τ vs the reference run eagle3_t0 (subset
   });
 });
 
-describe('weights: the default "q8_0" and "bf16"', () => {
+describe('weights: the default "q8_0", "q8_0_int8" and "bf16"', () => {
   it(
-    'both give plain greedy output for every golden prompt, their τ within 0.15; the default is Q8_0 ' +
+    'all give plain greedy output for every golden prompt, their τ within 0.15; the default is Q8_0 ' +
       '(every projection and the lm_head), "bf16" packed bf16',
     async () => {
       const bf16 = await loadDrafter(target, {
         settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'bf16' },
+        maxSequences: 8,
+        maxTokensPerSequence: 2048,
+      });
+      const int8 = await loadDrafter(target, {
+        settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'q8_0_int8' },
         maxSequences: 8,
         maxTokensPerSequence: 2048,
       });
@@ -225,12 +230,13 @@ describe('weights: the default "q8_0" and "bf16"', () => {
           (d as unknown as { model: { weights(): Record<string, unknown> } }).model.weights();
         for (const name of names) {
           expect(weightsOf(drafter)[name], name).toHaveProperty('apply');
+          expect(weightsOf(int8)[name], name).toHaveProperty('apply');
           expect(weightsOf(bf16)[name], name).not.toHaveProperty('apply');
         }
         expectFormatsAgree(
           'EAGLE-3',
           target,
-          { q8_0: drafter, bf16 },
+          { q8_0: drafter, q8_0_int8: int8, bf16 },
           prompts.map((p) => greedy(p)),
           {
             maxSequences: 4,
@@ -238,6 +244,7 @@ describe('weights: the default "q8_0" and "bf16"', () => {
         );
       } finally {
         bf16.dispose();
+        int8.dispose();
       }
     },
   );

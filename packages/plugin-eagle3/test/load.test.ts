@@ -173,10 +173,10 @@ describe('EAGLE-3 load', () => {
     e.dispose();
   });
 
-  it('the weights setting: "bf16" or "q8_0", anything else named', async () => {
+  it('the weights setting: "bf16", "q8_0" or "q8_0_int8", anything else named', async () => {
     await expect(
       loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'int4' } }),
-    ).rejects.toThrow(/eagle3: settings\.weights: expected "bf16" or "q8_0", got "int4"/);
+    ).rejects.toThrow(/eagle3: settings\.weights: expected "bf16" or "q8_0" or "q8_0_int8", got "int4"/);
     const d = await loadDrafter(target, { settings: { method: 'eagle3', path: EAGLE3_DIR, weights: 'bf16' } });
     d.dispose();
   });

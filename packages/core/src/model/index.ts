@@ -12,6 +12,8 @@ export {
   DRAFT_WEIGHT_FORMATS,
   draftWeightFormat,
   packLinear,
+  blockDrafterWeightsDefault,
+  isQ8_0Format,
   q8_0Blocker,
   q8_0Linear,
   type DraftWeightFormat,
