@@ -469,7 +469,8 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
       ? { temperature: 0 }
       : { temperature: dflt.temperature ?? 1, topP: dflt.top_p ?? 1, topK: dflt.top_k ?? 0 };
   console.log(
-    `bench:spec-bound: acceptance measured at ${JSON.stringify(sampling)}, EOS ${SETTING === '0' ? 'ignored' : 'honoured'}`,
+    `bench:spec-bound: acceptance measured at ${JSON.stringify(sampling)}, ` +
+      `EOS ${SETTING === '0' ? 'ignored' : 'honoured'}`,
   );
   const acceptance = new Map();
   for (const d of drafters) {
