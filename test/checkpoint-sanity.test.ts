@@ -226,6 +226,18 @@ describe('checkpoint sanity: drafters', () => {
     expect(warnings[0]).toContain('"layers.1.mlp.down_proj.weight"');
   });
 
+  it('EAGLE-3 (Q8_0 by default): a NaN in its lm_head is refused, and loads with a warning under "warn"', async () => {
+    const dir = corruptCopy(EAGLE3, (t) => setBf16(t, 'lm_head.weight', 5, 6, BF16_NAN));
+    await expect(load(dir)).rejects.toThrow(
+      `${path.join(dir, 'model.safetensors')}: tensor "lm_head.weight": 1 non-finite value of ` +
+        `${4096 * 256}, the first NaN at element 5 (row 0)`,
+    );
+    const { options, warnings } = collect('warn');
+    await load(dir, options);
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toContain('"lm_head.weight"');
+  });
+
   it('a block_size of 1e6 is refused at once, naming the field and the bound', async () => {
     const dir = corruptCopy(DFLASH, undefined, (c) => {
       c.block_size = 1_000_000;

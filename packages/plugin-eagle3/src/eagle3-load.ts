@@ -15,7 +15,6 @@ import {
   packLinear,
   isQ8_0Format,
   q8_0Blocker,
-  q8_0Linear,
   type BlockLinear,
   type DrafterLoadOptions,
   type DrafterShardLoadOptions,
@@ -342,9 +341,9 @@ function buildEagle3(
   if (isQ8_0Format(settings.weights) && blocker !== undefined)
     throw new DrafterError(`${where}: drafter.weights "${settings.weights}" ${blocker}; use "bf16"`);
   const format = settings.weights ?? (tp !== undefined || blocker !== undefined ? 'bf16' : 'q8_0');
-  const quantize = isQ8_0Format(format);
-  /** Row blocks `parts` stacked (one `k`), as one linear map. */
-  const linear = (parts: readonly ShardPart[]): BlockLinear => packLinear(r, parts, shard, format);
+  /** Row blocks `parts` stacked (one `k`), as one linear map (a default Q8_0 keeps a non-finite matrix bf16). */
+  const linear = (parts: readonly ShardPart[], sh = shard): BlockLinear =>
+    packLinear(r, parts, sh, format, settings.weights === undefined);
   const w: Eagle3Weights = {
     projection: projection!,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
@@ -359,9 +358,8 @@ function buildEagle3(
     down: linear([downPart]),
     ...(root
       ? {
-          lmHead: quantize
-            ? q8_0Linear(r.bf16('lm_head.weight', [Vd, D]), Vd, D, format === 'q8_0_int8' ? 'int8' : 'int16')
-            : r.packedRows(['lm_head.weight'], [Vd], D),
+          // whole on rank 0 (never sharded)
+          lmHead: linear([{ name: 'lm_head.weight', n: Vd, k: D, split: 'replicated' }], undefined),
         }
       : {}),
     draftToTarget,
