@@ -214,29 +214,25 @@ describe('checkpoint sanity: drafters', () => {
       return d;
     });
 
-  it('a NaN in a drafter weight is refused by default and loads with a warning under "warn"', async () => {
-    const dir = corruptCopy(DFLASH, (t) => setBf16(t, 'layers.1.mlp.down_proj.weight', 5, 6, BF16_NAN));
-    await expect(load(dir)).rejects.toThrow(
-      `${path.join(dir, 'model.safetensors')}: tensor "layers.1.mlp.down_proj.weight": 1 non-finite value of ` +
-        `${256 * 512}, the first NaN at element 5 (row 0)`,
-    );
-    const { options, warnings } = collect('warn');
-    await load(dir, options);
-    expect(warnings).toHaveLength(1);
-    expect(warnings[0]).toContain('"layers.1.mlp.down_proj.weight"');
-  });
-
-  it('EAGLE-3 (Q8_0 by default): a NaN in its lm_head is refused, and loads with a warning under "warn"', async () => {
-    const dir = corruptCopy(EAGLE3, (t) => setBf16(t, 'lm_head.weight', 5, 6, BF16_NAN));
-    await expect(load(dir)).rejects.toThrow(
-      `${path.join(dir, 'model.safetensors')}: tensor "lm_head.weight": 1 non-finite value of ` +
-        `${4096 * 256}, the first NaN at element 5 (row 0)`,
-    );
-    const { options, warnings } = collect('warn');
-    await load(dir, options);
-    expect(warnings).toHaveLength(1);
-    expect(warnings[0]).toContain('"lm_head.weight"');
-  });
+  // DFlash's layers and EAGLE-3's lm_head are Q8_0 by default on some CPUs (Q8_0 cannot hold a NaN: such a matrix
+  // stays bf16 under "warn")
+  it.each([
+    ['DFlash', DFLASH, 'layers.1.mlp.down_proj.weight', 256 * 512],
+    ['EAGLE-3', EAGLE3, 'lm_head.weight', 4096 * 256],
+  ] as const)(
+    '%s: a NaN in a drafter weight is refused by default and loads with a warning under "warn"',
+    async (_name, drafterDir, tensor, elements) => {
+      const dir = corruptCopy(drafterDir, (t) => setBf16(t, tensor, 5, 6, BF16_NAN));
+      await expect(load(dir)).rejects.toThrow(
+        `${path.join(dir, 'model.safetensors')}: tensor "${tensor}": 1 non-finite value of ` +
+          `${elements}, the first NaN at element 5 (row 0)`,
+      );
+      const { options, warnings } = collect('warn');
+      await load(dir, options);
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toContain(`"${tensor}"`);
+    },
+  );
 
   it('a block_size of 1e6 is refused at once, naming the field and the bound', async () => {
     const dir = corruptCopy(DFLASH, undefined, (c) => {
