@@ -107,15 +107,6 @@ double SumF64Lanes16Avx512(const float* x, int64_t n) {
   return Fold16(a0, a1);
 }
 
-void DivideF64Avx512(const float* x, float* o, int64_t n, double t) {
-  const __m512d d = _mm512_set1_pd(t);
-  for (int64_t i = 0; i < n; i += 8) {
-    const __mmask8 k = static_cast<__mmask8>(n - i >= 8 ? 0xff : (1u << (n - i)) - 1u);
-    const __m512d v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, x + i));
-    _mm256_mask_storeu_ps(o + i, k, _mm512_cvtpd_ps(_mm512_div_pd(v, d)));
-  }
-}
-
 double SumAtLeastAvx512(const float* x, int64_t n, float t) {
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   const __m512 tv = _mm512_set1_ps(t);
@@ -136,6 +127,81 @@ int64_t IndicesAtLeastAvx512(const float* x, int64_t n, float t, int32_t* idx) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 tail = Tail(n - i);
     const __mmask16 k = _mm512_mask_cmp_ps_mask(tail, _mm512_maskz_loadu_ps(tail, x + i), tv, _CMP_GE_OQ);
+    if (k == 0) continue;
+    _mm512_mask_compressstoreu_epi32(idx + c, k, _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i))));
+    c += __builtin_popcount(k);
+  }
+  return c;
+}
+
+float DivideF64MaxAvx512(const float* x, float* o, int64_t n, double t, bool* nan) {
+  const __m512d d = _mm512_set1_pd(t);
+  __m256 m = _mm256_set1_ps(-__builtin_inff());
+  __mmask8 bad = 0;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __mmask8 k = static_cast<__mmask8>(n - i >= 8 ? 0xff : (1u << (n - i)) - 1u);
+    const __m256 v = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, x + i)), d));
+    _mm256_mask_storeu_ps(o + i, k, v);
+    m = _mm256_mask_max_ps(m, k, v, m);  // MAXPS(v, m): a NaN v keeps m
+    bad = static_cast<__mmask8>(bad | _mm256_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = -__builtin_inff();
+  for (const float v : lanes) r = v > r ? v : r;
+  *nan = bad != 0;
+  return r;
+}
+
+double DivExpSumAvx512(const float* x, float* o, int64_t n, double t, float mx, float zero_below) {
+  const __m512d d = _mm512_set1_pd(t);
+  const __m512 m = _mm512_set1_ps(mx), one = _mm512_set1_ps(1.0f), zb = _mm512_set1_ps(zero_below);
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = Tail(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    if (_mm512_mask_cmp_ps_mask(k, v, zb, _CMP_GE_OQ) == 0) {
+      // every lane's exponential is 0: adding +0.0 changes no partial
+      _mm512_mask_storeu_ps(o + i, k, _mm512_setzero_ps());
+      continue;
+    }
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), d));
+    const __m256 hi = _mm512_cvtpd_ps(
+        _mm512_div_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))), d));
+    const __m512 q =
+        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+    // a tail's missing lanes add +0.0, as in SumF64Lanes16Avx512
+    const __m512 e = _mm512_maskz_mov_ps(k, Exp16(_mm512_mul_ps(_mm512_sub_ps(q, m), one)));
+    _mm512_mask_storeu_ps(o + i, k, e);
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_shuffle_f32x4(e, e, 0xEE))));
+  }
+  return Fold16(a0, a1);
+}
+
+float ScaleMaxAvx512(const float* x, float* o, int64_t n, float s) {
+  const __m512 sv = _mm512_set1_ps(s);
+  __m512 m = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = Tail(n - i);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv);
+    _mm512_mask_storeu_ps(o + i, k, v);
+    m = _mm512_mask_max_ps(m, k, v, m);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float r = -__builtin_inff();
+  for (const float v : lanes) r = v > r ? v : r;
+  return r;
+}
+
+int64_t IndicesPositiveAvx512(const float* x, int64_t n, int32_t* idx) {
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 tail = Tail(n - i);
+    const __mmask16 k =
+        _mm512_mask_cmp_ps_mask(tail, _mm512_maskz_loadu_ps(tail, x + i), _mm512_setzero_ps(), _CMP_GT_OQ);
     if (k == 0) continue;
     _mm512_mask_compressstoreu_epi32(idx + c, k, _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i))));
     c += __builtin_popcount(k);

@@ -80,11 +80,6 @@ static inline double SumF64Lanes16(const float* x, int64_t n) {
   return p[0];
 }
 
-/** o[i] = f32(f64(x[i]) / t) (o may alias x): a temperature applied as JavaScript does into a Float32Array. */
-SPECD_KDA_VECTORIZABLE static inline void DivideF64Array(const float* x, float* o, int64_t n, double t) {
-  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(static_cast<double>(x[i]) / t);
-}
-
 /** Σ of the x[i] >= t, in double (SumF64Lanes16's order over the kept values; the others add 0). */
 static inline double SumAtLeastArray(const float* x, int64_t n, float t) {
   double p[16] = {};
@@ -102,8 +97,64 @@ static inline int64_t IndicesAtLeastArray(const float* x, int64_t n, float t, in
   return c;
 }
 
+/**
+ * o[i] = f32(f64(x[i]) / t) (o may alias x): a temperature applied as JavaScript does into a Float32Array, fused with
+ * the maximum of its output: returns the largest o[i] (NaN never wins: `v > m ? v : m`; −Inf when there is none) and
+ * sets *nan when some o[i] is NaN. samplingProbs's first pass (sampling.cc).
+ */
+static inline float DivideF64MaxArray(const float* x, float* o, int64_t n, double t, bool* nan) {
+  float m = -__builtin_inff();
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(static_cast<double>(x[i]) / t);
+    o[i] = v;
+    m = v > m ? v : m;
+    any = any || v != v;
+  }
+  *nan = any;
+  return m;
+}
+
+/**
+ * softmax's exponentials of a row divided by a temperature, with their sum: o[i] = ExpF((f32(f64(x[i]) / t) − mx) · 1)
+ * (the division as DivideF64MaxArray's, the exponential as ExpShiftArray's), → Σ o[i] in SumF64Lanes16's order. An
+ * x[i] below `zero_below` must give an exponential of exactly 0 (the caller's bound: ExpF(d) = 0 for d ≤ −104), so
+ * the vector path skips 16 such lanes at once; the value is the same either way. o must not alias x.
+ */
+static inline double DivExpSumArray(const float* x, float* o, int64_t n, double t, float mx, float zero_below) {
+  double p[16] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = x[i] < zero_below ? 0.0f : ExpF((static_cast<float>(static_cast<double>(x[i]) / t) - mx) * 1.0f);
+    p[i & 15] += static_cast<double>(o[i]);
+  }
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) p[l] += p[l + w];
+  return p[0];
+}
+
+/** o[i] = x[i] · s (f32; o may alias x); returns the largest o[i] (as DivideF64MaxArray; −Inf when n = 0). */
+static inline float ScaleMaxArray(const float* x, float* o, int64_t n, float s) {
+  float m = -__builtin_inff();
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = x[i] * s;
+    m = o[i] > m ? o[i] : m;
+  }
+  return m;
+}
+
+/** Writes the indices i with x[i] > 0 into idx in ascending order; returns how many. */
+static inline int64_t IndicesPositiveArray(const float* x, int64_t n, int32_t* idx) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] > 0.0f) idx[c++] = static_cast<int32_t>(i);
+  return c;
+}
+
 double SumF64Lanes16Avx512(const float* x, int64_t n);
-void DivideF64Avx512(const float* x, float* o, int64_t n, double t);
+float DivideF64MaxAvx512(const float* x, float* o, int64_t n, double t, bool* nan);
+double DivExpSumAvx512(const float* x, float* o, int64_t n, double t, float mx, float zero_below);
+float ScaleMaxAvx512(const float* x, float* o, int64_t n, float s);
+int64_t IndicesPositiveAvx512(const float* x, int64_t n, int32_t* idx);
 double SumAtLeastAvx512(const float* x, int64_t n, float t);
 int64_t IndicesAtLeastAvx512(const float* x, int64_t n, float t, int32_t* idx);
 void SiluAvx512(const float* g, float* o, int64_t n);

@@ -224,6 +224,8 @@ export interface RawAddon {
     topK: number,
     topP: number,
     out: Float32Array,
+    support?: Int32Array,
+    counts?: Int32Array,
   ): void;
   // kda.cc
   kdaForward(...args: KdaRawArgs): void;

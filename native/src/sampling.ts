@@ -114,10 +114,15 @@ export function topPMask(logits: Float32Array, vocab: number, p: number, out?: F
  * f32, as `logits[i] / temperature` written into a Float32Array), without the intermediate arrays.
  * @param logits Float32Array [rows, vocab] (not modified unless `out` is it); @param vocab row length.
  * @param temperature > 0; @param topK 0 (off) … vocab (vocab keeps all); @param topP in (0, 1] (1 keeps all).
+ * A row holding a NaN beside finite values comes out all NaN.
  * @param out optional Float32Array [rows, vocab]; may be `logits`.
+ * @param support optional: where each row's support goes, `ids` Int32Array [rows, vocab] (row r's positive
+ *   entries' token ids, ascending, in `ids[r * vocab, r * vocab + counts[r])`) and `counts` Int32Array [rows] (−1 for
+ *   a row holding a NaN). Without top-k the kernel finds the support anyway (it makes only the kept tokens'
+ *   probabilities), so it costs nothing there; with top-k, one more pass.
  * @returns probabilities, Float32Array [rows, vocab] (0 for the filtered tokens).
  * @throws SpecdArgumentError on bad arguments; Error (code ERR_SPECD_KERNEL) when a row has no
- *   finite value.
+ *   finite value (+Infinity, or only −Infinity and NaN).
  */
 export function samplingProbs(
   logits: Float32Array,
@@ -126,12 +131,19 @@ export function samplingProbs(
   topK: number,
   topP: number,
   out?: Float32Array,
+  support?: { readonly ids: Int32Array; readonly counts: Int32Array },
 ): Float32Array {
   const n = rows('samplingProbs', 'logits', logits, vocab);
   const t = expectNumber('samplingProbs', 'temperature', temperature, (v) => v > 0, 'a number > 0');
   const k = expectInt('samplingProbs', 'topK', topK, 0, vocab);
   const pp = expectNumber('samplingProbs', 'topP', topP, (v) => v > 0 && v <= 1, 'a number in (0, 1]');
   const y = outArray('samplingProbs', out, Float32Array, logits.length, 'logits.length');
-  addon.samplingProbs(logits, n, vocab, t, k, pp, y);
+  if (support === undefined) {
+    addon.samplingProbs(logits, n, vocab, t, k, pp, y);
+    return y;
+  }
+  const ids = expectArray('samplingProbs', 'support.ids', support.ids, Int32Array, logits.length, 'logits.length');
+  const counts = expectArray('samplingProbs', 'support.counts', support.counts, Int32Array, n, 'rows');
+  addon.samplingProbs(logits, n, vocab, t, k, pp, y, ids, counts);
   return y;
 }

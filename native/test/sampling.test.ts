@@ -248,6 +248,52 @@ describe('samplingProbs', () => {
         }
   });
 
+  it("lists each row's support (its positive entries' ids, ascending) with the same bits, on every ISA path", () => {
+    const seed = freshSeed();
+    const next = rng(seed);
+    const vocab = 1031;
+    const rows = [randomF32(vocab, next, 0.5), randomF32(vocab, next, 8), randomF32(vocab, next, 60)];
+    rows.push(Float32Array.from(randomF32(vocab, next, 3), (v) => Math.round(v))); // ties
+    const masked = randomF32(vocab, next, 5);
+    for (let i = 0; i < vocab; i += 3) masked[i] = -Infinity;
+    rows.push(masked);
+    const nan = randomF32(vocab, next, 5);
+    nan[17] = Number.NaN;
+    rows.push(nan);
+    const x = new Float32Array(rows.length * vocab);
+    for (const [i, r] of rows.entries()) x.set(r, i * vocab);
+    const nanRow = rows.length - 1;
+    for (const path of isaPaths())
+      for (const [t, k, p] of [
+        [0.2, 0, 0.9],
+        [1, 0, 1],
+        [0.7, 40, 0.95],
+        [1.3, 0, 0.3],
+        [30, 0, 0.999],
+      ] as const)
+        withIsa(path, () => {
+          const what = `seed ${seed}, ${path}, T ${t}, k ${k}, p ${p}`;
+          const support = { ids: new Int32Array(x.length).fill(-7), counts: new Int32Array(rows.length) };
+          const y = samplingProbs(x, vocab, t, k, p, poisoned(x.length), support);
+          const plain = samplingProbs(x, vocab, t, k, p);
+          for (let r = 0; r < rows.length; r++) {
+            const row = y.subarray(r * vocab, (r + 1) * vocab);
+            if (r === nanRow) {
+              expect(support.counts[r], what).toBe(-1);
+              expect(
+                row.every((v) => Number.isNaN(v)),
+                what,
+              ).toBe(true);
+              continue;
+            }
+            expect(firstBitDifference(row, plain.subarray(r * vocab, (r + 1) * vocab)), what).toBe(-1);
+            const positive = [...row.keys()].filter((i) => row[i]! > 0);
+            const n = support.counts[r]!;
+            expect(Array.from(support.ids.subarray(r * vocab, r * vocab + n)), `${what}, row ${r}`).toEqual(positive);
+          }
+        });
+  });
+
   it('names a bad argument and a row without a finite value', () => {
     const x = new Float32Array([1, 2, -Infinity, -Infinity]);
     expect(() => samplingProbs(x, 2, 1, 0, 1)).toThrow('samplingProbs: logits: row 1 has no finite value');

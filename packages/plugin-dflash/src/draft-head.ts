@@ -26,6 +26,7 @@ import {
   DrafterError,
   quantizeQ8_0,
   sampleFromProbs,
+  sampleFromSupport,
   samplingProbs,
   type DraftSampling,
   type RandomSource,
@@ -154,6 +155,9 @@ export interface HeadDrafts {
   readonly confidence?: Float32Array;
 }
 
+/** {@link draftsFromLogits}'s q supports, reused call after call. */
+let headSupport = new Int32Array(0);
+
 /**
  * Drafts from draft-head logits `[k, Vd]` f32 over the draft vocabulary `ids` `[Vd]` (undefined: the whole vocabulary,
  * Vd = vocabSize): greedy (temperature 0) the argmax of each row; sampled, q = the request's temperature / top-k /
@@ -179,14 +183,25 @@ export function draftsFromLogits(
     if (ids !== undefined) for (let j = 0; j < k; j++) tokens[j] = ids[tokens[j]!]!;
     return top === undefined ? { tokens } : { tokens, confidence: top.prob };
   }
-  const q = samplingProbs(logits, Vd, sampling);
+  // q with each row's support (its kept tokens, few at the usual top-p): the confidence and the draws read only those
+  if (headSupport.length < k * Vd) headSupport = new Int32Array(k * Vd);
+  const support = { ids: headSupport.subarray(0, k * Vd), counts: new Int32Array(k) };
+  const q = samplingProbs(logits, Vd, sampling, undefined, support);
   const tokens = new Int32Array(k);
-  // each row's largest probability (one native argmax over the k rows), read before the draws: the verify budget
-  // never sees the draft itself
-  const top = withConfidence ? argmax(q, Vd) : undefined;
-  const confidence = top === undefined ? undefined : Float32Array.from(top, (i, j) => q[j * Vd + i]!);
+  const row = (j: number) => q.subarray(j * Vd, (j + 1) * Vd);
+  const rowSupport = (j: number) => support.ids.subarray(j * Vd, j * Vd + support.counts[j]!);
+  // each row's largest probability, read before the draws: the verify budget never sees the draft itself
+  const confidence = withConfidence
+    ? Float32Array.from({ length: k }, (_, j) => {
+        if (support.counts[j]! < 0) return Number.NaN;
+        let top = 0;
+        for (const v of rowSupport(j)) if (q[j * Vd + v]! > top) top = q[j * Vd + v]!;
+        return top;
+      })
+    : undefined;
   for (let j = 0; j < k; j++) {
-    const d = sampleFromProbs(q.subarray(j * Vd, (j + 1) * Vd), rng);
+    // a NaN row (count −1) throws in sampleFromProbs
+    const d = support.counts[j]! < 0 ? sampleFromProbs(row(j), rng) : sampleFromSupport(row(j), rowSupport(j), rng);
     tokens[j] = ids === undefined ? d : ids[d]!;
   }
   const c = confidence === undefined ? {} : { confidence };

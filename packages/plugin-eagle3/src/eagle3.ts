@@ -91,6 +91,7 @@ import {
   DraftKvCache,
   f32Region,
   sampleFromProbs,
+  sampleFromSupport,
   samplingProbs,
   sharedFloat32,
   type ContextSpan,
@@ -119,6 +120,10 @@ const LAST_FEATURE_REGION = 'draft-state/last-feature';
  * A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). Sequence
  * bookkeeping (add / context length / pages in use) is core's {@link DrafterBase} over its {@link DraftKvCache}.
  */
+/** A sampled chain step's q support ({@link samplingProbs}), reused step after step. */
+let chainSupport = new Int32Array(0);
+const chainCount = new Int32Array(1);
+
 export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
   readonly method = 'eagle3';
   /** Drafts per step at most: the chain length, or `tree.totalTokens` in tree mode. */
@@ -294,6 +299,8 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
       // q rows over the draft vocabulary [k, Vd] (the proposal's probsIds: draftToTarget names their token ids)
       const Vd = w.draftToTarget.length;
       const probs = cs.map((s, r) => (s.sampling.temperature > 0 ? new Float32Array(lengths[r]! * Vd) : undefined));
+      if (probs.some((q) => q !== undefined) && chainSupport.length < Vd) chainSupport = new Int32Array(Vd);
+      const support = { ids: chainSupport.subarray(0, Vd), counts: chainCount };
       // confidence c_j: the greedy draft's probability, or a sampled draft's distribution's largest (module
       // comment "Confidence"); written by runChain, a sampled step's overwritten by its pick
       const confidence = this.confidence ? lengths.map((k) => new Float32Array(k)) : undefined;
@@ -307,13 +314,17 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
           const qRow = probs[r];
           if (qRow === undefined) return greedy;
           const s = cs[r]!;
-          const qd = samplingProbs(lg, lg.length, s.sampling, qRow.subarray((j - 1) * Vd, j * Vd));
+          // q's support (its kept tokens, few at the usual top-p): the confidence and the draw read only those
+          const qd = samplingProbs(lg, lg.length, s.sampling, qRow.subarray((j - 1) * Vd, j * Vd), support);
+          const n = support.counts[0]!;
+          if (n < 0) return sampleFromProbs(qd, s.rng); // a NaN row: it throws there
+          const ids = support.ids.subarray(0, n);
           if (confidence !== undefined) {
             let top = 0;
-            for (let e = 0; e < qd.length; e++) if (qd[e]! > top) top = qd[e]!;
+            for (let e = 0; e < n; e++) if (qd[ids[e]!]! > top) top = qd[ids[e]!]!;
             confidence[r]![j - 1] = top;
           }
-          return sampleFromProbs(qd, s.rng);
+          return sampleFromSupport(qd, ids, s.rng);
         },
         confidence,
       );

@@ -18,7 +18,7 @@
 import { argmax } from '@specd/native';
 
 import type { DraftProposal, RandomSource } from '../plugin/drafter-plugin.js';
-import { NonFiniteLogitsError, sampleFromProbs } from './probs.js';
+import { drawCompact, NonFiniteLogitsError, sampleFromProbs, sampleFromSupport } from './probs.js';
 
 /** Outcome of verifying one sequence's drafts. */
 export interface AcceptResult {
@@ -120,17 +120,26 @@ function inverseOf(ids: Int32Array, vocab: number): Int32Array {
 let residScratch = new Float32Array(0);
 
 /**
+ * One row of the target's p for {@link acceptSampledRows}: `[vocab]` f32, or with its support (`support`: the ids of
+ * its positive entries ascending, {@link samplingProbs}'s `support`), which lets the decision read only those.
+ */
+export type TargetProbsRow = Float32Array | { readonly probs: Float32Array; readonly support: Int32Array };
+
+/**
  * {@link acceptSampled} with the target's probabilities computed as they are reached: `pRow(j)` → row j `[vocab]`
- * f32, called at most once per row, in order, for the rows the decision reads (the drafts examined, then the row
- * drawn from) — on average τ of the k + 1 rows. The same draws and the same result as the eager form, and with a
- * reduced q (`qIds`) the same as with that q written out over the whole vocabulary (zeros off the list).
+ * f32 (or that row with its support, {@link TargetProbsRow}), called at most once per row, in order, for the rows the
+ * decision reads (the drafts examined, then the row drawn from) — on average τ of the k + 1 rows. The same draws and
+ * the same result as the eager form, and with a reduced q (`qIds`) the same as with that q written out over the
+ * whole vocabulary (zeros off the list). With a row's support, the recovered token's residual max(0, p − q) is made
+ * over that support only (p is 0 elsewhere, so is the residual for a finite q ≥ 0): the same f32 values, summed and
+ * drawn from in the same order, in time linear in the support instead of the vocabulary.
  * @throws {RangeError} for a mis-sized q or bad qIds; {@link NonFiniteLogitsError} (sampleFromProbs) when a row drawn
  *   from has no positive finite mass.
  */
 export function acceptSampledRows(
   drafts: Int32Array,
   q: Float32Array | undefined,
-  pRow: (j: number) => Float32Array,
+  pRow: (j: number) => TargetProbsRow,
   vocab: number,
   rng: RandomSource,
   qIds?: Int32Array,
@@ -142,12 +151,14 @@ export function acceptSampledRows(
   const inv = q !== undefined && qIds !== undefined ? inverseOf(qIds, vocab) : undefined;
   for (let i = 0; i < k; i++) {
     const x = drafts[i]!;
-    const pi = pRow(i);
+    const row = pRow(i);
+    const pi = row instanceof Float32Array ? row : row.probs;
     const px = pi[x]!;
     const col = inv === undefined ? x : inv[x]!;
     const qx = q === undefined ? 1 : col < 0 ? 0 : q[i * W + col]!;
     if (rng.next() * qx < px) continue;
     // the recovered token: norm(max(0, p − q)), q written out over the vocabulary (0 off a reduced list)
+    if (!(row instanceof Float32Array)) return { accepted: i, bonus: recoveredOnSupport(row, i, x, q, W, inv, rng) };
     if (residScratch.length < vocab) residScratch = new Float32Array(vocab);
     const resid = residScratch.subarray(0, vocab);
     if (q === undefined) {
@@ -164,10 +175,42 @@ export function acceptSampledRows(
     }
     let sum = 0;
     for (let v = 0; v < vocab; v++) sum += resid[v]!;
-    const row = sum > 0 ? resid : pi;
-    return { accepted: i, bonus: sampleFromProbs(row, rng) };
+    return { accepted: i, bonus: sampleFromProbs(sum > 0 ? resid : pi, rng) };
   }
-  return { accepted: k, bonus: sampleFromProbs(pRow(k), rng) };
+  const last = pRow(k);
+  return {
+    accepted: k,
+    bonus: last instanceof Float32Array ? sampleFromProbs(last, rng) : sampleFromSupport(last.probs, last.support, rng),
+  };
+}
+
+/**
+ * The recovered token of {@link acceptSampledRows} at draft i (token x) from a row with its support: the residual's
+ * f32 values max(0, p − q) at the support's ids (q of the draft: `[k, W]` over `inv`'s columns, or a point mass at
+ * x when undefined), then the dense form's draw — from the residual when its total is positive, else from p.
+ */
+function recoveredOnSupport(
+  row: { readonly probs: Float32Array; readonly support: Int32Array },
+  i: number,
+  x: number,
+  q: Float32Array | undefined,
+  W: number,
+  inv: Int32Array | undefined,
+  rng: RandomSource,
+): number {
+  const { probs: pi, support } = row;
+  const n = support.length;
+  if (residScratch.length < n) residScratch = new Float32Array(Math.max(n, 2 * residScratch.length));
+  const resid = residScratch;
+  let sum = 0;
+  for (let e = 0; e < n; e++) {
+    const v = support[e]!;
+    const col = inv === undefined ? v : inv[v]!;
+    const qv = q === undefined ? (v === x ? 1 : 0) : col < 0 ? 0 : q[i * W + col]!;
+    resid[e] = Math.max(0, pi[v]! - qv);
+    sum += resid[e]!;
+  }
+  return sum > 0 ? drawCompact(resid, support, n, rng) : sampleFromSupport(pi, support, rng);
 }
 
 /** A proposal with `parents`. */

@@ -11,14 +11,23 @@ export {
   type SpecRequest,
   type SpecResult,
 } from './types.js';
-export { acceptGreedy, acceptSampled, acceptSampledRows, acceptTreeGreedy, type AcceptResult } from './accept.js';
+export {
+  acceptGreedy,
+  acceptSampled,
+  acceptSampledRows,
+  acceptTreeGreedy,
+  type AcceptResult,
+  type TargetProbsRow,
+} from './accept.js';
 export { fullDraftProbs } from './spec-step.js';
 export {
   checkLogitsRow,
   greedyToken,
   nextToken,
   NonFiniteLogitsError,
+  type ProbsSupport,
   sampleFromProbs,
+  sampleFromSupport,
   sampleToken,
   samplingProbs,
 } from './probs.js';

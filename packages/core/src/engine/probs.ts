@@ -21,17 +21,31 @@ export class NonFiniteLogitsError extends RangeError {
 }
 
 /**
+ * Where {@link samplingProbs} lists each row's support: `ids` `[rows, vocab]` i32 (row r's positive entries' token
+ * ids, ascending, in `ids[r * vocab, r * vocab + counts[r])`), `counts` `[rows]` i32 (−1 for a row holding a NaN,
+ * whose probabilities are NaN).
+ */
+export interface ProbsSupport {
+  readonly ids: Int32Array;
+  readonly counts: Int32Array;
+}
+
+/**
  * `logits [rows, vocab]` f32 (not modified) → probabilities `[rows, vocab]` f32 after temperature,
- * top-k and top-p; masked entries are exactly 0.
+ * top-k and top-p; masked entries are exactly 0. A row holding a NaN comes out NaN.
  * @param out optional `[rows, vocab]` f32 to write into (e.g. a proposal's q rows), else a new array.
+ * @param support optional {@link ProbsSupport} to fill: with it, {@link sampleFromSupport} and rejection sampling
+ *   read a row's few kept tokens instead of the whole vocabulary.
  * @throws {RangeError} if temperature ≤ 0 (greedy has no distribution) or not finite, topK < 0 or topP outside
- *   (0, 1]; SpecdArgumentError for a mis-sized `out`.
+ *   (0, 1]; SpecdArgumentError for a mis-sized `out` or `support`; Error (ERR_SPECD_KERNEL) for a row without a
+ *   finite value.
  */
 export function samplingProbs(
   logits: Float32Array,
   vocab: number,
   params: DraftSampling,
   out?: Float32Array,
+  support?: ProbsSupport,
 ): Float32Array {
   const { temperature, topK, topP } = params;
   if (!(temperature > 0 && temperature < Number.POSITIVE_INFINITY))
@@ -41,7 +55,8 @@ export function samplingProbs(
   if (topP !== undefined && !(topP > 0 && topP <= 1))
     throw new RangeError(`samplingProbs: topP: expected a number in (0, 1], got ${topP}`);
   // one native call: x / T, topKMask, topPMask, softmax with the bits of those steps made one by one
-  return nativeSamplingProbs(logits, vocab, temperature, topK !== undefined && topK < vocab ? topK : 0, topP ?? 1, out);
+  const k = topK !== undefined && topK < vocab ? topK : 0;
+  return nativeSamplingProbs(logits, vocab, temperature, k, topP ?? 1, out, support);
 }
 
 /**
@@ -51,21 +66,49 @@ export function samplingProbs(
  *   Infinity in the row, or no mass: the logits it came from were not finite).
  */
 export function sampleFromProbs(probs: Float32Array, rng: RandomSource): number {
+  return drawCompact(probs, undefined, probs.length, rng);
+}
+
+/** The values of a support, gathered for {@link drawCompact} (reused call after call). */
+let gathered = new Float32Array(0);
+
+/**
+ * {@link sampleFromProbs} over a row's support: `probs [vocab]` f32 read only at `support` (token ids ascending,
+ * listing every positive entry of the row: {@link samplingProbs}'s `support`). The same draw, the same `rng.next()`
+ * and the same throws as over the whole row (its other entries are 0, which neither the total nor the running sum
+ * sees), in time linear in the support.
+ * @throws {NonFiniteLogitsError} as {@link sampleFromProbs}.
+ */
+export function sampleFromSupport(probs: Float32Array, support: Int32Array, rng: RandomSource): number {
+  const n = support.length;
+  if (gathered.length < n) gathered = new Float32Array(Math.max(n, 2 * gathered.length));
+  for (let e = 0; e < n; e++) gathered[e] = probs[support[e]!]!;
+  return drawCompact(gathered, support, n, rng);
+}
+
+/**
+ * The draw of {@link sampleFromProbs} from `values[0, n)` f32, non-negative, standing for the token ids `ids[0, n)`
+ * ascending (undefined: ids 0 … n − 1): the total and the running sum in double, in order, over the positive values;
+ * returns the id of the first value whose running sum passes u = rng.next() · total (the last positive one should
+ * rounding leave u past them all).
+ * @throws {NonFiniteLogitsError} when the total is not a positive finite number.
+ */
+export function drawCompact(values: Float32Array, ids: Int32Array | undefined, n: number, rng: RandomSource): number {
   let total = 0;
-  for (let i = 0; i < probs.length; i++) total += probs[i]!;
+  for (let e = 0; e < n; e++) total += values[e]!;
   if (!(total > 0 && total < Number.POSITIVE_INFINITY))
     throw new NonFiniteLogitsError(`sampleFromProbs: probs: expected a positive finite total, got ${total}`);
   const u = rng.next() * total;
   let acc = 0;
   let last = -1;
-  for (let i = 0; i < probs.length; i++) {
-    const p = probs[i]!;
+  for (let e = 0; e < n; e++) {
+    const p = values[e]!;
     if (p <= 0) continue;
     acc += p;
-    last = i;
-    if (u < acc) return i;
+    last = e;
+    if (u < acc) break;
   }
-  return last;
+  return ids === undefined || last < 0 ? last : ids[last]!;
 }
 
 /**
@@ -101,8 +144,18 @@ export function greedyToken(logits: Float32Array): number {
  * @throws {RangeError} if temperature ≤ 0 (use {@link greedyToken}), topK < 0 or topP outside (0, 1].
  */
 export function sampleToken(logits: Float32Array, params: DraftSampling, rng: RandomSource): number {
-  return sampleFromProbs(samplingProbs(logits, logits.length, params), rng);
+  const V = logits.length;
+  if (tokenSupport.length < V) tokenSupport = new Int32Array(V);
+  const ids = tokenSupport.subarray(0, V);
+  const probs = samplingProbs(logits, V, params, undefined, { ids, counts: tokenCount });
+  return tokenCount[0]! < 0
+    ? sampleFromProbs(probs, rng)
+    : sampleFromSupport(probs, ids.subarray(0, tokenCount[0]), rng);
 }
+
+/** {@link sampleToken}'s support (reused call after call). */
+let tokenSupport = new Int32Array(0);
+const tokenCount = new Int32Array(1);
 
 /** Picks the next token of `logits [vocab]` f32: greedy when temperature is 0, else sampled. */
 export function nextToken(logits: Float32Array, params: DraftSampling, rng: RandomSource): number {

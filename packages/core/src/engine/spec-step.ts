@@ -32,6 +32,7 @@ import {
   acceptTreeGreedy,
   isTree,
   type AcceptResult,
+  type TargetProbsRow,
   type TreeProposal,
 } from './accept.js';
 import type { DraftContextWriter, PendingContext } from './draft-context.js';
@@ -584,33 +585,48 @@ function acceptRow(
       return;
     }
     // the target's p of each row only as the decision reaches it (τ rows on average, not k + 1), each into the same
-    // scratch row: acceptSampledRows reads row j only until it asks for row j + 1
-    const pRow = (j: number) => targetRow(lg.subarray(j * V, (j + 1) * V), V, r.req.sampling);
+    // scratch row: acceptSampledRows reads row j only until it asks for row j + 1. A row with a support passed
+    // checkLogitsRow's test in the kernel (no NaN, no +Infinity, a finite value) — the raw row's own test only when
+    // no logits processor stands between them (a processor's −Infinity could hide a NaN); the others are checked
+    // below.
+    const checked: boolean[] = [];
+    const pRow = (j: number) => {
+      const row = targetRow(lg.subarray(j * V, (j + 1) * V), V, r.req.sampling);
+      checked[j] = lg === raw && !(row instanceof Float32Array);
+      return row;
+    };
     const p = proposals.get(r.id);
     const acc = acceptSampledRows(drafts, p?.probs, pRow, V, r.rng, p?.probsIds);
-    checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x));
+    checkRows(Array.from({ length: acc.accepted + 1 }, (_, x) => x).filter((x) => checked[x] !== true));
     outcomes.push({ seq: r, block, row: first, acc, drafts });
   } catch (err) {
     failed.set(r.id, new SequenceError(r.id, 'accept', err));
   }
 }
 
-/** The target's p of the verify row being decided ({@link targetRow}), reused row after row. */
+/** The target's p of the verify row being decided ({@link targetRow}) and its support, reused row after row. */
 let targetScratch = new Float32Array(0);
+let targetSupport = new Int32Array(0);
+const targetCount = new Int32Array(1);
 
 /**
- * The target's p for one verify row's logits `[V]` f32 ({@link samplingProbs}), in a scratch row that the next call
- * overwrites; a row the sampler refuses (no finite value) becomes NaN instead of failing the others, so rejection
- * sampling fails only if it reaches that row (sampleFromProbs throws on it).
+ * The target's p for one verify row's logits `[V]` f32 ({@link samplingProbs}) with its support (the ids of its
+ * positive entries ascending: acceptance then reads only those), in scratch rows that the next call overwrites. A row
+ * holding a NaN, or one the sampler refuses (no finite value), comes back as a bare row of NaN instead of failing the
+ * others, so rejection sampling fails only if it reaches that row (sampleFromProbs throws on it).
  */
-function targetRow(lg: Float32Array, V: number, sampling: SpecRequest['sampling']): Float32Array {
-  if (targetScratch.length < V) targetScratch = new Float32Array(V);
+function targetRow(lg: Float32Array, V: number, sampling: SpecRequest['sampling']): TargetProbsRow {
+  if (targetScratch.length < V) {
+    targetScratch = new Float32Array(V);
+    targetSupport = new Int32Array(V);
+  }
   const row = targetScratch.subarray(0, V);
   try {
-    return samplingProbs(lg, V, sampling, row);
+    samplingProbs(lg, V, sampling, row, { ids: targetSupport.subarray(0, V), counts: targetCount });
   } catch {
     return row.fill(Number.NaN);
   }
+  return targetCount[0]! < 0 ? row : { probs: row, support: targetSupport.subarray(0, targetCount[0]) };
 }
 
 /**

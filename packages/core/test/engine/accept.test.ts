@@ -5,7 +5,14 @@
 import { describe, expect, it } from 'vitest';
 
 import { SeededRandom } from '../../src/engine/random.js';
-import { acceptGreedy, acceptSampled, sampleFromProbs, samplingProbs } from '../../src/engine/index.js';
+import {
+  acceptGreedy,
+  acceptSampled,
+  acceptSampledRows,
+  sampleFromProbs,
+  sampleFromSupport,
+  samplingProbs,
+} from '../../src/engine/index.js';
 
 const V = 6;
 const N = 20_000;
@@ -195,6 +202,83 @@ describe('acceptSampled with a reduced q (probsIds: q over a list of token ids, 
     expect(() => acceptSampled(Int32Array.of(7), new Float32Array(2), p, VV, rng, Int32Array.of(7, 7))).toThrow(
       /token 7 is listed twice/,
     );
+  });
+});
+
+describe("acceptSampledRows with each row's support (samplingProbs's kept tokens)", () => {
+  // p and q from logits through temperature and top-p, as the engine makes them: many zeros, a few kept tokens
+  const VV = 40;
+  const ids = Int32Array.from({ length: 25 }, (_, e) => (e * 7) % VV); // a reduced q's list, out of order
+  const logits = (seed: number, n: number, width: number) => {
+    const r = new SeededRandom(seed);
+    return Float32Array.from({ length: n * width }, () => 4 * r.next());
+  };
+  const withSupport = (lg: Float32Array, n: number, width: number, t: number, topP: number) => {
+    const support = { ids: new Int32Array(n * width), counts: new Int32Array(n) };
+    const probs = samplingProbs(lg, width, { temperature: t, topP }, undefined, support);
+    return { probs, support };
+  };
+
+  it('decides exactly as over the whole rows: same accepted count, token and draws (q none, full, reduced)', () => {
+    let rejections = 0;
+    let onSupport = 0;
+    for (let seed = 0; seed < 600; seed++) {
+      const k = 1 + (seed % 4);
+      const [t, topP] = [
+        [0.3, 0.9],
+        [1, 0.7],
+        [1.5, 1],
+      ][seed % 3]!;
+      const mode = ['none', 'full', 'reduced'][Math.floor(seed / 3) % 3]!;
+      const W = mode === 'reduced' ? ids.length : VV;
+      const q = mode === 'none' ? undefined : withSupport(logits(seed + 5_000, k, W), k, W, t, topP).probs;
+      const qIds = mode === 'reduced' ? ids : undefined;
+      const { probs: p, support } = withSupport(logits(seed, k + 1, VV), k + 1, VV, t, topP);
+      for (let j = 0; j <= k; j++) onSupport += support.counts[j]!;
+      // drafts: mostly likely tokens of q (or of p), sometimes a token p does not keep
+      const drafts = Int32Array.from({ length: k }, (_, j) => {
+        if (seed % 5 === 0) return (seed + 3 * j) % VV;
+        return support.ids[j * VV + (seed % Math.max(1, support.counts[j]!))]!;
+      });
+      const a = new SeededRandom(seed);
+      const b = new SeededRandom(seed);
+      const dense = acceptSampled(drafts, q, p, VV, a, qIds);
+      const sparse = acceptSampledRows(
+        drafts,
+        q,
+        (j) => ({
+          probs: p.subarray(j * VV, (j + 1) * VV),
+          support: support.ids.subarray(j * VV, j * VV + support.counts[j]!),
+        }),
+        VV,
+        b,
+        qIds,
+      );
+      expect(sparse, `seed ${seed}`).toEqual(dense);
+      expect(b.next()).toBe(a.next()); // the same number of draws taken
+      if (dense.accepted < k) rejections++;
+    }
+    expect(rejections).toBeGreaterThan(100); // the residual path ran, not only acceptances
+    expect(onSupport).toBeLessThan(600 * 3.5 * VV * 0.8); // top-p left zeros for the support to skip
+  });
+
+  it('sampleFromSupport draws what sampleFromProbs draws over the whole row, with the same draws', () => {
+    for (let seed = 0; seed < 300; seed++) {
+      const { probs, support } = withSupport(
+        logits(seed, 1, VV),
+        1,
+        VV,
+        [0.2, 1, 3][seed % 3]!,
+        [0.5, 0.95, 1][seed % 3]!,
+      );
+      const a = new SeededRandom(seed);
+      const b = new SeededRandom(seed);
+      expect(sampleFromSupport(probs, support.ids.subarray(0, support.counts[0]), b)).toBe(sampleFromProbs(probs, a));
+      expect(b.next()).toBe(a.next());
+    }
+    expect(() =>
+      sampleFromSupport(new Float32Array(4).fill(Number.NaN), Int32Array.of(1), new SeededRandom(1)),
+    ).toThrow(/expected a positive finite total, got NaN/);
   });
 });
 
