@@ -4,13 +4,15 @@
 //
 //   node bench/batch-phases.mjs [--target kimi|smollm2] [--drafter eagle3] [--conc 8] [--ks plain,1]
 //                               [--prompts 64] [--tokens 128] [--reps 1] [--top 12] [--json FILE]
+//                               [--sampling greedy|defaults]
 //
 // One process: the target and the drafter are loaded once; one engine per entry of `--ks` ('plain': no drafter;
 // K >= 0: the drafter with `fixedDraftPolicy(K)`, every sequence drafting K tokens at every step it can). Each engine
 // first runs C prompts (warm-up, not timed), then `--reps` times all `--prompts` prompts, C at a time (the engine's
-// continuous batching), 128 new tokens, greedy, EOS ignored; the engines alternate per repetition. Prompts: SmolLM2 —
-// tools/reference/smollm2/prompts/{chat,plain}.jsonl alternately (chat template applied); kimi — test/prompts/
-// {prose,code}.jsonl alternately. Models: models/<target> and models/<target>-<drafter>.
+// continuous batching), 128 new tokens, greedy (`--sampling defaults`: the target's generation_config.json defaults,
+// as `specd serve` reads them, one seed a request), EOS ignored; the engines alternate per repetition. Prompts:
+// SmolLM2 — tools/reference/smollm2/prompts/{chat,plain}.jsonl alternately (chat template applied); kimi —
+// test/prompts/{prose,code}.jsonl alternately. Models: models/<target> and models/<target>-<drafter>.
 //
 // Phases (wall time of the calls, µs per batch step = per verify forward):
 //   verify    the target's forwards in which every sequence decodes (plain steps and verify blocks)
@@ -113,9 +115,8 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   const { register } = await import('node:module');
   // the native timing shim must be in place before the packages are imported
   register('./native-timing-hooks.mjs', import.meta.url);
-  const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget } = await import(
-    '@specd/core'
-  );
+  const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget, readModelSamplingDefaults } =
+    await import('@specd/core');
   const { isa } = await import('@specd/native');
   const { nativeTiming } = await import('./native-timing.mjs');
   const argv = process.argv.slice(2);
@@ -134,6 +135,9 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   const NEW = Number(arg('tokens', '128'));
   const REPS = Number(arg('reps', '1'));
   const TOP = Number(arg('top', '12'));
+  const SAMPLING = arg('sampling', 'greedy');
+  if (SAMPLING !== 'greedy' && SAMPLING !== 'defaults')
+    throw new Error(`bench:batch-phases: --sampling ${SAMPLING}: greedy or defaults`);
   for (const [name, v] of [
     ['conc', C],
     ['prompts', N],
@@ -152,6 +156,16 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     maxTokensPerSequence,
     C,
   );
+  const gen = readModelSamplingDefaults(path.join(ROOT, 'models', dir)) ?? {};
+  const sampling =
+    SAMPLING === 'greedy'
+      ? { temperature: 0 }
+      : { temperature: gen.temperature ?? 1, topP: gen.top_p ?? 1, topK: gen.top_k ?? 0 };
+  const samplingName =
+    SAMPLING === 'greedy'
+      ? 'greedy'
+      : `defaults (T ${sampling.temperature}, top_p ${sampling.topP}` +
+        `${sampling.topK > 0 ? `, top_k ${sampling.topK}` : ''})`;
   const sets = promptSets(TARGET);
   const prompts = Array.from({ length: N }, (_, i) => sets[i % 2][(i >> 1) % sets[i % 2].length]);
 
@@ -206,19 +220,19 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   }));
   let id = 0;
   const requests = (ps) =>
-    ps.map((p) => ({
+    ps.map((p, i) => ({
       id: `b${id++}`,
       promptIds: Int32Array.from(p.prompt_token_ids),
       maxTokens: NEW,
-      sampling: { temperature: 0 },
-      seed: 1,
+      sampling,
+      seed: 1000 + i, // the same seeds for every engine
       ignoreEos: true,
     }));
   const info = isa();
   const [l1, l5] = loadavg();
   console.log(
     `bench:batch-phases — ${dir} + ${DRAFTER}; ${C} sequences; engines ${engines.map((e) => e.name).join(', ')}; ` +
-      `${N} prompts × ${NEW} tokens, greedy, ${REPS} rep(s); threads ${info.threads}, isa ${info.isa}` +
+      `${N} prompts × ${NEW} tokens, ${samplingName}, ${REPS} rep(s); threads ${info.threads}, isa ${info.isa}` +
       `${info.amxAvailable ? ' + AMX' : ''}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); ` +
       `load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
   );

@@ -75,3 +75,4 @@ export const writeMlaCache = timed('writeMlaCache', real.writeMlaCache);
 export const dequantizeToBf16 = timed('dequantizeToBf16', real.dequantizeToBf16);
 export const topKMask = timed('topKMask', real.topKMask);
 export const topPMask = timed('topPMask', real.topPMask);
+export const samplingProbs = timed('samplingProbs', real.samplingProbs);
