@@ -153,25 +153,19 @@ float DivideF64MaxAvx512(const float* x, float* o, int64_t n, double t, bool* na
   return r;
 }
 
-double DivExpSumAvx512(const float* x, float* o, int64_t n, double t, float mx, float zero_below) {
-  const __m512d d = _mm512_set1_pd(t);
-  const __m512 m = _mm512_set1_ps(mx), one = _mm512_set1_ps(1.0f), zb = _mm512_set1_ps(zero_below);
+double ExpShiftSumAvx512(const float* x, float* o, int64_t n, float mx, float inv_t) {
+  const __m512 m = _mm512_set1_ps(mx), s = _mm512_set1_ps(inv_t), zero_at = _mm512_set1_ps(-104.0f);
   __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = Tail(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
-    if (_mm512_mask_cmp_ps_mask(k, v, zb, _CMP_GE_OQ) == 0) {
-      // every lane's exponential is 0: adding +0.0 changes no partial
+    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s);
+    if (_mm512_mask_cmp_ps_mask(k, d, zero_at, _CMP_GT_OQ) == 0) {
+      // every lane's ExpF is exactly 0 (d <= −104): adding +0.0 changes no partial
       _mm512_mask_storeu_ps(o + i, k, _mm512_setzero_ps());
       continue;
     }
-    const __m256 lo = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), d));
-    const __m256 hi = _mm512_cvtpd_ps(
-        _mm512_div_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))), d));
-    const __m512 q =
-        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
     // a tail's missing lanes add +0.0, as in SumF64Lanes16Avx512
-    const __m512 e = _mm512_maskz_mov_ps(k, Exp16(_mm512_mul_ps(_mm512_sub_ps(q, m), one)));
+    const __m512 e = _mm512_maskz_mov_ps(k, Exp16(d));
     _mm512_mask_storeu_ps(o + i, k, e);
     a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_shuffle_f32x4(e, e, 0xEE))));

@@ -116,15 +116,14 @@ static inline float DivideF64MaxArray(const float* x, float* o, int64_t n, doubl
 }
 
 /**
- * softmax's exponentials of a row divided by a temperature, with their sum: o[i] = ExpF((f32(f64(x[i]) / t) − mx) · 1)
- * (the division as DivideF64MaxArray's, the exponential as ExpShiftArray's), → Σ o[i] in SumF64Lanes16's order. An
- * x[i] below `zero_below` must give an exponential of exactly 0 (the caller's bound: ExpF(d) = 0 for d ≤ −104), so
- * the vector path skips 16 such lanes at once; the value is the same either way. o must not alias x.
+ * o[i] = ExpF((x[i] − mx) · inv_t) (ExpShiftArray's exponentials; o may alias x), → Σ o[i] in SumF64Lanes16's order.
+ * ExpF(d) is exactly 0 for d ≤ −104 (e^−104 < 2^−150, half the least denormal), so the vector path writes 0 for
+ * 16 such lanes without computing them: the same values either way, and +0.0 changes no partial.
  */
-static inline double DivExpSumArray(const float* x, float* o, int64_t n, double t, float mx, float zero_below) {
+static inline double ExpShiftSumArray(const float* x, float* o, int64_t n, float mx, float inv_t) {
   double p[16] = {};
   for (int64_t i = 0; i < n; ++i) {
-    o[i] = x[i] < zero_below ? 0.0f : ExpF((static_cast<float>(static_cast<double>(x[i]) / t) - mx) * 1.0f);
+    o[i] = ExpF((x[i] - mx) * inv_t);
     p[i & 15] += static_cast<double>(o[i]);
   }
   for (int w = 8; w >= 1; w /= 2)
@@ -152,7 +151,7 @@ static inline int64_t IndicesPositiveArray(const float* x, int64_t n, int32_t* i
 
 double SumF64Lanes16Avx512(const float* x, int64_t n);
 float DivideF64MaxAvx512(const float* x, float* o, int64_t n, double t, bool* nan);
-double DivExpSumAvx512(const float* x, float* o, int64_t n, double t, float mx, float zero_below);
+double ExpShiftSumAvx512(const float* x, float* o, int64_t n, float mx, float inv_t);
 float ScaleMaxAvx512(const float* x, float* o, int64_t n, float s);
 int64_t IndicesPositiveAvx512(const float* x, int64_t n, int32_t* idx);
 double SumAtLeastAvx512(const float* x, int64_t n, float t);

@@ -165,12 +165,12 @@ float DivideF64Max(const float* x, float* o, int64_t n, double t, bool* nan) {
   return act::DivideF64MaxArray(x, o, n, t, nan);
 }
 
-/** DivExpSumArray: the exponentials of x / t shifted by mx, and their sum (AVX-512 where present, the same bits). */
-double DivExpSum(const float* x, float* o, int64_t n, double t, float mx, float zero_below) {
+/** ExpShift fused with SumF64 of its output (AVX-512 where present, the same bits). */
+double ExpShiftSum(const float* x, float* o, int64_t n, float mx, float inv_t) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
-  if (CurrentIsa() == Isa::kAvx512) return act::DivExpSumAvx512(x, o, n, t, mx, zero_below);
+  if (CurrentIsa() == Isa::kAvx512) return act::ExpShiftSumAvx512(x, o, n, mx, inv_t);
 #endif
-  return act::DivExpSumArray(x, o, n, t, mx, zero_below);
+  return act::ExpShiftSumArray(x, o, n, mx, inv_t);
 }
 
 /** o[i] = x[i] · s → the largest o[i] (AVX-512 where present, the same bits). */
@@ -410,40 +410,33 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
  * positive entries, ascending, go there. → how many (0 without `support`), −1 for a row holding a NaN beside finite
  * values (o is then all NaN), −2 for a row without a finite value (+Infinity, only −Infinity or NaN; o undefined).
  *
- * Without top-k (the defaults of most models) the row is made in fewer passes with the same bits: x's maximum and
- * NaN check (o's maximum is o's at x's, the division and the roundings being monotone); the division fused with the
- * exponentials and their sum (16 lanes whose exponentials are certainly 0 skipped); the scale fused with the
- * probabilities' maximum; top-p's candidates (TopPKeep); then the final softmax over the kept tokens only: the masked
- * row's maximum is the kept one's, its exponentials are the same ExpF of the same differences, and its 16-partial
- * double sum adds the kept values in the same order (the masked ones add +0.0, which changes no partial), so only
- * the kept entries are computed and the rest written 0. At temperature 0.2 / top-p 0.9 over SmolLM2's 49,152 logits
- * (AMD EPYC Zen 5, one thread): ~100 µs against ~155 µs for the calls one after the other; the division and the
- * exponentials are most of what is left.
+ * Without top-k (the defaults of most models) the row is made in fewer passes with the same bits: the division fused
+ * with the maximum and the NaN check; the exponentials fused with their sum (16 lanes whose exponentials are exactly
+ * 0 skipped); the scale fused with the probabilities' maximum; top-p's candidates (TopPKeep); then the final softmax
+ * over the kept tokens only: the masked row's maximum is the kept one's, its exponentials are the same ExpF of the
+ * same differences, and its 16-partial double sum adds the kept values in the same order (the masked ones add +0.0,
+ * which changes no partial), so only the kept entries are computed and the rest written 0. At temperature 0.2 /
+ * top-p 0.9 over SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread): ~100 µs against ~155 µs for the calls one
+ * after the other; the division and the exponentials are most of what is left.
  */
 int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k, double p, RowScratch& s,
                     int32_t* support) {
   bool nan = false;
-  const float xm = MaxRowImpl<true>(x, cols, &nan);
-  const float inf = std::numeric_limits<float>::infinity();
-  if (nan && xm > kNegInf && xm < inf) {
+  float* prob = s.prob.data();
+  const float mx = DivideF64Max(x, prob, cols, t, &nan);  // prob = o = f32(x / t) for now
+  if (nan && mx > kNegInf && mx < std::numeric_limits<float>::infinity()) {
     // a NaN beside finite values: no distribution (sorting NaN probabilities has no order either)
     std::fill(o, o + cols, std::numeric_limits<float>::quiet_NaN());
     return -1;
   }
-  // the largest of o = f32(x / t): the division and both roundings are monotone, so it is o's at the largest x
-  const float mx = static_cast<float>(static_cast<double>(xm) / t);
   if (!std::isfinite(mx) || (k > 0 && k < cols)) {
     // the calls one after the other: top-k, or no finite value (+Infinity, only −Infinity or NaN: SoftmaxRow fails)
-    DivideF64Max(x, o, cols, t, &nan);
+    std::copy(prob, prob + cols, o);
     if (k > 0 && k < cols) TopKRow(o, o, cols, k, s.tmp.data());
     if ((p < 1.0 && !TopPRow(o, o, cols, p, s)) || !SoftmaxRow(o, o, cols, 1.0f)) return -2;
     return support != nullptr ? IndicesPositive(o, cols, support) : 0;
   }
-  // x below this gives o − mx < −104 whatever the roundings (they move o by at most |o|·2^−23, covered by the
-  // |mx|·1e−5 and one unit of margin), and ExpF(≤ −104) = 0 (e^−104 < 2^−150, half the least denormal)
-  const float zero_below = static_cast<float>((static_cast<double>(mx) - 105.0 - std::fabs(mx) * 1e-5) * t);
-  float* prob = s.prob.data();
-  const float inv_sum = static_cast<float>(1.0 / DivExpSum(x, prob, cols, t, mx, zero_below));
+  const float inv_sum = static_cast<float>(1.0 / ExpShiftSum(prob, prob, cols, mx, 1.0f));
   if (p >= 1.0) {
     // softmax(o): its maximum is mx (up to the sign of a zero, which no difference o − mx sees), the same
     // exponentials and sum
