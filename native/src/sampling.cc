@@ -416,8 +416,9 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
  * over the kept tokens only: the masked row's maximum is the kept one's, its exponentials are the same ExpF of the
  * same differences, and its 16-partial double sum adds the kept values in the same order (the masked ones add +0.0,
  * which changes no partial), so only the kept entries are computed and the rest written 0. At temperature 0.2 /
- * top-p 0.9 over SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread): ~100 µs against ~155 µs for the calls one
- * after the other; the division and the exponentials are most of what is left.
+ * top-p 0.9 over SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread, best of 5): 79.5 µs a row against 128.3 for
+ * the calls one after the other (docs/BENCHMARKS.md, "The sampled row"); the division and the exponentials are most
+ * of what is left.
  */
 int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k, double p, RowScratch& s,
                     int32_t* support) {
