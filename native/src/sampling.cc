@@ -292,11 +292,35 @@ Napi::Value ArgmaxBinding(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-/** One row of topKMask (o may alias x); tmp has room for cols floats. */
-void TopKRow(const float* x, float* o, int64_t cols, int64_t k, float* tmp) {
+/**
+ * The k-th largest of x[0, cols) with NaN counted as −Infinity (1 <= k <= cols); tmp has room for cols floats. The
+ * values within δ = 1, 4, 16, … of the row's maximum are counted (one vectorisable pass each) until at least k are;
+ * they hold the k largest, so only they are selected from (std::nth_element). A row where that set would be most of
+ * it, or without a finite maximum, selects from the whole row. The value never depends on δ: at T 0.7 over SmolLM2's
+ * 49,152 logits, top-k 40 selects from a few hundred values instead of all.
+ */
+float KthLargest(const float* x, int64_t cols, int64_t k, float* tmp) {
+  const float mx = MaxRow(x, cols);
+  for (float delta = 1.0f; std::isfinite(mx) && delta < 1e30f; delta *= 4.0f) {
+    const float t = mx - delta;
+    int64_t c = 0;
+    for (int64_t i = 0; i < cols; ++i) c += x[i] >= t ? 1 : 0;  // NaN: not counted (it is −Infinity here)
+    if (c < k) continue;
+    if (2 * c > cols) break;
+    int64_t n = 0;
+    for (int64_t i = 0; i < cols; ++i)
+      if (x[i] >= t) tmp[n++] = x[i];
+    std::nth_element(tmp, tmp + (k - 1), tmp + n, std::greater<float>());
+    return tmp[k - 1];
+  }
   for (int64_t i = 0; i < cols; ++i) tmp[i] = std::isnan(x[i]) ? kNegInf : x[i];
   std::nth_element(tmp, tmp + (k - 1), tmp + cols, std::greater<float>());
-  const float threshold = tmp[k - 1];
+  return tmp[k - 1];
+}
+
+/** One row of topKMask (o may alias x); tmp has room for cols floats. */
+void TopKRow(const float* x, float* o, int64_t cols, int64_t k, float* tmp) {
+  const float threshold = KthLargest(x, cols, k, tmp);
   for (int64_t i = 0; i < cols; ++i) o[i] = x[i] >= threshold ? x[i] : kNegInf;
 }
 
@@ -410,34 +434,35 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
  * positive entries, ascending, go there. → how many (0 without `support`), −1 for a row holding a NaN beside finite
  * values (o is then all NaN), −2 for a row without a finite value (+Infinity, only −Infinity or NaN; o undefined).
  *
- * Without top-k (the defaults of most models) the row is made in fewer passes with the same bits: the division fused
- * with the maximum and the NaN check; the exponentials fused with their sum (16 lanes whose exponentials are exactly
- * 0 skipped); the scale fused with the probabilities' maximum; top-p's candidates (TopPKeep); then the final softmax
- * over the kept tokens only: the masked row's maximum is the kept one's, its exponentials are the same ExpF of the
- * same differences, and its 16-partial double sum adds the kept values in the same order (the masked ones add +0.0,
- * which changes no partial), so only the kept entries are computed and the rest written 0. At temperature 0.2 /
- * top-p 0.9 over SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread, best of 5): 79.5 µs a row against 128.3 for
- * the calls one after the other (docs/BENCHMARKS.md, "The sampled row"); the division and the exponentials are most
- * of what is left.
+ * The row is made in fewer passes with the same bits: the division fused with the maximum and the NaN check; top-k
+ * (KthLargest); the exponentials fused with their sum (16 lanes whose exponentials are exactly 0 skipped); the scale
+ * fused with the probabilities' maximum; top-p's candidates (TopPKeep); then the final softmax over the kept tokens
+ * only: the masked row's maximum is the kept one's, its exponentials are the same ExpF of the same differences, and
+ * its 16-partial double sum adds the kept values in the same order (the masked ones add +0.0, which changes no
+ * partial), so only the kept entries are computed and the rest written 0. At temperature 0.2 / top-p 0.9 over
+ * SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread, best of 5): 79.5 µs a row against 128.3 for the calls one
+ * after the other (docs/BENCHMARKS.md, "The sampled row"); the division and the exponentials are most of what is
+ * left.
  */
 int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k, double p, RowScratch& s,
                     int32_t* support) {
   bool nan = false;
-  float* prob = s.prob.data();
-  const float mx = DivideF64Max(x, prob, cols, t, &nan);  // prob = o = f32(x / t) for now
+  const float mx = DivideF64Max(x, o, cols, t, &nan);
   if (nan && mx > kNegInf && mx < std::numeric_limits<float>::infinity()) {
     // a NaN beside finite values: no distribution (sorting NaN probabilities has no order either)
     std::fill(o, o + cols, std::numeric_limits<float>::quiet_NaN());
     return -1;
   }
-  if (!std::isfinite(mx) || (k > 0 && k < cols)) {
-    // the calls one after the other: top-k, or no finite value (+Infinity, only −Infinity or NaN: SoftmaxRow fails)
-    std::copy(prob, prob + cols, o);
+  if (!std::isfinite(mx)) {
+    // no finite value (+Infinity, only −Infinity or NaN): the calls one after the other, where SoftmaxRow fails
     if (k > 0 && k < cols) TopKRow(o, o, cols, k, s.tmp.data());
     if ((p < 1.0 && !TopPRow(o, o, cols, p, s)) || !SoftmaxRow(o, o, cols, 1.0f)) return -2;
     return support != nullptr ? IndicesPositive(o, cols, support) : 0;
   }
-  const float inv_sum = static_cast<float>(1.0 / ExpShiftSum(prob, prob, cols, mx, 1.0f));
+  // top-k keeps the maximum, so mx stays the masked row's
+  if (k > 0 && k < cols) TopKRow(o, o, cols, k, s.tmp.data());
+  float* prob = s.prob.data();
+  const float inv_sum = static_cast<float>(1.0 / ExpShiftSum(o, prob, cols, mx, 1.0f));
   if (p >= 1.0) {
     // softmax(o): its maximum is mx (up to the sign of a zero, which no difference o − mx sees), the same
     // exponentials and sum
@@ -449,9 +474,9 @@ int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k,
   const int64_t n = TopPKeep(prob, cols, p, ScaleMax(prob, prob, cols, inv_sum), kept);
   std::sort(kept, kept + n);
   // softmax of the masked row over the kept tokens: maximum, ExpF of (o − max) · 1, the 16 partials in index order
-  // (o of a kept token made again from x: the same division; read before o, which may be x, is written)
+  // (read before o is written)
   float* e = s.tmp.data();
-  for (int64_t q = 0; q < n; ++q) e[q] = static_cast<float>(static_cast<double>(x[kept[q]]) / t);
+  for (int64_t q = 0; q < n; ++q) e[q] = o[kept[q]];
   float km = kNegInf;
   for (int64_t q = 0; q < n; ++q) km = e[q] > km ? e[q] : km;
   double part[16] = {};

@@ -136,6 +136,30 @@ describe('topKMask', () => {
     expect(Array.from(topKMask(new Float32Array([1, 3, 3, 2]), 4, 2))).toEqual([-Infinity, 3, 3, -Infinity]);
     expect(Array.from(topKMask(new Float32Array([1, 2, 2, 0]), 4, 2))).toEqual([-Infinity, 2, 2, -Infinity]);
   });
+
+  it('the same threshold whatever the spread, ties, NaN (as −Infinity) and −Infinity entries, any k', () => {
+    // the kernel selects among the values near the maximum when they hold the k largest: peaked and flat rows,
+    // a near-constant row and huge magnitudes walk its widening window to its end and to the whole-row fallback
+    const seed = freshSeed();
+    const next = rng(seed);
+    const vocab = 2003;
+    const rows = [0.5, 3, 60, 1e3, 1e35].map((scale) => randomF32(vocab, next, scale));
+    rows.push(Float32Array.from(randomF32(vocab, next, 4), (v) => Math.round(v))); // ties
+    rows.push(Float32Array.from(randomF32(vocab, next, 1e-6), (v) => 7 + v)); // near-constant
+    const holes = randomF32(vocab, next, 8);
+    for (let i = 0; i < vocab; i += 5) holes[i] = i % 10 === 0 ? Number.NaN : -Infinity;
+    rows.push(holes);
+    const x = new Float32Array(rows.length * vocab);
+    for (const [i, r] of rows.entries()) x.set(r, i * vocab);
+    for (const k of [1, 17, 100, 700, vocab - 1]) {
+      const y = topKMask(x, vocab, k);
+      rows.forEach((row, r) => {
+        const kth = Array.from(row, (v) => (Number.isNaN(v) ? -Infinity : v)).sort((a, b) => b - a)[k - 1]!;
+        const want = Array.from(row, (v) => (v >= kth ? v : -Infinity));
+        expect(Array.from(y.subarray(r * vocab, (r + 1) * vocab)), `seed ${seed}, row ${r}, k ${k}`).toEqual(want);
+      });
+    }
+  });
 });
 
 /**
