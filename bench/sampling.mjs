@@ -99,9 +99,9 @@ for (let rep = 0; rep < REPS; rep++)
 
 const info = isa();
 console.log(
-  `bench:sampling — samplingProbs on ${ROWS} rows of SmolLM2 logits (${V} tokens, captured at T ${defaults.temperature}, ` +
-    `top-p ${defaults.topP}); ${CALLS} calls × ${REPS} reps, best; isa ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ` +
-    `${cpus()[0]?.model ?? '?'}`,
+  `bench:sampling — samplingProbs on ${ROWS} rows of SmolLM2 logits (${V} tokens, captured at ` +
+    `T ${defaults.temperature}, top-p ${defaults.topP}); ${CALLS} calls × ${REPS} reps, best; ` +
+    `isa ${info.isa}${info.amxAvailable ? ' + AMX' : ''}, ${cpus()[0]?.model ?? '?'}`,
 );
 console.log(`| T | top-k | top-p | kept tokens (mean) | ${addons.map(([n]) => `${n} µs a row`).join(' | ')} |`);
 console.log(`|---:|---:|---:|---:|${addons.map(() => '---:').join('|')}|`);

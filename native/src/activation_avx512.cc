@@ -68,10 +68,14 @@ void SiluAvx512(const float* g, float* o, int64_t n) {
 }
 
 void ExpShiftAvx512(const float* x, float* o, int64_t n, float mx, float inv_t) {
-  const __m512 m = _mm512_set1_ps(mx), s = _mm512_set1_ps(inv_t);
+  const __m512 m = _mm512_set1_ps(mx), s = _mm512_set1_ps(inv_t), zero_at = _mm512_set1_ps(-104.0f);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = Tail(n - i);
-    _mm512_mask_storeu_ps(o + i, k, Exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s)));
+    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s);
+    // ExpF(d) is exactly 0 for d <= −104 (e^−104 < 2^−150, half the least denormal): 16 such lanes (a masked row's
+    // −Infinity entries, top-k's) are written 0 without the polynomial
+    if (_mm512_mask_cmp_ps_mask(k, d, zero_at, _CMP_GT_OQ) == 0) _mm512_mask_storeu_ps(o + i, k, _mm512_setzero_ps());
+    else _mm512_mask_storeu_ps(o + i, k, Exp16(d));
   }
 }
 
@@ -151,26 +155,6 @@ float DivideF64MaxAvx512(const float* x, float* o, int64_t n, double t, bool* na
   for (const float v : lanes) r = v > r ? v : r;
   *nan = bad != 0;
   return r;
-}
-
-double ExpShiftSumAvx512(const float* x, float* o, int64_t n, float mx, float inv_t) {
-  const __m512 m = _mm512_set1_ps(mx), s = _mm512_set1_ps(inv_t), zero_at = _mm512_set1_ps(-104.0f);
-  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = Tail(n - i);
-    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), s);
-    if (_mm512_mask_cmp_ps_mask(k, d, zero_at, _CMP_GT_OQ) == 0) {
-      // every lane's ExpF is exactly 0 (d <= −104): adding +0.0 changes no partial
-      _mm512_mask_storeu_ps(o + i, k, _mm512_setzero_ps());
-      continue;
-    }
-    // a tail's missing lanes add +0.0, as in SumF64Lanes16Avx512
-    const __m512 e = _mm512_maskz_mov_ps(k, Exp16(d));
-    _mm512_mask_storeu_ps(o + i, k, e);
-    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_shuffle_f32x4(e, e, 0xEE))));
-  }
-  return Fold16(a0, a1);
 }
 
 float ScaleMaxAvx512(const float* x, float* o, int64_t n, float s) {

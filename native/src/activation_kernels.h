@@ -115,22 +115,6 @@ static inline float DivideF64MaxArray(const float* x, float* o, int64_t n, doubl
   return m;
 }
 
-/**
- * o[i] = ExpF((x[i] − mx) · inv_t) (ExpShiftArray's exponentials; o may alias x), → Σ o[i] in SumF64Lanes16's order.
- * ExpF(d) is exactly 0 for d ≤ −104 (e^−104 < 2^−150, half the least denormal), so the vector path writes 0 for
- * 16 such lanes without computing them: the same values either way, and +0.0 changes no partial.
- */
-static inline double ExpShiftSumArray(const float* x, float* o, int64_t n, float mx, float inv_t) {
-  double p[16] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    o[i] = ExpF((x[i] - mx) * inv_t);
-    p[i & 15] += static_cast<double>(o[i]);
-  }
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) p[l] += p[l + w];
-  return p[0];
-}
-
 /** o[i] = x[i] · s (f32; o may alias x); returns the largest o[i] (as DivideF64MaxArray; −Inf when n = 0). */
 static inline float ScaleMaxArray(const float* x, float* o, int64_t n, float s) {
   float m = -__builtin_inff();
@@ -151,7 +135,6 @@ static inline int64_t IndicesPositiveArray(const float* x, int64_t n, int32_t* i
 
 double SumF64Lanes16Avx512(const float* x, int64_t n);
 float DivideF64MaxAvx512(const float* x, float* o, int64_t n, double t, bool* nan);
-double ExpShiftSumAvx512(const float* x, float* o, int64_t n, float mx, float inv_t);
 float ScaleMaxAvx512(const float* x, float* o, int64_t n, float s);
 int64_t IndicesPositiveAvx512(const float* x, int64_t n, int32_t* idx);
 double SumAtLeastAvx512(const float* x, int64_t n, float t);

@@ -165,14 +165,6 @@ float DivideF64Max(const float* x, float* o, int64_t n, double t, bool* nan) {
   return act::DivideF64MaxArray(x, o, n, t, nan);
 }
 
-/** ExpShift fused with SumF64 of its output (AVX-512 where present, the same bits). */
-double ExpShiftSum(const float* x, float* o, int64_t n, float mx, float inv_t) {
-#if defined(SPECD_HAVE_AVX512_BUILD)
-  if (CurrentIsa() == Isa::kAvx512) return act::ExpShiftSumAvx512(x, o, n, mx, inv_t);
-#endif
-  return act::ExpShiftSumArray(x, o, n, mx, inv_t);
-}
-
 /** o[i] = x[i] · s → the largest o[i] (AVX-512 where present, the same bits). */
 float ScaleMax(const float* x, float* o, int64_t n, float s) {
 #if defined(SPECD_HAVE_AVX512_BUILD)
@@ -435,14 +427,13 @@ Napi::Value TopPMaskBinding(const Napi::CallbackInfo& info) {
  * values (o is then all NaN), −2 for a row without a finite value (+Infinity, only −Infinity or NaN; o undefined).
  *
  * The row is made in fewer passes with the same bits: the division fused with the maximum and the NaN check; top-k
- * (KthLargest); the exponentials fused with their sum (16 lanes whose exponentials are exactly 0 skipped); the scale
- * fused with the probabilities' maximum; top-p's candidates (TopPKeep); then the final softmax over the kept tokens
- * only: the masked row's maximum is the kept one's, its exponentials are the same ExpF of the same differences, and
- * its 16-partial double sum adds the kept values in the same order (the masked ones add +0.0, which changes no
- * partial), so only the kept entries are computed and the rest written 0. At temperature 0.2 / top-p 0.9 over
- * SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread, best of 5): 79.5 µs a row against 128.3 for the calls one
- * after the other (docs/BENCHMARKS.md, "The sampled row"); the division and the exponentials are most of what is
- * left.
+ * (KthLargest); the exponentials and their sum; the scale fused with the probabilities' maximum; top-p's candidates
+ * (TopPKeep); then the final softmax over the kept tokens only: the masked row's maximum is the kept one's, its
+ * exponentials are the same ExpF of the same differences, and its 16-partial double sum adds the kept values in the
+ * same order (the masked ones add +0.0, which changes no partial), so only the kept entries are computed and the rest
+ * written 0. At temperature 0.2 / top-p 0.9 over SmolLM2's 49,152 logits (AMD EPYC Zen 5, one thread, best of 5):
+ * ~80 µs a row against ~130 for the calls one after the other (docs/BENCHMARKS.md, "The sampled row"); the division
+ * (~15 µs) and the exponentials (~35) are most of what is left.
  */
 int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k, double p, RowScratch& s,
                     int32_t* support) {
@@ -462,7 +453,9 @@ int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k,
   // top-k keeps the maximum, so mx stays the masked row's
   if (k > 0 && k < cols) TopKRow(o, o, cols, k, s.tmp.data());
   float* prob = s.prob.data();
-  const float inv_sum = static_cast<float>(1.0 / ExpShiftSum(o, prob, cols, mx, 1.0f));
+  // (the exponentials and their sum in two passes: fused into one they ran ~5 µs slower over 49,152)
+  ExpShift(o, prob, cols, mx, 1.0f);
+  const float inv_sum = static_cast<float>(1.0 / SumF64(prob, cols));
   if (p >= 1.0) {
     // softmax(o): its maximum is mx (up to the sign of a zero, which no difference o − mx sees), the same
     // exponentials and sum
