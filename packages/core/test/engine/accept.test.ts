@@ -235,7 +235,7 @@ describe("acceptSampledRows with each row's support (samplingProbs's kept tokens
       const qIds = mode === 'reduced' ? ids : undefined;
       const { probs: p, support } = withSupport(logits(seed, k + 1, VV), k + 1, VV, t, topP);
       for (let j = 0; j <= k; j++) onSupport += support.counts[j]!;
-      // drafts: mostly likely tokens of q (or of p), sometimes a token p does not keep
+      // drafts: mostly tokens p keeps, sometimes one it does not
       const drafts = Int32Array.from({ length: k }, (_, j) => {
         if (seed % 5 === 0) return (seed + 3 * j) % VV;
         return support.ids[j * VV + (seed % Math.max(1, support.counts[j]!))]!;
