@@ -444,12 +444,9 @@ int64_t SamplingRow(const float* x, float* o, int64_t cols, double t, int64_t k,
     std::fill(o, o + cols, std::numeric_limits<float>::quiet_NaN());
     return -1;
   }
-  if (!std::isfinite(mx)) {
-    // no finite value (+Infinity, only −Infinity or NaN): the calls one after the other, where SoftmaxRow fails
-    if (k > 0 && k < cols) TopKRow(o, o, cols, k, s.tmp.data());
-    if ((p < 1.0 && !TopPRow(o, o, cols, p, s)) || !SoftmaxRow(o, o, cols, 1.0f)) return -2;
-    return support != nullptr ? IndicesPositive(o, cols, support) : 0;
-  }
+  // no finite value (+Infinity, only −Infinity or NaN): the softmax the calls end in fails on it (top-k and top-p
+  // keep the maximum)
+  if (!std::isfinite(mx)) return -2;
   // top-k keeps the maximum, so mx stays the masked row's
   if (k > 0 && k < cols) TopKRow(o, o, cols, k, s.tmp.data());
   float* prob = s.prob.data();

@@ -118,8 +118,8 @@ export function topPMask(logits: Float32Array, vocab: number, p: number, out?: F
  * @param out optional Float32Array [rows, vocab]; may be `logits`.
  * @param support optional: where each row's support goes, `ids` Int32Array [rows, vocab] (row r's positive
  *   entries' token ids, ascending, in `ids[r * vocab, r * vocab + counts[r])`) and `counts` Int32Array [rows] (−1 for
- *   a row holding a NaN). Without top-k the kernel finds the support anyway (it makes only the kept tokens'
- *   probabilities), so it costs nothing there; with top-k, one more pass.
+ *   a row holding a NaN). Below top-p 1 the kernel finds the support anyway (it makes only the kept tokens'
+ *   probabilities), so it costs nothing there; at top-p 1, one more pass.
  * @returns probabilities, Float32Array [rows, vocab] (0 for the filtered tokens).
  * @throws SpecdArgumentError on bad arguments; Error (code ERR_SPECD_KERNEL) when a row has no
  *   finite value (+Infinity, or only −Infinity and NaN).

@@ -25,9 +25,9 @@
 import {
   DrafterError,
   quantizeQ8_0,
-  sampleFromProbs,
   sampleFromSupport,
   samplingProbs,
+  supportOf,
   type DraftSampling,
   type RandomSource,
 } from '@specd/core';
@@ -188,20 +188,19 @@ export function draftsFromLogits(
   const support = { ids: headSupport.subarray(0, k * Vd), counts: new Int32Array(k) };
   const q = samplingProbs(logits, Vd, sampling, undefined, support);
   const tokens = new Int32Array(k);
-  const row = (j: number) => q.subarray(j * Vd, (j + 1) * Vd);
-  const rowSupport = (j: number) => support.ids.subarray(j * Vd, j * Vd + support.counts[j]!);
   // each row's largest probability, read before the draws: the verify budget never sees the draft itself
   const confidence = withConfidence
     ? Float32Array.from({ length: k }, (_, j) => {
-        if (support.counts[j]! < 0) return Number.NaN;
+        const kept = supportOf(support, j, Vd);
+        if (kept === undefined) return Number.NaN;
         let top = 0;
-        for (const v of rowSupport(j)) if (q[j * Vd + v]! > top) top = q[j * Vd + v]!;
+        for (const v of kept) if (q[j * Vd + v]! > top) top = q[j * Vd + v]!;
         return top;
       })
     : undefined;
   for (let j = 0; j < k; j++) {
-    // a NaN row (count −1) throws in sampleFromProbs
-    const d = support.counts[j]! < 0 ? sampleFromProbs(row(j), rng) : sampleFromSupport(row(j), rowSupport(j), rng);
+    // a NaN row (no support) throws in the draw
+    const d = sampleFromSupport(q.subarray(j * Vd, (j + 1) * Vd), supportOf(support, j, Vd), rng);
     tokens[j] = ids === undefined ? d : ids[d]!;
   }
   const c = confidence === undefined ? {} : { confidence };

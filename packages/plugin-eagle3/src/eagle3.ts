@@ -90,10 +90,10 @@ import {
   DrafterError,
   DraftKvCache,
   f32Region,
-  sampleFromProbs,
   sampleFromSupport,
   samplingProbs,
   sharedFloat32,
+  supportOf,
   type ContextSpan,
   type DraftBatch,
   type DraftProposal,
@@ -116,14 +116,14 @@ import { proposeTree } from './eagle3-tree.js';
 /** Region of the g slots (module comment, "Last feature g"). */
 const LAST_FEATURE_REGION = 'draft-state/last-feature';
 
-/**
- * A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). Sequence
- * bookkeeping (add / context length / pages in use) is core's {@link DrafterBase} over its {@link DraftKvCache}.
- */
 /** A sampled chain step's q support ({@link samplingProbs}), reused step after step. */
 let chainSupport = new Int32Array(0);
 const chainCount = new Int32Array(1);
 
+/**
+ * A loaded EAGLE-3 drafter bound to one target stage (chain drafting, or greedy dynamic trees). Sequence
+ * bookkeeping (add / context length / pages in use) is core's {@link DrafterBase} over its {@link DraftKvCache}.
+ */
 export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
   readonly method = 'eagle3';
   /** Drafts per step at most: the chain length, or `tree.totalTokens` in tree mode. */
@@ -316,15 +316,13 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
           const s = cs[r]!;
           // q's support (its kept tokens, few at the usual top-p): the confidence and the draw read only those
           const qd = samplingProbs(lg, lg.length, s.sampling, qRow.subarray((j - 1) * Vd, j * Vd), support);
-          const n = support.counts[0]!;
-          if (n < 0) return sampleFromProbs(qd, s.rng); // a NaN row: it throws there
-          const ids = support.ids.subarray(0, n);
-          if (confidence !== undefined) {
+          const kept = supportOf(support, 0, Vd); // undefined: a NaN row, which the draw throws on
+          if (confidence !== undefined && kept !== undefined) {
             let top = 0;
-            for (let e = 0; e < n; e++) if (qd[ids[e]!]! > top) top = qd[ids[e]!]!;
+            for (const v of kept) if (qd[v]! > top) top = qd[v]!;
             confidence[r]![j - 1] = top;
           }
-          return sampleFromSupport(qd, ids, s.rng);
+          return sampleFromSupport(qd, kept, s.rng);
         },
         confidence,
       );

@@ -30,6 +30,7 @@ export {
   sampleFromSupport,
   sampleToken,
   samplingProbs,
+  supportOf,
 } from './probs.js';
 export { MAX_TEMPERATURE, normalizeSampling, SAMPLING_EPS, samplingProblem } from './sampling-params.js';
 export { SeededRandom } from './random.js';

@@ -73,13 +73,23 @@ export function sampleFromProbs(probs: Float32Array, rng: RandomSource): number 
 let gathered = new Float32Array(0);
 
 /**
+ * Row r's support in a filled {@link ProbsSupport} (rows of `vocab`): its ids `[counts[r]]` i32, or undefined for a
+ * NaN row (count −1).
+ */
+export function supportOf(support: ProbsSupport, r: number, vocab: number): Int32Array | undefined {
+  const n = support.counts[r]!;
+  return n < 0 ? undefined : support.ids.subarray(r * vocab, r * vocab + n);
+}
+
+/**
  * {@link sampleFromProbs} over a row's support: `probs [vocab]` f32 read only at `support` (token ids ascending,
- * listing every positive entry of the row: {@link samplingProbs}'s `support`). The same draw, the same `rng.next()`
- * and the same throws as over the whole row (its other entries are 0, which neither the total nor the running sum
- * sees), in time linear in the support.
+ * listing every positive entry of the row: {@link supportOf}). The same draw, the same `rng.next()` and the same
+ * throws as over the whole row (its other entries are 0, which neither the total nor the running sum sees), in time
+ * linear in the support. Undefined `support` (a NaN row): the whole row, {@link sampleFromProbs}.
  * @throws {NonFiniteLogitsError} as {@link sampleFromProbs}.
  */
-export function sampleFromSupport(probs: Float32Array, support: Int32Array, rng: RandomSource): number {
+export function sampleFromSupport(probs: Float32Array, support: Int32Array | undefined, rng: RandomSource): number {
+  if (support === undefined) return sampleFromProbs(probs, rng);
   const n = support.length;
   if (gathered.length < n) gathered = new Float32Array(Math.max(n, 2 * gathered.length));
   for (let e = 0; e < n; e++) gathered[e] = probs[support[e]!]!;
@@ -146,11 +156,8 @@ export function greedyToken(logits: Float32Array): number {
 export function sampleToken(logits: Float32Array, params: DraftSampling, rng: RandomSource): number {
   const V = logits.length;
   if (tokenSupport.length < V) tokenSupport = new Int32Array(V);
-  const ids = tokenSupport.subarray(0, V);
-  const probs = samplingProbs(logits, V, params, undefined, { ids, counts: tokenCount });
-  return tokenCount[0]! < 0
-    ? sampleFromProbs(probs, rng)
-    : sampleFromSupport(probs, ids.subarray(0, tokenCount[0]), rng);
+  const support = { ids: tokenSupport.subarray(0, V), counts: tokenCount };
+  return sampleFromSupport(samplingProbs(logits, V, params, undefined, support), supportOf(support, 0, V), rng);
 }
 
 /** {@link sampleToken}'s support (reused call after call). */

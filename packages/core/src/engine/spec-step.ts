@@ -40,7 +40,7 @@ import type { DraftPolicy } from './draft-policy.js';
 import { type TokenLogprob, tokenLogprob } from './logprobs.js';
 import type { LogitsProcessor } from './logits-processors.js';
 import type { RequestMetrics, RunMetrics } from './metrics.js';
-import { checkLogitsRow, NonFiniteLogitsError, samplingProbs } from './probs.js';
+import { checkLogitsRow, NonFiniteLogitsError, samplingProbs, supportOf } from './probs.js';
 import type { SeededRandom } from './random.js';
 import { EngineError, SequenceError, type SpecEngineOptions, type SpecRequest } from './types.js';
 
@@ -621,12 +621,14 @@ function targetRow(lg: Float32Array, V: number, sampling: SpecRequest['sampling'
     targetSupport = new Int32Array(V);
   }
   const row = targetScratch.subarray(0, V);
+  const support = { ids: targetSupport.subarray(0, V), counts: targetCount };
   try {
-    samplingProbs(lg, V, sampling, row, { ids: targetSupport.subarray(0, V), counts: targetCount });
+    samplingProbs(lg, V, sampling, row, support);
   } catch {
     return row.fill(Number.NaN);
   }
-  return targetCount[0]! < 0 ? row : { probs: row, support: targetSupport.subarray(0, targetCount[0]) };
+  const ids = supportOf(support, 0, V);
+  return ids === undefined ? row : { probs: row, support: ids };
 }
 
 /**
