@@ -35,8 +35,9 @@ import {
   DrafterBase,
   DrafterError,
   WeightReader,
-  sampleFromProbs,
+  sampleFromSupport,
   samplingProbs,
+  supportOf,
   type ContextSpan,
   type DraftBatch,
   type DraftContextFeatures,
@@ -163,6 +164,8 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
   readonly maxDraftTokens: number;
   /** propose's head inputs and logits, kept between proposals (core's `keptScratch`; none leaves propose). */
   private readonly scratch = keptScratch();
+  /** A sampled q row's support ids `[Vd]` (core's `samplingProbs`), kept between proposals. */
+  private supportIds = new Int32Array(0);
 
   constructor(
     readonly config: DSparkConfig,
@@ -174,6 +177,12 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
   ) {
     super(backbone.kv);
     this.maxDraftTokens = config.blockSize;
+  }
+
+  /** {@link supportIds}, at least `n` long. */
+  private support(n: number): Int32Array {
+    if (this.supportIds.length < n) this.supportIds = new Int32Array(n);
+    return this.supportIds.subarray(0, n);
   }
 
   /** Loaded in context-KV-only mode (see the module comment): projection and draft KV only, never drafts. */
@@ -225,17 +234,18 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
     });
     const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
     // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below);
-    // under tensor parallelism a collective: every rank passes the same rows to its target shard's lmHead
-    const start = new Int32Array(S);
-    let Rows = 0;
-    seqs.forEach((s, i) => {
-      start[i] = Rows;
-      Rows += s.maxDrafts;
-    });
+    // under tensor parallelism a collective: every rank passes the same rows to its target shard's lmHead.
+    // Rows slot-major: slot j's rows (the sequences with maxDrafts > j, in batch order) from row first[j] on, so that
+    // step j below adds its Markov bias in place to one contiguous block of the head's output.
+    const maxK = Math.max(...seqs.map((s) => s.maxDrafts));
+    const first = new Int32Array(maxK + 1);
+    for (let j = 0; j < maxK; j++) first[j + 1] = first[j]! + seqs.filter((s) => j < s.maxDrafts).length;
+    const Rows = first[maxK]!;
     const x = this.scratch('dspark.headIn', Rows * D);
-    seqs.forEach((s, i) => {
-      x.set(h.subarray(i * B * D, (i * B + s.maxDrafts) * D), start[i]! * D);
-    });
+    for (let j = 0, row = 0; j < maxK; j++)
+      seqs.forEach((s, i) => {
+        if (j < s.maxDrafts) x.set(h.subarray((i * B + j) * D, (i * B + j + 1) * D), row++ * D);
+      });
     // the backbone's draft head: the target lm_head `[Rows, V]`, or the reduced vocabulary's rows `[Rows, Vd]`
     const head = this.backbone.draftHead;
     if (head === undefined) throw new DrafterError('dspark: propose: the drafter is disposed');
@@ -252,7 +262,7 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
       probs: s.sampling.temperature === 0 ? undefined : new Float32Array(s.maxDrafts * Vd),
     }));
     const prev = Int32Array.from(seqs, (s) => s.lastToken);
-    const maxK = Math.max(...seqs.map((s) => s.maxDrafts));
+    const support = { ids: this.support(Vd), counts: new Int32Array(1) };
     for (let j = 0; j < maxK; j++) {
       const active = outs.filter(({ s }) => j < s.maxDrafts);
       const n = active.length;
@@ -263,13 +273,9 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
           throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
-      // logits_j = lm_head(h_j) + W2 · W1[x_j]: the base rows, then the Markov bias accumulated onto them in one
-      // native call (bit for bit base + bias, each rounded once in fp32) and the greedy drafts by native argmax
-      const lgs = this.scratch('dspark.logits', n * Vd); // [n, Vd], every row written below
-      active.forEach(({ i }, a) => {
-        const row = start[i]! + j;
-        lgs.set(base.subarray(row * Vd, (row + 1) * Vd), a * Vd);
-      });
+      // logits_j = lm_head(h_j) + W2 · W1[x_j]: the Markov bias accumulated onto the base rows in place, in one
+      // native call (bit for bit base + bias, each rounded once in fp32), and the greedy drafts by native argmax
+      const lgs = base.subarray(first[j]! * Vd, first[j + 1]! * Vd); // [n, Vd]
       gemmBf16Accumulate(e, n, heads.proj, lgs);
       const greedy = active.some(({ probs: q }) => q === undefined) ? argmax(lgs, Vd) : undefined;
       active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
@@ -284,9 +290,9 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
         if (q === undefined) {
           d = greedy![a]!; // the first largest logit, as a left-to-right scan
         } else {
-          // q_j written straight into the proposal's row j (draft-vocabulary columns)
-          const qj = samplingProbs(lg, Vd, s.sampling, q.subarray(j * Vd, (j + 1) * Vd));
-          d = sampleFromProbs(qj, s.rng);
+          // q_j written straight into the proposal's row j (draft-vocabulary columns); the draw reads its support
+          const qj = samplingProbs(lg, Vd, s.sampling, q.subarray(j * Vd, (j + 1) * Vd), support);
+          d = sampleFromSupport(qj, supportOf(support, 0, Vd), s.rng);
         }
         d = head.tokenOf(d);
         tokens[j] = d;

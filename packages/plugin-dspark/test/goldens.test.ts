@@ -5,7 +5,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { SafetensorsFile, type StageModel } from '@specd/core';
+import { SafetensorsFile, SeededRandom, type StageModel } from '@specd/core';
 
 import type { DSparkDrafter } from '../src/index.js';
 import { GOLDENS_DIR, loadDrafter, loadTarget } from './helpers.js';
@@ -84,6 +84,68 @@ describe.each(Object.keys(index.goldens))('DSpark vs golden %s', (name) => {
       expect(Array.from(short!.tokens)).toEqual(want.slice(0, 3));
     } finally {
       drafter.freeSequence(id);
+    }
+    expect(drafter.pagesInUse).toBe(0);
+  });
+});
+
+describe('a batch of proposals', () => {
+  // every golden prompt's taps as one sequence's draft context
+  const seqs = Object.entries(index.goldens).map(([name, entry], n) => ({ name, entry, n }));
+  // sequence n drafts maxDrafts 7, 3, 5, 1 (cycled); every other one sampled (T 0.8, top-p 0.95; a seeded PRNG)
+  const request = (s: (typeof seqs)[number]) => ({
+    id: `batch-${s.name}`,
+    position: s.entry.T,
+    lastToken: s.entry.first_token,
+    maxDrafts: [7, 3, 5, 1][s.n % 4]!,
+    history: new Int32Array(0),
+    sampling: s.n % 2 === 0 ? { temperature: 0 } : { temperature: 0.8, topP: 0.95 },
+    rng: new SeededRandom(1234 + s.n),
+  });
+
+  it('gives every sequence the proposal it gets alone (tokens, q rows, confidences), bit for bit', () => {
+    for (const s of seqs) {
+      const g = SafetensorsFile.open(path.join(GOLDENS_DIR, s.entry.file));
+      try {
+        let acc: Float32Array | undefined;
+        for (const t of drafter.config.taps)
+          acc = drafter.projectTargetHiddenPartial(
+            new Map([[t, g.read(`hidden.${t}`).data as Float32Array]]),
+            s.entry.T,
+            acc,
+          );
+        drafter.addSequence(`batch-${s.name}`);
+        drafter.writeProjectedContextKV(acc!, [{ id: `batch-${s.name}`, position: 0, numTokens: s.entry.T }]);
+      } finally {
+        g.close();
+      }
+    }
+    try {
+      const alone = seqs.map((s) => drafter.propose({ sequences: [request(s)] })[0]!);
+      const together = drafter.propose({ sequences: seqs.map(request) });
+      expect(together.length).toBe(seqs.length);
+      seqs.forEach((s, i) => {
+        const a = alone[i]!;
+        const b = together[i]!;
+        expect(b.id).toBe(`batch-${s.name}`);
+        expect(b.tokens.length).toBe(request(s).maxDrafts);
+        expect(Array.from(b.tokens)).toEqual(Array.from(a.tokens));
+        expect(Array.from(b.confidence!)).toEqual(Array.from(a.confidence!));
+        if (s.n % 2 === 0) expect(b.probs).toBeUndefined();
+        else {
+          // q over the whole vocabulary (this drafter has no reduced one)
+          const V = target.info.vocabSize;
+          expect(b.probsIds).toBeUndefined();
+          expect(b.probs!.length).toBe(request(s).maxDrafts * V);
+          expect(Buffer.from(b.probs!.buffer).equals(Buffer.from(a.probs!.buffer))).toBe(true);
+          // each drafted token has q > 0 in its row
+          b.tokens.forEach((t, j) => {
+            expect(b.probs![j * V + t]!).toBeGreaterThan(0);
+          });
+        }
+      });
+    } finally {
+      for (const s of seqs) drafter.freeSequence(`batch-${s.name}`);
     }
     expect(drafter.pagesInUse).toBe(0);
   });
