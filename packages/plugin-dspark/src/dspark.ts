@@ -31,6 +31,7 @@
  */
 
 import {
+  blockDrafterWeightsDefault,
   draftWeightFormat,
   DrafterBase,
   DrafterError,
@@ -53,8 +54,11 @@ import {
   type StageInfo,
   type StageModel,
   keptScratch,
+  q8_0Blocker,
+  q8_0Linear,
+  type Q8_0Linear,
 } from '@specd/core';
-import { argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
+import { addF32, argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
 import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
@@ -119,9 +123,13 @@ function buildDSpark(
     const D = config.hiddenSize;
     // a reduced draft vocabulary (FR-Spec, the backbone's draft head): W2's rows of the listed ids only
     const ids = backbone.draftHead?.ids;
+    // W2 as the draft layers' weights are (the backbone's `weights` setting or its default), with int16 activations:
+    // Q8_0 reads half the bytes of bf16 each step (R a multiple of 32, whole matrices: not under tensor parallelism)
+    const format =
+      parts.weights ?? blockDrafterWeightsDefault(q8_0Blocker([D, R], shard === undefined ? 1 : shard.comm.size));
     const d = new DSparkDrafter(config, options.target, backbone, {
       embed: r.f32('markov_head.embed.weight', [V, R]),
-      proj: ids === undefined ? r.packedRows(['markov_head.proj.weight'], [V], R) : packIdRows(r, ids, V, R),
+      proj: markovProj(r, ids, V, R, format !== 'bf16' && R % 32 === 0 && shard === undefined),
       confW: r.f32('confidence_head.weight', [1, D + R]),
       confB: r.f32('confidence_head.bias', [1])[0]!,
     });
@@ -133,22 +141,38 @@ function buildDSpark(
   }
 }
 
-/** Rows `ids` of markov_head.proj `[V, r]`, packed `[ids.length, r]` (the reduced draft vocabulary's). */
-function packIdRows(r: WeightReader, ids: Int32Array, V: number, R: number): PackedBf16Weights {
+/**
+ * markov_head.proj `[V, r]` bf16, or its rows `ids` only (a reduced draft vocabulary), as `[Vd, r]`: Q8_0 with
+ * `q8_0` (core's `q8_0Linear`, int16 activations) unless a weight is not finite (Q8_0 cannot hold it: a checkpoint
+ * loaded under sanity "warn"), else packed bf16.
+ */
+function markovProj(r: WeightReader, ids: Int32Array | undefined, V: number, R: number, q8_0: boolean): MarkovProj {
   const all = r.bf16('markov_head.proj.weight', [V, R]);
-  const rows = new Uint16Array(ids.length * R);
-  ids.forEach((id, j) => {
-    rows.set(all.subarray(id * R, (id + 1) * R), j * R);
-  });
-  return packBf16Weights(rows, ids.length, R);
+  let rows = all;
+  if (ids !== undefined) {
+    rows = new Uint16Array(ids.length * R);
+    ids.forEach((id, j) => {
+      rows.set(all.subarray(id * R, (id + 1) * R), j * R);
+    });
+  }
+  const n = rows.length / R;
+  // bf16 Inf / NaN: every exponent bit set
+  if (q8_0 && !rows.some((b) => (b & 0x7f80) === 0x7f80)) return { q8_0: q8_0Linear(rows, n, R) };
+  return { bf16: packBf16Weights(rows, n, R) };
 }
+
+/** W2 in one of two formats: packed bf16 (`gemmBf16Accumulate`) or Q8_0 (its product, then added). */
+export type MarkovProj = { readonly bf16: PackedBf16Weights } | { readonly q8_0: Q8_0Linear };
 
 /** DSpark's own weights. */
 export interface DSparkHeads {
   /** W1 = markov_head.embed `[V, r]` f32. */
   readonly embed: Float32Array;
-  /** W2 = markov_head.proj `[V, r]` packed; `[Vd, r]` (the listed ids' rows) with a reduced draft vocabulary. */
-  readonly proj: PackedBf16Weights;
+  /**
+   * W2 = markov_head.proj `[V, r]`, `[Vd, r]` (the listed ids' rows) with a reduced draft vocabulary: packed bf16, or
+   * Q8_0 with the draft layers' Q8_0 formats ({@link markovProj}).
+   */
+  readonly proj: MarkovProj;
   /** confidence_head.weight `[D + r]` f32. */
   readonly confW: Float32Array;
   readonly confB: number;
@@ -273,10 +297,12 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
           throw new DrafterError(`dspark: propose: sequences[${i}]: token ${t} is outside the vocabulary [0, ${V})`);
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
-      // logits_j = lm_head(h_j) + W2 · W1[x_j]: the Markov bias accumulated onto the base rows in place, in one
-      // native call (bit for bit base + bias, each rounded once in fp32), and the greedy drafts by native argmax
+      // logits_j = lm_head(h_j) + W2 · W1[x_j]: the Markov bias added onto the base rows in place, base + bias each
+      // rounded once in fp32 (bf16 W2: in one native call; Q8_0: the product, then the sum), and the greedy drafts by
+      // native argmax
       const lgs = base.subarray(first[j]! * Vd, first[j + 1]! * Vd); // [n, Vd]
-      gemmBf16Accumulate(e, n, heads.proj, lgs);
+      if ('bf16' in heads.proj) gemmBf16Accumulate(e, n, heads.proj.bf16, lgs);
+      else addF32(lgs, heads.proj.q8_0.apply(e, n, this.scratch('dspark.bias', n * Vd)), lgs);
       const greedy = active.some(({ probs: q }) => q === undefined) ? argmax(lgs, Vd) : undefined;
       active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
         const lg = lgs.subarray(a * Vd, (a + 1) * Vd);

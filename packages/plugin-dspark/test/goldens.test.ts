@@ -16,13 +16,16 @@ const index = JSON.parse(fs.readFileSync(path.join(GOLDENS_DIR, 'index.json'), '
 
 let target: StageModel;
 let drafter: DSparkDrafter;
+let defaultDrafter: DSparkDrafter;
 beforeAll(async () => {
   target = loadTarget();
   // the reference numerics: bf16 draft layers (the Q8_0 formats are checked against them in engine.test.ts)
   drafter = await loadDrafter(target, 4, 1024, { weights: 'bf16' });
+  defaultDrafter = await loadDrafter(target, 4, 1024);
 });
 afterAll(() => {
   drafter.dispose();
+  defaultDrafter.dispose();
   target.dispose();
 });
 
@@ -89,7 +92,11 @@ describe.each(Object.keys(index.goldens))('DSpark vs golden %s', (name) => {
   });
 });
 
-describe('a batch of proposals', () => {
+// the bf16 drafter above, and the default one (on AVX-512 without AMX: Q8_0 draft layers and Markov projection)
+describe.each([
+  ['bf16 weights', () => drafter],
+  ['default weights', () => defaultDrafter],
+])('a batch of proposals, %s', (_, drafterOf) => {
   // every golden prompt's taps as one sequence's draft context
   const seqs = Object.entries(index.goldens).map(([name, entry], n) => ({ name, entry, n }));
   // sequence n drafts maxDrafts 7, 3, 5, 1 (cycled); every other one sampled (T 0.8, top-p 0.95; a seeded PRNG)
@@ -108,21 +115,21 @@ describe('a batch of proposals', () => {
       const g = SafetensorsFile.open(path.join(GOLDENS_DIR, s.entry.file));
       try {
         let acc: Float32Array | undefined;
-        for (const t of drafter.config.taps)
-          acc = drafter.projectTargetHiddenPartial(
+        for (const t of drafterOf().config.taps)
+          acc = drafterOf().projectTargetHiddenPartial(
             new Map([[t, g.read(`hidden.${t}`).data as Float32Array]]),
             s.entry.T,
             acc,
           );
-        drafter.addSequence(`batch-${s.name}`);
-        drafter.writeProjectedContextKV(acc!, [{ id: `batch-${s.name}`, position: 0, numTokens: s.entry.T }]);
+        drafterOf().addSequence(`batch-${s.name}`);
+        drafterOf().writeProjectedContextKV(acc!, [{ id: `batch-${s.name}`, position: 0, numTokens: s.entry.T }]);
       } finally {
         g.close();
       }
     }
     try {
-      const alone = seqs.map((s) => drafter.propose({ sequences: [request(s)] })[0]!);
-      const together = drafter.propose({ sequences: seqs.map(request) });
+      const alone = seqs.map((s) => drafterOf().propose({ sequences: [request(s)] })[0]!);
+      const together = drafterOf().propose({ sequences: seqs.map(request) });
       expect(together.length).toBe(seqs.length);
       seqs.forEach((s, i) => {
         const a = alone[i]!;
@@ -145,8 +152,8 @@ describe('a batch of proposals', () => {
         }
       });
     } finally {
-      for (const s of seqs) drafter.freeSequence(`batch-${s.name}`);
+      for (const s of seqs) drafterOf().freeSequence(`batch-${s.name}`);
     }
-    expect(drafter.pagesInUse).toBe(0);
+    expect(drafterOf().pagesInUse).toBe(0);
   });
 });
