@@ -304,6 +304,9 @@ for (const family of FAMILIES) {
           }
           expect(D.engine.metrics.prefillTokens).toBe(0);
           expect(Pe.metrics.prefillTokens).toBe(prompts.reduce((a, p) => a + p.length, 0));
+          // prefill time: the prefill instance's only, the decode instance ran no prefill chunk
+          expect(D.engine.metrics.prefillMs).toBe(0);
+          expect(Pe.metrics.prefillMs).toBeGreaterThan(0);
           expect(Pe.cache.pagesInUse + Pe.cache.slotsInUse + (pDrafter?.pagesInUse ?? 0)).toBe(0);
           expect(D.engine.cache.pagesInUse + D.engine.cache.slotsInUse + (dDrafter?.pagesInUse ?? 0)).toBe(0);
           report.push(

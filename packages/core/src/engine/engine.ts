@@ -366,7 +366,9 @@ export class SpecEngine {
     if (prefilling)
       for (const r of [...this.running.values()]) {
         if (r.prefilled === r.req.promptIds.length) continue;
+        const t0 = performance.now();
         const f = this.prefillStep(r);
+        this.metrics.prefillMs += performance.now() - t0;
         if (f !== undefined) done.push(f);
       }
     const decoding: Running[] = [];

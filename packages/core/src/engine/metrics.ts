@@ -137,6 +137,11 @@ export class RunMetrics {
   prefillTokens = 0;
   /** Draft proposals (propose calls). */
   proposeCalls = 0;
+  /**
+   * Wall time in prefill chunks (each the target's forward, and after the last one the first token), ms: a run's wall
+   * time less this is its decoding (TPOT's time; a drafter's catch-up on the prompt falls in the first decode step).
+   */
+  prefillMs = 0;
   /** Wall time in propose / verify forward / commit, ms. */
   draftMs = 0;
   verifyMs = 0;
