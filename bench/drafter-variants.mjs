@@ -4,7 +4,7 @@
 //   whole   draft_vocab "whole" (the whole vocabulary although the checkpoint lists a reduced one)
 //   bf16    weights "bf16" (the draft model as the checkpoint stores it)
 //   q8_0    weights "q8_0"
-//   noconf  DFlash confidence false (every proposed draft verified)
+//   noconf  DFlash's or DSpark's confidence false (every proposed draft verified)
 import * as path from 'node:path';
 
 const VARIANTS = {

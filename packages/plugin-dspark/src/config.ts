@@ -63,5 +63,12 @@ export const DSPARK_SCHEMA: DrafterSchema = Object.freeze({
         '(dflash_config.draft_vocab_size, FR-Spec), if any; "whole" the whole vocabulary even then',
     },
     weights: DFLASH_WEIGHTS_SCHEMA,
+    confidence: {
+      type: 'boolean',
+      description:
+        "proposals carry the confidence head's per-draft confidence, so the cost policy's verify budgets verify " +
+        "only the drafts whose calibrated survival clears the step's threshold (default true; false: every proposed " +
+        'draft is verified)',
+    },
   },
 });

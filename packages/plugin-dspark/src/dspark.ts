@@ -8,15 +8,16 @@
  *   predicts the NEXT token, at p + j + 1 → up to B drafts.
  * - Markov head, left to right: logits_j = lm_head(h_j) + W2 · W1[x_j], x_j = the token at p + j
  *   (the last verified token for j = 0, else draft j − 1); W1 = markov_head.embed `[V, r]`,
- *   W2 = markov_head.proj `[V, r]`. Greedy: argmax; sampled: q_j = samplingProbs(logits_j), d_j ~ q_j
- *   (q returned for rejection sampling).
+ *   W2 = markov_head.proj `[V, r]` (bf16, or Q8_0 where the draft layers are: `markovProj`). Greedy: argmax;
+ *   sampled: q_j = samplingProbs(logits_j), d_j ~ q_j (q returned for rejection sampling).
  * - Reduced draft vocabulary (FR-Spec, arXiv 2502.14856; `dflash_config.draft_vocab_size` and the checkpoint's
  *   `draft_vocab_ids`, the backbone's draft head: @specd/plugin-dflash `DraftHead`): lm_head and W2 keep the listed
  *   ids' rows only, the drafts are listed ids (x_j stays a token id for W1), a sampled q is 0 off the list.
  * - Confidence head: c_j = sigmoid(w · [h_j; W1[x_j]] + b) (h_j after the final norm), returned as
- *   the proposal's `confidence`. c_j depends on the token BEFORE draft j (x_j), never on d_j, so the
- *   engine's cost policy may cut a proposal to its survival budget Π c_l ≥ λ losslessly (adaptive
- *   verification lives in core: engine/draft-policy.ts; nothing here names it).
+ *   the proposal's `confidence` (setting `confidence`, default true; false: proposals carry none). c_j depends on
+ *   the token BEFORE draft j (x_j), never on d_j, so the engine's cost policy may cut a proposal to its survival
+ *   budget Π c_l ≥ λ losslessly (adaptive verification lives in core: engine/draft-policy.ts; nothing here names
+ *   it).
  * - Context-KV-only mode (settings `context_only: true` or `DrafterLoadOptions.contextOnly`): only
  *   the projection (fc, hidden_norm) and each layer's k_proj / v_proj / k_norm are loaded — for a
  *   prefill-only producer that writes draft KV and never drafts; `propose` throws.
@@ -99,6 +100,9 @@ function buildDSpark(
   shard: DrafterShardLoadOptions | undefined,
 ): DSparkDrafter {
   const contextOnly = options.contextOnly === true || options.settings?.context_only === true;
+  const confidence = options.settings?.confidence;
+  if (confidence !== undefined && typeof confidence !== 'boolean')
+    throw new DrafterError(`dspark: settings.confidence: expected a boolean, got ${JSON.stringify(confidence)}`);
   const parts = {
     contextOnly,
     wholeVocab: options.settings?.draft_vocab === 'whole',
@@ -111,7 +115,7 @@ function buildDSpark(
       : loadDFlashShard(source, config, { ...shard, onReads: (r) => (backboneReads = r) }, parts);
   if (contextOnly || (shard !== undefined && shard.comm.rank !== 0)) {
     shard?.onReads?.(backboneReads);
-    return new DSparkDrafter(config, options.target, backbone, undefined);
+    return new DSparkDrafter(config, options.target, backbone, undefined, confidence !== false);
   }
   try {
     const r = new WeightReader(source.weights, {
@@ -127,12 +131,18 @@ function buildDSpark(
     // Q8_0 reads half the bytes of bf16 each step (R a multiple of 32, whole matrices: not under tensor parallelism)
     const format =
       parts.weights ?? blockDrafterWeightsDefault(q8_0Blocker([D, R], shard === undefined ? 1 : shard.comm.size));
-    const d = new DSparkDrafter(config, options.target, backbone, {
-      embed: r.f32('markov_head.embed.weight', [V, R]),
-      proj: markovProj(r, ids, V, R, format !== 'bf16' && R % 32 === 0 && shard === undefined),
-      confW: r.f32('confidence_head.weight', [1, D + R]),
-      confB: r.f32('confidence_head.bias', [1])[0]!,
-    });
+    const d = new DSparkDrafter(
+      config,
+      options.target,
+      backbone,
+      {
+        embed: r.f32('markov_head.embed.weight', [V, R]),
+        proj: markovProj(r, ids, V, R, format !== 'bf16' && R % 32 === 0 && shard === undefined),
+        confW: r.f32('confidence_head.weight', [1, D + R]),
+        confB: r.f32('confidence_head.bias', [1])[0]!,
+      },
+      confidence !== false,
+    );
     shard?.onReads?.([...backboneReads, ...r.reads]);
     return d;
   } catch (err) {
@@ -198,6 +208,11 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
     readonly backbone: DFlashDrafter,
     /** The Markov and confidence heads; undefined when loaded context-KV-only (or disposed). */
     private heads: DSparkHeads | undefined,
+    /**
+     * Whether proposals carry the confidence head's per-draft `confidence` (setting `confidence`, default true; the
+     * cost policy verifies a prefix of them by it). False: every proposed draft is verified.
+     */
+    readonly withConfidence = true,
   ) {
     super(backbone.kv);
     this.maxDraftTokens = config.blockSize;
@@ -326,10 +341,11 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
       });
     }
     const ids = head.ids;
+    const withConf = (conf: Float32Array) => (this.withConfidence ? { confidence: conf } : {});
     return outs.map(({ s, tokens, conf, probs }) =>
       probs === undefined
-        ? { id: s.id, tokens, confidence: conf }
-        : { id: s.id, tokens, probs, ...(ids === undefined ? {} : { probsIds: ids }), confidence: conf },
+        ? { id: s.id, tokens, ...withConf(conf) }
+        : { id: s.id, tokens, probs, ...(ids === undefined ? {} : { probsIds: ids }), ...withConf(conf) },
     );
   }
 

@@ -157,3 +157,39 @@ describe.each([
     expect(drafterOf().pagesInUse).toBe(0);
   });
 });
+
+describe('setting confidence', () => {
+  it('false: the same proposal without confidences; a non-boolean is refused naming the setting', async () => {
+    const plain = await loadDrafter(target, 4, 1024, { confidence: false });
+    try {
+      const [name, entry] = Object.entries(index.goldens)[1]!;
+      const g = SafetensorsFile.open(path.join(GOLDENS_DIR, entry.file));
+      const props = [defaultDrafter, plain].map((d) => {
+        const id = `conf-${name}`;
+        let acc: Float32Array | undefined;
+        for (const t of d.config.taps)
+          acc = d.projectTargetHiddenPartial(new Map([[t, g.read(`hidden.${t}`).data as Float32Array]]), entry.T, acc);
+        d.addSequence(id);
+        try {
+          d.writeProjectedContextKV(acc as Float32Array, [{ id, position: 0, numTokens: entry.T }]);
+          const sampling = { temperature: 0.8, topP: 0.95 };
+          const seq = { id, position: entry.T, lastToken: entry.first_token, maxDrafts: 5, history: new Int32Array(0) };
+          return d.propose({ sequences: [{ ...seq, sampling, rng: new SeededRandom(7) }] })[0];
+        } finally {
+          d.freeSequence(id);
+        }
+      });
+      g.close();
+      const [withConf, without] = props;
+      expect(withConf?.confidence?.length).toBe(5);
+      expect(without?.confidence).toBeUndefined();
+      expect(Array.from(without?.tokens ?? [])).toEqual(Array.from(withConf?.tokens ?? [1]));
+      expect(without?.probs).toEqual(withConf?.probs);
+    } finally {
+      plain.dispose();
+    }
+    await expect(loadDrafter(target, 4, 1024, { confidence: 'yes' })).rejects.toThrow(
+      /dspark: settings\.confidence: expected a boolean, got "yes"/,
+    );
+  });
+});
