@@ -7,10 +7,10 @@
 // row tile, per block: the B panel blocks' 8 VPERMB operands (below) made in registers and fed straight
 // to 2 VPDPBUSD chains per row and panel, then the fp32 combination. The first row tile streams the
 // tile's weights from memory; the others re-read them from L1 (B panels: 5.6–31 KiB for k = 576–1536).
-//   B = 1 (one weight stream) in row tiles of <= 8 rows (int16: <= 4): m <= 4; int8 Q4 and Q8_0 up to
-//     m = 16; the odd last panel of a range;
+//   B = 1 (one weight stream) in row tiles of <= 8 rows (int16 Q8_0: <= 6): every type and act up to m = 16;
+//     the odd last panel of a range;
 //   B = 2 (DirectPairs: 2 panel streams, each activation broadcast feeds both panels' VPDPBUSD) in row
-//     tiles of <= 3 rows (int8: <= 4): int16 Q4 from m = 5, every type and act from m = 17.
+//     tiles of <= 3 rows (int8: <= 4): every type and act from m = 17.
 // The operands: each VPERMB turns 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
 // (Q4: low and high nibbles ANDed apart; Q8_0: XOR 0x80, the +128 bias).
 // The first row tile prefetches (T0) the thread's next tile while it reads the current one, swept
@@ -44,30 +44,28 @@ namespace {
 constexpr int64_t kPrefetchBytes = SPECD_QUANT_PREFETCH;
 constexpr int64_t kOpBytes = 512;      // 8 operands × 64 B per panel block
 constexpr int64_t kWBlockBytes = 640;  // operands | d[16] f32 | m[16] f32
-// Rows per B = 1 tile: int8 up to 8; int16 up to 4 (two int32 chains per row: at 8 rows the
-// accumulators spill; from DRAM, one thread, Zen 5, m = 16: Q8_0 lm_head ×1.0–1.3, Q4_1 ×1.0–1.1 faster).
+// Rows per B = 1 tile: int8 up to 8; int16 up to 8 for Q4_0 / Q4_1 and 6 for Q8_0 (two int32 chains per row, and
+// Q8_0's 8 operands a block against Q4's 4). One tile where m fits: each extra row tile makes the block's VPERMB
+// operands again for its rows. The SmolLM2 forward's Q4_1 GEMMs (30 layers, weights from DRAM, 2 threads, Zen 5),
+// against the former int16 tiles (<= 4 rows B = 1, DirectPairs <= 3 rows from m = 5): m = 5 ×1.28, m = 6 ×1.18–1.26,
+// m = 7–8 ×1.1–1.2, m = 10–16 ×1.08–1.18 faster; its Q8_0 lm_head m = 5–6 ×1.07–1.28, m = 7–16 within the noise
+// (docs/BENCHMARKS.md, "int16 row tiles of up to 8").
 constexpr int64_t kDirectTileRows = 8;
-constexpr int64_t kDirectTileRowsWide = 4;
+template <Type T>
+constexpr int64_t DirectTileRowsWide() {
+  return T == Type::kQ8_0 ? 6 : 8;
+}
 // DirectPairs: TileDirect over 2 panels at once (B = 2), so each activation broadcast feeds two VPDPBUSD
 // and a tile has 4·R independent int32 chains (VPDPBUSD's latency wants ~8–12 in flight, and a broadcast
-// from memory per VPDPBUSD caps the rate near 0.6–0.85 of the register-only one on Zen 5; B = 1 has
-// 2·R <= 8 chains at int16). Row tiles of <= 3 rows at int16 (12 chains; 4 rows: ×0.95 in L2), <= 4 at
-// int8 (16 chains; vs 3 rows ×1.1 in L2).
-// int16 Q4_0 / Q4_1 at m = 5..16: one thread, Zen 5, the SmolLM2 Q4_1 shapes, vs B = 1: weights in L2
-// m = 6–16 ×1.10–1.29; from DRAM m = 8 ×1.0–1.15, m = 16 ×1.04–1.11; 2-thread verify forward (all of
-// gemmQuant) m = 8 ×~1.05, m = 16 ×~1.08. Not Q8_0 there (two 9.8 KiB panels per tile re-read by the
-// later row tiles: lm_head ×0.7–0.9 at m = 2–8), not m = 1 (×0.85–0.95), not m = 2–4 (the call is bound by
-// the weight stream: L2 ×1.06–1.3 but DRAM ×0.92–1.08, 2-thread verify forward ×0.94–1.0).
+// from memory per VPDPBUSD caps the rate near 0.6–0.85 of the register-only one on Zen 5). Row tiles of
+// <= 3 rows at int16 (12 chains; 4 rows: ×0.95 in L2), <= 4 at int8 (16 chains; vs 3 rows ×1.1 in L2).
 // Every type and act from m = 17: one thread, Zen 5, vs B = 1 tiles: int16 Q8_0 lm_head m = 17–64
 // ×1.14–1.25; int8 (all the SmolLM2 GEMMs) m = 17–64 ×1.13–1.23 (docs/BENCHMARKS.md, "m = 17–32 on the
-// direct path").
+// direct path"). (Until 2026-12-06 int16 Q4 took them from m = 5, against B = 1 tiles of <= 4 rows.)
 constexpr int64_t kDirectPairRows = 3;
 constexpr int64_t kDirectPairRowsI8 = 4;
 constexpr int64_t kPairsEveryType = 17;  // from this m, DirectPairs for every type and act
-template <Type T, bool W>
-constexpr bool DirectPairs(int64_t m) {
-  return m >= kPairsEveryType || (W && T != Type::kQ8_0 && m >= 5);
-}
+constexpr bool DirectPairs(int64_t m) { return m >= kPairsEveryType; }
 
 // VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
 alignas(64) constexpr unsigned char kTranspose[64] = {0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
@@ -279,20 +277,21 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end) {
       }
     });
   } else {
-    // Balanced row tiles of <= 8 rows (m = 13 -> 7 + 6; int16 <= 4); the first streams the panel from
+    // Balanced row tiles of <= 8 rows (m = 13 -> 6 + 7; int16 Q8_0 <= 6); the first streams the panel from
     // memory, the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
-    constexpr int64_t kTileRows = W ? kDirectTileRowsWide : kDirectTileRows;
+    constexpr int64_t kTileRows = W ? DirectTileRowsWide<T>() : kDirectTileRows;
+    constexpr int kMax = static_cast<int>(kTileRows);
     BalancedRowTiles(p.m, kTileRows, [&](int64_t t, int64_t row, int64_t rows) {
-      // int16 tiles have <= 4 rows: cases 5–8 never run for W (W ? 4 only avoids instantiating them).
+      // int16 Q8_0 tiles have <= 6 rows: cases 7–8 never run there (the min only avoids instantiating them).
       switch (rows) {
         case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step); break;
         case 2: TileDirect<T, 2, W>(p, row, panel0, t == 0, pf, step); break;
         case 3: TileDirect<T, 3, W>(p, row, panel0, t == 0, pf, step); break;
         case 4: TileDirect<T, 4, W>(p, row, panel0, t == 0, pf, step); break;
-        case 5: TileDirect<T, W ? 4 : 5, W>(p, row, panel0, t == 0, pf, step); break;
-        case 6: TileDirect<T, W ? 4 : 6, W>(p, row, panel0, t == 0, pf, step); break;
-        case 7: TileDirect<T, W ? 4 : 7, W>(p, row, panel0, t == 0, pf, step); break;
-        default: TileDirect<T, W ? 4 : 8, W>(p, row, panel0, t == 0, pf, step); break;
+        case 5: TileDirect<T, 5, W>(p, row, panel0, t == 0, pf, step); break;
+        case 6: TileDirect<T, 6, W>(p, row, panel0, t == 0, pf, step); break;
+        case 7: TileDirect<T, (kMax < 7 ? kMax : 7), W>(p, row, panel0, t == 0, pf, step); break;
+        default: TileDirect<T, kMax, W>(p, row, panel0, t == 0, pf, step); break;
       }
     });
   }
@@ -303,7 +302,7 @@ void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end) {
   int64_t panel = panel_begin;
   // One panel at a time, so that the weights are one sequential stream; DirectPairs two at a time, then
   // the odd last panel alone.
-  if (DirectPairs<T, W>(p.m)) {
+  if (DirectPairs(p.m)) {
     for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2, W>(p, panel, panel_end);
   }
   for (; panel < panel_end; ++panel) PanelTile<T, 1, W>(p, panel, panel_end);

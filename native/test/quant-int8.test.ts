@@ -370,7 +370,11 @@ describe('gemmQuant act int8 / int16 across paths', () => {
         [1, 61, 576],
         [3, 40, 576], // VPERMB operands made in registers (TileDirect), 1 or 2 row tiles
         [16, 49, 1536],
-        [8, 64, 96], // int16 Q4, m = 5..16: two panels per TileDirect (DirectPairs), here no odd panel left
+        [8, 64, 96], // one row tile of 8 (int16 Q8_0: two of 4)
+        [5, 33, 576], // one row tile of 5, at int16 too
+        [6, 40, 1536], // one row tile of 6
+        [7, 17, 320], // one row tile of 7 (int16 Q8_0: 3 + 4)
+        [13, 50, 576], // two row tiles, 6 + 7 (int16 Q8_0: three, 4 + 4 + 5)
         [17, 101, 576], // m >= 17: DirectPairs for every type and act; 7 panels: pairs and an odd last panel
         [24, 37, 1536],
         [40, 18, 320],
