@@ -47,9 +47,9 @@ constexpr int64_t kWBlockBytes = 640;  // operands | d[16] f32 | m[16] f32
 // Rows per B = 1 tile: int8 up to 8; int16 up to 8 for Q4_0 / Q4_1 and 6 for Q8_0 (two int32 chains per row, and
 // Q8_0's 8 operands a block against Q4's 4). One tile where m fits: each extra row tile makes the block's VPERMB
 // operands again for its rows. The SmolLM2 forward's Q4_1 GEMMs (30 layers, weights from DRAM, 2 threads, Zen 5),
-// against the former int16 tiles (<= 4 rows B = 1, DirectPairs <= 3 rows from m = 5): m = 5 ×1.28, m = 6 ×1.18–1.26,
-// m = 7–8 ×1.1–1.2, m = 10–16 ×1.08–1.18 faster; its Q8_0 lm_head m = 5–6 ×1.07–1.28, m = 7–16 within the noise
-// (docs/BENCHMARKS.md, "int16 row tiles of up to 8").
+// against the former int16 tiles (<= 4 rows B = 1, DirectPairs <= 3 rows from m = 5), alternated A/Bs: m = 5–6
+// ×1.10–1.28, m = 7–16 ×1.03–1.18 faster; its Q8_0 lm_head m = 5–6 ×1.06–1.28, m = 7–16 within the noise
+// (docs/BENCHMARKS.md, "int16 `gemmQuant`: row tiles of up to 8 rows").
 constexpr int64_t kDirectTileRows = 8;
 template <Type T>
 constexpr int64_t DirectTileRowsWide() {
