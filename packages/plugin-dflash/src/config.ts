@@ -188,13 +188,13 @@ export function dflashDevice(value: unknown): DrafterDevice {
 
 /**
  * The `confidence` setting checked again here for callers that bypass the schema (undefined stays undefined: the
- * drafter's default, `DFlashDrafter.confidence`).
+ * drafter's default, `DFlashDrafter.confidence`); `method` names the drafter in the error (DSpark's setting too).
  * @throws {DrafterError} naming the setting when it is not a boolean.
  */
-export function dflashConfidence(value: unknown): boolean | undefined {
+export function dflashConfidence(value: unknown, method = 'dflash'): boolean | undefined {
   if (value === undefined) return undefined;
   if (typeof value !== 'boolean')
-    throw new DrafterError(`dflash: settings.confidence: expected a boolean, got ${JSON.stringify(value)}`);
+    throw new DrafterError(`${method}: settings.confidence: expected a boolean, got ${JSON.stringify(value)}`);
   return value;
 }
 

@@ -32,6 +32,7 @@
  */
 
 import {
+  accumulateBlockLinear,
   blockDrafterWeightsDefault,
   draftWeightFormat,
   DrafterBase,
@@ -56,11 +57,11 @@ import {
   type StageModel,
   keptScratch,
   q8_0Blocker,
-  q8_0Linear,
-  type Q8_0Linear,
+  q8_0LinearIfFinite,
+  type BlockLinear,
 } from '@specd/core';
-import { addF32, argmax, gemmBf16Accumulate, packBf16Weights, type PackedBf16Weights } from '@specd/native';
-import { loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
+import { argmax, packBf16Weights } from '@specd/native';
+import { dflashConfidence, loadDFlashDrafter, loadDFlashShard, type DFlashDrafter } from '@specd/plugin-dflash';
 
 import type { DSparkConfig } from './config.js';
 
@@ -100,9 +101,7 @@ function buildDSpark(
   shard: DrafterShardLoadOptions | undefined,
 ): DSparkDrafter {
   const contextOnly = options.contextOnly === true || options.settings?.context_only === true;
-  const confidence = options.settings?.confidence;
-  if (confidence !== undefined && typeof confidence !== 'boolean')
-    throw new DrafterError(`dspark: settings.confidence: expected a boolean, got ${JSON.stringify(confidence)}`);
+  const confidence = dflashConfidence(options.settings?.confidence, 'dspark');
   const parts = {
     contextOnly,
     wholeVocab: options.settings?.draft_vocab === 'whole',
@@ -152,11 +151,10 @@ function buildDSpark(
 }
 
 /**
- * markov_head.proj `[V, r]` bf16, or its rows `ids` only (a reduced draft vocabulary), as `[Vd, r]`: Q8_0 with
- * `q8_0` (core's `q8_0Linear`, int16 activations) unless a weight is not finite (Q8_0 cannot hold it: a checkpoint
- * loaded under sanity "warn"), else packed bf16.
+ * markov_head.proj `[V, r]` bf16, or its rows `ids` only (a reduced draft vocabulary), as `[Vd, r]`: with `q8_0`,
+ * core's `q8_0LinearIfFinite` (int16 activations; bf16 if a weight is not finite), else packed bf16.
  */
-function markovProj(r: WeightReader, ids: Int32Array | undefined, V: number, R: number, q8_0: boolean): MarkovProj {
+function markovProj(r: WeightReader, ids: Int32Array | undefined, V: number, R: number, q8_0: boolean): BlockLinear {
   const all = r.bf16('markov_head.proj.weight', [V, R]);
   let rows = all;
   if (ids !== undefined) {
@@ -166,13 +164,8 @@ function markovProj(r: WeightReader, ids: Int32Array | undefined, V: number, R: 
     });
   }
   const n = rows.length / R;
-  // bf16 Inf / NaN: every exponent bit set
-  if (q8_0 && !rows.some((b) => (b & 0x7f80) === 0x7f80)) return { q8_0: q8_0Linear(rows, n, R) };
-  return { bf16: packBf16Weights(rows, n, R) };
+  return q8_0 ? q8_0LinearIfFinite(rows, n, R) : packBf16Weights(rows, n, R);
 }
-
-/** W2 in one of two formats: packed bf16 (`gemmBf16Accumulate`) or Q8_0 (its product, then added). */
-export type MarkovProj = { readonly bf16: PackedBf16Weights } | { readonly q8_0: Q8_0Linear };
 
 /** DSpark's own weights. */
 export interface DSparkHeads {
@@ -182,7 +175,7 @@ export interface DSparkHeads {
    * W2 = markov_head.proj `[V, r]`, `[Vd, r]` (the listed ids' rows) with a reduced draft vocabulary: packed bf16, or
    * Q8_0 with the draft layers' Q8_0 formats ({@link markovProj}).
    */
-  readonly proj: MarkovProj;
+  readonly proj: BlockLinear;
   /** confidence_head.weight `[D + r]` f32. */
   readonly confW: Float32Array;
   readonly confB: number;
@@ -313,11 +306,9 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
         e.set(heads.embed.subarray(t * R, (t + 1) * R), a * R);
       });
       // logits_j = lm_head(h_j) + W2 · W1[x_j]: the Markov bias added onto the base rows in place, base + bias each
-      // rounded once in fp32 (bf16 W2: in one native call; Q8_0: the product, then the sum), and the greedy drafts by
-      // native argmax
+      // rounded once in fp32 (core's accumulateBlockLinear), and the greedy drafts by native argmax
       const lgs = base.subarray(first[j]! * Vd, first[j + 1]! * Vd); // [n, Vd]
-      if ('bf16' in heads.proj) gemmBf16Accumulate(e, n, heads.proj.bf16, lgs);
-      else addF32(lgs, heads.proj.q8_0.apply(e, n, this.scratch('dspark.bias', n * Vd)), lgs);
+      accumulateBlockLinear(lgs, heads.proj, e, n, undefined, this.scratch);
       const greedy = active.some(({ probs: q }) => q === undefined) ? argmax(lgs, Vd) : undefined;
       active.forEach(({ i, s, tokens, conf, probs: q }, a) => {
         const lg = lgs.subarray(a * Vd, (a + 1) * Vd);

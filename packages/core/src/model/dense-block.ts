@@ -29,10 +29,12 @@ export function applyBlockLinear(w: BlockLinear, x: Float32Array, rows: number, 
 }
 
 /**
- * `h += x·Wᵀ` in place: one fused native call for packed bf16 weights without a reduction (`gemmBf16Accumulate`: bit
- * for bit `h[e] + gemmBf16(x)[e]`), else the projection, `reduce`, then `addF32` — the same bits either way.
+ * `h [rows, n] f32 += x [rows, k] f32 · Wᵀ` in place: one fused native call for packed bf16 weights without a reduction
+ * (`gemmBf16Accumulate`: bit for bit `h[e] + gemmBf16(x)[e]`), else the projection (into `scratch('block.proj')`),
+ * `reduce` (a tensor-parallel all-reduce, if any), then `addF32` — h[e] + y[e] rounded once either way.
+ * @throws what the linear map, `reduce` or the native calls throw (a SpecdArgumentError on a wrong length).
  */
-function addProjection(
+export function accumulateBlockLinear(
   h: Float32Array,
   w: BlockLinear,
   x: Float32Array,
@@ -96,10 +98,10 @@ export function denseBlockOutput(
 ): Float32Array {
   const scratch = options.scratch ?? freshScratch;
   const I = options.intermediate;
-  addProjection(h, w.o, a, n, options.reduce, scratch);
+  accumulateBlockLinear(h, w.o, a, n, options.reduce, scratch);
   const xm = rmsNorm(h, w.postNorm, options.eps, scratch('block.xn', h.length));
   const gu = applyBlockLinear(w.gateUp, xm, n, scratch('block.gateUp', n * 2 * I));
-  addProjection(h, w.down, swigluFused(gu, I, scratch('block.act', n * I)), n, options.reduce, scratch);
+  accumulateBlockLinear(h, w.down, swigluFused(gu, I, scratch('block.act', n * I)), n, options.reduce, scratch);
   return h;
 }
 

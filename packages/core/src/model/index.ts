@@ -1,5 +1,6 @@
 /** @specd/core model: model pieces shared by plugins — the dense decoder block, shard-aware weight packing. */
 export {
+  accumulateBlockLinear,
   applyBlockLinear,
   type BlockLinear,
   denseBlock,
@@ -16,6 +17,7 @@ export {
   isQ8_0Format,
   q8_0Blocker,
   q8_0Linear,
+  q8_0LinearIfFinite,
   type DraftWeightFormat,
   type Q8_0Linear,
 } from './quant-linear.js';

@@ -117,7 +117,16 @@ export function packLinear(
     rows,
     k,
   );
+  const act = format === 'q8_0_int8' ? 'int8' : 'int16';
+  return bf16IfNonFinite ? q8_0LinearIfFinite(bits, n, k, act) : q8_0Linear(bits, n, k, act);
+}
+
+/**
+ * {@link q8_0Linear} of `w` `[n, k]` bf16, or `w` packed bf16 when a weight is not finite (Q8_0 cannot hold it; such a
+ * checkpoint loads only under checkpoint sanity "warn"), so it runs as it would have in bf16.
+ * @throws {RangeError} as q8_0Linear for k not a multiple of 32 or a wrong length.
+ */
+export function q8_0LinearIfFinite(w: Uint16Array, n: number, k: number, act: 'int16' | 'int8' = 'int16'): BlockLinear {
   // bf16 Inf / NaN: every exponent bit set
-  if (bf16IfNonFinite && bits.some((b) => (b & 0x7f80) === 0x7f80)) return packBf16Weights(bits, n, k);
-  return q8_0Linear(bits, n, k, format === 'q8_0_int8' ? 'int8' : 'int16');
+  return w.some((b) => (b & 0x7f80) === 0x7f80) ? packBf16Weights(w, n, k) : q8_0Linear(w, n, k, act);
 }
