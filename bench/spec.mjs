@@ -5,12 +5,15 @@
 //   npm run bench:spec                      (root; run `npm run build` first; ~6 min)
 //   node bench/spec.mjs [--drafters dflash,dspark,eagle3] [--prompts N] [--tokens N] [--conc 1,4,8]
 //                       [--reps N] [--fixed-k 1,2,3] [--fixed-settings 0] [--json FILE] [--quick]
-//                       [--settings 0,1,defaults]
+//                       [--settings 0,1,defaults] [--slice N]
 //
 // Prompts: the first N/2 of test/prompts/prose.jsonl and of code.jsonl (held out; N = 16 by default),
 // `--tokens` new tokens each (default 64), EOS ignored (but in the defaults setting). Target models/kimi-k3-tiny;
 // each drafter is loaded from models/kimi-k3-tiny-<method> through its config.json (the plugin registry picks it).
-// For every load C and sampling setting, in one run, alternating `--reps` times (medians reported). The settings:
+// For every load C and sampling setting, in one run, alternating `--reps` times (medians reported); within a
+// repetition the modes interleave by slices of `--slice` requests (default 1 at one sequence, all at once above):
+// every mode runs a slice before the next slice starts, so a slow spell of the machine weighs on all of them alike.
+// The settings:
 // T = 0 and T = 1 with EOS ignored, and the target's defaults (`generation_config.json` as `specd serve` reads it:
 // SmolLM2 temperature 0.2, top_p 0.9; kimi-k3-tiny greedy) with EOS honoured, as a server answers by default
 // (`--settings 0,1,defaults` picks among them). Each row also gives the share of outputs that end in a loop (their last
@@ -90,6 +93,11 @@ const CONCS = arg('conc', quick ? '1,4' : '1,4,8')
   .split(',')
   .map(Number);
 const REPS = Number(arg('reps', quick ? '1' : '3'));
+/** Requests per interleaved slice (`--slice`; 0: all at once; default: 1 at one sequence, all at once above; see
+ * runCells). */
+const SLICE = arg('slice', undefined) === undefined ? undefined : Number(arg('slice', '0'));
+if (SLICE !== undefined && !(Number.isInteger(SLICE) && SLICE >= 0))
+  throw new Error(`bench:spec: --slice: expected an integer >= 0, got ${arg('slice', '')}`);
 const TARGET = arg('target', 'kimi');
 if (TARGET !== 'kimi' && TARGET !== 'smollm2') throw new Error(`bench:spec: --target: expected kimi or smollm2`);
 const TARGET_DIR = TARGET === 'kimi' ? 'kimi-k3-tiny' : 'smollm2-135m-instruct';
@@ -207,51 +215,100 @@ function endsInLoop(ids) {
 
 /** Cost-policy engines are kept per (drafter, C, T) across repetitions, as a server keeps its engine. */
 const costEngines = new Map();
-function run(drafter, C, setting, mode) {
+/** The engine of one mode: 'plain', 'max', 'cost' (kept across repetitions) or a fixed draft length. */
+function engineFor(drafter, C, setting, mode) {
   const opts = { maxSequences: C, maxTokensPerSequence: 4096 };
-  let e;
   if (mode === 'cost') {
     const key = `${label(drafter)}|${C}|${setting.name}`;
-    e = costEngines.get(key);
+    let e = costEngines.get(key);
     if (e === undefined) {
       e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost' });
       e.calibrate();
       costEngines.set(key, e);
     }
-  } else if (typeof mode === 'number') {
-    e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: fixedDraftPolicy(mode) });
-  } else {
-    e = new SpecEngine(target.model, drafter, mode === 'plain' ? opts : { ...opts, draftPolicy: 'max' });
+    return e;
   }
-  const prefillMs0 = e.metrics.prefillMs; // a kept cost engine's metrics add up over its runs
-  const t0 = performance.now();
-  const rs = e.run(requests(setting));
-  const s = (performance.now() - t0) / 1000;
-  const m = e.metrics;
-  const prefillS = (m.prefillMs - prefillMs0) / 1000;
-  const tokens = rs.reduce((a, r) => a + r.tokenIds.length, 0);
-  return {
-    tokPerS: tokens / s,
-    // decoding only (TPOT's rate): the tokens after each request's first, over the wall time outside prefill chunks
-    decodeTokPerS: (tokens - rs.filter((r) => r.tokenIds.length > 0).length) / (s - prefillS),
-    tauPerStep: m.tauPerStep,
-    tauMeanOfRequests: m.tauMeanOfRequests,
-    perPosition: m.perPositionAcceptance,
-    drafted: m.drafted,
-    verifySteps: m.verifySteps,
-    // per verify step, ms: propose phase (draft-context writes + propose), verify, accept + commit, the rest
-    phases: {
-      draft: m.draftMs / Math.max(1, m.verifySteps),
-      verify: m.verifyMs / Math.max(1, m.verifySteps),
-      commit: m.commitMs / Math.max(1, m.verifySteps),
-      rest: (s * 1000 - m.draftMs - m.verifyMs - m.commitMs) / Math.max(1, m.verifySteps),
-    },
-    outputs: new Map(rs.map((r) => [r.id, r.tokenIds.join()])),
-    loops: rs.filter((r) => endsInLoop(Array.from(r.tokenIds))).length / Math.max(1, rs.length),
-    costs: e.stepCosts,
-  };
+  if (typeof mode === 'number')
+    return new SpecEngine(target.model, drafter, { ...opts, draftPolicy: fixedDraftPolicy(mode) });
+  return new SpecEngine(target.model, drafter, mode === 'plain' ? opts : { ...opts, draftPolicy: 'max' });
 }
-/** The median run by tok/s; of an even count the faster of the two middle runs (every engine's alike). */
+
+/**
+ * One repetition of every cell (`{ drafter, mode }`) over the requests, interleaved: the requests in slices of
+ * `slice` (0: all at once), and every cell runs each slice before the next slice starts, the first cell of each slice
+ * rotating. So a cell's time is spread over the repetition's whole wall time, and a slow spell of the machine (this
+ * VM's plain step moved between 4.3 and 6.3 ms within minutes) weighs on every cell alike instead of on the one
+ * running then. Each cell's result sums its slices.
+ */
+function runCells(cells, C, setting, slice) {
+  const reqs = requests(setting);
+  const size = slice > 0 ? slice : reqs.length;
+  const tallies = cells.map(({ drafter, mode }) => ({
+    e: engineFor(drafter, C, setting, mode),
+    s: 0,
+    prefillS: 0,
+    tokens: 0,
+    firsts: 0,
+    loops: 0,
+    n: 0,
+    outputs: new Map(),
+  }));
+  const metrics0 = tallies.map(({ e: { metrics: m } }) => ({
+    draftMs: m.draftMs,
+    verifyMs: m.verifyMs,
+    commitMs: m.commitMs,
+    verifySteps: m.verifySteps,
+  }));
+  for (let first = 0, sl = 0; first < reqs.length; first += size, sl++) {
+    const part = reqs.slice(first, first + size);
+    for (let j = 0; j < tallies.length; j++) {
+      const t = tallies[(sl + j) % tallies.length];
+      const prefillMs0 = t.e.metrics.prefillMs; // a kept cost engine's metrics add up over its runs
+      const t0 = performance.now();
+      const rs = t.e.run(part);
+      t.s += (performance.now() - t0) / 1000;
+      t.prefillS += (t.e.metrics.prefillMs - prefillMs0) / 1000;
+      for (const r of rs) {
+        t.tokens += r.tokenIds.length;
+        if (r.tokenIds.length > 0) t.firsts++;
+        if (endsInLoop(Array.from(r.tokenIds))) t.loops++;
+        t.n++;
+        t.outputs.set(r.id, r.tokenIds.join());
+      }
+    }
+  }
+  return tallies.map((t, i) => {
+    const m = t.e.metrics;
+    // this repetition's draft, verify and commit time (a kept cost engine's metrics add up over its runs)
+    const draftMs = m.draftMs - metrics0[i].draftMs;
+    const verifyMs = m.verifyMs - metrics0[i].verifyMs;
+    const commitMs = m.commitMs - metrics0[i].commitMs;
+    const steps = Math.max(1, m.verifySteps - metrics0[i].verifySteps);
+    return {
+      tokPerS: t.tokens / t.s,
+      // decoding only (TPOT's rate): the tokens after each request's first, over the wall time outside prefill chunks
+      decodeTokPerS: (t.tokens - t.firsts) / (t.s - t.prefillS),
+      tauPerStep: m.tauPerStep,
+      tauMeanOfRequests: m.tauMeanOfRequests,
+      perPosition: m.perPositionAcceptance,
+      drafted: m.drafted,
+      verifySteps: m.verifySteps,
+      // per verify step, ms: propose phase (draft-context writes + propose), verify, accept + commit, the rest
+      phases: {
+        draft: draftMs / steps,
+        verify: verifyMs / steps,
+        commit: commitMs / steps,
+        rest: (t.s * 1000 - draftMs - verifyMs - commitMs) / steps,
+      },
+      outputs: t.outputs,
+      loops: t.loops / Math.max(1, t.n),
+      costs: t.e.stepCosts,
+    };
+  });
+}
+/** One cell run alone over all the requests. */
+const run = (drafter, C, setting, mode) => runCells([{ drafter, mode }], C, setting, 0)[0];
+
 const medianRun = (xs) => [...xs].sort((a, b) => a.tokPerS - b.tokPerS)[xs.length >> 1];
 
 const info = isa();
@@ -327,15 +384,20 @@ for (const C of CONCS) {
     const plains = [];
     const per = drafters.map(() => ({ max: [], cost: [], fixed: FIXED_KS.map(() => []) }));
     const measureFixed = !TAU_ONLY && C === 1 && FIXED_SETTINGS.some((n) => ALL_SETTINGS[n] === setting);
+    const cells = [{ drafter: undefined, mode: 'plain' }];
+    for (const d of drafters) {
+      cells.push({ drafter: d, mode: 'max' });
+      if (!TAU_ONLY) cells.push({ drafter: d, mode: 'cost' });
+      if (measureFixed) for (const k of FIXED_KS) cells.push({ drafter: d, mode: k });
+    }
     for (let r = 0; r < REPS; r++) {
-      plains.push(run(undefined, C, setting, 'plain'));
-      drafters.forEach((d, i) => {
-        per[i].max.push(run(d, C, setting, 'max'));
-        if (!TAU_ONLY) per[i].cost.push(run(d, C, setting, 'cost'));
-        if (measureFixed)
-          FIXED_KS.forEach((k, j) => {
-            per[i].fixed[j].push(run(d, C, setting, k));
-          });
+      const res = runCells(cells, C, setting, SLICE ?? (C === 1 ? 1 : 0));
+      let at = 0;
+      plains.push(res[at++]);
+      drafters.forEach((_, i) => {
+        per[i].max.push(res[at++]);
+        if (!TAU_ONLY) per[i].cost.push(res[at++]);
+        if (measureFixed) for (let j = 0; j < FIXED_KS.length; j++) per[i].fixed[j].push(res[at++]);
       });
     }
     const plain = medianRun(plains);
