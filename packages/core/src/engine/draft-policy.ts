@@ -465,18 +465,30 @@ const LEARNED_MIN = 3;
 export const PLAIN_WINDOW = 32;
 
 /**
+ * Verify samples (all shapes) after which a window's middle-aged sample makes it stale: only a stale plain window is
+ * capped by the drafted shapes ({@link CostDraftPolicy}'s learned curve, r = 0).
+ */
+export const STALE_SAMPLES = 4 * PLAIN_WINDOW;
+
+/**
  * The last {@link PLAIN_WINDOW} samples of one verify shape (a ring) and their lower median. The sorted copy follows
  * the ring (the replaced sample out, the new one in: O(window) a sample, no array a sample).
  */
 class MedianWindow {
   private readonly ring = new Float64Array(PLAIN_WINDOW);
+  /** The `seq` of each sample of {@link ring}. */
+  private readonly seqs = new Float64Array(PLAIN_WINDOW);
   private readonly sorted = new Float64Array(PLAIN_WINDOW);
   /** Samples seen (all of them, not only those kept). */
   n = 0;
   /** The lower median of the samples kept (0 before the first). */
   median = 0;
+  /** The policy's count of verify samples (all shapes) when this window's newest arrived (see {@link add}). */
+  last = 0;
 
-  add(ms: number): void {
+  /** One sample, `seq` the policy's running count of verify samples (0 when the caller keeps none). */
+  add(ms: number, seq = 0): void {
+    this.last = seq;
     const slot = this.n % PLAIN_WINDOW;
     let n = Math.min(this.n, PLAIN_WINDOW);
     if (this.n >= PLAIN_WINDOW) {
@@ -486,11 +498,19 @@ class MedianWindow {
       for (n--; i < n; i++) this.sorted[i] = this.sorted[i + 1]!;
     }
     this.ring[slot] = ms;
+    this.seqs[slot] = seq;
     this.n++;
     let j = n;
     for (; j > 0 && this.sorted[j - 1]! > ms; j--) this.sorted[j] = this.sorted[j - 1]!;
     this.sorted[j] = ms;
     this.median = this.sorted[n >> 1]!;
+  }
+
+  /** The `seq` of the kept sample of middle age (half the kept samples are newer; 0 before the first). */
+  midSeq(): number {
+    if (this.n === 0) return 0;
+    const kept = Math.min(this.n, PLAIN_WINDOW);
+    return this.seqs[(this.n - 1 - (kept >> 1)) % PLAIN_WINDOW]!;
   }
 }
 
@@ -700,11 +720,13 @@ export class CostDraftPolicy implements DraftPolicy {
    * priced plain steps below a plain run's typical step and drafted less at one sequence (×0.983 against ×1.105).
    */
   private readonly learned = new Map<number, (MedianWindow | undefined)[]>();
+  /** Verify samples learned so far, all shapes (each window's {@link MedianWindow.last} reads it). */
+  private verifySamples = 0;
   /**
-   * Per batch size, rebuilt when a drafted sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
+   * Per batch size, rebuilt when a sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
    * shapes' times made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
    * one of fewer; NaN where no shape of r or more rows has {@link LEARNED_MIN} samples); `anchor`, the plain step's
-   * cap (+∞ without a learned drafted shape); `plainCal`, the calibrated t(B, B).
+   * cap from the drafted shapes measured since its newest sample (+∞ without one); `plainCal`, the calibrated t(B, B).
    */
   private readonly learnedMonotone = new Map<number, { mono: Float64Array; anchor: number; plainCal: number }>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
@@ -1047,17 +1069,25 @@ export class CostDraftPolicy implements DraftPolicy {
       w = new MedianWindow();
       windows[r] = w;
     }
-    w.add(ms);
-    if (r > 0) this.learnedMonotone.delete(B); // the suffix minima and the plain step's anchor
+    w.add(ms, ++this.verifySamples);
+    this.learnedMonotone.delete(B); // the suffix minima and the plain step's anchor (which reads the plain window's age)
   }
 
   /**
    * The learned t_verify(B, B + r), ms (undefined: the calibrated curve × its factor stands in); `calibrated` is
    * t_cal(B, B + r), which the caller has memoised.
-   * - r = 0, once measured {@link LEARNED_MIN} times: the plain window's lower median, but no dearer than any learned
-   *   drafted shape scaled by the calibrated curve's ratio, t(B, B + r') · t_cal(B, B) / t_cal(B, B + r'). While the
-   *   batch drafts its plain samples are few and can be stale: a slow spell left a plain price that the drafted
-   *   shapes, measured at every step, had long left behind (see {@link CostDraftPolicyOptions.explorePlainEvery}).
+   * - r = 0, once measured {@link LEARNED_MIN} times: the plain window's lower median; when that window is stale (its
+   *   middle-aged sample more than {@link STALE_SAMPLES} verify samples old), no dearer than any learned drafted shape
+   *   measured since its newest sample, scaled by the calibrated curve's ratio, t(B, B + r') · t_cal(B, B) /
+   *   t_cal(B, B + r'). While the batch drafts its plain samples are few and can be stale: a slow spell left a plain
+   *   price that the drafted shapes, measured at every step, had long left behind (see
+   *   {@link CostDraftPolicyOptions.explorePlainEvery}). Only then, and only from newer shapes: the least of the
+   *   scaled prices is biased low (one shape the calibration overprices is enough), and while the batch decodes
+   *   plainly it is the drafted windows that are stale. SmolLM2 + DFlash at the default sampling, one sequence (a
+   *   throwaway trace): with the cap always on, a 7-row shape measured at 13.5 ms against 12.9 calibrated held the
+   *   plain step at 5.9 ms while plain steps ran at 6.3–7.9 ms; from a newer shape only, a 4-row one calibrated at
+   *   13.2 ms (a start-up outlier; measured 8.9) priced it at 4.1 right after each drafting step. 72–74 % of the
+   *   steps stayed plain at the break-even, where 3 drafts a step ran ×1.11–1.22 of plain decoding.
    * - r ≥ 1 measured {@link LEARNED_MIN} times: the least lower median over the learned shapes of r' ≥ r rows
    *   (non-decreasing in r; the plain step is left out of it: a plain step between drafting steps runs slower than one
    *   of a plain run, see {@link learned}).
@@ -1078,12 +1108,17 @@ export class CostDraftPolicy implements DraftPolicy {
       let least = Number.NaN;
       let anchor = Number.POSITIVE_INFINITY;
       const plainCal = this.costs.verifyMs(B, B);
+      const w0 = windows[0];
+      // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
+      const plainStale = w0 === undefined || this.verifySamples - w0.midSeq() > STALE_SAMPLES;
+      const plainLast = w0?.last ?? 0;
       for (let i = windows.length - 1; i >= 1; i--) {
         const w = windows[i];
         if (w !== undefined && w.n >= LEARNED_MIN) {
           least = Number.isNaN(least) ? w.median : Math.min(least, w.median);
           const cal = this.costs.verifyMs(B, B + i);
-          if (cal > 0 && plainCal > 0) anchor = Math.min(anchor, (w.median * plainCal) / cal);
+          if (plainStale && cal > 0 && plainCal > 0 && w.last > plainLast)
+            anchor = Math.min(anchor, (w.median * plainCal) / cal);
         }
         mono[i] = least; // NaN until a learned shape of i rows or more
       }

@@ -13,6 +13,7 @@ import {
   StepCosts,
   type BucketCosts,
 } from '../../src/engine/index.js';
+import { STALE_SAMPLES } from '../../src/engine/draft-policy.js';
 
 const KS = [0, 1, 2, 4, 8, 15];
 /** Costs: t_verify = base + perRow·rows per sequence bucket, t_draft = draft (flat in k). */
@@ -392,8 +393,10 @@ describe('CostDraftPolicy', () => {
     for (let i = 0; i < 40; i++) p.observeStep(4, 4, 0, 0, 12, 0);
     expect(plainMs() - over).toBeCloseTo(12, 9);
     // the batch drafts; its 9-row forwards run at their calibrated 15.5 ms (the spell is over), no plain step comes:
-    // the plain step is read at 15.5 × 8 / 15.5 = 8 ms, not at the stale 12
+    // once the plain window is stale, the plain step is read at 15.5 × 8 / 15.5 = 8 ms, not at the stale 12
     for (let i = 0; i < 10; i++) p.observeStep(4, 9, 3, 5, 15.5, c.draftMs(3, 5), 5);
+    expect(plainMs() - over).toBeCloseTo(12, 9); // 10 drafting steps: the plain window is not stale yet
+    for (let i = 0; i < STALE_SAMPLES; i++) p.observeStep(4, 9, 3, 5, 15.5, c.draftMs(3, 5), 5);
     expect(c.verifyMs(4, 9)).toBeCloseTo(15.5, 9);
     expect(plainMs() - p.overhead.predict(4, 0, 0)).toBeCloseTo(8, 9);
     // the anchor only caps: plain steps measured cheaper than it are read as measured
@@ -409,6 +412,30 @@ describe('CostDraftPolicy', () => {
     expect(verifyRead(1, 1)).toBeCloseTo((6 * 9.5) / 8, 9);
     expect(verifyRead(8, 4)).toBeCloseTo((6 * 20) / 8, 9);
     expect(ch.costScale[1]! * c.verifyMs(4, 12)).not.toBeCloseTo((6 * 20) / 8, 1);
+  });
+
+  it('caps the plain step only when its window is stale, and only by drafted shapes measured after it', () => {
+    const c = costs(2, 1.5, 0.3, [1]); // one sequence: calibrated plain 3.5 ms, 7 rows (6 drafts) 12.5 ms
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
+    const read = plainPriceReader(p, events, 1);
+    const plainMs = () => read() - p.overhead.predict(1, 0, 0);
+    const cal7 = c.verifyMs(1, 7);
+    expect([c.verifyMs(1, 1), cal7]).toEqual([3.5, 12.5]);
+    // 7 rows measured 1.2 × their calibrated time: as an anchor they cap the plain step at 1.2 × 3.5 = 4.2 ms
+    for (let i = 0; i < 5; i++) p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
+    for (let i = 0; i < 40; i++) p.observeStep(1, 1, 0, 0, 4.6, 0);
+    // the plain samples came after them: the plain step is read as measured, not at the stale 4.2
+    expect(plainMs()).toBeCloseTo(4.6, 9);
+    // a drafting step now: a fresh plain window is not capped by it
+    p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
+    expect(plainMs()).toBeCloseTo(4.6, 9);
+    // drafting steps until the plain window's middle-aged sample (the 29th of all samples: the window keeps the 14th
+    // to the 45th) is more than STALE_SAMPLES samples old: then capped (a plain price gone stale while the batch drafts)
+    for (let i = 0; i < STALE_SAMPLES - 18; i++) p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
+    expect(plainMs()).toBeCloseTo(4.6, 9); // 156 samples: 127 after it
+    for (let i = 0; i < 2; i++) p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
+    expect(plainMs()).toBeCloseTo(1.2 * c.verifyMs(1, 1), 9);
   });
 
   it('decodes one step plainly after explorePlainEvery steps in which some sequence drafted', () => {
