@@ -1070,7 +1070,7 @@ export class CostDraftPolicy implements DraftPolicy {
       windows[r] = w;
     }
     w.add(ms, ++this.verifySamples);
-    this.learnedMonotone.delete(B); // the suffix minima and the plain step's anchor (which reads the plain window's age)
+    this.learnedMonotone.delete(B); // the suffix minima and the plain step's cap (it reads the plain window's age)
   }
 
   /**

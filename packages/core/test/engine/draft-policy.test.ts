@@ -431,7 +431,7 @@ describe('CostDraftPolicy', () => {
     p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
     expect(plainMs()).toBeCloseTo(4.6, 9);
     // drafting steps until the plain window's middle-aged sample (the 29th of all samples: the window keeps the 14th
-    // to the 45th) is more than STALE_SAMPLES samples old: then capped (a plain price gone stale while the batch drafts)
+    // to the 45th) is more than STALE_SAMPLES samples old: then capped (a plain price gone stale while drafting)
     for (let i = 0; i < STALE_SAMPLES - 18; i++) p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
     expect(plainMs()).toBeCloseTo(4.6, 9); // 156 samples: 127 after it
     for (let i = 0; i < 2; i++) p.observeStep(1, 7, 1, 6, 1.2 * cal7, c.draftMs(1, 6), 6);
