@@ -726,7 +726,8 @@ export class CostDraftPolicy implements DraftPolicy {
    * Per batch size, rebuilt when a sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
    * shapes' times made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
    * one of fewer; NaN where no shape of r or more rows has {@link LEARNED_MIN} samples); `anchor`, the plain step's
-   * cap from the drafted shapes measured since its newest sample (+∞ without one); `plainCal`, the calibrated t(B, B).
+   * cap while its window is stale, from the drafted shapes measured since its newest sample (+∞ otherwise);
+   * `plainCal`, the calibrated t(B, B).
    */
   private readonly learnedMonotone = new Map<number, { mono: Float64Array; anchor: number; plainCal: number }>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
