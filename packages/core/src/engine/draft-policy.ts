@@ -723,7 +723,7 @@ export class CostDraftPolicy implements DraftPolicy {
   /** Verify samples learned so far, all shapes (each window's {@link MedianWindow.last} reads it). */
   private verifySamples = 0;
   /**
-   * Per batch size, rebuilt when a sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
+   * Per batch size, rebuilt when a drafted sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
    * shapes' times made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
    * one of fewer; NaN where no shape of r or more rows has {@link LEARNED_MIN} samples); `anchor`, the plain step's
    * cap while its window is stale, from the drafted shapes measured since its newest sample (+∞ otherwise);
@@ -1071,7 +1071,14 @@ export class CostDraftPolicy implements DraftPolicy {
       windows[r] = w;
     }
     w.add(ms, ++this.verifySamples);
-    this.learnedMonotone.delete(B); // the suffix minima and the plain step's cap (it reads the plain window's age)
+    if (r > 0)
+      this.learnedMonotone.delete(B); // the suffix minima and the plain step's cap
+    else {
+      // a plain sample is the newest: no drafted shape caps the plain step until one is measured again (which
+      // rebuilds); the suffix minima stand
+      const cached = this.learnedMonotone.get(B);
+      if (cached !== undefined) cached.anchor = Number.POSITIVE_INFINITY;
+    }
   }
 
   /**
