@@ -53,6 +53,7 @@ import {
   TapProjection,
   WeightReader,
   denseBlock,
+  denseBlockOutput,
   draftShardLayout,
   keptScratch,
   packLinear,
@@ -615,7 +616,6 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
   propose(batch: DraftBatch): DraftProposal[] {
     const c = this.config;
     const B = c.blockSize;
-    const D = c.hiddenSize;
     const seqs = batch.sequences;
     const S = seqs.length;
     const head = this.head;
@@ -629,20 +629,15 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
     seqs.forEach((s, i) => {
       this.checkMaxDrafts(s, i, B - 1);
     });
-    const h = this.runBlocks(seqs);
-    // rows 1 … k of every block (already final-normed) → the draft head: the target's lm_head, or its rows of the
-    // draft vocabulary (under tensor parallelism a collective: every rank passes the same rows to its target
-    // shard's vocab-parallel lmHead)
+    // slots 1 … k of every block (already final-normed; the last layer runs for them only) → the draft head: the
+    // target's lm_head, or its rows of the draft vocabulary (under tensor parallelism a collective: every rank
+    // passes the same rows to its target shard's vocab-parallel lmHead)
     const rowsOf = seqs.map((s) => s.maxDrafts);
     const R = rowsOf.reduce((a, b) => a + b, 0);
     // x and the logits are consumed here (the proposals keep only tokens and fresh q rows): kept buffers
-    const x = this.blockScratch('dflash.headIn', R * D);
-    let at = 0;
-    seqs.forEach((s, i) => {
-      x.set(h.subarray((i * B + 1) * D, (i * B + 1 + s.maxDrafts) * D), at * D);
-      at += s.maxDrafts;
-    });
+    const x = this.runBlocks(seqs, { first: 1, counts: rowsOf }); // [R, D]
     const logits = head.logits(x, R, this.blockScratch('dflash.logits', R * head.size)); // [R, Vd]
+    let at = 0;
     if (this.tp !== undefined && !this.tp.isRoot) return []; // sampling is rank 0's
     const Vd = head.size;
     const out: DraftProposal[] = [];
@@ -670,10 +665,21 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
    * against the sequence's draft context — and returns the hidden states of every slot after the
    * final `norm`, `[S · B, D]` f32 (sequence-major). The block's KV is discarded afterwards. The
    * shared backbone of DFlash and of block drafters built on it (e.g. DSpark).
-   * @throws {DrafterError} if a sequence's position is not its draft context length.
+   *
+   * With `keep`, only slots `keep.first … keep.first + keep.counts[i] − 1` of sequence i come back,
+   * `[Σ counts, D]` f32 (sequence-major), and the last layer computes only what they need: its K/V for every
+   * slot (the block's attention is bidirectional, so every slot's key is seen), its queries, attention, o_proj,
+   * MLP and the final norm for the kept slots only. The same bits as those rows of the whole block: every step
+   * is row-wise (the GEMMs' row invariance, RMSNorm, RoPE) or per query (the paged attention's batch
+   * invariance: a query's output does not depend on which other queries run). A last layer with a sliding window
+   * (its mask depends on the query's position in the block) runs whole. A DFlash step drafting k of 15 saves
+   * 15 − k rows of the last layer's MLP, o_proj and attention.
+   * @throws {DrafterError} if a sequence's position is not its draft context length, or `keep` names slots
+   *   outside the block or has a count per sequence missing.
    */
   runBlocks(
     seqs: readonly { readonly id: SequenceId; readonly position: number; readonly lastToken: number }[],
+    keep?: { readonly first: number; readonly counts: readonly number[] },
   ): Float32Array {
     const c = this.config;
     const B = c.blockSize;
@@ -687,6 +693,7 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
     const finalNorm = this.finalNorm;
     if (finalNorm === undefined)
       throw new DrafterError('dflash: runBlocks: this drafter was loaded in context-KV-only mode (no block forward)');
+    if (keep !== undefined) this.checkKeep(keep, S, B);
     if (S === 0) return new Float32Array(0);
     const tokens = new Int32Array(N).fill(c.maskTokenId);
     const positions = new Int32Array(N);
@@ -710,7 +717,33 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
         scratch: this.blockScratch,
         ...(this.tp === undefined ? {} : { reduce: (x: Float32Array) => this.reduce(x) }),
       };
+      const Q = H * hd;
+      const W = this.kvHeads * hd;
+      // the block's q (all N rows, q/k norms and RoPE applied) and its K/V written after the context; → q
+      const queries = (j: number, w: DraftLayerWeights, x: Float32Array): Float32Array => {
+        const b = w.block!;
+        // one GEMM for the block's q | k | v
+        const qkv = applyBlockLinear(b.qkv, x, N, this.blockScratch('dflash.qkv', N * (Q + 2 * W)));
+        const q = sliceColumns(qkv, N, Q + 2 * W, 0, Q, this.blockScratch('dflash.q', N * Q));
+        rmsNormPerHead(q, H, b.qNorm, c.rmsNormEps, undefined, q);
+        applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
+        const [k, v] = this.normRopeKeys(w, qkv, Q, positions);
+        this.kv.write(j, k, v, slots);
+        return q;
+      };
+      const attentionOptions = (b: DraftLayerBlockWeights) => ({
+        numHeads: H,
+        scale: 1 / Math.sqrt(hd),
+        mask: b.sliding ? ('causal' as const) : ('non-causal' as const),
+        slidingWindow: b.sliding ? c.slidingWindow : 0,
+      });
+      const L = this.layers.length;
+      const last = this.layers[L - 1]!;
+      const R = keep === undefined ? N : keep.counts.reduce((a, n) => a + n, 0);
+      // the last layer for the kept slots only (doc above): not when it is whole anyway or slides
+      const prune = keep !== undefined && R < N && !last.block!.sliding;
       for (const [j, w] of this.layers.entries()) {
+        if (prune && j === L - 1) break;
         const b = w.block!; // present whenever finalNorm is
         // core's dense block around DFlash's attention: q/k norms, RoPE, the block's K/V after the context
         denseBlock(
@@ -718,28 +751,78 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
           N,
           b,
           (x) => {
-            // one GEMM for the block's q | k | v
-            const Q = H * hd;
-            const W = this.kvHeads * hd;
-            const qkv = applyBlockLinear(b.qkv, x, N, this.blockScratch('dflash.qkv', N * (Q + 2 * W)));
-            const q = sliceColumns(qkv, N, Q + 2 * W, 0, Q, this.blockScratch('dflash.q', N * Q));
-            rmsNormPerHead(q, H, b.qNorm, c.rmsNormEps, undefined, q);
-            applyRope(q, positions, { heads: H, headDim: hd, theta: c.ropeTheta, style: 'neox' }, q);
-            const [k, v] = this.normRopeKeys(w, qkv, Q, positions);
-            this.kv.write(j, k, v, slots);
-            const options = {
-              numHeads: H,
-              scale: 1 / Math.sqrt(hd),
-              mask: b.sliding ? ('causal' as const) : ('non-causal' as const),
-              slidingWindow: b.sliding ? c.slidingWindow : 0,
-            };
+            const q = queries(j, w, x);
             const out = this.blockScratch('dflash.attn', N * Q);
-            return pagedAttention(q, this.kv.keys(j), this.kv.values(j), this.kv.layout, attnBatch, options, out);
+            return pagedAttention(
+              q,
+              this.kv.keys(j),
+              this.kv.values(j),
+              this.kv.layout,
+              attnBatch,
+              attentionOptions(b),
+              out,
+            );
           },
           block,
         );
       }
-      return rmsNorm(h, finalNorm, c.rmsNormEps);
+      if (keep === undefined) return rmsNorm(h, finalNorm, c.rmsNormEps);
+      // the kept slots' rows of [S·B, ·] f32 `src` (width cols) → [R, cols]
+      const gather = (src: Float32Array, cols: number, out: Float32Array): Float32Array => {
+        let at = 0;
+        seqs.forEach((_, i) => {
+          const n = keep.counts[i]!;
+          const from = i * B + keep.first;
+          out.set(src.subarray(from * cols, (from + n) * cols), at * cols);
+          at += n;
+        });
+        return out;
+      };
+      const D = c.hiddenSize;
+      if (R === 0) return new Float32Array(0);
+      if (!prune) return gather(rmsNorm(h, finalNorm, c.rmsNormEps), D, this.blockScratch('dflash.kept', R * D));
+      const b = last.block!;
+      const q = gather(
+        queries(L - 1, last, rmsNorm(h, b.inputNorm, c.rmsNormEps, this.blockScratch('block.xn', N * D))),
+        Q,
+        this.blockScratch('dflash.qKept', R * Q),
+      );
+      const keptBatch = makePagedBatch(
+        seqs.flatMap((s, i) =>
+          keep.counts[i]! === 0
+            ? []
+            : [{ qLen: keep.counts[i]!, kvLen: s.position + B, pages: this.pool.blockTable(s.id) }],
+        ),
+      );
+      const a = pagedAttention(
+        q,
+        this.kv.keys(L - 1),
+        this.kv.values(L - 1),
+        this.kv.layout,
+        keptBatch,
+        attentionOptions(b),
+        this.blockScratch('dflash.attn', R * Q),
+      );
+      const hKept = denseBlockOutput(gather(h, D, this.blockScratch('dflash.kept', R * D)), a, R, b, block);
+      return rmsNorm(hKept, finalNorm, c.rmsNormEps, hKept);
+    });
+  }
+
+  /** @throws {DrafterError} unless `keep` names slots inside a block of B, one count ≥ 0 per sequence. */
+  private checkKeep(keep: { readonly first: number; readonly counts: readonly number[] }, S: number, B: number): void {
+    const { first, counts } = keep;
+    if (!Number.isInteger(first) || first < 0 || first >= B)
+      throw new DrafterError(`dflash: runBlocks: keep.first must be an integer in [0, ${B}), got ${first}`);
+    if (counts.length !== S)
+      throw new DrafterError(
+        `dflash: runBlocks: keep.counts must have one count per sequence (${S}), got ${counts.length}`,
+      );
+    counts.forEach((n, i) => {
+      if (!Number.isInteger(n) || n < 0 || first + n > B)
+        throw new DrafterError(
+          `dflash: runBlocks: keep.counts[${i}] must be an integer in [0, ${B - first}] (slots from ${first} in a ` +
+            `block of ${B}), got ${n}`,
+        );
     });
   }
 

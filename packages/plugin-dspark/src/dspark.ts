@@ -264,7 +264,11 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
     seqs.forEach((s, i) => {
       this.checkMaxDrafts(s, i, B);
     });
-    const h = this.backbone.runBlocks(seqs); // [S·B, D], final-normed
+    // slots 0 … k − 1 of every block, final-normed (the backbone's last layer runs for them only): [Σ k, D],
+    // sequence i's from row off[i]
+    const h = this.backbone.runBlocks(seqs, { first: 0, counts: seqs.map((s) => s.maxDrafts) });
+    const off = new Int32Array(seqs.length);
+    for (let i = 1; i < seqs.length; i++) off[i] = off[i - 1]! + seqs[i - 1]!.maxDrafts;
     // slots 0 … k − 1 of every block → target lm_head (the Markov bias is added left to right below);
     // under tensor parallelism a collective: every rank passes the same rows to its target shard's lmHead.
     // Rows slot-major: slot j's rows (the sequences with maxDrafts > j, in batch order) from row first[j] on, so that
@@ -276,7 +280,7 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
     const x = this.scratch('dspark.headIn', Rows * D);
     for (let j = 0, row = 0; j < maxK; j++)
       seqs.forEach((s, i) => {
-        if (j < s.maxDrafts) x.set(h.subarray((i * B + j) * D, (i * B + j + 1) * D), row++ * D);
+        if (j < s.maxDrafts) x.set(h.subarray((off[i]! + j) * D, (off[i]! + j + 1) * D), row++ * D);
       });
     // the backbone's draft head: the target lm_head `[Rows, V]`, or the reduced vocabulary's rows `[Rows, Vd]`
     const head = this.backbone.draftHead;
@@ -314,7 +318,7 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
         const lg = lgs.subarray(a * Vd, (a + 1) * Vd);
         // confidence: sigmoid(w · [h_j; W1[x_j]] + b)
         let z = heads.confB;
-        const hj = (i * B + j) * D;
+        const hj = (off[i]! + j) * D;
         for (let d = 0; d < D; d++) z += heads.confW[d]! * h[hj + d]!;
         for (let k = 0; k < R; k++) z += heads.confW[D + k]! * e[a * R + k]!;
         conf[j] = 1 / (1 + Math.exp(-z));
