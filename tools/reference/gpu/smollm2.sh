@@ -14,6 +14,7 @@
 # RESUME=1: train continues from $W/<method>/last.pt (an earlier call on the same warm machine); MIN is then the
 # total minutes of training, earlier calls included. STOP_AFTER=N: each trainer leaves this call after N minutes
 # (last.pt kept) — a GPU call is limited to 10 minutes, so a long MIN is spread over calls (RESUME=1 in the next).
+# LR=x: the trainers' AdamW learning rate (default 1e-3; a lower one for fine-tuning rounds of a warm start).
 # INIT=DIR: start each drafter from DIR/smollm2-135m-instruct-<method> (the shipped checkpoints, staged by
 # tools/gpu/stage.sh) instead of random weights.
 # $OUT (≤ 8 files ≤ 16 MiB): drafters.tar.part* (<method>/{config.json,*.safetensors,MODEL_CARD.md} for every
@@ -47,7 +48,7 @@ if [[ " $STAGES " == *" train "* ]]; then
   tm "train start ($METHODS concurrently, $MIN min each)"
   for m in $METHODS; do
     $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
-        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${RESUME:+--resume} ${STOP_AFTER:+--stop-after "$STOP_AFTER"} \
+        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${LR:+--lr "$LR"} ${RESUME:+--resume} ${STOP_AFTER:+--stop-after "$STOP_AFTER"} \
         $(if [ -n "$INIT" ] && [ -d "$INIT/smollm2-135m-instruct-$m" ]; then echo --init "$INIT/smollm2-135m-instruct-$m"; fi) \
         >> "$W/train_$m.log" 2>&1 &
   done
