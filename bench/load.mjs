@@ -5,9 +5,12 @@
 //   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
 //                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off|fixed:K] [--budget survival|all]
-//                       [--json FILE] [--trace FILE] [--quick]
+//                       [--json FILE] [--trace FILE] [--sequential] [--quick]
 // (a drafter name may carry a setting: `dflash:noconf` — confidence false —, `eagle3:bf16`, `eagle3:q8_0`)
 //
+// The engines of a level run in lockstep: they take turns one step() each (the order rotating), and each engine's
+// time is the sum of its own steps, so that this VM's slow spells (seconds long, ±10 % on a whole run) fall on both
+// sides alike; `--sequential` runs the engines one after the other, each timed by its run's wall clock.
 // Each engine is built once with maxSequences = the largest level (as a server is) and, for the drafter, its
 // cost calibration runs before any timer. A level C runs max(C × waves, --requests) requests with C running at a
 // time (continuous batching: a finished request's slot goes to the next one, as C closed-loop clients of a server),
@@ -16,7 +19,7 @@
 // test/prompts/{prose,code}.jsonl alternately;
 // --requests defaults to every prompt of both sets once (64 for SmolLM2; 0 with --quick): with C × waves requests
 // alone a level of one sequence ran the same two prompts, whose τ is not the prompt set's.
-// Per level and drafter: median tok/s of each side (output tokens / wall, prefill included), the median of the
+// Per level and drafter: median tok/s of each side (output tokens / the engine's own time, prefill included), the median of the
 // per-repetition ratios spec / plain, drafted tokens per sequence step and per batch step, the share of batch
 // steps that drafted, and τ per verify step. Greedy outputs are checked equal to plain decoding's (abort if not).
 // Goals (issue 16, "Never lose under load"): ratio ≥ 1.0 at 4, 8 and 16 and ≥ 1.3 at 1, with drafts made at every
@@ -41,6 +44,8 @@ const arg = (name, dflt) => {
   return i < 0 ? dflt : argv[i + 1];
 };
 const quick = argv.includes('--quick');
+/** Engines of a level take turns step by step (default), or run one after the other (`--sequential`). */
+const LOCKSTEP = !argv.includes('--sequential');
 const MODEL = arg('model', 'smollm2');
 if (MODEL !== 'smollm2' && MODEL !== 'kimi')
   throw new Error(`bench:load: --model: expected smollm2 or kimi, got ${MODEL}`);
@@ -120,11 +125,26 @@ for (const m of METHODS) {
 }
 
 let nextId = 0;
-/** One level on one engine: max(C × WAVES, PROMPTS) requests, C at a time. */
-function run(name, C) {
+/**
+ * One level on some engines: max(C × WAVES, PROMPTS) requests on each, C at a time. Sequential (`--sequential`):
+ * one engine after the other, each timed by the wall clock of its whole run. Lockstep (default): the engines take
+ * turns step by step (the order of a turn rotates), and each engine's time is the sum of its own `step()` calls
+ * (adding the next request is part of the step that freed its slot) — a slow spell of the machine then falls on
+ * every engine alike instead of on whichever ran during it.
+ */
+function runLevel(names, C) {
+  if (!LOCKSTEP) return Object.fromEntries(names.map((n) => [n, finish(drain(start(n, C)))]));
+  const runs = names.map((n) => start(n, C));
+  for (let turn = 0; runs.some((r) => r.e.pending > 0); turn++)
+    for (let i = 0; i < runs.length; i++) {
+      const r = runs[(turn + i) % runs.length];
+      if (r.e.pending > 0) timedStep(r);
+    }
+  return Object.fromEntries(runs.map((r, i) => [names[i], finish(r)]));
+}
+/** A level's state on one engine: its requests queued, the first C added. */
+function start(name, C) {
   const e = engines[name];
-  const steps0 = e.metrics.verifyForwards;
-  const ms0 = [e.metrics.draftMs, e.metrics.verifyMs, e.metrics.commitMs];
   const total = Math.max(C * WAVES, PROMPTS);
   const reqs = Array.from({ length: total }, (_, i) => ({
     id: `${name}-${nextId++}`,
@@ -134,22 +154,58 @@ function run(name, C) {
     seed: 1,
     ignoreEos: true,
   }));
-  const index = new Map(reqs.map((q, i) => [q.id, i]));
-  const outputs = new Map();
-  const cpu0 = process.cpuUsage();
+  const r = {
+    e,
+    reqs,
+    queued: 0,
+    results: [],
+    ms: 0,
+    cpuUs: 0,
+    steps0: e.metrics.verifyForwards,
+    ms0: [e.metrics.draftMs, e.metrics.verifyMs, e.metrics.commitMs],
+  };
   const t0 = performance.now();
-  let queued = 0;
-  for (; queued < C; queued++) e.add(reqs[queued]);
-  const results = [];
-  while (e.pending > 0) {
-    for (const r of e.step()) {
-      results.push(r);
-      if (queued < total) e.add(reqs[queued++]);
-    }
+  const c0 = process.cpuUsage();
+  for (; r.queued < C; r.queued++) e.add(reqs[r.queued]);
+  account(r, t0, c0);
+  return r;
+}
+function account(r, t0, c0) {
+  r.ms += performance.now() - t0;
+  const c = process.cpuUsage(c0);
+  r.cpuUs += c.user + c.system;
+}
+/** One `step()` of a level's engine, timed, with the next request added for each one finished. */
+function timedStep(r) {
+  const t0 = performance.now();
+  const c0 = process.cpuUsage();
+  for (const res of r.e.step()) {
+    r.results.push(res);
+    if (r.queued < r.reqs.length) r.e.add(r.reqs[r.queued++]);
   }
-  const s = (performance.now() - t0) / 1000;
-  const cpu = process.cpuUsage(cpu0);
-  const cpuS = (cpu.user + cpu.system) / 1e6;
+  account(r, t0, c0);
+}
+/** Sequential mode: the level's steps back to back, timed as one wall-clock span. */
+function drain(r) {
+  const t0 = performance.now();
+  const c0 = process.cpuUsage();
+  while (r.e.pending > 0)
+    for (const res of r.e.step()) {
+      r.results.push(res);
+      if (r.queued < r.reqs.length) r.e.add(r.reqs[r.queued++]);
+    }
+  account(r, t0, c0);
+  return r;
+}
+/** A level's figures on one engine, from its finished run. */
+function finish(r) {
+  const { e, results } = r;
+  const index = new Map(r.reqs.map((q, i) => [q.id, i]));
+  const outputs = new Map();
+  const steps0 = r.steps0;
+  const ms0 = r.ms0;
+  const s = r.ms / 1000;
+  const cpuS = r.cpuUs / 1e6;
   let drafted = 0;
   let accepted = 0;
   let seqSteps = 0;
@@ -201,7 +257,7 @@ for (const m of METHODS) {
     console.log(`${m} calibrated t_verify(B=${b.sequences}, T) ms: ${curve}; t_draft(k=1) ${b.draftMs[1]?.toFixed(1)}`);
   }
 }
-run('plain', 1); // warm-up (JIT, page faults)
+runLevel(['plain'], 1); // warm-up (JIT, page faults)
 
 const rows = [];
 for (const C of CONCS) {
@@ -211,9 +267,8 @@ for (const C of CONCS) {
   for (let r = 0; r < REPS; r++) {
     // alternate the order per repetition: plain first, then last
     const order = r % 2 === 0 ? ['plain', ...METHODS] : [...METHODS, 'plain'];
-    const got = {};
     traceTag = { C, rep: r };
-    for (const n of order) got[n] = run(n, C);
+    const got = runLevel(order, C);
     for (const m of METHODS) {
       for (const [i, toks] of got.plain.outputs)
         if (got[m].outputs.get(i) !== toks)
