@@ -19,9 +19,9 @@
 // test/prompts/{prose,code}.jsonl alternately;
 // --requests defaults to every prompt of both sets once (64 for SmolLM2; 0 with --quick): with C × waves requests
 // alone a level of one sequence ran the same two prompts, whose τ is not the prompt set's.
-// Per level and drafter: median tok/s of each side (output tokens / the engine's own time, prefill included), the median of the
-// per-repetition ratios spec / plain, drafted tokens per sequence step and per batch step, the share of batch
-// steps that drafted, and τ per verify step. Greedy outputs are checked equal to plain decoding's (abort if not).
+// Per level and drafter: median tok/s of each side (output tokens / the engine's own time, prefill included), the
+// median of the per-repetition ratios spec / plain, drafted tokens per sequence step and per batch step, the share of
+// batch steps that drafted, and τ per verify step. Greedy outputs are checked equal to plain decoding's (abort if not).
 // Goals (issue 16, "Never lose under load"): ratio ≥ 1.0 at 4, 8 and 16 and ≥ 1.3 at 1, with drafts made at every
 // level (drafted tokens per step > 0: never drafting is not a pass).
 // --trace FILE: every decision and observation of the cost policy (CostDraftPolicyOptions.trace) as JSON lines,
