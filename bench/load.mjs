@@ -5,12 +5,13 @@
 //   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
 //                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off|fixed:K] [--budget survival|all]
-//                       [--json FILE] [--trace FILE] [--sequential] [--quick]
+//                       [--json FILE] [--trace FILE] [--turn N] [--sequential] [--quick]
 // (a drafter name may carry a setting: `dflash:noconf` — confidence false —, `eagle3:bf16`, `eagle3:q8_0`)
 //
 // The engines of a level run in lockstep: they take turns one step() each (the order rotating), and each engine's
 // time is the sum of its own steps, so that this VM's slow spells (seconds long, ±10 % on a whole run) fall on both
-// sides alike; `--sequential` runs the engines one after the other, each timed by its run's wall clock.
+// sides alike (`--turn N`: N steps a turn, default 1); `--sequential` runs the engines one after the other, each
+// timed by its run's wall clock.
 // Each engine is built once with maxSequences = the largest level (as a server is) and, for the drafter, its
 // cost calibration runs before any timer. A level C runs max(C × waves, --requests) requests with C running at a
 // time (continuous batching: a finished request's slot goes to the next one, as C closed-loop clients of a server),
@@ -46,6 +47,10 @@ const arg = (name, dflt) => {
 const quick = argv.includes('--quick');
 /** Engines of a level take turns step by step (default), or run one after the other (`--sequential`). */
 const LOCKSTEP = !argv.includes('--sequential');
+/** Steps an engine runs in one turn of the lockstep (`--turn N`). */
+const TURN = Number(arg('turn', '1'));
+if (!(Number.isInteger(TURN) && TURN >= 1))
+  throw new Error(`bench:load: --turn: expected an integer >= 1, got ${TURN}`);
 const MODEL = arg('model', 'smollm2');
 if (MODEL !== 'smollm2' && MODEL !== 'kimi')
   throw new Error(`bench:load: --model: expected smollm2 or kimi, got ${MODEL}`);
@@ -138,7 +143,7 @@ function runLevel(names, C) {
   for (let turn = 0; runs.some((r) => r.e.pending > 0); turn++)
     for (let i = 0; i < runs.length; i++) {
       const r = runs[(turn + i) % runs.length];
-      if (r.e.pending > 0) timedStep(r);
+      for (let j = 0; j < TURN && r.e.pending > 0; j++) timedStep(r);
     }
   return Object.fromEntries(runs.map((r, i) => [names[i], finish(r)]));
 }
