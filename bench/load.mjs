@@ -175,6 +175,7 @@ function start(name, C) {
   account(r, t0, c0);
   return r;
 }
+/** Adds the wall time since `t0` (performance.now(), ms) and the process CPU time since `c0` to a level's run. */
 function account(r, t0, c0) {
   r.ms += performance.now() - t0;
   const c = process.cpuUsage(c0);
@@ -203,14 +204,12 @@ function drain(r) {
   return r;
 }
 /** A level's figures on one engine, from its finished run. */
-function finish(r) {
-  const { e, results } = r;
-  const index = new Map(r.reqs.map((q, i) => [q.id, i]));
+function finish(level) {
+  const { e, results, steps0, ms0 } = level;
+  const index = new Map(level.reqs.map((q, i) => [q.id, i]));
   const outputs = new Map();
-  const steps0 = r.steps0;
-  const ms0 = r.ms0;
-  const s = r.ms / 1000;
-  const cpuS = r.cpuUs / 1e6;
+  const s = level.ms / 1000;
+  const cpuS = level.cpuUs / 1e6;
   let drafted = 0;
   let accepted = 0;
   let seqSteps = 0;
