@@ -138,12 +138,12 @@ let nextId = 0;
  * every engine alike instead of on whichever ran during it.
  */
 function runLevel(names, C) {
-  if (!LOCKSTEP) return Object.fromEntries(names.map((n) => [n, finish(drain(start(n, C)))]));
+  if (!LOCKSTEP) return Object.fromEntries(names.map((n) => [n, finish(steps(start(n, C), Number.POSITIVE_INFINITY))]));
   const runs = names.map((n) => start(n, C));
   for (let turn = 0; runs.some((r) => r.e.pending > 0); turn++)
     for (let i = 0; i < runs.length; i++) {
       const r = runs[(turn + i) % runs.length];
-      for (let j = 0; j < TURN && r.e.pending > 0; j++) timedStep(r);
+      if (r.e.pending > 0) steps(r, TURN);
     }
   return Object.fromEntries(runs.map((r, i) => [names[i], finish(r)]));
 }
@@ -181,21 +181,14 @@ function account(r, t0, c0) {
   const c = process.cpuUsage(c0);
   r.cpuUs += c.user + c.system;
 }
-/** One `step()` of a level's engine, timed, with the next request added for each one finished. */
-function timedStep(r) {
+/**
+ * Up to `n` `step()`s of a level's engine (Infinity: until it has nothing pending), timed as one span, with the next
+ * request added for each one finished.
+ */
+function steps(r, n) {
   const t0 = performance.now();
   const c0 = process.cpuUsage();
-  for (const res of r.e.step()) {
-    r.results.push(res);
-    if (r.queued < r.reqs.length) r.e.add(r.reqs[r.queued++]);
-  }
-  account(r, t0, c0);
-}
-/** Sequential mode: the level's steps back to back, timed as one wall-clock span. */
-function drain(r) {
-  const t0 = performance.now();
-  const c0 = process.cpuUsage();
-  while (r.e.pending > 0)
+  for (let j = 0; j < n && r.e.pending > 0; j++)
     for (const res of r.e.step()) {
       r.results.push(res);
       if (r.queued < r.reqs.length) r.e.add(r.reqs[r.queued++]);
