@@ -4,7 +4,7 @@
 //
 //   node bench/batch-phases.mjs [--target kimi|smollm2] [--drafter eagle3] [--conc 8] [--ks plain,1]
 //                               [--prompts 64] [--tokens 128] [--reps 1] [--top 12] [--json FILE]
-//                               [--sampling greedy|defaults]
+//                               [--sampling greedy|defaults] [--shapes]
 //
 // One process: the target and the drafter are loaded once; one engine per entry of `--ks` ('plain': no drafter;
 // K >= 0: the drafter with `fixedDraftPolicy(K)`, every sequence drafting K tokens at every step it can). Each engine
@@ -22,9 +22,10 @@
 //   ctxkv     the drafter's draft-context K/V writes (writeProjectedContextKV; EAGLE-3 also catches up lazily there)
 //   commit    the target's commits of partly accepted blocks (commitPrefixes / commitPrefix: KDA replays)
 //   rest      the run's wall time outside those: the engine's loop, acceptance, sampling, bookkeeping (JavaScript)
-// Inside each phase, every synchronous kernel of '@specd/native' (bench/native-timing.mjs) by name; a phase's time
-// beyond its kernels is JavaScript. "decode" = the wall time less prefill: the same requests' tokens, so
-// ×plain = plain's decode time ÷ this engine's (> 1: faster than plain decoding).
+// Inside each phase, every synchronous kernel of '@specd/native' (bench/native-timing.mjs) by name (`--shapes`:
+// gemmQuant also by weight shape and rows, `gemmQuant:NxK:mM`); a phase's time beyond its kernels is JavaScript.
+// "decode" = the wall time less prefill: the same requests' tokens, so ×plain = plain's decode time ÷ this engine's
+// (> 1: faster than plain decoding).
 import * as fs from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
@@ -135,6 +136,7 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   const NEW = Number(arg('tokens', '128'));
   const REPS = Number(arg('reps', '1'));
   const TOP = Number(arg('top', '12'));
+  const SHAPES = argv.includes('--shapes');
   const SAMPLING = arg('sampling', 'greedy');
   if (SAMPLING !== 'greedy' && SAMPLING !== 'defaults')
     throw new Error(`bench:batch-phases: --sampling ${SAMPLING}: greedy or defaults`);
@@ -204,7 +206,9 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     timePhase(batch.sequences.every((s) => s.phase !== 'prefill') ? 'verify' : 'prefill', () =>
       forward(batch, ...rest),
     );
-  nativeTiming.classify = (name) => `${phase}:${name}`;
+  // --shapes: gemmQuant by weight shape and rows (`gemmQuant:NxK:mM`)
+  nativeTiming.classify = (name, a) =>
+    SHAPES && name === 'gemmQuant' ? `${phase}:${name}:${a[2].n}x${a[2].k}:m${a[1]}` : `${phase}:${name}`;
 
   const opts = { maxSequences: C, maxTokensPerSequence };
   const engines = KS.map((k) => ({
