@@ -126,9 +126,10 @@ export const DFLASH_WEIGHTS_SCHEMA = Object.freeze({
   description:
     'the CPU draft layers\' projections: "bf16" (as the checkpoint stores them), "q8_0" (q/k/v, o and the MLP ' +
     'quantized to GGUF Q8_0 at load, int16 activations: half the bytes and VNNI dot products) or "q8_0_int8" (the ' +
-    'same weights with int8 activations: half the dot-product work again); the drafts may change a little, the ' +
-    'output does not. Default: "q8_0_int8" on an AVX-512 CPU without AMX, else "bf16". The Q8_0 formats not with ' +
-    'device "cuda" or tensor parallelism',
+    'same weights with int8 activations: half the dot-product work again); the context projection (fc) follows: ' +
+    'Q8_0 with int16 activations for either Q8_0 format. The drafts may change a little, the output does not. ' +
+    'Default: "q8_0_int8" on an AVX-512 CPU without AMX, else "bf16". The Q8_0 formats not with device "cuda" or ' +
+    'tensor parallelism',
 });
 
 /** This method's branch of the specd config schema (JSON Schema draft 2020-12; validated elsewhere). */

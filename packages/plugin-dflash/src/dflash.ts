@@ -57,6 +57,7 @@ import {
   draftShardLayout,
   keptScratch,
   packLinear,
+  projectionFormatOf,
   blockDrafterWeightsDefault,
   isQ8_0Format,
   q8_0Blocker,
@@ -77,6 +78,7 @@ import {
   type LocalEntry,
   type MemoryRegion,
   type PagedKvPool,
+  type ProjectionFormat,
   type ProjectionLoadOptions,
   type SequenceId,
   type ShardPart,
@@ -147,7 +149,8 @@ export interface DFlashLoadParts {
    * (q/k/v, o and the MLP quantized to GGUF Q8_0 at load, core's `q8_0Linear`: int16 activations, half the bytes) or
    * `"q8_0_int8"` (the same weights with int8 activations: half the dot-product work again); the Q8_0 formats on the
    * CPU drafter of a whole draft model only. Absent: core's `blockDrafterWeightsDefault` (`"q8_0_int8"` on AVX-512
-   * without AMX, else `"bf16"`; a GPU drafter is bf16). The draft head keeps its own format (draft-head.ts).
+   * without AMX, else `"bf16"`; a GPU drafter is bf16). The context projection fc follows (core's `projectionFormatOf`:
+   * Q8_0 with int16 activations for either Q8_0 format). The draft head keeps its own format (draft-head.ts).
    */
   readonly weights?: DraftWeightFormat;
   /**
@@ -215,8 +218,6 @@ function buildDFlash(
   const where = `dflash: ${source.dir}`;
   const r = checkTarget(source, c, t, contextOnly, root);
   const D = c.hiddenSize;
-  // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there
-  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []);
   const H = c.numHeads;
   const KV = c.numKvHeads;
   const hd = c.headDim;
@@ -228,6 +229,17 @@ function buildDFlash(
   if (isQ8_0Format(parts.weights) && blocker !== undefined)
     throw new DrafterError(`${where}: weights "${parts.weights}" ${blocker}; use "bf16"`);
   const weights = parts.weights ?? blockDrafterWeightsDefault(blocker);
+  // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there. Its format follows
+  // the draft layers' (Q8_0 with int16 activations for either Q8_0 format)
+  const projection = TapProjection.read(
+    r,
+    'fc.weight',
+    D,
+    c.taps,
+    where,
+    root ? c.taps : [],
+    projectionFormatOf(weights),
+  );
   /** Row blocks stacked (one `k`) as one linear map: packed bf16 (the rank's blocks), or Q8_0 (whole matrices). */
   const pack = (p: readonly ShardPart[]): BlockLinear => packLinear(r, p, shard, weights, parts.weights === undefined);
   for (let j = 0; j < c.numLayers; j++) {
@@ -506,7 +518,7 @@ export function loadDFlashProjection(
     makeError: (m) => new DrafterError(`${where}: ${m}`),
     ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
   });
-  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps, options.format);
 }
 
 /** A loaded DFlash drafter bound to one target stage. */
@@ -577,6 +589,11 @@ export class DFlashDrafter extends DrafterBase implements DraftContextTransfer, 
 
   override captureSetter(target: StageInfo): readonly number[] {
     return dflashTaps(this.config, target);
+  }
+
+  /** The context projection's weight format (its `weights` setting's: see {@link DFlashLoadParts.weights}). */
+  get projectionFormat(): ProjectionFormat {
+    return this.projection.format;
   }
 
   override projectTargetHiddenPartial(

@@ -2,8 +2,9 @@
 // 4 stages [0,1) [1,2) [2,6) [6,8); each stage captures the taps it owns (`stageTaps`: tap t from the
 // stage owning layer t − 1; [1,2) owns none — an empty capture stage) and adds its partial product
 // Σ h_i·W_iᵀ to the fp32 accumulator it passes on; only the end applies the norm and writes the
-// draft K/V. Each stage loads only its taps' fc blocks (`loadProjection`); the result is bitwise the
-// one-stage projection and matches the reference goldens.
+// draft K/V. Each stage loads only its taps' fc blocks (`loadProjection`), in the drafter's projection format
+// (bf16, or Q8_0 with int16 activations); the result is bitwise the one-stage projection and matches the reference
+// goldens.
 import * as path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
@@ -29,7 +30,9 @@ const SPLITS = [
 
 let whole: StageModel;
 let stages: StageModel[];
-let drafter: DFlashDrafter;
+let bf16Drafter: DFlashDrafter;
+/** The same checkpoint with Q8_0 layers: its context projection in Q8_0 (core's projectionFormatOf). */
+let q8: DFlashDrafter;
 beforeAll(async () => {
   whole = loadTarget();
   const weights = SafetensorsCheckpoint.open(TARGET_DIR);
@@ -40,10 +43,12 @@ beforeAll(async () => {
   } finally {
     weights.close();
   }
-  drafter = await loadDrafter(whole);
+  bf16Drafter = await loadDrafter(whole, {}, 4, 1024, { weights: 'bf16' });
+  q8 = await loadDrafter(whole, {}, 4, 1024, { weights: 'q8_0' });
 });
 afterAll(() => {
-  drafter.dispose();
+  bf16Drafter.dispose();
+  q8.dispose();
   stages.forEach((s) => {
     s.dispose();
   });
@@ -52,15 +57,21 @@ afterAll(() => {
 
 describe('pipeline-parallel context projection', () => {
   it('stageTaps assigns each tap to the stage producing it', () => {
-    expect(stages.map((s) => stageTaps(drafter.config.taps, s.info))).toEqual([[1], [], [3, 5], [7]]);
+    expect(stages.map((s) => stageTaps(bf16Drafter.config.taps, s.info))).toEqual([[1], [], [3, 5], [7]]);
     expect(stageTaps([0, 4], { layerStart: 0, layerEnd: 4, isFirst: true })).toEqual([0, 4]);
     expect(stageTaps([0, 4], { layerStart: 4, layerEnd: 8, isFirst: false })).toEqual([]);
   });
 
-  it(
-    'partial sums over 4 stages (one without taps), each with its own fc ' +
+  it('the projection format follows the weights setting', () => {
+    expect(bf16Drafter.projectionFormat).toBe('bf16');
+    expect(q8.projectionFormat).toBe('q8_0');
+  });
+
+  it.each(['bf16', 'q8_0'] as const)(
+    '%s: partial sums over 4 stages (one without taps), each with its own fc ' +
       'blocks, are bitwise the one-stage projection; golden context K/V',
-    () => {
+    (format) => {
+      const drafter = format === 'bf16' ? bf16Drafter : q8;
       const g = SafetensorsFile.open(path.join(GOLDENS_DIR, 'prose-long.safetensors'));
       try {
         const ids = Int32Array.from(g.read('input_ids').data as Int32Array);
@@ -84,7 +95,7 @@ describe('pipeline-parallel context projection', () => {
           const ckpt = SafetensorsCheckpoint.open(DFLASH_DIR);
           const share = dflashPlugin.loadProjection!(
             { dir: DFLASH_DIR, config: HfConfig.read(DFLASH_DIR), weights: ckpt },
-            { taps: mine, hiddenSize: 256 },
+            { taps: mine, hiddenSize: 256, format: drafter.projectionFormat },
           );
           ckpt.close();
           expect(share.reads.map((x) => x.cols)).toEqual(

@@ -53,6 +53,7 @@ import {
   type MemoryRegion,
   type SequenceId,
   type TensorRead,
+  type ProjectionFormat,
   type StageInfo,
   type StageModel,
   keptScratch,
@@ -229,6 +230,11 @@ export class DSparkDrafter extends DrafterBase implements DraftContextTransfer, 
 
   override captureSetter(target: StageInfo): readonly number[] {
     return this.backbone.captureSetter(target);
+  }
+
+  /** The backbone's context projection format (its `weights` setting's). */
+  get projectionFormat(): ProjectionFormat {
+    return this.backbone.projectionFormat;
   }
 
   override projectTargetHiddenPartial(

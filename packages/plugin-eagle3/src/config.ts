@@ -115,8 +115,9 @@ export interface Eagle3Settings {
  * The draft model's weight formats on the CPU (the `weights` setting): `'bf16'`, or `'q8_0'` — its decoder layer's
  * q/k/v/o and MLP projections and its lm_head quantized at load to GGUF Q8_0 (core's `quantizeQ8_0`, 8.5 bits a
  * weight) and run by `@specd/native` `gemmQuant` with int16 activations: a draft step reads about half the bytes.
- * fc (the context projection, once per committed token) stays bf16. Lossless either way: the drafts change a little
- * (the rounding of the weights), the target's verification does not.
+ * fc (the context projection, a few rows per committed token) follows in Q8_0 with int16 activations (core's
+ * `projectionFormatOf`). Lossless either way: the drafts change a little (the rounding of the weights), the target's
+ * verification does not.
  */
 export const EAGLE3_WEIGHT_FORMATS: readonly Eagle3WeightFormat[] = DRAFT_WEIGHT_FORMATS;
 export type Eagle3WeightFormat = DraftWeightFormat;
@@ -379,7 +380,8 @@ export const EAGLE3_SCHEMA: DrafterSchema = Object.freeze({
       enum: [...EAGLE3_WEIGHT_FORMATS],
       description:
         'the CPU draft model\'s weights: "q8_0" (the decoder layer\'s projections and the lm_head quantized to GGUF ' +
-        'Q8_0 at load, int16 activations: a draft step reads about half the bytes; the drafts may change a little, ' +
+        'Q8_0 at load, int16 activations, and the context projection fc with them: a draft step reads about half ' +
+        'the bytes; the drafts may change a little, ' +
         'the output does not), "q8_0_int8" (the same weights with int8 activations: half the dot-product work again) ' +
         'or "bf16" (as the checkpoint stores them). Default: "q8_0" on the CPU without tensor parallelism when every ' +
         'projection\'s input width is a multiple of 32, else "bf16"; the Q8_0 formats are refused with device ' +

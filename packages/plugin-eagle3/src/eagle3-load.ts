@@ -13,6 +13,7 @@ import {
   draftShardLayout,
   hasTreeCommit,
   packLinear,
+  projectionFormatOf,
   isQ8_0Format,
   q8_0Blocker,
   type BlockLinear,
@@ -52,7 +53,7 @@ export function loadEagle3Projection(
     makeError: (m) => new DrafterError(`${where}: ${m}`),
     ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
   });
-  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps);
+  return TapProjection.read(r, 'fc.weight', config.hiddenSize, config.taps, where, options.taps, options.format);
 }
 
 /**
@@ -237,10 +238,7 @@ function buildEagle3(
     ...(source.sanity === undefined ? {} : { sanity: source.sanity }),
   });
   const D = c.hiddenSize;
-  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there; the GPU drafter
-  // reads it whole below (the same shape check first)
-  const projection =
-    cuda === undefined ? TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : []) : undefined;
+  // the GPU drafter reads fc whole below (the CPU drafter's TapProjection.read checks it the same way)
   if (cuda !== undefined) {
     const shape = r.shape('fc.weight');
     if (shape.length !== 2 || shape[0] !== D || shape[1] !== c.taps.length * D)
@@ -341,11 +339,21 @@ function buildEagle3(
   if (isQ8_0Format(settings.weights) && blocker !== undefined)
     throw new DrafterError(`${where}: drafter.weights "${settings.weights}" ${blocker}; use "bf16"`);
   const format = settings.weights ?? (tp !== undefined || blocker !== undefined ? 'bf16' : 'q8_0');
+  // fc (the context projection) on rank 0 only under tensor parallelism: core projects there; in the layers' format
+  const projection = TapProjection.read(
+    r,
+    'fc.weight',
+    D,
+    c.taps,
+    where,
+    root ? c.taps : [],
+    projectionFormatOf(format),
+  );
   /** Row blocks `parts` stacked (one `k`), as one linear map (a default Q8_0 keeps a non-finite matrix bf16). */
   const linear = (parts: readonly ShardPart[], sh = shard): BlockLinear =>
     packLinear(r, parts, sh, format, settings.weights === undefined);
   const w: Eagle3Weights = {
-    projection: projection!,
+    projection,
     inputNorm: r.f32(`${p}input_layernorm.weight`, [D]),
     hiddenNorm: r.f32(`${p}hidden_norm.weight`, [D]),
     postNorm: r.f32(`${p}post_attention_layernorm.weight`, [D]),

@@ -104,6 +104,7 @@ import {
   type MemoryRegion,
   type PagedKvPool,
   type SequenceId,
+  type ProjectionFormat,
   type StageInfo,
   type StageModel,
 } from '@specd/core';
@@ -190,6 +191,11 @@ export class Eagle3Drafter extends DrafterBase implements DraftContextTransfer {
 
   override captureSetter(target: StageInfo): readonly number[] {
     return eagle3Taps(this.config, target);
+  }
+
+  /** The context projection's weight format (the `weights` setting's: Q8_0 by default on the CPU). */
+  get projectionFormat(): ProjectionFormat {
+    return this.model.weights().projection.format;
   }
 
   override projectTargetHiddenPartial(

@@ -13,6 +13,7 @@ export {
   DRAFT_WEIGHT_FORMATS,
   draftWeightFormat,
   packLinear,
+  projectionFormatOf,
   blockDrafterWeightsDefault,
   isQ8_0Format,
   q8_0Blocker,

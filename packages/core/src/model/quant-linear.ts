@@ -12,7 +12,7 @@ import { bf16ToF32, gemmQuant, isa, packBf16Weights, quantizedWeights } from '@s
 
 import { quantizeQ8_0 } from '../io/gguf-quant.js';
 import type { WeightReader } from '../io/weight-reader.js';
-import { DrafterError } from '../plugin/drafter-plugin.js';
+import { DrafterError, type ProjectionFormat } from '../plugin/drafter-plugin.js';
 import type { BlockLinear } from './dense-block.js';
 import { packShard, type ShardPart, type WeightShard } from './shard-weights.js';
 
@@ -40,6 +40,17 @@ export function isQ8_0Format(f: DraftWeightFormat | undefined): f is 'q8_0' | 'q
 export function blockDrafterWeightsDefault(blocker: string | undefined): DraftWeightFormat {
   const i = isa();
   return blocker === undefined && i.isa === 'avx512' && !i.amxAvailable ? 'q8_0_int8' : 'bf16';
+}
+
+/**
+ * The context projection's format (core's TapProjection) that goes with a drafter's resolved `weights` setting:
+ * `'bf16'` for `'bf16'`, `'q8_0'` (Q8_0 blocks, int16 activations) for either Q8_0 format. int16, not int8, for
+ * `'q8_0_int8'` too: the projection reads the target's residual stream, whose outlier channels int8 blocks would
+ * flatten, and it runs a few rows a step, where int16 costs what int8 does (docs/BENCHMARKS.md, "The context
+ * projection in Q8_0").
+ */
+export function projectionFormatOf(weights: DraftWeightFormat): ProjectionFormat {
+  return weights === 'bf16' ? 'bf16' : 'q8_0';
 }
 
 /**

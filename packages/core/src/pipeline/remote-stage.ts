@@ -208,7 +208,10 @@ export class RemoteStage implements StageModel {
   loadProjection(spec: ProjectionSpec | undefined): TensorRead[] {
     this.checkAlive();
     const reply = this.exchange({
-      header: spec === undefined ? { type: 'projection' } : { type: 'projection', dir: spec.dir, taps: spec.taps },
+      header:
+        spec === undefined
+          ? { type: 'projection' }
+          : { type: 'projection', dir: spec.dir, taps: spec.taps, format: spec.format ?? 'bf16' },
       frames: [],
     });
     return reply.header.reads as TensorRead[];

@@ -137,11 +137,18 @@ class StageServer extends CacheReplica {
     const plugin = this.drafterPlugins.resolve(config);
     if (plugin.loadProjection === undefined)
       throw new PluginError(`drafter plugin ${plugin.method} has no loadProjection: stages cannot project their taps`);
+    const format = h.format ?? 'bf16';
+    if (format !== 'bf16' && format !== 'q8_0')
+      throw new PluginError(`projection: format: expected "bf16" or "q8_0", got ${JSON.stringify(format)}`);
     const weights = SafetensorsCheckpoint.open(dir);
     try {
       this.projection = plugin.loadProjection(
         { dir, config, weights },
-        { taps: stageTaps(h.taps as number[], this.model.info), hiddenSize: this.model.info.hiddenSize },
+        {
+          taps: stageTaps(h.taps as number[], this.model.info),
+          hiddenSize: this.model.info.hiddenSize,
+          format,
+        },
       );
     } finally {
       weights.close();

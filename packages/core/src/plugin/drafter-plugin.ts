@@ -143,12 +143,20 @@ export interface DrafterPlugin {
   loadProjection?(source: DrafterSource, options: ProjectionLoadOptions): PartialProjection;
 }
 
+/**
+ * The weight format of a context projection (core's TapProjection): `'bf16'`, the checkpoint's blocks; `'q8_0'`, GGUF
+ * Q8_0 blocks with int16 activations.
+ */
+export type ProjectionFormat = 'bf16' | 'q8_0';
+
 /** Options of {@link DrafterPlugin.loadProjection}. */
 export interface ProjectionLoadOptions {
   /** The taps to load blocks for (a subset of the drafter's `captureSetter`; may be empty). */
   readonly taps: readonly number[];
   /** The target's hidden size (checked against the checkpoint). */
   readonly hiddenSize: number;
+  /** The loaded drafter's {@link Drafter.projectionFormat} (default `'bf16'`): the partial sums' bits depend on it. */
+  readonly format?: ProjectionFormat;
 }
 
 /** A stage's share of a drafter's context projection ({@link DrafterPlugin.loadProjection}). */
@@ -297,6 +305,11 @@ export interface Drafter {
    * @throws {DrafterError} if the target lacks one.
    */
   captureSetter(target: StageInfo): readonly number[];
+  /**
+   * The weight format of its context projection (core's TapProjection), which the stages of a pipeline must load
+   * theirs in for the partial sums to add up bit for bit ({@link ProjectionLoadOptions.format}); absent: `'bf16'`.
+   */
+  readonly projectionFormat?: ProjectionFormat;
   /**
    * project: this stage's share of the context projection, `Σ_{i ∈ stage} h_i · W_iᵀ`, added into
    * `accumulator` (`[numTokens, hiddenSize]` f32, created zeroed when absent) and returned.

@@ -56,6 +56,7 @@ export {
   type DraftSampling,
   type DraftSequence,
   type PartialProjection,
+  type ProjectionFormat,
   type ProjectionLoadOptions,
   type RandomSource,
 } from './drafter-plugin.js';

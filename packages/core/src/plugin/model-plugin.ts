@@ -23,6 +23,7 @@ import type { TensorRead } from '../io/weight-reader.js';
 import type { CacheGeometry, SequenceCache, SequenceCacheOptions } from '../kv/sequence-cache.js';
 import type { SequenceId } from '../kv/paged-kv-pool.js';
 import type { DistributedStage, PrefixCommit, ProjectionDistribution, TreeCommit } from './stage-capabilities.js';
+import type { Drafter, ProjectionFormat } from './drafter-plugin.js';
 
 /** A checkpoint to load: its directory, parsed `config.json` and weights. */
 export interface ModelSource {
@@ -244,6 +245,8 @@ export interface ProjectionSpec {
   readonly dir: string;
   /** The drafter's taps (`captureSetter`). */
   readonly taps: readonly number[];
+  /** The drafter's {@link Drafter.projectionFormat} (default `'bf16'`): every stage loads its blocks in it. */
+  readonly format?: ProjectionFormat;
 }
 
 /**

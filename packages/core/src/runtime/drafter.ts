@@ -113,7 +113,9 @@ export async function loadDrafter(
   if (hasProjectionDistribution(model)) {
     try {
       model.distributeProjection(
-        plugin.loadProjection !== undefined && taps.length > 0 ? { dir: drafterDir, taps } : undefined,
+        plugin.loadProjection !== undefined && taps.length > 0
+          ? { dir: drafterDir, taps, format: drafter.projectionFormat ?? 'bf16' }
+          : undefined,
       );
     } catch (err) {
       drafter.dispose();

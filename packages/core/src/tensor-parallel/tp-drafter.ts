@@ -28,6 +28,7 @@ import {
   type Drafter,
   type DrafterLoadOptions,
   type DraftProposal,
+  type ProjectionFormat,
   hasDraftContextTransfer,
 } from '../plugin/drafter-plugin.js';
 import type { LocalEntry, MemoryRegion } from '../pd/types.js';
@@ -123,6 +124,11 @@ export class TensorParallelDrafter implements Drafter, Partial<DraftContextTrans
 
   get pagesInUse(): number {
     return this.rank0.pagesInUse;
+  }
+
+  /** Rank 0's (fc lives there). */
+  get projectionFormat(): ProjectionFormat | undefined {
+    return this.rank0.projectionFormat;
   }
 
   /** Ranks (tp). */
