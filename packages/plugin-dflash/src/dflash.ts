@@ -231,15 +231,8 @@ function buildDFlash(
   const weights = parts.weights ?? blockDrafterWeightsDefault(blocker);
   // fc (the context projection) lives on rank 0 only under tensor parallelism: core projects there. Its format follows
   // the draft layers' (Q8_0 with int16 activations for either Q8_0 format)
-  const projection = TapProjection.read(
-    r,
-    'fc.weight',
-    D,
-    c.taps,
-    where,
-    root ? c.taps : [],
-    projectionFormatOf(weights),
-  );
+  const fcFormat = projectionFormatOf(weights);
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : [], fcFormat);
   /** Row blocks stacked (one `k`) as one linear map: packed bf16 (the rank's blocks), or Q8_0 (whole matrices). */
   const pack = (p: readonly ShardPart[]): BlockLinear => packLinear(r, p, shard, weights, parts.weights === undefined);
   for (let j = 0; j < c.numLayers; j++) {

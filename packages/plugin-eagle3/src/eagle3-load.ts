@@ -340,15 +340,8 @@ function buildEagle3(
     throw new DrafterError(`${where}: drafter.weights "${settings.weights}" ${blocker}; use "bf16"`);
   const format = settings.weights ?? (tp !== undefined || blocker !== undefined ? 'bf16' : 'q8_0');
   // fc (the context projection) on rank 0 only under tensor parallelism: core projects there; in the layers' format
-  const projection = TapProjection.read(
-    r,
-    'fc.weight',
-    D,
-    c.taps,
-    where,
-    root ? c.taps : [],
-    projectionFormatOf(format),
-  );
+  const fcFormat = projectionFormatOf(format);
+  const projection = TapProjection.read(r, 'fc.weight', D, c.taps, where, root ? c.taps : [], fcFormat);
   /** Row blocks `parts` stacked (one `k`), as one linear map (a default Q8_0 keeps a non-finite matrix bf16). */
   const linear = (parts: readonly ShardPart[], sh = shard): BlockLinear =>
     packLinear(r, parts, sh, format, settings.weights === undefined);

@@ -27,15 +27,6 @@ function bf16ToF32(b: Uint16Array): Float32Array {
 function random(n: number, rand: () => number, scale = 1): Float32Array {
   return Float32Array.from({ length: n }, () => (rand() * 2 - 1) * scale);
 }
-function relError(a: Float32Array, b: Float32Array): number {
-  let num = 0;
-  let den = 0;
-  for (let i = 0; i < a.length; i++) {
-    num += (a[i]! - b[i]!) ** 2;
-    den += b[i]! ** 2;
-  }
-  return Math.sqrt(num / den);
-}
 const bits = (x: Float32Array) => new Uint32Array(x.buffer, x.byteOffset, x.length);
 
 describe('TapProjection', () => {
@@ -103,10 +94,10 @@ describe('TapProjection', () => {
   });
 
   it('q8_0 is within Q8_0 rounding of bf16, outlier channel included', () => {
-    const e = relError(
-      read('q8_0').projectTargetHiddenPartial(taps, N),
-      read('bf16').projectTargetHiddenPartial(taps, N),
-    );
+    const q = read('q8_0').projectTargetHiddenPartial(taps, N);
+    const b = read('bf16').projectTargetHiddenPartial(taps, N);
+    // the largest deviation against the largest output (an outlier channel drives both)
+    const e = Math.max(...q.map((v, i) => Math.abs(v - b[i]!))) / Math.max(...b.map(Math.abs));
     expect(e).toBeGreaterThan(0);
     expect(e).toBeLessThan(1e-2);
   });
