@@ -30,9 +30,6 @@ import { q8_0LinearIfFinite } from '../model/quant-linear.js';
 import type { BlockLinear } from '../model/dense-block.js';
 import { DrafterError, type PartialProjection, type ProjectionFormat } from './drafter-plugin.js';
 
-/** One tap's `[D, D]` block: packed bf16 (`gemmBf16Accumulate`), or Q8_0 (`apply`, then added). */
-type TapBlock = BlockLinear;
-
 /**
  * The column blocks of `fc.weight` for some taps (all of a drafter's taps, or one stage's), and the
  * accumulate-by-tap projection over them.
@@ -48,7 +45,7 @@ export class TapProjection implements PartialProjection {
    */
   constructor(
     readonly allTaps: readonly number[],
-    private readonly blocks: ReadonlyMap<number, TapBlock>,
+    private readonly blocks: ReadonlyMap<number, BlockLinear>,
     readonly hiddenSize: number,
     private readonly where: string,
     readonly reads: readonly TensorRead[] = [],
@@ -82,7 +79,7 @@ export class TapProjection implements PartialProjection {
     const D = hiddenSize;
     if (format === 'q8_0' && D % 32 !== 0)
       throw new DrafterError(`${where}: a q8_0 context projection needs the hidden size a multiple of 32, got ${D}`);
-    const pack = (bits: Uint16Array): TapBlock =>
+    const pack = (bits: Uint16Array): BlockLinear =>
       format === 'q8_0' ? q8_0LinearIfFinite(bits, D, D) : packBf16Weights(bits, D, D);
     const nT = allTaps.length;
     const shape = reader.shape(name);
@@ -98,7 +95,7 @@ export class TapProjection implements PartialProjection {
         `${where}: taps [${bad.join(', ')}] are not among the drafter's taps [${allTaps.join(', ')}]`,
       );
     const before = reader.reads.length;
-    const blocks = new Map<number, TapBlock>();
+    const blocks = new Map<number, BlockLinear>();
     if (taps.length === nT) {
       const fc = reader.bf16(name, [D, nT * D]);
       allTaps.forEach((t, i) => {
@@ -160,7 +157,7 @@ export class TapProjection implements PartialProjection {
 
   /** Drops the blocks. */
   dispose(): void {
-    (this.blocks as Map<number, TapBlock>).clear();
+    (this.blocks as Map<number, BlockLinear>).clear();
     this.scratch = new Float32Array(0);
   }
 }
