@@ -724,7 +724,7 @@ export class CostDraftPolicy implements DraftPolicy {
   private verifySamples = 0;
   /**
    * Per batch size, rebuilt when a drafted sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
-   * shapes' times made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
+   * shapes' times (a stale one capped by fresher ones) made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
    * one of fewer; NaN where no shape of r or more rows has {@link LEARNED_MIN} samples); `anchor`, the plain step's
    * cap while its window is stale, from the drafted shapes measured since its newest sample (+∞ otherwise);
    * `plainCal`, the calibrated t(B, B).
@@ -1098,7 +1098,12 @@ export class CostDraftPolicy implements DraftPolicy {
    *   steps stayed plain at the break-even, where 3 drafts a step ran ×1.11–1.22 of plain decoding.
    * - r ≥ 1 measured {@link LEARNED_MIN} times: the least lower median over the learned shapes of r' ≥ r rows
    *   (non-decreasing in r; the plain step is left out of it: a plain step between drafting steps runs slower than one
-   *   of a plain run, see {@link learned}).
+   *   of a plain run, see {@link learned}). A stale drafted window is first capped as the plain one is, by the fresh
+   *   drafted shapes measured since its newest sample, t(B, B + j) · t_cal(B, B + r) / t_cal(B, B + j). Without it a
+   *   shape priced during warm-up kept that price for good, since the rule never chose it again: SmolLM2 + EAGLE-3,
+   *   one sequence, greedy (bench:load --trace, AMD VM): every step of 4–6 drafts came in the first 98 of 3,086,
+   *   their verify forwards at 12.7–34.6 ms while k = 3 ran at 9.5 ms, and the rule drafted 3 at most from then on;
+   *   in steady state a 5-row verify cost ~6 % more than a 4-row one, and fixed k = 4 ran 2–4 % faster than k = 3.
    * - r ≥ 1 not measured, once the plain step is: that price × t_cal(B, B + r) / t_cal(B, B), capped by the learned
    *   shapes of more rows. The calibrated time × the drafting steps' factor (their mean log ratio) read a 16-row
    *   verify of 8 sequences at 1.97 × its calibration where the plain step's lower median read 1.63 × (SmolLM2 +
@@ -1120,13 +1125,30 @@ export class CostDraftPolicy implements DraftPolicy {
       // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
       const plainStale = w0 === undefined || this.verifySamples - w0.midSeq() > STALE_SAMPLES;
       const plainLast = w0?.last ?? 0;
+      const stale = (w: MedianWindow): boolean => this.verifySamples - w.midSeq() > STALE_SAMPLES;
+      // the learned drafted shapes: t_cal(B, B + i), and whether the window is fresh
+      const cal = new Float64Array(windows.length);
+      const fresh: boolean[] = [];
+      for (let i = 1; i < windows.length; i++) {
+        const w = windows[i];
+        if (w === undefined || w.n < LEARNED_MIN) continue;
+        cal[i] = this.costs.verifyMs(B, B + i);
+        fresh[i] = !stale(w);
+      }
       for (let i = windows.length - 1; i >= 1; i--) {
         const w = windows[i];
         if (w !== undefined && w.n >= LEARNED_MIN) {
-          least = Number.isNaN(least) ? w.median : Math.min(least, w.median);
-          const cal = this.costs.verifyMs(B, B + i);
-          if (plainStale && cal > 0 && plainCal > 0 && w.last > plainLast)
-            anchor = Math.min(anchor, (w.median * plainCal) / cal);
+          let price = w.median;
+          // a stale shape: no dearer than a fresh one measured after it, scaled by the calibrated ratio
+          if (fresh[i] === false && cal[i]! > 0)
+            for (let j = 1; j < windows.length; j++) {
+              const wj = windows[j];
+              if (j !== i && fresh[j] === true && cal[j]! > 0 && wj!.last > w.last)
+                price = Math.min(price, (wj!.median * cal[i]!) / cal[j]!);
+            }
+          least = Number.isNaN(least) ? price : Math.min(least, price);
+          if (plainStale && cal[i]! > 0 && plainCal > 0 && w.last > plainLast)
+            anchor = Math.min(anchor, (w.median * plainCal) / cal[i]!);
         }
         mono[i] = least; // NaN until a learned shape of i rows or more
       }

@@ -438,6 +438,40 @@ describe('CostDraftPolicy', () => {
     expect(plainMs()).toBeCloseTo(1.2 * c.verifyMs(1, 1), 9);
   });
 
+  it('caps a stale drafted shape by a fresher drafted shape × the calibrated ratio (warm-up prices)', () => {
+    const c = costs(2, 1.5, 0.3); // one sequence: calibrated 4 rows (3 drafts) 8 ms, 6 rows (5 drafts) 11 ms
+    const events: CostPolicyTraceEvent[] = [];
+    const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
+    const verifyRead = (d: number): number => {
+      p.choose([cand(`x${events.length}`, 8)]);
+      const ch = events.filter((e) => e.kind === 'choose').at(-1);
+      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+      return ch.curve[d]!.costMs - c.draftMs(1, d) * ch.costScale[2]! - p.overhead.predict(1, 1, d);
+    };
+    expect([c.verifyMs(1, 4), c.verifyMs(1, 6)]).toEqual([8, 11]);
+    // warm-up: 5 drafts measured at 30 ms (cold caches), then the rule drafts 3 at 8.8 ms (1.1 × calibrated)
+    for (let i = 0; i < 5; i++) p.observeStep(1, 6, 1, 5, 30, c.draftMs(1, 5), 5);
+    for (let i = 0; i < 40; i++) p.observeStep(1, 4, 1, 3, 8.8, c.draftMs(1, 3), 3);
+    // not stale yet: 5 drafts read as measured (3 drafts read at their own 8.8)
+    expect(verifyRead(5)).toBeCloseTo(30, 9);
+    expect(verifyRead(3)).toBeCloseTo(8.8, 9);
+    // once its middle-aged sample (the 3rd of all) is more than STALE_SAMPLES samples old: 8.8 × 11 / 8 = 12.1 ms
+    for (let i = 0; i < STALE_SAMPLES - 42; i++) p.observeStep(1, 4, 1, 3, 8.8, c.draftMs(1, 3), 3);
+    expect(verifyRead(5)).toBeCloseTo(30, 9); // 128 samples after it
+    p.observeStep(1, 4, 1, 3, 8.8, c.draftMs(1, 3), 3);
+    expect(verifyRead(5)).toBeCloseTo(12.1, 9);
+    // the cap only lowers: a stale shape measured cheaper than the scaled price is read as measured
+    for (let i = 0; i < 3; i++) p.observeStep(1, 5, 1, 4, 9, c.draftMs(1, 4), 4); // 4 drafts: 9.5 calibrated
+    for (let i = 0; i < STALE_SAMPLES + 10; i++) p.observeStep(1, 4, 1, 3, 8.8, c.draftMs(1, 3), 3);
+    expect(verifyRead(4)).toBeCloseTo(9, 9);
+    // only by shapes measured after its newest sample: one more 30 ms forward of 5 drafts (still stale, its median
+    // 30) is read as measured until a fresh shape is measured again
+    p.observeStep(1, 6, 1, 5, 30, c.draftMs(1, 5), 5);
+    expect(verifyRead(5)).toBeCloseTo(30, 9);
+    p.observeStep(1, 4, 1, 3, 8.8, c.draftMs(1, 3), 3);
+    expect(verifyRead(5)).toBeCloseTo(12.1, 9);
+  });
+
   it('decodes one step plainly after explorePlainEvery steps in which some sequence drafted', () => {
     const c = costs(2, 0.1, 0.3, [2]);
     const p = new CostDraftPolicy(c, { ...noExplore, explorePlainEvery: 4, prior: 0.8 });
