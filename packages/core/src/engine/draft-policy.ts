@@ -724,10 +724,10 @@ export class CostDraftPolicy implements DraftPolicy {
   private verifySamples = 0;
   /**
    * Per batch size, rebuilt when a drafted sample arrives ({@link learnedVerifyMs}): `mono`, the learned drafted
-   * shapes' times (a stale one capped by fresher ones) made non-decreasing in r (each the least over r' ≥ r: a forward of more rows does all the work of
-   * one of fewer; NaN where no shape of r or more rows has {@link LEARNED_MIN} samples); `anchor`, the plain step's
-   * cap while its window is stale, from the drafted shapes measured since its newest sample (+∞ otherwise);
-   * `plainCal`, the calibrated t(B, B).
+   * shapes' times (a stale one capped by fresher ones) made non-decreasing in r (each the least over r' ≥ r: a
+   * forward of more rows does all the work of one of fewer; NaN where no shape of r or more rows has
+   * {@link LEARNED_MIN} samples); `anchor`, the plain step's cap while its window is stale, from the drafted shapes
+   * measured since its newest sample (+∞ otherwise); `plainCal`, the calibrated t(B, B).
    */
   private readonly learnedMonotone = new Map<number, { mono: Float64Array; anchor: number; plainCal: number }>();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
