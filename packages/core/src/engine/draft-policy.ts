@@ -465,8 +465,8 @@ const LEARNED_MIN = 3;
 export const PLAIN_WINDOW = 32;
 
 /**
- * Verify samples (all shapes) after which a window's middle-aged sample makes it stale: only a stale plain window is
- * capped by the drafted shapes ({@link CostDraftPolicy}'s learned curve, r = 0).
+ * Verify samples (all shapes) after which a window's middle-aged sample makes it stale: only a stale window is capped
+ * by the fresher drafted shapes ({@link CostDraftPolicy}'s learned curve).
  */
 export const STALE_SAMPLES = 4 * PLAIN_WINDOW;
 
@@ -1122,10 +1122,10 @@ export class CostDraftPolicy implements DraftPolicy {
       let anchor = Number.POSITIVE_INFINITY;
       const plainCal = this.costs.verifyMs(B, B);
       const w0 = windows[0];
-      // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
-      const plainStale = w0 === undefined || this.verifySamples - w0.midSeq() > STALE_SAMPLES;
-      const plainLast = w0?.last ?? 0;
       const stale = (w: MedianWindow): boolean => this.verifySamples - w.midSeq() > STALE_SAMPLES;
+      // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
+      const plainStale = w0 === undefined || stale(w0);
+      const plainLast = w0?.last ?? 0;
       // the learned drafted shapes: t_cal(B, B + i), and whether the window is fresh
       const cal = new Float64Array(windows.length);
       const fresh: boolean[] = [];
