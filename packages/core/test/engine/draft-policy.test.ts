@@ -46,6 +46,27 @@ function plainPriceReader(p: CostDraftPolicy, events: readonly CostPolicyTraceEv
   };
 }
 
+/**
+ * The verify time the rule of `p` reads at D drafts for one sequence (allowed `maxDrafts`): the curve's cost at D less
+ * the other terms of the same D (the propose × its factor, the overhead), from the trace events `p` pushes into
+ * `events`; each call a fresh id.
+ */
+function verifyPriceReader(
+  p: CostDraftPolicy,
+  events: readonly CostPolicyTraceEvent[],
+  c: StepCosts,
+  maxDrafts: number,
+): (d: number) => number {
+  let call = 0;
+  return (d) => {
+    call++;
+    p.choose([cand(`v${call}`, maxDrafts)]);
+    const ch = events.filter((e) => e.kind === 'choose').at(-1);
+    if (ch?.kind !== 'choose') throw new Error('expected a choose event');
+    return ch.curve[d]!.costMs - c.draftMs(1, d) * ch.costScale[2]! - p.overhead.predict(1, 1, d);
+  };
+}
+
 describe('AcceptanceEstimator', () => {
   const plain = { optimism: 0, forget: 1 } as const;
 
@@ -358,13 +379,7 @@ describe('CostDraftPolicy', () => {
     const c = costs(2, 0.1, 0.3);
     const events: CostPolicyTraceEvent[] = [];
     const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
-    /** The verify time the rule read at D drafts: the curve's cost less the other terms of the same D. */
-    const verifyRead = (d: number): number => {
-      p.choose([cand(`x${events.length}`, 4)]);
-      const ch = events.filter((e) => e.kind === 'choose').at(-1);
-      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
-      return ch.curve[d]!.costMs - c.draftMs(1, d) * ch.costScale[2]! - p.overhead.predict(1, 1, d);
-    };
+    const verifyRead = verifyPriceReader(p, events, c, 4);
     // 3 rows (2 drafts): 20 forwards of 5 ms, then 4 slow ones (the EMA this replaced read 8.3 ms after them)
     for (let i = 0; i < 20; i++) p.observeStep(1, 3, 1, 2, 5, c.draftMs(1, 2), 2);
     for (let i = 0; i < 4; i++) p.observeStep(1, 3, 1, 2, 12, c.draftMs(1, 2), 2);
@@ -442,12 +457,7 @@ describe('CostDraftPolicy', () => {
     const c = costs(2, 1.5, 0.3); // one sequence: calibrated 4 rows (3 drafts) 8 ms, 6 rows (5 drafts) 11 ms
     const events: CostPolicyTraceEvent[] = [];
     const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
-    const verifyRead = (d: number): number => {
-      p.choose([cand(`x${events.length}`, 8)]);
-      const ch = events.filter((e) => e.kind === 'choose').at(-1);
-      if (ch?.kind !== 'choose') throw new Error('expected a choose event');
-      return ch.curve[d]!.costMs - c.draftMs(1, d) * ch.costScale[2]! - p.overhead.predict(1, 1, d);
-    };
+    const verifyRead = verifyPriceReader(p, events, c, 8);
     expect([c.verifyMs(1, 4), c.verifyMs(1, 6)]).toEqual([8, 11]);
     // warm-up: 5 drafts measured at 30 ms (cold caches), then the rule drafts 3 at 8.8 ms (1.1 × calibrated)
     for (let i = 0; i < 5; i++) p.observeStep(1, 6, 1, 5, 30, c.draftMs(1, 5), 5);
