@@ -1126,26 +1126,22 @@ export class CostDraftPolicy implements DraftPolicy {
       // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
       const plainStale = w0 === undefined || stale(w0);
       const plainLast = w0?.last ?? 0;
-      // the learned drafted shapes: t_cal(B, B + i), and whether the window is fresh
+      // the learned drafted shapes' t_cal(B, B + i); the fresh ones' price per calibrated ms and newest sample
       const cal = new Float64Array(windows.length);
-      const fresh: boolean[] = [];
+      const fresh: { perCal: number; last: number }[] = [];
       for (let i = 1; i < windows.length; i++) {
         const w = windows[i];
         if (w === undefined || w.n < LEARNED_MIN) continue;
         cal[i] = this.costs.verifyMs(B, B + i);
-        fresh[i] = !stale(w);
+        if (cal[i]! > 0 && !stale(w)) fresh.push({ perCal: w.median / cal[i]!, last: w.last });
       }
       for (let i = windows.length - 1; i >= 1; i--) {
         const w = windows[i];
         if (w !== undefined && w.n >= LEARNED_MIN) {
           let price = w.median;
           // a stale shape: no dearer than a fresh one measured after it, scaled by the calibrated ratio
-          if (fresh[i] === false && cal[i]! > 0)
-            for (let j = 1; j < windows.length; j++) {
-              const wj = windows[j];
-              if (j !== i && fresh[j] === true && cal[j]! > 0 && wj!.last > w.last)
-                price = Math.min(price, (wj!.median * cal[i]!) / cal[j]!);
-            }
+          if (cal[i]! > 0 && stale(w))
+            for (const f of fresh) if (f.last > w.last) price = Math.min(price, f.perCal * cal[i]!);
           least = Number.isNaN(least) ? price : Math.min(least, price);
           if (plainStale && cal[i]! > 0 && plainCal > 0 && w.last > plainLast)
             anchor = Math.min(anchor, (w.median * plainCal) / cal[i]!);
