@@ -202,8 +202,10 @@ const clampLog = (x: number): number => Math.min(Math.log(4), Math.max(-Math.log
  *   rejection (or the request has not drafted yet). Acceptance runs in streaks — a draft that follows a
  *   fully accepted step is accepted more often (SmolLM2 + a chain drafter, 32 prompts: a_1 0.74–0.79 after a fully
  *   accepted step, 0.57 after a rejection) — so the state carries what the last step showed at no cost. A plain
- *   step (k = 0) decides nothing and leaves the state. A (state, j) the run never offered takes the other state's
- *   rate at j, else the rate of the deepest offered position below j, else the prior.
+ *   step (k = 0) decides nothing and leaves the state: a rejection's lower a_1 holds through 8 plain steps
+ *   (bench/acceptance-states.mjs: DFlash and EAGLE-3 on SmolLM2, a_1 0.86–0.89 hot, 0.60–0.75 cold at every
+ *   gap). A (state, j) the run never offered takes the other state's rate at j, else the rate of the deepest offered
+ *   position below j, else the prior.
  * - A request's offset δ from the run on the logit scale, a_j = σ(logit(run a_j) + δ), with prior δ ~ N(0, σ²): the
  *   request's evidence enters as one Newton step of the posterior mode from δ = 0 (Laplace approximation),
  *   δ = Σ (x − p) / (Σ p(1 − p) + 1/σ²) over its decided drafts x ∈ {0, 1}, p their run rates now. One parameter
