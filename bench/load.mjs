@@ -27,6 +27,8 @@
 // level (drafted tokens per step > 0: never drafting is not a pass).
 // --trace FILE: every decision and observation of the cost policy (CostDraftPolicyOptions.trace) as JSON lines,
 // tagged with the drafter, level and repetition (what each choice read: a_j, the modelled cost of each D, the k).
+// The trace serialises every event inside the timed steps: it can cost the drafting engine 1–2 % at 16 sequences
+// (docs/BENCHMARKS.md, "median vs mean verify prices"), so time the goals without it.
 import * as fs from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
