@@ -16,9 +16,9 @@
 //   cold g  the previous drafting step had a rejection, and g plain steps came after it (cold 0: the step right
 //           after the rejection).
 // Printed per state: the steps, a_1 = P(draft 1 accepted), a_2 | a_1 = P(draft 2 accepted | draft 1 accepted), each
-// with its binomial standard error. Prompts: every prompt of the target's two sets (bench/prompts.mjs), alternately,
-// `--tokens` new tokens each, EOS ignored; `--sampling defaults` samples at the target's generation_config.json
-// defaults (as `specd serve` does), one seed a request.
+// with its binomial standard error. Prompts: `--prompts` of the target's two sets (bench/prompts.mjs) taken
+// alternately (64: every SmolLM2 prompt), `--tokens` new tokens each, EOS ignored; `--sampling defaults` samples at
+// the target's generation_config.json defaults (as `specd serve` does), one seed a request.
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
