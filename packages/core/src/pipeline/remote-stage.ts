@@ -20,7 +20,7 @@ import type {
 import type { RankReport } from '../tensor-parallel/tp-model.js';
 import type { MirroredCache } from './mirrored-cache.js';
 import type { PipelineModel } from './pipeline-model.js';
-import { exitDescription, PipelineStageError, untrack } from './stage-process.js';
+import { exitDescription, PipelineStageError, STILL_RUNNING, untrack } from './stage-process.js';
 import type { StageSendRequest, StageUsage } from '../pd/stages.js';
 import { PdError } from '../pd/types.js';
 import type { StagePdDone, StagePdStart } from './stage-pd.js';
@@ -295,15 +295,20 @@ export class RemoteStage implements StageModel {
     };
   }
 
-  /** One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. */
+  /**
+   * One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. A transport error
+   * other than the peer's close (ZeroMQ: a send to a killed stage can time out before the close is seen) names the
+   * stage's death too when the process has died; while it still runs (after up to 2 s), the error is rethrown as is.
+   */
   private exchange(msg: Message): Message {
     let reply: Message;
     try {
       this.channel.send(msg);
       reply = this.channel.receive();
     } catch (err) {
-      if (!(err instanceof PeerGoneError)) throw err;
-      this.dead = new PipelineStageError(`${this.name()} ${exitDescription(this.child)}`, { cause: err });
+      const how = exitDescription(this.child);
+      if (!(err instanceof PeerGoneError) && how === STILL_RUNNING) throw err;
+      this.dead = new PipelineStageError(`${this.name()} ${how}`, { cause: err });
       throw this.dead;
     }
     const h = reply.header;
