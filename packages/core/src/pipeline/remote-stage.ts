@@ -20,10 +20,11 @@ import type {
 import type { RankReport } from '../tensor-parallel/tp-model.js';
 import type { MirroredCache } from './mirrored-cache.js';
 import type { PipelineModel } from './pipeline-model.js';
-import { exitDescription, PipelineStageError, STILL_RUNNING, untrack } from './stage-process.js';
+import { exitDescription, PipelineStageError, untrack } from './stage-process.js';
 import type { StageSendRequest, StageUsage } from '../pd/stages.js';
 import { PdError } from '../pd/types.js';
 import type { StagePdDone, StagePdStart } from './stage-pd.js';
+import { processAlive } from './zmq-channel.js';
 import type { CacheOp, WireSequence } from './stage-worker.js';
 import { PeerGoneError, type Frame, type Message, type SyncChannel } from './transport.js';
 
@@ -298,7 +299,7 @@ export class RemoteStage implements StageModel {
   /**
    * One request → its reply; a dead stage or an error reply throws {@link PipelineStageError}. A transport error
    * other than the peer's close (ZeroMQ: a send to a killed stage can time out before the close is seen) names the
-   * stage's death too when the process has died; while it still runs (after up to 2 s), the error is rethrown as is.
+   * stage's death too when the process has exited (reaped, or a zombie); while it runs, the error is rethrown as is.
    */
   private exchange(msg: Message): Message {
     let reply: Message;
@@ -306,9 +307,9 @@ export class RemoteStage implements StageModel {
       this.channel.send(msg);
       reply = this.channel.receive();
     } catch (err) {
-      const how = exitDescription(this.child);
-      if (!(err instanceof PeerGoneError) && how === STILL_RUNNING) throw err;
-      this.dead = new PipelineStageError(`${this.name()} ${how}`, { cause: err });
+      const exited = this.child.exitCode !== null || this.child.signalCode !== null || !processAlive(this.child.pid);
+      if (!(err instanceof PeerGoneError) && !exited) throw err;
+      this.dead = new PipelineStageError(`${this.name()} ${exitDescription(this.child)}`, { cause: err });
       throw this.dead;
     }
     const h = reply.header;

@@ -50,12 +50,9 @@ export function liveStagePids(): number[] {
   return [...live].flatMap((c) => (c.pid === undefined ? [] : [c.pid]));
 }
 
-/** {@link exitDescription} of a child still running 2 s after its channel failed. */
-export const STILL_RUNNING = 'closed its channel (still running)';
-
 /**
  * `exited with code N` / `was killed by SIGKILL` for a dead child, reading /proc when the event loop
- * could not reap it yet; {@link STILL_RUNNING} when it is still alive after 2 s (ms of waiting: up to 2,000).
+ * could not reap it yet.
  */
 export function exitDescription(child: ChildProcess): string {
   const pid = child.pid;
@@ -76,7 +73,7 @@ export function exitDescription(child: ChildProcess): string {
     } catch {
       return 'exited (exit code unknown)';
     }
-    if (Date.now() > deadline) return STILL_RUNNING;
+    if (Date.now() > deadline) return 'closed its channel (still running)';
     Atomics.wait(cell, 0, 0, 5);
   }
 }

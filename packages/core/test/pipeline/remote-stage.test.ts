@@ -70,5 +70,5 @@ describe('RemoteStage exchange', () => {
     const gone = stageOf(fakeChild(), failingChannel(new PeerGoneError('peer closed')));
     expect(() => gone.usage()).toThrow(/pipeline stage 1 \(layers 2–4, pid \d+\) closed its channel \(still running\)/);
     expect(gone.failure()).toBeInstanceOf(PipelineStageError);
-  }, 15_000);
+  });
 });
