@@ -59,7 +59,9 @@ def main():
           f"continuation (EOS ignored), batches alternating temperatures {meta['temperatures']}. "
           f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
           f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafters on one GPU), "
-          f"AdamW lr 1e-3, bf16 autocast, seed 0; best validation "
+          f"AdamW lr {log.get('lr') or 1e-3:g}, bf16 autocast, seed 0"
+          + (f", loss decay γ = {log['decay_gamma']:g} over the block's positions" if log.get("decay_gamma") else "")
+          + "; best validation "
           f"loss {log['best_val']:.4f}. Command: `{a.command}`.", ""]
     if log.get("init"):
         L += [f"Warm start: training began from the weights of the checkpoint shipped before it (`models/"
@@ -88,7 +90,7 @@ def main():
     recs = log["log"]
     k = max(len(recs) // 8, 1)
     rows = recs[k - 1::k]
-    rows += [] if rows[-1] is recs[-1] else recs[-1:]
+    rows += [] if not recs or rows[-1] is recs[-1] else recs[-1:]  # no evaluation yet: no rows
     ests = []
     for r in rows:
         acc = r.get("acc_per_slot") or r.get("acc_per_step") or []
@@ -99,6 +101,10 @@ def main():
         ests.append(est)
         L.append(f"| {r['step']} | {r['step'] * a.batch * meta['length'] / 1e6:.1f} | {r['val_loss']:.4f} | "
                  f"{', '.join(f'{x:.2f}' for x in acc[:4])} | {est:.2f} |")
+    if not ests:
+        L += ["", "No validation ran (fewer steps than --eval-every)."]
+        a.out.write_text("\n".join(L) + "\n")
+        return
     mid = ests[len(ests) // 2]
     L += ["", f"The estimate went from {mid:.2f} at mid-training to {ests[-1]:.2f} at the end: " +
           ("still rising when the time box stopped training (more data and steps should raise τ further)."

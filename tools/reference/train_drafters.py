@@ -8,6 +8,9 @@ batch (frozen, bf16 weights as shipped) to give the taps and its probabilities f
 Objectives (REFERENCE.md §3-5):
   dflash  random anchors, block = anchor + masks, CE + soft CE to the target, decay exp(−(k−1)/γ), γ=7
   dspark  0.1·CE + 0.9·L1(p_d − p_t) + BCE(confidence, 1 − ½‖p_d − p_t‖₁), decay γ=4
+  (--decay-gamma sets γ: the DFlash paper's 7 suits a drafter whose positions are reached with probability
+  ~0.9 each; for a weaker one the chance of reaching position k falls faster, and a smaller γ weighs the
+  positions by how often verification reaches them)
   eagle3  training-time test over 6 chained steps, soft CE to the target restricted to the draft
           vocabulary + CE, weight 0.8^j
 Writes <out>/best.pt, <out>/log.json and the HF folder <out>/hf.
@@ -128,7 +131,9 @@ def block_inputs(target, seqs: torch.Tensor, anchors: torch.Tensor, B: int, mask
     return emb, pos.view(Bt, nb * B), pos
 
 
-def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int, lo=None):
+def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int, lo=None,
+                gamma: float | None = None):
+    """DFlash / DSpark block loss; `gamma`: the position decay exp(−(k−1)/γ), default 7 (DFlash) / 4 (DSpark)."""
     c = model.config
     B = c.block_size
     Bt, T = seqs.shape
@@ -149,12 +154,12 @@ def dflash_loss(model: DFlashDraft, target, seqs, hidden, tlogits, rng, nb: int,
         slots = torch.arange(1, B, device=dev)                                    # predicts own position
         hs = h[:, :, 1:]
         lab_pos = pos3[:, :, 1:]
-        w = decay_weights(B - 1, 7.0, dev)
+        w = decay_weights(B - 1, 7.0 if gamma is None else gamma, dev)
     else:
         slots = torch.arange(0, B, device=dev)                                    # predicts next token
         hs = h
         lab_pos = pos3 + 1
-        w = decay_weights(B, 4.0, dev)
+        w = decay_weights(B, 4.0 if gamma is None else gamma, dev)
     labels = seqs.gather(1, lab_pos.reshape(Bt, -1)).view_as(lab_pos)
     rows = torch.arange(Bt, device=dev)[:, None]
     p_t = tlogits[rows, (lab_pos - 1).reshape(Bt, -1)].float().softmax(-1).view(*lab_pos.shape, -1)
@@ -208,7 +213,7 @@ def eagle3_loss(model: Eagle3Draft, target, seqs, hidden, tlogits, steps: int = 
 def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: float, seed: int = 0,
           batch: int = 32, lr: float = 1e-3, max_steps: int = 6000, gguf: str | None = None,
           eval_every: int = 200, resume: bool = False, init: Path | None = None,
-          stop_after: float | None = None):
+          stop_after: float | None = None, decay_gamma: float | None = None):
     """Trains one drafter for `minutes` of wall time in all (with `resume`, across calls: each call
     continues from out/last.pt — model, optimiser, step, log, RNG, seconds spent — until the total
     budget or `max_steps` is used; the LR schedule runs over the total).
@@ -216,7 +221,10 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
     weights — a shipped checkpoint trained further on new data; fresh optimiser, step 0, schedule from the
     start; the EAGLE-3 draft vocabulary is the checkpoint's (`d2t`/`t2d` come with its state).
     `stop_after`: leave this call after that many minutes (last.pt saved) although the budget is not
-    used up; the next call continues with `resume` (a GPU call is limited to 10 minutes)."""
+    used up; the next call continues with `resume` (a GPU call is limited to 10 minutes).
+    `decay_gamma`: DFlash/DSpark's position decay γ (None: 7 / 4; `dflash_loss`)."""
+    if decay_gamma is not None and (method == "eagle3" or not decay_gamma > 0):
+        raise ValueError(f"--decay-gamma {decay_gamma}: a positive γ, for dflash or dspark only")
     dev = device()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -264,11 +272,16 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
         step, log, best = ck["step"], ck["log"], ck["best"]
         rng = ck["rng"]
         t0 = time.time() - ck["seconds"]  # the schedule and the budget count the earlier calls
+        if decay_gamma is None:
+            decay_gamma = ck.get("decay_gamma")  # the γ the earlier calls trained with
+        elif ck.get("decay_gamma") != decay_gamma:
+            raise ValueError(f"--decay-gamma {decay_gamma}: {out / 'last.pt'} was trained with γ "
+                             f"{ck.get('decay_gamma')} (None: the default)")
         print(f"{method}: resumed at step {step} ({ck['seconds']:.0f}s spent, best val {best:.4f})", flush=True)
 
     def save_last():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log, "best": best,
-                    "rng": rng, "seconds": time.time() - t0}, out / "last.pt")
+                    "rng": rng, "seconds": time.time() - t0, "decay_gamma": decay_gamma}, out / "last.pt")
 
     def run_batch(seqs, train_mode, lo=None):
         with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
@@ -278,7 +291,7 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
             if method == "eagle3":
                 return eagle3_loss(model, target, seqs, hidden, tlogits)
             return dflash_loss(model, target, seqs, hidden, tlogits, rng, nb=8 if method == "dflash" else 16,
-                               lo=lo)
+                               lo=lo, gamma=decay_gamma)
 
     t_call = time.time()
     while step < max_steps and time.time() - t0 < budget:
@@ -306,7 +319,7 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
                     saved = rng
                     rng = vrng
                     l, vi = run_batch(val[i:i + batch].to(dev), False,
-                                      None if plens is None else plens[i:i + batch])
+                                      None if plens is None else plens[:n_val][i:i + batch])
                     rng = saved
                     vl.append(l.item())
             model.train()
@@ -324,6 +337,7 @@ def train(method: str, target_dir: Path, regen_dir: Path, out: Path, minutes: fl
     if init_info is None and (out / "init.json").exists():
         init_info = json.loads((out / "init.json").read_text())
     (out / "log.json").write_text(json.dumps({"log": log, "best_val": best, "steps": step, "init": init_info,
+                                              "decay_gamma": decay_gamma, "lr": lr,
                                               "seconds": time.time() - t0,
                                               "params": sum(p.numel() for p in model.parameters())}, indent=2))
     model.load_state_dict(torch.load(out / "best.pt", map_location=dev)["model"])
@@ -349,10 +363,13 @@ if __name__ == "__main__":
                     help="continue from OUT/last.pt; --minutes is then the total budget over all calls")
     ap.add_argument("--init", type=Path, help="start from this HF folder of the same drafter (not with a last.pt)")
     ap.add_argument("--stop-after", type=float, help="leave this call after N minutes (resume later)")
+    ap.add_argument("--decay-gamma", type=float,
+                    help="DFlash/DSpark loss decay γ over block positions, exp(-(k-1)/γ) (default 7 / 4)")
     a = ap.parse_args()
     if not (a.target or a.gguf):
         ap.error("one of --target / --gguf is required")
     if a.draft_vocab:
         SMOL_SIZES["draft_vocab"] = a.draft_vocab
     train(a.method, a.target, a.regen, a.out, a.minutes, batch=a.batch, max_steps=a.max_steps, gguf=a.gguf,
-          eval_every=a.eval_every, lr=a.lr, resume=a.resume, init=a.init, stop_after=a.stop_after)
+          eval_every=a.eval_every, lr=a.lr, resume=a.resume, init=a.init, stop_after=a.stop_after,
+          decay_gamma=a.decay_gamma)

@@ -14,6 +14,8 @@
 # RESUME=1: train continues from $W/<method>/last.pt (an earlier call on the same warm machine); MIN is then the
 # total minutes of training, earlier calls included. STOP_AFTER=N: each trainer leaves this call after N minutes
 # (last.pt kept) — a GPU call is limited to 10 minutes, so a long MIN is spread over calls (RESUME=1 in the next).
+# GAMMA=x: DFlash/DSpark's loss decay γ over block positions (train_drafters.py --decay-gamma; default 7 / 4);
+# GAMMA_dflash=x / GAMMA_dspark=x set it for one method (over GAMMA).
 # LR=x: the trainers' AdamW learning rate (default 1e-3; a lower one for fine-tuning rounds of a warm start).
 # INIT=DIR: start each drafter from DIR/smollm2-135m-instruct-<method> (the shipped checkpoints, staged by
 # tools/gpu/stage.sh) instead of random weights.
@@ -47,8 +49,9 @@ fi
 if [[ " $STAGES " == *" train "* ]]; then
   tm "train start ($METHODS concurrently, $MIN min each)"
   for m in $METHODS; do
+    g=GAMMA_$m; gamma=${!g:-${GAMMA:-}}; [ "$m" = eagle3 ] && gamma=
     $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
-        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${LR:+--lr "$LR"} ${RESUME:+--resume} ${STOP_AFTER:+--stop-after "$STOP_AFTER"} \
+        --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${LR:+--lr "$LR"} ${gamma:+--decay-gamma "$gamma"} ${RESUME:+--resume} ${STOP_AFTER:+--stop-after "$STOP_AFTER"} \
         $(if [ -n "$INIT" ] && [ -d "$INIT/smollm2-135m-instruct-$m" ]; then echo --init "$INIT/smollm2-135m-instruct-$m"; fi) \
         >> "$W/train_$m.log" 2>&1 &
   done
@@ -85,7 +88,7 @@ for m in $METHODS; do
   if [ -f "$W/$m/hf/config.json" ]; then
     mkdir -p "$D/$m"; cp "$W/$m"/hf/*.json "$W/$m"/hf/*.safetensors "$D/$m/"  # config, shard index
     $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --batch "$BATCH" --out "$D/$m/MODEL_CARD.md" \
-        --command "SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
+        --command "$(g=GAMMA_$m; v=${!g:-${GAMMA:-}}; [ -n "$v" ] && [ "$m" != eagle3 ] && echo "GAMMA_$m=$v ")${LR:+LR=$LR }SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
 bash tools/reference/gpu/smollm2.sh (training time spread over calls with RESUME=1)" || true
   fi
 done
