@@ -25,7 +25,7 @@ import { fileURLToPath } from 'node:url';
 import { BUILTIN_PLUGIN_PACKAGES, SpecEngine, loadDrafter, loadTarget, readModelSamplingDefaults } from '@specd/core';
 
 import { drafterSource } from './drafter-variants.mjs';
-import { promptSets } from './prompts.mjs';
+import { defaultSampling, promptSets } from './prompts.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -140,11 +140,7 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     4096,
     1,
   );
-  const defaults = readModelSamplingDefaults(modelDir) ?? {};
-  const sampling =
-    SAMPLING === 'greedy'
-      ? { temperature: 0 }
-      : { temperature: defaults.temperature ?? 1, topP: defaults.top_p ?? 1, topK: defaults.top_k ?? 0 };
+  const sampling = SAMPLING === 'greedy' ? { temperature: 0 } : defaultSampling(readModelSamplingDefaults(modelDir));
   const [a, b] = promptSets(TARGET);
   /** Prompt i alternates between the two sets. */
   const promptAt = (i) => {

@@ -31,7 +31,7 @@ import { cpus, loadavg } from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { promptSets } from './prompts.mjs';
+import { defaultSampling, promptSets } from './prompts.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -158,11 +158,10 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     maxTokensPerSequence,
     C,
   );
-  const gen = readModelSamplingDefaults(path.join(ROOT, 'models', dir)) ?? {};
   const sampling =
     SAMPLING === 'greedy'
       ? { temperature: 0 }
-      : { temperature: gen.temperature ?? 1, topP: gen.top_p ?? 1, topK: gen.top_k ?? 0 };
+      : defaultSampling(readModelSamplingDefaults(path.join(ROOT, 'models', dir)));
   const samplingName =
     SAMPLING === 'greedy'
       ? 'greedy'

@@ -1,4 +1,5 @@
-// The benches' prompt sets: issue 16's speed goals use every prompt of them. Bench-only.
+// The benches' prompt sets (issue 16's speed goals use every prompt of them) and the targets' default sampling.
+// Bench-only.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -22,4 +23,13 @@ export function promptSets(target) {
       .split('\n')
       .map((l) => JSON.parse(l));
   return [read(first), read(second)];
+}
+
+/**
+ * A target's default sampling as the benches run it: the fields of its generation_config.json (core's
+ * readModelSamplingDefaults result; undefined or {} when it has none) as engine SamplingParams, unset fields at the
+ * engine's own defaults (temperature 1, top-p 1, top-k 0: off). @returns { temperature, topP, topK }.
+ */
+export function defaultSampling(gen) {
+  return { temperature: gen?.temperature ?? 1, topP: gen?.top_p ?? 1, topK: gen?.top_k ?? 0 };
 }

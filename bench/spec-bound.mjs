@@ -39,6 +39,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { dotRates, readBandwidthGBs } from './probes.mjs';
+import { defaultSampling } from './prompts.mjs';
 import { median } from './stats.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -463,11 +464,10 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   const SETTING = arg('settings', '0');
   if (SETTING !== '0' && SETTING !== 'defaults')
     throw new Error(`bench:spec-bound: --settings: expected 0 or defaults, got ${SETTING}`);
-  const dflt = core.readModelSamplingDefaults(path.join(ROOT, 'models', dir)) ?? {};
   const sampling =
     SETTING === '0'
       ? { temperature: 0 }
-      : { temperature: dflt.temperature ?? 1, topP: dflt.top_p ?? 1, topK: dflt.top_k ?? 0 };
+      : defaultSampling(core.readModelSamplingDefaults(path.join(ROOT, 'models', dir)));
   console.log(
     `bench:spec-bound: acceptance measured at ${JSON.stringify(sampling)}, ` +
       `EOS ${SETTING === '0' ? 'ignored' : 'honoured'}`,
