@@ -35,6 +35,8 @@ STAGES=${STAGES:-regen train eval}; PY=${PY:-python3}; INIT=${INIT:-}; P=smollm2
 R=${REGEN:-$W/regen}
 mkdir -p "$W" "$O"
 T0=$(date +%s)
+# the loss decay γ of method $1: GAMMA_<method>, else GAMMA, else none (the trainer's default; EAGLE-3 has no γ)
+gamma_of() { local g=GAMMA_$1; [ "$1" = eagle3 ] || echo "${!g:-${GAMMA:-}}"; }
 tm() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$W/timings.txt"; }
 tm "start: gguf $G work $W out $O; SEQ=$SEQ LEN=$LEN MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW"
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
@@ -49,7 +51,7 @@ fi
 if [[ " $STAGES " == *" train "* ]]; then
   tm "train start ($METHODS concurrently, $MIN min each)"
   for m in $METHODS; do
-    g=GAMMA_$m; gamma=${!g:-${GAMMA:-}}; [ "$m" = eagle3 ] && gamma=
+    gamma=$(gamma_of "$m")
     $PY train_drafters.py $m --gguf "$G" --regen "$R" --out "$W/$m" --minutes "$MIN" --batch "$BATCH" \
         --max-steps "$MAX_STEPS" --eval-every "$EVAL_EVERY" ${LR:+--lr "$LR"} ${gamma:+--decay-gamma "$gamma"} ${RESUME:+--resume} ${STOP_AFTER:+--stop-after "$STOP_AFTER"} \
         $(if [ -n "$INIT" ] && [ -d "$INIT/smollm2-135m-instruct-$m" ]; then echo --init "$INIT/smollm2-135m-instruct-$m"; fi) \
@@ -88,7 +90,7 @@ for m in $METHODS; do
   if [ -f "$W/$m/hf/config.json" ]; then
     mkdir -p "$D/$m"; cp "$W/$m"/hf/*.json "$W/$m"/hf/*.safetensors "$D/$m/"  # config, shard index
     $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --batch "$BATCH" --out "$D/$m/MODEL_CARD.md" \
-        --command "$(g=GAMMA_$m; v=${!g:-${GAMMA:-}}; [ -n "$v" ] && [ "$m" != eagle3 ] && echo "GAMMA_$m=$v ")${LR:+LR=$LR }SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
+        --command "$(v=$(gamma_of "$m"); [ -z "$v" ] || echo "GAMMA_$m=$v ")${LR:+LR=$LR }SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
 bash tools/reference/gpu/smollm2.sh (training time spread over calls with RESUME=1)" || true
   fi
 done
