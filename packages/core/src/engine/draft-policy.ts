@@ -41,8 +41,9 @@
  * At the optimum C/T = R* (the best achievable rate), so the marginal rule is S_sj ≥ λ = R*·δ
  * (Dinkelbach's condition for a ratio objective). R* is taken from {@link CostDraftPolicy.choose}
  * of the same step: the rate it predicted for its choice from the calibrated costs, the measured
- * overhead and the acceptance estimated from EARLIER steps; δ is the secant slope of the calibrated
- * t_verify(B, ·) over the tokens the choice drafts. So λ is fixed before the step's drafts exist.
+ * overhead and the acceptance estimated from EARLIER steps; δ is the secant slope of t_verify(B, ·) as the
+ * choice priced it (learned from earlier steps where measured, else calibrated) over the tokens the choice drafts.
+ * So λ is fixed before the step's drafts exist.
  * Lossless: S is non-increasing, so the rule is a stopping rule that decides draft j from
  * c_1 … c_j only; c_j is computed before d_j is drawn (DSpark: from the token before draft j), so
  * whether d_j is verified never depends on d_j itself, and rejection sampling stays exact for any
@@ -393,6 +394,17 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
    */
   readonly learnVerify?: boolean;
   /**
+   * Optimism in the verify price (default true; needs `learnVerify`): at each batch size, the shape one drafted row
+   * beyond the largest measured {@link LEARNED_MIN} times is priced no dearer than that largest one, until it is
+   * measured itself — the row is taken to be free until a forward says what it costs. Without it an unmeasured shape
+   * is priced by the calibration's ratio to the plain step, and a calibration whose curve is off keeps the rule from
+   * ever trying the shapes it overprices (SmolLM2 + DFlash, greedy, AMD VM: a calibration read during a slow spell
+   * priced 4 verify rows at 1.68 × the plain step where they cost 1.12 ×, and the policy drafted 1.06 tokens a step
+   * for ×1.216 of plain decoding against ×1.452 at a fixed 3). Each shape costs at most {@link LEARNED_MIN} steps to
+   * learn, one row at a time, and only while the rule would draft more if the row were free.
+   */
+  readonly costOptimism?: boolean;
+  /**
    * Called with every decision and observation of the policy (off when absent): what each step's choice read (the
    * a_j, the costs along the batch rule's walk, the cost corrections) and what the step then measured. For
    * diagnosis (`bench/load.mjs --trace FILE`); nothing the policy does depends on it.
@@ -729,9 +741,13 @@ export class CostDraftPolicy implements DraftPolicy {
    * shapes' times (a stale one capped by fresher ones) made non-decreasing in r (each the least over r' ≥ r: a
    * forward of more rows does all the work of one of fewer; NaN where no shape of r or more rows has
    * {@link LEARNED_MIN} samples); `anchor`, the plain step's cap while its window is stale, from the drafted shapes
-   * measured since its newest sample (+∞ otherwise); `plainCal`, the calibrated t(B, B).
+   * measured since its newest sample (+∞ otherwise); `plainCal`, the calibrated t(B, B); `frontier`, the most drafted
+   * rows of a shape with {@link LEARNED_MIN} samples (0: none).
    */
-  private readonly learnedMonotone = new Map<number, { mono: Float64Array; anchor: number; plainCal: number }>();
+  private readonly learnedMonotone = new Map<
+    number,
+    { mono: Float64Array; anchor: number; plainCal: number; frontier: number }
+  >();
   /** Confidences → conditional acceptance, learned from the verified drafts (confidence-model.ts). */
   readonly calibration = new ConfidenceCalibration();
   /** Per sequence: the raw confidences of the drafts it verifies this step (budgets → observe). */
@@ -740,6 +756,7 @@ export class CostDraftPolicy implements DraftPolicy {
   private readonly recalibrate: boolean;
   private readonly minGain: number;
   private readonly useLearned: boolean;
+  private readonly costOptimism: boolean;
   /** Consecutive steps in which some sequence drafted (see {@link CostDraftPolicyOptions.explorePlainEvery}). */
   private draftingStepRun = 0;
   /** EMAs of the lazy catch-ups: ms spent and rows written per catch-up (their ratio: ms per row). */
@@ -768,6 +785,7 @@ export class CostDraftPolicy implements DraftPolicy {
     this.recalibrate = options.recalibrate ?? true;
     this.minGain = options.minGain ?? 0.03;
     this.useLearned = options.learnVerify ?? true;
+    this.costOptimism = options.costOptimism ?? true;
     this.trace = options.trace;
   }
 
@@ -789,7 +807,10 @@ export class CostDraftPolicy implements DraftPolicy {
       return Math.max(
         1e-6,
         c[0]! * draftScale +
-          (this.learnedVerifyMs(B, d, c[1]!) ?? c[1]! * (dr > 0 ? verifyScale : plainScale)) +
+          Math.min(
+            this.learnedVerifyMs(B, d, c[1]!) ?? c[1]! * (dr > 0 ? verifyScale : plainScale),
+            this.costOptimism ? this.optimisticCapMs(B, d) : Number.POSITIVE_INFINITY,
+          ) +
           this.overhead.predict(B, dr, d) +
           catchUpMsPerRow * shape.catchUpRows,
       );
@@ -1101,7 +1122,10 @@ export class CostDraftPolicy implements DraftPolicy {
    * - r ≥ 1 measured {@link LEARNED_MIN} times: the least lower median over the learned shapes of r' ≥ r rows
    *   (non-decreasing in r; the plain step is left out of it: a plain step between drafting steps runs slower than one
    *   of a plain run, see {@link learned}). A stale drafted window is first capped as the plain one is, by the fresh
-   *   drafted shapes measured since its newest sample, t(B, B + j) · t_cal(B, B + r) / t_cal(B, B + j). Without it a
+   *   drafted shapes of fewer rows measured since its newest sample, t(B, B + j) · t_cal(B, B + r) / t_cal(B, B + j),
+   *   j < r (a fresh shape of more rows caps it unscaled, in the suffix minimum; scaled down by a calibration steeper
+   *   than the machine, it priced a stale 1-draft shape at 1.2 ms where every shape ran at 3.1–3.5, and the rule
+   *   then chose 1 draft where 7 paid, until that shape was measured again). Without the cap a
    *   shape priced during warm-up kept that price for good, since the rule never chose it again: SmolLM2 + EAGLE-3,
    *   one sequence, greedy (bench:load --trace, AMD VM): every step of 4–6 drafts came in the first 98 of 3,086,
    *   their verify forwards at 12.7–34.6 ms while k = 3 ran at 9.5 ms, and the rule drafted 3 at most from then on;
@@ -1116,43 +1140,8 @@ export class CostDraftPolicy implements DraftPolicy {
   private learnedVerifyMs(B: number, r: number, calibrated: number): number | undefined {
     if (!this.useLearned) return undefined;
     const windows = this.learned.get(B);
-    if (windows === undefined) return undefined;
-    let cached = this.learnedMonotone.get(B);
-    if (cached === undefined) {
-      const mono = new Float64Array(Math.max(1, windows.length));
-      let least = Number.NaN;
-      let anchor = Number.POSITIVE_INFINITY;
-      const plainCal = this.costs.verifyMs(B, B);
-      const w0 = windows[0];
-      const stale = (w: MedianWindow): boolean => this.verifySamples - w.midSeq() > STALE_SAMPLES;
-      // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
-      const plainStale = w0 === undefined || stale(w0);
-      const plainLast = w0?.last ?? 0;
-      // the learned drafted shapes' t_cal(B, B + i); the fresh ones' price per calibrated ms and newest sample
-      const cal = new Float64Array(windows.length);
-      const fresh: { perCal: number; last: number }[] = [];
-      for (let i = 1; i < windows.length; i++) {
-        const w = windows[i];
-        if (w === undefined || w.n < LEARNED_MIN) continue;
-        cal[i] = this.costs.verifyMs(B, B + i);
-        if (cal[i]! > 0 && !stale(w)) fresh.push({ perCal: w.median / cal[i]!, last: w.last });
-      }
-      for (let i = windows.length - 1; i >= 1; i--) {
-        const w = windows[i];
-        if (w !== undefined && w.n >= LEARNED_MIN) {
-          let price = w.median;
-          // a stale shape: no dearer than a fresh one measured after it, scaled by the calibrated ratio
-          if (cal[i]! > 0 && stale(w))
-            for (const f of fresh) if (f.last > w.last) price = Math.min(price, f.perCal * cal[i]!);
-          least = Number.isNaN(least) ? price : Math.min(least, price);
-          if (plainStale && cal[i]! > 0 && plainCal > 0 && w.last > plainLast)
-            anchor = Math.min(anchor, (w.median * plainCal) / cal[i]!);
-        }
-        mono[i] = least; // NaN until a learned shape of i rows or more
-      }
-      cached = { mono, anchor, plainCal };
-      this.learnedMonotone.set(B, cached);
-    }
+    const cached = this.curveOf(B);
+    if (windows === undefined || cached === undefined) return undefined;
     const { mono, anchor, plainCal } = cached;
     const w0 = windows[0];
     const plain = w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, anchor) : undefined;
@@ -1166,6 +1155,75 @@ export class CostDraftPolicy implements DraftPolicy {
     return Number.isNaN(above) ? est : Math.min(est, above);
   }
 
+  /**
+   * {@link CostDraftPolicyOptions.costOptimism}'s cap on the verify price at batch size B and r drafted rows, ms: the
+   * price of the frontier (the most drafted rows of a shape measured {@link LEARNED_MIN} times; the plain step when
+   * no drafted shape is) when r is one row beyond it, +∞ otherwise or when nothing is measured.
+   */
+  private optimisticCapMs(B: number, r: number): number {
+    const windows = this.learned.get(B);
+    const cached = this.useLearned ? this.curveOf(B) : undefined;
+    if (windows === undefined || cached === undefined || r !== cached.frontier + 1) return Number.POSITIVE_INFINITY;
+    if (cached.frontier > 0) return cached.mono[cached.frontier]!;
+    const w0 = windows[0];
+    return w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, cached.anchor) : Number.POSITIVE_INFINITY;
+  }
+
+  /** The learned curve of batch size B ({@link learnedMonotone}), built when missing; undefined: nothing measured. */
+  private curveOf(B: number): { mono: Float64Array; anchor: number; plainCal: number; frontier: number } | undefined {
+    const windows = this.learned.get(B);
+    if (windows === undefined) return undefined;
+    let cached = this.learnedMonotone.get(B);
+    if (cached === undefined) {
+      const mono = new Float64Array(Math.max(1, windows.length));
+      let least = Number.NaN;
+      let anchor = Number.POSITIVE_INFINITY;
+      let frontier = 0;
+      const plainCal = this.costs.verifyMs(B, B);
+      const w0 = windows[0];
+      const stale = (w: MedianWindow): boolean => this.verifySamples - w.midSeq() > STALE_SAMPLES;
+      // the cap is for a stale plain window only, and is read from the drafted shapes measured after it
+      const plainStale = w0 === undefined || stale(w0);
+      const plainLast = w0?.last ?? 0;
+      // the learned drafted shapes' t_cal(B, B + i); the fresh ones' price per calibrated ms and newest sample
+      const cal = new Float64Array(windows.length);
+      const fresh: { perCal: number; last: number; rows: number }[] = [];
+      for (let i = 1; i < windows.length; i++) {
+        const w = windows[i];
+        if (w === undefined || w.n < LEARNED_MIN) continue;
+        cal[i] = this.costs.verifyMs(B, B + i);
+        if (cal[i]! > 0 && !stale(w)) fresh.push({ perCal: w.median / cal[i]!, last: w.last, rows: i });
+      }
+      for (let i = windows.length - 1; i >= 1; i--) {
+        const w = windows[i];
+        if (w !== undefined && w.n >= LEARNED_MIN) {
+          frontier = Math.max(frontier, i);
+          let price = w.median;
+          // a stale shape: no dearer than a fresh one measured after it, scaled by the calibrated ratio
+          if (cal[i]! > 0 && stale(w))
+            for (const f of fresh) if (f.last > w.last && f.rows < i) price = Math.min(price, f.perCal * cal[i]!);
+          least = Number.isNaN(least) ? price : Math.min(least, price);
+          if (plainStale && cal[i]! > 0 && plainCal > 0 && w.last > plainLast)
+            anchor = Math.min(anchor, (w.median * plainCal) / cal[i]!);
+        }
+        mono[i] = least; // NaN until a learned shape of i rows or more
+      }
+      cached = { mono, anchor, plainCal, frontier };
+      this.learnedMonotone.set(B, cached);
+    }
+    return cached;
+  }
+
+  /**
+   * The verify price the rule reads at batch size B and r drafted rows, without the optimism ({@link learnedVerifyMs},
+   * else the calibrated curve × its factor), ms.
+   */
+  private verifyPriceMs(B: number, r: number): number {
+    const calibrated = this.costs.verifyMs(B, B + r);
+    const [plainScale, verifyScale] = this.scalesFor(B);
+    return this.learnedVerifyMs(B, r, calibrated) ?? calibrated * (r > 0 ? verifyScale : plainScale);
+  }
+
   /** The cost factors [plain verify, verify with drafts, propose] at batch size B ({@link costScale}'s model). */
   private scalesFor(B: number): [number, number, number] {
     const rb = this.logBatch.get(B);
@@ -1176,14 +1234,17 @@ export class CostDraftPolicy implements DraftPolicy {
   /**
    * λ for the step just chosen: R* = `rate` (committed tokens per ms, predicted before any draft
    * exists), δ = secant slope of t_verify(B, ·) from B rows (plain) to B + Σk rows (one more row
-   * when nobody drafts), λ = R*·δ.
+   * when nobody drafts), λ = R*·δ. t_verify as the rule prices it ({@link verifyPriceMs}: the learned shapes, else
+   * the calibrated curve × its factor), not the bare calibration: a calibration read in a slow spell had DFlash's
+   * 3-draft verify 2.4 ms dearer than its plain step where it cost 0.4 ms more, and λ six times too high cut drafts
+   * the rule had chosen.
    */
   private setThreshold(B: number, ks: readonly number[], rate: number): void {
     const d = Math.max(
       1,
       ks.reduce((a, k) => a + k, 0),
     );
-    const delta = Math.max(0, (this.costs.verifyMs(B, B + d) - this.costs.verifyMs(B, B)) / d);
+    const delta = Math.max(0, (this.verifyPriceMs(B, d) - this.verifyPriceMs(B, 0)) / d);
     this.predictedRate = rate;
     this.marginalVerifyMs = delta;
     this.threshold = rate * delta;

@@ -378,7 +378,7 @@ describe('CostDraftPolicy', () => {
   it('prices a drafted shape by the lower median of its forwards, never above a shape of more rows', () => {
     const c = costs(2, 0.1, 0.3);
     const events: CostPolicyTraceEvent[] = [];
-    const p = new CostDraftPolicy(c, { ...noExplore, trace: (e) => events.push(e) });
+    const p = new CostDraftPolicy(c, { ...noExplore, costOptimism: false, trace: (e) => events.push(e) });
     const verifyRead = verifyPriceReader(p, events, c, 4);
     // 3 rows (2 drafts): 20 forwards of 5 ms, then 4 slow ones (the EMA this replaced read 8.3 ms after them)
     for (let i = 0; i < 20; i++) p.observeStep(1, 3, 1, 2, 5, c.draftMs(1, 2), 2);
@@ -480,6 +480,75 @@ describe('CostDraftPolicy', () => {
     expect(verifyRead(5)).toBeCloseTo(30, 9);
     p.observeStep(1, 4, 1, 3, 8.8, c.draftMs(1, 3), 3);
     expect(verifyRead(5)).toBeCloseTo(12.1, 9);
+  });
+
+  it("prices the shape one row beyond the most measured at that shape's price until measured (costOptimism)", () => {
+    const c = costs(2, 1, 0.3); // one sequence, calibrated steeply: plain 3 ms, 1 draft 4, 2 drafts 5, 3 drafts 6
+    const reader = (costOptimism: boolean) => {
+      const events: CostPolicyTraceEvent[] = [];
+      const p = new CostDraftPolicy(c, { ...noExplore, costOptimism, trace: (e) => events.push(e) });
+      return { p, read: verifyPriceReader(p, events, c, 8) };
+    };
+    const { p, read } = reader(true);
+    const { p: q, read: readCal } = reader(false);
+    for (const x of [p, q]) {
+      // the machine runs every shape at ~3 ms: plain and 1 draft measured three times
+      for (let i = 0; i < 3; i++) x.observeStep(1, 1, 0, 0, 3, 0);
+      for (let i = 0; i < 3; i++) x.observeStep(1, 2, 1, 1, 3.1, c.draftMs(1, 1), 1);
+    }
+    expect(read(1)).toBeCloseTo(3.1, 9);
+    // 2 drafts: at 1 draft's 3.1 ms, where the calibrated ratio reads 3 × 5 / 3; 3 drafts by the ratio either way
+    expect(read(2)).toBeCloseTo(3.1, 9);
+    expect(readCal(2)).toBeCloseTo(5, 9);
+    expect(read(3)).toBeCloseTo(6, 9);
+    // twice measured is not measured: still the frontier's price; three times, its own, and 3 drafts the frontier's
+    for (let i = 0; i < 2; i++) p.observeStep(1, 3, 1, 2, 3.3, c.draftMs(1, 2), 2);
+    expect(read(2)).toBeCloseTo(3.1, 9);
+    p.observeStep(1, 3, 1, 2, 3.3, c.draftMs(1, 2), 2);
+    expect(read(2)).toBeCloseTo(3.3, 9);
+    expect(read(3)).toBeCloseTo(3.3, 9);
+    expect(read(4)).toBeCloseTo((3 * c.verifyMs(1, 5)) / 3, 9);
+    // the optimism is only a cap: a frontier dearer than the ratio's price leaves that price
+    for (let i = 0; i < 3; i++) p.observeStep(1, 4, 1, 3, 50, c.draftMs(1, 3), 3);
+    expect(read(4)).toBeCloseTo(c.verifyMs(1, 5), 9);
+  });
+
+  it('walks up to the draft length the machine pays for under a calibration whose curve is too steep', () => {
+    // calibrated 1.5 ms a verify row more (a slow spell); the machine now: 0.05 ms a row more. Each draft accepted
+    // with probability 0.6 (a seeded draw): at the calibration one draft pays 5 % over a plain step, two do not
+    const c = costs(2, 1.5, 0.3);
+    const trueVerify = (rows: number) => 3 + 0.05 * rows;
+    const run = (costOptimism: boolean) => {
+      const p = new CostDraftPolicy(c, { ...noExplore, costOptimism, prior: 0.6 });
+      let seed = 12345;
+      const uniform = () => {
+        seed = (seed * 1103515245 + 12345) % 2147483648;
+        return seed / 2147483648;
+      };
+      const ks: number[] = [];
+      for (let step = 0; step < 150; step++) {
+        const k = p.choose([cand('a', 8)])[0]!;
+        ks.push(k);
+        p.observeStep(1, 1 + k, k > 0 ? 1 : 0, k, trueVerify(1 + k), k > 0 ? c.draftMs(1, k) : 0, k);
+        let accepted = 0;
+        while (accepted < k && uniform() < 0.6) accepted++;
+        if (k > 0) p.observe('a', k, accepted);
+      }
+      return ks;
+    };
+    const withOptimism = run(true);
+    const without = run(false);
+    // the rate at k drafts: (1 − 0.6^(k+1)) / 0.4 / (t_verify(k + 1) + 0.3): 0.47 tokens/ms at k = 1, 0.55 at 2,
+    // 0.62 at 3, 0.66 at 5–8. Without the optimism the rule prices 3 drafts at the plain step × 8 / 3.5 once the plain
+    // step is measured (a forced plain step every 33), and stays at 2 (the drafting factor moved it there from 1)
+    expect(Math.max(...without.slice(50))).toBe(2);
+    // with it each shape is tried LEARNED_MIN = 3 times, one row more at a time: 1, 1, 1, 2, 2, 2, 3, …
+    expect(withOptimism.slice(0, 12)).toEqual([1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]);
+    // and it stays at 5–8 but for the forced plain steps; the stale 1-draft shape is not priced below what it costs
+    // (a cap from the fresh shapes of more rows scaled by the steep calibration read it at 1.2 ms)
+    const late = withOptimism.slice(50).filter((k) => k > 0);
+    expect(Math.min(...late)).toBeGreaterThanOrEqual(5);
+    expect(withOptimism.slice(50).filter((k) => k === 0).length).toBeLessThanOrEqual(4);
   });
 
   it('decodes one step plainly after explorePlainEvery steps in which some sequence drafted', () => {

@@ -131,6 +131,16 @@ describe('survival rule', () => {
     );
   });
 
+  it('δ reads the verify shapes the policy measured, not the bare calibration (a slow spell calibrated it)', () => {
+    // calibrated 40 ms a verify row; measured: plain 101 ms, 1–4 drafts 102–105 ms (1 ms a row)
+    const p = new CostDraftPolicy(costs(100, 40, 10), { ...noExplore, prior: 0.9, costOptimism: false });
+    for (let r = 0; r <= 4; r++) for (let i = 0; i < 3; i++) p.observeStep(1, 1 + r, r > 0 ? 1 : 0, r, 101 + r, 10, r);
+    const ks = p.choose([cand('a', 4)]);
+    expect(ks[0]).toBe(4);
+    expect(p.marginalVerifyMs).toBeCloseTo(1, 9); // (105 − 101) / 4, where the calibration reads 40
+    expect(p.threshold).toBeCloseTo(p.predictedRate * 1, 9);
+  });
+
   it('budgets read the calibrated confidences: drafts learned to be accepted pass where the raw product stops', () => {
     const p = new CostDraftPolicy(costs(100, 10, 10), { ...noExplore, prior: 0.8 });
     p.choose([cand('a')]);
