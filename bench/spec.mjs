@@ -61,6 +61,10 @@
 // and prints the speed-up both engines would allow at their floors (this machine's measured rates and bandwidth, the
 // measured acceptance; `--no-bound` skips it).
 // `--tau-only`: plain and max-k runs only (τ of each drafter, e.g. a whole vs a reduced draft vocabulary).
+// The cost policy's engines: `--cost-policy JSON` passes CostDraftPolicyOptions (e.g. '{"costOptimism":false}');
+// `--skew-verify F` hands them this machine's calibration with every verify time × (1 + F · drafted rows per
+// sequence): a calibration read in a slower spell, whose curve is steeper than the machine's now (F 0.2 is the
+// AMD VM's slow mode read against its fast one, SmolLM2 + DFlash).
 import * as fs from 'node:fs';
 import { register } from 'node:module';
 import { cpus, loadavg } from 'node:os';
@@ -72,8 +76,15 @@ import { median } from './stats.mjs';
 // the native timing shim (bench/native-timing.mjs) must be in place before the packages are imported
 register('./native-timing-hooks.mjs', import.meta.url);
 const core = await import('@specd/core');
-const { BUILTIN_PLUGIN_PACKAGES, SpecEngine, fixedDraftPolicy, loadDrafter, loadTarget, readModelSamplingDefaults } =
-  core;
+const {
+  BUILTIN_PLUGIN_PACKAGES,
+  SpecEngine,
+  StepCosts,
+  fixedDraftPolicy,
+  loadDrafter,
+  loadTarget,
+  readModelSamplingDefaults,
+} = core;
 const { isa } = await import('@specd/native');
 const { draftCostSplit } = await import('./draft-split.mjs');
 const { printBounds } = await import('./spec-bound.mjs');
@@ -131,6 +142,24 @@ for (const n of FIXED_SETTINGS)
   if (!['0', '1', 'defaults'].includes(n))
     throw new Error(`bench:spec: --fixed-settings: ${n}: expected 0, 1 or defaults`);
 const load = () => loadavg().slice(0, 2);
+/** `--cost-policy`: the cost engines' CostDraftPolicyOptions. */
+const COST_POLICY = JSON.parse(arg('cost-policy', '{}'));
+/** `--skew-verify`: the cost engines' verify times × (1 + F · drafted rows per sequence) (0: as calibrated). */
+const SKEW_VERIFY = Number(arg('skew-verify', '0'));
+if (!(SKEW_VERIFY >= 0)) throw new Error(`bench:spec: --skew-verify: expected a number >= 0`);
+/** `costs` with every verify time × (1 + SKEW_VERIFY · drafted rows per sequence). */
+function skewed(costs) {
+  const f = (B, rows, ms) => ms * (1 + (SKEW_VERIFY * (rows - B)) / B);
+  return new StepCosts(
+    costs.buckets.map((b) => ({
+      ...b,
+      verifyMs: b.verifyMs.map((ms, i) => f(b.sequences, b.sequences * (b.ks[i] + 1), ms)),
+      ...(b.verifyRows === undefined
+        ? {}
+        : { verifyRowsMs: b.verifyRowsMs.map((ms, i) => f(b.sequences, b.verifyRows[i], ms)) }),
+    })),
+  );
+}
 
 const target = await loadTarget(path.join(ROOT, 'models', TARGET_DIR), BUILTIN_PLUGIN_PACKAGES);
 const maxSeq = Math.max(...CONCS);
@@ -222,8 +251,17 @@ function engineFor(drafter, C, setting, mode) {
     const key = `${label(drafter)}|${C}|${setting.name}`;
     let e = costEngines.get(key);
     if (e === undefined) {
-      e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost' });
-      e.calibrate();
+      e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', costPolicy: COST_POLICY });
+      const costs = e.calibrate();
+      if (SKEW_VERIFY > 0) {
+        e = new SpecEngine(target.model, drafter, {
+          ...opts,
+          draftPolicy: 'cost',
+          costPolicy: COST_POLICY,
+          stepCosts: skewed(costs),
+        });
+        e.calibrate();
+      }
       costEngines.set(key, e);
     }
     return e;
@@ -317,7 +355,9 @@ const [l1, l5] = load();
 console.log(
   `bench:spec — target ${TARGET_DIR}; drafters ${METHODS.join(', ')}; ${prompts.length} prompts × ${NEW} ` +
     `tokens; threads ` +
-    `${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
+    `${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs; load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)` +
+    (SKEW_VERIFY > 0 ? `; cost policy's calibration skewed: verify × (1 + ${SKEW_VERIFY} · drafts a sequence)` : '') +
+    (Object.keys(COST_POLICY).length > 0 ? `; cost policy options ${JSON.stringify(COST_POLICY)}` : ''),
 );
 run(undefined, 1, ALL_SETTINGS[0], 'plain'); // warm-up (JIT, page faults)
 

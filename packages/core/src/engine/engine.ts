@@ -152,7 +152,8 @@ export class SpecEngine {
 
   /**
    * Measures the step costs of the `'cost'` policy now (needs every sequence free; step() calls it
-   * before admitting the first requests). @returns the measured (or cached) costs.
+   * before admitting the first requests), or takes `stepCosts` of the options. @returns the measured (cached or
+   * given) costs.
    */
   calibrate(): StepCosts | undefined {
     const drafter = this.drafter;
@@ -160,14 +161,16 @@ export class SpecEngine {
     if (!this.needsCalibration || drafter === undefined) return this.stepCosts;
     if (this.running.size > 0) throw new EngineError('calibrate: needs an idle engine (no running sequences)');
     const t0 = performance.now();
-    this.stepCosts = calibrateStepCosts(this.target, drafter, this.cache, {
-      maxSequences: this.maxSequences,
-      maxDrafts: drafter.maxDraftTokens,
-      stateSnapshots: this.commitMode === 'snapshots',
-      taps: this.taps,
-      // the scratch context plus the largest verify block must fit a sequence (a short `generate` sizes it tightly)
-      contextTokens: Math.max(1, Math.min(32, this.maxTokensPerSequence - drafter.maxDraftTokens - 1)),
-    });
+    this.stepCosts =
+      this.options.stepCosts ??
+      calibrateStepCosts(this.target, drafter, this.cache, {
+        maxSequences: this.maxSequences,
+        maxDrafts: drafter.maxDraftTokens,
+        stateSnapshots: this.commitMode === 'snapshots',
+        taps: this.taps,
+        // the scratch context plus the largest verify block must fit a sequence (a short `generate` sizes it tightly)
+        contextTokens: Math.max(1, Math.min(32, this.maxTokensPerSequence - drafter.maxDraftTokens - 1)),
+      });
     this.metrics.calibrationMs += performance.now() - t0;
     this.policy = new CostDraftPolicy(this.stepCosts, this.options.costPolicy);
     return this.stepCosts;

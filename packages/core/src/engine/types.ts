@@ -5,6 +5,7 @@ import type { DraftSampling } from '../plugin/drafter-plugin.js';
 import type { CostDraftPolicy, CostDraftPolicyOptions, DraftPolicy } from './draft-policy.js';
 import type { TokenLogprob } from './logprobs.js';
 import type { RequestMetrics } from './metrics.js';
+import type { StepCosts } from './step-costs.js';
 
 /**
  * Sampling settings. First the request's logits processors on the target's logits (logits-processors.ts, vLLM's
@@ -179,6 +180,12 @@ export interface SpecEngineOptions {
   readonly draftPolicy?: 'cost' | 'max' | DraftPolicy;
   /** Options of the `'cost'` policy. */
   readonly costPolicy?: CostDraftPolicyOptions;
+  /**
+   * The `'cost'` policy's step costs, taken instead of measuring them at the first step (a calibration kept from an
+   * earlier engine of the same target, drafter and threads, or a bench's deliberately skewed copy of one); the
+   * policy corrects them online as it does its own.
+   */
+  readonly stepCosts?: StepCosts;
   /**
    * Verify budgets for proposals with `confidence` (adaptive verification): `'survival'` (default)
    * asks the policy's `budgets` hook — the `'cost'` policy verifies the drafts whose survival

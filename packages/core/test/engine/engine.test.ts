@@ -297,6 +297,15 @@ describe('SpecEngine on the contracts', () => {
       draftLength: (_id, m) => (m.verifySteps % 3 === 2 ? 5 : 0),
     });
     expect(f.run([req('a', 1, 30)])[0]!.tokenIds).toEqual(expected(1, 30));
+    // given step costs (one engine's calibration to another, or a skewed copy): taken as they are, nothing measured
+    const g = new SpecEngine(new ToyTarget(), new ToyDrafter(5), {
+      maxSequences: 3,
+      maxTokensPerSequence: 64,
+      draftPolicy: 'cost',
+      stepCosts: e.stepCosts,
+    });
+    expect(g.run([req('a', 1, 20)])[0]!.tokenIds).toEqual(expected(1, 20));
+    expect(g.stepCosts).toBe(e.stepCosts); // its own calibration (a new drafter: no cached one) would be a new object
   });
 
   it("adaptiveDraftLength follows each request's acceptance; the output does not change", () => {
