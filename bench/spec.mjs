@@ -62,6 +62,7 @@
 // measured acceptance; `--no-bound` skips it).
 // `--tau-only`: plain and max-k runs only (τ of each drafter, e.g. a whole vs a reduced draft vocabulary).
 // The cost policy's engines: `--cost-policy JSON` passes CostDraftPolicyOptions (e.g. '{"costOptimism":false}');
+// `--trace FILE` writes every decision and observation of their policies as JSON lines (as bench:load's `--trace`);
 // `--skew-verify F` hands them this machine's calibration with every verify time × (1 + F · drafted rows per
 // sequence): a calibration read in a slower spell, whose curve is steeper than the machine's now (F 0.2 is the
 // AMD VM's slow mode read against its fast one, SmolLM2 + DFlash).
@@ -144,6 +145,9 @@ for (const n of FIXED_SETTINGS)
 const load = () => loadavg().slice(0, 2);
 /** `--cost-policy`: the cost engines' CostDraftPolicyOptions. */
 const COST_POLICY = JSON.parse(arg('cost-policy', '{}'));
+/** `--trace FILE`: every decision and observation of the cost engines' policies as JSON lines (as bench:load's). */
+const TRACE_OUT = arg('trace', undefined);
+const traceLines = [];
 /** `--skew-verify`: the cost engines' verify times × (1 + F · drafted rows per sequence) (0: as calibrated). */
 const SKEW_VERIFY = Number(arg('skew-verify', '0'));
 if (!(SKEW_VERIFY >= 0)) throw new Error(`bench:spec: --skew-verify: expected a number >= 0`);
@@ -251,13 +255,18 @@ function engineFor(drafter, C, setting, mode) {
     const key = `${label(drafter)}|${C}|${setting.name}`;
     let e = costEngines.get(key);
     if (e === undefined) {
-      e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', costPolicy: COST_POLICY });
+      const tag = { drafter: label(drafter), C, setting: setting.name };
+      const costPolicy =
+        TRACE_OUT === undefined
+          ? COST_POLICY
+          : { ...COST_POLICY, trace: (ev) => traceLines.push(JSON.stringify({ ...tag, ...ev })) };
+      e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost', costPolicy });
       const costs = e.calibrate();
       if (SKEW_VERIFY > 0) {
         e = new SpecEngine(target.model, drafter, {
           ...opts,
           draftPolicy: 'cost',
-          costPolicy: COST_POLICY,
+          costPolicy,
           stepCosts: skewed(costs),
         });
         e.calibrate();
@@ -661,6 +670,7 @@ if (withCeiling.length > 0) {
 }
 const [e1, e5] = load();
 console.log(`\nload at the end ${e1.toFixed(2)} / ${e5.toFixed(2)} (1/5 min)`);
+if (TRACE_OUT !== undefined) fs.writeFileSync(TRACE_OUT, traceLines.length === 0 ? '' : `${traceLines.join('\n')}\n`);
 if (jsonOut) {
   const out = { target: TARGET_DIR, threads: info.threads, isa: info.isa, prompts: prompts.length, newTokens: NEW };
   fs.writeFileSync(jsonOut, `${JSON.stringify({ ...out, rows, splits })}\n`);

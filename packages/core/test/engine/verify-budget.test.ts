@@ -141,6 +141,16 @@ describe('survival rule', () => {
     expect(p.threshold).toBeCloseTo(p.predictedRate * 1, 9);
   });
 
+  it('δ reads the optimistic price of the shape the rule chose as free: the budgets let it be verified', () => {
+    // as above, 4 drafts never measured: the rule drafts 4 taking the fourth row as free (at 3 drafts' 104 ms)
+    const p = new CostDraftPolicy(costs(100, 40, 10), { ...noExplore, prior: 0.9 });
+    for (let r = 0; r <= 3; r++) for (let i = 0; i < 3; i++) p.observeStep(1, 1 + r, r > 0 ? 1 : 0, r, 101 + r, 10, r);
+    expect(p.choose([cand('a', 4)])).toEqual([4]);
+    expect(p.marginalVerifyMs).toBeCloseTo(3 / 4, 9); // (104 − 101) / 4; without the optimism in δ: (216 − 101) / 4
+    // so a draft of confidence 0.9 is verified (λ = R*·δ ≈ 0.5 tokens/ms · 0.75 ms)
+    expect(p.threshold).toBeLessThan(0.5);
+  });
+
   it('budgets read the calibrated confidences: drafts learned to be accepted pass where the raw product stops', () => {
     const p = new CostDraftPolicy(costs(100, 10, 10), { ...noExplore, prior: 0.8 });
     p.choose([cand('a')]);
