@@ -144,7 +144,15 @@ for (const n of FIXED_SETTINGS)
     throw new Error(`bench:spec: --fixed-settings: ${n}: expected 0, 1 or defaults`);
 const load = () => loadavg().slice(0, 2);
 /** `--cost-policy`: the cost engines' CostDraftPolicyOptions. */
-const COST_POLICY = JSON.parse(arg('cost-policy', '{}'));
+const COST_POLICY = (() => {
+  try {
+    const v = JSON.parse(arg('cost-policy', '{}'));
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new Error('not an object');
+    return v;
+  } catch (err) {
+    throw new Error(`bench:spec: --cost-policy: expected a JSON object of CostDraftPolicyOptions (${err.message})`);
+  }
+})();
 /** `--trace FILE`: every decision and observation of the cost engines' policies as JSON lines (as bench:load's). */
 const TRACE_OUT = arg('trace', undefined);
 const traceLines = [];
