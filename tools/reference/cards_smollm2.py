@@ -17,6 +17,9 @@ def main():
     ap.add_argument("--regen", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batch", type=int, default=32, help="rows per training step (smollm2.sh BATCH)")
+    ap.add_argument("--methods", type=int, default=3,
+                    help="drafters trained concurrently on the GPU in that run (smollm2.sh METHODS; 1: alone)")
+    ap.add_argument("--gpu", default="one GPU", help="the GPU the run trained on, in words")
     ap.add_argument("--command", default="tools/reference/gpu/smollm2.sh",
                     help="the exact command (with its settings) that trained and evaluated this drafter")
     a = ap.parse_args()
@@ -58,7 +61,8 @@ def main():
           f"content 8-gram with a held-out prompt: `ngram_check.py`) + the target's "
           f"continuation (EOS ignored), batches alternating temperatures {meta['temperatures']}. "
           f"Generation: {meta['seconds']:.0f} s on {meta['device']}.",
-          f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (trained concurrently with the other drafters on one GPU), "
+          f"{log['steps']} steps in {log['seconds'] / 60:.1f} min (" + (f"alone on {a.gpu}" if a.methods == 1 else
+                 f"trained concurrently with {a.methods - 1} other drafter(s) on {a.gpu}") + "), "
           f"AdamW lr {log.get('lr') or 1e-3:g}, bf16 autocast, seed 0"
           + (f", loss decay γ = {log['decay_gamma']:g} over the block's positions" if log.get("decay_gamma") else "")
           + "; best validation "

@@ -90,7 +90,8 @@ for m in $METHODS; do
   if [ -f "$W/$m/hf/config.json" ]; then
     mkdir -p "$D/$m"; cp "$W/$m"/hf/*.json "$W/$m"/hf/*.safetensors "$D/$m/"  # config, shard index
     $PY cards_smollm2.py --method $m --hf "$W/$m/hf" --work "$W" --regen "$R" --batch "$BATCH" --out "$D/$m/MODEL_CARD.md" \
-        --command "$(v=$(gamma_of "$m"); [ -z "$v" ] || echo "GAMMA_$m=$v ")${LR:+LR=$LR }SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
+        --methods "$(echo $METHODS | wc -w)" --gpu "one $($PY -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU")' 2>/dev/null || echo GPU)" \
+        --command "METHODS=\"$METHODS\" $(v=$(gamma_of "$m"); [ -z "$v" ] || echo "GAMMA_$m=$v ")${LR:+LR=$LR }SEED=$SEED ${INIT:+INIT=<the shipped checkpoints> }SEQ=$SEQ LEN=$LEN GEN_SECONDS=$GEN_SECONDS MIN=$MIN BATCH=$BATCH EVAL_LIMIT=$EVAL_LIMIT NEW=$NEW \
 bash tools/reference/gpu/smollm2.sh (training time spread over calls with RESUME=1)" || true
   fi
 done
