@@ -1139,9 +1139,8 @@ export class CostDraftPolicy implements DraftPolicy {
     const windows = this.learned.get(B);
     const cached = this.curveOf(B);
     if (windows === undefined || cached === undefined) return undefined;
-    const { mono, anchor, plainCal } = cached;
-    const w0 = windows[0];
-    const plain = w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, anchor) : undefined;
+    const { mono, plainCal } = cached;
+    const plain = this.plainPrice(windows, cached.anchor);
     if (r === 0) return plain;
     const wr = r < windows.length ? windows[r] : undefined;
     if (wr !== undefined && wr.n >= LEARNED_MIN) return mono[r]!;
@@ -1162,8 +1161,13 @@ export class CostDraftPolicy implements DraftPolicy {
     const cached = this.useLearned ? this.curveOf(B) : undefined;
     if (windows === undefined || cached === undefined || r !== cached.frontier + 1) return Number.POSITIVE_INFINITY;
     if (cached.frontier > 0) return cached.mono[cached.frontier]!;
+    return this.plainPrice(windows, cached.anchor) ?? Number.POSITIVE_INFINITY;
+  }
+
+  /** The learned plain step of one batch size's `windows`, at most `anchor`, ms; undefined: not measured enough. */
+  private plainPrice(windows: readonly (MedianWindow | undefined)[], anchor: number): number | undefined {
     const w0 = windows[0];
-    return w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, cached.anchor) : Number.POSITIVE_INFINITY;
+    return w0 !== undefined && w0.n >= LEARNED_MIN ? Math.min(w0.median, anchor) : undefined;
   }
 
   /** The learned curve of batch size B ({@link learnedMonotone}), built when missing; undefined: nothing measured. */
