@@ -11,16 +11,21 @@
 #           the same with SPECD_KIMI_ACTIVATIONS=f32 (~3 min in all)
 #   spec    with the Kimi models staged by tools/gpu/stage.sh in STAGE (default /root/stage: files/kimi.tar holds
 #           models/kimi-k3-tiny and its drafters) writes $OUT/spec-kimi.{txt,json}: bench/spec.mjs on kimi-k3-tiny,
-#           every prompt, 128 tokens, 1 and 8 sequences, greedy (the issue's kimi-k3-tiny goals; up to ~8 min)
+#           every prompt, 128 tokens, SPEC_CONC (default 1,8) sequences, greedy (the issue's kimi-k3-tiny goals; up
+#           to ~8 min)
 #   bound   (after spec, or with the models staged) writes $OUT/spec-bound-kimi.txt: bench/spec-bound.mjs on kimi-k3-tiny
 #           + EAGLE-3 at 1 and 8 sequences, the speed-up drafting could reach with both engines at their floors on
 #           this host's measured rates (bench:spec prints the same beside its goal lines; ~1 min)
 #   moe     (after spec: it unpacks the staged models) writes $OUT/decode.txt: bench/decode.mjs --quick on kimi-k3-tiny
 #           and the 3.5 GB MoE synthetic (written there), whose goal line is the MoE verify against its expert-union
 #           floor (~5 min)
+#   load    with SmolLM2 staged in STAGE (files/smol.tar: models/smollm2-135m-instruct with its GGUF and
+#           generation_config.json, and models/smollm2-135m-instruct-eagle3) writes $OUT/load-smol.{txt,json}:
+#           bench/load.mjs on SmolLM2 + EAGLE-3 at LOAD_CONC (default 4,8,16) sequences, LOAD_REPS (default 2)
+#           repetitions, the default cost policy against --no-spec (issue 16's load goals; up to ~9 min)
 #   phases  (with the models staged) writes $OUT/batch-phases-kimi.txt: bench/batch-phases.mjs on kimi-k3-tiny + EAGLE-3
 #           at 8 sequences, plain vs one draft a sequence, every native call timed by phase (~1 min)
-# Each of verify, spec, bound, moe and phases is one call (the device runs 10 minutes at most per call).
+# Each of verify, spec, bound, moe, load and phases is one call (the device runs 10 minutes at most per call).
 #
 # Here, before the calls (the models are tracked, so take them out of the carried tree; put them back afterwards):
 #   bash tools/gpu/llama-gpu.sh pack-runtime
@@ -75,8 +80,9 @@ spec)
   export PATH=/root/nbin:$PATH
   if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
   if [ -f models/kimi-k3-tiny/config.json ]; then
-    { header "node bench/spec.mjs --prompts 64 --tokens 128 --conc 1,8 --reps 2 --settings 0 --split-ks 0"
-      timeout "${SPEC_TIMEOUT:-560}" taskset -c "$CPUS" node bench/spec.mjs --prompts 64 --tokens 128 --conc 1,8 \
+    { header "node bench/spec.mjs --prompts 64 --tokens 128 --conc ${SPEC_CONC:-1,8} --reps 2 --settings 0 --split-ks 0"
+      timeout "${SPEC_TIMEOUT:-560}" taskset -c "$CPUS" node bench/spec.mjs --prompts 64 --tokens 128 \
+        --conc "${SPEC_CONC:-1,8}" \
         --reps 2 --settings 0 --split-ks 0 --json "$OUT/spec-kimi.json"; } > "$OUT/spec-kimi.txt" 2>&1
   else
     echo "cpu-amx.sh: models/kimi-k3-tiny is missing (stage kimi.tar): bench:spec skipped" > "$OUT/spec-kimi.txt"
@@ -99,6 +105,19 @@ moe)
     > "$OUT/decode.txt" 2>&1
   grep -E "goal|^\| (t_step|t_verify)" "$OUT/decode.txt"; tail -n 5 "$OUT/decode.txt"
   ;;
+load)
+  export PATH=/root/nbin:$PATH
+  if [ -f "$STAGE/files/smol.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/smol.tar"; fi
+  if [ -f models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+    { header "node bench/load.mjs --drafters eagle3 --conc ${LOAD_CONC:-4,8,16} --reps ${LOAD_REPS:-2}"
+      timeout "${LOAD_TIMEOUT:-560}" taskset -c "$CPUS" node bench/load.mjs --drafters eagle3 \
+        --conc "${LOAD_CONC:-4,8,16}" --reps "${LOAD_REPS:-2}" --json "$OUT/load-smol.json"; } \
+      > "$OUT/load-smol.txt" 2>&1
+  else
+    echo "cpu-amx.sh: the SmolLM2 GGUF is missing (stage smol.tar): bench:load skipped" > "$OUT/load-smol.txt"
+  fi
+  tail -n 24 "$OUT/load-smol.txt"
+  ;;
 phases)
   export PATH=/root/nbin:$PATH
   if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
@@ -108,7 +127,7 @@ phases)
   head -n 16 "$OUT/batch-phases-kimi.txt"
   ;;
 *)
-  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe | phases" >&2
+  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe | load | phases" >&2
   exit 1
   ;;
 esac
