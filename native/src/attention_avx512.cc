@@ -3,22 +3,23 @@
 //
 // Per tile: the rows' visible key intervals are united; for each 16-key chunk the K and V row
 // addresses are resolved once through the block table (slots outside the union read a zero row)
-// and the next chunk's rows are prefetched. Tiles of >= 4 rows first copy the chunk's rows into a
-// blocked buffer [dim/16][16 slots][16 floats] (one head's rows sit numKvHeads*headDim*4 bytes
-// apart in NHD pages, 4 KiB for 8 heads of 128: they would fight for the same L1 sets; the copy
-// holds the same values, so it never changes a result). Then every row of the tile computes
+// and the next chunk's rows are prefetched. Tiles of >= kPackRows rows (>= 4 where a row stride is a
+// multiple of 4 KiB) first copy the chunk's rows into a blocked buffer [dim/16][16 slots][16 floats]
+// (one head's rows sit numKvHeads*headDim*4 bytes apart in NHD pages, 4 KiB for 8 heads of 128: they
+// would fight for the same L1 sets; the copy holds the same values, so it never changes a result).
+// Then every row of the tile computes
 //   scores: 16 accumulators, one per key slot i, acc_i += q[16b..] * k_i[16b..] for the 16-float
 //           blocks b = 0, 1, … of dim in order (masked tail block last); then one fixed
 //           transpose-and-add tree turns acc_0..acc_15 into the score vector (lane i = key slot i):
 //           pairs (unpacklo + unpackhi), quads (shuffle_ps 0x44 + 0xEE), 128-bit lanes
 //           (shuffle_f32x4 0x88 + 0xDD, twice); times scale. In lane terms: score_i = (G_0 + G_1) +
-//           (G_2 + G_3), G_g = (acc_i[4g] + acc_i[4g+2]) + (acc_i[4g+1] + acc_i[4g+3]). Tiles of at least
-//           kTransposedRows rows (prefill chunks, verify blocks; headDim a multiple of 16) compute the same
-//           chains and the same tree from the chunk's K transposed once ([dim][16 slots]: key slots in the
+//           (G_2 + G_3), G_g = (acc_i[4g] + acc_i[4g+2]) + (acc_i[4g+1] + acc_i[4g+3]). Packed tiles of at
+//           least kTransposedRows rows (prefill chunks, long verify blocks; headDim a multiple of 16) compute the
+//           same chains and the same tree from the chunk's K transposed once ([dim][16 slots]: key slots in the
 //           lanes), which needs no transposes per row and loads each K vector once for 4 rows (ScoresT);
 //   its online-softmax update (vector exp, Cephes-style polynomial, ~1 ulp; l = fma(l, alpha, Σ p) with Σ p
-//           in SumTree16's fixed tree); tiles of kTransposedRows or more run this update for 16 rows at a time
-//           (maxima, alpha and the sums as vectors over the rows: the same operations per row);
+//           in SumTree16's fixed tree); the tiles that score from the transposed K run this update for 16 rows at a
+//           time (maxima, alpha and the sums as vectors over the rows: the same operations per row);
 //   its P·V update: acc = acc * alpha, then acc = fma(p_j, v_j, acc) for its visible j ascending;
 //           up to 4 consecutive rows that see the same keys of the chunk share the V loads.
 // Rows share loads only, never arithmetic: each row's result is the same in any tile.
@@ -294,10 +295,14 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
   // V rows that are prefixes of the K rows (MLA latent) are read from the packed K rows.
   const bool shared_rows = t.v.base == t.k.base && t.v.page_stride == t.k.page_stride &&
                            t.v.token_stride == t.k.token_stride && t.v.head_stride == t.k.head_stride && dv <= dk;
-  // Packing copies the same values (it never changes a result); it pays when several rows reuse them.
-  const bool pack = t.rows >= 4;
-  // Large tiles (prefill, verify blocks) score from the transposed K: the same bits as Scores16.
-  const bool transposed = t.rows >= kTransposedRows && dk % 16 == 0;
+  // Packing copies the same values (it never changes a result). It pays where one head's rows would share L1 sets
+  // (a row stride of a multiple of 4 KiB) from 4 rows, and otherwise from kPackRows rows, enough to reuse each copy:
+  // below that the copy costs more than it saves (SmolLM2's 3 KV heads × 64, 8 sequences × 2 query rows: 191 µs
+  // packed, 150–165 not; docs/BENCHMARKS.md, "Paged attention: small tiles read their rows in place").
+  const bool aliased = (t.k.token_stride * 4) % 4096 == 0 || (!shared_rows && (t.v.token_stride * 4) % 4096 == 0);
+  const bool pack = t.rows >= (aliased ? 4 : kPackRows);
+  // Large packed tiles (prefill, long verify blocks) score from the transposed K: the same bits as Scores16.
+  const bool transposed = pack && t.rows >= kTransposedRows && dk % 16 == 0;
   int64_t lo = INT64_MAX;
   int64_t hi = INT64_MIN;
   for (int r = 0; r < t.rows; ++r) {

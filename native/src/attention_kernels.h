@@ -36,7 +36,8 @@ namespace attn {
 
 constexpr int64_t kChunk = 16;      // keys per online-softmax step, aligned to the absolute key index
 constexpr int kMaxRows = 64;        // query rows per tile (they share the K/V row fetches)
-constexpr int kTransposedRows = 8;  // AVX-512: tiles of at least this many rows score from transposed K
+constexpr int kTransposedRows = 8;  // AVX-512: packed tiles of at least this many rows score from transposed K
+constexpr int kPackRows = 16;       // AVX-512: tiles of at least this many rows copy each chunk's rows (packing)
 
 /** Geometry of paged rows in one pool (all strides in floats). */
 struct PagedRows {
