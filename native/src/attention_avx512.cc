@@ -297,8 +297,8 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
                            t.v.token_stride == t.k.token_stride && t.v.head_stride == t.k.head_stride && dv <= dk;
   // Packing copies the same values (it never changes a result). It pays where one head's rows would share L1 sets
   // (a row stride of a multiple of 4 KiB) from 4 rows, and otherwise from kPackRows rows, enough to reuse each copy:
-  // below that the copy costs more than it saves (SmolLM2's 3 KV heads × 64, 8 sequences × 2 query rows: 191 µs
-  // packed, 150–165 not; docs/BENCHMARKS.md, "Paged attention: small tiles read their rows in place").
+  // below that the copy costs more than it saves (SmolLM2's 3 KV heads × 64, 8 sequences × 2 query rows: 177–191 µs
+  // packed, 148–165 not; docs/BENCHMARKS.md, "Paged attention: small tiles read their rows in place").
   const bool aliased = (t.k.token_stride * 4) % 4096 == 0 || (!shared_rows && (t.v.token_stride * 4) % 4096 == 0);
   const bool pack = t.rows >= (aliased ? 4 : kPackRows);
   // Large packed tiles (prefill, long verify blocks) score from the transposed K: the same bits as Scores16.
