@@ -40,6 +40,13 @@
 #       bash tools/gpu/stage.sh take .gpu/stage-kimi/call1 /root/stage && bash tools/gpu/stage.sh join /root/stage &&
 #       bash tools/gpu/cpu-amx.sh spec
 #   run (no carry, within 30 s): bash tools/gpu/cpu-amx.sh moe
+# For `load` (after setup; SmolLM2's 105 MB in two calls of ~53 MiB, with the same UNTRACK):
+#   tar cf /tmp/smol.tar models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+#       models/smollm2-135m-instruct/generation_config.json models/smollm2-135m-instruct-eagle3
+#   bash tools/gpu/stage.sh pack .gpu/stage-smol 53 /tmp/smol.tar
+#   run (carry [".gpu/stage-smol/call1"]): bash tools/gpu/stage.sh take .gpu/stage-smol/call1 /root/stage
+#   run (carry [".gpu/stage-smol/call2"], within 30 s): bash tools/gpu/stage.sh take .gpu/stage-smol/call2 \
+#       /root/stage && bash tools/gpu/stage.sh join /root/stage && bash tools/gpu/cpu-amx.sh load
 #   git reset -q $UNTRACK   (and remove those lines from .git/info/exclude)
 # (Sizes on 2026-12-05: node.xz 24 MB, runtime.tar.xz 10 MB, kimi.tar 42 MB, the tracked tree without $UNTRACK 6 MB.
 # A call's tree replaces the last one's there, so moe unpacks the staged models again.)
