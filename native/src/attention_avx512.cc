@@ -299,7 +299,7 @@ void AttendTileAvx512(const Tile& t, float* scratch) {
   // (a row stride of a multiple of 4 KiB) from 4 rows, and otherwise from kPackRows rows, enough to reuse each copy:
   // below that the copy costs more than it saves (SmolLM2's 3 KV heads × 64, 8 sequences × 2 query rows: 177–191 µs
   // packed, 148–165 not; docs/BENCHMARKS.md, "Paged attention: small tiles read their rows in place").
-  const bool aliased = (t.k.token_stride * 4) % 4096 == 0 || (!shared_rows && (t.v.token_stride * 4) % 4096 == 0);
+  const bool aliased = (t.k.token_stride * 4) % 4096 == 0 || (t.v.token_stride * 4) % 4096 == 0;
   const bool pack = t.rows >= (aliased ? 4 : kPackRows);
   // Large packed tiles (prefill, long verify blocks) score from the transposed K: the same bits as Scores16.
   const bool transposed = pack && t.rows >= kTransposedRows && dk % 16 == 0;
