@@ -24,7 +24,9 @@
 #           bench/load.mjs on SmolLM2 + EAGLE-3 at LOAD_CONC (default 4,8,16) sequences, LOAD_REPS (default 2)
 #           repetitions, the default cost policy against --no-spec (issue 16's load goals; up to ~9 min)
 #   phases  (with the models staged) writes $OUT/batch-phases-kimi.txt: bench/batch-phases.mjs on kimi-k3-tiny + EAGLE-3
-#           at 8 sequences, plain vs one draft a sequence, every native call timed by phase (~1 min)
+#           at 8 sequences, plain vs one draft a sequence, every native call timed by phase (~1 min); with
+#           PHASES_TARGET=smollm2 (smol.tar staged) $OUT/batch-phases-smollm2.txt: SmolLM2 + EAGLE-3 at 8 sequences,
+#           plain vs one and two drafts a sequence, 16 prompts (~3 min)
 # Each of verify, spec, bound, moe, load and phases is one call (the device runs 10 minutes at most per call).
 #
 # Here, before the calls (the models are tracked, so take them out of the carried tree; put them back afterwards):
@@ -127,11 +129,19 @@ load)
   ;;
 phases)
   export PATH=/root/nbin:$PATH
-  if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
-  { header "node bench/batch-phases.mjs --target kimi --conc 8 --ks plain,1"
-    timeout "${PHASES_TIMEOUT:-300}" taskset -c "$CPUS" node bench/batch-phases.mjs --target kimi --conc 8 \
-      --ks plain,1 --json "$OUT/batch-phases-kimi.json"; } > "$OUT/batch-phases-kimi.txt" 2>&1
-  head -n 16 "$OUT/batch-phases-kimi.txt"
+  target=${PHASES_TARGET:-kimi}
+  if [ "$target" = smollm2 ]; then
+    if [ -f "$STAGE/files/smol.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/smol.tar"; fi
+    args="--target smollm2 --drafter eagle3 --conc 8 --ks plain,1,2 --prompts 16 --tokens 128 --reps 1"
+  else
+    if [ -f "$STAGE/files/kimi.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/kimi.tar" -C models; fi
+    args="--target kimi --conc 8 --ks plain,1"
+  fi
+  # shellcheck disable=SC2086 # args is a word list
+  { header "node bench/batch-phases.mjs $args"
+    timeout "${PHASES_TIMEOUT:-300}" taskset -c "$CPUS" node bench/batch-phases.mjs $args \
+      --json "$OUT/batch-phases-$target.json"; } > "$OUT/batch-phases-$target.txt" 2>&1
+  head -n 40 "$OUT/batch-phases-$target.txt"
   ;;
 *)
   echo "usage: cpu-amx.sh setup | verify | spec | bound | moe | load | phases" >&2
