@@ -210,8 +210,11 @@ constexpr int64_t kAmxMinRows = 96;
  * on emulated ones (native/test/amx-emulated.test.ts).
  */
 constexpr int64_t kAmxMinRowsWide = 16;
-/** Scratch bytes of the AMX path for depth k (all of K transformed for 4 panels + tile buffers). */
-static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 3 * 4096 + 64; }
+/**
+ * Scratch bytes of the AMX path for depth k: all of K transformed for 4 panels, two blocks' int32 sums (int16: of
+ * both planes) and the fp32 accumulators.
+ */
+static inline int64_t ScratchBytesI8Amx(int64_t k) { return (k / kBlock) * 4 * 640 + 5 * 4096 + 64; }
 void PanelsI8Amx(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t* scratch);
 
 }  // namespace quant
