@@ -14,9 +14,13 @@
 // per variant at the same position (the KV cache of each variant rolled back), `--steps` rounds; with
 // `--verify N` (default 16, 0: off) each round also runs an N-token forward (a verify block, logits of all N).
 // `--kernels` first times the raw gemmQuant calls of the decode/verify shapes (q/k/v fused 960×576, o 576×576,
-// gate/up fused 3072×576, down 576×1536 Q4_1; lm_head 49152×576 Q8_0) at m = 1, 2, 4, 8, 16, each over enough
-// distinct random copies to exceed 96 MiB (so the weights stream from DRAM, as in a decode step), variants
-// alternated per repetition, minimum of `--reps` (default 5): µs per call, weight GB/s, base ÷ new.
+// gate/up fused 3072×576, down 576×1536 Q4_1; lm_head 49152×576 Q8_0) at m = `--ms` (default 1, 2, 4, 8, 16),
+// each over enough distinct random copies to exceed 96 MiB (so the weights stream from DRAM, as in a decode step),
+// variants alternated per repetition, minimum of `--reps` (default 5): µs per call, weight GB/s, base ÷ new per
+// act, each act ÷ f32; then per m a forward's GEMMs (30 layers of the four Q4_1 shapes + the lm_head), and whether
+// the base build's outputs equal the new one's bit for bit. `--kernels-only`: that table alone (no GGUF needed);
+// `--acts LIST` (default f32,int8,int16) picks the kernel table's activations (with --base, base-int16 too).
+// The addon's SPECD_QUANT_AMX* switches (native/src/quant.cc) apply to both builds alike.
 import * as fs from 'node:fs';
 import { createRequire } from 'node:module';
 import { cpus, loadavg } from 'node:os';
@@ -45,8 +49,10 @@ const VARIANTS = [
   'new-int8',
   'new-int16',
 ];
+const KERNELS_ONLY = argv.includes('--kernels-only');
 const GGUF = path.join(ROOT, 'models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf');
-if (!fs.existsSync(GGUF)) throw new Error(`quant-ab: ${GGUF} is missing: run \`npm run models:fetch\``);
+if (!KERNELS_ONLY && !fs.existsSync(GGUF))
+  throw new Error(`quant-ab: ${GGUF} is missing: run \`npm run models:fetch\``);
 
 const require = createRequire(import.meta.url);
 const raw = require(addonPath); // the same module object @specd/native calls
@@ -61,8 +67,10 @@ const header = () =>
     .map((l) => l.toFixed(2))
     .join(' / ')}${basePath ? `; base ${basePath}` : ''}`;
 
-if (argv.includes('--kernels')) {
+if (argv.includes('--kernels') || KERNELS_ONLY) {
   const REPS = Number(arg('reps', '5'));
+  const MS = arg('ms', '1,2,4,8,16').split(',').map(Number);
+  const KACTS = arg('acts', 'f32,int8,int16').split(',');
   /** Random raw GGUF blocks (as native/bench/quant.mjs): random quants, d ~ 2^-8, Q4_1 m < 0. */
   const randomRaw = (type, n, k, seed) => {
     const bytes = new Uint8Array(quantRawBytes(type, n, k));
@@ -79,50 +87,69 @@ if (argv.includes('--kernels')) {
     }
     return bytes;
   };
+  // [name, type, n, k, calls in a forward]
   const shapes = [
-    ['q/k/v 960×576', 'q4_1', 960, 576],
-    ['o 576×576', 'q4_1', 576, 576],
-    ['gate/up 3072×576', 'q4_1', 3072, 576],
-    ['down 576×1536', 'q4_1', 576, 1536],
-    ['lm_head 49152×576', 'q8_0', 49152, 576],
+    ['q/k/v 960×576', 'q4_1', 960, 576, 30],
+    ['o 576×576', 'q4_1', 576, 576, 30],
+    ['gate/up 3072×576', 'q4_1', 3072, 576, 30],
+    ['down 576×1536', 'q4_1', 576, 1536, 30],
+    ['lm_head 49152×576', 'q8_0', 49152, 576, 1],
   ];
-  const kv = VARIANTS;
+  const kv = KACTS.flatMap((a) => [...(base ? [`base-${a}`] : []), `new-${a}`]);
+  const ratios = [
+    ...(base ? KACTS.map((a) => [`base-${a}`, `new-${a}`, `base÷new ${a}`]) : []),
+    ...(KACTS.includes('f32') ? KACTS.filter((a) => a !== 'f32').map((a) => ['new-f32', `new-${a}`, `f32÷${a}`]) : []),
+  ];
   console.log(`quant-ab --kernels — gemmQuant per call, weights streamed from DRAM; ${header()}`);
   console.log(
-    `| shape | m | ${kv.map((v) => `${v} µs (GB/s)`).join(' | ')} |${base ? ' base÷new f32 | base÷new int8 |' : ''}` +
-      ' f32÷int8 (new) | f32÷int16 (new) |',
+    `| shape | m | ${kv.map((v) => `${v} µs (GB/s)`).join(' | ')} | ${ratios.map((r) => r[2]).join(' | ')} |`,
   );
-  console.log(`|---|---:|${kv.map(() => '---:|').join('')}${base ? '---:|---:|' : ''}---:|---:|`);
-  for (const [name, type, n, k] of shapes) {
+  console.log(`|---|---:|${kv.map(() => '---:|').join('')}${ratios.map(() => '---:|').join('')}`);
+  const forward = Object.fromEntries(MS.map((m) => [m, Object.fromEntries(kv.map((v) => [v, 0]))]));
+  let differ = 0;
+  for (const [name, type, n, k, calls] of shapes) {
     const one = quantizedWeights(randomRaw(type, n, k, 17), type, n, k);
     const copies = Math.ceil((96 << 20) / one.data.length);
     const ws = [one];
     for (let c = 1; c < copies; c++) ws.push(quantizedWeights(randomRaw(type, n, k, 17 + c), type, n, k));
-    const x = new Float32Array(16 * k).map((_, i) => ((i * 7919) % 1000) / 1000 - 0.5);
-    const y = new Float32Array(16 * n);
-    for (const m of [1, 2, 4, 8, 16]) {
+    const mMax = Math.max(...MS);
+    const x = new Float32Array(mMax * k).map((_, i) => ((i * 7919) % 1000) / 1000 - 0.5);
+    const ys = Object.fromEntries(kv.map((v) => [v, new Float32Array(mMax * n)]));
+    for (const m of MS) {
       const xs = x.subarray(0, m * k);
-      const ys = y.subarray(0, m * n);
       const best = Object.fromEntries(kv.map((v) => [v, Infinity]));
       for (let r = 0; r <= REPS; r++)
         for (const v of r % 2 === 0 ? kv : [...kv].reverse()) {
           const g = v.startsWith('base') ? base.gemmQuant : newGemm;
           const act = actOf(v);
+          const y = ys[v].subarray(0, m * n);
           const t0 = process.hrtime.bigint();
-          for (const w of ws) g(xs, m, k, w.data, type, n, ys, act);
+          for (const w of ws) g(xs, m, k, w.data, type, n, y, act);
           const t = Number(process.hrtime.bigint() - t0) / 1e3 / ws.length;
           if (r > 0) best[v] = Math.min(best[v], t); // r = 0: warm-up
         }
+      for (const v of kv) forward[m][v] += best[v] * calls;
+      if (base)
+        for (const a of KACTS) {
+          const b = new Uint32Array(ys[`base-${a}`].buffer, 0, m * n);
+          const c = new Uint32Array(ys[`new-${a}`].buffer, 0, m * n);
+          if (b.some((bits, i) => bits !== c[i])) differ++;
+        }
       const cell = (v) => `${best[v].toFixed(1)} (${(one.data.length / best[v] / 1e3).toFixed(1)})`;
-      const ratio = (a, b) => `×${(best[a] / best[b]).toFixed(2)}`;
       console.log(
-        `| ${name} ${type.toUpperCase()} | ${m} | ${kv.map(cell).join(' | ')} |` +
-          `${base ? ` ${ratio('base-f32', 'new-f32')} | ${ratio('base-int8', 'new-int8')} |` : ''}` +
-          ` ${ratio('new-f32', 'new-int8')} | ${ratio('new-f32', 'new-int16')} |`,
+        `| ${name} ${type.toUpperCase()} | ${m} | ${kv.map(cell).join(' | ')} | ` +
+          `${ratios.map(([a, b]) => `×${(best[a] / best[b]).toFixed(2)}`).join(' | ')} |`,
       );
     }
   }
+  for (const m of MS)
+    console.log(
+      `| a forward's GEMMs | ${m} | ${kv.map((v) => `${(forward[m][v] / 1e3).toFixed(2)} ms`).join(' | ')} | ` +
+        `${ratios.map(([a, b]) => `×${(forward[m][a] / forward[m][b]).toFixed(2)}`).join(' | ')} |`,
+    );
+  if (base) console.log(`base and new outputs: ${differ === 0 ? 'equal bit for bit' : `${differ} calls differ`}`);
   console.log('');
+  if (KERNELS_ONLY) process.exit(0);
 }
 
 const { GgufFile, SequenceCache } = await import('@specd/core');
