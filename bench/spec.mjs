@@ -4,7 +4,7 @@
 //
 //   npm run bench:spec                      (root; run `npm run build` first; ~6 min)
 //   node bench/spec.mjs [--drafters dflash,dspark,eagle3] [--prompts N] [--tokens N] [--conc 1,4,8]
-//                       [--reps N] [--fixed-k 1,2,3] [--fixed-settings 0] [--json FILE] [--quick]
+//                       [--reps N] [--fixed-k 1,2,3] [--fixed-settings 0] [--fixed-conc 1] [--json FILE] [--quick]
 //                       [--settings 0,1,defaults] [--slice N]
 //
 // Prompts: the first N/2 of test/prompts/prose.jsonl and of code.jsonl (held out; N = 16 by default),
@@ -33,7 +33,8 @@
 //   ceiling = max_k τ(k) · t_step / (t_draft(k) + t_verify(k))   (k = 0: 1.0; REFERENCE.md §11).
 // It leaves out the per-step work outside the two forwards (accept, commit, draft-context writes),
 // so at C = 1, T = 0 the bench also measures fixed draft lengths (`--fixed-k`, default 1,2,3; at the other settings
-// too where `--fixed-settings` names them, e.g. `0,defaults`) in
+// too where `--fixed-settings` names them, e.g. `0,defaults`; at more loads where `--fixed-conc` names them, e.g.
+// `1,8`) in
 // the same alternation: the best of them and plain (k = 0) is the achievable optimum the cost
 // policy is judged against (its goal: "≥ 90 % of the best ceiling").
 // Greedy outputs of every drafter run are checked equal to plain decoding's (the run aborts if not).
@@ -142,6 +143,10 @@ const FIXED_SETTINGS = arg('fixed-settings', '0').split(',');
 for (const n of FIXED_SETTINGS)
   if (!['0', '1', 'defaults'].includes(n))
     throw new Error(`bench:spec: --fixed-settings: ${n}: expected 0, 1 or defaults`);
+/** The loads (sequences) at which the fixed draft lengths run (default one sequence). */
+const FIXED_CONCS = arg('fixed-conc', '1').split(',').map(Number);
+for (const c of FIXED_CONCS)
+  if (!Number.isInteger(c) || c < 1) throw new Error(`bench:spec: --fixed-conc: ${c}: expected a positive integer`);
 const load = () => loadavg().slice(0, 2);
 /** `--cost-policy`: the cost engines' CostDraftPolicyOptions. */
 const COST_POLICY = (() => {
@@ -361,6 +366,8 @@ function runCells(cells, C, setting, slice) {
     };
   });
 }
+/** A run's per-verify-step phases, ms: propose / verify / accept + commit / the rest. */
+const phaseList = (p) => [p.draft, p.verify, p.commit, p.rest].map((x) => x.toFixed(3)).join(' / ');
 /** One cell run alone over all the requests. */
 const run = (drafter, C, setting, mode) => runCells([{ drafter, mode }], C, setting, 0)[0];
 
@@ -441,7 +448,8 @@ for (const C of CONCS) {
     const greedy = temperature === 0 && setting.ignoreEos;
     const plains = [];
     const per = drafters.map(() => ({ max: [], cost: [], fixed: FIXED_KS.map(() => []) }));
-    const measureFixed = !TAU_ONLY && C === 1 && FIXED_SETTINGS.some((n) => ALL_SETTINGS[n] === setting);
+    const measureFixed =
+      !TAU_ONLY && FIXED_CONCS.includes(C) && FIXED_SETTINGS.some((n) => ALL_SETTINGS[n] === setting);
     const cells = [{ drafter: undefined, mode: 'plain' }];
     for (const d of drafters) {
       cells.push({ drafter: d, mode: 'max' });
@@ -498,16 +506,23 @@ for (const C of CONCS) {
       if (measureFixed) {
         const fixed = FIXED_KS.map((k, j) => {
           const f = medianRun(per[i].fixed[j]);
-          return { k, speedup: f.tokPerS / plain.tokPerS, decodeSpeedup: f.decodeTokPerS / plain.decodeTokPerS };
+          return {
+            k,
+            speedup: f.tokPerS / plain.tokPerS,
+            decodeSpeedup: f.decodeTokPerS / plain.decodeTokPerS,
+            phases: f.phases,
+          };
         });
         const best = fixed.reduce((a, b) => (b.speedup > a.speedup ? b : a), { k: 0, speedup: 1 });
         measured = { fixed, best, costOfBest: cost.tokPerS / plain.tokPerS / best.speedup };
         console.log(
-          `${label(d)} C=1 T=${setting.name} measured fixed k: ` +
+          `${label(d)} C=${C} T=${setting.name} measured fixed k: ` +
             `${fixed.map((f) => `k=${f.k} ×${f.speedup.toFixed(3)}`).join(', ')}; best k=${best.k} ×` +
             `${best.speedup.toFixed(3)}; cost policy at ${(100 * measured.costOfBest).toFixed(1)} % of it; ` +
             `decoding only (prefill left out): ` +
-            `${fixed.map((f) => `k=${f.k} ×${f.decodeSpeedup.toFixed(3)}`).join(', ')}`,
+            `${fixed.map((f) => `k=${f.k} ×${f.decodeSpeedup.toFixed(3)}`).join(', ')}; step phases ms (propose / ` +
+            `verify / accept+commit / rest): plain ${phaseList(plain.phases)}, ` +
+            `${fixed.map((f) => `k=${f.k} ${phaseList(f.phases)}`).join(', ')}`,
         );
       }
       const row = {

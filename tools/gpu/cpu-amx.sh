@@ -23,6 +23,11 @@
 #           generation_config.json, and models/smollm2-135m-instruct-eagle3) writes $OUT/load-smol.{txt,json}:
 #           bench/load.mjs on SmolLM2 + EAGLE-3 at LOAD_CONC (default 4,8,16) sequences, LOAD_REPS (default 2)
 #           repetitions, the default cost policy against --no-spec (issue 16's load goals; up to ~9 min)
+#   ab      (after setup; carry BASE_NODE, default .gpu/old.node: another build's specd_native.node, e.g. the one of
+#           the runtime before a kernel change) writes $OUT/ab-{amx-int16,vnni-int16,amx-int8}.txt: bench/quant-ab.mjs
+#           --kernels-only, SmolLM2's GEMM shapes, the base build against this runtime's, alternated, outputs compared
+#           bit for bit; int16 with the AMX tiles forced from one row (SPECD_QUANT_AMX_MIN_ROWS_WIDE=1), the same on
+#           VNNI (SPECD_QUANT_AMX=0), and int8 on AMX tiles from one row (~3 min)
 #   phases  (with the models staged) writes $OUT/batch-phases-kimi.txt: bench/batch-phases.mjs on kimi-k3-tiny + EAGLE-3
 #           at 8 sequences, plain vs one draft a sequence, every native call timed by phase (~1 min); with
 #           PHASES_TARGET=smollm2 (smol.tar staged) $OUT/batch-phases-smollm2.txt: SmolLM2 + EAGLE-3 at 8 sequences,
@@ -49,6 +54,10 @@
 #   run (carry [".gpu/stage-smol/call1"]): bash tools/gpu/stage.sh take .gpu/stage-smol/call1 /root/stage
 #   run (carry [".gpu/stage-smol/call2"], within 30 s): bash tools/gpu/stage.sh take .gpu/stage-smol/call2 \
 #       /root/stage && bash tools/gpu/stage.sh join /root/stage && bash tools/gpu/cpu-amx.sh load
+# For `ab` (after setup, no models): keep the base build before repacking the runtime, carry it beside node and runtime:
+#   tar -xJOf .gpu/runtime.tar.xz native/build/Release/specd_native.node > .gpu/old.node   (then rebuild, pack-runtime)
+#   run (carry [".gpu/node.xz", ".gpu/runtime.tar.xz", ".gpu/old.node"]): bash tools/gpu/cpu-amx.sh setup &&
+#       bash tools/gpu/cpu-amx.sh ab
 #   git reset -q $UNTRACK   (and remove those lines from .git/info/exclude)
 # (Sizes on 2026-12-05: node.xz 24 MB, runtime.tar.xz 10 MB, kimi.tar 42 MB, the tracked tree without $UNTRACK 6 MB.
 # A call's tree replaces the last one's there, so moe unpacks the staged models again.)
@@ -143,8 +152,26 @@ phases)
       --json "$OUT/batch-phases-$target.json"; } > "$OUT/batch-phases-$target.txt" 2>&1
   head -n 40 "$OUT/batch-phases-$target.txt"
   ;;
+ab)
+  export PATH=/root/nbin:$PATH
+  base=${BASE_NODE:-.gpu/old.node}
+  ab() {  # $1 file, then the environment and arguments of bench/quant-ab.mjs
+    local file=$1
+    shift
+    { header "$* node bench/quant-ab.mjs --kernels-only --base $base"
+      env "$@" --base "$base"; } > "$OUT/$file" 2>&1
+    tail -n 12 "$OUT/$file"
+  }
+  run="timeout ${AB_TIMEOUT:-200} taskset -c $CPUS node bench/quant-ab.mjs --kernels-only --reps 3"
+  # shellcheck disable=SC2086 # run is a word list
+  ab ab-amx-int16.txt SPECD_QUANT_AMX_MIN_ROWS_WIDE=1 $run --acts int16 --ms 1,4,8,12,16,24,32
+  # shellcheck disable=SC2086
+  ab ab-vnni-int16.txt SPECD_QUANT_AMX=0 $run --acts int16 --ms 4,8,12,16
+  # shellcheck disable=SC2086
+  ab ab-amx-int8.txt SPECD_QUANT_AMX_MIN_ROWS=1 $run --acts int8 --ms 8,16,96
+  ;;
 *)
-  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe | load | phases" >&2
+  echo "usage: cpu-amx.sh setup | verify | spec | bound | moe | load | ab | phases" >&2
   exit 1
   ;;
 esac
