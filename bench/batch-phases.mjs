@@ -7,7 +7,8 @@
 //                               [--sampling greedy|defaults] [--shapes]
 //
 // One process: the target and the drafter are loaded once; one engine per entry of `--ks` ('plain': no drafter;
-// K >= 0: the drafter with `fixedDraftPolicy(K)`, every sequence drafting K tokens at every step it can). Each engine
+// K >= 0: the drafter with `fixedDraftPolicy(K)`, every sequence drafting K tokens at every step it can; 'cost': the
+// drafter with the engine's default cost policy, calibrated before the timed runs, untimed). Each engine
 // first runs C prompts (warm-up, not timed), then `--reps` times all `--prompts` prompts, C at a time (the engine's
 // continuous batching), 128 new tokens, greedy (`--sampling defaults`: the target's generation_config.json defaults,
 // as `specd serve` reads them, one seed a request), EOS ignored; the engines alternate per repetition. Prompts:
@@ -130,8 +131,8 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   const C = Number(arg('conc', '8'));
   const KS = arg('ks', 'plain,1').split(',');
   for (const k of KS)
-    if (k !== 'plain' && !(Number.isSafeInteger(Number(k)) && Number(k) >= 0))
-      throw new Error(`bench:batch-phases: --ks: expected 'plain' or integers >= 0, got ${k}`);
+    if (k !== 'plain' && k !== 'cost' && !(Number.isSafeInteger(Number(k)) && Number(k) >= 0))
+      throw new Error(`bench:batch-phases: --ks: expected 'plain', 'cost' or integers >= 0, got ${k}`);
   const N = Number(arg('prompts', '64'));
   const NEW = Number(arg('tokens', '128'));
   const REPS = Number(arg('reps', '1'));
@@ -210,12 +211,20 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
     SHAPES && name === 'gemmQuant' ? `${phase}:${name}:${a[2].n}x${a[2].k}:m${a[1]}` : `${phase}:${name}`;
 
   const opts = { maxSequences: C, maxTokensPerSequence };
+  /** The default cost policy, calibrated now, before the warm-up (nothing is timed yet). */
+  const costEngine = () => {
+    const e = new SpecEngine(target.model, drafter, { ...opts, draftPolicy: 'cost' });
+    e.calibrate();
+    return e;
+  };
   const engines = KS.map((k) => ({
-    name: k === 'plain' ? 'plain' : `k = ${k}`,
+    name: k === 'plain' || k === 'cost' ? k : `k = ${k}`,
     engine:
       k === 'plain'
         ? new SpecEngine(target.model, undefined, opts)
-        : new SpecEngine(target.model, drafter, { ...opts, draftPolicy: fixedDraftPolicy(Number(k)) }),
+        : k === 'cost'
+          ? costEngine()
+          : new SpecEngine(target.model, drafter, { ...opts, draftPolicy: fixedDraftPolicy(Number(k)) }),
     steps: 0,
     wallMs: 0,
     phaseMs: {},
