@@ -599,7 +599,8 @@ export class OverheadModel {
 
   /** Scratch of {@link solve}: XX and XY (the two halves' sums) and the augmented system, 3 × 4 row-major. */
   private readonly work = { XX: new Float64Array(9), XY: new Float64Array(3), m: new Float64Array(12) };
-  /** A subset's solution and the best one so far, of {@link solve}. */
+  /** A subset's terms, its solution and the best solution so far, of {@link solve}. */
+  private readonly idx = new Int32Array(3);
   private readonly cand = new Float64Array(3);
   private readonly best = new Float64Array(3);
 
@@ -618,7 +619,7 @@ export class OverheadModel {
     const best = this.best;
     best.fill(0);
     let bestObj = 0; // the empty set: c = 0
-    const idx = [0, 0, 0];
+    const idx = this.idx;
     for (let mask = 1; mask < 8; mask++) {
       let n = 0;
       for (let i = 0; i < 3; i++) if ((mask >> i) & 1) idx[n++] = i;
