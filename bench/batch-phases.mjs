@@ -8,7 +8,7 @@
 //
 // One process: the target and the drafter are loaded once; one engine per entry of `--ks` ('plain': no drafter;
 // K >= 0: the drafter with `fixedDraftPolicy(K)`, every sequence drafting K tokens at every step it can; 'cost': the
-// drafter with the engine's default cost policy, calibrated before the timed runs, untimed). Each engine
+// drafter with the engine's default cost policy, calibrated before the warm-up, the calibration not timed). Each engine
 // first runs C prompts (warm-up, not timed), then `--reps` times all `--prompts` prompts, C at a time (the engine's
 // continuous batching), 128 new tokens, greedy (`--sampling defaults`: the target's generation_config.json defaults,
 // as `specd serve` reads them, one seed a request), EOS ignored; the engines alternate per repetition. Prompts:

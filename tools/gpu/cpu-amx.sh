@@ -32,7 +32,7 @@
 #           at 8 sequences, plain vs one draft a sequence, every native call timed by phase (~1 min); with
 #           PHASES_TARGET=smollm2 (smol.tar staged) $OUT/batch-phases-smollm2.txt: SmolLM2 + EAGLE-3 at 8 sequences,
 #           plain vs one and two drafts a sequence, 16 prompts (~3 min)
-# Each of verify, spec, bound, moe, load and phases is one call (the device runs 10 minutes at most per call).
+# Each of verify, spec, bound, moe, load, ab and phases is one call (the device runs 10 minutes at most per call).
 #
 # Here, before the calls (the models are tracked, so take them out of the carried tree; put them back afterwards):
 #   bash tools/gpu/llama-gpu.sh pack-runtime
@@ -158,7 +158,7 @@ ab)
   ab() {  # $1 file, then the environment and arguments of bench/quant-ab.mjs
     local file=$1
     shift
-    { header "$* node bench/quant-ab.mjs --kernels-only --base $base"
+    { header "$* --base $base"
       env "$@" --base "$base"; } > "$OUT/$file" 2>&1
     tail -n 12 "$OUT/$file"
   }
