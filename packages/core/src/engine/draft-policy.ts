@@ -282,7 +282,9 @@ export class AcceptanceEstimator {
   private cell(state: number, j: number): { mean: number; n: number } {
     const w = this.priorWeight;
     for (let i = j; i >= 0; i--) {
-      for (const st of [state, 1 - state]) {
+      // this state's cell, then the other state's (no array per visit: the rule asks for thousands a second)
+      for (let t = 0; t < 2; t++) {
+        const st = t === 0 ? state : 1 - state;
         const off = this.offered[st]![i] ?? 0;
         if (off > 0)
           return {
@@ -300,8 +302,12 @@ export class AcceptanceEstimator {
    */
   step(): void {
     if (this.forget === 1) return;
-    for (const t of [this.offered, this.accepted])
-      for (const row of t) for (let j = 0; j < row.length; j++) row[j]! *= this.forget;
+    for (let s = 0; s < 2; s++) {
+      const off = this.offered[s]!;
+      const acc = this.accepted[s]!;
+      for (let j = 0; j < off.length; j++) off[j]! *= this.forget;
+      for (let j = 0; j < acc.length; j++) acc[j]! *= this.forget;
+    }
   }
 
   /** The run's a at 0-based position j in state 0 (after a rejection), or 1 (after a fully accepted step). */
@@ -315,7 +321,7 @@ export class AcceptanceEstimator {
     if (r === undefined || !(this.requestVariance > 0)) return 0;
     let score = 0;
     let info = 0;
-    for (const s of [0, 1]) {
+    for (let s = 0; s < 2; s++) {
       const off = r.offered[s]!;
       for (let j = 0; j < off.length; j++) {
         const n = off[j] ?? 0;
@@ -335,12 +341,13 @@ export class AcceptanceEstimator {
   rates(id: SequenceId, n: number, optimism = this.optimism): number[] {
     const state = this.requests.get(id)?.hot === true ? 1 : 0;
     const delta = this.offset(id);
-    return Array.from({ length: n }, (_, j) => {
+    const out = new Array<number>(n);
+    for (let j = 0; j < n; j++) {
       const c = this.cell(state, j);
       const a = delta === 0 ? c.mean : sigmoid(logit(c.mean) + delta);
-      if (!(optimism > 0)) return a;
-      return Math.min(1, a + optimism * Math.sqrt((a * (1 - a)) / (c.n + this.priorWeight + 1)));
-    });
+      out[j] = optimism > 0 ? Math.min(1, a + optimism * Math.sqrt((a * (1 - a)) / (c.n + this.priorWeight + 1))) : a;
+    }
+    return out;
   }
 
   /** E[committed | k] for k = 0..n: `[1, 1 + a_1, 1 + a_1 + a_1 a_2, …]` (from {@link rates}, same `optimism`). */
@@ -822,6 +829,9 @@ export class CostDraftPolicy implements DraftPolicy {
     // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
     const [plainScale, verifyScale, draftScale] = this.scalesFor(B);
     const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
+    // the verify prices of this step's shapes by (drafts, whether any sequence drafts), memoised for the step: the
+    // learned prices change only when a step is observed, and the rule asks for each of them dozens of times
+    const prices = new Map<number, number>();
     const cost = (shape: BatchShape): number => {
       const { drafts: d, drafting: dr } = shape;
       // memoised across steps: the calibrated curves never change, and the rule asks at every D
@@ -831,12 +841,15 @@ export class CostDraftPolicy implements DraftPolicy {
         c = [this.costs.draftMs(dr, d), this.costs.verifyMs(B, shape.tokens)];
         this.memo.set(key, c);
       }
+      const pk = 2 * d + (dr > 0 ? 1 : 0);
+      let price = prices.get(pk);
+      if (price === undefined) {
+        price = this.verifyPrice(B, d, c[1]!, dr > 0 ? verifyScale : plainScale);
+        prices.set(pk, price);
+      }
       return Math.max(
         1e-6,
-        c[0]! * draftScale +
-          this.verifyPrice(B, d, c[1]!, dr > 0 ? verifyScale : plainScale) +
-          this.overhead.predict(B, dr, d) +
-          catchUpMsPerRow * shape.catchUpRows,
+        c[0]! * draftScale + price + this.overhead.predict(B, dr, d) + catchUpMsPerRow * shape.catchUpRows,
       );
     };
     // the deferred rows each candidate's drafting is charged for: worked out once, when a drafting shape is priced
