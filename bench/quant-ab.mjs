@@ -102,7 +102,7 @@ if (argv.includes('--kernels') || KERNELS_ONLY) {
   ];
   console.log(`quant-ab --kernels — gemmQuant per call, weights streamed from DRAM; ${header()}`);
   console.log(
-    `| shape | m | ${kv.map((v) => `${v} µs (GB/s)`).join(' | ')} | ${ratios.map((r) => r[2]).join(' | ')} |`,
+    `| shape | m | ${kv.map((v) => `${v} µs (GB/s)`).join(' | ')} |${ratios.map((r) => ` ${r[2]} |`).join('')}`,
   );
   console.log(`|---|---:|${kv.map(() => '---:|').join('')}${ratios.map(() => '---:|').join('')}`);
   const forward = Object.fromEntries(MS.map((m) => [m, Object.fromEntries(kv.map((v) => [v, 0]))]));
@@ -137,15 +137,15 @@ if (argv.includes('--kernels') || KERNELS_ONLY) {
         }
       const cell = (v) => `${best[v].toFixed(1)} (${(one.data.length / best[v] / 1e3).toFixed(1)})`;
       console.log(
-        `| ${name} ${type.toUpperCase()} | ${m} | ${kv.map(cell).join(' | ')} | ` +
-          `${ratios.map(([a, b]) => `×${(best[a] / best[b]).toFixed(2)}`).join(' | ')} |`,
+        `| ${name} ${type.toUpperCase()} | ${m} | ${kv.map(cell).join(' | ')} |` +
+          ratios.map(([a, b]) => ` ×${(best[a] / best[b]).toFixed(2)} |`).join(''),
       );
     }
   }
   for (const m of MS)
     console.log(
-      `| a forward's GEMMs | ${m} | ${kv.map((v) => `${(forward[m][v] / 1e3).toFixed(2)} ms`).join(' | ')} | ` +
-        `${ratios.map(([a, b]) => `×${(forward[m][a] / forward[m][b]).toFixed(2)}`).join(' | ')} |`,
+      `| a forward's GEMMs | ${m} | ${kv.map((v) => `${(forward[m][v] / 1e3).toFixed(2)} ms`).join(' | ')} |` +
+        ratios.map(([a, b]) => ` ×${(forward[m][a] / forward[m][b]).toFixed(2)} |`).join(''),
     );
   if (base) console.log(`base and new outputs: ${differ === 0 ? 'equal bit for bit' : `${differ} calls differ`}`);
   console.log('');
