@@ -72,7 +72,7 @@
 // −128·Σq (Q8_0) / −8·Σq (Q4_0) taken once with the q of 16 bits. The combination is the int8
 // one: t = (d_w·d_x)·float(isum) (+ m_w·s_x), acc = acc + t — float(isum) may now round (|isum| can
 // pass 2^24), identically on both paths (round to nearest even). Same invariances as int8. Where AMX-INT8
-// is usable, m >= kAmxMinRowsWide (12) computes the two planes' sums with two TDPBSUD per tile against the same B tiles
+// is usable, m >= kAmxMinRowsWide (16) computes the two planes' sums with two TDPBSUD per tile against the same B tiles
 // and combines isum = 256·high + low exactly as above (quant_i8_amx.cc): same bits.
 // Why (docs/BENCHMARKS.md, "int16 activations"): SmolLM2-135M's goldens drift 2–5 % per layer with
 // int8 activations — every projection's 8-bit rounding (~0.6–0.9 % relative per GEMM, uniform over q/k/v,
@@ -203,15 +203,13 @@ constexpr int64_t kAmxMinRows = 96;
 /**
  * int16 activations: rows from which the AMX path runs (two TDPBSUD a tile, the high and the low plane, where the
  * VNNI path issues two VPDPBUSD chains a row). The GPU machine's Xeon, 2 threads, SmolLM2's Q4_1 / Q8_0 shapes from
- * DRAM, a forward's GEMMs (30 layers + the lm_head), AMX ÷ VNNI time: before the kernel was pipelined by a block,
- * over two runs, m = 12 ×0.93 / ×1.08, m = 16 ×0.78 (and ×1.15 with one outlier shape), m = 24 ×0.86 / ×0.94,
- * m = 32 ×0.76 / ×0.80, m = 64–512 ×0.73–0.78; pipelined (2026-12-07), m = 8 ×1.15, m = 12 ×0.87, m = 16 ×0.73:
- * the tiles' fixed work a 32-k block (~12 ms a forward at one row, against ~0.55 ms a further row where VNNI takes
- * ~1.6) loses below ~10 rows. docs/BENCHMARKS.md, "int16 activations on AMX tiles" and "The AMX host: the pipelined
- * quant kernel". SPECD_QUANT_AMX_MIN_ROWS_WIDE moves it for A/B runs; the bits are the VNNI path's on real tiles
- * (checked there) and on emulated ones (native/test/amx-emulated.test.ts).
+ * DRAM, a forward's GEMMs (30 layers + the lm_head), AMX ÷ VNNI time over two runs: m = 12 ×0.93 / ×1.08,
+ * m = 16 ×0.78 (and ×1.15 with one outlier shape), m = 24 ×0.86 / ×0.94, m = 32 ×0.76 / ×0.80, m = 64–512 ×0.73–0.78;
+ * below 12 the tiles' fixed work loses (m = 2–8 ×1.1–2.1). docs/BENCHMARKS.md, "int16 activations on AMX tiles".
+ * SPECD_QUANT_AMX_MIN_ROWS_WIDE moves it for A/B runs; the bits are the VNNI path's on real tiles (checked there) and
+ * on emulated ones (native/test/amx-emulated.test.ts).
  */
-constexpr int64_t kAmxMinRowsWide = 12;
+constexpr int64_t kAmxMinRowsWide = 16;
 /**
  * Scratch bytes of the AMX path for depth k: all of K transformed for 4 panels, two blocks' int32 sums (int16: of
  * both planes) and the fp32 accumulators.
