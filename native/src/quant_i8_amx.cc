@@ -153,10 +153,37 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
   float* fs = reinterpret_cast<float*>(scratch + blocks * 4 * 640 + 8192);        // [16][4][16]
   int32_t* ilo = reinterpret_cast<int32_t*>(scratch + blocks * 4 * 640 + 12288);  // int16: [2][4][16][16]
   int configured = -1;
+  const int64_t tiles = (p.m + 15) / 16;
   for (int64_t panel = panel_begin; panel < panel_end; panel += 4) {
     const int nb = static_cast<int>(panel_end - panel < 4 ? panel_end - panel : 4);
+    if (tiles == 1 && blocks >= 3) {
+      // One row tile (m <= 16, the verify blocks): each block's weights are used once, so they are transformed a
+      // block at a time into a ring of three L1-resident slots instead of all of K into ws first (which, past L1,
+      // the B tile loads then read back from L2). Block j + 2 is transformed while block j + 1's tile products are
+      // issued and block j is combined: the tile loads never wait on the transform's stores just issued, and the
+      // combination reads block j's scales from its slot. Same operands, same order: the same bits.
+      const int64_t slot = static_cast<int64_t>(nb) * 640;
+      const int rows = static_cast<int>(p.m);
+      if (rows != configured) {
+        Configure(rows);
+        configured = rows;
+      }
+      for (int i = 0; i < rows * 4; ++i) _mm512_store_ps(fs + i * 16, _mm512_setzero_ps());
+      TransformPanelsI8(p, panel, nb, 0, 1, ws);
+      TransformPanelsI8(p, panel, nb, 1, 2, ws + slot);
+      BlockSums<W>(p, ws, nb, 0, 0, ibuf, ilo);
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t cur = (blk & 1) * 1024, nxt = ((blk + 1) & 1) * 1024;
+        if (blk + 2 < blocks) TransformPanelsI8(p, panel, nb, blk + 2, blk + 3, ws + ((blk + 2) % 3) * slot);
+        if (blk + 1 < blocks) BlockSums<W>(p, ws + ((blk + 1) % 3) * slot, nb, 0, blk + 1, ibuf + nxt, ilo + nxt);
+        CombineBlock<T, W>(p, ws + (blk % 3) * slot, nb, rows, 0, blk, ibuf + cur, ilo + cur, fs);
+      }
+      for (int r = 0; r < rows; ++r)
+        for (int b = 0; b < nb; ++b)
+          StoreRow(p.y + r * p.ldy, (panel + b) * kLanes, p.n, _mm512_load_ps(fs + (r * 4 + b) * 16));
+      continue;
+    }
     TransformPanelsI8(p, panel, nb, 0, blocks, ws);
-    const int64_t tiles = (p.m + 15) / 16;
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t row0 = p.m * t / tiles;
       const int rows = static_cast<int>(p.m * (t + 1) / tiles - row0);
