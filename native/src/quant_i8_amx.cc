@@ -9,7 +9,8 @@
 // bit for bit (row i of a GEMM still equals the GEMV of row i).
 //
 // Per group of <= 4 panels: all of K transformed once (TransformPanelsI8: the 8 × 64 B operands of a
-// panel block are one B tile, 8 rows of 4 k × 16 columns); then per row tile of <= 16 rows and per
+// panel block are one B tile, 8 rows of 4 k × 16 columns) — with one row tile (m <= 16) a block at a time instead,
+// into a ring of three L1 slots two blocks ahead; then per row tile of <= 16 rows and per
 // block: C0..C3 = 0, A = 16 rows × 32 k of int8 activations, C_b += A · B_b, the C tiles stored and
 // combined with AVX-512 into fp32 accumulators in scratch (t = (d_w·d_x)·isum (+ m_w·s_x); acc + t), one block
 // behind the tile products (two int32 buffers), so the two units overlap.

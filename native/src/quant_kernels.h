@@ -205,7 +205,9 @@ constexpr int64_t kAmxMinRows = 96;
  * VNNI path issues two VPDPBUSD chains a row). The GPU machine's Xeon, 2 threads, SmolLM2's Q4_1 / Q8_0 shapes from
  * DRAM, a forward's GEMMs (30 layers + the lm_head), AMX ÷ VNNI time over two runs: m = 12 ×0.93 / ×1.08,
  * m = 16 ×0.78 (and ×1.15 with one outlier shape), m = 24 ×0.86 / ×0.94, m = 32 ×0.76 / ×0.80, m = 64–512 ×0.73–0.78;
- * below 12 the tiles' fixed work loses (m = 2–8 ×1.1–2.1). docs/BENCHMARKS.md, "int16 activations on AMX tiles".
+ * below 12 the tiles' fixed work loses (m = 2–8 ×1.1–2.1). docs/BENCHMARKS.md, "int16 activations on AMX tiles". With
+ * the kernel pipelined by a block, two starts of the host disagreed: m = 12 ×0.87 on one, VNNI ahead at 12 and even at
+ * 14–16 on the other, so 16 stays (docs/BENCHMARKS.md, "The AMX host twice").
  * SPECD_QUANT_AMX_MIN_ROWS_WIDE moves it for A/B runs; the bits are the VNNI path's on real tiles (checked there) and
  * on emulated ones (native/test/amx-emulated.test.ts).
  */
