@@ -106,27 +106,34 @@ export function dequantizeRow(
     );
   if (out.length - outOffset < numElements)
     throw new RangeError(`dequantizeRow: out has room for ${out.length - outOffset} values, needs ${numElements}`);
-  const view = new DataView(src.buffer, src.byteOffset, needBytes);
   const h = f16Table();
+  // The Q types read bytes directly (a DataView a call cost more than the row: the engine looks rows up one by one)
   switch (type) {
-    case GgmlType.F32:
+    case GgmlType.F32: {
+      const view = new DataView(src.buffer, src.byteOffset, needBytes);
       for (let i = 0; i < numElements; i++) out[outOffset + i] = view.getFloat32(4 * i, true);
       return;
-    case GgmlType.F16:
+    }
+    case GgmlType.F16: {
+      const view = new DataView(src.buffer, src.byteOffset, needBytes);
       for (let i = 0; i < numElements; i++) out[outOffset + i] = h[view.getUint16(2 * i, true)]!;
       return;
-    case GgmlType.BF16:
+    }
+    case GgmlType.BF16: {
+      const view = new DataView(src.buffer, src.byteOffset, needBytes);
       for (let i = 0; i < numElements; i++) out[outOffset + i] = bf16ToF32(view.getUint16(2 * i, true));
       return;
+    }
     case GgmlType.Q8_0:
       for (let b = 0, o = outOffset; b < needBytes; b += 34, o += 32) {
-        const d = h[view.getUint16(b, true)]!;
-        for (let j = 0; j < 32; j++) out[o + j] = d * view.getInt8(b + 2 + j);
+        const d = h[src[b]! | (src[b + 1]! << 8)]!;
+        // (x << 24) >> 24: the byte as a signed int8
+        for (let j = 0; j < 32; j++) out[o + j] = d * ((src[b + 2 + j]! << 24) >> 24);
       }
       return;
     case GgmlType.Q4_0:
       for (let b = 0, o = outOffset; b < needBytes; b += 18, o += 32) {
-        const d = h[view.getUint16(b, true)]!;
+        const d = h[src[b]! | (src[b + 1]! << 8)]!;
         for (let j = 0; j < 16; j++) {
           const q = src[b + 2 + j]!;
           out[o + j] = d * ((q & 0xf) - 8);
@@ -136,8 +143,8 @@ export function dequantizeRow(
       return;
     case GgmlType.Q4_1:
       for (let b = 0, o = outOffset; b < needBytes; b += 20, o += 32) {
-        const d = h[view.getUint16(b, true)]!;
-        const m = h[view.getUint16(b + 2, true)]!;
+        const d = h[src[b]! | (src[b + 1]! << 8)]!;
+        const m = h[src[b + 2]! | (src[b + 3]! << 8)]!;
         for (let j = 0; j < 16; j++) {
           const q = src[b + 4 + j]!;
           // Math.fround: ggml computes x*d + m in f32 (two roundings), not in f64.
