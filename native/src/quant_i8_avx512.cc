@@ -7,13 +7,14 @@
 // row tile, per block: the B panel blocks' 8 VPERMB operands (below) made in registers and fed straight
 // to 2 VPDPBUSD chains per row and panel, then the fp32 combination. The first row tile streams the
 // tile's weights from memory; the others re-read them from L1 (B panels: 5.6–31 KiB for k = 576–1536).
-//   B = 1 (one weight stream) in row tiles of <= 8 rows (int16 Q8_0: <= 6): every type and act up to m = 16;
-//     the odd last panel of a range;
+//   B = 1 (one weight stream) in row tiles of <= 8 rows (int16 Q8_0: <= 6): int8 up to m = 16, int16 up to
+//     m = 7; the odd last panel of a range;
 //   B = 2 (DirectPairs: 2 panel streams, each activation broadcast feeds both panels' VPDPBUSD) in row
-//     tiles of <= 3 rows (int8: <= 4): every type and act from m = 17.
+//     tiles of <= 3 rows (int8: <= 4): int8 from m = 17, int16 from m = 8.
 // The operands: each VPERMB turns 4 quant lines [k][lane] into 16 dwords [lane][4 consecutive k]
 // (Q4: low and high nibbles ANDed apart; Q8_0: XOR 0x80, the +128 bias).
-// The first row tile prefetches (T0) the thread's next tile while it reads the current one, swept
+// The row tiles prefetch (T0) the thread's next tile while they read the current one, each its share of
+// every block's lines (the first tile alone before 2026-12-07: 2 % at m = 16–24, int16), swept
 // linearly at the rate it is read (as quant_avx512.cc; the last tile of a range prefetches
 // kPrefetchBytes ahead in each panel instead).
 // Against the former path for every m (the weights of a chunk of 8 blocks transformed once into an L1
@@ -59,13 +60,21 @@ constexpr int64_t DirectTileRowsWide() {
 // and a tile has 4·R independent int32 chains (VPDPBUSD's latency wants ~8–12 in flight, and a broadcast
 // from memory per VPDPBUSD caps the rate near 0.6–0.85 of the register-only one on Zen 5). Row tiles of
 // <= 3 rows at int16 (12 chains; 4 rows: ×0.95 in L2), <= 4 at int8 (16 chains; vs 3 rows ×1.1 in L2).
-// Every type and act from m = 17: one thread, Zen 5, vs B = 1 tiles: int16 Q8_0 lm_head m = 17–64
-// ×1.14–1.25; int8 (all the SmolLM2 GEMMs) m = 17–64 ×1.13–1.23 (docs/BENCHMARKS.md, "m = 17–32 on the
-// direct path"). (Until 2026-12-06 int16 Q4 took them from m = 5, against B = 1 tiles of <= 4 rows.)
+// int8 from m = 17: one thread, Zen 5, vs B = 1 tiles: int8 (all the SmolLM2 GEMMs) m = 17–64 ×1.13–1.23
+// (docs/BENCHMARKS.md, "m = 17–32 on the direct path"); 2 threads, m = 5–8 ×0.89–0.95, 16 ×1.12.
+// int16 from m = 8: the SmolLM2 forward's GEMMs, 2 threads, Zen 5, from DRAM, vs B = 1 tiles of <= 8 rows
+// (<= 6 for Q8_0), alternated: m = 5–6 ×0.93–1.01, m = 8 ×1.07–1.11, 10–14 ×1.11–1.16, 16 ×1.22–1.28 — the
+// Q8_0 lm_head most (×1.16–1.46 at 8–16: three B = 1 tiles at 16 rows); docs/BENCHMARKS.md, "int16 from 8 rows
+// on the paired tiles". (Until 2026-12-06 int16 Q4 took them from m = 5 against B = 1 tiles of <= 4 rows, then
+// from m = 17 against the 8-row tiles; measured again on 2026-12-07 with the paired tiles as they are now.)
 constexpr int64_t kDirectPairRows = 3;
 constexpr int64_t kDirectPairRowsI8 = 4;
-constexpr int64_t kPairsEveryType = 17;  // from this m, DirectPairs for every type and act
-constexpr bool DirectPairs(int64_t m) { return m >= kPairsEveryType; }
+constexpr int64_t kPairsFromI8 = 17;   // from this m, DirectPairs for int8 activations (every type)
+constexpr int64_t kPairsFromWide = 8;  // from this m, DirectPairs for int16 activations (every type)
+template <bool W>
+constexpr bool DirectPairs(int64_t m) {
+  return m >= (W ? kPairsFromWide : kPairsFromI8);
+}
 
 // VPERMB index: output byte 4·lane + j takes input byte 16·j + lane (4 lines of 16 lanes -> dwords).
 alignas(64) constexpr unsigned char kTranspose[64] = {0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
@@ -128,12 +137,13 @@ void TransformChunk(const ProblemI8& p, int64_t panel0, int64_t b0, int64_t b1, 
  * of K: per block, each panel block's VPERMB operands are made in registers and consumed at once by the R
  * rows; per output the integer block sum (exact in any order), then the fp32 combination of
  * quant_kernels.h ("int8 activations"): the same bits as the portable path and the AMX kernel. With
- * `stream`, prefetches the next tile (pf: pf_step bytes per block), or with pf = nullptr each panel
- * kPrefetchBytes ahead. W (int16 mode): the two chains are the high plane's and the low plane's,
- * isum = 256·high + low.
+ * pf != nullptr, prefetches bytes [pf_lo, pf_hi) of each block's pf_step bytes of the next tile (PanelTile shares
+ * them among its row tiles); with pf = nullptr and `stream`, each panel kPrefetchBytes ahead. W (int16 mode): the two
+ * chains are the high plane's and the low plane's, isum = 256·high + low.
  */
 template <Type T, int R, bool W, int B = 1>
-void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, const uint8_t* pf, int64_t pf_step) {
+void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, const uint8_t* pf, int64_t pf_step,
+                int64_t pf_lo, int64_t pf_hi) {
   constexpr int64_t pbb = PbbOf(T);
   constexpr int64_t sb = T == Type::kQ4_1 ? 64 : 32;
   constexpr int bias = T == Type::kQ4_0 ? -8 : T == Type::kQ8_0 ? -128 : 0;
@@ -149,8 +159,8 @@ void TileDirect(const ProblemI8& p, int64_t row0, int64_t panel0, bool stream, c
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    if (stream && pf != nullptr)
-      for (int64_t off = 0; off < pf_step; off += 64)
+    if (pf != nullptr)
+      for (int64_t off = pf_lo; off < pf_hi; off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(pf + blk * pf_step + off), _MM_HINT_T0);
     const uint8_t* pb[B];
     for (int b = 0; b < B; ++b) {
@@ -265,15 +275,27 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end) {
   const int64_t next = panel_end - (panel0 + B) < B ? panel_end - (panel0 + B) : B;
   const uint8_t* pf = next > 0 ? p.packed + (panel0 + B) * blocks * PbbOf(T) : nullptr;
   const int64_t step = next * PbbOf(T);
+  // Row tile t of `tiles` prefetches its share of each block's lines of the next tile, so that the weight stream
+  // runs through every row tile, not only the first (which reads the current tile from memory; the others re-read it
+  // from L1).
+  const int64_t lines = (step + 63) / 64;
+  const auto share = [&](int64_t t, int64_t tiles, int64_t& lo, int64_t& hi) {
+    lo = lines * t / tiles * 64;
+    hi = lines * (t + 1) / tiles * 64;
+  };
   if constexpr (B == 2) {
     // Balanced row tiles of <= 3 rows (int8: <= 4) over 2 panels; the first streams both. (W ? 3 : 4
     // only avoids instantiating int16 tiles of 4 rows, which never run.)
-    BalancedRowTiles(p.m, W ? kDirectPairRows : kDirectPairRowsI8, [&](int64_t t, int64_t row, int64_t rows) {
+    constexpr int64_t kPairRows = W ? kDirectPairRows : kDirectPairRowsI8;
+    const int64_t tiles = (p.m + kPairRows - 1) / kPairRows;
+    BalancedRowTiles(p.m, kPairRows, [&](int64_t t, int64_t row, int64_t rows) {
+      int64_t lo, hi;
+      share(t, tiles, lo, hi);
       switch (rows) {
-        case 1: TileDirect<T, 1, W, 2>(p, row, panel0, t == 0, pf, step); break;
-        case 2: TileDirect<T, 2, W, 2>(p, row, panel0, t == 0, pf, step); break;
-        case 3: TileDirect<T, 3, W, 2>(p, row, panel0, t == 0, pf, step); break;
-        default: TileDirect<T, W ? 3 : 4, W, 2>(p, row, panel0, t == 0, pf, step); break;
+        case 1: TileDirect<T, 1, W, 2>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 2: TileDirect<T, 2, W, 2>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 3: TileDirect<T, 3, W, 2>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        default: TileDirect<T, W ? 3 : 4, W, 2>(p, row, panel0, t == 0, pf, step, lo, hi); break;
       }
     });
   } else {
@@ -281,17 +303,20 @@ void PanelTile(const ProblemI8& p, int64_t panel0, int64_t panel_end) {
     // memory, the others re-read it from L1 (5.6–15 KiB for k = 576–1536).
     constexpr int64_t kTileRows = W ? DirectTileRowsWide<T>() : kDirectTileRows;
     constexpr int kMax = static_cast<int>(kTileRows);
+    const int64_t tiles = (p.m + kTileRows - 1) / kTileRows;
     BalancedRowTiles(p.m, kTileRows, [&](int64_t t, int64_t row, int64_t rows) {
+      int64_t lo, hi;
+      share(t, tiles, lo, hi);
       // int16 Q8_0 tiles have <= 6 rows: cases 7–8 never run there (the min only avoids instantiating them).
       switch (rows) {
-        case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step); break;
-        case 2: TileDirect<T, 2, W>(p, row, panel0, t == 0, pf, step); break;
-        case 3: TileDirect<T, 3, W>(p, row, panel0, t == 0, pf, step); break;
-        case 4: TileDirect<T, 4, W>(p, row, panel0, t == 0, pf, step); break;
-        case 5: TileDirect<T, 5, W>(p, row, panel0, t == 0, pf, step); break;
-        case 6: TileDirect<T, 6, W>(p, row, panel0, t == 0, pf, step); break;
-        case 7: TileDirect<T, (kMax < 7 ? kMax : 7), W>(p, row, panel0, t == 0, pf, step); break;
-        default: TileDirect<T, kMax, W>(p, row, panel0, t == 0, pf, step); break;
+        case 1: TileDirect<T, 1, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 2: TileDirect<T, 2, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 3: TileDirect<T, 3, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 4: TileDirect<T, 4, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 5: TileDirect<T, 5, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 6: TileDirect<T, 6, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        case 7: TileDirect<T, (kMax < 7 ? kMax : 7), W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
+        default: TileDirect<T, kMax, W>(p, row, panel0, t == 0, pf, step, lo, hi); break;
       }
     });
   }
@@ -302,7 +327,7 @@ void PanelsOf(const ProblemI8& p, int64_t panel_begin, int64_t panel_end) {
   int64_t panel = panel_begin;
   // One panel at a time, so that the weights are one sequential stream; DirectPairs two at a time, then
   // the odd last panel alone.
-  if (DirectPairs(p.m)) {
+  if (DirectPairs<W>(p.m)) {
     for (; panel + 2 <= panel_end; panel += 2) PanelTile<T, 2, W>(p, panel, panel_end);
   }
   for (; panel < panel_end; ++panel) PanelTile<T, 1, W>(p, panel, panel_end);
