@@ -63,7 +63,7 @@ constexpr int64_t DirectTileRowsWide() {
 // int8 from m = 17: one thread, Zen 5, vs B = 1 tiles: int8 (all the SmolLM2 GEMMs) m = 17–64 ×1.13–1.23
 // (docs/BENCHMARKS.md, "m = 17–32 on the direct path"); 2 threads, m = 5–8 ×0.89–0.95, 16 ×1.12.
 // int16 from m = 8: the SmolLM2 forward's GEMMs, 2 threads, Zen 5, from DRAM, vs B = 1 tiles of <= 8 rows
-// (<= 6 for Q8_0), alternated: m = 5–6 ×0.93–1.01, m = 8 ×1.07–1.11, 10–14 ×1.11–1.16, 16 ×1.22–1.28 — the
+// (<= 6 for Q8_0), alternated: m = 5–7 ×0.93–1.01, m = 8 ×1.04–1.10, 10–14 ×1.11–1.16, 16 ×1.15–1.28 — the
 // Q8_0 lm_head most (×1.16–1.46 at 8–16: three B = 1 tiles at 16 rows); docs/BENCHMARKS.md, "int16 from 8 rows
 // on the paired tiles". (Until 2026-12-06 int16 Q4 took them from m = 5 against B = 1 tiles of <= 4 rows, then
 // from m = 17 against the 8-row tiles; measured again on 2026-12-07 with the paired tiles as they are now.)
