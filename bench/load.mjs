@@ -5,7 +5,7 @@
 //   npm run bench:load                                   (root; after `npm run build` and `npm run models:fetch`)
 //   node bench/load.mjs [--model smollm2|kimi] [--drafters eagle3,dflash] [--conc 1,4,8,16] [--tokens N]
 //                       [--waves N] [--requests N] [--reps N] [--policy cost|max|off|fixed:K] [--budget survival|all]
-//                       [--json FILE] [--trace FILE] [--turn N] [--sequential] [--quick]
+//                       [--json FILE] [--trace FILE] [--turn N] [--sequential] [--quick] [--cost-options JSON]
 // (a drafter name may carry a setting: `dflash:noconf` — confidence false —, `eagle3:bf16`, `eagle3:q8_0`)
 //
 // The engines of a level run in lockstep: they take turns one step() each (the order rotating), and each engine's
@@ -74,6 +74,20 @@ const DRAFT_POLICY = (() => {
 /** Verify budgets (SpecEngineOptions.verifyBudget): 'survival' (default) cuts proposals by their confidences. */
 const BUDGET = arg('budget', 'survival');
 const jsonOut = arg('json', undefined);
+/** `--cost-options JSON`: CostDraftPolicyOptions for the cost policy (e.g. '{"minGain":0}'), for A/B runs. */
+const COST_OPTIONS = (() => {
+  const raw = arg('cost-options', undefined);
+  if (raw === undefined) return undefined;
+  let o;
+  try {
+    o = JSON.parse(raw);
+  } catch (err) {
+    throw new Error(`bench:load: --cost-options: not JSON: ${err.message}`);
+  }
+  if (o === null || typeof o !== 'object' || Array.isArray(o))
+    throw new Error(`bench:load: --cost-options: expected a JSON object, got ${raw}`);
+  return o;
+})();
 const traceOut = arg('trace', undefined);
 /** The trace's lines, and the tag of the run in progress. */
 const traceLines = [];
@@ -117,9 +131,14 @@ for (const m of METHODS) {
   // 'off' drafts nothing (the cost of keeping a drafter attached: taps kept, policy asked, no drafter call)
   const draftPolicy = DRAFT_POLICY;
   const costPolicy =
-    traceOut === undefined
+    traceOut === undefined && COST_OPTIONS === undefined
       ? undefined
-      : { trace: (ev) => traceLines.push(JSON.stringify({ drafter: m, ...traceTag, ...ev })) };
+      : {
+          ...COST_OPTIONS,
+          ...(traceOut === undefined
+            ? {}
+            : { trace: (ev) => traceLines.push(JSON.stringify({ drafter: m, ...traceTag, ...ev })) }),
+        };
   const e = new SpecEngine(target.model, drafter, {
     maxSequences: maxSeq,
     maxTokensPerSequence,
@@ -240,7 +259,7 @@ function finish(level) {
 const info = isa();
 const [l1, l5] = loadavg();
 console.log(
-  `bench:load — ${targetDir}; drafters ${METHODS.join(', ')} (policy ${POLICY}); levels ${CONCS.join(', ')}; ` +
+  `bench:load — ${targetDir}; drafters ${METHODS.join(', ')} (policy ${POLICY}${COST_OPTIONS === undefined ? '' : ` ${JSON.stringify(COST_OPTIONS)}`}); levels ${CONCS.join(', ')}; ` +
     `max(${WAVES} wave(s), ${PROMPTS} requests) × ${NEW} tokens; ${REPS} rep(s); budgets ${BUDGET}; ` +
     `threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); ` +
     `load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
