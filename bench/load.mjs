@@ -258,8 +258,9 @@ function finish(level) {
 
 const info = isa();
 const [l1, l5] = loadavg();
+const policyNote = COST_OPTIONS === undefined ? POLICY : `${POLICY} ${JSON.stringify(COST_OPTIONS)}`;
 console.log(
-  `bench:load — ${targetDir}; drafters ${METHODS.join(', ')} (policy ${POLICY}${COST_OPTIONS === undefined ? '' : ` ${JSON.stringify(COST_OPTIONS)}`}); levels ${CONCS.join(', ')}; ` +
+  `bench:load — ${targetDir}; drafters ${METHODS.join(', ')} (policy ${policyNote}); levels ${CONCS.join(', ')}; ` +
     `max(${WAVES} wave(s), ${PROMPTS} requests) × ${NEW} tokens; ${REPS} rep(s); budgets ${BUDGET}; ` +
     `threads ${info.threads}, isa ${info.isa}, ${cpus().length} vCPUs (${cpus()[0]?.model ?? '?'}); ` +
     `load ${l1.toFixed(2)} / ${l5.toFixed(2)} (1/5 min)`,
