@@ -157,34 +157,21 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
   const int64_t tiles = (p.m + 15) / 16;
   for (int64_t panel = panel_begin; panel < panel_end; panel += 4) {
     const int nb = static_cast<int>(panel_end - panel < 4 ? panel_end - panel : 4);
-    if (tiles == 1 && blocks >= 3) {
-      // One row tile (m <= 16, the verify blocks): each block's weights are used once, so they are transformed a
-      // block at a time into a ring of three L1-resident slots instead of all of K into ws first (which, past L1,
-      // the B tile loads then read back from L2). Block j + 2 is transformed while block j + 1's tile products are
-      // issued and block j is combined: the tile loads never wait on the transform's stores just issued, and the
-      // combination reads block j's scales from its slot. Same operands, same order: the same bits.
-      const int64_t slot = static_cast<int64_t>(nb) * 640;
-      const int rows = static_cast<int>(p.m);
-      if (rows != configured) {
-        Configure(rows);
-        configured = rows;
-      }
-      for (int i = 0; i < rows * 4; ++i) _mm512_store_ps(fs + i * 16, _mm512_setzero_ps());
-      TransformPanelsI8(p, panel, nb, 0, 1, ws);
-      TransformPanelsI8(p, panel, nb, 1, 2, ws + slot);
-      BlockSums<W>(p, ws, nb, 0, 0, ibuf, ilo);
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t cur = (blk & 1) * 1024, nxt = ((blk + 1) & 1) * 1024;
-        if (blk + 2 < blocks) TransformPanelsI8(p, panel, nb, blk + 2, blk + 3, ws + ((blk + 2) % 3) * slot);
-        if (blk + 1 < blocks) BlockSums<W>(p, ws + ((blk + 1) % 3) * slot, nb, 0, blk + 1, ibuf + nxt, ilo + nxt);
-        CombineBlock<T, W>(p, ws + (blk % 3) * slot, nb, rows, 0, blk, ibuf + cur, ilo + cur, fs);
-      }
-      for (int r = 0; r < rows; ++r)
-        for (int b = 0; b < nb; ++b)
-          StoreRow(p.y + r * p.ldy, (panel + b) * kLanes, p.n, _mm512_load_ps(fs + (r * 4 + b) * 16));
-      continue;
+    // One row tile (m <= 16, the verify blocks): each block's weights are used once, so they are transformed a block
+    // at a time into a ring of three L1-resident slots instead of all of K into ws first (which, past L1, the B tile
+    // loads then read back from L2). Block j + 2 is transformed while block j + 1's tile products are issued and
+    // block j is combined: the tile loads never wait on the transform's stores just issued, and the combination reads
+    // block j's scales from its slot. Same operands, same order: the same bits.
+    const bool ring = tiles == 1 && blocks >= 3;
+    const int64_t slot = static_cast<int64_t>(nb) * 640;
+    // block blk's operands: its ring slot, or its place in all of K
+    const auto wb = [&](int64_t blk) { return ws + (ring ? blk % 3 : blk) * slot; };
+    if (ring) {
+      TransformPanelsI8(p, panel, nb, 0, 1, wb(0));
+      TransformPanelsI8(p, panel, nb, 1, 2, wb(1));
+    } else {
+      TransformPanelsI8(p, panel, nb, 0, blocks, ws);
     }
-    TransformPanelsI8(p, panel, nb, 0, blocks, ws);
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t row0 = p.m * t / tiles;
       const int rows = static_cast<int>(p.m * (t + 1) / tiles - row0);
@@ -197,11 +184,12 @@ void Panels(const ProblemI8& p, int64_t panel_begin, int64_t panel_end, uint8_t*
       // iteration earlier, are combined, so the AMX unit and the AVX-512 combination overlap and the combination's
       // loads never wait on the tile stores just issued. The combination runs in block order, so the bits are the
       // unpipelined kernel's.
-      BlockSums<W>(p, ws, nb, row0, 0, ibuf, ilo);
+      BlockSums<W>(p, wb(0), nb, row0, 0, ibuf, ilo);
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t cur = (blk & 1) * 1024, nxt = ((blk + 1) & 1) * 1024;
-        if (blk + 1 < blocks) BlockSums<W>(p, ws + (blk + 1) * nb * 640, nb, row0, blk + 1, ibuf + nxt, ilo + nxt);
-        CombineBlock<T, W>(p, ws + blk * nb * 640, nb, rows, row0, blk, ibuf + cur, ilo + cur, fs);
+        if (ring && blk + 2 < blocks) TransformPanelsI8(p, panel, nb, blk + 2, blk + 3, wb(blk + 2));
+        if (blk + 1 < blocks) BlockSums<W>(p, wb(blk + 1), nb, row0, blk + 1, ibuf + nxt, ilo + nxt);
+        CombineBlock<T, W>(p, wb(blk), nb, rows, row0, blk, ibuf + cur, ilo + cur, fs);
       }
       for (int r = 0; r < rows; ++r)
         for (int b = 0; b < nb; ++b)
