@@ -73,8 +73,13 @@ describe('adaptive verification (draftPolicy "cost")', () => {
     const costs = new StepCosts([
       { sequences: 1, ks, verifyMs: ks.map((k) => 100 + 60 * k), draftMs: ks.map((k) => (k === 0 ? 0 : 50)) },
     ]);
-    // keep the synthetic costs
-    const policy = new CostDraftPolicy(costs, { exploreEvery: 1, exploreDrafts: 7, recalibrate: false });
+    // keep the synthetic costs; the rule alone (the realised-rate arms would check it against this machine's timings)
+    const policy = new CostDraftPolicy(costs, {
+      exploreEvery: 1,
+      exploreDrafts: 7,
+      recalibrate: false,
+      realizedArms: false,
+    });
     const e = new SpecEngine(target, drafter, { maxSequences: 4, maxTokensPerSequence: 2048, draftPolicy: policy });
     const rs = e.run(prompts.map(greedy));
     for (const r of rs) {

@@ -132,6 +132,12 @@ export interface DraftPolicy {
    * the propose call of the step.
    */
   observeContext?(rows: number, ms: number): void;
+  /**
+   * The step just run, end to end: `sequences` verified, `committed` tokens kept (accepted drafts and one more
+   * each), `ms` its wall time from the draft-length choice to the commit (the draft context's catch-up, the propose
+   * call, the verify forward, accept and commit).
+   */
+  observeRealized?(sequences: number, committed: number, ms: number): void;
   /** The sequence finished or was aborted. */
   release(id: SequenceId): void;
 }
@@ -412,6 +418,14 @@ export interface CostDraftPolicyOptions extends AcceptanceEstimatorOptions {
    */
   readonly costOptimism?: boolean;
   /**
+   * Check the rule against what its steps realise (default true): at each batch size of at least
+   * {@link ARMS_MIN_SEQUENCES}, blocks of {@link ARM_BLOCK} steps take turns between three arms — the rule's choice;
+   * one draft for every sequence that can draft (verified whatever its confidence); a plain step for all (these two
+   * without working the rule out) — and the arm of highest upper confidence bound on its committed tokens per ms of
+   * wall time runs the next block (discounted UCB). See {@link CostDraftPolicy}'s `arms`.
+   */
+  readonly realizedArms?: boolean;
+  /**
    * Called with every decision and observation of the policy (off when absent): what each step's choice read (the
    * a_j, the costs along the batch rule's walk, the cost corrections) and what the step then measured. For
    * diagnosis (`bench/load.mjs --trace FILE`); nothing the policy does depends on it.
@@ -451,7 +465,10 @@ export type CostPolicyTraceEvent =
       readonly catchUpMsPerRow: number;
       /** Per candidate, the deferred rows its drafting is charged for this step (see `chargedCatchUpRows`). */
       readonly catchUpRows: readonly number[];
+      /** The realised-rate arm of the step (`realizedArms`): 0 the rule, 1 one draft for all, 2 plain, -1 none. */
+      readonly arm: number;
     }
+  | { readonly kind: 'realized'; readonly sequences: number; readonly committed: number; readonly ms: number }
   | { readonly kind: 'observe'; readonly id: SequenceId; readonly drafted: number; readonly accepted: number }
   | {
       readonly kind: 'step';
@@ -533,6 +550,34 @@ class MedianWindow {
     const kept = Math.min(this.n, PLAIN_WINDOW);
     return this.seqs[(this.n - 1 - (kept >> 1)) % PLAIN_WINDOW]!;
   }
+}
+
+/** Least batch size at which {@link CostDraftPolicyOptions.realizedArms} compares its arms. */
+export const ARMS_MIN_SEQUENCES = 2;
+/** Steps an arm of {@link CostDraftPolicyOptions.realizedArms} runs at a time. */
+export const ARM_BLOCK = 4;
+/** Steps each arm must have run before the arms are compared (they take turns block by block till then). */
+export const ARM_MIN_STEPS = 8;
+/** Weight an arm's statistics keep per step of its batch size (0.995: a memory of about 200 steps). */
+export const ARM_FORGET = 0.995;
+/** Standard errors added to an arm's mean rate for its upper confidence bound. */
+export const ARM_UCB = 1.5;
+/** Least relative standard deviation of a step's rate assumed (machines never time steps alike). */
+export const ARM_MIN_SPREAD = 0.05;
+/** The arms of {@link CostDraftPolicyOptions.realizedArms}: the rule's choice, one draft for all, plain for all. */
+const ARM_RULE = 0;
+const ARM_ONE = 1;
+const ARM_PLAIN = 2;
+
+/**
+ * One arm's realised rates (committed tokens per ms, a step each) at one batch size: discounted count, sum and sum of
+ * squares (each × {@link ARM_FORGET} per step of the batch size, whichever arm ran it), and the steps it ran in all.
+ */
+interface ArmRates {
+  n: number;
+  sum: number;
+  sumSq: number;
+  steps: number;
 }
 
 /** Per-step overhead observations of each kind (plain, drafting) skipped before they are learned (JIT warm-up). */
@@ -807,6 +852,24 @@ export class CostDraftPolicy implements DraftPolicy {
   /** Sequences whose current drafting run began with an exploration (see {@link endDraftingRun}). */
   private readonly exploredRun = new Set<SequenceId>();
   private readonly trace: ((event: CostPolicyTraceEvent) => void) | undefined;
+  private readonly realizedArms: boolean;
+  /**
+   * The realised-rate arms by batch size ({@link CostDraftPolicyOptions.realizedArms}): per arm ({@link ARM_RULE},
+   * {@link ARM_ONE}, {@link ARM_PLAIN}) its realised rates, and the arm running now and its steps left in the block.
+   * The model the rule prices with is off by ~8–10 % on either side of its comparison, and the margins under load are
+   * of that order (bench:load --trace, SmolLM2 + EAGLE-3 at 8 sequences on the AMD VM: a plain step priced 8.2–10.5
+   * ms, measured 9.1; one draft for every sequence priced 15.6–17.7 ms once the batch had decoded plainly for a while,
+   * measured ~14, by its charged catch-up rows and a verify curve read from the calibration's slope, 0.69 ms a row
+   * where the forwards took 0.38), so it drafted in half the steps where one draft for every sequence ran ×1.12 of
+   * plain decoding. The arms compare what the steps realise, every cost in it, the policy's own JavaScript too.
+   */
+  private readonly arms = new Map<number, { rates: ArmRates[]; arm: number; left: number }>();
+  /** The arm of the step chosen last (−1: none, or a forced plain step), and whether any step was observed. */
+  private stepArm = -1;
+  private realizedSeen = false;
+  /** The last chosen step's sequences with k = 0 (each defers one draft-context row), and its catch-up's ms. */
+  private stepDeferring = 0;
+  private stepCatchUpMs = 0;
 
   constructor(
     readonly costs: StepCosts,
@@ -821,11 +884,18 @@ export class CostDraftPolicy implements DraftPolicy {
     this.useLearned = options.learnVerify ?? true;
     this.costOptimism = options.costOptimism ?? true;
     this.trace = options.trace;
+    this.realizedArms = options.realizedArms ?? true;
   }
 
   choose(candidates: readonly DraftCandidate[]): number[] {
     const B = candidates.length;
     if (B === 0) return [];
+    // the realised-rate arms: once the engine reports what its steps realise
+    const arm =
+      this.realizedArms && this.realizedSeen && B >= ARMS_MIN_SEQUENCES && candidates.some((c) => c.maxDrafts > 0)
+        ? this.nextArm(B)
+        : -1;
+    if (arm === ARM_PLAIN || arm === ARM_ONE) return this.fixedArm(candidates, arm);
     // The batch rule (batch-draft-lengths.ts): goodput over the measured cost of the batch's verify of T rows.
     const [plainScale, verifyScale, draftScale] = this.scalesFor(B);
     const catchUpMsPerRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
@@ -966,6 +1036,8 @@ export class CostDraftPolicy implements DraftPolicy {
         } else if (run > 0) this.endDraftingRun(c.id, run);
       });
     this.setThreshold(B, ks, best);
+    this.stepArm = forcedPlain ? -1 : arm;
+    this.stepDeferring = ks.reduce((a, k) => a + (k > 0 ? 0 : 1), 0);
     this.trace?.({
       kind: 'choose',
       candidates: candidates.map((c, s) => ({
@@ -984,6 +1056,95 @@ export class CostDraftPolicy implements DraftPolicy {
       overhead: [...this.overhead.coefficients],
       catchUpMsPerRow,
       catchUpRows: catchUpRows(),
+      arm: this.stepArm,
+    });
+    return ks;
+  }
+
+  /**
+   * The arm for the next step at batch size B ({@link arms}): the block's arm while it lasts; then, until every arm
+   * ran {@link ARM_MIN_STEPS} steps, the next in turn; after that the one of highest upper confidence bound, its
+   * discounted mean rate + {@link ARM_UCB} standard errors (the steps' spread pooled over the arms ÷ √ its discounted
+   * count; ties to the lower arm): discounted UCB (Garivier & Moulines 2011), so an arm that realised less is tried
+   * again as its count fades, sooner the closer it was.
+   */
+  private nextArm(B: number): number {
+    let st = this.arms.get(B);
+    if (st === undefined) {
+      const fresh = (): ArmRates => ({ n: 0, sum: 0, sumSq: 0, steps: 0 });
+      st = { rates: [fresh(), fresh(), fresh()], arm: -1, left: 0 };
+      this.arms.set(B, st);
+    }
+    if (st.left > 0) {
+      st.left--;
+      return st.arm;
+    }
+    const r = st.rates;
+    st.left = ARM_BLOCK - 1;
+    if (r.some((a) => a.steps < ARM_MIN_STEPS)) {
+      st.arm = (st.arm + 1) % r.length;
+      return st.arm;
+    }
+    // the steps' spread pooled over the arms (relative to the mean rate), at least ARM_MIN_SPREAD
+    let n = 0;
+    let sum = 0;
+    let dev = 0;
+    for (const a of r) {
+      n += a.n;
+      sum += a.sum;
+      dev += Math.max(0, a.sumSq - (a.sum * a.sum) / a.n);
+    }
+    const mean = sum / n;
+    const sd = Math.max(Math.sqrt(dev / n), ARM_MIN_SPREAD * mean);
+    let best = 0;
+    let bound = Number.NEGATIVE_INFINITY;
+    r.forEach((a, i) => {
+      const ucb = a.sum / a.n + (ARM_UCB * sd) / Math.sqrt(a.n);
+      if (ucb > bound) {
+        best = i;
+        bound = ucb;
+      }
+    });
+    st.arm = best;
+    return best;
+  }
+
+  /**
+   * A step of {@link ARM_ONE} (one draft for every candidate that can draft, all of them verified) or
+   * {@link ARM_PLAIN} (k = 0 for all), the rule not worked out: its cost, ~0.2 ms a step at 8 and 16 sequences
+   * (bench:batch-phases, SmolLM2 + EAGLE-3), is part of what these arms save. Drafting runs go on, or end, as the
+   * rule's choices make them.
+   */
+  private fixedArm(candidates: readonly DraftCandidate[], arm: number): number[] {
+    const ks = candidates.map((c) => (arm === ARM_ONE ? Math.min(1, c.maxDrafts) : 0));
+    candidates.forEach((c, s) => {
+      const run = this.draftingRun.get(c.id) ?? 0;
+      if (ks[s]! > 0) this.draftingRun.set(c.id, run + 1);
+      else if (run > 0) this.endDraftingRun(c.id, run);
+    });
+    this.draftingStepRun = 0;
+    this.threshold = arm === ARM_ONE ? 0 : Number.POSITIVE_INFINITY;
+    this.stepArm = arm;
+    this.stepDeferring = ks.reduce((a, k) => a + (k > 0 ? 0 : 1), 0);
+    this.trace?.({
+      kind: 'choose',
+      candidates: candidates.map((c, s) => ({
+        id: c.id,
+        maxDrafts: c.maxDrafts,
+        means: [],
+        rates: [],
+        offset: 0,
+        hot: this.acceptance.hot(c.id),
+        k: ks[s]!,
+      })),
+      ruleKs: ks,
+      curve: [],
+      rate: 0,
+      costScale: [...this.costScale],
+      overhead: [...this.overhead.coefficients],
+      catchUpMsPerRow: 0,
+      catchUpRows: candidates.map(() => 0),
+      arm,
     });
     return ks;
   }
@@ -1330,9 +1491,37 @@ export class CostDraftPolicy implements DraftPolicy {
     }
   }
 
+  observeRealized(sequences: number, committed: number, ms: number): void {
+    this.trace?.({ kind: 'realized', sequences, committed, ms });
+    this.realizedSeen = true;
+    const arm = this.stepArm;
+    const catchUp = this.stepCatchUpMs;
+    this.stepArm = -1;
+    this.stepCatchUpMs = 0;
+    if (arm < 0 || !(committed > 0 && ms > 0 && Number.isFinite(ms))) return;
+    // a draft-context row deferred costs its share of a catch-up whenever it is written: charged to the step that
+    // deferred it, not to the drafting step that writes it (a drafting arm run after plain blocks paid their backlog,
+    // and read 0.85 tokens/ms against the plain arm's 0.95: SmolLM2 + EAGLE-3 at 8 sequences, bench:load --trace)
+    const perRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
+    const st = this.arms.get(sequences);
+    if (st === undefined) return;
+    const rate = committed / (Math.max(1e-6, ms - catchUp) + this.stepDeferring * perRow);
+    for (const a of st.rates) {
+      a.n *= ARM_FORGET;
+      a.sum *= ARM_FORGET;
+      a.sumSq *= ARM_FORGET;
+    }
+    const a = st.rates[arm]!;
+    a.n++;
+    a.sum += rate;
+    a.sumSq += rate * rate;
+    a.steps++;
+  }
+
   observeContext(rows: number, ms: number): void {
     this.trace?.({ kind: 'context', rows, ms });
     if (!(rows > 0 && ms >= 0)) return;
+    this.stepCatchUpMs += ms;
     const first = this.catchUpRows === 0;
     this.catchUpMs = first ? ms : 0.8 * this.catchUpMs + 0.2 * ms;
     this.catchUpRows = first ? rows : 0.8 * this.catchUpRows + 0.2 * rows;

@@ -616,6 +616,11 @@ export class SpecEngine {
       drafts: rows - live.length,
     });
     this.policy?.observeStep?.(live.length, rows, drafted, rows - live.length, t2 - t1, proposeMs, proposedDrafts);
+    if (this.policy?.observeRealized !== undefined) {
+      let committed = 0;
+      for (const o of accepted.outcomes) if (!failed.has(o.seq.id)) committed += o.acc.accepted + 1;
+      this.policy.observeRealized(live.length, committed, t3 - t0);
+    }
     for (const o of accepted.outcomes) {
       const { seq: r, acc, drafts } = o;
       if (failed.size > 0 && failed.has(r.id)) continue;

@@ -13,7 +13,7 @@ import {
   StepCosts,
   type BucketCosts,
 } from '../../src/engine/index.js';
-import { STALE_SAMPLES } from '../../src/engine/draft-policy.js';
+import { ARM_BLOCK, STALE_SAMPLES } from '../../src/engine/draft-policy.js';
 
 const KS = [0, 1, 2, 4, 8, 15];
 /** Costs: t_verify = base + perRow·rows per sequence bucket, t_draft = draft (flat in k). */
@@ -723,5 +723,68 @@ describe('CostDraftPolicy', () => {
     const ks = Array.from({ length: 20 }, () => p.choose([cand('a')])[0]);
     expect(ks.map((k, i) => (k! > 0 ? i : -1)).filter((i) => i >= 0)).toEqual([4, 13]); // after 4, then 8 plain steps
     expect(fixedDraftPolicy(7).choose([cand('a', 3), cand('b')])).toEqual([3, 7]);
+  });
+
+  /**
+   * Runs `steps` steps of 4 sequences under a rule that believes verify rows dear (it decodes plainly), on a machine
+   * where a plain step takes 4 ms and a drafting step `draftMs`, every first draft accepted; the realised rates
+   * reported as the engine does. Returns each step's ks.
+   */
+  function armsRun(draftMs: number, steps: number, options: { realizedArms?: boolean; report?: boolean } = {}) {
+    // recalibrate off: the rule's model stays wrong whatever the steps measure, so only the arms can tell
+    const p = new CostDraftPolicy(costs(2, 1.5, 2, [4]), {
+      ...noExplore,
+      explorePlainEvery: 0,
+      recalibrate: false,
+      prior: 0.8,
+      ...(options.realizedArms === undefined ? {} : { realizedArms: options.realizedArms }),
+    });
+    const ids = ['a', 'b', 'c', 'd'];
+    const out: number[][] = [];
+    for (let step = 0; step < steps; step++) {
+      const ks = p.choose(ids.map((id) => cand(id, 4)));
+      out.push(ks);
+      // the rule drafts nothing here: a drafting step is the arm of one draft for all, verified whatever its confidence
+      if (ks.some((k) => k > 0)) {
+        expect(ks).toEqual([1, 1, 1, 1]);
+        expect(p.threshold).toBe(0);
+      }
+      let committed = 0;
+      ids.forEach((id, s) => {
+        p.observe(id, ks[s]!, Math.min(ks[s]!, 1));
+        committed += 1 + Math.min(ks[s]!, 1);
+      });
+      if (options.report !== false) p.observeRealized(4, committed, ks.some((k) => k > 0) ? draftMs : 4);
+    }
+    return out;
+  }
+  const drafting = (steps: readonly number[][]): number => steps.filter((ks) => ks.some((k) => k > 0)).length;
+
+  it('realised-rate arms: one draft for all overrules a plain rule when its steps commit more per ms', () => {
+    const steps = armsRun(5, 1001); // drafting: 8 tokens in 5 ms against 4 tokens in 4 ms
+    // the first step has no report to go by; then the arms take turns a block each (the rule, one draft for all,
+    // plain) until each ran ARM_MIN_STEPS steps
+    const turns = [false, true, false, false, true, false].flatMap((d) => new Array<boolean>(ARM_BLOCK).fill(d));
+    expect(steps.slice(0, 1 + turns.length).map((ks) => ks.some((k) => k > 0))).toEqual([false, ...turns]);
+    // then the arm that realises more: the others' bounds stay below it for hundreds of steps (a gap of 60 %)
+    expect(drafting(steps.slice(-800))).toBe(800);
+  });
+
+  it('realised-rate arms: the rule stands where drafts realise less; a close arm is retried as its count fades', () => {
+    expect(drafting(armsRun(12, 1001).slice(-800))).toBe(0); // drafting: 8 tokens in 12 ms
+    // 8 tokens in 8.2 ms, 2.4 % below the others: explored, a block at a time, as its bound overtakes theirs
+    const close = armsRun(8.2, 1001).slice(-800);
+    expect(drafting(close)).toBeGreaterThanOrEqual(2 * ARM_BLOCK);
+    expect(drafting(close)).toBeLessThan(800 * 0.15);
+    expect(drafting(close) % ARM_BLOCK).toBe(0);
+    expect(drafting(armsRun(5, 100, { realizedArms: false }))).toBe(0);
+    expect(drafting(armsRun(5, 100, { report: false }))).toBe(0);
+    // one sequence: the rule alone (a plain choice under dear rows), however the steps realise
+    const p = new CostDraftPolicy(costs(2, 5, 5, [1]), { ...noExplore, recalibrate: false });
+    for (let step = 0; step < 100; step++) {
+      expect(p.choose([cand('a', 4)])).toEqual([0]);
+      p.observe('a', 0, 0);
+      p.observeRealized(1, 1, 4);
+    }
   });
 });
