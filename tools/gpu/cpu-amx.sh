@@ -22,7 +22,8 @@
 #   load    with SmolLM2 staged in STAGE (files/smol.tar: models/smollm2-135m-instruct with its GGUF and
 #           generation_config.json, and models/smollm2-135m-instruct-eagle3) writes $OUT/load-smol.{txt,json}:
 #           bench/load.mjs on SmolLM2 + EAGLE-3 at LOAD_CONC (default 4,8,16) sequences, LOAD_REPS (default 2)
-#           repetitions, the default cost policy against --no-spec (issue 16's load goals; up to ~9 min)
+#           repetitions, the default cost policy against --no-spec (issue 16's load goals; up to ~9 min); LOAD_ARGS: more
+#           bench:load options (e.g. --trace "$OUT/trace.jsonl"), LOAD_TAG: a suffix for the output files' names
 #   ab      (after setup; carry BASE_NODE, default .gpu/old.node: another build's specd_native.node, e.g. the one of
 #           the runtime before a kernel change) writes $OUT/ab-{amx-int16,vnni-int16,amx-int8}.txt: bench/quant-ab.mjs
 #           --kernels-only, SmolLM2's GEMM shapes, the base build against this runtime's, alternated, outputs compared
@@ -125,16 +126,18 @@ moe)
   ;;
 load)
   export PATH=/root/nbin:$PATH
+  tag=${LOAD_TAG:+-$LOAD_TAG}
   if [ -f "$STAGE/files/smol.tar" ]; then mkdir -p models && tar -xf "$STAGE/files/smol.tar"; fi
   if [ -f models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-    { header "node bench/load.mjs --drafters eagle3 --conc ${LOAD_CONC:-4,8,16} --reps ${LOAD_REPS:-2}"
+    # shellcheck disable=SC2086 # LOAD_ARGS is a word list
+    { header "node bench/load.mjs --drafters eagle3 --conc ${LOAD_CONC:-4,8,16} --reps ${LOAD_REPS:-2} ${LOAD_ARGS:-}"
       timeout "${LOAD_TIMEOUT:-560}" taskset -c "$CPUS" node bench/load.mjs --drafters eagle3 \
-        --conc "${LOAD_CONC:-4,8,16}" --reps "${LOAD_REPS:-2}" --json "$OUT/load-smol.json"; } \
-      > "$OUT/load-smol.txt" 2>&1
+        --conc "${LOAD_CONC:-4,8,16}" --reps "${LOAD_REPS:-2}" --json "$OUT/load-smol$tag.json" ${LOAD_ARGS:-}; } \
+      > "$OUT/load-smol$tag.txt" 2>&1
   else
-    echo "cpu-amx.sh: the SmolLM2 GGUF is missing (stage smol.tar): bench:load skipped" > "$OUT/load-smol.txt"
+    echo "cpu-amx.sh: the SmolLM2 GGUF is missing (stage smol.tar): bench:load skipped" > "$OUT/load-smol$tag.txt"
   fi
-  tail -n 24 "$OUT/load-smol.txt"
+  tail -n 24 "$OUT/load-smol$tag.txt"
   ;;
 phases)
   export PATH=/root/nbin:$PATH
