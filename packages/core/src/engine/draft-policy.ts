@@ -867,8 +867,15 @@ export class CostDraftPolicy implements DraftPolicy {
   /** The arm of the step chosen last (−1: none, or a forced plain step), and whether any step was observed. */
   private stepArm = -1;
   private realizedSeen = false;
-  /** The last chosen step's sequences with k = 0 (each defers one draft-context row), and its catch-up's ms. */
-  private stepDeferring = 0;
+  /**
+   * Per sequence: the draft-context rows its plain steps deferred since it last drafted (its prompt's rows not
+   * counted), and, for the step being observed, the rows its plain steps deferred, the rows of those a catch-up
+   * wrote, and the catch-up's rows and ms (see {@link observeRealized}).
+   */
+  private readonly plainDeferred = new Map<SequenceId, number>();
+  private stepDeferred = 0;
+  private stepCaughtUp = 0;
+  private stepCatchUpRows = 0;
   private stepCatchUpMs = 0;
 
   constructor(
@@ -1037,7 +1044,6 @@ export class CostDraftPolicy implements DraftPolicy {
       });
     this.setThreshold(B, ks, best);
     this.stepArm = forcedPlain ? -1 : arm;
-    this.stepDeferring = ks.reduce((a, k) => a + (k > 0 ? 0 : 1), 0);
     this.trace?.({
       kind: 'choose',
       candidates: candidates.map((c, s) => ({
@@ -1110,6 +1116,14 @@ export class CostDraftPolicy implements DraftPolicy {
   }
 
   /**
+   * The realised-rate arms' discounted mean rates at batch size B, committed tokens per ms: `[rule, one draft for
+   * all, plain]` (NaN for an arm not run yet); undefined before any step of B was chosen by an arm.
+   */
+  realizedRates(B: number): number[] | undefined {
+    return this.arms.get(B)?.rates.map((a) => (a.n > 0 ? a.sum / a.n : Number.NaN));
+  }
+
+  /**
    * A step of {@link ARM_ONE} (one draft for every candidate that can draft, all of them verified) or
    * {@link ARM_PLAIN} (k = 0 for all), the rule not worked out: its cost, ~0.2 ms a step at 8 and 16 sequences
    * (bench:batch-phases, SmolLM2 + EAGLE-3), is part of what these arms save. Drafting runs go on, or end, as the
@@ -1125,7 +1139,6 @@ export class CostDraftPolicy implements DraftPolicy {
     this.draftingStepRun = 0;
     this.threshold = arm === ARM_ONE ? 0 : Number.POSITIVE_INFINITY;
     this.stepArm = arm;
-    this.stepDeferring = ks.reduce((a, k) => a + (k > 0 ? 0 : 1), 0);
     this.trace?.({
       kind: 'choose',
       candidates: candidates.map((c, s) => ({
@@ -1482,6 +1495,13 @@ export class CostDraftPolicy implements DraftPolicy {
     this.trace?.({ kind: 'observe', id, drafted, accepted });
     const c = this.verifiedConfidence.get(id);
     this.verifiedConfidence.delete(id);
+    if (drafted === 0) {
+      this.plainDeferred.set(id, (this.plainDeferred.get(id) ?? 0) + 1);
+      this.stepDeferred++;
+    } else {
+      this.stepCaughtUp += this.plainDeferred.get(id) ?? 0;
+      this.plainDeferred.delete(id);
+    }
     if (drafted > 0) {
       this.acceptance.observe(id, drafted, accepted);
       // drafts 1 … accepted + 1 were decided (the first rejected one included), each under its own confidence
@@ -1495,17 +1515,23 @@ export class CostDraftPolicy implements DraftPolicy {
     this.trace?.({ kind: 'realized', sequences, committed, ms });
     this.realizedSeen = true;
     const arm = this.stepArm;
-    const catchUp = this.stepCatchUpMs;
+    const { stepDeferred, stepCaughtUp, stepCatchUpRows, stepCatchUpMs } = this;
     this.stepArm = -1;
+    this.stepDeferred = 0;
+    this.stepCaughtUp = 0;
+    this.stepCatchUpRows = 0;
     this.stepCatchUpMs = 0;
     if (arm < 0 || !(committed > 0 && ms > 0 && Number.isFinite(ms))) return;
-    // a draft-context row deferred costs its share of a catch-up whenever it is written: charged to the step that
-    // deferred it, not to the drafting step that writes it (a drafting arm run after plain blocks paid their backlog,
-    // and read 0.85 tokens/ms against the plain arm's 0.95: SmolLM2 + EAGLE-3 at 8 sequences, bench:load --trace)
+    // A row a plain step deferred costs its share of a catch-up whenever it is written: charged to that step, not to
+    // the drafting step that writes it (a drafting arm run after plain blocks paid their backlog, and read 0.85
+    // tokens/ms against the plain arm's 0.95: SmolLM2 + EAGLE-3 at 8 sequences, bench:load --trace). A prompt's rows
+    // stay with the step that writes them: drafting for a request at all costs them (~2 % of its decode at 16
+    // sequences on the AMD VM), which the drafting arms must earn.
     const perRow = this.catchUpRows > 0 ? this.catchUpMs / this.catchUpRows : 0;
     const st = this.arms.get(sequences);
     if (st === undefined) return;
-    const rate = committed / (Math.max(1e-6, ms - catchUp) + this.stepDeferring * perRow);
+    const plainShare = stepCatchUpRows > 0 ? Math.min(1, stepCaughtUp / stepCatchUpRows) : 0;
+    const rate = committed / (Math.max(1e-6, ms - stepCatchUpMs * plainShare) + stepDeferred * perRow);
     for (const a of st.rates) {
       a.n *= ARM_FORGET;
       a.sum *= ARM_FORGET;
@@ -1522,6 +1548,7 @@ export class CostDraftPolicy implements DraftPolicy {
     this.trace?.({ kind: 'context', rows, ms });
     if (!(rows > 0 && ms >= 0)) return;
     this.stepCatchUpMs += ms;
+    this.stepCatchUpRows += rows;
     const first = this.catchUpRows === 0;
     this.catchUpMs = first ? ms : 0.8 * this.catchUpMs + 0.2 * ms;
     this.catchUpRows = first ? rows : 0.8 * this.catchUpRows + 0.2 * rows;
@@ -1540,6 +1567,7 @@ export class CostDraftPolicy implements DraftPolicy {
 
   release(id: SequenceId): void {
     this.acceptance.release(id);
+    this.plainDeferred.delete(id);
     this.verifiedConfidence.delete(id);
     this.plainRun.delete(id);
     const run = this.draftingRun.get(id) ?? 0;

@@ -770,6 +770,51 @@ describe('CostDraftPolicy', () => {
     expect(drafting(steps.slice(-800))).toBe(800);
   });
 
+  it('realised-rate arms: rows plain steps deferred are charged to them, a prompt's rows to the drafts', () => {
+    /**
+     * 4 sequences, a plain step 4 ms, a drafting step 5 ms plus its catch-up: 1 ms a row of the rows the sequence's
+     * plain steps deferred since it last drafted, and `promptRows` more (1 ms each) at each drafting step.
+     */
+    let rates: number[] | undefined;
+    const run = (promptRows: number): number[][] => {
+      const p = new CostDraftPolicy(costs(2, 1.5, 2, [4]), {
+        ...noExplore,
+        explorePlainEvery: 0,
+        recalibrate: false,
+        prior: 0.8,
+      });
+      const ids = ['a', 'b', 'c', 'd'];
+      const behind = new Map(ids.map((id) => [id, 0]));
+      const out: number[][] = [];
+      for (let step = 0; step < 601; step++) {
+        const ks = p.choose(ids.map((id) => cand(id, 4)));
+        out.push(ks);
+        const draftingStep = ks.some((k) => k > 0);
+        let rows = 0;
+        if (draftingStep) {
+          for (const id of ids) rows += behind.get(id)!;
+          rows += promptRows;
+          if (rows > 0) p.observeContext(rows, rows);
+        }
+        ids.forEach((id, s) => {
+          p.observe(id, ks[s]!, Math.min(ks[s]!, 1));
+          behind.set(id, ks[s]! > 0 ? 0 : behind.get(id)! + 1);
+        });
+        p.observeRealized(4, draftingStep ? 8 : 4, draftingStep ? 5 + rows : 4);
+      }
+      rates = p.realizedRates(4);
+      return out;
+    };
+    // the arms' blocks take turns: a drafting block's first step writes what the plain blocks deferred (16 ms and
+    // more), which would make drafting read 8 tokens in 9 ms a step over its block; charged to the plain steps (1 ms a
+    // row each), plain reads 4 tokens in 8 ms, and drafting, 8 in 5, runs
+    expect(drafting(run(0).slice(-400))).toBe(400);
+    expect(rates![1]).toBeCloseTo(8 / 5, 12);
+    expect(rates![2]).toBeCloseTo(4 / (4 + 4), 12); // the catch-ups' 1 ms a row (every one of them)
+    // 16 prompt rows written at every drafting step (21 ms for 8 tokens): they stay with the drafts, which lose
+    expect(drafting(run(16).slice(-400))).toBe(0);
+  });
+
   it('realised-rate arms: the rule stands where drafts realise less; a close arm is retried as its count fades', () => {
     expect(drafting(armsRun(12, 1001).slice(-800))).toBe(0); // drafting: 8 tokens in 12 ms
     // 8 tokens in 8.2 ms, 2.4 % below the others: explored, a block at a time, as its bound overtakes theirs
