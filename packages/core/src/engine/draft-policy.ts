@@ -557,7 +557,7 @@ export const ARMS_MIN_SEQUENCES = 2;
 /** Steps an arm of {@link CostDraftPolicyOptions.realizedArms} runs at a time. */
 export const ARM_BLOCK = 4;
 /** Steps each arm must have run before the arms are compared (they take turns block by block till then). */
-export const ARM_MIN_STEPS = 8;
+export const ARM_MIN_STEPS = 4;
 /** Weight an arm's statistics keep per step of its batch size (0.995: a memory of about 200 steps). */
 export const ARM_FORGET = 0.995;
 /** Standard errors added to an arm's mean rate for its upper confidence bound. */

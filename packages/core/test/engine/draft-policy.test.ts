@@ -13,7 +13,7 @@ import {
   StepCosts,
   type BucketCosts,
 } from '../../src/engine/index.js';
-import { ARM_BLOCK, STALE_SAMPLES } from '../../src/engine/draft-policy.js';
+import { ARM_BLOCK, ARM_MIN_STEPS, STALE_SAMPLES } from '../../src/engine/draft-policy.js';
 
 const KS = [0, 1, 2, 4, 8, 15];
 /** Costs: t_verify = base + perRow·rows per sequence bucket, t_draft = draft (flat in k). */
@@ -764,13 +764,17 @@ describe('CostDraftPolicy', () => {
     const steps = armsRun(5, 1001); // drafting: 8 tokens in 5 ms against 4 tokens in 4 ms
     // the first step has no report to go by; then the arms take turns a block each (the rule, one draft for all,
     // plain) until each ran ARM_MIN_STEPS steps
-    const turns = [false, true, false, false, true, false].flatMap((d) => new Array<boolean>(ARM_BLOCK).fill(d));
+    const rounds = ARM_MIN_STEPS / ARM_BLOCK;
+    const turns = Array.from({ length: 3 * rounds }, (_, i) => i % 3 === 1).flatMap((d) =>
+      new Array<boolean>(ARM_BLOCK).fill(d),
+    );
     expect(steps.slice(0, 1 + turns.length).map((ks) => ks.some((k) => k > 0))).toEqual([false, ...turns]);
-    // then the arm that realises more: the others' bounds stay below it for hundreds of steps (a gap of 60 %)
-    expect(drafting(steps.slice(-800))).toBe(800);
+    // then the arm that realises more: the others' bounds stay below it for ~900 steps (a gap of 60 %), then each is
+    // tried again for a block
+    expect(drafting(steps.slice(-800))).toBeGreaterThanOrEqual(800 - 2 * ARM_BLOCK);
   });
 
-  it('realised-rate arms: rows plain steps deferred are charged to them, a prompt's rows to the drafts', () => {
+  it("realised-rate arms: rows plain steps deferred are charged to them, a prompt's rows to the drafts", () => {
     /**
      * 4 sequences, a plain step 4 ms, a drafting step 5 ms plus its catch-up: 1 ms a row of the rows the sequence's
      * plain steps deferred since it last drafted, and `promptRows` more (1 ms each) at each drafting step.
@@ -816,7 +820,8 @@ describe('CostDraftPolicy', () => {
   });
 
   it('realised-rate arms: the rule stands where drafts realise less; a close arm is retried as its count fades', () => {
-    expect(drafting(armsRun(12, 1001).slice(-800))).toBe(0); // drafting: 8 tokens in 12 ms
+    // drafting, 8 tokens in 12 ms, 33 % below: one block at most as its count fades
+    expect(drafting(armsRun(12, 1001).slice(-800))).toBeLessThanOrEqual(ARM_BLOCK);
     // 8 tokens in 8.2 ms, 2.4 % below the others: explored, a block at a time, as its bound overtakes theirs
     const close = armsRun(8.2, 1001).slice(-800);
     expect(drafting(close)).toBeGreaterThanOrEqual(2 * ARM_BLOCK);
