@@ -31,6 +31,11 @@
  * (weight 0.2) fell after two or three rejections, chose plain steps for 19 % of the steps where a draft still paid,
  * and never observed position 2 often enough (7 times in a run) to draft past 1.
  *
+ * Realised-rate arms ({@link CostDraftPolicyOptions.realizedArms}, at 2 sequences or more): the rule's model is off by
+ * ~10 % under load, the size of the margins there, so blocks of steps also run two arms that skip the rule — one draft
+ * for every sequence, and plain decoding — and a discounted UCB over each arm's committed tokens per ms of wall time
+ * (the engine's {@link DraftPolicy.observeRealized}) picks the arm of the next block.
+ *
  * Verify budgets ({@link DraftPolicy.budgets}; adaptive verification, REFERENCE.md §4): when a
  * proposal carries per-draft `confidence` c_j ≈ P(draft j accepted | drafts < j accepted), the
  * cost policy verifies only a prefix of it — draft j iff its survival S_j = Π_{l ≤ j} c_l ≥ λ.
