@@ -61,6 +61,9 @@ function f16Table(): Float32Array {
   return F16_TABLE;
 }
 
+/** The little-endian u16 at byte `i` of `src` (a block's f16 scale or min). */
+const u16le = (src: Uint8Array, i: number): number => src[i]! | (src[i + 1]! << 8);
+
 const BF16_SCRATCH = new Uint32Array(1);
 const BF16_VIEW = new Float32Array(BF16_SCRATCH.buffer);
 
@@ -126,14 +129,14 @@ export function dequantizeRow(
     }
     case GgmlType.Q8_0:
       for (let b = 0, o = outOffset; b < needBytes; b += 34, o += 32) {
-        const d = h[src[b]! | (src[b + 1]! << 8)]!;
+        const d = h[u16le(src, b)]!;
         // (x << 24) >> 24: the byte as a signed int8
         for (let j = 0; j < 32; j++) out[o + j] = d * ((src[b + 2 + j]! << 24) >> 24);
       }
       return;
     case GgmlType.Q4_0:
       for (let b = 0, o = outOffset; b < needBytes; b += 18, o += 32) {
-        const d = h[src[b]! | (src[b + 1]! << 8)]!;
+        const d = h[u16le(src, b)]!;
         for (let j = 0; j < 16; j++) {
           const q = src[b + 2 + j]!;
           out[o + j] = d * ((q & 0xf) - 8);
@@ -143,8 +146,8 @@ export function dequantizeRow(
       return;
     case GgmlType.Q4_1:
       for (let b = 0, o = outOffset; b < needBytes; b += 20, o += 32) {
-        const d = h[src[b]! | (src[b + 1]! << 8)]!;
-        const m = h[src[b + 2]! | (src[b + 3]! << 8)]!;
+        const d = h[u16le(src, b)]!;
+        const m = h[u16le(src, b + 2)]!;
         for (let j = 0; j < 16; j++) {
           const q = src[b + 4 + j]!;
           // Math.fround: ggml computes x*d + m in f32 (two roundings), not in f64.
