@@ -1500,12 +1500,15 @@ export class CostDraftPolicy implements DraftPolicy {
     this.trace?.({ kind: 'observe', id, drafted, accepted });
     const c = this.verifiedConfidence.get(id);
     this.verifiedConfidence.delete(id);
-    if (drafted === 0) {
-      this.plainDeferred.set(id, (this.plainDeferred.get(id) ?? 0) + 1);
-      this.stepDeferred++;
-    } else {
-      this.stepCaughtUp += this.plainDeferred.get(id) ?? 0;
-      this.plainDeferred.delete(id);
+    // the arms' catch-up accounting (observeRealized): nothing to keep without them
+    if (this.realizedArms) {
+      if (drafted === 0) {
+        this.plainDeferred.set(id, (this.plainDeferred.get(id) ?? 0) + 1);
+        this.stepDeferred++;
+      } else {
+        this.stepCaughtUp += this.plainDeferred.get(id) ?? 0;
+        this.plainDeferred.delete(id);
+      }
     }
     if (drafted > 0) {
       this.acceptance.observe(id, drafted, accepted);
